@@ -1,0 +1,3 @@
+from llmgw.cli import main
+
+raise SystemExit(main())

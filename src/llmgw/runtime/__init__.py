@@ -1,0 +1,1 @@
+"""Shared runtime: serve (uvloop, runner, graceful stop), clock, logging."""

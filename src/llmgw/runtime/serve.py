@@ -1,0 +1,98 @@
+"""One way to run an aiohttp application (STYLE: app built apart from its runner).
+
+`serve(app, host, port)` installs uvloop, binds, prints a ready line, and on
+SIGTERM or SIGINT stops accepting, lets in-flight requests finish within
+`grace_s`, runs the app's cleanup, and returns so the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+# The line a parent process waits for (testing.procs, `llmgw up`). Printed once,
+# after the socket is bound, so a reader that sees it can connect at once.
+READY_PREFIX = "llmgw-ready"
+
+
+def install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; Windows lacks it
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run an async main under uvloop and return its exit code."""
+    install_uvloop()
+    return asyncio.run(main())
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind a listening socket; port 0 picks a free one (read it back with getsockname)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve_app(
+    app: web.Application,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    name: str = "llmgw",
+    grace_s: float = 10.0,
+    on_started: Callable[[int], Awaitable[None]] | None = None,
+    stop_event: asyncio.Event | None = None,
+) -> int:
+    """Serve until SIGTERM/SIGINT (or `stop_event`), then stop gracefully; returns 0.
+
+    Graceful means: the listening socket closes first (new connections are
+    refused, so a load balancer moves on), requests already being handled get
+    up to `grace_s` to finish, then the app's on_shutdown/on_cleanup run.
+    """
+    stop = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=grace_s,
+    )
+    await runner.setup()
+    sock = bind_socket(host, port)
+    bound_port = int(sock.getsockname()[1])
+    site = web.SockSite(runner, sock)
+    await site.start()
+    if on_started is not None:
+        await on_started(bound_port)
+    print(f"{READY_PREFIX} {name} http://{host}:{bound_port}", flush=True)
+    log.info("serving name=%s host=%s port=%d", name, host, bound_port)
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping name=%s grace_s=%s", name, grace_s)
+        # runner.cleanup() stops the sites (no new connections), waits up to
+        # shutdown_timeout for handlers in flight, then runs on_cleanup.
+        await runner.cleanup()
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,1 @@
+"""llmgw up: the whole system on one machine."""

@@ -1,0 +1,175 @@
+"""The controller's admin API shapes (DESIGN §3.6), read by `llmgw ctl`.
+
+JSON field names are part of the contract: `ctl --json` prints these. Unknown
+idle time is a negative number in JSON (`-1`), written only by
+`idle_seconds_json`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from llmgw.wire.agent import GPU
+from llmgw.wire.models import ModelSpec
+
+NodeState = Literal["ready", "cordoned", "draining", "unreachable"]
+ReplicaState = Literal["pending", "starting", "ready", "draining", "stopped", "failed"]
+
+
+def idle_seconds_json(idle_s: float | None) -> int:
+    """The one place unknown idleness becomes the JSON sentinel -1."""
+    return -1 if idle_s is None else int(idle_s)
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    address: str
+    state: NodeState
+    fabrics: tuple[str, ...]
+    labels: dict[str, str]
+    gpus: tuple[GPU, ...]
+    # Indices of GPUs given to shards of live replicas.
+    gpus_used: tuple[int, ...]
+    # Unix seconds; None if the node never heartbeated.
+    last_heartbeat: float | None
+    # GPU class (the seed's node.Classes; one in practice).
+    classes: tuple[str, ...]
+    gpu_total: int
+    gpu_free: int
+    unhealthy: tuple[int, ...]
+
+
+class ShardView(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    rank: int
+    gpus: tuple[int, ...]
+    port: int | None
+    state: str
+    pid: int | None = None
+    exit_code: int | None = None
+
+
+class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    model: str
+    state: ReplicaState
+    reason: str | None
+    shards: tuple[ShardView, ...]
+    # Rank 0's address once it is known.
+    endpoint_url: str | None
+    created_at: float
+    updated_at: float
+    restarts: int
+    # Seconds since a router last dispatched here; -1 when no router has reported it.
+    idle_seconds: int
+    pool: str
+    weight: float
+
+
+class ModelView(msgspec.Struct, frozen=True, kw_only=True):
+    spec: ModelSpec
+    name: str
+    ready: int
+    # Replicas not stopped: pending, starting, ready, draining, failed-awaiting-restart.
+    total: int
+    min: int
+    max: int
+    # Current desired replica count (min, demand, autoscaling).
+    desired: int
+    # Why it cannot be placed, when it cannot; None otherwise.
+    unplaceable_reason: str | None = None
+
+
+class EventView(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    at: float
+    kind: str
+    # What the event is about: "replica", "node", "model", "controller".
+    subject: str
+    subject_id: str
+    model: str | None
+    message: str
+
+
+class NodeTotals(msgspec.Struct, kw_only=True):
+    total: int = 0
+    ready: int = 0
+    cordoned: int = 0
+    draining: int = 0
+    unreachable: int = 0
+
+
+class ClassUse(msgspec.Struct, kw_only=True):
+    # Field names are the seed's (adminapi_summary.go).
+    gpu_class: str = msgspec.field(name="class")
+    total: int = 0
+    used: int = 0
+    # Neither used nor free: counting them free is how a cluster looks like it has
+    # room it does not.
+    unhealthy: int = 0
+
+    @property
+    def free(self) -> int:
+        return self.total - self.used - self.unhealthy
+
+
+class FabricUse(msgspec.Struct, kw_only=True):
+    fabric: str
+    nodes: int = 0
+    # Nodes on this fabric that are ready and entirely free: what decides whether a
+    # multi-node replica can land.
+    largest_free_block: int = 0
+
+
+class ReplicaTotal(msgspec.Struct, kw_only=True):
+    ready: int = 0
+    starting: int = 0
+    draining: int = 0
+    failed: int = 0
+
+
+class ModelTotals(msgspec.Struct, kw_only=True):
+    total: int = 0
+    satisfied: int = 0
+    short: int = 0
+
+
+class IdleReplica(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    model: str
+    idle_seconds: int
+    gpus: int
+
+
+class UnplaceableModel(msgspec.Struct, frozen=True, kw_only=True):
+    """An extension of the seed's `unplaceable` (names): the reason, for ctl."""
+
+    model: str
+    reason: str
+
+
+class Summary(msgspec.Struct, kw_only=True):
+    """The whole fleet in one answer (seed `Summary`, DESIGN §3.5)."""
+
+    nodes: NodeTotals = msgspec.field(default_factory=NodeTotals)
+    gpus: list[ClassUse] = msgspec.field(default_factory=list)
+    fabrics: list[FabricUse] = msgspec.field(default_factory=list)
+    replicas: ReplicaTotal = msgspec.field(default_factory=ReplicaTotal)
+    models: ModelTotals = msgspec.field(default_factory=ModelTotals)
+    unplaceable: list[str] = msgspec.field(default_factory=list)
+    idle_replicas: list[IdleReplica] = msgspec.field(default_factory=list)
+    # Not in the seed: the reasons behind `unplaceable`, same order.
+    unplaceable_reasons: list[UnplaceableModel] = msgspec.field(default_factory=list)
+
+
+class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # Seconds a draining replica may keep in-flight requests before it is stopped.
+    grace_s: float = 30.0
+
+
+class WeightRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /admin/replicas/{id}/weight`: the capacity weight `ctl bench` measured."""
+
+    weight: float

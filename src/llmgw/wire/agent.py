@@ -1,0 +1,87 @@
+"""The agent protocol (DESIGN §5): `POST /v1/agents/{node}/heartbeat`.
+
+The agent reports what is (inventory, shard status); the answer says what should
+be (the shards this node runs). Desired state, not commands, so a repeated or
+late heartbeat can never double-start anything.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+ShardState = Literal["starting", "ready", "failed", "stopped"]
+EngineKind = Literal["vllm", "sglang", "sim"]
+
+
+class GPU(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    uuid: str
+    # Marketing name as NVML reports it, e.g. "NVIDIA H100 80GB HBM3".
+    name: str
+    # Placement class, e.g. "H100-80G" (agent.gpus derives it from name and memory).
+    gpu_class: str
+    memory_mib: int
+    healthy: bool = True
+    # Why not healthy (critical XID, uncorrectable ECC, injected fault); None when healthy.
+    reason: str | None = None
+
+
+class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """What the agent knows of one shard it runs (or ran)."""
+
+    replica_id: str
+    rank: int
+    state: ShardState
+    port: int | None = None
+    pid: int | None = None
+    # Set when state is "failed" or "stopped" after the process exited.
+    exit_code: int | None = None
+    # Last lines of the engine's log, for "why did it fail".
+    log_tail: tuple[str, ...] = ()
+    # Unix seconds the process started; None before it did.
+    started_at: float | None = None
+
+
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    # Host name or IP that routers and peer shards reach this node's engines on.
+    address: str
+    gpus: tuple[GPU, ...]
+    fabrics: tuple[str, ...] = ()
+    labels: dict[str, str] = {}
+    shards: tuple[ShardStatus, ...] = ()
+    # Unix seconds the agent process started; a change means the agent restarted.
+    agent_started_at: float = 0.0
+    # Inclusive port range the agent allocates engine ports from.
+    port_range: tuple[int, int] = (21000, 21999)
+
+
+class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One shard this node should run. Identity is (replica_id, rank)."""
+
+    replica_id: str
+    rank: int
+    # Shards in the replica (nodes per replica); 1 for single-node replicas.
+    world_size: int = 1
+    model: str
+    # Served name first, then aliases (vLLM --served-model-name takes them all).
+    served_names: tuple[str, ...]
+    engine: EngineKind
+    gpu_indices: tuple[int, ...]
+    # Extra engine arguments and environment from the model spec.
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    # Multi-node rendezvous: rank 0's node address and a port chosen by the
+    # controller; None for single-node replicas.
+    master_addr: str | None = None
+    master_port: int | None = None
+
+
+class HeartbeatReply(msgspec.Struct, frozen=True, kw_only=True):
+    # The complete desired set for this node: start what is missing, stop what is
+    # not listed.
+    shards: tuple[ShardSpec, ...]
+    # Seconds until the controller expects the next heartbeat.
+    interval_s: float = 2.0

@@ -1,0 +1,59 @@
+"""Model specs: what an operator applies (`ctl apply -f`, `POST /admin/models`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from llmgw.wire.agent import EngineKind
+
+Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")]
+
+
+class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # Served name: what clients put in the request's "model".
+    name: Name
+    engine: EngineKind
+    # Acceptable GPU classes, e.g. ["H100-80G", "H200-141G"]; at least one.
+    gpu_classes: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)]
+    # Other names clients may use for this model.
+    aliases: tuple[Name, ...] = ()
+    # Tensor parallel width: GPUs per shard, all on one node.
+    gpus_per_node: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    # Shards per replica (multi-node); all on one fabric.
+    nodes: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    min_replicas: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 1
+    max_replicas: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 1
+    # A replica known idle this long may be drained to make room for a model that
+    # cannot be placed (DESIGN §3.3). Unknown idleness never counts.
+    idle_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
+    # Higher keeps its cards longer under eviction pressure.
+    priority: int = 0
+    # Engine model path/id when it differs from the served name (vLLM's positional).
+    source: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+
+    def __post_init__(self) -> None:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
+            )
+        if self.name in self.aliases:
+            raise ValueError("aliases must not repeat the model's name")
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /admin/models/{name}/scale`: UNSET leaves a bound as it is."""
+
+    min_replicas: Annotated[int, msgspec.Meta(ge=0, le=10_000)] | msgspec.UnsetType = msgspec.UNSET
+    max_replicas: Annotated[int, msgspec.Meta(ge=0, le=10_000)] | msgspec.UnsetType = msgspec.UNSET
