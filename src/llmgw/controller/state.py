@@ -1,0 +1,178 @@
+"""The controller's domain model (DESIGN §3.1): plain frozen values, no I/O.
+
+The controller keeps the whole fleet in memory (`FleetState`) and writes every
+change through the store in one transaction per command or tick (`Changes`).
+Pure modules (placement, summary, idle, reconcile decisions) read these values
+and never see a database row or an HTTP request.
+
+Times: `*_at` fields are unix seconds (they survive a restart and are shown to
+people). Unknown is `None`, never 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llmgw.wire.admin import NodeState, ReplicaState
+from llmgw.wire.agent import GPU
+from llmgw.wire.models import ModelSpec
+
+OperatorState = Literal["active", "cordoned", "draining"]
+ShardRunState = Literal["pending", "starting", "ready", "failed", "stopped"]
+
+# Replica states that hold GPUs: a shard's cards stay given until its replica is
+# stopped or failed, so nothing else is placed on them while an engine may still
+# be running there.
+HOLDS_GPUS: frozenset[ReplicaState] = frozenset({"pending", "starting", "ready", "draining"})
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    # Where routers and peer shards reach this node's engines.
+    address: str
+    fabrics: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    gpus: tuple[GPU, ...] = ()
+    # What the operator asked for; "unreachable" is derived, never stored.
+    operator_state: OperatorState = "active"
+    # Unix seconds of the last heartbeat; None if it never heartbeated.
+    last_heartbeat_at: float | None = None
+    # Unix seconds the node's agent process started (a change = agent restart).
+    agent_started_at: float | None = None
+    port_range: tuple[int, int] = (21000, 21999)
+
+    def shown_state(self, *, now: float, heartbeat_timeout_s: float) -> NodeState:
+        """ready / cordoned / draining / unreachable (DESIGN §3.1).
+
+        Unreachable wins over the operator's state: a cordoned node that stopped
+        heartbeating is first of all a node nobody can reach.
+        """
+        if self.last_heartbeat_at is None or now - self.last_heartbeat_at > heartbeat_timeout_s:
+            return "unreachable"
+        if self.operator_state == "cordoned":
+            return "cordoned"
+        if self.operator_state == "draining":
+            return "draining"
+        return "ready"
+
+    @property
+    def gpu_class(self) -> str | None:
+        """The node's GPU class; None when it has no GPUs. Mixed nodes take the first."""
+        return self.gpus[0].gpu_class if self.gpus else None
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    spec: ModelSpec
+    created_at: float
+    updated_at: float
+    # Current target replica count, between min and max (autoscaling, demand).
+    desired_replicas: int
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    node: str
+    rank: int
+    gpus: tuple[int, ...]
+    # Engine port the agent allocated; None until the agent reports it.
+    port: int | None = None
+    state: ShardRunState = "pending"
+    pid: int | None = None
+    exit_code: int | None = None
+    log_tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    id: str
+    model: str
+    state: ReplicaState
+    shards: tuple[Shard, ...]
+    created_at: float
+    # Unix seconds of the last state change (per-phase deadlines count from here).
+    state_since: float
+    updated_at: float
+    reason: str | None = None
+    # http://address:port of rank 0 once known.
+    endpoint_url: str | None = None
+    restarts: int = 0
+    # "<fabric>/<gpu class>" (DESIGN §4).
+    pool: str = ""
+    # Capacity weight from `ctl bench` (§6.2.1); 1.0 when never measured.
+    weight: float = 1.0
+    # Make-before-break: the replica this one replaces; that one leaves the
+    # endpoint list only once this one is ready.
+    replaces: str | None = None
+    # Failed replicas: when the next restart may happen (backoff).
+    retry_at: float | None = None
+    # Draining replicas: stopped by this time even if requests are in flight.
+    drain_deadline: float | None = None
+    # Multi-node rendezvous port (rank 0), chosen at placement.
+    master_port: int | None = None
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(s.gpus) for s in self.shards)
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.state in HOLDS_GPUS
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One transition with its reason: the answer to "why is my model not running"."""
+
+    # Assigned by the store; 0 for an event not yet written.
+    id: int
+    at: float
+    # e.g. "replica.placed", "replica.failed", "node.unreachable", "model.applied",
+    # "replica.evicted", "model.unplaceable".
+    kind: str
+    subject: Literal["replica", "node", "model", "controller"]
+    subject_id: str
+    model: str | None
+    message: str
+
+
+@dataclass(slots=True)
+class FleetState:
+    """Everything the controller knows, keyed by name/id. Mutated only by the leader."""
+
+    nodes: dict[str, Node] = field(default_factory=dict)
+    models: dict[str, Model] = field(default_factory=dict)
+    replicas: dict[str, Replica] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Changes:
+    """One atomic write: the store applies all of it in one transaction or none of it."""
+
+    nodes: list[Node] = field(default_factory=list)
+    models: list[Model] = field(default_factory=list)
+    replicas: list[Replica] = field(default_factory=list)
+    deleted_nodes: list[str] = field(default_factory=list)
+    deleted_models: list[str] = field(default_factory=list)
+    deleted_replicas: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return any(
+            (
+                self.nodes,
+                self.models,
+                self.replicas,
+                self.deleted_nodes,
+                self.deleted_models,
+                self.deleted_replicas,
+                self.events,
+            )
+        )
