@@ -1,0 +1,82 @@
+"""The fleet file `llmgw up --fleet FILE` simulates: nodes, their fake GPUs, and models.
+
+```yaml
+nodes:                       # one agent per node, all on this machine
+  - {prefix: h100-a, count: 2, gpus: 8xH100-80G, fabric: ib0, labels: {zone: a}}
+sim_args: ["--speed", "4"]   # appended to every model's sim-engine args
+models:                      # model specs, as `llmgw ctl apply` takes them
+  - {name: llama-8b, engine: sim, gpu_classes: [H100-80G], min_replicas: 1}
+```
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from llmgw.wire.models import ModelSpec
+
+GPUS_RE = re.compile(r"^\d+x[A-Za-z0-9][A-Za-z0-9._-]*(,\d+x[A-Za-z0-9][A-Za-z0-9._-]*)*$")
+
+
+class NodeGroup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # Node names are "<prefix>-<n>" with n from 1.
+    prefix: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")]
+    count: Annotated[int, msgspec.Meta(ge=1, le=500)] = 1
+    # Fake inventory, as the agent's --gpus takes it: "8xH100-80G" or "2xH100-80G,2xL40S-48G".
+    gpus: Annotated[str, msgspec.Meta(pattern=GPUS_RE.pattern)]
+    fabric: str = "default"
+    labels: dict[str, str] = {}
+
+
+class Fleet(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    nodes: Annotated[tuple[NodeGroup, ...], msgspec.Meta(min_length=1)]
+    models: tuple[ModelSpec, ...] = ()
+    sim_args: tuple[str, ...] = ()
+
+    def node_names(self) -> list[tuple[str, NodeGroup]]:
+        return [(f"{g.prefix}-{i}", g) for g in self.nodes for i in range(1, g.count + 1)]
+
+    def models_for_apply(self) -> list[ModelSpec]:
+        """Model specs with the fleet's sim args appended to every sim model."""
+        if not self.sim_args:
+            return list(self.models)
+        return [
+            msgspec.structs.replace(m, args=(*m.args, *self.sim_args)) if m.engine == "sim" else m
+            for m in self.models
+        ]
+
+
+class FleetError(ValueError):
+    """The fleet file is unreadable or invalid; the message names the file and field."""
+
+
+def load_fleet(path: Path | None) -> Fleet:
+    """Read and validate a fleet file; None means the built-in default fleet."""
+    if path is None:
+        text = resources.files("llmgw.up").joinpath("default_fleet.yaml").read_text()
+        where = "<default fleet>"
+    else:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise FleetError(f"{path}: {exc.strerror}") from exc
+        where = str(path)
+    try:
+        fleet = msgspec.yaml.decode(text, type=Fleet)
+    except msgspec.ValidationError as exc:
+        raise FleetError(f"{where}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise FleetError(f"{where}: not valid YAML: {exc}") from exc
+    names = [m.name for m in fleet.models]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise FleetError(f"{where}: model names repeat: {', '.join(dupes)}")
+    nodes = [n for n, _ in fleet.node_names()]
+    if len(set(nodes)) != len(nodes):
+        raise FleetError(f"{where}: node prefixes overlap, node names would repeat")
+    return fleet

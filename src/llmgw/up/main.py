@@ -1,0 +1,235 @@
+"""`llmgw up [--port P] [--fleet FILE]`: the whole system on one machine.
+
+Starts a controller (SQLite under ./.llmgw/), a router on 127.0.0.1:8080, and
+one agent per simulated node (fake GPUs, sim-engine engines); applies the
+fleet's models; shows replicas starting; prints what to try next; supervises
+the programs (one that dies is restarted); Ctrl-C stops everything, engines
+included.
+
+`./.llmgw/up.json` says what is running (URLs and PIDs) for tests and tools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import msgspec
+
+from llmgw.up.fleet import Fleet, FleetError, load_fleet
+from llmgw.up.procs import Child, StartFailed, stop_all
+
+ENGINE_PORT_BASE = 21000
+ENGINE_PORTS_PER_NODE = 50
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmgw up", description=__doc__.split("\n\n")[0])
+    p.add_argument("--port", type=int, default=8080, help="router port (default 8080)")
+    p.add_argument("--controller-port", type=int, default=None, help="default: router port + 1")
+    p.add_argument("--fleet", type=Path, default=None, help="fleet file (default: built-in)")
+    p.add_argument("--state-dir", type=Path, default=Path(".llmgw"), help="default ./.llmgw")
+    p.add_argument("--token", default=None, help="controller token (default: none, loopback)")
+    p.add_argument(
+        "--ready-timeout-s", type=float, default=180.0, help="how long to show start-up progress"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    return p
+
+
+class Up:
+    def __init__(self, args: argparse.Namespace, fleet: Fleet) -> None:
+        self.args = args
+        self.fleet = fleet
+        self.state: Path = args.state_dir.resolve()
+        self.logs = self.state / "logs"
+        self.router_port: int = args.port
+        self.controller_port: int = args.controller_port or args.port + 1
+        self.controller_url = f"http://127.0.0.1:{self.controller_port}"
+        self.router_url = f"http://127.0.0.1:{self.router_port}"
+        self.token: str | None = args.token
+        self.children: list[Child] = []
+        self.stopping = False
+
+    # -- programs -----------------------------------------------------------
+
+    def controller(self) -> Child:
+        args = [
+            "controller",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.controller_port),
+            "--database",
+            f"sqlite:///{self.state / 'controller.db'}",
+        ]
+        if self.token:
+            args += ["--token", self.token]
+        return Child("controller", args, self.logs / "controller.log")
+
+    def router(self) -> Child:
+        cfg: dict[str, Any] = {"controller": {"url": self.controller_url}}
+        if self.token:
+            cfg["controller"]["token"] = self.token
+        path = self.state / "router.yaml"
+        path.write_bytes(msgspec.yaml.encode(cfg))
+        port = str(self.router_port)
+        args = ["router", "--config", str(path), "--host", "127.0.0.1", "--port", port]
+        return Child("router", args, self.logs / "router.log")
+
+    def agents(self) -> list[Child]:
+        out = []
+        for i, (name, group) in enumerate(self.fleet.node_names()):
+            lo = ENGINE_PORT_BASE + i * ENGINE_PORTS_PER_NODE
+            args = [
+                "agent",
+                "--controller",
+                self.controller_url,
+                "--node",
+                name,
+                "--gpus",
+                group.gpus,
+                "--fabric",
+                group.fabric,
+                "--address",
+                "127.0.0.1",
+                "--port-range",
+                f"{lo}-{lo + ENGINE_PORTS_PER_NODE - 1}",
+                "--state-dir",
+                str(self.state / "agents" / name),
+                "--log-dir",
+                str(self.logs / "engines" / name),
+                # `up` owns the whole machine: when it stops, engines stop too.
+                "--stop-engines-on-exit",
+            ]
+            for k, v in sorted(group.labels.items()):
+                args += ["--label", f"{k}={v}"]
+            if self.token:
+                args += ["--token", self.token]
+            out.append(Child(f"agent {name}", args, self.logs / f"agent-{name}.log"))
+        return out
+
+    # -- controller API (no ctl import: programs stay independent) ----------
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else msgspec.json.encode(body)
+        req = urllib.request.Request(self.controller_url + path, data=data, method=method)
+        req.add_header("content-type", "application/json")
+        if self.token:
+            req.add_header("authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    def apply_models(self) -> None:
+        specs = self.fleet.models_for_apply()
+        if specs:
+            self.call("POST", "/admin/models", specs)
+
+    def write_manifest(self) -> None:
+        manifest = {
+            "router_url": self.router_url,
+            "controller_url": self.controller_url,
+            "pid": os.getpid(),
+            "children": {c.name: {"pid": c.pid, "url": c.url} for c in self.children},
+        }
+        tmp = self.state / "up.json.tmp"
+        tmp.write_text(json.dumps(manifest, indent=2))
+        tmp.replace(self.state / "up.json")
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        self.state.mkdir(parents=True, exist_ok=True)
+        ctl = self.controller()
+        self._start(ctl)
+        router = self.router()
+        agents = self.agents()
+        for c in [router, *agents]:
+            c.start()
+            self.children.append(c)
+        for c in [router, *agents]:
+            c.wait_ready(60)
+        self.write_manifest()
+        self.apply_models()
+
+    def _start(self, c: Child) -> None:
+        c.start()
+        self.children.append(c)
+        c.wait_ready(60)
+
+    def supervise_once(self) -> None:
+        now = time.monotonic()
+        changed = False
+        for c in self.children:
+            if c.alive():
+                if c.url == "" and c.poll_ready():
+                    changed = True
+                continue
+            if c.restart_after == 0.0:
+                code = c.proc.returncode if c.proc else None
+                delay = min(30.0, 2.0 ** min(c.restarts, 5))
+                print(f"llmgw up: {c.name} exited ({code}); restarting in {delay:.0f}s", flush=True)
+                c.restart_after = now + delay
+            elif now >= c.restart_after:
+                c.restarts += 1
+                c.restart_after = 0.0
+                c.url = ""
+                c.start()
+                changed = True
+        if changed:
+            self.write_manifest()
+
+    def stop(self) -> None:
+        # Router first (stop taking requests), then agents (they stop their
+        # engines), then the controller, so nothing reacts to a peer vanishing.
+        router = [c for c in self.children if c.name == "router"]
+        agents = [c for c in self.children if c.name.startswith("agent ")]
+        rest = [c for c in self.children if c not in router and c not in agents]
+        stop_all(router, grace_s=10)
+        stop_all(agents, grace_s=20)
+        stop_all(rest, grace_s=10)
+        (self.state / "up.json").unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        fleet = load_fleet(args.fleet)
+    except FleetError as exc:
+        print(f"llmgw up: {exc}", file=sys.stderr)
+        return 2
+    up = Up(args, fleet)
+
+    def on_signal(_sig: int, _frame: FrameType | None) -> None:
+        up.stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    from llmgw.up.show import print_hints, show_progress
+
+    try:
+        up.start()
+        if not args.quiet:
+            show_progress(up, timeout_s=args.ready_timeout_s)
+        print_hints(up)
+        while not up.stopping:
+            up.supervise_once()
+            time.sleep(0.5)
+    except (StartFailed, urllib.error.URLError, OSError) as exc:
+        print(f"llmgw up: {exc}", file=sys.stderr)
+        up.stop()
+        return 1
+    print("\nllmgw up: stopping…", flush=True)
+    up.stop()
+    print("llmgw up: stopped", flush=True)
+    return 0

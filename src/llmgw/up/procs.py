@@ -1,0 +1,117 @@
+"""Child programs of `llmgw up`: start, wait for the ready line, supervise, stop by PID.
+
+Each child runs `python -m llmgw <program> …` in its own process group with its
+output in a log file under the state folder. A child that dies on its own is
+restarted with backoff (`llmgw up` is a supervisor, like a process manager
+would be in production); a child being stopped is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmgw.runtime.serve import READY_PREFIX
+
+
+class StartFailed(RuntimeError):
+    """A child exited or did not print its ready line in time; carries its log tail."""
+
+
+@dataclass
+class Child:
+    name: str
+    args: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    url: str = ""
+    restarts: int = 0
+    # monotonic time before which a crashed child is not restarted (backoff)
+    restart_after: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)
+    _log_offset: int = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # Append: a restarted child's log continues the old one.
+        with self.log_path.open("ab") as log:
+            self._log_offset = log.tell()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "llmgw", *self.args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+                start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def poll_ready(self) -> bool:
+        """True once this run of the child printed its ready line (sets `url`)."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self._log_offset)
+                data = f.read()
+        except FileNotFoundError:
+            return False
+        for raw in data.splitlines():
+            line = raw.decode(errors="replace")
+            if line.startswith(READY_PREFIX):
+                self.url = line.split()[-1]
+                return True
+        return False
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.poll_ready():
+                return
+            if not self.alive():
+                code = self.proc.returncode if self.proc else None
+                raise StartFailed(f"{self.name} exited with {code}:\n{self.log_tail()}")
+            time.sleep(0.05)
+        raise StartFailed(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def terminate(self) -> None:
+        if self.alive() and self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGTERM)
+
+    def wait_exit(self, timeout_s: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+
+
+def stop_all(children: list[Child], *, grace_s: float) -> None:
+    """SIGTERM every child, then wait (up to grace_s in all) and SIGKILL stragglers."""
+    for c in children:
+        c.terminate()
+    deadline = time.monotonic() + grace_s
+    for c in children:
+        c.wait_exit(max(0.1, deadline - time.monotonic()))

@@ -1,0 +1,85 @@
+"""What `llmgw up` prints: start-up progress and what to try next."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmgw.up.main import Up
+
+
+def _models(up: Up) -> list[dict[str, Any]]:
+    try:
+        models = up.call("GET", "/admin/models")
+    except (urllib.error.URLError, OSError, ValueError):
+        return []
+    return list(models) if isinstance(models, list) else []
+
+
+def show_progress(up: Up, *, timeout_s: float) -> None:
+    """Show each model's ready replicas until every model has its minimum (or timeout)."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    console = Console()
+
+    def table(models: list[dict[str, Any]], elapsed: float) -> Table:
+        t = Table(title=f"replicas starting ({elapsed:.0f}s)", title_justify="left")
+        t.add_column("model")
+        t.add_column("ready", justify="right")
+        t.add_column("min", justify="right")
+        t.add_column("note")
+        for m in models:
+            ready, lo = int(m.get("ready", 0)), int(m.get("min", 0))
+            note = m.get("unplaceable_reason") or ("" if ready >= lo else "starting…")
+            if lo == 0 and ready == 0:
+                note = "scales from zero on first request"
+            mark = "[green]✓[/]" if ready >= lo else "[yellow]…[/]"
+            t.add_row(f"{mark} {m.get('name')}", str(ready), str(lo), str(note))
+        return t
+
+    start = time.monotonic()
+    with Live(table([], 0), console=console, refresh_per_second=4, transient=False) as live:
+        while not up.stopping:
+            elapsed = time.monotonic() - start
+            models = _models(up)
+            live.update(table(models, elapsed))
+            if models and all(int(m.get("ready", 0)) >= int(m.get("min", 0)) for m in models):
+                break
+            if elapsed > timeout_s:
+                console.print("[yellow]some replicas are still starting; see `llmgw ctl status`")
+                break
+            up.supervise_once()
+            time.sleep(1.0)
+
+
+def print_hints(up: Up) -> None:
+    models = [m.name for m in up.fleet.models]
+    first = models[0] if models else "MODEL"
+    env = f"LLMGW_CONTROLLER={up.controller_url}"
+    if up.token:
+        env += f" LLMGW_TOKEN={up.token}"
+    print(
+        f"""
+llmgw is up.
+  router (OpenAI API)  {up.router_url}/v1
+  controller           {up.controller_url}
+  logs                 {up.logs}
+  models               {", ".join(models)}
+
+Try:
+  curl -s {up.router_url}/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{{"model": "{first}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  python -c "import openai; c = openai.OpenAI(base_url='{up.router_url}/v1', api_key='x'); \\
+print(c.chat.completions.create(model='{first}', \\
+messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
+
+  {env} llmgw ctl status
+
+Ctrl-C stops everything.""",
+        flush=True,
+    )
