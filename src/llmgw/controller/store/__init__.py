@@ -1,0 +1,54 @@
+"""Where the controller's state lives: `open_store(url)` and `open_leadership(url)`.
+
+URLs:
+  sqlite:///path/to/controller.db   one file, WAL; one controller (a file lock says so)
+  postgresql://user@host:port/db    several controllers, one leads (an advisory lock);
+                                    `schema=` puts every table in that schema
+  memory://                         nothing survives the process (tests, demos)
+
+Everything here blocks: the async controller calls it via `asyncio.to_thread`.
+See base.py for the protocols and the exception tree.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from llmgw.controller.store.base import Leadership, NotLeader, SchemaTooNew, Store, StoreError
+from llmgw.controller.store.memory import MemoryLeadership, MemoryStore
+
+__all__ = [
+    "Leadership",
+    "MemoryLeadership",
+    "MemoryStore",
+    "NotLeader",
+    "SchemaTooNew",
+    "Store",
+    "StoreError",
+    "open_leadership",
+    "open_store",
+]
+
+
+def open_store(url: str, *, schema: str | None = None) -> Store:
+    """Open (creating and migrating as needed) the store at `url`.
+
+    Raises SchemaTooNew when the database was written by a newer llmgw, and
+    StoreError when it cannot be reached or the URL is not understood.
+    """
+    if url.startswith("memory:"):
+        return MemoryStore()
+    raise StoreError(
+        f"unsupported database URL {url!r}: use sqlite:///…, postgresql://… or memory://"
+    )
+
+
+def open_leadership(url: str, *, schema: str | None = None) -> Leadership:
+    """The leadership lock that goes with the store at `url` (acquire it before writing)."""
+    if url.startswith("memory:"):
+        # "memory://" leads alone; "memory://NAME" shares a lock with others of that NAME.
+        name = url.removeprefix("memory:").strip("/")
+        return MemoryLeadership(name) if name else MemoryLeadership(f"solo-{uuid.uuid4()}")
+    raise StoreError(
+        f"unsupported database URL {url!r}: use sqlite:///…, postgresql://… or memory://"
+    )

@@ -1,0 +1,113 @@
+"""The store seam: where the controller's fleet state lives between restarts (DESIGN §3.1).
+
+The controller keeps its whole `FleetState` in memory and writes through a
+`Store` once per command or tick, as one `Changes` value applied in a single
+transaction. A `Leadership` says which of several controllers sharing one
+database may write; the others serve reads (DESIGN §3.1: "one leads, the
+others take over when the lock is free").
+
+Both protocols are synchronous: every call may block on disk or network. The
+async controller calls them through `asyncio.to_thread(store.apply, changes)`,
+never directly from the event loop. Implementations are safe to call from
+several threads at once (reads may overlap a write).
+
+Exceptions, translated once at this seam so callers never see a driver's::
+
+    StoreError            the database refused or failed; the change was not applied
+    ├── SchemaTooNew      the database was written by newer code; refuse to touch it
+    └── NotLeader         a write was attempted by a controller that does not lead
+
+Anything else escaping `apply` (a value that cannot be encoded, say) is a bug in
+the caller; the transaction is rolled back all the same.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from llmgw.controller.state import Changes, Event, FleetState
+
+
+class StoreError(Exception):
+    """The database refused or failed an operation; nothing of it was applied."""
+
+
+class SchemaTooNew(StoreError):
+    """The database's schema version is newer than this code knows.
+
+    Raised at open rather than reading what we might misunderstand or migrating
+    "down", which would drop what the newer controller wrote.
+    """
+
+    def __init__(self, found: int, known: int) -> None:
+        super().__init__(
+            f"database schema version {found} is newer than this controller knows ({known}); "
+            "upgrade llmgw instead of opening it with an older one"
+        )
+        self.found = found
+        self.known = known
+
+
+class NotLeader(StoreError):
+    """A write came from a controller that does not hold leadership."""
+
+
+class Store(Protocol):
+    """Persistent fleet state. All methods block; call them via `asyncio.to_thread`."""
+
+    def load(self) -> FleetState:
+        """Everything stored (nodes, models, replicas), read as one consistent snapshot."""
+        ...
+
+    def apply(self, changes: Changes) -> list[Event]:
+        """Write `changes` in ONE transaction, all or nothing.
+
+        Upserts are by key (node name, model name, replica id); within one call the
+        last value for a key wins. Deletes run after upserts, so a key both upserted
+        and deleted ends deleted; deleting an absent key is not an error. Returns
+        `changes.events` in order with their store-assigned ids (ascending).
+        """
+        ...
+
+    def events(
+        self,
+        *,
+        model: str | None = None,
+        replica: str | None = None,
+        node: str | None = None,
+        limit: int = 200,
+    ) -> list[Event]:
+        """The last `limit` events matching every given filter, oldest first.
+
+        `model` matches `Event.model`; `replica` and `node` match events whose
+        subject is that replica or node.
+        """
+        ...
+
+    def schema_version(self) -> int:
+        """The schema version the database is at (after the migrations run at open)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; the store is unusable afterwards."""
+        ...
+
+
+class Leadership(Protocol):
+    """Which controller may write. Exactly one holder at a time per database."""
+
+    def try_acquire(self) -> bool:
+        """Try to lead without waiting; True if this process leads now (also if it already did)."""
+        ...
+
+    def still_leader(self) -> bool:
+        """Cheap check that the lock is still held; False once it was lost or released."""
+        ...
+
+    def release(self) -> None:
+        """Stop leading (idempotent); another controller may acquire at once."""
+        ...
+
+    def holder(self) -> str | None:
+        """Who holds the lock, in words for logs and errors; None when unknown or free."""
+        ...

@@ -1,0 +1,152 @@
+"""The fake beside the real store: same semantics, dicts instead of tables.
+
+For unit tests and for `memory://` (a controller that forgets on exit). Every
+value is round-tripped through the SQL store's codec on the way in, so what the
+fake accepts and what `load()` returns are what the database would accept and
+return; the CHECK constraints are mirrored by `codec.check_constraints`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import ClassVar
+
+from llmgw.controller.state import Changes, Event, FleetState
+from llmgw.controller.store import codec
+from llmgw.controller.store.base import StoreError
+
+
+class MemoryStore:
+    """A `Store` held in this process. Thread-safe; `apply` is all or nothing."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = FleetState()
+        self._events: list[Event] = []
+        self._next_event_id = 1
+        self._closed = False
+        # Test hook: the next apply raises this and applies nothing (a database
+        # that refused the transaction), then the hook clears itself.
+        self.fail_next_apply: StoreError | None = None
+
+    def load(self) -> FleetState:
+        with self._lock:
+            self._check_open()
+            s = self._state
+            return FleetState(nodes=dict(s.nodes), models=dict(s.models), replicas=dict(s.replicas))
+
+    def apply(self, changes: Changes) -> list[Event]:
+        # Encode everything before touching the state: a value that cannot be
+        # stored fails here and nothing is half-applied, as with a rolled-back
+        # transaction.
+        codec.check_constraints(changes)
+        nodes = [
+            codec.node_from(codec.node_row(n)) for n in codec.last_by_key(changes.nodes, "name")
+        ]
+        models = [
+            codec.model_from(codec.model_row(m)) for m in codec.last_by_key(changes.models, "name")
+        ]
+        replicas = [
+            codec.replica_from(codec.replica_row(p))
+            for p in codec.last_by_key(changes.replicas, "id")
+        ]
+        events = [codec.event_from({**codec.event_row(e), "id": 0}) for e in changes.events]
+        with self._lock:
+            self._check_open()
+            if self.fail_next_apply is not None:
+                exc, self.fail_next_apply = self.fail_next_apply, None
+                raise exc
+            s = self._state
+            new = FleetState(nodes=dict(s.nodes), models=dict(s.models), replicas=dict(s.replicas))
+            new.nodes.update((n.name, n) for n in nodes)
+            new.models.update((m.name, m) for m in models)
+            new.replicas.update((p.id, p) for p in replicas)
+            for name in changes.deleted_nodes:
+                new.nodes.pop(name, None)
+            for name in changes.deleted_models:
+                new.models.pop(name, None)
+            for rid in changes.deleted_replicas:
+                new.replicas.pop(rid, None)
+            written = [
+                dataclasses.replace(e, id=self._next_event_id + i) for i, e in enumerate(events)
+            ]
+            self._next_event_id += len(written)
+            self._events.extend(written)
+            self._state = new
+            return written
+
+    def events(
+        self,
+        *,
+        model: str | None = None,
+        replica: str | None = None,
+        node: str | None = None,
+        limit: int = 200,
+    ) -> list[Event]:
+        with self._lock:
+            self._check_open()
+            if limit <= 0:
+                return []
+            out: list[Event] = []
+            for e in reversed(self._events):
+                if model is not None and e.model != model:
+                    continue
+                if replica is not None and (e.subject != "replica" or e.subject_id != replica):
+                    continue
+                if node is not None and (e.subject != "node" or e.subject_id != node):
+                    continue
+                out.append(e)
+                if len(out) == limit:
+                    break
+            out.reverse()
+            return out
+
+    def schema_version(self) -> int:
+        return codec.SCHEMA_VERSION
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("store is closed")
+
+
+class MemoryLeadership:
+    """A `Leadership` among objects of this process that share a `name`.
+
+    `memory://` means one controller, so a lone instance always acquires; two
+    instances with one name exclude each other like two controllers on one
+    database, which lets app tests exercise standby and takeover without one.
+    """
+
+    _holders: ClassVar[dict[str, MemoryLeadership]] = {}
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, name: str = "default") -> None:
+        self.name = name
+
+    def try_acquire(self) -> bool:
+        with self._registry_lock:
+            holder = self._holders.setdefault(self.name, self)
+            return holder is self
+
+    def still_leader(self) -> bool:
+        with self._registry_lock:
+            return self._holders.get(self.name) is self
+
+    def release(self) -> None:
+        with self._registry_lock:
+            if self._holders.get(self.name) is self:
+                del self._holders[self.name]
+
+    def holder(self) -> str | None:
+        with self._registry_lock:
+            h = self._holders.get(self.name)
+        return None if h is None else f"in-process leader {self.name!r} (object {id(h):#x})"
+
+    def lose(self) -> None:
+        """Test hook: the lock is gone as if the database connection died."""
+        self.release()
