@@ -4,6 +4,9 @@
 nodes:                       # one agent per node, all on this machine
   - {prefix: h100-a, count: 2, gpus: 8xH100-80G, fabric: ib0, labels: {zone: a}}
 sim_args: ["--speed", "4"]   # appended to every model's sim-engine args
+controller_args: []          # extra flags for `llmgw controller`
+agent_args: []               # extra flags for every `llmgw agent`
+router: {}                   # extra keys for the router's config file
 models:                      # model specs, as `llmgw ctl apply` takes them
   - {name: llama-8b, engine: sim, gpu_classes: [H100-80G], min_replicas: 1}
 ```
@@ -37,6 +40,12 @@ class Fleet(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     nodes: Annotated[tuple[NodeGroup, ...], msgspec.Meta(min_length=1)]
     models: tuple[ModelSpec, ...] = ()
     sim_args: tuple[str, ...] = ()
+    # Extra command-line flags for the programs, e.g. shorter timeouts for a demo
+    # of failure handling: controller_args: ["--heartbeat-timeout-s", "3"].
+    controller_args: tuple[str, ...] = ()
+    agent_args: tuple[str, ...] = ()
+    # Extra keys merged into the router's YAML config (timings, policy, …).
+    router: dict[str, object] = {}
 
     def node_names(self) -> list[tuple[str, NodeGroup]]:
         return [(f"{g.prefix}-{i}", g) for g in self.nodes for i in range(1, g.count + 1)]

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from llmgw.runtime.serve import READY_PREFIX
 from llmgw.up.fleet import Fleet, FleetError, load_fleet
 from llmgw.up.procs import Child, StartFailed, stop_all
 
@@ -74,10 +75,11 @@ class Up:
         ]
         if self.token:
             args += ["--token", self.token]
+        args += self.fleet.controller_args
         return Child("controller", args, self.logs / "controller.log")
 
     def router(self) -> Child:
-        cfg: dict[str, Any] = {"controller": {"url": self.controller_url}}
+        cfg: dict[str, Any] = {**self.fleet.router, "controller": {"url": self.controller_url}}
         if self.token:
             cfg["controller"]["token"] = self.token
         path = self.state / "router.yaml"
@@ -115,6 +117,7 @@ class Up:
                 args += ["--label", f"{k}={v}"]
             if self.token:
                 args += ["--token", self.token]
+            args += self.fleet.agent_args
             out.append(Child(f"agent {name}", args, self.logs / f"agent-{name}.log"))
         return out
 
@@ -222,6 +225,8 @@ def main(argv: list[str]) -> int:
         if not args.quiet:
             show_progress(up, timeout_s=args.ready_timeout_s)
         print_hints(up)
+        # The line tests and tools wait for (same as every llmgw program's).
+        print(f"{READY_PREFIX} up {up.router_url}", flush=True)
         while not up.stopping:
             up.supervise_once()
             time.sleep(0.5)
