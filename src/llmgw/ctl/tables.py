@@ -1,0 +1,133 @@
+"""Pure tables for `ctl nodes | models | replicas | events`: wire views in, rich Tables out.
+
+Every cell that may be unknown goes through render's `idle_cell`/`age_cell`, so
+`-` is written in one place and an unreported idle time can never read as 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from llmgw.ctl.render import UNKNOWN, age_cell, fmt_count, idle_cell
+from llmgw.wire.admin import EventView, ModelView, NodeView, ReplicaView
+
+_STATE_STYLE = {
+    "ready": "green",
+    "cordoned": "yellow",
+    "draining": "yellow",
+    "unreachable": "bold red",
+    "pending": "cyan",
+    "starting": "cyan",
+    "stopped": "dim",
+    "failed": "bold red",
+}
+
+
+def _state(state: str) -> Text:
+    return Text(state, style=_STATE_STYLE.get(state, ""))
+
+
+def _table(*headers: str) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 2, 0, 0))
+    for h in headers:
+        table.add_column(h, no_wrap=True, overflow="ellipsis")
+    return table
+
+
+def nodes_table(nodes: Sequence[NodeView], *, now: float) -> Table:
+    """One row per node: state, class, GPUs used/free/unhealthy, fabrics, heartbeat age."""
+    table = _table("NODE", "STATE", "CLASS", "USED", "FREE", "UNHEALTHY", "FABRICS", "HEARTBEAT")
+    for n in nodes:
+        used = n.gpu_total - n.gpu_free - len(n.unhealthy)
+        table.add_row(
+            n.name,
+            _state(n.state),
+            ",".join(n.classes) or UNKNOWN,
+            f"{used}/{n.gpu_total}",
+            str(n.gpu_free),
+            Text(str(len(n.unhealthy)), style="bold red" if n.unhealthy else "dim"),
+            ",".join(n.fabrics) or UNKNOWN,
+            age_cell(n.last_heartbeat, now) + ("" if n.last_heartbeat is None else " ago"),
+        )
+    return table
+
+
+def model_status(m: ModelView) -> Text:
+    """`ok`, `short` (still starting), or `unplaceable: <the controller's reason>`."""
+    if m.unplaceable_reason:
+        return Text(f"unplaceable: {m.unplaceable_reason}", style="bold red")
+    if m.ready < m.min:
+        return Text("short", style="yellow")
+    return Text("ok", style="green")
+
+
+def models_table(models: Sequence[ModelView]) -> Table:
+    """One row per model: engine, GPUs per replica, ready/desired, bounds, status."""
+    table = _table("MODEL", "ENGINE", "GPUS", "READY", "MIN..MAX", "PRIORITY", "STATUS")
+    table.columns[-1].max_width = 70
+    for m in models:
+        spec = m.spec
+        shape = f"{spec.gpus_per_node}" if spec.nodes == 1 else f"{spec.nodes}x{spec.gpus_per_node}"
+        table.add_row(
+            m.name,
+            spec.engine,
+            shape,
+            f"{m.ready}/{m.desired}",
+            f"{m.min}..{m.max}",
+            str(spec.priority),
+            model_status(m),
+        )
+    return table
+
+
+def shards_cell(r: ReplicaView) -> str:
+    """`node:gpu,gpu` for each shard, rank order."""
+    if not r.shards:
+        return UNKNOWN
+    ranked = sorted(r.shards, key=lambda s: s.rank)
+    return " ".join(f"{s.node}:{','.join(str(g) for g in s.gpus)}" for s in ranked)
+
+
+def replicas_table(replicas: Sequence[ReplicaView]) -> Table:
+    """One row per replica; IDLE is `-` when no router has reported it, never 0."""
+    table = _table("REPLICA", "MODEL", "STATE", "SHARDS", "ENDPOINT", "IDLE", "WEIGHT", "RESTARTS")
+    table.columns[3].max_width = 40
+    for r in replicas:
+        state = _state(r.state)
+        if r.reason and r.state in ("failed", "draining"):
+            state.append(f" ({r.reason})", style="dim")
+        table.add_row(
+            r.id,
+            r.model,
+            state,
+            shards_cell(r),
+            r.endpoint_url or UNKNOWN,
+            idle_cell(r.idle_seconds),
+            f"{r.weight:.2f}",
+            fmt_count(r.restarts),
+        )
+    return table
+
+
+def event_time(at: float) -> str:
+    """Local wall time of an event, to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def events_table(events: Sequence[EventView]) -> Table:
+    """Oldest first, as the controller sends them: the story of how the fleet got here."""
+    table = _table("TIME", "KIND", "SUBJECT", "MODEL", "MESSAGE")
+    table.columns[-1].no_wrap = False
+    for e in events:
+        table.add_row(
+            event_time(e.at),
+            e.kind,
+            f"{e.subject} {e.subject_id}",
+            e.model or UNKNOWN,
+            e.message,
+        )
+    return table
