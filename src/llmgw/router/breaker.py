@@ -38,6 +38,9 @@ class BreakerConfig:
     max_cooldown_s: float = 120.0
 
 
+DEFAULT_BREAKER_CONFIG = BreakerConfig()
+
+
 class Outcome(enum.Enum):
     """How one dispatched request ended, from the endpoint's point of view."""
 
@@ -91,7 +94,7 @@ class Breaker:
     )
 
     def __init__(
-        self, cfg: BreakerConfig = BreakerConfig(), *, clock: Clock = SYSTEM_CLOCK
+        self, cfg: BreakerConfig = DEFAULT_BREAKER_CONFIG, *, clock: Clock = SYSTEM_CLOCK
     ) -> None:
         self._cfg = cfg
         self._clock = clock

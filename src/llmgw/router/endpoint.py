@@ -1,0 +1,326 @@
+"""The upstream replicas the router can send to, with their live state (DESIGN §2.1).
+
+A port of the seed `router_endpoint_registry.go`. The endpoint list comes from a
+static file today and from the controller's EndpointSink later (§4); the
+scheduler and proxy must not notice the difference, which is why the API is
+wholesale `replace()` of the list from the start.
+
+Concurrency: the router uses one registry from one asyncio thread and nothing
+here awaits, so every method runs to completion without interleaving and no
+lock is needed (the seed's mutex guarded Go's goroutines). Calling it from
+another thread is a bug.
+
+Clocks: staleness, ages and drain rates use the monotonic reading; `last_used`
+is wall-clock unix seconds because it leaves the process (usage report, §4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmgw.router.breaker import (
+    DEFAULT_BREAKER_CONFIG,
+    Breaker,
+    BreakerConfig,
+    BreakerState,
+    Outcome,
+)
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+from llmgw.wire.endpoints import EndpointInfo
+
+# Exponential smoothing factor of the drain rate (seed: alpha = 0.3).
+DRAIN_ALPHA = 0.3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stats:
+    """One scrape, read through the engine metric contract (DESIGN §2.3, ENGINES.md §1).
+
+    None means the engine does not expose the figure, never zero.
+    """
+
+    # Mandatory: requests in the running batch, and waiting for a place in it.
+    running: int
+    waiting: int
+    # Fraction 0..1 of the KV cache pinned by live requests (max across DP engines).
+    kv_usage: float | None
+    # Tokens per KV block, and KV blocks per engine (vLLM `cache_config_info`).
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    # Raw counters, kept so rates can be derived: prompt and generated tokens, and
+    # finished requests.
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    success_total: float | None = None
+    # Tokens the endpoint's KV cache holds in all: num_gpu_blocks × block_size
+    # summed over DP engines (vLLM), `max_total_num_tokens` (SGLang), or the token
+    # budget `tgi_batch_max_total_tokens` (TGI).
+    kv_capacity_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """Everything the scheduler knows of one endpoint, as a value read without a lock."""
+
+    info: EndpointInfo
+    # The last successful scrape; None: never scraped since the endpoint appeared.
+    stats: Stats | None
+    # Finished requests per second, exponentially smoothed (α 0.3). This is
+    # AIBrix's load signal: running alone cannot tell that a replica is slow.
+    # 0.0 until two scrapes with a finished-request counter have been seen, and
+    # always for engines without one (llama.cpp); it only breaks ties.
+    drain_rate: float
+    # Requests this router dispatched here that have not finished. It compensates
+    # for scrape lag (§2.4): without it, herding is unavoidable within an interval.
+    inflight: int
+    # The highest `running` ever observed: the engine's batch capacity, learned
+    # rather than configured. Kept across engine restarts (the seed's "max ever"):
+    # a restarted engine has the same batch limit. 0 until the first scrape.
+    running_capacity: int
+    # No successful scrape within `stale_after_s`, or never scraped. Stale
+    # endpoints are scored down, not dropped.
+    stale: bool
+    # Seconds since the last successful scrape; None if never scraped.
+    age_s: float | None
+    # Read without side effects: an open breaker past its cooldown reads half_open.
+    breaker: BreakerState
+    # Engine restarts observed (a counter went backwards).
+    restarts: int
+    # `inflight` when the last scrape was recorded: the engine's figures already
+    # contain (roughly) these, so the requests it has not yet reported are
+    # inflight − inflight_at_scrape (scheduler load estimate, §2.4).
+    inflight_at_scrape: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+
+class Release(Protocol):
+    """Reports how a dispatched request ended. Runs once; later calls do nothing."""
+
+    def __call__(self, outcome: Outcome) -> None: ...
+
+
+class _Live:
+    """One endpoint's mutable state; never leaves this module."""
+
+    __slots__ = (
+        "breaker",
+        "drain_rate",
+        "inflight",
+        "inflight_at_scrape",
+        "info",
+        "last_used",
+        "max_running",
+        "restarts",
+        "scraped_at",
+        "stats",
+    )
+
+    def __init__(self, info: EndpointInfo, breaker: Breaker) -> None:
+        self.info = info
+        self.breaker = breaker
+        self.stats: Stats | None = None
+        self.scraped_at: float | None = None  # monotonic
+        self.drain_rate = 0.0
+        self.max_running = 0
+        self.restarts = 0
+        self.inflight = 0
+        self.inflight_at_scrape = 0
+        # Wall-clock time of the last dispatch; None: not since this router started.
+        # Recorded in acquire, the one place a request meets an endpoint, so the
+        # idle report costs one pass over replicas per tick, nothing per request.
+        self.last_used: float | None = None
+
+
+class _Release:
+    """The hot-path release: two slots and a flag, no closure, no lock."""
+
+    __slots__ = ("_done", "_live", "_probe")
+
+    def __init__(self, live: _Live, probe: bool) -> None:
+        self._live = live
+        self._probe = probe
+        self._done = False
+
+    def __call__(self, outcome: Outcome) -> None:
+        if self._done:
+            return
+        self._done = True
+        live = self._live
+        # An endpoint removed by replace() while this request ran is updated in its
+        # orphaned state, which nothing reads any more: harmless by construction.
+        live.inflight -= 1
+        live.breaker.record(outcome, probe=self._probe)
+
+
+def _went_backwards(old: Stats | None, new: Stats) -> bool:
+    """Whether any counter decreased: the engine restarted (ENGINES.md §7.6).
+
+    The seed watched only the finished-request counter; llama.cpp has none, so
+    the token counters count too. %g rounding (llama.cpp) is monotonic and can
+    never make a counter decrease.
+    """
+    if old is None:
+        return False
+    for a, b in (
+        (old.success_total, new.success_total),
+        (old.prompt_tokens, new.prompt_tokens),
+        (old.generation_tokens, new.generation_tokens),
+    ):
+        if a is not None and b is not None and b < a:
+            return True
+    return False
+
+
+class Registry:
+    """The live state of all endpoints; outside it only frozen Snapshots are seen."""
+
+    def __init__(
+        self,
+        *,
+        stale_after_s: float = 10.0,
+        breaker: BreakerConfig = DEFAULT_BREAKER_CONFIG,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._stale_after_s = stale_after_s if stale_after_s > 0 else 10.0
+        self._breaker_cfg = breaker
+        self._clock = clock
+        self._live: dict[str, _Live] = {}
+        # Sorted views rebuilt on replace(), so per-request reads never sort.
+        self._sorted: tuple[_Live, ...] = ()
+        self._by_model: dict[str, tuple[_Live, ...]] = {}
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """Bumped by every replace(), for caches keyed on the endpoint list."""
+        return self._version
+
+    def replace(self, infos: Iterable[EndpointInfo]) -> list[str]:
+        """Reconcile with a new endpoint list; return the removed ids, sorted.
+
+        Survivors keep their live state (stats, drain rate, inflight, breaker)
+        with the new Info; new endpoints get a fresh breaker; removed ones are
+        dropped, and the caller purges whatever else it keeps per endpoint.
+        """
+        old = self._live
+        new: dict[str, _Live] = {}
+        for info in infos:
+            live = old.get(info.id) or new.get(info.id)
+            if live is None:
+                live = _Live(info, Breaker(self._breaker_cfg, clock=self._clock))
+            live.info = info
+            new[info.id] = live
+        removed = sorted(old.keys() - new.keys())
+        self._live = new
+        self._sorted = tuple(new[k] for k in sorted(new))
+        by_model: dict[str, list[_Live]] = {}
+        for live in self._sorted:
+            for model in dict.fromkeys(live.info.models):
+                by_model.setdefault(model, []).append(live)
+        self._by_model = {m: tuple(ls) for m, ls in by_model.items()}
+        self._version += 1
+        return removed
+
+    def observe(self, id: str, stats: Stats) -> bool:
+        """Record a successful scrape; True iff a counter reset (engine restart) was seen."""
+        live = self._live.get(id)
+        if live is None:
+            return False
+        now = self._clock.monotonic()
+        restarted = _went_backwards(live.stats, stats)
+        if restarted:
+            # The engine restarted: its counters start over, so the difference
+            # means nothing; reset the rate and skip the derivative (§2.1).
+            live.drain_rate = 0.0
+            live.restarts += 1
+        elif live.scraped_at is not None and live.stats is not None:
+            dt = now - live.scraped_at
+            before, after = live.stats.success_total, stats.success_total
+            if dt > 0 and before is not None and after is not None:
+                rate = (after - before) / dt
+                live.drain_rate = DRAIN_ALPHA * rate + (1 - DRAIN_ALPHA) * live.drain_rate
+        live.stats = stats
+        live.scraped_at = now
+        live.max_running = max(live.max_running, stats.running)
+        live.inflight_at_scrape = live.inflight
+        return restarted
+
+    def scrape_failed(self, id: str) -> None:
+        """Note a failed metrics scrape: deliberately nothing.
+
+        A scrape failure is not a request failure, so it does not touch the
+        breaker: the endpoint may be serving fine while only its metrics are
+        down. It goes stale on its own and scores lower (§2.1).
+        """
+
+    def snapshots(self, model: str | None = None) -> list[Snapshot]:
+        """Every endpoint (serving `model`, if given), sorted by id. Breakers are read,
+        never consumed."""
+        lives = self._sorted if model is None else self._by_model.get(model, ())
+        now = self._clock.monotonic()
+        return [self._snap(live, now) for live in lives]
+
+    def snapshot(self, id: str) -> Snapshot | None:
+        live = self._live.get(id)
+        return None if live is None else self._snap(live, self._clock.monotonic())
+
+    def _snap(self, live: _Live, now: float) -> Snapshot:
+        age = None if live.scraped_at is None else now - live.scraped_at
+        return Snapshot(
+            info=live.info,
+            stats=live.stats,
+            drain_rate=live.drain_rate,
+            inflight=live.inflight,
+            running_capacity=live.max_running,
+            stale=age is None or age > self._stale_after_s,
+            age_s=age,
+            breaker=live.breaker.state(),
+            restarts=live.restarts,
+            inflight_at_scrape=live.inflight_at_scrape,
+        )
+
+    def acquire(self, id: str) -> Release | None:
+        """Ask to send one request to `id`.
+
+        None if the endpoint is unknown or its breaker refuses. Otherwise inflight
+        is incremented, last_used set, and the caller must call the release with
+        the outcome exactly once; later calls are no-ops. Take it with no await
+        between acquire and the `try` whose `finally` releases.
+        """
+        live = self._live.get(id)
+        if live is None:
+            return None
+        probe = live.breaker.state() is BreakerState.HALF_OPEN
+        if not live.breaker.allow():
+            return None
+        live.inflight += 1
+        live.last_used = self._clock.wall()
+        return _Release(live, probe)
+
+    def last_used(self) -> dict[str, float]:
+        """Unix seconds of the last dispatch per endpoint.
+
+        Endpoints never used since this router started are absent, not zero:
+        "not since I started" and "not for an hour" are different facts, and a
+        zero would make every replica the oldest idle one after a router restart
+        — nominating the whole fleet for eviction at once.
+        """
+        return {live.info.id: live.last_used for live in self._sorted if live.last_used is not None}
+
+    def inflight(self, id: str) -> int:
+        live = self._live.get(id)
+        return 0 if live is None else live.inflight
+
+    def ids(self) -> list[str]:
+        return [live.info.id for live in self._sorted]
+
+    def infos(self) -> list[EndpointInfo]:
+        return [live.info for live in self._sorted]
+
+    def models(self) -> frozenset[str]:
+        return frozenset(self._by_model)
