@@ -1,0 +1,73 @@
+"""Client API keys and the admin token (DESIGN §2.9). Pure: headers in, verdicts out.
+
+Keys live in the config as SHA-256 hex digests, so the file never holds a
+usable secret; a presented key is hashed and looked up. The admin token is a
+separate secret: a client key never opens the admin surface.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Iterable
+
+from llmgw.router.config import ApiKey
+
+
+def hash_key(key: str) -> str:
+    """The hex digest stored in `api_keys[].sha256` for `key`."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def bearer(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, or None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    token = token.strip()
+    return token or None
+
+
+class KeyRing:
+    """The configured client keys; empty means /v1/* is open."""
+
+    __slots__ = ("_by_digest",)
+
+    def __init__(self, keys: Iterable[ApiKey] = ()) -> None:
+        self._by_digest = {k.sha256.lower(): k.name for k in keys}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._by_digest)
+
+    def check(self, authorization: str | None) -> str | None:
+        """The key's name when the header carries a configured key, else None."""
+        token = bearer(authorization)
+        if token is None:
+            return None
+        # A dict lookup on the digest leaks nothing useful: an attacker who can time
+        # it learns about the hash of their own guess, not about a stored key.
+        return self._by_digest.get(hash_key(token))
+
+
+def is_loopback(remote: str | None) -> bool:
+    """Whether the peer address is 127.0.0.0/8 or ::1 (None, e.g. a unix socket: no)."""
+    if not remote:
+        return False
+    try:
+        return ipaddress.ip_address(remote.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def admin_allowed(*, token: str | None, authorization: str | None, remote: str | None) -> bool:
+    """With a token: the bearer must match it. Without one: loopback callers only."""
+    if token is None:
+        return is_loopback(remote)
+    presented = bearer(authorization)
+    if presented is None:
+        return False
+    return hmac.compare_digest(presented.encode(), token.encode())

@@ -1,0 +1,182 @@
+"""The router's configuration: one YAML file, validated at the edge (DESIGN §2.7–2.9).
+
+Everything inside the router trusts a `RouterConfig`; nothing else reads the
+file. A bad file is a `ConfigError` whose one-line message names the field, so
+`llmgw router` can exit 2 with it at start and a reload can log it and keep
+the old configuration.
+
+Shape (every key but `endpoints`/`controller` optional):
+
+    endpoints: [{id, url, models: [...], engine?, pool?, weight?, priority?}]
+    models: [...]            # known models with no replica yet: held, not 404
+    controller: {url, token?}
+    policy: ours | round_robin | least_inflight
+    scrape_interval_s: 2 ...  # timings, flat
+    breaker: {failure_threshold, cooldown_s, max_cooldown_s}
+    api_keys: [{name, sha256}]
+    admin_token: ...
+    router_id: ...
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+import yaml
+
+from llmgw.wire.endpoints import EndpointInfo
+
+Policy = Literal["ours", "round_robin", "least_inflight"]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+NonNegSeconds = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class ConfigError(Exception):
+    """The configuration file is unreadable or invalid; the message is one line."""
+
+
+class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # Controller root, e.g. http://127.0.0.1:9000 (no trailing slash needed).
+    url: str
+    # Sent as `Authorization: Bearer <token>`; None sends none.
+    token: str | None = None
+    # How long one long-poll of GET /v1/endpoints may wait for a change.
+    poll_timeout_s: Seconds = 30.0
+
+
+class ApiKey(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # Who the key belongs to; logged instead of the key.
+    name: str
+    # Hex SHA-256 of the key: the file never holds a usable secret.
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-fA-F]{64}$")]
+
+
+class BreakerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Per-endpoint circuit breaker (DESIGN §2.2)."""
+
+    failure_threshold: Annotated[int, msgspec.Meta(ge=1)] = 5
+    cooldown_s: Seconds = 10.0
+    max_cooldown_s: Seconds = 120.0
+
+
+class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # Static endpoints (phase 1). Exclusive with `controller`, which supplies them.
+    endpoints: tuple[EndpointInfo, ...] = ()
+    # Model names known to have no replica yet: requests for them are held (§2.8)
+    # instead of answered 404.
+    models: tuple[str, ...] = ()
+    controller: ControllerConfig | None = None
+    # Stable id in usage reports; None: a fresh one per process (a restarted router
+    # is a new reporter, DESIGN §4).
+    router_id: str | None = None
+    # Routing policy; the two baselines exist to be measured against (bench/routing.py).
+    policy: Policy = "ours"
+
+    scrape_interval_s: Seconds = 2.0
+    # Below the interval, so one tick's scrapes end before the next begins (§2.4).
+    scrape_timeout_s: Seconds = 1.5
+    # At most this many scrapes in flight at once.
+    scrape_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 64
+    stale_after_s: Seconds = 10.0
+    # How long a request may wait for a replica of its model to appear (§2.8).
+    hold_timeout_s: NonNegSeconds = 120.0
+    # Held requests beyond this are answered 503 at once.
+    max_held: Annotated[int, msgspec.Meta(ge=0)] = 1000
+    # The whole request's deadline: retries, holding and the upstream response.
+    request_timeout_s: Seconds = 600.0
+    # Time to open a TCP connection to an engine; past it the attempt is retried.
+    connect_timeout_s: Seconds = 3.0
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 8 * 1024 * 1024
+    # Extra attempts on other replicas before any byte reached the client (§2.7).
+    max_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
+    report_interval_s: Seconds = 2.0
+    # How often the file's mtime is checked for a reload.
+    reload_poll_s: Seconds = 1.0
+
+    breaker: BreakerSettings = msgspec.field(default_factory=BreakerSettings)
+    # Empty: /v1/* is open. Otherwise `Authorization: Bearer <key>` is required.
+    api_keys: tuple[ApiKey, ...] = ()
+    # None: admin endpoints answer only on loopback.
+    admin_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.scrape_timeout_s >= self.scrape_interval_s:
+            raise ValueError(
+                f"scrape_timeout_s ({self.scrape_timeout_s}) must be below "
+                f"scrape_interval_s ({self.scrape_interval_s})"
+            )
+        if self.breaker.max_cooldown_s < self.breaker.cooldown_s:
+            raise ValueError("breaker.max_cooldown_s must be at least breaker.cooldown_s")
+        if self.controller is not None and self.endpoints:
+            raise ValueError("endpoints must be empty when controller is set (it supplies them)")
+        seen: set[str] = set()
+        for i, ep in enumerate(self.endpoints):
+            if ep.id in seen:
+                raise ValueError(f"endpoints[{i}].id {ep.id!r} is repeated")
+            seen.add(ep.id)
+            if not ep.url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoints[{i}].url {ep.url!r} must start with http://")
+            if not ep.models:
+                raise ValueError(f"endpoints[{i}].models must name at least one model")
+            if ep.weight <= 0:
+                raise ValueError(f"endpoints[{i}].weight must be above 0")
+        names = [k.name for k in self.api_keys]
+        if len(set(names)) != len(names):
+            raise ValueError("api_keys names must be unique")
+
+    def known_models(self) -> frozenset[str]:
+        """Models this file names: configured ones and every endpoint's."""
+        out = set(self.models)
+        for ep in self.endpoints:
+            out.update(ep.models)
+        return frozenset(out)
+
+    def endpoint_infos(self) -> tuple[EndpointInfo, ...]:
+        """The static endpoints with URLs normalised (no trailing slash)."""
+        return tuple(
+            msgspec.structs.replace(ep, url=ep.url.rstrip("/")) if ep.url.endswith("/") else ep
+            for ep in self.endpoints
+        )
+
+
+# Settings read once at start; a reload that changes them logs that a restart is needed.
+RESTART_ONLY = ("controller", "router_id", "stale_after_s", "breaker", "max_body_bytes")
+
+
+def parse(text: str, *, source: str = "config") -> RouterConfig:
+    """Validate YAML text into a RouterConfig, or raise ConfigError naming the field."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {_one_line(str(exc))}") from exc
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    try:
+        return msgspec.convert(doc, RouterConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_one_line(str(exc))}") from exc
+    except ValueError as exc:  # raised by __post_init__ checks
+        raise ConfigError(f"{source}: {_one_line(str(exc))}") from exc
+
+
+def load(path: str | Path) -> RouterConfig:
+    """Read and validate the file at `path`."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    return parse(text, source=str(p))
+
+
+def restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:
+    """Fields that differ but only take effect after a restart."""
+    return [f for f in RESTART_ONLY if getattr(old, f) != getattr(new, f)]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -1,0 +1,128 @@
+"""The router's exception tree and its OpenAI-shaped error answers (DESIGN §2.7).
+
+    RouterError
+    ├── UpstreamError            one attempt at one endpoint failed
+    │   ├── UpstreamConnectError nothing reached the engine: always safe to retry
+    │   ├── UpstreamTimeout      the deadline passed before the engine answered
+    │   └── UpstreamBroken       the response broke after it had started
+    └── NoReplica                nothing could serve the request within its deadline
+
+aiohttp's exceptions are translated into these once, in `upstream`; the proxy
+never catches an aiohttp type. Every error a client sees is written by
+`error_response` with the one OpenAI error encoder (`wire.errors.error_body`).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from llmgw.wire.errors import error_body
+
+
+class RouterError(Exception):
+    """Base of everything the router raises on purpose."""
+
+
+class UpstreamError(RouterError):
+    """One attempt at one endpoint failed; `endpoint_id` names it."""
+
+    def __init__(self, endpoint_id: str, detail: str = "") -> None:
+        super().__init__(f"{endpoint_id}: {detail}" if detail else endpoint_id)
+        self.endpoint_id = endpoint_id
+        self.detail = detail
+
+
+class UpstreamConnectError(UpstreamError):
+    """The connection could not be opened or was refused: the engine saw nothing."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The engine did not answer within the time the request had left."""
+
+
+class UpstreamBroken(UpstreamError):
+    """The engine's response stopped before it was complete."""
+
+
+class NoReplica(RouterError):
+    """No replica could take the request within its deadline (or the hold queue is full)."""
+
+    def __init__(self, model: str, why: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(f"{model}: {why}")
+        self.model = model
+        self.why = why
+        self.retry_after_s = retry_after_s
+
+
+JSON = "application/json"
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    type: str,
+    code: str | int | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """An OpenAI-shaped error answer."""
+    return web.Response(
+        status=status,
+        body=error_body(message, type=type, code=code, param=param),
+        content_type=JSON,
+        headers=headers,
+    )
+
+
+def bad_request(message: str, *, param: str | None = None) -> web.Response:
+    return error_response(400, message, type="invalid_request_error", param=param)
+
+
+def unauthorized(message: str = "Invalid or missing API key.") -> web.Response:
+    return error_response(
+        401,
+        message,
+        type="invalid_request_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def model_not_found(model: str) -> web.Response:
+    return error_response(
+        404,
+        f"The model `{model}` does not exist.",
+        type="invalid_request_error",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def too_large(limit: int) -> web.Response:
+    return error_response(
+        413,
+        f"Request body is larger than {limit} bytes.",
+        type="invalid_request_error",
+        code="request_too_large",
+    )
+
+
+def unavailable(exc: NoReplica) -> web.Response:
+    return error_response(
+        503,
+        f"No replica of `{exc.model}` is available: {exc.why}.",
+        type="service_unavailable",
+        code="no_replica",
+        headers={"Retry-After": str(exc.retry_after_s)},
+    )
+
+
+def stream_error_frame(message: str, *, code: int = 502) -> bytes:
+    """The SSE event that ends a stream that broke mid-way, followed by [DONE].
+
+    The same framing vLLM uses for an in-band error, so clients that handle one
+    handle the other.
+    """
+    body = error_body(message, type="upstream_error", code=code)
+    return b"data: " + body + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,102 @@
+"""Router configuration: parsing, validation messages, reload comparisons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmgw.router.config import ConfigError, load, parse, restart_only_changes
+
+GOOD = """
+endpoints:
+  - {id: a, url: "http://127.0.0.1:9001/", models: [m1, m1-alias], weight: 2, priority: 1}
+  - {id: b, url: "http://127.0.0.1:9002", models: [m1], engine: sglang, pool: ib0/H100}
+models: [cold]
+scrape_interval_s: 1
+scrape_timeout_s: 0.5
+api_keys: [{name: alice, sha256: "%s"}]
+admin_token: s3cret
+""" % ("ab" * 32)
+
+
+class TestParse:
+    def test_full_file(self) -> None:
+        """Every documented key parses into the typed config."""
+        cfg = parse(GOOD)
+        assert [e.id for e in cfg.endpoints] == ["a", "b"]
+        assert cfg.endpoints[0].weight == 2.0
+        assert cfg.endpoints[1].engine == "sglang"
+        assert cfg.api_keys[0].name == "alice"
+        assert cfg.admin_token == "s3cret"
+        assert cfg.scrape_interval_s == 1.0
+
+    def test_defaults(self) -> None:
+        """An empty file is a valid router with documented defaults."""
+        cfg = parse("")
+        assert (cfg.scrape_interval_s, cfg.scrape_timeout_s, cfg.hold_timeout_s) == (2.0, 1.5, 120)
+        assert (cfg.max_held, cfg.max_retries, cfg.max_body_bytes) == (1000, 2, 8 * 1024 * 1024)
+        assert cfg.policy == "ours"
+        assert cfg.endpoints == ()
+
+    def test_known_models(self) -> None:
+        """Known models are the configured ones plus every endpoint's names."""
+        assert parse(GOOD).known_models() == {"m1", "m1-alias", "cold"}
+
+    def test_trailing_slash_is_normalised(self) -> None:
+        """Endpoint URLs lose their trailing slash."""
+        assert parse(GOOD).endpoint_infos()[0].url == "http://127.0.0.1:9001"
+
+    def test_controller_section(self) -> None:
+        """A controller section parses with its token."""
+        cfg = parse("controller: {url: 'http://c:9000', token: t}")
+        assert cfg.controller is not None
+        assert (cfg.controller.url, cfg.controller.token) == ("http://c:9000", "t")
+
+
+class TestValidation:
+    @pytest.mark.parametrize(
+        ("text", "needle"),
+        [
+            ("endpoints: [{id: a, url: 'http://x', models: [m], weight: heavy}]", "weight"),
+            ("endpoints: [{id: a, models: [m]}]", "url"),
+            ("endpoints: [{id: a, url: 'http://x', models: [m], colour: red}]", "colour"),
+            ("surprise: 1", "surprise"),
+            ("scrape_interval_s: 1\nscrape_timeout_s: 2", "scrape_timeout_s"),
+            ("max_retries: -1", "max_retries"),
+            ("policy: random", "policy"),
+            ("api_keys: [{name: a, sha256: nothex}]", "sha256"),
+            ("endpoints: [{id: a, url: 'ftp://x', models: [m]}]", "url"),
+            ("endpoints: [{id: a, url: 'http://x', models: []}]", "models"),
+            (
+                "endpoints: [{id: a, url: 'http://x', models: [m]}, "
+                "{id: a, url: 'http://y', models: [m]}]",
+                "repeated",
+            ),
+            (
+                "controller: {url: 'http://c'}\nendpoints: [{id: a, url: 'http://x', models: [m]}]",
+                "controller",
+            ),
+            ("[1, 2]", "mapping"),
+            ("endpoints: [", "YAML"),
+        ],
+    )
+    def test_bad_file_names_the_field(self, text: str, needle: str) -> None:
+        """Each invalid file raises ConfigError with a one-line message naming the field."""
+        with pytest.raises(ConfigError, match=needle) as info:
+            parse(text)
+        assert "\n" not in str(info.value)
+
+    def test_missing_file(self, tmp_path: Path) -> None:
+        """A file that cannot be read is a ConfigError naming the path."""
+        with pytest.raises(ConfigError, match="cannot read"):
+            load(tmp_path / "nope.yaml")
+
+
+class TestReload:
+    def test_restart_only_fields_are_reported(self) -> None:
+        """Changing a start-time setting is named; changing endpoints is not."""
+        old = parse(GOOD)
+        new = parse(GOOD.replace("scrape_interval_s: 1", "scrape_interval_s: 1\nrouter_id: r2"))
+        assert restart_only_changes(old, new) == ["router_id"]
+        assert restart_only_changes(old, parse(GOOD.replace("cold", "colder"))) == []
