@@ -15,9 +15,11 @@ from __future__ import annotations
 import uuid
 
 from llmgw.controller.store.base import Leadership, NotLeader, SchemaTooNew, Store, StoreError
+from llmgw.controller.store.fence import FencedStore
 from llmgw.controller.store.memory import MemoryLeadership, MemoryStore
 
 __all__ = [
+    "FencedStore",
     "Leadership",
     "MemoryLeadership",
     "MemoryStore",
@@ -38,6 +40,15 @@ def open_store(url: str, *, schema: str | None = None) -> Store:
     """
     if url.startswith("memory:"):
         return MemoryStore()
+    if url.startswith("sqlite:"):
+        # Imported here: SQLAlchemy costs ~100 ms to import and the memory store needs none of it.
+        from llmgw.controller.store.sqlite import open_sqlite_store
+
+        return open_sqlite_store(url)
+    if url.startswith(("postgresql:", "postgresql+", "postgres:")):
+        from llmgw.controller.store.postgres import open_postgres_store
+
+        return open_postgres_store(url, schema=schema)
     raise StoreError(
         f"unsupported database URL {url!r}: use sqlite:///…, postgresql://… or memory://"
     )
@@ -49,6 +60,15 @@ def open_leadership(url: str, *, schema: str | None = None) -> Leadership:
         # "memory://" leads alone; "memory://NAME" shares a lock with others of that NAME.
         name = url.removeprefix("memory:").strip("/")
         return MemoryLeadership(name) if name else MemoryLeadership(f"solo-{uuid.uuid4()}")
+    if url.startswith("sqlite:"):
+        from llmgw.controller.store.leadership import FileLockLeadership
+        from llmgw.controller.store.sqlite import sqlite_path
+
+        return FileLockLeadership(sqlite_path(url))
+    if url.startswith(("postgresql:", "postgresql+", "postgres:")):
+        from llmgw.controller.store.leadership import AdvisoryLockLeadership
+
+        return AdvisoryLockLeadership(url, schema=schema)
     raise StoreError(
         f"unsupported database URL {url!r}: use sqlite:///…, postgresql://… or memory://"
     )

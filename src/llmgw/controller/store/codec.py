@@ -40,7 +40,8 @@ _labels = msgspec.json.Decoder(dict[str, str])
 _spec = msgspec.json.Decoder(ModelSpec)
 _shards = msgspec.json.Decoder(tuple[Shard, ...])
 
-Row = Mapping[str, Any]
+# A database row by column name (SQLAlchemy's RowMapping is keyed by Any).
+Row = Mapping[Any, Any]
 T = TypeVar("T")
 
 

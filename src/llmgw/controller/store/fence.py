@@ -1,0 +1,43 @@
+"""`FencedStore`: a store that refuses writes once this controller no longer leads."""
+
+from __future__ import annotations
+
+from llmgw.controller.state import Changes, Event, FleetState
+from llmgw.controller.store.base import Leadership, NotLeader, Store
+
+
+class FencedStore:
+    """A Store whose `apply` raises NotLeader unless `leadership.still_leader()`.
+
+    Closes most of the window in which a leader that lost its lock (its
+    connection dropped, say) keeps writing while a standby already leads: each
+    write checks first. Reads pass through; standbys serve them.
+    """
+
+    def __init__(self, store: Store, leadership: Leadership) -> None:
+        self.store = store
+        self.leadership = leadership
+
+    def load(self) -> FleetState:
+        return self.store.load()
+
+    def apply(self, changes: Changes) -> list[Event]:
+        if not self.leadership.still_leader():
+            raise NotLeader("this controller does not hold leadership; the write was refused")
+        return self.store.apply(changes)
+
+    def events(
+        self,
+        *,
+        model: str | None = None,
+        replica: str | None = None,
+        node: str | None = None,
+        limit: int = 200,
+    ) -> list[Event]:
+        return self.store.events(model=model, replica=replica, node=node, limit=limit)
+
+    def schema_version(self) -> int:
+        return self.store.schema_version()
+
+    def close(self) -> None:
+        self.store.close()

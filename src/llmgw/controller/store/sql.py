@@ -1,0 +1,167 @@
+"""The SQL `Store`, shared by SQLite and PostgreSQL; sqlite.py and postgres.py build its engine.
+
+A tick writes tens to about a thousand replica rows. Each table's rows go in one
+executemany of `INSERT … ON CONFLICT DO UPDATE` (both backends speak it), so a
+tick is a handful of statements whatever its size, not one round trip per row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from llmgw.controller.state import Changes, Event, FleetState
+from llmgw.controller.store import codec, tables
+from llmgw.controller.store.base import StoreError
+
+log = logging.getLogger(__name__)
+
+# Keys per DELETE … WHERE key IN (…): well under SQLite's bound-parameter limit.
+_DELETE_CHUNK = 500
+
+
+def _upsert(dialect: str, table: sa.Table) -> sa.Insert:
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = insert(table)
+    key = [c.name for c in table.primary_key]
+    return stmt.on_conflict_do_update(
+        index_elements=key,
+        set_={c.name: stmt.excluded[c.name] for c in table.c if not c.primary_key},
+    )
+
+
+class SqlStore:
+    """A `Store` over a SQLAlchemy engine whose database `migrate` already brought up to date.
+
+    `read_options` and `write_options` are execution options for the engine: the
+    backends use them to make a read one snapshot (PostgreSQL REPEATABLE READ) and
+    a write take the write lock up front (SQLite BEGIN IMMEDIATE).
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        describe: str,
+        read_options: Mapping[str, Any] | None = None,
+        write_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.describe = describe
+        self._read = engine.execution_options(**(read_options or {}))
+        self._write = engine.execution_options(**(write_options or {}))
+        d = engine.dialect.name
+        self._upsert_nodes = _upsert(d, tables.nodes)
+        self._upsert_models = _upsert(d, tables.models)
+        self._upsert_replicas = _upsert(d, tables.replicas)
+        # Ids come back in the order the rows were given, whatever batches the
+        # driver splits them into.
+        self._insert_events = sa.insert(tables.events).returning(
+            tables.events.c.id, sort_by_parameter_order=True
+        )
+
+    def __repr__(self) -> str:
+        return f"SqlStore({self.describe})"
+
+    @contextmanager
+    def _translate(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sa.exc.SQLAlchemyError as exc:
+            # The driver's message names the constraint or the connection failure.
+            raise StoreError(f"{what} failed on {self.describe}: {exc.__cause__ or exc}") from exc
+
+    def migrate(self, *, prepare: Callable[[sa.Connection], None] | None = None) -> int:
+        """Bring the database to the current schema in one write transaction (at open).
+
+        `prepare` runs first in that transaction: PostgreSQL takes a lock there so
+        two controllers starting together do not both migrate, and creates the schema.
+        """
+        with self._translate("open"), self._write.begin() as conn:
+            if prepare is not None:
+                prepare(conn)
+            return tables.migrate(conn)
+
+    def load(self) -> FleetState:
+        t = tables
+        with self._translate("load"), self._read.begin() as conn:
+            return FleetState(
+                nodes={
+                    r["name"]: codec.node_from(r)
+                    for r in conn.execute(sa.select(t.nodes)).mappings()
+                },
+                models={
+                    r["name"]: codec.model_from(r)
+                    for r in conn.execute(sa.select(t.models)).mappings()
+                },
+                replicas={
+                    r["id"]: codec.replica_from(r)
+                    for r in conn.execute(sa.select(t.replicas)).mappings()
+                },
+            )
+
+    def apply(self, changes: Changes) -> list[Event]:
+        t = tables
+        with self._translate("apply"), self._write.begin() as conn:
+            # Rows are encoded table by table inside the transaction; anything that
+            # raises part-way rolls back what was already written.
+            if changes.nodes:
+                rows = [codec.node_row(n) for n in codec.last_by_key(changes.nodes, "name")]
+                conn.execute(self._upsert_nodes, rows)
+            if changes.models:
+                rows = [codec.model_row(m) for m in codec.last_by_key(changes.models, "name")]
+                conn.execute(self._upsert_models, rows)
+            if changes.replicas:
+                rows = [codec.replica_row(p) for p in codec.last_by_key(changes.replicas, "id")]
+                conn.execute(self._upsert_replicas, rows)
+            _delete(conn, t.nodes.c.name, changes.deleted_nodes)
+            _delete(conn, t.models.c.name, changes.deleted_models)
+            _delete(conn, t.replicas.c.id, changes.deleted_replicas)
+            if not changes.events:
+                return []
+            ids = conn.execute(
+                self._insert_events, [codec.event_row(e) for e in changes.events]
+            ).scalars()
+            return [dataclasses.replace(e, id=i) for e, i in zip(changes.events, ids, strict=True)]
+
+    def events(
+        self,
+        *,
+        model: str | None = None,
+        replica: str | None = None,
+        node: str | None = None,
+        limit: int = 200,
+    ) -> list[Event]:
+        if limit <= 0:
+            return []
+        e = tables.events
+        q = sa.select(e).order_by(e.c.id.desc()).limit(limit)
+        if model is not None:
+            q = q.where(e.c.model == model)
+        if replica is not None:
+            q = q.where(e.c.subject == "replica", e.c.subject_id == replica)
+        if node is not None:
+            q = q.where(e.c.subject == "node", e.c.subject_id == node)
+        with self._translate("events"), self._read.begin() as conn:
+            newest_first = [codec.event_from(r) for r in conn.execute(q).mappings()]
+        newest_first.reverse()
+        return newest_first
+
+    def schema_version(self) -> int:
+        with self._translate("schema_version"), self._read.begin() as conn:
+            return tables.read_version(conn)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _delete(conn: sa.Connection, key: sa.Column[Any], values: Sequence[str]) -> None:
+    unique = list(dict.fromkeys(values))
+    for i in range(0, len(unique), _DELETE_CHUNK):
+        conn.execute(sa.delete(key.table).where(key.in_(unique[i : i + _DELETE_CHUNK])))

@@ -1,0 +1,82 @@
+"""SQLite: the embedded default (`sqlite:///./.llmgw/controller.db`), one file in WAL mode.
+
+SQLite means one controller: leadership is a file lock beside the database
+(leadership.FileLockLeadership), so a second controller on the same file is
+refused instead of interleaving writes with the first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from llmgw.controller.store.base import StoreError
+from llmgw.controller.store.sql import SqlStore
+
+# How long a writer waits for another connection's write lock before failing.
+# Within one controller writes are short; this only matters when a reader and
+# the tick's write collide.
+BUSY_TIMEOUT_MS = 5_000
+
+
+def sqlite_path(url: str) -> Path:
+    """The database file a `sqlite:///…` URL names (relative paths are from the cwd)."""
+    try:
+        database = sa.make_url(url).database
+    except sa.exc.ArgumentError as exc:
+        raise StoreError(f"bad SQLite URL {url!r}: {exc}") from exc
+    if not database or database == ":memory:":
+        # An in-memory SQLite is one per connection: the pool would hand out
+        # empty databases. memory:// is the store for "keep nothing".
+        raise StoreError(f"SQLite URL {url!r} must name a file (use memory:// for no file)")
+    return Path(database)
+
+
+def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+    # Take transaction control from the sqlite3 module, which otherwise issues
+    # BEGIN lazily and not before DDL; _on_begin issues our own.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    # FULL: a committed tick survives power loss, not only a process crash; it
+    # costs one fsync per transaction, which is one per tick.
+    cur.execute("PRAGMA synchronous=FULL")
+    cur.close()
+
+
+def _on_begin(conn: sa.Connection) -> None:
+    # Writers take the write lock up front. A deferred transaction that reads and
+    # then writes can fail with SQLITE_BUSY at once, busy_timeout or not, when
+    # another connection wrote in between; IMMEDIATE waits its turn instead.
+    if conn.get_execution_options().get("llmgw_write"):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    else:
+        conn.exec_driver_sql("BEGIN")
+
+
+def open_sqlite_store(url: str) -> SqlStore:
+    """Open the file a `sqlite:///…` URL names, creating its directory and tables as needed."""
+    path = sqlite_path(url)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create directory for {path}: {exc}") from exc
+    engine = sa.create_engine(
+        sa.URL.create("sqlite", database=str(path)),
+        # The pool hands a connection to one thread at a time; asyncio.to_thread
+        # calls come from different worker threads.
+        connect_args={"check_same_thread": False},
+    )
+    sa.event.listen(engine, "connect", _on_connect)
+    sa.event.listen(engine, "begin", _on_begin)
+    store = SqlStore(engine, describe=f"sqlite {path}", write_options={"llmgw_write": True})
+    try:
+        store.migrate()
+    except BaseException:
+        engine.dispose()
+        raise
+    return store

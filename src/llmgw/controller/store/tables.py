@@ -1,0 +1,184 @@
+"""The SQL schema and its migrations (SQLAlchemy 2 Core, no ORM).
+
+Every database, new or old, reaches the current schema the same way: the
+migrations after its recorded version run in order, inside the one transaction
+that opens the store, and the version is written with them. A fresh database
+is just one at version 0, so the upgrade path is the path every test takes, not
+a branch nobody runs. A database whose version is newer than `SCHEMA_VERSION`
+is refused (`SchemaTooNew`): opening it would misread, or worse rewrite, what a
+newer controller stored.
+
+To change the schema: append a migration, bump `codec.SCHEMA_VERSION`, update
+the current tables below and the codec; never edit a migration that shipped.
+
+History:
+  1  nodes, models, replicas, events, meta
+  2  nodes.port_lo/port_hi (the agent's engine port range), replicas.master_port
+     (multi-node rendezvous), indexes for event lookups by model and subject
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from llmgw.controller.store.base import SchemaTooNew
+from llmgw.controller.store.codec import (
+    EVENT_SUBJECTS,
+    OPERATOR_STATES,
+    REPLICA_STATES,
+    SCHEMA_VERSION,
+)
+
+# SQLite only auto-assigns ids to a column declared exactly "INTEGER PRIMARY KEY";
+# PostgreSQL gets a BIGSERIAL.
+EventId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _define(md: sa.MetaData, *, version: int) -> None:
+    """The tables as of `version` (1 or the current one); a migration creates v1 from this."""
+    v2 = version >= 2
+    sa.Table("meta", md, sa.Column("key", sa.String, primary_key=True), sa.Column("value", sa.Text))
+    sa.Table(
+        "nodes",
+        md,
+        sa.Column("name", sa.String, primary_key=True),
+        sa.Column("address", sa.String, nullable=False),
+        sa.Column("fabrics", sa.Text, nullable=False),  # JSON list of names
+        sa.Column("labels", sa.Text, nullable=False),  # JSON object
+        sa.Column("gpus", sa.Text, nullable=False),  # JSON list of wire.agent.GPU
+        sa.Column("operator_state", sa.String, nullable=False),
+        sa.Column("last_heartbeat_at", sa.Float),
+        sa.Column("agent_started_at", sa.Float),
+        *(
+            [
+                sa.Column("port_lo", sa.Integer, nullable=False, server_default="21000"),
+                sa.Column("port_hi", sa.Integer, nullable=False, server_default="21999"),
+            ]
+            if v2
+            else []
+        ),
+        sa.CheckConstraint(_one_of("operator_state", OPERATOR_STATES), name="ck_nodes_state"),
+    )
+    sa.Table(
+        "models",
+        md,
+        sa.Column("name", sa.String, primary_key=True),
+        sa.Column("spec", sa.Text, nullable=False),  # JSON wire.models.ModelSpec
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("updated_at", sa.Float, nullable=False),
+        sa.Column("desired_replicas", sa.Integer, nullable=False),
+        sa.CheckConstraint("desired_replicas >= 0", name="ck_models_desired"),
+    )
+    sa.Table(
+        "replicas",
+        md,
+        sa.Column("id", sa.String, primary_key=True),
+        # No foreign key to models: a deleted model's replicas outlive it while
+        # they drain (CONTROLLER_API: DELETE /admin/models/{name}).
+        sa.Column("model", sa.String, nullable=False),
+        sa.Column("state", sa.String, nullable=False),
+        sa.Column("shards", sa.Text, nullable=False),  # JSON list of state.Shard
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("state_since", sa.Float, nullable=False),
+        sa.Column("updated_at", sa.Float, nullable=False),
+        sa.Column("reason", sa.Text),
+        sa.Column("endpoint_url", sa.String),
+        sa.Column("restarts", sa.Integer, nullable=False),
+        sa.Column("pool", sa.String, nullable=False),
+        sa.Column("weight", sa.Float, nullable=False),
+        sa.Column("replaces", sa.String),
+        sa.Column("retry_at", sa.Float),
+        sa.Column("drain_deadline", sa.Float),
+        *([sa.Column("master_port", sa.Integer)] if v2 else []),
+        sa.CheckConstraint(_one_of("state", REPLICA_STATES), name="ck_replicas_state"),
+        sa.CheckConstraint("restarts >= 0", name="ck_replicas_restarts"),
+        *([sa.Index("ix_replicas_model", "model")] if v2 else []),
+    )
+    sa.Table(
+        "events",
+        md,
+        sa.Column("id", EventId, primary_key=True, autoincrement=True),
+        sa.Column("at", sa.Float, nullable=False),
+        sa.Column("kind", sa.String, nullable=False),
+        sa.Column("subject", sa.String, nullable=False),
+        sa.Column("subject_id", sa.String, nullable=False),
+        sa.Column("model", sa.String),
+        sa.Column("message", sa.Text, nullable=False),
+        sa.CheckConstraint(_one_of("subject", EVENT_SUBJECTS), name="ck_events_subject"),
+        *(
+            [
+                sa.Index("ix_events_model", "model", "id"),
+                sa.Index("ix_events_subject", "subject", "subject_id", "id"),
+            ]
+            if v2
+            else []
+        ),
+        # Ids are never reused, even after the newest event is deleted: "after id N"
+        # must keep meaning the same thing.
+        sqlite_autoincrement=True,
+    )
+
+
+# The current schema, used for every query.
+METADATA = sa.MetaData()
+_define(METADATA, version=SCHEMA_VERSION)
+meta = METADATA.tables["meta"]
+nodes = METADATA.tables["nodes"]
+models = METADATA.tables["models"]
+replicas = METADATA.tables["replicas"]
+events = METADATA.tables["events"]
+
+
+def _to_v1(conn: sa.Connection) -> None:
+    md = sa.MetaData()
+    _define(md, version=1)
+    md.create_all(conn)
+
+
+def _to_v2(conn: sa.Connection) -> None:
+    for ddl in (
+        "ALTER TABLE nodes ADD COLUMN port_lo INTEGER NOT NULL DEFAULT 21000",
+        "ALTER TABLE nodes ADD COLUMN port_hi INTEGER NOT NULL DEFAULT 21999",
+        "ALTER TABLE replicas ADD COLUMN master_port INTEGER",
+        "CREATE INDEX ix_replicas_model ON replicas (model)",
+        "CREATE INDEX ix_events_model ON events (model, id)",
+        "CREATE INDEX ix_events_subject ON events (subject, subject_id, id)",
+    ):
+        conn.exec_driver_sql(ddl)
+
+
+MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = ((1, _to_v1), (2, _to_v2))
+assert MIGRATIONS[-1][0] == SCHEMA_VERSION, "add a migration when bumping SCHEMA_VERSION"
+
+
+def read_version(conn: sa.Connection) -> int:
+    """The recorded schema version; 0 for a database without our tables."""
+    if not sa.inspect(conn).has_table("meta"):
+        return 0
+    value = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).scalar()
+    return 0 if value is None else int(value)
+
+
+def migrate(conn: sa.Connection) -> int:
+    """Bring the database to `SCHEMA_VERSION` inside the caller's transaction.
+
+    The caller holds a lock that keeps two controllers opening one database at
+    once from both migrating it (SQLite: BEGIN IMMEDIATE; PostgreSQL: an
+    advisory transaction lock).
+    """
+    found = read_version(conn)
+    if found > SCHEMA_VERSION:
+        raise SchemaTooNew(found, SCHEMA_VERSION)
+    for version, step in MIGRATIONS:
+        if version <= found:
+            continue
+        step(conn)
+        conn.execute(sa.delete(meta).where(meta.c.key == "schema_version"))
+        conn.execute(sa.insert(meta).values(key="schema_version", value=str(version)))
+    return max(found, SCHEMA_VERSION)
