@@ -1,0 +1,177 @@
+"""Engine command lines, one pure function per engine (DESIGN §5).
+
+`render(spec, port=…, commands=…)` → LaunchPlan: argv, the environment to add,
+and the path that answers 200 once the engine is ready (None when the process
+serves no HTTP, see vLLM below). The model's own `args` come last, so an
+operator can override any flag rendered here (argparse keeps the last value).
+`CUDA_VISIBLE_DEVICES` is the shard's GPU indices, comma-joined, and the
+model's `env` is added on top.
+
+Flags checked against the engines' current documentation and source:
+
+vLLM (`vllm serve`): the model is positional; `--served-model-name` takes every
+name. Multi-node without Ray uses the multiprocessing executor with
+`--nnodes`, `--node-rank`, `--master-addr`, `--master-port` (ParallelConfig
+fields `nnodes`, `node_rank`, `master_addr`, `master_port` in
+vllm/config/parallel.py: "To use mp you must also set nnodes"), and every
+rank but 0 runs `--headless`: no API server, so no /health to probe (such a
+shard is ready while its process lives). vLLM's guide
+(docs/serving/parallelism_scaling.md, "Running vLLM with MultiProcessing")
+puts tensor parallelism inside a node and pipeline parallelism across nodes:
+`--tensor-parallel-size <GPUs per node> --pipeline-parallel-size <nodes>`. The
+Ray path (`--distributed-executor-backend ray` on a pre-built Ray cluster)
+needs a Ray cluster that the agent does not run, so it is not rendered.
+
+SGLang (`python -m sglang.launch_server`): `--model-path`, one
+`--served-model-name` (a single string in SGLang, so aliases are the router's
+business), `--tp` is the TOTAL tensor-parallel size across nodes (SGLang's
+multi-node guide: two 8-GPU nodes run `--tp 16`), and multi-node adds
+`--nnodes`, `--node-rank`, `--dist-init-addr HOST:PORT`. Ranks above 0 start a
+small health server on `--host/--port` (sglang `launch_dummy_health_check_server`),
+so every rank is probed on /health.
+
+sim-engine (`llmgw sim-engine`): the same shape as vLLM. A multi-node
+replica's ranks above 0 also run a sim-engine: it serves /health, so the agent
+supervises every rank the same way, and the router only ever sends traffic to
+rank 0 (the replica's endpoint).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from llmgw.wire.agent import EngineKind, ShardSpec
+
+DEFAULT_COMMANDS: Mapping[EngineKind, tuple[str, ...]] = {
+    "vllm": ("vllm", "serve"),
+    "sglang": ("python3", "-m", "sglang.launch_server"),
+    "sim": (sys.executable, "-m", "llmgw", "sim-engine"),
+}
+
+
+def parse_engine_bins(items: Mapping[str, str]) -> dict[EngineKind, tuple[str, ...]]:
+    """`{"vllm": "/opt/vllm/bin/vllm serve"}` → argv prefixes over the defaults.
+
+    Each value is split like a shell would (shlex). Raises ValueError for an
+    engine name that does not exist or an empty command.
+    """
+    out: dict[EngineKind, tuple[str, ...]] = dict(DEFAULT_COMMANDS)
+    for name, command in items.items():
+        if name not in DEFAULT_COMMANDS:
+            raise ValueError(f"unknown engine {name!r} (expected vllm, sglang or sim)")
+        argv = tuple(shlex.split(command))
+        if not argv:
+            raise ValueError(f"empty command for engine {name!r}")
+        out[name] = argv  # type: ignore[index]  # checked against DEFAULT_COMMANDS above
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    argv: tuple[str, ...]
+    # Added to the agent's own environment.
+    env: Mapping[str, str] = field(default_factory=dict)
+    # GET this on 127.0.0.1:<port> → 200 means ready; None: ready while alive.
+    health_path: str | None = "/health"
+
+
+def render(
+    spec: ShardSpec,
+    *,
+    port: int,
+    commands: Mapping[EngineKind, tuple[str, ...]] = DEFAULT_COMMANDS,
+) -> LaunchPlan:
+    """The command line and environment for one shard (module docstring has the flags)."""
+    if spec.world_size > 1 and (spec.master_addr is None or spec.master_port is None):
+        raise ValueError(
+            f"shard {spec.replica_id}/{spec.rank}: a multi-node shard needs master_addr "
+            "and master_port"
+        )
+    prefix = commands.get(spec.engine, DEFAULT_COMMANDS[spec.engine])
+    if spec.engine == "vllm":
+        body, health = _vllm(spec, port)
+    elif spec.engine == "sglang":
+        body, health = _sglang(spec, port)
+    else:
+        body, health = _sim(spec, port)
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices), **spec.env}
+    return LaunchPlan(argv=(*prefix, *body, *spec.args), env=env, health_path=health)
+
+
+def _tp(spec: ShardSpec) -> int:
+    return max(1, len(spec.gpu_indices))
+
+
+def _vllm(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
+    argv = [
+        spec.model,
+        "--served-model-name",
+        *spec.served_names,
+        "--port",
+        str(port),
+        "--host",
+        "0.0.0.0",
+        "--tensor-parallel-size",
+        str(_tp(spec)),
+    ]
+    if spec.world_size == 1:
+        return argv, "/health"
+    argv += [
+        "--pipeline-parallel-size",
+        str(spec.world_size),
+        "--distributed-executor-backend",
+        "mp",
+        "--nnodes",
+        str(spec.world_size),
+        "--node-rank",
+        str(spec.rank),
+        "--master-addr",
+        str(spec.master_addr),
+        "--master-port",
+        str(spec.master_port),
+    ]
+    if spec.rank > 0:
+        return [*argv, "--headless"], None
+    return argv, "/health"
+
+
+def _sglang(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
+    argv = [
+        "--model-path",
+        spec.model,
+        "--served-model-name",
+        spec.served_names[0] if spec.served_names else spec.model,
+        "--port",
+        str(port),
+        "--host",
+        "0.0.0.0",
+        "--tp",
+        str(_tp(spec) * spec.world_size),
+    ]
+    if spec.world_size > 1:
+        argv += [
+            "--nnodes",
+            str(spec.world_size),
+            "--node-rank",
+            str(spec.rank),
+            "--dist-init-addr",
+            f"{spec.master_addr}:{spec.master_port}",
+        ]
+    return argv, "/health"
+
+
+def _sim(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
+    argv = [
+        "--port",
+        str(port),
+        "--model",
+        spec.model,
+        "--served-model-name",
+        *(spec.served_names or (spec.model,)),
+        "--tensor-parallel-size",
+        str(_tp(spec)),
+    ]
+    return argv, "/health"

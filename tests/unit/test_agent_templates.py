@@ -1,0 +1,182 @@
+"""Rendered engine command lines for vLLM, SGLang and the sim-engine."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from llmgw.agent.templates import DEFAULT_COMMANDS, parse_engine_bins, render
+from llmgw.wire.agent import ShardSpec
+
+
+def shard(**kw: Any) -> ShardSpec:
+    base: dict[str, Any] = {
+        "replica_id": "r1",
+        "rank": 0,
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "served_names": ("llama-8b", "llama"),
+        "engine": "vllm",
+        "gpu_indices": (2, 3),
+    }
+    base.update(kw)
+    return ShardSpec(**base)
+
+
+class TestVllm:
+    def test_single_node(self) -> None:
+        """One node: positional model, every served name, port, host and TP = GPUs."""
+        plan = render(shard(), port=21000)
+        assert plan.argv == (
+            "vllm",
+            "serve",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--served-model-name",
+            "llama-8b",
+            "llama",
+            "--port",
+            "21000",
+            "--host",
+            "0.0.0.0",
+            "--tensor-parallel-size",
+            "2",
+        )
+        assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,3"}
+        assert plan.health_path == "/health"
+
+    def test_multi_node_rank0(self) -> None:
+        """Rank 0 of a multi-node replica adds the mp executor's rendezvous flags and serves."""
+        spec = shard(world_size=2, master_addr="10.0.0.1", master_port=29501)
+        plan = render(spec, port=21000)
+        tail = plan.argv[plan.argv.index("--tensor-parallel-size") :]
+        assert tail == (
+            "--tensor-parallel-size",
+            "2",
+            "--pipeline-parallel-size",
+            "2",
+            "--distributed-executor-backend",
+            "mp",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--master-addr",
+            "10.0.0.1",
+            "--master-port",
+            "29501",
+        )
+        assert plan.health_path == "/health"
+
+    def test_multi_node_worker_is_headless(self) -> None:
+        """Ranks above 0 run headless, so there is no health path to probe."""
+        spec = shard(rank=1, world_size=2, master_addr="10.0.0.1", master_port=29501)
+        plan = render(spec, port=21005)
+        assert plan.argv[-1] == "--headless"
+        assert plan.argv[plan.argv.index("--node-rank") + 1] == "1"
+        assert plan.health_path is None
+
+    def test_model_args_and_env_come_last(self) -> None:
+        """Model args follow the rendered flags (so they win) and model env joins the GPUs."""
+        spec = shard(args=("--max-model-len", "8192"), env={"VLLM_USE_V1": "1"})
+        plan = render(spec, port=21000)
+        assert plan.argv[-2:] == ("--max-model-len", "8192")
+        assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,3", "VLLM_USE_V1": "1"}
+
+    def test_multi_node_needs_rendezvous(self) -> None:
+        """A multi-node shard without master address is a spec error."""
+        with pytest.raises(ValueError, match="master_addr"):
+            render(shard(world_size=2), port=21000)
+
+
+class TestSglang:
+    def test_single_node(self) -> None:
+        """One node: model path, the served name, and TP = GPUs."""
+        plan = render(shard(engine="sglang"), port=21001)
+        assert plan.argv == (
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--served-model-name",
+            "llama-8b",
+            "--port",
+            "21001",
+            "--host",
+            "0.0.0.0",
+            "--tp",
+            "2",
+        )
+        assert plan.health_path == "/health"
+
+    def test_multi_node(self) -> None:
+        """Multi-node: --tp is the total over nodes, plus nnodes, node-rank, dist-init-addr."""
+        spec = shard(
+            engine="sglang",
+            rank=1,
+            world_size=2,
+            gpu_indices=tuple(range(8)),
+            master_addr="10.0.0.1",
+            master_port=20000,
+        )
+        plan = render(spec, port=21002)
+        tail = plan.argv[plan.argv.index("--tp") :]
+        assert tail == (
+            "--tp",
+            "16",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--dist-init-addr",
+            "10.0.0.1:20000",
+        )
+        assert plan.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+        # Ranks above 0 serve a health endpoint of their own.
+        assert plan.health_path == "/health"
+
+
+class TestSim:
+    def test_single_node(self) -> None:
+        """The sim-engine runs under this interpreter with vLLM-like flags and model args."""
+        plan = render(shard(engine="sim", args=("--speed", "10")), port=21003)
+        assert plan.argv == (
+            sys.executable,
+            "-m",
+            "llmgw",
+            "sim-engine",
+            "--port",
+            "21003",
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--served-model-name",
+            "llama-8b",
+            "llama",
+            "--tensor-parallel-size",
+            "2",
+            "--speed",
+            "10",
+        )
+
+    def test_worker_rank_is_a_sim_engine_too(self) -> None:
+        """A rank above 0 also runs a sim-engine, probed on /health like the rest."""
+        spec = shard(engine="sim", rank=1, world_size=2, master_addr="h", master_port=1)
+        plan = render(spec, port=21004)
+        assert plan.argv[:4] == DEFAULT_COMMANDS["sim"]
+        assert plan.health_path == "/health"
+
+
+class TestEngineBins:
+    def test_override(self) -> None:
+        """--engine-bin replaces one engine's command, split like a shell."""
+        commands = parse_engine_bins({"vllm": "/opt/venv/bin/vllm serve"})
+        assert commands["vllm"] == ("/opt/venv/bin/vllm", "serve")
+        assert commands["sim"] == DEFAULT_COMMANDS["sim"]
+        plan = render(shard(), port=1, commands=commands)
+        assert plan.argv[:2] == ("/opt/venv/bin/vllm", "serve")
+
+    def test_unknown_engine(self) -> None:
+        """An engine name that does not exist is refused."""
+        with pytest.raises(ValueError, match="unknown engine"):
+            parse_engine_bins({"tgi": "x"})
