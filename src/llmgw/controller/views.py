@@ -1,0 +1,139 @@
+"""What the admin tables show (DESIGN §3.6), built from the fleet state by pure functions.
+
+The summary (§3.5) is computed from these very views, never from anything of
+its own, so a table and the summary can never disagree: they are two questions
+asked of the same facts. Bulk builders compute the per-fleet indexes (GPUs in
+use, replica counts per model) once instead of once per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from operator import attrgetter
+
+from llmgw.controller.capacity import gpus_in_use
+from llmgw.controller.state import FleetState, Model, Node, Replica
+from llmgw.wire.admin import ModelView, NodeView, ReplicaView, ShardView, idle_seconds_json
+
+# Replica id → seconds since a router last used it; None when no router has said.
+IdleFor = Callable[[str], float | None]
+
+
+def node_view(
+    node: Node,
+    state: FleetState,
+    *,
+    now: float,
+    heartbeat_timeout_s: float,
+    used: Mapping[str, Collection[int]] | None = None,
+) -> NodeView:
+    """One node as the tables show it. `used` (from `gpus_in_use`) saves a walk per node."""
+    held = (used if used is not None else gpus_in_use(state)).get(node.name, ())
+    held_set = set(held)
+    unhealthy = tuple(sorted(g.index for g in node.gpus if not g.healthy))
+    # Free is healthy and held by nobody: an unhealthy card is neither used nor free.
+    free = sum(1 for g in node.gpus if g.healthy and g.index not in held_set)
+    return NodeView(
+        name=node.name,
+        address=node.address,
+        state=node.shown_state(now=now, heartbeat_timeout_s=heartbeat_timeout_s),
+        fabrics=node.fabrics,
+        labels=dict(node.labels),
+        gpus=node.gpus,
+        gpus_used=tuple(sorted(held_set)),
+        last_heartbeat=node.last_heartbeat_at,
+        classes=tuple(sorted({g.gpu_class for g in node.gpus})),
+        gpu_total=len(node.gpus),
+        gpu_free=free,
+        unhealthy=unhealthy,
+    )
+
+
+def node_views(state: FleetState, *, now: float, heartbeat_timeout_s: float) -> list[NodeView]:
+    """Every node, sorted by name."""
+    used = gpus_in_use(state)
+    return [
+        node_view(
+            state.nodes[name], state, now=now, heartbeat_timeout_s=heartbeat_timeout_s, used=used
+        )
+        for name in sorted(state.nodes)
+    ]
+
+
+def replica_view(replica: Replica, idle_for: IdleFor) -> ReplicaView:
+    """One replica; unknown idleness becomes -1 here and only here (via idle_seconds_json)."""
+    return ReplicaView(
+        id=replica.id,
+        model=replica.model,
+        state=replica.state,
+        reason=replica.reason,
+        shards=tuple(
+            ShardView(
+                node=s.node,
+                rank=s.rank,
+                gpus=s.gpus,
+                port=s.port,
+                state=s.state,
+                pid=s.pid,
+                exit_code=s.exit_code,
+            )
+            for s in replica.shards
+        ),
+        endpoint_url=replica.endpoint_url,
+        created_at=replica.created_at,
+        updated_at=replica.updated_at,
+        restarts=replica.restarts,
+        idle_seconds=idle_seconds_json(idle_for(replica.id)),
+        pool=replica.pool,
+        weight=replica.weight,
+    )
+
+
+def replica_views(state: FleetState, idle_for: IdleFor) -> list[ReplicaView]:
+    """Every replica the state holds, sorted by id."""
+    return [replica_view(state.replicas[rid], idle_for) for rid in sorted(state.replicas)]
+
+
+def replica_counts(state: FleetState) -> dict[str, tuple[int, int]]:
+    """Model → (ready replicas, replicas not stopped), in one walk over the replicas."""
+    counts: dict[str, tuple[int, int]] = {}
+    for r in state.replicas.values():
+        if r.state == "stopped":
+            continue
+        ready, total = counts.get(r.model, (0, 0))
+        counts[r.model] = (ready + (r.state == "ready"), total + 1)
+    return counts
+
+
+def model_view(
+    model: Model,
+    state: FleetState,
+    unplaceable_reason: str | None,
+    *,
+    counts: Mapping[str, tuple[int, int]] | None = None,
+) -> ModelView:
+    """One model with its replica counts. `counts` (from `replica_counts`) saves a walk per model.
+
+    total counts every replica not stopped (pending, starting, ready, draining,
+    failed awaiting restart), as wire.admin.ModelView documents.
+    """
+    ready, total = (counts if counts is not None else replica_counts(state)).get(model.name, (0, 0))
+    return ModelView(
+        spec=model.spec,
+        name=model.name,
+        ready=ready,
+        total=total,
+        min=model.spec.min_replicas,
+        max=model.spec.max_replicas,
+        desired=model.desired_replicas,
+        unplaceable_reason=unplaceable_reason,
+    )
+
+
+def model_views(state: FleetState, unplaceable: Mapping[str, str]) -> list[ModelView]:
+    """Every model, sorted by name, with its reason when it cannot be placed."""
+    counts = replica_counts(state)
+    out = [
+        model_view(m, state, unplaceable.get(m.name), counts=counts) for m in state.models.values()
+    ]
+    return sorted(out, key=attrgetter("name"))
