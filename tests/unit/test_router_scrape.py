@@ -1,0 +1,104 @@
+"""The scrape loop, with a fake fetcher: concurrency, timeouts, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from llmgw.router.endpoint import Registry
+from llmgw.router.errors import UpstreamConnectError
+from llmgw.router.scrape import Scraper
+from llmgw.testing import ManualClock
+from llmgw.wire.endpoints import EndpointInfo
+
+
+def vllm_text(*, running: int, success: float) -> bytes:
+    return (
+        f'vllm:num_requests_running{{engine="0",model_name="m"}} {running}.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+        'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} '
+        f"{success}\n"
+    ).encode()
+
+
+class FakeFetcher:
+    """Answers per endpoint id: bytes, an exception, or a delay then bytes."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, bytes | Exception] = {}
+        self.delay_s: dict[str, float] = {}
+
+    async def fetch_metrics(self, info: EndpointInfo, *, timeout_s: float) -> bytes:
+        await asyncio.sleep(self.delay_s.get(info.id, 0.0))
+        got = self.answers[info.id]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+
+def registry(*ids: str) -> Registry:
+    reg = Registry(clock=ManualClock())
+    reg.replace([EndpointInfo(id=i, url=f"http://{i}", models=("m",)) for i in ids])
+    return reg
+
+
+class TestScraper:
+    async def test_observes_every_endpoint(self) -> None:
+        """One tick feeds every endpoint's figures to the registry."""
+        reg = registry("a", "b")
+        f = FakeFetcher()
+        f.answers = {"a": vllm_text(running=2, success=1), "b": vllm_text(running=5, success=1)}
+        await Scraper(registry=reg, fetcher=f).tick()
+        assert {s.id: s.stats.running for s in reg.snapshots() if s.stats} == {"a": 2, "b": 5}
+
+    async def test_slow_endpoint_does_not_delay_others(self) -> None:
+        """A hanging endpoint costs its own timeout; the others are observed at once."""
+        reg = registry("fast", "slow")
+        f = FakeFetcher()
+        text = vllm_text(running=1, success=1)
+        f.answers = {"fast": text, "slow": text}
+        f.delay_s = {"slow": 30.0}
+        failed: list[str] = []
+        s = Scraper(registry=reg, fetcher=f, timeout_s=0.2, on_failure=failed.append)
+        task = asyncio.create_task(s.tick())
+        await asyncio.sleep(0.05)
+        assert reg.snapshot("fast") is not None
+        assert reg.snapshot("fast").stats is not None  # type: ignore[union-attr]
+        started = time.monotonic()
+        await task
+        assert time.monotonic() - started < 5.0
+        assert failed == ["slow"]
+        assert reg.snapshot("slow").stats is None  # type: ignore[union-attr]
+
+    async def test_failure_does_not_touch_breaker(self) -> None:
+        """A failed scrape is reported, the endpoint stays closed and unscraped."""
+        reg = registry("a")
+        f = FakeFetcher()
+        f.answers = {"a": UpstreamConnectError("a", "refused")}
+        for _ in range(10):
+            await Scraper(registry=reg, fetcher=f).tick()
+        snap = reg.snapshot("a")
+        assert snap is not None
+        assert (snap.breaker.value, snap.stats, snap.stale) == ("closed", None, True)
+
+    async def test_unparsable_metrics_is_a_failure(self) -> None:
+        """Metrics without the mandatory figures count as a failed scrape."""
+        reg = registry("a")
+        f = FakeFetcher()
+        f.answers = {"a": b"# nothing useful\n"}
+        failed: list[str] = []
+        await Scraper(registry=reg, fetcher=f, on_failure=failed.append).tick()
+        assert failed == ["a"]
+
+    async def test_counter_reset_calls_on_restart(self) -> None:
+        """A counter going backwards reports an engine restart for that endpoint."""
+        reg = registry("a")
+        f = FakeFetcher()
+        restarted: list[str] = []
+        s = Scraper(registry=reg, fetcher=f, on_restart=restarted.append)
+        f.answers = {"a": vllm_text(running=1, success=100)}
+        await s.tick()
+        f.answers = {"a": vllm_text(running=1, success=3)}
+        await s.tick()
+        assert restarted == ["a"]
