@@ -1,0 +1,228 @@
+"""The controller's admin API from ctl's side: one method per route, wire types out.
+
+Two layers, so tests need no socket (STYLE habit 5):
+- a `Transport` sends one request and returns (status, body); `UrllibTransport`
+  is the real one (the stdlib keeps `ctl` quick to start, DESIGN §6), tests pass
+  a fake that answers from memory;
+- `AdminClient` builds paths, encodes bodies, decodes answers into `llmgw.wire`
+  types and turns every failure into the ctl exception tree, here and only here.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol, TypeVar
+
+import msgspec
+
+from llmgw.ctl import errors
+from llmgw.wire.admin import (
+    DrainRequest,
+    EventView,
+    ModelView,
+    NodeView,
+    ReplicaView,
+    Summary,
+    WeightRequest,
+)
+from llmgw.wire.errors import ErrorBody
+from llmgw.wire.models import ModelSpec, ScaleRequest
+
+T = TypeVar("T")
+
+
+class Response(NamedTuple):
+    status: int
+    body: bytes
+
+
+class Transport(Protocol):
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> Response:
+        """Send one request; any HTTP status is an answer, no answer raises `errors.Unreachable`."""
+        ...
+
+
+class UrllibTransport:
+    """The real transport: one short-lived connection per request, which is what a CLI makes."""
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> Response:
+        req = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                return Response(resp.status, resp.read())
+        except urllib.error.HTTPError as exc:
+            # A status is an answer, whatever it says; the client decides what it means.
+            with exc:
+                return Response(exc.code, exc.read())
+        except urllib.error.URLError as exc:
+            raise errors.Unreachable(f"cannot reach the controller at {url}: {exc.reason}") from exc
+        except TimeoutError as exc:
+            raise errors.Unreachable(
+                f"the controller at {url} did not answer within {timeout_s:g}s"
+            ) from exc
+        except (ConnectionError, OSError) as exc:
+            raise errors.Unreachable(f"cannot reach the controller at {url}: {exc}") from exc
+
+
+def _quote(segment: str) -> str:
+    # Model names may contain "/" (org/model); it must not split the path.
+    return urllib.parse.quote(segment, safe="")
+
+
+class AdminClient:
+    """`GET /admin/...` and friends (notes/CONTROLLER_API.md), as methods returning wire types."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        transport: Transport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._token = token
+        self._timeout_s = timeout_s
+        self._transport = transport or UrllibTransport()
+
+    # -- reads ---------------------------------------------------------------
+
+    def summary(self) -> Summary:
+        return self._call("GET", "/admin/summary", Summary)
+
+    def nodes(self) -> list[NodeView]:
+        return self._call("GET", "/admin/nodes", list[NodeView])
+
+    def node(self, name: str) -> NodeView:
+        return self._call("GET", f"/admin/nodes/{_quote(name)}", NodeView)
+
+    def models(self) -> list[ModelView]:
+        return self._call("GET", "/admin/models", list[ModelView])
+
+    def model(self, name: str) -> ModelView:
+        return self._call("GET", f"/admin/models/{_quote(name)}", ModelView)
+
+    def replicas(self, *, model: str | None = None, state: str | None = None) -> list[ReplicaView]:
+        query = {"model": model, "state": state}
+        return self._call("GET", "/admin/replicas", list[ReplicaView], query=query)
+
+    def replica(self, replica_id: str) -> ReplicaView:
+        return self._call("GET", f"/admin/replicas/{_quote(replica_id)}", ReplicaView)
+
+    def events(
+        self,
+        *,
+        model: str | None = None,
+        replica: str | None = None,
+        node: str | None = None,
+        limit: int | None = None,
+    ) -> list[EventView]:
+        query = {
+            "model": model,
+            "replica": replica,
+            "node": node,
+            "limit": None if limit is None else str(limit),
+        }
+        return self._call("GET", "/admin/events", list[EventView], query=query)
+
+    # -- writes --------------------------------------------------------------
+
+    def cordon(self, name: str) -> NodeView:
+        return self._call("POST", f"/admin/nodes/{_quote(name)}/cordon", NodeView)
+
+    def uncordon(self, name: str) -> NodeView:
+        return self._call("POST", f"/admin/nodes/{_quote(name)}/uncordon", NodeView)
+
+    def drain(self, name: str, *, grace_s: float | None = None) -> NodeView:
+        body = None if grace_s is None else DrainRequest(grace_s=grace_s)
+        return self._call("POST", f"/admin/nodes/{_quote(name)}/drain", NodeView, body=body)
+
+    def apply(self, specs: Sequence[ModelSpec]) -> list[ModelView]:
+        """All specs in one call: the controller applies all or none."""
+        return self._call("POST", "/admin/models", list[ModelView], body=list(specs))
+
+    def delete(self, name: str) -> str:
+        answer = self._call("DELETE", f"/admin/models/{_quote(name)}", dict[str, str])
+        return answer.get("deleted", name)
+
+    def scale(self, name: str, request: ScaleRequest) -> ModelView:
+        return self._call("POST", f"/admin/models/{_quote(name)}/scale", ModelView, body=request)
+
+    def set_weight(self, replica_id: str, request: WeightRequest) -> ReplicaView:
+        path = f"/admin/replicas/{_quote(replica_id)}/weight"
+        return self._call("POST", path, ReplicaView, body=request)
+
+    # -- the seam ------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        kind: type[T],
+        *,
+        body: object = None,
+        query: Mapping[str, str | None] | None = None,
+    ) -> T:
+        url = self.base_url + path
+        params = {k: v for k, v in (query or {}).items() if v is not None}
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = msgspec.json.encode(body)
+            headers["Content-Type"] = "application/json"
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        resp = self._transport.request(
+            method, url, body=data, headers=headers, timeout_s=self._timeout_s
+        )
+        if resp.status >= 400:
+            raise self._failure(method, path, resp)
+        try:
+            return msgspec.json.decode(resp.body, type=kind)
+        except msgspec.DecodeError as exc:
+            raise errors.ServerFailed(
+                f"{method} {path}: the controller's answer does not decode ({exc})"
+            ) from exc
+
+    def _failure(self, method: str, path: str, resp: Response) -> errors.ControllerError:
+        """The ctl exception for an error status, carrying the controller's own message."""
+        kind, message = "", ""
+        try:
+            detail = msgspec.json.decode(resp.body, type=ErrorBody).error
+            kind, message = detail.type, detail.message
+        except msgspec.DecodeError:
+            message = resp.body[:200].decode("utf-8", "replace").strip()
+        message = message or f"{method} {path} answered {resp.status}"
+        if resp.status == 401:
+            return errors.Unauthorized(
+                f"the controller at {self.base_url} rejected the token (401): {message}; "
+                "set --token or LLMGW_TOKEN"
+            )
+        if resp.status == 404:
+            return errors.NotFound(message)
+        if resp.status in (400, 409, 422):
+            return errors.Rejected(message)
+        if resp.status == 503 and kind == "not_leader":
+            return errors.NotLeader(f"{message} (this controller is a standby; use the leader)")
+        return errors.ServerFailed(f"{method} {path} failed with {resp.status}: {message}")

@@ -1,0 +1,1 @@
+"""One module per group of ctl commands; each command is `(args, ctx) -> exit code`."""

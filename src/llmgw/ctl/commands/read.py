@@ -1,0 +1,118 @@
+"""Read commands: status, nodes, models, replicas, events. Each has `--json` (docs/ctl.md).
+
+`--json` prints the controller's own wire value re-encoded from `llmgw.wire`
+types, so its shape is the documented contract and not whatever a newer
+controller happens to add.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from llmgw.ctl import render, tables
+from llmgw.ctl.context import Ctx
+from llmgw.ctl.errors import ControllerError, CtlError
+
+
+def status_screen(ctx: Ctx) -> RenderableType:
+    """Fetch the summary (and, only if needed, the reasons it lacks) and render it."""
+    client = ctx.client()
+    summary = client.summary()
+    reasons: dict[str, str] = {}
+    missing = set(summary.unplaceable) - set(render.unplaceable_reasons(summary))
+    if missing:
+        # An older summary names unplaceable models without reasons; the models
+        # list carries them, and "why is my model not running" needs the why.
+        reasons = {
+            m.name: m.unplaceable_reason
+            for m in client.models()
+            if m.name in missing and m.unplaceable_reason
+        }
+    clock = time.strftime("%H:%M:%S", time.localtime(ctx.clock.wall()))
+    return render.status_view(summary, title=f"llmgw fleet · {ctx.url} · {clock}", reasons=reasons)
+
+
+def status(args: argparse.Namespace, ctx: Ctx) -> int:
+    if args.json:
+        if args.watch:
+            raise CtlError("--watch and --json do not combine")
+        ctx.print_json(ctx.client().summary())
+        return 0
+    if not args.watch:
+        ctx.console().print(status_screen(ctx))
+        return 0
+    if args.interval <= 0:
+        raise CtlError("--interval must be above 0")
+    return watch(ctx, interval_s=args.interval)
+
+
+def watch(ctx: Ctx, *, interval_s: float) -> int:
+    """Refresh the status screen in place until Ctrl-C; a lost controller is shown, not fatal."""
+    from rich.live import Live
+
+    screen = status_screen(ctx)  # the first answer must come, or there is nothing to watch
+    try:
+        with Live(screen, console=ctx.console(), auto_refresh=False) as live:
+            while True:
+                ctx.sleep(interval_s)
+                try:
+                    screen = status_screen(ctx)
+                except ControllerError as exc:
+                    warning = Text(f"{exc} — retrying every {interval_s:g}s", style="bold red")
+                    live.update(Group(warning, screen), refresh=True)
+                    continue
+                live.update(screen, refresh=True)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _print_table(ctx: Ctx, table: RenderableType, rows: int, what: str) -> None:
+    console = ctx.console()
+    if rows:
+        console.print(table)
+    else:
+        console.print(Text(f"no {what}", style="dim"))
+
+
+def nodes(args: argparse.Namespace, ctx: Ctx) -> int:
+    views = ctx.client().nodes()
+    if args.json:
+        ctx.print_json(views)
+    else:
+        _print_table(ctx, tables.nodes_table(views, now=ctx.clock.wall()), len(views), "nodes")
+    return 0
+
+
+def models(args: argparse.Namespace, ctx: Ctx) -> int:
+    views = ctx.client().models()
+    if args.json:
+        ctx.print_json(views)
+    else:
+        _print_table(ctx, tables.models_table(views), len(views), "models")
+    return 0
+
+
+def replicas(args: argparse.Namespace, ctx: Ctx) -> int:
+    views = ctx.client().replicas(model=args.model, state=args.state)
+    if args.json:
+        ctx.print_json(views)
+    else:
+        _print_table(ctx, tables.replicas_table(views), len(views), "replicas")
+    return 0
+
+
+def events(args: argparse.Namespace, ctx: Ctx) -> int:
+    if args.limit <= 0:
+        raise CtlError("--limit must be at least 1")
+    views = ctx.client().events(
+        model=args.model, replica=args.replica, node=args.node, limit=args.limit
+    )
+    if args.json:
+        ctx.print_json(views)
+    else:
+        _print_table(ctx, tables.events_table(views), len(views), "events")
+    return 0

@@ -1,0 +1,97 @@
+"""Which controller ctl talks to, and with what token.
+
+Each of the two settings is taken from the first place that gives it:
+flags (`--controller`, `--token`), then the environment (`LLMGW_CONTROLLER`,
+`LLMGW_TOKEN`), then the config file `$XDG_CONFIG_HOME/llmgw/ctl.yaml`
+(`~/.config/llmgw/ctl.yaml` when XDG_CONFIG_HOME is unset):
+
+    controller: http://10.0.0.5:8081
+    token: s3cret
+
+The controller URL defaults to http://127.0.0.1:8081 (the controller's own
+default port; the router's is 8080). The file is read only when a flag or the
+environment left something unset, and yaml is imported only then, so the
+common case stays quick to start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmgw.ctl.errors import CtlError
+
+DEFAULT_CONTROLLER = "http://127.0.0.1:8081"
+ENV_CONTROLLER = "LLMGW_CONTROLLER"
+ENV_TOKEN = "LLMGW_TOKEN"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    url: str
+    # None: send no Authorization header (a controller started without --token).
+    token: str | None
+    # Where the URL came from ("flag", "env", the config file's path, "default"), for messages.
+    url_from: str
+
+
+def config_path(env: Mapping[str, str], home: Path) -> Path:
+    base = env.get("XDG_CONFIG_HOME") or str(home / ".config")
+    return Path(base) / "llmgw" / "ctl.yaml"
+
+
+def read_config(path: Path) -> dict[str, str]:
+    """The config file's settings; {} when it does not exist."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise CtlError(f"{path}: cannot read: {exc.strerror}") from exc
+    import yaml  # only here: most runs never read the file
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CtlError(f"{path}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CtlError(f"{path}: expected a mapping with 'controller' and 'token'")
+    unknown = sorted(str(k) for k in data if k not in ("controller", "token"))
+    if unknown:
+        raise CtlError(f"{path}: unknown setting {unknown[0]!r} (known: controller, token)")
+    return {str(k): str(v) for k, v in data.items() if v is not None}
+
+
+def normalize_url(url: str) -> str:
+    """Accept `host:port` as well as a full URL; never a trailing slash."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    return url
+
+
+def resolve(
+    *,
+    flag_url: str | None,
+    flag_token: str | None,
+    env: Mapping[str, str],
+    home: Path,
+) -> Target:
+    """Flags, then environment, then the config file, then the default; per setting."""
+    url, url_from = flag_url, "flag"
+    if not url and env.get(ENV_CONTROLLER):
+        url, url_from = env[ENV_CONTROLLER], "env"
+    token = flag_token if flag_token is not None else env.get(ENV_TOKEN)
+    if not url or token is None:
+        path = config_path(env, home)
+        file = read_config(path)
+        if not url and file.get("controller"):
+            url, url_from = file["controller"], str(path)
+        if token is None:
+            token = file.get("token")
+    if not url:
+        url, url_from = DEFAULT_CONTROLLER, "default"
+    return Target(url=normalize_url(url), token=token or None, url_from=url_from)

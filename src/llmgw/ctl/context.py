@@ -1,0 +1,53 @@
+"""What every command gets: where the controller is, where output goes, how to wait.
+
+Kept free of heavy imports: the client (msgspec, urllib) and rich are imported
+when a command first asks for them, never by `llmgw ctl --help`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TextIO
+
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from llmgw.ctl.client import AdminClient, Transport
+
+
+@dataclass(kw_only=True)
+class Ctx:
+    out: TextIO
+    err: TextIO
+    # Filled by main from flags, environment and the config file.
+    url: str = ""
+    token: str | None = None
+    clock: Clock = SYSTEM_CLOCK
+    sleep: Callable[[float], None] = time.sleep
+    # Tests put a fake here; None means the real urllib transport.
+    transport: Transport | None = None
+    # Width for rich output when `out` is not a terminal (rich would pick 80).
+    width: int | None = None
+    _client: AdminClient | None = field(default=None, repr=False)
+
+    def client(self) -> AdminClient:
+        if self._client is None:
+            from llmgw.ctl.client import AdminClient
+
+            self._client = AdminClient(self.url, token=self.token, transport=self.transport)
+        return self._client
+
+    def console(self) -> Console:
+        from rich.console import Console
+
+        return Console(file=self.out, width=self.width, highlight=False)
+
+    def print_json(self, value: object) -> None:
+        """A wire value as indented JSON, field names exactly as the controller sends them."""
+        import msgspec
+
+        self.out.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n")

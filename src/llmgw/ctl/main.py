@@ -1,0 +1,153 @@
+"""`llmgw ctl [--controller URL] [--token T] COMMAND …`: the operator's CLI (DESIGN §6).
+
+Start-up cost is part of the interface: this module imports argparse and
+nothing heavy (no rich, aiohttp, msgspec, yaml); each command's module is
+imported only once it is chosen, so `llmgw ctl --help` answers at once.
+A test keeps it so (tests/integration/test_ctl_startup.py).
+
+Exit codes: 0 done; 1 the controller was unreachable, rejected the token
+(401), does not know the subject (404), refused the input, or a drain timed
+out — always with one line on stderr, never a traceback; 2 bad command line.
+The `--json` shapes are documented in docs/ctl.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from llmgw.ctl import config
+from llmgw.ctl.context import Ctx
+from llmgw.ctl.errors import CtlError
+
+# command → "module:function"; each function is (args, ctx) -> exit code.
+HANDLERS = {
+    "status": "llmgw.ctl.commands.read:status",
+    "nodes": "llmgw.ctl.commands.read:nodes",
+    "models": "llmgw.ctl.commands.read:models",
+    "replicas": "llmgw.ctl.commands.read:replicas",
+    "events": "llmgw.ctl.commands.read:events",
+    "cordon": "llmgw.ctl.commands.nodes:cordon",
+    "uncordon": "llmgw.ctl.commands.nodes:uncordon",
+    "drain": "llmgw.ctl.commands.nodes:drain",
+    "apply": "llmgw.ctl.commands.models:apply",
+    "delete": "llmgw.ctl.commands.models:delete",
+    "scale": "llmgw.ctl.commands.models:scale",
+    "bench": "llmgw.ctl.commands.bench:bench",
+}
+
+
+def _connection_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # Accepted before or after the command; after-the-command values win only if given.
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument(
+        "--controller",
+        metavar="URL",
+        default=default,
+        help=f"controller URL (env {config.ENV_CONTROLLER}; default {config.DEFAULT_CONTROLLER})",
+    )
+    parser.add_argument(
+        "--token", metavar="T", default=default, help=f"admin token (env {config.ENV_TOKEN})"
+    )
+
+
+def _json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (docs/ctl.md)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llmgw ctl",
+        description="The operator's CLI: the fleet at a glance, and the operator's commands.",
+        epilog="Settings come from flags, then LLMGW_CONTROLLER / LLMGW_TOKEN, then "
+        "$XDG_CONFIG_HOME/llmgw/ctl.yaml (~/.config/llmgw/ctl.yaml).",
+    )
+    _connection_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        _connection_options(p, top=False)
+        return p
+
+    p = command("status", "the fleet on one screen: capacity, what is broken, what is idle")
+    _json(p)
+    p.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds (default 2)")
+    _json(command("nodes", "list nodes"))
+    _json(command("models", "list models"))
+    p = command("replicas", "list replicas (IDLE is '-' when no router has reported it)")
+    _json(p)
+    p.add_argument("--model", metavar="M", help="only this model's replicas")
+    p.add_argument("--state", metavar="S", help="only replicas in this state")
+    p = command("events", "the event log, oldest first")
+    _json(p)
+    p.add_argument("--model", metavar="M")
+    p.add_argument("--replica", metavar="R")
+    p.add_argument("--node", metavar="N")
+    p.add_argument("--limit", type=int, default=200, metavar="N", help="last N (default 200)")
+
+    command("cordon", "stop placing new replicas on a node").add_argument("node")
+    command("uncordon", "allow placement on a node again").add_argument("node")
+    p = command("drain", "move a node's replicas elsewhere and wait until it is empty")
+    p.add_argument("node")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="default 600")
+    p.add_argument("--grace-s", type=float, metavar="S", help="in-flight grace per replica")
+    p.add_argument("--no-wait", action="store_true", help="start the drain and return")
+
+    p = command("apply", "create or update model specs from a YAML file (all or nothing)")
+    p.add_argument("-f", "--file", required=True, metavar="FILE", help="YAML; '-' for stdin")
+    p.add_argument("--dry-run", action="store_true", help="validate only")
+    command("delete", "delete a model (its replicas drain)").add_argument("model")
+    p = command("scale", "change a model's replica bounds")
+    p.add_argument("model")
+    p.add_argument("--min", type=int, dest="min_replicas", metavar="N")
+    p.add_argument("--max", type=int, dest="max_replicas", metavar="M")
+
+    p = command("bench", "measure a replica's capacity and record its routing weight")
+    p.add_argument("replica")
+    p.add_argument("--max-concurrency", type=int, default=64, metavar="N", help="default 64")
+    p.add_argument("--duration-s", type=float, default=5.0, metavar="S", help="per level")
+    p.add_argument("--max-tokens", type=int, default=64, metavar="N", help="per request")
+    p.add_argument("--no-record", action="store_true", help="measure only; keep the weight")
+    _json(p)
+    return parser
+
+
+def main(
+    argv: list[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    home: Path | None = None,
+    base: Ctx | None = None,
+) -> int:
+    """Run one ctl command. Tests pass `env`, `home` and a `base` Ctx (fake transport, clock)."""
+    base = base or Ctx(out=sys.stdout, err=sys.stderr)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help(base.out)
+        return 2
+    try:
+        target = config.resolve(
+            flag_url=args.controller,
+            flag_token=args.token,
+            env=os.environ if env is None else env,
+            home=Path.home() if home is None else home,
+        )
+        ctx = dataclasses.replace(base, url=target.url, token=target.token)
+        module_name, func = HANDLERS[args.command].split(":")
+        handler = getattr(importlib.import_module(module_name), func)
+        code: int = handler(args, ctx)
+        return code
+    except CtlError as exc:
+        base.err.write(f"llmgw ctl: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        base.err.write("llmgw ctl: interrupted\n")
+        return 130

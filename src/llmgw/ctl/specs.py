@@ -1,0 +1,104 @@
+"""Model spec files for `ctl apply -f`: read, flatten, validate, all before anything is sent.
+
+A file holds one or many specs: a single mapping, a list of mappings, or several
+YAML documents (`---`) of either kind. Every spec is validated locally against
+`wire.models.ModelSpec` (the type the controller decodes), and every problem is
+reported — file, model (by name, else by position) and field — so one run
+shows all of them. Nothing is applied unless all are valid: partial applies
+are how a fleet ends up half on the old config.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from llmgw.ctl.errors import SpecError
+from llmgw.wire.models import ModelSpec
+
+# msgspec ends a located error with " - at `$.field[0]`".
+_AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+# msgspec names the field in the message itself for these two.
+_NAMED = re.compile(r"^Object (?:missing required|contains unknown) field `(?P<field>[^`]+)`$")
+
+
+def _where(index: int, raw: object) -> str:
+    name = raw.get("name") if isinstance(raw, dict) else None
+    if isinstance(name, str) and name:
+        return f"model {name!r} (#{index + 1})"
+    return f"model #{index + 1}"
+
+
+def describe(error: msgspec.ValidationError) -> str:
+    """`field <path>: <problem>` from a msgspec validation message."""
+    message = str(error)
+    located = _AT.search(message)
+    if located:
+        return f"field {located['path'] or '(root)'}: {message[: located.start()]}"
+    named = _NAMED.match(message)
+    if named:
+        what = "missing" if "missing" in message else "unknown field"
+        return f"field {named['field']}: {what}"
+    # __post_init__ checks that span fields (max below min, alias repeats the name).
+    return f"spec: {message}"
+
+
+def parse_documents(text: str, source: str) -> list[Any]:
+    """The file's specs, flattened from all documents, not yet validated."""
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(f"{source}: not valid YAML{where}: {problem}") from exc
+    raws: list[Any] = []
+    for doc in documents:
+        if doc is None:
+            continue
+        raws.extend(doc if isinstance(doc, list) else [doc])
+    if not raws:
+        raise SpecError(f"{source}: no model specs in the file")
+    return raws
+
+
+def validate(raws: list[Any], source: str) -> list[ModelSpec]:
+    """Every spec valid, or a SpecError listing every problem, one per line."""
+    problems: list[str] = []
+    specs: list[ModelSpec] = []
+    first_seen: dict[str, int] = {}
+    for i, raw in enumerate(raws):
+        where = _where(i, raw)
+        if not isinstance(raw, dict):
+            problems.append(f"{source}: {where}: expected a mapping, got {type(raw).__name__}")
+            continue
+        name = raw.get("name")
+        if isinstance(name, str) and name in first_seen:
+            # Two specs for one model in one apply: which one was meant is a guess.
+            problems.append(
+                f"{source}: {where}: field name: {name!r} is already #{first_seen[name]}"
+            )
+            continue
+        if isinstance(name, str):
+            first_seen[name] = i + 1
+        try:
+            specs.append(msgspec.convert(raw, ModelSpec))
+        except msgspec.ValidationError as exc:
+            problems.append(f"{source}: {where}: {describe(exc)}")
+    if problems:
+        head = f"{len(problems)} invalid model spec(s); nothing applied"
+        raise SpecError("\n".join([head, *problems]))
+    return specs
+
+
+def load_specs(path: Path) -> list[ModelSpec]:
+    """Read and validate a spec file ("-" is standard input's text, read by the caller)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    return validate(parse_documents(text, str(path)), str(path))
