@@ -1,0 +1,328 @@
+"""Continuous batching, after vLLM V1's scheduler (FCFS, chunked prefill, recompute preemption).
+
+One step:
+1. Running requests first, in order: each gets the tokens it still has to
+   compute (1 when decoding; the rest of its prompt, capped by the step's token
+   budget, when prefilling). If its blocks cannot grow, the newest running
+   request is preempted (its blocks freed, its tokens recomputed later: it goes
+   back to the front of the waiting queue) until they can, or until the request
+   itself is the one preempted.
+2. Then, if nothing was preempted, waiting requests in order while the budget
+   lasts and fewer than `max_num_seqs` run: a new request first takes its
+   longest cached prefix, then needs blocks for the rest. The head of the queue
+   that does not fit blocks everyone behind it, as in vLLM.
+3. After the step's time has passed (`finish_step`), every request whose known
+   tokens are all computed samples one token.
+
+Output tokens
+    Deterministic per request: `seed` (the request's, else a fingerprint of its
+    prompt, mixed with the engine's --seed) drives a 64-bit LCG
+    (`x = x * 6364136223846793005 + 1442695040888963407 mod 2**64`); token k is
+    `OUTPUT_IDS[x_k >> 58]`. The reply ends with END (finish_reason "stop") after
+    `32 + seed_mix % 481` tokens (32..512) unless `ignore_eos` is set, not before
+    `min_tokens`; it ends with "length" at `max_tokens` or at the context limit.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from llmgw.simengine import tokenizer
+from llmgw.simengine.kvcache import KVCache, extend_block_hashes
+from llmgw.simengine.stats import EngineStats
+
+_MASK = (1 << 64) - 1
+_LCG_A = 6364136223846793005
+_LCG_C = 1442695040888963407
+MIN_NATURAL_TOKENS = 32
+MAX_NATURAL_TOKENS = 512
+
+
+def mix_seed(seed: int, engine_seed: int) -> int:
+    """A 64-bit starting state from a request seed and the engine's seed (splitmix64)."""
+    z = (seed * 0x9E3779B97F4A7C15 + engine_seed + 0x632BE59BD9B4E019) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class SimRequest:
+    """One request's state inside the engine. Times are monotonic seconds."""
+
+    __slots__ = (
+        "arrival_s",
+        "block_hashes",
+        "eos_at",
+        "finish_reason",
+        "finished_s",
+        "first_scheduled_s",
+        "first_token_s",
+        "ignore_eos",
+        "last_token_s",
+        "max_tokens",
+        "num_cached_tokens",
+        "num_computed",
+        "num_preemptions",
+        "num_prompt",
+        "params_max_tokens",
+        "req_id",
+        "rng",
+        "status",
+        "token_ids",
+    )
+
+    def __init__(
+        self,
+        req_id: str,
+        prompt_ids: list[int],
+        *,
+        arrival_s: float,
+        max_tokens: int,
+        seed: int,
+        ignore_eos: bool = False,
+        min_tokens: int = 0,
+        params_max_tokens: int | None = None,
+    ) -> None:
+        self.req_id = req_id
+        self.token_ids = list(prompt_ids)  # prompt, then generated ids as they come
+        self.num_prompt = len(prompt_ids)
+        self.arrival_s = arrival_s
+        self.max_tokens = max_tokens
+        self.params_max_tokens = params_max_tokens  # as the client sent it; None: not given
+        self.ignore_eos = ignore_eos
+        self.rng = seed & _MASK
+        span = MAX_NATURAL_TOKENS - MIN_NATURAL_TOKENS + 1
+        self.eos_at = max(MIN_NATURAL_TOKENS + self.rng % span, min_tokens)
+        self.status = Status.WAITING
+        self.num_computed = 0
+        self.block_hashes: list[bytes] = []
+        self.num_cached_tokens: int | None = None  # None: not scheduled yet
+        self.num_preemptions = 0
+        self.first_scheduled_s: float | None = None
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+        self.finished_s: float | None = None
+        self.finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.num_prompt
+
+    def output_ids(self, start: int = 0) -> list[int]:
+        return self.token_ids[self.num_prompt + start :]
+
+    def _next_id(self) -> int:
+        self.rng = (self.rng * _LCG_A + _LCG_C) & _MASK
+        return tokenizer.OUTPUT_IDS[self.rng >> 58]
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one step computes: (request, tokens) pairs and the step's cost drivers."""
+
+    scheduled: list[tuple[SimRequest, int]] = field(default_factory=list)
+    prefill_tokens: int = 0
+    decode_seqs: int = 0
+    preempted: list[SimRequest] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_seqs
+
+
+class Scheduler:
+    """The waiting queue, the running batch and the step rules above; pure (no I/O, no clock)."""
+
+    def __init__(
+        self,
+        *,
+        kv: KVCache,
+        stats: EngineStats,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.kv = kv
+        self.stats = stats
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self._waiting: deque[SimRequest] = deque()
+        self._running: list[SimRequest] = []
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def add(self, req: SimRequest) -> None:
+        extend_block_hashes(req.block_hashes, req.token_ids, self.kv.block_size)
+        self._waiting.append(req)
+
+    def abort(self, req: SimRequest, *, reason: str, now: float) -> None:
+        """Take a request out wherever it is (client gone, injected error); idempotent."""
+        if req.status is Status.FINISHED:
+            return
+        if req.status is Status.RUNNING:
+            self._running.remove(req)
+        else:
+            self._waiting.remove(req)
+        self._finish(req, reason, now)
+
+    def schedule(self, now: float) -> StepPlan:
+        """Pick the next step's work; `now` is when the step starts."""
+        plan = StepPlan()
+        budget = self.max_num_batched_tokens
+        kv = self.kv
+        running = self._running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.num_tokens - req.num_computed, budget)
+            while not kv.allocate(req.req_id, req.num_computed + n, req.block_hashes):
+                victim = running.pop()
+                self._preempt(victim)
+                plan.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                self._add_to_plan(plan, req, n)
+                budget -= n
+                i += 1
+                continue
+            break
+        if plan.preempted:
+            return plan
+        waiting = self._waiting
+        bs = kv.block_size
+        while waiting and budget > 0 and len(running) < self.max_num_seqs:
+            req = waiting[0]
+            hits = kv.lookup(req.block_hashes, req.num_tokens)
+            num_hit = len(hits) * bs
+            n = min(req.num_tokens - num_hit, budget)
+            if not kv.allocate(req.req_id, num_hit + n, req.block_hashes, hits):
+                break
+            waiting.popleft()
+            running.append(req)
+            req.status = Status.RUNNING
+            req.num_computed = num_hit
+            if req.num_cached_tokens is None:
+                # First scheduling only: a preempted request's second lookup is not a query.
+                req.num_cached_tokens = num_hit
+                self.stats.prefix_queries += req.num_tokens
+                self.stats.prefix_hits += num_hit
+            if req.first_scheduled_s is None:
+                req.first_scheduled_s = now
+                self.stats.observe("queue", now - req.arrival_s)
+            self._add_to_plan(plan, req, n)
+            budget -= n
+        return plan
+
+    @staticmethod
+    def _add_to_plan(plan: StepPlan, req: SimRequest, n: int) -> None:
+        plan.scheduled.append((req, n))
+        if n == 1 and req.num_computed >= req.num_prompt:
+            plan.decode_seqs += 1
+        else:
+            plan.prefill_tokens += n
+
+    def _preempt(self, req: SimRequest) -> None:
+        self.kv.free(req.req_id)
+        req.status = Status.WAITING
+        req.num_computed = 0
+        req.num_preemptions += 1
+        self.stats.preemptions += 1
+        self._waiting.appendleft(req)
+
+    def finish_step(self, plan: StepPlan, now: float) -> list[SimRequest]:
+        """Apply a step that ended at `now`; returns the requests with a new token."""
+        out: list[SimRequest] = []
+        finished = False
+        stats = self.stats
+        bs = self.kv.block_size
+        for req, n in plan.scheduled:
+            if req.status is not Status.RUNNING:
+                continue  # aborted while the step ran
+            req.num_computed += n
+            if req.num_computed < req.num_tokens:
+                continue  # a chunk of a longer prefill
+            self._sample(req, now)
+            if len(req.token_ids) // bs > len(req.block_hashes):
+                extend_block_hashes(req.block_hashes, req.token_ids, bs)
+            out.append(req)
+            if req.finish_reason is not None:
+                finished = True
+        if finished:
+            self._running = [r for r in self._running if r.status is Status.RUNNING]
+        stats.steps += 1
+        stats.observe("iteration_tokens", plan.num_tokens)
+        return out
+
+    def _sample(self, req: SimRequest, now: float) -> None:
+        stats = self.stats
+        n_out = req.num_output + 1
+        eos = not req.ignore_eos and n_out >= req.eos_at
+        req.token_ids.append(tokenizer.END if eos else req._next_id())
+        stats.generation_tokens += 1
+        if req.first_token_s is None:
+            req.first_token_s = now
+            cached = req.num_cached_tokens or 0
+            stats.prompt_tokens += req.num_prompt
+            stats.prompt_tokens_cached += cached
+            stats.observe("ttft", now - req.arrival_s)
+            stats.observe("prefill_kv_computed", req.num_prompt - cached)
+        elif req.last_token_s is not None:
+            stats.observe("itl", now - req.last_token_s)
+        req.last_token_s = now
+        if eos:
+            self._finish(req, "stop", now)
+        elif n_out >= req.max_tokens or len(req.token_ids) >= self.max_model_len:
+            self._finish(req, "length", now)
+
+    def _finish(self, req: SimRequest, reason: str, now: float) -> None:
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        req.finished_s = now
+        self.kv.free(req.req_id)
+        s = self.stats
+        s.finished[reason] = s.finished.get(reason, 0) + 1
+        n_out = req.num_output
+        s.observe("e2e", now - req.arrival_s)
+        s.observe("prompt_tokens", req.num_prompt)
+        s.observe("generation_tokens", n_out)
+        s.observe("max_num_generation_tokens", req.max_tokens)
+        if req.params_max_tokens is not None:
+            s.observe("params_max_tokens", req.params_max_tokens)
+        s.observe("params_n", 1)
+        s.observe("num_preemptions", req.num_preemptions)
+        if req.first_scheduled_s is not None:
+            s.observe("inference", now - req.first_scheduled_s)
+            if req.first_token_s is not None:
+                s.observe("prefill", req.first_token_s - req.first_scheduled_s)
+                s.observe("decode", now - req.first_token_s)
+                if n_out > 1:
+                    s.observe("tpot", (now - req.first_token_s) / (n_out - 1))
+
+    def waiting_snapshot(self) -> list[str]:
+        return [r.req_id for r in self._waiting]
+
+    def running_snapshot(self) -> list[str]:
+        return [r.req_id for r in self._running]
