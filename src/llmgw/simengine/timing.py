@@ -33,6 +33,7 @@ Where the defaults come from (Llama-3-8B, bf16, one H100 SXM 80 GB, vLLM V1)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 TP_EXPONENT = 0.8
@@ -73,7 +74,7 @@ class TimingModel:
     @property
     def scale(self) -> float:
         """Seconds per simulated millisecond."""
-        return 1e-3 / (self.speed * float(self.tp) ** TP_EXPONENT)
+        return 1e-3 / (self.speed * math.pow(self.tp, TP_EXPONENT))
 
     def step_s(self, *, prefill_tokens: int, decode_seqs: int) -> float:
         """Wall seconds one step takes."""
