@@ -66,6 +66,10 @@ class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     idle_seconds: int
     pool: str
     weight: float
+    # Peak generated tokens/s `ctl bench` measured (§6.2.1); None when never benched.
+    # Kept beside the weight because weights are relative: the next replica benched
+    # is normalized against the raw capacities of those benched before it.
+    capacity_tok_s: float | None = None
 
 
 class ModelView(msgspec.Struct, frozen=True, kw_only=True):
@@ -173,3 +177,6 @@ class WeightRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """`POST /admin/replicas/{id}/weight`: the capacity weight `ctl bench` measured."""
 
     weight: float
+    # The raw measurement behind the weight (peak generated tokens/s); stored and
+    # echoed in ReplicaView.capacity_tok_s. None: a weight set by hand.
+    capacity_tok_s: float | None = None
