@@ -1,0 +1,64 @@
+"""Per-shard engine logs: a file the engine writes itself, rotated by copy-truncate.
+
+Why a file and not a pipe the agent drains: an engine must outlive its agent
+(re-adoption, DESIGN §5). With a pipe, an agent that dies leaves the engine
+writing into a pipe with no reader, which blocks it (full buffer) or kills it
+(EPIPE). With a file opened O_APPEND the engine never waits on the agent.
+
+Rotation: when the file passes `max_bytes`, the agent copies it to `.1`
+(shifting `.1`→`.2`… and dropping the oldest beyond `keep`) and truncates it
+in place. O_APPEND makes the engine's next write land at the new end, so the
+file really shrinks. The cost: lines written between the copy and the
+truncate are lost, a window of one copy (milliseconds for 10 MiB).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+DEFAULT_MAX_BYTES = 10 * 1024 * 1024
+DEFAULT_KEEP = 3
+
+
+def open_for_engine(path: Path) -> int:
+    """A write-only O_APPEND descriptor for the engine's stdout and stderr."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def needs_rotation(path: Path, *, max_bytes: int) -> bool:
+    try:
+        return path.stat().st_size > max_bytes
+    except FileNotFoundError:
+        return False
+
+
+def rotate(path: Path, *, keep: int = DEFAULT_KEEP) -> None:
+    """Copy-truncate `path` into `path.1`, shifting older copies; keeps `keep` copies."""
+    if keep < 1:
+        os.truncate(path, 0)
+        return
+    oldest = path.with_name(f"{path.name}.{keep}")
+    oldest.unlink(missing_ok=True)
+    for n in range(keep - 1, 0, -1):
+        src = path.with_name(f"{path.name}.{n}")
+        if src.exists():
+            src.rename(path.with_name(f"{path.name}.{n + 1}"))
+    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+    os.truncate(path, 0)
+
+
+def tail(path: Path, *, lines: int = 20, max_line_chars: int = 300) -> tuple[str, ...]:
+    """The last `lines` lines of `path` (reads at most 64 KiB), each cut to `max_line_chars`."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read()
+    except FileNotFoundError:
+        return ()
+    text = data.decode("utf-8", errors="replace")
+    out = [ln[:max_line_chars] for ln in text.splitlines() if ln.strip()]
+    return tuple(out[-lines:])

@@ -1,0 +1,172 @@
+"""Engine processes: started children and adopted survivors behind one handle.
+
+Every engine runs in its own session (start_new_session), so its process group
+id is its pid: stopping signals the whole group (an engine's worker processes
+included), and a SIGKILLed agent leaves its engines running, which is what
+re-adoption needs (DESIGN §5).
+
+A process is identified by its pid AND its start time (field 22 of
+/proc/<pid>/stat, clock ticks since boot): after a reboot or a long outage
+the pid may belong to something else, and that must never be adopted or
+signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from llmgw.agent.logfiles import open_for_engine
+
+
+class SpawnError(RuntimeError):
+    """The engine could not be started at all (missing binary, bad cwd…)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    # Exit status as Popen reports it: negative N = killed by signal N; None =
+    # unknown (an adopted process is not our child, so its status is not ours).
+    code: int | None
+
+
+class ProcessHandle(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def start_ticks(self) -> int | None: ...
+
+    def poll(self) -> Exit | None:
+        """None while it runs; the exit once it is gone. Never blocks."""
+        ...
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the process group; a group already gone is not an error."""
+        ...
+
+
+class Spawner(Protocol):
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ProcessHandle:
+        """Start argv in a new session, stdout+stderr appended to log_path; SpawnError if not."""
+        ...
+
+    def attach(self, pid: int, start_ticks: int | None) -> ProcessHandle | None:
+        """The process if it still runs with that start time; None otherwise."""
+        ...
+
+
+def read_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in ticks) of a live pid; None when there is none."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rfind(")") + 2 :].split()
+    try:
+        return fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class ChildProcess:
+    """An engine this agent started: exit codes come from waitpid."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        stat = read_stat(popen.pid)
+        self._start_ticks = stat[1] if stat is not None else None
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def start_ticks(self) -> int | None:
+        return self._start_ticks
+
+    def poll(self) -> Exit | None:
+        code = self._popen.poll()
+        return None if code is None else Exit(code)
+
+    def signal_group(self, sig: int) -> None:
+        # The group outlives its leader while workers remain; Linux does not
+        # reuse a pid that is still a group id, so this reaches only our group.
+        _killpg(self._popen.pid, sig)
+
+
+class AdoptedProcess:
+    """An engine a previous agent started: watched through /proc, exit status unknown."""
+
+    def __init__(self, pid: int, start_ticks: int) -> None:
+        self._pid = pid
+        self._start_ticks = start_ticks
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def start_ticks(self) -> int | None:
+        return self._start_ticks
+
+    def poll(self) -> Exit | None:
+        stat = read_stat(self._pid)
+        # A zombie is dead: its parent (init, since we are not it) has yet to reap it.
+        if stat is None or stat[0] == "Z" or stat[1] != self._start_ticks:
+            return Exit(None)
+        return None
+
+    def signal_group(self, sig: int) -> None:
+        _killpg(self._pid, sig)
+
+
+class PopenSpawner:
+    """The real spawner."""
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ProcessHandle:
+        fd = open_for_engine(log_path)
+        try:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+            shown = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
+            os.write(fd, f"--- llmgw agent {stamp}: {shown} {shlex.join(argv)}\n".encode())
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise SpawnError(f"could not start {argv[0]!r}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
+        return ChildProcess(popen)
+
+    def attach(self, pid: int, start_ticks: int | None) -> ProcessHandle | None:
+        if start_ticks is None:
+            return None
+        stat = read_stat(pid)
+        if stat is None or stat[0] == "Z" or stat[1] != start_ticks:
+            return None
+        return AdoptedProcess(pid, start_ticks)
+
+
+TERM = signal.SIGTERM
+KILL = signal.SIGKILL

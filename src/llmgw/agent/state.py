@@ -1,0 +1,95 @@
+"""The re-adoption state file: which engines this node's agent started (DESIGN §5).
+
+One JSON document in the state dir, rewritten whole and atomically (temp file,
+fsync, rename, fsync of the directory) whenever the running set changes, so a
+crash at any instant leaves either the old or the new file, never half of one.
+It is written right after each start, before anything else can happen, so an
+agent killed a moment later still finds the engine it just started.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import msgspec
+
+from llmgw.runtime.logs import kv
+from llmgw.wire.agent import ShardSpec
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "agent-state.json"
+
+
+class ShardRecord(msgspec.Struct, frozen=True, kw_only=True):
+    replica_id: str
+    rank: int
+    pid: int
+    # Process start time, clock ticks since boot (/proc/<pid>/stat field 22);
+    # None if it could not be read (such an engine is never adopted).
+    start_ticks: int | None
+    port: int
+    spec: ShardSpec
+    log_path: str
+    # Unix seconds the engine was started.
+    started_at: float
+    health_path: str | None = "/health"
+
+
+class StateDoc(msgspec.Struct, frozen=True, kw_only=True):
+    version: int = 1
+    node: str = ""
+    shards: tuple[ShardRecord, ...] = ()
+
+
+class StateStore:
+    def __init__(self, state_dir: Path, *, node: str) -> None:
+        self.path = state_dir / STATE_FILE
+        self.node = node
+        self._last: bytes | None = None
+
+    def load(self) -> tuple[ShardRecord, ...]:
+        """Records of a previous run; a missing or unreadable file is an empty set (logged)."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return ()
+        try:
+            doc = msgspec.json.decode(raw, type=StateDoc)
+        except msgspec.DecodeError as exc:
+            # Adopting from a corrupt file could signal the wrong process: start clean.
+            log.error(kv("state file unreadable, adopting nothing", path=self.path, error=exc))
+            return ()
+        if doc.node and doc.node != self.node:
+            log.error(
+                kv("state file belongs to another node, adopting nothing", file_node=doc.node)
+            )
+            return ()
+        self._last = raw
+        return doc.shards
+
+    def save(self, records: tuple[ShardRecord, ...]) -> None:
+        """Write the set if it changed since the last write."""
+        doc = StateDoc(node=self.node, shards=tuple(sorted(records, key=_key)))
+        raw = msgspec.json.encode(doc)
+        if raw == self._last:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self._last = raw
+
+
+def _key(r: ShardRecord) -> tuple[str, int]:
+    return (r.replica_id, r.rank)

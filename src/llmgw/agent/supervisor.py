@@ -1,0 +1,300 @@
+"""The engines on this node: start what is desired, stop what is not, say how each is doing.
+
+Shard identity is (replica_id, rank). Life of a shard here:
+
+    apply() lists it ──► starting ──/health 200──► ready
+                            │                        │
+                            └──── process exits ─────┴──► failed (exit code, log tail)
+    apply() omits it ──► SIGTERM to its group ──(grace)──► SIGKILL ──► stopped
+
+A failed shard stays failed while the controller keeps listing it: restarts
+are the controller's decision (a new replica id), never the agent's, so a
+crashing engine cannot loop here unseen. A shard the controller stops listing
+is dropped once its process is gone and it has been reported.
+
+Only `apply()` (an actual answer from the controller) ever stops an engine;
+an unreachable controller means no apply() at all, so engines keep running
+(DESIGN §1, "Serving survives the control plane").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmgw.agent import logfiles
+from llmgw.agent.ports import NoFreePort, PortAllocator
+from llmgw.agent.probe import HealthProbe
+from llmgw.agent.procs import KILL, TERM, ProcessHandle, Spawner, SpawnError
+from llmgw.agent.state import ShardRecord, StateStore
+from llmgw.agent.templates import DEFAULT_COMMANDS, render
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+from llmgw.runtime.logs import kv
+from llmgw.wire.agent import EngineKind, ShardSpec, ShardState, ShardStatus
+
+log = logging.getLogger(__name__)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(slots=True)
+class _Shard:
+    spec: ShardSpec
+    port: int | None
+    log_path: Path
+    health_path: str | None
+    state: ShardState
+    proc: ProcessHandle | None = None
+    started_at: float | None = None
+    exit_code: int | None = None
+    log_tail: tuple[str, ...] = ()
+    # Monotonic time SIGTERM went out; None while nobody asked it to stop.
+    stop_sent_at: float | None = None
+    kill_sent: bool = False
+    adopted: bool = False
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.spec.replica_id, self.spec.rank)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        *,
+        log_dir: Path,
+        store: StateStore,
+        ports: PortAllocator,
+        spawner: Spawner,
+        probe: HealthProbe,
+        commands: Mapping[EngineKind, tuple[str, ...]] = DEFAULT_COMMANDS,
+        stop_grace_s: float = 10.0,
+        log_max_bytes: int = logfiles.DEFAULT_MAX_BYTES,
+        log_keep: int = logfiles.DEFAULT_KEEP,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._log_dir = log_dir
+        self._store = store
+        self._ports = ports
+        self._spawner = spawner
+        self._probe = probe
+        self._commands = commands
+        self._stop_grace_s = stop_grace_s
+        self._log_max_bytes = log_max_bytes
+        self._log_keep = log_keep
+        self._clock = clock
+        self._shards: dict[tuple[str, int], _Shard] = {}
+
+    # -- the controller's word ------------------------------------------------
+
+    def adopt(self, records: Sequence[ShardRecord]) -> None:
+        """Take over engines a previous agent started (call once, before the first apply)."""
+        for rec in records:
+            proc = self._spawner.attach(rec.pid, rec.start_ticks)
+            sh = _Shard(
+                spec=rec.spec,
+                port=rec.port,
+                log_path=Path(rec.log_path),
+                health_path=rec.health_path,
+                state="starting",
+                proc=proc,
+                started_at=rec.started_at,
+                adopted=True,
+            )
+            if proc is None:
+                sh.state = "failed"
+                sh.log_tail = (
+                    *logfiles.tail(sh.log_path),
+                    f"llmgw agent: engine pid {rec.pid} exited while the agent was down",
+                )
+                log.warning(kv("engine gone at adoption", replica=rec.replica_id, pid=rec.pid))
+            else:
+                log.info(kv("engine adopted", replica=rec.replica_id, rank=rec.rank, pid=rec.pid))
+            self._shards[sh.key] = sh
+        self._save()
+
+    def apply(self, desired: Sequence[ShardSpec]) -> None:
+        """Make the running set match `desired`, the controller's complete list for this node."""
+        want = {(s.replica_id, s.rank): s for s in desired}
+        for key, sh in list(self._shards.items()):
+            if key in want:
+                continue
+            if sh.proc is None:
+                del self._shards[key]
+            elif sh.stop_sent_at is None:
+                self._stop(sh)
+        for key in sorted(want):
+            if key not in self._shards:
+                self._start(want[key])
+        self._save()
+
+    # -- the loop ---------------------------------------------------------------
+
+    async def tick(self) -> None:
+        """Reap exits, escalate stops, probe starting engines, rotate logs, persist."""
+        now = self._clock.monotonic()
+        for sh in self._shards.values():
+            if sh.proc is None:
+                continue
+            ex = sh.proc.poll()
+            if ex is not None:
+                self._exited(sh, ex.code)
+            elif (
+                sh.stop_sent_at is not None
+                and not sh.kill_sent
+                and now - sh.stop_sent_at >= self._stop_grace_s
+            ):
+                log.warning(kv("engine ignored SIGTERM, killing", replica=sh.spec.replica_id))
+                sh.proc.signal_group(KILL)
+                sh.kill_sent = True
+        await self._probe_starting()
+        # Paths are read here, on the loop; the thread only touches files.
+        paths = [sh.log_path for sh in self._shards.values()]
+        await asyncio.to_thread(self._rotate_logs, paths)
+        self._save()
+
+    async def _probe_starting(self) -> None:
+        probed: list[tuple[_Shard, int, str]] = []
+        for sh in self._shards.values():
+            if sh.state != "starting" or sh.proc is None or sh.stop_sent_at is not None:
+                continue
+            if sh.health_path is None or sh.port is None:
+                # No HTTP to ask (vLLM headless ranks): alive is all we can know.
+                self._ready(sh)
+            else:
+                probed.append((sh, sh.port, sh.health_path))
+        results = await asyncio.gather(*(self._probe.check(port, path) for _, port, path in probed))
+        for (sh, _, _), ok in zip(probed, results, strict=True):
+            # Re-check: the process may have been reaped while the probes ran.
+            if ok and sh.state == "starting" and sh.proc is not None:
+                self._ready(sh)
+
+    def _ready(self, sh: _Shard) -> None:
+        sh.state = "ready"
+        log.info(kv("engine ready", replica=sh.spec.replica_id, rank=sh.spec.rank, port=sh.port))
+
+    def _rotate_logs(self, paths: list[Path]) -> None:
+        for path in paths:
+            if logfiles.needs_rotation(path, max_bytes=self._log_max_bytes):
+                logfiles.rotate(path, keep=self._log_keep)
+
+    async def stop_all(self, *, grace_s: float | None = None, poll_s: float = 0.1) -> None:
+        """SIGTERM every engine, SIGKILL after the grace (`--stop-engines-on-exit`)."""
+        grace = self._stop_grace_s if grace_s is None else grace_s
+        for sh in self._shards.values():
+            if sh.proc is not None and sh.stop_sent_at is None:
+                self._stop(sh)
+        deadline = self._clock.monotonic() + grace
+        while any(sh.proc is not None for sh in self._shards.values()):
+            for sh in self._shards.values():
+                if sh.proc is not None and (ex := sh.proc.poll()) is not None:
+                    self._exited(sh, ex.code)
+            if self._clock.monotonic() >= deadline:
+                for sh in self._shards.values():
+                    if sh.proc is not None and not sh.kill_sent:
+                        sh.proc.signal_group(KILL)
+                        sh.kill_sent = True
+            await asyncio.sleep(poll_s)
+        self._save()
+
+    # -- what leaves ------------------------------------------------------------
+
+    def statuses(self) -> tuple[ShardStatus, ...]:
+        """Every shard this agent knows, sorted by (replica_id, rank)."""
+        return tuple(
+            ShardStatus(
+                replica_id=sh.spec.replica_id,
+                rank=sh.spec.rank,
+                state=sh.state,
+                port=sh.port,
+                pid=sh.proc.pid if sh.proc is not None else None,
+                exit_code=sh.exit_code,
+                log_tail=sh.log_tail,
+                started_at=sh.started_at,
+            )
+            for _, sh in sorted(self._shards.items())
+        )
+
+    def log_paths(self) -> dict[tuple[str, int], Path]:
+        return {k: sh.log_path for k, sh in sorted(self._shards.items())}
+
+    # -- internals --------------------------------------------------------------
+
+    def _start(self, spec: ShardSpec) -> None:
+        name = f"{_UNSAFE.sub('_', spec.replica_id)}-rank{spec.rank}.log"
+        sh = _Shard(
+            spec=spec, port=None, log_path=self._log_dir / name, health_path=None, state="starting"
+        )
+        self._shards[sh.key] = sh
+        try:
+            sh.port = self._ports.allocate(self._ports_taken())
+            plan = render(spec, port=sh.port, commands=self._commands)
+            sh.health_path = plan.health_path
+            sh.proc = self._spawner.spawn(plan.argv, plan.env, sh.log_path)
+        except (NoFreePort, SpawnError, ValueError) as exc:
+            sh.state = "failed"
+            sh.log_tail = (f"llmgw agent: {exc}",)
+            log.error(kv("engine not started", replica=spec.replica_id, rank=spec.rank, error=exc))
+            return
+        sh.started_at = self._clock.wall()
+        log.info(
+            kv(
+                "engine started",
+                replica=spec.replica_id,
+                rank=spec.rank,
+                engine=spec.engine,
+                pid=sh.proc.pid,
+                port=sh.port,
+                gpus=",".join(map(str, spec.gpu_indices)),
+            )
+        )
+        # Persist before anything else can happen: an agent killed right now
+        # must still find this engine (state.py).
+        self._save()
+
+    def _stop(self, sh: _Shard) -> None:
+        assert sh.proc is not None
+        log.info(kv("engine stopping", replica=sh.spec.replica_id, rank=sh.spec.rank))
+        sh.proc.signal_group(TERM)
+        sh.stop_sent_at = self._clock.monotonic()
+
+    def _exited(self, sh: _Shard, code: int | None) -> None:
+        assert sh.proc is not None
+        # Workers the engine left in its group would hold GPU memory: end them too.
+        sh.proc.signal_group(KILL)
+        sh.proc = None
+        sh.exit_code = code
+        sh.state = "stopped" if sh.stop_sent_at is not None else "failed"
+        if sh.state == "failed":
+            sh.log_tail = logfiles.tail(sh.log_path)
+            log.warning(
+                kv("engine exited", replica=sh.spec.replica_id, rank=sh.spec.rank, code=code)
+            )
+        else:
+            log.info(kv("engine stopped", replica=sh.spec.replica_id, rank=sh.spec.rank))
+
+    def _ports_taken(self) -> set[int]:
+        return {sh.port for sh in self._shards.values() if sh.port is not None}
+
+    def _save(self) -> None:
+        self._store.save(
+            tuple(
+                ShardRecord(
+                    replica_id=sh.spec.replica_id,
+                    rank=sh.spec.rank,
+                    pid=sh.proc.pid,
+                    start_ticks=sh.proc.start_ticks,
+                    port=sh.port,
+                    spec=sh.spec,
+                    log_path=str(sh.log_path),
+                    started_at=sh.started_at or 0.0,
+                    health_path=sh.health_path,
+                )
+                for sh in self._shards.values()
+                if sh.proc is not None and sh.port is not None
+            )
+        )

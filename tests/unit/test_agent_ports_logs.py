@@ -1,0 +1,72 @@
+"""Port allocation from the range, and engine log rotation and tails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmgw.agent.logfiles import needs_rotation, rotate, tail
+from llmgw.agent.ports import NoFreePort, PortAllocator, parse_range
+
+
+class TestPorts:
+    def test_skips_taken_and_busy(self) -> None:
+        """Ports held by our shards or bound by anyone else are skipped."""
+        busy = {21001}
+        alloc = PortAllocator(21000, 21003, is_free=lambda p: p not in busy)
+        assert alloc.allocate(taken={21000}) == 21002
+
+    def test_does_not_reuse_at_once(self) -> None:
+        """A port just freed is not handed out again before the others."""
+        alloc = PortAllocator(21000, 21002, is_free=lambda p: True)
+        assert alloc.allocate(taken=set()) == 21000
+        assert alloc.allocate(taken=set()) == 21001
+        assert alloc.allocate(taken=set()) == 21002
+        assert alloc.allocate(taken=set()) == 21000
+
+    def test_exhausted(self) -> None:
+        """A full range is an error naming the range."""
+        alloc = PortAllocator(21000, 21001, is_free=lambda p: True)
+        with pytest.raises(NoFreePort, match="21000-21001"):
+            alloc.allocate(taken={21000, 21001})
+
+    @pytest.mark.parametrize(
+        ("expected", "text"), [((21000, 21099), "21000-21099"), ((8000, 8000), "8000")]
+    )
+    def test_parse_range(self, expected: tuple[int, int], text: str) -> None:
+        """LOW-HIGH is inclusive; a single port is a range of one."""
+        assert expected == parse_range(text)
+
+    @pytest.mark.parametrize("text", ["a-b", "2-1", "0-5", "1-70000"])
+    def test_bad_range(self, text: str) -> None:
+        """A malformed or inverted range is refused with the reason."""
+        with pytest.raises(ValueError, match="port range"):
+            parse_range(text)
+
+
+class TestLogFiles:
+    def test_rotate_keeps_n(self, tmp_path: Path) -> None:
+        """Rotation copies to .1, shifts older copies, drops beyond `keep`, and empties the log."""
+        log = tmp_path / "e.log"
+        for i in range(4):
+            log.write_text(f"gen{i}\n")
+            rotate(log, keep=2)
+        assert log.read_text() == ""
+        assert (tmp_path / "e.log.1").read_text() == "gen3\n"
+        assert (tmp_path / "e.log.2").read_text() == "gen2\n"
+        assert not (tmp_path / "e.log.3").exists()
+
+    def test_needs_rotation(self, tmp_path: Path) -> None:
+        """Only a file over the limit needs rotating; a missing one does not."""
+        log = tmp_path / "e.log"
+        assert not needs_rotation(log, max_bytes=10)
+        log.write_text("x" * 11)
+        assert needs_rotation(log, max_bytes=10)
+
+    def test_tail(self, tmp_path: Path) -> None:
+        """The tail is the last non-blank lines, each cut to a bound."""
+        log = tmp_path / "e.log"
+        log.write_text("a\n\nb\n" + "c" * 500 + "\n")
+        assert tail(log, lines=2, max_line_chars=5) == ("b", "ccccc")
+        assert tail(tmp_path / "missing") == ()

@@ -1,0 +1,270 @@
+"""The supervisor's decisions with fake processes: start, ready, exit, stop, adopt, persist."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw.agent.ports import PortAllocator
+from llmgw.agent.procs import KILL, TERM, Exit, SpawnError
+from llmgw.agent.state import ShardRecord, StateStore
+from llmgw.agent.supervisor import Supervisor
+from llmgw.runtime.clock import ManualClock
+from llmgw.wire.agent import ShardSpec
+
+
+class FakeProc:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start_ticks: int | None = 1000 + pid
+        self.exit: Exit | None = None
+        self.signals: list[int] = []
+        # Exit on SIGTERM unless told to be stubborn.
+        self.stubborn = False
+
+    def poll(self) -> Exit | None:
+        return self.exit
+
+    def signal_group(self, sig: int) -> None:
+        self.signals.append(sig)
+        if sig == KILL or (sig == TERM and not self.stubborn):
+            self.exit = self.exit or Exit(-sig)
+
+
+class FakeSpawner:
+    def __init__(self) -> None:
+        self.spawned: list[tuple[tuple[str, ...], dict[str, str], FakeProc]] = []
+        self.alive: dict[int, FakeProc] = {}
+        self.fail_with: str | None = None
+        self._pid = 100
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> FakeProc:
+        if self.fail_with:
+            raise SpawnError(self.fail_with)
+        self._pid += 1
+        proc = FakeProc(self._pid)
+        self.spawned.append((tuple(argv), dict(env), proc))
+        return proc
+
+    def attach(self, pid: int, start_ticks: int | None) -> FakeProc | None:
+        proc = self.alive.get(pid)
+        return proc if proc is not None and proc.start_ticks == start_ticks else None
+
+
+class FakeProbe:
+    def __init__(self) -> None:
+        self.ready_ports: set[int] = set()
+
+    async def check(self, port: int, path: str) -> bool:
+        return port in self.ready_ports
+
+    async def close(self) -> None:
+        pass
+
+
+def spec(rid: str = "r1", rank: int = 0, **kw: Any) -> ShardSpec:
+    return ShardSpec(
+        replica_id=rid,
+        rank=rank,
+        model="m",
+        served_names=("m",),
+        engine=kw.pop("engine", "sim"),
+        gpu_indices=kw.pop("gpu_indices", (0,)),
+        **kw,
+    )
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> dict[str, Any]:
+    clock = ManualClock()
+    spawner = FakeSpawner()
+    probe = FakeProbe()
+    store = StateStore(tmp_path / "state", node="n1")
+    sup = Supervisor(
+        log_dir=tmp_path / "logs",
+        store=store,
+        ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+        spawner=spawner,
+        probe=probe,
+        stop_grace_s=5.0,
+        clock=clock,
+    )
+    return {"sup": sup, "spawner": spawner, "probe": probe, "clock": clock, "store": store}
+
+
+class TestStart:
+    async def test_start_then_ready(self, parts: dict[str, Any]) -> None:
+        """A desired shard starts on a port from the range and is ready once /health answers."""
+        sup, probe = parts["sup"], parts["probe"]
+        sup.apply([spec()])
+        (st,) = sup.statuses()
+        assert (st.state, st.port, st.pid) == ("starting", 21000, 101)
+        await sup.tick()
+        assert sup.statuses()[0].state == "starting"
+        probe.ready_ports.add(21000)
+        await sup.tick()
+        assert sup.statuses()[0].state == "ready"
+
+    async def test_env_has_the_gpus(self, parts: dict[str, Any]) -> None:
+        """The engine sees only its own GPUs."""
+        parts["sup"].apply([spec(gpu_indices=(4, 5))])
+        _, env, _ = parts["spawner"].spawned[0]
+        assert env["CUDA_VISIBLE_DEVICES"] == "4,5"
+
+    async def test_repeated_apply_starts_once(self, parts: dict[str, Any]) -> None:
+        """The same desired set applied again starts nothing new."""
+        sup = parts["sup"]
+        sup.apply([spec()])
+        sup.apply([spec()])
+        await sup.tick()
+        sup.apply([spec()])
+        assert len(parts["spawner"].spawned) == 1
+
+    async def test_ports_are_distinct(self, parts: dict[str, Any]) -> None:
+        """Two shards never share a port."""
+        sup = parts["sup"]
+        sup.apply([spec("a"), spec("b")])
+        assert sorted(s.port for s in sup.statuses()) == [21000, 21001]
+
+    async def test_spawn_failure_is_reported(self, parts: dict[str, Any]) -> None:
+        """An engine that cannot start is failed with the reason in its log tail."""
+        parts["spawner"].fail_with = "could not start 'vllm': No such file"
+        parts["sup"].apply([spec()])
+        (st,) = parts["sup"].statuses()
+        assert st.state == "failed"
+        assert st.log_tail == ("llmgw agent: could not start 'vllm': No such file",)
+
+    async def test_headless_rank_is_ready_while_alive(self, parts: dict[str, Any]) -> None:
+        """A vLLM headless rank has no /health; alive means ready."""
+        s = spec(engine="vllm", rank=1, world_size=2, master_addr="h", master_port=1)
+        parts["sup"].apply([s])
+        await parts["sup"].tick()
+        assert parts["sup"].statuses()[0].state == "ready"
+
+
+class TestExitAndStop:
+    async def test_crash_reports_exit_code_and_log(self, parts: dict[str, Any]) -> None:
+        """An engine that exits on its own is failed with its exit code and log tail."""
+        sup, spawner = parts["sup"], parts["spawner"]
+        sup.apply([spec()])
+        log_path = sup.log_paths()[("r1", 0)]
+        log_path.parent.mkdir(parents=True)
+        log_path.write_text("loading\nCUDA error: out of memory\n")
+        spawner.spawned[0][2].exit = Exit(3)
+        await sup.tick()
+        (st,) = sup.statuses()
+        assert (st.state, st.exit_code, st.pid) == ("failed", 3, None)
+        assert st.log_tail[-1] == "CUDA error: out of memory"
+
+    async def test_failed_shard_is_not_restarted(self, parts: dict[str, Any]) -> None:
+        """A failed shard stays failed while listed: restarts are the controller's call."""
+        sup, spawner = parts["sup"], parts["spawner"]
+        sup.apply([spec()])
+        spawner.spawned[0][2].exit = Exit(1)
+        await sup.tick()
+        sup.apply([spec()])
+        await sup.tick()
+        assert len(spawner.spawned) == 1
+        assert sup.statuses()[0].state == "failed"
+
+    async def test_unlisted_shard_is_stopped_then_dropped(self, parts: dict[str, Any]) -> None:
+        """An unlisted shard gets SIGTERM, is reported stopped, then forgotten."""
+        sup, spawner = parts["sup"], parts["spawner"]
+        sup.apply([spec()])
+        proc = spawner.spawned[0][2]
+        sup.apply([])
+        assert proc.signals == [TERM]
+        await sup.tick()
+        assert sup.statuses()[0].state == "stopped"
+        sup.apply([])
+        assert sup.statuses() == ()
+
+    async def test_stubborn_engine_is_killed_after_grace(self, parts: dict[str, Any]) -> None:
+        """An engine that ignores SIGTERM gets SIGKILL once the grace has passed, not before."""
+        sup, spawner, clock = parts["sup"], parts["spawner"], parts["clock"]
+        sup.apply([spec()])
+        proc = spawner.spawned[0][2]
+        proc.stubborn = True
+        sup.apply([])
+        clock.advance(4.0)
+        await sup.tick()
+        assert proc.signals == [TERM]
+        clock.advance(1.5)
+        await sup.tick()
+        assert KILL in proc.signals
+        await sup.tick()
+        assert sup.statuses()[0].state == "stopped"
+
+    async def test_stop_all(self, parts: dict[str, Any]) -> None:
+        """stop_all ends every engine."""
+        sup = parts["sup"]
+        sup.apply([spec("a"), spec("b")])
+        await sup.stop_all(poll_s=0)
+        assert {s.state for s in sup.statuses()} == {"stopped"}
+
+
+class TestAdoption:
+    async def test_state_file_round_trip(self, parts: dict[str, Any], tmp_path: Path) -> None:
+        """A started engine is in the state file with pid, start time and port."""
+        parts["sup"].apply([spec()])
+        (rec,) = StateStore(tmp_path / "state", node="n1").load()
+        assert (rec.replica_id, rec.pid, rec.start_ticks, rec.port) == ("r1", 101, 1101, 21000)
+
+    async def test_running_engine_is_adopted_not_restarted(
+        self, parts: dict[str, Any], tmp_path: Path
+    ) -> None:
+        """A new supervisor keeps a still-running engine and starts nothing for it."""
+        parts["sup"].apply([spec()])
+        old_proc = parts["spawner"].spawned[0][2]
+        sup2, spawner2, probe2 = self._second(parts, tmp_path)
+        spawner2.alive[old_proc.pid] = old_proc
+        sup2.adopt(StateStore(tmp_path / "state", node="n1").load())
+        sup2.apply([spec()])
+        assert spawner2.spawned == []
+        probe2.ready_ports.add(21000)
+        await sup2.tick()
+        (st,) = sup2.statuses()
+        assert (st.state, st.pid, st.port) == ("ready", old_proc.pid, 21000)
+
+    async def test_reused_pid_is_not_adopted(self, parts: dict[str, Any], tmp_path: Path) -> None:
+        """A pid now owned by another process (other start time) is reported failed."""
+        parts["sup"].apply([spec()])
+        old_proc = parts["spawner"].spawned[0][2]
+        impostor = type(old_proc)(old_proc.pid)
+        impostor.start_ticks = 999_999
+        sup2, spawner2, _ = self._second(parts, tmp_path)
+        spawner2.alive[old_proc.pid] = impostor
+        sup2.adopt(StateStore(tmp_path / "state", node="n1").load())
+        (st,) = sup2.statuses()
+        assert st.state == "failed"
+        assert "exited while the agent was down" in st.log_tail[-1]
+        assert impostor.signals == []
+
+    def _second(self, parts: dict[str, Any], tmp_path: Path) -> tuple[Any, Any, Any]:
+        spawner, probe = FakeSpawner(), FakeProbe()
+        sup = Supervisor(
+            log_dir=tmp_path / "logs",
+            store=StateStore(tmp_path / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=spawner,
+            probe=probe,
+            clock=parts["clock"],
+        )
+        return sup, spawner, probe
+
+    def test_state_of_another_node_is_ignored(self, tmp_path: Path) -> None:
+        """A state file written for another node adopts nothing."""
+        rec = ShardRecord(
+            replica_id="r", rank=0, pid=1, start_ticks=1, port=1, spec=spec(), log_path="x",
+            started_at=0.0,
+        )  # fmt: skip
+        StateStore(tmp_path, node="other").save((rec,))
+        assert StateStore(tmp_path, node="n1").load() == ()
+
+    def test_corrupt_state_adopts_nothing(self, tmp_path: Path) -> None:
+        """A corrupt state file is an empty set, never a crash."""
+        (tmp_path / "agent-state.json").write_text("{not json")
+        assert StateStore(tmp_path, node="n1").load() == ()
