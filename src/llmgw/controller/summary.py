@@ -20,7 +20,15 @@ from operator import attrgetter
 
 from llmgw.controller.capacity import gpus_in_use
 from llmgw.controller.state import FleetState
-from llmgw.controller.views import IdleFor, model_view, node_view, replica_counts, replica_view
+from llmgw.controller.views import (
+    IdleFor,
+    IdleSource,
+    idle_fn,
+    model_view,
+    node_view,
+    replica_counts,
+    replica_view,
+)
 from llmgw.wire.admin import (
     ClassUse,
     FabricUse,
@@ -43,10 +51,14 @@ def summarize(
     *,
     now: float,
     heartbeat_timeout_s: float,
-    idle_for: IdleFor,
+    idle_for: IdleFor | IdleSource,
     unplaceable: Mapping[str, str] | None = None,
 ) -> Summary:
-    """The whole fleet in one answer. `unplaceable`: model → placement's reason."""
+    """The whole fleet in one answer. `unplaceable`: model → placement's reason.
+
+    `idle_for`: replica id → idle seconds (None when unknown), or an IdleTracker.
+    """
+    idle = idle_fn(idle_for, now=now)
     reasons = unplaceable or {}
     used = gpus_in_use(state)
     counts = replica_counts(state)
@@ -54,7 +66,7 @@ def summarize(
         node_view(n, state, now=now, heartbeat_timeout_s=heartbeat_timeout_s, used=used)
         for n in state.nodes.values()
     ]
-    replicas = [replica_view(r, idle_for) for r in state.replicas.values() if r.state != "stopped"]
+    replicas = [replica_view(r, idle) for r in state.replicas.values() if r.state != "stopped"]
     models = [
         model_view(m, state, reasons.get(m.name), counts=counts) for m in state.models.values()
     ]

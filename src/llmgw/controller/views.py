@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from operator import attrgetter
+from typing import Protocol
 
 from llmgw.controller.capacity import gpus_in_use
 from llmgw.controller.state import FleetState, Model, Node, Replica
@@ -17,6 +18,20 @@ from llmgw.wire.admin import ModelView, NodeView, ReplicaView, ShardView, idle_s
 
 # Replica id → seconds since a router last used it; None when no router has said.
 IdleFor = Callable[[str], float | None]
+
+
+class IdleSource(Protocol):
+    """What controller.idle.IdleTracker offers; accepted wherever an IdleFor is."""
+
+    def idle_for(self, replica_id: str, *, now: float) -> float | None: ...
+
+
+def idle_fn(idle: IdleFor | IdleSource, *, now: float) -> IdleFor:
+    """A plain replica id → idle seconds function, from either form."""
+    if callable(idle):
+        return idle
+    source = idle
+    return lambda replica_id: source.idle_for(replica_id, now=now)
 
 
 def node_view(

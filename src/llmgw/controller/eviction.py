@@ -1,0 +1,195 @@
+"""Idle eviction (DESIGN §3.3): which idle replicas to drain so an unplaceable model fits.
+
+Candidates are ready replicas *known* idle at least their own model's
+`idle_timeout_s`. Never one whose idleness is unknown (a restarted router knows
+nothing, and treating that as idle would empty the fleet), never one that
+would take its model below `min_replicas`, never one of a model with a higher
+priority than the requester's. Equal priority is allowed: the victim is by
+definition unused past its own timeout, and a model someone is waiting for
+should not stay unplaceable behind it. Lower priority goes first, then the
+longest idle.
+
+Only a set that actually makes the placement feasible is chosen: candidates are
+freed one by one, in that order, on a copy of the free map until `place`
+succeeds; then members that did not contribute are dropped, so the plan evicts
+no more than it needs. Nothing is evicted when no set works.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from llmgw.controller.capacity import FreeMap
+from llmgw.controller.placement import Placement, place
+from llmgw.controller.state import FleetState, Replica
+from llmgw.controller.views import IdleFor, IdleSource, idle_fn
+from llmgw.wire.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class EvictionPlan:
+    model: str
+    # Replica ids to drain, in the order they were chosen; empty when the model
+    # fits without evicting anything.
+    evict: tuple[str, ...]
+    # Where the model lands once the evicted replicas have stopped and given
+    # their cards back (draining replicas still hold them, state.HOLDS_GPUS).
+    placement: Placement
+    # For the event log: each evicted replica with its model, priority and idle time.
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    replica: Replica
+    priority: int
+    idle_s: float
+
+
+def plan_eviction(
+    spec: ModelSpec,
+    state: FleetState,
+    idle: IdleFor | IdleSource,
+    free: FreeMap,
+    *,
+    now: float,
+    heartbeat_timeout_s: float,
+    exclude: Collection[str] = (),
+) -> EvictionPlan | None:
+    """A minimal set of idle replicas whose cards make `spec` placeable, or None.
+
+    `idle`: replica id → idle seconds (None when unknown), or an IdleTracker.
+    `free` is not changed. `exclude`: replicas already chosen for eviction this
+    tick (they must not be counted twice).
+    """
+    direct = place(spec, state.nodes, free)
+    if isinstance(direct, Placement):
+        return EvictionPlan(
+            model=spec.name, evict=(), placement=direct, why="fits without eviction"
+        )
+    candidates = _candidates(spec, state, idle_fn(idle, now=now), now, heartbeat_timeout_s, exclude)
+    found = _greedy(spec, state, free, candidates)
+    if found is None:
+        return None
+    chosen = _shrink(spec, state, free, *found)
+    placement = _place_after(spec, state, free, chosen)
+    if placement is None:  # cannot happen: _shrink only keeps feasible sets
+        return None
+    return EvictionPlan(
+        model=spec.name,
+        evict=tuple(c.replica.id for c in chosen),
+        placement=placement,
+        why=_why(spec, chosen),
+    )
+
+
+def _candidates(
+    spec: ModelSpec,
+    state: FleetState,
+    idle: IdleFor,
+    now: float,
+    heartbeat_timeout_s: float,
+    exclude: Collection[str],
+) -> list[_Candidate]:
+    out: list[_Candidate] = []
+    for r in state.replicas.values():
+        if r.state != "ready" or r.model == spec.name or r.id in exclude:
+            continue
+        model = state.models.get(r.model)
+        if model is None or model.spec.priority > spec.priority:
+            continue
+        idle_s = idle(r.id)
+        if idle_s is None or idle_s < model.spec.idle_timeout_s:
+            continue  # unknown is never idle
+        # Cards on a node that is not ready are not capacity even once freed.
+        if not any(_ready(state, s.node, now, heartbeat_timeout_s) for s in r.shards):
+            continue
+        out.append(_Candidate(replica=r, priority=model.spec.priority, idle_s=idle_s))
+    out.sort(key=lambda c: (c.priority, -c.idle_s, c.replica.id))
+    return out
+
+
+def _ready(state: FleetState, node: str, now: float, heartbeat_timeout_s: float) -> bool:
+    n = state.nodes.get(node)
+    return n is not None and n.shown_state(now=now, heartbeat_timeout_s=heartbeat_timeout_s) == (
+        "ready"
+    )
+
+
+def _greedy(
+    spec: ModelSpec, state: FleetState, free: FreeMap, candidates: Sequence[_Candidate]
+) -> tuple[list[_Candidate], Placement] | None:
+    """Free candidates in order until the model fits; None if even all of them do not suffice."""
+    spare = _spare_per_model(state)
+    sim = free.copy()
+    chosen: list[_Candidate] = []
+    for c in candidates:
+        if spare[c.replica.model] <= 0:
+            continue  # never below the model's min_replicas
+        spare[c.replica.model] -= 1
+        chosen.append(c)
+        for shard in c.replica.shards:
+            sim.release(shard.node, shard.gpus)
+        result = place(spec, state.nodes, sim)
+        if isinstance(result, Placement):
+            return chosen, result
+    return None
+
+
+def _spare_per_model(state: FleetState) -> Counter[str]:
+    """Model → ready replicas above its min_replicas: how many may go."""
+    ready = Counter(r.model for r in state.replicas.values() if r.state == "ready")
+    return Counter({name: ready[name] - m.spec.min_replicas for name, m in state.models.items()})
+
+
+def _shrink(
+    spec: ModelSpec,
+    state: FleetState,
+    free: FreeMap,
+    chosen: list[_Candidate],
+    placement: Placement,
+) -> list[_Candidate]:
+    """Drop members not needed, most valuable (last chosen) first; the set stays feasible."""
+    # First cut: the victims on the cards (multi-node: the whole nodes) the
+    # placement landed on; whatever else greedy freed did not contribute.
+    whole_nodes = spec.nodes > 1
+    landed = {(s.node, g) for s in placement.shards for g in s.gpus}
+    landed_nodes = {s.node for s in placement.shards}
+
+    def contributed(c: _Candidate) -> bool:
+        for shard in c.replica.shards:
+            if whole_nodes and shard.node in landed_nodes:
+                return True
+            if any((shard.node, g) in landed for g in shard.gpus):
+                return True
+        return False
+
+    kept = [c for c in chosen if contributed(c)]
+    if _place_after(spec, state, free, kept) is None:
+        kept = list(chosen)
+    for c in reversed(list(kept)):
+        trial = [k for k in kept if k is not c]
+        if _place_after(spec, state, free, trial) is not None:
+            kept = trial
+    return kept
+
+
+def _place_after(
+    spec: ModelSpec, state: FleetState, free: FreeMap, evicted: Sequence[_Candidate]
+) -> Placement | None:
+    sim = free.copy()
+    for c in evicted:
+        for shard in c.replica.shards:
+            sim.release(shard.node, shard.gpus)
+    result = place(spec, state.nodes, sim)
+    return result if isinstance(result, Placement) else None
+
+
+def _why(spec: ModelSpec, chosen: Sequence[_Candidate]) -> str:
+    victims = ", ".join(
+        f"{c.replica.id} ({c.replica.model}, priority {c.priority}, idle {int(c.idle_s)} s)"
+        for c in chosen
+    )
+    return f"to place {spec.name} (priority {spec.priority}): evicting {victims}"
