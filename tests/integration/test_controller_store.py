@@ -366,6 +366,54 @@ class TestApply:
         assert len({e.id for e in written}) == 1000
         assert elapsed < 5.0, f"apply of 1,000 replicas took {elapsed:.2f} s"
 
+    def test_loads_overlap_writes_and_see_whole_transactions(self, store: Store) -> None:
+        """Loads in other threads during writes never fail and never see half a transaction."""
+        stop = threading.Event()
+        seen: list[tuple[float | None, set[float]]] = []
+        errors: list[Exception] = []
+
+        def read() -> None:
+            while not stop.is_set():
+                try:
+                    state = store.load()
+                except Exception as exc:  # noqa: BLE001 -- asserted empty below, with the error
+                    errors.append(exc)
+                    return
+                if state.nodes:
+                    seen.append(
+                        (
+                            state.nodes["n1"].last_heartbeat_at,
+                            {r.updated_at for r in state.replicas.values()},
+                        )
+                    )
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            for n in range(1, 21):
+                at = float(n)
+                store.apply(
+                    Changes(
+                        nodes=[node(last_heartbeat_at=at)],
+                        replicas=[replica(f"r{i:03d}", updated_at=at) for i in range(200)],
+                    )
+                )
+        finally:
+            stop.set()
+            reader.join()
+        assert errors == []
+        assert seen, "the reader never saw a committed state"
+        assert all({hb} == ats for hb, ats in seen)
+
+    def test_closed_store_refuses(self, backend: Backend) -> None:
+        """After close every call raises StoreError instead of quietly reconnecting."""
+        s = backend.open()
+        s.close()
+        with pytest.raises(StoreError):
+            s.load()
+        with pytest.raises(StoreError):
+            s.apply(Changes(nodes=[node()]))
+
 
 class TestEvents:
     @pytest.fixture

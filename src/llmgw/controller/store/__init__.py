@@ -7,7 +7,12 @@ URLs:
   memory://                         nothing survives the process (tests, demos)
 
 Everything here blocks: the async controller calls it via `asyncio.to_thread`.
-See base.py for the protocols and the exception tree.
+See base.py for the protocols and the exception tree. Typical leader setup:
+
+    store = open_store(url, schema=schema)          # migrates; SchemaTooNew if too new
+    lead = open_leadership(url, schema=schema)
+    writes = FencedStore(store, lead)               # apply() raises NotLeader when not leading
+    if await asyncio.to_thread(lead.try_acquire): ...  # else serve reads, retry each tick
 """
 
 from __future__ import annotations

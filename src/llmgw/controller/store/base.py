@@ -97,7 +97,11 @@ class Leadership(Protocol):
     """Which controller may write. Exactly one holder at a time per database."""
 
     def try_acquire(self) -> bool:
-        """Try to lead without waiting; True if this process leads now (also if it already did)."""
+        """Try to lead without waiting for the lock; True if this process leads now.
+
+        True also when it already led. Raises StoreError when the database cannot
+        be reached (the caller retries on its next tick).
+        """
         ...
 
     def still_leader(self) -> bool:

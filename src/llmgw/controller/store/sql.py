@@ -54,6 +54,7 @@ class SqlStore:
     ) -> None:
         self.engine = engine
         self.describe = describe
+        self._closed = False
         self._read = engine.execution_options(**(read_options or {}))
         self._write = engine.execution_options(**(write_options or {}))
         d = engine.dialect.name
@@ -71,6 +72,10 @@ class SqlStore:
 
     @contextmanager
     def _translate(self, what: str) -> Iterator[None]:
+        if self._closed:
+            # A disposed engine would quietly open new connections; a closed
+            # store should fail like the memory store does.
+            raise StoreError(f"{what} on a closed store ({self.describe})")
         try:
             yield
         except sa.exc.SQLAlchemyError as exc:
@@ -158,6 +163,7 @@ class SqlStore:
             return tables.read_version(conn)
 
     def close(self) -> None:
+        self._closed = True
         self.engine.dispose()
 
 
