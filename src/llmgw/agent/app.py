@@ -1,0 +1,137 @@
+"""The agent's own small HTTP surface, loopback only.
+
+    GET  /healthz                    {"status": "ok"}
+    GET  /status                     service.AgentStatus (GPUs, shards, pids, controller)
+    POST /gpus/{index}/unhealthy     {"reason": "..."} → the GPU (fake inventory only)
+    POST /gpus/{index}/healthy       → the GPU (fake inventory only)
+
+The server binds 127.0.0.1; a request from any other peer is refused with 403
+all the same, so a misconfigured bind cannot expose fault injection. Fault
+routes answer 409 on real GPUs (NVML) and 404 for an unknown index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import msgspec
+from aiohttp import web
+
+from llmgw.agent.gpus.base import FaultInjectionUnsupported, UnknownGpu
+from llmgw.agent.service import Agent
+
+log = logging.getLogger(__name__)
+
+AGENT_KEY: web.AppKey[Agent] = web.AppKey("agent", Agent)
+STOP_KEY: web.AppKey[asyncio.Event] = web.AppKey("stop", asyncio.Event)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class FaultRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    reason: str = "marked unhealthy by an operator"
+
+
+def _json(obj: object, status: int = 200) -> web.Response:
+    body = msgspec.json.encode(obj)
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"error": {"message": message}}, status)
+
+
+def _is_loopback(remote: str | None) -> bool:
+    if remote is None:
+        return False
+    try:
+        return ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
+
+
+@web.middleware
+async def loopback_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if not _is_loopback(request.remote):
+        return _error(403, "the agent answers loopback clients only")
+    return await handler(request)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def status(request: web.Request) -> web.Response:
+    return _json(request.app[AGENT_KEY].status())
+
+
+def _index(request: web.Request) -> int:
+    try:
+        return int(request.match_info["index"])
+    except ValueError:
+        raise web.HTTPNotFound() from None
+
+
+async def gpu_unhealthy(request: web.Request) -> web.Response:
+    index = _index(request)
+    body = await request.read()
+    try:
+        req = msgspec.json.decode(body, type=FaultRequest) if body else FaultRequest()
+    except msgspec.DecodeError as exc:
+        return _error(400, f"bad body: {exc}")
+    return _set_fault(request.app[AGENT_KEY], index, req.reason)
+
+
+async def gpu_healthy(request: web.Request) -> web.Response:
+    return _set_fault(request.app[AGENT_KEY], _index(request), None)
+
+
+def _set_fault(agent: Agent, index: int, reason: str | None) -> web.Response:
+    try:
+        gpu = agent.inventory.set_fault(index, reason)
+    except UnknownGpu as exc:
+        return _error(404, str(exc))
+    except FaultInjectionUnsupported as exc:
+        return _error(409, str(exc))
+    return _json(gpu)
+
+
+def build_app(agent: Agent, *, stop: asyncio.Event | None = None) -> web.Application:
+    """The app; its cleanup context runs the agent's loops for as long as it serves.
+
+    If the loops die of an unexpected error, `stop` is set: an agent that no
+    longer supervises must exit (and be restarted) rather than look alive.
+    """
+    app = web.Application(middlewares=[loopback_only])
+    app[AGENT_KEY] = agent
+    app[STOP_KEY] = stop or asyncio.Event()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/status", status)
+    app.router.add_post("/gpus/{index}/unhealthy", gpu_unhealthy)
+    app.router.add_post("/gpus/{index}/healthy", gpu_healthy)
+    app.cleanup_ctx.append(_run_agent)
+    return app
+
+
+async def _run_agent(app: web.Application) -> AsyncIterator[None]:
+    agent = app[AGENT_KEY]
+    stop = app[STOP_KEY]
+    task = asyncio.create_task(agent.run(), name="agent")
+
+    def crashed(t: asyncio.Task[None]) -> None:
+        if not t.cancelled() and t.exception() is not None:
+            log.critical("agent loops died", exc_info=t.exception())
+            agent.crashed = True
+            stop.set()
+
+    task.add_done_callback(crashed)
+    yield
+    task.cancel()
+    # The loops end by cancellation; anything else they raised is re-raised here.
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await agent.close()

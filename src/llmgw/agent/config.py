@@ -1,0 +1,171 @@
+"""Agent configuration: command-line flags, optionally over a YAML file with the same keys.
+
+    llmgw agent --controller URL [--controller URL2] [--token T] --node NAME
+                (--gpus 8xH100-80G | --gpus nvml | --gpus-file F)
+                [--fabric ib0]... [--label k=v]... [--port-range 21000-21099]
+                --state-dir DIR [--address HOST] [--port P] [--interval-s 2]
+                [--log-dir DIR] [--stop-grace-s 10] [--engine-bin vllm=CMD]...
+                [--stop-engines-on-exit] [--config FILE] [--print-inventory]
+
+In the file, keys are the flag names with `_` or `-` (`state_dir:`), lists for
+repeatable flags (`controller`, `fabric`) and mappings for `label` and
+`engine_bin`. A flag given on the command line wins over the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import yaml
+
+from llmgw.agent.ports import parse_range
+from llmgw.agent.templates import parse_engine_bins
+
+
+class ConfigError(ValueError):
+    """A configuration a person must fix; the message says what and where."""
+
+
+class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # Controller base URLs; with several (an HA pair), the agent moves to the
+    # next when one is unreachable or answers 503 (a standby).
+    controller: tuple[str, ...] = ()
+    token: str | None = None
+    node: str = ""
+    # "nvml" for real GPUs, or a fake inventory such as "8xH100-80G".
+    gpus: str | None = None
+    gpus_file: str | None = None
+    fabric: tuple[str, ...] = ()
+    label: dict[str, str] = {}
+    # Inclusive engine port range, "LOW-HIGH".
+    port_range: str = "21000-21999"
+    state_dir: str = ""
+    # Where routers and peer shards reach this node's engines (sent in heartbeats).
+    address: str = ""
+    # The agent's own loopback HTTP port (status, fault injection); 0 picks one.
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    interval_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
+    # Engine logs; default <state_dir>/logs.
+    log_dir: str | None = None
+    stop_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    # Engine name → command prefix, e.g. {"vllm": "/opt/vllm/bin/vllm serve"}.
+    engine_bin: dict[str, str] = {}
+    # Stop every engine when the agent exits (`llmgw up`); by default engines
+    # outlive the agent and the next agent re-adopts them.
+    stop_engines_on_exit: bool = False
+    log_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
+    log_keep: Annotated[int, msgspec.Meta(ge=0)] = 3
+    print_inventory: bool = False
+
+    @property
+    def ports(self) -> tuple[int, int]:
+        return parse_range(self.port_range)
+
+    @property
+    def engine_log_dir(self) -> Path:
+        return Path(self.log_dir) if self.log_dir else Path(self.state_dir) / "logs"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmgw agent",
+        description="One per GPU node: discovers GPUs, runs engines, heartbeats the controller.",
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--config", help="YAML file with the same keys as these flags")
+    p.add_argument("--controller", action="append", help="controller URL (repeat for HA)")
+    p.add_argument("--token", help="bearer token for the controller")
+    p.add_argument("--node", help="this node's name")
+    p.add_argument("--gpus", help='"nvml" for real GPUs, or a fake inventory like 8xH100-80G')
+    p.add_argument("--gpus-file", help="fake inventory from a YAML/JSON file")
+    p.add_argument("--fabric", action="append", help="network fabric this node is on (repeat)")
+    p.add_argument("--label", action="append", help="k=v label (repeat)")
+    p.add_argument("--port-range", help="engine ports, LOW-HIGH (default 21000-21999)")
+    p.add_argument("--state-dir", help="where the re-adoption state file lives")
+    p.add_argument("--address", help="address engines are reached on (default: host name)")
+    p.add_argument("--port", type=int, help="the agent's own loopback HTTP port (default 0)")
+    p.add_argument("--interval-s", type=float, help="heartbeat/supervision tick (default 2)")
+    p.add_argument("--log-dir", help="engine logs (default <state-dir>/logs)")
+    p.add_argument("--stop-grace-s", type=float, help="SIGTERM→SIGKILL grace (default 10)")
+    p.add_argument("--engine-bin", action="append", help="ENGINE=COMMAND, e.g. vllm=/x/vllm serve")
+    p.add_argument(
+        "--stop-engines-on-exit",
+        action="store_true",
+        help="stop engines when the agent exits (default: leave them for re-adoption)",
+    )
+    p.add_argument(
+        "--print-inventory", action="store_true", help="print the GPU inventory and exit"
+    )
+    return p
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise ConfigError(f"--{what} {item!r}: expected KEY=VALUE")
+        out[k] = v
+    return out
+
+
+def _from_file(path: str) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"config {path}: expected a mapping of settings")
+    out = {str(k).replace("-", "_"): v for k, v in doc.items()}
+    for key in ("controller", "fabric"):
+        if isinstance(out.get(key), str):
+            out[key] = [out[key]]
+    return out
+
+
+def parse_config(argv: list[str]) -> AgentConfig:
+    """Flags over file over defaults; raises ConfigError (argparse exits on --help or bad flags)."""
+    ns = vars(_parser().parse_args(argv))
+    merged: dict[str, Any] = _from_file(ns.pop("config")) if "config" in ns else {}
+    if "label" in ns:
+        ns["label"] = _pairs(ns["label"], "label")
+    if "engine_bin" in ns:
+        ns["engine_bin"] = _pairs(ns["engine_bin"], "engine-bin")
+    merged.update(ns)
+    try:
+        cfg = msgspec.convert(merged, AgentConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"bad setting: {exc}") from exc
+    if not cfg.address:
+        cfg = msgspec.structs.replace(cfg, address=socket.gethostname())
+    _check(cfg)
+    return cfg
+
+
+def _check(cfg: AgentConfig) -> None:
+    if cfg.gpus is not None and cfg.gpus_file is not None:
+        raise ConfigError("give --gpus or --gpus-file, not both")
+    try:
+        cfg.ports  # noqa: B018  # parse now, so a bad range fails at start
+        parse_engine_bins(cfg.engine_bin)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if cfg.print_inventory:
+        return
+    missing = [
+        flag
+        for flag, value in (
+            ("--controller", cfg.controller),
+            ("--node", cfg.node),
+            ("--state-dir", cfg.state_dir),
+        )
+        if not value
+    ]
+    if missing:
+        raise ConfigError("missing " + ", ".join(missing))

@@ -1,0 +1,178 @@
+"""Heartbeats: report what is, receive what should be (DESIGN §5).
+
+`POST {controller}/v1/agents/{node}/heartbeat` with a wire.agent.Heartbeat;
+the answer's shard list is the complete desired set for this node.
+
+Losing the controller changes nothing on the node (DESIGN §1): a refused
+connection, a timeout, a 503 from a standby, any non-200 is a failed beat,
+retried after a jittered, growing delay; the desired set is only ever taken
+from an actual answer, so no engine stops because the controller is away.
+With several controller URLs, a failed beat moves to the next one.
+
+Errors:
+
+    ControllerUnavailable     no usable answer (connection, timeout, 5xx, bad body)
+    └── ControllerRejected    the controller answered 4xx (bad token, unknown route)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import aiohttp
+import msgspec
+
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+from llmgw.runtime.logs import kv
+from llmgw.wire.agent import Heartbeat, HeartbeatReply
+
+log = logging.getLogger(__name__)
+
+
+class ControllerUnavailable(Exception):
+    """No usable answer from the controller; retry later."""
+
+
+class ControllerRejected(ControllerUnavailable):
+    """The controller refused the heartbeat (4xx): likely a configuration error."""
+
+
+def backoff_delay_s(
+    failures: int,
+    *,
+    base_s: float,
+    cap_s: float,
+    rng: Callable[[], float] = random.random,
+) -> float:
+    """Seconds before the next try after `failures` failures in a row (≥ 1).
+
+    base × 2^(failures-1), capped, then scaled by a random factor in [0.5, 1):
+    a controller that comes back is not hit by every agent in the same instant.
+    """
+    raw = min(cap_s, base_s * 2.0 ** min(failures - 1, 30))
+    return raw * (0.5 + rng() / 2)
+
+
+class HeartbeatSender(Protocol):
+    @property
+    def url(self) -> str: ...
+
+    async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
+        """The answer, or ControllerUnavailable."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class ControllerClient:
+    def __init__(
+        self, urls: Sequence[str], *, node: str, token: str | None, timeout_s: float = 5.0
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one controller URL is needed")
+        self._urls = [u.rstrip("/") for u in urls]
+        self._current = 0
+        self._node = node
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def url(self) -> str:
+        return self._urls[self._current]
+
+    async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        url = f"{self.url}/v1/agents/{self._node}/heartbeat"
+        try:
+            async with self._session.post(
+                url, data=msgspec.json.encode(hb), headers=self._headers
+            ) as resp:
+                body = await resp.read()
+                status = resp.status
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self._next()
+            raise ControllerUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if status != 200:
+            self._next()
+            text = body[:300].decode(errors="replace")
+            cls = ControllerRejected if 400 <= status < 500 else ControllerUnavailable
+            raise cls(f"{url}: HTTP {status}: {text}")
+        try:
+            return msgspec.json.decode(body, type=HeartbeatReply)
+        except msgspec.DecodeError as exc:
+            raise ControllerUnavailable(f"{url}: bad reply: {exc}") from exc
+
+    def _next(self) -> None:
+        self._current = (self._current + 1) % len(self._urls)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class Heartbeater:
+    """One beat per tick; `beat()` returns how long to wait before the next."""
+
+    def __init__(
+        self,
+        *,
+        client: HeartbeatSender,
+        build: Callable[[], Heartbeat],
+        on_reply: Callable[[HeartbeatReply], None],
+        interval_s: float,
+        backoff_base_s: float = 1.0,
+        backoff_cap_s: float = 30.0,
+        rng: Callable[[], float] = random.random,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._client = client
+        self._build = build
+        self._on_reply = on_reply
+        self._interval_s = interval_s
+        self._base_s = backoff_base_s
+        self._cap_s = backoff_cap_s
+        self._rng = rng
+        self._clock = clock
+        self.failures = 0
+        # Unix seconds of the last accepted beat; None before the first.
+        self.last_ok_at: float | None = None
+        self.last_error: str | None = None
+
+    async def beat(self) -> float:
+        try:
+            reply = await self._client.heartbeat(self._build())
+        except ControllerUnavailable as exc:
+            self.failures += 1
+            self.last_error = str(exc)
+            level = logging.ERROR if isinstance(exc, ControllerRejected) else logging.WARNING
+            delay = backoff_delay_s(
+                self.failures, base_s=self._base_s, cap_s=self._cap_s, rng=self._rng
+            )
+            # Engines are untouched: only an answer changes the desired set.
+            log.log(
+                level,
+                kv("heartbeat failed", failures=self.failures, retry_s=f"{delay:.1f}", error=exc),
+            )
+            return delay
+        if self.failures:
+            log.info(kv("controller reachable again", after_failures=self.failures))
+        self.failures = 0
+        self.last_error = None
+        self.last_ok_at = self._clock.wall()
+        self._on_reply(reply)
+        # Never slower than the controller expects, nor than we were told.
+        return min(self._interval_s, reply.interval_s) if reply.interval_s > 0 else self._interval_s
+
+    async def run(self) -> None:
+        while True:
+            delay = await self.beat()
+            await asyncio.sleep(delay)

@@ -1,0 +1,109 @@
+"""`llmgw agent`: one per GPU node (DESIGN §5). See config.py for the flags.
+
+Exit codes: 0 after SIGTERM/SIGINT, 1 if the agent's loops died, 2 for a
+configuration a person must fix (bad flag, no NVIDIA driver) — always one
+line on stderr, never a traceback.
+
+On SIGTERM the agent leaves its engines running (unless
+--stop-engines-on-exit): the next agent on this node re-adopts them from the
+state file, so restarting or upgrading the agent never interrupts serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import msgspec
+
+from llmgw.agent.app import build_app
+from llmgw.agent.config import AgentConfig, ConfigError, parse_config
+from llmgw.agent.gpus import open_inventory
+from llmgw.agent.gpus.base import GpuDiscoveryError, GpuInventory
+from llmgw.agent.heartbeat import ControllerClient
+from llmgw.agent.ports import PortAllocator
+from llmgw.agent.probe import HttpHealthProbe
+from llmgw.agent.procs import PopenSpawner
+from llmgw.agent.service import Agent
+from llmgw.agent.state import StateStore
+from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.templates import parse_engine_bins
+from llmgw.runtime import logs
+from llmgw.runtime.serve import run, serve_app
+
+
+def main(argv: list[str]) -> int:
+    logs.setup()
+    try:
+        cfg = parse_config(argv)
+    except ConfigError as exc:
+        sys.stderr.write(f"llmgw agent: {exc}\n")
+        return 2
+    try:
+        inventory = open_inventory(
+            gpus=cfg.gpus,
+            gpus_file=Path(cfg.gpus_file) if cfg.gpus_file else None,
+            node=cfg.node or "local",
+        )
+    except GpuDiscoveryError as exc:
+        sys.stderr.write(f"llmgw agent: {exc}\n")
+        return 2
+    if cfg.print_inventory:
+        try:
+            print_inventory(inventory)
+        finally:
+            inventory.close()
+        return 0
+    try:
+        agent = build_agent(cfg, inventory)
+    except OSError as exc:
+        inventory.close()
+        sys.stderr.write(f"llmgw agent: {exc}\n")
+        return 2
+    return run(lambda: _serve(agent))
+
+
+def print_inventory(inventory: GpuInventory) -> None:
+    """A table for people, then the same GPUs as one JSON line (what heartbeats carry)."""
+    gpus = inventory.gpus()
+    print(f"{'idx':>3}  {'class':<14} {'memory MiB':>10}  {'health':<9} name / uuid / reason")
+    for g in gpus:
+        health = "healthy" if g.healthy else "UNHEALTHY"
+        why = f"  ({g.reason})" if g.reason else ""
+        line = f"{g.index:>3}  {g.gpu_class:<14} {g.memory_mib:>10}  {health:<9} {g.name}"
+        print(f"{line} / {g.uuid}{why}")
+    print(msgspec.json.encode({"inventory": inventory.kind, "gpus": gpus}).decode())
+
+
+def build_agent(cfg: AgentConfig, inventory: GpuInventory) -> Agent:
+    """Everything but the event loop: state dir, re-adoption, supervisor, client."""
+    state_dir = Path(cfg.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    store = StateStore(state_dir, node=cfg.node)
+    probe = HttpHealthProbe()
+    supervisor = Supervisor(
+        log_dir=cfg.engine_log_dir,
+        store=store,
+        ports=PortAllocator(*cfg.ports),
+        spawner=PopenSpawner(),
+        probe=probe,
+        commands=parse_engine_bins(cfg.engine_bin),
+        stop_grace_s=cfg.stop_grace_s,
+        log_max_bytes=cfg.log_max_bytes,
+        log_keep=cfg.log_keep,
+    )
+    # Before the first heartbeat: the first report already carries the survivors.
+    supervisor.adopt(store.load())
+    client = ControllerClient(
+        cfg.controller, node=cfg.node, token=cfg.token, timeout_s=max(2.0, cfg.interval_s * 2)
+    )
+    return Agent(config=cfg, inventory=inventory, supervisor=supervisor, client=client, probe=probe)
+
+
+async def _serve(agent: Agent) -> int:
+    stop = asyncio.Event()
+    app = build_app(agent, stop=stop)
+    # The agent's own server is loopback-only (status and fault injection).
+    await serve_app(app, host="127.0.0.1", port=agent.config.port, name="agent", stop_event=stop)
+    return 1 if agent.crashed else 0

@@ -1,0 +1,137 @@
+"""The agent: GPUs, engines and heartbeats wired together, as two loops.
+
+- supervise: every `interval_s`, poll GPU health and tick the supervisor
+  (reap exits, probe health, rotate logs, persist state);
+- heartbeat: report, and apply the answer's desired set.
+
+They run in one TaskGroup on one event loop, so the supervisor is only ever
+touched from the loop thread and needs no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+
+from llmgw.agent.config import AgentConfig
+from llmgw.agent.gpus.base import GpuInventory
+from llmgw.agent.heartbeat import Heartbeater, HeartbeatSender
+from llmgw.agent.probe import HealthProbe
+from llmgw.agent.supervisor import Supervisor
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+from llmgw.runtime.logs import kv
+from llmgw.wire.agent import GPU, Heartbeat, HeartbeatReply, ShardStatus
+
+log = logging.getLogger(__name__)
+
+
+class ControllerView(msgspec.Struct, frozen=True, kw_only=True):
+    url: str
+    # Unix seconds of the last accepted heartbeat; None before the first.
+    last_ok_at: float | None
+    consecutive_failures: int
+    last_error: str | None
+
+
+class AgentStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /status`: what this agent sees (for people and tests, not a wire contract)."""
+
+    node: str
+    address: str
+    inventory: str
+    agent_started_at: float
+    gpus: tuple[GPU, ...]
+    shards: tuple[ShardStatus, ...]
+    controller: ControllerView
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        config: AgentConfig,
+        inventory: GpuInventory,
+        supervisor: Supervisor,
+        client: HeartbeatSender,
+        probe: HealthProbe,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.config = config
+        self.inventory = inventory
+        self.supervisor = supervisor
+        self._client = client
+        self._probe = probe
+        self._clock = clock
+        self.started_at = clock.wall()
+        # Set when the loops died of an unexpected error (app.py); the process exits 1.
+        self.crashed = False
+        self.heartbeater = Heartbeater(
+            client=client,
+            build=self.heartbeat,
+            on_reply=self._on_reply,
+            interval_s=config.interval_s,
+            clock=clock,
+        )
+
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(
+            node=self.config.node,
+            address=self.config.address,
+            gpus=self.inventory.gpus(),
+            fabrics=self.config.fabric,
+            labels=dict(self.config.label),
+            shards=self.supervisor.statuses(),
+            agent_started_at=self.started_at,
+            port_range=self.config.ports,
+        )
+
+    def _on_reply(self, reply: HeartbeatReply) -> None:
+        self.supervisor.apply(reply.shards)
+
+    def status(self) -> AgentStatus:
+        hb = self.heartbeater
+        return AgentStatus(
+            node=self.config.node,
+            address=self.config.address,
+            inventory=self.inventory.kind,
+            agent_started_at=self.started_at,
+            gpus=self.inventory.gpus(),
+            shards=self.supervisor.statuses(),
+            controller=ControllerView(
+                url=self._client.url,
+                last_ok_at=hb.last_ok_at,
+                consecutive_failures=hb.failures,
+                last_error=hb.last_error,
+            ),
+        )
+
+    async def supervise_tick(self) -> None:
+        await self.inventory.refresh()
+        await self.supervisor.tick()
+
+    async def _supervise(self) -> None:
+        while True:
+            try:
+                await self.supervise_tick()
+            except OSError as exc:
+                # A full disk or an unreadable /proc entry must not end supervision:
+                # the engines still need watching. Logged and retried next tick.
+                log.error(kv("supervise tick failed", error=exc))
+            await asyncio.sleep(self.config.interval_s)
+
+    async def run(self) -> None:
+        """Both loops until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._supervise())
+            tg.create_task(self.heartbeater.run())
+
+    async def close(self) -> None:
+        """After run() ends: stop engines if configured to, then release resources."""
+        if self.config.stop_engines_on_exit:
+            log.info("stopping engines on exit")
+            await self.supervisor.stop_all()
+        await self._client.close()
+        await self._probe.close()
+        self.inventory.close()

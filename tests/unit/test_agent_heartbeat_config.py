@@ -1,0 +1,162 @@
+"""Heartbeat retry policy and the agent's configuration parsing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmgw.agent.config import ConfigError, parse_config
+from llmgw.agent.heartbeat import (
+    ControllerRejected,
+    ControllerUnavailable,
+    Heartbeater,
+    backoff_delay_s,
+)
+from llmgw.runtime.clock import ManualClock
+from llmgw.wire.agent import Heartbeat, HeartbeatReply, ShardSpec
+
+REQUIRED = ["--controller", "http://c:1", "--node", "n1", "--state-dir", "/tmp/s"]
+
+
+class TestBackoff:
+    def test_grows_and_caps(self) -> None:
+        """Delays double per failure up to the cap (jitter factor fixed at its top)."""
+        delays = [backoff_delay_s(n, base_s=1.0, cap_s=8.0, rng=lambda: 1.0) for n in range(1, 7)]
+        assert delays == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+
+    def test_jitter_spreads_within_half(self) -> None:
+        """Jitter keeps each delay between half and all of the raw delay."""
+        assert backoff_delay_s(3, base_s=1.0, cap_s=30.0, rng=lambda: 0.0) == 2.0
+        assert backoff_delay_s(3, base_s=1.0, cap_s=30.0, rng=lambda: 0.5) == 3.0
+
+
+class ScriptedClient:
+    def __init__(self, answers: list[HeartbeatReply | Exception]) -> None:
+        self.answers = answers
+        self.sent: list[Heartbeat] = []
+        self.url = "http://c:1"
+
+    async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
+        self.sent.append(hb)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def close(self) -> None:
+        pass
+
+
+def beat_of() -> Heartbeat:
+    return Heartbeat(node="n1", address="a", gpus=())
+
+
+class TestHeartbeater:
+    async def test_failures_apply_nothing(self) -> None:
+        """Unreachable or standby controllers never change the desired set; delays grow."""
+        applied: list[tuple[ShardSpec, ...]] = []
+        client = ScriptedClient(
+            [ControllerUnavailable("refused"), ControllerUnavailable("HTTP 503: not_leader")]
+        )
+        hb = Heartbeater(
+            client=client,
+            build=beat_of,
+            on_reply=lambda r: applied.append(r.shards),
+            interval_s=2.0,
+            rng=lambda: 1.0,
+            clock=ManualClock(),
+        )
+        assert await hb.beat() == 1.0
+        assert await hb.beat() == 2.0
+        assert applied == []
+        assert hb.failures == 2
+        assert hb.last_error == "HTTP 503: not_leader"
+
+    async def test_reply_is_applied_and_resets(self) -> None:
+        """An answer is applied, clears the failure count, and sets the next beat."""
+        applied: list[tuple[ShardSpec, ...]] = []
+        client = ScriptedClient(
+            [ControllerRejected("401"), HeartbeatReply(shards=(), interval_s=5)]
+        )
+        clock = ManualClock()
+        hb = Heartbeater(
+            client=client,
+            build=beat_of,
+            on_reply=lambda r: applied.append(r.shards),
+            interval_s=2.0,
+            clock=clock,
+        )
+        await hb.beat()
+        assert await hb.beat() == 2.0
+        assert applied == [()]
+        assert (hb.failures, hb.last_ok_at) == (0, clock.wall())
+
+
+class TestConfig:
+    def test_flags(self) -> None:
+        """Flags map onto the config, repeatable ones into lists and mappings."""
+        cfg = parse_config(
+            [
+                *REQUIRED,
+                "--controller",
+                "http://c:2",
+                "--gpus",
+                "8xH100-80G",
+                "--fabric",
+                "ib0",
+                "--fabric",
+                "ib1",
+                "--label",
+                "zone=a",
+                "--port-range",
+                "21000-21099",
+                "--engine-bin",
+                "vllm=/opt/vllm serve",
+                "--address",
+                "10.0.0.5",
+            ]
+        )
+        assert cfg.controller == ("http://c:1", "http://c:2")
+        assert cfg.fabric == ("ib0", "ib1")
+        assert cfg.label == {"zone": "a"}
+        assert cfg.ports == (21000, 21099)
+        assert cfg.engine_bin == {"vllm": "/opt/vllm serve"}
+        assert cfg.engine_log_dir == Path("/tmp/s/logs")
+
+    def test_file_under_flags(self, tmp_path: Path) -> None:
+        """A YAML file gives defaults; flags on the command line win."""
+        f = tmp_path / "agent.yaml"
+        f.write_text(
+            "controller: http://file:1\nnode: from-file\nstate-dir: /tmp/x\n"
+            "fabric: ib0\nlabel: {rack: r1}\ninterval_s: 0.5\n"
+        )
+        cfg = parse_config(["--config", str(f), "--node", "from-flag"])
+        assert (cfg.node, cfg.controller, cfg.fabric) == ("from-flag", ("http://file:1",), ("ib0",))
+        assert (cfg.label, cfg.interval_s) == ({"rack": "r1"}, 0.5)
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            ([], "missing --controller, --node, --state-dir"),
+            ([*REQUIRED, "--port-range", "9-1"], "port range"),
+            ([*REQUIRED, "--label", "novalue"], "KEY=VALUE"),
+            ([*REQUIRED, "--engine-bin", "tgi=x"], "unknown engine"),
+            ([*REQUIRED, "--gpus", "nvml", "--gpus-file", "f"], "not both"),
+        ],
+    )
+    def test_errors(self, args: list[str], message: str) -> None:
+        """Bad configurations are refused with a message that names the problem."""
+        with pytest.raises(ConfigError, match=message):
+            parse_config(args)
+
+    def test_unknown_file_key(self, tmp_path: Path) -> None:
+        """A misspelt key in the file is an error, not silently ignored."""
+        f = tmp_path / "agent.yaml"
+        f.write_text("nodee: x\n")
+        with pytest.raises(ConfigError, match="nodee"):
+            parse_config(["--config", str(f), *REQUIRED])
+
+    def test_print_inventory_needs_no_controller(self) -> None:
+        """--print-inventory runs without controller, node or state dir."""
+        assert parse_config(["--gpus", "1xH100-80G", "--print-inventory"]).print_inventory
