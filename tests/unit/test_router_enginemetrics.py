@@ -217,6 +217,16 @@ class TestRules:
         stats = parse(body)
         assert (stats.num_gpu_blocks, stats.kv_capacity_tokens) == (90, 190 * 16)
 
+    def test_garbled_label_set_fails_fast(self) -> None:
+        """An unterminated label set is no sample, and costs no regex backtracking."""
+        body = (
+            b"\nvllm:num_requests_running{"
+            + b'a="x",b c ' * 5000
+            + b"\nvllm:num_requests_waiting 0\n"
+        )
+        with pytest.raises(MetricsParseError, match="num_requests_running"):
+            parse(body)
+
     def test_result_is_plain_stats(self) -> None:
         """The parser returns the registry's Stats value."""
         stats = parse(b"vllm:num_requests_running 1\nvllm:num_requests_waiting 2\n")
