@@ -1,0 +1,203 @@
+"""The agent protocol, decided purely (DESIGN §5): heartbeat in → Changes, desired shards out.
+
+Desired state, not commands. The answer always lists every shard the node
+should run, keyed by (replica_id, rank); an agent starts what is missing and
+stops what is not listed. A repeated or late heartbeat therefore cannot start
+anything twice: the worst it can do is report a status the controller has
+already moved past, which is ignored (a failed or stopped replica is never
+revived by a report; restarting it makes a new replica with a new id).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from llmgw.controller.index import FleetIndex
+from llmgw.controller.lifecycle import RUNS, Batch, backoff_s, log_tail_text
+from llmgw.controller.state import FleetState, Node, Replica, Shard
+from llmgw.wire.agent import Heartbeat, ShardSpec, ShardStatus
+from llmgw.wire.models import ModelSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Backoff:
+    base_s: float
+    cap_s: float
+
+    def after(self, restarts: int) -> float:
+        return backoff_s(restarts, base_s=self.base_s, cap_s=self.cap_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Absorbed:
+    """What one heartbeat means. `batch.changes` is empty when nothing needs storing."""
+
+    batch: Batch
+    # The node as memory should hold it (fresh last_heartbeat_at) even when the
+    # store is not written: timestamps are flushed by the tick, not per heartbeat.
+    node: Node
+    node_changed: bool
+
+
+def node_from_heartbeat(hb: Heartbeat, old: Node | None, *, now: float) -> Node:
+    return Node(
+        name=hb.node,
+        address=hb.address,
+        fabrics=tuple(hb.fabrics),
+        labels=dict(hb.labels),
+        gpus=tuple(hb.gpus),
+        operator_state=old.operator_state if old is not None else "active",
+        last_heartbeat_at=now,
+        # 0.0 is the wire default: the agent did not say.
+        agent_started_at=hb.agent_started_at or None,
+        port_range=(hb.port_range[0], hb.port_range[1]),
+    )
+
+
+def absorb_heartbeat(
+    state: FleetState, index: FleetIndex, hb: Heartbeat, *, now: float, backoff: Backoff
+) -> Absorbed:
+    batch = Batch(state, now)
+    old = state.nodes.get(hb.node)
+    node = node_from_heartbeat(hb, old, now=now)
+    changed = old is None or dataclasses.replace(old, last_heartbeat_at=None) != (
+        dataclasses.replace(node, last_heartbeat_at=None)
+    )
+    if changed:
+        batch.put_node(node)
+        _node_events(batch, old, node)
+    reported = {(s.replica_id, s.rank): s for s in hb.shards}
+    for rid in sorted(index.on_node(hb.node)):
+        r = state.replicas[rid]
+        if r.state not in RUNS:
+            continue
+        shards = tuple(
+            _absorb_shard(s, reported.get((rid, s.rank))) if s.node == hb.node else s
+            for s in r.shards
+        )
+        if shards != r.shards:
+            _settle(batch, r, shards, backoff=backoff)
+    return Absorbed(batch=batch, node=node, node_changed=changed)
+
+
+def _node_events(batch: Batch, old: Node | None, new: Node) -> None:
+    if old is None:
+        gpus = len(new.gpus)
+        batch.event(
+            "node.registered", "node", new.name, f"{gpus} GPUs at {new.address}", model=None
+        )
+        return
+    if old.agent_started_at is not None and old.agent_started_at != new.agent_started_at:
+        batch.event("node.agent_restarted", "node", new.name, "agent restarted", model=None)
+    was = {g.index: g for g in old.gpus}
+    for g in new.gpus:
+        before = was.get(g.index)
+        if before is not None and before.healthy and not g.healthy:
+            why = g.reason or "no reason given"
+            batch.event("node.gpu_unhealthy", "node", new.name, f"GPU {g.index}: {why}", model=None)
+        elif before is not None and not before.healthy and g.healthy:
+            batch.event("node.gpu_healthy", "node", new.name, f"GPU {g.index} healthy", model=None)
+
+
+def _absorb_shard(shard: Shard, st: ShardStatus | None) -> Shard:
+    if st is None:
+        # The agent does not run it (it restarted without re-adopting, or never
+        # started it yet): a shard we believed up is back to pending.
+        if shard.state in ("starting", "ready"):
+            return dataclasses.replace(shard, state="pending", pid=None)
+        return shard
+    return dataclasses.replace(
+        shard,
+        state=st.state,
+        port=st.port if st.port is not None else shard.port,
+        pid=st.pid,
+        exit_code=st.exit_code,
+        log_tail=tuple(st.log_tail[-20:]),
+    )
+
+
+def _settle(batch: Batch, r: Replica, shards: tuple[Shard, ...], *, backoff: Backoff) -> None:
+    """The replica's state from its shards' (all nodes'), after one node's report."""
+    if r.state == "draining":
+        if all(s.state in ("stopped", "failed") for s in shards):
+            batch.stop(dataclasses.replace(r, shards=shards), "engine exited while draining")
+        else:
+            batch.update(r, shards=shards)
+        return
+    dead = next((s for s in shards if s.state in ("failed", "stopped")), None)
+    if dead is not None:
+        verb = "exited" if dead.state == "failed" else "stopped unexpectedly"
+        code = f" with code {dead.exit_code}" if dead.exit_code is not None else ""
+        tail = log_tail_text(dead.log_tail)
+        reason = f"rank {dead.rank} on {dead.node} {verb}{code}" + (f": {tail}" if tail else "")
+        batch.fail(
+            dataclasses.replace(r, shards=shards), reason, retry_in_s=backoff.after(r.restarts)
+        )
+        return
+    rank0 = shards[0]
+    if all(s.state == "ready" for s in shards) and rank0.port is not None:
+        node = batch.node(rank0.node)
+        address = node.address if node is not None else rank0.node
+        url = f"http://{address}:{rank0.port}"
+        if r.state != "ready":
+            batch.move(r, "ready", "all shards ready", shards=shards, endpoint_url=url)
+        else:
+            batch.update(r, shards=shards, endpoint_url=url)
+        return
+    if r.state == "ready":
+        lagging = next(s for s in shards if s.state != "ready")
+        reason = f"rank {lagging.rank} on {lagging.node} is {lagging.state} again"
+        batch.move(r, "starting", reason, shards=shards, endpoint_url=None)
+    elif r.state == "pending" and any(s.state in ("starting", "ready") for s in shards):
+        batch.move(r, "starting", "agent started the engine", shards=shards)
+    else:
+        batch.update(r, shards=shards)
+
+
+def desired_shards(
+    state: FleetState,
+    index: FleetIndex,
+    node: str,
+    *,
+    retired: Mapping[str, ModelSpec],
+) -> tuple[ShardSpec, ...]:
+    """Every shard `node` should run now, sorted by (replica_id, rank).
+
+    `retired` holds the specs of models deleted while their replicas drain, so
+    those shards keep running until they are stopped instead of vanishing.
+    """
+    out: list[ShardSpec] = []
+    for rid in index.on_node(node):
+        r = state.replicas[rid]
+        if r.state not in RUNS:
+            continue
+        model = state.models.get(r.model)
+        spec = model.spec if model is not None else retired.get(r.model)
+        if spec is None:
+            continue
+        master_addr: str | None = None
+        if len(r.shards) > 1:
+            head = state.nodes.get(r.shards[0].node)
+            master_addr = head.address if head is not None else r.shards[0].node
+        for s in r.shards:
+            if s.node != node:
+                continue
+            out.append(
+                ShardSpec(
+                    replica_id=r.id,
+                    rank=s.rank,
+                    world_size=len(r.shards),
+                    model=spec.source or spec.name,
+                    served_names=spec.served_names,
+                    engine=spec.engine,
+                    gpu_indices=s.gpus,
+                    args=spec.args,
+                    env=dict(spec.env),
+                    master_addr=master_addr,
+                    master_port=r.master_port if master_addr is not None else None,
+                )
+            )
+    out.sort(key=lambda s: (s.replica_id, s.rank))
+    return tuple(out)

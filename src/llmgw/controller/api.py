@@ -1,0 +1,385 @@
+"""HTTP routes (notes CONTROLLER_API.md): parse and validate at the edge, then call pure code.
+
+Handlers never decide anything themselves: they turn a request into values,
+call commands.py / agents.py through the Fleet (which writes the store before
+memory), and encode the answer. Every error leaves through `_errors`, in the
+OpenAI error shape (wire.errors.error_body), and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, get_args
+
+import msgspec
+from aiohttp import web
+
+from llmgw import __version__
+from llmgw.controller import commands
+from llmgw.controller.errors import ApiError, InvalidRequest, InvalidSpec, Unauthorized
+from llmgw.controller.services import Services
+from llmgw.controller.state import OperatorState
+from llmgw.controller.summary import summarize
+from llmgw.controller.views import model_view, model_views, node_views, replica_view
+from llmgw.wire.admin import DrainRequest, EventView, ReplicaState, WeightRequest
+from llmgw.wire.agent import Heartbeat
+from llmgw.wire.errors import error_body
+from llmgw.wire.models import ModelSpec, ScaleRequest
+from llmgw.wire.usage import UsageReport
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+SERVICES = web.AppKey("services", Services)
+# Routes a client may call without the token: liveness and the API's own description.
+OPEN_PATHS = frozenset({"/healthz", "/openapi.json"})
+REPLICA_STATES = frozenset(get_args(ReplicaState))
+# Known __post_init__ messages of ModelSpec → the field they are about.
+_POST_INIT_FIELDS = (("max_replicas", "max_replicas"), ("aliases", "aliases"))
+_encoder = msgspec.json.Encoder()
+
+
+def json_response(value: object, *, status: int = 200) -> web.Response:
+    return web.Response(body=_encoder.encode(value), status=status, content_type="application/json")
+
+
+def validation_param(message: str) -> str | None:
+    """The field path a msgspec validation message names (`$[1].x` → `[1].x`)."""
+    path = None
+    m = re.search(r" - at `\$(.*)`$", message)
+    if m:
+        path = m.group(1).lstrip(".")
+    f = re.search(r"field `([^`]+)`", message)
+    if f:
+        path = f"{path}.{f.group(1)}" if path else f.group(1)
+    if path is None:
+        for needle, field in _POST_INIT_FIELDS:
+            if message.startswith(needle):
+                return field
+    return path or None
+
+
+def decode(body: bytes, type_: type[T], *, what: str) -> T:
+    if not body.strip():
+        raise InvalidRequest(f"{what}: the request body is empty; a JSON object is required")
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        raise InvalidSpec(f"{what}: {msg}", param=validation_param(msg)) from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"{what}: body is not valid JSON: {exc}") from exc
+
+
+def decode_specs(body: bytes) -> list[ModelSpec]:
+    """One spec or a list of them; any invalid one refuses the whole request."""
+    try:
+        raw: Any = msgspec.json.decode(body) if body.strip() else None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"body is not valid JSON: {exc}") from exc
+    single = isinstance(raw, dict)
+    items = [raw] if single else raw
+    if not isinstance(items, list) or not items:
+        raise InvalidRequest("body must be a model spec object or a non-empty list of them")
+    specs: list[ModelSpec] = []
+    for i, item in enumerate(items):
+        where = "" if single else f"models[{i}]"
+        name = item.get("name") if isinstance(item, dict) else None
+        label = f"{where} ({name!r})" if name is not None and where else (where or repr(name))
+        if not isinstance(item, dict):
+            raise InvalidSpec(f"{where}: a model spec must be a JSON object", param=f"[{i}]")
+        try:
+            specs.append(msgspec.convert(item, ModelSpec))
+        except msgspec.ValidationError as exc:
+            msg = str(exc)
+            field = validation_param(msg)
+            param = field if single else (f"[{i}].{field}" if field else f"[{i}]")
+            raise InvalidSpec(
+                f"model spec {label}: {msg}; nothing was applied", param=param
+            ) from exc
+    return specs
+
+
+def _query_int(
+    request: web.Request, name: str, default: int | None, lo: int, hi: int
+) -> int | None:
+    text = request.query.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidRequest(
+            f"query parameter {name} must be an integer, got {text!r}", param=name
+        ) from None
+    if not lo <= value <= hi:
+        raise InvalidRequest(
+            f"query parameter {name} must be in {lo}..{hi}, got {value}", param=name
+        )
+    return value
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        services = request.app[SERVICES]
+        token = services.config.token
+        if token is not None and request.path not in OPEN_PATHS:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                raise Unauthorized(
+                    "missing or wrong bearer token" if given else "a bearer token is required"
+                )
+        return await handler(request)
+    except ApiError as exc:
+        body = error_body(exc.message, type=exc.type, param=exc.param, code=exc.code)
+        headers = {"Retry-After": "1"} if exc.status == 503 else None
+        return web.Response(
+            body=body, status=exc.status, content_type="application/json", headers=headers
+        )
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(
+            exc.status, "invalid_request_error"
+        )
+        body = error_body(f"{request.method} {request.path}: {exc.reason}", type=kind)
+        return web.Response(body=body, status=exc.status, content_type="application/json")
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        raise
+    except Exception:
+        log.exception("handler crashed path=%s", request.path)
+        body = error_body("internal error; see the controller's log", type="server_error")
+        return web.Response(body=body, status=500, content_type="application/json")
+
+
+def _svc(request: web.Request) -> Services:
+    return request.app[SERVICES]
+
+
+# -- health, agents, routers ---------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    s = _svc(request)
+    return json_response({"status": "ok", "leader": s.fleet.leading, "version": __version__})
+
+
+async def heartbeat(request: web.Request) -> web.Response:
+    s = _svc(request)
+    node = request.match_info["node"]
+    hb = decode(await request.read(), Heartbeat, what="heartbeat")
+    if hb.node != node:
+        raise InvalidRequest(
+            f"heartbeat for {hb.node!r} posted to the URL of {node!r}", param="node"
+        )
+    return json_response(await s.fleet.heartbeat(hb))
+
+
+async def endpoints(request: web.Request) -> web.Response:
+    s = _svc(request)
+    after = _query_int(request, "after", None, -(2**62), 2**62)
+    text = request.query.get("timeout_s", "30")
+    try:
+        timeout_s = min(60.0, max(0.0, float(text)))
+    except ValueError:
+        raise InvalidRequest(
+            f"timeout_s must be a number, got {text!r}", param="timeout_s"
+        ) from None
+    await s.fleet.sink.wait_changed(after, timeout_s=timeout_s)
+    return json_response(s.fleet.endpoints())
+
+
+async def usage(request: web.Request) -> web.Response:
+    # Accepted by a standby too: nothing is written, and a standby that takes
+    # over then already knows who is idle instead of starting from unknown.
+    report = decode(await request.read(), UsageReport, what="usage report")
+    _svc(request).usage.ingest(report)
+    return web.Response(status=204)
+
+
+# -- admin: reads --------------------------------------------------------------
+
+
+async def summary(request: web.Request) -> web.Response:
+    s = _svc(request)
+    now = s.clock.wall()
+    return json_response(
+        summarize(
+            s.fleet.state,
+            now=now,
+            heartbeat_timeout_s=s.config.heartbeat_timeout_s,
+            idle_for=s.idle_for(now),
+            unplaceable=s.unplaceable(),
+        )
+    )
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    s = _svc(request)
+    views = node_views(
+        s.fleet.state, now=s.clock.wall(), heartbeat_timeout_s=s.config.heartbeat_timeout_s
+    )
+    return json_response(views)
+
+
+async def get_node(request: web.Request) -> web.Response:
+    s = _svc(request)
+    node = commands.node_or_404(s.fleet.state, request.match_info["name"])
+    return json_response(s.node_view(node))
+
+
+async def list_models(request: web.Request) -> web.Response:
+    s = _svc(request)
+    return json_response(model_views(s.fleet.state, s.unplaceable()))
+
+
+async def get_model(request: web.Request) -> web.Response:
+    s = _svc(request)
+    model = commands.model_or_404(s.fleet.state, request.match_info["name"])
+    return json_response(model_view(model, s.fleet.state, s.unplaceable().get(model.name)))
+
+
+async def list_replicas(request: web.Request) -> web.Response:
+    s = _svc(request)
+    model = request.query.get("model") or None
+    state = request.query.get("state") or None
+    if state is not None and state not in REPLICA_STATES:
+        allowed = ", ".join(sorted(REPLICA_STATES))
+        raise InvalidRequest(f"state must be one of {allowed}; got {state!r}", param="state")
+    fleet = s.fleet
+    ids = fleet.index.of_model(model) if model is not None else fleet.state.replicas.keys()
+    idle_for = s.idle_for(s.clock.wall())
+    out = []
+    for rid in sorted(ids):
+        r = fleet.state.replicas[rid]
+        if state is None or r.state == state:
+            out.append(replica_view(r, idle_for))
+    return json_response(out)
+
+
+async def get_replica(request: web.Request) -> web.Response:
+    s = _svc(request)
+    r = commands.replica_or_404(s.fleet.state, request.match_info["id"])
+    return json_response(replica_view(r, s.idle_for(s.clock.wall())))
+
+
+async def events(request: web.Request) -> web.Response:
+    s = _svc(request)
+    limit = _query_int(request, "limit", 200, 1, 10_000) or 200
+    q = request.query
+    found = await s.events(
+        model=q.get("model") or None,
+        replica=q.get("replica") or None,
+        node=q.get("node") or None,
+        limit=limit,
+    )
+    views = [
+        EventView(
+            id=e.id,
+            at=e.at,
+            kind=e.kind,
+            subject=e.subject,
+            subject_id=e.subject_id,
+            model=e.model,
+            message=e.message,
+        )
+        for e in found
+    ]
+    return json_response(views)
+
+
+# -- admin: commands -----------------------------------------------------------
+
+
+def _node_command(to: OperatorState) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        s = _svc(request)
+        name = request.match_info["name"]
+        grace_s: float | None = None
+        if to == "draining":
+            body = await request.read()
+            req = (
+                decode(body, DrainRequest, what="drain request") if body.strip() else DrainRequest()
+            )
+            if req.grace_s < 0:
+                raise InvalidSpec("grace_s must not be negative", param="grace_s")
+            grace_s = req.grace_s
+        node = await s.operator_state(name, to, grace_s=grace_s)
+        return json_response(s.node_view(node))
+
+    return handler
+
+
+async def apply_models(request: web.Request) -> web.Response:
+    s = _svc(request)
+    specs = decode_specs(await request.read())
+    models = await s.apply_models(specs)
+    return json_response(
+        [model_view(m, s.fleet.state, s.unplaceable().get(m.name)) for m in models]
+    )
+
+
+async def delete_model(request: web.Request) -> web.Response:
+    s = _svc(request)
+    name = request.match_info["name"]
+    await s.delete_model(name)
+    return json_response({"deleted": name})
+
+
+async def scale_model(request: web.Request) -> web.Response:
+    s = _svc(request)
+    name = request.match_info["name"]
+    req = decode(await request.read(), ScaleRequest, what="scale request")
+    model = await s.scale_model(name, req)
+    return json_response(model_view(model, s.fleet.state, s.unplaceable().get(model.name)))
+
+
+async def set_weight(request: web.Request) -> web.Response:
+    s = _svc(request)
+    rid = request.match_info["id"]
+    req = decode(await request.read(), WeightRequest, what="weight request")
+    r = await s.set_weight(rid, req.weight)
+    return json_response(replica_view(r, s.idle_for(s.clock.wall())))
+
+
+async def openapi(request: web.Request) -> web.Response:
+    from llmgw.controller.openapi import document
+
+    return web.Response(body=document(), content_type="application/json")
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get("/healthz", healthz),
+        web.get("/openapi.json", openapi),
+        web.post("/v1/agents/{node}/heartbeat", heartbeat),
+        web.get("/v1/endpoints", endpoints),
+        web.post("/v1/usage", usage),
+        web.get("/admin/summary", summary),
+        web.get("/admin/nodes", list_nodes),
+        web.get("/admin/nodes/{name}", get_node),
+        web.post("/admin/nodes/{name}/cordon", _node_command("cordoned")),
+        web.post("/admin/nodes/{name}/uncordon", _node_command("active")),
+        web.post("/admin/nodes/{name}/drain", _node_command("draining")),
+        web.get("/admin/models", list_models),
+        web.post("/admin/models", apply_models),
+        # Model names may hold "/" (e.g. "meta-llama/Llama-3.1-8B"); scale is matched first.
+        web.post("/admin/models/{name:.+}/scale", scale_model),
+        web.get("/admin/models/{name:.+}", get_model),
+        web.delete("/admin/models/{name:.+}", delete_model),
+        web.get("/admin/replicas", list_replicas),
+        web.get("/admin/replicas/{id}", get_replica),
+        web.post("/admin/replicas/{id}/weight", set_weight),
+        web.get("/admin/events", events),
+    ]
+
+
+def middlewares() -> list[Callable[..., Any]]:
+    return [_errors]

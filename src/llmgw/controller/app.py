@@ -1,0 +1,78 @@
+"""The controller's aiohttp application, built apart from its runner (runtime.serve).
+
+`build_app(config)` opens the store and the leadership lock, wires Fleet,
+IdleTracker, Services and the control loop, and registers the routes. On
+startup it runs the first leadership check before the ready line is printed,
+so the first request already sees the stored fleet; the loop then runs as one
+task that cleanup cancels and awaits (no orphan task), after which the lock is
+released and the store closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from llmgw.controller import api
+from llmgw.controller.config import ControllerConfig
+from llmgw.controller.fleet import Fleet
+from llmgw.controller.idle import IdleTracker
+from llmgw.controller.leader import ControlLoop
+from llmgw.controller.services import Services
+from llmgw.controller.store import FencedStore, Leadership, Store, open_leadership, open_store
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+
+log = logging.getLogger(__name__)
+
+LOOP = web.AppKey("control_loop", ControlLoop)
+
+
+async def open_backends(config: ControllerConfig) -> tuple[Store, Leadership]:
+    """Open the store (creating and migrating it) and its leadership lock; both block."""
+    store = await asyncio.to_thread(open_store, config.database, schema=config.schema)
+    leadership = open_leadership(config.database, schema=config.schema)
+    return store, leadership
+
+
+def build_app(
+    config: ControllerConfig,
+    store: Store,
+    leadership: Leadership,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+) -> web.Application:
+    # Every write re-checks leadership first: a leader whose lock went away
+    # between two ticks cannot write over its successor.
+    fleet = Fleet(FencedStore(store, leadership), clock=clock, config=config)
+    usage = IdleTracker(clock=clock)
+    loop = ControlLoop(fleet, leadership, usage, clock=clock, config=config)
+    services = Services(fleet, usage, config=config, clock=clock)
+
+    app = web.Application(middlewares=api.middlewares(), client_max_size=16 * 1024 * 1024)
+    app[api.SERVICES] = services
+    app[LOOP] = loop
+    app.add_routes(api.routes())
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await loop.check_leadership()
+        task = asyncio.create_task(loop.run(), name="controller-loop")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await asyncio.to_thread(leadership.release)
+            await asyncio.to_thread(store.close)
+
+    async def wake_long_polls(app: web.Application) -> None:
+        # Held long-polls would otherwise keep shutdown waiting up to a minute.
+        fleet.sink.release_waiters()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.on_shutdown.append(wake_long_polls)
+    return app

@@ -1,0 +1,167 @@
+"""Operator commands (DESIGN §3.6), decided purely: (state, input, now) → Batch, or an ApiError.
+
+Validation happens here, before anything is written: a command either yields
+one Batch that the store applies in one transaction, or raises and changes
+nothing. A command that would change nothing yields an empty Batch (applying
+the same spec twice is not an event).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import msgspec
+
+from llmgw.controller.errors import Conflict, InvalidRequest, InvalidSpec, NotFound
+from llmgw.controller.index import FleetIndex
+from llmgw.controller.lifecycle import LIVE, Batch
+from llmgw.controller.state import FleetState, Model, Node, OperatorState, Replica
+from llmgw.wire.models import ModelSpec, ScaleRequest
+
+# Spec fields an operator may change on a running model without restarting its
+# engines; any other change rolls the replicas over (make-before-break).
+LIVE_FIELDS = frozenset({"min_replicas", "max_replicas", "idle_timeout_s", "priority"})
+
+
+def node_or_404(state: FleetState, name: str) -> Node:
+    node = state.nodes.get(name)
+    if node is None:
+        raise NotFound(f"no node named {name!r}", param="name")
+    return node
+
+
+def model_or_404(state: FleetState, name: str) -> Model:
+    model = state.models.get(name)
+    if model is None:
+        raise NotFound(f"no model named {name!r}", param="name")
+    return model
+
+
+def replica_or_404(state: FleetState, rid: str) -> Replica:
+    r = state.replicas.get(rid)
+    if r is None:
+        raise NotFound(f"no replica with id {rid!r}", param="id")
+    return r
+
+
+def set_operator_state(state: FleetState, name: str, to: OperatorState, *, now: float) -> Batch:
+    """cordon / uncordon / drain: the operator's intent for a node."""
+    node = node_or_404(state, name)
+    batch = Batch(state, now)
+    if node.operator_state != to:
+        batch.put_node(dataclasses.replace(node, operator_state=to))
+        kind = {"active": "node.uncordoned", "cordoned": "node.cordoned"}.get(to, "node.draining")
+        msg = {
+            "active": "uncordoned: placeable again",
+            "cordoned": "cordoned: nothing new is placed here",
+            "draining": "draining: replicas move elsewhere (make-before-break), then it is empty",
+        }[to]
+        batch.event(kind, "node", name, f"{msg} (was {node.operator_state})", model=None)
+    return batch
+
+
+def apply_models(state: FleetState, specs: list[ModelSpec], *, now: float) -> Batch:
+    """Create or update every spec, or none of them (a name clash anywhere refuses all)."""
+    seen: dict[str, str] = {}
+    for i, spec in enumerate(specs):
+        for n in spec.served_names:
+            if n in seen:
+                raise InvalidSpec(
+                    f"models[{i}] ({spec.name!r}): name {n!r} is also used by {seen[n]!r} "
+                    "in the same request",
+                    param=f"[{i}].name",
+                )
+            seen[n] = spec.name
+    applied = {s.name for s in specs}
+    for m in state.models.values():
+        if m.name in applied:
+            continue
+        for n in m.spec.served_names:
+            if n in seen:
+                raise Conflict(
+                    f"name {n!r} of model {seen[n]!r} is already served by model {m.name!r}",
+                    param="aliases" if n != seen[n] else "name",
+                )
+    batch = Batch(state, now)
+    for spec in specs:
+        old = state.models.get(spec.name)
+        if old is None:
+            batch.put_model(
+                Model(spec=spec, created_at=now, updated_at=now, desired_replicas=spec.min_replicas)
+            )
+            msg = f"applied: {spec.engine}, {spec.gpus_per_node}×{'/'.join(spec.gpu_classes)}"
+            msg += f" × {spec.nodes} node(s), replicas {spec.min_replicas}..{spec.max_replicas}"
+            batch.event("model.applied", "model", spec.name, msg, model=spec.name)
+            continue
+        if old.spec == spec:
+            continue
+        changed = sorted(
+            f.name
+            for f in msgspec.structs.fields(ModelSpec)
+            if getattr(old.spec, f.name) != getattr(spec, f.name)
+        )
+        restart = any(f not in LIVE_FIELDS for f in changed)
+        desired = min(max(old.desired_replicas, spec.min_replicas), spec.max_replicas)
+        batch.put_model(
+            dataclasses.replace(
+                old,
+                spec=spec,
+                # updated_at marks a change the engines must be restarted for:
+                # replicas created before it are rolled over.
+                updated_at=now if restart else old.updated_at,
+                desired_replicas=desired,
+            )
+        )
+        how = "; replicas roll over" if restart else ""
+        msg = f"updated {', '.join(changed)}{how}"
+        batch.event("model.updated", "model", spec.name, msg, model=spec.name)
+    return batch
+
+
+def delete_model(
+    state: FleetState, index: FleetIndex, name: str, *, now: float, grace_s: float
+) -> Batch:
+    model_or_404(state, name)
+    batch = Batch(state, now)
+    batch.changes.deleted_models.append(name)
+    n = 0
+    for rid in sorted(index.of_model(name)):
+        r = state.replicas[rid]
+        if r.state in LIVE:
+            batch.drain(r, f"model {name} deleted", grace_s=grace_s)
+            n += 1
+    batch.event("model.deleted", "model", name, f"deleted; {n} replica(s) drain", model=name)
+    return batch
+
+
+def scale_model(state: FleetState, name: str, req: ScaleRequest, *, now: float) -> Batch:
+    model = model_or_404(state, name)
+    spec = model.spec
+    lo = spec.min_replicas if isinstance(req.min_replicas, msgspec.UnsetType) else req.min_replicas
+    hi = spec.max_replicas if isinstance(req.max_replicas, msgspec.UnsetType) else req.max_replicas
+    if hi < lo:
+        raise InvalidRequest(
+            f"max_replicas ({hi}) would be below min_replicas ({lo})", param="max_replicas"
+        )
+    batch = Batch(state, now)
+    if (lo, hi) == (spec.min_replicas, spec.max_replicas):
+        return batch
+    new = msgspec.structs.replace(spec, min_replicas=lo, max_replicas=hi)
+    desired = min(max(model.desired_replicas, lo), hi)
+    batch.put_model(dataclasses.replace(model, spec=new, desired_replicas=desired))
+    msg = f"replicas {spec.min_replicas}..{spec.max_replicas} → {lo}..{hi} (desired {desired})"
+    batch.event("model.scaled", "model", name, msg, model=name)
+    return batch
+
+
+def set_weight(state: FleetState, rid: str, weight: float, *, now: float) -> Batch:
+    r = replica_or_404(state, rid)
+    if not math.isfinite(weight) or weight <= 0:
+        raise InvalidSpec(f"weight must be a positive number, got {weight}", param="weight")
+    batch = Batch(state, now)
+    if r.weight != weight:
+        batch.update(r, weight=weight)
+        msg = f"capacity weight {r.weight:g} → {weight:g}"
+        batch.event("replica.weight", "replica", rid, msg, model=r.model)
+    return batch

@@ -1,0 +1,109 @@
+"""The controller's options: one frozen value built from the command line.
+
+Every duration is in seconds and says what it bounds. Defaults are for a real
+fleet; tests pass short ones through the same flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+DEFAULT_DATABASE = "sqlite:///./.llmgw/controller.db"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControllerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    database: str = DEFAULT_DATABASE
+    # PostgreSQL schema holding the tables (tests use a fresh one each); None = default.
+    schema: str | None = None
+    # Bearer token every route but /healthz and /openapi.json requires; None = open.
+    token: str | None = None
+    # How often the reconcile loop runs (and leadership is checked).
+    tick_s: float = 1.0
+    # A node with no heartbeat for this long is shown unreachable (§3.1).
+    heartbeat_timeout_s: float = 10.0
+    # What agents are told to use between heartbeats.
+    heartbeat_interval_s: float = 2.0
+    # An unreachable node's replicas are failed and re-placed only after this much
+    # more: a network blip must not reshuffle a fleet that is still serving.
+    unreachable_grace_s: float = 30.0
+    # A replica pending or starting longer than this is failed, not left starting.
+    starting_deadline_s: float = 300.0
+    # A draining replica is stopped when its in-flight requests finish, or after this.
+    drain_grace_s: float = 30.0
+    # Failed replicas restart after base × 2^restarts seconds, at most the cap.
+    restart_backoff_s: float = 5.0
+    restart_backoff_max_s: float = 300.0
+    # Autoscaling: requests in flight (plus held) one replica is sized for.
+    target_inflight_per_replica: float = 16.0
+    # Autoscaling never scales a model down sooner than this after its last change,
+    # so a load that oscillates around a boundary does not flap replicas.
+    scale_down_cooldown_s: float = 300.0
+    # Heartbeat timestamps live in memory and reach the store at most this often
+    # per node (a heartbeat that changes nothing else writes nothing). None: half
+    # the heartbeat timeout, so a standby reading the store sees nodes as ready.
+    heartbeat_flush_s: float | None = None
+    # A standby controller reloads the store this often to serve fresh reads.
+    standby_reload_s: float = 2.0
+    # Stopped replicas are forgotten this long after they stopped (events remain).
+    stopped_retention_s: float = 3600.0
+    # Long-polls of /v1/endpoints held at once; more are refused with 503.
+    max_long_polls: int = 4096
+    # Seconds in-flight HTTP requests get to finish on SIGTERM.
+    shutdown_grace_s: float = 5.0
+
+    @property
+    def flush_s(self) -> float:
+        if self.heartbeat_flush_s is not None:
+            return self.heartbeat_flush_s
+        return self.heartbeat_timeout_s / 2
+
+
+def parse_args(argv: list[str]) -> ControllerConfig:
+    """`llmgw controller …` flags → ControllerConfig (argparse exits 2 on bad flags)."""
+    d = ControllerConfig()
+    p = argparse.ArgumentParser(
+        prog="llmgw controller", description="fleet state, placement and reconcile"
+    )
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=8081)
+    p.add_argument(
+        "--database", default=d.database, help="sqlite:///… | postgresql://… | memory://"
+    )
+    p.add_argument("--schema", default=None, help="PostgreSQL schema for the tables")
+    p.add_argument("--token", default=None, help="bearer token for every API route")
+    floats = {
+        "tick-s": d.tick_s,
+        "heartbeat-timeout-s": d.heartbeat_timeout_s,
+        "heartbeat-interval-s": d.heartbeat_interval_s,
+        "unreachable-grace-s": d.unreachable_grace_s,
+        "starting-deadline-s": d.starting_deadline_s,
+        "drain-grace-s": d.drain_grace_s,
+        "restart-backoff-s": d.restart_backoff_s,
+        "restart-backoff-max-s": d.restart_backoff_max_s,
+        "target-inflight-per-replica": d.target_inflight_per_replica,
+        "scale-down-cooldown-s": d.scale_down_cooldown_s,
+        "standby-reload-s": d.standby_reload_s,
+        "stopped-retention-s": d.stopped_retention_s,
+        "shutdown-grace-s": d.shutdown_grace_s,
+    }
+    for flag, default in floats.items():
+        p.add_argument(f"--{flag}", type=float, default=default)
+    p.add_argument("--heartbeat-flush-s", type=float, default=None)
+    p.add_argument("--max-long-polls", type=int, default=d.max_long_polls)
+    a = p.parse_args(argv)
+    if a.tick_s <= 0 or a.heartbeat_timeout_s <= 0:
+        p.error("--tick-s and --heartbeat-timeout-s must be positive")
+    return ControllerConfig(
+        host=a.host,
+        port=a.port,
+        database=a.database,
+        schema=a.schema,
+        token=a.token or None,
+        heartbeat_flush_s=a.heartbeat_flush_s,
+        max_long_polls=a.max_long_polls,
+        **{flag.replace("-", "_"): getattr(a, flag.replace("-", "_")) for flag in floats},
+    )

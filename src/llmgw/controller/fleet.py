@@ -1,0 +1,194 @@
+"""The leader's authoritative fleet: in memory, written through the store first (DESIGN §3.1).
+
+All I/O for the fleet state goes through here. Invariants:
+- a change reaches memory only after the store has committed it, so a failed
+  write leaves memory and database as they were (the caller gets a 503);
+- every read-decide-write runs under `lock`, so a command, a heartbeat and a
+  tick never decide from the same state and then overwrite each other;
+- only a leader writes; a standby keeps a copy it reloads from the store.
+
+Heartbeat timestamps are the exception to write-through: a heartbeat that
+changes nothing else updates memory only, and the tick flushes each node's
+timestamp at most every `config.flush_s`. Storing every heartbeat would cost
+one transaction per node per interval (1,000/s on 2,000 nodes) to record the
+one fact that matters only after a restart, and after a restart every node
+gets a grace counted from the new leader's start anyway (reconcile.silent_for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from llmgw.controller.agents import Backoff, absorb_heartbeat, desired_shards
+from llmgw.controller.config import ControllerConfig
+from llmgw.controller.errors import NotLeading, StoreUnavailable
+from llmgw.controller.index import FleetIndex
+from llmgw.controller.memory import Memory
+from llmgw.controller.sink import EndpointSink, endpoint_info, endpoint_list
+from llmgw.controller.state import Changes, Event, FleetState, Node, Replica
+from llmgw.controller.store import Store, StoreError
+from llmgw.runtime.clock import Clock
+from llmgw.runtime.logs import kv
+from llmgw.wire.agent import Heartbeat, HeartbeatReply
+from llmgw.wire.endpoints import EndpointInfo, EndpointList
+from llmgw.wire.models import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+class Fleet:
+    def __init__(self, store: Store, *, clock: Clock, config: ControllerConfig) -> None:
+        self.store = store
+        self.clock = clock
+        self.config = config
+        self.state = FleetState()
+        self.index = FleetIndex()
+        self.lock = asyncio.Lock()
+        self.leading = False
+        # What the reconcile loop remembers; a fresh one each leadership term.
+        self.memory = Memory(leader_since=clock.wall())
+        self.sink = EndpointSink(
+            start_version=int(clock.wall() * 1000), max_waiters=config.max_long_polls
+        )
+        # Specs of models deleted while their replicas drain: the heartbeat answer
+        # still needs them to describe those shards.
+        self.retired: dict[str, ModelSpec] = {}
+        # Node → last_heartbeat_at the store holds (flush bookkeeping).
+        self._stored_heartbeat: dict[str, float | None] = {}
+        self._unflushed: set[str] = set()
+        self.backoff = Backoff(base_s=config.restart_backoff_s, cap_s=config.restart_backoff_max_s)
+
+    # -- leadership ----------------------------------------------------------
+
+    def require_leader(self) -> None:
+        if not self.leading:
+            raise NotLeading("this controller is a standby; retry against the leader")
+
+    async def load(self) -> None:
+        """Replace memory with what the store holds (takeover, or a standby's refresh)."""
+        try:
+            state = await asyncio.to_thread(self.store.load)
+        except StoreError as exc:
+            raise StoreUnavailable(f"cannot read the store: {exc}") from exc
+        before = self.endpoints()
+        self.state = state
+        self.index = FleetIndex.build(state)
+        self._stored_heartbeat = {n.name: n.last_heartbeat_at for n in state.nodes.values()}
+        self._unflushed.clear()
+        after = endpoint_list(state, self.index, version=self.sink.version)
+        if after.endpoints != before.endpoints or after.models != before.models:
+            self.sink.bump()
+
+    def begin_term(self) -> None:
+        self.leading = True
+        self.memory = Memory(leader_since=self.clock.wall())
+
+    def end_term(self) -> None:
+        self.leading = False
+
+    # -- writes --------------------------------------------------------------
+
+    async def commit(self, changes: Changes) -> list[Event]:
+        """Store `changes` in one transaction, then mirror them in memory.
+
+        The caller holds `lock` and decided `changes` from the current memory.
+        The write runs in its own task: should the caller be cancelled while the
+        database works, the transaction may still commit, and memory must then
+        follow it rather than silently diverge from the store.
+        """
+        self.require_leader()
+        if not changes:
+            return []
+        task = asyncio.create_task(self._write(changes))
+        return await asyncio.shield(task)
+
+    async def _write(self, changes: Changes) -> list[Event]:
+        try:
+            events = await asyncio.to_thread(self.store.apply, changes)
+        except StoreError as exc:
+            log.warning(kv("store write failed", error=exc))
+            raise StoreUnavailable(
+                f"the store refused the change; nothing was applied: {exc}"
+            ) from exc
+        self._mirror(changes)
+        return events
+
+    def _mirror(self, changes: Changes) -> None:
+        s = self.state
+        bump = bool(changes.models or changes.deleted_models)
+        for n in changes.nodes:
+            s.nodes[n.name] = n
+            self._stored_heartbeat[n.name] = n.last_heartbeat_at
+        for m in changes.models:
+            s.models[m.name] = m
+            self.retired.pop(m.name, None)
+        for r in changes.replicas:
+            old = s.replicas.get(r.id)
+            s.replicas[r.id] = r
+            self.index.put(old, r)
+            if not bump and _listed(old, s) != _listed(r, s):
+                bump = True
+        for name in changes.deleted_nodes:
+            s.nodes.pop(name, None)
+            self._stored_heartbeat.pop(name, None)
+        for name in changes.deleted_models:
+            gone = s.models.pop(name, None)
+            if gone is not None and self.index.of_model(name):
+                self.retired[name] = gone.spec
+        for rid in changes.deleted_replicas:
+            old = s.replicas.pop(rid, None)
+            self.index.put(old, None)
+            bump = bump or (old is not None and old.state == "ready")
+        for name in list(self.retired):
+            if not self.index.of_model(name):
+                del self.retired[name]
+        if bump:
+            self.sink.bump()
+
+    # -- agents --------------------------------------------------------------
+
+    async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
+        self.require_leader()
+        async with self.lock:
+            now = self.clock.wall()
+            absorbed = absorb_heartbeat(self.state, self.index, hb, now=now, backoff=self.backoff)
+            await self.commit(absorbed.batch.changes)
+            if not absorbed.node_changed:
+                # Memory only; the tick flushes it (see the module docstring).
+                self.state.nodes[hb.node] = absorbed.node
+                self._unflushed.add(hb.node)
+            shards = desired_shards(self.state, self.index, hb.node, retired=self.retired)
+        return HeartbeatReply(shards=shards, interval_s=self.config.heartbeat_interval_s)
+
+    def heartbeats_to_flush(self, *, now: float) -> list[Node]:
+        """Nodes whose stored heartbeat is older than the flush interval (for the tick's write)."""
+        out: list[Node] = []
+        for name in sorted(self._unflushed):
+            node = self.state.nodes.get(name)
+            if node is None:
+                continue
+            stored = self._stored_heartbeat.get(name)
+            if stored is None or now - stored >= self.config.flush_s:
+                out.append(node)
+        return out
+
+    def flushed(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._unflushed.discard(name)
+
+    # -- reads ---------------------------------------------------------------
+
+    def endpoints(self) -> EndpointList:
+        return self.sink.current(
+            lambda version: endpoint_list(self.state, self.index, version=version)
+        )
+
+
+def _listed(r: Replica | None, state: FleetState) -> EndpointInfo | None:
+    """What a replica contributes to the endpoint list (None when it is not in it)."""
+    if r is None:
+        return None
+    model = state.models.get(r.model)
+    return endpoint_info(r, model) if model is not None else None

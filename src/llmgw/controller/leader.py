@@ -1,0 +1,132 @@
+"""The control loop: leadership first, then one reconcile tick (DESIGN §3.1, §3.4).
+
+Once a tick:
+- a leader checks it still holds the lock; if not, it stops acting at once
+  (becomes a standby) rather than write over a successor;
+- a standby tries to take the lock; when it wins it reloads everything from
+  the store before acting, since the old leader may have written up to its
+  last moment; otherwise it reloads every `standby_reload_s` to serve reads;
+- a leader then plans the tick (reconcile.py, pure) and commits the plan in
+  one transaction, together with the heartbeat timestamps due for flushing.
+
+A failed tick (database unreachable) is logged and retried next tick from the
+unchanged state: nothing of it was applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from llmgw.controller.config import ControllerConfig
+from llmgw.controller.errors import StoreUnavailable
+from llmgw.controller.fleet import Fleet
+from llmgw.controller.idle import IdleTracker
+from llmgw.controller.lifecycle import Batch
+from llmgw.controller.reconcile import plan_tick
+from llmgw.controller.store import Leadership, StoreError
+from llmgw.runtime.clock import Clock
+from llmgw.runtime.logs import kv
+
+log = logging.getLogger(__name__)
+
+
+class ControlLoop:
+    def __init__(
+        self,
+        fleet: Fleet,
+        leadership: Leadership,
+        usage: IdleTracker,
+        *,
+        clock: Clock,
+        config: ControllerConfig,
+    ) -> None:
+        self.fleet = fleet
+        self.leadership = leadership
+        self.usage = usage
+        self.clock = clock
+        self.config = config
+        self._last_reload = -float("inf")
+        self.ticks = 0
+
+    async def tick(self) -> None:
+        await self.check_leadership()
+        if self.fleet.leading:
+            await self.reconcile()
+        self.ticks += 1
+
+    async def run(self) -> None:
+        """Tick every `tick_s` until cancelled; a tick that fails is retried, never fatal."""
+        while True:
+            started = self.clock.monotonic()
+            try:
+                await self.tick()
+            except StoreUnavailable as exc:
+                log.warning(kv("tick failed", error=exc.message))
+            except Exception:
+                log.exception("tick crashed")
+            elapsed = self.clock.monotonic() - started
+            await asyncio.sleep(max(0.0, self.config.tick_s - elapsed))
+
+    async def check_leadership(self) -> None:
+        fleet = self.fleet
+        if fleet.leading:
+            try:
+                held = await asyncio.to_thread(self.leadership.still_leader)
+            except StoreError:
+                held = False
+            if not held:
+                fleet.end_term()
+                log.warning("leadership lost; standing by")
+            return
+        try:
+            won = await asyncio.to_thread(self.leadership.try_acquire)
+        except StoreError as exc:
+            log.warning(kv("leadership check failed", error=exc))
+            won = False
+        if won:
+            await self._take_over()
+            return
+        now = self.clock.monotonic()
+        if now - self._last_reload >= self.config.standby_reload_s:
+            self._last_reload = now
+            await fleet.load()
+
+    async def _take_over(self) -> None:
+        fleet = self.fleet
+        async with fleet.lock:
+            try:
+                await fleet.load()
+            except StoreUnavailable:
+                # Leading without the latest state would undo the old leader's
+                # last writes: let go and try again next tick.
+                await asyncio.to_thread(self.leadership.release)
+                raise
+            fleet.begin_term()
+            batch = Batch(fleet.state, self.clock.wall())
+            batch.event(
+                "controller.leader",
+                "controller",
+                "controller",
+                f"leading: {len(fleet.state.nodes)} nodes, {len(fleet.state.models)} models, "
+                f"{len(fleet.state.replicas)} replicas loaded",
+                model=None,
+            )
+            await fleet.commit(batch.changes)
+        log.info(kv("leading", nodes=len(fleet.state.nodes), models=len(fleet.state.models)))
+
+    async def reconcile(self) -> None:
+        fleet = self.fleet
+        async with fleet.lock:
+            now = self.clock.wall()
+            plan = plan_tick(
+                fleet.state, fleet.index, self.usage, fleet.memory, now=now, config=self.config
+            )
+            flush = fleet.heartbeats_to_flush(now=now)
+            # Flushed timestamps first: a node the plan itself changes wins (last by key).
+            plan.changes.nodes[:0] = flush
+            await fleet.commit(plan.changes)
+            fleet.flushed(n.name for n in flush)
+            fleet.memory = plan.memory
+        for rid in plan.forgotten:
+            self.usage.forget(rid)

@@ -1,0 +1,221 @@
+"""Per-model reconcile decisions (DESIGN §3.4): how many, which to drain, what to place.
+
+Counting rules, because they decide everything else:
+- a model's replicas are its live ones: pending, starting, ready, and failed
+  ones waiting out their backoff (a restart refills the same slot, so a failed
+  replica is not "missing" — placing another would defeat the backoff);
+- a make-before-break pair (a replacement and the ready replica it replaces)
+  counts once: the old one serves until the new one is ready, then drains.
+
+A replica moves (make-before-break) when its node is draining or its spec
+changed since it was placed (`created_at < model.updated_at`; rolling, one at
+a time per model). Surplus is drained cheapest first: failed, pending,
+starting, then ready ones by how long they have been idle — known idle first,
+longest first; unknown idleness last, since "no router has said" is not "idle".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+from llmgw.controller.config import ControllerConfig
+from llmgw.controller.idle import IdleTracker, ModelLoadSum
+from llmgw.controller.index import FleetIndex
+from llmgw.controller.lifecycle import LIVE, Batch
+from llmgw.controller.memory import Memory
+from llmgw.controller.placing import Request, place_requests
+from llmgw.controller.state import Model, Replica
+
+# Cheapest to drop first (ready replicas then sort by idleness).
+_DROP_ORDER = {"failed": 0, "pending": 1, "starting": 2, "ready": 3}
+
+
+def desired_count(
+    *,
+    min_replicas: int,
+    max_replicas: int,
+    current: int,
+    demand: int,
+    busy: int | None,
+    target_per_replica: float,
+    cooling: bool,
+) -> int:
+    """Replicas a model should have now.
+
+    `busy` is in-flight plus held requests the routers report; None when no
+    router has reported this model — unknown load never scales anything down.
+    Held requests mean at least one replica (scale from zero, §2.8). Scaling up
+    is immediate; scaling down waits out the cool-down (`cooling`).
+    """
+    want = min_replicas
+    if demand > 0:
+        want = max(want, 1)
+    # Unknown load keeps what there is; a known one sizes the model.
+    by_load = current if busy is None else math.ceil(busy / target_per_replica)
+    want = max(want, by_load)
+    if want < current and cooling:
+        want = current
+    return min(max(want, min_replicas), max_replicas)
+
+
+def plan_models(
+    batch: Batch, index: FleetIndex, usage: IdleTracker, mem: Memory, cfg: ControllerConfig
+) -> None:
+    state = batch.base
+    for name in sorted(set(index.by_model) - set(state.models)):
+        # The delete command drained these; this catches a restart in between.
+        for rid in sorted(index.of_model(name)):
+            r = batch.replica(rid)
+            if r is not None and r.state in LIVE:
+                batch.drain(r, f"model {name} deleted", grace_s=cfg.drain_grace_s)
+        mem.evicting.pop(name, None)
+    demand = usage.demand()
+    load = usage.load()
+    requests: list[Request] = []
+    for name in sorted(state.models):
+        _model(batch, index, usage, mem, cfg, state.models[name], demand, load, requests)
+    place_requests(batch, index, usage, mem, cfg, requests)
+
+
+def _model(
+    batch: Batch,
+    index: FleetIndex,
+    usage: IdleTracker,
+    mem: Memory,
+    cfg: ControllerConfig,
+    m: Model,
+    demand: Mapping[str, int],
+    load: Mapping[str, ModelLoadSum],
+    requests: list[Request],
+) -> None:
+    now, name = batch.now, m.name
+    desired = _scale(batch, mem, cfg, m, demand.get(name, 0), load.get(name))
+    live = _live(batch, index, name)
+    if not live and desired == 0:
+        return
+    _settle_pairs(batch, mem, cfg, live)
+    live = _live(batch, index, name)
+    live_ids = {r.id for r in live}
+    # Old replicas still serving while their replacement starts.
+    replaced = {r.replaces for r in live if r.replaces is not None and r.replaces in live_ids}
+    movers = [r for r in live if r.id not in replaced and _must_move(batch, m, r)]
+    # Not serving yet: nothing to protect, so no make-before-break; stop and refill.
+    for r in movers:
+        if r.state != "ready":
+            batch.stop(r, _move_reason(batch, m, r))
+    stopped = {r.id for r in movers if r.state != "ready"}
+    live = [r for r in live if r.id not in stopped]
+    count = len(live) - len(replaced)
+    if count > desired:
+        single = [r for r in live if r.id not in replaced and r.replaces not in replaced]
+        for r in _surplus(single, count - desired, usage, now, movers):
+            batch.drain(
+                r, f"surplus: {count} replicas, {desired} desired", grace_s=cfg.drain_grace_s
+            )
+        return
+    requests.extend(Request(model=m) for _ in range(desired - count))
+    for r in live:
+        if r.state == "failed" and (r.retry_at is None or r.retry_at <= now):
+            requests.append(Request(model=m, restart=r))
+    ready_movers = [r for r in movers if r.state == "ready"]
+    draining_node = [r for r in ready_movers if _on_draining_node(batch, r)]
+    # Spec changes roll one replica at a time; a node drain moves everything at once.
+    outdated = [r for r in ready_movers if r not in draining_node]
+    if outdated and not replaced:
+        draining_node.append(min(outdated, key=lambda r: (r.created_at, r.id)))
+    requests.extend(Request(model=m, replaces=r) for r in draining_node)
+
+
+def _live(batch: Batch, index: FleetIndex, model: str) -> list[Replica]:
+    out = []
+    for rid in index.of_model(model):
+        r = batch.replica(rid)
+        if r is not None and r.state in LIVE:
+            out.append(r)
+    out.sort(key=lambda r: r.id)
+    return out
+
+
+def _scale(
+    batch: Batch,
+    mem: Memory,
+    cfg: ControllerConfig,
+    m: Model,
+    held: int,
+    load: ModelLoadSum | None,
+) -> int:
+    spec = m.spec
+    busy = None if load is None else load.inflight + load.held
+    last = mem.last_scaled_at.get(m.name, mem.leader_since)
+    desired = desired_count(
+        min_replicas=spec.min_replicas,
+        max_replicas=spec.max_replicas,
+        current=m.desired_replicas,
+        demand=held,
+        busy=busy,
+        target_per_replica=cfg.target_inflight_per_replica,
+        cooling=batch.now - last < cfg.scale_down_cooldown_s,
+    )
+    if desired != m.desired_replicas:
+        seen = "-" if busy is None else str(busy)
+        why = (
+            f"desired {m.desired_replicas} → {desired} (min {spec.min_replicas}, "
+            f"max {spec.max_replicas}, held {held}, in flight {seen})"
+        )
+        batch.put_model(dataclasses.replace(m, desired_replicas=desired))
+        batch.event("model.scaled", "model", m.name, why, model=m.name)
+        mem.last_scaled_at[m.name] = batch.now
+    return desired
+
+
+def _settle_pairs(batch: Batch, mem: Memory, cfg: ControllerConfig, live: list[Replica]) -> None:
+    """Resolve make-before-break pairs whose replacement is ready (or whose old one died)."""
+    by_id = {r.id: r for r in live}
+    for new in live:
+        old = by_id.get(new.replaces) if new.replaces is not None else None
+        if old is None:
+            continue
+        if new.state == "ready":
+            node = old.shards[0].node
+            grace = mem.drain_grace_s.get(node, cfg.drain_grace_s)
+            batch.drain(old, f"replaced by {new.id}, which is ready", grace_s=grace)
+        elif old.state != "ready":
+            # The old one stopped serving on its own: the replacement is simply a replica now.
+            batch.stop(old, f"no longer serving; replacement {new.id} is on its way")
+
+
+def _must_move(batch: Batch, m: Model, r: Replica) -> bool:
+    return r.created_at < m.updated_at or _on_draining_node(batch, r)
+
+
+def _on_draining_node(batch: Batch, r: Replica) -> bool:
+    for s in r.shards:
+        node = batch.node(s.node)
+        if node is not None and node.operator_state == "draining":
+            return True
+    return False
+
+
+def _move_reason(batch: Batch, m: Model, r: Replica) -> str:
+    if _on_draining_node(batch, r):
+        return "node draining"
+    return "model spec changed"
+
+
+def _surplus(
+    candidates: list[Replica], n: int, usage: IdleTracker, now: float, movers: list[Replica]
+) -> list[Replica]:
+    moving = {r.id for r in movers}
+
+    def key(r: Replica) -> tuple[int, int, float, str]:
+        if r.state != "ready":
+            return (_DROP_ORDER.get(r.state, 0), 0, 0.0, r.id)
+        if r.id in moving:
+            return (3, 0, 0.0, r.id)
+        idle = usage.idle_for(r.id, now=now)
+        # Known idle first, longest first; unknown after every known one.
+        return (4, 0, -idle, r.id) if idle is not None else (4, 1, 0.0, r.id)
+
+    return sorted(candidates, key=key)[:n]

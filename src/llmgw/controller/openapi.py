@@ -1,0 +1,296 @@
+"""`GET /openapi.json`: the controller's API as OpenAPI 3.1 (notes CONTROLLER_API.md).
+
+Schemas are generated from the wire types themselves (msgspec), so they cannot
+drift from what the handlers decode and encode; the paths are written here,
+one entry per route in api.routes() (a test checks that every route appears).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import msgspec
+
+from llmgw import __version__
+from llmgw.wire.admin import (
+    DrainRequest,
+    EventView,
+    ModelView,
+    NodeView,
+    ReplicaView,
+    Summary,
+    WeightRequest,
+)
+from llmgw.wire.agent import Heartbeat, HeartbeatReply
+from llmgw.wire.endpoints import EndpointList
+from llmgw.wire.errors import ErrorBody
+from llmgw.wire.models import ModelSpec, ScaleRequest
+from llmgw.wire.usage import UsageReport
+
+_TYPES: tuple[Any, ...] = (
+    Heartbeat,
+    HeartbeatReply,
+    EndpointList,
+    UsageReport,
+    Summary,
+    NodeView,
+    ModelView,
+    ReplicaView,
+    EventView,
+    ModelSpec,
+    ScaleRequest,
+    DrainRequest,
+    WeightRequest,
+    ErrorBody,
+)
+_REF = "#/components/schemas/{name}"
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": _REF.format(name=name)}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _ok(schema: dict[str, Any] | None, what: str = "OK") -> dict[str, Any]:
+    if schema is None:
+        return {"204": {"description": what}}
+    return {"200": {"description": what, **_json(schema)}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    words = {
+        400: "malformed body or query (message and param name the field)",
+        401: "missing or wrong bearer token",
+        404: "unknown node, model or replica",
+        409: "a name is already served by another model",
+        422: "the body breaks a rule of its type (param is the field path)",
+        503: "not_leader (a standby), the store refused the write, or too many long-polls",
+    }
+    return {str(c): {"description": words[c], **_json(_ref("ErrorBody"))} for c in codes}
+
+
+def _op(
+    summary: str,
+    ok: dict[str, Any],
+    *,
+    body: dict[str, Any] | None = None,
+    body_required: bool = True,
+    errors: tuple[int, ...] = (401,),
+    params: tuple[dict[str, Any], ...] = (),
+    secure: bool = True,
+) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {**ok, **_errors(*errors)}}
+    if body is not None:
+        op["requestBody"] = {"required": body_required, **_json(body)}
+    if params:
+        op["parameters"] = list(params)
+    if not secure:
+        op["security"] = []
+    return op
+
+
+def _path(name: str, what: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": what,
+        "schema": {"type": "string"},
+    }
+
+
+def _query(name: str, schema: dict[str, Any], what: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": what, "schema": schema}
+
+
+def _array(name: str) -> dict[str, Any]:
+    return {"type": "array", "items": _ref(name)}
+
+
+@functools.cache
+def document() -> bytes:
+    (_, components) = msgspec.json.schema_components(_TYPES, ref_template=_REF)
+    node = _path("name", "node name")
+    model = _path("name", "model name (may contain '/')")
+    rid = _path("id", "replica id")
+    paths: dict[str, Any] = {
+        "/healthz": {
+            "get": _op(
+                "liveness, leadership and version",
+                _ok(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "status": {"type": "string"},
+                            "leader": {"type": "boolean"},
+                            "version": {"type": "string"},
+                        },
+                        "required": ["status", "leader", "version"],
+                    }
+                ),
+                errors=(),
+                secure=False,
+            )
+        },
+        "/openapi.json": {
+            "get": _op("this document", _ok({"type": "object"}), errors=(), secure=False)
+        },
+        "/v1/agents/{node}/heartbeat": {
+            "post": _op(
+                "agent heartbeat: inventory and shard status in, desired shards out (idempotent)",
+                _ok(_ref("HeartbeatReply")),
+                body=_ref("Heartbeat"),
+                errors=(400, 401, 422, 503),
+                params=(_path("node", "node name (must equal the body's node)"),),
+            )
+        },
+        "/v1/endpoints": {
+            "get": _op(
+                "EndpointSink long-poll: returns at once if the version differs from `after`, "
+                "else when it changes or after timeout_s",
+                _ok(_ref("EndpointList")),
+                errors=(400, 401, 503),
+                params=(
+                    _query("after", {"type": "integer"}, "the version the caller holds"),
+                    _query(
+                        "timeout_s",
+                        {"type": "number", "default": 30, "maximum": 60, "minimum": 0},
+                        "longest wait in seconds",
+                    ),
+                ),
+            )
+        },
+        "/v1/usage": {
+            "post": _op(
+                "router usage report (last_used, in flight, demand, load)",
+                _ok(None, "accepted"),
+                body=_ref("UsageReport"),
+                errors=(400, 401, 422),
+            )
+        },
+        "/admin/summary": {"get": _op("the fleet summary", _ok(_ref("Summary")))},
+        "/admin/nodes": {"get": _op("every node, sorted by name", _ok(_array("NodeView")))},
+        "/admin/nodes/{name}": {
+            "get": _op("one node", _ok(_ref("NodeView")), errors=(401, 404), params=(node,))
+        },
+        "/admin/nodes/{name}/cordon": {
+            "post": _op(
+                "place nothing new on the node",
+                _ok(_ref("NodeView")),
+                errors=(401, 404, 503),
+                params=(node,),
+            )
+        },
+        "/admin/nodes/{name}/uncordon": {
+            "post": _op(
+                "make the node placeable again",
+                _ok(_ref("NodeView")),
+                errors=(401, 404, 503),
+                params=(node,),
+            )
+        },
+        "/admin/nodes/{name}/drain": {
+            "post": _op(
+                "move the node's replicas elsewhere (make-before-break), then leave it empty",
+                _ok(_ref("NodeView")),
+                body=_ref("DrainRequest"),
+                body_required=False,
+                errors=(400, 401, 404, 422, 503),
+                params=(node,),
+            )
+        },
+        "/admin/models": {
+            "get": _op("every model, sorted by name", _ok(_array("ModelView"))),
+            "post": _op(
+                "apply one model spec or a list of them, all or nothing",
+                _ok(_array("ModelView")),
+                body={"oneOf": [_ref("ModelSpec"), _array("ModelSpec")]},
+                errors=(400, 401, 409, 422, 503),
+            ),
+        },
+        "/admin/models/{name}": {
+            "get": _op("one model", _ok(_ref("ModelView")), errors=(401, 404), params=(model,)),
+            "delete": _op(
+                "delete the model; its replicas drain",
+                _ok(
+                    {
+                        "type": "object",
+                        "properties": {"deleted": {"type": "string"}},
+                        "required": ["deleted"],
+                    }
+                ),
+                errors=(401, 404, 503),
+                params=(model,),
+            ),
+        },
+        "/admin/models/{name}/scale": {
+            "post": _op(
+                "change min and/or max replicas (400 if max < min after the merge)",
+                _ok(_ref("ModelView")),
+                body=_ref("ScaleRequest"),
+                errors=(400, 401, 404, 422, 503),
+                params=(model,),
+            )
+        },
+        "/admin/replicas": {
+            "get": _op(
+                "replicas sorted by id (idle_seconds -1 when unknown)",
+                _ok(_array("ReplicaView")),
+                errors=(400, 401),
+                params=(
+                    _query("model", {"type": "string"}, "only this model's"),
+                    _query(
+                        "state",
+                        {"enum": ["pending", "starting", "ready", "draining", "stopped", "failed"]},
+                        "only replicas in this state",
+                    ),
+                ),
+            )
+        },
+        "/admin/replicas/{id}": {
+            "get": _op("one replica", _ok(_ref("ReplicaView")), errors=(401, 404), params=(rid,))
+        },
+        "/admin/replicas/{id}/weight": {
+            "post": _op(
+                "record the capacity weight `ctl bench` measured",
+                _ok(_ref("ReplicaView")),
+                body=_ref("WeightRequest"),
+                errors=(400, 401, 404, 422, 503),
+                params=(rid,),
+            )
+        },
+        "/admin/events": {
+            "get": _op(
+                "the event log, oldest first (the last `limit` matching)",
+                _ok(_array("EventView")),
+                errors=(400, 401, 503),
+                params=(
+                    _query("model", {"type": "string"}, "events of this model"),
+                    _query("replica", {"type": "string"}, "events about this replica"),
+                    _query("node", {"type": "string"}, "events about this node"),
+                    _query(
+                        "limit",
+                        {"type": "integer", "default": 200, "minimum": 1, "maximum": 10000},
+                        "how many",
+                    ),
+                ),
+            )
+        },
+    }
+    doc = {
+        "openapi": "3.1.0",
+        "info": {"title": "llmgw controller", "version": __version__},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        # Every route needs the token when one is configured, except those that
+        # clear this with an empty list.
+        "security": [{"bearer": []}],
+    }
+    return msgspec.json.encode(doc)

@@ -1,0 +1,203 @@
+"""Turning the tick's placement requests into pending replicas, or reasons (DESIGN §3.2–§3.3).
+
+One free map per tick, built only when something needs placing (a steady
+fleet never builds one), and every placement taken from it at once, so two
+requests in one tick can never be given the same card. It is built from the
+state the tick started with: GPUs released during this tick still count as
+used until the next one, which can delay a placement by a tick but never
+double-book a card.
+
+When a model cannot be placed, known-idle replicas may be evicted for it
+(eviction.py chooses; never unknown idleness, never below a model's min). The
+evicted replicas drain; while they still hold their cards the model evicts
+nothing more, and it is placed first on later ticks, so the room it made is
+the room it gets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmgw.controller.config import ControllerConfig
+from llmgw.controller.eviction import plan_eviction
+from llmgw.controller.idle import IdleTracker
+from llmgw.controller.index import FleetIndex
+from llmgw.controller.lifecycle import RUNS, Batch
+from llmgw.controller.memory import Memory
+from llmgw.controller.placement import FreeMap, Placement, Unplaceable, free_map, place
+from llmgw.controller.state import Model, Replica, Shard
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """One replica to place: missing (neither set), a restart, or a make-before-break move."""
+
+    model: Model
+    restart: Replica | None = None
+    replaces: Replica | None = None
+
+    @property
+    def order(self) -> int:
+        # Within a model: fill what is missing, then restart, then moves.
+        return 0 if self.restart is None and self.replaces is None else (1 if self.restart else 2)
+
+
+def place_requests(
+    batch: Batch,
+    index: FleetIndex,
+    usage: IdleTracker,
+    mem: Memory,
+    cfg: ControllerConfig,
+    requests: list[Request],
+) -> None:
+    failed: set[str] = set()
+    if requests:
+        requests.sort(
+            key=lambda q: (
+                q.model.name not in mem.evicting,
+                -q.model.spec.priority,
+                q.model.name,
+                q.order,
+            )
+        )
+        free = free_map(batch.base, now=batch.now, heartbeat_timeout_s=cfg.heartbeat_timeout_s)
+        ports: dict[str, set[int]] = {}
+        for q in requests:
+            name = q.model.name
+            if name in failed:
+                continue  # one reason per model per tick is enough
+            result = place(q.model.spec, batch.base.nodes, free)
+            if isinstance(result, Placement):
+                free.take(result)
+                _create(batch, index, q, result, ports)
+                mem.evicting.pop(name, None)
+                continue
+            failed.add(name)
+            _unplaceable(batch, mem, result)
+            if q.replaces is None:
+                _maybe_evict(batch, usage, mem, cfg, q.model, free)
+    for name in list(mem.unplaceable):
+        if name not in failed:
+            del mem.unplaceable[name]
+
+
+def _create(
+    batch: Batch,
+    index: FleetIndex,
+    q: Request,
+    p: Placement,
+    ports: dict[str, set[int]],
+) -> None:
+    now = batch.now
+    shards = tuple(Shard(node=s.node, rank=s.rank, gpus=s.gpus) for s in p.shards)
+    master_port = _master_port(batch, index, p.shards[0].node, ports) if len(shards) > 1 else None
+    where = "; ".join(f"{s.node} GPUs {','.join(map(str, s.gpus))}" for s in p.shards)
+    prior = q.restart or q.replaces
+    restarts = q.restart.restarts + 1 if q.restart is not None else 0
+    if q.restart is not None:
+        why = f"restart {restarts} of {q.restart.id} on {where}"
+        replaces = q.restart.replaces
+    elif q.replaces is not None:
+        why = f"replacing {q.replaces.id} ({_why_move(batch, q.model, q.replaces)}) on {where}"
+        replaces = q.replaces.id
+    else:
+        why = f"placed on {where}"
+        replaces = None
+    new = Replica(
+        id=batch.new_id(),
+        model=q.model.name,
+        state="pending",
+        shards=shards,
+        created_at=now,
+        state_since=now,
+        updated_at=now,
+        reason=why,
+        restarts=restarts,
+        pool=p.pool,
+        # A capacity measured on the same kind of hardware still holds.
+        weight=prior.weight if prior is not None and prior.pool == p.pool else 1.0,
+        replaces=replaces,
+        master_port=master_port,
+    )
+    batch.put_replica(new)
+    batch.event("replica.placed", "replica", new.id, why, model=new.model)
+    if q.restart is not None:
+        batch.stop(q.restart, f"restarted as {new.id}")
+
+
+def _why_move(batch: Batch, m: Model, r: Replica) -> str:
+    for s in r.shards:
+        node = batch.node(s.node)
+        if node is not None and node.operator_state == "draining":
+            return f"node {s.node} draining"
+    return "model spec changed"
+
+
+def _master_port(batch: Batch, index: FleetIndex, node: str, ports: dict[str, set[int]]) -> int:
+    """A rendezvous port on rank 0's node, from the top of its agent's range.
+
+    Agents hand out engine ports from the bottom of the range upwards, so the
+    top is where a collision is least likely; ports known to be in use there
+    (engine ports, other replicas' rendezvous ports) are skipped.
+    """
+    taken = ports.setdefault(node, set())
+    for rid in index.on_node(node):
+        r = batch.replica(rid)
+        if r is None or r.state not in RUNS:
+            continue
+        if r.master_port is not None:
+            taken.add(r.master_port)
+        taken.update(s.port for s in r.shards if s.node == node and s.port is not None)
+    n = batch.node(node)
+    lo, hi = n.port_range if n is not None else (21000, 21999)
+    port = next((p for p in range(hi, lo - 1, -1) if p not in taken), hi)
+    taken.add(port)
+    return port
+
+
+def _unplaceable(batch: Batch, mem: Memory, u: Unplaceable) -> None:
+    before = mem.unplaceable.get(u.model)
+    mem.unplaceable[u.model] = u
+    if before is None or before.reason != u.reason:
+        batch.event("model.unplaceable", "model", u.model, u.reason, model=u.model)
+
+
+def _maybe_evict(
+    batch: Batch,
+    usage: IdleTracker,
+    mem: Memory,
+    cfg: ControllerConfig,
+    model: Model,
+    free: FreeMap,
+) -> None:
+    earlier = mem.evicting.get(model.name, frozenset())
+    if any((r := batch.base.replicas.get(rid)) is not None and r.holds_gpus for rid in earlier):
+        return  # the room evicted earlier is still being freed
+    plan = plan_eviction(
+        model.spec,
+        batch.base,
+        usage,
+        free,
+        now=batch.now,
+        heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+        # Already leaving this tick (surplus, other evictions): not room to count twice.
+        exclude=batch.leaving(),
+    )
+    if plan is None:
+        return
+    evicted: list[str] = []
+    for rid in plan.evict:
+        r = batch.replica(rid)
+        if r is None or r.state != "ready":
+            continue
+        batch.drain(
+            r,
+            f"evicted for {model.name}: {plan.why}",
+            grace_s=cfg.drain_grace_s,
+            kind="replica.evicted",
+        )
+        evicted.append(rid)
+    if evicted:
+        mem.evicting[model.name] = frozenset(evicted)
+        msg = f"evicting {', '.join(evicted)} to make room: {plan.why}"
+        batch.event("model.evicting", "model", model.name, msg, model=model.name)

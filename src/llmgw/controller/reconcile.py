@@ -1,0 +1,138 @@
+"""The reconcile tick (DESIGN §3.4), decided purely: (state, usage, memory, now) → Plan.
+
+No I/O here. The loop (leader.py) writes `plan.changes` through the store in
+one transaction and only then adopts them and `plan.memory`; a plan whose write
+fails is dropped whole and the next tick decides again from the same facts.
+
+One tick, in order:
+1. nodes: unreachable after the heartbeat timeout; their replicas failed (and so
+   re-placed) only after the grace on top, so a blip reshuffles nothing;
+2. timers: per-phase deadlines (pending/starting too long → failed), draining
+   replicas stopped once their in-flight requests finish or their grace ends,
+   stopped replicas forgotten after the retention;
+3. models (models.py): desired count, surplus drained, make-before-break moves,
+   failed replicas restarted after backoff, what is missing placed (placing.py),
+   evicting known-idle replicas when a model cannot be placed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmgw.controller.config import ControllerConfig
+from llmgw.controller.idle import IdleTracker
+from llmgw.controller.index import FleetIndex
+from llmgw.controller.lifecycle import RUNS, Batch, backoff_s, new_replica_id
+from llmgw.controller.memory import Memory
+from llmgw.controller.models import plan_models
+from llmgw.controller.state import Changes, FleetState
+
+
+@dataclass(slots=True)
+class Plan:
+    changes: Changes
+    memory: Memory
+    # Replicas deleted from the store: the idle tracker forgets them.
+    forgotten: list[str] = field(default_factory=list)
+
+
+def plan_tick(
+    state: FleetState,
+    index: FleetIndex,
+    usage: IdleTracker,
+    memory: Memory,
+    *,
+    now: float,
+    config: ControllerConfig,
+    new_id: Callable[[], str] = new_replica_id,
+) -> Plan:
+    mem = memory.copy()
+    batch = Batch(state, now, new_id=new_id)
+    plan = Plan(changes=batch.changes, memory=mem)
+    _nodes(batch, index, mem, config)
+    _timers(batch, index, usage, plan, config)
+    plan_models(batch, index, usage, mem, config)
+    return plan
+
+
+def silent_for(last_heartbeat_at: float | None, *, now: float, leader_since: float) -> float:
+    """Seconds without a heartbeat, counted from this controller's start at the earliest."""
+    seen = leader_since if last_heartbeat_at is None else max(last_heartbeat_at, leader_since)
+    return now - seen
+
+
+def _nodes(batch: Batch, index: FleetIndex, mem: Memory, cfg: ControllerConfig) -> None:
+    now = batch.now
+    for name, node in batch.base.nodes.items():
+        silent = silent_for(node.last_heartbeat_at, now=now, leader_since=mem.leader_since)
+        if silent > cfg.heartbeat_timeout_s:
+            if name not in mem.unreachable:
+                mem.unreachable.add(name)
+                msg = f"no heartbeat for {silent:.0f}s (timeout {cfg.heartbeat_timeout_s:g}s)"
+                batch.event("node.unreachable", "node", name, msg, model=None)
+            if silent > cfg.heartbeat_timeout_s + cfg.unreachable_grace_s:
+                _lose_replicas_on(batch, index, name, silent)
+        elif name in mem.unreachable:
+            mem.unreachable.discard(name)
+            batch.event("node.reachable", "node", name, "heartbeating again", model=None)
+        if node.operator_state == "draining":
+            if name not in mem.drained and not any(
+                (r := batch.replica(rid)) is not None and r.holds_gpus
+                for rid in index.on_node(name)
+            ):
+                mem.drained.add(name)
+                batch.event("node.drained", "node", name, "no replicas left", model=None)
+        else:
+            mem.drained.discard(name)
+
+
+def _lose_replicas_on(batch: Batch, index: FleetIndex, node: str, silent: float) -> None:
+    """After the grace: the node's replicas are gone as far as anyone can tell.
+
+    Failed with an immediate retry, so they are re-placed on reachable nodes this
+    very tick; if the node returns, its agent is told to run none of them.
+    """
+    reason = f"node {node} unreachable for {silent:.0f}s"
+    for rid in sorted(index.on_node(node)):
+        r = batch.replica(rid)
+        if r is None or r.state not in RUNS:
+            continue
+        if r.state == "draining":
+            batch.stop(r, reason)
+        else:
+            batch.fail(r, reason, retry_in_s=0.0)
+
+
+def _timers(
+    batch: Batch, index: FleetIndex, usage: IdleTracker, plan: Plan, cfg: ControllerConfig
+) -> None:
+    now = batch.now
+    for rid in sorted(index.in_state("pending") | index.in_state("starting")):
+        r = batch.replica(rid)
+        if r is None or batch.touched(rid) or r.state not in ("pending", "starting"):
+            continue
+        if now - r.state_since > cfg.starting_deadline_s:
+            retry = backoff_s(
+                r.restarts, base_s=cfg.restart_backoff_s, cap_s=cfg.restart_backoff_max_s
+            )
+            reason = f"still {r.state} after {cfg.starting_deadline_s:g}s (deadline)"
+            batch.fail(r, reason, retry_in_s=retry)
+    # A report of zero in flight could predate the drain (routers report once a
+    # tick): wait two ticks before trusting it, unless the grace is shorter.
+    settle_s = min(cfg.drain_grace_s, 2 * cfg.tick_s)
+    for rid in sorted(index.in_state("draining")):
+        r = batch.replica(rid)
+        if r is None or batch.touched(rid) or r.state != "draining":
+            continue
+        inflight = usage.inflight(rid)
+        if r.drain_deadline is not None and now >= r.drain_deadline:
+            left = "unknown" if inflight is None else str(inflight)
+            batch.stop(r, f"drain grace ended ({left} requests in flight)")
+        elif inflight == 0 and now - r.state_since >= settle_s:
+            batch.stop(r, "drained: no requests in flight")
+    for rid in sorted(index.in_state("stopped")):
+        r = batch.replica(rid)
+        if r is not None and now - r.state_since > cfg.stopped_retention_s:
+            batch.changes.deleted_replicas.append(rid)
+            plan.forgotten.append(rid)

@@ -1,0 +1,101 @@
+"""What the HTTP handlers call: each command is decide (pure) → commit (store, then memory).
+
+Every command runs under the fleet's lock, decides from the current state
+with commands.py, and commits one Batch in one transaction. A standby refuses
+before deciding anything (503 not_leader), so a write never lands on a
+controller that would not keep it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from llmgw.controller import commands
+from llmgw.controller.config import ControllerConfig
+from llmgw.controller.errors import StoreUnavailable
+from llmgw.controller.fleet import Fleet
+from llmgw.controller.idle import IdleTracker
+from llmgw.controller.lifecycle import Batch
+from llmgw.controller.state import Event, FleetState, Model, Node, OperatorState, Replica
+from llmgw.controller.store import StoreError
+from llmgw.controller.views import IdleFor, node_view
+from llmgw.runtime.clock import Clock
+from llmgw.wire.admin import NodeView
+from llmgw.wire.models import ModelSpec, ScaleRequest
+
+
+class Services:
+    def __init__(
+        self, fleet: Fleet, usage: IdleTracker, *, config: ControllerConfig, clock: Clock
+    ) -> None:
+        self.fleet = fleet
+        self.usage = usage
+        self.config = config
+        self.clock = clock
+
+    # -- reads ---------------------------------------------------------------
+
+    def idle_for(self, now: float) -> IdleFor:
+        usage = self.usage
+        return lambda rid: usage.idle_for(rid, now=now)
+
+    def unplaceable(self) -> dict[str, str]:
+        return {name: u.reason for name, u in self.fleet.memory.unplaceable.items()}
+
+    def node_view(self, node: Node) -> NodeView:
+        return node_view(
+            node,
+            self.fleet.state,
+            now=self.clock.wall(),
+            heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+        )
+
+    async def events(
+        self, *, model: str | None, replica: str | None, node: str | None, limit: int
+    ) -> list[Event]:
+        store = self.fleet.store
+        try:
+            return await asyncio.to_thread(
+                lambda: store.events(model=model, replica=replica, node=node, limit=limit)
+            )
+        except StoreError as exc:
+            raise StoreUnavailable(f"cannot read events: {exc}") from exc
+
+    # -- commands ------------------------------------------------------------
+
+    async def _run(self, decide: Callable[[FleetState, float], Batch]) -> None:
+        fleet = self.fleet
+        fleet.require_leader()
+        async with fleet.lock:
+            batch = decide(fleet.state, self.clock.wall())
+            await fleet.commit(batch.changes)
+
+    async def operator_state(
+        self, name: str, to: OperatorState, *, grace_s: float | None = None
+    ) -> Node:
+        await self._run(lambda s, now: commands.set_operator_state(s, name, to, now=now))
+        if grace_s is not None:
+            self.fleet.memory.drain_grace_s[name] = grace_s
+        elif to != "draining":
+            self.fleet.memory.drain_grace_s.pop(name, None)
+        return self.fleet.state.nodes[name]
+
+    async def apply_models(self, specs: list[ModelSpec]) -> list[Model]:
+        await self._run(lambda s, now: commands.apply_models(s, specs, now=now))
+        return [self.fleet.state.models[spec.name] for spec in specs]
+
+    async def delete_model(self, name: str) -> None:
+        grace = self.config.drain_grace_s
+        index = self.fleet.index
+        await self._run(
+            lambda s, now: commands.delete_model(s, index, name, now=now, grace_s=grace)
+        )
+
+    async def scale_model(self, name: str, req: ScaleRequest) -> Model:
+        await self._run(lambda s, now: commands.scale_model(s, name, req, now=now))
+        return self.fleet.state.models[name]
+
+    async def set_weight(self, rid: str, weight: float) -> Replica:
+        await self._run(lambda s, now: commands.set_weight(s, rid, weight, now=now))
+        return self.fleet.state.replicas[rid]

@@ -1,0 +1,105 @@
+"""EndpointSink (DESIGN §4): the ready replicas as a versioned list routers long-poll.
+
+The version goes up whenever the list's content may have changed; the list is
+built lazily, once per version, by whoever asks first, so a burst of changes
+between two polls costs one build, not one per change.
+
+Versions start at the controller's start time in milliseconds rather than 1: a
+router that long-polls with the version of the controller that ran before this
+one would otherwise wait out its whole timeout for a "newer" version that this
+process reaches only after as many changes. (Replies also go out at once when
+`after` is ahead of us, for the same reason.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from llmgw.controller.errors import Busy
+from llmgw.controller.index import FleetIndex
+from llmgw.controller.state import FleetState, Model, Replica
+from llmgw.wire.endpoints import EndpointInfo, EndpointList
+
+# The router's metric dialect per engine (ENGINES.md): "" is vLLM's names, which
+# the sim-engine speaks too.
+METRICS_DIALECT: dict[str, str] = {"vllm": "", "sglang": "sglang", "sim": ""}
+
+
+def endpoint_info(r: Replica, model: Model) -> EndpointInfo | None:
+    """The router's view of one replica; None when it is not serving."""
+    if r.state != "ready" or r.endpoint_url is None:
+        return None
+    spec = model.spec
+    return EndpointInfo(
+        id=r.id,
+        url=r.endpoint_url,
+        models=spec.served_names,
+        engine=METRICS_DIALECT.get(spec.engine, ""),
+        pool=r.pool,
+        weight=r.weight,
+        priority=spec.priority,
+    )
+
+
+def endpoint_list(state: FleetState, index: FleetIndex, *, version: int) -> EndpointList:
+    out: list[EndpointInfo] = []
+    for rid in index.in_state("ready"):
+        r = state.replicas[rid]
+        model = state.models.get(r.model)
+        info = endpoint_info(r, model) if model is not None else None
+        if info is not None:
+            out.append(info)
+    out.sort(key=lambda e: e.id)
+    names = sorted({n for m in state.models.values() for n in m.spec.served_names})
+    return EndpointList(version=version, endpoints=tuple(out), models=tuple(names))
+
+
+class EndpointSink:
+    """Version counter, lazily built list, and the long-poll waiters."""
+
+    def __init__(self, *, start_version: int, max_waiters: int) -> None:
+        self._version = start_version
+        self._cached: EndpointList | None = None
+        self._changed = asyncio.Event()
+        self._waiters = 0
+        self._max_waiters = max_waiters
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def bump(self) -> None:
+        """The list may have changed: new version, wake every waiter."""
+        self._version += 1
+        self._cached = None
+        # Swap the event: waiters hold the old one, which is set exactly once.
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def release_waiters(self) -> None:
+        """Answer every held long-poll now with the current list (shutdown)."""
+        self._changed.set()
+
+    def current(self, build: Callable[[int], EndpointList]) -> EndpointList:
+        if self._cached is None or self._cached.version != self._version:
+            self._cached = build(self._version)
+        return self._cached
+
+    async def wait_changed(self, after: int | None, *, timeout_s: float) -> None:
+        """Return once the version differs from `after`, or after `timeout_s`."""
+        if after is None or after != self._version:
+            return
+        if self._waiters >= self._max_waiters:
+            raise Busy(f"too many long-polls held ({self._max_waiters}); retry shortly")
+        self._waiters += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout_s)
+        finally:
+            self._waiters -= 1
+
+    @property
+    def waiters(self) -> int:
+        return self._waiters
