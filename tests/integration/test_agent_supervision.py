@@ -1,0 +1,380 @@
+"""A real agent process with real sim-engine children, against a scripted controller.
+
+The controller here is a test-local aiohttp server playing the heartbeat route
+only, so each test can script exactly what the agent is told (a desired set,
+a 503, silence). The agent and its engines are real processes; every engine
+PID seen is killed by process group when the test ends, pass or fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+from aiohttp import web
+
+from llmgw.testing.procs import Program, start_program
+from llmgw.wire.agent import Heartbeat, HeartbeatReply, ShardSpec, ShardStatus
+
+pytestmark = pytest.mark.timeout(90)
+
+INTERVAL_S = 0.3
+
+STANDIN = """
+import sys, http.server
+args = sys.argv[1:]
+known = {"--port", "--model", "--served-model-name", "--tensor-parallel-size", "--speed"}
+for a in args:
+    if a.startswith("--") and a not in known:
+        print("error: unrecognized arguments:", a, flush=True)
+        sys.exit(2)
+port = int(args[args.index("--port") + 1])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+http.server.ThreadingHTTPServer(("0.0.0.0", port), H).serve_forever()
+"""
+
+
+class ScriptedController:
+    """The controller's heartbeat route, with the answer set by the test."""
+
+    def __init__(self) -> None:
+        self.desired: tuple[ShardSpec, ...] = ()
+        self.beats: list[Heartbeat] = []
+        # While True, answer 503 like a standby controller.
+        self.down = False
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _heartbeat(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer secret":
+            return web.json_response({"error": {"message": "no token"}}, status=401)
+        if self.down:
+            return web.json_response({"error": {"type": "not_leader"}}, status=503)
+        hb = msgspec.json.decode(await request.read(), type=Heartbeat)
+        assert hb.node == request.match_info["node"]
+        self.beats.append(hb)
+        reply = HeartbeatReply(shards=self.desired, interval_s=INTERVAL_S)
+        return web.Response(body=msgspec.json.encode(reply), content_type="application/json")
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/agents/{node}/heartbeat", self._heartbeat)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def last(self) -> Heartbeat:
+        return self.beats[-1]
+
+    def shard(self, replica_id: str, rank: int = 0) -> ShardStatus | None:
+        if not self.beats:
+            return None
+        for s in self.last().shards:
+            if (s.replica_id, s.rank) == (replica_id, rank):
+                return s
+        return None
+
+
+async def wait_for(pred: Callable[[], Any], *, timeout_s: float = 30.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or pred}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def sim_spec(
+    replica_id: str, *, args: tuple[str, ...] = (), gpus: tuple[int, ...] = (0,)
+) -> ShardSpec:
+    return ShardSpec(
+        replica_id=replica_id,
+        rank=0,
+        model="sim-model",
+        served_names=("sim-model", "sim-alias"),
+        engine="sim",
+        gpu_indices=gpus,
+        args=args,
+    )
+
+
+class AgentRig:
+    """Starts and restarts the agent on one state dir; remembers every engine PID."""
+
+    def __init__(self, tmp: Path, controller: ScriptedController) -> None:
+        self.tmp = tmp
+        self.controller = controller
+        lo = random.randrange(30000, 60000, 50)
+        self.port_range = f"{lo}-{lo + 49}"
+        self.agent: Program | None = None
+        self.engine_pids: set[int] = set()
+
+    def start(self) -> Program:
+        extra: list[str] = []
+        if importlib.util.find_spec("llmgw.simengine.main") is None:  # TEMPORARY until sim lands
+            script = self.tmp / "standin_engine.py"
+            script.write_text(STANDIN)
+            extra = ["--engine-bin", f"sim={sys.executable} {script}"]
+        self.agent = start_program(
+            [
+                "agent",
+                *extra,
+                "--controller",
+                self.controller.url,
+                "--token",
+                "secret",
+                "--node",
+                "n1",
+                "--gpus",
+                "2xH100-80G",
+                "--fabric",
+                "ib0",
+                "--label",
+                "zone=a",
+                "--address",
+                "127.0.0.1",
+                "--port-range",
+                self.port_range,
+                "--state-dir",
+                str(self.tmp / "state"),
+                "--interval-s",
+                str(INTERVAL_S),
+                "--stop-grace-s",
+                "3",
+                "--port",
+                "0",
+            ],
+            log_dir=self.tmp / "agent-logs",
+        )
+        return self.agent
+
+    def note_pids(self) -> None:
+        for hb in self.controller.beats:
+            self.engine_pids.update(s.pid for s in hb.shards if s.pid is not None)
+
+    def cleanup(self) -> None:
+        self.note_pids()
+        if self.agent is not None:
+            self.agent.stop(grace_s=5)
+        for pid in self.engine_pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+async def controller() -> AsyncIterator[ScriptedController]:
+    c = ScriptedController()
+    await c.start()
+    try:
+        yield c
+    finally:
+        await c.stop()
+
+
+@pytest.fixture
+def rig(tmp_path: Path, controller: ScriptedController) -> Iterator[AgentRig]:
+    r = AgentRig(tmp_path, controller)
+    try:
+        yield r
+    finally:
+        r.cleanup()
+
+
+async def get_status(agent: Program) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s, s.get(f"{agent.url}/status") as resp:
+        assert resp.status == 200
+        data: dict[str, Any] = await resp.json()
+        return data
+
+
+async def engine_health(port: int) -> int:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/health") as resp:
+        return resp.status
+
+
+class TestInventoryAndHeartbeat:
+    async def test_heartbeat_carries_inventory(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """The first heartbeat reports GPUs, fabrics, labels, address, ports and start time."""
+        rig.start()
+        await wait_for(lambda: controller.beats, what="a heartbeat")
+        hb = controller.last()
+        assert [g.gpu_class for g in hb.gpus] == ["H100-80G", "H100-80G"]
+        assert (hb.fabrics, hb.labels, hb.address) == (("ib0",), {"zone": "a"}, "127.0.0.1")
+        lo, hi = (int(p) for p in rig.port_range.split("-"))
+        assert hb.port_range == (lo, hi)
+        assert hb.agent_started_at > time.time() - 60
+
+    async def test_fake_gpu_fault_round_trip(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """A GPU made unhealthy over the loopback endpoint is reported so, then healthy again."""
+        agent = rig.start()
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{agent.url}/gpus/1/unhealthy", json={"reason": "xid 79"}) as r:
+                assert r.status == 200
+            await wait_for(
+                lambda: controller.beats and not controller.last().gpus[1].healthy,
+                what="GPU 1 reported unhealthy",
+            )
+            assert controller.last().gpus[1].reason == "xid 79"
+            assert controller.last().gpus[0].healthy
+            async with s.post(f"{agent.url}/gpus/1/healthy") as r:
+                assert r.status == 200
+            await wait_for(lambda: controller.last().gpus[1].healthy, what="GPU 1 healthy")
+            async with s.post(f"{agent.url}/gpus/9/unhealthy") as r:
+                assert r.status == 404
+
+
+class TestShards:
+    async def test_start_ready_reported(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """A desired sim shard starts, becomes ready, and is reported with its pid and port."""
+        controller.desired = (sim_spec("r1"),)
+        rig.start()
+        st = await wait_for(
+            lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
+        )
+        assert st.pid is not None
+        assert st.port is not None
+        assert await engine_health(st.port) == 200
+        # The engine runs in its own session: its process group is its pid.
+        assert os.getpgid(st.pid) == st.pid
+
+    async def test_crash_reported_with_exit_code(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """An engine that exits on its own is reported failed with its exit code and log tail."""
+        controller.desired = (sim_spec("bad", args=("--no-such-flag",)),)
+        rig.start()
+        st = await wait_for(
+            lambda: (s := controller.shard("bad")) and s.state == "failed" and s, what="failed"
+        )
+        assert st.exit_code == 2
+        assert any("no-such-flag" in line for line in st.log_tail)
+
+    async def test_unlisted_shard_is_stopped(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """A shard the controller stops listing is stopped and its process ends."""
+        controller.desired = (sim_spec("r1"),)
+        rig.start()
+        st = await wait_for(
+            lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
+        )
+        controller.desired = ()
+        await wait_for(lambda: not alive(st.pid), what="engine gone")
+        await wait_for(lambda: controller.shard("r1") is None, what="r1 forgotten")
+
+    async def test_controller_down_engines_untouched(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """While the controller answers 503, engines keep serving; nothing restarts after."""
+        controller.desired = (sim_spec("r1"),)
+        agent = rig.start()
+        st = await wait_for(
+            lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
+        )
+        controller.down = True
+        await asyncio.sleep(3.0)
+        status = await get_status(agent)
+        assert status["controller"]["consecutive_failures"] >= 2
+        assert alive(st.pid)
+        assert await engine_health(st.port) == 200
+        n = len(controller.beats)
+        controller.down = False
+        await wait_for(lambda: len(controller.beats) > n, timeout_s=40, what="beats again")
+        again = controller.shard("r1")
+        assert again is not None
+        assert (again.pid, again.state) == (st.pid, "ready")
+
+
+class TestReadoption:
+    async def test_sigkilled_agent_readopts(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """After SIGKILL and restart, the agent reports the same engine PIDs, still serving."""
+        controller.desired = (sim_spec("r1"), sim_spec("r2", gpus=(1,)))
+        agent = rig.start()
+        await wait_for(
+            lambda: all((s := controller.shard(r)) and s.state == "ready" for r in ("r1", "r2")),
+            what="both ready",
+        )
+        before = {s.replica_id: (s.pid, s.port) for s in controller.last().shards}
+        rig.note_pids()
+        agent.signal(signal.SIGKILL)
+        agent.proc.wait(timeout=10)
+        for pid, port in before.values():
+            assert pid is not None
+            assert alive(pid)
+            assert port is not None
+            assert await engine_health(port) == 200
+        controller.beats.clear()
+        rig.start()
+        await wait_for(
+            lambda: (
+                controller.beats
+                and all((s := controller.shard(r)) and s.state == "ready" for r in ("r1", "r2"))
+            ),
+            what="re-adopted and ready",
+        )
+        after = {s.replica_id: (s.pid, s.port) for s in controller.last().shards}
+        assert after == before
+        # Re-adopted, not duplicated: the agent started nothing new.
+        rig.note_pids()
+        assert rig.engine_pids == {pid for pid, _ in before.values()}
+
+    async def test_engine_died_while_agent_down(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """An engine that died while the agent was down is reported failed, not adopted."""
+        controller.desired = (sim_spec("r1"),)
+        agent = rig.start()
+        st = await wait_for(
+            lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
+        )
+        agent.signal(signal.SIGKILL)
+        agent.proc.wait(timeout=10)
+        os.killpg(st.pid, signal.SIGKILL)
+        await wait_for(lambda: not alive(st.pid), what="engine dead")
+        controller.beats.clear()
+        rig.start()
+        failed = await wait_for(
+            lambda: (s := controller.shard("r1")) and s.state == "failed" and s, what="failed"
+        )
+        assert failed.pid is None
+        assert "exited while the agent was down" in failed.log_tail[-1]
