@@ -16,7 +16,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from llmgw.agent.state import STATE_FILE, StateDoc
 from llmgw.testing.procs import Program, start_program
 from llmgw.wire.agent import Heartbeat, HeartbeatReply, ShardSpec, ShardStatus
 
@@ -133,9 +134,18 @@ def sim_spec(
 class AgentRig:
     """Starts and restarts the agent on one state dir; remembers every engine PID."""
 
-    def __init__(self, tmp: Path, controller: ScriptedController) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        url: str,
+        *,
+        token: str = "secret",
+        pid_source: Callable[[], Iterable[int]] = lambda: (),
+    ) -> None:
         self.tmp = tmp
-        self.controller = controller
+        self.url = url
+        self.token = token
+        self.pid_source = pid_source
         lo = random.randrange(30000, 60000, 50)
         self.port_range = f"{lo}-{lo + 49}"
         self.agent: Program | None = None
@@ -152,9 +162,9 @@ class AgentRig:
                 "agent",
                 *extra,
                 "--controller",
-                self.controller.url,
+                self.url,
                 "--token",
-                "secret",
+                self.token,
                 "--node",
                 "n1",
                 "--gpus",
@@ -181,8 +191,12 @@ class AgentRig:
         return self.agent
 
     def note_pids(self) -> None:
-        for hb in self.controller.beats:
-            self.engine_pids.update(s.pid for s in hb.shards if s.pid is not None)
+        """Remember every engine pid known so far (state file and the test's own source)."""
+        self.engine_pids.update(self.pid_source())
+        path = self.tmp / "state" / STATE_FILE
+        if path.exists():
+            doc = msgspec.json.decode(path.read_bytes(), type=StateDoc)
+            self.engine_pids.update(r.pid for r in doc.shards)
 
     def cleanup(self) -> None:
         self.note_pids()
@@ -205,7 +219,11 @@ async def controller() -> AsyncIterator[ScriptedController]:
 
 @pytest.fixture
 def rig(tmp_path: Path, controller: ScriptedController) -> Iterator[AgentRig]:
-    r = AgentRig(tmp_path, controller)
+    def beat_pids() -> Iterator[int]:
+        for hb in controller.beats:
+            yield from (s.pid for s in hb.shards if s.pid is not None)
+
+    r = AgentRig(tmp_path, controller.url, pid_source=beat_pids)
     try:
         yield r
     finally:

@@ -1,0 +1,192 @@
+"""The real agent against the real controller (SQLite), with sim-engine children.
+
+Models are applied through the controller's admin API; the tests watch
+replicas turn ready, a fake GPU fault keep the controller off that card, and
+the controller going away leave the engines untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from llmgw.testing.procs import Program, free_port, start_program
+from tests.integration.test_agent_supervision import AgentRig, alive, engine_health
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKEN = "T"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class ControllerRig:
+    """A controller on a fixed port and SQLite file, so it can be stopped and started again."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: Program | None = None
+
+    def start(self) -> None:
+        self.proc = start_program(
+            [
+                "controller",
+                "--port",
+                str(self.port),
+                "--database",
+                f"sqlite:///{self.tmp / 'c.db'}",
+                "--token",
+                TOKEN,
+                "--tick-s",
+                "0.2",
+                "--heartbeat-interval-s",
+                "0.3",
+                "--heartbeat-timeout-s",
+                "5",
+            ],
+            log_dir=self.tmp / "controller-logs",
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop(grace_s=5)
+            self.proc = None
+
+
+@pytest.fixture
+def ctrl(tmp_path: Path) -> Iterator[ControllerRig]:
+    c = ControllerRig(tmp_path)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def agent_rig(tmp_path: Path, ctrl: ControllerRig) -> Iterator[AgentRig]:
+    r = AgentRig(tmp_path, ctrl.url, token=TOKEN)
+    try:
+        yield r
+    finally:
+        r.cleanup()
+
+
+async def admin(method: str, url: str, body: Any = None) -> Any:
+    async with (
+        aiohttp.ClientSession(headers=AUTH) as s,
+        s.request(method, url, json=body) as resp,
+    ):
+        data = await resp.json()
+        assert resp.status == 200, data
+        return data
+
+
+def sim_model(name: str, *, replicas: int = 1) -> dict[str, Any]:
+    return {
+        "name": name,
+        "engine": "sim",
+        "gpu_classes": ["H100-80G"],
+        "gpus_per_node": 1,
+        "min_replicas": replicas,
+        "max_replicas": replicas,
+        "args": ["--speed", "10"],
+    }
+
+
+async def replicas(ctrl: ControllerRig, model: str) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = await admin("GET", f"{ctrl.url}/admin/replicas?model={model}")
+    return data
+
+
+async def wait_replicas(
+    ctrl: ControllerRig, model: str, *, ready: int, timeout_s: float = 45.0
+) -> list[dict[str, Any]]:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    last: list[dict[str, Any]] = []
+    while asyncio.get_running_loop().time() < deadline:
+        last = await replicas(ctrl, model)
+        if sum(r["state"] == "ready" for r in last) == ready:
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{model}: wanted {ready} ready, last saw {last}")
+
+
+class TestWithController:
+    async def test_model_becomes_ready(self, ctrl: ControllerRig, agent_rig: AgentRig) -> None:
+        """A sim model applied to the controller is started by the agent and turns ready."""
+        agent_rig.start()
+        await admin("POST", f"{ctrl.url}/admin/models", sim_model("m1"))
+        (r,) = await wait_replicas(ctrl, "m1", ready=1)
+        (shard,) = r["shards"]
+        assert shard["node"] == "n1"
+        assert shard["pid"] is not None
+        assert alive(shard["pid"])
+        assert r["endpoint_url"] == f"http://127.0.0.1:{shard['port']}"
+        assert await engine_health(shard["port"]) == 200
+
+    async def test_unhealthy_gpu_is_not_placed_on(
+        self, ctrl: ControllerRig, agent_rig: AgentRig
+    ) -> None:
+        """A fake GPU made unhealthy gets no replica until it is healthy again."""
+        agent = agent_rig.start()
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{agent.url}/gpus/0/unhealthy", json={"reason": "xid 79"}) as r:
+                assert r.status == 200
+
+            async def node_unhealthy() -> tuple[int, ...]:
+                node = await admin("GET", f"{ctrl.url}/admin/nodes/n1")
+                return tuple(node["unhealthy"])
+
+            await wait_for_async(node_unhealthy, expect=(0,))
+            await admin("POST", f"{ctrl.url}/admin/models", sim_model("m2", replicas=2))
+            (ready,) = await wait_replicas(ctrl, "m2", ready=1)
+            assert ready["shards"][0]["gpus"] == [1]
+            # Give the controller several ticks: the second replica must stay unplaced.
+            await asyncio.sleep(2.0)
+            placed = [
+                r for r in await replicas(ctrl, "m2") for sh in r["shards"] if 0 in sh["gpus"]
+            ]
+            assert placed == []
+            async with s.post(f"{agent.url}/gpus/0/healthy") as r:
+                assert r.status == 200
+        both = await wait_replicas(ctrl, "m2", ready=2)
+        assert sorted(r["shards"][0]["gpus"][0] for r in both) == [0, 1]
+
+    async def test_controller_down_engines_untouched(
+        self, ctrl: ControllerRig, agent_rig: AgentRig
+    ) -> None:
+        """With the controller gone for a while, engines keep running; back, nothing restarts."""
+        agent_rig.start()
+        await admin("POST", f"{ctrl.url}/admin/models", sim_model("m3"))
+        (r,) = await wait_replicas(ctrl, "m3", ready=1)
+        pid, port = r["shards"][0]["pid"], r["shards"][0]["port"]
+        agent_rig.note_pids()
+        ctrl.stop()
+        await asyncio.sleep(3.0)
+        assert alive(pid)
+        assert await engine_health(port) == 200
+        ctrl.start()
+        await wait_replicas(ctrl, "m3", ready=1)
+        # A few heartbeats after the return: still the same replica and engine.
+        await asyncio.sleep(1.0)
+        (again,) = await wait_replicas(ctrl, "m3", ready=1)
+        assert (again["id"], again["shards"][0]["pid"]) == (r["id"], pid)
+        assert alive(pid)
+
+
+async def wait_for_async(fn: Any, *, expect: Any, timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    got = None
+    while asyncio.get_running_loop().time() < deadline:
+        got = await fn()
+        if got == expect:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"wanted {expect!r}, last saw {got!r}")
