@@ -215,6 +215,8 @@ class Scheduler:
         bs = kv.block_size
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             req = waiting[0]
+            if req.arrival_s > now:
+                break  # arrived after this step began (the engine runs steps back to back)
             hits = kv.lookup(req.block_hashes, req.num_tokens)
             num_hit = len(hits) * bs
             n = min(req.num_tokens - num_hit, budget)

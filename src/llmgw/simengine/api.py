@@ -1,0 +1,374 @@
+"""The OpenAI surface as vLLM (≥ 0.10.1) speaks it: request validation and response bodies.
+
+Errors are `{"error": {"message", "type", "param", "code": <HTTP status>}}`
+with vLLM's exception-like types (ENGINES.md §6). Validation order follows
+vLLM: the JSON, then the model, then the sampling parameters, then the
+prompt's length against --max-model-len.
+
+Deviation, on purpose: a body without `model` is a 400 here (vLLM would use
+its only model), so tests of the router's "missing model" path have an
+engine that agrees with it (DESIGN §2.7). `usage.prompt_tokens_details`
+(cached tokens) is always present, as with vLLM's
+`--enable-prompt-tokens-details`. Only `n = 1` is supported.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import struct
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from llmgw.simengine import tokenizer
+from llmgw.simengine.config import SimConfig
+from llmgw.wire.errors import error_body
+
+ERROR_TYPES = {
+    400: "BadRequestError",
+    403: "ForbiddenError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+}
+
+
+class ApiError(Exception):
+    """A request the engine refuses; rendered as vLLM's error body with `status`."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> bytes:
+        return error_body(
+            self.message,
+            type=ERROR_TYPES.get(self.status, "InternalServerError"),
+            code=self.status,
+            param=self.param,
+        )
+
+
+class StreamOptions(msgspec.Struct, frozen=True):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+# Unknown fields are accepted and ignored (clients send temperature, top_p, …);
+# the ones read here are type-checked.
+class _Common(msgspec.Struct, frozen=True, kw_only=True):
+    model: str | None = None
+    max_tokens: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    n: int | None = 1
+    ignore_eos: bool | None = False
+    min_tokens: int | None = 0
+
+
+class ChatBody(_Common, frozen=True, kw_only=True):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class CompletionBody(_Common, frozen=True, kw_only=True):
+    prompt: Any = None
+
+
+class EmbeddingBody(msgspec.Struct, frozen=True, kw_only=True):
+    input: Any = None
+    model: str | None = None
+    encoding_format: str | None = "float"
+    dimensions: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A validated generation request."""
+
+    chat: bool
+    model: str  # as the client named it; echoed in responses
+    prompt_ids: list[int]
+    max_tokens: int  # resolved: the request's, or what the context has left
+    params_max_tokens: int | None  # as sent; None: not given
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    seed: int | None
+    ignore_eos: bool
+    min_tokens: int
+
+
+T = TypeVar("T")
+
+
+def _decode(raw: bytes, kind: type[T]) -> T:
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, f"Invalid request: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"Malformed JSON body: {exc}") from exc
+
+
+def check_model(model: str | None, cfg: SimConfig) -> str:
+    if model is None:
+        raise ApiError(400, "The 'model' field is required.", param="model")
+    if model not in cfg.served_model_names:
+        raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+    return model
+
+
+def _check_params(body: _Common, max_tokens: int | None) -> None:
+    if body.n is not None and body.n != 1:
+        raise ApiError(400, "The sim-engine supports n = 1 only.", param="n")
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+    if body.min_tokens is not None and body.min_tokens < 0:
+        raise ApiError(
+            400, f"min_tokens must be greater than or equal to 0, got {body.min_tokens}."
+        )
+
+
+def _job(
+    body: _Common, cfg: SimConfig, ids: list[int], max_tokens: int | None, *, model: str, chat: bool
+) -> Job:
+    _check_params(body, max_tokens)
+    n, limit = len(ids), cfg.max_model_len
+    if n == 0:
+        raise ApiError(400, "The prompt is empty.", param="prompt")
+    if n >= limit:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, your request "
+            f"has {n} input tokens. Please reduce the length of the input messages.",
+        )
+    if max_tokens is not None and n + max_tokens > limit:
+        raise ApiError(
+            400,
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+            f"maximum context length is {limit} tokens and your request has {n} input tokens "
+            f"({max_tokens} > {limit} - {n}).",
+            param="max_tokens",
+        )
+    opts = body.stream_options
+    return Job(
+        chat=chat,
+        model=model,
+        prompt_ids=ids,
+        max_tokens=max_tokens if max_tokens is not None else limit - n,
+        params_max_tokens=max_tokens,
+        stream=bool(body.stream),
+        include_usage=bool(opts and opts.include_usage),
+        continuous_usage=bool(opts and opts.continuous_usage_stats),
+        seed=body.seed,
+        ignore_eos=bool(body.ignore_eos),
+        min_tokens=body.min_tokens or 0,
+    )
+
+
+def parse_chat(raw: bytes, cfg: SimConfig) -> Job:
+    body = _decode(raw, ChatBody)
+    model = check_model(body.model, cfg)
+    max_tokens = (
+        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    )
+    ids = tokenizer.chat_prompt_ids(body.messages, body.tools)
+    return _job(body, cfg, ids, max_tokens, model=model, chat=True)
+
+
+def parse_completion(raw: bytes, cfg: SimConfig) -> Job:
+    body = _decode(raw, CompletionBody)
+    model = check_model(body.model, cfg)
+    try:
+        ids = tokenizer.prompt_ids_for_body({"prompt": body.prompt})
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ApiError(
+            400, "prompt must be a string, a list of token ids, or a list of one of those"
+        ) from exc
+    # OpenAI's (and vLLM's) completions default is 16 tokens.
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens
+    return _job(body, cfg, ids, max_tokens, model=model, chat=False)
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingJob:
+    model: str
+    inputs: list[list[int]]
+    base64: bool
+    dims: int
+
+
+def parse_embeddings(raw: bytes, cfg: SimConfig) -> EmbeddingJob:
+    body = _decode(raw, EmbeddingBody)
+    model = check_model(body.model, cfg)
+    inp = body.input
+    items: list[Any] = inp if isinstance(inp, list) and inp and not _is_ids(inp) else [inp]
+    inputs: list[list[int]] = []
+    for item in items:
+        if isinstance(item, str):
+            inputs.append([tokenizer.BOS, *tokenizer.tokenize(item)])
+        elif isinstance(item, list) and _is_ids(item):
+            inputs.append(list(item))
+        else:
+            raise ApiError(
+                400, "input must be a string, token ids, or a list of those", param="input"
+            )
+        if len(inputs[-1]) > cfg.max_model_len:
+            raise ApiError(
+                400, f"This model's maximum context length is {cfg.max_model_len} tokens."
+            )
+    if body.encoding_format not in (None, "float", "base64"):
+        raise ApiError(400, "encoding_format must be 'float' or 'base64'", param="encoding_format")
+    dims = cfg.embedding_dim if body.dimensions is None else body.dimensions
+    if not 1 <= dims <= cfg.embedding_dim:
+        raise ApiError(
+            400, f"dimensions must be within [1, {cfg.embedding_dim}]", param="dimensions"
+        )
+    return EmbeddingJob(
+        model=model, inputs=inputs, base64=body.encoding_format == "base64", dims=dims
+    )
+
+
+def _is_ids(v: list[Any]) -> bool:
+    return bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
+def embedding(ids: list[int], dims: int) -> list[float]:
+    """A deterministic unit vector for a token sequence."""
+    rnd = random.Random(tokenizer.prompt_seed(ids))
+    v = [rnd.uniform(-1.0, 1.0) for _ in range(dims)]
+    norm = sum(x * x for x in v) ** 0.5 or 1.0
+    return [x / norm for x in v]
+
+
+def embedding_b64(v: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode("ascii")
+
+
+def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+_enc = msgspec.json.Encoder()
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: object) -> bytes:
+    return b"data: " + _enc.encode(obj) + b"\n\n"
+
+
+def error_frame(message: str) -> bytes:
+    """vLLM's mid-stream error event; `data: [DONE]` follows it."""
+    return b"data: " + error_body(message, type="InternalServerError", code=500) + b"\n\n"
+
+
+class Encoder:
+    """Response bodies of one request (chat or completion), streaming and not."""
+
+    def __init__(self, job: Job, rid: str, created: int) -> None:
+        self.job = job
+        self.rid = rid
+        self.created = created
+        self.object = "chat.completion.chunk" if job.chat else "text_completion"
+
+    def _chunk(self, choices: list[dict[str, Any]], usage_: dict[str, Any] | None) -> bytes:
+        obj: dict[str, Any] = {
+            "id": self.rid,
+            "object": self.object,
+            "created": self.created,
+            "model": self.job.model,
+            "choices": choices,
+        }
+        if usage_ is not None:
+            obj["usage"] = usage_
+        return sse(obj)
+
+    def first(self) -> bytes:
+        """The opening chunk: the assistant role (chat only)."""
+        if not self.job.chat:
+            return b""
+        delta = {"role": "assistant", "content": ""}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return self._chunk([choice], None)
+
+    def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
+        choice: dict[str, Any]
+        if self.job.chat:
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+        choice["finish_reason"] = finish
+        if finish is not None or not self.job.chat:
+            choice["stop_reason"] = None
+        return self._chunk([choice], usage_)
+
+    def usage_chunk(self, usage_: dict[str, Any]) -> bytes:
+        return self._chunk([], usage_)
+
+    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
+        """The non-streaming response."""
+        if self.job.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
+            message["reasoning_content"] = None
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None}
+            obj_type = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+            obj_type = "text_completion"
+        choice["finish_reason"] = finish
+        choice["stop_reason"] = None
+        return _enc.encode(
+            {
+                "id": self.rid,
+                "object": obj_type,
+                "created": self.created,
+                "model": self.job.model,
+                "choices": [choice],
+                "usage": usage_,
+            }
+        )
+
+
+def models_body(cfg: SimConfig, created: int) -> bytes:
+    """GET /v1/models in vLLM's shape, one entry per served name."""
+    owner = "sglang" if cfg.metrics_dialect == "sglang" else "vllm"
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": owner,
+            "root": cfg.model,
+            "parent": None,
+            "max_model_len": cfg.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{i:032x}",
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+        for i, name in enumerate(cfg.served_model_names)
+    ]
+    return _enc.encode({"object": "list", "data": data})

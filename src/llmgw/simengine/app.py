@@ -1,0 +1,411 @@
+"""The sim-engine's HTTP application (built apart from its runner: runtime.serve runs it).
+
+Routes: the OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
+`/v1/embeddings`, `/v1/models`), `/health`, `/version`, `/metrics`, and the
+loopback-only debug routes `GET /sim/cache`, `GET /sim/state`,
+`POST /sim/faults` (403 for any other peer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import itertools
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import NoReturn
+
+import msgspec
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from llmgw.simengine import api, metrics, tokenizer
+from llmgw.simengine.batcher import Scheduler, SimRequest, mix_seed
+from llmgw.simengine.config import SimConfig
+from llmgw.simengine.engine import Engine, Stream
+from llmgw.simengine.faults import CRASH_EXIT_CODE, FaultPatch, Faults, Verdict
+from llmgw.simengine.kvcache import HASH_RECIPE, NONE_HASH, KVCache
+from llmgw.simengine.metricsnames import histogram_buckets
+from llmgw.simengine.stats import EngineStats
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+DISCONNECT_POLL_S = 0.5  # how often a silent request checks that its client is still there
+
+
+def _crash() -> NoReturn:
+    log.warning("crash fault: exiting code=%d", CRASH_EXIT_CODE)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(CRASH_EXIT_CODE)
+
+
+def is_loopback(remote: str | None) -> bool:
+    if not remote:
+        return False
+    try:
+        ip = ipaddress.ip_address(remote)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def _gone(request: web.Request) -> bool:
+    t = request.transport
+    return t is None or t.is_closing()
+
+
+def _cut(stall_after: int | None, error_after: int | None) -> tuple[int | None, bool]:
+    """Where a fault cuts a request (None: nowhere), and whether that cut is the error one."""
+    if error_after is not None and (stall_after is None or error_after <= stall_after):
+        return error_after, True
+    return stall_after, False
+
+
+def _json(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type=JSON)
+
+
+def _error(exc: api.ApiError) -> web.Response:
+    return _json(exc.body(), exc.status)
+
+
+class SimEngine:
+    """The engine, its faults and counters, and the request handlers."""
+
+    def __init__(self, cfg: SimConfig, *, crash: Callable[[], NoReturn] = _crash) -> None:
+        self.cfg = cfg
+        self.kv = KVCache(num_gpu_blocks=cfg.num_gpu_blocks, block_size=cfg.block_size)
+        self.stats = EngineStats(histogram_buckets(cfg.metrics_dialect, cfg.max_model_len))
+        self.scheduler = Scheduler(
+            kv=self.kv,
+            stats=self.stats,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_model_len=cfg.max_model_len,
+        )
+        self.engine = Engine(self.scheduler, cfg.timing)
+        self.faults = Faults(cfg.faults, seed=cfg.seed)
+        self._crash = crash
+        self.created_wall = time.time()
+        self._ids = itertools.count(1)
+        self._id_prefix = os.urandom(4).hex()  # ids stay unique across restarts
+        self._stopping = asyncio.Event()
+        self._models_body = api.models_body(cfg, int(self.created_wall))
+        self._cache_info = _cache_info(cfg)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def lifespan(self, _app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.engine.run(), name="sim-engine-loop")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def on_shutdown(self, _app: web.Application) -> None:
+        # Stalled requests would hold the graceful stop for the whole grace period.
+        self._stopping.set()
+
+    # -- OpenAI surface ------------------------------------------------------------
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            job = api.parse_chat(await request.read(), self.cfg)
+        except api.ApiError as exc:
+            return _error(exc)
+        return await self._generate(request, job, "chatcmpl")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            job = api.parse_completion(await request.read(), self.cfg)
+        except api.ApiError as exc:
+            return _error(exc)
+        return await self._generate(request, job, "cmpl")
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        try:
+            job = api.parse_embeddings(await request.read(), self.cfg)
+        except api.ApiError as exc:
+            return _error(exc)
+        verdict = self.faults.admit()
+        if verdict is Verdict.CRASH:
+            self._crash()
+        if verdict is Verdict.FAIL:
+            return _error(api.ApiError(500, "simulated failure (fail_rate)"))
+        # Embeddings bypass the batch: one prefill-only step's time, no queueing.
+        n = sum(len(ids) for ids in job.inputs)
+        await asyncio.sleep(self.cfg.timing.step_s(prefill_tokens=n, decode_seqs=0))
+        data = []
+        for i, ids in enumerate(job.inputs):
+            vec = api.embedding(ids, job.dims)
+            data.append(
+                {
+                    "index": i,
+                    "object": "embedding",
+                    "embedding": api.embedding_b64(vec) if job.base64 else vec,
+                }
+            )
+        body = {
+            "id": f"embd-{self._id_prefix}{next(self._ids):08x}",
+            "object": "list",
+            "created": int(time.time()),
+            "model": job.model,
+            "data": data,
+            "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0},
+        }
+        return _json(msgspec.json.encode(body))
+
+    async def models(self, _request: web.Request) -> web.StreamResponse:
+        return _json(self._models_body)
+
+    async def health(self, _request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200)
+
+    async def version(self, _request: web.Request) -> web.StreamResponse:
+        from llmgw import __version__
+
+        return _json(msgspec.json.encode({"version": f"llmgw-sim-{__version__}"}))
+
+    async def metrics(self, _request: web.Request) -> web.StreamResponse:
+        kv = self.kv
+        view = metrics.EngineView(
+            running=self.scheduler.num_running,
+            waiting=self.scheduler.num_waiting,
+            kv_usage=kv.usage,
+            used_blocks=kv.capacity_blocks - kv.num_free_blocks,
+            capacity_blocks=kv.capacity_blocks,
+            block_size=kv.block_size,
+        )
+        if self.cfg.metrics_dialect == "sglang":
+            text = metrics.render_sglang(self.stats, view, model_name=self.cfg.model_name)
+        else:
+            text = metrics.render_vllm(
+                self.stats,
+                view,
+                model_name=self.cfg.model_name,
+                cache_info=self._cache_info,
+                created_wall=self.created_wall,
+            )
+        return web.Response(
+            body=text, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+        )
+
+    # -- generation ------------------------------------------------------------------
+
+    async def _generate(self, request: web.Request, job: api.Job, kind: str) -> web.StreamResponse:
+        verdict = self.faults.admit()
+        if verdict is Verdict.CRASH:
+            self._crash()
+        if verdict is Verdict.FAIL:
+            return _error(api.ApiError(500, "simulated failure (fail_rate)"))
+        rid = f"{kind}-{self._id_prefix}{next(self._ids):024x}"
+        seed = job.seed if job.seed is not None else tokenizer.prompt_seed(job.prompt_ids)
+        req = SimRequest(
+            rid,
+            job.prompt_ids,
+            arrival_s=self.engine.now(),
+            max_tokens=job.max_tokens,
+            seed=mix_seed(seed, self.cfg.seed),
+            ignore_eos=job.ignore_eos,
+            min_tokens=job.min_tokens,
+            params_max_tokens=job.params_max_tokens,
+        )
+        stall_after, error_after = self.faults.cut_after()
+        stream = self.engine.submit(req)
+        enc = api.Encoder(job, rid, int(time.time()))
+        try:
+            if job.stream:
+                return await self._stream(request, job, enc, stream, stall_after, error_after)
+            return await self._complete(request, enc, stream, stall_after, error_after)
+        finally:
+            if req.finish_reason is None:
+                self.engine.abort(stream)  # client gone, or a fault cut it short
+            else:
+                self.engine.release(stream)
+
+    def _usage(self, req: SimRequest) -> dict[str, object]:
+        return api.usage(req.num_prompt, req.num_output, req.num_cached_tokens or 0)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        job: api.Job,
+        enc: api.Encoder,
+        stream: Stream,
+        stall_after: int | None,
+        error_after: int | None,
+    ) -> web.StreamResponse:
+        req = stream.req
+        cut, error_first = _cut(stall_after, error_after)
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        try:
+            await resp.prepare(request)
+            pending = enc.first()
+            while True:
+                await stream.wait_output()
+                ids = stream.take(None if cut is None else cut - stream.sent)
+                done = req.finish_reason is not None and stream.sent == req.num_output
+                if ids or done:
+                    usage = self._usage(req) if job.continuous_usage else None
+                    finish = req.finish_reason if done else None
+                    pending += enc.delta(tokenizer.output_text(ids), finish, usage)
+                if pending:
+                    await resp.write(pending)
+                    pending = b""
+                if done:
+                    break
+                if cut is not None and stream.sent >= cut:
+                    if error_first:
+                        self.engine.abort(stream, reason="error")
+                        await resp.write(api.error_frame("simulated error (error_after_tokens)"))
+                        await resp.write(api.DONE)
+                        return resp
+                    self.engine.abort(stream)
+                    await self._hold(request)
+                    return resp
+            if job.include_usage:
+                await resp.write(enc.usage_chunk(self._usage(req)))
+            await resp.write(api.DONE)
+            await resp.write_eof()
+        except ConnectionResetError:
+            log.debug("client gone rid=%s", req.req_id)
+        return resp
+
+    async def _complete(
+        self,
+        request: web.Request,
+        enc: api.Encoder,
+        stream: Stream,
+        stall_after: int | None,
+        error_after: int | None,
+    ) -> web.StreamResponse:
+        req = stream.req
+        cut, error_first = _cut(stall_after, error_after)
+        # Wake only at the end (or at the cut), not for every token.
+        stream.per_token = False
+        stream.wake_at = cut
+        while req.finish_reason is None:
+            if cut is not None and req.num_output >= cut:
+                if error_first:
+                    self.engine.abort(stream, reason="error")
+                    return _error(api.ApiError(500, "simulated error (error_after_tokens)"))
+                self.engine.abort(stream)
+                await self._hold(request)
+                return web.Response(status=500)
+            try:
+                await asyncio.wait_for(stream.wait_output(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if _gone(request):
+                    return web.Response(status=499)
+        text = tokenizer.output_text(req.output_ids())
+        return _json(enc.full(text, req.finish_reason, self._usage(req)))
+
+    async def _hold(self, request: web.Request) -> None:
+        """Stay silent until the client leaves or the server stops (the stall fault)."""
+        while not self._stopping.is_set() and not _gone(request):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), DISCONNECT_POLL_S)
+
+    # -- loopback-only debug surface ----------------------------------------------------
+
+    @web.middleware
+    async def loopback_only(
+        self,
+        request: web.Request,
+        handler: Handler,
+    ) -> web.StreamResponse:
+        if request.path.startswith("/sim/") and not is_loopback(request.remote):
+            return _error(api.ApiError(403, "the /sim/ routes answer loopback peers only"))
+        return await handler(request)
+
+    async def sim_cache(self, _request: web.Request) -> web.StreamResponse:
+        blocks = [
+            {"block_id": b.block_id, "hash": b.hash.hex(), "ref_cnt": b.ref_cnt}
+            for b in self.kv.snapshot()
+        ]
+        body = {
+            "block_size": self.kv.block_size,
+            "num_gpu_blocks": self.kv.num_gpu_blocks,
+            "hash_recipe": HASH_RECIPE,
+            "none_hash": NONE_HASH.hex(),
+            "num_cached_blocks": len(blocks),
+            "blocks": blocks,
+        }
+        return _json(msgspec.json.encode(body))
+
+    async def sim_state(self, _request: web.Request) -> web.StreamResponse:
+        s, kv = self.scheduler, self.kv
+        body = {
+            "running": s.num_running,
+            "waiting": s.num_waiting,
+            "running_ids": s.running_snapshot(),
+            "waiting_ids": s.waiting_snapshot(),
+            "num_gpu_blocks": kv.num_gpu_blocks,
+            "free_blocks": kv.num_free_blocks,
+            "cached_blocks": kv.num_cached_blocks,
+            "kv_usage": kv.usage,
+            "evictions": kv.evictions,
+            "steps": self.stats.steps,
+            "preemptions": self.stats.preemptions,
+            "lag_resets": self.engine.lag_resets,
+            "faults": msgspec.to_builtins(self.faults.config),
+        }
+        return _json(msgspec.json.encode(body))
+
+    async def sim_faults(self, request: web.Request) -> web.StreamResponse:
+        try:
+            patch = msgspec.json.decode(await request.read(), type=FaultPatch)
+            config = self.faults.update(patch)
+        except (msgspec.DecodeError, ValueError) as exc:
+            return _error(api.ApiError(400, f"bad faults: {exc}"))
+        log.info("faults changed %s", msgspec.to_builtins(config))
+        return _json(msgspec.json.encode(config))
+
+
+def _cache_info(cfg: SimConfig) -> dict[str, str]:
+    """vllm:cache_config_info labels: CacheConfig fields as strings (ENGINES.md §2.2)."""
+    return {
+        "block_size": str(cfg.block_size),
+        "cache_dtype": "auto",
+        "enable_prefix_caching": "True",
+        "gpu_memory_utilization": "0.9",
+        "is_attention_free": "False",
+        "kv_cache_max_concurrency": str(cfg.kv_capacity_tokens / cfg.max_model_len),
+        "kv_cache_size_tokens": str(cfg.kv_capacity_tokens),
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(cfg.num_gpu_blocks),
+        "num_gpu_blocks_override": "None",
+        "prefix_caching_hash_algo": "sim_blake2b",
+        "sliding_window": "None",
+    }
+
+
+def build_app(cfg: SimConfig, *, crash: Callable[[], NoReturn] = _crash) -> web.Application:
+    sim = SimEngine(cfg, crash=crash)
+    # Long prompts are legitimate; vLLM has no body limit either.
+    app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[sim.loopback_only])
+    app["sim"] = sim
+    app.cleanup_ctx.append(sim.lifespan)
+    app.on_shutdown.append(sim.on_shutdown)
+    r = app.router
+    r.add_post("/v1/chat/completions", sim.chat)
+    r.add_post("/v1/completions", sim.completions)
+    r.add_post("/v1/embeddings", sim.embeddings)
+    r.add_get("/v1/models", sim.models)
+    r.add_get("/health", sim.health)
+    r.add_get("/version", sim.version)
+    r.add_get("/metrics", sim.metrics)
+    r.add_get("/sim/cache", sim.sim_cache)
+    r.add_get("/sim/state", sim.sim_state)
+    r.add_post("/sim/faults", sim.sim_faults)
+    return app

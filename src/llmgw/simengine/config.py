@@ -1,0 +1,55 @@
+"""The sim-engine's settings, validated once at the edge (main) and trusted inside."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmgw.simengine.faults import FaultConfig
+from llmgw.simengine.timing import TimingModel
+
+DIALECTS = ("vllm", "sglang")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    model: str
+    # Names the API answers to, first one used as the metrics' model_name. vLLM
+    # semantics: given --served-model-name, the --model path itself is not served.
+    served_model_names: tuple[str, ...]
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    timing: TimingModel = field(default_factory=TimingModel)
+    metrics_dialect: str = "vllm"
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    seed: int = 0
+    embedding_dim: int = 1024
+
+    def __post_init__(self) -> None:
+        if not self.served_model_names:
+            raise ValueError("at least one served model name is needed")
+        if self.metrics_dialect not in DIALECTS:
+            raise ValueError(f"metrics dialect must be one of {', '.join(DIALECTS)}")
+        if self.block_size < 1 or self.num_gpu_blocks < 2:
+            raise ValueError("need --block-size >= 1 and --num-gpu-blocks >= 2")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_model_len < 2:
+            raise ValueError(
+                "max-num-seqs, max-num-batched-tokens must be >= 1, max-model-len >= 2"
+            )
+        if self.max_model_len > self.kv_capacity_tokens:
+            # vLLM refuses to start in this case too: one full-length request must fit.
+            raise ValueError(
+                f"max-model-len {self.max_model_len} does not fit the KV cache "
+                f"({self.kv_capacity_tokens} tokens = ({self.num_gpu_blocks} - 1) blocks "
+                f"× {self.block_size})"
+            )
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return (self.num_gpu_blocks - 1) * self.block_size

@@ -1,0 +1,161 @@
+"""The engine loop: one asyncio task that runs scheduler steps in simulated time.
+
+Each step: pick the batch (`Scheduler.schedule`), sleep until the step's end
+(`TimingModel.step_s` after its start), apply it (`Scheduler.finish_step`) and
+wake the streams that got a token. No busy loop: an idle engine waits on an
+event, a busy one sleeps.
+
+Simulated time stays faithful when the process lags: a step starts where the
+previous one ended, not when the event loop got round to it, so the CPU work
+of delivering tokens (which runs while the engine sleeps) does not stretch the
+model's timing. Only when the process falls more than `max_lag_s` behind (the
+CPU cannot keep up at all) does the timeline slip to the present; the
+benchmark (bench/sim_engine.py) measures where that starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from llmgw.simengine.batcher import Scheduler, SimRequest, StepPlan
+from llmgw.simengine.timing import TimingModel
+
+log = logging.getLogger(__name__)
+
+
+class Stream:
+    """The consumer side of one request: which tokens were sent, and a waiter for more.
+
+    A streaming handler wants every token (`per_token`); a non-streaming one
+    only the end, or the count `wake_at` where a fault cuts the request, so
+    a thousand non-streaming requests do not wake a thousand tasks per step.
+    """
+
+    __slots__ = ("_waiter", "per_token", "req", "sent", "wake_at")
+
+    def __init__(self, req: SimRequest) -> None:
+        self.req = req
+        self.sent = 0  # output tokens already handed to the client
+        self.per_token = True
+        self.wake_at: int | None = None  # without per_token: wake at this many tokens
+        self._waiter: asyncio.Future[None] | None = None
+
+    def ready(self) -> bool:
+        req = self.req
+        if req.finish_reason is not None:
+            return True
+        if self.per_token:
+            return req.num_output > self.sent
+        return self.wake_at is not None and req.num_output >= self.wake_at
+
+    def notify(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done() and self.ready():
+            w.set_result(None)
+
+    async def wait_output(self) -> None:
+        """Return once `ready()`: unsent tokens (or the wake count), or the end."""
+        while not self.ready():
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def take(self, limit: int | None = None) -> list[int]:
+        """Up to `limit` output ids not sent yet (all when None); marks them sent."""
+        ids = self.req.output_ids(self.sent)
+        if limit is not None and len(ids) > limit:
+            ids = ids[: max(limit, 0)]
+        self.sent += len(ids)
+        return ids
+
+
+class Engine:
+    """Owns the scheduler's clock: submit/abort from handlers, `run()` as the one engine task."""
+
+    def __init__(
+        self, scheduler: Scheduler, timing: TimingModel, *, max_lag_s: float = 0.1
+    ) -> None:
+        self.scheduler = scheduler
+        self.timing = timing
+        self.max_lag_s = max_lag_s
+        self._streams: dict[str, Stream] = {}
+        self._wake = asyncio.Event()
+        self._deadline: float | None = None  # end of the last step; None: idle since
+        self.lag_resets = 0  # times the timeline slipped because the CPU fell behind
+
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def submit(self, req: SimRequest) -> Stream:
+        stream = Stream(req)
+        self._streams[req.req_id] = stream
+        self.scheduler.add(req)
+        self._wake.set()
+        return stream
+
+    def abort(self, stream: Stream, *, reason: str = "abort") -> None:
+        """Take the request out of the engine (client gone, injected error); idempotent."""
+        self.scheduler.abort(stream.req, reason=reason, now=self.now())
+        self._streams.pop(stream.req.req_id, None)
+        stream.notify()
+
+    def release(self, stream: Stream) -> None:
+        """Forget a finished request's stream."""
+        self._streams.pop(stream.req.req_id, None)
+
+    def begin_step(self, now: float) -> tuple[StepPlan, float, float] | None:
+        """Plan the next step: (plan, start, end), or None when nothing can run."""
+        d = self._deadline
+        if d is not None and now - d > self.max_lag_s:
+            self.lag_resets += 1
+            d = None
+        start = now if d is None else d
+        plan = self.scheduler.schedule(start)
+        if not plan.scheduled and start < now:
+            # Work that arrived after the catch-up start belongs to a step that starts now.
+            start = now
+            plan = self.scheduler.schedule(start)
+        if not plan.scheduled:
+            return None
+        end = start + self.timing.step_s(
+            prefill_tokens=plan.prefill_tokens, decode_seqs=plan.decode_seqs
+        )
+        return plan, start, end
+
+    def end_step(self, plan: StepPlan, end: float) -> None:
+        """Apply a step that ended at `end` and wake the streams with news."""
+        self._deadline = end
+        streams = self._streams
+        for req in self.scheduler.finish_step(plan, end):
+            s = streams.get(req.req_id)
+            if s is not None:
+                s.notify()
+
+    async def run(self) -> None:
+        """The engine task: steps while there is work, waits (no spinning) when idle."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.scheduler.has_work():
+                self._deadline = None
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            step = self.begin_step(loop.time())
+            if step is None:
+                # Nothing fits and nothing runs (cannot last: requests are validated
+                # to fit the cache); wait for an arrival or an abort to change that.
+                self._deadline = None
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            plan, _, end = step
+            delay = end - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)  # let handlers write what the last step produced
+            self.end_step(plan, end)

@@ -1,0 +1,122 @@
+"""`llmgw sim-engine`: a simulated vLLM/SGLang replica (DESIGN §7).
+
+Flags the agent passes to real engines are accepted so one template serves
+all: `--tensor-parallel-size`/`--tp` scales speed and KV capacity (timing.py);
+other vLLM/SGLang flags (`--gpu-memory-utilization`, `--dtype`, …) are
+ignored with a log line. `vllm serve MODEL`-style positional models work too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from llmgw.runtime import logs
+from llmgw.simengine import timing
+from llmgw.simengine.config import DIALECTS, SimConfig
+from llmgw.simengine.faults import FaultConfig
+
+log = logging.getLogger(__name__)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmgw sim-engine",
+        description="A simulated vLLM/SGLang engine: OpenAI API, KV cache, batching, metrics.",
+    )
+    p.add_argument("positional_model", nargs="?", help=argparse.SUPPRESS)
+    p.add_argument("--model", help="model name (the default served name)")
+    p.add_argument("--served-model-name", nargs="+", default=None, help="names to serve")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--num-gpu-blocks", type=int, default=None, help="default: Llama-3-8B/H100")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=timing.DEFAULT_MAX_NUM_SEQS)
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=timing.DEFAULT_MAX_NUM_BATCHED_TOKENS
+    )
+    p.add_argument("--max-model-len", type=int, default=None, help="default 8192 (or what fits)")
+    p.add_argument("--speed", type=float, default=1.0, help="10 = ten times faster")
+    p.add_argument(
+        "--prefill-ms-per-token", type=float, default=timing.DEFAULT_PREFILL_MS_PER_TOKEN
+    )
+    p.add_argument("--decode-base-ms", type=float, default=timing.DEFAULT_DECODE_BASE_MS)
+    p.add_argument("--decode-ms-per-seq", type=float, default=timing.DEFAULT_DECODE_MS_PER_SEQ)
+    p.add_argument("--tensor-parallel-size", "-tp", "--tp", type=int, default=1, dest="tp")
+    p.add_argument("--metrics-dialect", choices=DIALECTS, default="vllm")
+    p.add_argument("--fail-rate", type=float, default=0.0)
+    p.add_argument("--stall-after-tokens", type=int, default=None)
+    p.add_argument("--error-after-tokens", type=int, default=None)
+    p.add_argument("--crash-after-requests", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--grace-s", type=float, default=10.0, help="graceful stop window on SIGTERM")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """Turn parsed flags into a validated config; ValueError names what is wrong."""
+    model = args.model or args.positional_model
+    if not model:
+        raise ValueError("--model is required")
+    tp = args.tp
+    num_blocks = args.num_gpu_blocks or timing.default_num_gpu_blocks(
+        block_size=args.block_size, tp=tp
+    )
+    capacity = (num_blocks - 1) * args.block_size
+    max_model_len = args.max_model_len or min(timing.DEFAULT_MAX_MODEL_LEN, capacity)
+    return SimConfig(
+        model=model,
+        served_model_names=tuple(args.served_model_name or [model]),
+        num_gpu_blocks=num_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        timing=timing.TimingModel(
+            prefill_ms_per_token=args.prefill_ms_per_token,
+            decode_base_ms=args.decode_base_ms,
+            decode_ms_per_seq=args.decode_ms_per_seq,
+            speed=args.speed,
+            tp=tp,
+        ),
+        metrics_dialect=args.metrics_dialect,
+        faults=FaultConfig(
+            fail_rate=args.fail_rate,
+            stall_after_tokens=args.stall_after_tokens,
+            crash_after_requests=args.crash_after_requests,
+            error_after_tokens=args.error_after_tokens,
+        ).validate(),
+        seed=args.seed,
+    )
+
+
+def main(argv: list[str]) -> int:
+    logs.setup()
+    args, unknown = parser().parse_known_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        sys.stderr.write(f"llmgw sim-engine: {exc}\n")
+        return 2
+    if unknown:
+        log.info("ignoring engine flags %s", " ".join(unknown))
+
+    from llmgw.runtime import serve
+    from llmgw.simengine.app import build_app
+
+    app = build_app(cfg)
+    log.info(
+        "sim-engine model=%s blocks=%d block_size=%d max_num_seqs=%d speed=%s dialect=%s",
+        cfg.model_name,
+        cfg.num_gpu_blocks,
+        cfg.block_size,
+        cfg.max_num_seqs,
+        cfg.timing.speed,
+        cfg.metrics_dialect,
+    )
+    return serve.run(
+        lambda: serve.serve_app(
+            app, host=args.host, port=args.port, name="sim-engine", grace_s=args.grace_s
+        )
+    )
