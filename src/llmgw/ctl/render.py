@@ -146,6 +146,8 @@ def _counts(label: str, parts: Sequence[tuple[int, str, str]]) -> Text:
 
 
 def _gpu_grid(gpus: Sequence[ClassUse], limit: int) -> RenderableType:
+    if not gpus:
+        return Text.assemble(("GPUs", "bold"), ("  none reported", "dim"))
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", min_width=8)
     grid.add_column()
@@ -169,8 +171,6 @@ def _gpu_grid(gpus: Sequence[ClassUse], limit: int) -> RenderableType:
         rest = gpus[limit:]
         free = sum(max(0, c.free) for c in rest)
         grid.add_row(Text(f"  {more_line(hidden, f'{fmt_count(free)} free')}", style="dim"))
-    if not gpus:
-        grid.add_row(Text("  no GPUs reported", style="dim"))
     return grid
 
 
@@ -197,10 +197,13 @@ def _fabric_grid(fabrics: Sequence[FabricUse], limit: int) -> RenderableType:
 def _unplaceable(names: Sequence[str], reasons: Mapping[str, str], limit: int) -> RenderableType:
     if not names:
         return Text.assemble(("Unplaceable", "bold"), ("  none", "green"))
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(no_wrap=True, overflow="ellipsis", max_width=32)
-    grid.add_column(no_wrap=True, overflow="ellipsis")
     shown, hidden = take(names, limit)
+    # Names keep their width (up to a bound) and the reason gives way: a cut name
+    # cannot be looked up, a cut reason still says where to look.
+    name_width = min(40, max(len(n) for n in shown) + 2)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True, overflow="ellipsis", min_width=name_width, max_width=name_width)
+    grid.add_column(no_wrap=True, overflow="ellipsis")
     for name in shown:
         grid.add_row(f"  {name}", Text(reasons.get(name, "no reason given"), style="dim"))
     heading = Text(f"Unplaceable ({fmt_count(len(names))})", style="bold red")
