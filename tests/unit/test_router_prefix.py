@@ -1,0 +1,286 @@
+"""Prefix affinity: request block hashes, rendezvous homes, the prefix index (DESIGN §2.6)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmgw.router.prefix import (
+    PrefixIndex,
+    capacity_blocks_for,
+    rendezvous_order,
+    request_block_hashes,
+)
+
+SYSTEM = "You are a careful assistant for the llmgw project. " * 20  # ~1 KB, 16 blocks
+
+
+def chat(*turns: str, system: str = SYSTEM, **extra: Any) -> dict[str, Any]:
+    msgs = [{"role": "system", "content": system}]
+    for i, t in enumerate(turns):
+        msgs.append({"role": "user" if i % 2 == 0 else "assistant", "content": t})
+    return {"model": "m", "messages": msgs, **extra}
+
+
+class TestRequestBlockHashes:
+    def test_same_request_gives_same_hashes(self) -> None:
+        """Hashing is a pure function of the request."""
+        assert request_block_hashes(chat("hi")) == request_block_hashes(chat("hi"))
+
+    def test_first_hash_is_stable_across_processes(self) -> None:
+        """The first block's hash is blake2b, not Python's per-process hash: a golden value."""
+        body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+        assert request_block_hashes(body) == (7975876557300876301,)
+
+    def test_next_turn_extends_the_chain(self) -> None:
+        """A conversation's next turn starts with every full block of the previous one."""
+        one = request_block_hashes(chat("What is a KV cache?"))
+        two = request_block_hashes(chat("What is a KV cache?", "It stores keys.", "And then?"))
+        assert len(two) > len(one)
+        assert two[: len(one)] == one
+
+    def test_blocks_are_block_chars_long(self) -> None:
+        """A prompt of n bytes gives n // block_chars hashes (full blocks only)."""
+        hashes = request_block_hashes({"model": "m", "prompt": "x" * 999}, block_chars=100)
+        assert len(hashes) == 10  # 1000 canonical bytes with the prompt marker
+
+    def test_short_prompt_gets_one_hash(self) -> None:
+        """Less than a block still has a first hash, so it still has a home."""
+        assert len(request_block_hashes({"model": "m", "prompt": "hi"})) == 1
+
+    def test_no_prompt_no_hashes(self) -> None:
+        """A body without messages or prompt hashes to nothing."""
+        assert request_block_hashes({"model": "m"}) == ()
+
+    def test_max_blocks_caps_the_chain(self) -> None:
+        """Only the first max_blocks blocks route."""
+        assert len(request_block_hashes({"model": "m", "prompt": "y" * 10_000}, max_blocks=8)) == 8
+
+    def test_shared_system_prompt_shares_leading_blocks(self) -> None:
+        """Two conversations with one system prompt share its full blocks, then diverge."""
+        a = request_block_hashes(chat("first question " * 10))
+        b = request_block_hashes(chat("another question " * 10))
+        shared = len(SYSTEM) // 64
+        assert a[:shared] == b[:shared]
+        assert a[-1] != b[-1]
+
+    def test_message_order_matters(self) -> None:
+        """The same messages in another order are another prompt."""
+        a = request_block_hashes(chat("x" * 100, "y" * 100, system="s"))
+        b = request_block_hashes(chat("y" * 100, "x" * 100, system="s"))
+        assert a != b
+
+    def test_field_boundaries_matter(self) -> None:
+        """Moving text across a message boundary changes the hashes."""
+        a = request_block_hashes(chat("ab" * 40, "c" * 40, system="s"))
+        b = request_block_hashes(chat("ab" * 40 + "c" * 20, "c" * 20, system="s"))
+        assert a[-1] != b[-1]
+
+    def test_roles_names_and_tool_calls_are_part_of_the_prompt(self) -> None:
+        """Role, name and tool calls change the prompt as the engine renders it."""
+        base = {"role": "assistant", "content": "z" * 80}
+        variants = [
+            base,
+            {**base, "role": "user"},
+            {**base, "name": "bob"},
+            {**base, "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{}"}}]},
+        ]
+        hashes = {request_block_hashes({"model": "m", "messages": [v]}) for v in variants}
+        assert len(hashes) == 4
+
+    def test_content_parts_text_counts(self) -> None:
+        """Text inside content parts is hashed; different text, different hashes."""
+
+        def parts(text: str) -> dict[str, Any]:
+            content = [
+                {"type": "text", "text": text},
+                {"type": "image_url", "image_url": {"url": "u"}},
+            ]
+            return {"model": "m", "messages": [{"role": "user", "content": content}]}
+
+        assert request_block_hashes(parts("a" * 100)) != request_block_hashes(parts("b" * 100))
+
+    def test_tool_definitions_come_first(self) -> None:
+        """Different tools make a different prefix from the first block on."""
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+        with_tools = request_block_hashes(chat("q", tools=[tool]))
+        without = request_block_hashes(chat("q"))
+        assert with_tools[0] != without[0]
+
+    def test_session_hint_joins_the_first_block(self) -> None:
+        """A session id separates otherwise identical conversations from the first block."""
+        a = request_block_hashes(chat("q"), session="s1")
+        b = request_block_hashes(chat("q"), session="s2")
+        assert a[0] != b[0]
+        assert request_block_hashes(chat("q"), session="s1") == a
+
+    def test_user_field_is_a_session_hint(self) -> None:
+        """Without an explicit session, the OpenAI `user` field is the hint."""
+        assert request_block_hashes(chat("q", user="u1")) == request_block_hashes(
+            chat("q"), session="u1"
+        )
+
+    def test_model_joins_the_first_block(self) -> None:
+        """Two models on one endpoint never share a prefix."""
+        assert (
+            request_block_hashes({**chat("q"), "model": "a"})[0]
+            != request_block_hashes(chat("q"))[0]
+        )
+
+    def test_completions_prompt_is_hashed(self) -> None:
+        """A /completions prompt (or the first of a batch) is the canonical text."""
+        one = request_block_hashes({"model": "m", "prompt": "p" * 200})
+        batch = request_block_hashes({"model": "m", "prompt": ["p" * 200, "q"]})
+        assert one == batch
+        assert len(one) == 3
+
+
+class TestCapacityBlocks:
+    def test_tokens_convert_at_four_chars_per_token(self) -> None:
+        """KV tokens × 4 chars / 64-char blocks; unknown capacity stays unknown."""
+        assert (
+            capacity_blocks_for(670_832),
+            capacity_blocks_for(1),
+            capacity_blocks_for(None),
+        ) == (
+            41_927,
+            1,
+            None,
+        )
+
+
+class TestRendezvous:
+    def test_order_is_a_permutation_and_deterministic(self) -> None:
+        """Every candidate appears once, in an order fixed by key and ids alone (golden)."""
+        assert rendezvous_order(12345, ["a", "b", "c", "d"]) == ["a", "c", "d", "b"]
+        assert rendezvous_order(12345, ["d", "c", "b", "a"]) == ["a", "c", "d", "b"]
+
+    def test_removing_another_endpoint_keeps_the_home(self) -> None:
+        """Only keys whose home left move; the others keep their first choice."""
+        ids = [f"ep{i}" for i in range(8)]
+        for key in range(200):
+            home = rendezvous_order(key, ids)[0]
+            rest = [i for i in ids if i != "ep3"]
+            if home != "ep3":
+                assert rendezvous_order(key, rest)[0] == home
+
+    def test_homes_spread_evenly(self) -> None:
+        """Over many keys each of 8 endpoints is home to roughly an eighth."""
+        ids = [f"ep{i}" for i in range(8)]
+        homes = Counter(rendezvous_order(k * 7919, ids)[0] for k in range(8000))
+        assert set(homes) == set(ids)
+        assert max(homes.values()) < 1.25 * 1000
+        assert min(homes.values()) > 0.75 * 1000
+
+    def test_negative_keys_are_accepted(self) -> None:
+        """Keys are taken modulo 2**64, so signed hashes work."""
+        assert sorted(rendezvous_order(-5, ["a", "b"])) == ["a", "b"]
+
+
+class TestPrefixIndex:
+    def test_match_counts_leading_blocks_held(self) -> None:
+        """Each endpoint's match is the length of the leading run of blocks it holds."""
+        idx = PrefixIndex()
+        idx.record("a", [1, 2, 3, 4], capacity_blocks=None)
+        idx.record("b", [1, 2], capacity_blocks=None)
+        idx.record("c", [9], capacity_blocks=None)
+        assert idx.match([1, 2, 3, 5], ["a", "b", "c", "d"]) == {"a": 3, "b": 2}
+
+    def test_match_only_looks_at_candidates(self) -> None:
+        """Endpoints not among the candidates are not reported."""
+        idx = PrefixIndex()
+        idx.record("a", [1], capacity_blocks=None)
+        assert idx.match([1], ["b"]) == {}
+        assert idx.match([], ["a"]) == {}
+
+    def test_capacity_evicts_the_tail_of_the_oldest_chain_first(self) -> None:
+        """Over its capacity an endpoint forgets the deepest blocks of its oldest chains."""
+        idx = PrefixIndex()
+        idx.record("a", [1, 2, 3], capacity_blocks=4)
+        idx.record("a", [10, 11], capacity_blocks=4)
+        assert idx.entries("a") == 4
+        assert idx.match([1, 2, 3], ["a"]) == {"a": 2}
+        assert idx.match([10, 11], ["a"]) == {"a": 2}
+
+    def test_recording_again_refreshes_recency(self) -> None:
+        """A chain sent again becomes the most recent and survives eviction."""
+        idx = PrefixIndex()
+        idx.record("a", [1, 2], capacity_blocks=4)
+        idx.record("a", [3, 4], capacity_blocks=4)
+        idx.record("a", [1, 2], capacity_blocks=4)
+        idx.record("a", [5, 6], capacity_blocks=4)
+        assert idx.match([1, 2], ["a"]) == {"a": 2}
+        assert idx.match([3], ["a"]) == {}
+
+    def test_chain_longer_than_capacity_keeps_its_head(self) -> None:
+        """A chain bigger than the endpoint's capacity keeps its first blocks."""
+        idx = PrefixIndex()
+        idx.record("a", list(range(1, 11)), capacity_blocks=3)
+        assert idx.match(list(range(1, 11)), ["a"]) == {"a": 3}
+
+    def test_unknown_capacity_uses_the_default(self) -> None:
+        """capacity_blocks=None bounds the endpoint by default_capacity_blocks."""
+        idx = PrefixIndex(default_capacity_blocks=5)
+        idx.record("a", list(range(100)), capacity_blocks=None)
+        assert idx.entries("a") == 5
+
+    def test_global_cap_evicts_least_recent_across_endpoints(self) -> None:
+        """Past max_total_entries the globally oldest entries go, whichever endpoint holds them."""
+        idx = PrefixIndex(max_total_entries=6)
+        idx.record("old", [1, 2, 3], capacity_blocks=None)
+        idx.record("mid", [4, 5, 6], capacity_blocks=None)
+        idx.record("new", [7, 8], capacity_blocks=None)
+        assert len(idx) == 6
+        assert (idx.entries("old"), idx.entries("mid"), idx.entries("new")) == (1, 3, 2)
+        assert idx.match([1, 2, 3], ["old"]) == {"old": 1}
+
+    def test_purge_forgets_one_endpoint(self) -> None:
+        """purge() drops an endpoint's entries (restart or removal) and nothing else."""
+        idx = PrefixIndex()
+        idx.record("a", [1, 2], capacity_blocks=None)
+        idx.record("b", [1], capacity_blocks=None)
+        idx.purge("a")
+        idx.purge("never-seen")
+        assert (len(idx), idx.match([1, 2], ["a", "b"])) == (1, {"b": 1})
+
+    def test_retain_purges_everything_not_listed(self) -> None:
+        """retain() keeps only the listed endpoints."""
+        idx = PrefixIndex()
+        for ep in "abc":
+            idx.record(ep, [1, 2], capacity_blocks=None)
+        idx.retain(["b", "z"])
+        assert (len(idx), idx.entries_by_endpoint()) == (2, {"b": 2})
+
+    @settings(max_examples=150)
+    @given(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["a", "b", "c"]),
+                st.lists(st.integers(0, 3), min_size=1, max_size=6),
+                st.integers(1, 8),
+            ),
+            max_size=40,
+        ),
+        st.integers(3, 30),
+    )
+    def test_bounds_hold_and_chains_stay_leading_runs(
+        self, ops: list[tuple[str, list[int], int]], max_total: int
+    ) -> None:
+        """Whatever is recorded, every endpoint stays within its capacity, the index
+        within its cap, and what an endpoint holds of its newest chain is a leading run."""
+        idx = PrefixIndex(max_total_entries=max_total)
+        newest: dict[str, tuple[int, ...]] = {}
+        for ep, path, cap in ops:
+            # Chains from a small tree of shared prefixes: a node is its path from the root.
+            chain = tuple(hash(tuple(path[: i + 1])) for i in range(len(path)))
+            idx.record(ep, chain, capacity_blocks=cap)
+            newest[ep] = chain
+            assert idx.entries(ep) <= cap
+            assert len(idx) <= max_total
+            assert len(idx) == sum(idx.entries_by_endpoint().values())
+        for ep, chain in newest.items():
+            held = [idx.match([h], [ep]) == {ep: 1} for h in chain]
+            assert held == sorted(held, reverse=True)  # True…True False…False
