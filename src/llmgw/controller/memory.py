@@ -11,6 +11,17 @@ from dataclasses import dataclass, field
 from llmgw.controller.placement import Unplaceable
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Room being made for a model: its victims drain, their cards are held for it."""
+
+    # Replicas drained for it; while any still holds cards, it evicts no more.
+    victims: frozenset[str]
+    # (node, GPU indices) where it will land (the eviction plan's placement):
+    # other models may not take these cards as they free up.
+    gpus: tuple[tuple[str, tuple[int, ...]], ...]
+
+
 @dataclass(slots=True)
 class Memory:
     """Reconcile memory; a fresh one per leadership term."""
@@ -25,9 +36,9 @@ class Memory:
     unreachable: set[str] = field(default_factory=set)
     # Model → why its last placement failed (restart: known again after one tick).
     unplaceable: dict[str, Unplaceable] = field(default_factory=dict)
-    # Model → replicas drained to make room for it; no further eviction for that
-    # model while they still hold their cards (restart: may evict once more).
-    evicting: dict[str, frozenset[str]] = field(default_factory=dict)
+    # Model → the room being made for it by eviction (restart: the room is not
+    # held for it, and it may evict once more).
+    evicting: dict[str, Reservation] = field(default_factory=dict)
     # Node → drain grace the operator asked for (restart: the default grace).
     drain_grace_s: dict[str, float] = field(default_factory=dict)
     # Draining nodes already announced empty.

@@ -16,6 +16,7 @@ the room it gets.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from llmgw.controller.config import ControllerConfig
@@ -23,8 +24,15 @@ from llmgw.controller.eviction import plan_eviction
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.index import FleetIndex
 from llmgw.controller.lifecycle import RUNS, Batch
-from llmgw.controller.memory import Memory
-from llmgw.controller.placement import FreeMap, Placement, Unplaceable, free_map, place
+from llmgw.controller.memory import Memory, Reservation
+from llmgw.controller.placement import (
+    FreeMap,
+    Placement,
+    ShardPlacement,
+    Unplaceable,
+    free_map,
+    place,
+)
 from llmgw.controller.state import Model, Replica, Shard
 
 
@@ -51,6 +59,11 @@ def place_requests(
     requests: list[Request],
 ) -> None:
     failed: set[str] = set()
+    # A reservation lasts while its model still asks for a replica (not deleted,
+    # not scaled down meanwhile); otherwise its cards would be held for nobody.
+    wanted = {q.model.name for q in requests}
+    for name in [n for n in mem.evicting if n not in wanted]:
+        del mem.evicting[name]
     if requests:
         requests.sort(
             key=lambda q: (
@@ -61,24 +74,60 @@ def place_requests(
             )
         )
         free = free_map(batch.base, now=batch.now, heartbeat_timeout_s=cfg.heartbeat_timeout_s)
+        held = _hold_reservations(free, mem)
         ports: dict[str, set[int]] = {}
         for q in requests:
             name = q.model.name
             if name in failed:
                 continue  # one reason per model per tick is enough
+            mine = held.pop(name, [])
+            for node, gpus in mine:
+                free.release(node, gpus)  # its own room, held for it until now
             result = place(q.model.spec, batch.base.nodes, free)
             if isinstance(result, Placement):
                 free.take(result)
                 _create(batch, index, q, result, ports)
                 mem.evicting.pop(name, None)
                 continue
+            for node, gpus in mine:
+                # Not enough yet (victims still draining): keep holding what is free.
+                _take(free, name, node, gpus)
+                held.setdefault(name, []).append((node, gpus))
             failed.add(name)
             _unplaceable(batch, mem, result)
             if q.replaces is None:
-                _maybe_evict(batch, usage, mem, cfg, q.model, free)
+                res = _maybe_evict(batch, usage, mem, cfg, q.model, free)
+                if res is not None:
+                    # The part of its room that is already free is held from now on.
+                    _hold(free, name, res, held)
     for name in list(mem.unplaceable):
         if name not in failed:
             del mem.unplaceable[name]
+
+
+Held = dict[str, list[tuple[str, tuple[int, ...]]]]
+
+
+def _hold_reservations(free: FreeMap, mem: Memory) -> Held:
+    """Take every reserved card that is free now out of `free`, per reserving model."""
+    held: Held = {}
+    for model, res in mem.evicting.items():
+        _hold(free, model, res, held)
+    return held
+
+
+def _hold(free: FreeMap, model: str, res: Reservation, held: Held) -> None:
+    for node, gpus in res.gpus:
+        avail = free.free_gpus(node)
+        now_free = tuple(g for g in gpus if g in avail)
+        if now_free:
+            _take(free, model, node, now_free)
+            held.setdefault(model, []).append((node, now_free))
+
+
+def _take(free: FreeMap, model: str, node: str, gpus: tuple[int, ...]) -> None:
+    shard = ShardPlacement(node=node, rank=0, gpus=gpus)
+    free.take(Placement(model=model, shards=(shard,), pool=""))
 
 
 def _create(
@@ -169,10 +218,12 @@ def _maybe_evict(
     cfg: ControllerConfig,
     model: Model,
     free: FreeMap,
-) -> None:
-    earlier = mem.evicting.get(model.name, frozenset())
-    if any((r := batch.base.replicas.get(rid)) is not None and r.holds_gpus for rid in earlier):
-        return  # the room evicted earlier is still being freed
+) -> Reservation | None:
+    earlier = mem.evicting.get(model.name)
+    if earlier is not None and any(
+        (r := batch.base.replicas.get(rid)) is not None and r.holds_gpus for rid in earlier.victims
+    ):
+        return None  # the room evicted earlier is still being freed
     plan = plan_eviction(
         model.spec,
         batch.base,
@@ -183,9 +234,8 @@ def _maybe_evict(
         # Already leaving this tick (surplus, other evictions): not room to count twice.
         exclude=batch.leaving(),
     )
-    if plan is None:
-        return
-    evicted: list[str] = []
+    if plan is None or not plan.evict:
+        return None
     for rid in plan.evict:
         r = batch.replica(rid)
         if r is None or r.state != "ready":
@@ -196,8 +246,26 @@ def _maybe_evict(
             grace_s=cfg.drain_grace_s,
             kind="replica.evicted",
         )
-        evicted.append(rid)
-    if evicted:
-        mem.evicting[model.name] = frozenset(evicted)
-        msg = f"evicting {', '.join(evicted)} to make room: {plan.why}"
-        batch.event("model.evicting", "model", model.name, msg, model=model.name)
+        _lower_desired(batch, mem, r.model)
+    res = mem.evicting[model.name] = Reservation(
+        victims=frozenset(plan.evict),
+        gpus=tuple((s.node, s.gpus) for s in plan.placement.shards),
+    )
+    msg = f"evicting {', '.join(plan.evict)} to make room: {plan.why}"
+    batch.event("model.evicting", "model", model.name, msg, model=model.name)
+    return res
+
+
+def _lower_desired(batch: Batch, mem: Memory, name: str) -> None:
+    """An evicted replica was idle past its timeout: its model wants one fewer now.
+
+    Otherwise the model would re-place it at once, into the very room the
+    eviction made; it comes back on demand (routers report held requests).
+    """
+    m = batch.model(name)
+    if m is None or m.desired_replicas <= m.spec.min_replicas:
+        return
+    batch.put_model(dataclasses.replace(m, desired_replicas=m.desired_replicas - 1))
+    msg = f"desired {m.desired_replicas} → {m.desired_replicas - 1} (an idle replica was evicted)"
+    batch.event("model.scaled", "model", name, msg, model=name)
+    mem.last_scaled_at[name] = batch.now

@@ -1,0 +1,155 @@
+"""The agent protocol decided purely (controller/agents.py): heartbeats in, desired shards out."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from llmgw.controller.agents import Backoff, absorb_heartbeat, desired_shards
+from llmgw.controller.index import FleetIndex
+from llmgw.wire.agent import Heartbeat, ShardStatus
+from tests.unit.controller_reconcile_world import World, gpus, spec
+
+
+def _hb(w: World, node: str, **kw: object) -> Heartbeat:
+    n = w.state.nodes.get(node)
+    base: dict[str, object] = {
+        "node": node,
+        "address": n.address if n else f"{node}.lan",
+        "gpus": n.gpus if n else gpus(8),
+        "fabrics": n.fabrics if n else ("ib0",),
+    }
+    base.update(kw)
+    return Heartbeat(**base)  # type: ignore[arg-type]
+
+
+BACKOFF = Backoff(base_s=5.0, cap_s=40.0)
+
+
+class TestRegistration:
+    def test_first_heartbeat_registers_the_node(self) -> None:
+        """An unknown node is stored with its GPUs and a registered event."""
+        w = World()
+        out = absorb_heartbeat(w.state, w.index, _hb(w, "a"), now=w.now, backoff=BACKOFF)
+        assert out.node_changed
+        assert [n.name for n in out.batch.changes.nodes] == ["a"]
+        assert out.batch.changes.events[0].kind == "node.registered"
+
+    def test_unchanged_heartbeat_writes_nothing(self) -> None:
+        """Only the timestamp moved: nothing for the store, the fresh node for memory."""
+        w = World()
+        w.node("a")
+        w.clock.advance(2)
+        out = absorb_heartbeat(w.state, w.index, _hb(w, "a"), now=w.now, backoff=BACKOFF)
+        assert not out.batch.changes
+        assert out.node.last_heartbeat_at == w.now
+
+    def test_operator_state_survives_heartbeats(self) -> None:
+        """A cordoned node stays cordoned whatever its agent reports."""
+        w = World()
+        w.node("a", op="cordoned")
+        out = absorb_heartbeat(
+            w.state, w.index, _hb(w, "a", labels={"rack": "r1"}), now=w.now, backoff=BACKOFF
+        )
+        assert out.node.operator_state == "cordoned"
+        assert out.node_changed
+
+    def test_gpu_turning_unhealthy_is_an_event(self) -> None:
+        """A GPU the agent now reports unhealthy is logged with its reason."""
+        w = World()
+        w.node("a")
+        hb = _hb(w, "a", gpus=gpus(8, unhealthy=[3]))
+        out = absorb_heartbeat(w.state, w.index, hb, now=w.now, backoff=BACKOFF)
+        kinds = [(e.kind, e.message) for e in out.batch.changes.events]
+        assert kinds == [("node.gpu_unhealthy", "GPU 3: xid 79")]
+
+
+class TestShardStatus:
+    def test_desired_shards_are_the_node_s_live_replicas(self) -> None:
+        """The answer lists pending, starting, ready and draining shards, sorted, with the spec."""
+        w = World()
+        w.node("a")
+        w.model(spec("m", min_replicas=2, gpus_per_node=2))
+        w.tick()
+        shards = w.heartbeat("a")
+        assert [s.replica_id for s in shards] == ["r-001", "r-002"]
+        assert shards[0].served_names == ("m",)
+        assert shards[0].gpu_indices == (0, 1)
+        assert shards[1].gpu_indices == (2, 3)
+
+    def test_repeated_heartbeat_is_idempotent(self) -> None:
+        """The same report twice changes nothing the second time and answers the same."""
+        w = World()
+        w.node("a")
+        w.model(spec("m"))
+        w.tick()
+        rid = w.only("m").id
+        first = w.heartbeat("a", {rid: "ready"})
+        before = w.state.replicas[rid]
+        again = w.heartbeat("a", {rid: "ready"})
+        assert again == first
+        assert w.state.replicas[rid] == before
+
+    def test_unknown_replica_reports_are_ignored(self) -> None:
+        """A shard the controller never placed is not adopted: the answer omits it."""
+        w = World()
+        w.node("a")
+        hb = _hb(w, "a", shards=(ShardStatus(replica_id="r-zzz", rank=0, state="ready", port=1),))
+        out = absorb_heartbeat(w.state, w.index, hb, now=w.now, backoff=BACKOFF)
+        assert not out.batch.changes
+        assert desired_shards(w.state, w.index, "a", retired={}) == ()
+
+    def test_agent_that_lost_a_ready_shard_sends_it_back_to_starting(self) -> None:
+        """A ready replica whose shard the agent no longer reports leaves the ready state."""
+        w = World()
+        w.node("a")
+        w.model(spec("m"))
+        w.tick()
+        rid = w.only("m").id
+        w.heartbeat("a", {rid: "ready"})
+        w.heartbeat("a", {})
+        r = w.state.replicas[rid]
+        assert (r.state, r.endpoint_url) == ("starting", None)
+
+    def test_draining_replica_whose_engine_exited_is_stopped(self) -> None:
+        """A draining replica reported stopped is stopped, not failed and restarted."""
+        w = World()
+        w.node("a")
+        w.model(spec("m"))
+        w.tick()
+        rid = w.only("m").id
+        w.heartbeat("a", {rid: "ready"})
+        w.state.replicas[rid] = dataclasses.replace(w.state.replicas[rid], state="draining")
+        w.index = FleetIndex.build(w.state)
+        w.heartbeat("a", {rid: "stopped"})
+        assert w.state.replicas[rid].state == "stopped"
+
+    def test_multi_node_replica_is_ready_only_when_every_shard_is(self) -> None:
+        """Rank 1 ready alone is not enough; the URL is rank 0's; both get master addr and port."""
+        w = World()
+        w.node("a")
+        w.node("b")
+        w.model(spec("wide", gpus_per_node=8, nodes=2))
+        w.tick()
+        r = w.only("wide")
+        head, tail = r.shards[0].node, r.shards[1].node
+        w.heartbeat(tail, {r.id: "ready"})
+        assert w.state.replicas[r.id].state == "starting"
+        shards = w.heartbeat(head, {r.id: "ready"}, port=21005)
+        ready = w.state.replicas[r.id]
+        assert (ready.state, ready.endpoint_url) == ("ready", f"http://{head}.lan:21005")
+        assert shards[0].master_addr == f"{head}.lan"
+        assert shards[0].master_port == r.master_port
+        assert shards[0].world_size == 2
+
+    def test_deleted_model_s_draining_shards_use_the_retired_spec(self) -> None:
+        """While a deleted model's replicas drain, the answer still describes their shards."""
+        w = World()
+        w.node("a")
+        m = w.model(spec("m"))
+        w.tick()
+        rid = w.only("m").id
+        w.heartbeat("a", {rid: "ready"})
+        del w.state.models["m"]
+        assert desired_shards(w.state, w.index, "a", retired={}) == ()
+        kept = desired_shards(w.state, w.index, "a", retired={"m": m.spec})
+        assert [s.replica_id for s in kept] == [rid]
