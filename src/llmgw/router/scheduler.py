@@ -1,0 +1,231 @@
+"""Which replica serves a request: pure, and explainable (DESIGN §2.5, §2.6).
+
+`choose()` takes the registry's snapshots and the prefix index's matches and
+returns a `Decision`: the choice, every endpoint's score and why. No I/O, no
+clock, no randomness: the same inputs give the same decision in any process.
+
+The rules, in order:
+1. Candidates: not excluded (already tried for this request) and breaker not
+   open. Half-open ones are candidates; `acquire()` admits only the one probe.
+2. Pool preference: the highest `priority` with an unsaturated candidate
+   (total < `saturated_load`); if every candidate is saturated, all of them.
+3. Prefix affinity: among those whose total is within `affinity_load_bound` of
+   the least loaded, the one holding the longest leading run of the request's
+   blocks (ties: lower total). The bound is what prevents hot-spot collapse:
+   however popular a prefix, its holder never runs more than the bound ahead
+   of the least loaded replica, so past 100 % load the queue spreads instead
+   of piling onto the engines that happen to hold the popular prompts.
+4. Home: a prefix nobody within the bound holds goes to the first endpoint of
+   its rendezvous order within `home_load_bound` of the least loaded (bounded-
+   load consistent hashing): routers that never talk send it to the same place.
+5. Otherwise the least total; drain rate, then id, break ties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from llmgw.router.breaker import BreakerState
+from llmgw.router.endpoint import Snapshot
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    # Batch capacity assumed until an engine has been seen running more at once:
+    # a fresh engine that ran 2 requests has not shown its limit, and dividing by
+    # 2 would make it look overloaded (capacity = max(learned, this)).
+    default_capacity: int = 8
+    # Total at or above which an endpoint is saturated: a new request would
+    # queue. Pool preference moves down a priority only when all above are.
+    saturated_load: float = 1.0
+    # Added to a stale endpoint's total (no fresh scrape): as much as one full
+    # batch. Scored down, never dropped — a replica whose metrics port broke may
+    # serve perfectly well.
+    stale_penalty: float = 1.0
+    # KV pressure: kv_weight × (kv_usage − kv_knee) / (1 − kv_knee) above the knee,
+    # 0 below. vLLM's KV usage counts blocks pinned by running requests; below
+    # the knee it costs a new request nothing, near 1 the engine preempts.
+    kv_weight: float = 1.0
+    kv_knee: float = 0.8
+    # How far (in total-score units, 1.0 = a full batch) the longest prefix holder
+    # may be above the least loaded candidate and still win.
+    affinity_load_bound: float = 0.5
+    # How far the rendezvous home of an unseen prefix may be above the least
+    # loaded; smaller than the affinity bound, as nothing is cached there yet.
+    home_load_bound: float = 0.25
+    # Matches shorter than this many blocks do not count as holding the prefix
+    # (a few blocks of shared boilerplate are not worth a detour).
+    min_prefix_blocks: int = 1
+
+
+DEFAULT_CONFIG = SchedulerConfig()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Score:
+    id: str
+    # Expected queueing a new request meets, in batches (see `load_of`).
+    load: float
+    # The KV pressure term added to the total.
+    kv: float
+    stale: bool
+    # Leading blocks of the request this endpoint holds (prefix index).
+    prefix_blocks: int
+    # Position in the request's rendezvous order; None when no order was given.
+    home_rank: int | None
+    # load + kv + stale penalty: lower is better.
+    total: float
+    # Why it was or was not chosen: "chosen", "excluded", "open", "priority",
+    # "over bound", or "".
+    note: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    # None: no candidate (every endpoint excluded or open, or none serves the model).
+    endpoint_id: str | None
+    # Every snapshot's score, sorted by id.
+    scores: tuple[Score, ...]
+    # "prefix", "home", "least-load" or "no-candidate".
+    reason: str
+
+    def header(self) -> str:
+        """One line for the x-llmgw-debug header and the route log line:
+        `b prefix; a 0.62 p3 h1, b* 0.20 p12 h0, c open`."""
+        items = []
+        for s in self.scores:
+            mark = "*" if s.id == self.endpoint_id else ""
+            item = f"{s.id}{mark} {s.total:.2f}"
+            if s.prefix_blocks:
+                item += f" p{s.prefix_blocks}"
+            if s.home_rank is not None:
+                item += f" h{s.home_rank}"
+            if s.stale:
+                item += " stale"
+            if s.note and s.note != "chosen":
+                item += f" {s.note}"
+            items.append(item)
+        line = f"{self.endpoint_id or '-'} {self.reason}; " + ", ".join(items)
+        return "".join(c if " " <= c <= "~" else "?" for c in line)
+
+
+def load_of(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float:
+    """Expected queueing for a new request, in batches: estimated requests at the
+    engine / capacity / weight.
+
+    The engine's running + waiting is as of the last scrape and already holds
+    the router's requests that were in flight then; requests dispatched or
+    finished since have changed it by exactly inflight − inflight_at_scrape. So
+    the estimate is running + waiting + (inflight − inflight_at_scrape): adding
+    all of inflight would count most of it twice and make a busy, healthy engine
+    look overloaded (the seed's "what the router has in flight and the engine
+    has not yet reported", §2.4). Never below inflight: those are surely there.
+    Never scraped: inflight alone.
+    """
+    if s.stats is None:
+        est = float(s.inflight)
+    else:
+        reported = s.stats.running + s.stats.waiting
+        est = max(float(s.inflight), reported + s.inflight - s.inflight_at_scrape)
+    capacity = max(s.running_capacity, cfg.default_capacity, 1)
+    weight = s.info.weight if s.info.weight > 0 else 1.0
+    return est / capacity / weight
+
+
+def _kv_term(s: Snapshot, cfg: SchedulerConfig) -> float:
+    # Unknown KV usage (llama.cpp, never scraped) adds nothing: unknown is not full.
+    usage = None if s.stats is None else s.stats.kv_usage
+    if usage is None or usage <= cfg.kv_knee or cfg.kv_knee >= 1.0:
+        return 0.0
+    return cfg.kv_weight * (min(usage, 1.0) - cfg.kv_knee) / (1.0 - cfg.kv_knee)
+
+
+def choose(
+    snapshots: Sequence[Snapshot],
+    *,
+    prefix_matches: Mapping[str, int] | None = None,
+    home_order: Sequence[str] = (),
+    exclude: Collection[str] = (),
+    cfg: SchedulerConfig = DEFAULT_CONFIG,
+) -> Decision:
+    """Pick the endpoint for one request; see the module docstring for the rules."""
+    snaps = sorted(snapshots, key=lambda s: s.id)
+    matches = prefix_matches or {}
+    rank = {eid: i for i, eid in reversed(list(enumerate(home_order)))}
+    scored: dict[str, Score] = {}
+    for s in snaps:
+        load = load_of(s, cfg)
+        kv = _kv_term(s, cfg)
+        note = ""
+        if s.id in exclude:
+            note = "excluded"
+        elif s.breaker is BreakerState.OPEN:
+            note = "open"
+        scored[s.id] = Score(
+            id=s.id,
+            load=load,
+            kv=kv,
+            stale=s.stale,
+            prefix_blocks=matches.get(s.id, 0),
+            home_rank=rank.get(s.id),
+            total=load + kv + (cfg.stale_penalty if s.stale else 0.0),
+            note=note,
+        )
+    cands = [s for s in snaps if not scored[s.id].note]
+    if not cands:
+        return Decision(endpoint_id=None, scores=tuple(scored.values()), reason="no-candidate")
+
+    group = _preferred_pool(cands, scored, cfg)
+    totals = {s.id: scored[s.id].total for s in group}
+    drain = {s.id: s.drain_rate for s in group}
+    least = min(totals.values())
+    # Ties on total (to 1e-9) go to the faster-draining endpoint, then the lower id.
+    by_load = sorted(totals, key=lambda i: (round(totals[i], 9), -drain[i], i))
+
+    chosen, reason = None, "least-load"
+    holders = [i for i in by_load if scored[i].prefix_blocks >= max(1, cfg.min_prefix_blocks)]
+    within = [i for i in holders if totals[i] <= least + cfg.affinity_load_bound]
+    if within:
+        chosen, reason = max(within, key=lambda i: scored[i].prefix_blocks), "prefix"
+    elif home_order:
+        home = next(
+            (i for i in home_order if i in totals and totals[i] <= least + cfg.home_load_bound),
+            None,
+        )
+        if home is not None:
+            chosen, reason = home, "home"
+    if chosen is None:
+        chosen = by_load[0]
+
+    notes = {i: "over bound" for i in holders if i not in within}
+    notes.update({s.id: "priority" for s in cands if s.id not in totals})
+    notes[chosen] = "chosen"
+    scores = tuple(_with_note(sc, notes.get(sc.id, sc.note)) for sc in scored.values())
+    return Decision(endpoint_id=chosen, scores=scores, reason=reason)
+
+
+def _preferred_pool(
+    cands: list[Snapshot], scored: Mapping[str, Score], cfg: SchedulerConfig
+) -> list[Snapshot]:
+    """The highest-priority candidates with one unsaturated among them, else all."""
+    for prio in sorted({s.info.priority for s in cands}, reverse=True):
+        pool = [s for s in cands if s.info.priority == prio]
+        if any(scored[s.id].total < cfg.saturated_load for s in pool):
+            return pool
+    return cands
+
+
+def _with_note(s: Score, note: str) -> Score:
+    if note == s.note:
+        return s
+    return Score(
+        id=s.id,
+        load=s.load,
+        kv=s.kv,
+        stale=s.stale,
+        prefix_blocks=s.prefix_blocks,
+        home_rank=s.home_rank,
+        total=s.total,
+        note=note,
+    )
