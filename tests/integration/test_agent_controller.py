@@ -140,9 +140,10 @@ class TestWithController:
             async with s.post(f"{agent.url}/gpus/0/unhealthy", json={"reason": "xid 79"}) as r:
                 assert r.status == 200
 
-            async def node_unhealthy() -> tuple[int, ...]:
-                node = await admin("GET", f"{ctrl.url}/admin/nodes/n1")
-                return tuple(node["unhealthy"])
+            async def node_unhealthy() -> tuple[int, ...] | None:
+                async with s.get(f"{ctrl.url}/admin/nodes/n1", headers=AUTH) as resp:
+                    # 404 until the agent's first heartbeat registers the node.
+                    return tuple((await resp.json())["unhealthy"]) if resp.status == 200 else None
 
             await wait_for_async(node_unhealthy, expect=(0,))
             await admin("POST", f"{ctrl.url}/admin/models", sim_model("m2", replicas=2))

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import os
 import random
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
@@ -32,22 +30,6 @@ from llmgw.wire.agent import Heartbeat, HeartbeatReply, ShardSpec, ShardStatus
 pytestmark = pytest.mark.timeout(90)
 
 INTERVAL_S = 0.3
-
-STANDIN = """
-import sys, http.server
-args = sys.argv[1:]
-known = {"--port", "--model", "--served-model-name", "--tensor-parallel-size", "--speed"}
-for a in args:
-    if a.startswith("--") and a not in known:
-        print("error: unrecognized arguments:", a, flush=True)
-        sys.exit(2)
-port = int(args[args.index("--port") + 1])
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
-http.server.ThreadingHTTPServer(("0.0.0.0", port), H).serve_forever()
-"""
 
 
 class ScriptedController:
@@ -127,7 +109,7 @@ def sim_spec(
         served_names=("sim-model", "sim-alias"),
         engine="sim",
         gpu_indices=gpus,
-        args=args,
+        args=("--speed", "10", *args),
     )
 
 
@@ -151,12 +133,8 @@ class AgentRig:
         self.agent: Program | None = None
         self.engine_pids: set[int] = set()
 
-    def start(self) -> Program:
-        extra: list[str] = []
-        if importlib.util.find_spec("llmgw.simengine.main") is None:  # TEMPORARY until sim lands
-            script = self.tmp / "standin_engine.py"
-            script.write_text(STANDIN)
-            extra = ["--engine-bin", f"sim={sys.executable} {script}"]
+    def start(self, *flags: str) -> Program:
+        extra: list[str] = list(flags)
         self.agent = start_program(
             [
                 "agent",
@@ -296,14 +274,35 @@ class TestShards:
     async def test_crash_reported_with_exit_code(
         self, rig: AgentRig, controller: ScriptedController
     ) -> None:
-        """An engine that exits on its own is reported failed with its exit code and log tail."""
-        controller.desired = (sim_spec("bad", args=("--no-such-flag",)),)
+        """An engine that crashes while serving is reported failed with its exit code."""
+        controller.desired = (sim_spec("r1", args=("--crash-after-requests", "0")),)
+        rig.start()
+        st = await wait_for(
+            lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
+        )
+        body = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
+        url = f"http://127.0.0.1:{st.port}/v1/completions"
+        async with aiohttp.ClientSession() as s:
+            with contextlib.suppress(aiohttp.ClientError):
+                await s.post(url, json=body)
+        failed = await wait_for(
+            lambda: (s := controller.shard("r1")) and s.state == "failed" and s, what="failed"
+        )
+        # The sim-engine's crash fault exits with 70 (os._exit).
+        assert (failed.exit_code, failed.pid) == (70, None)
+        assert failed.log_tail
+
+    async def test_startup_failure_reported_with_log(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """An engine that refuses to start is failed with its exit code and its last log lines."""
+        controller.desired = (sim_spec("bad", args=("--num-gpu-blocks", "1")),)
         rig.start()
         st = await wait_for(
             lambda: (s := controller.shard("bad")) and s.state == "failed" and s, what="failed"
         )
         assert st.exit_code == 2
-        assert any("no-such-flag" in line for line in st.log_tail)
+        assert any("num-gpu-blocks" in line for line in st.log_tail)
 
     async def test_unlisted_shard_is_stopped(
         self, rig: AgentRig, controller: ScriptedController
@@ -375,6 +374,15 @@ class TestReadoption:
         # Re-adopted, not duplicated: the agent started nothing new.
         rig.note_pids()
         assert rig.engine_pids == {pid for pid, _ in before.values()}
+        # An adopted engine is still watched: its death is reported (status unknown).
+        r2_pid = before["r2"][0]
+        assert r2_pid is not None
+        os.killpg(r2_pid, signal.SIGKILL)
+        failed = await wait_for(
+            lambda: (s := controller.shard("r2")) and s.state == "failed" and s, what="r2 failed"
+        )
+        assert (failed.pid, failed.exit_code) == (None, None)
+        assert controller.shard("r1") == next(s for s in controller.last().shards if s.rank == 0)
 
     async def test_engine_died_while_agent_down(
         self, rig: AgentRig, controller: ScriptedController
@@ -396,3 +404,31 @@ class TestReadoption:
         )
         assert failed.pid is None
         assert "exited while the agent was down" in failed.log_tail[-1]
+
+
+class TestExit:
+    async def test_sigterm_leaves_engines(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """SIGTERM ends the agent with 0 and leaves its engines for the next agent."""
+        controller.desired = (sim_spec("r1"),)
+        agent = rig.start()
+        st = await wait_for(
+            lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
+        )
+        assert agent.stop(grace_s=10) == 0
+        assert st.pid is not None
+        assert alive(st.pid)
+
+    async def test_stop_engines_on_exit(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """With --stop-engines-on-exit, SIGTERM stops the engines before the agent exits."""
+        controller.desired = (sim_spec("r1"),)
+        agent = rig.start("--stop-engines-on-exit")
+        st = await wait_for(
+            lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
+        )
+        assert agent.stop(grace_s=10) == 0
+        assert st.pid is not None
+        assert not alive(st.pid)

@@ -148,6 +148,8 @@ class TestSim:
             "sim-engine",
             "--port",
             "21003",
+            "--host",
+            "0.0.0.0",
             "--model",
             "meta-llama/Llama-3.1-8B-Instruct",
             "--served-model-name",

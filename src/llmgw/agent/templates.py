@@ -167,6 +167,8 @@ def _sim(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
     argv = [
         "--port",
         str(port),
+        "--host",
+        "0.0.0.0",
         "--model",
         spec.model,
         "--served-model-name",
