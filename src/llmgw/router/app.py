@@ -1,0 +1,188 @@
+"""The router's aiohttp application: routes, admin surface, background loops (DESIGN §2.9).
+
+`build_app(cfg, config_path=...)` builds it; `main.py` serves it with the one
+shared runner (`runtime.serve`). Background loops (scrape, usage report,
+config watcher, controller long-poll) start with the app and are cancelled
+and awaited when it stops: no orphan tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from llmgw.router.auth import admin_allowed
+from llmgw.router.config import RouterConfig
+from llmgw.router.errors import error_response
+from llmgw.router.metrics import CONTENT_TYPE
+from llmgw.router.proxy import Proxy
+from llmgw.router.scheduler import choose
+from llmgw.router.scrape import HttpMetricsFetcher, Scraper
+from llmgw.router.sources import ConfigWatcher, ControllerClient, ControllerSource
+from llmgw.router.state import RouterState
+from llmgw.router.usage import UsageReporter
+from llmgw.runtime.logs import kv
+
+log = logging.getLogger(__name__)
+
+STATE = web.AppKey("state", RouterState)
+SCRAPER = web.AppKey("scraper", Scraper)
+REPORTER = web.AppKey("reporter", UsageReporter)
+
+
+def build_app(cfg: RouterConfig, *, config_path: str | Path | None = None) -> web.Application:
+    """The router application for `cfg`; with `config_path`, the file is watched for reloads."""
+    state = RouterState(cfg)
+    proxy = Proxy(state)
+    app = web.Application(
+        client_max_size=cfg.max_body_bytes,
+        # A client that disconnects cancels its handler, which closes the upstream
+        # connection and so aborts the engine's work on it (§2.7). aiohttp's
+        # default since 3.9 is to let the handler run on, generating for no one.
+        handler_args={"handler_cancellation": True},
+    )
+    app[STATE] = state
+    scraper = Scraper(
+        registry=state.registry,
+        fetcher=HttpMetricsFetcher(state.upstream),
+        interval_s=cfg.scrape_interval_s,
+        timeout_s=cfg.scrape_timeout_s,
+        concurrency=cfg.scrape_concurrency,
+        on_restart=state.engine_restarted,
+        on_failure=state.metrics.scrape_failed,
+    )
+    app[SCRAPER] = scraper
+    controller = (
+        None if cfg.controller is None else ControllerClient(cfg.controller, state.upstream)
+    )
+    reporter = UsageReporter(
+        build=state.usage_report, sink=controller, interval_s=cfg.report_interval_s
+    )
+    app[REPORTER] = reporter
+
+    def on_config(new: RouterConfig) -> None:
+        scraper.interval_s = new.scrape_interval_s
+        scraper.timeout_s = new.scrape_timeout_s
+        scraper.concurrency = new.scrape_concurrency
+        reporter.interval_s = new.report_interval_s
+
+    state.on_config.append(on_config)
+
+    loops: list[Coroutine[Any, Any, None]] = [scraper.run(), reporter.run()]
+    watcher = None
+    if config_path is not None:
+        watcher = ConfigWatcher(config_path, on_config=state.apply_config, poll_s=cfg.reload_poll_s)
+        loops.append(watcher.run())
+    if controller is not None:
+        loops.append(ControllerSource(controller, on_list=state.apply_list).run())
+
+    async def background(app: web.Application) -> AsyncIterator[None]:
+        await state.upstream.start()
+        tasks = [asyncio.create_task(c) for c in loops]
+        for t in tasks:
+            t.add_done_callback(_log_crash)
+        loop = asyncio.get_running_loop()
+        if watcher is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGHUP, watcher.request_reload)
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(signal.SIGHUP)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await state.upstream.close()
+
+    app.cleanup_ctx.append(background)
+    app.router.add_post("/v1/chat/completions", proxy.handle)
+    app.router.add_post("/v1/completions", proxy.handle)
+    app.router.add_post("/v1/embeddings", proxy.handle)
+    app.router.add_get("/v1/models", proxy.models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/endpoints", admin_endpoints)
+    app.router.add_get("/admin/usage", admin_usage)
+    return app
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error(kv("background loop crashed", task=task.get_name()), exc_info=task.exception())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    ready = request.app[STATE].ready()
+    return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def _admin_denied(request: web.Request) -> web.Response | None:
+    st = request.app[STATE]
+    if admin_allowed(
+        token=st.cfg.admin_token,
+        authorization=request.headers.get("Authorization"),
+        remote=request.remote,
+    ):
+        return None
+    return error_response(
+        403 if st.cfg.admin_token is None else 401,
+        "Admin endpoints need the admin token (or a loopback caller when none is set).",
+        type="invalid_request_error",
+        code="admin_only",
+    )
+
+
+def _json(obj: Any) -> web.Response:
+    return web.Response(body=msgspec.json.encode(obj), content_type="application/json")
+
+
+async def admin_endpoints(request: web.Request) -> web.Response:
+    """The snapshots the scheduler sees, and what it would choose now for each model."""
+    if (denied := _admin_denied(request)) is not None:
+        return denied
+    st = request.app[STATE]
+    decisions = {}
+    for model in sorted(st.known_models):
+        d = choose(st.registry.snapshots(model))
+        decisions[model] = {
+            "endpoint_id": d.endpoint_id,
+            "reason": d.reason,
+            "header": d.header(),
+            "scores": msgspec.to_builtins(d.scores),
+        }
+    return _json(
+        {
+            "router_id": st.router_id,
+            "policy": st.policy.name,
+            "endpoints": msgspec.to_builtins(st.registry.snapshots()),
+            "prefix_entries": st.prefix.entries_by_endpoint(),
+            "decisions": decisions,
+        }
+    )
+
+
+async def admin_usage(request: web.Request) -> web.Response:
+    """The usage report this router would send now (last_used absent when unknown)."""
+    if (denied := _admin_denied(request)) is not None:
+        return denied
+    return _json(request.app[STATE].usage_report(reset=False))

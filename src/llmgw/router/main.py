@@ -1,0 +1,39 @@
+"""`llmgw router --config FILE [--port P] [--host H]`: the data plane (DESIGN §2)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from llmgw.router.config import ConfigError, load
+from llmgw.runtime import logs, serve
+
+DEFAULT_PORT = 8080
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmgw router", description=__doc__)
+    p.add_argument("--config", required=True, help="YAML configuration file (reloaded on change)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="listen port; 0 picks one")
+    p.add_argument("--host", default="127.0.0.1", help="listen address")
+    p.add_argument("--log-level", default=None, help="DEBUG shows every routing decision")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    logs.setup(args.log_level)
+    try:
+        cfg = load(args.config)
+    except ConfigError as exc:
+        sys.stderr.write(f"llmgw router: {exc}\n")
+        return 2
+
+    async def run() -> int:
+        # Imported here so `--help` and config errors stay fast.
+        from llmgw.router.app import build_app
+
+        app = build_app(cfg, config_path=args.config)
+        return await serve.serve_app(app, host=args.host, port=args.port, name="router")
+
+    return serve.run(run)

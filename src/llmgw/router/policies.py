@@ -1,0 +1,133 @@
+"""Routing policies: ours (scheduler + prefix affinity) and two baselines to measure it by.
+
+`policy: ours | round_robin | least_inflight` in the config picks one. The
+baselines are real features (a fleet without a prefix workload may want plain
+round-robin) and the yardsticks of `bench/routing.py`. Every policy returns a
+`scheduler.Decision`, so the proxy, headers and logs do not care which ran.
+
+Baselines skip endpoints whose breaker reads open, like the scheduler; the
+registry's `acquire()` still has the last word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Protocol
+
+from llmgw.router.breaker import BreakerState
+from llmgw.router.endpoint import Snapshot, Stats
+from llmgw.router.prefix import PrefixIndex, capacity_blocks_for, rendezvous_order
+from llmgw.router.scheduler import Decision, SchedulerConfig, choose
+
+
+class Policy(Protocol):
+    name: str
+    # Whether requests need their prefix hashes computed (baselines do not).
+    uses_prefix: bool
+
+    def choose(
+        self, snaps: Sequence[Snapshot], hashes: Sequence[int], exclude: Collection[str]
+    ) -> Decision: ...
+
+    def served(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
+        """A request with these hashes completed on the endpoint."""
+        ...
+
+
+class Ours:
+    """The scheduler (§2.5) with prefix affinity (§2.6)."""
+
+    name = "ours"
+    uses_prefix = True
+
+    def __init__(self, prefix: PrefixIndex, cfg: SchedulerConfig | None = None) -> None:
+        self.prefix = prefix
+        self.cfg = cfg or SchedulerConfig()
+
+    def choose(
+        self, snaps: Sequence[Snapshot], hashes: Sequence[int], exclude: Collection[str]
+    ) -> Decision:
+        if not hashes:
+            return choose(snaps, exclude=exclude, cfg=self.cfg)
+        ids = [s.id for s in snaps]
+        return choose(
+            snaps,
+            prefix_matches=self.prefix.match(hashes, ids),
+            # A prefix nobody has seen goes to its home replica: routers that never
+            # talk still agree on it (rendezvous hashing, §2.6).
+            home_order=rendezvous_order(hashes[0], ids),
+            exclude=exclude,
+            cfg=self.cfg,
+        )
+
+    def served(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
+        if not hashes:
+            return
+        capacity = None if stats is None else stats.kv_capacity_tokens
+        self.prefix.record(endpoint_id, hashes, capacity_blocks=capacity_blocks_for(capacity))
+
+
+def _candidates(snaps: Sequence[Snapshot], exclude: Collection[str]) -> list[Snapshot]:
+    return [s for s in snaps if s.id not in exclude and s.breaker is not BreakerState.OPEN]
+
+
+def _none(snaps: Sequence[Snapshot]) -> Decision:
+    why = "no endpoint serves the model" if not snaps else "every endpoint excluded or open"
+    return Decision(endpoint_id=None, scores=(), reason=why)
+
+
+class RoundRobin:
+    """Each request to the next candidate in id order, load ignored."""
+
+    name = "round_robin"
+    uses_prefix = False
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def choose(
+        self, snaps: Sequence[Snapshot], hashes: Sequence[int], exclude: Collection[str]
+    ) -> Decision:
+        cands = _candidates(snaps, exclude)
+        if not cands:
+            return _none(snaps)
+        pick = cands[self._next % len(cands)]
+        self._next += 1
+        return Decision(endpoint_id=pick.id, scores=(), reason="round_robin")
+
+    def served(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
+        pass
+
+
+class LeastInflight:
+    """The candidate with the fewest requests this router has in flight there."""
+
+    name = "least_inflight"
+    uses_prefix = False
+
+    def __init__(self) -> None:
+        self._tie = 0
+
+    def choose(
+        self, snaps: Sequence[Snapshot], hashes: Sequence[int], exclude: Collection[str]
+    ) -> Decision:
+        cands = _candidates(snaps, exclude)
+        if not cands:
+            return _none(snaps)
+        low = min(s.inflight for s in cands)
+        tied = [s for s in cands if s.inflight == low]
+        # Rotate among ties, or an idle fleet would send everything to the first id.
+        pick = tied[self._tie % len(tied)]
+        self._tie += 1
+        return Decision(endpoint_id=pick.id, scores=(), reason=f"least_inflight {low}")
+
+    def served(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
+        pass
+
+
+def make_policy(name: str, prefix: PrefixIndex) -> Policy:
+    if name == "round_robin":
+        return RoundRobin()
+    if name == "least_inflight":
+        return LeastInflight()
+    return Ours(prefix)

@@ -1,0 +1,302 @@
+"""The OpenAI proxy: parse once, choose, dispatch, relay (DESIGN §2.7, §2.8).
+
+One request's life:
+
+1. key check, body read under the size limit, JSON decoded once;
+2. `model` names the candidates; unknown → 404; known with no replica → held;
+3. the policy chooses (scores kept for the debug header and log);
+4. `Registry.acquire()` → release, reported exactly once with the outcome;
+5. until a byte has gone to the client, a connect error, timeout, 5xx or 429
+   is retried on a *different* replica while retries and deadline remain;
+6. a stream is relayed chunk by chunk as it arrives; if it breaks, the client
+   gets an OpenAI error event and `[DONE]`, never a hang or a silent cut.
+
+Cancellation (a client disconnect cancels the handler: `handler_cancellation`
+in app.py) can land on any await below; every release sits in a `finally`
+that follows its acquire with no await in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from llmgw.router.breaker import Outcome, classify_status
+from llmgw.router.errors import (
+    NoReplica,
+    UpstreamError,
+    bad_request,
+    model_not_found,
+    stream_error_frame,
+    too_large,
+    unauthorized,
+    unavailable,
+)
+from llmgw.router.holding import HoldQueueFull
+from llmgw.router.prefix import request_block_hashes
+from llmgw.router.scheduler import Decision
+from llmgw.router.state import RouterState
+from llmgw.router.upstream import UpstreamResponse
+from llmgw.runtime.logs import kv
+
+log = logging.getLogger(__name__)
+
+# While held, look again this often even without a list change: a breaker leaving
+# its cooldown makes a replica available without anyone saying so.
+HOLD_POLL_S = 0.5
+EMBEDDINGS = "/v1/embeddings"
+_decode = msgspec.json.Decoder().decode
+
+
+class _Failed:
+    """The last retryable error answer, relayed if no other replica can be tried."""
+
+    __slots__ = ("body", "content_type", "status")
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+
+def _is_retryable(status: int) -> bool:
+    return status >= 500 or status == 429
+
+
+class Proxy:
+    """aiohttp handlers for the OpenAI routes; all state lives in RouterState."""
+
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        st = self.state
+        t0 = time.monotonic()
+        headers = request.headers
+        rid = headers.get("x-request-id") or os.urandom(12).hex()
+        if st.keys.enabled and st.keys.check(headers.get("Authorization")) is None:
+            return _tag(unauthorized(), rid)
+        limit = st.cfg.max_body_bytes
+        if (request.content_length or 0) > limit:
+            return _tag(too_large(limit), rid)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _tag(too_large(limit), rid)
+        try:
+            doc = _decode(body)
+        except msgspec.DecodeError:
+            return _tag(bad_request("We could not parse the JSON body of your request."), rid)
+        if type(doc) is not dict:
+            return _tag(bad_request("The request body must be a JSON object."), rid)
+        model = doc.get("model")
+        if type(model) is not str or not model:
+            return _tag(bad_request("You must provide a model parameter.", param="model"), rid)
+        if model not in st.known_models:
+            return _tag(model_not_found(model), rid)
+        path = request.path
+        hashes: Sequence[int] = ()
+        if st.policy.uses_prefix and path != EMBEDDINGS:
+            # The client's own session hint joins the key; without one the OpenAI
+            # `user` field does (request_block_hashes), and routing works without both.
+            hashes = request_block_hashes(doc, session=headers.get("x-session-id"))
+        st.usage.started(model)
+        try:
+            return await self._route(request, path, body, model, hashes, rid, t0)
+        finally:
+            st.usage.finished(model)
+
+    async def _route(
+        self,
+        request: web.Request,
+        path: str,
+        body: bytes,
+        model: str,
+        hashes: Sequence[int],
+        rid: str,
+        t0: float,
+    ) -> web.StreamResponse:
+        st = self.state
+        deadline = t0 + st.cfg.request_timeout_s
+        retries_left = st.cfg.max_retries
+        debug = request.headers.get("x-llmgw-debug") == "1"
+        fwd = {"Content-Type": "application/json", "x-request-id": rid}
+        tried: list[str] = []
+        failed: _Failed | None = None
+        last_error = ""
+        eid = ""
+        status = 503
+        ttft: float | None = None
+        try:
+            while True:
+                decision = self._decide(model, hashes, tried)
+                if decision.endpoint_id is None:
+                    if failed is not None:
+                        status = failed.status
+                        return self._relay_failed(failed, rid, eid)
+                    if tried:
+                        raise NoReplica(model, f"every replica failed ({last_error})")
+                    decision = await self._hold(model, hashes, t0, deadline)
+                eid = decision.endpoint_id or ""
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug(kv("route", rid=rid, model=model, to=eid, why=decision.header()))
+                release = st.registry.acquire(eid)
+                if release is None:
+                    # Its half-open probe is taken or it just opened: another replica.
+                    tried.append(eid)
+                    continue
+                # No await between acquire and this try: release runs exactly once.
+                outcome = Outcome.ABANDONED
+                up: UpstreamResponse | None = None
+                try:
+                    try:
+                        up = await st.upstream.post(
+                            st.urls[eid] + path,
+                            body,
+                            fwd,
+                            timeout_s=max(0.001, deadline - time.monotonic()),
+                            endpoint_id=eid,
+                        )
+                        retryable = _is_retryable(up.status)
+                        data = None if up.is_event_stream and not retryable else await up.read()
+                    except UpstreamError as exc:
+                        outcome = Outcome.ENDPOINT_FAILURE
+                        last_error = str(exc)
+                        if retries_left > 0 and time.monotonic() < deadline:
+                            retries_left -= 1
+                            tried.append(eid)
+                            st.metrics.retry(model, eid)
+                            continue
+                        raise NoReplica(model, f"last attempt failed ({exc})") from exc
+                    out_headers = {
+                        "Content-Type": up.content_type,
+                        "x-request-id": rid,
+                        "x-llmgw-endpoint": eid,
+                    }
+                    if debug:
+                        out_headers["x-llmgw-scores"] = decision.header()
+                    if retryable:
+                        outcome = classify_status(up.status)
+                        failed = _Failed(up.status, data or b"", up.content_type)
+                        last_error = f"{eid} answered {up.status}"
+                        if retries_left > 0 and time.monotonic() < deadline:
+                            retries_left -= 1
+                            tried.append(eid)
+                            st.metrics.retry(model, eid)
+                            continue
+                        status = up.status
+                        return self._relay_failed(failed, rid, eid)
+                    status = up.status
+                    resp: web.StreamResponse
+                    if data is not None:
+                        outcome = classify_status(up.status)
+                        resp = web.Response(status=up.status, body=data, headers=out_headers)
+                    else:
+                        resp, outcome, ttft = await self._stream(request, up, out_headers, t0)
+                    if outcome is Outcome.OK:
+                        snap = st.registry.snapshot(eid)
+                        st.policy.served(eid, hashes, None if snap is None else snap.stats)
+                    return resp
+                finally:
+                    release(outcome)
+                    if up is not None:
+                        up.close()
+        except NoReplica as exc:
+            status = 503
+            return _tag(unavailable(exc), rid)
+        finally:
+            st.metrics.request_done(model, eid, status, time.monotonic() - t0, ttft)
+
+    def _decide(self, model: str, hashes: Sequence[int], exclude: Sequence[str]) -> Decision:
+        st = self.state
+        return st.policy.choose(st.registry.snapshots(model), hashes, exclude)
+
+    async def _hold(
+        self, model: str, hashes: Sequence[int], t0: float, deadline: float
+    ) -> Decision:
+        """Wait for a replica of `model` (scale from zero, §2.8); NoReplica when none comes."""
+        st = self.state
+        hold_s = st.cfg.hold_timeout_s
+        until = min(deadline, t0 + hold_s)
+        try:
+            with st.holding.hold(model):
+                while True:
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        raise NoReplica(
+                            model, f"none became available within {hold_s:g}s", retry_after_s=5
+                        )
+                    await st.holding.wait_changed(timeout_s=min(left, HOLD_POLL_S))
+                    decision = self._decide(model, hashes, ())
+                    if decision.endpoint_id is not None:
+                        return decision
+        except HoldQueueFull:
+            raise NoReplica(model, "too many requests are already waiting") from None
+
+    async def _stream(
+        self,
+        request: web.Request,
+        up: UpstreamResponse,
+        out_headers: dict[str, str],
+        t0: float,
+    ) -> tuple[web.StreamResponse, Outcome, float | None]:
+        """Relay an event stream as it arrives; the outcome is the endpoint's verdict."""
+        out_headers["Cache-Control"] = "no-cache"
+        resp = web.StreamResponse(status=up.status, headers=out_headers)
+        ttft: float | None = None
+        try:
+            await resp.prepare(request)
+            # From here bytes have reached the client: never retried (§2.7).
+            while chunk := await up.chunk():
+                await resp.write(chunk)
+                if ttft is None:
+                    ttft = time.monotonic() - t0
+        except UpstreamError as exc:
+            log.warning(kv("stream broke", endpoint=up.endpoint_id, error=exc))
+            try:
+                await resp.write(stream_error_frame(f"upstream stream broke: {exc.detail}"))
+                await resp.write_eof()
+            except ConnectionError:
+                pass
+            return resp, Outcome.ENDPOINT_FAILURE, ttft
+        except ConnectionError:
+            # The client went away; closing `up` (the caller's finally) aborts the engine's work.
+            return resp, Outcome.ABANDONED, ttft
+        try:
+            await resp.write_eof()
+        except ConnectionError:
+            return resp, Outcome.ABANDONED, ttft
+        return resp, Outcome.OK, ttft
+
+    def _relay_failed(self, failed: _Failed, rid: str, eid: str) -> web.Response:
+        return web.Response(
+            status=failed.status,
+            body=failed.body,
+            headers={
+                "Content-Type": failed.content_type,
+                "x-request-id": rid,
+                "x-llmgw-endpoint": eid,
+            },
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        """GET /v1/models: every known model, OpenAI's list shape."""
+        st = self.state
+        if st.keys.enabled and st.keys.check(request.headers.get("Authorization")) is None:
+            return unauthorized()
+        data: list[dict[str, Any]] = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "llmgw"}
+            for m in sorted(st.known_models)
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+
+def _tag(resp: web.Response, rid: str) -> web.Response:
+    resp.headers["x-request-id"] = rid
+    return resp

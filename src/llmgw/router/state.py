@@ -1,0 +1,135 @@
+"""The router's live parts wired together, and the one place configuration lands.
+
+`RouterState` owns the registry, prefix index, hold queue, policy, metrics,
+usage tracker and the shared upstream session. Both endpoint sources (the
+file, the controller) end in `apply_endpoints()`, which is the only caller of
+`Registry.replace()`: removed endpoints lose their prefix entries and metric
+series, and held requests are woken to look again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+
+from llmgw.router.auth import KeyRing
+from llmgw.router.breaker import BreakerConfig
+from llmgw.router.config import RouterConfig, restart_only_changes
+from llmgw.router.endpoint import Registry
+from llmgw.router.holding import Holding
+from llmgw.router.metrics import RouterMetrics
+from llmgw.router.policies import Policy, make_policy
+from llmgw.router.prefix import PrefixIndex
+from llmgw.router.upstream import Upstream
+from llmgw.router.usage import UsageTracker, build_report
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+from llmgw.runtime.logs import kv
+from llmgw.wire.endpoints import EndpointInfo, EndpointList
+from llmgw.wire.usage import UsageReport
+
+log = logging.getLogger(__name__)
+
+
+class RouterState:
+    """Everything a request or a background loop of one router process touches."""
+
+    def __init__(self, cfg: RouterConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        # A restarted router is a new reporter: the controller must not merge its
+        # empty last_used into the old one's (DESIGN §4).
+        self.router_id = cfg.router_id or f"router-{os.urandom(4).hex()}"
+        b = cfg.breaker
+        self.registry = Registry(
+            stale_after_s=cfg.stale_after_s,
+            breaker=BreakerConfig(
+                failure_threshold=b.failure_threshold,
+                cooldown_s=b.cooldown_s,
+                max_cooldown_s=b.max_cooldown_s,
+            ),
+            clock=clock,
+        )
+        self.prefix = PrefixIndex()
+        self.holding = Holding(max_held=cfg.max_held)
+        self.usage = UsageTracker(clock=clock)
+        self.metrics = RouterMetrics(snapshots=self.registry.snapshots, held=self.holding.demand)
+        self.keys = KeyRing(cfg.api_keys)
+        self.policy: Policy = make_policy(cfg.policy, self.prefix)
+        self.upstream = Upstream(connect_timeout_s=cfg.connect_timeout_s)
+        # Endpoint id → URL without trailing slash, rebuilt with the list.
+        self.urls: dict[str, str] = {}
+        self.known_models: frozenset[str] = frozenset()
+        self._file_models: frozenset[str] = cfg.known_models()
+        self._controller_models: frozenset[str] = frozenset()
+        # Called after a reload with the new config (the scraper, the reporter).
+        self.on_config: list[Callable[[RouterConfig], None]] = []
+        if cfg.controller is None:
+            self.apply_endpoints(cfg.endpoint_infos())
+        else:
+            self._refresh_models()
+
+    # -- configuration ---------------------------------------------------------
+
+    def apply_config(self, cfg: RouterConfig) -> None:
+        """A reloaded file: swap what can change live; requests in flight keep going."""
+        for field in restart_only_changes(self.cfg, cfg):
+            log.warning(kv("config change needs a restart", field=field))
+        old = self.cfg
+        self.cfg = cfg
+        self.keys = KeyRing(cfg.api_keys)
+        self.holding.max_held = cfg.max_held
+        self.upstream.connect_timeout_s = cfg.connect_timeout_s
+        if cfg.policy != old.policy:
+            self.policy = make_policy(cfg.policy, self.prefix)
+        self._file_models = cfg.known_models()
+        if old.controller is None:
+            self.apply_endpoints(cfg.endpoint_infos())
+        else:
+            self._refresh_models()
+            self.holding.notify_changed()
+        for hook in self.on_config:
+            hook(cfg)
+
+    def apply_list(self, lst: EndpointList) -> None:
+        """A list from the controller's EndpointSink."""
+        self._controller_models = frozenset(lst.models)
+        self.apply_endpoints(lst.endpoints)
+
+    def apply_endpoints(self, infos: Iterable[EndpointInfo]) -> None:
+        infos = tuple(infos)
+        removed = self.registry.replace(infos)
+        # A replica that left takes its cache with it; keeping its prefix entries
+        # would only make the index lie if the id ever came back (§2.6).
+        self.prefix.retain(self.registry.ids())
+        self.metrics.forget(removed)
+        self.urls = {i.id: i.url.rstrip("/") for i in infos}
+        self._refresh_models()
+        if removed:
+            log.info(kv("endpoints removed", ids=",".join(removed)))
+        self.holding.notify_changed()
+
+    def _refresh_models(self) -> None:
+        self.known_models = self._file_models | self._controller_models | self.registry.models()
+
+    def engine_restarted(self, endpoint_id: str) -> None:
+        """Its KV cache is empty: forget what we thought it held."""
+        self.prefix.purge(endpoint_id)
+
+    # -- reads -------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Ready when nothing is configured, or at least one endpoint has been scraped."""
+        snaps = self.registry.snapshots()
+        return not snaps or any(s.stats is not None for s in snaps)
+
+    def usage_report(self, reset: bool = False) -> UsageReport:
+        demand = self.holding.demand()
+        return build_report(
+            router_id=self.router_id,
+            sent_at=self.clock.wall(),
+            last_used=self.registry.last_used(),
+            inflight={s.id: s.inflight for s in self.registry.snapshots()},
+            demand=demand,
+            load=self.usage.load(demand, reset=reset),
+        )
