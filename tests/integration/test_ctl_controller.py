@@ -67,6 +67,12 @@ class SimAgents:
     def _next_port(self, replica_id: str, rank: int) -> int:
         return 21000 + len(self._ports)
 
+    def _port(self, replica_id: str, rank: int) -> int:
+        key = (replica_id, rank)
+        if key not in self._ports:
+            self._ports[key] = self._port_for(replica_id, rank)
+        return self._ports[key]
+
     def _post(self, path: str, body: object) -> bytes:
         req = urllib.request.Request(
             self.url + path,
@@ -108,9 +114,7 @@ class SimAgents:
                     replica_id=s.replica_id,
                     rank=s.rank,
                     state="ready",
-                    port=self._ports.setdefault(
-                        (s.replica_id, s.rank), self._port_for(s.replica_id, s.rank)
-                    ),
+                    port=self._port(s.replica_id, s.rank),
                     pid=12345,
                     started_at=1.0,
                 )

@@ -11,7 +11,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from llmgw.ctl import bench as bench_driver
 from llmgw.ctl import config, errors, main, specs
+from llmgw.ctl.capacity import Level
 from llmgw.ctl.client import Response
 from llmgw.ctl.context import Ctx
 from llmgw.runtime.clock import ManualClock
@@ -107,6 +109,22 @@ class FakeController:
             state = {"cordon": "cordoned", "uncordon": "ready", "drain": "draining"}[seg[3]]
             self.nodes[seg[2]] = node_view(seg[2], state)
             return self._ok(self.nodes[seg[2]])
+        if method == "GET" and seg[:2] == ["admin", "replicas"] and len(seg) == 3:
+            found = [r for r in self.replicas if r.id == seg[2]]
+            if not found:
+                return Response(404, error_body(f"no replica {seg[2]!r}", type="not_found_error"))
+            return self._ok(found[0])
+        if method == "POST" and seg[:2] == ["admin", "replicas"] and seg[-1] == "weight":
+            assert isinstance(payload, dict)
+            self.replicas = [
+                msgspec.structs.replace(
+                    r, weight=payload["weight"], capacity_tok_s=payload.get("capacity_tok_s")
+                )
+                if r.id == seg[2]
+                else r
+                for r in self.replicas
+            ]
+            return self._ok(next(r for r in self.replicas if r.id == seg[2]))
         if (method, path) == ("GET", "/admin/replicas"):
             if self.drain_progress and self.replicas:
                 self.replicas = self.replicas[1:]
@@ -410,3 +428,54 @@ class TestDrain:
         """drain --no-wait starts the drain and returns at once."""
         run = run_ctl(["drain", "gpu-01", "--no-wait"], FakeController(), tmp_path)
         assert (run.code, run.out) == (0, "node gpu-01 draining (state draining)\n")
+
+
+class TestBenchCommand:
+    """bench with the load driver replaced: lookup, weight against peers, what is recorded."""
+
+    @pytest.fixture
+    def levels(self, monkeypatch: pytest.MonkeyPatch) -> list[Level]:
+        measured = [
+            Level(concurrency=c, completed=10 * c, failed=0, tokens=tok, elapsed_s=1.0,
+                  latency_p50_s=0.1, latency_p95_s=0.2)
+            for c, tok in ((1, 100), (2, 190), (4, 300), (8, 305), (16, 306))
+        ]  # fmt: skip
+        seen: dict[str, object] = {}
+
+        async def fake_ramp(url: str, model: str, **kw: object) -> tuple[list[Level], str]:
+            seen.update(url=url, model=model, **kw)
+            return measured, "plateau"
+
+        monkeypatch.setattr(bench_driver, "ramp", fake_ramp)
+        return measured
+
+    def test_weight_relative_to_benched_peers(self, tmp_path: Path, levels: list[Level]) -> None:
+        """Capacity 306 tok/s against a peer benched at 153 records weight 2.0 and the capacity."""
+        fake = FakeController()
+        fake.replicas = [
+            msgspec.structs.replace(replica_view("r-1"), capacity_tok_s=153.0, weight=1.0),
+            replica_view("r-2"),
+        ]
+        run = run_ctl(["bench", "r-2", "--json"], fake, tmp_path)
+        assert run.code == 0, run.err
+        report = run.json()
+        assert isinstance(report, dict)
+        assert report["weight"] == pytest.approx(2.0)
+        assert report["capacity_tok_s"] == pytest.approx(306.0)
+        assert report["peak_concurrency"] == 16
+        stored = next(r for r in fake.replicas if r.id == "r-2")
+        assert (stored.weight, stored.capacity_tok_s) == (pytest.approx(2.0), pytest.approx(306.0))
+
+    def test_first_benched_is_one(self, tmp_path: Path, levels: list[Level]) -> None:
+        """With no benched peer the weight is 1.0 and the human output says why."""
+        run = run_ctl(["bench", "r-1"], FakeController(), tmp_path)
+        assert run.code == 0, run.err
+        assert "weight 1.00 (first benched replica of its model)" in run.out
+
+    def test_no_endpoint_fails(self, tmp_path: Path, levels: list[Level]) -> None:
+        """A replica without an endpoint URL cannot be benched: exit 1."""
+        fake = FakeController()
+        fake.replicas = [msgspec.structs.replace(replica_view("r-1"), endpoint_url=None)]
+        run = run_ctl(["bench", "r-1"], fake, tmp_path)
+        assert run.code == 1
+        assert "has no endpoint yet" in run.err

@@ -112,7 +112,16 @@ def bench(args: argparse.Namespace, ctx: Ctx) -> int:
     others = benched_peers(client.replicas(model=replica.model), replica.id)
     weight = capacity.weight(best.tok_s, others)
     if not args.no_record:
-        client.set_weight(replica.id, WeightRequest(weight=weight, capacity_tok_s=best.tok_s))
+        stored = client.set_weight(
+            replica.id, WeightRequest(weight=weight, capacity_tok_s=best.tok_s)
+        )
+        if stored.capacity_tok_s is None:
+            # Without the raw figure the next bench of this model cannot count this
+            # replica as a peer, and would give its replica 1.0 again.
+            ctx.err.write(
+                "llmgw ctl: warning: the controller stored the weight but not the capacity; "
+                "later benches cannot normalize against this replica\n"
+            )
     if args.json:
         ctx.print_json(
             {
