@@ -390,11 +390,14 @@ def _cache_info(cfg: SimConfig) -> dict[str, str]:
     }
 
 
+SIM_KEY = web.AppKey("sim", SimEngine)
+
+
 def build_app(cfg: SimConfig, *, crash: Callable[[], NoReturn] = _crash) -> web.Application:
     sim = SimEngine(cfg, crash=crash)
     # Long prompts are legitimate; vLLM has no body limit either.
     app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[sim.loopback_only])
-    app["sim"] = sim
+    app[SIM_KEY] = sim
     app.cleanup_ctx.append(sim.lifespan)
     app.on_shutdown.append(sim.on_shutdown)
     r = app.router
