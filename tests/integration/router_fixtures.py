@@ -1,0 +1,173 @@
+"""Helpers for the router's integration tests: real sim-engines, a real router process.
+
+Every process is started through `llmgw.testing.start_program` and stopped by
+PID in a `finally`, even when the test fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from llmgw.testing import Program, start_program
+
+MODEL = "m"
+
+
+def sim_args(
+    *, model: str = MODEL, speed: float = 20.0, port: int = 0, extra: Sequence[str] = ()
+) -> list[str]:
+    return ["sim-engine", "--port", str(port), "--model", model, "--speed", f"{speed:g}", *extra]
+
+
+@contextlib.contextmanager
+def sim_engines(
+    log_dir: Path, speeds: Sequence[float], *, extra: Sequence[str] = (), model: str = MODEL
+) -> Iterator[list[Program]]:
+    """Start one sim-engine per speed; stop them all on exit."""
+    progs: list[Program] = []
+    try:
+        for speed in speeds:
+            progs.append(
+                start_program(sim_args(model=model, speed=speed, extra=extra), log_dir=log_dir)
+            )
+        yield progs
+    finally:
+        for p in progs:
+            p.stop(grace_s=3)
+
+
+def endpoint_entries(engines: Sequence[Program], *, model: str = MODEL) -> list[dict[str, Any]]:
+    return [{"id": f"e{i}", "url": p.url, "models": [model]} for i, p in enumerate(engines)]
+
+
+def write_config(path: Path, cfg: dict[str, Any]) -> Path:
+    """Write the YAML file atomically (a reload never sees half a file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(cfg))
+    tmp.replace(path)
+    return path
+
+
+def base_config(**over: Any) -> dict[str, Any]:
+    """Test timings: fast scrapes and reloads, so tests take seconds."""
+    cfg: dict[str, Any] = {
+        "scrape_interval_s": 0.25,
+        "scrape_timeout_s": 0.2,
+        "stale_after_s": 2.0,
+        "reload_poll_s": 0.1,
+        "report_interval_s": 0.5,
+        "request_timeout_s": 30.0,
+    }
+    cfg.update(over)
+    return cfg
+
+
+def config_path(log_dir: Path, name: str = "router") -> Path:
+    return log_dir / f"{name}.yaml"
+
+
+@contextlib.contextmanager
+def router(log_dir: Path, cfg: dict[str, Any], *, name: str = "router") -> Iterator[Program]:
+    """A router process on the config `cfg`, written to `config_path(log_dir, name)`."""
+    path = write_config(config_path(log_dir, name), cfg)
+    prog = start_program(["router", "--config", str(path), "--port", "0"], log_dir=log_dir)
+    try:
+        yield prog
+    finally:
+        prog.stop(grace_s=5)
+
+
+def get_json(url: str, *, headers: dict[str, str] | None = None) -> Any:
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def admin_endpoints(router_url: str) -> dict[str, Any]:
+    doc: dict[str, Any] = get_json(router_url + "/admin/endpoints")
+    return doc
+
+
+def snapshot(router_url: str, endpoint_id: str) -> dict[str, Any]:
+    for snap in admin_endpoints(router_url)["endpoints"]:
+        if snap["info"]["id"] == endpoint_id:
+            return dict(snap)
+    raise KeyError(endpoint_id)
+
+
+async def wait_until_scraped(router_url: str, ids: Sequence[str], timeout_s: float = 15) -> None:
+    """Until every endpoint in `ids` has figures (the scheduler sees real load)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        snaps = await asyncio.to_thread(admin_endpoints, router_url)
+        seen = {s["info"]["id"] for s in snaps["endpoints"] if s["stats"] is not None}
+        if set(ids) <= seen:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"endpoints {ids} not scraped within {timeout_s}s")
+
+
+def chat_body(
+    content: str | list[dict[str, str]],
+    *,
+    max_tokens: int = 8,
+    stream: bool = False,
+    model: str = MODEL,
+) -> dict[str, Any]:
+    messages = [{"role": "user", "content": content}] if isinstance(content, str) else content
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+    return body
+
+
+class Reply:
+    """What one request through the router came back with."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    @property
+    def endpoint(self) -> str | None:
+        return self.headers.get("x-llmgw-endpoint")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def events(self) -> list[str]:
+        """The `data:` payloads of an SSE body, in order."""
+        return [
+            line[len("data: ") :]
+            for line in self.body.decode().split("\n")
+            if line.startswith("data: ")
+        ]
+
+
+async def post(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any] | bytes,
+    *,
+    path: str = "/v1/chat/completions",
+    headers: dict[str, str] | None = None,
+) -> Reply:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    async with session.post(url + path, data=data, headers=hdrs) as resp:
+        payload = await resp.read()
+        return Reply(resp.status, {k.lower(): v for k, v in resp.headers.items()}, payload)
