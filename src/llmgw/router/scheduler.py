@@ -150,82 +150,89 @@ def choose(
     cfg: SchedulerConfig = DEFAULT_CONFIG,
 ) -> Decision:
     """Pick the endpoint for one request; see the module docstring for the rules."""
-    snaps = sorted(snapshots, key=lambda s: s.id)
     matches = prefix_matches or {}
-    rank = {eid: i for i, eid in reversed(list(enumerate(home_order)))}
-    scored: dict[str, Score] = {}
-    for s in snaps:
+    rank: dict[str, int] = {}
+    for i, eid in enumerate(home_order):
+        rank.setdefault(eid, i)
+    rows: dict[str, _Row] = {}
+    for s in snapshots:
+        eid = s.info.id
         load = load_of(s, cfg)
         kv = _kv_term(s, cfg)
-        note = ""
-        if s.id in exclude:
-            note = "excluded"
-        elif s.breaker is BreakerState.OPEN:
-            note = "open"
-        scored[s.id] = Score(
-            id=s.id,
-            load=load,
-            kv=kv,
-            stale=s.stale,
-            prefix_blocks=matches.get(s.id, 0),
-            home_rank=rank.get(s.id),
-            total=load + kv + (cfg.stale_penalty if s.stale else 0.0),
-            note=note,
-        )
-    cands = [s for s in snaps if not scored[s.id].note]
+        note = "excluded" if eid in exclude else "open" if s.breaker is BreakerState.OPEN else ""
+        total = load + kv + (cfg.stale_penalty if s.stale else 0.0)
+        rows[eid] = _Row(s, load, kv, total, matches.get(eid, 0), note)
+    cands = [r for r in rows.values() if not r.note]
     if not cands:
-        return Decision(endpoint_id=None, scores=tuple(scored.values()), reason="no-candidate")
+        return _decision(None, "no-candidate", rows, rank)
 
-    group = _preferred_pool(cands, scored, cfg)
-    totals = {s.id: scored[s.id].total for s in group}
-    drain = {s.id: s.drain_rate for s in group}
-    least = min(totals.values())
+    pool = _preferred_pool(cands, cfg)
+    for r in cands:
+        if r not in pool:
+            r.note = "priority"
+    least = min(r.total for r in pool)
     # Ties on total (to 1e-9) go to the faster-draining endpoint, then the lower id.
-    by_load = sorted(totals, key=lambda i: (round(totals[i], 9), -drain[i], i))
+    by_load = sorted(pool, key=lambda r: (round(r.total, 9), -r.snap.drain_rate, r.snap.info.id))
 
     chosen, reason = None, "least-load"
-    holders = [i for i in by_load if scored[i].prefix_blocks >= max(1, cfg.min_prefix_blocks)]
-    within = [i for i in holders if totals[i] <= least + cfg.affinity_load_bound]
+    min_blocks = max(1, cfg.min_prefix_blocks)
+    holders = [r for r in by_load if r.blocks >= min_blocks]
+    within = [r for r in holders if r.total <= least + cfg.affinity_load_bound]
+    for r in holders:
+        if r.total > least + cfg.affinity_load_bound:
+            r.note = "over bound"
     if within:
-        chosen, reason = max(within, key=lambda i: scored[i].prefix_blocks), "prefix"
+        # max() keeps the first of equal runs: the lowest total, by_load's order.
+        chosen, reason = max(within, key=lambda r: r.blocks), "prefix"
     elif home_order:
-        home = next(
-            (i for i in home_order if i in totals and totals[i] <= least + cfg.home_load_bound),
-            None,
-        )
-        if home is not None:
-            chosen, reason = home, "home"
+        for eid in home_order:
+            row = rows.get(eid)
+            if row is not None and row in pool and row.total <= least + cfg.home_load_bound:
+                chosen, reason = row, "home"
+                break
     if chosen is None:
         chosen = by_load[0]
-
-    notes = {i: "over bound" for i in holders if i not in within}
-    notes.update({s.id: "priority" for s in cands if s.id not in totals})
-    notes[chosen] = "chosen"
-    scores = tuple(_with_note(sc, notes.get(sc.id, sc.note)) for sc in scored.values())
-    return Decision(endpoint_id=chosen, scores=scores, reason=reason)
+    chosen.note = "chosen"
+    return _decision(chosen.snap.info.id, reason, rows, rank)
 
 
-def _preferred_pool(
-    cands: list[Snapshot], scored: Mapping[str, Score], cfg: SchedulerConfig
-) -> list[Snapshot]:
+class _Row:
+    """One endpoint's working figures while a decision is made."""
+
+    __slots__ = ("blocks", "kv", "load", "note", "snap", "total")
+
+    def __init__(
+        self, snap: Snapshot, load: float, kv: float, total: float, blocks: int, note: str
+    ) -> None:
+        self.snap, self.load, self.kv, self.total = snap, load, kv, total
+        self.blocks, self.note = blocks, note
+
+
+def _preferred_pool(cands: list[_Row], cfg: SchedulerConfig) -> list[_Row]:
     """The highest-priority candidates with one unsaturated among them, else all."""
-    for prio in sorted({s.info.priority for s in cands}, reverse=True):
-        pool = [s for s in cands if s.info.priority == prio]
-        if any(scored[s.id].total < cfg.saturated_load for s in pool):
-            return pool
+    prios = {r.snap.info.priority for r in cands}
+    if len(prios) > 1:
+        for prio in sorted(prios, reverse=True):
+            pool = [r for r in cands if r.snap.info.priority == prio]
+            if any(r.total < cfg.saturated_load for r in pool):
+                return pool
     return cands
 
 
-def _with_note(s: Score, note: str) -> Score:
-    if note == s.note:
-        return s
-    return Score(
-        id=s.id,
-        load=s.load,
-        kv=s.kv,
-        stale=s.stale,
-        prefix_blocks=s.prefix_blocks,
-        home_rank=s.home_rank,
-        total=s.total,
-        note=note,
+def _decision(
+    chosen: str | None, reason: str, rows: Mapping[str, _Row], rank: Mapping[str, int]
+) -> Decision:
+    scores = tuple(
+        Score(
+            id=eid,
+            load=r.load,
+            kv=r.kv,
+            stale=r.snap.stale,
+            prefix_blocks=r.blocks,
+            home_rank=rank.get(eid),
+            total=r.total,
+            note=r.note,
+        )
+        for eid, r in sorted(rows.items())
     )
+    return Decision(endpoint_id=chosen, scores=scores, reason=reason)
