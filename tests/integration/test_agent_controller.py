@@ -191,3 +191,27 @@ async def wait_for_async(fn: Any, *, expect: Any, timeout_s: float = 20.0) -> No
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"wanted {expect!r}, last saw {got!r}")
+
+
+class TestMultiNode:
+    async def test_two_node_replica(self, ctrl: ControllerRig, tmp_path: Path) -> None:
+        """A two-node model runs one sim-engine per node, ranks 0 and 1, and turns ready."""
+        rigs = [
+            AgentRig(tmp_path, ctrl.url, token=TOKEN, node=n, gpus="1xH100-80G") for n in ("a", "b")
+        ]
+        try:
+            for r in rigs:
+                r.start()
+            model = {**sim_model("big"), "nodes": 2}
+            await admin("POST", f"{ctrl.url}/admin/models", model)
+            (r,) = await wait_replicas(ctrl, "big", ready=1)
+            shards = sorted(r["shards"], key=lambda s: s["rank"])
+            assert [s["rank"] for s in shards] == [0, 1]
+            assert {s["node"] for s in shards} == {"a", "b"}
+            for s in shards:
+                assert alive(s["pid"])
+                assert await engine_health(s["port"]) == 200
+            assert r["endpoint_url"] == f"http://127.0.0.1:{shards[0]['port']}"
+        finally:
+            for r in rigs:
+                r.cleanup()

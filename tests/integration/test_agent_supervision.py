@@ -122,9 +122,13 @@ class AgentRig:
         url: str,
         *,
         token: str = "secret",
+        node: str = "n1",
+        gpus: str = "2xH100-80G",
         pid_source: Callable[[], Iterable[int]] = lambda: (),
     ) -> None:
-        self.tmp = tmp
+        self.node = node
+        self.gpus = gpus
+        self.tmp = tmp / node
         self.url = url
         self.token = token
         self.pid_source = pid_source
@@ -144,9 +148,9 @@ class AgentRig:
                 "--token",
                 self.token,
                 "--node",
-                "n1",
+                self.node,
                 "--gpus",
-                "2xH100-80G",
+                self.gpus,
                 "--fabric",
                 "ib0",
                 "--label",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.agent.app import _is_loopback
 from llmgw.agent.config import ConfigError, parse_config
 from llmgw.agent.heartbeat import (
     ControllerRejected,
@@ -160,3 +161,14 @@ class TestConfig:
     def test_print_inventory_needs_no_controller(self) -> None:
         """--print-inventory runs without controller, node or state dir."""
         assert parse_config(["--gpus", "1xH100-80G", "--print-inventory"]).print_inventory
+
+
+class TestLoopbackGuard:
+    @pytest.mark.parametrize(
+        ("expected", "remote"),
+        [(True, "127.0.0.1"), (True, "::1"), (True, "127.1.2.3"), (False, "10.0.0.2"),
+         (False, None), (False, "not-an-ip")],
+    )  # fmt: skip
+    def test_peers(self, expected: bool, remote: str | None) -> None:
+        """Only loopback peers may use the agent's HTTP surface."""
+        assert expected == _is_loopback(remote)

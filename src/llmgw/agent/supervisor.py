@@ -169,8 +169,8 @@ class Supervisor:
                 probed.append((sh, sh.port, sh.health_path))
         results = await asyncio.gather(*(self._probe.check(port, path) for _, port, path in probed))
         for (sh, _, _), ok in zip(probed, results, strict=True):
-            # Re-check: the process may have been reaped while the probes ran.
-            if ok and sh.state == "starting" and sh.proc is not None:
+            # Re-check: while the probes ran, a heartbeat may have stopped it.
+            if ok and sh.state == "starting" and sh.proc is not None and sh.stop_sent_at is None:
                 self._ready(sh)
 
     def _ready(self, sh: _Shard) -> None:
