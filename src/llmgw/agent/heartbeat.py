@@ -22,6 +22,7 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from typing import Protocol
+from urllib.parse import quote
 
 import aiohttp
 import msgspec
@@ -90,7 +91,7 @@ class ControllerClient:
     async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
-        url = f"{self.url}/v1/agents/{self._node}/heartbeat"
+        url = f"{self.url}/v1/agents/{quote(self._node, safe='')}/heartbeat"
         try:
             async with self._session.post(
                 url, data=msgspec.json.encode(hb), headers=self._headers

@@ -121,8 +121,11 @@ class NvmlInventory:
             return
         for i, h in self._handles.items():
             try:
-                supported = int(lib.nvmlDeviceGetSupportedEventTypes(h))
-                lib.nvmlDeviceRegisterEvents(h, wanted & supported, self._event_set)
+                types = wanted & int(lib.nvmlDeviceGetSupportedEventTypes(h))
+                if not types:
+                    log.warning(kv("xid events not supported", gpu=i))
+                    continue
+                lib.nvmlDeviceRegisterEvents(h, types, self._event_set)
             except lib.NVMLError as exc:
                 # Common in containers without the right capabilities; ECC still works.
                 log.warning(kv("xid events unavailable", gpu=i, error=exc))
