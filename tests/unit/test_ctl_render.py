@@ -218,6 +218,19 @@ class TestStatusScreen:
         text = render.to_text(render.status_view(s))
         assert "7 total · 3 ready · 1 cordoned · 1 draining · 2 unreachable" in text
 
+    @pytest.mark.parametrize("width", [80, 100, 140])
+    def test_long_reasons_end_in_an_ellipsis_within_the_width(self, width: int) -> None:
+        """A reason too long for the line is cut with '…', never past the width."""
+        reason = "needs 2 free L40S GPUs on one ready node; " * 4
+        s = Summary(
+            unplaceable=["team10/model-123"],
+            unplaceable_reasons=[UnplaceableModel(model="team10/model-123", reason=reason)],
+        )
+        lines = render.to_text(render.status_view(s), width=width).splitlines()
+        row = next(ln for ln in lines if "team10/model-123" in ln)
+        assert row.endswith("…")
+        assert max(len(ln) for ln in lines) <= width
+
     def test_no_ansi_in_text(self) -> None:
         """to_text is plain text, fit for the README."""
         assert "\x1b" not in render.to_text(render.status_view(big_summary()))

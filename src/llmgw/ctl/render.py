@@ -137,7 +137,8 @@ class StatusLimits:
 
 def _counts(label: str, parts: Sequence[tuple[int, str, str]]) -> Text:
     """`Label  n a · n b …`, each count styled only when it is non-zero and worth a look."""
-    line = Text(f"{label:<10}", style="bold")
+    line = Text()
+    line.append(f"{label:<10}", style="bold")
     for i, (n, name, alarm) in enumerate(parts):
         if i:
             line.append(" · ", style="dim")
@@ -201,9 +202,11 @@ def _unplaceable(names: Sequence[str], reasons: Mapping[str, str], limit: int) -
     # Names keep their width (up to a bound) and the reason gives way: a cut name
     # cannot be looked up, a cut reason still says where to look.
     name_width = min(40, max(len(n) for n in shown) + 2)
-    grid = Table.grid(padding=(0, 2))
+    # expand + ratio: the reason takes exactly the width left, so it is cut with
+    # an ellipsis rather than cropped mid-word at the terminal's edge.
+    grid = Table.grid(padding=(0, 2), expand=True)
     grid.add_column(no_wrap=True, overflow="ellipsis", min_width=name_width, max_width=name_width)
-    grid.add_column(no_wrap=True, overflow="ellipsis")
+    grid.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
     for name in shown:
         grid.add_row(f"  {name}", Text(reasons.get(name, "no reason given"), style="dim"))
     heading = Text(f"Unplaceable ({fmt_count(len(names))})", style="bold red")
