@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from llmgw.agent.ports import PortAllocator
-from llmgw.agent.procs import KILL, TERM, Exit, SpawnError
+from llmgw.agent.procs import KILL, TERM, Exit, PopenSpawner, SpawnError, read_stat
 from llmgw.agent.state import ShardRecord, StateStore
 from llmgw.agent.supervisor import Supervisor
 from llmgw.runtime.clock import ManualClock
@@ -268,3 +269,27 @@ class TestAdoption:
         """A corrupt state file is an empty set, never a crash."""
         (tmp_path / "agent-state.json").write_text("{not json")
         assert StateStore(tmp_path, node="n1").load() == ()
+
+
+class TestProcStat:
+    def test_own_process(self) -> None:
+        """Our own /proc entry reads as a live state letter and a start time."""
+        stat = read_stat(os.getpid())
+        assert stat is not None
+        assert stat[0] in "RS"
+        assert stat[1] > 0
+
+    def test_missing_pid(self) -> None:
+        """A pid that does not exist reads as None."""
+        assert read_stat(2**22 + 12345) is None
+
+    def test_attach_checks_start_time(self) -> None:
+        """Attaching needs the same start time: a reused pid is not ours."""
+        stat = read_stat(os.getpid())
+        assert stat is not None
+        spawner = PopenSpawner()
+        assert spawner.attach(os.getpid(), stat[1] + 1) is None
+        assert spawner.attach(os.getpid(), None) is None
+        proc = spawner.attach(os.getpid(), stat[1])
+        assert proc is not None
+        assert proc.poll() is None

@@ -78,7 +78,17 @@ def read_stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
-def _killpg(pgid: int, sig: int) -> None:
+def _killpg(pgid: int, start_ticks: int | None, sig: int) -> None:
+    """Signal our engine's group, never a stranger's.
+
+    While any member of the group lives, Linux does not hand its id out again,
+    so the group id is ours. Once the group is empty the number is free: a new
+    process may take it and lead a group of its own. So when a process holds
+    that pid with another start time, it is a stranger and nothing is sent.
+    """
+    stat = read_stat(pgid)
+    if stat is not None and start_ticks is not None and stat[1] != start_ticks:
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
@@ -104,9 +114,7 @@ class ChildProcess:
         return None if code is None else Exit(code)
 
     def signal_group(self, sig: int) -> None:
-        # The group outlives its leader while workers remain; Linux does not
-        # reuse a pid that is still a group id, so this reaches only our group.
-        _killpg(self._popen.pid, sig)
+        _killpg(self._popen.pid, self._start_ticks, sig)
 
 
 class AdoptedProcess:
@@ -132,7 +140,7 @@ class AdoptedProcess:
         return None
 
     def signal_group(self, sig: int) -> None:
-        _killpg(self._pid, sig)
+        _killpg(self._pid, self._start_ticks, sig)
 
 
 class PopenSpawner:

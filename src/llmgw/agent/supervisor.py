@@ -55,7 +55,6 @@ class _Shard:
     # Monotonic time SIGTERM went out; None while nobody asked it to stop.
     stop_sent_at: float | None = None
     kill_sent: bool = False
-    adopted: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -103,7 +102,6 @@ class Supervisor:
                 state="starting",
                 proc=proc,
                 started_at=rec.started_at,
-                adopted=True,
             )
             if proc is None:
                 sh.state = "failed"
