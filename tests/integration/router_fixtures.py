@@ -98,9 +98,11 @@ def admin_endpoints(router_url: str) -> dict[str, Any]:
 
 
 def snapshot(router_url: str, endpoint_id: str) -> dict[str, Any]:
-    for snap in admin_endpoints(router_url)["endpoints"]:
+    """One endpoint's snapshot from /admin/endpoints, with its prefix-index entry count."""
+    doc = admin_endpoints(router_url)
+    for snap in doc["endpoints"]:
         if snap["info"]["id"] == endpoint_id:
-            return dict(snap)
+            return {**snap, "prefix_entries": doc["prefix_entries"].get(endpoint_id, 0)}
     raise KeyError(endpoint_id)
 
 

@@ -1,0 +1,141 @@
+"""Engines dying under load, and engines restarting: retries, error frames, breakers, resets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from llmgw.testing import start_program
+
+from .router_fixtures import (
+    base_config,
+    chat_body,
+    endpoint_entries,
+    post,
+    router,
+    sim_args,
+    sim_engines,
+    snapshot,
+    wait_until_scraped,
+)
+
+pytestmark = pytest.mark.slow
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.ok = 0
+        self.failed: list[str] = []
+        self.streams_ok = 0
+        self.streams_error_frame: list[str] = []
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, stream: bool, t: Tally) -> None:
+    body = chat_body(uuid.uuid4().hex * 4, max_tokens=120 if stream else 24, stream=stream)
+    # Never hang: a stream cut by a dead engine must end within seconds.
+    r = await asyncio.wait_for(post(session, url, body), timeout=20)
+    if r.status != 200:
+        t.failed.append(f"{r.status} {r.endpoint} {r.body[:200]!r}")
+        return
+    if not stream:
+        t.ok += 1
+        return
+    events = r.events()
+    assert events[-1] == "[DONE]", (r.endpoint, events[-3:])
+    errors = [e for e in events if e.startswith('{"error"')]
+    if errors:
+        assert json.loads(errors[0])["error"]["message"]
+        t.streams_error_frame.append(r.endpoint or "?")
+    else:
+        t.streams_ok += 1
+
+
+class TestEngineKilled:
+    async def test_sigkill_under_load(self, tmp_path: Path) -> None:
+        """Unstarted requests retry elsewhere, cut streams end with an error frame, the
+        dead engine's breaker opens, and nothing else fails."""
+        with sim_engines(tmp_path, [6.0, 6.0, 6.0]) as engines:
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                breaker={"failure_threshold": 3, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0", "e1", "e2"])
+                t = Tally()
+                loop = asyncio.get_running_loop()
+                stop_at = loop.time() + 3.0
+
+                async def client(i: int, session: aiohttp.ClientSession) -> None:
+                    while loop.time() < stop_at:
+                        await one_request(session, r.url, stream=i % 2 == 0, t=t)
+
+                async def killer() -> None:
+                    await asyncio.sleep(1.0)
+                    engines[1].kill()
+
+                async with aiohttp.ClientSession() as session:
+                    await asyncio.gather(killer(), *(client(i, session) for i in range(16)))
+                    # After the kill, requests keep succeeding on the survivors.
+                    for _ in range(6):
+                        await one_request(session, r.url, stream=False, t=t)
+                snap = await asyncio.to_thread(snapshot, r.url, "e1")
+                async with aiohttp.ClientSession() as session, session.get(r.url + "/metrics") as m:
+                    metrics = await m.text()
+
+        assert t.failed == []
+        assert t.ok > 10
+        assert t.streams_ok > 5
+        # Every stream cut mid-way was on the killed engine.
+        assert set(t.streams_error_frame) == {"e1"}, t.streams_error_frame
+        assert snap["breaker"] == "open"
+        retried = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("llmgw_router_retries_total{") and 'endpoint="e1"' in line
+        ]
+        assert retried
+        assert float(retried[0].rsplit(" ", 1)[1]) >= 1
+
+
+async def wait_for(pred: Any, timeout_s: float = 15.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if await asyncio.to_thread(pred):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+class TestEngineRestarted:
+    async def test_restart_resets_drain_rate_and_purges_prefixes(self, tmp_path: Path) -> None:
+        """An engine killed and started again on its port: counters reset, so the router
+        resets its drain rate and forgets the prefixes it thought the engine held."""
+        with sim_engines(tmp_path, [20.0]) as engines:
+            cfg = base_config(endpoints=endpoint_entries(engines))
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                async with aiohttp.ClientSession() as session:
+                    for i in range(12):
+                        reply = await post(session, r.url, chat_body(f"conversation {i} " * 20))
+                        assert reply.status == 200
+                await wait_for(lambda: snapshot(r.url, "e0")["drain_rate"] > 0)
+                before = await asyncio.to_thread(snapshot, r.url, "e0")
+                assert before["prefix_entries"] > 0
+
+                port = engines[0].port
+                engines[0].kill()
+                fresh = start_program(sim_args(speed=20.0, port=port), log_dir=tmp_path)
+                try:
+                    await wait_for(lambda: snapshot(r.url, "e0")["restarts"] == 1)
+                    after = await asyncio.to_thread(snapshot, r.url, "e0")
+                finally:
+                    fresh.stop(grace_s=3)
+        assert after["drain_rate"] == 0.0
+        assert after["prefix_entries"] == 0
