@@ -357,6 +357,37 @@ class TestHumanOutput:
         assert "3s ago" in out
 
 
+class TestConnectionFlags:
+    def test_flags_after_the_command(self, tmp_path: Path) -> None:
+        """--controller and --token are accepted after the command too."""
+        fake = FakeController()
+        run = run_ctl(
+            ["nodes", "--controller", "10.0.0.9:8081", "--token", TOKEN, "--json"],
+            fake,
+            tmp_path,
+            env={},
+        )
+        assert run.code == 0, run.err
+        assert fake.calls[0][1] == "/admin/nodes"
+
+    def test_reasons_fetched_when_the_summary_lacks_them(self, tmp_path: Path) -> None:
+        """An unplaceable model without a reason in the summary gets it from the models list."""
+
+        class NoReasons(FakeController):
+            def _route(
+                self, method: str, path: str, query: Mapping[str, str], payload: object
+            ) -> Response:
+                if path == "/admin/summary":
+                    return self._ok(Summary(unplaceable=["a"]))
+                if path == "/admin/models":
+                    view = msgspec.structs.replace(model_view("a"), unplaceable_reason="no L40S")
+                    return self._ok([view])
+                return super()._route(method, path, query, payload)
+
+        run = run_ctl(["status"], NoReasons(), tmp_path)
+        assert "no L40S" in run.out
+
+
 class TestErrors:
     def test_unreachable_is_one_line_exit_1(self, tmp_path: Path) -> None:
         """No controller: exit 1, one line on stderr, no traceback."""

@@ -1,1 +1,7 @@
-"""llmgw ctl."""
+"""llmgw ctl: the operator's CLI (DESIGN §6; commands and --json shapes in docs/ctl.md).
+
+main (argparse, lazy dispatch) → commands/* (one module per group) → client
+(urllib, the one place controller errors become ctl errors) and render/tables
+(pure: wire values in, text out). bench drives load with aiohttp; capacity
+holds its pure decisions. Nothing heavy is imported until a command runs.
+"""
