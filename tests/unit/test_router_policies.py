@@ -1,0 +1,88 @@
+"""The baseline routing policies and our policy's prefix bookkeeping."""
+
+from __future__ import annotations
+
+import collections
+
+from llmgw.router.breaker import BreakerState
+from llmgw.router.endpoint import Snapshot, Stats
+from llmgw.router.policies import LeastInflight, Ours, RoundRobin, make_policy
+from llmgw.router.prefix import PrefixIndex
+from llmgw.wire.endpoints import EndpointInfo
+
+
+def snap(eid: str, *, inflight: int = 0, breaker: BreakerState = BreakerState.CLOSED) -> Snapshot:
+    return Snapshot(
+        info=EndpointInfo(id=eid, url=f"http://{eid}", models=("m",)),
+        stats=Stats(running=0, waiting=0, kv_usage=0.0, kv_capacity_tokens=16_000),
+        drain_rate=0.0,
+        inflight=inflight,
+        running_capacity=8,
+        stale=False,
+        age_s=0.1,
+        breaker=breaker,
+        restarts=0,
+    )
+
+
+class TestRoundRobin:
+    def test_cycles_in_id_order(self) -> None:
+        """Requests go a, b, c, a, b, c whatever the load."""
+        rr = RoundRobin()
+        snaps = [snap("a", inflight=50), snap("b"), snap("c")]
+        assert [rr.choose(snaps, (), ()).endpoint_id for _ in range(6)] == list("abcabc")
+
+    def test_skips_excluded_and_open(self) -> None:
+        """Excluded and open endpoints are never chosen."""
+        rr = RoundRobin()
+        snaps = [snap("a"), snap("b", breaker=BreakerState.OPEN), snap("c")]
+        picks = {rr.choose(snaps, (), ("a",)).endpoint_id for _ in range(4)}
+        assert picks == {"c"}
+
+    def test_nothing_to_choose(self) -> None:
+        """No candidate gives a decision without an endpoint."""
+        assert RoundRobin().choose([], (), ()).endpoint_id is None
+
+
+class TestLeastInflight:
+    def test_picks_fewest_inflight(self) -> None:
+        """The endpoint with the fewest requests in flight wins."""
+        li = LeastInflight()
+        snaps = [snap("a", inflight=3), snap("b", inflight=1), snap("c", inflight=2)]
+        assert li.choose(snaps, (), ()).endpoint_id == "b"
+
+    def test_ties_rotate(self) -> None:
+        """Ties are spread, not always given to the first id."""
+        li = LeastInflight()
+        snaps = [snap("a"), snap("b")]
+        picks = collections.Counter(li.choose(snaps, (), ()).endpoint_id for _ in range(10))
+        assert picks == {"a": 5, "b": 5}
+
+
+class TestOurs:
+    def test_served_request_is_remembered(self) -> None:
+        """After a request completes on an endpoint, the same prefix is routed back there."""
+        prefix = PrefixIndex()
+        ours = Ours(prefix)
+        hashes = (11, 22, 33)
+        snaps = [snap("a"), snap("b"), snap("c")]
+        first = ours.choose(snaps, hashes, ()).endpoint_id
+        other = next(s.id for s in snaps if s.id != first)
+        ours.served(other, hashes, snaps[0].stats)
+        d = ours.choose(snaps, hashes, ())
+        assert (d.endpoint_id, d.reason) == (other, "prefix")
+
+    def test_no_hashes_is_plain_load(self) -> None:
+        """A request without a prompt (no hashes) is routed on load alone."""
+        ours = Ours(PrefixIndex())
+        d = ours.choose([snap("a", inflight=4), snap("b")], (), ())
+        assert d.endpoint_id == "b"
+
+
+class TestMakePolicy:
+    def test_names(self) -> None:
+        """Each configured name builds its policy."""
+        names = [
+            make_policy(n, PrefixIndex()).name for n in ("ours", "round_robin", "least_inflight")
+        ]
+        assert names == ["ours", "round_robin", "least_inflight"]

@@ -1,0 +1,161 @@
+"""Endpoint sources: the config file watcher and the controller long-poll follower."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from llmgw.router.config import RouterConfig
+from llmgw.router.sources import ConfigWatcher, ControllerSource, ControllerUnavailable
+from llmgw.wire.endpoints import EndpointInfo, EndpointList
+
+ONE = "endpoints: [{id: a, url: 'http://a', models: [m]}]\n"
+TWO = ONE + "models: [cold]\n"
+
+
+def bump_mtime(path: Path) -> None:
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+class TestConfigWatcher:
+    def test_unchanged_file_is_not_reloaded(self, tmp_path: Path) -> None:
+        """No change, no reload."""
+        path = tmp_path / "r.yaml"
+        path.write_text(ONE)
+        got: list[RouterConfig] = []
+        w = ConfigWatcher(path, on_config=got.append)
+        assert w.tick() is False
+        assert got == []
+
+    def test_changed_file_is_applied(self, tmp_path: Path) -> None:
+        """A changed file is validated and handed over."""
+        path = tmp_path / "r.yaml"
+        path.write_text(ONE)
+        got: list[RouterConfig] = []
+        w = ConfigWatcher(path, on_config=got.append)
+        path.write_text(TWO)
+        bump_mtime(path)
+        assert w.tick() is True
+        assert got[0].models == ("cold",)
+
+    def test_bad_file_keeps_running_config(self, tmp_path: Path) -> None:
+        """An invalid file is rejected with its error and nothing is applied."""
+        path = tmp_path / "r.yaml"
+        path.write_text(ONE)
+        got: list[RouterConfig] = []
+        w = ConfigWatcher(path, on_config=got.append)
+        path.write_text("endpoints: [{id: a}]\n")
+        bump_mtime(path)
+        assert w.tick() is False
+        assert got == []
+        assert w.last_error is not None
+        assert "url" in w.last_error
+
+    def test_forced_reload(self, tmp_path: Path) -> None:
+        """request_reload() (SIGHUP) reloads an unchanged file."""
+        path = tmp_path / "r.yaml"
+        path.write_text(ONE)
+        got: list[RouterConfig] = []
+        w = ConfigWatcher(path, on_config=got.append)
+        w.request_reload()
+        assert w.tick() is True
+        assert len(got) == 1
+
+    def test_deleted_file_keeps_running_config(self, tmp_path: Path) -> None:
+        """A file that disappears is an error, not an empty router."""
+        path = tmp_path / "r.yaml"
+        path.write_text(ONE)
+        got: list[RouterConfig] = []
+        w = ConfigWatcher(path, on_config=got.append)
+        path.unlink()
+        assert w.tick() is False
+        assert got == []
+
+
+def lst(version: int, *ids: str) -> EndpointList:
+    return EndpointList(
+        version=version,
+        endpoints=tuple(EndpointInfo(id=i, url=f"http://{i}", models=("m",)) for i in ids),
+        models=("m", "cold"),
+    )
+
+
+class FakeClient:
+    """Answers queued in order: an EndpointList, None (no change) or an exception."""
+
+    def __init__(self, *answers: EndpointList | Exception | None) -> None:
+        self.answers = list(answers)
+        self.afters: list[int | None] = []
+
+    async def endpoints(self, *, after: int | None) -> EndpointList | None:
+        self.afters.append(after)
+        got = self.answers.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+
+class TestControllerSource:
+    async def test_list_is_applied_and_version_followed(self) -> None:
+        """A new list is applied and the next poll asks for changes after its version."""
+        applied: list[EndpointList] = []
+        client = FakeClient(lst(3, "a"), None, lst(4, "a", "b"))
+        src = ControllerSource(client, on_list=applied.append)  # type: ignore[arg-type]
+        assert [await src.tick() for _ in range(3)] == [True, False, True]
+        assert client.afters == [None, 3, 3]
+        assert [len(x.endpoints) for x in applied] == [1, 2]
+
+    async def test_same_version_is_not_reapplied(self) -> None:
+        """A poll that returns the version already held changes nothing."""
+        applied: list[EndpointList] = []
+        src = ControllerSource(
+            FakeClient(lst(3, "a"), lst(3, "a")),  # type: ignore[arg-type]
+            on_list=applied.append,
+        )
+        await src.tick()
+        assert await src.tick() is False
+        assert len(applied) == 1
+
+    async def test_smaller_version_is_taken(self) -> None:
+        """A smaller version means a replaced store: its list is still the truth."""
+        applied: list[EndpointList] = []
+        src = ControllerSource(
+            FakeClient(lst(9, "a"), lst(2, "b")),  # type: ignore[arg-type]
+            on_list=applied.append,
+        )
+        await src.tick()
+        await src.tick()
+        assert src.version == 2
+        assert applied[-1].endpoints[0].id == "b"
+
+    async def test_unreachable_keeps_last_list(self) -> None:
+        """A failed poll raises ControllerUnavailable and applies nothing."""
+        applied: list[EndpointList] = []
+        src = ControllerSource(
+            FakeClient(lst(1, "a"), ControllerUnavailable("down")),  # type: ignore[arg-type]
+            on_list=applied.append,
+        )
+        await src.tick()
+        with pytest.raises(ControllerUnavailable):
+            await src.tick()
+        assert len(applied) == 1
+        assert src.version == 1
+
+    def test_backoff_is_jittered_and_capped(self) -> None:
+        """Backoff grows with failures, stays under the cap, and varies between routers."""
+        src = ControllerSource(
+            FakeClient(),  # type: ignore[arg-type]
+            on_list=lambda _l: None,
+            backoff_s=0.5,
+            max_backoff_s=8.0,
+            rng=random.Random(1),
+        )
+        src.failures = 20
+        waits = {round(src.next_backoff_s(), 3) for _ in range(50)}
+        assert max(waits) <= 8.0
+        assert min(waits) >= 0.25
+        assert len(waits) > 10
