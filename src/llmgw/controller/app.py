@@ -19,6 +19,7 @@ from aiohttp import web
 
 from llmgw.controller import api
 from llmgw.controller.config import ControllerConfig
+from llmgw.controller.errors import StoreUnavailable
 from llmgw.controller.fleet import Fleet
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.leader import ControlLoop
@@ -66,6 +67,10 @@ def build_app(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            try:
+                await loop.flush_heartbeats()
+            except StoreUnavailable as exc:
+                log.warning("heartbeat flush on stop failed: %s", exc.message)
             await asyncio.to_thread(leadership.release)
             await asyncio.to_thread(store.close)
 

@@ -162,15 +162,16 @@ class Fleet:
             shards = desired_shards(self.state, self.index, hb.node, retired=self.retired)
         return HeartbeatReply(shards=shards, interval_s=self.config.heartbeat_interval_s)
 
-    def heartbeats_to_flush(self, *, now: float) -> list[Node]:
-        """Nodes whose stored heartbeat is older than the flush interval (for the tick's write)."""
+    def heartbeats_to_flush(self, *, now: float, all_: bool = False) -> list[Node]:
+        """Nodes whose stored heartbeat is older than the flush interval (or every one not
+        stored yet with `all_`, on shutdown), for the tick's write."""
         out: list[Node] = []
         for name in sorted(self._unflushed):
             node = self.state.nodes.get(name)
             if node is None:
                 continue
             stored = self._stored_heartbeat.get(name)
-            if stored is None or now - stored >= self.config.flush_s:
+            if all_ or stored is None or now - stored >= self.config.flush_s:
                 out.append(node)
         return out
 

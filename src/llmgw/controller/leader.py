@@ -24,6 +24,7 @@ from llmgw.controller.fleet import Fleet
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.lifecycle import Batch
 from llmgw.controller.reconcile import plan_tick
+from llmgw.controller.state import Changes
 from llmgw.controller.store import Leadership, StoreError
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
@@ -114,6 +115,17 @@ class ControlLoop:
             )
             await fleet.commit(batch.changes)
         log.info(kv("leading", nodes=len(fleet.state.nodes), models=len(fleet.state.models)))
+
+    async def flush_heartbeats(self) -> None:
+        """Store every heartbeat timestamp held only in memory (graceful stop): a controller
+        restarted soon after then shows its nodes as they were, not as unreachable."""
+        fleet = self.fleet
+        if not fleet.leading:
+            return
+        async with fleet.lock:
+            nodes = fleet.heartbeats_to_flush(now=self.clock.wall(), all_=True)
+            await fleet.commit(Changes(nodes=nodes))
+            fleet.flushed(n.name for n in nodes)
 
     async def reconcile(self) -> None:
         fleet = self.fleet

@@ -1,0 +1,155 @@
+"""A real controller on SQLite and on PostgreSQL; agents simulated by heartbeats from the test."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration import pg
+from tests.integration.controller_harness import (
+    Controller,
+    Db,
+    FakeAgents,
+    controller,
+    spec,
+    wait_for,
+)
+
+pg_schema = pg.pg_schema
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Db:
+    if request.param == "sqlite":
+        return Db(f"sqlite:///{tmp_path / 'controller.db'}")
+    schema: pg.PgSchema = request.getfixturevalue("pg_schema")
+    return Db(schema.url, schema.schema)
+
+
+@pytest.fixture
+def c(db: Db) -> Iterator[Controller]:
+    with controller(db) as ctl:
+        yield ctl
+
+
+def _node_of(r: dict[str, Any]) -> str:
+    return str(r["shards"][0]["node"])
+
+
+class TestPlacementFlow:
+    def test_apply_places_and_heartbeat_carries_the_shards(self, c: Controller) -> None:
+        """model apply → pending replica → the node's heartbeat answer lists its shard."""
+        agents = FakeAgents(c, {"a": 8}, ready=False)
+        agents.beat("a")
+        c.post("/admin/models", spec("m", gpus_per_node=4))
+        shards = wait_for(lambda: agents.beat("a"), what="shards in the heartbeat answer")
+        (shard,) = shards
+        assert (shard["model"], shard["gpu_indices"], shard["engine"]) == ("m", [0, 1, 2, 3], "sim")
+        again = agents.beat("a")
+        assert again == shards  # idempotent: the same desired set, nothing started twice
+        assert len(c.replicas("m")) == 1
+
+    def test_ready_heartbeat_wakes_the_long_poll(self, c: Controller) -> None:
+        """A long-poll held at the current version returns once the replica is ready, with it."""
+        c.post("/admin/models", spec("m"))
+        first = c.get("/v1/endpoints")
+        assert (first["endpoints"], first["models"]) == ([], ["m"])
+        got: list[dict[str, Any]] = []
+
+        def poll() -> None:
+            after = first["version"]
+            while not (got and got[-1]["endpoints"]):
+                got.append(c.get(f"/v1/endpoints?after={after}&timeout_s=20", timeout_s=30))
+                after = got[-1]["version"]
+
+        waiter = threading.Thread(target=poll)
+        waiter.start()
+        time.sleep(0.5)
+        assert not got  # nothing changed yet: the poll is held
+        with FakeAgents(c, {"a": 8}):
+            waiter.join(timeout=20)
+        assert got
+        (ep,) = got[-1]["endpoints"]
+        assert ep["models"] == ["m"]
+        assert ep["url"].startswith("http://127.0.0.1:")
+        assert got[-1]["version"] > first["version"]
+
+    def test_failed_engine_is_restarted_with_backoff(self, c: Controller) -> None:
+        """A shard reported failed fails the replica (exit code, log), then a new one comes."""
+        c.post("/admin/models", spec("m"))
+        with FakeAgents(c, {"a": 8}) as agents:
+            first = wait_for(lambda: c.replicas("m", "ready"), what="ready")[0]["id"]
+            agents.failing.add(first)
+            failed = wait_for(
+                lambda: (
+                    c.get(f"/admin/replicas/{first}")["state"] in ("failed", "stopped")
+                    and c.get(f"/admin/replicas/{first}")
+                )
+            )
+            assert "code 3" in failed["reason"] or "restarted" in failed["reason"]
+            again = wait_for(lambda: c.replicas("m", "ready"), what="restarted replica ready")
+            assert again[0]["id"] != first
+            assert again[0]["restarts"] == 1
+        assert any("exited with code 3: boom" in e for e in c.events(replica=first))
+
+
+class TestUnreachable:
+    def test_replicas_move_only_after_the_grace(self, c: Controller) -> None:
+        """A silent node goes unreachable; its replica stays until the grace, then moves."""
+        c.post("/admin/models", spec("m", gpus_per_node=8))
+        with FakeAgents(c, {"a": 8, "b": 8}) as agents:
+            ready = wait_for(lambda: c.replicas("m", "ready"), what="ready")[0]
+            lost_node = _node_of(ready)
+            other = "b" if lost_node == "a" else "a"
+            agents.silence(lost_node)
+            silenced_at = time.monotonic()
+            wait_for(
+                lambda: c.get(f"/admin/nodes/{lost_node}")["state"] == "unreachable",
+                what="unreachable",
+            )
+            # Timeout 1.5 s + grace 2 s: within the grace the replica stays put and listed.
+            if time.monotonic() - silenced_at < 3.0:
+                assert c.get(f"/admin/replicas/{ready['id']}")["state"] == "ready"
+            moved = wait_for(
+                lambda: [r for r in c.replicas("m", "ready") if _node_of(r) == other],
+                what="replacement on the other node",
+            )
+            assert time.monotonic() - silenced_at >= 3.0
+            assert moved[0]["id"] != ready["id"]
+            assert c.endpoint_ids() == [moved[0]["id"]]
+        events = c.events(node=lost_node)
+        assert any(e.startswith(f"node.unreachable {lost_node}") for e in events)
+
+
+class TestIdleEviction:
+    def test_idle_replica_is_evicted_for_an_unplaceable_model(self, c: Controller) -> None:
+        """Reported idle past its timeout, a replica drains so a model that did not fit lands."""
+        # min 1 then 0: one replica that eviction may take (it never goes below min).
+        c.post("/admin/models", [spec("idle", idle_timeout_s=1)])
+        c.post("/admin/models/idle/scale", {"min_replicas": 0})
+        with FakeAgents(c, {"a": 8}):
+            idle = wait_for(lambda: c.replicas("idle", "ready"), what="ready")[0]["id"]
+            # A second replica nobody reported: unknown idleness must never be chosen.
+            c.post("/admin/models", spec("unknown", gpus_per_node=4, idle_timeout_s=1))
+            c.post("/admin/models/unknown/scale", {"min_replicas": 0})
+            unknown = wait_for(lambda: c.replicas("unknown", "ready"), what="ready")[0]["id"]
+            now = time.time()
+            report = {
+                "router_id": "r1",
+                "sent_at": now,
+                "last_used": {idle: now - 60},
+                "inflight": {idle: 0},
+            }
+            c.post("/v1/usage", report)
+            assert c.get(f"/admin/replicas/{idle}")["idle_seconds"] >= 59
+            c.post("/admin/models", spec("big", gpus_per_node=4))
+            placed = wait_for(lambda: c.replicas("big", "ready"), what="the big model ready")
+            assert placed
+            assert c.get(f"/admin/replicas/{idle}")["state"] in ("draining", "stopped")
+            assert c.get(f"/admin/replicas/{unknown}")["state"] == "ready"
+        assert any("evicted for big" in e for e in c.events(replica=idle))
