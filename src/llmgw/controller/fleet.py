@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Iterable
 
 from llmgw.controller.agents import Backoff, absorb_heartbeat, desired_shards
@@ -58,6 +59,9 @@ class Fleet:
         # Node → last_heartbeat_at the store holds (flush bookkeeping).
         self._stored_heartbeat: dict[str, float | None] = {}
         self._unflushed: set[str] = set()
+        # Models whose replicas or spec changed since the last tick (None: every
+        # model, e.g. after a (re)load); the tick decides these (models.plan_models).
+        self._dirty: set[str] | None = None
         self.backoff = Backoff(base_s=config.restart_backoff_s, cap_s=config.restart_backoff_max_s)
 
     # -- leadership ----------------------------------------------------------
@@ -77,6 +81,7 @@ class Fleet:
         self.index = FleetIndex.build(state)
         self._stored_heartbeat = {n.name: n.last_heartbeat_at for n in state.nodes.values()}
         self._unflushed.clear()
+        self._dirty = None
         after = endpoint_list(state, self.index, version=self.sink.version)
         if after.endpoints != before.endpoints or after.models != before.models:
             self.sink.bump()
@@ -115,9 +120,26 @@ class Fleet:
         self._mirror(changes)
         return events
 
+    def take_dirty(self) -> set[str] | None:
+        """The models to decide this tick; the next tick starts a new set."""
+        dirty, self._dirty = self._dirty, set()
+        return dirty
+
+    def restore_dirty(self, dirty: set[str] | None) -> None:
+        """A tick that failed to commit: decide those again next time."""
+        if dirty is None or self._dirty is None:
+            self._dirty = None
+        else:
+            self._dirty |= dirty
+
     def _mirror(self, changes: Changes) -> None:
         s = self.state
         bump = bool(changes.models or changes.deleted_models)
+        dirty = self._dirty
+        if dirty is not None:
+            dirty.update(m.name for m in changes.models)
+            dirty.update(r.model for r in changes.replicas)
+            dirty.update(changes.deleted_models)
         for n in changes.nodes:
             s.nodes[n.name] = n
             self._stored_heartbeat[n.name] = n.last_heartbeat_at
@@ -140,6 +162,8 @@ class Fleet:
         for rid in changes.deleted_replicas:
             old = s.replicas.pop(rid, None)
             self.index.put(old, None)
+            if old is not None and dirty is not None:
+                dirty.add(old.model)
             bump = bump or (old is not None and old.state == "ready")
         for name in list(self.retired):
             if not self.index.of_model(name):
@@ -165,15 +189,22 @@ class Fleet:
     def heartbeats_to_flush(self, *, now: float, all_: bool = False) -> list[Node]:
         """Nodes whose stored heartbeat is older than the flush interval (or every one not
         stored yet with `all_`, on shutdown), for the tick's write."""
-        out: list[Node] = []
-        for name in sorted(self._unflushed):
-            node = self.state.nodes.get(name)
-            if node is None:
+        due: list[tuple[float, str]] = []
+        for name in self._unflushed:
+            if name not in self.state.nodes:
                 continue
             stored = self._stored_heartbeat.get(name)
             if all_ or stored is None or now - stored >= self.config.flush_s:
-                out.append(node)
-        return out
+                due.append((-1.0 if stored is None else stored, name))
+        due.sort()
+        if not all_:
+            # Twice the average rate at most, oldest first: nodes that registered
+            # together (a restart, a rack powering on) would otherwise come due
+            # together and make one tick write them all.
+            cfg = self.config
+            cap = max(64, math.ceil(2 * len(self.state.nodes) * cfg.tick_s / cfg.flush_s))
+            del due[cap:]
+        return [self.state.nodes[name] for _, name in due]
 
     def flushed(self, names: Iterable[str]) -> None:
         for name in names:

@@ -131,13 +131,24 @@ class ControlLoop:
         fleet = self.fleet
         async with fleet.lock:
             now = self.clock.wall()
+            dirty = fleet.take_dirty()
             plan = plan_tick(
-                fleet.state, fleet.index, self.usage, fleet.memory, now=now, config=self.config
+                fleet.state,
+                fleet.index,
+                self.usage,
+                fleet.memory,
+                now=now,
+                config=self.config,
+                dirty=dirty,
             )
             flush = fleet.heartbeats_to_flush(now=now)
             # Flushed timestamps first: a node the plan itself changes wins (last by key).
             plan.changes.nodes[:0] = flush
-            await fleet.commit(plan.changes)
+            try:
+                await fleet.commit(plan.changes)
+            except BaseException:
+                fleet.restore_dirty(dirty)
+                raise
             fleet.flushed(n.name for n in flush)
             fleet.memory = plan.memory
         for rid in plan.forgotten:

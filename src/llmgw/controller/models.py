@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.idle import IdleTracker, ModelLoadSum
@@ -61,8 +61,25 @@ def desired_count(
 
 
 def plan_models(
-    batch: Batch, index: FleetIndex, usage: IdleTracker, mem: Memory, cfg: ControllerConfig
+    batch: Batch,
+    index: FleetIndex,
+    usage: IdleTracker,
+    mem: Memory,
+    cfg: ControllerConfig,
+    *,
+    dirty: Collection[str] | None = None,
 ) -> None:
+    """Decide every model that may need it; `dirty`: models changed since the last tick
+    (None: decide them all, as after a takeover).
+
+    A model nothing happened to was left stable by the last tick, so deciding it
+    again would cost O(fleet) per tick for nothing. Besides the dirty ones, the
+    tick looks at models that time or capacity can change without a write:
+    unplaceable or evicting ones (capacity frees), failed replicas' (backoff
+    ends), those on draining nodes (moves), and those routers report load or
+    demand for (autoscaling; for these the desired count is computed, and the
+    rest only if it changed).
+    """
     state = batch.base
     for name in sorted(set(index.by_model) - set(state.models)):
         # The delete command drained these; this catches a restart in between.
@@ -74,9 +91,25 @@ def plan_models(
     demand = usage.demand()
     load = usage.load()
     requests: list[Request] = []
-    for name in sorted(state.models):
-        _model(batch, index, usage, mem, cfg, state.models[name], demand, load, requests)
+    watch = None if dirty is None else _watched(batch, index, mem, dirty)
+    names = state.models.keys() if watch is None else (watch | demand.keys() | load.keys())
+    for name in sorted(names):
+        m = state.models.get(name)
+        if m is None:
+            continue
+        stable = watch is not None and name not in watch
+        _model(batch, index, usage, mem, cfg, m, demand, load, requests, stable=stable)
     place_requests(batch, index, usage, mem, cfg, requests)
+
+
+def _watched(batch: Batch, index: FleetIndex, mem: Memory, dirty: Collection[str]) -> set[str]:
+    out = set(dirty) | mem.unplaceable.keys() | mem.evicting.keys()
+    replicas = batch.base.replicas
+    out.update(replicas[rid].model for rid in index.in_state("failed"))
+    for name, node in batch.base.nodes.items():
+        if node.operator_state == "draining":
+            out.update(replicas[rid].model for rid in index.on_node(name))
+    return out
 
 
 def _model(
@@ -89,9 +122,13 @@ def _model(
     demand: Mapping[str, int],
     load: Mapping[str, ModelLoadSum],
     requests: list[Request],
+    *,
+    stable: bool = False,
 ) -> None:
     now, name = batch.now, m.name
     desired = _scale(batch, mem, cfg, m, demand.get(name, 0), load.get(name))
+    if stable and desired == m.desired_replicas:
+        return
     live = _live(batch, index, name)
     if not live and desired == 0:
         return

@@ -17,7 +17,7 @@ One tick, in order:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from llmgw.controller.config import ControllerConfig
@@ -46,13 +46,16 @@ def plan_tick(
     now: float,
     config: ControllerConfig,
     new_id: Callable[[], str] = new_replica_id,
+    dirty: Collection[str] | None = None,
 ) -> Plan:
+    """One tick's decisions. `dirty`: models whose replicas or spec changed since the
+    last tick (None: all of them); see models.plan_models."""
     mem = memory.copy()
     batch = Batch(state, now, new_id=new_id)
     plan = Plan(changes=batch.changes, memory=mem)
     _nodes(batch, index, mem, config)
     _timers(batch, index, usage, plan, config)
-    plan_models(batch, index, usage, mem, config)
+    plan_models(batch, index, usage, mem, config, dirty=dirty)
     return plan
 
 
