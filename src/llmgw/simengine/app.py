@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+# Not a vLLM header: lets a benchmark on the same host replay exactly what the engine saw.
+ARRIVAL_HEADER = "x-llmgw-sim-arrival"
 DISCONNECT_POLL_S = 0.5  # how often a silent request checks that its client is still there
 
 
@@ -67,6 +69,11 @@ def _cut(stall_after: int | None, error_after: int | None) -> tuple[int | None, 
     if error_after is not None and (stall_after is None or error_after <= stall_after):
         return error_after, True
     return stall_after, False
+
+
+def _arrival(req: SimRequest) -> dict[str, str]:
+    """When the engine took the request in, on this host's CLOCK_MONOTONIC (for benchmarks)."""
+    return {ARRIVAL_HEADER: f"{req.arrival_s:.6f}"}
 
 
 def _json(body: bytes, status: int = 200) -> web.Response:
@@ -247,7 +254,7 @@ class SimEngine:
     ) -> web.StreamResponse:
         req = stream.req
         cut, error_first = _cut(stall_after, error_after)
-        resp = web.StreamResponse(headers=SSE_HEADERS)
+        resp = web.StreamResponse(headers={**SSE_HEADERS, **_arrival(req)})
         try:
             await resp.prepare(request)
             pending = enc.first()
@@ -308,7 +315,9 @@ class SimEngine:
                 if _gone(request):
                     return web.Response(status=499)
         text = tokenizer.output_text(req.output_ids())
-        return _json(enc.full(text, req.finish_reason, self._usage(req)))
+        resp = _json(enc.full(text, req.finish_reason, self._usage(req)))
+        resp.headers.update(_arrival(req))
+        return resp
 
     async def _hold(self, request: web.Request) -> None:
         """Stay silent until the client leaves or the server stops (the stall fault)."""

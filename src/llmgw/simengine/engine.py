@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 
 from llmgw.simengine.batcher import Scheduler, SimRequest, StepPlan
 from llmgw.simengine.timing import TimingModel
@@ -76,8 +78,16 @@ class Engine:
     """Owns the scheduler's clock: submit/abort from handlers, `run()` as the one engine task."""
 
     def __init__(
-        self, scheduler: Scheduler, timing: TimingModel, *, max_lag_s: float = 0.1
+        self,
+        scheduler: Scheduler,
+        timing: TimingModel,
+        *,
+        max_lag_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        # time.monotonic, not loop.time(): uvloop's reading is in whole milliseconds and
+        # frozen for a loop iteration, which would skew arrival and step times.
+        self.now = clock
         self.scheduler = scheduler
         self.timing = timing
         self.max_lag_s = max_lag_s
@@ -85,10 +95,6 @@ class Engine:
         self._wake = asyncio.Event()
         self._deadline: float | None = None  # end of the last step; None: idle since
         self.lag_resets = 0  # times the timeline slipped because the CPU fell behind
-
-    @staticmethod
-    def now() -> float:
-        return asyncio.get_running_loop().time()
 
     def submit(self, req: SimRequest) -> Stream:
         stream = Stream(req)
@@ -137,14 +143,14 @@ class Engine:
 
     async def run(self) -> None:
         """The engine task: steps while there is work, waits (no spinning) when idle."""
-        loop = asyncio.get_running_loop()
+        now = self.now
         while True:
             if not self.scheduler.has_work():
                 self._deadline = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            step = self.begin_step(loop.time())
+            step = self.begin_step(now())
             if step is None:
                 # Nothing fits and nothing runs (cannot last: requests are validated
                 # to fit the cache); wait for an arrival or an abort to change that.
@@ -153,9 +159,10 @@ class Engine:
                 await self._wake.wait()
                 continue
             plan, _, end = step
-            delay = end - loop.time()
-            if delay > 0:
+            await asyncio.sleep(0)  # let handlers write what the last step produced
+            if (delay := end - now()) > 0:
                 await asyncio.sleep(delay)
-            else:
-                await asyncio.sleep(0)  # let handlers write what the last step produced
+            # uvloop's timers fire on whole milliseconds, sometimes early: top up once.
+            if (delay := end - now()) > 0:
+                await asyncio.sleep(delay)
             self.end_step(plan, end)
