@@ -1,0 +1,573 @@
+"""What the router adds: latency, throughput, streamed chunks, CPU and memory (issue 3).
+
+Set-up, all on 127.0.0.1:
+- a minimal upstream written with raw asyncio protocols (no HTTP framework),
+  answering a small chat completion, a 64-event SSE stream, and /metrics —
+  cheap enough that the router, not the upstream, is what is measured;
+- the router (`llmgw router`, policy `ours`, the real scrape loop running)
+  pinned to CPU 0 with `taskset`;
+- the upstream and this load generator (raw asyncio, keep-alive connections)
+  pinned to the other CPU(s).
+
+Each phase runs the same load twice, straight at the upstream ("direct") and
+through the router, so the difference is the router's. Phases:
+  latency at concurrency 1 and 64 (added p50/p99), req/s at 64 and 256 (non-
+  streaming, small bodies), streamed events/s at 64 with 64-event responses,
+  router CPU seconds per 1,000 requests, router peak RSS.
+
+Usage: .venv/bin/python bench/router_overhead.py [--seconds 4] [--no-results]
+       .venv/bin/python bench/router_overhead.py --profile   (cProfile of the router)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "RESULTS.md"
+SECTION = "## router_overhead.py"
+MODEL = "bench"
+STREAM_EVENTS = 64
+
+# -- the upstream: raw asyncio, one process ------------------------------------
+
+_CHAT = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok ok ok ok"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 8, "completion_tokens": 4, "total_tokens": 12},
+    }
+).encode()
+_CHAT_RESP = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+    + str(len(_CHAT)).encode()
+    + b"\r\n\r\n"
+    + _CHAT
+)
+_METRICS = (
+    b'vllm:num_requests_running{engine="0",model_name="bench"} 0.0\n'
+    b'vllm:num_requests_waiting{engine="0",model_name="bench"} 0.0\n'
+    b'vllm:kv_cache_usage_perc{engine="0",model_name="bench"} 0.0\n'
+    b'vllm:request_success_total{engine="0",finished_reason="stop",model_name="bench"} 1.0\n'
+)
+_METRICS_RESP = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
+    + str(len(_METRICS)).encode()
+    + b"\r\n\r\n"
+    + _METRICS
+)
+_SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+
+def _sse_chunk(i: int) -> bytes:
+    ev = (
+        b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
+        b'"delta":{"content":"tok' + str(i).encode() + b' "}}]}\n\n'
+    )
+    return f"{len(ev):x}\r\n".encode() + ev + b"\r\n"
+
+
+_SSE_CHUNKS = [_sse_chunk(i) for i in range(STREAM_EVENTS)]
+_SSE_END = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+_CL = re.compile(rb"(?i)content-length:\s*(\d+)")
+
+
+class UpstreamProtocol(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self.t = cast(asyncio.Transport, transport)
+        self.buf = b""
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            m = _CL.search(self.buf, 0, end)
+            total = end + 4 + (int(m.group(1)) if m else 0)
+            if len(self.buf) < total:
+                return
+            head, body, self.buf = self.buf[:end], self.buf[end + 4 : total], self.buf[total:]
+            if head.startswith(b"GET /metrics"):
+                self.t.write(_METRICS_RESP)
+            elif b'"stream":true' in body or b'"stream": true' in body:
+                asyncio.get_running_loop().create_task(self._stream())
+            else:
+                self.t.write(_CHAT_RESP)
+
+    async def _stream(self) -> None:
+        # One write per event, yielding in between: the router must relay a stream
+        # that arrives in pieces, as an engine's does.
+        self.t.write(_SSE_HEAD)
+        for chunk in _SSE_CHUNKS:
+            if self.t.is_closing():
+                return
+            self.t.write(chunk)
+            await asyncio.sleep(0)
+        self.t.write(_SSE_END)
+
+
+def run_upstream(port: int) -> None:
+    import uvloop
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(UpstreamProtocol, "127.0.0.1", port, backlog=4096)
+        print(f"upstream-ready {server.sockets[0].getsockname()[1]}", flush=True)
+        await server.serve_forever()
+
+    uvloop.run(main())
+
+
+# -- the floor: the least an aiohttp proxy can do --------------------------------
+
+
+def run_floor(port: int, upstream_port: int) -> None:
+    """A bare aiohttp pass-through (one shared session, no routing logic): what the
+    router would cost if everything it adds to aiohttp were free."""
+    import aiohttp
+    import uvloop
+    from aiohttp import web
+
+    target = f"http://127.0.0.1:{upstream_port}"
+    sess: list[aiohttp.ClientSession] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        async with sess[0].post(
+            target + request.path, data=body, headers={"Content-Type": "application/json"}
+        ) as up:
+            ctype = up.headers.get("Content-Type", "application/json")
+            if ctype.startswith("text/event-stream"):
+                resp = web.StreamResponse(status=up.status, headers={"Content-Type": ctype})
+                await resp.prepare(request)
+                async for chunk in up.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+            data = await up.read()
+            return web.Response(status=up.status, body=data, headers={"Content-Type": ctype})
+
+    async def main() -> None:
+        sess.append(
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+        )
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        print(f"floor-ready {bound}", flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+# -- what would: a proxy on raw asyncio protocols, no HTTP framework -----------
+
+
+class _RawUpstream(asyncio.Protocol):
+    """One pooled upstream connection; relays one response at a time, bytes untouched."""
+
+    def __init__(self, pool: list[_RawUpstream]) -> None:
+        self.pool = pool
+        self.sink: asyncio.Transport | None = None
+        self.buf = b""
+        self.head_done = False
+        self.left = 0  # content-length bytes still to relay
+        self.chunked = False
+        self.t: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.t = cast(asyncio.Transport, transport)
+
+    def send(self, data: bytes, sink: asyncio.Transport) -> None:
+        self.sink, self.buf, self.head_done = sink, b"", False
+        assert self.t is not None
+        self.t.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.sink is not None
+        self.sink.write(data)  # relay at once; parse only to find the end
+        if not self.head_done:
+            self.buf += data
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            m = _CL.search(self.buf, 0, end)
+            self.head_done = True
+            self.chunked = m is None
+            self.left = (int(m.group(1)) if m else 0) - (len(self.buf) - end - 4)
+            self.buf = self.buf[end + 4 :] if self.chunked else b""
+        elif self.chunked:
+            self.buf += data
+        else:
+            self.left -= len(data)
+        done = self.buf.endswith(b"0\r\n\r\n") if self.chunked else self.left <= 0
+        if done:
+            self.sink = None
+            self.buf = b""
+            self.pool.append(self)
+
+
+class _RawFront(asyncio.Protocol):
+    def __init__(self, pool: list[_RawUpstream], upstream_port: int) -> None:
+        self.pool = pool
+        self.port = upstream_port
+        self.buf = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.t = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        m = _CL.search(self.buf, 0, end)
+        total = end + 4 + (int(m.group(1)) if m else 0)
+        if len(self.buf) < total:
+            return
+        req, self.buf = self.buf[:total], self.buf[total:]
+        if self.pool:
+            self.pool.pop().send(req, self.t)
+        else:
+            asyncio.get_running_loop().create_task(self._connect_and_send(req))
+
+    async def _connect_and_send(self, req: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        _, up = await loop.create_connection(
+            lambda: _RawUpstream(self.pool), "127.0.0.1", self.port
+        )
+        up.send(req, self.t)
+
+
+def run_raw_proxy(port: int, upstream_port: int) -> None:
+    import uvloop
+
+    async def main() -> None:
+        pool: list[_RawUpstream] = []
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: _RawFront(pool, upstream_port), "127.0.0.1", port, backlog=4096
+        )
+        print(f"raw-ready {server.sockets[0].getsockname()[1]}", flush=True)
+        await server.serve_forever()
+
+    uvloop.run(main())
+
+
+# -- the load generator: raw asyncio streams, keep-alive -----------------------
+
+
+def _request(port: int, stream: bool) -> bytes:
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [
+                {"role": "system", "content": "You are a terse assistant."},
+                {"role": "user", "content": "Say ok."},
+            ],
+            "max_tokens": 4,
+            "stream": stream,
+        },
+        separators=(",", ":"),
+    ).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:"
+        + str(port).encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+async def _read_response(reader: asyncio.StreamReader) -> int:
+    """Read one response; returns the number of SSE data events (0 when not a stream)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"bad answer: {head[:80]!r}")
+    m = _CL.search(head)
+    if m:
+        await reader.readexactly(int(m.group(1)))
+        return 0
+    events = 0
+    while True:
+        size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
+        data = await reader.readexactly(size + 2)
+        if size == 0:
+            return events
+        events += data.count(b"data: ")
+
+
+async def load(
+    port: int, *, concurrency: int, seconds: float, stream: bool
+) -> tuple[list[float], int]:
+    """Closed loop: `concurrency` connections, each sending back to back for `seconds`."""
+    req = _request(port, stream)
+    lat: list[float] = []
+    events = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal events
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while (t0 := time.perf_counter()) < stop_at:
+                writer.write(req)
+                # Not `events += await ...`: that reads `events` before the await and
+                # loses the other workers' additions.
+                n = await _read_response(reader)
+                events += n
+                lat.append(time.perf_counter() - t0)
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return lat, events
+
+
+# -- processes, measurements ---------------------------------------------------
+
+
+def cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+@contextlib.contextmanager
+def child(cpu_list: str, *args: str) -> Iterator[tuple[int, int]]:
+    """This file in another mode, pinned; yields (port from its ready line, pid)."""
+    proc = subprocess.Popen(
+        ["taskset", "-c", cpu_list, sys.executable, __file__, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        yield int(line.split()[1]), proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def router_process(
+    upstream_port: int, cpu: str, *, profile: Path | None
+) -> Iterator[tuple[int, int]]:
+    tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
+    cfg = tmp / "router.yaml"
+    cfg.write_text(
+        "endpoints:\n"
+        f"  - {{id: up, url: 'http://127.0.0.1:{upstream_port}', models: [{MODEL}]}}\n"
+        "request_timeout_s: 30\n"
+    )
+    log = (tmp / "router.log").open("w")
+    cmd = [sys.executable, "-m", "llmgw", "router", "--config", str(cfg), "--port", "0"]
+    if profile is not None:
+        cmd = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "llmgw", *cmd[3:]]
+    proc = subprocess.Popen(["taskset", "-c", cpu, *cmd], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            text = (tmp / "router.log").read_text()
+            if m := re.search(r"llmgw-ready router http://127.0.0.1:(\d+)", text):
+                yield int(m.group(1)), proc.pid
+                break
+            if proc.poll() is not None:
+                raise RuntimeError("router exited:\n" + text)
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("router not ready")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+async def measure_path(port: int, pid: int | None, seconds: float) -> dict[str, float]:
+    """Every phase against one path; CPU is counted when the path is a process of ours."""
+    out: dict[str, float] = {}
+    await load(port, concurrency=8, seconds=1.0, stream=False)  # warm up
+    requests = 0
+    cpu0 = cpu_seconds(pid) if pid else 0.0
+    for conc in (1, 64, 256):
+        lat, _ = await load(port, concurrency=conc, seconds=seconds, stream=False)
+        requests += len(lat)
+        out[f"p50_ms_c{conc}"] = pct(lat, 0.5) * 1e3
+        out[f"p99_ms_c{conc}"] = pct(lat, 0.99) * 1e3
+        out[f"rps_c{conc}"] = len(lat) / seconds
+    lat, events = await load(port, concurrency=64, seconds=seconds, stream=True)
+    requests += len(lat)
+    out["events_s"] = events / seconds
+    if pid:
+        out["cpu_s_per_1000"] = (cpu_seconds(pid) - cpu0) / max(1, requests) * 1000
+        out["peak_rss_mib"] = peak_rss_mib(pid)
+    return out
+
+
+TARGETS = {
+    "rps_c64": (3000.0, ">="),
+    "added_p50_ms_c1": (0.6, "<="),
+    "events_s": (60000.0, ">="),
+}
+
+
+def table(paths: dict[str, dict[str, float]]) -> str:
+    direct, router = paths["direct"], paths["router"]
+    names = list(paths)
+
+    def verdict(key: str, value: float) -> str:
+        if key not in TARGETS:
+            return ""
+        target, op = TARGETS[key]
+        met = value >= target if op == ">=" else value <= target
+        return f"{op} {target:,.6g} {'met' if met else 'MISSED'}"
+
+    head = "| measure | " + " | ".join(names) + " | router added | target |"
+    lines = [head, "|---|" + "---:|" * (len(names) + 1) + "---|"]
+    rows = [
+        ("latency c=1 p50 ms", "p50_ms_c1"),
+        ("latency c=1 p99 ms", "p99_ms_c1"),
+        ("latency c=64 p50 ms", "p50_ms_c64"),
+        ("latency c=64 p99 ms", "p99_ms_c64"),
+        ("req/s c=1", "rps_c1"),
+        ("req/s c=64", "rps_c64"),
+        ("req/s c=256", "rps_c256"),
+        ("stream events/s c=64", "events_s"),
+        ("CPU s / 1,000 req", "cpu_s_per_1000"),
+        ("peak RSS MiB", "peak_rss_mib"),
+    ]
+    for label, key in rows:
+        cells = [f"{paths[n][key]:,.3f}" if key in paths[n] else "" for n in names]
+        added = ""
+        target = verdict(key, router[key])
+        if key.startswith(("p50", "p99")):
+            diff = router[key] - direct[key]
+            added = f"{diff:.3f}"
+            target = verdict("added_" + key, diff) or target
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {added} | {target} |")
+    return "\n".join(lines)
+
+
+def write_results(body: str) -> None:
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    start = text.find(SECTION)
+    if start >= 0:
+        nxt = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + body + (text[nxt:] if nxt >= 0 else "\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + body + "\n"
+    RESULTS.write_text(text)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--upstream", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--floor", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--raw", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--profile", action="store_true", help="cProfile the router, print top 30")
+    p.add_argument("--no-results", action="store_true", help="do not touch bench/RESULTS.md")
+    args = p.parse_args()
+    if args.upstream is not None:
+        run_upstream(args.upstream)
+        return 0
+    if args.floor is not None:
+        run_floor(*args.floor)
+        return 0
+    if args.raw is not None:
+        run_raw_proxy(*args.raw)
+        return 0
+    all_cpus = cpus()
+    if len(all_cpus) < 2:
+        print("needs at least 2 CPUs", file=sys.stderr)
+        return 2
+    router_cpu = str(all_cpus[0])
+    others = ",".join(str(c) for c in all_cpus[1:])
+    os.sched_setaffinity(0, set(all_cpus[1:]))
+    profile = Path(tempfile.mkdtemp()) / "router.prof" if args.profile else None
+    import uvloop
+
+    paths: dict[str, dict[str, float]] = {}
+    with child(others, "--upstream", "0") as (up, _):
+        paths["direct"] = uvloop.run(measure_path(up, None, args.seconds))
+        if profile is None:
+            with child(router_cpu, "--floor", "0", str(up)) as (fl, fpid):
+                paths["aiohttp floor"] = uvloop.run(measure_path(fl, fpid, args.seconds))
+            with child(router_cpu, "--raw", "0", str(up)) as (rw, rpid):
+                paths["raw asyncio"] = uvloop.run(measure_path(rw, rpid, args.seconds))
+        with router_process(up, router_cpu, profile=profile) as (rt, rpid):
+            paths["router"] = uvloop.run(measure_path(rt, rpid, args.seconds))
+    out = table(paths)
+    print(out)
+    if profile is not None:
+        import pstats
+
+        pstats.Stats(str(profile)).sort_stats("tottime").print_stats(30)
+    if not args.no_results and profile is None:
+        cmd = "`.venv/bin/python bench/router_overhead.py" + (
+            f" --seconds {args.seconds:g}`" if args.seconds != 4.0 else "`"
+        )
+        write_results(
+            f"{SECTION}\n\n"
+            f"Router (and the aiohttp floor) on CPU {router_cpu} (taskset); the raw-asyncio "
+            f"upstream and the load generator on CPU(s) {others}; {len(all_cpus)} CPUs "
+            f"visible; closed loop, {args.seconds:g} s per phase per path; small chat "
+            f"bodies; streams of {STREAM_EVENTS} SSE events. Python "
+            f"{sys.version.split()[0]}.\n\nCommand: {cmd}\n\n{out}\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
