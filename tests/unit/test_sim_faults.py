@@ -10,8 +10,9 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from llmgw.simengine import api
-from llmgw.simengine.app import SIM_KEY, build_app, is_loopback
+from llmgw.simengine.app import build_app
 from llmgw.simengine.config import SimConfig
+from llmgw.simengine.debug import is_loopback, loopback_only
 from llmgw.simengine.faults import FaultConfig, FaultPatch, Faults, Verdict
 
 CFG = SimConfig(model="m", served_model_names=("m", "alias"), num_gpu_blocks=100, max_model_len=64)
@@ -155,7 +156,6 @@ class TestLoopbackOnly:
     async def test_other_peers_get_403(self) -> None:
         """/sim/ routes refuse a non-loopback peer with vLLM's error shape."""
         app = build_app(CFG)
-        sim = app[SIM_KEY]
         transport = mock.Mock()
         transport.get_extra_info.return_value = ("10.1.2.3", 5555)
         request = make_mocked_request("GET", "/sim/state", app=app, transport=transport)
@@ -163,7 +163,7 @@ class TestLoopbackOnly:
         async def handler(_r: web.Request) -> web.StreamResponse:
             return web.Response(text="secret")
 
-        resp = await sim.loopback_only(request, handler)
+        resp = await loopback_only(request, handler)
         assert isinstance(resp, web.Response)
         assert resp.status == 403
         assert resp.body is not None

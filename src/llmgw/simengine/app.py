@@ -2,15 +2,13 @@
 
 Routes: the OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
 `/v1/embeddings`, `/v1/models`), `/health`, `/version`, `/metrics`, and the
-loopback-only debug routes `GET /sim/cache`, `GET /sim/state`,
-`POST /sim/faults` (403 for any other peer).
+loopback-only debug routes of `debug.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import itertools
 import logging
 import os
@@ -21,14 +19,13 @@ from typing import NoReturn
 
 import msgspec
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
-from llmgw.simengine import api, metrics, tokenizer
+from llmgw.simengine import api, debug, metrics, tokenizer
 from llmgw.simengine.batcher import Scheduler, SimRequest, mix_seed
 from llmgw.simengine.config import SimConfig
 from llmgw.simengine.engine import Engine, Stream
-from llmgw.simengine.faults import CRASH_EXIT_CODE, FaultPatch, Faults, Verdict
-from llmgw.simengine.kvcache import HASH_RECIPE, NONE_HASH, KVCache
+from llmgw.simengine.faults import CRASH_EXIT_CODE, Faults, Verdict
+from llmgw.simengine.kvcache import KVCache
 from llmgw.simengine.metricsnames import histogram_buckets
 from llmgw.simengine.stats import EngineStats
 
@@ -48,17 +45,6 @@ def _crash() -> NoReturn:
     os._exit(CRASH_EXIT_CODE)
 
 
-def is_loopback(remote: str | None) -> bool:
-    if not remote:
-        return False
-    try:
-        ip = ipaddress.ip_address(remote)
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
-
-
 def _gone(request: web.Request) -> bool:
     t = request.transport
     return t is None or t.is_closing()
@@ -76,12 +62,12 @@ def _arrival(req: SimRequest) -> dict[str, str]:
     return {ARRIVAL_HEADER: f"{req.arrival_s:.6f}"}
 
 
-def _json(body: bytes, status: int = 200) -> web.Response:
+def json_response(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type=JSON)
 
 
-def _error(exc: api.ApiError) -> web.Response:
-    return _json(exc.body(), exc.status)
+def error_response(exc: api.ApiError) -> web.Response:
+    return json_response(exc.body(), exc.status)
 
 
 class SimEngine:
@@ -129,26 +115,26 @@ class SimEngine:
         try:
             job = api.parse_chat(await request.read(), self.cfg)
         except api.ApiError as exc:
-            return _error(exc)
+            return error_response(exc)
         return await self._generate(request, job, "chatcmpl")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         try:
             job = api.parse_completion(await request.read(), self.cfg)
         except api.ApiError as exc:
-            return _error(exc)
+            return error_response(exc)
         return await self._generate(request, job, "cmpl")
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         try:
             job = api.parse_embeddings(await request.read(), self.cfg)
         except api.ApiError as exc:
-            return _error(exc)
+            return error_response(exc)
         verdict = self.faults.admit()
         if verdict is Verdict.CRASH:
             self._crash()
         if verdict is Verdict.FAIL:
-            return _error(api.ApiError(500, "simulated failure (fail_rate)"))
+            return error_response(api.ApiError(500, "simulated failure (fail_rate)"))
         # Embeddings bypass the batch: one prefill-only step's time, no queueing.
         n = sum(len(ids) for ids in job.inputs)
         await asyncio.sleep(self.cfg.timing.step_s(prefill_tokens=n, decode_seqs=0))
@@ -170,10 +156,10 @@ class SimEngine:
             "data": data,
             "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0},
         }
-        return _json(msgspec.json.encode(body))
+        return json_response(msgspec.json.encode(body))
 
     async def models(self, _request: web.Request) -> web.StreamResponse:
-        return _json(self._models_body)
+        return json_response(self._models_body)
 
     async def health(self, _request: web.Request) -> web.StreamResponse:
         return web.Response(status=200)
@@ -181,7 +167,7 @@ class SimEngine:
     async def version(self, _request: web.Request) -> web.StreamResponse:
         from llmgw import __version__
 
-        return _json(msgspec.json.encode({"version": f"llmgw-sim-{__version__}"}))
+        return json_response(msgspec.json.encode({"version": f"llmgw-sim-{__version__}"}))
 
     async def metrics(self, _request: web.Request) -> web.StreamResponse:
         kv = self.kv
@@ -214,7 +200,7 @@ class SimEngine:
         if verdict is Verdict.CRASH:
             self._crash()
         if verdict is Verdict.FAIL:
-            return _error(api.ApiError(500, "simulated failure (fail_rate)"))
+            return error_response(api.ApiError(500, "simulated failure (fail_rate)"))
         rid = f"{kind}-{self._id_prefix}{next(self._ids):024x}"
         seed = job.seed if job.seed is not None else tokenizer.prompt_seed(job.prompt_ids)
         req = SimRequest(
@@ -305,7 +291,7 @@ class SimEngine:
             if cut is not None and req.num_output >= cut:
                 if error_first:
                     self.engine.abort(stream, reason="error")
-                    return _error(api.ApiError(500, "simulated error (error_after_tokens)"))
+                    return error_response(api.ApiError(500, "simulated error (error_after_tokens)"))
                 self.engine.abort(stream)
                 await self._hold(request)
                 return web.Response(status=500)
@@ -315,7 +301,7 @@ class SimEngine:
                 if _gone(request):
                     return web.Response(status=499)
         text = tokenizer.output_text(req.output_ids())
-        resp = _json(enc.full(text, req.finish_reason, self._usage(req)))
+        resp = json_response(enc.full(text, req.finish_reason, self._usage(req)))
         resp.headers.update(_arrival(req))
         return resp
 
@@ -324,61 +310,6 @@ class SimEngine:
         while not self._stopping.is_set() and not _gone(request):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), DISCONNECT_POLL_S)
-
-    # -- loopback-only debug surface ----------------------------------------------------
-
-    @web.middleware
-    async def loopback_only(
-        self,
-        request: web.Request,
-        handler: Handler,
-    ) -> web.StreamResponse:
-        if request.path.startswith("/sim/") and not is_loopback(request.remote):
-            return _error(api.ApiError(403, "the /sim/ routes answer loopback peers only"))
-        return await handler(request)
-
-    async def sim_cache(self, _request: web.Request) -> web.StreamResponse:
-        blocks = [
-            {"block_id": b.block_id, "hash": b.hash.hex(), "ref_cnt": b.ref_cnt}
-            for b in self.kv.snapshot()
-        ]
-        body = {
-            "block_size": self.kv.block_size,
-            "num_gpu_blocks": self.kv.num_gpu_blocks,
-            "hash_recipe": HASH_RECIPE,
-            "none_hash": NONE_HASH.hex(),
-            "num_cached_blocks": len(blocks),
-            "blocks": blocks,
-        }
-        return _json(msgspec.json.encode(body))
-
-    async def sim_state(self, _request: web.Request) -> web.StreamResponse:
-        s, kv = self.scheduler, self.kv
-        body = {
-            "running": s.num_running,
-            "waiting": s.num_waiting,
-            "running_ids": s.running_snapshot(),
-            "waiting_ids": s.waiting_snapshot(),
-            "num_gpu_blocks": kv.num_gpu_blocks,
-            "free_blocks": kv.num_free_blocks,
-            "cached_blocks": kv.num_cached_blocks,
-            "kv_usage": kv.usage,
-            "evictions": kv.evictions,
-            "steps": self.stats.steps,
-            "preemptions": self.stats.preemptions,
-            "lag_resets": self.engine.lag_resets,
-            "faults": msgspec.to_builtins(self.faults.config),
-        }
-        return _json(msgspec.json.encode(body))
-
-    async def sim_faults(self, request: web.Request) -> web.StreamResponse:
-        try:
-            patch = msgspec.json.decode(await request.read(), type=FaultPatch)
-            config = self.faults.update(patch)
-        except (msgspec.DecodeError, ValueError) as exc:
-            return _error(api.ApiError(400, f"bad faults: {exc}"))
-        log.info("faults changed %s", msgspec.to_builtins(config))
-        return _json(msgspec.json.encode(config))
 
 
 def _cache_info(cfg: SimConfig) -> dict[str, str]:
@@ -405,7 +336,7 @@ SIM_KEY = web.AppKey("sim", SimEngine)
 def build_app(cfg: SimConfig, *, crash: Callable[[], NoReturn] = _crash) -> web.Application:
     sim = SimEngine(cfg, crash=crash)
     # Long prompts are legitimate; vLLM has no body limit either.
-    app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[sim.loopback_only])
+    app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[debug.loopback_only])
     app[SIM_KEY] = sim
     app.cleanup_ctx.append(sim.lifespan)
     app.on_shutdown.append(sim.on_shutdown)
@@ -417,7 +348,5 @@ def build_app(cfg: SimConfig, *, crash: Callable[[], NoReturn] = _crash) -> web.
     r.add_get("/health", sim.health)
     r.add_get("/version", sim.version)
     r.add_get("/metrics", sim.metrics)
-    r.add_get("/sim/cache", sim.sim_cache)
-    r.add_get("/sim/state", sim.sim_state)
-    r.add_post("/sim/faults", sim.sim_faults)
+    debug.add_routes(app, sim)
     return app

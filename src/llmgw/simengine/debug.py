@@ -1,0 +1,109 @@
+"""Loopback-only debug routes, for benchmarks and tests (any other peer gets a 403).
+
+- `GET /sim/cache`: every cached KV block (id, hash as hex, reference count)
+  and the recipe to compute a prompt's block hashes (kvcache.py), so an oracle
+  can know each engine's cache exactly.
+- `GET /sim/state`: running and waiting requests, free and cached blocks,
+  steps, preemptions, evictions, timeline slips, current faults.
+- `POST /sim/faults`: change the faults at run time (faults.py).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from typing import TYPE_CHECKING
+
+import msgspec
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from llmgw.simengine import api
+from llmgw.simengine.faults import FaultPatch
+from llmgw.simengine.kvcache import HASH_RECIPE, NONE_HASH
+
+if TYPE_CHECKING:
+    from llmgw.simengine.app import SimEngine
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/sim/"
+
+
+def is_loopback(remote: str | None) -> bool:
+    if not remote:
+        return False
+    try:
+        ip = ipaddress.ip_address(remote)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(
+        body=msgspec.json.encode(body), status=status, content_type="application/json"
+    )
+
+
+def _error(exc: api.ApiError) -> web.Response:
+    return web.Response(body=exc.body(), status=exc.status, content_type="application/json")
+
+
+@web.middleware
+async def loopback_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path.startswith(PREFIX) and not is_loopback(request.remote):
+        return _error(api.ApiError(403, "the /sim/ routes answer loopback peers only"))
+    return await handler(request)
+
+
+def add_routes(app: web.Application, sim: SimEngine) -> None:
+    async def cache(_request: web.Request) -> web.StreamResponse:
+        blocks = [
+            {"block_id": b.block_id, "hash": b.hash.hex(), "ref_cnt": b.ref_cnt}
+            for b in sim.kv.snapshot()
+        ]
+        return _json(
+            {
+                "block_size": sim.kv.block_size,
+                "num_gpu_blocks": sim.kv.num_gpu_blocks,
+                "hash_recipe": HASH_RECIPE,
+                "none_hash": NONE_HASH.hex(),
+                "num_cached_blocks": len(blocks),
+                "blocks": blocks,
+            }
+        )
+
+    async def state(_request: web.Request) -> web.StreamResponse:
+        s, kv = sim.scheduler, sim.kv
+        return _json(
+            {
+                "running": s.num_running,
+                "waiting": s.num_waiting,
+                "running_ids": s.running_snapshot(),
+                "waiting_ids": s.waiting_snapshot(),
+                "num_gpu_blocks": kv.num_gpu_blocks,
+                "free_blocks": kv.num_free_blocks,
+                "cached_blocks": kv.num_cached_blocks,
+                "kv_usage": kv.usage,
+                "evictions": kv.evictions,
+                "steps": sim.stats.steps,
+                "preemptions": sim.stats.preemptions,
+                "lag_resets": sim.engine.lag_resets,
+                "faults": msgspec.to_builtins(sim.faults.config),
+            }
+        )
+
+    async def faults(request: web.Request) -> web.StreamResponse:
+        try:
+            patch = msgspec.json.decode(await request.read(), type=FaultPatch)
+            config = sim.faults.update(patch)
+        except (msgspec.DecodeError, ValueError) as exc:
+            return _error(api.ApiError(400, f"bad faults: {exc}"))
+        log.info("faults changed %s", msgspec.to_builtins(config))
+        return _json(config)
+
+    app.router.add_get(PREFIX + "cache", cache)
+    app.router.add_get(PREFIX + "state", state)
+    app.router.add_post(PREFIX + "faults", faults)
