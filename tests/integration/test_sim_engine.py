@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import time
 from collections.abc import Iterator
 
@@ -215,3 +216,60 @@ class TestDialect:
         assert m["sglang:max_total_num_tokens"] > 0
         assert not any(k.startswith("vllm:") for k in m)
         assert owner == "sglang"
+
+
+class TestLifecycle:
+    async def test_sigterm_lets_streams_finish(self) -> None:
+        """SIGTERM mid-stream: the stream still ends with [DONE], then the process exits 0."""
+        prog = start_program(["sim-engine", "--port", "0", "--model", "m"])
+        try:
+            body = {
+                "model": "m",
+                "max_tokens": 60,
+                "ignore_eos": True,
+                "stream": True,
+                "messages": [{"role": "user", "content": "count"}],
+            }
+            lines = []
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(prog.url + "/v1/chat/completions", json=body) as r,
+            ):
+                async for raw in r.content:
+                    line = raw.decode().strip()
+                    if line.startswith("data: "):
+                        lines.append(line)
+                        if len(lines) == 3:
+                            prog.signal(signal.SIGTERM)
+            code = prog.proc.wait(timeout=15)
+        finally:
+            prog.stop()
+        assert (lines[-1], code) == ("data: [DONE]", 0)
+        assert len(lines) == 1 + 60 + 1  # role, 60 tokens, [DONE]
+
+    async def test_client_disconnect_aborts(self, prefix_engine: Program) -> None:
+        """A client that goes away mid-stream frees its slot; the request counts as aborted."""
+        url = prefix_engine.url
+        body = {
+            "model": "m",
+            "max_tokens": 2000,
+            "ignore_eos": True,
+            "stream": True,
+            "messages": [{"role": "user", "content": "long"}],
+        }
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + "/v1/chat/completions", json=body) as r:
+                seen = 0
+                async for raw in r.content:
+                    seen += raw.startswith(b"data: ")
+                    if seen == 3:
+                        break
+                r.close()
+            deadline = time.monotonic() + 5
+            m = await scrape(s, url)
+            while m["vllm:num_requests_running"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                m = await scrape(s, url)
+        assert m["vllm:num_requests_running"] == 0
+        assert m["vllm:request_success_total"] == 1  # the abort
+        assert m["vllm:kv_cache_usage_perc"] == 0.0
