@@ -141,7 +141,8 @@ class Proxy:
                         status = failed.status
                         return self._relay_failed(failed, rid, eid)
                     if tried:
-                        raise NoReplica(model, f"every replica failed ({last_error})")
+                        why = last_error or "their breakers refused it"
+                        raise NoReplica(model, f"every replica was tried ({why})")
                     decision = await self._hold(model, hashes, t0, deadline)
                 eid = decision.endpoint_id or ""
                 if log.isEnabledFor(logging.DEBUG):
