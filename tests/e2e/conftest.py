@@ -37,12 +37,12 @@ class System:
         assert isinstance(pid, int)
         return pid
 
-    def ctl(self, *args: str) -> Any:
+    def ctl(self, *args: str, timeout_s: float = 30) -> Any:
         out = subprocess.run(
             [sys.executable, "-m", "llmgw", "ctl", "--controller", self.controller_url, *args],
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=timeout_s,
             check=False,
         )
         assert out.returncode == 0, f"ctl {args} failed: {out.stderr}"
@@ -65,7 +65,7 @@ def wait_for(pred: Callable[[], Any], *, timeout_s: float, what: str, every_s: f
     while time.monotonic() < deadline:
         try:
             last = pred()
-        except (AssertionError, OSError, ValueError, KeyError) as exc:
+        except (AssertionError, OSError, ValueError, KeyError, openai.OpenAIError) as exc:
             last = exc
         else:
             if last:
