@@ -400,3 +400,35 @@ class TestLastUsed:
         clock.advance(1)
         assert reg.acquire("a") is None
         assert reg.last_used() == {"a": 1.9e9}
+
+
+class TestDeparted:
+    def test_removed_endpoint_reports_inflight_until_its_requests_finish(self) -> None:
+        """A replica that left the list is reported with its in-flight count, then 0."""
+        clock = ManualClock()
+        reg = Registry(clock=clock)
+        reg.replace([info("a", "m"), info("b", "m")])
+        release = reg.acquire("a")
+        assert release is not None
+        reg.replace([info("b", "m")])
+        assert reg.departed_inflight() == {"a": 1}
+        release(Outcome.OK)
+        assert reg.departed_inflight() == {"a": 0}
+
+    def test_departed_endpoint_is_forgotten_after_the_linger(self) -> None:
+        """Once idle and past the linger, a removed endpoint is no longer reported."""
+        clock = ManualClock()
+        reg = Registry(clock=clock)
+        reg.replace([info("a", "m")])
+        reg.replace([])
+        assert reg.departed_inflight(linger_s=5) == {"a": 0}
+        clock.advance(6)
+        assert reg.departed_inflight(linger_s=5) == {}
+
+    def test_endpoint_that_returns_is_not_departed(self) -> None:
+        """An id back in the list is live again, not departed."""
+        reg = Registry(clock=ManualClock())
+        reg.replace([info("a", "m")])
+        reg.replace([])
+        reg.replace([info("a", "m")])
+        assert reg.departed_inflight() == {}

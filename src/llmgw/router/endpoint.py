@@ -194,6 +194,11 @@ class Registry:
         self._sorted: tuple[_Live, ...] = ()
         self._by_model: dict[str, tuple[_Live, ...]] = {}
         self._version = 0
+        # Endpoints replace() removed, kept until their last request is done (and a
+        # while after), so usage reports can say "0 in flight" for a draining
+        # replica. Without it the controller sees a replica that left the list as
+        # unknown and must wait out the whole drain grace (DESIGN §3.4).
+        self._departed: dict[str, tuple[_Live, float]] = {}
 
     @property
     def version(self) -> int:
@@ -216,6 +221,11 @@ class Registry:
             live.info = info
             new[info.id] = live
         removed = sorted(old.keys() - new.keys())
+        now = self._clock.monotonic()
+        for rid in removed:
+            self._departed[rid] = (old[rid], now)
+        for rid in new.keys() & self._departed.keys():
+            del self._departed[rid]
         self._live = new
         self._sorted = tuple(new[k] for k in sorted(new))
         by_model: dict[str, list[_Live]] = {}
@@ -311,6 +321,22 @@ class Registry:
         — nominating the whole fleet for eviction at once.
         """
         return {live.info.id: live.last_used for live in self._sorted if live.last_used is not None}
+
+    def departed_inflight(self, *, linger_s: float = 30.0) -> dict[str, int]:
+        """Requests still in flight to endpoints replace() removed, by id.
+
+        A removed endpoint is listed while requests to it run and for `linger_s`
+        after it was removed, so a controller draining it learns the count
+        reached zero instead of having to wait out its grace period.
+        """
+        now = self._clock.monotonic()
+        out: dict[str, int] = {}
+        for rid, (live, removed_at) in list(self._departed.items()):
+            if live.inflight <= 0 and now - removed_at > linger_s:
+                del self._departed[rid]
+                continue
+            out[rid] = max(0, live.inflight)
+        return out
 
     def inflight(self, id: str) -> int:
         live = self._live.get(id)

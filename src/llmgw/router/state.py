@@ -129,7 +129,10 @@ class RouterState:
             router_id=self.router_id,
             sent_at=self.clock.wall(),
             last_used=self.registry.last_used(),
-            inflight={s.id: s.inflight for s in self.registry.snapshots()},
+            inflight={
+                **self.registry.departed_inflight(),
+                **{s.id: s.inflight for s in self.registry.snapshots()},
+            },
             demand=demand,
             load=self.usage.load(demand, reset=reset),
         )
