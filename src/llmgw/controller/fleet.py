@@ -198,11 +198,11 @@ class Fleet:
                 due.append((-1.0 if stored is None else stored, name))
         due.sort()
         if not all_:
-            # Twice the average rate at most, oldest first: nodes that registered
-            # together (a restart, a rack powering on) would otherwise come due
-            # together and make one tick write them all.
+            # A quarter over the average rate at most, oldest first: nodes that
+            # registered together (a restart, a rack powering on) would otherwise
+            # come due together and make one tick write them all.
             cfg = self.config
-            cap = max(64, math.ceil(2 * len(self.state.nodes) * cfg.tick_s / cfg.flush_s))
+            cap = max(64, math.ceil(1.25 * len(self.state.nodes) * cfg.tick_s / cfg.flush_s))
             del due[cap:]
         return [self.state.nodes[name] for _, name in due]
 
