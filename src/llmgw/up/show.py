@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 import urllib.error
 from typing import TYPE_CHECKING, Any
@@ -59,9 +61,15 @@ def show_progress(up: Up, *, timeout_s: float) -> None:
 def print_hints(up: Up) -> None:
     models = [m.name for m in up.fleet.models]
     first = models[0] if models else "MODEL"
-    env = f"LLMGW_CONTROLLER={up.controller_url}"
+    # ctl's defaults match up's (controller on 127.0.0.1:8081, no token); say more
+    # only when they do not.
+    env = ""
+    if up.controller_url != "http://127.0.0.1:8081":
+        env += f"LLMGW_CONTROLLER={up.controller_url} "
     if up.token:
-        env += f" LLMGW_TOKEN={up.token}"
+        env += f"LLMGW_TOKEN={up.token} "
+    # The same program the user ran, so the hint works without an activated venv.
+    prog = sys.argv[0] if os.path.basename(sys.argv[0]) == "llmgw" else "llmgw"
     print(
         f"""
 llmgw is up.
@@ -78,7 +86,7 @@ Try:
 print(c.chat.completions.create(model='{first}', \\
 messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
 
-  {env} llmgw ctl status
+  {env}{prog} ctl status
 
 Ctrl-C stops everything.""",
         flush=True,
