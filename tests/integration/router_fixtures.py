@@ -132,6 +132,9 @@ def chat_body(
         "messages": messages,
         "max_tokens": max_tokens,
         "stream": stream,
+        # vLLM's extension: generate exactly max_tokens, so request lengths (and so
+        # load) do not depend on when the sim-engine happens to emit its stop token.
+        "ignore_eos": True,
     }
     return body
 

@@ -58,6 +58,7 @@ async def busy(engine_url: str, *, requests: int, max_tokens: int) -> AsyncItera
                 "model": MODEL,
                 "messages": [{"role": "user", "content": uuid.uuid4().hex}],
                 "max_tokens": max_tokens,
+                "ignore_eos": True,
             }
             with contextlib.suppress(aiohttp.ClientError):
                 async with session.post(engine_url + "/v1/chat/completions", json=body) as resp:
@@ -82,14 +83,15 @@ def engine_running(engine_url: str) -> float:
     )
 
 
-async def until(pred: Any, timeout_s: float = 15.0) -> None:
+async def until(pred: Any, timeout_s: float = 15.0, *, show: Any = None) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while loop.time() < deadline:
         if await asyncio.to_thread(pred):
             return
         await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
+    seen = None if show is None else await asyncio.to_thread(show)
+    raise AssertionError(f"condition not met in time; last seen {seen!r}")
 
 
 class TestConversation:
@@ -108,8 +110,14 @@ class TestConversation:
                     # A full batch's worth of long requests straight at the holder: the
                     # router sees it only through the engine's metrics.
                     async with busy(engine.url, requests=24, max_tokens=4000):
-                        await until(lambda: engine_running(engine.url) >= 20)
-                        await until(lambda: snapshot(r.url, holder)["stats"]["running"] >= 20)
+                        await until(
+                            lambda: engine_running(engine.url) >= 20,
+                            show=lambda: engine_running(engine.url),
+                        )
+                        await until(
+                            lambda: snapshot(r.url, holder)["stats"]["running"] >= 20,
+                            show=lambda: snapshot(r.url, holder),
+                        )
                         moved = await conversation_turns(session, r.url, tag="sticky", turns=1)
         assert moved[0] != holder, (holder, moved)
 
