@@ -88,7 +88,11 @@ class Fleet:
 
     def begin_term(self) -> None:
         self.leading = True
-        self.memory = Memory(leader_since=self.clock.wall())
+        now = self.clock.wall()
+        self.memory = Memory(leader_since=now)
+        # Above any version the previous leader handed out (its start time in ms
+        # plus its changes), so routers that followed it take our list at once.
+        self.sink.bump(at_least=int(now * 1000))
 
     def end_term(self) -> None:
         self.leading = False

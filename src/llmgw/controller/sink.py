@@ -8,7 +8,9 @@ Versions start at the controller's start time in milliseconds rather than 1: a
 router that long-polls with the version of the controller that ran before this
 one would otherwise wait out its whole timeout for a "newer" version that this
 process reaches only after as many changes. (Replies also go out at once when
-`after` is ahead of us, for the same reason.)
+`after` is ahead of us, for the same reason.) A standby that takes over jumps
+to the current time in milliseconds as well, above anything its predecessor
+handed out.
 """
 
 from __future__ import annotations
@@ -70,9 +72,9 @@ class EndpointSink:
     def version(self) -> int:
         return self._version
 
-    def bump(self) -> None:
-        """The list may have changed: new version, wake every waiter."""
-        self._version += 1
+    def bump(self, *, at_least: int = 0) -> None:
+        """The list may have changed: new version (≥ `at_least`), wake every waiter."""
+        self._version = max(self._version + 1, at_least)
         self._cached = None
         # Swap the event: waiters hold the old one, which is set exactly once.
         changed, self._changed = self._changed, asyncio.Event()
