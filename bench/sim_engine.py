@@ -259,13 +259,9 @@ async def main_async(
     out = table(rows)
     print()
     print(out)
-    at_1 = [r["n"] for r in rows if r["speed"] == 1.0 and within(r)]
+    at_1 = [f"{r['n']:.0f}" for r in rows if r["speed"] == 1.0 and within(r)]
     fastest = [r["tok_s"] for r in rows if within(r)]
-    summary = (
-        f"Most concurrent streams within 5% at speed 1: {max(at_1):.0f}"
-        if at_1
-        else "No speed-1 level within 5%"
-    )
+    summary = "Speed-1 levels within 5%: " + (", ".join(at_1) or "none") + " streams"
     if fastest:
         summary += f"; highest delivery rate within 5%: {max(fastest):.0f} tokens/s"
     print(summary)
