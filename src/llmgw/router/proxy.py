@@ -28,6 +28,7 @@ import msgspec
 from aiohttp import web
 
 from llmgw.router.breaker import Outcome, classify_status
+from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import (
     NoReplica,
     UpstreamError,
@@ -135,7 +136,8 @@ class Proxy:
         ttft: float | None = None
         try:
             while True:
-                decision = self._decide(model, hashes, tried)
+                snaps = st.registry.snapshots(model)
+                decision = st.policy.choose(snaps, hashes, tried)
                 if decision.endpoint_id is None:
                     if failed is not None:
                         status = failed.status
@@ -143,7 +145,7 @@ class Proxy:
                     if tried:
                         why = last_error or "their breakers refused it"
                         raise NoReplica(model, f"every replica was tried ({why})")
-                    decision = await self._hold(model, hashes, t0, deadline)
+                    decision, snaps = await self._hold(model, hashes, t0, deadline)
                 eid = decision.endpoint_id or ""
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug(kv("route", rid=rid, model=model, to=eid, why=decision.header()))
@@ -201,8 +203,8 @@ class Proxy:
                     else:
                         resp, outcome, ttft = await self._stream(request, up, out_headers, t0)
                     if outcome is Outcome.OK:
-                        snap = st.registry.snapshot(eid)
-                        st.policy.served(eid, hashes, None if snap is None else snap.stats)
+                        stats = next((s.stats for s in snaps if s.id == eid), None)
+                        st.policy.served(eid, hashes, stats)
                     return resp
                 finally:
                     release(outcome)
@@ -214,13 +216,9 @@ class Proxy:
         finally:
             st.metrics.request_done(model, eid, status, time.monotonic() - t0, ttft)
 
-    def _decide(self, model: str, hashes: Sequence[int], exclude: Sequence[str]) -> Decision:
-        st = self.state
-        return st.policy.choose(st.registry.snapshots(model), hashes, exclude)
-
     async def _hold(
         self, model: str, hashes: Sequence[int], t0: float, deadline: float
-    ) -> Decision:
+    ) -> tuple[Decision, list[Snapshot]]:
         """Wait for a replica of `model` (scale from zero, §2.8); NoReplica when none comes."""
         st = self.state
         hold_s = st.cfg.hold_timeout_s
@@ -234,9 +232,10 @@ class Proxy:
                             model, f"none became available within {hold_s:g}s", retry_after_s=5
                         )
                     await st.holding.wait_changed(timeout_s=min(left, HOLD_POLL_S))
-                    decision = self._decide(model, hashes, ())
+                    snaps = st.registry.snapshots(model)
+                    decision = st.policy.choose(snaps, hashes, ())
                     if decision.endpoint_id is not None:
-                        return decision
+                        return decision, snaps
         except HoldQueueFull:
             raise NoReplica(model, "too many requests are already waiting") from None
 
