@@ -18,6 +18,7 @@ gets a grace counted from the new leader's start anyway (reconcile.silent_for).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 from collections.abc import Iterable
@@ -79,6 +80,12 @@ class Fleet:
         before = self.endpoints()
         self.state = state
         self.index = FleetIndex.build(state)
+        # The loaded fleet is long-lived and acyclic (frozen values in dicts):
+        # keep the cyclic collector from walking it again and again. Without
+        # this a full collection pauses the loop ~40 ms at 5,000 models, which
+        # is the tick's p99. Objects dropped later are still freed (refcounts).
+        gc.collect()
+        gc.freeze()
         self._stored_heartbeat = {n.name: n.last_heartbeat_at for n in state.nodes.values()}
         self._unflushed.clear()
         self._dirty = None
