@@ -434,20 +434,44 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
-async def measure_path(port: int, pid: int | None, seconds: float) -> dict[str, float]:
+async def best_of(
+    port: int, *, concurrency: int, seconds: float, stream: bool, repeats: int
+) -> tuple[list[float], int, int]:
+    """The run with the most completed requests out of `repeats`, and the total count.
+
+    The dev machine is shared: another process landing on the router's CPU for a
+    second halves one run's figures. The best run is the router's, not the noise's.
+    """
+    best: tuple[list[float], int] = ([], 0)
+    total = 0
+    for _ in range(repeats):
+        lat, events = await load(port, concurrency=concurrency, seconds=seconds, stream=stream)
+        total += len(lat)
+        if len(lat) > len(best[0]):
+            best = (lat, events)
+    return best[0], best[1], total
+
+
+async def measure_path(
+    port: int, pid: int | None, seconds: float, repeats: int
+) -> dict[str, float]:
     """Every phase against one path; CPU is counted when the path is a process of ours."""
     out: dict[str, float] = {}
     await load(port, concurrency=8, seconds=1.0, stream=False)  # warm up
     requests = 0
     cpu0 = cpu_seconds(pid) if pid else 0.0
     for conc in (1, 64, 256):
-        lat, _ = await load(port, concurrency=conc, seconds=seconds, stream=False)
-        requests += len(lat)
+        lat, _, n = await best_of(
+            port, concurrency=conc, seconds=seconds, stream=False, repeats=repeats
+        )
+        requests += n
         out[f"p50_ms_c{conc}"] = pct(lat, 0.5) * 1e3
         out[f"p99_ms_c{conc}"] = pct(lat, 0.99) * 1e3
         out[f"rps_c{conc}"] = len(lat) / seconds
-    lat, events = await load(port, concurrency=64, seconds=seconds, stream=True)
-    requests += len(lat)
+    lat, events, n = await best_of(
+        port, concurrency=64, seconds=seconds, stream=True, repeats=repeats
+    )
+    requests += n
     out["events_s"] = events / seconds
     if pid:
         out["cpu_s_per_1000"] = (cpu_seconds(pid) - cpu0) / max(1, requests) * 1000
@@ -500,10 +524,15 @@ def table(paths: dict[str, dict[str, float]]) -> str:
 
 
 def write_results(body: str) -> None:
+    """Replace this benchmark's section, keeping its hand-written `### Analysis`."""
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
     start = text.find(SECTION)
     if start >= 0:
         nxt = text.find("\n## ", start + len(SECTION))
+        old = text[start:nxt] if nxt >= 0 else text[start:]
+        keep = old.find("### Analysis")
+        if keep >= 0:
+            body = body.rstrip("\n") + "\n\n" + old[keep:].rstrip("\n") + "\n"
         text = text[:start] + body + (text[nxt:] if nxt >= 0 else "\n")
     else:
         text = text.rstrip("\n") + "\n\n" + body + "\n"
@@ -515,7 +544,8 @@ def main() -> int:
     p.add_argument("--upstream", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--floor", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
     p.add_argument("--raw", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--seconds", type=float, default=2.0, help="length of one run of a phase")
+    p.add_argument("--repeats", type=int, default=3, help="runs per phase; the best is kept")
     p.add_argument("--profile", action="store_true", help="cProfile the router, print top 30")
     p.add_argument("--no-results", action="store_true", help="do not touch bench/RESULTS.md")
     args = p.parse_args()
@@ -538,16 +568,21 @@ def main() -> int:
     profile = Path(tempfile.mkdtemp()) / "router.prof" if args.profile else None
     import uvloop
 
+    load_before = os.getloadavg()[0]
     paths: dict[str, dict[str, float]] = {}
     with child(others, "--upstream", "0") as (up, _):
-        paths["direct"] = uvloop.run(measure_path(up, None, args.seconds))
+        paths["direct"] = uvloop.run(measure_path(up, None, args.seconds, args.repeats))
         if profile is None:
             with child(router_cpu, "--floor", "0", str(up)) as (fl, fpid):
-                paths["aiohttp floor"] = uvloop.run(measure_path(fl, fpid, args.seconds))
+                paths["aiohttp floor"] = uvloop.run(
+                    measure_path(fl, fpid, args.seconds, args.repeats)
+                )
             with child(router_cpu, "--raw", "0", str(up)) as (rw, rpid):
-                paths["raw asyncio"] = uvloop.run(measure_path(rw, rpid, args.seconds))
+                paths["raw asyncio"] = uvloop.run(
+                    measure_path(rw, rpid, args.seconds, args.repeats)
+                )
         with router_process(up, router_cpu, profile=profile) as (rt, rpid):
-            paths["router"] = uvloop.run(measure_path(rt, rpid, args.seconds))
+            paths["router"] = uvloop.run(measure_path(rt, rpid, args.seconds, args.repeats))
     out = table(paths)
     print(out)
     if profile is not None:
@@ -555,16 +590,21 @@ def main() -> int:
 
         pstats.Stats(str(profile)).sort_stats("tottime").print_stats(30)
     if not args.no_results and profile is None:
-        cmd = "`.venv/bin/python bench/router_overhead.py" + (
-            f" --seconds {args.seconds:g}`" if args.seconds != 4.0 else "`"
+        flags = "".join(
+            f" --{k} {v:g}"
+            for k, v, d in (("seconds", args.seconds, 2.0), ("repeats", args.repeats, 3))
+            if v != d
         )
         write_results(
             f"{SECTION}\n\n"
-            f"Router (and the aiohttp floor) on CPU {router_cpu} (taskset); the raw-asyncio "
-            f"upstream and the load generator on CPU(s) {others}; {len(all_cpus)} CPUs "
-            f"visible; closed loop, {args.seconds:g} s per phase per path; small chat "
+            f"Router (and the two reference proxies) on CPU {router_cpu} (taskset); the "
+            f"raw-asyncio upstream and the load generator on CPU(s) {others}; "
+            f"{len(all_cpus)} CPUs visible, load average {load_before:.1f} before and "
+            f"{os.getloadavg()[0]:.1f} after (shared machine). Closed loop; each phase run "
+            f"{args.repeats}× for {args.seconds:g} s per path, best run kept; small chat "
             f"bodies; streams of {STREAM_EVENTS} SSE events. Python "
-            f"{sys.version.split()[0]}.\n\nCommand: {cmd}\n\n{out}\n"
+            f"{sys.version.split()[0]}.\n\n"
+            f"Command: `.venv/bin/python bench/router_overhead.py{flags}`\n\n{out}\n"
         )
     return 0
 
