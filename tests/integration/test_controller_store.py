@@ -188,6 +188,7 @@ def replica(rid: str = "r1", **kw: object) -> Replica:
         restarts=3,
         pool="ib0/H100-80G",
         weight=1.75,
+        capacity_tok_s=812.5,
         replaces="r0",
         retry_at=99.5,
         drain_deadline=130.0,

@@ -103,6 +103,20 @@ class TestScaleAndOthers:
         batch = commands.set_weight(w.state, rid, 1.5, now=w.now)
         assert batch.changes.replicas[0].weight == 1.5
 
+    def test_bench_capacity_is_kept_beside_the_weight(self) -> None:
+        """The raw tok/s `ctl bench` measured is stored with the weight; a bad one is refused."""
+        w = World()
+        w.node("a")
+        w.model(spec("m"))
+        w.tick()
+        rid = w.only("m").id
+        with pytest.raises(InvalidSpec, match="capacity_tok_s"):
+            commands.set_weight(w.state, rid, 1.0, now=w.now, capacity_tok_s=-3.0)
+        batch = commands.set_weight(w.state, rid, 1.25, now=w.now, capacity_tok_s=640.0)
+        (r,) = batch.changes.replicas
+        assert (r.weight, r.capacity_tok_s) == (1.25, 640.0)
+        assert "640 tok/s" in batch.changes.events[0].message
+
     def test_cordon_twice_is_one_event(self) -> None:
         """Cordoning a cordoned node changes nothing."""
         w = World()

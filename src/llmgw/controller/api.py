@@ -345,7 +345,7 @@ async def set_weight(request: web.Request) -> web.Response:
     s = _svc(request)
     rid = request.match_info["id"]
     req = decode(await request.read(), WeightRequest, what="weight request")
-    r = await s.set_weight(rid, req.weight)
+    r = await s.set_weight(rid, req.weight, capacity_tok_s=req.capacity_tok_s)
     return json_response(replica_view(r, s.idle_for(s.clock.wall())))
 
 

@@ -155,13 +155,27 @@ def scale_model(state: FleetState, name: str, req: ScaleRequest, *, now: float) 
     return batch
 
 
-def set_weight(state: FleetState, rid: str, weight: float, *, now: float) -> Batch:
+def set_weight(
+    state: FleetState,
+    rid: str,
+    weight: float,
+    *,
+    now: float,
+    capacity_tok_s: float | None = None,
+) -> Batch:
     r = replica_or_404(state, rid)
     if not math.isfinite(weight) or weight <= 0:
         raise InvalidSpec(f"weight must be a positive number, got {weight}", param="weight")
+    if capacity_tok_s is not None and (not math.isfinite(capacity_tok_s) or capacity_tok_s <= 0):
+        raise InvalidSpec(
+            f"capacity_tok_s must be a positive number, got {capacity_tok_s}",
+            param="capacity_tok_s",
+        )
     batch = Batch(state, now)
-    if r.weight != weight:
-        batch.update(r, weight=weight)
+    if r.weight != weight or r.capacity_tok_s != capacity_tok_s:
+        batch.update(r, weight=weight, capacity_tok_s=capacity_tok_s)
         msg = f"capacity weight {r.weight:g} → {weight:g}"
+        if capacity_tok_s is not None:
+            msg += f" (measured {capacity_tok_s:.0f} tok/s)"
         batch.event("replica.weight", "replica", rid, msg, model=r.model)
     return batch

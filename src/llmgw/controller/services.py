@@ -96,6 +96,12 @@ class Services:
         await self._run(lambda s, now: commands.scale_model(s, name, req, now=now))
         return self.fleet.state.models[name]
 
-    async def set_weight(self, rid: str, weight: float) -> Replica:
-        await self._run(lambda s, now: commands.set_weight(s, rid, weight, now=now))
+    async def set_weight(
+        self, rid: str, weight: float, *, capacity_tok_s: float | None = None
+    ) -> Replica:
+        await self._run(
+            lambda s, now: commands.set_weight(
+                s, rid, weight, now=now, capacity_tok_s=capacity_tok_s
+            )
+        )
         return self.fleet.state.replicas[rid]

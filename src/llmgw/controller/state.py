@@ -108,6 +108,9 @@ class Replica:
     pool: str = ""
     # Capacity weight from `ctl bench` (§6.2.1); 1.0 when never measured.
     weight: float = 1.0
+    # The measurement behind the weight: peak generated tokens/s `ctl bench` saw.
+    # None when never benched (or the weight was set by hand).
+    capacity_tok_s: float | None = None
     # Make-before-break: the replica this one replaces; that one leaves the
     # endpoint list only once this one is ready.
     replaces: str | None = None

@@ -101,6 +101,7 @@ def replica_view(replica: Replica, idle_for: IdleFor) -> ReplicaView:
         idle_seconds=idle_seconds_json(idle_for(replica.id)),
         pool=replica.pool,
         weight=replica.weight,
+        capacity_tok_s=replica.capacity_tok_s,
     )
 
 

@@ -25,7 +25,7 @@ from llmgw.wire.models import ModelSpec
 
 # The schema version whose row shape this codec reads and writes (tables.py
 # holds the migrations that reach it).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # The value sets the database's CHECK constraints name; the memory store checks
 # the same ones so the fake refuses what the real store would.
@@ -115,6 +115,7 @@ def replica_row(p: Replica) -> dict[str, Any]:
         "retry_at": p.retry_at,
         "drain_deadline": p.drain_deadline,
         "master_port": p.master_port,
+        "capacity_tok_s": p.capacity_tok_s,
     }
 
 
@@ -136,6 +137,7 @@ def replica_from(r: Row) -> Replica:
         retry_at=r["retry_at"],
         drain_deadline=r["drain_deadline"],
         master_port=r["master_port"],
+        capacity_tok_s=r["capacity_tok_s"],
     )
 
 

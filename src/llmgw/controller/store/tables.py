@@ -96,6 +96,7 @@ def _define(md: sa.MetaData, *, version: int) -> None:
         sa.Column("retry_at", sa.Float),
         sa.Column("drain_deadline", sa.Float),
         *([sa.Column("master_port", sa.Integer)] if v2 else []),
+        *([sa.Column("capacity_tok_s", sa.Float)] if version >= 3 else []),
         sa.CheckConstraint(_one_of("state", REPLICA_STATES), name="ck_replicas_state"),
         sa.CheckConstraint("restarts >= 0", name="ck_replicas_restarts"),
         *([sa.Index("ix_replicas_model", "model")] if v2 else []),
@@ -153,7 +154,16 @@ def _to_v2(conn: sa.Connection) -> None:
         conn.exec_driver_sql(ddl)
 
 
-MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = ((1, _to_v1), (2, _to_v2))
+def _to_v3(conn: sa.Connection) -> None:
+    # The raw `ctl bench` capacity beside the weight it was normalized into.
+    conn.exec_driver_sql("ALTER TABLE replicas ADD COLUMN capacity_tok_s DOUBLE PRECISION")
+
+
+MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
+    (1, _to_v1),
+    (2, _to_v2),
+    (3, _to_v3),
+)
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION, "add a migration when bumping SCHEMA_VERSION"
 
 
