@@ -66,11 +66,32 @@ class TestOurs:
         ours = Ours(prefix)
         hashes = (11, 22, 33)
         snaps = [snap("a"), snap("b"), snap("c")]
-        first = ours.choose(snaps, hashes, ()).endpoint_id
+        # Where a fresh policy would send it (its home), asked of one that records nothing here.
+        first = Ours(PrefixIndex()).choose(snaps, hashes, ()).endpoint_id
         other = next(s.id for s in snaps if s.id != first)
         ours.served(other, hashes, snaps[0].stats)
         d = ours.choose(snaps, hashes, ())
         assert (d.endpoint_id, d.reason) == (other, "prefix")
+
+    def test_dispatched_request_is_remembered_before_it_completes(self) -> None:
+        """A prefix sent to an endpoint is routed back there while the first request runs."""
+        ours = Ours(PrefixIndex())
+        hashes = (11, 22, 33)
+        ids = ("a", "b", "c")
+        home = Ours(PrefixIndex()).choose([snap(i) for i in ids], hashes, ()).endpoint_id
+        # The home is busy beyond the home bound, so the first request goes elsewhere.
+        first = ours.choose([snap(i, inflight=4 if i == home else 0) for i in ids], hashes, ())
+        assert first.endpoint_id not in (None, home)
+        # Not completed yet (no served() call): the next request follows the first.
+        busy = {first.endpoint_id: 1}
+        d = ours.choose([snap(i, inflight=busy.get(i, 0)) for i in ids], hashes, ())
+        assert (d.endpoint_id, d.reason) == (first.endpoint_id, "prefix")
+
+    def test_no_choice_records_nothing(self) -> None:
+        """When every endpoint is excluded, no endpoint is credited with the prefix."""
+        prefix = PrefixIndex()
+        d = Ours(prefix).choose([snap("a"), snap("b")], (11, 22), ("a", "b"))
+        assert (d.endpoint_id, len(prefix)) == (None, 0)
 
     def test_no_hashes_is_plain_load(self) -> None:
         """A request without a prompt (no hashes) is routed on load alone."""

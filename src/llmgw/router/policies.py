@@ -30,7 +30,8 @@ class Policy(Protocol):
     ) -> Decision: ...
 
     def served(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
-        """A request with these hashes completed on the endpoint."""
+        """A request with these hashes completed on the endpoint (ours also records
+        them when it chooses the endpoint)."""
         ...
 
 
@@ -50,7 +51,7 @@ class Ours:
         if not hashes:
             return choose(snaps, exclude=exclude, cfg=self.cfg)
         ids = [s.id for s in snaps]
-        return choose(
+        d = choose(
             snaps,
             prefix_matches=self.prefix.match(hashes, ids),
             # A prefix nobody has seen goes to its home replica: routers that never
@@ -59,8 +60,23 @@ class Ours:
             exclude=exclude,
             cfg=self.cfg,
         )
+        if d.endpoint_id is not None:
+            # Remembered at dispatch, not only on completion: an engine takes (and
+            # evicts for) a request's blocks when it schedules it, and a later request
+            # with the same prefix hits them while the first still runs. Recording only
+            # completions left the index believing in prefixes the engine had already
+            # evicted for the requests in flight (bench/routing.py, 16 prompts over
+            # caches of 2.6: 16 % of requests went to such a "holder"), and sent the
+            # same prefix elsewhere until its first request finished. A request that
+            # then fails leaves an entry the LRU ages out.
+            snap = next((s for s in snaps if s.id == d.endpoint_id), None)
+            self.served(d.endpoint_id, hashes, None if snap is None else snap.stats)
+        return d
 
     def served(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
+        # Called at dispatch and again on completion: the engine frees a finished
+        # request's blocks as its most recently used, so the second call keeps the
+        # index's LRU order close to the engine's.
         if not hashes:
             return
         capacity = None if stats is None else stats.kv_capacity_tokens
