@@ -479,6 +479,23 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     return total / tick
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine so far (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+async def lag_resets(session: aiohttp.ClientSession, urls: dict[str, str]) -> int:
+    """Sum of the engines' lag resets: each is a moment the sim's CPU could not keep up."""
+
+    async def one(url: str) -> int:
+        async with session.get(url + "/sim/state") as r:
+            return int(_decode(await r.read())["lag_resets"])
+
+    return sum(await asyncio.gather(*(one(u) for u in urls.values())))
+
+
 def own_cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
@@ -534,6 +551,8 @@ class RunStats:
     overlapped: float = 0.0  # share of turns sent before the previous turn finished
     text_mismatch: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
+    machine_busy: float = math.nan  # whole machine, all processes, share of all cores
+    lag_resets: int = 0  # times a sim fell > 0.1 s behind its timeline (CPU starved)
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -629,6 +648,8 @@ async def open_loop_run(
             pids = procs.pids()
             cpu0 = {k: cpu_seconds(v) for k, v in pids.items()}
             own0 = own_cpu_seconds()
+            busy0 = machine_ticks()
+            lag0 = await lag_resets(session, urls)
             results: list[Result] = []
             tasks: set[asyncio.Task[None]] = set()
             t0 = loop.time() + 0.2
@@ -650,6 +671,10 @@ async def open_loop_run(
                 return await counters(session, urls)
 
             warm = asyncio.create_task(at_warmup())
+            states: list[dict[str, object]] = []
+            sampler = (
+                asyncio.create_task(sample_states(session, urls, t0, states)) if opts.dump else None
+            )
             for req in schedule:
                 delay = t0 + req.at_s - loop.time()
                 if delay > 0:
@@ -666,6 +691,12 @@ async def open_loop_run(
             wall = time.monotonic() - wall0
             stats.cpu = {k: (cpu_seconds(v) - cpu0[k]) / wall for k, v in pids.items()}
             stats.cpu["client"] = (own_cpu_seconds() - own0) / wall
+            busy1 = machine_ticks()
+            stats.machine_busy = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1])
+            stats.lag_resets = await lag_resets(session, urls) - lag0
+            if sampler is not None:
+                sampler.cancel()
+                await asyncio.gather(sampler, return_exceptions=True)
             for t in list(tasks):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -674,9 +705,28 @@ async def open_loop_run(
             summarize(stats, results, t0, end_s, timing, hits)
             if opts.dump:
                 dump(Path(opts.dump) / f"{load}-{policy}.jsonl", results, t0)
+                with (Path(opts.dump) / f"{load}-{policy}-engines.jsonl").open("wb") as f:
+                    f.writelines(_encode(row) + b"\n" for row in states)
     finally:
         await asyncio.to_thread(procs.stop)
     return stats
+
+
+async def sample_states(
+    session: aiohttp.ClientSession, urls: dict[str, str], t0: float, out: list[dict[str, object]]
+) -> None:
+    """Every 100 ms, each engine's /sim/state (running, waiting, free blocks, preemptions)."""
+    loop = asyncio.get_running_loop()
+    keep = ("running", "waiting", "free_blocks", "cached_blocks", "preemptions", "lag_resets")
+
+    async def one(eid: str, url: str) -> None:
+        async with session.get(url + "/sim/state") as r:
+            doc = _decode(await r.read())
+        out.append({"t": loop.time() - t0, "engine": eid, **{k: doc[k] for k in keep}})
+
+    while True:
+        await asyncio.gather(*(one(e, u) for e, u in urls.items()), return_exceptions=True)
+        await asyncio.sleep(0.1)
 
 
 def dump(path: Path, results: list[Result], t0: float) -> None:
@@ -778,18 +828,21 @@ def table(rows: Sequence[RunStats]) -> list[str]:
 def cpu_table(rows: Sequence[RunStats], calib_cpu: dict[str, float]) -> list[str]:
     out = [
         "| load | policy | 8 engines (cores) | router (cores) | client (cores) "
-        "| turns sent before previous reply | reply text mismatches |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| whole machine busy | sim lag resets | turns sent before previous reply "
+        "| reply text mismatches |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     out.append(
         f"| calibration | round_robin | {calib_cpu.get('engines', 0):.2f} "
-        f"| {calib_cpu.get('router', 0):.2f} | {calib_cpu.get('client', 0):.2f} | - | - |"
+        f"| {calib_cpu.get('router', 0):.2f} | {calib_cpu.get('client', 0):.2f} "
+        "| - | - | - | - |"
     )
     for s in rows:
         router = f"{s.cpu['router']:.2f}" if "router" in s.cpu else "-"
         out.append(
             f"| {s.load} | {s.policy} | {s.cpu.get('engines', 0):.2f} | {router} "
-            f"| {s.cpu.get('client', 0):.2f} | {s.overlapped:.1%} | {s.text_mismatch} |"
+            f"| {s.cpu.get('client', 0):.2f} | {s.machine_busy:.0%} | {s.lag_resets} "
+            f"| {s.overlapped:.1%} | {s.text_mismatch} |"
         )
     return out
 
@@ -1022,7 +1075,10 @@ def render_section(
             "Hit rate: Δ vllm:prefix_cache_hits_total / Δ queries_total over the engines; "
             "busiest engine: its share of requests × engines (1.00× = even); p99 growth: "
             "p99 TTFT of the window's last third over its first third. CPU, in cores "
-            "(CPU seconds per wall second):",
+            "(CPU seconds per wall second); whole machine busy: every process on the "
+            "2-core machine, other helpers' work included; sim lag resets: times an "
+            "engine fell over 0.1 s behind its simulated timeline because it got no CPU "
+            "(0 means the sims' timing was faithful):",
             "",
             *cpu,
             "",
