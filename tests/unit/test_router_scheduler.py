@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot, Stats
 from llmgw.router.prefix import PrefixIndex, rendezvous_order
-from llmgw.router.scheduler import Decision, SchedulerConfig, choose, load_of
+from llmgw.router.scheduler import DEFAULT_CONFIG, Decision, SchedulerConfig, choose, load_of
 from llmgw.wire.endpoints import EndpointInfo
 
 
@@ -170,10 +170,28 @@ class TestAffinity:
 
     def test_prefix_holder_over_the_bound_loses(self) -> None:
         """A holder loaded beyond the bound over the least loaded is passed over."""
-        snaps = [snap("a", running=5), snap("b", running=1), snap("c")]
+        snaps = [snap("a", running=9), snap("b", running=1), snap("c")]
         d = choose(snaps, prefix_matches={"a": 12, "b": 3})
         assert (d.endpoint_id, d.reason) == ("b", "prefix")
         assert next(s.note for s in d.scores if s.id == "a") == "over bound"
+
+    def test_holder_under_a_full_batch_ahead_wins(self) -> None:
+        """Below a full batch over an idle replica, the holder keeps its prefix."""
+        d = choose([snap("a", running=7), snap("b")], prefix_matches={"a": 12})
+        assert (d.endpoint_id, d.reason) == ("a", "prefix")
+
+    def test_holder_a_full_batch_ahead_loses(self) -> None:
+        """At exactly the bound (a full batch over an idle replica) the request would
+        queue, so the holder is passed over."""
+        d = choose([snap("a", running=8), snap("b")], prefix_matches={"a": 12})
+        assert d.endpoint_id == "b"
+        assert next(s.note for s in d.scores if s.id == "a") == "over bound"
+
+    def test_zero_bound_still_admits_the_least_loaded_holder(self) -> None:
+        """With no slack at all, a holder that is itself the least loaded still wins."""
+        cfg = SchedulerConfig(affinity_load_bound=0.0)
+        d = choose([snap("a"), snap("b", running=1)], prefix_matches={"a": 5}, cfg=cfg)
+        assert (d.endpoint_id, d.reason) == ("a", "prefix")
 
     def test_equal_prefixes_go_to_the_lower_load(self) -> None:
         """Among holders of the same run, the less loaded one wins."""
@@ -310,5 +328,5 @@ class TestInvariants:
             inflight[d.endpoint_id] += 1
             idx.record(d.endpoint_id, hashes, capacity_blocks=None)
             spread = max(inflight[i] for i in ids) - min(inflight[i] for i in ids)
-            assert spread <= 0.5 * 8 + 1
+            assert spread <= DEFAULT_CONFIG.affinity_load_bound * 8 + 1
         assert min(inflight[i] for i in ids) >= 45
