@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -261,6 +262,20 @@ class TestTables:
         r2 = next(ln for ln in text.splitlines() if "r-2" in ln).split()
         assert r1[5] == "-"
         assert r2[5] == "3m"
+
+    def test_replica_ids_are_never_cut_in_a_narrow_terminal(self) -> None:
+        """Ids stay whole at 80 columns, so they can be pasted into `ctl bench`."""
+        long = [
+            msgspec.structs.replace(
+                replica(f"r-0cf7f9{i:04d}", 60),
+                model="qwen2.5-72b-instruct-with-a-long-name",
+                endpoint_url="http://gpu-node-with-a-long-name.example:21000",
+            )
+            for i in range(3)
+        ]
+        text = render.to_text(tables.replicas_table(long), width=80)
+        for r in long:
+            assert r.id in text
 
     def test_shards_cell_lists_node_and_gpus(self) -> None:
         """The shards cell reads node:gpus."""

@@ -38,9 +38,17 @@ def _table(*headers: str) -> Table:
     return table
 
 
+def _keep_whole(table: Table, column: int, values: Sequence[str]) -> None:
+    """Never cut this column: it holds the names operators pass back to ctl
+    (`ctl bench REPLICA`, `ctl drain NODE`), and a cut name cannot be pasted."""
+    if values:
+        table.columns[column].min_width = max(len(v) for v in values)
+
+
 def nodes_table(nodes: Sequence[NodeView], *, now: float) -> Table:
     """One row per node: state, class, GPUs used/free/unhealthy, fabrics, heartbeat age."""
     table = _table("NODE", "STATE", "CLASS", "USED", "FREE", "UNHEALTHY", "FABRICS", "HEARTBEAT")
+    _keep_whole(table, 0, [n.name for n in nodes])
     for n in nodes:
         used = n.gpu_total - n.gpu_free - len(n.unhealthy)
         table.add_row(
@@ -69,6 +77,7 @@ def models_table(models: Sequence[ModelView]) -> Table:
     """One row per model: engine, GPUs per replica, ready/desired, bounds, status."""
     table = _table("MODEL", "ENGINE", "GPUS", "READY", "MIN..MAX", "PRIORITY", "STATUS")
     table.columns[-1].max_width = 70
+    _keep_whole(table, 0, [m.name for m in models])
     for m in models:
         spec = m.spec
         shape = f"{spec.gpus_per_node}" if spec.nodes == 1 else f"{spec.nodes}x{spec.gpus_per_node}"
@@ -96,6 +105,8 @@ def replicas_table(replicas: Sequence[ReplicaView]) -> Table:
     """One row per replica; IDLE is `-` when no router has reported it, never 0."""
     table = _table("REPLICA", "MODEL", "STATE", "SHARDS", "ENDPOINT", "IDLE", "WEIGHT", "RESTARTS")
     table.columns[3].max_width = 40
+    _keep_whole(table, 0, [r.id for r in replicas])
+    _keep_whole(table, 2, [r.state for r in replicas])
     for r in replicas:
         state = _state(r.state)
         if r.reason and r.state in ("failed", "draining"):
