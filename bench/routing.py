@@ -157,13 +157,22 @@ class Conversations:
         total = sum(weights)
         self.popularity = [x / total for x in weights]
 
-    def conversation(self, conv: int) -> tuple[int, list[tuple[bytes, str]]]:
+    def _head(self, conv: int) -> tuple[random.Random, int, int]:
+        """The conversation's generator, system prompt and number of turns."""
         w = self.w
         rng = random.Random(w.seed * 1_000_003 + conv)
         system = rng.choices(range(w.prompts), weights=self.popularity)[0]
+        return rng, system, rng.randint(w.turns_min, w.turns_max)
+
+    def turns(self, conv: int) -> int:
+        return self._head(conv)[2]
+
+    def conversation(self, conv: int) -> tuple[int, list[tuple[bytes, str]]]:
+        w = self.w
+        rng, system, n = self._head(conv)
         messages: list[dict[str, str]] = [{"role": "system", "content": self.systems[system]}]
         out = []
-        for turn in range(rng.randint(w.turns_min, w.turns_max)):
+        for turn in range(n):
             messages.append({"role": "user", "content": _text(rng, rng.randint(*w.user_tokens))})
             seed = (conv * 64 + turn) & 0x7FFFFFFF
             body = _encode(
@@ -186,28 +195,59 @@ class Conversations:
         return (self.w.turns_min + self.w.turns_max) / 2
 
 
-def open_loop_schedule(
-    convs: Conversations, *, rate_rps: float, duration_s: float, lead_s: float, seed: int
-) -> list[Request]:
-    """Requests at `rate_rps` over [0, duration_s), conversations started from -lead_s."""
+def _arrival_times(
+    convs: Conversations, conv_rate: float, duration_s: float, lead_s: float, seed: int
+) -> list[tuple[float, int, int]]:
+    """(time, conversation, turn) of every turn sent in [0, duration_s)."""
     rng = random.Random(seed)
-    conv_rate = rate_rps / convs.mean_turns()
-    out: list[Request] = []
+    out: list[tuple[float, int, int]] = []
     t = -lead_s
     conv = 0
     while True:
         t += rng.expovariate(conv_rate)
         if t >= duration_s:
-            break
-        system, turns = convs.conversation(conv)
+            return out
         at = t
-        for i, (body, reply) in enumerate(turns):
+        for i in range(convs.turns(conv)):
             if i:
                 at += convs.w.think_s * (0.5 + rng.expovariate(2.0))  # mean think_s
             if 0 <= at < duration_s:
-                out.append(Request(at, conv, i, system, body, reply))
+                out.append((at, conv, i))
         conv += 1
-    out.sort(key=lambda r: r.at_s)
+
+
+def open_loop_schedule(
+    convs: Conversations,
+    *,
+    rate_rps: float,
+    duration_s: float,
+    warmup_s: float,
+    lead_s: float,
+    seed: int,
+) -> list[Request]:
+    """Requests arriving at `rate_rps` in the measured window [warmup_s, duration_s).
+
+    The conversation start rate is corrected until the seeded realisation has the
+    asked rate in the window (within 1 %): a few conversations more or less would
+    otherwise shift "110 %" by several percent, as the request count of a
+    conversation process varies more than a Poisson count.
+    """
+    conv_rate = rate_rps / convs.mean_turns()
+    window = duration_s - warmup_s
+    for _ in range(8):
+        times = _arrival_times(convs, conv_rate, duration_s, lead_s, seed)
+        got = sum(1 for at, _, _ in times if at >= warmup_s) / window
+        if abs(got / rate_rps - 1) <= 0.01:
+            break
+        conv_rate *= rate_rps / max(got, 1e-9)
+    out: list[Request] = []
+    built: dict[int, tuple[int, list[tuple[bytes, str]]]] = {}
+    for at, conv, i in sorted(times):
+        if conv not in built:
+            built[conv] = convs.conversation(conv)
+        system, turns = built[conv]
+        body, reply = turns[i]
+        out.append(Request(at, conv, i, system, body, reply))
     return out
 
 
@@ -810,14 +850,14 @@ def _ms(x: float) -> str:
 
 def table(rows: Sequence[RunStats]) -> list[str]:
     out = [
-        "| load | policy | req/s offered | sent | TTFT p50 ms | TTFT p99 ms | e2e p99 ms "
+        "| load | policy | req/s arrived | sent | TTFT p50 ms | TTFT p99 ms | e2e p99 ms "
         "| done req/s | hit rate | engine hit min–max | busiest engine | p99 growth "
         "| unfinished | errors |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in rows:
         out.append(
-            f"| {s.load} | {s.policy} | {s.rate_rps:.1f} | {s.sent} | {_ms(s.ttft_p50)} "
+            f"| {s.load} | {s.policy} | {s.arrived_rps:.1f} | {s.sent} | {_ms(s.ttft_p50)} "
             f"| {_ms(s.ttft_p99)} | {_ms(s.e2e_p99)} | {s.throughput_rps:.1f} "
             f"| {s.hit_rate:.1%} | {s.engine_hits[0]:.0%}–{s.engine_hits[1]:.0%} "
             f"| {s.max_share:.2f}× | {s.growth:.2f} | {s.unfinished} | {s.errors} |"
@@ -1003,7 +1043,12 @@ async def amain(opts: argparse.Namespace, command: str) -> int:
             rate = capacity * load
             label = f"{load:.0%}"
             schedule = open_loop_schedule(
-                convs, rate_rps=rate, duration_s=opts.duration_s, lead_s=lead, seed=opts.seed
+                convs,
+                rate_rps=rate,
+                duration_s=opts.duration_s,
+                warmup_s=opts.warmup_s,
+                lead_s=lead,
+                seed=opts.seed,
             )
             policies = opts.policies if load <= 1.0 else opts.overload_policies
             for policy in policies:
