@@ -3,12 +3,16 @@
 `serve(app, host, port)` installs uvloop, binds, prints a ready line, and on
 SIGTERM or SIGINT stops accepting, lets in-flight requests finish within
 `grace_s`, runs the app's cleanup, and returns so the process exits 0.
+
+A port it cannot listen on (taken, privileged, out of range) is `ListenError`:
+`run()` prints its one line and returns 1, before the app has started anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import socket
@@ -25,6 +29,10 @@ log = logging.getLogger(__name__)
 READY_PREFIX = "llmgw-ready"
 
 
+class ListenError(Exception):
+    """The program cannot listen where it was told to; the message is one line for a person."""
+
+
 def install_uvloop() -> None:
     try:
         import uvloop
@@ -34,9 +42,13 @@ def install_uvloop() -> None:
 
 
 def run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
-    """Run an async main under uvloop and return its exit code."""
+    """Run an async main under uvloop; its exit code, or 1 (after one line) on ListenError."""
     install_uvloop()
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except ListenError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 1
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -44,10 +56,29 @@ def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(4096)
+    try:
+        sock.bind((host, port))
+        sock.listen(4096)
+    except BaseException:
+        sock.close()
+        raise
     sock.setblocking(False)
     return sock
+
+
+def _listen(host: str, port: int, name: str) -> socket.socket:
+    """bind_socket, with its failures translated into ListenError (STYLE habit 8)."""
+    where = f"llmgw {name}: cannot listen on {host}:{port}"
+    try:
+        return bind_socket(host, port)
+    except OverflowError as exc:  # a port above 65535
+        raise ListenError(f"{where}: ports are 0-65535") from exc
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            why = "the port is in use by another process (pick another --port)"
+        else:
+            why = (exc.strerror or str(exc)).lower()
+        raise ListenError(f"{where}: {why}") from exc
 
 
 async def serve_app(
@@ -72,14 +103,20 @@ async def serve_app(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
+    # Bound before the app starts up: a taken port must fail before the app's
+    # startup runs its loops (an agent would heartbeat, even start engines, then die).
+    sock = _listen(host, port, name)
     runner = web.AppRunner(
         app,
         handle_signals=False,
         access_log=None,
         shutdown_timeout=grace_s,
     )
-    await runner.setup()
-    sock = bind_socket(host, port)
+    try:
+        await runner.setup()
+    except BaseException:
+        sock.close()
+        raise
     bound_port = int(sock.getsockname()[1])
     site = web.SockSite(runner, sock)
     await site.start()
