@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from llmgw.controller.state import Changes, Event, Model, Node, Replica, Shard
+from llmgw.controller.state import Changes, Event, Model, Node, Replica, Reservation, Shard
 from llmgw.controller.store import (
     FencedStore,
     Leadership,
@@ -138,8 +138,14 @@ def node(name: str = "n1", **kw: object) -> Node:
         last_heartbeat_at=1_700_000_000.25,
         agent_started_at=1_699_999_000.5,
         port_range=(30000, 30099),
+        drain_grace_s=45.5,
+        drain_force=True,
     )
     return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+
+
+def held(name: str = "llama", victims: tuple[str, ...] = ("r2", "r1")) -> Reservation:
+    return Reservation(model=name, victims=frozenset(victims), gpus=(("n1", (0, 1)), ("n2", (4,))))
 
 
 def model(name: str = "llama", **kw: object) -> Model:
@@ -257,6 +263,17 @@ class TestRoundTrip:
         store.apply(Changes(replicas=[r]))
         assert r == store.load().replicas["p"]
 
+    def test_retired_spec_every_field(self, store: Store) -> None:
+        """A deleted model's spec kept for its draining replicas comes back equal."""
+        spec = model().spec
+        store.apply(Changes(retired=[spec]))
+        assert {"llama": spec} == store.load().retired
+
+    def test_reservation_every_field(self, store: Store) -> None:
+        """Room held for an evicting model (victims and cards) comes back equal."""
+        store.apply(Changes(reservations=[held()]))
+        assert {"llama": held()} == store.load().reservations
+
     def test_event_every_field(self, store: Store) -> None:
         """Events come back with every field, and the model may be None."""
         given = [event(), event("node.unreachable", subject="node", subject_id="n1", model=None)]
@@ -295,6 +312,27 @@ class TestApply:
             list(state.models),
             list(state.replicas),
         ) == (["b"], ["y"], ["r2"])
+
+    def test_retired_and_reservations_upsert_and_delete(self, store: Store) -> None:
+        """Retired specs and reservations are replaced by key and deleted by name."""
+        store.apply(
+            Changes(
+                retired=[model("x").spec, model("y").spec],
+                reservations=[held("x"), held("y")],
+            )
+        )
+        store.apply(
+            Changes(
+                reservations=[held("y", victims=("r9",))],
+                deleted_retired=["x"],
+                deleted_reservations=["x", "ghost"],
+            )
+        )
+        state = store.load()
+        assert (["y"], {"y": held("y", victims=("r9",))}) == (
+            list(state.retired),
+            state.reservations,
+        )
 
     def test_delete_after_upsert_in_one_apply(self, store: Store) -> None:
         """A key upserted and deleted in one apply ends deleted."""
@@ -470,16 +508,25 @@ class TestReopen:
             pytest.skip("memory:// keeps nothing by design")
         s = backend.open()
         old = s.apply(
-            Changes(nodes=[node()], models=[model()], replicas=[replica()], events=[event()])
+            Changes(
+                nodes=[node()],
+                models=[model()],
+                replicas=[replica()],
+                events=[event()],
+                retired=[model("gone").spec],
+                reservations=[held()],
+            )
         )
         s.close()
         s = backend.open()
         try:
             state = s.load()
-            assert (node(), model(), replica()) == (
+            assert (node(), model(), replica(), model("gone").spec, held()) == (
                 state.nodes["n1"],
                 state.models["llama"],
                 state.replicas["r1"],
+                state.retired["gone"],
+                state.reservations["llama"],
             )
             assert old == s.events()
             new = s.apply(Changes(events=[event()]))
@@ -544,6 +591,51 @@ class TestSchema:
             r = state.replicas["r-old"]
             assert (None, (Shard(node="old", rank=0, gpus=(0,)),)) == (r.master_port, r.shards)
             assert [e.message for e in s.events(replica="r-old")] == ["was ready"]
+        finally:
+            s.close()
+
+    def test_v3_database_upgrades_to_v4(self, sql_backend: Backend) -> None:
+        """A v3 database mid-drain gains the drain options (defaults) and empty new tables."""
+        engine = sql_backend.engine()
+        try:
+            with engine.begin() as conn:
+                if sql_backend.pg is not None:
+                    conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{sql_backend.schema}"')
+                for version, step in store_tables.MIGRATIONS:
+                    if version <= 3:
+                        step(conn)
+                conn.exec_driver_sql("INSERT INTO meta (key, value) VALUES ('schema_version', '3')")
+                conn.exec_driver_sql(
+                    "INSERT INTO nodes (name, address, fabrics, labels, gpus, operator_state,"
+                    " last_heartbeat_at, agent_started_at, port_lo, port_hi)"
+                    """ VALUES ('d', 'h', '[]', '{}', '[]', 'draining', 7.0, NULL, 100, 199)"""
+                )
+                conn.exec_driver_sql(
+                    "INSERT INTO replicas (id, model, state, shards, created_at, state_since,"
+                    " updated_at, reason, endpoint_url, restarts, pool, weight, replaces,"
+                    " retry_at, drain_deadline, master_port, capacity_tok_s) VALUES ('r3', 'm',"
+                    """ 'draining', '[{"node":"d","rank":0,"gpus":[0]}]', 1, 2, 3, 'x', NULL,"""
+                    " 0, 'p', 1.0, NULL, NULL, 60.0, NULL, 512.0)"
+                )
+        finally:
+            engine.dispose()
+        s = sql_backend.open()
+        try:
+            assert s.schema_version() == SCHEMA_VERSION == 4
+            state = s.load()
+            n = state.nodes["d"]
+            assert (
+                n.operator_state,
+                n.drain_grace_s,
+                n.drain_force,
+                n.port_range,
+            ) == ("draining", None, False, (100, 199))
+            r = state.replicas["r3"]
+            assert (r.drain_deadline, r.capacity_tok_s) == (60.0, 512.0)
+            assert (state.retired, state.reservations) == ({}, {})
+            s.apply(Changes(retired=[model("m").spec], reservations=[held("m")]))
+            after = s.load()
+            assert (list(after.retired), list(after.reservations)) == (["m"], ["m"])
         finally:
             s.close()
 
@@ -628,7 +720,15 @@ class TestPostgres:
                         " WHERE table_schema = %s ORDER BY table_name",
                         (name,),
                     ).fetchall()
-                assert [r[0] for r in rows] == ["events", "meta", "models", "nodes", "replicas"]
+                assert [r[0] for r in rows] == [
+                    "events",
+                    "meta",
+                    "models",
+                    "nodes",
+                    "replicas",
+                    "reservations",
+                    "retired_models",
+                ]
             finally:
                 with pg.connect() as conn:
                     conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')

@@ -155,6 +155,12 @@ class World:
             s.models.pop(name, None)
         for rid in changes.deleted_replicas:
             self.index.put(s.replicas.pop(rid, None), None)
+        s.retired.update((m.name, m) for m in changes.retired)
+        s.reservations.update((h.model, h) for h in changes.reservations)
+        for name in changes.deleted_retired:
+            s.retired.pop(name, None)
+        for name in changes.deleted_reservations:
+            s.reservations.pop(name, None)
         self.events.extend(f"{e.kind} {e.subject_id}: {e.message}" for e in changes.events)
 
     def tick(self) -> Plan:

@@ -48,11 +48,14 @@ def node_from_heartbeat(hb: Heartbeat, old: Node | None, *, now: float) -> Node:
         fabrics=tuple(hb.fabrics),
         labels=dict(hb.labels),
         gpus=tuple(hb.gpus),
-        operator_state=old.operator_state if old is not None else "active",
         last_heartbeat_at=now,
         # 0.0 is the wire default: the agent did not say.
         agent_started_at=hb.agent_started_at or None,
         port_range=(hb.port_range[0], hb.port_range[1]),
+        # The operator's word (cordon, drain and how) is kept, never the agent's to change.
+        operator_state=old.operator_state if old is not None else "active",
+        drain_grace_s=old.drain_grace_s if old is not None else None,
+        drain_force=old.drain_force if old is not None else False,
     )
 
 
@@ -161,13 +164,16 @@ def desired_shards(
     index: FleetIndex,
     node: str,
     *,
-    retired: Mapping[str, ModelSpec],
+    retired: Mapping[str, ModelSpec] | None = None,
 ) -> tuple[ShardSpec, ...]:
     """Every shard `node` should run now, sorted by (replica_id, rank).
 
-    `retired` holds the specs of models deleted while their replicas drain, so
-    those shards keep running until they are stopped instead of vanishing.
+    `retired` (default: `state.retired`) holds the specs of models deleted while
+    their replicas drain, so those shards keep running until they are stopped
+    instead of vanishing.
     """
+    if retired is None:
+        retired = state.retired
     out: list[ShardSpec] = []
     for rid in index.on_node(node):
         r = state.replicas[rid]

@@ -15,7 +15,7 @@ import msgspec
 
 from llmgw.controller.errors import Conflict, InvalidRequest, InvalidSpec, NotFound
 from llmgw.controller.index import FleetIndex
-from llmgw.controller.lifecycle import LIVE, Batch
+from llmgw.controller.lifecycle import LIVE, RUNS, Batch
 from llmgw.controller.state import FleetState, Model, Node, OperatorState, Replica
 from llmgw.wire.models import ModelSpec, ScaleRequest
 
@@ -45,20 +45,57 @@ def replica_or_404(state: FleetState, rid: str) -> Replica:
     return r
 
 
-def set_operator_state(state: FleetState, name: str, to: OperatorState, *, now: float) -> Batch:
-    """cordon / uncordon / drain: the operator's intent for a node."""
+def set_operator_state(
+    state: FleetState,
+    name: str,
+    to: OperatorState,
+    *,
+    now: float,
+    grace_s: float | None = None,
+    force: bool = False,
+) -> Batch:
+    """cordon / uncordon / drain: the operator's intent for a node.
+
+    A drain's grace and force are stored with the node (a restarted controller
+    drains as it was told); draining again with other options changes them.
+    """
     node = node_or_404(state, name)
+    draining = to == "draining"
+    new = dataclasses.replace(
+        node,
+        operator_state=to,
+        drain_grace_s=grace_s if draining else None,
+        drain_force=force if draining else False,
+    )
     batch = Batch(state, now)
-    if node.operator_state != to:
-        batch.put_node(dataclasses.replace(node, operator_state=to))
-        kind = {"active": "node.uncordoned", "cordoned": "node.cordoned"}.get(to, "node.draining")
+    if new == node:
+        return batch
+    batch.put_node(new)
+    kind = {"active": "node.uncordoned", "cordoned": "node.cordoned"}.get(to, "node.draining")
+    if draining:
+        how = _drain_options(new)
+        if node.operator_state == "draining":
+            msg = f"drain options changed: {how} (was {_drain_options(node)})"
+        else:
+            msg = (
+                "draining: replicas move elsewhere (make-before-break), then it is empty; "
+                f"{how} (was {node.operator_state})"
+            )
+    else:
         msg = {
             "active": "uncordoned: placeable again",
             "cordoned": "cordoned: nothing new is placed here",
-            "draining": "draining: replicas move elsewhere (make-before-break), then it is empty",
         }[to]
-        batch.event(kind, "node", name, f"{msg} (was {node.operator_state})", model=None)
+        msg += f" (was {node.operator_state})"
+    batch.event(kind, "node", name, msg, model=None)
     return batch
+
+
+def _drain_options(node: Node) -> str:
+    grace = "default grace" if node.drain_grace_s is None else f"grace {node.drain_grace_s:g}s"
+    if node.drain_force:
+        return f"{grace}, forced: replicas with no placeable replacement drain anyway"
+    return f"{grace}; replicas with no placeable replacement keep serving until one fits"
 
 
 def apply_models(state: FleetState, specs: list[ModelSpec], *, now: float) -> Batch:
@@ -85,6 +122,9 @@ def apply_models(state: FleetState, specs: list[ModelSpec], *, now: float) -> Ba
                 )
     batch = Batch(state, now)
     for spec in specs:
+        if spec.name in state.retired:
+            # A deleted model applied again: its spec is current, no longer retired.
+            batch.changes.deleted_retired.append(spec.name)
         old = state.models.get(spec.name)
         if old is None:
             batch.put_model(
@@ -122,15 +162,21 @@ def apply_models(state: FleetState, specs: list[ModelSpec], *, now: float) -> Ba
 def delete_model(
     state: FleetState, index: FleetIndex, name: str, *, now: float, grace_s: float
 ) -> Batch:
-    model_or_404(state, name)
+    model = model_or_404(state, name)
     batch = Batch(state, now)
     batch.changes.deleted_models.append(name)
     n = 0
+    running = False
     for rid in sorted(index.of_model(name)):
         r = state.replicas[rid]
         if r.state in LIVE:
-            batch.drain(r, f"model {name} deleted", grace_s=grace_s)
+            r = batch.drain(r, f"model {name} deleted", grace_s=grace_s)
             n += 1
+        running = running or r.state in RUNS
+    if running:
+        # Agents are told to run draining shards until they stop, which takes
+        # the spec; stored so a restart in between does not cut them off.
+        batch.changes.retired.append(model.spec)
     batch.event("model.deleted", "model", name, f"deleted; {n} replica(s) drain", model=name)
     return batch
 

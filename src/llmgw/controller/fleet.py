@@ -35,7 +35,6 @@ from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
 from llmgw.wire.endpoints import EndpointInfo, EndpointList
-from llmgw.wire.models import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +53,6 @@ class Fleet:
         self.sink = EndpointSink(
             start_version=int(clock.wall() * 1000), max_waiters=config.max_long_polls
         )
-        # Specs of models deleted while their replicas drain: the heartbeat answer
-        # still needs them to describe those shards.
-        self.retired: dict[str, ModelSpec] = {}
         # Node → last_heartbeat_at the store holds (flush bookkeeping).
         self._stored_heartbeat: dict[str, float | None] = {}
         self._unflushed: set[str] = set()
@@ -96,7 +92,8 @@ class Fleet:
     def begin_term(self) -> None:
         self.leading = True
         now = self.clock.wall()
-        self.memory = Memory(leader_since=now)
+        # The room held for evicting models is stored: carry on holding it.
+        self.memory = Memory(leader_since=now, evicting=dict(self.state.reservations))
         # Above any version the previous leader handed out (its start time in ms
         # plus its changes), so routers that followed it take our list at once.
         self.sink.bump(at_least=int(now * 1000))
@@ -156,7 +153,6 @@ class Fleet:
             self._stored_heartbeat[n.name] = n.last_heartbeat_at
         for m in changes.models:
             s.models[m.name] = m
-            self.retired.pop(m.name, None)
         for r in changes.replicas:
             old = s.replicas.get(r.id)
             s.replicas[r.id] = r
@@ -167,18 +163,19 @@ class Fleet:
             s.nodes.pop(name, None)
             self._stored_heartbeat.pop(name, None)
         for name in changes.deleted_models:
-            gone = s.models.pop(name, None)
-            if gone is not None and self.index.of_model(name):
-                self.retired[name] = gone.spec
+            s.models.pop(name, None)
         for rid in changes.deleted_replicas:
             old = s.replicas.pop(rid, None)
             self.index.put(old, None)
             if old is not None and dirty is not None:
                 dirty.add(old.model)
             bump = bump or (old is not None and old.state == "ready")
-        for name in list(self.retired):
-            if not self.index.of_model(name):
-                del self.retired[name]
+        s.retired.update((spec.name, spec) for spec in changes.retired)
+        s.reservations.update((res.model, res) for res in changes.reservations)
+        for name in changes.deleted_retired:
+            s.retired.pop(name, None)
+        for name in changes.deleted_reservations:
+            s.reservations.pop(name, None)
         if bump:
             self.sink.bump()
 
@@ -194,7 +191,7 @@ class Fleet:
                 # Memory only; the tick flushes it (see the module docstring).
                 self.state.nodes[hb.node] = absorbed.node
                 self._unflushed.add(hb.node)
-            shards = desired_shards(self.state, self.index, hb.node, retired=self.retired)
+            shards = desired_shards(self.state, self.index, hb.node)
         return HeartbeatReply(shards=shards, interval_s=self.config.heartbeat_interval_s)
 
     def heartbeats_to_flush(self, *, now: float, all_: bool = False) -> list[Node]:

@@ -1,7 +1,10 @@
-"""What the reconcile loop remembers between ticks (reconcile.py). Not stored.
+"""What the reconcile loop remembers between ticks (reconcile.py).
 
-Everything the fleet needs to survive a restart is in the store; this is only
-what makes the next tick smarter, and each field says what losing it costs.
+Most of it is not stored: it only makes the next tick smarter, and each field
+says what losing it costs. The exception is `evicting`, the working copy of
+the stored reservations (FleetState.reservations): the tick writes whatever it
+changed there through the store with its other changes, and a new leadership
+term starts from what the store holds (Fleet.begin_term).
 """
 
 from __future__ import annotations
@@ -9,17 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmgw.controller.placement import Unplaceable
+from llmgw.controller.state import Reservation
 
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """Room being made for a model: its victims drain, their cards are held for it."""
-
-    # Replicas drained for it; while any still holds cards, it evicts no more.
-    victims: frozenset[str]
-    # (node, GPU indices) where it will land (the eviction plan's placement):
-    # other models may not take these cards as they free up.
-    gpus: tuple[tuple[str, tuple[int, ...]], ...]
+__all__ = ["Memory", "Reservation"]
 
 
 @dataclass(slots=True)
@@ -36,11 +31,12 @@ class Memory:
     unreachable: set[str] = field(default_factory=set)
     # Model → why its last placement failed (restart: known again after one tick).
     unplaceable: dict[str, Unplaceable] = field(default_factory=dict)
-    # Model → the room being made for it by eviction (restart: the room is not
-    # held for it, and it may evict once more).
+    # Model → the room being made for it by eviction. Stored (see the module
+    # docstring): a restart neither frees the room nor evicts a second time.
     evicting: dict[str, Reservation] = field(default_factory=dict)
-    # Node → drain grace the operator asked for (restart: the default grace).
-    drain_grace_s: dict[str, float] = field(default_factory=dict)
+    # Replica → why its node's drain waits for it (no replacement fits), as last
+    # announced (restart: announced once more).
+    drain_waiting: dict[str, str] = field(default_factory=dict)
     # Draining nodes already announced empty.
     drained: set[str] = field(default_factory=set)
 
@@ -51,6 +47,6 @@ class Memory:
             unreachable=set(self.unreachable),
             unplaceable=dict(self.unplaceable),
             evicting=dict(self.evicting),
-            drain_grace_s=dict(self.drain_grace_s),
+            drain_waiting=dict(self.drain_waiting),
             drained=set(self.drained),
         )

@@ -132,7 +132,7 @@ def _model(
     live = _live(batch, index, name)
     if not live and desired == 0:
         return
-    _settle_pairs(batch, mem, cfg, live)
+    _settle_pairs(batch, cfg, live)
     live = _live(batch, index, name)
     live_ids = {r.id for r in live}
     # Old replicas still serving while their replacement starts.
@@ -207,7 +207,7 @@ def _scale(
     return desired
 
 
-def _settle_pairs(batch: Batch, mem: Memory, cfg: ControllerConfig, live: list[Replica]) -> None:
+def _settle_pairs(batch: Batch, cfg: ControllerConfig, live: list[Replica]) -> None:
     """Resolve make-before-break pairs whose replacement is ready (or whose old one died)."""
     by_id = {r.id: r for r in live}
     for new in live:
@@ -215,12 +215,24 @@ def _settle_pairs(batch: Batch, mem: Memory, cfg: ControllerConfig, live: list[R
         if old is None:
             continue
         if new.state == "ready":
-            node = old.shards[0].node
-            grace = mem.drain_grace_s.get(node, cfg.drain_grace_s)
+            grace = _drain_grace(batch, old, cfg)
             batch.drain(old, f"replaced by {new.id}, which is ready", grace_s=grace)
         elif old.state != "ready":
             # The old one stopped serving on its own: the replacement is simply a replica now.
             batch.stop(old, f"no longer serving; replacement {new.id} is on its way")
+
+
+def _drain_grace(batch: Batch, r: Replica, cfg: ControllerConfig) -> float:
+    """The grace the operator gave the drain of a node r is on, else the default."""
+    for s in r.shards:
+        node = batch.node(s.node)
+        if (
+            node is not None
+            and node.operator_state == "draining"
+            and node.drain_grace_s is not None
+        ):
+            return node.drain_grace_s
+    return cfg.drain_grace_s
 
 
 def _must_move(batch: Batch, m: Model, r: Replica) -> bool:

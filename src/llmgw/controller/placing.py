@@ -24,7 +24,7 @@ from llmgw.controller.eviction import plan_eviction
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.index import FleetIndex
 from llmgw.controller.lifecycle import RUNS, Batch
-from llmgw.controller.memory import Memory, Reservation
+from llmgw.controller.memory import Memory
 from llmgw.controller.placement import (
     FreeMap,
     Placement,
@@ -33,7 +33,7 @@ from llmgw.controller.placement import (
     free_map,
     place,
 )
-from llmgw.controller.state import Model, Replica, Shard
+from llmgw.controller.state import Model, Replica, Reservation, Shard
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,6 +248,7 @@ def _maybe_evict(
         )
         _lower_desired(batch, mem, r.model)
     res = mem.evicting[model.name] = Reservation(
+        model=model.name,
         victims=frozenset(plan.evict),
         gpus=tuple((s.node, s.gpus) for s in plan.placement.shards),
     )

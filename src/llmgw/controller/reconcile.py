@@ -12,7 +12,9 @@ One tick, in order:
    stopped replicas forgotten after the retention;
 3. models (models.py): desired count, surplus drained, make-before-break moves,
    failed replicas restarted after backoff, what is missing placed (placing.py),
-   evicting known-idle replicas when a model cannot be placed.
+   evicting known-idle replicas when a model cannot be placed;
+4. bookkeeping a restart needs: retired specs whose replicas have all stopped
+   are dropped, and the room held for evicting models is written as it changed.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def plan_tick(
     _nodes(batch, index, mem, config)
     _timers(batch, index, usage, plan, config)
     plan_models(batch, index, usage, mem, config, dirty=dirty)
+    _drop_retired(batch, index)
+    _store_reservations(batch, mem)
     return plan
 
 
@@ -139,3 +143,28 @@ def _timers(
         if r is not None and now - r.state_since > cfg.stopped_retention_s:
             batch.changes.deleted_replicas.append(rid)
             plan.forgotten.append(rid)
+
+
+def _drop_retired(batch: Batch, index: FleetIndex) -> None:
+    """A deleted model's spec is kept while any of its replicas still runs, no longer."""
+    for name in sorted(batch.base.retired):
+        if not any(
+            (r := batch.replica(rid)) is not None and r.state in RUNS
+            for rid in index.of_model(name)
+        ):
+            batch.changes.deleted_retired.append(name)
+
+
+def _store_reservations(batch: Batch, mem: Memory) -> None:
+    """Write what this tick changed in the room held for evicting models.
+
+    `mem.evicting` is the working copy; the store's (`base.reservations`) is
+    what a restarted controller resumes from, so the two are compared rather
+    than trusting that every change was seen.
+    """
+    stored = batch.base.reservations
+    for name in sorted(mem.evicting):
+        res = mem.evicting[name]
+        if stored.get(name) != res:
+            batch.changes.reservations.append(res)
+    batch.changes.deleted_reservations.extend(sorted(stored.keys() - mem.evicting.keys()))

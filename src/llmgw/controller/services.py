@@ -72,13 +72,13 @@ class Services:
             await fleet.commit(batch.changes)
 
     async def operator_state(
-        self, name: str, to: OperatorState, *, grace_s: float | None = None
+        self, name: str, to: OperatorState, *, grace_s: float | None = None, force: bool = False
     ) -> Node:
-        await self._run(lambda s, now: commands.set_operator_state(s, name, to, now=now))
-        if grace_s is not None:
-            self.fleet.memory.drain_grace_s[name] = grace_s
-        elif to != "draining":
-            self.fleet.memory.drain_grace_s.pop(name, None)
+        await self._run(
+            lambda s, now: commands.set_operator_state(
+                s, name, to, now=now, grace_s=grace_s, force=force
+            )
+        )
         return self.fleet.state.nodes[name]
 
     async def apply_models(self, specs: list[ModelSpec]) -> list[Model]:

@@ -43,6 +43,14 @@ class Node:
     # Unix seconds the node's agent process started (a change = agent restart).
     agent_started_at: float | None = None
     port_range: tuple[int, int] = (21000, 21999)
+    # What the operator asked for with a drain (wire.admin.DrainRequest), kept
+    # with the node so a restarted controller drains the way it was told.
+    # Seconds each replica moved off this node may finish in-flight requests;
+    # None: the controller's default grace.
+    drain_grace_s: float | None = None
+    # Replicas for which no replacement can be placed drain anyway (capacity
+    # drops). False: they keep serving until a replacement fits (§3.4).
+    drain_force: bool = False
 
     def shown_state(self, *, now: float, heartbeat_timeout_s: float) -> NodeState:
         """ready / cordoned / draining / unreachable (DESIGN §3.1).
@@ -131,6 +139,20 @@ class Replica:
 
 
 @dataclass(frozen=True, slots=True)
+class Reservation:
+    """Room being made for a model by eviction (§3.3): its victims drain, their cards
+    are held for it. Stored, so a restarted controller neither gives that room to
+    another model nor evicts a second set for the same one."""
+
+    model: str
+    # Replicas drained for it; while any still holds cards, it evicts no more.
+    victims: frozenset[str]
+    # (node, GPU indices) where it will land (the eviction plan's placement):
+    # other models may not take these cards as they free up.
+    gpus: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     """One transition with its reason: the answer to "why is my model not running"."""
 
@@ -153,6 +175,12 @@ class FleetState:
     nodes: dict[str, Node] = field(default_factory=dict)
     models: dict[str, Model] = field(default_factory=dict)
     replicas: dict[str, Replica] = field(default_factory=dict)
+    # Specs of deleted models whose replicas still run (they drain): the heartbeat
+    # answer needs a spec to describe those shards, and without it a restarted
+    # controller would have the agents stop them abruptly.
+    retired: dict[str, ModelSpec] = field(default_factory=dict)
+    # Model → the room being made for it by eviction (Reservation).
+    reservations: dict[str, Reservation] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -166,6 +194,11 @@ class Changes:
     deleted_models: list[str] = field(default_factory=list)
     deleted_replicas: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    # Upserted by spec name / model; deleted by name.
+    retired: list[ModelSpec] = field(default_factory=list)
+    deleted_retired: list[str] = field(default_factory=list)
+    reservations: list[Reservation] = field(default_factory=list)
+    deleted_reservations: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return any(
@@ -177,5 +210,9 @@ class Changes:
                 self.deleted_models,
                 self.deleted_replicas,
                 self.events,
+                self.retired,
+                self.deleted_retired,
+                self.reservations,
+                self.deleted_reservations,
             )
         )

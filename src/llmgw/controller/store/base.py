@@ -56,15 +56,17 @@ class Store(Protocol):
     """Persistent fleet state. All methods block; call them via `asyncio.to_thread`."""
 
     def load(self) -> FleetState:
-        """Everything stored (nodes, models, replicas), read as one consistent snapshot."""
+        """Everything stored (nodes, models, replicas, retired specs, reservations),
+        read as one consistent snapshot."""
         ...
 
     def apply(self, changes: Changes) -> list[Event]:
         """Write `changes` in ONE transaction, all or nothing.
 
-        Upserts are by key (node name, model name, replica id); within one call the
-        last value for a key wins. Deletes run after upserts, so a key both upserted
-        and deleted ends deleted; deleting an absent key is not an error. Returns
+        Upserts are by key (node name, model name, replica id, retired spec name,
+        reservation model); within one call the last value for a key wins. Deletes
+        run after upserts, so a key both upserted and deleted ends deleted;
+        deleting an absent key is not an error. Returns
         `changes.events` in order with their store-assigned ids (ascending).
         """
         ...

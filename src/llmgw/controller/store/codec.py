@@ -17,7 +17,16 @@ from typing import Any, TypeVar, get_args, get_type_hints
 
 import msgspec
 
-from llmgw.controller.state import Changes, Event, Model, Node, OperatorState, Replica, Shard
+from llmgw.controller.state import (
+    Changes,
+    Event,
+    Model,
+    Node,
+    OperatorState,
+    Replica,
+    Reservation,
+    Shard,
+)
 from llmgw.controller.store.base import StoreError
 from llmgw.wire.admin import ReplicaState
 from llmgw.wire.agent import GPU
@@ -25,7 +34,7 @@ from llmgw.wire.models import ModelSpec
 
 # The schema version whose row shape this codec reads and writes (tables.py
 # holds the migrations that reach it).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # The value sets the database's CHECK constraints name; the memory store checks
 # the same ones so the fake refuses what the real store would.
@@ -39,6 +48,7 @@ _strs = msgspec.json.Decoder(tuple[str, ...])
 _labels = msgspec.json.Decoder(dict[str, str])
 _spec = msgspec.json.Decoder(ModelSpec)
 _shards = msgspec.json.Decoder(tuple[Shard, ...])
+_held = msgspec.json.Decoder(tuple[tuple[str, tuple[int, ...]], ...])
 
 # A database row by column name (SQLAlchemy's RowMapping is keyed by Any).
 Row = Mapping[Any, Any]
@@ -61,6 +71,8 @@ def node_row(n: Node) -> dict[str, Any]:
         "agent_started_at": n.agent_started_at,
         "port_lo": n.port_range[0],
         "port_hi": n.port_range[1],
+        "drain_grace_s": n.drain_grace_s,
+        "drain_force": n.drain_force,
     }
 
 
@@ -75,6 +87,8 @@ def node_from(r: Row) -> Node:
         last_heartbeat_at=r["last_heartbeat_at"],
         agent_started_at=r["agent_started_at"],
         port_range=(r["port_lo"], r["port_hi"]),
+        drain_grace_s=r["drain_grace_s"],
+        drain_force=bool(r["drain_force"]),
     )
 
 
@@ -138,6 +152,30 @@ def replica_from(r: Row) -> Replica:
         drain_deadline=r["drain_deadline"],
         master_port=r["master_port"],
         capacity_tok_s=r["capacity_tok_s"],
+    )
+
+
+def retired_row(spec: ModelSpec) -> dict[str, Any]:
+    return {"name": spec.name, "spec": _json(spec)}
+
+
+def retired_from(r: Row) -> ModelSpec:
+    return _spec.decode(r["spec"])
+
+
+def reservation_row(res: Reservation) -> dict[str, Any]:
+    return {
+        "model": res.model,
+        "victims": _json(sorted(res.victims)),
+        "gpus": _json(res.gpus),
+    }
+
+
+def reservation_from(r: Row) -> Reservation:
+    return Reservation(
+        model=r["model"],
+        victims=frozenset(_strs.decode(r["victims"])),
+        gpus=_held.decode(r["gpus"]),
     )
 
 

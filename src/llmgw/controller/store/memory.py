@@ -33,8 +33,7 @@ class MemoryStore:
     def load(self) -> FleetState:
         with self._lock:
             self._check_open()
-            s = self._state
-            return FleetState(nodes=dict(s.nodes), models=dict(s.models), replicas=dict(s.replicas))
+            return _copy(self._state)
 
     def apply(self, changes: Changes) -> list[Event]:
         # Encode everything before touching the state: a value that cannot be
@@ -51,23 +50,36 @@ class MemoryStore:
             codec.replica_from(codec.replica_row(p))
             for p in codec.last_by_key(changes.replicas, "id")
         ]
+        retired = [
+            codec.retired_from(codec.retired_row(m))
+            for m in codec.last_by_key(changes.retired, "name")
+        ]
+        held = [
+            codec.reservation_from(codec.reservation_row(h))
+            for h in codec.last_by_key(changes.reservations, "model")
+        ]
         events = [codec.event_from({**codec.event_row(e), "id": 0}) for e in changes.events]
         with self._lock:
             self._check_open()
             if self.fail_next_apply is not None:
                 exc, self.fail_next_apply = self.fail_next_apply, None
                 raise exc
-            s = self._state
-            new = FleetState(nodes=dict(s.nodes), models=dict(s.models), replicas=dict(s.replicas))
+            new = _copy(self._state)
             new.nodes.update((n.name, n) for n in nodes)
             new.models.update((m.name, m) for m in models)
             new.replicas.update((p.id, p) for p in replicas)
+            new.retired.update((m.name, m) for m in retired)
+            new.reservations.update((h.model, h) for h in held)
             for name in changes.deleted_nodes:
                 new.nodes.pop(name, None)
             for name in changes.deleted_models:
                 new.models.pop(name, None)
             for rid in changes.deleted_replicas:
                 new.replicas.pop(rid, None)
+            for name in changes.deleted_retired:
+                new.retired.pop(name, None)
+            for name in changes.deleted_reservations:
+                new.reservations.pop(name, None)
             written = [
                 dataclasses.replace(e, id=self._next_event_id + i) for i, e in enumerate(events)
             ]
@@ -112,6 +124,16 @@ class MemoryStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError("store is closed")
+
+
+def _copy(s: FleetState) -> FleetState:
+    return FleetState(
+        nodes=dict(s.nodes),
+        models=dict(s.models),
+        replicas=dict(s.replicas),
+        retired=dict(s.retired),
+        reservations=dict(s.reservations),
+    )
 
 
 class MemoryLeadership:

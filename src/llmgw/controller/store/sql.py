@@ -61,6 +61,8 @@ class SqlStore:
         self._upsert_nodes = _upsert(d, tables.nodes)
         self._upsert_models = _upsert(d, tables.models)
         self._upsert_replicas = _upsert(d, tables.replicas)
+        self._upsert_retired = _upsert(d, tables.retired_models)
+        self._upsert_reservations = _upsert(d, tables.reservations)
         # Ids come back in the order the rows were given, whatever batches the
         # driver splits them into.
         self._insert_events = sa.insert(tables.events).returning(
@@ -109,6 +111,14 @@ class SqlStore:
                     r["id"]: codec.replica_from(r)
                     for r in conn.execute(sa.select(t.replicas)).mappings()
                 },
+                retired={
+                    r["name"]: codec.retired_from(r)
+                    for r in conn.execute(sa.select(t.retired_models)).mappings()
+                },
+                reservations={
+                    r["model"]: codec.reservation_from(r)
+                    for r in conn.execute(sa.select(t.reservations)).mappings()
+                },
             )
 
     def apply(self, changes: Changes) -> list[Event]:
@@ -125,9 +135,17 @@ class SqlStore:
             if changes.replicas:
                 rows = [codec.replica_row(p) for p in codec.last_by_key(changes.replicas, "id")]
                 conn.execute(self._upsert_replicas, rows)
+            if changes.retired:
+                rows = [codec.retired_row(m) for m in codec.last_by_key(changes.retired, "name")]
+                conn.execute(self._upsert_retired, rows)
+            if changes.reservations:
+                held = codec.last_by_key(changes.reservations, "model")
+                conn.execute(self._upsert_reservations, [codec.reservation_row(h) for h in held])
             _delete(conn, t.nodes.c.name, changes.deleted_nodes)
             _delete(conn, t.models.c.name, changes.deleted_models)
             _delete(conn, t.replicas.c.id, changes.deleted_replicas)
+            _delete(conn, t.retired_models.c.name, changes.deleted_retired)
+            _delete(conn, t.reservations.c.model, changes.deleted_reservations)
             if not changes.events:
                 return []
             ids = conn.execute(

@@ -15,6 +15,11 @@ History:
   1  nodes, models, replicas, events, meta
   2  nodes.port_lo/port_hi (the agent's engine port range), replicas.master_port
      (multi-node rendezvous), indexes for event lookups by model and subject
+  3  replicas.capacity_tok_s (what `ctl bench` measured behind the weight)
+  4  nodes.drain_grace_s/drain_force (the operator's drain request), retired_models
+     (specs of deleted models whose replicas still drain), reservations (room
+     held for a model while its eviction victims drain): what a restarted
+     controller needs to carry on a drain or an eviction where it left off
 """
 
 from __future__ import annotations
@@ -40,9 +45,29 @@ def _one_of(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
+def _define_v4_tables(md: sa.MetaData) -> None:
+    """The tables schema version 4 added (its migration creates them from this)."""
+    sa.Table(
+        "retired_models",
+        md,
+        sa.Column("name", sa.String, primary_key=True),
+        sa.Column("spec", sa.Text, nullable=False),  # JSON wire.models.ModelSpec
+    )
+    sa.Table(
+        "reservations",
+        md,
+        # No foreign key to models: the tick drops a reservation in the same
+        # transaction that ends it, and a key would only order those writes.
+        sa.Column("model", sa.String, primary_key=True),
+        sa.Column("victims", sa.Text, nullable=False),  # JSON list of replica ids
+        sa.Column("gpus", sa.Text, nullable=False),  # JSON list of [node, [indices]]
+    )
+
+
 def _define(md: sa.MetaData, *, version: int) -> None:
     """The tables as of `version` (1 or the current one); a migration creates v1 from this."""
     v2 = version >= 2
+    v4 = version >= 4
     sa.Table("meta", md, sa.Column("key", sa.String, primary_key=True), sa.Column("value", sa.Text))
     sa.Table(
         "nodes",
@@ -61,6 +86,14 @@ def _define(md: sa.MetaData, *, version: int) -> None:
                 sa.Column("port_hi", sa.Integer, nullable=False, server_default="21999"),
             ]
             if v2
+            else []
+        ),
+        *(
+            [
+                sa.Column("drain_grace_s", sa.Float),
+                sa.Column("drain_force", sa.Boolean, nullable=False, server_default=sa.false()),
+            ]
+            if v4
             else []
         ),
         sa.CheckConstraint(_one_of("operator_state", OPERATOR_STATES), name="ck_nodes_state"),
@@ -124,6 +157,8 @@ def _define(md: sa.MetaData, *, version: int) -> None:
         # must keep meaning the same thing.
         sqlite_autoincrement=True,
     )
+    if v4:
+        _define_v4_tables(md)
 
 
 # The current schema, used for every query.
@@ -134,6 +169,8 @@ nodes = METADATA.tables["nodes"]
 models = METADATA.tables["models"]
 replicas = METADATA.tables["replicas"]
 events = METADATA.tables["events"]
+retired_models = METADATA.tables["retired_models"]
+reservations = METADATA.tables["reservations"]
 
 
 def _to_v1(conn: sa.Connection) -> None:
@@ -159,10 +196,22 @@ def _to_v3(conn: sa.Connection) -> None:
     conn.exec_driver_sql("ALTER TABLE replicas ADD COLUMN capacity_tok_s DOUBLE PRECISION")
 
 
+def _to_v4(conn: sa.Connection) -> None:
+    for ddl in (
+        "ALTER TABLE nodes ADD COLUMN drain_grace_s DOUBLE PRECISION",
+        "ALTER TABLE nodes ADD COLUMN drain_force BOOLEAN NOT NULL DEFAULT FALSE",
+    ):
+        conn.exec_driver_sql(ddl)
+    md = sa.MetaData()
+    _define_v4_tables(md)
+    md.create_all(conn)
+
+
 MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
     (1, _to_v1),
     (2, _to_v2),
     (3, _to_v3),
+    (4, _to_v4),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION, "add a migration when bumping SCHEMA_VERSION"
 
