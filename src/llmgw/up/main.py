@@ -26,8 +26,9 @@ from typing import Any
 import msgspec
 
 from llmgw.runtime.serve import READY_PREFIX
+from llmgw.up.checks import Refused, check_ports, lock_state_dir
 from llmgw.up.fleet import Fleet, FleetError, load_fleet
-from llmgw.up.procs import Child, StartFailed, stop_all
+from llmgw.up.procs import Child, Interrupted, StartFailed, stop_all
 
 ENGINE_PORT_BASE = 21000
 ENGINE_PORTS_PER_NODE = 50
@@ -135,8 +136,24 @@ class Up:
 
     def apply_models(self) -> None:
         specs = self.fleet.models_for_apply()
-        if specs:
+        if not specs:
+            return
+        try:
             self.call("POST", "/admin/models", specs)
+        except urllib.error.HTTPError as exc:
+            with exc:
+                detail = _error_message(exc.read())
+            raise StartFailed(
+                f"the controller refused the fleet's models ({exc.code}): {detail}"
+            ) from exc
+        except urllib.error.URLError as exc:
+            raise StartFailed(
+                f"cannot reach the controller at {self.controller_url}: {exc.reason}"
+            ) from exc
+        except TimeoutError as exc:
+            raise StartFailed(
+                f"the controller at {self.controller_url} did not take the models within 10s"
+            ) from exc
 
     def write_manifest(self) -> None:
         manifest = {
@@ -152,23 +169,30 @@ class Up:
     # -- lifecycle ----------------------------------------------------------
 
     def start(self) -> None:
+        """Start every program and apply the models; Interrupted on Ctrl-C meanwhile."""
         self.state.mkdir(parents=True, exist_ok=True)
         ctl = self.controller()
         self._start(ctl)
+        self._start_ready(ctl)
         router = self.router()
         agents = self.agents()
         for c in [router, *agents]:
-            c.start()
-            self.children.append(c)
+            self._start(c)
         for c in [router, *agents]:
-            c.wait_ready(60)
+            self._start_ready(c)
         self.write_manifest()
+        if self.stopping:
+            raise Interrupted("models")
         self.apply_models()
 
     def _start(self, c: Child) -> None:
+        if self.stopping:
+            raise Interrupted(c.name)
         c.start()
         self.children.append(c)
-        c.wait_ready(60)
+
+    def _start_ready(self, c: Child) -> None:
+        c.wait_ready(60, stopping=lambda: self.stopping)
 
     def supervise_once(self) -> None:
         now = time.monotonic()
@@ -204,6 +228,16 @@ class Up:
         (self.state / "up.json").unlink(missing_ok=True)
 
 
+def _error_message(body: bytes) -> str:
+    """The controller's own words from an error body, else the body's start."""
+    try:
+        data = json.loads(body)
+        message = data["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return body[:300].decode(errors="replace").strip() or "no details"
+    return str(message)
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -218,23 +252,45 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    try:
+        # Held until this process exits; checked before anything starts, so a
+        # refusal leaves nothing behind.
+        lock = lock_state_dir(up.state)
+        check_ports(
+            "127.0.0.1",
+            {
+                "router": (up.router_port, "--port"),
+                "controller": (up.controller_port, "--controller-port"),
+            },
+        )
+    except (Refused, OSError) as exc:
+        print(f"llmgw up: {exc}", file=sys.stderr)
+        return 1
     from llmgw.up.show import print_hints, show_progress
 
+    code = 0
     try:
         up.start()
-        if not args.quiet:
+        if not args.quiet and not up.stopping:
             show_progress(up, timeout_s=args.ready_timeout_s)
-        print_hints(up)
-        # The line tests and tools wait for (same as every llmgw program's).
-        print(f"{READY_PREFIX} up {up.router_url}", flush=True)
+        if not up.stopping:
+            print_hints(up)
+            # The line tests and tools wait for (same as every llmgw program's).
+            print(f"{READY_PREFIX} up {up.router_url}", flush=True)
         while not up.stopping:
             up.supervise_once()
             time.sleep(0.5)
+    except Interrupted:
+        pass
     except (StartFailed, urllib.error.URLError, OSError) as exc:
         print(f"llmgw up: {exc}", file=sys.stderr)
+        code = 1
+    finally:
+        # Whatever happened, nothing this run started outlives it.
+        if code == 0:
+            print("\nllmgw up: stopping…", flush=True)
         up.stop()
-        return 1
-    print("\nllmgw up: stopping…", flush=True)
-    up.stop()
-    print("llmgw up: stopped", flush=True)
-    return 0
+        lock.close()
+    if code == 0:
+        print("llmgw up: stopped", flush=True)
+    return code

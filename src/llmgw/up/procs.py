@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,10 @@ from llmgw.runtime.serve import READY_PREFIX
 
 class StartFailed(RuntimeError):
     """A child exited or did not print its ready line in time; carries its log tail."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C (or SIGTERM) arrived while `up` was still starting its programs."""
 
 
 @dataclass
@@ -80,11 +85,15 @@ class Child:
                 return True
         return False
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float, *, stopping: Callable[[], bool] = lambda: False) -> None:
+        """Return once ready; StartFailed if it dies or times out, Interrupted once `stopping()`."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.poll_ready():
                 return
+            # Ctrl-C during start-up stops now, not after every program is ready.
+            if stopping():
+                raise Interrupted(self.name)
             if not self.alive():
                 code = self.proc.returncode if self.proc else None
                 raise StartFailed(f"{self.name} exited with {code}:\n{self.log_tail()}")

@@ -1,0 +1,155 @@
+"""`llmgw up` refusals and start-up interruption: one line, non-zero, nothing left running."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmgw.testing.procs import free_port, llmgw_argv
+
+pytestmark = pytest.mark.timeout(120)
+
+# One node, one small model: the least `up` can start.
+FLEET = """\
+nodes: [{prefix: n, count: 1, gpus: 1xH100-80G}]
+sim_args: ["--speed", "20"]
+models: [{name: m, engine: sim, gpu_classes: [H100-80G], min_replicas: 1, max_replicas: 1}]
+"""
+
+
+def procs_of(folder: Path) -> list[int]:
+    """PIDs of live (non-zombie) processes that name `folder` or run in it.
+
+    Engines name neither the folder nor the state dir, but inherit the cwd `up` ran in.
+    """
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        mine = str(folder) in cmd or cwd.startswith(str(folder))
+        if mine and stat.rsplit(")", 1)[-1].split()[0] != "Z":
+            out.append(int(entry.name))
+    return out
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Iterator[Path]:
+    """A working folder with a fleet file; any process left mentioning it is killed after."""
+    (tmp_path / "fleet.yaml").write_text(FLEET)
+    try:
+        yield tmp_path
+    finally:
+        for pid in procs_of(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+
+
+def up(folder: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        llmgw_argv("up", "--quiet", "--fleet", str(folder / "fleet.yaml"), *args),
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+class TestRefusals:
+    def test_router_port_taken(self, folder: Path) -> None:
+        """A taken router port: one line naming it and --port, exit 1, nothing started."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            out = up(folder, "--port", str(port), "--controller-port", str(free_port()))
+        assert out.returncode == 1
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert f"127.0.0.1:{port}" in out.stderr
+        assert "--port" in out.stderr
+        assert not (folder / ".llmgw" / "logs").exists()
+        assert procs_of(folder) == []
+
+    def test_controller_port_taken(self, folder: Path) -> None:
+        """A taken controller port names --controller-port."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            out = up(folder, "--port", str(free_port()), "--controller-port", str(port))
+        assert out.returncode == 1
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert "--controller-port" in out.stderr
+
+    def test_second_up_in_the_same_folder(self, folder: Path) -> None:
+        """While an `up` holds the folder, another one there refuses and touches nothing."""
+        state = folder / ".llmgw"
+        state.mkdir()
+        (state / "up.json").write_text("{}")
+        with (state / "up.lock").open("a+") as held:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.write("4242\n")
+            held.flush()
+            out = up(folder, "--port", str(free_port()), "--controller-port", str(free_port()))
+        assert out.returncode == 1
+        assert "already running" in out.stderr
+        assert "pid 4242" in out.stderr
+        assert out.stderr.count("\n") == 1, out.stderr
+        # The running one's manifest is its own: the refused one must not remove it.
+        assert (state / "up.json").read_text() == "{}"
+
+    def test_bad_fleet_file(self, folder: Path) -> None:
+        """An invalid fleet file: exit 2, one line naming the file, nothing started."""
+        (folder / "fleet.yaml").write_text("nodes: [{prefix: n, gpus: eight}]\n")
+        out = up(folder)
+        assert out.returncode == 2
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert "fleet.yaml" in out.stderr
+        assert "gpus" in out.stderr
+        assert not (folder / ".llmgw").exists()
+
+
+class TestInterrupt:
+    def test_ctrl_c_during_start_up_leaves_nothing(self, folder: Path) -> None:
+        """SIGINT while programs are still starting: `up` stops at once, exits 0, no orphans."""
+        port = free_port()
+        proc = subprocess.Popen(
+            llmgw_argv("up", "--quiet", "--fleet", "fleet.yaml", "--port", str(port)),
+            cwd=folder,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            # The controller is the first program: once its log exists, start-up is under way.
+            deadline = time.monotonic() + 60
+            log = folder / ".llmgw" / "logs" / "controller.log"
+            while not log.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert log.exists()
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, out
+        assert "llmgw is up" not in out
+        assert "llmgw-ready" not in out
+        assert "stopped" in out
+        assert procs_of(folder) == []
