@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from llmgw.simengine import api
+import pytest
+
+from llmgw.simengine import api, tokenizer
 from llmgw.simengine.config import SimConfig
 
 CFG = SimConfig(model="org/m", served_model_names=("m", "alias"), num_gpu_blocks=1000)
@@ -140,3 +142,24 @@ class TestEmbeddings:
         """A list input gives one vector per item, of the requested size."""
         j = api.parse_embeddings(b'{"model": "m", "input": ["a", "b"], "dimensions": 8}', CFG)
         assert (len(j.inputs), j.dims) == (2, 8)
+
+
+class TestTokenIds:
+    @pytest.mark.parametrize("ids", [[-1], [1, tokenizer.VOCAB_SIZE], [2**40]])
+    def test_completion_ids_outside_the_vocabulary_are_400(self, ids: list[int]) -> None:
+        """A prompt of token ids outside the vocabulary is vLLM's 400, not a 500 later."""
+        raw = json.dumps({"model": "m", "prompt": ids}).encode()
+        with pytest.raises(api.ApiError) as exc:
+            api.parse_completion(raw, CFG)
+        assert (exc.value.status, exc.value.param) == (400, "prompt")
+
+    def test_embedding_ids_outside_the_vocabulary_are_400(self) -> None:
+        """Embedding input given as token ids is checked against the vocabulary too."""
+        with pytest.raises(api.ApiError) as exc:
+            api.parse_embeddings(b'{"model": "m", "input": [[5, -3]]}', CFG)
+        assert (exc.value.status, exc.value.param) == (400, "input")
+
+    def test_ids_inside_the_vocabulary_are_kept(self) -> None:
+        """Token ids within the vocabulary are used as given."""
+        raw = json.dumps({"model": "m", "prompt": [0, tokenizer.VOCAB_SIZE - 1]}).encode()
+        assert api.parse_completion(raw, CFG).prompt_ids == [0, tokenizer.VOCAB_SIZE - 1]

@@ -66,6 +66,11 @@ class TestRefusals:
             ["--model", "m", "--speed", "0"],
             ["--model", "m", "--fail-rate", "2"],
             ["--model", "m", "--metrics-dialect", "tgi"],
+            # Zero is a value, not "not given": it must not quietly become the default.
+            ["--model", "m", "--block-size", "0"],
+            ["--model", "m", "--num-gpu-blocks", "0"],
+            ["--model", "m", "--max-model-len", "0"],
+            ["--model", "m", "--tensor-parallel-size", "0"],
         ],
     )
     def test_bad_flags_exit_2(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

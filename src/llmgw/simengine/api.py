@@ -135,6 +135,13 @@ def _check_params(body: _Common, max_tokens: int | None) -> None:
         )
 
 
+def _check_vocab(ids: list[int], param: str) -> None:
+    """Client-given token ids must be in the vocabulary (hashing them needs 4 unsigned bytes)."""
+    for t in ids:
+        if not 0 <= t < tokenizer.VOCAB_SIZE:
+            raise ApiError(400, f"Token id {t} is out of vocabulary", param=param)
+
+
 def _job(
     body: _Common, cfg: SimConfig, ids: list[int], max_tokens: int | None, *, model: str, chat: bool
 ) -> Job:
@@ -191,6 +198,8 @@ def parse_completion(raw: bytes, cfg: SimConfig) -> Job:
         raise ApiError(
             400, "prompt must be a string, a list of token ids, or a list of one of those"
         ) from exc
+    if not isinstance(body.prompt, str):
+        _check_vocab(ids, "prompt")
     # OpenAI's (and vLLM's) completions default is 16 tokens.
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
     return _job(body, cfg, ids, max_tokens, model=model, chat=False)
@@ -214,6 +223,7 @@ def parse_embeddings(raw: bytes, cfg: SimConfig) -> EmbeddingJob:
         if isinstance(item, str):
             inputs.append([tokenizer.BOS, *tokenizer.tokenize(item)])
         elif isinstance(item, list) and _is_ids(item):
+            _check_vocab(item, "input")
             inputs.append(list(item))
         else:
             raise ApiError(

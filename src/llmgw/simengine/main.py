@@ -60,11 +60,16 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     if not model:
         raise ValueError("--model is required")
     tp = args.tp
-    num_blocks = args.num_gpu_blocks or timing.default_num_gpu_blocks(
-        block_size=args.block_size, tp=tp
-    )
-    capacity = (num_blocks - 1) * args.block_size
-    max_model_len = args.max_model_len or min(timing.DEFAULT_MAX_MODEL_LEN, capacity)
+    if args.block_size < 1 or tp < 1:
+        raise ValueError("need --block-size >= 1 and --tensor-parallel-size >= 1")
+    # `is None`, not `or`: 0 was given, and is refused below rather than replaced.
+    num_blocks = args.num_gpu_blocks
+    if num_blocks is None:
+        num_blocks = timing.default_num_gpu_blocks(block_size=args.block_size, tp=tp)
+    max_model_len = args.max_model_len
+    if max_model_len is None:
+        capacity = (num_blocks - 1) * args.block_size
+        max_model_len = min(timing.DEFAULT_MAX_MODEL_LEN, capacity)
     return SimConfig(
         model=model,
         served_model_names=tuple(args.served_model_name or [model]),
