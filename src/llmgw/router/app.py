@@ -85,7 +85,7 @@ def build_app(cfg: RouterConfig, *, config_path: str | Path | None = None) -> we
         loops.append(ControllerSource(controller, on_list=state.apply_list).run())
 
     async def background(app: web.Application) -> AsyncIterator[None]:
-        await state.upstream.start()
+        await state.start_clients()
         tasks = [asyncio.create_task(c) for c in loops]
         for t in tasks:
             t.add_done_callback(_log_crash)
@@ -102,7 +102,7 @@ def build_app(cfg: RouterConfig, *, config_path: str | Path | None = None) -> we
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await state.upstream.close()
+            await state.close_clients()
 
     app.cleanup_ctx.append(background)
     app.router.add_post("/v1/chat/completions", proxy.handle)

@@ -11,6 +11,7 @@ Shape (every key but `endpoints`/`controller` optional):
     models: [...]            # known models with no replica yet: held, not 404
     controller: {url, token?}
     policy: ours | round_robin | least_inflight
+    upstream_client: fast | aiohttp
     scrape_interval_s: 2 ...  # timings, flat
     breaker: {failure_threshold, cooldown_s, max_cooldown_s}
     api_keys: [{name, sha256}]
@@ -20,6 +21,7 @@ Shape (every key but `endpoints`/`controller` optional):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -29,6 +31,7 @@ import yaml
 from llmgw.wire.endpoints import EndpointInfo
 
 Policy = Literal["ours", "round_robin", "least_inflight"]
+UpstreamClient = Literal["fast", "aiohttp"]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegSeconds = Annotated[float, msgspec.Meta(ge=0)]
 
@@ -74,6 +77,12 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # Routing policy; the two baselines exist to be measured against (bench/routing.py).
     policy: Policy = "ours"
 
+    # The proxy's HTTP client (DESIGN §2.7): `fast`, the lean keep-alive pool
+    # (router/fastupstream.py), or `aiohttp`, the reference. Not given: the
+    # LLMGW_ROUTER_UPSTREAM environment variable if set (tests run the suite under
+    # both), else `fast`. Read once at start.
+    upstream_client: UpstreamClient | msgspec.UnsetType = msgspec.UNSET
+
     scrape_interval_s: Seconds = 2.0
     # Below the interval, so one tick's scrapes end before the next begins (§2.4).
     scrape_timeout_s: Seconds = 1.5
@@ -88,6 +97,10 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     request_timeout_s: Seconds = 600.0
     # Time to open a TCP connection to an engine; past it the attempt is retried.
     connect_timeout_s: Seconds = 3.0
+    # A stream whose engine sends nothing for this long is ended with an error
+    # event and counted against the endpoint's breaker; without it a stalled
+    # engine holds the client until request_timeout_s.
+    stream_idle_timeout_s: Seconds = 120.0
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 8 * 1024 * 1024
     # Extra attempts on other replicas before any byte reached the client (§2.7).
     max_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
@@ -141,8 +154,17 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         )
 
 
+UPSTREAM_ENV = "LLMGW_ROUTER_UPSTREAM"
+
 # Settings read once at start; a reload that changes them logs that a restart is needed.
-RESTART_ONLY = ("controller", "router_id", "stale_after_s", "breaker", "max_body_bytes")
+RESTART_ONLY = (
+    "controller",
+    "router_id",
+    "stale_after_s",
+    "breaker",
+    "max_body_bytes",
+    "upstream_client",
+)
 
 
 def parse(text: str, *, source: str = "config") -> RouterConfig:
@@ -161,6 +183,18 @@ def parse(text: str, *, source: str = "config") -> RouterConfig:
         raise ConfigError(f"{source}: {_one_line(str(exc))}") from exc
     except ValueError as exc:  # raised by __post_init__ checks
         raise ConfigError(f"{source}: {_one_line(str(exc))}") from exc
+
+
+def upstream_client(cfg: RouterConfig, env: Mapping[str, str]) -> UpstreamClient:
+    """The proxy's client: the file's choice, else $LLMGW_ROUTER_UPSTREAM, else `fast`."""
+    if not isinstance(cfg.upstream_client, msgspec.UnsetType):
+        return cfg.upstream_client
+    name = env.get(UPSTREAM_ENV, "").strip() or "fast"
+    if name == "fast":
+        return "fast"
+    if name == "aiohttp":
+        return "aiohttp"
+    raise ConfigError(f"{UPSTREAM_ENV}={name!r}: expected fast or aiohttp")
 
 
 def load(path: str | Path) -> RouterConfig:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 
-from llmgw.router.config import ConfigError, load
+from llmgw.router.config import ConfigError, load, upstream_client
 from llmgw.runtime import logs, serve
 
 DEFAULT_PORT = 8080
@@ -26,6 +27,7 @@ def main(argv: list[str]) -> int:
     logs.setup(args.log_level)
     try:
         cfg = load(args.config)
+        upstream_client(cfg, os.environ)  # a bad $LLMGW_ROUTER_UPSTREAM stops us here
     except ConfigError as exc:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2

@@ -40,10 +40,11 @@ from llmgw.router.errors import (
     unavailable,
 )
 from llmgw.router.holding import HoldQueueFull
+from llmgw.router.inband import ErrorFrameWatch
 from llmgw.router.prefix import request_block_hashes
 from llmgw.router.scheduler import Decision
 from llmgw.router.state import RouterState
-from llmgw.router.upstream import UpstreamResponse
+from llmgw.router.upstream import UpstreamReply
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)
@@ -156,15 +157,16 @@ class Proxy:
                     continue
                 # No await between acquire and this try: release runs exactly once.
                 outcome = Outcome.ABANDONED
-                up: UpstreamResponse | None = None
+                up: UpstreamReply | None = None
                 try:
                     try:
-                        up = await st.upstream.post(
+                        up = await st.forward.post(
                             st.urls[eid] + path,
                             body,
                             fwd,
                             timeout_s=max(0.001, deadline - time.monotonic()),
                             endpoint_id=eid,
+                            idle_timeout_s=st.cfg.stream_idle_timeout_s,
                         )
                         retryable = _is_retryable(up.status)
                         data = None if up.is_event_stream and not retryable else await up.read()
@@ -242,19 +244,27 @@ class Proxy:
     async def _stream(
         self,
         request: web.Request,
-        up: UpstreamResponse,
+        up: UpstreamReply,
         out_headers: dict[str, str],
         t0: float,
     ) -> tuple[web.StreamResponse, Outcome, float | None]:
-        """Relay an event stream as it arrives; the outcome is the endpoint's verdict."""
+        """Relay an event stream as it arrives; the outcome is the endpoint's verdict.
+
+        A stream that ends cleanly but carried the engine's own 5xx error event is
+        the endpoint's failure too (inband.py). One that goes silent for
+        `stream_idle_timeout_s` ends here like a broken one (`UpstreamTimeout`).
+        """
         out_headers["Cache-Control"] = "no-cache"
         resp = web.StreamResponse(status=up.status, headers=out_headers)
         ttft: float | None = None
+        watch = ErrorFrameWatch()
         try:
             await resp.prepare(request)
             # From here bytes have reached the client: never retried (§2.7).
             while chunk := await up.chunk():
+                # Written before anything else is looked at: relay latency first.
                 await resp.write(chunk)
+                watch.feed(chunk)
                 if ttft is None:
                     ttft = time.monotonic() - t0
         except UpstreamError as exc:
@@ -272,6 +282,17 @@ class Proxy:
             await resp.write_eof()
         except ConnectionError:
             return resp, Outcome.ABANDONED, ttft
+        if watch.seen:
+            log.warning(
+                kv(
+                    "engine error event",
+                    endpoint=up.endpoint_id,
+                    code=watch.code,
+                    error=watch.message,
+                )
+            )
+            if watch.endpoint_failure:
+                return resp, Outcome.ENDPOINT_FAILURE, ttft
         return resp, Outcome.OK, ttft
 
     def _relay_failed(self, failed: _Failed, rid: str, eid: str) -> web.Response:

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from llmgw.router.auth import KeyRing
 from llmgw.router.breaker import BreakerConfig
-from llmgw.router.config import RouterConfig, restart_only_changes
+from llmgw.router.config import RouterConfig, restart_only_changes, upstream_client
 from llmgw.router.endpoint import Registry
+from llmgw.router.fastupstream import FastUpstream
 from llmgw.router.holding import Holding
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.policies import Policy, make_policy
 from llmgw.router.prefix import PrefixIndex
-from llmgw.router.upstream import Upstream
+from llmgw.router.upstream import Forwarder, Upstream
 from llmgw.router.usage import UsageTracker, build_report
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
@@ -34,7 +35,13 @@ log = logging.getLogger(__name__)
 class RouterState:
     """Everything a request or a background loop of one router process touches."""
 
-    def __init__(self, cfg: RouterConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        cfg: RouterConfig,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        env: Mapping[str, str] = os.environ,
+    ) -> None:
         self.cfg = cfg
         self.clock = clock
         # A restarted router is a new reporter: the controller must not merge its
@@ -56,7 +63,15 @@ class RouterState:
         self.metrics = RouterMetrics(snapshots=self.registry.snapshots, held=self.holding.demand)
         self.keys = KeyRing(cfg.api_keys)
         self.policy: Policy = make_policy(cfg.policy, self.prefix)
+        # aiohttp, for the scrape loop and the controller (off the request path) ...
         self.upstream = Upstream(connect_timeout_s=cfg.connect_timeout_s)
+        # ... and the proxy's client: the lean pool unless configured otherwise.
+        self.upstream_client = upstream_client(cfg, env)
+        self.forward: Forwarder = (
+            FastUpstream(connect_timeout_s=cfg.connect_timeout_s)
+            if self.upstream_client == "fast"
+            else self.upstream
+        )
         # Endpoint id → URL without trailing slash, rebuilt with the list.
         self.urls: dict[str, str] = {}
         self.known_models: frozenset[str] = frozenset()
@@ -69,6 +84,18 @@ class RouterState:
         else:
             self._refresh_models()
 
+    # -- clients -----------------------------------------------------------------
+
+    async def start_clients(self) -> None:
+        await self.upstream.start()
+        if self.forward is not self.upstream:
+            await self.forward.start()
+
+    async def close_clients(self) -> None:
+        if self.forward is not self.upstream:
+            await self.forward.close()
+        await self.upstream.close()
+
     # -- configuration ---------------------------------------------------------
 
     def apply_config(self, cfg: RouterConfig) -> None:
@@ -80,6 +107,7 @@ class RouterState:
         self.keys = KeyRing(cfg.api_keys)
         self.holding.max_held = cfg.max_held
         self.upstream.connect_timeout_s = cfg.connect_timeout_s
+        self.forward.connect_timeout_s = cfg.connect_timeout_s
         if cfg.policy != old.policy:
             self.policy = make_policy(cfg.policy, self.prefix)
         self._file_models = cfg.known_models()

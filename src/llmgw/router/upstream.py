@@ -1,4 +1,10 @@
-"""The one way the router talks to engines: a shared aiohttp session (DESIGN §2.7).
+"""How the router talks to engines: the seam, and its aiohttp side (DESIGN §2.7).
+
+Two clients sit behind one seam (`Forwarder`, answering `UpstreamReply`): this
+module's aiohttp session, and `fastupstream.FastUpstream`, the lean HTTP/1.1
+pool the proxy's hot path uses by default (config `upstream_client`). The
+scrape loop and the controller client always use this module's session: they
+are not on a request's path, and `get`/`post_json` live only here.
 
 One `ClientSession` with one tuned connector for the whole process: a session
 per request would pay a TCP handshake per request and defeat keep-alive, which
@@ -13,7 +19,9 @@ up to 40 ms on a reused connection.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from typing import Protocol
 
 import aiohttp
 from multidict import CIMultiDictProxy
@@ -25,13 +33,80 @@ from llmgw.router.errors import UpstreamBroken, UpstreamConnectError, UpstreamTi
 KEEPALIVE_S = 4.0
 
 
+class UpstreamReply(Protocol):
+    """An engine's answer whose head has arrived; the body is read through it.
+
+    Release semantics, the same for every client: a body read to its end gives
+    the connection back to the pool by itself; `close()` on a reply that is not
+    finished drops the connection (which is how an engine learns to abort), and
+    is a no-op on a finished one, so the proxy calls it in every `finally`.
+    """
+
+    endpoint_id: str
+    status: int
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Response headers, case-insensitive."""
+        ...
+
+    @property
+    def content_type(self) -> str: ...
+
+    @property
+    def is_event_stream(self) -> bool: ...
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        ...
+
+    async def chunk(self) -> bytes:
+        """Whatever body bytes have arrived (waiting for at least one); b"" at the end."""
+        ...
+
+    def close(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class Forwarder(Protocol):
+    """The proxy's client: one request out, the reply once its head is in."""
+
+    connect_timeout_s: float
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        timeout_s: float,
+        endpoint_id: str,
+        idle_timeout_s: float | None = None,
+    ) -> UpstreamReply:
+        """Send one request and wait for the response head (not the body).
+
+        `timeout_s` bounds the whole exchange, body included; `idle_timeout_s`
+        (None: no bound) the silence between body bytes once the head is in, so
+        a stalled stream ends long before the request's deadline.
+        """
+        ...
+
+
 class UpstreamResponse:
     """An engine's answer whose headers have arrived; the body is read through here."""
 
-    __slots__ = ("_resp", "endpoint_id", "headers", "status")
+    __slots__ = ("_idle_s", "_resp", "endpoint_id", "headers", "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse, endpoint_id: str) -> None:
+    def __init__(
+        self, resp: aiohttp.ClientResponse, endpoint_id: str, idle_s: float | None = None
+    ) -> None:
         self._resp = resp
+        self._idle_s = idle_s
         self.endpoint_id = endpoint_id
         self.status = resp.status
         self.headers: CIMultiDictProxy[str] = resp.headers
@@ -55,9 +130,16 @@ class UpstreamResponse:
 
     async def chunk(self) -> bytes:
         """Whatever bytes have arrived (waiting for at least one); b"" at the end."""
+        content = self._resp.content
         try:
-            return await self._resp.content.readany()
+            if self._idle_s is None:
+                return await content.readany()
+            # A timer per read: this client is the reference, not the fast path.
+            async with asyncio.timeout(self._idle_s) as idle:
+                return await content.readany()
         except TimeoutError as exc:
+            if self._idle_s is not None and idle.expired():
+                raise UpstreamTimeout(self.endpoint_id, f"no data for {self._idle_s:g}s") from exc
             raise UpstreamTimeout(self.endpoint_id, "stream timed out") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamBroken(self.endpoint_id, _describe(exc)) from exc
@@ -115,6 +197,7 @@ class Upstream:
         *,
         timeout_s: float,
         endpoint_id: str,
+        idle_timeout_s: float | None = None,
     ) -> UpstreamResponse:
         """Send one request and wait for the response headers (not the body)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.connect_timeout_s)
@@ -126,7 +209,7 @@ class Upstream:
             # Refused, reset, or a pooled connection closed under us: the engine has
             # produced nothing for this request, so another replica may take it.
             raise UpstreamConnectError(endpoint_id, _describe(exc)) from exc
-        return UpstreamResponse(resp, endpoint_id)
+        return UpstreamResponse(resp, endpoint_id, idle_timeout_s)
 
     async def get(
         self,

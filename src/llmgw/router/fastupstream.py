@@ -1,0 +1,539 @@
+"""The proxy's hot-path HTTP/1.1 client: keep-alive pools on asyncio protocols (DESIGN §2.7).
+
+aiohttp's client builds a ClientRequest, a ClientResponse, a timer context, a
+connection wrapper and a stream reader for every request; on one core that
+machinery was ~30 % of the router's CPU (bench/RESULTS.md, router_overhead.py).
+This client keeps per request only what the exchange needs: the request head
+as one bytes object (the request line and Host prebuilt per URL), a
+`FastResponse`, one future per wait and one timer handle. Responses are parsed
+by llhttp (`httptools`), Content-Length and chunked alike; body bytes are
+handed over as they arrive, never held for more (an SSE event is relayed the
+moment its bytes are in).
+
+Connection rules, each preventing a failure seen in proxies:
+- TCP_NODELAY on every connection: Nagle plus delayed ACKs holds a small SSE
+  event up to 40 ms on a reused connection.
+- An idle connection is dropped after `KEEPALIVE_S` (4 s), below uvicorn's 5 s,
+  so we rarely send on a socket the engine is closing.
+- A connection that had an error, was cut by its deadline, or still had body
+  bytes unread is closed, never pooled: the next request must not read the
+  tail of someone else's response.
+- A pooled connection that dies before a single response byte came back was
+  stale (the engine closed it as we wrote): the request is sent once more on a
+  fresh connection. Only then: a fresh connection that fails is the engine's
+  failure, and the proxy decides about other replicas.
+- Cancelling a wait (the client went away) or `close()` on an unfinished
+  response aborts the connection: that is how the engine learns to stop.
+
+Errors leave as the router's own (`errors`): nothing before the head arrived →
+`UpstreamConnectError` (retryable), the deadline or the idle bound →
+`UpstreamTimeout`, a body cut short or unparsable → `UpstreamBroken`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from collections.abc import Iterator, Mapping
+from urllib.parse import urlsplit
+
+import httptools
+
+from llmgw.router.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
+from llmgw.router.upstream import KEEPALIVE_S
+
+log = logging.getLogger(__name__)
+
+# Body bytes buffered past this pause the engine's socket until the proxy has
+# written them on: a slow client must not make the router hold a whole answer.
+HIGH_WATER_BYTES = 256 * 1024
+# Bodies up to this are appended to the head and sent in one write (one syscall).
+COALESCE_BYTES = 64 * 1024
+# URL → target cache bound; endpoints come and go with the controller's list.
+MAX_TARGETS = 4096
+SWEEP_S = 1.0
+
+
+class Headers(Mapping[str, str]):
+    """Response headers as received: case-insensitive lookup, decoded only when asked."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self._raw = raw
+
+    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        want = key.lower().encode("latin-1")
+        for k, v in self._raw:
+            if k.lower() == want:
+                return v.decode("utf-8", "surrogateescape")
+        return default
+
+    def __getitem__(self, key: str) -> str:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (k.decode("latin-1") for k, _ in self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
+class FastResponse:
+    """One exchange: the head once `FastUpstream.post` returns, the body through `chunk()`."""
+
+    __slots__ = (
+        "_buf",
+        "_buffered",
+        "_conn",
+        "_content_type",
+        "_deadline",
+        "_done",
+        "_eof_body",
+        "_error",
+        "_got_bytes",
+        "_idle_s",
+        "_last_data",
+        "_raw",
+        "_timer",
+        "_waiter",
+        "endpoint_id",
+        "status",
+    )
+
+    def __init__(
+        self, conn: _Conn, endpoint_id: str, deadline: float, idle_s: float | None
+    ) -> None:
+        self.endpoint_id = endpoint_id
+        # 0 until the head is in; `post` returns only after that.
+        self.status = 0
+        self._conn: _Conn | None = conn  # None once finished, failed or closed
+        self._raw: list[tuple[bytes, bytes]] = []
+        self._content_type: str | None = None
+        self._buf: list[bytes] = []
+        self._buffered = 0
+        self._done = False  # the whole body arrived
+        self._eof_body = False  # no length given: the body ends when the engine closes
+        self._error: BaseException | None = None
+        self._got_bytes = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._deadline = deadline  # loop time
+        self._idle_s = idle_s
+        self._last_data = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def headers(self) -> Headers:
+        return Headers(self._raw)
+
+    @property
+    def content_type(self) -> str:
+        if self._content_type is None:
+            self._content_type = Headers(self._raw).get("content-type") or "application/json"
+        return self._content_type
+
+    @property
+    def is_event_stream(self) -> bool:
+        return self.content_type.startswith("text/event-stream")
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        if self._done and not self._error:
+            return self._take()
+        parts = []
+        while chunk := await self.chunk():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def chunk(self) -> bytes:
+        """Whatever body bytes have arrived (waiting for at least one); b"" at the end."""
+        while True:
+            if self._buf:
+                return self._take()
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                return b""
+            conn = self._conn
+            if conn is None:
+                raise UpstreamBroken(self.endpoint_id, "response closed")
+            waiter = self._waiter = conn.loop.create_future()
+            # Cancelled here (the client left): the proxy's `finally` calls close().
+            await waiter
+
+    def close(self) -> None:
+        """Drop the connection if the exchange is unfinished; a no-op once it ended."""
+        conn = self._conn
+        if conn is not None:
+            conn.fail(UpstreamBroken(self.endpoint_id, "response closed"))
+
+    release = close
+
+    def _take(self) -> bytes:
+        buf = self._buf
+        data = buf[0] if len(buf) == 1 else b"".join(buf)
+        buf.clear()
+        if self._buffered > HIGH_WATER_BYTES and self._conn is not None:
+            self._conn.transport.resume_reading()
+        self._buffered = 0
+        return data
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _detach(self) -> None:
+        self._conn = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._wake()
+
+
+class _Pool:
+    """Idle keep-alive connections to one (scheme, host, port), most recent last."""
+
+    __slots__ = ("idle", "keepalive_s")
+
+    def __init__(self, keepalive_s: float) -> None:
+        self.keepalive_s = keepalive_s
+        self.idle: list[_Conn] = []
+
+    def take(self, now: float) -> _Conn | None:
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if now - conn.idle_since < self.keepalive_s and not conn.lost:
+                return conn
+            conn.transport.close()
+        return None
+
+    def put(self, conn: _Conn, now: float) -> None:
+        conn.idle_since = now
+        self.idle.append(conn)
+
+    def discard(self, conn: _Conn) -> None:
+        with contextlib.suppress(ValueError):
+            self.idle.remove(conn)
+
+    def expire(self, now: float) -> int:
+        """Close connections idle for `keepalive_s` or longer; how many were closed."""
+        idle = self.idle
+        keep = [c for c in idle if now - c.idle_since < self.keepalive_s and not c.lost]
+        gone = [c for c in idle if c not in keep]
+        self.idle[:] = keep
+        for c in gone:
+            c.transport.close()
+        return len(gone)
+
+
+class _Conn(asyncio.Protocol):
+    """One TCP connection to an engine; carries at most one exchange at a time."""
+
+    transport: asyncio.Transport
+
+    def __init__(self, pool: _Pool, loop: asyncio.AbstractEventLoop) -> None:
+        self.pool = pool
+        self.loop = loop
+        self.parser = httptools.HttpResponseParser(self)
+        self.resp: FastResponse | None = None
+        self.idle_since = 0.0
+        self.lost = False
+        self.reused = False
+
+    # -- asyncio.Protocol ------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are asyncio.Transport look-alikes, not subclasses.
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        resp = self.resp
+        if resp is None:
+            # Bytes nobody asked for: this connection is out of step; never reuse it.
+            self.transport.abort()
+            return
+        resp._got_bytes = True
+        if resp._idle_s is not None:
+            resp._last_data = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if self.resp is None:  # trailing garbage after a finished response
+                self.transport.abort()
+            else:
+                what = "response" if resp.status else "response head"
+                self.fail(UpstreamBroken(resp.endpoint_id, f"bad {what}: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        resp = self.resp
+        if resp is None:
+            self.pool.discard(self)
+            return
+        self.resp = None
+        if resp.status and resp._eof_body and exc is None:
+            resp._done = True
+        elif resp.status:
+            resp._error = UpstreamBroken(resp.endpoint_id, _lost("body", exc))
+        else:
+            resp._error = UpstreamConnectError(resp.endpoint_id, _lost("response", exc))
+        resp._detach()
+
+    # -- httptools callbacks -----------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.resp._raw.append((name, value))  # type: ignore[union-attr]
+
+    def on_headers_complete(self) -> None:
+        resp: FastResponse = self.resp  # type: ignore[assignment]
+        resp.status = self.parser.get_status_code()
+        if not self.parser.should_keep_alive():
+            # Neither a length nor chunks: the body runs to the connection's end.
+            resp._eof_body = not any(
+                k.lower() in (b"content-length", b"transfer-encoding") for k, _ in resp._raw
+            )
+        resp._wake()
+
+    def on_body(self, body: bytes) -> None:
+        resp: FastResponse = self.resp  # type: ignore[assignment]
+        resp._buf.append(body)
+        resp._buffered += len(body)
+        if resp._buffered > HIGH_WATER_BYTES:
+            self.transport.pause_reading()
+        resp._wake()
+
+    def on_message_complete(self) -> None:
+        resp: FastResponse = self.resp  # type: ignore[assignment]
+        resp._done = True
+        self.resp = None
+        resp._detach()
+        if resp._buffered > HIGH_WATER_BYTES:
+            self.transport.resume_reading()
+        if self.parser.should_keep_alive() and not self.lost:
+            self.pool.put(self, self.loop.time())
+        else:
+            self.transport.close()
+
+    # -- exchanges -----------------------------------------------------------------
+
+    def send(self, resp: FastResponse, head: bytes, body: bytes) -> None:
+        self.resp = resp
+        loop = self.loop
+        idle_s = resp._idle_s
+        # One timer for the deadline and the idle bound: it looks again when it fires
+        # instead of being moved on every body byte.
+        due = resp._deadline if idle_s is None else min(resp._deadline, loop.time() + idle_s)
+        resp._timer = loop.call_at(due, self.on_timer)
+        if len(body) <= COALESCE_BYTES:
+            self.transport.write(head + body)
+        else:
+            self.transport.writelines((head, body))
+
+    def on_timer(self) -> None:
+        resp = self.resp
+        if resp is None:
+            return
+        now = self.loop.time()
+        if now >= resp._deadline:
+            what = "response body" if resp.status else "response"
+            self.fail(UpstreamTimeout(resp.endpoint_id, f"no complete {what} in time"))
+            return
+        due = resp._deadline
+        if resp._idle_s is not None and resp.status:
+            idle_due = resp._last_data + resp._idle_s
+            if now >= idle_due:
+                self.fail(UpstreamTimeout(resp.endpoint_id, f"no data for {resp._idle_s:g}s"))
+                return
+            due = min(due, idle_due)
+        resp._timer = self.loop.call_at(due, self.on_timer)
+
+    def fail(self, exc: BaseException) -> None:
+        """End the exchange with `exc` and drop the connection."""
+        resp = self.resp
+        self.resp = None
+        self.transport.abort()
+        if resp is not None:
+            resp._error = exc
+            resp._detach()
+
+
+def _lost(what: str, exc: BaseException | None) -> str:
+    why = "closed by the engine" if exc is None else (str(exc) or type(exc).__name__)
+    return f"connection lost before the {what} was complete: {why}"[:200]
+
+
+class _Target:
+    """One upstream URL: where to connect and the request line, prebuilt."""
+
+    __slots__ = ("head", "host", "pool", "port", "tls")
+
+    def __init__(self, head: bytes, host: str, port: int, tls: bool, pool: _Pool) -> None:
+        self.head = head
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.pool = pool
+
+
+class FastUpstream:
+    """The proxy's client (`upstream.Forwarder`): `start()` in the loop, `close()` at exit.
+
+    No cap on connections, like the aiohttp side: the pool must never become a
+    hidden queue in front of the engines.
+    """
+
+    def __init__(self, *, connect_timeout_s: float = 3.0, keepalive_s: float = KEEPALIVE_S) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.keepalive_s = keepalive_s
+        self._pools: dict[tuple[str, str, int], _Pool] = {}
+        self._targets: dict[str, _Target] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._tls: ssl.SSLContext | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._sweeper = asyncio.create_task(self.run(), name="upstream-sweep")
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
+        for pool in self._pools.values():
+            for conn in pool.idle:
+                conn.transport.close()
+            pool.idle.clear()
+
+    def tick(self, now: float) -> int:
+        """Close connections idle too long (the engine would soon); how many were closed."""
+        return sum(pool.expire(now) for pool in self._pools.values())
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            self.tick(loop.time())
+
+    def idle_connections(self) -> int:
+        """Pooled connections waiting for a request (tests and debugging)."""
+        return sum(len(pool.idle) for pool in self._pools.values())
+
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        timeout_s: float,
+        endpoint_id: str,
+        idle_timeout_s: float | None = None,
+    ) -> FastResponse:
+        """Send one request and wait for the response head (not the body)."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("FastUpstream.start() was not called")
+        target = self._targets.get(url) or self._target(url)
+        head = target.head + _fields(headers, len(body))
+        now = loop.time()
+        deadline = now + timeout_s
+        conn = target.pool.take(now)
+        fresh = conn is None
+        while True:
+            if conn is None:
+                conn = await self._connect(target, endpoint_id, deadline)
+            resp = FastResponse(conn, endpoint_id, deadline, idle_timeout_s)
+            conn.send(resp, head, body)
+            if not resp.status and resp._error is None:
+                waiter = resp._waiter = loop.create_future()
+                try:
+                    await waiter
+                except asyncio.CancelledError:
+                    # The client left before the head came: the engine must hear of it.
+                    resp.close()
+                    raise
+            err = resp._error
+            if err is None:
+                return resp
+            if not fresh and not resp._got_bytes and isinstance(err, UpstreamConnectError):
+                # A pooled connection the engine had closed as we wrote; nothing came
+                # back, so nothing was answered: once more on a new connection.
+                log.debug("stale pooled connection endpoint=%s: %s", endpoint_id, err.detail)
+                fresh, conn = True, None
+                continue
+            raise err
+
+    async def _connect(self, target: _Target, endpoint_id: str, deadline: float) -> _Conn:
+        loop = self._loop
+        assert loop is not None
+        limit = min(self.connect_timeout_s, deadline - loop.time())
+        tls = self._tls_context() if target.tls else None
+        try:
+            async with asyncio.timeout(limit):
+                _, conn = await loop.create_connection(
+                    lambda: _Conn(target.pool, loop),
+                    target.host,
+                    target.port,
+                    ssl=tls,
+                    server_hostname=target.host if tls is not None else None,
+                )
+        except TimeoutError as exc:
+            if limit < self.connect_timeout_s:
+                raise UpstreamTimeout(endpoint_id, "no connection before the deadline") from exc
+            raise UpstreamConnectError(endpoint_id, f"connect timed out ({limit:g}s)") from exc
+        except OSError as exc:
+            raise UpstreamConnectError(endpoint_id, _describe(exc)) from exc
+        return conn
+
+    def _target(self, url: str) -> _Target:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)
+        key = (parts.scheme, parts.hostname, port)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _Pool(self.keepalive_s)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        host = parts.netloc.rpartition("@")[2]
+        head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\n".encode()
+        if len(self._targets) >= MAX_TARGETS:
+            self._targets.clear()
+        target = self._targets[url] = _Target(head, parts.hostname, port, tls, pool)
+        return target
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
+
+
+def _fields(headers: Mapping[str, str], length: int) -> bytes:
+    """The header lines after Host, ending the head."""
+    lines = []
+    for name, value in headers.items():
+        # Values come from clients (x-request-id): a line break would smuggle a header.
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+            raise ValueError(f"header {name!r} holds a line break")
+        lines.append(f"{name}: {value}\r\n")
+    lines.append(f"Content-Length: {length}\r\n\r\n")
+    return "".join(lines).encode("utf-8", "surrogateescape")
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:200]

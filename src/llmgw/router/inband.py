@@ -1,0 +1,115 @@
+"""An engine's own error event inside a 200 stream, found without parsing the stream.
+
+vLLM, SGLang and TGI report a failure that happens after the response started
+as an SSE event, `data: {"error": {..., "code": 500}}`, followed by `[DONE]`
+(ENGINES.md). The HTTP status was 200 long before, so unless someone looks,
+the breaker records a success for an engine that is failing every stream.
+
+Looking must cost next to nothing per relayed chunk. The one fact that makes
+it cheap: inside JSON a quote is always escaped, so the bytes `{"error"` can
+only appear unescaped where a JSON object opens with the key `error` — and
+such an object starts an event only when a `data:` field name sits right
+before it at the start of a line. One `bytes.find` per chunk finds candidates;
+only a confirmed frame's line is decoded. Chunk boundaries fall anywhere (in
+the marker, in `data:`, in the JSON), so the last few bytes of each chunk are
+kept for the next, and a frame's line is gathered until its newline arrives.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+MARK = b'{"error"'
+# Enough of the previous chunk to hold a marker cut short plus `\ndata: ` before it.
+TAIL_BYTES = 32
+# An error frame longer than this is not one an engine writes; stop gathering.
+MAX_FRAME_BYTES = 64 * 1024
+
+_decode = msgspec.json.Decoder().decode
+
+
+class ErrorFrameWatch:
+    """Feed it every relayed chunk in order; `code` is the first error frame's code."""
+
+    __slots__ = ("_pending", "_tail", "code", "message")
+
+    def __init__(self) -> None:
+        # The stream starts as if after a newline: a first line `data: {"error"` counts.
+        self._tail = b"\n"
+        self._pending: bytearray | None = None  # a frame's line, until its newline
+        # The first error frame's code as the engine wrote it (vLLM: the HTTP
+        # status; TGI sends none); None: no frame seen, or one without a code.
+        self.code: int | None = None
+        self.message: str | None = None
+
+    @property
+    def endpoint_failure(self) -> bool:
+        """An error frame with a 5xx code: the engine failed, not the request."""
+        return self.code is not None and self.code >= 500
+
+    @property
+    def seen(self) -> bool:
+        return self.message is not None
+
+    def feed(self, chunk: bytes) -> None:
+        if self.message is not None:
+            return  # one verdict per stream: the first frame decides
+        if self._pending is not None:
+            self._gather(chunk)
+            return
+        data = self._tail + chunk
+        # Markers wholly inside the old tail were looked at with the last chunk.
+        start = max(0, len(self._tail) - len(MARK) + 1)
+        self._tail = data[-TAIL_BYTES:]
+        i = data.find(MARK, start)
+        while i >= 0:
+            if _opens_event(data, i):
+                self._pending = bytearray()
+                self._gather(data[i:])
+                return
+            i = data.find(MARK, i + 1)
+
+    def _gather(self, data: bytes) -> None:
+        assert self._pending is not None
+        end = data.find(b"\n")
+        if end < 0:
+            self._pending += data
+            if len(self._pending) > MAX_FRAME_BYTES:
+                self._pending = None
+                self._tail = b""
+            return
+        line = bytes(self._pending) + data[:end]
+        self._pending = None
+        # Later frames still start at a line, after this one's newline.
+        self._tail = data[end:][-TAIL_BYTES:]
+        self._judge(line)
+
+    def _judge(self, line: bytes) -> None:
+        try:
+            doc = _decode(line)
+        except msgspec.DecodeError:
+            return
+        if type(doc) is not dict:
+            return
+        err = doc.get("error")
+        if isinstance(err, dict):
+            self.message = str(err.get("message") or "")
+            self.code = _code(err.get("code"))
+        elif isinstance(err, str):
+            self.message = err  # TGI: a string and no code
+        else:
+            self.message = ""
+
+
+def _opens_event(data: bytes, i: int) -> bool:
+    """`data:` (one optional space) at the start of a line right before position `i`."""
+    j = i - 1 if data[i - 1 : i] == b" " else i
+    return data[j - 5 : j] == b"data:" and data[j - 6 : j - 5] in (b"\n", b"\r")
+
+
+def _code(value: object) -> int | None:
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
