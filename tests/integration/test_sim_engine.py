@@ -277,3 +277,39 @@ class TestLifecycle:
         assert m["vllm:num_requests_running"] == 0
         assert m["vllm:request_success_total"] == 1  # the abort
         assert m["vllm:kv_cache_usage_perc"] == 0.0
+
+    async def test_client_leaving_while_queued_frees_its_place(self) -> None:
+        """A streaming client that leaves while its request waits is aborted there, not later."""
+        # One sequence at a time, slow steps: the blocker runs for seconds.
+        argv = ["sim-engine", "--port", "0", "--model", "m", "--max-num-seqs", "1"]
+        with start_program([*argv, "--speed", "0.5"]) as prog:
+            url = prog.url
+
+            def body(text: str) -> dict[str, object]:
+                return {
+                    "model": "m",
+                    "max_tokens": 2000,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "messages": [{"role": "user", "content": text}],
+                }
+
+            async with (
+                aiohttp.ClientSession() as s,
+                aiohttp.ClientSession() as leaver,
+                s.post(url + "/v1/chat/completions", json=body("blocker")) as blocker,
+            ):
+                await blocker.content.readline()  # running: it holds the only slot
+                queued = await leaver.post(url + "/v1/chat/completions", json=body("queued"))
+                m = await scrape(s, url)
+                deadline = time.monotonic() + 10
+                while not m["vllm:num_requests_waiting"] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                    m = await scrape(s, url)
+                assert m["vllm:num_requests_waiting"] == 1
+                queued.close()
+                deadline = time.monotonic() + 10
+                while m["vllm:num_requests_waiting"] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                    m = await scrape(s, url)
+                assert (m["vllm:num_requests_waiting"], m["vllm:num_requests_running"]) == (0, 1)

@@ -93,17 +93,39 @@ class SimEngine:
         self._stopping = asyncio.Event()
         self._models_body = api.models_body(cfg, int(self.created_wall))
         self._cache_info = _cache_info(cfg)
+        # Open streams and their requests, for `_sweep_gone`.
+        self._streams: dict[Stream, web.Request] = {}
 
     # -- lifecycle ---------------------------------------------------------------
 
     async def lifespan(self, _app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(self.engine.run(), name="sim-engine-loop")
+        tasks = [
+            asyncio.create_task(self.engine.run(), name="sim-engine-loop"),
+            asyncio.create_task(self._sweep_gone(), name="sim-engine-sweep"),
+        ]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _sweep_gone(self) -> None:
+        """Abort streams whose client left while they had nothing to write.
+
+        A stream notices a lost client only when it writes, and a request in the
+        waiting queue writes nothing: without this it would keep its place, be
+        counted as waiting and later run for nobody. vLLM aborts it at once (its
+        server listens for the disconnect), so a router cancelling a queued
+        request sees the queue shrink here too. One pass per poll interval, for
+        every stream at once, rather than a timer per token wait.
+        """
+        while True:
+            await asyncio.sleep(DISCONNECT_POLL_S)
+            for stream in [s for s, r in self._streams.items() if _gone(r)]:
+                self.engine.abort(stream)
 
     async def on_shutdown(self, _app: web.Application) -> None:
         # Stalled requests would hold the graceful stop for the whole grace period.
@@ -241,11 +263,14 @@ class SimEngine:
         req = stream.req
         cut, error_first = _cut(stall_after, error_after)
         resp = web.StreamResponse(headers={**SSE_HEADERS, **_arrival(req)})
+        self._streams[stream] = request
         try:
             await resp.prepare(request)
             pending = enc.first()
             while True:
                 await stream.wait_output()
+                if req.finish_reason == "abort" and _gone(request):
+                    return resp  # aborted by _sweep_gone: nobody to write to
                 ids = stream.take(None if cut is None else cut - stream.sent)
                 done = req.finish_reason is not None and stream.sent == req.num_output
                 if ids or done:
@@ -272,6 +297,8 @@ class SimEngine:
             await resp.write_eof()
         except ConnectionResetError:
             log.debug("client gone rid=%s", req.req_id)
+        finally:
+            del self._streams[stream]
         return resp
 
     async def _complete(
