@@ -1,0 +1,104 @@
+"""The watch for an engine's own error event inside a relayed 200 stream."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmgw.router.inband import MAX_FRAME_BYTES, ErrorFrameWatch
+
+TOKEN = (
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"delta":{"content":"hi"}}]}\n\n'
+)
+VLLM_ERROR = (
+    b'data: {"error": {"object": "error", "message": "CUDA out of memory", '
+    b'"type": "InternalServerError", "param": null, "code": 500}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+
+
+def watch(*chunks: bytes) -> ErrorFrameWatch:
+    w = ErrorFrameWatch()
+    for c in chunks:
+        w.feed(c)
+    return w
+
+
+class TestErrorFrameWatch:
+    def test_clean_stream_sees_nothing(self) -> None:
+        """A stream of ordinary events has no error and no endpoint failure."""
+        w = watch(TOKEN, TOKEN, DONE)
+        assert (w.seen, w.endpoint_failure, w.code) == (False, False, None)
+
+    def test_vllm_5xx_frame_is_an_endpoint_failure(self) -> None:
+        """vLLM's mid-stream error event with code 500 counts against the endpoint."""
+        w = watch(TOKEN, VLLM_ERROR, DONE)
+        assert (w.endpoint_failure, w.code, w.message) == (True, 500, "CUDA out of memory")
+
+    def test_4xx_frame_is_seen_but_not_a_failure(self) -> None:
+        """An error event for the request itself (400) is not the endpoint's fault."""
+        w = watch(b'data: {"error":{"message":"bad tool","type":"x","code":400}}\n\n', DONE)
+        assert (w.seen, w.endpoint_failure, w.code) == (True, False, 400)
+
+    def test_frame_as_the_first_line(self) -> None:
+        """An error event that opens the stream is found (no newline before it)."""
+        assert watch(VLLM_ERROR).endpoint_failure
+
+    def test_no_space_after_data_and_crlf_lines(self) -> None:
+        """`data:{"error"` without the optional space, on CRLF lines, is still a frame."""
+        w = watch(TOKEN.replace(b"\n", b"\r\n"), b'data:{"error":{"message":"m","code":503}}\r\n')
+        assert w.code == 503
+
+    def test_code_given_as_a_string(self) -> None:
+        """A code written as a numeric string is read as that number."""
+        assert watch(b'data: {"error":{"message":"m","code":"502"}}\n\n').code == 502
+
+    def test_tgi_string_error_has_no_code(self) -> None:
+        """TGI's `{"error": "...", "error_type": ...}` is seen, with no code, so not counted."""
+        w = watch(b'data:{"error":"Request failed during generation","error_type":"generation"}\n')
+        assert (w.seen, w.code, w.endpoint_failure) == (True, None, False)
+
+    def test_escaped_text_in_content_is_not_a_frame(self) -> None:
+        """A model that writes `data: {"error"` in its output has it escaped in JSON: ignored."""
+        ev = b'data: {"choices":[{"delta":{"content":"\\ndata: {\\"error\\": 1}"}}]}\n\n'
+        assert not watch(ev, DONE).seen
+
+    def test_error_key_inside_an_event_is_not_a_frame(self) -> None:
+        """`{"error"` that does not open a `data:` line (a nested object) is ignored."""
+        ev = b'data: {"choices":[],"meta":{"error":{"code":500}}}\n\n'
+        assert not watch(ev, DONE).seen
+
+    def test_only_the_first_frame_decides(self) -> None:
+        """After one error event, later ones do not change the verdict."""
+        w = watch(b'data: {"error":{"message":"a","code":400}}\n\n', VLLM_ERROR)
+        assert w.code == 400
+
+    def test_unterminated_huge_line_is_given_up(self) -> None:
+        """A candidate line that never ends is dropped once over the bound, not buffered on."""
+        w = watch(b'data: {"error":"' + b"x" * (MAX_FRAME_BYTES + 10))
+        assert not w.seen
+        assert w._pending is None
+
+    @given(st.lists(st.integers(min_value=0, max_value=len(TOKEN + VLLM_ERROR + DONE))))
+    def test_any_chunking_gives_the_same_verdict(self, cuts: list[int]) -> None:
+        """Wherever the chunk boundaries fall (inside the marker, `data:`, the JSON), the
+        verdict is the same as for the stream in one piece."""
+        stream = TOKEN + VLLM_ERROR + DONE
+        points = sorted({0, len(stream), *cuts})
+        chunks = [stream[a:b] for a, b in itertools.pairwise(points)]
+        w = watch(*chunks)
+        assert (w.code, w.endpoint_failure) == (500, True)
+
+    def test_every_single_split_point(self) -> None:
+        """Every two-piece split of a stream ending in an error event finds it."""
+        stream = TOKEN + VLLM_ERROR + DONE
+        for i in range(len(stream) + 1):
+            assert watch(stream[:i], stream[i:]).endpoint_failure, i
+
+    def test_byte_by_byte(self) -> None:
+        """A stream fed one byte at a time still finds the frame."""
+        stream = TOKEN + VLLM_ERROR
+        w = watch(*(stream[i : i + 1] for i in range(len(stream))))
+        assert w.code == 500
