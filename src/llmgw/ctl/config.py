@@ -67,10 +67,30 @@ def read_config(path: Path) -> dict[str, str]:
 
 def normalize_url(url: str) -> str:
     """Accept `host:port` as well as a full URL; never a trailing slash."""
-    url = url.strip().rstrip("/")
+    url = url.strip()
     if "://" not in url:
         url = "http://" + url
-    return url
+    return url.rstrip("/")
+
+
+def check_url(url: str) -> str | None:
+    """Why ctl cannot send requests to `url` (a normalized URL), or None when it can.
+
+    Checked up front: urllib would raise these as ValueErrors from deep inside a
+    request, a traceback where the operator needs one line.
+    """
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises ValueError for a port that is not 0-65535
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return f"the scheme must be http or https, not {parts.scheme!r}"
+    if not parts.hostname:
+        return "there is no host"
+    return None
 
 
 def resolve(
@@ -94,4 +114,9 @@ def resolve(
             token = file.get("token")
     if not url:
         url, url_from = DEFAULT_CONTROLLER, "default"
-    return Target(url=normalize_url(url), token=token or None, url_from=url_from)
+    normalized = normalize_url(url)
+    why = check_url(normalized)
+    if why is not None:
+        where = {"flag": "the --controller flag", "env": ENV_CONTROLLER}.get(url_from, url_from)
+        raise CtlError(f"controller URL {url!r} from {where} is not usable: {why}")
+    return Target(url=normalized, token=token or None, url_from=url_from)
