@@ -174,6 +174,7 @@ async def admin_endpoints(request: web.Request) -> web.Response:
         {
             "router_id": st.router_id,
             "policy": st.policy.name,
+            "upstream_client": st.upstream_client,
             "endpoints": msgspec.to_builtins(st.registry.snapshots()),
             "prefix_entries": st.prefix.entries_by_endpoint(),
             "decisions": decisions,

@@ -1,0 +1,119 @@
+"""Streams that go wrong inside a 200: a stalled engine, an engine's own error event.
+
+Each test runs once per upstream client (`upstream_client` set in the file, so
+the LLMGW_ROUTER_UPSTREAM override used to run the whole suite under one
+client does not apply here), against real sim-engine and router processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from .router_fixtures import (
+    admin_endpoints,
+    base_config,
+    chat_body,
+    endpoint_entries,
+    post,
+    router,
+    sim_engines,
+    snapshot,
+    wait_until_scraped,
+)
+
+pytestmark = pytest.mark.slow
+
+CLIENTS = ["fast", "aiohttp"]
+
+
+def error_events(events: list[str]) -> list[dict[str, object]]:
+    return [json.loads(e)["error"] for e in events if e.startswith('{"error"')]
+
+
+class TestStalledStream:
+    @pytest.mark.parametrize("client", CLIENTS)
+    async def test_silent_engine_ends_the_stream(self, tmp_path: Path, client: str) -> None:
+        """An engine that goes silent mid-stream: after stream_idle_timeout_s the client
+        gets an error event and [DONE] (not a hang until request_timeout_s), and the
+        endpoint's breaker counts the failure."""
+        with sim_engines(tmp_path, [20.0], extra=["--stall-after-tokens", "3"]) as engines:
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                upstream_client=client,
+                stream_idle_timeout_s=1.0,
+                breaker={"failure_threshold": 1, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                assert admin_endpoints(r.url)["upstream_client"] == client
+                t0 = time.monotonic()
+                async with aiohttp.ClientSession() as session:
+                    reply = await asyncio.wait_for(
+                        post(session, r.url, chat_body("stall", max_tokens=50, stream=True)), 20
+                    )
+                took = time.monotonic() - t0
+                snap = await asyncio.to_thread(snapshot, r.url, "e0")
+        assert reply.status == 200
+        events = reply.events()
+        assert events[-1] == "[DONE]"
+        errors = error_events(events)
+        assert len(errors) == 1
+        assert "no data for 1s" in str(errors[0]["message"])
+        # Tokens came before the silence, and the silence was cut at about the bound.
+        assert len(events) >= 4
+        assert 0.9 < took < 15
+        assert snap["breaker"] == "open"
+
+
+class TestEngineErrorEvent:
+    @pytest.mark.parametrize("client", CLIENTS)
+    async def test_5xx_error_event_counts_against_the_endpoint(
+        self, tmp_path: Path, client: str
+    ) -> None:
+        """A stream that carries the engine's own 5xx error event is relayed as is, and
+        counted as the endpoint's failure: enough of them open its breaker."""
+        with sim_engines(tmp_path, [20.0], extra=["--error-after-tokens", "2"]) as engines:
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                upstream_client=client,
+                breaker={"failure_threshold": 2, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                async with aiohttp.ClientSession() as session:
+                    first = await post(session, r.url, chat_body("a", stream=True))
+                    after_one = await asyncio.to_thread(snapshot, r.url, "e0")
+                    second = await post(session, r.url, chat_body("b", stream=True))
+                after_two = await asyncio.to_thread(snapshot, r.url, "e0")
+        for reply in (first, second):
+            assert reply.status == 200
+            events = reply.events()
+            assert events[-1] == "[DONE]"
+            assert [e["code"] for e in error_events(events)] == [500]
+        assert after_one["breaker"] == "closed"
+        assert after_two["breaker"] == "open"
+
+
+class TestClientChoice:
+    def test_bad_environment_override_exits_2(self, tmp_path: Path) -> None:
+        """An unknown LLMGW_ROUTER_UPSTREAM stops the router at start with exit 2."""
+        cfg = tmp_path / "r.yaml"
+        cfg.write_text("{}\n")
+        proc = subprocess.run(
+            [sys.executable, "-m", "llmgw", "router", "--config", str(cfg), "--port", "0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "LLMGW_ROUTER_UPSTREAM": "curl"},
+        )
+        assert proc.returncode == 2
+        assert "LLMGW_ROUTER_UPSTREAM" in proc.stderr
