@@ -153,3 +153,47 @@ class TestIdleEviction:
             assert c.get(f"/admin/replicas/{idle}")["state"] in ("draining", "stopped")
             assert c.get(f"/admin/replicas/{unknown}")["state"] == "ready"
         assert any("evicted for big" in e for e in c.events(replica=idle))
+
+
+class TestNodeDrain:
+    def test_stalled_drain_says_why_and_force_resolves_it(self, c: Controller) -> None:
+        """No room for a replacement: the drain waits, saying why; forced, the replica drains."""
+        c.post("/admin/models", spec("m", gpus_per_node=8))
+        with FakeAgents(c, {"a": 8, "b": 2}):
+            rid = wait_for(lambda: c.replicas("m", "ready"), what="ready on a")[0]["id"]
+            view = c.post("/admin/nodes/a/drain", {"grace_s": 1})
+            assert (view["state"], view["drain_grace_s"], view["drain_force"]) == (
+                "draining",
+                1,
+                False,
+            )
+
+            def blocked() -> list[dict[str, Any]]:
+                waits = c.get("/admin/nodes/a")["drain_waiting"]
+                return [w for w in waits if w["blocked"]]
+
+            (wait,) = wait_for(blocked, what="the drain says it waits")
+            assert (wait["replica"], wait["model"]) == (rid, "m")
+            assert wait["reason"].startswith("no replacement fits: needs 8 free H100-80G GPUs")
+            said = [e for e in c.events(node="a") if e.startswith("node.drain_waiting")]
+            assert len(said) == 1
+            assert said[0].startswith(
+                f"node.drain_waiting a: waiting for {rid} (m): no replacement fits: needs 8 free"
+            )
+            time.sleep(0.6)  # three ticks: make-before-break keeps it serving
+            assert c.get(f"/admin/replicas/{rid}")["state"] == "ready"
+            assert c.endpoint_ids() == [rid]
+
+            view = c.post("/admin/nodes/a/drain", {"grace_s": 1, "force": True})
+            assert view["drain_force"] is True
+            wait_for(
+                lambda: c.get(f"/admin/replicas/{rid}")["state"] == "stopped",
+                what="forced drain ends after the 1 s grace",
+            )
+            kinds = [e.split()[0] for e in c.events(replica=rid)]
+            assert "replica.drain_forced" in kinds
+            wait_for(
+                lambda: any(e.startswith("node.drained a") for e in c.events(node="a")),
+                what="node drained",
+            )
+            assert c.get("/admin/nodes/a")["drain_waiting"] == []

@@ -134,3 +134,92 @@ class TestFailover:
                     for g in r["shards"][0]["gpus"]
                 ]
                 assert len(used) == len(set(used))  # no card given twice
+
+
+def _stop(c: Controller, how: str) -> None:
+    if how == "sigkill":
+        c.program.kill()
+    else:
+        c.program.stop()
+
+
+def _state(c: Controller, rid: str) -> str:
+    return str(c.get(f"/admin/replicas/{rid}")["state"])
+
+
+class TestRestartMidway:
+    """A restart in the middle of a drain or an eviction carries on where it stopped."""
+
+    @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+    def test_node_drain_keeps_the_operator_s_grace(self, db: Db, how: str) -> None:
+        """The old replica drains with the grace the drain asked for, not the default (2 s)."""
+        with controller(db) as c:
+            c.post("/admin/models", spec("m", gpus_per_node=8))
+            a = FakeAgents(c, {"a": 8})
+            b = FakeAgents(c, {"b": 8}, ready=False)
+            with a:
+                old = wait_for(lambda: c.replicas("m", "ready"), what="ready on a")[0]["id"]
+                with b:
+                    c.post("/admin/nodes/a/drain", {"grace_s": 60})
+                    wait_for(lambda: c.replicas("m", "starting"), what="replacement on b")
+                    _stop(c, how)
+        with controller(db) as c2:
+            a.c = b.c = c2
+            b.ready = True
+            with a, b:
+                wait_for(lambda: _state(c2, old) == "draining", what="the old one drains")
+                time.sleep(3.0)  # past the controller's default grace (2 s) and its settling
+                assert _state(c2, old) == "draining"
+                node = c2.get("/admin/nodes/a")
+                assert (node["state"], node["drain_grace_s"]) == ("draining", 60)
+
+    def test_deleted_model_s_draining_shards_keep_running(self, db: Db) -> None:
+        """After a restart the agent is still told to run a deleted model's draining shard."""
+        slow = ("--drain-grace-s", "60")
+        with controller(db, *slow) as c:
+            c.post("/admin/models", spec("m"))
+            agents = FakeAgents(c, {"a": 8})
+            with agents:
+                rid = wait_for(lambda: c.replicas("m", "ready"), what="ready")[0]["id"]
+                c.call("DELETE", "/admin/models/m")
+                wait_for(lambda: _state(c, rid) == "draining", what="draining")
+                c.program.kill()
+        with controller(db, *slow) as c2:
+            agents.c = c2
+            assert [s["replica_id"] for s in agents.beat("a")] == [rid]
+            assert _state(c2, rid) == "draining"
+            assert c2.error("GET", "/admin/models/m").status == 404
+
+    def test_eviction_holds_its_room_and_evicts_no_more(self, db: Db) -> None:
+        """The restarted leader keeps the stored victims draining and the room for the model."""
+        slow = ("--drain-grace-s", "60")
+
+        def idle(c: Controller, ids: list[str], **inflight: int) -> None:
+            now = time.time()
+            report = {"router_id": "r", "sent_at": now, "inflight": inflight}
+            report["last_used"] = {rid: now - 500 + 100 * i for i, rid in enumerate(ids)}
+            c.post("/v1/usage", report)
+
+        with controller(db, *slow) as c:
+            c.post("/admin/models", spec("p", min_replicas=2, max_replicas=2, idle_timeout_s=1))
+            agents = FakeAgents(c, {"a": 2})
+            with agents:
+                wait_for(lambda: len(c.replicas("p", "ready")) == 2, what="two ready")
+                c.post("/admin/models/p/scale", {"min_replicas": 0})
+                p1, p2 = sorted(r["id"] for r in c.replicas("p"))
+                idle(c, [p1, p2])
+                c.post("/admin/models", spec("new"))
+                wait_for(lambda: _state(c, p1) == "draining", what="p1 evicted")
+                c.program.kill()
+        with controller(db, *slow) as c2:
+            agents.c = c2
+            with agents:
+                evictions = len([e for e in c2.events() if e.startswith("model.evicting")])
+                idle(c2, [p1, p2])
+                time.sleep(1.5)  # several ticks with both replicas known idle
+                assert (_state(c2, p1), _state(c2, p2)) == ("draining", "ready")
+                assert len([e for e in c2.events() if e.startswith("model.evicting")]) == evictions
+                idle(c2, [p1, p2], **{p1: 0})
+                new = wait_for(lambda: c2.replicas("new", "ready"), what="new lands")[0]
+                p1_gpus = c2.get(f"/admin/replicas/{p1}")["shards"][0]["gpus"]
+                assert (new["shards"][0]["gpus"], _state(c2, p2)) == (p1_gpus, "ready")

@@ -19,6 +19,7 @@ from llmgw.ctl.context import Ctx
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.admin import (
     ClassUse,
+    DrainWait,
     EventView,
     ModelView,
     NodeTotals,
@@ -68,6 +69,8 @@ class FakeController:
         self.calls: list[tuple[str, str, Mapping[str, str], object]] = []
         # Each GET /admin/replicas during a drain removes one replica from the node.
         self.drain_progress = False
+        # What GET /admin/nodes/{name} says a drain waits for.
+        self.drain_waiting: tuple[DrainWait, ...] = ()
 
     def request(
         self,
@@ -103,6 +106,11 @@ class FakeController:
             )
         if (method, path) == ("GET", "/admin/nodes"):
             return self._ok(sorted(self.nodes.values(), key=lambda n: n.name))
+        if method == "GET" and seg[:2] == ["admin", "nodes"] and len(seg) == 3:
+            found = self.nodes.get(seg[2])
+            if found is None:
+                return Response(404, error_body(f"no node {seg[2]!r}", type="not_found_error"))
+            return self._ok(msgspec.structs.replace(found, drain_waiting=self.drain_waiting))
         if method == "POST" and seg[:2] == ["admin", "nodes"] and len(seg) == 4:
             if seg[2] not in self.nodes:
                 return Response(404, error_body(f"no node {seg[2]!r}", type="not_found_error"))
@@ -459,6 +467,34 @@ class TestDrain:
         """drain --no-wait starts the drain and returns at once."""
         run = run_ctl(["drain", "gpu-01", "--no-wait"], FakeController(), tmp_path)
         assert (run.code, run.out) == (0, "node gpu-01 draining (state draining)\n")
+
+    @pytest.mark.parametrize(
+        ("flags", "body"),
+        [
+            ([], None),
+            (["--force"], {"grace_s": 30.0, "force": True}),
+            (["--grace-s", "5"], {"grace_s": 5.0, "force": False}),
+            (["--grace-s", "0", "--force"], {"grace_s": 0.0, "force": True}),
+        ],
+    )
+    def test_force_and_grace_are_sent(self, tmp_path: Path, flags: list[str], body: object) -> None:
+        """--force asks for a forced drain; without flags no body (the controller's defaults)."""
+        fake = FakeController()
+        run = run_ctl(["drain", "gpu-01", "--no-wait", *flags], fake, tmp_path)
+        assert run.code == 0, run.err
+        assert fake.calls[-1] == ("POST", "/admin/nodes/gpu-01/drain", {}, body)
+
+    def test_timeout_says_why_the_drain_waits(self, tmp_path: Path) -> None:
+        """A drain stalled for lack of room names the replica and the reason on timeout."""
+        fake = FakeController()
+        fake.drain_waiting = (
+            DrainWait(
+                replica="r-1", model="m", reason="no replacement fits: needs 8", blocked=True
+            ),
+        )
+        run = run_ctl(["drain", "gpu-01", "--timeout", "1"], fake, tmp_path, clock=ManualClock())
+        assert run.code == 1
+        assert run.err.endswith("r-1, r-2; r-1 (m): no replacement fits: needs 8\n")
 
 
 class TestBenchCommand:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, get_args
@@ -224,7 +225,10 @@ async def summary(request: web.Request) -> web.Response:
 async def list_nodes(request: web.Request) -> web.Response:
     s = _svc(request)
     views = node_views(
-        s.fleet.state, now=s.clock.wall(), heartbeat_timeout_s=s.config.heartbeat_timeout_s
+        s.fleet.state,
+        now=s.clock.wall(),
+        heartbeat_timeout_s=s.config.heartbeat_timeout_s,
+        unplaceable=s.unplaceable(),
     )
     return json_response(views)
 
@@ -303,15 +307,19 @@ def _node_command(to: OperatorState) -> Handler:
         s = _svc(request)
         name = request.match_info["name"]
         grace_s: float | None = None
+        force = False
         if to == "draining":
             body = await request.read()
             req = (
                 decode(body, DrainRequest, what="drain request") if body.strip() else DrainRequest()
             )
-            if req.grace_s < 0:
-                raise InvalidSpec("grace_s must not be negative", param="grace_s")
-            grace_s = req.grace_s
-        node = await s.operator_state(name, to, grace_s=grace_s)
+            if not math.isfinite(req.grace_s) or req.grace_s < 0:
+                raise InvalidSpec(
+                    f"grace_s must be a finite number of seconds >= 0, got {req.grace_s}",
+                    param="grace_s",
+                )
+            grace_s, force = req.grace_s, req.force
+        node = await s.operator_state(name, to, grace_s=grace_s, force=force)
         return json_response(s.node_view(node))
 
     return handler

@@ -140,3 +140,21 @@ class Batch:
         if r.state in ("pending", "starting", "failed"):
             return self.stop(r, reason)
         return r
+
+
+def draining_nodes(batch: Batch, r: Replica) -> list[Node]:
+    """The nodes r has shards on that the operator is draining, in shard order."""
+    out: list[Node] = []
+    for s in r.shards:
+        node = batch.node(s.node)
+        if node is not None and node.operator_state == "draining" and node not in out:
+            out.append(node)
+    return out
+
+
+def node_drain_grace(batch: Batch, r: Replica, *, default_s: float) -> float:
+    """The grace the operator gave the drain of a node r is on, else `default_s`."""
+    for node in draining_nodes(batch, r):
+        if node.drain_grace_s is not None:
+            return node.drain_grace_s
+    return default_s

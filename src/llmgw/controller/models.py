@@ -23,7 +23,7 @@ from collections.abc import Collection, Mapping
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.idle import IdleTracker, ModelLoadSum
 from llmgw.controller.index import FleetIndex
-from llmgw.controller.lifecycle import LIVE, Batch
+from llmgw.controller.lifecycle import LIVE, Batch, node_drain_grace
 from llmgw.controller.memory import Memory
 from llmgw.controller.placing import Request, place_requests
 from llmgw.controller.state import Model, Replica
@@ -215,24 +215,11 @@ def _settle_pairs(batch: Batch, cfg: ControllerConfig, live: list[Replica]) -> N
         if old is None:
             continue
         if new.state == "ready":
-            grace = _drain_grace(batch, old, cfg)
+            grace = node_drain_grace(batch, old, default_s=cfg.drain_grace_s)
             batch.drain(old, f"replaced by {new.id}, which is ready", grace_s=grace)
         elif old.state != "ready":
             # The old one stopped serving on its own: the replacement is simply a replica now.
             batch.stop(old, f"no longer serving; replacement {new.id} is on its way")
-
-
-def _drain_grace(batch: Batch, r: Replica, cfg: ControllerConfig) -> float:
-    """The grace the operator gave the drain of a node r is on, else the default."""
-    for s in r.shards:
-        node = batch.node(s.node)
-        if (
-            node is not None
-            and node.operator_state == "draining"
-            and node.drain_grace_s is not None
-        ):
-            return node.drain_grace_s
-    return cfg.drain_grace_s
 
 
 def _must_move(batch: Batch, m: Model, r: Replica) -> bool:

@@ -23,7 +23,7 @@ from llmgw.controller.config import ControllerConfig
 from llmgw.controller.eviction import plan_eviction
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.index import FleetIndex
-from llmgw.controller.lifecycle import RUNS, Batch
+from llmgw.controller.lifecycle import RUNS, Batch, draining_nodes, node_drain_grace
 from llmgw.controller.memory import Memory
 from llmgw.controller.placement import (
     FreeMap,
@@ -59,6 +59,7 @@ def place_requests(
     requests: list[Request],
 ) -> None:
     failed: set[str] = set()
+    waiting: set[str] = set()
     # A reservation lasts while its model still asks for a replica (not deleted,
     # not scaled down meanwhile); otherwise its cards would be held for nobody.
     wanted = {q.model.name for q in requests}
@@ -79,7 +80,10 @@ def place_requests(
         for q in requests:
             name = q.model.name
             if name in failed:
-                continue  # one reason per model per tick is enough
+                # One reason per model per tick is enough; a move it blocks still counts.
+                if q.replaces is not None:
+                    _blocked_move(batch, mem, cfg, q.replaces, mem.unplaceable[name], waiting)
+                continue
             mine = held.pop(name, [])
             for node, gpus in mine:
                 free.release(node, gpus)  # its own room, held for it until now
@@ -95,7 +99,9 @@ def place_requests(
                 held.setdefault(name, []).append((node, gpus))
             failed.add(name)
             _unplaceable(batch, mem, result)
-            if q.replaces is None:
+            if q.replaces is not None:
+                _blocked_move(batch, mem, cfg, q.replaces, result, waiting)
+            else:
                 res = _maybe_evict(batch, usage, mem, cfg, q.model, free)
                 if res is not None:
                     # The part of its room that is already free is held from now on.
@@ -103,6 +109,9 @@ def place_requests(
     for name in list(mem.unplaceable):
         if name not in failed:
             del mem.unplaceable[name]
+    for rid in list(mem.drain_waiting):
+        if rid not in waiting:
+            del mem.drain_waiting[rid]
 
 
 Held = dict[str, list[tuple[str, tuple[int, ...]]]]
@@ -202,6 +211,45 @@ def _master_port(batch: Batch, index: FleetIndex, node: str, ports: dict[str, se
     port = next((p for p in range(hi, lo - 1, -1) if p not in taken), hi)
     taken.add(port)
     return port
+
+
+def _blocked_move(
+    batch: Batch,
+    mem: Memory,
+    cfg: ControllerConfig,
+    r: Replica,
+    u: Unplaceable,
+    waiting: set[str],
+) -> None:
+    """No replacement fits for a serving replica that must move (DESIGN §3.4).
+
+    On a node drained with force it drains anyway: the operator chose the node
+    over the capacity. Otherwise it keeps serving (make-before-break never drops
+    capacity silently) and the drain says, once per reason, what it waits for.
+    A spec rollover that does not fit just waits; the model's own event says why.
+    """
+    nodes = draining_nodes(batch, r)
+    if not nodes:
+        return
+    names = ", ".join(n.name for n in nodes)
+    if any(n.drain_force for n in nodes):
+        grace = node_drain_grace(batch, r, default_s=cfg.drain_grace_s)
+        why = f"node {names} drain forced: no replacement fits ({u.reason}); capacity drops"
+        batch.drain(r, why, grace_s=grace, kind="replica.drain_forced")
+        for n in nodes:
+            msg = f"{r.id} ({r.model}) drains without a replacement: {u.reason}"
+            batch.event("node.drain_forced", "node", n.name, msg, model=r.model)
+        return
+    waiting.add(r.id)
+    if mem.drain_waiting.get(r.id) == u.reason:
+        return
+    mem.drain_waiting[r.id] = u.reason
+    for n in nodes:
+        msg = (
+            f"waiting for {r.id} ({r.model}): no replacement fits: {u.reason}; "
+            "it keeps serving (drain with force to move it anyway)"
+        )
+        batch.event("node.drain_waiting", "node", n.name, msg, model=r.model)
 
 
 def _unplaceable(batch: Batch, mem: Memory, u: Unplaceable) -> None:

@@ -49,6 +49,7 @@ class Services:
             self.fleet.state,
             now=self.clock.wall(),
             heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+            unplaceable=self.unplaceable(),
         )
 
     async def events(

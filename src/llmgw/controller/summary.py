@@ -62,8 +62,9 @@ def summarize(
     reasons = unplaceable or {}
     used = gpus_in_use(state)
     counts = replica_counts(state)
+    # waits={}: the summary counts nodes by state; explaining drains is the node view's.
     nodes = [
-        node_view(n, state, now=now, heartbeat_timeout_s=heartbeat_timeout_s, used=used)
+        node_view(n, state, now=now, heartbeat_timeout_s=heartbeat_timeout_s, used=used, waits={})
         for n in state.nodes.values()
     ]
     replicas = [replica_view(r, idle) for r in state.replicas.values() if r.state != "stopped"]

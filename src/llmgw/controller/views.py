@@ -14,7 +14,14 @@ from typing import Protocol
 
 from llmgw.controller.capacity import gpus_in_use
 from llmgw.controller.state import FleetState, Model, Node, Replica
-from llmgw.wire.admin import ModelView, NodeView, ReplicaView, ShardView, idle_seconds_json
+from llmgw.wire.admin import (
+    DrainWait,
+    ModelView,
+    NodeView,
+    ReplicaView,
+    ShardView,
+    idle_seconds_json,
+)
 
 # Replica id → seconds since a router last used it; None when no router has said.
 IdleFor = Callable[[str], float | None]
@@ -34,6 +41,68 @@ def idle_fn(idle: IdleFor | IdleSource, *, now: float) -> IdleFor:
     return lambda replica_id: source.idle_for(replica_id, now=now)
 
 
+def drain_waits(
+    state: FleetState,
+    unplaceable: Mapping[str, str],
+    *,
+    only: str | None = None,
+) -> dict[str, tuple[DrainWait, ...]]:
+    """Draining node → every replica still holding its cards, by id, with what it waits for.
+
+    One walk over the replicas for all draining nodes (`only`: just that one).
+    `unplaceable` is model → why it cannot be placed now (the reconcile memory's):
+    a serving replica whose replacement cannot be placed is what stalls a drain.
+    """
+    draining = {
+        name: n
+        for name, n in state.nodes.items()
+        if n.operator_state == "draining" and (only is None or name == only)
+    }
+    if not draining:
+        return {}
+    replacements: dict[str, Replica] = {}
+    here: dict[str, list[Replica]] = {name: [] for name in draining}
+    for r in state.replicas.values():
+        if r.replaces is not None and r.state in ("pending", "starting", "ready"):
+            replacements[r.replaces] = r
+        if r.holds_gpus:
+            for name in dict.fromkeys(s.node for s in r.shards):
+                if name in here:
+                    here[name].append(r)
+    return {
+        name: tuple(
+            _wait(r, replacements.get(r.id), unplaceable, force=draining[name].drain_force)
+            for r in sorted(here[name], key=attrgetter("id"))
+        )
+        for name in sorted(draining)
+    }
+
+
+def _wait(
+    r: Replica, new: Replica | None, unplaceable: Mapping[str, str], *, force: bool
+) -> DrainWait:
+    blocked = False
+    if r.state == "draining":
+        why = f"draining ({r.reason}): stops when its in-flight requests finish or its grace ends"
+    elif r.state != "ready":
+        why = f"{r.state}, not serving yet: stopped and placed elsewhere on the next tick"
+    elif new is not None:
+        why = f"serving until its replacement {new.id} is ready ({new.state})"
+    elif r.model in unplaceable:
+        reason = unplaceable[r.model]
+        if force:
+            why = f"no replacement fits ({reason}); the drain is forced: it drains anyway"
+        else:
+            blocked = True
+            why = (
+                f"no replacement fits: {reason}; it keeps serving until one does "
+                "(drain with force to move it anyway)"
+            )
+    else:
+        why = "serving until a replacement is placed (next tick)"
+    return DrainWait(replica=r.id, model=r.model, reason=why, blocked=blocked)
+
+
 def node_view(
     node: Node,
     state: FleetState,
@@ -41,13 +110,18 @@ def node_view(
     now: float,
     heartbeat_timeout_s: float,
     used: Mapping[str, Collection[int]] | None = None,
+    unplaceable: Mapping[str, str] | None = None,
+    waits: Mapping[str, tuple[DrainWait, ...]] | None = None,
 ) -> NodeView:
-    """One node as the tables show it. `used` (from `gpus_in_use`) saves a walk per node."""
+    """One node as the tables show it. `used` (from `gpus_in_use`) and `waits` (from
+    `drain_waits`) save a walk per node; `unplaceable` (model → reason) explains
+    what a draining node waits for when `waits` is not given."""
     held = (used if used is not None else gpus_in_use(state)).get(node.name, ())
     held_set = set(held)
     unhealthy = tuple(sorted(g.index for g in node.gpus if not g.healthy))
     # Free is healthy and held by nobody: an unhealthy card is neither used nor free.
     free = sum(1 for g in node.gpus if g.healthy and g.index not in held_set)
+    draining = node.operator_state == "draining"
     return NodeView(
         name=node.name,
         address=node.address,
@@ -61,15 +135,38 @@ def node_view(
         gpu_total=len(node.gpus),
         gpu_free=free,
         unhealthy=unhealthy,
+        drain_grace_s=node.drain_grace_s if draining else None,
+        drain_force=node.drain_force if draining else False,
+        drain_waiting=(
+            (
+                waits
+                if waits is not None
+                else drain_waits(state, unplaceable or {}, only=node.name)
+            ).get(node.name, ())
+            if draining
+            else ()
+        ),
     )
 
 
-def node_views(state: FleetState, *, now: float, heartbeat_timeout_s: float) -> list[NodeView]:
+def node_views(
+    state: FleetState,
+    *,
+    now: float,
+    heartbeat_timeout_s: float,
+    unplaceable: Mapping[str, str] | None = None,
+) -> list[NodeView]:
     """Every node, sorted by name."""
     used = gpus_in_use(state)
+    waits = drain_waits(state, unplaceable or {})
     return [
         node_view(
-            state.nodes[name], state, now=now, heartbeat_timeout_s=heartbeat_timeout_s, used=used
+            state.nodes[name],
+            state,
+            now=now,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            used=used,
+            waits=waits,
         )
         for name in sorted(state.nodes)
     ]

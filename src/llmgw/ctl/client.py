@@ -152,8 +152,12 @@ class AdminClient:
     def uncordon(self, name: str) -> NodeView:
         return self._call("POST", f"/admin/nodes/{_quote(name)}/uncordon", NodeView)
 
-    def drain(self, name: str, *, grace_s: float | None = None) -> NodeView:
-        body = None if grace_s is None else DrainRequest(grace_s=grace_s)
+    def drain(self, name: str, *, grace_s: float | None = None, force: bool = False) -> NodeView:
+        body: DrainRequest | None = None
+        if grace_s is not None:
+            body = DrainRequest(grace_s=grace_s, force=force)
+        elif force:
+            body = DrainRequest(force=True)
         return self._call("POST", f"/admin/nodes/{_quote(name)}/drain", NodeView, body=body)
 
     def apply(self, specs: Sequence[ModelSpec]) -> list[ModelView]:

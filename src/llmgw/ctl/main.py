@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="default 600")
     p.add_argument("--grace-s", type=float, metavar="S", help="in-flight grace per replica")
     p.add_argument("--no-wait", action="store_true", help="start the drain and return")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replicas with no room for a replacement drain anyway (capacity drops); "
+        "by default they keep serving and the drain waits",
+    )
 
     p = command("apply", "create or update model specs from a YAML file (all or nothing)")
     p.add_argument("-f", "--file", required=True, metavar="FILE", help="YAML; '-' for stdin")

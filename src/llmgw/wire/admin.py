@@ -23,6 +23,19 @@ def idle_seconds_json(idle_s: float | None) -> int:
     return -1 if idle_s is None else int(idle_s)
 
 
+class DrainWait(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica a node's drain still waits for, and why (NodeView.drain_waiting)."""
+
+    replica: str
+    model: str
+    # What it waits for, in words: its replacement starting, its in-flight
+    # requests, or why no replacement can be placed.
+    reason: str
+    # True when nothing changes without capacity or the operator: no replacement
+    # fits and the drain is not forced, so the replica keeps serving (DrainRequest.force).
+    blocked: bool = False
+
+
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     address: str
@@ -39,6 +52,12 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     gpu_total: int
     gpu_free: int
     unhealthy: tuple[int, ...]
+    # A draining node's drain request: grace per replica (None: the controller's
+    # default) and whether it is forced. None / False when not draining.
+    drain_grace_s: float | None = None
+    drain_force: bool = False
+    # A draining node: every replica still holding its cards, by id, with why.
+    drain_waiting: tuple[DrainWait, ...] = ()
 
 
 class ShardView(msgspec.Struct, frozen=True, kw_only=True):
@@ -171,6 +190,10 @@ class Summary(msgspec.Struct, kw_only=True):
 class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # Seconds a draining replica may keep in-flight requests before it is stopped.
     grace_s: float = 30.0
+    # False: a replica whose replacement cannot be placed keeps serving, and the
+    # drain waits (NodeView.drain_waiting says why). True: such replicas drain
+    # anyway, and the fleet serves with less capacity.
+    force: bool = False
 
 
 class WeightRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

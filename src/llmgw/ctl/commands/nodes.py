@@ -59,11 +59,24 @@ def wait_node_empty(
         sleep(min(poll_s, max(0.0, deadline - clock.monotonic())))
 
 
+def _blocked(client: AdminClient, node: str) -> str:
+    """Why the drain cannot finish, when no replacement fits somewhere; '' otherwise."""
+    try:
+        waits = [w for w in client.node(node).drain_waiting if w.blocked]
+    except CtlError:
+        return ""  # the timeout is the news; a failed lookup must not hide it
+    if not waits:
+        return ""
+    first = waits[0]
+    more = f" (and {len(waits) - 1} more)" if len(waits) > 1 else ""
+    return f"; {first.replica} ({first.model}): {first.reason}{more}"
+
+
 def drain(args: argparse.Namespace, ctx: Ctx) -> int:
     if args.timeout < 0:
         raise CtlError("--timeout must not be negative")
     client = ctx.client()
-    view = client.drain(args.node, grace_s=args.grace_s)
+    view = client.drain(args.node, grace_s=args.grace_s, force=args.force)
     if args.no_wait:
         return _said(ctx, view, "draining")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -83,13 +96,16 @@ def drain(args: argparse.Namespace, ctx: Ctx) -> int:
             total = max(start, len(left), 1)
             progress.update(task, total=total, completed=total - len(left) if start else 1)
 
-        wait_node_empty(
-            client,
-            args.node,
-            timeout_s=args.timeout,
-            clock=ctx.clock,
-            sleep=ctx.sleep,
-            on_progress=show,
-        )
+        try:
+            wait_node_empty(
+                client,
+                args.node,
+                timeout_s=args.timeout,
+                clock=ctx.clock,
+                sleep=ctx.sleep,
+                on_progress=show,
+            )
+        except DrainTimeout as exc:
+            raise DrainTimeout(f"{exc}{_blocked(client, args.node)}") from None
     ctx.out.write(f"node {args.node} drained ({start} replica(s) moved)\n")
     return 0
