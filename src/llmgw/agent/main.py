@@ -1,8 +1,9 @@
 """`llmgw agent`: one per GPU node (DESIGN §5). See config.py for the flags.
 
-Exit codes: 0 after SIGTERM/SIGINT, 1 if the agent's loops died, 2 for a
-configuration a person must fix (bad flag, no NVIDIA driver) — always one
-line on stderr, never a traceback.
+Exit codes: 0 after SIGTERM/SIGINT, 1 if the agent's loops died or its own
+port cannot be bound, 2 for a configuration a person must fix (bad flag, no
+NVIDIA driver, a state dir another agent holds) — always one line on stderr,
+never a traceback.
 
 On SIGTERM the agent leaves its engines running (unless
 --stop-engines-on-exit): the next agent on this node re-adopts them from the
@@ -26,7 +27,7 @@ from llmgw.agent.ports import PortAllocator
 from llmgw.agent.probe import HttpHealthProbe
 from llmgw.agent.procs import PopenSpawner
 from llmgw.agent.service import Agent
-from llmgw.agent.state import StateStore
+from llmgw.agent.state import StateDirBusy, StateStore, lock_state_dir
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.templates import parse_engine_bins
 from llmgw.runtime import logs
@@ -56,12 +57,15 @@ def main(argv: list[str]) -> int:
             inventory.close()
         return 0
     try:
+        # Held until the process exits; taken before adoption reads the state file.
+        lock = lock_state_dir(Path(cfg.state_dir))
         agent = build_agent(cfg, inventory)
-    except OSError as exc:
+    except (OSError, StateDirBusy) as exc:
         inventory.close()
         sys.stderr.write(f"llmgw agent: {exc}\n")
         return 2
-    return run(lambda: _serve(agent))
+    with lock:
+        return run(lambda: _serve(agent))
 
 
 def print_inventory(inventory: GpuInventory) -> None:

@@ -5,13 +5,20 @@ fsync, rename, fsync of the directory) whenever the running set changes, so a
 crash at any instant leaves either the old or the new file, never half of one.
 It is written right after each start, before anything else can happen, so an
 agent killed a moment later still finds the engine it just started.
+
+One agent per state dir (`lock_state_dir`): two agents on one file would both
+adopt the same engines, both start what the controller lists (a shard twice,
+on two ports), and each stop what the other started.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 from pathlib import Path
+from typing import IO
 
 import msgspec
 
@@ -21,6 +28,40 @@ from llmgw.wire.agent import ShardSpec
 log = logging.getLogger(__name__)
 
 STATE_FILE = "agent-state.json"
+LOCK_FILE = "agent.lock"
+
+
+class StateDirBusy(RuntimeError):
+    """Another live agent holds this state dir; the message names its pid."""
+
+
+def lock_state_dir(state_dir: Path) -> IO[str]:
+    """Hold the state dir for this process's lifetime: keep the returned file open.
+
+    flock: the kernel drops it however the agent dies, so a SIGKILLed agent's
+    successor starts at once. Engines never inherit it (Python's descriptors
+    are not inheritable), or a surviving engine would lock its own agent out.
+    """
+    state_dir.mkdir(parents=True, exist_ok=True)
+    # "a+": opening must not erase the holder's pid before we know we hold the lock.
+    f = (state_dir / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        f.seek(0)
+        holder = f.read().strip()
+        f.close()
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        who = f"pid {holder}" if holder.isdigit() else "another process"
+        raise StateDirBusy(
+            f"another agent ({who}) is running with --state-dir {state_dir}; "
+            "one agent per node and state dir"
+        ) from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 class ShardRecord(msgspec.Struct, frozen=True, kw_only=True):
