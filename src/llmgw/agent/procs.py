@@ -147,7 +147,14 @@ class PopenSpawner:
     """The real spawner."""
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ProcessHandle:
-        fd = open_for_engine(log_path)
+        try:
+            fd = open_for_engine(log_path)
+        except OSError as exc:
+            # Translated like a failed exec: the shard fails with this reason. Raw, it
+            # would end the heartbeat loop and the agent, over and over after restarts.
+            raise SpawnError(
+                f"cannot open the engine log {log_path}: {exc.strerror or exc}"
+            ) from exc
         try:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
             shown = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
