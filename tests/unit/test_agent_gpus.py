@@ -91,6 +91,11 @@ class TestFakeInventory:
         with pytest.raises(GpuDiscoveryError):
             FakeInventory.from_spec(spec, uuid_prefix="n")
 
+    def test_class_without_size_says_how_to_name_it(self) -> None:
+        """`--gpus 2xA100`: the message shows the class spelled with its memory size."""
+        with pytest.raises(GpuDiscoveryError, match=r"'A100' names no memory size.*A100-80G"):
+            FakeInventory.from_spec("2xA100", uuid_prefix="n")
+
     def test_file_groups(self, tmp_path: Path) -> None:
         """A file lists groups, optionally starting unhealthy."""
         f = tmp_path / "gpus.yaml"

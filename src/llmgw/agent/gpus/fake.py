@@ -69,7 +69,8 @@ def build_gpus(groups: list[dict[str, Any]], *, uuid_prefix: str) -> tuple[GPU, 
         memory = g.get("memory_mib") or memory_mib_of_class(cls)
         if not isinstance(memory, int):
             raise GpuDiscoveryError(
-                f"fake GPU group {g!r}: memory_mib is required when the class names no size"
+                f"fake GPU class {cls!r} names no memory size: write it like {cls}-80G, "
+                "or give memory_mib in a --gpus-file group"
             )
         healthy = bool(g.get("healthy", True))
         reason = g.get("reason") if not healthy else None
