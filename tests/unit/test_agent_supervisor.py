@@ -146,6 +146,61 @@ class TestStart:
         assert parts["sup"].statuses()[0].state == "ready"
 
 
+def wide(rid: str, rank: int, master_port: int) -> ShardSpec:
+    """One shard of a two-node replica whose rank 0 listens on `master_port`."""
+    return spec(rid, rank, world_size=2, master_addr="10.0.0.1", master_port=master_port)
+
+
+class TestRendezvousPorts:
+    async def test_engine_ports_skip_a_running_shard_s_rendezvous_port(
+        self, parts: dict[str, Any]
+    ) -> None:
+        """A shard started later never gets the rendezvous port of one already running."""
+        sup = parts["sup"]
+        sup.apply([wide("w", 0, 21001)])
+        sup.apply([wide("w", 0, 21001), spec("a"), spec("b")])
+        ports = {st.replica_id: st.port for st in sup.statuses()}
+        assert ports == {"w": 21000, "a": 21002, "b": 21003}
+
+    async def test_engine_ports_skip_rendezvous_ports_listed_in_the_same_apply(
+        self, parts: dict[str, Any]
+    ) -> None:
+        """The first shard of a list does not take the port a later one's rank 0 listens on."""
+        sup = parts["sup"]
+        sup.apply([spec("a"), wide("z", 1, 21000)])
+        ports = {st.replica_id: st.port for st in sup.statuses()}
+        assert ports == {"a": 21001, "z": 21002}
+
+    async def test_rank0_refuses_a_rendezvous_port_an_engine_here_holds(
+        self, parts: dict[str, Any]
+    ) -> None:
+        """A rendezvous port already an engine's fails rank 0 with the reason, starting nothing."""
+        sup = parts["sup"]
+        sup.apply([spec("a")])
+        sup.apply([spec("a"), wide("w", 0, 21000)])
+        st = next(st for st in sup.statuses() if st.replica_id == "w")
+        assert (st.state, st.port) == ("failed", None)
+        assert st.log_tail == (
+            "llmgw agent: rendezvous port 21000 is taken: engine port of a rank 0 on this node",
+        )
+        assert len(parts["spawner"].spawned) == 1
+
+    async def test_rank0_refuses_a_rendezvous_port_another_process_holds(
+        self, tmp_path: Path
+    ) -> None:
+        """A rendezvous port some other program listens on fails rank 0 up front."""
+        sup = Supervisor(
+            log_dir=tmp_path / "logs",
+            store=StateStore(tmp_path / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: p != 29500),
+            spawner=FakeSpawner(),
+            probe=FakeProbe(),
+        )
+        sup.apply([wide("w", 0, 29500), wide("v", 1, 29500)])
+        states = {st.replica_id: st.state for st in sup.statuses()}
+        assert states == {"w": "failed", "v": "starting"}  # only rank 0 listens there
+
+
 class TestExitAndStop:
     async def test_crash_reports_exit_code_and_log(self, parts: dict[str, Any]) -> None:
         """An engine that exits on its own is failed with its exit code and log tail."""

@@ -20,6 +20,19 @@ class NoFreePort(RuntimeError):
         super().__init__(f"no free port in {lo}-{hi}")
 
 
+class RendezvousPortTaken(RuntimeError):
+    """Rank 0 of a multi-node shard would listen on a port something here already holds.
+
+    The port was chosen by the controller and the other ranks dial it, so the
+    agent cannot pick another: the shard fails with this reason and the
+    controller restarts the replica with a fresh port.
+    """
+
+    def __init__(self, port: int, holder: str) -> None:
+        super().__init__(f"rendezvous port {port} is taken: {holder}")
+        self.port = port
+
+
 def port_is_free(port: int) -> bool:
     """True when a listener could bind `port` on every interface right now.
 
@@ -55,8 +68,13 @@ class PortAllocator:
         self._is_free = is_free
         self._next = lo
 
+    def is_free(self, port: int) -> bool:
+        """Whether a listener could bind `port` right now (the injected check)."""
+        return self._is_free(port)
+
     def allocate(self, taken: Collection[int]) -> int:
-        """A port in range, not in `taken` (ports this agent's shards hold), bindable now."""
+        """A port in range, not in `taken` (ports this agent's shards hold or will
+        listen on: engine and rendezvous ports), bindable now."""
         size = self.hi - self.lo + 1
         for step in range(size):
             port = self.lo + (self._next - self.lo + step) % size

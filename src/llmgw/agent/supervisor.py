@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.agent import logfiles
-from llmgw.agent.ports import NoFreePort, PortAllocator
+from llmgw.agent.ports import NoFreePort, PortAllocator, RendezvousPortTaken
 from llmgw.agent.probe import HealthProbe
 from llmgw.agent.procs import KILL, TERM, ProcessHandle, Spawner, SpawnError
 from llmgw.agent.state import ShardRecord, StateStore
@@ -87,6 +87,9 @@ class Supervisor:
         self._log_keep = log_keep
         self._clock = clock
         self._shards: dict[tuple[str, int], _Shard] = {}
+        # Rendezvous ports of the shards the controller last listed, including
+        # those not started yet: no engine port may be one of them.
+        self._rendezvous: frozenset[int] = frozenset()
 
     # -- the controller's word ------------------------------------------------
 
@@ -118,6 +121,9 @@ class Supervisor:
     def apply(self, desired: Sequence[ShardSpec]) -> None:
         """Make the running set match `desired`, the controller's complete list for this node."""
         want = {(s.replica_id, s.rank): s for s in desired}
+        # Known before anything starts: the first shard of this list must not
+        # take the port a later one's rank 0 is about to listen on.
+        self._rendezvous = frozenset(s.master_port for s in desired if s.master_port is not None)
         for key, sh in list(self._shards.items()):
             if key in want:
                 continue
@@ -229,11 +235,12 @@ class Supervisor:
         )
         self._shards[sh.key] = sh
         try:
+            self._check_rendezvous(spec)
             sh.port = self._ports.allocate(self._ports_taken())
             plan = render(spec, port=sh.port, commands=self._commands)
             sh.health_path = plan.health_path
             sh.proc = self._spawner.spawn(plan.argv, plan.env, sh.log_path)
-        except (NoFreePort, SpawnError, ValueError) as exc:
+        except (NoFreePort, RendezvousPortTaken, SpawnError, ValueError) as exc:
             sh.state = "failed"
             sh.log_tail = (f"llmgw agent: {exc}",)
             log.error(kv("engine not started", replica=spec.replica_id, rank=spec.rank, error=exc))
@@ -276,7 +283,28 @@ class Supervisor:
             log.info(kv("engine stopped", replica=sh.spec.replica_id, rank=sh.spec.rank))
 
     def _ports_taken(self) -> set[int]:
-        return {sh.port for sh in self._shards.values() if sh.port is not None}
+        """Engine ports our shards hold, and every rendezvous port a shard here uses
+        (rank 0 listens there; torch's TCPStore, vLLM's and SGLang's dist-init)."""
+        taken = set(self._rendezvous)
+        for sh in self._shards.values():
+            if sh.port is not None:
+                taken.add(sh.port)
+            if sh.spec.master_port is not None:
+                taken.add(sh.spec.master_port)
+        return taken
+
+    def _check_rendezvous(self, spec: ShardSpec) -> None:
+        """Rank 0 of a multi-node shard listens on its rendezvous port: refuse one that an
+        engine here, or another process, already holds (the controller picks again)."""
+        port = spec.master_port
+        if spec.rank != 0 or port is None:
+            return
+        for sh in self._shards.values():
+            if sh.port == port and sh.key != (spec.replica_id, spec.rank):
+                holder = f"engine port of {sh.spec.replica_id} rank {sh.spec.rank} on this node"
+                raise RendezvousPortTaken(port, holder)
+        if not self._ports.is_free(port):
+            raise RendezvousPortTaken(port, "another process on this node listens there")
 
     def _save(self) -> None:
         self._store.save(
