@@ -10,6 +10,7 @@ Two layers, so tests need no socket (STYLE habit 5):
 
 from __future__ import annotations
 
+import http.client
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -81,6 +82,12 @@ class UrllibTransport:
             ) from exc
         except (ConnectionError, OSError) as exc:
             raise errors.Unreachable(f"cannot reach the controller at {url}: {exc}") from exc
+        except http.client.HTTPException as exc:
+            # Not OSErrors: something else listens there, or the answer was cut short.
+            raise errors.ServerFailed(
+                f"no valid HTTP answer from {url} (is the controller there?): "
+                f"{type(exc).__name__}: {exc!r:.80}"
+            ) from exc
 
 
 def _quote(segment: str) -> str:
