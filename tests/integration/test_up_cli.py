@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import socket
@@ -152,4 +153,40 @@ class TestInterrupt:
         assert "llmgw is up" not in out
         assert "llmgw-ready" not in out
         assert "stopped" in out
+        assert procs_of(folder) == []
+
+    def test_ctrl_c_while_an_agent_is_down_stops_its_engines(self, folder: Path) -> None:
+        """An engine whose agent died (and is not back yet) is still stopped by Ctrl-C."""
+        port = free_port()
+        proc = subprocess.Popen(
+            llmgw_argv("up", "--quiet", "--fleet", "fleet.yaml", "--port", str(port)),
+            cwd=folder,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("llmgw-ready"):
+                    break
+            state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and '"pid"' not in (
+                state.read_text() if state.exists() else ""
+            ):
+                time.sleep(0.1)
+            engine = json.loads(state.read_text())["shards"][0]["pid"]
+            manifest = json.loads((folder / ".llmgw" / "up.json").read_text())
+            os.kill(manifest["children"]["agent n-1"]["pid"], signal.SIGKILL)
+            time.sleep(0.6)  # `up` has seen it die; its restart waits a second
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, out
+        assert engine not in procs_of(folder)
         assert procs_of(folder) == []

@@ -28,7 +28,7 @@ import msgspec
 from llmgw.runtime.serve import READY_PREFIX
 from llmgw.up.checks import Refused, check_ports, lock_state_dir
 from llmgw.up.fleet import Fleet, FleetError, load_fleet
-from llmgw.up.procs import Child, Interrupted, StartFailed, stop_all
+from llmgw.up.procs import Child, Interrupted, StartFailed, stop_all, stop_leftover_engines
 
 ENGINE_PORT_BASE = 21000
 ENGINE_PORTS_PER_NODE = 50
@@ -224,6 +224,12 @@ class Up:
         rest = [c for c in self.children if c not in router and c not in agents]
         stop_all(router, grace_s=10)
         stop_all(agents, grace_s=20)
+        left = stop_leftover_engines(
+            [(name, self.state / "agents" / name) for name, _ in self.fleet.node_names()],
+            grace_s=10,
+        )
+        if left:
+            print(f"llmgw up: stopped {left} engine(s) whose agent was gone", flush=True)
         stop_all(rest, grace_s=10)
         (self.state / "up.json").unlink(missing_ok=True)
 

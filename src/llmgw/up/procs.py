@@ -124,3 +124,34 @@ def stop_all(children: list[Child], *, grace_s: float) -> None:
     deadline = time.monotonic() + grace_s
     for c in children:
         c.wait_exit(max(0.1, deadline - time.monotonic()))
+
+
+def stop_leftover_engines(agents: list[tuple[str, Path]], *, grace_s: float) -> int:
+    """Stop engines that agents' state files still list once the agents are gone.
+
+    An agent stops its engines on exit (`--stop-engines-on-exit`), but not if it
+    was already dead when Ctrl-C came (crashed, waiting for its restart) or was
+    SIGKILLed after its grace. Its engines run in sessions of their own, so
+    nothing else would ever stop them. The agent's own state file and process
+    checks are used (pid AND start time), so a reused pid is never signalled.
+    `agents` is (node name, state dir) pairs; returns how many were found.
+    """
+    from llmgw.agent.procs import KILL, TERM, PopenSpawner
+    from llmgw.agent.state import StateStore
+
+    spawner = PopenSpawner()
+    handles = [
+        h
+        for node, state_dir in agents
+        for rec in StateStore(state_dir, node=node).load()
+        if (h := spawner.attach(rec.pid, rec.start_ticks)) is not None
+    ]
+    for h in handles:
+        h.signal_group(TERM)
+    deadline = time.monotonic() + grace_s
+    while any(h.poll() is None for h in handles) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for h in handles:
+        if h.poll() is None:
+            h.signal_group(KILL)
+    return len(handles)
