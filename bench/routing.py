@@ -21,13 +21,15 @@ Workload (seeded; the same requests for every policy)
     turn's cached blocks. Requests stream (`stream: true`) with
     `ignore_eos` and a fixed `max_tokens`.
     Arrivals are open-loop: conversations start as a Poisson process and a
-    conversation's turns follow at fixed think times (`--think-s` plus an
-    exponential part) whether or not the previous reply has finished, so a
-    slow policy cannot slow its own offered load. The request stream is the
-    superposition of many independent conversations, i.e. close to Poisson.
-    Conversations start `--lead-s` before t = 0 (turns before 0 are dropped),
-    so the offered rate is flat from the first second; the first `--warmup-s`
-    seconds fill the caches and are left out of every figure.
+    conversation's turns follow at think times fixed in advance (half of
+    `--think-s` plus an exponential part, mean `--think-s`) whether or not the
+    previous reply has finished, so a slow policy cannot slow its own offered
+    load. The request stream is the superposition of many independent
+    conversations, i.e. close to Poisson; the start rate is corrected until the
+    measured window holds the asked request rate (within 1 %). Conversations
+    start 1.5 × (think time × most turns) before t = 0 (turns before 0 are
+    dropped), so the offered rate is flat from the first second; the first
+    `--warmup-s` seconds fill the caches and are left out of every figure.
 
 Capacity
     A closed-loop calibration with round-robin: `--calib-conc` conversations at
@@ -53,8 +55,12 @@ Figures (measured window only)
     backlog. Hit rate = Δ vllm:prefix_cache_hits_total / Δ
     vllm:prefix_cache_queries_total summed over the engines. "p99 growth" is
     the p99 TTFT of the window's last third over its first third: near 1 is a
-    stable queue, well above 1 a queue that keeps growing. CPU is each process
-    group's user+system seconds over the run's wall time.
+    stable queue, well above 1 a queue that keeps growing, but with ~300
+    requests a third it is noisy. "Bounded" at 110 %: completions in the window
+    at least 95 % of arrivals and no request left waiting when the drain ends.
+    CPU is each process's user+system seconds over the run's wall time; each
+    run also reports how busy the whole (shared) machine was and how often a
+    sim fell behind its simulated timeline for lack of CPU.
 
 Defaults: 8 prompts of 2,048 tokens over caches of 384 blocks (3 prompts) at
 the sim's H100 timing (--speed 1). `--variant NAME` with other sizes records a
