@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,9 +27,11 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
     path: Path = tmp_path_factory.mktemp("api") / "controller.db"
     with controller(Db(f"sqlite:///{path}"), token=TOKEN) as ctl:
         ctl.post("/admin/models", spec("m", gpus_per_node=2))
+        # Heartbeating throughout: the fleet stays as it is, so a test can tell that a
+        # refused request changed nothing.
         with FakeAgents(ctl, {"a": 8}):
             wait_for(lambda: ctl.replicas("m", "ready"), what="a ready replica")
-        yield ctl
+            yield ctl
 
 
 class TestAuth:
@@ -178,3 +182,176 @@ class TestReads:
         for r in routes():
             path = r.path.replace("{name:.+}", "{name}")  # type: ignore[attr-defined]
             assert r.method.lower() in doc["paths"][path], (r.method, path)  # type: ignore[attr-defined]
+
+
+def _fleet(c: Controller) -> tuple[Any, ...]:
+    """What a refused request must not change: nodes, models, replicas (timestamps aside)."""
+    nodes = [
+        (n["name"], n["state"], n["address"], n["gpu_total"], n["drain_grace_s"], n["drain_force"])
+        for n in c.get("/admin/nodes")
+    ]
+    models = [(m["name"], m["min"], m["max"], m["desired"]) for m in c.get("/admin/models")]
+    replicas = [(r["id"], r["state"], r["weight"], r["idle_seconds"]) for r in c.replicas()]
+    return nodes, models, replicas
+
+
+def _rid(c: Controller) -> str:
+    return str(c.replicas("m", "ready")[0]["id"])
+
+
+HB = {"node": "fresh", "address": "10.0.0.9", "gpus": []}
+GPU = {"index": 0, "uuid": "u", "name": "H100", "gpu_class": "H100-80G", "memory_mib": 1}
+
+# Every route that reads a body: (method, path). RID stands for the ready replica's id.
+BODY_ROUTES = [
+    ("POST", "/v1/agents/fresh/heartbeat"),
+    ("POST", "/v1/usage"),
+    ("POST", "/admin/models"),
+    ("POST", "/admin/models/m/scale"),
+    ("POST", "/admin/nodes/a/drain"),
+    ("POST", "/admin/nodes/a/cordon"),
+    ("POST", "/admin/nodes/a/uncordon"),
+    ("POST", "/admin/replicas/RID/weight"),
+    ("DELETE", "/admin/models/m"),
+]
+
+
+class TestBadInputChangesNothing:
+    """Every route, every kind of bad input: a 4xx in the OpenAI error shape, and no change."""
+
+    def _refused(
+        self, c: Controller, method: str, path: str, raw: bytes, status: int
+    ) -> dict[str, Any]:
+        before = _fleet(c)
+        err = c.error(method, path.replace("RID", _rid(c)), raw=raw)
+        assert err.status == status, err.body
+        body: dict[str, Any] = err.body["error"]
+        assert set(body) == {"message", "type", "param", "code"}
+        assert body["type"] == "invalid_request_error"
+        assert body["message"]
+        assert _fleet(c) == before
+        assert c.error("GET", "/admin/nodes/fresh").status == 404
+        return body
+
+    @pytest.mark.parametrize(("method", "path"), BODY_ROUTES)
+    def test_malformed_json(self, c: Controller, method: str, path: str) -> None:
+        """A body that is not JSON is 400 on every route that reads one."""
+        body = self._refused(c, method, path, b'{"not json', 400)
+        assert "not valid JSON" in body["message"]
+
+    @pytest.mark.parametrize(("method", "path"), BODY_ROUTES)
+    def test_json_of_the_wrong_shape(self, c: Controller, method: str, path: str) -> None:
+        """A JSON value that is not the object the route takes is refused."""
+        self._refused(c, method, path, b'"a string"', 400 if path == "/admin/models" else 422)
+
+    @pytest.mark.parametrize(
+        ("path", "body", "param"),
+        [
+            ("/v1/agents/fresh/heartbeat", {**HB, "gpus": "eight"}, "gpus"),
+            ("/v1/agents/fresh/heartbeat", {**HB, "shards": [{"rank": 0}]}, "shards[0].replica_id"),
+            (
+                "/v1/usage",
+                {"router_id": "r", "sent_at": 1.0, "inflight": {"x": "1"}},
+                "inflight[...]",
+            ),
+            ("/admin/models", [spec("ok"), spec("bad", nodes="2")], "[1].nodes"),
+            ("/admin/models/m/scale", {"min_replicas": "1"}, "min_replicas"),
+            ("/admin/nodes/a/drain", {"force": "yes"}, "force"),
+            ("/admin/replicas/RID/weight", {"weight": [1]}, "weight"),
+        ],
+    )
+    def test_wrong_types_name_the_field(
+        self, c: Controller, path: str, body: object, param: str
+    ) -> None:
+        """A wrongly typed field is 422 with its path as param."""
+        err = self._refused(c, "POST", path, json.dumps(body).encode(), 422)
+        assert err["param"] == param
+
+    @pytest.mark.parametrize(
+        ("method", "path", "body", "param"),
+        [
+            ("POST", "/admin/models", spec("x", replica=1), "replica"),
+            ("POST", "/admin/models/m/scale", {"min": 1}, "min"),
+            ("POST", "/admin/nodes/a/drain", {"grace": 5}, "grace"),
+            ("POST", "/admin/nodes/a/cordon", {"why": "maintenance"}, "why"),
+            ("POST", "/admin/nodes/a/uncordon", {"now": True}, "now"),
+            ("POST", "/admin/replicas/RID/weight", {"weight": 2.0, "w": 1}, "w"),
+            ("DELETE", "/admin/models/m", {"force": True}, "force"),
+        ],
+    )
+    def test_unknown_fields_in_admin_bodies_are_refused(
+        self, c: Controller, method: str, path: str, body: object, param: str
+    ) -> None:
+        """An operator's typo is 422 naming the field, never silently ignored."""
+        err = self._refused(c, method, path, json.dumps(body).encode(), 422)
+        assert err["param"] == param
+
+    @pytest.mark.parametrize(
+        ("path", "body", "param"),
+        [
+            ("/v1/agents/fresh/heartbeat", {**HB, "address": " "}, "address"),
+            ("/v1/agents/fresh/heartbeat", {**HB, "port_range": [30000, 20000]}, "port_range"),
+            ("/v1/agents/fresh/heartbeat", {**HB, "gpus": [GPU, GPU]}, "gpus[1].index"),
+            (
+                "/v1/agents/fresh/heartbeat",
+                {**HB, "shards": [{"replica_id": "r", "rank": 0, "state": "ready", "port": 0}]},
+                "shards[0].port",
+            ),
+            ("/v1/usage", {"router_id": "", "sent_at": 1.0}, "router_id"),
+            (
+                "/v1/usage",
+                {"router_id": "r", "sent_at": 1.0, "inflight": {"RID": -1}},
+                "inflight.RID",
+            ),
+            ("/v1/usage", {"router_id": "r", "sent_at": 1.0, "demand": {"m": -3}}, "demand.m"),
+            (
+                "/v1/usage",
+                {"router_id": "r", "sent_at": 1.0, "load": {"m": {"inflight": -9}}},
+                "load.m.inflight",
+            ),
+            ("/admin/models", spec("x", gpu_classes=[""]), "gpu_classes"),
+            ("/admin/models", [spec("x"), spec("y", gpu_classes=[" "])], "[1].gpu_classes"),
+            ("/admin/nodes/a/drain", {"grace_s": -1}, "grace_s"),
+            ("/admin/replicas/RID/weight", {"weight": 2.0, "capacity_tok_s": 0}, "capacity_tok_s"),
+        ],
+    )
+    def test_values_that_break_a_rule_are_refused(
+        self, c: Controller, path: str, body: dict[str, Any] | list[Any], param: str
+    ) -> None:
+        """Well-typed values a rule forbids are 422 naming the field; nothing is recorded."""
+        rid = _rid(c)
+        raw = json.dumps(body).replace("RID", rid).encode()
+        err = self._refused(c, "POST", path, raw, 422)
+        assert err["param"] == param.replace("RID", rid)
+
+    def test_scale_asking_for_nothing_is_400(self, c: Controller) -> None:
+        """A scale request with neither bound is refused, not a silent no-op."""
+        err = self._refused(c, "POST", "/admin/models/m/scale", b"{}", 400)
+        assert "min_replicas, max_replicas or both" in err["message"]
+
+    @pytest.mark.parametrize(
+        ("method", "path"),
+        [("POST", "/admin/models"), ("POST", "/v1/agents/fresh/heartbeat"), ("POST", "/v1/usage")],
+    )
+    def test_oversized_body_is_413(self, c: Controller, method: str, path: str) -> None:
+        """A body over the 16 MiB limit is 413 in the error shape, and nothing is read of it."""
+        raw = b'{"name": "' + b"x" * (16 * 1024 * 1024 + 1) + b'"}'
+        err = self._refused(c, method, path, raw, 413)
+        assert "Too Large" in err["message"]
+
+    def test_bad_long_poll_timeout_is_400(self, c: Controller) -> None:
+        """A timeout_s that is not a finite number is refused rather than read as zero."""
+        for text in ("nan", "inf", "soon"):
+            err = c.error("GET", f"/v1/endpoints?timeout_s={text}")
+            assert (err.status, err.body["error"]["param"]) == (400, "timeout_s")
+
+    def test_bodiless_commands_take_an_empty_object(self, c: Controller) -> None:
+        """cordon, uncordon and delete accept no body or `{}`; the command then runs."""
+        assert c.call("POST", "/admin/nodes/a/cordon", raw=b"{}")["state"] == "cordoned"
+        assert c.call("POST", "/admin/nodes/a/uncordon", raw=b" ")["state"] == "ready"
+
+    def test_agent_and_router_bodies_tolerate_unknown_fields(self, c: Controller) -> None:
+        """A newer agent or router may send fields this controller does not know."""
+        c.post("/v1/usage", {"router_id": "r", "sent_at": 1.0, "new_field": 1})
+        reply = c.post("/v1/agents/newer/heartbeat", {**HB, "node": "newer", "cpu": "arm"})
+        assert reply["shards"] == []

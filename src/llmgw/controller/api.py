@@ -25,6 +25,7 @@ from llmgw.controller.errors import ApiError, InvalidRequest, InvalidSpec, Unaut
 from llmgw.controller.services import Services
 from llmgw.controller.state import OperatorState
 from llmgw.controller.summary import summarize
+from llmgw.controller.validate import check_heartbeat, check_spec, check_usage
 from llmgw.controller.views import model_view, model_views, node_views, replica_view
 from llmgw.wire.admin import DrainRequest, EventView, ReplicaState, WeightRequest
 from llmgw.wire.agent import Heartbeat
@@ -96,7 +97,7 @@ def decode_specs(body: bytes) -> list[ModelSpec]:
         if not isinstance(item, dict):
             raise InvalidSpec(f"{where}: a model spec must be a JSON object", param=f"[{i}]")
         try:
-            specs.append(msgspec.convert(item, ModelSpec))
+            spec = msgspec.convert(item, ModelSpec)
         except msgspec.ValidationError as exc:
             msg = str(exc)
             field = validation_param(msg)
@@ -104,7 +105,25 @@ def decode_specs(body: bytes) -> list[ModelSpec]:
             raise InvalidSpec(
                 f"model spec {label}: {msg}; nothing was applied", param=param
             ) from exc
+        wrong = check_spec(spec)
+        if wrong is not None:
+            field, why = wrong
+            raise InvalidSpec(
+                f"model spec {label}: {field}: {why}; nothing was applied",
+                param=field if single else f"[{i}].{field}",
+            )
+        specs.append(spec)
     return specs
+
+
+class _NoBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Commands that take no body accept none, or `{}`; anything else is refused."""
+
+
+async def _no_body(request: web.Request, what: str) -> None:
+    body = await request.read()
+    if body.strip():
+        decode(body, _NoBody, what=f"{what} (takes no body)")
 
 
 def _query_int(
@@ -176,6 +195,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     s = _svc(request)
     node = request.match_info["node"]
     hb = decode(await request.read(), Heartbeat, what="heartbeat")
+    check_heartbeat(hb)
     if hb.node != node:
         raise InvalidRequest(
             f"heartbeat for {hb.node!r} posted to the URL of {node!r}", param="node"
@@ -188,11 +208,13 @@ async def endpoints(request: web.Request) -> web.Response:
     after = _query_int(request, "after", None, -(2**62), 2**62)
     text = request.query.get("timeout_s", "30")
     try:
-        timeout_s = min(60.0, max(0.0, float(text)))
+        asked = float(text)
     except ValueError:
-        raise InvalidRequest(
-            f"timeout_s must be a number, got {text!r}", param="timeout_s"
-        ) from None
+        asked = math.nan
+    if not math.isfinite(asked):
+        raise InvalidRequest(f"timeout_s must be a number, got {text!r}", param="timeout_s")
+    # Clamped rather than refused: a long-poll that waits less than asked is still correct.
+    timeout_s = min(60.0, max(0.0, asked))
     await s.fleet.sink.wait_changed(after, timeout_s=timeout_s)
     return json_response(s.fleet.endpoints())
 
@@ -201,6 +223,7 @@ async def usage(request: web.Request) -> web.Response:
     # Accepted by a standby too: nothing is written, and a standby that takes
     # over then already knows who is idle instead of starting from unknown.
     report = decode(await request.read(), UsageReport, what="usage report")
+    check_usage(report)
     _svc(request).usage.ingest(report)
     return web.Response(status=204)
 
@@ -319,6 +342,8 @@ def _node_command(to: OperatorState) -> Handler:
                     param="grace_s",
                 )
             grace_s, force = req.grace_s, req.force
+        else:
+            await _no_body(request, f"{'cordon' if to == 'cordoned' else 'uncordon'} request")
         node = await s.operator_state(name, to, grace_s=grace_s, force=force)
         return json_response(s.node_view(node))
 
@@ -337,6 +362,7 @@ async def apply_models(request: web.Request) -> web.Response:
 async def delete_model(request: web.Request) -> web.Response:
     s = _svc(request)
     name = request.match_info["name"]
+    await _no_body(request, "delete request")
     await s.delete_model(name)
     return json_response({"deleted": name})
 
@@ -345,6 +371,13 @@ async def scale_model(request: web.Request) -> web.Response:
     s = _svc(request)
     name = request.match_info["name"]
     req = decode(await request.read(), ScaleRequest, what="scale request")
+    if isinstance(req.min_replicas, msgspec.UnsetType) and isinstance(
+        req.max_replicas, msgspec.UnsetType
+    ):
+        raise InvalidRequest(
+            "scale request: give min_replicas, max_replicas or both; an empty request changes "
+            "nothing"
+        )
     model = await s.scale_model(name, req)
     return json_response(model_view(model, s.fleet.state, s.unplaceable().get(model.name)))
 

@@ -67,6 +67,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "missing or wrong bearer token",
         404: "unknown node, model or replica",
         409: "a name is already served by another model",
+        413: "the body is over the 16 MiB limit",
         422: "the body breaks a rule of its type (param is the field path)",
         503: "not_leader (a standby), the store refused the write, or too many long-polls",
     }
@@ -144,7 +145,7 @@ def document() -> bytes:
                 "agent heartbeat: inventory and shard status in, desired shards out (idempotent)",
                 _ok(_ref("HeartbeatReply")),
                 body=_ref("Heartbeat"),
-                errors=(400, 401, 422, 503),
+                errors=(400, 401, 413, 422, 503),
                 params=(_path("node", "node name (must equal the body's node)"),),
             )
         },
@@ -169,7 +170,7 @@ def document() -> bytes:
                 "router usage report (last_used, in flight, demand, load)",
                 _ok(None, "accepted"),
                 body=_ref("UsageReport"),
-                errors=(400, 401, 422),
+                errors=(400, 401, 413, 422),
             )
         },
         "/admin/summary": {"get": _op("the fleet summary", _ok(_ref("Summary")))},
@@ -179,27 +180,29 @@ def document() -> bytes:
         },
         "/admin/nodes/{name}/cordon": {
             "post": _op(
-                "place nothing new on the node",
+                "place nothing new on the node (no body, or `{}`)",
                 _ok(_ref("NodeView")),
-                errors=(401, 404, 503),
+                errors=(400, 401, 404, 413, 422, 503),
                 params=(node,),
             )
         },
         "/admin/nodes/{name}/uncordon": {
             "post": _op(
-                "make the node placeable again",
+                "make the node placeable again (no body, or `{}`)",
                 _ok(_ref("NodeView")),
-                errors=(401, 404, 503),
+                errors=(400, 401, 404, 413, 422, 503),
                 params=(node,),
             )
         },
         "/admin/nodes/{name}/drain": {
             "post": _op(
-                "move the node's replicas elsewhere (make-before-break), then leave it empty",
+                "move the node's replicas elsewhere (make-before-break), then leave it empty; "
+                "a replica with no placeable replacement keeps serving (drain_waiting says "
+                "why) unless force is set",
                 _ok(_ref("NodeView")),
                 body=_ref("DrainRequest"),
                 body_required=False,
-                errors=(400, 401, 404, 422, 503),
+                errors=(400, 401, 404, 413, 422, 503),
                 params=(node,),
             )
         },
@@ -209,13 +212,13 @@ def document() -> bytes:
                 "apply one model spec or a list of them, all or nothing",
                 _ok(_array("ModelView")),
                 body={"oneOf": [_ref("ModelSpec"), _array("ModelSpec")]},
-                errors=(400, 401, 409, 422, 503),
+                errors=(400, 401, 409, 413, 422, 503),
             ),
         },
         "/admin/models/{name}": {
             "get": _op("one model", _ok(_ref("ModelView")), errors=(401, 404), params=(model,)),
             "delete": _op(
-                "delete the model; its replicas drain",
+                "delete the model; its replicas drain (no body, or `{}`)",
                 _ok(
                     {
                         "type": "object",
@@ -223,16 +226,17 @@ def document() -> bytes:
                         "required": ["deleted"],
                     }
                 ),
-                errors=(401, 404, 503),
+                errors=(400, 401, 404, 413, 422, 503),
                 params=(model,),
             ),
         },
         "/admin/models/{name}/scale": {
             "post": _op(
-                "change min and/or max replicas (400 if max < min after the merge)",
+                "change min and/or max replicas (400 if max < min after the merge, or if "
+                "neither is given)",
                 _ok(_ref("ModelView")),
                 body=_ref("ScaleRequest"),
-                errors=(400, 401, 404, 422, 503),
+                errors=(400, 401, 404, 413, 422, 503),
                 params=(model,),
             )
         },
@@ -259,7 +263,7 @@ def document() -> bytes:
                 "record the capacity weight `ctl bench` measured",
                 _ok(_ref("ReplicaView")),
                 body=_ref("WeightRequest"),
-                errors=(400, 401, 404, 422, 503),
+                errors=(400, 401, 404, 413, 422, 503),
                 params=(rid,),
             )
         },

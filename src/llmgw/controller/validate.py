@@ -1,0 +1,100 @@
+"""Edge checks the wire types cannot express (DESIGN §3.6: every input gets a clear 4xx).
+
+msgspec checks shapes and simple bounds while decoding. These check what spans
+fields, or what would mislead the controller later if it got in: a port range
+upside down, two GPUs claiming one index (placement would give one card
+twice), a negative count no router can have seen (autoscaling would read it as
+load). Each raises InvalidSpec (422) naming the field path in `param`, before
+anything is decided, so a refused request changes nothing.
+
+The agent and router protocols accept unknown fields on purpose: a newer agent
+or router must keep working against an older controller. The admin bodies
+forbid them (wire.admin, wire.models): a typo in an operator's command must
+not pass silently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from llmgw.controller.errors import InvalidSpec
+from llmgw.wire.agent import Heartbeat
+from llmgw.wire.models import ModelSpec
+from llmgw.wire.usage import UsageReport
+
+_PORTS = (1, 65535)
+
+
+def check_heartbeat(hb: Heartbeat) -> None:
+    if not hb.address.strip():
+        raise InvalidSpec(
+            "heartbeat: address must not be empty (routers and peer shards reach the "
+            "node's engines there)",
+            param="address",
+        )
+    lo, hi = hb.port_range
+    if not _PORTS[0] <= lo <= hi <= _PORTS[1]:
+        raise InvalidSpec(
+            f"heartbeat: port_range [{lo}, {hi}] must satisfy 1 <= low <= high <= 65535",
+            param="port_range",
+        )
+    seen: set[int] = set()
+    for i, g in enumerate(hb.gpus):
+        if g.index < 0:
+            raise InvalidSpec(
+                f"heartbeat: GPU index {g.index} is negative", param=f"gpus[{i}].index"
+            )
+        if g.index in seen:
+            raise InvalidSpec(
+                f"heartbeat: GPU index {g.index} is reported twice", param=f"gpus[{i}].index"
+            )
+        seen.add(g.index)
+    for i, s in enumerate(hb.shards):
+        if s.rank < 0:
+            raise InvalidSpec(
+                f"heartbeat: shard rank {s.rank} is negative", param=f"shards[{i}].rank"
+            )
+        if s.port is not None and not _PORTS[0] <= s.port <= _PORTS[1]:
+            raise InvalidSpec(
+                f"heartbeat: shard port {s.port} is not a TCP port", param=f"shards[{i}].port"
+            )
+
+
+def check_usage(report: UsageReport) -> None:
+    if not report.router_id:
+        raise InvalidSpec("usage report: router_id must not be empty", param="router_id")
+    _counts(report.inflight, "inflight")
+    _counts(report.demand, "demand")
+    for model, load in report.load.items():
+        for field, value in (
+            ("inflight", load.inflight),
+            ("held", load.held),
+            ("requests", load.requests),
+            ("interval_s", load.interval_s),
+        ):
+            if value < 0 or not math.isfinite(value):
+                raise InvalidSpec(
+                    f"usage report: load[{model!r}].{field} must be >= 0, got {value}",
+                    param=f"load.{model}.{field}",
+                )
+
+
+def _counts(counts: Mapping[str, int], field: str) -> None:
+    for key, n in counts.items():
+        if n < 0:
+            raise InvalidSpec(
+                f"usage report: {field}[{key!r}] must be >= 0, got {n}", param=f"{field}.{key}"
+            )
+
+
+def check_spec(spec: ModelSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) with a spec beyond its type; None when nothing is.
+
+    Returned rather than raised: the caller names the spec and its index (one
+    spec or a list of them) in the message and the param.
+    """
+    for cls in spec.gpu_classes:
+        if not cls.strip():
+            return "gpu_classes", "a GPU class must not be empty"
+    return None

@@ -1,0 +1,89 @@
+"""Edge checks beyond the wire types: each refusal names the field; good input passes."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from llmgw.controller.errors import InvalidSpec
+from llmgw.controller.validate import check_heartbeat, check_spec, check_usage
+from llmgw.wire.agent import GPU, Heartbeat, ShardStatus
+from llmgw.wire.models import ModelSpec
+from llmgw.wire.usage import ModelLoad, UsageReport
+
+
+def _gpu(i: int) -> GPU:
+    return GPU(index=i, uuid=f"u{i}", name="H100", gpu_class="H100-80G", memory_mib=1)
+
+
+def _hb(**kw: object) -> Heartbeat:
+    base = Heartbeat(node="n", address="10.0.0.1", gpus=(_gpu(0), _gpu(1)))
+    return msgspec.structs.replace(base, **kw)
+
+
+def _param(check: object, value: object) -> str | None:
+    with pytest.raises(InvalidSpec) as info:
+        check(value)  # type: ignore[operator]
+    return info.value.param
+
+
+class TestHeartbeat:
+    def test_a_plain_heartbeat_passes(self) -> None:
+        """What an agent sends passes untouched."""
+        check_heartbeat(
+            _hb(shards=(ShardStatus(replica_id="r", rank=0, state="ready", port=21000),))
+        )
+
+    @pytest.mark.parametrize(
+        ("fields", "param"),
+        [
+            ({"address": ""}, "address"),
+            ({"port_range": (22000, 21000)}, "port_range"),
+            ({"port_range": (0, 10)}, "port_range"),
+            ({"gpus": (_gpu(3), _gpu(3))}, "gpus[1].index"),
+            ({"gpus": (_gpu(-1),)}, "gpus[0].index"),
+            ({"shards": (ShardStatus(replica_id="r", rank=-1, state="ready"),)}, "shards[0].rank"),
+            (
+                {"shards": (ShardStatus(replica_id="r", rank=0, state="ready", port=70000),)},
+                "shards[0].port",
+            ),
+        ],
+    )
+    def test_refusals_name_the_field(self, fields: dict[str, object], param: str) -> None:
+        """Values placement or routing would misread are refused, naming the field."""
+        assert _param(check_heartbeat, _hb(**fields)) == param
+
+
+class TestUsage:
+    def test_zeros_pass(self) -> None:
+        """Zero counts are readings, not errors."""
+        check_usage(
+            UsageReport(
+                router_id="r", sent_at=1.0, inflight={"x": 0}, demand={"m": 0},
+                load={"m": ModelLoad()},
+            )
+        )  # fmt: skip
+
+    @pytest.mark.parametrize(
+        ("report", "param"),
+        [
+            (UsageReport(router_id="", sent_at=1.0), "router_id"),
+            (UsageReport(router_id="r", sent_at=1.0, inflight={"x": -1}), "inflight.x"),
+            (UsageReport(router_id="r", sent_at=1.0, demand={"m": -1}), "demand.m"),
+            (
+                UsageReport(router_id="r", sent_at=1.0, load={"m": ModelLoad(interval_s=-2.0)}),
+                "load.m.interval_s",
+            ),
+        ],
+    )
+    def test_negative_counts_are_refused(self, report: UsageReport, param: str) -> None:
+        """No router can have seen a negative count; autoscaling must not read one."""
+        assert _param(check_usage, report) == param
+
+
+class TestSpec:
+    def test_empty_gpu_class_is_named(self) -> None:
+        """A blank GPU class could never be placed: the field is named."""
+        spec = ModelSpec(name="m", engine="sim", gpu_classes=("H100-80G", " "))
+        assert check_spec(spec) == ("gpu_classes", "a GPU class must not be empty")
+        assert check_spec(ModelSpec(name="m", engine="sim", gpu_classes=("H100-80G",))) is None
