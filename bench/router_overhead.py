@@ -5,7 +5,8 @@ Set-up, all on 127.0.0.1:
   answering a small chat completion, a 64-event SSE stream, and /metrics —
   cheap enough that the router, not the upstream, is what is measured;
 - the router (`llmgw router`, policy `ours`, the real scrape loop running)
-  pinned to CPU 0 with `taskset`;
+  pinned to CPU 0 with `taskset`, once per upstream client (`upstream_client:
+  fast`, the default, and `aiohttp`, the reference), in the same run;
 - the upstream and this load generator (raw asyncio, keep-alive connections)
   pinned to the other CPU(s).
 
@@ -16,7 +17,8 @@ through the router, so the difference is the router's. Phases:
   router CPU seconds per 1,000 requests, router peak RSS.
 
 Usage: .venv/bin/python bench/router_overhead.py [--seconds 4] [--no-results]
-       .venv/bin/python bench/router_overhead.py --profile   (cProfile of the router)
+       .venv/bin/python bench/router_overhead.py --profile [--client aiohttp]
+           (cProfile of the router with that upstream client, fast by default)
 """
 
 from __future__ import annotations
@@ -385,7 +387,7 @@ def child(cpu_list: str, *args: str) -> Iterator[tuple[int, int]]:
 
 @contextlib.contextmanager
 def router_process(
-    upstream_port: int, cpu: str, *, profile: Path | None
+    upstream_port: int, cpu: str, *, client: str, profile: Path | None
 ) -> Iterator[tuple[int, int]]:
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     cfg = tmp / "router.yaml"
@@ -393,6 +395,7 @@ def router_process(
         "endpoints:\n"
         f"  - {{id: up, url: 'http://127.0.0.1:{upstream_port}', models: [{MODEL}]}}\n"
         "request_timeout_s: 30\n"
+        f"upstream_client: {client}\n"
     )
     log = (tmp / "router.log").open("w")
     cmd = [sys.executable, "-m", "llmgw", "router", "--config", str(cfg), "--port", "0"]
@@ -468,13 +471,17 @@ async def measure_path(
         out[f"p50_ms_c{conc}"] = pct(lat, 0.5) * 1e3
         out[f"p99_ms_c{conc}"] = pct(lat, 0.99) * 1e3
         out[f"rps_c{conc}"] = len(lat) / seconds
+    cpu1 = cpu_seconds(pid) if pid else 0.0
     lat, events, n = await best_of(
         port, concurrency=64, seconds=seconds, stream=True, repeats=repeats
     )
-    requests += n
     out["events_s"] = events / seconds
     if pid:
-        out["cpu_s_per_1000"] = (cpu_seconds(pid) - cpu0) / max(1, requests) * 1000
+        # CPU split by kind: a stream costs a request plus one relay step per event.
+        per_req = (cpu1 - cpu0) / max(1, requests)
+        out["cpu_s_per_1000"] = per_req * 1000
+        out["rps_per_cpu_s"] = 1 / per_req if per_req > 0 else float("nan")
+        out["cpu_ms_per_stream"] = (cpu_seconds(pid) - cpu1) / max(1, n) * 1000
         out["peak_rss_mib"] = peak_rss_mib(pid)
     return out
 
@@ -486,9 +493,14 @@ TARGETS = {
 }
 
 
+ROUTERS = ("router fast", "router aiohttp")
+
+
 def table(paths: dict[str, dict[str, float]]) -> str:
-    direct, router = paths["direct"], paths["router"]
+    """One column per path, then what each router adds to direct; targets judge `fast`."""
+    direct = paths["direct"]
     names = list(paths)
+    routers = [n for n in ROUTERS if n in paths]
 
     def verdict(key: str, value: float) -> str:
         if key not in TARGETS:
@@ -497,8 +509,9 @@ def table(paths: dict[str, dict[str, float]]) -> str:
         met = value >= target if op == ">=" else value <= target
         return f"{op} {target:,.6g} {'met' if met else 'MISSED'}"
 
-    head = "| measure | " + " | ".join(names) + " | router added | target |"
-    lines = [head, "|---|" + "---:|" * (len(names) + 1) + "---|"]
+    added_heads = "".join(f" {n.removeprefix('router ')} added |" for n in routers)
+    head = "| measure | " + " | ".join(names) + " |" + added_heads + " target (fast) |"
+    lines = [head, "|---|" + "---:|" * (len(names) + len(routers)) + "---|"]
     rows = [
         ("latency c=1 p50 ms", "p50_ms_c1"),
         ("latency c=1 p99 ms", "p99_ms_c1"),
@@ -508,18 +521,26 @@ def table(paths: dict[str, dict[str, float]]) -> str:
         ("req/s c=64", "rps_c64"),
         ("req/s c=256", "rps_c256"),
         ("stream events/s c=64", "events_s"),
-        ("CPU s / 1,000 req", "cpu_s_per_1000"),
+        ("CPU s / 1,000 req (non-stream)", "cpu_s_per_1000"),
+        ("req/s per CPU-second (non-stream)", "rps_per_cpu_s"),
+        (f"CPU ms / {STREAM_EVENTS}-event stream", "cpu_ms_per_stream"),
         ("peak RSS MiB", "peak_rss_mib"),
     ]
+    judged = routers[0] if routers else names[-1]
     for label, key in rows:
         cells = [f"{paths[n][key]:,.3f}" if key in paths[n] else "" for n in names]
-        added = ""
-        target = verdict(key, router[key])
+        added = []
+        target = verdict(key, paths[judged][key])
+        for n in routers:
+            if key.startswith(("p50", "p99")):
+                added.append(f"{paths[n][key] - direct[key]:.3f}")
+            else:
+                added.append("")
         if key.startswith(("p50", "p99")):
-            diff = router[key] - direct[key]
-            added = f"{diff:.3f}"
-            target = verdict("added_" + key, diff) or target
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {added} | {target} |")
+            target = verdict("added_" + key, paths[judged][key] - direct[key]) or target
+        lines.append(
+            f"| {label} | " + " | ".join(cells) + " | " + " | ".join(added) + f" | {target} |"
+        )
     return "\n".join(lines)
 
 
@@ -547,6 +568,9 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=2.0, help="length of one run of a phase")
     p.add_argument("--repeats", type=int, default=3, help="runs per phase; the best is kept")
     p.add_argument("--profile", action="store_true", help="cProfile the router, print top 30")
+    p.add_argument(
+        "--client", choices=("fast", "aiohttp"), default="fast", help="upstream client to profile"
+    )
     p.add_argument("--no-results", action="store_true", help="do not touch bench/RESULTS.md")
     args = p.parse_args()
     if args.upstream is not None:
@@ -581,8 +605,12 @@ def main() -> int:
                 paths["raw asyncio"] = uvloop.run(
                     measure_path(rw, rpid, args.seconds, args.repeats)
                 )
-        with router_process(up, router_cpu, profile=profile) as (rt, rpid):
-            paths["router"] = uvloop.run(measure_path(rt, rpid, args.seconds, args.repeats))
+        clients = [args.client] if profile is not None else ["fast", "aiohttp"]
+        for client in clients:
+            with router_process(up, router_cpu, client=client, profile=profile) as (rt, rpid):
+                paths[f"router {client}"] = uvloop.run(
+                    measure_path(rt, rpid, args.seconds, args.repeats)
+                )
     out = table(paths)
     print(out)
     if profile is not None:
@@ -597,7 +625,9 @@ def main() -> int:
         )
         write_results(
             f"{SECTION}\n\n"
-            f"Router (and the two reference proxies) on CPU {router_cpu} (taskset); the "
+            f"Router (once per upstream client: `router fast` is `upstream_client: fast`, the "
+            f"default, `router aiohttp` the aiohttp client) and the two reference proxies "
+            f"on CPU {router_cpu} (taskset); the "
             f"raw-asyncio upstream and the load generator on CPU(s) {others}; "
             f"{len(all_cpus)} CPUs visible, load average {load_before:.1f} before and "
             f"{os.getloadavg()[0]:.1f} after (shared machine). Closed loop; each phase run "

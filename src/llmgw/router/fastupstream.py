@@ -212,7 +212,8 @@ class _Pool:
         idle = self.idle
         while idle:
             conn = idle.pop()
-            if now - conn.idle_since < self.keepalive_s and not conn.lost:
+            # Closing but not yet lost: the engine's FIN came in this very loop turn.
+            if now - conn.idle_since < self.keepalive_s and not conn.transport.is_closing():
                 return conn
             conn.transport.close()
         return None
@@ -227,13 +228,16 @@ class _Pool:
 
     def expire(self, now: float) -> int:
         """Close connections idle for `keepalive_s` or longer; how many were closed."""
-        idle = self.idle
-        keep = [c for c in idle if now - c.idle_since < self.keepalive_s and not c.lost]
-        gone = [c for c in idle if c not in keep]
+        keep: list[_Conn] = []
+        gone = 0
+        for conn in self.idle:
+            if now - conn.idle_since < self.keepalive_s and not conn.lost:
+                keep.append(conn)
+            else:
+                conn.transport.close()
+                gone += 1
         self.idle[:] = keep
-        for c in gone:
-            c.transport.close()
-        return len(gone)
+        return gone
 
 
 class _Conn(asyncio.Protocol):
