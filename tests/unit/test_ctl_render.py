@@ -277,6 +277,43 @@ class TestTables:
         for r in long:
             assert r.id in text
 
+    @pytest.mark.parametrize("width", [80, 100, 120])
+    def test_idle_and_state_survive_a_narrow_terminal(self, width: int) -> None:
+        """Wide shard and endpoint cells give way: STATE, IDLE, WEIGHT, RESTARTS stay readable."""
+        shards = tuple(
+            ShardView(node=f"h100-b-{k}", rank=k, gpus=tuple(range(8)), port=21000, state="ready")
+            for k in range(2)
+        )
+        wide = [
+            msgspec.structs.replace(
+                replica(f"r-2b876d025{i}", idle),
+                model="llama-3.1-405b-instruct",
+                shards=shards,
+                endpoint_url="http://gpu-node-with-a-long-name.example:21000",
+            )
+            for i, idle in enumerate((-1, 180))
+        ]
+        lines = render.to_text(tables.replicas_table(wide), width=width).splitlines()
+        rows = [ln for ln in lines if ln.startswith("r-")]  # a second shard wraps below
+        assert lines[0].split()[-3:] == ["IDLE", "WEIGHT", "RESTARTS"]
+        assert "STATE" in lines[0]
+        assert [ln.split()[-3:] for ln in rows] == [["-", "1.00", "0"], ["3m", "1.00", "0"]]
+        assert all(" ready " in ln for ln in rows)
+        assert all(len(ln) <= width for ln in lines)
+
+    def test_node_figures_survive_a_narrow_terminal(self) -> None:
+        """Long node names at 80 columns: state, GPU counts and heartbeat age stay whole."""
+        node = NodeView(
+            name="gpu-node-rack12-slot00.example", address="x", state="unreachable",
+            fabrics=("ib0-spine-a",), labels={}, gpus=(), gpus_used=(), last_heartbeat=1000.0,
+            classes=("H100-80G", "L40S-48G"), gpu_total=8, gpu_free=2, unhealthy=(1,),
+        )  # fmt: skip
+        nodes = [node, msgspec.structs.replace(node, name="gpu-node-rack12-slot01.example")]
+        lines = render.to_text(tables.nodes_table(nodes, now=4600.0), width=80).splitlines()
+        assert lines[1].split()[:2] == ["gpu-node-rack12-slot00.example", "unreachable"]
+        assert lines[1].split()[-5:] == ["5/8", "2", "1", "1h", "ago"]
+        assert all(len(ln) <= 80 for ln in lines)
+
     def test_shards_cell_lists_node_and_gpus(self) -> None:
         """The shards cell reads node:gpus."""
         assert tables.shards_cell(replica("r", 0)) == "n1:0,1"

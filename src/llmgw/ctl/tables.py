@@ -39,27 +39,47 @@ def _table(*headers: str) -> Table:
 
 
 def _keep_whole(table: Table, column: int, values: Sequence[str]) -> None:
-    """Never cut this column: it holds the names operators pass back to ctl
-    (`ctl bench REPLICA`, `ctl drain NODE`), and a cut name cannot be pasted."""
+    """Never cut this column, header included: it holds the names operators pass
+    back to ctl (`ctl bench REPLICA`, `ctl drain NODE`), and a cut name cannot be
+    pasted; or a short figure that a narrow terminal would otherwise squeeze to
+    nothing (rich takes width from every column, the narrow ones first)."""
     if values:
-        table.columns[column].min_width = max(len(v) for v in values)
+        header = str(table.columns[column].header)
+        table.columns[column].min_width = max(len(header), *(len(v) for v in values))
 
 
 def nodes_table(nodes: Sequence[NodeView], *, now: float) -> Table:
     """One row per node: state, class, GPUs used/free/unhealthy, fabrics, heartbeat age."""
     table = _table("NODE", "STATE", "CLASS", "USED", "FREE", "UNHEALTHY", "FABRICS", "HEARTBEAT")
+    rows = [
+        (
+            n,
+            f"{n.gpu_total - n.gpu_free - len(n.unhealthy)}/{n.gpu_total}",
+            str(n.gpu_free),
+            str(len(n.unhealthy)),
+            age_cell(n.last_heartbeat, now) + ("" if n.last_heartbeat is None else " ago"),
+        )
+        for n in nodes
+    ]
     _keep_whole(table, 0, [n.name for n in nodes])
-    for n in nodes:
-        used = n.gpu_total - n.gpu_free - len(n.unhealthy)
+    _keep_whole(table, 1, [n.state for n in nodes])
+    # Classes and fabrics give way in a narrow terminal (see replicas_table).
+    for column in (2, 6):
+        table.columns[column].no_wrap = False
+    _keep_whole(table, 3, [used for _, used, _, _, _ in rows])
+    _keep_whole(table, 4, [free for _, _, free, _, _ in rows])
+    _keep_whole(table, 5, [unhealthy for _, _, _, unhealthy, _ in rows])
+    _keep_whole(table, 7, [heartbeat for _, _, _, _, heartbeat in rows])
+    for n, used, free, unhealthy, heartbeat in rows:
         table.add_row(
             n.name,
             _state(n.state),
-            ",".join(n.classes) or UNKNOWN,
-            f"{used}/{n.gpu_total}",
-            str(n.gpu_free),
-            Text(str(len(n.unhealthy)), style="bold red" if n.unhealthy else "dim"),
-            ",".join(n.fabrics) or UNKNOWN,
-            age_cell(n.last_heartbeat, now) + ("" if n.last_heartbeat is None else " ago"),
+            _one_line(Text(",".join(n.classes) or UNKNOWN)),
+            used,
+            free,
+            Text(unhealthy, style="bold red" if n.unhealthy else "dim"),
+            _one_line(Text(",".join(n.fabrics) or UNKNOWN)),
+            heartbeat,
         )
     return table
 
@@ -93,6 +113,13 @@ def models_table(models: Sequence[ModelView]) -> Table:
     return table
 
 
+def _one_line(text: Text) -> Text:
+    """A cell that never wraps, cut with an ellipsis, even in a wrappable column."""
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    return text
+
+
 def shards_cell(r: ReplicaView) -> str:
     """`node:gpu,gpu` for each shard, rank order."""
     if not r.shards:
@@ -105,21 +132,34 @@ def replicas_table(replicas: Sequence[ReplicaView]) -> Table:
     """One row per replica; IDLE is `-` when no router has reported it, never 0."""
     table = _table("REPLICA", "MODEL", "STATE", "SHARDS", "ENDPOINT", "IDLE", "WEIGHT", "RESTARTS")
     table.columns[3].max_width = 40
+    # Model, state's reason, shards and endpoint give way in a narrow terminal:
+    # rich shrinks only wrappable columns to fit, and otherwise cuts every column
+    # evenly, which squeezed STATE and IDLE to nothing. Shards wrap one per line;
+    # the other cells are single-line Texts that end in an ellipsis; min widths
+    # keep ids, states and figures whole.
+    for column in (1, 2, 3, 4):
+        table.columns[column].no_wrap = False
+    idle = [idle_cell(r.idle_seconds) for r in replicas]
+    weight = [f"{r.weight:.2f}" for r in replicas]
+    restarts = [fmt_count(r.restarts) for r in replicas]
     _keep_whole(table, 0, [r.id for r in replicas])
     _keep_whole(table, 2, [r.state for r in replicas])
-    for r in replicas:
+    _keep_whole(table, 5, idle)
+    _keep_whole(table, 6, weight)
+    _keep_whole(table, 7, restarts)
+    for r, idle_, weight_, restarts_ in zip(replicas, idle, weight, restarts, strict=True):
         state = _state(r.state)
         if r.reason and r.state in ("failed", "draining"):
             state.append(f" ({r.reason})", style="dim")
         table.add_row(
             r.id,
-            r.model,
-            state,
+            _one_line(Text(r.model)),
+            _one_line(state),
             shards_cell(r),
-            r.endpoint_url or UNKNOWN,
-            idle_cell(r.idle_seconds),
-            f"{r.weight:.2f}",
-            fmt_count(r.restarts),
+            _one_line(Text(r.endpoint_url or UNKNOWN)),
+            idle_,
+            weight_,
+            restarts_,
         )
     return table
 
