@@ -113,6 +113,16 @@ class TestRefusals:
         # The running one's manifest is its own: the refused one must not remove it.
         assert (state / "up.json").read_text() == "{}"
 
+    def test_controller_refusing_the_models_is_one_line(self, folder: Path) -> None:
+        """The controller's own refusal (here: a token `up` does not have) is shown, then exit 1."""
+        fleet = folder / "fleet.yaml"
+        fleet.write_text(FLEET + 'controller_args: ["--token", "not-given-to-up"]\n')
+        out = up(folder, "--port", str(free_port()), "--controller-port", str(free_port()))
+        assert out.returncode == 1
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert "the controller refused the fleet's models (401)" in out.stderr
+        assert procs_of(folder) == []
+
     def test_bad_fleet_file(self, folder: Path) -> None:
         """An invalid fleet file: exit 2, one line naming the file, nothing started."""
         (folder / "fleet.yaml").write_text("nodes: [{prefix: n, gpus: eight}]\n")
