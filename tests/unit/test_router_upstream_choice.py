@@ -1,0 +1,126 @@
+"""Choosing the proxy's upstream client, and the fast client's pure parts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llmgw.router.config import ConfigError, parse, upstream_client
+from llmgw.router.fastupstream import Headers, _fields, _Pool
+
+
+class TestUpstreamClientChoice:
+    def test_default_is_fast(self) -> None:
+        """Neither the file nor the environment says: the fast client."""
+        assert upstream_client(parse("{}"), {}) == "fast"
+
+    def test_environment_applies_when_the_file_is_silent(self) -> None:
+        """LLMGW_ROUTER_UPSTREAM picks the client for a file that names none."""
+        assert upstream_client(parse("{}"), {"LLMGW_ROUTER_UPSTREAM": "aiohttp"}) == "aiohttp"
+
+    def test_file_wins_over_environment(self) -> None:
+        """A file that names its client keeps it whatever the environment says."""
+        cfg = parse("upstream_client: fast")
+        assert upstream_client(cfg, {"LLMGW_ROUTER_UPSTREAM": "aiohttp"}) == "fast"
+
+    def test_bad_environment_value(self) -> None:
+        """An unknown client name in the environment is a ConfigError naming the variable."""
+        with pytest.raises(ConfigError, match="LLMGW_ROUTER_UPSTREAM"):
+            upstream_client(parse("{}"), {"LLMGW_ROUTER_UPSTREAM": "curl"})
+
+    def test_bad_file_value(self) -> None:
+        """An unknown client name in the file is refused at parse time."""
+        with pytest.raises(ConfigError, match="upstream_client"):
+            parse("upstream_client: curl")
+
+    def test_stream_idle_timeout(self) -> None:
+        """The idle bound defaults to 120 s and must be positive."""
+        assert parse("{}").stream_idle_timeout_s == 120.0
+        with pytest.raises(ConfigError, match="stream_idle_timeout_s"):
+            parse("stream_idle_timeout_s: 0")
+
+
+class TestHeaders:
+    def test_case_insensitive_lookup(self) -> None:
+        """Any spelling of a name finds the header; a missing one gives the default."""
+        h = Headers([(b"Content-Type", b"text/event-stream"), (b"x-request-id", b"r1")])
+        assert h.get("content-type") == "text/event-stream"
+        assert h["X-Request-ID"] == "r1"
+        assert h.get("missing", "d") == "d"
+        assert "CONTENT-TYPE" in h
+        assert list(h) == ["Content-Type", "x-request-id"]
+
+
+class TestRequestHead:
+    def test_fields_end_the_head_with_the_length(self) -> None:
+        """Header lines in order, then Content-Length and the blank line."""
+        out = _fields({"Content-Type": "application/json", "x-request-id": "r1"}, 12)
+        assert out == (
+            b"Content-Type: application/json\r\nx-request-id: r1\r\nContent-Length: 12\r\n\r\n"
+        )
+
+    @pytest.mark.parametrize("value", ["a\r\nX-Evil: 1", "a\nb", "a\rb"])
+    def test_line_breaks_are_refused(self, value: str) -> None:
+        """A value that would end its line early never becomes part of a head."""
+        with pytest.raises(ValueError, match="line break"):
+            _fields({"x-request-id": value}, 0)
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+class FakeConn:
+    def __init__(self) -> None:
+        self.transport = FakeTransport()
+        self.idle_since = 0.0
+        self.lost = False
+
+
+def pool_with(*idle_since: float, keepalive_s: float = 4.0) -> tuple[_Pool, list[Any]]:
+    pool = _Pool(keepalive_s)
+    conns = [FakeConn() for _ in idle_since]
+    for c, t in zip(conns, idle_since, strict=True):
+        pool.put(c, t)  # type: ignore[arg-type]
+    return pool, conns
+
+
+class TestPool:
+    def test_most_recent_first(self) -> None:
+        """The connection used last is taken first (the warmest)."""
+        pool, conns = pool_with(1.0, 2.0)
+        assert pool.take(3.0) is conns[1]
+
+    def test_expired_connections_are_closed_on_take(self) -> None:
+        """A connection idle for the keep-alive bound is closed, not handed out."""
+        pool, conns = pool_with(0.0)
+        assert pool.take(4.0) is None
+        assert conns[0].transport.closed
+
+    def test_closing_connection_is_skipped(self) -> None:
+        """A connection whose transport is already closing is not handed out."""
+        pool, conns = pool_with(1.0, 1.5)
+        conns[1].transport.closed = True
+        assert pool.take(2.0) is conns[0]
+
+    def test_expire_closes_only_the_old(self) -> None:
+        """The sweep closes connections idle past the bound and keeps the rest in order."""
+        pool, conns = pool_with(0.0, 3.0, 4.0)
+        assert pool.expire(5.0) == 1
+        assert pool.idle == conns[1:]
+        assert conns[0].transport.closed
+
+    def test_discard_is_idempotent(self) -> None:
+        """A connection lost while idle leaves the pool; discarding twice is harmless."""
+        pool, conns = pool_with(1.0)
+        pool.discard(conns[0])
+        pool.discard(conns[0])
+        assert pool.idle == []
