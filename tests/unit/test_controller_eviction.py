@@ -240,6 +240,25 @@ class TestChoice:
         )
         assert got is None
 
+    def test_replicas_already_leaving_use_up_the_models_spare(self) -> None:
+        """One of x's two ready replicas already leaving this tick: min 1 keeps the other."""
+        state = fleet(
+            [node("a", 2)],
+            models=[WANT, spec("x", min_replicas=1, max_replicas=2)],
+            replicas=one_node_full(("r1", "x"), ("r2", "x")),
+        )
+        free = free_map(state, now=NOW, heartbeat_timeout_s=HB_TIMEOUT_S)
+        got = plan_eviction(
+            spec("want1", gpus_per_node=1, priority=5),
+            state,
+            {"r1": 9e3, "r2": 9e3}.get,
+            free,
+            now=NOW,
+            heartbeat_timeout_s=HB_TIMEOUT_S,
+            exclude={"r1"},
+        )
+        assert got is None
+
 
 class TestEvictionProperties:
     @settings(max_examples=200, deadline=None)

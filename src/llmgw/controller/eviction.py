@@ -70,7 +70,7 @@ def plan_eviction(
             model=spec.name, evict=(), placement=direct, why="fits without eviction"
         )
     candidates = _candidates(spec, state, idle_fn(idle, now=now), now, heartbeat_timeout_s, exclude)
-    found = _greedy(spec, state, free, candidates)
+    found = _greedy(spec, state, free, candidates, exclude)
     if found is None:
         return None
     chosen = _shrink(spec, state, free, *found)
@@ -119,10 +119,14 @@ def _ready(state: FleetState, node: str, now: float, heartbeat_timeout_s: float)
 
 
 def _greedy(
-    spec: ModelSpec, state: FleetState, free: FreeMap, candidates: Sequence[_Candidate]
+    spec: ModelSpec,
+    state: FleetState,
+    free: FreeMap,
+    candidates: Sequence[_Candidate],
+    exclude: Collection[str],
 ) -> tuple[list[_Candidate], Placement] | None:
     """Free candidates in order until the model fits; None if even all of them do not suffice."""
-    spare = _spare_per_model(state)
+    spare = _spare_per_model(state, exclude)
     sim = free.copy()
     chosen: list[_Candidate] = []
     for c in candidates:
@@ -138,9 +142,16 @@ def _greedy(
     return None
 
 
-def _spare_per_model(state: FleetState) -> Counter[str]:
-    """Model → ready replicas above its min_replicas: how many may go."""
-    ready = Counter(r.model for r in state.replicas.values() if r.state == "ready")
+def _spare_per_model(state: FleetState, leaving: Collection[str]) -> Counter[str]:
+    """Model → ready replicas above its min_replicas: how many may go.
+
+    Replicas already leaving this tick (`leaving`: surplus, another model's
+    eviction) are still ready in `state` but no longer count: two evictions in
+    one tick must not each take "the one spare" of the same model.
+    """
+    ready = Counter(
+        r.model for r in state.replicas.values() if r.state == "ready" and r.id not in leaving
+    )
     return Counter({name: ready[name] - m.spec.min_replicas for name, m in state.models.items()})
 
 
