@@ -151,3 +151,32 @@ class TestFencedStore:
         finally:
             lead.release()
             s.close()
+
+
+class TestFleetLosingLeadership:
+    async def test_a_refused_write_ends_the_term_at_once(self) -> None:
+        """A write fenced off (lock lost) makes the fleet a standby now, not at the next tick."""
+        from llmgw.controller.config import ControllerConfig
+        from llmgw.controller.errors import NotLeading, StoreUnavailable
+        from llmgw.controller.fleet import Fleet
+        from llmgw.runtime.clock import ManualClock
+        from llmgw.wire.agent import Heartbeat
+
+        lead = MemoryLeadership("fence-fleet")
+        assert lead.try_acquire()
+        fleet = Fleet(
+            FencedStore(MemoryStore(), lead), clock=ManualClock(), config=ControllerConfig()
+        )
+        fleet.begin_term()
+        try:
+            await fleet.heartbeat(Heartbeat(node="a", address="10.0.0.1", gpus=()))
+            lead.lose()
+            with pytest.raises((NotLeading, StoreUnavailable)):
+                await fleet.heartbeat(Heartbeat(node="a", address="10.0.0.2", gpus=()))
+            assert not fleet.leading
+            # A heartbeat that changes nothing writes nothing: it must not be
+            # answered from a term that is over.
+            with pytest.raises(NotLeading):
+                await fleet.heartbeat(Heartbeat(node="a", address="10.0.0.1", gpus=()))
+        finally:
+            lead.release()

@@ -30,7 +30,7 @@ from llmgw.controller.index import FleetIndex
 from llmgw.controller.memory import Memory
 from llmgw.controller.sink import EndpointSink, endpoint_info, endpoint_list
 from llmgw.controller.state import Changes, Event, FleetState, Node, Replica
-from llmgw.controller.store import Store, StoreError
+from llmgw.controller.store import NotLeader, Store, StoreError
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
@@ -120,6 +120,12 @@ class Fleet:
     async def _write(self, changes: Changes) -> list[Event]:
         try:
             events = await asyncio.to_thread(self.store.apply, changes)
+        except NotLeader as exc:
+            # The lock is gone (a successor may lead already): stop acting now,
+            # not at the next tick's check, so no heartbeat is answered from here.
+            self.end_term()
+            log.warning(kv("leadership lost on write; standing by", error=exc))
+            raise NotLeading(f"this controller no longer leads: {exc}") from exc
         except StoreError as exc:
             log.warning(kv("store write failed", error=exc))
             raise StoreUnavailable(

@@ -19,7 +19,7 @@ import asyncio
 import logging
 
 from llmgw.controller.config import ControllerConfig
-from llmgw.controller.errors import StoreUnavailable
+from llmgw.controller.errors import NotLeading, StoreUnavailable
 from llmgw.controller.fleet import Fleet
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.lifecycle import Batch
@@ -62,7 +62,7 @@ class ControlLoop:
             started = self.clock.monotonic()
             try:
                 await self.tick()
-            except StoreUnavailable as exc:
+            except (StoreUnavailable, NotLeading) as exc:
                 log.warning(kv("tick failed", error=exc.message))
             except Exception:
                 log.exception("tick crashed")
