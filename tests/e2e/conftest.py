@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -99,6 +101,27 @@ def engine_pids(system: System) -> set[int]:
     return pids
 
 
+def kill_leftovers(folder: Path) -> list[int]:
+    """SIGKILL every process that runs in `folder` (where `up` was started); returns their pids.
+
+    The safety net for a test that failed before `up` could stop its programs:
+    they, and the engines their agents started, all inherit that working folder.
+    """
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if cwd == str(folder) or cwd.startswith(f"{folder}/"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -169,4 +192,7 @@ def fault_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     try:
         yield system
     finally:
-        system.prog.stop(grace_s=60)
+        try:
+            system.prog.stop(grace_s=60)
+        finally:
+            kill_leftovers(tmp)

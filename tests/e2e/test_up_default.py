@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from llmgw.up.fleet import load_fleet
-from tests.e2e.conftest import engine_pids, pid_alive, start_up, wait_for
+from tests.e2e.conftest import engine_pids, kill_leftovers, pid_alive, start_up, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
+@pytest.fixture
+def workdir(tmp_path: Path) -> Iterator[Path]:
+    """Where `up` runs; whatever still runs there when the test ends is killed."""
+    try:
+        yield tmp_path
+    finally:
+        kill_leftovers(tmp_path)
+
+
 class TestDefaultFleet:
-    def test_every_default_model_answers_then_ctrl_c_stops_everything(self, tmp_path: Path) -> None:
+    def test_every_default_model_answers_then_ctrl_c_stops_everything(self, workdir: Path) -> None:
         """Each default model answers streaming and not; SIGINT then leaves no process behind."""
-        system = start_up(tmp_path, None)
+        system = start_up(workdir, None)
         try:
             client = system.client()
             fleet = load_fleet(None)
