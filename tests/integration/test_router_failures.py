@@ -139,3 +139,40 @@ class TestEngineRestarted:
                     fresh.stop(grace_s=3)
         assert after["drain_rate"] == 0.0
         assert after["prefix_entries"] == 0
+
+
+class TestEngineKilledBeforeFirstToken:
+    async def test_stream_cut_before_its_first_token_is_retried(self, tmp_path: Path) -> None:
+        """A stream whose engine dies in prefill (head sent, no token yet) is retried on
+        another replica: the client has received nothing, so it gets a clean stream."""
+        slow = start_program(
+            sim_args(speed=1.0, extra=["--prefill-ms-per-token", "20"]), log_dir=tmp_path
+        )
+        try:
+            with sim_engines(tmp_path, [20.0]) as (fast,):
+                cfg = base_config(
+                    endpoints=[
+                        {"id": "e0", "url": slow.url, "models": ["m"], "priority": 1},
+                        {"id": "e1", "url": fast.url, "models": ["m"]},
+                    ]
+                )
+                with router(tmp_path, cfg) as r:
+                    await wait_until_scraped(r.url, ["e0", "e1"])
+                    # About 1,000 prompt tokens: seconds of prefill on e0.
+                    body = chat_body(" ".join(["word"] * 1000), max_tokens=8, stream=True)
+
+                    async def killer() -> None:
+                        await asyncio.sleep(1.0)
+                        slow.kill()
+
+                    async with aiohttp.ClientSession() as session:
+                        reply, _ = await asyncio.wait_for(
+                            asyncio.gather(post(session, r.url, body), killer()), timeout=20
+                        )
+        finally:
+            slow.stop(grace_s=3)
+        assert reply.status == 200
+        assert reply.endpoint == "e1"
+        events = reply.events()
+        assert events[-1] == "[DONE]"
+        assert not [e for e in events if e.startswith('{"error"')], events

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
+
+from llmgw.testing import free_port
 
 from .router_fixtures import base_config, get_json, router
 
@@ -57,3 +61,29 @@ class TestAdminToken:
                 assert info.value.code == 401
             doc = get_json(r.url + "/admin/usage", headers={"Authorization": "Bearer adm-1"})
         assert doc["router_id"]
+
+
+class TestControllerNotYetHeard:
+    def test_requests_get_503_not_404_before_the_first_list(self, tmp_path: Path) -> None:
+        """With the controller unreachable since start, no model is known yet: a request is
+        answered 503 with Retry-After (retry later), not 404 (no such model), and the
+        router is not ready."""
+        cfg = base_config(controller={"url": f"http://127.0.0.1:{free_port()}"})
+        with router(tmp_path, cfg) as r:
+            req = urllib.request.Request(
+                r.url + "/v1/chat/completions",
+                data=json.dumps({"model": "m", "messages": []}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(req, timeout=10)
+            err = info.value
+            body = json.loads(err.read())
+            err.close()
+            with pytest.raises(urllib.error.HTTPError) as ready:
+                get_json(r.url + "/readyz")
+            ready.value.close()
+        assert err.code == 503, body
+        assert int(err.headers["Retry-After"]) >= 1
+        assert body["error"]["code"] == "no_replica"
+        assert ready.value.code == 503

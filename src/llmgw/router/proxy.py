@@ -101,6 +101,9 @@ class Proxy:
         if type(model) is not str or not model:
             return _tag(bad_request("You must provide a model parameter.", param="model"), rid)
         if model not in st.known_models:
+            if st.awaiting_list:
+                why = "the router has not received its endpoint list from the controller yet"
+                return _tag(unavailable(NoReplica(model, why, retry_after_s=5)), rid)
             return _tag(model_not_found(model), rid)
         path = request.path
         hashes: Sequence[int] = ()
@@ -169,7 +172,15 @@ class Proxy:
                             idle_timeout_s=st.cfg.stream_idle_timeout_s,
                         )
                         retryable = _is_retryable(up.status)
-                        data = None if up.is_event_stream and not retryable else await up.read()
+                        first = b""
+                        if up.is_event_stream and not retryable:
+                            data = None
+                            # The head waits for the first bytes: until they come
+                            # nothing has reached the client, so an engine that dies
+                            # in prefill is still retried elsewhere (§2.7).
+                            first = await up.chunk()
+                        else:
+                            data = await up.read()
                     except UpstreamError as exc:
                         outcome = Outcome.ENDPOINT_FAILURE
                         last_error = str(exc)
@@ -203,7 +214,9 @@ class Proxy:
                         outcome = classify_status(up.status)
                         resp = web.Response(status=up.status, body=data, headers=out_headers)
                     else:
-                        resp, outcome, ttft = await self._stream(request, up, out_headers, t0)
+                        resp, outcome, ttft = await self._stream(
+                            request, up, first, out_headers, t0
+                        )
                     if outcome is Outcome.OK:
                         stats = next((s.stats for s in snaps if s.id == eid), None)
                         st.policy.served(eid, hashes, stats)
@@ -245,10 +258,13 @@ class Proxy:
         self,
         request: web.Request,
         up: UpstreamReply,
+        first: bytes,
         out_headers: dict[str, str],
         t0: float,
     ) -> tuple[web.StreamResponse, Outcome, float | None]:
         """Relay an event stream as it arrives; the outcome is the endpoint's verdict.
+
+        `first` is the stream's first chunk, already read (b"": it was empty).
 
         A stream that ends cleanly but carried the engine's own 5xx error event is
         the endpoint's failure too (inband.py). One that goes silent for
@@ -261,12 +277,14 @@ class Proxy:
         try:
             await resp.prepare(request)
             # From here bytes have reached the client: never retried (§2.7).
-            while chunk := await up.chunk():
+            chunk = first
+            if chunk:
+                ttft = time.monotonic() - t0
+            while chunk:
                 # Written before anything else is looked at: relay latency first.
                 await resp.write(chunk)
                 watch.feed(chunk)
-                if ttft is None:
-                    ttft = time.monotonic() - t0
+                chunk = await up.chunk()
         except UpstreamError as exc:
             log.warning(kv("stream broke", endpoint=up.endpoint_id, error=exc))
             try:

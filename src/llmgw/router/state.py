@@ -77,6 +77,9 @@ class RouterState:
         self.known_models: frozenset[str] = frozenset()
         self._file_models: frozenset[str] = cfg.known_models()
         self._controller_models: frozenset[str] = frozenset()
+        # Following a controller whose first list has not come yet: which models
+        # exist is unknown, so no request may be told 404 (proxy) and not ready.
+        self.awaiting_list = cfg.controller is not None
         # Called after a reload with the new config (the scraper, the reporter).
         self.on_config: list[Callable[[RouterConfig], None]] = []
         if cfg.controller is None:
@@ -122,6 +125,7 @@ class RouterState:
     def apply_list(self, lst: EndpointList) -> None:
         """A list from the controller's EndpointSink."""
         self._controller_models = frozenset(lst.models)
+        self.awaiting_list = False
         self.apply_endpoints(lst.endpoints)
 
     def apply_endpoints(self, infos: Iterable[EndpointInfo]) -> None:
@@ -147,7 +151,10 @@ class RouterState:
     # -- reads -------------------------------------------------------------------
 
     def ready(self) -> bool:
-        """Ready when nothing is configured, or at least one endpoint has been scraped."""
+        """Ready when nothing is configured, or at least one endpoint has been scraped;
+        never before the controller's first list when one is followed."""
+        if self.awaiting_list:
+            return False
         snaps = self.registry.snapshots()
         return not snaps or any(s.stats is not None for s in snaps)
 
