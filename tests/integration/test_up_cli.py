@@ -85,6 +85,23 @@ class TestRefusals:
         assert not (folder / ".llmgw" / "logs").exists()
         assert procs_of(folder) == []
 
+    def test_port_held_after_an_unclean_stop_points_at_the_old_run(self, folder: Path) -> None:
+        """A manifest left by an `up` that was killed explains who may hold the port."""
+        state = folder / ".llmgw"
+        state.mkdir()
+        (state / "up.json").write_text('{"pid": 4242, "children": {}}')
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            out = up(folder, "--port", str(port), "--controller-port", str(free_port()))
+        assert out.returncode == 1
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert "did not stop cleanly" in out.stderr
+        assert str(state / "up.json") in out.stderr
+        # Still there for the operator to read.
+        assert (state / "up.json").exists()
+
     def test_controller_port_taken(self, folder: Path) -> None:
         """A taken controller port names --controller-port."""
         with socket.socket() as s:

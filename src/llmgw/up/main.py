@@ -262,6 +262,10 @@ def main(argv: list[str]) -> int:
         # Held until this process exits; checked before anything starts, so a
         # refusal leaves nothing behind.
         lock = lock_state_dir(up.state)
+    except (Refused, OSError) as exc:
+        print(f"llmgw up: {exc}", file=sys.stderr)
+        return 1
+    try:
         check_ports(
             "127.0.0.1",
             {
@@ -270,7 +274,17 @@ def main(argv: list[str]) -> int:
             },
         )
     except (Refused, OSError) as exc:
-        print(f"llmgw up: {exc}", file=sys.stderr)
+        # A clean stop removes the manifest: one still here (and ours to read, we
+        # hold the lock) means the last `up` was killed and its programs may live on.
+        manifest = up.state / "up.json"
+        hint = ""
+        if manifest.exists():
+            hint = (
+                f" (the last llmgw up here did not stop cleanly; its programs may still "
+                f"be running: their pids are in {manifest})"
+            )
+        print(f"llmgw up: {exc}{hint}", file=sys.stderr)
+        lock.close()
         return 1
     from llmgw.up.show import print_hints, show_progress
 
