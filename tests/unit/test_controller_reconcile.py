@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from llmgw.controller.models import desired_count
 from llmgw.wire.usage import ModelLoad
 from tests.unit.controller_reconcile_world import World, spec
@@ -105,6 +107,39 @@ class TestPlacing:
         r = w.only("wide")
         assert sorted(s.node for s in r.shards) == ["a", "b"]
         assert r.master_port is not None
+
+
+class TestScaleFromZero:
+    def test_held_requests_place_a_replica(self) -> None:
+        """Routers holding requests for a model with min 0 get it one replica."""
+        w = World()
+        w.node("a")
+        w.model(spec("m", min_replicas=0, max_replicas=2))
+        w.report(demand={"m": 3})
+        w.tick()
+        assert len(w.replicas("m", "pending")) == 1
+
+    def test_held_requests_under_an_alias_count_for_the_model(self) -> None:
+        """Routers report the name clients used; an alias's held requests scale its model."""
+        w = World()
+        w.node("a")
+        w.model(
+            msgspec.structs.replace(spec("m", min_replicas=0, max_replicas=2), aliases=("m-chat",))
+        )
+        w.report(demand={"m-chat": 3})
+        w.tick()
+        assert len(w.replicas("m", "pending")) == 1
+
+    def test_load_under_an_alias_sizes_the_model(self) -> None:
+        """In-flight requests reported under the model's name and an alias add up."""
+        w = World()
+        w.node("a")
+        w.model(
+            msgspec.structs.replace(spec("m", min_replicas=1, max_replicas=4), aliases=("m-chat",))
+        )
+        w.report(load={"m": ModelLoad(inflight=10), "m-chat": ModelLoad(inflight=15)})
+        w.tick()
+        assert w.state.models["m"].desired_replicas == 3
 
 
 class TestReadiness:

@@ -88,8 +88,7 @@ def plan_models(
             if r is not None and r.state in LIVE:
                 batch.drain(r, f"model {name} deleted", grace_s=cfg.drain_grace_s)
         mem.evicting.pop(name, None)
-    demand = usage.demand()
-    load = usage.load()
+    demand, load = _by_model_name(state.models, usage.demand(), usage.load())
     requests: list[Request] = []
     watch = None if dirty is None else _watched(batch, index, mem, dirty)
     names = state.models.keys() if watch is None else (watch | demand.keys() | load.keys())
@@ -100,6 +99,43 @@ def plan_models(
         stable = watch is not None and name not in watch
         _model(batch, index, usage, mem, cfg, m, demand, load, requests, stable=stable)
     place_requests(batch, index, usage, mem, cfg, requests)
+
+
+def _by_model_name(
+    models: Mapping[str, Model],
+    demand: dict[str, int],
+    load: dict[str, ModelLoadSum],
+) -> tuple[dict[str, int], dict[str, ModelLoadSum]]:
+    """Demand and load keyed by model name.
+
+    Routers key them by the name clients put in the request, which may be one
+    of a model's aliases: without folding those in, a model asked for only by
+    an alias would never scale from zero. Names no model serves are kept (they
+    match nothing). The alias map is built only when a report needs it.
+    """
+    if all(k in models for k in demand) and all(k in models for k in load):
+        return demand, load
+    owner = {alias: m.name for m in models.values() for alias in m.spec.aliases}
+    folded_demand: dict[str, int] = {}
+    for name, held in demand.items():
+        key = owner.get(name, name)
+        folded_demand[key] = folded_demand.get(key, 0) + held
+    folded_load: dict[str, ModelLoadSum] = {}
+    for name, ml in load.items():
+        key = owner.get(name, name)
+        was = folded_load.get(key)
+        if was is not None:
+            rate = ml.requests_per_s
+            if was.requests_per_s is not None:
+                rate = was.requests_per_s + (rate or 0.0)
+            ml = ModelLoadSum(
+                inflight=was.inflight + ml.inflight,
+                held=was.held + ml.held,
+                requests_per_s=rate,
+                routers=max(was.routers, ml.routers),
+            )
+        folded_load[key] = ml
+    return folded_demand, folded_load
 
 
 def _watched(batch: Batch, index: FleetIndex, mem: Memory, dirty: Collection[str]) -> set[str]:
