@@ -144,6 +144,9 @@ class TestConfig:
             ([*REQUIRED, "--label", "novalue"], "KEY=VALUE"),
             ([*REQUIRED, "--engine-bin", "tgi=x"], "unknown engine"),
             ([*REQUIRED, "--gpus", "nvml", "--gpus-file", "f"], "not both"),
+            # Without a scheme every heartbeat would fail, forever, with a warning.
+            (["--node", "n", "--state-dir", "/tmp/x", "--controller", "127.0.0.1:8081"], "http"),
+            (["--node", "n", "--state-dir", "/tmp/x", "--controller", "http://h:x"], "http"),
         ],
     )
     def test_errors(self, args: list[str], message: str) -> None:

@@ -18,6 +18,7 @@ import argparse
 import socket
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import msgspec
 import yaml
@@ -169,3 +170,21 @@ def _check(cfg: AgentConfig) -> None:
     ]
     if missing:
         raise ConfigError("missing " + ", ".join(missing))
+    for url in cfg.controller:
+        # Refused here: the heartbeat loop would only log its failure, forever.
+        why = _url_problem(url)
+        if why is not None:
+            raise ConfigError(f"--controller {url!r}: {why}; expected http://HOST:PORT")
+
+
+def _url_problem(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises ValueError for a port that is not 0-65535
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return "not an http(s) URL"
+    if not parts.hostname:
+        return "no host"
+    return None
