@@ -60,6 +60,12 @@ class TestErrorFrameWatch:
         w = watch(b'data:{"error":"Request failed during generation","error_type":"generation"}\n')
         assert (w.seen, w.code, w.endpoint_failure) == (True, None, False)
 
+    def test_tgi_chat_frame_code_is_its_http_status_code(self) -> None:
+        """TGI's chat error event names its status `http_status_code`; a 5xx one counts."""
+        frame = b'data: {"error":{"message":"generation failed","http_status_code":500}}\n\n'
+        w = watch(TOKEN, frame, DONE)
+        assert (w.endpoint_failure, w.code, w.message) == (True, 500, "generation failed")
+
     def test_escaped_text_in_content_is_not_a_frame(self) -> None:
         """A model that writes `data: {"error"` in its output has it escaped in JSON: ignored."""
         ev = b'data: {"choices":[{"delta":{"content":"\\ndata: {\\"error\\": 1}"}}]}\n\n'

@@ -94,7 +94,9 @@ class ErrorFrameWatch:
         err = doc.get("error")
         if isinstance(err, dict):
             self.message = str(err.get("message") or "")
-            self.code = _code(err.get("code"))
+            code = err.get("code")
+            # TGI's chat frame names it `http_status_code` (ENGINES.md §6).
+            self.code = _code(err.get("http_status_code") if code is None else code)
         elif isinstance(err, str):
             self.message = err  # TGI: a string and no code
         else:
