@@ -141,6 +141,23 @@ class TestScaleFromZero:
         w.tick()
         assert w.state.models["m"].desired_replicas == 3
 
+    def test_traffic_with_nothing_in_flight_keeps_one_replica(self) -> None:
+        """Requests started this interval but none in flight at report time is not "no load".
+
+        Otherwise a model with sparse traffic drains its only replica, holds the
+        next request, scales from zero again, and flaps with a cold start each time.
+        """
+        w = World()
+        w.node("a")
+        w.model(spec("m", min_replicas=0, max_replicas=2), desired=1)
+        w.tick()
+        w.ready_all()
+        w.tick()
+        w.report(load={"m": ModelLoad(inflight=0, requests=5, interval_s=1.0)})
+        w.tick()
+        assert w.state.models["m"].desired_replicas == 1
+        assert [r.state for r in w.replicas("m")] == ["ready"]
+
 
 class TestReadiness:
     def test_ready_heartbeat_makes_replica_ready_with_url(self) -> None:

@@ -41,16 +41,20 @@ def desired_count(
     busy: int | None,
     target_per_replica: float,
     cooling: bool,
+    serving: bool = False,
 ) -> int:
     """Replicas a model should have now.
 
     `busy` is in-flight plus held requests the routers report; None when no
     router has reported this model — unknown load never scales anything down.
     Held requests mean at least one replica (scale from zero, §2.8). Scaling up
-    is immediate; scaling down waits out the cool-down (`cooling`).
+    is immediate; scaling down waits out the cool-down (`cooling`). `serving`:
+    routers started requests for it in their last interval; in-flight counts
+    taken at one instant are often 0 under sparse traffic, and dropping the last
+    replica then would only bring it back cold on the next request (flapping).
     """
     want = min_replicas
-    if demand > 0:
+    if demand > 0 or serving:
         want = max(want, 1)
     # Unknown load keeps what there is; a known one sizes the model.
     by_load = current if busy is None else math.ceil(busy / target_per_replica)
@@ -230,6 +234,7 @@ def _scale(
         busy=busy,
         target_per_replica=cfg.target_inflight_per_replica,
         cooling=batch.now - last < cfg.scale_down_cooldown_s,
+        serving=load is not None and (load.requests_per_s or 0.0) > 0,
     )
     if desired != m.desired_replicas:
         seen = "-" if busy is None else str(busy)
