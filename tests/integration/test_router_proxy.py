@@ -209,6 +209,37 @@ class TestSurface:
         assert doc["object"] == "list"
         assert [m["id"] for m in doc["data"]] == ["cold", MODEL]
 
+    def test_model_retrieve(self, fleet: tuple[Program, list[Program]]) -> None:
+        """GET /v1/models/{id} (the openai package's models.retrieve) answers the model's
+        object, and an unknown one OpenAI's 404 model_not_found."""
+        client = openai.OpenAI(base_url=fleet[0].url + "/v1", api_key=KEY, max_retries=0)
+        try:
+            got = client.models.retrieve(MODEL)
+            with pytest.raises(openai.NotFoundError) as info:
+                client.models.retrieve("org/nope")
+        finally:
+            client.close()
+        assert (got.id, got.object) == (MODEL, "model")
+        assert info.value.code == "model_not_found"
+
+    @pytest.mark.parametrize(
+        ("method", "path", "status"),
+        [
+            ("POST", "/v1/responses", 404),
+            ("GET", "/v1/nothing/here", 404),
+            ("GET", "/v1/chat/completions", 405),
+            ("DELETE", "/v1/models", 405),
+        ],
+    )
+    async def test_unknown_route_or_method_is_openai_shaped(
+        self, url: str, session: aiohttp.ClientSession, method: str, path: str, status: int
+    ) -> None:
+        """A route or method the router does not serve answers an OpenAI error body, not text."""
+        async with session.request(method, url + path, headers=AUTH) as resp:
+            assert resp.status == status
+            doc = await resp.json()
+        assert set(doc["error"]) == {"message", "type", "param", "code"}
+
     def test_models_needs_key(self, url: str) -> None:
         """/v1/models is behind the API key too."""
         with pytest.raises(urllib.error.HTTPError) as info:

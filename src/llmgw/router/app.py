@@ -109,6 +109,9 @@ def build_app(cfg: RouterConfig, *, config_path: str | Path | None = None) -> we
     app.router.add_post("/v1/completions", proxy.handle)
     app.router.add_post("/v1/embeddings", proxy.handle)
     app.router.add_get("/v1/models", proxy.models)
+    app.router.add_get("/v1/models/{model:.+}", proxy.model)
+    # Last: every other /v1 path or method gets an OpenAI-shaped 404/405.
+    app.router.add_route("*", "/v1/{tail:.*}", proxy.no_route)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

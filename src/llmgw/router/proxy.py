@@ -33,6 +33,7 @@ from llmgw.router.errors import (
     NoReplica,
     UpstreamError,
     bad_request,
+    error_response,
     model_not_found,
     stream_error_frame,
     too_large,
@@ -329,11 +330,45 @@ class Proxy:
         st = self.state
         if st.keys.enabled and st.keys.check(request.headers.get("Authorization")) is None:
             return unauthorized()
-        data: list[dict[str, Any]] = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "llmgw"}
-            for m in sorted(st.known_models)
-        ]
+        data: list[dict[str, Any]] = [_model_object(m) for m in sorted(st.known_models)]
         return web.json_response({"object": "list", "data": data})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
+        st = self.state
+        if st.keys.enabled and st.keys.check(request.headers.get("Authorization")) is None:
+            return unauthorized()
+        model = request.match_info["model"]
+        if model not in st.known_models:
+            return model_not_found(model)
+        return web.json_response(_model_object(model))
+
+    async def no_route(self, request: web.Request) -> web.Response:
+        """Any other /v1 request: OpenAI's 404 (or 405 on a served path), not aiohttp's text."""
+        path, method = request.path, request.method
+        allowed = "POST" if path in POST_PATHS else "GET" if path.startswith("/v1/models") else ""
+        if allowed:
+            return error_response(
+                405,
+                f"Method {method} is not allowed on {path}; use {allowed}.",
+                type="invalid_request_error",
+                code="method_not_allowed",
+                headers={"Allow": allowed},
+            )
+        return error_response(
+            404,
+            f"Invalid URL ({method} {path}).",
+            type="invalid_request_error",
+            code="unknown_url",
+        )
+
+
+# The proxied routes (app.py); any other method on them is a 405.
+POST_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", EMBEDDINGS})
+
+
+def _model_object(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 0, "owned_by": "llmgw"}
 
 
 def _tag(resp: web.Response, rid: str) -> web.Response:
