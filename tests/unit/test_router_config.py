@@ -68,6 +68,8 @@ class TestValidation:
             ("api_keys: [{name: a, sha256: nothex}]", "sha256"),
             ("endpoints: [{id: a, url: 'ftp://x', models: [m]}]", "url"),
             ("endpoints: [{id: a, url: 'http://x', models: []}]", "models"),
+            # A misspelt engine would leave the endpoint unscraped (stale) for good.
+            ("endpoints: [{id: a, url: 'http://x', models: [m], engine: vLLM}]", "engine"),
             (
                 "endpoints: [{id: a, url: 'http://x', models: [m]}, "
                 "{id: a, url: 'http://y', models: [m]}]",

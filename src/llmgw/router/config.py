@@ -28,6 +28,7 @@ from typing import Annotated, Literal
 import msgspec
 import yaml
 
+from llmgw.router.enginemetrics import ENGINES
 from llmgw.wire.endpoints import EndpointInfo
 
 Policy = Literal["ours", "round_robin", "least_inflight"]
@@ -133,6 +134,10 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 raise ValueError(f"endpoints[{i}].url {ep.url!r} must start with http://")
             if not ep.models:
                 raise ValueError(f"endpoints[{i}].models must name at least one model")
+            if ep.engine not in ENGINES:
+                raise ValueError(
+                    f"endpoints[{i}].engine {ep.engine!r} must be one of {sorted(ENGINES)}"
+                )
             if ep.weight <= 0:
                 raise ValueError(f"endpoints[{i}].weight must be above 0")
         names = [k.name for k in self.api_keys]
