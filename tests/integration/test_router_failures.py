@@ -176,3 +176,28 @@ class TestEngineKilledBeforeFirstToken:
         events = reply.events()
         assert events[-1] == "[DONE]"
         assert not [e for e in events if e.startswith('{"error"')], events
+
+
+class TestDeadlineIsNotTheEngines:
+    async def test_stream_cut_by_the_request_deadline_leaves_the_breaker_closed(
+        self, tmp_path: Path
+    ) -> None:
+        """A stream still producing when request_timeout_s runs out is cut with an error
+        frame, but the engine did nothing wrong: its breaker stays closed."""
+        with sim_engines(tmp_path, [1.0]) as engines:
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                request_timeout_s=1.5,
+                breaker={"failure_threshold": 1, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                body = chat_body("long answer", max_tokens=2000, stream=True)
+                async with aiohttp.ClientSession() as session:
+                    reply = await asyncio.wait_for(post(session, r.url, body), timeout=20)
+                snap = await asyncio.to_thread(snapshot, r.url, "e0")
+        events = reply.events()
+        assert len(events) > 3  # it was producing
+        assert events[-1] == "[DONE]"
+        assert [e for e in events if e.startswith('{"error"')]
+        assert snap["breaker"] == "closed"

@@ -32,6 +32,7 @@ from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import (
     NoReplica,
     UpstreamError,
+    UpstreamTimeout,
     bad_request,
     error_response,
     model_not_found,
@@ -216,7 +217,7 @@ class Proxy:
                         resp = web.Response(status=up.status, body=data, headers=out_headers)
                     else:
                         resp, outcome, ttft = await self._stream(
-                            request, up, first, out_headers, t0
+                            request, up, first, out_headers, t0, deadline
                         )
                     if outcome is Outcome.OK:
                         stats = next((s.stats for s in snaps if s.id == eid), None)
@@ -262,6 +263,7 @@ class Proxy:
         first: bytes,
         out_headers: dict[str, str],
         t0: float,
+        deadline: float,
     ) -> tuple[web.StreamResponse, Outcome, float | None]:
         """Relay an event stream as it arrives; the outcome is the endpoint's verdict.
 
@@ -270,6 +272,8 @@ class Proxy:
         A stream that ends cleanly but carried the engine's own 5xx error event is
         the endpoint's failure too (inband.py). One that goes silent for
         `stream_idle_timeout_s` ends here like a broken one (`UpstreamTimeout`).
+        One still producing when the request's own deadline passes is cut the same
+        way, but that is no verdict on the engine (ABANDONED, not a failure).
         """
         out_headers["Cache-Control"] = "no-cache"
         resp = web.StreamResponse(status=up.status, headers=out_headers)
@@ -287,13 +291,19 @@ class Proxy:
                 watch.feed(chunk)
                 chunk = await up.chunk()
         except UpstreamError as exc:
-            log.warning(kv("stream broke", endpoint=up.endpoint_id, error=exc))
+            # Timer slack: the client's deadline timer fires at, not before, `deadline`.
+            if isinstance(exc, UpstreamTimeout) and time.monotonic() >= deadline - 0.05:
+                verdict, why, code = Outcome.ABANDONED, "the request's deadline passed", 504
+            else:
+                why = f"upstream stream broke: {exc.detail}"
+                verdict, code = Outcome.ENDPOINT_FAILURE, 502
+            log.warning(kv("stream ended early", endpoint=up.endpoint_id, error=exc))
             try:
-                await resp.write(stream_error_frame(f"upstream stream broke: {exc.detail}"))
+                await resp.write(stream_error_frame(why, code=code))
                 await resp.write_eof()
             except ConnectionError:
                 pass
-            return resp, Outcome.ENDPOINT_FAILURE, ttft
+            return resp, verdict, ttft
         except ConnectionError:
             # The client went away; closing `up` (the caller's finally) aborts the engine's work.
             return resp, Outcome.ABANDONED, ttft
