@@ -74,6 +74,24 @@ class TestHeartbeater:
         assert hb.failures == 2
         assert hb.last_error == "HTTP 503: not_leader"
 
+    async def test_retries_stay_within_a_few_intervals(self) -> None:
+        """However long the outage, a retry waits at most four intervals (8 s at 2 s).
+
+        A controller that comes back must hear from every agent before its
+        heartbeat timeout (10 s by default), or it shows healthy nodes unreachable.
+        """
+        client = ScriptedClient([ControllerUnavailable("refused")] * 20)
+        hb = Heartbeater(
+            client=client,
+            build=beat_of,
+            on_reply=lambda _r: None,
+            interval_s=2.0,
+            rng=lambda: 1.0,
+            clock=ManualClock(),
+        )
+        delays = [await hb.beat() for _ in range(20)]
+        assert max(delays) == 8.0
+
     async def test_reply_is_applied_and_resets(self) -> None:
         """An answer is applied, clears the failure count, and sets the next beat."""
         applied: list[tuple[ShardSpec, ...]] = []

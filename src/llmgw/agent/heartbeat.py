@@ -58,6 +58,14 @@ def backoff_delay_s(
     return raw * (0.5 + rng() / 2)
 
 
+# Retries never wait longer than this many heartbeat intervals (8 s at the default
+# 2 s). A controller that comes back, or a standby that takes over, must hear from
+# every agent before its heartbeat timeout (10 s by default), or it shows healthy
+# nodes as unreachable; a fixed 30 s cap did exactly that after any outage longer
+# than a few seconds. 200 agents retrying every few seconds is no load at all.
+BACKOFF_CAP_INTERVALS = 4.0
+
+
 class HeartbeatSender(Protocol):
     @property
     def url(self) -> str: ...
@@ -131,7 +139,7 @@ class Heartbeater:
         on_reply: Callable[[HeartbeatReply], None],
         interval_s: float,
         backoff_base_s: float = 1.0,
-        backoff_cap_s: float = 30.0,
+        backoff_cap_s: float | None = None,  # None: BACKOFF_CAP_INTERVALS × interval_s
         rng: Callable[[], float] = random.random,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -140,7 +148,7 @@ class Heartbeater:
         self._on_reply = on_reply
         self._interval_s = interval_s
         self._base_s = backoff_base_s
-        self._cap_s = backoff_cap_s
+        self._cap_s = BACKOFF_CAP_INTERVALS * interval_s if backoff_cap_s is None else backoff_cap_s
         self._rng = rng
         self._clock = clock
         self.failures = 0
