@@ -120,3 +120,33 @@ class TestReload:
         assert events[-1] == "[DONE]"
         assert not [e for e in events if e.startswith('{"error"')]
         assert after.endpoint == "e1"
+
+
+class TestHeldBehindAnOpenBreaker:
+    async def test_requests_waiting_for_a_half_open_probe_are_not_refused(
+        self, tmp_path: Path
+    ) -> None:
+        """Requests held while a model's only replica has its breaker open all succeed once
+        it recovers: those that lose the race for the half-open probe keep waiting instead
+        of being answered 503."""
+        with sim_engines(tmp_path, [2.0]) as engines:
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                hold_timeout_s=20.0,
+                breaker={"failure_threshold": 1, "cooldown_s": 1.0, "max_cooldown_s": 1.0},
+            )
+            with router(tmp_path, cfg) as r:
+                faults = engines[0].url + "/sim/faults"
+                async with aiohttp.ClientSession() as session:
+                    async with session.post(faults, json={"fail_rate": 1.0}) as resp:
+                        assert resp.status == 200
+                    failed = await post(session, r.url, chat_body("fail"))
+                    assert failed.status == 500
+                    async with session.post(faults, json={"fail_rate": 0.0}) as resp:
+                        assert resp.status == 200
+                    # The breaker is open: these wait, then race for the one probe.
+                    bodies = [chat_body(f"q{i}", max_tokens=24) for i in range(4)]
+                    replies = await asyncio.wait_for(
+                        asyncio.gather(*(post(session, r.url, b) for b in bodies)), timeout=30
+                    )
+        assert [x.status for x in replies] == [200] * 4, [x.body[:200] for x in replies]

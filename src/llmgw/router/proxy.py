@@ -148,9 +148,10 @@ class Proxy:
                     if failed is not None:
                         status = failed.status
                         return self._relay_failed(failed, rid, eid)
-                    if tried:
-                        why = last_error or "their breakers refused it"
-                        raise NoReplica(model, f"every replica was tried ({why})")
+                    if last_error:
+                        raise NoReplica(model, f"every replica was tried ({last_error})")
+                    # None at all, or only breakers refused (another request holds the
+                    # half-open probe): wait for one, as for a model with no replica.
                     decision, snaps = await self._hold(model, hashes, t0, deadline)
                 eid = decision.endpoint_id or ""
                 if log.isEnabledFor(logging.DEBUG):
