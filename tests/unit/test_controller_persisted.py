@@ -155,11 +155,12 @@ class TestHeldRoom:
 
     def test_the_reservation_is_deleted_once_the_model_lands(self) -> None:
         """Placed into its room, the model holds nothing any more."""
-        w, p1, _ = self._evicted()
+        w, p1, p2 = self._evicted()
         w.report(inflight={p1: 0})
         w.clock.advance(3)
         w.touch("a")
         w.tick()
+        w.heartbeat("a", {p2: "ready"})  # the agent has stopped p1's engine
         plan = w.tick()
         assert w.only("new").shards[0].gpus == (0,)
         assert (plan.changes.deleted_reservations, w.state.reservations) == (["new"], {})

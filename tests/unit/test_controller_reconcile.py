@@ -211,6 +211,28 @@ class TestDeadlinesAndRestarts:
         assert again.restarts == 1
         assert w.state.replicas[first.id].state == "stopped"
 
+    def test_cards_of_an_engine_still_exiting_are_not_given_again(self) -> None:
+        """A failed replica's engine the agent still reports keeps its cards until it is gone."""
+        w = World()
+        w.node("a", 1)
+        w.model(spec("m"))
+        w.tick()
+        first = w.only("m")
+        w.heartbeat("a", {first.id: "starting"})
+        w.clock.advance(61)
+        w.touch("a")
+        w.tick()
+        assert w.only("m", "failed").id == first.id
+        w.clock.advance(6)
+        # Told to stop it, the agent is still waiting for the engine to exit.
+        w.heartbeat("a", {first.id: "starting"})
+        w.tick()
+        assert w.replicas("m", "pending") == []
+        w.heartbeat("a", {})
+        w.tick()
+        again = w.only("m", "pending")
+        assert again.shards[0].gpus == (0,)
+
     def test_backoff_doubles_and_caps(self) -> None:
         """Each failure waits twice as long as the previous, up to the cap."""
         w = World()
@@ -425,8 +447,9 @@ class TestNodeDrain:
         w.clock.advance(3)
         w.touch("a", "b")
         w.tick()
-        w.tick()
         assert w.state.replicas[old.id].state == "stopped"
+        w.heartbeat("a", {})  # the agent has stopped its engine
+        w.tick()
         assert any(e.startswith("node.drained a") for e in w.events)
 
     def test_pending_replica_on_draining_node_moves_at_once(self) -> None:
@@ -465,6 +488,7 @@ class TestEviction:
         w.touch("a")
         w.tick()
         assert w.state.replicas[rid].state == "stopped"
+        w.heartbeat("a", {})  # the agent has stopped its engine
         w.tick()
         assert w.only("new").state == "pending"
 
@@ -478,6 +502,7 @@ class TestEviction:
         w.clock.advance(3)
         w.touch("a")
         w.tick()
+        w.heartbeat("a", {})  # the agent has stopped its engine
         w.tick()
         assert w.only("new").shards[0].gpus == (0, 1)
         assert w.replicas("other") == []

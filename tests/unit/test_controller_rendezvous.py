@@ -54,6 +54,8 @@ class TestRendezvousPort:
         w.heartbeat("b", {old.id: "failed"})
         w.clock.advance(6)
         w.touch("a", "b")
+        w.heartbeat("a", {})  # rank 0's engine has exited: its cards are free again
+        _small_range(w)
         w.tick()
         new = w.only("wide", "pending")
         assert new.shards[0].node == "a"

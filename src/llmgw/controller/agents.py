@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from llmgw.controller.index import FleetIndex
 from llmgw.controller.lifecycle import RUNS, Batch, backoff_s, log_tail_text
-from llmgw.controller.state import FleetState, Node, Replica, Shard
+from llmgw.controller.state import SHARD_RUNNING, FleetState, Node, Replica, Shard
 from llmgw.wire.agent import Heartbeat, ShardSpec, ShardStatus
 from llmgw.wire.models import ModelSpec
 
@@ -75,6 +75,13 @@ def absorb_heartbeat(
     for rid in sorted(index.on_node(hb.node)):
         r = state.replicas[rid]
         if r.state not in RUNS:
+            # Gone as far as we are concerned, but its engines may still be exiting.
+            gone = tuple(
+                _exiting_shard(s, reported.get((rid, s.rank))) if s.node == hb.node else s
+                for s in r.shards
+            )
+            if gone != r.shards:
+                batch.update(r, shards=gone)
             continue
         shards = tuple(
             _absorb_shard(s, reported.get((rid, s.rank))) if s.node == hb.node else s
@@ -102,6 +109,20 @@ def _node_events(batch: Batch, old: Node | None, new: Node) -> None:
             batch.event("node.gpu_unhealthy", "node", new.name, f"GPU {g.index}: {why}", model=None)
         elif before is not None and not before.healthy and g.healthy:
             batch.event("node.gpu_healthy", "node", new.name, f"GPU {g.index} healthy", model=None)
+
+
+def _exiting_shard(shard: Shard, st: ShardStatus | None) -> Shard:
+    """A stopped or failed replica's shard: whether its engine still runs (holds its cards).
+
+    Only the state follows the report; the replica itself is never revived.
+    """
+    if st is None:
+        if shard.state in SHARD_RUNNING:
+            return dataclasses.replace(shard, state="stopped", pid=None)
+        return shard
+    if st.state == shard.state and st.pid == shard.pid:
+        return shard
+    return dataclasses.replace(shard, state=st.state, pid=st.pid, exit_code=st.exit_code)
 
 
 def _absorb_shard(shard: Shard, st: ShardStatus | None) -> Shard:

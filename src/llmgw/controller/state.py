@@ -26,6 +26,11 @@ ShardRunState = Literal["pending", "starting", "ready", "failed", "stopped"]
 # stopped or failed, so nothing else is placed on them while an engine may still
 # be running there.
 HOLDS_GPUS: frozenset[ReplicaState] = frozenset({"pending", "starting", "ready", "draining"})
+# Shard states whose engine may be running. A stopped or failed replica whose
+# agent last reported one of its shards so still holds that shard's cards: the
+# engine is exiting (SIGTERM, then SIGKILL after a grace) and a new one started
+# on the same cards meanwhile would run out of memory.
+SHARD_RUNNING: frozenset[ShardRunState] = frozenset({"starting", "ready"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +140,7 @@ class Replica:
 
     @property
     def holds_gpus(self) -> bool:
-        return self.state in HOLDS_GPUS
+        return self.state in HOLDS_GPUS or any(s.state in SHARD_RUNNING for s in self.shards)
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,8 @@ def _wait(
     blocked = False
     if r.state == "draining":
         why = f"draining ({r.reason}): stops when its in-flight requests finish or its grace ends"
+    elif r.state in ("stopped", "failed"):
+        why = f"{r.state}; its agent still reports its engine running (exiting)"
     elif r.state != "ready":
         why = f"{r.state}, not serving yet: stopped and placed elsewhere on the next tick"
     elif new is not None:
