@@ -6,7 +6,7 @@ import msgspec
 
 from llmgw.controller.models import desired_count
 from llmgw.wire.usage import ModelLoad
-from tests.unit.controller_reconcile_world import World, spec
+from tests.unit.controller_reconcile_world import World, gpus, spec
 
 
 def _desired(**kw: object) -> int:
@@ -465,6 +465,37 @@ class TestNodeDrain:
         w.tick()
         assert w.state.replicas[old.id].state == "stopped"
         assert w.only("m", "pending").shards[0].node == "b"
+
+
+class TestUnhealthyGpu:
+    def test_pending_replica_on_a_gpu_gone_unhealthy_is_placed_again(self) -> None:
+        """A card that turns unhealthy before its engine starts: the replica goes elsewhere."""
+        w = World()
+        w.node("a", 2)
+        w.model(spec("m"))
+        w.tick()
+        first = w.only("m", "pending")
+        assert first.shards[0].gpus == (0,)
+        w.set_node("a", gpus=gpus(2, unhealthy=[0]))
+        w.heartbeat("a")
+        w.tick()
+        assert w.state.replicas[first.id].state == "stopped"
+        assert w.only("m", "pending").shards[0].gpus == (1,)
+
+    def test_ready_replica_on_a_gpu_gone_unhealthy_is_replaced_before_it_leaves(self) -> None:
+        """Serving on a card that turned unhealthy: make-before-break onto healthy cards."""
+        w = World()
+        w.node("a", 2)
+        w.model(spec("m"))
+        w.tick()
+        w.ready_all()
+        old = w.only("m", "ready")
+        w.set_node("a", gpus=gpus(2, unhealthy=[0]))
+        w.heartbeat("a", {old.id: "ready"})
+        w.tick()
+        new = w.only("m", "pending")
+        assert (new.shards[0].gpus, new.replaces) == ((1,), old.id)
+        assert w.state.replicas[old.id].state == "ready"
 
 
 class TestEviction:

@@ -147,7 +147,8 @@ def _watched(batch: Batch, index: FleetIndex, mem: Memory, dirty: Collection[str
     replicas = batch.base.replicas
     out.update(replicas[rid].model for rid in index.in_state("failed"))
     for name, node in batch.base.nodes.items():
-        if node.operator_state == "draining":
+        # Replicas there must move (a GPU's health changes without dirtying a model).
+        if node.operator_state == "draining" or not all(g.healthy for g in node.gpus):
             out.update(replicas[rid].model for rid in index.on_node(name))
     return out
 
@@ -197,8 +198,11 @@ def _model(
         if r.state == "failed" and (r.retry_at is None or r.retry_at <= now):
             requests.append(Request(model=m, restart=r))
     ready_movers = [r for r in movers if r.state == "ready"]
-    draining_node = [r for r in ready_movers if _on_draining_node(batch, r)]
-    # Spec changes roll one replica at a time; a node drain moves everything at once.
+    draining_node = [
+        r for r in ready_movers if _on_draining_node(batch, r) or _unhealthy_gpu(batch, r)
+    ]
+    # Spec changes roll one replica at a time; a node drain (or a card gone bad)
+    # moves everything at once.
     outdated = [r for r in ready_movers if r not in draining_node]
     if outdated and not replaced:
         draining_node.append(min(outdated, key=lambda r: (r.created_at, r.id)))
@@ -264,7 +268,23 @@ def _settle_pairs(batch: Batch, cfg: ControllerConfig, live: list[Replica]) -> N
 
 
 def _must_move(batch: Batch, m: Model, r: Replica) -> bool:
-    return r.created_at < m.updated_at or _on_draining_node(batch, r)
+    return (
+        r.created_at < m.updated_at
+        or _on_draining_node(batch, r)
+        or _unhealthy_gpu(batch, r) is not None
+    )
+
+
+def _unhealthy_gpu(batch: Batch, r: Replica) -> str | None:
+    """'GPU 3 on a' when one of r's cards is reported unhealthy, else None."""
+    for s in r.shards:
+        node = batch.node(s.node)
+        if node is None:
+            continue
+        for g in node.gpus:
+            if not g.healthy and g.index in s.gpus:
+                return f"GPU {g.index} on {s.node}"
+    return None
 
 
 def _on_draining_node(batch: Batch, r: Replica) -> bool:
@@ -278,6 +298,9 @@ def _on_draining_node(batch: Batch, r: Replica) -> bool:
 def _move_reason(batch: Batch, m: Model, r: Replica) -> str:
     if _on_draining_node(batch, r):
         return "node draining"
+    bad = _unhealthy_gpu(batch, r)
+    if bad is not None:
+        return f"{bad} unhealthy"
     return "model spec changed"
 
 

@@ -188,6 +188,11 @@ def _why_move(batch: Batch, m: Model, r: Replica) -> str:
         node = batch.node(s.node)
         if node is not None and node.operator_state == "draining":
             return f"node {s.node} draining"
+    for s in r.shards:
+        node = batch.node(s.node)
+        bad = [g.index for g in node.gpus if not g.healthy and g.index in s.gpus] if node else []
+        if bad:
+            return f"GPU {bad[0]} on {s.node} unhealthy"
     return "model spec changed"
 
 
