@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from llmgw.controller.capacity import gpus_in_use
 from llmgw.controller.models import desired_count
 from llmgw.wire.usage import ModelLoad
 from tests.unit.controller_reconcile_world import World, gpus, spec
@@ -232,6 +233,20 @@ class TestDeadlinesAndRestarts:
         w.tick()
         again = w.only("m", "pending")
         assert again.shards[0].gpus == (0,)
+
+    def test_only_the_shards_still_running_keep_their_cards(self) -> None:
+        """Rank 1 exited on b, rank 0 still runs on a: b's cards are free, a's are not."""
+        w = World()
+        w.node("a")
+        w.node("b")
+        w.model(spec("wide", gpus_per_node=8, nodes=2))
+        w.tick()
+        w.ready_all()
+        old = w.only("wide", "ready")
+        w.heartbeat("b", {old.id: "failed"})
+        assert gpus_in_use(w.state) == {"a": set(range(8))}
+        w.heartbeat("a", {})
+        assert gpus_in_use(w.state) == {}
 
     def test_backoff_doubles_and_caps(self) -> None:
         """Each failure waits twice as long as the previous, up to the cap."""

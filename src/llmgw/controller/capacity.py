@@ -21,7 +21,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from llmgw.controller.state import FleetState, Node
+from llmgw.controller.state import HOLDS_GPUS, SHARD_RUNNING, FleetState, Node
 from llmgw.wire.admin import NodeState
 
 if TYPE_CHECKING:
@@ -31,12 +31,18 @@ _BLOCKED_STATES: tuple[NodeState, ...] = ("cordoned", "draining", "unreachable")
 
 
 def gpus_in_use(state: FleetState) -> dict[str, set[int]]:
-    """Node → GPU indices held by replicas whose state holds GPUs (state.HOLDS_GPUS)."""
+    """Node → GPU indices held: every shard of a replica whose state holds GPUs
+    (state.HOLDS_GPUS), and the shards of stopped or failed ones whose engine
+    its agent last reported running (state.SHARD_RUNNING: still exiting)."""
     used: dict[str, set[int]] = {}
     for replica in state.replicas.values():
-        if replica.holds_gpus:
+        if replica.state in HOLDS_GPUS:
             for shard in replica.shards:
                 used.setdefault(shard.node, set()).update(shard.gpus)
+        elif replica.holds_gpus:
+            for shard in replica.shards:
+                if shard.state in SHARD_RUNNING:
+                    used.setdefault(shard.node, set()).update(shard.gpus)
     return used
 
 
