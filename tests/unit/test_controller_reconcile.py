@@ -467,6 +467,30 @@ class TestNodeDrain:
         w.tick()
         assert any(e.startswith("node.drained a") for e in w.events)
 
+    def test_a_replacement_whose_node_drains_too_is_replaced_as_a_replacement(self) -> None:
+        """The pending replacement's node drains as well: the next one still replaces the old."""
+        w = World()
+        w.node("a")
+        w.node("b", op="cordoned")
+        w.node("c", op="cordoned")
+        w.model(spec("m"))
+        w.tick()
+        w.ready_all()
+        old = w.only("m")
+        w.set_node("a", operator_state="draining")
+        w.set_node("b", operator_state="active")
+        w.tick()
+        first = w.only("m", "pending")
+        assert (first.shards[0].node, first.replaces) == ("b", old.id)
+        w.set_node("b", operator_state="draining")
+        w.set_node("c", operator_state="active")
+        w.tick()
+        second = w.only("m", "pending")
+        assert (second.shards[0].node, second.replaces) == ("c", old.id)
+        w.tick()
+        assert w.only("m", "pending").id == second.id
+        assert w.state.replicas[old.id].state == "ready"
+
     def test_pending_replica_on_draining_node_moves_at_once(self) -> None:
         """Nothing to protect: a replica not yet serving is stopped and placed elsewhere."""
         w = World()

@@ -184,7 +184,14 @@ def _model(
         if r.state != "ready":
             batch.stop(r, _move_reason(batch, m, r))
     stopped = {r.id for r in movers if r.state != "ready"}
-    live = [r for r in live if r.id not in stopped]
+    if stopped:
+        live = [r for r in live if r.id not in stopped]
+        # A stopped replacement no longer covers the replica it was replacing:
+        # that one must move again (replaced anew), not be counted as covered
+        # while a plain replica is placed and then dropped as surplus.
+        live_ids = {r.id for r in live}
+        replaced = {r.replaces for r in live if r.replaces is not None and r.replaces in live_ids}
+        movers = [r for r in live if r.id not in replaced and _must_move(batch, m, r)]
     count = len(live) - len(replaced)
     if count > desired:
         single = [r for r in live if r.id not in replaced and r.replaces not in replaced]
