@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from llmgw.controller.capacity import gpus_in_use
+from llmgw.controller.memory import Memory
 from llmgw.controller.models import desired_count
 from llmgw.wire.usage import ModelLoad
 from tests.unit.controller_reconcile_world import World, gpus, spec
@@ -189,6 +190,24 @@ class TestDeadlinesAndRestarts:
         failed = w.only("m", "failed")
         assert "deadline" in (failed.reason or "")
         assert failed.retry_at == w.now + 5.0
+
+    def test_a_restarted_controller_counts_the_deadline_from_its_start(self) -> None:
+        """After a long controller outage a starting replica gets the deadline anew, not a fail."""
+        w = World()
+        w.node("a")
+        w.model(spec("m"))
+        w.tick()
+        rid = w.only("m").id
+        w.heartbeat("a", {rid: "starting"})
+        w.clock.advance(1000)
+        w.memory = Memory(leader_since=w.now)  # the new leader's first tick
+        w.touch("a")
+        w.tick()
+        assert w.state.replicas[rid].state == "starting"
+        w.clock.advance(61)
+        w.touch("a")
+        w.tick()
+        assert w.state.replicas[rid].state == "failed"
 
     def test_failed_restarts_after_backoff_as_a_new_replica(self) -> None:
         """Not before retry_at; then the old one stops and a new one carries restarts + 1."""

@@ -119,7 +119,9 @@ def _timers(
         r = batch.replica(rid)
         if r is None or batch.touched(rid) or r.state not in ("pending", "starting"):
             continue
-        if now - r.state_since > cfg.starting_deadline_s:
+        # From this controller's start at the earliest: while no controller ran,
+        # no agent could report progress (as with silence, reconcile.silent_for).
+        if now - max(r.state_since, plan.memory.leader_since) > cfg.starting_deadline_s:
             retry = backoff_s(
                 r.restarts, base_s=cfg.restart_backoff_s, cap_s=cfg.restart_backoff_max_s
             )
