@@ -180,3 +180,39 @@ class TestFleetLosingLeadership:
                 await fleet.heartbeat(Heartbeat(node="a", address="10.0.0.1", gpus=()))
         finally:
             lead.release()
+
+
+class _FailingStore(MemoryStore):
+    """A MemoryStore whose writes fail while `down` is set (database unreachable)."""
+
+    down = False
+
+    def apply(self, changes: Changes) -> list[Event]:
+        if self.down:
+            raise StoreError("connection refused")
+        return super().apply(changes)
+
+
+class TestFleetHeartbeatWhileTheStoreIsDown:
+    async def test_a_heartbeat_that_cannot_be_stored_still_proves_the_node_alive(self) -> None:
+        """The write fails (503), but the node's last heartbeat moves on in memory."""
+        from llmgw.controller.config import ControllerConfig
+        from llmgw.controller.errors import StoreUnavailable
+        from llmgw.controller.fleet import Fleet
+        from llmgw.runtime.clock import ManualClock
+        from llmgw.wire.agent import GPU, Heartbeat
+
+        clock = ManualClock()
+        store = _FailingStore()
+        fleet = Fleet(store, clock=clock, config=ControllerConfig())
+        fleet.begin_term()
+        gpu = GPU(index=0, uuid="g0", name="H100", gpu_class="H100-80G", memory_mib=1)
+        await fleet.heartbeat(Heartbeat(node="a", address="10.0.0.1", gpus=(gpu,)))
+        store.down = True
+        clock.advance(30)
+        sick = msgspec.structs.replace(gpu, healthy=False, reason="xid 79")
+        with pytest.raises(StoreUnavailable):
+            await fleet.heartbeat(Heartbeat(node="a", address="10.0.0.1", gpus=(sick,)))
+        node = fleet.state.nodes["a"]
+        assert node.last_heartbeat_at == clock.wall()
+        assert node.gpus == (gpu,)  # nothing else of the failed write reached memory

@@ -18,6 +18,7 @@ gets a grace counted from the new leader's start anyway (reconcile.silent_for).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import math
@@ -192,7 +193,18 @@ class Fleet:
         async with self.lock:
             now = self.clock.wall()
             absorbed = absorb_heartbeat(self.state, self.index, hb, now=now, backoff=self.backoff)
-            await self.commit(absorbed.batch.changes)
+            try:
+                await self.commit(absorbed.batch.changes)
+            except StoreUnavailable:
+                # Nothing of the report was applied, but the node is alive: its
+                # timestamp (memory-only anyway) moves on, or a database outage
+                # longer than the timeout plus grace would fail its replicas on
+                # the first tick that can write again.
+                old = self.state.nodes.get(hb.node)
+                if old is not None:
+                    self.state.nodes[hb.node] = dataclasses.replace(old, last_heartbeat_at=now)
+                    self._unflushed.add(hb.node)
+                raise
             if not absorbed.node_changed:
                 # Memory only; the tick flushes it (see the module docstring).
                 self.state.nodes[hb.node] = absorbed.node
