@@ -86,6 +86,16 @@ class TestRelay:
         assert events[-1] == "[DONE]"
         assert len(events) >= 3
 
+    async def test_stream_tells_proxies_in_front_not_to_buffer(
+        self, url: str, session: aiohttp.ClientSession
+    ) -> None:
+        """A relayed stream carries `X-Accel-Buffering: no`, or an nginx in front of the
+        router (ingress-nginx buffers by default) holds the events back."""
+        r = await post(session, url, chat_body("hi", stream=True, max_tokens=4), headers=AUTH)
+        assert r.status == 200
+        assert r.headers["x-accel-buffering"] == "no"
+        assert r.headers["cache-control"] == "no-cache"
+
     async def test_completions_and_embeddings(
         self, url: str, session: aiohttp.ClientSession
     ) -> None:

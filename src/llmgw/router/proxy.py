@@ -277,6 +277,8 @@ class Proxy:
         way, but that is no verdict on the engine (ABANDONED, not a failure).
         """
         out_headers["Cache-Control"] = "no-cache"
+        # nginx (ingress-nginx by default) buffers proxied bodies unless told not to.
+        out_headers["X-Accel-Buffering"] = "no"
         resp = web.StreamResponse(status=up.status, headers=out_headers)
         ttft: float | None = None
         watch = ErrorFrameWatch()
