@@ -80,6 +80,10 @@ class TestUsage:
         """No router can have seen a negative count; autoscaling must not read one."""
         assert _param(check_usage, report) == param
 
+    def test_a_non_finite_sent_at_is_refused(self) -> None:
+        """An infinite sent_at would outrank every later report of that router."""
+        assert _param(check_usage, UsageReport(router_id="r", sent_at=float("inf"))) == "sent_at"
+
 
 class TestSpec:
     def test_empty_gpu_class_is_named(self) -> None:

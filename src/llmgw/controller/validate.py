@@ -64,6 +64,12 @@ def check_heartbeat(hb: Heartbeat) -> None:
 def check_usage(report: UsageReport) -> None:
     if not report.router_id:
         raise InvalidSpec("usage report: router_id must not be empty", param="router_id")
+    if not math.isfinite(report.sent_at):
+        # Newer reports replace older ones by sent_at: an infinite one would never be replaced.
+        raise InvalidSpec(
+            f"usage report: sent_at must be a finite unix time, got {report.sent_at}",
+            param="sent_at",
+        )
     _counts(report.inflight, "inflight")
     _counts(report.demand, "demand")
     for model, load in report.load.items():
