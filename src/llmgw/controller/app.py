@@ -19,7 +19,7 @@ from aiohttp import web
 
 from llmgw.controller import api
 from llmgw.controller.config import ControllerConfig
-from llmgw.controller.errors import StoreUnavailable
+from llmgw.controller.errors import NotLeading, StoreUnavailable
 from llmgw.controller.fleet import Fleet
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.leader import ControlLoop
@@ -69,7 +69,7 @@ def build_app(
                 await task
             try:
                 await loop.flush_heartbeats()
-            except StoreUnavailable as exc:
+            except (StoreUnavailable, NotLeading) as exc:
                 log.warning("heartbeat flush on stop failed: %s", exc.message)
             await asyncio.to_thread(leadership.release)
             await asyncio.to_thread(store.close)
