@@ -80,6 +80,9 @@ class RouterState:
         # Following a controller whose first list has not come yet: which models
         # exist is unknown, so no request may be told 404 (proxy) and not ready.
         self.awaiting_list = cfg.controller is not None
+        # Which source feeds the registry is fixed at start (`controller` is
+        # restart-only): a reload that adds or drops the section changes nothing here.
+        self._follows_controller = cfg.controller is not None
         # Called after a reload with the new config (the scraper, the reporter).
         self.on_config: list[Callable[[RouterConfig], None]] = []
         if cfg.controller is None:
@@ -114,9 +117,11 @@ class RouterState:
         if cfg.policy != old.policy:
             self.policy = make_policy(cfg.policy, self.prefix)
         self._file_models = cfg.known_models()
-        if old.controller is None:
+        if not self._follows_controller and cfg.controller is None:
             self.apply_endpoints(cfg.endpoint_infos())
         else:
+            # Following a controller, or a file that now names one (which needs a
+            # restart): the endpoints in force stay until the running source changes them.
             self._refresh_models()
             self.holding.notify_changed()
         for hook in self.on_config:
