@@ -7,6 +7,7 @@ import msgspec
 from llmgw.controller.capacity import gpus_in_use
 from llmgw.controller.memory import Memory
 from llmgw.controller.models import desired_count
+from llmgw.controller.reconcile import plan_tick
 from llmgw.wire.usage import ModelLoad
 from tests.unit.controller_reconcile_world import World, gpus, spec
 
@@ -331,6 +332,26 @@ class TestUnreachable:
         assert w.state.replicas[lost.id].state == "stopped"
         new = w.only("m", "pending")
         assert new.shards[0].node == other
+
+    def test_replaced_in_the_same_tick_when_only_changed_models_are_decided(self) -> None:
+        """As the leader ticks (dirty models only): the failed replica is re-placed at once."""
+        w = World()
+        w.node("a")
+        w.node("b")
+        w.model(spec("m"))
+        w.tick()
+        w.ready_all()
+        lost = w.only("m")
+        other = "b" if lost.shards[0].node == "a" else "a"
+        w.clock.advance(41)
+        w.touch(other)
+        plan = plan_tick(
+            w.state, w.index, w.usage, w.memory, now=w.now, config=w.config,
+            new_id=w.new_id, dirty=set(),
+        )  # fmt: skip
+        w.apply(plan.changes)
+        assert w.state.replicas[lost.id].state == "stopped"
+        assert w.only("m", "pending").shards[0].node == other
 
     def test_a_restarted_controller_gives_every_node_a_grace(self) -> None:
         """Old stored heartbeats do not make nodes unreachable on the first tick after start."""

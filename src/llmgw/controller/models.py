@@ -144,6 +144,9 @@ def _by_model_name(
 
 def _watched(batch: Batch, index: FleetIndex, mem: Memory, dirty: Collection[str]) -> set[str]:
     out = set(dirty) | mem.unplaceable.keys() | mem.evicting.keys()
+    # Replicas this very tick changed (failed past a deadline or an unreachable
+    # node's grace): their models are decided now, not a tick later.
+    out.update(r.model for r in batch.changes.replicas)
     replicas = batch.base.replicas
     out.update(replicas[rid].model for rid in index.in_state("failed"))
     for name, node in batch.base.nodes.items():
