@@ -58,6 +58,11 @@ def folder(tmp_path: Path) -> Iterator[Path]:
             os.kill(pid, signal.SIGKILL)
 
 
+def ports() -> list[str]:
+    """Both ports given: the controller's default (router port + 1) may be anyone's."""
+    return ["--port", str(free_port()), "--controller-port", str(free_port())]
+
+
 def up(folder: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         llmgw_argv("up", "--quiet", "--fleet", str(folder / "fleet.yaml"), *args),
@@ -122,7 +127,7 @@ class TestRefusals:
             fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             held.write("4242\n")
             held.flush()
-            out = up(folder, "--port", str(free_port()), "--controller-port", str(free_port()))
+            out = up(folder, *ports())
         assert out.returncode == 1
         assert "already running" in out.stderr
         assert "pid 4242" in out.stderr
@@ -134,7 +139,7 @@ class TestRefusals:
         """The controller's own refusal (here: a token `up` does not have) is shown, then exit 1."""
         fleet = folder / "fleet.yaml"
         fleet.write_text(FLEET + 'controller_args: ["--token", "not-given-to-up"]\n')
-        out = up(folder, "--port", str(free_port()), "--controller-port", str(free_port()))
+        out = up(folder, *ports())
         assert out.returncode == 1
         assert out.stderr.count("\n") == 1, out.stderr
         assert "the controller refused the fleet's models (401)" in out.stderr
@@ -154,9 +159,8 @@ class TestRefusals:
 class TestInterrupt:
     def test_ctrl_c_during_start_up_leaves_nothing(self, folder: Path) -> None:
         """SIGINT while programs are still starting: `up` stops at once, exits 0, no orphans."""
-        port = free_port()
         proc = subprocess.Popen(
-            llmgw_argv("up", "--quiet", "--fleet", "fleet.yaml", "--port", str(port)),
+            llmgw_argv("up", "--quiet", "--fleet", "fleet.yaml", *ports()),
             cwd=folder,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -184,9 +188,8 @@ class TestInterrupt:
 
     def test_ctrl_c_while_an_agent_is_down_stops_its_engines(self, folder: Path) -> None:
         """An engine whose agent died (and is not back yet) is still stopped by Ctrl-C."""
-        port = free_port()
         proc = subprocess.Popen(
-            llmgw_argv("up", "--quiet", "--fleet", "fleet.yaml", "--port", str(port)),
+            llmgw_argv("up", "--quiet", "--fleet", "fleet.yaml", *ports()),
             cwd=folder,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -195,9 +198,12 @@ class TestInterrupt:
         )
         try:
             assert proc.stdout is not None
+            seen = []
             for line in proc.stdout:
+                seen.append(line)
                 if line.startswith("llmgw-ready"):
                     break
+            assert seen[-1].startswith("llmgw-ready"), "".join(seen)
             state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and '"pid"' not in (
