@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -156,18 +157,28 @@ class TestRefusals:
         assert not (folder / ".llmgw").exists()
 
 
+@contextlib.contextmanager
+def running_up(folder: Path) -> Iterator[subprocess.Popen[str]]:
+    """`up` in `folder`, output piped; killed if still running, its pipe always closed."""
+    with subprocess.Popen(
+        llmgw_argv("up", "--quiet", "--fleet", "fleet.yaml", *ports()),
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
 class TestInterrupt:
     def test_ctrl_c_during_start_up_leaves_nothing(self, folder: Path) -> None:
         """SIGINT while programs are still starting: `up` stops at once, exits 0, no orphans."""
-        proc = subprocess.Popen(
-            llmgw_argv("up", "--quiet", "--fleet", "fleet.yaml", *ports()),
-            cwd=folder,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
+        with running_up(folder) as proc:
             # The controller is the first program: once its log exists, start-up is under way.
             deadline = time.monotonic() + 60
             log = folder / ".llmgw" / "logs" / "controller.log"
@@ -176,10 +187,6 @@ class TestInterrupt:
             assert log.exists()
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         assert proc.returncode == 0, out
         assert "llmgw is up" not in out
         assert "llmgw-ready" not in out
@@ -188,22 +195,15 @@ class TestInterrupt:
 
     def test_ctrl_c_while_an_agent_is_down_stops_its_engines(self, folder: Path) -> None:
         """An engine whose agent died (and is not back yet) is still stopped by Ctrl-C."""
-        proc = subprocess.Popen(
-            llmgw_argv("up", "--quiet", "--fleet", "fleet.yaml", *ports()),
-            cwd=folder,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
+        with running_up(folder) as proc:
             assert proc.stdout is not None
             seen = []
             for line in proc.stdout:
                 seen.append(line)
                 if line.startswith("llmgw-ready"):
                     break
-            assert seen[-1].startswith("llmgw-ready"), "".join(seen)
+            last = seen[-1] if seen else ""
+            assert last.startswith("llmgw-ready"), "".join(seen)
             state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and '"pid"' not in (
@@ -216,10 +216,6 @@ class TestInterrupt:
             time.sleep(0.6)  # `up` has seen it die; its restart waits a second
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         assert proc.returncode == 0, out
         assert engine not in procs_of(folder)
         assert procs_of(folder) == []
