@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from llmgw.controller import commands
-from llmgw.controller.api import decode_specs, validation_param
+from llmgw.controller.api import decode_drain, decode_specs, validation_param
 from llmgw.controller.errors import Conflict, InvalidRequest, InvalidSpec, NotFound
 from llmgw.controller.sink import EndpointSink, endpoint_list
 from llmgw.wire.models import ScaleRequest
@@ -147,6 +147,18 @@ class TestValidation:
         with pytest.raises(InvalidRequest) as exc:
             decode_specs(b"{nope")
         assert exc.value.status == 400
+
+    def test_a_drain_without_grace_takes_the_controllers_default(self) -> None:
+        """No grace_s in the body: None (the configured --drain-grace-s), not the wire's 30."""
+        assert decode_drain(b"") == (None, False)
+        assert decode_drain(b'{"force": true}') == (None, True)
+        assert decode_drain(b'{"grace_s": 5}') == (5.0, False)
+
+    def test_a_drain_grace_must_be_finite_and_not_negative(self) -> None:
+        """A negative grace names the field."""
+        with pytest.raises(InvalidSpec) as exc:
+            decode_drain(b'{"grace_s": -1}')
+        assert exc.value.param == "grace_s"
 
 
 class TestSink:

@@ -116,6 +116,29 @@ def decode_specs(body: bytes) -> list[ModelSpec]:
     return specs
 
 
+class _DrainBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """wire.admin.DrainRequest, telling an absent grace_s from the wire default: a drain
+    that names no grace takes the controller's configured --drain-grace-s."""
+
+    grace_s: float | msgspec.UnsetType = msgspec.UNSET
+    force: bool = False
+
+
+def decode_drain(body: bytes) -> tuple[float | None, bool]:
+    """A drain request's (grace_s, force); grace None: the controller's default."""
+    if not body.strip():
+        return None, DrainRequest().force
+    req = decode(body, _DrainBody, what="drain request")
+    if isinstance(req.grace_s, msgspec.UnsetType):
+        return None, req.force
+    if not math.isfinite(req.grace_s) or req.grace_s < 0:
+        raise InvalidSpec(
+            f"grace_s must be a finite number of seconds >= 0, got {req.grace_s}",
+            param="grace_s",
+        )
+    return req.grace_s, req.force
+
+
 class _NoBody(msgspec.Struct, forbid_unknown_fields=True):
     """Commands that take no body accept none, or `{}`; anything else is refused."""
 
@@ -332,16 +355,7 @@ def _node_command(to: OperatorState) -> Handler:
         grace_s: float | None = None
         force = False
         if to == "draining":
-            body = await request.read()
-            req = (
-                decode(body, DrainRequest, what="drain request") if body.strip() else DrainRequest()
-            )
-            if not math.isfinite(req.grace_s) or req.grace_s < 0:
-                raise InvalidSpec(
-                    f"grace_s must be a finite number of seconds >= 0, got {req.grace_s}",
-                    param="grace_s",
-                )
-            grace_s, force = req.grace_s, req.force
+            grace_s, force = decode_drain(await request.read())
         else:
             await _no_body(request, f"{'cordon' if to == 'cordoned' else 'uncordon'} request")
         node = await s.operator_state(name, to, grace_s=grace_s, force=force)
