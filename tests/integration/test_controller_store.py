@@ -857,6 +857,36 @@ class TestLeaderDies:
                     f.close()
 
     @pytest.mark.postgres
+    def test_a_write_after_the_lock_passed_on_is_refused_in_its_transaction(self) -> None:
+        """Fenced inside the write itself: a deposed leader's write fails even when its
+        own connection check has not noticed yet (the window between check and commit)."""
+        with fresh_schema() as pg:
+            store = open_store(pg.url, schema=pg.schema)
+            a = open_leadership(pg.url, schema=pg.schema)
+            b = open_leadership(pg.url, schema=pg.schema)
+            try:
+                assert a.try_acquire()
+                fenced = FencedStore(store, a)
+                fenced.apply(Changes(nodes=[node("n1")]))
+                with pg.connect() as conn:
+                    conn.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE application_name = 'llmgw-controller leader'"
+                        " AND pid <> pg_backend_pid()"
+                        " AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory')"
+                    )
+                assert wait_for(b.try_acquire)
+                # Straight to the store, as a write that passed FencedStore's check
+                # just before the lock went would.
+                with pytest.raises(NotLeader):
+                    store.apply(Changes(nodes=[node("n2")]))
+                assert list(store.load().nodes) == ["n1"]
+            finally:
+                a.release()
+                b.release()
+                store.close()
+
+    @pytest.mark.postgres
     def test_dropped_connection_loses_leadership(self) -> None:
         """When the leader's session is terminated it is no longer leader and a standby leads."""
         with fresh_schema() as pg:

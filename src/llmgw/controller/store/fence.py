@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llmgw.controller.state import Changes, Event, FleetState
 from llmgw.controller.store.base import Leadership, NotLeader, Store
+from llmgw.controller.store.sql import SqlStore
 
 
 class FencedStore:
@@ -17,6 +18,11 @@ class FencedStore:
     def __init__(self, store: Store, leadership: Leadership) -> None:
         self.store = store
         self.leadership = leadership
+        # The check below and the write are two steps; a leadership that can
+        # fence inside the write's own transaction (PostgreSQL) closes the gap.
+        guard = getattr(leadership, "write_guard", None)
+        if guard is not None and isinstance(store, SqlStore):
+            store.write_guard = guard
 
     def load(self) -> FleetState:
         return self.store.load()

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import psycopg
+import sqlalchemy as sa
 
-from llmgw.controller.store.base import StoreError
+from llmgw.controller.store.base import NotLeader, StoreError
 from llmgw.controller.store.postgres import APPLICATION_NAME, libpq_url, lock_key, schema_name
 
 
@@ -104,6 +105,9 @@ class AdvisoryLockLeadership:
         self._mu = threading.Lock()
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self._key: int | None = None
+        self._fence: int | None = None
+        # Backend pid of the connection holding the lock while we lead.
+        self._pid: int | None = None
 
     def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
         kwargs: dict[str, object] = {
@@ -130,6 +134,7 @@ class AdvisoryLockLeadership:
                 row = conn.execute("SELECT current_schema()").fetchone()
                 schema = str(row[0]) if row and row[0] else "public"
             self._key = lock_key("leader", schema)
+            self._fence = lock_key("fence", schema)
         return self._key
 
     def try_acquire(self) -> bool:
@@ -146,7 +151,18 @@ class AdvisoryLockLeadership:
                 conn.close()
                 raise StoreError(f"leadership query failed: {exc}") from exc
             if row is not None and row[0] is True:
+                try:
+                    # Wait out the old leader's writes already past their guard
+                    # (each holds the fence shared until it commits): whatever
+                    # it managed to write is then in the store we load next.
+                    fence = self._fence
+                    conn.execute("SELECT pg_advisory_lock(%s)", (fence,))
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (fence,))
+                except psycopg.Error as exc:
+                    conn.close()
+                    raise StoreError(f"leadership fence failed: {exc}") from exc
                 self._conn = conn
+                self._pid = conn.info.backend_pid
                 return True
             conn.close()
             return False
@@ -155,8 +171,34 @@ class AdvisoryLockLeadership:
         with self._mu:
             return self._conn is not None and self._alive()
 
+    def write_guard(self, conn: sa.Connection) -> None:
+        """First statement of every write transaction (SqlStore.write_guard).
+
+        Refuses (NotLeader, rolling the write back) unless the lock is still held
+        by our session, and holds the fence shared until the transaction ends, so
+        a successor that took the lock in between waits for this write before
+        loading the store. FencedStore's check alone leaves a gap between the
+        check and the commit.
+        """
+        pid, key, fence = self._pid, self._key, self._fence
+        if pid is None or key is None or fence is None:
+            raise NotLeader("this controller does not hold leadership; the write was refused")
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": fence})
+        unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
+        held = conn.execute(
+            sa.text(
+                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND objsubid = 1 AND classid::bigint = :hi AND objid::bigint = :lo"
+                " AND pid = :pid"
+            ),
+            {"hi": unsigned >> 32, "lo": unsigned & 0xFFFF_FFFF, "pid": pid},
+        ).first()
+        if held is None:
+            raise NotLeader("leadership passed to another controller; the write was refused")
+
     def release(self) -> None:
         with self._mu:
+            self._pid = None
             conn, self._conn = self._conn, None
             if conn is not None:
                 # Closing the session releases the lock; no unlock round trip to fail.
@@ -189,6 +231,7 @@ class AdvisoryLockLeadership:
             self._conn.execute("SELECT 1")
         except psycopg.Error:
             conn, self._conn = self._conn, None
+            self._pid = None
             conn.close()
             return False
         return True

@@ -55,6 +55,10 @@ class SqlStore:
         self.engine = engine
         self.describe = describe
         self._closed = False
+        # Run first in every write transaction (FencedStore sets it from the
+        # leadership when that can fence inside the database): raises NotLeader
+        # to roll the write back.
+        self.write_guard: Callable[[sa.Connection], None] | None = None
         self._read = engine.execution_options(**(read_options or {}))
         self._write = engine.execution_options(**(write_options or {}))
         d = engine.dialect.name
@@ -124,6 +128,8 @@ class SqlStore:
     def apply(self, changes: Changes) -> list[Event]:
         t = tables
         with self._translate("apply"), self._write.begin() as conn:
+            if self.write_guard is not None:
+                self.write_guard(conn)
             # Rows are encoded table by table inside the transaction; anything that
             # raises part-way rolls back what was already written.
             if changes.nodes:
