@@ -641,6 +641,32 @@ class TestEviction:
         w.tick()
         assert w.state.replicas[p2].state == "ready"
 
+    def test_a_victim_stuck_on_an_unreachable_node_does_not_block_evicting_another(self) -> None:
+        """The first victim's node went silent before its engine was seen to exit: its
+        cards will not come back soon, so the model may evict elsewhere."""
+        w = World()
+        w.node("a", 1)
+        w.node("b", 1)
+        w.model(spec("old1", min_replicas=0, max_replicas=1, idle_timeout_s=60), desired=1)
+        w.model(spec("old2", min_replicas=0, max_replicas=1, idle_timeout_s=60), desired=1)
+        w.tick()
+        w.ready_all()
+        r1, r2 = w.only("old1").id, w.only("old2").id
+        w.report(last_used={r1: w.now - 500, r2: w.now - 120}, inflight={r1: 0, r2: 0})
+        w.model(spec("new"))
+        w.tick()
+        victim = r1 if w.state.replicas[r1].state == "draining" else r2
+        other = r2 if victim == r1 else r1
+        w.clock.advance(3)
+        w.touch("a", "b")
+        w.tick()
+        assert w.state.replicas[victim].state == "stopped"
+        lost = w.state.replicas[victim].shards[0].node
+        w.clock.advance(11)
+        w.touch("b" if lost == "a" else "a")
+        w.tick()
+        assert w.state.replicas[other].state == "draining"
+
 
 class TestModelDelete:
     def test_replicas_of_a_deleted_model_drain(self) -> None:

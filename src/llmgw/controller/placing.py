@@ -33,7 +33,14 @@ from llmgw.controller.placement import (
     free_map,
     place,
 )
-from llmgw.controller.state import Model, Replica, Reservation, Shard
+from llmgw.controller.state import (
+    HOLDS_GPUS,
+    SHARD_RUNNING,
+    Model,
+    Replica,
+    Reservation,
+    Shard,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,7 +292,8 @@ def _maybe_evict(
 ) -> Reservation | None:
     earlier = mem.evicting.get(model.name)
     if earlier is not None and any(
-        (r := batch.base.replicas.get(rid)) is not None and r.holds_gpus for rid in earlier.victims
+        (r := batch.base.replicas.get(rid)) is not None and _freeing(batch, r, cfg)
+        for rid in earlier.victims
     ):
         return None  # the room evicted earlier is still being freed
     plan = plan_eviction(
@@ -319,6 +327,29 @@ def _maybe_evict(
     msg = f"evicting {', '.join(plan.evict)} to make room: {plan.why}"
     batch.event("model.evicting", "model", model.name, msg, model=model.name)
     return res
+
+
+def _freeing(batch: Batch, r: Replica, cfg: ControllerConfig) -> bool:
+    """Whether an evicted replica's cards are still on their way back.
+
+    Draining, or stopped with an engine its agent last reported running on a
+    node that still heartbeats. An engine on a node gone silent is not coming
+    back soon: waiting for it would block the model for as long as the node is
+    away, so the model may evict elsewhere.
+    """
+    if r.state in HOLDS_GPUS:
+        return True
+    for s in r.shards:
+        if s.state not in SHARD_RUNNING:
+            continue
+        node = batch.node(s.node)
+        if (
+            node is not None
+            and node.shown_state(now=batch.now, heartbeat_timeout_s=cfg.heartbeat_timeout_s)
+            != "unreachable"
+        ):
+            return True
+    return False
 
 
 def _lower_desired(batch: Batch, mem: Memory, name: str) -> None:
