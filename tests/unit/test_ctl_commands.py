@@ -472,7 +472,7 @@ class TestDrain:
         ("flags", "body"),
         [
             ([], None),
-            (["--force"], {"grace_s": 30.0, "force": True}),
+            (["--force"], {"force": True}),
             (["--grace-s", "5"], {"grace_s": 5.0, "force": False}),
             (["--grace-s", "0", "--force"], {"grace_s": 0.0, "force": True}),
         ],

@@ -116,19 +116,11 @@ def decode_specs(body: bytes) -> list[ModelSpec]:
     return specs
 
 
-class _DrainBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """wire.admin.DrainRequest, telling an absent grace_s from the wire default: a drain
-    that names no grace takes the controller's configured --drain-grace-s."""
-
-    grace_s: float | msgspec.UnsetType = msgspec.UNSET
-    force: bool = False
-
-
 def decode_drain(body: bytes) -> tuple[float | None, bool]:
     """A drain request's (grace_s, force); grace None: the controller's default."""
     if not body.strip():
         return None, DrainRequest().force
-    req = decode(body, _DrainBody, what="drain request")
+    req = decode(body, DrainRequest, what="drain request")
     if isinstance(req.grace_s, msgspec.UnsetType):
         return None, req.force
     if not math.isfinite(req.grace_s) or req.grace_s < 0:

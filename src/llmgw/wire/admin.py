@@ -189,7 +189,8 @@ class Summary(msgspec.Struct, kw_only=True):
 
 class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # Seconds a draining replica may keep in-flight requests before it is stopped.
-    grace_s: float = 30.0
+    # UNSET (not sent): the controller's configured --drain-grace-s.
+    grace_s: float | msgspec.UnsetType = msgspec.UNSET
     # False: a replica whose replacement cannot be placed keeps serving, and the
     # drain waits (NodeView.drain_waiting says why). True: such replicas drain
     # anyway, and the fleet serves with less capacity.
