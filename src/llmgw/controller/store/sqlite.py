@@ -7,6 +7,7 @@ refused instead of interleaving writes with the first.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,12 @@ def _on_connect(dbapi_conn: Any, _record: Any) -> None:
     # BEGIN lazily and not before DDL; _on_begin issues our own.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
+    # busy_timeout first: switching a new file to WAL takes an exclusive lock, and a
+    # second controller opening the same file at that moment would otherwise get
+    # "database is locked" at once instead of waiting its turn.
+    cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     # FULL: a committed tick survives power loss, not only a process crash; it
     # costs one fsync per transaction, which is one per tick.
     cur.execute("PRAGMA synchronous=FULL")
@@ -75,8 +79,29 @@ def open_sqlite_store(url: str) -> SqlStore:
     sa.event.listen(engine, "begin", _on_begin)
     store = SqlStore(engine, describe=f"sqlite {path}", write_options={"llmgw_write": True})
     try:
-        store.migrate()
+        _migrate_waiting_for_locks(store)
     except BaseException:
         engine.dispose()
         raise
     return store
+
+
+def _migrate_waiting_for_locks(store: SqlStore, *, give_up_after_s: float = 10.0) -> None:
+    """Migrate at open, waiting out another process that is creating the same file.
+
+    A brand-new file's first opener switches it to WAL and creates the tables;
+    SQLite answers a second opener "database is locked" at once during that
+    switch (its busy handler is not consulted there), so the wait is ours.
+    """
+    deadline = time.monotonic() + give_up_after_s
+    delay_s = 0.02
+    while True:
+        try:
+            store.migrate()
+            return
+        except StoreError as exc:
+            locked = "database is locked" in str(exc)
+            if not locked or time.monotonic() + delay_s > deadline:
+                raise
+        time.sleep(delay_s)
+        delay_s = min(delay_s * 2, 0.5)
