@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterable
 
-from llmgw.controller.agents import Backoff, absorb_heartbeat, desired_shards
+from llmgw.controller.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.index import FleetIndex
@@ -92,6 +92,7 @@ class World:
         self._ids = itertools.count(1)
         self.events: list[str] = []
         self.backoff = Backoff(base_s=config.restart_backoff_s, cap_s=config.restart_backoff_max_s)
+        self.order = HeartbeatOrder()
 
     @property
     def now(self) -> float:
@@ -178,9 +179,18 @@ class World:
         return plan
 
     def heartbeat(
-        self, node: str, shards: dict[str, ShardState] | None = None, *, port: int = 9000
+        self,
+        node: str,
+        shards: dict[str, ShardState] | None = None,
+        *,
+        port: int = 9000,
+        seq: int = 0,
+        started_at: float = 0.0,
     ) -> tuple[ShardSpec, ...]:
-        """Post a heartbeat for `node` reporting each (replica id → state) of its shards."""
+        """Post a heartbeat for `node` reporting each (replica id → state) of its shards.
+
+        A stale one (HeartbeatOrder) is answered without being applied, as the fleet does.
+        """
         n = self.state.nodes[node]
         statuses = []
         for i, (rid, st) in enumerate(sorted((shards or {}).items())):
@@ -196,11 +206,20 @@ class World:
                 )
             )
         hb = Heartbeat(
-            node=node, address=n.address, gpus=n.gpus, fabrics=n.fabrics, shards=tuple(statuses)
+            node=node,
+            address=n.address,
+            gpus=n.gpus,
+            fabrics=n.fabrics,
+            shards=tuple(statuses),
+            agent_started_at=started_at,
+            seq=seq,
         )
+        if self.order.is_stale(hb):
+            return desired_shards(self.state, self.index, node, retired={})
         absorbed = absorb_heartbeat(self.state, self.index, hb, now=self.now, backoff=self.backoff)
         self.apply(absorbed.batch.changes)
         self.state.nodes[node] = absorbed.node
+        self.order.applied(hb)
         return desired_shards(self.state, self.index, node, retired={})
 
     def report(

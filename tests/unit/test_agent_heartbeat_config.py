@@ -112,6 +112,52 @@ class TestHeartbeater:
         assert (hb.failures, hb.last_ok_at) == (0, clock.wall())
 
 
+class _NoProbe:
+    async def check(self, port: int, path: str) -> bool:
+        return False
+
+    async def close(self) -> None:
+        pass
+
+
+class TestHeartbeatSeq:
+    async def test_seq_increases_per_heartbeat_of_one_agent(self, tmp_path: Path) -> None:
+        """Each heartbeat built takes the next seq from 1, failed sends included."""
+        from llmgw.agent.gpus.fake import FakeInventory
+        from llmgw.agent.ports import PortAllocator
+        from llmgw.agent.procs import PopenSpawner
+        from llmgw.agent.service import Agent
+        from llmgw.agent.state import StateStore
+        from llmgw.agent.supervisor import Supervisor
+
+        state_dir = str(tmp_path / "state")
+        cfg = parse_config(["--controller", "http://c:1", "--node", "n1", "--state-dir", state_dir])
+        clock = ManualClock()
+        probe = _NoProbe()
+        supervisor = Supervisor(
+            log_dir=tmp_path / "logs",
+            store=StateStore(tmp_path / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=PopenSpawner(),
+            probe=probe,
+            clock=clock,
+        )
+        reply = HeartbeatReply(shards=())
+        client = ScriptedClient([reply, ControllerUnavailable("refused"), reply])
+        agent = Agent(
+            config=cfg,
+            inventory=FakeInventory(()),
+            supervisor=supervisor,
+            client=client,
+            probe=probe,
+            clock=clock,
+        )
+        for _ in range(3):
+            await agent.heartbeater.beat()
+        assert [hb.seq for hb in client.sent] == [1, 2, 3]
+        assert {hb.agent_started_at for hb in client.sent} == {agent.started_at}
+
+
 class TestConfig:
     def test_flags(self) -> None:
         """Flags map onto the config, repeatable ones into lists and mappings."""

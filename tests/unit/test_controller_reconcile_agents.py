@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from llmgw.controller.agents import Backoff, absorb_heartbeat, desired_shards
+import msgspec
+
+from llmgw.controller.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
 from llmgw.controller.index import FleetIndex
 from llmgw.wire.agent import Heartbeat, ShardStatus
 from tests.unit.controller_reconcile_world import World, gpus, spec
@@ -153,3 +155,88 @@ class TestShardStatus:
         assert desired_shards(w.state, w.index, "a", retired={}) == ()
         kept = desired_shards(w.state, w.index, "a", retired={"m": m.spec})
         assert [s.replica_id for s in kept] == [rid]
+
+
+class TestHeartbeatOrder:
+    def test_late_heartbeat_does_not_demote_a_ready_replica(self) -> None:
+        """A 'starting' report delivered after a newer 'ready' one is answered, not applied."""
+        w = World()
+        w.node("a")
+        w.model(spec("m"))
+        w.tick()
+        rid = w.only("m").id
+        w.heartbeat("a", {rid: "starting"}, seq=1, started_at=100.0)
+        answer = w.heartbeat("a", {rid: "ready"}, seq=3, started_at=100.0)
+        ready = w.state.replicas[rid]
+        assert ready.state == "ready"
+        late = w.heartbeat("a", {rid: "starting"}, seq=2, started_at=100.0)
+        assert w.state.replicas[rid] == ready
+        assert late == answer
+        # The same seq again (a retried send) is as stale as an older one.
+        w.heartbeat("a", {rid: "starting"}, seq=3, started_at=100.0)
+        assert w.state.replicas[rid].state == "ready"
+
+    def test_order_compares_seq_within_one_agent_process(self) -> None:
+        """Stale means same agent_started_at and seq at most the last applied; forget resets."""
+        order = HeartbeatOrder()
+        hb = Heartbeat(node="a", address="a.lan", gpus=(), agent_started_at=100.0, seq=5)
+        assert not order.is_stale(hb)
+        order.applied(hb)
+        assert order.is_stale(msgspec.structs.replace(hb, seq=4))
+        assert order.is_stale(hb)
+        assert not order.is_stale(msgspec.structs.replace(hb, seq=6))
+        assert not order.is_stale(msgspec.structs.replace(hb, seq=1, agent_started_at=101.0))
+        assert not order.is_stale(msgspec.structs.replace(hb, node="b", seq=1))
+        order.forget("a")
+        assert not order.is_stale(msgspec.structs.replace(hb, seq=1))
+
+    def test_restarted_agent_s_low_seq_is_applied(self) -> None:
+        """A new agent_started_at starts the count again, even when the clock went back."""
+        w = World()
+        w.node("a")
+        w.model(spec("m"))
+        w.tick()
+        rid = w.only("m").id
+        w.heartbeat("a", {rid: "ready"}, seq=50, started_at=100.0)
+        w.heartbeat("a", {rid: "starting"}, seq=1, started_at=200.0)
+        assert w.state.replicas[rid].state == "starting"
+        w.heartbeat("a", {rid: "ready"}, seq=2, started_at=200.0)
+        assert w.state.replicas[rid].state == "ready"
+        # A wall clock stepped back across a restart must not silence the agent.
+        w.heartbeat("a", {rid: "starting"}, seq=1, started_at=150.0)
+        assert w.state.replicas[rid].state == "starting"
+
+    def test_seq_zero_is_always_applied(self) -> None:
+        """An agent that does not number heartbeats is applied as before seq existed."""
+        w = World()
+        w.node("a")
+        w.model(spec("m"))
+        w.tick()
+        rid = w.only("m").id
+        w.heartbeat("a", {rid: "ready"}, seq=7, started_at=100.0)
+        w.heartbeat("a", {rid: "starting"}, seq=0, started_at=100.0)
+        assert w.state.replicas[rid].state == "starting"
+        w.heartbeat("a", {rid: "ready"})
+        w.heartbeat("a", {rid: "starting"})
+        assert w.state.replicas[rid].state == "starting"
+
+    async def test_fleet_answers_a_stale_heartbeat_without_applying_it(self) -> None:
+        """The leader replies to a late heartbeat with the desired set; a new term applies it."""
+        from llmgw.controller.config import ControllerConfig
+        from llmgw.controller.fleet import Fleet
+        from llmgw.controller.store import MemoryStore
+        from llmgw.runtime.clock import ManualClock
+
+        fleet = Fleet(MemoryStore(), clock=ManualClock(), config=ControllerConfig())
+        fleet.begin_term()
+        fresh = Heartbeat(node="a", address="10.0.0.1", gpus=gpus(2), agent_started_at=9.0, seq=2)
+        late = msgspec.structs.replace(fresh, gpus=gpus(2, unhealthy=[1]), seq=1)
+        await fleet.heartbeat(fresh)
+        reply = await fleet.heartbeat(late)
+        assert reply.shards == ()
+        assert fleet.state.nodes["a"].gpus == gpus(2)
+        # Memory only: after a takeover the first heartbeat is applied whatever its seq.
+        fleet.end_term()
+        fleet.begin_term()
+        await fleet.heartbeat(late)
+        assert fleet.state.nodes["a"].gpus == gpus(2, unhealthy=[1])

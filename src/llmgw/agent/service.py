@@ -65,6 +65,9 @@ class Agent:
         self._probe = probe
         self._clock = clock
         self.started_at = clock.wall()
+        # The last Heartbeat.seq built; each build takes the next (a retry after a
+        # failed send is a new build, which is fine: only the order matters).
+        self.seq = 0
         # Set when the loops died of an unexpected error (app.py); the process exits 1.
         self.crashed = False
         self.heartbeater = Heartbeater(
@@ -76,6 +79,7 @@ class Agent:
         )
 
     def heartbeat(self) -> Heartbeat:
+        self.seq += 1
         return Heartbeat(
             node=self.config.node,
             address=self.config.address,
@@ -84,6 +88,7 @@ class Agent:
             labels=dict(self.config.label),
             shards=self.supervisor.statuses(),
             agent_started_at=self.started_at,
+            seq=self.seq,
             port_range=self.config.ports,
         )
 

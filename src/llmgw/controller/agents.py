@@ -41,6 +41,53 @@ class Absorbed:
     node_changed: bool
 
 
+class HeartbeatOrder:
+    """Per node, the (agent_started_at, seq) of the last heartbeat applied.
+
+    Heartbeats race: a delayed one (a slow connection, a retry) can arrive after
+    a newer one, and applying it would put back shard states the agent has moved
+    past, e.g. send a ready replica back to starting and out of the endpoint
+    list. One that is not newer than the last applied from the same agent
+    process is stale: answered, never applied.
+
+    Only the same agent_started_at is compared. A different one is a restarted
+    agent whose count began again at 1, and it is applied and becomes the mark
+    even when its start time is lower: a wall clock stepped back across the
+    restart must not silence a live agent. seq 0 (an agent that does not number
+    heartbeats) is always applied, as before seq existed.
+
+    Memory only, and empty at the start of each leadership term: after a
+    controller restart or takeover the first heartbeat from each node is
+    applied whatever its seq. That is safe: at worst it is one late report,
+    which is what every heartbeat could be before seq existed, the agent's next
+    heartbeat (one interval later, newer by construction) corrects it, and
+    from then on the order holds again. Storing the mark would cost a write per
+    heartbeat per node for that one interval of protection.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def is_stale(self, hb: Heartbeat) -> bool:
+        if hb.seq <= 0:
+            return False
+        last = self._last.get(hb.node)
+        return last is not None and last[0] == hb.agent_started_at and hb.seq <= last[1]
+
+    def applied(self, hb: Heartbeat) -> None:
+        """`hb` was applied: later ones from its agent must be newer."""
+        if hb.seq > 0:
+            self._last[hb.node] = (hb.agent_started_at, hb.seq)
+        else:
+            self._last.pop(hb.node, None)
+
+    def forget(self, node: str) -> None:
+        self._last.pop(node, None)
+
+    def clear(self) -> None:
+        self._last.clear()
+
+
 def node_from_heartbeat(hb: Heartbeat, old: Node | None, *, now: float) -> Node:
     return Node(
         name=hb.node,

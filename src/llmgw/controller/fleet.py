@@ -24,7 +24,7 @@ import logging
 import math
 from collections.abc import Iterable
 
-from llmgw.controller.agents import Backoff, absorb_heartbeat, desired_shards
+from llmgw.controller.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import NotLeading, StoreUnavailable
 from llmgw.controller.index import FleetIndex
@@ -57,6 +57,8 @@ class Fleet:
         # Node → last_heartbeat_at the store holds (flush bookkeeping).
         self._stored_heartbeat: dict[str, float | None] = {}
         self._unflushed: set[str] = set()
+        # Which heartbeats are late and must not be applied (agents.HeartbeatOrder).
+        self.order = HeartbeatOrder()
         # Models whose replicas or spec changed since the last tick (None: every
         # model, e.g. after a (re)load); the tick decides these (models.plan_models).
         self._dirty: set[str] | None = None
@@ -93,6 +95,8 @@ class Fleet:
     def begin_term(self) -> None:
         self.leading = True
         now = self.clock.wall()
+        # Memory only: the first heartbeat of a term is applied (HeartbeatOrder says why).
+        self.order.clear()
         # The room held for evicting models is stored: carry on holding it.
         self.memory = Memory(leader_since=now, evicting=dict(self.state.reservations))
         # Above any version the previous leader handed out (its start time in ms
@@ -169,6 +173,7 @@ class Fleet:
         for name in changes.deleted_nodes:
             s.nodes.pop(name, None)
             self._stored_heartbeat.pop(name, None)
+            self.order.forget(name)
         for name in changes.deleted_models:
             s.models.pop(name, None)
         for rid in changes.deleted_replicas:
@@ -191,6 +196,12 @@ class Fleet:
     async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
         self.require_leader()
         async with self.lock:
+            if self.order.is_stale(hb):
+                # Sent before one already applied: its states are older than
+                # ours. Answered all the same (the answer is idempotent).
+                log.debug(kv("stale heartbeat ignored", node=hb.node, seq=hb.seq))
+                shards = desired_shards(self.state, self.index, hb.node)
+                return HeartbeatReply(shards=shards, interval_s=self.config.heartbeat_interval_s)
             now = self.clock.wall()
             absorbed = absorb_heartbeat(self.state, self.index, hb, now=now, backoff=self.backoff)
             try:
@@ -205,6 +216,7 @@ class Fleet:
                     self.state.nodes[hb.node] = dataclasses.replace(old, last_heartbeat_at=now)
                     self._unflushed.add(hb.node)
                 raise
+            self.order.applied(hb)
             if not absorbed.node_changed:
                 # Memory only; the tick flushes it (see the module docstring).
                 self.state.nodes[hb.node] = absorbed.node

@@ -39,6 +39,11 @@ def check_heartbeat(hb: Heartbeat) -> None:
             f"heartbeat: port_range [{lo}, {hi}] must satisfy 1 <= low <= high <= 65535",
             param="port_range",
         )
+    if hb.seq < 0:
+        raise InvalidSpec(
+            f"heartbeat: seq {hb.seq} is negative (0 when the agent does not number them)",
+            param="seq",
+        )
     seen: set[int] = set()
     for i, g in enumerate(hb.gpus):
         if g.index < 0:

@@ -54,6 +54,10 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     shards: tuple[ShardStatus, ...] = ()
     # Unix seconds the agent process started; a change means the agent restarted.
     agent_started_at: float = 0.0
+    # Strictly increasing per agent process, from 1; with agent_started_at it
+    # orders heartbeats, so the controller can ignore one delivered after a newer
+    # one. 0: an agent that does not number them (always applied).
+    seq: int = 0
     # Inclusive port range the agent allocates engine ports from.
     port_range: tuple[int, int] = (21000, 21999)
 
