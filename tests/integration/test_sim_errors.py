@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmgw.simengine.app import ENGINE_DEAD_EXIT_CODE
 from llmgw.simengine.faults import CRASH_EXIT_CODE
 from llmgw.testing import Program, start_program
 
@@ -198,3 +199,34 @@ class TestFaults:
         tokens = [e for e in events[:-1] if json.loads(e)["choices"][0]["delta"].get("content")]
         assert (len(tokens), events[-1]) == (2, "<timeout>")
         assert (state["running"], state["waiting"]) == (0, 0)
+
+
+class TestEngineLoopDies:
+    async def test_requests_end_health_503_and_exit(self) -> None:
+        """When the engine loop raises, open requests get vLLM's 500 (an error frame
+        on a stream) instead of hanging, /health answers 503, the traceback is
+        logged, and the process exits non-zero."""
+        with start_program(fast_engine()) as prog:
+            status, _ = await post(prog.url, "/sim/faults", {"loop_error_after_steps": 5})
+            assert status == 200
+            body = {"model": "m", "messages": USER, "max_tokens": 40, "ignore_eos": True}
+            events, (status, doc) = await asyncio.wait_for(
+                asyncio.gather(
+                    sse_events(prog.url, body, timeout_s=15),
+                    post(prog.url, "/v1/chat/completions", body),
+                ),
+                timeout=20,
+            )
+            async with aiohttp.ClientSession() as s, s.get(prog.url + "/health") as r:
+                health = r.status
+            code = await asyncio.to_thread(prog.proc.wait, 15)
+            log = prog.log_text()
+        assert events[-1] == "[DONE]", events
+        assert json.loads(events[-2])["error"]["code"] == 500, events
+        assert status == 500
+        assert doc["error"]["code"] == 500
+        assert doc["error"]["message"]
+        assert health == 503
+        assert code == ENGINE_DEAD_EXIT_CODE
+        assert "Traceback" in log
+        assert "loop_error_after_steps" in log

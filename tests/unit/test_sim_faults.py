@@ -168,3 +168,52 @@ class TestLoopbackOnly:
         assert resp.status == 403
         assert resp.body is not None
         assert msgspec.json.decode(resp.body)["error"]["code"] == 403  # type: ignore[arg-type]
+
+
+class TestFailAnswer:
+    def test_default_is_500_without_retry_after(self) -> None:
+        """By default fail_rate answers 500 and adds no header."""
+        assert Faults(FaultConfig()).fail_answer() == (500, {})
+
+    def test_status_and_retry_after(self) -> None:
+        """fail_status and retry_after_s shape the failure answer."""
+        f = Faults(FaultConfig(fail_rate=1.0))
+        f.update(FaultPatch(fail_status=429, retry_after_s=7))
+        assert f.fail_answer() == (429, {"Retry-After": "7"})
+        f.update(FaultPatch(retry_after_s=None))
+        assert f.fail_answer() == (429, {})
+
+    @pytest.mark.parametrize("status", [200, 404, 428, 600])
+    def test_fail_status_must_be_429_or_5xx(self, status: int) -> None:
+        """A fail_status that is neither 429 nor 5xx is refused, and nothing changes."""
+        f = Faults(FaultConfig())
+        with pytest.raises(ValueError, match="fail_status"):
+            f.update(FaultPatch(fail_status=status))
+        assert f.config.fail_status == 500
+
+    def test_negative_retry_after_refused(self) -> None:
+        """retry_after_s must not be negative."""
+        with pytest.raises(ValueError, match="retry_after_s"):
+            FaultConfig(retry_after_s=-1).validate()
+
+
+class TestLoopErrorAfterSteps:
+    def test_raises_after_n_steps(self) -> None:
+        """loop_error_after_steps 2 lets two steps pass and raises on the third."""
+        f = Faults(FaultConfig(loop_error_after_steps=2))
+        f.step()
+        f.step()
+        with pytest.raises(RuntimeError, match="loop_error_after_steps"):
+            f.step()
+
+    def test_setting_it_restarts_the_count(self) -> None:
+        """Setting it at run time counts from then on; None disables it."""
+        f = Faults(FaultConfig())
+        for _ in range(5):
+            f.step()
+        f.update(FaultPatch(loop_error_after_steps=1))
+        f.step()
+        with pytest.raises(RuntimeError):
+            f.step()
+        f.update(FaultPatch(loop_error_after_steps=None))
+        f.step()

@@ -32,10 +32,16 @@ from llmgw.simengine.stats import EngineStats
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+DEAD = "The engine loop failed; this engine is dead and will restart."
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 # Not a vLLM header: lets a benchmark on the same host replay exactly what the engine saw.
 ARRIVAL_HEADER = "x-llmgw-sim-arrival"
 DISCONNECT_POLL_S = 0.5  # how often a silent request checks that its client is still there
+# A dead engine exits non-zero (as vLLM does after EngineDeadError) so a supervisor
+# restarts it; this long after the loop died, so that requests get their 500s
+# written and a health probe can see the 503 first.
+ENGINE_DEAD_EXIT_CODE = 1
+DEAD_EXIT_DELAY_S = 2.0
 
 
 def _crash() -> NoReturn:
@@ -43,6 +49,13 @@ def _crash() -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(CRASH_EXIT_CODE)
+
+
+def _die() -> NoReturn:
+    log.error("engine dead: exiting code=%d", ENGINE_DEAD_EXIT_CODE)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(ENGINE_DEAD_EXIT_CODE)
 
 
 def _gone(request: web.Request) -> bool:
@@ -73,7 +86,13 @@ def error_response(exc: api.ApiError) -> web.Response:
 class SimEngine:
     """The engine, its faults and counters, and the request handlers."""
 
-    def __init__(self, cfg: SimConfig, *, crash: Callable[[], NoReturn] = _crash) -> None:
+    def __init__(
+        self,
+        cfg: SimConfig,
+        *,
+        crash: Callable[[], NoReturn] = _crash,
+        die: Callable[[], NoReturn] = _die,
+    ) -> None:
         self.cfg = cfg
         self.kv = KVCache(num_gpu_blocks=cfg.num_gpu_blocks, block_size=cfg.block_size)
         self.stats = EngineStats(histogram_buckets(cfg.metrics_dialect, cfg.max_model_len))
@@ -86,7 +105,10 @@ class SimEngine:
         )
         self.engine = Engine(self.scheduler, cfg.timing)
         self.faults = Faults(cfg.faults, seed=cfg.seed)
+        self.engine.before_step = self.faults.step
         self._crash = crash
+        self._die = die
+        self.dead = False  # the engine loop raised: every request fails, then the process exits
         self.created_wall = time.time()
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex()  # ids stay unique across restarts
@@ -100,7 +122,7 @@ class SimEngine:
 
     async def lifespan(self, _app: web.Application) -> AsyncIterator[None]:
         tasks = [
-            asyncio.create_task(self.engine.run(), name="sim-engine-loop"),
+            asyncio.create_task(self.run_engine(), name="sim-engine-loop"),
             asyncio.create_task(self._sweep_gone(), name="sim-engine-sweep"),
         ]
         try:
@@ -111,6 +133,24 @@ class SimEngine:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    async def run_engine(self) -> None:
+        """The engine loop, guarded: if it raises, the engine is dead, not silently stuck.
+
+        Without the guard the task would end with its exception unseen while
+        /health kept answering 200 and every request waited forever. As vLLM
+        does on EngineDeadError: log it, fail what is open (500), answer /health
+        503, and exit non-zero.
+        """
+        try:
+            await self.engine.run()
+        except Exception:
+            log.exception("engine loop failed; the engine is dead")
+            self.dead = True
+            failed = self.engine.fail_all()
+            log.error("failing %d open requests, exiting in %gs", len(failed), DEAD_EXIT_DELAY_S)
+            await asyncio.sleep(DEAD_EXIT_DELAY_S)
+            self._die()
 
     async def _sweep_gone(self) -> None:
         """Abort streams whose client left while they had nothing to write.
@@ -124,7 +164,7 @@ class SimEngine:
         """
         while True:
             await asyncio.sleep(DISCONNECT_POLL_S)
-            for stream in [s for s, r in self._streams.items() if _gone(r)]:
+            for stream in [s for s, r in self._streams.items() if _gone(r) and not s.failed]:
                 self.engine.abort(stream)
 
     async def on_shutdown(self, _app: web.Application) -> None:
@@ -152,11 +192,13 @@ class SimEngine:
             job = api.parse_embeddings(await request.read(), self.cfg)
         except api.ApiError as exc:
             return error_response(exc)
+        if self.dead:
+            return error_response(api.ApiError(500, DEAD))
         verdict = self.faults.admit()
         if verdict is Verdict.CRASH:
             self._crash()
         if verdict is Verdict.FAIL:
-            return error_response(api.ApiError(500, "simulated failure (fail_rate)"))
+            return self._fail_answer()
         # Embeddings bypass the batch: one prefill-only step's time, no queueing.
         n = sum(len(ids) for ids in job.inputs)
         await asyncio.sleep(self.cfg.timing.step_s(prefill_tokens=n, decode_seqs=0))
@@ -183,8 +225,8 @@ class SimEngine:
     async def models(self, _request: web.Request) -> web.StreamResponse:
         return json_response(self._models_body)
 
-    async def health(self, _request: web.Request) -> web.StreamResponse:
-        return web.Response(status=200)
+    async def health(self, _request: web.Request | None) -> web.StreamResponse:
+        return web.Response(status=503 if self.dead else 200)
 
     async def version(self, _request: web.Request) -> web.StreamResponse:
         from llmgw import __version__
@@ -218,11 +260,13 @@ class SimEngine:
     # -- generation ------------------------------------------------------------------
 
     async def _generate(self, request: web.Request, job: api.Job, kind: str) -> web.StreamResponse:
+        if self.dead:
+            return error_response(api.ApiError(500, DEAD))
         verdict = self.faults.admit()
         if verdict is Verdict.CRASH:
             self._crash()
         if verdict is Verdict.FAIL:
-            return error_response(api.ApiError(500, "simulated failure (fail_rate)"))
+            return self._fail_answer()
         rid = f"{kind}-{self._id_prefix}{next(self._ids):024x}"
         seed = job.seed if job.seed is not None else tokenizer.prompt_seed(job.prompt_ids)
         req = SimRequest(
@@ -243,10 +287,18 @@ class SimEngine:
                 return await self._stream(request, job, enc, stream, stall_after, error_after)
             return await self._complete(request, enc, stream, stall_after, error_after)
         finally:
-            if req.finish_reason is None:
+            if stream.failed:
+                pass  # the dead engine's scheduler is not to be touched again
+            elif req.finish_reason is None:
                 self.engine.abort(stream)  # client gone, or a fault cut it short
             else:
                 self.engine.release(stream)
+
+    def _fail_answer(self) -> web.Response:
+        status, headers = self.faults.fail_answer()
+        resp = error_response(api.ApiError(status, "simulated failure (fail_rate)"))
+        resp.headers.update(headers)
+        return resp
 
     def _usage(self, req: SimRequest) -> dict[str, object]:
         return api.usage(req.num_prompt, req.num_output, req.num_cached_tokens or 0)
@@ -269,6 +321,10 @@ class SimEngine:
             pending = enc.first()
             while True:
                 await stream.wait_output()
+                if stream.failed:
+                    await resp.write(api.error_frame(DEAD))
+                    await resp.write(api.DONE)
+                    return resp
                 if req.finish_reason == "abort" and _gone(request):
                     return resp  # aborted by _sweep_gone: nobody to write to
                 ids = stream.take(None if cut is None else cut - stream.sent)
@@ -327,6 +383,8 @@ class SimEngine:
             except TimeoutError:
                 if _gone(request):
                     return web.Response(status=499)
+            if stream.failed:
+                return error_response(api.ApiError(500, DEAD))
         text = tokenizer.output_text(req.output_ids())
         resp = json_response(enc.full(text, req.finish_reason, self._usage(req)))
         resp.headers.update(_arrival(req))
@@ -360,8 +418,13 @@ def _cache_info(cfg: SimConfig) -> dict[str, str]:
 SIM_KEY = web.AppKey("sim", SimEngine)
 
 
-def build_app(cfg: SimConfig, *, crash: Callable[[], NoReturn] = _crash) -> web.Application:
-    sim = SimEngine(cfg, crash=crash)
+def build_app(
+    cfg: SimConfig,
+    *,
+    crash: Callable[[], NoReturn] = _crash,
+    die: Callable[[], NoReturn] = _die,
+) -> web.Application:
+    sim = SimEngine(cfg, crash=crash, die=die)
     # Long prompts are legitimate; vLLM has no body limit either.
     app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[debug.loopback_only])
     app[SIM_KEY] = sim

@@ -37,18 +37,19 @@ class Stream:
     a thousand non-streaming requests do not wake a thousand tasks per step.
     """
 
-    __slots__ = ("_waiter", "per_token", "req", "sent", "wake_at")
+    __slots__ = ("_waiter", "failed", "per_token", "req", "sent", "wake_at")
 
     def __init__(self, req: SimRequest) -> None:
         self.req = req
         self.sent = 0  # output tokens already handed to the client
         self.per_token = True
         self.wake_at: int | None = None  # without per_token: wake at this many tokens
+        self.failed = False  # the engine died under it: no more tokens will come
         self._waiter: asyncio.Future[None] | None = None
 
     def ready(self) -> bool:
         req = self.req
-        if req.finish_reason is not None:
+        if req.finish_reason is not None or self.failed:
             return True
         if self.per_token:
             return req.num_output > self.sent
@@ -98,6 +99,8 @@ class Engine:
         self._wake = asyncio.Event()
         self._deadline: float | None = None  # end of the last step; None: idle since
         self.lag_resets = 0  # times the timeline slipped because the CPU fell behind
+        # Called before each step; what it raises ends `run()` (the fault hook, faults.py).
+        self.before_step: Callable[[], None] | None = None
 
     def submit(self, req: SimRequest) -> Stream:
         stream = Stream(req)
@@ -111,6 +114,15 @@ class Engine:
         self.scheduler.abort(stream.req, reason=reason, now=self.now())
         self._streams.pop(stream.req.req_id, None)
         stream.notify()
+
+    def fail_all(self) -> list[Stream]:
+        """The engine died: mark every open stream failed and wake it; returns them."""
+        streams = list(self._streams.values())
+        self._streams.clear()
+        for s in streams:
+            s.failed = True
+            s.notify()
+        return streams
 
     def release(self, stream: Stream) -> None:
         """Forget a finished request's stream."""
@@ -153,6 +165,8 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self.before_step is not None:
+                self.before_step()
             step = self.begin_step(now())
             if step is None:
                 # Nothing fits and nothing runs (cannot last: requests are validated
