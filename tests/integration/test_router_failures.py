@@ -228,3 +228,36 @@ class TestDeadlineIsNotTheEngines:
         assert events[-1] == "[DONE]"
         assert [e for e in events if e.startswith('{"error"')]
         assert snap["breaker"] == "closed"
+
+
+async def set_faults(engine_url: str, **faults: Any) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(engine_url + "/sim/faults", json=faults) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+
+
+class TestEngineErrorRelayed:
+    async def test_engine_retry_after_reaches_the_client(self, tmp_path: Path) -> None:
+        """An engine's 429 or 5xx, relayed once no other replica is left, keeps the
+        engine's Retry-After; one without it gets none from the router."""
+        with sim_engines(tmp_path, [20.0, 20.0]) as engines:
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                breaker={"failure_threshold": 50, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0", "e1"])
+                replies = []
+                async with aiohttp.ClientSession() as session:
+                    for status, retry_after in ((429, 7), (503, 3), (500, None)):
+                        for e in engines:
+                            await set_faults(
+                                e.url, fail_rate=1.0, fail_status=status, retry_after_s=retry_after
+                            )
+                        replies.append(await post(session, r.url, chat_body("hi")))
+        got = [(x.status, x.headers.get("retry-after"), x.endpoint) for x in replies]
+        assert [g[:2] for g in got] == [(429, "7"), (503, "3"), (500, None)], got
+        assert all(g[2] in ("e0", "e1") for g in got), got
+        assert all(x.json()["error"]["message"] for x in replies)

@@ -59,14 +59,21 @@ _decode = msgspec.json.Decoder().decode
 
 
 class _Failed:
-    """The last retryable error answer, relayed if no other replica can be tried."""
+    """The last retryable error answer, relayed if no other replica can be tried.
 
-    __slots__ = ("body", "content_type", "status")
+    The engine's Retry-After goes with it: a client (the openai package honours
+    it) should wait as long as the engine asked, not retry blindly.
+    """
 
-    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+    __slots__ = ("body", "content_type", "retry_after", "status")
+
+    def __init__(
+        self, status: int, body: bytes, content_type: str, retry_after: str | None = None
+    ) -> None:
         self.status = status
         self.body = body
         self.content_type = content_type
+        self.retry_after = retry_after
 
 
 def _is_retryable(status: int) -> bool:
@@ -202,7 +209,12 @@ class Proxy:
                         out_headers["x-llmgw-scores"] = decision.header()
                     if retryable:
                         outcome = classify_status(up.status)
-                        failed = _Failed(up.status, data or b"", up.content_type)
+                        failed = _Failed(
+                            up.status,
+                            data or b"",
+                            up.content_type,
+                            up.headers.get("Retry-After"),
+                        )
                         last_error = f"{eid} answered {up.status}"
                         if retries_left > 0 and time.monotonic() < deadline:
                             retries_left -= 1
@@ -328,15 +340,14 @@ class Proxy:
         return resp, Outcome.OK, ttft
 
     def _relay_failed(self, failed: _Failed, rid: str, eid: str) -> web.Response:
-        return web.Response(
-            status=failed.status,
-            body=failed.body,
-            headers={
-                "Content-Type": failed.content_type,
-                "x-request-id": rid,
-                "x-llmgw-endpoint": eid,
-            },
-        )
+        headers = {
+            "Content-Type": failed.content_type,
+            "x-request-id": rid,
+            "x-llmgw-endpoint": eid,
+        }
+        if failed.retry_after is not None:
+            headers["Retry-After"] = failed.retry_after
+        return web.Response(status=failed.status, body=failed.body, headers=headers)
 
     async def models(self, request: web.Request) -> web.Response:
         """GET /v1/models: every known model, OpenAI's list shape."""
