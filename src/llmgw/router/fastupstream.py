@@ -297,6 +297,9 @@ class _Conn(asyncio.Protocol):
         resp._detach()
 
     # -- httptools callbacks -----------------------------------------------------
+    # The parser only calls these while data_received feeds it, which it does only
+    # with `self.resp` set; the ignores below skip a None check per callback on the
+    # hot path rather than assert what data_received already guarantees.
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.resp._raw.append((name, value))  # type: ignore[union-attr]
