@@ -117,3 +117,57 @@ class TestClientChoice:
         )
         assert proc.returncode == 2
         assert "LLMGW_ROUTER_UPSTREAM" in proc.stderr
+
+
+class TestErrorEventBeforeOutput:
+    @pytest.mark.parametrize("client", CLIENTS)
+    async def test_retried_on_another_replica(self, tmp_path: Path, client: str) -> None:
+        """An engine whose stream opens with its 5xx error event (after only the role
+        opener) is retried on the other replica: the client gets a clean stream, and
+        the failing engine's breaker counts the failure."""
+        with sim_engines(tmp_path, [20.0, 20.0]) as engines:
+            await set_faults(engines[0].url, error_after_tokens=0)
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                upstream_client=client,
+                policy="round_robin",
+                breaker={"failure_threshold": 1, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0", "e1"])
+                async with aiohttp.ClientSession() as session:
+                    # Round robin: one of two requests in a row meets e0 first.
+                    replies = [await post(session, r.url, chat_body(p, stream=True)) for p in "ab"]
+                snap = await asyncio.to_thread(snapshot, r.url, "e0")
+        for reply in replies:
+            assert reply.status == 200
+            assert reply.endpoint == "e1"
+            events = reply.events()
+            assert events[-1] == "[DONE]"
+            assert error_events(events) == []
+            assert len(events) >= 3  # the role opener, tokens, [DONE]
+        assert snap["breaker"] == "open"
+
+    @pytest.mark.parametrize("client", CLIENTS)
+    async def test_relayed_when_no_replica_is_left(self, tmp_path: Path, client: str) -> None:
+        """With a single replica there is nowhere to retry: the engine's error event is
+        relayed in a 200 stream as before."""
+        with sim_engines(tmp_path, [20.0], extra=["--error-after-tokens", "0"]) as engines:
+            cfg = base_config(endpoints=endpoint_entries(engines), upstream_client=client)
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                async with aiohttp.ClientSession() as session:
+                    reply = await post(session, r.url, chat_body("a", stream=True))
+        assert reply.status == 200
+        assert reply.endpoint == "e0"
+        events = reply.events()
+        assert events[-1] == "[DONE]"
+        assert [e["code"] for e in error_events(events)] == [500]
+
+
+async def set_faults(engine_url: str, **faults: object) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(engine_url + "/sim/faults", json=faults) as resp,
+    ):
+        assert resp.status == 200, await resp.text()

@@ -7,7 +7,12 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.router.inband import MAX_FRAME_BYTES, ErrorFrameWatch
+from llmgw.router.inband import (
+    MAX_FRAME_BYTES,
+    ErrorFrameWatch,
+    nothing_before_error,
+    role_opener_only,
+)
 
 TOKEN = (
     b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"delta":{"content":"hi"}}]}\n\n'
@@ -108,3 +113,39 @@ class TestErrorFrameWatch:
         stream = TOKEN + VLLM_ERROR
         w = watch(*(stream[i : i + 1] for i in range(len(stream))))
         assert w.code == 500
+
+
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+ERROR = b'data: {"error":{"message":"boom","code":500}}\n\n'
+
+
+class TestNothingBeforeError:
+    def test_error_first(self) -> None:
+        """An error frame that opens the stream follows no output."""
+        assert nothing_before_error(ERROR + b"data: [DONE]\n\n")
+
+    def test_after_role_opener(self) -> None:
+        """The chat role opener carries no token: an error right after it follows no output."""
+        assert nothing_before_error(ROLE + ERROR)
+
+    def test_after_a_token(self) -> None:
+        """An error after a token event follows output."""
+        assert not nothing_before_error(ROLE + TOKEN + ERROR)
+        assert not nothing_before_error(TOKEN + ERROR)
+
+    def test_no_error(self) -> None:
+        """Bytes without an error frame are not an error before output."""
+        assert not nothing_before_error(ROLE + TOKEN)
+
+
+class TestRoleOpenerOnly:
+    def test_opener(self) -> None:
+        """The role opener alone, or nothing, holds no output."""
+        assert role_opener_only(ROLE)
+        assert role_opener_only(b"")
+
+    def test_token(self) -> None:
+        """A token event, alone or after the opener, is output."""
+        assert not role_opener_only(TOKEN)
+        assert not role_opener_only(ROLE + TOKEN)

@@ -115,3 +115,23 @@ def _code(value: object) -> int | None:
     if isinstance(value, str) and value.isdigit():
         return int(value)
     return None
+
+
+def nothing_before_error(head: bytes) -> bool:
+    """Whether the first error frame in `head` (a stream's opening bytes) follows no output.
+
+    Only a chat stream's role opener (`"delta": {"role": "assistant", "content": ""}`)
+    may come before it: it carries no token, so a replica that fails right after
+    it produced nothing the client would miss. Called only once an error frame
+    was seen in the bytes held back before the response's head.
+    """
+    i = head.find(MARK)
+    if i < 0:
+        return False
+    return role_opener_only(head[: head.rfind(b"data:", 0, i)])
+
+
+def role_opener_only(head: bytes) -> bool:
+    """Whether `head` holds no event but, at most, a chat stream's role opener."""
+    events = head.count(b"data:")
+    return events == 0 or (events == 1 and b'"role"' in head and b'"content":""' in head)

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from llmgw.router.breaker import Outcome, classify_status
+from llmgw.router.breaker import BreakerState, Outcome, classify_status
 from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import (
     NoReplica,
@@ -42,7 +42,7 @@ from llmgw.router.errors import (
     unavailable,
 )
 from llmgw.router.holding import HoldQueueFull
-from llmgw.router.inband import ErrorFrameWatch
+from llmgw.router.inband import ErrorFrameWatch, nothing_before_error, role_opener_only
 from llmgw.router.prefix import request_block_hashes
 from llmgw.router.scheduler import Decision
 from llmgw.router.state import RouterState
@@ -78,6 +78,17 @@ class _Failed:
 
 def _is_retryable(status: int) -> bool:
     return status >= 500 or status == 429
+
+
+def _another(snaps: Sequence[Snapshot], tried: Sequence[str], eid: str) -> bool:
+    """Whether a replica other than `eid` and those tried may still be chosen.
+
+    Asked before dropping a held stream: unlike a 5xx answer's body, it cannot be
+    kept for relaying once the connection is closed.
+    """
+    return any(
+        s.id != eid and s.id not in tried and s.breaker is not BreakerState.OPEN for s in snaps
+    )
 
 
 class Proxy:
@@ -183,12 +194,20 @@ class Proxy:
                         )
                         retryable = _is_retryable(up.status)
                         first = b""
+                        watch = ErrorFrameWatch()
                         if up.is_event_stream and not retryable:
                             data = None
                             # The head waits for the first bytes: until they come
                             # nothing has reached the client, so an engine that dies
                             # in prefill is still retried elsewhere (§2.7).
                             first = await up.chunk()
+                            watch.feed(first)
+                            if first and not watch.seen and role_opener_only(first):
+                                # A chat stream's role opener carries no token; the
+                                # first token, or the engine's error, is right behind.
+                                more = await up.chunk()
+                                watch.feed(more)
+                                first += more
                         else:
                             data = await up.read()
                     except UpstreamError as exc:
@@ -223,6 +242,21 @@ class Proxy:
                             continue
                         status = up.status
                         return self._relay_failed(failed, rid, eid)
+                    if watch.endpoint_failure and nothing_before_error(first):
+                        # The engine's 5xx error event before any output, and the
+                        # head not sent: as safe to retry as a 5xx status (§2.7).
+                        outcome = Outcome.ENDPOINT_FAILURE
+                        last_error = f"{eid} sent error event {watch.code} before any output"
+                        if (
+                            retries_left > 0
+                            and time.monotonic() < deadline
+                            and _another(snaps, tried, eid)
+                        ):
+                            retries_left -= 1
+                            tried.append(eid)
+                            st.metrics.retry(model, eid)
+                            continue
+                        # Nowhere left: relayed as is, and _stream keeps the verdict.
                     status = up.status
                     resp: web.StreamResponse
                     if data is not None:
@@ -230,7 +264,7 @@ class Proxy:
                         resp = web.Response(status=up.status, body=data, headers=out_headers)
                     else:
                         resp, outcome, ttft = await self._stream(
-                            request, up, first, out_headers, t0, deadline
+                            request, up, first, watch, out_headers, t0, deadline
                         )
                     if outcome is Outcome.OK:
                         stats = next((s.stats for s in snaps if s.id == eid), None)
@@ -274,13 +308,15 @@ class Proxy:
         request: web.Request,
         up: UpstreamReply,
         first: bytes,
+        watch: ErrorFrameWatch,
         out_headers: dict[str, str],
         t0: float,
         deadline: float,
     ) -> tuple[web.StreamResponse, Outcome, float | None]:
         """Relay an event stream as it arrives; the outcome is the endpoint's verdict.
 
-        `first` is the stream's first chunk, already read (b"": it was empty).
+        `first` is the stream's first chunk, already read (b"": it was empty) and
+        already fed to `watch`.
 
         A stream that ends cleanly but carried the engine's own 5xx error event is
         the endpoint's failure too (inband.py). One that goes silent for
@@ -293,7 +329,6 @@ class Proxy:
         out_headers["X-Accel-Buffering"] = "no"
         resp = web.StreamResponse(status=up.status, headers=out_headers)
         ttft: float | None = None
-        watch = ErrorFrameWatch()
         try:
             await resp.prepare(request)
             # From here bytes have reached the client: never retried (§2.7).
@@ -303,8 +338,8 @@ class Proxy:
             while chunk:
                 # Written before anything else is looked at: relay latency first.
                 await resp.write(chunk)
-                watch.feed(chunk)
                 chunk = await up.chunk()
+                watch.feed(chunk)
         except UpstreamError as exc:
             # Timer slack: the client's deadline timer fires at, not before, `deadline`.
             if isinstance(exc, UpstreamTimeout) and time.monotonic() >= deadline - 0.05:
