@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable
 
 from llmgw.controller.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
 from llmgw.controller.config import ControllerConfig
@@ -20,9 +19,15 @@ from llmgw.controller.reconcile import Plan, plan_tick
 from llmgw.controller.state import Changes, FleetState, Model, Node, OperatorState, Replica
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.admin import ReplicaState
-from llmgw.wire.agent import GPU, EngineKind, Heartbeat, ShardSpec, ShardState, ShardStatus
+from llmgw.wire.agent import Heartbeat, ShardSpec, ShardState, ShardStatus
 from llmgw.wire.models import ModelSpec
 from llmgw.wire.usage import ModelLoad, UsageReport
+
+# One set of state builders for every controller unit test; re-exported here
+# because the reconcile tests build their worlds and specs from one import.
+from tests.unit.controller_fleet import gpus, spec
+
+__all__ = ["CONFIG", "World", "gpus", "spec"]
 
 CONFIG = ControllerConfig(
     tick_s=1.0,
@@ -36,48 +41,6 @@ CONFIG = ControllerConfig(
     scale_down_cooldown_s=100.0,
     stopped_retention_s=600.0,
 )
-
-
-def gpus(
-    count: int, gpu_class: str = "H100-80G", *, unhealthy: Iterable[int] = ()
-) -> tuple[GPU, ...]:
-    bad = set(unhealthy)
-    return tuple(
-        GPU(
-            index=i,
-            uuid=f"GPU-{i}",
-            name=gpu_class,
-            gpu_class=gpu_class,
-            memory_mib=81_559,
-            healthy=i not in bad,
-            reason="xid 79" if i in bad else None,
-        )
-        for i in range(count)
-    )
-
-
-def spec(
-    name: str,
-    *,
-    gpus_per_node: int = 1,
-    nodes: int = 1,
-    min_replicas: int = 1,
-    max_replicas: int | None = None,
-    idle_timeout_s: float = 600.0,
-    priority: int = 0,
-    engine: EngineKind = "sim",
-) -> ModelSpec:
-    return ModelSpec(
-        name=name,
-        engine=engine,
-        gpu_classes=("H100-80G",),
-        gpus_per_node=gpus_per_node,
-        nodes=nodes,
-        min_replicas=min_replicas,
-        max_replicas=max(min_replicas, 1) if max_replicas is None else max_replicas,
-        idle_timeout_s=idle_timeout_s,
-        priority=priority,
-    )
 
 
 class World:
