@@ -13,8 +13,6 @@ on two ports), and each stop what the other started.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import IO
 
 import msgspec
 
+from llmgw.runtime.lockfile import LockHeld, hold_lock
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import ShardSpec
 
@@ -42,26 +41,14 @@ def lock_state_dir(state_dir: Path) -> IO[str]:
     successor starts at once. Engines never inherit it (Python's descriptors
     are not inheritable), or a surviving engine would lock its own agent out.
     """
-    state_dir.mkdir(parents=True, exist_ok=True)
-    # "a+": opening must not erase the holder's pid before we know we hold the lock.
-    f = (state_dir / LOCK_FILE).open("a+")
     try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        f.seek(0)
-        holder = f.read().strip()
-        f.close()
-        if exc.errno not in (errno.EAGAIN, errno.EACCES):
-            raise
-        who = f"pid {holder}" if holder.isdigit() else "another process"
+        return hold_lock(state_dir / LOCK_FILE)
+    except LockHeld as held:
+        who = f"pid {held.holder_pid}" if held.holder_pid else "another process"
         raise StateDirBusy(
             f"another agent ({who}) is running with --state-dir {state_dir}; "
             "one agent per node and state dir"
         ) from None
-    f.truncate(0)
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
 
 
 class ShardRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import os
 import socket
 from pathlib import Path
 from typing import IO
+
+from llmgw.runtime.lockfile import LockHeld, hold_lock
 
 LOCK_FILE = "up.lock"
 
@@ -29,26 +29,14 @@ def lock_state_dir(state: Path) -> IO[str]:
     flock, not a pid file: the kernel drops it when the process dies, however
     it dies, so a crashed `up` never blocks the next one.
     """
-    state.mkdir(parents=True, exist_ok=True)
-    # "a+": opening must not truncate the holder's pid before we know we hold the lock.
-    f = (state / LOCK_FILE).open("a+")
     try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        f.seek(0)
-        holder = f.read().strip()
-        f.close()
-        if exc.errno not in (errno.EAGAIN, errno.EACCES):
-            raise
-        who = f" (pid {holder})" if holder.isdigit() else ""
+        return hold_lock(state / LOCK_FILE)
+    except LockHeld as held:
+        who = f" (pid {held.holder_pid})" if held.holder_pid else ""
         raise Refused(
             f"already running in {state}{who}; stop it first (Ctrl-C there), "
             "or pass --state-dir for a second system"
         ) from None
-    f.truncate(0)
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
 
 
 def port_in_use(host: str, port: int) -> bool:
