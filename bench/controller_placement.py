@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from llmgw.controller.eviction import plan_eviction
-from llmgw.controller.placement import Placement, free_map, place, place_many
-from llmgw.controller.state import FleetState, Model, Node, Replica, Shard
-from llmgw.controller.summary import summarize
+from llmgw.controller.api.summary import summarize
+from llmgw.controller.fleet.records import FleetState, Model, Node, Replica, Shard
+from llmgw.controller.placement.eviction import plan_eviction
+from llmgw.controller.placement.rules import Placement, free_map, place, place_many
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
 

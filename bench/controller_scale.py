@@ -31,14 +31,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from llmgw.controller import leader
+from llmgw.controller.api.services import Services
+from llmgw.controller.api.summary import summarize
 from llmgw.controller.config import ControllerConfig
-from llmgw.controller.fleet import Fleet
+from llmgw.controller.fleet.live import Fleet
 from llmgw.controller.idle import IdleTracker
-from llmgw.controller.leader import ControlLoop
-from llmgw.controller.services import Services
 from llmgw.controller.store import MemoryLeadership, Store, open_store
-from llmgw.controller.summary import summarize
+from llmgw.controller.tick import loop as tick_loop
+from llmgw.controller.tick.loop import ControlLoop
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.agent import GPU, Heartbeat, ShardStatus
 from llmgw.wire.models import ModelSpec
@@ -119,7 +119,7 @@ class Agents:
 
 
 PLAN_S: list[float] = []
-_plan_tick = leader.plan_tick
+_plan_tick = tick_loop.plan_tick
 
 
 def _timed_plan_tick(*args: Any, **kw: Any) -> Any:
@@ -131,7 +131,7 @@ def _timed_plan_tick(*args: Any, **kw: Any) -> Any:
         PLAN_S.append(time.perf_counter() - t0)
 
 
-leader.plan_tick = _timed_plan_tick  # type: ignore[assignment]
+tick_loop.plan_tick = _timed_plan_tick  # type: ignore[assignment]
 
 
 def ms(values: list[float], q: float) -> float:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psycopg
 
-from llmgw.controller.state import Changes, Event, Model, Node, Replica, Shard
+from llmgw.controller.fleet.records import Changes, Event, Model, Node, Replica, Shard
 from llmgw.controller.store import Store, open_store
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec

@@ -176,7 +176,7 @@ class TestReads:
 
     def test_openapi_describes_every_route(self, c: Controller) -> None:
         """Every route of the app appears in /openapi.json with its method."""
-        from llmgw.controller.api import routes
+        from llmgw.controller.api.routes import routes
 
         doc = c.get("/openapi.json")
         for r in routes():

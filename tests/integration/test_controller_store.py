@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from llmgw.controller.state import Changes, Event, Model, Node, Replica, Reservation, Shard
+from llmgw.controller.fleet.records import Changes, Event, Model, Node, Replica, Reservation, Shard
 from llmgw.controller.store import (
     FencedStore,
     Leadership,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from llmgw.controller.state import FleetState, Model, Node, OperatorState, Replica, Shard
+from llmgw.controller.fleet.records import FleetState, Model, Node, OperatorState, Replica, Shard
 from llmgw.wire.admin import ReplicaState
 from llmgw.wire.agent import GPU, EngineKind
 from llmgw.wire.models import ModelSpec

@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from llmgw.controller.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
 from llmgw.controller.config import ControllerConfig
+from llmgw.controller.fleet.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
+from llmgw.controller.fleet.index import FleetIndex
+from llmgw.controller.fleet.records import Changes, FleetState, Model, Node, OperatorState, Replica
 from llmgw.controller.idle import IdleTracker
-from llmgw.controller.index import FleetIndex
-from llmgw.controller.memory import Memory
-from llmgw.controller.reconcile import Plan, plan_tick
-from llmgw.controller.state import Changes, FleetState, Model, Node, OperatorState, Replica
+from llmgw.controller.tick.carryover import Memory
+from llmgw.controller.tick.plan import Plan, plan_tick
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.admin import ReplicaState
 from llmgw.wire.agent import Heartbeat, ShardSpec, ShardState, ShardStatus

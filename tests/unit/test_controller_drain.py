@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmgw.controller import commands
-from llmgw.controller.views import drain_waits, node_view
+from llmgw.controller.api.views import drain_waits, node_view
+from llmgw.controller.fleet import commands
 from tests.unit.controller_reconcile_world import World, spec
 
 

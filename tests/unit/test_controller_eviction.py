@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.controller.eviction import EvictionPlan, plan_eviction
+from llmgw.controller.fleet.records import FleetState
 from llmgw.controller.idle import IdleTracker
-from llmgw.controller.placement import Placement, free_map, place
-from llmgw.controller.state import FleetState
+from llmgw.controller.placement.eviction import EvictionPlan, plan_eviction
+from llmgw.controller.placement.rules import Placement, free_map, place
 from llmgw.testing import ManualClock
 from llmgw.wire.models import ModelSpec
 from llmgw.wire.usage import UsageReport

@@ -7,9 +7,9 @@ reservations (Fleet.begin_term), and nothing else carried over.
 
 from __future__ import annotations
 
-from llmgw.controller import commands
-from llmgw.controller.agents import desired_shards
-from llmgw.controller.memory import Memory
+from llmgw.controller.fleet import commands
+from llmgw.controller.fleet.agents import desired_shards
+from llmgw.controller.tick.carryover import Memory
 from tests.unit.controller_reconcile_world import World, spec
 
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.controller.placement import (
+from llmgw.controller.fleet.records import HOLDS_GPUS, FleetState, Node
+from llmgw.controller.placement.rules import (
     FreeMap,
     Placement,
     ShardPlacement,
@@ -18,7 +19,6 @@ from llmgw.controller.placement import (
     place,
     place_many,
 )
-from llmgw.controller.state import HOLDS_GPUS, FleetState, Node
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
 from tests.unit.controller_fleet import HB_TIMEOUT_S, NOW, fleet, gpus, node, replica, spec

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import msgspec
 
-from llmgw.controller.capacity import gpus_in_use
-from llmgw.controller.memory import Memory
-from llmgw.controller.models import desired_count
-from llmgw.controller.reconcile import plan_tick
+from llmgw.controller.placement.capacity import gpus_in_use
+from llmgw.controller.tick.carryover import Memory
+from llmgw.controller.tick.per_model import desired_count
+from llmgw.controller.tick.plan import plan_tick
 from llmgw.wire.usage import ModelLoad
 from tests.unit.controller_reconcile_world import World, gpus, spec
 

@@ -1,4 +1,4 @@
-"""The agent protocol decided purely (controller/agents.py): heartbeats in, desired shards out."""
+"""The agent protocol decided purely (controller/fleet/agents.py): heartbeats in, shards out."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 
 import msgspec
 
-from llmgw.controller.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
-from llmgw.controller.index import FleetIndex
+from llmgw.controller.fleet.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
+from llmgw.controller.fleet.index import FleetIndex
 from llmgw.wire.agent import Heartbeat, ShardStatus
 from tests.unit.controller_reconcile_world import World, gpus, spec
 
@@ -223,7 +223,7 @@ class TestHeartbeatOrder:
     async def test_fleet_answers_a_stale_heartbeat_without_applying_it(self) -> None:
         """The leader replies to a late heartbeat with the desired set; a new term applies it."""
         from llmgw.controller.config import ControllerConfig
-        from llmgw.controller.fleet import Fleet
+        from llmgw.controller.fleet.live import Fleet
         from llmgw.controller.store import MemoryStore
         from llmgw.runtime.clock import ManualClock
 

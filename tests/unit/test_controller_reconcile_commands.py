@@ -7,10 +7,10 @@ import asyncio
 import msgspec
 import pytest
 
-from llmgw.controller import commands
-from llmgw.controller.api import decode_drain, decode_specs, validation_param
+from llmgw.controller.api.routes import decode_drain, decode_specs, validation_param
 from llmgw.controller.errors import Conflict, InvalidRequest, InvalidSpec, NotFound
-from llmgw.controller.sink import EndpointSink, endpoint_list
+from llmgw.controller.fleet import commands
+from llmgw.controller.fleet.endpoints import EndpointSink, endpoint_list
 from llmgw.wire.models import ScaleRequest
 from tests.unit.controller_reconcile_world import World, spec
 

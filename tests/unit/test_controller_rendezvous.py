@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.controller.state import Replica, Shard
+from llmgw.controller.fleet.records import Replica, Shard
 from tests.unit.controller_reconcile_world import World, spec
 
 

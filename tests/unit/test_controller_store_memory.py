@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmgw.controller.state import Changes, Event, Node, Replica, Shard
+from llmgw.controller.fleet.records import Changes, Event, Node, Replica, Shard
 from llmgw.controller.store import (
     FencedStore,
     MemoryLeadership,
@@ -158,7 +158,7 @@ class TestFleetLosingLeadership:
         """A write fenced off (lock lost) makes the fleet a standby now, not at the next tick."""
         from llmgw.controller.config import ControllerConfig
         from llmgw.controller.errors import NotLeading, StoreUnavailable
-        from llmgw.controller.fleet import Fleet
+        from llmgw.controller.fleet.live import Fleet
         from llmgw.runtime.clock import ManualClock
         from llmgw.wire.agent import Heartbeat
 
@@ -198,7 +198,7 @@ class TestFleetHeartbeatWhileTheStoreIsDown:
         """The write fails (503), but the node's last heartbeat moves on in memory."""
         from llmgw.controller.config import ControllerConfig
         from llmgw.controller.errors import StoreUnavailable
-        from llmgw.controller.fleet import Fleet
+        from llmgw.controller.fleet.live import Fleet
         from llmgw.runtime.clock import ManualClock
         from llmgw.wire.agent import GPU, Heartbeat
 

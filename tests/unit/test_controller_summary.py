@@ -6,15 +6,15 @@ from collections.abc import Mapping
 
 import msgspec
 
-from llmgw.controller.state import FleetState
-from llmgw.controller.summary import IDLE_THRESHOLD_S, summarize, summarize_views
-from llmgw.controller.views import (
+from llmgw.controller.api.summary import IDLE_THRESHOLD_S, summarize, summarize_views
+from llmgw.controller.api.views import (
     model_views,
     node_view,
     node_views,
     replica_view,
     replica_views,
 )
+from llmgw.controller.fleet.records import FleetState
 from llmgw.wire.admin import Summary
 from llmgw.wire.agent import GPU
 from tests.unit.controller_fleet import HB_TIMEOUT_S, NOW, fleet, gpus, node, replica, spec

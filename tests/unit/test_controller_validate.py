@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from llmgw.controller.api.validate import check_heartbeat, check_spec, check_usage
 from llmgw.controller.errors import InvalidSpec
-from llmgw.controller.validate import check_heartbeat, check_spec, check_usage
 from llmgw.wire.agent import GPU, Heartbeat, ShardStatus
 from llmgw.wire.models import ModelSpec
 from llmgw.wire.usage import ModelLoad, UsageReport

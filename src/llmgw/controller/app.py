@@ -17,14 +17,14 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from llmgw.controller import api
+from llmgw.controller.api import routes
+from llmgw.controller.api.services import Services
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import NotLeading, StoreUnavailable
-from llmgw.controller.fleet import Fleet
+from llmgw.controller.fleet.live import Fleet
 from llmgw.controller.idle import IdleTracker
-from llmgw.controller.leader import ControlLoop
-from llmgw.controller.services import Services
 from llmgw.controller.store import FencedStore, Leadership, Store, open_leadership, open_store
+from llmgw.controller.tick.loop import ControlLoop
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -53,10 +53,10 @@ def build_app(
     loop = ControlLoop(fleet, leadership, usage, clock=clock, config=config)
     services = Services(fleet, usage, config=config, clock=clock)
 
-    app = web.Application(middlewares=api.middlewares(), client_max_size=16 * 1024 * 1024)
-    app[api.SERVICES] = services
+    app = web.Application(middlewares=routes.middlewares(), client_max_size=16 * 1024 * 1024)
+    app[routes.SERVICES] = services
     app[LOOP] = loop
-    app.add_routes(api.routes())
+    app.add_routes(routes.routes())
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await loop.check_leadership()

@@ -1,4 +1,4 @@
-"""The controller's exception tree, translated to HTTP in exactly one place (api.py).
+"""The controller's exception tree, translated to HTTP in exactly one place (api/routes.py).
 
     ApiError                   an answer for the client, in the OpenAI error shape
     ├── InvalidRequest    400  malformed body or query; message names the field

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from llmgw.controller.state import Changes, Event, FleetState
+from llmgw.controller.fleet.records import Changes, Event, FleetState
 
 
 class StoreError(Exception):

@@ -17,7 +17,7 @@ from typing import Any, TypeVar, get_args, get_type_hints
 
 import msgspec
 
-from llmgw.controller.state import (
+from llmgw.controller.fleet.records import (
     Changes,
     Event,
     Model,

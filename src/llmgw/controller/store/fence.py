@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.controller.state import Changes, Event, FleetState
+from llmgw.controller.fleet.records import Changes, Event, FleetState
 from llmgw.controller.store.base import Leadership, NotLeader, Store
 from llmgw.controller.store.sql import SqlStore
 

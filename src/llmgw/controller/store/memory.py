@@ -12,7 +12,7 @@ import dataclasses
 import threading
 from typing import ClassVar
 
-from llmgw.controller.state import Changes, Event, FleetState
+from llmgw.controller.fleet.records import Changes, Event, FleetState
 from llmgw.controller.store import codec
 from llmgw.controller.store.base import StoreError
 

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from llmgw.controller.state import Changes, Event, FleetState
+from llmgw.controller.fleet.records import Changes, Event, FleetState
 from llmgw.controller.store import codec, tables
 from llmgw.controller.store.base import StoreError
 

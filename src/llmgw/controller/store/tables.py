@@ -116,7 +116,7 @@ def _define(md: sa.MetaData, *, version: int) -> None:
         # they drain (CONTROLLER_API: DELETE /admin/models/{name}).
         sa.Column("model", sa.String, nullable=False),
         sa.Column("state", sa.String, nullable=False),
-        sa.Column("shards", sa.Text, nullable=False),  # JSON list of state.Shard
+        sa.Column("shards", sa.Text, nullable=False),  # JSON list of fleet.records.Shard
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("state_since", sa.Float, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),

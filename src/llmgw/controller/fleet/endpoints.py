@@ -20,8 +20,8 @@ import contextlib
 from collections.abc import Callable
 
 from llmgw.controller.errors import Busy
-from llmgw.controller.index import FleetIndex
-from llmgw.controller.state import FleetState, Model, Replica
+from llmgw.controller.fleet.index import FleetIndex
+from llmgw.controller.fleet.records import FleetState, Model, Replica
 from llmgw.wire.endpoints import EndpointInfo, EndpointList
 
 # The router's metric dialect per engine (ENGINES.md): "" is vLLM's names, which

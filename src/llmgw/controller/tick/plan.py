@@ -1,6 +1,6 @@
 """The reconcile tick (DESIGN §3.4), decided purely: (state, usage, memory, now) → Plan.
 
-No I/O here. The loop (leader.py) writes `plan.changes` through the store in
+No I/O here. The loop (tick/loop.py) writes `plan.changes` through the store in
 one transaction and only then adopts them and `plan.memory`; a plan whose write
 fails is dropped whole and the next tick decides again from the same facts.
 
@@ -10,8 +10,8 @@ One tick, in order:
 2. timers: per-phase deadlines (pending/starting too long → failed), draining
    replicas stopped once their in-flight requests finish or their grace ends,
    stopped replicas forgotten after the retention;
-3. models (models.py): desired count, surplus drained, make-before-break moves,
-   failed replicas restarted after backoff, what is missing placed (placing.py),
+3. models (tick/per_model.py): desired count, surplus drained, make-before-break moves,
+   failed replicas restarted after backoff, what is missing placed (placement/requests.py),
    evicting known-idle replicas when a model cannot be placed;
 4. bookkeeping a restart needs: retired specs whose replicas have all stopped
    are dropped, and the room held for evicting models is written as it changed.
@@ -23,12 +23,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from llmgw.controller.config import ControllerConfig
+from llmgw.controller.fleet.batch import RUNS, Batch, backoff_s, new_replica_id
+from llmgw.controller.fleet.index import FleetIndex
+from llmgw.controller.fleet.records import Changes, FleetState
 from llmgw.controller.idle import IdleTracker
-from llmgw.controller.index import FleetIndex
-from llmgw.controller.lifecycle import RUNS, Batch, backoff_s, new_replica_id
-from llmgw.controller.memory import Memory
-from llmgw.controller.models import plan_models
-from llmgw.controller.state import Changes, FleetState
+from llmgw.controller.tick.carryover import Memory
+from llmgw.controller.tick.per_model import plan_models
 
 
 @dataclass(slots=True)
@@ -51,7 +51,7 @@ def plan_tick(
     dirty: Collection[str] | None = None,
 ) -> Plan:
     """One tick's decisions. `dirty`: models whose replicas or spec changed since the
-    last tick (None: all of them); see models.plan_models."""
+    last tick (None: all of them); see per_model.plan_models."""
     mem = memory.copy()
     batch = Batch(state, now, new_id=new_id)
     plan = Plan(changes=batch.changes, memory=mem)
@@ -120,7 +120,7 @@ def _timers(
         if r is None or batch.touched(rid) or r.state not in ("pending", "starting"):
             continue
         # From this controller's start at the earliest: while no controller ran,
-        # no agent could report progress (as with silence, reconcile.silent_for).
+        # no agent could report progress (as with silence, silent_for below).
         if now - max(r.state_since, plan.memory.leader_since) > cfg.starting_deadline_s:
             retry = backoff_s(
                 r.restarts, base_s=cfg.restart_backoff_s, cap_s=cfg.restart_backoff_max_s

@@ -20,20 +20,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from llmgw.controller.config import ControllerConfig
-from llmgw.controller.eviction import plan_eviction
-from llmgw.controller.idle import IdleTracker
-from llmgw.controller.index import FleetIndex
-from llmgw.controller.lifecycle import RUNS, Batch, draining_nodes, node_drain_grace
-from llmgw.controller.memory import Memory
-from llmgw.controller.placement import (
-    FreeMap,
-    Placement,
-    ShardPlacement,
-    Unplaceable,
-    free_map,
-    place,
-)
-from llmgw.controller.state import (
+from llmgw.controller.fleet.batch import RUNS, Batch, draining_nodes, node_drain_grace
+from llmgw.controller.fleet.index import FleetIndex
+from llmgw.controller.fleet.records import (
     HOLDS_GPUS,
     SHARD_RUNNING,
     Model,
@@ -41,6 +30,17 @@ from llmgw.controller.state import (
     Reservation,
     Shard,
 )
+from llmgw.controller.idle import IdleTracker
+from llmgw.controller.placement.eviction import plan_eviction
+from llmgw.controller.placement.rules import (
+    FreeMap,
+    Placement,
+    ShardPlacement,
+    Unplaceable,
+    free_map,
+    place,
+)
+from llmgw.controller.tick.carryover import Memory
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,12 +21,12 @@ import math
 from collections.abc import Collection, Mapping
 
 from llmgw.controller.config import ControllerConfig
+from llmgw.controller.fleet.batch import LIVE, Batch, node_drain_grace
+from llmgw.controller.fleet.index import FleetIndex
+from llmgw.controller.fleet.records import Model, Replica
 from llmgw.controller.idle import IdleTracker, ModelLoadSum
-from llmgw.controller.index import FleetIndex
-from llmgw.controller.lifecycle import LIVE, Batch, node_drain_grace
-from llmgw.controller.memory import Memory
-from llmgw.controller.placing import Request, place_requests
-from llmgw.controller.state import Model, Replica
+from llmgw.controller.placement.requests import Request, place_requests
+from llmgw.controller.tick.carryover import Memory
 
 # Cheapest to drop first (ready replicas then sort by idleness).
 _DROP_ORDER = {"failed": 0, "pending": 1, "starting": 2, "ready": 3}

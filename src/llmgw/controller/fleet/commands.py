@@ -14,9 +14,9 @@ import math
 import msgspec
 
 from llmgw.controller.errors import Conflict, InvalidRequest, InvalidSpec, NotFound
-from llmgw.controller.index import FleetIndex
-from llmgw.controller.lifecycle import LIVE, RUNS, Batch
-from llmgw.controller.state import FleetState, Model, Node, OperatorState, Replica
+from llmgw.controller.fleet.batch import LIVE, RUNS, Batch
+from llmgw.controller.fleet.index import FleetIndex
+from llmgw.controller.fleet.records import FleetState, Model, Node, OperatorState, Replica
 from llmgw.wire.models import ModelSpec, ScaleRequest
 
 # Spec fields an operator may change on a running model without restarting its

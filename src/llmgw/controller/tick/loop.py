@@ -6,7 +6,7 @@ Once a tick:
 - a standby tries to take the lock; when it wins it reloads everything from
   the store before acting, since the old leader may have written up to its
   last moment; otherwise it reloads every `standby_reload_s` to serve reads;
-- a leader then plans the tick (reconcile.py, pure) and commits the plan in
+- a leader then plans the tick (tick/plan.py, pure) and commits the plan in
   one transaction, together with the heartbeat timestamps due for flushing.
 
 A failed tick (database unreachable) is logged and retried next tick from the
@@ -20,12 +20,12 @@ import logging
 
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import NotLeading, StoreUnavailable
-from llmgw.controller.fleet import Fleet
+from llmgw.controller.fleet.batch import Batch
+from llmgw.controller.fleet.live import Fleet
+from llmgw.controller.fleet.records import Changes
 from llmgw.controller.idle import IdleTracker
-from llmgw.controller.lifecycle import Batch
-from llmgw.controller.reconcile import plan_tick
-from llmgw.controller.state import Changes
 from llmgw.controller.store import Leadership, StoreError
+from llmgw.controller.tick.plan import plan_tick
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
 

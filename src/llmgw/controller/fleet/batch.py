@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from llmgw.controller.state import Changes, Event, FleetState, Model, Node, Replica
+from llmgw.controller.fleet.records import Changes, Event, FleetState, Model, Node, Replica
 from llmgw.wire.admin import ReplicaState
 
 Subject = Literal["replica", "node", "model", "controller"]

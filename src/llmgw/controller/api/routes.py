@@ -1,7 +1,7 @@
 """HTTP routes (notes CONTROLLER_API.md): parse and validate at the edge, then call pure code.
 
 Handlers never decide anything themselves: they turn a request into values,
-call commands.py / agents.py through the Fleet (which writes the store before
+call fleet/commands.py / fleet/agents.py through the Fleet (which writes the store before
 memory), and encode the answer. Every error leaves through `_errors`, in the
 OpenAI error shape (wire.errors.error_body), and nowhere else.
 """
@@ -20,13 +20,13 @@ import msgspec
 from aiohttp import web
 
 from llmgw import __version__
-from llmgw.controller import commands
+from llmgw.controller.api.services import Services
+from llmgw.controller.api.summary import summarize
+from llmgw.controller.api.validate import check_heartbeat, check_spec, check_usage
+from llmgw.controller.api.views import model_view, model_views, node_views, replica_view
 from llmgw.controller.errors import ApiError, InvalidRequest, InvalidSpec, Unauthorized
-from llmgw.controller.services import Services
-from llmgw.controller.state import OperatorState
-from llmgw.controller.summary import summarize
-from llmgw.controller.validate import check_heartbeat, check_spec, check_usage
-from llmgw.controller.views import model_view, model_views, node_views, replica_view
+from llmgw.controller.fleet import commands
+from llmgw.controller.fleet.records import OperatorState
 from llmgw.wire.admin import DrainRequest, EventView, ReplicaState, WeightRequest
 from llmgw.wire.agent import Heartbeat
 from llmgw.wire.errors import error_body
@@ -397,7 +397,7 @@ async def set_weight(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    from llmgw.controller.openapi import document
+    from llmgw.controller.api.openapi import document
 
     return web.Response(body=document(), content_type="application/json")
 

@@ -1,7 +1,7 @@
 """What the HTTP handlers call: each command is decide (pure) → commit (store, then memory).
 
 Every command runs under the fleet's lock, decides from the current state
-with commands.py, and commits one Batch in one transaction. A standby refuses
+with fleet/commands.py, and commits one Batch in one transaction. A standby refuses
 before deciding anything (503 not_leader), so a write never lands on a
 controller that would not keep it.
 """
@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from llmgw.controller import commands
+from llmgw.controller.api.views import IdleFor, node_view
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import StoreUnavailable
-from llmgw.controller.fleet import Fleet
+from llmgw.controller.fleet import commands
+from llmgw.controller.fleet.batch import Batch
+from llmgw.controller.fleet.live import Fleet
+from llmgw.controller.fleet.records import Event, FleetState, Model, Node, OperatorState, Replica
 from llmgw.controller.idle import IdleTracker
-from llmgw.controller.lifecycle import Batch
-from llmgw.controller.state import Event, FleetState, Model, Node, OperatorState, Replica
 from llmgw.controller.store import StoreError
-from llmgw.controller.views import IdleFor, node_view
 from llmgw.runtime.clock import Clock
 from llmgw.wire.admin import NodeView
 from llmgw.wire.models import ModelSpec, ScaleRequest

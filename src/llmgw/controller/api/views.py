@@ -12,8 +12,8 @@ from collections.abc import Callable, Collection, Mapping
 from operator import attrgetter
 from typing import Protocol
 
-from llmgw.controller.capacity import gpus_in_use
-from llmgw.controller.state import FleetState, Model, Node, Replica
+from llmgw.controller.fleet.records import FleetState, Model, Node, Replica
+from llmgw.controller.placement.capacity import gpus_in_use
 from llmgw.wire.admin import (
     DrainWait,
     ModelView,

@@ -12,7 +12,7 @@ changes nothing else updates memory only, and the tick flushes each node's
 timestamp at most every `config.flush_s`. Storing every heartbeat would cost
 one transaction per node per interval (1,000/s on 2,000 nodes) to record the
 one fact that matters only after a restart, and after a restart every node
-gets a grace counted from the new leader's start anyway (reconcile.silent_for).
+gets a grace counted from the new leader's start anyway (tick.plan.silent_for).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ import logging
 import math
 from collections.abc import Iterable
 
-from llmgw.controller.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import NotLeading, StoreUnavailable
-from llmgw.controller.index import FleetIndex
-from llmgw.controller.memory import Memory
-from llmgw.controller.sink import EndpointSink, endpoint_info, endpoint_list
-from llmgw.controller.state import Changes, Event, FleetState, Node, Replica
+from llmgw.controller.fleet.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
+from llmgw.controller.fleet.endpoints import EndpointSink, endpoint_info, endpoint_list
+from llmgw.controller.fleet.index import FleetIndex
+from llmgw.controller.fleet.records import Changes, Event, FleetState, Node, Replica
 from llmgw.controller.store import NotLeader, Store, StoreError
+from llmgw.controller.tick.carryover import Memory
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
@@ -60,7 +60,7 @@ class Fleet:
         # Which heartbeats are late and must not be applied (agents.HeartbeatOrder).
         self.order = HeartbeatOrder()
         # Models whose replicas or spec changed since the last tick (None: every
-        # model, e.g. after a (re)load); the tick decides these (models.plan_models).
+        # model, e.g. after a (re)load); the tick decides these (tick.per_model.plan_models).
         self._dirty: set[str] | None = None
         self.backoff = Backoff(base_s=config.restart_backoff_s, cap_s=config.restart_backoff_max_s)
 

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from llmgw.controller.state import FleetState, Replica
+from llmgw.controller.fleet.records import FleetState, Replica
 from llmgw.wire.admin import ReplicaState
 
 

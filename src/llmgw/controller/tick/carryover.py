@@ -1,4 +1,4 @@
-"""What the reconcile loop remembers between ticks (reconcile.py).
+"""What the reconcile loop remembers between ticks (tick/plan.py).
 
 Most of it is not stored: it only makes the next tick smarter, and each field
 says what losing it costs. The exception is `evicting`, the working copy of
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmgw.controller.placement import Unplaceable
-from llmgw.controller.state import Reservation
+from llmgw.controller.fleet.records import Reservation
+from llmgw.controller.placement.rules import Unplaceable
 
 __all__ = ["Memory", "Reservation"]
 

@@ -2,7 +2,7 @@
 
 A per-node listing is right for four nodes and wrong for two hundred: how full
 am I, what is broken, what is holding cards nobody is using are aggregates. They
-are derived here from the same views the tables show (controller/views.py), so
+are derived here from the same views the tables show (api/views.py), so
 the summary cannot disagree with them, and nothing here is ever stored.
 
 Where this port goes beyond the seed, it says so:
@@ -18,9 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from operator import attrgetter
 
-from llmgw.controller.capacity import gpus_in_use
-from llmgw.controller.state import FleetState
-from llmgw.controller.views import (
+from llmgw.controller.api.views import (
     IdleFor,
     IdleSource,
     idle_fn,
@@ -29,6 +27,8 @@ from llmgw.controller.views import (
     replica_counts,
     replica_view,
 )
+from llmgw.controller.fleet.records import FleetState
+from llmgw.controller.placement.capacity import gpus_in_use
 from llmgw.wire.admin import (
     ClassUse,
     FabricUse,

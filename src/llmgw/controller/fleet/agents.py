@@ -14,9 +14,9 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from llmgw.controller.index import FleetIndex
-from llmgw.controller.lifecycle import RUNS, Batch, backoff_s, log_tail_text
-from llmgw.controller.state import SHARD_RUNNING, FleetState, Node, Replica, Shard
+from llmgw.controller.fleet.batch import RUNS, Batch, backoff_s, log_tail_text
+from llmgw.controller.fleet.index import FleetIndex
+from llmgw.controller.fleet.records import SHARD_RUNNING, FleetState, Node, Replica, Shard
 from llmgw.wire.agent import Heartbeat, ShardSpec, ShardStatus
 from llmgw.wire.models import ModelSpec
 

@@ -28,8 +28,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from llmgw.controller.capacity import FreeMap, gpus_in_use
-from llmgw.controller.state import FleetState, Node
+from llmgw.controller.fleet.records import FleetState, Node
+from llmgw.controller.placement.capacity import FreeMap, gpus_in_use
 from llmgw.wire.models import ModelSpec
 
 __all__ = [

@@ -21,10 +21,10 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from llmgw.controller.capacity import FreeMap
-from llmgw.controller.placement import Placement, place
-from llmgw.controller.state import FleetState, Replica
-from llmgw.controller.views import IdleFor, IdleSource, idle_fn
+from llmgw.controller.api.views import IdleFor, IdleSource, idle_fn
+from llmgw.controller.fleet.records import FleetState, Replica
+from llmgw.controller.placement.capacity import FreeMap
+from llmgw.controller.placement.rules import Placement, place
 from llmgw.wire.models import ModelSpec
 
 
@@ -35,7 +35,7 @@ class EvictionPlan:
     # fits without evicting anything.
     evict: tuple[str, ...]
     # Where the model lands once the evicted replicas have stopped and given
-    # their cards back (draining replicas still hold them, state.HOLDS_GPUS).
+    # their cards back (draining replicas still hold them, records.HOLDS_GPUS).
     placement: Placement
     # For the event log: each evicted replica with its model, priority and idle time.
     why: str

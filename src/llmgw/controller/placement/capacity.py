@@ -21,19 +21,19 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from llmgw.controller.state import HOLDS_GPUS, SHARD_RUNNING, FleetState, Node
+from llmgw.controller.fleet.records import HOLDS_GPUS, SHARD_RUNNING, FleetState, Node
 from llmgw.wire.admin import NodeState
 
 if TYPE_CHECKING:
-    from llmgw.controller.placement import Placement
+    from llmgw.controller.placement.rules import Placement
 
 _BLOCKED_STATES: tuple[NodeState, ...] = ("cordoned", "draining", "unreachable")
 
 
 def gpus_in_use(state: FleetState) -> dict[str, set[int]]:
     """Node → GPU indices held: every shard of a replica whose state holds GPUs
-    (state.HOLDS_GPUS), and the shards of stopped or failed ones whose engine
-    its agent last reported running (state.SHARD_RUNNING: still exiting)."""
+    (records.HOLDS_GPUS), and the shards of stopped or failed ones whose engine
+    its agent last reported running (records.SHARD_RUNNING: still exiting)."""
     used: dict[str, set[int]] = {}
     for replica in state.replicas.values():
         if replica.state in HOLDS_GPUS:
