@@ -1,0 +1,82 @@
+"""docs/metrics.md lists exactly the metric families each program registers.
+
+A section's table follows `<!-- metrics: dotted.name.Of.TheMetricsClass -->`; its rows
+are `| \\`metric_name\\` | type | labels | meaning |`. `REGISTRIES` says how to build each
+class's registry without a process; a program that adds metrics adds a marked table on
+the page and one entry here. The standard `process_*` family is not listed per metric.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+MARK = re.compile(r"<!-- metrics: ([\w.]+) -->")
+ROW = re.compile(r"^\|\s*`([a-z_:][a-z0-9_:]*)`\s*\|\s*(\w+)\s*\|")
+
+
+def _router(cls: Any) -> CollectorRegistry:
+    registry: CollectorRegistry = cls(snapshots=lambda: [], held=lambda: {}).registry
+    return registry
+
+
+REGISTRIES: dict[str, Callable[[Any], CollectorRegistry]] = {
+    "llmgw.router.metrics.RouterMetrics": _router,
+}
+
+
+def documented() -> dict[str, dict[str, str]]:
+    """{dotted class: {metric name as scraped: type}} for each marked table."""
+    out: dict[str, dict[str, str]] = {}
+    lines = PAGE.read_text().splitlines()
+    for i, line in enumerate(lines):
+        m = MARK.search(line)
+        if m is None:
+            continue
+        rows: dict[str, str] = {}
+        for row in lines[i + 1 :]:
+            if not row.startswith("|"):
+                if rows or row.strip():
+                    break
+                continue
+            cell = ROW.match(row)
+            if cell is not None:
+                rows[cell.group(1)] = cell.group(2)
+        out[m.group(1)] = rows
+    return out
+
+
+def registered(dotted: str) -> dict[str, str]:
+    module, _, name = dotted.rpartition(".")
+    registry = REGISTRIES[dotted](getattr(importlib.import_module(module), name))
+    out = {}
+    for family in registry.collect():
+        if family.name.startswith("process_"):
+            continue
+        # Counters are scraped with the _total suffix prometheus_client adds.
+        scraped = family.name + "_total" if family.type == "counter" else family.name
+        out[scraped] = family.type
+    return out
+
+
+def test_every_program_with_metrics_has_a_section() -> None:
+    """Each registry known here has a marked table on docs/metrics.md, and no table is orphaned."""
+    assert documented().keys() == REGISTRIES.keys()
+
+
+@pytest.mark.parametrize("dotted", sorted(REGISTRIES))
+def test_section_lists_exactly_the_registered_metrics(dotted: str) -> None:
+    """Same names, same types: nothing registered is undocumented, nothing documented is gone."""
+    docs = documented().get(dotted, {})
+    real = registered(dotted)
+    assert sorted(real.keys() - docs.keys()) == [], "registered but not in docs/metrics.md"
+    assert sorted(docs.keys() - real.keys()) == [], "in docs/metrics.md but not registered"
+    wrong = {n: (docs[n], t) for n, t in real.items() if docs[n] != t}
+    assert wrong == {}, "documented type differs (docs, real)"
