@@ -172,7 +172,12 @@ def fake_nvml(
         nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
         nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
-        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=81559 * 1024 * 1024),
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(
+            total=81559 * 1024 * 1024, used=1024 * 1024 * 1024
+        ),
+        NVML_TEMPERATURE_GPU=0,
+        nvmlDeviceGetTemperature=lambda h, sensor: 41 + h,
+        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=50, memory=10),
         nvmlEventSetCreate=lambda: "set",
         nvmlDeviceGetSupportedEventTypes=lambda h: 0xFF,
         nvmlDeviceRegisterEvents=lambda h, types, s: None,
@@ -235,3 +240,16 @@ class TestNvmlAdapter:
             inv.set_fault(0, "x")
         with pytest.raises(UnknownGpu):
             inv.set_fault(9, "x")
+
+
+class TestNvmlTelemetry:
+    async def test_readings_after_refresh(self) -> None:
+        """Temperature, utilisation, memory and error counts come from NVML per card."""
+        inv = NvmlInventory.open(fake_nvml(ecc=0))
+        await inv.refresh()
+        t0, t1 = inv.telemetry(frozenset())
+        assert (t0.temperature_c, t1.temperature_c) == (41.0, 42.0)
+        assert t0.utilization == 0.5
+        assert t0.memory_used_bytes == 1024 * 1024 * 1024
+        assert t0.memory_total_bytes == 81559 * 1024 * 1024
+        assert (t0.xid_events, t0.ecc_uncorrected) == (0, 0)

@@ -33,7 +33,7 @@ class TestRecording:
         m.request_done("m", "a", 200, 0.01, 0.002)
         m.request_done("m", "a", 200, 0.01)
         assert lines(m, "llmgw_router_requests_total") == [
-            'llmgw_router_requests_total{code="200",endpoint="a",model="m"} 2.0'
+            'llmgw_router_requests_total{code="200",endpoint="a",model="m",outcome="ok"} 2.0'
         ]
         assert lines(m, "llmgw_router_time_to_first_token_seconds_count") == [
             'llmgw_router_time_to_first_token_seconds_count{endpoint="a",model="m"} 1.0'
@@ -47,6 +47,31 @@ class TestRecording:
         m.forget(["gone"])
         assert lines(m, "llmgw_router_requests_total") == []
         assert lines(m, "llmgw_router_retries_total") == []
+
+    def test_forget_keeps_series_whose_other_labels_match(self) -> None:
+        """Only the endpoint label is compared: a model named like a removed id stays."""
+        m = RouterMetrics(snapshots=list, held=dict)
+        m.request_done("gone", "kept", 200, 0.01)
+        m.request_done("m", "gone", 499, 0.01, outcome="disconnected")
+        m.forget(["gone"])
+        assert lines(m, "llmgw_router_requests_total") == [
+            'llmgw_router_requests_total{code="200",endpoint="kept",model="gone",outcome="ok"} 1.0'
+        ]
+
+    def test_tokens_counted_per_model(self) -> None:
+        """Prompt, completion and cached tokens add up per model."""
+        m = RouterMetrics(snapshots=list, held=dict)
+        m.tokens("m", 10, 5, 4)
+        m.tokens("m", 2, 1, 0)
+        assert lines(m, "llmgw_router_prompt_tokens_total") == [
+            'llmgw_router_prompt_tokens_total{model="m"} 12.0'
+        ]
+        assert lines(m, "llmgw_router_completion_tokens_total") == [
+            'llmgw_router_completion_tokens_total{model="m"} 6.0'
+        ]
+        assert lines(m, "llmgw_router_cached_tokens_total") == [
+            'llmgw_router_cached_tokens_total{model="m"} 4.0'
+        ]
 
 
 class TestLiveGauges:

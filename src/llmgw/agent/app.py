@@ -2,6 +2,7 @@
 
     GET  /healthz                    {"status": "ok"}
     GET  /status                     service.AgentStatus (GPUs, shards, pids, controller)
+    GET  /metrics                    Prometheus text (agent.metrics, docs/metrics.md)
     POST /gpus/{index}/unhealthy     {"reason": "..."} → the GPU (fake inventory only)
     POST /gpus/{index}/healthy       → the GPU (fake inventory only)
 
@@ -22,11 +23,13 @@ import msgspec
 from aiohttp import web
 
 from llmgw.agent.gpus.base import FaultInjectionUnsupported, UnknownGpu
+from llmgw.agent.metrics import CONTENT_TYPE, AgentMetrics
 from llmgw.agent.service import Agent
 
 log = logging.getLogger(__name__)
 
 AGENT_KEY: web.AppKey[Agent] = web.AppKey("agent", Agent)
+METRICS_KEY: web.AppKey[AgentMetrics] = web.AppKey("metrics", AgentMetrics)
 STOP_KEY: web.AppKey[asyncio.Event] = web.AppKey("stop", asyncio.Event)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -69,6 +72,11 @@ async def status(request: web.Request) -> web.Response:
     return _json(request.app[AGENT_KEY].status())
 
 
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
 def _index(request: web.Request) -> int:
     try:
         return int(request.match_info["index"])
@@ -108,9 +116,11 @@ def build_app(agent: Agent, *, stop: asyncio.Event | None = None) -> web.Applica
     """
     app = web.Application(middlewares=[loopback_only])
     app[AGENT_KEY] = agent
+    app[METRICS_KEY] = AgentMetrics(agent)
     app[STOP_KEY] = stop or asyncio.Event()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/status", status)
+    app.router.add_get("/metrics", metrics)
     app.router.add_post("/gpus/{index}/unhealthy", gpu_unhealthy)
     app.router.add_post("/gpus/{index}/healthy", gpu_healthy)
     app.cleanup_ctx.append(_run_agent)

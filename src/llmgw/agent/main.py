@@ -35,7 +35,12 @@ from llmgw.runtime.serve import run, serve_app
 
 
 def main(argv: list[str]) -> int:
-    logs.setup()
+    try:
+        fmt, argv = logs.take_format(argv)
+    except logs.LogFormatError as exc:
+        sys.stderr.write(f"llmgw agent: {exc}\n")
+        return 2
+    logs.setup(fmt=fmt)
     try:
         cfg = parse_config(argv)
     except ConfigError as exc:

@@ -64,6 +64,7 @@ class Agent:
         self._client = client
         self._probe = probe
         self._clock = clock
+        self.clock = clock
         self.started_at = clock.wall()
         # The last Heartbeat.seq built; each build takes the next (a retry after a
         # failed send is a new build, which is fine: only the order matters).

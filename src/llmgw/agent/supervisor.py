@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.agent import logfiles
+from llmgw.agent.metrics import EngineEvents
 from llmgw.agent.ports import NoFreePort, PortAllocator, RendezvousPortTaken
 from llmgw.agent.probe import HealthProbe
 from llmgw.agent.procs import KILL, TERM, ProcessHandle, Spawner, SpawnError
@@ -86,6 +87,8 @@ class Supervisor:
         self._log_max_bytes = log_max_bytes
         self._log_keep = log_keep
         self._clock = clock
+        # Counted for /metrics (agent.metrics) as engines start, become ready and exit.
+        self.events = EngineEvents()
         self._shards: dict[tuple[str, int], _Shard] = {}
         # Rendezvous ports of the shards the controller last listed, including
         # those not started yet: no engine port may be one of them.
@@ -179,6 +182,8 @@ class Supervisor:
 
     def _ready(self, sh: _Shard) -> None:
         sh.state = "ready"
+        if sh.started_at is not None:
+            self.events.ready(sh.spec.engine, self._clock.wall() - sh.started_at)
         log.info(kv("engine ready", replica=sh.spec.replica_id, rank=sh.spec.rank, port=sh.port))
 
     def _rotate_logs(self, paths: list[Path]) -> None:
@@ -223,6 +228,16 @@ class Supervisor:
             for _, sh in sorted(self._shards.items())
         )
 
+    def engine_states(self) -> list[tuple[str, str]]:
+        """(engine kind, state) of every shard, for /metrics."""
+        return [(sh.spec.engine, sh.state) for sh in self._shards.values()]
+
+    def busy_gpus(self) -> frozenset[int]:
+        """GPU indices an engine process of this node is running on."""
+        return frozenset(
+            i for sh in self._shards.values() if sh.proc is not None for i in sh.spec.gpu_indices
+        )
+
     def log_paths(self) -> dict[tuple[str, int], Path]:
         return {k: sh.log_path for k, sh in sorted(self._shards.items())}
 
@@ -234,6 +249,7 @@ class Supervisor:
             spec=spec, port=None, log_path=self._log_dir / name, health_path=None, state="starting"
         )
         self._shards[sh.key] = sh
+        self.events.started(spec.engine)
         try:
             self._check_rendezvous(spec)
             sh.port = self._ports.allocate(self._ports_taken())
@@ -243,6 +259,7 @@ class Supervisor:
         except (NoFreePort, RendezvousPortTaken, SpawnError, ValueError) as exc:
             sh.state = "failed"
             sh.log_tail = (f"llmgw agent: {exc}",)
+            self.events.exited(spec.engine, "failed")
             log.error(kv("engine not started", replica=spec.replica_id, rank=spec.rank, error=exc))
             return
         sh.started_at = self._clock.wall()
@@ -274,6 +291,7 @@ class Supervisor:
         sh.proc = None
         sh.exit_code = code
         sh.state = "stopped" if sh.stop_sent_at is not None else "failed"
+        self.events.exited(sh.spec.engine, sh.state)
         if sh.state == "failed":
             sh.log_tail = logfiles.tail(sh.log_path)
             log.warning(

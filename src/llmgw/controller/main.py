@@ -12,8 +12,13 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str]) -> int:
+    try:
+        fmt, argv = logs.take_format(argv)
+    except logs.LogFormatError as exc:
+        sys.stderr.write(f"llmgw controller: {exc}\n")
+        return 2
     config = parse_args(argv)
-    logs.setup()
+    logs.setup(fmt=fmt)
     return serve.run(lambda: _serve(config))
 
 

@@ -77,6 +77,9 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     router_id: str | None = None
     # Routing policy; the two baselines exist to be measured against (bench/routing.py).
     policy: Policy = "ours"
+    # One log line per request (logger llmgw.router.access, INFO): request id, model,
+    # endpoint, status, outcome, TTFT, duration, tokens. Off: the hot path logs nothing.
+    access_log: bool = False
 
     # The proxy's HTTP client (DESIGN §2.7): `fast`, the lean keep-alive pool
     # (router/fastupstream.py), or `aiohttp`, the reference. Not given: the

@@ -19,12 +19,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="listen port; 0 picks one")
     p.add_argument("--host", default="127.0.0.1", help="listen address")
     p.add_argument("--log-level", default=None, help="DEBUG shows every routing decision")
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=None,
+        help="text (default, or $LLMGW_LOG_FORMAT) or json: one object per line",
+    )
     return p
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    logs.setup(args.log_level)
+    try:
+        given = [] if args.log_format is None else [logs.FLAG, args.log_format]
+        fmt, _ = logs.take_format(given)
+    except logs.LogFormatError as exc:
+        sys.stderr.write(f"llmgw router: {exc}\n")
+        return 2
+    logs.setup(args.log_level, fmt)
     try:
         cfg = load(args.config)
         upstream_client(cfg, os.environ)  # a bad $LLMGW_ROUTER_UPSTREAM stops us here

@@ -18,6 +18,7 @@ that follows its acquire with no await in between.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -43,19 +44,45 @@ from llmgw.router.errors import (
 )
 from llmgw.router.holding import HoldQueueFull
 from llmgw.router.inband import ErrorFrameWatch, nothing_before_error, role_opener_only
+from llmgw.router.metrics import (
+    DISCONNECTED,
+    ENGINE_ERROR,
+    OK,
+    REJECTED,
+    STREAM_BROKEN,
+    TIMEOUT,
+    UNAVAILABLE,
+)
 from llmgw.router.prefix import request_block_hashes
 from llmgw.router.scheduler import Decision
 from llmgw.router.state import RouterState
+from llmgw.router.tokens import StreamUsage, Usage, usage_of
 from llmgw.router.upstream import UpstreamReply
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)
+# The access log (RouterConfig.access_log): one line per request when enabled, whatever
+# the process's log level (the setting is what turns it on and off).
+access_log = logging.getLogger("llmgw.router.access")
+access_log.setLevel(logging.INFO)
 
 # While held, look again this often even without a list change: a breaker leaving
 # its cooldown makes a replica available without anyone saying so.
 HOLD_POLL_S = 0.5
 EMBEDDINGS = "/v1/embeddings"
 _decode = msgspec.json.Decoder().decode
+
+
+class _Tally:
+    """What one relayed stream leaves for metrics: its outcome, usage and ITL child."""
+
+    __slots__ = ("itl", "result", "ttft", "usage")
+
+    def __init__(self, itl: Any) -> None:
+        self.itl = itl
+        self.result = DISCONNECTED
+        self.ttft: float | None = None
+        self.usage = StreamUsage()
 
 
 class _Failed:
@@ -102,30 +129,38 @@ class Proxy:
         t0 = time.monotonic()
         headers = request.headers
         rid = headers.get("x-request-id") or os.urandom(12).hex()
+        path = request.path
         if st.keys.enabled and st.keys.check(headers.get("Authorization")) is None:
-            return _tag(unauthorized(), rid)
+            return self._refused(unauthorized(), rid, path, t0)
         limit = st.cfg.max_body_bytes
         if (request.content_length or 0) > limit:
-            return _tag(too_large(limit), rid)
+            return self._refused(too_large(limit), rid, path, t0)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _tag(too_large(limit), rid)
+            return self._refused(too_large(limit), rid, path, t0)
+        except asyncio.CancelledError:
+            self._done(rid, path, "", "", 499, DISCONNECTED, t0, None, None)
+            raise
         try:
             doc = _decode(body)
         except msgspec.DecodeError:
-            return _tag(bad_request("We could not parse the JSON body of your request."), rid)
+            msg = "We could not parse the JSON body of your request."
+            return self._refused(bad_request(msg), rid, path, t0)
         if type(doc) is not dict:
-            return _tag(bad_request("The request body must be a JSON object."), rid)
+            msg = "The request body must be a JSON object."
+            return self._refused(bad_request(msg), rid, path, t0)
         model = doc.get("model")
         if type(model) is not str or not model:
-            return _tag(bad_request("You must provide a model parameter.", param="model"), rid)
+            msg = "You must provide a model parameter."
+            return self._refused(bad_request(msg, param="model"), rid, path, t0)
         if model not in st.known_models:
             if st.awaiting_list:
                 why = "the router has not received its endpoint list from the controller yet"
-                return _tag(unavailable(NoReplica(model, why, retry_after_s=5)), rid)
-            return _tag(model_not_found(model), rid)
-        path = request.path
+                resp = unavailable(NoReplica(model, why, retry_after_s=5))
+                return self._refused(resp, rid, path, t0, outcome=UNAVAILABLE)
+            # Not the asked-for name as a label: anyone could mint series with it.
+            return self._refused(model_not_found(model), rid, path, t0)
         hashes: Sequence[int] = ()
         if st.policy.uses_prefix and path != EMBEDDINGS:
             # The client's own session hint joins the key; without one the OpenAI
@@ -158,6 +193,10 @@ class Proxy:
         eid = ""
         status = 503
         ttft: float | None = None
+        # The answer's outcome for metrics and the access log (metrics.OUTCOMES).
+        result = UNAVAILABLE
+        usage: Usage | None = None
+        tally: _Tally | None = None
         try:
             while True:
                 snaps = st.registry.snapshots(model)
@@ -165,6 +204,7 @@ class Proxy:
                 if decision.endpoint_id is None:
                     if failed is not None:
                         status = failed.status
+                        result = ENGINE_ERROR
                         return self._relay_failed(failed, rid, eid)
                     if last_error:
                         raise NoReplica(model, f"every replica was tried ({last_error})")
@@ -241,6 +281,7 @@ class Proxy:
                             st.metrics.retry(model, eid)
                             continue
                         status = up.status
+                        result = ENGINE_ERROR
                         return self._relay_failed(failed, rid, eid)
                     if watch.endpoint_failure and nothing_before_error(first):
                         # The engine's 5xx error event before any output, and the
@@ -262,10 +303,17 @@ class Proxy:
                     if data is not None:
                         outcome = classify_status(up.status)
                         resp = web.Response(status=up.status, body=data, headers=out_headers)
+                        if up.status < 300:
+                            result = OK
+                            usage = usage_of(data)
+                        else:
+                            result = ENGINE_ERROR
                     else:
+                        tally = _Tally(st.metrics.itl(st.served_name.get(model, model)))
                         resp, outcome, ttft = await self._stream(
-                            request, up, first, watch, out_headers, t0, deadline
+                            request, up, first, watch, out_headers, t0, deadline, tally
                         )
+                        result, usage = tally.result, tally.usage.usage
                     if outcome is Outcome.OK:
                         stats = next((s.stats for s in snaps if s.id == eid), None)
                         st.policy.served(eid, hashes, stats)
@@ -276,9 +324,65 @@ class Proxy:
                         up.close()
         except NoReplica as exc:
             status = 503
+            result = UNAVAILABLE
             return _tag(unavailable(exc), rid)
+        except asyncio.CancelledError:
+            # The client disconnected (handler cancellation): its own outcome, never a 200.
+            result = DISCONNECTED
+            raise
         finally:
-            st.metrics.request_done(model, eid, status, time.monotonic() - t0, ttft)
+            if tally is not None:
+                # A stream cut by a disconnect still had its first token and its usage.
+                ttft, usage = tally.ttft, tally.usage.usage
+            self._done(
+                rid, path, st.served_name.get(model, model), eid, status, result, t0, ttft, usage
+            )
+
+    def _refused(
+        self, resp: web.Response, rid: str, path: str, t0: float, *, outcome: str = REJECTED
+    ) -> web.Response:
+        """The router's own answer before any routing (4xx, or 503 before the first list)."""
+        self._done(rid, path, "", "", resp.status, outcome, t0, None, None)
+        return _tag(resp, rid)
+
+    def _done(
+        self,
+        rid: str,
+        path: str,
+        model: str,
+        eid: str,
+        status: int,
+        outcome: str,
+        t0: float,
+        ttft: float | None,
+        usage: Usage | None,
+    ) -> None:
+        """Count the request once (metrics.OUTCOMES) and write its access-log line."""
+        st = self.state
+        duration = time.monotonic() - t0
+        if outcome == DISCONNECTED:
+            # nginx's convention: the client closed the connection before the answer.
+            status = 499
+        st.metrics.request_done(model, eid, status, duration, ttft, outcome)
+        if usage is not None:
+            st.metrics.tokens(model, usage.prompt, usage.completion, usage.cached)
+        if st.cfg.access_log:
+            access_log.info(
+                kv(
+                    "request",
+                    request_id=rid,
+                    model=model,
+                    endpoint=eid,
+                    path=path,
+                    status=status,
+                    outcome=outcome,
+                    ttft_s=None if ttft is None else round(ttft, 6),
+                    duration_s=round(duration, 6),
+                    prompt_tokens=None if usage is None else usage.prompt,
+                    completion_tokens=None if usage is None else usage.completion,
+                    cached_tokens=None if usage is None else usage.cached,
+                )
+            )
 
     async def _hold(
         self, model: str, hashes: Sequence[int], t0: float, deadline: float
@@ -312,6 +416,7 @@ class Proxy:
         out_headers: dict[str, str],
         t0: float,
         deadline: float,
+        tally: _Tally,
     ) -> tuple[web.StreamResponse, Outcome, float | None]:
         """Relay an event stream as it arrives; the outcome is the endpoint's verdict.
 
@@ -329,24 +434,39 @@ class Proxy:
         out_headers["X-Accel-Buffering"] = "no"
         resp = web.StreamResponse(status=up.status, headers=out_headers)
         ttft: float | None = None
+        scan = tally.usage
+        itl = tally.itl
         try:
             await resp.prepare(request)
             # From here bytes have reached the client: never retried (§2.7).
             chunk = first
+            last = 0.0
             if chunk:
-                ttft = time.monotonic() - t0
+                last = time.monotonic()
+                ttft = tally.ttft = last - t0
             while chunk:
                 # Written before anything else is looked at: relay latency first.
                 await resp.write(chunk)
+                scan.feed(chunk)
                 chunk = await up.chunk()
+                if chunk:
+                    now = time.monotonic()
+                    # Several events may arrive in one read: the gap is theirs to share.
+                    n = chunk.count(b"data:") or 1
+                    gap = (now - last) / n
+                    for _ in range(n):
+                        itl.observe(gap)
+                    last = now
                 watch.feed(chunk)
         except UpstreamError as exc:
             # Timer slack: the client's deadline timer fires at, not before, `deadline`.
             if isinstance(exc, UpstreamTimeout) and time.monotonic() >= deadline - 0.05:
                 verdict, why, code = Outcome.ABANDONED, "the request's deadline passed", 504
+                tally.result = TIMEOUT
             else:
                 why = f"upstream stream broke: {exc.detail}"
                 verdict, code = Outcome.ENDPOINT_FAILURE, 502
+                tally.result = STREAM_BROKEN
             log.warning(kv("stream ended early", endpoint=up.endpoint_id, error=exc))
             try:
                 await resp.write(stream_error_frame(why, code=code))
@@ -356,11 +476,14 @@ class Proxy:
             return resp, verdict, ttft
         except ConnectionError:
             # The client went away; closing `up` (the caller's finally) aborts the engine's work.
+            tally.result = DISCONNECTED
             return resp, Outcome.ABANDONED, ttft
         try:
             await resp.write_eof()
         except ConnectionError:
+            tally.result = DISCONNECTED
             return resp, Outcome.ABANDONED, ttft
+        tally.result = ENGINE_ERROR if watch.seen or up.status >= 300 else OK
         if watch.seen:
             log.warning(
                 kv(
@@ -388,7 +511,7 @@ class Proxy:
         """GET /v1/models: every known model, OpenAI's list shape."""
         st = self.state
         if st.keys.enabled and st.keys.check(request.headers.get("Authorization")) is None:
-            return unauthorized()
+            return self._refused(unauthorized(), "", request.path, time.monotonic())
         data: list[dict[str, Any]] = [_model_object(m) for m in sorted(st.known_models)]
         return web.json_response({"object": "list", "data": data})
 
@@ -396,30 +519,34 @@ class Proxy:
         """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
         st = self.state
         if st.keys.enabled and st.keys.check(request.headers.get("Authorization")) is None:
-            return unauthorized()
+            return self._refused(unauthorized(), "", request.path, time.monotonic())
         model = request.match_info["model"]
         if model not in st.known_models:
-            return model_not_found(model)
+            return self._refused(model_not_found(model), "", request.path, time.monotonic())
         return web.json_response(_model_object(model))
 
     async def no_route(self, request: web.Request) -> web.Response:
         """Any other /v1 request: OpenAI's 404 (or 405 on a served path), not aiohttp's text."""
         path, method = request.path, request.method
+        t0 = time.monotonic()
         allowed = "POST" if path in POST_PATHS else "GET" if path.startswith("/v1/models") else ""
         if allowed:
-            return error_response(
+            resp = error_response(
                 405,
                 f"Method {method} is not allowed on {path}; use {allowed}.",
                 type="invalid_request_error",
                 code="method_not_allowed",
                 headers={"Allow": allowed},
             )
-        return error_response(
-            404,
-            f"Invalid URL ({method} {path}).",
-            type="invalid_request_error",
-            code="unknown_url",
-        )
+        else:
+            resp = error_response(
+                404,
+                f"Invalid URL ({method} {path}).",
+                type="invalid_request_error",
+                code="unknown_url",
+            )
+        # `path` is the caller's: logged, never a label.
+        return self._refused(resp, "", path, t0)
 
 
 # The proxied routes (app.py); any other method on them is a 405.

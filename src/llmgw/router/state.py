@@ -75,6 +75,8 @@ class RouterState:
         # Endpoint id → URL without trailing slash, rebuilt with the list.
         self.urls: dict[str, str] = {}
         self.known_models: frozenset[str] = frozenset()
+        # Alias → the served name (an endpoint's first model name), for metric labels.
+        self.served_name: dict[str, str] = {}
         self._file_models: frozenset[str] = cfg.known_models()
         self._controller_models: frozenset[str] = frozenset()
         # Following a controller whose first list has not come yet: which models
@@ -141,6 +143,7 @@ class RouterState:
         self.prefix.retain(self.registry.ids())
         self.metrics.forget(removed)
         self.urls = {i.id: i.url.rstrip("/") for i in infos}
+        self.served_name = {n: i.models[0] for i in infos if i.models for n in i.models[1:]}
         self._refresh_models()
         if removed:
             log.info(kv("endpoints removed", ids=",".join(removed)))

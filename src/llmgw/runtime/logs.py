@@ -1,26 +1,134 @@
-"""Logging: short lowercase events with key=value fields, one logger per module."""
+"""Logging: short lowercase events with key=value fields, one logger per module.
+
+Two formats, chosen per process with `--log-format text|json` (every program
+takes it; `LLMGW_LOG_FORMAT` is the default when the flag is absent):
+
+- text: `2026-12-01 21:58:08,123 INFO llmgw.router.proxy route rid=… model=…`
+- json: one object per line, `{"ts": …, "level": …, "logger": …, "event": …, …fields}`.
+
+`kv(event, **fields)` returns a `str` (so `%`-free call sites and tests keep
+working) that also carries the event and its fields, and the JSON formatter
+writes those as keys instead of parsing the text back.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+LogFormat = Literal["text", "json"]
+FORMATS: tuple[LogFormat, ...] = ("text", "json")
+FLAG = "--log-format"
 
 
-def setup(level: str | None = None) -> None:
-    """Configure the root logger once per process (LLMGW_LOG_LEVEL overrides)."""
-    lvl = (level or os.environ.get("LLMGW_LOG_LEVEL") or "INFO").upper()
-    logging.basicConfig(
-        level=lvl,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    # aiohttp's access log is one line per request; the router's hot path cannot afford it.
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+class LogFormatError(ValueError):
+    """A bad `--log-format` value; the message is one line."""
+
+
+class Event(str):
+    """`event k=v …` as text, with the event and fields kept for the JSON format."""
+
+    __slots__ = ("event", "fields")
+    event: str
+    fields: dict[str, object]
+
+    def __new__(cls, event: str, fields: dict[str, object]) -> Event:
+        text = event
+        if fields:
+            text += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        self = super().__new__(cls, text)
+        self.event = event
+        self.fields = fields
+        return self
 
 
 def kv(event: str, **fields: object) -> str:
-    """Render `event k=v k=v` for a log line."""
-    if not fields:
-        return event
-    return event + " " + " ".join(f"{k}={v}" for k, v in fields.items())
+    """Render `event k=v k=v` for a log line (its fields become keys in JSON logs)."""
+    return Event(event, fields)
+
+
+# LogRecord attributes that are not user fields (passed with `extra=`).
+_RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+}
+
+
+def _plain(value: object) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return str(value)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (Unix seconds), level, logger, event, fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        msg = record.msg
+        if isinstance(msg, Event) and not record.args:
+            doc["event"] = msg.event
+            for k, v in msg.fields.items():
+                doc.setdefault(k, _plain(v))
+        else:
+            doc["event"] = record.getMessage()
+        for k, v in record.__dict__.items():
+            if k not in _RESERVED and not k.startswith("_"):
+                doc.setdefault(k, _plain(v))
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+
+
+def take_format(argv: Sequence[str]) -> tuple[LogFormat, list[str]]:
+    """Remove `--log-format X` / `--log-format=X` from argv; the format and the rest.
+
+    Every program calls this before its own flag parser, so one flag means the
+    same everywhere. Without the flag: $LLMGW_LOG_FORMAT, else text.
+    """
+    rest: list[str] = []
+    chosen: str | None = None
+    it = iter(argv)
+    for arg in it:
+        if arg == FLAG:
+            chosen = next(it, None)
+            if chosen is None:
+                raise LogFormatError(f"{FLAG} needs a value: text or json")
+        elif arg.startswith(FLAG + "="):
+            chosen = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if chosen is None:
+        chosen = os.environ.get("LLMGW_LOG_FORMAT") or "text"
+    if chosen not in FORMATS:
+        raise LogFormatError(f"{FLAG} must be text or json, not {chosen!r}")
+    fmt: LogFormat = "json" if chosen == "json" else "text"
+    return fmt, rest
+
+
+def setup(level: str | None = None, fmt: LogFormat = "text") -> None:
+    """Configure the root logger once per process (LLMGW_LOG_LEVEL overrides)."""
+    lvl = (level or os.environ.get("LLMGW_LOG_LEVEL") or "INFO").upper()
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=lvl, handlers=[handler])
+    # aiohttp's access log is one line per request; the router's hot path cannot afford it.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -97,7 +97,12 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 def main(argv: list[str]) -> int:
-    logs.setup()
+    try:
+        fmt, argv = logs.take_format(argv)
+    except logs.LogFormatError as exc:
+        sys.stderr.write(f"llmgw sim-engine: {exc}\n")
+        return 2
+    logs.setup(fmt=fmt)
     args, unknown = parser().parse_known_args(argv)
     try:
         cfg = config_from_args(args)

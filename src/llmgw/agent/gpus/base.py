@@ -10,9 +10,25 @@ Errors:
 
 from __future__ import annotations
 
+from collections.abc import Set
+from dataclasses import dataclass
 from typing import Protocol
 
 from llmgw.wire.agent import GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """One card's readings for /metrics; None where the card or driver cannot say."""
+
+    index: int
+    temperature_c: float | None = None
+    utilization: float | None = None  # 0..1
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    # Since the agent started: critical XID events seen, uncorrectable volatile ECC errors.
+    xid_events: int | None = None
+    ecc_uncorrected: int | None = None
 
 
 class GpuError(Exception):
@@ -47,6 +63,11 @@ class GpuInventory(Protocol):
 
     async def refresh(self) -> None:
         """Poll health once (XID events, ECC counters) without blocking the loop."""
+        ...
+
+    def telemetry(self, busy: Set[int]) -> tuple[Telemetry, ...]:
+        """The last readings per card (NVML: from the last refresh; the fake derives
+        plausible ones from `busy`, the cards engines run on). Cheap, never blocks."""
         ...
 
     def set_fault(self, index: int, reason: str | None) -> GPU:

@@ -12,14 +12,14 @@ groups, each `{gpu_class: H100-80G, count: 8}` with optional `memory_mib`,
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import yaml
 
-from llmgw.agent.gpus.base import GpuDiscoveryError, UnknownGpu
+from llmgw.agent.gpus.base import GpuDiscoveryError, Telemetry, UnknownGpu
 from llmgw.agent.gpus.classes import memory_mib_of_class
 from llmgw.wire.agent import GPU
 
@@ -113,6 +113,27 @@ class FakeInventory:
 
     async def refresh(self) -> None:
         """Nothing to poll: faults arrive through set_fault."""
+
+    def telemetry(self, busy: Set[int]) -> tuple[Telemetry, ...]:
+        """Plausible readings: a card an engine runs on is warm, busy and ~90% full
+        (vLLM takes gpu_memory_utilization of it at start); an idle one is cool and empty.
+        No XID or ECC errors are made up; an injected fault shows in health only."""
+        out = []
+        for g in self.gpus():
+            total = g.memory_mib * 1024 * 1024
+            on = g.index in busy
+            out.append(
+                Telemetry(
+                    index=g.index,
+                    temperature_c=66.0 if on else 34.0,
+                    utilization=0.85 if on else 0.0,
+                    memory_used_bytes=int(total * 0.9) if on else 0,
+                    memory_total_bytes=total,
+                    xid_events=0,
+                    ecc_uncorrected=0,
+                )
+            )
+        return tuple(out)
 
     def set_fault(self, index: int, reason: str | None) -> GPU:
         gpu = self._gpus.get(index)

@@ -20,12 +20,19 @@ driver gets GpuDiscoveryError with one line a person can act on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Set
 from typing import Any
 
 import msgspec
 
-from llmgw.agent.gpus.base import FaultInjectionUnsupported, GpuDiscoveryError, UnknownGpu
+from llmgw.agent.gpus.base import (
+    FaultInjectionUnsupported,
+    GpuDiscoveryError,
+    Telemetry,
+    UnknownGpu,
+)
 from llmgw.agent.gpus.classes import ecc_unhealthy_reason, gpu_class, xid_unhealthy_reason
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import GPU
@@ -64,6 +71,10 @@ class NvmlInventory:
         self._handles = handles
         self._event_set: Any = None
         self._ecc_unsupported: set[int] = set()
+        # Critical XID events seen per card since start, and the last readings.
+        self._xids: dict[int, int] = dict.fromkeys(self._gpus, 0)
+        self._ecc: dict[int, int] = {}
+        self._readings: dict[int, Telemetry] = {}
         self._closed = False
 
     @classmethod
@@ -88,7 +99,7 @@ class NvmlInventory:
             raise GpuDiscoveryError(f"NVML found no NVIDIA GPUs; {FAKE_HINT}")
         inv = cls(lib, gpus, handles)
         inv._register_events()
-        inv._apply(inv._poll())
+        inv._apply(*inv._poll())
         return inv
 
     @staticmethod
@@ -138,21 +149,26 @@ class NvmlInventory:
             return
         # NVML calls may block in the driver: never on the event loop. The worker
         # only reads; health is applied here, on the loop, so gpus() never races.
-        marks = await asyncio.to_thread(self._poll)
-        self._apply(marks)
+        marks, readings = await asyncio.to_thread(self._poll)
+        self._apply(marks, readings)
 
-    def _apply(self, marks: dict[int, str]) -> None:
+    def telemetry(self, busy: Set[int]) -> tuple[Telemetry, ...]:
+        return tuple(self._readings[i] for i in sorted(self._readings))
+
+    def _apply(self, marks: dict[int, str], readings: dict[int, Telemetry]) -> None:
+        self._readings = readings
         for index, reason in marks.items():
             gpu = self._gpus[index]
             if gpu.healthy:
                 log.warning(kv("gpu unhealthy", gpu=index, uuid=gpu.uuid, reason=repr(reason)))
                 self._gpus[index] = msgspec.structs.replace(gpu, healthy=False, reason=reason)
 
-    def _poll(self) -> dict[int, str]:
-        """Worker thread: new faults by GPU index (first reason wins)."""
+    def _poll(self) -> tuple[dict[int, str], dict[int, Telemetry]]:
+        """Worker thread: new faults by GPU index (first reason wins), and readings."""
         marks: dict[int, str] = {}
         for index, reason in self._drain_events():
             marks.setdefault(index, reason)
+            self._xids[index] = self._xids.get(index, 0) + 1
         lib = self._lib
         for i, h in self._handles.items():
             if i in self._ecc_unsupported:
@@ -167,10 +183,37 @@ class NvmlInventory:
                 # No ECC on this card (or not readable): unknown, never a fault.
                 self._ecc_unsupported.add(i)
                 continue
+            self._ecc[i] = count
             ecc_reason = ecc_unhealthy_reason(count)
             if ecc_reason is not None:
                 marks.setdefault(i, ecc_reason)
-        return marks
+        return marks, {i: self._read(i, h) for i, h in self._handles.items()}
+
+    def _read(self, i: int, h: Any) -> Telemetry:
+        """Worker thread: one card's temperature, utilisation and memory; None if unreadable."""
+        lib = self._lib
+        temp: float | None = None
+        util: float | None = None
+        used: int | None = None
+        total: int | None = None
+        with contextlib.suppress(lib.NVMLError):
+            temp = float(lib.nvmlDeviceGetTemperature(h, lib.NVML_TEMPERATURE_GPU))
+        with contextlib.suppress(lib.NVMLError):
+            util = float(lib.nvmlDeviceGetUtilizationRates(h).gpu) / 100.0
+        try:
+            mem = lib.nvmlDeviceGetMemoryInfo(h)
+            used, total = int(mem.used), int(mem.total)
+        except lib.NVMLError:
+            pass
+        return Telemetry(
+            index=i,
+            temperature_c=temp,
+            utilization=util,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            xid_events=self._xids.get(i, 0) if self._event_set is not None else None,
+            ecc_uncorrected=self._ecc.get(i),
+        )
 
     def _drain_events(self) -> list[tuple[int, str]]:
         lib = self._lib

@@ -1,0 +1,88 @@
+"""Token counts from the usage the engines return (OpenAI's `usage` object).
+
+A JSON answer carries it in its body; a stream carries it in one or more
+events when the client asked for `stream_options.include_usage` (vLLM and
+SGLang add `"usage": null` to the other events, and with
+`continuous_usage_stats` every event carries the running totals). The last
+usage seen is the request's. A stream without any is not counted: the router
+never invents token counts, and never changes what the client asked for.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+# An unfinished last line is carried to the next chunk up to this size; longer
+# ones (a huge event with no usage in reach) are dropped from scanning.
+_MAX_TAIL = 65536
+_KEY = b'"usage"'
+
+
+class _Details(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_tokens_details: _Details | None = None
+
+
+class _Doc(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+_decode = msgspec.json.Decoder(_Doc).decode
+
+
+class Usage(msgspec.Struct, frozen=True):
+    prompt: int
+    completion: int
+    cached: int
+
+
+def usage_of(body: bytes) -> Usage | None:
+    """The usage of one JSON document (a whole answer or one event's data); None without."""
+    if _KEY not in body:
+        return None
+    try:
+        u = _decode(body).usage
+    except msgspec.DecodeError:
+        return None
+    if u is None:
+        return None
+    details = u.prompt_tokens_details
+    cached = details.cached_tokens if details is not None else None
+    return Usage(
+        prompt=max(0, u.prompt_tokens or 0),
+        completion=max(0, u.completion_tokens or 0),
+        cached=max(0, cached or 0),
+    )
+
+
+class StreamUsage:
+    """Fed every relayed chunk of an event stream; `usage` is the last one seen."""
+
+    __slots__ = ("_tail", "usage")
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self.usage: Usage | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        data = self._tail + chunk if self._tail else chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._tail = data if len(data) <= _MAX_TAIL else b""
+            return
+        rest = data[cut + 1 :]
+        self._tail = rest if len(rest) <= _MAX_TAIL else b""
+        if _KEY not in data:
+            return
+        for line in data[:cut].split(b"\n"):
+            if line.startswith(b"data:") and _KEY in line:
+                u = usage_of(line[5:].strip())
+                if u is not None:
+                    self.usage = u

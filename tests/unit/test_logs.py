@@ -1,0 +1,64 @@
+"""Log formats: text as before, JSON one object per line with kv fields as keys."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from llmgw.runtime.logs import JsonFormatter, LogFormatError, kv, take_format
+
+
+def record(msg: object, *args: object) -> logging.LogRecord:
+    return logging.LogRecord("llmgw.x", logging.WARNING, __file__, 1, msg, args or None, None)
+
+
+class TestKv:
+    def test_text_unchanged(self) -> None:
+        assert kv("engine exited", replica="r-1", code=3) == "engine exited replica=r-1 code=3"
+        assert kv("plain") == "plain"
+
+
+class TestJson:
+    def test_fields_become_keys(self) -> None:
+        line = JsonFormatter().format(record(kv("engine exited", replica="r-1", code=3)))
+        doc = json.loads(line)
+        assert doc["event"] == "engine exited"
+        assert doc["replica"] == "r-1"
+        assert doc["code"] == 3
+        assert doc["level"] == "warning"
+        assert doc["logger"] == "llmgw.x"
+        assert "\n" not in line
+
+    def test_percent_style_message(self) -> None:
+        doc = json.loads(JsonFormatter().format(record("serving name=%s port=%d", "router", 8)))
+        assert doc["event"] == "serving name=router port=8"
+
+    def test_traceback_stays_on_one_line(self) -> None:
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            import sys
+
+            rec = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+        line = JsonFormatter().format(rec)
+        assert "\n" not in line
+        assert "ValueError: boom" in json.loads(line)["exc"]
+
+
+class TestTakeFormat:
+    def test_flag_removed_from_argv(self) -> None:
+        assert take_format(["--port", "1", "--log-format", "json"]) == ("json", ["--port", "1"])
+        assert take_format(["--log-format=text", "x"]) == ("text", ["x"])
+
+    def test_environment_default(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("LLMGW_LOG_FORMAT", "json")
+        assert take_format([]) == ("json", [])
+        monkeypatch.delenv("LLMGW_LOG_FORMAT")
+        assert take_format([]) == ("text", [])
+
+    @pytest.mark.parametrize("argv", [["--log-format", "xml"], ["--log-format"], ["--log-format="]])
+    def test_bad_values(self, argv: list[str]) -> None:
+        with pytest.raises(LogFormatError, match="--log-format"):
+            take_format(argv)
