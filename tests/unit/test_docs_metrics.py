@@ -27,8 +27,52 @@ def _router(cls: Any) -> CollectorRegistry:
     return registry
 
 
+def _agent(cls: Any) -> CollectorRegistry:
+    import tempfile
+
+    from llmgw.agent.config import parse_config
+    from llmgw.agent.gpus.fake import FakeInventory
+    from llmgw.agent.ports import PortAllocator
+    from llmgw.agent.procs import PopenSpawner
+    from llmgw.agent.service import Agent
+    from llmgw.agent.state import StateStore
+    from llmgw.agent.supervisor import Supervisor
+    from llmgw.wire.agent import Heartbeat, HeartbeatReply
+
+    class _Probe:
+        async def check(self, port: int, path: str) -> bool:
+            return False
+
+        async def close(self) -> None:
+            pass
+
+    class _Client:
+        url = "http://c:1"
+
+        async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
+            return HeartbeatReply(shards=())
+
+        async def close(self) -> None:
+            pass
+
+    tmp = Path(tempfile.mkdtemp(prefix="llmgw-docs-"))
+    cfg = parse_config(["--controller", "http://c:1", "--node", "n", "--state-dir", str(tmp)])
+    sup = Supervisor(
+        log_dir=tmp / "logs",
+        store=StateStore(tmp, node="n"),
+        ports=PortAllocator(21000, 21001, is_free=lambda p: True),
+        spawner=PopenSpawner(),
+        probe=_Probe(),
+    )
+    inv = FakeInventory.from_spec("1xH100-80G", uuid_prefix="n")
+    agent = Agent(config=cfg, inventory=inv, supervisor=sup, client=_Client(), probe=_Probe())
+    registry: CollectorRegistry = cls(agent).registry
+    return registry
+
+
 REGISTRIES: dict[str, Callable[[Any], CollectorRegistry]] = {
     "llmgw.router.metrics.RouterMetrics": _router,
+    "llmgw.agent.metrics.AgentMetrics": _agent,
 }
 
 
