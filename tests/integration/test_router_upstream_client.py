@@ -18,7 +18,7 @@ import pytest
 import uvloop
 
 from llmgw.router.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
-from llmgw.router.fastupstream import FastUpstream
+from llmgw.router.upstream.fast import FastUpstream
 
 JSON_BODY = b'{"ok":true}'
 _CL = re.compile(rb"(?i)content-length:\s*(\d+)")

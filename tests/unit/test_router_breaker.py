@@ -1,4 +1,4 @@
-"""Circuit breaker and failure classification (DESIGN §2.2)."""
+"""Circuit breaker and failure classification."""
 
 from __future__ import annotations
 

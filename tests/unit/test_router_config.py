@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.router.config import ConfigError, load, parse, restart_only_changes
+from llmgw.router.config import load, parse, restart_only_changes
+from llmgw.router.errors import RouterConfigError
 
 GOOD = """
 endpoints:
@@ -84,14 +85,14 @@ class TestValidation:
         ],
     )
     def test_bad_file_names_the_field(self, text: str, needle: str) -> None:
-        """Each invalid file raises ConfigError with a one-line message naming the field."""
-        with pytest.raises(ConfigError, match=needle) as info:
+        """Each invalid file raises RouterConfigError with a one-line message naming the field."""
+        with pytest.raises(RouterConfigError, match=needle) as info:
             parse(text)
         assert "\n" not in str(info.value)
 
     def test_missing_file(self, tmp_path: Path) -> None:
-        """A file that cannot be read is a ConfigError naming the path."""
-        with pytest.raises(ConfigError, match="cannot read"):
+        """A file that cannot be read is a RouterConfigError naming the path."""
+        with pytest.raises(RouterConfigError, match="cannot read"):
             load(tmp_path / "nope.yaml")
 
 

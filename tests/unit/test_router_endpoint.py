@@ -1,4 +1,4 @@
-"""Endpoint registry: the seed's behaviours, one test each (DESIGN §2.1)."""
+"""Endpoint registry: the seed's behaviours, one test each."""
 
 from __future__ import annotations
 

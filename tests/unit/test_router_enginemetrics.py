@@ -1,4 +1,4 @@
-"""Engine metrics parser against every fixture's `# fixture:` header (DESIGN §2.3)."""
+"""Engine metrics parser against every fixture's `# fixture:` header."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from statistics import fmean
 import pytest
 
 from llmgw.router.endpoint import Stats
-from llmgw.router.enginemetrics import ENGINES, MetricsParseError, parse, samples
+from llmgw.router.enginemetrics import ENGINES, parse, samples
+from llmgw.router.errors import MetricsParseError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engine-metrics"
 FILES = sorted(p.name for p in FIXTURES.glob("*.txt"))
@@ -44,7 +45,7 @@ def kv_usage_of_engine(text: str, engine: str) -> float:
 
 class TestFixtures:
     def test_every_fixture_is_covered(self) -> None:
-        """The fixture directory holds the seven files ENGINES.md §9 lists."""
+        """The fixture directory holds one file per engine dialect and version: seven."""
         assert len(FILES) == 7
 
     @pytest.mark.parametrize("name", FILES)

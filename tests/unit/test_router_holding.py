@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from llmgw.router.holding import Holding, HoldQueueFull
+from llmgw.router.errors import HoldQueueFull
+from llmgw.router.holding import Holding
 
 
 class TestHold:

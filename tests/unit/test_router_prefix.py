@@ -1,4 +1,4 @@
-"""Prefix affinity: request block hashes, rendezvous homes, the prefix index (DESIGN §2.6)."""
+"""Prefix affinity: request block hashes, rendezvous homes, the prefix index."""
 
 from __future__ import annotations
 

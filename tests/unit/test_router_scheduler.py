@@ -1,4 +1,4 @@
-"""Scheduler rules, one test each, and its invariants (DESIGN §2.5, §2.6)."""
+"""Scheduler rules, one test each, and its invariants."""
 
 from __future__ import annotations
 

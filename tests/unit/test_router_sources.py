@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from llmgw.router.config import RouterConfig
-from llmgw.router.sources import ConfigWatcher, ControllerSource, ControllerUnavailable
+from llmgw.router.errors import ControllerCallFailed
+from llmgw.router.sources import ConfigWatcher, ControllerSource
 from llmgw.wire.endpoints import EndpointInfo, EndpointList
 
 ONE = "endpoints: [{id: a, url: 'http://a', models: [m]}]\n"
@@ -133,14 +134,14 @@ class TestControllerSource:
         assert applied[-1].endpoints[0].id == "b"
 
     async def test_unreachable_keeps_last_list(self) -> None:
-        """A failed poll raises ControllerUnavailable and applies nothing."""
+        """A failed poll raises ControllerCallFailed and applies nothing."""
         applied: list[EndpointList] = []
         src = ControllerSource(
-            FakeClient(lst(1, "a"), ControllerUnavailable("down")),  # type: ignore[arg-type]
+            FakeClient(lst(1, "a"), ControllerCallFailed("down")),  # type: ignore[arg-type]
             on_list=applied.append,
         )
         await src.tick()
-        with pytest.raises(ControllerUnavailable):
+        with pytest.raises(ControllerCallFailed):
             await src.tick()
         assert len(applied) == 1
         assert src.version == 1

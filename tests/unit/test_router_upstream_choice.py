@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from llmgw.router.config import ConfigError, parse, upstream_client
-from llmgw.router.fastupstream import Headers, _fields, _Pool
+from llmgw.router.config import parse, upstream_client
+from llmgw.router.errors import RouterConfigError
+from llmgw.router.upstream.fast import Headers, _fields, _Pool
 
 
 class TestUpstreamClientChoice:
@@ -25,19 +26,19 @@ class TestUpstreamClientChoice:
         assert upstream_client(cfg, {"LLMGW_ROUTER_UPSTREAM": "aiohttp"}) == "fast"
 
     def test_bad_environment_value(self) -> None:
-        """An unknown client name in the environment is a ConfigError naming the variable."""
-        with pytest.raises(ConfigError, match="LLMGW_ROUTER_UPSTREAM"):
+        """An unknown client name in the environment is a RouterConfigError naming the variable."""
+        with pytest.raises(RouterConfigError, match="LLMGW_ROUTER_UPSTREAM"):
             upstream_client(parse("{}"), {"LLMGW_ROUTER_UPSTREAM": "curl"})
 
     def test_bad_file_value(self) -> None:
         """An unknown client name in the file is refused at parse time."""
-        with pytest.raises(ConfigError, match="upstream_client"):
+        with pytest.raises(RouterConfigError, match="upstream_client"):
             parse("upstream_client: curl")
 
     def test_stream_idle_timeout(self) -> None:
         """The idle bound defaults to 120 s and must be positive."""
         assert parse("{}").stream_idle_timeout_s == 120.0
-        with pytest.raises(ConfigError, match="stream_idle_timeout_s"):
+        with pytest.raises(RouterConfigError, match="stream_idle_timeout_s"):
             parse("stream_idle_timeout_s: 0")
 
 

@@ -1,4 +1,4 @@
-"""The router's aiohttp application: routes, admin surface, background loops (DESIGN §2.9).
+"""The router's aiohttp application: routes, admin surface, background loops.
 
 `build_app(cfg, config_path=...)` builds it; `main.py` serves it with the one
 shared runner (`runtime.serve`). Background loops (scrape, usage report,
@@ -27,29 +27,29 @@ from llmgw.router.proxy import Proxy
 from llmgw.router.scheduler import choose
 from llmgw.router.scrape import HttpMetricsFetcher, Scraper
 from llmgw.router.sources import ConfigWatcher, ControllerClient, ControllerSource
-from llmgw.router.state import RouterState
 from llmgw.router.usage import UsageReporter
+from llmgw.router.wiring import Router
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)
 
-STATE = web.AppKey("state", RouterState)
+ROUTER = web.AppKey("router", Router)
 SCRAPER = web.AppKey("scraper", Scraper)
 REPORTER = web.AppKey("reporter", UsageReporter)
 
 
 def build_app(cfg: RouterConfig, *, config_path: str | Path | None = None) -> web.Application:
     """The router application for `cfg`; with `config_path`, the file is watched for reloads."""
-    state = RouterState(cfg)
+    state = Router(cfg)
     proxy = Proxy(state)
     app = web.Application(
         client_max_size=cfg.max_body_bytes,
         # A client that disconnects cancels its handler, which closes the upstream
-        # connection and so aborts the engine's work on it (§2.7). aiohttp's
+        # connection and so aborts the engine's work on it. aiohttp's
         # default since 3.9 is to let the handler run on, generating for no one.
         handler_args={"handler_cancellation": True},
     )
-    app[STATE] = state
+    app[ROUTER] = state
     scraper = Scraper(
         registry=state.registry,
         fetcher=HttpMetricsFetcher(state.upstream),
@@ -130,17 +130,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    ready = request.app[STATE].ready()
+    ready = request.app[ROUTER].ready()
     return web.json_response({"ready": ready}, status=200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[STATE].metrics.render()
+    body = request.app[ROUTER].metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def _admin_denied(request: web.Request) -> web.Response | None:
-    st = request.app[STATE]
+    st = request.app[ROUTER]
     if admin_allowed(
         token=st.cfg.admin_token,
         authorization=request.headers.get("Authorization"),
@@ -163,7 +163,7 @@ async def admin_endpoints(request: web.Request) -> web.Response:
     """The snapshots the scheduler sees, and what it would choose now for each model."""
     if (denied := _admin_denied(request)) is not None:
         return denied
-    st = request.app[STATE]
+    st = request.app[ROUTER]
     decisions = {}
     for model in sorted(st.known_models):
         d = choose(st.registry.snapshots(model))
@@ -189,4 +189,4 @@ async def admin_usage(request: web.Request) -> web.Response:
     """The usage report this router would send now (last_used absent when unknown)."""
     if (denied := _admin_denied(request)) is not None:
         return denied
-    return _json(request.app[STATE].usage_report(reset=False))
+    return _json(request.app[ROUTER].usage_report(reset=False))

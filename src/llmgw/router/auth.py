@@ -1,4 +1,4 @@
-"""Client API keys and the admin token (DESIGN §2.9). Pure: headers in, verdicts out.
+"""Client API keys and the admin token. Pure: headers in, verdicts out.
 
 Keys live in the config as SHA-256 hex digests, so the file never holds a
 usable secret; a presented key is hashed and looked up. The admin token is a

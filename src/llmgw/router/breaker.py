@@ -1,4 +1,4 @@
-"""Per-endpoint circuit breaker with LLM-aware failure classes (DESIGN §2.2).
+"""Per-endpoint circuit breaker with LLM-aware failure classes.
 
 Closed → open after `failure_threshold` consecutive endpoint failures → after a
 cooldown, half-open, admitting exactly one probe → closed on success, or open

@@ -1,7 +1,7 @@
-"""The router's configuration: one YAML file, validated at the edge (DESIGN §2.7–2.9).
+"""The router's configuration: one YAML file, validated at the edge.
 
 Everything inside the router trusts a `RouterConfig`; nothing else reads the
-file. A bad file is a `ConfigError` whose one-line message names the field, so
+file. A bad file is a `RouterConfigError` whose one-line message names the field, so
 `llmgw router` can exit 2 with it at start and a reload can log it and keep
 the old configuration.
 
@@ -29,16 +29,13 @@ import msgspec
 import yaml
 
 from llmgw.router.enginemetrics import ENGINES
+from llmgw.router.errors import RouterConfigError
 from llmgw.wire.endpoints import EndpointInfo
 
 Policy = Literal["ours", "round_robin", "least_inflight"]
 UpstreamClient = Literal["fast", "aiohttp"]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegSeconds = Annotated[float, msgspec.Meta(ge=0)]
-
-
-class ConfigError(Exception):
-    """The configuration file is unreadable or invalid; the message is one line."""
 
 
 class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -58,7 +55,7 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 
 class BreakerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Per-endpoint circuit breaker (DESIGN §2.2)."""
+    """Per-endpoint circuit breaker."""
 
     failure_threshold: Annotated[int, msgspec.Meta(ge=1)] = 5
     cooldown_s: Seconds = 10.0
@@ -68,12 +65,12 @@ class BreakerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # Static endpoints (phase 1). Exclusive with `controller`, which supplies them.
     endpoints: tuple[EndpointInfo, ...] = ()
-    # Model names known to have no replica yet: requests for them are held (§2.8)
+    # Model names known to have no replica yet: requests for them are held
     # instead of answered 404.
     models: tuple[str, ...] = ()
     controller: ControllerConfig | None = None
     # Stable id in usage reports; None: a fresh one per process (a restarted router
-    # is a new reporter, DESIGN §4).
+    # is a new reporter, whose empty last_used the controller must not merge).
     router_id: str | None = None
     # Routing policy; the two baselines exist to be measured against (bench/routing.py).
     policy: Policy = "ours"
@@ -81,19 +78,19 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # endpoint, status, outcome, TTFT, duration, tokens. Off: the hot path logs nothing.
     access_log: bool = False
 
-    # The proxy's HTTP client (DESIGN §2.7): `fast`, the lean keep-alive pool
-    # (router/fastupstream.py), or `aiohttp`, the reference. Not given: the
+    # The proxy's HTTP client: `fast`, the lean keep-alive pool
+    # (router/upstream/fast.py), or `aiohttp`, the reference. Not given: the
     # LLMGW_ROUTER_UPSTREAM environment variable if set (tests run the suite under
     # both), else `fast`. Read once at start.
     upstream_client: UpstreamClient | msgspec.UnsetType = msgspec.UNSET
 
     scrape_interval_s: Seconds = 2.0
-    # Below the interval, so one tick's scrapes end before the next begins (§2.4).
+    # Below the interval, so one tick's scrapes end before the next begins.
     scrape_timeout_s: Seconds = 1.5
     # At most this many scrapes in flight at once.
     scrape_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 64
     stale_after_s: Seconds = 10.0
-    # How long a request may wait for a replica of its model to appear (§2.8).
+    # How long a request may wait for a replica of its model to appear.
     hold_timeout_s: NonNegSeconds = 120.0
     # Held requests beyond this are answered 503 at once.
     max_held: Annotated[int, msgspec.Meta(ge=0)] = 1000
@@ -106,7 +103,7 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # engine holds the client until request_timeout_s.
     stream_idle_timeout_s: Seconds = 120.0
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 8 * 1024 * 1024
-    # Extra attempts on other replicas before any byte reached the client (§2.7).
+    # Extra attempts on other replicas before any byte reached the client.
     max_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
     report_interval_s: Seconds = 2.0
     # How often the file's mtime is checked for a reload.
@@ -176,21 +173,21 @@ RESTART_ONLY = (
 
 
 def parse(text: str, *, source: str = "config") -> RouterConfig:
-    """Validate YAML text into a RouterConfig, or raise ConfigError naming the field."""
+    """Validate YAML text into a RouterConfig, or raise RouterConfigError naming the field."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {_one_line(str(exc))}") from exc
+        raise RouterConfigError(f"{source}: not valid YAML: {_one_line(str(exc))}") from exc
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level")
+        raise RouterConfigError(f"{source}: expected a mapping at the top level")
     try:
         return msgspec.convert(doc, RouterConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_one_line(str(exc))}") from exc
+        raise RouterConfigError(f"{source}: {_one_line(str(exc))}") from exc
     except ValueError as exc:  # raised by __post_init__ checks
-        raise ConfigError(f"{source}: {_one_line(str(exc))}") from exc
+        raise RouterConfigError(f"{source}: {_one_line(str(exc))}") from exc
 
 
 def upstream_client(cfg: RouterConfig, env: Mapping[str, str]) -> UpstreamClient:
@@ -202,7 +199,7 @@ def upstream_client(cfg: RouterConfig, env: Mapping[str, str]) -> UpstreamClient
         return "fast"
     if name == "aiohttp":
         return "aiohttp"
-    raise ConfigError(f"{UPSTREAM_ENV}={name!r}: expected fast or aiohttp")
+    raise RouterConfigError(f"{UPSTREAM_ENV}={name!r}: expected fast or aiohttp")
 
 
 def load(path: str | Path) -> RouterConfig:
@@ -211,7 +208,7 @@ def load(path: str | Path) -> RouterConfig:
     try:
         text = p.read_text()
     except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+        raise RouterConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
     return parse(text, source=str(p))
 
 

@@ -1,7 +1,7 @@
-"""The upstream replicas the router can send to, with their live state (DESIGN §2.1).
+"""The upstream replicas the router can send to, with their live state.
 
 A port of the seed `router_endpoint_registry.go`. The endpoint list comes from a
-static file today and from the controller's EndpointSink later (§4); the
+static file today and from the controller's EndpointSink later; the
 scheduler and proxy must not notice the difference, which is why the API is
 wholesale `replace()` of the list from the start.
 
@@ -11,7 +11,7 @@ lock is needed (the seed's mutex guarded Go's goroutines). Calling it from
 another thread is a bug.
 
 Clocks: staleness, ages and drain rates use the monotonic reading; `last_used`
-is wall-clock unix seconds because it leaves the process (usage report, §4).
+is wall-clock unix seconds because it leaves the process (the usage report).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ DRAIN_ALPHA = 0.3
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Stats:
-    """One scrape, read through the engine metric contract (DESIGN §2.3, ENGINES.md §1).
+    """One scrape, read through the engine metric contract (enginemetrics.py).
 
     None means the engine does not expose the figure, never zero.
     """
@@ -73,7 +73,7 @@ class Snapshot:
     # always for engines without one (llama.cpp); it only breaks ties.
     drain_rate: float
     # Requests this router dispatched here that have not finished. It compensates
-    # for scrape lag (§2.4): without it, herding is unavoidable within an interval.
+    # for scrape lag: without it, herding is unavoidable within an interval.
     inflight: int
     # The highest `running` ever observed: the engine's batch capacity, learned
     # rather than configured. Kept across engine restarts (the seed's "max ever"):
@@ -90,7 +90,7 @@ class Snapshot:
     restarts: int
     # `inflight` when the last scrape was recorded: the engine's figures already
     # contain (roughly) these, so the requests it has not yet reported are
-    # inflight − inflight_at_scrape (scheduler load estimate, §2.4).
+    # inflight − inflight_at_scrape (the scheduler's load estimate, `load_of`).
     inflight_at_scrape: int = 0
 
     @property
@@ -158,7 +158,7 @@ class _Release:
 
 
 def _went_backwards(old: Stats | None, new: Stats) -> bool:
-    """Whether any counter decreased: the engine restarted (ENGINES.md §7.6).
+    """Whether any counter decreased: the engine restarted.
 
     The seed watched only the finished-request counter; llama.cpp has none, so
     the token counters count too. %g rounding (llama.cpp) is monotonic and can
@@ -197,7 +197,7 @@ class Registry:
         # Endpoints replace() removed, kept until their last request is done (and a
         # while after), so usage reports can say "0 in flight" for a draining
         # replica. Without it the controller sees a replica that left the list as
-        # unknown and must wait out the whole drain grace (DESIGN §3.4).
+        # unknown and must wait out the whole drain grace.
         self._departed: dict[str, tuple[_Live, float]] = {}
 
     @property
@@ -245,7 +245,7 @@ class Registry:
         restarted = _went_backwards(live.stats, stats)
         if restarted:
             # The engine restarted: its counters start over, so the difference
-            # means nothing; reset the rate and skip the derivative (§2.1).
+            # means nothing; reset the rate and skip the derivative.
             live.drain_rate = 0.0
             live.restarts += 1
         elif live.scraped_at is not None and live.stats is not None:
@@ -265,7 +265,7 @@ class Registry:
 
         A scrape failure is not a request failure, so it does not touch the
         breaker: the endpoint may be serving fine while only its metrics are
-        down. It goes stale on its own and scores lower (§2.1).
+        down. It goes stale on its own and scores lower.
         """
 
     def snapshots(self, model: str | None = None) -> list[Snapshot]:

@@ -1,9 +1,9 @@
-"""Engine /metrics → `Stats`, reading only the lines the router needs (DESIGN §2.3).
+"""Engine /metrics → `Stats`, reading only the lines the router needs.
 
 A vLLM scrape is tens of kilobytes, nearly all histogram buckets the router
 never looks at; TGI's is over a hundred. A general Prometheus parser builds
 every one of those samples (and `prometheus_client.parser` also renames TGI's
-counters, ENGINES.md §7.2). Here one regex pass, anchored on the literal
+counters). Here one regex pass, anchored on the literal
 "\\n<dialect prefix>", finds the few wanted series and decodes only their own
 lines, whatever the histograms hold (bench/enginemetrics.py: about 40 µs for
 vllm-v1.txt, well over 10× faster than prometheus_client).
@@ -16,7 +16,7 @@ the TGI `_sum`s that are wanted are asked for by their full names.
 Aggregation across label sets (vLLM `engine`, SGLang `dp_rank`): counts and
 counters are summed; KV usage takes the maximum — the most loaded engine is the
 one a new request may meet, and the mean would hide it (vLLM's own log line
-uses the mean; ENGINES.md §7.4).
+uses the mean).
 """
 
 from __future__ import annotations
@@ -25,11 +25,7 @@ import math
 import re
 
 from llmgw.router.endpoint import Stats
-
-
-class MetricsParseError(ValueError):
-    """The scrape lacks a mandatory figure or has one that is not a number."""
-
+from llmgw.router.errors import MetricsParseError
 
 # Every `engine` value an EndpointInfo may carry ("" means vLLM's names).
 ENGINES = frozenset({"", "vllm", "sglang", "llamacpp", "llama.cpp", "tgi"})
@@ -181,7 +177,7 @@ def _label(labels: bytes, key: bytes) -> int | None:
 def _vllm_cache_config(found: _Found) -> tuple[int | None, int | None, int | None]:
     """block_size, num_gpu_blocks per engine, and the endpoint's KV capacity in tokens.
 
-    `num_gpu_blocks` is per DP engine, as vLLM reports it (ENGINES.md §2.2); when
+    `num_gpu_blocks` is per DP engine, as vLLM reports it; when
     engines disagree the smallest is kept, the capacity any one engine surely
     has. The capacity sums blocks × block size over engines: the API server
     spreads requests over all of them, so together they hold that many tokens.
@@ -270,7 +266,7 @@ def _tgi(found: _Found) -> Stats:
     kv = None
     if budget is not None and batch_tokens is not None and budget > 0:
         # TGI has no KV gauge; the running batch's token reservation over the
-        # warm-up token budget is the closest proxy (ENGINES.md §5).
+        # warm-up token budget is the closest proxy.
         kv = min(1.0, max(0.0, batch_tokens / budget))
     return Stats(
         running=_count(found, b"tgi_batch_current_size"),

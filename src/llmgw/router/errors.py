@@ -1,15 +1,24 @@
-"""The router's exception tree and its OpenAI-shaped error answers (DESIGN §2.7).
+"""The router's exception tree and its OpenAI-shaped error answers.
+
+Everything the router raises on purpose derives from `RouterError`:
 
     RouterError
+    ├── RouterConfigError        the configuration file is unreadable or invalid
     ├── UpstreamError            one attempt at one endpoint failed
     │   ├── UpstreamConnectError nothing reached the engine: always safe to retry
     │   ├── UpstreamTimeout      the deadline passed before the engine answered
-    │   └── UpstreamBroken       the response broke after it had started
+    │   ├── UpstreamBroken       the response broke after it had started
+    │   └── ScrapeFailed         an engine's /metrics could not be read (scrape.py)
+    ├── MetricsParseError        an engine's /metrics lacks a figure the router needs
+    ├── ControllerCallFailed     the controller did not answer usefully
+    ├── HoldQueueFull            `max_held` requests are already waiting
     └── NoReplica                nothing could serve the request within its deadline
 
-aiohttp's exceptions are translated into these once, in `upstream`; the proxy
-never catches an aiohttp type. Every error a client sees is written by
-`error_response` with the one OpenAI error encoder (`wire.errors.error_body`).
+The upstream clients raise only `UpstreamError`s: a transport's exception
+(asyncio's, the socket's, aiohttp's) becomes one in one function,
+`upstream.base.translate`, and the proxy never catches a transport's type.
+Every error a client sees is written by `error_response` with the one OpenAI
+error encoder (`wire.errors.error_body`).
 """
 
 from __future__ import annotations
@@ -42,6 +51,22 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamBroken(UpstreamError):
     """The engine's response stopped before it was complete."""
+
+
+class RouterConfigError(RouterError):
+    """The configuration file is unreadable or invalid; the message is one line."""
+
+
+class MetricsParseError(RouterError, ValueError):
+    """The scrape lacks a mandatory figure or has one that is not a number."""
+
+
+class ControllerCallFailed(RouterError):
+    """The controller did not answer usefully; the last endpoint list stays in force."""
+
+
+class HoldQueueFull(RouterError):
+    """`max_held` requests are already waiting; the caller answers 503 at once."""
 
 
 class NoReplica(RouterError):

@@ -1,4 +1,4 @@
-"""Holding requests for models with no available replica (DESIGN §2.8, scale from zero).
+"""Holding requests for models with no available replica (scale from zero).
 
 A request whose model has no replica that can take it waits here, bounded in
 count (`max_held`) and in time (the caller's deadline), and proceeds when the
@@ -17,9 +17,7 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-
-class HoldQueueFull(Exception):
-    """`max_held` requests are already waiting; the caller answers 503 at once."""
+from llmgw.router.errors import HoldQueueFull
 
 
 class Holding:

@@ -1,8 +1,8 @@
 """An engine's own error event inside a 200 stream, found without parsing the stream.
 
 vLLM, SGLang and TGI report a failure that happens after the response started
-as an SSE event, `data: {"error": {..., "code": 500}}`, followed by `[DONE]`
-(ENGINES.md). The HTTP status was 200 long before, so unless someone looks,
+as an SSE event, `data: {"error": {..., "code": 500}}`, followed by `[DONE]`.
+The HTTP status was 200 long before, so unless someone looks,
 the breaker records a success for an engine that is failing every stream.
 
 Looking must cost next to nothing per relayed chunk. The one fact that makes
@@ -95,7 +95,7 @@ class ErrorFrameWatch:
         if isinstance(err, dict):
             self.message = str(err.get("message") or "")
             code = err.get("code")
-            # TGI's chat frame names it `http_status_code` (ENGINES.md §6).
+            # TGI's chat error frame names the status `http_status_code`.
             self.code = _code(err.get("http_status_code") if code is None else code)
         elif isinstance(err, str):
             self.message = err  # TGI: a string and no code

@@ -1,4 +1,4 @@
-"""`llmgw router --config FILE [--port P] [--host H]`: the data plane (DESIGN §2)."""
+"""`llmgw router --config FILE [--port P] [--host H]`: the data plane."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import gc
 import os
 import sys
 
-from llmgw.router.config import ConfigError, load, upstream_client
+from llmgw.router.config import load, upstream_client
+from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import logs, serve
 
 DEFAULT_PORT = 8080
@@ -40,7 +41,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load(args.config)
         upstream_client(cfg, os.environ)  # a bad $LLMGW_ROUTER_UPSTREAM stops us here
-    except ConfigError as exc:
+    except RouterConfigError as exc:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2
 

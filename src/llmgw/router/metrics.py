@@ -1,4 +1,4 @@
-"""The router's own Prometheus metrics (DESIGN §2.9; reference: docs/metrics.md).
+"""The router's own Prometheus metrics (reference: docs/metrics.md).
 
 Per request the router touches one counter child and up to two histogram
 children, looked up in a dict keyed by their labels (prometheus_client's

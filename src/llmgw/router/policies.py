@@ -36,7 +36,7 @@ class Policy(Protocol):
 
 
 class Ours:
-    """The scheduler (§2.5) with prefix affinity (§2.6)."""
+    """The scheduler with prefix affinity."""
 
     name = "ours"
     uses_prefix = True
@@ -55,7 +55,7 @@ class Ours:
             snaps,
             prefix_matches=self.prefix.match(hashes, ids),
             # A prefix nobody has seen goes to its home replica: routers that never
-            # talk still agree on it (rendezvous hashing, §2.6).
+            # talk still agree on it (rendezvous hashing, prefix.py).
             home_order=rendezvous_order(hashes[0], ids),
             exclude=exclude,
             cfg=self.cfg,

@@ -1,4 +1,4 @@
-"""Prefix affinity: block hashes of a request, and who holds which (DESIGN §2.6).
+"""Prefix affinity: block hashes of a request, and who holds which.
 
 The cheapest token a replica computes is the one already in its KV cache. The
 router cannot see engine caches (the precise mode consuming vLLM's KV events is

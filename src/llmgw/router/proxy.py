@@ -1,4 +1,4 @@
-"""The OpenAI proxy: parse once, choose, dispatch, relay (DESIGN §2.7, §2.8).
+"""The OpenAI proxy: parse once, choose, dispatch, relay.
 
 One request's life:
 
@@ -31,6 +31,7 @@ from aiohttp import web
 from llmgw.router.breaker import BreakerState, Outcome, classify_status
 from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import (
+    HoldQueueFull,
     NoReplica,
     UpstreamError,
     UpstreamTimeout,
@@ -42,7 +43,6 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
-from llmgw.router.holding import HoldQueueFull
 from llmgw.router.inband import ErrorFrameWatch, nothing_before_error, role_opener_only
 from llmgw.router.metrics import (
     DISCONNECTED,
@@ -55,9 +55,9 @@ from llmgw.router.metrics import (
 )
 from llmgw.router.prefix import request_block_hashes
 from llmgw.router.scheduler import Decision
-from llmgw.router.state import RouterState
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
-from llmgw.router.upstream import UpstreamReply
+from llmgw.router.upstream.base import UpstreamReply
+from llmgw.router.wiring import Router
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)
@@ -119,9 +119,9 @@ def _another(snaps: Sequence[Snapshot], tried: Sequence[str], eid: str) -> bool:
 
 
 class Proxy:
-    """aiohttp handlers for the OpenAI routes; all state lives in RouterState."""
+    """aiohttp handlers for the OpenAI routes; all state lives in Router."""
 
-    def __init__(self, state: RouterState) -> None:
+    def __init__(self, state: Router) -> None:
         self.state = state
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -239,7 +239,7 @@ class Proxy:
                             data = None
                             # The head waits for the first bytes: until they come
                             # nothing has reached the client, so an engine that dies
-                            # in prefill is still retried elsewhere (§2.7).
+                            # in prefill is still retried elsewhere.
                             first = await up.chunk()
                             watch.feed(first)
                             if first and not watch.seen and role_opener_only(first):
@@ -285,7 +285,7 @@ class Proxy:
                         return self._relay_failed(failed, rid, eid)
                     if watch.endpoint_failure and nothing_before_error(first):
                         # The engine's 5xx error event before any output, and the
-                        # head not sent: as safe to retry as a 5xx status (§2.7).
+                        # head not sent: as safe to retry as a 5xx status.
                         outcome = Outcome.ENDPOINT_FAILURE
                         last_error = f"{eid} sent error event {watch.code} before any output"
                         if (
@@ -387,7 +387,7 @@ class Proxy:
     async def _hold(
         self, model: str, hashes: Sequence[int], t0: float, deadline: float
     ) -> tuple[Decision, list[Snapshot]]:
-        """Wait for a replica of `model` (scale from zero, §2.8); NoReplica when none comes."""
+        """Wait for a replica of `model` (scale from zero); NoReplica when none comes."""
         st = self.state
         hold_s = st.cfg.hold_timeout_s
         until = min(deadline, t0 + hold_s)
@@ -438,7 +438,7 @@ class Proxy:
         itl = tally.itl
         try:
             await resp.prepare(request)
-            # From here bytes have reached the client: never retried (§2.7).
+            # From here bytes have reached the client: never retried.
             chunk = first
             last = 0.0
             if chunk:

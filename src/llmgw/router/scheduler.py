@@ -1,4 +1,4 @@
-"""Which replica serves a request: pure, and explainable (DESIGN §2.5, §2.6).
+"""Which replica serves a request: pure, and explainable.
 
 `choose()` takes the registry's snapshots and the prefix index's matches and
 returns a `Decision`: the choice, every endpoint's score and why. No I/O, no
@@ -128,7 +128,7 @@ def load_of(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float:
     the estimate is running + waiting + (inflight − inflight_at_scrape): adding
     all of inflight would count most of it twice and make a busy, healthy engine
     look overloaded (the seed's "what the router has in flight and the engine
-    has not yet reported", §2.4). Never below inflight: those are surely there.
+    has not yet reported"). Never below inflight: those are surely there.
     Never scraped: inflight alone.
     """
     if s.stats is None:

@@ -1,4 +1,4 @@
-"""The scrape loop (DESIGN §2.4): every endpoint's /metrics, concurrently, every tick.
+"""The scrape loop: every endpoint's /metrics, concurrently, every tick.
 
 Each endpoint is scraped by its own coroutine under a shared concurrency bound,
 with a timeout below the interval, and its result is applied the moment it
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from llmgw.router.endpoint import Registry
-from llmgw.router.enginemetrics import MetricsParseError, parse
-from llmgw.router.errors import UpstreamError
-from llmgw.router.upstream import Upstream
+from llmgw.router.enginemetrics import parse
+from llmgw.router.errors import MetricsParseError, UpstreamError
+from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.runtime.logs import kv
 from llmgw.wire.endpoints import EndpointInfo
 
@@ -84,7 +84,7 @@ class Scraper:
         if self._failing.pop(info.id, None) is not None:
             log.info(kv("scrape recovered", endpoint=info.id))
         if self.registry.observe(info.id, stats):
-            # Counters went backwards: a fresh engine, an empty KV cache (§2.1, §2.6).
+            # Counters went backwards: a fresh engine, an empty KV cache.
             log.info(kv("engine restarted", endpoint=info.id))
             self._on_restart(info.id)
 

@@ -1,4 +1,4 @@
-"""Where the router's configuration and endpoint list come from (DESIGN §4).
+"""Where the router's configuration and endpoint list come from.
 
 Two sources, one effect: the router's `apply_*` callbacks, which end in a
 wholesale `Registry.replace()`; the scheduler and proxy cannot tell them apart.
@@ -9,7 +9,7 @@ wholesale `Registry.replace()`; the scheduler and proxy cannot tell them apart.
 - `ControllerSource`: long-polls `GET {controller}/v1/endpoints?after=V`. When
   the controller is unreachable the last list stays in force and polling
   resumes with jittered exponential backoff: serving survives the control
-  plane (DESIGN §1).
+  plane.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import msgspec
 
-from llmgw.router.config import ConfigError, ControllerConfig, RouterConfig, load
-from llmgw.router.errors import UpstreamError
-from llmgw.router.upstream import Upstream
+from llmgw.router.config import ControllerConfig, RouterConfig, load
+from llmgw.router.errors import ControllerCallFailed, RouterConfigError, UpstreamError
+from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.runtime.logs import kv
 from llmgw.wire.endpoints import EndpointList
 from llmgw.wire.usage import UsageReport
@@ -78,7 +78,7 @@ class ConfigWatcher:
         self._stamp = stamp
         try:
             cfg = load(self.path)
-        except ConfigError as exc:
+        except RouterConfigError as exc:
             self.last_error = str(exc)
             log.error(kv("reload rejected, keeping the running config", error=exc))
             return False
@@ -97,10 +97,6 @@ class ConfigWatcher:
                 pass
             self._wake.clear()
             self.tick()
-
-
-class ControllerUnavailable(Exception):
-    """The controller did not answer usefully; the last endpoint list stays in force."""
 
 
 class ControllerClient:
@@ -123,15 +119,15 @@ class ControllerClient:
                 url, timeout_s=wait_s + 5.0, endpoint_id="controller", headers=self._headers
             )
         except UpstreamError as exc:
-            raise ControllerUnavailable(str(exc)) from exc
+            raise ControllerCallFailed(str(exc)) from exc
         if status in (204, 304):
             return None
         if status != 200:
-            raise ControllerUnavailable(f"GET /v1/endpoints answered {status}")
+            raise ControllerCallFailed(f"GET /v1/endpoints answered {status}")
         try:
             return msgspec.json.decode(body, type=EndpointList)
         except msgspec.DecodeError as exc:
-            raise ControllerUnavailable(f"bad endpoint list: {exc}") from exc
+            raise ControllerCallFailed(f"bad endpoint list: {exc}") from exc
 
     async def post_usage(self, report: UsageReport) -> None:
         try:
@@ -143,9 +139,9 @@ class ControllerClient:
                 headers=self._headers,
             )
         except UpstreamError as exc:
-            raise ControllerUnavailable(str(exc)) from exc
+            raise ControllerCallFailed(str(exc)) from exc
         if status >= 300:
-            raise ControllerUnavailable(f"POST /v1/usage answered {status}")
+            raise ControllerCallFailed(f"POST /v1/usage answered {status}")
 
 
 class ControllerSource:
@@ -193,7 +189,7 @@ class ControllerSource:
                     # A controller that answers at once without a change would
                     # otherwise be polled in a hot loop.
                     await asyncio.sleep(MIN_POLL_S)
-            except ControllerUnavailable as exc:
+            except ControllerCallFailed as exc:
                 self.failures += 1
                 if self.failures == 1:
                     log.warning(kv("controller unreachable, keeping the last list", error=exc))

@@ -1,4 +1,4 @@
-"""Usage reports, router → controller, once a tick (DESIGN §4, §3.3).
+"""Usage reports, router → controller, once a tick.
 
 Per request the router only bumps two counters (`UsageTracker.started` /
 `finished`); everything else is read from the registry and the hold queue

@@ -1,4 +1,4 @@
-"""The proxy's hot-path HTTP/1.1 client: keep-alive pools on asyncio protocols (DESIGN §2.7).
+"""The proxy's hot-path HTTP/1.1 client: keep-alive pools on asyncio protocols.
 
 aiohttp's client builds a ClientRequest, a ClientResponse, a timer context, a
 connection wrapper and a stream reader for every request; on one core that
@@ -38,12 +38,13 @@ import logging
 import socket
 import ssl
 from collections.abc import Iterator, Mapping
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
 
 from llmgw.router.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
-from llmgw.router.upstream import KEEPALIVE_S
+from llmgw.router.upstream.base import KEEPALIVE_S, Forwarder, ReplyHead, translate
 
 log = logging.getLogger(__name__)
 
@@ -85,62 +86,44 @@ class Headers(Mapping[str, str]):
         return len(self._raw)
 
 
-class FastResponse:
-    """One exchange: the head once `FastUpstream.post` returns, the body through `chunk()`."""
+class FastResponse(ReplyHead):
+    """One exchange: the head once `FastUpstream.post` returns, the body through `chunk()`.
 
-    __slots__ = (
-        "_buf",
-        "_buffered",
-        "_conn",
-        "_content_type",
-        "_deadline",
-        "_done",
-        "_eof_body",
-        "_error",
-        "_got_bytes",
-        "_idle_s",
-        "_last_data",
-        "_raw",
-        "_timer",
-        "_waiter",
-        "endpoint_id",
-        "status",
-    )
+    Its connection reports to it through `on_head`, `on_body`, `on_end` and
+    `on_error`; nothing else writes its fields.
+    """
 
-    def __init__(
-        self, conn: _Conn, endpoint_id: str, deadline: float, idle_s: float | None
-    ) -> None:
+    __slots__ = ("_buf", "_buffered", "_conn", "_done", "_error", "_raw", "_waiter")
+
+    def __init__(self, conn: _Conn, endpoint_id: str) -> None:
         self.endpoint_id = endpoint_id
         # 0 until the head is in; `post` returns only after that.
         self.status = 0
+        self._content_type = None
         self._conn: _Conn | None = conn  # None once finished, failed or closed
-        self._raw: list[tuple[bytes, bytes]] = []
-        self._content_type: str | None = None
+        self._raw: list[tuple[bytes, bytes]] = _NO_HEADERS
         self._buf: list[bytes] = []
         self._buffered = 0
         self._done = False  # the whole body arrived
-        self._eof_body = False  # no length given: the body ends when the engine closes
         self._error: BaseException | None = None
-        self._got_bytes = False
         self._waiter: asyncio.Future[None] | None = None
-        self._deadline = deadline  # loop time
-        self._idle_s = idle_s
-        self._last_data = 0.0
-        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def headers(self) -> Headers:
         return Headers(self._raw)
 
     @property
-    def content_type(self) -> str:
-        if self._content_type is None:
-            self._content_type = Headers(self._raw).get("content-type") or "application/json"
-        return self._content_type
+    def error(self) -> BaseException | None:
+        """Why the exchange failed; None while it has not."""
+        return self._error
 
-    @property
-    def is_event_stream(self) -> bool:
-        return self.content_type.startswith("text/event-stream")
+    def head_waiter(self) -> asyncio.Future[None] | None:
+        """A future done when the head or an error arrives; None when one already has."""
+        conn = self._conn
+        if self.status or self._error is not None or conn is None:
+            return None
+        waiter = self._waiter = conn.loop.create_future()
+        return waiter
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -175,6 +158,31 @@ class FastResponse:
 
     release = close
 
+    # -- reports from the connection ---------------------------------------------
+
+    def on_head(self, status: int, raw: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        self._raw = raw
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._buf.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER_BYTES and self._conn is not None:
+            self._conn.transport.pause_reading()
+        self._wake()
+
+    def on_end(self) -> bool:
+        """The whole body arrived; whether its connection's reading is paused for it."""
+        self._done = True
+        self._detach()
+        return self._buffered > HIGH_WATER_BYTES
+
+    def on_error(self, exc: BaseException) -> None:
+        """The exchange failed; the connection is gone."""
+        self._error = exc
+        self._detach()
+
     def _take(self) -> bytes:
         buf = self._buf
         data = buf[0] if len(buf) == 1 else b"".join(buf)
@@ -193,10 +201,11 @@ class FastResponse:
 
     def _detach(self) -> None:
         self._conn = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         self._wake()
+
+
+# Shared by every response whose head has not come: replaced, never appended to.
+_NO_HEADERS: list[tuple[bytes, bytes]] = []
 
 
 class _Pool:
@@ -241,7 +250,12 @@ class _Pool:
 
 
 class _Conn(asyncio.Protocol):
-    """One TCP connection to an engine; carries at most one exchange at a time."""
+    """One TCP connection to an engine; carries at most one exchange at a time.
+
+    The exchange's clock (deadline, idle bound, its one timer) and its parse
+    state (header lines so far, whether the body runs to the connection's end)
+    live here; what the proxy reads lives in the `FastResponse`.
+    """
 
     transport: asyncio.Transport
 
@@ -252,13 +266,20 @@ class _Conn(asyncio.Protocol):
         self.resp: FastResponse | None = None
         self.idle_since = 0.0
         self.lost = False
-        self.reused = False
+        # The exchange in progress (set by `send`).
+        self.raw: list[tuple[bytes, bytes]] = []
+        self.got_bytes = False
+        self.eof_body = False  # no length given: the body ends when the engine closes
+        self.deadline = 0.0  # loop time
+        self.idle_s: float | None = None
+        self.last_data = 0.0
+        self.timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are asyncio.Transport look-alikes, not subclasses.
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -269,9 +290,9 @@ class _Conn(asyncio.Protocol):
             # Bytes nobody asked for: this connection is out of step; never reuse it.
             self.transport.abort()
             return
-        resp._got_bytes = True
-        if resp._idle_s is not None:
-            resp._last_data = self.loop.time()
+        self.got_bytes = True
+        if self.idle_s is not None:
+            self.last_data = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -283,51 +304,46 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        resp = self.resp
+        resp = self._end()
         if resp is None:
             self.pool.discard(self)
-            return
-        self.resp = None
-        if resp.status and resp._eof_body and exc is None:
-            resp._done = True
+        elif resp.status and self.eof_body and exc is None:
+            resp.on_end()
         elif resp.status:
-            resp._error = UpstreamBroken(resp.endpoint_id, _lost("body", exc))
+            resp.on_error(UpstreamBroken(resp.endpoint_id, _lost("body", exc)))
         else:
-            resp._error = UpstreamConnectError(resp.endpoint_id, _lost("response", exc))
-        resp._detach()
+            resp.on_error(UpstreamConnectError(resp.endpoint_id, _lost("response", exc)))
 
     # -- httptools callbacks -----------------------------------------------------
-    # The parser only calls these while data_received feeds it, which it does only
-    # with `self.resp` set; the ignores below skip a None check per callback on the
-    # hot path rather than assert what data_received already guarantees.
+    # The parser calls these only while data_received feeds it, which it does only
+    # with `self.resp` set; the checks below are one comparison each.
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.resp._raw.append((name, value))  # type: ignore[union-attr]
+        self.raw.append((name, value))
 
     def on_headers_complete(self) -> None:
-        resp: FastResponse = self.resp  # type: ignore[assignment]
-        resp.status = self.parser.get_status_code()
+        resp = self.resp
+        if resp is None:
+            return
+        raw = self.raw
         if not self.parser.should_keep_alive():
             # Neither a length nor chunks: the body runs to the connection's end.
-            resp._eof_body = not any(
-                k.lower() in (b"content-length", b"transfer-encoding") for k, _ in resp._raw
+            self.eof_body = not any(
+                k.lower() in (b"content-length", b"transfer-encoding") for k, _ in raw
             )
-        resp._wake()
+        resp.on_head(self.parser.get_status_code(), raw)
 
     def on_body(self, body: bytes) -> None:
-        resp: FastResponse = self.resp  # type: ignore[assignment]
-        resp._buf.append(body)
-        resp._buffered += len(body)
-        if resp._buffered > HIGH_WATER_BYTES:
-            self.transport.pause_reading()
-        resp._wake()
+        resp = self.resp
+        if resp is not None:
+            resp.on_body(body)
 
     def on_message_complete(self) -> None:
-        resp: FastResponse = self.resp  # type: ignore[assignment]
-        resp._done = True
-        self.resp = None
-        resp._detach()
-        if resp._buffered > HIGH_WATER_BYTES:
+        resp = self._end()
+        if resp is None:
+            return
+        if resp.on_end():
+            # Paused for bytes not yet read on: they are the response's now.
             self.transport.resume_reading()
         if self.parser.should_keep_alive() and not self.lost:
             self.pool.put(self, self.loop.time())
@@ -336,14 +352,20 @@ class _Conn(asyncio.Protocol):
 
     # -- exchanges -----------------------------------------------------------------
 
-    def send(self, resp: FastResponse, head: bytes, body: bytes) -> None:
+    def send(
+        self, resp: FastResponse, head: bytes, body: bytes, deadline: float, idle_s: float | None
+    ) -> None:
         self.resp = resp
+        self.raw = []
+        self.got_bytes = False
+        self.eof_body = False
+        self.deadline = deadline
+        self.idle_s = idle_s
         loop = self.loop
-        idle_s = resp._idle_s
         # One timer for the deadline and the idle bound: it looks again when it fires
         # instead of being moved on every body byte.
-        due = resp._deadline if idle_s is None else min(resp._deadline, loop.time() + idle_s)
-        resp._timer = loop.call_at(due, self.on_timer)
+        due = deadline if idle_s is None else min(deadline, loop.time() + idle_s)
+        self.timer = loop.call_at(due, self.on_timer)
         if len(body) <= COALESCE_BYTES:
             self.transport.write(head + body)
         else:
@@ -354,27 +376,36 @@ class _Conn(asyncio.Protocol):
         if resp is None:
             return
         now = self.loop.time()
-        if now >= resp._deadline:
+        if now >= self.deadline:
             what = "response body" if resp.status else "response"
             self.fail(UpstreamTimeout(resp.endpoint_id, f"no complete {what} in time"))
             return
-        due = resp._deadline
-        if resp._idle_s is not None and resp.status:
-            idle_due = resp._last_data + resp._idle_s
+        due = self.deadline
+        idle_s = self.idle_s
+        if idle_s is not None and resp.status:
+            idle_due = self.last_data + idle_s
             if now >= idle_due:
-                self.fail(UpstreamTimeout(resp.endpoint_id, f"no data for {resp._idle_s:g}s"))
+                self.fail(UpstreamTimeout(resp.endpoint_id, f"no data for {idle_s:g}s"))
                 return
             due = min(due, idle_due)
-        resp._timer = self.loop.call_at(due, self.on_timer)
+        self.timer = self.loop.call_at(due, self.on_timer)
 
     def fail(self, exc: BaseException) -> None:
         """End the exchange with `exc` and drop the connection."""
-        resp = self.resp
-        self.resp = None
+        resp = self._end()
         self.transport.abort()
         if resp is not None:
-            resp._error = exc
-            resp._detach()
+            resp.on_error(exc)
+
+    def _end(self) -> FastResponse | None:
+        """Detach the exchange in progress (and its timer); the response it had."""
+        resp = self.resp
+        self.resp = None
+        timer = self.timer
+        if timer is not None:
+            self.timer = None
+            timer.cancel()
+        return resp
 
 
 def _lost(what: str, exc: BaseException | None) -> str:
@@ -395,8 +426,8 @@ class _Target:
         self.pool = pool
 
 
-class FastUpstream:
-    """The proxy's client (`upstream.Forwarder`): `start()` in the loop, `close()` at exit.
+class FastUpstream(Forwarder):
+    """The proxy's default `Forwarder`: `start()` in the loop, `close()` at exit.
 
     No cap on connections, like the aiohttp side: the pool must never become a
     hidden queue in front of the engines.
@@ -439,17 +470,15 @@ class FastUpstream:
         """Pooled connections waiting for a request (tests and debugging)."""
         return sum(len(pool.idle) for pool in self._pools.values())
 
-    async def post(
+    async def _send(
         self,
         url: str,
         body: bytes,
         headers: Mapping[str, str],
-        *,
         timeout_s: float,
         endpoint_id: str,
-        idle_timeout_s: float | None = None,
+        idle_timeout_s: float | None,
     ) -> FastResponse:
-        """Send one request and wait for the response head (not the body)."""
         loop = self._loop
         if loop is None:
             raise RuntimeError("FastUpstream.start() was not called")
@@ -462,20 +491,20 @@ class FastUpstream:
         while True:
             if conn is None:
                 conn = await self._connect(target, endpoint_id, deadline)
-            resp = FastResponse(conn, endpoint_id, deadline, idle_timeout_s)
-            conn.send(resp, head, body)
-            if not resp.status and resp._error is None:
-                waiter = resp._waiter = loop.create_future()
+            resp = FastResponse(conn, endpoint_id)
+            conn.send(resp, head, body, deadline, idle_timeout_s)
+            waiter = resp.head_waiter()
+            if waiter is not None:
                 try:
                     await waiter
                 except asyncio.CancelledError:
                     # The client left before the head came: the engine must hear of it.
                     resp.close()
                     raise
-            err = resp._error
+            err = resp.error
             if err is None:
                 return resp
-            if not fresh and not resp._got_bytes and isinstance(err, UpstreamConnectError):
+            if not fresh and not conn.got_bytes and isinstance(err, UpstreamConnectError):
                 # A pooled connection the engine had closed as we wrote; nothing came
                 # back, so nothing was answered: once more on a new connection.
                 log.debug("stale pooled connection endpoint=%s: %s", endpoint_id, err.detail)
@@ -499,10 +528,13 @@ class FastUpstream:
                 )
         except TimeoutError as exc:
             if limit < self.connect_timeout_s:
-                raise UpstreamTimeout(endpoint_id, "no connection before the deadline") from exc
+                raise translate(
+                    exc, endpoint_id, started=False, timeout="no connection before the deadline"
+                ) from exc
+            # The connect bound, not the request's deadline: the engine is not answering.
             raise UpstreamConnectError(endpoint_id, f"connect timed out ({limit:g}s)") from exc
         except OSError as exc:
-            raise UpstreamConnectError(endpoint_id, _describe(exc)) from exc
+            raise translate(exc, endpoint_id, started=False, timeout="") from exc
         return conn
 
     def _target(self, url: str) -> _Target:
@@ -539,8 +571,3 @@ def _fields(headers: Mapping[str, str], length: int) -> bytes:
         lines.append(f"{name}: {value}\r\n")
     lines.append(f"Content-Length: {length}\r\n\r\n")
     return "".join(lines).encode("utf-8", "surrogateescape")
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return " ".join(text.split())[:200]

@@ -1,6 +1,6 @@
 """The router's live parts wired together, and the one place configuration lands.
 
-`RouterState` owns the registry, prefix index, hold queue, policy, metrics,
+`Router` owns the registry, prefix index, hold queue, policy, metrics,
 usage tracker and the shared upstream session. Both endpoint sources (the
 file, the controller) end in `apply_endpoints()`, which is the only caller of
 `Registry.replace()`: removed endpoints lose their prefix entries and metric
@@ -17,12 +17,13 @@ from llmgw.router.auth import KeyRing
 from llmgw.router.breaker import BreakerConfig
 from llmgw.router.config import RouterConfig, restart_only_changes, upstream_client
 from llmgw.router.endpoint import Registry
-from llmgw.router.fastupstream import FastUpstream
 from llmgw.router.holding import Holding
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.policies import Policy, make_policy
 from llmgw.router.prefix import PrefixIndex
-from llmgw.router.upstream import Forwarder, Upstream
+from llmgw.router.upstream.aiohttp_client import Upstream
+from llmgw.router.upstream.base import Forwarder
+from llmgw.router.upstream.fast import FastUpstream
 from llmgw.router.usage import UsageTracker, build_report
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
@@ -32,7 +33,7 @@ from llmgw.wire.usage import UsageReport
 log = logging.getLogger(__name__)
 
 
-class RouterState:
+class Router:
     """Everything a request or a background loop of one router process touches."""
 
     def __init__(
@@ -45,7 +46,7 @@ class RouterState:
         self.cfg = cfg
         self.clock = clock
         # A restarted router is a new reporter: the controller must not merge its
-        # empty last_used into the old one's (DESIGN §4).
+        # empty last_used into the old one's.
         self.router_id = cfg.router_id or f"router-{os.urandom(4).hex()}"
         b = cfg.breaker
         self.registry = Registry(
@@ -139,7 +140,7 @@ class RouterState:
         infos = tuple(infos)
         removed = self.registry.replace(infos)
         # A replica that left takes its cache with it; keeping its prefix entries
-        # would only make the index lie if the id ever came back (§2.6).
+        # would only make the index lie if the id ever came back.
         self.prefix.retain(self.registry.ids())
         self.metrics.forget(removed)
         self.urls = {i.id: i.url.rstrip("/") for i in infos}

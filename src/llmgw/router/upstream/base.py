@@ -1,0 +1,167 @@
+"""The seam between the proxy and the engines, and what every upstream client shares.
+
+The proxy sends each request through a `Forwarder` and reads the answer through
+an `UpstreamReply`. Two clients implement the seam: `fast.FastUpstream`, the
+lean HTTP/1.1 pool the proxy uses by default (config `upstream_client`), and
+`aiohttp_client.Upstream`, the reference, which is also the session the scrape
+loop and the controller client use. `llmgw.testing.forwarder` is an in-memory
+one for unit tests.
+
+Errors: a client raises only the router's own (`router.errors`). An exception
+from the transport underneath (asyncio, the socket, aiohttp) becomes one of them
+in `translate`, the one place that decides which; the proxy never catches a
+transport's type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from typing import Protocol
+
+from llmgw.router.errors import (
+    UpstreamBroken,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamTimeout,
+)
+
+# Below uvicorn's default keep-alive (5 s, what vLLM runs): a pooled connection the
+# engine is about to close is dropped by us first instead of failing a request.
+KEEPALIVE_S = 4.0
+JSON = "application/json"
+EVENT_STREAM = "text/event-stream"
+
+
+class UpstreamReply(Protocol):
+    """An engine's answer whose head has arrived; the body is read through it.
+
+    Release semantics, the same for every client: a body read to its end gives
+    the connection back to the pool by itself; `close()` on a reply that is not
+    finished drops the connection (which is how an engine learns to abort), and
+    is a no-op on a finished one, so the proxy calls it in every `finally`.
+    """
+
+    endpoint_id: str
+    status: int
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Response headers, case-insensitive."""
+        ...
+
+    @property
+    def content_type(self) -> str: ...
+
+    @property
+    def is_event_stream(self) -> bool: ...
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        ...
+
+    async def chunk(self) -> bytes:
+        """Whatever body bytes have arrived (waiting for at least one); b"" at the end."""
+        ...
+
+    def close(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class ReplyHead:
+    """What every reply derives from its head: written once for all clients.
+
+    A subclass sets `endpoint_id`, `status` and `_content_type = None`, and
+    provides `headers`.
+    """
+
+    __slots__ = ("_content_type", "endpoint_id", "status")
+
+    _content_type: str | None
+    endpoint_id: str
+    status: int
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        raise NotImplementedError
+
+    @property
+    def content_type(self) -> str:
+        """The engine's Content-Type; JSON when it gave none."""
+        ct = self._content_type
+        if ct is None:
+            ct = self._content_type = self.headers.get("Content-Type") or JSON
+        return ct
+
+    @property
+    def is_event_stream(self) -> bool:
+        return self.content_type.startswith(EVENT_STREAM)
+
+
+class Forwarder:
+    """The proxy's client: one request out, the reply once its head is in.
+
+    A client subclasses this and implements `_send`; `post` is the one signature
+    the proxy calls.
+    """
+
+    connect_timeout_s: float
+
+    async def start(self) -> None:
+        """Called once inside the event loop before the first `post`."""
+
+    async def close(self) -> None:
+        """Called once at exit."""
+
+    def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        timeout_s: float,
+        endpoint_id: str,
+        idle_timeout_s: float | None = None,
+    ) -> Awaitable[UpstreamReply]:
+        """Send one request and wait for the response head (not the body).
+
+        `timeout_s` bounds the whole exchange, body included; `idle_timeout_s`
+        (None: no bound) the silence between body bytes once the head is in, so
+        a stalled stream ends long before the request's deadline. Failures are
+        `UpstreamError`s naming `endpoint_id`.
+        """
+        return self._send(url, body, headers, timeout_s, endpoint_id, idle_timeout_s)
+
+    def _send(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        endpoint_id: str,
+        idle_timeout_s: float | None,
+    ) -> Awaitable[UpstreamReply]:
+        raise NotImplementedError
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one short line for an error message."""
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:200]
+
+
+def translate(
+    exc: BaseException, endpoint_id: str, *, started: bool, timeout: str
+) -> UpstreamError:
+    """A transport's exception as the router's own; `timeout` says what ran out.
+
+    A timeout is `UpstreamTimeout`. Anything else before the response started
+    (refused, reset, a pooled connection closed under us) is
+    `UpstreamConnectError`: the engine produced nothing for this request, so
+    another replica may take it. After it started, `UpstreamBroken`.
+    """
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout(endpoint_id, timeout)
+    if started:
+        return UpstreamBroken(endpoint_id, describe(exc))
+    return UpstreamConnectError(endpoint_id, describe(exc))
