@@ -147,3 +147,91 @@ class TestTwoRouters:
         assert all(a == b for a, b in pairs), pairs
         # Homes spread over the fleet rather than all landing on one replica.
         assert len({a for a, _ in pairs}) >= 2, pairs
+
+
+def router_metrics(router_url: str) -> str:
+    with urllib.request.urlopen(router_url + "/metrics", timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+class TestSessionHints:
+    async def test_new_conversations_find_the_shared_system_prompt(self, tmp_path: Path) -> None:
+        """Conversations of different users (`user` field, X-Session-ID header) over one
+        system prompt all go where that prompt is cached, and hit it: a hint is no part
+        of the prefix chain (each got its own chain, and its own home, before)."""
+        with sim_engines(tmp_path, [20.0] * 4) as engines:
+            cfg = base_config(endpoints=endpoint_entries(engines))
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0", "e1", "e2", "e3"])
+                async with aiohttp.ClientSession() as session:
+                    where, cached = [], []
+                    for i in range(8):
+                        body = {
+                            "model": MODEL,
+                            "messages": [
+                                {"role": "system", "content": system_prompt("shared") * 3},
+                                {"role": "user", "content": f"user {i} asks question {i}"},
+                            ],
+                            "max_tokens": 4,
+                        }
+                        headers = {}
+                        if i % 2:
+                            headers["X-Session-ID"] = f"conversation-{i}"
+                        else:
+                            body["user"] = f"user-{i}"
+                        reply = await post(session, r.url, body, headers=headers)
+                        assert reply.status == 200, reply.body
+                        where.append(reply.endpoint)
+                        details = reply.json()["usage"]["prompt_tokens_details"]
+                        cached.append(details["cached_tokens"])
+        assert len(set(where)) == 1, where
+        assert cached[0] == 0
+        assert all(c >= 256 for c in cached[1:]), cached
+
+
+class TestPredictionFeedback:
+    async def test_engine_answers_check_and_correct_the_index(self, tmp_path: Path) -> None:
+        """The engine's cached_tokens (streamed and not) is compared with the index's
+        prediction: hits while they agree; after the engine's cache is reset behind
+        the router's back, three empty answers in a row reset the index."""
+        prompts = [system_prompt(f"tenant-{i}") * 2 for i in range(3)]  # ~1.5 KB each
+
+        def body(i: int, question: str, stream: bool) -> dict[str, Any]:
+            b: dict[str, Any] = {
+                "model": MODEL,
+                "messages": [
+                    {"role": "system", "content": prompts[i]},
+                    {"role": "user", "content": question},
+                ],
+                "max_tokens": 4,
+                "stream": stream,
+            }
+            if stream:
+                b["stream_options"] = {"include_usage": True}
+            return b
+
+        with sim_engines(tmp_path, [20.0]) as engines:
+            cfg = base_config(endpoints=endpoint_entries(engines))
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                async with aiohttp.ClientSession() as session:
+                    for question in ("first", "second"):
+                        for i in range(3):
+                            reply = await post(session, r.url, body(i, question, i != 2))
+                            assert reply.status == 200, reply.body
+                    text = router_metrics(r.url)
+                    assert 'llmgw_router_prefix_predictions_total{outcome="hit"} 6.0' in text
+                    assert "llmgw_router_prefix_corrections_total 0.0" in text
+                    async with session.post(engines[0].url + "/reset_prefix_cache") as resp:
+                        assert (resp.status, await resp.json()) == (200, {"reset": True})
+                    for i in range(3):
+                        reply = await post(session, r.url, body(i, "third", i != 2))
+                        assert reply.status == 200, reply.body
+                    text = router_metrics(r.url)
+                    assert 'llmgw_router_prefix_predictions_total{outcome="cleared"} 3.0' in text
+                    assert "llmgw_router_prefix_corrections_total 1.0" in text
+                    # The index kept the chain just served: the engine holds it again.
+                    again = await post(session, r.url, body(2, "fourth", False))
+                    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 256
+                    text = router_metrics(r.url)
+                    assert 'llmgw_router_prefix_predictions_total{outcome="hit"} 7.0' in text

@@ -70,8 +70,17 @@ def _agent(cls: Any) -> CollectorRegistry:
     return registry
 
 
+def _prediction(cls: Any) -> CollectorRegistry:
+    from llmgw.router.prefix import PrefixIndex
+
+    registry = CollectorRegistry()
+    registry.register(cls(PrefixIndex()))
+    return registry
+
+
 REGISTRIES: dict[str, Callable[[Any], CollectorRegistry]] = {
     "llmgw.router.metrics.RouterMetrics": _router,
+    "llmgw.router.feedback.PredictionCheck": _prediction,
     "llmgw.agent.metrics.AgentMetrics": _agent,
 }
 

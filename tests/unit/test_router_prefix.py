@@ -9,8 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.router.prefix import (
+    MAX_ROUTED_BYTES,
     PrefixIndex,
-    capacity_blocks_for,
+    block_end,
+    block_units,
+    blocks_covering,
+    blocks_within,
+    capacity_units_for,
     rendezvous_order,
     request_block_hashes,
 )
@@ -33,7 +38,7 @@ class TestRequestBlockHashes:
     def test_first_hash_is_stable_across_processes(self) -> None:
         """The first block's hash is blake2b, not Python's per-process hash: a golden value."""
         body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
-        assert request_block_hashes(body) == (7975876557300876301,)
+        assert request_block_hashes(body) == (9842970722846239970,)
 
     def test_next_turn_extends_the_chain(self) -> None:
         """A conversation's next turn starts with every full block of the previous one."""
@@ -42,10 +47,42 @@ class TestRequestBlockHashes:
         assert len(two) > len(one)
         assert two[: len(one)] == one
 
-    def test_blocks_are_block_chars_long(self) -> None:
-        """A prompt of n bytes gives n // block_chars hashes (full blocks only)."""
-        hashes = request_block_hashes({"model": "m", "prompt": "x" * 999}, block_chars=100)
-        assert len(hashes) == 10  # 1000 canonical bytes with the prompt marker
+    def test_blocks_grow_with_their_offset(self) -> None:
+        """64-byte blocks for the first KiB, then about 1/16 of the offset, 64-byte multiples."""
+        ends = [block_end(i) for i in range(40)]
+        assert ends[:17] == [64 * (i + 1) for i in range(17)]
+        sizes = [b - a for a, b in zip([0, *ends], ends, strict=False)]
+        for i, size in enumerate(sizes):
+            assert size % 64 == 0
+            assert size == max(64, (ends[i] - size) // 16 // 64 * 64)
+        assert [block_units(i) for i in range(3)] == [1, 1, 1]
+        assert block_units(39) == sizes[39] // 64
+
+    def test_block_count_is_logarithmic(self) -> None:
+        """A prompt of n bytes has about 16 + 16 ln(n / 1 KiB) full blocks."""
+        counts = [blocks_covering(n) for n in (300, 8 << 10, 64 << 10, 1 << 20)]
+        assert counts == [4, 57, 92, 138]
+        hashes = request_block_hashes({"model": "m", "prompt": "x" * (64 << 10)})
+        assert len(hashes) == blocks_covering((64 << 10) + 1)
+
+    def test_the_whole_prompt_routes(self) -> None:
+        """Two prompts sharing a 24 KiB preamble and differing after it share only the
+        blocks the preamble covers; the old 16 KiB cut made them identical."""
+        preamble = "tool definitions and instructions " * 740  # ~25 KB
+        a = request_block_hashes(chat("q", system=preamble + "system prompt A " * 200))
+        b = request_block_hashes(chat("q", system=preamble + "system prompt B " * 200))
+        shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+        assert block_end(shared - 1) <= len(preamble) + 40 < block_end(shared + 1)
+        assert len(a) == len(b) > shared
+
+    def test_routing_stops_at_the_limit(self) -> None:
+        """Past MAX_ROUTED_BYTES (or limit_bytes) nothing more is hashed."""
+        n = blocks_covering(10_000)
+        assert (
+            len(request_block_hashes({"model": "m", "prompt": "y" * 50_000}, limit_bytes=10_000))
+            == n
+        )
+        assert blocks_covering(MAX_ROUTED_BYTES) < 170
 
     def test_short_prompt_gets_one_hash(self) -> None:
         """Less than a block still has a first hash, so it still has a home."""
@@ -54,10 +91,6 @@ class TestRequestBlockHashes:
     def test_no_prompt_no_hashes(self) -> None:
         """A body without messages or prompt hashes to nothing."""
         assert request_block_hashes({"model": "m"}) == ()
-
-    def test_max_blocks_caps_the_chain(self) -> None:
-        """Only the first max_blocks blocks route."""
-        assert len(request_block_hashes({"model": "m", "prompt": "y" * 10_000}, max_blocks=8)) == 8
 
     def test_shared_system_prompt_shares_leading_blocks(self) -> None:
         """Two conversations with one system prompt share its full blocks, then diverge."""
@@ -110,18 +143,13 @@ class TestRequestBlockHashes:
         without = request_block_hashes(chat("q"))
         assert with_tools[0] != without[0]
 
-    def test_session_hint_joins_the_first_block(self) -> None:
-        """A session id separates otherwise identical conversations from the first block."""
-        a = request_block_hashes(chat("q"), session="s1")
-        b = request_block_hashes(chat("q"), session="s2")
-        assert a[0] != b[0]
-        assert request_block_hashes(chat("q"), session="s1") == a
-
-    def test_user_field_is_a_session_hint(self) -> None:
-        """Without an explicit session, the OpenAI `user` field is the hint."""
-        assert request_block_hashes(chat("q", user="u1")) == request_block_hashes(
-            chat("q"), session="u1"
-        )
+    def test_session_hint_never_joins_the_chain(self) -> None:
+        """Content only: the `user` field (a session hint) leaves the chain unchanged, so
+        conversations of different users over one system prompt share its blocks."""
+        assert request_block_hashes(chat("q", user="u1")) == request_block_hashes(chat("q"))
+        a = request_block_hashes(chat("first question", user="u1"))
+        b = request_block_hashes(chat("other question", user="u2"))
+        assert a[:16] == b[:16]
 
     def test_model_joins_the_first_block(self) -> None:
         """Two models on one endpoint never share a prefix."""
@@ -138,18 +166,25 @@ class TestRequestBlockHashes:
         assert len(one) == 3
 
 
-class TestCapacityBlocks:
+class TestCapacityUnits:
     def test_tokens_convert_at_four_chars_per_token(self) -> None:
-        """KV tokens × 4 chars / 64-char blocks; unknown capacity stays unknown."""
+        """KV tokens × 4 chars / 64-byte units; unknown capacity stays unknown."""
         assert (
-            capacity_blocks_for(670_832),
-            capacity_blocks_for(1),
-            capacity_blocks_for(None),
+            capacity_units_for(670_832),
+            capacity_units_for(1),
+            capacity_units_for(None),
         ) == (
             41_927,
             1,
             None,
         )
+
+    def test_blocks_within_a_capacity(self) -> None:
+        """blocks_within(u) leading blocks weigh at most u units, one more would not."""
+        for units in (1, 16, 17, 100, 5000):
+            n = blocks_within(units)
+            assert sum(block_units(i) for i in range(n)) <= units
+            assert sum(block_units(i) for i in range(n + 1)) > units
 
 
 class TestRendezvous:
@@ -184,23 +219,23 @@ class TestPrefixIndex:
     def test_match_counts_leading_blocks_held(self) -> None:
         """Each endpoint's match is the length of the leading run of blocks it holds."""
         idx = PrefixIndex()
-        idx.record("a", [1, 2, 3, 4], capacity_blocks=None)
-        idx.record("b", [1, 2], capacity_blocks=None)
-        idx.record("c", [9], capacity_blocks=None)
+        idx.record("a", [1, 2, 3, 4], capacity_units=None)
+        idx.record("b", [1, 2], capacity_units=None)
+        idx.record("c", [9], capacity_units=None)
         assert idx.match([1, 2, 3, 5], ["a", "b", "c", "d"]) == {"a": 3, "b": 2}
 
     def test_match_only_looks_at_candidates(self) -> None:
         """Endpoints not among the candidates are not reported."""
         idx = PrefixIndex()
-        idx.record("a", [1], capacity_blocks=None)
+        idx.record("a", [1], capacity_units=None)
         assert idx.match([1], ["b"]) == {}
         assert idx.match([], ["a"]) == {}
 
     def test_capacity_evicts_the_tail_of_the_oldest_chain_first(self) -> None:
         """Over its capacity an endpoint forgets the deepest blocks of its oldest chains."""
         idx = PrefixIndex()
-        idx.record("a", [1, 2, 3], capacity_blocks=4)
-        idx.record("a", [10, 11], capacity_blocks=4)
+        idx.record("a", [1, 2, 3], capacity_units=4)
+        idx.record("a", [10, 11], capacity_units=4)
         assert idx.entries("a") == 4
         assert idx.match([1, 2, 3], ["a"]) == {"a": 2}
         assert idx.match([10, 11], ["a"]) == {"a": 2}
@@ -208,31 +243,31 @@ class TestPrefixIndex:
     def test_recording_again_refreshes_recency(self) -> None:
         """A chain sent again becomes the most recent and survives eviction."""
         idx = PrefixIndex()
-        idx.record("a", [1, 2], capacity_blocks=4)
-        idx.record("a", [3, 4], capacity_blocks=4)
-        idx.record("a", [1, 2], capacity_blocks=4)
-        idx.record("a", [5, 6], capacity_blocks=4)
+        idx.record("a", [1, 2], capacity_units=4)
+        idx.record("a", [3, 4], capacity_units=4)
+        idx.record("a", [1, 2], capacity_units=4)
+        idx.record("a", [5, 6], capacity_units=4)
         assert idx.match([1, 2], ["a"]) == {"a": 2}
         assert idx.match([3], ["a"]) == {}
 
     def test_chain_longer_than_capacity_keeps_its_head(self) -> None:
         """A chain bigger than the endpoint's capacity keeps its first blocks."""
         idx = PrefixIndex()
-        idx.record("a", list(range(1, 11)), capacity_blocks=3)
+        idx.record("a", list(range(1, 11)), capacity_units=3)
         assert idx.match(list(range(1, 11)), ["a"]) == {"a": 3}
 
     def test_unknown_capacity_uses_the_default(self) -> None:
-        """capacity_blocks=None bounds the endpoint by default_capacity_blocks."""
-        idx = PrefixIndex(default_capacity_blocks=5)
-        idx.record("a", list(range(100)), capacity_blocks=None)
+        """capacity_units=None bounds the endpoint by default_capacity_units."""
+        idx = PrefixIndex(default_capacity_units=5)
+        idx.record("a", list(range(100)), capacity_units=None)
         assert idx.entries("a") == 5
 
     def test_global_cap_evicts_least_recent_across_endpoints(self) -> None:
         """Past max_total_entries the globally oldest entries go, whichever endpoint holds them."""
         idx = PrefixIndex(max_total_entries=6)
-        idx.record("old", [1, 2, 3], capacity_blocks=None)
-        idx.record("mid", [4, 5, 6], capacity_blocks=None)
-        idx.record("new", [7, 8], capacity_blocks=None)
+        idx.record("old", [1, 2, 3], capacity_units=None)
+        idx.record("mid", [4, 5, 6], capacity_units=None)
+        idx.record("new", [7, 8], capacity_units=None)
         assert len(idx) == 6
         assert (idx.entries("old"), idx.entries("mid"), idx.entries("new")) == (1, 3, 2)
         assert idx.match([1, 2, 3], ["old"]) == {"old": 1}
@@ -240,8 +275,8 @@ class TestPrefixIndex:
     def test_purge_forgets_one_endpoint(self) -> None:
         """purge() drops an endpoint's entries (restart or removal) and nothing else."""
         idx = PrefixIndex()
-        idx.record("a", [1, 2], capacity_blocks=None)
-        idx.record("b", [1], capacity_blocks=None)
+        idx.record("a", [1, 2], capacity_units=None)
+        idx.record("b", [1], capacity_units=None)
         idx.purge("a")
         idx.purge("never-seen")
         assert (len(idx), idx.match([1, 2], ["a", "b"])) == (1, {"b": 1})
@@ -250,7 +285,7 @@ class TestPrefixIndex:
         """retain() keeps only the listed endpoints."""
         idx = PrefixIndex()
         for ep in "abc":
-            idx.record(ep, [1, 2], capacity_blocks=None)
+            idx.record(ep, [1, 2], capacity_units=None)
         idx.retain(["b", "z"])
         assert (len(idx), idx.entries_by_endpoint()) == (2, {"b": 2})
 
@@ -276,7 +311,7 @@ class TestPrefixIndex:
         for ep, path, cap in ops:
             # Chains from a small tree of shared prefixes: a node is its path from the root.
             chain = tuple(hash(tuple(path[: i + 1])) for i in range(len(path)))
-            idx.record(ep, chain, capacity_blocks=cap)
+            idx.record(ep, chain, capacity_units=cap)
             newest[ep] = chain
             assert idx.entries(ep) <= cap
             assert len(idx) <= max_total

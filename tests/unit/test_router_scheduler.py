@@ -326,7 +326,7 @@ class TestInvariants:
             )
             assert d.endpoint_id is not None
             inflight[d.endpoint_id] += 1
-            idx.record(d.endpoint_id, hashes, capacity_blocks=None)
+            idx.record(d.endpoint_id, hashes, capacity_units=None)
             spread = max(inflight[i] for i in ids) - min(inflight[i] for i in ids)
             assert spread <= DEFAULT_CONFIG.affinity_load_bound * 8 + 1
         assert min(inflight[i] for i in ids) >= 45

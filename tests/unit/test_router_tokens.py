@@ -19,7 +19,7 @@ USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"
 class TestUsageOf:
     def test_answer_with_usage(self) -> None:
         body = json.dumps({"id": "x", "choices": [], "usage": USAGE}).encode()
-        assert usage_of(body) == Usage(prompt=7, completion=3, cached=4)
+        assert usage_of(body) == Usage(prompt=7, completion=3, cached=4, cached_reported=4)
 
     @pytest.mark.parametrize(
         "body",
@@ -30,7 +30,7 @@ class TestUsageOf:
 
     def test_missing_details_count_zero_cached(self) -> None:
         body = b'{"usage": {"prompt_tokens": 2, "completion_tokens": 1}}'
-        assert usage_of(body) == Usage(prompt=2, completion=1, cached=0)
+        assert usage_of(body) == Usage(prompt=2, completion=1, cached=0, cached_reported=None)
 
 
 class TestStreamUsage:
@@ -49,7 +49,7 @@ class TestStreamUsage:
         scan = StreamUsage()
         for i in range(0, len(data), size):
             scan.feed(data[i : i + size])
-        assert scan.usage == Usage(prompt=7, completion=3, cached=4)
+        assert scan.usage == Usage(prompt=7, completion=3, cached=4, cached_reported=4)
 
     def test_last_usage_wins(self) -> None:
         """continuous_usage_stats: every event carries running totals; the last one counts."""

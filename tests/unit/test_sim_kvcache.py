@@ -178,3 +178,22 @@ class TestSnapshot:
         kv.allocate("a", 12, h)
         snap = kv.snapshot()
         assert ([1, 2, 3], h) == ([c.block_id for c in snap], [c.hash for c in snap])
+
+
+class TestResetPrefixCache:
+    def test_forgets_every_cached_block_when_idle(self) -> None:
+        """Nothing pinned: every hash goes, so the next lookup misses."""
+        kv = KVCache(num_gpu_blocks=8, block_size=4)
+        hashes = [b"h0", b"h1"]
+        assert kv.allocate("r", 8, hashes)
+        kv.free("r")
+        assert len(kv.lookup(hashes, 9)) == 2
+        assert kv.reset_prefix_cache()
+        assert (kv.lookup(hashes, 9), kv.num_cached_blocks) == ([], 0)
+
+    def test_refused_while_a_request_holds_blocks(self) -> None:
+        """As vLLM: a live request's blocks keep the cache as it is."""
+        kv = KVCache(num_gpu_blocks=8, block_size=4)
+        assert kv.allocate("r", 8, [b"h0", b"h1"])
+        assert not kv.reset_prefix_cache()
+        assert kv.num_cached_blocks == 2

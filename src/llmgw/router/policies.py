@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
+from llmgw.router.affinity import RouteKey, SessionAffinity
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot, Stats
-from llmgw.router.prefix import PrefixIndex, capacity_blocks_for, rendezvous_order
+from llmgw.router.feedback import PredictionCheck
+from llmgw.router.prefix import PrefixIndex, capacity_units_for, rendezvous_order
 from llmgw.router.scheduler import Decision, SchedulerConfig, choose
 
 
@@ -26,28 +28,47 @@ class Policy(Protocol):
     uses_prefix: bool
 
     def choose(
-        self, snaps: Sequence[Snapshot], hashes: Sequence[int], exclude: Collection[str]
+        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
     ) -> Decision: ...
 
-    def served(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
-        """A request with these hashes completed on the endpoint (ours also records
-        them when it chooses the endpoint)."""
+    def served(
+        self,
+        endpoint_id: str,
+        key: RouteKey,
+        stats: Stats | None,
+        *,
+        decision: Decision | None = None,
+        cached_tokens: int | None = None,
+    ) -> None:
+        """A request completed on the endpoint. `decision`: the one that sent it
+        there; `cached_tokens`: the engine's usage.prompt_tokens_details, when
+        the response carried it (feedback.py)."""
         ...
 
 
 class Ours:
-    """The scheduler with prefix affinity."""
+    """The scheduler with prefix affinity and session hints (docs/routing.md)."""
 
     name = "ours"
     uses_prefix = True
 
-    def __init__(self, prefix: PrefixIndex, cfg: SchedulerConfig | None = None) -> None:
+    def __init__(
+        self,
+        prefix: PrefixIndex,
+        cfg: SchedulerConfig | None = None,
+        *,
+        sessions: SessionAffinity | None = None,
+        check: PredictionCheck | None = None,
+    ) -> None:
         self.prefix = prefix
         self.cfg = cfg or SchedulerConfig()
+        self.sessions = sessions if sessions is not None else SessionAffinity()
+        self.check = check if check is not None else PredictionCheck(prefix)
 
     def choose(
-        self, snaps: Sequence[Snapshot], hashes: Sequence[int], exclude: Collection[str]
+        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
     ) -> Decision:
+        hashes = key.hashes
         if not hashes:
             return choose(snaps, exclude=exclude, cfg=self.cfg)
         ids = [s.id for s in snaps]
@@ -58,6 +79,7 @@ class Ours:
             # talk still agree on it (rendezvous hashing, prefix.py).
             home_order=rendezvous_order(hashes[0], ids),
             exclude=exclude,
+            session_endpoint=self.sessions.last(key),
             cfg=self.cfg,
         )
         if d.endpoint_id is not None:
@@ -70,17 +92,38 @@ class Ours:
             # same prefix elsewhere until its first request finished. A request that
             # then fails leaves an entry the LRU ages out.
             snap = next((s for s in snaps if s.id == d.endpoint_id), None)
-            self.served(d.endpoint_id, hashes, None if snap is None else snap.stats)
+            self._record(d.endpoint_id, hashes, None if snap is None else snap.stats)
+            self.sessions.served(key, d.endpoint_id)
         return d
 
-    def served(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
+    def _record(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
+        capacity = None if stats is None else stats.kv_capacity_tokens
+        self.prefix.record(endpoint_id, hashes, capacity_units=capacity_units_for(capacity))
+
+    def served(
+        self,
+        endpoint_id: str,
+        key: RouteKey,
+        stats: Stats | None,
+        *,
+        decision: Decision | None = None,
+        cached_tokens: int | None = None,
+    ) -> None:
         # Called at dispatch and again on completion: the engine frees a finished
         # request's blocks as its most recently used, so the second call keeps the
         # index's LRU order close to the engine's.
-        if not hashes:
+        if not key.hashes:
             return
-        capacity = None if stats is None else stats.kv_capacity_tokens
-        self.prefix.record(endpoint_id, hashes, capacity_blocks=capacity_blocks_for(capacity))
+        if decision is not None and cached_tokens is not None:
+            capacity = None if stats is None else stats.kv_capacity_tokens
+            self.check.check(
+                endpoint_id,
+                key.hashes,
+                decision.blocks_of(endpoint_id),
+                cached_tokens,
+                capacity_units_for(capacity),
+            )
+        self._record(endpoint_id, key.hashes, stats)
 
 
 def _candidates(snaps: Sequence[Snapshot], exclude: Collection[str]) -> list[Snapshot]:
@@ -92,17 +135,31 @@ def _none(snaps: Sequence[Snapshot]) -> Decision:
     return Decision(endpoint_id=None, scores=(), reason=why)
 
 
-class RoundRobin:
+class _Baseline:
+    uses_prefix = False
+
+    def served(
+        self,
+        endpoint_id: str,
+        key: RouteKey,
+        stats: Stats | None,
+        *,
+        decision: Decision | None = None,
+        cached_tokens: int | None = None,
+    ) -> None:
+        pass
+
+
+class RoundRobin(_Baseline):
     """Each request to the next candidate in id order, load ignored."""
 
     name = "round_robin"
-    uses_prefix = False
 
     def __init__(self) -> None:
         self._next = 0
 
     def choose(
-        self, snaps: Sequence[Snapshot], hashes: Sequence[int], exclude: Collection[str]
+        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
     ) -> Decision:
         cands = _candidates(snaps, exclude)
         if not cands:
@@ -111,21 +168,17 @@ class RoundRobin:
         self._next += 1
         return Decision(endpoint_id=pick.id, scores=(), reason="round_robin")
 
-    def served(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
-        pass
 
-
-class LeastInflight:
+class LeastInflight(_Baseline):
     """The candidate with the fewest requests this router has in flight there."""
 
     name = "least_inflight"
-    uses_prefix = False
 
     def __init__(self) -> None:
         self._tie = 0
 
     def choose(
-        self, snaps: Sequence[Snapshot], hashes: Sequence[int], exclude: Collection[str]
+        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
     ) -> Decision:
         cands = _candidates(snaps, exclude)
         if not cands:
@@ -137,13 +190,16 @@ class LeastInflight:
         self._tie += 1
         return Decision(endpoint_id=pick.id, scores=(), reason=f"least_inflight {low}")
 
-    def served(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
-        pass
 
-
-def make_policy(name: str, prefix: PrefixIndex) -> Policy:
+def make_policy(
+    name: str,
+    prefix: PrefixIndex,
+    *,
+    sessions: SessionAffinity | None = None,
+    check: PredictionCheck | None = None,
+) -> Policy:
     if name == "round_robin":
         return RoundRobin()
     if name == "least_inflight":
         return LeastInflight()
-    return Ours(prefix)
+    return Ours(prefix, sessions=sessions, check=check)

@@ -1,31 +1,47 @@
 """Prefix affinity: block hashes of a request, and who holds which.
 
 The cheapest token a replica computes is the one already in its KV cache. The
-router cannot see engine caches (the precise mode consuming vLLM's KV events is
-the later step), so it remembers what it sent where: a request becomes a chain
-of block hashes over its canonical prompt, each endpoint keeps an LRU of the
-chains recently sent to it, bounded by its KV capacity, and the scheduler
-prefers the endpoint holding the longest leading run of the chain.
+router does not see engine caches, so it remembers what it sent where: a
+request becomes a chain of block hashes over its canonical prompt, each
+endpoint keeps an LRU of the chains recently sent to it, bounded by its KV
+capacity, and the scheduler prefers the endpoint holding the longest leading
+run of the chain (docs/routing.md).
 
-Routers that never talk must still agree on where a *new* prefix goes, so the
-first block also picks a home replica by rendezvous hashing (`rendezvous_order`,
-bounded load is the scheduler's part).
+Content only. The chain is a function of the model and the prompt, nothing
+else: two conversations that share a system prompt share its blocks, whoever
+sends them. A client's session hint (`X-Session-ID`, the OpenAI `user` field)
+is a separate signal (`affinity.py`), used only where the content does not
+decide; mixing it into the chain gave every conversation its own chain, and a
+new conversation never found the engines already holding its system prompt.
+
+The whole prompt. Blocks grow with their offset: 64 bytes each for the first
+KiB, then about 1/16 of the offset (a multiple of 64 bytes), so a prompt of n
+bytes has about 16 + 16·ln(n / 1 KiB) blocks (49 at 8 KiB, 82 at 64 KiB, 115
+at 1 MiB) and each byte is hashed once. The error of a match is therefore at
+most one block: 64 bytes early on, about 6 % of the prefix further out —
+enough to tell a 24 KiB shared preamble plus this system prompt from the same
+preamble plus another. Routing stops at `MAX_ROUTED_BYTES` (4 MiB).
 
 Hashes: block i's hash covers everything before it (a chain), so equal hash i
 means an equal prefix up to block i. The first hash is blake2b — stable across
 processes, because it keys the home replica. The rest are Python's own hash of
-(previous, block): per-process (PYTHONHASHSEED) but only ever compared inside
-this process's PrefixIndex, and four times cheaper than blake2b on the request
-path (~30 µs against ~120 µs for 256 blocks).
+(previous, block) (SipHash in C; per-process, but only ever compared inside
+this process's PrefixIndex).
+
+Weights: the index counts what an endpoint holds in units of 64 bytes (block
+i weighs `block_units(i)`), so its capacity bound stays a byte bound whatever
+the block sizes.
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from hashlib import blake2b
+from itertools import accumulate
 from typing import Any
 
 import msgspec
@@ -39,6 +55,47 @@ _encode = msgspec.json.Encoder().encode
 # Chat templates render tool definitions ahead of the conversation (system
 # prompt or first turn), so a change of tools changes the engine's prefix from
 # the start; putting them first keeps our blocks aligned with the engine's cache.
+
+UNIT = 64  # bytes: the smallest block, and the index's unit of weight
+GROWTH = 16  # past 16 units, a block is about 1/GROWTH of its offset
+MAX_ROUTED_BYTES = 4 << 20
+
+
+def _layout(limit: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Block end offsets up to `limit`, and each block's weight in units."""
+    ends: list[int] = []
+    units: list[int] = []
+    off = 0
+    while off < limit:
+        size = max(UNIT, off // GROWTH // UNIT * UNIT)
+        off += size
+        ends.append(off)
+        units.append(size // UNIT)
+    return tuple(ends), tuple(units)
+
+
+_ENDS, _UNITS = _layout(MAX_ROUTED_BYTES)
+_CUM_UNITS = tuple(accumulate(_UNITS))
+
+
+def block_end(i: int) -> int:
+    """The byte offset where block i ends (the prefix block i's hash covers)."""
+    return _ENDS[min(i, len(_ENDS) - 1)]
+
+
+def block_units(i: int) -> int:
+    """Block i's weight in 64-byte units."""
+    return _UNITS[min(i, len(_UNITS) - 1)]
+
+
+def blocks_within(units: int) -> int:
+    """How many leading blocks fit in `units` (a capacity in 64-byte units)."""
+    return bisect_right(_CUM_UNITS, units)
+
+
+def blocks_covering(nbytes: int) -> int:
+    """How many leading blocks end at or before `nbytes`."""
+    return bisect_right(_ENDS, nbytes)
 
 
 def _text(content: Any) -> bytes:
@@ -59,7 +116,7 @@ def _text(content: Any) -> bytes:
     return _encode(content)
 
 
-def _canonical(body: Mapping[str, Any], limit: int) -> bytes:
+def _canonical(body: Mapping[str, Any], limit: int = MAX_ROUTED_BYTES) -> bytes:
     """What the engine will see as the prompt, in its order, cut at `limit` bytes."""
     parts: list[bytes] = []
     size = 0
@@ -100,53 +157,47 @@ def _canonical(body: Mapping[str, Any], limit: int) -> bytes:
 
 
 def request_block_hashes(
-    body: Mapping[str, Any],
-    *,
-    block_chars: int = 64,
-    max_blocks: int = 256,
-    session: str | None = None,
+    body: Mapping[str, Any], *, limit_bytes: int = MAX_ROUTED_BYTES
 ) -> tuple[int, ...]:
-    """Chained block hashes of a chat or completions request.
+    """Chained block hashes of a chat or completions request: model and content only.
 
     Covers tool definitions, then chat messages in order (role, name, content
     including content parts, tool calls), then the completions prompt, as UTF-8
-    bytes in blocks of `block_chars` bytes; at most `max_blocks` blocks, i.e.
-    only the first block_chars × max_blocks bytes route. Only full blocks are
-    hashed (a partial last block would change with the next turn), except that a
-    prompt shorter than one block gets one hash so it still has a home.
-
-    The model and a client's session hint — `session`, else the OpenAI `user`
-    field — join the first block's key, so a hint keeps one conversation's chain
-    apart from everyone else's, and two models on one endpoint never share.
-    Empty when there is no prompt at all.
+    bytes in the growing blocks of the module docstring, up to `limit_bytes`.
+    Only full blocks are hashed (a partial last block would change with the
+    next turn), except that a prompt shorter than one block gets one hash so it
+    still has a home. The model joins the first block's key, so two models on
+    one endpoint never share; a session hint never does (see the module
+    docstring). Empty when there is no prompt at all.
     """
-    data = _canonical(body, block_chars * max_blocks)
+    data = _canonical(body, limit_bytes)
     if not data:
         return ()
-    if session is None and isinstance(body.get("user"), str):
-        session = body["user"]
-    key = b"".join((str(body.get("model", "")).encode(), _FIELD, (session or "").encode(), _MSG))
-    first = data[:block_chars]
-    h = int.from_bytes(blake2b(key + first, digest_size=8).digest(), "little")
+    key = str(body.get("model", "")).encode() + _MSG
+    end = _ENDS[0]
+    h = int.from_bytes(blake2b(key + data[:end], digest_size=8).digest(), "little")
     out = [h]
-    for i in range(block_chars, len(data) - block_chars + 1, block_chars):
-        h = hash((h, data[i : i + block_chars]))
-        out.append(h)
+    append = out.append
+    start = end
+    for end in _ENDS[1 : bisect_right(_ENDS, len(data))]:
+        h = hash((h, data[start:end]))
+        append(h)
+        start = end
     return tuple(out)
 
 
-def capacity_blocks_for(
-    kv_capacity_tokens: int | None, *, block_chars: int = 64, chars_per_token: float = 4.0
+def capacity_units_for(
+    kv_capacity_tokens: int | None, *, chars_per_token: float = 4.0
 ) -> int | None:
-    """How many prefix blocks an endpoint's KV cache holds, roughly.
+    """How many 64-byte units of prefix an endpoint's KV cache holds, roughly.
 
-    Blocks are counted in characters and KV capacity in tokens; about four
+    Blocks are counted in bytes and KV capacity in tokens; about four
     characters make a token in English text and code, which is all an LRU bound
     needs. None (unknown capacity) lets PrefixIndex use its default.
     """
     if kv_capacity_tokens is None:
         return None
-    return max(1, int(kv_capacity_tokens * chars_per_token // block_chars))
+    return max(1, int(kv_capacity_tokens * chars_per_token // UNIT))
 
 
 @lru_cache(maxsize=65536)
@@ -172,24 +223,32 @@ def rendezvous_order(key: int, candidates: Sequence[str]) -> list[str]:
     return sorted(candidates, key=lambda c: (-_mix64(k ^ _id_hash(c)), c))
 
 
+_TICK_SHIFT = 20  # an entry's value: tick << 20 | its weight in units (< 2**20)
+_WEIGHT_MASK = (1 << _TICK_SHIFT) - 1
+
+
 class PrefixIndex:
     """Per endpoint, an LRU of block hashes recently sent there; one global cap.
 
-    Each endpoint's LRU is bounded by its KV capacity in blocks; all endpoints
-    together by `max_total_entries` (about 125 bytes an entry on CPython 3.11:
-    the default bounds the index near 250 MB), evicting the least recently recorded entry
-    across the whole index. A chain is recorded deepest block first, so its first
-    blocks are the most recent: eviction eats chains from the tail, like engine
-    caches do, and what an endpoint holds of a chain stays a leading run.
+    Each endpoint's LRU is bounded by its KV capacity in 64-byte units (block i
+    weighs `block_units(i)`), scaled by what the engine's own answers taught
+    (`scale`, see feedback.py); all endpoints together by `max_total_entries`
+    (about 125 bytes an entry on CPython 3.11: the default bounds the index near
+    250 MB), evicting the least recently recorded entry across the whole index.
+    A chain is recorded deepest block first, so its first blocks are the most
+    recent: eviction eats chains from the tail, like engine caches do, and what
+    an endpoint holds of a chain stays a leading run.
     """
 
     def __init__(
-        self, *, max_total_entries: int = 2_000_000, default_capacity_blocks: int = 4096
+        self, *, max_total_entries: int = 2_000_000, default_capacity_units: int = 4096
     ) -> None:
         self._max_total = max(1, max_total_entries)
-        self._default_capacity = max(1, default_capacity_blocks)
-        # endpoint → hash → tick of its last record; order = recency (oldest first).
+        self._default_capacity = max(1, default_capacity_units)
+        # endpoint → hash → tick << 20 | weight; order = recency (oldest first).
         self._lru: dict[str, OrderedDict[int, int]] = {}
+        self._weight: dict[str, int] = {}
+        self._scale: dict[str, float] = {}
         self._total = 0
         self._tick = 0
 
@@ -199,6 +258,10 @@ class PrefixIndex:
     def entries(self, endpoint_id: str) -> int:
         lru = self._lru.get(endpoint_id)
         return 0 if lru is None else len(lru)
+
+    def units(self, endpoint_id: str) -> int:
+        """What the endpoint is believed to hold, in 64-byte units."""
+        return self._weight.get(endpoint_id, 0)
 
     def entries_by_endpoint(self) -> dict[str, int]:
         """Entry counts per endpoint with any, sorted by id (admin view)."""
@@ -222,31 +285,44 @@ class PrefixIndex:
             out[ep] = n
         return out
 
+    def capacity(self, endpoint_id: str, capacity_units: int | None) -> int:
+        """The bound record() applies: the capacity (default when unknown) × scale."""
+        cap = self._default_capacity if capacity_units is None else max(1, capacity_units)
+        return max(1, int(cap * self._scale.get(endpoint_id, 1.0)))
+
     def record(
-        self, endpoint_id: str, hashes: Sequence[int], *, capacity_blocks: int | None
+        self, endpoint_id: str, hashes: Sequence[int], *, capacity_units: int | None
     ) -> None:
         """Remember that `hashes` were sent to `endpoint_id` (now the most recent there).
 
-        `capacity_blocks`: the endpoint's KV capacity in blocks (see
-        capacity_blocks_for), None when unknown (the default is used).
+        `capacity_units`: the endpoint's KV capacity in 64-byte units (see
+        capacity_units_for), None when unknown (the default is used).
         """
         if not hashes:
             return
-        cap = self._default_capacity if capacity_blocks is None else max(1, capacity_blocks)
+        cap = self.capacity(endpoint_id, capacity_units)
         lru = self._lru.get(endpoint_id)
         if lru is None:
             lru = self._lru[endpoint_id] = OrderedDict()
         self._tick += 1
-        tick = self._tick
+        stamp = self._tick << _TICK_SHIFT
         before = len(lru)
+        weight = self._weight.get(endpoint_id, 0)
         pop = lru.pop
         # Deepest first, so the chain's head ends up most recent. A chain longer
         # than the capacity keeps its head: that is the part others share.
-        for h in reversed(hashes[:cap]):
-            pop(h, None)
-            lru[h] = tick
-        while len(lru) > cap:
-            lru.popitem(last=False)
+        n = min(len(hashes), max(1, blocks_within(cap)))
+        for i in range(n - 1, -1, -1):
+            h = hashes[i]
+            old = pop(h, None)
+            if old is not None:
+                weight -= old & _WEIGHT_MASK
+            w = _UNITS[i] if i < len(_UNITS) else _UNITS[-1]
+            lru[h] = stamp | w
+            weight += w
+        while weight > cap and len(lru) > 1:
+            weight -= lru.popitem(last=False)[1] & _WEIGHT_MASK
+        self._weight[endpoint_id] = weight
         self._total += len(lru) - before
         if self._total > self._max_total:
             self._evict_global(self._total - self._max_total)
@@ -256,22 +332,46 @@ class PrefixIndex:
         heap = [(next(iter(lru.values())), ep) for ep, lru in self._lru.items() if lru]
         heapq.heapify(heap)
         while n > 0 and heap:
-            _tick, ep = heapq.heappop(heap)
+            _stamp, ep = heapq.heappop(heap)
             lru = self._lru[ep]
-            lru.popitem(last=False)
+            self._weight[ep] -= lru.popitem(last=False)[1] & _WEIGHT_MASK
             self._total -= 1
             n -= 1
             if lru:
                 heapq.heappush(heap, (next(iter(lru.values())), ep))
 
+    def trim(self, endpoint_id: str, units: int) -> int:
+        """Forget the endpoint's oldest entries until it holds at most `units`; how many went."""
+        lru = self._lru.get(endpoint_id)
+        if lru is None:
+            return 0
+        weight = self._weight.get(endpoint_id, 0)
+        gone = 0
+        while lru and weight > units:
+            weight -= lru.popitem(last=False)[1] & _WEIGHT_MASK
+            gone += 1
+        self._weight[endpoint_id] = weight
+        self._total -= gone
+        return gone
+
+    def scale(self, endpoint_id: str) -> float:
+        """The factor applied to the endpoint's capacity (1.0 until feedback lowers it)."""
+        return self._scale.get(endpoint_id, 1.0)
+
+    def set_scale(self, endpoint_id: str, factor: float) -> None:
+        self._scale[endpoint_id] = min(1.0, max(0.0625, factor))
+
     def purge(self, endpoint_id: str) -> None:
         """Forget everything sent to an endpoint (its engine restarted, or it left)."""
         lru = self._lru.pop(endpoint_id, None)
+        self._weight.pop(endpoint_id, None)
         if lru is not None:
             self._total -= len(lru)
 
     def retain(self, endpoint_ids: Iterable[str]) -> None:
-        """Purge every endpoint not listed."""
+        """Purge every endpoint not listed (and forget what feedback taught about them)."""
         keep = set(endpoint_ids)
         for ep in [ep for ep in self._lru if ep not in keep]:
             self.purge(ep)
+        for ep in [ep for ep in self._scale if ep not in keep]:
+            del self._scale[ep]

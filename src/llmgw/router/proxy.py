@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from llmgw.router.affinity import NO_KEY, RouteKey, route_key
 from llmgw.router.breaker import BreakerState, Outcome, classify_status
 from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import (
@@ -53,7 +54,6 @@ from llmgw.router.metrics import (
     TIMEOUT,
     UNAVAILABLE,
 )
-from llmgw.router.prefix import request_block_hashes
 from llmgw.router.scheduler import Decision
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
 from llmgw.router.upstream.base import UpstreamReply
@@ -161,11 +161,11 @@ class Proxy:
                 return self._refused(resp, rid, path, t0, outcome=UNAVAILABLE)
             # Not the asked-for name as a label: anyone could mint series with it.
             return self._refused(model_not_found(model), rid, path, t0)
-        hashes: Sequence[int] = ()
+        hashes = NO_KEY
         if st.policy.uses_prefix and path != EMBEDDINGS:
-            # The client's own session hint joins the key; without one the OpenAI
-            # `user` field does (request_block_hashes), and routing works without both.
-            hashes = request_block_hashes(doc, session=headers.get("x-session-id"))
+            # Content chain, and the session hint beside it (X-Session-ID, else the
+            # OpenAI `user` field): affinity.py; routing works without either.
+            hashes = route_key(doc, headers.get("x-session-id"))
         st.usage.started(model)
         try:
             return await self._route(request, path, body, model, hashes, rid, t0)
@@ -178,7 +178,7 @@ class Proxy:
         path: str,
         body: bytes,
         model: str,
-        hashes: Sequence[int],
+        hashes: RouteKey,
         rid: str,
         t0: float,
     ) -> web.StreamResponse:
@@ -316,7 +316,11 @@ class Proxy:
                         result, usage = tally.result, tally.usage.usage
                     if outcome is Outcome.OK:
                         stats = next((s.stats for s in snaps if s.id == eid), None)
-                        st.policy.served(eid, hashes, stats)
+                        # The engine's cached_tokens checks the index's guess (feedback.py).
+                        cached = None if usage is None else usage.cached_reported
+                        st.policy.served(
+                            eid, hashes, stats, decision=decision, cached_tokens=cached
+                        )
                     return resp
                 finally:
                     release(outcome)
@@ -385,7 +389,7 @@ class Proxy:
             )
 
     async def _hold(
-        self, model: str, hashes: Sequence[int], t0: float, deadline: float
+        self, model: str, hashes: RouteKey, t0: float, deadline: float
     ) -> tuple[Decision, list[Snapshot]]:
         """Wait for a replica of `model` (scale from zero); NoReplica when none comes."""
         st = self.state

@@ -11,11 +11,14 @@ The rules, in order:
    (total < `saturated_load`); if every candidate is saturated, all of them.
 3. Prefix affinity: among those whose total is less than `affinity_load_bound`
    above the least loaded, the one holding the longest leading run of the
-   request's blocks (ties: lower total). The bound is what prevents hot-spot
+   request's blocks (ties: the endpoint that served the request's session last,
+   see affinity.py, then lower total). The bound is what prevents hot-spot
    collapse: however popular a prefix, its holder never runs a full bound (a
    full batch, by default) ahead of the least loaded replica, so past 100 %
    load the queue spreads instead of piling onto the engines that happen to
    hold the popular prompts.
+   A session hint never outweighs content: it only picks among endpoints
+   holding equally long prefixes, all within the bound.
 4. Home: a prefix nobody within the bound holds goes to the first endpoint of
    its rendezvous order within `home_load_bound` of the least loaded (bounded-
    load consistent hashing): routers that never talk send it to the same place.
@@ -82,6 +85,8 @@ class Score:
     prefix_blocks: int
     # Position in the request's rendezvous order; None when no order was given.
     home_rank: int | None
+    # Where the request's session was served last (affinity.py).
+    session: bool
     # load + kv + stale penalty: lower is better.
     total: float
     # Why it was or was not chosen: "chosen", "excluded", "open", "priority",
@@ -95,7 +100,7 @@ class Decision:
     endpoint_id: str | None
     # Every snapshot's score, sorted by id.
     scores: tuple[Score, ...]
-    # "prefix", "home", "least-load" or "no-candidate".
+    # "prefix", "prefix+session", "home", "least-load" or "no-candidate".
     reason: str
 
     def header(self) -> str:
@@ -109,6 +114,8 @@ class Decision:
                 item += f" p{s.prefix_blocks}"
             if s.home_rank is not None:
                 item += f" h{s.home_rank}"
+            if s.session:
+                item += " s"
             if s.stale:
                 item += " stale"
             if s.note and s.note != "chosen":
@@ -116,6 +123,13 @@ class Decision:
             items.append(item)
         line = f"{self.endpoint_id or '-'} {self.reason}; " + ", ".join(items)
         return "".join(c if " " <= c <= "~" else "?" for c in line)
+
+    def blocks_of(self, endpoint_id: str) -> int:
+        """The leading blocks the index said `endpoint_id` held when this was decided."""
+        for s in self.scores:
+            if s.id == endpoint_id:
+                return s.prefix_blocks
+        return 0
 
 
 def load_of(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float:
@@ -155,9 +169,13 @@ def choose(
     prefix_matches: Mapping[str, int] | None = None,
     home_order: Sequence[str] = (),
     exclude: Collection[str] = (),
+    session_endpoint: str | None = None,
     cfg: SchedulerConfig = DEFAULT_CONFIG,
 ) -> Decision:
-    """Pick the endpoint for one request; see the module docstring for the rules."""
+    """Pick the endpoint for one request; see the module docstring for the rules.
+
+    `session_endpoint`: the endpoint that served the request's session last, if any.
+    """
     matches = prefix_matches or {}
     rank: dict[str, int] = {}
     for i, eid in enumerate(home_order):
@@ -172,7 +190,7 @@ def choose(
         rows[eid] = _Row(s, load, kv, total, matches.get(eid, 0), note)
     cands = [r for r in rows.values() if not r.note]
     if not cands:
-        return _decision(None, "no-candidate", rows, rank)
+        return _decision(None, "no-candidate", rows, rank, session_endpoint)
 
     pool = _preferred_pool(cands, cfg)
     for r in cands:
@@ -194,6 +212,10 @@ def choose(
     if within:
         # max() keeps the first of equal runs: the lowest total, by_load's order.
         chosen, reason = max(within, key=lambda r: r.blocks), "prefix"
+        if session_endpoint is not None and session_endpoint != chosen.snap.info.id:
+            sticky = rows.get(session_endpoint)
+            if sticky is not None and sticky in within and sticky.blocks == chosen.blocks:
+                chosen, reason = sticky, "prefix+session"
     elif home_order:
         for eid in home_order:
             row = rows.get(eid)
@@ -203,7 +225,7 @@ def choose(
     if chosen is None:
         chosen = by_load[0]
     chosen.note = "chosen"
-    return _decision(chosen.snap.info.id, reason, rows, rank)
+    return _decision(chosen.snap.info.id, reason, rows, rank, session_endpoint)
 
 
 class _Row:
@@ -230,7 +252,11 @@ def _preferred_pool(cands: list[_Row], cfg: SchedulerConfig) -> list[_Row]:
 
 
 def _decision(
-    chosen: str | None, reason: str, rows: Mapping[str, _Row], rank: Mapping[str, int]
+    chosen: str | None,
+    reason: str,
+    rows: Mapping[str, _Row],
+    rank: Mapping[str, int],
+    session_endpoint: str | None,
 ) -> Decision:
     scores = tuple(
         Score(
@@ -240,6 +266,7 @@ def _decision(
             stale=r.snap.stale,
             prefix_blocks=r.blocks,
             home_rank=rank.get(eid),
+            session=eid == session_endpoint,
             total=r.total,
             note=r.note,
         )

@@ -39,6 +39,9 @@ class Usage(msgspec.Struct, frozen=True):
     prompt: int
     completion: int
     cached: int
+    # `cached` as the engine wrote it; None when it sent no prompt_tokens_details
+    # (vLLM without --enable-prompt-tokens-details): unknown, not zero (feedback.py).
+    cached_reported: int | None = None
 
 
 def usage_of(body: bytes) -> Usage | None:
@@ -57,6 +60,7 @@ def usage_of(body: bytes) -> Usage | None:
         prompt=max(0, u.prompt_tokens or 0),
         completion=max(0, u.completion_tokens or 0),
         cached=max(0, cached or 0),
+        cached_reported=None if cached is None else max(0, cached),
     )
 
 

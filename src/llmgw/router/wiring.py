@@ -13,10 +13,12 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 
+from llmgw.router.affinity import SessionAffinity
 from llmgw.router.auth import KeyRing
 from llmgw.router.breaker import BreakerConfig
 from llmgw.router.config import RouterConfig, restart_only_changes, upstream_client
 from llmgw.router.endpoint import Registry
+from llmgw.router.feedback import PredictionCheck
 from llmgw.router.holding import Holding
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.policies import Policy, make_policy
@@ -63,7 +65,11 @@ class Router:
         self.usage = UsageTracker(clock=clock)
         self.metrics = RouterMetrics(snapshots=self.registry.snapshots, held=self.holding.demand)
         self.keys = KeyRing(cfg.api_keys)
-        self.policy: Policy = make_policy(cfg.policy, self.prefix)
+        # Kept across policy reloads, like the index: sessions and prediction counts.
+        self.sessions = SessionAffinity()
+        self.prediction = PredictionCheck(self.prefix)
+        self.metrics.registry.register(self.prediction)
+        self.policy: Policy = self._make_policy(cfg.policy)
         # aiohttp, for the scrape loop and the controller (off the request path) ...
         self.upstream = Upstream(connect_timeout_s=cfg.connect_timeout_s)
         # ... and the proxy's client: the lean pool unless configured otherwise.
@@ -118,7 +124,7 @@ class Router:
         self.upstream.connect_timeout_s = cfg.connect_timeout_s
         self.forward.connect_timeout_s = cfg.connect_timeout_s
         if cfg.policy != old.policy:
-            self.policy = make_policy(cfg.policy, self.prefix)
+            self.policy = self._make_policy(cfg.policy)
         self._file_models = cfg.known_models()
         if not self._follows_controller and cfg.controller is None:
             self.apply_endpoints(cfg.endpoint_infos())
@@ -129,6 +135,9 @@ class Router:
             self.holding.notify_changed()
         for hook in self.on_config:
             hook(cfg)
+
+    def _make_policy(self, name: str) -> Policy:
+        return make_policy(name, self.prefix, sessions=self.sessions, check=self.prediction)
 
     def apply_list(self, lst: EndpointList) -> None:
         """A list from the controller's EndpointSink."""
@@ -142,6 +151,7 @@ class Router:
         # A replica that left takes its cache with it; keeping its prefix entries
         # would only make the index lie if the id ever came back.
         self.prefix.retain(self.registry.ids())
+        self.sessions.retain(self.registry.ids())
         self.metrics.forget(removed)
         self.urls = {i.id: i.url.rstrip("/") for i in infos}
         self.served_name = {n: i.models[0] for i in infos if i.models for n in i.models[1:]}

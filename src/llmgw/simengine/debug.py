@@ -104,6 +104,15 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
         log.info("faults changed %s", msgspec.to_builtins(config))
         return _json(config)
 
+    async def reset_prefix_cache(_request: web.Request) -> web.StreamResponse:
+        # vLLM's dev-mode route (VLLM_SERVER_DEV_MODE=1): 200 either way, the refusal
+        # while requests run only logged; here the answer says which it was.
+        done = sim.kv.reset_prefix_cache()
+        if not done:
+            log.warning("reset_prefix_cache refused: requests still hold blocks")
+        return _json({"reset": done})
+
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get(PREFIX + "cache", cache)
     app.router.add_get(PREFIX + "state", state)
     app.router.add_post(PREFIX + "faults", faults)

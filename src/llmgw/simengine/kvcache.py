@@ -211,6 +211,16 @@ class KVCache:
             if b.ref_cnt == 0:
                 free[b.block_id] = b
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash, as vLLM's reset_prefix_cache; False (nothing
+        changed) while a live request still pins blocks, as vLLM refuses then."""
+        if self._owned:
+            return False
+        for b in self._cached.values():
+            b.hash = None
+        self._cached.clear()
+        return True
+
     def snapshot(self) -> list[CachedBlock]:
         """Every cached block with its reference count, sorted by block id."""
         out = [CachedBlock(b.block_id, h, b.ref_cnt) for h, b in self._cached.items()]
