@@ -1,4 +1,4 @@
-"""Controller store: load and per-tick apply at fleet scale, on each backend (DESIGN §3.1).
+"""Controller store: load and per-tick apply at fleet scale, on each backend.
 
 A fleet of 2,000 nodes × 8 GPUs on 8 fabrics, 5,000 models and 10,000 replicas
 (one to four shards each) plus 20,000 events is written once; then per backend:

@@ -163,7 +163,7 @@ class TestReads:
         assert reps[0]["idle_seconds"] == -1
 
     def test_summary_uses_the_seed_names(self, c: Controller) -> None:
-        """The summary JSON has the seed's fields."""
+        """The summary JSON has the documented fields."""
         s = c.get("/admin/summary")
         assert s["nodes"]["total"] == 1
         assert s["gpus"][0]["class"] == "H100-80G"

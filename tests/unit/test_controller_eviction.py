@@ -1,4 +1,4 @@
-"""Idle eviction (DESIGN §3.3): who is drained so an unplaceable model fits."""
+"""Idle eviction: who is drained so an unplaceable model fits."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Idle tracking (DESIGN §3.3): merge across routers, unknown is not idle."""
+"""Idle tracking: merge across routers, unknown is not idle."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Placement (DESIGN §3.2): best fit, whole nodes on one fabric, structured reasons."""
+"""Placement: best fit, whole nodes on one fabric, structured reasons."""
 
 from __future__ import annotations
 

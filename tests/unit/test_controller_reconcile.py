@@ -1,4 +1,4 @@
-"""The reconcile tick's decisions (DESIGN §3.4), on plain state with a manual clock."""
+"""The reconcile tick's decisions, on plain state with a manual clock."""
 
 from __future__ import annotations
 

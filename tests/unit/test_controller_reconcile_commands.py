@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from llmgw.controller.api.routes import decode_drain, decode_specs, validation_param
-from llmgw.controller.errors import Conflict, InvalidRequest, InvalidSpec, NotFound
+from llmgw.controller.errors import Conflict, DoesNotExist, InvalidRequest, InvalidSpec
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.endpoints import EndpointSink, endpoint_list
 from llmgw.wire.models import ScaleRequest
@@ -72,7 +72,7 @@ class TestScaleAndOthers:
         w.model(spec("m", min_replicas=1, max_replicas=2))
         with pytest.raises(InvalidRequest) as exc:
             commands.scale_model(w.state, "m", ScaleRequest(min_replicas=3), now=w.now)
-        assert (exc.value.status, exc.value.param) == (400, "max_replicas")
+        assert (type(exc.value), exc.value.param) == (InvalidRequest, "max_replicas")
 
     def test_scale_clamps_desired(self) -> None:
         """Lowering max below the desired count lowers desired with it."""
@@ -82,13 +82,13 @@ class TestScaleAndOthers:
         assert batch.changes.models[0].desired_replicas == 2
 
     def test_unknown_names_are_404(self) -> None:
-        """Unknown node, model and replica each raise NotFound."""
+        """Unknown node, model and replica each raise DoesNotExist."""
         w = World()
-        with pytest.raises(NotFound):
+        with pytest.raises(DoesNotExist):
             commands.set_operator_state(w.state, "nope", "cordoned", now=w.now)
-        with pytest.raises(NotFound):
+        with pytest.raises(DoesNotExist):
             commands.delete_model(w.state, w.index, "nope", now=w.now, grace_s=1)
-        with pytest.raises(NotFound):
+        with pytest.raises(DoesNotExist):
             commands.set_weight(w.state, "r-nope", 2.0, now=w.now)
 
     def test_weight_must_be_positive(self) -> None:
@@ -143,10 +143,10 @@ class TestValidation:
         assert "models[1] ('b')" in exc.value.message
 
     def test_malformed_json_is_400(self) -> None:
-        """A body that is not JSON is a plain 400."""
+        """A body that is not JSON is a plain InvalidRequest (400), not InvalidSpec (422)."""
         with pytest.raises(InvalidRequest) as exc:
             decode_specs(b"{nope")
-        assert exc.value.status == 400
+        assert type(exc.value) is InvalidRequest
 
     def test_a_drain_without_grace_takes_the_controllers_default(self) -> None:
         """No grace_s in the body: None (the configured --drain-grace-s), not the wire's 30."""

@@ -1,4 +1,4 @@
-"""Fleet summary (DESIGN §3.5): the seed adminapi_summary.go, one test per rule."""
+"""Fleet summary: one test per rule."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ class TestGpuClasses:
         assert (c.used, c.free) == (4, 4)
 
     def test_a_mixed_node_lists_its_classes_but_attributes_no_cards(self) -> None:
-        """As in the seed, cards are attributed only when a node reports exactly one class."""
+        """Cards are attributed only when a node reports exactly one class."""
         mixed = (
             *gpus(2, "H100-80G"),
             GPU(index=2, uuid="x", name="A100", gpu_class="A100", memory_mib=1),
@@ -264,8 +264,8 @@ class TestSameFactsAsTables:
         (mv,) = model_views(state, {})
         assert (mv.ready, mv.total, s.models.short) == (2, 2, 0)
 
-    def test_json_uses_the_seed_field_names(self) -> None:
-        """The summary's JSON keys are the seed's (class, largest_free_block, idle_seconds...)."""
+    def test_json_uses_the_documented_field_names(self) -> None:
+        """The summary's JSON keys are the API's (class, largest_free_block, idle_seconds...)."""
         state = fleet([node("a")], replicas=[replica("r", "m", [("a", (0,))])])
         doc = msgspec.json.decode(msgspec.json.encode(summary(state, {"r": 700.0})))
         assert doc["gpus"] == [{"class": "H100-80G", "total": 8, "used": 1, "unhealthy": 0}]

@@ -23,7 +23,7 @@ class ControllerConfig:
     token: str | None = None
     # How often the reconcile loop runs (and leadership is checked).
     tick_s: float = 1.0
-    # A node with no heartbeat for this long is shown unreachable (§3.1).
+    # A node with no heartbeat for this long is shown unreachable.
     heartbeat_timeout_s: float = 10.0
     # What agents are told to use between heartbeats.
     heartbeat_interval_s: float = 2.0

@@ -1,70 +1,64 @@
-"""The controller's exception tree, translated to HTTP in exactly one place (api/routes.py).
+"""The controller's exceptions: one root, no HTTP in them.
 
-    ApiError                   an answer for the client, in the OpenAI error shape
-    ├── InvalidRequest    400  malformed body or query; message names the field
-    │   └── InvalidSpec   422  well-formed JSON that breaks a rule of the type
-    ├── Unauthorized      401  missing or wrong bearer token
-    ├── NotFound          404  unknown node, model or replica
-    ├── Conflict          409  valid alone, contradicts what exists (a name taken)
-    ├── NotLeading        503  a write reached a standby; the caller retries elsewhere/later
-    ├── Busy              503  too many long-polls held; retry shortly
-    └── StoreUnavailable  503  the database refused the write; nothing was applied
+Decision code (commands, the agent protocol, the endpoint list, the store
+wrapper) raises these to say why it will not do what was asked; it never
+picks a status code. The HTTP edge maps each class to a status and an error
+type in one table (api/http.py) and answers in the OpenAI error shape.
 
-Everything else escaping a handler is a bug and answers 500 server_error.
+    ControllerRefusal          the controller will not do what was asked, and says why
+    ├── InvalidRequest         malformed body or query; the message names the field
+    │   └── InvalidSpec        well-formed, but breaks a rule of the type
+    ├── TokenRejected          missing or wrong bearer token
+    ├── DoesNotExist           unknown node, model or replica
+    ├── Conflict               valid alone, contradicts what exists (a name taken)
+    ├── NotLeading             a write reached a standby; the caller retries elsewhere/later
+    ├── Busy                   too many long-polls held; retry shortly
+    └── StoreUnavailable       the database refused the write; nothing was applied
+
+Anything else escaping a handler is a bug (the edge answers 500 and logs it).
+The names differ from other programs' (ctl's DoesNotExist, TokenRejected,
+ControllerError; the store's NotLeader) so a reader never mistakes one for another.
 """
 
 from __future__ import annotations
 
 
-class ApiError(Exception):
-    status = 500
-    type = "server_error"
+class ControllerRefusal(Exception):
+    """`param`: the field or path the message is about, when there is one."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
-        self.code = code
 
 
-class InvalidRequest(ApiError):
-    status = 400
-    type = "invalid_request_error"
+class InvalidRequest(ControllerRefusal):
+    pass
 
 
 class InvalidSpec(InvalidRequest):
-    status = 422
+    pass
 
 
-class Unauthorized(ApiError):
-    status = 401
-    type = "authentication_error"
+class TokenRejected(ControllerRefusal):
+    pass
 
 
-class NotFound(ApiError):
-    status = 404
-    type = "not_found_error"
+class DoesNotExist(ControllerRefusal):
+    pass
 
 
-class Conflict(ApiError):
-    status = 409
-    type = "conflict_error"
+class Conflict(ControllerRefusal):
+    pass
 
 
-class NotLeading(ApiError):
+class NotLeading(ControllerRefusal):
     """Writes and heartbeats go to the leader; a standby says so instead of acting."""
 
-    status = 503
-    type = "not_leader"
+
+class Busy(ControllerRefusal):
+    pass
 
 
-class Busy(ApiError):
-    status = 503
-    type = "server_error"
-
-
-class StoreUnavailable(ApiError):
+class StoreUnavailable(ControllerRefusal):
     """The store refused the transaction: nothing was applied, in memory or on disk."""
-
-    status = 503
-    type = "server_error"

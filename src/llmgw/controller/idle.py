@@ -1,4 +1,4 @@
-"""Idle tracking (DESIGN §3.3): what the routers say about whether anyone wants a replica.
+"""Idle tracking: what the routers say about whether anyone wants a replica.
 
 Routers report once a tick (`POST /v1/usage`) a map of endpoint id (= replica
 id) → unix seconds of the last dispatch there. Reports from every router are
@@ -17,16 +17,34 @@ died stops holding demand up.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Protocol
 
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.wire.usage import UsageReport
 
+# Replica id → seconds since a router last used it; None when no router has said.
+IdleFor = Callable[[str], float | None]
+
+
+class IdleSource(Protocol):
+    """What IdleTracker offers; accepted wherever an IdleFor is."""
+
+    def idle_for(self, replica_id: str, *, now: float) -> float | None: ...
+
+
+def idle_fn(idle: IdleFor | IdleSource, *, now: float) -> IdleFor:
+    """A plain replica id → idle seconds function, from either form."""
+    if callable(idle):
+        return idle
+    source = idle
+    return lambda replica_id: source.idle_for(replica_id, now=now)
+
 
 @dataclass(frozen=True, slots=True)
 class ModelLoadSum:
-    """One model's load over every fresh router (autoscaling input, DESIGN §3.4)."""
+    """One model's load over every fresh router (autoscaling input)."""
 
     # Requests in flight to the model's replicas, summed over routers.
     inflight: int

@@ -1,4 +1,4 @@
-"""`llmgw controller`: fleet state, placement and reconcile (DESIGN §3)."""
+"""`llmgw controller`: fleet state, placement and reconcile."""
 
 from __future__ import annotations
 

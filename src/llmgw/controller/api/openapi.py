@@ -1,4 +1,4 @@
-"""`GET /openapi.json`: the controller's API as OpenAPI 3.1 (notes CONTROLLER_API.md).
+"""`GET /openapi.json`: the controller's API as OpenAPI 3.1.
 
 Schemas are generated from the wire types themselves (msgspec), so they cannot
 drift from what the handlers decode and encode; the paths are written here,

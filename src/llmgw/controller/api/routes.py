@@ -1,4 +1,4 @@
-"""HTTP routes (notes CONTROLLER_API.md): parse and validate at the edge, then call pure code.
+"""HTTP routes: parse and validate at the edge, then call pure code.
 
 Handlers never decide anything themselves: they turn a request into values,
 call fleet/commands.py / fleet/agents.py through the Fleet (which writes the store before
@@ -20,11 +20,12 @@ import msgspec
 from aiohttp import web
 
 from llmgw import __version__
+from llmgw.controller.api.http import http_status, retry_after
 from llmgw.controller.api.services import Services
 from llmgw.controller.api.summary import summarize
 from llmgw.controller.api.validate import check_heartbeat, check_spec, check_usage
 from llmgw.controller.api.views import model_view, model_views, node_views, replica_view
-from llmgw.controller.errors import ApiError, InvalidRequest, InvalidSpec, Unauthorized
+from llmgw.controller.errors import ControllerRefusal, InvalidRequest, InvalidSpec, TokenRejected
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.records import OperatorState
 from llmgw.wire.admin import DrainRequest, EventView, ReplicaState, WeightRequest
@@ -168,15 +169,15 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if token is not None and request.path not in OPEN_PATHS:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                raise Unauthorized(
+                raise TokenRejected(
                     "missing or wrong bearer token" if given else "a bearer token is required"
                 )
         return await handler(request)
-    except ApiError as exc:
-        body = error_body(exc.message, type=exc.type, param=exc.param, code=exc.code)
-        headers = {"Retry-After": "1"} if exc.status == 503 else None
+    except ControllerRefusal as exc:
+        status, kind = http_status(exc)
+        body = error_body(exc.message, type=kind, param=exc.param)
         return web.Response(
-            body=body, status=exc.status, content_type="application/json", headers=headers
+            body=body, status=status, content_type="application/json", headers=retry_after(status)
         )
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -273,7 +274,7 @@ async def list_nodes(request: web.Request) -> web.Response:
 
 async def get_node(request: web.Request) -> web.Response:
     s = _svc(request)
-    node = commands.node_or_404(s.fleet.state, request.match_info["name"])
+    node = commands.require_node(s.fleet.state, request.match_info["name"])
     return json_response(s.node_view(node))
 
 
@@ -284,7 +285,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_model(request: web.Request) -> web.Response:
     s = _svc(request)
-    model = commands.model_or_404(s.fleet.state, request.match_info["name"])
+    model = commands.require_model(s.fleet.state, request.match_info["name"])
     return json_response(model_view(model, s.fleet.state, s.unplaceable().get(model.name)))
 
 
@@ -308,7 +309,7 @@ async def list_replicas(request: web.Request) -> web.Response:
 
 async def get_replica(request: web.Request) -> web.Response:
     s = _svc(request)
-    r = commands.replica_or_404(s.fleet.state, request.match_info["id"])
+    r = commands.require_replica(s.fleet.state, request.match_info["id"])
     return json_response(replica_view(r, s.idle_for(s.clock.wall())))
 
 

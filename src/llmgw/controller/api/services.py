@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from llmgw.controller.api.views import IdleFor, node_view
+from llmgw.controller.api.views import node_view
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import StoreUnavailable
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.batch import Batch
 from llmgw.controller.fleet.live import Fleet
 from llmgw.controller.fleet.records import Event, FleetState, Model, Node, OperatorState, Replica
-from llmgw.controller.idle import IdleTracker
+from llmgw.controller.idle import IdleFor, IdleTracker
 from llmgw.controller.store import StoreError
 from llmgw.runtime.clock import Clock
 from llmgw.wire.admin import NodeView

@@ -1,15 +1,15 @@
-"""The fleet summary (DESIGN §3.5): the seed `adminapi_summary.go`, rule for rule.
+"""The fleet summary: how full, what is broken, what holds cards nobody uses.
 
 A per-node listing is right for four nodes and wrong for two hundred: how full
 am I, what is broken, what is holding cards nobody is using are aggregates. They
 are derived here from the same views the tables show (api/views.py), so
 the summary cannot disagree with them, and nothing here is ever stored.
 
-Where this port goes beyond the seed, it says so:
+Rules worth knowing:
 - stopped replicas are not counted at all: they are gone, and counting them as
-  "starting" (the seed's default branch) would report work that is not happening;
+  "starting" would report work that is not happening;
 - `unplaceable_reasons` carries, in the same order as `unplaceable`, the reason
-  placement gave for each (DESIGN §3.2);
+  placement gave for each;
 - ties in the idle list are broken by replica id, so the output is deterministic.
 """
 
@@ -19,15 +19,13 @@ from collections.abc import Iterable, Mapping
 from operator import attrgetter
 
 from llmgw.controller.api.views import (
-    IdleFor,
-    IdleSource,
-    idle_fn,
     model_view,
     node_view,
     replica_counts,
     replica_view,
 )
 from llmgw.controller.fleet.records import FleetState
+from llmgw.controller.idle import IdleFor, IdleSource, idle_fn
 from llmgw.controller.placement.capacity import gpus_in_use
 from llmgw.wire.admin import (
     ClassUse,
@@ -77,7 +75,7 @@ def summarize(
 def summarize_views(
     nodes: Iterable[NodeView], replicas: Iterable[ReplicaView], models: Iterable[ModelView]
 ) -> Summary:
-    """The seed's `Summary()` over the tables' rows."""
+    """The summary over the tables' rows."""
     s = Summary()
     node_list = list(nodes)
     by_class: dict[str, ClassUse] = {}
@@ -96,7 +94,7 @@ def summarize_views(
             if c not in by_class:
                 by_class[c] = ClassUse(gpu_class=c)
         # A node reports one class in practice; a mixed node's cards are not
-        # attributed (its classes are still listed), exactly as the seed does.
+        # attributed (its classes are still listed).
         if len(n.classes) == 1:
             u = by_class[n.classes[0]]
             u.total += n.gpu_total

@@ -1,4 +1,4 @@
-"""Edge checks the wire types cannot express (DESIGN §3.6: every input gets a clear 4xx).
+"""Edge checks the wire types cannot express: every bad input gets a clear refusal.
 
 msgspec checks shapes and simple bounds while decoding. These check what spans
 fields, or what would mislead the controller later if it got in: a port range

@@ -1,6 +1,6 @@
-"""What the admin tables show (DESIGN §3.6), built from the fleet state by pure functions.
+"""What the admin tables show, built from the fleet state by pure functions.
 
-The summary (§3.5) is computed from these very views, never from anything of
+The summary (summary.py) is computed from these very views, never from anything of
 its own, so a table and the summary can never disagree: they are two questions
 asked of the same facts. Bulk builders compute the per-fleet indexes (GPUs in
 use, replica counts per model) once instead of once per row.
@@ -8,11 +8,11 @@ use, replica counts per model) once instead of once per row.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from operator import attrgetter
-from typing import Protocol
 
 from llmgw.controller.fleet.records import FleetState, Model, Node, Replica
+from llmgw.controller.idle import IdleFor
 from llmgw.controller.placement.capacity import gpus_in_use
 from llmgw.wire.admin import (
     DrainWait,
@@ -22,23 +22,6 @@ from llmgw.wire.admin import (
     ShardView,
     idle_seconds_json,
 )
-
-# Replica id → seconds since a router last used it; None when no router has said.
-IdleFor = Callable[[str], float | None]
-
-
-class IdleSource(Protocol):
-    """What controller.idle.IdleTracker offers; accepted wherever an IdleFor is."""
-
-    def idle_for(self, replica_id: str, *, now: float) -> float | None: ...
-
-
-def idle_fn(idle: IdleFor | IdleSource, *, now: float) -> IdleFor:
-    """A plain replica id → idle seconds function, from either form."""
-    if callable(idle):
-        return idle
-    source = idle
-    return lambda replica_id: source.idle_for(replica_id, now=now)
 
 
 def drain_waits(

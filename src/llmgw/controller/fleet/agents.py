@@ -1,4 +1,4 @@
-"""The agent protocol, decided purely (DESIGN §5): heartbeat in → Changes, desired shards out.
+"""The agent protocol, decided purely: heartbeat in → Changes, desired shards out.
 
 Desired state, not commands. The answer always lists every shard the node
 should run, keyed by (replica_id, rank); an agent starts what is missing and

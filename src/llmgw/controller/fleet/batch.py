@@ -1,4 +1,4 @@
-"""Replica transitions and the event that explains each one (DESIGN §3.1). Pure.
+"""Replica transitions and the event that explains each one. Pure.
 
 Every state change goes through `Batch.move`, which stamps `state_since`
 and writes the event with its reason in the same `Changes`, so the log can

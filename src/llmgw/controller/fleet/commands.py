@@ -1,4 +1,4 @@
-"""Operator commands (DESIGN §3.6), decided purely: (state, input, now) → Batch, or an ApiError.
+"""Operator commands, decided purely: (state, input, now) → Batch, or a ControllerRefusal.
 
 Validation happens here, before anything is written: a command either yields
 one Batch that the store applies in one transaction, or raises and changes
@@ -13,7 +13,7 @@ import math
 
 import msgspec
 
-from llmgw.controller.errors import Conflict, InvalidRequest, InvalidSpec, NotFound
+from llmgw.controller.errors import Conflict, DoesNotExist, InvalidRequest, InvalidSpec
 from llmgw.controller.fleet.batch import LIVE, RUNS, Batch
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import FleetState, Model, Node, OperatorState, Replica
@@ -24,24 +24,24 @@ from llmgw.wire.models import ModelSpec, ScaleRequest
 LIVE_FIELDS = frozenset({"min_replicas", "max_replicas", "idle_timeout_s", "priority"})
 
 
-def node_or_404(state: FleetState, name: str) -> Node:
+def require_node(state: FleetState, name: str) -> Node:
     node = state.nodes.get(name)
     if node is None:
-        raise NotFound(f"no node named {name!r}", param="name")
+        raise DoesNotExist(f"no node named {name!r}", param="name")
     return node
 
 
-def model_or_404(state: FleetState, name: str) -> Model:
+def require_model(state: FleetState, name: str) -> Model:
     model = state.models.get(name)
     if model is None:
-        raise NotFound(f"no model named {name!r}", param="name")
+        raise DoesNotExist(f"no model named {name!r}", param="name")
     return model
 
 
-def replica_or_404(state: FleetState, rid: str) -> Replica:
+def require_replica(state: FleetState, rid: str) -> Replica:
     r = state.replicas.get(rid)
     if r is None:
-        raise NotFound(f"no replica with id {rid!r}", param="id")
+        raise DoesNotExist(f"no replica with id {rid!r}", param="id")
     return r
 
 
@@ -59,7 +59,7 @@ def set_operator_state(
     A drain's grace and force are stored with the node (a restarted controller
     drains as it was told); draining again with other options changes them.
     """
-    node = node_or_404(state, name)
+    node = require_node(state, name)
     draining = to == "draining"
     new = dataclasses.replace(
         node,
@@ -162,7 +162,7 @@ def apply_models(state: FleetState, specs: list[ModelSpec], *, now: float) -> Ba
 def delete_model(
     state: FleetState, index: FleetIndex, name: str, *, now: float, grace_s: float
 ) -> Batch:
-    model = model_or_404(state, name)
+    model = require_model(state, name)
     batch = Batch(state, now)
     batch.changes.deleted_models.append(name)
     n = 0
@@ -182,7 +182,7 @@ def delete_model(
 
 
 def scale_model(state: FleetState, name: str, req: ScaleRequest, *, now: float) -> Batch:
-    model = model_or_404(state, name)
+    model = require_model(state, name)
     spec = model.spec
     lo = spec.min_replicas if isinstance(req.min_replicas, msgspec.UnsetType) else req.min_replicas
     hi = spec.max_replicas if isinstance(req.max_replicas, msgspec.UnsetType) else req.max_replicas
@@ -209,7 +209,7 @@ def set_weight(
     now: float,
     capacity_tok_s: float | None = None,
 ) -> Batch:
-    r = replica_or_404(state, rid)
+    r = require_replica(state, rid)
     if not math.isfinite(weight) or weight <= 0:
         raise InvalidSpec(f"weight must be a positive number, got {weight}", param="weight")
     if capacity_tok_s is not None and (not math.isfinite(capacity_tok_s) or capacity_tok_s <= 0):

@@ -1,4 +1,4 @@
-"""EndpointSink (DESIGN §4): the ready replicas as a versioned list routers long-poll.
+"""EndpointSink: the ready replicas as a versioned list routers long-poll.
 
 The version goes up whenever the list's content may have changed; the list is
 built lazily, once per version, by whoever asks first, so a burst of changes
@@ -24,7 +24,7 @@ from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import FleetState, Model, Replica
 from llmgw.wire.endpoints import EndpointInfo, EndpointList
 
-# The router's metric dialect per engine (ENGINES.md): "" is vLLM's names, which
+# The router's metric dialect per engine: "" is vLLM's names, which
 # the sim-engine speaks too.
 METRICS_DIALECT: dict[str, str] = {"vllm": "", "sglang": "sglang", "sim": ""}
 

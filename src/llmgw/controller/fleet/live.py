@@ -1,4 +1,4 @@
-"""The leader's authoritative fleet: in memory, written through the store first (DESIGN §3.1).
+"""The leader's authoritative fleet: in memory, written through the store first.
 
 All I/O for the fleet state goes through here. Invariants:
 - a change reaches memory only after the store has committed it, so a failed

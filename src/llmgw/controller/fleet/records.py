@@ -1,4 +1,4 @@
-"""The controller's domain model (DESIGN §3.1): plain frozen values, no I/O.
+"""The controller's domain model: plain frozen values, no I/O.
 
 The controller keeps the whole fleet in memory (`FleetState`) and writes every
 change through the store in one transaction per command or tick (`Changes`).
@@ -54,11 +54,11 @@ class Node:
     # None: the controller's default grace.
     drain_grace_s: float | None = None
     # Replicas for which no replacement can be placed drain anyway (capacity
-    # drops). False: they keep serving until a replacement fits (§3.4).
+    # drops). False: they keep serving until a replacement fits.
     drain_force: bool = False
 
     def shown_state(self, *, now: float, heartbeat_timeout_s: float) -> NodeState:
-        """ready / cordoned / draining / unreachable (DESIGN §3.1).
+        """ready / cordoned / draining / unreachable.
 
         Unreachable wins over the operator's state: a cordoned node that stopped
         heartbeating is first of all a node nobody can reach.
@@ -117,9 +117,9 @@ class Replica:
     # http://address:port of rank 0 once known.
     endpoint_url: str | None = None
     restarts: int = 0
-    # "<fabric>/<gpu class>" (DESIGN §4).
+    # "<fabric>/<gpu class>": routers weigh replicas within a pool.
     pool: str = ""
-    # Capacity weight from `ctl bench` (§6.2.1); 1.0 when never measured.
+    # Capacity weight from `ctl bench` (its measured tokens/s, relative); 1.0 when never measured.
     weight: float = 1.0
     # The measurement behind the weight: peak generated tokens/s `ctl bench` saw.
     # None when never benched (or the weight was set by hand).
@@ -145,7 +145,7 @@ class Replica:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """Room being made for a model by eviction (§3.3): its victims drain, their cards
+    """Room being made for a model by eviction: its victims drain, their cards
     are held for it. Stored, so a restarted controller neither gives that room to
     another model nor evicts a second set for the same one."""
 

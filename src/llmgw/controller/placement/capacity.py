@@ -1,4 +1,4 @@
-"""Free capacity, indexed for placement (DESIGN §3.2). Pure values, no I/O.
+"""Free capacity, indexed for placement. Pure values, no I/O.
 
 `FreeMap` holds, per placeable node (shown state "ready"), the set of GPU
 indices that are healthy and held by no live replica, and keeps two indexes

@@ -1,4 +1,4 @@
-"""Idle eviction (DESIGN §3.3): which idle replicas to drain so an unplaceable model fits.
+"""Idle eviction: which idle replicas to drain so an unplaceable model fits.
 
 Candidates are ready replicas *known* idle at least their own model's
 `idle_timeout_s`. Never one whose idleness is unknown (a restarted router knows
@@ -21,8 +21,8 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from llmgw.controller.api.views import IdleFor, IdleSource, idle_fn
 from llmgw.controller.fleet.records import FleetState, Replica
+from llmgw.controller.idle import IdleFor, IdleSource, idle_fn
 from llmgw.controller.placement.capacity import FreeMap
 from llmgw.controller.placement.rules import Placement, place
 from llmgw.wire.models import ModelSpec

@@ -1,4 +1,4 @@
-"""Turning the tick's placement requests into pending replicas, or reasons (DESIGN §3.2–§3.3).
+"""Turning the tick's placement requests into pending replicas, or reasons.
 
 One free map per tick, built only when something needs placing (a steady
 fleet never builds one), and every placement taken from it at once, so two
@@ -244,7 +244,7 @@ def _blocked_move(
     u: Unplaceable,
     waiting: set[str],
 ) -> None:
-    """No replacement fits for a serving replica that must move (DESIGN §3.4).
+    """No replacement fits for a serving replica that must move.
 
     On a node drained with force it drains anyway: the operator chose the node
     over the capacity. Otherwise it keeps serving (make-before-break never drops

@@ -1,4 +1,4 @@
-"""Placement (DESIGN §3.2): where a replica's shards go, as pure functions over plain values.
+"""Placement: where a replica's shards go, as pure functions over plain values.
 
 Two rules, one per shape of replica:
 
@@ -13,7 +13,7 @@ Two rules, one per shape of replica:
   whole nodes is used (ties by fabric name), keeping the biggest blocks for the
   replicas that need them most; within it the smallest nodes that fit, by name.
 
-A replica uses one GPU class throughout (its pool is "<fabric>/<class>", §4).
+A replica uses one GPU class throughout (its pool is "<fabric>/<class>").
 Every failure is an `Unplaceable` that names the constraint and its counts, so
 "why is my model not running" has an answer.
 
@@ -59,7 +59,7 @@ class ShardPlacement:
 class Placement:
     model: str
     shards: tuple[ShardPlacement, ...]
-    # "<fabric>/<gpu class>" (DESIGN §4): the fabric the replica was placed on
+    # "<fabric>/<gpu class>": the fabric the replica was placed on
     # (multi-node) or rank 0's node's first fabric (single-node; "" if it has none).
     pool: str
 

@@ -1,10 +1,10 @@
-"""The store seam: where the controller's fleet state lives between restarts (DESIGN §3.1).
+"""The store seam: where the controller's fleet state lives between restarts.
 
 The controller keeps its whole `FleetState` in memory and writes through a
 `Store` once per command or tick, as one `Changes` value applied in a single
 transaction. A `Leadership` says which of several controllers sharing one
-database may write; the others serve reads (DESIGN §3.1: "one leads, the
-others take over when the lock is free").
+database may write; the others serve reads, and one of them takes over
+when the lock is free.
 
 Both protocols are synchronous: every call may block on disk or network. The
 async controller calls them through `asyncio.to_thread(store.apply, changes)`,

@@ -1,4 +1,4 @@
-"""Which controller writes (DESIGN §3.1): a lock the operating system or the database
+"""Which controller writes: a lock the operating system or the database
 holds for us, released when its holder dies. No home-made consensus, no lease
 timestamps to tune: a SIGKILLed leader's lock goes with its process or session.
 

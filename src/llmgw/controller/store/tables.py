@@ -113,7 +113,7 @@ def _define(md: sa.MetaData, *, version: int) -> None:
         md,
         sa.Column("id", sa.String, primary_key=True),
         # No foreign key to models: a deleted model's replicas outlive it while
-        # they drain (CONTROLLER_API: DELETE /admin/models/{name}).
+        # they drain (DELETE /admin/models/{name} drains, then forgets them).
         sa.Column("model", sa.String, nullable=False),
         sa.Column("state", sa.String, nullable=False),
         sa.Column("shards", sa.Text, nullable=False),  # JSON list of fleet.records.Shard

@@ -1,4 +1,4 @@
-"""The control loop: leadership first, then one reconcile tick (DESIGN §3.1, §3.4).
+"""The control loop: leadership first, then one reconcile tick.
 
 Once a tick:
 - a leader checks it still holds the lock; if not, it stops acting at once

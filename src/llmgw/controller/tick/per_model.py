@@ -1,4 +1,4 @@
-"""Per-model reconcile decisions (DESIGN §3.4): how many, which to drain, what to place.
+"""Per-model reconcile decisions: how many, which to drain, what to place.
 
 Counting rules, because they decide everything else:
 - a model's replicas are its live ones: pending, starting, ready, and failed
@@ -47,8 +47,9 @@ def desired_count(
 
     `busy` is in-flight plus held requests the routers report; None when no
     router has reported this model — unknown load never scales anything down.
-    Held requests mean at least one replica (scale from zero, §2.8). Scaling up
-    is immediate; scaling down waits out the cool-down (`cooling`). `serving`:
+    Held requests mean at least one replica (scale from zero: routers hold a
+    request for a model with no replica until one is ready). Scaling up is
+    immediate; scaling down waits out the cool-down (`cooling`). `serving`:
     routers started requests for it in their last interval; in-flight counts
     taken at one instant are often 0 under sparse traffic, and dropping the last
     replica then would only bring it back cold on the next request (flapping).

@@ -1,4 +1,4 @@
-"""The reconcile tick (DESIGN §3.4), decided purely: (state, usage, memory, now) → Plan.
+"""The reconcile tick, decided purely: (state, usage, memory, now) → Plan.
 
 No I/O here. The loop (tick/loop.py) writes `plan.changes` through the store in
 one transaction and only then adopts them and `plan.memory`; a plan whose write
