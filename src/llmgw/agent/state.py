@@ -20,7 +20,7 @@ from typing import IO
 
 import msgspec
 
-from llmgw.runtime.lockfile import LockHeld, hold_lock
+from llmgw.runtime.lockfile import LockHeld, StateDirRefused, hold_lock, open_nofollow
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import ShardSpec
 
@@ -31,7 +31,8 @@ LOCK_FILE = "agent.lock"
 
 
 class StateDirBusy(RuntimeError):
-    """Another live agent holds this state dir; the message names its pid."""
+    """The state dir cannot be ours: another live agent holds it (the message names its
+    pid), or it is a symlink or not a folder."""
 
 
 def lock_state_dir(state_dir: Path) -> IO[str]:
@@ -43,6 +44,8 @@ def lock_state_dir(state_dir: Path) -> IO[str]:
     """
     try:
         return hold_lock(state_dir / LOCK_FILE)
+    except StateDirRefused as exc:
+        raise StateDirBusy(f"--state-dir: {exc}") from None
     except LockHeld as held:
         who = f"pid {held.holder_pid}" if held.holder_pid else "another process"
         raise StateDirBusy(
@@ -106,7 +109,9 @@ class StateStore:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("wb") as f:
+        # Never through a symlink planted at the temp name; the rename replaces a link itself.
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from llmgw.router.auth import admin_allowed
+from llmgw.router.auth import admin_allowed, bearer_matches
 from llmgw.router.config import RouterConfig
 from llmgw.router.errors import error_response
 from llmgw.router.metrics import CONTENT_TYPE
@@ -117,7 +117,32 @@ def build_app(cfg: RouterConfig, *, config_path: str | Path | None = None) -> we
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/endpoints", admin_endpoints)
     app.router.add_get("/admin/usage", admin_usage)
+    # Very last: anything else is OpenAI's 404 (or 405), never aiohttp's text.
+    app.router.add_route("*", "/{tail:.*}", no_route)
     return app
+
+
+# The router's own GET routes outside /v1; any other method on them is a 405.
+GET_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/admin/endpoints", "/admin/usage"})
+
+
+async def no_route(request: web.Request) -> web.Response:
+    """A path the router does not serve: OpenAI's error object, like every other answer."""
+    path, method = request.path, request.method
+    if path in GET_PATHS:
+        return error_response(
+            405,
+            f"Method {method} is not allowed on {path}; use GET.",
+            type="invalid_request_error",
+            code="method_not_allowed",
+            headers={"Allow": "GET, HEAD"},
+        )
+    return error_response(
+        404,
+        f"Invalid URL ({method} {path}).",
+        type="invalid_request_error",
+        code="unknown_url",
+    )
 
 
 def _log_crash(task: asyncio.Task[None]) -> None:
@@ -135,7 +160,17 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[ROUTER].metrics.render()
+    st = request.app[ROUTER]
+    token = st.cfg.metrics_token
+    if token is not None and not bearer_matches(token, request.headers.get("Authorization")):
+        return error_response(
+            401,
+            "/metrics needs `Authorization: Bearer <metrics_token>`.",
+            type="invalid_request_error",
+            code="invalid_metrics_token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    body = st.metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 

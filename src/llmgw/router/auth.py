@@ -54,20 +54,31 @@ class KeyRing:
 
 
 def is_loopback(remote: str | None) -> bool:
-    """Whether the peer address is 127.0.0.0/8 or ::1 (None, e.g. a unix socket: no)."""
+    """Whether the peer is 127.0.0.0/8, ::1 or IPv4-mapped loopback (::ffff:127.0.0.1).
+
+    None (a unix socket) is not: the question is about the network peer.
+    """
     if not remote:
         return False
     try:
-        return ipaddress.ip_address(remote.split("%", 1)[0]).is_loopback
+        addr = ipaddress.ip_address(remote.split("%", 1)[0])
     except ValueError:
         return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped.is_loopback
+    return addr.is_loopback
+
+
+def bearer_matches(token: str, authorization: str | None) -> bool:
+    """Whether the header carries exactly `token` as its bearer (compared in constant time)."""
+    presented = bearer(authorization)
+    if presented is None:
+        return False
+    return hmac.compare_digest(presented.encode(), token.encode())
 
 
 def admin_allowed(*, token: str | None, authorization: str | None, remote: str | None) -> bool:
     """With a token: the bearer must match it. Without one: loopback callers only."""
     if token is None:
         return is_loopback(remote)
-    presented = bearer(authorization)
-    if presented is None:
-        return False
-    return hmac.compare_digest(presented.encode(), token.encode())
+    return bearer_matches(token, authorization)

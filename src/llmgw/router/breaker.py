@@ -115,6 +115,12 @@ class Breaker:
         """The cooldown the breaker waits (or would wait) before its next probe."""
         return self._cooldown_s
 
+    def probe_in_s(self) -> float | None:
+        """Seconds until an open breaker admits its probe (0: it would now); None unless open."""
+        if self._state is not BreakerState.OPEN:
+            return None
+        return max(0.0, self._opened_at + self._cooldown_s - self._clock.monotonic())
+
     def state(self) -> BreakerState:
         """The current state, without side effects: open reads as half-open once the
         cooldown has passed, although the transition happens only in `allow()`."""

@@ -103,6 +103,20 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # engine holds the client until request_timeout_s.
     stream_idle_timeout_s: Seconds = 120.0
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 8 * 1024 * 1024
+
+    # Client-side limits (docs/hardening.md). A keep-alive connection idle this
+    # long is closed; a request head must arrive within header_timeout_s of its
+    # first byte, its body within body_timeout_s (slow clients get a 408).
+    idle_timeout_s: Seconds = 75.0
+    header_timeout_s: Seconds = 10.0
+    body_timeout_s: Seconds = 60.0
+    # Open client connections; also at most half the open-file limit less 64
+    # (the rest is headroom for engine connections). Past it new connections
+    # get a 503 at once; established ones are served on.
+    max_client_connections: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    # Request bodies being read or held for their request, all clients together;
+    # past it a request is answered 503 with Retry-After before its body is read.
+    max_inflight_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 256 * 1024 * 1024
     # Extra attempts on other replicas before any byte reached the client.
     max_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
     report_interval_s: Seconds = 2.0
@@ -114,6 +128,9 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     api_keys: tuple[ApiKey, ...] = ()
     # None: admin endpoints answer only on loopback.
     admin_token: str | None = None
+    # None: /metrics is open. Set: it needs `Authorization: Bearer <token>`
+    # (Prometheus: `authorization: {credentials: ...}` in the scrape config).
+    metrics_token: str | None = None
 
     def __post_init__(self) -> None:
         if self.scrape_timeout_s >= self.scrape_interval_s:
@@ -140,6 +157,11 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 )
             if ep.weight <= 0:
                 raise ValueError(f"endpoints[{i}].weight must be above 0")
+        if self.max_inflight_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_inflight_body_bytes ({self.max_inflight_body_bytes}) must be at least "
+                f"max_body_bytes ({self.max_body_bytes})"
+            )
         names = [k.name for k in self.api_keys]
         if len(set(names)) != len(names):
             raise ValueError("api_keys names must be unique")
@@ -169,6 +191,10 @@ RESTART_ONLY = (
     "breaker",
     "max_body_bytes",
     "upstream_client",
+    "idle_timeout_s",
+    "header_timeout_s",
+    "max_client_connections",
+    "max_inflight_body_bytes",
 )
 
 

@@ -92,6 +92,10 @@ class Snapshot:
     # contain (roughly) these, so the requests it has not yet reported are
     # inflight − inflight_at_scrape (the scheduler's load estimate, `load_of`).
     inflight_at_scrape: int = 0
+    # Seconds until an open breaker admits its probe; None unless open.
+    probe_in_s: float | None = None
+    # Times the breaker has opened: a rise means a probe failed (holding.hold_until).
+    opened_total: int = 0
 
     @property
     def id(self) -> str:
@@ -292,6 +296,8 @@ class Registry:
             breaker=live.breaker.state(),
             restarts=live.restarts,
             inflight_at_scrape=live.inflight_at_scrape,
+            probe_in_s=live.breaker.probe_in_s(),
+            opened_total=live.breaker.opened_total,
         )
 
     def acquire(self, id: str) -> Release | None:

@@ -14,10 +14,49 @@ controller, so it can start a replica for a model nobody is running.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
+from llmgw.router.breaker import BreakerState
+from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import HoldQueueFull
+
+
+def hold_until(
+    snaps: Sequence[Snapshot], *, now: float, deadline: float, opened: Mapping[str, int]
+) -> float | None:
+    """The one rule for how long a request with no usable replica waits (docs/hardening.md).
+
+    `snaps` are its model's replicas now, `deadline` the hold deadline (arrival +
+    hold_timeout_s, within the request's own deadline), `opened` each replica's
+    breaker open count when the wait began. The answer is the monotonic time the
+    wait ends at (the request is answered 503 then unless a replica turns up),
+    or None: answer 503 now.
+
+    - No replica at all (scale from zero, a placement pending): the hold deadline.
+    - Every replica's breaker open: the earliest probe, or the hold deadline if
+      that comes first; then the request tries (perhaps as the probe itself).
+    - A probe failed while the request waited (a breaker opened again): now.
+      So no request waits through more than one probe's verdict, whenever it came.
+    - Otherwise (a probe is out, its verdict pending): the hold deadline; the
+      verdict, like any list change, wakes the request.
+
+    Any list change wakes a waiting request, which then looks again.
+    """
+    if not snaps:
+        return deadline
+    if any(s.opened_total > opened.get(s.id, s.opened_total) for s in snaps):
+        return None
+    probes = [s.probe_in_s for s in snaps if s.breaker is BreakerState.OPEN]
+    if len(probes) == len(snaps):
+        return min(deadline, now + min(p or 0.0 for p in probes))
+    return deadline
+
+
+def retry_after_s(snaps: Sequence[Snapshot]) -> int:
+    """Whole seconds (at least 1) until the earliest open breaker admits its probe."""
+    probes = [s.probe_in_s for s in snaps if s.probe_in_s is not None]
+    return max(1, int(min(probes, default=1.0) + 0.999))
 
 
 class Holding:

@@ -10,6 +10,7 @@ import sys
 from llmgw.router.config import load, upstream_client
 from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import logs, serve
+from llmgw.runtime.httpserver import ServerLimits, raise_nofile_limit
 
 DEFAULT_PORT = 8080
 
@@ -49,11 +50,24 @@ def main(argv: list[str]) -> int:
         # Imported here so `--help` and config errors stay fast.
         from llmgw.router.app import build_app
 
+        # Idle client connections must never starve engine connections of descriptors:
+        # the soft limit goes to the hard one, and serve_app caps client connections
+        # at half of it (runtime.httpserver.connection_cap).
+        raise_nofile_limit()
         app = build_app(cfg, config_path=args.config)
         # Everything alive now (modules, the app) lives as long as the process: out of
         # the collector's sight, full collections stay short on the request path.
         gc.collect()
         gc.freeze()
-        return await serve.serve_app(app, host=args.host, port=args.port, name="router")
+        limits = ServerLimits(
+            idle_timeout_s=cfg.idle_timeout_s,
+            header_timeout_s=cfg.header_timeout_s,
+            max_connections=cfg.max_client_connections,
+            # OpenAI's API takes plain JSON; a small gzip body can inflate to gigabytes.
+            decompress=False,
+        )
+        return await serve.serve_app(
+            app, host=args.host, port=args.port, name="router", limits=limits
+        )
 
     return serve.run(run)

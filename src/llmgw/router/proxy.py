@@ -2,7 +2,8 @@
 
 One request's life:
 
-1. key check, body read under the size limit, JSON decoded once;
+1. key check, body read and JSON decoded once (intake.py: size, bytes in
+   flight, slow bodies, depth);
 2. `model` names the candidates; unknown → 404; known with no replica → held;
 3. the policy chooses (scores kept for the debug header and log);
 4. `Registry.acquire()` → release, reported exactly once with the outcome;
@@ -25,7 +26,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 from aiohttp import web
 
 from llmgw.router.affinity import NO_KEY, RouteKey, route_key
@@ -40,11 +40,12 @@ from llmgw.router.errors import (
     error_response,
     model_not_found,
     stream_error_frame,
-    too_large,
     unauthorized,
     unavailable,
 )
+from llmgw.router.holding import hold_until, retry_after_s
 from llmgw.router.inband import ErrorFrameWatch, nothing_before_error, role_opener_only
+from llmgw.router.intake import ByteBudget, read_json, refused
 from llmgw.router.metrics import (
     DISCONNECTED,
     ENGINE_ERROR,
@@ -70,7 +71,6 @@ access_log.setLevel(logging.INFO)
 # its cooldown makes a replica available without anyone saying so.
 HOLD_POLL_S = 0.5
 EMBEDDINGS = "/v1/embeddings"
-_decode = msgspec.json.Decoder().decode
 
 
 class _Tally:
@@ -123,6 +123,8 @@ class Proxy:
 
     def __init__(self, state: Router) -> None:
         self.state = state
+        # Read once: max_inflight_body_bytes takes effect on restart.
+        self.budget = ByteBudget(state.cfg.max_inflight_body_bytes)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         st = self.state
@@ -132,24 +134,29 @@ class Proxy:
         path = request.path
         if st.keys.enabled and st.keys.check(headers.get("Authorization")) is None:
             return self._refused(unauthorized(), rid, path, t0)
-        limit = st.cfg.max_body_bytes
-        if (request.content_length or 0) > limit:
-            return self._refused(too_large(limit), rid, path, t0)
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._refused(too_large(limit), rid, path, t0)
+            got = await read_json(request, st.cfg, self.budget, rid)
         except asyncio.CancelledError:
             self._done(rid, path, "", "", 499, DISCONNECTED, t0, None, None)
             raise
+        if isinstance(got, web.Response):
+            return self._refused(got, rid, path, t0)
         try:
-            doc = _decode(body)
-        except msgspec.DecodeError:
-            msg = "We could not parse the JSON body of your request."
-            return self._refused(bad_request(msg), rid, path, t0)
-        if type(doc) is not dict:
-            msg = "The request body must be a JSON object."
-            return self._refused(bad_request(msg), rid, path, t0)
+            return await self._handle(request, got.body, got.doc, rid, path, t0)
+        finally:
+            got.release()
+
+    async def _handle(
+        self,
+        request: web.Request,
+        body: bytes,
+        doc: dict[str, Any],
+        rid: str,
+        path: str,
+        t0: float,
+    ) -> web.StreamResponse:
+        st = self.state
+        headers = request.headers
         model = doc.get("model")
         if type(model) is not str or not model:
             msg = "You must provide a model parameter."
@@ -165,7 +172,12 @@ class Proxy:
         if st.policy.uses_prefix and path != EMBEDDINGS:
             # Content chain, and the session hint beside it (X-Session-ID, else the
             # OpenAI `user` field): affinity.py; routing works without either.
-            hashes = route_key(doc, headers.get("x-session-id"))
+            try:
+                hashes = route_key(doc, headers.get("x-session-id"))
+            except RecursionError:
+                why = "The JSON body of your request is nested too deeply."
+                resp = refused(bad_request(why), rid, "json nested too deeply", request)
+                return self._refused(resp, rid, path, t0)
         st.usage.started(model)
         try:
             return await self._route(request, path, body, model, hashes, rid, t0)
@@ -394,20 +406,37 @@ class Proxy:
         """Wait for a replica of `model` (scale from zero); NoReplica when none comes."""
         st = self.state
         hold_s = st.cfg.hold_timeout_s
-        until = min(deadline, t0 + hold_s)
+        hold_deadline = min(deadline, t0 + hold_s)
+        snaps = st.registry.snapshots(model)
+        opened = {s.id: s.opened_total for s in snaps}
         try:
             with st.holding.hold(model):
                 while True:
-                    left = until - time.monotonic()
-                    if left <= 0:
+                    now = time.monotonic()
+                    until = hold_until(snaps, now=now, deadline=hold_deadline, opened=opened)
+                    if until is None:
                         raise NoReplica(
-                            model, f"none became available within {hold_s:g}s", retry_after_s=5
+                            model,
+                            "the probe of its open breaker failed",
+                            retry_after_s=retry_after_s(snaps),
                         )
-                    await st.holding.wait_changed(timeout_s=min(left, HOLD_POLL_S))
+                    left = until - now
+                    if left > 0:
+                        await st.holding.wait_changed(timeout_s=min(left, HOLD_POLL_S))
+                    # Also once the wait is over: its end may be the moment a probe opens.
                     snaps = st.registry.snapshots(model)
                     decision = st.policy.choose(snaps, hashes, ())
                     if decision.endpoint_id is not None:
                         return decision, snaps
+                    if left > 0:
+                        continue
+                    if time.monotonic() < hold_deadline:
+                        raise NoReplica(
+                            model, "its breakers are open", retry_after_s=retry_after_s(snaps)
+                        )
+                    raise NoReplica(
+                        model, f"none became available within {hold_s:g}s", retry_after_s=5
+                    )
         except HoldQueueFull:
             raise NoReplica(model, "too many requests are already waiting") from None
 

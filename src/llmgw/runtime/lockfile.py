@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 from typing import IO
 
@@ -24,11 +25,63 @@ class LockHeld(RuntimeError):
         self.holder_pid = holder_pid
 
 
+class StateDirRefused(RuntimeError):
+    """The state folder (or its lock) is a symlink or not a folder; the message is one line."""
+
+
+def check_state_dir(path: Path) -> None:
+    """Create the folder if missing; refuse a symlink or anything but a folder.
+
+    A symlink would send the lock and the state files wherever it points (one
+    planted by someone else overwrites its target); a file is refused by name
+    instead of as `[Errno 17] File exists`. Folders above it may be symlinks.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            pass  # created meanwhile: looked at below
+        except OSError as exc:
+            raise StateDirRefused(
+                f"cannot create the state folder {path}: {(exc.strerror or str(exc)).lower()}"
+            ) from None
+        st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise StateDirRefused(
+            f"the state folder {path} is a symbolic link; give the folder it points to "
+            f"({os.path.realpath(path)}) instead"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateDirRefused(f"the state folder {path} exists but is not a folder")
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """os.open that refuses a symlink at `path` itself (StateDirRefused), never following it."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StateDirRefused(f"{path} is a symbolic link; refusing to follow it") from None
+        if exc.errno == errno.EISDIR:
+            raise StateDirRefused(f"{path} is a folder; expected a file") from None
+        raise
+
+
 def hold_lock(path: Path) -> IO[str]:
-    """Take `path`'s lock or raise LockHeld; keep the returned file open to keep it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # "a+": opening must not erase the holder's pid before we know we hold the lock.
-    f = path.open("a+")
+    """Take `path`'s lock or raise LockHeld; keep the returned file open to keep it.
+
+    Its folder is checked first (check_state_dir), and a symlinked lock file is
+    refused (StateDirRefused), never followed.
+    """
+    check_state_dir(path.parent)
+    # Append mode: opening must not erase the holder's pid before we know we hold the lock.
+    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StateDirRefused(f"{path} is not a regular file")
+    f = os.fdopen(fd, "a+")
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

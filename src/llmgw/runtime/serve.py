@@ -22,6 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
+from llmgw.runtime.httpserver import Edge, ErrorBody, ServerLimits, openai_error, protocol_factory
+
 log = logging.getLogger(__name__)
 
 # The line a parent process waits for (testing.procs, `llmgw up`). Printed once,
@@ -90,12 +92,18 @@ async def serve_app(
     grace_s: float = 10.0,
     on_started: Callable[[int], Awaitable[None]] | None = None,
     stop_event: asyncio.Event | None = None,
+    limits: ServerLimits | None = None,
+    error_body: ErrorBody = openai_error,
 ) -> int:
     """Serve until SIGTERM/SIGINT (or `stop_event`), then stop gracefully; returns 0.
 
     Graceful means: the listening socket closes first (new connections are
     refused, so a load balancer moves on), requests already being handled get
     up to `grace_s` to finish, then the app's on_shutdown/on_cleanup run.
+
+    Connections are served by `httpserver.EdgeHandler` under `limits`: what the
+    HTTP server answers before a handler runs is `error_body`'s JSON, and
+    idle, slow and surplus connections are closed (httpserver's docstring).
     """
     stop = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -118,18 +126,27 @@ async def serve_app(
         sock.close()
         raise
     bound_port = int(sock.getsockname()[1])
-    site = web.SockSite(runner, sock)
-    await site.start()
+    server = runner.server
+    assert server is not None  # set by setup()
+    edge = Edge(limits or ServerLimits(), error_body, name=name)
+    listener = await loop.create_server(protocol_factory(server, edge), sock=sock, backlog=4096)
     if on_started is not None:
         await on_started(bound_port)
     print(f"{READY_PREFIX} {name} http://{host}:{bound_port}", flush=True)
-    log.info("serving name=%s host=%s port=%d", name, host, bound_port)
+    log.info(
+        "serving name=%s host=%s port=%d max_connections=%d",
+        name,
+        host,
+        bound_port,
+        edge.max_connections,
+    )
     try:
         await stop.wait()
     finally:
         log.info("stopping name=%s grace_s=%s", name, grace_s)
-        # runner.cleanup() stops the sites (no new connections), waits up to
-        # shutdown_timeout for handlers in flight, then runs on_cleanup.
+        # No new connections first; then runner.cleanup() closes idle ones, waits
+        # up to shutdown_timeout for handlers in flight, and runs on_cleanup.
+        listener.close()
         await runner.cleanup()
     sys.stdout.flush()
     return 0

@@ -30,6 +30,7 @@ ERROR_TYPES = {
     400: "BadRequestError",
     403: "ForbiddenError",
     404: "NotFoundError",
+    413: "RequestTooLargeError",
     500: "InternalServerError",
 }
 
@@ -114,6 +115,8 @@ def _decode(raw: bytes, kind: type[T]) -> T:
         raise ApiError(400, f"Invalid request: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"Malformed JSON body: {exc}") from exc
+    except RecursionError:
+        raise ApiError(400, "Malformed JSON body: nested too deeply") from None
 
 
 def check_model(model: str | None, cfg: SimConfig) -> str:

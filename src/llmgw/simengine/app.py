@@ -15,11 +15,12 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import msgspec
 from aiohttp import web
 
+from llmgw.runtime.logs import kv
 from llmgw.simengine import api, debug, metrics, tokenizer
 from llmgw.simengine.batcher import Scheduler, SimRequest, mix_seed
 from llmgw.simengine.config import SimConfig
@@ -81,6 +82,33 @@ def json_response(body: bytes, status: int = 200) -> web.Response:
 
 def error_response(exc: api.ApiError) -> web.Response:
     return json_response(exc.body(), exc.status)
+
+
+J = TypeVar("J")
+# Long prompts are legitimate; vLLM has no body limit either.
+MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+async def read_request(
+    request: web.Request, parse: Callable[[bytes, SimConfig], J], cfg: SimConfig
+) -> J | web.Response:
+    """The one way a request body comes in: read, parsed, or refused in vLLM's shape.
+
+    Whatever the body is (too large, broken framing, not JSON, nested deeper than
+    the decoder goes, wrong types), the answer is a 4xx error body and one log line.
+    """
+    try:
+        return parse(await request.read(), cfg)
+    except web.HTTPRequestEntityTooLarge:
+        exc = api.ApiError(413, f"Request body is larger than {MAX_BODY_BYTES} bytes.")
+    except web.RequestPayloadError as err:
+        exc = api.ApiError(400, f"Malformed request body: {err}")
+    except RecursionError:
+        exc = api.ApiError(400, "Malformed JSON body: nested too deeply")
+    except api.ApiError as err:
+        exc = err
+    log.warning(kv("refused request", status=exc.status, path=request.path, why=exc.message[:120]))
+    return error_response(exc)
 
 
 class SimEngine:
@@ -174,24 +202,21 @@ class SimEngine:
     # -- OpenAI surface ------------------------------------------------------------
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        try:
-            job = api.parse_chat(await request.read(), self.cfg)
-        except api.ApiError as exc:
-            return error_response(exc)
+        job = await read_request(request, api.parse_chat, self.cfg)
+        if isinstance(job, web.Response):
+            return job
         return await self._generate(request, job, "chatcmpl")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            job = api.parse_completion(await request.read(), self.cfg)
-        except api.ApiError as exc:
-            return error_response(exc)
+        job = await read_request(request, api.parse_completion, self.cfg)
+        if isinstance(job, web.Response):
+            return job
         return await self._generate(request, job, "cmpl")
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        try:
-            job = api.parse_embeddings(await request.read(), self.cfg)
-        except api.ApiError as exc:
-            return error_response(exc)
+        job = await read_request(request, api.parse_embeddings, self.cfg)
+        if isinstance(job, web.Response):
+            return job
         if self.dead:
             return error_response(api.ApiError(500, DEAD))
         verdict = self.faults.admit()
@@ -425,8 +450,7 @@ def build_app(
     die: Callable[[], NoReturn] = _die,
 ) -> web.Application:
     sim = SimEngine(cfg, crash=crash, die=die)
-    # Long prompts are legitimate; vLLM has no body limit either.
-    app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[debug.loopback_only])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[debug.loopback_only])
     app[SIM_KEY] = sim
     app.cleanup_ctx.append(sim.lifespan)
     app.on_shutdown.append(sim.on_shutdown)

@@ -95,12 +95,20 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
             }
         )
 
+    def _refused(exc: api.ApiError) -> web.Response:
+        log.warning(
+            "refused request status=%d path=/sim/faults why=%s", exc.status, exc.message[:120]
+        )
+        return _error(exc)
+
     async def faults(request: web.Request) -> web.StreamResponse:
         try:
             patch = msgspec.json.decode(await request.read(), type=FaultPatch)
             config = sim.faults.update(patch)
         except (msgspec.DecodeError, ValueError) as exc:
-            return _error(api.ApiError(400, f"bad faults: {exc}"))
+            return _refused(api.ApiError(400, f"bad faults: {exc}"))
+        except RecursionError:
+            return _refused(api.ApiError(400, "bad faults: nested too deeply"))
         log.info("faults changed %s", msgspec.to_builtins(config))
         return _json(config)
 

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 from typing import IO
 
-from llmgw.runtime.lockfile import LockHeld, hold_lock
+from llmgw.runtime.lockfile import LockHeld, StateDirRefused, hold_lock
 
 LOCK_FILE = "up.lock"
 
@@ -31,6 +31,8 @@ def lock_state_dir(state: Path) -> IO[str]:
     """
     try:
         return hold_lock(state / LOCK_FILE)
+    except StateDirRefused as exc:
+        raise Refused(f"--state-dir: {exc}") from None
     except LockHeld as held:
         who = f" (pid {held.holder_pid})" if held.holder_pid else ""
         raise Refused(

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from llmgw.runtime.lockfile import open_nofollow
 from llmgw.runtime.serve import READY_PREFIX
 from llmgw.up.checks import Refused, check_ports, lock_state_dir
 from llmgw.up.fleet import Fleet, FleetError, load_fleet
@@ -52,7 +53,8 @@ class Up:
     def __init__(self, args: argparse.Namespace, fleet: Fleet) -> None:
         self.args = args
         self.fleet = fleet
-        self.state: Path = args.state_dir.resolve()
+        # absolute(), not resolve(): a symlinked state folder must be seen (and refused).
+        self.state: Path = args.state_dir.absolute()
         self.logs = self.state / "logs"
         self.router_port: int = args.port
         self.controller_port: int = args.controller_port or args.port + 1
@@ -163,7 +165,9 @@ class Up:
             "children": {c.name: {"pid": c.pid, "url": c.url} for c in self.children},
         }
         tmp = self.state / "up.json.tmp"
-        tmp.write_text(json.dumps(manifest, indent=2))
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(manifest, indent=2))
         tmp.replace(self.state / "up.json")
 
     # -- lifecycle ----------------------------------------------------------

@@ -1,0 +1,117 @@
+"""Helpers for the hostile suites (test_hostile_*.py): raw sockets, a process's footprint.
+
+Everything here talks to 127.0.0.1 only, to processes the test started itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    closed: bool  # the server closed the connection after answering
+    elapsed_s: float
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def parse_answer(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    if "content-length" in headers:
+        body = body[: int(headers["content-length"])]
+    return status, headers, body
+
+
+def raw_request(
+    port: int, data: bytes, *, timeout_s: float = 10.0, pause_s: float = 0.0, rest: bytes = b""
+) -> Answer:
+    """Send `data` (then `rest` after `pause_s`), read until the server closes or answers."""
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        s.sendall(data)
+        if pause_s:
+            time.sleep(pause_s)
+        if rest:
+            with contextlib.suppress(OSError):
+                s.sendall(rest)
+        out = b""
+        closed = False
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not chunk:
+                closed = True
+                break
+            out += chunk
+            if b"\r\n\r\n" in out:
+                status, headers, body = parse_answer(out)
+                if len(body) >= int(headers.get("content-length", "-1")) >= 0:
+                    # Answered; see whether the server also closes.
+                    s.settimeout(0.5)
+    if not out:
+        raise AssertionError(f"no answer to {data[:80]!r}")
+    status, headers, body = parse_answer(out)
+    return Answer(status, headers, body, closed, time.monotonic() - t0)
+
+
+def assert_openai_error(ans: Answer, status: int) -> dict[str, Any]:
+    """The answer is `status` with OpenAI's error object as JSON."""
+    assert ans.status == status, (ans.status, ans.body[:300])
+    assert ans.headers.get("content-type", "").startswith("application/json"), ans.headers
+    doc = ans.json()
+    assert set(doc) == {"error"}, doc
+    err = doc["error"]
+    for key in ("message", "type"):
+        assert isinstance(err[key], str), err
+        assert err[key], err
+    assert "param" in err, err
+    assert "code" in err, err
+    return dict(err)
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def open_fds(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def wait_fds_at_most(pid: int, limit: int, timeout_s: float = 10.0) -> int:
+    """The process's open descriptors once they are back to `limit` (or the last count)."""
+    deadline = time.monotonic() + timeout_s
+    n = open_fds(pid)
+    while n > limit and time.monotonic() < deadline:
+        time.sleep(0.1)
+        n = open_fds(pid)
+    return n
+
+
+def log_lines(text: str, needle: str) -> list[str]:
+    return [line for line in text.splitlines() if needle in line]
+
+
+def no_traceback(text: str) -> None:
+    assert "Traceback" not in text, text[-3000:]
