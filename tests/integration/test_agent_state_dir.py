@@ -1,13 +1,19 @@
-"""One agent per state dir, checked with real agent processes."""
+"""One agent per state dir, and `agent stop-engines`, checked with real processes."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from llmgw.agent.engineprocs import read_stat
+from llmgw.agent.statefile import ShardRecord, StateStore, lock_state_dir
 from llmgw.testing.procs import llmgw_argv, start_program
+from llmgw.wire.agent import ShardSpec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,3 +36,72 @@ class TestOneAgentPerStateDir:
         assert out.returncode == 2
         assert out.stderr.count("\n") == 1, out.stderr
         assert f"another agent (pid {first.pid})" in out.stderr
+
+
+def _record_sleeper(state_dir: Path, node: str) -> subprocess.Popen[bytes]:
+    """A long-lived process in its own session, recorded in the state file like an engine."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    stat = read_stat(proc.pid)
+    assert stat is not None
+    spec = ShardSpec(
+        replica_id="r-1", rank=0, model="m", served_names=("m",), engine="sim", gpu_indices=(0,)
+    )
+    record = ShardRecord(
+        replica_id="r-1",
+        rank=0,
+        pid=proc.pid,
+        start_ticks=stat[1],
+        port=21000,
+        spec=spec,
+        log_path=str(state_dir / "r-1.log"),
+        started_at=time.time(),
+    )
+    StateStore(state_dir, node=node).save((record,))
+    return proc
+
+
+def _stop_engines(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        llmgw_argv("agent", "stop-engines", *args),
+        capture_output=True,
+        text=True,
+        timeout=45,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+class TestStopEngines:
+    def test_stops_what_a_dead_agent_left_running(self, tmp_path: Path) -> None:
+        """`agent stop-engines` stops a recorded engine of a folder no agent holds."""
+        state = tmp_path / "state"
+        with _record_sleeper(state, "n") as engine:
+            out = _stop_engines("--grace-s", "5", f"n={state}", f"gone={tmp_path / 'never'}")
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.strip() == "stopped 1 engine(s)"
+            assert engine.wait(timeout=10) == -signal.SIGTERM
+
+    def test_leaves_a_live_agents_folder_alone(self, tmp_path: Path) -> None:
+        """A folder whose agent still holds its lock is skipped, with a line naming it."""
+        state = tmp_path / "state"
+        with _record_sleeper(state, "n") as engine:
+            try:
+                with lock_state_dir(state):
+                    out = _stop_engines(f"n={state}")
+                assert out.returncode == 0, out.stderr
+                assert out.stdout.strip() == "stopped 0 engine(s)"
+                assert "skipped n: another agent" in out.stderr
+                assert engine.poll() is None
+            finally:
+                engine.kill()
+                engine.wait(timeout=10)
+
+    def test_bad_argument_exits_2(self, tmp_path: Path) -> None:
+        """A pair without '=' is a usage error."""
+        out = _stop_engines(str(tmp_path))
+        assert out.returncode == 2
+        assert "expected NODE=STATE_DIR" in out.stderr

@@ -23,7 +23,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from llmgw.agent.state import STATE_FILE, StateDoc
+from llmgw.agent.statefile import STATE_FILE, StateDoc
 from llmgw.testing.procs import Program, start_program
 from llmgw.wire.agent import Heartbeat, HeartbeatReply, ShardSpec, ShardStatus
 

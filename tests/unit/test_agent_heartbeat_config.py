@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from llmgw.agent.app import _is_loopback
-from llmgw.agent.config import ConfigError, parse_config
+from llmgw.agent.config import AgentConfigError, parse_config
 from llmgw.agent.heartbeat import (
-    ControllerRejected,
-    ControllerUnavailable,
     Heartbeater,
+    HeartbeatFailed,
+    HeartbeatRejected,
     backoff_delay_s,
 )
 from llmgw.runtime.clock import ManualClock
@@ -58,7 +58,7 @@ class TestHeartbeater:
         """Unreachable or standby controllers never change the desired set; delays grow."""
         applied: list[tuple[ShardSpec, ...]] = []
         client = ScriptedClient(
-            [ControllerUnavailable("refused"), ControllerUnavailable("HTTP 503: not_leader")]
+            [HeartbeatFailed("refused"), HeartbeatFailed("HTTP 503: not_leader")]
         )
         hb = Heartbeater(
             client=client,
@@ -80,7 +80,7 @@ class TestHeartbeater:
         A controller that comes back must hear from every agent before its
         heartbeat timeout (10 s by default), or it shows healthy nodes unreachable.
         """
-        client = ScriptedClient([ControllerUnavailable("refused")] * 20)
+        client = ScriptedClient([HeartbeatFailed("refused")] * 20)
         hb = Heartbeater(
             client=client,
             build=beat_of,
@@ -95,9 +95,7 @@ class TestHeartbeater:
     async def test_reply_is_applied_and_resets(self) -> None:
         """An answer is applied, clears the failure count, and sets the next beat."""
         applied: list[tuple[ShardSpec, ...]] = []
-        client = ScriptedClient(
-            [ControllerRejected("401"), HeartbeatReply(shards=(), interval_s=5)]
-        )
+        client = ScriptedClient([HeartbeatRejected("401"), HeartbeatReply(shards=(), interval_s=5)])
         clock = ManualClock()
         hb = Heartbeater(
             client=client,
@@ -123,11 +121,11 @@ class _NoProbe:
 class TestHeartbeatSeq:
     async def test_seq_increases_per_heartbeat_of_one_agent(self, tmp_path: Path) -> None:
         """Each heartbeat built takes the next seq from 1, failed sends included."""
+        from llmgw.agent.engineprocs import PopenSpawner
         from llmgw.agent.gpus.fake import FakeInventory
         from llmgw.agent.ports import PortAllocator
-        from llmgw.agent.procs import PopenSpawner
         from llmgw.agent.service import Agent
-        from llmgw.agent.state import StateStore
+        from llmgw.agent.statefile import StateStore
         from llmgw.agent.supervisor import Supervisor
 
         state_dir = str(tmp_path / "state")
@@ -143,7 +141,7 @@ class TestHeartbeatSeq:
             clock=clock,
         )
         reply = HeartbeatReply(shards=())
-        client = ScriptedClient([reply, ControllerUnavailable("refused"), reply])
+        client = ScriptedClient([reply, HeartbeatFailed("refused"), reply])
         agent = Agent(
             config=cfg,
             inventory=FakeInventory(()),
@@ -215,14 +213,14 @@ class TestConfig:
     )
     def test_errors(self, args: list[str], message: str) -> None:
         """Bad configurations are refused with a message that names the problem."""
-        with pytest.raises(ConfigError, match=message):
+        with pytest.raises(AgentConfigError, match=message):
             parse_config(args)
 
     def test_unknown_file_key(self, tmp_path: Path) -> None:
         """A misspelt key in the file is an error, not silently ignored."""
         f = tmp_path / "agent.yaml"
         f.write_text("nodee: x\n")
-        with pytest.raises(ConfigError, match="nodee"):
+        with pytest.raises(AgentConfigError, match="nodee"):
             parse_config(["--config", str(f), *REQUIRED])
 
     def test_print_inventory_needs_no_controller(self) -> None:

@@ -9,7 +9,7 @@ from llmgw.agent.gpus.fake import FakeInventory
 from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.service import Agent
-from llmgw.agent.state import StateStore
+from llmgw.agent.statefile import StateStore
 from llmgw.agent.supervisor import Supervisor
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.agent import HeartbeatReply
@@ -96,6 +96,6 @@ async def test_engine_lifecycle_and_cards(tmp_path: Path) -> None:
 
 
 def _exit(code: int):  # type: ignore[no-untyped-def]
-    from llmgw.agent.procs import Exit
+    from llmgw.agent.engineprocs import Exit
 
     return Exit(code)

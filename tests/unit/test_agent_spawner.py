@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.agent.procs import PopenSpawner, SpawnError
+from llmgw.agent.engineprocs import PopenSpawner, SpawnError
 
 
 class TestSpawnFailures:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.agent.state import StateDirBusy, lock_state_dir
+from llmgw.agent.statefile import StateDirBusy, lock_state_dir
 
 
 class TestStateDirLock:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from llmgw.agent.engineprocs import KILL, TERM, Exit, PopenSpawner, SpawnError, read_stat
 from llmgw.agent.ports import PortAllocator
-from llmgw.agent.procs import KILL, TERM, Exit, PopenSpawner, SpawnError, read_stat
-from llmgw.agent.state import ShardRecord, StateStore
+from llmgw.agent.statefile import ShardRecord, StateStore
 from llmgw.agent.supervisor import Supervisor
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.agent import ShardSpec

@@ -11,10 +11,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from llmgw.adminclient.client import Response
+from llmgw.adminclient.errors import AdminUnreachable
 from llmgw.ctl import bench as bench_driver
 from llmgw.ctl import config, errors, main, specs
 from llmgw.ctl.capacity import Level
-from llmgw.ctl.client import Response
 from llmgw.ctl.context import Ctx
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.admin import (
@@ -157,7 +158,7 @@ class FakeController:
 
 class Unreachable:
     def request(self, method: str, url: str, **_kw: object) -> Response:
-        raise errors.Unreachable(f"cannot reach the controller at {url}: [Errno 111] refused")
+        raise AdminUnreachable(f"cannot reach the controller at {url}: [Errno 111] refused")
 
 
 class Run:

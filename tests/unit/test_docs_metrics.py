@@ -31,11 +31,11 @@ def _agent(cls: Any) -> CollectorRegistry:
     import tempfile
 
     from llmgw.agent.config import parse_config
+    from llmgw.agent.engineprocs import PopenSpawner
     from llmgw.agent.gpus.fake import FakeInventory
     from llmgw.agent.ports import PortAllocator
-    from llmgw.agent.procs import PopenSpawner
     from llmgw.agent.service import Agent
-    from llmgw.agent.state import StateStore
+    from llmgw.agent.statefile import StateStore
     from llmgw.agent.supervisor import Supervisor
     from llmgw.wire.agent import Heartbeat, HeartbeatReply
 

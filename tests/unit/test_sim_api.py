@@ -149,13 +149,13 @@ class TestTokenIds:
     def test_completion_ids_outside_the_vocabulary_are_400(self, ids: list[int]) -> None:
         """A prompt of token ids outside the vocabulary is vLLM's 400, not a 500 later."""
         raw = json.dumps({"model": "m", "prompt": ids}).encode()
-        with pytest.raises(api.ApiError) as exc:
+        with pytest.raises(api.SimApiError) as exc:
             api.parse_completion(raw, CFG)
         assert (exc.value.status, exc.value.param) == (400, "prompt")
 
     def test_embedding_ids_outside_the_vocabulary_are_400(self) -> None:
         """Embedding input given as token ids is checked against the vocabulary too."""
-        with pytest.raises(api.ApiError) as exc:
+        with pytest.raises(api.SimApiError) as exc:
             api.parse_embeddings(b'{"model": "m", "input": [[5, -3]]}', CFG)
         assert (exc.value.status, exc.value.param) == (400, "input")
 

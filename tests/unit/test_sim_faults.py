@@ -71,7 +71,7 @@ def error_of(call: object) -> tuple[int, dict[str, object]]:
     try:
         assert callable(call)
         call()
-    except api.ApiError as exc:
+    except api.SimApiError as exc:
         return exc.status, msgspec.json.decode(exc.body())["error"]
     raise AssertionError("no error")
 

@@ -23,11 +23,12 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
+from llmgw.agent.errors import AgentError
 from llmgw.agent.ports import parse_range
 from llmgw.agent.templates import parse_engine_bins
 
 
-class ConfigError(ValueError):
+class AgentConfigError(AgentError):
     """A configuration a person must fix; the message says what and where."""
 
 
@@ -109,7 +110,7 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k:
-            raise ConfigError(f"--{what} {item!r}: expected KEY=VALUE")
+            raise AgentConfigError(f"--{what} {item!r}: expected KEY=VALUE")
         out[k] = v
     return out
 
@@ -118,11 +119,11 @@ def _from_file(path: str) -> dict[str, Any]:
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        raise AgentConfigError(f"cannot read config {path}: {exc}") from exc
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise ConfigError(f"config {path}: expected a mapping of settings")
+        raise AgentConfigError(f"config {path}: expected a mapping of settings")
     out = {str(k).replace("-", "_"): v for k, v in doc.items()}
     for key in ("controller", "fabric"):
         if isinstance(out.get(key), str):
@@ -131,7 +132,7 @@ def _from_file(path: str) -> dict[str, Any]:
 
 
 def parse_config(argv: list[str]) -> AgentConfig:
-    """Flags over file over defaults; raises ConfigError (argparse exits on --help or bad flags)."""
+    """Flags over file over defaults; raises AgentConfigError (argparse exits on bad flags)."""
     ns = vars(_parser().parse_args(argv))
     merged: dict[str, Any] = _from_file(ns.pop("config")) if "config" in ns else {}
     if "label" in ns:
@@ -142,7 +143,7 @@ def parse_config(argv: list[str]) -> AgentConfig:
     try:
         cfg = msgspec.convert(merged, AgentConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"bad setting: {exc}") from exc
+        raise AgentConfigError(f"bad setting: {exc}") from exc
     if not cfg.address:
         cfg = msgspec.structs.replace(cfg, address=socket.gethostname())
     _check(cfg)
@@ -151,12 +152,12 @@ def parse_config(argv: list[str]) -> AgentConfig:
 
 def _check(cfg: AgentConfig) -> None:
     if cfg.gpus is not None and cfg.gpus_file is not None:
-        raise ConfigError("give --gpus or --gpus-file, not both")
+        raise AgentConfigError("give --gpus or --gpus-file, not both")
     try:
         cfg.ports  # noqa: B018  # parse now, so a bad range fails at start
         parse_engine_bins(cfg.engine_bin)
     except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+        raise AgentConfigError(str(exc)) from exc
     if cfg.print_inventory:
         return
     missing = [
@@ -169,12 +170,12 @@ def _check(cfg: AgentConfig) -> None:
         if not value
     ]
     if missing:
-        raise ConfigError("missing " + ", ".join(missing))
+        raise AgentConfigError("missing " + ", ".join(missing))
     for url in cfg.controller:
         # Refused here: the heartbeat loop would only log its failure, forever.
         why = _url_problem(url)
         if why is not None:
-            raise ConfigError(f"--controller {url!r}: {why}; expected http://HOST:PORT")
+            raise AgentConfigError(f"--controller {url!r}: {why}; expected http://HOST:PORT")
 
 
 def _url_problem(url: str) -> str | None:

@@ -11,8 +11,8 @@ With several controller URLs, a failed beat moves to the next one.
 
 Errors:
 
-    ControllerUnavailable     no usable answer (connection, timeout, 5xx, bad body)
-    └── ControllerRejected    the controller answered 4xx (bad token, unknown route)
+    HeartbeatFailed           no usable answer (connection, timeout, 5xx, bad body)
+    └── HeartbeatRejected     the controller answered 4xx (bad token, unknown route)
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from llmgw.agent.errors import AgentError
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
@@ -34,11 +35,11 @@ from llmgw.wire.agent import Heartbeat, HeartbeatReply
 log = logging.getLogger(__name__)
 
 
-class ControllerUnavailable(Exception):
+class HeartbeatFailed(AgentError):
     """No usable answer from the controller; retry later."""
 
 
-class ControllerRejected(ControllerUnavailable):
+class HeartbeatRejected(HeartbeatFailed):
     """The controller refused the heartbeat (4xx): likely a configuration error."""
 
 
@@ -71,7 +72,7 @@ class HeartbeatSender(Protocol):
     def url(self) -> str: ...
 
     async def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
-        """The answer, or ControllerUnavailable."""
+        """The answer, or HeartbeatFailed."""
         ...
 
     async def close(self) -> None: ...
@@ -108,16 +109,16 @@ class ControllerClient:
                 status = resp.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self._next()
-            raise ControllerUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
+            raise HeartbeatFailed(f"{url}: {type(exc).__name__}: {exc}") from exc
         if status != 200:
             self._next()
             text = body[:300].decode(errors="replace")
-            cls = ControllerRejected if 400 <= status < 500 else ControllerUnavailable
+            cls = HeartbeatRejected if 400 <= status < 500 else HeartbeatFailed
             raise cls(f"{url}: HTTP {status}: {text}")
         try:
             return msgspec.json.decode(body, type=HeartbeatReply)
         except msgspec.DecodeError as exc:
-            raise ControllerUnavailable(f"{url}: bad reply: {exc}") from exc
+            raise HeartbeatFailed(f"{url}: bad reply: {exc}") from exc
 
     def _next(self) -> None:
         self._current = (self._current + 1) % len(self._urls)
@@ -159,10 +160,10 @@ class Heartbeater:
     async def beat(self) -> float:
         try:
             reply = await self._client.heartbeat(self._build())
-        except ControllerUnavailable as exc:
+        except HeartbeatFailed as exc:
             self.failures += 1
             self.last_error = str(exc)
-            level = logging.ERROR if isinstance(exc, ControllerRejected) else logging.WARNING
+            level = logging.ERROR if isinstance(exc, HeartbeatRejected) else logging.WARNING
             delay = backoff_delay_s(
                 self.failures, base_s=self._base_s, cap_s=self._cap_s, rng=self._rng
             )

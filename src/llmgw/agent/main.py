@@ -1,4 +1,7 @@
-"""`llmgw agent`: one per GPU node (DESIGN §5). See config.py for the flags.
+"""`llmgw agent`: one per GPU node (docs/agent.md). See config.py for the flags.
+
+`llmgw agent stop-engines NODE=STATE_DIR…` is the one subcommand: it stops the
+engines agents left behind (leftovers.py).
 
 Exit codes: 0 after SIGTERM/SIGINT, 1 if the agent's loops died or its own
 port cannot be bound, 2 for a configuration a person must fix (bad flag, no
@@ -18,16 +21,17 @@ from pathlib import Path
 
 import msgspec
 
+from llmgw.agent import leftovers
 from llmgw.agent.app import build_app
-from llmgw.agent.config import AgentConfig, ConfigError, parse_config
+from llmgw.agent.config import AgentConfig, AgentConfigError, parse_config
+from llmgw.agent.engineprocs import PopenSpawner
 from llmgw.agent.gpus import open_inventory
 from llmgw.agent.gpus.base import GpuDiscoveryError, GpuInventory
 from llmgw.agent.heartbeat import ControllerClient
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.probe import HttpHealthProbe
-from llmgw.agent.procs import PopenSpawner
 from llmgw.agent.service import Agent
-from llmgw.agent.state import StateDirBusy, StateStore, lock_state_dir
+from llmgw.agent.statefile import StateDirBusy, StateStore, lock_state_dir
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.templates import parse_engine_bins
 from llmgw.runtime import logs
@@ -35,6 +39,8 @@ from llmgw.runtime.serve import run, serve_app
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == [leftovers.COMMAND]:
+        return leftovers.main(argv[1:])
     try:
         fmt, argv = logs.take_format(argv)
     except logs.LogFormatError as exc:
@@ -43,7 +49,7 @@ def main(argv: list[str]) -> int:
     logs.setup(fmt=fmt)
     try:
         cfg = parse_config(argv)
-    except ConfigError as exc:
+    except AgentConfigError as exc:
         sys.stderr.write(f"llmgw agent: {exc}\n")
         return 2
     try:

@@ -14,13 +14,15 @@ import errno
 import socket
 from collections.abc import Callable, Collection
 
+from llmgw.agent.errors import AgentError
 
-class NoFreePort(RuntimeError):
+
+class NoFreePort(AgentError):
     def __init__(self, lo: int, hi: int) -> None:
         super().__init__(f"no free port in {lo}-{hi}")
 
 
-class RendezvousPortTaken(RuntimeError):
+class RendezvousPortTaken(AgentError):
     """Rank 0 of a multi-node shard would listen on a port something here already holds.
 
     The port was chosen by the controller and the other ranks dial it, so the

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.agent import logfiles
+from llmgw.agent.engineprocs import KILL, TERM, ProcessHandle, Spawner, SpawnError
 from llmgw.agent.metrics import EngineEvents
 from llmgw.agent.ports import NoFreePort, PortAllocator, RendezvousPortTaken
 from llmgw.agent.probe import HealthProbe
-from llmgw.agent.procs import KILL, TERM, ProcessHandle, Spawner, SpawnError
-from llmgw.agent.state import ShardRecord, StateStore
+from llmgw.agent.statefile import ShardRecord, StateStore
 from llmgw.agent.templates import DEFAULT_COMMANDS, render
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv

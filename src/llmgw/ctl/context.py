@@ -16,7 +16,7 @@ from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from llmgw.ctl.client import AdminClient, Transport
+    from llmgw.adminclient.client import AdminClient, Transport
 
 
 @dataclass(kw_only=True)
@@ -36,7 +36,7 @@ class Ctx:
 
     def client(self) -> AdminClient:
         if self._client is None:
-            from llmgw.ctl.client import AdminClient
+            from llmgw.adminclient.client import AdminClient
 
             self._client = AdminClient(self.url, token=self.token, transport=self.transport)
         return self._client

@@ -1,4 +1,4 @@
-"""`llmgw ctl [--controller URL] [--token T] COMMAND …`: the operator's CLI (DESIGN §6).
+"""`llmgw ctl [--controller URL] [--token T] COMMAND …`: the operator's CLI (docs/ctl.md).
 
 Start-up cost is part of the interface: this module imports argparse and
 nothing heavy (no rich, aiohttp, msgspec, yaml); each command's module is
@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from llmgw.adminclient.errors import AdminError, AdminUnauthorized
 from llmgw.ctl import config
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError
@@ -153,6 +154,10 @@ def main(
         return code
     except CtlError as exc:
         base.err.write(f"llmgw ctl: {exc}\n")
+        return 1
+    except AdminError as exc:
+        hint = "; set --token or LLMGW_TOKEN" if isinstance(exc, AdminUnauthorized) else ""
+        base.err.write(f"llmgw ctl: {exc}{hint}\n")
         return 1
     except KeyboardInterrupt:
         base.err.write("llmgw ctl: interrupted\n")

@@ -35,7 +35,7 @@ ERROR_TYPES = {
 }
 
 
-class ApiError(Exception):
+class SimApiError(Exception):
     """A request the engine refuses; rendered as vLLM's error body with `status`."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
@@ -112,28 +112,30 @@ def _decode(raw: bytes, kind: type[T]) -> T:
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
-        raise ApiError(400, f"Invalid request: {exc}") from exc
+        raise SimApiError(400, f"Invalid request: {exc}") from exc
     except msgspec.DecodeError as exc:
-        raise ApiError(400, f"Malformed JSON body: {exc}") from exc
+        raise SimApiError(400, f"Malformed JSON body: {exc}") from exc
     except RecursionError:
-        raise ApiError(400, "Malformed JSON body: nested too deeply") from None
+        raise SimApiError(400, "Malformed JSON body: nested too deeply") from None
 
 
 def check_model(model: str | None, cfg: SimConfig) -> str:
     if model is None:
-        raise ApiError(400, "The 'model' field is required.", param="model")
+        raise SimApiError(400, "The 'model' field is required.", param="model")
     if model not in cfg.served_model_names:
-        raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+        raise SimApiError(404, f"The model `{model}` does not exist.", param="model")
     return model
 
 
 def _check_params(body: _Common, max_tokens: int | None) -> None:
     if body.n is not None and body.n != 1:
-        raise ApiError(400, "The sim-engine supports n = 1 only.", param="n")
+        raise SimApiError(400, "The sim-engine supports n = 1 only.", param="n")
     if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+        raise SimApiError(
+            400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens"
+        )
     if body.min_tokens is not None and body.min_tokens < 0:
-        raise ApiError(
+        raise SimApiError(
             400, f"min_tokens must be greater than or equal to 0, got {body.min_tokens}."
         )
 
@@ -142,7 +144,7 @@ def _check_vocab(ids: list[int], param: str) -> None:
     """Client-given token ids must be in the vocabulary (hashing them needs 4 unsigned bytes)."""
     for t in ids:
         if not 0 <= t < tokenizer.VOCAB_SIZE:
-            raise ApiError(400, f"Token id {t} is out of vocabulary", param=param)
+            raise SimApiError(400, f"Token id {t} is out of vocabulary", param=param)
 
 
 def _job(
@@ -151,15 +153,15 @@ def _job(
     _check_params(body, max_tokens)
     n, limit = len(ids), cfg.max_model_len
     if n == 0:
-        raise ApiError(400, "The prompt is empty.", param="prompt")
+        raise SimApiError(400, "The prompt is empty.", param="prompt")
     if n >= limit:
-        raise ApiError(
+        raise SimApiError(
             400,
             f"This model's maximum context length is {limit} tokens. However, your request "
             f"has {n} input tokens. Please reduce the length of the input messages.",
         )
     if max_tokens is not None and n + max_tokens > limit:
-        raise ApiError(
+        raise SimApiError(
             400,
             f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
             f"maximum context length is {limit} tokens and your request has {n} input tokens "
@@ -198,7 +200,7 @@ def parse_completion(raw: bytes, cfg: SimConfig) -> Job:
     try:
         ids = tokenizer.prompt_ids_for_body({"prompt": body.prompt})
     except (ValueError, TypeError, AttributeError) as exc:
-        raise ApiError(
+        raise SimApiError(
             400, "prompt must be a string, a list of token ids, or a list of one of those"
         ) from exc
     if not isinstance(body.prompt, str):
@@ -229,18 +231,20 @@ def parse_embeddings(raw: bytes, cfg: SimConfig) -> EmbeddingJob:
             _check_vocab(item, "input")
             inputs.append(list(item))
         else:
-            raise ApiError(
+            raise SimApiError(
                 400, "input must be a string, token ids, or a list of those", param="input"
             )
         if len(inputs[-1]) > cfg.max_model_len:
-            raise ApiError(
+            raise SimApiError(
                 400, f"This model's maximum context length is {cfg.max_model_len} tokens."
             )
     if body.encoding_format not in (None, "float", "base64"):
-        raise ApiError(400, "encoding_format must be 'float' or 'base64'", param="encoding_format")
+        raise SimApiError(
+            400, "encoding_format must be 'float' or 'base64'", param="encoding_format"
+        )
     dims = cfg.embedding_dim if body.dimensions is None else body.dimensions
     if not 1 <= dims <= cfg.embedding_dim:
-        raise ApiError(
+        raise SimApiError(
             400, f"dimensions must be within [1, {cfg.embedding_dim}]", param="dimensions"
         )
     return EmbeddingJob(

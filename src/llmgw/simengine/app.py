@@ -80,7 +80,7 @@ def json_response(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type=JSON)
 
 
-def error_response(exc: api.ApiError) -> web.Response:
+def error_response(exc: api.SimApiError) -> web.Response:
     return json_response(exc.body(), exc.status)
 
 
@@ -100,12 +100,12 @@ async def read_request(
     try:
         return parse(await request.read(), cfg)
     except web.HTTPRequestEntityTooLarge:
-        exc = api.ApiError(413, f"Request body is larger than {MAX_BODY_BYTES} bytes.")
+        exc = api.SimApiError(413, f"Request body is larger than {MAX_BODY_BYTES} bytes.")
     except web.RequestPayloadError as err:
-        exc = api.ApiError(400, f"Malformed request body: {err}")
+        exc = api.SimApiError(400, f"Malformed request body: {err}")
     except RecursionError:
-        exc = api.ApiError(400, "Malformed JSON body: nested too deeply")
-    except api.ApiError as err:
+        exc = api.SimApiError(400, "Malformed JSON body: nested too deeply")
+    except api.SimApiError as err:
         exc = err
     log.warning(kv("refused request", status=exc.status, path=request.path, why=exc.message[:120]))
     return error_response(exc)
@@ -218,7 +218,7 @@ class SimEngine:
         if isinstance(job, web.Response):
             return job
         if self.dead:
-            return error_response(api.ApiError(500, DEAD))
+            return error_response(api.SimApiError(500, DEAD))
         verdict = self.faults.admit()
         if verdict is Verdict.CRASH:
             self._crash()
@@ -286,7 +286,7 @@ class SimEngine:
 
     async def _generate(self, request: web.Request, job: api.Job, kind: str) -> web.StreamResponse:
         if self.dead:
-            return error_response(api.ApiError(500, DEAD))
+            return error_response(api.SimApiError(500, DEAD))
         verdict = self.faults.admit()
         if verdict is Verdict.CRASH:
             self._crash()
@@ -321,7 +321,7 @@ class SimEngine:
 
     def _fail_answer(self) -> web.Response:
         status, headers = self.faults.fail_answer()
-        resp = error_response(api.ApiError(status, "simulated failure (fail_rate)"))
+        resp = error_response(api.SimApiError(status, "simulated failure (fail_rate)"))
         resp.headers.update(headers)
         return resp
 
@@ -399,7 +399,9 @@ class SimEngine:
             if cut is not None and req.num_output >= cut:
                 if error_first:
                     self.engine.abort(stream, reason="error")
-                    return error_response(api.ApiError(500, "simulated error (error_after_tokens)"))
+                    return error_response(
+                        api.SimApiError(500, "simulated error (error_after_tokens)")
+                    )
                 self.engine.abort(stream)
                 await self._hold(request)
                 return web.Response(status=500)
@@ -409,7 +411,7 @@ class SimEngine:
                 if _gone(request):
                     return web.Response(status=499)
             if stream.failed:
-                return error_response(api.ApiError(500, DEAD))
+                return error_response(api.SimApiError(500, DEAD))
         text = tokenizer.output_text(req.output_ids())
         resp = json_response(enc.full(text, req.finish_reason, self._usage(req)))
         resp.headers.update(_arrival(req))

@@ -47,14 +47,14 @@ def _json(body: object, status: int = 200) -> web.Response:
     )
 
 
-def _error(exc: api.ApiError) -> web.Response:
+def _error(exc: api.SimApiError) -> web.Response:
     return web.Response(body=exc.body(), status=exc.status, content_type="application/json")
 
 
 @web.middleware
 async def loopback_only(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path.startswith(PREFIX) and not is_loopback(request.remote):
-        return _error(api.ApiError(403, "the /sim/ routes answer loopback peers only"))
+        return _error(api.SimApiError(403, "the /sim/ routes answer loopback peers only"))
     return await handler(request)
 
 
@@ -95,7 +95,7 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
             }
         )
 
-    def _refused(exc: api.ApiError) -> web.Response:
+    def _refused(exc: api.SimApiError) -> web.Response:
         log.warning(
             "refused request status=%d path=/sim/faults why=%s", exc.status, exc.message[:120]
         )
@@ -106,9 +106,9 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
             patch = msgspec.json.decode(await request.read(), type=FaultPatch)
             config = sim.faults.update(patch)
         except (msgspec.DecodeError, ValueError) as exc:
-            return _refused(api.ApiError(400, f"bad faults: {exc}"))
+            return _refused(api.SimApiError(400, f"bad faults: {exc}"))
         except RecursionError:
-            return _refused(api.ApiError(400, "bad faults: nested too deeply"))
+            return _refused(api.SimApiError(400, "bad faults: nested too deeply"))
         log.info("faults changed %s", msgspec.to_builtins(config))
         return _json(config)
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import IO
 
 from llmgw.runtime.lockfile import LockHeld, StateDirRefused, hold_lock
+from llmgw.up.errors import UpError
 
 LOCK_FILE = "up.lock"
 
 
-class Refused(RuntimeError):
+class Refused(UpError):
     """`up` cannot start here; the message is one line saying what to change."""
 
 

@@ -21,6 +21,7 @@ from typing import Annotated
 
 import msgspec
 
+from llmgw.up.errors import UpError
 from llmgw.wire.models import ModelSpec
 
 GPUS_RE = re.compile(r"^\d+x[A-Za-z0-9][A-Za-z0-9._-]*(,\d+x[A-Za-z0-9][A-Za-z0-9._-]*)*$")
@@ -60,7 +61,7 @@ class Fleet(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         ]
 
 
-class FleetError(ValueError):
+class FleetError(UpError):
     """The fleet file is unreadable or invalid; the message names the file and field."""
 
 

@@ -17,19 +17,19 @@ import os
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import msgspec
 
+from llmgw.adminclient.client import AdminClient
+from llmgw.adminclient.errors import AdminError, AdminUnreachable
 from llmgw.runtime.lockfile import open_nofollow
 from llmgw.runtime.serve import READY_PREFIX
 from llmgw.up.checks import Refused, check_ports, lock_state_dir
+from llmgw.up.children import Child, Interrupted, StartFailed, stop_all, stop_leftover_engines
 from llmgw.up.fleet import Fleet, FleetError, load_fleet
-from llmgw.up.procs import Child, Interrupted, StartFailed, stop_all, stop_leftover_engines
 
 ENGINE_PORT_BASE = 21000
 ENGINE_PORTS_PER_NODE = 50
@@ -61,6 +61,7 @@ class Up:
         self.controller_url = f"http://127.0.0.1:{self.controller_port}"
         self.router_url = f"http://127.0.0.1:{self.router_port}"
         self.token: str | None = args.token
+        self.client = AdminClient(self.controller_url, token=self.token, timeout_s=10.0)
         self.children: list[Child] = []
         self.stopping = False
 
@@ -124,37 +125,19 @@ class Up:
             out.append(Child(f"agent {name}", args, self.logs / f"agent-{name}.log"))
         return out
 
-    # -- controller API (no ctl import: programs stay independent) ----------
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else msgspec.json.encode(body)
-        req = urllib.request.Request(self.controller_url + path, data=data, method=method)
-        req.add_header("content-type", "application/json")
-        if self.token:
-            req.add_header("authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            raw = resp.read()
-        return json.loads(raw) if raw else None
+    # -- controller API (the admin client ctl uses too) ---------------------
 
     def apply_models(self) -> None:
         specs = self.fleet.models_for_apply()
         if not specs:
             return
         try:
-            self.call("POST", "/admin/models", specs)
-        except urllib.error.HTTPError as exc:
-            with exc:
-                detail = _error_message(exc.read())
+            self.client.apply(specs)
+        except AdminUnreachable as exc:
+            raise StartFailed(str(exc)) from exc
+        except AdminError as exc:
             raise StartFailed(
-                f"the controller refused the fleet's models ({exc.code}): {detail}"
-            ) from exc
-        except urllib.error.URLError as exc:
-            raise StartFailed(
-                f"cannot reach the controller at {self.controller_url}: {exc.reason}"
-            ) from exc
-        except TimeoutError as exc:
-            raise StartFailed(
-                f"the controller at {self.controller_url} did not take the models within 10s"
+                f"the controller refused the fleet's models ({exc.status}): {exc.detail}"
             ) from exc
 
     def write_manifest(self) -> None:
@@ -238,16 +221,6 @@ class Up:
         (self.state / "up.json").unlink(missing_ok=True)
 
 
-def _error_message(body: bytes) -> str:
-    """The controller's own words from an error body, else the body's start."""
-    try:
-        data = json.loads(body)
-        message = data["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return body[:300].decode(errors="replace").strip() or "no details"
-    return str(message)
-
-
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -306,7 +279,7 @@ def main(argv: list[str]) -> int:
             time.sleep(0.5)
     except Interrupted:
         pass
-    except (StartFailed, urllib.error.URLError, OSError) as exc:
+    except (StartFailed, OSError) as exc:
         print(f"llmgw up: {exc}", file=sys.stderr)
         code = 1
     finally:

@@ -5,19 +5,20 @@ from __future__ import annotations
 import os
 import sys
 import time
-import urllib.error
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from llmgw.adminclient.errors import AdminError
+from llmgw.wire.admin import ModelView
 
 if TYPE_CHECKING:
     from llmgw.up.main import Up
 
 
-def _models(up: Up) -> list[dict[str, Any]]:
+def _models(up: Up) -> list[ModelView]:
     try:
-        models = up.call("GET", "/admin/models")
-    except (urllib.error.URLError, OSError, ValueError):
-        return []
-    return list(models) if isinstance(models, list) else []
+        return up.client.models()
+    except AdminError:
+        return []  # a progress display: the next refresh tries again
 
 
 def show_progress(up: Up, *, timeout_s: float) -> None:
@@ -28,19 +29,19 @@ def show_progress(up: Up, *, timeout_s: float) -> None:
 
     console = Console()
 
-    def table(models: list[dict[str, Any]], elapsed: float) -> Table:
+    def table(models: list[ModelView], elapsed: float) -> Table:
         t = Table(title=f"replicas starting ({elapsed:.0f}s)", title_justify="left")
         t.add_column("model")
         t.add_column("ready", justify="right")
         t.add_column("min", justify="right")
         t.add_column("note")
         for m in models:
-            ready, lo = int(m.get("ready", 0)), int(m.get("min", 0))
-            note = m.get("unplaceable_reason") or ("" if ready >= lo else "starting…")
+            ready, lo = m.ready, m.min
+            note = m.unplaceable_reason or ("" if ready >= lo else "starting…")
             if lo == 0 and ready == 0:
                 note = "scales from zero on first request"
             mark = "[green]✓[/]" if ready >= lo else "[yellow]…[/]"
-            t.add_row(f"{mark} {m.get('name')}", str(ready), str(lo), str(note))
+            t.add_row(f"{mark} {m.name}", str(ready), str(lo), note)
         return t
 
     start = time.monotonic()
@@ -49,7 +50,7 @@ def show_progress(up: Up, *, timeout_s: float) -> None:
             elapsed = time.monotonic() - start
             models = _models(up)
             live.update(table(models, elapsed))
-            if models and all(int(m.get("ready", 0)) >= int(m.get("min", 0)) for m in models):
+            if models and all(m.ready >= m.min for m in models):
                 break
             if elapsed > timeout_s:
                 console.print("[yellow]some replicas are still starting; see `llmgw ctl status`")

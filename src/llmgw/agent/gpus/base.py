@@ -14,6 +14,7 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Protocol
 
+from llmgw.agent.errors import AgentError
 from llmgw.wire.agent import GPU
 
 
@@ -31,7 +32,7 @@ class Telemetry:
     ecc_uncorrected: int | None = None
 
 
-class GpuError(Exception):
+class GpuError(AgentError):
     """Base of the GPU package's errors."""
 
 

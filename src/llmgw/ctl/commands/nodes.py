@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from llmgw.ctl.client import AdminClient
+from llmgw.adminclient.client import AdminClient
+from llmgw.adminclient.errors import AdminError
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError, DrainTimeout
 from llmgw.runtime.clock import Clock
@@ -63,7 +64,7 @@ def _blocked(client: AdminClient, node: str) -> str:
     """Why the drain cannot finish, when no replacement fits somewhere; '' otherwise."""
     try:
         waits = [w for w in client.node(node).drain_waiting if w.blocked]
-    except CtlError:
+    except AdminError:
         return ""  # the timeout is the news; a failed lookup must not hide it
     if not waits:
         return ""

@@ -13,9 +13,10 @@ import time
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from llmgw.adminclient.errors import AdminError
 from llmgw.ctl import render, tables
 from llmgw.ctl.context import Ctx
-from llmgw.ctl.errors import ControllerError, CtlError
+from llmgw.ctl.errors import CtlError
 
 
 def status_screen(ctx: Ctx) -> RenderableType:
@@ -61,7 +62,7 @@ def watch(ctx: Ctx, *, interval_s: float) -> int:
                 ctx.sleep(interval_s)
                 try:
                     screen = status_screen(ctx)
-                except ControllerError as exc:
+                except AdminError as exc:
                     warning = Text(f"{exc} — retrying every {interval_s:g}s", style="bold red")
                     live.update(Group(warning, screen), refresh=True)
                     continue

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from llmgw.agent.errors import AgentError
 from llmgw.agent.logfiles import open_for_engine
 
 
-class SpawnError(RuntimeError):
+class SpawnError(AgentError):
     """The engine could not be started at all (missing binary, bad cwd…)."""
 
 

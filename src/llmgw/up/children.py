@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.runtime.serve import READY_PREFIX
+from llmgw.up.errors import UpError
 
 
-class StartFailed(RuntimeError):
+class StartFailed(UpError):
     """A child exited or did not print its ready line in time; carries its log tail."""
 
 
-class Interrupted(Exception):
+class Interrupted(UpError):
     """Ctrl-C (or SIGTERM) arrived while `up` was still starting its programs."""
 
 
@@ -131,27 +132,27 @@ def stop_leftover_engines(agents: list[tuple[str, Path]], *, grace_s: float) -> 
 
     An agent stops its engines on exit (`--stop-engines-on-exit`), but not if it
     was already dead when Ctrl-C came (crashed, waiting for its restart) or was
-    SIGKILLed after its grace. Its engines run in sessions of their own, so
-    nothing else would ever stop them. The agent's own state file and process
-    checks are used (pid AND start time), so a reused pid is never signalled.
-    `agents` is (node name, state dir) pairs; returns how many were found.
+    SIGKILLed after its grace. The agent's own subcommand does it (`llmgw agent
+    stop-engines`, which knows its state file and checks pid AND start time), so
+    `up` needs none of the agent's internals. `agents` is (node name, state dir)
+    pairs; returns how many engines were stopped (0 when the subcommand failed,
+    whose output is shown).
     """
-    from llmgw.agent.procs import KILL, TERM, PopenSpawner
-    from llmgw.agent.state import StateStore
-
-    spawner = PopenSpawner()
-    handles = [
-        h
-        for node, state_dir in agents
-        for rec in StateStore(state_dir, node=node).load()
-        if (h := spawner.attach(rec.pid, rec.start_ticks)) is not None
-    ]
-    for h in handles:
-        h.signal_group(TERM)
-    deadline = time.monotonic() + grace_s
-    while any(h.poll() is None for h in handles) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for h in handles:
-        if h.poll() is None:
-            h.signal_group(KILL)
-    return len(handles)
+    if not agents:
+        return 0
+    argv = [sys.executable, "-m", "llmgw", "agent", "stop-engines", "--grace-s", str(grace_s)]
+    argv += [f"{node}={state_dir}" for node, state_dir in agents]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=grace_s + 30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"llmgw up: could not stop leftover engines: {exc}", file=sys.stderr, flush=True)
+        return 0
+    if done.stderr:
+        sys.stderr.write(done.stderr)
+    lines = done.stdout.split()
+    if done.returncode != 0 or len(lines) < 2 or not lines[1].isdigit():
+        print(f"llmgw up: agent stop-engines exited {done.returncode}", file=sys.stderr)
+        return 0
+    return int(lines[1])

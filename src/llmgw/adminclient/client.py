@@ -1,11 +1,11 @@
-"""The controller's admin API from ctl's side: one method per route, wire types out.
+"""The controller's admin API: one method per route, wire types out.
 
-Two layers, so tests need no socket (STYLE habit 5):
+Two layers, so tests need no socket:
 - a `Transport` sends one request and returns (status, body); `UrllibTransport`
-  is the real one (the stdlib keeps `ctl` quick to start, DESIGN §6), tests pass
-  a fake that answers from memory;
+  is the real one (the stdlib keeps `llmgw ctl` quick to start), tests pass a
+  fake that answers from memory;
 - `AdminClient` builds paths, encodes bodies, decodes answers into `llmgw.wire`
-  types and turns every failure into the ctl exception tree, here and only here.
+  types and turns every failure into an `AdminError` (errors.py), here and only here.
 """
 
 from __future__ import annotations
@@ -19,7 +19,15 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 
-from llmgw.ctl import errors
+from llmgw.adminclient.errors import (
+    AdminError,
+    AdminNotFound,
+    AdminNotLeader,
+    AdminRejected,
+    AdminServerFailed,
+    AdminUnauthorized,
+    AdminUnreachable,
+)
 from llmgw.wire.admin import (
     DrainRequest,
     EventView,
@@ -50,7 +58,7 @@ class Transport(Protocol):
         headers: Mapping[str, str],
         timeout_s: float,
     ) -> Response:
-        """Send one request; any HTTP status is an answer, no answer raises `errors.Unreachable`."""
+        """Send one request; any HTTP status is an answer, no answer raises `AdminUnreachable`."""
         ...
 
 
@@ -75,16 +83,16 @@ class UrllibTransport:
             with exc:
                 return Response(exc.code, exc.read())
         except urllib.error.URLError as exc:
-            raise errors.Unreachable(f"cannot reach the controller at {url}: {exc.reason}") from exc
+            raise AdminUnreachable(f"cannot reach the controller at {url}: {exc.reason}") from exc
         except TimeoutError as exc:
-            raise errors.Unreachable(
+            raise AdminUnreachable(
                 f"the controller at {url} did not answer within {timeout_s:g}s"
             ) from exc
         except (ConnectionError, OSError) as exc:
-            raise errors.Unreachable(f"cannot reach the controller at {url}: {exc}") from exc
+            raise AdminUnreachable(f"cannot reach the controller at {url}: {exc}") from exc
         except http.client.HTTPException as exc:
             # Not OSErrors: something else listens there, or the answer was cut short.
-            raise errors.ServerFailed(
+            raise AdminServerFailed(
                 f"no valid HTTP answer from {url} (is the controller there?): "
                 f"{type(exc).__name__}: {exc!r:.80}"
             ) from exc
@@ -96,7 +104,7 @@ def _quote(segment: str) -> str:
 
 
 class AdminClient:
-    """`GET /admin/...` and friends (notes/CONTROLLER_API.md), as methods returning wire types."""
+    """`GET /admin/...` and friends (docs/controller.md), as methods returning wire types."""
 
     def __init__(
         self,
@@ -212,12 +220,12 @@ class AdminClient:
         try:
             return msgspec.json.decode(resp.body, type=kind)
         except msgspec.DecodeError as exc:
-            raise errors.ServerFailed(
+            raise AdminServerFailed(
                 f"{method} {path}: the controller's answer does not decode ({exc})"
             ) from exc
 
-    def _failure(self, method: str, path: str, resp: Response) -> errors.ControllerError:
-        """The ctl exception for an error status, carrying the controller's own message."""
+    def _failure(self, method: str, path: str, resp: Response) -> AdminError:
+        """The exception for an error status, carrying the controller's own message."""
         kind, message = "", ""
         try:
             detail = msgspec.json.decode(resp.body, type=ErrorBody).error
@@ -225,15 +233,23 @@ class AdminClient:
         except msgspec.DecodeError:
             message = resp.body[:200].decode("utf-8", "replace").strip()
         message = message or f"{method} {path} answered {resp.status}"
-        if resp.status == 401:
-            return errors.Unauthorized(
-                f"the controller at {self.base_url} rejected the token (401): {message}; "
-                "set --token or LLMGW_TOKEN"
+        status = resp.status
+        if status == 401:
+            return AdminUnauthorized(
+                f"the controller at {self.base_url} rejected the token (401): {message}",
+                status=status,
+                detail=message,
             )
-        if resp.status == 404:
-            return errors.NotFound(message)
-        if resp.status in (400, 409, 422):
-            return errors.Rejected(message)
-        if resp.status == 503 and kind == "not_leader":
-            return errors.NotLeader(f"{message} (this controller is a standby; use the leader)")
-        return errors.ServerFailed(f"{method} {path} failed with {resp.status}: {message}")
+        if status == 404:
+            return AdminNotFound(message, status=status)
+        if status in (400, 409, 422):
+            return AdminRejected(message, status=status)
+        if status == 503 and kind == "not_leader":
+            return AdminNotLeader(
+                f"{message} (this controller is a standby; use the leader)",
+                status=status,
+                detail=message,
+            )
+        return AdminServerFailed(
+            f"{method} {path} failed with {status}: {message}", status=status, detail=message
+        )

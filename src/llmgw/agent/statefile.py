@@ -20,6 +20,7 @@ from typing import IO
 
 import msgspec
 
+from llmgw.agent.errors import AgentError
 from llmgw.runtime.lockfile import LockHeld, StateDirRefused, hold_lock, open_nofollow
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import ShardSpec
@@ -30,7 +31,7 @@ STATE_FILE = "agent-state.json"
 LOCK_FILE = "agent.lock"
 
 
-class StateDirBusy(RuntimeError):
+class StateDirBusy(AgentError):
     """The state dir cannot be ours: another live agent holds it (the message names its
     pid), or it is a symlink or not a folder."""
 
