@@ -125,13 +125,16 @@ def start_program(
     ready_timeout_s: float = 30.0,
     wait: bool = True,
     cwd: Path | None = None,
+    prefix: Sequence[str] = (),
 ) -> Program:
     """Start `llmgw <args>` in a new process group and (by default) wait until it is ready.
 
     Pass `--port 0` in args to let the program pick a free port; `Program.url`
-    and `Program.port` are read back from its ready line.
+    and `Program.port` are read back from its ready line. `prefix` runs it
+    through a command that execs it in place (`ip netns exec NS`), so the PID
+    is still the program's own.
     """
-    argv = llmgw_argv(*args)
+    argv = [*prefix, *llmgw_argv(*args)]
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="llmgw-test-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     name = args[0] if args else "llmgw"

@@ -1,0 +1,187 @@
+"""Several hosts on one machine: network namespaces joined by a bridge.
+
+    with Net(["ctl", "router", "gpu-a", "gpu-b"]) as net:
+        c = net["ctl"].start(["controller", "--host", net["ctl"].addr, ...])
+        net.cut("gpu-a")       # its link goes down: nobody reaches it, it reaches nobody
+        net.restore("gpu-a")
+
+Layout: a namespace of its own holds the bridge (the "switch"); every host is
+a namespace with one veth whose peer is a port of that bridge, and an address
+in SUBNET, which exists only inside these namespaces. The test process itself
+joins the switch as one more port (`CLIENT_ADDR`), so pytest and the real
+`openai` client can talk to the hosts; its route covers SUBNET only, nothing
+else is ever sent anywhere. Cutting a host takes its switch port down: the
+host keeps its address and loopback (its agent still sees its own engines)
+but no packet leaves or arrives.
+
+Everything is torn down on exit, even after a failure: the processes started
+here are stopped by PID, and deleting the switch namespace deletes every veth
+pair with it. Namespace names carry a random suffix, so runs never collide.
+Needs root and `ip netns`; `unavailable()` says why not, for a skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from llmgw.testing import Program, start_program
+
+SUBNET = "10.213.0"
+CLIENT_ADDR = f"{SUBNET}.254"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=10)
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why namespaces cannot be made here (for pytest.skip), or None."""
+    if os.geteuid() != 0:
+        return "multi-host tests need root (network namespaces)"
+    if shutil.which("ip") is None:
+        return "multi-host tests need iproute2's `ip`"
+    probe = f"llmgwprobe{uuid.uuid4().hex[:6]}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"`ip netns add` failed: {made.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+class Host:
+    """One namespace: a name, an address, and the programs started in it."""
+
+    def __init__(self, net: Net, name: str, ns: str, addr: str, port: str) -> None:
+        self.net = net
+        self.name = name
+        self.ns = ns
+        self.addr = addr
+        self.port = port  # the bridge-side veth in the switch namespace
+        self.programs: list[Program] = []
+
+    def start(
+        self,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        log_dir: Path | None = None,
+        ready_timeout_s: float = 30.0,
+        wait: bool = True,
+    ) -> Program:
+        """`llmgw <args>` inside this host's namespace (stopped with the net)."""
+        prog = start_program(
+            args,
+            env=env,
+            log_dir=log_dir or self.net.log_dir / self.name,
+            ready_timeout_s=ready_timeout_s,
+            wait=wait,
+            prefix=["ip", "netns", "exec", self.ns],
+        )
+        self.programs.append(prog)
+        return prog
+
+    def run(self, *argv: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """A plain command inside the namespace (waited for)."""
+        return subprocess.run(
+            ["ip", "netns", "exec", self.ns, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+
+    def popen(self, argv: Sequence[str], **kw: object) -> subprocess.Popen[bytes]:
+        """A long-running plain command inside the namespace; the caller stops it."""
+        return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
+            ["ip", "netns", "exec", self.ns, *argv], start_new_session=True, **kw
+        )
+
+
+class Net:
+    """N hosts on one bridge; a context manager that always cleans up."""
+
+    def __init__(self, names: Sequence[str], *, log_dir: Path) -> None:
+        if len(names) > 250:
+            raise ValueError("at most 250 hosts on the test subnet")
+        self.tag = uuid.uuid4().hex[:6]
+        self.switch = f"llmgw-{self.tag}-sw"
+        self.log_dir = log_dir
+        self.hosts: dict[str, Host] = {}
+        self._names = list(names)
+        self._client_if = f"lg{self.tag}c"
+
+    def __getitem__(self, name: str) -> Host:
+        return self.hosts[name]
+
+    def __enter__(self) -> Net:
+        try:
+            self._build()
+        except BaseException:
+            self._teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._teardown()
+
+    def _build(self) -> None:
+        sw = self.switch
+        _ip("netns", "add", sw)
+        _ip("-n", sw, "link", "add", "br0", "type", "bridge")
+        _ip("-n", sw, "link", "set", "br0", "up")
+        for i, name in enumerate(self._names, start=1):
+            ns = f"llmgw-{self.tag}-h{i}"
+            port = f"p{i}"
+            addr = f"{SUBNET}.{i}"
+            _ip("netns", "add", ns)
+            self.hosts[name] = Host(self, name, ns, addr, port)
+            # Made in the switch namespace, one end moved into the host and renamed.
+            _ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", f"h{i}")
+            _ip("-n", sw, "link", "set", f"h{i}", "netns", ns)
+            _ip("-n", ns, "link", "set", f"h{i}", "name", "eth0")
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", sw, "link", "set", port, "master", "br0")
+            _ip("-n", sw, "link", "set", port, "up")
+        # The test process's own port on the switch: root namespace side carries
+        # CLIENT_ADDR/24, so only SUBNET is routed through it.
+        _ip("link", "add", self._client_if, "type", "veth", "peer", "name", "pc", "netns", sw)
+        _ip("-n", sw, "link", "set", "pc", "master", "br0")
+        _ip("-n", sw, "link", "set", "pc", "up")
+        _ip("addr", "add", f"{CLIENT_ADDR}/24", "dev", self._client_if)
+        _ip("link", "set", self._client_if, "up")
+
+    def cut(self, name: str) -> None:
+        """Take the host's switch port down: no packet to or from it."""
+        _ip("-n", self.switch, "link", "set", self.hosts[name].port, "down")
+
+    def restore(self, name: str) -> None:
+        _ip("-n", self.switch, "link", "set", self.hosts[name].port, "up")
+
+    def _teardown(self) -> None:
+        for host in self.hosts.values():
+            for prog in host.programs:
+                with contextlib.suppress(Exception):
+                    prog.stop(grace_s=3)
+        # Deleting a namespace deletes its veths and their peers; the client
+        # veth's peer lives in the switch, so it goes with it.
+        with contextlib.suppress(Exception):
+            _ip("link", "del", self._client_if, check=False)
+        for host in self.hosts.values():
+            _ip("netns", "del", host.ns, check=False)
+        _ip("netns", "del", self.switch, check=False)
+
+
+@contextlib.contextmanager
+def hosts(names: Sequence[str], *, log_dir: Path) -> Iterator[Net]:
+    with Net(names, log_dir=log_dir) as net:
+        yield net
