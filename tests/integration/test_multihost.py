@@ -92,7 +92,9 @@ def start_controller(host: Host, database: str, *extra: str) -> Program:
     )
 
 
-def start_agent(host: Host, controllers: list[str], tmp: Path, *, gpus: str = "1xH100-80G") -> Program:
+def start_agent(
+    host: Host, controllers: list[str], tmp: Path, *, gpus: str = "1xH100-80G"
+) -> Program:
     args = ["agent", "--node", host.name, "--gpus", gpus, "--fabric", "ib0"]
     for url in controllers:
         args += ["--controller", url]
@@ -186,9 +188,7 @@ def fleet(tmp_path: Path) -> Iterator[Net]:
         yield net
 
 
-def test_model_on_one_host_is_served_through_router_on_another(
-    fleet: Net, tmp_path: Path
-) -> None:
+def test_model_on_one_host_is_served_through_router_on_another(fleet: Net, tmp_path: Path) -> None:
     ctl = start_controller(fleet["ctl"], f"sqlite:///{tmp_path / 'c.db'}")
     for name in ("gpu-a", "gpu-b"):
         start_agent(fleet[name], [ctl.url], tmp_path)
@@ -408,6 +408,7 @@ def test_postgres_ha_leader_host_cut_off(tmp_path: Path) -> None:
             # replica of each, still ready, agents now reporting to ctl-2.
             specs = sorted(m["name"] for m in call("GET", f"{c2.url}/admin/models"))
             assert specs == ["m", "n"]
+
             def agents_on_c2() -> bool:
                 nodes = call("GET", f"{c2.url}/admin/nodes")
                 return {n["name"]: n["state"] for n in nodes} == {
