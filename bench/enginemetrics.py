@@ -1,4 +1,4 @@
-"""Engine-metrics parser vs prometheus_client's text parser (DESIGN §2.3).
+"""Engine-metrics parser vs prometheus_client's text parser.
 
 Per fixture: microseconds per parse for `llmgw.router.enginemetrics.parse`
 (bytes in, Stats out) and for `prometheus_client.parser.text_string_to_metric_families`

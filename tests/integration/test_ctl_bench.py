@@ -1,4 +1,4 @@
-"""`ctl bench` against a real controller whose replica is a real sim-engine (DESIGN §6.2.1)."""
+"""`ctl bench` against a real controller whose replica is a real sim-engine."""
 
 from __future__ import annotations
 

@@ -241,7 +241,7 @@ def fleet(controller: Program, tmp_path: Path) -> SimAgents:
 
 class TestReadCommands:
     def test_status_json_counts_the_fleet(self, controller: Program, fleet: SimAgents) -> None:
-        """status --json has the seed's names; the unhealthy card is neither used nor free."""
+        """status --json has the documented names; the unhealthy card is neither used nor free."""
         data = ctl(controller.url, "status", "--json").json()
         assert isinstance(data, dict)
         assert data["nodes"]["total"] == 2

@@ -1,4 +1,4 @@
-"""`llmgw ctl` starts fast: its entry point imports nothing heavy (DESIGN §6)."""
+"""`llmgw ctl` starts fast: its entry point imports nothing heavy."""
 
 from __future__ import annotations
 

@@ -312,7 +312,7 @@ class TestSpecs:
 
 class TestJsonShapes:
     def test_status_json_uses_the_seed_names(self, tmp_path: Path) -> None:
-        """status --json is the summary with the seed's field names."""
+        """status --json is the summary with its documented field names."""
         data = run_ctl(["status", "--json"], FakeController(), tmp_path).json()
         assert isinstance(data, dict)
         assert set(data) == {

@@ -3,7 +3,7 @@
 Every engine runs in its own session (start_new_session), so its process group
 id is its pid: stopping signals the whole group (an engine's worker processes
 included), and a SIGKILLed agent leaves its engines running, which is what
-re-adoption needs (DESIGN §5).
+re-adoption needs (docs/agent.md, "State folder").
 
 A process is identified by its pid AND its start time (field 22 of
 /proc/<pid>/stat, clock ticks since boot): after a reboot or a long outage

@@ -1,9 +1,9 @@
-"""Heartbeats: report what is, receive what should be (DESIGN §5).
+"""Heartbeats: report what is, receive what should be (docs/architecture.md).
 
 `POST {controller}/v1/agents/{node}/heartbeat` with a wire.agent.Heartbeat;
 the answer's shard list is the complete desired set for this node.
 
-Losing the controller changes nothing on the node (DESIGN §1): a refused
+Losing the controller changes nothing on the node: a refused
 connection, a timeout, a 503 from a standby, any non-200 is a failed beat,
 retried after a jittered, growing delay; the desired set is only ever taken
 from an actual answer, so no engine stops because the controller is away.

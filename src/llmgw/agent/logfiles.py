@@ -1,7 +1,7 @@
 """Per-shard engine logs: a file the engine writes itself, rotated by copy-truncate.
 
 Why a file and not a pipe the agent drains: an engine must outlive its agent
-(re-adoption, DESIGN §5). With a pipe, an agent that dies leaves the engine
+(re-adoption, docs/agent.md). With a pipe, an agent that dies leaves the engine
 writing into a pipe with no reader, which blocks it (full buffer) or kills it
 (EPIPE). With a file opened O_APPEND the engine never waits on the agent.
 

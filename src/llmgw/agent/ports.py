@@ -1,4 +1,4 @@
-"""Engine ports from the configured range (DESIGN §5).
+"""Engine ports from the configured range (docs/agent.md, "Engine templates").
 
 A port is given only if nothing on this agent holds it and a bind test says
 the machine does not either (some other program may sit inside the range).

@@ -1,4 +1,4 @@
-"""The re-adoption state file: which engines this node's agent started (DESIGN §5).
+"""The re-adoption state file: which engines this node's agent started (docs/agent.md).
 
 One JSON document in the state dir, rewritten whole and atomically (temp file,
 fsync, rename, fsync of the directory) whenever the running set changes, so a

@@ -14,7 +14,7 @@ is dropped once its process is gone and it has been reported.
 
 Only `apply()` (an actual answer from the controller) ever stops an engine;
 an unreachable controller means no apply() at all, so engines keep running
-(DESIGN §1, "Serving survives the control plane").
+("serving survives the control plane", docs/architecture.md).
 """
 
 from __future__ import annotations

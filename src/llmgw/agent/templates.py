@@ -1,4 +1,4 @@
-"""Engine command lines, one pure function per engine (DESIGN §5).
+"""Engine command lines, one pure function per engine (docs/agent.md lists them).
 
 `render(spec, port=…, commands=…)` → LaunchPlan: argv, the environment to add,
 and the path that answers 200 once the engine is ready (None when the process

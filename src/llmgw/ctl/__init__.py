@@ -1,4 +1,4 @@
-"""llmgw ctl: the operator's CLI (DESIGN §6; commands and --json shapes in docs/ctl.md).
+"""llmgw ctl: the operator's CLI (commands and --json shapes in docs/ctl.md).
 
 main (argparse, lazy dispatch) → commands/* (one module per group) → client
 (urllib, the one place controller errors become ctl errors) and render/tables

@@ -1,4 +1,4 @@
-"""The load driver behind `ctl bench` (DESIGN §6.2.1): closed-loop load straight at one replica.
+"""The load driver behind `ctl bench` (docs/ctl.md): closed-loop load straight at one replica.
 
 Each level runs `concurrency` workers for `duration_s`; a worker sends one
 non-streaming chat completion, waits for it, sends the next. Closed loop on

@@ -1,4 +1,4 @@
-"""Pure decisions for `ctl bench` (DESIGN §6.2.1): when to stop ramping, what the weight is.
+"""Pure decisions for `ctl bench` (docs/ctl.md): when to stop ramping, what the weight is.
 
 A replica's capacity is the peak throughput it reached while concurrency
 doubled (1, 2, 4, …): continuous batching keeps throughput rising with load

@@ -4,9 +4,9 @@ Nothing here reads the network, the clock or the terminal: every time-dependent
 cell takes `now`, and `to_text` renders to a string at a fixed width, so tests
 (and the README capture) see exactly what an operator sees, without colour.
 
-The status screen answers, on one screen at any fleet size (seed
-`adminapi_summary.go`): how full am I, what is broken, what is holding cards
-nobody is using, why is my model not running. It aggregates first, then lists
+The status screen answers, on one screen at any fleet size: how full am I,
+what is broken, what is holding cards nobody is using, why is my model not
+running. It aggregates first, then lists
 only what needs attention, each list cut at a limit with "…and N more".
 """
 
@@ -26,13 +26,13 @@ from llmgw.wire.admin import ClassUse, FabricUse, IdleReplica, Summary
 T = TypeVar("T")
 
 # What a table shows for anything not known (idle time no router reported, a
-# heartbeat that never came). Written here only (STYLE habit 1).
+# heartbeat that never came). Written here only.
 UNKNOWN = "-"
 
 BAR_USED = "█"
 BAR_FREE = "░"
 # Unhealthy cards get their own glyph and colour at the bar's end: counted as
-# free, they are how a cluster looks like it has room it does not (DESIGN §1).
+# free, they are how a cluster looks like it has room it does not.
 BAR_UNHEALTHY = "×"
 
 

@@ -1,4 +1,4 @@
-"""Injected time (STYLE habit 6).
+"""Injected time.
 
 Two readings, never mixed: `monotonic()` for durations and deadlines, `wall()`
 (unix seconds) for anything that crosses a process boundary or is shown to a

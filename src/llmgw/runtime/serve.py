@@ -69,7 +69,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def _listen(host: str, port: int, name: str) -> socket.socket:
-    """bind_socket, with its failures translated into ListenError (STYLE habit 8)."""
+    """bind_socket, with its failures translated into ListenError."""
     where = f"llmgw {name}: cannot listen on {host}:{port}"
     try:
         return bind_socket(host, port)

@@ -1,13 +1,13 @@
 """The OpenAI surface as vLLM (≥ 0.10.1) speaks it: request validation and response bodies.
 
 Errors are `{"error": {"message", "type", "param", "code": <HTTP status>}}`
-with vLLM's exception-like types (ENGINES.md §6). Validation order follows
+with vLLM's exception-like types. Validation order follows
 vLLM: the JSON, then the model, then the sampling parameters, then the
 prompt's length against --max-model-len.
 
 Deviation, on purpose: a body without `model` is a 400 here (vLLM would use
 its only model), so tests of the router's "missing model" path have an
-engine that agrees with it (DESIGN §2.7). `usage.prompt_tokens_details`
+engine that agrees with it (docs/router.md). `usage.prompt_tokens_details`
 (cached tokens) is always present, as with vLLM's
 `--enable-prompt-tokens-details`. Only `n = 1` is supported.
 """

@@ -425,7 +425,7 @@ class SimEngine:
 
 
 def _cache_info(cfg: SimConfig) -> dict[str, str]:
-    """vllm:cache_config_info labels: CacheConfig fields as strings (ENGINES.md §2.2)."""
+    """vllm:cache_config_info labels: CacheConfig fields as strings, as vLLM writes them."""
     return {
         "block_size": str(cfg.block_size),
         "cache_dtype": "auto",

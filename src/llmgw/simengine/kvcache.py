@@ -4,7 +4,7 @@ Capacity is `num_gpu_blocks` blocks of `block_size` tokens. As in vLLM, block 0
 is a reserved "null" block, so `num_gpu_blocks - 1` blocks hold tokens and
 `usage = 1 - free / (num_gpu_blocks - 1)`. Free blocks include cached blocks no
 live request references (evictable), so usage measures the blocks pinned by
-live requests, not cache residency (ENGINES.md §2.2).
+live requests, not cache residency (as vLLM V1 reports it).
 
 Block hashes (the exact recipe, for benchmark oracles)
     Only full blocks are hashed. Block i of a token sequence holds tokens

@@ -1,4 +1,4 @@
-"""`llmgw sim-engine`: a simulated vLLM/SGLang replica (DESIGN §7).
+"""`llmgw sim-engine`: a simulated vLLM/SGLang replica.
 
 Flags the agent passes to real engines are accepted so one template serves
 all: `--tensor-parallel-size`/`--tp` scales speed and KV capacity (timing.py);

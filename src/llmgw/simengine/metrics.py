@@ -1,7 +1,7 @@
 """The /metrics text, rendered directly in the impersonated engine's exposition format.
 
 vLLM (default): what a single-API-server vLLM V1 process prints through
-prometheus_client (ENGINES.md §2.1): labels sorted, `engine="0"` and
+prometheus_client: labels sorted, `engine="0"` and
 `model_name` on every engine metric (not on cache_config_info), counters with
 `_total` and a `_created` gauge family, values formatted like
 `prometheus_client.utils.floatToGoString`. The process-level families

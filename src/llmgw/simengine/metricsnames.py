@@ -1,7 +1,7 @@
 """Metric names, help texts and buckets of the engines the sim-engine impersonates.
 
-Copied as facts from ENGINES.md §2.2/§3 and the fixtures in
-shared/fixtures/engine-metrics/ (vllm-v1.txt, sglang.txt). Histograms are
+Copied as facts from the engines' own scrapes, kept in
+tests/fixtures/engine-metrics/ (vllm-v1.txt, sglang.txt). Histograms are
 keyed by a logical name the scheduler observes (`stats.EngineStats.observe`).
 """
 

@@ -1,7 +1,7 @@
 """What the engine counts, in plain values; `metrics` renders it in a dialect's names.
 
 Counters start at zero with the process: a restarted engine's counters go
-backwards, which is how the router detects a restart (DESIGN §2.1).
+backwards, which is how the router detects a restart.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 
-# vLLM V1 pre-creates these finished_reason label values (ENGINES.md §2.2).
+# vLLM V1 pre-creates these finished_reason label values.
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 

@@ -1,4 +1,4 @@
-"""The controller's admin API shapes (DESIGN §3.6), read by `llmgw ctl`.
+"""The controller's admin API shapes (docs/controller.md), read by `llmgw ctl`.
 
 JSON field names are part of the contract: `ctl --json` prints these. Unknown
 idle time is a negative number in JSON (`-1`), written only by
@@ -47,7 +47,7 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     gpus_used: tuple[int, ...]
     # Unix seconds; None if the node never heartbeated.
     last_heartbeat: float | None
-    # GPU class (the seed's node.Classes; one in practice).
+    # GPU classes of the node's cards (one in practice).
     classes: tuple[str, ...]
     gpu_total: int
     gpu_free: int
@@ -85,7 +85,7 @@ class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     idle_seconds: int
     pool: str
     weight: float
-    # Peak generated tokens/s `ctl bench` measured (§6.2.1); None when never benched.
+    # Peak generated tokens/s `ctl bench` measured (docs/ctl.md); None when never benched.
     # Kept beside the weight because weights are relative: the next replica benched
     # is normalized against the raw capacities of those benched before it.
     capacity_tok_s: float | None = None
@@ -125,7 +125,7 @@ class NodeTotals(msgspec.Struct, kw_only=True):
 
 
 class ClassUse(msgspec.Struct, kw_only=True):
-    # Field names are the seed's (adminapi_summary.go).
+    # Field names are part of the JSON contract (`ctl status --json`).
     gpu_class: str = msgspec.field(name="class")
     total: int = 0
     used: int = 0
@@ -167,14 +167,14 @@ class IdleReplica(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class UnplaceableModel(msgspec.Struct, frozen=True, kw_only=True):
-    """An extension of the seed's `unplaceable` (names): the reason, for ctl."""
+    """Beside `Summary.unplaceable` (names): the reason, for ctl."""
 
     model: str
     reason: str
 
 
 class Summary(msgspec.Struct, kw_only=True):
-    """The whole fleet in one answer (seed `Summary`, DESIGN §3.5)."""
+    """The whole fleet in one answer (docs/controller.md)."""
 
     nodes: NodeTotals = msgspec.field(default_factory=NodeTotals)
     gpus: list[ClassUse] = msgspec.field(default_factory=list)
@@ -183,7 +183,7 @@ class Summary(msgspec.Struct, kw_only=True):
     models: ModelTotals = msgspec.field(default_factory=ModelTotals)
     unplaceable: list[str] = msgspec.field(default_factory=list)
     idle_replicas: list[IdleReplica] = msgspec.field(default_factory=list)
-    # Not in the seed: the reasons behind `unplaceable`, same order.
+    # The reasons behind `unplaceable`, same order.
     unplaceable_reasons: list[UnplaceableModel] = msgspec.field(default_factory=list)
 
 

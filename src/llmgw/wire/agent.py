@@ -1,4 +1,4 @@
-"""The agent protocol (DESIGN §5): `POST /v1/agents/{node}/heartbeat`.
+"""The agent protocol (docs/architecture.md): `POST /v1/agents/{node}/heartbeat`.
 
 The agent reports what is (inventory, shard status); the answer says what should
 be (the shards this node runs). Desired state, not commands, so a repeated or

@@ -1,4 +1,4 @@
-"""EndpointSink (controller → router, DESIGN §4) and the router's static endpoint list."""
+"""The endpoint list (controller → router, docs/architecture.md) and static endpoints."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import msgspec
 
 
 class EndpointInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A replica's static description (seed `endpoint.Info`)."""
+    """A replica's static description, as the router's registry keeps it."""
 
     # Uniquely identifies the replica and labels its metrics (controller: replica id).
     id: str
@@ -19,7 +19,7 @@ class EndpointInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     engine: str = ""
     # "<fabric>/<gpu class>"; observability and pool preference only.
     pool: str = ""
-    # Capacity weight measured by `ctl bench` (§6.2.1); 1.0 when never measured.
+    # Capacity weight measured by `ctl bench` (docs/ctl.md); 1.0 when never measured.
     weight: float = 1.0
     # Pool preference: higher is tried first.
     priority: int = 0
@@ -34,5 +34,5 @@ class EndpointList(msgspec.Struct, frozen=True, kw_only=True):
     endpoints: tuple[EndpointInfo, ...]
     # Every model the controller knows (names and aliases), including those with no
     # ready replica: the router holds requests for these instead of answering 404
-    # (scale from zero, DESIGN §2.8).
+    # (scale from zero, docs/router.md).
     models: tuple[str, ...] = ()

@@ -1,6 +1,6 @@
 """The OpenAI error shape, used by the router, the controller's admin API and the sim-engine.
 
-`{"error": {"message", "type", "param", "code"}}` (DESIGN §2.7, ENGINES.md §6).
+`{"error": {"message", "type", "param", "code"}}` (OpenAI's and vLLM's).
 """
 
 from __future__ import annotations

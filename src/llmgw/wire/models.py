@@ -26,7 +26,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     min_replicas: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 1
     max_replicas: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 1
     # A replica known idle this long may be drained to make room for a model that
-    # cannot be placed (DESIGN §3.3). Unknown idleness never counts.
+    # cannot be placed (docs/controller.md, "Eviction"). Unknown idleness never counts.
     idle_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
     # Higher keeps its cards longer under eviction pressure.
     priority: int = 0

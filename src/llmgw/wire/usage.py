@@ -1,4 +1,4 @@
-"""Usage report (router → controller), once a tick (DESIGN §4, seed adminapi_summary.go).
+"""Usage report (router → controller), once a tick (docs/architecture.md).
 
 A map per tick, never a message per request: it costs the same on four replicas
 as on four hundred.
@@ -33,7 +33,7 @@ class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     last_used: dict[str, float] = {}
     # Endpoint id → requests in flight there now.
     inflight: dict[str, int] = {}
-    # Model name → requests held now for lack of a replica (scale from zero, §2.8).
+    # Model name → requests held now for lack of a replica (scale from zero).
     demand: dict[str, int] = {}
-    # Model name → load during the last interval (autoscaling, §3.4).
+    # Model name → load during the last interval (autoscaling).
     load: dict[str, ModelLoad] = {}

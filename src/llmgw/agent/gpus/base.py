@@ -1,4 +1,4 @@
-"""The one seam for GPU discovery (STYLE habit 5): NVML on real nodes, a fake in dev and tests.
+"""The one seam for GPU discovery: NVML on real nodes, a fake in dev and tests.
 
 Errors:
 

@@ -21,7 +21,7 @@ rule for every card: two cards whose engines get the same memory are the same
 class, whatever the marketing says (an H200 sells as "141GB" but gives engines
 140 GiB). Operators copy the class from `scripts/gpu-check.sh`.
 
-## Health (DESIGN §5)
+## Health
 XIDs are the driver's error reports. Source for the meanings: NVIDIA's Xid
 catalog (docs.nvidia.com/deploy/xid-errors). Application XIDs come from one
 program misbehaving and leave the card usable; the list is the one NVIDIA's

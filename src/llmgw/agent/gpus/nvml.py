@@ -13,7 +13,7 @@ polled once a tick, off the event loop (`asyncio.to_thread`):
 An unhealthy card stays unhealthy until the agent restarts: a fault that came
 and went is still a card to look at before it gets engines again.
 
-Every NVML error is translated here (STYLE habit 8); a machine without the
+Every NVML error is translated here, once; a machine without the
 driver gets GpuDiscoveryError with one line a person can act on.
 """
 

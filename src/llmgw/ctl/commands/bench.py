@@ -1,4 +1,4 @@
-"""`ctl bench REPLICA`: measure one replica's capacity and record its routing weight (§6.2.1)."""
+"""`ctl bench REPLICA`: measure one replica's capacity and record its routing weight."""
 
 from __future__ import annotations
 
