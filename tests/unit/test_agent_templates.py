@@ -1,4 +1,4 @@
-"""Rendered engine command lines for vLLM, SGLang and the sim-engine."""
+"""Rendered engine command lines for vLLM, SGLang, llama.cpp and the sim-engine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from llmgw.agent.templates import DEFAULT_COMMANDS, parse_engine_bins, render
+from llmgw.agent.templates import (
+    DEFAULT_COMMANDS,
+    LLAMACPP_CACHE_REUSE_TOKENS,
+    LLAMACPP_CTX_TOKENS,
+    LLAMACPP_SLOTS,
+    parse_engine_bins,
+    render,
+)
 from llmgw.wire.agent import ShardSpec
 
 
@@ -167,6 +174,58 @@ class TestSim:
         plan = render(spec, port=21004)
         assert plan.argv[:4] == DEFAULT_COMMANDS["sim"]
         assert plan.health_path == "/health"
+
+
+class TestLlamacpp:
+    def test_single_node(self) -> None:
+        """GGUF file, every served name as one --alias, threads = units held, the
+        defaults (slots, shared context, metrics, cache reuse), then the spec's args."""
+        spec = shard(
+            engine="llamacpp",
+            model="/models/tiny.gguf",
+            gpu_indices=(0, 1, 2),
+            args=("--parallel", "8"),
+            env={"LLAMA_LOG_VERBOSITY": "1"},
+        )
+        plan = render(spec, port=21007, commands={"llamacpp": ("/opt/llama-server",)})
+        assert plan.argv == (
+            "/opt/llama-server",
+            "--model",
+            "/models/tiny.gguf",
+            "--alias",
+            "llama-8b,llama",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "21007",
+            "--threads",
+            "3",
+            "--parallel",
+            str(LLAMACPP_SLOTS),
+            "--ctx-size",
+            str(LLAMACPP_CTX_TOKENS),
+            "--kv-unified",
+            "--metrics",
+            "--cache-reuse",
+            str(LLAMACPP_CACHE_REUSE_TOKENS),
+            "--no-webui",
+            "--parallel",
+            "8",
+        )
+        assert plan.env == {"CUDA_VISIBLE_DEVICES": "0,1,2", "LLAMA_LOG_VERBOSITY": "1"}
+        # llama-server answers 503 on /health while loading, 200 once it serves.
+        assert plan.health_path == "/health"
+
+    def test_multi_node_is_refused(self) -> None:
+        """llama.cpp has no multi-node mode here: the shard is refused, not half-started."""
+        spec = shard(engine="llamacpp", rank=0, world_size=2, master_addr="h", master_port=1)
+        with pytest.raises(ValueError, match="one node"):
+            render(spec, port=1)
+
+    def test_default_binary(self) -> None:
+        """The default command is llama-server on PATH (or LLMGW_LLAMA_SERVER at import)."""
+        assert len(DEFAULT_COMMANDS["llamacpp"]) == 1
+        assert DEFAULT_COMMANDS["llamacpp"][0].endswith("llama-server")
 
 
 class TestEngineBins:

@@ -30,6 +30,21 @@ multi-node guide: two 8-GPU nodes run `--tp 16`), and multi-node adds
 small health server on `--host/--port` (sglang `launch_dummy_health_check_server`),
 so every rank is probed on /health.
 
+llama.cpp (`llama-server`, tools/server in llama.cpp; flags from common/arg.cpp):
+`-m FILE` is the GGUF file (the spec's `source`), `--alias` takes the served
+names comma-separated, `--metrics` turns on /metrics (`llamacpp:` names),
+`--parallel` is the number of slots (concurrent sequences) and `--ctx-size` the
+KV cache in tokens, shared by every slot with `--kv-unified` (without it each
+slot gets ctx-size / parallel). Prompt caching is on by default; `--cache-reuse
+N` also reuses cached chunks of at least N tokens that moved (KV shifting).
+`--threads` is the number of inventory units the shard holds: on a node that
+offers CPU units (`--gpus 2xCPU-16G`, docs/llamacpp.md) each unit is a thread;
+GPU layers are llama.cpp's default ("auto": all that fit, on a GPU build).
+/health answers 503 while the model loads and 200 once it serves. llama.cpp
+has no multi-node mode here (its RPC backend is not rendered), so a llamacpp
+shard of a multi-node replica is refused. Defaults (slots, context) are below;
+the spec's `args` override them (llama.cpp keeps the last value).
+
 sim-engine (`llmgw sim-engine`): the same shape as vLLM. A multi-node
 replica's ranks above 0 also run a sim-engine: it serves /health, so the agent
 supervises every rank the same way, and the router only ever sends traffic to
@@ -38,6 +53,7 @@ rank 0 (the replica's endpoint).
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from collections.abc import Mapping
@@ -48,8 +64,15 @@ from llmgw.wire.agent import EngineKind, ShardSpec
 DEFAULT_COMMANDS: Mapping[EngineKind, tuple[str, ...]] = {
     "vllm": ("vllm", "serve"),
     "sglang": ("python3", "-m", "sglang.launch_server"),
+    # LLMGW_LLAMA_SERVER: the binary scripts/build-llama-server printed.
+    "llamacpp": (os.environ.get("LLMGW_LLAMA_SERVER") or "llama-server",),
     "sim": (sys.executable, "-m", "llmgw", "sim-engine"),
 }
+
+# llama-server defaults; the spec's args come later and win.
+LLAMACPP_SLOTS = 4
+LLAMACPP_CTX_TOKENS = 16384
+LLAMACPP_CACHE_REUSE_TOKENS = 256
 
 
 def parse_engine_bins(items: Mapping[str, str]) -> dict[EngineKind, tuple[str, ...]]:
@@ -61,7 +84,7 @@ def parse_engine_bins(items: Mapping[str, str]) -> dict[EngineKind, tuple[str, .
     out: dict[EngineKind, tuple[str, ...]] = dict(DEFAULT_COMMANDS)
     for name, command in items.items():
         if name not in DEFAULT_COMMANDS:
-            raise ValueError(f"unknown engine {name!r} (expected vllm, sglang or sim)")
+            raise ValueError(f"unknown engine {name!r} (expected vllm, sglang, llamacpp or sim)")
         argv = tuple(shlex.split(command))
         if not argv:
             raise ValueError(f"empty command for engine {name!r}")
@@ -95,6 +118,8 @@ def render(
         body, health = _vllm(spec, port)
     elif spec.engine == "sglang":
         body, health = _sglang(spec, port)
+    elif spec.engine == "llamacpp":
+        body, health = _llamacpp(spec, port)
     else:
         body, health = _sim(spec, port)
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices), **spec.env}
@@ -160,6 +185,36 @@ def _sglang(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
             "--dist-init-addr",
             f"{spec.master_addr}:{spec.master_port}",
         ]
+    return argv, "/health"
+
+
+def _llamacpp(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
+    if spec.world_size > 1:
+        raise ValueError(
+            f"shard {spec.replica_id}/{spec.rank}: llamacpp engines run on one node "
+            f"(the replica asks for {spec.world_size})"
+        )
+    argv = [
+        "--model",
+        spec.model,
+        "--alias",
+        ",".join(spec.served_names or (spec.model,)),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--threads",
+        str(_tp(spec)),
+        "--parallel",
+        str(LLAMACPP_SLOTS),
+        "--ctx-size",
+        str(LLAMACPP_CTX_TOKENS),
+        "--kv-unified",
+        "--metrics",
+        "--cache-reuse",
+        str(LLAMACPP_CACHE_REUSE_TOKENS),
+        "--no-webui",
+    ]
     return argv, "/health"
 
 

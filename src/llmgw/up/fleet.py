@@ -10,11 +10,18 @@ router: {}                   # extra keys for the router's config file
 models:                      # model specs, as `llmgw ctl apply` takes them
   - {name: llama-8b, engine: sim, gpu_classes: [H100-80G], min_replicas: 1}
 ```
+
+A `llamacpp` model runs a real llama.cpp `llama-server` (docs/llamacpp.md): its
+`source` is a GGUF file, and a relative path is taken from the fleet file's
+folder. `check_engines` refuses, before anything starts, a fleet whose GGUF
+file or llama-server binary is missing, and says how to make them.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -89,4 +96,46 @@ def load_fleet(path: Path | None) -> Fleet:
     nodes = [n for n, _ in fleet.node_names()]
     if len(set(nodes)) != len(nodes):
         raise FleetError(f"{where}: node prefixes overlap, node names would repeat")
+    if path is not None:
+        fleet = _resolve_gguf_paths(fleet, path.parent)
     return fleet
+
+
+def _resolve_gguf_paths(fleet: Fleet, base: Path) -> Fleet:
+    """llamacpp sources (GGUF files) relative to the fleet file's folder, `~` expanded."""
+    models = []
+    for m in fleet.models:
+        if m.engine == "llamacpp":
+            source = Path(m.source or m.name).expanduser()
+            if not source.is_absolute():
+                source = (base / source).resolve()
+            m = msgspec.structs.replace(m, source=str(source))
+        models.append(m)
+    return msgspec.structs.replace(fleet, models=tuple(models))
+
+
+def llama_server_command() -> str | None:
+    """The llama-server the agents will run (LLMGW_LLAMA_SERVER, else PATH); None: not found."""
+    given = os.environ.get("LLMGW_LLAMA_SERVER")
+    if given:
+        return given if os.access(given, os.X_OK) else None
+    return shutil.which("llama-server")
+
+
+def check_engines(fleet: Fleet) -> None:
+    """Refuse a fleet whose llamacpp models cannot start here (FleetError says what to do)."""
+    llama = [m for m in fleet.models if m.engine == "llamacpp"]
+    if not llama:
+        return
+    if llama_server_command() is None:
+        raise FleetError(
+            "the fleet has llamacpp models but no llama-server was found: build it with "
+            "scripts/build-llama-server and set LLMGW_LLAMA_SERVER to the path it prints "
+            "(or put llama-server on PATH)"
+        )
+    for m in llama:
+        if m.source is not None and not Path(m.source).is_file():
+            raise FleetError(
+                f"model {m.name}: no GGUF file at {m.source}; make the tiny test model "
+                f"with: python -m llmgw.testing.tinygguf {m.source}"
+            )

@@ -29,7 +29,7 @@ from llmgw.runtime.lockfile import open_nofollow
 from llmgw.runtime.serve import READY_PREFIX
 from llmgw.up.checks import Refused, check_ports, lock_state_dir
 from llmgw.up.children import Child, Interrupted, StartFailed, stop_all, stop_leftover_engines
-from llmgw.up.fleet import Fleet, FleetError, load_fleet
+from llmgw.up.fleet import Fleet, FleetError, check_engines, load_fleet
 
 ENGINE_PORT_BASE = 21000
 ENGINE_PORTS_PER_NODE = 50
@@ -225,6 +225,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         fleet = load_fleet(args.fleet)
+        check_engines(fleet)
     except FleetError as exc:
         print(f"llmgw up: {exc}", file=sys.stderr)
         return 2

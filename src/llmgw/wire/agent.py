@@ -12,7 +12,7 @@ from typing import Literal
 import msgspec
 
 ShardState = Literal["starting", "ready", "failed", "stopped"]
-EngineKind = Literal["vllm", "sglang", "sim"]
+EngineKind = Literal["vllm", "sglang", "llamacpp", "sim"]
 
 
 class GPU(msgspec.Struct, frozen=True, kw_only=True):

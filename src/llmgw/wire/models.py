@@ -42,6 +42,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             )
         if self.name in self.aliases:
             raise ValueError("aliases must not repeat the model's name")
+        if self.engine == "llamacpp" and self.nodes > 1:
+            raise ValueError("llamacpp engines run on one node: nodes must be 1")
 
     @property
     def served_names(self) -> tuple[str, ...]:

@@ -26,7 +26,12 @@ from llmgw.wire.endpoints import EndpointInfo, EndpointList
 
 # The router's metric dialect per engine: "" is vLLM's names, which
 # the sim-engine speaks too.
-METRICS_DIALECT: dict[str, str] = {"vllm": "", "sglang": "sglang", "sim": ""}
+METRICS_DIALECT: dict[str, str] = {
+    "vllm": "",
+    "sglang": "sglang",
+    "llamacpp": "llamacpp",
+    "sim": "",
+}
 
 
 def endpoint_info(r: Replica, model: Model) -> EndpointInfo | None:
