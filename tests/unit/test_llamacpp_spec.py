@@ -7,6 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from llmgw.router.config import parse as parse_router_config
 from llmgw.testing import tinygguf
 from llmgw.up.fleet import FleetError, check_engines, load_fleet
 from llmgw.wire.models import ModelSpec
@@ -30,6 +31,10 @@ def test_example_fleet_resolves_the_gguf_next_to_it() -> None:
     assert model.engine == "llamacpp"
     assert model.source == str(EXAMPLE.parent / "tiny-llama.gguf")
     assert fleet.nodes[0].gpus == "2xCPU-16G"
+    # The router section is a config the router takes (as `up` writes it).
+    router = {**fleet.router, "controller": {"url": "http://127.0.0.1:1"}}
+    cfg = parse_router_config(msgspec.yaml.encode(router).decode())
+    assert cfg.scrape_timeout_s < cfg.scrape_interval_s
 
 
 def test_check_engines_names_what_is_missing(
