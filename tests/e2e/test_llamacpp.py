@@ -193,7 +193,7 @@ class TestLlamacpp:
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL,
             messages=[{"role": "user", "content": "a long answer please"}],
-            max_tokens=4000,
+            max_tokens=8000,
             stream=True,
         )
         eid = raw.headers["x-llmgw-endpoint"]
@@ -275,7 +275,7 @@ class TestLlamacpp:
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL,
             messages=[{"role": "user", "content": "tell me a very long story"}],
-            max_tokens=6000,
+            max_tokens=8000,
             stream=True,
         )
         eid = raw.headers["x-llmgw-endpoint"]
