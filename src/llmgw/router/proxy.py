@@ -8,7 +8,9 @@ One request's life:
 3. the policy chooses (scores kept for the debug header and log);
 4. `Registry.acquire()` → release, reported exactly once with the outcome;
 5. until a byte has gone to the client, a connect error, timeout, 5xx or 429
-   is retried on a *different* replica while retries and deadline remain;
+   is retried on a *different* replica while retries and deadline remain:
+   `Proxy._attempt` makes one attempt and decides (a `Step`), `Attempts`
+   keeps the request's attempts and holds the one retry rule;
 6. a stream is relayed chunk by chunk as it arrives; if it breaks, the client
    gets an OpenAI error event and `[DONE]`, never a hang or a silent cut.
 
@@ -20,9 +22,9 @@ that follows its acquire with no await in between.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,6 +105,77 @@ class _Failed:
         self.retry_after = retry_after
 
 
+class Step(enum.Enum):
+    """What one attempt decided (`Proxy._attempt`)."""
+
+    RETRY = "retry"  # it failed before any byte reached the client: another replica
+    RELAY = "relay"  # a whole answer (`Attempts.data`), whatever its status
+    RELAY_FAILED = "relay failed"  # it failed and nothing is left: `Attempts.failed`
+    STREAM = "stream"  # an event stream whose first bytes are in (`Attempts.first`)
+
+
+class Attempts:
+    """One request's attempts at replicas: what was tried, what is left, what went wrong.
+
+    The retry rule lives in `retry()`; the attempt in progress (its reply, what
+    was read of it, the endpoint's verdict) is kept here too, so a request
+    allocates one object for all of it.
+    """
+
+    __slots__ = (
+        "data",
+        "deadline",
+        "failed",
+        "first",
+        "last_error",
+        "outcome",
+        "retries_left",
+        "tried",
+        "up",
+        "watch",
+    )
+
+    def __init__(self, deadline: float, retries: int) -> None:
+        self.deadline = deadline
+        self.retries_left = retries
+        # Replicas not to choose again; a list only once there is one.
+        self.tried: Sequence[str] = ()
+        self.failed: _Failed | None = None
+        self.last_error = ""
+        # The attempt in progress.
+        self.outcome = Outcome.ABANDONED
+        self.up: UpstreamReply | None = None
+        self.data = b""
+        self.first = b""
+        self.watch: ErrorFrameWatch | None = None
+
+    def skip(self, eid: str) -> None:
+        """Leave `eid` out from now on (not an attempt: nothing was sent to it)."""
+        if isinstance(self.tried, list):
+            self.tried.append(eid)
+        else:
+            self.tried = [eid]
+
+    def retry(self, eid: str, now: float, *, elsewhere: bool = True) -> bool:
+        """Whether the failed attempt at `eid` may be followed by one elsewhere.
+
+        Yes while retries are left, the deadline has not passed and (`elsewhere`)
+        another replica may still be chosen; a yes counts one retry and leaves
+        `eid` out from then on.
+        """
+        if self.retries_left > 0 and now < self.deadline and elsewhere:
+            self.retries_left -= 1
+            self.skip(eid)
+            return True
+        return False
+
+    def begin(self) -> None:
+        """A new attempt: nothing read, no verdict yet."""
+        self.outcome = Outcome.ABANDONED
+        self.up = None
+        self.watch = None
+
+
 def _is_retryable(status: int) -> bool:
     return status >= 500 or status == 429
 
@@ -128,7 +201,7 @@ class Proxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         st = self.state
-        t0 = time.monotonic()
+        t0 = self.state.clock.monotonic()
         headers = request.headers
         rid = headers.get("x-request-id") or os.urandom(12).hex()
         path = request.path
@@ -194,14 +267,10 @@ class Proxy:
         rid: str,
         t0: float,
     ) -> web.StreamResponse:
+        """Choose, attempt, and relay what the attempts decided; every exit is counted."""
         st = self.state
-        deadline = t0 + st.cfg.request_timeout_s
-        retries_left = st.cfg.max_retries
-        debug = request.headers.get("x-llmgw-debug") == "1"
+        att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries)
         fwd = {"Content-Type": "application/json", "x-request-id": rid}
-        tried: list[str] = []
-        failed: _Failed | None = None
-        last_error = ""
         eid = ""
         status = 503
         ttft: float | None = None
@@ -212,121 +281,62 @@ class Proxy:
         try:
             while True:
                 snaps = st.registry.snapshots(model)
-                decision = st.policy.choose(snaps, hashes, tried)
+                decision = st.policy.choose(snaps, hashes, att.tried)
                 if decision.endpoint_id is None:
-                    if failed is not None:
-                        status = failed.status
+                    if att.failed is not None:
+                        status = att.failed.status
                         result = ENGINE_ERROR
-                        return self._relay_failed(failed, rid, eid)
-                    if last_error:
-                        raise NoReplica(model, f"every replica was tried ({last_error})")
+                        return self._relay_failed(att.failed, rid, eid)
+                    if att.last_error:
+                        raise NoReplica(model, f"every replica was tried ({att.last_error})")
                     # None at all, or only breakers refused (another request holds the
                     # half-open probe): wait for one, as for a model with no replica.
-                    decision, snaps = await self._hold(model, hashes, t0, deadline)
+                    decision, snaps = await self._hold(model, hashes, t0, att.deadline)
                 eid = decision.endpoint_id or ""
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug(kv("route", rid=rid, model=model, to=eid, why=decision.header()))
                 release = st.registry.acquire(eid)
                 if release is None:
                     # Its half-open probe is taken or it just opened: another replica.
-                    tried.append(eid)
+                    att.skip(eid)
                     continue
                 # No await between acquire and this try: release runs exactly once.
-                outcome = Outcome.ABANDONED
-                up: UpstreamReply | None = None
+                att.begin()
                 try:
-                    try:
-                        up = await st.forward.post(
-                            st.urls[eid] + path,
-                            body,
-                            fwd,
-                            timeout_s=max(0.001, deadline - time.monotonic()),
-                            endpoint_id=eid,
-                            idle_timeout_s=st.cfg.stream_idle_timeout_s,
-                        )
-                        retryable = _is_retryable(up.status)
-                        first = b""
-                        watch = ErrorFrameWatch()
-                        if up.is_event_stream and not retryable:
-                            data = None
-                            # The head waits for the first bytes: until they come
-                            # nothing has reached the client, so an engine that dies
-                            # in prefill is still retried elsewhere.
-                            first = await up.chunk()
-                            watch.feed(first)
-                            if first and not watch.seen and role_opener_only(first):
-                                # A chat stream's role opener carries no token; the
-                                # first token, or the engine's error, is right behind.
-                                more = await up.chunk()
-                                watch.feed(more)
-                                first += more
-                        else:
-                            data = await up.read()
-                    except UpstreamError as exc:
-                        outcome = Outcome.ENDPOINT_FAILURE
-                        last_error = str(exc)
-                        if retries_left > 0 and time.monotonic() < deadline:
-                            retries_left -= 1
-                            tried.append(eid)
-                            st.metrics.retry(model, eid)
-                            continue
-                        raise NoReplica(model, f"last attempt failed ({exc})") from exc
+                    step = await self._attempt(att, model, eid, path, body, fwd, snaps)
+                    if step is Step.RETRY:
+                        continue
+                    if step is Step.RELAY_FAILED:
+                        assert att.failed is not None
+                        status = att.failed.status
+                        result = ENGINE_ERROR
+                        return self._relay_failed(att.failed, rid, eid)
+                    up = att.up
+                    assert up is not None
                     out_headers = {
                         "Content-Type": up.content_type,
                         "x-request-id": rid,
                         "x-llmgw-endpoint": eid,
                     }
-                    if debug:
+                    if request.headers.get("x-llmgw-debug") == "1":
                         out_headers["x-llmgw-scores"] = decision.header()
-                    if retryable:
-                        outcome = classify_status(up.status)
-                        failed = _Failed(
-                            up.status,
-                            data or b"",
-                            up.content_type,
-                            up.headers.get("Retry-After"),
-                        )
-                        last_error = f"{eid} answered {up.status}"
-                        if retries_left > 0 and time.monotonic() < deadline:
-                            retries_left -= 1
-                            tried.append(eid)
-                            st.metrics.retry(model, eid)
-                            continue
-                        status = up.status
-                        result = ENGINE_ERROR
-                        return self._relay_failed(failed, rid, eid)
-                    if watch.endpoint_failure and nothing_before_error(first):
-                        # The engine's 5xx error event before any output, and the
-                        # head not sent: as safe to retry as a 5xx status.
-                        outcome = Outcome.ENDPOINT_FAILURE
-                        last_error = f"{eid} sent error event {watch.code} before any output"
-                        if (
-                            retries_left > 0
-                            and time.monotonic() < deadline
-                            and _another(snaps, tried, eid)
-                        ):
-                            retries_left -= 1
-                            tried.append(eid)
-                            st.metrics.retry(model, eid)
-                            continue
-                        # Nowhere left: relayed as is, and _stream keeps the verdict.
                     status = up.status
                     resp: web.StreamResponse
-                    if data is not None:
-                        outcome = classify_status(up.status)
-                        resp = web.Response(status=up.status, body=data, headers=out_headers)
-                        if up.status < 300:
+                    if step is Step.RELAY:
+                        att.outcome = classify_status(status)
+                        resp = web.Response(status=status, body=att.data, headers=out_headers)
+                        if status < 300:
                             result = OK
-                            usage = usage_of(data)
+                            usage = usage_of(att.data)
                         else:
                             result = ENGINE_ERROR
                     else:
                         tally = _Tally(st.metrics.itl(st.served_name.get(model, model)))
-                        resp, outcome, ttft = await self._stream(
-                            request, up, first, watch, out_headers, t0, deadline, tally
+                        resp, att.outcome, ttft = await self._stream(
+                            request, att, up, out_headers, t0, tally
                         )
                         result, usage = tally.result, tally.usage.usage
-                    if outcome is Outcome.OK:
+                    if att.outcome is Outcome.OK:
                         stats = next((s.stats for s in snaps if s.id == eid), None)
                         # The engine's cached_tokens checks the index's guess (feedback.py).
                         cached = None if usage is None else usage.cached_reported
@@ -335,9 +345,9 @@ class Proxy:
                         )
                     return resp
                 finally:
-                    release(outcome)
-                    if up is not None:
-                        up.close()
+                    release(att.outcome)
+                    if att.up is not None:
+                        att.up.close()
         except NoReplica as exc:
             status = 503
             result = UNAVAILABLE
@@ -353,6 +363,81 @@ class Proxy:
             self._done(
                 rid, path, st.served_name.get(model, model), eid, status, result, t0, ttft, usage
             )
+
+    async def _attempt(
+        self,
+        att: Attempts,
+        model: str,
+        eid: str,
+        path: str,
+        body: bytes,
+        fwd: dict[str, str],
+        snaps: Sequence[Snapshot],
+    ) -> Step:
+        """Send the request to `eid` and read until it is safe to decide.
+
+        Until a byte has gone to the client a connect error, timeout, 5xx or 429
+        answer, or the engine's 5xx error event before any output, is as safe to
+        retry elsewhere as nothing at all; each failure names what the request
+        falls back to when no retry may follow (`Attempts.retry`).
+        """
+        st = self.state
+        clock = st.clock
+        fallback = Step.RELAY_FAILED
+        elsewhere = True
+        error: UpstreamError | None = None
+        try:
+            up = att.up = await st.forward.post(
+                st.urls[eid] + path,
+                body,
+                fwd,
+                timeout_s=max(0.001, att.deadline - clock.monotonic()),
+                endpoint_id=eid,
+                idle_timeout_s=st.cfg.stream_idle_timeout_s,
+            )
+            code = up.status
+            if _is_retryable(code):
+                data = await up.read()
+                att.outcome = classify_status(code)
+                att.failed = _Failed(code, data, up.content_type, up.headers.get("Retry-After"))
+                att.last_error = f"{eid} answered {code}"
+            elif not up.is_event_stream:
+                att.data = await up.read()
+                return Step.RELAY
+            else:
+                # The head waits for the first bytes: until they come nothing has
+                # reached the client, so an engine that dies in prefill is still
+                # retried elsewhere.
+                watch = att.watch = ErrorFrameWatch()
+                first = await up.chunk()
+                watch.feed(first)
+                if first and not watch.seen and role_opener_only(first):
+                    # A chat stream's role opener carries no token; the first
+                    # token, or the engine's error, is right behind.
+                    more = await up.chunk()
+                    watch.feed(more)
+                    first += more
+                att.first = first
+                if not (watch.endpoint_failure and nothing_before_error(first)):
+                    return Step.STREAM
+                # The engine's 5xx error event before any output, and the head not
+                # sent: as safe to retry as a 5xx status. A held stream cannot be
+                # kept for later, so only when another replica may take it; else
+                # it is relayed as is, and _stream keeps the verdict.
+                att.outcome = Outcome.ENDPOINT_FAILURE
+                att.last_error = f"{eid} sent error event {watch.code} before any output"
+                elsewhere = _another(snaps, att.tried, eid)
+                fallback = Step.STREAM
+        except UpstreamError as exc:
+            att.outcome = Outcome.ENDPOINT_FAILURE
+            att.last_error = str(exc)
+            error = exc
+        if att.retry(eid, clock.monotonic(), elsewhere=elsewhere):
+            st.metrics.retry(model, eid)
+            return Step.RETRY
+        if error is not None:
+            raise NoReplica(model, f"last attempt failed ({error})") from error
+        return fallback
 
     def _refused(
         self, resp: web.Response, rid: str, path: str, t0: float, *, outcome: str = REJECTED
@@ -375,7 +460,7 @@ class Proxy:
     ) -> None:
         """Count the request once (metrics.OUTCOMES) and write its access-log line."""
         st = self.state
-        duration = time.monotonic() - t0
+        duration = st.clock.monotonic() - t0
         if outcome == DISCONNECTED:
             # nginx's convention: the client closed the connection before the answer.
             status = 499
@@ -405,6 +490,7 @@ class Proxy:
     ) -> tuple[Decision, list[Snapshot]]:
         """Wait for a replica of `model` (scale from zero); NoReplica when none comes."""
         st = self.state
+        clock = st.clock
         hold_s = st.cfg.hold_timeout_s
         hold_deadline = min(deadline, t0 + hold_s)
         snaps = st.registry.snapshots(model)
@@ -412,7 +498,7 @@ class Proxy:
         try:
             with st.holding.hold(model):
                 while True:
-                    now = time.monotonic()
+                    now = clock.monotonic()
                     until = hold_until(snaps, now=now, deadline=hold_deadline, opened=opened)
                     if until is None:
                         raise NoReplica(
@@ -430,7 +516,7 @@ class Proxy:
                         return decision, snaps
                     if left > 0:
                         continue
-                    if time.monotonic() < hold_deadline:
+                    if clock.monotonic() < hold_deadline:
                         raise NoReplica(
                             model, "its breakers are open", retry_after_s=retry_after_s(snaps)
                         )
@@ -443,18 +529,16 @@ class Proxy:
     async def _stream(
         self,
         request: web.Request,
+        att: Attempts,
         up: UpstreamReply,
-        first: bytes,
-        watch: ErrorFrameWatch,
         out_headers: dict[str, str],
         t0: float,
-        deadline: float,
         tally: _Tally,
     ) -> tuple[web.StreamResponse, Outcome, float | None]:
         """Relay an event stream as it arrives; the outcome is the endpoint's verdict.
 
-        `first` is the stream's first chunk, already read (b"": it was empty) and
-        already fed to `watch`.
+        `att.first` is the stream's first chunk, already read (b"": it was empty)
+        and already fed to `att.watch`.
 
         A stream that ends cleanly but carried the engine's own 5xx error event is
         the endpoint's failure too (inband.py). One that goes silent for
@@ -466,16 +550,19 @@ class Proxy:
         # nginx (ingress-nginx by default) buffers proxied bodies unless told not to.
         out_headers["X-Accel-Buffering"] = "no"
         resp = web.StreamResponse(status=up.status, headers=out_headers)
+        now = self.state.clock.monotonic
+        watch = att.watch
+        assert watch is not None
         ttft: float | None = None
         scan = tally.usage
         itl = tally.itl
         try:
             await resp.prepare(request)
             # From here bytes have reached the client: never retried.
-            chunk = first
+            chunk = att.first
             last = 0.0
             if chunk:
-                last = time.monotonic()
+                last = now()
                 ttft = tally.ttft = last - t0
             while chunk:
                 # Written before anything else is looked at: relay latency first.
@@ -483,17 +570,17 @@ class Proxy:
                 scan.feed(chunk)
                 chunk = await up.chunk()
                 if chunk:
-                    now = time.monotonic()
+                    t = now()
                     # Several events may arrive in one read: the gap is theirs to share.
                     n = chunk.count(b"data:") or 1
-                    gap = (now - last) / n
+                    gap = (t - last) / n
                     for _ in range(n):
                         itl.observe(gap)
-                    last = now
+                    last = t
                 watch.feed(chunk)
         except UpstreamError as exc:
             # Timer slack: the client's deadline timer fires at, not before, `deadline`.
-            if isinstance(exc, UpstreamTimeout) and time.monotonic() >= deadline - 0.05:
+            if isinstance(exc, UpstreamTimeout) and now() >= att.deadline - 0.05:
                 verdict, why, code = Outcome.ABANDONED, "the request's deadline passed", 504
                 tally.result = TIMEOUT
             else:
@@ -544,7 +631,7 @@ class Proxy:
         """GET /v1/models: every known model, OpenAI's list shape."""
         st = self.state
         if st.keys.enabled and st.keys.check(request.headers.get("Authorization")) is None:
-            return self._refused(unauthorized(), "", request.path, time.monotonic())
+            return self._refused(unauthorized(), "", request.path, st.clock.monotonic())
         data: list[dict[str, Any]] = [_model_object(m) for m in sorted(st.known_models)]
         return web.json_response({"object": "list", "data": data})
 
@@ -552,16 +639,18 @@ class Proxy:
         """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
         st = self.state
         if st.keys.enabled and st.keys.check(request.headers.get("Authorization")) is None:
-            return self._refused(unauthorized(), "", request.path, time.monotonic())
+            return self._refused(unauthorized(), "", request.path, st.clock.monotonic())
         model = request.match_info["model"]
         if model not in st.known_models:
-            return self._refused(model_not_found(model), "", request.path, time.monotonic())
+            return self._refused(
+                model_not_found(model), "", request.path, self.state.clock.monotonic()
+            )
         return web.json_response(_model_object(model))
 
     async def no_route(self, request: web.Request) -> web.Response:
         """Any other /v1 request: OpenAI's 404 (or 405 on a served path), not aiohttp's text."""
         path, method = request.path, request.method
-        t0 = time.monotonic()
+        t0 = self.state.clock.monotonic()
         allowed = "POST" if path in POST_PATHS else "GET" if path.startswith("/v1/models") else ""
         if allowed:
             resp = error_response(

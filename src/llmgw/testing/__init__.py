@@ -1,4 +1,9 @@
-"""Library code for tests and benchmarks: real processes on 127.0.0.1, a manual clock."""
+"""Library code for tests and benchmarks: real processes on 127.0.0.1, a manual clock.
+
+Imported on their own (they pull in the router): `llmgw.testing.forwarder`, an
+in-memory `Forwarder` with scripted engines, and `llmgw.testing.vtime`, an event
+loop whose time is a `ManualClock`.
+"""
 
 from llmgw.runtime.clock import ManualClock
 from llmgw.testing.procs import Program, free_port, start_program

@@ -1,0 +1,247 @@
+"""The proxy's retry and hold rules in memory: the real Proxy, scripted engines, virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from llmgw.testing import vtime
+from llmgw.testing.forwarder import refuse, reply, stream
+from llmgw.wire.endpoints import EndpointInfo
+from tests.unit.router_world import World
+
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+ERROR_EVENT = b'data: {"error":{"message":"engine died","code":500}}\n\n'
+
+
+def world(n: int = 2, extra: str = "") -> World:
+    lines = "".join(
+        f'  - {{id: {chr(97 + i)}, url: "http://10.0.0.{i + 1}:8000", models: [m]}}\n'
+        for i in range(n)
+    )
+    return World(f"endpoints:\n{lines}policy: round_robin\n{extra}")
+
+
+def once(w: World, **kw: Any) -> Any:
+    async def main() -> Any:
+        return await w.send(**kw)
+
+    return w.run(main)
+
+
+class TestRetryRules:
+    def test_connect_error_is_retried_on_another_replica(self) -> None:
+        """Nothing reached the engine: the next replica answers, one retry is counted."""
+        w = world()
+        w.fake.script("a", refuse())
+        w.fake.script("b", reply(200, b'{"id":"x"}'))
+        r = once(w)
+        assert (r.status, r.json(), r.headers["x-llmgw-endpoint"]) == (200, {"id": "x"}, "b")
+        assert w.fake.tried() == ["a", "b"]
+        assert w.retries() == {"a": 1.0}
+
+    def test_5xx_everywhere_relays_the_last_answer_with_its_retry_after(self) -> None:
+        """Each replica tried once; the last engine's own status, body and Retry-After reach
+        the client."""
+        w = world()
+        w.fake.script("a", reply(502, b'{"e":"a"}'))
+        w.fake.script("b", reply(503, b'{"e":"b"}', headers={"Retry-After": "7"}))
+        r = once(w)
+        assert (r.status, r.json(), r.headers["Retry-After"]) == (503, {"e": "b"}, "7")
+        assert sorted(w.fake.tried()) == ["a", "b"]
+
+    def test_retries_are_bounded_by_max_retries(self) -> None:
+        """max_retries: 1 with three failing replicas: two attempts, then the last answer."""
+        w = world(3, "max_retries: 1\n")
+        for eid in "abc":
+            w.fake.script(eid, reply(429, b'{"e":"%s"}' % eid.encode()))
+        r = once(w)
+        assert r.status == 429
+        assert len(w.fake.tried()) == 2
+        assert sum(w.retries().values()) == 1.0
+
+    def test_client_error_is_relayed_and_not_charged(self) -> None:
+        """A 400 is the request's fault: relayed at once, the breaker counts no failure."""
+        w = world(2, "breaker: {failure_threshold: 1}\n")
+        w.fake.script("a", reply(400, b'{"error":"bad"}'))
+        w.fake.script("b", reply(200))
+        r = once(w)
+        assert (r.status, w.fake.tried(), w.breaker("a")) == (400, ["a"], "closed")
+
+    def test_failures_open_the_breaker(self) -> None:
+        """A 5xx is the endpoint's failure: with threshold 1 its breaker opens."""
+        w = world(2, "breaker: {failure_threshold: 1}\n")
+        w.fake.script("a", reply(500))
+        w.fake.script("b", reply(200))
+        assert once(w).status == 200
+        assert (w.breaker("a"), w.breaker("b")) == ("open", "closed")
+
+    def test_every_replica_failing_to_connect_is_503(self) -> None:
+        """No answer to relay: OpenAI's 503 naming the last error, Retry-After set."""
+        w = world()
+        w.fake.script("a", refuse())
+        w.fake.script("b", refuse())
+        r = once(w)
+        assert r.status == 503
+        assert "Retry-After" in r.headers
+        assert "refused" in r.json()["error"]["message"]
+
+    def test_a_retry_gets_only_the_time_left(self) -> None:
+        """The second attempt's timeout is the request's deadline minus the time spent."""
+        w = world(2, "request_timeout_s: 10\n")
+        w.fake.script("a", reply(503, delay_s=4))
+        w.fake.script("b", reply(200))
+        start = w.clock.monotonic()
+        assert once(w).status == 200
+        assert [c.timeout_s for c in w.fake.calls] == [10.0, 6.0]
+        assert w.clock.monotonic() - start == pytest.approx(4.0)
+
+    def test_no_retry_once_the_deadline_passed(self) -> None:
+        """An engine silent past the deadline: one attempt, 503, the clock at the deadline."""
+        w = world(2, "request_timeout_s: 5\n")
+        w.fake.script("a", reply(200, delay_s=60))
+        w.fake.script("b", reply(200))
+        start = w.clock.monotonic()
+        r = once(w)
+        assert (r.status, w.fake.tried()) == (503, ["a"])
+        assert w.clock.monotonic() - start == pytest.approx(5.0)
+
+    def test_stream_failing_before_its_first_chunk_is_retried(self) -> None:
+        """Nothing reached the client yet: the next replica's stream is relayed whole."""
+        w = world()
+        w.fake.script("a", stream([TOKEN, DONE], fail_after=0))
+        w.fake.script("b", stream([TOKEN, DONE]))
+        r = once(w)
+        assert (r.status, r.streamed, r.body) == (200, True, TOKEN + DONE)
+        assert w.fake.tried() == ["a", "b"]
+
+    def test_stream_failing_after_its_first_chunk_ends_with_an_error_event(self) -> None:
+        """Bytes reached the client: never retried; the stream ends with a 502 error event
+        and [DONE], and the endpoint is charged."""
+        w = world(2, "breaker: {failure_threshold: 1}\n")
+        w.fake.script("a", stream([TOKEN, TOKEN, DONE], fail_after=1))
+        w.fake.script("b", stream([TOKEN, DONE]))
+        r = once(w)
+        assert w.fake.tried() == ["a"]
+        assert r.body.startswith(TOKEN)
+        assert r.body.endswith(DONE)
+        assert b'"code":502' in r.body
+        assert b"upstream stream broke" in r.body
+        assert w.breaker("a") == "open"
+
+    def test_silent_stream_ends_at_the_idle_bound(self) -> None:
+        """A gap longer than stream_idle_timeout_s ends the stream there, not at the deadline."""
+        w = world(1, "stream_idle_timeout_s: 3\n")
+        w.fake.script("a", stream([TOKEN, TOKEN], gap_s=100))
+        start = w.clock.monotonic()
+        r = once(w)
+        assert b"no data for 3s" in r.body
+        assert r.body.endswith(DONE)
+        assert w.clock.monotonic() - start == pytest.approx(3.0)
+
+    def test_error_event_before_output_is_retried_elsewhere(self) -> None:
+        """The engine's 5xx error event before any token: as safe to retry as a 5xx."""
+        w = world()
+        w.fake.script("a", stream([ERROR_EVENT, DONE]))
+        w.fake.script("b", stream([TOKEN, DONE]))
+        r = once(w)
+        assert (r.body, w.fake.tried(), w.retries()) == (TOKEN + DONE, ["a", "b"], {"a": 1.0})
+        assert w.fake.replies[0].closed
+
+    def test_error_event_with_nowhere_else_is_relayed(self) -> None:
+        """No other replica: the engine's own error event reaches the client as sent."""
+        w = world(1)
+        w.fake.script("a", stream([ERROR_EVENT, DONE]))
+        r = once(w)
+        assert (r.status, r.body, w.retries()) == (200, ERROR_EVENT + DONE, {})
+
+
+class TestHoldRules:
+    def test_known_model_without_replica_is_held_until_the_hold_timeout(self) -> None:
+        """Held for hold_timeout_s, then 503 with Retry-After 5; its demand shows while held."""
+        w = World("models: [m]\nhold_timeout_s: 30\n")
+        seen: list[dict[str, int]] = []
+
+        async def main() -> Any:
+            task = asyncio.create_task(w.send())
+            await asyncio.sleep(1)
+            seen.append(w.router.holding.demand())
+            return await task
+
+        start = w.clock.monotonic()
+        r = w.run(main)
+        assert (r.status, r.headers["Retry-After"]) == (503, "5")
+        assert "within 30s" in r.json()["error"]["message"]
+        assert w.clock.monotonic() - start == pytest.approx(30.0, abs=0.5)
+        assert seen == [{"m": 1}]
+        assert w.router.holding.demand() == {}
+
+    def test_hold_ends_when_a_replica_arrives(self) -> None:
+        """A list with a replica wakes the held request at once; it is served there."""
+        w = World("models: [m]\nhold_timeout_s: 30\n")
+        w.fake.script("r1", reply(200, b'{"id":"late"}'))
+
+        async def main() -> Any:
+            task = asyncio.create_task(w.send())
+            await asyncio.sleep(3)
+            w.router.apply_endpoints(
+                [EndpointInfo(id="r1", url="http://10.0.0.9:1", models=("m",))]
+            )
+            return await task
+
+        start = w.clock.monotonic()
+        r = w.run(main)
+        assert (r.status, r.json()) == (200, {"id": "late"})
+        assert w.clock.monotonic() - start == pytest.approx(3.0)
+
+    def test_full_hold_queue_answers_at_once(self) -> None:
+        """With max_held requests waiting, one more is answered 503 without waiting."""
+        w = World("models: [m]\nmax_held: 1\nhold_timeout_s: 30\n")
+
+        async def main() -> Any:
+            first = asyncio.create_task(w.send())
+            await asyncio.sleep(1)
+            t = w.clock.monotonic()
+            second = await w.send()
+            waited = w.clock.monotonic() - t
+            await first
+            return second, waited
+
+        r, waited = w.run(main)
+        assert (r.status, waited) == (503, 0.0)
+        assert "too many requests are already waiting" in r.json()["error"]["message"]
+
+    def test_hold_is_bounded_by_the_request_deadline(self) -> None:
+        """request_timeout_s below hold_timeout_s: the request gives up at its deadline."""
+        w = World("models: [m]\nhold_timeout_s: 60\nrequest_timeout_s: 4\n")
+        start = w.clock.monotonic()
+        assert once(w).status == 503
+        assert w.clock.monotonic() - start == pytest.approx(4.0, abs=0.5)
+
+    def test_open_breaker_holds_until_its_cooldown_admits_a_probe(self) -> None:
+        """The only replica's breaker is open: the request waits (it has not failed there)
+        and is the half-open probe once the cooldown passes."""
+        w = world(1, "breaker: {failure_threshold: 1, cooldown_s: 2}\n")
+        w.fake.script("a", reply(500), reply(200, b'{"id":"probe"}'))
+        assert once(w).status == 500
+        assert w.breaker("a") == "open"
+        start = w.clock.monotonic()
+        r = once(w)
+        assert (r.status, r.json()) == (200, {"id": "probe"})
+        assert 2.0 <= w.clock.monotonic() - start <= 2.6
+        assert w.breaker("a") == "closed"
+
+
+class TestVirtualTime:
+    def test_nothing_to_wait_for_is_reported_not_hung(self) -> None:
+        """A task awaiting what no timer brings ends in Stuck instead of hanging the test."""
+        from llmgw.runtime.clock import ManualClock
+
+        async def forever() -> None:
+            await asyncio.Event().wait()
+
+        with pytest.raises(vtime.Stuck):
+            vtime.run(forever(), ManualClock())
