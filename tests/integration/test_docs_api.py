@@ -30,6 +30,8 @@ def _schema(schema: dict[str, Any]) -> str:
         return f"[{_schema(schema['items'])}]"
     if "oneOf" in schema:
         return " or ".join(_schema(s) for s in schema["oneOf"])
+    if len(schema.get("allOf", ())) == 1:  # a type with a bound added (minProperties)
+        return _schema(schema["allOf"][0])
     if schema.get("type") == "object" and "properties" in schema:
         return "{" + ", ".join(schema["properties"]) + "}"
     return str(schema.get("type", "any"))

@@ -7,7 +7,7 @@ idle time is a negative number in JSON (`-1`), written only by
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -190,7 +190,7 @@ class Summary(msgspec.Struct, kw_only=True):
 class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # Seconds a draining replica may keep in-flight requests before it is stopped.
     # UNSET (not sent): the controller's configured --drain-grace-s.
-    grace_s: float | msgspec.UnsetType = msgspec.UNSET
+    grace_s: Annotated[float, msgspec.Meta(ge=0)] | msgspec.UnsetType = msgspec.UNSET
     # False: a replica whose replacement cannot be placed keeps serving, and the
     # drain waits (NodeView.drain_waiting says why). True: such replicas drain
     # anyway, and the fleet serves with less capacity.

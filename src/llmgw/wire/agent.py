@@ -7,16 +7,21 @@ late heartbeat can never double-start anything.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+
+# Constraints the published schema carries (the controller's /openapi.json); the
+# controller's edge checks (api/validate.py) add what spans fields.
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 
 ShardState = Literal["starting", "ready", "failed", "stopped"]
 EngineKind = Literal["vllm", "sglang", "llamacpp", "sim"]
 
 
 class GPU(msgspec.Struct, frozen=True, kw_only=True):
-    index: int
+    index: NonNegInt
     uuid: str
     # Marketing name as NVML reports it, e.g. "NVIDIA H100 80GB HBM3".
     name: str
@@ -32,9 +37,9 @@ class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
     """What the agent knows of one shard it runs (or ran)."""
 
     replica_id: str
-    rank: int
+    rank: NonNegInt
     state: ShardState
-    port: int | None = None
+    port: Port | None = None
     pid: int | None = None
     # Set when state is "failed" or "stopped" after the process exited.
     exit_code: int | None = None
@@ -47,7 +52,7 @@ class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     # Host name or IP that routers and peer shards reach this node's engines on.
-    address: str
+    address: Annotated[str, msgspec.Meta(pattern=r"\S")]
     gpus: tuple[GPU, ...]
     fabrics: tuple[str, ...] = ()
     labels: dict[str, str] = {}
@@ -57,16 +62,16 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     # Strictly increasing per agent process, from 1; with agent_started_at it
     # orders heartbeats, so the controller can ignore one delivered after a newer
     # one. 0: an agent that does not number them (always applied).
-    seq: int = 0
+    seq: NonNegInt = 0
     # Inclusive port range the agent allocates engine ports from.
-    port_range: tuple[int, int] = (21000, 21999)
+    port_range: tuple[Port, Port] = (21000, 21999)
 
 
 class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):
     """One shard this node should run. Identity is (replica_id, rank)."""
 
     replica_id: str
-    rank: int
+    rank: NonNegInt
     # Shards in the replica (nodes per replica); 1 for single-node replicas.
     world_size: int = 1
     model: str

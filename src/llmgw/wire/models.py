@@ -8,7 +8,9 @@ import msgspec
 
 from llmgw.wire.agent import EngineKind
 
-Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")]
+# Not ending in "/scale": /admin/models/<name>/scale is the scale command's URL.
+NAME_PATTERN = r"^(?!.*/scale$)[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
 
 
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -16,7 +18,9 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     name: Name
     engine: EngineKind
     # Acceptable GPU classes, e.g. ["H100-80G", "H200-141G"]; at least one.
-    gpu_classes: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)]
+    gpu_classes: Annotated[
+        tuple[Annotated[str, msgspec.Meta(pattern=r"\S")], ...], msgspec.Meta(min_length=1)
+    ]
     # Other names clients may use for this model.
     aliases: tuple[Name, ...] = ()
     # Tensor parallel width: GPUs per shard, all on one node.

@@ -6,6 +6,8 @@ as on four hundred.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 
@@ -25,7 +27,7 @@ class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     """Body of `POST /v1/usage`."""
 
     # Stable for one router process; a restarted router gets a new one.
-    router_id: str
+    router_id: Annotated[str, msgspec.Meta(min_length=1)]
     # Unix seconds when the router built this report.
     sent_at: float
     # Endpoint id → unix seconds of the last dispatch there. Endpoints never used

@@ -8,6 +8,7 @@ one entry per route in api.routes() (a test checks that every route appears).
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import msgspec
@@ -25,7 +26,7 @@ from llmgw.wire.admin import (
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
 from llmgw.wire.endpoints import EndpointList
 from llmgw.wire.errors import ErrorBody
-from llmgw.wire.models import ModelSpec, ScaleRequest
+from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
 from llmgw.wire.usage import UsageReport
 
 _TYPES: tuple[Any, ...] = (
@@ -112,11 +113,57 @@ def _array(name: str) -> dict[str, Any]:
     return {"type": "array", "items": _ref(name)}
 
 
+def _edge_rules(components: dict[str, Any]) -> None:
+    """Bounds api/validate.py checks (with a field path naming the key) that the wire
+    types leave out, written into their schemas so the document says what is refused."""
+    usage = components["UsageReport"]["properties"]
+    for field in ("inflight", "demand"):
+        usage[field]["additionalProperties"]["minimum"] = 0
+    for prop in components["ModelLoad"]["properties"].values():
+        prop["minimum"] = 0
+
+
+def allowed_methods(path: str) -> str | None:
+    """The methods this document lists for `path` (an `Allow` header), or None if none match.
+
+    Model names may hold "/", so /admin/models/a/scale also matches {name}; the
+    template with the most literal text wins, as the routes are matched.
+    """
+    best: tuple[int, str] | None = None
+    for template, methods in _templates():
+        if template.fullmatch(path):
+            literal = len(template.pattern) - template.pattern.count("(")
+            if best is None or literal > best[0]:
+                best = (literal, methods)
+    return None if best is None else best[1]
+
+
+@functools.cache
+def _templates() -> tuple[tuple[re.Pattern[str], str], ...]:
+    paths = msgspec.json.decode(document())["paths"]
+    out = []
+    for template, ops in paths.items():
+        pattern = re.sub(
+            r"\\\{(\w+)\\\}",
+            lambda m: "(.+)" if m.group(1) == "name" else "([^/]+)",
+            re.escape(template),
+        )
+        methods = sorted(m.upper() for m in ops)
+        if "GET" in methods:
+            methods.append("HEAD")
+        out.append((re.compile(pattern), ", ".join(methods)))
+    return tuple(out)
+
+
 @functools.cache
 def document() -> bytes:
     (_, components) = msgspec.json.schema_components(_TYPES, ref_template=_REF)
+    _edge_rules(components)
     node = _path("name", "node name")
-    model = _path("name", "model name (may contain '/')")
+    model = {
+        **_path("name", "model name (may contain '/', never ends in '/scale')"),
+        "schema": {"type": "string", "pattern": NAME_PATTERN},
+    }
     rid = _path("id", "replica id")
     paths: dict[str, Any] = {
         "/healthz": {
@@ -156,11 +203,15 @@ def document() -> bytes:
                 _ok(_ref("EndpointList")),
                 errors=(400, 401, 503),
                 params=(
-                    _query("after", {"type": "integer"}, "the version the caller holds"),
+                    _query(
+                        "after",
+                        {"type": "integer", "minimum": -(2**62), "maximum": 2**62},
+                        "the version the caller holds",
+                    ),
                     _query(
                         "timeout_s",
-                        {"type": "number", "default": 30, "maximum": 60, "minimum": 0},
-                        "longest wait in seconds",
+                        {"type": "number", "default": 30, "minimum": 0},
+                        "longest wait in seconds (above 60 waits 60; below 0 is refused)",
                     ),
                 ),
             )
@@ -211,7 +262,7 @@ def document() -> bytes:
             "post": _op(
                 "apply one model spec or a list of them, all or nothing",
                 _ok(_array("ModelView")),
-                body={"oneOf": [_ref("ModelSpec"), _array("ModelSpec")]},
+                body={"oneOf": [_ref("ModelSpec"), {**_array("ModelSpec"), "minItems": 1}]},
                 errors=(400, 401, 409, 413, 422, 503),
             ),
         },
@@ -235,7 +286,8 @@ def document() -> bytes:
                 "change min and/or max replicas (400 if max < min after the merge, or if "
                 "neither is given)",
                 _ok(_ref("ModelView")),
-                body=_ref("ScaleRequest"),
+                # At least one bound: an empty request would change nothing.
+                body={"allOf": [_ref("ScaleRequest")], "minProperties": 1},
                 errors=(400, 401, 404, 413, 422, 503),
                 params=(model,),
             )

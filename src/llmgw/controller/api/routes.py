@@ -68,24 +68,56 @@ def validation_param(message: str) -> str | None:
     return path or None
 
 
+TOO_DEEP = "the JSON body is nested too deeply"
+
+
+def integral_floats_as_ints(value: Any) -> Any:
+    """`value` with every float that has no fraction (1039.0) as an int.
+
+    JSON Schema's `integer` (what /openapi.json publishes) includes 1039.0, which
+    msgspec's int refuses; a float field takes an int as is. RecursionError on a
+    tree deeper than the stack: the caller's "nested too deeply".
+    """
+    if type(value) is float:
+        return int(value) if value.is_integer() and abs(value) < 2**63 else value
+    if type(value) is list:
+        return [integral_floats_as_ints(v) for v in value]
+    if type(value) is dict:
+        return {k: integral_floats_as_ints(v) for k, v in value.items()}
+    return value
+
+
 def decode(body: bytes, type_: type[T], *, what: str) -> T:
+    """The one way an API body comes in: 400 when it is not JSON (or too deep), 422 when
+    it breaks its type; never a traceback."""
     if not body.strip():
         raise InvalidRequest(f"{what}: the request body is empty; a JSON object is required")
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as exc:
         msg = str(exc)
-        raise InvalidSpec(f"{what}: {msg}", param=validation_param(msg)) from exc
+        failed = exc
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"{what}: body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise InvalidRequest(f"{what}: {TOO_DEEP}") from None
+    # Refused by type: once more with integral floats as ints (the schema's integers).
+    try:
+        return msgspec.convert(integral_floats_as_ints(msgspec.json.decode(body)), type_)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        # msgspec stops at the first type error: a body refused by type may be
+        # malformed further on, or too deep; the type error is what it is told.
+        raise InvalidSpec(f"{what}: {msg}", param=validation_param(msg)) from failed
 
 
 def decode_specs(body: bytes) -> list[ModelSpec]:
     """One spec or a list of them; any invalid one refuses the whole request."""
     try:
-        raw: Any = msgspec.json.decode(body) if body.strip() else None
+        raw: Any = integral_floats_as_ints(msgspec.json.decode(body)) if body.strip() else None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise InvalidRequest(TOO_DEEP) from None
     single = isinstance(raw, dict)
     items = [raw] if single else raw
     if not isinstance(items, list) or not items:
@@ -142,18 +174,33 @@ async def _no_body(request: web.Request, what: str) -> None:
         decode(body, _NoBody, what=f"{what} (takes no body)")
 
 
+def _query(request: web.Request, name: str) -> str | None:
+    """A query parameter given at most once (the schema's scalar); None when absent."""
+    values = request.query.getall(name, [])
+    if len(values) > 1:
+        raise InvalidRequest(f"query parameter {name} is given {len(values)} times", param=name)
+    return values[0] if values else None
+
+
 def _query_int(
     request: web.Request, name: str, default: int | None, lo: int, hi: int
 ) -> int | None:
-    text = request.query.get(name)
-    if text is None or text == "":
+    text = _query(request, name)
+    if text is None:
         return default
     try:
         value = int(text)
     except ValueError:
-        raise InvalidRequest(
-            f"query parameter {name} must be an integer, got {text!r}", param=name
-        ) from None
+        # "1039.0" is an integer to JSON Schema (what /openapi.json publishes).
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and number.is_integer()):
+            raise InvalidRequest(
+                f"query parameter {name} must be an integer, got {text!r}", param=name
+            ) from None
+        value = int(number)
     if not lo <= value <= hi:
         raise InvalidRequest(
             f"query parameter {name} must be in {lo}..{hi}, got {value}", param=name
@@ -175,6 +222,15 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except ControllerRefusal as exc:
         status, kind = http_status(exc)
+        if status < 500:
+            # One line per refused request, whatever it sent (never a traceback).
+            log.warning(
+                "refused request status=%d method=%s path=%s why=%s",
+                status,
+                request.method,
+                request.path[:200],
+                exc.message[:160],
+            )
         body = error_body(exc.message, type=kind, param=exc.param)
         return web.Response(
             body=body, status=status, content_type="application/json", headers=retry_after(status)
@@ -186,7 +242,19 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             exc.status, "invalid_request_error"
         )
         body = error_body(f"{request.method} {request.path}: {exc.reason}", type=kind)
-        return web.Response(body=body, status=exc.status, content_type="application/json")
+        allow = None
+        if exc.status == 405:
+            # What the path takes (RFC 9110), as /openapi.json lists it: aiohttp's own
+            # list also has {name:.+}'s methods on /admin/models/<m>/scale.
+            from llmgw.controller.api.openapi import allowed_methods
+
+            allow = allowed_methods(request.path) or exc.headers.get("Allow")
+        return web.Response(
+            body=body,
+            status=exc.status,
+            content_type="application/json",
+            headers={"Allow": allow} if allow is not None else None,
+        )
     except (asyncio.CancelledError, KeyboardInterrupt):
         raise
     except Exception:
@@ -222,15 +290,18 @@ async def heartbeat(request: web.Request) -> web.Response:
 async def endpoints(request: web.Request) -> web.Response:
     s = _svc(request)
     after = _query_int(request, "after", None, -(2**62), 2**62)
-    text = request.query.get("timeout_s", "30")
+    text = _query(request, "timeout_s") or "30"
     try:
         asked = float(text)
     except ValueError:
         asked = math.nan
-    if not math.isfinite(asked):
-        raise InvalidRequest(f"timeout_s must be a number, got {text!r}", param="timeout_s")
-    # Clamped rather than refused: a long-poll that waits less than asked is still correct.
-    timeout_s = min(60.0, max(0.0, asked))
+    if not math.isfinite(asked) or asked < 0:
+        raise InvalidRequest(
+            f"timeout_s must be a number of seconds >= 0, got {text!r}", param="timeout_s"
+        )
+    # Above 60 clamped rather than refused (the schema says so): a long-poll that
+    # waits less than asked is still correct.
+    timeout_s = min(60.0, asked)
     await s.fleet.sink.wait_changed(after, timeout_s=timeout_s)
     return json_response(s.fleet.endpoints())
 
@@ -283,16 +354,23 @@ async def list_models(request: web.Request) -> web.Response:
     return json_response(model_views(s.fleet.state, s.unplaceable()))
 
 
+def _not_scale(request: web.Request) -> None:
+    """/admin/models/<m>/scale takes POST only ({name:.+} would match it too)."""
+    if request.match_info["name"].endswith("/scale"):
+        raise web.HTTPMethodNotAllowed(request.method, ["POST"])
+
+
 async def get_model(request: web.Request) -> web.Response:
     s = _svc(request)
+    _not_scale(request)
     model = commands.require_model(s.fleet.state, request.match_info["name"])
     return json_response(model_view(model, s.fleet.state, s.unplaceable().get(model.name)))
 
 
 async def list_replicas(request: web.Request) -> web.Response:
     s = _svc(request)
-    model = request.query.get("model") or None
-    state = request.query.get("state") or None
+    model = _query(request, "model") or None
+    state = _query(request, "state")
     if state is not None and state not in REPLICA_STATES:
         allowed = ", ".join(sorted(REPLICA_STATES))
         raise InvalidRequest(f"state must be one of {allowed}; got {state!r}", param="state")
@@ -316,11 +394,10 @@ async def get_replica(request: web.Request) -> web.Response:
 async def events(request: web.Request) -> web.Response:
     s = _svc(request)
     limit = _query_int(request, "limit", 200, 1, 10_000) or 200
-    q = request.query
     found = await s.events(
-        model=q.get("model") or None,
-        replica=q.get("replica") or None,
-        node=q.get("node") or None,
+        model=_query(request, "model") or None,
+        replica=_query(request, "replica") or None,
+        node=_query(request, "node") or None,
         limit=limit,
     )
     views = [
@@ -368,6 +445,7 @@ async def apply_models(request: web.Request) -> web.Response:
 
 async def delete_model(request: web.Request) -> web.Response:
     s = _svc(request)
+    _not_scale(request)
     name = request.match_info["name"]
     await _no_body(request, "delete request")
     await s.delete_model(name)

@@ -1,0 +1,167 @@
+"""The controller's published schema is the truth: schemathesis against a real controller,
+and the hostile bodies that used to cost a traceback each.
+
+One controller process (SQLite in the test's folder) on 127.0.0.1; schemathesis runs as
+its own CLI, bounded by examples per operation and by time, with a fixed seed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.controller_harness import Db, controller, spec
+from tests.integration.hostile import log_lines, no_traceback, open_fds, rss_kib
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKEN = "hostile-token"
+CONFIG = Path(__file__).resolve().parent / "schemathesis" / "controller.toml"
+
+
+def call(
+    url: str, method: str, path: str, body: bytes | None = None, *, token: str | None = TOKEN
+) -> tuple[int, dict[str, str], Any]:
+    req = urllib.request.Request(url + path, data=body, method=method)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            raw = resp.read()
+            return resp.status, dict(resp.headers), json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        return exc.code, dict(exc.headers), json.loads(raw) if raw else None
+
+
+def openai_error(doc: Any) -> dict[str, Any]:
+    assert set(doc) == {"error"}, doc
+    err: dict[str, Any] = doc["error"]
+    assert isinstance(err["message"], str), err
+    assert err["message"], err
+    return err
+
+
+def schemathesis_cli() -> list[str]:
+    exe = Path(sys.executable).with_name("schemathesis")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("schemathesis")
+    if found is None:
+        pytest.fail("schemathesis is not installed: it is in the dev extra (pyproject.toml)")
+    return [found]
+
+
+class TestSchemaIsTheTruth:
+    def test_schemathesis_finds_nothing(self, tmp_path: Path) -> None:
+        with controller(Db(f"sqlite:///{tmp_path / 'c.db'}"), token=TOKEN, log_dir=tmp_path) as c:
+            out = subprocess.run(
+                [
+                    *schemathesis_cli(),
+                    "--config-file",
+                    str(CONFIG),
+                    "--no-color",
+                    "run",
+                    c.url + "/openapi.json",
+                    "-H",
+                    f"Authorization: Bearer {TOKEN}",
+                    "--checks",
+                    "all",
+                    "--phases",
+                    "examples,coverage,fuzzing,stateful",
+                    "--max-examples",
+                    "25",
+                    "--max-time",
+                    "30",
+                    "--seed",
+                    "12",
+                    "--workers",
+                    "2",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=100,
+                cwd=tmp_path,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+            assert c.program.alive()
+            no_traceback(c.program.log_text())
+        assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
+        assert "Stateful" in out.stdout, out.stdout[-2000:]
+
+
+class TestHostileBodies:
+    def test_each_refused_in_shape_in_one_line(self, tmp_path: Path) -> None:
+        deep = b"[" * 5000 + b"]" * 5000
+        with controller(Db(f"sqlite:///{tmp_path / 'c.db'}"), token=TOKEN, log_dir=tmp_path) as c:
+            url = c.url
+            pid = c.program.pid
+            call(url, "GET", "/admin/summary")
+            rss0, fds0 = rss_kib(pid), open_fds(pid)
+            n0 = len(log_lines(c.program.log_text(), "refused request"))
+            refused = 0
+            for path in (
+                "/admin/models",
+                "/v1/usage",
+                "/v1/agents/n1/heartbeat",
+                "/admin/nodes/n1/drain",
+                "/admin/models/m/scale",
+            ):
+                for body in (deep, b'{"x": ' + deep + b"}", b"\xff\xfe", b"[1, 2"):
+                    status, _, doc = call(url, "POST", path, body)
+                    # 400 (not JSON, too deep) or 422 (JSON of the wrong type): refused.
+                    assert status in (400, 422), (path, body[:20], status, doc)
+                    openai_error(doc)
+                    refused += 1
+            # What the schema says is what is accepted, and what is refused.
+            status, _, doc = call(url, "GET", "/v1/endpoints?timeout_s=-1")
+            assert status == 400, doc
+            assert openai_error(doc)["param"] == "timeout_s"
+            refused += 1
+            status, _, doc = call(url, "GET", "/admin/events?limit=1039.0")
+            assert status == 200, doc
+            body = json.dumps([spec("m", gpu_classes=[""])]).encode()
+            status, _, doc = call(url, "POST", "/admin/models", body)
+            assert status == 422, doc
+            assert openai_error(doc)["param"] == "[0].gpu_classes[0]"
+            refused += 1
+            body = json.dumps(spec("m", max_replicas=3.0, min_replicas=1.0)).encode()
+            status, _, doc = call(url, "POST", "/admin/models", body)
+            assert status == 200, doc
+            status, _, doc = call(url, "POST", "/admin/models/m/scale", b'{"max_replicas": 4.0}')
+            assert status == 200, doc
+            assert doc["max"] == 4
+            for empty in (b"", b"{}"):
+                status, _, doc = call(url, "POST", "/admin/models/m/scale", empty)
+                assert status == 400, doc
+                refused += 1
+            status, _, doc = call(url, "POST", "/admin/models", b"[]")
+            assert status == 400, doc
+            refused += 1
+            # 405 names what the path takes.
+            for method, path, allow in (
+                ("PUT", "/admin/models", "GET, POST, HEAD"),
+                ("DELETE", "/admin/models/m/scale", "POST"),
+                ("POST", "/healthz", "GET, HEAD"),
+            ):
+                status, headers, doc = call(url, method, path, b"{}")
+                assert status == 405, (method, path, doc)
+                assert headers.get("Allow") == allow, headers
+                openai_error(doc)
+            assert c.program.alive()
+            assert open_fds(pid) <= fds0 + 4
+            assert rss_kib(pid) < rss0 + 20_000
+            text = c.program.log_text()
+            assert len(log_lines(text, "refused request")[n0:]) == refused
+            no_traceback(text)
