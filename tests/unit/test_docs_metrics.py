@@ -78,10 +78,26 @@ def _prediction(cls: Any) -> CollectorRegistry:
     return registry
 
 
+def _controller(cls: Any) -> CollectorRegistry:
+    from llmgw.controller.api.services import Services
+    from llmgw.controller.config import ControllerConfig
+    from llmgw.controller.fleet.live import Fleet
+    from llmgw.controller.idle import IdleTracker
+    from llmgw.controller.store.memory import MemoryStore
+    from llmgw.runtime.clock import ManualClock
+
+    clock, config = ManualClock(), ControllerConfig()
+    fleet = Fleet(MemoryStore(), clock=clock, config=config)
+    services = Services(fleet, IdleTracker(clock=clock), config=config, clock=clock)
+    registry: CollectorRegistry = cls(services).registry
+    return registry
+
+
 REGISTRIES: dict[str, Callable[[Any], CollectorRegistry]] = {
     "llmgw.router.metrics.RouterMetrics": _router,
     "llmgw.router.feedback.PredictionCheck": _prediction,
     "llmgw.agent.metrics.AgentMetrics": _agent,
+    "llmgw.controller.api.metrics.ControllerMetrics": _controller,
 }
 
 

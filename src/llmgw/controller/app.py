@@ -19,6 +19,7 @@ from aiohttp import web
 
 from llmgw.controller.api import routes
 from llmgw.controller.api.services import Services
+from llmgw.controller.api.status import ControllerMetrics, StatusFiles
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import NotLeading, StoreUnavailable
 from llmgw.controller.fleet.live import Fleet
@@ -55,6 +56,8 @@ def build_app(
 
     app = web.Application(middlewares=routes.middlewares(), client_max_size=16 * 1024 * 1024)
     app[routes.SERVICES] = services
+    app[routes.METRICS] = ControllerMetrics(services)
+    app[routes.STATUS_FILES] = StatusFiles()
     app[LOOP] = loop
     app.add_routes(routes.routes())
 

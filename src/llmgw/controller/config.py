@@ -21,6 +21,9 @@ class ControllerConfig:
     schema: str | None = None
     # Bearer token every route but /healthz and /openapi.json requires; None = open.
     token: str | None = None
+    # A second bearer token that may only read: GET on /metrics, /admin/summary, the
+    # node/model/replica/event lists and the status page's data (docs/status-page.md).
+    read_token: str | None = None
     # How often the reconcile loop runs (and leadership is checked).
     tick_s: float = 1.0
     # A node with no heartbeat for this long is shown unreachable.
@@ -75,6 +78,11 @@ def parse_args(argv: list[str]) -> ControllerConfig:
     )
     p.add_argument("--schema", default=None, help="PostgreSQL schema for the tables")
     p.add_argument("--token", default=None, help="bearer token for every API route")
+    p.add_argument(
+        "--read-token",
+        default=None,
+        help="bearer token that may only read (metrics, status page, GET /admin/…)",
+    )
     floats = {
         "tick-s": d.tick_s,
         "heartbeat-timeout-s": d.heartbeat_timeout_s,
@@ -103,6 +111,7 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         database=a.database,
         schema=a.schema,
         token=a.token or None,
+        read_token=a.read_token or None,
         heartbeat_flush_s=a.heartbeat_flush_s,
         max_long_polls=a.max_long_polls,
         **{flag.replace("-", "_"): getattr(a, flag.replace("-", "_")) for flag in floats},

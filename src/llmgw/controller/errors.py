@@ -9,6 +9,7 @@ type in one table (api/http.py) and answers in the OpenAI error shape.
     ├── InvalidRequest         malformed body or query; the message names the field
     │   └── InvalidSpec        well-formed, but breaks a rule of the type
     ├── TokenRejected          missing or wrong bearer token
+    ├── Forbidden              a valid token that may not do this (read-only on a write)
     ├── DoesNotExist           unknown node, model or replica
     ├── Conflict               valid alone, contradicts what exists (a name taken)
     ├── NotLeading             a write reached a standby; the caller retries elsewhere/later
@@ -46,6 +47,10 @@ class TokenRejected(ControllerRefusal):
 
 class DoesNotExist(ControllerRefusal):
     pass
+
+
+class Forbidden(ControllerRefusal):
+    """A valid token that may not do this (the read-only token on a write)."""
 
 
 class Conflict(ControllerRefusal):

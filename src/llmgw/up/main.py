@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ready-timeout-s", type=float, default=180.0, help="how long to show start-up progress"
     )
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help="log format of every program up starts (default: $LLMGW_LOG_FORMAT, else text)",
+    )
     return p
 
 
@@ -62,6 +68,10 @@ class Up:
         self.router_url = f"http://127.0.0.1:{self.router_port}"
         self.token: str | None = args.token
         self.client = AdminClient(self.controller_url, token=self.token, timeout_s=10.0)
+        # The fragment carries the token to the page without sending it in the URL.
+        self.status_url = f"{self.controller_url}/status" + (
+            f"#token={self.token}" if self.token else ""
+        )
         self.children: list[Child] = []
         self.stopping = False
 
@@ -144,6 +154,7 @@ class Up:
         manifest = {
             "router_url": self.router_url,
             "controller_url": self.controller_url,
+            "status_url": self.status_url,
             "pid": os.getpid(),
             "children": {c.name: {"pid": c.pid, "url": c.url} for c in self.children},
         }
@@ -223,6 +234,9 @@ class Up:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.log_format is not None:
+        # Inherited by every program started below (runtime.logs.take_format).
+        os.environ["LLMGW_LOG_FORMAT"] = args.log_format
     try:
         fleet = load_fleet(args.fleet)
         check_engines(fleet)

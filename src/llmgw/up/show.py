@@ -76,6 +76,8 @@ def print_hints(up: Up) -> None:
 llmgw is up.
   router (OpenAI API)  {up.router_url}/v1
   controller           {up.controller_url}
+  status page          {up.status_url}
+  metrics              {up.router_url}/metrics · {up.controller_url}/metrics
   logs                 {up.logs}
   models               {", ".join(models)}
 

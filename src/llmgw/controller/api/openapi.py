@@ -66,6 +66,7 @@ def _errors(*codes: int) -> dict[str, Any]:
     words = {
         400: "malformed body or query (message and param name the field)",
         401: "missing or wrong bearer token",
+        403: "the read-only token may only GET what it may read",
         404: "unknown node, model or replica",
         409: "a name is already served by another model",
         413: "the body is over the 16 MiB limit",
@@ -186,6 +187,46 @@ def document() -> bytes:
         },
         "/openapi.json": {
             "get": _op("this document", _ok({"type": "object"}), errors=(), secure=False)
+        },
+        "/metrics": {
+            "get": _op(
+                "Prometheus metrics (docs/metrics.md); admin or read-only token",
+                {"200": {"description": "text/plain; version=0.0.4"}},
+                errors=(401,),
+            )
+        },
+        "/status": {
+            "get": _op(
+                "the status page (docs/status-page.md); static, holds no data",
+                {"200": {"description": "text/html"}},
+                errors=(),
+                secure=False,
+            )
+        },
+        "/status/": {
+            "get": _op(
+                "the status page, same as /status",
+                {"200": {"description": "text/html"}},
+                errors=(),
+                secure=False,
+            )
+        },
+        "/status/static/{file}": {
+            "get": _op(
+                "the status page's script and style, shipped in the package",
+                {"200": {"description": "text/javascript or text/css"}},
+                errors=(404,),
+                params=(_path("file", "status.js or status.css"),),
+                secure=False,
+            )
+        },
+        "/admin/status": {
+            "get": _op(
+                "the status page's data: the summary plus nodes, models, replicas and recent "
+                "events as compact rows (docs/status-page.md); admin or read-only token",
+                _ok({"type": "object"}),
+                errors=(401,),
+            )
         },
         "/v1/agents/{node}/heartbeat": {
             "post": _op(

@@ -22,10 +22,23 @@ from aiohttp import web
 from llmgw import __version__
 from llmgw.controller.api.http import http_status, retry_after
 from llmgw.controller.api.services import Services
+from llmgw.controller.api.status import (
+    CONTENT_TYPE,
+    ControllerMetrics,
+    StatusFiles,
+    encode,
+    status_data,
+)
 from llmgw.controller.api.summary import summarize
 from llmgw.controller.api.validate import check_heartbeat, check_spec, check_usage
 from llmgw.controller.api.views import model_view, model_views, node_views, replica_view
-from llmgw.controller.errors import ControllerRefusal, InvalidRequest, InvalidSpec, TokenRejected
+from llmgw.controller.errors import (
+    ControllerRefusal,
+    Forbidden,
+    InvalidRequest,
+    InvalidSpec,
+    TokenRejected,
+)
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.records import OperatorState
 from llmgw.wire.admin import DrainRequest, EventView, ReplicaState, WeightRequest
@@ -40,8 +53,15 @@ T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SERVICES = web.AppKey("services", Services)
-# Routes a client may call without the token: liveness and the API's own description.
-OPEN_PATHS = frozenset({"/healthz", "/openapi.json"})
+METRICS = web.AppKey("metrics", ControllerMetrics)
+STATUS_FILES = web.AppKey("status_files", StatusFiles)
+# Routes a client may call without the token: liveness, the API's own description, and
+# the status page's static files (no data in them; the page fetches its data with a token).
+OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/status", "/status/"})
+OPEN_PREFIXES = ("/status/static/",)
+# What the read-only token may GET (a read token on anything else is 403).
+READ_PATHS = frozenset({"/metrics", "/admin/summary", "/admin/status", "/admin/events"})
+READ_PREFIXES = ("/admin/nodes", "/admin/models", "/admin/replicas")
 REPLICA_STATES = frozenset(get_args(ReplicaState))
 # Known __post_init__ messages of ModelSpec → the field they are about.
 _POST_INIT_FIELDS = (("max_replicas", "max_replicas"), ("aliases", "aliases"))
@@ -212,13 +232,7 @@ def _query_int(
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         services = request.app[SERVICES]
-        token = services.config.token
-        if token is not None and request.path not in OPEN_PATHS:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                raise TokenRejected(
-                    "missing or wrong bearer token" if given else "a bearer token is required"
-                )
+        _authorize(request, services.config.token, services.config.read_token)
         return await handler(request)
     except ControllerRefusal as exc:
         status, kind = http_status(exc)
@@ -261,6 +275,22 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("handler crashed path=%s", request.path)
         body = error_body("internal error; see the controller's log", type="server_error")
         return web.Response(body=body, status=500, content_type="application/json")
+
+
+def _authorize(request: web.Request, token: str | None, read_token: str | None) -> None:
+    """The admin token may do anything; the read token may GET what READ_PATHS name."""
+    path = request.path
+    if token is None or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
+        return
+    given = request.headers.get("Authorization", "").encode()
+    if hmac.compare_digest(given, f"Bearer {token}".encode()):
+        return
+    if read_token is not None and hmac.compare_digest(given, f"Bearer {read_token}".encode()):
+        readable = path in READ_PATHS or path.startswith(READ_PREFIXES)
+        if request.method in ("GET", "HEAD") and readable:
+            return
+        raise Forbidden(f"the read-only token may not {request.method} {path}")
+    raise TokenRejected("missing or wrong bearer token" if given else "a bearer token is required")
 
 
 def _svc(request: web.Request) -> Services:
@@ -481,9 +511,33 @@ async def openapi(request: web.Request) -> web.Response:
     return web.Response(body=document(), content_type="application/json")
 
 
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def status_page(request: web.Request) -> web.Response:
+    return request.app[STATUS_FILES].response("index.html")
+
+
+async def status_static(request: web.Request) -> web.Response:
+    return request.app[STATUS_FILES].response(request.match_info["file"])
+
+
+async def admin_status(request: web.Request) -> web.Response:
+    """The status page's data: summary, nodes, models, replicas, events (compact rows)."""
+    doc = await status_data(_svc(request))
+    return web.Response(body=encode(doc), content_type="application/json")
+
+
 def routes() -> list[web.RouteDef]:
     return [
         web.get("/healthz", healthz),
+        web.get("/metrics", metrics),
+        web.get("/status", status_page),
+        web.get("/status/", status_page),
+        web.get("/status/static/{file}", status_static),
+        web.get("/admin/status", admin_status),
         web.get("/openapi.json", openapi),
         web.post("/v1/agents/{node}/heartbeat", heartbeat),
         web.get("/v1/endpoints", endpoints),

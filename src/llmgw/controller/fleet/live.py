@@ -22,11 +22,13 @@ import dataclasses
 import gc
 import logging
 import math
+import time
 from collections.abc import Iterable
 
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import NotLeading, StoreUnavailable
 from llmgw.controller.fleet.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
+from llmgw.controller.fleet.decisions import Decisions
 from llmgw.controller.fleet.endpoints import EndpointSink, endpoint_info, endpoint_list
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import Changes, Event, FleetState, Node, Replica
@@ -63,6 +65,8 @@ class Fleet:
         # model, e.g. after a (re)load); the tick decides these (tick.per_model.plan_models).
         self._dirty: set[str] | None = None
         self.backoff = Backoff(base_s=config.restart_backoff_s, cap_s=config.restart_backoff_max_s)
+        # Each committed event logged once and counted; store write latency (/metrics).
+        self.decisions = Decisions()
 
     # -- leadership ----------------------------------------------------------
 
@@ -123,20 +127,25 @@ class Fleet:
         return await asyncio.shield(task)
 
     async def _write(self, changes: Changes) -> list[Event]:
+        started = time.perf_counter()
         try:
             events = await asyncio.to_thread(self.store.apply, changes)
         except NotLeader as exc:
+            self.decisions.store_write.observe(time.perf_counter() - started)
             # The lock is gone (a successor may lead already): stop acting now,
             # not at the next tick's check, so no heartbeat is answered from here.
             self.end_term()
             log.warning(kv("leadership lost on write; standing by", error=exc))
             raise NotLeading(f"this controller no longer leads: {exc}") from exc
         except StoreError as exc:
+            self.decisions.store_write.observe(time.perf_counter() - started)
             log.warning(kv("store write failed", error=exc))
             raise StoreUnavailable(
                 f"the store refused the change; nothing was applied: {exc}"
             ) from exc
+        self.decisions.store_write.observe(time.perf_counter() - started)
         self._mirror(changes)
+        self.decisions.committed(events)
         return events
 
     def take_dirty(self) -> set[str] | None:

@@ -67,6 +67,7 @@ class ControlLoop:
             except Exception:
                 log.exception("tick crashed")
             elapsed = self.clock.monotonic() - started
+            self.fleet.decisions.tick.observe(elapsed)
             await asyncio.sleep(max(0.0, self.config.tick_s - elapsed))
 
     async def check_leadership(self) -> None:
