@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from llmgw.controller.api.services import Services
 from llmgw.controller.api.summary import summarize_views
-from llmgw.controller.api.views import idle_fn, model_view, node_view, replica_counts, replica_view
+from llmgw.controller.api.views import model_view, node_view, replica_counts, replica_view
+from llmgw.controller.idle import idle_fn
 from llmgw.controller.placement.capacity import gpus_in_use
 from llmgw.wire.admin import ModelView, NodeView, ReplicaView, Summary
 
