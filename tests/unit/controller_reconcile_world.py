@@ -15,7 +15,7 @@ from llmgw.controller.fleet.agents import Backoff, HeartbeatOrder, absorb_heartb
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import Changes, FleetState, Model, Node, OperatorState, Replica
 from llmgw.controller.idle import IdleTracker
-from llmgw.controller.tick.carryover import Memory
+from llmgw.controller.tick.carryover import TickMemory
 from llmgw.controller.tick.plan import Plan, plan_tick
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.admin import ReplicaState
@@ -51,7 +51,7 @@ class World:
         self.index = FleetIndex()
         self.usage = IdleTracker(clock=self.clock, fresh_s=1e9)
         # Leading for a long while already: no start-up grace unless a test wants one.
-        self.memory = Memory(leader_since=self.clock.wall() - 10_000)
+        self.memory = TickMemory(leader_since=self.clock.wall() - 10_000)
         self._ids = itertools.count(1)
         self.events: list[str] = []
         self.backoff = Backoff(base_s=config.restart_backoff_s, cap_s=config.restart_backoff_max_s)

@@ -1,7 +1,7 @@
 """What a restarted controller needs to carry on: drain options, retired specs, held room.
 
 Each test decides with the pure code and then plays a restart the way the
-leader does one: a fresh `Memory` whose `evicting` comes from the stored
+leader does one: a fresh `TickMemory` whose `evicting` comes from the stored
 reservations (Fleet.begin_term), and nothing else carried over.
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.agents import desired_shards
-from llmgw.controller.tick.carryover import Memory
+from llmgw.controller.tick.carryover import TickMemory
 from tests.unit.controller_reconcile_world import World, spec
 
 
 def _restart(w: World) -> None:
     """A new leadership term: only what the store holds survives."""
-    w.memory = Memory(leader_since=w.now - 10_000, evicting=dict(w.state.reservations))
+    w.memory = TickMemory(leader_since=w.now - 10_000, evicting=dict(w.state.reservations))
 
 
 def _drain(w: World, node: str, **kw: object) -> None:
@@ -176,7 +176,7 @@ class TestHeldRoom:
     def test_without_the_stored_room_a_restart_would_evict_again(self) -> None:
         """The failure the reservation prevents: forgotten victims, a second eviction."""
         w, p1, p2 = self._evicted()
-        w.memory = Memory(leader_since=w.now - 10_000)
+        w.memory = TickMemory(leader_since=w.now - 10_000)
         w.state.reservations.clear()
         w.report(last_used={p1: w.now - 500, p2: w.now - 400})
         w.tick()

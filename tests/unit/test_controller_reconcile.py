@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from llmgw.controller.placement.capacity import gpus_in_use
-from llmgw.controller.tick.carryover import Memory
+from llmgw.controller.tick.carryover import TickMemory
 from llmgw.controller.tick.per_model import desired_count
 from llmgw.controller.tick.plan import plan_tick
 from llmgw.wire.usage import ModelLoad
@@ -201,7 +201,7 @@ class TestDeadlinesAndRestarts:
         rid = w.only("m").id
         w.heartbeat("a", {rid: "starting"})
         w.clock.advance(1000)
-        w.memory = Memory(leader_since=w.now)  # the new leader's first tick
+        w.memory = TickMemory(leader_since=w.now)  # the new leader's first tick
         w.touch("a")
         w.tick()
         assert w.state.replicas[rid].state == "starting"

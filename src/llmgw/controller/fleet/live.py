@@ -33,7 +33,7 @@ from llmgw.controller.fleet.endpoints import EndpointSink, endpoint_info, endpoi
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import Changes, Event, FleetState, Node, Replica
 from llmgw.controller.store import NotLeader, Store, StoreError
-from llmgw.controller.tick.carryover import Memory
+from llmgw.controller.tick.carryover import TickMemory
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
@@ -52,7 +52,7 @@ class Fleet:
         self.lock = asyncio.Lock()
         self.leading = False
         # What the reconcile loop remembers; a fresh one each leadership term.
-        self.memory = Memory(leader_since=clock.wall())
+        self.memory = TickMemory(leader_since=clock.wall())
         self.sink = EndpointSink(
             start_version=int(clock.wall() * 1000), max_waiters=config.max_long_polls
         )
@@ -102,7 +102,7 @@ class Fleet:
         # Memory only: the first heartbeat of a term is applied (HeartbeatOrder says why).
         self.order.clear()
         # The room held for evicting models is stored: carry on holding it.
-        self.memory = Memory(leader_since=now, evicting=dict(self.state.reservations))
+        self.memory = TickMemory(leader_since=now, evicting=dict(self.state.reservations))
         # Above any version the previous leader handed out (its start time in ms
         # plus its changes), so routers that followed it take our list at once.
         self.sink.bump(at_least=int(now * 1000))

@@ -19,9 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from llmgw.controller.config import ControllerConfig
-from llmgw.controller.fleet.batch import RUNS, Batch, draining_nodes, node_drain_grace
-from llmgw.controller.fleet.index import FleetIndex
+from llmgw.controller.fleet.batch import draining_nodes, node_drain_grace
 from llmgw.controller.fleet.records import (
     HOLDS_GPUS,
     SHARD_RUNNING,
@@ -30,8 +28,8 @@ from llmgw.controller.fleet.records import (
     Reservation,
     Shard,
 )
-from llmgw.controller.idle import IdleTracker
 from llmgw.controller.placement.eviction import plan_eviction
+from llmgw.controller.placement.rendezvous import pick_master_port
 from llmgw.controller.placement.rules import (
     FreeMap,
     Placement,
@@ -40,7 +38,8 @@ from llmgw.controller.placement.rules import (
     free_map,
     place,
 )
-from llmgw.controller.tick.carryover import Memory
+from llmgw.controller.tick.carryover import TickMemory
+from llmgw.controller.tick.context import TickContext
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +49,8 @@ class Request:
     model: Model
     restart: Replica | None = None
     replaces: Replica | None = None
+    # Why `replaces` must move (tick/moves.py), for the placement event.
+    why: str = ""
 
     @property
     def order(self) -> int:
@@ -57,14 +58,8 @@ class Request:
         return 0 if self.restart is None and self.replaces is None else (1 if self.restart else 2)
 
 
-def place_requests(
-    batch: Batch,
-    index: FleetIndex,
-    usage: IdleTracker,
-    mem: Memory,
-    cfg: ControllerConfig,
-    requests: list[Request],
-) -> None:
+def place_requests(t: TickContext, requests: list[Request]) -> None:
+    batch, mem, cfg = t.batch, t.memory, t.config
     failed: set[str] = set()
     waiting: set[str] = set()
     # A reservation lasts while its model still asks for a replica (not deleted,
@@ -89,7 +84,7 @@ def place_requests(
             if name in failed:
                 # One reason per model per tick is enough; a move it blocks still counts.
                 if q.replaces is not None:
-                    _blocked_move(batch, mem, cfg, q.replaces, mem.unplaceable[name], waiting)
+                    _blocked_move(t, q.replaces, mem.unplaceable[name], waiting)
                 continue
             mine = held.pop(name, [])
             for node, gpus in mine:
@@ -97,7 +92,7 @@ def place_requests(
             result = place(q.model.spec, batch.base.nodes, free)
             if isinstance(result, Placement):
                 free.take(result)
-                _create(batch, index, q, result, ports)
+                _create(t, q, result, ports)
                 mem.evicting.pop(name, None)
                 continue
             for node, gpus in mine:
@@ -105,11 +100,11 @@ def place_requests(
                 _take(free, name, node, gpus)
                 held.setdefault(name, []).append((node, gpus))
             failed.add(name)
-            _unplaceable(batch, mem, result)
+            _unplaceable(t, result)
             if q.replaces is not None:
-                _blocked_move(batch, mem, cfg, q.replaces, result, waiting)
+                _blocked_move(t, q.replaces, result, waiting)
             else:
-                res = _maybe_evict(batch, usage, mem, cfg, q.model, free)
+                res = _maybe_evict(t, q.model, free)
                 if res is not None:
                     # The part of its room that is already free is held from now on.
                     _hold(free, name, res, held)
@@ -124,7 +119,7 @@ def place_requests(
 Held = dict[str, list[tuple[str, tuple[int, ...]]]]
 
 
-def _hold_reservations(free: FreeMap, mem: Memory) -> Held:
+def _hold_reservations(free: FreeMap, mem: TickMemory) -> Held:
     """Take every reserved card that is free now out of `free`, per reserving model."""
     held: Held = {}
     for model, res in mem.evicting.items():
@@ -146,16 +141,13 @@ def _take(free: FreeMap, model: str, node: str, gpus: tuple[int, ...]) -> None:
     free.take(Placement(model=model, shards=(shard,), pool=""))
 
 
-def _create(
-    batch: Batch,
-    index: FleetIndex,
-    q: Request,
-    p: Placement,
-    ports: dict[str, set[int]],
-) -> None:
+def _create(t: TickContext, q: Request, p: Placement, ports: dict[str, set[int]]) -> None:
+    batch = t.batch
     now = batch.now
     shards = tuple(Shard(node=s.node, rank=s.rank, gpus=s.gpus) for s in p.shards)
-    master_port = _master_port(batch, index, p.shards[0].node, ports) if len(shards) > 1 else None
+    master_port = (
+        pick_master_port(batch, t.index, p.shards[0].node, ports) if len(shards) > 1 else None
+    )
     where = "; ".join(f"{s.node} GPUs {','.join(map(str, s.gpus))}" for s in p.shards)
     prior = q.restart or q.replaces
     restarts = q.restart.restarts + 1 if q.restart is not None else 0
@@ -163,7 +155,7 @@ def _create(
         why = f"restart {restarts} of {q.restart.id} on {where}"
         replaces = q.restart.replaces
     elif q.replaces is not None:
-        why = f"replacing {q.replaces.id} ({_why_move(batch, q.model, q.replaces)}) on {where}"
+        why = f"replacing {q.replaces.id} ({q.why}) on {where}"
         replaces = q.replaces.id
     else:
         why = f"placed on {where}"
@@ -190,60 +182,7 @@ def _create(
         batch.stop(q.restart, f"restarted as {new.id}")
 
 
-def _why_move(batch: Batch, m: Model, r: Replica) -> str:
-    for s in r.shards:
-        node = batch.node(s.node)
-        if node is not None and node.operator_state == "draining":
-            return f"node {s.node} draining"
-    for s in r.shards:
-        node = batch.node(s.node)
-        bad = [g.index for g in node.gpus if not g.healthy and g.index in s.gpus] if node else []
-        if bad:
-            return f"GPU {bad[0]} on {s.node} unhealthy"
-    return "model spec changed"
-
-
-def _master_port(batch: Batch, index: FleetIndex, node: str, ports: dict[str, set[int]]) -> int:
-    """A rendezvous port on rank 0's node, from the top of its agent's range.
-
-    Agents hand out engine ports from the bottom of the range upwards and never
-    one that a shard they run uses as its rendezvous port (agent/supervisor.py).
-    Here, no port another replica headed on this node uses for its rendezvous,
-    and none an engine there is known to hold, is given again. Replicas that
-    left (stopped, failed) still count while a free port remains: their engines
-    may still be shutting down, and rank 0 of a replica that failed on another
-    rank still listens until its agent stops it.
-    """
-    taken = ports.setdefault(node, set())
-    gone: set[int] = set()
-    for rid in index.on_node(node):
-        r = batch.replica(rid)
-        if r is None:
-            continue
-        used = taken if r.state in RUNS else gone
-        if r.master_port is not None and r.shards[0].node == node:
-            used.add(r.master_port)
-        used.update(s.port for s in r.shards if s.node == node and s.port is not None)
-    n = batch.node(node)
-    lo, hi = n.port_range if n is not None else (21000, 21999)
-    candidates = range(hi, lo - 1, -1)
-    port = next((p for p in candidates if p not in taken and p not in gone), None)
-    if port is None:
-        # Every port in use by something: the agent refuses a rendezvous port an
-        # engine holds (the replica fails with that reason and is retried).
-        port = next((p for p in candidates if p not in taken), hi)
-    taken.add(port)
-    return port
-
-
-def _blocked_move(
-    batch: Batch,
-    mem: Memory,
-    cfg: ControllerConfig,
-    r: Replica,
-    u: Unplaceable,
-    waiting: set[str],
-) -> None:
+def _blocked_move(t: TickContext, r: Replica, u: Unplaceable, waiting: set[str]) -> None:
     """No replacement fits for a serving replica that must move.
 
     On a node drained with force it drains anyway: the operator chose the node
@@ -251,12 +190,13 @@ def _blocked_move(
     capacity silently) and the drain says, once per reason, what it waits for.
     A spec rollover that does not fit just waits; the model's own event says why.
     """
+    batch, mem = t.batch, t.memory
     nodes = draining_nodes(batch, r)
     if not nodes:
         return
     names = ", ".join(n.name for n in nodes)
     if any(n.drain_force for n in nodes):
-        grace = node_drain_grace(batch, r, default_s=cfg.drain_grace_s)
+        grace = node_drain_grace(batch, r, default_s=t.config.drain_grace_s)
         why = f"node {names} drain forced: no replacement fits ({u.reason}); capacity drops"
         batch.drain(r, why, grace_s=grace, kind="replica.drain_forced")
         for n in nodes:
@@ -275,31 +215,26 @@ def _blocked_move(
         batch.event("node.drain_waiting", "node", n.name, msg, model=r.model)
 
 
-def _unplaceable(batch: Batch, mem: Memory, u: Unplaceable) -> None:
+def _unplaceable(t: TickContext, u: Unplaceable) -> None:
+    batch, mem = t.batch, t.memory
     before = mem.unplaceable.get(u.model)
     mem.unplaceable[u.model] = u
     if before is None or before.reason != u.reason:
         batch.event("model.unplaceable", "model", u.model, u.reason, model=u.model)
 
 
-def _maybe_evict(
-    batch: Batch,
-    usage: IdleTracker,
-    mem: Memory,
-    cfg: ControllerConfig,
-    model: Model,
-    free: FreeMap,
-) -> Reservation | None:
+def _maybe_evict(t: TickContext, model: Model, free: FreeMap) -> Reservation | None:
+    batch, mem, cfg = t.batch, t.memory, t.config
     earlier = mem.evicting.get(model.name)
     if earlier is not None and any(
-        (r := batch.base.replicas.get(rid)) is not None and _freeing(batch, r, cfg)
+        (r := batch.base.replicas.get(rid)) is not None and _freeing(t, r)
         for rid in earlier.victims
     ):
         return None  # the room evicted earlier is still being freed
     plan = plan_eviction(
         model.spec,
         batch.base,
-        usage,
+        t.usage,
         free,
         now=batch.now,
         heartbeat_timeout_s=cfg.heartbeat_timeout_s,
@@ -318,7 +253,7 @@ def _maybe_evict(
             grace_s=cfg.drain_grace_s,
             kind="replica.evicted",
         )
-        _lower_desired(batch, mem, r.model)
+        _lower_desired(t, r.model)
     res = mem.evicting[model.name] = Reservation(
         model=model.name,
         victims=frozenset(plan.evict),
@@ -329,7 +264,7 @@ def _maybe_evict(
     return res
 
 
-def _freeing(batch: Batch, r: Replica, cfg: ControllerConfig) -> bool:
+def _freeing(t: TickContext, r: Replica) -> bool:
     """Whether an evicted replica's cards are still on their way back.
 
     Draining, or stopped with an engine its agent last reported running on a
@@ -339,29 +274,30 @@ def _freeing(batch: Batch, r: Replica, cfg: ControllerConfig) -> bool:
     """
     if r.state in HOLDS_GPUS:
         return True
+    batch, timeout_s = t.batch, t.config.heartbeat_timeout_s
     for s in r.shards:
         if s.state not in SHARD_RUNNING:
             continue
         node = batch.node(s.node)
         if (
             node is not None
-            and node.shown_state(now=batch.now, heartbeat_timeout_s=cfg.heartbeat_timeout_s)
-            != "unreachable"
+            and node.shown_state(now=batch.now, heartbeat_timeout_s=timeout_s) != "unreachable"
         ):
             return True
     return False
 
 
-def _lower_desired(batch: Batch, mem: Memory, name: str) -> None:
+def _lower_desired(t: TickContext, name: str) -> None:
     """An evicted replica was idle past its timeout: its model wants one fewer now.
 
     Otherwise the model would re-place it at once, into the very room the
     eviction made; it comes back on demand (routers report held requests).
     """
+    batch = t.batch
     m = batch.model(name)
     if m is None or m.desired_replicas <= m.spec.min_replicas:
         return
     batch.put_model(dataclasses.replace(m, desired_replicas=m.desired_replicas - 1))
     msg = f"desired {m.desired_replicas} → {m.desired_replicas - 1} (an idle replica was evicted)"
     batch.event("model.scaled", "model", name, msg, model=name)
-    mem.last_scaled_at[name] = batch.now
+    t.memory.last_scaled_at[name] = batch.now

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from llmgw.controller.fleet.records import Reservation
 from llmgw.controller.placement.rules import Unplaceable
 
-__all__ = ["Memory", "Reservation"]
+__all__ = ["Reservation", "TickMemory"]
 
 
 @dataclass(slots=True)
-class Memory:
+class TickMemory:
     """Reconcile memory; a fresh one per leadership term."""
 
     # When this controller started leading. Silence is counted from here at the
@@ -40,8 +40,8 @@ class Memory:
     # Draining nodes already announced empty.
     drained: set[str] = field(default_factory=set)
 
-    def copy(self) -> Memory:
-        return Memory(
+    def copy(self) -> TickMemory:
+        return TickMemory(
             leader_since=self.leader_since,
             last_scaled_at=dict(self.last_scaled_at),
             unreachable=set(self.unreachable),

@@ -7,11 +7,12 @@ Counting rules, because they decide everything else:
 - a make-before-break pair (a replacement and the ready replica it replaces)
   counts once: the old one serves until the new one is ready, then drains.
 
-A replica moves (make-before-break) when its node is draining or its spec
-changed since it was placed (`created_at < model.updated_at`; rolling, one at
-a time per model). Surplus is drained cheapest first: failed, pending,
-starting, then ready ones by how long they have been idle — known idle first,
-longest first; unknown idleness last, since "no router has said" is not "idle".
+A replica moves (make-before-break) for the reasons tick/moves.py gives: its
+node draining or a card unhealthy (all such at once), or its spec changed
+since it was placed (rolling, one at a time per model). Surplus is drained
+cheapest first: failed, pending, starting, then ready ones by how long they
+have been idle — known idle first, longest first; unknown idleness last, since
+"no router has said" is not "idle".
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ import dataclasses
 import math
 from collections.abc import Collection, Mapping
 
-from llmgw.controller.config import ControllerConfig
 from llmgw.controller.fleet.batch import LIVE, Batch, node_drain_grace
-from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import Model, Replica
 from llmgw.controller.idle import IdleTracker, ModelLoadSum
 from llmgw.controller.placement.requests import Request, place_requests
-from llmgw.controller.tick.carryover import Memory
+from llmgw.controller.tick.context import TickContext
+from llmgw.controller.tick.moves import Move, move_reason
 
 # Cheapest to drop first (ready replicas then sort by idleness).
 _DROP_ORDER = {"failed": 0, "pending": 1, "starting": 2, "ready": 3}
@@ -65,15 +65,7 @@ def desired_count(
     return min(max(want, min_replicas), max_replicas)
 
 
-def plan_models(
-    batch: Batch,
-    index: FleetIndex,
-    usage: IdleTracker,
-    mem: Memory,
-    cfg: ControllerConfig,
-    *,
-    dirty: Collection[str] | None = None,
-) -> None:
+def plan_models(t: TickContext, *, dirty: Collection[str] | None = None) -> None:
     """Decide every model that may need it; `dirty`: models changed since the last tick
     (None: decide them all, as after a takeover).
 
@@ -85,25 +77,26 @@ def plan_models(
     demand for (autoscaling; for these the desired count is computed, and the
     rest only if it changed).
     """
+    batch, index, mem = t.batch, t.index, t.memory
     state = batch.base
     for name in sorted(set(index.by_model) - set(state.models)):
         # The delete command drained these; this catches a restart in between.
         for rid in sorted(index.of_model(name)):
             r = batch.replica(rid)
             if r is not None and r.state in LIVE:
-                batch.drain(r, f"model {name} deleted", grace_s=cfg.drain_grace_s)
+                batch.drain(r, f"model {name} deleted", grace_s=t.config.drain_grace_s)
         mem.evicting.pop(name, None)
-    demand, load = _by_model_name(state.models, usage.demand(), usage.load())
+    demand, load = _by_model_name(state.models, t.usage.demand(), t.usage.load())
     requests: list[Request] = []
-    watch = None if dirty is None else _watched(batch, index, mem, dirty)
+    watch = None if dirty is None else _watched(t, dirty)
     names = state.models.keys() if watch is None else (watch | demand.keys() | load.keys())
     for name in sorted(names):
         m = state.models.get(name)
         if m is None:
             continue
         stable = watch is not None and name not in watch
-        _model(batch, index, usage, mem, cfg, m, demand, load, requests, stable=stable)
-    place_requests(batch, index, usage, mem, cfg, requests)
+        _model(t, m, demand.get(name, 0), load.get(name), requests, stable=stable)
+    place_requests(t, requests)
 
 
 def _by_model_name(
@@ -143,7 +136,8 @@ def _by_model_name(
     return folded_demand, folded_load
 
 
-def _watched(batch: Batch, index: FleetIndex, mem: Memory, dirty: Collection[str]) -> set[str]:
+def _watched(t: TickContext, dirty: Collection[str]) -> set[str]:
+    batch, index, mem = t.batch, t.index, t.memory
     out = set(dirty) | mem.unplaceable.keys() | mem.evicting.keys()
     # Replicas this very tick changed (failed past a deadline or an unreachable
     # node's grace): their models are decided now, not a tick later.
@@ -158,48 +152,44 @@ def _watched(batch: Batch, index: FleetIndex, mem: Memory, dirty: Collection[str
 
 
 def _model(
-    batch: Batch,
-    index: FleetIndex,
-    usage: IdleTracker,
-    mem: Memory,
-    cfg: ControllerConfig,
+    t: TickContext,
     m: Model,
-    demand: Mapping[str, int],
-    load: Mapping[str, ModelLoadSum],
+    held: int,
+    load: ModelLoadSum | None,
     requests: list[Request],
     *,
     stable: bool = False,
 ) -> None:
+    batch, cfg = t.batch, t.config
     now, name = batch.now, m.name
-    desired = _scale(batch, mem, cfg, m, demand.get(name, 0), load.get(name))
+    desired = _scale(t, m, held, load)
     if stable and desired == m.desired_replicas:
         return
-    live = _live(batch, index, name)
+    live = _live(t, name)
     if not live and desired == 0:
         return
-    _settle_pairs(batch, cfg, live)
-    live = _live(batch, index, name)
-    live_ids = {r.id for r in live}
+    _settle_pairs(t, live)
+    live = _live(t, name)
     # Old replicas still serving while their replacement starts.
-    replaced = {r.replaces for r in live if r.replaces is not None and r.replaces in live_ids}
-    movers = [r for r in live if r.id not in replaced and _must_move(batch, m, r)]
+    replaced = _replaced(live)
+    movers = _movers(batch, m, live, replaced)
     # Not serving yet: nothing to protect, so no make-before-break; stop and refill.
-    for r in movers:
+    for r, move in movers:
         if r.state != "ready":
-            batch.stop(r, _move_reason(batch, m, r))
-    stopped = {r.id for r in movers if r.state != "ready"}
+            batch.stop(r, move.reason)
+    stopped = {r.id for r, _ in movers if r.state != "ready"}
     if stopped:
         live = [r for r in live if r.id not in stopped]
         # A stopped replacement no longer covers the replica it was replacing:
         # that one must move again (replaced anew), not be counted as covered
         # while a plain replica is placed and then dropped as surplus.
-        live_ids = {r.id for r in live}
-        replaced = {r.replaces for r in live if r.replaces is not None and r.replaces in live_ids}
-        movers = [r for r in live if r.id not in replaced and _must_move(batch, m, r)]
+        replaced = _replaced(live)
+        movers = _movers(batch, m, live, replaced)
     count = len(live) - len(replaced)
     if count > desired:
         single = [r for r in live if r.id not in replaced and r.replaces not in replaced]
-        for r in _surplus(single, count - desired, usage, now, movers):
+        moving = {r.id for r, _ in movers}
+        for r in _surplus(single, count - desired, t.usage, now, moving):
             batch.drain(
                 r, f"surplus: {count} replicas, {desired} desired", grace_s=cfg.drain_grace_s
             )
@@ -208,21 +198,40 @@ def _model(
     for r in live:
         if r.state == "failed" and (r.retry_at is None or r.retry_at <= now):
             requests.append(Request(model=m, restart=r))
-    ready_movers = [r for r in movers if r.state == "ready"]
-    draining_node = [
-        r for r in ready_movers if _on_draining_node(batch, r) or _unhealthy_gpu(batch, r)
-    ]
-    # Spec changes roll one replica at a time; a node drain (or a card gone bad)
-    # moves everything at once.
-    outdated = [r for r in ready_movers if r not in draining_node]
+    ready_movers = [(r, move) for r, move in movers if r.state == "ready"]
+    # A node drain (or a card gone bad) moves everything at once; spec changes
+    # roll one replica at a time.
+    moving_now = [(r, move) for r, move in ready_movers if move.at_once]
+    outdated = [(r, move) for r, move in ready_movers if not move.at_once]
     if outdated and not replaced:
-        draining_node.append(min(outdated, key=lambda r: (r.created_at, r.id)))
-    requests.extend(Request(model=m, replaces=r) for r in draining_node)
+        moving_now.append(min(outdated, key=lambda rm: (rm[0].created_at, rm[0].id)))
+    requests.extend(Request(model=m, replaces=r, why=move.reason) for r, move in moving_now)
 
 
-def _live(batch: Batch, index: FleetIndex, model: str) -> list[Replica]:
+def _replaced(live: list[Replica]) -> set[str]:
+    """Ids of live replicas whose live replacement is on its way (a make-before-break pair)."""
+    live_ids = {r.id for r in live}
+    return {r.replaces for r in live if r.replaces is not None and r.replaces in live_ids}
+
+
+def _movers(
+    batch: Batch, m: Model, live: list[Replica], replaced: set[str]
+) -> list[tuple[Replica, Move]]:
+    """Live replicas that must move (tick/moves.py), except those already being replaced."""
+    out: list[tuple[Replica, Move]] = []
+    for r in live:
+        if r.id in replaced:
+            continue
+        move = move_reason(batch, m, r)
+        if move is not None:
+            out.append((r, move))
+    return out
+
+
+def _live(t: TickContext, model: str) -> list[Replica]:
+    batch = t.batch
     out = []
-    for rid in index.of_model(model):
+    for rid in t.index.of_model(model):
         r = batch.replica(rid)
         if r is not None and r.state in LIVE:
             out.append(r)
@@ -230,14 +239,8 @@ def _live(batch: Batch, index: FleetIndex, model: str) -> list[Replica]:
     return out
 
 
-def _scale(
-    batch: Batch,
-    mem: Memory,
-    cfg: ControllerConfig,
-    m: Model,
-    held: int,
-    load: ModelLoadSum | None,
-) -> int:
+def _scale(t: TickContext, m: Model, held: int, load: ModelLoadSum | None) -> int:
+    batch, mem, cfg = t.batch, t.memory, t.config
     spec = m.spec
     busy = None if load is None else load.inflight + load.held
     last = mem.last_scaled_at.get(m.name, mem.leader_since)
@@ -263,63 +266,25 @@ def _scale(
     return desired
 
 
-def _settle_pairs(batch: Batch, cfg: ControllerConfig, live: list[Replica]) -> None:
+def _settle_pairs(t: TickContext, live: list[Replica]) -> None:
     """Resolve make-before-break pairs whose replacement is ready (or whose old one died)."""
+    batch = t.batch
     by_id = {r.id: r for r in live}
     for new in live:
         old = by_id.get(new.replaces) if new.replaces is not None else None
         if old is None:
             continue
         if new.state == "ready":
-            grace = node_drain_grace(batch, old, default_s=cfg.drain_grace_s)
+            grace = node_drain_grace(batch, old, default_s=t.config.drain_grace_s)
             batch.drain(old, f"replaced by {new.id}, which is ready", grace_s=grace)
         elif old.state != "ready":
             # The old one stopped serving on its own: the replacement is simply a replica now.
             batch.stop(old, f"no longer serving; replacement {new.id} is on its way")
 
 
-def _must_move(batch: Batch, m: Model, r: Replica) -> bool:
-    return (
-        r.created_at < m.updated_at
-        or _on_draining_node(batch, r)
-        or _unhealthy_gpu(batch, r) is not None
-    )
-
-
-def _unhealthy_gpu(batch: Batch, r: Replica) -> str | None:
-    """'GPU 3 on a' when one of r's cards is reported unhealthy, else None."""
-    for s in r.shards:
-        node = batch.node(s.node)
-        if node is None:
-            continue
-        for g in node.gpus:
-            if not g.healthy and g.index in s.gpus:
-                return f"GPU {g.index} on {s.node}"
-    return None
-
-
-def _on_draining_node(batch: Batch, r: Replica) -> bool:
-    for s in r.shards:
-        node = batch.node(s.node)
-        if node is not None and node.operator_state == "draining":
-            return True
-    return False
-
-
-def _move_reason(batch: Batch, m: Model, r: Replica) -> str:
-    if _on_draining_node(batch, r):
-        return "node draining"
-    bad = _unhealthy_gpu(batch, r)
-    if bad is not None:
-        return f"{bad} unhealthy"
-    return "model spec changed"
-
-
 def _surplus(
-    candidates: list[Replica], n: int, usage: IdleTracker, now: float, movers: list[Replica]
+    candidates: list[Replica], n: int, usage: IdleTracker, now: float, moving: set[str]
 ) -> list[Replica]:
-    moving = {r.id for r in movers}
-
     def key(r: Replica) -> tuple[int, int, float, str]:
         if r.state != "ready":
             return (_DROP_ORDER.get(r.state, 0), 0, 0.0, r.id)

@@ -27,14 +27,15 @@ from llmgw.controller.fleet.batch import RUNS, Batch, backoff_s, new_replica_id
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import Changes, FleetState
 from llmgw.controller.idle import IdleTracker
-from llmgw.controller.tick.carryover import Memory
+from llmgw.controller.tick.carryover import TickMemory
+from llmgw.controller.tick.context import TickContext
 from llmgw.controller.tick.per_model import plan_models
 
 
 @dataclass(slots=True)
 class Plan:
     changes: Changes
-    memory: Memory
+    memory: TickMemory
     # Replicas deleted from the store: the idle tracker forgets them.
     forgotten: list[str] = field(default_factory=list)
 
@@ -43,7 +44,7 @@ def plan_tick(
     state: FleetState,
     index: FleetIndex,
     usage: IdleTracker,
-    memory: Memory,
+    memory: TickMemory,
     *,
     now: float,
     config: ControllerConfig,
@@ -54,12 +55,13 @@ def plan_tick(
     last tick (None: all of them); see per_model.plan_models."""
     mem = memory.copy()
     batch = Batch(state, now, new_id=new_id)
+    t = TickContext(batch=batch, index=index, usage=usage, memory=mem, config=config)
     plan = Plan(changes=batch.changes, memory=mem)
-    _nodes(batch, index, mem, config)
-    _timers(batch, index, usage, plan, config)
-    plan_models(batch, index, usage, mem, config, dirty=dirty)
-    _drop_retired(batch, index)
-    _store_reservations(batch, mem)
+    _nodes(t)
+    _timers(t, plan.forgotten)
+    plan_models(t, dirty=dirty)
+    _drop_retired(t)
+    _store_reservations(t)
     return plan
 
 
@@ -69,7 +71,8 @@ def silent_for(last_heartbeat_at: float | None, *, now: float, leader_since: flo
     return now - seen
 
 
-def _nodes(batch: Batch, index: FleetIndex, mem: Memory, cfg: ControllerConfig) -> None:
+def _nodes(t: TickContext) -> None:
+    batch, index, mem, cfg = t.batch, t.index, t.memory, t.config
     now = batch.now
     for name, node in batch.base.nodes.items():
         silent = silent_for(node.last_heartbeat_at, now=now, leader_since=mem.leader_since)
@@ -111,9 +114,9 @@ def _lose_replicas_on(batch: Batch, index: FleetIndex, node: str, silent: float)
             batch.fail(r, reason, retry_in_s=0.0)
 
 
-def _timers(
-    batch: Batch, index: FleetIndex, usage: IdleTracker, plan: Plan, cfg: ControllerConfig
-) -> None:
+def _timers(t: TickContext, forgotten: list[str]) -> None:
+    """Deadlines and graces; `forgotten` gets the stopped replicas deleted from the store."""
+    batch, index, usage, cfg = t.batch, t.index, t.usage, t.config
     now = batch.now
     for rid in sorted(index.in_state("pending") | index.in_state("starting")):
         r = batch.replica(rid)
@@ -121,7 +124,7 @@ def _timers(
             continue
         # From this controller's start at the earliest: while no controller ran,
         # no agent could report progress (as with silence, silent_for below).
-        if now - max(r.state_since, plan.memory.leader_since) > cfg.starting_deadline_s:
+        if now - max(r.state_since, t.memory.leader_since) > cfg.starting_deadline_s:
             retry = backoff_s(
                 r.restarts, base_s=cfg.restart_backoff_s, cap_s=cfg.restart_backoff_max_s
             )
@@ -144,11 +147,12 @@ def _timers(
         r = batch.replica(rid)
         if r is not None and now - r.state_since > cfg.stopped_retention_s:
             batch.changes.deleted_replicas.append(rid)
-            plan.forgotten.append(rid)
+            forgotten.append(rid)
 
 
-def _drop_retired(batch: Batch, index: FleetIndex) -> None:
+def _drop_retired(t: TickContext) -> None:
     """A deleted model's spec is kept while any of its replicas still runs, no longer."""
+    batch, index = t.batch, t.index
     for name in sorted(batch.base.retired):
         if not any(
             (r := batch.replica(rid)) is not None and r.state in RUNS
@@ -157,13 +161,14 @@ def _drop_retired(batch: Batch, index: FleetIndex) -> None:
             batch.changes.deleted_retired.append(name)
 
 
-def _store_reservations(batch: Batch, mem: Memory) -> None:
+def _store_reservations(t: TickContext) -> None:
     """Write what this tick changed in the room held for evicting models.
 
     `mem.evicting` is the working copy; the store's (`base.reservations`) is
     what a restarted controller resumes from, so the two are compared rather
     than trusting that every change was seen.
     """
+    batch, mem = t.batch, t.memory
     stored = batch.base.reservations
     for name in sorted(mem.evicting):
         res = mem.evicting[name]
