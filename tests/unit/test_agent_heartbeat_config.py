@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.agent.app import _is_loopback
 from llmgw.agent.config import AgentConfigError, parse_config
 from llmgw.agent.heartbeat import (
     Heartbeater,
@@ -15,6 +14,7 @@ from llmgw.agent.heartbeat import (
     backoff_delay_s,
 )
 from llmgw.runtime.clock import ManualClock
+from llmgw.runtime.netaddr import is_loopback
 from llmgw.wire.agent import Heartbeat, HeartbeatReply, ShardSpec
 
 REQUIRED = ["--controller", "http://c:1", "--node", "n1", "--state-dir", "/tmp/s"]
@@ -236,4 +236,4 @@ class TestLoopbackGuard:
     )  # fmt: skip
     def test_peers(self, expected: bool, remote: str | None) -> None:
         """Only loopback peers may use the agent's HTTP surface."""
-        assert expected == _is_loopback(remote)
+        assert expected == is_loopback(remote)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.router.auth import KeyRing, admin_allowed, bearer, hash_key, is_loopback
+from llmgw.router.auth import KeyRing, admin_allowed, bearer, hash_key
 from llmgw.router.config import ApiKey
+from llmgw.runtime.netaddr import is_loopback
 
 
 class TestBearer:
@@ -63,7 +64,16 @@ class TestAdmin:
 
     @pytest.mark.parametrize(
         ("remote", "expected"),
-        [("127.0.0.5", True), ("::1", True), ("fe80::1%eth0", False), ("garbage", False)],
+        [
+            ("127.0.0.5", True),
+            ("::1", True),
+            ("::ffff:127.0.0.1", True),
+            ("::ffff:10.0.0.1", False),
+            ("10.0.0.1", False),
+            ("fe80::1%eth0", False),
+            ("garbage", False),
+            (None, False),
+        ],
     )
     def test_is_loopback(self, remote: str, expected: bool) -> None:
         """Loopback is 127/8 and ::1; unparsable addresses are not loopback."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -25,6 +24,7 @@ from aiohttp import web
 from llmgw.agent.gpus.base import FaultInjectionUnsupported, UnknownGpu
 from llmgw.agent.metrics import CONTENT_TYPE, AgentMetrics
 from llmgw.agent.service import Agent
+from llmgw.runtime.netaddr import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -48,20 +48,20 @@ def _error(status: int, message: str) -> web.Response:
     return _json({"error": {"message": message}}, status)
 
 
-def _is_loopback(remote: str | None) -> bool:
-    if remote is None:
-        return False
-    try:
-        return ipaddress.ip_address(remote).is_loopback
-    except ValueError:
-        return False
-
-
 @web.middleware
 async def loopback_only(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if not _is_loopback(request.remote):
+    if not is_loopback(request.remote):
         return _error(403, "the agent answers loopback clients only")
-    return await handler(request)
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        # Unknown paths and methods in the agent's JSON shape, not aiohttp's text.
+        resp = _error(exc.status, f"{request.method} {request.path}: {exc.reason}")
+        if "Allow" in exc.headers:
+            resp.headers["Allow"] = exc.headers["Allow"]
+        return resp
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -89,8 +89,11 @@ async def gpu_unhealthy(request: web.Request) -> web.Response:
     body = await request.read()
     try:
         req = msgspec.json.decode(body, type=FaultRequest) if body else FaultRequest()
-    except msgspec.DecodeError as exc:
-        return _error(400, f"bad body: {exc}")
+    except (msgspec.DecodeError, RecursionError) as exc:
+        # DecodeError covers ValidationError; RecursionError is JSON nested too deeply.
+        why = str(exc) if isinstance(exc, msgspec.DecodeError) else "nested too deeply"
+        log.warning("refused request status=400 path=%s why=%s", request.path, why[:120])
+        return _error(400, f"bad body: {why}")
     return _set_fault(request.app[AGENT_KEY], index, req.reason)
 
 

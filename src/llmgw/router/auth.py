@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 from collections.abc import Iterable
 
 from llmgw.router.config import ApiKey
+from llmgw.runtime.netaddr import is_loopback
 
 
 def hash_key(key: str) -> str:
@@ -51,22 +51,6 @@ class KeyRing:
         # A dict lookup on the digest leaks nothing useful: an attacker who can time
         # it learns about the hash of their own guess, not about a stored key.
         return self._by_digest.get(hash_key(token))
-
-
-def is_loopback(remote: str | None) -> bool:
-    """Whether the peer is 127.0.0.0/8, ::1 or IPv4-mapped loopback (::ffff:127.0.0.1).
-
-    None (a unix socket) is not: the question is about the network peer.
-    """
-    if not remote:
-        return False
-    try:
-        addr = ipaddress.ip_address(remote.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return addr.ipv4_mapped.is_loopback
-    return addr.is_loopback
 
 
 def bearer_matches(token: str, authorization: str | None) -> bool:

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from typing import TYPE_CHECKING
 
@@ -18,6 +17,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from llmgw.runtime.netaddr import is_loopback
 from llmgw.simengine import api
 from llmgw.simengine.faults import FaultPatch
 from llmgw.simengine.kvcache import HASH_RECIPE, NONE_HASH
@@ -28,17 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREFIX = "/sim/"
-
-
-def is_loopback(remote: str | None) -> bool:
-    if not remote:
-        return False
-    try:
-        ip = ipaddress.ip_address(remote)
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def _json(body: object, status: int = 200) -> web.Response:
