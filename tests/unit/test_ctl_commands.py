@@ -274,11 +274,33 @@ class TestSpecs:
         with pytest.raises(errors.SpecError) as exc:
             specs.load_specs(f)
         lines = str(exc.value).splitlines()
-        assert lines[0] == "4 invalid model spec(s); nothing applied"
+        assert lines[0] == "4 problem(s) in 4 model spec(s); nothing applied"
         assert "model 'a' (#1): field engine: Invalid enum value 'nope'" in lines[1]
         assert "model 'b' (#2): field colour: unknown field" in lines[2]
         assert "model 'c' (#3): spec: max_replicas (1) is below min_replicas (3)" in lines[3]
         assert "model 'c' (#4): field name: 'c' is already #3" in lines[4]
+
+    def test_every_problem_of_one_spec_at_once(self, tmp_path: Path) -> None:
+        """One spec with five mistakes: five lines, field paths, allowed values, a name rule
+        in words (not a regular expression), and a guess for a misspelt field."""
+        f = tmp_path / "m.yaml"
+        f.write_text(
+            "- name: '-x'\n  engine: vllm2\n  gpu_classes: []\n  aliases: [ok, 'no way']\n"
+            "  min_replica: 2\n"
+        )
+        with pytest.raises(errors.SpecError) as exc:
+            specs.load_specs(f)
+        lines = str(exc.value).splitlines()
+        assert lines[0] == "5 problem(s) in 1 model spec(s); nothing applied"
+        text = "\n".join(lines[1:])
+        assert "field min_replica: unknown field (did you mean min_replicas?)" in text
+        assert "field engine: Invalid enum value 'vllm2'; allowed: " in text
+        assert "sim" in text.split("allowed: ", 1)[1]
+        assert "field gpu_classes: Expected `array` of length >= 1" in text
+        assert "field aliases[1]: not a valid name: 1 to 128 characters" in text
+        assert "field name: not a valid name" in text
+        assert "regex" not in text
+        assert "^[" not in text
 
     def test_yaml_syntax_error_has_a_line(self, tmp_path: Path) -> None:
         """Broken YAML is reported with its line number."""

@@ -21,6 +21,7 @@ import msgspec
 
 from llmgw.adminclient.errors import (
     AdminError,
+    AdminNotAController,
     AdminNotFound,
     AdminNotLeader,
     AdminRejected,
@@ -159,6 +160,13 @@ class AdminClient:
         }
         return self._call("GET", "/admin/events", list[EventView], query=query)
 
+    def event(self, event_id: int) -> EventView:
+        """One event by id; AdminNotFound when there is none (it may have aged out)."""
+        found = self._call("GET", "/admin/events", list[EventView], query={"id": str(event_id)})
+        if not found:
+            raise AdminNotFound(f"no event {event_id} (ids are in `ctl events`)", status=404)
+        return found[0]
+
     # -- writes --------------------------------------------------------------
 
     def cordon(self, name: str) -> NodeView:
@@ -224,6 +232,34 @@ class AdminClient:
                 f"{method} {path}: the controller's answer does not decode ({exc})"
             ) from exc
 
+    def _not_a_controller(self) -> str | None:
+        """After a 404: None if a controller answers here, else a one-line hint.
+
+        A controller's `/healthz` says `leader`; the router's says
+        `program: router` and where its controller is.
+        """
+        try:
+            resp = self._transport.request(
+                "GET", self.base_url + "/healthz", body=None, headers={}, timeout_s=3.0
+            )
+            health = msgspec.json.decode(resp.body) if resp.status == 200 else None
+        except (AdminError, msgspec.DecodeError):
+            health = None
+        if isinstance(health, dict) and "leader" in health:
+            return None
+        if isinstance(health, dict) and health.get("program") == "router":
+            where = health.get("controller")
+            tail = (
+                f"; its controller is at {where}"
+                if isinstance(where, str) and where
+                else "; this router has no controller (static endpoints)"
+            )
+            return f"{self.base_url} looks like the llmgw router, not the controller{tail}"
+        return (
+            f"{self.base_url} is not an llmgw controller (no /admin routes, and its /healthz "
+            "does not say `leader`); the controller listens on port 8081 by default"
+        )
+
     def _failure(self, method: str, path: str, resp: Response) -> AdminError:
         """The exception for an error status, carrying the controller's own message."""
         kind, message = "", ""
@@ -241,6 +277,11 @@ class AdminClient:
                 detail=message,
             )
         if status == 404:
+            # A controller's 404 is typed not_found_error; anything else (the router's
+            # OpenAI-shaped unknown_url, a web server's page) may be the wrong server.
+            not_controller = None if kind == "not_found_error" else self._not_a_controller()
+            if not_controller is not None:
+                return AdminNotAController(not_controller, status=status, detail=message)
             return AdminNotFound(message, status=status)
         if status in (400, 409, 422):
             return AdminRejected(message, status=status)

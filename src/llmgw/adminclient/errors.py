@@ -4,6 +4,7 @@
     ├── AdminUnreachable      no HTTP answer at all (refused, DNS, timeout)
     ├── AdminUnauthorized     401: the token is missing or wrong
     ├── AdminNotFound         404: unknown node, model or replica
+    │   └── AdminNotAController   404 from something that is not a controller (say, the router)
     ├── AdminRejected         400/409/422: the controller refused the input
     ├── AdminNotLeader        503 not_leader: a standby controller, writes go to the leader
     └── AdminServerFailed     any other status, or an answer that does not decode
@@ -38,6 +39,10 @@ class AdminUnauthorized(AdminError):
 
 class AdminNotFound(AdminError):
     """404: the named node, model or replica does not exist."""
+
+
+class AdminNotAController(AdminNotFound):
+    """404 from a server that is not an llmgw controller; the message says what it is."""
 
 
 class AdminRejected(AdminError):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from llmgw.runtime.cli import DefaultsFormatter
+
 DEFAULT_DATABASE = "sqlite:///./.llmgw/controller.db"
 
 
@@ -65,14 +67,33 @@ class ControllerConfig:
         return self.heartbeat_timeout_s / 2
 
 
+FLOAT_HELP = {
+    "tick-s": "seconds between reconcile ticks",
+    "heartbeat-timeout-s": "a node with no heartbeat for this long is unreachable",
+    "heartbeat-interval-s": "how often agents are asked to heartbeat",
+    "unreachable-grace-s": "an unreachable node's replicas are replaced after this long",
+    "starting-deadline-s": "a replica not ready this long after placement has failed",
+    "drain-grace-s": "in-flight grace for a draining replica, unless a drain gives one",
+    "restart-backoff-s": "first wait before a failed replica is restarted (doubles each time)",
+    "restart-backoff-max-s": "the longest wait between restarts",
+    "target-inflight-per-replica": "autoscaling: in-flight requests one replica should carry",
+    "scale-down-cooldown-s": "autoscaling: no scale-down sooner than this after a change",
+    "standby-reload-s": "a standby controller reloads the store this often",
+    "stopped-retention-s": "stopped replicas stay listed this long",
+    "shutdown-grace-s": "on SIGTERM, in-flight API requests get this long",
+}
+
+
 def parse_args(argv: list[str]) -> ControllerConfig:
     """`llmgw controller …` flags → ControllerConfig (argparse exits 2 on bad flags)."""
     d = ControllerConfig()
     p = argparse.ArgumentParser(
-        prog="llmgw controller", description="fleet state, placement and reconcile"
+        prog="llmgw controller",
+        description="fleet state, placement and reconcile",
+        formatter_class=DefaultsFormatter,
     )
-    p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=8081)
+    p.add_argument("--host", default=d.host, help="listen address")
+    p.add_argument("--port", type=int, default=8081, help="listen port; 0 picks one")
     p.add_argument(
         "--database", default=d.database, help="sqlite:///… | postgresql://… | memory://"
     )
@@ -99,9 +120,20 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         "shutdown-grace-s": d.shutdown_grace_s,
     }
     for flag, default in floats.items():
-        p.add_argument(f"--{flag}", type=float, default=default)
-    p.add_argument("--heartbeat-flush-s", type=float, default=None)
-    p.add_argument("--max-long-polls", type=int, default=d.max_long_polls)
+        p.add_argument(f"--{flag}", type=float, default=default, help=FLOAT_HELP[flag])
+    p.add_argument(
+        "--heartbeat-flush-s",
+        type=float,
+        default=None,
+        help="write heartbeat-only changes to the store at most this often "
+        "(default: half of --heartbeat-timeout-s)",
+    )
+    p.add_argument(
+        "--max-long-polls",
+        type=int,
+        default=d.max_long_polls,
+        help="endpoint-list long polls held open at once (more wait their turn)",
+    )
     a = p.parse_args(argv)
     if a.tick_s <= 0 or a.heartbeat_timeout_s <= 0:
         p.error("--tick-s and --heartbeat-timeout-s must be positive")

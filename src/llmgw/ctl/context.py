@@ -32,6 +32,8 @@ class Ctx:
     transport: Transport | None = None
     # Width for rich output when `out` is not a terminal (rich would pick 80).
     width: int | None = None
+    # `-o`: table | wide | tsv | json, or None for "table in a terminal, wide when piped".
+    output: str | None = None
     _client: AdminClient | None = field(default=None, repr=False)
 
     def client(self) -> AdminClient:
@@ -45,6 +47,16 @@ class Ctx:
         from rich.console import Console
 
         return Console(file=self.out, width=self.width, highlight=False)
+
+    def is_terminal(self) -> bool:
+        isatty = getattr(self.out, "isatty", None)
+        return bool(isatty and isatty())
+
+    def format(self, *, json_flag: bool = False) -> str:
+        """The output format for this command (output.choose)."""
+        from llmgw.ctl.output import choose
+
+        return choose(self.output, json_flag=json_flag, is_terminal=self.is_terminal())
 
     def print_json(self, value: object) -> None:
         """A wire value as indented JSON, field names exactly as the controller sends them."""

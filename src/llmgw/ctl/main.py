@@ -25,6 +25,7 @@ from llmgw.adminclient.errors import AdminError, AdminUnauthorized
 from llmgw.ctl import config
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError
+from llmgw.runtime.cli import DefaultsFormatter
 
 # command → "module:function"; each function is (args, ctx) -> exit code.
 HANDLERS = {
@@ -40,7 +41,11 @@ HANDLERS = {
     "delete": "llmgw.ctl.commands.models:delete",
     "scale": "llmgw.ctl.commands.models:scale",
     "bench": "llmgw.ctl.commands.bench:bench",
+    "completion": "llmgw.ctl.completion:completion",
 }
+
+# -o values (output.FORMATS; repeated here so --help imports nothing).
+OUTPUT_FORMATS = ("table", "wide", "tsv", "json")
 
 
 def _connection_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -55,14 +60,24 @@ def _connection_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     parser.add_argument(
         "--token", metavar="T", default=default, help=f"admin token (env {config.ENV_TOKEN})"
     )
-
-
-def _json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON (docs/ctl.md)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="print JSON, the shapes in docs/ctl.md (same as -o json)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default=default,
+        help="table (default in a terminal), wide (default when piped: nothing cut), tsv, or json",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        formatter_class=DefaultsFormatter,
         prog="llmgw ctl",
         description="The operator's CLI: the fleet at a glance, and the operator's commands.",
         epilog="Settings come from flags, then LLMGW_CONTROLLER / LLMGW_TOKEN, then "
@@ -72,32 +87,41 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=DefaultsFormatter)
         _connection_options(p, top=False)
         return p
 
     p = command("status", "the fleet on one screen: capacity, what is broken, what is idle")
-    _json(p)
     p.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds (default 2)")
-    _json(command("nodes", "list nodes"))
-    _json(command("models", "list models"))
+    command("nodes", "list nodes")
+    command("models", "list models")
     p = command("replicas", "list replicas (IDLE is '-' when no router has reported it)")
-    _json(p)
     p.add_argument("--model", metavar="M", help="only this model's replicas")
     p.add_argument("--state", metavar="S", help="only replicas in this state")
     p = command("events", "the event log, oldest first")
-    _json(p)
-    p.add_argument("--model", metavar="M")
-    p.add_argument("--replica", metavar="R")
-    p.add_argument("--node", metavar="N")
+    p.add_argument("--model", metavar="M", help="only events of this model")
+    p.add_argument("--replica", metavar="R", help="only events about this replica")
+    p.add_argument("--node", metavar="N", help="only events about this node")
     p.add_argument("--limit", type=int, default=200, metavar="N", help="last N (default 200)")
+    p.add_argument(
+        "--detail",
+        type=int,
+        metavar="ID",
+        help="one event whole: its full message (command line, log tail)",
+    )
 
-    command("cordon", "stop placing new replicas on a node").add_argument("node")
-    command("uncordon", "allow placement on a node again").add_argument("node")
+    command("cordon", "stop placing new replicas on a node").add_argument(
+        "node", help="the node's name"
+    )
+    command("uncordon", "allow placement on a node again").add_argument(
+        "node", help="the node's name"
+    )
     p = command("drain", "move a node's replicas elsewhere and wait until it is empty")
-    p.add_argument("node")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="default 600")
+    p.add_argument("node", help="the node's name")
+    p.add_argument(
+        "--timeout", type=float, default=600.0, metavar="S", help="give up after S s (default 600)"
+    )
     p.add_argument("--grace-s", type=float, metavar="S", help="in-flight grace per replica")
     p.add_argument("--no-wait", action="store_true", help="start the drain and return")
     p.add_argument(
@@ -110,19 +134,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("apply", "create or update model specs from a YAML file (all or nothing)")
     p.add_argument("-f", "--file", required=True, metavar="FILE", help="YAML; '-' for stdin")
     p.add_argument("--dry-run", action="store_true", help="validate only")
-    command("delete", "delete a model (its replicas drain)").add_argument("model")
+    command("delete", "delete a model (its replicas drain)").add_argument(
+        "model", help="the model's name"
+    )
     p = command("scale", "change a model's replica bounds")
-    p.add_argument("model")
-    p.add_argument("--min", type=int, dest="min_replicas", metavar="N")
-    p.add_argument("--max", type=int, dest="max_replicas", metavar="M")
+    p.add_argument("model", help="the model's name")
+    p.add_argument(
+        "--min", type=int, dest="min_replicas", metavar="N", help="new min_replicas (kept if unset)"
+    )
+    p.add_argument(
+        "--max", type=int, dest="max_replicas", metavar="M", help="new max_replicas (kept if unset)"
+    )
 
     p = command("bench", "measure a replica's capacity and record its routing weight")
-    p.add_argument("replica")
+    p.add_argument("replica", help="the replica's id (ctl replicas)")
     p.add_argument("--max-concurrency", type=int, default=64, metavar="N", help="default 64")
-    p.add_argument("--duration-s", type=float, default=5.0, metavar="S", help="per level")
-    p.add_argument("--max-tokens", type=int, default=64, metavar="N", help="per request")
+    p.add_argument(
+        "--duration-s", type=float, default=5.0, metavar="S", help="seconds per concurrency level"
+    )
+    p.add_argument("--max-tokens", type=int, default=64, metavar="N", help="tokens per request")
     p.add_argument("--no-record", action="store_true", help="measure only; keep the weight")
-    _json(p)
+    p = command(
+        "completion", 'print a shell completion script: eval "$(llmgw ctl completion bash)"'
+    )
+    p.add_argument("shell", choices=("bash", "zsh"), help="which shell")
     return parser
 
 
@@ -147,7 +182,9 @@ def main(
             env=os.environ if env is None else env,
             home=Path.home() if home is None else home,
         )
-        ctx = dataclasses.replace(base, url=target.url, token=target.token)
+        ctx = dataclasses.replace(
+            base, url=target.url, token=target.token, output=args.output or base.output
+        )
         module_name, func = HANDLERS[args.command].split(":")
         handler = getattr(importlib.import_module(module_name), func)
         code: int = handler(args, ctx)

@@ -10,6 +10,7 @@ are how a fleet ends up half on the old config.
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import msgspec
 import yaml
 
 from llmgw.ctl.errors import SpecError
-from llmgw.wire.models import ModelSpec
+from llmgw.wire.models import NAME_PATTERN, NAME_RULE, ModelSpec
 
 # msgspec ends a located error with " - at `$.field[0]`".
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
@@ -45,6 +46,74 @@ def describe(error: msgspec.ValidationError) -> str:
         return f"field {named['field']}: {what}"
     # __post_init__ checks that span fields (max below min, alias repeats the name).
     return f"spec: {message}"
+
+
+def _literals(tp: object) -> list[str]:
+    """Every literal value a type allows, anywhere inside it (for "allowed: …")."""
+    found: list[str] = []
+
+    def walk(info: msgspec.inspect.Type) -> None:
+        if isinstance(info, msgspec.inspect.LiteralType):
+            found.extend(str(v) for v in info.values)
+        elif isinstance(info, msgspec.inspect.UnionType):
+            for t in info.types:
+                walk(t)
+        elif isinstance(
+            info,
+            msgspec.inspect.ListType
+            | msgspec.inspect.TupleType
+            | msgspec.inspect.VarTupleType
+            | msgspec.inspect.SetType
+            | msgspec.inspect.FrozenSetType,
+        ):
+            items = getattr(info, "item_type", None)
+            for t in [items] if items is not None else getattr(info, "item_types", ()):
+                walk(t)
+        elif isinstance(info, msgspec.inspect.DictType):
+            walk(info.value_type)
+
+    walk(msgspec.inspect.type_info(tp))
+    return sorted(set(found))
+
+
+def _in_words(problem: str, tp: object) -> str:
+    """msgspec's wording, made readable: enums list their values, names their rule."""
+    if problem.startswith("Invalid enum value"):
+        allowed = _literals(tp)
+        if allowed:
+            return f"{problem}; allowed: {', '.join(allowed)}"
+    if NAME_PATTERN in problem:
+        return (
+            problem.split(" matching regex", 1)[0].replace("Expected `str`", "not a valid name")
+            + f": {NAME_RULE}"
+        )
+    return problem
+
+
+def _field_problems(raw: dict[str, Any]) -> list[str]:
+    """Every problem of one spec mapping, each field on its own (msgspec stops at the first)."""
+    fields = {f.encode_name: f for f in msgspec.structs.fields(ModelSpec)}
+    problems: list[str] = []
+    for key in raw:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else f"; fields: {', '.join(fields)}"
+            problems.append(f"field {key}: unknown field{hint}")
+    for name, f in fields.items():
+        if name not in raw:
+            if f.required:
+                problems.append(f"field {name}: missing (required)")
+            continue
+        try:
+            msgspec.convert(raw[name], f.type)
+        except msgspec.ValidationError as exc:
+            message = str(exc)
+            located = _AT.search(message)
+            sub = located["path"] if located else ""
+            problem = message[: located.start()] if located else message
+            path = f"{name}{sub}" if sub.startswith("[") else (f"{name}.{sub}" if sub else name)
+            problems.append(f"field {path}: {_in_words(problem, f.type)}")
+    return problems
 
 
 def parse_documents(text: str, source: str) -> list[Any]:
@@ -85,12 +154,18 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec]:
             continue
         if isinstance(name, str):
             first_seen[name] = i + 1
+        each = _field_problems(raw)
+        if each:
+            problems.extend(f"{source}: {where}: {p}" for p in each)
+            continue
         try:
+            # Fields one by one were fine: what is left spans fields (max below min).
             specs.append(msgspec.convert(raw, ModelSpec))
         except msgspec.ValidationError as exc:
             problems.append(f"{source}: {where}: {describe(exc)}")
     if problems:
-        head = f"{len(problems)} invalid model spec(s); nothing applied"
+        bad = len({p.split(": field ")[0].split(": spec: ")[0] for p in problems})
+        head = f"{len(problems)} problem(s) in {bad} model spec(s); nothing applied"
         raise SpecError("\n".join([head, *problems]))
     return specs
 

@@ -169,16 +169,53 @@ def event_time(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
+# The table's message column: the first sentence-ish part, one line. Replica
+# failures carry the engine's log tail after " | "-joined lines; that and
+# anything past this many characters is in `ctl events --detail ID` / --json.
+EVENT_MESSAGE_CHARS = 120
+
+
+def event_summary(message: str) -> str:
+    """One line of an event's message; cut ones end in `…` (the whole is in --detail)."""
+    first = " ".join(message.split("\n", 1)[0].split())
+    cut = first.split(" | ", 1)[0]
+    if len(cut) > EVENT_MESSAGE_CHARS:
+        cut = cut[: EVENT_MESSAGE_CHARS - 1].rstrip() + "…"
+    elif cut != " ".join(message.split()):
+        cut += " …"
+    return cut
+
+
 def events_table(events: Sequence[EventView]) -> Table:
-    """Oldest first, as the controller sends them: the story of how the fleet got here."""
-    table = _table("TIME", "KIND", "SUBJECT", "MODEL", "MESSAGE")
-    table.columns[-1].no_wrap = False
+    """Oldest first, as the controller sends them: one line per event, ids for --detail."""
+    table = _table("ID", "TIME", "KIND", "SUBJECT", "MODEL", "MESSAGE")
+    _keep_whole(table, 0, [str(e.id) for e in events])
     for e in events:
         table.add_row(
+            str(e.id),
             event_time(e.at),
             e.kind,
             f"{e.subject} {e.subject_id}",
             e.model or UNKNOWN,
-            e.message,
+            _one_line(Text(event_summary(e.message))),
         )
     return table
+
+
+def event_detail(e: EventView) -> str:
+    """`ctl events --detail ID`: every field, the message whole, log-tail lines one per line."""
+    lines = [
+        f"id       {e.id}",
+        f"time     {event_time(e.at)}",
+        f"kind     {e.kind}",
+        f"subject  {e.subject} {e.subject_id}",
+        f"model    {e.model or UNKNOWN}",
+    ]
+    head, _, tail = e.message.partition(": ")
+    parts = tail.split(" | ") if " | " in tail else []
+    if parts:
+        lines.append(f"message  {head}:")
+        lines += [f"  {p}" for p in parts]
+    else:
+        lines.append(f"message  {e.message}")
+    return "\n".join(lines) + "\n"

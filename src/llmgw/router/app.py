@@ -151,7 +151,16 @@ def _log_crash(task: asyncio.Task[None]) -> None:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    # `program` and `controller` let `ctl --controller <this router>` say where to go.
+    ctl = request.app[ROUTER].cfg.controller
+    where = None if ctl is None else _without_userinfo(ctl.url)
+    return web.json_response({"status": "ok", "program": "router", "controller": where})
+
+
+def _without_userinfo(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}"
 
 
 async def readyz(request: web.Request) -> web.Response:

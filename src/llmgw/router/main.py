@@ -10,13 +10,16 @@ import sys
 from llmgw.router.config import load, upstream_client
 from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import logs, serve
+from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.httpserver import ServerLimits, raise_nofile_limit
 
 DEFAULT_PORT = 8080
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="llmgw router", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="llmgw router", description=__doc__, formatter_class=DefaultsFormatter
+    )
     p.add_argument("--config", required=True, help="YAML configuration file (reloaded on change)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="listen port; 0 picks one")
     p.add_argument("--host", default="127.0.0.1", help="listen address")

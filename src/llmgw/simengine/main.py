@@ -13,6 +13,7 @@ import logging
 import sys
 
 from llmgw.runtime import logs
+from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.simengine import timing
 from llmgw.simengine.config import DIALECTS, SimConfig
 from llmgw.simengine.faults import FaultConfig
@@ -22,34 +23,77 @@ log = logging.getLogger(__name__)
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
+        formatter_class=DefaultsFormatter,
         prog="llmgw sim-engine",
         description="A simulated vLLM/SGLang engine: OpenAI API, KV cache, batching, metrics.",
     )
     p.add_argument("positional_model", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--model", help="model name (the default served name)")
     p.add_argument("--served-model-name", nargs="+", default=None, help="names to serve")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="listen address")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--num-gpu-blocks", type=int, default=None, help="default: Llama-3-8B/H100")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-num-seqs", type=int, default=timing.DEFAULT_MAX_NUM_SEQS)
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     p.add_argument(
-        "--max-num-batched-tokens", type=int, default=timing.DEFAULT_MAX_NUM_BATCHED_TOKENS
+        "--max-num-seqs",
+        type=int,
+        default=timing.DEFAULT_MAX_NUM_SEQS,
+        help="sequences running at once (the rest wait)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=timing.DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help="prefill + decode tokens per scheduler step",
     )
     p.add_argument("--max-model-len", type=int, default=None, help="default 8192 (or what fits)")
     p.add_argument("--speed", type=float, default=1.0, help="10 = ten times faster")
     p.add_argument(
-        "--prefill-ms-per-token", type=float, default=timing.DEFAULT_PREFILL_MS_PER_TOKEN
+        "--prefill-ms-per-token",
+        type=float,
+        default=timing.DEFAULT_PREFILL_MS_PER_TOKEN,
+        help="prefill cost of one uncached prompt token, at speed 1",
     )
-    p.add_argument("--decode-base-ms", type=float, default=timing.DEFAULT_DECODE_BASE_MS)
-    p.add_argument("--decode-ms-per-seq", type=float, default=timing.DEFAULT_DECODE_MS_PER_SEQ)
-    p.add_argument("--tensor-parallel-size", "-tp", "--tp", type=int, default=1, dest="tp")
-    p.add_argument("--metrics-dialect", choices=DIALECTS, default="vllm")
-    p.add_argument("--fail-rate", type=float, default=0.0)
-    p.add_argument("--stall-after-tokens", type=int, default=None)
-    p.add_argument("--error-after-tokens", type=int, default=None)
-    p.add_argument("--crash-after-requests", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--decode-base-ms",
+        type=float,
+        default=timing.DEFAULT_DECODE_BASE_MS,
+        help="fixed cost of one decode step, at speed 1",
+    )
+    p.add_argument(
+        "--decode-ms-per-seq",
+        type=float,
+        default=timing.DEFAULT_DECODE_MS_PER_SEQ,
+        help="added cost per running sequence of one decode step, at speed 1",
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        "--tp",
+        type=int,
+        default=1,
+        dest="tp",
+        help="GPUs the engine spans (more KV blocks by default)",
+    )
+    p.add_argument(
+        "--metrics-dialect",
+        choices=DIALECTS,
+        default="vllm",
+        help="whose /metrics names to export",
+    )
+    p.add_argument(
+        "--fail-rate", type=float, default=0.0, help="fault: share of requests answered 500"
+    )
+    p.add_argument(
+        "--stall-after-tokens", type=int, default=None, help="fault: streams stop sending after N"
+    )
+    p.add_argument(
+        "--error-after-tokens", type=int, default=None, help="fault: streams fail after N tokens"
+    )
+    p.add_argument(
+        "--crash-after-requests", type=int, default=None, help="fault: exit after N requests"
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed for generated text and faults")
     p.add_argument("--grace-s", type=float, default=10.0, help="graceful stop window on SIGTERM")
     return p
 

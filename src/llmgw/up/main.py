@@ -25,6 +25,7 @@ import msgspec
 
 from llmgw.adminclient.client import AdminClient
 from llmgw.adminclient.errors import AdminError, AdminUnreachable
+from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.lockfile import open_nofollow
 from llmgw.runtime.serve import READY_PREFIX
 from llmgw.up.checks import Refused, check_ports, lock_state_dir
@@ -36,7 +37,11 @@ ENGINE_PORTS_PER_NODE = 50
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="llmgw up", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="llmgw up",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=DefaultsFormatter,
+    )
     p.add_argument("--port", type=int, default=8080, help="router port (default 8080)")
     p.add_argument("--controller-port", type=int, default=None, help="default: router port + 1")
     p.add_argument("--fleet", type=Path, default=None, help="fleet file (default: built-in)")

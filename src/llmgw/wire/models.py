@@ -10,6 +10,11 @@ from llmgw.wire.agent import EngineKind
 
 # Not ending in "/scale": /admin/models/<name>/scale is the scale command's URL.
 NAME_PATTERN = r"^(?!.*/scale$)[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+# NAME_PATTERN for a person (ctl apply says this instead of the expression).
+NAME_RULE = (
+    "1 to 128 characters, starting with a letter or digit, then letters, digits and . _ : / -,"
+    " not ending in /scale"
+)
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
 
 

@@ -370,6 +370,11 @@ def document() -> bytes:
                     _query("replica", {"type": "string"}, "events about this replica"),
                     _query("node", {"type": "string"}, "events about this node"),
                     _query(
+                        "id",
+                        {"type": "integer", "minimum": 1, "maximum": 2**62},
+                        "only the event with this id (`ctl events --detail ID`)",
+                    ),
+                    _query(
                         "limit",
                         {"type": "integer", "default": 200, "minimum": 1, "maximum": 10000},
                         "how many",

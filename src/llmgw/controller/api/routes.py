@@ -429,6 +429,7 @@ async def events(request: web.Request) -> web.Response:
         replica=_query(request, "replica") or None,
         node=_query(request, "node") or None,
         limit=limit,
+        event_id=_query_int(request, "id", None, 1, 2**62),
     )
     views = [
         EventView(

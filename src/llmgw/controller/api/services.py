@@ -53,12 +53,20 @@ class Services:
         )
 
     async def events(
-        self, *, model: str | None, replica: str | None, node: str | None, limit: int
+        self,
+        *,
+        model: str | None,
+        replica: str | None,
+        node: str | None,
+        limit: int,
+        event_id: int | None = None,
     ) -> list[Event]:
         store = self.fleet.store
         try:
             return await asyncio.to_thread(
-                lambda: store.events(model=model, replica=replica, node=node, limit=limit)
+                lambda: store.events(
+                    model=model, replica=replica, node=node, limit=limit, event_id=event_id
+                )
             )
         except StoreError as exc:
             raise StoreUnavailable(f"cannot read events: {exc}") from exc

@@ -78,11 +78,12 @@ class Store(Protocol):
         replica: str | None = None,
         node: str | None = None,
         limit: int = 200,
+        event_id: int | None = None,
     ) -> list[Event]:
         """The last `limit` events matching every given filter, oldest first.
 
         `model` matches `Event.model`; `replica` and `node` match events whose
-        subject is that replica or node.
+        subject is that replica or node; `event_id` the one event with that id.
         """
         ...
 

@@ -39,8 +39,11 @@ class FencedStore:
         replica: str | None = None,
         node: str | None = None,
         limit: int = 200,
+        event_id: int | None = None,
     ) -> list[Event]:
-        return self.store.events(model=model, replica=replica, node=node, limit=limit)
+        return self.store.events(
+            model=model, replica=replica, node=node, limit=limit, event_id=event_id
+        )
 
     def schema_version(self) -> int:
         return self.store.schema_version()

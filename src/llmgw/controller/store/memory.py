@@ -95,6 +95,7 @@ class MemoryStore:
         replica: str | None = None,
         node: str | None = None,
         limit: int = 200,
+        event_id: int | None = None,
     ) -> list[Event]:
         with self._lock:
             self._check_open()
@@ -107,6 +108,8 @@ class MemoryStore:
                 if replica is not None and (e.subject != "replica" or e.subject_id != replica):
                     continue
                 if node is not None and (e.subject != "node" or e.subject_id != node):
+                    continue
+                if event_id is not None and e.id != event_id:
                     continue
                 out.append(e)
                 if len(out) == limit:

@@ -166,6 +166,7 @@ class SqlStore:
         replica: str | None = None,
         node: str | None = None,
         limit: int = 200,
+        event_id: int | None = None,
     ) -> list[Event]:
         if limit <= 0:
             return []
@@ -177,6 +178,8 @@ class SqlStore:
             q = q.where(e.c.subject == "replica", e.c.subject_id == replica)
         if node is not None:
             q = q.where(e.c.subject == "node", e.c.subject_id == node)
+        if event_id is not None:
+            q = q.where(e.c.id == event_id)
         with self._translate("events"), self._read.begin() as conn:
             newest_first = [codec.event_from(r) for r in conn.execute(q).mappings()]
         newest_first.reverse()

@@ -94,7 +94,8 @@ def bench(args: argparse.Namespace, ctx: Ctx) -> int:
     from llmgw.ctl.bench import ramp
 
     console = ctx.console()
-    with _progress(console, quiet=args.json) as (on_start, on_level):
+    as_json = ctx.format(json_flag=args.json) == "json"
+    with _progress(console, quiet=as_json) as (on_start, on_level):
         levels, stopped = asyncio.run(
             ramp(
                 replica.endpoint_url,
@@ -122,7 +123,7 @@ def bench(args: argparse.Namespace, ctx: Ctx) -> int:
                 "llmgw ctl: warning: the controller stored the weight but not the capacity; "
                 "later benches cannot normalize against this replica\n"
             )
-    if args.json:
+    if as_json:
         ctx.print_json(
             {
                 "replica": replica.id,

@@ -11,10 +11,11 @@ import argparse
 import time
 
 from rich.console import Group, RenderableType
+from rich.table import Table
 from rich.text import Text
 
 from llmgw.adminclient.errors import AdminError
-from llmgw.ctl import render, tables
+from llmgw.ctl import output, render, tables
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError
 
@@ -37,14 +38,24 @@ def status_screen(ctx: Ctx) -> RenderableType:
     return render.status_view(summary, title=f"llmgw fleet · {ctx.url} · {clock}", reasons=reasons)
 
 
+# The status screen piped (-o wide): wide enough that no name or reason is cut.
+WIDE_STATUS_COLUMNS = 200
+
+
 def status(args: argparse.Namespace, ctx: Ctx) -> int:
-    if args.json:
+    fmt = ctx.format(json_flag=args.json)
+    if fmt == "tsv":
+        raise CtlError("status is a screen: use -o table, wide or json")
+    if fmt == "json":
         if args.watch:
             raise CtlError("--watch and --json do not combine")
         ctx.print_json(ctx.client().summary())
         return 0
     if not args.watch:
-        ctx.console().print(status_screen(ctx))
+        console = ctx.console()
+        if fmt == "wide" and ctx.width is None:
+            console.width = WIDE_STATUS_COLUMNS
+        console.print(status_screen(ctx))
         return 0
     if args.interval <= 0:
         raise CtlError("--interval must be above 0")
@@ -71,7 +82,16 @@ def watch(ctx: Ctx, *, interval_s: float) -> int:
         return 0
 
 
-def _print_table(ctx: Ctx, table: RenderableType, rows: int, what: str) -> None:
+def _print_table(ctx: Ctx, fmt: str, table: Table, rows: int, what: str) -> None:
+    """A table in the chosen format; "no X" goes to stderr when piped (stdout stays data)."""
+    if fmt in ("wide", "tsv"):
+        if rows:
+            output.write_table(ctx.out, table, fmt)
+        elif fmt == "wide":
+            ctx.err.write(f"no {what}\n")
+        else:
+            output.write_table(ctx.out, table, fmt)  # the header alone: still a valid TSV
+        return
     console = ctx.console()
     if rows:
         console.print(table)
@@ -81,39 +101,50 @@ def _print_table(ctx: Ctx, table: RenderableType, rows: int, what: str) -> None:
 
 def nodes(args: argparse.Namespace, ctx: Ctx) -> int:
     views = ctx.client().nodes()
-    if args.json:
+    fmt = ctx.format(json_flag=args.json)
+    if fmt == "json":
         ctx.print_json(views)
     else:
-        _print_table(ctx, tables.nodes_table(views, now=ctx.clock.wall()), len(views), "nodes")
+        table = tables.nodes_table(views, now=ctx.clock.wall())
+        _print_table(ctx, fmt, table, len(views), "nodes")
     return 0
 
 
 def models(args: argparse.Namespace, ctx: Ctx) -> int:
     views = ctx.client().models()
-    if args.json:
+    fmt = ctx.format(json_flag=args.json)
+    if fmt == "json":
         ctx.print_json(views)
     else:
-        _print_table(ctx, tables.models_table(views), len(views), "models")
+        _print_table(ctx, fmt, tables.models_table(views), len(views), "models")
     return 0
 
 
 def replicas(args: argparse.Namespace, ctx: Ctx) -> int:
     views = ctx.client().replicas(model=args.model, state=args.state)
-    if args.json:
+    fmt = ctx.format(json_flag=args.json)
+    if fmt == "json":
         ctx.print_json(views)
     else:
-        _print_table(ctx, tables.replicas_table(views), len(views), "replicas")
+        _print_table(ctx, fmt, tables.replicas_table(views), len(views), "replicas")
     return 0
 
 
 def events(args: argparse.Namespace, ctx: Ctx) -> int:
     if args.limit <= 0:
         raise CtlError("--limit must be at least 1")
-    views = ctx.client().events(
-        model=args.model, replica=args.replica, node=args.node, limit=args.limit
-    )
-    if args.json:
+    client = ctx.client()
+    fmt = ctx.format(json_flag=args.json)
+    if args.detail is not None:
+        event = client.event(args.detail)
+        if fmt == "json":
+            ctx.print_json(event)
+        else:
+            ctx.out.write(tables.event_detail(event))
+        return 0
+    views = client.events(model=args.model, replica=args.replica, node=args.node, limit=args.limit)
+    if fmt == "json":
         ctx.print_json(views)
     else:
-        _print_table(ctx, tables.events_table(views), len(views), "events")
+        _print_table(ctx, fmt, tables.events_table(views), len(views), "events")
     return 0

@@ -1,0 +1,79 @@
+"""Every flag of every program says what it does, and shows its default.
+
+Each program's `main(["--help"])` is run with argparse's parse step recording
+the parser it was called on; ctl's subcommands are walked too. A flag with no
+help text, or whose default is not shown in `--help`, fails here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Iterator
+
+import pytest
+
+from llmgw.cli import COMMANDS
+
+
+def _parsers(command: str) -> list[argparse.ArgumentParser]:
+    seen: list[argparse.ArgumentParser] = []
+    original = argparse.ArgumentParser.parse_known_args
+
+    def record(self: argparse.ArgumentParser, *a: object, **kw: object) -> object:
+        seen.append(self)
+        raise SystemExit(0)
+
+    module = importlib.import_module(COMMANDS[command][0])
+    argparse.ArgumentParser.parse_known_args = record  # type: ignore[method-assign,assignment]
+    try:
+        with pytest.raises(SystemExit):
+            module.main(["--help"])
+    finally:
+        argparse.ArgumentParser.parse_known_args = original  # type: ignore[method-assign]
+    assert seen, f"llmgw {command} parsed no arguments"
+    return seen
+
+
+def _walk(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield parser.prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _walk(sub)
+
+
+def _shown_default(action: argparse.Action) -> bool:
+    d = action.default
+    return (
+        d is None
+        or d is False
+        or d is argparse.SUPPRESS
+        or d in ([], "", ())
+        or action.required
+        or not action.option_strings
+    )
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_flag_has_help_and_shows_its_default(command: str) -> None:
+    problems: list[str] = []
+    for parser in _parsers(command):
+        for prog, p in _walk(parser):
+            text = p.format_help()
+            for action in p._actions:
+                if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                    continue
+                name = "/".join(action.option_strings) or action.dest
+                if action.help == argparse.SUPPRESS:
+                    continue  # hidden on purpose (a vLLM-compatible alias, say)
+                if not (action.help or "").strip():
+                    problems.append(f"{prog} {name}: no help")
+                    continue
+                if _shown_default(action):
+                    continue
+                formatted = p._get_formatter()._expand_help(action)
+                if "default" not in formatted:
+                    problems.append(f"{prog} {name}: default {action.default!r} not shown")
+            assert text  # formats without error
+    assert not problems, "\n".join(problems)

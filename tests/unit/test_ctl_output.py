@@ -1,0 +1,155 @@
+"""ctl as a Unix tool: piped output is never cut, -o formats, flags anywhere, one-line
+events with --detail, completion scripts, and a hint when the URL is not a controller."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from llmgw.adminclient.client import Response
+from llmgw.ctl import output, tables
+from llmgw.wire.admin import EventView
+from llmgw.wire.errors import error_body
+
+from .test_ctl_commands import FakeController, replica_view, run_ctl
+
+LONG = "meta-llama/llama-3.1-405b-instruct-fp8-with-a-sixty-char-name"  # 61 characters
+
+
+class LongNames(FakeController):
+    def __init__(self) -> None:
+        super().__init__()
+        self.replicas = [
+            msgspec.structs.replace(replica_view(f"r-{i}-{LONG}"), model=LONG) for i in range(3)
+        ]
+        self.failure = EventView(
+            id=42, at=1.8e9, kind="replica.failed", subject="replica", subject_id="r-1",
+            model=LONG,
+            message="rank 0 on gpu-01 exited with code 1: python -m vllm serve --model x "
+            "--port 21000 | Traceback (most recent call last): | RuntimeError: CUDA out of memory",
+        )  # fmt: skip
+
+    def _route(self, method: str, path: str, query: Mapping[str, str], payload: object) -> Response:
+        if (method, path) == ("GET", "/admin/events"):
+            events = [self.failure]
+            if "id" in query:
+                events = [e for e in events if str(e.id) == query["id"]]
+            return self._ok(events)
+        return super()._route(method, path, query, payload)
+
+
+def test_piped_table_keeps_60_character_names_whole(tmp_path: Path) -> None:
+    """Not a terminal: `wide`, every cell whole (`ctl replicas | grep -c 405b` counts 3)."""
+    run = run_ctl(["replicas"], LongNames(), tmp_path)
+    assert run.code == 0, run.err
+    rows = run.out.splitlines()
+    assert rows[0].split()[:3] == ["REPLICA", "MODEL", "STATE"]
+    assert sum("405b" in line for line in rows) == 3
+    assert all(LONG in line and f"r-{i}-{LONG}" in line for i, line in enumerate(rows[1:]))
+    assert "…" not in run.out
+    assert "\x1b[" not in run.out  # no colour codes when piped
+
+
+def test_tsv_has_a_header_and_tab_separated_cells(tmp_path: Path) -> None:
+    run = run_ctl(["-o", "tsv", "replicas"], LongNames(), tmp_path)
+    lines = run.out.splitlines()
+    assert lines[0].split("\t")[:2] == ["REPLICA", "MODEL"]
+    assert [line.split("\t")[1] for line in lines[1:]] == [LONG] * 3
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--json", "nodes"], ["nodes", "--json"], ["-o", "json", "nodes"], ["nodes", "-o", "json"]],
+)
+def test_global_flags_before_or_after_the_command(tmp_path: Path, argv: list[str]) -> None:
+    run = run_ctl(argv, FakeController(), tmp_path)
+    assert run.code == 0, run.err
+    assert run.json()[0]["name"] == "gpu-01"  # type: ignore[index]
+
+
+def test_table_format_in_a_terminal_is_rich(tmp_path: Path) -> None:
+    run = run_ctl(["-o", "table", "nodes"], FakeController(), tmp_path)
+    assert run.code == 0
+    assert "NODE" in run.out
+
+
+def test_events_one_line_each_and_detail_by_id(tmp_path: Path) -> None:
+    fake = LongNames()
+    run = run_ctl(["events"], fake, tmp_path)
+    lines = run.out.splitlines()
+    assert len(lines) == 2  # header + one line for the event
+    assert lines[1].split()[0] == "42"
+    assert "exited with code 1: python -m vllm serve" in lines[1]
+    assert "Traceback" not in run.out  # the log tail is in --detail
+    assert lines[1].endswith("…")
+    detail = run_ctl(["events", "--detail", "42"], fake, tmp_path)
+    assert detail.code == 0, detail.err
+    assert "  Traceback (most recent call last):" in detail.out
+    assert "  RuntimeError: CUDA out of memory" in detail.out
+    as_json = run_ctl(["events", "--detail", "42", "--json"], fake, tmp_path)
+    assert as_json.json()["message"] == fake.failure.message  # type: ignore[index]
+    missing = run_ctl(["events", "--detail", "7"], fake, tmp_path)
+    assert missing.code == 1
+    assert "no event 7" in missing.err
+
+
+def test_event_summary_rules() -> None:
+    assert tables.event_summary("cordoned by operator") == "cordoned by operator"
+    long = "x" * 300
+    cut = tables.event_summary(long)
+    assert len(cut) == tables.EVENT_MESSAGE_CHARS
+    assert cut.endswith("…")
+    assert tables.event_summary("a: b | c") == "a: b …"
+
+
+def test_wide_and_tsv_render_the_same_cells() -> None:
+    headers, body = ["A", "LONGER"], [["x" * 70, "1"], ["y", "22"]]
+    wide = output.wide(headers, body).splitlines()
+    assert wide[1].startswith("x" * 70 + "  1")
+    assert output.tsv(headers, body).splitlines()[2] == "y\t22"
+
+
+class Router(FakeController):
+    """A router where a controller was expected: OpenAI-shaped 404s, /healthz says router."""
+
+    def _route(self, method: str, path: str, query: Mapping[str, str], payload: object) -> Response:
+        if path == "/healthz":
+            return self._ok(
+                {"status": "ok", "program": "router", "controller": "http://ctl.internal:8081"}
+            )
+        return Response(
+            404,
+            error_body(
+                f"Invalid URL ({method} {path}).", type="invalid_request_error", code="unknown_url"
+            ),
+        )
+
+
+def test_router_url_gets_a_hint_to_the_controller(tmp_path: Path) -> None:
+    fake = Router(token=None)
+    run = run_ctl(["status"], fake, tmp_path)
+    assert run.code == 1
+    assert run.err.count("\n") == 1
+    assert "looks like the llmgw router, not the controller" in run.err
+    assert "its controller is at http://ctl.internal:8081" in run.err
+
+
+def test_unknown_server_gets_a_hint(tmp_path: Path) -> None:
+    class Other(FakeController):
+        def _route(self, *a: object) -> Response:
+            return Response(404, b"<html>not found</html>")
+
+    run = run_ctl(["nodes"], Other(token=None), tmp_path)
+    assert run.code == 1
+    assert "is not an llmgw controller" in run.err
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_scripts_know_every_command(tmp_path: Path, shell: str) -> None:
+    run = run_ctl(["completion", shell], FakeController(), tmp_path)
+    assert run.code == 0
+    for command in ("status", "drain", "apply", "events", "completion", "--output"):
+        assert command in run.out
