@@ -92,14 +92,18 @@ def main() -> int:
     )
     try:
         base = prog.url
-        models = [msgspec.to_builtins(s) for s in specs()]
-        call(base + "/admin/models", models)
         shards: dict[str, list[dict[str, Any]]] = {}
         t0 = time.perf_counter()
         with ThreadPoolExecutor(8) as pool:
-            for _ in range(3):  # register, then report what was placed as ready
+            # Nodes first (cheap while no model exists), then the models, then one round
+            # that reports every placed shard ready.
+            list(pool.map(lambda i: heartbeat(base, i, shards), range(NODES)))
+            print(f"{NODES} nodes registered ({time.perf_counter() - t0:.0f} s)", flush=True)
+            call(base + "/admin/models", [msgspec.to_builtins(s) for s in specs()])
+            time.sleep(3)  # a few ticks place them
+            for _ in range(2):
                 list(pool.map(lambda i: heartbeat(base, i, shards), range(NODES)))
-                time.sleep(1.5)
+                print(f"heartbeat round ({time.perf_counter() - t0:.0f} s)", flush=True)
         setup_s = time.perf_counter() - t0
         summary = json.loads(call(base + "/admin/summary")[1])
         print(
