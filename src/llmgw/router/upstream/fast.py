@@ -93,7 +93,7 @@ class FastResponse(ReplyHead):
     `on_error`; nothing else writes its fields.
     """
 
-    __slots__ = ("_buf", "_buffered", "_conn", "_done", "_error", "_raw", "_waiter")
+    __slots__ = ("_buf", "_buffered", "_conn", "_done", "_raw", "_waiter", "error")
 
     def __init__(self, conn: _Conn, endpoint_id: str) -> None:
         self.endpoint_id = endpoint_id
@@ -105,29 +105,25 @@ class FastResponse(ReplyHead):
         self._buf: list[bytes] = []
         self._buffered = 0
         self._done = False  # the whole body arrived
-        self._error: BaseException | None = None
+        # Why the exchange failed; None while it has not (set by `on_error` only).
+        self.error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
 
     @property
     def headers(self) -> Headers:
         return Headers(self._raw)
 
-    @property
-    def error(self) -> BaseException | None:
-        """Why the exchange failed; None while it has not."""
-        return self._error
-
     def head_waiter(self) -> asyncio.Future[None] | None:
         """A future done when the head or an error arrives; None when one already has."""
         conn = self._conn
-        if self.status or self._error is not None or conn is None:
+        if self.status or self.error is not None or conn is None:
             return None
         waiter = self._waiter = conn.loop.create_future()
         return waiter
 
     async def read(self) -> bytes:
         """The whole body."""
-        if self._done and not self._error:
+        if self._done and not self.error:
             return self._take()
         parts = []
         while chunk := await self.chunk():
@@ -139,8 +135,8 @@ class FastResponse(ReplyHead):
         while True:
             if self._buf:
                 return self._take()
-            if self._error is not None:
-                raise self._error
+            if self.error is not None:
+                raise self.error
             if self._done:
                 return b""
             conn = self._conn
@@ -180,7 +176,7 @@ class FastResponse(ReplyHead):
 
     def on_error(self, exc: BaseException) -> None:
         """The exchange failed; the connection is gone."""
-        self._error = exc
+        self.error = exc
         self._detach()
 
     def _take(self) -> bytes:
@@ -339,9 +335,15 @@ class _Conn(asyncio.Protocol):
             resp.on_body(body)
 
     def on_message_complete(self) -> None:
-        resp = self._end()
+        # `_end()` inlined: this runs once per response on the hot path.
+        resp = self.resp
         if resp is None:
             return
+        self.resp = None
+        timer = self.timer
+        if timer is not None:
+            self.timer = None
+            timer.cancel()
         if resp.on_end():
             # Paused for bytes not yet read on: they are the response's now.
             self.transport.resume_reading()
