@@ -165,3 +165,32 @@ class TestHostileBodies:
             text = c.program.log_text()
             assert len(log_lines(text, "refused request")[n0:]) == refused
             no_traceback(text)
+
+
+class TestMetricsToken:
+    def test_metrics_token_alone_and_beside_the_admin_token(self, tmp_path: Path) -> None:
+        db = Db(f"sqlite:///{tmp_path / 'a.db'}")
+        with controller(db, "--metrics-token", "scrape", log_dir=tmp_path) as c:
+            assert call(c.url, "GET", "/metrics", token=None)[0] == 401
+            assert call(c.url, "GET", "/metrics", token="wrong")[0] == 401
+            status, headers, _ = urllib_get(c.url + "/metrics", "scrape")
+            assert status == 200
+            assert headers["Content-Type"].startswith("text/plain")
+            # Without --token the rest of the API stays as open as before.
+            assert call(c.url, "GET", "/admin/summary", token=None)[0] == 200
+        db = Db(f"sqlite:///{tmp_path / 'b.db'}")
+        with controller(db, "--metrics-token", "scrape", token=TOKEN, log_dir=tmp_path) as c:
+            assert urllib_get(c.url + "/metrics", "scrape")[0] == 200
+            assert urllib_get(c.url + "/metrics", TOKEN)[0] == 200
+            status, _, doc = call(c.url, "GET", "/admin/summary", token="scrape")
+            assert status == 401
+            openai_error(doc)
+
+
+def urllib_get(url: str, token: str) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()

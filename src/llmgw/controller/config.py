@@ -26,6 +26,9 @@ class ControllerConfig:
     # A second bearer token that may only read: GET on /metrics, /admin/summary, the
     # node/model/replica/event lists and the status page's data (docs/status-page.md).
     read_token: str | None = None
+    # A bearer token for GET /metrics alone (what Prometheus is given); set, /metrics
+    # needs it (or the admin or read token) even when `token` is not set.
+    metrics_token: str | None = None
     # How often the reconcile loop runs (and leadership is checked).
     tick_s: float = 1.0
     # A node with no heartbeat for this long is shown unreachable.
@@ -104,6 +107,11 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         default=None,
         help="bearer token that may only read (metrics, status page, GET /admin/…)",
     )
+    p.add_argument(
+        "--metrics-token",
+        default=None,
+        help="bearer token for GET /metrics only; set, /metrics needs it (or another token)",
+    )
     floats = {
         "tick-s": d.tick_s,
         "heartbeat-timeout-s": d.heartbeat_timeout_s,
@@ -144,6 +152,7 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         schema=a.schema,
         token=a.token or None,
         read_token=a.read_token or None,
+        metrics_token=a.metrics_token or None,
         heartbeat_flush_s=a.heartbeat_flush_s,
         max_long_polls=a.max_long_polls,
         **{flag.replace("-", "_"): getattr(a, flag.replace("-", "_")) for flag in floats},

@@ -232,7 +232,8 @@ def _query_int(
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         services = request.app[SERVICES]
-        _authorize(request, services.config.token, services.config.read_token)
+        cfg = services.config
+        _authorize(request, cfg.token, cfg.read_token, cfg.metrics_token)
         return await handler(request)
     except ControllerRefusal as exc:
         status, kind = http_status(exc)
@@ -277,12 +278,25 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return web.Response(body=body, status=500, content_type="application/json")
 
 
-def _authorize(request: web.Request, token: str | None, read_token: str | None) -> None:
-    """The admin token may do anything; the read token may GET what READ_PATHS name."""
+def _authorize(
+    request: web.Request,
+    token: str | None,
+    read_token: str | None,
+    metrics_token: str | None = None,
+) -> None:
+    """The admin token may do anything; the read token may GET what READ_PATHS name;
+    the metrics token may GET /metrics, which then needs a token even without `token`."""
     path = request.path
+    given = request.headers.get("Authorization", "").encode()
+    if path == "/metrics" and metrics_token is not None:
+        if hmac.compare_digest(given, f"Bearer {metrics_token}".encode()):
+            return
+        if token is None:
+            raise TokenRejected(
+                "/metrics needs the metrics token" if given else "a bearer token is required"
+            )
     if token is None or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
         return
-    given = request.headers.get("Authorization", "").encode()
     if hmac.compare_digest(given, f"Bearer {token}".encode()):
         return
     if read_token is not None and hmac.compare_digest(given, f"Bearer {read_token}".encode()):
