@@ -120,6 +120,7 @@ class Request:
     system: int  # which system prompt
     body: bytes
     reply: str  # the reply the engine will generate (checked on arrival)
+    session: str | None = None  # sent as X-Session-ID (--hints header)
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,10 @@ class Workload:
     think_s: float
     seed: int
     engine_seed: int = 0
+    # Tokens of one text every system prompt starts with (agent-style preambles).
+    preamble_tokens: int = 0
+    # Session hints on every request: none, header (X-Session-ID) or user (the field).
+    hints: str = "none"
 
 
 def _text(rng: random.Random, tokens: int) -> str:
@@ -159,6 +164,9 @@ class Conversations:
         self.w = w
         rng = random.Random(w.seed)
         self.systems = [_text(rng, w.prompt_tokens) for _ in range(w.prompts)]
+        if w.preamble_tokens:
+            preamble = _text(random.Random(w.seed + 7), w.preamble_tokens)
+            self.systems = [preamble + s for s in self.systems]
         weights = [1.0 / (i + 1) ** w.zipf for i in range(w.prompts)]
         total = sum(weights)
         self.popularity = [x / total for x in weights]
@@ -181,17 +189,18 @@ class Conversations:
         for turn in range(n):
             messages.append({"role": "user", "content": _text(rng, rng.randint(*w.user_tokens))})
             seed = (conv * 64 + turn) & 0x7FFFFFFF
-            body = _encode(
-                {
-                    "model": MODEL,
-                    "messages": messages,
-                    "max_tokens": w.reply_tokens,
-                    "ignore_eos": True,
-                    "seed": seed,
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                }
-            )
+            doc: dict[str, object] = {
+                "model": MODEL,
+                "messages": messages,
+                "max_tokens": w.reply_tokens,
+                "ignore_eos": True,
+                "seed": seed,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            if w.hints == "user":
+                doc["user"] = f"user-{conv}"
+            body = _encode(doc)
             reply = expected_reply(seed, w.reply_tokens, w.engine_seed)
             out.append((body, reply))
             messages = [*messages, {"role": "assistant", "content": reply}]
@@ -253,7 +262,8 @@ def open_loop_schedule(
             built[conv] = convs.conversation(conv)
         system, turns = built[conv]
         body, reply = turns[i]
-        out.append(Request(at, conv, i, system, body, reply))
+        session = f"conv-{conv}" if convs.w.hints == "header" else None
+        out.append(Request(at, conv, i, system, body, reply, session))
     return out
 
 
@@ -297,6 +307,8 @@ async def stream_one(
     parts: list[str] = []
     try:
         headers = DEBUG_HEADERS if debug else PLAIN_HEADERS
+        if req.session is not None:
+            headers = {**headers, "X-Session-ID": req.session}
         async with session.post(url, data=req.body, headers=headers) as resp:
             res.endpoint = resp.headers.get("x-llmgw-endpoint", res.endpoint)
             res.scores = resp.headers.get("x-llmgw-scores", "")
@@ -405,9 +417,19 @@ class Oracle(Target):
         await asyncio.gather(*(one(e, u) for e, u in self.engines.items()))
         self.polls += 1
 
-    def url_for(self, req: Request, res: Result) -> str:
+    def prepare(self, schedule: Sequence[Request]) -> None:
+        """Hash every request ahead, outside the measured run: with long prompts at a
+        high rate, hashing on the request path made the oracle's own client the
+        bottleneck on the shared 2-core machine."""
+        for req in schedule:
+            self._hashes[id(req)] = self._hash(req)
+
+    def _hash(self, req: Request) -> list[bytes]:
         ids = tokenizer.prompt_ids_for_body(_decode(req.body))
-        hashes = prompt_block_hashes(ids, self.block_size)
+        return prompt_block_hashes(ids, self.block_size)
+
+    def url_for(self, req: Request, res: Result) -> str:
+        hashes = self._hashes.pop(id(req), None) or self._hash(req)
         low = min(self.inflight.values())
         best: tuple[int, int, str] | None = None
         for eid, held in self.cached.items():
@@ -686,6 +708,7 @@ async def open_loop_run(
                     bound=opts.oracle_bound,
                     poll_s=opts.oracle_poll_s,
                 )
+                await asyncio.to_thread(target.prepare, schedule)
                 await target.start(session)
             else:
                 rurl = await asyncio.to_thread(procs.start_router, policy, urls)
@@ -938,8 +961,9 @@ def _block_end(text: str, start: int) -> int:
     return min(ends) + 1 if ends else len(text)
 
 
-def write_results(text: str, variant: str | None) -> None:
-    """Replace this benchmark's main block, or its `### variant` block, in RESULTS.md."""
+def write_results(text: str, variant: str | None, *, heading: str | None = None) -> None:
+    """Replace this benchmark's main block, or its `### variant` block (or the block
+    under `heading`), in RESULTS.md."""
     old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
     text = text.rstrip("\n") + "\n"
     start = old.find(SECTION + "\n")
@@ -953,7 +977,7 @@ def write_results(text: str, variant: str | None) -> None:
     if variant is None:
         end = _block_end(old, start)
     else:
-        head = f"{VARIANT_PREFIX}{variant}\n"
+        head = f"{heading or VARIANT_PREFIX + variant}\n"
         start = old.find(head, start, section_end)
         if start < 0:
             start = end = section_end
@@ -963,6 +987,230 @@ def write_results(text: str, variant: str | None) -> None:
     if end < len(old):
         text += "\n"
     RESULTS.write_text(old[:start] + text + old[end:])
+
+
+# -- the suite: every variant, judged against round-robin and the oracle --------------------
+
+SUITE_HEADING = "### bench/routing.py --suite"
+# name → (option overrides, session-hint modes run with ours). Round-robin and the
+# oracle ignore hints (so do the engines), so they run once per load, without.
+SUITE: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
+    "few-prompts": ({}, ("none", "header", "user")),
+    "many-prompts": ({"prompts": 32, "prompt_tokens": 1024}, ("none", "user")),
+    "preamble-24k": (
+        {
+            "preamble_tokens": 6000,
+            "prompt_tokens": 1024,
+            "num_gpu_blocks": 769,
+            "max_model_len": 9216,
+            # Half an H100's speed: at full speed round-robin's capacity (160 req/s of
+            # 30 KB prompts) made the load generator, not the engines, the bottleneck.
+            "speed": 0.5,
+        },
+        ("none", "user"),
+    ),
+    "cache-starved": (
+        {
+            "prompts": 16,
+            "prompt_tokens": 1536,
+            "num_gpu_blocks": 257,
+            "reply_tokens": 24,
+            "user_tokens": (48, 128),
+        },
+        ("none", "user"),
+    ),
+}
+SHORT = {
+    "duration_s": 15.0,
+    "warmup_s": 5.0,
+    "drain_s": 4.0,
+    "calib_s": 10.0,
+    "calib_warmup_s": 4.0,
+}
+TTFT_TARGET = 1.25  # × the oracle's p99
+HIT_TARGET = 0.02  # points below the oracle's hit rate
+
+
+@dataclass
+class SuiteRow:
+    variant: str
+    hints: str
+    stats: RunStats
+
+
+def _variant_opts(base: argparse.Namespace, overrides: dict[str, object]) -> argparse.Namespace:
+    opts = argparse.Namespace(**vars(base))
+    if base.short:
+        for k, v in SHORT.items():
+            setattr(opts, k, v)
+    for k, v in overrides.items():
+        setattr(opts, k, v)
+    opts.dump = None
+    return opts
+
+
+async def suite_main(base: argparse.Namespace, command: str) -> int:
+    """Every SUITE variant at every load: round-robin, the oracle, ours per hint mode."""
+    log_dir = Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-"))
+    began = time.monotonic()
+    rows: list[SuiteRow] = []
+    capacities: dict[str, float] = {}
+    names = [n for n in SUITE if not base.suite_only or n in base.suite_only]
+    try:
+        for name in names:
+            overrides, hint_modes = SUITE[name]
+            opts = _variant_opts(base, overrides)
+            fleet = Fleet(
+                engines=opts.engines,
+                num_gpu_blocks=opts.num_gpu_blocks,
+                block_size=opts.block_size,
+                max_num_seqs=opts.max_num_seqs,
+                max_model_len=opts.max_model_len,
+                speed=opts.speed,
+                scrape_interval_s=opts.scrape_interval_s,
+            )
+
+            def workload(hints: str, opts: argparse.Namespace = opts) -> Workload:
+                return Workload(
+                    prompts=opts.prompts,
+                    prompt_tokens=opts.prompt_tokens,
+                    zipf=opts.zipf,
+                    turns_min=opts.turns[0],
+                    turns_max=opts.turns[1],
+                    user_tokens=tuple(opts.user_tokens),
+                    reply_tokens=opts.reply_tokens,
+                    think_s=opts.think_s,
+                    seed=opts.seed,
+                    preamble_tokens=opts.preamble_tokens,
+                    hints=hints,
+                )
+
+            plain = Conversations(workload("none"))
+            capacity, _cpu = await calibrate(plain, fleet, opts, log_dir)
+            capacities[name] = capacity
+            print(f"{name}: round-robin capacity {capacity:.1f} req/s", flush=True)
+            timing = Timing(opts.duration_s, opts.warmup_s, opts.drain_s)
+            lead = opts.think_s * opts.turns[1] * 1.5
+            for load in opts.loads:
+                rate = capacity * load
+                label = f"{load:.0%}"
+                runs: list[tuple[str, str]] = [("round_robin", "none"), ("oracle", "none")]
+                runs += [("ours", h) for h in hint_modes]
+                for policy, hints in runs:
+                    convs = plain if hints == "none" else Conversations(workload(hints))
+                    schedule = open_loop_schedule(
+                        convs,
+                        rate_rps=rate,
+                        duration_s=opts.duration_s,
+                        warmup_s=opts.warmup_s,
+                        lead_s=lead,
+                        seed=opts.seed,
+                    )
+                    st = await open_loop_run(
+                        policy, label, rate, schedule, fleet, timing, opts, log_dir
+                    )
+                    rows.append(SuiteRow(name, hints, st))
+                    print(f"{name} hints={hints} " + "\n".join(table([st])[2:]), flush=True)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    elapsed = time.monotonic() - began
+    lines, checks = suite_table(rows)
+    print("\n".join(lines))
+    print("\n".join(checks))
+    print(f"\nwhole run: {elapsed:.0f} s")
+    if not base.no_write:
+        text = render_suite(base, capacities, lines, checks, elapsed, command)
+        write_results(text, "suite", heading=SUITE_HEADING)
+    return 0
+
+
+def suite_table(rows: Sequence[SuiteRow]) -> tuple[list[str], list[str]]:
+    """The variants × policies table, and the verdicts against the targets."""
+    by = {(r.variant, r.stats.load, r.stats.policy, r.hints): r.stats for r in rows}
+    out = [
+        "| variant | load | policy | hints | TTFT p50 ms | TTFT p99 ms | p99 / oracle | hit rate "
+        "| hit − oracle | busiest engine | unfinished | errors | machine busy |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    checks: list[str] = []
+    for r in rows:
+        s = r.stats
+        oracle = by.get((r.variant, s.load, "oracle", "none"))
+        ratio = s.ttft_p99 / oracle.ttft_p99 if oracle else math.nan
+        dhit = (s.hit_rate - oracle.hit_rate) * 100 if oracle else math.nan
+        out.append(
+            f"| {r.variant} | {s.load} | {s.policy} | {r.hints} | {_ms(s.ttft_p50)} "
+            f"| {_ms(s.ttft_p99)} | {ratio:.2f} | {s.hit_rate:.1%} | {dhit:+.1f} "
+            f"| {s.max_share:.2f}× | {s.unfinished} | {s.errors} | {s.machine_busy:.0%} |"
+        )
+        if s.policy != "ours" or oracle is None:
+            continue
+        ok_t, ok_h = ratio <= TTFT_TARGET, dhit >= -HIT_TARGET * 100
+        line = (
+            f"- {r.variant} {s.load} hints={r.hints}: p99 {ratio:.2f}× the oracle's "
+            f"({'met' if ok_t else 'MISSED'} ≤ {TTFT_TARGET}×), hit rate {dhit:+.1f} points "
+            f"({'met' if ok_h else 'MISSED'} ≥ −{HIT_TARGET * 100:.0f})"
+        )
+        plain = by.get((r.variant, s.load, "ours", "none"))
+        if r.hints != "none" and plain is not None:
+            worse = s.ttft_p99 / plain.ttft_p99
+            line += (
+                f"; against no hints p99 {worse:.2f}×, hit rate "
+                f"{(s.hit_rate - plain.hit_rate) * 100:+.1f} points"
+            )
+        checks.append(line + ".")
+    return out, checks
+
+
+def render_suite(
+    opts: argparse.Namespace,
+    capacities: dict[str, float],
+    lines: list[str],
+    checks: list[str],
+    elapsed: float,
+    command: str,
+) -> str:
+    mode = (
+        SHORT
+        if opts.short
+        else {
+            "duration_s": opts.duration_s,
+            "warmup_s": opts.warmup_s,
+            "drain_s": opts.drain_s,
+            "calib_s": opts.calib_s,
+        }
+    )
+    load = os.getloadavg()
+    variants = "; ".join(
+        f"**{n}** {', '.join(f'{k}={v}' for k, v in SUITE[n][0].items()) or 'the defaults'}"
+        f" (round-robin capacity {capacities[n]:.1f} req/s)"
+        for n in capacities
+    )
+    return "\n".join(
+        [
+            SUITE_HEADING,
+            "",
+            "Every workload variant at each load, the same seeded arrivals for every policy: "
+            "round-robin and the oracle once (they and the engines ignore hints), ours once "
+            "per session-hint mode (`none`; `header`: `X-Session-ID: conv-N`; `user`: the "
+            "body's `user` field, one per conversation). Targets (issue 17): ours' p99 TTFT "
+            f"≤ {TTFT_TARGET}× the oracle's and hit rate ≥ the oracle's − "
+            f"{HIT_TARGET * 100:.0f} points on every row; with hints never worse than without.",
+            "",
+            f"Variants (over the defaults of the main table): {variants}. Runs of "
+            f"{mode['duration_s']:.0f} s (first {mode['warmup_s']:.0f} s warm-up), drain "
+            f"{mode['drain_s']:.0f} s, calibration {mode['calib_s']:.0f} s. Python "
+            f"{sys.version.split()[0]}, the shared 2-core dev machine; load average at the end "
+            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min); whole run "
+            f"{elapsed:.0f} s.",
+            "",
+            f"Command: `{command}`",
+            "",
+            *lines,
+            "",
+            *checks,
+        ]
+    )
 
 
 # -- main -------------------------------------------------------------------------------
@@ -1002,6 +1250,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a("--oracle-poll-s", type=float, default=0.25)
     a("--dump", default=None, help="directory for per-request rows of every run")
     a("--variant", default=None, help="record under a `### ... --variant NAME` heading")
+    a("--hints", choices=("none", "header", "user"), default="none", help="session hints")
+    a("--preamble-tokens", type=int, default=0, help="shared start of every system prompt")
+    a("--suite", action="store_true", help="every workload variant (SUITE), one table")
+    a("--short", action="store_true", help="with --suite: short runs (fewer conversations)")
+    a("--suite-only", nargs="+", default=None, choices=list(SUITE), help="these variants")
     a("--no-write", action="store_true")
     return p.parse_args(argv)
 
@@ -1026,6 +1279,8 @@ async def amain(opts: argparse.Namespace, command: str) -> int:
         reply_tokens=opts.reply_tokens,
         think_s=opts.think_s,
         seed=opts.seed,
+        preamble_tokens=opts.preamble_tokens,
+        hints=opts.hints,
     )
     convs = Conversations(w)
     timing = Timing(opts.duration_s, opts.warmup_s, opts.drain_s)
@@ -1143,6 +1398,8 @@ def render_section(
 def main(argv: list[str]) -> int:
     opts = parse_args(argv)
     command = " ".join([".venv/bin/python", "bench/routing.py", *argv])
+    if opts.suite:
+        return asyncio.run(suite_main(opts, command))
     return asyncio.run(amain(opts, command))
 
 

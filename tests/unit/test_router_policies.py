@@ -101,6 +101,23 @@ class TestOurs:
         assert d.endpoint_id == "b"
 
 
+class TestGains:
+    def test_what_every_endpoint_holds_saves_nothing(self) -> None:
+        """Both hold a long shared start; the extra of one is a small share, so a holder
+        half a batch busier loses to the idle one."""
+        ours = Ours(PrefixIndex())
+        chain = tuple(range(1, 61))  # 60 blocks: ~13 KiB
+        ours.prefix.record("a", chain, capacity_units=None)
+        ours.prefix.record("b", chain[:55], capacity_units=None)
+        d = ours.choose([snap("a", inflight=4), snap("b")], RouteKey(chain), ())
+        assert d.endpoint_id == "b"
+        # Where "b" holds nothing, holding the whole chain is worth the wait.
+        ours = Ours(PrefixIndex())
+        ours.prefix.record("a", chain, capacity_units=None)
+        d = ours.choose([snap("a", inflight=4), snap("b")], RouteKey(chain), ())
+        assert d.endpoint_id == "a"
+
+
 class TestSessionHints:
     def test_hint_breaks_a_tie_between_equal_holders(self) -> None:
         """Two endpoints hold the same prefix: the session goes back where it was served."""

@@ -222,6 +222,18 @@ class TestAffinity:
         d = choose(snaps, home_order=["c", "b", "a"], exclude={"a"})
         assert (d.endpoint_id, d.reason) == ("b", "home")
 
+    def test_small_gain_shrinks_the_bound(self) -> None:
+        """A holder whose extra prefix is a small share of the prompt gets a proportionally
+        smaller bound: 4 requests ahead (half a batch) wins at full gain, loses at 10 %."""
+        snaps = [snap("a", running=4), snap("b")]
+        assert choose(snaps, prefix_matches={"a": 12, "b": 10}).endpoint_id == "a"
+        d = choose(snaps, prefix_matches={"a": 12, "b": 10}, prefix_gain={"a": 0.1, "b": 0.0})
+        assert d.endpoint_id == "b"
+        assert next(s.note for s in d.scores if s.id == "a") == "over bound"
+        # Half the prompt or more is worth the full bound.
+        d = choose(snaps, prefix_matches={"a": 12, "b": 10}, prefix_gain={"a": 0.5, "b": 0.0})
+        assert d.endpoint_id == "a"
+
     def test_prefix_beats_home(self) -> None:
         """A holder within the bound wins over the home of the first block."""
         d = choose([snap("a"), snap("b")], prefix_matches={"b": 2}, home_order=["a", "b"])

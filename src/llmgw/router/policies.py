@@ -18,7 +18,7 @@ from llmgw.router.affinity import RouteKey, SessionAffinity
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot, Stats
 from llmgw.router.feedback import PredictionCheck
-from llmgw.router.prefix import PrefixIndex, capacity_units_for, rendezvous_order
+from llmgw.router.prefix import PrefixIndex, block_end, capacity_units_for, rendezvous_order
 from llmgw.router.scheduler import Decision, SchedulerConfig, choose
 
 
@@ -72,9 +72,11 @@ class Ours:
         if not hashes:
             return choose(snaps, exclude=exclude, cfg=self.cfg)
         ids = [s.id for s in snaps]
+        matches = self.prefix.match(hashes, ids)
         d = choose(
             snaps,
-            prefix_matches=self.prefix.match(hashes, ids),
+            prefix_matches=matches,
+            prefix_gain=_gains(matches, ids, len(hashes)),
             # A prefix nobody has seen goes to its home replica: routers that never
             # talk still agree on it (rendezvous hashing, prefix.py).
             home_order=rendezvous_order(hashes[0], ids),
@@ -124,6 +126,17 @@ class Ours:
                 capacity_units_for(capacity),
             )
         self._record(endpoint_id, key.hashes, stats)
+
+
+def _gains(matches: dict[str, int], ids: Sequence[str], n: int) -> dict[str, float]:
+    """Per holder, the share of the prompt's routed bytes it holds beyond what every
+    endpoint holds (a preamble cached everywhere saves nothing by going anywhere)."""
+    if not matches:
+        return {}
+    common = min(matches.get(e, 0) for e in ids)
+    base = block_end(common - 1) if common else 0
+    total = block_end(n - 1)
+    return {e: (block_end(b - 1) - base) / total for e, b in matches.items()}
 
 
 def _candidates(snaps: Sequence[Snapshot], exclude: Collection[str]) -> list[Snapshot]:
