@@ -68,7 +68,23 @@ second table under its own heading, e.g. the cache-starved one in RESULTS.md.
 `--dump DIR` writes every request (engine, cached tokens, the router's
 x-llmgw-scores) for digging into a run.
 
+Session hints and preambles
+    `--hints header` sends `X-Session-ID: conv-N` with every request of
+    conversation N, `--hints user` puts `"user": "user-N"` in its body (what
+    applications do); the engines ignore both. `--preamble-tokens N` starts
+    every system prompt with the same N-token text (agent-style tool
+    definitions and instructions), so the prompts differ only after it.
+
+The suite (`--suite`, `--short` for runs of 15 s and a 10 s calibration)
+    Every variant of `SUITE` (few system prompts, many, a 24 KiB shared
+    preamble, a cache-starved fleet) at each load: round-robin and the oracle
+    once, ours once per hint mode, the same seeded arrivals for all. One table
+    (variant × load × policy × hints) with ours' p99 TTFT over the oracle's and
+    its hit rate against the oracle's, judged against issue 17's targets, and
+    hinted runs against the unhinted one. `--suite-only NAME ...` runs some.
+
 Usage: .venv/bin/python bench/routing.py [--no-write] [--variant NAME] [--dump DIR]
+       .venv/bin/python bench/routing.py --suite [--short] [--suite-only NAME ...]
 """
 
 from __future__ import annotations
