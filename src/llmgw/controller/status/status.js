@@ -114,9 +114,12 @@ function render(d) {
     [r.id, `${r.model} · idle ${Math.round(r.idle_seconds / 60)}m · ${r.gpus} GPUs`]));
   table("nodes", d.nodes, [2, 3], 1);
   table("models", d.models, [], -1, [6]);
-  table("replicas", d.replicas, [], 2, [6]);
-  table("events", d.events.map((e) => [new Date(e[0] * 1000).toLocaleTimeString(), ...e.slice(1)]),
-    [], -1, [4]);
+  // Idle seconds -1: no router has reported on the replica (unknown is not idle).
+  table("replicas", d.replicas.map((r) => [...r.slice(0, 4), r[4] < 0 ? "unknown" : r[4],
+    ...r.slice(5)]), [], 2, [6]);
+  // Newest first.
+  table("events", d.events.map((e) => [new Date(e[0] * 1000).toLocaleTimeString(), ...e.slice(1)])
+    .reverse(), [], -1, [4]);
 }
 
 function list(id, items) {
