@@ -42,6 +42,7 @@ from typing import cast
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "RESULTS.md"
 SECTION = "## router_overhead.py"
+CHAT_SECTION = "## router_overhead.py --chat"
 MODEL = "bench"
 STREAM_EVENTS = 64
 
@@ -137,14 +138,19 @@ class UpstreamProtocol(asyncio.Protocol):
         self.t.write(_SSE_END)
 
 
-def run_upstream(port: int) -> None:
+def run_upstream(port: int, count: int = 1) -> None:
+    """`count` minimal engines in one process; the ready line names every port."""
     import uvloop
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(UpstreamProtocol, "127.0.0.1", port, backlog=4096)
-        print(f"upstream-ready {server.sockets[0].getsockname()[1]}", flush=True)
-        await server.serve_forever()
+        servers = [
+            await loop.create_server(UpstreamProtocol, "127.0.0.1", port, backlog=4096)
+            for _ in range(count)
+        ]
+        ports = " ".join(str(sv.sockets[0].getsockname()[1]) for sv in servers)
+        print(f"upstream-ready {ports}", flush=True)
+        await asyncio.Event().wait()
 
     uvloop.run(main())
 
@@ -315,6 +321,54 @@ def _request(port: int, stream: bool) -> bytes:
     )
 
 
+def _http(port: int, body: bytes) -> bytes:
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:"
+        + str(port).encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+_TEXT = (
+    "you are a careful assistant for the support desk of an online shop answer briefly "
+    "cite the order number when one is given never invent prices or delivery dates "
+    "escalate refunds above fifty euros to a human and keep a friendly tone"
+)
+_WORDS = _TEXT.split()
+
+
+def chat_bodies(size: int, *, stream: bool, systems: int = 8, users: int = 32) -> list[bytes]:
+    """Realistic chat bodies: `systems` system prompts x `users` user turns, each body
+    about `size` bytes (the system prompt takes what the user turn leaves). Bodies
+    sharing a system prompt share a prefix, as a real workload's do."""
+    out = []
+    for s in range(systems):
+        for u in range(users):
+            user = f"Where is my order {u * 7919 % 100000:05d}? It was due on day {u % 28 + 1}."
+            body: dict[str, object] = {
+                "model": MODEL,
+                "messages": [
+                    {"role": "system", "content": ""},
+                    {"role": "user", "content": user},
+                ],
+                "max_tokens": 16,
+                "stream": stream,
+                "user": f"customer-{u}",
+            }
+            room = size - len(json.dumps(body, separators=(",", ":")))
+            words: list[str] = [f"Desk {s}:"]
+            i = s
+            while len(" ".join(words)) < room:
+                words.append(_WORDS[i % len(_WORDS)])
+                i += 1
+            body["messages"][0]["content"] = " ".join(words)[: max(room, 8)]  # type: ignore[index]
+            out.append(json.dumps(body, separators=(",", ":")).encode())
+    return out
+
+
 async def _read_response(reader: asyncio.StreamReader) -> int:
     """Read one response; returns the number of SSE data events (0 when not a stream)."""
     head = await reader.readuntil(b"\r\n\r\n")
@@ -334,21 +388,30 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
 
 
 async def load(
-    port: int, *, concurrency: int, seconds: float, stream: bool
+    port: int,
+    *,
+    concurrency: int,
+    seconds: float,
+    stream: bool,
+    bodies: list[bytes] | None = None,
 ) -> tuple[list[float], int]:
-    """Closed loop: `concurrency` connections, each sending back to back for `seconds`."""
-    req = _request(port, stream)
+    """Closed loop: `concurrency` connections, each sending back to back for `seconds`.
+
+    `bodies`: request bodies to cycle through (connection i starts at body i);
+    None: the one small body of `_request`."""
+    reqs = [_request(port, stream)] if bodies is None else [_http(port, b) for b in bodies]
     lat: list[float] = []
     events = 0
     stop_at = time.perf_counter() + seconds
 
-    async def worker() -> None:
+    async def worker(i: int) -> None:
         nonlocal events
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             while (t0 := time.perf_counter()) < stop_at:
-                writer.write(req)
+                writer.write(reqs[i % len(reqs)])
+                i += 7
                 # Not `events += await ...`: that reads `events` before the await and
                 # loses the other workers' additions.
                 n = await _read_response(reader)
@@ -357,7 +420,7 @@ async def load(
         finally:
             writer.close()
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
     return lat, events
 
 
@@ -371,6 +434,13 @@ def cpus() -> list[int]:
 @contextlib.contextmanager
 def child(cpu_list: str, *args: str) -> Iterator[tuple[int, int]]:
     """This file in another mode, pinned; yields (port from its ready line, pid)."""
+    with child_ports(cpu_list, *args) as (ports, pid):
+        yield ports[0], pid
+
+
+@contextlib.contextmanager
+def child_ports(cpu_list: str, *args: str) -> Iterator[tuple[list[int], int]]:
+    """This file in another mode, pinned; yields (every port of its ready line, pid)."""
     proc = subprocess.Popen(
         ["taskset", "-c", cpu_list, sys.executable, __file__, *args],
         stdout=subprocess.PIPE,
@@ -379,7 +449,7 @@ def child(cpu_list: str, *args: str) -> Iterator[tuple[int, int]]:
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        yield int(line.split()[1]), proc.pid
+        yield [int(w) for w in line.split()[1:]], proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -387,18 +457,29 @@ def child(cpu_list: str, *args: str) -> Iterator[tuple[int, int]]:
 
 @contextlib.contextmanager
 def router_process(
-    upstream_port: int, cpu: str, *, client: str, profile: Path | None
+    upstream_port: int | list[int],
+    cpu: str,
+    *,
+    client: str,
+    profile: Path | None,
+    policy: str = "ours",
+    extra: tuple[str, ...] = (),
 ) -> Iterator[tuple[int, int]]:
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     cfg = tmp / "router.yaml"
+    ports = [upstream_port] if isinstance(upstream_port, int) else upstream_port
     cfg.write_text(
         "endpoints:\n"
-        f"  - {{id: up, url: 'http://127.0.0.1:{upstream_port}', models: [{MODEL}]}}\n"
-        "request_timeout_s: 30\n"
+        + "".join(
+            f"  - {{id: up{i}, url: 'http://127.0.0.1:{p}', models: [{MODEL}]}}\n"
+            for i, p in enumerate(ports)
+        )
+        + "request_timeout_s: 30\n"
         f"upstream_client: {client}\n"
+        f"policy: {policy}\n"
     )
     log = (tmp / "router.log").open("w")
-    cmd = [sys.executable, "-m", "llmgw", "router", "--config", str(cfg), "--port", "0"]
+    cmd = [sys.executable, "-m", "llmgw", "router", "--config", str(cfg), "--port", "0", *extra]
     if profile is not None:
         cmd = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "llmgw", *cmd[3:]]
     proc = subprocess.Popen(["taskset", "-c", cpu, *cmd], stdout=log, stderr=subprocess.STDOUT)
@@ -486,6 +567,125 @@ async def measure_path(
     return out
 
 
+async def measure_chat(
+    port: int, pid: int | None, seconds: float, size: int, repeats: int
+) -> dict[str, float]:
+    """The issue-15 figures for one path with realistic chat bodies of `size` bytes:
+    CPU ms per request at c=64, req/s at c=64, p50/p99 at c=256, p50 at c=1, CPU us
+    per streamed chunk (the stream phase's CPU less a request's CPU per stream), RSS."""
+    out: dict[str, float] = {}
+    plain = chat_bodies(size, stream=False)
+    streamed = chat_bodies(size, stream=True)
+    await load(port, concurrency=8, seconds=1.0, stream=False, bodies=plain)  # warm up
+    lat, _ = await load(port, concurrency=1, seconds=seconds, stream=False, bodies=plain)
+    out["p50_c1"] = pct(lat, 0.5) * 1e3
+    best_rps, best_cpu = 0.0, float("nan")
+    for _ in range(repeats):
+        cpu0 = cpu_seconds(pid) if pid else 0.0
+        lat, _ = await load(port, concurrency=64, seconds=seconds, stream=False, bodies=plain)
+        if pid and lat:
+            cpu = (cpu_seconds(pid) - cpu0) / len(lat) * 1e3
+            best_cpu = cpu if best_cpu != best_cpu else min(best_cpu, cpu)
+        best_rps = max(best_rps, len(lat) / seconds)
+    out["cpu_ms_req"] = best_cpu
+    out["rps_c64"] = best_rps
+    lat, _ = await load(port, concurrency=256, seconds=seconds, stream=False, bodies=plain)
+    out["p50_c256"] = pct(lat, 0.5) * 1e3
+    out["p99_c256"] = pct(lat, 0.99) * 1e3
+    if pid:
+        cpu0 = cpu_seconds(pid)
+        lat, events = await load(
+            port, concurrency=64, seconds=seconds, stream=True, bodies=streamed
+        )
+        spent = cpu_seconds(pid) - cpu0 - len(lat) * best_cpu / 1e3
+        out["cpu_us_chunk"] = spent / max(1, events) * 1e6
+        out["rss_mib"] = peak_rss_mib(pid)
+    return out
+
+
+CHAT_TARGETS = {"cpu_ms_req": 0.13, "cpu_us_chunk": 8.0}
+
+
+def chat_table(rows: dict[str, dict[str, float]], direct: dict[int, dict[str, float]]) -> str:
+    head = (
+        "| router (policy, body) | CPU ms / request, c=64 | req/s, c=64 | p50 ms, c=256 "
+        "| p99 ms, c=256 | p99/p50 | added p50 ms, c=1 | CPU µs / streamed chunk | RSS MB |"
+    )
+    lines = [head, "|---|" + "---:|" * 8]
+    for name, r in rows.items():
+        size = int(name.rsplit(" ", 1)[1].removesuffix("B"))
+        lines.append(
+            f"| {name} | {r['cpu_ms_req']:.3f} | {r['rps_c64']:,.0f} | {r['p50_c256']:.1f} "
+            f"| {r['p99_c256']:.1f} | {r['p99_c256'] / r['p50_c256']:.1f}x "
+            f"| {r['p50_c1'] - direct[size]['p50_c1']:.2f} | {r.get('cpu_us_chunk', 0):.1f} "
+            f"| {r.get('rss_mib', 0):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int) -> int:
+    """`--chat`: ours vs round_robin with realistic chat bodies, four engines (issue 15)."""
+    import uvloop
+
+    sizes = (300, 8192)
+    load_before = os.getloadavg()[0]
+    rows: dict[str, dict[str, float]] = {}
+    direct: dict[int, dict[str, float]] = {}
+    extra = ("--workers", str(args.workers)) if args.workers else ()
+    with child_ports(others, "--upstream", "0", "--count", "4") as (ports, _):
+        up = ports[0]
+        if args.profile:
+            prof = Path(tempfile.mkdtemp()) / "router.prof"
+            with router_process(ports, router_cpu, client="fast", profile=prof) as (rt, rpid):
+                print(uvloop.run(measure_chat(rt, rpid, args.seconds, args.size, 1)))
+            import pstats
+
+            pstats.Stats(str(prof)).sort_stats("tottime").print_stats(40)
+            return 0
+        for size in sizes:
+            direct[size] = uvloop.run(measure_chat(up, None, args.seconds, size, 1))
+        for _rep in range(args.repeats):
+            for policy in ("ours", "round_robin"):
+                for size in sizes:
+                    with router_process(
+                        ports,
+                        router_cpu,
+                        client="fast",
+                        profile=None,
+                        policy=policy,
+                        extra=extra,
+                    ) as (rt, rpid):
+                        r = uvloop.run(measure_chat(rt, rpid, args.seconds, size, 2))
+                    name = f"llmgw ({policy}) {size}B"
+                    old = rows.get(name)
+                    if old is None or r["cpu_ms_req"] < old["cpu_ms_req"]:
+                        rows[name] = r
+    out = chat_table(rows, direct)
+    print(out)
+    if not args.no_results:
+        flags = "".join(
+            f" --{k} {v:g}"
+            for k, v, d in (("seconds", args.seconds, 2.0), ("repeats", args.repeats, 3))
+            if v != d
+        )
+        write_results(
+            f"{CHAT_SECTION}\n\n"
+            f"Realistic chat bodies (8 system prompts x 32 users, a system prompt and a user "
+            f"turn, `user` set; about 300 bytes and 8 KB), four minimal engines in one "
+            f"process, the router (`upstream_client: fast`) on CPU {router_cpu} (taskset), "
+            f"engines and load generator on CPU(s) {others}; {ncpu} CPUs visible, load "
+            f"average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after (shared "
+            f"machine: short runs, treat as noisy). Each row: a fresh router per repetition "
+            f"({args.repeats}), {args.seconds:g} s per phase; CPU per request is the lower "
+            f"of two c=64 runs, the best repetition kept. CPU per streamed chunk: the stream "
+            f"phase's CPU less one request's CPU per stream, over the events relayed "
+            f"({STREAM_EVENTS} per stream). Python {sys.version.split()[0]}.\n\n"
+            f"Command: `.venv/bin/python bench/router_overhead.py --chat{flags}`\n\n{out}\n",
+            section=CHAT_SECTION,
+        )
+    return 0
+
+
 TARGETS = {
     "rps_c64": (3000.0, ">="),
     "added_p50_ms_c1": (0.6, "<="),
@@ -544,12 +744,12 @@ def table(paths: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def write_results(body: str) -> None:
+def write_results(body: str, section: str = SECTION) -> None:
     """Replace this benchmark's section, keeping its hand-written `### Analysis`."""
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    start = text.find(SECTION)
+    start = text.find(section + "\n")
     if start >= 0:
-        nxt = text.find("\n## ", start + len(SECTION))
+        nxt = text.find("\n## ", start + len(section))
         old = text[start:nxt] if nxt >= 0 else text[start:]
         keep = old.find("### Analysis")
         if keep >= 0:
@@ -572,9 +772,13 @@ def main() -> int:
         "--client", choices=("fast", "aiohttp"), default="fast", help="upstream client to profile"
     )
     p.add_argument("--no-results", action="store_true", help="do not touch bench/RESULTS.md")
+    p.add_argument("--count", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--chat", action="store_true", help="realistic chat bodies, ours vs round_robin")
+    p.add_argument("--workers", type=int, default=0, help="--chat: router --workers N")
+    p.add_argument("--size", type=int, default=300, help="--chat --profile: body bytes")
     args = p.parse_args()
     if args.upstream is not None:
-        run_upstream(args.upstream)
+        run_upstream(args.upstream, args.count)
         return 0
     if args.floor is not None:
         run_floor(*args.floor)
@@ -589,6 +793,8 @@ def main() -> int:
     router_cpu = str(all_cpus[0])
     others = ",".join(str(c) for c in all_cpus[1:])
     os.sched_setaffinity(0, set(all_cpus[1:]))
+    if args.chat:
+        return chat_main(args, router_cpu, others, len(all_cpus))
     profile = Path(tempfile.mkdtemp()) / "router.prof" if args.profile else None
     import uvloop
 

@@ -104,14 +104,72 @@ class Score:
     note: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
-    # None: no candidate (every endpoint excluded or open, or none serves the model).
-    endpoint_id: str | None
-    # Every snapshot's score, sorted by id.
-    scores: tuple[Score, ...]
-    # "prefix", "prefix+session", "home", "least-load" or "no-candidate".
-    reason: str
+    """The choice and why; every endpoint's `Score` is built only when asked.
+
+    Most requests never look at the scores (only the x-llmgw-debug header, the
+    DEBUG route log, /admin and the feedback check do), so `choose()` hands over
+    its working rows and `scores` turns them into `Score`s on first use: building
+    them for every request was about a tenth of the default policy's CPU
+    (bench/router_overhead.py --chat).
+    """
+
+    __slots__ = ("_rank", "_rows", "_scores", "_session", "endpoint_id", "reason")
+
+    def __init__(
+        self,
+        *,
+        endpoint_id: str | None,
+        scores: tuple[Score, ...] = (),
+        reason: str,
+        rows: Mapping[str, _Row] | None = None,
+        rank: Mapping[str, int] | None = None,
+        session_endpoint: str | None = None,
+    ) -> None:
+        # None: no candidate (every endpoint excluded or open, or none serves the model).
+        self.endpoint_id = endpoint_id
+        # "prefix", "prefix+session", "home", "least-load" or "no-candidate".
+        self.reason = reason
+        self._scores: tuple[Score, ...] | None = None if rows is not None else scores
+        self._rows = rows
+        self._rank = rank
+        self._session = session_endpoint
+
+    def __repr__(self) -> str:
+        return f"Decision({self.endpoint_id!r}, {self.reason!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return (self.endpoint_id, self.reason, self.scores) == (
+            other.endpoint_id,
+            other.reason,
+            other.scores,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def scores(self) -> tuple[Score, ...]:
+        """Every snapshot's score, sorted by id."""
+        if self._scores is None:
+            rows, rank = self._rows or {}, self._rank or {}
+            self._scores = tuple(
+                Score(
+                    id=eid,
+                    load=r.load,
+                    kv=r.kv,
+                    stale=r.snap.stale,
+                    prefix_blocks=r.blocks,
+                    home_rank=rank.get(eid),
+                    session=eid == self._session,
+                    total=r.total,
+                    note=r.note,
+                )
+                for eid, r in sorted(rows.items())
+            )
+            self._rows = self._rank = None
+        return self._scores
 
     def header(self) -> str:
         """One line for the x-llmgw-debug header and the route log line:
@@ -136,6 +194,9 @@ class Decision:
 
     def blocks_of(self, endpoint_id: str) -> int:
         """The leading blocks the index said `endpoint_id` held when this was decided."""
+        if self._rows is not None:
+            row = self._rows.get(endpoint_id)
+            return 0 if row is None else row.blocks
         for s in self.scores:
             if s.id == endpoint_id:
                 return s.prefix_blocks
@@ -277,18 +338,6 @@ def _decision(
     rank: Mapping[str, int],
     session_endpoint: str | None,
 ) -> Decision:
-    scores = tuple(
-        Score(
-            id=eid,
-            load=r.load,
-            kv=r.kv,
-            stale=r.snap.stale,
-            prefix_blocks=r.blocks,
-            home_rank=rank.get(eid),
-            session=eid == session_endpoint,
-            total=r.total,
-            note=r.note,
-        )
-        for eid, r in sorted(rows.items())
+    return Decision(
+        endpoint_id=chosen, reason=reason, rows=rows, rank=rank, session_endpoint=session_endpoint
     )
-    return Decision(endpoint_id=chosen, scores=scores, reason=reason)
