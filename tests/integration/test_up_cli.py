@@ -158,7 +158,7 @@ class TestRefusals:
 
 
 @contextlib.contextmanager
-def running_up(folder: Path) -> Iterator[subprocess.Popen[str]]:
+def running_up(folder: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
     """`up` in `folder`, output piped; killed if still running, its pipe always closed."""
     with subprocess.Popen(
         llmgw_argv("up", "--quiet", "--fleet", "fleet.yaml", *ports()),
@@ -167,6 +167,7 @@ def running_up(folder: Path) -> Iterator[subprocess.Popen[str]]:
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         text=True,
+        env=env,
     ) as proc:
         try:
             yield proc
@@ -219,3 +220,67 @@ class TestInterrupt:
         assert proc.returncode == 0, out
         assert engine not in procs_of(folder)
         assert procs_of(folder) == []
+
+
+def until_ready(proc: subprocess.Popen[str]) -> str:
+    """What `up` printed up to its ready line (asserted)."""
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("llmgw-ready"):
+            break
+    out = "".join(seen)
+    assert seen, out
+    assert seen[-1].startswith("llmgw-ready"), out
+    return out
+
+
+def models_line(out: str) -> list[str]:
+    line = next(x for x in out.splitlines() if x.strip().startswith("models "))
+    return [m.strip() for m in line.split(None, 1)[1].split(",")]
+
+
+class TestHints:
+    def test_curl_example_and_models_from_the_controller_after_a_restart(
+        self, folder: Path
+    ) -> None:
+        """The hints give curl always, openai only when importable, and the controller's models.
+
+        A model added with `ctl apply` is in the list after `up` restarts (the
+        controller keeps it in its store; the fleet file does not name it).
+        """
+        with running_up(folder) as proc:
+            out = until_ready(proc)
+            assert "curl -s http://127.0.0.1:" in out
+            assert '"model": "m"' in out  # m has a ready replica
+            assert "import openai" in out  # importable in the test's interpreter
+            assert models_line(out) == ["m"]
+            url = json.loads((folder / ".llmgw" / "up.json").read_text())["controller_url"]
+            (folder / "extra.yaml").write_text(
+                "name: m-extra\nengine: sim\ngpu_classes: [H100-80G]\nmin_replicas: 0\n"
+            )
+            applied = subprocess.run(
+                llmgw_argv("ctl", "--controller", url, "apply", "-f", "extra.yaml"),
+                cwd=folder,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            assert applied.returncode == 0, applied.stderr
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        # An `openai` that cannot be imported: the snippet is left out, curl stays.
+        blocker = folder / "no-openai" / "openai"
+        blocker.mkdir(parents=True)
+        (blocker / "__init__.py").write_text('raise ImportError("not installed here")\n')
+        env = {**os.environ, "PYTHONPATH": str(folder / "no-openai")}
+        with running_up(folder, env=env) as proc:
+            out = until_ready(proc)
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=60)
+        assert sorted(models_line(out)) == ["m", "m-extra"]
+        assert "curl -s http://127.0.0.1:" in out
+        assert "openai" not in out

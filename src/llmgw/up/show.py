@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -59,9 +60,44 @@ def show_progress(up: Up, *, timeout_s: float) -> None:
             time.sleep(1.0)
 
 
+def _openai_importable() -> bool:
+    """Whether `import openai` works here (the snippet is shown only then)."""
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _python() -> str:
+    """`python` when that is this interpreter (it has openai), else this interpreter's path."""
+    found = shutil.which("python")
+    if found and os.path.realpath(found) == os.path.realpath(sys.executable):
+        return "python"
+    return sys.executable
+
+
+def current_models(up: Up) -> list[ModelView] | None:
+    """The controller's current models (ctl apply's included); None when it does not answer."""
+    try:
+        return up.client.models()
+    except AdminError:
+        return None
+
+
 def print_hints(up: Up) -> None:
-    models = [m.name for m in up.fleet.models]
-    first = models[0] if models else "MODEL"
+    # The controller's specs, not the fleet file's: after a restart they include
+    # models added since with `ctl apply` (the controller keeps them in its store).
+    views = current_models(up)
+    if views is None:
+        models = [m.name for m in up.fleet.models]
+        note = "  (from the fleet file: the controller did not answer)"
+    else:
+        models = [m.name for m in views]
+        note = ""
+    # A model with a ready replica answers the example at once.
+    ready = [m.name for m in views or [] if m.ready > 0]
+    first = ready[0] if ready else (models[0] if models else "MODEL")
     # ctl's defaults match up's (controller on 127.0.0.1:8081, no token); say more
     # only when they do not.
     env = ""
@@ -71,6 +107,13 @@ def print_hints(up: Up) -> None:
         env += f"LLMGW_TOKEN={up.token} "
     # The same program the user ran, so the hint works without an activated venv.
     prog = sys.argv[0] if os.path.basename(sys.argv[0]) == "llmgw" else "llmgw"
+    snippet = ""
+    if _openai_importable():
+        snippet = f"""
+  {_python()} -c "import openai; c = openai.OpenAI(base_url='{up.router_url}/v1', api_key='x'); \\
+print(c.chat.completions.create(model='{first}', \\
+messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
+"""
     print(
         f"""
 llmgw is up.
@@ -79,16 +122,12 @@ llmgw is up.
   status page          {up.status_url}
   metrics              {up.router_url}/metrics · {up.controller_url}/metrics
   logs                 {up.logs}
-  models               {", ".join(models)}
+  models               {", ".join(models) or "none"}{note}
 
 Try:
   curl -s {up.router_url}/v1/chat/completions -H 'content-type: application/json' \\
     -d '{{"model": "{first}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
-
-  python -c "import openai; c = openai.OpenAI(base_url='{up.router_url}/v1', api_key='x'); \\
-print(c.chat.completions.create(model='{first}', \\
-messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
-
+{snippet}
   {env}{prog} ctl status
 
 Ctrl-C stops everything.""",
