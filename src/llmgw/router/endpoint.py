@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
+
 from llmgw.router.breaker import (
     DEFAULT_BREAKER_CONFIG,
     Breaker,
@@ -60,9 +62,13 @@ class Stats:
     kv_capacity_tokens: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Snapshot:
-    """Everything the scheduler knows of one endpoint, as a value read without a lock."""
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the scheduler knows of one endpoint, as a value read without a lock.
+
+    A msgspec Struct, not a frozen dataclass: one is built per endpoint of the
+    model on every request, and a frozen dataclass's `__init__` (a
+    `object.__setattr__` per field) cost about 10x as much
+    (bench/router_overhead.py --chat)."""
 
     info: EndpointInfo
     # The last successful scrape; None: never scraped since the endpoint appeared.
