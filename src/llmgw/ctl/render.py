@@ -290,7 +290,29 @@ def status_view(
             {**unplaceable_reasons(summary), **(reasons or {})},
             limits.unplaceable,
         ),
+        *_waiting(summary, limits.unplaceable),
         Text(""),
         _idle(summary.idle_replicas, limits.idle),
     ]
     return Group(*parts)
+
+
+def _waiting(summary: Summary, limit: int) -> list[RenderableType]:
+    """Models asked for that cannot be placed: their requests are being refused now."""
+    waiting = summary.waiting_unplaceable
+    if not waiting:
+        return []
+    shown, hidden = take(waiting, limit)
+    grid = Table.grid(padding=(0, 2), expand=True)
+    name_width = min(40, max(len(w.model) for w in shown) + 2)
+    grid.add_column(no_wrap=True, overflow="ellipsis", min_width=name_width, max_width=name_width)
+    grid.add_column(justify="right", no_wrap=True)
+    grid.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
+    for w in shown:
+        grid.add_row(f"  {w.model}", f"{fmt_count(w.requests)} req", Text(w.reason, style="dim"))
+    heading = Text(
+        f"Asked for, cannot place ({fmt_count(len(waiting))}) — requests refused at once",
+        style="bold red",
+    )
+    cut = [Text(f"  {more_line(hidden)}", style="dim")] if hidden else []
+    return [Text(""), heading, grid, *cut]

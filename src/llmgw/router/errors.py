@@ -72,11 +72,16 @@ class HoldQueueFull(RouterError):
 class NoReplica(RouterError):
     """No replica could take the request within its deadline (or the hold queue is full)."""
 
-    def __init__(self, model: str, why: str, *, retry_after_s: int = 1) -> None:
+    def __init__(
+        self, model: str, why: str, *, retry_after_s: int = 1, code: str = "no_replica"
+    ) -> None:
         super().__init__(f"{model}: {why}")
         self.model = model
         self.why = why
         self.retry_after_s = retry_after_s
+        # The error code clients see: no_replica, or model_unplaceable when the
+        # controller says no replica can be placed (answered at once, not held).
+        self.code = code
 
 
 JSON = "application/json"
@@ -138,7 +143,7 @@ def unavailable(exc: NoReplica) -> web.Response:
         503,
         f"No replica of `{exc.model}` is available: {exc.why}.",
         type="service_unavailable",
-        code="no_replica",
+        code=exc.code,
         headers={"Retry-After": str(exc.retry_after_s)},
     )
 

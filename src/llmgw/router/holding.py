@@ -20,10 +20,21 @@ from contextlib import contextmanager
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import HoldQueueFull
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+from llmgw.wire.endpoints import ModelOutlook
+
+# A request refused because its model cannot be placed still counts as demand
+# this long (usage reports), so the controller keeps trying and shows it waiting.
+REFUSED_DEMAND_S = 15.0
 
 
 def hold_until(
-    snaps: Sequence[Snapshot], *, now: float, deadline: float, opened: Mapping[str, int]
+    snaps: Sequence[Snapshot],
+    *,
+    now: float,
+    deadline: float,
+    opened: Mapping[str, int],
+    outlook: ModelOutlook | None = None,
 ) -> float | None:
     """The one rule for how long a request with no usable replica waits (docs/hardening.md).
 
@@ -33,7 +44,10 @@ def hold_until(
     wait ends at (the request is answered 503 then unless a replica turns up),
     or None: answer 503 now.
 
-    - No replica at all (scale from zero, a placement pending): the hold deadline.
+    - No replica at all, and the controller says it cannot place one (`outlook`
+      cannot_place: no room, nothing to evict): now, with its reason.
+    - No replica at all (scale from zero, a replica starting, room being made):
+      the hold deadline.
     - Every replica's breaker open: the earliest probe, or the hold deadline if
       that comes first; then the request tries (perhaps as the probe itself).
     - A probe failed while the request waited (a breaker opened again): now.
@@ -44,6 +58,8 @@ def hold_until(
     Any list change wakes a waiting request, which then looks again.
     """
     if not snaps:
+        if outlook is not None and outlook.state == "cannot_place":
+            return None
         return deadline
     if any(s.opened_total > opened.get(s.id, s.opened_total) for s in snaps):
         return None
@@ -62,9 +78,12 @@ def retry_after_s(snaps: Sequence[Snapshot]) -> int:
 class Holding:
     """Counts held requests per model and wakes them when endpoints change."""
 
-    def __init__(self, *, max_held: int = 1000) -> None:
+    def __init__(self, *, max_held: int = 1000, clock: Clock = SYSTEM_CLOCK) -> None:
         self.max_held = max_held
+        self._clock = clock
         self._held: dict[str, int] = {}
+        # Model → monotonic time of the last request refused as unplaceable.
+        self._refused: dict[str, float] = {}
         self._total = 0
         # One event per generation: notify sets the current one and starts a new
         # one, so a waiter never misses a change that happened while it looked.
@@ -75,8 +94,20 @@ class Holding:
         return self._total
 
     def demand(self) -> dict[str, int]:
-        """Model → requests held now (models with none are absent)."""
-        return dict(sorted(self._held.items()))
+        """Model → requests held now, or 1 for a model refused as unplaceable within
+        REFUSED_DEMAND_S (the demand is real; models with none are absent)."""
+        now = self._clock.monotonic()
+        out = dict(self._held)
+        for model, at in list(self._refused.items()):
+            if now - at > REFUSED_DEMAND_S:
+                del self._refused[model]
+            else:
+                out.setdefault(model, 1)
+        return dict(sorted(out.items()))
+
+    def refused(self, model: str) -> None:
+        """A request for `model` was refused at once because it cannot be placed."""
+        self._refused[model] = self._clock.monotonic()
 
     def notify_changed(self) -> None:
         """The endpoint list changed: every waiter looks again."""

@@ -499,7 +499,18 @@ class Proxy:
             with st.holding.hold(model):
                 while True:
                     now = clock.monotonic()
-                    until = hold_until(snaps, now=now, deadline=hold_deadline, opened=opened)
+                    look = st.outlook.get(model)
+                    until = hold_until(
+                        snaps, now=now, deadline=hold_deadline, opened=opened, outlook=look
+                    )
+                    if until is None and not snaps and look is not None:
+                        st.holding.refused(model)
+                        raise NoReplica(
+                            model,
+                            f"it cannot be placed: {look.reason}",
+                            retry_after_s=max(1, round(look.retry_after_s or 30)),
+                            code="model_unplaceable",
+                        )
                     if until is None:
                         raise NoReplica(
                             model,

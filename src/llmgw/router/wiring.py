@@ -29,7 +29,7 @@ from llmgw.router.upstream.fast import FastUpstream
 from llmgw.router.usage import UsageTracker, build_report
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
-from llmgw.wire.endpoints import EndpointInfo, EndpointList
+from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
 from llmgw.wire.usage import UsageReport
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,10 @@ class Router:
             clock=clock,
         )
         self.prefix = PrefixIndex()
-        self.holding = Holding(max_held=cfg.max_held)
+        self.holding = Holding(max_held=cfg.max_held, clock=clock)
+        # Served name → what the controller does for that model while it has no
+        # ready replica (wire.endpoints.ModelOutlook); empty for static endpoints.
+        self.outlook: dict[str, ModelOutlook] = {}
         self.usage = UsageTracker(clock=clock)
         self.metrics = RouterMetrics(snapshots=self.registry.snapshots, held=self.holding.demand)
         self.keys = KeyRing(cfg.api_keys)
@@ -142,6 +145,7 @@ class Router:
     def apply_list(self, lst: EndpointList) -> None:
         """A list from the controller's EndpointSink."""
         self._controller_models = frozenset(lst.models)
+        self.outlook = {name: o for o in lst.outlook for name in o.models}
         self.awaiting_list = False
         self.apply_endpoints(lst.endpoints)
 

@@ -173,6 +173,16 @@ class UnplaceableModel(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
+class WaitingModel(msgspec.Struct, frozen=True, kw_only=True):
+    """A model that routers have requests for but that cannot be placed (nothing to
+    evict either): those requests are refused at once with `reason`."""
+
+    model: str
+    # Requests the routers held or refused for it in their last reports.
+    requests: int
+    reason: str
+
+
 class Summary(msgspec.Struct, kw_only=True):
     """The whole fleet in one answer (docs/controller.md)."""
 
@@ -185,6 +195,9 @@ class Summary(msgspec.Struct, kw_only=True):
     idle_replicas: list[IdleReplica] = msgspec.field(default_factory=list)
     # The reasons behind `unplaceable`, same order.
     unplaceable_reasons: list[UnplaceableModel] = msgspec.field(default_factory=list)
+    # Models asked for that cannot be placed (any min_replicas, unlike `unplaceable`,
+    # whose rule counts only models short of min_replicas), by name.
+    waiting_unplaceable: list[WaitingModel] = msgspec.field(default_factory=list)
 
 
 class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

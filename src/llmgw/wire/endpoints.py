@@ -2,7 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
+
+# What the controller is doing for a model that has no ready replica.
+#   starting     a replica is placed and its engine is starting: hold the request
+#   making_room  replicas of other models are being evicted for it: hold the request
+#   cannot_place no placement fits and nothing can be evicted for it: refuse at once
+OutlookState = Literal["starting", "making_room", "cannot_place"]
+
+
+class ModelOutlook(msgspec.Struct, frozen=True, kw_only=True):
+    """A model without a ready replica, and what the controller is doing about it."""
+
+    # Served names (the model's name, then its aliases).
+    models: tuple[str, ...]
+    state: OutlookState
+    # For people: "needs 4×H100-80G on one node; largest free block 0; nothing can be
+    # evicted for it now". Empty when there is nothing to say.
+    reason: str = ""
+    # When to try again (cannot_place) or roughly when it will be ready (starting);
+    # None when unknown.
+    retry_after_s: float | None = None
 
 
 class EndpointInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -36,3 +58,7 @@ class EndpointList(msgspec.Struct, frozen=True, kw_only=True):
     # ready replica: the router holds requests for these instead of answering 404
     # (scale from zero, docs/router.md).
     models: tuple[str, ...] = ()
+    # Models with no ready replica that the controller is acting on (or cannot).
+    # A model absent here and from `endpoints` is idle at zero: held, which asks
+    # the controller to place it.
+    outlook: tuple[ModelOutlook, ...] = ()

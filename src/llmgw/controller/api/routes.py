@@ -365,15 +365,15 @@ async def usage(request: web.Request) -> web.Response:
 async def summary(request: web.Request) -> web.Response:
     s = _svc(request)
     now = s.clock.wall()
-    return json_response(
-        summarize(
-            s.fleet.state,
-            now=now,
-            heartbeat_timeout_s=s.config.heartbeat_timeout_s,
-            idle_for=s.idle_for(now),
-            unplaceable=s.unplaceable(),
-        )
+    out = summarize(
+        s.fleet.state,
+        now=now,
+        heartbeat_timeout_s=s.config.heartbeat_timeout_s,
+        idle_for=s.idle_for(now),
+        unplaceable=s.unplaceable(),
     )
+    out.waiting_unplaceable = s.waiting_unplaceable()
+    return json_response(out)
 
 
 async def list_nodes(request: web.Request) -> web.Response:

@@ -21,7 +21,7 @@ from llmgw.controller.fleet.records import Event, FleetState, Model, Node, Opera
 from llmgw.controller.idle import IdleFor, IdleTracker
 from llmgw.controller.store import StoreError
 from llmgw.runtime.clock import Clock
-from llmgw.wire.admin import NodeView
+from llmgw.wire.admin import NodeView, WaitingModel
 from llmgw.wire.models import ModelSpec, ScaleRequest
 
 
@@ -42,6 +42,20 @@ class Services:
 
     def unplaceable(self) -> dict[str, str]:
         return {name: u.reason for name, u in self.fleet.memory.unplaceable.items()}
+
+    def waiting_unplaceable(self) -> list[WaitingModel]:
+        """Models with router demand whose requests are refused: the endpoint list says
+        cannot_place for them (same rule, fleet.endpoints.outlook)."""
+        demand = self.usage.demand()
+        out: list[WaitingModel] = []
+        for look in self.fleet.outlook():
+            if look.state != "cannot_place":
+                continue
+            name = look.models[0]
+            asked = sum(demand.get(n, 0) for n in look.models)
+            if asked:
+                out.append(WaitingModel(model=name, requests=asked, reason=look.reason))
+        return out
 
     def node_view(self, node: Node) -> NodeView:
         return node_view(

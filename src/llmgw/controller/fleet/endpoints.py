@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from llmgw.controller.errors import Busy
 from llmgw.controller.fleet.index import FleetIndex
-from llmgw.controller.fleet.records import FleetState, Model, Replica
-from llmgw.wire.endpoints import EndpointInfo, EndpointList
+from llmgw.controller.fleet.records import FleetState, Model, Replica, Reservation
+from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
 
 # The router's metric dialect per engine: "" is vLLM's names, which
 # the sim-engine speaks too.
@@ -50,7 +50,63 @@ def endpoint_info(r: Replica, model: Model) -> EndpointInfo | None:
     )
 
 
-def endpoint_list(state: FleetState, index: FleetIndex, *, version: int) -> EndpointList:
+# A model that cannot be placed: routers tell clients to come back after this long
+# (a tick may free room sooner; nothing waits on it).
+CANNOT_PLACE_RETRY_S = 30.0
+
+
+def outlook(
+    state: FleetState,
+    index: FleetIndex,
+    *,
+    unplaceable: Mapping[str, str],
+    evicting: Mapping[str, Reservation],
+) -> tuple[ModelOutlook, ...]:
+    """What the controller does for each model with no ready replica (wire.endpoints).
+
+    `unplaceable` is model → why its last placement failed; `evicting` the room
+    being made by eviction (TickMemory). A model whose placement failed but for
+    which eviction is under way is making room, not unplaceable; one with a
+    replica placed and starting is starting. A model with none of these (idle at
+    zero) is left out: the router holds its requests, which is the demand that
+    makes the controller try.
+    """
+    ready_models = {state.replicas[rid].model for rid in index.in_state("ready")}
+    starting: set[str] = set()
+    for st in ("pending", "starting"):
+        starting.update(state.replicas[rid].model for rid in index.in_state(st))
+    out: list[ModelOutlook] = []
+    for name in sorted(state.models):
+        if name in ready_models:
+            continue
+        names = state.models[name].spec.served_names
+        res = evicting.get(name)
+        if res is not None:
+            n = len(res.victims)
+            reason = f"evicting {n} idle replica{'s' if n != 1 else ''} of other models for it"
+            out.append(ModelOutlook(models=names, state="making_room", reason=reason))
+        elif name in starting:
+            out.append(ModelOutlook(models=names, state="starting", reason="a replica is starting"))
+        elif name in unplaceable:
+            reason = f"{unplaceable[name]}; nothing can be evicted for it now"
+            out.append(
+                ModelOutlook(
+                    models=names,
+                    state="cannot_place",
+                    reason=reason,
+                    retry_after_s=CANNOT_PLACE_RETRY_S,
+                )
+            )
+    return tuple(out)
+
+
+def endpoint_list(
+    state: FleetState,
+    index: FleetIndex,
+    *,
+    version: int,
+    looks: tuple[ModelOutlook, ...] = (),
+) -> EndpointList:
     out: list[EndpointInfo] = []
     for rid in index.in_state("ready"):
         r = state.replicas[rid]
@@ -60,7 +116,7 @@ def endpoint_list(state: FleetState, index: FleetIndex, *, version: int) -> Endp
             out.append(info)
     out.sort(key=lambda e: e.id)
     names = sorted({n for m in state.models.values() for n in m.spec.served_names})
-    return EndpointList(version=version, endpoints=tuple(out), models=tuple(names))
+    return EndpointList(version=version, endpoints=tuple(out), models=tuple(names), outlook=looks)
 
 
 class EndpointSink:

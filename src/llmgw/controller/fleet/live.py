@@ -29,7 +29,7 @@ from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import NotLeading, StoreUnavailable
 from llmgw.controller.fleet.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
 from llmgw.controller.fleet.decisions import Decisions
-from llmgw.controller.fleet.endpoints import EndpointSink, endpoint_info, endpoint_list
+from llmgw.controller.fleet.endpoints import EndpointSink, endpoint_info, endpoint_list, outlook
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import Changes, Event, FleetState, Node, Replica
 from llmgw.controller.store import NotLeader, Store, StoreError
@@ -37,7 +37,7 @@ from llmgw.controller.tick.carryover import TickMemory
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
-from llmgw.wire.endpoints import EndpointInfo, EndpointList
+from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ class Fleet:
         self.leading = False
         # What the reconcile loop remembers; a fresh one each leadership term.
         self.memory = TickMemory(leader_since=clock.wall())
+        # The outlook in the endpoint list, as of the last tick (outlook_changed).
+        self._outlook: tuple[ModelOutlook, ...] = ()
         self.sink = EndpointSink(
             start_version=int(clock.wall() * 1000), max_waiters=config.max_long_polls
         )
@@ -259,9 +261,28 @@ class Fleet:
 
     # -- reads ---------------------------------------------------------------
 
+    def outlook(self) -> tuple[ModelOutlook, ...]:
+        """Models without a ready replica and what this controller does for them."""
+        mem = self.memory
+        return outlook(
+            self.state,
+            self.index,
+            unplaceable={name: u.reason for name, u in mem.unplaceable.items()},
+            evicting=mem.evicting,
+        )
+
+    def outlook_changed(self) -> None:
+        """After a tick: a new outlook is news for routers (held requests look again)."""
+        now = self.outlook()
+        if now != self._outlook:
+            self._outlook = now
+            self.sink.bump()
+
     def endpoints(self) -> EndpointList:
         return self.sink.current(
-            lambda version: endpoint_list(self.state, self.index, version=version)
+            lambda version: endpoint_list(
+                self.state, self.index, version=version, looks=self._outlook
+            )
         )
 
 

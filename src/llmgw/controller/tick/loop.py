@@ -152,5 +152,6 @@ class ControlLoop:
                 raise
             fleet.flushed(n.name for n in flush)
             fleet.memory = plan.memory
+            fleet.outlook_changed()
         for rid in plan.forgotten:
             self.usage.forget(rid)

@@ -1,0 +1,77 @@
+"""No request waits for capacity that will not come: the controller's outlook in the
+endpoint list makes the router refuse a model that cannot be placed at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from .controller_harness import Db, FakeAgents, controller, spec, wait_for
+from .router_fixtures import base_config, chat_body, get_json, post, router
+
+pytestmark = pytest.mark.slow
+
+
+async def ask(url: str, model: str) -> tuple[int, dict[str, str], dict[str, object], float]:
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession() as session:
+        reply = await post(session, url, chat_body("hi", model=model))
+    body = json.loads(reply.body)
+    return reply.status, reply.headers, body, time.monotonic() - t0
+
+
+async def test_unplaceable_model_is_refused_at_once_with_the_reason(tmp_path: Path) -> None:
+    with controller(Db(f"sqlite:///{tmp_path}/c.db"), log_dir=tmp_path) as c:
+        # 16 GPUs on one node; the only node has 8: no placement, nothing to evict.
+        c.post("/admin/models", spec("huge", gpus_per_node=16, min_replicas=1, max_replicas=1))
+        # Asked for only on demand (min 0), and just as impossible.
+        c.post("/admin/models", spec("lazy", gpus_per_node=16, min_replicas=0, max_replicas=1))
+        cfg = base_config(
+            controller={"url": c.url, "poll_timeout_s": 5.0},
+            hold_timeout_s=30.0,
+            report_interval_s=0.2,
+        )
+        with router(tmp_path, cfg) as r, FakeAgents(c, {"n1": 8}):
+            wait_for(
+                lambda: any(
+                    o["state"] == "cannot_place" and "huge" in o["models"] and "16" in o["reason"]
+                    for o in get_json(c.url + "/v1/endpoints")["outlook"]
+                ),
+                what="the controller says huge cannot be placed",
+            )
+            wait_for(
+                lambda: "huge" in {m["id"] for m in get_json(r.url + "/v1/models")["data"]},
+                what="the router knows huge",
+            )
+            await asyncio.sleep(0.5)  # the router's long-poll brings the same list
+            status, headers, body, took = await ask(r.url, "huge")
+            assert status == 503, body
+            err = body["error"]
+            assert isinstance(err, dict)
+            assert err["code"] == "model_unplaceable"
+            assert "cannot be placed" in str(err["message"])
+            assert "16" in str(err["message"])  # the placement's own reason, with its counts
+            assert int(headers["retry-after"]) >= 1
+            assert took < 1.0, took
+
+            # The demand-driven one: the first request waits only until the controller
+            # has tried (a report and a tick), not the 30 s hold; later ones at once.
+            status, _, body, took = await ask(r.url, "lazy")
+            assert status == 503, body
+            assert took < 15.0
+            status, _, body, took = await asyncio.wait_for(ask(r.url, "lazy"), timeout=5)
+            assert status == 503
+            assert body["error"]["code"] == "model_unplaceable"  # type: ignore[index]
+            assert took < 1.0, took
+
+            # ctl status's data: asked for, cannot place, with the reason.
+            def waiting() -> list[str]:
+                s = c.get("/admin/summary")
+                return [w["model"] for w in s["waiting_unplaceable"]]
+
+            assert "lazy" in wait_for(waiting, what="lazy listed as waiting")
