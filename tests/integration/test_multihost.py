@@ -25,7 +25,7 @@ from llmgw.testing import Program
 from . import netns
 from .netns import Host, Net
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 T = TypeVar("T")
 TOKEN = "multihost-token"
@@ -50,7 +50,8 @@ def _need_netns() -> None:
         pytest.skip(why)
 
 
-def wait_for(check: Callable[[], T], *, timeout_s: float = 30.0, what: str = "") -> T:
+def wait_for(check: Callable[[], T], *, timeout_s: float = 60.0, what: str = "") -> T:
+    """Generous: these tests run real fleets on a loaded 2-core machine."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
@@ -401,7 +402,7 @@ def test_postgres_ha_leader_host_cut_off(tmp_path: Path) -> None:
             net.cut("ctl-1")
             wait_for(
                 lambda: call("GET", f"{c2.url}/healthz")["leader"],
-                timeout_s=40,
+                timeout_s=90,
                 what="ctl-2 takes over",
             )
             # Nothing lost: both specs; nothing double-placed: the same single
@@ -425,9 +426,12 @@ def test_postgres_ha_leader_host_cut_off(tmp_path: Path) -> None:
 
             # The deposed leader comes back: it must not lead, nor write.
             net.restore("ctl-1")
-            time.sleep(3.0)
+            # It finds its session gone at its next store call, and stands by.
+            wait_for(
+                lambda: call("GET", f"{c1.url}/healthz")["leader"] is False,
+                what="ctl-1, back, is a standby",
+            )
             assert call("GET", f"{c2.url}/healthz")["leader"] is True
-            assert call("GET", f"{c1.url}/healthz")["leader"] is False
             for m, rid in before.items():
                 assert [r["id"] for r in live(c2.url, m)] == [rid]
         finally:
