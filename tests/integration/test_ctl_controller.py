@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -330,6 +331,30 @@ class TestWriteCommands:
         res = ctl(controller.url, "drain", busy, "--timeout", "0.5")
         assert res.code == 1
         assert f"node {busy} still holds" in res.err
+
+    def test_drain_blocked_by_capacity_says_why_and_times_out(
+        self, controller: Program, fleet: SimAgents
+    ) -> None:
+        """No room elsewhere: lines say `blocked`, status and nodes show it, exit 1 names it."""
+        reps = ctl(controller.url, "replicas", "--json").json()
+        assert isinstance(reps, list)
+        busy = next(s["node"] for r in reps if r["state"] == "ready" for s in r["shards"])
+        other = "gpu-02" if busy == "gpu-01" else "gpu-01"
+        assert ctl(controller.url, "cordon", other).code == 0
+        res = ctl(controller.url, "drain", busy, "--timeout", "3")
+        assert res.code == 1
+        assert f"node {busy} still holds" in res.err
+        # The timeout names the blocked replica and why, on one line.
+        assert res.err.count("\n") == 1, res.err
+        assert re.search(r"; r-\w+ \([\w/]+\): \S", res.err), res.err
+        assert re.search(r"^r-\w+ \([\w/]+\): blocked: ", res.out, re.MULTILINE), res.out
+        status = ctl(controller.url, "status")
+        assert "Draining (1 nodes)" in status.out, status.out
+        assert "blocked" in status.out
+        nodes = ctl(controller.url, "nodes")
+        assert "WAITING FOR" in nodes.out
+        row = next(ln for ln in nodes.out.splitlines() if ln.startswith(busy))
+        assert "blocked: " in row
 
     def test_drain_waits_until_empty(self, controller: Program, fleet: SimAgents) -> None:
         """A drain finishes once the replicas moved off the node (agents keep beating)."""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
+from llmgw.ctl.drainview import waits_cell
 from llmgw.ctl.render import UNKNOWN, age_cell, fmt_count, idle_cell
 from llmgw.wire.admin import EventView, ModelView, NodeView, ReplicaView
 
@@ -70,8 +71,13 @@ def nodes_table(nodes: Sequence[NodeView], *, now: float) -> Table:
     _keep_whole(table, 4, [free for _, _, free, _, _ in rows])
     _keep_whole(table, 5, [unhealthy for _, _, _, unhealthy, _ in rows])
     _keep_whole(table, 7, [heartbeat for _, _, _, _, heartbeat in rows])
+    # What a draining node's drain waits for (drainview.waits_cell); the column
+    # is there only while some node drains.
+    draining = any(n.state == "draining" for n in nodes)
+    if draining:
+        table.add_column("WAITING FOR", no_wrap=False, overflow="fold")
     for n, used, free, unhealthy, heartbeat in rows:
-        table.add_row(
+        cells: list[str | Text] = [
             n.name,
             _state(n.state),
             _one_line(Text(",".join(n.classes) or UNKNOWN)),
@@ -80,7 +86,11 @@ def nodes_table(nodes: Sequence[NodeView], *, now: float) -> Table:
             Text(unhealthy, style="bold red" if n.unhealthy else "dim"),
             _one_line(Text(",".join(n.fabrics) or UNKNOWN)),
             heartbeat,
-        )
+        ]
+        if draining:
+            blocked = any(w.blocked for w in n.drain_waiting)
+            cells.append(Text(waits_cell(n), style="red" if blocked else ""))
+        table.add_row(*cells)
     return table
 
 

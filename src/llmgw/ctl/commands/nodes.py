@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 from llmgw.adminclient.client import AdminClient
 from llmgw.adminclient.errors import AdminError
+from llmgw.ctl import drainview
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError, DrainTimeout
 from llmgw.runtime.clock import Clock
-from llmgw.wire.admin import NodeView, ReplicaView
+from llmgw.wire.admin import DrainWait, NodeView, ReplicaView
 
 # Replica states that still hold a node's cards. A failed replica is restarted
 # elsewhere (never on a draining node), and a stopped one holds nothing.
@@ -60,17 +61,22 @@ def wait_node_empty(
         sleep(min(poll_s, max(0.0, deadline - clock.monotonic())))
 
 
+def _waits(client: AdminClient, node: str) -> tuple[DrainWait, ...] | None:
+    """What the drain waits for now; None when the lookup failed (the next poll tries again)."""
+    try:
+        return client.node(node).drain_waiting
+    except AdminError:
+        return None
+
+
 def _blocked(client: AdminClient, node: str) -> str:
     """Why the drain cannot finish, when no replacement fits somewhere; '' otherwise."""
-    try:
-        waits = [w for w in client.node(node).drain_waiting if w.blocked]
-    except AdminError:
-        return ""  # the timeout is the news; a failed lookup must not hide it
+    waits = [w for w in _waits(client, node) or () if w.blocked]
     if not waits:
-        return ""
-    first = waits[0]
-    more = f" (and {len(waits) - 1} more)" if len(waits) > 1 else ""
-    return f"; {first.replica} ({first.model}): {first.reason}{more}"
+        return ""  # the timeout is the news; a failed lookup must not hide it
+    shown = "; ".join(f"{w.replica} ({w.model}): {w.reason}" for w in waits[:3])
+    more = f" (and {len(waits) - 3} more)" if len(waits) > 3 else ""
+    return f"; {shown}{more}"
 
 
 def drain(args: argparse.Namespace, ctx: Ctx) -> int:
@@ -80,33 +86,59 @@ def drain(args: argparse.Namespace, ctx: Ctx) -> int:
     view = client.drain(args.node, grace_s=args.grace_s, force=args.force)
     if args.no_wait:
         return _said(ctx, view, "draining")
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     start = len(on_node(client.replicas(), args.node))
-    columns = (
-        TextColumn(f"draining {args.node}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("replicas moved"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=ctx.console(), transient=True) as progress:
-        task = progress.add_task("drain", total=max(start, 1))
+    began = ctx.clock.monotonic()
+    if ctx.is_terminal():
+        from rich.live import Live
 
-        def show(left: list[ReplicaView]) -> None:
-            total = max(start, len(left), 1)
-            progress.update(task, total=total, completed=total - len(left) if start else 1)
+        with Live(console=ctx.console(), transient=True, auto_refresh=False) as live:
 
-        try:
-            wait_node_empty(
-                client,
-                args.node,
-                timeout_s=args.timeout,
-                clock=ctx.clock,
-                sleep=ctx.sleep,
-                on_progress=show,
-            )
-        except DrainTimeout as exc:
-            raise DrainTimeout(f"{exc}{_blocked(client, args.node)}") from None
+            def show(left: list[ReplicaView]) -> None:
+                waits = _waits(client, args.node) or ()
+                total = max(start, len(left))
+                screen = drainview.drain_screen(
+                    args.node,
+                    moved=total - len(left),
+                    total=total,
+                    waits=waits,
+                    elapsed_s=ctx.clock.monotonic() - began,
+                )
+                live.update(screen, refresh=True)
+
+            _wait(client, args, ctx, show)
+    else:
+        # Piped: a line when what a replica waits for changes, and when it has moved.
+        seen: dict[str, str] = {}
+
+        def lines(left: list[ReplicaView]) -> None:
+            nonlocal seen
+            waits = _waits(client, args.node)
+            if waits is None:
+                return
+            out, seen = drainview.change_lines(seen, waits, [r.id for r in left])
+            for line in out:
+                ctx.out.write(f"{line}\n")
+            ctx.out.flush()
+
+        _wait(client, args, ctx, lines)
     ctx.out.write(f"node {args.node} drained ({start} replica(s) moved)\n")
     return 0
+
+
+def _wait(
+    client: AdminClient,
+    args: argparse.Namespace,
+    ctx: Ctx,
+    on_progress: Callable[[list[ReplicaView]], None],
+) -> None:
+    try:
+        wait_node_empty(
+            client,
+            args.node,
+            timeout_s=args.timeout,
+            clock=ctx.clock,
+            sleep=ctx.sleep,
+            on_progress=on_progress,
+        )
+    except DrainTimeout as exc:
+        raise DrainTimeout(f"{exc}{_blocked(client, args.node)}") from None

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from llmgw.adminclient.errors import AdminError
-from llmgw.ctl import output, render, tables
+from llmgw.ctl import drainview, output, render, tables
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError
 
@@ -35,7 +35,15 @@ def status_screen(ctx: Ctx) -> RenderableType:
             if m.name in missing and m.unplaceable_reason
         }
     clock = time.strftime("%H:%M:%S", time.localtime(ctx.clock.wall()))
-    return render.status_view(summary, title=f"llmgw fleet · {ctx.url} · {clock}", reasons=reasons)
+    screen = render.status_view(
+        summary, title=f"llmgw fleet · {ctx.url} · {clock}", reasons=reasons
+    )
+    if summary.nodes.draining:
+        # Which nodes drain and what blocks them: the node list carries it.
+        block = drainview.draining_block(client.nodes())
+        if block is not None:
+            return Group(screen, Text(""), block)
+    return screen
 
 
 # The status screen piped (-o wide): wide enough that no name or reason is cut.

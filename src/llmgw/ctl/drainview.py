@@ -1,0 +1,79 @@
+"""What a drain waits for, in words: `ctl drain`'s live view and lines, `status`, `nodes`.
+
+Every function here is pure (views in, text out) so the wording is tested alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from llmgw.wire.admin import DrainWait, NodeView
+
+
+def wait_text(w: DrainWait) -> str:
+    """`r-1 (m): reason`, with `blocked: ` first when nothing changes without room or --force."""
+    return f"{w.replica} ({w.model}): {'blocked: ' if w.blocked else ''}{w.reason}"
+
+
+def waits_cell(node: NodeView) -> str:
+    """The nodes table's WAITING FOR cell: what a draining node's drain waits for, or ''."""
+    if node.state != "draining" and not node.drain_waiting:
+        return ""
+    if not node.drain_waiting:
+        return "replicas stopping" if node.state == "draining" else ""
+    return "; ".join(wait_text(w) for w in node.drain_waiting)
+
+
+def change_lines(
+    before: dict[str, str], after: Sequence[DrainWait], left: Sequence[str]
+) -> tuple[list[str], dict[str, str]]:
+    """The lines a piped drain prints for one poll, and the new state to compare with.
+
+    `before` maps replica → what it waited for at the last poll; `left` is the
+    replicas still on the node. A replica whose reason changed gets a line; one
+    that left the node gets `moved`.
+    """
+    now = {w.replica: wait_text(w) for w in after}
+    lines = [text for rid, text in now.items() if before.get(rid) != text]
+    still = set(left)
+    lines += [f"{rid}: moved" for rid in before if rid not in still and rid not in now]
+    # A replica that left must not be reported moved twice: drop it from the state.
+    state = {**{rid: t for rid, t in before.items() if rid in still}, **now}
+    return lines, state
+
+
+def drain_screen(
+    node: str, *, moved: int, total: int, waits: Sequence[DrainWait], elapsed_s: float
+) -> RenderableType:
+    """The live view in a terminal: progress, then one line per replica still waited for."""
+    head = Text(f"draining {node}: {moved}/{total} replicas moved · {elapsed_s:.0f}s", style="bold")
+    rows = [Text(f"  {wait_text(w)}", style="red" if w.blocked else "") for w in waits]
+    if any(w.blocked for w in waits):
+        rows.append(
+            Text(
+                "  blocked replicas keep serving; --force drains them anyway (capacity drops)",
+                style="dim",
+            )
+        )
+    return Group(head, *rows)
+
+
+def draining_block(nodes: Sequence[NodeView]) -> RenderableType | None:
+    """`ctl status`'s Draining section: each draining node and what blocks it; None if none."""
+    draining = [n for n in nodes if n.state == "draining"]
+    if not draining:
+        return None
+    lines: list[RenderableType] = [Text(f"Draining ({len(draining)} nodes)", style="bold yellow")]
+    for n in draining:
+        blocked = sum(1 for w in n.drain_waiting if w.blocked)
+        what = f"{len(n.drain_waiting)} replica(s) waited for" + (
+            f", {blocked} blocked" if blocked else ""
+        )
+        lines.append(Text(f"  {n.name}  {what if n.drain_waiting else 'replicas stopping'}"))
+        lines += [
+            Text(f"    {wait_text(w)}", style="red" if w.blocked else "") for w in n.drain_waiting
+        ]
+    return Group(*lines)
