@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,8 +106,19 @@ def _snapshots(system: System) -> dict[str, dict[str, Any]]:
     return {s["info"]["id"]: s for s in _admin_endpoints(system)["endpoints"]}
 
 
-def _engine_metrics(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+def _engine_key(system: System, replica_id: str) -> str:
+    """The key the agent started the replica's rank 0 with (its 0600 state file)."""
+    for path in (system.state_dir / "agents").glob("*/agent-state.json"):
+        for shard in json.loads(path.read_text())["shards"]:
+            if shard["replica_id"] == replica_id and shard["rank"] == 0:
+                return str(shard["api_key"])
+    raise KeyError(replica_id)
+
+
+def _engine_metrics(url: str, key: str) -> dict[str, float]:
+    # llama-server wants its key on /metrics too (it leaves /health open).
+    req = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
         text = resp.read().decode()
     out = {}
     for line in text.splitlines():
@@ -133,6 +145,9 @@ class TestLlamacpp:
             argv = _cmdline(rep["shards"][0]["pid"])
             assert argv[0] == LLAMA_SERVER
             assert argv[argv.index("--model") + 1].endswith("tiny.gguf")
+            # Bound to the agent's address under up, its key in LLAMA_API_KEY, not argv.
+            assert argv[argv.index("--host") + 1] == "127.0.0.1"
+            assert "--api-key" not in argv
         snaps = wait_for(
             lambda: (
                 len(s := _snapshots(llama_system)) == 2
@@ -239,13 +254,18 @@ class TestLlamacpp:
             return raw.headers["x-llmgw-endpoint"], raw.parse()
 
         first_eid, first = ask("what is one plus one?")
-        before = _engine_metrics(urls[first_eid])["llamacpp:prompt_tokens_cached_total"]
+        key = _engine_key(llama_system, first_eid)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _engine_metrics(urls[first_eid], "not-the-key")
+        refused.value.close()
+        assert refused.value.code == 401
+        before = _engine_metrics(urls[first_eid], key)["llamacpp:prompt_tokens_cached_total"]
         second_eid, second = ask("and what is two plus two?")
         assert second_eid == first_eid
         cached = second.usage.prompt_tokens_details.cached_tokens
         assert cached >= len(system_prompt), (cached, second.usage)
         assert cached < second.usage.prompt_tokens
-        after = _engine_metrics(urls[first_eid])["llamacpp:prompt_tokens_cached_total"]
+        after = _engine_metrics(urls[first_eid], key)["llamacpp:prompt_tokens_cached_total"]
         assert after - before >= len(system_prompt)
         assert first.usage.prompt_tokens_details.cached_tokens < len(system_prompt)
 

@@ -286,7 +286,7 @@ class TestShards:
         )
         body = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
         url = f"http://127.0.0.1:{st.port}/v1/completions"
-        async with aiohttp.ClientSession() as s:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {st.api_key}"}) as s:
             with contextlib.suppress(aiohttp.ClientError):
                 await s.post(url, json=body)
         failed = await wait_for(

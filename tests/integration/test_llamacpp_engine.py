@@ -47,9 +47,10 @@ def _argv(model: Path, port: int) -> tuple[str, ...]:
         served_names=("tiny",),
         engine="llamacpp",
         gpu_indices=(0,),
-        args=("--host", "127.0.0.1", "--parallel", "2", "--ctx-size", "4096"),
+        args=("--parallel", "2", "--ctx-size", "4096"),
     )
-    plan = render(spec, port=port, commands={"llamacpp": (LLAMA_SERVER,)})
+    # No key: this file checks the engine's own answers; keys are in test_engine_key.py.
+    plan = render(spec, port=port, host="127.0.0.1", commands={"llamacpp": (LLAMA_SERVER,)})
     assert plan.health_path == "/health"
     return plan.argv
 
@@ -118,7 +119,7 @@ def test_health_is_503_while_loading_then_200(
     async def probe() -> bool:
         p = HttpHealthProbe()
         try:
-            return await p.check(int(url.rsplit(":", 1)[1]), "/health")
+            return await p.check("127.0.0.1", int(url.rsplit(":", 1)[1]), "/health")
         finally:
             await p.close()
 

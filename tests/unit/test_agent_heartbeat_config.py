@@ -111,7 +111,7 @@ class TestHeartbeater:
 
 
 class _NoProbe:
-    async def check(self, port: int, path: str) -> bool:
+    async def check(self, host: str, port: int, path: str) -> bool:
         return False
 
     async def close(self) -> None:

@@ -59,7 +59,7 @@ class FakeProbe:
     def __init__(self) -> None:
         self.ready_ports: set[int] = set()
 
-    async def check(self, port: int, path: str) -> bool:
+    async def check(self, host: str, port: int, path: str) -> bool:
         return port in self.ready_ports
 
     async def close(self) -> None:

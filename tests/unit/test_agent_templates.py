@@ -34,7 +34,7 @@ def shard(**kw: Any) -> ShardSpec:
 class TestVllm:
     def test_single_node(self) -> None:
         """One node: positional model, every served name, port, host and TP = GPUs."""
-        plan = render(shard(), port=21000)
+        plan = render(shard(), port=21000, host="10.1.2.3")
         assert plan.argv == (
             "vllm",
             "serve",
@@ -45,7 +45,7 @@ class TestVllm:
             "--port",
             "21000",
             "--host",
-            "0.0.0.0",
+            "10.1.2.3",
             "--tensor-parallel-size",
             "2",
         )
@@ -55,7 +55,7 @@ class TestVllm:
     def test_multi_node_rank0(self) -> None:
         """Rank 0 of a multi-node replica adds the mp executor's rendezvous flags and serves."""
         spec = shard(world_size=2, master_addr="10.0.0.1", master_port=29501)
-        plan = render(spec, port=21000)
+        plan = render(spec, port=21000, host="10.1.2.3")
         tail = plan.argv[plan.argv.index("--tensor-parallel-size") :]
         assert tail == (
             "--tensor-parallel-size",
@@ -78,7 +78,7 @@ class TestVllm:
     def test_multi_node_worker_is_headless(self) -> None:
         """Ranks above 0 run headless, so there is no health path to probe."""
         spec = shard(rank=1, world_size=2, master_addr="10.0.0.1", master_port=29501)
-        plan = render(spec, port=21005)
+        plan = render(spec, port=21005, host="10.1.2.3")
         assert plan.argv[-1] == "--headless"
         assert plan.argv[plan.argv.index("--node-rank") + 1] == "1"
         assert plan.health_path is None
@@ -86,20 +86,20 @@ class TestVllm:
     def test_model_args_and_env_come_last(self) -> None:
         """Model args follow the rendered flags (so they win) and model env joins the GPUs."""
         spec = shard(args=("--max-model-len", "8192"), env={"VLLM_USE_V1": "1"})
-        plan = render(spec, port=21000)
+        plan = render(spec, port=21000, host="10.1.2.3")
         assert plan.argv[-2:] == ("--max-model-len", "8192")
         assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,3", "VLLM_USE_V1": "1"}
 
     def test_multi_node_needs_rendezvous(self) -> None:
         """A multi-node shard without master address is a spec error."""
         with pytest.raises(ValueError, match="master_addr"):
-            render(shard(world_size=2), port=21000)
+            render(shard(world_size=2), port=21000, host="10.1.2.3")
 
 
 class TestSglang:
     def test_single_node(self) -> None:
         """One node: model path, the served name, and TP = GPUs."""
-        plan = render(shard(engine="sglang"), port=21001)
+        plan = render(shard(engine="sglang"), port=21001, host="10.1.2.3")
         assert plan.argv == (
             "python3",
             "-m",
@@ -111,7 +111,7 @@ class TestSglang:
             "--port",
             "21001",
             "--host",
-            "0.0.0.0",
+            "10.1.2.3",
             "--tp",
             "2",
         )
@@ -127,7 +127,7 @@ class TestSglang:
             master_addr="10.0.0.1",
             master_port=20000,
         )
-        plan = render(spec, port=21002)
+        plan = render(spec, port=21002, host="10.1.2.3")
         tail = plan.argv[plan.argv.index("--tp") :]
         assert tail == (
             "--tp",
@@ -147,7 +147,7 @@ class TestSglang:
 class TestSim:
     def test_single_node(self) -> None:
         """The sim-engine runs under this interpreter with vLLM-like flags and model args."""
-        plan = render(shard(engine="sim", args=("--speed", "10")), port=21003)
+        plan = render(shard(engine="sim", args=("--speed", "10")), port=21003, host="10.1.2.3")
         assert plan.argv == (
             sys.executable,
             "-m",
@@ -156,7 +156,7 @@ class TestSim:
             "--port",
             "21003",
             "--host",
-            "0.0.0.0",
+            "10.1.2.3",
             "--model",
             "meta-llama/Llama-3.1-8B-Instruct",
             "--served-model-name",
@@ -171,7 +171,7 @@ class TestSim:
     def test_worker_rank_is_a_sim_engine_too(self) -> None:
         """A rank above 0 also runs a sim-engine, probed on /health like the rest."""
         spec = shard(engine="sim", rank=1, world_size=2, master_addr="h", master_port=1)
-        plan = render(spec, port=21004)
+        plan = render(spec, port=21004, host="10.1.2.3")
         assert plan.argv[:4] == DEFAULT_COMMANDS["sim"]
         assert plan.health_path == "/health"
 
@@ -187,7 +187,9 @@ class TestLlamacpp:
             args=("--parallel", "8"),
             env={"LLAMA_LOG_VERBOSITY": "1"},
         )
-        plan = render(spec, port=21007, commands={"llamacpp": ("/opt/llama-server",)})
+        plan = render(
+            spec, port=21007, host="10.1.2.3", commands={"llamacpp": ("/opt/llama-server",)}
+        )
         assert plan.argv == (
             "/opt/llama-server",
             "--model",
@@ -195,7 +197,7 @@ class TestLlamacpp:
             "--alias",
             "llama-8b,llama",
             "--host",
-            "0.0.0.0",
+            "10.1.2.3",
             "--port",
             "21007",
             "--threads",
@@ -220,7 +222,7 @@ class TestLlamacpp:
         """llama.cpp has no multi-node mode here: the shard is refused, not half-started."""
         spec = shard(engine="llamacpp", rank=0, world_size=2, master_addr="h", master_port=1)
         with pytest.raises(ValueError, match="one node"):
-            render(spec, port=1)
+            render(spec, port=1, host="10.1.2.3")
 
     def test_default_binary(self) -> None:
         """The default command is llama-server on PATH (or LLMGW_LLAMA_SERVER at import)."""
@@ -234,10 +236,50 @@ class TestEngineBins:
         commands = parse_engine_bins({"vllm": "/opt/venv/bin/vllm serve"})
         assert commands["vllm"] == ("/opt/venv/bin/vllm", "serve")
         assert commands["sim"] == DEFAULT_COMMANDS["sim"]
-        plan = render(shard(), port=1, commands=commands)
+        plan = render(shard(), port=1, host="10.1.2.3", commands=commands)
         assert plan.argv[:2] == ("/opt/venv/bin/vllm", "serve")
 
     def test_unknown_engine(self) -> None:
         """An engine name that does not exist is refused."""
         with pytest.raises(ValueError, match="unknown engine"):
             parse_engine_bins({"tgi": "x"})
+
+
+class TestEngineKey:
+    def test_vllm_and_sim_get_the_key_in_vllms_variable(self) -> None:
+        """vLLM and the sim-engine read VLLM_API_KEY: the key stays out of argv (ps)."""
+        for engine in ("vllm", "sim"):
+            plan = render(shard(engine=engine), port=1, host="10.1.2.3", api_key="k-123")
+            assert plan.env["VLLM_API_KEY"] == "k-123"
+            assert not any("k-123" in a for a in plan.argv)
+
+    def test_sglang_gets_the_flag(self) -> None:
+        """SGLang has no variable for it: --api-key on the command line."""
+        plan = render(shard(engine="sglang"), port=1, host="10.1.2.3", api_key="k-9")
+        i = plan.argv.index("--api-key")
+        assert plan.argv[i + 1] == "k-9"
+        assert "VLLM_API_KEY" not in plan.env
+
+    def test_no_key_no_variable(self) -> None:
+        plan = render(shard(), port=1, host="10.1.2.3")
+        assert "VLLM_API_KEY" not in plan.env
+
+    def test_spec_env_cannot_replace_the_key(self) -> None:
+        """The key is set after the spec's env, so a spec naming VLLM_API_KEY loses."""
+        spec = shard(env={"VLLM_API_KEY": "mine", "A": "1"})
+        plan = render(spec, port=1, host="10.1.2.3", api_key="agent-key")
+        assert plan.env["VLLM_API_KEY"] == "agent-key"
+        assert plan.env["A"] == "1"
+
+    def test_shown_argv_hides_the_key(self) -> None:
+        """Both spellings of the flag lose their value in a logged command line."""
+        from llmgw.agent.templates import shown_argv
+
+        assert shown_argv(["x", "--api-key", "s3", "--api-key=s4", "--port", "1"]) == [
+            "x",
+            "--api-key",
+            "***",
+            "--api-key=***",
+            "--port",
+            "1",
+        ]

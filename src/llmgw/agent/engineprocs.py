@@ -26,6 +26,7 @@ from typing import Protocol
 
 from llmgw.agent.errors import AgentError
 from llmgw.agent.logfiles import open_for_engine
+from llmgw.agent.templates import shown_argv
 
 
 class SpawnError(AgentError):
@@ -158,8 +159,10 @@ class PopenSpawner:
             ) from exc
         try:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-            shown = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
-            os.write(fd, f"--- llmgw agent {stamp}: {shown} {shlex.join(argv)}\n".encode())
+            # Names only: values may be secrets (a spec's env_from, the engine key).
+            names = " ".join(sorted(env))
+            shown = shlex.join(shown_argv(list(argv)))
+            os.write(fd, f"--- llmgw agent {stamp}: env {names}; {shown}\n".encode())
             popen = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,

@@ -16,16 +16,24 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_KEEP = 3
 
 
+# Engine logs are the agent user's alone: an engine may print what it was given.
+MODE = 0o600
+
+
 def open_for_engine(path: Path) -> int:
-    """A write-only O_APPEND descriptor for the engine's stdout and stderr."""
+    """A write-only O_APPEND descriptor for the engine's stdout and stderr (mode 0600,
+    also for a file an older agent left readable)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, MODE)
+    os.fchmod(fd, MODE)
+    return fd
 
 
 def needs_rotation(path: Path, *, max_bytes: int) -> bool:
@@ -46,12 +54,30 @@ def rotate(path: Path, *, keep: int = DEFAULT_KEEP) -> None:
         src = path.with_name(f"{path.name}.{n}")
         if src.exists():
             src.rename(path.with_name(f"{path.name}.{n + 1}"))
-    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+    first = path.with_name(f"{path.name}.1")
+    shutil.copyfile(path, first)
+    os.chmod(first, MODE)
     os.truncate(path, 0)
 
 
-def tail(path: Path, *, lines: int = 20, max_line_chars: int = 300) -> tuple[str, ...]:
-    """The last `lines` lines of `path` (reads at most 64 KiB), each cut to `max_line_chars`."""
+def redact(lines: tuple[str, ...], secrets: Collection[str]) -> tuple[str, ...]:
+    """`lines` with every occurrence of a secret value replaced by `***`."""
+    found = sorted((s for s in secrets if s), key=len, reverse=True)
+    if not found:
+        return lines
+    out = []
+    for ln in lines:
+        for s in found:
+            ln = ln.replace(s, "***")
+        out.append(ln)
+    return tuple(out)
+
+
+def tail(
+    path: Path, *, lines: int = 20, max_line_chars: int = 300, secrets: Collection[str] = ()
+) -> tuple[str, ...]:
+    """The last `lines` lines of `path` (reads at most 64 KiB), each cut to `max_line_chars`,
+    with the `secrets` values masked (before the cut, so no prefix of one survives)."""
     try:
         with path.open("rb") as f:
             size = f.seek(0, os.SEEK_END)
@@ -60,5 +86,5 @@ def tail(path: Path, *, lines: int = 20, max_line_chars: int = 300) -> tuple[str
     except FileNotFoundError:
         return ()
     text = data.decode("utf-8", errors="replace")
-    out = [ln[:max_line_chars] for ln in text.splitlines() if ln.strip()]
-    return tuple(out[-lines:])
+    kept = redact(tuple(ln for ln in text.splitlines() if ln.strip())[-lines:], secrets)
+    return tuple(ln[:max_line_chars] for ln in kept)

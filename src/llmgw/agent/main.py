@@ -104,6 +104,7 @@ def build_agent(cfg: AgentConfig, inventory: GpuInventory) -> Agent:
         spawner=PopenSpawner(),
         probe=probe,
         commands=parse_engine_bins(cfg.engine_bin),
+        host=cfg.address,
         stop_grace_s=cfg.stop_grace_s,
         log_max_bytes=cfg.log_max_bytes,
         log_keep=cfg.log_keep,

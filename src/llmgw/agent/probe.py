@@ -1,4 +1,4 @@
-"""Is an engine ready? `GET http://127.0.0.1:<port><path>` answers 200."""
+"""Is an engine ready? `GET http://<host>:<port><path>` answers 200 (host: where it listens)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import aiohttp
 
 
 class HealthProbe(Protocol):
-    async def check(self, port: int, path: str) -> bool: ...
+    async def check(self, host: str, port: int, path: str) -> bool: ...
 
     async def close(self) -> None: ...
 
@@ -20,11 +20,11 @@ class HttpHealthProbe:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
-    async def check(self, port: int, path: str) -> bool:
+    async def check(self, host: str, port: int, path: str) -> bool:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         try:
-            async with self._session.get(f"http://127.0.0.1:{port}{path}") as resp:
+            async with self._session.get(f"http://{_netloc(host)}:{port}{path}") as resp:
                 return resp.status == 200
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
@@ -33,3 +33,8 @@ class HttpHealthProbe:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _netloc(host: str) -> str:
+    """An IPv6 literal goes in brackets; a name or IPv4 address as it is."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -104,7 +104,10 @@ class Agent:
             inventory=self.inventory.kind,
             agent_started_at=self.started_at,
             gpus=self.inventory.gpus(),
-            shards=self.supervisor.statuses(),
+            # The engines' keys go to the controller only, never to this page.
+            shards=tuple(
+                msgspec.structs.replace(st, api_key="") for st in self.supervisor.statuses()
+            ),
             controller=ControllerView(
                 url=self._client.url,
                 last_ok_at=hb.last_ok_at,

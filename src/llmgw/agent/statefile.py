@@ -68,6 +68,8 @@ class ShardRecord(msgspec.Struct, frozen=True, kw_only=True):
     # Unix seconds the engine was started.
     started_at: float
     health_path: str | None = "/health"
+    # The engine's key (the router needs it after a re-adoption too); the file is 0600.
+    api_key: str = ""
 
 
 class StateDoc(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,7 +113,9 @@ class StateStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         # Never through a symlink planted at the temp name; the rename replaces a link itself.
-        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # 0600 from the first byte: the file holds the engines' keys.
+        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()

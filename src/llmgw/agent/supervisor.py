@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,8 @@ class _Shard:
     log_path: Path
     health_path: str | None
     state: ShardState
+    # The engine's key (fresh per shard); the router sends it, nobody else sees it.
+    api_key: str = ""
     proc: ProcessHandle | None = None
     started_at: float | None = None
     exit_code: int | None = None
@@ -72,6 +75,7 @@ class Supervisor:
         spawner: Spawner,
         probe: HealthProbe,
         commands: Mapping[EngineKind, tuple[str, ...]] = DEFAULT_COMMANDS,
+        host: str = "127.0.0.1",
         stop_grace_s: float = 10.0,
         log_max_bytes: int = logfiles.DEFAULT_MAX_BYTES,
         log_keep: int = logfiles.DEFAULT_KEEP,
@@ -83,6 +87,8 @@ class Supervisor:
         self._spawner = spawner
         self._probe = probe
         self._commands = commands
+        # Engines listen here (the advertised address) and are probed here.
+        self._host = host
         self._stop_grace_s = stop_grace_s
         self._log_max_bytes = log_max_bytes
         self._log_keep = log_keep
@@ -106,13 +112,14 @@ class Supervisor:
                 log_path=Path(rec.log_path),
                 health_path=rec.health_path,
                 state="starting",
+                api_key=rec.api_key,
                 proc=proc,
                 started_at=rec.started_at,
             )
             if proc is None:
                 sh.state = "failed"
                 sh.log_tail = (
-                    *logfiles.tail(sh.log_path),
+                    *logfiles.tail(sh.log_path, secrets=self._secrets(sh)),
                     f"llmgw agent: engine pid {rec.pid} exited while the agent was down",
                 )
                 log.warning(kv("engine gone at adoption", replica=rec.replica_id, pid=rec.pid))
@@ -174,7 +181,9 @@ class Supervisor:
                 self._ready(sh)
             else:
                 probed.append((sh, sh.port, sh.health_path))
-        results = await asyncio.gather(*(self._probe.check(port, path) for _, port, path in probed))
+        results = await asyncio.gather(
+            *(self._probe.check(self._host, port, path) for _, port, path in probed)
+        )
         for (sh, _, _), ok in zip(probed, results, strict=True):
             # Re-check: while the probes ran, a heartbeat may have stopped it.
             if ok and sh.state == "starting" and sh.proc is not None and sh.stop_sent_at is None:
@@ -224,6 +233,7 @@ class Supervisor:
                 exit_code=sh.exit_code,
                 log_tail=sh.log_tail,
                 started_at=sh.started_at,
+                api_key=sh.api_key,
             )
             for _, sh in sorted(self._shards.items())
         )
@@ -253,7 +263,14 @@ class Supervisor:
         try:
             self._check_rendezvous(spec)
             sh.port = self._ports.allocate(self._ports_taken())
-            plan = render(spec, port=sh.port, commands=self._commands)
+            sh.api_key = secrets.token_urlsafe(32)
+            plan = render(
+                spec,
+                port=sh.port,
+                host=self._host,
+                api_key=sh.api_key,
+                commands=self._commands,
+            )
             sh.health_path = plan.health_path
             sh.proc = self._spawner.spawn(plan.argv, plan.env, sh.log_path)
         except (NoFreePort, RendezvousPortTaken, SpawnError, ValueError) as exc:
@@ -293,12 +310,16 @@ class Supervisor:
         sh.state = "stopped" if sh.stop_sent_at is not None else "failed"
         self.events.exited(sh.spec.engine, sh.state)
         if sh.state == "failed":
-            sh.log_tail = logfiles.tail(sh.log_path)
+            sh.log_tail = logfiles.tail(sh.log_path, secrets=self._secrets(sh))
             log.warning(
                 kv("engine exited", replica=sh.spec.replica_id, rank=sh.spec.rank, code=code)
             )
         else:
             log.info(kv("engine stopped", replica=sh.spec.replica_id, rank=sh.spec.rank))
+
+    def _secrets(self, sh: _Shard) -> tuple[str, ...]:
+        """Values a log tail leaving this node must not carry."""
+        return (sh.api_key,) if sh.api_key else ()
 
     def _ports_taken(self) -> set[int]:
         """Engine ports our shards hold, and every rendezvous port a shard here uses
@@ -337,6 +358,7 @@ class Supervisor:
                     log_path=str(sh.log_path),
                     started_at=sh.started_at or 0.0,
                     health_path=sh.health_path,
+                    api_key=sh.api_key,
                 )
                 for sh in self._shards.values()
                 if sh.proc is not None and sh.port is not None

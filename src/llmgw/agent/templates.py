@@ -7,6 +7,15 @@ operator can override any flag rendered here (argparse keeps the last value).
 `CUDA_VISIBLE_DEVICES` is the shard's GPU indices, comma-joined, and the
 model's `env` is added on top.
 
+Every engine listens on `host` (the agent's advertised address, never
+0.0.0.0) and needs `api_key` on its OpenAI routes: vLLM and the sim-engine
+read it from `VLLM_API_KEY` (vLLM's own variable, so the key is not in the
+command line every local user can read in `ps`), llama-server from
+`LLAMA_API_KEY` (its `--api-key`'s variable; it leaves /health and /v1/models
+open but wants the key on /metrics too, so routers send it on scrapes), and
+SGLang only takes `--api-key`. The agent's policy (policy.py) keeps a spec from overriding
+`--host`, `--port` or the key, which the model's `args` could otherwise do.
+
 Flags checked against the engines' current documentation and source:
 
 vLLM (`vllm serve`): the model is positional; `--served-model-name` takes every
@@ -101,13 +110,30 @@ class LaunchPlan:
     health_path: str | None = "/health"
 
 
+# The flag whose value the agent's logs and the engine log's header never show.
+SECRET_FLAGS = frozenset({"--api-key"})
+# The variable each engine reads its key from (llama-server: `--api-key`'s env).
+KEY_ENV: Mapping[EngineKind, str] = {
+    "vllm": "VLLM_API_KEY",
+    "sim": "VLLM_API_KEY",
+    "llamacpp": "LLAMA_API_KEY",
+}
+
+
 def render(
     spec: ShardSpec,
     *,
     port: int,
+    host: str,
+    api_key: str = "",
+    env: Mapping[str, str] | None = None,
     commands: Mapping[EngineKind, tuple[str, ...]] = DEFAULT_COMMANDS,
 ) -> LaunchPlan:
-    """The command line and environment for one shard (module docstring has the flags)."""
+    """The command line and environment for one shard (module docstring has the flags).
+
+    `env` is the spec's environment as the agent resolved it (`env` plus the
+    `env_from` references); default `spec.env`.
+    """
     if spec.world_size > 1 and (spec.master_addr is None or spec.master_port is None):
         raise ValueError(
             f"shard {spec.replica_id}/{spec.rank}: a multi-node shard needs master_addr "
@@ -115,22 +141,47 @@ def render(
         )
     prefix = commands.get(spec.engine, DEFAULT_COMMANDS[spec.engine])
     if spec.engine == "vllm":
-        body, health = _vllm(spec, port)
+        body, health = _vllm(spec, port, host)
     elif spec.engine == "sglang":
-        body, health = _sglang(spec, port)
+        body, health = _sglang(spec, port, host)
+        if api_key:
+            body += ["--api-key", api_key]
     elif spec.engine == "llamacpp":
-        body, health = _llamacpp(spec, port)
+        body, health = _llamacpp(spec, port, host)
     else:
-        body, health = _sim(spec, port)
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices), **spec.env}
-    return LaunchPlan(argv=(*prefix, *body, *spec.args), env=env, health_path=health)
+        body, health = _sim(spec, port, host)
+    out = {
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
+        **(spec.env if env is None else env),
+    }
+    if api_key and spec.engine != "sglang":
+        out[KEY_ENV[spec.engine]] = api_key
+    return LaunchPlan(argv=(*prefix, *body, *spec.args), env=out, health_path=health)
+
+
+def shown_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
+    """argv for a log: the value after a secret flag (`--api-key`) replaced by `***`."""
+    out: list[str] = []
+    hide = False
+    for arg in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif arg in SECRET_FLAGS:
+            out.append(arg)
+            hide = True
+        elif arg.partition("=")[0] in SECRET_FLAGS and "=" in arg:
+            out.append(arg.partition("=")[0] + "=***")
+        else:
+            out.append(arg)
+    return out
 
 
 def _tp(spec: ShardSpec) -> int:
     return max(1, len(spec.gpu_indices))
 
 
-def _vllm(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
+def _vllm(spec: ShardSpec, port: int, host: str) -> tuple[list[str], str | None]:
     argv = [
         spec.model,
         "--served-model-name",
@@ -138,7 +189,7 @@ def _vllm(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
         "--port",
         str(port),
         "--host",
-        "0.0.0.0",
+        host,
         "--tensor-parallel-size",
         str(_tp(spec)),
     ]
@@ -163,7 +214,7 @@ def _vllm(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
     return argv, "/health"
 
 
-def _sglang(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
+def _sglang(spec: ShardSpec, port: int, host: str) -> tuple[list[str], str | None]:
     argv = [
         "--model-path",
         spec.model,
@@ -172,7 +223,7 @@ def _sglang(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
         "--port",
         str(port),
         "--host",
-        "0.0.0.0",
+        host,
         "--tp",
         str(_tp(spec) * spec.world_size),
     ]
@@ -188,7 +239,7 @@ def _sglang(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
     return argv, "/health"
 
 
-def _llamacpp(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
+def _llamacpp(spec: ShardSpec, port: int, host: str) -> tuple[list[str], str | None]:
     if spec.world_size > 1:
         raise ValueError(
             f"shard {spec.replica_id}/{spec.rank}: llamacpp engines run on one node "
@@ -200,7 +251,7 @@ def _llamacpp(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
         "--alias",
         ",".join(spec.served_names or (spec.model,)),
         "--host",
-        "0.0.0.0",
+        host,
         "--port",
         str(port),
         "--threads",
@@ -218,12 +269,12 @@ def _llamacpp(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
     return argv, "/health"
 
 
-def _sim(spec: ShardSpec, port: int) -> tuple[list[str], str | None]:
+def _sim(spec: ShardSpec, port: int, host: str) -> tuple[list[str], str | None]:
     argv = [
         "--port",
         str(port),
         "--host",
-        "0.0.0.0",
+        host,
         "--model",
         spec.model,
         "--served-model-name",

@@ -222,11 +222,20 @@ async def admin_endpoints(request: web.Request) -> web.Response:
             "router_id": st.router_id,
             "policy": st.policy.name,
             "upstream_client": st.upstream_client,
-            "endpoints": msgspec.to_builtins(st.registry.snapshots()),
+            "endpoints": _without_keys(msgspec.to_builtins(st.registry.snapshots())),
             "prefix_entries": st.prefix.entries_by_endpoint(),
             "decisions": decisions,
         }
     )
+
+
+def _without_keys(snaps: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Snapshots as shown: an engine's key never leaves the router."""
+    for snap in snaps:
+        info = snap.get("info")
+        if isinstance(info, dict):
+            info.pop("api_key", None)
+    return snaps
 
 
 async def admin_usage(request: web.Request) -> web.Response:

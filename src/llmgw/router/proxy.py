@@ -177,7 +177,9 @@ class Attempts:
 
 
 def _is_retryable(status: int) -> bool:
-    return status >= 500 or status == 429
+    # 401/403: the engine refused the router's key for it (a replica restarted
+    # with a new key the list does not carry yet); another replica may accept.
+    return status >= 500 or status in (401, 403, 429)
 
 
 def _another(snaps: Sequence[Snapshot], tried: Sequence[str], eid: str) -> bool:
@@ -386,11 +388,12 @@ class Proxy:
         fallback = Step.RELAY_FAILED
         elsewhere = True
         error: UpstreamError | None = None
+        auth = st.engine_auth.get(eid)
         try:
             up = att.up = await st.forward.post(
                 st.urls[eid] + path,
                 body,
-                fwd,
+                fwd if auth is None else {**fwd, "Authorization": auth},
                 timeout_s=max(0.001, att.deadline - clock.monotonic()),
                 endpoint_id=eid,
                 idle_timeout_s=st.cfg.stream_idle_timeout_s,

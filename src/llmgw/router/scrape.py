@@ -111,8 +111,10 @@ class HttpMetricsFetcher:
         self._upstream = upstream
 
     async def fetch_metrics(self, info: EndpointInfo, *, timeout_s: float) -> bytes:
+        # vLLM leaves /metrics open; llama-server wants its key there too.
+        auth = {"Authorization": f"Bearer {info.api_key}"} if info.api_key else None
         status, body = await self._upstream.get(
-            info.url + "/metrics", timeout_s=timeout_s, endpoint_id=info.id
+            info.url + "/metrics", timeout_s=timeout_s, endpoint_id=info.id, headers=auth
         )
         if status != 200:
             raise ScrapeFailed(info.id, f"metrics answered {status}")

@@ -84,6 +84,9 @@ class Router:
         )
         # Endpoint id → URL without trailing slash, rebuilt with the list.
         self.urls: dict[str, str] = {}
+        # Endpoint id → the headers of a request to it: the router's own plus
+        # `Authorization: Bearer <engine key>` for an engine that has one.
+        self.engine_auth: dict[str, str] = {}
         self.known_models: frozenset[str] = frozenset()
         # Alias → the served name (an endpoint's first model name), for metric labels.
         self.served_name: dict[str, str] = {}
@@ -159,6 +162,7 @@ class Router:
         self.metrics.forget(removed)
         self.urls = {i.id: i.url.rstrip("/") for i in infos}
         self.served_name = {n: i.models[0] for i in infos if i.models for n in i.models[1:]}
+        self.engine_auth = {i.id: f"Bearer {i.api_key}" for i in infos if i.api_key}
         self._refresh_models()
         if removed:
             log.info(kv("endpoints removed", ids=",".join(removed)))

@@ -19,9 +19,10 @@ from typing import NoReturn, TypeVar
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from llmgw.runtime.logs import kv
-from llmgw.simengine import api, debug, metrics, tokenizer
+from llmgw.simengine import api, auth, debug, metrics, tokenizer
 from llmgw.simengine.batcher import Scheduler, SimRequest, mix_seed
 from llmgw.simengine.config import SimConfig
 from llmgw.simengine.engine import Engine, Stream
@@ -452,7 +453,10 @@ def build_app(
     die: Callable[[], NoReturn] = _die,
 ) -> web.Application:
     sim = SimEngine(cfg, crash=crash, die=die)
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[debug.loopback_only])
+    middlewares: list[Middleware] = [debug.loopback_only]
+    if cfg.api_keys:
+        middlewares.append(auth.middleware(cfg.api_keys))
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
     app[SIM_KEY] = sim
     app.cleanup_ctx.append(sim.lifespan)
     app.on_shutdown.append(sim.on_shutdown)

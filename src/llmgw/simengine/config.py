@@ -26,6 +26,8 @@ class SimConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
     seed: int = 0
     embedding_dim: int = 1024
+    # `--api-key`/VLLM_API_KEY: /v1/* needs one of these as a bearer token (auth.py).
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not self.served_model_names:

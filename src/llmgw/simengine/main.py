@@ -14,7 +14,7 @@ import sys
 
 from llmgw.runtime import logs
 from llmgw.runtime.cli import DefaultsFormatter
-from llmgw.simengine import timing
+from llmgw.simengine import auth, timing
 from llmgw.simengine.config import DIALECTS, SimConfig
 from llmgw.simengine.faults import FaultConfig
 
@@ -94,6 +94,12 @@ def parser() -> argparse.ArgumentParser:
         "--crash-after-requests", type=int, default=None, help="fault: exit after N requests"
     )
     p.add_argument("--seed", type=int, default=0, help="random seed for generated text and faults")
+    p.add_argument(
+        "--api-key",
+        nargs="+",
+        default=None,
+        help="require one of these bearer keys on /v1/* (as vLLM; default $VLLM_API_KEY)",
+    )
     p.add_argument("--grace-s", type=float, default=10.0, help="graceful stop window on SIGTERM")
     return p
 
@@ -137,6 +143,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             error_after_tokens=args.error_after_tokens,
         ).validate(),
         seed=args.seed,
+        api_keys=auth.keys_from(args.api_key),
     )
 
 

@@ -47,6 +47,18 @@ class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
     log_tail: tuple[str, ...] = ()
     # Unix seconds the process started; None before it did.
     started_at: float | None = None
+    # The key the engine was started with (the router needs it; rank 0's is the
+    # replica's). "": an engine without one. Secret: repr() masks it.
+    api_key: str = ""
+
+    def __repr__(self) -> str:
+        key = "'***'" if self.api_key else "''"
+        return (
+            f"ShardStatus(replica_id={self.replica_id!r}, rank={self.rank!r}, "
+            f"state={self.state!r}, port={self.port!r}, pid={self.pid!r}, "
+            f"exit_code={self.exit_code!r}, log_tail={self.log_tail!r}, "
+            f"started_at={self.started_at!r}, api_key={key})"
+        )
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):

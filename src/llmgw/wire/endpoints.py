@@ -27,8 +27,14 @@ class ModelOutlook(msgspec.Struct, frozen=True, kw_only=True):
     retry_after_s: float | None = None
 
 
-class EndpointInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A replica's static description, as the router's registry keeps it."""
+class EndpointInfo(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """A replica's static description, as the router's registry keeps it.
+
+    Encoded without its default fields, so a list whose engines have no key
+    (`api_key` "") reads the same as before the field existed.
+    """
 
     # Uniquely identifies the replica and labels its metrics (controller: replica id).
     id: str
@@ -45,6 +51,18 @@ class EndpointInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     weight: float = 1.0
     # Pool preference: higher is tried first.
     priority: int = 0
+    # The engine's own key (the agent starts each replica with a fresh one); the
+    # router sends it as `Authorization: Bearer`. "": the engine needs none.
+    # Secret: repr() masks it, and nothing prints or exports it.
+    api_key: str = ""
+
+    def __repr__(self) -> str:
+        key = "'***'" if self.api_key else "''"
+        return (
+            f"EndpointInfo(id={self.id!r}, url={self.url!r}, models={self.models!r}, "
+            f"engine={self.engine!r}, pool={self.pool!r}, weight={self.weight!r}, "
+            f"priority={self.priority!r}, api_key={key})"
+        )
 
 
 class EndpointList(msgspec.Struct, frozen=True, kw_only=True):

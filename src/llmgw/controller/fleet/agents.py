@@ -186,6 +186,7 @@ def _absorb_shard(shard: Shard, st: ShardStatus | None) -> Shard:
         pid=st.pid,
         exit_code=st.exit_code,
         log_tail=tuple(st.log_tail[-20:]),
+        api_key=st.api_key,
     )
 
 

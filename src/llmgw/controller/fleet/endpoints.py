@@ -47,6 +47,7 @@ def endpoint_info(r: Replica, model: Model) -> EndpointInfo | None:
         pool=r.pool,
         weight=r.weight,
         priority=spec.priority,
+        api_key=r.shards[0].api_key if r.shards else "",
     )
 
 

@@ -101,6 +101,9 @@ class Shard:
     pid: int | None = None
     exit_code: int | None = None
     log_tail: tuple[str, ...] = ()
+    # The engine's key as its agent reported it (rank 0's goes to routers with
+    # the endpoint list). Secret: no view, event or log shows it.
+    api_key: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
