@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.up.fleet import FleetError, load_fleet
+from tests.unit.controller_reconcile_world import World, gpus
 
 
 class TestFleet:
@@ -68,3 +69,80 @@ class TestFleet:
         """A fleet path that does not exist says so."""
         with pytest.raises(FleetError, match="No such file"):
             load_fleet(tmp_path / "nope.yaml")
+
+
+class TestDefaultFleetWalkthrough:
+    """The README's eviction walkthrough, on the default fleet, through the controller's tick."""
+
+    def world(self) -> World:
+        w = World()
+        for name, group in load_fleet(None).node_names():
+            n = w.node(name, fabrics=(group.fabric,))
+            count, gpu_class = group.gpus.split("x", 1)
+            w.set_node(
+                name, gpus=gpus(int(count), gpu_class), last_heartbeat_at=n.last_heartbeat_at
+            )
+        for m in load_fleet(None).models_for_apply():
+            w.model(m)
+        for _ in range(3):
+            w.tick()
+            w.ready_all()
+            w.touch(*w.state.nodes)
+        return w
+
+    def test_gemma_once_idle_then_deepseek_evicts_gemma(self) -> None:
+        """Use gemma once, leave it idle past its timeout, ask for deepseek: gemma is evicted."""
+        w = self.world()
+        assert w.replicas("deepseek-coder-33b") == []
+        w.report(demand={"gemma-2-27b-it": 1})
+        w.tick()
+        w.ready_all("gemma-2-27b-it")
+        gemma = w.only("gemma-2-27b-it", "ready")
+        # Every H100 card is taken now: deepseek needs room made.
+        w.clock.advance(130)
+        w.touch(*w.state.nodes)
+        w.report(
+            last_used={gemma.id: w.now - 125},
+            inflight={gemma.id: 0},
+            demand={"deepseek-coder-33b": 1},
+        )
+        w.tick()
+        assert w.state.replicas[gemma.id].state == "draining"
+        assert "evicted for deepseek-coder-33b" in (w.state.replicas[gemma.id].reason or "")
+
+    def drained(self, node: str) -> World:
+        w = self.world()
+        w.report(demand={"mistral-7b-instruct": 1})  # the README's second request
+        w.tick()
+        w.ready_all()
+        w.set_node(node, operator_state="draining")
+        for _ in range(4):
+            w.tick()
+            w.ready_all()
+            w.clock.advance(3)
+            w.touch(*w.state.nodes)
+        return w
+
+    def test_draining_the_l40s_node_moves_its_replicas_to_the_h100s(self) -> None:
+        """`ctl drain l40s-1`: each replica gets a ready replacement on an H100 node."""
+        w = self.drained("l40s-1")
+        live = [r for r in w.replicas() if r.state != "stopped"]
+        moved = [r for r in live if r.state == "ready" and r.shards[0].node.startswith("h100")]
+        assert sorted(r.model for r in moved if r.model != "qwen2.5-72b-instruct") == [
+            "llama-3.1-405b-instruct",
+            "llama-3.1-8b-instruct",
+            "llama-3.1-8b-instruct",
+            "mistral-7b-instruct",
+            "mixtral-8x22b-instruct",
+        ]
+        assert all(r.state == "draining" for r in live if r.shards[0].node == "l40s-1")
+
+    def test_draining_h100_a_1_is_blocked_for_qwen(self) -> None:
+        """`ctl drain h100-a-1`: qwen's replacement fits nowhere, so its replica keeps serving."""
+        w = self.drained("h100-a-1")
+        qwen = w.only("qwen2.5-72b-instruct")
+        assert (qwen.state, qwen.shards[0].node) == ("ready", "h100-a-1")
+        assert any(
+            e.startswith("node.drain_waiting h100-a-1") and "no replacement fits" in e
+            for e in w.events
+        )
