@@ -26,6 +26,7 @@ import yaml
 from llmgw.agent.errors import AgentError
 from llmgw.agent.ports import parse_range
 from llmgw.agent.templates import parse_engine_bins
+from llmgw.runtime import secretfile
 
 
 class AgentConfigError(AgentError):
@@ -37,6 +38,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # next when one is unreachable or answers 503 (a standby).
     controller: tuple[str, ...] = ()
     token: str | None = None
+    # The token's file (first line); wins over `token` and LLMGW_AGENT_TOKEN.
+    token_file: str | None = None
     node: str = ""
     # "nvml" for real GPUs, or a fake inventory such as "8xH100-80G".
     gpus: str | None = None
@@ -72,6 +75,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         return Path(self.log_dir) if self.log_dir else Path(self.state_dir) / "logs"
 
 
+# The agent's controller token from the environment; engines never inherit it.
+TOKEN_ENV = "LLMGW_AGENT_TOKEN"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llmgw agent",
@@ -80,7 +87,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", help="YAML file with the same keys as these flags")
     p.add_argument("--controller", action="append", help="controller URL (repeat for HA)")
-    p.add_argument("--token", help="bearer token for the controller")
+    p.add_argument(
+        "--token", help=f"bearer token for the controller (visible in ps; prefer {TOKEN_ENV})"
+    )
+    p.add_argument("--token-file", help="read the controller token from this file")
     p.add_argument("--node", help="this node's name")
     p.add_argument("--gpus", help='"nvml" for real GPUs, or a fake inventory like 8xH100-80G')
     p.add_argument("--gpus-file", help="fake inventory from a YAML/JSON file")
@@ -146,6 +156,19 @@ def parse_config(argv: list[str]) -> AgentConfig:
         raise AgentConfigError(f"bad setting: {exc}") from exc
     if not cfg.address:
         cfg = msgspec.structs.replace(cfg, address=socket.gethostname())
+    try:
+        # Order: --token-file, --token (warned about), LLMGW_AGENT_TOKEN, the file's token.
+        token = secretfile.resolve(
+            program="agent",
+            flag="--token",
+            value=ns.get("token"),
+            file=cfg.token_file,
+            env_var=TOKEN_ENV,
+        )
+    except secretfile.SecretError as exc:
+        raise AgentConfigError(f"token_file: {exc}") from None
+    if token is not None:
+        cfg = msgspec.structs.replace(cfg, token=token)
     _check(cfg)
     return cfg
 

@@ -145,6 +145,15 @@ class AdoptedProcess:
         _killpg(self._pid, self._start_ticks, sig)
 
 
+# The programs' tokens: an engine runs a spec's code and must not read them.
+PRIVATE_ENV = frozenset({"LLMGW_AGENT_TOKEN", "LLMGW_CONTROLLER_TOKEN", "LLMGW_TOKEN"})
+
+
+def _inherited() -> dict[str, str]:
+    """The agent's environment minus its secrets, which engines never inherit."""
+    return {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
+
+
 class PopenSpawner:
     """The real spawner."""
 
@@ -168,7 +177,7 @@ class PopenSpawner:
                 stdin=subprocess.DEVNULL,
                 stdout=fd,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **env},
+                env={**_inherited(), **env},
                 start_new_session=True,
                 close_fds=True,
             )

@@ -7,8 +7,10 @@ fleet; tests pass short ones through the same flags.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from dataclasses import dataclass
 
+from llmgw.runtime import secretfile
 from llmgw.runtime.cli import DefaultsFormatter
 
 DEFAULT_DATABASE = "sqlite:///./.llmgw/controller.db"
@@ -87,6 +89,20 @@ FLOAT_HELP = {
 }
 
 
+# The controller's token from the environment (no flag in `ps`).
+TOKEN_ENV = "LLMGW_CONTROLLER_TOKEN"
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or "localhost"; "" and 0.0.0.0 (every interface) are not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_args(argv: list[str]) -> ControllerConfig:
     """`llmgw controller …` flags → ControllerConfig (argparse exits 2 on bad flags)."""
     d = ControllerConfig()
@@ -101,7 +117,18 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         "--database", default=d.database, help="sqlite:///… | postgresql://… | memory://"
     )
     p.add_argument("--schema", default=None, help="PostgreSQL schema for the tables")
-    p.add_argument("--token", default=None, help="bearer token for every API route")
+    p.add_argument(
+        "--token",
+        default=None,
+        help="bearer token for every API route (visible in ps: prefer --token-file or "
+        f"{TOKEN_ENV})",
+    )
+    p.add_argument("--token-file", default=None, help="read the token from this file")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve beyond loopback without a token (every admin route open)",
+    )
     p.add_argument(
         "--read-token",
         default=None,
@@ -145,12 +172,28 @@ def parse_args(argv: list[str]) -> ControllerConfig:
     a = p.parse_args(argv)
     if a.tick_s <= 0 or a.heartbeat_timeout_s <= 0:
         p.error("--tick-s and --heartbeat-timeout-s must be positive")
+    try:
+        token = secretfile.resolve(
+            program="controller",
+            flag="--token",
+            value=a.token,
+            file=a.token_file,
+            env_var=TOKEN_ENV,
+        )
+    except secretfile.SecretError as exc:
+        p.error(f"--token-file: {exc}")
+    if token is None and not a.insecure and not is_loopback(a.host):
+        p.error(
+            f"--host {a.host} listens beyond loopback and no token is set, so every admin "
+            f"route would be open to anyone who reaches it: give --token-file (or "
+            f"{TOKEN_ENV}), or --insecure to serve it open anyway"
+        )
     return ControllerConfig(
         host=a.host,
         port=a.port,
         database=a.database,
         schema=a.schema,
-        token=a.token or None,
+        token=token,
         read_token=a.read_token or None,
         metrics_token=a.metrics_token or None,
         heartbeat_flush_s=a.heartbeat_flush_s,

@@ -1,0 +1,96 @@
+"""Where the controller and the agent take their token from, and the open-controller guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmgw.agent.config import AgentConfigError, parse_config
+from llmgw.agent.engineprocs import _inherited
+from llmgw.controller.config import is_loopback, parse_args
+
+AGENT = ["--controller", "http://c:1", "--node", "n1", "--state-dir", "/tmp/x"]
+
+
+class TestController:
+    def test_beyond_loopback_without_token_refused(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.delenv("LLMGW_CONTROLLER_TOKEN", raising=False)
+        with pytest.raises(SystemExit) as ex:
+            parse_args(["--host", "0.0.0.0"])
+        assert ex.value.code == 2
+        err = capsys.readouterr().err
+        assert "listens beyond loopback and no token is set" in err
+        assert "--insecure" in err
+
+    def test_insecure_lets_it_serve_open(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.delenv("LLMGW_CONTROLLER_TOKEN", raising=False)
+        assert parse_args(["--host", "10.0.0.5", "--insecure"]).token is None
+
+    def test_loopback_without_token_is_fine(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.delenv("LLMGW_CONTROLLER_TOKEN", raising=False)
+        assert parse_args(["--host", "127.0.0.1"]).token is None
+
+    def test_token_file_and_env(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        f = tmp_path / "tok"
+        f.write_text("from-file\n")
+        monkeypatch.setenv("LLMGW_CONTROLLER_TOKEN", "from-env")
+        assert parse_args(["--host", "0.0.0.0", "--token-file", str(f)]).token == "from-file"
+        assert parse_args(["--host", "0.0.0.0"]).token == "from-env"
+
+    def test_flag_warns(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert parse_args(["--token", "t"]).token == "t"
+        assert "visible to every local user" in capsys.readouterr().err
+
+    def test_empty_token_file_refused(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        f = tmp_path / "tok"
+        f.write_text("")
+        with pytest.raises(SystemExit):
+            parse_args(["--token-file", str(f)])
+        assert "is empty" in capsys.readouterr().err
+
+    @pytest.mark.parametrize(
+        ("host", "loop"),
+        [
+            ("127.0.0.1", True),
+            ("127.1.2.3", True),
+            ("::1", True),
+            ("localhost", True),
+            ("0.0.0.0", False),
+            ("", False),
+            ("10.0.0.1", False),
+            ("::", False),
+        ],
+    )
+    def test_is_loopback(self, host: str, loop: bool) -> None:
+        assert is_loopback(host) is loop
+
+
+class TestAgent:
+    def test_token_file(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("LLMGW_AGENT_TOKEN", "from-env")
+        f = tmp_path / "tok"
+        f.write_text("from-file")
+        assert parse_config([*AGENT, "--token-file", str(f)]).token == "from-file"
+        assert parse_config(AGENT).token == "from-env"
+
+    def test_missing_token_file(self, tmp_path: Path) -> None:
+        with pytest.raises(AgentConfigError, match="cannot read"):
+            parse_config([*AGENT, "--token-file", str(tmp_path / "nope")])
+
+    def test_flag_warns(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert parse_config([*AGENT, "--token", "t"]).token == "t"
+        assert "visible to every local user" in capsys.readouterr().err
+
+    def test_engines_never_inherit_tokens(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("LLMGW_AGENT_TOKEN", "secret")
+        monkeypatch.setenv("LLMGW_CONTROLLER_TOKEN", "secret")
+        monkeypatch.setenv("HARMLESS", "1")
+        env = _inherited()
+        assert "LLMGW_AGENT_TOKEN" not in env
+        assert "LLMGW_CONTROLLER_TOKEN" not in env
+        assert env["HARMLESS"] == "1"
