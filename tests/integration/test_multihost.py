@@ -345,8 +345,11 @@ class PrivatePostgres:
         def up() -> bool:
             import psycopg
 
-            with psycopg.connect(self.url, connect_timeout=2) as conn:
-                conn.execute("SELECT 1")
+            try:
+                with psycopg.connect(self.url, connect_timeout=2) as conn:
+                    conn.execute("SELECT 1")
+            except psycopg.OperationalError:
+                return False  # not listening yet
             return True
 
         try:
