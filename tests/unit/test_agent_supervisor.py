@@ -348,3 +348,53 @@ class TestProcStat:
         proc = spawner.attach(os.getpid(), stat[1])
         assert proc is not None
         assert proc.poll() is None
+
+
+class TestSpecPolicy:
+    @pytest.mark.parametrize(
+        ("kw", "what"),
+        [
+            ({"env": {"PYTHONPATH": "/tmp/evil"}}, "spec env PYTHONPATH"),
+            ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "spec env LD_PRELOAD"),
+            ({"env": {"LD_LIBRARY_PATH": "/tmp"}}, "spec env LD_LIBRARY_PATH"),
+            ({"env": {"VLLM_API_KEY": "mine"}}, "spec env VLLM_API_KEY"),
+            ({"args": ("--speed", "1", "--trust-remote-code")}, "args[2] --trust-remote-code"),
+            ({"args": ("--host=0.0.0.0",)}, "args[0] --host"),
+            ({"args": ("--api-key", "k")}, "args[0] --api-key"),
+        ],
+    )
+    async def test_refused_before_start(
+        self, parts: dict[str, Any], kw: dict[str, Any], what: str
+    ) -> None:
+        """A spec the node's policy refuses fails at once with the reason; nothing starts."""
+        parts["sup"].apply([spec(**kw)])
+        (st,) = parts["sup"].statuses()
+        assert st.state == "failed"
+        assert what in st.log_tail[0]
+        assert "not allowed on this node" in st.log_tail[0]
+        assert parts["spawner"].spawned == []
+
+    async def test_allowed_by_name(self, tmp_path: Path) -> None:
+        """allow_env / allow_flags lift exactly the named ones."""
+        from llmgw.agent.policy import SpecPolicy
+
+        spawner = FakeSpawner()
+        sup = Supervisor(
+            log_dir=tmp_path / "logs",
+            store=StateStore(tmp_path / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=spawner,
+            probe=FakeProbe(),
+            policy=SpecPolicy.of({"PYTHONPATH"}, {"--trust-remote-code"}),
+        )
+        sup.apply(
+            [spec(env={"PYTHONPATH": "/opt/x", "HF_HOME": "/d"}, args=("--trust-remote-code",))]
+        )
+        assert sup.statuses()[0].state == "starting"
+        assert len(spawner.spawned) == 1
+        sup.apply([spec("r2", env={"LD_PRELOAD": "x"})])
+        assert {s.replica_id: s.state for s in sup.statuses()}["r2"] == "failed"
+
+    async def test_plain_env_is_fine(self, parts: dict[str, Any]) -> None:
+        parts["sup"].apply([spec(env={"HF_HOME": "/data", "VLLM_LOGGING_LEVEL": "INFO"})])
+        assert parts["sup"].statuses()[0].state == "starting"

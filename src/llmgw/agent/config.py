@@ -40,6 +40,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     token: str | None = None
     # The token's file (first line); wins over `token` and LLMGW_AGENT_TOKEN.
     token_file: str | None = None
+    # Spec env variables and engine flags this node allows although policy.py
+    # refuses them by default (e.g. ["--trust-remote-code"]).
+    allow_env: tuple[str, ...] = ()
+    allow_flags: tuple[str, ...] = ()
     node: str = ""
     # "nvml" for real GPUs, or a fake inventory such as "8xH100-80G".
     gpus: str | None = None
@@ -91,6 +95,15 @@ def _parser() -> argparse.ArgumentParser:
         "--token", help=f"bearer token for the controller (visible in ps; prefer {TOKEN_ENV})"
     )
     p.add_argument("--token-file", help="read the controller token from this file")
+    p.add_argument(
+        "--allow-env", action="append", help="a spec env variable refused by default (repeat)"
+    )
+    p.add_argument(
+        "--allow-flag",
+        action="append",
+        dest="allow_flags",
+        help="an engine flag refused by default, e.g. --trust-remote-code (repeat)",
+    )
     p.add_argument("--node", help="this node's name")
     p.add_argument("--gpus", help='"nvml" for real GPUs, or a fake inventory like 8xH100-80G')
     p.add_argument("--gpus-file", help="fake inventory from a YAML/JSON file")

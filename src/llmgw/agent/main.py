@@ -28,6 +28,7 @@ from llmgw.agent.engineprocs import PopenSpawner
 from llmgw.agent.gpus import open_inventory
 from llmgw.agent.gpus.base import GpuDiscoveryError, GpuInventory
 from llmgw.agent.heartbeat import ControllerClient
+from llmgw.agent.policy import SpecPolicy
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.probe import HttpHealthProbe
 from llmgw.agent.service import Agent
@@ -105,6 +106,7 @@ def build_agent(cfg: AgentConfig, inventory: GpuInventory) -> Agent:
         probe=probe,
         commands=parse_engine_bins(cfg.engine_bin),
         host=cfg.address,
+        policy=SpecPolicy.of(cfg.allow_env, cfg.allow_flags),
         stop_grace_s=cfg.stop_grace_s,
         log_max_bytes=cfg.log_max_bytes,
         log_keep=cfg.log_keep,

@@ -30,6 +30,7 @@ from pathlib import Path
 from llmgw.agent import logfiles
 from llmgw.agent.engineprocs import KILL, TERM, ProcessHandle, Spawner, SpawnError
 from llmgw.agent.metrics import EngineEvents
+from llmgw.agent.policy import SpecPolicy
 from llmgw.agent.ports import NoFreePort, PortAllocator, RendezvousPortTaken
 from llmgw.agent.probe import HealthProbe
 from llmgw.agent.statefile import ShardRecord, StateStore
@@ -76,6 +77,7 @@ class Supervisor:
         probe: HealthProbe,
         commands: Mapping[EngineKind, tuple[str, ...]] = DEFAULT_COMMANDS,
         host: str = "127.0.0.1",
+        policy: SpecPolicy | None = None,
         stop_grace_s: float = 10.0,
         log_max_bytes: int = logfiles.DEFAULT_MAX_BYTES,
         log_keep: int = logfiles.DEFAULT_KEEP,
@@ -89,6 +91,8 @@ class Supervisor:
         self._commands = commands
         # Engines listen here (the advertised address) and are probed here.
         self._host = host
+        # What a spec may set here (policy.py); refused shards fail before starting.
+        self._policy = policy if policy is not None else SpecPolicy()
         self._stop_grace_s = stop_grace_s
         self._log_max_bytes = log_max_bytes
         self._log_keep = log_keep
@@ -261,6 +265,7 @@ class Supervisor:
         self._shards[sh.key] = sh
         self.events.started(spec.engine)
         try:
+            self._policy.check(spec)
             self._check_rendezvous(spec)
             sh.port = self._ports.allocate(self._ports_taken())
             sh.api_key = secrets.token_urlsafe(32)
