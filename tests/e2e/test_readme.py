@@ -9,8 +9,11 @@ timeout plus a margin (the README's idle timeouts are minutes long).
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,11 +32,11 @@ IDLE_S = 4
 
 
 def walkthroughs(text: str) -> dict[str, list[str]]:
-    """Name → its commands (continuation lines joined, comments dropped)."""
+    """Name → its commands (continuation lines joined; a trailing `# ...` is kept)."""
     out = {}
     for name, body in MARK.findall(text):
         joined = body.replace("\\\n", " ")
-        lines = [re.sub(r"\s+#.*$", "", ln).strip() for ln in joined.splitlines()]
+        lines = [ln.strip() for ln in joined.splitlines()]
         out[name] = [ln for ln in lines if ln]
     return out
 
@@ -65,6 +68,7 @@ def test_eviction_walkthrough_as_written(workdir: Path) -> None:
     try:
         outputs = []
         for cmd in walkthroughs(README.read_text())["eviction"]:
+            cmd = re.sub(r"\s+#.*$", "", cmd)
             if cmd.startswith("sleep "):
                 time.sleep(IDLE_S + 3)
                 continue
@@ -80,5 +84,29 @@ def test_eviction_walkthrough_as_written(workdir: Path) -> None:
         )
         events = system.ctl("events", "--json")
         assert any("evicted for deepseek-coder-33b" in e["message"] for e in events), events
+    finally:
+        system.prog.stop()
+
+
+def test_drain_walkthrough_as_written(workdir: Path) -> None:
+    """Each drain line exits as the README says (0 unless it says `# exits N`)."""
+    system = start_up(workdir, None)
+    env = {**os.environ, "LLMGW_CONTROLLER": system.controller_url}
+    try:
+        for cmd in walkthroughs(README.read_text())["drain"]:
+            expect = re.search(r"#\s*exits (\d+)", cmd)
+            argv = shlex.split(re.sub(r"\s+#.*$", "", cmd))
+            assert argv[0] == "llmgw", cmd
+            done = subprocess.run(
+                [sys.executable, "-m", "llmgw", *argv[1:]],
+                capture_output=True,
+                text=True,
+                timeout=150,
+                check=False,
+                env=env,
+            )
+            assert done.returncode == (int(expect.group(1)) if expect else 0), (cmd, done)
+            if argv[1:3] == ["ctl", "drain"] and not expect:
+                assert f"node {argv[3]} drained" in done.stdout, done.stdout
     finally:
         system.prog.stop()

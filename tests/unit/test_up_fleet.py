@@ -136,13 +136,3 @@ class TestDefaultFleetWalkthrough:
             "mixtral-8x22b-instruct",
         ]
         assert all(r.state == "draining" for r in live if r.shards[0].node == "l40s-1")
-
-    def test_draining_h100_a_1_is_blocked_for_qwen(self) -> None:
-        """`ctl drain h100-a-1`: qwen's replacement fits nowhere, so its replica keeps serving."""
-        w = self.drained("h100-a-1")
-        qwen = w.only("qwen2.5-72b-instruct")
-        assert (qwen.state, qwen.shards[0].node) == ("ready", "h100-a-1")
-        assert any(
-            e.startswith("node.drain_waiting h100-a-1") and "no replacement fits" in e
-            for e in w.events
-        )
