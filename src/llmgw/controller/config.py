@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from llmgw.runtime import secretfile
 from llmgw.runtime.cli import DefaultsFormatter
@@ -31,6 +32,12 @@ class ControllerConfig:
     # A bearer token for GET /metrics alone (what Prometheus is given); set, /metrics
     # needs it (or the admin or read token) even when `token` is not set.
     metrics_token: str | None = None
+    # Scoped tokens (docs/security.md): the agent token may only heartbeat (any
+    # node); a node token only that node's heartbeat; the router token only the
+    # endpoint list and usage reports. The admin `token` may do all of these too.
+    agent_token: str | None = None
+    node_tokens: dict[str, str] = field(default_factory=dict)
+    router_token: str | None = None
     # How often the reconcile loop runs (and leadership is checked).
     tick_s: float = 1.0
     # A node with no heartbeat for this long is shown unreachable.
@@ -91,6 +98,28 @@ FLOAT_HELP = {
 
 # The controller's token from the environment (no flag in `ps`).
 TOKEN_ENV = "LLMGW_CONTROLLER_TOKEN"
+AGENT_TOKEN_ENV = "LLMGW_CONTROLLER_AGENT_TOKEN"
+ROUTER_TOKEN_ENV = "LLMGW_CONTROLLER_ROUTER_TOKEN"
+
+
+def read_node_tokens(path: str) -> dict[str, str]:
+    """NODE=TOKEN per line ('#' comments and blank lines skipped); SecretError if bad."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise secretfile.SecretError(f"cannot read {path}: {exc.strerror or exc}") from None
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        node, sep, token = line.partition("=")
+        if not sep or not node.strip() or not token.strip():
+            raise secretfile.SecretError(f"{path}:{n}: expected NODE=TOKEN")
+        if node.strip() in out:
+            raise secretfile.SecretError(f"{path}:{n}: node {node.strip()!r} given twice")
+        out[node.strip()] = token.strip()
+    return out
 
 
 def is_loopback(host: str) -> bool:
@@ -139,6 +168,22 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         default=None,
         help="bearer token for GET /metrics only; set, /metrics needs it (or another token)",
     )
+    p.add_argument(
+        "--agent-token-file",
+        default=None,
+        help=f"token that may only heartbeat, for any node (env {AGENT_TOKEN_ENV})",
+    )
+    p.add_argument(
+        "--node-tokens-file",
+        default=None,
+        help="file of NODE=TOKEN lines: each token may only heartbeat as that node",
+    )
+    p.add_argument(
+        "--router-token-file",
+        default=None,
+        help=f"token that may only read the endpoint list and report usage "
+        f"(env {ROUTER_TOKEN_ENV})",
+    )
     floats = {
         "tick-s": d.tick_s,
         "heartbeat-timeout-s": d.heartbeat_timeout_s,
@@ -182,6 +227,33 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         )
     except secretfile.SecretError as exc:
         p.error(f"--token-file: {exc}")
+    try:
+        agent_token = secretfile.resolve(
+            program="controller",
+            flag="--agent-token-file",
+            value=None,
+            file=a.agent_token_file,
+            env_var=AGENT_TOKEN_ENV,
+        )
+        router_token = secretfile.resolve(
+            program="controller",
+            flag="--router-token-file",
+            value=None,
+            file=a.router_token_file,
+            env_var=ROUTER_TOKEN_ENV,
+        )
+        node_tokens = read_node_tokens(a.node_tokens_file) if a.node_tokens_file else {}
+    except secretfile.SecretError as exc:
+        p.error(str(exc))
+    scoped = [t for t in (agent_token, router_token, *node_tokens.values()) if t]
+    if scoped and token is None:
+        p.error(
+            "scoped tokens need the admin token too (--token-file): without it every "
+            "route would be open"
+        )
+    every = [t for t in (token, a.read_token, a.metrics_token, *scoped) if t]
+    if len(set(every)) != len(every):
+        p.error("every token must differ (a shared one would carry the wider scope)")
     if token is None and not a.insecure and not is_loopback(a.host):
         p.error(
             f"--host {a.host} listens beyond loopback and no token is set, so every admin "
@@ -196,6 +268,9 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         token=token,
         read_token=a.read_token or None,
         metrics_token=a.metrics_token or None,
+        agent_token=agent_token,
+        node_tokens=node_tokens,
+        router_token=router_token,
         heartbeat_flush_s=a.heartbeat_flush_s,
         max_long_polls=a.max_long_polls,
         **{flag.replace("-", "_"): getattr(a, flag.replace("-", "_")) for flag in floats},

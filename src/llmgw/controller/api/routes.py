@@ -32,6 +32,7 @@ from llmgw.controller.api.status import (
 from llmgw.controller.api.summary import summarize
 from llmgw.controller.api.validate import check_heartbeat, check_spec, check_usage
 from llmgw.controller.api.views import model_view, model_views, node_views, replica_view
+from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import (
     ControllerRefusal,
     Forbidden,
@@ -233,7 +234,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         services = request.app[SERVICES]
         cfg = services.config
-        _authorize(request, cfg.token, cfg.read_token, cfg.metrics_token)
+        _authorize(request, cfg.token, cfg.read_token, cfg.metrics_token, scoped=cfg)
         return await handler(request)
     except ControllerRefusal as exc:
         status, kind = http_status(exc)
@@ -278,11 +279,55 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return web.Response(body=body, status=500, content_type="application/json")
 
 
+# What the router token may call (method, path).
+ROUTER_ROUTES = frozenset({("GET", "/v1/endpoints"), ("POST", "/v1/usage")})
+
+
+def _heartbeat_node(request: web.Request) -> str | None:
+    """The node of a heartbeat route, or None for any other route."""
+    parts = request.path.split("/")
+    # "", "v1", "agents", NODE, "heartbeat"
+    if request.method == "POST" and len(parts) == 5 and parts[1:3] == ["v1", "agents"]:
+        return parts[3] if parts[4] == "heartbeat" else None
+    return None
+
+
+def _scoped(request: web.Request, given: bytes, cfg: ControllerConfig) -> bool:
+    """True if a scoped token allows this request; Forbidden if it is one, but not here."""
+
+    def same(token: str | None) -> bool:
+        return token is not None and hmac.compare_digest(given, f"Bearer {token}".encode())
+
+    node = _heartbeat_node(request)
+    if same(cfg.agent_token):
+        if node is not None:
+            return True
+        raise Forbidden(f"the agent token may only heartbeat, not {request.method} {request.path}")
+    for name, tok in cfg.node_tokens.items():
+        if same(tok):
+            if node == name:
+                return True
+            raise Forbidden(
+                f"the token of node {name!r} may only heartbeat as {name!r}, "
+                f"not {request.method} {request.path}"
+            )
+    if same(cfg.router_token):
+        if (request.method, request.path) in ROUTER_ROUTES:
+            return True
+        raise Forbidden(
+            "the router token may only read /v1/endpoints and post /v1/usage, "
+            f"not {request.method} {request.path}"
+        )
+    return False
+
+
 def _authorize(
     request: web.Request,
     token: str | None,
     read_token: str | None,
     metrics_token: str | None = None,
+    *,
+    scoped: ControllerConfig | None = None,
 ) -> None:
     """The admin token may do anything; the read token may GET what READ_PATHS name;
     the metrics token may GET /metrics, which then needs a token even without `token`."""
@@ -304,6 +349,8 @@ def _authorize(
         if request.method in ("GET", "HEAD") and readable:
             return
         raise Forbidden(f"the read-only token may not {request.method} {path}")
+    if scoped is not None and _scoped(request, given, scoped):
+        return
     raise TokenRejected("missing or wrong bearer token" if given else "a bearer token is required")
 
 
