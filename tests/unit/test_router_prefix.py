@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from hypothesis import given, settings
@@ -319,3 +320,94 @@ class TestPrefixIndex:
         for ep, chain in newest.items():
             held = [idx.match([h], [ep]) == {ep: 1} for h in chain]
             assert held == sorted(held, reverse=True)  # True…True False…False
+
+    @settings(max_examples=200)
+    @given(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["a", "b", "c"]),
+                st.lists(st.integers(0, 9), min_size=1, max_size=40),
+                st.sampled_from([None, 1, 5, 20, 60, 2000]),
+                st.sampled_from(["once", "twice", "trim"]),
+            ),
+            max_size=30,
+        ),
+        st.integers(5, 200),
+    )
+    def test_record_matches_the_one_at_a_time_refresh(
+        self, ops: list[tuple[str, list[int], int | None, str]], max_total: int
+    ) -> None:
+        """record()'s batched refresh, and its skipping of a chain recorded again with
+        nothing changed in between, leave the index as popping and re-inserting every
+        chain one hash at a time, deepest first, did: the same entries in the same order,
+        with the same weights and the same order of stamps, hence the same matches and
+        evictions (per endpoint and global), repeated hashes in a chain included."""
+        idx = PrefixIndex(max_total_entries=max_total, default_capacity_units=30)
+        ref = _OneAtATime(max_total_entries=max_total, default_capacity_units=30)
+        for ep, chain, cap, how in ops:
+            for _ in range(2 if how == "twice" else 1):
+                idx.record(ep, tuple(chain), capacity_units=cap)
+                ref.record(ep, tuple(chain), capacity_units=cap)
+            if how == "trim":
+                assert idx.trim(ep, 10) == ref.trim(ep, 10)
+                idx.record(ep, tuple(chain), capacity_units=cap)
+                ref.record(ep, tuple(chain), capacity_units=cap)
+            assert _state(idx) == _state(ref)
+            assert (idx._weight, len(idx)) == (ref._weight, len(ref))
+
+    def test_recording_the_same_chain_again_skips_only_when_nothing_changed(self) -> None:
+        """The second record of a chain with nothing in between leaves the index as it
+        was; one after another record, a trim or a new capacity refreshes as always."""
+        idx = PrefixIndex(max_total_entries=100)
+        idx.record("a", (1, 2, 3), capacity_units=None)
+        before = _state(idx)
+        idx.record("a", (1, 2, 3), capacity_units=None)
+        assert (_state(idx), idx._tick) == (before, 1)  # skipped
+        idx.record("b", (7,), capacity_units=None)
+        idx.record("a", (1, 2, 3), capacity_units=None)
+        assert idx._tick == 3  # refreshed: "a" is again newer than "b"
+        idx.record("a", (1, 2, 3), capacity_units=2)
+        assert (idx._tick, idx.entries("a")) == (4, 2)  # a new capacity
+        idx.record("a", (1, 2), capacity_units=2)
+        idx.trim("a", 1)
+        idx.record("a", (1, 2), capacity_units=2)
+        assert (idx._tick, idx.entries("a")) == (6, 2)  # after a trim
+
+
+def _state(idx: PrefixIndex) -> dict[str, list[tuple[int, int, int]]]:
+    """Each endpoint's (hash, stamp's rank in the index, weight), oldest first."""
+    ticks = sorted({v >> 20 for lru in idx._lru.values() for v in lru.values()})
+    rank = {t: i for i, t in enumerate(ticks)}
+    return {
+        ep: [(h, rank[v >> 20], v & 0xFFFFF) for h, v in lru.items()]
+        for ep, lru in idx._lru.items()
+    }
+
+
+class _OneAtATime(PrefixIndex):
+    """PrefixIndex.record as it was before the batched refresh: the reference."""
+
+    def record(
+        self, endpoint_id: str, hashes: Sequence[int], *, capacity_units: int | None
+    ) -> None:
+        if not hashes:
+            return
+        cap = self.capacity(endpoint_id, capacity_units)
+        lru = self._lru.setdefault(endpoint_id, OrderedDict())
+        self._tick += 1
+        stamp = self._tick << 20
+        before = len(lru)
+        weight = self._weight.get(endpoint_id, 0)
+        n = min(len(hashes), max(1, blocks_within(cap)))
+        for i in range(n - 1, -1, -1):
+            old = lru.pop(hashes[i], None)
+            if old is not None:
+                weight -= old & 0xFFFFF
+            lru[hashes[i]] = stamp | block_units(i)
+            weight += block_units(i)
+        while weight > cap and len(lru) > 1:
+            weight -= lru.popitem(last=False)[1] & 0xFFFFF
+        self._weight[endpoint_id] = weight
+        self._total += len(lru) - before
+        if self._total > self._max_total:
+            self._evict_global(self._total - self._max_total)

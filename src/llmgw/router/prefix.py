@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from hashlib import blake2b
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import Any
 
 import msgspec
@@ -76,6 +76,7 @@ def _layout(limit: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 _ENDS, _UNITS = _layout(MAX_ROUTED_BYTES)
 _CUM_UNITS = tuple(accumulate(_UNITS))
+_REV_UNITS = _UNITS[::-1]
 
 
 def block_end(i: int) -> int:
@@ -251,6 +252,12 @@ class PrefixIndex:
         self._scale: dict[str, float] = {}
         self._total = 0
         self._tick = 0
+        # (endpoint, chain, capacity) of the last record() when nothing has
+        # changed the index since: recording it again would only restamp the
+        # newest entries as still the newest, which changes no answer and no
+        # eviction, so it is skipped (a request's completion right after its
+        # dispatch, or the same prompt twice in a row).
+        self._fresh: tuple[str, tuple[int, ...], int] | None = None
 
     def __len__(self) -> int:
         return self._total
@@ -301,6 +308,14 @@ class PrefixIndex:
         if not hashes:
             return
         cap = self.capacity(endpoint_id, capacity_units)
+        fresh = self._fresh
+        if (
+            fresh is not None
+            and fresh[0] == endpoint_id
+            and fresh[2] == cap
+            and (fresh[1] is hashes or fresh[1] == hashes)
+        ):
+            return
         lru = self._lru.get(endpoint_id)
         if lru is None:
             lru = self._lru[endpoint_id] = OrderedDict()
@@ -308,24 +323,56 @@ class PrefixIndex:
         stamp = self._tick << _TICK_SHIFT
         before = len(lru)
         weight = self._weight.get(endpoint_id, 0)
-        pop = lru.pop
         # Deepest first, so the chain's head ends up most recent. A chain longer
-        # than the capacity keeps its head: that is the part others share.
-        n = min(len(hashes), max(1, blocks_within(cap)))
-        for i in range(n - 1, -1, -1):
-            h = hashes[i]
-            old = pop(h, None)
-            if old is not None:
-                weight -= old & _WEIGHT_MASK
-            w = _UNITS[i] if i < len(_UNITS) else _UNITS[-1]
+        # than the capacity keeps its head: that is the part others share. Pop
+        # what is held of the chain (in C), then insert the chain with this stamp.
+        n = min(len(hashes), max(1, blocks_within(cap)))  # n <= len(_UNITS)
+        chain = hashes[n - 1 :: -1]
+        old = list(map(lru.pop, chain, repeat(None, n)))
+        for h, w in zip(chain, _REV_UNITS[len(_UNITS) - n :], strict=True):
             lru[h] = stamp | w
-            weight += w
+        if len(lru) == before + old.count(None):
+            # Each hash once: the old values' low bits sum to their weight (a
+            # chain weighs < 2**20 units), the new ones to the chain's.
+            weight += _CUM_UNITS[n - 1] - (sum(filter(None, old)) & _WEIGHT_MASK)
+        else:  # a hash repeats in the chain (a collision, or a test): one at a time
+            weight = self._refresh_slowly(lru, hashes, n, stamp, weight, old)
         while weight > cap and len(lru) > 1:
             weight -= lru.popitem(last=False)[1] & _WEIGHT_MASK
         self._weight[endpoint_id] = weight
         self._total += len(lru) - before
         if self._total > self._max_total:
             self._evict_global(self._total - self._max_total)
+            self._fresh = None
+        else:
+            chain_t = hashes if isinstance(hashes, tuple) else tuple(hashes)
+            self._fresh = (endpoint_id, chain_t, cap)
+
+    @staticmethod
+    def _refresh_slowly(
+        lru: OrderedDict[int, int],
+        hashes: Sequence[int],
+        n: int,
+        stamp: int,
+        weight: int,
+        old: list[int | None],
+    ) -> int:
+        """record()'s refresh of a chain in which a hash repeats; the new weight.
+
+        The batch has popped the chain (`old`: what each pop returned) and put
+        each of its hashes back once; take the old weights off and pop and
+        re-insert one at a time, deepest first, so that order and weights are
+        those of refreshing one hash at a time from the start.
+        """
+        weight -= sum(filter(None, old)) & _WEIGHT_MASK
+        for h in set(hashes[:n]):
+            weight += lru[h] & _WEIGHT_MASK
+        for i in range(n - 1, -1, -1):
+            h = hashes[i]
+            weight -= lru.pop(h) & _WEIGHT_MASK
+            lru[h] = stamp | _UNITS[i]
+            weight += _UNITS[i]
+        return weight
 
     def _evict_global(self, n: int) -> None:
         """Drop the n least recently recorded entries across all endpoints."""
@@ -342,6 +389,7 @@ class PrefixIndex:
 
     def trim(self, endpoint_id: str, units: int) -> int:
         """Forget the endpoint's oldest entries until it holds at most `units`; how many went."""
+        self._fresh = None
         lru = self._lru.get(endpoint_id)
         if lru is None:
             return 0
@@ -363,6 +411,7 @@ class PrefixIndex:
 
     def purge(self, endpoint_id: str) -> None:
         """Forget everything sent to an endpoint (its engine restarted, or it left)."""
+        self._fresh = None
         lru = self._lru.pop(endpoint_id, None)
         self._weight.pop(endpoint_id, None)
         if lru is not None:
