@@ -57,8 +57,11 @@ class TestPlacementFlow:
     def test_ready_heartbeat_wakes_the_long_poll(self, c: Controller) -> None:
         """A long-poll held at the current version returns once the replica is ready, with it."""
         c.post("/admin/models", spec("m"))
-        first = c.get("/v1/endpoints")
+        # With no node yet, the first tick finds m cannot be placed and says so in the
+        # list's outlook (a change routers hear at once); the poll starts after that.
+        first = wait_for(lambda: (e := c.get("/v1/endpoints"))["outlook"] and e, what="m's outlook")
         assert (first["endpoints"], first["models"]) == ([], ["m"])
+        assert first["outlook"][0]["state"] == "cannot_place"
         got: list[dict[str, Any]] = []
 
         def poll() -> None:

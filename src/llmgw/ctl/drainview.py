@@ -67,13 +67,23 @@ def draining_block(nodes: Sequence[NodeView]) -> RenderableType | None:
     if not draining:
         return None
     lines: list[RenderableType] = [Text(f"Draining ({len(draining)} nodes)", style="bold yellow")]
-    for n in draining:
-        blocked = sum(1 for w in n.drain_waiting if w.blocked)
+    # One screen at any fleet size: a few nodes, and of each only what blocks it (the
+    # rest is in `ctl nodes` and `ctl drain NODE`).
+    for n in draining[:STATUS_NODES]:
+        blocked = [w for w in n.drain_waiting if w.blocked]
         what = f"{len(n.drain_waiting)} replica(s) waited for" + (
-            f", {blocked} blocked" if blocked else ""
+            f", {len(blocked)} blocked" if blocked else ""
         )
         lines.append(Text(f"  {n.name}  {what if n.drain_waiting else 'replicas stopping'}"))
-        lines += [
-            Text(f"    {wait_text(w)}", style="red" if w.blocked else "") for w in n.drain_waiting
-        ]
+        lines += [Text(f"    {wait_text(w)}", style="red") for w in blocked[:STATUS_WAITS]]
+        if len(blocked) > STATUS_WAITS:
+            lines.append(Text(f"    …and {len(blocked) - STATUS_WAITS} more blocked", style="dim"))
+    if len(draining) > STATUS_NODES:
+        more = len(draining) - STATUS_NODES
+        lines.append(Text(f"  …and {more} more (ctl nodes)", style="dim"))
     return Group(*lines)
+
+
+# What `ctl status` shows of drains: this many nodes, this many blocked replicas each.
+STATUS_NODES = 3
+STATUS_WAITS = 2
