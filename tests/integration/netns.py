@@ -15,8 +15,10 @@ host keeps its address and loopback (its agent still sees its own engines)
 but no packet leaves or arrives.
 
 Everything is torn down on exit, even after a failure: the processes started
-here are stopped by PID, and deleting the switch namespace deletes every veth
-pair with it. Namespace names carry a random suffix, so runs never collide.
+here are stopped by PID, then anything still running inside a host's namespace
+(an agent's engines, which outlive the agent by design) by its PID, and
+deleting the switch namespace deletes every veth pair with it. Namespace names
+carry a random suffix, so runs never collide.
 Needs root and `ip netns`; `unavailable()` says why not, for a skip.
 """
 
@@ -26,7 +28,9 @@ import contextlib
 import functools
 import os
 import shutil
+import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -35,6 +39,13 @@ from llmgw.testing import Program, start_program
 
 SUBNET = "10.213.0"
 CLIENT_ADDR = f"{SUBNET}.254"
+
+
+def _pids_in(ns: str) -> list[int]:
+    done = subprocess.run(
+        ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10, check=False
+    )
+    return [int(p) for p in done.stdout.split() if p.isdigit()]
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -160,6 +171,19 @@ class Net:
         _ip("addr", "add", f"{CLIENT_ADDR}/24", "dev", self._client_if)
         _ip("link", "set", self._client_if, "up")
 
+    @staticmethod
+    def _end_leftovers(ns: str) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            pids = _pids_in(ns)
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 3.0
+            while _pids_in(ns) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
     def cut(self, name: str) -> None:
         """Take the host's switch port down: no packet to or from it."""
         _ip("-n", self.switch, "link", "set", self.hosts[name].port, "down")
@@ -172,6 +196,11 @@ class Net:
             for prog in host.programs:
                 with contextlib.suppress(Exception):
                     prog.stop(grace_s=3)
+        # Whatever those programs started in their own sessions (an agent's engines,
+        # which outlive it by design) still runs inside the namespace: every process
+        # there descends from one started here, so end each by its PID.
+        for host in self.hosts.values():
+            self._end_leftovers(host.ns)
         # Deleting a namespace deletes its veths and their peers; the client
         # veth's peer lives in the switch, so it goes with it.
         with contextlib.suppress(Exception):
