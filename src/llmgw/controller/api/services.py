@@ -45,10 +45,10 @@ class Services:
 
     def waiting_unplaceable(self) -> list[WaitingModel]:
         """Models with router demand whose requests are refused: the endpoint list says
-        cannot_place for them (same rule, fleet.endpoints.outlook)."""
+        cannot_place for them (the same outlook, not computed again)."""
         demand = self.usage.demand()
         out: list[WaitingModel] = []
-        for look in self.fleet.outlook():
+        for look in self.fleet.last_outlook:
             if look.state != "cannot_place":
                 continue
             name = look.models[0]

@@ -271,6 +271,11 @@ class Fleet:
             evicting=mem.evicting,
         )
 
+    @property
+    def last_outlook(self) -> tuple[ModelOutlook, ...]:
+        """The outlook as of the last tick: what the endpoint list tells routers."""
+        return self._outlook
+
     def outlook_changed(self) -> None:
         """After a tick: a new outlook is news for routers (held requests look again)."""
         now = self.outlook()
