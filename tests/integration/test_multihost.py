@@ -23,6 +23,7 @@ import yaml
 from llmgw.testing import Program
 
 from . import netns
+from .controller_harness import wait_for as harness_wait_for
 from .netns import Host, Net
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -51,18 +52,8 @@ def _need_netns() -> None:
 
 
 def wait_for(check: Callable[[], T], *, timeout_s: float = 60.0, what: str = "") -> T:
-    """Generous: these tests run real fleets on a loaded 2-core machine."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except (OSError, urllib.error.URLError, json.JSONDecodeError) as exc:
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what or check}; last={last!r}")
+    """The harness's poll, with a longer default: real fleets on a loaded 2-core machine."""
+    return harness_wait_for(check, timeout_s=timeout_s, what=what)
 
 
 def call(method: str, url: str, body: Any = None, *, timeout_s: float = 5.0) -> Any:
