@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from llmgw.agent.errors import AgentError
 from llmgw.wire.agent import ShardSpec
 
 DENIED_ENV_PREFIXES = ("PYTHON", "LD_", "DYLD_")
@@ -26,7 +27,7 @@ DENIED_ENV = frozenset(
 DENIED_FLAGS = frozenset({"--trust-remote-code", "--host", "--port", "--api-key"})
 
 
-class SpecRefused(ValueError):
+class SpecRefused(AgentError):
     """The spec asks for what this node's policy does not allow; the message says what."""
 
 

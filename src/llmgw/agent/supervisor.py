@@ -30,7 +30,7 @@ from pathlib import Path
 from llmgw.agent import logfiles
 from llmgw.agent.engineprocs import KILL, TERM, ProcessHandle, Spawner, SpawnError
 from llmgw.agent.metrics import EngineEvents
-from llmgw.agent.policy import SpecPolicy
+from llmgw.agent.policy import SpecPolicy, SpecRefused
 from llmgw.agent.ports import NoFreePort, PortAllocator, RendezvousPortTaken
 from llmgw.agent.probe import HealthProbe
 from llmgw.agent.statefile import ShardRecord, StateStore
@@ -278,7 +278,7 @@ class Supervisor:
             )
             sh.health_path = plan.health_path
             sh.proc = self._spawner.spawn(plan.argv, plan.env, sh.log_path)
-        except (NoFreePort, RendezvousPortTaken, SpawnError, ValueError) as exc:
+        except (NoFreePort, RendezvousPortTaken, SpawnError, SpecRefused, ValueError) as exc:
             sh.state = "failed"
             sh.log_tail = (f"llmgw agent: {exc}",)
             self.events.exited(spec.engine, "failed")

@@ -17,8 +17,11 @@ type in one table (api/http.py) and answers in the OpenAI error shape.
     └── StoreUnavailable       the database refused the write; nothing was applied
 
 Anything else escaping a handler is a bug (the edge answers 500 and logs it).
-The names differ from other programs' (ctl's DoesNotExist, TokenRejected,
-ControllerError; the store's NotLeader) so a reader never mistakes one for another.
+The names differ from other programs' (the admin client's AdminNotFound,
+AdminUnauthorized, AdminNotLeader; ctl's CtlError) so a reader never mistakes one for
+another. The store has its own small root (store/base.py StoreError: SchemaTooNew,
+NotLeader), raised below this layer; the store wrapper turns what reaches a request
+into StoreUnavailable or NotLeading, and SchemaTooNew ends the controller at start.
 """
 
 from __future__ import annotations
