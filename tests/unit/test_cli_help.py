@@ -77,3 +77,10 @@ def test_every_flag_has_help_and_shows_its_default(command: str) -> None:
                     problems.append(f"{prog} {name}: default {action.default!r} not shown")
             assert text  # formats without error
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("command", ["agent", "controller", "router", "sim-engine", "up"])
+def test_every_long_running_program_lists_log_format(command: str) -> None:
+    """`--log-format` is taken before each program's own parser; `--help` still tells of it."""
+    texts = [p.format_help() for parser in _parsers(command) for _, p in _walk(parser)]
+    assert any("--log-format" in t and "json" in t for t in texts), command

@@ -26,7 +26,7 @@ import yaml
 from llmgw.agent.errors import AgentError
 from llmgw.agent.ports import parse_range
 from llmgw.agent.templates import parse_engine_bins
-from llmgw.runtime import secretfile
+from llmgw.runtime import logs, secretfile
 
 
 class AgentConfigError(AgentError):
@@ -90,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
     )
     p.add_argument("--config", help="YAML file with the same keys as these flags")
+    logs.add_format_argument(p)
     p.add_argument("--controller", action="append", help="controller URL (repeat for HA)")
     p.add_argument(
         "--token", help=f"bearer token for the controller (visible in ps; prefer {TOKEN_ENV})"
@@ -157,6 +158,7 @@ def _from_file(path: str) -> dict[str, Any]:
 def parse_config(argv: list[str]) -> AgentConfig:
     """Flags over file over defaults; raises AgentConfigError (argparse exits on bad flags)."""
     ns = vars(_parser().parse_args(argv))
+    ns.pop("log_format", None)  # taken before this parser (runtime.logs.take_format)
     merged: dict[str, Any] = _from_file(ns.pop("config")) if "config" in ns else {}
     if "label" in ns:
         ns["label"] = _pairs(ns["label"], "label")

@@ -11,7 +11,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.runtime import secretfile
+from llmgw.runtime import logs, secretfile
 from llmgw.runtime.cli import DefaultsFormatter
 
 DEFAULT_DATABASE = "sqlite:///./.llmgw/controller.db"
@@ -141,6 +141,7 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         formatter_class=DefaultsFormatter,
     )
     p.add_argument("--host", default=d.host, help="listen address")
+    logs.add_format_argument(p)
     p.add_argument("--port", type=int, default=8081, help="listen port; 0 picks one")
     p.add_argument(
         "--database", default=d.database, help="sqlite:///… | postgresql://… | memory://"

@@ -24,12 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="listen port; 0 picks one")
     p.add_argument("--host", default="127.0.0.1", help="listen address")
     p.add_argument("--log-level", default=None, help="DEBUG shows every routing decision")
-    p.add_argument(
-        "--log-format",
-        choices=logs.FORMATS,
-        default=None,
-        help="text (default, or $LLMGW_LOG_FORMAT) or json: one object per line",
-    )
+    logs.add_format_argument(p)
     return p
 
 

@@ -13,6 +13,7 @@ writes those as keys instead of parsing the text back.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -93,6 +94,19 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+
+
+def add_format_argument(parser: argparse.ArgumentParser) -> None:
+    """List `--log-format` in a program's `--help`, worded the same everywhere.
+
+    Programs that call `take_format` first never see the flag reach their parser;
+    it is declared there so `--help` tells of it."""
+    parser.add_argument(
+        FLAG,
+        choices=FORMATS,
+        default=None,
+        help="text (default, or $LLMGW_LOG_FORMAT) or json: one object per line",
+    )
 
 
 def take_format(argv: Sequence[str]) -> tuple[LogFormat, list[str]]:

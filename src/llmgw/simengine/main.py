@@ -29,6 +29,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("positional_model", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--model", help="model name (the default served name)")
+    logs.add_format_argument(p)
     p.add_argument("--served-model-name", nargs="+", default=None, help="names to serve")
     p.add_argument("--host", default="127.0.0.1", help="listen address")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
