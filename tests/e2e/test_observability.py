@@ -2,11 +2,13 @@
 dashboard's queries against a live scrape, and the status page in a real headless
 chromium, compared with `llmgw ctl status --json` and watched change after a cordon.
 
-Screenshots of the page are kept under the test's artifacts folder (printed).
+Screenshots of the page are kept in `test-artifacts/` at the repository root (or
+$LLMGW_TEST_ARTIFACTS), overwritten by each run, ignored by git (docs/testing.md).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -141,9 +143,10 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("artifacts")
-    print(f"\nstatus page screenshots: {folder}")
+def artifacts() -> Path:
+    root = Path(__file__).resolve().parents[2]
+    folder = Path(os.environ.get("LLMGW_TEST_ARTIFACTS") or root / "test-artifacts")
+    folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 

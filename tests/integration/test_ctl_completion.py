@@ -41,8 +41,24 @@ def test_bash_script_parses_and_completes_commands_and_flags(tmp_path: Path) -> 
     assert complete(tmp_path, ["llmgw", "ctl", "-o", "json", "rep"]) == ["replicas"]
 
 
+def zsh_complete(tmp_path: Path, words: list[str]) -> list[str]:
+    """Run the completion function as zsh's bashcompinit does (sh emulation: arrays
+    from 0) and return its candidates; zsh itself then keeps those that match."""
+    path = tmp_path / "c.zsh"
+    path.write_text(script("zsh"))
+    array = " ".join(f"'{w}'" for w in words)
+    probe = (
+        f"autoload -U compinit && compinit -u; source {path}; "
+        f"t() {{ emulate -L sh; COMP_WORDS=({array}); COMP_CWORD={len(words) - 1}; "
+        '_llmgw_ctl; printf "%s\\n" "${COMPREPLY[@]}"; }; t'
+    )
+    done = subprocess.run(["zsh", "-f", "-c", probe], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return [w for w in done.stdout.split("\n") if w]
+
+
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
-def test_zsh_script_loads(tmp_path: Path) -> None:
+def test_zsh_script_loads_and_completes(tmp_path: Path) -> None:
     path = tmp_path / "c.zsh"
     path.write_text(script("zsh"))
     done = subprocess.run(
@@ -50,3 +66,6 @@ def test_zsh_script_loads(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert "drain" in zsh_complete(tmp_path, ["llmgw", "ctl", "dr"])
+    assert "--timeout" in zsh_complete(tmp_path, ["llmgw", "ctl", "drain", "--t"])
+    assert "replicas" in zsh_complete(tmp_path, ["llmgw", "ctl", "-o", "json", "rep"])

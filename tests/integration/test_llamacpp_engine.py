@@ -164,3 +164,44 @@ def test_bad_model_file_exits_with_llamacpps_reason(tmp_path: Path) -> None:
     assert out.returncode == 1
     tail = (out.stdout + out.stderr).splitlines()[-5:]
     assert any("failed to load model" in line for line in tail), tail
+
+
+def test_real_metrics_show_running_and_waiting_under_load(
+    engine: tuple[subprocess.Popen[bytes], str, list],
+) -> None:
+    """Four long requests on two slots (`--parallel 2`): the scrape the router parses
+    shows two running and the rest waiting while they last (llama.cpp's
+    `requests_processing` and `requests_deferred`)."""
+    _proc, url, _seen = engine
+    body = json.dumps(
+        {"prompt": "the long road home", "max_tokens": 1500, "ignore_eos": True}
+    ).encode()
+    results: list[int] = []
+
+    def one() -> None:
+        req = urllib.request.Request(
+            url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                results.append(resp.status)
+        except OSError:
+            results.append(-1)
+
+    clients = [threading.Thread(target=one, daemon=True) for _ in range(4)]
+    for c in clients:
+        c.start()
+    seen: list[tuple[float, float]] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(results) < 4:
+        status, text = _status(url + "/metrics")
+        if status == 200:
+            stats = parse(text, "llamacpp")
+            seen.append((stats.running, stats.waiting))
+            if stats.running == 2 and stats.waiting >= 1:
+                break
+        time.sleep(0.02)
+    for c in clients:
+        c.join(timeout=120)
+    assert any(r == 2 and w >= 1 for r, w in seen), seen[-10:]
+    assert results == [200] * 4
