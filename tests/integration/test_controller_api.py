@@ -340,8 +340,8 @@ class TestBadInputChangesNothing:
         assert "Too Large" in err["message"]
 
     def test_bad_long_poll_timeout_is_400(self, c: Controller) -> None:
-        """A timeout_s that is not a finite number is refused rather than read as zero."""
-        for text in ("nan", "inf", "soon"):
+        """A timeout_s that is not a finite number (empty included) is refused, not defaulted."""
+        for text in ("nan", "inf", "soon", ""):
             err = c.error("GET", f"/v1/endpoints?timeout_s={text}")
             assert (err.status, err.body["error"]["param"]) == (400, "timeout_s")
 

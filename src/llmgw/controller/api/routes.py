@@ -381,7 +381,9 @@ async def heartbeat(request: web.Request) -> web.Response:
 async def endpoints(request: web.Request) -> web.Response:
     s = _svc(request)
     after = _query_int(request, "after", None, -(2**62), 2**62)
-    text = _query(request, "timeout_s") or "30"
+    given = _query(request, "timeout_s")
+    # Absent: 30 s. Present but empty is not a number (the schema says number).
+    text = "30" if given is None else given
     try:
         asked = float(text)
     except ValueError:
