@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterator
@@ -10,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from llmgw.ctl import main as ctl_main
+from llmgw.ctl.context import Ctx
 from tests.integration import pg
 from tests.integration.controller_harness import (
     Controller,
@@ -200,3 +203,57 @@ class TestNodeDrain:
                 what="node drained",
             )
             assert c.get("/admin/nodes/a")["drain_waiting"] == []
+
+    def test_evict_idle_makes_room_and_the_drain_finishes(self, c: Controller) -> None:
+        """A drain blocked by capacity, told to evict idle replicas: the idle one of another
+        model is evicted, the replacement lands in its room, `ctl drain` ends, events say why."""
+        c.post("/admin/models", [spec("m", gpus_per_node=8), spec("x", gpus_per_node=8)])
+        # min 1 then 0: x's one replica is not protected by min_replicas.
+        c.post("/admin/models/x/scale", {"min_replicas": 0})
+        with FakeAgents(c, {"a": 8, "b": 8}):
+            old = wait_for(lambda: c.replicas("m", "ready"), what="m ready")[0]
+            victim = wait_for(lambda: c.replicas("x", "ready"), what="x ready")[0]
+            here, there = _node_of(old), _node_of(victim)
+            assert here != there
+
+            # A plain drain waits: nothing else has room.
+            c.post(f"/admin/nodes/{here}/drain", {"grace_s": 1})
+            waits = wait_for(
+                lambda: [w for w in c.get(f"/admin/nodes/{here}")["drain_waiting"] if w["blocked"]],
+                what="the plain drain is blocked",
+            )
+            assert "(drain with force to move it anyway)" in waits[0]["reason"]
+            assert c.get(f"/admin/replicas/{victim['id']}")["state"] == "ready"
+
+            now = time.time()
+            c.post(
+                "/v1/usage",
+                {
+                    "router_id": "r1",
+                    "sent_at": now,
+                    "last_used": {victim["id"]: now - 900},
+                    "inflight": {victim["id"]: 0},
+                },
+            )
+            out, err = io.StringIO(), io.StringIO()
+            code = ctl_main.main(
+                ["drain", here, "--evict-idle", "--grace-s", "1", "--timeout", "60"],
+                env={"LLMGW_CONTROLLER": c.url},
+                home=Path("/nonexistent"),
+                base=Ctx(out=out, err=err, width=160),
+            )
+            assert code == 0, err.getvalue()
+            assert f"node {here} drained" in out.getvalue()
+            (new,) = c.replicas("m", "ready")
+            assert _node_of(new) == there
+            placed = [e for e in c.events(replica=new["id"]) if e.startswith("replica.placed")]
+            assert f"replacing {old['id']} (node {here} draining)" in placed[0]
+            assert c.get(f"/admin/replicas/{victim['id']}")["state"] == "stopped"
+        evicted = [e for e in c.events(replica=victim["id"]) if e.startswith("replica.evicted")]
+        assert len(evicted) == 1
+        assert "evicted for m: " in evicted[0]
+        assert f"the replacement of {old['id']} (node {here} draining)" in evicted[0]
+        assert any(
+            e.startswith(f"node.drain_evicting {here}: evicting idle {victim['id']}")
+            for e in c.events(node=here)
+        )
