@@ -45,7 +45,7 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
-from llmgw.router.holding import hold_until, retry_after_s
+from llmgw.router.holding import hold_until, retry_after_s, unplaceable_retry_after_s
 from llmgw.router.inband import ErrorFrameWatch, nothing_before_error, role_opener_only
 from llmgw.router.intake import ByteBudget, read_json, refused
 from llmgw.router.metrics import (
@@ -511,7 +511,7 @@ class Proxy:
                         raise NoReplica(
                             model,
                             f"it cannot be placed: {look.reason}",
-                            retry_after_s=max(1, round(look.retry_after_s or 30)),
+                            retry_after_s=unplaceable_retry_after_s(look),
                             code="model_unplaceable",
                         )
                     if until is None:

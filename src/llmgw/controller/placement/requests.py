@@ -35,7 +35,7 @@ from llmgw.controller.fleet.records import (
     Reservation,
     Shard,
 )
-from llmgw.controller.placement.eviction import plan_eviction
+from llmgw.controller.placement.eviction import idle_enough_in, plan_eviction
 from llmgw.controller.placement.rendezvous import pick_master_port
 from llmgw.controller.placement.rules import (
     FreeMap,
@@ -115,9 +115,14 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
                 if res is not None:
                     # The part of its room that is already free is held from now on.
                     _hold(free, name, res, held)
+                elif name not in mem.evicting:
+                    _idle_eta(t, q.model, free)
     for name in list(mem.unplaceable):
         if name not in failed:
             del mem.unplaceable[name]
+    for name in list(mem.idle_enough_at):
+        if name not in failed or name in mem.evicting:
+            del mem.idle_enough_at[name]
     for rid in list(mem.drain_waiting):
         if rid not in waiting:
             del mem.drain_waiting[rid]
@@ -340,6 +345,25 @@ def _maybe_evict(
         msg += f"; the room is for {purpose}"
     batch.event("model.evicting", "model", model.name, msg, model=model.name)
     return res
+
+
+def _idle_eta(t: TickContext, model: Model, free: FreeMap) -> None:
+    """Nothing can be evicted for `model` now: remember when that would change, if
+    waiting helps (eviction.idle_enough_in), for the outlook routers read."""
+    batch, mem = t.batch, t.memory
+    wait = idle_enough_in(
+        model.spec,
+        batch.base,
+        t.usage,
+        free,
+        now=batch.now,
+        heartbeat_timeout_s=t.config.heartbeat_timeout_s,
+        exclude=batch.leaving(),
+    )
+    if wait is None:
+        mem.idle_enough_at.pop(model.name, None)
+    else:
+        mem.idle_enough_at[model.name] = batch.now + wait
 
 
 def _freeing(t: TickContext, r: Replica) -> bool:
