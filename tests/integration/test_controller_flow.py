@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -42,6 +43,18 @@ def c(db: Db) -> Iterator[Controller]:
 
 def _node_of(r: dict[str, Any]) -> str:
     return str(r["shards"][0]["node"])
+
+
+def _ctl(c: Controller, *argv: str) -> tuple[int, str, str]:
+    """One `llmgw ctl` command in-process against `c` (real transport), output piped."""
+    out, err = io.StringIO(), io.StringIO()
+    code = ctl_main.main(
+        list(argv),
+        env={"LLMGW_CONTROLLER": c.url},
+        home=Path("/nonexistent"),
+        base=Ctx(out=out, err=err, width=160),
+    )
+    return code, out.getvalue(), err.getvalue()
 
 
 class TestPlacementFlow:
@@ -235,15 +248,11 @@ class TestNodeDrain:
                     "inflight": {victim["id"]: 0},
                 },
             )
-            out, err = io.StringIO(), io.StringIO()
-            code = ctl_main.main(
-                ["drain", here, "--evict-idle", "--grace-s", "1", "--timeout", "60"],
-                env={"LLMGW_CONTROLLER": c.url},
-                home=Path("/nonexistent"),
-                base=Ctx(out=out, err=err, width=160),
+            code, out, err = _ctl(
+                c, "drain", here, "--evict-idle", "--grace-s", "1", "--timeout", "60"
             )
-            assert code == 0, err.getvalue()
-            assert f"node {here} drained" in out.getvalue()
+            assert code == 0, err
+            assert f"node {here} drained" in out
             (new,) = c.replicas("m", "ready")
             assert _node_of(new) == there
             placed = [e for e in c.events(replica=new["id"]) if e.startswith("replica.placed")]
@@ -257,3 +266,55 @@ class TestNodeDrain:
             e.startswith(f"node.drain_evicting {here}: evicting idle {victim['id']}")
             for e in c.events(node=here)
         )
+
+
+class TestCtlEvents:
+    def test_a_failure_is_one_line_and_its_detail_is_whole(self, c: Controller) -> None:
+        """An engine's log tail stays out of `ctl events` (one line per event) and comes
+        back whole, a line each, from `ctl events --detail ID`; JSON carries it all."""
+        tail = [
+            "Traceback (most recent call last):",
+            '  File "/opt/vllm/entrypoints/api_server.py", line 12, in <module>',
+            "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        ]
+        c.post("/admin/models", spec("m"))
+        with FakeAgents(c, {"a": 8}) as agents:
+            rid = wait_for(lambda: c.replicas("m", "ready"), what="ready")[0]["id"]
+            agents.log_tail = tail
+            agents.failing.add(rid)
+
+            def failure() -> dict[str, Any] | None:
+                code, out, _ = _ctl(c, "events", "--replica", rid, "--json")
+                assert code == 0
+                found = [e for e in json.loads(out) if e["kind"] == "replica.failed"]
+                return found[0] if found else None
+
+            event = wait_for(failure, what="the failure event")
+        assert event["message"].endswith(" | ".join(line.strip() for line in tail))
+
+        code, out, err = _ctl(c, "events", "--replica", rid)
+        assert code == 0, err
+        (row,) = [ln for ln in out.splitlines() if ln.split()[:1] == [str(event["id"])]]
+        assert "replica.failed" in row
+        assert "exited with code 3" in row
+        assert "RuntimeError" not in out  # the tail past its first line is in --detail
+        assert row.endswith("…")
+        # A header, then one line per event: none wraps onto a line of its own.
+        assert all(ln.split()[0].isdigit() for ln in out.splitlines()[1:]), out
+
+        code, out, err = _ctl(c, "events", "--detail", str(event["id"]))
+        assert code == 0, err
+        lines = out.splitlines()
+        assert f"id       {event['id']}" in lines
+        assert "kind     replica.failed" in lines
+        assert f"subject  replica {rid}" in lines
+        assert "  Traceback (most recent call last):" in lines
+        assert "  RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in lines
+
+        code, out, err = _ctl(c, "events", "--detail", str(event["id"]), "--json")
+        assert code == 0, err
+        assert json.loads(out) == event
+
+        code, out, err = _ctl(c, "events", "--detail", "987654321")
+        assert code == 1
+        assert "no event 987654321" in err
