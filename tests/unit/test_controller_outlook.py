@@ -8,6 +8,7 @@ import pytest
 
 from llmgw.controller.fleet.endpoints import CANNOT_PLACE_RETRY_S, coarse_s, outlook, say_s
 from llmgw.controller.fleet.starts import StartHistory
+from llmgw.controller.placement.requests import ETA_REFRESH_S
 from llmgw.wire.endpoints import ModelOutlook
 from tests.unit.controller_reconcile_world import World, spec
 
@@ -76,6 +77,19 @@ class TestCannotPlace:
         assert w.state.replicas[x].state == "draining"
         assert look(w, "big").state == "making_room"
         assert "big" not in w.memory.idle_enough_at
+
+    def test_the_time_is_worked_out_again_only_every_refresh(self) -> None:
+        """x used again: the time stays until the refresh, then says the full timeout."""
+        w, x = _full()
+        w.report(last_used={x: w.now}, inflight={x: 0})
+        w.report(demand={"big": 1})
+        w.tick()
+        assert look(w, "big").retry_after_s == 420.0  # a few plans a tick is too dear
+        w.clock.advance(ETA_REFRESH_S)
+        w.touch("a")
+        w.report(demand={"big": 1})
+        w.tick()
+        assert look(w, "big").retry_after_s == coarse_s(600.0 - ETA_REFRESH_S)
 
     def test_unknown_idleness_gives_no_time(self) -> None:
         """No router reported x: waiting would not help, so no time is promised."""

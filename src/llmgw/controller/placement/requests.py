@@ -120,9 +120,10 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
     for name in list(mem.unplaceable):
         if name not in failed:
             del mem.unplaceable[name]
-    for name in list(mem.idle_enough_at):
+    for name in list(mem.idle_eta_checked):
         if name not in failed or name in mem.evicting:
-            del mem.idle_enough_at[name]
+            del mem.idle_eta_checked[name]
+            mem.idle_enough_at.pop(name, None)
     for rid in list(mem.drain_waiting):
         if rid not in waiting:
             del mem.drain_waiting[rid]
@@ -347,10 +348,20 @@ def _maybe_evict(
     return res
 
 
+# How often the moment an eviction could make room is worked out again per
+# model: it costs a few eviction plans, and a moment a few seconds stale only
+# makes a refused client come back a little early.
+ETA_REFRESH_S = 15.0
+
+
 def _idle_eta(t: TickContext, model: Model, free: FreeMap) -> None:
     """Nothing can be evicted for `model` now: remember when that would change, if
     waiting helps (eviction.idle_enough_in), for the outlook routers read."""
     batch, mem = t.batch, t.memory
+    checked = mem.idle_eta_checked.get(model.name)
+    if checked is not None and batch.now - checked < ETA_REFRESH_S:
+        return
+    mem.idle_eta_checked[model.name] = batch.now
     wait = idle_enough_in(
         model.spec,
         batch.base,

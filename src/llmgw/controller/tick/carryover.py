@@ -44,6 +44,9 @@ class TickMemory:
     # candidate is idle enough in 7 min"); absent when waiting would not help
     # (restart: known again after one tick).
     idle_enough_at: dict[str, float] = field(default_factory=dict)
+    # Model → when idle_enough_at was last worked out (it costs a few eviction
+    # plans, so it is refreshed every ETA_REFRESH_S, not every tick).
+    idle_eta_checked: dict[str, float] = field(default_factory=dict)
 
     def copy(self) -> TickMemory:
         return TickMemory(
@@ -55,4 +58,5 @@ class TickMemory:
             drain_waiting=dict(self.drain_waiting),
             drained=set(self.drained),
             idle_enough_at=dict(self.idle_enough_at),
+            idle_eta_checked=dict(self.idle_eta_checked),
         )
