@@ -11,6 +11,7 @@ from llmgw.router.holding import (
     UNPLACEABLE_RETRY_DEFAULT_S,
     UNPLACEABLE_RETRY_MAX_S,
     Holding,
+    held_too_long,
     hold_until,
     unplaceable_retry_after_s,
 )
@@ -63,3 +64,15 @@ def test_retry_after_of_a_refusal_follows_the_controller_within_bounds(
     """Retry-After is the outlook's retry_after_s, rounded up and kept within 1..300 s."""
     look = ModelOutlook(models=("m",), state="cannot_place", reason="why", retry_after_s=said)
     assert unplaceable_retry_after_s(look) == retry
+
+
+def test_a_hold_that_times_out_says_what_the_controller_said() -> None:
+    """A start longer than the hold: the 503 names the controller's reason."""
+    starting = ModelOutlook(
+        models=("m",), state="starting", reason="a replica is starting; starts take about 3 min"
+    )
+    assert held_too_long(120.0, starting) == (
+        "none became available within 120s "
+        "(the controller: a replica is starting; starts take about 3 min)"
+    )
+    assert held_too_long(120.0, None) == "none became available within 120s"

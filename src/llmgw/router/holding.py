@@ -86,6 +86,15 @@ def unplaceable_retry_after_s(look: ModelOutlook) -> int:
     return min(UNPLACEABLE_RETRY_MAX_S, max(1, math.ceil(look.retry_after_s)))
 
 
+def held_too_long(hold_s: float, look: ModelOutlook | None) -> str:
+    """Why a held request ends without a replica, with what the controller last said
+    (a start that takes longer than the hold says so, with its usual duration)."""
+    why = f"none became available within {hold_s:g}s"
+    if look is not None and look.reason:
+        why += f" (the controller: {look.reason})"
+    return why
+
+
 def retry_after_s(snaps: Sequence[Snapshot]) -> int:
     """Whole seconds (at least 1) until the earliest open breaker admits its probe."""
     probes = [s.probe_in_s for s in snaps if s.probe_in_s is not None]
