@@ -152,3 +152,59 @@ async def test_a_placeable_model_is_held_and_served_while_another_is_refused(
                 assert any(e.startswith("replica.placed") for e in placed)
     finally:
         engine.stop(grace_s=3)
+
+
+async def test_a_model_placeable_by_eviction_is_held_and_served(tmp_path: Path) -> None:
+    """The README's eviction walkthrough in small: x is used once and left idle past its
+    timeout; a request for big, which fits only in x's cards, is held (making room, never
+    refused), x is evicted, big starts there, and the held request is served."""
+    ports = (FIRST_FAKE_PORT, FIRST_FAKE_PORT + 1)  # x is placed first, big second
+    if not all(port_free(p) for p in ports):
+        pytest.skip(f"ports {ports} are busy")
+    engines = [
+        start_program(sim_args(model=name, speed=20.0, port=port), log_dir=tmp_path)
+        for name, port in zip(("x", "big"), ports, strict=True)
+    ]
+    try:
+        with controller(Db(f"sqlite:///{tmp_path}/c.db"), log_dir=tmp_path) as c:
+            c.post(
+                "/admin/models",
+                [
+                    spec("x", gpus_per_node=8, min_replicas=0, idle_timeout_s=1),
+                    spec("big", gpus_per_node=8, min_replicas=0),
+                ],
+            )
+            cfg = base_config(
+                controller={"url": c.url, "poll_timeout_s": 5.0},
+                hold_timeout_s=60.0,
+                report_interval_s=0.2,
+            )
+            with router(tmp_path, cfg) as r, FakeAgents(c, {"n1": 8}):
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda: (
+                        {"x", "big"} <= {m["id"] for m in get_json(r.url + "/v1/models")["data"]}
+                    ),
+                    what="the router knows both models",
+                )
+                status, _, body, _ = await asyncio.wait_for(ask(r.url, "x"), timeout=40)
+                assert status == 200, body
+                (victim,) = c.replicas("x")
+
+                # Known idle past its 1 s timeout (the router reports when it last used it).
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda: c.get(f"/admin/replicas/{victim['id']}")["idle_seconds"] >= 2,
+                    what="x known idle",
+                )
+                status, _, body, _ = await asyncio.wait_for(ask(r.url, "big"), timeout=50)
+                assert status == 200, body
+                (placed,) = c.replicas("big", "ready")
+                assert placed["shards"][0]["node"] == "n1"
+            events = c.events(replica=victim["id"])
+        evicted = [e for e in events if e.startswith("replica.evicted")]
+        assert evicted, events
+        assert "evicted for big" in evicted[0]
+    finally:
+        for e in engines:
+            e.stop(grace_s=3)
