@@ -186,6 +186,8 @@ class FakeAgents:
         self.ready = ready
         self.silenced: set[str] = set()
         self.failing: set[str] = set()
+        # What a failing shard's engine printed last (the agent's log tail).
+        self.log_tail: list[str] = ["boom"]
         self.replies: dict[str, list[dict[str, Any]]] = {}
         self._running: dict[str, dict[tuple[str, int], int]] = {n: {} for n in nodes}
         self._next_port = 30000
@@ -225,7 +227,7 @@ class FakeAgents:
                 else ("ready" if self.ready else "starting"),
                 "port": port,
                 "exit_code": 3 if rid in self.failing else None,
-                "log_tail": ["boom"] if rid in self.failing else [],
+                "log_tail": list(self.log_tail) if rid in self.failing else [],
             }
             for (rid, rank), port in sorted(running.items())
         ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -10,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from llmgw.ctl import main as ctl_main
+from llmgw.ctl.context import Ctx
 from tests.integration import pg
 from tests.integration.controller_harness import (
     Controller,
@@ -39,6 +43,18 @@ def c(db: Db) -> Iterator[Controller]:
 
 def _node_of(r: dict[str, Any]) -> str:
     return str(r["shards"][0]["node"])
+
+
+def _ctl(c: Controller, *argv: str) -> tuple[int, str, str]:
+    """One `llmgw ctl` command in-process against `c` (real transport), output piped."""
+    out, err = io.StringIO(), io.StringIO()
+    code = ctl_main.main(
+        list(argv),
+        env={"LLMGW_CONTROLLER": c.url},
+        home=Path("/nonexistent"),
+        base=Ctx(out=out, err=err, width=160),
+    )
+    return code, out.getvalue(), err.getvalue()
 
 
 class TestPlacementFlow:
@@ -200,3 +216,105 @@ class TestNodeDrain:
                 what="node drained",
             )
             assert c.get("/admin/nodes/a")["drain_waiting"] == []
+
+    def test_evict_idle_makes_room_and_the_drain_finishes(self, c: Controller) -> None:
+        """A drain blocked by capacity, told to evict idle replicas: the idle one of another
+        model is evicted, the replacement lands in its room, `ctl drain` ends, events say why."""
+        c.post("/admin/models", [spec("m", gpus_per_node=8), spec("x", gpus_per_node=8)])
+        # min 1 then 0: x's one replica is not protected by min_replicas.
+        c.post("/admin/models/x/scale", {"min_replicas": 0})
+        with FakeAgents(c, {"a": 8, "b": 8}):
+            old = wait_for(lambda: c.replicas("m", "ready"), what="m ready")[0]
+            victim = wait_for(lambda: c.replicas("x", "ready"), what="x ready")[0]
+            here, there = _node_of(old), _node_of(victim)
+            assert here != there
+
+            # A plain drain waits: nothing else has room.
+            c.post(f"/admin/nodes/{here}/drain", {"grace_s": 1})
+            waits = wait_for(
+                lambda: [w for w in c.get(f"/admin/nodes/{here}")["drain_waiting"] if w["blocked"]],
+                what="the plain drain is blocked",
+            )
+            assert "(drain with force to move it anyway)" in waits[0]["reason"]
+            assert c.get(f"/admin/replicas/{victim['id']}")["state"] == "ready"
+
+            now = time.time()
+            c.post(
+                "/v1/usage",
+                {
+                    "router_id": "r1",
+                    "sent_at": now,
+                    "last_used": {victim["id"]: now - 900},
+                    "inflight": {victim["id"]: 0},
+                },
+            )
+            code, out, err = _ctl(
+                c, "drain", here, "--evict-idle", "--grace-s", "1", "--timeout", "60"
+            )
+            assert code == 0, err
+            assert f"node {here} drained" in out
+            (new,) = c.replicas("m", "ready")
+            assert _node_of(new) == there
+            placed = [e for e in c.events(replica=new["id"]) if e.startswith("replica.placed")]
+            assert f"replacing {old['id']} (node {here} draining)" in placed[0]
+            assert c.get(f"/admin/replicas/{victim['id']}")["state"] == "stopped"
+        evicted = [e for e in c.events(replica=victim["id"]) if e.startswith("replica.evicted")]
+        assert len(evicted) == 1
+        assert "evicted for m: " in evicted[0]
+        assert f"the replacement of {old['id']} (node {here} draining)" in evicted[0]
+        assert any(
+            e.startswith(f"node.drain_evicting {here}: evicting idle {victim['id']}")
+            for e in c.events(node=here)
+        )
+
+
+class TestCtlEvents:
+    def test_a_failure_is_one_line_and_its_detail_is_whole(self, c: Controller) -> None:
+        """An engine's log tail stays out of `ctl events` (one line per event) and comes
+        back whole, a line each, from `ctl events --detail ID`; JSON carries it all."""
+        tail = [
+            "Traceback (most recent call last):",
+            '  File "/opt/vllm/entrypoints/api_server.py", line 12, in <module>',
+            "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        ]
+        c.post("/admin/models", spec("m"))
+        with FakeAgents(c, {"a": 8}) as agents:
+            rid = wait_for(lambda: c.replicas("m", "ready"), what="ready")[0]["id"]
+            agents.log_tail = tail
+            agents.failing.add(rid)
+
+            def failure() -> dict[str, Any] | None:
+                code, out, _ = _ctl(c, "events", "--replica", rid, "--json")
+                assert code == 0
+                found = [e for e in json.loads(out) if e["kind"] == "replica.failed"]
+                return found[0] if found else None
+
+            event = wait_for(failure, what="the failure event")
+        assert event["message"].endswith(" | ".join(line.strip() for line in tail))
+
+        code, out, err = _ctl(c, "events", "--replica", rid)
+        assert code == 0, err
+        (row,) = [ln for ln in out.splitlines() if ln.split()[:1] == [str(event["id"])]]
+        assert "replica.failed" in row
+        assert "exited with code 3" in row
+        assert "RuntimeError" not in out  # the tail past its first line is in --detail
+        assert row.endswith("…")
+        # A header, then one line per event: none wraps onto a line of its own.
+        assert all(ln.split()[0].isdigit() for ln in out.splitlines()[1:]), out
+
+        code, out, err = _ctl(c, "events", "--detail", str(event["id"]))
+        assert code == 0, err
+        lines = out.splitlines()
+        assert f"id       {event['id']}" in lines
+        assert "kind     replica.failed" in lines
+        assert f"subject  replica {rid}" in lines
+        assert "  Traceback (most recent call last):" in lines
+        assert "  RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in lines
+
+        code, out, err = _ctl(c, "events", "--detail", str(event["id"]), "--json")
+        assert code == 0, err
+        assert json.loads(out) == event
+
+        code, out, err = _ctl(c, "events", "--detail", "987654321")
+        assert code == 1
+        assert "no event 987654321" in err

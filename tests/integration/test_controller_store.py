@@ -140,6 +140,7 @@ def node(name: str = "n1", **kw: object) -> Node:
         port_range=(30000, 30099),
         drain_grace_s=45.5,
         drain_force=True,
+        drain_evict_idle=True,
     )
     return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
 
@@ -621,7 +622,7 @@ class TestSchema:
             engine.dispose()
         s = sql_backend.open()
         try:
-            assert s.schema_version() == SCHEMA_VERSION == 4
+            assert s.schema_version() == SCHEMA_VERSION == 5
             state = s.load()
             n = state.nodes["d"]
             assert (
@@ -630,6 +631,7 @@ class TestSchema:
                 n.drain_force,
                 n.port_range,
             ) == ("draining", None, False, (100, 199))
+            assert not n.drain_evict_idle
             r = state.replicas["r3"]
             assert (r.drain_deadline, r.capacity_tok_s) == (60.0, 512.0)
             assert (state.retired, state.reservations) == ({}, {})

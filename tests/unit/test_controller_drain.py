@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llmgw.controller.api.views import drain_waits, node_view
 from llmgw.controller.fleet import commands
+from llmgw.wire.admin import DrainWait
 from tests.unit.controller_reconcile_world import World, spec
 
 
@@ -136,3 +137,118 @@ class TestForce:
         w.tick()
         assert w.state.replicas[rid].state == "draining"
         assert w.memory.drain_waiting == {}
+
+
+def _busy_world(
+    *, x_min: int = 0, idle_s: float | None = 1_000.0, evict_idle: bool = True, force: bool = False
+) -> tuple[World, str, str]:
+    """m (8 GPUs) serves on a, x (8 GPUs, idle `idle_s`, None: unknown) fills b; a drains."""
+    w = World()
+    w.node("a")
+    w.node("b", op="cordoned")
+    w.model(spec("m", gpus_per_node=8))
+    w.tick()
+    w.ready_all()
+    w.set_node("b", operator_state="active")
+    w.model(spec("x", gpus_per_node=8, min_replicas=x_min), desired=1)
+    w.tick()
+    w.ready_all()
+    rid, victim = w.only("m").id, w.only("x").id
+    if idle_s is not None:
+        w.report(last_used={victim: w.now - idle_s}, inflight={victim: 0})
+    batch = commands.set_operator_state(
+        w.state, "a", "draining", now=w.now, grace_s=45.0, force=force, evict_idle=evict_idle
+    )
+    w.apply(batch.changes)
+    return w, rid, victim
+
+
+def _waits(w: World) -> tuple[DrainWait, ...]:
+    unplaceable = {name: u.reason for name, u in w.memory.unplaceable.items()}
+    return drain_waits(w.state, unplaceable)["a"]
+
+
+class TestEvictIdle:
+    def test_an_idle_replica_of_another_model_is_evicted_for_the_replacement(self) -> None:
+        """x, idle past its timeout, drains; m keeps serving; the events say what and why."""
+        w, rid, victim = _busy_world()
+        w.tick()
+        assert w.state.replicas[victim].state == "draining"
+        assert w.state.replicas[rid].state == "ready"
+        assert w.memory.evicting["m"].victims == {victim}
+        assert any(
+            e.startswith(f"replica.evicted {victim}: evicted for m:")
+            and f"the replacement of {rid} (node a draining)" in e
+            for e in w.events
+        )
+        assert any(e.startswith(f"node.drain_evicting a: evicting idle {victim}") for e in w.events)
+        (wait,) = _waits(w)
+        assert (wait.replica, wait.blocked) == (rid, False)
+        assert wait.reason.startswith(f"making room: evicting idle {victim}")
+
+    def test_the_replacement_lands_in_the_room_once_the_victim_stopped(self) -> None:
+        """Make-before-break: the replacement is placed on b, the old replica still serves."""
+        w, rid, victim = _busy_world()
+        w.tick()
+        w.clock.advance(5.0)
+        w.touch("a", "b")
+        w.report(inflight={victim: 0})
+        w.tick()
+        assert w.state.replicas[victim].state == "stopped"
+        w.heartbeat("b", {})  # its engine exited: the cards are back
+        w.tick()
+        new = w.only("m", "pending")
+        assert (new.replaces, new.shards[0].node) == (rid, "b")
+        assert w.state.replicas[rid].state == "ready"
+        assert "m" not in w.memory.evicting
+
+    def test_unknown_idleness_is_never_evicted(self) -> None:
+        """No router said x is idle: nothing is evicted and the drain says so."""
+        w, rid, victim = _busy_world(idle_s=None)
+        w.tick()
+        assert w.state.replicas[victim].state == "ready"
+        (wait,) = _waits(w)
+        assert wait.blocked
+        assert "nothing idle can be evicted for it" in wait.reason
+        assert any(
+            e.startswith(f"node.drain_waiting a: waiting for {rid} (m)")
+            and "nothing idle can be evicted" in e
+            for e in w.events
+        )
+
+    def test_never_below_min_replicas(self) -> None:
+        """x's one replica is its min: it stays, however idle."""
+        w, _, victim = _busy_world(x_min=1)
+        w.tick()
+        assert w.state.replicas[victim].state == "ready"
+        assert "m" not in w.memory.evicting
+
+    def test_without_the_flag_nothing_is_evicted(self) -> None:
+        """A plain drain waits rather than evict, however idle the other models are."""
+        w, rid, victim = _busy_world(evict_idle=False)
+        w.tick()
+        assert w.state.replicas[victim].state == "ready"
+        assert w.state.replicas[rid].state == "ready"
+        assert "(drain with force to move it anyway)" in _waits(w)[0].reason
+
+    def test_force_applies_when_nothing_can_be_evicted(self) -> None:
+        """evict_idle with force: nothing evictable, so the replica drains without one."""
+        w, rid, victim = _busy_world(idle_s=None, force=True)
+        w.tick()
+        assert w.state.replicas[rid].state == "draining"
+        assert w.state.replicas[victim].state == "ready"
+
+    def test_eviction_is_tried_before_force(self) -> None:
+        """evict_idle with force and an idle victim: room is made, capacity is kept."""
+        w, rid, victim = _busy_world(force=True)
+        w.tick()
+        assert w.state.replicas[rid].state == "ready"
+        assert w.state.replicas[victim].state == "draining"
+
+    def test_the_option_is_kept_with_the_node_and_shown(self) -> None:
+        """The node remembers evict_idle (a restart drains as told) and its view says so."""
+        w, _, _ = _busy_world()
+        assert w.state.nodes["a"].drain_evict_idle
+        view = node_view(w.state.nodes["a"], w.state, now=w.now, heartbeat_timeout_s=10.0)
+        assert (view.drain_evict_idle, view.drain_force) == (True, False)
+        assert any("known-idle replicas of other models may be evicted" in e for e in w.events)

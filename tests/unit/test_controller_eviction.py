@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from llmgw.controller.fleet.records import FleetState
 from llmgw.controller.idle import IdleTracker
-from llmgw.controller.placement.eviction import EvictionPlan, plan_eviction
+from llmgw.controller.placement.eviction import EvictionPlan, idle_enough_in, plan_eviction
 from llmgw.controller.placement.rules import Placement, free_map, place
 from llmgw.testing import ManualClock
 from llmgw.wire.models import ModelSpec
@@ -311,3 +311,46 @@ class TestEvictionProperties:
             for sh in state.replicas[rid].shards:
                 sim.release(sh.node, sh.gpus)
         sim.take(p.placement)  # raises if any card is still held
+
+
+class TestIdleEnoughIn:
+    """When waiting would let an eviction make room (the outlook's cannot_place time)."""
+
+    def eta(self, state: FleetState, idle: Mapping[str, float]) -> float | None:
+        free = free_map(state, now=NOW, heartbeat_timeout_s=HB_TIMEOUT_S)
+        return idle_enough_in(
+            WANT, state, idle.get, free, now=NOW, heartbeat_timeout_s=HB_TIMEOUT_S
+        )
+
+    def test_the_earliest_moment_enough_replicas_are_idle(self) -> None:
+        """Two cards needed: the moment the second of the two is idle enough, not the first."""
+        state = fleet(
+            [node("a", 2)],
+            models=[WANT, spec("x", min_replicas=0, max_replicas=2)],
+            replicas=one_node_full(("r1", "x"), ("r2", "x")),
+        )
+        assert self.eta(state, {"r1": 500.0, "r2": 300.0}) == 300.0
+
+    def test_unknown_idleness_never_becomes_a_candidate(self) -> None:
+        """r2 unknown: r1 alone never makes room, however long one waits."""
+        state = fleet(
+            [node("a", 2)],
+            models=[WANT, spec("x", min_replicas=0, max_replicas=2)],
+            replicas=one_node_full(("r1", "x"), ("r2", "x")),
+        )
+        assert self.eta(state, {"r1": 500.0}) is None
+
+    def test_min_replicas_and_priority_still_hold(self) -> None:
+        """Waiting does not lift the rules: a model at its min, or a higher priority, stays."""
+        at_min = fleet(
+            [node("a", 2)],
+            models=[WANT, spec("x", min_replicas=2, max_replicas=2)],
+            replicas=one_node_full(("r1", "x"), ("r2", "x")),
+        )
+        assert self.eta(at_min, {"r1": 500.0, "r2": 500.0}) is None
+        higher = fleet(
+            [node("a", 2)],
+            models=[WANT, spec("x", min_replicas=0, max_replicas=2, priority=9)],
+            replicas=one_node_full(("r1", "x"), ("r2", "x")),
+        )
+        assert self.eta(higher, {"r1": 500.0, "r2": 500.0}) is None

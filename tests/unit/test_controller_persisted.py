@@ -36,10 +36,11 @@ class TestDrainOptions:
         """A node no longer draining keeps no grace or force for a later drain."""
         w = World()
         w.node("a")
-        _drain(w, "a", grace_s=5.0, force=True)
+        _drain(w, "a", grace_s=5.0, force=True, evict_idle=True)
         w.apply(commands.set_operator_state(w.state, "a", "active", now=w.now).changes)
         a = w.state.nodes["a"]
         assert (a.operator_state, a.drain_grace_s, a.drain_force) == ("active", None, False)
+        assert not a.drain_evict_idle
 
     def test_draining_again_with_force_is_a_change(self) -> None:
         """A second drain that adds force updates the node and says what changed."""
@@ -58,10 +59,10 @@ class TestDrainOptions:
         """An agent's heartbeat never clears what the operator asked for."""
         w = World()
         w.node("a")
-        _drain(w, "a", grace_s=77.0, force=True)
+        _drain(w, "a", grace_s=77.0, force=True, evict_idle=True)
         w.heartbeat("a")
         a = w.state.nodes["a"]
-        assert (a.drain_grace_s, a.drain_force) == (77.0, True)
+        assert (a.drain_grace_s, a.drain_force, a.drain_evict_idle) == (77.0, True, True)
 
     def test_a_restart_mid_drain_uses_the_stored_grace(self) -> None:
         """The old replica drains with the operator's grace even after a restart."""

@@ -150,9 +150,16 @@ class TestValidation:
 
     def test_a_drain_without_grace_takes_the_controllers_default(self) -> None:
         """No grace_s in the body: None (the configured --drain-grace-s), not the wire's 30."""
-        assert decode_drain(b"") == (None, False)
-        assert decode_drain(b'{"force": true}') == (None, True)
-        assert decode_drain(b'{"grace_s": 5}') == (5.0, False)
+
+        def parts(body: bytes) -> tuple[float | None, bool, bool]:
+            req = decode_drain(body)
+            grace = None if isinstance(req.grace_s, msgspec.UnsetType) else req.grace_s
+            return grace, req.force, req.evict_idle
+
+        assert parts(b"") == (None, False, False)
+        assert parts(b'{"force": true}') == (None, True, False)
+        assert parts(b'{"grace_s": 5}') == (5.0, False, False)
+        assert parts(b'{"evict_idle": true}') == (None, False, True)
 
     def test_a_drain_grace_must_be_finite_and_not_negative(self) -> None:
         """A negative grace names the field."""

@@ -496,12 +496,15 @@ class TestDrain:
         [
             ([], None),
             (["--force"], {"force": True}),
-            (["--grace-s", "5"], {"grace_s": 5.0, "force": False}),
+            (["--grace-s", "5"], {"grace_s": 5.0}),
             (["--grace-s", "0", "--force"], {"grace_s": 0.0, "force": True}),
+            (["--evict-idle"], {"evict_idle": True}),
+            (["--evict-idle", "--force"], {"force": True, "evict_idle": True}),
         ],
     )
     def test_force_and_grace_are_sent(self, tmp_path: Path, flags: list[str], body: object) -> None:
-        """--force asks for a forced drain; without flags no body (the controller's defaults)."""
+        """--force asks for a forced drain, --evict-idle for eviction of idle replicas;
+        without flags no body (the controller's defaults); defaults are never sent."""
         fake = FakeController()
         run = run_ctl(["drain", "gpu-01", "--no-wait", *flags], fake, tmp_path)
         assert run.code == 0, run.err

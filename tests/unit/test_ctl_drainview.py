@@ -48,7 +48,8 @@ class TestWords:
         assert lines == []
 
     def test_live_screen_lists_every_replica_and_the_way_out(self) -> None:
-        """The terminal view: progress, one line per replica, and --force named when blocked."""
+        """The terminal view: progress, one line per replica, and the ways out named when
+        blocked (--evict-idle, --force)."""
         text = render.to_text(
             drainview.drain_screen("h100-a-1", moved=1, total=3, waits=[BLOCKED], elapsed_s=12.4),
             width=120,
@@ -56,6 +57,7 @@ class TestWords:
         assert "draining h100-a-1: 1/3 replicas moved · 12s" in text
         assert "r-1 (big): blocked: no replacement fits: needs 8xH100-80G" in text
         assert "--force" in text
+        assert "--evict-idle" in text
         calm = render.to_text(
             drainview.drain_screen("n", moved=0, total=1, waits=[STARTING], elapsed_s=0), width=120
         )

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from llmgw.router.holding import REFUSED_DEMAND_S, Holding, hold_until
+import math
+
+import pytest
+
+from llmgw.router.holding import (
+    REFUSED_DEMAND_S,
+    UNPLACEABLE_RETRY_DEFAULT_S,
+    UNPLACEABLE_RETRY_MAX_S,
+    Holding,
+    held_too_long,
+    hold_until,
+    unplaceable_retry_after_s,
+)
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.endpoints import ModelOutlook
 
@@ -32,3 +44,35 @@ def test_a_refused_request_stays_demand_for_a_while() -> None:
         assert h.demand() == {"m": 2}
     clock.advance(REFUSED_DEMAND_S + 0.1)
     assert h.demand() == {}
+
+
+@pytest.mark.parametrize(
+    ("said", "retry"),
+    [
+        (420.0, UNPLACEABLE_RETRY_MAX_S),  # 7 min: capped, capacity may come back sooner
+        (120.0, 120),
+        (9.2, 10),  # rounded up: never before the controller's moment
+        (0.0, 1),
+        (-5.0, 1),
+        (None, UNPLACEABLE_RETRY_DEFAULT_S),  # the controller gave no time
+        (math.inf, UNPLACEABLE_RETRY_DEFAULT_S),
+    ],
+)
+def test_retry_after_of_a_refusal_follows_the_controller_within_bounds(
+    said: float | None, retry: int
+) -> None:
+    """Retry-After is the outlook's retry_after_s, rounded up and kept within 1..300 s."""
+    look = ModelOutlook(models=("m",), state="cannot_place", reason="why", retry_after_s=said)
+    assert unplaceable_retry_after_s(look) == retry
+
+
+def test_a_hold_that_times_out_says_what_the_controller_said() -> None:
+    """A start longer than the hold: the 503 names the controller's reason."""
+    starting = ModelOutlook(
+        models=("m",), state="starting", reason="a replica is starting; starts take about 3 min"
+    )
+    assert held_too_long(120.0, starting) == (
+        "none became available within 120s "
+        "(the controller: a replica is starting; starts take about 3 min)"
+    )
+    assert held_too_long(120.0, None) == "none became available within 120s"

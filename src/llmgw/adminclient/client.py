@@ -175,12 +175,19 @@ class AdminClient:
     def uncordon(self, name: str) -> NodeView:
         return self._call("POST", f"/admin/nodes/{_quote(name)}/uncordon", NodeView)
 
-    def drain(self, name: str, *, grace_s: float | None = None, force: bool = False) -> NodeView:
+    def drain(
+        self,
+        name: str,
+        *,
+        grace_s: float | None = None,
+        force: bool = False,
+        evict_idle: bool = False,
+    ) -> NodeView:
         body: DrainRequest | None = None
         if grace_s is not None:
-            body = DrainRequest(grace_s=grace_s, force=force)
-        elif force:
-            body = DrainRequest(force=True)
+            body = DrainRequest(grace_s=grace_s, force=force, evict_idle=evict_idle)
+        elif force or evict_idle:
+            body = DrainRequest(force=force, evict_idle=evict_idle)
         return self._call("POST", f"/admin/nodes/{_quote(name)}/drain", NodeView, body=body)
 
     def apply(self, specs: Sequence[ModelSpec]) -> list[ModelView]:

@@ -54,7 +54,8 @@ def drain_screen(
     if any(w.blocked for w in waits):
         rows.append(
             Text(
-                "  blocked replicas keep serving; --force drains them anyway (capacity drops)",
+                "  blocked replicas keep serving; --evict-idle makes room from idle replicas "
+                "of other models, --force drains them anyway (capacity drops)",
                 style="dim",
             )
         )

@@ -130,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="replicas with no room for a replacement drain anyway (capacity drops); "
         "by default they keep serving and the drain waits",
     )
+    p.add_argument(
+        "--evict-idle",
+        action="store_true",
+        help="make room for replacements that do not fit by evicting replicas of other "
+        "models known idle past their idle_timeout_s (never below min_replicas, never "
+        "unknown idleness, never a higher priority); tried before --force",
+    )
 
     p = command("apply", "create or update model specs from a YAML file (all or nothing)")
     p.add_argument("-f", "--file", required=True, metavar="FILE", help="YAML; '-' for stdin")

@@ -14,6 +14,7 @@ controller, so it can start a replica for a model nobody is running.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -67,6 +68,31 @@ def hold_until(
     if len(probes) == len(snaps):
         return min(deadline, now + min(p or 0.0 for p in probes))
     return deadline
+
+
+# Retry-After of a request refused because its model cannot be placed: the
+# controller's word (when an eviction could make room), bounded; this when it
+# gave none (an older controller). Past the bound a client should not sleep
+# blind: capacity can come back sooner (a node added, a model scaled down).
+UNPLACEABLE_RETRY_DEFAULT_S = 30
+UNPLACEABLE_RETRY_MAX_S = 300
+
+
+def unplaceable_retry_after_s(look: ModelOutlook) -> int:
+    """Whole seconds for Retry-After when `look` (cannot_place) refuses a request:
+    its retry_after_s rounded up, within 1..UNPLACEABLE_RETRY_MAX_S."""
+    if look.retry_after_s is None or not math.isfinite(look.retry_after_s):
+        return UNPLACEABLE_RETRY_DEFAULT_S
+    return min(UNPLACEABLE_RETRY_MAX_S, max(1, math.ceil(look.retry_after_s)))
+
+
+def held_too_long(hold_s: float, look: ModelOutlook | None) -> str:
+    """Why a held request ends without a replica, with what the controller last said
+    (a start that takes longer than the hold says so, with its usual duration)."""
+    why = f"none became available within {hold_s:g}s"
+    if look is not None and look.reason:
+        why += f" (the controller: {look.reason})"
+    return why
 
 
 def retry_after_s(snaps: Sequence[Snapshot]) -> int:

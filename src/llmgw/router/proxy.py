@@ -45,7 +45,12 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
-from llmgw.router.holding import hold_until, retry_after_s
+from llmgw.router.holding import (
+    held_too_long,
+    hold_until,
+    retry_after_s,
+    unplaceable_retry_after_s,
+)
 from llmgw.router.inband import ErrorFrameWatch, nothing_before_error, role_opener_only
 from llmgw.router.intake import ByteBudget, read_json, refused
 from llmgw.router.metrics import (
@@ -511,7 +516,7 @@ class Proxy:
                         raise NoReplica(
                             model,
                             f"it cannot be placed: {look.reason}",
-                            retry_after_s=max(1, round(look.retry_after_s or 30)),
+                            retry_after_s=unplaceable_retry_after_s(look),
                             code="model_unplaceable",
                         )
                     if until is None:
@@ -534,9 +539,7 @@ class Proxy:
                         raise NoReplica(
                             model, "its breakers are open", retry_after_s=retry_after_s(snaps)
                         )
-                    raise NoReplica(
-                        model, f"none became available within {hold_s:g}s", retry_after_s=5
-                    )
+                    raise NoReplica(model, held_too_long(hold_s, look), retry_after_s=5)
         except HoldQueueFull:
             raise NoReplica(model, "too many requests are already waiting") from None
 

@@ -56,6 +56,9 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     # default) and whether it is forced. None / False when not draining.
     drain_grace_s: float | None = None
     drain_force: bool = False
+    # A draining node's drain may evict known-idle replicas of other models
+    # (DrainRequest.evict_idle). False when not draining.
+    drain_evict_idle: bool = False
     # A draining node: every replica still holding its cards, by id, with why.
     drain_waiting: tuple[DrainWait, ...] = ()
 
@@ -200,7 +203,12 @@ class Summary(msgspec.Struct, kw_only=True):
     waiting_unplaceable: list[WaitingModel] = msgspec.field(default_factory=list)
 
 
-class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class DrainRequest(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """`POST /admin/nodes/{name}/drain`. Defaults are not sent, so a ctl that does not
+    ask for a newer option still talks to a controller that predates it."""
+
     # Seconds a draining replica may keep in-flight requests before it is stopped.
     # UNSET (not sent): the controller's configured --drain-grace-s.
     grace_s: Annotated[float, msgspec.Meta(ge=0)] | msgspec.UnsetType = msgspec.UNSET
@@ -208,6 +216,12 @@ class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # drain waits (NodeView.drain_waiting says why). True: such replicas drain
     # anyway, and the fleet serves with less capacity.
     force: bool = False
+    # True: a replica whose replacement cannot be placed may have known-idle
+    # replicas of other models evicted to make room for it (the same rules as
+    # eviction for a model that cannot be placed: never below a model's
+    # min_replicas, never a replica whose idleness is unknown, never a higher
+    # priority). With `force` too, eviction is tried first.
+    evict_idle: bool = False
 
 
 class WeightRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

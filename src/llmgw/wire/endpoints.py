@@ -22,8 +22,10 @@ class ModelOutlook(msgspec.Struct, frozen=True, kw_only=True):
     # For people: "needs 4×H100-80G on one node; largest free block 0; nothing can be
     # evicted for it now". Empty when there is nothing to say.
     reason: str = ""
-    # When to try again (cannot_place) or roughly when it will be ready (starting);
-    # None when unknown.
+    # cannot_place: when to try again (when an eviction could make room, else the
+    # controller's default); starting: how long its starts usually take (the median
+    # of recent ones). None when unknown. Rounded up (10 s, then whole minutes) so
+    # the outlook does not change every tick.
     retry_after_s: float | None = None
 
 

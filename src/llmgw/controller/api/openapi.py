@@ -290,7 +290,8 @@ def document() -> bytes:
             "post": _op(
                 "move the node's replicas elsewhere (make-before-break), then leave it empty; "
                 "a replica with no placeable replacement keeps serving (drain_waiting says "
-                "why) unless force is set",
+                "why) unless force is set, or known-idle replicas of other models are evicted "
+                "for it when evict_idle is set",
                 _ok(_ref("NodeView")),
                 body=_ref("DrainRequest"),
                 body_required=False,

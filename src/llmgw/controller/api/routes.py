@@ -170,19 +170,19 @@ def decode_specs(body: bytes) -> list[ModelSpec]:
     return specs
 
 
-def decode_drain(body: bytes) -> tuple[float | None, bool]:
-    """A drain request's (grace_s, force); grace None: the controller's default."""
+def decode_drain(body: bytes) -> DrainRequest:
+    """A drain request (an empty body: the defaults; grace UNSET: the controller's)."""
     if not body.strip():
-        return None, DrainRequest().force
+        return DrainRequest()
     req = decode(body, DrainRequest, what="drain request")
     if isinstance(req.grace_s, msgspec.UnsetType):
-        return None, req.force
+        return req
     if not math.isfinite(req.grace_s) or req.grace_s < 0:
         raise InvalidSpec(
             f"grace_s must be a finite number of seconds >= 0, got {req.grace_s}",
             param="grace_s",
         )
-    return req.grace_s, req.force
+    return req
 
 
 class _NoBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -516,13 +516,15 @@ def _node_command(to: OperatorState) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         s = _svc(request)
         name = request.match_info["name"]
-        grace_s: float | None = None
-        force = False
+        req = DrainRequest()
         if to == "draining":
-            grace_s, force = decode_drain(await request.read())
+            req = decode_drain(await request.read())
         else:
             await _no_body(request, f"{'cordon' if to == 'cordoned' else 'uncordon'} request")
-        node = await s.operator_state(name, to, grace_s=grace_s, force=force)
+        grace_s = None if isinstance(req.grace_s, msgspec.UnsetType) else req.grace_s
+        node = await s.operator_state(
+            name, to, grace_s=grace_s, force=req.force, evict_idle=req.evict_idle
+        )
         return json_response(s.node_view(node))
 
     return handler

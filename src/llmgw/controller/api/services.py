@@ -95,11 +95,17 @@ class Services:
             await fleet.commit(batch.changes)
 
     async def operator_state(
-        self, name: str, to: OperatorState, *, grace_s: float | None = None, force: bool = False
+        self,
+        name: str,
+        to: OperatorState,
+        *,
+        grace_s: float | None = None,
+        force: bool = False,
+        evict_idle: bool = False,
     ) -> Node:
         await self._run(
             lambda s, now: commands.set_operator_state(
-                s, name, to, now=now, grace_s=grace_s, force=force
+                s, name, to, now=now, grace_s=grace_s, force=force, evict_idle=evict_idle
             )
         )
         return self.fleet.state.nodes[name]

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from operator import attrgetter
 
-from llmgw.controller.fleet.records import FleetState, Model, Node, Replica
+from llmgw.controller.fleet.records import FleetState, Model, Node, Replica, Reservation
 from llmgw.controller.idle import IdleFor
 from llmgw.controller.placement.capacity import gpus_in_use
+from llmgw.controller.placement.requests import making_room_text
 from llmgw.wire.admin import (
     DrainWait,
     ModelView,
@@ -54,7 +55,13 @@ def drain_waits(
                     here[name].append(r)
     return {
         name: tuple(
-            _wait(r, replacements.get(r.id), unplaceable, force=draining[name].drain_force)
+            _wait(
+                r,
+                replacements.get(r.id),
+                unplaceable,
+                draining[name],
+                state.reservations.get(r.model),
+            )
             for r in sorted(here[name], key=attrgetter("id"))
         )
         for name in sorted(draining)
@@ -62,8 +69,14 @@ def drain_waits(
 
 
 def _wait(
-    r: Replica, new: Replica | None, unplaceable: Mapping[str, str], *, force: bool
+    r: Replica,
+    new: Replica | None,
+    unplaceable: Mapping[str, str],
+    node: Node,
+    room: Reservation | None,
 ) -> DrainWait:
+    """What the drain waits for on `r`; `room`: the room being made for its model by
+    eviction (a drain with evict_idle makes it for the replacement)."""
     blocked = False
     if r.state == "draining":
         why = f"draining ({r.reason}): stops when its in-flight requests finish or its grace ends"
@@ -73,16 +86,20 @@ def _wait(
         why = f"{r.state}, not serving yet: stopped and placed elsewhere on the next tick"
     elif new is not None:
         why = f"serving until its replacement {new.id} is ready ({new.state})"
+    elif r.model in unplaceable and room is not None and node.drain_evict_idle:
+        why = making_room_text(room.victims)
     elif r.model in unplaceable:
         reason = unplaceable[r.model]
-        if force:
+        if node.drain_force:
             why = f"no replacement fits ({reason}); the drain is forced: it drains anyway"
         else:
             blocked = True
-            why = (
-                f"no replacement fits: {reason}; it keeps serving until one does "
-                "(drain with force to move it anyway)"
+            hint = (
+                "nothing idle can be evicted for it"
+                if node.drain_evict_idle
+                else "drain with force to move it anyway"
             )
+            why = f"no replacement fits: {reason}; it keeps serving until one does ({hint})"
     else:
         why = "serving until a replacement is placed (next tick)"
     return DrainWait(replica=r.id, model=r.model, reason=why, blocked=blocked)
@@ -122,6 +139,7 @@ def node_view(
         unhealthy=unhealthy,
         drain_grace_s=node.drain_grace_s if draining else None,
         drain_force=node.drain_force if draining else False,
+        drain_evict_idle=node.drain_evict_idle if draining else False,
         drain_waiting=(
             (
                 waits

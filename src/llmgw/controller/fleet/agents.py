@@ -103,6 +103,7 @@ def node_from_heartbeat(hb: Heartbeat, old: Node | None, *, now: float) -> Node:
         operator_state=old.operator_state if old is not None else "active",
         drain_grace_s=old.drain_grace_s if old is not None else None,
         drain_force=old.drain_force if old is not None else False,
+        drain_evict_idle=old.drain_evict_idle if old is not None else False,
     )
 
 

@@ -53,10 +53,11 @@ def set_operator_state(
     now: float,
     grace_s: float | None = None,
     force: bool = False,
+    evict_idle: bool = False,
 ) -> Batch:
     """cordon / uncordon / drain: the operator's intent for a node.
 
-    A drain's grace and force are stored with the node (a restarted controller
+    A drain's grace, force and evict_idle are stored with the node (a restarted controller
     drains as it was told); draining again with other options changes them.
     """
     node = require_node(state, name)
@@ -66,6 +67,7 @@ def set_operator_state(
         operator_state=to,
         drain_grace_s=grace_s if draining else None,
         drain_force=force if draining else False,
+        drain_evict_idle=evict_idle if draining else False,
     )
     batch = Batch(state, now)
     if new == node:
@@ -93,9 +95,14 @@ def set_operator_state(
 
 def _drain_options(node: Node) -> str:
     grace = "default grace" if node.drain_grace_s is None else f"grace {node.drain_grace_s:g}s"
+    evict = (
+        ", known-idle replicas of other models may be evicted for replacements that do not fit"
+        if node.drain_evict_idle
+        else ""
+    )
     if node.drain_force:
-        return f"{grace}, forced: replicas with no placeable replacement drain anyway"
-    return f"{grace}; replicas with no placeable replacement keep serving until one fits"
+        return f"{grace}{evict}, forced: replicas with no placeable replacement drain anyway"
+    return f"{grace}{evict}; replicas with no placeable replacement keep serving until one fits"
 
 
 def apply_models(state: FleetState, specs: list[ModelSpec], *, now: float) -> Batch:

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Callable, Mapping
 
 from llmgw.controller.errors import Busy
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import FleetState, Model, Replica, Reservation
+from llmgw.controller.fleet.starts import StartHistory
 from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
 
 # The router's metric dialect per engine: "" is vLLM's names, which
@@ -51,9 +53,31 @@ def endpoint_info(r: Replica, model: Model) -> EndpointInfo | None:
     )
 
 
-# A model that cannot be placed: routers tell clients to come back after this long
-# (a tick may free room sooner; nothing waits on it).
+# A model that cannot be placed, when nothing says when that may change: routers
+# tell clients to come back after this long (a tick may free room sooner).
 CANNOT_PLACE_RETRY_S = 30.0
+
+
+def coarse_s(seconds: float) -> float:
+    """Seconds rounded up: to 10 s under a minute, to whole minutes above.
+
+    What the outlook says about the future is rounded so that it does not change
+    with every tick (each change is a new endpoint-list version every router fetches).
+    """
+    if seconds <= 60:
+        return max(10.0, math.ceil(seconds / 10) * 10.0)
+    return math.ceil(seconds / 60) * 60.0
+
+
+def say_s(seconds: float) -> str:
+    """'40 s', '7 min', '2 h 5 min' (as coarse_s rounds them)."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s} s"
+    m = s // 60
+    if m < 60:
+        return f"{m} min"
+    return f"{m // 60} h" + (f" {m % 60} min" if m % 60 else "")
 
 
 def outlook(
@@ -62,6 +86,9 @@ def outlook(
     *,
     unplaceable: Mapping[str, str],
     evicting: Mapping[str, Reservation],
+    now: float = 0.0,
+    idle_enough_at: Mapping[str, float] | None = None,
+    starts: StartHistory | None = None,
 ) -> tuple[ModelOutlook, ...]:
     """What the controller does for each model with no ready replica (wire.endpoints).
 
@@ -71,34 +98,61 @@ def outlook(
     replica placed and starting is starting. A model with none of these (idle at
     zero) is left out: the router holds its requests, which is the demand that
     makes the controller try.
+
+    A starting model says how long its starts usually take (`starts`: the median
+    of its recent starts, else of its engine kind; nothing when neither is
+    known). A model that cannot be placed says when waiting would let an
+    eviction make room (`idle_enough_at`: model → wall time, TickMemory), and
+    its retry_after_s is that wait; otherwise CANNOT_PLACE_RETRY_S.
     """
     ready_models = {state.replicas[rid].model for rid in index.in_state("ready")}
     starting: set[str] = set()
     for st in ("pending", "starting"):
         starting.update(state.replicas[rid].model for rid in index.in_state(st))
+    eta = idle_enough_at or {}
     out: list[ModelOutlook] = []
     for name in sorted(state.models):
         if name in ready_models:
             continue
-        names = state.models[name].spec.served_names
+        model = state.models[name]
+        names = model.spec.served_names
         res = evicting.get(name)
         if res is not None:
             n = len(res.victims)
             reason = f"evicting {n} idle replica{'s' if n != 1 else ''} of other models for it"
             out.append(ModelOutlook(models=names, state="making_room", reason=reason))
         elif name in starting:
-            out.append(ModelOutlook(models=names, state="starting", reason="a replica is starting"))
+            out.append(_starting(names, name, model.spec.engine, starts))
         elif name in unplaceable:
-            reason = f"{unplaceable[name]}; nothing can be evicted for it now"
-            out.append(
-                ModelOutlook(
-                    models=names,
-                    state="cannot_place",
-                    reason=reason,
-                    retry_after_s=CANNOT_PLACE_RETRY_S,
+            at = eta.get(name)
+            if at is None:
+                reason = f"{unplaceable[name]}; nothing can be evicted for it now"
+                retry = CANNOT_PLACE_RETRY_S
+            else:
+                retry = coarse_s(max(0.0, at - now))
+                reason = (
+                    f"{unplaceable[name]}; nothing idle long enough to evict; the first "
+                    f"candidate is idle enough in {say_s(retry)} (if unused until then)"
                 )
+            out.append(
+                ModelOutlook(models=names, state="cannot_place", reason=reason, retry_after_s=retry)
             )
     return tuple(out)
+
+
+def _starting(
+    names: tuple[str, ...], name: str, engine: str, starts: StartHistory | None
+) -> ModelOutlook:
+    est = starts.estimate(name, engine) if starts is not None else None
+    if est is None:
+        return ModelOutlook(models=names, state="starting", reason="a replica is starting")
+    took = coarse_s(est.seconds)
+    plural = "s" if est.starts != 1 else ""
+    reason = (
+        f"a replica is starting; starts take about {say_s(took)} "
+        f"(median of the last {est.starts} start{plural} of {est.of})"
+    )
+    return ModelOutlook(models=names, state="starting", reason=reason, retry_after_s=took)
 
 
 def endpoint_list(

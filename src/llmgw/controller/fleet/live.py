@@ -32,6 +32,7 @@ from llmgw.controller.fleet.decisions import Decisions
 from llmgw.controller.fleet.endpoints import EndpointSink, endpoint_info, endpoint_list, outlook
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import Changes, Event, FleetState, Node, Replica
+from llmgw.controller.fleet.starts import StartHistory
 from llmgw.controller.store import NotLeader, Store, StoreError
 from llmgw.controller.tick.carryover import TickMemory
 from llmgw.runtime.clock import Clock
@@ -69,6 +70,8 @@ class Fleet:
         self.backoff = Backoff(base_s=config.restart_backoff_s, cap_s=config.restart_backoff_max_s)
         # Each committed event logged once and counted; store write latency (/metrics).
         self.decisions = Decisions()
+        # Recent start durations: the estimate a "starting" outlook carries.
+        self.starts = StartHistory()
 
     # -- leadership ----------------------------------------------------------
 
@@ -85,6 +88,7 @@ class Fleet:
         before = self.endpoints()
         self.state = state
         self.index = FleetIndex.build(state)
+        self.starts.seed(state)
         # The loaded fleet is long-lived and acyclic (frozen values in dicts):
         # keep the cyclic collector from walking it again and again. Without
         # this a full collection pauses the loop ~40 ms at 5,000 models, which
@@ -178,6 +182,7 @@ class Fleet:
         for r in changes.replicas:
             old = s.replicas.get(r.id)
             s.replicas[r.id] = r
+            self.starts.changed(s, old, r)
             self.index.put(old, r)
             if not bump and _listed(old, s) != _listed(r, s):
                 bump = True
@@ -187,6 +192,7 @@ class Fleet:
             self.order.forget(name)
         for name in changes.deleted_models:
             s.models.pop(name, None)
+            self.starts.forget_model(name)
         for rid in changes.deleted_replicas:
             old = s.replicas.pop(rid, None)
             self.index.put(old, None)
@@ -269,6 +275,9 @@ class Fleet:
             self.index,
             unplaceable={name: u.reason for name, u in mem.unplaceable.items()},
             evicting=mem.evicting,
+            now=self.clock.wall(),
+            idle_enough_at=mem.idle_enough_at,
+            starts=self.starts,
         )
 
     @property

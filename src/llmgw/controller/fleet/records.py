@@ -56,6 +56,9 @@ class Node:
     # Replicas for which no replacement can be placed drain anyway (capacity
     # drops). False: they keep serving until a replacement fits.
     drain_force: bool = False
+    # Known-idle replicas of other models may be evicted to make room for the
+    # replacements that do not fit (DrainRequest.evict_idle).
+    drain_evict_idle: bool = False
 
     def shown_state(self, *, now: float, heartbeat_timeout_s: float) -> NodeState:
         """ready / cordoned / draining / unreachable.

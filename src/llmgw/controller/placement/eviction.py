@@ -204,3 +204,57 @@ def _why(spec: ModelSpec, chosen: Sequence[_Candidate]) -> str:
         for c in chosen
     )
     return f"to place {spec.name} (priority {spec.priority}): evicting {victims}"
+
+
+# How many future moments `idle_enough_in` tries: each is one eviction plan.
+_ETA_TRIES = 4
+
+
+def idle_enough_in(
+    spec: ModelSpec,
+    state: FleetState,
+    idle: IdleFor | IdleSource,
+    free: FreeMap,
+    *,
+    now: float,
+    heartbeat_timeout_s: float,
+    exclude: Collection[str] = (),
+) -> float | None:
+    """Seconds until enough replicas are idle long enough for an eviction to place `spec`,
+    if none of them is used meanwhile; None when waiting would not help.
+
+    Called when `plan_eviction` found nothing now. Only replicas whose idleness is
+    known can become candidates (unknown stays unknown however long one waits), and
+    every other rule holds (min_replicas, priority, ready nodes): each moment at which
+    one more replica crosses its model's idle_timeout_s is tried, earliest first, as
+    an eviction plan with every known idle time moved on by that much.
+    """
+    idle_now = idle_fn(idle, now=now)
+    waits: set[float] = set()
+    for r in state.replicas.values():
+        if r.state != "ready" or r.model == spec.name or r.id in exclude:
+            continue
+        model = state.models.get(r.model)
+        idle_s = idle_now(r.id)
+        if model is None or model.spec.priority > spec.priority or idle_s is None:
+            continue
+        if idle_s < model.spec.idle_timeout_s:
+            waits.add(model.spec.idle_timeout_s - idle_s)
+    for wait in sorted(waits)[:_ETA_TRIES]:
+
+        def later(rid: str, _w: float = wait) -> float | None:
+            s = idle_now(rid)
+            return None if s is None else s + _w
+
+        found = plan_eviction(
+            spec,
+            state,
+            later,
+            free,
+            now=now,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            exclude=exclude,
+        )
+        if found is not None and found.evict:
+            return wait
+    return None

@@ -12,11 +12,17 @@ When a model cannot be placed, known-idle replicas may be evicted for it
 evicted replicas drain; while they still hold their cards the model evicts
 nothing more, and it is placed first on later ticks, so the room it made is
 the room it gets.
+
+A node drained with `evict_idle` does the same for a serving replica whose
+replacement does not fit: known-idle replicas of other models are evicted,
+by the same rules, and the room is held for the replacement (a reservation
+under the replica's model). Eviction is tried before `force` drops capacity.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from llmgw.controller.fleet.batch import draining_nodes, node_drain_grace
@@ -24,11 +30,12 @@ from llmgw.controller.fleet.records import (
     HOLDS_GPUS,
     SHARD_RUNNING,
     Model,
+    Node,
     Replica,
     Reservation,
     Shard,
 )
-from llmgw.controller.placement.eviction import plan_eviction
+from llmgw.controller.placement.eviction import idle_enough_in, plan_eviction
 from llmgw.controller.placement.rendezvous import pick_master_port
 from llmgw.controller.placement.rules import (
     FreeMap,
@@ -84,7 +91,7 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
             if name in failed:
                 # One reason per model per tick is enough; a move it blocks still counts.
                 if q.replaces is not None:
-                    _blocked_move(t, q.replaces, mem.unplaceable[name], waiting)
+                    _blocked_move(t, q, mem.unplaceable[name], waiting, free, held)
                 continue
             mine = held.pop(name, [])
             for node, gpus in mine:
@@ -102,15 +109,21 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
             failed.add(name)
             _unplaceable(t, result)
             if q.replaces is not None:
-                _blocked_move(t, q.replaces, result, waiting)
+                _blocked_move(t, q, result, waiting, free, held)
             else:
                 res = _maybe_evict(t, q.model, free)
                 if res is not None:
                     # The part of its room that is already free is held from now on.
                     _hold(free, name, res, held)
+                elif name not in mem.evicting:
+                    _idle_eta(t, q.model, free)
     for name in list(mem.unplaceable):
         if name not in failed:
             del mem.unplaceable[name]
+    for name in list(mem.idle_eta_checked):
+        if name not in failed or name in mem.evicting:
+            del mem.idle_eta_checked[name]
+            mem.idle_enough_at.pop(name, None)
     for rid in list(mem.drain_waiting):
         if rid not in waiting:
             del mem.drain_waiting[rid]
@@ -182,19 +195,31 @@ def _create(t: TickContext, q: Request, p: Placement, ports: dict[str, set[int]]
         batch.stop(q.restart, f"restarted as {new.id}")
 
 
-def _blocked_move(t: TickContext, r: Replica, u: Unplaceable, waiting: set[str]) -> None:
-    """No replacement fits for a serving replica that must move.
+def _blocked_move(
+    t: TickContext, q: Request, u: Unplaceable, waiting: set[str], free: FreeMap, held: Held
+) -> None:
+    """No replacement fits for a serving replica that must move (`q.replaces`).
 
-    On a node drained with force it drains anyway: the operator chose the node
-    over the capacity. Otherwise it keeps serving (make-before-break never drops
-    capacity silently) and the drain says, once per reason, what it waits for.
-    A spec rollover that does not fit just waits; the model's own event says why.
+    On a node drained with evict_idle, known-idle replicas of other models are
+    evicted for the replacement when that makes it fit; the replica keeps
+    serving meanwhile. Otherwise, on a node drained with force it drains anyway:
+    the operator chose the node over the capacity. Otherwise it keeps serving
+    (make-before-break never drops capacity silently) and the drain says, once
+    per reason, what it waits for. A spec rollover that does not fit just
+    waits; the model's own event says why.
     """
-    batch, mem = t.batch, t.memory
+    batch = t.batch
+    r = q.replaces
+    assert r is not None
     nodes = draining_nodes(batch, r)
     if not nodes:
         return
     names = ", ".join(n.name for n in nodes)
+    if any(n.drain_evict_idle for n in nodes):
+        making = _evict_for_move(t, q, names, free, held)
+        if making is not None:
+            _announce_wait(t, r, nodes, making, waiting)
+            return
     if any(n.drain_force for n in nodes):
         grace = node_drain_grace(batch, r, default_s=t.config.drain_grace_s)
         why = f"node {names} drain forced: no replacement fits ({u.reason}); capacity drops"
@@ -203,16 +228,68 @@ def _blocked_move(t: TickContext, r: Replica, u: Unplaceable, waiting: set[str])
             msg = f"{r.id} ({r.model}) drains without a replacement: {u.reason}"
             batch.event("node.drain_forced", "node", n.name, msg, model=r.model)
         return
+    hint = (
+        "nothing idle can be evicted for it"
+        if any(n.drain_evict_idle for n in nodes)
+        else "drain with force to move it anyway"
+    )
+    why = f"no replacement fits: {u.reason}; it keeps serving ({hint})"
+    _announce_wait(t, r, nodes, why, waiting)
+
+
+def _announce_wait(
+    t: TickContext, r: Replica, nodes: list[Node], why: str, waiting: set[str]
+) -> None:
+    """The drain waits for `r`: said once per reason (a node event per draining node)."""
+    batch, mem = t.batch, t.memory
     waiting.add(r.id)
-    if mem.drain_waiting.get(r.id) == u.reason:
+    if mem.drain_waiting.get(r.id) == why:
         return
-    mem.drain_waiting[r.id] = u.reason
+    mem.drain_waiting[r.id] = why
     for n in nodes:
-        msg = (
-            f"waiting for {r.id} ({r.model}): no replacement fits: {u.reason}; "
-            "it keeps serving (drain with force to move it anyway)"
-        )
+        msg = f"waiting for {r.id} ({r.model}): {why}"
         batch.event("node.drain_waiting", "node", n.name, msg, model=r.model)
+
+
+def making_room_text(victims: Collection[str]) -> str:
+    """What a drain waits for while idle replicas are evicted for a replacement."""
+    return (
+        f"making room: evicting idle {', '.join(sorted(victims))} for its replacement; "
+        "it keeps serving until the replacement is ready"
+    )
+
+
+def _evict_for_move(
+    t: TickContext, q: Request, names: str, free: FreeMap, held: Held
+) -> str | None:
+    """Evict known-idle replicas of other models so `q`'s replacement fits.
+
+    Returns what the drain now waits for, or None when nothing can be evicted
+    (then force, or the plain wait, applies). Room already being made for the
+    model (victims still draining) is waited for, not evicted again.
+    """
+    batch, mem = t.batch, t.memory
+    r = q.replaces
+    assert r is not None
+    name = q.model.name
+    earlier = mem.evicting.get(name)
+    if earlier is not None and any(
+        (v := batch.base.replicas.get(rid)) is not None and _freeing(t, v)
+        for rid in earlier.victims
+    ):
+        return making_room_text(earlier.victims)
+    purpose = f"the replacement of {r.id} (node {names} draining)"
+    res = _maybe_evict(t, q.model, free, purpose=purpose)
+    if res is None:
+        return None
+    _hold(free, name, res, held)
+    for n in draining_nodes(batch, r):
+        msg = (
+            f"evicting idle {', '.join(sorted(res.victims))} to make room for {purpose}; "
+            "see the model.evicting event of " + name
+        )
+        batch.event("node.drain_evicting", "node", n.name, msg, model=name)
+    return making_room_text(res.victims)
 
 
 def _unplaceable(t: TickContext, u: Unplaceable) -> None:
@@ -223,7 +300,11 @@ def _unplaceable(t: TickContext, u: Unplaceable) -> None:
         batch.event("model.unplaceable", "model", u.model, u.reason, model=u.model)
 
 
-def _maybe_evict(t: TickContext, model: Model, free: FreeMap) -> Reservation | None:
+def _maybe_evict(
+    t: TickContext, model: Model, free: FreeMap, *, purpose: str | None = None
+) -> Reservation | None:
+    """Evict known-idle replicas so `model` fits; `purpose`: what the room is for when
+    it is not a new replica of the model (a drained replica's replacement)."""
     batch, mem, cfg = t.batch, t.memory, t.config
     earlier = mem.evicting.get(model.name)
     if earlier is not None and any(
@@ -249,7 +330,8 @@ def _maybe_evict(t: TickContext, model: Model, free: FreeMap) -> Reservation | N
             continue
         batch.drain(
             r,
-            f"evicted for {model.name}: {plan.why}",
+            f"evicted for {model.name}: {plan.why}"
+            + ("" if purpose is None else f" (for {purpose})"),
             grace_s=cfg.drain_grace_s,
             kind="replica.evicted",
         )
@@ -260,8 +342,39 @@ def _maybe_evict(t: TickContext, model: Model, free: FreeMap) -> Reservation | N
         gpus=tuple((s.node, s.gpus) for s in plan.placement.shards),
     )
     msg = f"evicting {', '.join(plan.evict)} to make room: {plan.why}"
+    if purpose is not None:
+        msg += f"; the room is for {purpose}"
     batch.event("model.evicting", "model", model.name, msg, model=model.name)
     return res
+
+
+# How often the moment an eviction could make room is worked out again per
+# model: it costs a few eviction plans, and a moment a few seconds stale only
+# makes a refused client come back a little early.
+ETA_REFRESH_S = 15.0
+
+
+def _idle_eta(t: TickContext, model: Model, free: FreeMap) -> None:
+    """Nothing can be evicted for `model` now: remember when that would change, if
+    waiting helps (eviction.idle_enough_in), for the outlook routers read."""
+    batch, mem = t.batch, t.memory
+    checked = mem.idle_eta_checked.get(model.name)
+    if checked is not None and batch.now - checked < ETA_REFRESH_S:
+        return
+    mem.idle_eta_checked[model.name] = batch.now
+    wait = idle_enough_in(
+        model.spec,
+        batch.base,
+        t.usage,
+        free,
+        now=batch.now,
+        heartbeat_timeout_s=t.config.heartbeat_timeout_s,
+        exclude=batch.leaving(),
+    )
+    if wait is None:
+        mem.idle_enough_at.pop(model.name, None)
+    else:
+        mem.idle_enough_at[model.name] = batch.now + wait
 
 
 def _freeing(t: TickContext, r: Replica) -> bool:

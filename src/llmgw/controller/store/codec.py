@@ -34,7 +34,7 @@ from llmgw.wire.models import ModelSpec
 
 # The schema version whose row shape this codec reads and writes (tables.py
 # holds the migrations that reach it).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # The value sets the database's CHECK constraints name; the memory store checks
 # the same ones so the fake refuses what the real store would.
@@ -73,6 +73,7 @@ def node_row(n: Node) -> dict[str, Any]:
         "port_hi": n.port_range[1],
         "drain_grace_s": n.drain_grace_s,
         "drain_force": n.drain_force,
+        "drain_evict_idle": n.drain_evict_idle,
     }
 
 
@@ -89,6 +90,7 @@ def node_from(r: Row) -> Node:
         port_range=(r["port_lo"], r["port_hi"]),
         drain_grace_s=r["drain_grace_s"],
         drain_force=bool(r["drain_force"]),
+        drain_evict_idle=bool(r["drain_evict_idle"]),
     )
 
 

@@ -20,6 +20,8 @@ History:
      (specs of deleted models whose replicas still drain), reservations (room
      held for a model while its eviction victims drain): what a restarted
      controller needs to carry on a drain or an eviction where it left off
+  5  nodes.drain_evict_idle (a drain that may evict known-idle replicas of
+     other models to make room)
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def _define(md: sa.MetaData, *, version: int) -> None:
     """The tables as of `version` (1 or the current one); a migration creates v1 from this."""
     v2 = version >= 2
     v4 = version >= 4
+    v5 = version >= 5
     sa.Table("meta", md, sa.Column("key", sa.String, primary_key=True), sa.Column("value", sa.Text))
     sa.Table(
         "nodes",
@@ -94,6 +97,15 @@ def _define(md: sa.MetaData, *, version: int) -> None:
                 sa.Column("drain_force", sa.Boolean, nullable=False, server_default=sa.false()),
             ]
             if v4
+            else []
+        ),
+        *(
+            [
+                sa.Column(
+                    "drain_evict_idle", sa.Boolean, nullable=False, server_default=sa.false()
+                ),
+            ]
+            if v5
             else []
         ),
         sa.CheckConstraint(_one_of("operator_state", OPERATOR_STATES), name="ck_nodes_state"),
@@ -207,11 +219,18 @@ def _to_v4(conn: sa.Connection) -> None:
     md.create_all(conn)
 
 
+def _to_v5(conn: sa.Connection) -> None:
+    conn.exec_driver_sql(
+        "ALTER TABLE nodes ADD COLUMN drain_evict_idle BOOLEAN NOT NULL DEFAULT FALSE"
+    )
+
+
 MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
     (1, _to_v1),
     (2, _to_v2),
     (3, _to_v3),
     (4, _to_v4),
+    (5, _to_v5),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION, "add a migration when bumping SCHEMA_VERSION"
 

@@ -39,6 +39,14 @@ class TickMemory:
     drain_waiting: dict[str, str] = field(default_factory=dict)
     # Draining nodes already announced empty.
     drained: set[str] = field(default_factory=set)
+    # Unplaceable model → wall time at which enough replicas will have been idle
+    # long enough to evict for it, if they stay unused (the outlook's "the first
+    # candidate is idle enough in 7 min"); absent when waiting would not help
+    # (restart: known again after one tick).
+    idle_enough_at: dict[str, float] = field(default_factory=dict)
+    # Model → when idle_enough_at was last worked out (it costs a few eviction
+    # plans, so it is refreshed every ETA_REFRESH_S, not every tick).
+    idle_eta_checked: dict[str, float] = field(default_factory=dict)
 
     def copy(self) -> TickMemory:
         return TickMemory(
@@ -49,4 +57,6 @@ class TickMemory:
             evicting=dict(self.evicting),
             drain_waiting=dict(self.drain_waiting),
             drained=set(self.drained),
+            idle_enough_at=dict(self.idle_enough_at),
+            idle_eta_checked=dict(self.idle_eta_checked),
         )

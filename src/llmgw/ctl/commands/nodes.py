@@ -83,7 +83,9 @@ def drain(args: argparse.Namespace, ctx: Ctx) -> int:
     if args.timeout < 0:
         raise CtlError("--timeout must not be negative")
     client = ctx.client()
-    view = client.drain(args.node, grace_s=args.grace_s, force=args.force)
+    view = client.drain(
+        args.node, grace_s=args.grace_s, force=args.force, evict_idle=args.evict_idle
+    )
     if args.no_wait:
         return _said(ctx, view, "draining")
     start = len(on_node(client.replicas(), args.node))
