@@ -47,7 +47,7 @@ class HFTokenizer:
 
     def __init__(self, spec: str, path: str) -> None:
         try:
-            from tokenizers import Tokenizer  # type: ignore[import-not-found]
+            from tokenizers import Tokenizer
         except ImportError as exc:
             raise TokenizerSpecError(
                 f"{spec!r} needs the 'tokenizers' package (pip install tokenizers)"
