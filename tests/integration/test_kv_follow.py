@@ -95,6 +95,20 @@ class TestReplay:
             finally:
                 f._ctx.term()
 
+    async def test_joining_mid_stream_replays_from_the_first_batch(self) -> None:
+        """A router that starts after the engine asks for its whole history: while the
+        publisher still has batch 0, the set is complete and precise at once."""
+        async with publisher(replay=True) as (pub, addr, raddr):
+            f, idx = follower(addr, raddr)
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                await f._on_message("a", idx.follows["a"], frames(pub, 2))
+                assert blocks.gaps == 0
+                assert all(n > 0 for n in held(idx))
+            finally:
+                f._ctx.term()
+
     async def test_without_an_answer_the_gap_falls_back(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -3,6 +3,7 @@ router's per-endpoint block sets and how the scheduler uses them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -440,3 +441,30 @@ class TestTokenizers:
             load_tokenizer("nonsense")
         with pytest.raises(TokenizerSpecError):
             load_tokenizer("hf:/nonexistent/tokenizer.json")
+
+    def test_hf_tokenizer_file(self, tmp_path: Path) -> None:
+        """A tokenizer.json is loaded with `tokenizers`; completions prompts get its
+        special tokens (as vLLM encodes them), chat requests are refused (no template),
+        and the index leaves such an endpoint to the guess for them."""
+        tokenizers = pytest.importorskip("tokenizers")
+        vocab = {"<s>": 0, "[UNK]": 1, "hello": 2, "world": 3}
+        tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+        tok.post_processor = tokenizers.processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", 0)]
+        )
+        path = tmp_path / "tokenizer.json"
+        tok.save(str(path))
+        hf = load_tokenizer(f"hf:{path}")
+        assert hf.prompt_ids({"prompt": "hello world hello"}) == [0, 2, 3, 2]
+        assert hf.prompt_ids({"prompt": ["world"]}) == [0, 3]
+        assert hf.prompt_ids({"prompt": [5, 6]}) == [5, 6]
+        with pytest.raises(ValueError, match="chat"):
+            hf.prompt_ids(body("hello"))
+        idx = KVEventIndex()
+        info = EndpointInfo(
+            id="a", url="http://a", models=("m",), kv_events="tcp://x:1", tokenizer=f"hf:{path}"
+        )
+        assert idx.set_endpoints([info]) == []
+        assert idx.match(body("hello"), ["a"]) == {}
+        assert idx.match({"prompt": "hello"}, ["a"]) == {"a": (0, 2)}

@@ -6,8 +6,9 @@ and a monitor of that socket, so the endpoint leaves precise mode the moment
 the connection drops (ZeroMQ reconnects on its own; the sequence numbers then
 tell whether anything was missed). With a replay address, a gap is filled by
 asking the publisher for the batches from the missed one on (vLLM's replay
-protocol, wire/kvevents.py); the set is precise again only if the replay
-starts exactly where the gap did.
+protocol, wire/kvevents.py), and so is joining mid-stream (from batch 0, which
+the publisher still has if it has sent fewer than its buffer); the set is
+precise again only if the replay covers exactly what was missed.
 
 pyzmq is imported only when an endpoint is followed: a router without it
 starts, logs that precise mode is unavailable, and guesses.
@@ -145,13 +146,12 @@ class KVEventFollower:
             blocks.lost()
             return
         expected = blocks.next_seq
-        if (
-            follow.replay
-            and expected is not None
-            and seq > expected
-            and await self._replay(eid, follow, expected, seq)
-        ):
-            pass  # the missed batches are applied; this one follows in order
+        # Missed batches (a gap, or joining mid-stream: from the publisher's first)
+        # come from the replay socket where there is one; the publisher keeps its
+        # last buffer_steps batches, so a long-running engine's history may be gone.
+        first = 0 if expected is None else expected
+        if follow.replay and seq > first:
+            await self._replay(eid, follow, first, seq)
         blocks.on_batch(seq, events)
 
     async def _replay(self, eid: str, follow: Follow, first: int, upto: int) -> bool:
