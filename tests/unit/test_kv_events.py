@@ -298,10 +298,22 @@ class TestEngineBlocks:
         b.on_batch(0, [])  # the publisher restarted: its engine's cache is empty
         assert b.precise
 
-    def test_disconnected_is_not_precise(self) -> None:
-        b = blocks_from([])
-        b.connected = False
+    def test_disconnected_is_not_precise_until_a_batch_confirms(self) -> None:
+        """Down: guess. Back up: still guess until the next batch says whether the
+        publisher restarted (sequence 0) or carried on (the next number)."""
+        b = blocks_from([stored([1], None, [1, 2])])
+        b.link(False)
         assert not b.precise
+        b.link(True)
+        assert not b.precise
+        b.on_batch(1, [])
+        assert b.precise
+        assert len(b) == 1
+        b.link(False)
+        b.link(True)
+        b.on_batch(0, [])  # the engine restarted while we were away
+        assert b.precise
+        assert len(b) == 0
 
     def test_orphans_and_lora_blocks_are_left_out(self) -> None:
         """A block whose parent is unknown, or hashed with a LoRA, is never believed."""

@@ -15,7 +15,8 @@ leading run of blocks in the set is exactly what the engine's own lookup
 would find (capped, as the engine's, so at least one token is computed).
 
 Freshness. An endpoint is in precise mode only while its subscription is
-connected and its set is known to be complete ("synced"): the subscriber saw
+connected (and, after a reconnect, a batch has confirmed that nothing was missed)
+and its set is known to be complete ("synced"): the subscriber saw
 the publisher's first batch (sequence 0: the engine started empty), or an
 `AllBlocksCleared` (the engine's cache was reset: empty again). A sequence gap
 (messages dropped, a reconnect that missed some, a payload that did not
@@ -67,13 +68,23 @@ class EngineBlocks:
         self.next_seq: int | None = None  # None: no batch seen yet
         self.synced = False
         self.connected = False
+        # False from a disconnect until the next batch: a publisher that restarted
+        # while we were away (its engine's cache empty) says so only with its next
+        # batch (sequence 0), so until then the set may claim what is gone.
+        self.confirmed = True
         self.batches = 0
         self.gaps = 0
         self.skipped_blocks = 0
 
     @property
     def precise(self) -> bool:
-        return self.connected and self.synced
+        return self.connected and self.synced and self.confirmed
+
+    def link(self, up: bool) -> None:
+        """The subscription connected (True) or dropped (False)."""
+        if not up:
+            self.confirmed = False
+        self.connected = up
 
     def __len__(self) -> int:
         return len(self._router_of)
@@ -102,6 +113,7 @@ class EngineBlocks:
             else:
                 self.lost()
         self.next_seq = seq + 1
+        self.confirmed = True  # in order, or the gap handled above
         self.batches += 1
         for ev in events:
             self.apply(ev)

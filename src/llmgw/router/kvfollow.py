@@ -119,7 +119,7 @@ class KVEventFollower:
                     frames = await sub.recv_multipart()
                     await self._on_message(eid, follow, frames)
         finally:
-            blocks.connected = False
+            blocks.link(False)
             with contextlib.suppress(Exception):
                 sub.disable_monitor()
             mon.close(linger=0)
@@ -132,7 +132,7 @@ class KVEventFollower:
         up = event == self._zmq.EVENT_HANDSHAKE_SUCCEEDED
         if up != blocks.connected:
             log.info(kv("kv events " + ("connected" if up else "disconnected"), endpoint=eid))
-        blocks.connected = up
+        blocks.link(up)
 
     async def _on_message(self, eid: str, follow: Follow, frames: list[bytes]) -> None:
         blocks = follow.blocks
