@@ -428,6 +428,7 @@ class TestIndexAndPolicy:
         assert len(problems) == 1
         assert "bpe" in problems[0]
         assert idx.follows == {}
+        assert idx.set_endpoints([info]) == []  # said once, not on every list
 
     def test_metrics(self) -> None:
         idx = self.index("a")

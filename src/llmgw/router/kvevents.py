@@ -203,9 +203,12 @@ class KVEventIndex(Collector):
         self.all_ids: tuple[str, ...] = ()
         # Bumped when the followed set changes, so kvfollow restarts its subscriptions.
         self.version = 0
+        # Problems already reported: a controller resends its list on every change.
+        self._reported: set[str] = set()
 
     def set_endpoints(self, infos: Iterable[Any]) -> list[str]:
-        """Follow the endpoints that name a publisher; returns the problems (bad tokenizers)."""
+        """Follow the endpoints that name a publisher; returns problems (bad tokenizers)
+        not returned before."""
         problems: list[str] = []
         keep: dict[str, Follow] = {}
         ids: list[str] = []
@@ -229,7 +232,9 @@ class KVEventIndex(Collector):
             self.version += 1
         self.follows = keep
         self.all_ids = tuple(ids)
-        return problems
+        new = [p for p in problems if p not in self._reported]
+        self._reported = set(problems)
+        return new
 
     def engine_restarted(self, endpoint_id: str) -> None:
         """The scrape saw the engine restart: whatever the set held is gone."""

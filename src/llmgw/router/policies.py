@@ -11,7 +11,7 @@ registry's `acquire()` still has the last word.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from llmgw.router.affinity import RouteKey, SessionAffinity
@@ -113,7 +113,7 @@ class Ours:
         return d
 
     def _exact_matches(
-        self, matches: dict[str, int], body: Any, precise: list[str], n: int
+        self, matches: dict[str, int], body: Mapping[str, Any], precise: list[str], n: int
     ) -> None:
         """Replace the guesses for endpoints in precise mode by what their events say.
 
