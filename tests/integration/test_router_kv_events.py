@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import urllib.request
 from pathlib import Path
@@ -19,9 +20,19 @@ import aiohttp
 import pytest
 
 from llmgw.router.prefix import rendezvous_order, request_block_hashes
+from llmgw.testing import start_program
 from llmgw.testing.procs import free_port
 
-from .router_fixtures import MODEL, base_config, post, router, sim_engines, wait_until_scraped
+from .router_fixtures import (
+    MODEL,
+    base_config,
+    config_path,
+    post,
+    router,
+    sim_engines,
+    wait_until_scraped,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -166,3 +177,38 @@ class TestPreciseMode:
                     ),
                     what="fallback to guessing once the subscription is down",
                 )
+
+
+class TestWithoutPyzmq:
+    async def test_router_starts_and_guesses(self, tmp_path: Path) -> None:
+        """pyzmq is optional: without it a router whose endpoints name KV events
+        starts, says why it cannot follow them, and routes by guessing."""
+        hide = tmp_path / "hide"
+        (hide / "zmq").mkdir(parents=True)
+        (hide / "zmq" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+        path = os.pathsep.join(p for p in (str(hide), os.environ.get("PYTHONPATH", "")) if p)
+        with sim_engines(tmp_path, [20.0]) as engines:
+            entry = {
+                "id": "e0",
+                "url": engines[0].url,
+                "models": [MODEL],
+                "kv_events": f"tcp://127.0.0.1:{free_port()}",
+                "tokenizer": "sim",
+            }
+            cfg = write_config(config_path(tmp_path), base_config(endpoints=[entry]))
+            prog = start_program(
+                ["router", "--config", str(cfg), "--port", "0"],
+                log_dir=tmp_path,
+                env={"PYTHONPATH": path},
+            )
+            try:
+                await wait_until_scraped(prog.url, ["e0"])
+                async with aiohttp.ClientSession() as session:
+                    reply = await post(session, prog.url, chat("no-zmq"))
+                assert reply.status == 200, reply.body
+                assert (
+                    metric(prog.url, "llmgw_router_prefix_mode", endpoint="e0", mode="guess") == 1
+                )
+                await until(lambda: "pyzmq is not installed" in prog.log_text(), what="the error")
+            finally:
+                prog.stop(grace_s=5)
