@@ -9,7 +9,9 @@ Fleet
     policy starts with empty caches and zeroed counters. Round-robin,
     least-inflight and ours are each a real `llmgw router` process with that
     `policy`; the oracle is a client-side router in this file (below) that
-    sends straight to the engines.
+    sends straight to the engines. `ours_precise` (not run unless asked for
+    with --policies) is ours in precise mode: the engines publish their KV
+    events and the router follows them (docs/routing.md).
 
 Workload (seeded; the same requests for every policy)
     Multi-turn chat conversations. Each opens with one of `--prompts` long
@@ -110,13 +112,15 @@ from llmgw.simengine import tokenizer
 from llmgw.simengine.batcher import mix_seed
 from llmgw.simengine.kvcache import prompt_block_hashes
 from llmgw.testing import start_program
-from llmgw.testing.procs import Program
+from llmgw.testing.procs import Program, free_port
 
 MODEL = "bench-model"
 SECTION = "## bench/routing.py"
 VARIANT_PREFIX = "### bench/routing.py --variant "
 RESULTS = Path(__file__).with_name("RESULTS.md")
 POLICIES = ("round_robin", "least_inflight", "ours", "oracle")
+# Run only when named: ours following the engines' KV events (precise mode).
+EXTRA_POLICIES = ("ours_precise",)
 _MASK = (1 << 64) - 1
 _LCG_A = 6364136223846793005  # the sim's output LCG (simengine/batcher.py docstring)
 _LCG_C = 1442695040888963407
@@ -512,22 +516,32 @@ class Processes:
         self.log_dir = log_dir
         self.engines: dict[str, Program] = {}
         self.router: Program | None = None
+        # Engine id → its KV-event publisher's address (precise mode only).
+        self.kv_events: dict[str, str] = {}
 
-    def start_engines(self) -> dict[str, str]:
+    def start_engines(self, *, kv_events: bool = False) -> dict[str, str]:
         args = self.fleet.engine_args()
         for i in range(self.fleet.engines):
-            self.engines[f"e{i}"] = start_program(args, log_dir=self.log_dir, wait=False)
+            extra: list[str] = []
+            if kv_events:
+                addr = self.kv_events[f"e{i}"] = f"tcp://127.0.0.1:{free_port()}"
+                conf = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": addr}
+                extra = ["--kv-events-config", _encode(conf).decode()]
+            self.engines[f"e{i}"] = start_program([*args, *extra], log_dir=self.log_dir, wait=False)
         for p in self.engines.values():
             p.wait_ready(timeout_s=60)
         return {e: p.url for e, p in self.engines.items()}
 
     def start_router(self, policy: str, urls: dict[str, str]) -> str:
         cfg = self.log_dir / f"router-{policy}.yaml"
-        lines = [f"policy: {policy}", f"scrape_interval_s: {self.fleet.scrape_interval_s}"]
+        name = "ours" if policy == "ours_precise" else policy
+        lines = [f"policy: {name}", f"scrape_interval_s: {self.fleet.scrape_interval_s}"]
         lines.append(f"scrape_timeout_s: {self.fleet.scrape_interval_s * 0.75}")
         lines.append("endpoints:")
         for eid, url in urls.items():
-            lines.append(f"  - {{id: {eid}, url: '{url}', models: [{MODEL}]}}")
+            events = self.kv_events.get(eid)
+            more = f", kv_events: '{events}', tokenizer: sim" if events else ""
+            lines.append(f"  - {{id: {eid}, url: '{url}', models: [{MODEL}]{more}}}")
         cfg.write_text("\n".join(lines) + "\n")
         self.router = start_program(
             ["router", "--config", str(cfg), "--port", "0"], log_dir=self.log_dir
@@ -595,6 +609,19 @@ async def wait_router_scraped(session: aiohttp.ClientSession, url: str, n: int) 
             return
         await asyncio.sleep(0.1)
     raise RuntimeError("router did not scrape every engine within 30 s")
+
+
+async def wait_router_following(session: aiohttp.ClientSession, url: str, n: int) -> None:
+    """Until the router's subscriptions to the n engines' KV events are connected, so it
+    sees each fresh engine's first batch and starts the run in precise mode."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        async with session.get(url + "/metrics") as r:
+            text = await r.text()
+        if len(re.findall(r"^llmgw_router_kv_events_connected\{[^}]*\} 1\.0$", text, re.M)) >= n:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("router did not connect to every engine's KV events within 30 s")
 
 
 async def counters(
@@ -713,7 +740,8 @@ async def open_loop_run(
     procs = Processes(fleet, log_dir)
     loop = asyncio.get_running_loop()
     try:
-        urls = await asyncio.to_thread(procs.start_engines)
+        precise = policy == "ours_precise"
+        urls = await asyncio.to_thread(lambda: procs.start_engines(kv_events=precise))
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn) as session:
             target: Target
@@ -729,6 +757,8 @@ async def open_loop_run(
             else:
                 rurl = await asyncio.to_thread(procs.start_router, policy, urls)
                 await wait_router_scraped(session, rurl, fleet.engines)
+                if precise:
+                    await wait_router_following(session, rurl, fleet.engines)
                 target = ViaRouter(policy, rurl)
             pids = procs.pids()
             cpu0 = {k: cpu_seconds(v) for k, v in pids.items()}
@@ -1254,8 +1284,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a("--warmup-s", type=float, default=8.0)
     a("--drain-s", type=float, default=5.0, help="after the last arrival, then censored")
     a("--loads", type=float, nargs="+", default=(0.85, 1.10))
-    a("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
-    a("--overload-policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    a("--policies", nargs="+", default=list(POLICIES), choices=POLICIES + EXTRA_POLICIES)
+    a(
+        "--overload-policies",
+        nargs="+",
+        default=list(POLICIES),
+        choices=POLICIES + EXTRA_POLICIES,
+    )
     a("--capacity-rps", type=float, default=None, help="skip calibration, use this")
     a("--calib-s", type=float, default=20.0)
     a("--calib-warmup-s", type=float, default=6.0)

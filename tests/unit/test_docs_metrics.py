@@ -78,6 +78,12 @@ def _prediction(cls: Any) -> CollectorRegistry:
     return registry
 
 
+def _kv_events(cls: Any) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(cls())
+    return registry
+
+
 def _controller(cls: Any) -> CollectorRegistry:
     from llmgw.controller.api.services import Services
     from llmgw.controller.config import ControllerConfig
@@ -96,6 +102,7 @@ def _controller(cls: Any) -> CollectorRegistry:
 REGISTRIES: dict[str, Callable[[Any], CollectorRegistry]] = {
     "llmgw.router.metrics.RouterMetrics": _router,
     "llmgw.router.feedback.PredictionCheck": _prediction,
+    "llmgw.router.kvevents.KVEventIndex": _kv_events,
     "llmgw.agent.metrics.AgentMetrics": _agent,
     "llmgw.controller.api.metrics.ControllerMetrics": _controller,
 }

@@ -80,6 +80,16 @@ class TestValidation:
                 "controller: {url: 'http://c'}\nendpoints: [{id: a, url: 'http://x', models: [m]}]",
                 "controller",
             ),
+            (
+                "endpoints: [{id: a, url: 'http://x', models: [m], kv_events: 'tcp://x:1'}]",
+                "tokenizer",
+            ),
+            (
+                "endpoints: [{id: a, url: 'http://x', models: [m], kv_events: 'x:1', "
+                "tokenizer: sim}]",
+                "kv_events",
+            ),
+            ("endpoints: [{id: a, url: 'http://x', models: [m], tokenizer: gpt}]", "tokenizer"),
             ("[1, 2]", "mapping"),
             ("endpoints: [", "YAML"),
         ],

@@ -56,6 +56,19 @@ class TestFlags:
         c = cfg("--model", "m", "--fail-rate", "0.5", "--crash-after-requests", "3")
         assert (c.faults.fail_rate, c.faults.crash_after_requests) == (0.5, 3)
 
+    def test_kv_events_config_as_vllm_takes_it(self) -> None:
+        """vLLM's --kv-events-config JSON; fields the sim does not use are ignored."""
+        c = cfg(
+            "--model",
+            "m",
+            "--kv-events-config",
+            '{"enable_kv_cache_events": true, "publisher": "zmq", '
+            '"endpoint": "tcp://127.0.0.1:5557", "topic": "kv", "unknown_to_sim": 1}',
+        )
+        assert c.kv_events.enabled
+        assert (c.kv_events.endpoint, c.kv_events.topic) == ("tcp://127.0.0.1:5557", "kv")
+        assert not cfg("--model", "m").kv_events.enabled
+
 
 class TestRefusals:
     @pytest.mark.parametrize(
@@ -71,6 +84,15 @@ class TestRefusals:
             ["--model", "m", "--num-gpu-blocks", "0"],
             ["--model", "m", "--max-model-len", "0"],
             ["--model", "m", "--tensor-parallel-size", "0"],
+            ["--model", "m", "--kv-events-config", "{not json"],
+            ["--model", "m", "--kv-events-config", '{"publisher": "kafka"}'],
+            # The publisher cannot bind: the engine does not start without its events.
+            [
+                "--model",
+                "m",
+                "--kv-events-config",
+                '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "bogus://x"}',
+            ],
         ],
     )
     def test_bad_flags_exit_2(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmgw.router.prefix import request_block_hashes
@@ -35,6 +35,8 @@ class RouteKey:
     hashes: tuple[int, ...] = ()
     # hash((model, hint)), None without a hint. Per-process, like the chain.
     session: int | None = None
+    # The request body, for precise mode's tokenizer (kvevents.py); not compared.
+    body: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 NO_KEY = RouteKey()
@@ -54,7 +56,7 @@ def route_key(body: Mapping[str, Any], session_header: str | None) -> RouteKey:
     """The request's content chain and session key."""
     hint = session_hint(body, session_header)
     session = None if hint is None else hash((str(body.get("model", "")), hint))
-    return RouteKey(request_block_hashes(body), session)
+    return RouteKey(request_block_hashes(body), session, body)
 
 
 class SessionAffinity:

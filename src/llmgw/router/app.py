@@ -22,6 +22,7 @@ from aiohttp import web
 from llmgw.router.auth import admin_allowed, bearer_matches
 from llmgw.router.config import RouterConfig
 from llmgw.router.errors import error_response
+from llmgw.router.kvfollow import KVEventFollower
 from llmgw.router.metrics import CONTENT_TYPE
 from llmgw.router.proxy import Proxy
 from llmgw.router.scheduler import choose
@@ -76,7 +77,11 @@ def build_app(cfg: RouterConfig, *, config_path: str | Path | None = None) -> we
 
     state.on_config.append(on_config)
 
-    loops: list[Coroutine[Any, Any, None]] = [scraper.run(), reporter.run()]
+    loops: list[Coroutine[Any, Any, None]] = [
+        scraper.run(),
+        reporter.run(),
+        KVEventFollower(state.kv_events).run(),
+    ]
     watcher = None
     if config_path is not None:
         watcher = ConfigWatcher(config_path, on_config=state.apply_config, poll_s=cfg.reload_poll_s)

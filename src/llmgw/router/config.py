@@ -7,7 +7,8 @@ the old configuration.
 
 Shape (every key but `endpoints`/`controller` optional):
 
-    endpoints: [{id, url, models: [...], engine?, pool?, weight?, priority?}]
+    endpoints: [{id, url, models: [...], engine?, pool?, weight?, priority?,
+                 kv_events?, tokenizer?, ...}]
     models: [...]            # known models with no replica yet: held, not 404
     controller: {url, token?}
     policy: ours | round_robin | least_inflight
@@ -36,6 +37,8 @@ Policy = Literal["ours", "round_robin", "least_inflight"]
 UpstreamClient = Literal["fast", "aiohttp"]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegSeconds = Annotated[float, msgspec.Meta(ge=0)]
+# ZeroMQ transports a KV-event publisher may be reached by (precise mode).
+KV_EVENT_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
 class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -157,6 +160,22 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 )
             if ep.weight <= 0:
                 raise ValueError(f"endpoints[{i}].weight must be above 0")
+            for name in ("kv_events", "kv_events_replay"):
+                addr = getattr(ep, name)
+                if addr and not addr.startswith(KV_EVENT_SCHEMES):
+                    raise ValueError(
+                        f"endpoints[{i}].{name} {addr!r} must start with tcp://, ipc:// or inproc://"
+                    )
+            if ep.kv_events and not ep.tokenizer:
+                raise ValueError(
+                    f"endpoints[{i}].tokenizer is needed with kv_events "
+                    "('sim', or 'hf:<path to tokenizer.json>')"
+                )
+            if ep.tokenizer and ep.tokenizer != "sim" and not ep.tokenizer.startswith("hf:"):
+                raise ValueError(
+                    f"endpoints[{i}].tokenizer {ep.tokenizer!r}: expected 'sim' or "
+                    "'hf:<path to tokenizer.json>'"
+                )
         if self.max_inflight_body_bytes < self.max_body_bytes:
             raise ValueError(
                 f"max_inflight_body_bytes ({self.max_inflight_body_bytes}) must be at least "

@@ -11,14 +11,21 @@ registry's `acquire()` still has the last word.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from typing import Protocol
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Protocol
 
 from llmgw.router.affinity import RouteKey, SessionAffinity
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot, Stats
 from llmgw.router.feedback import PredictionCheck
-from llmgw.router.prefix import PrefixIndex, block_end, capacity_units_for, rendezvous_order
+from llmgw.router.kvevents import KVEventIndex
+from llmgw.router.prefix import (
+    PrefixIndex,
+    block_end,
+    blocks_covering,
+    capacity_units_for,
+    rendezvous_order,
+)
 from llmgw.router.scheduler import Decision, SchedulerConfig, choose
 
 
@@ -59,11 +66,14 @@ class Ours:
         *,
         sessions: SessionAffinity | None = None,
         check: PredictionCheck | None = None,
+        exact: KVEventIndex | None = None,
     ) -> None:
         self.prefix = prefix
         self.cfg = cfg or SchedulerConfig()
         self.sessions = sessions if sessions is not None else SessionAffinity()
         self.check = check if check is not None else PredictionCheck(prefix)
+        # Endpoints in precise mode answer from their KV events (kvevents.py).
+        self.exact = exact
 
     def choose(
         self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
@@ -73,6 +83,10 @@ class Ours:
             return choose(snaps, exclude=exclude, cfg=self.cfg)
         ids = [s.id for s in snaps]
         matches = self.prefix.match(hashes, ids)
+        if self.exact is not None and key.body is not None:
+            precise = self.exact.precise_among(ids)
+            if precise:
+                self._exact_matches(matches, key.body, precise, len(hashes))
         d = choose(
             snaps,
             prefix_matches=matches,
@@ -97,6 +111,25 @@ class Ours:
             self._record(d.endpoint_id, hashes, None if snap is None else snap.stats)
             self.sessions.served(key, d.endpoint_id)
         return d
+
+    def _exact_matches(
+        self, matches: dict[str, int], body: Mapping[str, Any], precise: list[str], n: int
+    ) -> None:
+        """Replace the guesses for endpoints in precise mode by what their events say.
+
+        The scheduler compares holders in the guessing index's blocks, so an exact
+        match of m of the prompt's T tokens counts as the blocks covering the same
+        share of the routed bytes. An endpoint whose tokenizer cannot read the
+        request keeps its guess.
+        """
+        assert self.exact is not None
+        total = block_end(n - 1)
+        for eid, (held, tokens) in self.exact.match(body, precise).items():
+            blocks = min(n, blocks_covering(held * total // tokens)) if held and tokens else 0
+            if blocks:
+                matches[eid] = blocks
+            else:
+                matches.pop(eid, None)
 
     def _record(self, endpoint_id: str, hashes: Sequence[int], stats: Stats | None) -> None:
         capacity = None if stats is None else stats.kv_capacity_tokens
@@ -210,9 +243,10 @@ def make_policy(
     *,
     sessions: SessionAffinity | None = None,
     check: PredictionCheck | None = None,
+    exact: KVEventIndex | None = None,
 ) -> Policy:
     if name == "round_robin":
         return RoundRobin()
     if name == "least_inflight":
         return LeastInflight()
-    return Ours(prefix, sessions=sessions, check=check)
+    return Ours(prefix, sessions=sessions, check=check, exact=exact)

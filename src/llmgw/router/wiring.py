@@ -20,6 +20,7 @@ from llmgw.router.config import RouterConfig, restart_only_changes, upstream_cli
 from llmgw.router.endpoint import Registry
 from llmgw.router.feedback import PredictionCheck
 from llmgw.router.holding import Holding
+from llmgw.router.kvevents import KVEventIndex
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.policies import Policy, make_policy
 from llmgw.router.prefix import PrefixIndex
@@ -72,6 +73,10 @@ class Router:
         self.sessions = SessionAffinity()
         self.prediction = PredictionCheck(self.prefix)
         self.metrics.registry.register(self.prediction)
+        # Precise mode: the engines' own KV events, where they publish them
+        # (kvevents.py; followed by kvfollow.py, started with the app).
+        self.kv_events = KVEventIndex()
+        self.metrics.registry.register(self.kv_events)
         self.policy: Policy = self._make_policy(cfg.policy)
         # aiohttp, for the scrape loop and the controller (off the request path) ...
         self.upstream = Upstream(connect_timeout_s=cfg.connect_timeout_s)
@@ -143,7 +148,9 @@ class Router:
             hook(cfg)
 
     def _make_policy(self, name: str) -> Policy:
-        return make_policy(name, self.prefix, sessions=self.sessions, check=self.prediction)
+        return make_policy(
+            name, self.prefix, sessions=self.sessions, check=self.prediction, exact=self.kv_events
+        )
 
     def apply_list(self, lst: EndpointList) -> None:
         """A list from the controller's EndpointSink."""
@@ -159,6 +166,8 @@ class Router:
         # would only make the index lie if the id ever came back.
         self.prefix.retain(self.registry.ids())
         self.sessions.retain(self.registry.ids())
+        for problem in self.kv_events.set_endpoints(infos):
+            log.error(kv("kv events not followed, routing by guessing", problem=problem))
         self.metrics.forget(removed)
         self.urls = {i.id: i.url.rstrip("/") for i in infos}
         self.served_name = {n: i.models[0] for i in infos if i.models for n in i.models[1:]}
@@ -174,6 +183,7 @@ class Router:
     def engine_restarted(self, endpoint_id: str) -> None:
         """Its KV cache is empty: forget what we thought it held."""
         self.prefix.purge(endpoint_id)
+        self.kv_events.engine_restarted(endpoint_id)
 
     # -- reads -------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from llmgw.simengine.config import SimConfig
 from llmgw.simengine.engine import Engine, Stream
 from llmgw.simengine.faults import CRASH_EXIT_CODE, Faults, Verdict
 from llmgw.simengine.kvcache import KVCache
+from llmgw.simengine.kvevents import KVEventPublisher
 from llmgw.simengine.metricsnames import histogram_buckets
 from llmgw.simengine.stats import EngineStats
 
@@ -135,6 +136,11 @@ class SimEngine:
         self.engine = Engine(self.scheduler, cfg.timing)
         self.faults = Faults(cfg.faults, seed=cfg.seed)
         self.engine.before_step = self.faults.step
+        # vLLM's KV events (kvevents.py), published after each step; ValueError
+        # (no pyzmq, address taken) stops the engine before it serves.
+        self.kv_events = KVEventPublisher(cfg.kv_events, self.kv) if cfg.kv_events.enabled else None
+        if self.kv_events is not None:
+            self.engine.after_schedule = self.kv_events.flush
         self._crash = crash
         self._die = die
         self.dead = False  # the engine loop raised: every request fails, then the process exits
@@ -154,6 +160,8 @@ class SimEngine:
             asyncio.create_task(self.run_engine(), name="sim-engine-loop"),
             asyncio.create_task(self._sweep_gone(), name="sim-engine-sweep"),
         ]
+        if self.kv_events is not None:
+            tasks.append(asyncio.create_task(self.kv_events.serve_replay(), name="kv-replay"))
         try:
             yield
         finally:
@@ -162,6 +170,8 @@ class SimEngine:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if self.kv_events is not None:
+                self.kv_events.close()
 
     async def run_engine(self) -> None:
         """The engine loop, guarded: if it raises, the engine is dead, not silently stuck.

@@ -197,7 +197,9 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             n = min(req.num_tokens - req.num_computed, budget)
-            while not kv.allocate(req.req_id, req.num_computed + n, req.block_hashes):
+            while not kv.allocate(
+                req.req_id, req.num_computed + n, req.block_hashes, token_ids=req.token_ids
+            ):
                 victim = running.pop()
                 self._preempt(victim)
                 plan.preempted.append(victim)
@@ -220,7 +222,9 @@ class Scheduler:
             hits = kv.lookup(req.block_hashes, req.num_tokens)
             num_hit = len(hits) * bs
             n = min(req.num_tokens - num_hit, budget)
-            if not kv.allocate(req.req_id, num_hit + n, req.block_hashes, hits):
+            if not kv.allocate(
+                req.req_id, num_hit + n, req.block_hashes, hits, token_ids=req.token_ids
+            ):
                 break
             waiting.popleft()
             running.append(req)

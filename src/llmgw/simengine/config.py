@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmgw.simengine.faults import FaultConfig
+from llmgw.simengine.kvevents import KVEventsSettings
 from llmgw.simengine.timing import TimingModel
 
 DIALECTS = ("vllm", "sglang")
@@ -28,6 +29,8 @@ class SimConfig:
     embedding_dim: int = 1024
     # `--api-key`/VLLM_API_KEY: /v1/* needs one of these as a bearer token (auth.py).
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # vLLM's --kv-events-config: publish KV-cache events (kvevents.py) when enabled.
+    kv_events: KVEventsSettings = field(default_factory=KVEventsSettings)
 
     def __post_init__(self) -> None:
         if not self.served_model_names:

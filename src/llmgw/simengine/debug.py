@@ -105,6 +105,8 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
         # vLLM's dev-mode route (VLLM_SERVER_DEV_MODE=1): 200 either way, the refusal
         # while requests run only logged; here the answer says which it was.
         done = sim.kv.reset_prefix_cache()
+        if sim.kv_events is not None:
+            sim.kv_events.flush()  # AllBlocksCleared goes out now, not at the next step
         if not done:
             log.warning("reset_prefix_cache refused: requests still hold blocks")
         return _json({"reset": done})

@@ -101,6 +101,9 @@ class Engine:
         self.lag_resets = 0  # times the timeline slipped because the CPU fell behind
         # Called before each step; what it raises ends `run()` (the fault hook, faults.py).
         self.before_step: Callable[[], None] | None = None
+        # Called after each step is planned, when the KV cache has taken (and
+        # evicted) its blocks: the KV-event publisher's flush (kvevents.py).
+        self.after_schedule: Callable[[], None] | None = None
 
     def submit(self, req: SimRequest) -> Stream:
         stream = Stream(req)
@@ -168,6 +171,8 @@ class Engine:
             if self.before_step is not None:
                 self.before_step()
             step = self.begin_step(now())
+            if self.after_schedule is not None:
+                self.after_schedule()
             if step is None:
                 # Nothing fits and nothing runs (cannot last: requests are validated
                 # to fit the cache); wait for an arrival or an abort to change that.

@@ -24,6 +24,15 @@ Lifecycle
     that are full after the step are entered in the cache. `free` releases a
     request's blocks in reverse order, so a sequence's tail is evicted before
     its head, which other requests are more likely to share.
+
+KV events
+    With `events` set to a list, the cache appends vLLM's KV events to it as
+    they happen (wire/kvevents.py): `BlockStored` when `allocate` enters
+    blocks in the cache (one event per run of consecutive new blocks, with
+    their tokens, so `allocate` needs the owner's `token_ids`), `BlockRemoved`
+    when `_take` evicts a cached block for reuse, `AllBlocksCleared` on
+    `reset_prefix_cache`. The publisher (kvevents.py) sends and empties the
+    list after each scheduler step.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from llmgw.wire.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 NONE_HASH: bytes = hashlib.blake2b(b"llmgw-sim-none-hash", digest_size=16).digest()
 
@@ -103,6 +114,8 @@ class KVCache:
         self._owned: dict[str, list[Block]] = {}
         self._num_hashed: dict[str, int] = {}  # per owner: leading blocks already cached
         self.evictions = 0
+        # vLLM's KV events, appended as they happen; None: not recorded (see above).
+        self.events: list[KVEvent] | None = None
 
     @property
     def capacity_blocks(self) -> int:
@@ -146,12 +159,14 @@ class KVCache:
         num_tokens: int,
         hashes: Sequence[bytes],
         computed: Sequence[Block] = (),
+        token_ids: Sequence[int] = (),
     ) -> bool:
         """Make `owner` hold blocks for its first `num_tokens` tokens; False if they do not fit.
 
         `computed` are cache hits from `lookup` (only when `owner` holds nothing
         yet). On False nothing changed. Blocks that will be full once those
-        tokens are computed are entered in the cache under `hashes`.
+        tokens are computed are entered in the cache under `hashes`; with events
+        on, `token_ids` (the owner's tokens) go into their BlockStored events.
         """
         blocks = self._owned.get(owner)
         if blocks is None:
@@ -177,14 +192,41 @@ class KVCache:
         full = min(len(hashes), num_tokens // bs)
         start = self._num_hashed[owner] + len(computed)
         cached = self._cached
+        stored: list[int] = []
         for i in range(start, full):
             h = hashes[i]
             if h not in cached:
                 b = blocks[i]
                 b.hash = h
                 cached[h] = b
+                stored.append(i)
         self._num_hashed[owner] = max(full, start)
+        if stored and self.events is not None:
+            self._stored_events(stored, hashes, token_ids)
         return True
+
+    def _stored_events(
+        self, stored: list[int], hashes: Sequence[bytes], token_ids: Sequence[int]
+    ) -> None:
+        """One BlockStored per run of consecutive block indexes newly cached."""
+        assert self.events is not None
+        bs = self.block_size
+        run_start = prev = stored[0]
+        for i in [*stored[1:], -1]:
+            if i == prev + 1:
+                prev = i
+                continue
+            self.events.append(
+                BlockStored(
+                    block_hashes=list(hashes[run_start : prev + 1]),
+                    parent_block_hash=hashes[run_start - 1] if run_start else None,
+                    token_ids=list(token_ids[run_start * bs : (prev + 1) * bs]),
+                    block_size=bs,
+                    lora_id=None,
+                    medium="GPU",
+                )
+            )
+            run_start = prev = i
 
     def _take(self) -> Block:
         if self._next_fresh < self.num_gpu_blocks:
@@ -194,6 +236,8 @@ class KVCache:
             _, b = self._free.popitem(last=False)
             if b.hash is not None:
                 del self._cached[b.hash]
+                if self.events is not None:
+                    self.events.append(BlockRemoved(block_hashes=[b.hash], medium="GPU"))
                 b.hash = None
                 self.evictions += 1
         b.ref_cnt = 1
@@ -219,6 +263,8 @@ class KVCache:
         for b in self._cached.values():
             b.hash = None
         self._cached.clear()
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
         return True
 
     def snapshot(self) -> list[CachedBlock]:

@@ -14,7 +14,7 @@ import sys
 
 from llmgw.runtime import logs
 from llmgw.runtime.cli import DefaultsFormatter
-from llmgw.simengine import auth, timing
+from llmgw.simengine import auth, kvevents, timing
 from llmgw.simengine.config import DIALECTS, SimConfig
 from llmgw.simengine.faults import FaultConfig
 
@@ -101,6 +101,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="require one of these bearer keys on /v1/* (as vLLM; default $VLLM_API_KEY)",
     )
+    p.add_argument(
+        "--kv-events-config",
+        default=None,
+        help="vLLM's KV-event publisher settings as JSON, e.g. "
+        '\'{"enable_kv_cache_events": true, "publisher": "zmq", '
+        '"endpoint": "tcp://127.0.0.1:5557"}\' (needs pyzmq)',
+    )
     p.add_argument("--grace-s", type=float, default=10.0, help="graceful stop window on SIGTERM")
     return p
 
@@ -145,6 +152,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         ).validate(),
         seed=args.seed,
         api_keys=auth.keys_from(args.api_key),
+        kv_events=(
+            kvevents.parse_settings(args.kv_events_config)
+            if args.kv_events_config
+            else kvevents.KVEventsSettings()
+        ),
     )
 
 
@@ -167,7 +179,11 @@ def main(argv: list[str]) -> int:
     from llmgw.runtime import serve
     from llmgw.simengine.app import build_app
 
-    app = build_app(cfg)
+    try:
+        app = build_app(cfg)
+    except ValueError as exc:  # the KV-event publisher could not start
+        sys.stderr.write(f"llmgw sim-engine: {exc}\n")
+        return 2
     log.info(
         "sim-engine model=%s blocks=%d block_size=%d max_num_seqs=%d speed=%s dialect=%s",
         cfg.model_name,

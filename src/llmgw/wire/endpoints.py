@@ -57,13 +57,28 @@ class EndpointInfo(
     # router sends it as `Authorization: Bearer`. "": the engine needs none.
     # Secret: repr() masks it, and nothing prints or exports it.
     api_key: str = ""
+    # Precise mode (docs/routing.md): the ZeroMQ address of the engine's KV-event
+    # publisher (vLLM's --kv-events-config endpoint, e.g. tcp://gpu-a-01:5557);
+    # "": the router guesses what the engine caches from what it sent there.
+    kv_events: str = ""
+    # The publisher's topic (vLLM's default is "").
+    kv_events_topic: str = ""
+    # The publisher's replay socket (vLLM's replay_endpoint), to fetch missed
+    # batches after a gap; "": none, a gap falls back to guessing until the set is
+    # known again.
+    kv_events_replay: str = ""
+    # How the router tokenizes prompts for precise mode: "sim" (the sim-engine's
+    # tokenizer) or "hf:<path to tokenizer.json>" (needs the tokenizers package).
+    tokenizer: str = ""
 
     def __repr__(self) -> str:
         key = "'***'" if self.api_key else "''"
         return (
             f"EndpointInfo(id={self.id!r}, url={self.url!r}, models={self.models!r}, "
             f"engine={self.engine!r}, pool={self.pool!r}, weight={self.weight!r}, "
-            f"priority={self.priority!r}, api_key={key})"
+            f"priority={self.priority!r}, api_key={key}, kv_events={self.kv_events!r}, "
+            f"kv_events_topic={self.kv_events_topic!r}, "
+            f"kv_events_replay={self.kv_events_replay!r}, tokenizer={self.tokenizer!r})"
         )
 
 

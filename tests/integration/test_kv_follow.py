@@ -1,0 +1,141 @@
+"""The router's KV-event follower against the sim-engine's publisher, in one process, on
+loopback sockets: a sequence gap is filled from the replay socket, or falls back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from llmgw.router import kvfollow
+from llmgw.router.kvevents import KVEventIndex
+from llmgw.router.kvfollow import KVEventFollower
+from llmgw.simengine.kvcache import KVCache, prompt_block_hashes
+from llmgw.simengine.kvevents import KVEventPublisher, KVEventsSettings
+from llmgw.testing.procs import free_port
+from llmgw.tokenization.sim import completion_prompt_ids
+from llmgw.wire.endpoints import EndpointInfo
+from llmgw.wire.kvevents import decode_batch, encode_seq
+
+PROMPTS = [f"prompt number {i} " * 4 for i in range(3)]
+
+
+@contextlib.asynccontextmanager
+async def publisher(replay: bool) -> AsyncIterator[tuple[KVEventPublisher, str, str]]:
+    """A publisher that has sent three batches, one prompt's blocks each."""
+    addr, raddr = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    kv = KVCache(num_gpu_blocks=200, block_size=4)
+    settings = KVEventsSettings(
+        enable_kv_cache_events=True,
+        publisher="zmq",
+        endpoint=addr,
+        replay_endpoint=raddr if replay else None,
+    )
+    pub = KVEventPublisher(settings, kv)
+    task = asyncio.create_task(pub.serve_replay())
+    try:
+        for i, text in enumerate(PROMPTS):
+            ids = completion_prompt_ids(text)
+            assert kv.allocate(f"r{i}", len(ids), prompt_block_hashes(ids, 4), token_ids=ids)
+            pub.flush()
+        yield pub, addr, raddr
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        pub.close()
+
+
+def follower(addr: str, raddr: str) -> tuple[KVEventFollower, KVEventIndex]:
+    idx = KVEventIndex()
+    info = EndpointInfo(
+        id="a",
+        url="http://a",
+        models=("m",),
+        kv_events=addr,
+        kv_events_replay=raddr,
+        tokenizer="sim",
+    )
+    assert idx.set_endpoints([info]) == []
+    f = KVEventFollower(idx)
+    assert f._load_zmq()
+    return f, idx
+
+
+def held(idx: KVEventIndex) -> list[int]:
+    follow = idx.follows["a"]
+    out = []
+    for text in PROMPTS:
+        got = idx.match({"prompt": text}, ["a"])
+        out.append(got["a"][0] if "a" in got else -1)
+    assert follow.blocks.precise
+    return out
+
+
+def frames(pub: KVEventPublisher, seq: int) -> list[Any]:
+    return [b"", encode_seq(seq), dict(pub._buffer)[seq]]
+
+
+class TestReplay:
+    async def test_a_gap_is_filled_from_the_replay_socket(self) -> None:
+        async with publisher(replay=True) as (pub, addr, raddr):
+            f, idx = follower(addr, raddr)
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                await f._on_message("a", idx.follows["a"], frames(pub, 0))
+                # Batch 1 never arrived: batch 2 makes the follower ask for it.
+                await f._on_message("a", idx.follows["a"], frames(pub, 2))
+                assert blocks.gaps == 0
+                assert blocks.next_seq == 3
+                assert all(n > 0 for n in held(idx))
+            finally:
+                f._ctx.term()
+
+    async def test_joining_mid_stream_replays_from_the_first_batch(self) -> None:
+        """A router that starts after the engine asks for its whole history: while the
+        publisher still has batch 0, the set is complete and precise at once."""
+        async with publisher(replay=True) as (pub, addr, raddr):
+            f, idx = follower(addr, raddr)
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                await f._on_message("a", idx.follows["a"], frames(pub, 2))
+                assert blocks.gaps == 0
+                assert all(n > 0 for n in held(idx))
+            finally:
+                f._ctx.term()
+
+    async def test_without_an_answer_the_gap_falls_back(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(kvfollow, "REPLAY_TIMEOUT_S", 0.3)
+        async with publisher(replay=False) as (pub, addr, _):
+            # A replay address nobody answers on.
+            f, idx = follower(addr, f"tcp://127.0.0.1:{free_port()}")
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                await f._on_message("a", idx.follows["a"], frames(pub, 0))
+                await f._on_message("a", idx.follows["a"], frames(pub, 2))
+                assert blocks.gaps == 1
+                assert not blocks.precise
+            finally:
+                f._ctx.term()
+
+    async def test_an_unreadable_batch_counts_as_a_gap(self) -> None:
+        async with publisher(replay=False) as (pub, addr, _):
+            f, idx = follower(addr, "")
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                await f._on_message("a", idx.follows["a"], frames(pub, 0))
+                await f._on_message("a", idx.follows["a"], [b"", encode_seq(1), b"\xc1"])
+                assert blocks.gaps == 1
+                assert not blocks.precise
+                assert decode_batch(frames(pub, 1)[2])[1]  # the real batch 1 was not empty
+            finally:
+                f._ctx.term()
