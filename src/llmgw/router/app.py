@@ -270,6 +270,8 @@ async def admin_endpoints(request: web.Request) -> web.Response:
     return _json(
         {
             "router_id": st.router_id,
+            # Which worker answered (--workers N); null for a one-process router.
+            "worker": st.worker_index,
             "policy": st.policy.name,
             "upstream_client": st.upstream_client,
             "endpoints": _without_keys(msgspec.to_builtins(st.registry.snapshots())),
