@@ -117,7 +117,8 @@ class Channel:
         return cls(reader, writer)
 
     def send(self, msg: Message) -> None:
-        if self.closed:
+        """Queue a frame; to a closed or closing end it is dropped (the reader notices)."""
+        if self.closed or self._writer.is_closing():
             return
         body = _encoder.encode(msg)
         self._writer.write(_LEN.pack(len(body)) + body)
@@ -129,7 +130,10 @@ class Channel:
             if size > MAX_FRAME:
                 raise ChannelClosed(f"frame of {size} bytes")
             return _decoder.decode(await self._reader.readexactly(size))
-        except (asyncio.IncompleteReadError, ConnectionError, msgspec.DecodeError) as exc:
+        except asyncio.IncompleteReadError as exc:
+            self._lost()
+            raise ChannelClosed("the other end closed the channel") from exc
+        except (ConnectionError, msgspec.DecodeError) as exc:
             self._lost()
             raise ChannelClosed(str(exc) or type(exc).__name__) from exc
 
