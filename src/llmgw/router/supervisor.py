@@ -169,6 +169,7 @@ class Supervisor:
         self.workers: dict[int, _Worker] = {}
         self.restarts = 0
         self._early_exits: dict[int, int] = {}
+        self._restarting: set[asyncio.Task[None]] = set()
         self.stopping = False
         self.merger = Merger()
         self.host_metrics = CollectorRegistry()
@@ -349,15 +350,19 @@ class Supervisor:
                 code = w.proc.poll()
                 if code is None or self.stopping:
                     continue
-                await self._restart(w, code)
+                # A task: one worker's backoff must not delay noticing another's exit.
+                task = asyncio.create_task(self._restart(w, code))
+                self._restarting.add(task)
+                task.add_done_callback(self._restarting.discard)
+                task.add_done_callback(_log_crash)
 
     async def _restart(self, w: _Worker, code: int) -> None:
         lived = time.monotonic() - w.started
         log.warning(kv("worker exited, restarting", worker=w.index, pid=w.proc.pid, code=code))
+        del self.workers[w.index]
         w.channel.close()
         if w.task is not None:
             w.task.cancel()
-        del self.workers[w.index]
         self.merger.retire(w.index)
         self.table.clear_row(w.index)
         early = self._early_exits.get(w.index, 0) + 1 if lived < EARLY_EXIT_S else 0
@@ -438,6 +443,7 @@ class Supervisor:
             log.info(kv("stopping", name="router", workers=len(self.workers), grace_s=grace_s))
         finally:
             self.stopping = True
+            tasks += self._restarting
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
