@@ -204,6 +204,9 @@ class Supervisor:
         removed = self.registry.replace(infos)
         for eid in removed:
             self.stats.pop(eid, None)
+            # As a one-process router drops a removed endpoint's series (metrics.forget).
+            with contextlib.suppress(KeyError):
+                self._scrape_failures.remove(eid)
         self.merger.forget_endpoints(removed)
         self.slots = self.slot_table.assign(self.registry.ids())
         missing = self.slot_table.unslotted(self.registry.ids())
