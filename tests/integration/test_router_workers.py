@@ -75,7 +75,7 @@ def dead(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-async def until(cond: Any, what: str, timeout_s: float = 60.0) -> Any:
+async def until(cond: Any, what: str, timeout_s: float = 40.0) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         got = await asyncio.to_thread(cond)
@@ -109,7 +109,7 @@ class TestOnePortTwoWorkers:
                 await wait_until_scraped(r.url, ["e0", "e1", "e2"])
                 seen: dict[int, set[tuple[int, str]]] = {}  # prefix → {(worker, endpoint)}
                 sent = 0
-                deadline = time.monotonic() + 90
+                deadline = time.monotonic() + 40
                 async with fresh_session() as s:
                     # One request at a time: no load anywhere, so only the prefix decides.
                     while time.monotonic() < deadline:
@@ -291,11 +291,11 @@ class TestWorkerRestart:
                             results.append((t, 0))
 
                 async with fresh_session() as s, aiohttp.ClientSession() as keep:
-                    # A witness stream (seconds long: the slow engine), on the worker
+                    # A witness stream (about 10 s: the slow engine), on the worker
                     # that will not be killed.
                     witness = await keep.post(
                         r.url + "/v1/chat/completions",
-                        json=chat_body("witness", max_tokens=600, stream=True, model="w"),
+                        json=chat_body("witness", max_tokens=1500, stream=True, model="w"),
                         headers=DEBUG,
                     )
                     survivor = int(witness.headers["x-llmgw-worker"])
@@ -311,6 +311,8 @@ class TestWorkerRestart:
                         os.kill(victim, signal.SIGKILL)
                         await until(lambda: dead(victim), "the victim is dead")
                         died = time.monotonic()
+                        # About 10 s long: still streaming when the other worker died.
+                        assert not witness.content.at_eof()
                         await until(
                             lambda: workers_of(r.pid).get(1 - survivor) not in (None, victim),
                             "a new worker",
