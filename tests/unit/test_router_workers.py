@@ -223,3 +223,36 @@ class TestMessages:
         assert WorkerSpec.parse(spec.arg()) == spec
         with pytest.raises(RouterConfigError):
             WorkerSpec.parse("1,2")
+
+
+class TestChannel:
+    async def test_ask_is_answered_and_a_closed_end_fails_the_waiting_ask(self) -> None:
+        import asyncio
+        import socket
+
+        from llmgw.router.ipc import Answer, Ask, Channel, ChannelClosed
+
+        a_sock, b_sock = socket.socketpair()
+        a, b = await Channel.open(a_sock), await Channel.open(b_sock)
+
+        def answer(msg: Message) -> None:
+            assert isinstance(msg, Ask)
+            b.send(Answer(seq=msg.seq, body=msg.what.encode()))
+
+        serve_a = asyncio.create_task(a.serve(lambda msg: None))
+        serve_b = asyncio.create_task(b.serve(answer))
+        assert await a.ask("metrics", timeout_s=5) == b"metrics"
+        serve_b.cancel()
+        b.close()
+        with pytest.raises(ChannelClosed):
+            await a.ask("usage", timeout_s=5)
+        with pytest.raises(ChannelClosed):
+            await serve_a
+        assert a.closed
+
+
+def test_workers_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from llmgw.router.main import main
+
+    assert main(["--config", "unused.yaml", "--workers", "0"]) == 2
+    assert "--workers 0" in capsys.readouterr().err
