@@ -76,10 +76,16 @@ def config_path(log_dir: Path, name: str = "router") -> Path:
 
 
 @contextlib.contextmanager
-def router(log_dir: Path, cfg: dict[str, Any], *, name: str = "router") -> Iterator[Program]:
-    """A router process on the config `cfg`, written to `config_path(log_dir, name)`."""
+def router(
+    log_dir: Path, cfg: dict[str, Any], *, name: str = "router", workers: int = 1
+) -> Iterator[Program]:
+    """A router on the config `cfg`, written to `config_path(log_dir, name)`.
+
+    One process unless `workers` says otherwise: the default (one worker per core)
+    would make a test's behaviour depend on the machine it runs on."""
     path = write_config(config_path(log_dir, name), cfg)
-    prog = start_program(["router", "--config", str(path), "--port", "0"], log_dir=log_dir)
+    argv = ["router", "--config", str(path), "--port", "0", "--workers", str(workers)]
+    prog = start_program(argv, log_dir=log_dir)
     try:
         yield prog
     finally:

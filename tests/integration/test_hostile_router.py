@@ -463,7 +463,7 @@ class TestMetricsTokenAndMappedLoopback:
             conf = base_config(endpoints=endpoint_entries(engines), metrics_token="scrape-secret")
             path = write_config(config_path(tmp_path), conf)
             with start_program(
-                ["router", "--config", str(path), "--port", "0", "--host", "::"],
+                ["router", "--config", str(path), "--port", "0", "--host", "::", "--workers", "1"],
                 log_dir=tmp_path,
             ) as r:
                 base = f"http://127.0.0.1:{r.port}"

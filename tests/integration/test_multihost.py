@@ -117,7 +117,8 @@ def start_router(host: Host, controller_url: str, tmp: Path) -> Program:
             }
         )
     )
-    return host.start(["router", "--config", str(cfg), "--host", host.addr, "--port", "0"])
+    argv = ["router", "--config", str(cfg), "--host", host.addr, "--port", "0", "--workers", "1"]
+    return host.start(argv)
 
 
 def sim_model(name: str, **kw: Any) -> dict[str, Any]:

@@ -31,8 +31,11 @@ def port_free(port: int) -> bool:
 
 
 class TestScaleFromZero:
+    # Two workers: the supervisor's one long-poll reaches both, and the demand of the
+    # worker holding the request reaches the controller in the merged report.
+    @pytest.mark.parametrize("workers", [1, 2])
     async def test_held_request_is_served_once_controller_places_a_replica(
-        self, tmp_path: Path
+        self, tmp_path: Path, workers: int
     ) -> None:
         """A request for a min-0 model is held, reported as demand, the controller places a
         replica, the new endpoint list reaches the router, and the request succeeds."""
@@ -49,7 +52,7 @@ class TestScaleFromZero:
                     hold_timeout_s=30.0,
                     report_interval_s=0.2,
                 )
-                with router(tmp_path, cfg) as r, FakeAgents(c, {"n1": 8}):
+                with router(tmp_path, cfg, workers=workers) as r, FakeAgents(c, {"n1": 8}):
                     await asyncio.to_thread(
                         wait_for,
                         lambda: "cm" in {m["id"] for m in get_json(r.url + "/v1/models")["data"]},

@@ -57,6 +57,7 @@ async def test_outcomes_tokens_aliases_and_access_log(tmp_path: Path) -> None:
         )
         path = write_config(config_path(tmp_path), cfg)
         argv = ["router", "--config", str(path), "--port", "0", "--log-format", "json"]
+        argv += ["--workers", "1"]
         with start_program(argv, log_dir=tmp_path) as r:
             await wait_until_scraped(r.url, ["e0"])
             async with aiohttp.ClientSession() as s:

@@ -22,6 +22,7 @@ from aiohttp import web
 from llmgw.router.auth import admin_allowed, bearer_matches
 from llmgw.router.config import RouterConfig
 from llmgw.router.errors import error_response
+from llmgw.router.ipc import ChannelClosed
 from llmgw.router.kvfollow import KVEventFollower
 from llmgw.router.metrics import CONTENT_TYPE
 from llmgw.router.proxy import Proxy
@@ -30,6 +31,7 @@ from llmgw.router.scrape import HttpMetricsFetcher, Scraper
 from llmgw.router.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.usage import UsageReporter
 from llmgw.router.wiring import Router
+from llmgw.router.worker import WorkerLink
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)
@@ -37,11 +39,26 @@ log = logging.getLogger(__name__)
 ROUTER = web.AppKey("router", Router)
 SCRAPER = web.AppKey("scraper", Scraper)
 REPORTER = web.AppKey("reporter", UsageReporter)
+LINK = web.AppKey("link", WorkerLink)
 
 
-def build_app(cfg: RouterConfig, *, config_path: str | Path | None = None) -> web.Application:
-    """The router application for `cfg`; with `config_path`, the file is watched for reloads."""
-    state = Router(cfg)
+def build_app(
+    cfg: RouterConfig,
+    *,
+    config_path: str | Path | None = None,
+    link: WorkerLink | None = None,
+) -> web.Application:
+    """The router application for `cfg`; with `config_path`, the file is watched for reloads.
+
+    With `link` it is one worker of several (worker.py): the supervisor at the
+    other end scrapes, reloads, follows the controller and reports usage for the
+    host, and answers /metrics and /admin/usage for all the workers together.
+    """
+    if link is not None:
+        state = Router(cfg, shared=link.shared, router_id=link.setup.router_id)
+        link.attach(state)
+    else:
+        state = Router(cfg)
     proxy = Proxy(state)
     app = web.Application(
         client_max_size=cfg.max_body_bytes,
@@ -51,43 +68,16 @@ def build_app(cfg: RouterConfig, *, config_path: str | Path | None = None) -> we
         handler_args={"handler_cancellation": True},
     )
     app[ROUTER] = state
-    scraper = Scraper(
-        registry=state.registry,
-        fetcher=HttpMetricsFetcher(state.upstream),
-        interval_s=cfg.scrape_interval_s,
-        timeout_s=cfg.scrape_timeout_s,
-        concurrency=cfg.scrape_concurrency,
-        on_restart=state.engine_restarted,
-        on_failure=state.metrics.scrape_failed,
-    )
-    app[SCRAPER] = scraper
-    controller = (
-        None if cfg.controller is None else ControllerClient(cfg.controller, state.upstream)
-    )
-    reporter = UsageReporter(
-        build=state.usage_report, sink=controller, interval_s=cfg.report_interval_s
-    )
-    app[REPORTER] = reporter
-
-    def on_config(new: RouterConfig) -> None:
-        scraper.interval_s = new.scrape_interval_s
-        scraper.timeout_s = new.scrape_timeout_s
-        scraper.concurrency = new.scrape_concurrency
-        reporter.interval_s = new.report_interval_s
-
-    state.on_config.append(on_config)
-
-    loops: list[Coroutine[Any, Any, None]] = [
-        scraper.run(),
-        reporter.run(),
-        KVEventFollower(state.kv_events).run(),
-    ]
-    watcher = None
-    if config_path is not None:
-        watcher = ConfigWatcher(config_path, on_config=state.apply_config, poll_s=cfg.reload_poll_s)
-        loops.append(watcher.run())
-    if controller is not None:
-        loops.append(ControllerSource(controller, on_list=state.apply_list).run())
+    loops: list[Coroutine[Any, Any, None]]
+    watcher: ConfigWatcher | None = None
+    if link is not None:
+        app[LINK] = link
+        loops = [link.run()]
+    else:
+        loops, watcher = _host_loops(app, state, cfg, config_path)
+    # Every worker follows the engines' KV events itself: each keeps its own
+    # prefix index, so each needs the exact block sets (docs/routing.md).
+    loops.append(KVEventFollower(state.kv_events).run())
 
     async def background(app: web.Application) -> AsyncIterator[None]:
         await state.start_clients()
@@ -125,6 +115,47 @@ def build_app(cfg: RouterConfig, *, config_path: str | Path | None = None) -> we
     # Very last: anything else is OpenAI's 404 (or 405), never aiohttp's text.
     app.router.add_route("*", "/{tail:.*}", no_route)
     return app
+
+
+def _host_loops(
+    app: web.Application, state: Router, cfg: RouterConfig, config_path: str | Path | None
+) -> tuple[list[Coroutine[Any, Any, None]], ConfigWatcher | None]:
+    """A one-process router's own chores: scrape, report usage, watch the file, follow
+    the controller (with workers, the supervisor's: supervisor.py)."""
+    scraper = Scraper(
+        registry=state.registry,
+        fetcher=HttpMetricsFetcher(state.upstream),
+        interval_s=cfg.scrape_interval_s,
+        timeout_s=cfg.scrape_timeout_s,
+        concurrency=cfg.scrape_concurrency,
+        on_restart=state.engine_restarted,
+        on_failure=state.metrics.scrape_failed,
+    )
+    app[SCRAPER] = scraper
+    controller = (
+        None if cfg.controller is None else ControllerClient(cfg.controller, state.upstream)
+    )
+    reporter = UsageReporter(
+        build=state.usage_report, sink=controller, interval_s=cfg.report_interval_s
+    )
+    app[REPORTER] = reporter
+
+    def on_config(new: RouterConfig) -> None:
+        scraper.interval_s = new.scrape_interval_s
+        scraper.timeout_s = new.scrape_timeout_s
+        scraper.concurrency = new.scrape_concurrency
+        reporter.interval_s = new.report_interval_s
+
+    state.on_config.append(on_config)
+
+    loops: list[Coroutine[Any, Any, None]] = [scraper.run(), reporter.run()]
+    watcher = None
+    if config_path is not None:
+        watcher = ConfigWatcher(config_path, on_config=state.apply_config, poll_s=cfg.reload_poll_s)
+        loops.append(watcher.run())
+    if controller is not None:
+        loops.append(ControllerSource(controller, on_list=state.apply_list).run())
+    return loops, watcher
 
 
 # The router's own GET routes outside /v1; any other method on them is a 405.
@@ -184,8 +215,26 @@ async def metrics(request: web.Request) -> web.Response:
             code="invalid_metrics_token",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    body = st.metrics.render()
+    link = request.app.get(LINK)
+    if link is None:
+        body = st.metrics.render()
+    else:
+        try:
+            # Every worker's figures and the host's, merged by the supervisor.
+            body = await link.ask("metrics")
+        except (ChannelClosed, TimeoutError):
+            return _supervisor_away()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def _supervisor_away() -> web.Response:
+    return error_response(
+        503,
+        "This router worker cannot reach its supervisor; retry shortly.",
+        type="server_error",
+        code="supervisor_unavailable",
+        headers={"Retry-After": "1"},
+    )
 
 
 def _admin_denied(request: web.Request) -> web.Response | None:
@@ -225,6 +274,8 @@ async def admin_endpoints(request: web.Request) -> web.Response:
     return _json(
         {
             "router_id": st.router_id,
+            # Which worker answered (--workers N); null for a one-process router.
+            "worker": st.worker_index,
             "policy": st.policy.name,
             "upstream_client": st.upstream_client,
             "endpoints": _without_keys(msgspec.to_builtins(st.registry.snapshots())),
@@ -247,4 +298,12 @@ async def admin_usage(request: web.Request) -> web.Response:
     """The usage report this router would send now (last_used absent when unknown)."""
     if (denied := _admin_denied(request)) is not None:
         return denied
-    return _json(request.app[ROUTER].usage_report(reset=False))
+    link = request.app.get(LINK)
+    if link is None:
+        return _json(request.app[ROUTER].usage_report(reset=False))
+    try:
+        # The report the supervisor would send for all the workers now.
+        body = await link.ask("usage_peek")
+    except (ChannelClosed, TimeoutError):
+        return _supervisor_away()
+    return web.Response(body=body, content_type="application/json")

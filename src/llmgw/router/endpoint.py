@@ -29,6 +29,7 @@ from llmgw.router.breaker import (
     BreakerState,
     Outcome,
 )
+from llmgw.router.shared import SharedInflight
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.wire.endpoints import EndpointInfo
 
@@ -78,8 +79,9 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     # 0.0 until two scrapes with a finished-request counter have been seen, and
     # always for engines without one (llama.cpp); it only breaks ties.
     drain_rate: float
-    # Requests this router dispatched here that have not finished. It compensates
-    # for scrape lag: without it, herding is unavoidable within an interval.
+    # Requests this router dispatched here that have not finished (all its
+    # workers together: shared.py). It compensates for scrape lag: without it,
+    # herding is unavoidable within an interval.
     inflight: int
     # The highest `running` ever observed: the engine's batch capacity, learned
     # rather than configured. Kept across engine restarts (the seed's "max ever"):
@@ -126,7 +128,9 @@ class _Live:
         "last_used",
         "max_running",
         "restarts",
+        "row",
         "scraped_at",
+        "slot",
         "stats",
     )
 
@@ -144,6 +148,10 @@ class _Live:
         # Recorded in acquire, the one place a request meets an endpoint, so the
         # idle report costs one pass over replicas per tick, nothing per request.
         self.last_used: float | None = None
+        # With workers: this worker's row of the shared table and the endpoint's
+        # column in it; each acquire and release writes `inflight` there.
+        self.row: memoryview | None = None
+        self.slot = 0
 
 
 class _Release:
@@ -164,6 +172,8 @@ class _Release:
         # An endpoint removed by replace() while this request ran is updated in its
         # orphaned state, which nothing reads any more: harmless by construction.
         live.inflight -= 1
+        if live.row is not None:
+            live.row[live.slot] = live.inflight
         live.breaker.record(outcome, probe=self._probe)
 
 
@@ -195,6 +205,7 @@ class Registry:
         stale_after_s: float = 10.0,
         breaker: BreakerConfig = DEFAULT_BREAKER_CONFIG,
         clock: Clock = SYSTEM_CLOCK,
+        shared: SharedInflight | None = None,
     ) -> None:
         self._stale_after_s = stale_after_s if stale_after_s > 0 else 10.0
         self._breaker_cfg = breaker
@@ -209,6 +220,8 @@ class Registry:
         # replica. Without it the controller sees a replica that left the list as
         # unknown and must wait out the whole drain grace.
         self._departed: dict[str, tuple[_Live, float]] = {}
+        # One of several workers: in-flight counts are shared (shared.py).
+        self._shared = shared
 
     @property
     def version(self) -> int:
@@ -234,6 +247,10 @@ class Registry:
         now = self._clock.monotonic()
         for rid in removed:
             self._departed[rid] = (old[rid], now)
+            self._unshare(old[rid])
+        if self._shared is not None:
+            for live in new.values():
+                self._share(live, self._shared)
         for rid in new.keys() & self._departed.keys():
             del self._departed[rid]
         self._live = new
@@ -245,6 +262,31 @@ class Registry:
         self._by_model = {m: tuple(ls) for m, ls in by_model.items()}
         self._version += 1
         return removed
+
+    @staticmethod
+    def _unshare(live: _Live) -> None:
+        """A departed endpoint's slot may go to another: stop writing it, leave it 0."""
+        if live.row is not None:
+            live.row[live.slot] = 0
+            live.row = None
+
+    @staticmethod
+    def _share(live: _Live, shared: SharedInflight) -> None:
+        slot = shared.slots.get(live.info.id)
+        if slot is None:
+            # No slot (the table is full): counted by this worker alone.
+            Registry._unshare(live)
+            return
+        if live.row is None or live.slot != slot:
+            Registry._unshare(live)
+            live.row, live.slot = shared.row, slot
+            shared.row[slot] = live.inflight
+
+    def _inflight(self, live: _Live) -> int:
+        """In flight to `live` from every worker of this router."""
+        if live.row is None or self._shared is None:
+            return live.inflight
+        return self._shared.total(live.slot)
 
     def observe(self, id: str, stats: Stats) -> bool:
         """Record a successful scrape; True iff a counter reset (engine restart) was seen."""
@@ -267,7 +309,7 @@ class Registry:
         live.stats = stats
         live.scraped_at = now
         live.max_running = max(live.max_running, stats.running)
-        live.inflight_at_scrape = live.inflight
+        live.inflight_at_scrape = self._inflight(live)
         return restarted
 
     def scrape_failed(self, id: str) -> None:
@@ -295,7 +337,7 @@ class Registry:
             info=live.info,
             stats=live.stats,
             drain_rate=live.drain_rate,
-            inflight=live.inflight,
+            inflight=self._inflight(live),
             running_capacity=live.max_running,
             stale=age is None or age > self._stale_after_s,
             age_s=age,
@@ -321,6 +363,8 @@ class Registry:
         if not live.breaker.allow():
             return None
         live.inflight += 1
+        if live.row is not None:
+            live.row[live.slot] = live.inflight
         live.last_used = self._clock.wall()
         return _Release(live, probe)
 
@@ -352,7 +396,12 @@ class Registry:
 
     def inflight(self, id: str) -> int:
         live = self._live.get(id)
-        return 0 if live is None else live.inflight
+        return 0 if live is None else self._inflight(live)
+
+    def own_inflight(self) -> dict[str, int]:
+        """Requests in flight per endpoint from this process alone (its usage report:
+        the supervisor adds the workers' reports up)."""
+        return {live.info.id: live.inflight for live in self._sorted}
 
     def ids(self) -> list[str]:
         return [live.info.id for live in self._sorted]

@@ -1,4 +1,4 @@
-"""`llmgw router --config FILE [--port P] [--host H]`: the data plane."""
+"""`llmgw router --config FILE [--port P] [--host H] [--workers N]`: the data plane."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 import os
 import sys
 
-from llmgw.router.config import load, upstream_client
+from llmgw.router.config import RouterConfig, load, upstream_client
 from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import logs, serve
 from llmgw.runtime.cli import DefaultsFormatter
@@ -23,9 +23,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="YAML configuration file (reloaded on change)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="listen port; 0 picks one")
     p.add_argument("--host", default="127.0.0.1", help="listen address")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes serving the one port (default: the cores this process may use); "
+        "1: a single process, no supervisor. With more, a supervisor scrapes, reloads and "
+        "follows the controller once for all of them (docs/router.md, Workers)",
+    )
+    # Internal: how the supervisor starts a worker (router/worker.py).
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default=None, help="DEBUG shows every routing decision")
     logs.add_format_argument(p)
     return p
+
+
+def _limits(cfg: RouterConfig) -> ServerLimits:
+    return ServerLimits(
+        idle_timeout_s=cfg.idle_timeout_s,
+        header_timeout_s=cfg.header_timeout_s,
+        max_connections=cfg.max_client_connections,
+        # OpenAI's API takes plain JSON; a small gzip body can inflate to gigabytes.
+        decompress=False,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -37,6 +57,12 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2
     logs.setup(args.log_level, fmt)
+    if args.worker is not None:
+        return _worker(args)
+    workers = default_workers() if args.workers is None else args.workers
+    if workers < 1:
+        sys.stderr.write(f"llmgw router: --workers {workers}: at least 1\n")
+        return 2
     try:
         cfg = load(args.config)
         upstream_client(cfg, os.environ)  # a bad $LLMGW_ROUTER_UPSTREAM stops us here
@@ -57,15 +83,84 @@ def main(argv: list[str]) -> int:
         # the collector's sight, full collections stay short on the request path.
         gc.collect()
         gc.freeze()
-        limits = ServerLimits(
-            idle_timeout_s=cfg.idle_timeout_s,
-            header_timeout_s=cfg.header_timeout_s,
-            max_connections=cfg.max_client_connections,
-            # OpenAI's API takes plain JSON; a small gzip body can inflate to gigabytes.
-            decompress=False,
-        )
         return await serve.serve_app(
-            app, host=args.host, port=args.port, name="router", limits=limits
+            app, host=args.host, port=args.port, name="router", limits=_limits(cfg)
+        )
+
+    if workers > 1:
+        return _supervise(args, cfg, workers)
+    return serve.run(run)
+
+
+def default_workers() -> int:
+    """The cores this process may run on (its affinity mask, a container's cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _log_args(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    if args.log_level is not None:
+        out += ["--log-level", args.log_level]
+    if args.log_format is not None:
+        out += ["--log-format", args.log_format]
+    return out
+
+
+def _supervise(args: argparse.Namespace, cfg: RouterConfig, workers: int) -> int:
+    """Bind the port here, then run the workers on it (supervisor.py)."""
+
+    async def run() -> int:
+        from llmgw.router.supervisor import Supervisor
+
+        sock = serve.listen(args.host, args.port, "router")
+        sup = Supervisor(
+            cfg,
+            config_path=args.config,
+            workers=workers,
+            sock=sock,
+            worker_args=_log_args(args),
+        )
+        return await sup.run(host=args.host)
+
+    return serve.run(run)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """One worker of a supervisor: its configuration comes from the supervisor, not the file."""
+    from llmgw.router.worker import WorkerSpec
+
+    try:
+        spec = WorkerSpec.parse(args.worker)
+    except RouterConfigError as exc:
+        sys.stderr.write(f"llmgw router: {exc}\n")
+        return 2
+
+    async def run() -> int:
+        from llmgw.router.app import build_app
+        from llmgw.router.worker import connect
+
+        raise_nofile_limit()
+        link, sock = await connect(spec)
+        cfg = link.setup.cfg
+        app = build_app(cfg, link=link)
+        gc.collect()
+        gc.freeze()
+
+        async def started(_port: int) -> None:
+            link.ready()
+
+        return await serve.serve_app(
+            app,
+            host=args.host,
+            name="router",
+            limits=_limits(cfg),
+            sock=sock,
+            announce=False,
+            on_started=started,
+            stop_event=link.lost,
         )
 
     return serve.run(run)

@@ -327,6 +327,8 @@ class Proxy:
                     }
                     if request.headers.get("x-llmgw-debug") == "1":
                         out_headers["x-llmgw-scores"] = decision.header()
+                        if st.worker_index is not None:
+                            out_headers["x-llmgw-worker"] = str(st.worker_index)
                     status = up.status
                     resp: web.StreamResponse
                     if step is Step.RELAY:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from llmgw.router.endpoint import Registry
+from llmgw.router.endpoint import Registry, Stats
 from llmgw.router.enginemetrics import parse
 from llmgw.router.errors import MetricsParseError, UpstreamError
 from llmgw.router.upstream.aiohttp_client import Upstream
@@ -52,6 +52,7 @@ class Scraper:
         concurrency: int = 64,
         on_restart: Callable[[str], None] = lambda _id: None,
         on_failure: Callable[[str], None] = lambda _id: None,
+        on_stats: Callable[[str, Stats], None] = lambda _id, _stats: None,
     ) -> None:
         self.registry = registry
         self.fetcher = fetcher
@@ -61,6 +62,9 @@ class Scraper:
         self.concurrency = concurrency
         self._on_restart = on_restart
         self._on_failure = on_failure
+        # Every successful scrape, after the registry has it (a supervisor passes
+        # it on to its workers: supervisor.py).
+        self._on_stats = on_stats
         # Endpoint id → last failure text, so a dead endpoint logs once, not every tick.
         self._failing: dict[str, str] = {}
         self.ticks = 0
@@ -87,6 +91,7 @@ class Scraper:
             # Counters went backwards: a fresh engine, an empty KV cache.
             log.info(kv("engine restarted", endpoint=info.id))
             self._on_restart(info.id)
+        self._on_stats(info.id, stats)
 
     def _failed(self, endpoint_id: str, exc: BaseException) -> None:
         self.registry.scrape_failed(endpoint_id)

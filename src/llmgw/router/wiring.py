@@ -24,6 +24,7 @@ from llmgw.router.kvevents import KVEventIndex
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.policies import Policy, make_policy
 from llmgw.router.prefix import PrefixIndex
+from llmgw.router.shared import SharedInflight
 from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.router.upstream.base import Forwarder
 from llmgw.router.upstream.fast import FastUpstream
@@ -45,12 +46,17 @@ class Router:
         *,
         clock: Clock = SYSTEM_CLOCK,
         env: Mapping[str, str] = os.environ,
+        shared: SharedInflight | None = None,
+        router_id: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.clock = clock
         # A restarted router is a new reporter: the controller must not merge its
         # empty last_used into the old one's.
-        self.router_id = cfg.router_id or f"router-{os.urandom(4).hex()}"
+        # A worker is given its supervisor's, so every worker reports as one router.
+        self.router_id = router_id or cfg.router_id or f"router-{os.urandom(4).hex()}"
+        # Which worker this is (--workers N; None: the only process), for the debug header.
+        self.worker_index: int | None = None
         b = cfg.breaker
         self.registry = Registry(
             stale_after_s=cfg.stale_after_s,
@@ -60,6 +66,7 @@ class Router:
                 max_cooldown_s=b.max_cooldown_s,
             ),
             clock=clock,
+            shared=shared,
         )
         self.prefix = PrefixIndex()
         self.holding = Holding(max_held=cfg.max_held, clock=clock)
@@ -203,7 +210,8 @@ class Router:
             last_used=self.registry.last_used(),
             inflight={
                 **self.registry.departed_inflight(),
-                **{s.id: s.inflight for s in self.registry.snapshots()},
+                # This process's own: a worker's report is added to the others'.
+                **self.registry.own_inflight(),
             },
             demand=demand,
             load=self.usage.load(demand, reset=reset),

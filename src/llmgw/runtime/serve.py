@@ -68,7 +68,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _listen(host: str, port: int, name: str) -> socket.socket:
+def listen(host: str, port: int, name: str) -> socket.socket:
     """bind_socket, with its failures translated into ListenError."""
     where = f"llmgw {name}: cannot listen on {host}:{port}"
     try:
@@ -94,6 +94,8 @@ async def serve_app(
     stop_event: asyncio.Event | None = None,
     limits: ServerLimits | None = None,
     error_body: ErrorBody = openai_error,
+    sock: socket.socket | None = None,
+    announce: bool = True,
 ) -> int:
     """Serve until SIGTERM/SIGINT (or `stop_event`), then stop gracefully; returns 0.
 
@@ -104,6 +106,10 @@ async def serve_app(
     Connections are served by `httpserver.EdgeHandler` under `limits`: what the
     HTTP server answers before a handler runs is `error_body`'s JSON, and
     idle, slow and surplus connections are closed (httpserver's docstring).
+
+    `sock`: serve this listening socket (bound by a parent, shared with sibling
+    processes) instead of binding one; `announce=False` leaves the ready line to
+    that parent.
     """
     stop = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -113,7 +119,8 @@ async def serve_app(
 
     # Bound before the app starts up: a taken port must fail before the app's
     # startup runs its loops (an agent would heartbeat, even start engines, then die).
-    sock = _listen(host, port, name)
+    if sock is None:
+        sock = listen(host, port, name)
     runner = web.AppRunner(
         app,
         handle_signals=False,
@@ -132,7 +139,8 @@ async def serve_app(
     listener = await loop.create_server(protocol_factory(server, edge), sock=sock, backlog=4096)
     if on_started is not None:
         await on_started(bound_port)
-    print(f"{READY_PREFIX} {name} http://{host}:{bound_port}", flush=True)
+    if announce:
+        print(f"{READY_PREFIX} {name} http://{host}:{bound_port}", flush=True)
     log.info(
         "serving name=%s host=%s port=%d max_connections=%d",
         name,

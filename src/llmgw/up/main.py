@@ -104,7 +104,10 @@ class Up:
         path = self.state / "router.yaml"
         path.write_bytes(msgspec.yaml.encode(cfg))
         port = str(self.router_port)
+        # One process: `up` runs everything on one machine, and restarts the router
+        # by its PID (a supervisor's workers would hold the port while they drain).
         args = ["router", "--config", str(path), "--host", "127.0.0.1", "--port", port]
+        args += ["--workers", "1"]
         return Child("router", args, self.logs / "router.log")
 
     def agents(self) -> list[Child]:

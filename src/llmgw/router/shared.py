@@ -1,0 +1,99 @@
+"""What the workers of one router (`--workers N`) share in memory: in-flight counts.
+
+A table of int32 cells, one row per worker and one column (a *slot*) per
+endpoint, in a memory file the supervisor creates and every worker maps. A
+worker writes only its own row — its own count for an endpoint, after each
+acquire and release — and reads an endpoint's host-wide count as the sum of
+its column. One writer per cell means no lock and no lost update; a reader
+may see a count one request old, which the scheduler tolerates anyway (the
+engine's own figures are a scrape old).
+
+Slots are handed out by the supervisor (`SlotTable`), which sends the map with
+every endpoint list, so all workers agree on which column is which endpoint.
+A freed slot is reused last (oldest freed first): a worker may still hold a
+departed endpoint's request when its slot is given to a new one, and that
+worker stops writing the slot at once (`Registry.replace`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+from collections import deque
+from collections.abc import Iterable
+
+# Endpoints one router can count across workers; beyond it an endpoint is
+# counted per worker only (a warning says so).
+DEFAULT_CAPACITY = 4096
+_CELL = 4  # bytes per int32 cell
+
+
+class SharedInflight:
+    """The in-flight table as one worker (or the supervisor) sees it."""
+
+    def __init__(self, fd: int, *, workers: int, index: int, capacity: int = DEFAULT_CAPACITY):
+        if not 0 <= index < max(1, workers):
+            raise ValueError(f"worker index {index} outside 0..{workers - 1}")
+        self.fd = fd
+        self.workers = workers
+        self.capacity = capacity
+        self.index = index
+        self._map = mmap.mmap(fd, workers * capacity * _CELL)
+        self._cells = memoryview(self._map).cast("i")
+        # This worker's row: the only cells it ever writes.
+        self.row = self._cells[index * capacity : (index + 1) * capacity]
+        # Endpoint id → slot, as last sent by the supervisor.
+        self.slots: dict[str, int] = {}
+
+    @classmethod
+    def create(cls, workers: int, capacity: int = DEFAULT_CAPACITY) -> SharedInflight:
+        """The supervisor's table: a fresh zeroed memory file its workers inherit."""
+        size = workers * capacity * _CELL
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("llmgw-router-inflight", 0)
+        else:  # pragma: no cover - not Linux
+            with tempfile.TemporaryFile() as f:
+                fd = os.dup(f.fileno())
+        os.ftruncate(fd, size)
+        return cls(fd, workers=workers, index=0, capacity=capacity)
+
+    def total(self, slot: int) -> int:
+        """An endpoint's requests in flight across all workers."""
+        return sum(self._cells[slot :: self.capacity])
+
+    def clear_row(self, index: int) -> None:
+        """Zero a dead worker's row: its requests died with it (the supervisor's call)."""
+        start = index * self.capacity
+        self._cells[start : start + self.capacity] = memoryview(bytes(self.capacity * _CELL)).cast(
+            "i"
+        )
+
+
+class SlotTable:
+    """The supervisor's endpoint → slot assignment; ids that stay keep their slot."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = capacity
+        self.slots: dict[str, int] = {}
+        self._next = 0
+        self._freed: deque[int] = deque()
+
+    def assign(self, ids: Iterable[str]) -> dict[str, int]:
+        """The map for a new endpoint list; returns a copy to send to the workers."""
+        wanted = list(dict.fromkeys(ids))
+        keep = set(wanted)
+        for eid in [e for e in self.slots if e not in keep]:
+            self._freed.append(self.slots.pop(eid))
+        for eid in wanted:
+            if eid in self.slots:
+                continue
+            if self._next < self.capacity:
+                self.slots[eid] = self._next
+                self._next += 1
+            elif self._freed:
+                self.slots[eid] = self._freed.popleft()
+        return dict(self.slots)
+
+    def unslotted(self, ids: Iterable[str]) -> list[str]:
+        return [e for e in ids if e not in self.slots]

@@ -1,0 +1,336 @@
+"""`llmgw router --workers 2`: one port, two real worker processes, one supervisor.
+
+Requests go over fresh connections (no keep-alive), so the kernel hands them to
+either worker; `x-llmgw-debug: 1` makes the answer name the worker that routed
+it. Every wait polls a condition with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .router_fixtures import (
+    admin_endpoints,
+    base_config,
+    chat_body,
+    config_path,
+    endpoint_entries,
+    get_json,
+    post,
+    router,
+    sim_engines,
+    wait_until_scraped,
+    write_config,
+)
+
+pytestmark = pytest.mark.slow
+
+DEBUG = {"x-llmgw-debug": "1"}
+
+
+def fresh_session() -> aiohttp.ClientSession:
+    """A new TCP connection per request: each is accepted by whichever worker is first."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+
+
+def workers_of(pid: int) -> dict[int, int]:
+    """The supervisor's live workers: worker index → pid (from their command lines)."""
+    out: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if int(fields[1]) != pid or fields[0] == "Z" or b"--worker" not in argv:
+            continue
+        spec = argv[argv.index(b"--worker") + 1].decode()
+        out[int(spec.split(",")[0])] = int(entry.name)
+    return out
+
+
+def _both(pids: dict[int, int]) -> dict[int, int] | None:
+    return pids if set(pids) == {0, 1} else None
+
+
+def dead(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+async def until(cond: Any, what: str, timeout_s: float = 40.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = await asyncio.to_thread(cond)
+        if got:
+            return got
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s}s: {what}")
+
+
+def metric(text: str, prefix: str) -> float:
+    """The sum of the samples whose line starts with `prefix`."""
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
+    )
+
+
+def metrics_text(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+class TestOnePortTwoWorkers:
+    async def test_workers_agree_on_prefix_homes_and_count_once(self, tmp_path: Path) -> None:
+        """Both workers serve the port; a prefix goes to the same engine whichever worker
+        routes it (rendezvous homes); /metrics counts every request exactly once."""
+        with sim_engines(tmp_path, [50.0, 50.0, 50.0]) as engines:
+            cfg = base_config(endpoints=endpoint_entries(engines))
+            with router(tmp_path, cfg, workers=2) as r:
+                await wait_until_scraped(r.url, ["e0", "e1", "e2"])
+                seen: dict[int, set[tuple[int, str]]] = {}  # prefix → {(worker, endpoint)}
+                sent = 0
+                deadline = time.monotonic() + 40
+                async with fresh_session() as s:
+                    # One request at a time: no load anywhere, so only the prefix decides.
+                    while time.monotonic() < deadline:
+                        for p in range(6):
+                            system = f"You are assistant number {p}. " * 40
+                            body = chat_body(
+                                [
+                                    {"role": "system", "content": system},
+                                    {"role": "user", "content": f"question {sent}"},
+                                ],
+                                max_tokens=2,
+                            )
+                            reply = await post(s, r.url, body, headers=DEBUG)
+                            assert reply.status == 200, reply.body
+                            sent += 1
+                            worker = int(reply.headers["x-llmgw-worker"])
+                            seen.setdefault(p, set()).add((worker, reply.endpoint or ""))
+                        both = [p for p, ws in seen.items() if {w for w, _ in ws} == {0, 1}]
+                        if len(both) >= 3:
+                            break
+                assert len(both) >= 3, f"workers seen per prefix: {seen}"
+                for p, ws in seen.items():
+                    assert len({e for _, e in ws}) == 1, f"prefix {p} split: {ws}"
+                text = await asyncio.to_thread(metrics_text, r.url)
+                assert metric(text, "llmgw_router_requests_total{") == sent
+
+    async def test_inflight_is_host_wide_and_not_double_counted(self, tmp_path: Path) -> None:
+        """Streams dispatched by both workers show in every worker's in-flight count,
+        once in /metrics, and once in the usage report."""
+        n = 6
+        with sim_engines(tmp_path, [2.0]) as engines:
+            cfg = base_config(endpoints=endpoint_entries(engines))
+            with router(tmp_path, cfg, workers=2) as r:
+                await wait_until_scraped(r.url, ["e0"])
+
+                async def stream(s: aiohttp.ClientSession, i: int) -> None:
+                    body = chat_body(f"long story {i}", max_tokens=4000, stream=True)
+                    await post(s, r.url, body)
+
+                async with fresh_session() as s:
+                    tasks = [asyncio.create_task(stream(s, i)) for i in range(n)]
+                    try:
+
+                        def all_in() -> bool:
+                            snaps = admin_endpoints(r.url)["endpoints"]
+                            return bool(snaps[0]["inflight"] == n)
+
+                        await until(all_in, f"{n} streams in flight")
+                        # Every worker sees them all; ask enough times to meet both.
+                        views: dict[int, int] = {}
+
+                        def both_views() -> bool:
+                            doc = admin_endpoints(r.url)
+                            views[doc["worker"]] = doc["endpoints"][0]["inflight"]
+                            return set(views) == {0, 1}
+
+                        await until(both_views, "an answer from each worker")
+                        assert set(views.values()) == {n}, views
+                        text = await asyncio.to_thread(metrics_text, r.url)
+                        assert metric(text, 'llmgw_router_inflight{endpoint="e0"}') == n
+                        usage = await asyncio.to_thread(get_json, r.url + "/admin/usage")
+                        assert usage["inflight"] == {"e0": n}
+                        assert usage["load"]["m"]["inflight"] == n
+                    finally:
+                        for t in tasks:
+                            t.cancel()
+                        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _MetricsOnly(http.server.BaseHTTPRequestHandler):
+    """An engine's /metrics and nothing else, counting its scrapes."""
+
+    hits = 0
+    lock = threading.Lock()
+    BODY = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            with self.lock:
+                type(self).hits += 1
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.BODY)))
+        self.end_headers()
+        self.wfile.write(self.BODY)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def metrics_engine() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MetricsOnly)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class TestHostChores:
+    async def test_each_engine_is_scraped_once_per_tick_for_all_workers(
+        self, tmp_path: Path, metrics_engine: str
+    ) -> None:
+        interval = 0.25
+        cfg = base_config(
+            endpoints=[{"id": "e0", "url": metrics_engine, "models": ["m"]}],
+            scrape_interval_s=interval,
+        )
+        with router(tmp_path, cfg, workers=2) as r:
+            await wait_until_scraped(r.url, ["e0"])
+            start_hits, t0 = _MetricsOnly.hits, time.monotonic()
+            await until(lambda: _MetricsOnly.hits - start_hits >= 8, "eight scrapes")
+            hits, elapsed = _MetricsOnly.hits - start_hits, time.monotonic() - t0
+        # One scraper never scrapes faster than its interval; two would double it.
+        assert hits <= elapsed / interval + 2, (hits, elapsed)
+
+    async def test_sighup_reload_reaches_every_worker_and_stop_ends_all(
+        self, tmp_path: Path
+    ) -> None:
+        """SIGHUP to the whole process group: the supervisor reloads (the file is not
+        polled here, so only the signal can do it) and sends the new list to both
+        workers, which ignore the signal themselves; SIGTERM then ends every process."""
+        with sim_engines(tmp_path, [50.0, 50.0]) as engines:
+            entries = endpoint_entries(engines)
+            cfg = base_config(endpoints=entries[:1], reload_poll_s=3600)
+            with router(tmp_path, cfg, workers=2) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                pids = await until(lambda: _both(workers_of(r.pid)), "two workers")
+                write_config(
+                    config_path(tmp_path), base_config(endpoints=entries, reload_poll_s=3600)
+                )
+                os.killpg(r.pid, signal.SIGHUP)
+                updated: set[int] = set()
+
+                def both_reloaded() -> bool:
+                    doc = admin_endpoints(r.url)
+                    if len(doc["endpoints"]) == 2:
+                        updated.add(doc["worker"])
+                    return updated == {0, 1}
+
+                await until(both_reloaded, "both workers have the reloaded list")
+                assert workers_of(r.pid) == pids
+                r.proc.send_signal(signal.SIGTERM)
+                assert await asyncio.to_thread(r.proc.wait, 30) == 0
+                assert all(dead(p) for p in pids.values())
+
+
+class TestWorkerRestart:
+    async def test_a_killed_worker_is_replaced_and_the_others_keep_serving(
+        self, tmp_path: Path
+    ) -> None:
+        """SIGKILL one worker under a stream of requests on fresh connections: a stream on
+        the other worker completes, every request begun after the death succeeds, a new
+        worker takes the index, and the request count never goes down."""
+        with (
+            sim_engines(tmp_path, [50.0, 50.0]) as engines,
+            sim_engines(tmp_path, [1.0], model="w") as slow,
+        ):
+            entries = [
+                *endpoint_entries(engines),
+                {"id": "w0", "url": slow[0].url, "models": ["w"]},
+            ]
+            cfg = base_config(endpoints=entries)
+            with router(tmp_path, cfg, workers=2) as r:
+                await wait_until_scraped(r.url, ["e0", "e1", "w0"])
+                pids = await until(lambda: _both(workers_of(r.pid)), "two workers")
+                results: list[tuple[float, int]] = []  # (start, status or 0 for an error)
+                stop = asyncio.Event()
+
+                async def client(s: aiohttp.ClientSession) -> None:
+                    while not stop.is_set():
+                        t = time.monotonic()
+                        try:
+                            reply = await post(s, r.url, chat_body("hi", max_tokens=2))
+                            results.append((t, reply.status))
+                        except aiohttp.ClientError:
+                            results.append((t, 0))
+
+                async with fresh_session() as s, aiohttp.ClientSession() as keep:
+                    # A witness stream (about 10 s: the slow engine), on the worker
+                    # that will not be killed.
+                    witness = await keep.post(
+                        r.url + "/v1/chat/completions",
+                        json=chat_body("witness", max_tokens=1500, stream=True, model="w"),
+                        headers=DEBUG,
+                    )
+                    survivor = int(witness.headers["x-llmgw-worker"])
+                    first = await witness.content.readany()
+                    victim = pids[1 - survivor]
+                    clients = [asyncio.create_task(client(s)) for _ in range(4)]
+                    try:
+                        await until(lambda: len(results) >= 20, "20 requests before the kill")
+                        before = metric(
+                            await asyncio.to_thread(metrics_text, r.url),
+                            "llmgw_router_requests_total{",
+                        )
+                        os.kill(victim, signal.SIGKILL)
+                        await until(lambda: dead(victim), "the victim is dead")
+                        died = time.monotonic()
+                        # About 10 s long: still streaming when the other worker died.
+                        assert not witness.content.at_eof()
+                        await until(
+                            lambda: workers_of(r.pid).get(1 - survivor) not in (None, victim),
+                            "a new worker",
+                        )
+                        after_n = len(results)
+                        await until(lambda: len(results) >= after_n + 20, "20 more requests")
+                    finally:
+                        stop.set()
+                        await asyncio.gather(*clients, return_exceptions=True)
+                    body = first + await witness.read()
+                    assert witness.status == 200
+                    assert body.rstrip().endswith(b"data: [DONE]")
+                    assert not [e for e in body.split(b"\n\n") if b'"error"' in e]
+                late = [status for t, status in results if t > died]
+                assert late, "no request after the death"
+                assert all(status == 200 for status in late), late
+                after = metric(
+                    await asyncio.to_thread(metrics_text, r.url), "llmgw_router_requests_total{"
+                )
+                assert after >= before
+                assert r.alive()

@@ -1,0 +1,258 @@
+"""The pieces a router's workers share (`--workers N`), in one process.
+
+The in-flight table (two workers' views of one memory file), the supervisor's
+slot map, the registry's shared counts, the /metrics merge and the usage
+merge; the processes themselves are tests/integration/test_router_workers.py.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from llmgw.router.breaker import Outcome
+from llmgw.router.config import parse as parse_config
+from llmgw.router.endpoint import Registry, Stats
+from llmgw.router.errors import RouterConfigError
+from llmgw.router.ipc import Message, Observed, Setup
+from llmgw.router.metrics import RouterMetrics
+from llmgw.router.metricsmerge import Merger, parse
+from llmgw.router.shared import SharedInflight, SlotTable
+from llmgw.router.supervisor import merge_reports
+from llmgw.router.worker import WorkerSpec
+from llmgw.wire.endpoints import EndpointInfo
+from llmgw.wire.usage import ModelLoad, UsageReport
+
+
+def _views(workers: int = 2, capacity: int = 8) -> list[SharedInflight]:
+    """Every worker's view of one table, as each process maps it."""
+    first = SharedInflight.create(workers, capacity)
+    return [first] + [
+        SharedInflight(first.fd, workers=workers, index=i, capacity=capacity)
+        for i in range(1, workers)
+    ]
+
+
+def _infos(*ids: str) -> list[EndpointInfo]:
+    return [EndpointInfo(id=i, url=f"http://127.0.0.1:1/{i}", models=["m"]) for i in ids]
+
+
+class TestSharedInflight:
+    def test_each_worker_writes_its_row_and_reads_the_column(self) -> None:
+        a, b = _views()
+        a.row[3] = 2
+        b.row[3] = 5
+        b.row[4] = 1
+        assert a.total(3) == b.total(3) == 7
+        assert a.total(4) == 1
+        a.clear_row(1)  # the supervisor, after worker 1 died
+        assert b.total(3) == 2
+        assert b.total(4) == 0
+
+    def test_index_outside_the_table_is_refused(self) -> None:
+        a = SharedInflight.create(2, 4)
+        with pytest.raises(ValueError, match="outside"):
+            SharedInflight(a.fd, workers=2, index=2, capacity=4)
+
+
+class TestSlotTable:
+    def test_survivors_keep_their_slot_and_freed_slots_come_back_last(self) -> None:
+        t = SlotTable(capacity=3)
+        assert t.assign(["a", "b"]) == {"a": 0, "b": 1}
+        # b leaves, c arrives: c gets the never-used slot, not b's.
+        assert t.assign(["a", "c"]) == {"a": 0, "c": 2}
+        # Full: d gets b's, the oldest freed.
+        assert t.assign(["a", "c", "d"]) == {"a": 0, "c": 2, "d": 1}
+        # No slot left: e is counted per worker only.
+        assert "e" not in t.assign(["a", "c", "d", "e"])
+        assert t.unslotted(["a", "e"]) == ["e"]
+
+
+class TestRegistryAcrossWorkers:
+    def _pair(self) -> tuple[Registry, Registry]:
+        views = _views()
+        slots = SlotTable(views[0].capacity).assign(["e0", "e1"])
+        regs = []
+        for v in views:
+            v.slots = slots
+            reg = Registry(shared=v)
+            reg.replace(_infos("e0", "e1"))
+            regs.append(reg)
+        return regs[0], regs[1]
+
+    def test_a_dispatch_in_one_worker_is_seen_by_the_other(self) -> None:
+        a, b = self._pair()
+        rel = a.acquire("e0")
+        assert rel is not None
+        b_rel = b.acquire("e0")
+        assert b_rel is not None
+        assert [s.inflight for s in b.snapshots()] == [2, 0]
+        assert a.inflight("e0") == 2
+        # A usage report counts each worker's own: the supervisor adds them.
+        assert a.own_inflight() == {"e0": 1, "e1": 0}
+        rel(Outcome.OK)
+        rel(Outcome.OK)  # a second call changes nothing
+        assert b.inflight("e0") == 1
+        b_rel(Outcome.OK)
+        assert a.inflight("e0") == 0
+
+    def test_scrape_mark_is_the_host_wide_count(self) -> None:
+        a, b = self._pair()
+        assert a.acquire("e1") is not None
+        b.observe("e1", Stats(running=1, waiting=0, kv_usage=None))
+        snap = b.snapshot("e1")
+        assert snap is not None
+        assert snap.inflight_at_scrape == 1
+
+    def test_a_removed_endpoint_stops_counting_in_its_slot(self) -> None:
+        a, b = self._pair()
+        rel = a.acquire("e1")
+        assert rel is not None
+        a.replace(_infos("e0"))
+        assert b.inflight("e1") == 0  # the slot may be given to another endpoint
+        rel(Outcome.OK)  # the request ends after its endpoint left: no write
+        assert b.inflight("e1") == 0
+        assert a.departed_inflight() == {"e1": 0}
+
+
+def _page(requests: int, inflight: int, *, held: int = 0) -> bytes:
+    m = RouterMetrics(snapshots=lambda: [], held=lambda: {"m": held} if held else {})
+    for _ in range(requests):
+        m.request_done("m", "e0", 200, 0.01)
+    text = m.render().decode()
+    # The live gauge as a worker renders it: the host-wide count.
+    text += (
+        "# HELP llmgw_router_inflight Requests in flight per endpoint.\n"
+        "# TYPE llmgw_router_inflight gauge\n"
+        f'llmgw_router_inflight{{endpoint="e0"}} {float(inflight)}\n'
+    )
+    return text.encode()
+
+
+REQ = 'llmgw_router_requests_total{code="200",endpoint="e0",model="m",outcome="ok"}'
+
+
+class TestMetricsMerge:
+    def _sample(self, text: bytes, family: str, key: str) -> float:
+        return parse(text.decode())[family].samples[key]
+
+    def test_counters_add_up_host_gauges_do_not(self) -> None:
+        m = Merger()
+        m.update(0, _page(3, 4, held=1))
+        m.update(1, _page(2, 4, held=2))
+        out = m.render()
+        assert self._sample(out, "llmgw_router_requests_total", REQ) == 5.0
+        bucket = 'llmgw_router_request_duration_seconds_count{endpoint="e0",model="m"}'
+        assert self._sample(out, "llmgw_router_request_duration_seconds", bucket) == 5.0
+        inflight = 'llmgw_router_inflight{endpoint="e0"}'
+        assert self._sample(out, "llmgw_router_inflight", inflight) == 4.0
+        assert self._sample(out, "llmgw_router_held", 'llmgw_router_held{model="m"}') == 3.0
+
+    def test_a_dead_workers_counts_stay_in_the_total(self) -> None:
+        m = Merger()
+        m.update(0, _page(3, 1))
+        m.update(1, _page(2, 1))
+        m.retire(1)
+        m.update(1, _page(1, 0))  # its replacement starts from zero
+        out = m.render()
+        assert self._sample(out, "llmgw_router_requests_total", REQ) == 6.0
+        # Gauges of the dead worker are gone, not kept.
+        assert (
+            self._sample(out, "llmgw_router_inflight", 'llmgw_router_inflight{endpoint="e0"}')
+            == 1.0
+        )
+        # An endpoint that leaves takes its series out of the dead workers' figures too.
+        m.forget_endpoints(["e0"])
+        m.pages.clear()
+        assert REQ not in m.render().decode()
+
+    def test_the_merged_page_parses_as_prometheus_text(self) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        m = Merger()
+        m.update(0, _page(1, 0))
+        m.update(1, _page(1, 0))
+        names = {f.name for f in text_string_to_metric_families(m.render().decode())}
+        assert {"llmgw_router_requests", "llmgw_router_inflight"} <= names
+
+
+class TestUsageMerge:
+    def test_worker_reports_add_up_to_one_router(self) -> None:
+        a = UsageReport(
+            router_id="w",
+            sent_at=1.0,
+            last_used={"e0": 10.0},
+            inflight={"e0": 1},
+            demand={"m": 1},
+            load={"m": ModelLoad(inflight=1, held=1, requests=5, interval_s=2.0)},
+        )
+        b = UsageReport(
+            router_id="w",
+            sent_at=1.0,
+            last_used={"e0": 12.0, "e1": 3.0},
+            inflight={"e0": 2, "e1": 0},
+            load={"m": ModelLoad(inflight=2, held=0, requests=7, interval_s=2.1)},
+        )
+        r = merge_reports("router-x", 5.0, [a, b])
+        assert r.router_id == "router-x"
+        assert r.last_used == {"e0": 12.0, "e1": 3.0}
+        assert r.inflight == {"e0": 3, "e1": 0}
+        assert r.demand == {"m": 1}
+        assert r.load == {"m": ModelLoad(inflight=3, held=1, requests=12, interval_s=2.1)}
+
+
+class TestMessages:
+    def test_setup_carries_config_list_and_stats_intact(self) -> None:
+        cfg = parse_config("endpoints: [{id: e0, url: 'http://127.0.0.1:9', models: [m]}]\n")
+        setup = Setup(
+            index=1,
+            workers=2,
+            capacity=8,
+            router_id="router-x",
+            cfg=cfg,
+            listed=None,
+            slots={"e0": 0},
+            stats={"e0": Stats(running=1, waiting=2, kv_usage=0.5)},
+        )
+        for msg in (setup, Observed(id="e0", stats=Stats(running=0, waiting=0, kv_usage=None))):
+            wire = msgspec.msgpack.encode(msg)
+            assert msgspec.msgpack.decode(wire, type=Message) == msg
+
+    def test_worker_spec_round_trips_and_refuses_garbage(self) -> None:
+        spec = WorkerSpec(1, 3, 4, 5)
+        assert WorkerSpec.parse(spec.arg()) == spec
+        with pytest.raises(RouterConfigError):
+            WorkerSpec.parse("1,2")
+
+
+class TestChannel:
+    async def test_ask_is_answered_and_a_closed_end_fails_the_waiting_ask(self) -> None:
+        import asyncio
+        import socket
+
+        from llmgw.router.ipc import Answer, Ask, Channel, ChannelClosed
+
+        a_sock, b_sock = socket.socketpair()
+        a, b = await Channel.open(a_sock), await Channel.open(b_sock)
+
+        def answer(msg: Message) -> None:
+            assert isinstance(msg, Ask)
+            b.send(Answer(seq=msg.seq, body=msg.what.encode()))
+
+        serve_a = asyncio.create_task(a.serve(lambda msg: None))
+        serve_b = asyncio.create_task(b.serve(answer))
+        assert await a.ask("metrics", timeout_s=5) == b"metrics"
+        serve_b.cancel()
+        b.close()
+        with pytest.raises(ChannelClosed):
+            await a.ask("usage", timeout_s=5)
+        with pytest.raises(ChannelClosed):
+            await serve_a
+        assert a.closed
+
+
+def test_workers_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from llmgw.router.main import main
+
+    assert main(["--config", "unused.yaml", "--workers", "0"]) == 2
+    assert "--workers 0" in capsys.readouterr().err
