@@ -6,7 +6,7 @@ from typing import Annotated
 
 import msgspec
 
-from llmgw.wire.agent import EngineKind
+from llmgw.wire.agent import EngineKind, EnvName, SecretRef
 
 # Not ending in "/scale": /admin/models/<name>/scale is the scale command's URL.
 NAME_PATTERN = r"^(?!.*/scale$)[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
@@ -42,7 +42,11 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     # Engine model path/id when it differs from the served name (vLLM's positional).
     source: str | None = None
     args: tuple[str, ...] = ()
+    # Stored in the database and shown by ctl: never put a secret here.
     env: dict[str, str] = {}
+    # Secrets: each variable's value is read by the agent on its node, from its own
+    # environment or a file, when it starts the engine; only the reference is stored.
+    env_from: dict[EnvName, SecretRef] = {}
 
     def __post_init__(self) -> None:
         if self.max_replicas < self.min_replicas:
@@ -53,6 +57,11 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise ValueError("aliases must not repeat the model's name")
         if self.engine == "llamacpp" and self.nodes > 1:
             raise ValueError("llamacpp engines run on one node: nodes must be 1")
+        both = sorted(set(self.env) & set(self.env_from))
+        if both:
+            raise ValueError(
+                f"env_from: {', '.join(both)} also set in env (a variable comes from one of them)"
+            )
 
     @property
     def served_names(self) -> tuple[str, ...]:
