@@ -89,7 +89,9 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 EnvName = Annotated[str, msgspec.Meta(pattern=ENV_NAME_PATTERN)]
 
 
-class SecretRef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class SecretRef(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
     """Where the agent reads one secret on its own node: exactly one of `env`, `file`.
 
     A reference, never a value: the controller stores and shows the reference, the agent

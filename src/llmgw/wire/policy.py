@@ -84,8 +84,8 @@ class SpecPolicy(msgspec.Struct, frozen=True, kw_only=True):
             denied = self.flag_refused(arg)
             if denied is None:
                 continue
-            flag = normalize_flag(arg)
-            shown = denied if flag == denied else f"{arg.partition('=')[0]} (read as {denied})"
+            written = arg.partition("=")[0]
+            shown = denied if written == denied else f"{written} (read as {denied})"
             return (
                 f"args[{i}]",
                 f"args[{i}] {shown} is not allowed on this node (the agent's allow_flags)",
