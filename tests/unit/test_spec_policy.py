@@ -200,3 +200,21 @@ class TestEnvFromAtTheEdge:
         }
         (spec,) = decode_specs(json.dumps(body).encode())
         assert spec.env_from == {"HF_TOKEN": SecretRef(file="/etc/hf"), "B": SecretRef(env="B_SRC")}
+
+    def test_ctl_names_the_same_field_before_sending(self) -> None:
+        from llmgw.ctl.errors import SpecError
+        from llmgw.ctl.specs import validate
+
+        raw = {
+            "name": "m",
+            "engine": "sim",
+            "gpu_classes": ["H100-80G"],
+            "env_from": {"HF_TOKEN": {"file": "relative"}},
+        }
+        with pytest.raises(SpecError) as err:
+            validate([raw], "f.yaml")
+        assert "f.yaml: model 'm' (#1): field env_from.HF_TOKEN.file: must be an absolute" in str(
+            err.value
+        )
+        good = {**raw, "env_from": {"HF_TOKEN": {"file": "/etc/hf"}}}
+        assert validate([good], "f.yaml")[0].env_from == {"HF_TOKEN": SecretRef(file="/etc/hf")}

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
 import msgspec
 
-from llmgw.wire.agent import EngineKind, EnvName, SecretRef
+from llmgw.wire.agent import ENV_NAME_PATTERN, EngineKind, EnvName, SecretRef
 
 # Not ending in "/scale": /admin/models/<name>/scale is the scale command's URL.
 NAME_PATTERN = r"^(?!.*/scale$)[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
@@ -77,3 +78,32 @@ class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     min_replicas: Annotated[int, msgspec.Meta(ge=0, le=10_000)] | msgspec.UnsetType = msgspec.UNSET
     max_replicas: Annotated[int, msgspec.Meta(ge=0, le=10_000)] | msgspec.UnsetType = msgspec.UNSET
+
+
+def env_from_problem(raw: Any) -> tuple[str, str] | None:
+    """(field, what is wrong) with a raw spec's `env_from`, naming the variable.
+
+    Checked before the spec is decoded (by the controller and by `ctl apply`): msgspec
+    would say `env_from[...]`, and the operator needs to know which reference is wrong.
+    None when nothing is (or when `env_from` is not a mapping at all, which the decoder
+    says).
+    """
+    refs = raw.get("env_from") if isinstance(raw, dict) else None
+    if not isinstance(refs, dict):
+        return None
+    for name, ref in refs.items():
+        field = f"env_from.{name}"
+        if not isinstance(name, str) or not re.fullmatch(ENV_NAME_PATTERN, name):
+            return field, ("not a variable name (letters, digits and _, not starting with a digit)")
+        if not isinstance(ref, dict):
+            return field, "expected a reference: {env: VARIABLE} or {file: /absolute/path}"
+        try:
+            msgspec.convert(ref, SecretRef)
+        except msgspec.ValidationError as exc:
+            msg = str(exc)
+            if "matching regex '^/'" in msg:
+                return f"{field}.file", "must be an absolute path on the agent's node"
+            if "at `$.env`" in msg:
+                return f"{field}.env", "not a variable name"
+            return field, msg.split(" - at `", 1)[0]
+    return None

@@ -30,12 +30,7 @@ from llmgw.controller.api.status import (
     status_data,
 )
 from llmgw.controller.api.summary import summarize
-from llmgw.controller.api.validate import (
-    check_heartbeat,
-    check_spec,
-    check_usage,
-    env_from_problem,
-)
+from llmgw.controller.api.validate import check_heartbeat, check_spec, check_usage
 from llmgw.controller.api.views import model_view, model_views, node_views, replica_view
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import (
@@ -50,7 +45,7 @@ from llmgw.controller.fleet.records import OperatorState
 from llmgw.wire.admin import DrainRequest, EventView, ReplicaState, WeightRequest
 from llmgw.wire.agent import Heartbeat
 from llmgw.wire.errors import error_body
-from llmgw.wire.models import ModelSpec, ScaleRequest
+from llmgw.wire.models import ModelSpec, ScaleRequest, env_from_problem
 from llmgw.wire.usage import UsageReport
 
 log = logging.getLogger(__name__)

@@ -16,14 +16,10 @@ not pass silently.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
-from typing import Any
-
-import msgspec
 
 from llmgw.controller.errors import InvalidSpec
-from llmgw.wire.agent import ENV_NAME_PATTERN, Heartbeat, SecretRef
+from llmgw.wire.agent import Heartbeat
 from llmgw.wire.models import ModelSpec
 from llmgw.wire.usage import UsageReport
 
@@ -112,32 +108,4 @@ def check_spec(spec: ModelSpec) -> tuple[str, str] | None:
     for cls in spec.gpu_classes:
         if not cls.strip():
             return "gpu_classes", "a GPU class must not be empty"
-    return None
-
-
-def env_from_problem(raw: Any) -> tuple[str, str] | None:
-    """(field, what is wrong) with a raw spec's `env_from`, naming the variable.
-
-    Checked before the spec is decoded: msgspec would say `env_from[...]`, and the
-    operator needs to know which reference is wrong. None when nothing is (or when
-    `env_from` is not a mapping at all, which the decoder says).
-    """
-    refs = raw.get("env_from") if isinstance(raw, dict) else None
-    if not isinstance(refs, dict):
-        return None
-    for name, ref in refs.items():
-        field = f"env_from.{name}"
-        if not isinstance(name, str) or not re.fullmatch(ENV_NAME_PATTERN, name):
-            return field, ("not a variable name (letters, digits and _, not starting with a digit)")
-        if not isinstance(ref, dict):
-            return field, "expected a reference: {env: VARIABLE} or {file: /absolute/path}"
-        try:
-            msgspec.convert(ref, SecretRef)
-        except msgspec.ValidationError as exc:
-            msg = str(exc)
-            if "matching regex '^/'" in msg:
-                return f"{field}.file", "must be an absolute path on the agent's node"
-            if "at `$.env`" in msg:
-                return f"{field}.env", "not a variable name"
-            return field, msg.split(" - at `", 1)[0]
     return None
