@@ -97,7 +97,9 @@ class SecretRef(
     A reference, never a value: the controller stores and shows the reference, the agent
     resolves it just before it starts the engine (docs/security.md, "Secrets in specs").
     Unknown fields are refused even on the agent's side: an agent that does not know a
-    kind of reference must fail the shard, not start the engine without its secret.
+    kind of reference must not start the engine without its secret. It refuses the whole
+    heartbeat answer (logged; what runs keeps running), so a new kind of reference needs
+    agents upgraded before specs use it.
     """
 
     # A variable of the agent's own environment.
