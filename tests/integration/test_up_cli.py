@@ -323,6 +323,7 @@ class TestTokens:
                     req.add_header("Authorization", f"Bearer {token}")
                 with pytest.raises(urllib.error.HTTPError) as err:
                     urllib.request.urlopen(req, timeout=10)
+                err.value.close()
                 assert err.value.code in (401, 403)
             # ctl in up's folder needs no setting; wait for the model's engine.
             engines: list[int] = []
