@@ -39,6 +39,13 @@ class System:
         assert isinstance(pid, int)
         return pid
 
+    def token_file(self, kind: str = "admin") -> Path:
+        """The token `up` drew for `kind` (admin, agent, router, read), 0600."""
+        return self.state_dir / "tokens" / kind
+
+    def token(self, kind: str = "admin") -> str:
+        return self.token_file(kind).read_text().strip()
+
     def ctl(self, *args: str, timeout_s: float = 30) -> Any:
         out = subprocess.run(
             [sys.executable, "-m", "llmgw", "ctl", "--controller", self.controller_url, *args],
@@ -46,6 +53,7 @@ class System:
             text=True,
             timeout=timeout_s,
             check=False,
+            env={**os.environ, "LLMGW_TOKEN_FILE": str(self.token_file())},
         )
         assert out.returncode == 0, f"ctl {args} failed: {out.stderr}"
         return json.loads(out.stdout) if "--json" in args else out.stdout

@@ -44,8 +44,11 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
             kill_leftovers(tmp)
 
 
-def scrape(url: str) -> bytes:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+def scrape(url: str, token: str | None = None) -> bytes:
+    req = urllib.request.Request(url + "/metrics")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=10) as resp:
         body: bytes = resp.read()
     return body
 
@@ -63,8 +66,11 @@ def declared(body: bytes) -> set[str]:
 
 def test_up_prints_the_status_page_address(system: System) -> None:
     log = system.prog.log_text()
-    assert f"status page          {system.controller_url}/status" in log
-    assert system.manifest()["status_url"] == f"{system.controller_url}/status"
+    # The read token (it can change nothing) rides in the fragment, never sent in the URL.
+    url = f"{system.controller_url}/status#token={system.token('read')}"
+    assert f"status page          {url}" in log
+    assert system.manifest()["status_url"] == url
+    assert system.token("admin") not in log
 
 
 def test_every_program_passes_promtool_and_the_dashboard_finds_its_metrics(
@@ -86,7 +92,10 @@ def test_every_program_passes_promtool_and_the_dashboard_finds_its_metrics(
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
 
     manifest = system.manifest()
-    bodies = {"router": scrape(system.router_url), "controller": scrape(system.controller_url)}
+    bodies = {
+        "router": scrape(system.router_url),
+        "controller": scrape(system.controller_url, system.token("read")),
+    }
     agents = {n: c["url"] for n, c in manifest["children"].items() if n.startswith("agent ")}
     assert agents
     for name, url in agents.items():

@@ -91,7 +91,11 @@ def test_eviction_walkthrough_as_written(workdir: Path) -> None:
 def test_drain_walkthrough_as_written(workdir: Path) -> None:
     """Each drain line exits as the README says (0 unless it says `# exits N`)."""
     system = start_up(workdir, None)
-    env = {**os.environ, "LLMGW_CONTROLLER": system.controller_url}
+    env = {
+        **os.environ,
+        "LLMGW_CONTROLLER": system.controller_url,
+        "LLMGW_TOKEN_FILE": str(system.token_file()),
+    }
     try:
         for cmd in walkthroughs(README.read_text())["drain"]:
             expect = re.search(r"#\s*exits (\d+)", cmd)

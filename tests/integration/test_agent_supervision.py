@@ -14,7 +14,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,10 +125,15 @@ class AgentRig:
         node: str = "n1",
         gpus: str = "2xH100-80G",
         pid_source: Callable[[], Iterable[int]] = lambda: (),
+        address: str = "127.0.0.1",
+        name: str | None = None,
     ) -> None:
         self.node = node
+        self.address = address
         self.gpus = gpus
-        self.tmp = tmp / node
+        # The rig's own folder (state, logs): the node's name unless told otherwise
+        # (two agents claiming one node name need two folders).
+        self.tmp = tmp / (name or node)
         self.url = url
         self.token = token
         self.pid_source = pid_source
@@ -137,7 +142,9 @@ class AgentRig:
         self.agent: Program | None = None
         self.engine_pids: set[int] = set()
 
-    def start(self, *flags: str) -> Program:
+    def start(
+        self, *flags: str, env: Mapping[str, str] | None = None, wait: bool = True
+    ) -> Program:
         extra: list[str] = list(flags)
         self.agent = start_program(
             [
@@ -156,7 +163,7 @@ class AgentRig:
                 "--label",
                 "zone=a",
                 "--address",
-                "127.0.0.1",
+                self.address,
                 "--port-range",
                 self.port_range,
                 "--state-dir",
@@ -169,6 +176,8 @@ class AgentRig:
                 "0",
             ],
             log_dir=self.tmp / "agent-logs",
+            env=env,
+            wait=wait,
         )
         return self.agent
 

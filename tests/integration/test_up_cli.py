@@ -139,7 +139,9 @@ class TestRefusals:
     def test_controller_refusing_the_models_is_one_line(self, folder: Path) -> None:
         """The controller's own refusal (here: a token `up` does not have) is shown, then exit 1."""
         fleet = folder / "fleet.yaml"
-        fleet.write_text(FLEET + 'controller_args: ["--token", "not-given-to-up"]\n')
+        # The fleet's controller_args come last: this token file wins over up's.
+        (folder / "other-token").write_text("not-given-to-up\n")
+        fleet.write_text(FLEET + 'controller_args: ["--token-file", "other-token"]\n')
         out = up(folder, *ports())
         assert out.returncode == 1
         assert out.stderr.count("\n") == 1, out.stderr
@@ -284,3 +286,75 @@ class TestHints:
         assert sorted(models_line(out)) == ["m", "m-extra"]
         assert "curl -s http://127.0.0.1:" in out
         assert "openai" not in out
+
+
+class TestTokens:
+    def test_scoped_tokens_in_0600_files_never_on_a_command_line(self, folder: Path) -> None:
+        """`up` draws admin, agent, router and read tokens into .llmgw/tokens (0600), gives
+        them to its programs by file, and none is in any process's command line; ctl in the
+        same folder finds the admin token by itself, and the controller wants one."""
+        import stat
+        import urllib.error
+        import urllib.request
+
+        with running_up(folder) as proc:
+            out = until_ready(proc)
+            state = folder / ".llmgw"
+            tokens_dir = state / "tokens"
+            assert stat.S_IMODE(tokens_dir.stat().st_mode) == 0o700
+            tokens = {}
+            for kind in ("admin", "agent", "router", "read"):
+                path = tokens_dir / kind
+                assert stat.S_IMODE(path.stat().st_mode) == 0o600, kind
+                tokens[kind] = path.read_text().strip()
+                assert len(tokens[kind]) >= 32
+            assert len(set(tokens.values())) == 4
+            for name in ("router.yaml", "up.json"):
+                assert stat.S_IMODE((state / name).stat().st_mode) == 0o600, name
+            # The hints never print the admin token (the status link has the read one).
+            assert tokens["admin"] not in out
+            manifest = json.loads((state / "up.json").read_text())
+            assert manifest["status_url"].endswith(f"/status#token={tokens['read']}")
+            url = manifest["controller_url"]
+            # The tokens are in force: no token is refused, a scoped one may not apply.
+            for token in (None, tokens["agent"], tokens["router"], tokens["read"]):
+                req = urllib.request.Request(url + "/admin/models", data=b"[]", method="POST")
+                if token:
+                    req.add_header("Authorization", f"Bearer {token}")
+                with pytest.raises(urllib.error.HTTPError) as err:
+                    urllib.request.urlopen(req, timeout=10)
+                err.value.close()
+                assert err.value.code in (401, 403)
+            # ctl in up's folder needs no setting; wait for the model's engine.
+            engines: list[int] = []
+            deadline = time.monotonic() + 90
+            while not engines:
+                assert time.monotonic() < deadline, "no engine started"
+                listed = subprocess.run(
+                    llmgw_argv("ctl", "--controller", url, "replicas", "--json"),
+                    cwd=folder,
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    check=False,
+                    env={k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")},
+                )
+                assert listed.returncode == 0, listed.stderr
+                replicas = json.loads(listed.stdout)
+                engines = [s["pid"] for r in replicas for s in r["shards"] if s.get("pid")]
+                time.sleep(0.3)
+            pids = [manifest["pid"], *(c["pid"] for c in manifest["children"].values())]
+            assert len(manifest["children"]) >= 3  # controller, router, an agent
+            checked = 0
+            for pid in [*pids, *engines]:
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                checked += 1
+                for kind, token in tokens.items():
+                    assert token not in cmdline, f"the {kind} token is in pid {pid}'s cmdline"
+            assert checked == len(pids) + len(engines)
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=60)
+        assert proc.returncode == 0

@@ -376,7 +376,7 @@ class TestSpecPolicy:
 
     async def test_allowed_by_name(self, tmp_path: Path) -> None:
         """allow_env / allow_flags lift exactly the named ones."""
-        from llmgw.agent.policy import SpecPolicy
+        from llmgw.agent.policy import policy_of
 
         spawner = FakeSpawner()
         sup = Supervisor(
@@ -385,7 +385,7 @@ class TestSpecPolicy:
             ports=PortAllocator(21000, 21009, is_free=lambda p: True),
             spawner=spawner,
             probe=FakeProbe(),
-            policy=SpecPolicy.of({"PYTHONPATH"}, {"--trust-remote-code"}),
+            policy=policy_of({"PYTHONPATH"}, {"--trust-remote-code"}),
         )
         sup.apply(
             [spec(env={"PYTHONPATH": "/opt/x", "HF_HOME": "/d"}, args=("--trust-remote-code",))]

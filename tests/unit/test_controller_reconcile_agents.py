@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import msgspec
+import pytest
 
 from llmgw.controller.fleet.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
 from llmgw.controller.fleet.index import FleetIndex
@@ -240,3 +241,60 @@ class TestHeartbeatOrder:
         fleet.begin_term()
         await fleet.heartbeat(late)
         assert fleet.state.nodes["a"].gpus == gpus(2, unhealthy=[1])
+
+
+class TestNodeNameClaims:
+    """A second agent claiming a live node's name from another address is refused."""
+
+    def test_pure_rule(self) -> None:
+        from llmgw.controller.fleet.agents import name_claimed
+        from llmgw.controller.fleet.records import Node
+
+        old = Node(name="a", address="10.0.0.1", last_heartbeat_at=100.0)
+        other = Heartbeat(node="a", address="10.0.0.9", gpus=())
+        same = Heartbeat(node="a", address="10.0.0.1", gpus=())
+        why = name_claimed(old, other, now=105.0, timeout_s=10.0)
+        assert why is not None
+        assert "10.0.0.9 claims node 'a'" in why
+        assert "agent at 10.0.0.1 heartbeated 5s ago" in why
+        assert name_claimed(old, same, now=105.0, timeout_s=10.0) is None
+        # Silent past the timeout: the node may move (a replaced host, a new address).
+        assert name_claimed(old, other, now=111.0, timeout_s=10.0) is None
+        assert name_claimed(None, other, now=105.0, timeout_s=10.0) is None
+
+    async def test_fleet_refuses_with_409_and_one_event(self) -> None:
+        from llmgw.controller.api.http import http_status
+        from llmgw.controller.config import ControllerConfig
+        from llmgw.controller.errors import Conflict
+        from llmgw.controller.fleet.live import Fleet
+        from llmgw.controller.store import MemoryStore
+        from llmgw.runtime.clock import ManualClock
+
+        clock = ManualClock()
+        store = MemoryStore()
+        fleet = Fleet(store, clock=clock, config=ControllerConfig(heartbeat_timeout_s=10.0))
+        fleet.begin_term()
+        first = Heartbeat(node="a", address="10.0.0.1", gpus=gpus(2), agent_started_at=1.0, seq=1)
+        await fleet.heartbeat(first)
+        before = fleet.state.nodes["a"]
+        impostor = Heartbeat(
+            node="a", address="10.0.0.9", gpus=gpus(8), agent_started_at=2.0, seq=1
+        )
+        for _ in range(3):
+            clock.advance(1)
+            with pytest.raises(Conflict) as err:
+                await fleet.heartbeat(impostor)
+            assert err.value.param == "node"
+            assert http_status(err.value)[0] == 409
+        # The first node's record is untouched (address, GPUs, heartbeat time).
+        assert fleet.state.nodes["a"] == before
+        events = [e for e in store.events(limit=50) if e.kind == "node.name_conflict"]
+        assert len(events) == 1
+        assert "10.0.0.9" in events[0].message
+        # The rightful agent keeps heartbeating, unaffected.
+        await fleet.heartbeat(msgspec.structs.replace(first, seq=2))
+        assert fleet.state.nodes["a"].address == "10.0.0.1"
+        # Once it has been silent past the timeout, the name may move.
+        clock.advance(11)
+        await fleet.heartbeat(msgspec.structs.replace(impostor, seq=2))
+        assert fleet.state.nodes["a"].address == "10.0.0.9"

@@ -172,7 +172,9 @@ class TestFleetLosingLeadership:
             await fleet.heartbeat(Heartbeat(node="a", address="10.0.0.1", gpus=()))
             lead.lose()
             with pytest.raises((NotLeading, StoreUnavailable)):
-                await fleet.heartbeat(Heartbeat(node="a", address="10.0.0.2", gpus=()))
+                await fleet.heartbeat(
+                    Heartbeat(node="a", address="10.0.0.1", gpus=(), labels={"x": "y"})
+                )
             assert not fleet.leading
             # A heartbeat that changes nothing writes nothing: it must not be
             # answered from a term that is over.

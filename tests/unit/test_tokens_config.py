@@ -44,6 +44,31 @@ class TestController:
         assert parse_args(["--token", "t"]).token == "t"
         assert "visible to every local user" in capsys.readouterr().err
 
+    @pytest.mark.parametrize("kind", ["read", "metrics"])
+    def test_read_and_metrics_tokens_from_file_env_or_flag(
+        self,
+        kind: str,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """Like --token: the file wins, then the flag (warned about), then the variable."""
+        var = f"LLMGW_CONTROLLER_{kind.upper()}_TOKEN"
+        f = tmp_path / "tok"
+        f.write_text(f"{kind}-from-file\n")
+        monkeypatch.setenv(var, f"{kind}-from-env")
+        field = f"{kind}_token"
+        got = parse_args([f"--{kind}-token-file", str(f), f"--{kind}-token", "x"])
+        assert getattr(got, field) == f"{kind}-from-file"
+        assert getattr(parse_args([]), field) == f"{kind}-from-env"
+        capsys.readouterr()
+        assert getattr(parse_args([f"--{kind}-token", "flag"]), field) == "flag"
+        assert "visible to every local user" in capsys.readouterr().err
+        f.write_text("")
+        with pytest.raises(SystemExit):
+            parse_args([f"--{kind}-token-file", str(f)])
+        assert "is empty" in capsys.readouterr().err
+
     def test_empty_token_file_refused(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:

@@ -227,3 +227,32 @@ def _url_problem(url: str) -> str | None:
     if not parts.hostname:
         return "no host"
     return None
+
+
+def check_address(address: str) -> None:
+    """AgentConfigError unless `address` is one of this node's own addresses.
+
+    Engines listen on it and the controller gives it to routers: an address no interface
+    here holds (a typo, another host's, a copied config) would have engines fail to bind,
+    or worse, routers sent to whoever holds it. Binding a socket to it is the test the
+    engines themselves will face; a host name passes when one of its addresses does.
+    """
+    try:
+        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise AgentConfigError(
+            f"--address {address!r} does not resolve on this node ({exc}); engines listen "
+            "there and routers connect to it"
+        ) from None
+    for family, _, _, _, sockaddr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.bind((sockaddr[0], 0, *sockaddr[2:]))
+        except OSError:
+            continue
+        return
+    shown = ", ".join(sorted({str(info[4][0]) for info in infos}))
+    raise AgentConfigError(
+        f"--address {address!r} ({shown}) is not an address of this node's interfaces: "
+        "engines listen there and routers connect to it; give one this node holds"
+    )

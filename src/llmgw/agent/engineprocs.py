@@ -26,6 +26,7 @@ from typing import Protocol
 
 from llmgw.agent.errors import AgentError
 from llmgw.agent.logfiles import open_for_engine
+from llmgw.agent.secretrefs import is_private_env
 from llmgw.agent.templates import shown_argv
 
 
@@ -151,7 +152,7 @@ PRIVATE_ENV = frozenset({"LLMGW_AGENT_TOKEN", "LLMGW_CONTROLLER_TOKEN", "LLMGW_T
 
 def _inherited() -> dict[str, str]:
     """The agent's environment minus its secrets, which engines never inherit."""
-    return {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}
+    return {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV and not is_private_env(k)}
 
 
 class PopenSpawner:

@@ -5,7 +5,8 @@ engines agents left behind (leftovers.py).
 
 Exit codes: 0 after SIGTERM/SIGINT, 1 if the agent's loops died or its own
 port cannot be bound, 2 for a configuration a person must fix (bad flag, no
-NVIDIA driver, a state dir another agent holds) — always one line on stderr,
+NVIDIA driver, a state dir another agent holds, an --address that is not this
+node's) — always one line on stderr,
 never a traceback.
 
 On SIGTERM the agent leaves its engines running (unless
@@ -23,12 +24,12 @@ import msgspec
 
 from llmgw.agent import leftovers
 from llmgw.agent.app import build_app
-from llmgw.agent.config import AgentConfig, AgentConfigError, parse_config
+from llmgw.agent.config import AgentConfig, AgentConfigError, check_address, parse_config
 from llmgw.agent.engineprocs import PopenSpawner
 from llmgw.agent.gpus import open_inventory
 from llmgw.agent.gpus.base import GpuDiscoveryError, GpuInventory
 from llmgw.agent.heartbeat import ControllerClient
-from llmgw.agent.policy import SpecPolicy
+from llmgw.agent.policy import policy_of
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.probe import HttpHealthProbe
 from llmgw.agent.service import Agent
@@ -50,6 +51,8 @@ def main(argv: list[str]) -> int:
     logs.setup(fmt=fmt)
     try:
         cfg = parse_config(argv)
+        if not cfg.print_inventory:
+            check_address(cfg.address)
     except AgentConfigError as exc:
         sys.stderr.write(f"llmgw agent: {exc}\n")
         return 2
@@ -106,7 +109,8 @@ def build_agent(cfg: AgentConfig, inventory: GpuInventory) -> Agent:
         probe=probe,
         commands=parse_engine_bins(cfg.engine_bin),
         host=cfg.address,
-        policy=SpecPolicy.of(cfg.allow_env, cfg.allow_flags),
+        policy=policy_of(cfg.allow_env, cfg.allow_flags),
+        private_paths=(state_dir, *([Path(cfg.token_file)] if cfg.token_file else [])),
         stop_grace_s=cfg.stop_grace_s,
         log_max_bytes=cfg.log_max_bytes,
         log_keep=cfg.log_keep,

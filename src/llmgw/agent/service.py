@@ -91,6 +91,7 @@ class Agent:
             agent_started_at=self.started_at,
             seq=self.seq,
             port_range=self.config.ports,
+            policy=self.supervisor.policy,
         )
 
     def _on_reply(self, reply: HeartbeatReply) -> None:

@@ -30,9 +30,10 @@ from pathlib import Path
 from llmgw.agent import logfiles
 from llmgw.agent.engineprocs import KILL, TERM, ProcessHandle, Spawner, SpawnError
 from llmgw.agent.metrics import EngineEvents
-from llmgw.agent.policy import SpecPolicy, SpecRefused
+from llmgw.agent.policy import SpecPolicy, SpecRefused, check
 from llmgw.agent.ports import NoFreePort, PortAllocator, RendezvousPortTaken
 from llmgw.agent.probe import HealthProbe
+from llmgw.agent.secretrefs import SecretUnavailable, resolve, resolve_quietly
 from llmgw.agent.statefile import ShardRecord, StateStore
 from llmgw.agent.templates import DEFAULT_COMMANDS, render
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
@@ -53,6 +54,8 @@ class _Shard:
     state: ShardState
     # The engine's key (fresh per shard); the router sends it, nobody else sees it.
     api_key: str = ""
+    # The spec's env_from values as resolved at start: memory only, to mask log tails.
+    secret_values: tuple[str, ...] = ()
     proc: ProcessHandle | None = None
     started_at: float | None = None
     exit_code: int | None = None
@@ -78,6 +81,7 @@ class Supervisor:
         commands: Mapping[EngineKind, tuple[str, ...]] = DEFAULT_COMMANDS,
         host: str = "127.0.0.1",
         policy: SpecPolicy | None = None,
+        private_paths: Sequence[Path] = (),
         stop_grace_s: float = 10.0,
         log_max_bytes: int = logfiles.DEFAULT_MAX_BYTES,
         log_keep: int = logfiles.DEFAULT_KEEP,
@@ -92,7 +96,9 @@ class Supervisor:
         # Engines listen here (the advertised address) and are probed here.
         self._host = host
         # What a spec may set here (policy.py); refused shards fail before starting.
-        self._policy = policy if policy is not None else SpecPolicy()
+        self.policy = policy if policy is not None else SpecPolicy()
+        # The agent's own files (token, state folder): no env_from may read them.
+        self._private_paths = tuple(private_paths)
         self._stop_grace_s = stop_grace_s
         self._log_max_bytes = log_max_bytes
         self._log_keep = log_keep
@@ -117,6 +123,7 @@ class Supervisor:
                 health_path=rec.health_path,
                 state="starting",
                 api_key=rec.api_key,
+                secret_values=resolve_quietly(rec.spec.env_from, private_paths=self._private_paths),
                 proc=proc,
                 started_at=rec.started_at,
             )
@@ -265,20 +272,31 @@ class Supervisor:
         self._shards[sh.key] = sh
         self.events.started(spec.engine)
         try:
-            self._policy.check(spec)
+            check(self.policy, spec)
             self._check_rendezvous(spec)
             sh.port = self._ports.allocate(self._ports_taken())
+            # Read now, on this node; held in memory only (the state file keeps the spec).
+            resolved = resolve(spec.env_from, private_paths=self._private_paths)
+            sh.secret_values = tuple(resolved.values())
             sh.api_key = secrets.token_urlsafe(32)
             plan = render(
                 spec,
                 port=sh.port,
                 host=self._host,
                 api_key=sh.api_key,
+                env={**spec.env, **resolved},
                 commands=self._commands,
             )
             sh.health_path = plan.health_path
             sh.proc = self._spawner.spawn(plan.argv, plan.env, sh.log_path)
-        except (NoFreePort, RendezvousPortTaken, SpawnError, SpecRefused, ValueError) as exc:
+        except (
+            NoFreePort,
+            RendezvousPortTaken,
+            SpawnError,
+            SpecRefused,
+            SecretUnavailable,
+            ValueError,
+        ) as exc:
             sh.state = "failed"
             sh.log_tail = (f"llmgw agent: {exc}",)
             self.events.exited(spec.engine, "failed")
@@ -323,8 +341,8 @@ class Supervisor:
             log.info(kv("engine stopped", replica=sh.spec.replica_id, rank=sh.spec.rank))
 
     def _secrets(self, sh: _Shard) -> tuple[str, ...]:
-        """Values a log tail leaving this node must not carry."""
-        return (sh.api_key,) if sh.api_key else ()
+        """Values a log tail leaving this node must not carry: the key, the env_from values."""
+        return ((sh.api_key,) if sh.api_key else ()) + sh.secret_values
 
     def _ports_taken(self) -> set[int]:
         """Engine ports our shards hold, and every rendezvous port a shard here uses

@@ -100,6 +100,8 @@ FLOAT_HELP = {
 TOKEN_ENV = "LLMGW_CONTROLLER_TOKEN"
 AGENT_TOKEN_ENV = "LLMGW_CONTROLLER_AGENT_TOKEN"
 ROUTER_TOKEN_ENV = "LLMGW_CONTROLLER_ROUTER_TOKEN"
+READ_TOKEN_ENV = "LLMGW_CONTROLLER_READ_TOKEN"
+METRICS_TOKEN_ENV = "LLMGW_CONTROLLER_METRICS_TOKEN"
 
 
 def read_node_tokens(path: str) -> dict[str, str]:
@@ -162,12 +164,18 @@ def parse_args(argv: list[str]) -> ControllerConfig:
     p.add_argument(
         "--read-token",
         default=None,
-        help="bearer token that may only read (metrics, status page, GET /admin/…)",
+        help="bearer token that may only read (metrics, status page, GET /admin/…); "
+        f"visible in ps: prefer --read-token-file or {READ_TOKEN_ENV}",
     )
+    p.add_argument("--read-token-file", default=None, help="read the read token from this file")
     p.add_argument(
         "--metrics-token",
         default=None,
-        help="bearer token for GET /metrics only; set, /metrics needs it (or another token)",
+        help="bearer token for GET /metrics only; set, /metrics needs it (or another token); "
+        f"visible in ps: prefer --metrics-token-file or {METRICS_TOKEN_ENV}",
+    )
+    p.add_argument(
+        "--metrics-token-file", default=None, help="read the metrics token from this file"
     )
     p.add_argument(
         "--agent-token-file",
@@ -243,6 +251,20 @@ def parse_args(argv: list[str]) -> ControllerConfig:
             file=a.router_token_file,
             env_var=ROUTER_TOKEN_ENV,
         )
+        read_token = secretfile.resolve(
+            program="controller",
+            flag="--read-token",
+            value=a.read_token,
+            file=a.read_token_file,
+            env_var=READ_TOKEN_ENV,
+        )
+        metrics_token = secretfile.resolve(
+            program="controller",
+            flag="--metrics-token",
+            value=a.metrics_token,
+            file=a.metrics_token_file,
+            env_var=METRICS_TOKEN_ENV,
+        )
         node_tokens = read_node_tokens(a.node_tokens_file) if a.node_tokens_file else {}
     except secretfile.SecretError as exc:
         p.error(str(exc))
@@ -252,7 +274,7 @@ def parse_args(argv: list[str]) -> ControllerConfig:
             "scoped tokens need the admin token too (--token-file): without it every "
             "route would be open"
         )
-    every = [t for t in (token, a.read_token, a.metrics_token, *scoped) if t]
+    every = [t for t in (token, read_token, metrics_token, *scoped) if t]
     if len(set(every)) != len(every):
         p.error("every token must differ (a shared one would carry the wider scope)")
     if token is None and not a.insecure and not is_loopback(a.host):
@@ -267,8 +289,8 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         database=a.database,
         schema=a.schema,
         token=token,
-        read_token=a.read_token or None,
-        metrics_token=a.metrics_token or None,
+        read_token=read_token,
+        metrics_token=metrics_token,
         agent_token=agent_token,
         node_tokens=node_tokens,
         router_token=router_token,

@@ -1,9 +1,10 @@
 """Which controller ctl talks to, and with what token.
 
 Each of the two settings is taken from the first place that gives it:
-flags (`--controller`, `--token`), then the environment (`LLMGW_CONTROLLER`,
-`LLMGW_TOKEN`), then the config file `$XDG_CONFIG_HOME/llmgw/ctl.yaml`
-(`~/.config/llmgw/ctl.yaml` when XDG_CONFIG_HOME is unset):
+flags (`--controller`, `--token`, `--token-file`), then the environment
+(`LLMGW_CONTROLLER`, `LLMGW_TOKEN`, `LLMGW_TOKEN_FILE`), then the config file
+`$XDG_CONFIG_HOME/llmgw/ctl.yaml` (`~/.config/llmgw/ctl.yaml` when XDG_CONFIG_HOME is
+unset):
 
     controller: http://10.0.0.5:8081
     token: s3cret
@@ -12,6 +13,11 @@ The controller URL defaults to http://127.0.0.1:8081 (the controller's own
 default port; the router's is 8080). The file is read only when a flag or the
 environment left something unset, and yaml is imported only then, so the
 common case stays quick to start.
+
+Last, for a controller on loopback only: the admin token `llmgw up` keeps in
+`./.llmgw/tokens/admin` (its default state folder, in the current folder), so
+`llmgw up` then `llmgw ctl status` in the same folder needs no setting at all. A
+token from a local file is never sent to a controller on another host.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from llmgw.ctl.errors import CtlError
 DEFAULT_CONTROLLER = "http://127.0.0.1:8081"
 ENV_CONTROLLER = "LLMGW_CONTROLLER"
 ENV_TOKEN = "LLMGW_TOKEN"
+ENV_TOKEN_FILE = "LLMGW_TOKEN_FILE"
+# Where `llmgw up` (default state folder) keeps the admin token, from the current folder.
+UP_TOKEN_FILE = Path(".llmgw") / "tokens" / "admin"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,18 +102,56 @@ def check_url(url: str) -> str | None:
     return None
 
 
+def read_token_file(path: Path) -> str:
+    """The token on the file's first line; CtlError when it cannot be read or is empty."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise CtlError(f"token file {path}: cannot read: {why}") from exc
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise CtlError(f"token file {path} is empty")
+    return lines[0].strip()
+
+
+def _loopback(url: str) -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def resolve(
     *,
     flag_url: str | None,
     flag_token: str | None,
     env: Mapping[str, str],
     home: Path,
+    flag_token_file: str | None = None,
+    cwd: Path | None = None,
 ) -> Target:
-    """Flags, then environment, then the config file, then the default; per setting."""
+    """Flags, then environment, then the config file, then the default; per setting.
+
+    `cwd`: where to look for `llmgw up`'s admin token (UP_TOKEN_FILE) when nothing else
+    gave one and the controller is on loopback; None: do not look.
+    """
     url, url_from = flag_url, "flag"
     if not url and env.get(ENV_CONTROLLER):
         url, url_from = env[ENV_CONTROLLER], "env"
-    token = flag_token if flag_token is not None else env.get(ENV_TOKEN)
+    token = flag_token
+    if token is None and flag_token_file:
+        token = read_token_file(Path(flag_token_file))
+    if token is None:
+        token = env.get(ENV_TOKEN)
+    if token is None and env.get(ENV_TOKEN_FILE):
+        token = read_token_file(Path(env[ENV_TOKEN_FILE]))
     if not url or token is None:
         path = config_path(env, home)
         file = read_config(path)
@@ -119,4 +166,8 @@ def resolve(
     if why is not None:
         where = {"flag": "the --controller flag", "env": ENV_CONTROLLER}.get(url_from, url_from)
         raise CtlError(f"controller URL {url!r} from {where} is not usable: {why}")
+    if token is None and cwd is not None and _loopback(normalized):
+        up_file = cwd / UP_TOKEN_FILE
+        if up_file.is_file():
+            token = read_token_file(up_file)
     return Target(url=normalized, token=token or None, url_from=url_from)

@@ -61,6 +61,12 @@ def _connection_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         "--token", metavar="T", default=default, help=f"admin token (env {config.ENV_TOKEN})"
     )
     parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        default=default,
+        help=f"read the admin token from this file (env {config.ENV_TOKEN_FILE})",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         default=False if top else argparse.SUPPRESS,
@@ -186,8 +192,11 @@ def main(
         target = config.resolve(
             flag_url=args.controller,
             flag_token=args.token,
+            flag_token_file=args.token_file,
             env=os.environ if env is None else env,
             home=Path.home() if home is None else home,
+            # Tests that pass `home` pass no folder to find `llmgw up`'s token in.
+            cwd=Path.cwd() if home is None else None,
         )
         ctx = dataclasses.replace(
             base, url=target.url, token=target.token, output=args.output or base.output
@@ -200,7 +209,11 @@ def main(
         base.err.write(f"llmgw ctl: {exc}\n")
         return 1
     except AdminError as exc:
-        hint = "; set --token or LLMGW_TOKEN" if isinstance(exc, AdminUnauthorized) else ""
+        hint = (
+            "; set --token-file, LLMGW_TOKEN_FILE or LLMGW_TOKEN"
+            if isinstance(exc, AdminUnauthorized)
+            else ""
+        )
         base.err.write(f"llmgw ctl: {exc}{hint}\n")
         return 1
     except KeyboardInterrupt:

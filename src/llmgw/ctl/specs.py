@@ -19,7 +19,7 @@ import msgspec
 import yaml
 
 from llmgw.ctl.errors import SpecError
-from llmgw.wire.models import NAME_PATTERN, NAME_RULE, ModelSpec
+from llmgw.wire.models import NAME_PATTERN, NAME_RULE, ModelSpec, env_from_problem
 
 # msgspec ends a located error with " - at `$.field[0]`".
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
@@ -99,10 +99,15 @@ def _field_problems(raw: dict[str, Any]) -> list[str]:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean {close[0]}?)" if close else f"; fields: {', '.join(fields)}"
             problems.append(f"field {key}: unknown field{hint}")
+    refs = env_from_problem(raw)
+    if refs is not None:
+        problems.append(f"field {refs[0]}: {refs[1]}")
     for name, f in fields.items():
         if name not in raw:
             if f.required:
                 problems.append(f"field {name}: missing (required)")
+            continue
+        if name == "env_from" and refs is not None:
             continue
         try:
             msgspec.convert(raw[name], f.type)

@@ -7,6 +7,9 @@ the programs (one that dies is restarted); Ctrl-C stops everything, engines
 included.
 
 `./.llmgw/up.json` says what is running (URLs and PIDs) for tests and tools.
+
+Every program gets a token of its own scope (tokens.py: admin, agent, router, read),
+kept in `./.llmgw/tokens/` (0600) and passed by file, never on a command line.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from llmgw.runtime.serve import READY_PREFIX
 from llmgw.up.checks import Refused, check_ports, lock_state_dir
 from llmgw.up.children import Child, Interrupted, StartFailed, stop_all, stop_leftover_engines
 from llmgw.up.fleet import Fleet, FleetError, check_engines, load_fleet
+from llmgw.up.tokens import TokenFolderError, Tokens, ensure_tokens
 
 ENGINE_PORT_BASE = 21000
 ENGINE_PORTS_PER_NODE = 50
@@ -46,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--controller-port", type=int, default=None, help="default: router port + 1")
     p.add_argument("--fleet", type=Path, default=None, help="fleet file (default: built-in)")
     p.add_argument("--state-dir", type=Path, default=Path(".llmgw"), help="default ./.llmgw")
-    p.add_argument("--token", default=None, help="controller token (default: none, loopback)")
+    p.add_argument(
+        "--token",
+        default=None,
+        help="the controller's admin token (default: drawn once into <state-dir>/tokens/admin)",
+    )
     p.add_argument(
         "--ready-timeout-s", type=float, default=180.0, help="how long to show start-up progress"
     )
@@ -71,16 +79,29 @@ class Up:
         self.controller_port: int = args.controller_port or args.port + 1
         self.controller_url = f"http://127.0.0.1:{self.controller_port}"
         self.router_url = f"http://127.0.0.1:{self.router_port}"
+        # Drawn (or read back) by prepare(), before any program starts.
+        self.tokens: Tokens | None = None
         self.token: str | None = args.token
         self.client = AdminClient(self.controller_url, token=self.token, timeout_s=10.0)
-        # The fragment carries the token to the page without sending it in the URL.
-        self.status_url = f"{self.controller_url}/status" + (
-            f"#token={self.token}" if self.token else ""
-        )
+        self.status_url = f"{self.controller_url}/status"
         self.children: list[Child] = []
         self.stopping = False
 
     # -- programs -----------------------------------------------------------
+
+    def prepare(self) -> None:
+        """The state folder and the tokens every program reads from it."""
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.tokens = ensure_tokens(self.state, admin=self.args.token)
+        self.token = self.tokens.admin
+        self.client = AdminClient(self.controller_url, token=self.token, timeout_s=10.0)
+        # The read token (it can change nothing) in the fragment: the page sends it as a
+        # header, the URL sent to the server never carries it.
+        self.status_url = f"{self.controller_url}/status#token={self.tokens.read}"
+
+    def _tokens(self) -> Tokens:
+        assert self.tokens is not None, "prepare() first"
+        return self.tokens
 
     def controller(self) -> Child:
         args = [
@@ -92,17 +113,25 @@ class Up:
             "--database",
             f"sqlite:///{self.state / 'controller.db'}",
         ]
-        if self.token:
-            args += ["--token", self.token]
+        t = self._tokens()
+        args += ["--token-file", str(t.path("admin"))]
+        args += ["--agent-token-file", str(t.path("agent"))]
+        args += ["--router-token-file", str(t.path("router"))]
+        args += ["--read-token-file", str(t.path("read"))]
         args += self.fleet.controller_args
         return Child("controller", args, self.logs / "controller.log")
 
     def router(self) -> Child:
-        cfg: dict[str, Any] = {**self.fleet.router, "controller": {"url": self.controller_url}}
-        if self.token:
-            cfg["controller"]["token"] = self.token
+        controller = {"url": self.controller_url, "token": self._tokens().router}
+        cfg: dict[str, Any] = {**self.fleet.router, "controller": controller}
+        # Holds the router's token: 0600, like the token files.
         path = self.state / "router.yaml"
-        path.write_bytes(msgspec.yaml.encode(cfg))
+        tmp = self.state / "router.yaml.tmp"
+        tmp.unlink(missing_ok=True)
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(msgspec.yaml.encode(cfg))
+        tmp.replace(path)
         port = str(self.router_port)
         # One process: `up` runs everything on one machine, and restarts the router
         # by its PID (a supervisor's workers would hold the port while they drain).
@@ -137,8 +166,7 @@ class Up:
             ]
             for k, v in sorted(group.labels.items()):
                 args += ["--label", f"{k}={v}"]
-            if self.token:
-                args += ["--token", self.token]
+            args += ["--token-file", str(self._tokens().path("agent"))]
             args += self.fleet.agent_args
             out.append(Child(f"agent {name}", args, self.logs / f"agent-{name}.log"))
         return out
@@ -167,7 +195,9 @@ class Up:
             "children": {c.name: {"pid": c.pid, "url": c.url} for c in self.children},
         }
         tmp = self.state / "up.json.tmp"
-        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        # 0600: the status URL carries the read token.
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(manifest, indent=2))
         tmp.replace(self.state / "up.json")
@@ -176,7 +206,7 @@ class Up:
 
     def start(self) -> None:
         """Start every program and apply the models; Interrupted on Ctrl-C meanwhile."""
-        self.state.mkdir(parents=True, exist_ok=True)
+        self.prepare()
         ctl = self.controller()
         self._start(ctl)
         self._start_ready(ctl)
@@ -302,7 +332,7 @@ def main(argv: list[str]) -> int:
             time.sleep(0.5)
     except Interrupted:
         pass
-    except (StartFailed, OSError) as exc:
+    except (StartFailed, TokenFolderError, OSError) as exc:
         print(f"llmgw up: {exc}", file=sys.stderr)
         code = 1
     finally:

@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmgw.adminclient.errors import AdminError
@@ -98,13 +99,13 @@ def print_hints(up: Up) -> None:
     # A model with a ready replica answers the example at once.
     ready = [m.name for m in views or [] if m.ready > 0]
     first = ready[0] if ready else (models[0] if models else "MODEL")
-    # ctl's defaults match up's (controller on 127.0.0.1:8081, no token); say more
-    # only when they do not.
+    # ctl's defaults match up's (controller on 127.0.0.1:8081, the admin token in
+    # ./.llmgw/tokens/admin); say more only when they do not. Never the token itself.
     env = ""
     if up.controller_url != "http://127.0.0.1:8081":
         env += f"LLMGW_CONTROLLER={up.controller_url} "
-    if up.token:
-        env += f"LLMGW_TOKEN={up.token} "
+    if up.tokens is not None and up.state != Path.cwd() / ".llmgw":
+        env += f"LLMGW_TOKEN_FILE={up.tokens.path('admin')} "
     # The same program the user ran, so the hint works without an activated venv.
     prog = sys.argv[0] if os.path.basename(sys.argv[0]) == "llmgw" else "llmgw"
     snippet = ""

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from llmgw.wire.policy import SpecPolicy
+
 # Constraints the published schema carries (the controller's /openapi.json); the
 # controller's edge checks (api/validate.py) add what spans fields.
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
@@ -77,6 +79,37 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     seq: NonNegInt = 0
     # Inclusive port range the agent allocates engine ports from.
     port_range: tuple[Port, Port] = (21000, 21999)
+    # What specs may set on this node (the controller refuses, at apply time, a spec
+    # no node would run); None: an agent that does not say.
+    policy: SpecPolicy | None = None
+
+
+# An environment variable's name, as a shell and execve take it.
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+EnvName = Annotated[str, msgspec.Meta(pattern=ENV_NAME_PATTERN)]
+
+
+class SecretRef(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """Where the agent reads one secret on its own node: exactly one of `env`, `file`.
+
+    A reference, never a value: the controller stores and shows the reference, the agent
+    resolves it just before it starts the engine (docs/security.md, "Secrets in specs").
+    Unknown fields are refused even on the agent's side: an agent that does not know a
+    kind of reference must not start the engine without its secret. It refuses the whole
+    heartbeat answer (logged; what runs keeps running), so a new kind of reference needs
+    agents upgraded before specs use it.
+    """
+
+    # A variable of the agent's own environment.
+    env: EnvName | None = None
+    # An absolute path on the node; its content, less one trailing newline.
+    file: Annotated[str, msgspec.Meta(pattern=r"^/")] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("a secret reference names exactly one of env or file")
 
 
 class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,6 +127,8 @@ class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):
     # Extra engine arguments and environment from the model spec.
     args: tuple[str, ...] = ()
     env: dict[str, str] = {}
+    # Secret variables the agent resolves on the node (the model spec's `env_from`).
+    env_from: dict[str, SecretRef] = {}
     # Multi-node rendezvous: rank 0's node address and a port chosen by the
     # controller; None for single-node replicas.
     master_addr: str | None = None

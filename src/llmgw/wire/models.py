@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
 import msgspec
 
-from llmgw.wire.agent import EngineKind
+from llmgw.wire.agent import ENV_NAME_PATTERN, EngineKind, EnvName, SecretRef
 
 # Not ending in "/scale": /admin/models/<name>/scale is the scale command's URL.
 NAME_PATTERN = r"^(?!.*/scale$)[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
@@ -42,7 +43,11 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     # Engine model path/id when it differs from the served name (vLLM's positional).
     source: str | None = None
     args: tuple[str, ...] = ()
+    # Stored in the database and shown by ctl: never put a secret here.
     env: dict[str, str] = {}
+    # Secrets: each variable's value is read by the agent on its node, from its own
+    # environment or a file, when it starts the engine; only the reference is stored.
+    env_from: dict[EnvName, SecretRef] = {}
 
     def __post_init__(self) -> None:
         if self.max_replicas < self.min_replicas:
@@ -53,6 +58,11 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise ValueError("aliases must not repeat the model's name")
         if self.engine == "llamacpp" and self.nodes > 1:
             raise ValueError("llamacpp engines run on one node: nodes must be 1")
+        both = sorted(set(self.env) & set(self.env_from))
+        if both:
+            raise ValueError(
+                f"env_from: {', '.join(both)} also set in env (a variable comes from one of them)"
+            )
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -68,3 +78,32 @@ class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     min_replicas: Annotated[int, msgspec.Meta(ge=0, le=10_000)] | msgspec.UnsetType = msgspec.UNSET
     max_replicas: Annotated[int, msgspec.Meta(ge=0, le=10_000)] | msgspec.UnsetType = msgspec.UNSET
+
+
+def env_from_problem(raw: Any) -> tuple[str, str] | None:
+    """(field, what is wrong) with a raw spec's `env_from`, naming the variable.
+
+    Checked before the spec is decoded (by the controller and by `ctl apply`): msgspec
+    would say `env_from[...]`, and the operator needs to know which reference is wrong.
+    None when nothing is (or when `env_from` is not a mapping at all, which the decoder
+    says).
+    """
+    refs = raw.get("env_from") if isinstance(raw, dict) else None
+    if not isinstance(refs, dict):
+        return None
+    for name, ref in refs.items():
+        field = f"env_from.{name}"
+        if not isinstance(name, str) or not re.fullmatch(ENV_NAME_PATTERN, name):
+            return field, ("not a variable name (letters, digits and _, not starting with a digit)")
+        if not isinstance(ref, dict):
+            return field, "expected a reference: {env: VARIABLE} or {file: /absolute/path}"
+        try:
+            msgspec.convert(ref, SecretRef)
+        except msgspec.ValidationError as exc:
+            msg = str(exc)
+            if "matching regex '^/'" in msg:
+                return f"{field}.file", "must be an absolute path on the agent's node"
+            if "at `$.env`" in msg:
+                return f"{field}.env", "not a variable name"
+            return field, msg.split(" - at `", 1)[0]
+    return None

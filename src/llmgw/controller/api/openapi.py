@@ -68,7 +68,8 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "missing or wrong bearer token",
         403: "the read-only token may only GET what it may read",
         404: "unknown node, model or replica",
-        409: "a name is already served by another model",
+        409: "a name is taken: served by another model (apply), or a live node's, heartbeated "
+        "from another address (heartbeat)",
         413: "the body is over the 16 MiB limit",
         422: "the body breaks a rule of its type (param is the field path)",
         503: "not_leader (a standby), the store refused the write, or too many long-polls",
@@ -233,7 +234,7 @@ def document() -> bytes:
                 "agent heartbeat: inventory and shard status in, desired shards out (idempotent)",
                 _ok(_ref("HeartbeatReply")),
                 body=_ref("Heartbeat"),
-                errors=(400, 401, 413, 422, 503),
+                errors=(400, 401, 409, 413, 422, 503),
                 params=(_path("node", "node name (must equal the body's node)"),),
             )
         },

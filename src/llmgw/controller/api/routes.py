@@ -45,7 +45,7 @@ from llmgw.controller.fleet.records import OperatorState
 from llmgw.wire.admin import DrainRequest, EventView, ReplicaState, WeightRequest
 from llmgw.wire.agent import Heartbeat
 from llmgw.wire.errors import error_body
-from llmgw.wire.models import ModelSpec, ScaleRequest
+from llmgw.wire.models import ModelSpec, ScaleRequest, env_from_problem
 from llmgw.wire.usage import UsageReport
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,11 @@ READ_PATHS = frozenset({"/metrics", "/admin/summary", "/admin/status", "/admin/e
 READ_PREFIXES = ("/admin/nodes", "/admin/models", "/admin/replicas")
 REPLICA_STATES = frozenset(get_args(ReplicaState))
 # Known __post_init__ messages of ModelSpec → the field they are about.
-_POST_INIT_FIELDS = (("max_replicas", "max_replicas"), ("aliases", "aliases"))
+_POST_INIT_FIELDS = (
+    ("max_replicas", "max_replicas"),
+    ("aliases", "aliases"),
+    ("env_from", "env_from"),
+)
 _encoder = msgspec.json.Encoder()
 
 
@@ -150,6 +154,13 @@ def decode_specs(body: bytes) -> list[ModelSpec]:
         label = f"{where} ({name!r})" if name is not None and where else (where or repr(name))
         if not isinstance(item, dict):
             raise InvalidSpec(f"{where}: a model spec must be a JSON object", param=f"[{i}]")
+        refs = env_from_problem(item)
+        if refs is not None:
+            ref_field, ref_why = refs
+            raise InvalidSpec(
+                f"model spec {label}: {ref_field}: {ref_why}; nothing was applied",
+                param=ref_field if single else f"[{i}].{ref_field}",
+            )
         try:
             spec = msgspec.convert(item, ModelSpec)
         except msgspec.ValidationError as exc:

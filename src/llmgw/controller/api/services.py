@@ -111,7 +111,8 @@ class Services:
         return self.fleet.state.nodes[name]
 
     async def apply_models(self, specs: list[ModelSpec]) -> list[Model]:
-        await self._run(lambda s, now: commands.apply_models(s, specs, now=now))
+        policies = self.fleet.policies
+        await self._run(lambda s, now: commands.apply_models(s, specs, now=now, policies=policies))
         return [self.fleet.state.models[spec.name] for spec in specs]
 
     async def delete_model(self, name: str) -> None:

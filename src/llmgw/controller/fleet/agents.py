@@ -88,6 +88,27 @@ class HeartbeatOrder:
         self._last.clear()
 
 
+def name_claimed(old: Node | None, hb: Heartbeat, *, now: float, timeout_s: float) -> str | None:
+    """Why `hb` may not speak for its node, or None when it may.
+
+    A node's name belongs to the agent heartbeating it: another agent claiming the name
+    from another address while the first still heartbeats (within `timeout_s`) is a
+    second host with a copied configuration, or one posing as the node. Applying its
+    report would repoint the node's endpoints at it and stop the first host's engines.
+    A node whose agent has been silent longer may move (a new address, a replaced host).
+    """
+    if old is None or old.address == hb.address or old.last_heartbeat_at is None:
+        return None
+    silent = now - old.last_heartbeat_at
+    if silent > timeout_s:
+        return None
+    return (
+        f"an agent at {hb.address} claims node {hb.node!r}, whose agent at {old.address} "
+        f"heartbeated {silent:.0f}s ago: refused (a node may change address once its agent "
+        f"has been silent for {timeout_s:g}s)"
+    )
+
+
 def node_from_heartbeat(hb: Heartbeat, old: Node | None, *, now: float) -> Node:
     return Node(
         name=hb.node,
@@ -271,6 +292,7 @@ def desired_shards(
                     gpu_indices=s.gpus,
                     args=spec.args,
                     env=dict(spec.env),
+                    env_from=dict(spec.env_from),
                     master_addr=master_addr,
                     master_port=r.master_port if master_addr is not None else None,
                 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 import msgspec
 
@@ -18,6 +19,7 @@ from llmgw.controller.fleet.batch import LIVE, RUNS, Batch
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import FleetState, Model, Node, OperatorState, Replica
 from llmgw.wire.models import ModelSpec, ScaleRequest
+from llmgw.wire.policy import SpecPolicy
 
 # Spec fields an operator may change on a running model without restarting its
 # engines; any other change rolls the replicas over (make-before-break).
@@ -105,10 +107,62 @@ def _drain_options(node: Node) -> str:
     return f"{grace}{evict}; replicas with no placeable replacement keep serving until one fits"
 
 
-def apply_models(state: FleetState, specs: list[ModelSpec], *, now: float) -> Batch:
-    """Create or update every spec, or none of them (a name clash anywhere refuses all)."""
+def policy_refusal(
+    state: FleetState, policies: Mapping[str, SpecPolicy], spec: ModelSpec
+) -> tuple[str, str] | None:
+    """(field, why) when every node that could run `spec` refuses it by its agent's policy.
+
+    The nodes judged are those with a GPU of one of the spec's classes. A spec that one
+    of them allows passes, and so does one that a node without a reported policy (an
+    older agent) could run, or one no node could run yet: only a certain refusal is
+    refused, the agent checks every shard again anyway.
+    """
+    refusals: list[tuple[str, str, str]] = []
+    for name in sorted(state.nodes):
+        node = state.nodes[name]
+        if not any(g.gpu_class in spec.gpu_classes for g in node.gpus):
+            continue
+        policy = policies.get(name)
+        if policy is None:
+            return None
+        refused = policy.refusal(env=spec.env, env_from=spec.env_from, args=spec.args)
+        if refused is None:
+            return None
+        refusals.append((name, *refused))
+    if not refusals:
+        return None
+    shown = "; ".join(f"{node}: {why}" for node, _, why in refusals[:3])
+    more = f"; and {len(refusals) - 3} more" if len(refusals) > 3 else ""
+    return refusals[0][1], (
+        f"no node that could run it allows it ({shown}{more}); change the spec, or allow "
+        "it in those agents' allow_env / allow_flags"
+    )
+
+
+def apply_models(
+    state: FleetState,
+    specs: list[ModelSpec],
+    *,
+    now: float,
+    policies: Mapping[str, SpecPolicy] | None = None,
+) -> Batch:
+    """Create or update every spec, or none of them (a name clash anywhere, or a spec
+    no node's policy allows, refuses all). `policies`: each node's reported spec policy."""
     seen: dict[str, str] = {}
     for i, spec in enumerate(specs):
+        old = state.models.get(spec.name)
+        # The same spec again changes nothing, whatever the agents now say.
+        refused = (
+            None
+            if old is not None and old.spec == spec
+            else (policy_refusal(state, policies or {}, spec))
+        )
+        if refused is not None:
+            field, why = refused
+            raise InvalidSpec(
+                f"models[{i}] ({spec.name!r}): {field}: {why}; nothing was applied",
+                param=f"[{i}].{field}",
+            )
         for n in spec.served_names:
             if n in seen:
                 raise InvalidSpec(

@@ -26,8 +26,15 @@ import time
 from collections.abc import Iterable
 
 from llmgw.controller.config import ControllerConfig
-from llmgw.controller.errors import NotLeading, StoreUnavailable
-from llmgw.controller.fleet.agents import Backoff, HeartbeatOrder, absorb_heartbeat, desired_shards
+from llmgw.controller.errors import Conflict, NotLeading, StoreUnavailable
+from llmgw.controller.fleet.agents import (
+    Backoff,
+    HeartbeatOrder,
+    absorb_heartbeat,
+    desired_shards,
+    name_claimed,
+)
+from llmgw.controller.fleet.batch import Batch
 from llmgw.controller.fleet.decisions import Decisions
 from llmgw.controller.fleet.endpoints import EndpointSink, endpoint_info, endpoint_list, outlook
 from llmgw.controller.fleet.index import FleetIndex
@@ -39,6 +46,7 @@ from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
 from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
+from llmgw.wire.policy import SpecPolicy
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +80,12 @@ class Fleet:
         self.decisions = Decisions()
         # Recent start durations: the estimate a "starting" outlook carries.
         self.starts = StartHistory()
+        # Node → the spec policy its agent last reported (apply-time checks). Memory
+        # only: every heartbeat carries it again, so a restart forgets it for one interval.
+        self.policies: dict[str, SpecPolicy] = {}
+        # (node, address) → when a refused claim of that name was last recorded as an
+        # event: one event per claimant per heartbeat timeout, not one per heartbeat.
+        self._claims_noted: dict[tuple[str, str], float] = {}
 
     # -- leadership ----------------------------------------------------------
 
@@ -190,6 +204,7 @@ class Fleet:
             s.nodes.pop(name, None)
             self._stored_heartbeat.pop(name, None)
             self.order.forget(name)
+            self.policies.pop(name, None)
         for name in changes.deleted_models:
             s.models.pop(name, None)
             self.starts.forget_model(name)
@@ -220,6 +235,7 @@ class Fleet:
                 shards = desired_shards(self.state, self.index, hb.node)
                 return HeartbeatReply(shards=shards, interval_s=self.config.heartbeat_interval_s)
             now = self.clock.wall()
+            await self._refuse_claim(hb, now)
             absorbed = absorb_heartbeat(self.state, self.index, hb, now=now, backoff=self.backoff)
             try:
                 await self.commit(absorbed.batch.changes)
@@ -234,12 +250,43 @@ class Fleet:
                     self._unflushed.add(hb.node)
                 raise
             self.order.applied(hb)
+            if hb.policy is not None:
+                self.policies[hb.node] = hb.policy
+            else:
+                self.policies.pop(hb.node, None)
             if not absorbed.node_changed:
                 # Memory only; the tick flushes it (see the module docstring).
                 self.state.nodes[hb.node] = absorbed.node
                 self._unflushed.add(hb.node)
             shards = desired_shards(self.state, self.index, hb.node)
         return HeartbeatReply(shards=shards, interval_s=self.config.heartbeat_interval_s)
+
+    async def _refuse_claim(self, hb: Heartbeat, now: float) -> None:
+        """Conflict when `hb` claims a live node's name from another address.
+
+        Nothing of the heartbeat is applied: the node keeps its record, and its own agent
+        its shards. The refusal is an event (once per claimant per heartbeat timeout),
+        so an operator sees two agents fighting over a name.
+        """
+        timeout = self.config.heartbeat_timeout_s
+        why = name_claimed(self.state.nodes.get(hb.node), hb, now=now, timeout_s=timeout)
+        if why is None:
+            return
+        key = (hb.node, hb.address)
+        noted = self._claims_noted.get(key)
+        if noted is None or now - noted >= timeout:
+            batch = Batch(self.state, now)
+            batch.event("node.name_conflict", "node", hb.node, why, model=None)
+            try:
+                await self.commit(batch.changes)
+                if len(self._claims_noted) >= 256:
+                    self._claims_noted = {
+                        k: t for k, t in self._claims_noted.items() if now - t < timeout
+                    }
+                self._claims_noted[key] = now
+            except StoreUnavailable:
+                log.warning(kv("node name conflict not recorded", node=hb.node))
+        raise Conflict(why, param="node")
 
     def heartbeats_to_flush(self, *, now: float, all_: bool = False) -> list[Node]:
         """Nodes whose stored heartbeat is older than the flush interval (or every one not

@@ -1,0 +1,93 @@
+"""What a model spec may make a node run: the agent's policy, as the agent reports it.
+
+The agent checks every shard against its own policy before starting it, and reports
+the policy in each heartbeat (`Heartbeat.policy`) so the controller can refuse, when the
+spec is applied, a spec that no node would run. Both sides call `SpecPolicy.refusal`,
+so they cannot disagree on what a flag or a variable is.
+
+Flags are compared the way the engines' parsers read them: `--trust_remote_code` is
+`--trust-remote-code` (vLLM turns `_` into `-`), `--trust-remote-code=true` is the flag
+with a value, and argparse takes any unambiguous abbreviation (`--trust-remote`), so an
+argument that is a prefix of a denied flag is refused as that flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import msgspec
+
+# Variables that load code into the engine, or that the agent sets itself.
+DENIED_ENV_PREFIXES: tuple[str, ...] = ("PYTHON", "LD_", "DYLD_")
+DENIED_ENV: tuple[str, ...] = (
+    "BASH_ENV",
+    "CUDA_VISIBLE_DEVICES",
+    "ENV",
+    "LLAMA_API_KEY",
+    "PATH",
+    "VLLM_API_KEY",
+)
+# Flags that run a model repository's own code, or override what the agent renders.
+DENIED_FLAGS: tuple[str, ...] = ("--api-key", "--host", "--port", "--trust-remote-code")
+
+
+def normalize_flag(arg: str) -> str | None:
+    """`--trust_remote_code=true` → `--trust-remote-code`; None for what is not a long flag."""
+    if not arg.startswith("--") or len(arg) <= 2:
+        return None
+    return "--" + arg[2:].partition("=")[0].replace("_", "-")
+
+
+class SpecPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """One node's word on what a spec may set; the defaults are the agent's defaults."""
+
+    denied_env: tuple[str, ...] = DENIED_ENV
+    # Every variable whose name starts with one of these.
+    denied_env_prefixes: tuple[str, ...] = DENIED_ENV_PREFIXES
+    denied_flags: tuple[str, ...] = DENIED_FLAGS
+    # Denied names this node allows all the same (the agent's allow_env / allow_flags).
+    allow_env: tuple[str, ...] = ()
+    allow_flags: tuple[str, ...] = ()
+
+    def env_refused(self, name: str) -> bool:
+        if name in self.allow_env:
+            return False
+        return name in self.denied_env or name.startswith(self.denied_env_prefixes)
+
+    def flag_refused(self, arg: str) -> str | None:
+        """The denied flag `arg` is (or abbreviates); None when it is allowed."""
+        flag = normalize_flag(arg)
+        if flag is None:
+            return None
+        allowed = {normalize_flag(f) for f in self.allow_flags}
+        for denied in self.denied_flags:
+            if denied.startswith(flag) and normalize_flag(denied) not in allowed:
+                return denied
+        return None
+
+    def refusal(
+        self, *, env: Collection[str], env_from: Collection[str], args: Sequence[str]
+    ) -> tuple[str, str] | None:
+        """(field, why) of the first variable or argument not allowed; None if all are.
+
+        `field` is the spec's field path (`env.PYTHONPATH`, `env_from.LD_PRELOAD`,
+        `args[2]`); `why` reads "<what> is not allowed on this node (<setting>)".
+        """
+        for kind, names in (("env", env), ("env_from", env_from)):
+            for name in sorted(names):
+                if self.env_refused(name):
+                    return (
+                        f"{kind}.{name}",
+                        f"{kind} {name} is not allowed on this node (the agent's allow_env)",
+                    )
+        for i, arg in enumerate(args):
+            denied = self.flag_refused(arg)
+            if denied is None:
+                continue
+            written = arg.partition("=")[0]
+            shown = denied if written == denied else f"{written} (read as {denied})"
+            return (
+                f"args[{i}]",
+                f"args[{i}] {shown} is not allowed on this node (the agent's allow_flags)",
+            )
+        return None

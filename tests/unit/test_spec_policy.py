@@ -1,0 +1,220 @@
+"""What a spec may run on a node: the policy's rules, the agent reporting them, and the
+controller refusing at apply time a spec no node would run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmgw.controller.api.routes import decode_specs
+from llmgw.controller.config import ControllerConfig
+from llmgw.controller.errors import InvalidSpec
+from llmgw.controller.fleet import commands
+from llmgw.controller.fleet.live import Fleet
+from llmgw.controller.store import MemoryStore
+from llmgw.runtime.clock import ManualClock
+from llmgw.wire.agent import Heartbeat, SecretRef
+from llmgw.wire.models import ModelSpec
+from llmgw.wire.policy import SpecPolicy, normalize_flag
+from tests.unit.controller_fleet import gpus
+
+DEFAULT = SpecPolicy()
+
+
+def _refused(policy: SpecPolicy, *args: str, env: tuple[str, ...] = ()) -> str | None:
+    out = policy.refusal(env=env, env_from=(), args=args)
+    return out[1] if out else None
+
+
+class TestFlags:
+    @pytest.mark.parametrize(
+        ("arg", "flag"),
+        [
+            ("--trust-remote-code", "--trust-remote-code"),
+            ("--trust_remote_code", "--trust-remote-code"),
+            ("--trust-remote-code=true", "--trust-remote-code"),
+            ("--trust_remote-code=1", "--trust-remote-code"),
+            ("-x", None),
+            ("--", None),
+            ("value", None),
+        ],
+    )
+    def test_normalized_as_the_engines_parse_them(self, arg: str, flag: str | None) -> None:
+        assert normalize_flag(arg) == flag
+
+    @pytest.mark.parametrize(
+        ("args", "field", "shown"),
+        [
+            (("--trust-remote-code",), "args[0]", "args[0] --trust-remote-code is"),
+            (("--speed", "1", "--trust_remote_code"), "args[2]", "--trust_remote_code (read as"),
+            (("--trust-remote-code=true",), "args[0]", "args[0] --trust-remote-code is"),
+            (("--trust-remote",), "args[0]", "--trust-remote (read as --trust-remote-code)"),
+            (("--trust_rem",), "args[0]", "(read as --trust-remote-code)"),
+            (("--ho", "0.0.0.0"), "args[0]", "(read as --host)"),
+            (("--api",), "args[0]", "(read as --api-key)"),
+            (("--port=1",), "args[0]", "args[0] --port is"),
+        ],
+    )
+    def test_every_spelling_and_abbreviation_is_refused(
+        self, args: tuple[str, ...], field: str, shown: str
+    ) -> None:
+        """`--trust_remote_code`, `=true` and argparse abbreviations are the denied flag."""
+        out = DEFAULT.refusal(env=(), env_from=(), args=args)
+        assert out is not None
+        assert out[0] == field
+        assert shown in out[1]
+        assert "not allowed on this node (the agent's allow_flags)" in out[1]
+
+    def test_other_flags_and_values_pass(self) -> None:
+        args = ("--max-model-len", "4096", "--hosted", "--portable", "--trust", "--speed=3")
+        # `--trust` is a prefix of --trust-remote-code: argparse would take it as that.
+        assert _refused(DEFAULT, *args[:4]) is None
+        assert _refused(DEFAULT, "--speed=3", "some-value") is None
+        assert _refused(DEFAULT, "--trust") is not None
+
+    def test_allowed_flag_allows_every_spelling(self) -> None:
+        policy = SpecPolicy(allow_flags=("--trust_remote_code",))
+        for arg in ("--trust-remote-code", "--trust_remote_code=true", "--trust-remote"):
+            assert _refused(policy, arg) is None
+        assert _refused(policy, "--host", "x") is not None
+
+
+class TestEnv:
+    def test_denied_names_and_prefixes(self) -> None:
+        for name in ("PYTHONPATH", "LD_PRELOAD", "DYLD_INSERT_LIBRARIES", "PATH", "VLLM_API_KEY"):
+            assert _refused(DEFAULT, env=(name,)) is not None, name
+        assert _refused(DEFAULT, env=("HF_HOME", "VLLM_LOGGING_LEVEL", "MY_PATH")) is None
+
+    def test_env_from_names_are_checked_too(self) -> None:
+        out = DEFAULT.refusal(env=(), env_from=("LD_PRELOAD",), args=())
+        assert out == (
+            "env_from.LD_PRELOAD",
+            "env_from LD_PRELOAD is not allowed on this node (the agent's allow_env)",
+        )
+
+    def test_allow_env_lifts_one_name(self) -> None:
+        policy = SpecPolicy(allow_env=("PYTHONPATH",))
+        assert _refused(policy, env=("PYTHONPATH",)) is None
+        assert _refused(policy, env=("PYTHONSTARTUP",)) is not None
+
+
+def _spec(**kw: object) -> ModelSpec:
+    base: dict[str, object] = {"name": "m", "engine": "sim", "gpu_classes": ("H100-80G",)}
+    base.update(kw)
+    return ModelSpec(**base)  # type: ignore[arg-type]
+
+
+class TestControllerRefusesAtApply:
+    async def _fleet(self, **policies: SpecPolicy | None) -> Fleet:
+        fleet = Fleet(MemoryStore(), clock=ManualClock(), config=ControllerConfig())
+        fleet.begin_term()
+        for i, (name, policy) in enumerate(sorted(policies.items())):
+            hb = Heartbeat(node=name, address=f"10.0.0.{i + 1}", gpus=gpus(2), policy=policy)
+            await fleet.heartbeat(hb)
+        return fleet
+
+    async def test_every_node_refusing_refuses_the_spec_with_the_reason(self) -> None:
+        fleet = await self._fleet(a=DEFAULT, b=SpecPolicy(allow_env=("HF_HOME",)))
+        spec = _spec(args=("--trust_remote_code",))
+        with pytest.raises(InvalidSpec) as err:
+            commands.apply_models(fleet.state, [spec], now=1.0, policies=fleet.policies)
+        assert err.value.param == "[0].args[0]"
+        msg = err.value.message
+        assert "a: args[0] --trust_remote_code (read as --trust-remote-code)" in msg
+        assert "b: args[0]" in msg
+        assert "nothing was applied" in msg
+        assert fleet.state.models == {}
+
+    async def test_one_node_allowing_it_is_enough(self) -> None:
+        allows = SpecPolicy(allow_flags=("--trust-remote-code",))
+        fleet = await self._fleet(a=DEFAULT, b=allows)
+        spec = _spec(args=("--trust-remote-code",))
+        batch = commands.apply_models(fleet.state, [spec], now=1.0, policies=fleet.policies)
+        assert [m.spec for m in batch.changes.models] == [spec]
+
+    async def test_nodes_of_other_classes_and_silent_agents(self) -> None:
+        """Only nodes that could run it are judged; one not reporting a policy may accept."""
+        fleet = await self._fleet(a=DEFAULT, b=None)
+        spec = _spec(env={"PYTHONPATH": "/x"})
+        assert commands.apply_models(fleet.state, [spec], now=1.0, policies=fleet.policies)
+        other = _spec(env={"PYTHONPATH": "/x"}, gpu_classes=("A100-40G",))
+        fleet = await self._fleet(a=DEFAULT)
+        assert commands.apply_models(fleet.state, [other], now=1.0, policies=fleet.policies)
+        with pytest.raises(InvalidSpec) as err:
+            commands.apply_models(fleet.state, [spec], now=1.0, policies=fleet.policies)
+        assert err.value.param == "[0].env.PYTHONPATH"
+
+    async def test_the_policy_follows_the_latest_heartbeat(self) -> None:
+        fleet = await self._fleet(a=DEFAULT)
+        assert fleet.policies["a"] == DEFAULT
+        hb = Heartbeat(node="a", address="10.0.0.1", gpus=gpus(2), policy=None)
+        await fleet.heartbeat(hb)
+        assert "a" not in fleet.policies
+
+
+class TestEnvFromAtTheEdge:
+    @pytest.mark.parametrize(
+        ("env_from", "param", "words"),
+        [
+            ({"HF_TOKEN": {}}, "env_from.HF_TOKEN", "exactly one of env or file"),
+            ({"HF_TOKEN": {"env": "A", "file": "/x"}}, "env_from.HF_TOKEN", "exactly one"),
+            ({"HF_TOKEN": {"file": "relative"}}, "env_from.HF_TOKEN.file", "absolute path"),
+            ({"HF_TOKEN": {"env": "A-B"}}, "env_from.HF_TOKEN.env", "not a variable name"),
+            ({"HF_TOKEN": {"vault": "x"}}, "env_from.HF_TOKEN", "unknown field `vault`"),
+            ({"HF_TOKEN": "hf_secret"}, "env_from.HF_TOKEN", "expected a reference"),
+            ({"1X": {"env": "A"}}, "env_from.1X", "not a variable name"),
+        ],
+    )
+    def test_bad_references_are_refused_naming_the_field(
+        self, env_from: object, param: str, words: str
+    ) -> None:
+        body = {"name": "m", "engine": "sim", "gpu_classes": ["H100-80G"], "env_from": env_from}
+        with pytest.raises(InvalidSpec) as err:
+            decode_specs(json.dumps(body).encode())
+        assert err.value.param == param
+        assert words in err.value.message
+        with pytest.raises(InvalidSpec) as err:
+            decode_specs(json.dumps([body]).encode())
+        assert err.value.param == f"[0].{param}"
+
+    def test_a_variable_in_env_and_env_from_is_refused(self) -> None:
+        body = {
+            "name": "m",
+            "engine": "sim",
+            "gpu_classes": ["H100-80G"],
+            "env": {"HF_TOKEN": "x"},
+            "env_from": {"HF_TOKEN": {"env": "HF_TOKEN"}},
+        }
+        with pytest.raises(InvalidSpec) as err:
+            decode_specs(json.dumps(body).encode())
+        assert err.value.param == "env_from"
+        assert "also set in env" in err.value.message
+
+    def test_good_references_decode(self) -> None:
+        body = {
+            "name": "m",
+            "engine": "sim",
+            "gpu_classes": ["H100-80G"],
+            "env_from": {"HF_TOKEN": {"file": "/etc/hf"}, "B": {"env": "B_SRC"}},
+        }
+        (spec,) = decode_specs(json.dumps(body).encode())
+        assert spec.env_from == {"HF_TOKEN": SecretRef(file="/etc/hf"), "B": SecretRef(env="B_SRC")}
+
+    def test_ctl_names_the_same_field_before_sending(self) -> None:
+        from llmgw.ctl.errors import SpecError
+        from llmgw.ctl.specs import validate
+
+        raw = {
+            "name": "m",
+            "engine": "sim",
+            "gpu_classes": ["H100-80G"],
+            "env_from": {"HF_TOKEN": {"file": "relative"}},
+        }
+        with pytest.raises(SpecError) as err:
+            validate([raw], "f.yaml")
+        assert "f.yaml: model 'm' (#1): field env_from.HF_TOKEN.file: must be an absolute" in str(
+            err.value
+        )
+        good = {**raw, "env_from": {"HF_TOKEN": {"file": "/etc/hf"}}}
+        assert validate([good], "f.yaml")[0].env_from == {"HF_TOKEN": SecretRef(file="/etc/hf")}
