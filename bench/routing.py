@@ -1039,10 +1039,12 @@ def write_results(text: str, variant: str | None, *, heading: str | None = None)
 
 SUITE_HEADING = "### bench/routing.py --suite"
 # name → (option overrides, session-hint modes run with ours). Round-robin and the
-# oracle ignore hints (so do the engines), so they run once per load, without.
+# oracle ignore hints (so do the engines), so they run once per load, without. Every
+# variant runs ours with no hint, with the X-Session-ID header and with `user`: a hint
+# must never make routing worse, on any workload.
 SUITE: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
     "few-prompts": ({}, ("none", "header", "user")),
-    "many-prompts": ({"prompts": 32, "prompt_tokens": 1024}, ("none", "user")),
+    "many-prompts": ({"prompts": 32, "prompt_tokens": 1024}, ("none", "header", "user")),
     "preamble-24k": (
         {
             "preamble_tokens": 6000,
@@ -1053,7 +1055,7 @@ SUITE: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
             # 30 KB prompts) made the load generator, not the engines, the bottleneck.
             "speed": 0.5,
         },
-        ("none", "user"),
+        ("none", "header", "user"),
     ),
     "cache-starved": (
         {
@@ -1063,7 +1065,7 @@ SUITE: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
             "reply_tokens": 24,
             "user_tokens": (48, 128),
         },
-        ("none", "user"),
+        ("none", "header", "user"),
     ),
 }
 SHORT = {
