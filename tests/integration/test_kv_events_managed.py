@@ -125,6 +125,13 @@ class TestManagedPreciseMode:
                 assert (info["kv_events_topic"], info["tokenizer"]) == (rid, "sim")
                 ports |= {http_port, int(pub.rpartition(":")[2]), int(replay.rpartition(":")[2])}
             assert len(ports) == 3 * N, "every engine, publisher and replay port is its own"
+            # The admin API shows them too (`ctl replicas --json`).
+            for rep in reps:
+                (sh,) = rep["shards"]
+                assert infos[rep["id"]]["kv_events"].endswith(f":{sh['kv_events_port']}")
+                assert infos[rep["id"]]["kv_events_replay"].endswith(
+                    f":{sh['kv_events_replay_port']}"
+                )
 
             for rid in ids:
                 await until(

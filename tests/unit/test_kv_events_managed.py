@@ -306,3 +306,14 @@ class TestController:
         got = {n: w.heartbeat(n, {r.id: "starting"}) for n in ("a", "b")}
         for node, (sh,) in got.items():
             assert sh.kv_events == (asked[node] == 0)
+
+    def test_turning_it_on_rolls_the_replicas_over(self) -> None:
+        """The engines must be started with the publisher: a routing change is not live."""
+        from llmgw.controller.fleet import commands
+
+        w = World()
+        old = w.model(spec("m"))
+        batch = commands.apply_models(w.state, [with_routing(spec("m"), kv_events=True)], now=1e9)
+        (m,) = batch.changes.models
+        assert m.updated_at == 1e9 != old.updated_at
+        assert [e.message for e in batch.changes.events] == ["updated routing; replicas roll over"]
