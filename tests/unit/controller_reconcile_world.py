@@ -149,9 +149,11 @@ class World:
         port: int = 9000,
         seq: int = 0,
         started_at: float = 0.0,
+        kv_ports: dict[str, tuple[int, int]] | None = None,
     ) -> tuple[ShardSpec, ...]:
         """Post a heartbeat for `node` reporting each (replica id → state) of its shards.
 
+        `kv_ports`: replica id → (publish, replay) ports of its KV-event publisher.
         A stale one (HeartbeatOrder) is answered without being applied, as the fleet does.
         """
         n = self.state.nodes[node]
@@ -166,6 +168,9 @@ class World:
                     port=port + i,
                     exit_code=1 if st == "failed" else None,
                     log_tail=("CUDA out of memory",) if st == "failed" else (),
+                    kv_events_port=(kv_ports or {}).get(rid, (None, None))[0],
+                    kv_events_replay_port=(kv_ports or {}).get(rid, (None, None))[1],
+                    kv_events_topic=rid if rid in (kv_ports or {}) else "",
                 )
             )
         hb = Heartbeat(

@@ -7,9 +7,10 @@ are refused unless this agent's config allows them by name (`allow_env`, `allow_
   LD_* (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, …), DYLD_*, PATH, BASH_ENV, ENV;
 - variables the agent sets itself: CUDA_VISIBLE_DEVICES, VLLM_API_KEY, LLAMA_API_KEY;
 - flags that run a model repository's own code (`--trust-remote-code`) or override what
-  the agent renders (`--host`, `--port`, `--api-key`: where the engine listens and its
-  key), however spelled (`--trust_remote_code`, `--trust-remote-code=true`, `--trust-remote`:
-  wire/policy.py normalises them as the engines' parsers do).
+  the agent renders (`--host`, `--port`, `--api-key`, `--kv-events-config`: where the
+  engine listens, its key, where it publishes KV events), however spelled
+  (`--trust_remote_code`, `--trust-remote-code=true`, `--trust-remote`: wire/policy.py
+  normalises them as the engines' parsers do).
 
 The rules live in wire/policy.py: the agent reports its policy in every heartbeat and the
 controller refuses, at apply time, a spec no node would run. The agent still checks every

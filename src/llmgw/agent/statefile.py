@@ -70,6 +70,9 @@ class ShardRecord(msgspec.Struct, frozen=True, kw_only=True):
     health_path: str | None = "/health"
     # The engine's key (the router needs it after a re-adoption too); the file is 0600.
     api_key: str = ""
+    # Its KV-event publisher's ports, reported again after a re-adoption.
+    kv_events_port: int | None = None
+    kv_events_replay_port: int | None = None
 
 
 class StateDoc(msgspec.Struct, frozen=True, kw_only=True):

@@ -35,7 +35,7 @@ from llmgw.agent.ports import NoFreePort, PortAllocator, RendezvousPortTaken
 from llmgw.agent.probe import HealthProbe
 from llmgw.agent.secretrefs import SecretUnavailable, resolve, resolve_quietly
 from llmgw.agent.statefile import ShardRecord, StateStore
-from llmgw.agent.templates import DEFAULT_COMMANDS, render
+from llmgw.agent.templates import DEFAULT_COMMANDS, KVEventPorts, kv_events_topic, render
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import EngineKind, ShardSpec, ShardState, ShardStatus
@@ -54,6 +54,9 @@ class _Shard:
     state: ShardState
     # The engine's key (fresh per shard); the router sends it, nobody else sees it.
     api_key: str = ""
+    # The KV-event publisher's ports (a shard whose spec has kv_events); held with the
+    # engine port, and free again once the shard is dropped.
+    kv_ports: KVEventPorts | None = None
     # The spec's env_from values as resolved at start: memory only, to mask log tails.
     secret_values: tuple[str, ...] = ()
     proc: ProcessHandle | None = None
@@ -123,6 +126,11 @@ class Supervisor:
                 health_path=rec.health_path,
                 state="starting",
                 api_key=rec.api_key,
+                kv_ports=(
+                    KVEventPorts(publish=rec.kv_events_port, replay=rec.kv_events_replay_port)
+                    if rec.kv_events_port is not None and rec.kv_events_replay_port is not None
+                    else None
+                ),
                 secret_values=resolve_quietly(rec.spec.env_from, private_paths=self._private_paths),
                 proc=proc,
                 started_at=rec.started_at,
@@ -245,6 +253,9 @@ class Supervisor:
                 log_tail=sh.log_tail,
                 started_at=sh.started_at,
                 api_key=sh.api_key,
+                kv_events_port=sh.kv_ports.publish if sh.kv_ports is not None else None,
+                kv_events_replay_port=sh.kv_ports.replay if sh.kv_ports is not None else None,
+                kv_events_topic=kv_events_topic(sh.spec) if sh.kv_ports is not None else "",
             )
             for _, sh in sorted(self._shards.items())
         )
@@ -275,6 +286,10 @@ class Supervisor:
             check(self.policy, spec)
             self._check_rendezvous(spec)
             sh.port = self._ports.allocate(self._ports_taken())
+            if spec.kv_events and spec.rank == 0:
+                publish = self._ports.allocate(self._ports_taken())
+                replay = self._ports.allocate({*self._ports_taken(), publish})
+                sh.kv_ports = KVEventPorts(publish=publish, replay=replay)
             # Read now, on this node; held in memory only (the state file keeps the spec).
             resolved = resolve(spec.env_from, private_paths=self._private_paths)
             sh.secret_values = tuple(resolved.values())
@@ -286,6 +301,7 @@ class Supervisor:
                 api_key=sh.api_key,
                 env={**spec.env, **resolved},
                 commands=self._commands,
+                kv_events=sh.kv_ports,
             )
             sh.health_path = plan.health_path
             sh.proc = self._spawner.spawn(plan.argv, plan.env, sh.log_path)
@@ -345,12 +361,15 @@ class Supervisor:
         return ((sh.api_key,) if sh.api_key else ()) + sh.secret_values
 
     def _ports_taken(self) -> set[int]:
-        """Engine ports our shards hold, and every rendezvous port a shard here uses
-        (rank 0 listens there; torch's TCPStore, vLLM's and SGLang's dist-init)."""
+        """Engine ports our shards hold (HTTP and KV events), and every rendezvous port a
+        shard here uses (rank 0 listens there; torch's TCPStore, vLLM's and SGLang's
+        dist-init)."""
         taken = set(self._rendezvous)
         for sh in self._shards.values():
             if sh.port is not None:
                 taken.add(sh.port)
+            if sh.kv_ports is not None:
+                taken.update((sh.kv_ports.publish, sh.kv_ports.replay))
             if sh.spec.master_port is not None:
                 taken.add(sh.spec.master_port)
         return taken
@@ -362,8 +381,13 @@ class Supervisor:
         if spec.rank != 0 or port is None:
             return
         for sh in self._shards.values():
-            if sh.port == port and sh.key != (spec.replica_id, spec.rank):
+            if sh.key == (spec.replica_id, spec.rank):
+                continue
+            if sh.port == port:
                 holder = f"engine port of {sh.spec.replica_id} rank {sh.spec.rank} on this node"
+                raise RendezvousPortTaken(port, holder)
+            if sh.kv_ports is not None and port in (sh.kv_ports.publish, sh.kv_ports.replay):
+                holder = f"KV-event port of {sh.spec.replica_id} rank {sh.spec.rank} on this node"
                 raise RendezvousPortTaken(port, holder)
         if not self._ports.is_free(port):
             raise RendezvousPortTaken(port, "another process on this node listens there")
@@ -382,6 +406,8 @@ class Supervisor:
                     started_at=sh.started_at or 0.0,
                     health_path=sh.health_path,
                     api_key=sh.api_key,
+                    kv_events_port=sh.kv_ports.publish if sh.kv_ports is not None else None,
+                    kv_events_replay_port=(sh.kv_ports.replay if sh.kv_ports is not None else None),
                 )
                 for sh in self._shards.values()
                 if sh.proc is not None and sh.port is not None

@@ -54,6 +54,18 @@ has no multi-node mode here (its RPC backend is not rendered), so a llamacpp
 shard of a multi-node replica is refused. Defaults (slots, context) are below;
 the spec's `args` override them (llama.cpp keeps the last value).
 
+KV events (a shard with `kv_events`, docs/routing.md "Precise mode"): vLLM's
+`--kv-events-config` takes a JSON KVEventsConfig (vllm/config/kv_events.py:
+`enable_kv_cache_events`, `publisher` "zmq", `endpoint`, `replay_endpoint`,
+`topic`, with `buffer_steps`, `hwm` left at their defaults). vLLM's ZMQ publisher
+binds its PUB `endpoint` only when the address holds a wildcard (`*`) and
+connects to any other (vllm/distributed/kv_events.py), so vLLM's is
+`tcp://*:<port>` (every interface, unlike its HTTP port); its replay ROUTER
+socket always binds, so that one is on the advertised address. The sim-engine
+binds whatever it is given, so both of its are on the advertised address. The
+topic is the replica id: a router subscribed to a port that an engine of
+another replica took over since hears nothing from it.
+
 sim-engine (`llmgw sim-engine`): the same shape as vLLM. A multi-node
 replica's ranks above 0 also run a sim-engine: it serves /health, so the agent
 supervises every rank the same way, and the router only ever sends traffic to
@@ -62,6 +74,7 @@ rank 0 (the replica's endpoint).
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -102,6 +115,39 @@ def parse_engine_bins(items: Mapping[str, str]) -> dict[EngineKind, tuple[str, .
 
 
 @dataclass(frozen=True, slots=True)
+class KVEventPorts:
+    """The ports the agent gave a shard's KV-event publisher (ports.py)."""
+
+    publish: int
+    replay: int
+
+
+def kv_events_topic(spec: ShardSpec) -> str:
+    """The publisher's topic: the replica's id (the module docstring says why)."""
+    return spec.replica_id
+
+
+def kv_events_config(spec: ShardSpec, ports: KVEventPorts, host: str) -> str:
+    """`--kv-events-config`'s JSON for this shard's engine (module docstring)."""
+    pub_host = "*" if spec.engine == "vllm" else host
+    return json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://{_zmq_host(pub_host)}:{ports.publish}",
+            "replay_endpoint": f"tcp://{_zmq_host(host)}:{ports.replay}",
+            "topic": kv_events_topic(spec),
+        },
+        separators=(",", ":"),
+    )
+
+
+def _zmq_host(host: str) -> str:
+    """An IPv6 literal in brackets, as ZeroMQ's tcp:// addresses want it."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchPlan:
     argv: tuple[str, ...]
     # Added to the agent's own environment.
@@ -128,11 +174,13 @@ def render(
     api_key: str = "",
     env: Mapping[str, str] | None = None,
     commands: Mapping[EngineKind, tuple[str, ...]] = DEFAULT_COMMANDS,
+    kv_events: KVEventPorts | None = None,
 ) -> LaunchPlan:
     """The command line and environment for one shard (module docstring has the flags).
 
     `env` is the spec's environment as the agent resolved it (`env` plus the
-    `env_from` references); default `spec.env`.
+    `env_from` references); default `spec.env`. `kv_events`: the publisher's ports,
+    for a shard whose spec asks for them (`spec.kv_events`; vllm and sim only).
     """
     if spec.world_size > 1 and (spec.master_addr is None or spec.master_port is None):
         raise ValueError(
@@ -150,6 +198,13 @@ def render(
         body, health = _llamacpp(spec, port, host)
     else:
         body, health = _sim(spec, port, host)
+    if kv_events is not None:
+        if spec.engine not in ("vllm", "sim"):
+            raise ValueError(
+                f"shard {spec.replica_id}/{spec.rank}: engine {spec.engine} publishes no "
+                "KV events the router follows (vllm and sim do)"
+            )
+        body += ["--kv-events-config", kv_events_config(spec, kv_events, host)]
     out = {
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
         **(spec.env if env is None else env),

@@ -19,7 +19,13 @@ import msgspec
 import yaml
 
 from llmgw.ctl.errors import SpecError
-from llmgw.wire.models import NAME_PATTERN, NAME_RULE, ModelSpec, env_from_problem
+from llmgw.wire.models import (
+    NAME_PATTERN,
+    NAME_RULE,
+    ModelSpec,
+    env_from_problem,
+    routing_problem,
+)
 
 # msgspec ends a located error with " - at `$.field[0]`".
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
@@ -165,9 +171,15 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec]:
             continue
         try:
             # Fields one by one were fine: what is left spans fields (max below min).
-            specs.append(msgspec.convert(raw, ModelSpec))
+            spec = msgspec.convert(raw, ModelSpec)
         except msgspec.ValidationError as exc:
             problems.append(f"{source}: {where}: {describe(exc)}")
+            continue
+        wrong = routing_problem(spec)
+        if wrong is not None:
+            problems.append(f"{source}: {where}: field {wrong[0]}: {wrong[1]}")
+            continue
+        specs.append(spec)
     if problems:
         bad = len({p.split(": field ")[0].split(": spec: ")[0] for p in problems})
         head = f"{len(problems)} problem(s) in {bad} model spec(s); nothing applied"

@@ -71,6 +71,10 @@ class ShardView(msgspec.Struct, frozen=True, kw_only=True):
     state: str
     pid: int | None = None
     exit_code: int | None = None
+    # The engine's KV-event publisher and replay ports (a model with
+    # routing.kv_events, rank 0); None otherwise.
+    kv_events_port: int | None = None
+    kv_events_replay_port: int | None = None
 
 
 class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):

@@ -52,6 +52,11 @@ class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
     # The key the engine was started with (the router needs it; rank 0's is the
     # replica's). "": an engine without one. Secret: repr() masks it.
     api_key: str = ""
+    # The engine's KV-event publisher (a shard started with `kv_events`): the PUB and
+    # replay ports on the node's address, and the topic; None / "" otherwise.
+    kv_events_port: Port | None = None
+    kv_events_replay_port: Port | None = None
+    kv_events_topic: str = ""
 
     def __repr__(self) -> str:
         key = "'***'" if self.api_key else "''"
@@ -59,7 +64,10 @@ class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
             f"ShardStatus(replica_id={self.replica_id!r}, rank={self.rank!r}, "
             f"state={self.state!r}, port={self.port!r}, pid={self.pid!r}, "
             f"exit_code={self.exit_code!r}, log_tail={self.log_tail!r}, "
-            f"started_at={self.started_at!r}, api_key={key})"
+            f"started_at={self.started_at!r}, api_key={key}, "
+            f"kv_events_port={self.kv_events_port!r}, "
+            f"kv_events_replay_port={self.kv_events_replay_port!r}, "
+            f"kv_events_topic={self.kv_events_topic!r})"
         )
 
 
@@ -133,6 +141,10 @@ class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):
     # controller; None for single-node replicas.
     master_addr: str | None = None
     master_port: int | None = None
+    # Start the engine with its KV-event publisher (the model spec's
+    # `routing.kv_events`; rank 0 only, where the scheduler runs). An agent that does
+    # not know the field ignores it: the engine runs, routers guess.
+    kv_events: bool = False
 
 
 class HeartbeatReply(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,6 +18,30 @@ NAME_RULE = (
 )
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
 
+# Engines whose KV-event publisher the agent starts (docs/routing.md, "Precise mode"):
+# vLLM's ZeroMQ publisher and the sim-engine's copy of it. Why not the others:
+KV_EVENTS_ENGINES: tuple[EngineKind, ...] = ("vllm", "sim")
+KV_EVENTS_REFUSED: dict[str, str] = {
+    "llamacpp": "llama-server publishes no KV-cache events",
+    "sglang": (
+        "SGLang's KV events (per radix-cache page, page size 1 by default) are not "
+        "rendered or checked against the router here"
+    ),
+}
+
+
+class RoutingSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How routers route to this model's replicas (docs/routing.md)."""
+
+    # Precise mode: the agent starts each replica's engine with its KV-event publisher
+    # (`--kv-events-config`) and routers follow what the engine caches instead of
+    # guessing. vllm and sim engines only.
+    kv_events: bool = False
+    # How routers tokenize prompts in precise mode: "sim" (the sim-engine's tokenizer,
+    # the default for sim engines) or "hf:<path to tokenizer.json>", a path on the
+    # routers' hosts (needed for vllm). "": the engine's default.
+    tokenizer: str = ""
+
 
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # Served name: what clients put in the request's "model".
@@ -48,6 +72,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     # Secrets: each variable's value is read by the agent on its node, from its own
     # environment or a file, when it starts the engine; only the reference is stored.
     env_from: dict[EnvName, SecretRef] = {}
+    routing: RoutingSpec = RoutingSpec()
 
     def __post_init__(self) -> None:
         if self.max_replicas < self.min_replicas:
@@ -71,6 +96,13 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     @property
     def gpus_per_replica(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def kv_tokenizer(self) -> str:
+        """The tokenizer routers use in precise mode: the spec's, else the engine's own."""
+        if self.routing.tokenizer:
+            return self.routing.tokenizer
+        return "sim" if self.engine == "sim" else ""
 
 
 class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -106,4 +138,36 @@ def env_from_problem(raw: Any) -> tuple[str, str] | None:
             if "at `$.env`" in msg:
                 return f"{field}.env", "not a variable name"
             return field, msg.split(" - at `", 1)[0]
+    return None
+
+
+def routing_problem(spec: ModelSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) with a spec's `routing`; None when nothing is.
+
+    Checked where a spec comes in (the controller's apply, `ctl apply`), not when a
+    stored spec is read, so a rule that changes never makes a stored spec unreadable.
+    """
+    r = spec.routing
+    tok = r.tokenizer
+    if tok and tok != "sim" and not (tok.startswith("hf:") and len(tok) > 3):
+        return "routing.tokenizer", (
+            f"{tok!r}: expected 'sim' or 'hf:<path to tokenizer.json on the routers' hosts>'"
+        )
+    if tok and not r.kv_events:
+        return "routing.tokenizer", "only used with kv_events: true"
+    if not r.kv_events:
+        return None
+    if spec.engine not in KV_EVENTS_ENGINES:
+        why = KV_EVENTS_REFUSED.get(spec.engine, "it publishes no KV-cache events")
+        return "routing.kv_events", (
+            f"engine {spec.engine} cannot be followed in precise mode: {why} "
+            f"(engines that can: {', '.join(KV_EVENTS_ENGINES)})"
+        )
+    if spec.engine == "sim" and tok not in ("", "sim"):
+        return "routing.tokenizer", "a sim engine tokenizes with 'sim' (or leave it out)"
+    if spec.engine == "vllm" and not tok.startswith("hf:"):
+        return "routing.tokenizer", (
+            "a vllm engine needs its model's tokenizer for precise mode: "
+            "'hf:<path to tokenizer.json on the routers' hosts>'"
+        )
     return None

@@ -28,7 +28,13 @@ DENIED_ENV: tuple[str, ...] = (
     "VLLM_API_KEY",
 )
 # Flags that run a model repository's own code, or override what the agent renders.
-DENIED_FLAGS: tuple[str, ...] = ("--api-key", "--host", "--port", "--trust-remote-code")
+DENIED_FLAGS: tuple[str, ...] = (
+    "--api-key",
+    "--host",
+    "--kv-events-config",
+    "--port",
+    "--trust-remote-code",
+)
 
 
 def normalize_flag(arg: str) -> str | None:

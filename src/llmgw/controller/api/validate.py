@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from llmgw.controller.errors import InvalidSpec
 from llmgw.wire.agent import Heartbeat
-from llmgw.wire.models import ModelSpec
+from llmgw.wire.models import ModelSpec, routing_problem
 from llmgw.wire.usage import UsageReport
 
 _PORTS = (1, 65535)
@@ -108,4 +108,4 @@ def check_spec(spec: ModelSpec) -> tuple[str, str] | None:
     for cls in spec.gpu_classes:
         if not cls.strip():
             return "gpu_classes", "a GPU class must not be empty"
-    return None
+    return routing_problem(spec)

@@ -191,6 +191,8 @@ def replica_view(replica: Replica, idle_for: IdleFor) -> ReplicaView:
                 state=s.state,
                 pid=s.pid,
                 exit_code=s.exit_code,
+                kv_events_port=s.kv_events_port,
+                kv_events_replay_port=s.kv_events_replay_port,
             )
             for s in replica.shards
         ),

@@ -209,6 +209,9 @@ def _absorb_shard(shard: Shard, st: ShardStatus | None) -> Shard:
         exit_code=st.exit_code,
         log_tail=tuple(st.log_tail[-20:]),
         api_key=st.api_key,
+        kv_events_port=st.kv_events_port,
+        kv_events_replay_port=st.kv_events_replay_port,
+        kv_events_topic=st.kv_events_topic,
     )
 
 
@@ -295,6 +298,8 @@ def desired_shards(
                     env_from=dict(spec.env_from),
                     master_addr=master_addr,
                     master_port=r.master_port if master_addr is not None else None,
+                    # The scheduler runs on rank 0: only its engine publishes.
+                    kv_events=spec.routing.kv_events and s.rank == 0,
                 )
             )
     out.sort(key=lambda s: (s.replica_id, s.rank))

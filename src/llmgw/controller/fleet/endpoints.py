@@ -19,6 +19,9 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Callable, Mapping
+from urllib.parse import urlsplit
+
+import msgspec
 
 from llmgw.controller.errors import Busy
 from llmgw.controller.fleet.index import FleetIndex
@@ -41,7 +44,7 @@ def endpoint_info(r: Replica, model: Model) -> EndpointInfo | None:
     if r.state != "ready" or r.endpoint_url is None:
         return None
     spec = model.spec
-    return EndpointInfo(
+    info = EndpointInfo(
         id=r.id,
         url=r.endpoint_url,
         models=spec.served_names,
@@ -51,6 +54,39 @@ def endpoint_info(r: Replica, model: Model) -> EndpointInfo | None:
         priority=spec.priority,
         api_key=r.shards[0].api_key if r.shards else "",
     )
+    kv = kv_events_fields(r, model)
+    return msgspec.structs.replace(info, **kv) if kv else info
+
+
+def kv_events_fields(r: Replica, model: Model) -> dict[str, str]:
+    """EndpointInfo's precise-mode fields for a ready replica; {} to leave them out.
+
+    Filled only when the model asks for precise mode AND rank 0's agent reported the
+    publisher it started: a replica started before the spec turned kv_events on (or
+    by an agent that does not know the field) publishes nothing, and routers guess.
+    The publisher listens on the node's address, the host of the endpoint's URL.
+    """
+    head = r.shards[0] if r.shards else None
+    tokenizer = model.spec.kv_tokenizer
+    if (
+        not model.spec.routing.kv_events
+        or head is None
+        or head.kv_events_port is None
+        or not tokenizer
+        or r.endpoint_url is None
+    ):
+        return {}
+    host = urlsplit(r.endpoint_url).netloc.rpartition(":")[0]
+    if not host:
+        return {}
+    out = {
+        "kv_events": f"tcp://{host}:{head.kv_events_port}",
+        "kv_events_topic": head.kv_events_topic,
+        "tokenizer": tokenizer,
+    }
+    if head.kv_events_replay_port is not None:
+        out["kv_events_replay"] = f"tcp://{host}:{head.kv_events_replay_port}"
+    return out
 
 
 # A model that cannot be placed, when nothing says when that may change: routers

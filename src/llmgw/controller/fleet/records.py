@@ -107,6 +107,11 @@ class Shard:
     # The engine's key as its agent reported it (rank 0's goes to routers with
     # the endpoint list). Secret: no view, event or log shows it.
     api_key: str = field(default="", repr=False)
+    # The engine's KV-event publisher as its agent reported it (a model with
+    # routing.kv_events, rank 0): ports on the node's address and the topic.
+    kv_events_port: int | None = None
+    kv_events_replay_port: int | None = None
+    kv_events_topic: str = ""
 
 
 @dataclass(frozen=True, slots=True)
