@@ -112,13 +112,13 @@ class TestSglang:
             "21001",
             "--host",
             "10.1.2.3",
-            "--tp",
+            "--tp-size",
             "2",
         )
         assert plan.health_path == "/health"
 
     def test_multi_node(self) -> None:
-        """Multi-node: --tp is the total over nodes, plus nnodes, node-rank, dist-init-addr."""
+        """Multi-node: --tp-size is the total over nodes, plus nnodes, node-rank, dist-init-addr."""
         spec = shard(
             engine="sglang",
             rank=1,
@@ -128,9 +128,9 @@ class TestSglang:
             master_port=20000,
         )
         plan = render(spec, port=21002, host="10.1.2.3")
-        tail = plan.argv[plan.argv.index("--tp") :]
+        tail = plan.argv[plan.argv.index("--tp-size") :]
         assert tail == (
-            "--tp",
+            "--tp-size",
             "16",
             "--nnodes",
             "2",

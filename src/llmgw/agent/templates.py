@@ -16,7 +16,9 @@ open but wants the key on /metrics too, so routers send it on scrapes), and
 SGLang only takes `--api-key`. The agent's policy (policy.py) keeps a spec from overriding
 `--host`, `--port` or the key, which the model's `args` could otherwise do.
 
-Flags checked against the engines' current documentation and source:
+Flags checked against the engines' current documentation and source, and by
+tests/integration/test_engine_flags.py against the flags the pinned vLLM and
+SGLang releases really define (llmgw.testing.engineflags):
 
 vLLM (`vllm serve`): the model is positional; `--served-model-name` takes every
 name. Multi-node without Ray uses the multiprocessing executor with
@@ -33,8 +35,9 @@ needs a Ray cluster that the agent does not run, so it is not rendered.
 
 SGLang (`python -m sglang.launch_server`): `--model-path`, one
 `--served-model-name` (a single string in SGLang, so aliases are the router's
-business), `--tp` is the TOTAL tensor-parallel size across nodes (SGLang's
-multi-node guide: two 8-GPU nodes run `--tp 16`), and multi-node adds
+business), `--tp-size` is the TOTAL tensor-parallel size across nodes (SGLang's
+multi-node guide: two 8-GPU nodes run `--tp 16`; `--tp` only works as argparse's
+prefix match of `--tp-size`, the real flag, so the full name is rendered), and multi-node adds
 `--nnodes`, `--node-rank`, `--dist-init-addr HOST:PORT`. Ranks above 0 start a
 small health server on `--host/--port` (sglang `launch_dummy_health_check_server`),
 so every rank is probed on /health.
@@ -279,7 +282,7 @@ def _sglang(spec: ShardSpec, port: int, host: str) -> tuple[list[str], str | Non
         str(port),
         "--host",
         host,
-        "--tp",
+        "--tp-size",
         str(_tp(spec) * spec.world_size),
     ]
     if spec.world_size > 1:

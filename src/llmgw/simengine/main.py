@@ -1,7 +1,7 @@
 """`llmgw sim-engine`: a simulated vLLM/SGLang replica.
 
 Flags the agent passes to real engines are accepted so one template serves
-all: `--tensor-parallel-size`/`--tp` scales speed and KV capacity (timing.py);
+all: `--tensor-parallel-size`/`--tp`/`--tp-size` scales speed and KV capacity (timing.py);
 other vLLM/SGLang flags (`--gpu-memory-utilization`, `--dtype`, …) are
 ignored with a log line. `vllm serve MODEL`-style positional models work too.
 """
@@ -71,6 +71,7 @@ def parser() -> argparse.ArgumentParser:
         "--tensor-parallel-size",
         "-tp",
         "--tp",
+        "--tp-size",
         type=int,
         default=1,
         dest="tp",

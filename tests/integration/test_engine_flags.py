@@ -1,0 +1,128 @@
+"""Every vLLM and SGLang command line the agent renders, against the engines' real flags.
+
+Neither engine runs here (both need a GPU) and neither parser imports without the
+engine's dependencies, so the flags are read from the pinned releases' own source
+(llmgw.testing.engineflags, which says how and what that leaves unchecked).
+scripts/test fetches them into the user's cache; without them (no network) these
+tests fetch once more and skip, saying why, when that fails too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from llmgw.agent.templates import KVEventPorts, render
+from llmgw.testing import engineflags
+from llmgw.testing.engineflags import Cli, EngineFlagsError, check
+from llmgw.wire.agent import ShardSpec
+
+_cli: dict[str, Cli | str] = {}
+
+
+def engine_cli(engine: str) -> Cli:
+    """The pinned release's flags (cached, else fetched); skips when unobtainable."""
+    if engine not in _cli:
+        try:
+            _cli[engine] = engineflags.cached(engine) or engineflags.fetch(engine)
+        except (EngineFlagsError, OSError, subprocess.TimeoutExpired) as exc:
+            _cli[engine] = f"{type(exc).__name__}: {exc}"
+    got = _cli[engine]
+    if isinstance(got, str):
+        pytest.skip(
+            f"{engine} {engineflags.PINNED[engine]} sources not fetched "
+            f"(python -m llmgw.testing.engineflags): {got}"
+        )
+    return got
+
+
+def shard(engine: str, **kw: Any) -> ShardSpec:
+    base: dict[str, Any] = {
+        "replica_id": "r1",
+        "rank": 0,
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "served_names": ("llama-8b", "llama"),
+        "engine": engine,
+        "gpu_indices": (0,),
+    }
+    base.update(kw)
+    return ShardSpec(**base)
+
+
+MULTI = {"world_size": 2, "master_addr": "10.0.0.1", "master_port": 29500}
+KV = KVEventPorts(publish=5557, replay=5558)
+
+# Every shape the agent renders: (id, spec overrides, render keywords).
+VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("single-gpu", {}, {}),
+    ("single-gpu-api-key", {}, {"api_key": "sk-test"}),
+    ("tensor-parallel", {"gpu_indices": (0, 1, 2, 3)}, {"api_key": "sk-test"}),
+    ("multi-node-rank0", {**MULTI, "gpu_indices": (0, 1)}, {"api_key": "sk-test"}),
+    ("multi-node-rank1", {**MULTI, "rank": 1, "gpu_indices": (0, 1)}, {"api_key": "sk-test"}),
+    ("one-name", {"served_names": ("llama-8b",)}, {}),
+]
+KV_VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("kv-events", {"kv_events": True}, {"kv_events": KV, "api_key": "sk-test"}),
+    (
+        "kv-events-multi-node-rank0",
+        {**MULTI, "kv_events": True, "gpu_indices": (0, 1)},
+        {"kv_events": KV},
+    ),
+]
+
+
+def engine_args(engine: str, overrides: dict[str, Any], kw: dict[str, Any]) -> list[str]:
+    """The rendered argv after the engine's command (`vllm serve`, `python3 -m …`)."""
+    plan = render(shard(engine, **overrides), port=21000, host="10.1.2.3", **kw)
+    prefix = 2 if engine == "vllm" else 3
+    return list(plan.argv[prefix:])
+
+
+@pytest.mark.parametrize(("name", "overrides", "kw"), VARIANTS + KV_VARIANTS)
+def test_vllm_command_lines(name: str, overrides: dict[str, Any], kw: dict[str, Any]) -> None:
+    cli = engine_cli("vllm")
+    argv = engine_args("vllm", overrides, kw)
+    assert check(cli, argv) == [], f"{name}: {argv}"
+
+
+@pytest.mark.parametrize(("name", "overrides", "kw"), VARIANTS)
+def test_sglang_command_lines(name: str, overrides: dict[str, Any], kw: dict[str, Any]) -> None:
+    cli = engine_cli("sglang")
+    argv = engine_args("sglang", overrides, kw)
+    assert check(cli, argv) == [], f"{name}: {argv}"
+
+
+def test_extraction_finds_the_known_flags() -> None:
+    """The reading works: flags every release has, with their arity; unknowns are caught."""
+    vllm = engine_cli("vllm")
+    assert vllm.positionals == 1  # the model tag
+    assert vllm.flags["--headless"] == "none"
+    assert vllm.flags["--served-model-name"] == "many"
+    assert vllm.flags["--port"] == "one"
+    assert vllm.flags["--enforce-eager"] == vllm.flags["--no-enforce-eager"] == "none"
+    assert {"endpoint", "replay_endpoint", "topic", "publisher"} <= vllm.kv_events_fields
+    assert len(vllm.flags) > 200
+    sglang = engine_cli("sglang")
+    assert sglang.positionals == 0
+    assert sglang.flags["--model-path"] == sglang.flags["--tp-size"] == "one"
+    assert sglang.flags["--served-model-name"] == "one"
+    assert sglang.flags["--trust-remote-code"] == "none"
+    assert len(sglang.flags) > 200
+
+    # And the check fails where the real parser would.
+    assert check(vllm, ["m", "--no-such-flag", "1"]) == [
+        f"--no-such-flag: not a vllm {vllm.version} flag"
+    ]
+    assert check(vllm, ["m", "--headless", "1"]) == ["--headless: given 1 value(s), it takes none"]
+    assert check(vllm, ["a", "b", "--port", "1"]) == ["2 positional argument(s), vllm takes 1"]
+    assert check(sglang, ["--tp", "2"]) == [f"--tp: not a sglang {sglang.version} flag"]
+    assert check(sglang, ["--served-model-name", "a", "b"]) == [
+        "--served-model-name: given 2 value(s), it takes one"
+    ]
+    bad_kv = json.dumps({"endpoint": "tcp://*:1", "no_such_field": 1})
+    assert check(vllm, ["m", "--kv-events-config", bad_kv]) == [
+        "--kv-events-config: ['no_such_field'] are not KVEventsConfig fields"
+    ]
