@@ -96,7 +96,8 @@ def test_sglang_command_lines(name: str, overrides: dict[str, Any], kw: dict[str
 
 
 def test_extraction_finds_the_known_flags() -> None:
-    """The reading works: flags every release has, with their arity; unknowns are caught."""
+    """The reading works: flags every release has, with arity and value rules; and the
+    check refuses what the real parser would."""
     vllm = engine_cli("vllm")
     assert vllm.positionals == 1  # the model tag
     assert vllm.flags["--headless"] == "none"
@@ -121,6 +122,12 @@ def test_extraction_finds_the_known_flags() -> None:
     assert check(sglang, ["--tp", "2"]) == [f"--tp: not a sglang {sglang.version} flag"]
     assert check(sglang, ["--served-model-name", "a", "b"]) == [
         "--served-model-name: given 2 value(s), it takes one"
+    ]
+    assert check(vllm, ["m", "--port", "eighty"]) == ["--port: 'eighty' is not an integer"]
+    assert "--tp-size" in sglang.ints
+    assert sglang.choices["--dtype"][:2] == ["auto", "half"]
+    assert check(sglang, ["--dtype", "fp7"]) == [
+        f"--dtype: 'fp7' is not one of {sglang.choices['--dtype']}"
     ]
     bad_kv = json.dumps({"endpoint": "tcp://*:1", "no_such_field": 1})
     assert check(vllm, ["m", "--kv-events-config", bad_kv]) == [

@@ -24,8 +24,12 @@ per `A[T, "help"]`/`A[T, Arg(…)]` field of the namespace classes listed in
 `add_cli_args_from_dataclass` does; plus the `add_argument` calls in
 `ServerArgs.add_cli_args`. `bool` → no value, a list → one or more values.
 
-What this does not check: values (types, choices, the engines' cross-field
-validation), and flags that the engines add outside these files. argparse
+Values are checked where the reading is exact: a field typed plain `int` (each
+value must parse as one; vLLM's human-readable ints like "1K" excepted) or only
+`Literal[...]` (each value must be one of them; SGLang's `Arg(choices=…)` too).
+What this does not check: other values (paths, JSON beyond vLLM's KV-events
+keys, custom argparse types and actions), the engines' cross-field validation,
+and flags that the engines add outside these files. argparse
 accepts unambiguous prefixes of long flags (`--tp` for `--tp-size`); the check
 does not, since a new upstream flag can make a prefix ambiguous at any release.
 
@@ -48,7 +52,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -83,6 +87,10 @@ class Cli:
     positionals: int = 0
     # vLLM's KVEventsConfig fields, the keys `--kv-events-config` may carry.
     kv_events_fields: frozenset[str] = frozenset()
+    # Flags whose every value must be an integer (argparse `type=int`).
+    ints: frozenset[str] = frozenset()
+    # Flags whose values must be one of these (argparse `choices`, from a Literal).
+    choices: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -92,6 +100,8 @@ class Cli:
                 "flags": self.flags,
                 "positionals": self.positionals,
                 "kv_events_fields": sorted(self.kv_events_fields),
+                "ints": sorted(self.ints),
+                "choices": self.choices,
             },
             indent=1,
             sort_keys=True,
@@ -106,6 +116,8 @@ class Cli:
             flags=dict(raw["flags"]),
             positionals=int(raw["positionals"]),
             kv_events_fields=frozenset(raw["kv_events_fields"]),
+            ints=frozenset(raw["ints"]),
+            choices={k: list(v) for k, v in raw["choices"].items()},
         )
 
 
@@ -252,6 +264,70 @@ def _add_argument_calls(tree: ast.AST) -> Iterator[ast.Call]:
             yield node
 
 
+def _union(annotation: ast.expr) -> list[ast.expr]:
+    """`A | B | None` (or `Optional[A]`, parenthesised or not) → [A, B, None]."""
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        return [*_union(annotation.left), *_union(annotation.right)]
+    if (
+        isinstance(annotation, ast.Subscript)
+        and isinstance(annotation.value, ast.Name)
+        and annotation.value.id == "Optional"
+    ):
+        return [*_union(annotation.slice), ast.Constant(None)]
+    return [annotation]
+
+
+def _is_none(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Constant) and node.value is None) or (
+        isinstance(node, ast.Name) and node.id == "None"
+    )
+
+
+def _literal_options(node: ast.expr, aliases: dict[str, ast.expr]) -> list[str] | None:
+    """`Literal["a", "b"]`, or a name bound to one → ["a", "b"]; else None."""
+    if isinstance(node, ast.Name) and node.id in aliases:
+        node = aliases[node.id]
+    if not (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "Literal"
+    ):
+        return None
+    elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    if not all(isinstance(e, ast.Constant) for e in elts):
+        return None
+    return [str(e.value) for e in elts if isinstance(e, ast.Constant)]
+
+
+def _literal_aliases(trees: Iterable[ast.Module]) -> dict[str, ast.expr]:
+    """Module-level `Name = Literal[...]` (or `Name: TypeAlias = ...`) bindings."""
+    out: dict[str, ast.expr] = {}
+    for tree in trees:
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                target, value = node.target, node.value
+            else:
+                continue
+            if isinstance(target, ast.Name):
+                out[target.id] = value
+    return out
+
+
+def _value_rule(
+    parts: list[ast.expr], aliases: dict[str, ast.expr]
+) -> tuple[Literal["int"], None] | tuple[Literal["choices"], list[str]] | None:
+    """An int-only or Literal-only type (None aside) → the value rule argparse gets."""
+    real = [p for p in parts if not _is_none(p)]
+    if len(real) == 1 and isinstance(real[0], ast.Name) and real[0].id == "int":
+        return "int", None
+    options = [_literal_options(p, aliases) for p in real]
+    if real and all(o is not None for o in options):
+        return "choices", sorted({v for o in options if o is not None for v in o})
+    return None
+
+
 def _action_arity(call: ast.Call) -> Arity | None:
     """The arity an explicit action/nargs keyword gives, or None when there is none."""
     for kw in call.keywords:
@@ -296,7 +372,22 @@ def _vllm(version: str, src: Path) -> Cli:
     arg_utils = _parse(root / "engine" / "arg_utils.py")
     cli_args = _parse(root / "entrypoints" / "common" / "cli_args.py")
     classes = _classes([*configs, arg_utils, cli_args])
+    aliases = _literal_aliases([*configs, arg_utils, cli_args])
+    lenient = _human_readable_ints(arg_utils)
     flags: dict[str, Arity] = {}
+    ints: set[str] = set()
+    choices: dict[str, list[str]] = {}
+
+    def value_rule(flag: str, field_name: str, annotation: ast.expr) -> None:
+        if _vllm_arity(annotation) != "one" or field_name in lenient:
+            return
+        rule = _value_rule(_union(annotation), aliases)
+        if rule is not None and rule[0] == "int":
+            ints.add(flag)
+        elif rule is not None and rule[1] is not None:
+            # A Literal beside `str` is only a metavar in vLLM: no choices then.
+            choices[flag] = rule[1]
+
     positionals = 0
     for tree in (arg_utils, cli_args):
         kwargs_of = _get_kwargs_targets(tree)
@@ -308,14 +399,20 @@ def _vllm(version: str, src: Path) -> Cli:
                 positionals += 1
                 continue
             arity = _action_arity(call) or _spread_arity(call, kwargs_of, classes)
+            spread = _spread_field(call, kwargs_of)
+            annotation = _field_annotation(classes, *spread) if spread else None
             for name in names:
                 if name.startswith("--"):
                     flags[name] = arity
+                    if spread and annotation is not None and _action_arity(call) is None:
+                        value_rule(name, spread[1], annotation)
                     if arity == "none" and _is_boolean_optional(call, kwargs_of, classes):
                         flags["--no-" + name[2:]] = "none"
     for cls in _frontend_classes(classes):
         for name, annotation in _fields(cls):
             arity = _vllm_arity(annotation)
+            if _dashed(name) not in flags:
+                value_rule(_dashed(name), name, annotation)
             flags.setdefault(_dashed(name), arity)
             if arity == "none":
                 flags.setdefault("--no-" + _dashed(name)[2:], "none")
@@ -326,7 +423,24 @@ def _vllm(version: str, src: Path) -> Cli:
         flags=flags,
         positionals=positionals,
         kv_events_fields=frozenset(n for n, _ in _fields(kv)) if kv else frozenset(),
+        ints=frozenset(ints),
+        choices=choices,
     )
+
+
+def _human_readable_ints(tree: ast.AST) -> set[str]:
+    """The int fields vLLM also takes as "1K"/"auto" (`human_readable_int_args`)."""
+    out = {"max_model_len"}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and any(
+                isinstance(t, ast.Name) and t.id == "human_readable_int_args" for t in node.targets
+            )
+            and isinstance(node.value, ast.Set)
+        ):
+            out |= {s for s in map(_str_const, node.value.elts) if s is not None}
+    return out
 
 
 def _get_kwargs_targets(tree: ast.AST) -> dict[str, str]:
@@ -426,19 +540,28 @@ def _sglang(version: str, src: Path) -> Cli:
     root = src / "sglang" / "srt"
     server_args = _parse(root / "server_args.py")
     fields_trees = [_parse(p) for p in sorted((root / "arg_groups" / "fields").glob("*.py"))]
+    choices_py = root / "arg_groups" / "choices.py"
+    extra = [_parse(choices_py)] if choices_py.is_file() else []
+    aliases = _literal_aliases([*fields_trees, *extra])
     classes = _classes(fields_trees)
     namespaces = _input_namespaces(server_args)
     flags: dict[str, Arity] = {}
+    ints: set[str] = set()
+    choices: dict[str, list[str]] = {}
     for ns in namespaces:
         cls = classes.get(ns)
         if cls is None:
             raise EngineFlagsError(f"sglang: namespace {ns} is not in arg_groups/fields")
         for name, annotation in _fields(cls):
-            flag = _sglang_flag(name, annotation)
+            flag = _sglang_flag(name, annotation, aliases)
             if flag is not None:
-                names, arity = flag
+                names, arity, rule = flag
                 for n in names:
                     flags[n] = arity
+                    if rule is not None and rule[0] == "int":
+                        ints.add(n)
+                    elif rule is not None and rule[1] is not None:
+                        choices[n] = rule[1]
     add_cli_args = next(
         (
             n
@@ -454,7 +577,19 @@ def _sglang(version: str, src: Path) -> Cli:
         for name in (s for s in map(_str_const, call.args) if s is not None):
             if name.startswith("--"):
                 flags[name] = arity
-    return Cli(engine="sglang", version=version, flags=flags)
+    # A flag registered by hand in add_cli_args replaces the field's (argparse
+    # would refuse both): its values follow the hand-written rule, unchecked here.
+    for call in _add_argument_calls(add_cli_args):
+        for name in (s for s in map(_str_const, call.args) if s is not None):
+            ints.discard(name)
+            choices.pop(name, None)
+    return Cli(
+        engine="sglang",
+        version=version,
+        flags=flags,
+        ints=frozenset(ints),
+        choices=choices,
+    )
 
 
 def _input_namespaces(tree: ast.Module) -> list[str]:
@@ -468,8 +603,13 @@ def _input_namespaces(tree: ast.Module) -> list[str]:
     raise EngineFlagsError("sglang: no _INPUT_NAMESPACES list in server_args.py")
 
 
-def _sglang_flag(name: str, annotation: ast.expr) -> tuple[list[str], Arity] | None:
-    """A field's CLI names and arity, as `add_cli_args_from_dataclass` makes them."""
+_Rule = tuple[Literal["int"], None] | tuple[Literal["choices"], list[str]] | None
+
+
+def _sglang_flag(
+    name: str, annotation: ast.expr, aliases: dict[str, ast.expr]
+) -> tuple[list[str], Arity, _Rule] | None:
+    """A field's CLI names, arity and value rule, as `add_cli_args_from_dataclass` makes them."""
     if not (
         isinstance(annotation, ast.Subscript)
         and isinstance(annotation.value, ast.Name)
@@ -490,22 +630,50 @@ def _sglang_flag(name: str, annotation: ast.expr) -> tuple[list[str], Arity] | N
     if arg is None:
         if not any(_str_const(m) is not None for m in meta):
             return None
-        return [_dashed(name)], _sglang_arity(type_, nargs=None, type_parser=False)
+        arity = _sglang_arity(type_, nargs=None, type_parser=False)
+        rule = _value_rule(_union(type_), aliases) if arity == "one" else None
+        return [_dashed(name)], arity, rule
+    return _sglang_arg_flag(name, type_, arg, aliases)
+
+
+def _sglang_arg_flag(
+    name: str, type_: ast.expr, arg: ast.Call, aliases: dict[str, ast.expr]
+) -> tuple[list[str], Arity, _Rule] | None:
+    """The same for a field with `Arg(...)` metadata."""
     opts = {kw.arg: kw.value for kw in arg.keywords if kw.arg}
     no_cli = opts.get("no_cli")
     if isinstance(no_cli, ast.Constant) and no_cli.value is True:
         return None
     names = [_str_const(opts.get("cli_name")) or _dashed(name)]
-    aliases = opts.get("aliases")
-    if isinstance(aliases, ast.List):
-        names += [s for s in map(_str_const, aliases.elts) if s is not None]
+    other_names = opts.get("aliases")
+    if isinstance(other_names, ast.List):
+        names += [s for s in map(_str_const, other_names.elts) if s is not None]
     if "action" in opts:
         action = _str_const(opts["action"])
-        arity: Arity = "none" if action in ("store_true", "store_false") else "any"
-        return names, arity
-    return names, _sglang_arity(
+        return names, "none" if action in ("store_true", "store_false") else "any", None
+    arity = _sglang_arity(
         type_, nargs=_str_const(opts.get("nargs")), type_parser="type_parser" in opts
     )
+    rule: _Rule = None
+    if arity == "one" and "type_parser" not in opts:
+        rule = _value_rule(_union(type_), aliases)
+        listed = _const_list(opts.get("choices"), aliases)
+        if listed is not None:
+            rule = ("choices", listed)
+        elif "choices" in opts and rule is not None and rule[0] == "choices":
+            rule = None  # choices named by an expression this reading cannot evaluate
+    return names, arity, rule
+
+
+def _const_list(node: ast.expr | None, aliases: dict[str, ast.expr]) -> list[str] | None:
+    """A list literal of constants, or a name bound to one → its values as strings."""
+    if isinstance(node, ast.Name) and node.id in aliases:
+        node = aliases[node.id]
+    if isinstance(node, ast.List | ast.Tuple) and all(
+        isinstance(e, ast.Constant) for e in node.elts
+    ):
+        return [str(e.value) for e in node.elts if isinstance(e, ast.Constant)]
+    return None
 
 
 def _sglang_arity(type_: ast.expr, *, nargs: str | None, type_parser: bool) -> Arity:
@@ -554,6 +722,11 @@ def check(cli: Cli, argv: Sequence[str]) -> list[str]:
             continue
         if not _arity_ok(arity, len(values)):
             problems.append(f"{flag}: given {len(values)} value(s), it takes {arity}")
+        for value in values:
+            if flag in cli.ints and not _is_int(value):
+                problems.append(f"{flag}: {value!r} is not an integer")
+            if flag in cli.choices and value not in cli.choices[flag]:
+                problems.append(f"{flag}: {value!r} is not one of {cli.choices[flag]}")
         if flag == "--kv-events-config" and values and cli.kv_events_fields:
             extra = set(json.loads(values[0])) - cli.kv_events_fields
             if extra:
@@ -561,6 +734,14 @@ def check(cli: Cli, argv: Sequence[str]) -> list[str]:
                     f"--kv-events-config: {sorted(extra)} are not KVEventsConfig fields"
                 )
     return problems
+
+
+def _is_int(value: str) -> bool:
+    try:
+        int(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _arity_ok(arity: Arity, n: int) -> bool:
