@@ -60,6 +60,9 @@ Arity = Literal["none", "one", "optional", "many", "any"]
 
 # The releases checked; a bump is a one-line change and a test run.
 PINNED: dict[str, str] = {"vllm": "0.33.0", "sglang": "0.5.23"}
+# Bumped when the reading rules change: a cli.json of another reader is read
+# again from the kept sources (no download).
+READER = 1
 
 # The wheel members each extractor reads (prefixes of paths inside the wheel).
 _SOURCES: dict[str, tuple[str, ...]] = {
@@ -102,6 +105,7 @@ class Cli:
                 "kv_events_fields": sorted(self.kv_events_fields),
                 "ints": sorted(self.ints),
                 "choices": self.choices,
+                "reader": READER,
             },
             indent=1,
             sort_keys=True,
@@ -110,6 +114,8 @@ class Cli:
     @classmethod
     def from_json(cls, text: str) -> Cli:
         raw = json.loads(text)
+        if raw.get("reader") != READER:
+            raise ValueError(f"read by reader {raw.get('reader')}, this is {READER}")
         return cls(
             engine=raw["engine"],
             version=raw["version"],
@@ -133,15 +139,16 @@ def cached(engine: str, version: str | None = None) -> Cli | None:
     try:
         return Cli.from_json(path.read_text())
     except (OSError, ValueError, KeyError):
-        return None  # not fetched, or cut short: fetch() writes it anew
+        return None  # not fetched, cut short or read by older rules: fetch() again
 
 
 def fetch(engine: str, version: str | None = None, *, python: str = sys.executable) -> Cli:
     """The release's flags, from the cache or from its wheel (pip download, no deps).
 
     Keeps the parser's source files next to cli.json (a few MB) and drops the
-    wheel. One fetch at a time per release (a lock file), so two test runs
-    starting together share one download.
+    wheel; with those sources kept, a new reader (READER) reads them again
+    without a download. One fetch at a time per release (a lock file), so two
+    test runs starting together share one download.
     """
     version = version or PINNED[engine]
     folder = cache_root() / f"{engine}-{version}"
@@ -152,11 +159,18 @@ def fetch(engine: str, version: str | None = None, *, python: str = sys.executab
         if hit is not None:
             return hit
         src = folder / "src"
-        with tempfile.TemporaryDirectory(prefix="llmgw-engine-flags-") as tmp:
-            wheel = _download(engine, version, Path(tmp), python)
-            shutil.rmtree(src, ignore_errors=True)
-            _unpack(wheel, _SOURCES[engine], src)
-        cli = extract(engine, version, src)
+        try:
+            cli = extract(engine, version, src)
+        except EngineFlagsError:
+            with tempfile.TemporaryDirectory(prefix="llmgw-engine-flags-") as tmp:
+                wheel = _download(engine, version, Path(tmp), python)
+                # Unpacked beside, then renamed: a cut-short run leaves no half tree.
+                part = folder / "src.part"
+                shutil.rmtree(part, ignore_errors=True)
+                _unpack(wheel, _SOURCES[engine], part)
+                shutil.rmtree(src, ignore_errors=True)
+                part.rename(src)
+            cli = extract(engine, version, src)
         (folder / "cli.json.tmp").write_text(cli.to_json())
         (folder / "cli.json.tmp").replace(folder / "cli.json")
         return cli
@@ -328,6 +342,14 @@ def _value_rule(
     return None
 
 
+def _typed_int(call: ast.Call) -> bool:
+    """`add_argument(..., type=int)` without an action or nargs of its own."""
+    return _action_arity(call) is None and any(
+        kw.arg == "type" and isinstance(kw.value, ast.Name) and kw.value.id == "int"
+        for kw in call.keywords
+    )
+
+
 def _action_arity(call: ast.Call) -> Arity | None:
     """The arity an explicit action/nargs keyword gives, or None when there is none."""
     for kw in call.keywords:
@@ -406,6 +428,8 @@ def _vllm(version: str, src: Path) -> Cli:
                     flags[name] = arity
                     if spread and annotation is not None and _action_arity(call) is None:
                         value_rule(name, spread[1], annotation)
+                    elif _typed_int(call):
+                        ints.add(name)
                     if arity == "none" and _is_boolean_optional(call, kwargs_of, classes):
                         flags["--no-" + name[2:]] = "none"
     for cls in _frontend_classes(classes):
@@ -572,17 +596,17 @@ def _sglang(version: str, src: Path) -> Cli:
     )
     if add_cli_args is None:
         raise EngineFlagsError("sglang: no ServerArgs.add_cli_args in server_args.py")
+    # A flag registered by hand here replaces a field's of the same name (argparse
+    # would refuse both), so its own keywords decide its value rule.
     for call in _add_argument_calls(add_cli_args):
         arity = _action_arity(call) or "one"
         for name in (s for s in map(_str_const, call.args) if s is not None):
             if name.startswith("--"):
                 flags[name] = arity
-    # A flag registered by hand in add_cli_args replaces the field's (argparse
-    # would refuse both): its values follow the hand-written rule, unchecked here.
-    for call in _add_argument_calls(add_cli_args):
-        for name in (s for s in map(_str_const, call.args) if s is not None):
-            ints.discard(name)
-            choices.pop(name, None)
+                ints.discard(name)
+                choices.pop(name, None)
+                if _typed_int(call):
+                    ints.add(name)
     return Cli(
         engine="sglang",
         version=version,
