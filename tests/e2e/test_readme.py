@@ -114,3 +114,85 @@ def test_drain_walkthrough_as_written(workdir: Path) -> None:
                 assert f"node {argv[3]} drained" in done.stdout, done.stdout
     finally:
         system.prog.stop()
+
+
+TRY = re.compile(r"<!-- try:[^>]*-->\s*```console\n(.*?)```", re.DOTALL)
+PYTHON = re.compile(r"```python\n(import openai\n.*?)```", re.DOTALL)
+STATUS = re.compile(r"The fleet at a glance[^\n]*\n\n```text\n(.*?)```", re.DOTALL)
+
+
+def try_it(text: str) -> tuple[str, str, str, str]:
+    """The "Try it" section: its curl command, the answer it shows, the openai snippet
+    and the `ctl status` picture."""
+    block = TRY.search(text)
+    python = PYTHON.search(text)
+    status = STATUS.search(text)
+    assert block, "README's Try it block lost its <!-- try: --> marker"
+    assert python, "README's openai snippet is gone"
+    assert status, "README's ctl status picture is gone"
+    command: list[str] = []
+    shown: list[str] = []
+    lines = block.group(1).splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("$ "):
+            command.append(lines[i][2:])
+            while command[-1].endswith("\\"):
+                i += 1
+                command.append(lines[i])
+        else:
+            shown.append(lines[i].strip())
+        i += 1
+    return "\n".join(command), "".join(shown), python.group(1), status.group(1)
+
+
+def test_try_it_as_written(workdir: Path) -> None:
+    """The curl answer has the shape the README shows, the openai snippet streams an
+    answer (mistral scales from zero), and `ctl status` shows the README's fleet."""
+    command, shown, snippet, picture = try_it(README.read_text())
+    system = start_up(workdir, None)
+    try:
+        hostport = system.router_url.removeprefix("http://")
+        done = subprocess.run(
+            ["bash", "-c", command.replace("localhost:8080", hostport)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        got, want = json.loads(done.stdout), json.loads(shown)
+        assert set(got) == set(want), (got, want)
+        assert (got["model"], got["object"]) == (want["model"], want["object"])
+        assert set(got["usage"]) == set(want["usage"])
+        assert 0 < got["usage"]["completion_tokens"] <= want["usage"]["completion_tokens"]
+        code = snippet.replace("http://127.0.0.1:8080", system.router_url)
+        assert code != snippet, "the snippet no longer names the router's address"
+        ran = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=150, check=False
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.strip(), "the streamed answer was empty"
+        status = subprocess.run(
+            [sys.executable, "-m", "llmgw", "ctl", "--controller", system.controller_url,
+             "--token-file", str(system.token_file()), "status"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        out = [" ".join(ln.split()) for ln in status.stdout.splitlines()]
+        # What the default fleet fixes: the nodes, the cards per class, the fabrics and
+        # the number of models (how many replicas run depends on what was asked for).
+        for line in picture.splitlines():
+            words = " ".join(line.split())
+            if words.startswith(("Nodes ", "ib0 ", "ib1 ")):
+                assert words in out, (words, status.stdout)
+            if words.startswith(("H100-80G", "L40S-48G")):
+                name, total = words.split()[0], words.split()[-1]
+                assert any(o.startswith(name) and o.endswith(f" {total}") for o in out), (
+                    words,
+                    status.stdout,
+                )
+            if words.startswith("Models "):
+                assert any(o.startswith(" ".join(words.split()[:3])) for o in out), (
+                    words,
+                    status.stdout,
+                )
+    finally:
+        system.prog.stop()
