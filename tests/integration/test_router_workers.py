@@ -329,8 +329,13 @@ class TestWorkerRestart:
                 late = [status for t, status in results if t > died]
                 assert late, "no request after the death"
                 assert all(status == 200 for status in late), late
-                after = metric(
-                    await asyncio.to_thread(metrics_text, r.url), "llmgw_router_requests_total{"
-                )
+                text = await asyncio.to_thread(metrics_text, r.url)
+                after = metric(text, "llmgw_router_requests_total{")
                 assert after >= before
+                # The supervisor counts the restart and serves with two workers again.
+                assert metric(text, "llmgw_router_worker_restarts_total ") == 1
+                await until(
+                    lambda: metric(metrics_text(r.url), "llmgw_router_workers ") == 2,
+                    "two workers serving again",
+                )
                 assert r.alive()

@@ -99,10 +99,17 @@ def _controller(cls: Any) -> CollectorRegistry:
     return registry
 
 
+def _workers(cls: Any) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    cls(registry, lambda: 2)
+    return registry
+
+
 REGISTRIES: dict[str, Callable[[Any], CollectorRegistry]] = {
     "llmgw.router.metrics.RouterMetrics": _router,
     "llmgw.router.feedback.PredictionCheck": _prediction,
     "llmgw.router.kvevents.KVEventIndex": _kv_events,
+    "llmgw.router.supervisor.WorkerMetrics": _workers,
     "llmgw.agent.metrics.AgentMetrics": _agent,
     "llmgw.controller.api.metrics.ControllerMetrics": _controller,
 }

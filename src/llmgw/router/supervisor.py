@@ -40,11 +40,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
-from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 
 from llmgw.router.config import RouterConfig
 from llmgw.router.endpoint import Registry, Stats
@@ -102,6 +102,23 @@ class _Worker:
 
 class WorkerFailed(Exception):
     """A worker could not start; the message is one line for a person."""
+
+
+class WorkerMetrics:
+    """The supervisor's own figures on the merged /metrics: how many workers serve,
+    and how often one had to be started again (a crash, an OOM kill, a SIGKILL)."""
+
+    def __init__(self, registry: CollectorRegistry, serving: Callable[[], int]) -> None:
+        self.registry = registry
+        self.restarts = Counter(
+            "llmgw_router_worker_restarts",
+            "Worker processes started again after they exited.",
+            registry=registry,
+        )
+        self.workers = Gauge(
+            "llmgw_router_workers", "Worker processes serving now.", registry=registry
+        )
+        self.workers.set_function(lambda: float(serving()))
 
 
 def merge_reports(router_id: str, sent_at: float, reports: Sequence[UsageReport]) -> UsageReport:
@@ -180,6 +197,10 @@ class Supervisor:
             registry=self.host_metrics,
         )
         ProcessCollector(registry=self.host_metrics)
+        self.worker_metrics = WorkerMetrics(
+            self.host_metrics,
+            lambda: sum(1 for w in self.workers.values() if w.ready.is_set()),
+        )
         self.scraper = Scraper(
             registry=self.registry,
             fetcher=HttpMetricsFetcher(self.upstream),
@@ -374,6 +395,7 @@ class Supervisor:
             await asyncio.sleep(min(MAX_RESTART_DELAY_S, 0.25 * 2**early))
         if not self.stopping:
             self.restarts += 1
+            self.worker_metrics.restarts.inc()
             await self._spawn(w.index)
 
     async def _start_all(self) -> None:
