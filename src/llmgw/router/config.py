@@ -35,6 +35,7 @@ from llmgw.wire.endpoints import EndpointInfo
 
 Policy = Literal["ours", "round_robin", "least_inflight"]
 UpstreamClient = Literal["fast", "aiohttp"]
+HttpServer = Literal["fast", "aiohttp"]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegSeconds = Annotated[float, msgspec.Meta(ge=0)]
 # ZeroMQ transports a KV-event publisher may be reached by (precise mode).
@@ -86,6 +87,11 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # LLMGW_ROUTER_UPSTREAM environment variable if set (tests run the suite under
     # both), else `fast`. Read once at start.
     upstream_client: UpstreamClient | msgspec.UnsetType = msgspec.UNSET
+    # The server clients talk to: `aiohttp` (runtime/httpserver.py), or `fast`, a
+    # protocol-level one (runtime/fastserver.py: httptools, prebuilt heads, same
+    # limits and error answers). Not given: the LLMGW_ROUTER_SERVER environment
+    # variable if set (tests run the suite under both), else `aiohttp`. Read once at start.
+    http_server: HttpServer | msgspec.UnsetType = msgspec.UNSET
 
     scrape_interval_s: Seconds = 2.0
     # Below the interval, so one tick's scrapes end before the next begins.
@@ -201,6 +207,7 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 UPSTREAM_ENV = "LLMGW_ROUTER_UPSTREAM"
+SERVER_ENV = "LLMGW_ROUTER_SERVER"
 
 # Settings read once at start; a reload that changes them logs that a restart is needed.
 RESTART_ONLY = (
@@ -210,6 +217,7 @@ RESTART_ONLY = (
     "breaker",
     "max_body_bytes",
     "upstream_client",
+    "http_server",
     "idle_timeout_s",
     "header_timeout_s",
     "max_client_connections",
@@ -245,6 +253,18 @@ def upstream_client(cfg: RouterConfig, env: Mapping[str, str]) -> UpstreamClient
     if name == "aiohttp":
         return "aiohttp"
     raise RouterConfigError(f"{UPSTREAM_ENV}={name!r}: expected fast or aiohttp")
+
+
+def http_server(cfg: RouterConfig, env: Mapping[str, str]) -> HttpServer:
+    """The server clients meet: the file's choice, else $LLMGW_ROUTER_SERVER, else `aiohttp`."""
+    if not isinstance(cfg.http_server, msgspec.UnsetType):
+        return cfg.http_server
+    name = env.get(SERVER_ENV, "").strip() or "aiohttp"
+    if name == "fast":
+        return "fast"
+    if name == "aiohttp":
+        return "aiohttp"
+    raise RouterConfigError(f"{SERVER_ENV}={name!r}: expected fast or aiohttp")
 
 
 def load(path: str | Path) -> RouterConfig:

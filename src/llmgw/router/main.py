@@ -6,12 +6,16 @@ import argparse
 import gc
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
-from llmgw.router.config import RouterConfig, load, upstream_client
+from llmgw.router.config import RouterConfig, http_server, load, upstream_client
 from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import logs, serve
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.httpserver import ServerLimits, raise_nofile_limit
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 DEFAULT_PORT = 8080
 
@@ -36,6 +40,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=None, help="DEBUG shows every routing decision")
     logs.add_format_argument(p)
     return p
+
+
+def _fast(app: web.Application, cfg: RouterConfig) -> dict[str, Any]:
+    """serve_app's arguments for the protocol-level server when `http_server` chooses it."""
+    from llmgw.router.app import FAST
+
+    if http_server(cfg, os.environ) != "fast":
+        return {}
+    return {"dispatch": app[FAST], "max_body_bytes": cfg.max_body_bytes}
 
 
 def _limits(cfg: RouterConfig) -> ServerLimits:
@@ -66,6 +79,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load(args.config)
         upstream_client(cfg, os.environ)  # a bad $LLMGW_ROUTER_UPSTREAM stops us here
+        http_server(cfg, os.environ)  # and a bad $LLMGW_ROUTER_SERVER
     except RouterConfigError as exc:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2
@@ -84,7 +98,12 @@ def main(argv: list[str]) -> int:
         gc.collect()
         gc.freeze()
         return await serve.serve_app(
-            app, host=args.host, port=args.port, name="router", limits=_limits(cfg)
+            app,
+            host=args.host,
+            port=args.port,
+            name="router",
+            limits=_limits(cfg),
+            **_fast(app, cfg),
         )
 
     if workers > 1:
@@ -161,6 +180,7 @@ def _worker(args: argparse.Namespace) -> int:
             announce=False,
             on_started=started,
             stop_event=link.lost,
+            **_fast(app, cfg),
         )
 
     return serve.run(run)
