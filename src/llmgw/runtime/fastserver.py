@@ -310,6 +310,7 @@ class FastProtocol(asyncio.Protocol):
         self.fields: list[tuple[str, str]] = []
         self.head_timer: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.linger_timer: asyncio.TimerHandle | None = None
         self.closing = False  # answer what is in progress, read nothing more
         self.refuse: bytes | None = None  # a 400 to send once the answer in progress is out
         self.paused_reading = False
@@ -405,6 +406,9 @@ class FastProtocol(asyncio.Protocol):
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
+        if self.linger_timer is not None:
+            self.linger_timer.cancel()
+            self.linger_timer = None
 
     def _arm_idle(self) -> None:
         if self.idle_timer is None:
@@ -628,7 +632,10 @@ class FastProtocol(asyncio.Protocol):
             keep = False
         if not keep or self.closing:
             self.closing = True
-            transport.close()
+            if req.complete:
+                transport.close()
+            else:
+                self._linger(transport)
             return
         if self.queue:
             self._next()
@@ -637,6 +644,27 @@ class FastProtocol(asyncio.Protocol):
             transport.resume_reading()
         if self.task is None and self.cur is None:
             self._arm_idle()
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """Close after an answer given before the body was all in (413, 503, 401...).
+
+        Closing with unread bytes makes the kernel reset the connection, and a
+        reset can destroy the answer before the client reads it (a client still
+        sending its body reads nothing at all). So: end our side, read and drop
+        what still comes for a while (aiohttp's lingering time), then close.
+        """
+        if self.paused_reading:
+            self.paused_reading = False
+            transport.resume_reading()
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self.linger_timer = self.loop.call_later(self.edge.linger_s, transport.close)
+
+    def eof_received(self) -> bool:
+        # The client is done sending; a lingering close need not wait any longer.
+        return False
 
 
 def _reason(resp: web.Response) -> str | None:
