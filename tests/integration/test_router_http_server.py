@@ -9,6 +9,7 @@ sim-engine, one router per server), bounded in count and time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -246,5 +247,44 @@ def test_stream_is_relayed_chunked_and_the_connection_kept(port: int) -> None:
             assert "x-request-id" in headers
             events = [x for x in body.split(b"\n\n") if x.strip()]
             assert events[-1] == b"data: [DONE]", events[-3:]
+    finally:
+        c.close()
+
+
+def test_an_endless_header_line_is_refused_not_buffered(port: int) -> None:
+    c = Conn(port)
+    try:
+        c.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        with contextlib.suppress(OSError):
+            # Past any sane head (2 MiB): the server refuses long before the end.
+            for _ in range(32):
+                c.send(b"a" * 65_536)
+        try:
+            status, _, body = c.answer()
+        except (ConnectionResetError, AssertionError):
+            # Closed while we were still sending: the reset may beat the answer.
+            pass
+        else:
+            assert status == 400, body[:200]
+            assert json.loads(body)["error"]["code"] == "bad_http_request"
+            assert c.closed()
+    finally:
+        c.close()
+    # Refused, not held: the next client is served.
+    c = Conn(port)
+    try:
+        c.send(get("/healthz"))
+        assert c.answer()[0] == 200
+    finally:
+        c.close()
+
+
+def test_absolute_form_and_query_route_like_the_path(port: int) -> None:
+    c = Conn(port)
+    try:
+        c.send(post(chat(), path="http://127.0.0.1/v1/chat/completions?x=1"))
+        assert c.answer()[0] == 200
+        c.send(get("/v1/models?limit=1"))
+        assert c.answer()[0] == 200
     finally:
         c.close()

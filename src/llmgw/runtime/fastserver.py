@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, cast
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import httptools
 from aiohttp import web
@@ -96,7 +96,9 @@ def _head(status: int, reason: str | None, headers: Any, tail: bytes) -> bytes:
     parts = [_status_line(status, reason)]
     for name, value in headers.items():
         if name.lower() not in _OWN:
-            parts.append(f"{name}: {value}\r\n".encode("latin-1"))
+            # As aiohttp writes them, and reads them: a header echoed back (x-request-id)
+            # goes out as the bytes that came in.
+            parts.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
     parts.append(_date.get())
     parts.append(tail)
     return b"".join(parts)
@@ -147,6 +149,9 @@ class FastRequest:
         self.app = conn.server.app
         self.method = method
         self.raw_path = raw_path
+        if not raw_path.startswith("/"):
+            # The absolute form (`POST http://host/v1/...`), or `*`.
+            raw_path = urlsplit(raw_path).path or raw_path
         path = raw_path.partition("?")[0]
         self.path = unquote(path) if "%" in path else path
         self.headers = headers
@@ -308,6 +313,9 @@ class FastProtocol(asyncio.Protocol):
         self.started = False  # the answer in progress has written its head
         self.url = b""
         self.fields: list[tuple[str, str]] = []
+        self.head_bytes = 0
+        lim = server.edge.limits
+        self.max_head_bytes = lim.max_line_bytes * (lim.max_headers + 2)
         self.head_timer: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
         self.linger_timer: asyncio.TimerHandle | None = None
@@ -443,6 +451,12 @@ class FastProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        if self.in_head:
+            # httptools keeps a header line until it ends: bound the head as a whole.
+            self.head_bytes += len(data)
+            if self.head_bytes > self.max_head_bytes:
+                self._refuse_head("the request head is too large")
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -483,10 +497,13 @@ class FastProtocol(asyncio.Protocol):
             raise _HeadError(f"a header line is longer than {lim.max_line_bytes} bytes")
         if len(self.fields) >= lim.max_headers:
             raise _HeadError(f"more than {lim.max_headers} headers")
-        self.fields.append((name.decode("latin-1"), value.decode("latin-1")))
+        self.fields.append(
+            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+        )
 
     def on_headers_complete(self) -> None:
         self.in_head = False
+        self.head_bytes = 0
         if self.head_timer is not None:
             self.head_timer.cancel()
             self.head_timer = None
@@ -531,6 +548,12 @@ class FastProtocol(asyncio.Protocol):
             # Broken framing in the body of the request being handled: its read() fails.
             cur._fail(exc)
             return
+        self._refuse_head(why)
+
+    def _refuse_head(self, why: str) -> None:
+        """A 400 for a request that cannot be parsed, then close (after any answer in progress)."""
+        self.closing = True
+        self._cancel_timers()
         self.cur = None
         log.warning(
             kv("refused request", server=self.edge.name, status=400, peer=self.remote, why=why)
