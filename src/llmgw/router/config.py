@@ -13,6 +13,7 @@ Shape (every key but `endpoints`/`controller` optional):
     controller: {url, token?}
     policy: ours | round_robin | least_inflight
     upstream_client: fast | aiohttp
+    http_server: fast | aiohttp
     scrape_interval_s: 2 ...  # timings, flat
     breaker: {failure_threshold, cooldown_s, max_cooldown_s}
     api_keys: [{name, sha256}]
@@ -87,10 +88,11 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # LLMGW_ROUTER_UPSTREAM environment variable if set (tests run the suite under
     # both), else `fast`. Read once at start.
     upstream_client: UpstreamClient | msgspec.UnsetType = msgspec.UNSET
-    # The server clients talk to: `aiohttp` (runtime/httpserver.py), or `fast`, a
-    # protocol-level one (runtime/fastserver.py: httptools, prebuilt heads, same
-    # limits and error answers). Not given: the LLMGW_ROUTER_SERVER environment
-    # variable if set (tests run the suite under both), else `aiohttp`. Read once at start.
+    # The server clients talk to: `fast`, a protocol-level one (runtime/fastserver.py:
+    # httptools, prebuilt heads; the same limits and error answers), or `aiohttp`
+    # (runtime/httpserver.py), the reference. Not given: the LLMGW_ROUTER_SERVER
+    # environment variable if set (tests can run the suite under both), else `fast`.
+    # Read once at start.
     http_server: HttpServer | msgspec.UnsetType = msgspec.UNSET
 
     scrape_interval_s: Seconds = 2.0
@@ -256,10 +258,10 @@ def upstream_client(cfg: RouterConfig, env: Mapping[str, str]) -> UpstreamClient
 
 
 def http_server(cfg: RouterConfig, env: Mapping[str, str]) -> HttpServer:
-    """The server clients meet: the file's choice, else $LLMGW_ROUTER_SERVER, else `aiohttp`."""
+    """The server clients meet: the file's choice, else $LLMGW_ROUTER_SERVER, else `fast`."""
     if not isinstance(cfg.http_server, msgspec.UnsetType):
         return cfg.http_server
-    name = env.get(SERVER_ENV, "").strip() or "aiohttp"
+    name = env.get(SERVER_ENV, "").strip() or "fast"
     if name == "fast":
         return "fast"
     if name == "aiohttp":

@@ -242,14 +242,13 @@ class FastStream:
 
     async def write(self, data: bytes) -> None:
         conn = self._conn
-        if conn.transport is None or conn.transport.is_closing():
+        transport = conn.transport
+        if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
         if not data:
             return
-        if self.chunked:
-            conn.transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
-        else:
-            conn.transport.write(data)
+        # One bytes object, one write: an event is small, a copy is cheaper than a writev.
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
         if conn.paused_writing:
             await conn.drain()
 
