@@ -288,3 +288,16 @@ def test_absolute_form_and_query_route_like_the_path(port: int) -> None:
         assert c.answer()[0] == 200
     finally:
         c.close()
+
+
+def test_an_upgrade_header_is_ignored(port: int) -> None:
+    """`Upgrade: h2c` (curl --http2 on http://) is answered as HTTP/1.1."""
+    up = ("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAAQAAP__")
+    for data in (get("/healthz", *up), post(chat("upgrade?"), *up)):
+        c = Conn(port)
+        try:
+            c.send(data)
+            status, _, body = c.answer()
+            assert status == 200, body[:200]
+        finally:
+            c.close()

@@ -27,7 +27,7 @@ It keeps what `httpserver.EdgeHandler` gives aiohttp's server, with the same
 What differs: a request body the handler did not read closes the connection
 after the answer (aiohttp reads it off for up to two seconds); request bodies
 are never decompressed (the router does not want them to be); an `Upgrade`
-request is refused (400).
+header is ignored (the request is served as HTTP/1.1), CONNECT refused (400).
 """
 
 from __future__ import annotations
@@ -324,6 +324,8 @@ class FastProtocol(asyncio.Protocol):
         self.paused_writing = False
         self.drain_waiter: asyncio.Future[None] | None = None
         self._handling: FastRequest | None = None
+        self.draining = False  # the server is stopping: no request after this one
+        self.raw_body_left = 0  # an upgrade request's body bytes still to read
 
     # -- the connection -------------------------------------------------------
 
@@ -398,7 +400,8 @@ class FastProtocol(asyncio.Protocol):
             self.transport.write(data)
 
     def close_when_idle(self) -> None:
-        self.closing = True
+        """Stopping: close now if idle, else once the answer in progress is out."""
+        self.draining = True
         if self.task is None and self.transport is not None:
             self.transport.close()
 
@@ -450,6 +453,10 @@ class FastProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        if self.raw_body_left:
+            data = self._raw_body(data)
+            if not data:
+                return
         if self.in_head:
             # httptools keeps a header line until it ends: bound the head as a whole.
             self.head_bytes += len(data)
@@ -461,10 +468,30 @@ class FastProtocol(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._parse_failed(exc)
             return
+        except httptools.HttpParserUpgrade as exc:
+            # `Upgrade: h2c` and the like (curl --http2 sends it): served as plain
+            # HTTP/1.1, the upgrade ignored, as aiohttp and nginx do. llhttp stops
+            # after that message; a fresh parser takes the bytes after it.
+            self.parser = httptools.HttpRequestParser(self)
+            rest = data[int(exc.args[0]) :]
+            if rest:
+                self.data_received(rest)
+            return
         if self.in_head and self.head_timer is None:
             self.head_timer = self.loop.call_later(
                 self.edge.limits.header_timeout_s, self._head_late
             )
+
+    def _raw_body(self, data: bytes) -> bytes:
+        """Feed an upgrade request's body by its length; what follows it is returned."""
+        n = self.raw_body_left
+        part, rest = data[:n], data[n:]
+        self.raw_body_left -= len(part)
+        if self.cur is not None:
+            self.cur._feed(part)
+        if not self.raw_body_left:
+            self.on_message_complete()
+        return rest
 
     def resume_for(self, req: FastRequest) -> None:
         """A handler waits for `req`'s body: read on."""
@@ -507,8 +534,8 @@ class FastProtocol(asyncio.Protocol):
             self.head_timer.cancel()
             self.head_timer = None
         p = self.parser
-        if p.should_upgrade():
-            raise _HeadError("protocol upgrades are not supported")
+        if p.get_method() == b"CONNECT":
+            raise _HeadError("CONNECT is not supported")
         req = FastRequest(
             self,
             p.get_method().decode("ascii"),
@@ -517,6 +544,12 @@ class FastProtocol(asyncio.Protocol):
             p.should_keep_alive(),
             p.get_http_version(),
         )
+        if p.should_upgrade() and req.content_length:
+            # httptools skips the body of an upgrade request (its bytes come after the
+            # upgrade point): read it here, by its length.
+            self.raw_body_left = req.content_length
+        elif p.should_upgrade() and "chunked" in req.headers.get("Transfer-Encoding", ""):
+            raise _HeadError("a body with an Upgrade header needs a Content-Length")
         self.cur = req
         self.queue.append(req)
         if self.task is None:
@@ -527,6 +560,8 @@ class FastProtocol(asyncio.Protocol):
             self.cur._feed(body)
 
     def on_message_complete(self) -> None:
+        if self.raw_body_left:
+            return  # an upgrade request's body is still to come (on_headers_complete)
         req = self.cur
         self.cur = None
         if req is None:
@@ -584,9 +619,11 @@ class FastProtocol(asyncio.Protocol):
         keep = False
         try:
             keep = await self._serve(req)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionError):
             keep = False
-        except ConnectionError:
+        except Exception as exc:
+            # Writing the answer failed (a handler's header that cannot be encoded...).
+            log.error(kv("answer failed", server=self.edge.name, path=req.path), exc_info=exc)
             keep = False
         finally:
             self._finished(req, keep)
@@ -652,7 +689,7 @@ class FastProtocol(asyncio.Protocol):
             transport.write(self.refuse)
             self.refuse = None
             keep = False
-        if not keep or self.closing:
+        if not keep or self.closing or self.draining:
             self.closing = True
             if req.complete:
                 transport.close()
