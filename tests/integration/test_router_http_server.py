@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -301,3 +305,18 @@ def test_an_upgrade_header_is_ignored(port: int) -> None:
             assert status == 200, body[:200]
         finally:
             c.close()
+
+
+def test_bad_environment_override_exits_2(tmp_path: Path) -> None:
+    """An unknown LLMGW_ROUTER_SERVER stops the router at start with exit 2."""
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text("{}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmgw", "router", "--config", str(cfg), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "LLMGW_ROUTER_SERVER": "nginx"},
+    )
+    assert proc.returncode == 2
+    assert "LLMGW_ROUTER_SERVER" in proc.stderr
