@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -320,3 +321,24 @@ def test_bad_environment_override_exits_2(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "LLMGW_ROUTER_SERVER" in proc.stderr
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_sigterm_lets_a_stream_in_flight_finish(tmp_path: Path, server: str) -> None:
+    """Stopping closes the listener first; a stream being relayed runs to its end."""
+    with sim_engines(tmp_path, [1.0]) as engines:
+        conf = base_config(endpoints=endpoint_entries(engines), http_server=server)
+        with router(tmp_path, conf) as r:
+            c = Conn(r.port)
+            try:
+                body = json.dumps(chat_body("slow", max_tokens=48, stream=True)).encode()
+                c.send(post(body))
+                while b"data:" not in c.buf:
+                    assert c._more()
+                r.proc.send_signal(signal.SIGTERM)
+                status, _, out = c.answer()
+                assert status == 200
+                assert out.rstrip().endswith(b"data: [DONE]"), out[-200:]
+            finally:
+                c.close()
+            assert r.proc.wait(timeout=20) == 0
