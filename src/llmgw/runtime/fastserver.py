@@ -444,9 +444,13 @@ class FastProtocol(asyncio.Protocol):
                 why="head not complete within header_timeout_s",
             )
         )
+        self.closing = True
+        if self.task is not None:
+            # A pipelined head that stalls behind an answer in progress: after it.
+            self.refuse = self.edge.late_answer
+            return
         self.transport.write(self.edge.late_answer)
         self.transport.close()
-        self.closing = True
 
     # -- reading --------------------------------------------------------------
 
@@ -515,7 +519,8 @@ class FastProtocol(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self.url += url
         if len(self.url) > self.edge.limits.max_line_bytes:
-            raise _HeadError(f"the request line is longer than {self.edge.limits.max_line_bytes}")
+            limit = self.edge.limits.max_line_bytes
+            raise _HeadError(f"the request line is longer than {limit} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lim = self.edge.limits
