@@ -661,7 +661,7 @@ class FastProtocol(asyncio.Protocol):
             return resp.keep_alive and resp._eof
         if not isinstance(resp, web.Response):
             raise TypeError(f"a handler answered {type(resp).__name__}, not a web.Response")
-        close = not req.keep_alive or resp.keep_alive is False or not req.complete
+        close = not req.keep_alive or resp.keep_alive is False or not req.complete or self.draining
         self._write(req, resp, close=close)
         return not close
 
