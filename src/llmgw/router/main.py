@@ -6,7 +6,7 @@ import argparse
 import gc
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from llmgw.router.config import RouterConfig, http_server, load, upstream_client
 from llmgw.router.errors import RouterConfigError
@@ -16,6 +16,8 @@ from llmgw.runtime.httpserver import ServerLimits, raise_nofile_limit
 
 if TYPE_CHECKING:
     from aiohttp import web
+
+    from llmgw.runtime.fastserver import Dispatch
 
 DEFAULT_PORT = 8080
 
@@ -42,13 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fast(app: web.Application, cfg: RouterConfig) -> dict[str, Any]:
-    """serve_app's arguments for the protocol-level server when `http_server` chooses it."""
+def _dispatch(app: web.Application, cfg: RouterConfig) -> Dispatch | None:
+    """The protocol-level server's routes when `http_server` chooses it; None: aiohttp's."""
     from llmgw.router.app import FAST
 
-    if http_server(cfg, os.environ) != "fast":
-        return {}
-    return {"dispatch": app[FAST], "max_body_bytes": cfg.max_body_bytes}
+    return app[FAST] if http_server(cfg, os.environ) == "fast" else None
 
 
 def _limits(cfg: RouterConfig) -> ServerLimits:
@@ -103,7 +103,8 @@ def main(argv: list[str]) -> int:
             port=args.port,
             name="router",
             limits=_limits(cfg),
-            **_fast(app, cfg),
+            dispatch=_dispatch(app, cfg),
+            max_body_bytes=cfg.max_body_bytes,
         )
 
     if workers > 1:
@@ -180,7 +181,8 @@ def _worker(args: argparse.Namespace) -> int:
             announce=False,
             on_started=started,
             stop_event=link.lost,
-            **_fast(app, cfg),
+            dispatch=_dispatch(app, cfg),
+            max_body_bytes=cfg.max_body_bytes,
         )
 
     return serve.run(run)

@@ -15,7 +15,8 @@ One request's life:
    gets an OpenAI error event and `[DONE]`, never a hang or a silent cut.
 
 Cancellation (a client disconnect cancels the handler: `handler_cancellation`
-in app.py) can land on any await below; every release sits in a `finally`
+in app.py under aiohttp's server, `FastProtocol.connection_lost` under the fast
+one) can land on any await below; every release sits in a `finally`
 that follows its acquire with no await in between.
 """
 
@@ -200,7 +201,7 @@ def _another(snaps: Sequence[Snapshot], tried: Sequence[str], eid: str) -> bool:
 
 
 class Proxy:
-    """aiohttp handlers for the OpenAI routes; all state lives in Router."""
+    """Handlers for the OpenAI routes, under either HTTP server; all state lives in Router."""
 
     def __init__(self, state: Router) -> None:
         self.state = state
