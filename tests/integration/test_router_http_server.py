@@ -200,6 +200,16 @@ def test_expect_100_continue(port: int) -> None:
         c.close()
 
 
+def test_an_unknown_expectation_is_417(port: int) -> None:
+    c = Conn(port)
+    try:
+        c.send(post(chat(), "Expect: teapot"))
+        status, _, _ = c.answer()
+        assert status == 417
+    finally:
+        c.close()
+
+
 def test_http_1_0_and_head(port: int) -> None:
     c = Conn(port)
     try:

@@ -641,7 +641,11 @@ class FastProtocol(asyncio.Protocol):
                 if not req.complete:
                     self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             else:
-                self._write(req, web.Response(status=417), close=True)
+                msg = f"Unknown Expect: {expect}"
+                resp = web.Response(
+                    status=417, body=self.edge.error(417, msg), content_type="application/json"
+                )
+                self._write(req, resp, close=True)
                 return False
         try:
             resp = await self.server.dispatch(req)
