@@ -642,10 +642,10 @@ class FastProtocol(asyncio.Protocol):
                     self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             else:
                 msg = f"Unknown Expect: {expect}"
-                resp = web.Response(
+                refusal = web.Response(
                     status=417, body=self.edge.error(417, msg), content_type="application/json"
                 )
-                self._write(req, resp, close=True)
+                self._write(req, refusal, close=True)
                 return False
         try:
             resp = await self.server.dispatch(req)
