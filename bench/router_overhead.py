@@ -465,6 +465,7 @@ def router_process(
     profile: Path | None,
     policy: str = "ours",
     extra: tuple[str, ...] = (),
+    server: str | None = None,
 ) -> Iterator[tuple[int, int]]:
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     cfg = tmp / "router.yaml"
@@ -477,7 +478,7 @@ def router_process(
         )
         + "request_timeout_s: 30\n"
         f"upstream_client: {client}\n"
-        f"policy: {policy}\n"
+        f"policy: {policy}\n" + ("" if server is None else f"http_server: {server}\n")
     )
     log = (tmp / "router.log").open("w")
     if "--workers" not in extra:
@@ -713,7 +714,11 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
         up = ports[0]
         if args.profile:
             prof = Path(tempfile.mkdtemp()) / "router.prof"
-            with router_process(ports, router_cpu, client="fast", profile=prof) as (rt, rpid):
+            server = None if args.http_server == "both" else args.http_server
+            with router_process(ports, router_cpu, client="fast", profile=prof, server=server) as (
+                rt,
+                rpid,
+            ):
                 print(uvloop.run(measure_chat(rt, rpid, args.seconds, args.size, 1)))
             import pstats
 
@@ -721,22 +726,27 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
             return 0
         for size in sizes:
             direct[size] = uvloop.run(measure_chat(up, None, args.seconds, size, 1))
+        # --http-server both: the two servers alternate within each repetition.
+        servers = ["fast", "aiohttp"] if args.http_server == "both" else [args.http_server]
         for _rep in range(args.repeats):
             for policy in ("ours", "round_robin"):
                 for size in sizes:
-                    with router_process(
-                        ports,
-                        router_cpu,
-                        client="fast",
-                        profile=None,
-                        policy=policy,
-                        extra=extra,
-                    ) as (rt, rpid):
-                        r = uvloop.run(measure_chat(rt, rpid, args.seconds, size, 2))
-                    name = f"llmgw ({policy}) {size}B"
-                    old = rows.get(name)
-                    if old is None or r["cpu_ms_req"] < old["cpu_ms_req"]:
-                        rows[name] = r
+                    for server in servers:
+                        with router_process(
+                            ports,
+                            router_cpu,
+                            client="fast",
+                            profile=None,
+                            policy=policy,
+                            extra=extra,
+                            server=server,
+                        ) as (rt, rpid):
+                            r = uvloop.run(measure_chat(rt, rpid, args.seconds, size, 2))
+                        label = policy if server is None else f"{policy}, {server} server"
+                        name = f"llmgw ({label}) {size}B"
+                        old = rows.get(name)
+                        if old is None or r["cpu_ms_req"] < old["cpu_ms_req"]:
+                            rows[name] = r
     out = chat_table(rows, direct)
     print(out)
     if not args.no_results:
@@ -745,6 +755,8 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
             for k, v, d in (("seconds", args.seconds, 2.0), ("repeats", args.repeats, 3))
             if v != d
         )
+        if args.http_server is not None:
+            flags += f" --http-server {args.http_server}"
         write_results(
             f"{CHAT_SECTION}\n\n"
             f"Realistic chat bodies (8 system prompts x 32 users, a system prompt and a user "
@@ -931,6 +943,13 @@ def main() -> int:
     p.add_argument("--scale", action="store_true", help="router --workers 1 vs 2 on 1 vs 2 CPUs")
     p.add_argument("--policy-step", action="store_true", help="in-process routing work per request")
     p.add_argument("--size", type=int, default=300, help="--chat --profile: body bytes")
+    p.add_argument(
+        "--http-server",
+        choices=("fast", "aiohttp", "both"),
+        default=None,
+        help="--chat: the router's http_server (default: the router's own default); "
+        "both: the two alternate in each repetition",
+    )
     args = p.parse_args()
     if args.upstream is not None:
         run_upstream(args.upstream, args.count)

@@ -25,13 +25,14 @@ from llmgw.router.errors import error_response
 from llmgw.router.ipc import ChannelClosed
 from llmgw.router.kvfollow import KVEventFollower
 from llmgw.router.metrics import CONTENT_TYPE
-from llmgw.router.proxy import Proxy
+from llmgw.router.proxy import POST_PATHS, Proxy
 from llmgw.router.scheduler import choose
 from llmgw.router.scrape import HttpMetricsFetcher, Scraper
 from llmgw.router.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.usage import UsageReporter
 from llmgw.router.wiring import Router
 from llmgw.router.worker import WorkerLink
+from llmgw.runtime.fastserver import Answer, FastRequest
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,47 @@ ROUTER = web.AppKey("router", Router)
 SCRAPER = web.AppKey("scraper", Scraper)
 REPORTER = web.AppKey("reporter", UsageReporter)
 LINK = web.AppKey("link", WorkerLink)
+
+Req = web.Request | FastRequest
+
+
+class FastRoutes:
+    """The app's routes for the protocol-level server (`http_server: fast`), by hand.
+
+    The same table as the aiohttp router's below, matched the same way: the
+    proxied POST routes first, then GET (and HEAD) ones, then the OpenAI-shaped
+    404/405 for anything else.
+    """
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.gets = {
+            "/v1/models": proxy.models,
+            "/healthz": healthz,
+            "/readyz": readyz,
+            "/metrics": metrics,
+            "/admin/endpoints": admin_endpoints,
+            "/admin/usage": admin_usage,
+        }
+
+    async def __call__(self, request: FastRequest) -> Answer:
+        path, method = request.path, request.method
+        if method == "POST" and path in POST_PATHS:
+            return await self.proxy.answer(request)
+        if method == "GET" or method == "HEAD":
+            handler = self.gets.get(path)
+            if handler is not None:
+                return await handler(request)
+            if path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
+                request.match_info["model"] = path[len(MODEL_PREFIX) :]
+                return await self.proxy.model(request)
+        if path.startswith("/v1/"):
+            return await self.proxy.no_route(request)
+        return await no_route(request)
+
+
+MODEL_PREFIX = "/v1/models/"
+FAST = web.AppKey("fast", FastRoutes)
 
 
 def build_app(
@@ -68,6 +110,7 @@ def build_app(
         handler_args={"handler_cancellation": True},
     )
     app[ROUTER] = state
+    app[FAST] = FastRoutes(proxy)
     loops: list[Coroutine[Any, Any, None]]
     watcher: ConfigWatcher | None = None
     if link is not None:
@@ -162,7 +205,7 @@ def _host_loops(
 GET_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/admin/endpoints", "/admin/usage"})
 
 
-async def no_route(request: web.Request) -> web.Response:
+async def no_route(request: Req) -> web.Response:
     """A path the router does not serve: OpenAI's error object, like every other answer."""
     path, method = request.path, request.method
     if path in GET_PATHS:
@@ -186,7 +229,7 @@ def _log_crash(task: asyncio.Task[None]) -> None:
         log.error(kv("background loop crashed", task=task.get_name()), exc_info=task.exception())
 
 
-async def healthz(request: web.Request) -> web.Response:
+async def healthz(request: Req) -> web.Response:
     # `program` and `controller` let `ctl --controller <this router>` say where to go.
     ctl = request.app[ROUTER].cfg.controller
     where = None if ctl is None else _without_userinfo(ctl.url)
@@ -199,12 +242,12 @@ def _without_userinfo(url: str) -> str:
     return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}"
 
 
-async def readyz(request: web.Request) -> web.Response:
+async def readyz(request: Req) -> web.Response:
     ready = request.app[ROUTER].ready()
     return web.json_response({"ready": ready}, status=200 if ready else 503)
 
 
-async def metrics(request: web.Request) -> web.Response:
+async def metrics(request: Req) -> web.Response:
     st = request.app[ROUTER]
     token = st.cfg.metrics_token
     if token is not None and not bearer_matches(token, request.headers.get("Authorization")):
@@ -237,7 +280,7 @@ def _supervisor_away() -> web.Response:
     )
 
 
-def _admin_denied(request: web.Request) -> web.Response | None:
+def _admin_denied(request: Req) -> web.Response | None:
     st = request.app[ROUTER]
     if admin_allowed(
         token=st.cfg.admin_token,
@@ -257,7 +300,7 @@ def _json(obj: Any) -> web.Response:
     return web.Response(body=msgspec.json.encode(obj), content_type="application/json")
 
 
-async def admin_endpoints(request: web.Request) -> web.Response:
+async def admin_endpoints(request: Req) -> web.Response:
     """The snapshots the scheduler sees, and what it would choose now for each model."""
     if (denied := _admin_denied(request)) is not None:
         return denied
@@ -294,7 +337,7 @@ def _without_keys(snaps: list[dict[str, object]]) -> list[dict[str, object]]:
     return snaps
 
 
-async def admin_usage(request: web.Request) -> web.Response:
+async def admin_usage(request: Req) -> web.Response:
     """The usage report this router would send now (last_used absent when unknown)."""
     if (denied := _admin_denied(request)) is not None:
         return denied

@@ -13,6 +13,7 @@ Shape (every key but `endpoints`/`controller` optional):
     controller: {url, token?}
     policy: ours | round_robin | least_inflight
     upstream_client: fast | aiohttp
+    http_server: fast | aiohttp
     scrape_interval_s: 2 ...  # timings, flat
     breaker: {failure_threshold, cooldown_s, max_cooldown_s}
     api_keys: [{name, sha256}]
@@ -35,6 +36,7 @@ from llmgw.wire.endpoints import EndpointInfo
 
 Policy = Literal["ours", "round_robin", "least_inflight"]
 UpstreamClient = Literal["fast", "aiohttp"]
+HttpServer = Literal["fast", "aiohttp"]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegSeconds = Annotated[float, msgspec.Meta(ge=0)]
 # ZeroMQ transports a KV-event publisher may be reached by (precise mode).
@@ -86,6 +88,12 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # LLMGW_ROUTER_UPSTREAM environment variable if set (tests run the suite under
     # both), else `fast`. Read once at start.
     upstream_client: UpstreamClient | msgspec.UnsetType = msgspec.UNSET
+    # The server clients talk to: `fast`, a protocol-level one (runtime/fastserver.py:
+    # httptools, prebuilt heads; the same limits and error answers), or `aiohttp`
+    # (runtime/httpserver.py), the reference. Not given: the LLMGW_ROUTER_SERVER
+    # environment variable if set (tests can run the suite under both), else `fast`.
+    # Read once at start.
+    http_server: HttpServer | msgspec.UnsetType = msgspec.UNSET
 
     scrape_interval_s: Seconds = 2.0
     # Below the interval, so one tick's scrapes end before the next begins.
@@ -201,6 +209,7 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 UPSTREAM_ENV = "LLMGW_ROUTER_UPSTREAM"
+SERVER_ENV = "LLMGW_ROUTER_SERVER"
 
 # Settings read once at start; a reload that changes them logs that a restart is needed.
 RESTART_ONLY = (
@@ -210,6 +219,7 @@ RESTART_ONLY = (
     "breaker",
     "max_body_bytes",
     "upstream_client",
+    "http_server",
     "idle_timeout_s",
     "header_timeout_s",
     "max_client_connections",
@@ -245,6 +255,18 @@ def upstream_client(cfg: RouterConfig, env: Mapping[str, str]) -> UpstreamClient
     if name == "aiohttp":
         return "aiohttp"
     raise RouterConfigError(f"{UPSTREAM_ENV}={name!r}: expected fast or aiohttp")
+
+
+def http_server(cfg: RouterConfig, env: Mapping[str, str]) -> HttpServer:
+    """The server clients meet: the file's choice, else $LLMGW_ROUTER_SERVER, else `fast`."""
+    if not isinstance(cfg.http_server, msgspec.UnsetType):
+        return cfg.http_server
+    name = env.get(SERVER_ENV, "").strip() or "fast"
+    if name == "fast":
+        return "fast"
+    if name == "aiohttp":
+        return "aiohttp"
+    raise RouterConfigError(f"{SERVER_ENV}={name!r}: expected fast or aiohttp")
 
 
 def load(path: str | Path) -> RouterConfig:

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from llmgw.router.config import RouterConfig
 from llmgw.router.errors import bad_request, error_response, too_large
+from llmgw.runtime.fastserver import FastRequest
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,9 @@ class Intake:
         self._held = 0
 
 
-def refused(resp: web.Response, rid: str, why: str, request: web.Request) -> web.Response:
+def refused(
+    resp: web.Response, rid: str, why: str, request: web.Request | FastRequest
+) -> web.Response:
     """The one log line of a refused request, and its answer tagged with the request id."""
     log.warning(
         kv(
@@ -92,7 +95,7 @@ def _closing(resp: web.Response) -> web.Response:
 
 
 async def read_json(
-    request: web.Request, cfg: RouterConfig, budget: ByteBudget, rid: str
+    request: web.Request | FastRequest, cfg: RouterConfig, budget: ByteBudget, rid: str
 ) -> Intake | web.Response:
     """The body and its JSON object, or the refusal to send (already logged)."""
     limit = cfg.max_body_bytes

@@ -6,12 +6,18 @@ import argparse
 import gc
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from llmgw.router.config import RouterConfig, load, upstream_client
+from llmgw.router.config import RouterConfig, http_server, load, upstream_client
 from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import logs, serve
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.httpserver import ServerLimits, raise_nofile_limit
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from llmgw.runtime.fastserver import Dispatch
 
 DEFAULT_PORT = 8080
 
@@ -36,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=None, help="DEBUG shows every routing decision")
     logs.add_format_argument(p)
     return p
+
+
+def _dispatch(app: web.Application, cfg: RouterConfig) -> Dispatch | None:
+    """The protocol-level server's routes when `http_server` chooses it; None: aiohttp's."""
+    from llmgw.router.app import FAST
+
+    return app[FAST] if http_server(cfg, os.environ) == "fast" else None
 
 
 def _limits(cfg: RouterConfig) -> ServerLimits:
@@ -66,6 +79,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load(args.config)
         upstream_client(cfg, os.environ)  # a bad $LLMGW_ROUTER_UPSTREAM stops us here
+        http_server(cfg, os.environ)  # and a bad $LLMGW_ROUTER_SERVER
     except RouterConfigError as exc:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2
@@ -84,7 +98,13 @@ def main(argv: list[str]) -> int:
         gc.collect()
         gc.freeze()
         return await serve.serve_app(
-            app, host=args.host, port=args.port, name="router", limits=_limits(cfg)
+            app,
+            host=args.host,
+            port=args.port,
+            name="router",
+            limits=_limits(cfg),
+            dispatch=_dispatch(app, cfg),
+            max_body_bytes=cfg.max_body_bytes,
         )
 
     if workers > 1:
@@ -161,6 +181,8 @@ def _worker(args: argparse.Namespace) -> int:
             announce=False,
             on_started=started,
             stop_event=link.lost,
+            dispatch=_dispatch(app, cfg),
+            max_body_bytes=cfg.max_body_bytes,
         )
 
     return serve.run(run)

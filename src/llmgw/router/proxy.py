@@ -15,7 +15,8 @@ One request's life:
    gets an OpenAI error event and `[DONE]`, never a hang or a silent cut.
 
 Cancellation (a client disconnect cancels the handler: `handler_cancellation`
-in app.py) can land on any await below; every release sits in a `finally`
+in app.py under aiohttp's server, `FastProtocol.connection_lost` under the fast
+one) can land on any await below; every release sits in a `finally`
 that follows its acquire with no await in between.
 """
 
@@ -66,6 +67,7 @@ from llmgw.router.scheduler import Decision
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
 from llmgw.router.upstream.base import UpstreamReply
 from llmgw.router.wiring import Router
+from llmgw.runtime.fastserver import Answer, FastRequest, FastStream
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)
@@ -199,7 +201,7 @@ def _another(snaps: Sequence[Snapshot], tried: Sequence[str], eid: str) -> bool:
 
 
 class Proxy:
-    """aiohttp handlers for the OpenAI routes; all state lives in Router."""
+    """Handlers for the OpenAI routes, under either HTTP server; all state lives in Router."""
 
     def __init__(self, state: Router) -> None:
         self.state = state
@@ -207,6 +209,14 @@ class Proxy:
         self.budget = ByteBudget(state.cfg.max_inflight_body_bytes)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        """The proxied routes under aiohttp's server."""
+        resp = await self.answer(request)
+        assert isinstance(resp, web.StreamResponse)
+        return resp
+
+    async def answer(self, request: web.Request | FastRequest) -> Answer:
+        """The proxied routes under either server (`http_server`); a stream under the fast
+        one is a `FastStream` it has already sent."""
         st = self.state
         t0 = self.state.clock.monotonic()
         headers = request.headers
@@ -228,13 +238,13 @@ class Proxy:
 
     async def _handle(
         self,
-        request: web.Request,
+        request: web.Request | FastRequest,
         body: bytes,
         doc: dict[str, Any],
         rid: str,
         path: str,
         t0: float,
-    ) -> web.StreamResponse:
+    ) -> Answer:
         st = self.state
         headers = request.headers
         model = doc.get("model")
@@ -266,14 +276,14 @@ class Proxy:
 
     async def _route(
         self,
-        request: web.Request,
+        request: web.Request | FastRequest,
         path: str,
         body: bytes,
         model: str,
         hashes: RouteKey,
         rid: str,
         t0: float,
-    ) -> web.StreamResponse:
+    ) -> Answer:
         """Choose, attempt, and relay what the attempts decided; every exit is counted."""
         st = self.state
         att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries)
@@ -330,7 +340,7 @@ class Proxy:
                         if st.worker_index is not None:
                             out_headers["x-llmgw-worker"] = str(st.worker_index)
                     status = up.status
-                    resp: web.StreamResponse
+                    resp: Answer
                     if step is Step.RELAY:
                         att.outcome = classify_status(status)
                         resp = web.Response(status=status, body=att.data, headers=out_headers)
@@ -547,13 +557,13 @@ class Proxy:
 
     async def _stream(
         self,
-        request: web.Request,
+        request: web.Request | FastRequest,
         att: Attempts,
         up: UpstreamReply,
         out_headers: dict[str, str],
         t0: float,
         tally: _Tally,
-    ) -> tuple[web.StreamResponse, Outcome, float | None]:
+    ) -> tuple[Answer, Outcome, float | None]:
         """Relay an event stream as it arrives; the outcome is the endpoint's verdict.
 
         `att.first` is the stream's first chunk, already read (b"": it was empty)
@@ -568,7 +578,7 @@ class Proxy:
         out_headers["Cache-Control"] = "no-cache"
         # nginx (ingress-nginx by default) buffers proxied bodies unless told not to.
         out_headers["X-Accel-Buffering"] = "no"
-        resp = web.StreamResponse(status=up.status, headers=out_headers)
+        resp: web.StreamResponse | FastStream
         now = self.state.clock.monotonic
         watch = att.watch
         assert watch is not None
@@ -576,7 +586,11 @@ class Proxy:
         scan = tally.usage
         itl = tally.itl
         try:
-            await resp.prepare(request)
+            if isinstance(request, FastRequest):
+                resp = request.stream(up.status, out_headers)
+            else:
+                resp = web.StreamResponse(status=up.status, headers=out_headers)
+                await resp.prepare(request)
             # From here bytes have reached the client: never retried.
             chunk = att.first
             last = 0.0
@@ -646,7 +660,7 @@ class Proxy:
             headers["Retry-After"] = failed.retry_after
         return web.Response(status=failed.status, body=failed.body, headers=headers)
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: web.Request | FastRequest) -> web.Response:
         """GET /v1/models: every known model, OpenAI's list shape."""
         st = self.state
         if st.keys.enabled and st.keys.check(request.headers.get("Authorization")) is None:
@@ -654,7 +668,7 @@ class Proxy:
         data: list[dict[str, Any]] = [_model_object(m) for m in sorted(st.known_models)]
         return web.json_response({"object": "list", "data": data})
 
-    async def model(self, request: web.Request) -> web.Response:
+    async def model(self, request: web.Request | FastRequest) -> web.Response:
         """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
         st = self.state
         if st.keys.enabled and st.keys.check(request.headers.get("Authorization")) is None:
@@ -666,7 +680,7 @@ class Proxy:
             )
         return web.json_response(_model_object(model))
 
-    async def no_route(self, request: web.Request) -> web.Response:
+    async def no_route(self, request: web.Request | FastRequest) -> web.Response:
         """Any other /v1 request: OpenAI's 404 (or 405 on a served path), not aiohttp's text."""
         path, method = request.path, request.method
         t0 = self.state.clock.monotonic()

@@ -149,6 +149,8 @@ class Edge:
             error(503, "The server has too many open connections; retry shortly."),
             "Retry-After: 1\r\n",
         )
+        # How long a connection refused mid-body reads and drops the rest before closing.
+        self.linger_s = min(2.0, limits.header_timeout_s)
         self.late_answer = _canned(
             408, error(408, f"The request head did not arrive within {limits.header_timeout_s:g}s.")
         )
@@ -163,7 +165,7 @@ class Edge:
             "auto_decompress": lim.decompress,
             # An unread body is drained (up to this) so the connection can be reused;
             # a client that trickles it would hold the slot for as long.
-            "lingering_time": min(2.0, lim.header_timeout_s),
+            "lingering_time": self.linger_s,
             "access_log": None,
         }
 

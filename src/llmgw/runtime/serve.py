@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from llmgw.runtime.fastserver import Dispatch, FastServer
 from llmgw.runtime.httpserver import Edge, ErrorBody, ServerLimits, openai_error, protocol_factory
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ async def serve_app(
     error_body: ErrorBody = openai_error,
     sock: socket.socket | None = None,
     announce: bool = True,
+    dispatch: Dispatch | None = None,
+    max_body_bytes: int = 1024**2,
 ) -> int:
     """Serve until SIGTERM/SIGINT (or `stop_event`), then stop gracefully; returns 0.
 
@@ -110,6 +113,10 @@ async def serve_app(
     `sock`: serve this listening socket (bound by a parent, shared with sibling
     processes) instead of binding one; `announce=False` leaves the ready line to
     that parent.
+
+    `dispatch`: serve connections with the protocol-level server
+    (`fastserver.FastServer`, request bodies up to `max_body_bytes`) answering
+    every request through it; the app still starts and stops as it would.
     """
     stop = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -136,17 +143,20 @@ async def serve_app(
     server = runner.server
     assert server is not None  # set by setup()
     edge = Edge(limits or ServerLimits(), error_body, name=name)
-    listener = await loop.create_server(protocol_factory(server, edge), sock=sock, backlog=4096)
+    fast = None if dispatch is None else FastServer(edge, dispatch, app, max_body_bytes)
+    factory = protocol_factory(server, edge) if fast is None else fast.protocol
+    listener = await loop.create_server(factory, sock=sock, backlog=4096)
     if on_started is not None:
         await on_started(bound_port)
     if announce:
         print(f"{READY_PREFIX} {name} http://{host}:{bound_port}", flush=True)
     log.info(
-        "serving name=%s host=%s port=%d max_connections=%d",
+        "serving name=%s host=%s port=%d max_connections=%d server=%s",
         name,
         host,
         bound_port,
         edge.max_connections,
+        "aiohttp" if fast is None else "fast",
     )
     try:
         await stop.wait()
@@ -155,6 +165,8 @@ async def serve_app(
         # No new connections first; then runner.cleanup() closes idle ones, waits
         # up to shutdown_timeout for handlers in flight, and runs on_cleanup.
         listener.close()
+        if fast is not None:
+            await fast.shutdown(grace_s)
         await runner.cleanup()
     sys.stdout.flush()
     return 0

@@ -1,0 +1,743 @@
+"""A protocol-level HTTP/1.1 server: httptools (llhttp) parsing, prebuilt answer heads.
+
+The same pattern as the router's upstream client (router/upstream/fast.py), on
+the serving side: one `asyncio.Protocol` per connection, no aiohttp
+RequestHandler, BaseRequest, StreamWriter, URL dispatcher or middleware chain
+per request. The program gives a `Dispatch`: an async function of a
+`FastRequest` that answers with an aiohttp `web.Response` (written here in one
+`write`) or a `FastStream` it opened itself (an event stream, relayed as it
+comes, chunked).
+
+It keeps what `httpserver.EdgeHandler` gives aiohttp's server, with the same
+`Edge` (limits, the connection count and the canned answers):
+
+- a request the parser refuses (bad framing, a line over `max_line_bytes`, more
+  than `max_headers` headers, smuggling attempts such as Content-Length with
+  Transfer-Encoding) is a 400 with the program's JSON error body, one log
+  line, and the connection closed;
+- a head must arrive within `header_timeout_s` of its first byte (else 408),
+  a connection with no request for `idle_timeout_s` is closed, and past
+  `max_connections` a new one is answered 503 at once;
+- keep-alive and pipelining (requests answered in order, one at a time),
+  chunked request bodies, `Expect: 100-continue`, HEAD;
+- a body larger than `max_body_bytes` makes `read()` raise aiohttp's
+  HTTPRequestEntityTooLarge and a broken one RequestPayloadError, as aiohttp's
+  request does; a client that disconnects cancels its handler.
+
+What differs: a request body the handler did not read closes the connection
+after the answer (aiohttp reads it off for up to two seconds); request bodies
+are never decompressed (the router does not want them to be); an `Upgrade`
+header is ignored (the request is served as HTTP/1.1), CONNECT refused (400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
+
+import httptools
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from llmgw.runtime.httpserver import Edge, _one_line, _without_echo
+from llmgw.runtime.logs import kv
+
+log = logging.getLogger(__name__)
+
+# Headers the server writes itself; a handler's own are dropped.
+_OWN = frozenset({"content-length", "transfer-encoding", "connection", "date"})
+
+
+class _Date:
+    """The Date header's value, formatted once a second."""
+
+    __slots__ = ("line", "second")
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.line = b""
+
+    def get(self) -> bytes:
+        now = int(time.time())
+        if now != self.second:
+            self.second = now
+            self.line = f"Date: {formatdate(now, usegmt=True)}\r\n".encode("ascii")
+        return self.line
+
+
+_date = _Date()
+_STATUS: dict[int, bytes] = {}
+
+
+def _status_line(status: int, reason: str | None) -> bytes:
+    if reason is None:
+        line = _STATUS.get(status)
+        if line is None:
+            try:
+                phrase = HTTPStatus(status).phrase
+            except ValueError:
+                phrase = ""
+            line = _STATUS[status] = f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")
+        return line
+    return f"HTTP/1.1 {status} {reason}\r\n".encode("latin-1")
+
+
+def _head(status: int, reason: str | None, headers: Any, tail: bytes) -> bytes:
+    """Status line, the handler's headers (less those the server owns), Date, `tail`."""
+    parts = [_status_line(status, reason)]
+    for name, value in headers.items():
+        if name.lower() not in _OWN:
+            # As aiohttp writes them, and reads them: a header echoed back (x-request-id)
+            # goes out as the bytes that came in.
+            parts.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
+    parts.append(_date.get())
+    parts.append(tail)
+    return b"".join(parts)
+
+
+class _HeadError(Exception):
+    """A head the server refuses before parsing further (its message is the 400's)."""
+
+
+class FastRequest:
+    """What a handler sees of one request: aiohttp's request attributes the handlers use.
+
+    `headers` is a case-insensitive multidict (multidict's, as aiohttp's);
+    `read()` waits for the whole body.
+    """
+
+    __slots__ = (
+        "_chunks",
+        "_conn",
+        "_error",
+        "_waiter",
+        "app",
+        "complete",
+        "content_length",
+        "expect",
+        "headers",
+        "keep_alive",
+        "match_info",
+        "method",
+        "path",
+        "raw_path",
+        "remote",
+        "size",
+        "too_large",
+        "version",
+    )
+
+    def __init__(
+        self,
+        conn: FastProtocol,
+        method: str,
+        raw_path: str,
+        headers: CIMultiDictProxy[str],
+        keep_alive: bool,
+        version: str,
+    ) -> None:
+        self._conn = conn
+        self.app = conn.server.app
+        self.method = method
+        self.raw_path = raw_path
+        if not raw_path.startswith("/"):
+            # The absolute form (`POST http://host/v1/...`), or `*`.
+            raw_path = urlsplit(raw_path).path or raw_path
+        path = raw_path.partition("?")[0]
+        self.path = unquote(path) if "%" in path else path
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.version = version
+        self.remote = conn.remote
+        self.match_info: dict[str, str] = {}
+        cl = headers.get("Content-Length")
+        # The parser has checked it is one plain number.
+        self.content_length = None if cl is None else int(cl)
+        self.expect = headers.get("Expect")
+        self.complete = False
+        self.too_large = False
+        self.size = 0
+        self._chunks: list[bytes] = []
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def read(self) -> bytes:
+        """The whole body.
+
+        HTTPRequestEntityTooLarge past the limit, RequestPayloadError if its framing broke.
+        """
+        if not (self.complete or self.too_large or self._error is not None):
+            self._conn.resume_for(self)
+            waiter = self._waiter = self._conn.loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        if self._error is not None:
+            raise web.RequestPayloadError(str(self._error))
+        if self.too_large:
+            limit = self._conn.server.max_body_bytes
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=self.size)
+        chunks = self._chunks
+        if len(chunks) == 1:
+            return chunks[0]
+        body = b"".join(chunks)
+        self._chunks = [body]
+        return body
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _feed(self, data: bytes) -> None:
+        if self.too_large:
+            return
+        self.size += len(data)
+        if self.size > self._conn.server.max_body_bytes:
+            self.too_large = True
+            self._chunks.clear()
+            self._wake()
+            return
+        self._chunks.append(data)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._error = exc
+        self._wake()
+
+    def stream(self, status: int, headers: dict[str, str]) -> FastStream:
+        """Send the head of a streamed answer now; its body follows with `write`."""
+        return FastStream(self._conn, self, status, headers)
+
+
+class FastStream:
+    """A streamed answer (chunked on HTTP/1.1; on 1.0 the close ends it)."""
+
+    __slots__ = ("_conn", "_eof", "_req", "chunked", "keep_alive", "status")
+
+    def __init__(
+        self, conn: FastProtocol, req: FastRequest, status: int, headers: dict[str, str]
+    ) -> None:
+        self._conn = conn
+        self._req = req
+        self.status = status
+        self.chunked = req.version == "1.1"
+        self.keep_alive = self.chunked and req.keep_alive
+        self._eof = False
+        if self.chunked:
+            tail = b"Transfer-Encoding: chunked\r\n"
+            tail += b"\r\n" if self.keep_alive else b"Connection: close\r\n\r\n"
+        else:
+            tail = b"Connection: close\r\n\r\n"
+        conn.started = True
+        conn.send(_head(status, None, headers, tail))
+
+    async def write(self, data: bytes) -> None:
+        conn = self._conn
+        transport = conn.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        if not data:
+            return
+        # One bytes object, one write: an event is small, a copy is cheaper than a writev.
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        if conn.paused_writing:
+            await conn.drain()
+
+    async def write_eof(self) -> None:
+        if self._eof:
+            return
+        self._eof = True
+        conn = self._conn
+        if conn.transport is None or conn.transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        if self.chunked:
+            conn.transport.write(b"0\r\n\r\n")
+
+
+Answer = web.StreamResponse | FastStream
+Dispatch = Callable[[FastRequest], Awaitable[Answer]]
+
+
+class FastServer:
+    """What every connection of one listening socket shares; `shutdown` stops them."""
+
+    def __init__(
+        self, edge: Edge, dispatch: Dispatch, app: web.Application, max_body_bytes: int
+    ) -> None:
+        self.edge = edge
+        self.dispatch = dispatch
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.conns: set[FastProtocol] = set()
+
+    def protocol(self) -> FastProtocol:
+        return FastProtocol(self)
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Close idle connections now; give answers in progress up to `grace_s`, then close all."""
+        for c in list(self.conns):
+            c.close_when_idle()
+        tasks = [c.task for c in self.conns if c.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace_s)
+        for c in list(self.conns):
+            c.abort()
+
+
+class FastProtocol(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: FastServer) -> None:
+        self.server = server
+        self.edge = server.edge
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.remote: str | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.counted = False
+        # The request being parsed (head or body), and those waiting their turn.
+        self.cur: FastRequest | None = None
+        self.in_head = False
+        self.queue: deque[FastRequest] = deque()
+        self.task: asyncio.Task[None] | None = None
+        self.started = False  # the answer in progress has written its head
+        self.url = b""
+        self.fields: list[tuple[str, str]] = []
+        self.head_bytes = 0
+        lim = server.edge.limits
+        self.max_head_bytes = lim.max_line_bytes * (lim.max_headers + 2)
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.linger_timer: asyncio.TimerHandle | None = None
+        self.closing = False  # answer what is in progress, read nothing more
+        self.refuse: bytes | None = None  # a 400 to send once the answer in progress is out
+        self.paused_reading = False
+        self.paused_writing = False
+        self.drain_waiter: asyncio.Future[None] | None = None
+        self._handling: FastRequest | None = None
+        self.draining = False  # the server is stopping: no request after this one
+        self.raw_body_left = 0  # an upgrade request's body bytes still to read
+
+    # -- the connection -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        edge = self.edge
+        # uvloop's transports are not asyncio.Transport subclasses: cast, not isinstance.
+        tcp = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.remote = peer[0] if isinstance(peer, tuple) else None
+        if edge.open >= edge.max_connections:
+            edge.refused_total += 1
+            log.warning(
+                kv(
+                    "refused connection",
+                    server=edge.name,
+                    status=503,
+                    peer=self.remote,
+                    open=edge.open,
+                    max_connections=edge.max_connections,
+                )
+            )
+            tcp.write(edge.full_answer)
+            tcp.close()
+            self.closing = True
+            return
+        edge.open += 1
+        self.counted = True
+        self.transport = tcp
+        self.server.conns.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._arm_idle()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.counted:
+            self.counted = False
+            self.edge.open -= 1
+        self.server.conns.discard(self)
+        self.transport = None
+        self.closing = True
+        self._cancel_timers()
+        if self.drain_waiter is not None and not self.drain_waiter.done():
+            self.drain_waiter.set_exception(ConnectionResetError("the client went away"))
+        if self.task is not None and not self.task.done():
+            # A client that went away cancels its handler (and so the engine's work).
+            self.task.cancel()
+        for req in (self.cur, *self.queue):
+            if req is not None:
+                req._fail(ConnectionResetError("the client closed the connection"))
+
+    def pause_writing(self) -> None:
+        self.paused_writing = True
+
+    def resume_writing(self) -> None:
+        self.paused_writing = False
+        if self.drain_waiter is not None and not self.drain_waiter.done():
+            self.drain_waiter.set_result(None)
+
+    async def drain(self) -> None:
+        if not self.paused_writing or self.transport is None:
+            return
+        self.drain_waiter = self.loop.create_future()
+        try:
+            await self.drain_waiter
+        finally:
+            self.drain_waiter = None
+
+    def send(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def close_when_idle(self) -> None:
+        """Stopping: close now if idle, else once the answer in progress is out."""
+        self.draining = True
+        if self.task is None and self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _cancel_timers(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+        if self.linger_timer is not None:
+            self.linger_timer.cancel()
+            self.linger_timer = None
+
+    def _arm_idle(self) -> None:
+        if self.idle_timer is None:
+            self.idle_timer = self.loop.call_later(
+                self.edge.limits.idle_timeout_s, self._idle_expired
+            )
+
+    def _idle_expired(self) -> None:
+        self.idle_timer = None
+        if self.task is None and self.cur is None and not self.queue and self.transport:
+            self.transport.close()
+
+    def _head_late(self) -> None:
+        self.head_timer = None
+        if not self.in_head or self.transport is None:
+            return
+        log.warning(
+            kv(
+                "refused request",
+                server=self.edge.name,
+                status=408,
+                peer=self.remote,
+                why="head not complete within header_timeout_s",
+            )
+        )
+        self.closing = True
+        if self.task is not None:
+            # A pipelined head that stalls behind an answer in progress: after it.
+            self.refuse = self.edge.late_answer
+            return
+        self.transport.write(self.edge.late_answer)
+        self.transport.close()
+
+    # -- reading --------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        if self.raw_body_left:
+            data = self._raw_body(data)
+            if not data:
+                return
+        if self.in_head:
+            # httptools keeps a header line until it ends: bound the head as a whole.
+            self.head_bytes += len(data)
+            if self.head_bytes > self.max_head_bytes:
+                self._refuse_head("the request head is too large")
+                return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._parse_failed(exc)
+            return
+        except httptools.HttpParserUpgrade as exc:
+            # `Upgrade: h2c` and the like (curl --http2 sends it): served as plain
+            # HTTP/1.1, the upgrade ignored, as aiohttp and nginx do. llhttp stops
+            # after that message; a fresh parser takes the bytes after it.
+            self.parser = httptools.HttpRequestParser(self)
+            rest = data[int(exc.args[0]) :]
+            if rest:
+                self.data_received(rest)
+            return
+        if self.in_head and self.head_timer is None:
+            self.head_timer = self.loop.call_later(
+                self.edge.limits.header_timeout_s, self._head_late
+            )
+
+    def _raw_body(self, data: bytes) -> bytes:
+        """Feed an upgrade request's body by its length; what follows it is returned."""
+        n = self.raw_body_left
+        part, rest = data[:n], data[n:]
+        self.raw_body_left -= len(part)
+        if self.cur is not None:
+            self.cur._feed(part)
+        if not self.raw_body_left:
+            self.on_message_complete()
+        return rest
+
+    def resume_for(self, req: FastRequest) -> None:
+        """A handler waits for `req`'s body: read on."""
+        if self.paused_reading and self.transport is not None:
+            self.paused_reading = False
+            self.transport.resume_reading()
+
+    def _pause(self) -> None:
+        if not self.paused_reading and self.transport is not None:
+            self.paused_reading = True
+            self.transport.pause_reading()
+
+    def on_message_begin(self) -> None:
+        self.in_head = True
+        self.url = b""
+        self.fields = []
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > self.edge.limits.max_line_bytes:
+            limit = self.edge.limits.max_line_bytes
+            raise _HeadError(f"the request line is longer than {limit} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lim = self.edge.limits
+        if len(name) + len(value) + 2 > lim.max_line_bytes:
+            raise _HeadError(f"a header line is longer than {lim.max_line_bytes} bytes")
+        if len(self.fields) >= lim.max_headers:
+            raise _HeadError(f"more than {lim.max_headers} headers")
+        self.fields.append(
+            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+        )
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        self.head_bytes = 0
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+        p = self.parser
+        if p.get_method() == b"CONNECT":
+            raise _HeadError("CONNECT is not supported")
+        req = FastRequest(
+            self,
+            p.get_method().decode("ascii"),
+            self.url.decode("latin-1"),
+            CIMultiDictProxy(CIMultiDict(self.fields)),
+            p.should_keep_alive(),
+            p.get_http_version(),
+        )
+        if p.should_upgrade() and req.content_length:
+            # httptools skips the body of an upgrade request (its bytes come after the
+            # upgrade point): read it here, by its length.
+            self.raw_body_left = req.content_length
+        elif p.should_upgrade() and "chunked" in req.headers.get("Transfer-Encoding", ""):
+            raise _HeadError("a body with an Upgrade header needs a Content-Length")
+        self.cur = req
+        self.queue.append(req)
+        if self.task is None:
+            self._next()
+
+    def on_body(self, body: bytes) -> None:
+        if self.cur is not None:
+            self.cur._feed(body)
+
+    def on_message_complete(self) -> None:
+        if self.raw_body_left:
+            return  # an upgrade request's body is still to come (on_headers_complete)
+        req = self.cur
+        self.cur = None
+        if req is None:
+            return
+        req.complete = True
+        req._wake()
+        if req is not self._handling:
+            # Pipelined behind an answer in progress: read no further until its turn.
+            self._pause()
+
+    def _parse_failed(self, exc: httptools.HttpParserError) -> None:
+        cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
+        why = str(cause) if isinstance(cause, _HeadError) else _without_echo(str(exc))
+        self.closing = True
+        self._cancel_timers()
+        cur = self.cur
+        if cur is not None and not self.in_head and cur is self._handling:
+            # Broken framing in the body of the request being handled: its read() fails.
+            cur._fail(exc)
+            return
+        self._refuse_head(why)
+
+    def _refuse_head(self, why: str) -> None:
+        """A 400 for a request that cannot be parsed, then close (after any answer in progress)."""
+        self.closing = True
+        self._cancel_timers()
+        self.cur = None
+        log.warning(
+            kv("refused request", server=self.edge.name, status=400, peer=self.remote, why=why)
+        )
+        text = _one_line(f"Bad HTTP request: {why}")
+        body = self.edge.error(400, text)
+        answer = _head(
+            400,
+            None,
+            {"Content-Type": "application/json"},
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode("ascii"),
+        )
+        if self.task is None:
+            if self.transport is not None:
+                self.transport.write(answer + body)
+                self.transport.close()
+        else:
+            self.refuse = answer + body
+
+    # -- answering ------------------------------------------------------------
+
+    def _next(self) -> None:
+        req = self.queue.popleft()
+        self._handling = req
+        self.started = False
+        self.task = self.loop.create_task(self._answer(req))
+
+    async def _answer(self, req: FastRequest) -> None:
+        keep = False
+        try:
+            keep = await self._serve(req)
+        except (asyncio.CancelledError, ConnectionError):
+            keep = False
+        except Exception as exc:
+            # Writing the answer failed (a handler's header that cannot be encoded...).
+            log.error(kv("answer failed", server=self.edge.name, path=req.path), exc_info=exc)
+            keep = False
+        finally:
+            self._finished(req, keep)
+
+    async def _serve(self, req: FastRequest) -> bool:
+        """Answer `req`; whether the connection may carry another request."""
+        expect = req.expect
+        if expect is not None:
+            if req.version == "1.1" and expect.lower() == "100-continue":
+                if not req.complete:
+                    self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            else:
+                msg = f"Unknown Expect: {expect}"
+                refusal = web.Response(
+                    status=417, body=self.edge.error(417, msg), content_type="application/json"
+                )
+                self._write(req, refusal, close=True)
+                return False
+        try:
+            resp = await self.server.dispatch(req)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception as exc:
+            log.error(kv("handler failed", server=self.edge.name, path=req.path), exc_info=exc)
+            if self.started:
+                return False
+            msg = "The server had an error while processing your request."
+            resp = web.Response(
+                status=500, body=self.edge.error(500, msg), content_type="application/json"
+            )
+            self._write(req, resp, close=True)
+            return False
+        if isinstance(resp, FastStream):
+            return resp.keep_alive and resp._eof
+        if not isinstance(resp, web.Response):
+            raise TypeError(f"a handler answered {type(resp).__name__}, not a web.Response")
+        close = not req.keep_alive or resp.keep_alive is False or not req.complete or self.draining
+        self._write(req, resp, close=close)
+        return not close
+
+    def _write(self, req: FastRequest, resp: web.Response, *, close: bool) -> None:
+        body = resp.body
+        if not isinstance(body, bytes | bytearray):
+            body = b"" if body is None else bytes(cast(Any, body)._value)
+        headers = resp.headers
+        tail = f"Content-Length: {len(body)}\r\n"
+        if "Content-Type" not in headers:
+            tail += "Content-Type: application/octet-stream\r\n"
+        if close:
+            tail += "Connection: close\r\n"
+        elif req.version == "1.0":
+            tail += "Connection: keep-alive\r\n"
+        head = _head(resp.status, _reason(resp), headers, tail.encode("ascii") + b"\r\n")
+        self.started = True
+        if req.method == "HEAD":
+            self.send(head)
+        else:
+            self.send(head + body)
+
+    def _finished(self, req: FastRequest, keep: bool) -> None:
+        self.task = None
+        self._handling = None
+        transport = self.transport
+        if transport is None:
+            return
+        if self.refuse is not None:
+            transport.write(self.refuse)
+            self.refuse = None
+            keep = False
+        if not keep or self.closing or self.draining:
+            self.closing = True
+            if req.complete:
+                transport.close()
+            else:
+                self._linger(transport)
+            return
+        if self.queue:
+            self._next()
+        if self.paused_reading:
+            self.paused_reading = False
+            transport.resume_reading()
+        if self.task is None and self.cur is None:
+            self._arm_idle()
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """Close after an answer given before the body was all in (413, 503, 401...).
+
+        Closing with unread bytes makes the kernel reset the connection, and a
+        reset can destroy the answer before the client reads it (a client still
+        sending its body reads nothing at all). So: end our side, read and drop
+        what still comes for a while (aiohttp's lingering time), then close.
+        """
+        if self.paused_reading:
+            self.paused_reading = False
+            transport.resume_reading()
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self.linger_timer = self.loop.call_later(self.edge.linger_s, transport.close)
+
+    def eof_received(self) -> bool:
+        # The client is done sending; a lingering close need not wait any longer.
+        return False
+
+
+def _reason(resp: web.Response) -> str | None:
+    reason = resp.reason
+    try:
+        return None if reason == HTTPStatus(resp.status).phrase else reason
+    except ValueError:
+        return reason

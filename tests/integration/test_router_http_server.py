@@ -1,0 +1,354 @@
+"""The router's two HTTP servers (`http_server: aiohttp | fast`) speak the same HTTP/1.1.
+
+The same raw bytes go to a router under each; what each answers, and whether it
+keeps the connection, must agree: keep-alive across routes, pipelining,
+chunked request bodies, Expect: 100-continue, HTTP/1.0, HEAD, a body too large
+as it is read, and a streamed answer's framing. Real processes on 127.0.0.1 (a
+sim-engine, one router per server), bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmgw.testing import Program
+from tests.integration.hostile import parse_answer
+from tests.integration.router_fixtures import (
+    base_config,
+    chat_body,
+    endpoint_entries,
+    router,
+    sim_engines,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+SERVERS = ("aiohttp", "fast")
+
+
+@pytest.fixture(scope="module")
+def routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Program]]:
+    tmp = tmp_path_factory.mktemp("http-server")
+    with sim_engines(tmp, [50.0]) as engines:
+        out: dict[str, Program] = {}
+        conf = {"endpoints": endpoint_entries(engines), "max_body_bytes": 64 * 1024}
+        with (
+            router(tmp, base_config(**conf, http_server="aiohttp"), name="r-aiohttp") as a,
+            router(tmp, base_config(**conf, http_server="fast"), name="r-fast") as f,
+        ):
+            out["aiohttp"], out["fast"] = a, f
+            yield out
+
+
+def chat(content: str = "hi", *, stream: bool = False) -> bytes:
+    return json.dumps(chat_body(content, max_tokens=4, stream=stream)).encode()
+
+
+def post(body: bytes, *extra: str, path: str = "/v1/chat/completions") -> bytes:
+    lines = "".join(f"{x}\r\n" for x in extra)
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n{lines}\r\n"
+    ).encode() + body
+
+
+def get(path: str, *extra: str, method: str = "GET", version: str = "1.1") -> bytes:
+    lines = "".join(f"{x}\r\n" for x in extra)
+    return f"{method} {path} HTTP/{version}\r\nHost: x\r\n{lines}\r\n".encode()
+
+
+class Conn:
+    """One client connection that reads answers one at a time (Content-Length or chunked)."""
+
+    def __init__(self, port: int) -> None:
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buf = b""
+
+    def send(self, data: bytes) -> None:
+        self.s.sendall(data)
+
+    def _more(self) -> bool:
+        data = self.s.recv(65536)
+        self.buf += data
+        return bool(data)
+
+    def answer(self, *, head_only: bool = False) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buf:
+            assert self._more(), self.buf
+        end = self.buf.index(b"\r\n\r\n") + 4
+        status, headers, _ = parse_answer(self.buf[:end])
+        self.buf = self.buf[end:]
+        if status == 100 or head_only:
+            return status, headers, b""
+        if headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while True:
+                while b"\r\n" not in self.buf:
+                    assert self._more()
+                line, _, rest = self.buf.partition(b"\r\n")
+                size = int(line, 16)
+                while len(rest) < size + 2:
+                    assert self._more()
+                    rest = self.buf.partition(b"\r\n")[2]
+                body += rest[:size]
+                self.buf = rest[size + 2 :]
+                if size == 0:
+                    return status, headers, body
+        n = int(headers.get("content-length", "0"))
+        while len(self.buf) < n:
+            assert self._more()
+        body, self.buf = self.buf[:n], self.buf[n:]
+        return status, headers, body
+
+    def closed(self) -> bool:
+        """The server closed its end (after whatever it had sent)."""
+        self.s.settimeout(5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                if not self._more():
+                    return True
+            except ConnectionResetError:
+                return True
+        return False
+
+    def close(self) -> None:
+        self.s.close()
+
+
+@pytest.fixture(params=SERVERS)
+def port(request: pytest.FixtureRequest, routers: dict[str, Program]) -> int:
+    return routers[request.param].port
+
+
+def test_keep_alive_across_routes(port: int) -> None:
+    c = Conn(port)
+    try:
+        for data, want in (
+            (get("/healthz"), 200),
+            (post(chat()), 200),
+            (get("/v1/models"), 200),
+            (get("/v1/models/nope"), 404),
+            (post(b"not json"), 400),
+            (post(chat(), path="/v1/nope"), 404),
+            (post(chat()), 200),
+        ):
+            c.send(data)
+            status, headers, body = c.answer()
+            assert status == want, (data[:40], status, body[:200])
+            assert headers["content-type"].startswith("application/json")
+            json.loads(body)
+    finally:
+        c.close()
+
+
+def test_pipelined_requests_are_answered_in_order(port: int) -> None:
+    c = Conn(port)
+    try:
+        c.send(post(chat("one")) + get("/readyz") + post(chat("two")) + get("/nope"))
+        got = [c.answer()[0] for _ in range(4)]
+        assert got == [200, 200, 200, 404], got
+    finally:
+        c.close()
+
+
+def test_chunked_request_body(port: int) -> None:
+    body = chat("chunked")
+    half = len(body) // 2
+    framed = (
+        b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:half], body[half:]))
+        + b"0\r\n\r\n"
+    )
+    c = Conn(port)
+    try:
+        c.send(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + framed
+        )
+        status, _, out = c.answer()
+        assert status == 200, out[:200]
+        assert json.loads(out)["object"] == "chat.completion"
+        # The connection carries on.
+        c.send(get("/healthz"))
+        assert c.answer()[0] == 200
+    finally:
+        c.close()
+
+
+def test_expect_100_continue(port: int) -> None:
+    body = chat("expecting")
+    c = Conn(port)
+    try:
+        c.send(post(body, "Expect: 100-continue")[: -len(body)])
+        status, _, _ = c.answer()
+        assert status == 100
+        c.send(body)
+        status, _, out = c.answer()
+        assert status == 200, out[:200]
+    finally:
+        c.close()
+
+
+def test_an_unknown_expectation_is_417(port: int) -> None:
+    c = Conn(port)
+    try:
+        c.send(post(chat(), "Expect: teapot"))
+        status, _, _ = c.answer()
+        assert status == 417
+    finally:
+        c.close()
+
+
+def test_http_1_0_and_head(port: int) -> None:
+    c = Conn(port)
+    try:
+        c.send(get("/healthz", version="1.0"))
+        status, _, body = c.answer()
+        assert status == 200
+        assert json.loads(body)["status"] == "ok"
+        assert c.closed()
+    finally:
+        c.close()
+    c = Conn(port)
+    try:
+        c.send(get("/healthz", method="HEAD"))
+        status, headers, _ = c.answer(head_only=True)
+        assert status == 200
+        assert int(headers["content-length"]) > 0
+        # No body followed the head: the next answer's head comes right after.
+        c.send(get("/healthz"))
+        assert c.answer()[0] == 200
+    finally:
+        c.close()
+
+
+def test_chunked_body_past_the_limit_is_413_and_closed(port: int) -> None:
+    piece = b"x" * 16_384
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(8)) + b"0\r\n\r\n"
+    c = Conn(port)
+    try:
+        c.send(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + framed
+        )
+        status, _, body = c.answer()
+        assert status == 413, body[:200]
+        assert set(json.loads(body)) == {"error"}
+        assert c.closed()
+    finally:
+        c.close()
+
+
+def test_stream_is_relayed_chunked_and_the_connection_kept(port: int) -> None:
+    c = Conn(port)
+    try:
+        for _ in range(2):
+            c.send(post(chat("stream", stream=True)))
+            status, headers, body = c.answer()
+            assert status == 200
+            assert headers["content-type"].startswith("text/event-stream")
+            assert headers["x-accel-buffering"] == "no"
+            assert "x-request-id" in headers
+            events = [x for x in body.split(b"\n\n") if x.strip()]
+            assert events[-1] == b"data: [DONE]", events[-3:]
+    finally:
+        c.close()
+
+
+def test_an_endless_header_line_is_refused_not_buffered(port: int) -> None:
+    c = Conn(port)
+    try:
+        c.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        with contextlib.suppress(OSError):
+            # Past any sane head (2 MiB): the server refuses long before the end.
+            for _ in range(32):
+                c.send(b"a" * 65_536)
+        try:
+            status, _, body = c.answer()
+        except (ConnectionResetError, AssertionError):
+            # Closed while we were still sending: the reset may beat the answer.
+            pass
+        else:
+            assert status == 400, body[:200]
+            assert json.loads(body)["error"]["code"] == "bad_http_request"
+            assert c.closed()
+    finally:
+        c.close()
+    # Refused, not held: the next client is served.
+    c = Conn(port)
+    try:
+        c.send(get("/healthz"))
+        assert c.answer()[0] == 200
+    finally:
+        c.close()
+
+
+def test_absolute_form_and_query_route_like_the_path(port: int) -> None:
+    c = Conn(port)
+    try:
+        c.send(post(chat(), path="http://127.0.0.1/v1/chat/completions?x=1"))
+        assert c.answer()[0] == 200
+        c.send(get("/v1/models?limit=1"))
+        assert c.answer()[0] == 200
+    finally:
+        c.close()
+
+
+def test_an_upgrade_header_is_ignored(port: int) -> None:
+    """`Upgrade: h2c` (curl --http2 on http://) is answered as HTTP/1.1."""
+    up = ("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAAQAAP__")
+    for data in (get("/healthz", *up), post(chat("upgrade?"), *up)):
+        c = Conn(port)
+        try:
+            c.send(data)
+            status, _, body = c.answer()
+            assert status == 200, body[:200]
+        finally:
+            c.close()
+
+
+def test_bad_environment_override_exits_2(tmp_path: Path) -> None:
+    """An unknown LLMGW_ROUTER_SERVER stops the router at start with exit 2."""
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text("{}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmgw", "router", "--config", str(cfg), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "LLMGW_ROUTER_SERVER": "nginx"},
+    )
+    assert proc.returncode == 2
+    assert "LLMGW_ROUTER_SERVER" in proc.stderr
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_sigterm_lets_a_stream_in_flight_finish(tmp_path: Path, server: str) -> None:
+    """Stopping closes the listener first; a stream being relayed runs to its end."""
+    with sim_engines(tmp_path, [1.0]) as engines:
+        conf = base_config(endpoints=endpoint_entries(engines), http_server=server)
+        with router(tmp_path, conf) as r:
+            c = Conn(r.port)
+            try:
+                body = json.dumps(chat_body("slow", max_tokens=48, stream=True)).encode()
+                c.send(post(body))
+                while b"data:" not in c.buf:
+                    assert c._more()
+                r.proc.send_signal(signal.SIGTERM)
+                status, _, out = c.answer()
+                assert status == 200
+                assert out.rstrip().endswith(b"data: [DONE]"), out[-200:]
+            finally:
+                c.close()
+            assert r.proc.wait(timeout=20) == 0
