@@ -203,6 +203,26 @@ class TestCodec:
             msgspec.msgpack.encode([1.0, [42]]),
             msgspec.msgpack.encode([1.0, [["BlockStored", [1]]]]),  # fields missing
             msgspec.msgpack.encode([1.0, [["BlockStored", "x", None, [1], 1, None, None]]]),
+            # Map layout with an extra_keys that is not a list: refused, not a TypeError
+            # that would end the endpoint's subscription (kvfollow catches only this error).
+            *(
+                msgspec.msgpack.encode(
+                    {
+                        "ts": 1.0,
+                        "events": [
+                            {
+                                "type": "BlockStored",
+                                "block_hashes": [1],
+                                "parent_block_hash": None,
+                                "token_ids": [1],
+                                "block_size": 1,
+                                "extra_keys": extra,
+                            }
+                        ],
+                    }
+                )
+                for extra in (5, True, 1.5)
+            ),
         ],
     )
     def test_malformed_payloads_are_refused(self, payload: bytes) -> None:

@@ -72,6 +72,7 @@ class KVEventFollower:
         for eid, follow in want.items():
             if eid not in self._tasks:
                 task = asyncio.create_task(self._follow(eid, follow), name=f"kv-events-{eid}")
+                task.add_done_callback(_log_crash)
                 self._tasks[eid] = (follow, task)
 
     def _load_zmq(self) -> bool:
@@ -186,3 +187,12 @@ class KVEventFollower:
             sock.close(linger=0)
         log.info(kv("kv events: gap replayed", endpoint=eid, batches=len(got)))
         return True
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    """A subscription that died of an error is said at once (the endpoint stays in guess
+    mode until its follow changes), not when the task is collected."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error(
+            kv("kv events: subscription crashed", task=task.get_name()), exc_info=task.exception()
+        )
