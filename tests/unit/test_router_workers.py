@@ -256,3 +256,56 @@ def test_workers_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
 
     assert main(["--config", "unused.yaml", "--workers", "0"]) == 2
     assert "--workers 0" in capsys.readouterr().err
+
+
+class TestWorkerLink:
+    async def test_a_message_that_fails_to_apply_leaves_the_link_listening(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A reload the worker cannot apply is logged and skipped: later messages still
+        apply, and the supervisor going away still stops the worker (before, the link's
+        loop died with the error and the worker served on, orphaned)."""
+        import asyncio
+        import socket
+
+        from llmgw.router.ipc import Channel, Reload
+        from llmgw.router.wiring import Router
+        from llmgw.router.worker import WorkerLink
+
+        cfg = parse_config("endpoints: [{id: e0, url: 'http://127.0.0.1:9', models: [m]}]\n")
+        shared = SharedInflight.create(1, 8)
+        setup = Setup(
+            index=0,
+            workers=1,
+            capacity=8,
+            router_id="router-x",
+            cfg=cfg,
+            listed=None,
+            slots={"e0": 0},
+            stats={},
+        )
+        sup_sock, worker_sock = socket.socketpair()
+        sup, chan = await Channel.open(sup_sock), await Channel.open(worker_sock)
+        link = WorkerLink(chan, setup, shared)
+        state = Router(cfg, shared=shared, router_id="router-x")
+        link.attach(state)
+
+        def broken(_cfg: object) -> None:
+            raise RuntimeError("cannot apply")
+
+        monkeypatch.setattr(state, "apply_config", broken)
+        run = asyncio.create_task(link.run())
+        try:
+            sup.send(Reload(cfg=cfg, slots={"e0": 0}))
+            sup.send(Observed(id="e0", stats=Stats(running=3, waiting=0, kv_usage=None)))
+            async with asyncio.timeout(10):
+                while (s := state.registry.snapshot("e0")) is None or s.stats is None:
+                    await asyncio.sleep(0.01)
+            assert not run.done()
+            sup.close()
+            async with asyncio.timeout(10):
+                await link.lost.wait()
+        finally:
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            chan.close()
