@@ -309,3 +309,87 @@ class TestWorkerLink:
             run.cancel()
             await asyncio.gather(run, return_exceptions=True)
             chan.close()
+
+
+class TestSupervisorAsks:
+    async def test_an_answer_from_a_worker_replaced_meanwhile_is_dropped(
+        self, tmp_path: object
+    ) -> None:
+        """Worker 0 answers, dies and is started again while the supervisor still waits
+        on worker 1: the dead worker's page must not become the new worker 0's, or its
+        counts, already kept by `Merger.retire`, are added twice, and then go backwards
+        when the new worker's own page replaces it."""
+        import asyncio
+        import socket
+        import subprocess
+        from pathlib import Path
+        from typing import cast
+
+        from llmgw.router.ipc import Answer, Ask, Channel
+        from llmgw.router.supervisor import Supervisor, _Worker
+
+        assert isinstance(tmp_path, Path)
+        path = tmp_path / "router.yaml"
+        path.write_text("endpoints: []\n")
+        listen = socket.socket()
+        sup = Supervisor(parse_config(path.read_text()), config_path=path, workers=2, sock=listen)
+        page = b"# HELP c_total c\n# TYPE c_total counter\nc_total 5.0\n"
+        chans: list[Channel] = []
+        tasks: list[asyncio.Task[None]] = []
+        answered_0 = asyncio.Event()
+        release_1 = asyncio.Event()
+
+        async def worker(index: int, answer: bytes, gate: asyncio.Event | None) -> _Worker:
+            a, b = socket.socketpair()
+            sup_end, w_end = await Channel.open(a), await Channel.open(b)
+            chans.extend((sup_end, w_end))
+
+            def handle(msg: Message) -> None:
+                assert isinstance(msg, Ask)
+
+                async def reply() -> None:
+                    if gate is not None:
+                        await gate.wait()
+                    w_end.send(Answer(seq=msg.seq, body=answer))
+                    if index == 0:
+                        answered_0.set()
+
+                tasks.append(asyncio.create_task(reply()))
+
+            tasks.append(asyncio.create_task(w_end.serve(handle)))
+            tasks.append(
+                asyncio.create_task(
+                    sup._serve(w := _Worker(index, cast(subprocess.Popen[bytes], None), sup_end))
+                )
+            )
+            w.ready.set()
+            sup.workers[index] = w
+            return w
+
+        try:
+            await worker(0, page, None)
+            await worker(1, page, release_1)
+            # An earlier gather's pages.
+            sup.merger.update(0, page)
+            sup.merger.update(1, page)
+            asking = asyncio.create_task(sup.metrics_page())
+            async with asyncio.timeout(10):
+                await answered_0.wait()
+            # Worker 0 dies after answering; the watch loop retires and replaces it.
+            sup.merger.retire(0)
+            del sup.workers[0]
+            fresh = _Worker(0, cast(subprocess.Popen[bytes], None), chans[0])
+            sup.workers[0] = fresh
+            release_1.set()
+            async with asyncio.timeout(10):
+                await asking
+            assert 0 not in sup.merger.pages
+            # The dead worker's 5 (retired) and worker 1's 5; the new worker has said nothing.
+            assert parse(sup.merger.render().decode())["c_total"].samples["c_total"] == 10.0
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for c in chans:
+                c.close()
+            listen.close()

@@ -335,13 +335,19 @@ class Supervisor:
                 return w.index, None
 
         got = await asyncio.gather(*(one(w) for w in live))
-        return {i: body for i, body in got if body is not None}
+        # Only workers still serving: one that died while the others were being asked
+        # is retired (its counts kept by Merger.retire), and a new worker may already
+        # have its index; the dead one's answer would count it twice.
+        return {
+            i: body
+            for (i, body), w in zip(got, live, strict=True)
+            if body is not None and self.workers.get(i) is w
+        }
 
     async def metrics_page(self) -> bytes:
         """The whole router's /metrics: every worker's page merged, plus the host's."""
         for index, text in (await self._ask_all("metrics")).items():
-            if index in self.workers:
-                self.merger.update(index, text)
+            self.merger.update(index, text)
         return self.merger.render([parse(generate_latest(self.host_metrics).decode())])
 
     async def usage(self, *, reset: bool) -> UsageReport:
