@@ -139,3 +139,21 @@ class TestReplay:
                 assert decode_batch(frames(pub, 1)[2])[1]  # the real batch 1 was not empty
             finally:
                 f._ctx.term()
+
+    async def test_a_sequence_number_far_ahead_is_a_gap_not_a_crash(self) -> None:
+        """A sequence frame far past the last (a buggy or hostile publisher) is a gap the
+        replay cannot fill: the follower must not try to list every missed number (a
+        MemoryError that ended the subscription, or gigabytes for a smaller jump)."""
+        async with publisher(replay=True) as (pub, addr, raddr):
+            f, idx = follower(addr, raddr)
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                await f._on_message("a", idx.follows["a"], frames(pub, 0))
+                far = [b"", encode_seq(2**40), frames(pub, 1)[2]]
+                await f._on_message("a", idx.follows["a"], far)
+                assert blocks.gaps == 1
+                assert not blocks.precise
+                assert blocks.next_seq == 2**40 + 1
+            finally:
+                f._ctx.term()
