@@ -136,6 +136,10 @@ class TestReplay:
                 await f._on_message("a", idx.follows["a"], [b"", encode_seq(1), b"\xc1"])
                 assert blocks.gaps == 1
                 assert not blocks.precise
+                # The next batch follows the unreadable one: no second gap for the same loss.
+                await f._on_message("a", idx.follows["a"], frames(pub, 2))
+                assert blocks.gaps == 1
+                assert blocks.next_seq == 3
                 assert decode_batch(frames(pub, 1)[2])[1]  # the real batch 1 was not empty
             finally:
                 f._ctx.term()

@@ -137,6 +137,7 @@ class KVEventFollower:
 
     async def _on_message(self, eid: str, follow: Follow, frames: list[bytes]) -> None:
         blocks = follow.blocks
+        seq: int | None = None
         try:
             if len(frames) != 3:
                 raise KVEventsDecodeError(f"{len(frames)} frames, expected 3")
@@ -145,6 +146,10 @@ class KVEventFollower:
         except KVEventsDecodeError as exc:
             log.warning(kv("kv events: unreadable batch", endpoint=eid, error=str(exc)))
             blocks.lost()
+            if seq is not None:
+                # Counted once: the next batch is not another gap, and asking the
+                # replay socket for this one would only fetch the same bytes.
+                blocks.next_seq = seq + 1
             return
         expected = blocks.next_seq
         # Missed batches (a gap, or joining mid-stream: from the publisher's first)
