@@ -339,3 +339,62 @@ class TestWorkerRestart:
                     "two workers serving again",
                 )
                 assert r.alive()
+
+
+class TestSupervisorStart:
+    async def test_sigterm_while_a_worker_never_gets_ready_stops_at_once(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """SIGTERM while the workers start stops the router then, not after the start
+        timeout (a minute) has run out; the half-started workers are stopped too."""
+        import socket
+        import subprocess
+        import sys
+
+        from llmgw.router import supervisor
+        from llmgw.router.config import parse as parse_config
+        from llmgw.router.ipc import Channel
+        from llmgw.router.supervisor import Supervisor, _Worker
+
+        monkeypatch.setattr(supervisor, "START_TIMEOUT_S", 600.0)
+        path = tmp_path / "router.yaml"
+        path.write_text("endpoints: []\n")
+        listen = socket.socket()
+        sup = Supervisor(parse_config(path.read_text()), config_path=path, workers=2, sock=listen)
+        procs: list[subprocess.Popen[bytes]] = []
+        ends: list[socket.socket] = []
+
+        async def spawn(index: int) -> _Worker:
+            # A worker that never says Ready (stuck loading, say).
+            proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+            procs.append(proc)
+            a, b = socket.socketpair()
+            ends.append(b)
+            w = _Worker(index, proc, await Channel.open(a))
+            w.task = asyncio.create_task(sup._serve(w))
+            sup.workers[index] = w
+            return w
+
+        monkeypatch.setattr(sup, "_spawn", spawn)
+        loop = asyncio.get_running_loop()
+        run = asyncio.create_task(sup.run(host="127.0.0.1", grace_s=1.0))
+        try:
+            async with asyncio.timeout(30):
+                while len(sup.workers) < 2:
+                    await asyncio.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGTERM)
+            async with asyncio.timeout(30):
+                assert await run == 0
+            assert all(p.poll() is not None for p in procs)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for e in ends:
+                e.close()
+            listen.close()

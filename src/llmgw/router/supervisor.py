@@ -404,11 +404,15 @@ class Supervisor:
             self.worker_metrics.restarts.inc()
             await self._spawn(w.index)
 
-    async def _start_all(self) -> None:
+    async def _start_all(self, stop: asyncio.Event) -> bool:
+        """Start every worker and wait until all serve; False if `stop` is set meanwhile
+        (SIGTERM or SIGINT while starting: stop now, not once the workers serve)."""
         for i in range(self.n):
             await self._spawn(i)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not all(w.ready.is_set() for w in self.workers.values()):
+            if stop.is_set():
+                return False
             for w in self.workers.values():
                 if w.proc.poll() is not None:
                     raise WorkerFailed(
@@ -418,6 +422,7 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise WorkerFailed(f"llmgw router: workers not serving after {START_TIMEOUT_S:g}s")
             await asyncio.sleep(0.05)
+        return True
 
     async def _stop_all(self, grace_s: float) -> None:
         self.stopping = True
@@ -439,6 +444,25 @@ class Supervisor:
             if w.task is not None:
                 w.task.cancel()
 
+    def _serve_host(self, host: str) -> list[asyncio.Task[None]]:
+        """Every worker serves: say so, and start the host's chores."""
+        port = int(self.sock.getsockname()[1])
+        print(f"{READY_PREFIX} router http://{host}:{port}", flush=True)
+        log.info(kv("serving", name="router", host=host, port=port, workers=self.n))
+        loops = [
+            self.scraper.run(),
+            self.watcher.run(),
+            self._report_loop(),
+            self._gather_metrics_loop(),
+            self._watch_loop(),
+        ]
+        if self.controller is not None:
+            loops.append(ControllerSource(self.controller, on_list=self._listed).run())
+        tasks = [asyncio.create_task(c) for c in loops]
+        for t in tasks:
+            t.add_done_callback(_log_crash)
+        return tasks
+
     async def run(self, *, host: str, grace_s: float = 10.0) -> int:
         """Serve until SIGTERM/SIGINT; 0 after a graceful stop, 1 if workers cannot start."""
         stop = asyncio.Event()
@@ -452,25 +476,12 @@ class Supervisor:
         tasks: list[asyncio.Task[None]] = []
         try:
             try:
-                await self._start_all()
+                started = await self._start_all(stop)
             except WorkerFailed as exc:
                 raise ListenError(str(exc)) from exc
-            port = int(self.sock.getsockname()[1])
-            print(f"{READY_PREFIX} router http://{host}:{port}", flush=True)
-            log.info(kv("serving", name="router", host=host, port=port, workers=self.n))
-            loops = [
-                self.scraper.run(),
-                self.watcher.run(),
-                self._report_loop(),
-                self._gather_metrics_loop(),
-                self._watch_loop(),
-            ]
-            if self.controller is not None:
-                loops.append(ControllerSource(self.controller, on_list=self._listed).run())
-            tasks = [asyncio.create_task(c) for c in loops]
-            for t in tasks:
-                t.add_done_callback(_log_crash)
-            await stop.wait()
+            if started:
+                tasks = self._serve_host(host)
+                await stop.wait()
             log.info(kv("stopping", name="router", workers=len(self.workers), grace_s=grace_s))
         finally:
             self.stopping = True
