@@ -161,3 +161,22 @@ class TestReplay:
                 assert blocks.next_seq == 2**40 + 1
             finally:
                 f._ctx.term()
+
+    async def test_a_negative_sequence_number_is_unreadable(self) -> None:
+        """-1 only ends a replay; on the live socket a negative number is a bad frame,
+        not a position to replay from (encoding it for the replay request raised
+        OverflowError, which ended the subscription)."""
+        async with publisher(replay=True) as (pub, addr, raddr):
+            f, idx = follower(addr, raddr)
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                await f._on_message("a", idx.follows["a"], frames(pub, 0))
+                bad = [b"", (-5).to_bytes(8, "big", signed=True), frames(pub, 1)[2]]
+                await f._on_message("a", idx.follows["a"], bad)
+                assert blocks.gaps == 1
+                await f._on_message("a", idx.follows["a"], frames(pub, 2))
+                assert blocks.next_seq == 3
+                assert not blocks.precise
+            finally:
+                f._ctx.term()

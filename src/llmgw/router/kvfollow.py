@@ -141,7 +141,11 @@ class KVEventFollower:
         try:
             if len(frames) != 3:
                 raise KVEventsDecodeError(f"{len(frames)} frames, expected 3")
-            seq = decode_seq(frames[1])
+            number = decode_seq(frames[1])
+            if number < 0:
+                # -1 only ends a replay; nothing to count from.
+                raise KVEventsDecodeError(f"sequence number {number}")
+            seq = number
             _, events = decode_batch(frames[2])
         except KVEventsDecodeError as exc:
             log.warning(kv("kv events: unreadable batch", endpoint=eid, error=str(exc)))
