@@ -393,3 +393,29 @@ class TestSupervisorAsks:
             for c in chans:
                 c.close()
             listen.close()
+
+
+class TestChannelFrames:
+    async def test_an_oversized_frame_closes_the_channel(self) -> None:
+        """A length past MAX_FRAME ends the channel as any broken frame does: the end is
+        marked closed (the supervisor stops asking it) and waiting asks fail at once."""
+        import asyncio
+        import socket
+
+        from llmgw.router.ipc import MAX_FRAME, Channel, ChannelClosed
+
+        a_sock, b_sock = socket.socketpair()
+        a = await Channel.open(a_sock)
+        try:
+            pending = asyncio.create_task(a.ask("metrics", timeout_s=30))
+            await asyncio.sleep(0)
+            b_sock.sendall((MAX_FRAME + 1).to_bytes(4, "big"))
+            with pytest.raises(ChannelClosed):
+                await a.receive()
+            assert a.closed
+            with pytest.raises(ChannelClosed):
+                async with asyncio.timeout(10):
+                    await pending
+        finally:
+            a.close()
+            b_sock.close()

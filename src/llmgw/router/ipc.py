@@ -128,6 +128,7 @@ class Channel:
             head = await self._reader.readexactly(_LEN.size)
             (size,) = _LEN.unpack(head)
             if size > MAX_FRAME:
+                self._lost()
                 raise ChannelClosed(f"frame of {size} bytes")
             return _decoder.decode(await self._reader.readexactly(size))
         except asyncio.IncompleteReadError as exc:
