@@ -400,6 +400,21 @@ class TestIndexAndPolicy:
             idx.follows[e].blocks.on_batch(0, [])
         return idx
 
+    @pytest.mark.parametrize(
+        "bad",
+        [
+            {"model": "m", "messages": ["hi"]},
+            {"model": "m", "messages": {"role": "user"}},
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}, 5]},
+        ],
+    )
+    def test_a_malformed_chat_body_is_left_to_the_guess(self, bad: dict[str, Any]) -> None:
+        """Messages that are not objects: the tokenizer cannot say (the engine will
+        refuse the request), so the endpoint keeps its guess. An AttributeError raised
+        out of the policy made the router answer a bare 500 instead."""
+        idx = self.index("a")
+        assert idx.match(bad, ["a"]) == {}
+
     def test_match_counts_the_tokens_the_engine_holds(self) -> None:
         idx = self.index("a", "b")
         prompt = body("the shared system prompt " * 40)
