@@ -340,6 +340,32 @@ class TestWorkerRestart:
                 )
                 assert r.alive()
 
+    async def test_a_killed_supervisor_takes_its_workers_with_it(self, tmp_path: Path) -> None:
+        """SIGKILL to the supervisor (no chance to stop anything): each worker sees its
+        channel close and stops by itself, so none serves on unsupervised and the port
+        is free for the next router."""
+        import socket
+
+        with sim_engines(tmp_path, [50.0]) as engines:
+            cfg = base_config(endpoints=endpoint_entries(engines))
+            with router(tmp_path, cfg, workers=2) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                pids = await until(lambda: _both(workers_of(r.pid)), "two workers")
+                port = int(r.url.rsplit(":", 1)[1])
+                os.kill(r.pid, signal.SIGKILL)
+                await until(lambda: all(dead(p) for p in pids.values()), "both workers gone")
+
+                def port_free() -> bool:
+                    with socket.socket() as s:
+                        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                        try:
+                            s.bind(("127.0.0.1", port))
+                        except OSError:
+                            return False
+                        return True
+
+                await until(port_free, "the port is free")
+
 
 class TestSupervisorStart:
     async def test_sigterm_while_a_worker_never_gets_ready_stops_at_once(
