@@ -424,3 +424,43 @@ class TestSupervisorStart:
             for e in ends:
                 e.close()
             listen.close()
+
+    async def test_a_worker_that_stops_reading_is_killed_not_buffered_for(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A worker that never reads its channel (stopped, or stuck): the supervisor
+        does not keep every broadcast for it without end, it kills the worker (which the
+        watch loop then starts again)."""
+        import socket
+        import subprocess
+        import sys
+
+        from llmgw.router import supervisor
+        from llmgw.router.config import parse as parse_config
+        from llmgw.router.endpoint import Stats
+        from llmgw.router.ipc import Channel, Observed
+        from llmgw.router.supervisor import Supervisor, _Worker
+
+        monkeypatch.setattr(supervisor, "MAX_BACKLOG_BYTES", 1 << 20, raising=False)
+        path = tmp_path / "router.yaml"
+        path.write_text("endpoints: []\n")
+        listen = socket.socket()
+        sup = Supervisor(parse_config(path.read_text()), config_path=path, workers=1, sock=listen)
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        a, b = socket.socketpair()  # b: the worker's end, never read
+        channel = await Channel.open(a)
+        try:
+            sup.workers[0] = _Worker(0, proc, channel)
+            msg = Observed(id="e" * 4096, stats=Stats(running=1, waiting=0, kv_usage=None))
+            for _ in range(2000):  # about 8 MB
+                sup._broadcast(msg)
+                if proc.poll() is not None:
+                    break
+            assert await asyncio.to_thread(proc.wait, 30) != 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            channel.close()
+            b.close()
+            listen.close()

@@ -123,6 +123,10 @@ class Channel:
         body = _encoder.encode(msg)
         self._writer.write(_LEN.pack(len(body)) + body)
 
+    def backlog(self) -> int:
+        """Bytes sent but not yet taken by the other end (the kernel's buffer aside)."""
+        return self._writer.transport.get_write_buffer_size()
+
     async def receive(self) -> Message:
         try:
             head = await self._reader.readexactly(_LEN.size)

@@ -85,6 +85,10 @@ MAX_RESTART_DELAY_S = 10.0
 # Workers' metrics are also gathered this often, so a worker that dies loses at
 # most this much of its counts from the totals (metricsmerge.Merger.retire).
 METRICS_GATHER_S = 5.0
+# A worker that stops reading its channel (SIGSTOP, a loop that never yields) would
+# have every broadcast kept for it without end; past this much it is killed, and
+# started again like any worker that exits.
+MAX_BACKLOG_BYTES = 64 * 1024 * 1024
 WATCH_S = 0.2
 
 
@@ -262,6 +266,16 @@ class Supervisor:
     def _broadcast(self, msg: Message) -> None:
         for w in self.workers.values():
             w.channel.send(msg)
+            if w.channel.backlog() > MAX_BACKLOG_BYTES and w.proc.poll() is None:
+                log.error(
+                    kv(
+                        "worker not reading from the supervisor, killing",
+                        worker=w.index,
+                        pid=w.proc.pid,
+                        backlog=w.channel.backlog(),
+                    )
+                )
+                w.proc.kill()
 
     # -- workers -----------------------------------------------------------------
 
