@@ -464,3 +464,48 @@ class TestSupervisorStart:
             channel.close()
             b.close()
             listen.close()
+
+    async def test_a_restart_that_cannot_spawn_is_tried_again(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A worker exits and starting its replacement fails once (no processes or
+        descriptors left, say): the supervisor tries again rather than leave the
+        index empty for good (the watch loop only watches workers that exist)."""
+        import socket
+        import subprocess
+        import sys
+
+        from llmgw.router import supervisor
+        from llmgw.router.config import parse as parse_config
+        from llmgw.router.ipc import Channel
+        from llmgw.router.supervisor import Supervisor, _Worker
+
+        monkeypatch.setattr(supervisor, "MAX_RESTART_DELAY_S", 0.05)
+        monkeypatch.setattr(supervisor, "EARLY_EXIT_S", 0.0)
+        path = tmp_path / "router.yaml"
+        path.write_text("endpoints: []\n")
+        listen = socket.socket()
+        sup = Supervisor(parse_config(path.read_text()), config_path=path, workers=1, sock=listen)
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        await asyncio.to_thread(proc.wait, 30)
+        a, b = socket.socketpair()
+        sup.workers[0] = dead_worker = _Worker(0, proc, await Channel.open(a))
+        calls: list[int] = []
+
+        async def spawn(index: int) -> _Worker:
+            calls.append(index)
+            if len(calls) == 1:
+                raise OSError(24, "Too many open files")
+            sup.workers[index] = dead_worker  # a stand-in: only the call matters here
+            return dead_worker
+
+        monkeypatch.setattr(sup, "_spawn", spawn)
+        try:
+            async with asyncio.timeout(30):
+                await sup._restart(dead_worker, 0)
+            assert calls == [0, 0]
+            assert 0 in sup.workers
+            assert sup.restarts == 1
+        finally:
+            b.close()
+            listen.close()

@@ -299,6 +299,9 @@ class Supervisor:
             # own subprocesses are not needed (the watch loop polls).
             fds = (spec.listen_fd, spec.channel_fd, spec.table_fd)
             proc = subprocess.Popen(argv, pass_fds=fds)  # noqa: ASYNC220
+        except BaseException:
+            parent.close()
+            raise
         finally:
             child.close()
         channel = await Channel.open(parent)
@@ -413,10 +416,19 @@ class Supervisor:
         self._early_exits[w.index] = early
         if early:
             await asyncio.sleep(min(MAX_RESTART_DELAY_S, 0.25 * 2**early))
-        if not self.stopping:
-            self.restarts += 1
-            self.worker_metrics.restarts.inc()
-            await self._spawn(w.index)
+        if self.stopping:
+            return
+        self.restarts += 1
+        self.worker_metrics.restarts.inc()
+        while not self.stopping:
+            try:
+                await self._spawn(w.index)
+                return
+            except OSError as exc:
+                # Out of processes or descriptors, say: the index must not stay empty
+                # (nothing else would ever start it again), so try again shortly.
+                log.error(kv("worker could not be started, retrying", worker=w.index, error=exc))
+                await asyncio.sleep(MAX_RESTART_DELAY_S)
 
     async def _start_all(self, stop: asyncio.Event) -> bool:
         """Start every worker and wait until all serve; False if `stop` is set meanwhile
