@@ -180,3 +180,25 @@ class TestReplay:
                 assert not blocks.precise
             finally:
                 f._ctx.term()
+
+    async def test_a_restarted_publisher_whose_first_batches_were_missed_is_replayed(
+        self,
+    ) -> None:
+        """The engine restarted and its publisher's first batches went out before the
+        subscription reconnected: the first one seen is numbered below what was expected.
+        Its whole history (from 0) is fetched, as when joining mid-stream, instead of
+        guessing until the cache is next reset."""
+        async with publisher(replay=True) as (pub, addr, raddr):
+            f, idx = follower(addr, raddr)
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                # Where the previous incarnation of the publisher had got to.
+                blocks.on_batch(0, [])
+                blocks.next_seq = 500
+                await f._on_message("a", idx.follows["a"], frames(pub, 2))
+                assert blocks.gaps == 0
+                assert blocks.next_seq == 3
+                assert all(n > 0 for n in held(idx))
+            finally:
+                f._ctx.term()

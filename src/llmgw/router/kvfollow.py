@@ -159,7 +159,10 @@ class KVEventFollower:
         # Missed batches (a gap, or joining mid-stream: from the publisher's first)
         # come from the replay socket where there is one; the publisher keeps its
         # last buffer_steps batches, so a long-running engine's history may be gone.
-        first = 0 if expected is None else expected
+        # A number below the expected one is a publisher that restarted (its engine
+        # too) and whose first batches went out before we reconnected: its history
+        # from 0 as well.
+        first = 0 if expected is None or seq < expected else expected
         if follow.replay and seq > first:
             await self._replay(eid, follow, first, seq)
         blocks.on_batch(seq, events)
