@@ -202,3 +202,41 @@ class TestReplay:
                 assert all(n > 0 for n in held(idx))
             finally:
                 f._ctx.term()
+
+
+class TestSupervision:
+    async def test_a_subscription_that_crashes_is_started_again(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An error nobody foresaw while handling one message ends that endpoint's task;
+        the follower starts it again instead of leaving the endpoint guessing for good."""
+        monkeypatch.setattr(kvfollow, "RECONCILE_S", 0.05)
+        calls: list[int] = []
+        real = KVEventFollower._on_message
+
+        async def flaky(self: KVEventFollower, eid: str, follow: Any, got: list[Any]) -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("unforeseen")
+            await real(self, eid, follow, got)
+
+        monkeypatch.setattr(KVEventFollower, "_on_message", flaky)
+        async with publisher(replay=False) as (pub, addr, _):
+            f, idx = follower(addr, "")
+            run = asyncio.create_task(f.run())
+            try:
+                blocks = idx.follows["a"].blocks
+                async with asyncio.timeout(30):
+                    i = 0
+                    while len(calls) < 2 or blocks.batches == 0:
+                        ids = completion_prompt_ids(f"more text {i} " * 2)
+                        pub.kv.allocate(
+                            f"m{i}", len(ids), prompt_block_hashes(ids, 4), token_ids=ids
+                        )
+                        pub.kv.free(f"m{i}")
+                        pub.flush()
+                        i += 1
+                        await asyncio.sleep(0.1)
+            finally:
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)

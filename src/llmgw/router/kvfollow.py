@@ -46,7 +46,7 @@ class KVEventFollower:
         seen = -1
         try:
             while True:
-                if self.index.version != seen:
+                if self.index.version != seen or any(_crashed(t) for _, t in self._tasks.values()):
                     seen = self.index.version
                     self._reconcile()
                 await asyncio.sleep(RECONCILE_S)
@@ -66,6 +66,11 @@ class KVEventFollower:
             follow, task = self._tasks[eid]
             if want.get(eid) is not follow:
                 task.cancel()
+                del self._tasks[eid]
+            elif _crashed(task):
+                # Started again (below), at most once a RECONCILE_S; whatever it was
+                # applying may be half done, so the set starts over as after a gap.
+                follow.blocks.lost()
                 del self._tasks[eid]
         if not want or not self._load_zmq():
             return
@@ -203,9 +208,13 @@ class KVEventFollower:
         return True
 
 
+def _crashed(task: asyncio.Task[None]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is not None
+
+
 def _log_crash(task: asyncio.Task[None]) -> None:
-    """A subscription that died of an error is said at once (the endpoint stays in guess
-    mode until its follow changes), not when the task is collected."""
+    """A subscription that died of an error is said at once (run() starts it again),
+    not when the task is collected."""
     if not task.cancelled() and task.exception() is not None:
         log.error(
             kv("kv events: subscription crashed", task=task.get_name()), exc_info=task.exception()
