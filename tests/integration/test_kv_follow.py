@@ -136,6 +136,107 @@ class TestReplay:
                 await f._on_message("a", idx.follows["a"], [b"", encode_seq(1), b"\xc1"])
                 assert blocks.gaps == 1
                 assert not blocks.precise
+                # The next batch follows the unreadable one: no second gap for the same loss.
+                await f._on_message("a", idx.follows["a"], frames(pub, 2))
+                assert blocks.gaps == 1
+                assert blocks.next_seq == 3
                 assert decode_batch(frames(pub, 1)[2])[1]  # the real batch 1 was not empty
             finally:
                 f._ctx.term()
+
+    async def test_a_sequence_number_far_ahead_is_a_gap_not_a_crash(self) -> None:
+        """A sequence frame far past the last (a buggy or hostile publisher) is a gap the
+        replay cannot fill: the follower must not try to list every missed number (a
+        MemoryError that ended the subscription, or gigabytes for a smaller jump)."""
+        async with publisher(replay=True) as (pub, addr, raddr):
+            f, idx = follower(addr, raddr)
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                await f._on_message("a", idx.follows["a"], frames(pub, 0))
+                far = [b"", encode_seq(2**40), frames(pub, 1)[2]]
+                await f._on_message("a", idx.follows["a"], far)
+                assert blocks.gaps == 1
+                assert not blocks.precise
+                assert blocks.next_seq == 2**40 + 1
+            finally:
+                f._ctx.term()
+
+    async def test_a_negative_sequence_number_is_unreadable(self) -> None:
+        """-1 only ends a replay; on the live socket a negative number is a bad frame,
+        not a position to replay from (encoding it for the replay request raised
+        OverflowError, which ended the subscription)."""
+        async with publisher(replay=True) as (pub, addr, raddr):
+            f, idx = follower(addr, raddr)
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                await f._on_message("a", idx.follows["a"], frames(pub, 0))
+                bad = [b"", (-5).to_bytes(8, "big", signed=True), frames(pub, 1)[2]]
+                await f._on_message("a", idx.follows["a"], bad)
+                assert blocks.gaps == 1
+                await f._on_message("a", idx.follows["a"], frames(pub, 2))
+                assert blocks.next_seq == 3
+                assert not blocks.precise
+            finally:
+                f._ctx.term()
+
+    async def test_a_restarted_publisher_whose_first_batches_were_missed_is_replayed(
+        self,
+    ) -> None:
+        """The engine restarted and its publisher's first batches went out before the
+        subscription reconnected: the first one seen is numbered below what was expected.
+        Its whole history (from 0) is fetched, as when joining mid-stream, instead of
+        guessing until the cache is next reset."""
+        async with publisher(replay=True) as (pub, addr, raddr):
+            f, idx = follower(addr, raddr)
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                # Where the previous incarnation of the publisher had got to.
+                blocks.on_batch(0, [])
+                blocks.next_seq = 500
+                await f._on_message("a", idx.follows["a"], frames(pub, 2))
+                assert blocks.gaps == 0
+                assert blocks.next_seq == 3
+                assert all(n > 0 for n in held(idx))
+            finally:
+                f._ctx.term()
+
+
+class TestSupervision:
+    async def test_a_subscription_that_crashes_is_started_again(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An error nobody foresaw while handling one message ends that endpoint's task;
+        the follower starts it again instead of leaving the endpoint guessing for good."""
+        monkeypatch.setattr(kvfollow, "RECONCILE_S", 0.05)
+        calls: list[int] = []
+        real = KVEventFollower._on_message
+
+        async def flaky(self: KVEventFollower, eid: str, follow: Any, got: list[Any]) -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("unforeseen")
+            await real(self, eid, follow, got)
+
+        monkeypatch.setattr(KVEventFollower, "_on_message", flaky)
+        async with publisher(replay=False) as (pub, addr, _):
+            f, idx = follower(addr, "")
+            run = asyncio.create_task(f.run())
+            try:
+                blocks = idx.follows["a"].blocks
+                async with asyncio.timeout(30):
+                    i = 0
+                    while len(calls) < 2 or blocks.batches == 0:
+                        ids = completion_prompt_ids(f"more text {i} " * 2)
+                        pub.kv.allocate(
+                            f"m{i}", len(ids), prompt_block_hashes(ids, 4), token_ids=ids
+                        )
+                        pub.kv.free(f"m{i}")
+                        pub.flush()
+                        i += 1
+                        await asyncio.sleep(0.1)
+            finally:
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)

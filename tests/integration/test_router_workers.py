@@ -339,3 +339,173 @@ class TestWorkerRestart:
                     "two workers serving again",
                 )
                 assert r.alive()
+
+    async def test_a_killed_supervisor_takes_its_workers_with_it(self, tmp_path: Path) -> None:
+        """SIGKILL to the supervisor (no chance to stop anything): each worker sees its
+        channel close and stops by itself, so none serves on unsupervised and the port
+        is free for the next router."""
+        import socket
+
+        with sim_engines(tmp_path, [50.0]) as engines:
+            cfg = base_config(endpoints=endpoint_entries(engines))
+            with router(tmp_path, cfg, workers=2) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                pids = await until(lambda: _both(workers_of(r.pid)), "two workers")
+                port = int(r.url.rsplit(":", 1)[1])
+                os.kill(r.pid, signal.SIGKILL)
+                await until(lambda: all(dead(p) for p in pids.values()), "both workers gone")
+
+                def port_free() -> bool:
+                    with socket.socket() as s:
+                        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                        try:
+                            s.bind(("127.0.0.1", port))
+                        except OSError:
+                            return False
+                        return True
+
+                await until(port_free, "the port is free")
+
+
+class TestSupervisorStart:
+    async def test_sigterm_while_a_worker_never_gets_ready_stops_at_once(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """SIGTERM while the workers start stops the router then, not after the start
+        timeout (a minute) has run out; the half-started workers are stopped too."""
+        import socket
+        import subprocess
+        import sys
+
+        from llmgw.router import supervisor
+        from llmgw.router.config import parse as parse_config
+        from llmgw.router.ipc import Channel
+        from llmgw.router.supervisor import Supervisor, _Worker
+
+        monkeypatch.setattr(supervisor, "START_TIMEOUT_S", 600.0)
+        path = tmp_path / "router.yaml"
+        path.write_text("endpoints: []\n")
+        listen = socket.socket()
+        sup = Supervisor(parse_config(path.read_text()), config_path=path, workers=2, sock=listen)
+        procs: list[subprocess.Popen[bytes]] = []
+        ends: list[socket.socket] = []
+
+        async def spawn(index: int) -> _Worker:
+            # A worker that never says Ready (stuck loading, say).
+            proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+            procs.append(proc)
+            a, b = socket.socketpair()
+            ends.append(b)
+            w = _Worker(index, proc, await Channel.open(a))
+            w.task = asyncio.create_task(sup._serve(w))
+            sup.workers[index] = w
+            return w
+
+        monkeypatch.setattr(sup, "_spawn", spawn)
+        loop = asyncio.get_running_loop()
+        run = asyncio.create_task(sup.run(host="127.0.0.1", grace_s=1.0))
+        try:
+            async with asyncio.timeout(30):
+                while len(sup.workers) < 2:
+                    await asyncio.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGTERM)
+            async with asyncio.timeout(30):
+                assert await run == 0
+            assert all(p.poll() is not None for p in procs)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for e in ends:
+                e.close()
+            listen.close()
+
+    async def test_a_worker_that_stops_reading_is_killed_not_buffered_for(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A worker that never reads its channel (stopped, or stuck): the supervisor
+        does not keep every broadcast for it without end, it kills the worker (which the
+        watch loop then starts again)."""
+        import socket
+        import subprocess
+        import sys
+
+        from llmgw.router import supervisor
+        from llmgw.router.config import parse as parse_config
+        from llmgw.router.endpoint import Stats
+        from llmgw.router.ipc import Channel, Observed
+        from llmgw.router.supervisor import Supervisor, _Worker
+
+        monkeypatch.setattr(supervisor, "MAX_BACKLOG_BYTES", 1 << 20, raising=False)
+        path = tmp_path / "router.yaml"
+        path.write_text("endpoints: []\n")
+        listen = socket.socket()
+        sup = Supervisor(parse_config(path.read_text()), config_path=path, workers=1, sock=listen)
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        a, b = socket.socketpair()  # b: the worker's end, never read
+        channel = await Channel.open(a)
+        try:
+            sup.workers[0] = _Worker(0, proc, channel)
+            msg = Observed(id="e" * 4096, stats=Stats(running=1, waiting=0, kv_usage=None))
+            for _ in range(2000):  # about 8 MB
+                sup._broadcast(msg)
+                if proc.poll() is not None:
+                    break
+            assert await asyncio.to_thread(proc.wait, 30) != 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            channel.close()
+            b.close()
+            listen.close()
+
+    async def test_a_restart_that_cannot_spawn_is_tried_again(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A worker exits and starting its replacement fails once (no processes or
+        descriptors left, say): the supervisor tries again rather than leave the
+        index empty for good (the watch loop only watches workers that exist)."""
+        import socket
+        import subprocess
+        import sys
+
+        from llmgw.router import supervisor
+        from llmgw.router.config import parse as parse_config
+        from llmgw.router.ipc import Channel
+        from llmgw.router.supervisor import Supervisor, _Worker
+
+        monkeypatch.setattr(supervisor, "MAX_RESTART_DELAY_S", 0.05)
+        monkeypatch.setattr(supervisor, "EARLY_EXIT_S", 0.0)
+        path = tmp_path / "router.yaml"
+        path.write_text("endpoints: []\n")
+        listen = socket.socket()
+        sup = Supervisor(parse_config(path.read_text()), config_path=path, workers=1, sock=listen)
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        await asyncio.to_thread(proc.wait, 30)
+        a, b = socket.socketpair()
+        sup.workers[0] = dead_worker = _Worker(0, proc, await Channel.open(a))
+        calls: list[int] = []
+
+        async def spawn(index: int) -> _Worker:
+            calls.append(index)
+            if len(calls) == 1:
+                raise OSError(24, "Too many open files")
+            sup.workers[index] = dead_worker  # a stand-in: only the call matters here
+            return dead_worker
+
+        monkeypatch.setattr(sup, "_spawn", spawn)
+        try:
+            async with asyncio.timeout(30):
+                await sup._restart(dead_worker, 0)
+            assert calls == [0, 0]
+            assert 0 in sup.workers
+            assert sup.restarts == 1
+        finally:
+            b.close()
+            listen.close()

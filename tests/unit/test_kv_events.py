@@ -203,6 +203,26 @@ class TestCodec:
             msgspec.msgpack.encode([1.0, [42]]),
             msgspec.msgpack.encode([1.0, [["BlockStored", [1]]]]),  # fields missing
             msgspec.msgpack.encode([1.0, [["BlockStored", "x", None, [1], 1, None, None]]]),
+            # Map layout with an extra_keys that is not a list: refused, not a TypeError
+            # that would end the endpoint's subscription (kvfollow catches only this error).
+            *(
+                msgspec.msgpack.encode(
+                    {
+                        "ts": 1.0,
+                        "events": [
+                            {
+                                "type": "BlockStored",
+                                "block_hashes": [1],
+                                "parent_block_hash": None,
+                                "token_ids": [1],
+                                "block_size": 1,
+                                "extra_keys": extra,
+                            }
+                        ],
+                    }
+                )
+                for extra in (5, True, 1.5)
+            ),
         ],
     )
     def test_malformed_payloads_are_refused(self, payload: bytes) -> None:
@@ -379,6 +399,21 @@ class TestIndexAndPolicy:
             idx.follows[e].blocks.connected = True
             idx.follows[e].blocks.on_batch(0, [])
         return idx
+
+    @pytest.mark.parametrize(
+        "bad",
+        [
+            {"model": "m", "messages": ["hi"]},
+            {"model": "m", "messages": {"role": "user"}},
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}, 5]},
+        ],
+    )
+    def test_a_malformed_chat_body_is_left_to_the_guess(self, bad: dict[str, Any]) -> None:
+        """Messages that are not objects: the tokenizer cannot say (the engine will
+        refuse the request), so the endpoint keeps its guess. An AttributeError raised
+        out of the policy made the router answer a bare 500 instead."""
+        idx = self.index("a")
+        assert idx.match(bad, ["a"]) == {}
 
     def test_match_counts_the_tokens_the_engine_holds(self) -> None:
         idx = self.index("a", "b")

@@ -256,3 +256,166 @@ def test_workers_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
 
     assert main(["--config", "unused.yaml", "--workers", "0"]) == 2
     assert "--workers 0" in capsys.readouterr().err
+
+
+class TestWorkerLink:
+    async def test_a_message_that_fails_to_apply_leaves_the_link_listening(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A reload the worker cannot apply is logged and skipped: later messages still
+        apply, and the supervisor going away still stops the worker (before, the link's
+        loop died with the error and the worker served on, orphaned)."""
+        import asyncio
+        import socket
+
+        from llmgw.router.ipc import Channel, Reload
+        from llmgw.router.wiring import Router
+        from llmgw.router.worker import WorkerLink
+
+        cfg = parse_config("endpoints: [{id: e0, url: 'http://127.0.0.1:9', models: [m]}]\n")
+        shared = SharedInflight.create(1, 8)
+        setup = Setup(
+            index=0,
+            workers=1,
+            capacity=8,
+            router_id="router-x",
+            cfg=cfg,
+            listed=None,
+            slots={"e0": 0},
+            stats={},
+        )
+        sup_sock, worker_sock = socket.socketpair()
+        sup, chan = await Channel.open(sup_sock), await Channel.open(worker_sock)
+        link = WorkerLink(chan, setup, shared)
+        state = Router(cfg, shared=shared, router_id="router-x")
+        link.attach(state)
+
+        def broken(_cfg: object) -> None:
+            raise RuntimeError("cannot apply")
+
+        monkeypatch.setattr(state, "apply_config", broken)
+        run = asyncio.create_task(link.run())
+        try:
+            sup.send(Reload(cfg=cfg, slots={"e0": 0}))
+            sup.send(Observed(id="e0", stats=Stats(running=3, waiting=0, kv_usage=None)))
+            async with asyncio.timeout(10):
+                while (s := state.registry.snapshot("e0")) is None or s.stats is None:
+                    await asyncio.sleep(0.01)
+            assert not run.done()
+            sup.close()
+            async with asyncio.timeout(10):
+                await link.lost.wait()
+        finally:
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            chan.close()
+
+
+class TestSupervisorAsks:
+    async def test_an_answer_from_a_worker_replaced_meanwhile_is_dropped(
+        self, tmp_path: object
+    ) -> None:
+        """Worker 0 answers, dies and is started again while the supervisor still waits
+        on worker 1: the dead worker's page must not become the new worker 0's, or its
+        counts, already kept by `Merger.retire`, are added twice, and then go backwards
+        when the new worker's own page replaces it."""
+        import asyncio
+        import socket
+        import subprocess
+        from pathlib import Path
+        from typing import cast
+
+        from llmgw.router.ipc import Answer, Ask, Channel
+        from llmgw.router.supervisor import Supervisor, _Worker
+
+        assert isinstance(tmp_path, Path)
+        path = tmp_path / "router.yaml"
+        path.write_text("endpoints: []\n")
+        listen = socket.socket()
+        sup = Supervisor(parse_config(path.read_text()), config_path=path, workers=2, sock=listen)
+        page = b"# HELP c_total c\n# TYPE c_total counter\nc_total 5.0\n"
+        chans: list[Channel] = []
+        tasks: list[asyncio.Task[None]] = []
+        answered_0 = asyncio.Event()
+        release_1 = asyncio.Event()
+
+        async def worker(index: int, answer: bytes, gate: asyncio.Event | None) -> _Worker:
+            a, b = socket.socketpair()
+            sup_end, w_end = await Channel.open(a), await Channel.open(b)
+            chans.extend((sup_end, w_end))
+
+            def handle(msg: Message) -> None:
+                assert isinstance(msg, Ask)
+
+                async def reply() -> None:
+                    if gate is not None:
+                        await gate.wait()
+                    w_end.send(Answer(seq=msg.seq, body=answer))
+                    if index == 0:
+                        answered_0.set()
+
+                tasks.append(asyncio.create_task(reply()))
+
+            tasks.append(asyncio.create_task(w_end.serve(handle)))
+            tasks.append(
+                asyncio.create_task(
+                    sup._serve(w := _Worker(index, cast(subprocess.Popen[bytes], None), sup_end))
+                )
+            )
+            w.ready.set()
+            sup.workers[index] = w
+            return w
+
+        try:
+            await worker(0, page, None)
+            await worker(1, page, release_1)
+            # An earlier gather's pages.
+            sup.merger.update(0, page)
+            sup.merger.update(1, page)
+            asking = asyncio.create_task(sup.metrics_page())
+            async with asyncio.timeout(10):
+                await answered_0.wait()
+            # Worker 0 dies after answering; the watch loop retires and replaces it.
+            sup.merger.retire(0)
+            del sup.workers[0]
+            fresh = _Worker(0, cast(subprocess.Popen[bytes], None), chans[0])
+            sup.workers[0] = fresh
+            release_1.set()
+            async with asyncio.timeout(10):
+                await asking
+            assert 0 not in sup.merger.pages
+            # The dead worker's 5 (retired) and worker 1's 5; the new worker has said nothing.
+            assert parse(sup.merger.render().decode())["c_total"].samples["c_total"] == 10.0
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for c in chans:
+                c.close()
+            listen.close()
+
+
+class TestChannelFrames:
+    async def test_an_oversized_frame_closes_the_channel(self) -> None:
+        """A length past MAX_FRAME ends the channel as any broken frame does: the end is
+        marked closed (the supervisor stops asking it) and waiting asks fail at once."""
+        import asyncio
+        import socket
+
+        from llmgw.router.ipc import MAX_FRAME, Channel, ChannelClosed
+
+        a_sock, b_sock = socket.socketpair()
+        a = await Channel.open(a_sock)
+        try:
+            pending = asyncio.create_task(a.ask("metrics", timeout_s=30))
+            await asyncio.sleep(0)
+            b_sock.sendall((MAX_FRAME + 1).to_bytes(4, "big"))
+            with pytest.raises(ChannelClosed):
+                await a.receive()
+            assert a.closed
+            with pytest.raises(ChannelClosed):
+                async with asyncio.timeout(10):
+                    await pending
+        finally:
+            a.close()
+            b_sock.close()

@@ -123,11 +123,16 @@ class Channel:
         body = _encoder.encode(msg)
         self._writer.write(_LEN.pack(len(body)) + body)
 
+    def backlog(self) -> int:
+        """Bytes sent but not yet taken by the other end (the kernel's buffer aside)."""
+        return self._writer.transport.get_write_buffer_size()
+
     async def receive(self) -> Message:
         try:
             head = await self._reader.readexactly(_LEN.size)
             (size,) = _LEN.unpack(head)
             if size > MAX_FRAME:
+                self._lost()
                 raise ChannelClosed(f"frame of {size} bytes")
             return _decoder.decode(await self._reader.readexactly(size))
         except asyncio.IncompleteReadError as exc:

@@ -46,7 +46,7 @@ class KVEventFollower:
         seen = -1
         try:
             while True:
-                if self.index.version != seen:
+                if self.index.version != seen or any(_crashed(t) for _, t in self._tasks.values()):
                     seen = self.index.version
                     self._reconcile()
                 await asyncio.sleep(RECONCILE_S)
@@ -67,11 +67,17 @@ class KVEventFollower:
             if want.get(eid) is not follow:
                 task.cancel()
                 del self._tasks[eid]
+            elif _crashed(task):
+                # Started again (below), at most once a RECONCILE_S; whatever it was
+                # applying may be half done, so the set starts over as after a gap.
+                follow.blocks.lost()
+                del self._tasks[eid]
         if not want or not self._load_zmq():
             return
         for eid, follow in want.items():
             if eid not in self._tasks:
                 task = asyncio.create_task(self._follow(eid, follow), name=f"kv-events-{eid}")
+                task.add_done_callback(_log_crash)
                 self._tasks[eid] = (follow, task)
 
     def _load_zmq(self) -> bool:
@@ -136,20 +142,32 @@ class KVEventFollower:
 
     async def _on_message(self, eid: str, follow: Follow, frames: list[bytes]) -> None:
         blocks = follow.blocks
+        seq: int | None = None
         try:
             if len(frames) != 3:
                 raise KVEventsDecodeError(f"{len(frames)} frames, expected 3")
-            seq = decode_seq(frames[1])
+            number = decode_seq(frames[1])
+            if number < 0:
+                # -1 only ends a replay; nothing to count from.
+                raise KVEventsDecodeError(f"sequence number {number}")
+            seq = number
             _, events = decode_batch(frames[2])
         except KVEventsDecodeError as exc:
             log.warning(kv("kv events: unreadable batch", endpoint=eid, error=str(exc)))
             blocks.lost()
+            if seq is not None:
+                # Counted once: the next batch is not another gap, and asking the
+                # replay socket for this one would only fetch the same bytes.
+                blocks.next_seq = seq + 1
             return
         expected = blocks.next_seq
         # Missed batches (a gap, or joining mid-stream: from the publisher's first)
         # come from the replay socket where there is one; the publisher keeps its
         # last buffer_steps batches, so a long-running engine's history may be gone.
-        first = 0 if expected is None else expected
+        # A number below the expected one is a publisher that restarted (its engine
+        # too) and whose first batches went out before we reconnected: its history
+        # from 0 as well.
+        first = 0 if expected is None or seq < expected else expected
         if follow.replay and seq > first:
             await self._replay(eid, follow, first, seq)
         blocks.on_batch(seq, events)
@@ -175,7 +193,9 @@ class KVEventFollower:
                     break
                 if seq < upto:
                     got.append((seq, frames[2]))
-            if [s for s, _ in got] != list(range(first, upto)):
+            # Compared without listing first..upto: a sequence frame far ahead (a buggy
+            # publisher) would otherwise allocate one int per missed number.
+            if len(got) != upto - first or any(s != first + i for i, (s, _) in enumerate(got)):
                 raise KVEventsDecodeError("replay did not cover the gap")
             for seq, payload in got:
                 blocks.on_batch(seq, decode_batch(payload)[1])
@@ -186,3 +206,16 @@ class KVEventFollower:
             sock.close(linger=0)
         log.info(kv("kv events: gap replayed", endpoint=eid, batches=len(got)))
         return True
+
+
+def _crashed(task: asyncio.Task[None]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is not None
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    """A subscription that died of an error is said at once (run() starts it again),
+    not when the task is collected."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error(
+            kv("kv events: subscription crashed", task=task.get_name()), exc_info=task.exception()
+        )

@@ -85,6 +85,10 @@ MAX_RESTART_DELAY_S = 10.0
 # Workers' metrics are also gathered this often, so a worker that dies loses at
 # most this much of its counts from the totals (metricsmerge.Merger.retire).
 METRICS_GATHER_S = 5.0
+# A worker that stops reading its channel (SIGSTOP, a loop that never yields) would
+# have every broadcast kept for it without end; past this much it is killed, and
+# started again like any worker that exits.
+MAX_BACKLOG_BYTES = 64 * 1024 * 1024
 WATCH_S = 0.2
 
 
@@ -262,6 +266,16 @@ class Supervisor:
     def _broadcast(self, msg: Message) -> None:
         for w in self.workers.values():
             w.channel.send(msg)
+            if w.channel.backlog() > MAX_BACKLOG_BYTES and w.proc.poll() is None:
+                log.error(
+                    kv(
+                        "worker not reading from the supervisor, killing",
+                        worker=w.index,
+                        pid=w.proc.pid,
+                        backlog=w.channel.backlog(),
+                    )
+                )
+                w.proc.kill()
 
     # -- workers -----------------------------------------------------------------
 
@@ -285,6 +299,9 @@ class Supervisor:
             # own subprocesses are not needed (the watch loop polls).
             fds = (spec.listen_fd, spec.channel_fd, spec.table_fd)
             proc = subprocess.Popen(argv, pass_fds=fds)  # noqa: ASYNC220
+        except BaseException:
+            parent.close()
+            raise
         finally:
             child.close()
         channel = await Channel.open(parent)
@@ -335,13 +352,19 @@ class Supervisor:
                 return w.index, None
 
         got = await asyncio.gather(*(one(w) for w in live))
-        return {i: body for i, body in got if body is not None}
+        # Only workers still serving: one that died while the others were being asked
+        # is retired (its counts kept by Merger.retire), and a new worker may already
+        # have its index; the dead one's answer would count it twice.
+        return {
+            i: body
+            for (i, body), w in zip(got, live, strict=True)
+            if body is not None and self.workers.get(i) is w
+        }
 
     async def metrics_page(self) -> bytes:
         """The whole router's /metrics: every worker's page merged, plus the host's."""
         for index, text in (await self._ask_all("metrics")).items():
-            if index in self.workers:
-                self.merger.update(index, text)
+            self.merger.update(index, text)
         return self.merger.render([parse(generate_latest(self.host_metrics).decode())])
 
     async def usage(self, *, reset: bool) -> UsageReport:
@@ -393,16 +416,29 @@ class Supervisor:
         self._early_exits[w.index] = early
         if early:
             await asyncio.sleep(min(MAX_RESTART_DELAY_S, 0.25 * 2**early))
-        if not self.stopping:
-            self.restarts += 1
-            self.worker_metrics.restarts.inc()
-            await self._spawn(w.index)
+        if self.stopping:
+            return
+        self.restarts += 1
+        self.worker_metrics.restarts.inc()
+        while not self.stopping:
+            try:
+                await self._spawn(w.index)
+                return
+            except OSError as exc:
+                # Out of processes or descriptors, say: the index must not stay empty
+                # (nothing else would ever start it again), so try again shortly.
+                log.error(kv("worker could not be started, retrying", worker=w.index, error=exc))
+                await asyncio.sleep(MAX_RESTART_DELAY_S)
 
-    async def _start_all(self) -> None:
+    async def _start_all(self, stop: asyncio.Event) -> bool:
+        """Start every worker and wait until all serve; False if `stop` is set meanwhile
+        (SIGTERM or SIGINT while starting: stop now, not once the workers serve)."""
         for i in range(self.n):
             await self._spawn(i)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not all(w.ready.is_set() for w in self.workers.values()):
+            if stop.is_set():
+                return False
             for w in self.workers.values():
                 if w.proc.poll() is not None:
                     raise WorkerFailed(
@@ -412,6 +448,7 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise WorkerFailed(f"llmgw router: workers not serving after {START_TIMEOUT_S:g}s")
             await asyncio.sleep(0.05)
+        return True
 
     async def _stop_all(self, grace_s: float) -> None:
         self.stopping = True
@@ -433,6 +470,25 @@ class Supervisor:
             if w.task is not None:
                 w.task.cancel()
 
+    def _serve_host(self, host: str) -> list[asyncio.Task[None]]:
+        """Every worker serves: say so, and start the host's chores."""
+        port = int(self.sock.getsockname()[1])
+        print(f"{READY_PREFIX} router http://{host}:{port}", flush=True)
+        log.info(kv("serving", name="router", host=host, port=port, workers=self.n))
+        loops = [
+            self.scraper.run(),
+            self.watcher.run(),
+            self._report_loop(),
+            self._gather_metrics_loop(),
+            self._watch_loop(),
+        ]
+        if self.controller is not None:
+            loops.append(ControllerSource(self.controller, on_list=self._listed).run())
+        tasks = [asyncio.create_task(c) for c in loops]
+        for t in tasks:
+            t.add_done_callback(_log_crash)
+        return tasks
+
     async def run(self, *, host: str, grace_s: float = 10.0) -> int:
         """Serve until SIGTERM/SIGINT; 0 after a graceful stop, 1 if workers cannot start."""
         stop = asyncio.Event()
@@ -446,25 +502,12 @@ class Supervisor:
         tasks: list[asyncio.Task[None]] = []
         try:
             try:
-                await self._start_all()
+                started = await self._start_all(stop)
             except WorkerFailed as exc:
                 raise ListenError(str(exc)) from exc
-            port = int(self.sock.getsockname()[1])
-            print(f"{READY_PREFIX} router http://{host}:{port}", flush=True)
-            log.info(kv("serving", name="router", host=host, port=port, workers=self.n))
-            loops = [
-                self.scraper.run(),
-                self.watcher.run(),
-                self._report_loop(),
-                self._gather_metrics_loop(),
-                self._watch_loop(),
-            ]
-            if self.controller is not None:
-                loops.append(ControllerSource(self.controller, on_list=self._listed).run())
-            tasks = [asyncio.create_task(c) for c in loops]
-            for t in tasks:
-                t.add_done_callback(_log_crash)
-            await stop.wait()
+            if started:
+                tasks = self._serve_host(host)
+                await stop.wait()
             log.info(kv("stopping", name="router", workers=len(self.workers), grace_s=grace_s))
         finally:
             self.stopping = True

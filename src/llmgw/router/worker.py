@@ -91,6 +91,9 @@ class WorkerLink:
             await self.channel.serve(self._handle)
         except ChannelClosed as exc:
             log.warning(kv("supervisor gone, stopping", worker=self.setup.index, error=exc))
+        finally:
+            # However the loop ends, this worker can no longer hear its supervisor (nor
+            # notice it die): it stops rather than serve on, orphaned or stale.
             self.lost.set()
 
     def ready(self) -> None:
@@ -101,6 +104,14 @@ class WorkerLink:
         return await self.channel.ask(what, timeout_s=ASK_TIMEOUT_S)
 
     def _handle(self, msg: Message) -> None:
+        try:
+            self._apply(msg)
+        except Exception:  # one message must not end the channel
+            # As a one-process router whose reload fails: what it had stays in force.
+            # The channel keeps being read, so the supervisor's death is still noticed.
+            log.exception(kv("cannot apply a message from the supervisor", kind=type(msg).__name__))
+
+    def _apply(self, msg: Message) -> None:
         st = self.state
         assert st is not None
         if isinstance(msg, Observed):

@@ -164,7 +164,11 @@ def prompt_ids_for_body(body: Mapping[str, Any]) -> list[int]:
     several prompts) is not a single prompt and raises ValueError.
     """
     if "messages" in body:
-        return chat_prompt_ids(body["messages"], body.get("tools"))
+        messages = body["messages"]
+        # Anything else is the engine's to refuse (a 400); not this function's to crash on.
+        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+            raise ValueError("messages is not a list of objects")
+        return chat_prompt_ids(messages, body.get("tools"))
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return completion_prompt_ids(prompt)

@@ -136,6 +136,8 @@ def _event(ev: Any) -> KVEvent | None:
         if kind is None:
             return None
         extra = ev.get("extra_keys") or ()
+        if not isinstance(extra, list | tuple):
+            raise KVEventsDecodeError(f"{tag}: extra_keys is not a list")
         if tag == "BlockStored" and (
             ev.get("lora_name") is not None or any(k is not None for k in extra)
         ):
