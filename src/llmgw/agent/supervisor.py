@@ -85,6 +85,7 @@ class Supervisor:
         host: str = "127.0.0.1",
         policy: SpecPolicy | None = None,
         private_paths: Sequence[Path] = (),
+        private_values: Sequence[str] = (),
         stop_grace_s: float = 10.0,
         log_max_bytes: int = logfiles.DEFAULT_MAX_BYTES,
         log_keep: int = logfiles.DEFAULT_KEEP,
@@ -102,6 +103,8 @@ class Supervisor:
         self.policy = policy if policy is not None else SpecPolicy()
         # The agent's own files (token, state folder): no env_from may read them.
         self._private_paths = tuple(private_paths)
+        # The agent's own token: no env_from value may hold it, and no log tail carries it.
+        self._private_values = tuple(v for v in private_values if v)
         self._stop_grace_s = stop_grace_s
         self._log_max_bytes = log_max_bytes
         self._log_keep = log_keep
@@ -291,7 +294,15 @@ class Supervisor:
                 replay = self._ports.allocate({*self._ports_taken(), publish})
                 sh.kv_ports = KVEventPorts(publish=publish, replay=replay)
             # Read now, on this node; held in memory only (the state file keeps the spec).
-            resolved = resolve(spec.env_from, private_paths=self._private_paths)
+            resolved = resolve(
+                spec.env_from,
+                private_paths=self._private_paths,
+                # The engines' keys too: one spec must not be handed another's engine.
+                private_values=(
+                    *self._private_values,
+                    *(o.api_key for o in self._shards.values() if o.api_key),
+                ),
+            )
             sh.secret_values = tuple(resolved.values())
             sh.api_key = secrets.token_urlsafe(32)
             plan = render(
@@ -357,8 +368,9 @@ class Supervisor:
             log.info(kv("engine stopped", replica=sh.spec.replica_id, rank=sh.spec.rank))
 
     def _secrets(self, sh: _Shard) -> tuple[str, ...]:
-        """Values a log tail leaving this node must not carry: the key, the env_from values."""
-        return ((sh.api_key,) if sh.api_key else ()) + sh.secret_values
+        """Values a log tail leaving this node must not carry: the key, the env_from values,
+        the agent's token."""
+        return ((sh.api_key,) if sh.api_key else ()) + sh.secret_values + self._private_values
 
     def _ports_taken(self) -> set[int]:
         """Engine ports our shards hold (HTTP and KV events), and every rendezvous port a
