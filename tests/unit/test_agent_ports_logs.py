@@ -70,3 +70,18 @@ class TestLogFiles:
         log.write_text("a\n\nb\n" + "c" * 500 + "\n")
         assert tail(log, lines=2, max_line_chars=5) == ("b", "ccccc")
         assert tail(tmp_path / "missing") == ()
+
+    def test_a_secret_cut_by_the_window_does_not_leak_its_end(self, tmp_path: Path) -> None:
+        """The tail reads the last 64 KiB; a secret straddling the window's start is cut
+        there, so its end no longer matches the mask: that partial line is dropped."""
+        secret = "s3cret-value-0123456789abcdef"
+        log = tmp_path / "e.log"
+        window = 64 * 1024
+        # The secret's first 10 characters fall before the window, the rest inside it.
+        head = "x" * 100 + secret
+        body = "y" * (window - (len(secret) - 10) - len("\nlast line\n"))
+        log.write_text(head + body + "\nlast line\n")
+        assert log.stat().st_size - window == 100 + 10
+        got = tail(log, secrets=(secret,))
+        assert got == ("last line",)
+        assert not any(secret[10:20] in line for line in got)

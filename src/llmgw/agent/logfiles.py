@@ -81,10 +81,15 @@ def tail(
     try:
         with path.open("rb") as f:
             size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - 64 * 1024))
+            start = max(0, size - 64 * 1024)
+            f.seek(start)
             data = f.read()
     except FileNotFoundError:
         return ()
+    if start > 0:
+        # The window starts inside a line: its head may end a secret cut in two, which
+        # no mask matches any more (and half a line says little anyway).
+        data = data.partition(b"\n")[2]
     text = data.decode("utf-8", errors="replace")
     kept = redact(tuple(ln for ln in text.splitlines() if ln.strip())[-lines:], secrets)
     return tuple(ln[:max_line_chars] for ln in kept)
