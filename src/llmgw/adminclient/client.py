@@ -29,6 +29,7 @@ from llmgw.adminclient.errors import (
     AdminUnauthorized,
     AdminUnreachable,
 )
+from llmgw.runtime.netaddr import is_loopback
 from llmgw.wire.admin import (
     DrainRequest,
     EventView,
@@ -73,7 +74,18 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects)
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    """No redirects; and no proxy for a loopback controller.
+
+    urllib sends every request through `http_proxy` unless `no_proxy` names the host,
+    127.0.0.1 and localhost included: the token would leave this host for a proxy that
+    cannot even reach the controller. Built per request, so the proxy settings are the
+    environment's at that moment.
+    """
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost" or is_loopback(host):
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects)
+    return urllib.request.build_opener(_NoRedirects)
 
 
 class UrllibTransport:
@@ -90,7 +102,7 @@ class UrllibTransport:
     ) -> Response:
         req = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
         try:
-            with _OPENER.open(req, timeout=timeout_s) as resp:
+            with _opener(url).open(req, timeout=timeout_s) as resp:
                 return Response(resp.status, resp.read())
         except urllib.error.HTTPError as exc:
             # A status is an answer, whatever it says; the client decides what it means.
