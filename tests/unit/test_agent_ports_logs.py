@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,27 @@ class TestLogFiles:
         assert (tmp_path / "e.log.1").read_text() == "gen3\n"
         assert (tmp_path / "e.log.2").read_text() == "gen2\n"
         assert not (tmp_path / "e.log.3").exists()
+
+    def test_a_rotated_copy_is_never_readable_by_others(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The copy is made 0600, not made under the umask and narrowed afterwards (in
+        between, another local user could open it and keep reading)."""
+        import stat
+
+        import llmgw.agent.logfiles as logfiles
+
+        log = tmp_path / "e.log"
+        log.write_text("secret-ish engine output\n")
+        log.chmod(0o600)
+        monkeypatch.setattr(logfiles.os, "chmod", lambda *a, **k: None)
+        old = os.umask(0o022)
+        try:
+            rotate(log, keep=1)
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE((tmp_path / "e.log.1").stat().st_mode) == 0o600
+        assert (tmp_path / "e.log.1").read_text() == "secret-ish engine output\n"
 
     def test_needs_rotation(self, tmp_path: Path) -> None:
         """Only a file over the limit needs rotating; a missing one does not."""

@@ -55,8 +55,13 @@ def rotate(path: Path, *, keep: int = DEFAULT_KEEP) -> None:
         if src.exists():
             src.rename(path.with_name(f"{path.name}.{n + 1}"))
     first = path.with_name(f"{path.name}.1")
-    shutil.copyfile(path, first)
-    os.chmod(first, MODE)
+    # Made 0600 from the start (copyfile would create it under the umask, readable by
+    # others until a chmod); after the shift above, nothing is at `first`.
+    first.unlink(missing_ok=True)
+    fd = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, MODE)
+    with os.fdopen(fd, "wb") as copy, path.open("rb") as live:
+        os.fchmod(copy.fileno(), MODE)
+        shutil.copyfileobj(live, copy, 1024 * 1024)
     os.truncate(path, 0)
 
 
