@@ -156,6 +156,10 @@ def test_bad_scoped_token_settings_are_refused(
     nodes.write_text("just-a-token\n")
     err = _parse_error(["--token-file", str(admin), "--node-tokens-file", str(nodes)], capsys)
     assert "expected NODE=TOKEN" in err
+    assert "just-a-token" not in err
+    nodes.write_bytes(b"n1=\xff\xfe\n")
+    err = _parse_error(["--token-file", str(admin), "--node-tokens-file", str(nodes)], capsys)
+    assert "not UTF-8 text" in err
 
 
 def raw_status(url: str, authorization: bytes) -> int:
