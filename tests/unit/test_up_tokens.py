@@ -112,3 +112,16 @@ class TestCtlFindsTheToken:
         assert resolve(flag_url=None, flag_token=None, env={}, home=home, cwd=tmp_path).token == (
             "tok"
         )
+
+
+def test_up_warns_that_its_token_flag_is_public(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Like every other program's --token: visible in ps, so said, with the way out."""
+    from llmgw.up.main import main
+
+    assert main(["--token", "t-0123456789", "--fleet", str(tmp_path / "no-such-fleet")]) == 2
+    err = capsys.readouterr().err
+    assert "llmgw up: warning: --token on the command line is visible" in err
+    assert "tokens/admin" in err
+    assert "t-0123456789" not in err
