@@ -210,6 +210,42 @@ class TestSupervisor:
         assert st.log_tail
         assert not any(CANARY in line for line in st.log_tail)
 
+    async def test_an_adopted_engine_s_tail_masks_the_value_it_was_given(
+        self, parts: dict[str, Any]
+    ) -> None:
+        """After an agent restart the secret file may hold a new value (a rotated token) or
+        be gone; the engine still has the old one, and that is what its log may show."""
+        sup, spawner, tmp = parts["sup"], parts["spawner"], parts["tmp"]
+        secret = tmp / "hf"
+        secret.write_text(CANARY)
+        refs = {"HF_TOKEN": SecretRef(file=str(secret))}
+        sup.apply([spec(env_from=refs)])
+        ((_, env, proc),) = spawner.spawned
+        secret.write_text("rotated-value-not-the-engines")
+        spawner2 = FakeSpawner()
+        spawner2.alive[proc.pid] = proc
+        sup2 = Supervisor(
+            log_dir=tmp / "logs",
+            store=StateStore(tmp / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=spawner2,
+            probe=FakeProbe(),
+            private_paths=(tmp / "state",),
+            engine_environ=lambda pid: dict(env) if pid == proc.pid else None,
+        )
+        sup2.adopt(StateStore(tmp / "state", node="n1").load())
+        log = tmp / "logs" / "r1-rank0.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"HF_TOKEN={CANARY}\nTraceback: bad token {CANARY}\n")
+        from llmgw.agent.engineprocs import Exit
+
+        proc.exit = Exit(1)
+        await sup2.tick()
+        (st,) = sup2.statuses()
+        assert st.state == "failed"
+        assert st.log_tail
+        assert not any(CANARY in line for line in st.log_tail)
+
     async def test_policy_applies_to_env_from_names(self, parts: dict[str, Any]) -> None:
         sup, spawner = parts["sup"], parts["spawner"]
         sup.apply([spec(env_from={"LD_PRELOAD": SecretRef(env="HOME")})])
