@@ -156,3 +156,33 @@ def test_bad_scoped_token_settings_are_refused(
     nodes.write_text("just-a-token\n")
     err = _parse_error(["--token-file", str(admin), "--node-tokens-file", str(nodes)], capsys)
     assert "expected NODE=TOKEN" in err
+    assert "just-a-token" not in err
+    nodes.write_bytes(b"n1=\xff\xfe\n")
+    err = _parse_error(["--token-file", str(admin), "--node-tokens-file", str(nodes)], capsys)
+    assert "not UTF-8 text" in err
+
+
+def raw_status(url: str, authorization: bytes) -> int:
+    """The status of GET /admin/summary sent with these exact header bytes (urllib
+    would refuse to send a header that is not Latin-1 text; an attacker's client would not)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as s:
+        s.sendall(
+            b"GET /admin/summary HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Authorization: " + authorization + b"\r\n\r\n"
+        )
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return int(answer.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("header", [b"Bearer \xff\xfe", b"Bearer \xc3\xa9", b"\xff"])
+def test_a_token_that_is_not_text_is_refused_not_a_crash(ctl: Program, header: bytes) -> None:
+    """Bytes that are not UTF-8 are a wrong token (401), never a 500 and a traceback."""
+    assert raw_status(ctl.url, header) == 401

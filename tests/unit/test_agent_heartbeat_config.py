@@ -237,3 +237,14 @@ class TestLoopbackGuard:
     def test_peers(self, expected: bool, remote: str | None) -> None:
         """Only loopback peers may use the agent's HTTP surface."""
         assert expected == is_loopback(remote)
+
+
+class TestAddressCheck:
+    @pytest.mark.parametrize("address", ["0.0.0.0", "::", "0:0::0"])
+    def test_an_unspecified_address_is_refused(self, address: str) -> None:
+        """0.0.0.0 binds (every interface), but it is nobody's address: engines would
+        listen everywhere and routers would be sent to their own host."""
+        from llmgw.agent.config import check_address
+
+        with pytest.raises(AgentConfigError, match="not an address anyone can reach"):
+            check_address(address)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,27 @@ class TestLogFiles:
         assert (tmp_path / "e.log.2").read_text() == "gen2\n"
         assert not (tmp_path / "e.log.3").exists()
 
+    def test_a_rotated_copy_is_never_readable_by_others(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The copy is made 0600, not made under the umask and narrowed afterwards (in
+        between, another local user could open it and keep reading)."""
+        import stat
+
+        import llmgw.agent.logfiles as logfiles
+
+        log = tmp_path / "e.log"
+        log.write_text("secret-ish engine output\n")
+        log.chmod(0o600)
+        monkeypatch.setattr(logfiles.os, "chmod", lambda *a, **k: None)
+        old = os.umask(0o022)
+        try:
+            rotate(log, keep=1)
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE((tmp_path / "e.log.1").stat().st_mode) == 0o600
+        assert (tmp_path / "e.log.1").read_text() == "secret-ish engine output\n"
+
     def test_needs_rotation(self, tmp_path: Path) -> None:
         """Only a file over the limit needs rotating; a missing one does not."""
         log = tmp_path / "e.log"
@@ -70,3 +92,18 @@ class TestLogFiles:
         log.write_text("a\n\nb\n" + "c" * 500 + "\n")
         assert tail(log, lines=2, max_line_chars=5) == ("b", "ccccc")
         assert tail(tmp_path / "missing") == ()
+
+    def test_a_secret_cut_by_the_window_does_not_leak_its_end(self, tmp_path: Path) -> None:
+        """The tail reads the last 64 KiB; a secret straddling the window's start is cut
+        there, so its end no longer matches the mask: that partial line is dropped."""
+        secret = "s3cret-value-0123456789abcdef"
+        log = tmp_path / "e.log"
+        window = 64 * 1024
+        # The secret's first 10 characters fall before the window, the rest inside it.
+        head = "x" * 100 + secret
+        body = "y" * (window - (len(secret) - 10) - len("\nlast line\n"))
+        log.write_text(head + body + "\nlast line\n")
+        assert log.stat().st_size - window == 100 + 10
+        got = tail(log, secrets=(secret,))
+        assert got == ("last line",)
+        assert not any(secret[10:20] in line for line in got)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from llmgw.wire.agent import SecretRef
 from tests.unit.test_agent_supervisor import FakeProbe, FakeSpawner, spec
 
 CANARY = "canary-7f3a9c1e-not-for-logs"
+AGENT_TOKEN = "agent-token-5b2e-not-for-engines"
 
 
 class TestResolve:
@@ -54,6 +57,58 @@ class TestResolve:
             with pytest.raises(SecretUnavailable, match="the agent's own"):
                 resolve({"X": SecretRef(file=str(path))}, private_paths=(state, token))
 
+    def test_a_hard_link_to_the_token_is_refused(self, tmp_path: Path) -> None:
+        """The file read is compared, not only its name: a second name is the same file."""
+        token = tmp_path / "private" / "token"
+        token.parent.mkdir()
+        token.write_text(CANARY)
+        os.link(token, tmp_path / "another-name")
+        with pytest.raises(SecretUnavailable, match="the agent's own"):
+            resolve({"X": SecretRef(file=str(tmp_path / "another-name"))}, private_paths=(token,))
+
+    def test_a_file_holding_the_agent_s_token_is_refused(self, tmp_path: Path) -> None:
+        """The agent's config file (or any copy) may hold its token: never given out."""
+        config = tmp_path / "agent.yaml"
+        config.write_text(f"node: n1\ntoken: {CANARY}\n")
+        with pytest.raises(SecretUnavailable, match="the agent's own") as err:
+            resolve({"X": SecretRef(file=str(config))}, private_values=(CANARY,))
+        assert CANARY not in str(err.value)
+        with pytest.raises(SecretUnavailable, match="the agent's own"):
+            resolve(
+                {"X": SecretRef(env="COPY")}, environ={"COPY": CANARY}, private_values=(CANARY,)
+            )
+
+    def test_a_fifo_is_refused_at_once(self, tmp_path: Path) -> None:
+        """Opening a FIFO for reading waits for a writer: the agent's loop would hang."""
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        caught: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                resolve({"X": SecretRef(file=str(fifo))})
+            except BaseException as exc:  # noqa: BLE001  # asserted below
+                caught.append(exc)
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(timeout=30)
+        if worker.is_alive():
+            with fifo.open("w"):  # let the reader go before failing
+                pass
+            worker.join(timeout=30)
+            pytest.fail("resolve blocked on a FIFO")
+        assert len(caught) == 1
+        assert isinstance(caught[0], SecretUnavailable)
+        assert "not a regular file" in str(caught[0])
+
+    def test_a_symlink_loop_or_a_device_is_refused_not_a_crash(self, tmp_path: Path) -> None:
+        (tmp_path / "a").symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(tmp_path / "a")
+        for path in (str(tmp_path / "a"), "/dev/null", str(tmp_path)):
+            with pytest.raises(SecretUnavailable, match=f"env_from X: (cannot read )?{path}"):
+                resolve({"X": SecretRef(file=path)}, private_paths=(tmp_path / "private",))
+
     def test_oversized_and_binary_files(self, tmp_path: Path) -> None:
         big = tmp_path / "big"
         big.write_bytes(b"x" * (64 * 1024 + 1))
@@ -82,6 +137,7 @@ def parts(tmp_path: Path) -> dict[str, Any]:
         spawner=spawner,
         probe=FakeProbe(),
         private_paths=(tmp_path / "state",),
+        private_values=(AGENT_TOKEN,),
     )
     return {"sup": sup, "spawner": spawner, "tmp": tmp_path}
 
@@ -101,6 +157,27 @@ class TestSupervisor:
         assert CANARY not in state
         assert str(secret) in state
         assert CANARY not in msgspec.json.encode(sup.statuses()).decode()
+
+    async def test_the_agent_s_token_and_another_engine_s_key_are_never_given(
+        self, parts: dict[str, Any]
+    ) -> None:
+        """A file holding the agent's token (its config file) or a running engine's key."""
+        sup, spawner, tmp = parts["sup"], parts["spawner"], parts["tmp"]
+        config = tmp / "agent.yaml"
+        config.write_text(f"token: {AGENT_TOKEN}\n")
+        sup.apply([spec("r1")])
+        ((_, first_env, _),) = spawner.spawned
+        key = tmp / "key-copy"
+        key.write_text(first_env["VLLM_API_KEY"] + "\n")
+        refs = {"A": SecretRef(file=str(config))}
+        copy = {"B": SecretRef(file=str(key))}
+        sup.apply([spec("r1"), spec("r2", env_from=refs), spec("r3", env_from=copy)])
+        by_id = {st.replica_id: st for st in sup.statuses()}
+        assert by_id["r2"].state == "failed"
+        assert "holds the agent's own credential" in by_id["r2"].log_tail[0]
+        assert by_id["r3"].state == "failed"
+        assert "holds the agent's own credential" in by_id["r3"].log_tail[0]
+        assert len(spawner.spawned) == 1
 
     async def test_unresolvable_fails_the_shard_before_it_starts(
         self, parts: dict[str, Any]
@@ -129,6 +206,42 @@ class TestSupervisor:
         proc.exit = Exit(1)
         await sup.tick()
         (st,) = sup.statuses()
+        assert st.state == "failed"
+        assert st.log_tail
+        assert not any(CANARY in line for line in st.log_tail)
+
+    async def test_an_adopted_engine_s_tail_masks_the_value_it_was_given(
+        self, parts: dict[str, Any]
+    ) -> None:
+        """After an agent restart the secret file may hold a new value (a rotated token) or
+        be gone; the engine still has the old one, and that is what its log may show."""
+        sup, spawner, tmp = parts["sup"], parts["spawner"], parts["tmp"]
+        secret = tmp / "hf"
+        secret.write_text(CANARY)
+        refs = {"HF_TOKEN": SecretRef(file=str(secret))}
+        sup.apply([spec(env_from=refs)])
+        ((_, env, proc),) = spawner.spawned
+        secret.write_text("rotated-value-not-the-engines")
+        spawner2 = FakeSpawner()
+        spawner2.alive[proc.pid] = proc
+        sup2 = Supervisor(
+            log_dir=tmp / "logs",
+            store=StateStore(tmp / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=spawner2,
+            probe=FakeProbe(),
+            private_paths=(tmp / "state",),
+            engine_environ=lambda pid: dict(env) if pid == proc.pid else None,
+        )
+        sup2.adopt(StateStore(tmp / "state", node="n1").load())
+        log = tmp / "logs" / "r1-rank0.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"HF_TOKEN={CANARY}\nTraceback: bad token {CANARY}\n")
+        from llmgw.agent.engineprocs import Exit
+
+        proc.exit = Exit(1)
+        await sup2.tick()
+        (st,) = sup2.statuses()
         assert st.state == "failed"
         assert st.log_tail
         assert not any(CANARY in line for line in st.log_tail)

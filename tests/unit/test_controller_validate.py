@@ -38,6 +38,9 @@ class TestHeartbeat:
         ("fields", "param"),
         [
             ({"address": ""}, "address"),
+            ({"address": "0.0.0.0"}, "address"),
+            ({"address": "::"}, "address"),
+            ({"address": "[::]"}, "address"),
             ({"port_range": (22000, 21000)}, "port_range"),
             ({"port_range": (0, 10)}, "port_range"),
             ({"gpus": (_gpu(3), _gpu(3))}, "gpus[1].index"),

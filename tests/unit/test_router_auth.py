@@ -78,3 +78,17 @@ class TestAdmin:
     def test_is_loopback(self, remote: str, expected: bool) -> None:
         """Loopback is 127/8 and ::1; unparsable addresses are not loopback."""
         assert expected == is_loopback(remote)
+
+
+class TestHeadersThatAreNotText:
+    """aiohttp hands header bytes that are not UTF-8 on as surrogate escapes: a wrong
+    key, never an exception (a 500 anyone could cause without a key)."""
+
+    BAD = "Bearer \udcff\udcfe"
+
+    def test_a_client_key(self) -> None:
+        ring = KeyRing([ApiKey(name="a", sha256=hash_key("k"))])
+        assert ring.check(self.BAD) is None
+
+    def test_the_admin_token(self) -> None:
+        assert not admin_allowed(token="t", authorization=self.BAD, remote="10.0.0.1")

@@ -66,6 +66,13 @@ class TestFlags:
         assert shown in out[1]
         assert "not allowed on this node (the agent's allow_flags)" in out[1]
 
+    def test_llama_server_s_key_file_is_the_key(self) -> None:
+        """llama-server's --api-key-file adds keys beside the agent's: one the spec's author
+        knows would open the engine to anyone who reaches it, past the router."""
+        out = DEFAULT.refusal(env=(), env_from=(), args=("--api-key-file", "/k"))
+        assert out is not None
+        assert out[0] == "args[0]"
+
     def test_other_flags_and_values_pass(self) -> None:
         args = ("--max-model-len", "4096", "--hosted", "--portable", "--trust", "--speed=3")
         # `--trust` is a prefix of --trust-remote-code: argparse would take it as that.
@@ -85,6 +92,20 @@ class TestEnv:
         for name in ("PYTHONPATH", "LD_PRELOAD", "DYLD_INSERT_LIBRARIES", "PATH", "VLLM_API_KEY"):
             assert _refused(DEFAULT, env=(name,)) is not None, name
         assert _refused(DEFAULT, env=("HF_HOME", "VLLM_LOGGING_LEVEL", "MY_PATH")) is None
+
+    def test_libraries_loaded_by_name_are_code_too(self) -> None:
+        """LD_PRELOAD's kind outside LD_*: CUDA loads an injection library into every CUDA
+        process, NCCL dlopens its plugins, glibc's iconv loads GCONV_PATH modules."""
+        for name in (
+            "CUDA_INJECTION64_PATH",
+            "CUDA_INJECTION32_PATH",
+            "NCCL_NET_PLUGIN",
+            "NCCL_TUNER_PLUGIN",
+            "NCCL_PROFILER_PLUGIN",
+            "GCONV_PATH",
+        ):
+            assert _refused(DEFAULT, env=(name,)) is not None, name
+        assert _refused(DEFAULT, env=("NCCL_DEBUG", "NCCL_IB_HCA", "CUDA_LAUNCH_BLOCKING")) is None
 
     def test_env_from_names_are_checked_too(self) -> None:
         out = DEFAULT.refusal(env=(), env_from=("LD_PRELOAD",), args=())

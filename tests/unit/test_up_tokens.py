@@ -84,3 +84,44 @@ class TestCtlFindsTheToken:
         given = resolve(flag_url=None, flag_token="t", env={}, home=home, cwd=tmp_path)
         assert given.token == "t"
         assert resolve(flag_url=None, flag_token=None, env={}, home=home).token is None
+
+    def test_only_a_file_up_made_is_taken(self, tmp_path: Path) -> None:
+        """The current folder may be anyone's (/tmp/project): a planted
+        `.llmgw/tokens/admin` symlink would have ctl read one of this user's files (say
+        ~/.git-credentials, whose first line is a credential) and send it as the token to
+        whatever listens on 127.0.0.1:8081. Only a regular 0600 file in a 0700 folder,
+        as up makes them, is read."""
+        home = tmp_path / "home"
+        mine = tmp_path / "git-credentials"
+        mine.write_text("https://me:ghp_secret@github.com\n")
+        folder = tmp_path / ".llmgw" / "tokens"
+        folder.mkdir(parents=True, mode=0o700)
+        (folder / "admin").symlink_to(mine)
+        with pytest.raises(CtlError, match="not the one llmgw up makes") as err:
+            resolve(flag_url=None, flag_token=None, env={}, home=home, cwd=tmp_path)
+        assert "ghp_secret" not in str(err.value)
+        (folder / "admin").unlink()
+        (folder / "admin").write_text("tok\n")
+        for file_mode, folder_mode in ((0o644, 0o700), (0o600, 0o777)):
+            (folder / "admin").chmod(file_mode)
+            folder.chmod(folder_mode)
+            with pytest.raises(CtlError, match="not the one llmgw up makes"):
+                resolve(flag_url=None, flag_token=None, env={}, home=home, cwd=tmp_path)
+        folder.chmod(0o700)
+        (folder / "admin").chmod(0o600)
+        assert resolve(flag_url=None, flag_token=None, env={}, home=home, cwd=tmp_path).token == (
+            "tok"
+        )
+
+
+def test_up_warns_that_its_token_flag_is_public(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Like every other program's --token: visible in ps, so said, with the way out."""
+    from llmgw.up.main import main
+
+    assert main(["--token", "t-0123456789", "--fleet", str(tmp_path / "no-such-fleet")]) == 2
+    err = capsys.readouterr().err
+    assert "llmgw up: warning: --token on the command line is visible" in err
+    assert "tokens/admin" in err
+    assert "t-0123456789" not in err

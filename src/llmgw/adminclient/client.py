@@ -29,6 +29,7 @@ from llmgw.adminclient.errors import (
     AdminUnauthorized,
     AdminUnreachable,
 )
+from llmgw.runtime.netaddr import is_loopback
 from llmgw.wire.admin import (
     DrainRequest,
     EventView,
@@ -47,6 +48,8 @@ T = TypeVar("T")
 class Response(NamedTuple):
     status: int
     body: bytes
+    # A redirect's Location (never followed: see UrllibTransport); None otherwise.
+    location: str | None = None
 
 
 class Transport(Protocol):
@@ -63,6 +66,28 @@ class Transport(Protocol):
         ...
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx is the answer: urllib would follow it with every header, the bearer token
+    included, to whatever host its Location names. A controller never redirects."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    """No redirects; and no proxy for a loopback controller.
+
+    urllib sends every request through `http_proxy` unless `no_proxy` names the host,
+    127.0.0.1 and localhost included: the token would leave this host for a proxy that
+    cannot even reach the controller. Built per request, so the proxy settings are the
+    environment's at that moment.
+    """
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost" or is_loopback(host):
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects)
+    return urllib.request.build_opener(_NoRedirects)
+
+
 class UrllibTransport:
     """The real transport: one short-lived connection per request, which is what a CLI makes."""
 
@@ -77,12 +102,12 @@ class UrllibTransport:
     ) -> Response:
         req = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            with _opener(url).open(req, timeout=timeout_s) as resp:
                 return Response(resp.status, resp.read())
         except urllib.error.HTTPError as exc:
             # A status is an answer, whatever it says; the client decides what it means.
             with exc:
-                return Response(exc.code, exc.read())
+                return Response(exc.code, exc.read(), exc.headers.get("Location"))
         except urllib.error.URLError as exc:
             raise AdminUnreachable(f"cannot reach the controller at {url}: {exc.reason}") from exc
         except TimeoutError as exc:
@@ -232,6 +257,13 @@ class AdminClient:
         )
         if resp.status >= 400:
             raise self._failure(method, path, resp)
+        if 300 <= resp.status < 400:
+            raise AdminServerFailed(
+                f"{method} {path}: {self.base_url} answered a redirect ({resp.status}) to "
+                f"{resp.location or 'nowhere'}, not followed (the token would go along); "
+                "a controller never redirects: point --controller at the controller itself",
+                status=resp.status,
+            )
         try:
             return msgspec.json.decode(resp.body, type=kind)
         except msgspec.DecodeError as exc:

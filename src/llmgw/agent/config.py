@@ -15,6 +15,7 @@ repeatable flags (`controller`, `fabric`) and mappings for `label` and
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import socket
 from pathlib import Path
 from typing import Annotated, Any
@@ -236,7 +237,17 @@ def check_address(address: str) -> None:
     here holds (a typo, another host's, a copied config) would have engines fail to bind,
     or worse, routers sent to whoever holds it. Binding a socket to it is the test the
     engines themselves will face; a host name passes when one of its addresses does.
+    The unspecified address (0.0.0.0, ::) always binds, but it is no one's address.
     """
+    try:
+        if ipaddress.ip_address(address).is_unspecified:
+            raise AgentConfigError(
+                f"--address {address!r} is not an address anyone can reach: engines would "
+                "listen on every interface and routers would connect to their own host; "
+                "give this node's address"
+            )
+    except ValueError:
+        pass  # a host name
     try:
         infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:

@@ -67,6 +67,24 @@ class Spawner(Protocol):
         ...
 
 
+def read_environ(pid: int) -> dict[str, str] | None:
+    """The environment `pid` was started with (/proc/PID/environ); None when unreadable.
+
+    For an adopted engine, the values it was given, which its env_from references may no
+    longer yield (a rotated or removed secret file): what its log tail must be masked of.
+    """
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            out[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return out
+
+
 def read_stat(pid: int) -> tuple[str, int] | None:
     """(state letter, start time in ticks) of a live pid; None when there is none."""
     try:

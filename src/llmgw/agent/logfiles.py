@@ -55,8 +55,13 @@ def rotate(path: Path, *, keep: int = DEFAULT_KEEP) -> None:
         if src.exists():
             src.rename(path.with_name(f"{path.name}.{n + 1}"))
     first = path.with_name(f"{path.name}.1")
-    shutil.copyfile(path, first)
-    os.chmod(first, MODE)
+    # Made 0600 from the start (copyfile would create it under the umask, readable by
+    # others until a chmod); after the shift above, nothing is at `first`.
+    first.unlink(missing_ok=True)
+    fd = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, MODE)
+    with os.fdopen(fd, "wb") as copy, path.open("rb") as live:
+        os.fchmod(copy.fileno(), MODE)
+        shutil.copyfileobj(live, copy, 1024 * 1024)
     os.truncate(path, 0)
 
 
@@ -81,10 +86,15 @@ def tail(
     try:
         with path.open("rb") as f:
             size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - 64 * 1024))
+            start = max(0, size - 64 * 1024)
+            f.seek(start)
             data = f.read()
     except FileNotFoundError:
         return ()
+    if start > 0:
+        # The window starts inside a line: its head may end a secret cut in two, which
+        # no mask matches any more (and half a line says little anyway).
+        data = data.partition(b"\n")[2]
     text = data.decode("utf-8", errors="replace")
     kept = redact(tuple(ln for ln in text.splitlines() if ln.strip())[-lines:], secrets)
     return tuple(ln[:max_line_chars] for ln in kept)

@@ -111,6 +111,8 @@ def build_agent(cfg: AgentConfig, inventory: GpuInventory) -> Agent:
         host=cfg.address,
         policy=policy_of(cfg.allow_env, cfg.allow_flags),
         private_paths=(state_dir, *([Path(cfg.token_file)] if cfg.token_file else [])),
+        # Wherever else it is kept (the config file's `token:`, a copy), never an engine's.
+        private_values=(cfg.token,) if cfg.token else (),
         stop_grace_s=cfg.stop_grace_s,
         log_max_bytes=cfg.log_max_bytes,
         log_keep=cfg.log_keep,

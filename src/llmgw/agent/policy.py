@@ -4,11 +4,13 @@ A spec's `env`, `env_from` and `args` run on this node as the agent's user, so s
 are refused unless this agent's config allows them by name (`allow_env`, `allow_flags`):
 
 - variables that load code into the engine: PYTHON* (PYTHONPATH, PYTHONSTARTUP, …),
-  LD_* (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, …), DYLD_*, PATH, BASH_ENV, ENV;
+  LD_* (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, …), DYLD_*, PATH, BASH_ENV, ENV, and
+  libraries loaded by name (CUDA_INJECTION64_PATH, NCCL_*_PLUGIN, GCONV_PATH);
 - variables the agent sets itself: CUDA_VISIBLE_DEVICES, VLLM_API_KEY, LLAMA_API_KEY;
 - flags that run a model repository's own code (`--trust-remote-code`) or override what
-  the agent renders (`--host`, `--port`, `--api-key`, `--kv-events-config`: where the
-  engine listens, its key, where it publishes KV events), however spelled
+  the agent renders (`--host`, `--port`, `--api-key`, `--api-key-file`,
+  `--kv-events-config`: where the engine listens, its key, where it publishes KV
+  events), however spelled
   (`--trust_remote_code`, `--trust-remote-code=true`, `--trust-remote`: wire/policy.py
   normalises them as the engines' parsers do).
 

@@ -23,12 +23,19 @@ import asyncio
 import logging
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.agent import logfiles
-from llmgw.agent.engineprocs import KILL, TERM, ProcessHandle, Spawner, SpawnError
+from llmgw.agent.engineprocs import (
+    KILL,
+    TERM,
+    ProcessHandle,
+    Spawner,
+    SpawnError,
+    read_environ,
+)
 from llmgw.agent.metrics import EngineEvents
 from llmgw.agent.policy import SpecPolicy, SpecRefused, check
 from llmgw.agent.ports import NoFreePort, PortAllocator, RendezvousPortTaken
@@ -85,6 +92,8 @@ class Supervisor:
         host: str = "127.0.0.1",
         policy: SpecPolicy | None = None,
         private_paths: Sequence[Path] = (),
+        private_values: Sequence[str] = (),
+        engine_environ: Callable[[int], Mapping[str, str] | None] = read_environ,
         stop_grace_s: float = 10.0,
         log_max_bytes: int = logfiles.DEFAULT_MAX_BYTES,
         log_keep: int = logfiles.DEFAULT_KEEP,
@@ -102,6 +111,10 @@ class Supervisor:
         self.policy = policy if policy is not None else SpecPolicy()
         # The agent's own files (token, state folder): no env_from may read them.
         self._private_paths = tuple(private_paths)
+        # The agent's own token: no env_from value may hold it, and no log tail carries it.
+        self._private_values = tuple(v for v in private_values if v)
+        # An adopted engine's environment by pid: the secret values it really holds.
+        self._engine_environ = engine_environ
         self._stop_grace_s = stop_grace_s
         self._log_max_bytes = log_max_bytes
         self._log_keep = log_keep
@@ -131,7 +144,7 @@ class Supervisor:
                     if rec.kv_events_port is not None and rec.kv_events_replay_port is not None
                     else None
                 ),
-                secret_values=resolve_quietly(rec.spec.env_from, private_paths=self._private_paths),
+                secret_values=self._adopted_secrets(rec, proc),
                 proc=proc,
                 started_at=rec.started_at,
             )
@@ -291,7 +304,15 @@ class Supervisor:
                 replay = self._ports.allocate({*self._ports_taken(), publish})
                 sh.kv_ports = KVEventPorts(publish=publish, replay=replay)
             # Read now, on this node; held in memory only (the state file keeps the spec).
-            resolved = resolve(spec.env_from, private_paths=self._private_paths)
+            resolved = resolve(
+                spec.env_from,
+                private_paths=self._private_paths,
+                # The engines' keys too: one spec must not be handed another's engine.
+                private_values=(
+                    *self._private_values,
+                    *(o.api_key for o in self._shards.values() if o.api_key),
+                ),
+            )
             sh.secret_values = tuple(resolved.values())
             sh.api_key = secrets.token_urlsafe(32)
             plan = render(
@@ -356,9 +377,20 @@ class Supervisor:
         else:
             log.info(kv("engine stopped", replica=sh.spec.replica_id, rank=sh.spec.rank))
 
+    def _adopted_secrets(self, rec: ShardRecord, proc: ProcessHandle | None) -> tuple[str, ...]:
+        """An adopted engine's env_from values: those in its own environment (what it was
+        given, which a rotated or removed secret file no longer yields), and those the
+        references yield now; both are masked in its log tail."""
+        values = set(resolve_quietly(rec.spec.env_from, private_paths=self._private_paths))
+        env = self._engine_environ(proc.pid) if proc is not None else None
+        if env is not None:
+            values.update(env[name] for name in rec.spec.env_from if env.get(name))
+        return tuple(sorted(values))
+
     def _secrets(self, sh: _Shard) -> tuple[str, ...]:
-        """Values a log tail leaving this node must not carry: the key, the env_from values."""
-        return ((sh.api_key,) if sh.api_key else ()) + sh.secret_values
+        """Values a log tail leaving this node must not carry: the key, the env_from values,
+        the agent's token."""
+        return ((sh.api_key,) if sh.api_key else ()) + sh.secret_values + self._private_values
 
     def _ports_taken(self) -> set[int]:
         """Engine ports our shards hold (HTTP and KV events), and every rendezvous port a

@@ -110,6 +110,8 @@ def read_node_tokens(path: str) -> dict[str, str]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise secretfile.SecretError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise secretfile.SecretError(f"{path} is not UTF-8 text") from None
     out: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), start=1):
         line = line.strip()

@@ -17,7 +17,8 @@ common case stays quick to start.
 Last, for a controller on loopback only: the admin token `llmgw up` keeps in
 `./.llmgw/tokens/admin` (its default state folder, in the current folder), so
 `llmgw up` then `llmgw ctl status` in the same folder needs no setting at all. A
-token from a local file is never sent to a controller on another host.
+token from a local file is never sent to a controller on another host, and that file is
+read only as up makes it (a regular 0600 file of this user in a 0700 folder of theirs).
 """
 
 from __future__ import annotations
@@ -115,6 +116,60 @@ def read_token_file(path: Path) -> str:
     return lines[0].strip()
 
 
+def read_up_token(path: Path) -> str | None:
+    """The admin token `llmgw up` keeps at `path`; None when there is none.
+
+    The current folder may be anyone's (a shared /tmp/project): a planted symlink there
+    would have ctl read one of this user's own files and send its first line (in
+    ~/.git-credentials, a credential) to whatever listens on the loopback port. So the
+    file is taken only as up makes it: a regular file of this user, not readable by
+    others, in a folder of this user that no one else may enter (checked on what is
+    opened, no symlink followed); anything else is an error, never a silent read.
+    """
+    import os
+    import stat
+
+    def refused(why: str) -> CtlError:
+        return CtlError(
+            f"{path} is not the one llmgw up makes ({why}): not read; give --token-file "
+            "or LLMGW_TOKEN"
+        )
+
+    nofollow = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        folder = os.open(path.parent, nofollow | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise refused(f"its folder: {exc.strerror}") from None
+    try:
+        info = os.fstat(folder)
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise refused("its folder must be yours, mode 0700")
+        try:
+            fd = os.open(path.name, nofollow | os.O_NONBLOCK, dir_fd=folder)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise refused(f"{exc.strerror}; a symlink is never followed") from None
+    finally:
+        os.close(folder)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise refused("not a regular file")
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise refused("it must be yours, mode 0600")
+        data = f.read(4096)
+    try:
+        lines = data.decode("utf-8").strip().splitlines()
+    except UnicodeDecodeError:
+        raise refused("not UTF-8 text") from None
+    if not lines or not lines[0].strip():
+        raise CtlError(f"token file {path} is empty")
+    return lines[0].strip()
+
+
 def _loopback(url: str) -> bool:
     import ipaddress
     from urllib.parse import urlsplit
@@ -167,7 +222,5 @@ def resolve(
         where = {"flag": "the --controller flag", "env": ENV_CONTROLLER}.get(url_from, url_from)
         raise CtlError(f"controller URL {url!r} from {where} is not usable: {why}")
     if token is None and cwd is not None and _loopback(normalized):
-        up_file = cwd / UP_TOKEN_FILE
-        if up_file.is_file():
-            token = read_token_file(up_file)
+        token = read_up_token(cwd / UP_TOKEN_FILE)
     return Target(url=normalized, token=token or None, url_from=url_from)

@@ -16,8 +16,15 @@ from llmgw.runtime.netaddr import is_loopback
 
 
 def hash_key(key: str) -> str:
-    """The hex digest stored in `api_keys[].sha256` for `key`."""
-    return hashlib.sha256(key.encode()).hexdigest()
+    """The hex digest stored in `api_keys[].sha256` for `key`.
+
+    surrogateescape: a presented key holding bytes that are not UTF-8 (aiohttp passes
+    them on as surrogate escapes) hashes to a wrong key, never raises (a 500)."""
+    return hashlib.sha256(_raw(key)).hexdigest()
+
+
+def _raw(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
 
 
 def bearer(authorization: str | None) -> str | None:
@@ -58,7 +65,7 @@ def bearer_matches(token: str, authorization: str | None) -> bool:
     presented = bearer(authorization)
     if presented is None:
         return False
-    return hmac.compare_digest(presented.encode(), token.encode())
+    return hmac.compare_digest(_raw(presented), _raw(token))
 
 
 def admin_allowed(*, token: str | None, authorization: str | None, remote: str | None) -> bool:

@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token",
         default=None,
-        help="the controller's admin token (default: drawn once into <state-dir>/tokens/admin)",
+        help="the controller's admin token (default: drawn once into <state-dir>/tokens/admin); "
+        "visible in ps: prefer writing it into that file",
     )
     p.add_argument(
         "--ready-timeout-s", type=float, default=180.0, help="how long to show start-up progress"
@@ -272,6 +273,13 @@ class Up:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.token:
+        print(
+            "llmgw up: warning: --token on the command line is visible to every local user "
+            f"(ps); write it to {args.state_dir / 'tokens' / 'admin'} (mode 0600) instead, "
+            "up keeps it",
+            file=sys.stderr,
+        )
     if args.log_format is not None:
         # Inherited by every program started below (runtime.logs.take_format).
         os.environ["LLMGW_LOG_FORMAT"] = args.log_format

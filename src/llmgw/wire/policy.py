@@ -17,19 +17,29 @@ from collections.abc import Collection, Sequence
 
 import msgspec
 
-# Variables that load code into the engine, or that the agent sets itself.
+# Variables that load code into the engine, or that the agent sets itself. Beyond
+# PYTHON*/LD_*/DYLD_*: libraries loaded by name (CUDA's injection library in every CUDA
+# process, NCCL's plugins, glibc iconv's modules).
 DENIED_ENV_PREFIXES: tuple[str, ...] = ("PYTHON", "LD_", "DYLD_")
 DENIED_ENV: tuple[str, ...] = (
     "BASH_ENV",
+    "CUDA_INJECTION32_PATH",
+    "CUDA_INJECTION64_PATH",
     "CUDA_VISIBLE_DEVICES",
     "ENV",
+    "GCONV_PATH",
     "LLAMA_API_KEY",
+    "NCCL_NET_PLUGIN",
+    "NCCL_PROFILER_PLUGIN",
+    "NCCL_TUNER_PLUGIN",
     "PATH",
     "VLLM_API_KEY",
 )
-# Flags that run a model repository's own code, or override what the agent renders.
+# Flags that run a model repository's own code, or override what the agent renders
+# (llama-server's --api-key-file adds keys beside the agent's).
 DENIED_FLAGS: tuple[str, ...] = (
     "--api-key",
+    "--api-key-file",
     "--host",
     "--kv-events-config",
     "--port",

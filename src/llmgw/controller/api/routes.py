@@ -343,7 +343,9 @@ def _authorize(
     """The admin token may do anything; the read token may GET what READ_PATHS name;
     the metrics token may GET /metrics, which then needs a token even without `token`."""
     path = request.path
-    given = request.headers.get("Authorization", "").encode()
+    # aiohttp passes header bytes that are not UTF-8 on as surrogate escapes: back to
+    # the bytes sent (a wrong token), never a UnicodeEncodeError (a 500 anyone can cause).
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
     if path == "/metrics" and metrics_token is not None:
         if hmac.compare_digest(given, f"Bearer {metrics_token}".encode()):
             return

@@ -15,6 +15,7 @@ not pass silently.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Mapping
 
@@ -26,11 +27,26 @@ from llmgw.wire.usage import UsageReport
 _PORTS = (1, 65535)
 
 
+def _unspecified(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.strip().strip("[]")).is_unspecified
+    except ValueError:
+        return False  # a host name
+
+
 def check_heartbeat(hb: Heartbeat) -> None:
     if not hb.address.strip():
         raise InvalidSpec(
             "heartbeat: address must not be empty (routers and peer shards reach the "
             "node's engines there)",
+            param="address",
+        )
+    if _unspecified(hb.address):
+        # An older agent (today's refuses it at start): routers sent to "0.0.0.0" would
+        # connect to their own host.
+        raise InvalidSpec(
+            f"heartbeat: address {hb.address!r} is no one's address (it means every "
+            "interface); start the agent with --address set to this node's address",
             param="address",
         )
     lo, hi = hb.port_range
