@@ -20,6 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmgw.testing import start_program
+
 from .router_fixtures import (
     admin_endpoints,
     base_config,
@@ -509,3 +511,31 @@ class TestSupervisorStart:
         finally:
             b.close()
             listen.close()
+
+
+class TestCtrlCWhileStarting:
+    def test_a_group_sigint_while_workers_start_ends_all_without_a_traceback(
+        self, tmp_path: Path
+    ) -> None:
+        """Ctrl-C in a terminal reaches the whole process group, workers included, often
+        while they still import and wait for their Setup: everything stops, quietly."""
+        with sim_engines(tmp_path, [50.0]) as engines:
+            path = write_config(
+                config_path(tmp_path), base_config(endpoints=endpoint_entries(engines))
+            )
+            prog = start_program(
+                ["router", "--config", str(path), "--port", "0", "--workers", "2"],
+                log_dir=tmp_path,
+                wait=False,
+            )
+            with prog:
+                deadline = time.monotonic() + 30
+                while len(workers_of(prog.pid)) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                started = workers_of(prog.pid)
+                assert len(started) == 2, started
+                os.killpg(prog.pid, signal.SIGINT)
+                prog.proc.wait(timeout=30)
+                for pid in started.values():
+                    assert dead(pid), pid
+                assert "Traceback" not in prog.log_text(), prog.log_text()[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -150,6 +151,12 @@ def _supervise(args: argparse.Namespace, cfg: RouterConfig, workers: int) -> int
 
 def _worker(args: argparse.Namespace) -> int:
     """One worker of a supervisor: its configuration comes from the supervisor, not the file."""
+    # Workers run in their own process group (supervisor.py), so a terminal's signals
+    # reach the supervisor only; one sent to a worker by hand must not end it while it
+    # starts (the supervisor reloads and stops the workers itself; once serving, SIGINT
+    # and SIGTERM stop a worker gracefully: serve.py).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from llmgw.router.worker import WorkerSpec
 
     try:

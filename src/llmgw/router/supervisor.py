@@ -298,7 +298,12 @@ class Supervisor:
             # A fork and exec, milliseconds, at start and on a restart only; asyncio's
             # own subprocesses are not needed (the watch loop polls).
             fds = (spec.listen_fd, spec.channel_fd, spec.table_fd)
-            proc = subprocess.Popen(argv, pass_fds=fds)  # noqa: ASYNC220
+            # Its own process group: a terminal's Ctrl-C (or a SIGHUP to the group) goes
+            # to the supervisor alone, which stops or reloads every worker itself; sent
+            # to a starting worker it ended it with a KeyboardInterrupt traceback from
+            # inside the interpreter's start-up. A worker whose supervisor dies (even
+            # by SIGKILL to its group) sees its channel close and stops by itself.
+            proc = subprocess.Popen(argv, pass_fds=fds, process_group=0)  # noqa: ASYNC220
         except BaseException:
             parent.close()
             raise
