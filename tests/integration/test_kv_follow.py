@@ -109,6 +109,24 @@ class TestReplay:
             finally:
                 f._ctx.term()
 
+    async def test_history_already_gone_falls_back_at_the_first_batch(self) -> None:
+        """The publisher's buffer no longer holds batch 0: the first replayed batch says
+        so, the follower stops there (it does not read the rest of the history) and
+        guesses for the endpoint until its cache is known again (joining mid-stream is
+        not a gap: nothing was missed after the subscription began)."""
+        async with publisher(replay=True) as (pub, addr, raddr):
+            pub._buffer.popleft()  # batch 0 has left the publisher's buffer
+            f, idx = follower(addr, raddr)
+            try:
+                blocks = idx.follows["a"].blocks
+                blocks.connected = True
+                await f._on_message("a", idx.follows["a"], frames(pub, 2))
+                assert not blocks.synced
+                assert not blocks.precise
+                assert blocks.next_seq == 3
+            finally:
+                f._ctx.term()
+
     async def test_without_an_answer_the_gap_falls_back(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -191,8 +191,19 @@ class KVEventFollower:
                 seq = decode_seq(frames[1])
                 if seq < 0:
                     break
-                if seq < upto:
-                    got.append((seq, frames[2]))
+                if seq >= upto:
+                    if len(got) == upto - first:
+                        # All that was missed is here; the rest of the publisher's
+                        # history arrives live anyway. Stop reading (every worker of
+                        # every router joining at once would otherwise be sent, and
+                        # hold, up to the publisher's whole buffer).
+                        break
+                    continue
+                if seq != first + len(got):
+                    # The publisher no longer has what was missed (its buffer moved on)
+                    # or skipped a number: nothing after this can fill the gap.
+                    raise KVEventsDecodeError("replay did not cover the gap")
+                got.append((seq, frames[2]))
             # Compared without listing first..upto: a sequence frame far ahead (a buggy
             # publisher) would otherwise allocate one int per missed number.
             if len(got) != upto - first or any(s != first + i for i, (s, _) in enumerate(got)):
