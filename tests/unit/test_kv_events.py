@@ -516,3 +516,29 @@ class TestTokenizers:
         assert idx.set_endpoints([info]) == []
         assert idx.match(body("hello"), ["a"]) == {}
         assert idx.match({"prompt": "hello"}, ["a"]) == {"a": (0, 2)}
+
+
+def test_endpoints_naming_one_tokenizer_share_one_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model's replicas all name the same tokenizer: it is loaded once, and a later
+    endpoint list (a new replica) reuses it instead of loading it again."""
+    from llmgw.router import kvevents
+
+    loads: list[str] = []
+
+    def counting(spec: str) -> Any:
+        loads.append(spec)
+        return load_tokenizer(spec)
+
+    monkeypatch.setattr(kvevents, "load_tokenizer", counting)
+
+    def info(eid: str) -> EndpointInfo:
+        return EndpointInfo(
+            id=eid, url=f"http://{eid}", models=("m",), kv_events=f"tcp://{eid}:1", tokenizer="sim"
+        )
+
+    idx = KVEventIndex()
+    assert idx.set_endpoints([info("a"), info("b")]) == []
+    assert idx.follows["a"].tokenizer is idx.follows["b"].tokenizer
+    assert idx.set_endpoints([info("a"), info("b"), info("c")]) == []
+    assert idx.follows["c"].tokenizer is idx.follows["a"].tokenizer
+    assert loads == ["sim"]

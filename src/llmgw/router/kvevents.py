@@ -212,6 +212,10 @@ class KVEventIndex(Collector):
         problems: list[str] = []
         keep: dict[str, Follow] = {}
         ids: list[str] = []
+        # One tokenizer per spec, shared by the endpoints naming it: loading an hf
+        # tokenizer.json takes tens of milliseconds on the event loop, and a model's
+        # replicas all name the same one (each new replica used to load it again).
+        loaded = {f.tokenizer.spec: f.tokenizer for f in self.follows.values()}
         for info in infos:
             ids.append(info.id)
             if not info.kv_events:
@@ -222,11 +226,13 @@ class KVEventIndex(Collector):
             ):
                 keep[info.id] = old
                 continue
-            try:
-                tok = load_tokenizer(info.tokenizer)
-            except TokenizerSpecError as exc:
-                problems.append(f"{info.id}: {exc}")
-                continue
+            tok = loaded.get(info.tokenizer)
+            if tok is None:
+                try:
+                    tok = loaded[info.tokenizer] = load_tokenizer(info.tokenizer)
+                except TokenizerSpecError as exc:
+                    problems.append(f"{info.id}: {exc}")
+                    continue
             keep[info.id] = Follow(info.kv_events, info.kv_events_topic, info.kv_events_replay, tok)
         if keep.keys() != self.follows.keys() or any(keep[k] is not self.follows[k] for k in keep):
             self.version += 1
