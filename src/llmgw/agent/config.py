@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import re
 import socket
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,10 +25,15 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
+from llmgw.agent.engineprocs import PRIVATE_ENV
 from llmgw.agent.errors import AgentError
 from llmgw.agent.ports import parse_range
+from llmgw.agent.secretrefs import is_private_env
 from llmgw.agent.templates import parse_engine_bins
 from llmgw.runtime import logs, secretfile
+from llmgw.wire.agent import ENV_NAME_PATTERN
+
+ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
 
 class AgentConfigError(AgentError):
@@ -45,6 +51,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # refuses them by default (e.g. ["--trust-remote-code"]).
     allow_env: tuple[str, ...] = ()
     allow_flags: tuple[str, ...] = ()
+    # Variables of the agent's environment a spec's `env_from: {NAME: {env: VAR}}` may
+    # read; engines never inherit them, each gets only those its spec references.
+    secret_env: tuple[str, ...] = ()
     node: str = ""
     # "nvml" for real GPUs, or a fake inventory such as "8xH100-80G".
     gpus: str | None = None
@@ -106,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
         dest="allow_flags",
         help="an engine flag refused by default, e.g. --trust-remote-code (repeat)",
     )
+    p.add_argument(
+        "--secret-env",
+        action="append",
+        help="a variable of the agent's environment a spec's env_from {env: VAR} may read; "
+        "withheld from every other engine (repeat)",
+    )
     p.add_argument("--node", help="this node's name")
     p.add_argument("--gpus", help='"nvml" for real GPUs, or a fake inventory like 8xH100-80G')
     p.add_argument("--gpus-file", help="fake inventory from a YAML/JSON file")
@@ -150,7 +165,7 @@ def _from_file(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise AgentConfigError(f"config {path}: expected a mapping of settings")
     out = {str(k).replace("-", "_"): v for k, v in doc.items()}
-    for key in ("controller", "fabric"):
+    for key in ("controller", "fabric", "secret_env"):
         if isinstance(out.get(key), str):
             out[key] = [out[key]]
     return out
@@ -197,6 +212,7 @@ def _check(cfg: AgentConfig) -> None:
         parse_engine_bins(cfg.engine_bin)
     except ValueError as exc:
         raise AgentConfigError(str(exc)) from exc
+    _check_secret_env(cfg.secret_env)
     if cfg.print_inventory:
         return
     missing = [
@@ -215,6 +231,17 @@ def _check(cfg: AgentConfig) -> None:
         why = _url_problem(url)
         if why is not None:
             raise AgentConfigError(f"--controller {url!r}: {why}; expected http://HOST:PORT")
+
+
+def _check_secret_env(names: tuple[str, ...]) -> None:
+    """Each a variable name, and none of the agent's own credentials (never an engine's)."""
+    for name in names:
+        if not ENV_NAME.fullmatch(name):
+            raise AgentConfigError(f"secret_env {name!r}: not a variable name")
+        if is_private_env(name) or name in PRIVATE_ENV:
+            raise AgentConfigError(
+                f"secret_env {name}: the agent's own credential is never given to an engine"
+            )
 
 
 def _url_problem(url: str) -> str | None:

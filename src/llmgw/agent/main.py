@@ -105,11 +105,11 @@ def build_agent(cfg: AgentConfig, inventory: GpuInventory) -> Agent:
         log_dir=cfg.engine_log_dir,
         store=store,
         ports=PortAllocator(*cfg.ports),
-        spawner=PopenSpawner(),
+        spawner=PopenSpawner(withheld=cfg.secret_env),
         probe=probe,
         commands=parse_engine_bins(cfg.engine_bin),
         host=cfg.address,
-        policy=policy_of(cfg.allow_env, cfg.allow_flags),
+        policy=policy_of(cfg.allow_env, cfg.allow_flags, cfg.secret_env),
         private_paths=(state_dir, *([Path(cfg.token_file)] if cfg.token_file else [])),
         # Wherever else it is kept (the config file's `token:`, a copy), never an engine's.
         private_values=(cfg.token,) if cfg.token else (),
