@@ -6,10 +6,11 @@
                 --state-dir DIR [--address HOST] [--port P] [--interval-s 2]
                 [--log-dir DIR] [--stop-grace-s 10] [--engine-bin vllm=CMD]...
                 [--stop-engines-on-exit] [--config FILE] [--print-inventory]
+                [--allow-env NAME]... [--allow-flag FLAG]... [--secret-env VAR]...
 
 In the file, keys are the flag names with `_` or `-` (`state_dir:`), lists for
-repeatable flags (`controller`, `fabric`) and mappings for `label` and
-`engine_bin`. A flag given on the command line wins over the file.
+repeatable flags (`controller`, `fabric` and `secret_env` also take one string) and
+mappings for `label` and `engine_bin`. A flag given on the command line wins over the file.
 """
 
 from __future__ import annotations
