@@ -126,6 +126,9 @@ class TestAgent:
             ("LLMGW_ROUTER_TOKEN", "the agent's own credential"),
             ("LLMGW_TOKEN", "the agent's own credential"),
             ("A-B", "not a variable name"),
+            ("PATH", "not a secret but a variable that loads code"),
+            ("LD_LIBRARY_PATH", "not a secret"),
+            ("CUDA_VISIBLE_DEVICES", "not a secret"),
         ],
     )
     def test_secret_env_refuses_credentials_and_bad_names(self, name: str, words: str) -> None:

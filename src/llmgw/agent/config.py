@@ -33,6 +33,7 @@ from llmgw.agent.secretrefs import is_private_env
 from llmgw.agent.templates import parse_engine_bins
 from llmgw.runtime import logs, secretfile
 from llmgw.wire.agent import ENV_NAME_PATTERN
+from llmgw.wire.policy import SpecPolicy
 
 ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
@@ -235,13 +236,20 @@ def _check(cfg: AgentConfig) -> None:
 
 
 def _check_secret_env(names: tuple[str, ...]) -> None:
-    """Each a variable name, and none of the agent's own credentials (never an engine's)."""
+    """Each a variable name, none of the agent's own credentials (never an engine's), and
+    none that engines need from the agent or that the agent sets (PATH, LD_LIBRARY_PATH,
+    CUDA_VISIBLE_DEVICES): a listed variable is withheld from every engine."""
     for name in names:
         if not ENV_NAME.fullmatch(name):
             raise AgentConfigError(f"secret_env {name!r}: not a variable name")
         if is_private_env(name) or name in PRIVATE_ENV:
             raise AgentConfigError(
                 f"secret_env {name}: the agent's own credential is never given to an engine"
+            )
+        if SpecPolicy().env_refused(name):
+            raise AgentConfigError(
+                f"secret_env {name}: not a secret but a variable that loads code or that the "
+                "agent sets (wire/policy.py); listed, no engine would inherit it"
             )
 
 
