@@ -215,6 +215,12 @@ async def test_a_canary_secret_reaches_the_engine_and_shows_nowhere(
     for path in files:
         shown[f"file {path.relative_to(tmp_path)}"] = path.read_bytes().decode(errors="replace")
 
+    # A listed variable the agent does not have is said at start, by name.
+    assert any(
+        "secret_env variable not set" in text and "NO_SUCH_SECRET" in text
+        for where, text in shown.items()
+        if where.startswith("file ")
+    ), "the agent did not say that a listed variable is not set"
     for where, text in shown.items():
         for canary in (FROM_ENV, FROM_FILE, UNDECLARED):
             assert canary not in text, f"a secret shows in {where}"

@@ -17,6 +17,8 @@ state file, so restarting or upgrading the agent never interrupts serving.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import sys
 from pathlib import Path
 
@@ -37,7 +39,10 @@ from llmgw.agent.statefile import StateDirBusy, StateStore, lock_state_dir
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.templates import parse_engine_bins
 from llmgw.runtime import logs
+from llmgw.runtime.logs import kv
 from llmgw.runtime.serve import run, serve_app
+
+log = logging.getLogger(__name__)
 
 
 def main(argv: list[str]) -> int:
@@ -99,6 +104,10 @@ def build_agent(cfg: AgentConfig, inventory: GpuInventory) -> Agent:
     """Everything but the event loop: state dir, re-adoption, supervisor, client."""
     state_dir = Path(cfg.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
+    for name in cfg.secret_env:
+        if not os.environ.get(name):
+            # Said now, by name: otherwise only as each spec reading it fails.
+            log.warning(kv("secret_env variable not set; specs reading it fail", variable=name))
     store = StateStore(state_dir, node=cfg.node)
     probe = HttpHealthProbe()
     supervisor = Supervisor(
