@@ -1,8 +1,12 @@
 """A secret given to a spec by reference reaches the engine, and nothing else shows it.
 
 A real controller (SQLite), agent (sim-engine children) and router. The spec's `env_from`
-names a canary in the agent's own environment and another in a file on the node; the
-engine's environment (/proc/PID/environ) has both, and then every file the programs wrote
+names a canary in the agent's own environment (a variable the agent lists in its
+`--secret-env`) and another in a file on the node; the engine's environment
+(/proc/PID/environ) has both, an engine of another model has neither, nor the agent's
+source variable; a reference to a variable the agent does not list is refused, by the
+agent and, once the agent has reported its policy, by the controller at apply time.
+Then every file the programs wrote
 (logs, state file, database and its journal), every row of every table, the events,
 `ctl … --json` and every program's /metrics are searched for them. A literal `env` value
 is shown as written (docs/security.md: `env` is configuration, `env_from` is for secrets).
@@ -45,6 +49,8 @@ __all__ = ["agent_rig", "ctrl"]
 FROM_ENV = "canary-env-5b1e0d9a7c3f"
 FROM_FILE = "canary-file-9e4d2a6b8f10"
 LITERAL = "literal-env-value-shown-4c2a"
+# In the agent's environment but not in its --secret-env: no spec may read it.
+UNDECLARED = "canary-undeclared-3d8f1b7e20a6"
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> str:
@@ -86,6 +92,16 @@ def _ctl(url: str, *args: str) -> str:
     return out.stdout + out.stderr
 
 
+async def _failed(ctrl: ControllerRig, model: str) -> dict[str, Any]:
+    """The model's first failed replica, waited for (its reason says why)."""
+    for _ in range(300):
+        failed = [r for r in await replicas(ctrl, model) if r["state"] == "failed"]
+        if failed:
+            return failed[0]
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no replica of {model} failed")
+
+
 async def test_a_canary_secret_reaches_the_engine_and_shows_nowhere(
     tmp_path: Path, ctrl: ControllerRig, agent_rig: AgentRig
 ) -> None:
@@ -94,8 +110,6 @@ async def test_a_canary_secret_reaches_the_engine_and_shows_nowhere(
     secret_file = secrets_dir / "wandb"
     secret_file.write_text(FROM_FILE + "\n")
     secret_file.chmod(0o600)
-    agent = agent_rig.start(env={"NODE_SECRET_SRC": FROM_ENV})
-
     spec: dict[str, Any] = {
         **sim_model("guarded"),
         "env": {"PLAIN_SETTING": LITERAL},
@@ -106,26 +120,64 @@ async def test_a_canary_secret_reaches_the_engine_and_shows_nowhere(
     }
     # A reference the node cannot resolve: that shard fails, saying which, not a value.
     broken = {**sim_model("unresolved"), "env_from": {"HF_TOKEN": {"env": "NO_SUCH_SECRET"}}}
-    await admin("POST", f"{ctrl.url}/admin/models", [spec, broken])
+    # A model without references, on the same node.
+    plain = sim_model("plain")
+    # A variable the agent holds but does not list. Applied before the agent has reported
+    # its policy, so the controller cannot judge it: the agent refuses it.
+    undeclared = {
+        **sim_model("undeclared"),
+        "env_from": {"HF_TOKEN": {"env": "UNDECLARED_SRC"}},
+    }
+    await admin("POST", f"{ctrl.url}/admin/models", [spec, broken, plain, undeclared])
+    agent_rig.gpus = "4xH100-80G"
+    agent = agent_rig.start(
+        "--secret-env",
+        "NODE_SECRET_SRC",
+        "--secret-env",
+        "NO_SUCH_SECRET",
+        env={"NODE_SECRET_SRC": FROM_ENV, "UNDECLARED_SRC": UNDECLARED},
+    )
     (ready,) = await wait_replicas(ctrl, "guarded", ready=1)
     pid = ready["shards"][0]["pid"]
 
-    # The engine has both values, under the spec's names.
+    # The engine has both values, under the spec's names; not the agent's source variable.
     env = _environ(pid)
     assert env["HF_TOKEN"] == FROM_ENV
     assert env["WANDB_API_KEY"] == FROM_FILE
     assert env["PLAIN_SETTING"] == LITERAL
+    assert "NODE_SECRET_SRC" not in env
+    # Another model's engine on the same node has no secret at all.
+    (other,) = await wait_replicas(ctrl, "plain", ready=1)
+    other_env = _environ(other["shards"][0]["pid"])
+    assert "NODE_SECRET_SRC" not in other_env
+    assert "HF_TOKEN" not in other_env
+    assert FROM_ENV not in other_env.values()
+    assert FROM_FILE not in other_env.values()
 
-    failed: list[dict[str, Any]] = []
-    for _ in range(150):
-        failed = [r for r in await replicas(ctrl, "unresolved") if r["state"] == "failed"]
-        if failed:
-            break
-        await asyncio.sleep(0.2)
-    assert failed, "the replica whose secret does not resolve never failed"
+    failed = await _failed(ctrl, "unresolved")
+    assert "env_from HF_TOKEN: the agent's environment has no NO_SUCH_SECRET" in failed["reason"]
+    refused = await _failed(ctrl, "undeclared")
     assert (
-        "env_from HF_TOKEN: the agent's environment has no NO_SUCH_SECRET" in (failed[0]["reason"])
+        "env_from HF_TOKEN reads the agent's variable UNDECLARED_SRC, which is not allowed "
+        "on this node (the agent's secret_env)" in refused["reason"]
     )
+
+    # Now the controller knows the agent's list: such a spec is refused at apply time.
+    again = {**undeclared, "name": "undeclared-again"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{ctrl.url}/admin/models", json=again, headers=AUTH) as resp,
+    ):
+        body = await resp.json()
+        assert resp.status == 422, body
+    assert body["error"]["param"] == "[0].env_from.HF_TOKEN.env"
+    assert (
+        "n1: env_from HF_TOKEN reads the agent's variable UNDECLARED_SRC"
+        in (body["error"]["message"])
+    )
+    assert UNDECLARED not in json.dumps(body)
+    names = [m["name"] for m in await admin("GET", f"{ctrl.url}/admin/models")]
+    assert "undeclared-again" not in names
 
     # Traffic through a router, so its logs and /metrics have seen this model.
     cfg = base_config(controller={"url": ctrl.url, "token": TOKEN, "poll_timeout_s": 5.0})
@@ -163,8 +215,14 @@ async def test_a_canary_secret_reaches_the_engine_and_shows_nowhere(
     for path in files:
         shown[f"file {path.relative_to(tmp_path)}"] = path.read_bytes().decode(errors="replace")
 
+    # A listed variable the agent does not have is said at start, by name.
+    assert any(
+        "secret_env variable not set" in text and "NO_SUCH_SECRET" in text
+        for where, text in shown.items()
+        if where.startswith("file ")
+    ), "the agent did not say that a listed variable is not set"
     for where, text in shown.items():
-        for canary in (FROM_ENV, FROM_FILE):
+        for canary in (FROM_ENV, FROM_FILE, UNDECLARED):
             assert canary not in text, f"a secret shows in {where}"
     # The references themselves are what is stored and shown.
     models = json.loads(shown["ctl models --json"])

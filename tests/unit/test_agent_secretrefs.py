@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from llmgw.agent.policy import policy_of
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.secretrefs import SecretUnavailable, resolve, resolve_quietly
 from llmgw.agent.statefile import StateStore
@@ -183,6 +184,8 @@ class TestSupervisor:
         self, parts: dict[str, Any]
     ) -> None:
         sup, spawner = parts["sup"], parts["spawner"]
+        # Declared (secret_env) but not in the agent's environment.
+        sup.policy = policy_of((), (), {"NO_SUCH_VARIABLE_HERE"})
         sup.apply([spec(env_from={"HF_TOKEN": SecretRef(env="NO_SUCH_VARIABLE_HERE")})])
         (st,) = sup.statuses()
         assert st.state == "failed"
@@ -253,3 +256,76 @@ class TestSupervisor:
         assert st.state == "failed"
         assert "spec env_from LD_PRELOAD is not allowed on this node" in st.log_tail[0]
         assert spawner.spawned == []
+
+
+class TestSecretEnv:
+    """Only the agent's secret_env variables may be read by `{env: VAR}`, and only the
+    engines whose spec reads one get it (docs/security.md, "Secrets in specs")."""
+
+    async def test_an_undeclared_variable_is_refused_naming_it_never_its_value(
+        self, parts: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """By default (no secret_env) a spec cannot read what the agent happens to hold."""
+        sup, spawner = parts["sup"], parts["spawner"]
+        monkeypatch.setenv("CLOUD_SECRET_KEY_FOR_TEST", CANARY)
+        sup.apply([spec(env_from={"HF_TOKEN": SecretRef(env="CLOUD_SECRET_KEY_FOR_TEST")})])
+        (st,) = sup.statuses()
+        assert st.state == "failed"
+        assert st.log_tail == (
+            "llmgw agent: spec env_from HF_TOKEN reads the agent's variable "
+            "CLOUD_SECRET_KEY_FOR_TEST, which is not allowed on this node (the agent's "
+            "secret_env)",
+        )
+        assert CANARY not in msgspec.json.encode(sup.statuses()).decode()
+        assert spawner.spawned == []
+
+    async def test_a_declared_variable_reaches_only_the_engine_that_reads_it(
+        self, parts: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        sup, spawner = parts["sup"], parts["spawner"]
+        monkeypatch.setenv("HF_SRC_FOR_TEST", CANARY)
+        sup.policy = policy_of((), (), {"HF_SRC_FOR_TEST"})
+        refs = {"HF_TOKEN": SecretRef(env="HF_SRC_FOR_TEST")}
+        sup.apply([spec("r1", env_from=refs), spec("r2")])
+        assert [st.state for st in sup.statuses()] == ["starting", "starting"]
+        by_key = {env.get("HF_TOKEN"): env for _, env, _ in spawner.spawned}
+        # Under the spec's name, to the engine that reads it; the other is given nothing.
+        assert set(by_key) == {CANARY, None}
+        assert CANARY not in by_key[None].values()
+
+    async def test_the_policy_reported_lists_the_variables(self, parts: dict[str, Any]) -> None:
+        """What the heartbeat carries: the controller judges references by it."""
+        policy = policy_of((), (), ["B_SRC", "A_SRC", "B_SRC"])
+        assert policy.secret_env == ("A_SRC", "B_SRC")
+        assert parts["sup"].policy.secret_env == ()
+
+
+class TestSpawnerWithholds:
+    def test_secret_env_is_never_inherited(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The real spawner: a withheld variable reaches an engine only through `env`
+        (tests/integration/test_secret_refs.py reads real engines' /proc/PID/environ)."""
+        from llmgw.agent import engineprocs
+
+        given: list[dict[str, str]] = []
+
+        def popen(*_args: Any, env: dict[str, str], **_kw: Any) -> Any:
+            given.append(env)
+            raise OSError("not started in a unit test")
+
+        monkeypatch.setattr(engineprocs.subprocess, "Popen", popen)
+        monkeypatch.setenv("HF_SRC_FOR_TEST", CANARY)
+        monkeypatch.setenv("HARMLESS_FOR_TEST", "1")
+        spawner = engineprocs.PopenSpawner(withheld=("HF_SRC_FOR_TEST",))
+        for env in ({}, {"HF_TOKEN": CANARY}):
+            with pytest.raises(engineprocs.SpawnError):
+                spawner.spawn(["engine"], env, tmp_path / "e.log")
+        plain, reads = given
+        assert "HF_SRC_FOR_TEST" not in plain
+        assert plain["HARMLESS_FOR_TEST"] == "1"
+        assert CANARY not in plain.values()
+        assert "HF_SRC_FOR_TEST" not in reads
+        assert reads["HF_TOKEN"] == CANARY
+        # The log header names variables, never values.
+        assert CANARY not in (tmp_path / "e.log").read_text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from llmgw.controller.api.routes import decode_specs
@@ -120,6 +121,52 @@ class TestEnv:
         assert _refused(policy, env=("PYTHONSTARTUP",)) is not None
 
 
+class TestSecretEnv:
+    """`{env: VAR}` reads only a variable the agent lists in its secret_env."""
+
+    POLICY = SpecPolicy(secret_env=("HF_SRC",))
+
+    def test_an_undeclared_source_is_refused_naming_the_field_and_the_variable(self) -> None:
+        out = self.POLICY.refusal(
+            env=(),
+            env_from=("HF_TOKEN",),
+            args=(),
+            env_sources={"HF_TOKEN": "AWS_SECRET_ACCESS_KEY"},
+        )
+        assert out == (
+            "env_from.HF_TOKEN.env",
+            "env_from HF_TOKEN reads the agent's variable AWS_SECRET_ACCESS_KEY, which is "
+            "not allowed on this node (the agent's secret_env)",
+        )
+
+    def test_declared_sources_and_file_references_pass(self) -> None:
+        ok = self.POLICY.refusal(
+            env=(), env_from=("HF_TOKEN", "W"), args=(), env_sources={"HF_TOKEN": "HF_SRC"}
+        )
+        assert ok is None
+        assert self.POLICY.refusal(env=(), env_from=("W",), args=()) is None
+
+    def test_an_empty_list_refuses_every_source_and_an_unreported_one_none(self) -> None:
+        sources = {"HF_TOKEN": "HF_SRC"}
+        refused = SpecPolicy(secret_env=()).refusal(
+            env=(), env_from=("HF_TOKEN",), args=(), env_sources=sources
+        )
+        assert refused is not None
+        # An agent from before secret_env reports no list: the agent itself decides.
+        assert DEFAULT.refusal(env=(), env_from=("HF_TOKEN",), args=(), env_sources=sources) is None
+
+    def test_the_list_travels_in_the_heartbeat(self) -> None:
+        hb = Heartbeat(node="a", address="10.0.0.1", gpus=gpus(1), policy=self.POLICY)
+        back = msgspec.json.decode(msgspec.json.encode(hb), type=Heartbeat)
+        assert back.policy is not None
+        assert back.policy.secret_env == ("HF_SRC",)
+        raw = json.loads(msgspec.json.encode(hb))
+        del raw["policy"]["secret_env"]
+        old = msgspec.json.decode(json.dumps(raw).encode(), type=Heartbeat)
+        assert old.policy is not None
+        assert old.policy.secret_env is None
+
+
 def _spec(**kw: object) -> ModelSpec:
     base: dict[str, object] = {"name": "m", "engine": "sim", "gpu_classes": ("H100-80G",)}
     base.update(kw)
@@ -165,6 +212,19 @@ class TestControllerRefusesAtApply:
         with pytest.raises(InvalidSpec) as err:
             commands.apply_models(fleet.state, [spec], now=1.0, policies=fleet.policies)
         assert err.value.param == "[0].env.PYTHONPATH"
+
+    async def test_a_reference_to_an_undeclared_variable_is_refused(self) -> None:
+        fleet = await self._fleet(a=SpecPolicy(secret_env=("HF_SRC",)))
+        ok = _spec(name="ok", env_from={"HF_TOKEN": SecretRef(env="HF_SRC")})
+        assert commands.apply_models(fleet.state, [ok], now=1.0, policies=fleet.policies)
+        bad = _spec(env_from={"HF_TOKEN": SecretRef(env="CLOUD_KEY")})
+        with pytest.raises(InvalidSpec) as err:
+            commands.apply_models(fleet.state, [bad], now=1.0, policies=fleet.policies)
+        assert err.value.param == "[0].env_from.HF_TOKEN.env"
+        assert "a: env_from HF_TOKEN reads the agent's variable CLOUD_KEY" in err.value.message
+        assert "secret_env" in err.value.message
+        files = _spec(env_from={"HF_TOKEN": SecretRef(file="/etc/hf")})
+        assert commands.apply_models(fleet.state, [files], now=1.0, policies=fleet.policies)
 
     async def test_the_policy_follows_the_latest_heartbeat(self) -> None:
         fleet = await self._fleet(a=DEFAULT)

@@ -111,6 +111,30 @@ class TestAgent:
         assert parse_config([*AGENT, "--token", "t"]).token == "t"
         assert "visible to every local user" in capsys.readouterr().err
 
+    def test_secret_env_flags_and_file(self, tmp_path: Path) -> None:
+        cfg = parse_config([*AGENT, "--secret-env", "HF_SRC", "--secret-env", "W_SRC"])
+        assert cfg.secret_env == ("HF_SRC", "W_SRC")
+        conf = tmp_path / "agent.yaml"
+        conf.write_text("secret_env: HF_SRC\n")
+        assert parse_config([*AGENT, "--config", str(conf)]).secret_env == ("HF_SRC",)
+        assert parse_config(AGENT).secret_env == ()
+
+    @pytest.mark.parametrize(
+        ("name", "words"),
+        [
+            ("LLMGW_AGENT_TOKEN", "the agent's own credential"),
+            ("LLMGW_ROUTER_TOKEN", "the agent's own credential"),
+            ("LLMGW_TOKEN", "the agent's own credential"),
+            ("A-B", "not a variable name"),
+            ("PATH", "not a secret but a variable that loads code"),
+            ("LD_LIBRARY_PATH", "not a secret"),
+            ("CUDA_VISIBLE_DEVICES", "not a secret"),
+        ],
+    )
+    def test_secret_env_refuses_credentials_and_bad_names(self, name: str, words: str) -> None:
+        with pytest.raises(AgentConfigError, match=f"secret_env .*{words}"):
+            parse_config([*AGENT, "--secret-env", name])
+
     def test_engines_never_inherit_tokens(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("LLMGW_AGENT_TOKEN", "secret")
         monkeypatch.setenv("LLMGW_CONTROLLER_TOKEN", "secret")
@@ -119,3 +143,6 @@ class TestAgent:
         assert "LLMGW_AGENT_TOKEN" not in env
         assert "LLMGW_CONTROLLER_TOKEN" not in env
         assert env["HARMLESS"] == "1"
+        monkeypatch.setenv("HF_SRC", "secret")
+        assert "HF_SRC" in _inherited()
+        assert "HF_SRC" not in _inherited(frozenset({"HF_SRC"}))

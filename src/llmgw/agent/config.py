@@ -6,16 +6,18 @@
                 --state-dir DIR [--address HOST] [--port P] [--interval-s 2]
                 [--log-dir DIR] [--stop-grace-s 10] [--engine-bin vllm=CMD]...
                 [--stop-engines-on-exit] [--config FILE] [--print-inventory]
+                [--allow-env NAME]... [--allow-flag FLAG]... [--secret-env VAR]...
 
 In the file, keys are the flag names with `_` or `-` (`state_dir:`), lists for
-repeatable flags (`controller`, `fabric`) and mappings for `label` and
-`engine_bin`. A flag given on the command line wins over the file.
+repeatable flags (`controller`, `fabric` and `secret_env` also take one string) and
+mappings for `label` and `engine_bin`. A flag given on the command line wins over the file.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import re
 import socket
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,10 +26,16 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
+from llmgw.agent.engineprocs import PRIVATE_ENV
 from llmgw.agent.errors import AgentError
 from llmgw.agent.ports import parse_range
+from llmgw.agent.secretrefs import is_private_env
 from llmgw.agent.templates import parse_engine_bins
 from llmgw.runtime import logs, secretfile
+from llmgw.wire.agent import ENV_NAME_PATTERN
+from llmgw.wire.policy import SpecPolicy
+
+ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
 
 class AgentConfigError(AgentError):
@@ -45,6 +53,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # refuses them by default (e.g. ["--trust-remote-code"]).
     allow_env: tuple[str, ...] = ()
     allow_flags: tuple[str, ...] = ()
+    # Variables of the agent's environment a spec's `env_from: {NAME: {env: VAR}}` may
+    # read; engines never inherit them, each gets only those its spec references.
+    secret_env: tuple[str, ...] = ()
     node: str = ""
     # "nvml" for real GPUs, or a fake inventory such as "8xH100-80G".
     gpus: str | None = None
@@ -106,6 +117,12 @@ def _parser() -> argparse.ArgumentParser:
         dest="allow_flags",
         help="an engine flag refused by default, e.g. --trust-remote-code (repeat)",
     )
+    p.add_argument(
+        "--secret-env",
+        action="append",
+        help="a variable of the agent's environment a spec's env_from {env: VAR} may read; "
+        "withheld from every other engine (repeat)",
+    )
     p.add_argument("--node", help="this node's name")
     p.add_argument("--gpus", help='"nvml" for real GPUs, or a fake inventory like 8xH100-80G')
     p.add_argument("--gpus-file", help="fake inventory from a YAML/JSON file")
@@ -150,7 +167,7 @@ def _from_file(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise AgentConfigError(f"config {path}: expected a mapping of settings")
     out = {str(k).replace("-", "_"): v for k, v in doc.items()}
-    for key in ("controller", "fabric"):
+    for key in ("controller", "fabric", "secret_env"):
         if isinstance(out.get(key), str):
             out[key] = [out[key]]
     return out
@@ -197,6 +214,7 @@ def _check(cfg: AgentConfig) -> None:
         parse_engine_bins(cfg.engine_bin)
     except ValueError as exc:
         raise AgentConfigError(str(exc)) from exc
+    _check_secret_env(cfg.secret_env)
     if cfg.print_inventory:
         return
     missing = [
@@ -215,6 +233,24 @@ def _check(cfg: AgentConfig) -> None:
         why = _url_problem(url)
         if why is not None:
             raise AgentConfigError(f"--controller {url!r}: {why}; expected http://HOST:PORT")
+
+
+def _check_secret_env(names: tuple[str, ...]) -> None:
+    """Each a variable name, none of the agent's own credentials (never an engine's), and
+    none that engines need from the agent or that the agent sets (PATH, LD_LIBRARY_PATH,
+    CUDA_VISIBLE_DEVICES): a listed variable is withheld from every engine."""
+    for name in names:
+        if not ENV_NAME.fullmatch(name):
+            raise AgentConfigError(f"secret_env {name!r}: not a variable name")
+        if is_private_env(name) or name in PRIVATE_ENV:
+            raise AgentConfigError(
+                f"secret_env {name}: the agent's own credential is never given to an engine"
+            )
+        if SpecPolicy().env_refused(name):
+            raise AgentConfigError(
+                f"secret_env {name}: not a secret but a variable that loads code or that the "
+                "agent sets (wire/policy.py); listed, no engine would inherit it"
+            )
 
 
 def _url_problem(url: str) -> str | None:

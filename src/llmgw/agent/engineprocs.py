@@ -19,7 +19,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -168,13 +168,26 @@ class AdoptedProcess:
 PRIVATE_ENV = frozenset({"LLMGW_AGENT_TOKEN", "LLMGW_CONTROLLER_TOKEN", "LLMGW_TOKEN"})
 
 
-def _inherited() -> dict[str, str]:
-    """The agent's environment minus its secrets, which engines never inherit."""
-    return {k: v for k, v in os.environ.items() if k not in PRIVATE_ENV and not is_private_env(k)}
+def _inherited(withheld: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The agent's environment minus its secrets, which engines never inherit: its own
+    tokens, and `withheld` (its secret_env, given only to the engines whose spec names it)."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in PRIVATE_ENV and k not in withheld and not is_private_env(k)
+    }
 
 
 class PopenSpawner:
-    """The real spawner."""
+    """The real spawner.
+
+    `withheld`: the agent's secret_env. Those variables are secrets specs may reference;
+    no engine inherits them, so each reaches only the engines whose spec's `env_from`
+    reads it (in `env`, under the spec's name).
+    """
+
+    def __init__(self, withheld: Collection[str] = ()) -> None:
+        self._withheld = frozenset(withheld)
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ProcessHandle:
         try:
@@ -196,7 +209,7 @@ class PopenSpawner:
                 stdin=subprocess.DEVNULL,
                 stdout=fd,
                 stderr=subprocess.STDOUT,
-                env={**_inherited(), **env},
+                env={**_inherited(self._withheld), **env},
                 start_new_session=True,
                 close_fds=True,
             )

@@ -17,6 +17,8 @@ state file, so restarting or upgrading the agent never interrupts serving.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import sys
 from pathlib import Path
 
@@ -37,7 +39,10 @@ from llmgw.agent.statefile import StateDirBusy, StateStore, lock_state_dir
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.templates import parse_engine_bins
 from llmgw.runtime import logs
+from llmgw.runtime.logs import kv
 from llmgw.runtime.serve import run, serve_app
+
+log = logging.getLogger(__name__)
 
 
 def main(argv: list[str]) -> int:
@@ -99,17 +104,21 @@ def build_agent(cfg: AgentConfig, inventory: GpuInventory) -> Agent:
     """Everything but the event loop: state dir, re-adoption, supervisor, client."""
     state_dir = Path(cfg.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
+    for name in cfg.secret_env:
+        if not os.environ.get(name):
+            # Said now, by name: otherwise only as each spec reading it fails.
+            log.warning(kv("secret_env variable not set; specs reading it fail", variable=name))
     store = StateStore(state_dir, node=cfg.node)
     probe = HttpHealthProbe()
     supervisor = Supervisor(
         log_dir=cfg.engine_log_dir,
         store=store,
         ports=PortAllocator(*cfg.ports),
-        spawner=PopenSpawner(),
+        spawner=PopenSpawner(withheld=cfg.secret_env),
         probe=probe,
         commands=parse_engine_bins(cfg.engine_bin),
         host=cfg.address,
-        policy=policy_of(cfg.allow_env, cfg.allow_flags),
+        policy=policy_of(cfg.allow_env, cfg.allow_flags, cfg.secret_env),
         private_paths=(state_dir, *([Path(cfg.token_file)] if cfg.token_file else [])),
         # Wherever else it is kept (the config file's `token:`, a copy), never an engine's.
         private_values=(cfg.token,) if cfg.token else (),

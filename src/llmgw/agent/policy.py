@@ -12,7 +12,11 @@ are refused unless this agent's config allows them by name (`allow_env`, `allow_
   `--kv-events-config`: where the engine listens, its key, where it publishes KV
   events), however spelled
   (`--trust_remote_code`, `--trust-remote-code=true`, `--trust-remote`: wire/policy.py
-  normalises them as the engines' parsers do).
+  normalises them as the engines' parsers do);
+- `env_from` references to the agent's own environment (`{env: VAR}`) unless VAR is in
+  this agent's `secret_env`: those variables, and only those, are secrets specs may read.
+  The spawner also withholds them from every engine's inherited environment, so each
+  reaches only the engines whose spec references it, under the spec's name.
 
 The rules live in wire/policy.py: the agent reports its policy in every heartbeat and the
 controller refuses, at apply time, a spec no node would run. The agent still checks every
@@ -24,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from llmgw.agent.errors import AgentError
-from llmgw.wire.agent import ShardSpec
+from llmgw.wire.agent import ShardSpec, env_sources
 from llmgw.wire.policy import SpecPolicy
 
 __all__ = ["SpecPolicy", "SpecRefused", "check", "policy_of"]
@@ -34,13 +38,25 @@ class SpecRefused(AgentError):
     """The spec asks for what this node's policy does not allow; the message says what."""
 
 
-def policy_of(allow_env: Collection[str], allow_flags: Collection[str]) -> SpecPolicy:
-    """The default policy with this agent's exceptions (its allow_env / allow_flags)."""
-    return SpecPolicy(allow_env=tuple(sorted(allow_env)), allow_flags=tuple(sorted(allow_flags)))
+def policy_of(
+    allow_env: Collection[str], allow_flags: Collection[str], secret_env: Collection[str] = ()
+) -> SpecPolicy:
+    """The default policy with this agent's exceptions (its allow_env / allow_flags) and
+    the variables its specs may read (its secret_env; none by default)."""
+    return SpecPolicy(
+        allow_env=tuple(sorted(allow_env)),
+        allow_flags=tuple(sorted(allow_flags)),
+        secret_env=tuple(sorted(set(secret_env))),
+    )
 
 
 def check(policy: SpecPolicy, spec: ShardSpec) -> None:
     """Raise SpecRefused naming the first variable or flag that is not allowed."""
-    refused = policy.refusal(env=spec.env, env_from=spec.env_from, args=spec.args)
+    refused = policy.refusal(
+        env=spec.env,
+        env_from=spec.env_from,
+        args=spec.args,
+        env_sources=env_sources(spec.env_from),
+    )
     if refused is not None:
         raise SpecRefused(f"spec {refused[1]}")

@@ -37,7 +37,7 @@ from llmgw.agent.engineprocs import (
     read_environ,
 )
 from llmgw.agent.metrics import EngineEvents
-from llmgw.agent.policy import SpecPolicy, SpecRefused, check
+from llmgw.agent.policy import SpecPolicy, SpecRefused, check, policy_of
 from llmgw.agent.ports import NoFreePort, PortAllocator, RendezvousPortTaken
 from llmgw.agent.probe import HealthProbe
 from llmgw.agent.secretrefs import SecretUnavailable, resolve, resolve_quietly
@@ -107,8 +107,9 @@ class Supervisor:
         self._commands = commands
         # Engines listen here (the advertised address) and are probed here.
         self._host = host
-        # What a spec may set here (policy.py); refused shards fail before starting.
-        self.policy = policy if policy is not None else SpecPolicy()
+        # What a spec may set here (policy.py); refused shards fail before starting. The
+        # default is the agent's: no allowances, no variable env_from may read.
+        self.policy = policy if policy is not None else policy_of((), ())
         # The agent's own files (token, state folder): no env_from may read them.
         self._private_paths = tuple(private_paths)
         # The agent's own token: no env_from value may hold it, and no log tail carries it.

@@ -7,6 +7,7 @@ late heartbeat can never double-start anything.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 import msgspec
@@ -118,6 +119,12 @@ class SecretRef(
     def __post_init__(self) -> None:
         if (self.env is None) == (self.file is None):
             raise ValueError("a secret reference names exactly one of env or file")
+
+
+def env_sources(refs: Mapping[str, SecretRef]) -> dict[str, str]:
+    """The agent's variable each `{env: VAR}` reference reads, by the spec's name: what
+    the agent's secret_env must list (SpecPolicy.refusal)."""
+    return {name: ref.env for name, ref in refs.items() if ref.env is not None}
 
 
 class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,11 +9,16 @@ Flags are compared the way the engines' parsers read them: `--trust_remote_code`
 `--trust-remote-code` (vLLM turns `_` into `-`), `--trust-remote-code=true` is the flag
 with a value, and argparse takes any unambiguous abbreviation (`--trust-remote`), so an
 argument that is a prefix of a denied flag is refused as that flag.
+
+A spec's `env_from: {NAME: {env: VAR}}` reads VAR from the agent's own environment, so
+the agent names the variables specs may read (`secret_env`); any other is refused, so a
+line of YAML cannot hand an engine whatever else the agent's environment holds (a cloud
+credential). File references are not limited here (secretrefs.py keeps the agent's own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import msgspec
 
@@ -64,6 +69,9 @@ class SpecPolicy(msgspec.Struct, frozen=True, kw_only=True):
     # Denied names this node allows all the same (the agent's allow_env / allow_flags).
     allow_env: tuple[str, ...] = ()
     allow_flags: tuple[str, ...] = ()
+    # The agent's variables an `env_from` `{env: VAR}` reference may read (its
+    # secret_env); None: not reported (an agent from before the list), not judged here.
+    secret_env: tuple[str, ...] | None = None
 
     def env_refused(self, name: str) -> bool:
         if name in self.allow_env:
@@ -81,12 +89,23 @@ class SpecPolicy(msgspec.Struct, frozen=True, kw_only=True):
                 return denied
         return None
 
+    def source_refused(self, var: str) -> bool:
+        """Whether an `{env: var}` reference may not read `var` of the agent's environment."""
+        return self.secret_env is not None and var not in self.secret_env
+
     def refusal(
-        self, *, env: Collection[str], env_from: Collection[str], args: Sequence[str]
+        self,
+        *,
+        env: Collection[str],
+        env_from: Collection[str],
+        args: Sequence[str],
+        env_sources: Mapping[str, str] | None = None,
     ) -> tuple[str, str] | None:
         """(field, why) of the first variable or argument not allowed; None if all are.
 
-        `field` is the spec's field path (`env.PYTHONPATH`, `env_from.LD_PRELOAD`,
+        `env_sources`: the agent's variable each `{env: VAR}` reference of `env_from`
+        reads, by the spec's name (file references have none). `field` is the spec's
+        field path (`env.PYTHONPATH`, `env_from.LD_PRELOAD`, `env_from.HF_TOKEN.env`,
         `args[2]`); `why` reads "<what> is not allowed on this node (<setting>)".
         """
         for kind, names in (("env", env), ("env_from", env_from)):
@@ -96,6 +115,16 @@ class SpecPolicy(msgspec.Struct, frozen=True, kw_only=True):
                         f"{kind}.{name}",
                         f"{kind} {name} is not allowed on this node (the agent's allow_env)",
                     )
+        sources = env_sources or {}
+        for name in sorted(sources):
+            var = sources[name]
+            if self.source_refused(var):
+                # The variable's name only: its value is the agent's, and may be a secret.
+                return (
+                    f"env_from.{name}.env",
+                    f"env_from {name} reads the agent's variable {var}, which is not "
+                    "allowed on this node (the agent's secret_env)",
+                )
         for i, arg in enumerate(args):
             denied = self.flag_refused(arg)
             if denied is None:

@@ -18,6 +18,7 @@ from llmgw.controller.errors import Conflict, DoesNotExist, InvalidRequest, Inva
 from llmgw.controller.fleet.batch import LIVE, RUNS, Batch
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import FleetState, Model, Node, OperatorState, Replica
+from llmgw.wire.agent import env_sources
 from llmgw.wire.models import ModelSpec, ScaleRequest
 from llmgw.wire.policy import SpecPolicy
 
@@ -125,7 +126,12 @@ def policy_refusal(
         policy = policies.get(name)
         if policy is None:
             return None
-        refused = policy.refusal(env=spec.env, env_from=spec.env_from, args=spec.args)
+        refused = policy.refusal(
+            env=spec.env,
+            env_from=spec.env_from,
+            args=spec.args,
+            env_sources=env_sources(spec.env_from),
+        )
         if refused is None:
             return None
         refusals.append((name, *refused))
@@ -135,7 +141,7 @@ def policy_refusal(
     more = f"; and {len(refusals) - 3} more" if len(refusals) > 3 else ""
     return refusals[0][1], (
         f"no node that could run it allows it ({shown}{more}); change the spec, or allow "
-        "it in those agents' allow_env / allow_flags"
+        "it in those agents' allow_env / allow_flags / secret_env"
     )
 
 
