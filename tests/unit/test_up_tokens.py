@@ -28,6 +28,11 @@ class TestEnsureTokens:
         # Kept across runs: a ctl or a status page set up once keeps working.
         assert ensure_tokens(tmp_path) == first
 
+    def test_an_edited_file_gives_its_first_line_as_every_reader_does(self, tmp_path: Path) -> None:
+        first = ensure_tokens(tmp_path)
+        first.path("admin").write_text(first.admin + "\nnote: rotate monthly\n")
+        assert ensure_tokens(tmp_path).admin == first.admin
+
     def test_given_admin_token_and_loose_modes(self, tmp_path: Path) -> None:
         first = ensure_tokens(tmp_path)
         first.path("agent").chmod(0o644)

@@ -73,7 +73,11 @@ def _ensure(path: Path, given: str | None) -> str:
         fd = open_nofollow(path, os.O_RDONLY)
         with os.fdopen(fd) as f:
             os.fchmod(f.fileno(), 0o600)
-            value = f.read().strip()
+            # The first line, as every program that reads a token file takes it
+            # (runtime.secretfile): a file edited to hold more must not give up and
+            # its children two different tokens.
+            lines = f.read().strip().splitlines()
+            value = lines[0].strip() if lines else ""
         if value:
             return value
     value = given or secrets.token_urlsafe(32)
