@@ -65,6 +65,7 @@ class TestNotFound:
             ("POST", "/admin/models/nope/scale", {"min_replicas": 1}),
             ("GET", "/admin/replicas/r-nope", None),
             ("POST", "/admin/replicas/r-nope/weight", {"weight": 2.0}),
+            ("POST", "/admin/replicas/r-nope/engine-key", None),
             ("GET", "/admin/nowhere", None),
         ],
     )
@@ -150,6 +151,21 @@ class TestInvalidInput:
         """A usage report without router_id is refused naming it."""
         err = c.error("POST", "/v1/usage", {"sent_at": 1.0})
         assert (err.status, err.body["error"]["param"]) == (422, "router_id")
+
+
+class TestEngineKey:
+    def test_a_replica_without_a_key_is_409(self, c: Controller) -> None:
+        """These fake agents report no engine key: 409 conflict_error naming the replica."""
+        rid = c.replicas("m", "ready")[0]["id"]
+        err = c.error("POST", f"/admin/replicas/{rid}/engine-key")
+        assert (err.status, err.body["error"]["type"]) == (409, "conflict_error")
+        assert err.body["error"]["param"] == "id"
+        assert rid in err.body["error"]["message"]
+
+    def test_the_route_takes_no_body(self, c: Controller) -> None:
+        """Like the other commands without a body: `{}` or nothing, else refused."""
+        rid = c.replicas("m", "ready")[0]["id"]
+        assert c.error("POST", f"/admin/replicas/{rid}/engine-key", {"x": 1}).status == 422
 
 
 class TestReads:

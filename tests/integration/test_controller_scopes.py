@@ -1,7 +1,7 @@
 """The scope matrix: every controller route × every kind of token → the designed status.
 
 Routes come from the controller's own /openapi.json, so a new route cannot be left
-out. Tokens: none, a wrong one, admin, read-only, agent (any node), node n1's,
+out. Tokens: none, a wrong one, admin, read-only, metrics, agent (any node), node n1's,
 router. "allowed" means the request got past authorization (any status but 401/403).
 """
 
@@ -25,6 +25,7 @@ TOKENS = {
     "n1": "node-one-secret-4",
     "n2": "node-two-secret-5",
     "router": "router-secret-6",
+    "metrics": "metrics-secret-7",
 }
 
 
@@ -32,7 +33,7 @@ TOKENS = {
 def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Program]:
     tmp: Path = tmp_path_factory.mktemp("scopes")
     files = {}
-    for name in ("admin", "agent", "router"):
+    for name in ("admin", "agent", "router", "metrics"):
         files[name] = tmp / f"{name}.token"
         files[name].write_text(TOKENS[name] + "\n")
     nodes = tmp / "nodes.tokens"
@@ -42,7 +43,7 @@ def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Program]:
             "controller", "--port", "0", "--database", "memory://",
             "--token-file", str(files["admin"]), "--read-token", TOKENS["read"],
             "--agent-token-file", str(files["agent"]), "--router-token-file", str(files["router"]),
-            "--node-tokens-file", str(nodes),
+            "--node-tokens-file", str(nodes), "--metrics-token-file", str(files["metrics"]),
         ],
         log_dir=tmp,
     )  # fmt: skip
@@ -78,6 +79,8 @@ def expected(who: str, method: str, template: str, path: str) -> str:
     if who == "read":
         readable = template in READ_PATHS or template.startswith(READ_PREFIXES)
         return "allowed" if method == "GET" and readable else "403"
+    if who == "metrics":
+        return "allowed" if (method, template) == ("GET", "/metrics") else "403"
     heartbeat = template == "/v1/agents/{node}/heartbeat"
     if who == "agent":
         return "allowed" if heartbeat else "403"
@@ -127,6 +130,19 @@ def test_a_node_token_cannot_pose_as_another_node(ctl: Program) -> None:
     assert status(ctl.url, "POST", "/admin/models", TOKENS["n1"]) == 403
     assert status(ctl.url, "POST", "/admin/models", TOKENS["agent"]) == 403
     assert status(ctl.url, "POST", "/admin/models", TOKENS["router"]) == 403
+
+
+def test_only_the_admin_token_may_have_an_engine_key(ctl: Program) -> None:
+    """POST, so the read token (which may GET all of /admin/replicas) never reaches it;
+    every scoped token is refused before the replica is even looked up."""
+    path = "/admin/replicas/r-1/engine-key"
+    for who in ("read", "metrics", "agent", "n1", "n2", "router"):
+        assert status(ctl.url, "POST", path, TOKENS[who]) == 403, who
+    assert status(ctl.url, "POST", path, None) == 401
+    # The admin token gets past authorization: an unknown replica is 404.
+    assert status(ctl.url, "POST", path, TOKENS["admin"]) == 404
+    # GET is no way round it: the read token gets 405, not a key.
+    assert status(ctl.url, "GET", path, TOKENS["read"]) == 405
 
 
 def _parse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -1,4 +1,8 @@
-"""`ctl bench` against a real controller whose replica is a real sim-engine."""
+"""`ctl bench` against a real controller whose replica is a real sim-engine.
+
+Each sim-engine requires its own key (`--api-key`), as every engine the agent starts
+does; the fake agents report it, so `ctl bench` must fetch it from the controller.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.adminclient.client import AdminClient
 from llmgw.testing import Program, start_program
+from tests.integration.test_controller_scopes import status as http_status
 from tests.integration.test_ctl_controller import (
+    TOKEN,
     SimAgents,
     SimNode,
     ctl,
@@ -18,6 +25,9 @@ from tests.integration.test_ctl_controller import (
     wait_for,
 )
 
+# One key per engine (slow, fast): distinctive, so a leak into any output is found.
+KEYS = ("bench-engine-key-slow-5d1f0c", "bench-engine-key-fast-9ae47b")
+
 
 @pytest.fixture
 def engines(tmp_path: Path) -> Iterator[list[Program]]:
@@ -25,8 +35,9 @@ def engines(tmp_path: Path) -> Iterator[list[Program]]:
     progs: list[Program] = []
     try:
         # Slow enough that the engine, not the benchmarking client, is the bottleneck.
-        for speed in ("2", "4"):
+        for speed, key in zip(("2", "4"), KEYS, strict=True):
             args = ["sim-engine", "--port", "0", "--model", "m", "--speed", speed]
+            args += ["--api-key", key]
             progs.append(start_program([*args, "--max-num-seqs", "4"], log_dir=tmp_path))
         yield progs
     finally:
@@ -36,13 +47,20 @@ def engines(tmp_path: Path) -> Iterator[list[Program]]:
 
 @pytest.fixture
 def bench_fleet(tmp_path: Path, engines: list[Program]) -> Iterator[tuple[Program, list[str]]]:
-    """A controller with two ready replicas of m, each reported on one sim-engine's port."""
+    """A controller with two ready replicas of m, each reported on one sim-engine's port
+    with that engine's key."""
     with start_controller(tmp_path) as controller:
-        ports = iter(e.port for e in engines)
+        engine_of: dict[str, int] = {}
+
+        def port_for(rid: str, _rank: int) -> int:
+            engine_of[rid] = len(engine_of)
+            return engines[engine_of[rid]].port
+
         agents = SimAgents(
             controller.url,
             [SimNode("gpu-01", gpus=1), SimNode("gpu-02", gpus=1)],
-            port_for=lambda _rid, _rank: next(ports),
+            port_for=port_for,
+            key_for=lambda rid, _rank: KEYS[engine_of[rid]] if rid in engine_of else "",
         )
         agents.beat()
         spec = tmp_path / "m.yaml"
@@ -101,3 +119,33 @@ class TestBench:
         assert "capacity" in res.out
         (view,) = [r for r in json_list(controller.url, "replicas") if r["id"] == slow]
         assert view["capacity_tok_s"] is None
+
+    def test_the_engine_key_is_never_shown(self, bench_fleet: tuple[Program, list[str]]) -> None:
+        """Bench sends the key, and no output, view, event or log of it holds the key."""
+        controller, (slow, _fast) = bench_fleet
+        shown = [ctl(controller.url, "bench", slow, *ARGS, "--json")]
+        shown.append(ctl(controller.url, "bench", slow, *ARGS, "--no-record"))
+        assert all(r.code == 0 for r in shown), [r.err for r in shown]
+        shown.append(ctl(controller.url, "replicas", "--json"))
+        shown.append(ctl(controller.url, "events", "--json"))
+        texts = [t for r in shown for t in (r.out, r.err)]
+        texts.append(controller.log_text())
+        for key in KEYS:
+            assert not [t for t in texts if key in t]
+
+
+@pytest.mark.slow
+def test_the_engine_key_is_the_admin_tokens_alone(
+    bench_fleet: tuple[Program, list[str]],
+) -> None:
+    """POST …/engine-key answers the admin token rank 0's key; wrong token 401; GET 405."""
+    controller, (slow, fast) = bench_fleet
+    for rid, key in ((slow, KEYS[0]), (fast, KEYS[1])):
+        got = AdminClient(controller.url, token=TOKEN).engine_key(rid)
+        assert (got.replica, got.api_key) == (rid, key)
+        assert key not in repr(got)
+    path = f"/admin/replicas/{slow}/engine-key"
+    assert http_status(controller.url, "POST", path, "not-the-token") == 401
+    assert http_status(controller.url, "POST", path, None) == 401
+    assert http_status(controller.url, "GET", path, TOKEN) == 405
+    assert http_status(controller.url, "POST", "/admin/replicas/nope/engine-key", TOKEN) == 404

@@ -58,12 +58,15 @@ class SimAgents:
         *,
         token: str = TOKEN,
         port_for: Callable[[str, int], int] | None = None,
+        key_for: Callable[[str, int], str] | None = None,
     ) -> None:
         self.url = url
         self.nodes = nodes
         self.token = token
         self._ports: dict[tuple[str, int], int] = {}
         self._port_for = port_for or self._next_port
+        # The engine key a ready shard is reported with (as a real agent's are); "" none.
+        self._key_for = key_for or (lambda _rid, _rank: "")
 
     def _next_port(self, replica_id: str, rank: int) -> int:
         return 21000 + len(self._ports)
@@ -118,6 +121,7 @@ class SimAgents:
                     port=self._port(s.replica_id, s.rank),
                     pid=12345,
                     started_at=1.0,
+                    api_key=self._key_for(s.replica_id, s.rank),
                 )
                 for s in reply.shards
             ]

@@ -21,6 +21,7 @@ from llmgw.runtime.clock import ManualClock
 from llmgw.wire.admin import (
     ClassUse,
     DrainWait,
+    EngineKey,
     EventView,
     ModelView,
     NodeTotals,
@@ -72,6 +73,10 @@ class FakeController:
         self.drain_progress = False
         # What GET /admin/nodes/{name} says a drain waits for.
         self.drain_waiting: tuple[DrainWait, ...] = ()
+        # POST /admin/replicas/{id}/engine-key: these replicas' keys; another is 409,
+        # or 403 for every replica when `engine_key_forbidden` (a read token's answer).
+        self.engine_keys: dict[str, str] = {}
+        self.engine_key_forbidden = False
 
     def request(
         self,
@@ -134,6 +139,12 @@ class FakeController:
                 for r in self.replicas
             ]
             return self._ok(next(r for r in self.replicas if r.id == seg[2]))
+        if method == "POST" and seg[:2] == ["admin", "replicas"] and seg[-1] == "engine-key":
+            if self.engine_key_forbidden:
+                return Response(403, error_body("read-only", type="permission_error"))
+            if seg[2] not in self.engine_keys:
+                return Response(409, error_body("no engine key", type="conflict_error"))
+            return self._ok(EngineKey(replica=seg[2], api_key=self.engine_keys[seg[2]]))
         if (method, path) == ("GET", "/admin/replicas"):
             if self.drain_progress and self.replicas:
                 self.replicas = self.replicas[1:]
@@ -564,6 +575,47 @@ class TestBenchCommand:
         run = run_ctl(["bench", "r-1"], FakeController(), tmp_path)
         assert run.code == 0, run.err
         assert "weight 1.00 (first benched replica of its model)" in run.out
+
+    @pytest.fixture
+    def sent_key(self, monkeypatch: pytest.MonkeyPatch, levels: list[Level]) -> list[object]:
+        """The api_key each ramp was given."""
+        keys: list[object] = []
+
+        async def fake_ramp(url: str, model: str, **kw: object) -> tuple[list[Level], str]:
+            keys.append(kw.get("api_key"))
+            return levels, "plateau"
+
+        monkeypatch.setattr(bench_driver, "ramp", fake_ramp)
+        return keys
+
+    def test_the_engine_key_is_sent_never_shown(
+        self, tmp_path: Path, sent_key: list[object]
+    ) -> None:
+        """The controller's engine key goes to the load driver, not into any output."""
+        fake = FakeController()
+        fake.engine_keys = {"r-1": "sekrit-engine-key-42"}
+        runs = [run_ctl(["bench", "r-1", *flags], fake, tmp_path) for flags in ([], ["--json"])]
+        assert [r.code for r in runs] == [0, 0], [r.err for r in runs]
+        assert sent_key == ["sekrit-engine-key-42"] * 2
+        assert not [t for r in runs for t in (r.out, r.err) if "sekrit-engine-key-42" in t]
+        assert ("POST", "/admin/replicas/r-1/engine-key", {}, None) in fake.calls
+
+    def test_no_engine_key_benches_without_one(
+        self, tmp_path: Path, sent_key: list[object]
+    ) -> None:
+        """409 (the controller knows no key for the replica): the bench sends none."""
+        run = run_ctl(["bench", "r-1"], FakeController(), tmp_path)
+        assert run.code == 0, run.err
+        assert sent_key == [None]
+
+    def test_a_token_refused_the_key_says_so(self, tmp_path: Path, sent_key: list[object]) -> None:
+        """403 (not the admin token): exit 1 with why, and no load sent."""
+        fake = FakeController()
+        fake.engine_key_forbidden = True
+        run = run_ctl(["bench", "r-1"], fake, tmp_path)
+        assert run.code == 1
+        assert "admin token alone" in run.err
+        assert sent_key == []
 
     def test_no_endpoint_fails(self, tmp_path: Path, levels: list[Level]) -> None:
         """A replica without an endpoint URL cannot be benched: exit 1."""

@@ -32,6 +32,7 @@ from llmgw.adminclient.errors import (
 from llmgw.runtime.netaddr import is_loopback
 from llmgw.wire.admin import (
     DrainRequest,
+    EngineKey,
     EventView,
     ModelView,
     NodeView,
@@ -229,6 +230,12 @@ class AdminClient:
     def set_weight(self, replica_id: str, request: WeightRequest) -> ReplicaView:
         path = f"/admin/replicas/{_quote(replica_id)}/weight"
         return self._call("POST", path, ReplicaView, body=request)
+
+    def engine_key(self, replica_id: str) -> EngineKey:
+        """The key the replica's engine requires (admin token only; a secret: never print
+        it). AdminRejected (409) while the controller knows none for the replica."""
+        path = f"/admin/replicas/{_quote(replica_id)}/engine-key"
+        return self._call("POST", path, EngineKey)
 
     # -- the seam ------------------------------------------------------------
 

@@ -5,6 +5,9 @@ non-streaming chat completion, waits for it, sends the next. Closed loop on
 purpose: it measures what the replica sustains, where an open loop at a fixed
 rate would measure how fast a queue grows. Requests go to the replica's own
 URL, not through a router, so the figure is the replica's and nothing else's.
+Engines answer only with their key (the agent starts each with one); the caller
+passes it in, and it travels in the Authorization header and nowhere else (an
+error message quotes the engine's answer, never the request).
 Prompts differ per request, so the prefix cache does not flatter prefill.
 
 Only this module imports aiohttp; the decisions (stop rule, peak, weight) are
@@ -42,10 +45,17 @@ class LevelProgress:
 
 class _Driver:
     def __init__(
-        self, session: aiohttp.ClientSession, url: str, model: str, *, max_tokens: int
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        model: str,
+        *,
+        max_tokens: int,
+        api_key: str | None = None,
     ) -> None:
         self._session = session
         self._url = url.rstrip("/") + "/v1/chat/completions"
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._model = model
         self._max_tokens = max_tokens
         self._seq = 0
@@ -60,7 +70,7 @@ class _Driver:
             "stream": False,
         }
         try:
-            async with self._session.post(self._url, json=body) as resp:
+            async with self._session.post(self._url, json=body, headers=self._headers) as resp:
                 if resp.status != 200:
                     text = (await resp.text())[:200]
                     return None, f"HTTP {resp.status}: {text}"
@@ -116,15 +126,19 @@ async def ramp(
     max_concurrency: int,
     duration_s: float,
     max_tokens: int,
+    api_key: str | None = None,
     on_start: Callable[[LevelProgress], None] = lambda _p: None,
     on_level: Callable[[Level], None] = lambda _lv: None,
 ) -> tuple[list[Level], str]:
-    """Run levels 1, 2, 4, … until the stop rule says so; the levels and why it stopped."""
+    """Run levels 1, 2, 4, … until the stop rule says so; the levels and why it stopped.
+
+    `api_key`: the engine's key (sent as a bearer token); None for an engine without one.
+    """
     levels: list[Level] = []
     timeout = aiohttp.ClientTimeout(total=max(60.0, 4 * duration_s), sock_connect=5.0)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        driver = _Driver(session, url, model, max_tokens=max_tokens)
+        driver = _Driver(session, url, model, max_tokens=max_tokens, api_key=api_key)
         for concurrency in concurrency_levels(max_concurrency):
             progress = LevelProgress(concurrency=concurrency, duration_s=duration_s)
             on_start(progress)

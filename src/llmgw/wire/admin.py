@@ -235,3 +235,15 @@ class WeightRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # The raw measurement behind the weight (peak generated tokens/s); stored and
     # echoed in ReplicaView.capacity_tok_s. None: a weight set by hand.
     capacity_tok_s: float | None = None
+
+
+class EngineKey(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /admin/replicas/{id}/engine-key` (admin token only): the key the replica's
+    engine requires, so `ctl bench` can load it directly. Secret: repr() masks it, and
+    nothing that holds one prints it."""
+
+    replica: str
+    api_key: str
+
+    def __repr__(self) -> str:
+        return f"EngineKey(replica={self.replica!r}, api_key='***')"

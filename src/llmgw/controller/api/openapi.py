@@ -16,6 +16,7 @@ import msgspec
 from llmgw import __version__
 from llmgw.wire.admin import (
     DrainRequest,
+    EngineKey,
     EventView,
     ModelView,
     NodeView,
@@ -43,6 +44,7 @@ _TYPES: tuple[Any, ...] = (
     ScaleRequest,
     DrainRequest,
     WeightRequest,
+    EngineKey,
     ErrorBody,
 )
 _REF = "#/components/schemas/{name}"
@@ -66,10 +68,11 @@ def _errors(*codes: int) -> dict[str, Any]:
     words = {
         400: "malformed body or query (message and param name the field)",
         401: "missing or wrong bearer token",
-        403: "the read-only token may only GET what it may read",
+        403: "a valid token outside its scope (the read-only token may only GET what it may "
+        "read; the engine key is the admin token's alone)",
         404: "unknown node, model or replica",
         409: "a name is taken: served by another model (apply), or a live node's, heartbeated "
-        "from another address (heartbeat)",
+        "from another address (heartbeat); the replica has no engine key yet (engine-key)",
         413: "the body is over the 16 MiB limit",
         422: "the body breaks a rule of its type (param is the field path)",
         503: "not_leader (a standby), the store refused the write, or too many long-polls",
@@ -359,6 +362,15 @@ def document() -> bytes:
                 _ok(_ref("ReplicaView")),
                 body=_ref("WeightRequest"),
                 errors=(400, 401, 404, 413, 422, 503),
+                params=(rid,),
+            )
+        },
+        "/admin/replicas/{id}/engine-key": {
+            "post": _op(
+                "the key the replica's engine requires (for `ctl bench`); admin token only, "
+                "never the read-only one; 409 while no engine key is known",
+                _ok(_ref("EngineKey")),
+                errors=(400, 401, 403, 404, 409, 413, 422),
                 params=(rid,),
             )
         },

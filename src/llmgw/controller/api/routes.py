@@ -34,6 +34,7 @@ from llmgw.controller.api.validate import check_heartbeat, check_spec, check_usa
 from llmgw.controller.api.views import model_view, model_views, node_views, replica_view
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import (
+    Conflict,
     ControllerRefusal,
     Forbidden,
     InvalidRequest,
@@ -42,7 +43,7 @@ from llmgw.controller.errors import (
 )
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.records import OperatorState
-from llmgw.wire.admin import DrainRequest, EventView, ReplicaState, WeightRequest
+from llmgw.wire.admin import DrainRequest, EngineKey, EventView, ReplicaState, WeightRequest
 from llmgw.wire.agent import Heartbeat
 from llmgw.wire.errors import error_body
 from llmgw.wire.models import ModelSpec, ScaleRequest, env_from_problem
@@ -357,6 +358,9 @@ def _authorize(
         return
     if hmac.compare_digest(given, f"Bearer {token}".encode()):
         return
+    if metrics_token is not None and hmac.compare_digest(given, f"Bearer {metrics_token}".encode()):
+        # A valid token in the wrong place, as the other scoped tokens answer.
+        raise Forbidden(f"the metrics token may only GET /metrics, not {request.method} {path}")
     if read_token is not None and hmac.compare_digest(given, f"Bearer {read_token}".encode()):
         readable = path in READ_PATHS or path.startswith(READ_PREFIXES)
         if request.method in ("GET", "HEAD") and readable:
@@ -584,6 +588,25 @@ async def set_weight(request: web.Request) -> web.Response:
     return json_response(replica_view(r, s.idle_for(s.clock.wall())))
 
 
+async def engine_key(request: web.Request) -> web.Response:
+    """The key the replica's engine requires, for `ctl bench` (admin token only).
+
+    POST, never GET: the read-only token may GET anything under /admin/replicas, and
+    must never reach this. No write and no event: only the answer carries the key.
+    """
+    s = _svc(request)
+    r = commands.require_replica(s.fleet.state, request.match_info["id"])
+    await _no_body(request, "engine-key request")
+    key = r.shards[0].api_key if r.shards else ""
+    if not key:
+        raise Conflict(
+            f"replica {r.id} has no engine key (state {r.state}): its engine has not been "
+            "reported started with one yet, or it runs without a key",
+            param="id",
+        )
+    return json_response(EngineKey(replica=r.id, api_key=key))
+
+
 async def openapi(request: web.Request) -> web.Response:
     from llmgw.controller.api.openapi import document
 
@@ -636,6 +659,7 @@ def routes() -> list[web.RouteDef]:
         web.get("/admin/replicas", list_replicas),
         web.get("/admin/replicas/{id}", get_replica),
         web.post("/admin/replicas/{id}/weight", set_weight),
+        web.post("/admin/replicas/{id}/engine-key", engine_key),
         web.get("/admin/events", events),
     ]
 

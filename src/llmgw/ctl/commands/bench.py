@@ -13,6 +13,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from llmgw.adminclient.client import AdminClient
+from llmgw.adminclient.errors import AdminError, AdminNotFound, AdminRejected
 from llmgw.ctl import capacity
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import BenchFailed, CtlError
@@ -91,6 +93,8 @@ def bench(args: argparse.Namespace, ctx: Ctx) -> int:
     if replica.state != "ready":
         ctx.err.write(f"llmgw ctl: warning: replica {replica.id} is {replica.state}, not ready\n")
 
+    api_key = engine_key(client, replica.id)
+
     from llmgw.ctl.bench import ramp
 
     console = ctx.console()
@@ -103,6 +107,7 @@ def bench(args: argparse.Namespace, ctx: Ctx) -> int:
                 max_concurrency=args.max_concurrency,
                 duration_s=args.duration_s,
                 max_tokens=args.max_tokens,
+                api_key=api_key,
                 on_start=on_start,
                 on_level=on_level,
             )
@@ -154,6 +159,28 @@ def bench(args: argparse.Namespace, ctx: Ctx) -> int:
         + ("" if args.no_record else f"; recorded for {replica.id}")
     )
     return 0
+
+
+def engine_key(client: AdminClient, replica_id: str) -> str | None:
+    """The replica's engine key, or None when the controller knows none.
+
+    Engines answer only with their key, which the controller hands to the admin token
+    alone (docs/security.md). A secret: it goes into the requests' Authorization
+    header and is never printed, not even with --json. None (409: no key known; 404:
+    a controller older than the route) benches without one; an engine that wants a
+    key then fails the first level with its 401, which the error shows.
+    """
+    try:
+        return client.engine_key(replica_id).api_key
+    except (AdminRejected, AdminNotFound):
+        return None
+    except AdminError as exc:
+        if exc.status == 403:
+            raise BenchFailed(
+                f"replica {replica_id}: its engine only answers with its key, which the "
+                "controller gives to the admin token alone (this token may not have it)"
+            ) from exc
+        raise
 
 
 def benched_peers(replicas: list[ReplicaView], replica_id: str) -> list[float]:
