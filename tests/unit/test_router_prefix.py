@@ -411,3 +411,48 @@ class _OneAtATime(PrefixIndex):
         self._total += len(lru) - before
         if self._total > self._max_total:
             self._evict_global(self._total - self._max_total)
+
+
+class TestRefreshOnCompletion:
+    """`refresh`: a completion re-records its chain only when that changes something."""
+
+    @staticmethod
+    def _order(idx: PrefixIndex, ep: str) -> list[int]:
+        return list(idx._lru[ep])
+
+    def test_a_chain_still_among_the_newest_is_left_as_it_is(self) -> None:
+        idx = PrefixIndex(default_capacity_units=100_000)
+        for i in range(40):  # a well-filled endpoint
+            idx.record("a", [1000 + i * 10 + j for j in range(5)], capacity_units=None)
+        chain = [1, 2, 3, 4, 5]
+        idx.record("a", chain, capacity_units=None)
+        idx.record("a", [77, 78], capacity_units=None)  # one record since
+        before, tick = self._order(idx, "a"), idx._tick
+        idx.refresh("a", chain, capacity_units=None)
+        assert self._order(idx, "a") == before
+        assert idx._tick == tick
+
+    def test_an_aged_chain_is_made_the_newest_again(self) -> None:
+        idx = PrefixIndex(default_capacity_units=100_000)
+        chain = [1, 2, 3, 4, 5]
+        idx.record("a", chain, capacity_units=None)
+        for i in range(40):  # many records since: the chain drifted towards eviction
+            idx.record("a", [1000 + i * 10 + j for j in range(5)], capacity_units=None)
+        idx.refresh("a", chain, capacity_units=None)
+        assert self._order(idx, "a")[-5:] == [5, 4, 3, 2, 1]
+
+    def test_a_chain_that_lost_blocks_is_recorded_in_full(self) -> None:
+        idx = PrefixIndex(default_capacity_units=100_000)
+        for i in range(40):
+            idx.record("a", [1000 + i * 10 + j for j in range(5)], capacity_units=None)
+        chain = [1, 2, 3, 4, 5]
+        idx.record("a", chain, capacity_units=None)
+        del idx._lru["a"][5]  # the deepest block went (an eviction, a trim)
+        idx.refresh("a", chain, capacity_units=None)
+        assert idx.match(chain, ["a"]) == {"a": 5}
+        assert self._order(idx, "a")[-5:] == [5, 4, 3, 2, 1]
+
+    def test_an_endpoint_never_recorded_gets_the_chain(self) -> None:
+        idx = PrefixIndex()
+        idx.refresh("b", [9, 8], capacity_units=None)
+        assert idx.match([9, 8], ["b"]) == {"b": 2}

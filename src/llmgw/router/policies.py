@@ -158,7 +158,8 @@ class Ours:
                 cached_tokens,
                 capacity_units_for(capacity),
             )
-        self._record(endpoint_id, key.hashes, stats)
+        capacity = None if stats is None else stats.kv_capacity_tokens
+        self.prefix.refresh(endpoint_id, key.hashes, capacity_units=capacity_units_for(capacity))
 
 
 def _gains(matches: dict[str, int], ids: Sequence[str], n: int) -> dict[str, float]:
