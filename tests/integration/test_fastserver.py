@@ -70,6 +70,8 @@ async def serving(**limits: Any) -> AsyncIterator[Harness]:
         if req.path == "/wait":
             h.entered.set()
             await h.release.wait()
+        if req.path == "/big":
+            return web.Response(body=b"x" * 65536)
         body = await req.read()
         return web.Response(body=json.dumps({"path": req.path, "n": len(body)}).encode())
 
@@ -159,4 +161,25 @@ async def test_body_framing_broken_mid_body_is_the_handlers_400() -> None:
         status, _, _ = await read_answer(reader)
         assert status == 500
         assert await asyncio.wait_for(reader.read(), 10) == b""
+        await shut(writer)
+
+
+async def test_pipelined_answers_wait_for_a_client_that_does_not_read() -> None:
+    # A client that pipelines requests for large answers and reads none of them:
+    # the server answers the next only once the last has drained, so what it holds
+    # for the connection stays near the transport's high-water mark (not 300 answers).
+    n = 300
+    async with serving() as h:
+        reader, writer = await h.connect()
+        writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * n)
+        await wait_for(lambda: len(h.server.conns) == 1)
+        conn = next(iter(h.server.conns))
+        await wait_for(lambda: conn.drain_waiter is not None)
+        assert conn.transport is not None
+        assert conn.transport.get_write_buffer_size() < 1024 * 1024
+        assert len(conn.queue) > n // 2
+        for _ in range(n):
+            status, _, body = await read_answer(reader)
+            assert (status, len(body)) == (200, 65536)
+        await wait_for(lambda: conn.task is None and not conn.queue)
         await shut(writer)

@@ -624,6 +624,11 @@ class FastProtocol(asyncio.Protocol):
         keep = False
         try:
             keep = await self._serve(req)
+            if keep and self.paused_writing:
+                # A client that does not read its answers: the next (pipelined or
+                # not) waits until this one has drained, so what the transport holds
+                # stays near its high-water mark instead of one answer per request.
+                await self.drain()
         except (asyncio.CancelledError, ConnectionError):
             keep = False
         except Exception as exc:
@@ -706,8 +711,11 @@ class FastProtocol(asyncio.Protocol):
                 self._linger(transport)
             return
         if self.queue:
+            # Read on only once the pipelined requests already in are answered: each
+            # read can bring a buffer full of heads, and the queue would grow by that
+            # much per answer.
             self._next()
-        if self.paused_reading:
+        elif self.paused_reading:
             self.paused_reading = False
             transport.resume_reading()
         if self.task is None and self.cur is None:
