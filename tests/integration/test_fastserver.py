@@ -183,3 +183,27 @@ async def test_pipelined_answers_wait_for_a_client_that_does_not_read() -> None:
             assert (status, len(body)) == (200, 65536)
         await wait_for(lambda: conn.task is None and not conn.queue)
         await shut(writer)
+
+
+async def test_a_bad_pipelined_request_is_refused_after_those_before_it_are_answered() -> None:
+    # /b was parsed whole before the garbage: it gets its own answer, then the 400
+    # (answered out of turn, the 400 would read as /b's and /b would go unanswered).
+    async with serving() as h:
+        reader, writer = await h.connect()
+        writer.write(
+            b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET / HTTP/1.1\r\nHost x\r\n\r\n"
+        )
+        await h.entered.wait()
+        conn = next(iter(h.server.conns))
+        await wait_for(lambda: conn.refuse is not None)
+        h.release.set()
+        for path in ("/wait", "/b"):
+            status, _, body = await read_answer(reader)
+            assert (status, json.loads(body)["path"]) == (200, path)
+        status, headers, body = await read_answer(reader)
+        assert status == 400
+        assert headers["connection"] == "close"
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        await shut(writer)

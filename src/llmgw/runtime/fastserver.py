@@ -593,6 +593,9 @@ class FastProtocol(asyncio.Protocol):
         """A 400 for a request that cannot be parsed, then close (after any answer in progress)."""
         self.closing = True
         self._cancel_timers()
+        if self.cur is not None and self.queue and self.queue[-1] is self.cur:
+            # A pipelined request whose body broke: it will never be complete.
+            self.queue.pop()
         self.cur = None
         log.warning(
             kv("refused request", server=self.edge.name, status=400, peer=self.remote, why=why)
@@ -699,11 +702,11 @@ class FastProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        if self.refuse is not None:
-            transport.write(self.refuse)
+        if not keep or self.draining or (self.closing and not self.queue):
+            if keep and self.refuse is not None:
+                # The refused (or late) head came after every request answered: its turn.
+                transport.write(self.refuse)
             self.refuse = None
-            keep = False
-        if not keep or self.closing or self.draining:
             self.closing = True
             if req.complete:
                 transport.close()
