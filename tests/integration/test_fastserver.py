@@ -207,3 +207,23 @@ async def test_a_bad_pipelined_request_is_refused_after_those_before_it_are_answ
         assert headers["connection"] == "close"
         assert await asyncio.wait_for(reader.read(), 10) == b""
         await shut(writer)
+
+
+@pytest.mark.parametrize(
+    "te", [b"Transfer-Encoding: Chunked", b"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked"]
+)
+async def test_an_upgrade_request_with_any_chunked_body_is_refused(te: bytes) -> None:
+    # llhttp stops at an upgrade request's head: a chunked body after it would be
+    # parsed as the next request (the chunks' bytes read as a request of their own).
+    async with serving() as h:
+        reader, writer = await h.connect()
+        writer.write(
+            b"POST /x HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n"
+            + te
+            + b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        )
+        status, _, body = await read_answer(reader)
+        assert status == 400
+        assert "Content-Length" in json.loads(body)["error"]["message"]
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        await shut(writer)

@@ -553,7 +553,9 @@ class FastProtocol(asyncio.Protocol):
             # httptools skips the body of an upgrade request (its bytes come after the
             # upgrade point): read it here, by its length.
             self.raw_body_left = req.content_length
-        elif p.should_upgrade() and "chunked" in req.headers.get("Transfer-Encoding", ""):
+        elif p.should_upgrade() and "Transfer-Encoding" in req.headers:
+            # llhttp takes a request's Transfer-Encoding only with chunked last (any
+            # case, any of several headers): whatever its spelling, the body is chunked.
             raise _HeadError("a body with an Upgrade header needs a Content-Length")
         self.cur = req
         self.queue.append(req)
