@@ -227,3 +227,25 @@ async def test_an_upgrade_request_with_any_chunked_body_is_refused(te: bytes) ->
         assert "Content-Length" in json.loads(body)["error"]["message"]
         assert await asyncio.wait_for(reader.read(), 10) == b""
         await shut(writer)
+
+
+async def test_a_pipelined_body_waits_in_the_socket_until_its_turn() -> None:
+    # Its bytes are not the handler's yet (nor counted against the router's body
+    # budget): reading stops at its head, and resumes when its handler reads.
+    async with serving() as h:
+        reader, writer = await h.connect()
+        writer.write(
+            b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+        )
+        await h.entered.wait()
+        conn = next(iter(h.server.conns))
+        await wait_for(lambda: conn.cur is not None)
+        assert conn.paused_reading
+        writer.write(b"a" * 1000)
+        h.release.set()
+        status, _, body = await read_answer(reader)
+        assert (status, json.loads(body)["path"]) == (200, "/wait")
+        status, _, body = await read_answer(reader)
+        assert (status, json.loads(body)["n"]) == (200, 1000)
+        await shut(writer)

@@ -561,6 +561,10 @@ class FastProtocol(asyncio.Protocol):
         self.queue.append(req)
         if self.task is None:
             self._next()
+        else:
+            # Pipelined behind an answer in progress: its body stays in the socket
+            # (not held here, uncounted by the program's body budget) until its turn.
+            self._pause()
 
     def on_body(self, body: bytes) -> None:
         if self.cur is not None:
