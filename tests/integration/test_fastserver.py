@@ -249,3 +249,18 @@ async def test_a_pipelined_body_waits_in_the_socket_until_its_turn() -> None:
         status, _, body = await read_answer(reader)
         assert (status, json.loads(body)["n"]) == (200, 1000)
         await shut(writer)
+
+
+async def test_a_head_begun_behind_an_answer_gets_its_408_not_the_idle_close() -> None:
+    # idle_timeout_s shorter than header_timeout_s: the head in progress is not idle.
+    async with serving(idle_timeout_s=0.1, header_timeout_s=2.0) as h:
+        reader, writer = await h.connect()
+        writer.write(b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\nGET /next HTTP/1.1\r\nHo")
+        await h.entered.wait()
+        h.release.set()
+        status, _, _ = await read_answer(reader)
+        assert status == 200
+        status, _, body = await read_answer(reader)
+        assert status == 408
+        assert json.loads(body)["error"]["code"] == "request_timeout"
+        await shut(writer)

@@ -727,7 +727,8 @@ class FastProtocol(asyncio.Protocol):
         elif self.paused_reading:
             self.paused_reading = False
             transport.resume_reading()
-        if self.task is None and self.cur is None:
+        if self.task is None and self.cur is None and not self.in_head:
+            # A head begun behind the answer is bounded by its own timer (408), not this.
             self._arm_idle()
 
     def _linger(self, transport: asyncio.Transport) -> None:
