@@ -264,3 +264,15 @@ async def test_a_head_begun_behind_an_answer_gets_its_408_not_the_idle_close() -
         assert status == 408
         assert json.loads(body)["error"]["code"] == "request_timeout"
         await shut(writer)
+
+
+async def test_a_client_that_reads_nothing_of_its_answer_is_closed_after_idle_timeout() -> None:
+    # Its connection slot (and, in the router, the engine's stream) comes back.
+    async with serving(idle_timeout_s=0.3) as h:
+        _reader, writer = await h.connect()
+        writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 300)
+        await wait_for(lambda: len(h.server.conns) == 1)
+        conn = next(iter(h.server.conns))
+        await wait_for(lambda: conn.drain_waiter is not None)
+        await wait_for(lambda: not h.server.conns and h.server.edge.open == 0)
+        await shut(writer)

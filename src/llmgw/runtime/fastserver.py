@@ -390,10 +390,25 @@ class FastProtocol(asyncio.Protocol):
         if not self.paused_writing or self.transport is None:
             return
         self.drain_waiter = self.loop.create_future()
+        # A client that takes none of its answer for idle_timeout_s would hold the
+        # connection, and the engine's stream behind it, for as long as it likes.
+        timer = self.loop.call_later(self.edge.limits.idle_timeout_s, self._stalled)
         try:
             await self.drain_waiter
         finally:
+            timer.cancel()
             self.drain_waiter = None
+
+    def _stalled(self) -> None:
+        log.warning(
+            kv(
+                "closed connection",
+                server=self.edge.name,
+                peer=self.remote,
+                why="the client read none of its answer within idle_timeout_s",
+            )
+        )
+        self.abort()
 
     def send(self, data: bytes) -> None:
         if self.transport is not None:
