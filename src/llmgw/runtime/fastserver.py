@@ -326,6 +326,10 @@ class FastProtocol(asyncio.Protocol):
         self._handling: FastRequest | None = None
         self.draining = False  # the server is stopping: no request after this one
         self.raw_body_left = 0  # an upgrade request's body bytes still to read
+        # Between a chunk's size line and its data, or in the trailers after the last:
+        # httptools keeps a trailer line until it ends, so these bytes are bounded too.
+        self.in_chunk_head = False
+        self.chunk_head_bytes = 0
 
     # -- the connection -------------------------------------------------------
 
@@ -496,6 +500,13 @@ class FastProtocol(asyncio.Protocol):
             if rest:
                 self.data_received(rest)
             return
+        if self.in_chunk_head:
+            # Counted once parsed: these bytes may be all one read, head and body with them.
+            self.chunk_head_bytes += len(data)
+            if self.chunk_head_bytes > self.max_head_bytes:
+                why = "a chunk header or the trailers are too large"
+                self._parse_failed(httptools.HttpParserError(why))
+                return
         if self.in_head and self.head_timer is None:
             self.head_timer = self.loop.call_later(
                 self.edge.limits.header_timeout_s, self._head_late
@@ -581,7 +592,16 @@ class FastProtocol(asyncio.Protocol):
             # (not held here, uncounted by the program's body budget) until its turn.
             self._pause()
 
+    def on_chunk_header(self) -> None:
+        self.in_chunk_head = True
+        self.chunk_head_bytes = 0
+
+    def on_chunk_complete(self) -> None:
+        self.in_chunk_head = False
+
     def on_body(self, body: bytes) -> None:
+        self.in_chunk_head = False
+        self.chunk_head_bytes = 0
         if self.cur is not None:
             self.cur._feed(body)
 
