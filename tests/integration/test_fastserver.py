@@ -294,3 +294,17 @@ async def test_an_endless_trailer_line_is_refused_not_buffered() -> None:
         assert status == 500
         assert await asyncio.wait_for(reader.read(), 10) == b""
         await shut(writer)
+
+
+async def test_many_pipelined_upgrade_requests_in_one_read_are_all_answered() -> None:
+    # Each `Upgrade` request hands the bytes after it to a fresh parser: in a loop,
+    # not by recursion (a read of 1,200 of them overflowed the stack and the
+    # connection died with a traceback in the log).
+    n = 1200
+    async with serving() as h:
+        reader, writer = await h.connect()
+        writer.write(b"GET /u HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n" * n)
+        for _ in range(n):
+            status, _, body = await read_answer(reader)
+            assert (status, json.loads(body)["path"]) == (200, "/u")
+        await shut(writer)

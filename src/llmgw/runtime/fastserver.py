@@ -474,43 +474,49 @@ class FastProtocol(asyncio.Protocol):
     # -- reading --------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        while data:
+            data = self._received(data)
+
+    def _received(self, data: bytes) -> bytes:
+        """Parse `data`; what follows an upgrade request is returned, for a fresh parser.
+
+        In a loop, not by recursion: a read can hold thousands of such requests.
+        """
         if self.closing:
-            return
+            return b""
         if self.raw_body_left:
             data = self._raw_body(data)
             if not data:
-                return
+                return b""
         if self.in_head:
             # httptools keeps a header line until it ends: bound the head as a whole.
             self.head_bytes += len(data)
             if self.head_bytes > self.max_head_bytes:
                 self._refuse_head("the request head is too large")
-                return
+                return b""
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._parse_failed(exc)
-            return
+            return b""
         except httptools.HttpParserUpgrade as exc:
             # `Upgrade: h2c` and the like (curl --http2 sends it): served as plain
             # HTTP/1.1, the upgrade ignored, as aiohttp and nginx do. llhttp stops
             # after that message; a fresh parser takes the bytes after it.
             self.parser = httptools.HttpRequestParser(self)
-            rest = data[int(exc.args[0]) :]
-            if rest:
-                self.data_received(rest)
-            return
+            return data[int(exc.args[0]) :]
         if self.in_chunk_head:
             # Counted once parsed: these bytes may be all one read, head and body with them.
             self.chunk_head_bytes += len(data)
             if self.chunk_head_bytes > self.max_head_bytes:
                 why = "a chunk header or the trailers are too large"
                 self._parse_failed(httptools.HttpParserError(why))
-                return
+                return b""
         if self.in_head and self.head_timer is None:
             self.head_timer = self.loop.call_later(
                 self.edge.limits.header_timeout_s, self._head_late
             )
+        return b""
 
     def _raw_body(self, data: bytes) -> bytes:
         """Feed an upgrade request's body by its length; what follows it is returned."""
