@@ -308,3 +308,27 @@ async def test_many_pipelined_upgrade_requests_in_one_read_are_all_answered() ->
             status, _, body = await read_answer(reader)
             assert (status, json.loads(body)["path"]) == (200, "/u")
         await shut(writer)
+
+
+async def test_a_head_the_server_stopped_reading_is_not_late() -> None:
+    # /b is queued (reading stops), /c's head is half in: its rest waits in the
+    # socket while /wait is answered, which is no slowness of the client's.
+    async with serving(header_timeout_s=0.2) as h:
+        reader, writer = await h.connect()
+        writer.write(
+            b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /c HTTP/1.1\r\nHo"
+        )
+        await h.entered.wait()
+        conn = next(iter(h.server.conns))
+        await wait_for(lambda: conn.in_head and conn.head_timer is not None)
+        first = conn.head_timer
+        await wait_for(lambda: conn.head_timer is not first)
+        assert conn.refuse is None
+        writer.write(b"st: x\r\n\r\n")
+        h.release.set()
+        for path in ("/wait", "/b", "/c"):
+            status, _, body = await read_answer(reader)
+            assert (status, json.loads(body)["path"]) == (200, path)
+        await shut(writer)

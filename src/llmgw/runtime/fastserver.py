@@ -454,6 +454,13 @@ class FastProtocol(asyncio.Protocol):
         self.head_timer = None
         if not self.in_head or self.transport is None:
             return
+        if self.paused_reading:
+            # Its bytes wait in the socket because this side stopped reading (requests
+            # ahead of it are being answered): not the client's delay. Look again later.
+            self.head_timer = self.loop.call_later(
+                self.edge.limits.header_timeout_s, self._head_late
+            )
+            return
         log.warning(
             kv(
                 "refused request",
