@@ -18,16 +18,19 @@ It keeps what `httpserver.EdgeHandler` gives aiohttp's server, with the same
 - a head must arrive within `header_timeout_s` of its first byte (else 408),
   a connection with no request for `idle_timeout_s` is closed, and past
   `max_connections` a new one is answered 503 at once;
-- keep-alive and pipelining (requests answered in order, one at a time),
-  chunked request bodies, `Expect: 100-continue`, HEAD;
+- keep-alive and pipelining (requests answered in order, one at a time; reading
+  stops at a pipelined head until its turn, and the next answer waits until the
+  last has drained), chunked request bodies, `Expect: 100-continue`, HEAD;
 - a body larger than `max_body_bytes` makes `read()` raise aiohttp's
   HTTPRequestEntityTooLarge and a broken one RequestPayloadError, as aiohttp's
   request does; a client that disconnects cancels its handler.
 
-What differs: a request body the handler did not read closes the connection
-after the answer (aiohttp reads it off for up to two seconds); request bodies
-are never decompressed (the router does not want them to be); an `Upgrade`
-header is ignored (the request is served as HTTP/1.1), CONNECT refused (400).
+What differs: a client that takes none of an answer for `idle_timeout_s` while
+more is to be sent is closed (aiohttp waits on it for ever); a request body the
+handler did not read closes the connection after the answer (aiohttp reads it
+off for up to two seconds); request bodies are never decompressed (the router
+does not want them to be); an `Upgrade` header is ignored (the request is served
+as HTTP/1.1), CONNECT refused (400).
 """
 
 from __future__ import annotations
