@@ -158,8 +158,7 @@ class Ours:
                 cached_tokens,
                 capacity_units_for(capacity),
             )
-        capacity = None if stats is None else stats.kv_capacity_tokens
-        self.prefix.refresh(endpoint_id, key.hashes, capacity_units=capacity_units_for(capacity))
+        self._record(endpoint_id, key.hashes, stats)
 
 
 def _gains(matches: dict[str, int], ids: Sequence[str], n: int) -> dict[str, float]:

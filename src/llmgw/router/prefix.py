@@ -348,31 +348,6 @@ class PrefixIndex:
             chain_t = hashes if isinstance(hashes, tuple) else tuple(hashes)
             self._fresh = (endpoint_id, chain_t, cap)
 
-    def refresh(
-        self, endpoint_id: str, hashes: Sequence[int], *, capacity_units: int | None
-    ) -> None:
-        """A request on `hashes` finished there: mark the chain the most recent again,
-        unless it still is, near enough.
-
-        The completion's refresh keeps the LRU order close to the engine's, which
-        frees a finished request's blocks as its most recently used. It only matters
-        for a chain that has aged towards eviction since its dispatch; one recorded
-        fewer records ago than an eighth of what the endpoint holds (in chains of its
-        length) is still among the newest, and re-inserting it, a pop and an insert per
-        block, was most of the default policy's extra cost at 8 KB
-        (bench/router_overhead.py --chat). A chain missing its head or its deepest
-        block (evicted, trimmed) is recorded in full.
-        """
-        lru = self._lru.get(endpoint_id)
-        if lru is not None and hashes:
-            n = min(len(hashes), max(1, blocks_within(self.capacity(endpoint_id, capacity_units))))
-            head, deepest = lru.get(hashes[0]), lru.get(hashes[n - 1])
-            if head is not None and deepest is not None:
-                age = self._tick - (deepest >> _TICK_SHIFT)
-                if age * n * 8 < len(lru):
-                    return
-        self.record(endpoint_id, hashes, capacity_units=capacity_units)
-
     @staticmethod
     def _refresh_slowly(
         lru: OrderedDict[int, int],
