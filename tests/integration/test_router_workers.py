@@ -138,6 +138,42 @@ class TestOnePortTwoWorkers:
                 text = await asyncio.to_thread(metrics_text, r.url)
                 assert metric(text, "llmgw_router_requests_total{") == sent
 
+    async def test_each_worker_learns_what_the_others_sent(self, tmp_path: Path) -> None:
+        """What one worker records in its prefix index reaches the other's (Learned,
+        through the supervisor): both indexes end up holding the same entries, and
+        a prompt one worker sent somewhere is routed there by the other as a prefix
+        hit (reason `prefix`), not by its rendezvous home."""
+        with sim_engines(tmp_path, [50.0, 50.0, 50.0]) as engines:
+            cfg = base_config(endpoints=endpoint_entries(engines))
+            with router(tmp_path, cfg, workers=2) as r:
+                await wait_until_scraped(r.url, ["e0", "e1", "e2"])
+                async with fresh_session() as s:
+                    for i in range(12):
+                        body = chat_body(f"conversation {i}: " + "tell me more. " * 60)
+                        assert (await post(s, r.url, body)).status == 200
+
+                views: dict[int, dict[str, int]] = {}
+
+                def both_views_agree() -> bool:
+                    doc = admin_endpoints(r.url)
+                    views[int(doc["worker"])] = dict(doc["prefix_entries"])
+                    return len(views) == 2 and views[0] == views[1] and bool(views[0])
+
+                await until(both_views_agree, "both workers' indexes hold the same entries")
+                # A learned prefix is a hit in whichever worker routes it next.
+                reasons: set[tuple[int, str]] = set()
+                async with fresh_session() as s:
+                    deadline = time.monotonic() + 30
+                    while {w for w, _ in reasons} != {0, 1} and time.monotonic() < deadline:
+                        body = chat_body("conversation 3: " + "tell me more. " * 60)
+                        reply = await post(s, r.url, body, headers=DEBUG)
+                        assert reply.status == 200
+                        # `e1 prefix; e0 0.00 h1, e1* 0.00 p9 h0, …`: endpoint, then why.
+                        why = reply.headers["x-llmgw-scores"].split(";")[0].split()[1]
+                        reasons.add((int(reply.headers["x-llmgw-worker"]), why))
+                assert {w for w, _ in reasons} == {0, 1}, reasons
+                assert {why for _, why in reasons} == {"prefix"}, reasons
+
     async def test_inflight_is_host_wide_and_not_double_counted(self, tmp_path: Path) -> None:
         """Streams dispatched by both workers show in every worker's in-flight count,
         once in /metrics, and once in the usage report."""

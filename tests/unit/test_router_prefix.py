@@ -411,3 +411,23 @@ class _OneAtATime(PrefixIndex):
         self._total += len(lru) - before
         if self._total > self._max_total:
             self._evict_global(self._total - self._max_total)
+
+
+class TestJournal:
+    """With workers, every record is noted for the others and replayed into their index."""
+
+    def test_records_are_noted_and_replayed_without_echo(self) -> None:
+        a, b = PrefixIndex(), PrefixIndex()
+        a.journal, b.journal = [], []
+        a.record("e1", [1, 2, 3], capacity_units=None)
+        a.record("e2", (7, 8), capacity_units=500)
+        assert a.journal == [("e1", (1, 2, 3), None), ("e2", (7, 8), 500)]
+        b.replay(a.journal)
+        assert b.match([1, 2, 3], ["e1", "e2"]) == {"e1": 3}
+        assert b.match([7, 8], ["e1", "e2"]) == {"e2": 2}
+        assert b.journal == []  # replayed records are not sent back
+
+    def test_a_one_process_index_notes_nothing(self) -> None:
+        idx = PrefixIndex()
+        idx.record("e1", [1, 2], capacity_units=None)
+        assert idx.journal is None

@@ -81,6 +81,13 @@ class Ready(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     pid: int
 
 
+class Learned(msgspec.Struct, tag=True, frozen=True, kw_only=True):
+    """A worker's prefix-index records since its last batch (endpoint, chain, capacity
+    units), forwarded by the supervisor to every other worker (prefix.PrefixIndex.journal)."""
+
+    records: list[tuple[str, tuple[int, ...], int | None]]
+
+
 class Ask(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     seq: int
     what: AskWhat
@@ -91,7 +98,7 @@ class Answer(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     body: bytes
 
 
-Message = Setup | Reload | Listed | Observed | Ready | Ask | Answer
+Message = Setup | Reload | Listed | Observed | Ready | Learned | Ask | Answer
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

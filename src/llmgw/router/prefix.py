@@ -258,6 +258,10 @@ class PrefixIndex:
         # eviction, so it is skipped (a request's completion right after its
         # dispatch, or the same prompt twice in a row).
         self._fresh: tuple[str, tuple[int, ...], int] | None = None
+        # With several router workers (worker.py): every record() is also noted here,
+        # sent to the other workers in batches and replayed into their indexes, so each
+        # worker's index learns what all of them sent. None in a one-process router.
+        self.journal: list[tuple[str, tuple[int, ...], int | None]] | None = None
 
     def __len__(self) -> int:
         return self._total
@@ -307,6 +311,9 @@ class PrefixIndex:
         """
         if not hashes:
             return
+        if self.journal is not None:
+            noted = hashes if isinstance(hashes, tuple) else tuple(hashes)
+            self.journal.append((endpoint_id, noted, capacity_units))
         cap = self.capacity(endpoint_id, capacity_units)
         fresh = self._fresh
         if (
@@ -347,6 +354,15 @@ class PrefixIndex:
         else:
             chain_t = hashes if isinstance(hashes, tuple) else tuple(hashes)
             self._fresh = (endpoint_id, chain_t, cap)
+
+    def replay(self, records: Iterable[tuple[str, Sequence[int], int | None]]) -> None:
+        """Apply records another worker made (see `journal`), without noting them again."""
+        journal, self.journal = self.journal, None
+        try:
+            for endpoint_id, hashes, capacity_units in records:
+                self.record(endpoint_id, hashes, capacity_units=capacity_units)
+        finally:
+            self.journal = journal
 
     @staticmethod
     def _refresh_slowly(

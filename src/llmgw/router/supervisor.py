@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -54,6 +55,7 @@ from llmgw.router.ipc import (
     AskWhat,
     Channel,
     ChannelClosed,
+    Learned,
     Listed,
     Message,
     Observed,
@@ -189,6 +191,7 @@ class Supervisor:
         self.upstream = Upstream(connect_timeout_s=cfg.connect_timeout_s)
         self.workers: dict[int, _Worker] = {}
         self.restarts = 0
+        self.hash_seed = str(secrets.randbelow(2**32 - 1) + 1)
         self._early_exits: dict[int, int] = {}
         self._restarting: set[asyncio.Task[None]] = set()
         self.stopping = False
@@ -303,7 +306,13 @@ class Supervisor:
             # to a starting worker it ended it with a KeyboardInterrupt traceback from
             # inside the interpreter's start-up. A worker whose supervisor dies (even
             # by SIGKILL to its group) sees its channel close and stops by itself.
-            proc = subprocess.Popen(argv, pass_fds=fds, process_group=0)  # noqa: ASYNC220
+            # One string-hash seed for all the workers (drawn per supervisor, so still
+            # random per router): prefix chains hash content with Python's hash(), and
+            # the chains a worker shares (Learned) must mean the same in every worker.
+            env = {**os.environ, "PYTHONHASHSEED": self.hash_seed}
+            proc = subprocess.Popen(  # noqa: ASYNC220
+                argv, pass_fds=fds, process_group=0, env=env
+            )
         except BaseException:
             parent.close()
             raise
@@ -335,6 +344,10 @@ class Supervisor:
     def _from_worker(self, w: _Worker, msg: Message) -> None:
         if isinstance(msg, Ready):
             w.ready.set()
+        elif isinstance(msg, Learned):
+            for other in self.workers.values():
+                if other is not w:
+                    other.channel.send(msg)
         elif isinstance(msg, Ask):
             task = asyncio.create_task(self._answer(w, msg))
             task.add_done_callback(_log_crash)
