@@ -104,6 +104,12 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 
 
+def frame(msg: Message) -> bytes:
+    """A message as it goes on the wire: its length, then its msgpack body."""
+    body = _encoder.encode(msg)
+    return _LEN.pack(len(body)) + body
+
+
 class ChannelClosed(Exception):
     """The other end went away (or sent something that is not a frame)."""
 
@@ -125,10 +131,13 @@ class Channel:
 
     def send(self, msg: Message) -> None:
         """Queue a frame; to a closed or closing end it is dropped (the reader notices)."""
+        self.send_frame(frame(msg))
+
+    def send_frame(self, data: bytes) -> None:
+        """Queue a frame made once by `frame()` (one message to several workers)."""
         if self.closed or self._writer.is_closing():
             return
-        body = _encoder.encode(msg)
-        self._writer.write(_LEN.pack(len(body)) + body)
+        self._writer.write(data)
 
     def backlog(self) -> int:
         """Bytes sent but not yet taken by the other end (the kernel's buffer aside)."""

@@ -62,6 +62,7 @@ from llmgw.router.ipc import (
     Ready,
     Reload,
     Setup,
+    frame,
 )
 from llmgw.router.metricsmerge import Merger, parse
 from llmgw.router.scrape import HttpMetricsFetcher, Scraper
@@ -345,9 +346,11 @@ class Supervisor:
         if isinstance(msg, Ready):
             w.ready.set()
         elif isinstance(msg, Learned):
+            # Encoded once for all the other workers, not once per worker.
+            data = frame(msg)
             for other in self.workers.values():
                 if other is not w:
-                    other.channel.send(msg)
+                    other.channel.send_frame(data)
         elif isinstance(msg, Ask):
             task = asyncio.create_task(self._answer(w, msg))
             task.add_done_callback(_log_crash)
