@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
+from hashlib import blake2b
 from typing import Any
 
 from hypothesis import given, settings
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from llmgw.router.prefix import (
     MAX_ROUTED_BYTES,
     PrefixIndex,
+    _canonical,
     block_end,
     block_units,
     blocks_covering,
@@ -40,6 +43,23 @@ class TestRequestBlockHashes:
         """The first block's hash is blake2b, not Python's per-process hash: a golden value."""
         body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
         assert request_block_hashes(body) == (9842970722846239970,)
+
+    @settings(max_examples=60)
+    @given(st.one_of(st.integers(0, 700), st.integers(0, 40_000)), st.integers(0, 2**32 - 1))
+    def test_chain_is_the_hash_of_the_previous_hash_and_the_block(
+        self, size: int, seed: int
+    ) -> None:
+        """Whatever the prompt's length (a short chain hashed in a Python loop, a long one
+        in C), hash i is hash((hash i-1, block i)) over the canonical prompt's blocks."""
+        prompt = random.Random(seed).randbytes(size).decode("latin-1")
+        body = {"model": "m", "prompt": prompt}
+        data = _canonical(body)
+        got = request_block_hashes(body)
+        first = blake2b(b"m\x1e" + data[: block_end(0)], digest_size=8).digest()
+        want = [int.from_bytes(first, "little")]
+        for i in range(1, blocks_covering(len(data))):
+            want.append(hash((want[-1], data[block_end(i - 1) : block_end(i)])))
+        assert got == tuple(want)
 
     def test_next_turn_extends_the_chain(self) -> None:
         """A conversation's next turn starts with every full block of the previous one."""

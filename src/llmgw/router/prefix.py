@@ -16,7 +16,7 @@ new conversation never found the engines already holding its system prompt.
 
 The whole prompt. Blocks grow with their offset: 64 bytes each for the first
 KiB, then about 1/16 of the offset (a multiple of 64 bytes), so a prompt of n
-bytes has about 16 + 16·ln(n / 1 KiB) blocks (49 at 8 KiB, 82 at 64 KiB, 115
+bytes has about 16 + 16·ln(n / 1 KiB) blocks (57 at 8 KiB, 92 at 64 KiB, 138
 at 1 MiB) and each byte is hashed once. The error of a match is therefore at
 most one block: 64 bytes early on, about 6 % of the prefix further out —
 enough to tell a 24 KiB shared preamble plus this system prompt from the same
@@ -26,7 +26,8 @@ Hashes: block i's hash covers everything before it (a chain), so equal hash i
 means an equal prefix up to block i. The first hash is blake2b — stable across
 processes, because it keys the home replica. The rest are Python's own hash of
 (previous, block) (SipHash in C; per-process, but only ever compared inside
-this process's PrefixIndex).
+this process's PrefixIndex, or those of workers started with one hash seed). Past a
+few blocks the chain is computed by C iterators, not a Python loop: same hashes.
 
 Weights: the index counts what an endpoint holds in units of 64 bytes (block
 i weighs `block_units(i)`), so its capacity bound stays a byte bound whatever
@@ -41,7 +42,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from hashlib import blake2b
-from itertools import accumulate, repeat
+from itertools import accumulate, pairwise, repeat
+from operator import getitem
 from typing import Any
 
 import msgspec
@@ -76,7 +78,13 @@ def _layout(limit: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 _ENDS, _UNITS = _layout(MAX_ROUTED_BYTES)
 _CUM_UNITS = tuple(accumulate(_UNITS))
-_REV_UNITS = _UNITS[::-1]
+# Block i+1 of a prompt, for i >= 0 (block 0 is hashed with the model, apart).
+_BLOCKS = tuple(slice(start, end) for start, end in pairwise(_ENDS))
+# Up to this many blocks after the first, a Python loop is cheaper than setting up
+# the iterators that chain the blocks in C.
+_SHORT_CHAIN = 8
+# _REV_WEIGHTS[n]: the weights of the first n blocks, deepest first (record's order).
+_REV_WEIGHTS = ((), *(_UNITS[n - 1 :: -1] for n in range(1, len(_UNITS) + 1)))
 
 
 def block_end(i: int) -> int:
@@ -175,15 +183,18 @@ def request_block_hashes(
     if not data:
         return ()
     key = str(body.get("model", "")).encode() + _MSG
-    end = _ENDS[0]
-    h = int.from_bytes(blake2b(key + data[:end], digest_size=8).digest(), "little")
+    h = int.from_bytes(blake2b(key + data[: _ENDS[0]], digest_size=8).digest(), "little")
     out = [h]
-    append = out.append
-    start = end
-    for end in _ENDS[1 : bisect_right(_ENDS, len(data))]:
-        h = hash((h, data[start:end]))
-        append(h)
-        start = end
+    blocks = _BLOCKS[: bisect_right(_ENDS, len(data), 1) - 1]
+    if len(blocks) <= _SHORT_CHAIN:
+        for block in blocks:
+            h = hash((h, data[block]))
+            out.append(h)
+    else:
+        # The same chain, h_i = hash((h_i-1, block i)), computed in C: zip reads
+        # each previous hash from `out` just after extend() has appended it (so never
+        # strict: `out` is one ahead when the blocks run out).
+        out.extend(map(hash, zip(out, map(getitem, repeat(data), blocks), strict=False)))
     return tuple(out)
 
 
@@ -336,7 +347,7 @@ class PrefixIndex:
         n = min(len(hashes), max(1, blocks_within(cap)))  # n <= len(_UNITS)
         chain = hashes[n - 1 :: -1]
         old = list(map(lru.pop, chain, repeat(None, n)))
-        for h, w in zip(chain, _REV_UNITS[len(_UNITS) - n :], strict=True):
+        for h, w in zip(chain, _REV_WEIGHTS[n], strict=True):
             lru[h] = stamp | w
         if len(lru) == before + old.count(None):
             # Each hash once: the old values' low bits sum to their weight (a
