@@ -61,6 +61,44 @@ class TestRequestBlockHashes:
             want.append(hash((want[-1], data[block_end(i - 1) : block_end(i)])))
         assert got == tuple(want)
 
+    @given(
+        system=st.integers(0, 20_000),
+        users=st.lists(st.integers(0, 9_000), min_size=1, max_size=3),
+        seed=st.integers(0, 2**32 - 1),
+    )
+    @settings(max_examples=60, deadline=None)
+    def test_a_remembered_first_part_gives_the_same_chain(
+        self, system: int, users: list[int], seed: int
+    ) -> None:
+        """Chat requests sharing a system prompt (its blocks' hashes remembered after the
+        first) get exactly the chain computed link by link, whatever follows it."""
+        rnd = random.Random(seed)
+        text = rnd.randbytes(system).decode("latin-1")
+        for n in users:
+            body = chat(rnd.randbytes(n).decode("latin-1"), system=text)
+            data = _canonical(body)
+            first = blake2b(b"m\x1e" + data[: block_end(0)], digest_size=8).digest()
+            want = [int.from_bytes(first, "little")]
+            for i in range(1, blocks_covering(len(data))):
+                want.append(hash((want[-1], data[block_end(i - 1) : block_end(i)])))
+            assert request_block_hashes(body) == tuple(want)
+
+    def test_tools_are_the_first_part(self) -> None:
+        """With tools, the tools are the remembered part: another conversation with the
+        same tools shares their blocks, other tools share nothing."""
+        tools = [
+            {"type": "function", "function": {"name": f"f{i}", "description": "x" * 300}}
+            for i in range(8)
+        ]
+        a = request_block_hashes(chat("one", tools=tools))
+        b = request_block_hashes(chat("two", system="other", tools=tools))
+        c = request_block_hashes(chat("one", tools=tools[:7]))
+        shared = blocks_covering(len(_canonical({"tools": tools})))
+        assert shared > 16
+        assert a[:shared] == b[:shared]
+        assert a[0] == c[0]
+        assert a[shared - 1] != c[shared - 1]
+
     def test_next_turn_extends_the_chain(self) -> None:
         """A conversation's next turn starts with every full block of the previous one."""
         one = request_block_hashes(chat("What is a KV cache?"))
@@ -270,6 +308,40 @@ class TestPrefixIndex:
         idx.record("a", [5, 6], capacity_units=4)
         assert idx.match([1, 2], ["a"]) == {"a": 2}
         assert idx.match([3], ["a"]) == {}
+
+    def test_completion_restamps_under_pressure(self) -> None:
+        """Over half its capacity, a completion makes the chain the most recent again."""
+        idx = PrefixIndex()
+        idx.record("a", [1, 2], capacity_units=6)
+        idx.record("a", [3, 4], capacity_units=6)
+        idx.completed("a", [1, 2], capacity_units=6)
+        idx.record("a", [5, 6], capacity_units=6)
+        idx.record("a", [7], capacity_units=6)
+        assert idx.match([1, 2], ["a"]) == {"a": 2}
+        assert idx.match([3, 4], ["a"]) == {"a": 1}
+
+    def test_completion_far_from_capacity_changes_nothing(self) -> None:
+        """At most half full, a completion of a chain still held leaves the index as it
+        is: nothing is evicted before as much again is sent there."""
+        idx = PrefixIndex()
+        idx.record("a", [1, 2], capacity_units=100)
+        idx.record("a", [3, 4], capacity_units=100)
+        before = _state(idx)
+        idx.completed("a", [1, 2], capacity_units=100)
+        assert _state(idx) == before
+
+    def test_completion_of_a_chain_no_longer_held_records_it(self) -> None:
+        """A completion whose chain was forgotten since its dispatch (purge, trim) puts
+        it back, however empty the index: the engine holds it now."""
+        idx = PrefixIndex()
+        idx.record("a", [1, 2], capacity_units=100)
+        idx.purge("a")
+        idx.completed("a", [1, 2], capacity_units=100)
+        assert idx.match([1, 2], ["a"]) == {"a": 2}
+        idx.record("b", [1, 2, 3], capacity_units=100)
+        idx.trim("b", 2)
+        idx.completed("b", [1, 2, 3], capacity_units=100)
+        assert idx.match([1, 2, 3], ["b"]) == {"b": 3}
 
     def test_chain_longer_than_capacity_keeps_its_head(self) -> None:
         """A chain bigger than the endpoint's capacity keeps its first blocks."""

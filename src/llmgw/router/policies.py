@@ -144,21 +144,18 @@ class Ours:
         decision: Decision | None = None,
         cached_tokens: int | None = None,
     ) -> None:
-        # Called at dispatch and again on completion: the engine frees a finished
-        # request's blocks as its most recently used, so the second call keeps the
-        # index's LRU order close to the engine's.
+        # Called on completion (choose() recorded the chain at dispatch): the engine
+        # frees a finished request's blocks as its most recently used, so recording
+        # them again keeps the index's LRU order close to the engine's, where that
+        # order can matter (PrefixIndex.completed).
         if not key.hashes:
             return
+        units = capacity_units_for(None if stats is None else stats.kv_capacity_tokens)
         if decision is not None and cached_tokens is not None:
-            capacity = None if stats is None else stats.kv_capacity_tokens
             self.check.check(
-                endpoint_id,
-                key.hashes,
-                decision.blocks_of(endpoint_id),
-                cached_tokens,
-                capacity_units_for(capacity),
+                endpoint_id, key.hashes, decision.blocks_of(endpoint_id), cached_tokens, units
             )
-        self._record(endpoint_id, key.hashes, stats)
+        self.prefix.completed(endpoint_id, key.hashes, capacity_units=units)
 
 
 def _gains(matches: dict[str, int], ids: Sequence[str], n: int) -> dict[str, float]:

@@ -42,7 +42,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from hashlib import blake2b
-from itertools import accumulate, pairwise, repeat
+from itertools import accumulate, islice, pairwise, repeat
 from operator import getitem
 from typing import Any
 
@@ -127,6 +127,11 @@ def _text(content: Any) -> bytes:
 
 def _canonical(body: Mapping[str, Any], limit: int = MAX_ROUTED_BYTES) -> bytes:
     """What the engine will see as the prompt, in its order, cut at `limit` bytes."""
+    return _canonical_and_head(body, limit)[0]
+
+
+def _canonical_and_head(body: Mapping[str, Any], limit: int) -> tuple[bytes, bytes]:
+    """`_canonical`, and its first part (the tools, or the first message) uncut."""
     parts: list[bytes] = []
     size = 0
     tools = body.get("tools") or body.get("functions")
@@ -162,7 +167,9 @@ def _canonical(body: Mapping[str, Any], limit: int = MAX_ROUTED_BYTES) -> bytes:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of prompts: route on the first
         parts.append(_PROMPT + (prompt.encode() if isinstance(prompt, str) else _encode(prompt)))
-    return b"".join(parts)[:limit]
+    if not parts:
+        return b"", b""
+    return b"".join(parts)[:limit], parts[0]
 
 
 def request_block_hashes(
@@ -179,13 +186,47 @@ def request_block_hashes(
     one endpoint never share; a session hint never does (see the module
     docstring). Empty when there is no prompt at all.
     """
-    data = _canonical(body, limit_bytes)
+    data, head = _canonical_and_head(body, limit_bytes)
     if not data:
         return ()
     key = str(body.get("model", "")).encode() + _MSG
-    h = int.from_bytes(blake2b(key + data[: _ENDS[0]], digest_size=8).digest(), "little")
-    out = [h]
-    blocks = _BLOCKS[: bisect_right(_ENDS, len(data), 1) - 1]
+    count = bisect_right(_ENDS, len(data), 1)  # hashes in the chain
+    # The blocks inside the first part (a system prompt, the tools) are usually the
+    # same as many requests' before: their hashes come from _HEADS when they do.
+    held = bisect_right(_ENDS, min(len(head), len(data))) if len(head) >= _HEAD_MIN else 0
+    if held > 1:
+        mk = hash((key, head))
+        out = _HEADS.get(mk)
+        if out is None:
+            out = _chain(key, data, held)
+            _HEADS[mk] = out
+            if len(_HEADS) > _HEADS_MAX:
+                _HEADS.popitem(last=False)
+        else:
+            _HEADS.move_to_end(mk)
+        if held == count:
+            return out
+        return _chain(key, data, count, list(out))
+    return _chain(key, data, count)
+
+
+# First parts of at least this many bytes have their blocks' hashes remembered, by
+# the (64-bit, per-process) hash of the part: no weaker than the chain itself,
+# whose every link is such a hash. Hashing the part once costs about a tenth of
+# chaining its blocks one by one (bench/router_overhead.py --policy-step, 8 KB).
+_HEAD_MIN = 1024
+_HEADS_MAX = 1024  # parts remembered (each a tuple of at most len(_ENDS) hashes)
+_HEADS: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+
+
+def _chain(key: bytes, data: bytes, count: int, out: list[int] | None = None) -> tuple[int, ...]:
+    """The first `count` hashes of the chain over `data`, continuing `out` if given."""
+    if out is None:
+        h = int.from_bytes(blake2b(key + data[: _ENDS[0]], digest_size=8).digest(), "little")
+        out = [h]
+    else:
+        h = out[-1]
+    blocks = _BLOCKS[len(out) - 1 : count - 1]
     if len(blocks) <= _SHORT_CHAIN:
         for block in blocks:
             h = hash((h, data[block]))
@@ -194,7 +235,9 @@ def request_block_hashes(
         # The same chain, h_i = hash((h_i-1, block i)), computed in C: zip reads
         # each previous hash from `out` just after extend() has appended it (so never
         # strict: `out` is one ahead when the blocks run out).
-        out.extend(map(hash, zip(out, map(getitem, repeat(data), blocks), strict=False)))
+        done = len(out) - 1
+        links = out if not done else islice(out, done, None)
+        out.extend(map(hash, zip(links, map(getitem, repeat(data), blocks), strict=False)))
     return tuple(out)
 
 
@@ -365,6 +408,36 @@ class PrefixIndex:
         else:
             chain_t = hashes if isinstance(hashes, tuple) else tuple(hashes)
             self._fresh = (endpoint_id, chain_t, cap)
+
+    def completed(
+        self, endpoint_id: str, hashes: Sequence[int], *, capacity_units: int | None
+    ) -> None:
+        """A request sent to `endpoint_id` finished: `record()` it again, unless that
+        can change nothing that matters.
+
+        The engine frees a finished request's blocks as its most recently used, so
+        recording the chain again keeps the index's LRU order close to the engine's.
+        But order only decides what is evicted, and an endpoint whose index holds at
+        most half its capacity evicts nothing until as much again has been sent
+        there: while the chain is still held from its dispatch (head and tail), its
+        refresh is skipped. Under cache pressure, where order decides hits, it never
+        is (bench/routing.py, cache-starved). It saves the re-insert of the whole
+        chain, the larger half of the policy's per-request cost on long prompts
+        (bench/router_overhead.py --chat, 8 KB).
+        """
+        if not hashes:
+            return
+        lru = self._lru.get(endpoint_id)
+        if lru is not None:
+            cap = self.capacity(endpoint_id, capacity_units)
+            n = min(len(hashes), max(1, blocks_within(cap)))
+            if (
+                self._weight.get(endpoint_id, 0) * 2 <= cap
+                and hashes[0] in lru
+                and hashes[n - 1] in lru
+            ):
+                return
+        self.record(endpoint_id, hashes, capacity_units=capacity_units)
 
     def replay(self, records: Iterable[tuple[str, Sequence[int], int | None]]) -> None:
         """Apply records another worker made (see `journal`), without noting them again."""
