@@ -117,16 +117,14 @@ class TestLoad:
         """A replica measured twice as capable carries the same queue at half the load."""
         assert load_of(snap("a", running=8, weight=2.0)) == pytest.approx(0.5)
 
-    def test_kv_pressure_above_the_knee_scores_down(self) -> None:
-        """KV usage past the knee adds to the total; below it adds nothing."""
-        d = choose([snap("a", running=2, kv=0.9), snap("b", running=3, kv=0.5)])
+    def test_kv_usage_is_not_load(self) -> None:
+        """A scraped KV usage sample does not move the total: an engine whose batch
+        finished after the scrape is not full, and one short of KV shows it as waiting."""
+        d = choose([snap("a", running=2, kv=0.99), snap("b", running=3, kv=0.5)])
+        assert d.endpoint_id == "a"
+        assert scores(d) == {"a": round(2 / 8, 6), "b": round(3 / 8, 6)}
+        d = choose([snap("a", running=2, waiting=2, kv=0.99), snap("b", running=3, kv=None)])
         assert d.endpoint_id == "b"
-        assert scores(d) == {"a": round(2 / 8 + 0.5, 6), "b": round(3 / 8, 6)}
-
-    def test_unknown_kv_adds_no_pressure(self) -> None:
-        """An engine that does not report KV usage is not treated as full."""
-        d = choose([snap("a", running=2, kv=None)])
-        assert d.scores[0].kv == 0.0
 
     def test_stale_is_scored_down_not_dropped(self) -> None:
         """A stale endpoint loses to an equally loaded fresh one, but is still a candidate."""
@@ -224,15 +222,18 @@ class TestAffinity:
 
     def test_small_gain_shrinks_the_bound(self) -> None:
         """A holder whose extra prefix is a small share of the prompt gets a proportionally
-        smaller bound: 4 requests ahead (half a batch) wins at full gain, loses at 10 %."""
+        smaller bound: 4 requests ahead (half a batch) wins at full gain, loses at 10 %
+        (a bound of 0.4 batch)."""
         snaps = [snap("a", running=4), snap("b")]
         assert choose(snaps, prefix_matches={"a": 12, "b": 10}).endpoint_id == "a"
         d = choose(snaps, prefix_matches={"a": 12, "b": 10}, prefix_gain={"a": 0.1, "b": 0.0})
         assert d.endpoint_id == "b"
         assert next(s.note for s in d.scores if s.id == "a") == "over bound"
-        # Half the prompt or more is worth the full bound.
-        d = choose(snaps, prefix_matches={"a": 12, "b": 10}, prefix_gain={"a": 0.5, "b": 0.0})
+        # A quarter of the prompt or more is worth the full bound.
+        d = choose(snaps, prefix_matches={"a": 12, "b": 10}, prefix_gain={"a": 0.25, "b": 0.0})
         assert d.endpoint_id == "a"
+        d = choose(snaps, prefix_matches={"a": 12, "b": 10}, prefix_gain={"a": 0.12, "b": 0.0})
+        assert d.endpoint_id == "b"
 
     def test_prefix_beats_home(self) -> None:
         """A holder within the bound wins over the home of the first block."""

@@ -50,11 +50,15 @@ class SchedulerConfig:
     # batch. Scored down, never dropped — a replica whose metrics port broke may
     # serve perfectly well.
     stale_penalty: float = 1.0
-    # KV pressure: kv_weight × (kv_usage − kv_knee) / (1 − kv_knee) above the knee,
-    # 0 below. vLLM's KV usage counts blocks pinned by running requests; below
-    # the knee it costs a new request nothing, near 1 the engine preempts.
-    kv_weight: float = 1.0
-    kv_knee: float = 0.8
+    # The engine's KV usage is not part of the total. It is a sample from the last
+    # scrape (up to scrape_interval_s old), and with shared prefixes it is mostly the
+    # prefix every running request pins once, not what a new request would add; an
+    # engine short of KV shows it where the load sees it, as waiting requests, and
+    # the load is corrected by the live in-flight count. Counted as pressure above
+    # 0.8 (as it was), bench/routing.py's 24 KiB preamble at 110 %: an engine whose
+    # batch had just finished looked full for the rest of the scrape interval while
+    # the others queued; p99 TTFT 1,200 ms against the oracle's 316. Without it,
+    # 216 against 144, and no other variant moved past its noise.
     # How far (in total-score units, 1.0 = a full batch) the longest prefix holder
     # may be above the least loaded candidate and still win; at the bound it loses.
     # A full batch: below it the holder admits the request at its next step, so
@@ -70,8 +74,12 @@ class SchedulerConfig:
     # (Ours computes it; 1.0 when not given). bench/routing.py --suite, the 24 KiB
     # shared preamble at 110 %: with the full bound for a holder whose extra was
     # only a 4 KiB system prompt (13 % of the prompt), p99 TTFT 1,119 ms against the
-    # oracle's 298 (busiest engine 1.35× its share).
-    full_gain_at: float = 0.5
+    # oracle's 298 (busiest engine 1.35× its share). At 0.5 the bound went the other
+    # way: a holder of that system prompt got a quarter of a batch, the rest went to
+    # engines without it, each engine ran more distinct system prompts at once than
+    # its KV cache holds, and requests queued for blocks (85 %: p99 245 ms against
+    # the oracle's 140). At 0.25: 119 against 108.
+    full_gain_at: float = 0.25
     # How far the rendezvous home of an unseen prefix may be above the least
     # loaded; smaller than the affinity bound, as nothing is cached there yet.
     home_load_bound: float = 0.25
@@ -88,8 +96,6 @@ class Score:
     id: str
     # Expected queueing a new request meets, in batches (see `load_of`).
     load: float
-    # The KV pressure term added to the total.
-    kv: float
     stale: bool
     # Leading blocks of the request this endpoint holds (prefix index).
     prefix_blocks: int
@@ -97,7 +103,7 @@ class Score:
     home_rank: int | None
     # Where the request's session was served last (affinity.py).
     session: bool
-    # load + kv + stale penalty: lower is better.
+    # load + stale penalty: lower is better.
     total: float
     # Why it was or was not chosen: "chosen", "excluded", "open", "priority",
     # "over bound", or "".
@@ -158,7 +164,6 @@ class Decision:
                 Score(
                     id=eid,
                     load=r.load,
-                    kv=r.kv,
                     stale=r.snap.stale,
                     prefix_blocks=r.blocks,
                     home_rank=rank.get(eid),
@@ -226,14 +231,6 @@ def load_of(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float:
     return est / capacity / weight
 
 
-def _kv_term(s: Snapshot, cfg: SchedulerConfig) -> float:
-    # Unknown KV usage (llama.cpp, never scraped) adds nothing: unknown is not full.
-    usage = None if s.stats is None else s.stats.kv_usage
-    if usage is None or usage <= cfg.kv_knee or cfg.kv_knee >= 1.0:
-        return 0.0
-    return cfg.kv_weight * (min(usage, 1.0) - cfg.kv_knee) / (1.0 - cfg.kv_knee)
-
-
 def choose(
     snapshots: Sequence[Snapshot],
     *,
@@ -258,10 +255,9 @@ def choose(
     for s in snapshots:
         eid = s.info.id
         load = load_of(s, cfg)
-        kv = _kv_term(s, cfg)
         note = "excluded" if eid in exclude else "open" if s.breaker is BreakerState.OPEN else ""
-        total = load + kv + (cfg.stale_penalty if s.stale else 0.0)
-        rows[eid] = _Row(s, load, kv, total, matches.get(eid, 0), note)
+        total = load + (cfg.stale_penalty if s.stale else 0.0)
+        rows[eid] = _Row(s, load, total, matches.get(eid, 0), note)
     cands = [r for r in rows.values() if not r.note]
     if not cands:
         return _decision(None, "no-candidate", rows, rank, session_endpoint)
@@ -311,12 +307,10 @@ def choose(
 class _Row:
     """One endpoint's working figures while a decision is made."""
 
-    __slots__ = ("blocks", "kv", "load", "note", "snap", "total")
+    __slots__ = ("blocks", "load", "note", "snap", "total")
 
-    def __init__(
-        self, snap: Snapshot, load: float, kv: float, total: float, blocks: int, note: str
-    ) -> None:
-        self.snap, self.load, self.kv, self.total = snap, load, kv, total
+    def __init__(self, snap: Snapshot, load: float, total: float, blocks: int, note: str) -> None:
+        self.snap, self.load, self.total = snap, load, total
         self.blocks, self.note = blocks, note
 
 
