@@ -93,7 +93,7 @@ class Ours:
             prefix_gain=_gains(matches, ids, len(hashes)),
             # A prefix nobody has seen goes to its home replica: routers that never
             # talk still agree on it (rendezvous hashing, prefix.py).
-            home_order=rendezvous_order(hashes[0], ids),
+            home_order=lambda: rendezvous_order(hashes[0], ids),
             exclude=exclude,
             session_endpoint=self.sessions.last(key),
             cfg=self.cfg,

@@ -30,11 +30,24 @@ The rules, in order:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot
+
+# The rendezvous order of a request's first block, or a function computing it: most
+# requests are decided by a prefix holder or the least loaded and never need it.
+HomeOrder = Sequence[str] | Callable[[], Sequence[str]]
+
+
+def _ranks(home: Mapping[str, int] | HomeOrder) -> Mapping[str, int]:
+    if isinstance(home, Mapping):
+        return home
+    rank: dict[str, int] = {}
+    for i, eid in enumerate(home() if callable(home) else home):
+        rank.setdefault(eid, i)
+    return rank
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,7 +142,7 @@ class Decision:
         scores: tuple[Score, ...] = (),
         reason: str,
         rows: Mapping[str, _Row] | None = None,
-        rank: Mapping[str, int] | None = None,
+        rank: Mapping[str, int] | HomeOrder | None = None,
         session_endpoint: str | None = None,
     ) -> None:
         # None: no candidate (every endpoint excluded or open, or none serves the model).
@@ -159,7 +172,7 @@ class Decision:
     def scores(self) -> tuple[Score, ...]:
         """Every snapshot's score, sorted by id."""
         if self._scores is None:
-            rows, rank = self._rows or {}, self._rank or {}
+            rows, rank = self._rows or {}, _ranks(self._rank or ())
             self._scores = tuple(
                 Score(
                     id=eid,
@@ -235,7 +248,7 @@ def choose(
     snapshots: Sequence[Snapshot],
     *,
     prefix_matches: Mapping[str, int] | None = None,
-    home_order: Sequence[str] = (),
+    home_order: HomeOrder = (),
     exclude: Collection[str] = (),
     session_endpoint: str | None = None,
     prefix_gain: Mapping[str, float] | None = None,
@@ -248,9 +261,6 @@ def choose(
     candidate holds (scales its load bound); 1.0 for those not listed.
     """
     matches = prefix_matches or {}
-    rank: dict[str, int] = {}
-    for i, eid in enumerate(home_order):
-        rank.setdefault(eid, i)
     rows: dict[str, _Row] = {}
     for s in snapshots:
         eid = s.info.id
@@ -260,12 +270,13 @@ def choose(
         rows[eid] = _Row(s, load, total, matches.get(eid, 0), note)
     cands = [r for r in rows.values() if not r.note]
     if not cands:
-        return _decision(None, "no-candidate", rows, rank, session_endpoint)
+        return _decision(None, "no-candidate", rows, home_order, session_endpoint)
 
     pool = _preferred_pool(cands, cfg)
-    for r in cands:
-        if r not in pool:
-            r.note = "priority"
+    if pool is not cands:
+        for r in cands:
+            if r not in pool:
+                r.note = "priority"
     least = min(r.total for r in pool)
     # Ties on total (to 1e-9) go to the faster-draining endpoint, then the lower id.
     by_load = sorted(pool, key=lambda r: (round(r.total, 9), -r.snap.drain_rate, r.snap.info.id))
@@ -293,6 +304,8 @@ def choose(
             if sticky is not None and sticky in within and sticky.blocks == chosen.blocks:
                 chosen, reason = sticky, "prefix+session"
     elif home_order:
+        if callable(home_order):
+            home_order = home_order()
         for eid in home_order:
             row = rows.get(eid)
             if row is not None and row in pool and row.total <= least + cfg.home_load_bound:
@@ -301,7 +314,7 @@ def choose(
     if chosen is None:
         chosen = by_load[0]
     chosen.note = "chosen"
-    return _decision(chosen.snap.info.id, reason, rows, rank, session_endpoint)
+    return _decision(chosen.snap.info.id, reason, rows, home_order, session_endpoint)
 
 
 class _Row:
@@ -329,7 +342,7 @@ def _decision(
     chosen: str | None,
     reason: str,
     rows: Mapping[str, _Row],
-    rank: Mapping[str, int],
+    rank: HomeOrder,
     session_endpoint: str | None,
 ) -> Decision:
     return Decision(
