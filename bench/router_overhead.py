@@ -19,6 +19,8 @@ through the router, so the difference is the router's. Phases:
 Usage: .venv/bin/python bench/router_overhead.py [--seconds 4] [--no-results]
        .venv/bin/python bench/router_overhead.py --profile [--client aiohttp]
            (cProfile of the router with that upstream client, fast by default)
+       .venv/bin/python bench/router_overhead.py --scale [--quota 0.35]
+           (--workers 1 vs 2; with --quota, each worker held to that share of a CPU)
 """
 
 from __future__ import annotations
@@ -466,7 +468,10 @@ def router_process(
     policy: str = "ours",
     extra: tuple[str, ...] = (),
     server: str | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> Iterator[tuple[int, int]]:
+    """The router, ready; `prefix` goes before its command line (--scale --quota's
+    cgroup join, which then execs it, so the PID is the router's)."""
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     cfg = tmp / "router.yaml"
     ports = [upstream_port] if isinstance(upstream_port, int) else upstream_port
@@ -487,7 +492,9 @@ def router_process(
     cmd = [sys.executable, "-m", "llmgw", "router", "--config", str(cfg), "--port", "0", *extra]
     if profile is not None:
         cmd = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "llmgw", *cmd[3:]]
-    proc = subprocess.Popen(["taskset", "-c", cpu, *cmd], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [*prefix, "taskset", "-c", cpu, *cmd], stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -790,12 +797,45 @@ async def measure_scale(port: int, pid: int, seconds: float, repeats: int) -> di
     return best
 
 
+@contextlib.contextmanager
+def cpu_quota(cpus: float) -> Iterator[tuple[str, ...]]:
+    """A fresh CPU cgroup allowed `cpus` CPUs of time (CFS quota), and the command prefix
+    that joins it before exec'ing the rest; removed afterwards. cgroup v2 (`cpu.max`) or
+    v1 (`cpu.cfs_quota_us`); RuntimeError when neither can be written (needs root)."""
+    name = f"llmgw-bench-{os.getpid()}-{time.monotonic_ns()}"
+    v2 = Path("/sys/fs/cgroup")
+    controllers = v2 / "cgroup.controllers"
+    if controllers.exists() and "cpu" in controllers.read_text().split():
+        group = v2 / name
+        group.mkdir()
+        (group / "cpu.max").write_text(f"{int(cpus * 100_000)} 100000")
+    else:
+        group = v2 / "cpu" / name
+        try:
+            group.mkdir()
+        except OSError as exc:
+            raise RuntimeError(f"no writable CPU cgroup under {v2}: {exc}") from exc
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(int(cpus * 100_000)))
+    try:
+        yield ("sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group))
+    finally:
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def scale_main(args: argparse.Namespace, all_cpus: list[int]) -> int:
     """`--scale`: `router --workers 1` on one CPU against `--workers 2` on two (issue 15).
 
     The engines (four, one process) and the load generator get the CPUs left; on a
     2-CPU machine none are left for them, so they share the router's second CPU and
     the 2-worker figure understates what two free cores give (the table says so)."""
+    if args.quota is not None:
+        return scale_quota_main(args, all_cpus)
     import uvloop
 
     load_before = os.getloadavg()[0]
@@ -847,6 +887,76 @@ def scale_main(args: argparse.Namespace, all_cpus: list[int]) -> int:
             f"Command: `.venv/bin/python bench/router_overhead.py --scale"
             f" --seconds {args.seconds:g} --repeats {args.repeats}`\n\n{out}\n",
             section=SCALE_SECTION,
+        )
+    return 0
+
+
+QUOTA_HEADING = "### router_overhead.py --scale --quota"
+
+
+def scale_quota_main(args: argparse.Namespace, all_cpus: list[int]) -> int:
+    """`--scale --quota F`: each router worker gets F of a CPU (a CFS quota on the router's
+    cgroup: F for `--workers 1` pinned to one CPU, 2F for `--workers 2` pinned to two),
+    while the engines and the load generator run on every CPU without a quota. On a
+    machine too small to give the generator CPUs of its own, this keeps the router the
+    bottleneck in both runs, so the ratio shows how throughput follows the CPU the
+    workers get; the table gives each run's router CPU use against its quota."""
+    import uvloop
+
+    quota = float(args.quota)
+    load_before = os.getloadavg()[0]
+    everything = ",".join(str(c) for c in all_cpus)
+    os.sched_setaffinity(0, set(all_cpus))
+    rows: dict[int, dict[str, float]] = {}
+    with child_ports(everything, "--upstream", "0", "--count", "4") as (ports, _):
+        for _rep in range(args.repeats):
+            for workers in (1, 2):
+                with (
+                    cpu_quota(quota * workers) as prefix,
+                    router_process(
+                        ports,
+                        ",".join(str(c) for c in all_cpus[:workers]),
+                        client="fast",
+                        profile=None,
+                        extra=("--workers", str(workers)),
+                        prefix=prefix,
+                    ) as (rt, rpid),
+                ):
+                    cpu0, t0 = cpu_seconds(rpid), time.monotonic()
+                    r = uvloop.run(measure_scale(rt, rpid, args.seconds, 2))
+                    r["cpus_used"] = (cpu_seconds(rpid) - cpu0) / (time.monotonic() - t0)
+                if workers not in rows or r["rps"] > rows[workers]["rps"]:
+                    rows[workers] = r
+    lines = [
+        "| router | CPUs (router) | quota (CPUs) | req/s c=64 | router CPUs used "
+        "| CPU ms / request (router) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for w, r in rows.items():
+        cpus_w = ",".join(str(c) for c in all_cpus[:w])
+        lines.append(
+            f"| `--workers {w}` | {cpus_w} | {quota * w:.2f} | {r['rps']:,.0f} "
+            f"| {r['cpus_used']:.2f} | {r['cpu_ms_req']:.3f} |"
+        )
+    ratio = rows[2]["rps"] / rows[1]["rps"]
+    out = "\n".join(lines) + f"\n\nThroughput, 2 workers / 1: {ratio:.2f}x"
+    print(out)
+    if not args.no_results:
+        write_results(
+            f"{QUOTA_HEADING}\n\n"
+            f"Each router worker held to {quota:g} of a CPU by a CFS quota on the router's "
+            f"cgroup ({quota:g} CPU for `--workers 1` pinned to CPU {all_cpus[0]}, "
+            f"{2 * quota:g} for `--workers 2` pinned to two), the four minimal engines and "
+            f"the load generator on all {len(all_cpus)} CPUs without a quota, default "
+            f"policy, 300-byte chat bodies, c=64; the two router sizes alternate, best of "
+            f"{args.repeats} fresh routers each (2 runs of {args.seconds:g} s). Load average "
+            f"{load_before:.1f} before and {os.getloadavg()[0]:.1f} after. The quota "
+            f"stands in for a core of the router's own: router CPUs used near the quota "
+            f"means the router, not the generator, set the rate.\n\n"
+            f"Command: `.venv/bin/python bench/router_overhead.py --scale --quota {quota:g}"
+            f" --seconds {args.seconds:g} --repeats {args.repeats}`\n\n{out}\n",
+            section=SCALE_SECTION,
+            subsection=QUOTA_HEADING,
         )
     return 0
 
@@ -909,9 +1019,22 @@ def table(paths: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def write_results(body: str, section: str = SECTION) -> None:
-    """Replace this benchmark's section, keeping its hand-written `### Analysis`."""
+def write_results(body: str, section: str = SECTION, subsection: str | None = None) -> None:
+    """Replace this benchmark's section, keeping its hand-written `### Analysis`; with
+    `subsection`, replace (or add at the section's end) only that `###` part of it."""
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    if subsection is not None and (start := text.find(section + "\n")) >= 0:
+        nxt = text.find("\n## ", start + len(section))
+        end = nxt if nxt >= 0 else len(text)
+        sub = text.find(subsection + "\n", start, end)
+        if sub >= 0:
+            stop = text.find("\n### ", sub + len(subsection))
+            stop = stop if 0 <= stop < end else end
+            text = text[:sub] + body.rstrip("\n") + "\n" + text[stop:]
+        else:
+            text = text[:end].rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n" + text[end:]
+        RESULTS.write_text(text)
+        return
     start = text.find(section + "\n")
     if start >= 0:
         nxt = text.find("\n## ", start + len(section))
@@ -941,6 +1064,12 @@ def main() -> int:
     p.add_argument("--chat", action="store_true", help="realistic chat bodies, ours vs round_robin")
     p.add_argument("--workers", type=int, default=1, help="--chat: router --workers N")
     p.add_argument("--scale", action="store_true", help="router --workers 1 vs 2 on 1 vs 2 CPUs")
+    p.add_argument(
+        "--quota",
+        type=float,
+        default=None,
+        help="--scale: hold each router worker to this share of a CPU (cgroup CFS quota)",
+    )
     p.add_argument("--policy-step", action="store_true", help="in-process routing work per request")
     p.add_argument("--size", type=int, default=300, help="--chat --profile: body bytes")
     p.add_argument(
