@@ -21,6 +21,26 @@ Usage: .venv/bin/python bench/router_overhead.py [--seconds 4] [--no-results]
            (cProfile of the router with that upstream client, fast by default)
        .venv/bin/python bench/router_overhead.py --scale [--quota 0.35]
            (--workers 1 vs 2; with --quota, each worker held to that share of a CPU)
+       .venv/bin/python bench/router_overhead.py --chat [--peers] [--http-server fast]
+           (realistic chat bodies, four engines: ours vs round_robin, issue 15)
+
+--chat --peers also runs the Rust routers of issue 15 through the same phases, in the
+same run, pinned to the same CPU: sglang-router 0.3.2 (cache_aware, round_robin) and
+vllm-router 0.1.17 (round_robin). They are bench-only: each lives in its own venv under
+~/.cache/llmgw/peers/<package>-<version>/, made with `python -m venv` and `pip install`
+on first use — never in the project's venv, never a project dependency. A peer whose
+wheel does not install or that does not answer is skipped with the reason printed.
+Each is launched as `<venv>/bin/python -m sglang_router.launch_router` (or
+`vllm_router.launch_router`) `--host 127.0.0.1 --port P --worker-urls URL... --policy
+POLICY --prometheus-host 127.0.0.1 --prometheus-port Q --log-level warn[ing]` (sglang
+also `--shutdown-grace-period-secs 1`); without `--log-level warn` sglang-router logs
+two INFO lines per request. Its CPU is read from its PID (a python launcher running
+the Rust router in-process: its threads are in the PID's counters; `cpu_seconds` adds
+direct children, and the table's notes list threads and children). The minimal
+engines answer what the peers poll (GET /health 200; other GETs but /metrics 404;
+sglang-router's HTTP/2 probe is hung up on). Not measured: vllm-router's cache_aware,
+which asks a worker to render every chat request into token ids first
+(POST /v1/chat/completions/render), which the minimal engines cannot.
 """
 
 from __future__ import annotations
@@ -85,6 +105,13 @@ _METRICS_RESP = (
     + b"\r\n\r\n"
     + _METRICS
 )
+# What the peer routers (--peers) ask of an engine besides completions: sglang-router
+# and vllm-router accept a worker once GET /health answers 200; sglang-router also asks
+# /server_info, /get_server_info, /model_info, /get_model_info (a 404 is fine: the
+# worker registers with model "unknown") and first probes for HTTP/2 (gRPC), to which an
+# HTTP/1.1 engine hangs up. llmgw itself GETs nothing but /metrics.
+_HEALTH_RESP = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+_NOT_FOUND_RESP = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
 _SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 )
@@ -124,6 +151,13 @@ class UpstreamProtocol(asyncio.Protocol):
             head, body, self.buf = self.buf[:end], self.buf[end + 4 : total], self.buf[total:]
             if head.startswith(b"GET /metrics"):
                 self.t.write(_METRICS_RESP)
+            elif head.startswith(b"GET /health"):
+                self.t.write(_HEALTH_RESP)
+            elif head.startswith(b"PRI * HTTP/2"):
+                self.t.close()
+                return
+            elif head.startswith(b"GET "):
+                self.t.write(_NOT_FOUND_RESP)
             elif b'"stream":true' in body or b'"stream": true' in body:
                 asyncio.get_running_loop().create_task(self._stream())
             else:
@@ -513,6 +547,125 @@ def router_process(
         log.close()
 
 
+# -- peer routers (--chat --peers): bench-only, in their own venvs ---------------
+
+PEER_ROOT = Path.home() / ".cache" / "llmgw" / "peers"
+# (package, version, policy, the module its launcher runs, its --log-level for "warn")
+PEERS = (
+    ("sglang-router", "0.3.2", "cache_aware", "sglang_router.launch_router", "warn"),
+    ("sglang-router", "0.3.2", "round_robin", "sglang_router.launch_router", "warn"),
+    ("vllm-router", "0.1.17", "round_robin", "vllm_router.launch_router", "warning"),
+)
+# Peers not run, and why (printed with the table).
+PEER_SKIPS = {
+    "vllm-router 0.1.17 (cache_aware)": "its cache_aware asks a worker to render each chat "
+    "request into token ids (POST /v1/chat/completions/render) before it routes; the "
+    "minimal engines have no tokenizer, so that policy cannot be measured against them",
+}
+
+
+def peer_python(package: str, version: str) -> Path | str:
+    """The python of a venv holding `package==version` under ~/.cache/llmgw/peers/ (made
+    and filled with pip on first use, never the project's venv); a reason when not."""
+    venv = PEER_ROOT / f"{package}-{version}"
+    py = venv / "bin" / "python"
+    done = venv / ".installed"
+    if done.exists() and py.exists():
+        return py
+    PEER_ROOT.mkdir(parents=True, exist_ok=True)
+    log = PEER_ROOT / f"{package}-{version}.install.log"
+    with log.open("w") as f:
+        for cmd in (
+            [sys.executable, "-m", "venv", "--clear", str(venv)],
+            [str(py), "-m", "pip", "install", "-q", f"{package}=={version}"],
+        ):
+            print(f"peers: {' '.join(cmd)}", flush=True)
+            if subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode != 0:
+                tail = log.read_text().strip().splitlines()[-3:]
+                return f"`{' '.join(cmd[1:4])}` failed: " + " / ".join(tail)
+    done.write_text(f"{package}=={version}\n")
+    return py
+
+
+def proc_shape(pid: int) -> tuple[int, int]:
+    """(threads of `pid`, its child processes): what `cpu_seconds` has to cover."""
+    threads = len(list(Path(f"/proc/{pid}/task").iterdir()))
+    children = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    children += 1
+    return threads, children
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _chat_ok(port: int) -> bool:
+    """One small chat completion through `port` answers 200."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=chat_bodies(300, stream=False, systems=1, users=1)[0],
+            headers={"Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def peer_process(
+    python: Path, module: str, log_level: str, policy: str, ports: list[int], cpu: str
+) -> Iterator[tuple[int, int]]:
+    """A peer router pinned like ours; yields (port, pid) once a chat request through
+    it answers 200 (the peers report ready before their workers are registered)."""
+    tmp = Path(tempfile.mkdtemp(prefix="peer-bench-"))
+    port = free_port()
+    cmd = [
+        str(python), "-m", module,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--worker-urls", *(f"http://127.0.0.1:{p}" for p in ports),
+        "--policy", policy,
+        "--prometheus-host", "127.0.0.1",
+        "--prometheus-port", str(free_port()),
+        "--log-level", log_level,
+    ]  # fmt: skip
+    if module.startswith("sglang_router"):
+        cmd += ["--shutdown-grace-period-secs", "1"]
+    log = (tmp / "peer.log").open("w")
+    proc = subprocess.Popen(["taskset", "-c", cpu, *cmd], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not _chat_ok(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join((tmp / "peer.log").read_text().splitlines()[-5:])
+                raise RuntimeError(f"{' '.join(cmd[2:])}: not ready:\n{tail}")
+            time.sleep(0.1)
+        yield port, proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU of `pid` and of its live children: a router's supervisor and its workers."""
     total = 0.0
@@ -717,6 +870,21 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
     direct: dict[int, dict[str, float]] = {}
     # One worker unless asked: the router is pinned to one CPU here.
     extra = ("--workers", str(args.workers))
+    # --peers: the Rust routers, each in the same phases on the same CPU as ours.
+    peer_runs: list[tuple[str, int, tuple[Path, str, str, str]]] = []
+    skipped: dict[str, str] = {}
+    shape: dict[str, tuple[int, int]] = {}
+    if args.peers and not args.profile:
+        skipped.update(PEER_SKIPS)
+        for package, version, policy, module, level in PEERS:
+            py = peer_python(package, version)
+            for size in sizes:
+                name = f"{package} {version} ({policy}) {size}B"
+                if isinstance(py, str):
+                    skipped[name.rsplit(" ", 1)[0]] = py
+                    print(f"peers: skipping {name}: {py}", flush=True)
+                else:
+                    peer_runs.append((name, size, (py, module, level, policy)))
     with child_ports(others, "--upstream", "0", "--count", "4") as (ports, _):
         up = ports[0]
         if args.profile:
@@ -754,7 +922,24 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
                         old = rows.get(name)
                         if old is None or r["cpu_ms_req"] < old["cpu_ms_req"]:
                             rows[name] = r
+            for name, size, launch in peer_runs:
+                try:
+                    with peer_process(*launch, ports, router_cpu) as (rt, rpid):
+                        r = uvloop.run(measure_chat(rt, rpid, args.seconds, size, 2))
+                        shape[name.rsplit(" ", 1)[0]] = proc_shape(rpid)
+                except (RuntimeError, OSError, EOFError) as e:
+                    # Did not start, or failed under load: not fatal, the reason is shown.
+                    skipped[name] = f"{type(e).__name__}: {e}"
+                    print(f"peers: {name} failed: {skipped[name]}", flush=True)
+                    continue
+                old = rows.get(name)
+                if old is None or r["cpu_ms_req"] < old["cpu_ms_req"]:
+                    rows[name] = r
     out = chat_table(rows, direct)
+    if args.peers:
+        notes = [f"- {n}: pid with {t} threads, {c} child processes" for n, (t, c) in shape.items()]
+        notes += [f"- {n}: not measured: {why}" for n, why in skipped.items() if n not in rows]
+        out += "\n\nPeers (bench-only, venvs under ~/.cache/llmgw/peers/):\n" + "\n".join(notes)
     print(out)
     if not args.no_results:
         flags = "".join(
@@ -764,6 +949,13 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
         )
         if args.http_server is not None:
             flags += f" --http-server {args.http_server}"
+        peers_note = ""
+        if args.peers:
+            flags += " --peers"
+            peers_note = (
+                " Peer rows: the peer router (its own venv, bench-only) on the same CPU, "
+                "same phases, `--log-level warn`; CPU from its PID (threads included)."
+            )
         write_results(
             f"{CHAT_SECTION}\n\n"
             f"Realistic chat bodies (8 system prompts x 32 users, a system prompt and a user "
@@ -775,7 +967,7 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
             f"({args.repeats}), {args.seconds:g} s per phase; CPU per request is the lower "
             f"of two c=64 runs, the best repetition kept. CPU per streamed chunk: the stream "
             f"phase's CPU less one request's CPU per stream, over the events relayed "
-            f"({STREAM_EVENTS} per stream). Python {sys.version.split()[0]}.\n\n"
+            f"({STREAM_EVENTS} per stream).{peers_note} Python {sys.version.split()[0]}.\n\n"
             f"Command: `.venv/bin/python bench/router_overhead.py --chat{flags}`\n\n{out}\n",
             section=CHAT_SECTION,
         )
@@ -1062,6 +1254,12 @@ def main() -> int:
     p.add_argument("--no-results", action="store_true", help="do not touch bench/RESULTS.md")
     p.add_argument("--count", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--chat", action="store_true", help="realistic chat bodies, ours vs round_robin")
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="--chat: also sglang-router and vllm-router (bench-only venvs under "
+        "~/.cache/llmgw/peers/, made on first use)",
+    )
     p.add_argument("--workers", type=int, default=1, help="--chat: router --workers N")
     p.add_argument("--scale", action="store_true", help="router --workers 1 vs 2 on 1 vs 2 CPUs")
     p.add_argument(
