@@ -247,26 +247,26 @@ def parse(text: str, *, source: str = "config") -> RouterConfig:
 
 def upstream_client(cfg: RouterConfig, env: Mapping[str, str]) -> UpstreamClient:
     """The proxy's client: the file's choice, else $LLMGW_ROUTER_UPSTREAM, else `fast`."""
-    if not isinstance(cfg.upstream_client, msgspec.UnsetType):
-        return cfg.upstream_client
-    name = env.get(UPSTREAM_ENV, "").strip() or "fast"
-    if name == "fast":
-        return "fast"
-    if name == "aiohttp":
-        return "aiohttp"
-    raise RouterConfigError(f"{UPSTREAM_ENV}={name!r}: expected fast or aiohttp")
+    return _fast_or_aiohttp(cfg.upstream_client, env, UPSTREAM_ENV)
 
 
 def http_server(cfg: RouterConfig, env: Mapping[str, str]) -> HttpServer:
     """The server clients meet: the file's choice, else $LLMGW_ROUTER_SERVER, else `fast`."""
-    if not isinstance(cfg.http_server, msgspec.UnsetType):
-        return cfg.http_server
-    name = env.get(SERVER_ENV, "").strip() or "fast"
+    return _fast_or_aiohttp(cfg.http_server, env, SERVER_ENV)
+
+
+def _fast_or_aiohttp(
+    chosen: Literal["fast", "aiohttp"] | msgspec.UnsetType, env: Mapping[str, str], var: str
+) -> Literal["fast", "aiohttp"]:
+    """The file's choice, else the environment variable `var`, else `fast`."""
+    if not isinstance(chosen, msgspec.UnsetType):
+        return chosen
+    name = env.get(var, "").strip() or "fast"
     if name == "fast":
         return "fast"
     if name == "aiohttp":
         return "aiohttp"
-    raise RouterConfigError(f"{SERVER_ENV}={name!r}: expected fast or aiohttp")
+    raise RouterConfigError(f"{var}={name!r}: expected fast or aiohttp")
 
 
 def load(path: str | Path) -> RouterConfig:

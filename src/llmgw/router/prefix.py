@@ -235,8 +235,7 @@ def _chain(key: bytes, data: bytes, count: int, out: list[int] | None = None) ->
         # The same chain, h_i = hash((h_i-1, block i)), computed in C: zip reads
         # each previous hash from `out` just after extend() has appended it (so never
         # strict: `out` is one ahead when the blocks run out).
-        done = len(out) - 1
-        links = out if not done else islice(out, done, None)
+        links = islice(out, len(out) - 1, None)
         out.extend(map(hash, zip(links, map(getitem, repeat(data), blocks), strict=False)))
     return tuple(out)
 
@@ -276,6 +275,12 @@ def rendezvous_order(key: int, candidates: Sequence[str]) -> list[str]:
     """
     k = key & _MASK64
     return sorted(candidates, key=lambda c: (-_mix64(k ^ _id_hash(c)), c))
+
+
+def _kept(hashes: Sequence[int], cap: int) -> int:
+    """How many leading blocks of a chain a record keeps under a capacity of `cap` units:
+    a chain longer than the capacity keeps its head, the part others share."""
+    return min(len(hashes), max(1, blocks_within(cap)))
 
 
 _TICK_SHIFT = 20  # an entry's value: tick << 20 | its weight in units (< 2**20)
@@ -387,7 +392,7 @@ class PrefixIndex:
         # Deepest first, so the chain's head ends up most recent. A chain longer
         # than the capacity keeps its head: that is the part others share. Pop
         # what is held of the chain (in C), then insert the chain with this stamp.
-        n = min(len(hashes), max(1, blocks_within(cap)))  # n <= len(_UNITS)
+        n = _kept(hashes, cap)  # n <= len(_UNITS)
         chain = hashes[n - 1 :: -1]
         old = list(map(lru.pop, chain, repeat(None, n)))
         for h, w in zip(chain, _REV_WEIGHTS[n], strict=True):
@@ -430,11 +435,10 @@ class PrefixIndex:
         lru = self._lru.get(endpoint_id)
         if lru is not None:
             cap = self.capacity(endpoint_id, capacity_units)
-            n = min(len(hashes), max(1, blocks_within(cap)))
             if (
                 self._weight.get(endpoint_id, 0) * 2 <= cap
                 and hashes[0] in lru
-                and hashes[n - 1] in lru
+                and hashes[_kept(hashes, cap) - 1] in lru
             ):
                 return
         self.record(endpoint_id, hashes, capacity_units=capacity_units)

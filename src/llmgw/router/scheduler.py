@@ -41,9 +41,8 @@ from llmgw.router.endpoint import Snapshot
 HomeOrder = Sequence[str] | Callable[[], Sequence[str]]
 
 
-def _ranks(home: Mapping[str, int] | HomeOrder) -> Mapping[str, int]:
-    if isinstance(home, Mapping):
-        return home
+def _ranks(home: HomeOrder) -> dict[str, int]:
+    """Each endpoint's position in the rendezvous order (its first, if listed twice)."""
     rank: dict[str, int] = {}
     for i, eid in enumerate(home() if callable(home) else home):
         rank.setdefault(eid, i)
@@ -142,7 +141,7 @@ class Decision:
         scores: tuple[Score, ...] = (),
         reason: str,
         rows: Mapping[str, _Row] | None = None,
-        rank: Mapping[str, int] | HomeOrder | None = None,
+        rank: HomeOrder = (),
         session_endpoint: str | None = None,
     ) -> None:
         # None: no candidate (every endpoint excluded or open, or none serves the model).
@@ -172,7 +171,7 @@ class Decision:
     def scores(self) -> tuple[Score, ...]:
         """Every snapshot's score, sorted by id."""
         if self._scores is None:
-            rows, rank = self._rows or {}, _ranks(self._rank or ())
+            rows, rank = self._rows or {}, _ranks(self._rank)
             self._scores = tuple(
                 Score(
                     id=eid,
@@ -186,7 +185,7 @@ class Decision:
                 )
                 for eid, r in sorted(rows.items())
             )
-            self._rows = self._rank = None
+            self._rows, self._rank = None, ()
         return self._scores
 
     def header(self) -> str:
