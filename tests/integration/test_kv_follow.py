@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from llmgw.router import kvfollow
-from llmgw.router.kvevents import KVEventIndex
+from llmgw.router.kvevents import EngineBlocks, KVEventIndex
 from llmgw.router.kvfollow import KVEventFollower
 from llmgw.simengine.kvcache import KVCache, prompt_block_hashes
 from llmgw.simengine.kvevents import KVEventPublisher, KVEventsSettings
@@ -79,35 +80,52 @@ def frames(pub: KVEventPublisher, seq: int) -> list[Any]:
     return [b"", encode_seq(seq), dict(pub._buffer)[seq]]
 
 
+@dataclass
+class Live:
+    """A follower of endpoint "a" whose subscription counts as connected."""
+
+    follower: KVEventFollower
+    idx: KVEventIndex
+
+    @property
+    def blocks(self) -> EngineBlocks:
+        return self.idx.follows["a"].blocks
+
+    async def receive(self, got: list[Any]) -> None:
+        """Hand the follower one message, as the live socket would."""
+        await self.follower._on_message("a", self.idx.follows["a"], got)
+
+
+@contextlib.contextmanager
+def following(addr: str, raddr: str) -> Iterator[Live]:
+    f, idx = follower(addr, raddr)
+    try:
+        live = Live(f, idx)
+        live.blocks.connected = True
+        yield live
+    finally:
+        f._ctx.term()
+
+
 class TestReplay:
     async def test_a_gap_is_filled_from_the_replay_socket(self) -> None:
         async with publisher(replay=True) as (pub, addr, raddr):
-            f, idx = follower(addr, raddr)
-            try:
-                blocks = idx.follows["a"].blocks
-                blocks.connected = True
-                await f._on_message("a", idx.follows["a"], frames(pub, 0))
+            with following(addr, raddr) as live:
+                await live.receive(frames(pub, 0))
                 # Batch 1 never arrived: batch 2 makes the follower ask for it.
-                await f._on_message("a", idx.follows["a"], frames(pub, 2))
-                assert blocks.gaps == 0
-                assert blocks.next_seq == 3
-                assert all(n > 0 for n in held(idx))
-            finally:
-                f._ctx.term()
+                await live.receive(frames(pub, 2))
+                assert live.blocks.gaps == 0
+                assert live.blocks.next_seq == 3
+                assert all(n > 0 for n in held(live.idx))
 
     async def test_joining_mid_stream_replays_from_the_first_batch(self) -> None:
         """A router that starts after the engine asks for its whole history: while the
         publisher still has batch 0, the set is complete and precise at once."""
         async with publisher(replay=True) as (pub, addr, raddr):
-            f, idx = follower(addr, raddr)
-            try:
-                blocks = idx.follows["a"].blocks
-                blocks.connected = True
-                await f._on_message("a", idx.follows["a"], frames(pub, 2))
-                assert blocks.gaps == 0
-                assert all(n > 0 for n in held(idx))
-            finally:
-                f._ctx.term()
+            with following(addr, raddr) as live:
+                await live.receive(frames(pub, 2))
+                assert live.blocks.gaps == 0
+                assert all(n > 0 for n in held(live.idx))
 
     async def test_history_already_gone_falls_back_at_the_first_batch(self) -> None:
         """The publisher's buffer no longer holds batch 0: the first replayed batch says
@@ -116,16 +134,11 @@ class TestReplay:
         not a gap: nothing was missed after the subscription began)."""
         async with publisher(replay=True) as (pub, addr, raddr):
             pub._buffer.popleft()  # batch 0 has left the publisher's buffer
-            f, idx = follower(addr, raddr)
-            try:
-                blocks = idx.follows["a"].blocks
-                blocks.connected = True
-                await f._on_message("a", idx.follows["a"], frames(pub, 2))
-                assert not blocks.synced
-                assert not blocks.precise
-                assert blocks.next_seq == 3
-            finally:
-                f._ctx.term()
+            with following(addr, raddr) as live:
+                await live.receive(frames(pub, 2))
+                assert not live.blocks.synced
+                assert not live.blocks.precise
+                assert live.blocks.next_seq == 3
 
     async def test_without_an_answer_the_gap_falls_back(
         self, monkeypatch: pytest.MonkeyPatch
@@ -133,71 +146,51 @@ class TestReplay:
         monkeypatch.setattr(kvfollow, "REPLAY_TIMEOUT_S", 0.3)
         async with publisher(replay=False) as (pub, addr, _):
             # A replay address nobody answers on.
-            f, idx = follower(addr, f"tcp://127.0.0.1:{free_port()}")
-            try:
-                blocks = idx.follows["a"].blocks
-                blocks.connected = True
-                await f._on_message("a", idx.follows["a"], frames(pub, 0))
-                await f._on_message("a", idx.follows["a"], frames(pub, 2))
-                assert blocks.gaps == 1
-                assert not blocks.precise
-            finally:
-                f._ctx.term()
+            with following(addr, f"tcp://127.0.0.1:{free_port()}") as live:
+                await live.receive(frames(pub, 0))
+                await live.receive(frames(pub, 2))
+                assert live.blocks.gaps == 1
+                assert not live.blocks.precise
 
     async def test_an_unreadable_batch_counts_as_a_gap(self) -> None:
         async with publisher(replay=False) as (pub, addr, _):
-            f, idx = follower(addr, "")
-            try:
-                blocks = idx.follows["a"].blocks
-                blocks.connected = True
-                await f._on_message("a", idx.follows["a"], frames(pub, 0))
-                await f._on_message("a", idx.follows["a"], [b"", encode_seq(1), b"\xc1"])
-                assert blocks.gaps == 1
-                assert not blocks.precise
+            with following(addr, "") as live:
+                await live.receive(frames(pub, 0))
+                await live.receive([b"", encode_seq(1), b"\xc1"])
+                assert live.blocks.gaps == 1
+                assert not live.blocks.precise
                 # The next batch follows the unreadable one: no second gap for the same loss.
-                await f._on_message("a", idx.follows["a"], frames(pub, 2))
-                assert blocks.gaps == 1
-                assert blocks.next_seq == 3
+                await live.receive(frames(pub, 2))
+                assert live.blocks.gaps == 1
+                assert live.blocks.next_seq == 3
                 assert decode_batch(frames(pub, 1)[2])[1]  # the real batch 1 was not empty
-            finally:
-                f._ctx.term()
 
     async def test_a_sequence_number_far_ahead_is_a_gap_not_a_crash(self) -> None:
         """A sequence frame far past the last (a buggy or hostile publisher) is a gap the
         replay cannot fill: the follower must not try to list every missed number (a
         MemoryError that ended the subscription, or gigabytes for a smaller jump)."""
         async with publisher(replay=True) as (pub, addr, raddr):
-            f, idx = follower(addr, raddr)
-            try:
-                blocks = idx.follows["a"].blocks
-                blocks.connected = True
-                await f._on_message("a", idx.follows["a"], frames(pub, 0))
+            with following(addr, raddr) as live:
+                await live.receive(frames(pub, 0))
                 far = [b"", encode_seq(2**40), frames(pub, 1)[2]]
-                await f._on_message("a", idx.follows["a"], far)
-                assert blocks.gaps == 1
-                assert not blocks.precise
-                assert blocks.next_seq == 2**40 + 1
-            finally:
-                f._ctx.term()
+                await live.receive(far)
+                assert live.blocks.gaps == 1
+                assert not live.blocks.precise
+                assert live.blocks.next_seq == 2**40 + 1
 
     async def test_a_negative_sequence_number_is_unreadable(self) -> None:
         """-1 only ends a replay; on the live socket a negative number is a bad frame,
         not a position to replay from (encoding it for the replay request raised
         OverflowError, which ended the subscription)."""
         async with publisher(replay=True) as (pub, addr, raddr):
-            f, idx = follower(addr, raddr)
-            try:
-                blocks = idx.follows["a"].blocks
-                blocks.connected = True
-                await f._on_message("a", idx.follows["a"], frames(pub, 0))
+            with following(addr, raddr) as live:
+                await live.receive(frames(pub, 0))
                 bad = [b"", (-5).to_bytes(8, "big", signed=True), frames(pub, 1)[2]]
-                await f._on_message("a", idx.follows["a"], bad)
-                assert blocks.gaps == 1
-                await f._on_message("a", idx.follows["a"], frames(pub, 2))
-                assert blocks.next_seq == 3
-                assert not blocks.precise
-            finally:
-                f._ctx.term()
+                await live.receive(bad)
+                assert live.blocks.gaps == 1
+                await live.receive(frames(pub, 2))
+                assert live.blocks.next_seq == 3
+                assert not live.blocks.precise
 
     async def test_a_restarted_publisher_whose_first_batches_were_missed_is_replayed(
         self,
@@ -207,19 +200,14 @@ class TestReplay:
         Its whole history (from 0) is fetched, as when joining mid-stream, instead of
         guessing until the cache is next reset."""
         async with publisher(replay=True) as (pub, addr, raddr):
-            f, idx = follower(addr, raddr)
-            try:
-                blocks = idx.follows["a"].blocks
-                blocks.connected = True
+            with following(addr, raddr) as live:
                 # Where the previous incarnation of the publisher had got to.
-                blocks.on_batch(0, [])
-                blocks.next_seq = 500
-                await f._on_message("a", idx.follows["a"], frames(pub, 2))
-                assert blocks.gaps == 0
-                assert blocks.next_seq == 3
-                assert all(n > 0 for n in held(idx))
-            finally:
-                f._ctx.term()
+                live.blocks.on_batch(0, [])
+                live.blocks.next_seq = 500
+                await live.receive(frames(pub, 2))
+                assert live.blocks.gaps == 0
+                assert live.blocks.next_seq == 3
+                assert all(n > 0 for n in held(live.idx))
 
 
 class TestSupervision:
