@@ -318,8 +318,12 @@ def test_an_upgrade_header_is_ignored(port: int) -> None:
             c.close()
 
 
-def test_bad_environment_override_exits_2(tmp_path: Path) -> None:
-    """An unknown LLMGW_ROUTER_SERVER stops the router at start with exit 2."""
+@pytest.mark.parametrize(
+    ("var", "value"), [("LLMGW_ROUTER_SERVER", "nginx"), ("LLMGW_ROUTER_UPSTREAM", "curl")]
+)
+def test_bad_environment_override_exits_2(tmp_path: Path, var: str, value: str) -> None:
+    """An unknown LLMGW_ROUTER_SERVER or LLMGW_ROUTER_UPSTREAM stops the router at start
+    with exit 2."""
     cfg = tmp_path / "r.yaml"
     cfg.write_text("{}\n")
     proc = subprocess.run(
@@ -327,10 +331,10 @@ def test_bad_environment_override_exits_2(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=30,
-        env={**os.environ, "LLMGW_ROUTER_SERVER": "nginx"},
+        env={**os.environ, var: value},
     )
     assert proc.returncode == 2
-    assert "LLMGW_ROUTER_SERVER" in proc.stderr
+    assert var in proc.stderr
 
 
 @pytest.mark.parametrize("server", SERVERS)
