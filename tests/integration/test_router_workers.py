@@ -176,9 +176,10 @@ class TestOnePortTwoWorkers:
 
     async def test_inflight_is_host_wide_and_not_double_counted(self, tmp_path: Path) -> None:
         """Streams dispatched by both workers show in every worker's in-flight count,
-        once in /metrics, and once in the usage report."""
+        once in /metrics, and once in the usage report; so do those of them the engine
+        queues (it runs 2 at once), still awaiting their first token (`pending`)."""
         n = 6
-        with sim_engines(tmp_path, [2.0]) as engines:
+        with sim_engines(tmp_path, [2.0], extra=("--max-num-seqs", "2")) as engines:
             cfg = base_config(endpoints=endpoint_entries(engines))
             with router(tmp_path, cfg, workers=2) as r:
                 await wait_until_scraped(r.url, ["e0"])
@@ -192,22 +193,24 @@ class TestOnePortTwoWorkers:
                     try:
 
                         def all_in() -> bool:
-                            snaps = admin_endpoints(r.url)["endpoints"]
-                            return bool(snaps[0]["inflight"] == n)
+                            e0 = admin_endpoints(r.url)["endpoints"][0]
+                            return bool((e0["inflight"], e0["pending"]) == (n, n - 2))
 
-                        await until(all_in, f"{n} streams in flight")
+                        await until(all_in, f"{n} streams in flight, {n - 2} queued")
                         # Every worker sees them all; ask enough times to meet both.
-                        views: dict[int, int] = {}
+                        views: dict[int, tuple[int, int]] = {}
 
                         def both_views() -> bool:
                             doc = admin_endpoints(r.url)
-                            views[doc["worker"]] = doc["endpoints"][0]["inflight"]
+                            e0 = doc["endpoints"][0]
+                            views[doc["worker"]] = (e0["inflight"], e0["pending"])
                             return set(views) == {0, 1}
 
                         await until(both_views, "an answer from each worker")
-                        assert set(views.values()) == {n}, views
+                        assert set(views.values()) == {(n, n - 2)}, views
                         text = await asyncio.to_thread(metrics_text, r.url)
                         assert metric(text, 'llmgw_router_inflight{endpoint="e0"}') == n
+                        assert metric(text, 'llmgw_router_pending{endpoint="e0"}') == n - 2
                         usage = await asyncio.to_thread(get_json, r.url + "/admin/usage")
                         assert usage["inflight"] == {"e0": n}
                         assert usage["load"]["m"]["inflight"] == n

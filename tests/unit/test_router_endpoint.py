@@ -264,6 +264,32 @@ class TestAcquire:
         r1(Outcome.OK)
         assert reg.inflight("a") == 1
 
+    def test_a_stream_is_pending_until_its_first_token(self) -> None:
+        """A streamed request counts as pending from acquire to started() (or its
+        release, whichever comes first); one that does not stream never does."""
+        reg = registry("a")
+        plain = reg.acquire("a")
+        s1, s2 = reg.acquire("a", pending=True), reg.acquire("a", pending=True)
+        assert plain is not None
+        assert s1 is not None
+        assert s2 is not None
+
+        def counts() -> tuple[int, int]:
+            snap = reg.snapshot("a")
+            assert snap is not None
+            return snap.inflight, snap.pending
+
+        assert counts() == (3, 2)
+        s1.started()
+        s1.started()  # once only
+        assert counts() == (3, 1)
+        s2(Outcome.ENDPOINT_FAILURE)  # failed before its first token
+        assert counts() == (2, 0)
+        s1(Outcome.OK)
+        s2.started()  # after its release: nothing
+        plain(Outcome.OK)
+        assert counts() == (0, 0)
+
     def test_acquire_of_unknown_endpoint_is_refused(self) -> None:
         """An id not in the registry gets no grant."""
         assert registry("a").acquire("nope") is None

@@ -31,6 +31,7 @@ def snap(
     weight: float = 1.0,
     priority: int = 0,
     drain: float = 0.0,
+    pending: int = 0,
 ) -> Snapshot:
     """A plain Snapshot; by default inflight is what the last scrape already saw."""
     stats = Stats(running=running, waiting=waiting, kv_usage=kv) if scraped else None
@@ -47,6 +48,7 @@ def snap(
         breaker=breaker,
         restarts=0,
         inflight_at_scrape=inflight if at_scrape is None else at_scrape,
+        pending=pending,
     )
 
 
@@ -116,6 +118,23 @@ class TestLoad:
     def test_weight_divides_load(self) -> None:
         """A replica measured twice as capable carries the same queue at half the load."""
         assert load_of(snap("a", running=8, weight=2.0)) == pytest.approx(0.5)
+
+    def test_requests_awaiting_their_first_token_count_as_queue(self) -> None:
+        """Streamed requests still without a first token are queued or in prefill ahead
+        of a new one: counted again (pending_weight), live between scrapes."""
+        assert load_of(snap("a", running=4, inflight=4, pending=3)) == pytest.approx(7 / 8)
+        cfg = SchedulerConfig(pending_weight=0.5)
+        assert load_of(snap("a", running=4, inflight=4, pending=2), cfg) == pytest.approx(5 / 8)
+        # Equal counts, and the scrape says neither queues: the one whose requests
+        # are getting their first tokens wins, and so does a holder of the prefix
+        # whose requests are served, over one whose requests wait.
+        d = choose([snap("a", running=6, inflight=6, pending=5), snap("b", running=6, inflight=6)])
+        assert d.endpoint_id == "b"
+        d = choose(
+            [snap("a", running=6, inflight=6, pending=6), snap("b", running=5, inflight=5)],
+            prefix_matches={"a": 20, "b": 20},
+        )
+        assert (d.endpoint_id, d.reason) == ("b", "prefix")
 
     def test_kv_usage_is_not_load(self) -> None:
         """A scraped KV usage sample does not move the total: an engine whose batch

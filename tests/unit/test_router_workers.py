@@ -45,9 +45,15 @@ class TestSharedInflight:
         b.row[4] = 1
         assert a.total(3) == b.total(3) == 7
         assert a.total(4) == 1
+        # The pending half of the row is separate: no cell of one is a cell of the other.
+        a.row[a.capacity + 3] = 1
+        b.row[b.capacity + 3] = 1
+        assert a.pending_total(3) == 2
+        assert a.total(3) == 7
         a.clear_row(1)  # the supervisor, after worker 1 died
         assert b.total(3) == 2
         assert b.total(4) == 0
+        assert b.pending_total(3) == 1
 
     def test_index_outside_the_table_is_refused(self) -> None:
         a = SharedInflight.create(2, 4)
@@ -95,6 +101,18 @@ class TestRegistryAcrossWorkers:
         assert b.inflight("e0") == 1
         b_rel(Outcome.OK)
         assert a.inflight("e0") == 0
+
+    def test_pending_streams_are_seen_by_every_worker(self) -> None:
+        a, b = self._pair()
+        ra, rb = a.acquire("e0", pending=True), b.acquire("e0", pending=True)
+        assert ra is not None
+        assert rb is not None
+        assert [(s.inflight, s.pending) for s in b.snapshots()] == [(2, 2), (0, 0)]
+        ra.started()
+        assert [(s.inflight, s.pending) for s in b.snapshots()] == [(2, 1), (0, 0)]
+        rb(Outcome.OK)
+        ra(Outcome.OK)
+        assert [(s.inflight, s.pending) for s in a.snapshots()] == [(0, 0), (0, 0)]
 
     def test_scrape_mark_is_the_host_wide_count(self) -> None:
         a, b = self._pair()

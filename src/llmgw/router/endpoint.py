@@ -100,6 +100,11 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     # contain (roughly) these, so the requests it has not yet reported are
     # inflight − inflight_at_scrape (the scheduler's load estimate, `load_of`).
     inflight_at_scrape: int = 0
+    # Of `inflight`, the streamed requests whose first token has not come yet (all
+    # workers together): queued at the engine or in prefill. Live, where the
+    # engine's own `waiting` is a scrape old; the scheduler counts it as queue
+    # (`load_of`). Requests that do not stream never count: their answer comes whole.
+    pending: int = 0
     # Seconds until an open breaker admits its probe; None unless open.
     probe_in_s: float | None = None
     # Times the breaker has opened: a rise means a probe failed (holding.hold_until).
@@ -115,6 +120,9 @@ class Release(Protocol):
 
     def __call__(self, outcome: Outcome) -> None: ...
 
+    def started(self) -> None:
+        """The engine has answered or sent its first token: no longer `pending`."""
+
 
 class _Live:
     """One endpoint's mutable state; never leaves this module."""
@@ -127,6 +135,8 @@ class _Live:
         "info",
         "last_used",
         "max_running",
+        "pending",
+        "pslot",
         "restarts",
         "row",
         "scraped_at",
@@ -144,6 +154,7 @@ class _Live:
         self.restarts = 0
         self.inflight = 0
         self.inflight_at_scrape = 0
+        self.pending = 0
         # Wall-clock time of the last dispatch; None: not since this router started.
         # Recorded in acquire, the one place a request meets an endpoint, so the
         # idle report costs one pass over replicas per tick, nothing per request.
@@ -152,22 +163,33 @@ class _Live:
         # column in it; each acquire and release writes `inflight` there.
         self.row: memoryview | None = None
         self.slot = 0
+        self.pslot = 0  # its pending count's cell: the row's second half
 
 
 class _Release:
-    """The hot-path release: two slots and a flag, no closure, no lock."""
+    """The hot-path release: three slots and a flag, no closure, no lock."""
 
-    __slots__ = ("_done", "_live", "_probe")
+    __slots__ = ("_done", "_live", "_pending", "_probe")
 
-    def __init__(self, live: _Live, probe: bool) -> None:
+    def __init__(self, live: _Live, probe: bool, pending: bool) -> None:
         self._live = live
         self._probe = probe
+        self._pending = pending
         self._done = False
+
+    def started(self) -> None:
+        if self._pending:
+            self._pending = False
+            live = self._live
+            live.pending -= 1
+            if live.row is not None:
+                live.row[live.pslot] = live.pending
 
     def __call__(self, outcome: Outcome) -> None:
         if self._done:
             return
         self._done = True
+        self.started()
         live = self._live
         # An endpoint removed by replace() while this request ran is updated in its
         # orphaned state, which nothing reads any more: harmless by construction.
@@ -267,7 +289,7 @@ class Registry:
     def _unshare(live: _Live) -> None:
         """A departed endpoint's slot may go to another: stop writing it, leave it 0."""
         if live.row is not None:
-            live.row[live.slot] = 0
+            live.row[live.slot] = live.row[live.pslot] = 0
             live.row = None
 
     @staticmethod
@@ -279,14 +301,20 @@ class Registry:
             return
         if live.row is None or live.slot != slot:
             Registry._unshare(live)
-            live.row, live.slot = shared.row, slot
+            live.row, live.slot, live.pslot = shared.row, slot, shared.capacity + slot
             shared.row[slot] = live.inflight
+            shared.row[live.pslot] = live.pending
 
     def _inflight(self, live: _Live) -> int:
         """In flight to `live` from every worker of this router."""
         if live.row is None or self._shared is None:
             return live.inflight
         return self._shared.total(live.slot)
+
+    def _pending(self, live: _Live) -> int:
+        if live.row is None or self._shared is None:
+            return live.pending
+        return self._shared.pending_total(live.slot)
 
     def observe(self, id: str, stats: Stats) -> bool:
         """Record a successful scrape; True iff a counter reset (engine restart) was seen."""
@@ -344,17 +372,19 @@ class Registry:
             breaker=live.breaker.state(),
             restarts=live.restarts,
             inflight_at_scrape=live.inflight_at_scrape,
+            pending=self._pending(live),
             probe_in_s=live.breaker.probe_in_s(),
             opened_total=live.breaker.opened_total,
         )
 
-    def acquire(self, id: str) -> Release | None:
+    def acquire(self, id: str, *, pending: bool = False) -> Release | None:
         """Ask to send one request to `id`.
 
         None if the endpoint is unknown or its breaker refuses. Otherwise inflight
         is incremented, last_used set, and the caller must call the release with
         the outcome exactly once; later calls are no-ops. Take it with no await
-        between acquire and the `try` whose `finally` releases.
+        between acquire and the `try` whose `finally` releases. `pending`: the
+        request streams, and counts as pending until `started()` or the release.
         """
         live = self._live.get(id)
         if live is None:
@@ -363,10 +393,13 @@ class Registry:
         if not live.breaker.allow():
             return None
         live.inflight += 1
+        if pending:
+            live.pending += 1
         if live.row is not None:
             live.row[live.slot] = live.inflight
+            live.row[live.pslot] = live.pending
         live.last_used = self._clock.wall()
-        return _Release(live, probe)
+        return _Release(live, probe, pending)
 
     def last_used(self) -> dict[str, float]:
         """Unix seconds of the last dispatch per endpoint.

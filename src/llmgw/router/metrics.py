@@ -69,6 +69,11 @@ class _LiveCollector(Collector):
         inflight = GaugeMetricFamily(
             "llmgw_router_inflight", "Requests in flight per endpoint.", labels=["endpoint"]
         )
+        pending = GaugeMetricFamily(
+            "llmgw_router_pending",
+            "Streamed requests in flight per endpoint still awaiting their first token.",
+            labels=["endpoint"],
+        )
         age = GaugeMetricFamily(
             "llmgw_router_scrape_age_seconds",
             "Seconds since the last successful scrape; absent when never scraped.",
@@ -82,6 +87,7 @@ class _LiveCollector(Collector):
         for s in snaps:
             breaker.add_metric([s.id], BREAKER_VALUE.get(s.breaker, 2.0))
             inflight.add_metric([s.id], float(s.inflight))
+            pending.add_metric([s.id], float(s.pending))
             stale.add_metric([s.id], 1.0 if s.stale else 0.0)
             if s.age_s is not None:
                 age.add_metric([s.id], s.age_s)
@@ -90,7 +96,7 @@ class _LiveCollector(Collector):
         )
         for model, n in self._held().items():
             held.add_metric([model], float(n))
-        yield from (breaker, inflight, age, stale, held)
+        yield from (breaker, inflight, pending, age, stale, held)
 
 
 class RouterMetrics:

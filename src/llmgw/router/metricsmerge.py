@@ -23,6 +23,7 @@ from collections.abc import Iterable
 HOST_GAUGES = frozenset(
     {
         "llmgw_router_inflight",
+        "llmgw_router_pending",
         "llmgw_router_scrape_age_seconds",
         "llmgw_router_endpoint_stale",
         "llmgw_router_breaker_state",

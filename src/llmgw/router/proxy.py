@@ -270,7 +270,8 @@ class Proxy:
                 return self._refused(resp, rid, path, t0)
         st.usage.started(model)
         try:
-            return await self._route(request, path, body, model, hashes, rid, t0)
+            streams = doc.get("stream") is True
+            return await self._route(request, path, body, model, hashes, rid, t0, streams)
         finally:
             st.usage.finished(model)
 
@@ -283,8 +284,12 @@ class Proxy:
         hashes: RouteKey,
         rid: str,
         t0: float,
+        streams: bool = False,
     ) -> Answer:
-        """Choose, attempt, and relay what the attempts decided; every exit is counted."""
+        """Choose, attempt, and relay what the attempts decided; every exit is counted.
+
+        A streamed request counts as pending at its endpoint until its first token
+        is in (`Snapshot.pending`): the live sign of a queue at the engine."""
         st = self.state
         att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries)
         fwd = {"Content-Type": "application/json", "x-request-id": rid}
@@ -312,7 +317,7 @@ class Proxy:
                 eid = decision.endpoint_id or ""
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug(kv("route", rid=rid, model=model, to=eid, why=decision.header()))
-                release = st.registry.acquire(eid)
+                release = st.registry.acquire(eid, pending=streams)
                 if release is None:
                     # Its half-open probe is taken or it just opened: another replica.
                     att.skip(eid)
@@ -321,6 +326,8 @@ class Proxy:
                 att.begin()
                 try:
                     step = await self._attempt(att, model, eid, path, body, fwd, snaps)
+                    # The first token is in, or the whole answer, or a failure.
+                    release.started()
                     if step is Step.RETRY:
                         continue
                     if step is Step.RELAY_FAILED:

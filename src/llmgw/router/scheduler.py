@@ -98,6 +98,11 @@ class SchedulerConfig:
     # Matches shorter than this many blocks do not count as holding the prefix
     # (a few blocks of shared boilerplate are not worth a detour).
     min_prefix_blocks: int = 1
+    # Streamed requests awaiting their first token (`Snapshot.pending`) count this
+    # many times more: they are queued or in prefill at the engine, ahead of a new
+    # request, and the router sees them live where the engine's `waiting` is a
+    # scrape old.
+    pending_weight: float = 1.0
 
 
 DEFAULT_CONFIG = SchedulerConfig()
@@ -240,7 +245,7 @@ def load_of(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float:
         est = max(float(s.inflight), reported + s.inflight - s.inflight_at_scrape)
     capacity = max(s.running_capacity, cfg.default_capacity, 1)
     weight = s.info.weight if s.info.weight > 0 else 1.0
-    return est / capacity / weight
+    return (est + cfg.pending_weight * s.pending) / capacity / weight
 
 
 def choose(

@@ -2,11 +2,13 @@
 
 A table of int32 cells, one row per worker and one column (a *slot*) per
 endpoint, in a memory file the supervisor creates and every worker maps. A
-worker writes only its own row — its own count for an endpoint, after each
-acquire and release — and reads an endpoint's host-wide count as the sum of
-its column. One writer per cell means no lock and no lost update; a reader
-may see a count one request old, which the scheduler tolerates anyway (the
-engine's own figures are a scrape old).
+row has two halves: requests in flight, then those of them still awaiting
+their first token (`pending`, endpoint.py). A worker writes only its own row —
+its own counts for an endpoint, after each acquire, first token and release —
+and reads an endpoint's host-wide count as the sum of its column. One writer
+per cell means no lock and no lost update; a reader may see a count one
+request old, which the scheduler tolerates anyway (the engine's own figures
+are a scrape old).
 
 Slots are handed out by the supervisor (`SlotTable`), which sends the map with
 every endpoint list, so all workers agree on which column is which endpoint.
@@ -39,17 +41,20 @@ class SharedInflight:
         self.workers = workers
         self.capacity = capacity
         self.index = index
-        self._map = mmap.mmap(fd, workers * capacity * _CELL)
+        self._map = mmap.mmap(fd, _size(workers, capacity))
         self._cells = memoryview(self._map).cast("i")
-        # This worker's row: the only cells it ever writes.
-        self.row = self._cells[index * capacity : (index + 1) * capacity]
+        # This worker's row: the only cells it ever writes. Cell `slot` is its
+        # requests in flight to that endpoint, cell `capacity + slot` those of them
+        # awaiting their first token.
+        self._width = 2 * capacity
+        self.row = self._cells[index * self._width : (index + 1) * self._width]
         # Endpoint id → slot, as last sent by the supervisor.
         self.slots: dict[str, int] = {}
 
     @classmethod
     def create(cls, workers: int, capacity: int = DEFAULT_CAPACITY) -> SharedInflight:
         """The supervisor's table: a fresh zeroed memory file its workers inherit."""
-        size = workers * capacity * _CELL
+        size = _size(workers, capacity)
         if hasattr(os, "memfd_create"):
             fd = os.memfd_create("llmgw-router-inflight", 0)
         else:  # pragma: no cover - not Linux
@@ -60,14 +65,20 @@ class SharedInflight:
 
     def total(self, slot: int) -> int:
         """An endpoint's requests in flight across all workers."""
-        return sum(self._cells[slot :: self.capacity])
+        return sum(self._cells[slot :: self._width])
+
+    def pending_total(self, slot: int) -> int:
+        """An endpoint's requests awaiting their first token, across all workers."""
+        return sum(self._cells[self.capacity + slot :: self._width])
 
     def clear_row(self, index: int) -> None:
         """Zero a dead worker's row: its requests died with it (the supervisor's call)."""
-        start = index * self.capacity
-        self._cells[start : start + self.capacity] = memoryview(bytes(self.capacity * _CELL)).cast(
-            "i"
-        )
+        start = index * self._width
+        self._cells[start : start + self._width] = memoryview(bytes(self._width * _CELL)).cast("i")
+
+
+def _size(workers: int, capacity: int) -> int:
+    return workers * 2 * capacity * _CELL
 
 
 class SlotTable:
