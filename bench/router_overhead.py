@@ -23,6 +23,9 @@ Usage: .venv/bin/python bench/router_overhead.py [--seconds 4] [--no-results]
            (--workers 1 vs 2; with --quota, each worker held to that share of a CPU)
        .venv/bin/python bench/router_overhead.py --chat [--peers] [--http-server fast]
            (realistic chat bodies, four engines: ours vs round_robin, issue 15)
+       .venv/bin/python bench/router_overhead.py --policy-step
+           (the routing work in-process; with the router's mypyc build when there is
+           one, LLMGW_ROUTER_COMPILED=0 for the Python modules: docs/router.md)
 
 --chat --peers also runs the Rust routers of issue 15 through the same phases, in the
 same run, pinned to the same CPU: sglang-router 0.3.2 (cache_aware, round_robin) and
@@ -783,6 +786,7 @@ def policy_step(n: int = 20000) -> str:
     per request, best of 3): body decode, the registry's snapshots of four endpoints,
     the route key (prefix chain, session), and each policy's choice plus its
     completion bookkeeping. Steadier than the end-to-end figures on a shared machine."""
+    from llmgw.router import compiled
     from llmgw.router.endpoint import Registry
     from llmgw.wire.endpoints import EndpointInfo
 
@@ -791,7 +795,10 @@ def policy_step(n: int = 20000) -> str:
         EndpointInfo(id=f"up{i}", url=f"http://127.0.0.1:{9000 + i}", models=(MODEL,))
         for i in range(4)
     )
+    built = compiled.STATUS
     lines = [
+        f"Compiled: {', '.join(built.modules)}" if built.modules else f"Python ({built.detail})",
+        "",
         "| body | decode µs | 4 snapshots µs | route key µs | ours choose+served µs "
         "| round_robin choose µs |",
         "|---|---:|---:|---:|---:|---:|",

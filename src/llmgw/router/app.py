@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from llmgw.router import compiled
 from llmgw.router.auth import admin_allowed, bearer_matches
 from llmgw.router.config import RouterConfig
 from llmgw.router.errors import error_response
@@ -96,6 +97,11 @@ def build_app(
     other end scrapes, reloads, follows the controller and reports usage for the
     host, and answers /metrics and /admin/usage for all the workers together.
     """
+    built = compiled.STATUS
+    if built.modules:
+        log.info(kv("compiled modules", modules=",".join(built.modules), build=built.detail))
+    else:
+        log.info(kv("python modules", reason=built.detail))
     if link is not None:
         state = Router(cfg, shared=link.shared, router_id=link.setup.router_id)
         link.attach(state)

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     ProcessCollector,
     generate_latest,
@@ -23,6 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from llmgw.router import compiled
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot
 
@@ -174,6 +176,14 @@ class RouterMetrics:
             ["endpoint"],
             registry=r,
         )
+        modules = Gauge(
+            "llmgw_router_compiled",
+            "1 for a hot module this router runs compiled by mypyc, 0 for the Python one.",
+            ["module"],
+            registry=r,
+        )
+        for module in compiled.MODULES:
+            modules.labels(module).set(1.0 if module in compiled.STATUS.modules else 0.0)
         ProcessCollector(registry=r)
         r.register(_LiveCollector(snapshots, held))
         self._children: dict[tuple[Any, ...], Any] = {}

@@ -227,16 +227,19 @@ def _chain(key: bytes, data: bytes, count: int, out: list[int] | None = None) ->
     else:
         h = out[-1]
     blocks = _BLOCKS[len(out) - 1 : count - 1]
+    # getitem() and += where data[block] and extend() would read better: compiled by
+    # mypyc (scripts/build-mypyc, mypy 2.4), a bytes index rejects a slice object, and
+    # extend() reads the whole iterable before appending, which breaks the C chain.
     if len(blocks) <= _SHORT_CHAIN:
         for block in blocks:
-            h = hash((h, data[block]))
+            h = hash((h, getitem(data, block)))
             out.append(h)
     else:
         # The same chain, h_i = hash((h_i-1, block i)), computed in C: zip reads
-        # each previous hash from `out` just after extend() has appended it (so never
+        # each previous hash from `out` just after += has appended it (so never
         # strict: `out` is one ahead when the blocks run out).
         links = islice(out, len(out) - 1, None)
-        out.extend(map(hash, zip(links, map(getitem, repeat(data), blocks), strict=False)))
+        out += map(hash, zip(links, map(getitem, repeat(data), blocks), strict=False))
     return tuple(out)
 
 

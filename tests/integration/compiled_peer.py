@@ -1,0 +1,106 @@
+"""The routing work on request, for test_router_compiled.py: one JSON line in, one out.
+
+Run as a script, once with the router's mypyc build and once without, both with one
+PYTHONHASHSEED (the chain's links are Python's per-process hash): the test sends both
+the same inputs and compares the answers. The first line out is the modules this
+process runs compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import msgspec
+
+from llmgw.router import compiled
+from llmgw.router.affinity import route_key
+from llmgw.router.endpoint import Snapshot, Stats
+from llmgw.router.policies import Ours
+from llmgw.router.prefix import PrefixIndex, rendezvous_order, request_block_hashes
+from llmgw.router.scheduler import Decision, SchedulerConfig, choose
+
+
+def decided(d: Decision, ids: list[str]) -> list[Any]:
+    blocks = [d.blocks_of(i) for i in ids]  # before .scores, which drops the rows
+    return [d.endpoint_id, d.reason, d.header(), msgspec.to_builtins(d.scores), blocks]
+
+
+def index_state(idx: PrefixIndex, ids: list[str]) -> list[Any]:
+    return [len(idx), idx.entries_by_endpoint(), [[idx.units(i), idx.scale(i)] for i in ids]]
+
+
+def run_index(ops: list[list[Any]], ids: list[str], max_total: int, default: int) -> list[Any]:
+    idx = PrefixIndex(max_total_entries=max_total, default_capacity_units=default)
+    out: list[Any] = []
+    for op, *a in ops:
+        if op == "record":
+            idx.record(a[0], tuple(a[1]), capacity_units=a[2])
+        elif op == "completed":
+            idx.completed(a[0], tuple(a[1]), capacity_units=a[2])
+        elif op == "match":
+            out.append(idx.match(tuple(a[0]), ids))
+        elif op == "trim":
+            out.append(idx.trim(a[0], a[1]))
+        elif op == "scale":
+            idx.set_scale(a[0], a[1])
+        elif op == "purge":
+            idx.purge(a[0])
+        elif op == "retain":
+            idx.retain(a[0])
+    return [*out, index_state(idx, ids)]
+
+
+def run_ours(snaps: list[Snapshot], requests: list[list[Any]], capacity: int) -> list[Any]:
+    """Requests through the default policy: each chosen, recorded, then served."""
+    ours = Ours(PrefixIndex(default_capacity_units=capacity))
+    ids = [s.id for s in snaps]
+    out: list[Any] = []
+    for body, session, exclude, cached in requests:
+        key = route_key(body, session)
+        d = ours.choose(snaps, key, exclude)
+        out.append(decided(d, ids))
+        if d.endpoint_id is not None:
+            stats = Stats(running=0, waiting=0, kv_usage=None, kv_capacity_tokens=capacity * 16)
+            ours.served(d.endpoint_id, key, stats, decision=d, cached_tokens=cached)
+    return [*out, index_state(ours.prefix, ids)]
+
+
+def answer(op: str, a: dict[str, Any]) -> Any:
+    if op == "hashes":
+        return request_block_hashes(a["body"], limit_bytes=a["limit"])
+    if op == "rendezvous":
+        return rendezvous_order(a["key"], a["ids"])
+    if op == "index":
+        return run_index(a["ops"], a["ids"], a["max_total"], a["default"])
+    snaps = msgspec.json.decode(a["snaps"], type=list[Snapshot])
+    if op == "choose":
+        d = choose(
+            snaps,
+            prefix_matches=a["matches"],
+            home_order=a["home"],
+            exclude=a["exclude"],
+            session_endpoint=a["session"],
+            prefix_gain=a["gains"],
+            cfg=SchedulerConfig(**a["cfg"]),
+        )
+        return decided(d, [s.id for s in snaps])
+    if op == "ours":
+        return run_ours(snaps, a["requests"], a["capacity"])
+    raise ValueError(op)
+
+
+def main() -> None:
+    print(json.dumps(compiled.STATUS.modules), flush=True)
+    for line in sys.stdin:
+        op, args = json.loads(line)
+        try:
+            out = ["ok", answer(op, args)]
+        except Exception as exc:  # noqa: BLE001 - the test compares errors too (by type:
+            out = ["error", type(exc).__name__]  # compiled code words its messages its way)
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,403 @@
+"""The router's mypyc build (scripts/build-mypyc, llmgw.router.compiled) in real processes.
+
+A process loads the build for its sources, falls back to the Python modules on a
+corrupt one, and fails clearly when `LLMGW_ROUTER_COMPILED=1` finds none; the compiled
+modules answer exactly as the Python ones (chain hashes, rendezvous orders, prefix
+index sequences, scheduler and policy decisions: hypothesis inputs sent to two peer
+processes, compiled and not, with one hash seed); and a router says which it runs.
+The tests that need a build skip without one: scripts/test builds it first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmgw.router import compiled
+from llmgw.router.breaker import BreakerState
+from llmgw.router.endpoint import Snapshot, Stats
+from llmgw.router.prefix import MAX_ROUTED_BYTES
+from llmgw.testing import start_program
+from llmgw.wire.endpoints import EndpointInfo
+
+from .router_fixtures import (
+    base_config,
+    chat_body,
+    config_path,
+    endpoint_entries,
+    post,
+    sim_engines,
+    wait_until_scraped,
+    write_config,
+)
+
+PEER = Path(__file__).with_name("compiled_peer.py")
+MODULES = list(compiled.MODULES)
+
+
+def build_or_skip() -> Path:
+    found = compiled.find(os.environ)
+    if isinstance(found, str):
+        pytest.skip(f"no mypyc build of the router ({found}); scripts/test makes one")
+    return found
+
+
+def python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter with `env` added to this one's environment."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+STATUS = (
+    "import json, llmgw.router.compiled as c, llmgw.router.policies as p;"
+    "print(json.dumps([c.STATUS.modules, c.STATUS.detail, p.__file__]))"
+)
+
+
+class TestLoading:
+    def test_a_process_runs_the_build_for_its_sources(self) -> None:
+        """Found by key, every compiled module in sys.modules under its own name."""
+        folder = build_or_skip()
+        done = python(STATUS)
+        assert done.returncode == 0, done.stderr
+        modules, detail, policies = json.loads(done.stdout)
+        assert (modules, detail) == (MODULES, str(folder))
+        assert Path(policies).parent == folder / "llmgw" / "router"
+
+    def test_zero_runs_the_python_modules(self) -> None:
+        build_or_skip()
+        done = python(STATUS, LLMGW_ROUTER_COMPILED="0")
+        modules, detail, policies = json.loads(done.stdout)
+        assert (modules, detail) == ([], "LLMGW_ROUTER_COMPILED=0")
+        assert policies.endswith("policies.py")
+
+    def corrupt(self, cache: Path) -> Path:
+        """A complete-looking build for these sources whose libraries are not ELF files."""
+        mypy = compiled.mypy_version()
+        assert mypy is not None
+        folder = cache / "llmgw" / "mypyc" / compiled.key(mypy)
+        for module in compiled.MODULES:
+            for suffix in ("", "__mypyc"):
+                path = compiled.extension(folder, module, suffix)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(b"not a shared object")
+        manifest = {"modules": MODULES, "depends": {}}
+        (folder / compiled.MANIFEST).write_text(json.dumps(manifest))
+        return folder
+
+    def test_a_build_that_does_not_load_leaves_the_python_modules(self, tmp_path: Path) -> None:
+        folder = self.corrupt(tmp_path)
+        done = python(STATUS, XDG_CACHE_HOME=str(tmp_path))
+        assert done.returncode == 0, done.stderr
+        modules, detail, policies = json.loads(done.stdout)
+        assert modules == []
+        assert detail.startswith(f"the build at {folder} did not load")
+        assert policies.endswith("policies.py")
+
+    def test_one_fails_clearly_on_a_build_that_does_not_load(self, tmp_path: Path) -> None:
+        folder = self.corrupt(tmp_path)
+        done = python(STATUS, XDG_CACHE_HOME=str(tmp_path), LLMGW_ROUTER_COMPILED="1")
+        assert done.returncode != 0
+        assert f"LLMGW_ROUTER_COMPILED=1 but the build at {folder} did not load" in done.stderr
+
+    def test_one_fails_clearly_without_a_build(self, tmp_path: Path) -> None:
+        done = python(STATUS, XDG_CACHE_HOME=str(tmp_path), LLMGW_ROUTER_COMPILED="1")
+        assert done.returncode != 0
+        assert "LLMGW_ROUTER_COMPILED=1 but no build for these sources" in done.stderr
+        assert "scripts/build-mypyc" in done.stderr
+
+
+# -- the same answers, compiled or not ---------------------------------------------------
+
+
+class Peer:
+    def __init__(self, setting: str) -> None:
+        env = {**os.environ, "PYTHONHASHSEED": "0", "LLMGW_ROUTER_COMPILED": setting}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(PEER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self.modules = json.loads(self.stdout.readline() or "null")
+
+    def ask(self, op: str, args: dict[str, Any]) -> Any:
+        self.stdin.write(json.dumps([op, args]) + "\n")
+        self.stdin.flush()
+        return json.loads(self.stdout.readline())
+
+    def stop(self) -> None:
+        self.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def peers() -> Iterator[tuple[Peer, Peer]]:
+    build_or_skip()
+    pure, built = Peer("0"), Peer("1")
+    try:
+        assert (pure.modules, built.modules) == ([], MODULES)
+        yield pure, built
+    finally:
+        pure.stop()
+        built.stop()
+
+
+def same(peers: tuple[Peer, Peer], op: str, **args: Any) -> Any:
+    pure, built = (p.ask(op, args) for p in peers)
+    assert built == pure
+    assert pure[0] == "ok", pure
+    return pure[1]
+
+
+IDS = ("a", "b", "c", "d", "e")
+# Repeated text: prompts long enough for remembered first parts (1 KiB) and the C chain.
+text = st.builds(lambda s, n: s * n, st.text(min_size=1, max_size=24), st.integers(1, 300))
+content = st.one_of(
+    st.none(),
+    text,
+    st.lists(
+        st.one_of(
+            st.fixed_dictionaries({"type": st.just("text"), "text": text}),
+            st.fixed_dictionaries({"type": st.just("image_url"), "image_url": st.text()}),
+        ),
+        max_size=3,
+    ),
+)
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": content},
+    optional={
+        "name": st.text(max_size=6),
+        "tool_calls": st.lists(st.fixed_dictionaries({"id": st.text(max_size=4)}), max_size=2),
+        "tool_call_id": st.text(max_size=4),
+    },
+)
+bodies = st.fixed_dictionaries(
+    {"model": st.sampled_from(["m", "n"])},
+    optional={
+        "messages": st.lists(message, max_size=5),
+        "prompt": st.one_of(text, st.lists(text, min_size=1, max_size=2)),
+        "tools": st.lists(st.fixed_dictionaries({"name": st.text(max_size=6)}), max_size=2),
+        "user": st.text(max_size=4),
+    },
+)
+# Loads that tie, and weights and drain rates that break ties or not.
+stats = st.builds(
+    Stats,
+    running=st.integers(0, 12),
+    waiting=st.integers(0, 6),
+    kv_usage=st.sampled_from([None, 0.0, 0.5]),
+    kv_capacity_tokens=st.sampled_from([None, 64, 4096]),
+)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> list[Snapshot]:
+    ids = draw(st.lists(st.sampled_from(IDS), unique=True, max_size=5))
+    return [
+        Snapshot(
+            info=EndpointInfo(
+                id=i,
+                url=f"http://{i}",
+                models=("m",),
+                weight=draw(st.sampled_from([0.0, 0.5, 1.0, 2.5])),
+                priority=draw(st.integers(0, 2)),
+            ),
+            stats=draw(st.none() | stats),
+            drain_rate=draw(st.sampled_from([0.0, 0.0, 1.5, 3.0])),
+            inflight=draw(st.integers(0, 10)),
+            running_capacity=draw(st.integers(0, 16)),
+            stale=draw(st.booleans()),
+            age_s=None,
+            breaker=draw(st.sampled_from(BreakerState)),
+            restarts=0,
+            inflight_at_scrape=draw(st.integers(0, 10)),
+        )
+        for i in ids
+    ]
+
+
+def encoded(snaps: list[Snapshot]) -> str:
+    return msgspec.json.encode(snaps).decode()
+
+
+some_ids = st.lists(st.sampled_from([*IDS, "z"]), unique=True, max_size=6)
+configs = st.fixed_dictionaries(
+    {
+        "default_capacity": st.integers(1, 8),
+        "saturated_load": st.sampled_from([0.5, 1.0]),
+        "stale_penalty": st.sampled_from([0.0, 1.0]),
+        "affinity_load_bound": st.sampled_from([0.0, 0.5, 1.0]),
+        "full_gain_at": st.sampled_from([0.0, 0.25]),
+        "home_load_bound": st.sampled_from([0.0, 0.25]),
+        "min_prefix_blocks": st.integers(0, 3),
+    }
+)
+chains = st.lists(st.integers(-3, 40), min_size=1, max_size=14)
+caps = st.none() | st.integers(1, 80)
+index_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("record"), st.sampled_from(IDS), chains, caps),
+        st.tuples(st.just("completed"), st.sampled_from(IDS), chains, caps),
+        st.tuples(st.just("match"), chains),
+        st.tuples(st.just("trim"), st.sampled_from(IDS), st.integers(0, 40)),
+        st.tuples(st.just("scale"), st.sampled_from(IDS), st.sampled_from([0.01, 0.3, 1.0])),
+        st.tuples(st.just("purge"), st.sampled_from(IDS)),
+        st.tuples(st.just("retain"), some_ids),
+    ),
+    max_size=40,
+)
+# Conversations over a few shared system prompts (one over 1 KiB, one past 8 blocks).
+SYSTEMS = ("You are terse.", "You review code. " * 80, "Answer in French, please. " * 12)
+requests = st.lists(
+    st.tuples(
+        st.builds(
+            lambda system, turns: {
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": system},
+                    *({"role": "user", "content": t} for t in turns),
+                ],
+            },
+            st.sampled_from(SYSTEMS),
+            st.lists(st.sampled_from(["hi", "more", "why? " * 30]), min_size=1, max_size=3),
+        ),
+        st.sampled_from([None, "s1", "s2"]),
+        some_ids,
+        st.none() | st.integers(0, 3000),
+    ),
+    min_size=1,
+    max_size=12,
+)
+EQUIVALENCE = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+class TestSameAnswers:
+    @EQUIVALENCE
+    @given(bodies, st.sampled_from([MAX_ROUTED_BYTES, 4096, 100]))
+    def test_chain_hashes(self, peers: tuple[Peer, Peer], body: Any, limit: int) -> None:
+        same(peers, "hashes", body=body, limit=limit)
+
+    @EQUIVALENCE
+    @given(st.integers(-(2**63), 2**64), st.lists(st.text(max_size=8), max_size=8))
+    def test_rendezvous_order(self, peers: tuple[Peer, Peer], key: int, ids: list[str]) -> None:
+        same(peers, "rendezvous", key=key, ids=ids)
+
+    @EQUIVALENCE
+    @given(index_ops, st.integers(1, 200), st.integers(1, 100))
+    def test_prefix_index_sequences(
+        self, peers: tuple[Peer, Peer], ops: list[Any], max_total: int, default: int
+    ) -> None:
+        same(peers, "index", ops=ops, ids=list(IDS), max_total=max_total, default=default)
+
+    @EQUIVALENCE
+    @given(
+        snapshots(),
+        st.dictionaries(st.sampled_from(IDS), st.integers(0, 6)),
+        some_ids,
+        some_ids,
+        st.sampled_from([None, *IDS, "z"]),
+        st.dictionaries(st.sampled_from(IDS), st.sampled_from([0.0, 0.1, 0.5, 1.0])),
+        configs,
+    )
+    def test_scheduler_decisions(
+        self,
+        peers: tuple[Peer, Peer],
+        snaps: list[Snapshot],
+        matches: dict[str, int],
+        home: list[str],
+        exclude: list[str],
+        session: str | None,
+        gains: dict[str, float],
+        cfg: dict[str, Any],
+    ) -> None:
+        same(
+            peers,
+            "choose",
+            snaps=encoded(snaps),
+            matches=matches,
+            home=home,
+            exclude=exclude,
+            session=session,
+            gains=gains,
+            cfg=cfg,
+        )
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(snapshots(), requests, st.sampled_from([24, 200, 4096]))
+    def test_default_policy_sequences(
+        self, peers: tuple[Peer, Peer], snaps: list[Snapshot], reqs: list[Any], capacity: int
+    ) -> None:
+        """choose, record, served and the feedback check, request after request."""
+        same(peers, "ours", snaps=encoded(snaps), requests=reqs, capacity=capacity)
+
+
+# -- a router says which it runs -----------------------------------------------------------
+
+
+def compiled_gauges(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("llmgw_router_compiled{"):
+            series, _, value = line.rpartition(" ")
+            out[series.split('"')[1]] = float(value)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workers", "setting"), [(1, "auto"), (1, "0"), (2, "auto")])
+async def test_a_router_reports_its_compiled_modules(
+    tmp_path: Path, workers: int, setting: str
+) -> None:
+    """The metric and the start-up line; requests are routed either way. With workers,
+    the metric is summed: how many workers run each module compiled."""
+    folder = build_or_skip()
+    with sim_engines(tmp_path, [20.0, 20.0]) as engines:
+        path = write_config(config_path(tmp_path), base_config(endpoints=endpoint_entries(engines)))
+        argv = ["router", "--config", str(path), "--port", "0", "--workers", str(workers)]
+        argv += ["--log-level", "INFO"]
+        env = {"LLMGW_ROUTER_COMPILED": setting}
+        with start_program(argv, log_dir=tmp_path, env=env) as r:
+            await wait_until_scraped(r.url, ["e0", "e1"])
+            async with aiohttp.ClientSession() as s:
+                for turn in ("hello", "hello again", "hello"):
+                    reply = await post(s, r.url, chat_body(turn, max_tokens=2))
+                    assert reply.status == 200
+            want = float(workers) if setting == "auto" else 0.0
+            assert await asyncio.to_thread(compiled_gauges, r.url) == dict.fromkeys(MODULES, want)
+            log = r.log_path.read_text()
+    if setting == "auto":
+        assert log.count(f"compiled modules modules={','.join(MODULES)} build={folder}") == workers
+    else:
+        assert "python modules reason=LLMGW_ROUTER_COMPILED=0" in log
