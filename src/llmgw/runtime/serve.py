@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from llmgw.runtime.acceptor import Acceptor
 from llmgw.runtime.fastserver import Dispatch, FastServer
 from llmgw.runtime.httpserver import Edge, ErrorBody, ServerLimits, openai_error, protocol_factory
 
@@ -145,7 +146,10 @@ async def serve_app(
     edge = Edge(limits or ServerLimits(), error_body, name=name)
     fast = None if dispatch is None else FastServer(edge, dispatch, app, max_body_bytes)
     factory = protocol_factory(server, edge) if fast is None else fast.protocol
-    listener = await loop.create_server(factory, sock=sock, backlog=4096)
+    # Not loop.create_server: under uvloop it accepts one connection per loop turn,
+    # and clients arriving at a busy server waited seconds (acceptor.py).
+    listener = Acceptor(loop, sock, factory, name=name)
+    listener.start()
     if on_started is not None:
         await on_started(bound_port)
     if announce:
