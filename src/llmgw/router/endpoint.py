@@ -160,7 +160,8 @@ class _Live:
         # idle report costs one pass over replicas per tick, nothing per request.
         self.last_used: float | None = None
         # With workers: this worker's row of the shared table and the endpoint's
-        # column in it; each acquire and release writes `inflight` there.
+        # column in it; each acquire, first token and release writes `inflight`
+        # (cell `slot`) and `pending` (cell `pslot`) there.
         self.row: memoryview | None = None
         self.slot = 0
         self.pslot = 0  # its pending count's cell: the row's second half

@@ -236,7 +236,9 @@ def load_of(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float:
     all of inflight would count most of it twice and make a busy, healthy engine
     look overloaded (the seed's "what the router has in flight and the engine
     has not yet reported"). Never below inflight: those are surely there.
-    Never scraped: inflight alone.
+    Never scraped: inflight alone. The streamed requests still awaiting their
+    first token (`Snapshot.pending`) are added again, `pending_weight` times:
+    they are the queue a new request joins, seen live.
     """
     if s.stats is None:
         est = float(s.inflight)
