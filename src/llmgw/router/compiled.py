@@ -30,7 +30,12 @@ ENV = "LLMGW_ROUTER_COMPILED"
 SETTINGS = ("auto", "0", "1")
 # Compiled, in load order: each after the compiled modules it imports. Each is its
 # own mypyc group: an extension module and its `<name>__mypyc` library beside it.
-MODULES = ("llmgw.router.prefix", "llmgw.router.scheduler", "llmgw.router.policies")
+MODULES = (
+    "llmgw.router.prefix",
+    "llmgw.router.affinity",
+    "llmgw.router.scheduler",
+    "llmgw.router.policies",
+)
 MANIFEST = "manifest.json"
 # The directory holding the `llmgw` package this process imports.
 SOURCES = Path(__file__).resolve().parents[2]

@@ -361,21 +361,31 @@ class Registry:
         return None if live is None else self._snap(live, self._clock.monotonic())
 
     def _snap(self, live: _Live, now: float) -> Snapshot:
+        # Built for every endpoint of the model on every request: the common cases
+        # (breaker closed, one process) take no further calls.
         age = None if live.scraped_at is None else now - live.scraped_at
+        breaker = live.breaker
+        state = breaker.state()
+        shared = self._shared
+        if live.row is None or shared is None:
+            inflight, pending = live.inflight, live.pending
+        else:
+            inflight, pending = shared.total(live.slot), shared.pending_total(live.slot)
         return Snapshot(
             info=live.info,
             stats=live.stats,
             drain_rate=live.drain_rate,
-            inflight=self._inflight(live),
+            inflight=inflight,
             running_capacity=live.max_running,
             stale=age is None or age > self._stale_after_s,
             age_s=age,
-            breaker=live.breaker.state(),
+            breaker=state,
             restarts=live.restarts,
             inflight_at_scrape=live.inflight_at_scrape,
-            pending=self._pending(live),
-            probe_in_s=live.breaker.probe_in_s(),
-            opened_total=live.breaker.opened_total,
+            pending=pending,
+            # None unless open (a closed or half-open breaker has no probe to wait for).
+            probe_in_s=None if state is BreakerState.CLOSED else breaker.probe_in_s(),
+            opened_total=breaker.opened_total,
         )
 
     def acquire(self, id: str, *, pending: bool = False) -> Release | None:

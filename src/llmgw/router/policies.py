@@ -81,7 +81,7 @@ class Ours:
         hashes = key.hashes
         if not hashes:
             return choose(snaps, exclude=exclude, cfg=self.cfg)
-        ids = [s.id for s in snaps]
+        ids = [s.info.id for s in snaps]
         matches = self.prefix.match(hashes, ids)
         if self.exact is not None and key.body is not None:
             precise = self.exact.precise_among(ids)
@@ -107,9 +107,14 @@ class Ours:
             # caches of 2.6: 16 % of requests went to such a "holder"), and sent the
             # same prefix elsewhere until its first request finished. A request that
             # then fails leaves an entry the LRU ages out.
-            snap = next((s for s in snaps if s.id == d.endpoint_id), None)
-            self._record(d.endpoint_id, hashes, None if snap is None else snap.stats)
-            self.sessions.served(key, d.endpoint_id)
+            eid = d.endpoint_id
+            stats = None
+            for s in snaps:
+                if s.info.id == eid:
+                    stats = s.stats
+                    break
+            self._record(eid, hashes, stats)
+            self.sessions.served(key, eid)
         return d
 
     def _exact_matches(
@@ -163,14 +168,22 @@ def _gains(matches: dict[str, int], ids: Sequence[str], n: int) -> dict[str, flo
     endpoint holds (a preamble cached everywhere saves nothing by going anywhere)."""
     if not matches:
         return {}
-    common = min(matches.get(e, 0) for e in ids)
-    base = block_end(common - 1) if common else 0
+    common = -1
+    for e in ids:
+        held = matches.get(e, 0)
+        if common < 0 or held < common:
+            common = held
+    base = block_end(common - 1) if common > 0 else 0
     total = block_end(n - 1)
-    return {e: (block_end(b - 1) - base) / total for e, b in matches.items()}
+    out: dict[str, float] = {}
+    for e, held in matches.items():
+        out[e] = (block_end(held - 1) - base) / total
+    return out
 
 
 def _candidates(snaps: Sequence[Snapshot], exclude: Collection[str]) -> list[Snapshot]:
-    return [s for s in snaps if s.id not in exclude and s.breaker is not BreakerState.OPEN]
+    is_open = BreakerState.OPEN
+    return [s for s in snaps if s.info.id not in exclude and s.breaker is not is_open]
 
 
 def _none(snaps: Sequence[Snapshot]) -> Decision:
@@ -209,7 +222,7 @@ class RoundRobin(_Baseline):
             return _none(snaps)
         pick = cands[self._next % len(cands)]
         self._next += 1
-        return Decision(endpoint_id=pick.id, scores=(), reason="round_robin")
+        return Decision(endpoint_id=pick.info.id, scores=(), reason="round_robin")
 
 
 class LeastInflight(_Baseline):
@@ -231,7 +244,7 @@ class LeastInflight(_Baseline):
         # Rotate among ties, or an idle fleet would send everything to the first id.
         pick = tied[self._tie % len(tied)]
         self._tie += 1
-        return Decision(endpoint_id=pick.id, scores=(), reason=f"least_inflight {low}")
+        return Decision(endpoint_id=pick.info.id, scores=(), reason=f"least_inflight {low}")
 
 
 def make_policy(

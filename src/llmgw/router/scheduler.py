@@ -30,6 +30,7 @@ The rules, in order:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -240,13 +241,23 @@ def load_of(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float:
     first token (`Snapshot.pending`) are added again, `pending_weight` times:
     they are the queue a new request joins, seen live.
     """
-    if s.stats is None:
-        est = float(s.inflight)
-    else:
-        reported = s.stats.running + s.stats.waiting
-        est = max(float(s.inflight), reported + s.inflight - s.inflight_at_scrape)
-    capacity = max(s.running_capacity, cfg.default_capacity, 1)
-    weight = s.info.weight if s.info.weight > 0 else 1.0
+    # Plain comparisons, each field read once: this runs for every endpoint of every
+    # request, and max() over mixed arguments cost more than the arithmetic.
+    inflight = s.inflight
+    stats = s.stats
+    est = float(inflight)
+    if stats is not None:
+        seen = float(stats.running + stats.waiting + inflight - s.inflight_at_scrape)
+        if seen > est:
+            est = seen
+    capacity = s.running_capacity
+    if capacity < cfg.default_capacity:
+        capacity = cfg.default_capacity
+    if capacity < 1:
+        capacity = 1
+    weight = s.info.weight
+    if weight <= 0:
+        weight = 1.0
     return (est + cfg.pending_weight * s.pending) / capacity / weight
 
 
@@ -268,12 +279,16 @@ def choose(
     """
     matches = prefix_matches or {}
     rows: dict[str, _Row] = {}
+    is_open = BreakerState.OPEN
     for s in snapshots:
         eid = s.info.id
         load = load_of(s, cfg)
-        note = "excluded" if eid in exclude else "open" if s.breaker is BreakerState.OPEN else ""
-        total = load + (cfg.stale_penalty if s.stale else 0.0)
-        rows[eid] = _Row(s, load, total, matches.get(eid, 0), note)
+        total = load + cfg.stale_penalty if s.stale else load
+        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0))
+        if eid in exclude:
+            cur.note = "excluded"
+        elif s.breaker is is_open:
+            cur.note = "open"
     cands = [r for r in rows.values() if not r.note]
     if not cands:
         return _decision(None, "no-candidate", rows, home_order, session_endpoint)
@@ -283,29 +298,41 @@ def choose(
         for r in cands:
             if r not in pool:
                 r.note = "priority"
-    least = min(r.total for r in pool)
-    # Ties on total (to 1e-9) go to the faster-draining endpoint, then the lower id.
-    by_load = sorted(pool, key=lambda r: (round(r.total, 9), -r.snap.drain_rate, r.snap.info.id))
+    # One pass for the least total and the first in load order; no sort.
+    first = pool[0]
+    least = first.total
+    for r in pool:
+        if r.total < least:
+            least = r.total
+        if _precedes(r, first):
+            first = r
 
-    chosen, reason = None, "least-load"
+    chosen: _Row | None = None
+    reason = "least-load"
     min_blocks = max(1, cfg.min_prefix_blocks)
-    holders = [r for r in by_load if r.blocks >= min_blocks]
     # Strictly below least + bound: a holder a full batch ahead of an idle replica
     # would make the request queue. The least loaded itself always qualifies.
     gains = prefix_gain or {}
     full = max(cfg.full_gain_at, 1e-9)
-
-    def bound(r: _Row) -> float:
-        return cfg.affinity_load_bound * min(1.0, gains.get(r.snap.info.id, 1.0) / full)
-
-    within = [r for r in holders if r.total <= least or r.total < least + bound(r)]
-    for r in holders:
-        if r not in within:
+    within: list[_Row] = []
+    for r in pool:
+        if r.blocks < min_blocks:
+            continue
+        bound = cfg.affinity_load_bound * min(1.0, gains.get(r.id, 1.0) / full)
+        if r.total <= least or r.total < least + bound:
+            within.append(r)
+            # The longest run wins; of equal runs, the first in load order.
+            if (
+                chosen is None
+                or r.blocks > chosen.blocks
+                or (r.blocks == chosen.blocks and _precedes(r, chosen))
+            ):
+                chosen = r
+        else:
             r.note = "over bound"
-    if within:
-        # max() keeps the first of equal runs: the lowest total, by_load's order.
-        chosen, reason = max(within, key=lambda r: r.blocks), "prefix"
-        if session_endpoint is not None and session_endpoint != chosen.snap.info.id:
+    if chosen is not None:
+        reason = "prefix"
+        if session_endpoint is not None and session_endpoint != chosen.id:
             sticky = rows.get(session_endpoint)
             if sticky is not None and sticky in within and sticky.blocks == chosen.blocks:
                 chosen, reason = sticky, "prefix+session"
@@ -318,29 +345,48 @@ def choose(
                 chosen, reason = row, "home"
                 break
     if chosen is None:
-        chosen = by_load[0]
+        chosen = first
     chosen.note = "chosen"
-    return _decision(chosen.snap.info.id, reason, rows, home_order, session_endpoint)
+    return _decision(chosen.id, reason, rows, home_order, session_endpoint)
 
 
 class _Row:
     """One endpoint's working figures while a decision is made."""
 
-    __slots__ = ("blocks", "load", "note", "snap", "total")
+    __slots__ = ("blocks", "drain", "id", "load", "note", "snap", "tie", "total")
 
-    def __init__(self, snap: Snapshot, load: float, total: float, blocks: int, note: str) -> None:
-        self.snap, self.load, self.total = snap, load, total
-        self.blocks, self.note = blocks, note
+    def __init__(self, snap: Snapshot, eid: str, load: float, total: float, blocks: int) -> None:
+        self.snap, self.id, self.load, self.total = snap, eid, load, total
+        self.blocks, self.note, self.drain = blocks, "", snap.drain_rate
+        # Equal totals to 1e-9 are a tie (float error from differently computed loads):
+        # the total in units of 1e-9. round(total, 9) says the same through a decimal
+        # string conversion, which cost more than the rest of the row.
+        tie = total * 1e9
+        self.tie = float(math.floor(tie + 0.5)) if -1e300 < tie < 1e300 else tie
+
+
+def _precedes(a: _Row, b: _Row) -> bool:
+    """Load order: the lower total (ties to 1e-9), then the faster-draining, then the
+    lower id."""
+    if a.tie != b.tie:
+        return a.tie < b.tie
+    if a.drain != b.drain:
+        return a.drain > b.drain
+    return a.id < b.id
 
 
 def _preferred_pool(cands: list[_Row], cfg: SchedulerConfig) -> list[_Row]:
     """The highest-priority candidates with one unsaturated among them, else all."""
-    prios = {r.snap.info.priority for r in cands}
-    if len(prios) > 1:
-        for prio in sorted(prios, reverse=True):
-            pool = [r for r in cands if r.snap.info.priority == prio]
-            if any(r.total < cfg.saturated_load for r in pool):
-                return pool
+    first = cands[0].snap.info.priority
+    for r in cands:
+        if r.snap.info.priority != first:
+            break
+    else:
+        return cands  # one priority: the common case
+    for prio in sorted({r.snap.info.priority for r in cands}, reverse=True):
+        pool = [r for r in cands if r.snap.info.priority == prio]
+        if any(r.total < cfg.saturated_load for r in pool):
+            return pool
     return cands
 
 
