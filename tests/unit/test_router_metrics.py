@@ -87,3 +87,54 @@ class TestLiveGauges:
             'llmgw_router_scrape_age_seconds{endpoint="a"} 1.5'
         ]
         assert lines(m, "llmgw_router_held{") == ['llmgw_router_held{model="cold"} 3.0']
+
+
+class TestFamiliesMatchPrometheusClient:
+    """The router's own counters and histograms render exactly what prometheus_client's
+    Counter and Histogram would for the same calls (`_created` values aside)."""
+
+    @staticmethod
+    def _text(registry: object) -> list[str]:
+        from prometheus_client import generate_latest
+
+        out = generate_latest(registry).decode()  # type: ignore[arg-type]
+        # _created samples hold the wall clock at creation: compare the names only.
+        return [
+            line.rsplit(" ", 1)[0] if "_created{" in line else line for line in out.splitlines()
+        ]
+
+    def test_counter_and_histogram_text(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        from llmgw.router.metrics import LATENCY_BUCKETS, Buckets, Counts, _Families
+
+        ref, ours = CollectorRegistry(), CollectorRegistry()
+        rc = Counter("x_requests", "Help.", ["model", "code"], registry=ref)
+        rh = Histogram("x_seconds", "Help.", ["model"], buckets=LATENCY_BUCKETS, registry=ref)
+        oc = Counts("x_requests", "Help.", ["model", "code"])
+        oh = Buckets("x_seconds", "Help.", ["model"], LATENCY_BUCKETS)
+        ours.register(_Families((oc, oh)))
+        # Bucket edges included: `le` is "less than or equal".
+        values = [0.0, 0.005, 0.0051, 0.01, 0.3, 1, 2.5, 299.9, 300, 301, 1e9]
+        for i, v in enumerate(values):
+            model = "a" if i % 3 else "b"
+            rc.labels(model, "200").inc(i)
+            oc.inc((model, "200"), i)
+            rh.labels(model).observe(v)
+            oh.child((model,)).observe(v)
+        assert self._text(ours) == self._text(ref)
+
+    def test_empty_families_still_declare_themselves(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        from llmgw.router.metrics import Buckets, Counts, _Families
+
+        ref, ours = CollectorRegistry(), CollectorRegistry()
+        Counter("y_total", "Help.", ["model"], registry=ref)
+        Histogram("y_seconds", "Help.", ["model"], buckets=(1, 2), registry=ref)
+        ours.register(
+            _Families(
+                (Counts("y", "Help.", ["model"]), Buckets("y_seconds", "Help.", ["model"], (1, 2)))
+            )
+        )
+        assert self._text(ours) == self._text(ref)

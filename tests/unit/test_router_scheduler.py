@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -362,3 +363,131 @@ class TestInvariants:
             spread = max(inflight[i] for i in ids) - min(inflight[i] for i in ids)
             assert spread <= DEFAULT_CONFIG.affinity_load_bound * 8 + 1
         assert min(inflight[i] for i in ids) >= 45
+
+
+def _reference(
+    snaps: list[Snapshot],
+    matches: dict[str, int],
+    home: list[str],
+    exclude: tuple[str, ...],
+    session: str | None,
+    gains: dict[str, float] | None,
+    cfg: SchedulerConfig = DEFAULT_CONFIG,
+) -> tuple[str | None, str, dict[str, str]]:
+    """The module docstring's rules written plainly (a sort by load order), to hold the
+    one-pass `choose()` to: chosen id, reason and every endpoint's note."""
+    notes: dict[str, str] = {}
+    totals: dict[str, float] = {}
+    by_id = {}
+    for s in snaps:
+        by_id[s.info.id] = s
+        totals[s.info.id] = load_of(s, cfg) + (cfg.stale_penalty if s.stale else 0.0)
+        notes[s.info.id] = (
+            "excluded" if s.info.id in exclude else "open" if s.breaker is BreakerState.OPEN else ""
+        )
+    cands = [e for e in by_id if not notes[e]]
+    if not cands:
+        return None, "no-candidate", notes
+    pool = cands
+    prios = sorted({by_id[e].info.priority for e in cands}, reverse=True)
+    if len(prios) > 1:
+        for p in prios:
+            tier = [e for e in cands if by_id[e].info.priority == p]
+            if any(totals[e] < cfg.saturated_load for e in tier):
+                pool = tier
+                break
+    for e in cands:
+        if e not in pool:
+            notes[e] = "priority"
+    least = min(totals[e] for e in pool)
+    order = sorted(pool, key=lambda e: (round(totals[e], 9), -by_id[e].drain_rate, e))
+    full = max(cfg.full_gain_at, 1e-9)
+    within = []
+    for e in order:
+        if matches.get(e, 0) < max(1, cfg.min_prefix_blocks):
+            continue
+        bound = cfg.affinity_load_bound * min(1.0, (gains or {}).get(e, 1.0) / full)
+        if totals[e] <= least or totals[e] < least + bound:
+            within.append(e)
+        else:
+            notes[e] = "over bound"
+    chosen, reason = order[0], "least-load"
+    if within:
+        chosen, reason = max(within, key=lambda e: matches[e]), "prefix"
+        if (
+            session is not None
+            and session != chosen
+            and session in within
+            and matches[session] == matches[chosen]
+        ):
+            chosen, reason = session, "prefix+session"
+    else:
+        for e in home:
+            if e in pool and totals[e] <= least + cfg.home_load_bound:
+                chosen, reason = e, "home"
+                break
+    notes[chosen] = "chosen"
+    return chosen, reason, notes
+
+
+class TestAgainstTheReference:
+    @settings(max_examples=400, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(
+                st.integers(0, 2),  # running
+                st.integers(0, 1),  # waiting
+                st.integers(0, 3),  # inflight
+                st.sampled_from([8, 8, 8, 16]),  # learned capacity
+                st.sampled_from([0.0, 0.0, 1.0, 2.5]),  # drain
+                st.sampled_from([0, 0, 1]),  # priority
+                st.sampled_from([1.0, 1.0, 0.5, 2.0]),  # weight
+                st.sampled_from(list(BreakerState) + [BreakerState.CLOSED] * 4),
+                st.integers(0, 6),  # prefix blocks held
+                st.booleans(),  # stale
+            ),
+            min_size=1,
+            max_size=6,
+        ),
+        st.randoms(use_true_random=False),
+    )
+    def test_choose_agrees_with_the_plain_rules(
+        self, rows: list[tuple[Any, ...]], rnd: random.Random
+    ) -> None:
+        """Same choice, reason and notes as the rules done by sorting, ties included
+        (small integers make equal totals common)."""
+        snaps = [
+            snap(
+                f"e{i}",
+                running=r,
+                waiting=w,
+                inflight=f,
+                at_scrape=rnd.randint(0, f),
+                capacity=c,
+                drain=d,
+                priority=p,
+                weight=wt,
+                breaker=b,
+                stale=stale,
+                pending=rnd.randint(0, f),
+            )
+            for i, (r, w, f, c, d, p, wt, b, _, stale) in enumerate(rows)
+        ]
+        ids = [s.info.id for s in snaps]
+        matches = {f"e{i}": row[8] for i, row in enumerate(rows) if row[8]}
+        gains = (
+            {e: rnd.choice([0.0, 0.1, 0.3, 1.0]) for e in matches} if rnd.random() < 0.7 else None
+        )
+        home = rnd.sample(ids, len(ids)) if rnd.random() < 0.7 else []
+        exclude = tuple(e for e in ids if rnd.random() < 0.15)
+        session = rnd.choice([*ids, None])
+        d = choose(
+            snaps,
+            prefix_matches=matches,
+            home_order=home,
+            exclude=exclude,
+            session_endpoint=session,
+            prefix_gain=gains,
+        )
+        want = _reference(snaps, matches, home, exclude, session, gains)
+        assert (d.endpoint_id, d.reason, {s.id: s.note for s in d.scores}) == want
