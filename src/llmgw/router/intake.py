@@ -116,8 +116,12 @@ async def read_json(
     kept = False
     try:
         try:
-            async with asyncio.timeout(cfg.body_timeout_s):
+            if type(request) is FastRequest and request.complete:
+                # Already in with its head (most bodies): nothing to wait for, no timer.
                 body = await request.read()
+            else:
+                async with asyncio.timeout(cfg.body_timeout_s):
+                    body = await request.read()
         except TimeoutError:
             resp = error_response(
                 408,

@@ -26,6 +26,7 @@ import asyncio
 import enum
 import logging
 import os
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,6 +76,17 @@ log = logging.getLogger(__name__)
 # the process's log level (the setting is what turns it on and off).
 access_log = logging.getLogger("llmgw.router.access")
 access_log.setLevel(logging.INFO)
+
+# Request ids the router makes: 96 random bits from a generator seeded once per process
+# (reseeded in a forked child), not os.urandom, which is a system call per request.
+# Unique, not secret: they name requests in logs and headers.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+
+
+def _request_id() -> str:
+    return f"{_ids.getrandbits(96):024x}"
+
 
 # While held, look again this often even without a list change: a breaker leaving
 # its cooldown makes a replica available without anyone saying so.
@@ -220,7 +232,7 @@ class Proxy:
         st = self.state
         t0 = self.state.clock.monotonic()
         headers = request.headers
-        rid = headers.get("x-request-id") or os.urandom(12).hex()
+        rid = headers.get("x-request-id") or _request_id()
         path = request.path
         if st.keys.enabled and st.keys.check(headers.get("Authorization")) is None:
             return self._refused(unauthorized(), rid, path, t0)
