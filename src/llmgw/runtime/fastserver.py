@@ -804,9 +804,21 @@ class FastProtocol(asyncio.Protocol):
         return False
 
 
+# Status → its standard phrase ("" for a code HTTPStatus does not know).
+_PHRASES: dict[int, str] = {}
+
+
 def _reason(resp: web.Response) -> str | None:
+    """The response's reason when it is not the status's standard phrase (the cached
+    status line is used then); the phrase is looked up once per status, not through
+    HTTPStatus(status) on every answer."""
+    status = resp.status
+    phrase = _PHRASES.get(status)
+    if phrase is None:
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = ""
+        _PHRASES[status] = phrase
     reason = resp.reason
-    try:
-        return None if reason == HTTPStatus(resp.status).phrase else reason
-    except ValueError:
-        return reason
+    return None if phrase and reason == phrase else reason
