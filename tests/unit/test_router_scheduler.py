@@ -205,6 +205,21 @@ class TestAffinity:
         assert d.endpoint_id == "b"
         assert next(s.note for s in d.scores if s.id == "a") == "over bound"
 
+    def test_session_picks_among_equal_holders_when_little_busier(self) -> None:
+        """Of two equally long holders, the session's last one takes the request while
+        it is at most session_load_bound (a quarter batch) above the other."""
+        snaps = [snap("a"), snap("b", running=2)]
+        d = choose(snaps, prefix_matches={"a": 5, "b": 5}, session_endpoint="b")
+        assert (d.endpoint_id, d.reason) == ("b", "prefix+session")
+
+    def test_session_does_not_pull_past_its_bound(self) -> None:
+        """Further above, the hint would queue the request for at most a block's worth
+        of cache: the content's choice stands, though the session holder is within the
+        affinity bound."""
+        snaps = [snap("a"), snap("b", running=3)]
+        d = choose(snaps, prefix_matches={"a": 5, "b": 5}, session_endpoint="b")
+        assert (d.endpoint_id, d.reason) == ("a", "prefix")
+
     def test_zero_bound_still_admits_the_least_loaded_holder(self) -> None:
         """With no slack at all, a holder that is itself the least loaded still wins."""
         cfg = SchedulerConfig(affinity_load_bound=0.0)
@@ -419,6 +434,7 @@ def _reference(
             and session != chosen
             and session in within
             and matches[session] == matches[chosen]
+            and totals[session] <= totals[chosen] + cfg.session_load_bound
         ):
             chosen, reason = session, "prefix+session"
     else:
