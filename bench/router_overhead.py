@@ -1219,8 +1219,9 @@ def table(paths: dict[str, dict[str, float]]) -> str:
 
 
 def write_results(body: str, section: str = SECTION, subsection: str | None = None) -> None:
-    """Replace this benchmark's section, keeping its hand-written `### Analysis`; with
-    `subsection`, replace (or add at the section's end) only that `###` part of it."""
+    """Replace this benchmark's section, keeping its hand-written `###` parts (the
+    first of them and all after); with `subsection`, replace (or add at the section's
+    end) only that `###` part of it."""
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
     if subsection is not None and (start := text.find(section + "\n")) >= 0:
         nxt = text.find("\n## ", start + len(section))
@@ -1238,9 +1239,9 @@ def write_results(body: str, section: str = SECTION, subsection: str | None = No
     if start >= 0:
         nxt = text.find("\n## ", start + len(section))
         old = text[start:nxt] if nxt >= 0 else text[start:]
-        keep = old.find("### Analysis")
+        keep = old.find("\n### ")
         if keep >= 0:
-            body = body.rstrip("\n") + "\n\n" + old[keep:].rstrip("\n") + "\n"
+            body = body.rstrip("\n") + "\n\n" + old[keep + 1 :].rstrip("\n") + "\n"
         text = text[:start] + body + (text[nxt:] if nxt >= 0 else "\n")
     else:
         text = text.rstrip("\n") + "\n\n" + body + "\n"
