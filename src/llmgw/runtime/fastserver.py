@@ -81,15 +81,28 @@ _date = _Date()
 _STATUS: dict[int, bytes] = {}
 
 
+# Status → its standard phrase ("" for a code HTTPStatus does not know).
+_PHRASES: dict[int, str] = {}
+
+
+def _phrase(status: int) -> str:
+    """The status's standard phrase, looked up once per status (HTTPStatus(status) is an
+    enum lookup by value: too slow for every answer)."""
+    phrase = _PHRASES.get(status)
+    if phrase is None:
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = ""
+        _PHRASES[status] = phrase
+    return phrase
+
+
 def _status_line(status: int, reason: str | None) -> bytes:
     if reason is None:
         line = _STATUS.get(status)
         if line is None:
-            try:
-                phrase = HTTPStatus(status).phrase
-            except ValueError:
-                phrase = ""
-            line = _STATUS[status] = f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")
+            line = _STATUS[status] = f"HTTP/1.1 {status} {_phrase(status)}\r\n".encode("latin-1")
         return line
     return f"HTTP/1.1 {status} {reason}\r\n".encode("latin-1")
 
@@ -804,21 +817,9 @@ class FastProtocol(asyncio.Protocol):
         return False
 
 
-# Status → its standard phrase ("" for a code HTTPStatus does not know).
-_PHRASES: dict[int, str] = {}
-
-
 def _reason(resp: web.Response) -> str | None:
     """The response's reason when it is not the status's standard phrase (the cached
-    status line is used then); the phrase is looked up once per status, not through
-    HTTPStatus(status) on every answer."""
-    status = resp.status
-    phrase = _PHRASES.get(status)
-    if phrase is None:
-        try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = ""
-        _PHRASES[status] = phrase
+    status line is used then)."""
+    phrase = _phrase(resp.status)
     reason = resp.reason
     return None if phrase and reason == phrase else reason
