@@ -75,10 +75,6 @@ class Counts:
             got = self.series[labels] = [0.0, time.time()]
         got[0] += amount
 
-    def value(self, labels: tuple[str, ...]) -> float:
-        got = self.series.get(labels)
-        return 0.0 if got is None else got[0]
-
     def collect(self) -> Metric:
         m = Metric(self.name, self.documentation, "counter")
         for labels, (value, created) in self.series.items():
