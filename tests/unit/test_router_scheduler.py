@@ -205,20 +205,28 @@ class TestAffinity:
         assert d.endpoint_id == "b"
         assert next(s.note for s in d.scores if s.id == "a") == "over bound"
 
-    def test_session_picks_among_equal_holders_when_little_busier(self) -> None:
-        """Of two equally long holders, the session's last one takes the request while
-        it is at most session_load_bound (a quarter batch) above the other."""
-        snaps = [snap("a"), snap("b", running=2)]
+    def test_session_breaks_a_tie_of_prefix_and_load(self) -> None:
+        """Of two equally long, equally loaded holders, the session's last one takes the
+        request (without the hint the id would decide: a)."""
+        snaps = [snap("a", running=1), snap("b", running=1)]
         d = choose(snaps, prefix_matches={"a": 5, "b": 5}, session_endpoint="b")
         assert (d.endpoint_id, d.reason) == ("b", "prefix+session")
 
-    def test_session_does_not_pull_past_its_bound(self) -> None:
-        """Further above, the hint would queue the request for at most a block's worth
-        of cache: the content's choice stands, though the session holder is within the
-        affinity bound."""
-        snaps = [snap("a"), snap("b", running=3)]
+    def test_session_does_not_pull_to_a_busier_holder(self) -> None:
+        """One request busier, the content's choice stands, though the session holder is
+        within the affinity bound: the hint could save at most a block's worth of cache."""
+        snaps = [snap("a"), snap("b", running=1)]
         d = choose(snaps, prefix_matches={"a": 5, "b": 5}, session_endpoint="b")
         assert (d.endpoint_id, d.reason) == ("a", "prefix")
+
+    def test_a_session_bound_lets_the_hint_pull_that_far(self) -> None:
+        """`session_load_bound` is how far it may pull: a quarter batch admits two more
+        requests at a batch of 8, not three."""
+        cfg = SchedulerConfig(session_load_bound=0.25)
+        for running, want in ((2, "b"), (3, "a")):
+            snaps = [snap("a"), snap("b", running=running)]
+            d = choose(snaps, prefix_matches={"a": 5, "b": 5}, session_endpoint="b", cfg=cfg)
+            assert d.endpoint_id == want
 
     def test_zero_bound_still_admits_the_least_loaded_holder(self) -> None:
         """With no slack at all, a holder that is itself the least loaded still wins."""

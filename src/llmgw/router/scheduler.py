@@ -18,8 +18,8 @@ The rules, in order:
    load the queue spreads instead of piling onto the engines that happen to
    hold the popular prompts.
    A session hint never outweighs content: it only picks among endpoints
-   holding equally long prefixes, all within the bound, and only one at most
-   `session_load_bound` above the content's choice. The bound shrinks
+   holding equally long prefixes, all within the bound, and by default only
+   one no busier than the content's choice (`session_load_bound`). The bound shrinks
    with what holding the prefix saves (`prefix_gain`): when every replica
    already holds most of the prompt (a long shared preamble), a holder of a
    little more is not worth a queue.
@@ -98,13 +98,16 @@ class SchedulerConfig:
     # loaded; smaller than the affinity bound, as nothing is cached there yet.
     home_load_bound: float = 0.25
     # How far the endpoint that served the request's session last may be above the
-    # content's own choice (an equally long holder) and still take the request. The
-    # hint can only add what the blocks are too coarse to show, at most the last
-    # block of the match (a sixteenth of the prefix past the first KiB), so it gets
-    # the home bound, not the affinity bound: with the affinity bound, past capacity
-    # the hint kept conversations on engines up to a full batch busier than an equal
-    # holder, and its p99 TTFT fell behind no hint's.
-    session_load_bound: float = 0.25
+    # content's own choice (an equally long holder) and still take the request: by
+    # default not at all, so the hint breaks ties of load as well as of prefix. What
+    # it can add is the conversation's tail the blocks are too coarse to show, at most
+    # a block (a sixteenth of the prefix past the first KiB) and usually a few hundred
+    # bytes of a prompt of kilobytes: scaled like a holder's bound (affinity_load_bound
+    # x gain / full_gain_at) that is a few hundredths of a batch. bench/routing.py with
+    # `user` hints, p99 TTFT means over seeds: few-prompts 110 % 69 ms with the whole
+    # affinity bound, 56 with a quarter batch, 59 with ties only, 55 without hints;
+    # preamble-24k 85 % 147 with a quarter batch, 123 with ties only, 134 without.
+    session_load_bound: float = 0.0
     # Matches shorter than this many blocks do not count as holding the prefix
     # (a few blocks of shared boilerplate are not worth a detour).
     min_prefix_blocks: int = 1
