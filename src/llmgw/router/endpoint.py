@@ -312,10 +312,13 @@ class Registry:
             return live.inflight
         return self._shared.total(live.slot)
 
-    def _pending(self, live: _Live) -> int:
-        if live.row is None or self._shared is None:
-            return live.pending
-        return self._shared.pending_total(live.slot)
+    def _counts(self, live: _Live) -> tuple[int, int]:
+        """In flight to `live`, and of those awaiting their first token, from every
+        worker of this router."""
+        shared = self._shared
+        if live.row is None or shared is None:
+            return live.inflight, live.pending
+        return shared.total(live.slot), shared.pending_total(live.slot)
 
     def observe(self, id: str, stats: Stats) -> bool:
         """Record a successful scrape; True iff a counter reset (engine restart) was seen."""
@@ -361,16 +364,12 @@ class Registry:
         return None if live is None else self._snap(live, self._clock.monotonic())
 
     def _snap(self, live: _Live, now: float) -> Snapshot:
-        # Built for every endpoint of the model on every request: the common cases
-        # (breaker closed, one process) take no further calls.
+        # Built for every endpoint of the model on every request: a closed breaker
+        # (the common case) takes no probe_in_s() call.
         age = None if live.scraped_at is None else now - live.scraped_at
         breaker = live.breaker
         state = breaker.state()
-        shared = self._shared
-        if live.row is None or shared is None:
-            inflight, pending = live.inflight, live.pending
-        else:
-            inflight, pending = shared.total(live.slot), shared.pending_total(live.slot)
+        inflight, pending = self._counts(live)
         return Snapshot(
             info=live.info,
             stats=live.stats,

@@ -269,7 +269,7 @@ class RouterMetrics:
             "Failed metric scrapes per endpoint.",
             ["endpoint"],
         )
-        self._families: tuple[Counts | Buckets, ...] = (
+        families: tuple[Counts | Buckets, ...] = (
             self._requests,
             self._latency,
             self._ttft,
@@ -280,7 +280,7 @@ class RouterMetrics:
             self._retries,
             self._scrape_failures,
         )
-        r.register(_Families(self._families))
+        r.register(_Families(families))
         modules = Gauge(
             "llmgw_router_compiled",
             "1 for a hot module this router runs compiled by mypyc, 0 for the Python one.",

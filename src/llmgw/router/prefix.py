@@ -433,40 +433,27 @@ class PrefixIndex:
 
         The engine frees a finished request's blocks as its most recently used, so
         recording the chain again keeps the index's LRU order close to the engine's.
-        But order only decides what is evicted: while the endpoint's index is at
-        most half full and still holds the chain, the refresh is skipped
-        (`_holds_while_roomy`). It saves the re-insert of the whole chain, the larger
-        half of the policy's per-request cost on long prompts
-        (bench/router_overhead.py --chat, 8 KB).
+        But order only decides what is evicted, and an endpoint whose index holds at
+        most half its capacity (in an index at most half its cap) evicts nothing
+        until as much again has been sent: while the chain is still held from its
+        dispatch (head and tail), its refresh is skipped. Under cache pressure, where
+        order decides hits, it never is (bench/routing.py, cache-starved). It saves
+        the re-insert of the whole chain, the larger half of the policy's per-request
+        cost on long prompts (bench/router_overhead.py --chat, 8 KB).
         """
         if not hashes:
             return
         lru = self._lru.get(endpoint_id)
-        cap = self.capacity(endpoint_id, capacity_units)
-        if lru is not None and self._holds_while_roomy(lru, endpoint_id, hashes, cap):
-            return
+        if lru is not None:
+            cap = self.capacity(endpoint_id, capacity_units)
+            if (
+                self._weight.get(endpoint_id, 0) * 2 <= cap
+                and self._total * 2 <= self._max_total
+                and hashes[0] in lru
+                and hashes[_kept(hashes, cap) - 1] in lru
+            ):
+                return
         self.record(endpoint_id, hashes, capacity_units=capacity_units)
-
-    def _holds_while_roomy(
-        self, lru: OrderedDict[int, int], endpoint_id: str, hashes: Sequence[int], cap: int
-    ) -> bool:
-        """Whether a completion's refresh of `hashes` could change nothing that matters
-        yet: the endpoint's index (and the whole index) at most half full, and the chain
-        still held from its dispatch (head and tail).
-
-        Recording a held chain again only moves it to the newest end of the LRU, and
-        that order matters only to eviction; while the index is half empty nothing is
-        evicted until as much again has been sent. Dispatch always records (the chain
-        gets the dispatch's stamp), so a skipped completion leaves it at most one
-        request's lifetime older than a strict refresh would. Under cache pressure,
-        where order decides hits, it never skips (bench/routing.py, cache-starved).
-        """
-        return (
-            self._weight.get(endpoint_id, 0) * 2 <= cap
-            and self._total * 2 <= self._max_total
-            and hashes[0] in lru
-            and hashes[_kept(hashes, cap) - 1] in lru
-        )
 
     def replay(self, records: Iterable[tuple[str, Sequence[int], int | None]]) -> None:
         """Apply records another worker made (see `journal`), without noting them again."""
