@@ -31,10 +31,10 @@ def settle_gc() -> None:
     """Before serving: everything alive now (modules, the app) lives as long as the
     process, so it goes out of the collector's sight (full collections stay short on
     the request path); and the young generation is collected after 10,000 net new
-    objects instead of 700. The requests in flight keep a few thousand objects alive
-    (coroutines, futures, buffers) at c=64, so at 700 a young collection ran every ~30
-    requests and traversed them all, ~5 us of CPU per request; at 10,000 it runs when
-    garbage cycles build up (docs/router.md, Cost per request)."""
+    objects instead of 700. The requests in flight keep their coroutines, futures and
+    buffers alive: at c=64, 700 was reached every ~30 requests, and each young
+    collection traversed them all (~5 us of CPU per request in all); at 10,000 it ran
+    once every ~500 requests (docs/router.md, Cost per request)."""
     gc.collect()
     gc.freeze()
     _gen0, gen1, gen2 = gc.get_threshold()
