@@ -1137,6 +1137,34 @@ def _variant_opts(base: argparse.Namespace, overrides: dict[str, object]) -> arg
     return opts
 
 
+def _fleet(opts: argparse.Namespace) -> Fleet:
+    return Fleet(
+        engines=opts.engines,
+        num_gpu_blocks=opts.num_gpu_blocks,
+        block_size=opts.block_size,
+        max_num_seqs=opts.max_num_seqs,
+        max_model_len=opts.max_model_len,
+        speed=opts.speed,
+        scrape_interval_s=opts.scrape_interval_s,
+    )
+
+
+def _workload(opts: argparse.Namespace, hints: str, seed: int) -> Workload:
+    return Workload(
+        prompts=opts.prompts,
+        prompt_tokens=opts.prompt_tokens,
+        zipf=opts.zipf,
+        turns_min=opts.turns[0],
+        turns_max=opts.turns[1],
+        user_tokens=tuple(opts.user_tokens),
+        reply_tokens=opts.reply_tokens,
+        think_s=opts.think_s,
+        seed=seed,
+        preamble_tokens=opts.preamble_tokens,
+        hints=hints,
+    )
+
+
 async def suite_main(base: argparse.Namespace, command: str) -> int:
     """Every SUITE variant at every load: round-robin, the oracle, ours per hint mode;
     each once per seed (`--seeds N`: seed, seed + 1, ...), pooled per row."""
@@ -1150,36 +1178,16 @@ async def suite_main(base: argparse.Namespace, command: str) -> int:
         for name in names:
             overrides, hint_modes = SUITE[name]
             opts = _variant_opts(base, overrides)
-            fleet = Fleet(
-                engines=opts.engines,
-                num_gpu_blocks=opts.num_gpu_blocks,
-                block_size=opts.block_size,
-                max_num_seqs=opts.max_num_seqs,
-                max_model_len=opts.max_model_len,
-                speed=opts.speed,
-                scrape_interval_s=opts.scrape_interval_s,
-            )
-
-            def workload(hints: str, seed: int, opts: argparse.Namespace = opts) -> Workload:
-                return Workload(
-                    prompts=opts.prompts,
-                    prompt_tokens=opts.prompt_tokens,
-                    zipf=opts.zipf,
-                    turns_min=opts.turns[0],
-                    turns_max=opts.turns[1],
-                    user_tokens=tuple(opts.user_tokens),
-                    reply_tokens=opts.reply_tokens,
-                    think_s=opts.think_s,
-                    seed=seed,
-                    preamble_tokens=opts.preamble_tokens,
-                    hints=hints,
-                )
-
+            fleet = _fleet(opts)
+            # Each seed's conversations once per hint mode, shared by the policies and loads.
+            convs = {
+                (h, seed): Conversations(_workload(opts, h, seed))
+                for seed in seeds
+                for h in {"none", *hint_modes}
+            }
             # One calibration per variant (the first seed's prompts): the capacity
             # depends on the fleet and the workload's shape, not on its letters.
-            capacity, _cpu = await calibrate(
-                Conversations(workload("none", seeds[0])), fleet, opts, log_dir
-            )
+            capacity, _cpu = await calibrate(convs[("none", seeds[0])], fleet, opts, log_dir)
             capacities[name] = capacity
             print(f"{name}: round-robin capacity {capacity:.1f} req/s", flush=True)
             timing = Timing(opts.duration_s, opts.warmup_s, opts.drain_s)
@@ -1193,7 +1201,7 @@ async def suite_main(base: argparse.Namespace, command: str) -> int:
                 for seed in seeds:
                     for policy, hints in runs:
                         schedule = open_loop_schedule(
-                            Conversations(workload(hints, seed)),
+                            convs[(hints, seed)],
                             rate_rps=rate,
                             duration_s=opts.duration_s,
                             warmup_s=opts.warmup_s,
@@ -1384,29 +1392,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 async def amain(opts: argparse.Namespace, command: str) -> int:
-    fleet = Fleet(
-        engines=opts.engines,
-        num_gpu_blocks=opts.num_gpu_blocks,
-        block_size=opts.block_size,
-        max_num_seqs=opts.max_num_seqs,
-        max_model_len=opts.max_model_len,
-        speed=opts.speed,
-        scrape_interval_s=opts.scrape_interval_s,
-    )
-    w = Workload(
-        prompts=opts.prompts,
-        prompt_tokens=opts.prompt_tokens,
-        zipf=opts.zipf,
-        turns_min=opts.turns[0],
-        turns_max=opts.turns[1],
-        user_tokens=tuple(opts.user_tokens),
-        reply_tokens=opts.reply_tokens,
-        think_s=opts.think_s,
-        seed=opts.seed,
-        preamble_tokens=opts.preamble_tokens,
-        hints=opts.hints,
-    )
-    convs = Conversations(w)
+    fleet = _fleet(opts)
+    convs = Conversations(_workload(opts, opts.hints, opts.seed))
     timing = Timing(opts.duration_s, opts.warmup_s, opts.drain_s)
     log_dir = Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-"))
     began = time.monotonic()

@@ -9,7 +9,6 @@ from llmgw.router.main import GC_GEN0, settle_gc
 
 def test_settle_gc_freezes_what_is_alive_and_raises_the_young_threshold() -> None:
     before = gc.get_threshold()
-    alive = [object() for _ in range(10)]  # noqa: F841 (kept alive across the call)
     try:
         settle_gc()
         assert gc.get_threshold() == (GC_GEN0, before[1], before[2])
