@@ -23,6 +23,9 @@ Usage: .venv/bin/python bench/router_overhead.py [--seconds 4] [--no-results]
            (--workers 1 vs 2; with --quota, each worker held to that share of a CPU)
        .venv/bin/python bench/router_overhead.py --chat [--peers] [--http-server fast]
            (realistic chat bodies, four engines: ours vs round_robin, issue 15)
+       .venv/bin/python bench/router_overhead.py --instructions [--requests 2000]
+           (user-space instructions per request under valgrind's callgrind: the default
+           policy and round_robin, compiled and Python modules; steady on a noisy machine)
        .venv/bin/python bench/router_overhead.py --policy-step
            (the routing work in-process; with the router's mypyc build when there is
            one, LLMGW_ROUTER_COMPILED=0 for the Python modules: docs/router.md)
@@ -54,6 +57,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -848,6 +852,142 @@ def _policy_row(reg: Any, size: int, n: int) -> list[str]:
 
 
 CHAT_TARGETS = {"cpu_ms_req": 0.13, "cpu_us_chunk": 8.0}
+INSTR_SECTION = "### router_overhead.py --instructions"
+
+
+async def fixed_load(port: int, bodies: list[bytes], n: int, concurrency: int) -> None:
+    """Exactly `n` requests over `concurrency` keep-alive connections (closed loop)."""
+    reqs = [_http(port, b) for b in bodies]
+    left = n
+
+    async def worker(i: int) -> None:
+        nonlocal left
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while left > 0:
+                left -= 1
+                writer.write(reqs[i % len(reqs)])
+                i += 7
+                await _read_response(reader)
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+
+
+def count_instructions(
+    ports: list[int], policy: str, size: int, n: int, env: dict[str, str]
+) -> tuple[float, str]:
+    """User-space instructions per request of a router under callgrind, and which modules
+    it ran (its start-up line). Instrumented only while `n` requests run (after 300
+    uninstrumented ones): start-up and warm-up are not counted; the kernel's side of the
+    socket calls never is (valgrind sees user space only)."""
+    import uvloop
+
+    tmp = Path(tempfile.mkdtemp(prefix="router-instr-"))
+    cfg = tmp / "router.yaml"
+    cfg.write_text(
+        "endpoints:\n"
+        + "".join(
+            f"  - {{id: up{i}, url: 'http://127.0.0.1:{p}', models: [{MODEL}]}}\n"
+            for i, p in enumerate(ports)
+        )
+        + f"request_timeout_s: 600\npolicy: {policy}\n"
+    )
+    out = tmp / "callgrind.out"
+    log_path = tmp / "router.log"
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        "-m",
+        "llmgw",
+        "router",
+        "--config",
+        str(cfg),
+        "--port",
+        "0",
+        "--workers",
+        "1",
+    ]
+    bodies = chat_bodies(size, stream=False)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        port = 0
+        while not port:
+            text = log_path.read_text()
+            if m := re.search(r"llmgw-ready router http://127.0.0.1:(\d+)", text):
+                port = int(m.group(1))
+            elif proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("router under valgrind did not start:\n" + text[-2000:])
+            else:
+                time.sleep(0.2)
+        uvloop.run(fixed_load(port, bodies, 300, 16))
+        ctl = ["callgrind_control"]
+        subprocess.run([*ctl, "-i", "on", str(proc.pid)], check=True, capture_output=True)
+        uvloop.run(fixed_load(port, bodies, n, 16))
+        subprocess.run([*ctl, "-i", "off", str(proc.pid)], check=True, capture_output=True)
+        subprocess.run([*ctl, "-d", str(proc.pid)], check=True, capture_output=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+    total = 0
+    for part in tmp.glob("callgrind.out*"):
+        for line in part.read_text().splitlines():
+            if line.startswith("totals:"):
+                total = max(total, int(line.split()[1]))
+    text = log_path.read_text()
+    ran = "compiled" if "compiled modules modules=" in text else "Python"
+    return total / n, ran
+
+
+def instructions_main(args: argparse.Namespace, others: str) -> int:
+    """`--instructions`: the default policy and round_robin, compiled and Python modules,
+    300 B and 8 KB chat bodies; instructions per request, which a shared machine's noise
+    does not move (the same run twice agrees to 0.1 %)."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("--instructions needs valgrind (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    n = args.requests
+    rows: list[str] = []
+    with child_ports(others, "--upstream", "0", "--count", "4") as (ports, _):
+        for size in (300, 8192):
+            for policy in ("ours", "round_robin"):
+                cells = []
+                for compiled_setting in ("auto", "0"):
+                    env = {**os.environ, "LLMGW_ROUTER_COMPILED": compiled_setting}
+                    per, ran = count_instructions(ports, policy, size, n, env)
+                    print(f"{policy} {size} B {ran}: {per / 1e3:,.1f} k", flush=True)
+                    cells.append(f"{per / 1e3:,.1f} k ({ran})")
+                rows.append(f"| {policy}, {size} B | " + " | ".join(cells) + " |")
+    out = "\n".join(
+        [
+            "| policy, body | instructions / request, build | instructions / request, "
+            "LLMGW_ROUTER_COMPILED=0 |",
+            "|---|---:|---:|",
+            *rows,
+        ]
+    )
+    print(out)
+    if not args.no_results:
+        write_results(
+            f"{INSTR_SECTION}\n\n"
+            f"User-space instructions per request of one router process under valgrind's "
+            f"callgrind (kernel work in the socket calls not included), four minimal "
+            f"engines, {n} realistic chat requests at concurrency 16 after 300 not counted, "
+            f"the same bodies as --chat. Deterministic: a shared machine's noise moves "
+            f"CPU time by 10-30 % between runs and these counts by under 0.1 %. Python "
+            f"{sys.version.split()[0]}.\n\n"
+            f"Command: `.venv/bin/python bench/router_overhead.py --instructions"
+            f"{'' if n == 2000 else f' --requests {n}'}`\n\n{out}\n",
+            section=CHAT_SECTION,
+            subsection=INSTR_SECTION,
+        )
+    return 0
 
 
 def chat_table(rows: dict[str, dict[str, float]], direct: dict[int, dict[str, float]]) -> str:
@@ -1277,6 +1417,12 @@ def main() -> int:
         help="--scale: hold each router worker to this share of a CPU (cgroup CFS quota)",
     )
     p.add_argument("--policy-step", action="store_true", help="in-process routing work per request")
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="instructions per request under callgrind (needs valgrind)",
+    )
+    p.add_argument("--requests", type=int, default=2000, help="--instructions: requests counted")
     p.add_argument("--size", type=int, default=300, help="--chat --profile: body bytes")
     p.add_argument(
         "--http-server",
@@ -1307,6 +1453,8 @@ def main() -> int:
     if args.policy_step:
         print(policy_step())
         return 0
+    if args.instructions:
+        return instructions_main(args, others)
     if args.chat:
         return chat_main(args, router_cpu, others, len(all_cpus))
     profile = Path(tempfile.mkdtemp()) / "router.prof" if args.profile else None

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from llmgw.runtime.fastserver import Answer, FastRequest, FastServer
+from llmgw.runtime.fastserver import Answer, FastRequest, FastServer, Reply
 from llmgw.runtime.httpserver import Edge, ServerLimits, openai_error
 
 pytestmark = pytest.mark.timeout(60)
@@ -72,6 +72,8 @@ async def serving(**limits: Any) -> AsyncIterator[Harness]:
             await h.release.wait()
         if req.path == "/big":
             return web.Response(body=b"x" * 65536)
+        if req.path == "/reply":
+            return Reply(201, b"relayed", {"Content-Type": "text/plain", "X-Engine": "e0"})
         body = await req.read()
         return web.Response(body=json.dumps({"path": req.path, "n": len(body)}).encode())
 
@@ -127,6 +129,57 @@ async def test_past_max_connections_a_503_and_the_established_served_on() -> Non
         assert (status, json.loads(body)["n"]) == (200, 3)
         await shut(w1)
         await shut(w2)
+
+
+async def test_a_reply_is_written_whole_with_its_headers_and_keeps_the_connection() -> None:
+    """`Reply` (the proxy's relayed answer, no aiohttp Response): status, headers, a
+    Content-Length, and the connection serves the next request."""
+    async with serving() as h:
+        reader, writer = await h.connect()
+        for _ in range(2):
+            writer.write(b"GET /reply HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, headers, body = await read_answer(reader)
+            assert (status, body) == (201, b"relayed")
+            assert headers["x-engine"] == "e0"
+            assert headers["content-type"] == "text/plain"
+            assert headers["content-length"] == "7"
+            assert "connection" not in headers
+        writer.write(b"HEAD /reply HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head = await asyncio.wait_for(reader.read(), 10)
+        assert head.startswith(b"HTTP/1.1 201 Created\r\n")
+        assert head.endswith(b"\r\n\r\n")  # HEAD: no body, then closed
+        await shut(writer)
+
+
+async def test_the_idle_bound_counts_from_the_last_answer_not_the_first_arming() -> None:
+    """One idle timer per connection, not moved per request: when it fires after a
+    request it looks again, so a connection is closed `idle_timeout_s` after its last
+    answer, and never while a request is in progress."""
+    loop = asyncio.get_running_loop()
+    async with serving(idle_timeout_s=2.0) as h:
+        reader, writer = await h.connect()
+        t0 = loop.time()
+        await asyncio.sleep(1.0)
+        writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await read_answer(reader))[0] == 200
+        answered = loop.time()
+        # Past the first arming's 2 s, within 2 s of the answer: still open.
+        await asyncio.sleep(max(0.0, t0 + 2.4 - loop.time()))
+        writer.write(b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await read_answer(reader))[0] == 200
+        answered = loop.time()
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        assert loop.time() - answered >= 1.9
+        await shut(writer)
+    async with serving(idle_timeout_s=0.3) as h:
+        reader, writer = await h.connect()
+        writer.write(b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+        await h.entered.wait()
+        await asyncio.sleep(0.8)  # the timer fires while the request is in progress
+        h.release.set()
+        assert (await read_answer(reader))[0] == 200
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # then idle: closed
+        await shut(writer)
 
 
 async def test_idle_connections_close_and_stopping_lets_the_busy_one_finish() -> None:

@@ -89,6 +89,18 @@ class TestLoading:
         assert (modules, detail) == ([], "LLMGW_ROUTER_COMPILED=0")
         assert policies.endswith("policies.py")
 
+    def test_a_module_imported_before_the_router_leaves_the_python_modules(self) -> None:
+        """The protocol-level server is compiled with the router but lives outside it: a
+        process that imported it first would mix the two classes of one name, so the
+        build is not loaded there (and the Python modules run, consistently)."""
+        build_or_skip()
+        done = python("import llmgw.runtime.fastserver\n" + STATUS)
+        assert done.returncode == 0, done.stderr
+        modules, detail, policies = json.loads(done.stdout)
+        assert modules == []
+        assert "llmgw.runtime.fastserver was imported before its build" in detail
+        assert policies.endswith("policies.py")
+
     def corrupt(self, cache: Path) -> Path:
         """A complete-looking build for these sources whose libraries are not ELF files."""
         mypy = compiled.mypy_version()

@@ -17,6 +17,7 @@ fails to load, the Python modules, as always (`STATUS` says which, and why).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -31,10 +32,17 @@ SETTINGS = ("auto", "0", "1")
 # Compiled, in load order: each after the compiled modules it imports. Each is its
 # own mypyc group: an extension module and its `<name>__mypyc` library beside it.
 MODULES = (
+    "llmgw.router.breaker",
+    "llmgw.router.endpoint",
     "llmgw.router.prefix",
     "llmgw.router.affinity",
     "llmgw.router.scheduler",
     "llmgw.router.policies",
+    "llmgw.runtime.fastserver",
+    "llmgw.router.upstream.base",
+    "llmgw.router.upstream.fast",
+    "llmgw.router.metrics",
+    "llmgw.router.proxy",
 )
 MANIFEST = "manifest.json"
 # The directory holding the `llmgw` package this process imports.
@@ -167,6 +175,10 @@ def _import(folder: Path) -> None:
         for module in MODULES:
             _extension(module + "__mypyc", extension(folder, module, "__mypyc"))
         for module in MODULES:
+            if module in sys.modules:
+                # A compiled module listed earlier imported its Python source: the two
+                # would hold different classes of the same name.
+                raise ImportError(f"{module} was imported before its build (MODULES order)")
             _extension(module, extension(folder, module))
     except BaseException:
         # Whatever the attempt imported may hold a compiled module: import it again.
@@ -176,7 +188,7 @@ def _import(folder: Path) -> None:
         raise
     for module in MODULES:
         parent, _, name = module.rpartition(".")
-        setattr(sys.modules[parent], name, sys.modules[module])
+        setattr(importlib.import_module(parent), name, sys.modules[module])
 
 
 def _extension(name: str, path: Path) -> None:

@@ -145,6 +145,16 @@ def _canonical_and_head(body: Mapping[str, Any], limit: int) -> tuple[bytes, byt
                 break
             if not isinstance(m, dict):
                 part = _MSG + _encode(m)
+            elif (
+                type(role := m.get("role", "")) is str
+                and type(content := m.get("content")) is str
+                and not m.get("name")
+                and not m.get("tool_calls")
+                and not m.get("tool_call_id")
+            ):
+                # The usual message, a role and a string: the same bytes as below, in
+                # one format and one encode.
+                part = f"\x1e{role}\x1f\x1f{content}\x1f\x1f".encode()
             else:
                 part = b"".join(
                     (
@@ -219,10 +229,24 @@ _HEADS_MAX = 1024  # parts remembered (each a tuple of at most len(_ENDS) hashes
 _HEADS: OrderedDict[int, tuple[int, ...]] = OrderedDict()
 
 
+# First blocks (model and 64 bytes) already hashed: most requests open with a system
+# prompt many others share, and blake2b costs more than the rest of a short chain.
+# Cleared when full: a cache, not a record.
+_FIRSTS_MAX = 4096
+_FIRSTS: dict[bytes, int] = {}
+
+
 def _chain(key: bytes, data: bytes, count: int, out: list[int] | None = None) -> tuple[int, ...]:
     """The first `count` hashes of the chain over `data`, continuing `out` if given."""
     if out is None:
-        h = int.from_bytes(blake2b(key + data[: _ENDS[0]], digest_size=8).digest(), "little")
+        first = key + data[: _ENDS[0]]
+        got = _FIRSTS.get(first)
+        if got is None:
+            got = int.from_bytes(blake2b(first, digest_size=8).digest(), "little")
+            if len(_FIRSTS) >= _FIRSTS_MAX:
+                _FIRSTS.clear()
+            _FIRSTS[first] = got
+        h = got
         out = [h]
     else:
         h = out[-1]
@@ -283,9 +307,15 @@ def rendezvous_order(key: int, candidates: Sequence[str]) -> list[str]:
 def _kept(hashes: Sequence[int], cap: int) -> int:
     """How many leading blocks of a chain a record keeps under a capacity of `cap` units:
     a chain longer than the capacity keeps its head, the part others share."""
-    return min(len(hashes), max(1, blocks_within(cap)))
+    n = len(hashes)
+    if 0 < n <= len(_CUM_UNITS) and _CUM_UNITS[n - 1] <= cap:
+        return n  # the whole chain fits (the common case): no search
+    return min(n, max(1, blocks_within(cap)))
 
 
+# Chains of up to this many kept blocks (a prompt of about 1 KiB) are recorded one
+# hash at a time; longer ones with the C iterators of the batch, cheaper per hash.
+_SHORT_RECORD = 16
 _TICK_SHIFT = 20  # an entry's value: tick << 20 | its weight in units (< 2**20)
 _WEIGHT_MASK = (1 << _TICK_SHIFT) - 1
 
@@ -404,16 +434,28 @@ class PrefixIndex:
         # than the capacity keeps its head: that is the part others share. Pop
         # what is held of the chain (in C), then insert the chain with this stamp.
         n = _kept(hashes, cap)  # n <= len(_UNITS)
-        chain = hashes[n - 1 :: -1]
-        old = list(map(lru.pop, chain, repeat(None, n)))
-        for h, w in zip(chain, _REV_WEIGHTS[n], strict=True):
-            lru[h] = stamp | w
-        if len(lru) == before + old.count(None):
-            # Each hash once: the old values' low bits sum to their weight (a
-            # chain weighs < 2**20 units), the new ones to the chain's.
-            weight += _CUM_UNITS[n - 1] - (sum(filter(None, old)) & _WEIGHT_MASK)
-        else:  # a hash repeats in the chain (a collision, or a test): one at a time
-            weight = self._refresh_slowly(lru, hashes, n, stamp, weight, old)
+        if n <= _SHORT_RECORD:
+            # One hash at a time, deepest first: what a short chain costs least by, and
+            # right as it is when a hash repeats (its shallower place is the last put).
+            pop = lru.pop
+            for i in range(n - 1, -1, -1):
+                h = hashes[i]
+                was = pop(h, None)
+                if was is not None:
+                    weight -= was & _WEIGHT_MASK
+                lru[h] = stamp | _UNITS[i]
+            weight += _CUM_UNITS[n - 1]
+        else:
+            chain = hashes[n - 1 :: -1]
+            old = list(map(lru.pop, chain, repeat(None, n)))
+            for h, w in zip(chain, _REV_WEIGHTS[n], strict=True):
+                lru[h] = stamp | w
+            if len(lru) == before + old.count(None):
+                # Each hash once: the old values' low bits sum to their weight (a
+                # chain weighs < 2**20 units), the new ones to the chain's.
+                weight += _CUM_UNITS[n - 1] - (sum(filter(None, old)) & _WEIGHT_MASK)
+            else:  # a hash repeats in the chain (a collision, or a test): one at a time
+                weight = self._refresh_slowly(lru, hashes, n, stamp, weight, old)
         while weight > cap and len(lru) > 1:
             weight -= lru.popitem(last=False)[1] & _WEIGHT_MASK
         self._weight[endpoint_id] = weight

@@ -68,7 +68,7 @@ from llmgw.router.scheduler import Decision
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
 from llmgw.router.upstream.base import UpstreamReply
 from llmgw.router.wiring import Router
-from llmgw.runtime.fastserver import Answer, FastRequest, FastStream
+from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Reply
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)
@@ -340,48 +340,54 @@ class Proxy:
                     step = await self._attempt(att, model, eid, path, body, fwd, snaps)
                     # The first token is in, or the whole answer, or a failure.
                     release.started()
-                    if step is Step.RETRY:
-                        continue
-                    if step is Step.RELAY_FAILED:
-                        assert att.failed is not None
-                        status = att.failed.status
-                        result = ENGINE_ERROR
-                        return self._relay_failed(att.failed, rid, eid)
-                    up = att.up
-                    assert up is not None
-                    out_headers = {
-                        "Content-Type": up.content_type,
-                        "x-request-id": rid,
-                        "x-llmgw-endpoint": eid,
-                    }
-                    if request.headers.get("x-llmgw-debug") == "1":
-                        out_headers["x-llmgw-scores"] = decision.header()
-                        if st.worker_index is not None:
-                            out_headers["x-llmgw-worker"] = str(st.worker_index)
-                    status = up.status
-                    resp: Answer
-                    if step is Step.RELAY:
-                        att.outcome = classify_status(status)
-                        resp = web.Response(status=status, body=att.data, headers=out_headers)
-                        if status < 300:
-                            result = OK
-                            usage = usage_of(att.data)
-                        else:
+                    # A retry falls through to the next turn of the loop (no `continue`
+                    # here: mypyc compiles this module and has none inside try/finally).
+                    if step is not Step.RETRY:
+                        if step is Step.RELAY_FAILED:
+                            assert att.failed is not None
+                            status = att.failed.status
                             result = ENGINE_ERROR
-                    else:
-                        tally = _Tally(st.metrics.itl(st.served_name.get(model, model)))
-                        resp, att.outcome, ttft = await self._stream(
-                            request, att, up, out_headers, t0, tally
-                        )
-                        result, usage = tally.result, tally.usage.usage
-                    if att.outcome is Outcome.OK:
-                        stats = next((s.stats for s in snaps if s.info.id == eid), None)
-                        # The engine's cached_tokens checks the index's guess (feedback.py).
-                        cached = None if usage is None else usage.cached_reported
-                        st.policy.served(
-                            eid, hashes, stats, decision=decision, cached_tokens=cached
-                        )
-                    return resp
+                            return self._relay_failed(att.failed, rid, eid)
+                        up = att.up
+                        assert up is not None
+                        out_headers = {
+                            "Content-Type": up.content_type,
+                            "x-request-id": rid,
+                            "x-llmgw-endpoint": eid,
+                        }
+                        if request.headers.get("x-llmgw-debug") == "1":
+                            out_headers["x-llmgw-scores"] = decision.header()
+                            if st.worker_index is not None:
+                                out_headers["x-llmgw-worker"] = str(st.worker_index)
+                        status = up.status
+                        resp: Answer
+                        if step is Step.RELAY:
+                            att.outcome = classify_status(status)
+                            if isinstance(request, FastRequest):
+                                resp = Reply(status, att.data, out_headers)
+                            else:
+                                resp = web.Response(
+                                    status=status, body=att.data, headers=out_headers
+                                )
+                            if status < 300:
+                                result = OK
+                                usage = usage_of(att.data)
+                            else:
+                                result = ENGINE_ERROR
+                        else:
+                            tally = _Tally(st.metrics.itl(st.served_name.get(model, model)))
+                            resp, att.outcome, ttft = await self._stream(
+                                request, att, up, out_headers, t0, tally
+                            )
+                            result, usage = tally.result, tally.usage.usage
+                        if att.outcome is Outcome.OK:
+                            stats = next((s.stats for s in snaps if s.info.id == eid), None)
+                            # The engine's cached_tokens checks the index's guess (feedback.py).
+                            cached = None if usage is None else usage.cached_reported
+                            st.policy.served(
+                                eid, hashes, stats, decision=decision, cached_tokens=cached
+                            )
+                        return resp
                 finally:
                     release(att.outcome)
                     if att.up is not None:

@@ -289,14 +289,16 @@ def choose(
     `prefix_gain`: per holder, the share of the prompt it holds beyond what every
     candidate holds (scales its load bound); 1.0 for those not listed.
     """
-    matches = prefix_matches or {}
+    # Plain dicts inside (compiled, a Mapping's get is a generic method call).
+    matches = prefix_matches if isinstance(prefix_matches, dict) else dict(prefix_matches or {})
     rows: dict[str, _Row] = {}
     is_open = BreakerState.OPEN
     for s in snapshots:
-        eid = s.info.id
+        info = s.info
+        eid = info.id
         load = load_of(s, cfg)
         total = load + cfg.stale_penalty if s.stale else load
-        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0))
+        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0), info.priority)
         if eid in exclude:
             cur.note = "excluded"
         elif s.breaker is is_open:
@@ -324,7 +326,7 @@ def choose(
     min_blocks = max(1, cfg.min_prefix_blocks)
     # Strictly below least + bound: a holder a full batch ahead of an idle replica
     # would make the request queue. The least loaded itself always qualifies.
-    gains = prefix_gain or {}
+    gains = prefix_gain if isinstance(prefix_gain, dict) else dict(prefix_gain or {})
     full = max(cfg.full_gain_at, 1e-9)
     within: list[_Row] = []
     for r in pool:
@@ -370,11 +372,13 @@ def choose(
 class _Row:
     """One endpoint's working figures while a decision is made."""
 
-    __slots__ = ("blocks", "drain", "id", "load", "note", "snap", "tie", "total")
+    __slots__ = ("blocks", "drain", "id", "load", "note", "prio", "snap", "tie", "total")
 
-    def __init__(self, snap: Snapshot, eid: str, load: float, total: float, blocks: int) -> None:
+    def __init__(
+        self, snap: Snapshot, eid: str, load: float, total: float, blocks: int, prio: int
+    ) -> None:
         self.snap, self.id, self.load, self.total = snap, eid, load, total
-        self.blocks, self.note, self.drain = blocks, "", snap.drain_rate
+        self.blocks, self.note, self.drain, self.prio = blocks, "", snap.drain_rate, prio
         # Equal totals to 1e-9 are a tie (float error from differently computed loads):
         # the total in units of 1e-9. round(total, 9) says the same through a decimal
         # string conversion, which cost more than the rest of the row.
@@ -394,14 +398,14 @@ def _precedes(a: _Row, b: _Row) -> bool:
 
 def _preferred_pool(cands: list[_Row], cfg: SchedulerConfig) -> list[_Row]:
     """The highest-priority candidates with one unsaturated among them, else all."""
-    first = cands[0].snap.info.priority
+    first = cands[0].prio
     for r in cands:
-        if r.snap.info.priority != first:
+        if r.prio != first:
             break
     else:
         return cands  # one priority: the common case
-    for prio in sorted({r.snap.info.priority for r in cands}, reverse=True):
-        pool = [r for r in cands if r.snap.info.priority == prio]
+    for prio in sorted({r.prio for r in cands}, reverse=True):
+        pool = [r for r in cands if r.prio == prio]
         if any(r.total < cfg.saturated_load for r in pool):
             return pool
     return cands

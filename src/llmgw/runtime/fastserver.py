@@ -41,7 +41,7 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, cast
@@ -109,15 +109,14 @@ def _status_line(status: int, reason: str | None) -> bytes:
 
 def _head(status: int, reason: str | None, headers: Any, tail: bytes) -> bytes:
     """Status line, the handler's headers (less those the server owns), Date, `tail`."""
-    parts = [_status_line(status, reason)]
+    lines = []
     for name, value in headers.items():
         if name.lower() not in _OWN:
-            # As aiohttp writes them, and reads them: a header echoed back (x-request-id)
-            # goes out as the bytes that came in.
-            parts.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
-    parts.append(_date.get())
-    parts.append(tail)
-    return b"".join(parts)
+            lines.append(f"{name}: {value}\r\n")
+    # As aiohttp writes them, and reads them: a header echoed back (x-request-id) goes
+    # out as the bytes that came in. One encode for all of them.
+    own = "".join(lines).encode("utf-8", "surrogateescape")
+    return b"".join((_status_line(status, reason), own, _date.get(), tail))
 
 
 class _HeadError(Exception):
@@ -279,7 +278,21 @@ class FastStream:
             conn.transport.write(b"0\r\n\r\n")
 
 
-Answer = web.StreamResponse | FastStream
+class Reply:
+    """A whole answer without aiohttp's `web.Response`: status, body and headers, as
+    the router's proxy relays an engine's answer under this server. Building a
+    `web.Response` (its header multidict, its content-type parsing) and reading it
+    back cost about as much as the rest of writing the answer."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.status = status
+        self.body = body
+        self.headers = headers
+
+
+Answer = web.StreamResponse | FastStream | Reply
 Dispatch = Callable[[FastRequest], Awaitable[Answer]]
 
 
@@ -333,6 +346,8 @@ class FastProtocol(asyncio.Protocol):
         self.max_head_bytes = lim.max_line_bytes * (lim.max_headers + 2)
         self.head_timer: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
+        # When the connection last became idle (`_arm_idle`).
+        self.idle_since = 0.0
         self.linger_timer: asyncio.TimerHandle | None = None
         self.closing = False  # answer what is in progress, read nothing more
         self.refuse: bytes | None = None  # a 400 to send once the answer in progress is out
@@ -456,6 +471,10 @@ class FastProtocol(asyncio.Protocol):
             self.linger_timer = None
 
     def _arm_idle(self) -> None:
+        """The connection is idle from now: closed if no request begins within
+        `idle_timeout_s`. One timer per connection, not one per request: a timer
+        already set is not moved, it looks again when it fires."""
+        self.idle_since = self.loop.time()
         if self.idle_timer is None:
             self.idle_timer = self.loop.call_later(
                 self.edge.limits.idle_timeout_s, self._idle_expired
@@ -463,8 +482,15 @@ class FastProtocol(asyncio.Protocol):
 
     def _idle_expired(self) -> None:
         self.idle_timer = None
-        if self.task is None and self.cur is None and not self.queue and self.transport:
-            self.transport.close()
+        if self.transport is None:
+            return
+        if self.in_head or self.task is not None or self.cur is not None or self.queue:
+            return  # a request in progress: its end arms the bound again
+        left = self.idle_since + self.edge.limits.idle_timeout_s - self.loop.time()
+        if left > 0:
+            self.idle_timer = self.loop.call_later(left, self._idle_expired)
+            return
+        self.transport.close()
 
     def _head_late(self) -> None:
         self.head_timer = None
@@ -567,9 +593,6 @@ class FastProtocol(asyncio.Protocol):
         self.in_head = True
         self.url = b""
         self.fields = []
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -741,6 +764,10 @@ class FastProtocol(asyncio.Protocol):
             return False
         if isinstance(resp, FastStream):
             return resp.keep_alive and resp._eof
+        if isinstance(resp, Reply):
+            close = not req.keep_alive or not req.complete or self.draining
+            self._send_whole(req, resp.status, None, resp.headers, resp.body, close)
+            return not close
         if not isinstance(resp, web.Response):
             raise TypeError(f"a handler answered {type(resp).__name__}, not a web.Response")
         close = not req.keep_alive or resp.keep_alive is False or not req.complete or self.draining
@@ -751,7 +778,17 @@ class FastProtocol(asyncio.Protocol):
         body = resp.body
         if not isinstance(body, bytes | bytearray):
             body = b"" if body is None else bytes(cast(Any, body)._value)
-        headers = resp.headers
+        self._send_whole(req, resp.status, _reason(resp), resp.headers, body, close)
+
+    def _send_whole(
+        self,
+        req: FastRequest,
+        status: int,
+        reason: str | None,
+        headers: Mapping[str, str],
+        body: bytes | bytearray,
+        close: bool,
+    ) -> None:
         tail = f"Content-Length: {len(body)}\r\n"
         if "Content-Type" not in headers:
             tail += "Content-Type: application/octet-stream\r\n"
@@ -759,7 +796,7 @@ class FastProtocol(asyncio.Protocol):
             tail += "Connection: close\r\n"
         elif req.version == "1.0":
             tail += "Connection: keep-alive\r\n"
-        head = _head(resp.status, _reason(resp), headers, tail.encode("ascii") + b"\r\n")
+        head = _head(status, reason, headers, tail.encode("ascii") + b"\r\n")
         self.started = True
         if req.method == "HEAD":
             self.send(head)

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Mapping
 from typing import Protocol
 
+from mypy_extensions import mypyc_attr
+
 from llmgw.router.errors import (
     UpstreamBroken,
     UpstreamConnectError,
@@ -68,6 +70,9 @@ class UpstreamReply(Protocol):
     def release(self) -> None: ...
 
 
+# Compiled by mypyc with the router's hot modules (compiled.py); the aiohttp client's
+# classes, and tests' fakes, subclass these from Python.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ReplyHead:
     """What every reply derives from its head: written once for all clients.
 
@@ -98,6 +103,7 @@ class ReplyHead:
         return self.content_type.startswith(EVENT_STREAM)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Forwarder:
     """The proxy's client: one request out, the reply once its head is in.
 

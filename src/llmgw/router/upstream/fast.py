@@ -152,7 +152,10 @@ class FastResponse(ReplyHead):
         if conn is not None:
             conn.fail(UpstreamBroken(self.endpoint_id, "response closed"))
 
-    release = close
+    def release(self) -> None:
+        # A method of its own, not `release = close`: compiled (compiled.py), a class
+        # attribute naming a method is looked up by name and fails.
+        self.close()
 
     # -- reports from the connection ---------------------------------------------
 
