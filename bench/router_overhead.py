@@ -23,7 +23,7 @@ Usage: .venv/bin/python bench/router_overhead.py [--seconds 4] [--no-results]
            (--workers 1 vs 2; with --quota, each worker held to that share of a CPU)
        .venv/bin/python bench/router_overhead.py --chat [--peers] [--http-server fast]
            (realistic chat bodies, four engines: ours vs round_robin, issue 15)
-       .venv/bin/python bench/router_overhead.py --instructions [--requests 2000]
+       .venv/bin/python bench/router_overhead.py --instructions [--stream] [--requests 2000]
            (user-space instructions per request under valgrind's callgrind: the default
            policy and round_robin, compiled and Python modules; steady on a noisy machine)
        .venv/bin/python bench/router_overhead.py --policy-step
@@ -876,7 +876,7 @@ async def fixed_load(port: int, bodies: list[bytes], n: int, concurrency: int) -
 
 
 def count_instructions(
-    ports: list[int], policy: str, size: int, n: int, env: dict[str, str]
+    ports: list[int], policy: str, size: int, n: int, env: dict[str, str], stream: bool = False
 ) -> tuple[float, str]:
     """User-space instructions per request of a router under callgrind, and which modules
     it ran (its start-up line). Instrumented only while `n` requests run (after 300
@@ -912,7 +912,7 @@ def count_instructions(
         "--workers",
         "1",
     ]
-    bodies = chat_bodies(size, stream=False)
+    bodies = chat_bodies(size, stream=stream)
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
@@ -953,27 +953,43 @@ def instructions_main(args: argparse.Namespace, others: str) -> int:
         print("--instructions needs valgrind (Debian: apt-get install valgrind)", file=sys.stderr)
         return 2
     n = args.requests
+    stream = args.stream
     rows: list[str] = []
+    # Streamed: the build only (a 64-event stream takes long under valgrind).
+    settings = ("auto",) if stream else ("auto", "0")
     with child_ports(others, "--upstream", "0", "--count", "4") as (ports, _):
         for size in (300, 8192):
             for policy in ("ours", "round_robin"):
                 cells = []
-                for compiled_setting in ("auto", "0"):
+                for compiled_setting in settings:
                     env = {**os.environ, "LLMGW_ROUTER_COMPILED": compiled_setting}
-                    per, ran = count_instructions(ports, policy, size, n, env)
+                    per, ran = count_instructions(ports, policy, size, n, env, stream)
                     print(f"{policy} {size} B {ran}: {per / 1e3:,.1f} k", flush=True)
                     cells.append(f"{per / 1e3:,.1f} k ({ran})")
                 rows.append(f"| {policy}, {size} B | " + " | ".join(cells) + " |")
-    out = "\n".join(
-        [
+    head = (
+        ["| policy, body | instructions / streamed request (64 events), build |", "|---|---:|"]
+        if stream
+        else [
             "| policy, body | instructions / request, build | instructions / request, "
             "LLMGW_ROUTER_COMPILED=0 |",
             "|---|---:|---:|",
-            *rows,
         ]
     )
+    out = "\n".join([*head, *rows])
     print(out)
-    if not args.no_results:
+    if not args.no_results and stream:
+        write_results(
+            f"{INSTR_SECTION} --stream\n\n"
+            f"As below, with `stream: true` bodies: each request a {STREAM_EVENTS}-event "
+            f"stream relayed chunk by chunk; {n} requests counted. Python "
+            f"{sys.version.split()[0]}.\n\n"
+            f"Command: `.venv/bin/python bench/router_overhead.py --instructions --stream"
+            f" --requests {n}`\n\n{out}\n",
+            section=CHAT_SECTION,
+            subsection=f"{INSTR_SECTION} --stream",
+        )
+    elif not args.no_results:
         write_results(
             f"{INSTR_SECTION}\n\n"
             f"User-space instructions per request of one router process under valgrind's "
@@ -1423,6 +1439,9 @@ def main() -> int:
         help="instructions per request under callgrind (needs valgrind)",
     )
     p.add_argument("--requests", type=int, default=2000, help="--instructions: requests counted")
+    p.add_argument(
+        "--stream", action="store_true", help="--instructions: streamed requests (64 events)"
+    )
     p.add_argument("--size", type=int, default=300, help="--chat --profile: body bytes")
     p.add_argument(
         "--http-server",
