@@ -948,7 +948,7 @@ def count_instructions(
 def instructions_main(args: argparse.Namespace, others: str) -> int:
     """`--instructions`: the default policy and round_robin, compiled and Python modules,
     300 B and 8 KB chat bodies; instructions per request, which a shared machine's noise
-    does not move (the same run twice agrees to 0.1 %)."""
+    does not move (the same run twice agrees within 0.5 %)."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("--instructions needs valgrind (Debian: apt-get install valgrind)", file=sys.stderr)
         return 2
@@ -996,7 +996,7 @@ def instructions_main(args: argparse.Namespace, others: str) -> int:
             f"callgrind (kernel work in the socket calls not included), four minimal "
             f"engines, {n} realistic chat requests at concurrency 16 after 300 not counted, "
             f"the same bodies as --chat. Deterministic: a shared machine's noise moves "
-            f"CPU time by 10-30 % between runs and these counts by under 0.1 %. Python "
+            f"CPU time by 10-30 % between runs and these counts by under 0.5 %. Python "
             f"{sys.version.split()[0]}.\n\n"
             f"Command: `.venv/bin/python bench/router_overhead.py --instructions"
             f"{'' if n == 2000 else f' --requests {n}'}`\n\n{out}\n",
