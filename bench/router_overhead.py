@@ -438,8 +438,10 @@ async def load(
     seconds: float,
     stream: bool,
     bodies: list[bytes] | None = None,
+    requests: int | None = None,
 ) -> tuple[list[float], int]:
-    """Closed loop: `concurrency` connections, each sending back to back for `seconds`.
+    """Closed loop: `concurrency` connections, each sending back to back for `seconds`
+    (and, given `requests`, until that many have been sent in all).
 
     `bodies`: request bodies to cycle through (connection i starts at body i);
     None: the one small body of `_request`."""
@@ -447,13 +449,15 @@ async def load(
     lat: list[float] = []
     events = 0
     stop_at = time.perf_counter() + seconds
+    left = float("inf") if requests is None else requests
 
     async def worker(i: int) -> None:
-        nonlocal events
+        nonlocal events, left
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            while (t0 := time.perf_counter()) < stop_at:
+            while (t0 := time.perf_counter()) < stop_at and left > 0:
+                left -= 1
                 writer.write(reqs[i % len(reqs)])
                 i += 7
                 # Not `events += await ...`: that reads `events` before the await and
@@ -499,6 +503,15 @@ def child_ports(cpu_list: str, *args: str) -> Iterator[tuple[list[int], int]]:
         proc.wait(timeout=10)
 
 
+def router_yaml(ports: list[int], policy: str, timeout_s: float, more: str = "") -> str:
+    """The benchmark router's config: one endpoint per minimal engine, then `more`."""
+    endpoints = "".join(
+        f"  - {{id: up{i}, url: 'http://127.0.0.1:{p}', models: [{MODEL}]}}\n"
+        for i, p in enumerate(ports)
+    )
+    return f"endpoints:\n{endpoints}request_timeout_s: {timeout_s:g}\npolicy: {policy}\n{more}"
+
+
 @contextlib.contextmanager
 def router_process(
     upstream_port: int | list[int],
@@ -516,16 +529,10 @@ def router_process(
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     cfg = tmp / "router.yaml"
     ports = [upstream_port] if isinstance(upstream_port, int) else upstream_port
-    cfg.write_text(
-        "endpoints:\n"
-        + "".join(
-            f"  - {{id: up{i}, url: 'http://127.0.0.1:{p}', models: [{MODEL}]}}\n"
-            for i, p in enumerate(ports)
-        )
-        + "request_timeout_s: 30\n"
-        f"upstream_client: {client}\n"
-        f"policy: {policy}\n" + ("" if server is None else f"http_server: {server}\n")
+    settings = f"upstream_client: {client}\n" + (
+        "" if server is None else f"http_server: {server}\n"
     )
+    cfg.write_text(router_yaml(ports, policy, 30, settings))
     log = (tmp / "router.log").open("w")
     if "--workers" not in extra:
         # One process on the one CPU it is pinned to (the default is one per core).
@@ -855,26 +862,6 @@ CHAT_TARGETS = {"cpu_ms_req": 0.13, "cpu_us_chunk": 8.0}
 INSTR_SECTION = "### router_overhead.py --instructions"
 
 
-async def fixed_load(port: int, bodies: list[bytes], n: int, concurrency: int) -> None:
-    """Exactly `n` requests over `concurrency` keep-alive connections (closed loop)."""
-    reqs = [_http(port, b) for b in bodies]
-    left = n
-
-    async def worker(i: int) -> None:
-        nonlocal left
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            while left > 0:
-                left -= 1
-                writer.write(reqs[i % len(reqs)])
-                i += 7
-                await _read_response(reader)
-        finally:
-            writer.close()
-
-    await asyncio.gather(*(worker(i) for i in range(concurrency)))
-
-
 def count_instructions(
     ports: list[int], policy: str, size: int, n: int, env: dict[str, str], stream: bool = False
 ) -> tuple[float, str]:
@@ -886,14 +873,7 @@ def count_instructions(
 
     tmp = Path(tempfile.mkdtemp(prefix="router-instr-"))
     cfg = tmp / "router.yaml"
-    cfg.write_text(
-        "endpoints:\n"
-        + "".join(
-            f"  - {{id: up{i}, url: 'http://127.0.0.1:{p}', models: [{MODEL}]}}\n"
-            for i, p in enumerate(ports)
-        )
-        + f"request_timeout_s: 600\npolicy: {policy}\n"
-    )
+    cfg.write_text(router_yaml(ports, policy, 600))
     out = tmp / "callgrind.out"
     log_path = tmp / "router.log"
     cmd = [
@@ -926,10 +906,14 @@ def count_instructions(
                 raise RuntimeError("router under valgrind did not start:\n" + text[-2000:])
             else:
                 time.sleep(0.2)
-        uvloop.run(fixed_load(port, bodies, 300, 16))
+        uvloop.run(
+            load(port, concurrency=16, seconds=3600, stream=stream, bodies=bodies, requests=300)
+        )
         ctl = ["callgrind_control"]
         subprocess.run([*ctl, "-i", "on", str(proc.pid)], check=True, capture_output=True)
-        uvloop.run(fixed_load(port, bodies, n, 16))
+        uvloop.run(
+            load(port, concurrency=16, seconds=3600, stream=stream, bodies=bodies, requests=n)
+        )
         subprocess.run([*ctl, "-i", "off", str(proc.pid)], check=True, capture_output=True)
         subprocess.run([*ctl, "-d", str(proc.pid)], check=True, capture_output=True)
     finally:

@@ -431,8 +431,7 @@ class PrefixIndex:
         before = len(lru)
         weight = self._weight.get(endpoint_id, 0)
         # Deepest first, so the chain's head ends up most recent. A chain longer
-        # than the capacity keeps its head: that is the part others share. Pop
-        # what is held of the chain (in C), then insert the chain with this stamp.
+        # than the capacity keeps its head: that is the part others share.
         n = _kept(hashes, cap)  # n <= len(_UNITS)
         if n <= _SHORT_RECORD:
             # One hash at a time, deepest first: what a short chain costs least by, and
@@ -446,6 +445,7 @@ class PrefixIndex:
                 lru[h] = stamp | _UNITS[i]
             weight += _CUM_UNITS[n - 1]
         else:
+            # Pop what is held of the chain (in C), then insert it with this stamp.
             chain = hashes[n - 1 :: -1]
             old = list(map(lru.pop, chain, repeat(None, n)))
             for h, w in zip(chain, _REV_WEIGHTS[n], strict=True):
