@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from hashlib import blake2b
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmgw.router import prefix as prefix_module
 from llmgw.router.prefix import (
     MAX_ROUTED_BYTES,
     PrefixIndex,
@@ -82,6 +84,40 @@ class TestRequestBlockHashes:
             for i in range(1, blocks_covering(len(data))):
                 want.append(hash((want[-1], data[block_end(i - 1) : block_end(i)])))
             assert request_block_hashes(body) == tuple(want)
+
+    def test_a_remembered_part_is_used_only_when_equal_byte_for_byte(self) -> None:
+        """Parts found under the same key (model, length and the three samples) but
+        different elsewhere get each their own chain, as computed link by link."""
+        size = 6000
+        a = "a" * size
+        b = "a" * 1000 + "b" + "a" * (size - 1001)  # outside the samples
+        want = {}
+        for text in (a, b):
+            prefix_module._HEADS.clear()
+            want[text] = request_block_hashes(chat("hi", system=text))
+        assert want[a] != want[b]
+        for _ in range(2):
+            for text in (a, b, a, a, b):
+                assert request_block_hashes(chat("hi", system=text)) == want[text]
+
+    def test_remembered_parts_are_bounded_in_count_and_bytes(self) -> None:
+        """The memo keeps at most _HEADS_MAX parts and _HEADS_BYTES of them, oldest
+        forgotten first; a part over _HEAD_MAX_BYTES is hashed but not kept."""
+        prefix_module._HEADS.clear()
+        prefix_module._heads_bytes[0] = 0
+        rnd = random.Random(3)
+        big = prefix_module._HEAD_MAX_BYTES
+        for _ in range(40):
+            text = rnd.randbytes(big // 2).hex()[: big - 200]
+            request_block_hashes(chat("hi", system=text), limit_bytes=2 * big)
+        kept = [len(head) for head, _hashes in prefix_module._HEADS.values()]
+        assert prefix_module._heads_bytes[0] == sum(kept) <= prefix_module._HEADS_BYTES
+        assert 0 < len(kept) < 40
+        request_block_hashes(chat("hi", system="x" * (big + 1)), limit_bytes=2 * big)
+        assert max(len(h) for h, _ in prefix_module._HEADS.values()) <= big
+        for n in range(prefix_module._HEADS_MAX + 10):
+            request_block_hashes(chat("hi", system=f"{n:08d}" + "y" * 2000))
+        assert len(prefix_module._HEADS) == prefix_module._HEADS_MAX
 
     def test_tools_are_the_first_part(self) -> None:
         """With tools, the tools are the remembered part: another conversation with the
@@ -448,7 +484,47 @@ class TestPrefixIndex:
                 idx.record(ep, tuple(chain), capacity_units=cap)
                 ref.record(ep, tuple(chain), capacity_units=cap)
             assert _state(idx) == _state(ref)
-            assert (idx._weight, len(idx)) == (ref._weight, len(ref))
+            eps = "abc"
+            assert [idx.units(e) for e in eps] == [ref.units(e) for e in eps]
+            assert len(idx) == len(ref)
+
+    @pytest.mark.parametrize(
+        ("capacity", "max_total"), [(None, 100_000), (300, 100_000), (None, 900)]
+    )
+    def test_long_workloads_match_the_reference(self, capacity: int | None, max_total: int) -> None:
+        """Thousands of records of long chains from shared prefixes (system prompts,
+        different user turns), without pressure, under each endpoint's capacity and
+        under the global cap: entries, order, weights and evictions stay those of the
+        one-at-a-time reference throughout, and an endpoint's eviction front never
+        holds more than the most it has held."""
+        rng = random.Random(7)
+        idx = PrefixIndex(max_total_entries=max_total, default_capacity_units=1 << 20)
+        ref = _OneAtATime(max_total_entries=max_total, default_capacity_units=1 << 20)
+        systems = [[rng.getrandbits(63) for _ in range(40)] for _ in range(6)]
+        most: Counter[str] = Counter()
+        fronts: dict[str, object] = {}
+        remade = 0
+        for step in range(3000):
+            ep = rng.choice("abc")
+            system = rng.choice(systems)
+            chain = system[: rng.randint(20, 40)] + [
+                rng.getrandbits(63) for _ in range(rng.randint(0, 30))
+            ]
+            idx.record(ep, tuple(chain), capacity_units=capacity)
+            ref.record(ep, tuple(chain), capacity_units=capacity)
+            for e, held in idx._held.items():
+                # The most it held, counting a record's entries before its evictions.
+                most[e] = max(most[e], len(held.lru) + (len(chain) if e == ep else 0))
+                assert len(held.front) <= most[e]
+                if fronts.setdefault(e, held.front) is not held.front:
+                    remade += 1
+                    fronts[e] = held.front
+            if step % 250 == 0 or step == 2999:
+                assert _state(idx) == _state(ref)
+                assert [idx.units(e) for e in "abc"] == [ref.units(e) for e in "abc"]
+                assert len(idx) == len(ref)
+        # Under pressure the fronts run out and are made again; without, never.
+        assert (remade > 3) == (capacity is not None or max_total < 100_000)
 
     def test_recording_the_same_chain_again_skips_only_when_nothing_changed(self) -> None:
         """The second record of a chain with nothing in between leaves the index as it
@@ -469,43 +545,74 @@ class TestPrefixIndex:
         assert (idx._tick, idx.entries("a")) == (6, 2)  # after a trim
 
 
-def _state(idx: PrefixIndex) -> dict[str, list[tuple[int, int, int]]]:
+def _state(idx: PrefixIndex | _OneAtATime) -> dict[str, list[tuple[int, int, int]]]:
     """Each endpoint's (hash, stamp's rank in the index, weight), oldest first."""
-    ticks = sorted({v >> 20 for lru in idx._lru.values() for v in lru.values()})
+    eps = sorted(idx.entries_by_endpoint())
+    orders = {ep: idx.order(ep) for ep in eps}
+    ticks = sorted({t for order in orders.values() for _h, t, _w in order})
     rank = {t: i for i, t in enumerate(ticks)}
-    return {
-        ep: [(h, rank[v >> 20], v & 0xFFFFF) for h, v in lru.items()]
-        for ep, lru in idx._lru.items()
-    }
+    return {ep: [(h, rank[t], w) for h, t, w in order] for ep, order in orders.items()}
 
 
-class _OneAtATime(PrefixIndex):
-    """PrefixIndex.record as it was before the batched refresh: the reference."""
+class _OneAtATime:
+    """The reference: one OrderedDict per endpoint, every hash of a chain popped and
+    re-inserted, deepest first, and the oldest entries (per endpoint, then across the
+    index) evicted first. PrefixIndex must keep the same entries in the same order."""
+
+    def __init__(self, *, max_total_entries: int, default_capacity_units: int) -> None:
+        self._max_total = max_total_entries
+        self._default = default_capacity_units
+        self._lru: dict[str, OrderedDict[int, tuple[int, int]]] = {}
+        self._weight: dict[str, int] = {}
+        self._total = 0
+        self._tick = 0
+
+    def __len__(self) -> int:
+        return self._total
+
+    def entries_by_endpoint(self) -> dict[str, int]:
+        return {ep: len(lru) for ep, lru in self._lru.items() if lru}
+
+    def units(self, endpoint_id: str) -> int:
+        return self._weight.get(endpoint_id, 0)
+
+    def order(self, endpoint_id: str) -> list[tuple[int, int, int]]:
+        return [(h, t, w) for h, (t, w) in self._lru.get(endpoint_id, {}).items()]
 
     def record(
         self, endpoint_id: str, hashes: Sequence[int], *, capacity_units: int | None
     ) -> None:
         if not hashes:
             return
-        cap = self.capacity(endpoint_id, capacity_units)
+        cap = self._default if capacity_units is None else max(1, capacity_units)
         lru = self._lru.setdefault(endpoint_id, OrderedDict())
         self._tick += 1
-        stamp = self._tick << 20
         before = len(lru)
         weight = self._weight.get(endpoint_id, 0)
         n = min(len(hashes), max(1, blocks_within(cap)))
         for i in range(n - 1, -1, -1):
             old = lru.pop(hashes[i], None)
             if old is not None:
-                weight -= old & 0xFFFFF
-            lru[hashes[i]] = stamp | block_units(i)
+                weight -= old[1]
+            lru[hashes[i]] = (self._tick, block_units(i))
             weight += block_units(i)
         while weight > cap and len(lru) > 1:
-            weight -= lru.popitem(last=False)[1] & 0xFFFFF
+            weight -= lru.popitem(last=False)[1][1]
         self._weight[endpoint_id] = weight
         self._total += len(lru) - before
-        if self._total > self._max_total:
-            self._evict_global(self._total - self._max_total)
+        while self._total > self._max_total:
+            ep = min((lru[next(iter(lru))], ep) for ep, lru in self._lru.items() if lru)[1]
+            self._weight[ep] -= self._lru[ep].popitem(last=False)[1][1]
+            self._total -= 1
+
+    def trim(self, endpoint_id: str, units: int) -> int:
+        lru = self._lru.get(endpoint_id, OrderedDict())
+        gone = 0
+        while lru and self._weight[endpoint_id] > units:
+            self._weight[endpoint_id] -= lru.popitem(last=False)[1][1]
+            gone += 1
+        self._total -= gone
+        return gone
 
 
 class TestJournal:

@@ -24,7 +24,7 @@ from typing import Any, Final
 from llmgw.router.prefix import request_block_hashes
 
 # Hints longer than this are cut: the key is hashed, so the length only costs time.
-MAX_HINT_CHARS = 256
+MAX_HINT_CHARS: Final = 256
 
 
 class RouteKey:
@@ -62,7 +62,7 @@ class RouteKey:
         return f"RouteKey(hashes={self.hashes!r}, session={self.session!r})"
 
 
-NO_KEY = RouteKey()
+NO_KEY: Final = RouteKey()
 
 
 def session_hint(body: Mapping[str, Any], header: str | None) -> str | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Final
 
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 
@@ -38,7 +39,7 @@ class BreakerConfig:
     max_cooldown_s: float = 120.0
 
 
-DEFAULT_BREAKER_CONFIG = BreakerConfig()
+DEFAULT_BREAKER_CONFIG: Final = BreakerConfig()
 
 
 class Outcome(enum.Enum):
@@ -61,7 +62,7 @@ class Outcome(enum.Enum):
 # 408 the engine timed out; 429 it is overloaded; 424 is TGI's generation error;
 # 401/403 the router already authenticated the client, so an engine refusing us is
 # that replica's misconfiguration, and another replica may well accept.
-_ENDPOINT_4XX = frozenset({401, 403, 408, 424, 429})
+_ENDPOINT_4XX: Final = frozenset({401, 403, 408, 424, 429})
 
 
 def classify_status(status: int) -> Outcome:

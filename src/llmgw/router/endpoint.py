@@ -17,7 +17,7 @@ is wall-clock unix seconds because it leaves the process (the usage report).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Final, Protocol
 
 from llmgw.router.breaker import (
     DEFAULT_BREAKER_CONFIG,
@@ -34,7 +34,7 @@ from llmgw.wire.endpoints import EndpointInfo
 __all__ = ["DRAIN_ALPHA", "Registry", "Release", "Snapshot", "Stats"]
 
 # Exponential smoothing factor of the drain rate (seed: alpha = 0.3).
-DRAIN_ALPHA = 0.3
+DRAIN_ALPHA: Final = 0.3
 
 
 class Release(Protocol):

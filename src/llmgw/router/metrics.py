@@ -19,6 +19,7 @@ import os
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -29,30 +30,34 @@ from llmgw.router import compiled
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 # Seconds. Router-side latency spans sub-millisecond errors to minutes-long generations.
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+TTFT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # Gaps between relayed stream chunks: engines emit one every few to a few hundred ms.
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5)
+ITL_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5)
 
 # The `outcome` label of llmgw_router_requests_total: a closed set.
-OK = "ok"  # a 2xx answer or a stream that ended cleanly
-REJECTED = "rejected"  # the router's own 4xx: bad body, no key, too large, unknown model/URL
-ENGINE_ERROR = "engine_error"  # an engine's 4xx/5xx (or in-stream error event) relayed
-UNAVAILABLE = "unavailable"  # the router's 503: no replica could take it
-STREAM_BROKEN = "stream_broken"  # the stream broke after bytes reached the client
-TIMEOUT = "timeout"  # the request's deadline passed mid-stream
-DISCONNECTED = "disconnected"  # the client went away before the answer was complete
-OUTCOMES = (OK, REJECTED, ENGINE_ERROR, UNAVAILABLE, STREAM_BROKEN, TIMEOUT, DISCONNECTED)
+OK: Final = "ok"  # a 2xx answer or a stream that ended cleanly
+REJECTED: Final = "rejected"  # the router's own 4xx: bad body, no key, too large, unknown model/URL
+ENGINE_ERROR: Final = "engine_error"  # an engine's 4xx/5xx (or in-stream error event) relayed
+UNAVAILABLE: Final = "unavailable"  # the router's 503: no replica could take it
+STREAM_BROKEN: Final = "stream_broken"  # the stream broke after bytes reached the client
+TIMEOUT: Final = "timeout"  # the request's deadline passed mid-stream
+DISCONNECTED: Final = "disconnected"  # the client went away before the answer was complete
+OUTCOMES: Final = (OK, REJECTED, ENGINE_ERROR, UNAVAILABLE, STREAM_BROKEN, TIMEOUT, DISCONNECTED)
 
 # Breaker state as a number, for alerting on `> 0`.
-BREAKER_VALUE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 1.0, BreakerState.OPEN: 2.0}
+BREAKER_VALUE: Final = {
+    BreakerState.CLOSED: 0.0,
+    BreakerState.HALF_OPEN: 1.0,
+    BreakerState.OPEN: 2.0,
+}
 
 
 # prometheus_client's switch for the `_created` series, read the same way.
-_CREATED = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "False").lower() not in (
+_CREATED: Final = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "False").lower() not in (
     "true",
     "1",
     "t",

@@ -44,23 +44,26 @@ from functools import lru_cache
 from hashlib import blake2b
 from itertools import accumulate, islice, pairwise, repeat
 from operator import getitem
-from typing import Any
+from typing import Any, Final, cast
 
 import msgspec
 
-_MASK64 = (1 << 64) - 1
+_MASK64: Final = (1 << 64) - 1
 # Separators that cannot appear in JSON-encoded text, so ("ab", "c") and ("a", "bc")
 # never produce the same canonical bytes.
-_MSG, _FIELD, _TOOLS, _PROMPT = b"\x1e", b"\x1f", b"\x1d", b"\x1c"
-_encode = msgspec.json.Encoder().encode
+_MSG: Final = b"\x1e"
+_FIELD: Final = b"\x1f"
+_TOOLS: Final = b"\x1d"
+_PROMPT: Final = b"\x1c"
+_encode: Final = msgspec.json.Encoder().encode
 
 # Chat templates render tool definitions ahead of the conversation (system
 # prompt or first turn), so a change of tools changes the engine's prefix from
 # the start; putting them first keeps our blocks aligned with the engine's cache.
 
-UNIT = 64  # bytes: the smallest block, and the index's unit of weight
-GROWTH = 16  # past 16 units, a block is about 1/GROWTH of its offset
-MAX_ROUTED_BYTES = 4 << 20
+UNIT: Final = 64  # bytes: the smallest block, and the index's unit of weight
+GROWTH: Final = 16  # past 16 units, a block is about 1/GROWTH of its offset
+MAX_ROUTED_BYTES: Final = 4 << 20
 
 
 def _layout(limit: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -76,15 +79,15 @@ def _layout(limit: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(ends), tuple(units)
 
 
-_ENDS, _UNITS = _layout(MAX_ROUTED_BYTES)
-_CUM_UNITS = tuple(accumulate(_UNITS))
+_LAYOUT: Final = _layout(MAX_ROUTED_BYTES)
+_ENDS: Final = _LAYOUT[0]
+_UNITS: Final = _LAYOUT[1]
+_CUM_UNITS: Final = tuple(accumulate(_UNITS))
 # Block i+1 of a prompt, for i >= 0 (block 0 is hashed with the model, apart).
-_BLOCKS = tuple(slice(start, end) for start, end in pairwise(_ENDS))
+_BLOCKS: Final = tuple(slice(start, end) for start, end in pairwise(_ENDS))
 # Up to this many blocks after the first, a Python loop is cheaper than setting up
 # the iterators that chain the blocks in C.
-_SHORT_CHAIN = 8
-# _REV_WEIGHTS[n]: the weights of the first n blocks, deepest first (record's order).
-_REV_WEIGHTS = ((), *(_UNITS[n - 1 :: -1] for n in range(1, len(_UNITS) + 1)))
+_SHORT_CHAIN: Final = 8
 
 
 def block_end(i: int) -> int:
@@ -205,35 +208,56 @@ def request_block_hashes(
     # same as many requests' before: their hashes come from _HEADS when they do.
     held = bisect_right(_ENDS, min(len(head), len(data))) if len(head) >= _HEAD_MIN else 0
     if held > 1:
-        mk = hash((key, head))
-        out = _HEADS.get(mk)
-        if out is None:
-            out = _chain(key, data, held)
-            _HEADS[mk] = out
-            if len(_HEADS) > _HEADS_MAX:
-                _HEADS.popitem(last=False)
-        else:
+        size = len(head)
+        mid = size // 2
+        # Cheap to hash: the model, the length and three samples of the part; a hit
+        # is one only if the whole part is the same (one memcmp).
+        mk = (key, size, head[:_SAMPLE] + head[mid : mid + _SAMPLE] + head[-_SAMPLE:])
+        got = _HEADS.get(mk)
+        if got is not None and len(got[1]) == held and got[0] == head:
             _HEADS.move_to_end(mk)
+            out = got[1]
+        else:
+            out = _chain(key, data, held)
+            if size <= _HEAD_MAX_BYTES:
+                _remember_head(mk, head, out)
         if held == count:
             return out
         return _chain(key, data, count, list(out))
     return _chain(key, data, count)
 
 
-# First parts of at least this many bytes have their blocks' hashes remembered, by
-# the (64-bit, per-process) hash of the part: no weaker than the chain itself,
-# whose every link is such a hash. Hashing the part once costs about a tenth of
-# chaining its blocks one by one (bench/router_overhead.py --policy-step, 8 KB).
-_HEAD_MIN = 1024
-_HEADS_MAX = 1024  # parts remembered (each a tuple of at most len(_ENDS) hashes)
-_HEADS: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+# First parts of at least this many bytes have their blocks' hashes remembered:
+# found by the model, the part's length and three 32-byte samples of it, and used
+# only when the whole part is equal, byte for byte, to the one remembered. Hashing
+# the part (SipHash, as before) cost about 2.9 instructions a byte; comparing it
+# costs a fraction of one (bench/router_overhead.py --instructions, 8 KB).
+_HEAD_MIN: Final = 1024
+_SAMPLE: Final = 32
+_HEADS_MAX: Final = 1024  # parts remembered
+_HEAD_MAX_BYTES: Final = 1 << 20  # a longer part is not remembered
+_HEADS_BYTES: Final = 32 << 20  # at most this many bytes of parts remembered in all
+# (model, length, samples) → (the part, its blocks' hashes); oldest first.
+_HEADS: Final[OrderedDict[tuple[bytes, int, bytes], tuple[bytes, tuple[int, ...]]]] = OrderedDict()
+_heads_bytes: Final = [0]  # bytes of parts in _HEADS
+
+
+def _remember_head(mk: tuple[bytes, int, bytes], head: bytes, hashes: tuple[int, ...]) -> None:
+    """Put a part and its hashes into _HEADS (replacing any under the same key)."""
+    was = _HEADS.pop(mk, None)
+    if was is not None:
+        _heads_bytes[0] -= len(was[0])
+    _HEADS[mk] = (head, hashes)
+    _heads_bytes[0] += len(head)
+    while len(_HEADS) > _HEADS_MAX or _heads_bytes[0] > _HEADS_BYTES:
+        _heads_bytes[0] -= len(_HEADS.popitem(last=False)[1][0])
 
 
 # First blocks (model and 64 bytes) already hashed: most requests open with a system
 # prompt many others share, and blake2b costs more than the rest of a short chain.
 # Cleared when full: a cache, not a record.
-_FIRSTS_MAX = 4096
-_FIRSTS: dict[bytes, int] = {}
+_FIRSTS_MAX: Final = 4096
+_FIRSTS: Final[dict[bytes, int]] = {}
 
 
 def _chain(key: bytes, data: bytes, count: int, out: list[int] | None = None) -> tuple[int, ...]:
@@ -313,11 +337,68 @@ def _kept(hashes: Sequence[int], cap: int) -> int:
     return min(n, max(1, blocks_within(cap)))
 
 
-# Chains of up to this many kept blocks (a prompt of about 1 KiB) are recorded one
-# hash at a time; longer ones with the C iterators of the batch, cheaper per hash.
-_SHORT_RECORD = 16
-_TICK_SHIFT = 20  # an entry's value: tick << 20 | its weight in units (< 2**20)
-_WEIGHT_MASK = (1 << _TICK_SHIFT) - 1
+# An entry's value: tick << _POS_BITS | (_POS_TOP - its place in the chain). A larger
+# value is a more recent entry, and within one record the deeper block is the older.
+_POS_BITS: Final = 12
+_POS_TOP: Final = (1 << _POS_BITS) - 1
+if len(_UNITS) > _POS_TOP:  # pragma: no cover - a layout change that needs more bits
+    raise RuntimeError("prefix: more blocks than an entry's value can place")
+# An entry's weight in units, by the low bits of its value.
+_WEIGHT_OF: Final = tuple(
+    _UNITS[_POS_TOP - low] if _POS_TOP - low < len(_UNITS) else 0 for low in range(_POS_TOP + 1)
+)
+
+
+class _Held:
+    """What one endpoint is believed to hold: hash → value (see `_POS_BITS`), and a
+    front of its oldest entries to evict from.
+
+    Recording a hash is one store of a newer value: nothing moves. Eviction takes
+    the front's entries in order, skipping those whose value has changed since (a
+    later record refreshed them, or they went and came back): every entry not in
+    the front was newer than all of it when the front was made, and a change only
+    makes a value newer, so the first unchanged entry of the front is the oldest
+    entry held. When the front runs out it is made again, by sorting what is held.
+    """
+
+    __slots__ = ("at", "front", "lru", "weight")
+
+    def __init__(self) -> None:
+        self.lru: dict[int, int] = {}
+        self.weight = 0  # units held
+        self.front: list[tuple[int, int]] = []  # (hash, value), oldest first
+        self.at = 0  # the front's first place not yet taken or skipped
+
+    def oldest(self) -> int:
+        """The oldest entry's value, -1 when none; moves the front past changed entries."""
+        lru = self.lru
+        front = self.front
+        at = self.at
+        while True:
+            if at >= len(front):
+                if not lru:
+                    self.front = []
+                    self.at = 0
+                    return -1
+                front = self.front = sorted(lru.items(), key=_value)
+                at = 0
+            h, v = front[at]
+            if lru.get(h) == v:
+                self.at = at
+                return v
+            at += 1
+
+    def pop_oldest(self) -> None:
+        """Forget the oldest entry (there must be one)."""
+        self.oldest()
+        h, v = self.front[self.at]
+        del self.lru[h]
+        self.at += 1
+        self.weight -= _WEIGHT_OF[v & _POS_TOP]
+
+
+def _value(item: tuple[int, int]) -> int:
+    return item[1]
 
 
 class PrefixIndex:
@@ -326,11 +407,15 @@ class PrefixIndex:
     Each endpoint's LRU is bounded by its KV capacity in 64-byte units (block i
     weighs `block_units(i)`), scaled by what the engine's own answers taught
     (`scale`, see feedback.py); all endpoints together by `max_total_entries`
-    (about 125 bytes an entry on CPython 3.11: the default bounds the index near
-    250 MB), evicting the least recently recorded entry across the whole index.
-    A chain is recorded deepest block first, so its first blocks are the most
-    recent: eviction eats chains from the tail, like engine caches do, and what
-    an endpoint holds of a chain stays a leading run.
+    (about 125 bytes an entry on CPython 3.11, and at most as much again for the
+    fronts eviction takes them from: the default bounds the index near 250 MB, 500
+    MB at worst), evicting the least recently recorded
+    entry across the whole index. A chain is recorded deepest block first, so its
+    first blocks are the most recent: eviction eats chains from the tail, like
+    engine caches do, and what an endpoint holds of a chain stays a leading run.
+
+    Recording a chain gives each of its hashes one newer value (`_Held`): a chain
+    the endpoint already holds, the usual case, moves nothing.
     """
 
     def __init__(
@@ -338,9 +423,7 @@ class PrefixIndex:
     ) -> None:
         self._max_total = max(1, max_total_entries)
         self._default_capacity = max(1, default_capacity_units)
-        # endpoint → hash → tick << 20 | weight; order = recency (oldest first).
-        self._lru: dict[str, OrderedDict[int, int]] = {}
-        self._weight: dict[str, int] = {}
+        self._held: dict[str, _Held] = {}
         self._scale: dict[str, float] = {}
         self._total = 0
         self._tick = 0
@@ -359,28 +442,45 @@ class PrefixIndex:
         return self._total
 
     def entries(self, endpoint_id: str) -> int:
-        lru = self._lru.get(endpoint_id)
-        return 0 if lru is None else len(lru)
+        held = self._held.get(endpoint_id)
+        return 0 if held is None else len(held.lru)
 
     def units(self, endpoint_id: str) -> int:
         """What the endpoint is believed to hold, in 64-byte units."""
-        return self._weight.get(endpoint_id, 0)
+        held = self._held.get(endpoint_id)
+        return 0 if held is None else held.weight
 
     def entries_by_endpoint(self) -> dict[str, int]:
         """Entry counts per endpoint with any, sorted by id (admin view)."""
-        return {ep: len(self._lru[ep]) for ep in sorted(self._lru) if self._lru[ep]}
+        held = self._held
+        return {ep: len(held[ep].lru) for ep in sorted(held) if held[ep].lru}
+
+    def order(self, endpoint_id: str) -> list[tuple[int, int, int]]:
+        """(hash, tick of its last record, weight in units) of what the endpoint holds,
+        oldest first: the order eviction takes them in (tests and debugging)."""
+        held = self._held.get(endpoint_id)
+        if held is None:
+            return []
+        items = sorted(held.lru.items(), key=_value)
+        return [(h, v >> _POS_BITS, _WEIGHT_OF[v & _POS_TOP]) for h, v in items]
 
     def match(self, hashes: Sequence[int], candidates: Iterable[str]) -> dict[str, int]:
         """Endpoint id → leading blocks of `hashes` it holds; those holding none are left out."""
         out: dict[str, int] = {}
         if not hashes:
             return out
-        first = hashes[0]
-        last = hashes[-1]
-        whole = len(hashes)
+        # As objects: compiled, an int that fits a machine word is unboxed, and boxed
+        # again (a new int object) for every dict lookup.
+        chain = cast("Sequence[object]", hashes)
+        first = chain[0]
+        last = chain[-1]
+        whole = len(chain)
         for ep in candidates:
-            lru = self._lru.get(ep)
-            if lru is None or first not in lru:
+            held = self._held.get(ep)
+            if held is None:
+                continue
+            lru = cast("dict[object, int]", held.lru)
+            if first not in lru:
                 continue
             if last in lru:
                 # Held to its last block, so held whole: every record of a block also
@@ -389,7 +489,7 @@ class PrefixIndex:
                 out[ep] = whole
                 continue
             n = 1
-            for h in hashes[1:]:
+            for h in chain[1:]:
                 if h not in lru:
                     break
                 n += 1
@@ -411,61 +511,48 @@ class PrefixIndex:
         """
         if not hashes:
             return
+        chain = hashes if isinstance(hashes, tuple) else tuple(hashes)
         if self.journal is not None:
-            noted = hashes if isinstance(hashes, tuple) else tuple(hashes)
-            self.journal.append((endpoint_id, noted, capacity_units))
+            self.journal.append((endpoint_id, chain, capacity_units))
         cap = self.capacity(endpoint_id, capacity_units)
         fresh = self._fresh
         if (
             fresh is not None
             and fresh[0] == endpoint_id
             and fresh[2] == cap
-            and (fresh[1] is hashes or fresh[1] == hashes)
+            and (fresh[1] is chain or fresh[1] == chain)
         ):
             return
-        lru = self._lru.get(endpoint_id)
-        if lru is None:
-            lru = self._lru[endpoint_id] = OrderedDict()
+        held = self._held.get(endpoint_id)
+        if held is None:
+            held = self._held[endpoint_id] = _Held()
+        lru = held.lru
         self._tick += 1
-        stamp = self._tick << _TICK_SHIFT
+        top = self._tick << _POS_BITS | _POS_TOP
         before = len(lru)
-        weight = self._weight.get(endpoint_id, 0)
-        # Deepest first, so the chain's head ends up most recent. A chain longer
-        # than the capacity keeps its head: that is the part others share.
-        n = _kept(hashes, cap)  # n <= len(_UNITS)
-        if n <= _SHORT_RECORD:
-            # One hash at a time, deepest first: what a short chain costs least by, and
-            # right as it is when a hash repeats (its shallower place is the last put).
-            pop = lru.pop
-            for i in range(n - 1, -1, -1):
-                h = hashes[i]
-                was = pop(h, None)
-                if was is not None:
-                    weight -= was & _WEIGHT_MASK
-                lru[h] = stamp | _UNITS[i]
-            weight += _CUM_UNITS[n - 1]
-        else:
-            # Pop what is held of the chain (in C), then insert it with this stamp.
-            chain = hashes[n - 1 :: -1]
-            old = list(map(lru.pop, chain, repeat(None, n)))
-            for h, w in zip(chain, _REV_WEIGHTS[n], strict=True):
-                lru[h] = stamp | w
-            if len(lru) == before + old.count(None):
-                # Each hash once: the old values' low bits sum to their weight (a
-                # chain weighs < 2**20 units), the new ones to the chain's.
-                weight += _CUM_UNITS[n - 1] - (sum(filter(None, old)) & _WEIGHT_MASK)
-            else:  # a hash repeats in the chain (a collision, or a test): one at a time
-                weight = self._refresh_slowly(lru, hashes, n, stamp, weight, old)
-        while weight > cap and len(lru) > 1:
-            weight -= lru.popitem(last=False)[1] & _WEIGHT_MASK
-        self._weight[endpoint_id] = weight
+        weight = held.weight
+        # Deepest first, so the chain's head ends up most recent (and a hash that
+        # repeats keeps its shallower place, the last put). A chain longer than the
+        # capacity keeps its head: that is the part others share.
+        n = _kept(chain, cap)  # n <= len(_UNITS)
+        # Hashes as objects (see match()): about 40 % fewer instructions per hash.
+        keys = cast("tuple[object, ...]", chain)
+        values = cast("dict[object, int]", lru)
+        for i in range(n - 1, -1, -1):
+            h = keys[i]
+            was = values.get(h)
+            if was is not None:
+                weight -= _WEIGHT_OF[was & _POS_TOP]
+            values[h] = top - i
+        held.weight = weight + _CUM_UNITS[n - 1]
+        while held.weight > cap and len(lru) > 1:
+            held.pop_oldest()
         self._total += len(lru) - before
         if self._total > self._max_total:
             self._evict_global(self._total - self._max_total)
             self._fresh = None
         else:
-            chain_t = hashes if isinstance(hashes, tuple) else tuple(hashes)
-            self._fresh = (endpoint_id, chain_t, cap)
+            self._fresh = (endpoint_id, chain, cap)
 
     def completed(
         self, endpoint_id: str, hashes: Sequence[int], *, capacity_units: int | None
@@ -479,17 +566,16 @@ class PrefixIndex:
         most half its capacity (in an index at most half its cap) evicts nothing
         until as much again has been sent: while the chain is still held from its
         dispatch (head and tail), its refresh is skipped. Under cache pressure, where
-        order decides hits, it never is (bench/routing.py, cache-starved). It saves
-        the re-insert of the whole chain, the larger half of the policy's per-request
-        cost on long prompts (bench/router_overhead.py --chat, 8 KB).
+        order decides hits, it never is (bench/routing.py, cache-starved).
         """
         if not hashes:
             return
-        lru = self._lru.get(endpoint_id)
-        if lru is not None:
+        held = self._held.get(endpoint_id)
+        if held is not None:
             cap = self.capacity(endpoint_id, capacity_units)
+            lru = held.lru
             if (
-                self._weight.get(endpoint_id, 0) * 2 <= cap
+                held.weight * 2 <= cap
                 and self._total * 2 <= self._max_total
                 and hashes[0] in lru
                 and hashes[_kept(hashes, cap) - 1] in lru
@@ -506,57 +592,29 @@ class PrefixIndex:
         finally:
             self.journal = journal
 
-    @staticmethod
-    def _refresh_slowly(
-        lru: OrderedDict[int, int],
-        hashes: Sequence[int],
-        n: int,
-        stamp: int,
-        weight: int,
-        old: list[int | None],
-    ) -> int:
-        """record()'s refresh of a chain in which a hash repeats; the new weight.
-
-        The batch has popped the chain (`old`: what each pop returned) and put
-        each of its hashes back once; take the old weights off and pop and
-        re-insert one at a time, deepest first, so that order and weights are
-        those of refreshing one hash at a time from the start.
-        """
-        weight -= sum(filter(None, old)) & _WEIGHT_MASK
-        for h in set(hashes[:n]):
-            weight += lru[h] & _WEIGHT_MASK
-        for i in range(n - 1, -1, -1):
-            h = hashes[i]
-            weight -= lru.pop(h) & _WEIGHT_MASK
-            lru[h] = stamp | _UNITS[i]
-            weight += _UNITS[i]
-        return weight
-
     def _evict_global(self, n: int) -> None:
         """Drop the n least recently recorded entries across all endpoints."""
-        heap = [(next(iter(lru.values())), ep) for ep, lru in self._lru.items() if lru]
+        heap = [(held.oldest(), ep) for ep, held in self._held.items() if held.lru]
         heapq.heapify(heap)
         while n > 0 and heap:
-            _stamp, ep = heapq.heappop(heap)
-            lru = self._lru[ep]
-            self._weight[ep] -= lru.popitem(last=False)[1] & _WEIGHT_MASK
+            _value, ep = heapq.heappop(heap)
+            held = self._held[ep]
+            held.pop_oldest()
             self._total -= 1
             n -= 1
-            if lru:
-                heapq.heappush(heap, (next(iter(lru.values())), ep))
+            if held.lru:
+                heapq.heappush(heap, (held.oldest(), ep))
 
     def trim(self, endpoint_id: str, units: int) -> int:
         """Forget the endpoint's oldest entries until it holds at most `units`; how many went."""
         self._fresh = None
-        lru = self._lru.get(endpoint_id)
-        if lru is None:
+        held = self._held.get(endpoint_id)
+        if held is None:
             return 0
-        weight = self._weight.get(endpoint_id, 0)
         gone = 0
-        while lru and weight > units:
-            weight -= lru.popitem(last=False)[1] & _WEIGHT_MASK
+        while held.lru and held.weight > units:
+            held.pop_oldest()
             gone += 1
-        self._weight[endpoint_id] = weight
         self._total -= gone
         return gone
 
@@ -570,15 +628,14 @@ class PrefixIndex:
     def purge(self, endpoint_id: str) -> None:
         """Forget everything sent to an endpoint (its engine restarted, or it left)."""
         self._fresh = None
-        lru = self._lru.pop(endpoint_id, None)
-        self._weight.pop(endpoint_id, None)
-        if lru is not None:
-            self._total -= len(lru)
+        held = self._held.pop(endpoint_id, None)
+        if held is not None:
+            self._total -= len(held.lru)
 
     def retain(self, endpoint_ids: Iterable[str]) -> None:
         """Purge every endpoint not listed (and forget what feedback taught about them)."""
         keep = set(endpoint_ids)
-        for ep in [ep for ep in self._lru if ep not in keep]:
+        for ep in [ep for ep in self._held if ep not in keep]:
             self.purge(ep)
         for ep in [ep for ep in self._scale if ep not in keep]:
             del self._scale[ep]

@@ -28,7 +28,7 @@ import logging
 import os
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -71,16 +71,16 @@ from llmgw.router.wiring import Router
 from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Reply
 from llmgw.runtime.logs import kv
 
-log = logging.getLogger(__name__)
+log: Final = logging.getLogger(__name__)
 # The access log (RouterConfig.access_log): one line per request when enabled, whatever
 # the process's log level (the setting is what turns it on and off).
-access_log = logging.getLogger("llmgw.router.access")
+access_log: Final = logging.getLogger("llmgw.router.access")
 access_log.setLevel(logging.INFO)
 
 # Request ids the router makes: 96 random bits from a generator seeded once per process
 # (reseeded in a forked child), not os.urandom, which is a system call per request.
 # Unique, not secret: they name requests in logs and headers.
-_ids = random.Random()
+_ids: Final = random.Random()
 os.register_at_fork(after_in_child=_ids.seed)
 
 
@@ -90,8 +90,8 @@ def _request_id() -> str:
 
 # While held, look again this often even without a list change: a breaker leaving
 # its cooldown makes a replica available without anyone saying so.
-HOLD_POLL_S = 0.5
-EMBEDDINGS = "/v1/embeddings"
+HOLD_POLL_S: Final = 0.5
+EMBEDDINGS: Final = "/v1/embeddings"
 
 
 class _Tally:
@@ -730,7 +730,7 @@ class Proxy:
 
 
 # The proxied routes (app.py); any other method on them is a 405.
-POST_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", EMBEDDINGS})
+POST_PATHS: Final = frozenset({"/v1/chat/completions", "/v1/completions", EMBEDDINGS})
 
 
 def _model_object(model: str) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot
@@ -118,7 +119,7 @@ class SchedulerConfig:
     pending_weight: float = 1.0
 
 
-DEFAULT_CONFIG = SchedulerConfig()
+DEFAULT_CONFIG: Final = SchedulerConfig()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

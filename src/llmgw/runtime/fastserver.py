@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, Final, cast
 from urllib.parse import unquote, urlsplit
 
 import httptools
@@ -54,10 +54,10 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from llmgw.runtime.httpserver import Edge, _one_line, _without_echo
 from llmgw.runtime.logs import kv
 
-log = logging.getLogger(__name__)
+log: Final = logging.getLogger(__name__)
 
 # Headers the server writes itself; a handler's own are dropped.
-_OWN = frozenset({"content-length", "transfer-encoding", "connection", "date"})
+_OWN: Final = frozenset({"content-length", "transfer-encoding", "connection", "date"})
 
 
 class _Date:
@@ -77,12 +77,12 @@ class _Date:
         return self.line
 
 
-_date = _Date()
-_STATUS: dict[int, bytes] = {}
+_date: Final = _Date()
+_STATUS: Final[dict[int, bytes]] = {}
 
 
 # Status → its standard phrase ("" for a code HTTPStatus does not know).
-_PHRASES: dict[int, str] = {}
+_PHRASES: Final[dict[int, str]] = {}
 
 
 def _phrase(status: int) -> str:

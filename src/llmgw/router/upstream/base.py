@@ -16,7 +16,7 @@ transport's type.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -29,9 +29,9 @@ from llmgw.router.errors import (
 
 # Below uvicorn's default keep-alive (5 s, what vLLM runs): a pooled connection the
 # engine is about to close is dropped by us first instead of failing a request.
-KEEPALIVE_S = 4.0
-JSON = "application/json"
-EVENT_STREAM = "text/event-stream"
+KEEPALIVE_S: Final = 4.0
+JSON: Final = "application/json"
+EVENT_STREAM: Final = "text/event-stream"
 
 
 class UpstreamReply(Protocol):

@@ -38,7 +38,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Iterator, Mapping
-from typing import cast
+from typing import Final, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -46,16 +46,16 @@ import httptools
 from llmgw.router.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
 from llmgw.router.upstream.base import KEEPALIVE_S, Forwarder, ReplyHead, translate
 
-log = logging.getLogger(__name__)
+log: Final = logging.getLogger(__name__)
 
 # Body bytes buffered past this pause the engine's socket until the proxy has
 # written them on: a slow client must not make the router hold a whole answer.
-HIGH_WATER_BYTES = 256 * 1024
+HIGH_WATER_BYTES: Final = 256 * 1024
 # Bodies up to this are appended to the head and sent in one write (one syscall).
-COALESCE_BYTES = 64 * 1024
+COALESCE_BYTES: Final = 64 * 1024
 # URL → target cache bound; endpoints come and go with the controller's list.
-MAX_TARGETS = 4096
-SWEEP_S = 1.0
+MAX_TARGETS: Final = 4096
+SWEEP_S: Final = 1.0
 
 
 class Headers(Mapping[str, str]):
@@ -204,7 +204,7 @@ class FastResponse(ReplyHead):
 
 
 # Shared by every response whose head has not come: replaced, never appended to.
-_NO_HEADERS: list[tuple[bytes, bytes]] = []
+_NO_HEADERS: Final[list[tuple[bytes, bytes]]] = []
 
 
 class _Pool:
