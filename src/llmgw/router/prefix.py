@@ -409,10 +409,10 @@ class PrefixIndex:
     (`scale`, see feedback.py); all endpoints together by `max_total_entries`
     (about 105 bytes an entry on CPython 3.11, 170 while an eviction front is held;
     the OrderedDict this replaced took 204: the default bounds the index near 340 MB),
-    evicting the least recently recorded
-    entry across the whole index. A chain is recorded deepest block first, so its
-    first blocks are the most recent: eviction eats chains from the tail, like
-    engine caches do, and what an endpoint holds of a chain stays a leading run.
+    evicting the least recently recorded entry across the whole index. A chain is
+    recorded deepest block first, so its first blocks are the most recent: eviction
+    eats chains from the tail, like engine caches do, and what an endpoint holds of
+    a chain stays a leading run.
 
     Recording a chain gives each of its hashes one newer value (`_Held`): a chain
     the endpoint already holds, the usual case, moves nothing.
