@@ -559,6 +559,7 @@ def router_process(
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- peer routers (--chat --peers): bench-only, in their own venvs ---------------
@@ -678,6 +679,7 @@ def peer_process(
             proc.kill()
             proc.wait(timeout=10)
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -863,12 +865,20 @@ INSTR_SECTION = "### router_overhead.py --instructions"
 
 
 def count_instructions(
-    ports: list[int], policy: str, size: int, n: int, env: dict[str, str], stream: bool = False
+    ports: list[int],
+    policy: str,
+    size: int,
+    n: int,
+    env: dict[str, str],
+    stream: bool = False,
+    keep: Path | None = None,
 ) -> tuple[float, str]:
     """User-space instructions per request of a router under callgrind, and which modules
     it ran (its start-up line). Instrumented only while `n` requests run (after 300
     uninstrumented ones): start-up and warm-up are not counted; the kernel's side of the
-    socket calls never is (valgrind sees user space only)."""
+    socket calls never is (valgrind sees user space only). `keep`: a folder to move the
+    callgrind output and the router's log into (for callgrind_annotate); by default
+    they are deleted."""
     import uvloop
 
     tmp = Path(tempfile.mkdtemp(prefix="router-instr-"))
@@ -926,6 +936,13 @@ def count_instructions(
                 total = max(total, int(line.split()[1]))
     text = log_path.read_text()
     ran = "compiled" if "compiled modules modules=" in text else "Python"
+    if keep is not None:
+        name = f"{policy}-{size}-{ran.lower()}{'-stream' if stream else ''}"
+        keep.mkdir(parents=True, exist_ok=True)
+        for part in tmp.glob("callgrind.out*"):
+            shutil.move(part, keep / f"{name}.{part.name}")
+        shutil.move(log_path, keep / f"{name}.router.log")
+    shutil.rmtree(tmp, ignore_errors=True)
     return total / n, ran
 
 
@@ -947,7 +964,9 @@ def instructions_main(args: argparse.Namespace, others: str) -> int:
                 cells = []
                 for compiled_setting in settings:
                     env = {**os.environ, "LLMGW_ROUTER_COMPILED": compiled_setting}
-                    per, ran = count_instructions(ports, policy, size, n, env, stream)
+                    per, ran = count_instructions(
+                        ports, policy, size, n, env, stream, args.keep
+                    )
                     print(f"{policy} {size} B {ran}: {per / 1e3:,.1f} k", flush=True)
                     cells.append(f"{per / 1e3:,.1f} k ({ran})")
                 rows.append(f"| {policy}, {size} B | " + " | ".join(cells) + " |")
@@ -1045,6 +1064,7 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
             import pstats
 
             pstats.Stats(str(prof)).sort_stats("tottime").print_stats(40)
+            shutil.rmtree(prof.parent, ignore_errors=True)
             return 0
         for size in sizes:
             direct[size] = uvloop.run(measure_chat(up, None, args.seconds, size, 1))
@@ -1426,6 +1446,12 @@ def main() -> int:
     p.add_argument(
         "--stream", action="store_true", help="--instructions: streamed requests (64 events)"
     )
+    p.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="--instructions: keep each run's callgrind output in this folder",
+    )
     p.add_argument("--size", type=int, default=300, help="--chat --profile: body bytes")
     p.add_argument(
         "--http-server",
@@ -1488,6 +1514,7 @@ def main() -> int:
         import pstats
 
         pstats.Stats(str(profile)).sort_stats("tottime").print_stats(30)
+        shutil.rmtree(profile.parent, ignore_errors=True)
     if not args.no_results and profile is None:
         flags = "".join(
             f" --{k} {v:g}"
