@@ -234,7 +234,7 @@ async def test_pipelined_answers_wait_for_a_client_that_does_not_read() -> None:
         for _ in range(n):
             status, _, body = await read_answer(reader)
             assert (status, len(body)) == (200, 65536)
-        await wait_for(lambda: conn.task is None and not conn.queue)
+        await wait_for(lambda: not conn.busy and not conn.queue)
         await shut(writer)
 
 
@@ -385,3 +385,37 @@ async def test_a_head_the_server_stopped_reading_is_not_late() -> None:
             status, _, body = await read_answer(reader)
             assert (status, json.loads(body)["path"]) == (200, path)
         await shut(writer)
+
+
+async def test_one_task_answers_a_connection_s_requests_and_ends_with_it() -> None:
+    # Keep-alive requests one after another are answered by the connection's one task
+    # (it waits between them); the client closing an idle connection ends that task,
+    # and the server stopping ends the task of an idle connection still open.
+    async with serving() as h:
+        reader, writer = await h.connect()
+        runners = []
+        for i in range(5):
+            writer.write(
+                b"POST /n HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % i + b"x" * i
+            )
+            status, _, body = await read_answer(reader)
+            assert (status, json.loads(body)["n"]) == (200, i)
+            conn = next(iter(h.server.conns))
+            await wait_for(lambda: not conn.busy and conn.idle_waiter is not None)
+            runners.append(conn.runner)
+        assert runners[0] is not None and all(r is runners[0] for r in runners)
+        assert not runners[0].done()
+        await shut(writer)
+        await asyncio.wait_for(runners[0], 10)
+        assert not h.server.conns
+
+        _, other = await h.connect()
+        await wait_for(lambda: len(h.server.conns) == 1)
+        conn = next(iter(h.server.conns))
+        other.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        await wait_for(lambda: conn.idle_waiter is not None)
+        runner = conn.runner
+        assert runner is not None
+        await h.server.shutdown(1.0)
+        await asyncio.wait_for(runner, 10)
+        await shut(other)

@@ -315,7 +315,7 @@ class FastServer:
         """Close idle connections now; give answers in progress up to `grace_s`, then close all."""
         for c in list(self.conns):
             c.close_when_idle()
-        tasks = [c.task for c in self.conns if c.task is not None]
+        tasks = [c.runner for c in self.conns if c.busy and c.runner is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=grace_s)
         for c in list(self.conns):
@@ -337,7 +337,12 @@ class FastProtocol(asyncio.Protocol):
         self.cur: FastRequest | None = None
         self.in_head = False
         self.queue: deque[FastRequest] = deque()
-        self.task: asyncio.Task[None] | None = None
+        # The connection's answers, one after another (`_run`): one task for as long as
+        # the connection lasts, not one per request. `busy` while an answer is in
+        # progress; between requests the task waits on `idle_waiter`.
+        self.runner: asyncio.Task[None] | None = None
+        self.busy = False
+        self.idle_waiter: asyncio.Future[FastRequest | None] | None = None
         self.started = False  # the answer in progress has written its head
         self.url = b""
         self.fields: list[tuple[str, str]] = []
@@ -406,9 +411,10 @@ class FastProtocol(asyncio.Protocol):
         self._cancel_timers()
         if self.drain_waiter is not None and not self.drain_waiter.done():
             self.drain_waiter.set_exception(ConnectionResetError("the client went away"))
-        if self.task is not None and not self.task.done():
+        if self.busy and self.runner is not None and not self.runner.done():
             # A client that went away cancels its handler (and so the engine's work).
-            self.task.cancel()
+            self.runner.cancel()
+        self._end_runner()
         for req in (self.cur, *self.queue):
             if req is not None:
                 req._fail(ConnectionResetError("the client closed the connection"))
@@ -452,12 +458,24 @@ class FastProtocol(asyncio.Protocol):
     def close_when_idle(self) -> None:
         """Stopping: close now if idle, else once the answer in progress is out."""
         self.draining = True
-        if self.task is None and self.transport is not None:
-            self.transport.close()
+        if not self.busy:
+            if self.transport is not None:
+                self.transport.close()
+            self._end_runner()
 
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+        if not self.busy:
+            self._end_runner()
+
+    def _end_runner(self) -> None:
+        """The runner, waiting for a next request, has none to wait for: it ends."""
+        waiter = self.idle_waiter
+        if waiter is not None:
+            self.idle_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _cancel_timers(self) -> None:
         if self.head_timer is not None:
@@ -484,7 +502,7 @@ class FastProtocol(asyncio.Protocol):
         self.idle_timer = None
         if self.transport is None:
             return
-        if self.in_head or self.task is not None or self.cur is not None or self.queue:
+        if self.in_head or self.busy or self.cur is not None or self.queue:
             return  # a request in progress: its end arms the bound again
         left = self.idle_since + self.edge.limits.idle_timeout_s - self.loop.time()
         if left > 0:
@@ -513,7 +531,7 @@ class FastProtocol(asyncio.Protocol):
             )
         )
         self.closing = True
-        if self.task is not None:
+        if self.busy:
             # A pipelined head that stalls behind an answer in progress: after it.
             self.refuse = self.edge.late_answer
             return
@@ -637,7 +655,7 @@ class FastProtocol(asyncio.Protocol):
             raise _HeadError("a body with an Upgrade header needs a Content-Length")
         self.cur = req
         self.queue.append(req)
-        if self.task is None:
+        if not self.busy:
             self._next()
         else:
             # Pipelined behind an answer in progress: its body stays in the socket
@@ -701,7 +719,7 @@ class FastProtocol(asyncio.Protocol):
             {"Content-Type": "application/json"},
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode("ascii"),
         )
-        if self.task is None:
+        if not self.busy:
             if self.transport is not None:
                 self.transport.write(answer + body)
                 self.transport.close()
@@ -711,28 +729,57 @@ class FastProtocol(asyncio.Protocol):
     # -- answering ------------------------------------------------------------
 
     def _next(self) -> None:
+        """Answer the first request queued (none is in progress): the runner waiting
+        for it takes it, or a runner starts."""
+        req = self._begin()
+        waiter = self.idle_waiter
+        if waiter is not None and not waiter.done():
+            self.idle_waiter = None
+            waiter.set_result(req)
+        else:
+            self.runner = self.loop.create_task(self._run(req))
+
+    def _begin(self) -> FastRequest:
         req = self.queue.popleft()
         self._handling = req
         self.started = False
-        self.task = self.loop.create_task(self._answer(req))
+        self.busy = True
+        return req
 
-    async def _answer(self, req: FastRequest) -> None:
-        keep = False
-        try:
-            keep = await self._serve(req)
-            if keep and self.paused_writing:
-                # A client that does not read its answers: the next (pipelined or
-                # not) waits until this one has drained, so what the transport holds
-                # stays near its high-water mark instead of one answer per request.
-                await self.drain()
-        except (asyncio.CancelledError, ConnectionError):
+    async def _run(self, first: FastRequest) -> None:
+        """Answer the connection's requests in turn until it closes.
+
+        One task per connection, waiting between requests: creating a task per
+        request cost about 9,000 instructions (asyncio registers each in a WeakSet,
+        in Python, and unregisters it when it is freed; bench/RESULTS.md).
+        """
+        req: FastRequest | None = first
+        while req is not None:
             keep = False
-        except Exception as exc:
-            # Writing the answer failed (a handler's header that cannot be encoded...).
-            log.error(kv("answer failed", server=self.edge.name, path=req.path), exc_info=exc)
-            keep = False
-        finally:
-            self._finished(req, keep)
+            try:
+                keep = await self._serve(req)
+                if keep and self.paused_writing:
+                    # A client that does not read its answers: the next (pipelined or
+                    # not) waits until this one has drained, so what the transport holds
+                    # stays near its high-water mark instead of one answer per request.
+                    await self.drain()
+            except (asyncio.CancelledError, ConnectionError):
+                keep = False
+            except Exception as exc:
+                # Writing the answer failed (a handler's header that cannot be encoded...).
+                log.error(kv("answer failed", server=self.edge.name, path=req.path), exc_info=exc)
+                keep = False
+            if not self._finished(req, keep):
+                return
+            if self.queue:
+                req = self._begin()
+                continue
+            waiter: asyncio.Future[FastRequest | None] = self.loop.create_future()
+            self.idle_waiter = waiter
+            try:
+                req = await waiter
+            except asyncio.CancelledError:
+                return
 
     async def _serve(self, req: FastRequest) -> bool:
         """Answer `req`; whether the connection may carry another request."""
@@ -803,12 +850,13 @@ class FastProtocol(asyncio.Protocol):
         else:
             self.send(head + body)
 
-    def _finished(self, req: FastRequest, keep: bool) -> None:
-        self.task = None
+    def _finished(self, req: FastRequest, keep: bool) -> bool:
+        """`req` is answered; whether the connection goes on to another request."""
+        self.busy = False
         self._handling = None
         transport = self.transport
         if transport is None:
-            return
+            return False
         if not keep or self.draining or (self.closing and not self.queue):
             if keep and self.refuse is not None:
                 # The refused (or late) head came after every request answered: its turn.
@@ -819,18 +867,19 @@ class FastProtocol(asyncio.Protocol):
                 transport.close()
             else:
                 self._linger(transport)
-            return
+            return False
         if self.queue:
             # Read on only once the pipelined requests already in are answered: each
             # read can bring a buffer full of heads, and the queue would grow by that
-            # much per answer.
-            self._next()
-        elif self.paused_reading:
+            # much per answer. The runner takes the next.
+            return True
+        if self.paused_reading:
             self.paused_reading = False
             transport.resume_reading()
-        if self.task is None and self.cur is None and not self.in_head:
+        if self.cur is None and not self.in_head:
             # A head begun behind the answer is bounded by its own timer (408), not this.
             self._arm_idle()
+        return True
 
     def _linger(self, transport: asyncio.Transport) -> None:
         """Close after an answer given before the body was all in (413, 503, 401...).
