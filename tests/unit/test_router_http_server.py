@@ -52,6 +52,29 @@ class TestAnswerHeads:
         assert any(x.startswith(b"Date: ") and x.endswith(b" GMT") for x in lines)
         assert head.endswith(b"Content-Length: 2\r\n\r\n")
 
+    def test_a_plain_dict_of_headers_reads_the_same(self) -> None:
+        """The proxy's answers carry a dict: the same lines, in order, own ones dropped
+        in any case (the first sight of a name and the remembered answer alike)."""
+        fields = {
+            "Content-Type": "text/plain",
+            "TRANSFER-ENCODING": "chunked",
+            "x-request-id": "r1",
+            "Date": "yesterday",
+            "X-Engine": "e0",
+        }
+        for _ in range(2):
+            for headers in (fields, CIMultiDict(fields)):
+                head = _head(200, None, headers, b"\r\n")
+                lines = head.split(b"\r\n")
+                assert lines[1:4] == [
+                    b"Content-Type: text/plain",
+                    b"x-request-id: r1",
+                    b"X-Engine: e0",
+                ]
+                assert lines[4].startswith(b"Date: ")
+                assert lines[4] != b"Date: yesterday"
+                assert b"chunked" not in head
+
     def test_unknown_status_and_own_reason(self) -> None:
         """A status outside HTTPStatus gets an empty phrase; a handler's reason is kept."""
         assert _status_line(599, None) == b"HTTP/1.1 599 \r\n"

@@ -107,16 +107,39 @@ def _status_line(status: int, reason: str | None) -> bytes:
     return f"HTTP/1.1 {status} {reason}\r\n".encode("latin-1")
 
 
+# Header name → whether the server writes it itself (`_OWN`, any case): names come from
+# a small set, so one dict hit instead of a lower() and a set lookup per header.
+_IS_OWN: Final[dict[str, bool]] = {}
+
+
+def _is_own(name: str) -> bool:
+    """`name` not yet in `_IS_OWN`: looked at, and remembered."""
+    if len(_IS_OWN) >= 1024:
+        _IS_OWN.clear()
+    own = _IS_OWN[name] = name.lower() in _OWN
+    return own
+
+
 def _head(status: int, reason: str | None, headers: Any, tail: bytes) -> bytes:
     """Status line, the handler's headers (less those the server owns), Date, `tail`."""
     lines = []
-    for name, value in headers.items():
-        if name.lower() not in _OWN:
-            lines.append(f"{name}: {value}\r\n")
+    if type(headers) is dict:
+        # The proxy's answers (a plain dict): compiled, iterated without the generic
+        # iterator and tuple unpacking a Mapping takes.
+        plain: dict[str, str] = headers
+        for name, value in plain.items():
+            own = _IS_OWN.get(name)
+            if not (_is_own(name) if own is None else own):
+                lines.append(f"{name}: {value}\r\n")
+    else:
+        for name, value in headers.items():
+            own = _IS_OWN.get(name)
+            if not (_is_own(name) if own is None else own):
+                lines.append(f"{name}: {value}\r\n")
     # As aiohttp writes them, and reads them: a header echoed back (x-request-id) goes
     # out as the bytes that came in. One encode for all of them.
-    own = "".join(lines).encode("utf-8", "surrogateescape")
-    return b"".join((_status_line(status, reason), own, _date.get(), tail))
+    fields = "".join(lines).encode("utf-8", "surrogateescape")
+    return b"".join((_status_line(status, reason), fields, _date.get(), tail))
 
 
 class _HeadError(Exception):
