@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -63,9 +64,19 @@ class TestRequestHead:
 
     @pytest.mark.parametrize("value", ["a\r\nX-Evil: 1", "a\nb", "a\rb"])
     def test_line_breaks_are_refused(self, value: str) -> None:
-        """A value that would end its line early never becomes part of a head."""
-        with pytest.raises(ValueError, match="line break"):
-            _fields({"x-request-id": value}, 0)
+        """A value (or name) that would end its line early never becomes part of a
+        head, from a plain dict (the proxy's) or any other mapping."""
+        for headers in ({"x-request-id": value}, {value: "x"}):
+            with pytest.raises(ValueError, match="line break"):
+                _fields(headers, 0)
+            with pytest.raises(ValueError, match="line break"):
+                _fields(MappingProxyType(headers), 0)
+
+    def test_a_dict_and_another_mapping_give_the_same_lines(self) -> None:
+        headers = {"Content-Type": "application/json", "x-request-id": "r\xe9"}
+        want = "Content-Type: application/json\r\nx-request-id: r\xe9\r\nContent-Length: 7\r\n\r\n"
+        assert _fields(headers, 7) == want.encode()
+        assert _fields(MappingProxyType(headers), 7) == want.encode()
 
 
 class FakeTransport:
