@@ -17,9 +17,11 @@ import msgspec
 from llmgw.router import compiled
 from llmgw.router.affinity import route_key
 from llmgw.router.endpoint import Snapshot, Stats
+from llmgw.router.inband import ErrorFrameWatch
 from llmgw.router.policies import Ours
 from llmgw.router.prefix import PrefixIndex, rendezvous_order, request_block_hashes
 from llmgw.router.scheduler import Decision, SchedulerConfig, choose
+from llmgw.router.tokens import StreamUsage, usage_of
 
 
 def decided(d: Decision, ids: list[str]) -> list[Any]:
@@ -67,7 +69,24 @@ def run_ours(snaps: list[Snapshot], requests: list[list[Any]], capacity: int) ->
     return [*out, index_state(ours.prefix, ids)]
 
 
+def relayed(chunks: list[str]) -> list[Any]:
+    """A stream's chunks through the token scanner and the error-frame watch."""
+    scan, watch = StreamUsage(), ErrorFrameWatch()
+    for c in chunks:
+        data = c.encode("utf-8", "surrogateescape")
+        scan.feed(data)
+        watch.feed(data)
+    return [
+        msgspec.to_builtins(scan.usage),
+        [watch.seen, watch.code, watch.message, watch.endpoint_failure],
+    ]
+
+
 def answer(op: str, a: dict[str, Any]) -> Any:
+    if op == "usage":
+        return msgspec.to_builtins(usage_of(a["body"].encode("utf-8", "surrogateescape")))
+    if op == "stream":
+        return relayed(a["chunks"])
     if op == "hashes":
         return request_block_hashes(a["body"], limit_bytes=a["limit"])
     if op == "rendezvous":

@@ -308,6 +308,48 @@ requests = st.lists(
     min_size=1,
     max_size=12,
 )
+# Engine answers and streams: usage objects (whole, partial, wrong types), error
+# frames (vLLM's, TGI's), cut anywhere into chunks.
+usages = st.one_of(
+    st.none(),
+    st.integers(),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "prompt_tokens": st.none() | st.integers(-5, 10**6) | st.text(max_size=3),
+            "completion_tokens": st.none() | st.integers(-5, 10**6),
+            "prompt_tokens_details": st.none()
+            | st.fixed_dictionaries(
+                {}, optional={"cached_tokens": st.none() | st.integers(-2, 99)}
+            ),
+        },
+    ),
+)
+answers = st.one_of(
+    st.builds(lambda u: json.dumps({"id": "x", "choices": [], "usage": u}), usages),
+    st.sampled_from(['{"usage": 5}', "not json", '{"usage":{"prompt_tokens":3}', ""]),
+)
+events = st.one_of(
+    st.builds(
+        lambda u: json.dumps({"choices": [{"delta": {"content": "hi"}}], "usage": u}), usages
+    ),
+    st.builds(
+        lambda code, msg: json.dumps({"error": {"message": msg, "code": code}}),
+        st.none() | st.integers(400, 599) | st.sampled_from(["503", "x"]),
+        st.text(max_size=8),
+    ),
+    st.just(json.dumps({"error": "overloaded"})),
+    st.just("[DONE]"),
+)
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> list[str]:
+    text = "".join(f"data: {e}\n\n" for e in draw(st.lists(events, max_size=6)))
+    cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=8)))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
 EQUIVALENCE = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -318,6 +360,31 @@ class TestSameAnswers:
     @given(bodies, st.sampled_from([MAX_ROUTED_BYTES, 4096, 100]))
     def test_chain_hashes(self, peers: tuple[Peer, Peer], body: Any, limit: int) -> None:
         same(peers, "hashes", body=body, limit=limit)
+
+    @EQUIVALENCE
+    @given(answers)
+    def test_usage_of_answers(self, peers: tuple[Peer, Peer], body: str) -> None:
+        same(peers, "usage", body=body)
+
+    @EQUIVALENCE
+    @given(streams())
+    def test_streams_usage_and_error_frames(
+        self, peers: tuple[Peer, Peer], chunks: list[str]
+    ) -> None:
+        same(peers, "stream", chunks=chunks)
+
+    def test_usage_is_read_compiled(self, peers: tuple[Peer, Peer]) -> None:
+        """Not only equal: the counts are there (msgspec types in a compiled module
+        decoded nothing, in both peers alike had they been compiled both)."""
+        body = json.dumps({"usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+        assert same(peers, "usage", body=body) == {
+            "prompt": 7,
+            "completion": 3,
+            "cached": 0,
+            "cached_reported": None,
+        }
+        chunks = ["data: " + body + "\n\n", 'data: {"error": {"message": "x", "code": 500}}\n']
+        assert same(peers, "stream", chunks=chunks)[1] == [True, 500, "x", True]
 
     @EQUIVALENCE
     @given(st.integers(-(2**63), 2**64), st.lists(st.text(max_size=8), max_size=8))

@@ -42,6 +42,10 @@ MODULES = (
     "llmgw.router.upstream.base",
     "llmgw.router.upstream.fast",
     "llmgw.router.metrics",
+    "llmgw.router.intake",
+    "llmgw.router.tokens",
+    "llmgw.router.inband",
+    "llmgw.router.usage",
     "llmgw.router.proxy",
 )
 MANIFEST = "manifest.json"

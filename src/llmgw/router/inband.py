@@ -17,15 +17,17 @@ kept for the next, and a frame's line is gathered until its newline arrives.
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
 
-MARK = b'{"error"'
+MARK: Final = b'{"error"'
 # Enough of the previous chunk to hold a marker cut short plus `\ndata: ` before it.
-TAIL_BYTES = 32
+TAIL_BYTES: Final = 32
 # An error frame longer than this is not one an engine writes; stop gathering.
-MAX_FRAME_BYTES = 64 * 1024
+MAX_FRAME_BYTES: Final = 64 * 1024
 
-_decode = msgspec.json.Decoder().decode
+_decode: Final = msgspec.json.Decoder().decode
 
 
 class ErrorFrameWatch:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from aiohttp import web
@@ -29,9 +29,9 @@ from llmgw.router.errors import bad_request, error_response, too_large
 from llmgw.runtime.fastserver import FastRequest
 from llmgw.runtime.logs import kv
 
-log = logging.getLogger(__name__)
+log: Final = logging.getLogger(__name__)
 
-_decode = msgspec.json.Decoder().decode
+_decode: Final = msgspec.json.Decoder().decode
 
 
 class ByteBudget:

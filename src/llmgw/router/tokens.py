@@ -10,38 +10,18 @@ never invents token counts, and never changes what the client asked for.
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
+
+from llmgw.router.usagetypes import Usage, decode_doc
+
+__all__ = ["StreamUsage", "Usage", "usage_of"]
 
 # An unfinished last line is carried to the next chunk up to this size; longer
 # ones (a huge event with no usage in reach) are dropped from scanning.
-_MAX_TAIL = 65536
-_KEY = b'"usage"'
-
-
-class _Details(msgspec.Struct):
-    cached_tokens: int | None = None
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    prompt_tokens_details: _Details | None = None
-
-
-class _Doc(msgspec.Struct):
-    usage: _Usage | None = None
-
-
-_decode = msgspec.json.Decoder(_Doc).decode
-
-
-class Usage(msgspec.Struct, frozen=True):
-    prompt: int
-    completion: int
-    cached: int
-    # `cached` as the engine wrote it; None when it sent no prompt_tokens_details
-    # (vLLM without --enable-prompt-tokens-details): unknown, not zero (feedback.py).
-    cached_reported: int | None = None
+_MAX_TAIL: Final = 65536
+_KEY: Final = b'"usage"'
 
 
 def usage_of(body: bytes) -> Usage | None:
@@ -49,7 +29,7 @@ def usage_of(body: bytes) -> Usage | None:
     if _KEY not in body:
         return None
     try:
-        u = _decode(body).usage
+        u = decode_doc(body).usage
     except msgspec.DecodeError:
         return None
     if u is None:

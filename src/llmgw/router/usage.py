@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.usage import ModelLoad, UsageReport
 
-log = logging.getLogger(__name__)
+log: Final = logging.getLogger(__name__)
 
 
 class UsageTracker:
