@@ -100,6 +100,32 @@ class TestRequestBlockHashes:
             for text in (a, b, a, a, b):
                 assert request_block_hashes(chat("hi", system=text)) == want[text]
 
+    def test_equal_hashes_are_one_object(self) -> None:
+        """Long chains that share blocks give the same int objects for them (what the
+        index's dicts find by identity), whichever way each was computed: remembered
+        first parts that differ at their end, later turns, a prompt without a
+        remembered part. The table is bounded: full, it starts again (hashes
+        unchanged)."""
+        system = "You review code carefully. " * 200
+        bodies = [
+            chat("hi", system=system + "User: ana."),
+            chat("hi", system=system + "User: bob, in French."),
+            chat("more please", system=system + "User: ana."),
+            {"model": "m", "messages": [{"role": "user", "content": "short " * 150}]},
+            {"model": "m", "messages": [{"role": "user", "content": "short " * 160}]},
+        ]
+        chains = [request_block_hashes(b) for b in bodies]
+        seen: dict[int, int] = {}
+        for chain in chains:
+            for h in chain:
+                assert id(seen.setdefault(h, h)) == id(h)
+        assert len(seen) < sum(map(len, chains))  # they do share blocks
+        prefix_module._CANON.clear()
+        for _ in range(prefix_module._CANON_MAX // 8 + 2):
+            prefix_module._chain(b"m\x1e", random.randbytes(600), 9)
+        assert len(prefix_module._CANON) <= prefix_module._CANON_MAX
+        assert [request_block_hashes(b) for b in bodies] == chains
+
     def test_remembered_parts_are_bounded_in_count_and_bytes(self) -> None:
         """The memo keeps at most _HEADS_MAX parts and _HEADS_BYTES of them, oldest
         forgotten first; a part over _HEAD_MAX_BYTES is hashed but not kept."""

@@ -262,6 +262,7 @@ _FIRSTS: Final[dict[bytes, int]] = {}
 
 def _chain(key: bytes, data: bytes, count: int, out: list[int] | None = None) -> tuple[int, ...]:
     """The first `count` hashes of the chain over `data`, continuing `out` if given."""
+    start = 0 if out is None else len(out)
     if out is None:
         first = key + data[: _ENDS[0]]
         got = _FIRSTS.get(first)
@@ -288,7 +289,28 @@ def _chain(key: bytes, data: bytes, count: int, out: list[int] | None = None) ->
         # strict: `out` is one ahead when the blocks run out).
         links = islice(out, len(out) - 1, None)
         out += map(hash, zip(links, map(getitem, repeat(data), blocks), strict=False))
+        # One object per hash value (`_CANON`), as objects: compiled, an int is unboxed
+        # and boxed again into a new object. Short chains are not worth it: looking
+        # each hash up here costs about what it saves in the index.
+        fresh = cast("list[object]", out)
+        canon = cast("dict[object, object]", _CANON)
+        if len(canon) >= _CANON_MAX:
+            canon.clear()
+        new = fresh[start:]
+        fresh[start:] = map(canon.setdefault, new, new)
     return tuple(out)
+
+
+# Every hash a long chain computes is replaced by the object first seen with its value, so
+# the prefix index (whose dicts keep the key object they were first given) finds it
+# by identity. Chains that share blocks but not a remembered first part (a system
+# prompt with a per-user ending, the turns of one conversation) otherwise bring new
+# int objects each time, and every dict lookup of an equal but distinct int compares
+# the two: about 130 instructions more per lookup, two or more lookups per block
+# recorded (bench/router_overhead.py --instructions, 8 KB). Cleared when full: a
+# cache, not a record (what it drops only costs those comparisons again).
+_CANON_MAX: Final = 1 << 18
+_CANON: Final[dict[int, int]] = {}
 
 
 def capacity_units_for(
