@@ -964,9 +964,7 @@ def instructions_main(args: argparse.Namespace, others: str) -> int:
                 cells = []
                 for compiled_setting in settings:
                     env = {**os.environ, "LLMGW_ROUTER_COMPILED": compiled_setting}
-                    per, ran = count_instructions(
-                        ports, policy, size, n, env, stream, args.keep
-                    )
+                    per, ran = count_instructions(ports, policy, size, n, env, stream, args.keep)
                     print(f"{policy} {size} B {ran}: {per / 1e3:,.1f} k", flush=True)
                     cells.append(f"{per / 1e3:,.1f} k ({ran})")
                 rows.append(f"| {policy}, {size} B | " + " | ".join(cells) + " |")

@@ -401,9 +401,10 @@ async def test_one_task_answers_a_connection_s_requests_and_ends_with_it() -> No
             status, _, body = await read_answer(reader)
             assert (status, json.loads(body)["n"]) == (200, i)
             conn = next(iter(h.server.conns))
-            await wait_for(lambda: not conn.busy and conn.idle_waiter is not None)
+            await wait_for(lambda c=conn: not c.busy and c.idle_waiter is not None)
             runners.append(conn.runner)
-        assert runners[0] is not None and all(r is runners[0] for r in runners)
+        assert runners[0] is not None
+        assert all(r is runners[0] for r in runners)
         assert not runners[0].done()
         await shut(writer)
         await asyncio.wait_for(runners[0], 10)
