@@ -308,8 +308,10 @@ def _chain(key: bytes, data: bytes, count: int, out: list[int] | None = None) ->
 # int objects each time, and every dict lookup of an equal but distinct int compares
 # the two: about 130 instructions more per lookup, two or more lookups per block
 # recorded (bench/router_overhead.py --instructions, 8 KB). Cleared when full: a
-# cache, not a record (what it drops only costs those comparisons again).
-_CANON_MAX: Final = 1 << 18
+# cache, not a record (what it drops only costs those comparisons again). Full, it
+# holds about 1,000 chains of 64 blocks: 5 MB with its int objects, which are mostly
+# the index's own keys (tracemalloc).
+_CANON_MAX: Final = 1 << 16
 _CANON: Final[dict[int, int]] = {}
 
 

@@ -772,9 +772,9 @@ class FastProtocol(asyncio.Protocol):
     async def _run(self, first: FastRequest) -> None:
         """Answer the connection's requests in turn until it closes.
 
-        One task per connection, waiting between requests: creating a task per
-        request cost about 9,000 instructions (asyncio registers each in a WeakSet,
-        in Python, and unregisters it when it is freed; bench/RESULTS.md).
+        One task per connection, waiting between requests: a task per request cost
+        about 6,600 instructions (asyncio registers each task in a WeakSet, in Python,
+        and unregisters it when it is freed; bench/RESULTS.md, --instructions).
         """
         req: FastRequest | None = first
         while req is not None:
