@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
+from llmgw.router.usagetypes import Doc
 
 
 def event(obj: object) -> bytes:
@@ -62,3 +66,78 @@ class TestStreamUsage:
         scan = StreamUsage()
         scan.feed(event({"choices": [{"delta": {"content": "usage"}}]}))
         assert scan.usage is None
+
+
+def _reference(body: bytes) -> Usage | None:
+    """usage_of as the whole document decoded (what the search from the end must equal)."""
+    try:
+        u = msgspec.json.decode(body, type=Doc).usage
+    except msgspec.DecodeError:
+        return None
+    if u is None:
+        return None
+    details = u.prompt_tokens_details
+    cached = details.cached_tokens if details is not None else None
+    return Usage(
+        prompt=max(0, u.prompt_tokens or 0),
+        completion=max(0, u.completion_tokens or 0),
+        cached=max(0, cached or 0),
+        cached_reported=None if cached is None else max(0, cached),
+    )
+
+
+_usage_values = st.one_of(
+    st.none(),
+    st.integers(-3, 99),
+    st.just("usage"),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "prompt_tokens": st.none() | st.integers(-3, 10**6),
+            "completion_tokens": st.none() | st.integers(-3, 10**6) | st.just("x"),
+            "prompt_tokens_details": st.none()
+            | st.fixed_dictionaries({}, optional={"cached_tokens": st.integers(-3, 99)}),
+        },
+    ),
+)
+# Values that hide "usage" where it is not the answer's own: nested keys at any depth,
+# in lists, as string values.
+_json = st.recursive(
+    st.none() | st.integers(-5, 5) | st.sampled_from(["usage", '"usage":', "x"]),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["usage", "a", "choices"]), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@st.composite
+def _answers(draw: st.DrawFn) -> bytes:
+    doc: dict[str, object] = {}
+    for key in draw(st.permutations(["id", "choices", "usage", "extra"])):
+        if key == "usage":
+            if draw(st.booleans()):
+                doc["usage"] = draw(_usage_values)
+        else:
+            doc[key] = draw(_json)
+    layout = draw(st.sampled_from([{}, {"separators": (",", ":")}, {"indent": 1}]))
+    text = json.dumps(doc, **layout)  # type: ignore[arg-type]
+    return text.encode() + draw(st.sampled_from([b"", b"\n", b" x"]))
+
+
+class TestUsageFromTheEnd:
+    @settings(max_examples=400)
+    @given(_answers())
+    def test_same_as_decoding_the_whole_answer(self, body: bytes) -> None:
+        """Decoding from the last "usage" finds what decoding the whole answer does: the
+        answer's own usage wherever it sits, nothing from a nested or quoted one."""
+        assert usage_of(body) == _reference(body)
+
+    def test_a_nested_usage_after_the_answer_s_own(self) -> None:
+        body = b'{"usage":{"prompt_tokens":2},"extra":{"usage":{"prompt_tokens":9}}}'
+        assert usage_of(body) == Usage(prompt=2, completion=0, cached=0)
+        assert usage_of(b'{"object":"usage"}') is None
+        assert usage_of(b'{"usage" : {"prompt_tokens" : 4}}') == Usage(
+            prompt=4, completion=0, cached=0
+        )

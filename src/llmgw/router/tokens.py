@@ -26,12 +26,22 @@ _KEY: Final = b'"usage"'
 
 def usage_of(body: bytes) -> Usage | None:
     """The usage of one JSON document (a whole answer or one event's data); None without."""
-    if _KEY not in body:
+    at = body.rfind(_KEY)
+    if at < 0:
         return None
     try:
-        u = decode_doc(body).usage
+        # Engines write `usage` last, at the top level of the answer: decoded from
+        # there, as if the object began at it, the rest of the answer is not read
+        # again (the search runs from the end too). Where this `"usage"` is not a
+        # top-level key (a string value, or a key nested at some depth, whose
+        # containers close after it), those bytes are not one JSON object, and the
+        # whole answer is decoded instead.
+        u = decode_doc(b"{" + body[at:]).usage
     except msgspec.DecodeError:
-        return None
+        try:
+            u = decode_doc(body).usage
+        except msgspec.DecodeError:
+            return None
     if u is None:
         return None
     details = u.prompt_tokens_details
