@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.router.tokens import StreamUsage, Usage, usage_of
+from llmgw.router.tokens import StreamUsage, Usage, counted, usage_of
 from llmgw.router.usagetypes import Doc
 
 
@@ -74,16 +74,7 @@ def _reference(body: bytes) -> Usage | None:
         u = msgspec.json.decode(body, type=Doc).usage
     except msgspec.DecodeError:
         return None
-    if u is None:
-        return None
-    details = u.prompt_tokens_details
-    cached = details.cached_tokens if details is not None else None
-    return Usage(
-        prompt=max(0, u.prompt_tokens or 0),
-        completion=max(0, u.completion_tokens or 0),
-        cached=max(0, cached or 0),
-        cached_reported=None if cached is None else max(0, cached),
-    )
+    return None if u is None else counted(u)
 
 
 _usage_values = st.one_of(

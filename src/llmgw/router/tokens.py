@@ -14,9 +14,9 @@ from typing import Final
 
 import msgspec
 
-from llmgw.router.usagetypes import Usage, decode_doc
+from llmgw.router.usagetypes import Usage, UsageDoc, decode_doc
 
-__all__ = ["StreamUsage", "Usage", "usage_of"]
+__all__ = ["StreamUsage", "Usage", "counted", "usage_of"]
 
 # An unfinished last line is carried to the next chunk up to this size; longer
 # ones (a huge event with no usage in reach) are dropped from scanning.
@@ -42,8 +42,12 @@ def usage_of(body: bytes) -> Usage | None:
             u = decode_doc(body).usage
         except msgspec.DecodeError:
             return None
-    if u is None:
-        return None
+    return None if u is None else counted(u)
+
+
+def counted(u: UsageDoc) -> Usage:
+    """An engine's usage object as the router counts it: no negative counts, and
+    `cached_reported` None when the engine sent no cached count."""
     details = u.prompt_tokens_details
     cached = details.cached_tokens if details is not None else None
     return Usage(
