@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -65,20 +65,24 @@ class FastRoutes:
             "/admin/usage": admin_usage,
         }
 
-    async def __call__(self, request: FastRequest) -> Answer:
+    def __call__(self, request: FastRequest) -> Awaitable[Answer]:
+        # Not a coroutine itself: it hands back the handler's, which the server
+        # awaits directly. An async wrapper here (this module is not compiled) was
+        # an interpreted frame that every resumption of a proxied request passed
+        # through (bench/router_overhead.py --instructions).
         path, method = request.path, request.method
         if method == "POST" and path in POST_PATHS:
-            return await self.proxy.answer(request)
+            return self.proxy.answer(request)
         if method == "GET" or method == "HEAD":
             handler = self.gets.get(path)
             if handler is not None:
-                return await handler(request)
+                return handler(request)
             if path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
                 request.match_info["model"] = path[len(MODEL_PREFIX) :]
-                return await self.proxy.model(request)
+                return self.proxy.model(request)
         if path.startswith("/v1/"):
-            return await self.proxy.no_route(request)
-        return await no_route(request)
+            return self.proxy.no_route(request)
+        return no_route(request)
 
 
 MODEL_PREFIX = "/v1/models/"

@@ -41,14 +41,13 @@ def bearer(authorization: str | None) -> str | None:
 class KeyRing:
     """The configured client keys; empty means /v1/* is open."""
 
-    __slots__ = ("_by_digest",)
+    __slots__ = ("_by_digest", "enabled")
 
     def __init__(self, keys: Iterable[ApiKey] = ()) -> None:
         self._by_digest = {k.sha256.lower(): k.name for k in keys}
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._by_digest)
+        # A plain attribute, not a property: read on every request, from compiled
+        # code, where a property of this (interpreted) class is a Python call.
+        self.enabled = bool(self._by_digest)
 
     def check(self, authorization: str | None) -> str | None:
         """The key's name when the header carries a configured key, else None."""

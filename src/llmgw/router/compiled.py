@@ -46,6 +46,7 @@ MODULES = (
     "llmgw.router.tokens",
     "llmgw.router.inband",
     "llmgw.router.usage",
+    "llmgw.router.wiring",
     "llmgw.router.proxy",
 )
 MANIFEST = "manifest.json"

@@ -83,8 +83,10 @@ class Ours:
             return choose(snaps, exclude=exclude, cfg=self.cfg)
         ids = [s.info.id for s in snaps]
         matches = self.prefix.match(hashes, ids)
-        if self.exact is not None and key.body is not None:
-            precise = self.exact.precise_among(ids)
+        exact = self.exact
+        # `follows` first: no endpoint in precise mode (the common case) costs no call.
+        if exact is not None and exact.follows and key.body is not None:
+            precise = exact.precise_among(ids)
             if precise:
                 self._exact_matches(matches, key.body, precise, len(hashes))
         d = choose(
