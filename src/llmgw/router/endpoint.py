@@ -55,7 +55,7 @@ class Snapshot:
     (this module is compiled, compiled.py), not a msgspec Struct or a dataclass: one
     is built per endpoint of the model on every request, and the compiled scheduler
     reads its attributes directly, where a Struct's went through CPython's generic
-    attribute lookup (bench/RESULTS.md). For the same reason it carries the few
+    attribute lookup (docs/router.md, mypyc). For the same reason it carries the few
     figures of `info` and `stats` read per request (`id`, `weight`, `priority`,
     `engine_requests`): the registry passes them as it keeps them; built by keywords
     without them, they are derived from `info` and `stats`.
