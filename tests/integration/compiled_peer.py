@@ -16,12 +16,15 @@ import msgspec
 
 from llmgw.router import compiled
 from llmgw.router.affinity import route_key
-from llmgw.router.endpoint import Snapshot, Stats
+from llmgw.router.breaker import BreakerState, Outcome
+from llmgw.router.endpoint import Registry, Release, Snapshot, Stats
 from llmgw.router.inband import ErrorFrameWatch
 from llmgw.router.policies import Ours
 from llmgw.router.prefix import PrefixIndex, rendezvous_order, request_block_hashes
-from llmgw.router.scheduler import Decision, SchedulerConfig, choose
+from llmgw.router.scheduler import Decision, SchedulerConfig, choose, load_of
 from llmgw.router.tokens import StreamUsage, usage_of
+from llmgw.runtime.clock import ManualClock
+from llmgw.wire.endpoints import EndpointInfo
 
 
 def decided(d: Decision, ids: list[str]) -> list[Any]:
@@ -52,6 +55,48 @@ def run_index(ops: list[list[Any]], ids: list[str], max_total: int, default: int
         elif op == "retain":
             idx.retain(a[0])
     return [*out, index_state(idx, ids)]
+
+
+def snapshot_of(d: dict[str, Any]) -> Snapshot:
+    """A snapshot from its builtins (`Snapshot.as_builtins`), by the public constructor."""
+    return Snapshot(
+        **{
+            **d,
+            "info": msgspec.convert(d["info"], EndpointInfo),
+            "stats": msgspec.convert(d["stats"], Stats | None),
+            "breaker": BreakerState(d["breaker"]),
+        }
+    )
+
+
+def seen(snaps: list[Snapshot]) -> list[Any]:
+    """What the scheduler reads of each snapshot, its load, and what /admin shows."""
+    return [
+        [s.id, s.weight, s.priority, s.engine_requests, load_of(s), s.as_builtins()] for s in snaps
+    ]
+
+
+def run_registry(infos: list[Any], ops: list[list[Any]]) -> list[Any]:
+    """A registry's snapshots after a sequence of list changes, scrapes and dispatches."""
+    clock = ManualClock()
+    reg = Registry(clock=clock)
+    releases: list[Release] = []
+    out: list[Any] = []
+    for op, *a in ops:
+        if op == "replace":
+            reg.replace(msgspec.convert(infos[: a[0]], list[EndpointInfo]))
+        elif op == "observe":
+            reg.observe(a[0], msgspec.convert(a[1], Stats))
+        elif op == "acquire":
+            release = reg.acquire(a[0], pending=a[1])
+            if release is not None:
+                releases.append(release)
+        elif op == "release" and releases:
+            releases.pop(0)(Outcome.OK)
+        elif op == "advance":
+            clock.advance(a[0])
+        out.append(seen(reg.snapshots()))
+    return out
 
 
 def run_ours(snaps: list[Snapshot], requests: list[list[Any]], capacity: int) -> list[Any]:
@@ -93,7 +138,11 @@ def answer(op: str, a: dict[str, Any]) -> Any:
         return rendezvous_order(a["key"], a["ids"])
     if op == "index":
         return run_index(a["ops"], a["ids"], a["max_total"], a["default"])
-    snaps = msgspec.json.decode(a["snaps"], type=list[Snapshot])
+    if op == "registry":
+        return run_registry(a["infos"], a["ops"])
+    snaps = [snapshot_of(d) for d in json.loads(a["snaps"])]
+    if op == "snapshots":
+        return seen(snaps)
     if op == "choose":
         d = choose(
             snaps,

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,6 +29,7 @@ from llmgw.router import compiled
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot, Stats
 from llmgw.router.prefix import MAX_ROUTED_BYTES
+from llmgw.router.scheduler import load_of
 from llmgw.testing import start_program
 from llmgw.wire.endpoints import EndpointInfo
 
@@ -251,13 +251,51 @@ def snapshots(draw: st.DrawFn) -> list[Snapshot]:
             breaker=draw(st.sampled_from(BreakerState)),
             restarts=0,
             inflight_at_scrape=draw(st.integers(0, 10)),
+            pending=draw(st.integers(0, 3)),
         )
         for i in ids
     ]
 
 
 def encoded(snaps: list[Snapshot]) -> str:
-    return msgspec.json.encode(snaps).decode()
+    """As the peers rebuild them (compiled_peer.snapshot_of)."""
+    return json.dumps([s.as_builtins() for s in snaps])
+
+
+# A registry's life: endpoints listed (the first n of five), scraped, dispatched to.
+registry_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("replace"), st.integers(0, 5)),
+        st.tuples(
+            st.just("observe"),
+            st.sampled_from(IDS),
+            st.fixed_dictionaries(
+                {
+                    "running": st.integers(0, 12),
+                    "waiting": st.integers(0, 6),
+                    "kv_usage": st.none(),
+                },
+                optional={"success_total": st.integers(0, 100).map(float)},
+            ),
+        ),
+        st.tuples(st.just("acquire"), st.sampled_from(IDS), st.booleans()),
+        st.tuples(st.just("release")),
+        st.tuples(st.just("advance"), st.sampled_from([0.5, 4.0, 20.0])),
+    ).map(list),
+    max_size=20,
+)
+registry_infos = st.lists(
+    st.fixed_dictionaries(
+        {"url": st.just("http://x"), "models": st.just(["m"])},
+        optional={
+            "weight": st.sampled_from([0.0, 0.5, 2.5]),
+            "priority": st.integers(-1, 2),
+            "api_key": st.just("k"),
+        },
+    ),
+    min_size=5,
+    max_size=5,
+).map(lambda infos: [{"id": i, **info} for i, info in zip(IDS, infos, strict=True)])
 
 
 some_ids = st.lists(st.sampled_from([*IDS, "z"]), unique=True, max_size=6)
@@ -430,6 +468,42 @@ class TestSameAnswers:
             gains=gains,
             cfg=cfg,
         )
+
+    @EQUIVALENCE
+    @given(snapshots())
+    def test_snapshots_from_keywords(self, peers: tuple[Peer, Peer], snaps: list[Snapshot]) -> None:
+        """Built by keywords (info and stats only), a snapshot derives what the scheduler
+        reads, and gives back what it was built from."""
+        got = same(peers, "snapshots", snaps=encoded(snaps))
+        shown = json.loads(encoded(snaps))
+        assert [g[-1] for g in got] == shown
+        assert [g[:-1] for g in got] == [
+            [
+                s.info.id,
+                s.info.weight,
+                s.info.priority,
+                None if s.stats is None else s.stats.running + s.stats.waiting,
+                load_of(s),
+            ]
+            for s in snaps
+        ]
+
+    @EQUIVALENCE
+    @given(registry_infos, registry_ops)
+    def test_registry_snapshots(
+        self, peers: tuple[Peer, Peer], infos: list[Any], ops: list[Any]
+    ) -> None:
+        """The registry's snapshots (what it keeps for them precomputed) read alike."""
+        for step in same(peers, "registry", infos=infos, ops=ops):
+            for eid, weight, priority, queued, _, shown in step:
+                info = next(i for i in infos if i["id"] == eid)
+                assert (eid, weight, priority) == (
+                    shown["info"]["id"],
+                    info.get("weight", 1.0),
+                    info.get("priority", 0),
+                )
+                stats = shown["stats"]
+                assert queued == (None if stats is None else stats["running"] + stats["waiting"])
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(snapshots(), requests, st.sampled_from([24, 200, 4096]))

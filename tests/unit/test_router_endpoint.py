@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.router.breaker import BreakerConfig, BreakerState, Outcome
-from llmgw.router.endpoint import Registry, Release, Stats
+from llmgw.router.endpoint import Registry, Release, Snapshot, Stats
 from llmgw.testing import ManualClock
 from llmgw.wire.endpoints import EndpointInfo
 
@@ -251,6 +252,138 @@ class TestSnapshots:
         assert (reg.snapshots()[0].breaker, snap.breaker) == (BreakerState.HALF_OPEN,) * 2
         assert reg.acquire("a") is not None
         assert reg.acquire("a") is None
+
+    def test_registry_snapshots_carry_info_and_stats_figures(self) -> None:
+        """What the scheduler reads per request comes with the snapshot, kept current:
+        the info's id, weight and priority, the last scrape's running + waiting."""
+        reg = Registry(clock=ManualClock())
+        reg.replace([EndpointInfo(id="a", url="http://a", models=("m",), weight=2.5, priority=3)])
+        s = reg.snapshots()[0]
+        assert (s.id, s.weight, s.priority, s.engine_requests) == ("a", 2.5, 3, None)
+        reg.observe("a", Stats(running=4, waiting=3, kv_usage=None))
+        reg.replace([EndpointInfo(id="a", url="http://a", models=("m",), weight=0.5)])
+        s = reg.snapshots()[0]
+        assert (s.id, s.weight, s.priority, s.engine_requests) == ("a", 0.5, 0, 7)
+        assert (s.info.weight, s.stats) == (0.5, Stats(running=4, waiting=3, kv_usage=None))
+
+    def test_snapshot_keywords_derive_what_the_scheduler_reads(self) -> None:
+        """Built by keywords without them, id, weight, priority and engine_requests
+        come from info and stats; given, they are kept."""
+        i = EndpointInfo(id="e", url="http://e", models=("m",), weight=1.5, priority=2)
+        base = {
+            "drain_rate": 0.0,
+            "inflight": 0,
+            "running_capacity": 0,
+            "stale": False,
+            "age_s": None,
+            "breaker": BreakerState.CLOSED,
+            "restarts": 0,
+        }
+        never = Snapshot(info=i, stats=None, **base)  # type: ignore[arg-type]
+        assert (never.id, never.weight, never.priority, never.engine_requests) == (
+            "e",
+            1.5,
+            2,
+            None,
+        )
+        scraped = Snapshot(info=i, stats=Stats(running=2, waiting=5, kv_usage=0.1), **base)  # type: ignore[arg-type]
+        assert scraped.engine_requests == 7
+        given_ = Snapshot(
+            info=i,
+            stats=None,
+            id="e",
+            weight=1.5,
+            priority=2,
+            engine_requests=None,
+            **base,  # type: ignore[arg-type]
+        )
+        assert given_ == never
+        assert (scraped == never, hash(given_) == hash(never)) == (False, True)
+        assert repr(never).startswith("Snapshot(info=EndpointInfo(id='e'")
+
+    def test_snapshots_as_shown_by_admin_endpoints(self) -> None:
+        """/admin/endpoints shows each snapshot as msgspec encoded it when it was a
+        Struct: its keywords in order, info without its default fields, stats whole,
+        the breaker by name; nothing derived."""
+        clock = ManualClock()
+        reg = Registry(clock=clock, breaker=BreakerConfig(failure_threshold=1))
+        reg.replace(
+            [
+                EndpointInfo(
+                    id="a", url="http://a", models=("m",), weight=2.5, priority=1, api_key="k"
+                ),
+                EndpointInfo(id="b", url="http://b", models=("m", "n"), engine="vllm"),
+            ]
+        )
+        reg.observe("a", Stats(running=3, waiting=2, kv_usage=0.5, success_total=5.0))
+        clock.advance(2)
+        reg.observe("a", Stats(running=4, waiting=1, kv_usage=None, success_total=9.0))
+        assert reg.acquire("a", pending=True) is not None
+        failed = reg.acquire("b")
+        assert failed is not None
+        failed(Outcome.ENDPOINT_FAILURE)
+        clock.advance(1)
+        # As the JSON answer has them (builtins keep info's models a tuple).
+        shown = json.loads(json.dumps([s.as_builtins() for s in reg.snapshots()]))
+        a_info = {"id": "a", "url": "http://a", "models": ["m"], "weight": 2.5, "priority": 1}
+        assert shown == [
+            {
+                "info": {**a_info, "api_key": "k"},
+                "stats": {
+                    "running": 4,
+                    "waiting": 1,
+                    "kv_usage": None,
+                    "block_size": None,
+                    "num_gpu_blocks": None,
+                    "prompt_tokens": None,
+                    "generation_tokens": None,
+                    "success_total": 9.0,
+                    "kv_capacity_tokens": None,
+                },
+                "drain_rate": pytest.approx(0.6),
+                "inflight": 1,
+                "running_capacity": 4,
+                "stale": False,
+                "age_s": 1.0,
+                "breaker": "closed",
+                "restarts": 0,
+                "inflight_at_scrape": 0,
+                "pending": 1,
+                "probe_in_s": None,
+                "opened_total": 0,
+            },
+            {
+                "info": {"id": "b", "url": "http://b", "models": ["m", "n"], "engine": "vllm"},
+                "stats": None,
+                "drain_rate": 0.0,
+                "inflight": 0,
+                "running_capacity": 0,
+                "stale": True,
+                "age_s": None,
+                "breaker": "open",
+                "restarts": 0,
+                "inflight_at_scrape": 0,
+                "pending": 0,
+                "probe_in_s": 9.0,
+                "opened_total": 1,
+            },
+        ]
+        assert [list(d) for d in shown] == [list(shown[0])] * 2
+        assert list(shown[0]) == [
+            "info",
+            "stats",
+            "drain_rate",
+            "inflight",
+            "running_capacity",
+            "stale",
+            "age_s",
+            "breaker",
+            "restarts",
+            "inflight_at_scrape",
+            "pending",
+            "probe_in_s",
+            "opened_total",
+        ]
 
 
 class TestAcquire:

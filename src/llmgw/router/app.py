@@ -331,7 +331,7 @@ async def admin_endpoints(request: Req) -> web.Response:
             "worker": st.worker_index,
             "policy": st.policy.name,
             "upstream_client": st.upstream_client,
-            "endpoints": _without_keys(msgspec.to_builtins(st.registry.snapshots())),
+            "endpoints": _without_keys([s.as_builtins() for s in st.registry.snapshots()]),
             "prefix_entries": st.prefix.entries_by_endpoint(),
             "decisions": decisions,
         }

@@ -17,7 +17,9 @@ is wall-clock unix seconds because it leaves the process (the usage report).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
+
+import msgspec
 
 from llmgw.router.breaker import (
     DEFAULT_BREAKER_CONFIG,
@@ -27,7 +29,7 @@ from llmgw.router.breaker import (
     Outcome,
 )
 from llmgw.router.shared import SharedInflight
-from llmgw.router.snapshot import Snapshot, Stats
+from llmgw.router.snapshot import Stats
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.wire.endpoints import EndpointInfo
 
@@ -46,30 +48,214 @@ class Release(Protocol):
         """The engine has answered or sent its first token: no longer `pending`."""
 
 
+class Snapshot:
+    """Everything the scheduler knows of one endpoint, as a value read without a lock.
+
+    Immutable: nothing assigns its attributes after construction. A compiled class
+    (this module is compiled, compiled.py), not a msgspec Struct or a dataclass: one
+    is built per endpoint of the model on every request, and the compiled scheduler
+    reads its attributes directly, where a Struct's went through CPython's generic
+    attribute lookup (docs/router.md, mypyc). For the same reason it carries the few
+    figures of `info` and `stats` read per request (`id`, `weight`, `priority`,
+    `engine_requests`): the registry passes them as it keeps them; built by keywords
+    without them, they are derived from `info` and `stats`.
+
+    Build it by keywords; the registry passes its arguments by position, in the
+    order of the parameters: uncompiled, a call with 17 keywords cost about three times
+    one by position.
+
+    `as_builtins()` is what /admin/endpoints shows (msgspec does not know this class).
+    """
+
+    __slots__ = (
+        "age_s",
+        "breaker",
+        "drain_rate",
+        "engine_requests",
+        "id",
+        "inflight",
+        "inflight_at_scrape",
+        "info",
+        "opened_total",
+        "pending",
+        "priority",
+        "probe_in_s",
+        "restarts",
+        "running_capacity",
+        "stale",
+        "stats",
+        "weight",
+    )
+
+    def __init__(
+        self,
+        info: EndpointInfo,
+        stats: Stats | None,
+        drain_rate: float,
+        inflight: int,
+        running_capacity: int,
+        stale: bool,
+        age_s: float | None,
+        breaker: BreakerState,
+        restarts: int,
+        inflight_at_scrape: int = 0,
+        pending: int = 0,
+        probe_in_s: float | None = None,
+        opened_total: int = 0,
+        id: str | None = None,
+        weight: float | None = None,
+        priority: int | None = None,
+        engine_requests: int | None = None,
+    ) -> None:
+        self.info: Final = info
+        # The last successful scrape; None: never scraped since the endpoint appeared.
+        self.stats: Final = stats
+        # Finished requests per second, exponentially smoothed (α 0.3). This is
+        # AIBrix's load signal: running alone cannot tell that a replica is slow.
+        # 0.0 until two scrapes with a finished-request counter have been seen, and
+        # always for engines without one (llama.cpp); it only breaks ties.
+        self.drain_rate: Final = drain_rate
+        # Requests this router dispatched here that have not finished (all its
+        # workers together: shared.py). It compensates for scrape lag: without it,
+        # herding is unavoidable within an interval.
+        self.inflight: Final = inflight
+        # The highest `running` ever observed: the engine's batch capacity, learned
+        # rather than configured. Kept across engine restarts (the seed's "max ever"):
+        # a restarted engine has the same batch limit. 0 until the first scrape.
+        self.running_capacity: Final = running_capacity
+        # No successful scrape within `stale_after_s`, or never scraped. Stale
+        # endpoints are scored down, not dropped.
+        self.stale: Final = stale
+        # Seconds since the last successful scrape; None if never scraped.
+        self.age_s: Final = age_s
+        # Read without side effects: an open breaker past its cooldown reads half_open.
+        self.breaker: Final = breaker
+        # Engine restarts observed (a counter went backwards).
+        self.restarts: Final = restarts
+        # `inflight` when the last scrape was recorded: the engine's figures already
+        # contain (roughly) these, so the requests it has not yet reported are
+        # inflight − inflight_at_scrape (the scheduler's load estimate, `load_of`).
+        self.inflight_at_scrape: Final = inflight_at_scrape
+        # Of `inflight`, the streamed requests whose first token has not come yet (all
+        # workers together): queued at the engine or in prefill. Live, where the
+        # engine's own `waiting` is a scrape old; the scheduler counts it as queue
+        # (`load_of`). Requests that do not stream never count: their answer comes whole.
+        self.pending: Final = pending
+        # Seconds until an open breaker admits its probe; None unless open.
+        self.probe_in_s: Final = probe_in_s
+        # Times the breaker has opened: a rise means a probe failed (holding.hold_until).
+        self.opened_total: Final = opened_total
+        # From `info` and `stats`, for the scheduler (given, they must agree with them):
+        # info.id, info.weight, info.priority.
+        self.id: Final = info.id if id is None else id
+        self.weight: Final = info.weight if weight is None else weight
+        self.priority: Final = info.priority if priority is None else priority
+        # The engine's running + waiting as of the last scrape; None: never scraped.
+        if engine_requests is None and stats is not None:
+            engine_requests = stats.running + stats.waiting
+        self.engine_requests: Final = engine_requests
+
+    def as_builtins(self) -> dict[str, Any]:
+        """The snapshot as JSON-ready builtins: its constructor's keywords (no derived
+        figures), in their order, as msgspec.to_builtins encoded it when it was a Struct."""
+        return {
+            "info": msgspec.to_builtins(self.info),
+            "stats": None if self.stats is None else msgspec.to_builtins(self.stats),
+            "drain_rate": self.drain_rate,
+            "inflight": self.inflight,
+            "running_capacity": self.running_capacity,
+            "stale": self.stale,
+            "age_s": self.age_s,
+            "breaker": self.breaker.value,
+            "restarts": self.restarts,
+            "inflight_at_scrape": self.inflight_at_scrape,
+            "pending": self.pending,
+            "probe_in_s": self.probe_in_s,
+            "opened_total": self.opened_total,
+        }
+
+    def _key(self) -> tuple[object, ...]:
+        return (
+            self.info,
+            self.stats,
+            self.drain_rate,
+            self.inflight,
+            self.running_capacity,
+            self.stale,
+            self.age_s,
+            self.breaker,
+            self.restarts,
+            self.inflight_at_scrape,
+            self.pending,
+            self.probe_in_s,
+            self.opened_total,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Snapshot):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in zip(_FIELDS, self._key(), strict=True))
+        return f"Snapshot({fields})"
+
+
+# Snapshot's constructor keywords, in order (its repr).
+_FIELDS: Final = (
+    "info",
+    "stats",
+    "drain_rate",
+    "inflight",
+    "running_capacity",
+    "stale",
+    "age_s",
+    "breaker",
+    "restarts",
+    "inflight_at_scrape",
+    "pending",
+    "probe_in_s",
+    "opened_total",
+)
+
+
 class _Live:
     """One endpoint's mutable state; never leaves this module."""
 
     __slots__ = (
         "breaker",
         "drain_rate",
+        "engine_requests",
+        "id",
         "inflight",
         "inflight_at_scrape",
         "info",
         "last_used",
         "max_running",
         "pending",
+        "priority",
         "pslot",
         "restarts",
         "row",
         "scraped_at",
         "slot",
         "stats",
+        "weight",
     )
 
     def __init__(self, info: EndpointInfo, breaker: Breaker) -> None:
         self.info = info
+        # info's and stats' figures a Snapshot carries, read from them once (set_info,
+        # Registry.observe) rather than once per request.
+        self.id = info.id
+        self.weight = info.weight
+        self.priority = info.priority
         self.breaker = breaker
         self.stats: Stats | None = None
+        self.engine_requests: int | None = None  # stats' running + waiting
         self.scraped_at: float | None = None  # monotonic
         self.drain_rate = 0.0
         self.max_running = 0
@@ -87,6 +273,12 @@ class _Live:
         self.row: memoryview | None = None
         self.slot = 0
         self.pslot = 0  # its pending count's cell: the row's second half
+
+    def set_info(self, info: EndpointInfo) -> None:
+        self.info = info
+        self.id = info.id
+        self.weight = info.weight
+        self.priority = info.priority
 
 
 class _Release:
@@ -186,7 +378,7 @@ class Registry:
             live = old.get(info.id) or new.get(info.id)
             if live is None:
                 live = _Live(info, Breaker(self._breaker_cfg, clock=self._clock))
-            live.info = info
+            live.set_info(info)
             new[info.id] = live
         removed = sorted(old.keys() - new.keys())
         now = self._clock.monotonic()
@@ -217,7 +409,7 @@ class Registry:
 
     @staticmethod
     def _share(live: _Live, shared: SharedInflight) -> None:
-        slot = shared.slots.get(live.info.id)
+        slot = shared.slots.get(live.id)
         if slot is None:
             # No slot (the table is full): counted by this worker alone.
             Registry._unshare(live)
@@ -261,6 +453,7 @@ class Registry:
                 rate = (after - before) / dt
                 live.drain_rate = DRAIN_ALPHA * rate + (1 - DRAIN_ALPHA) * live.drain_rate
         live.stats = stats
+        live.engine_requests = stats.running + stats.waiting
         live.scraped_at = now
         live.max_running = max(live.max_running, stats.running)
         live.inflight_at_scrape = self._inflight(live)
@@ -292,21 +485,26 @@ class Registry:
         breaker = live.breaker
         state = breaker.state()
         inflight, pending = self._counts(live)
+        # By position (Snapshot's docstring), in the order of its parameters.
         return Snapshot(
-            info=live.info,
-            stats=live.stats,
-            drain_rate=live.drain_rate,
-            inflight=inflight,
-            running_capacity=live.max_running,
-            stale=age is None or age > self._stale_after_s,
-            age_s=age,
-            breaker=state,
-            restarts=live.restarts,
-            inflight_at_scrape=live.inflight_at_scrape,
-            pending=pending,
-            # None unless open (a closed or half-open breaker has no probe to wait for).
-            probe_in_s=None if state is BreakerState.CLOSED else breaker.probe_in_s(),
-            opened_total=breaker.opened_total,
+            live.info,
+            live.stats,
+            live.drain_rate,
+            inflight,
+            live.max_running,  # running_capacity
+            age is None or age > self._stale_after_s,  # stale
+            age,  # age_s
+            state,  # breaker
+            live.restarts,
+            live.inflight_at_scrape,
+            pending,
+            # probe_in_s: None unless open (a closed or half-open breaker has no probe).
+            None if state is BreakerState.CLOSED else breaker.probe_in_s(),
+            breaker.opened_total,
+            live.id,
+            live.weight,
+            live.priority,
+            live.engine_requests,
         )
 
     def acquire(self, id: str, *, pending: bool = False) -> Release | None:
@@ -341,7 +539,7 @@ class Registry:
         zero would make every replica the oldest idle one after a router restart
         — nominating the whole fleet for eviction at once.
         """
-        return {live.info.id: live.last_used for live in self._sorted if live.last_used is not None}
+        return {live.id: live.last_used for live in self._sorted if live.last_used is not None}
 
     def departed_inflight(self, *, linger_s: float = 30.0) -> dict[str, int]:
         """Requests still in flight to endpoints replace() removed, by id.
@@ -366,10 +564,10 @@ class Registry:
     def own_inflight(self) -> dict[str, int]:
         """Requests in flight per endpoint from this process alone (its usage report:
         the supervisor adds the workers' reports up)."""
-        return {live.info.id: live.inflight for live in self._sorted}
+        return {live.id: live.inflight for live in self._sorted}
 
     def ids(self) -> list[str]:
-        return [live.info.id for live in self._sorted]
+        return [live.id for live in self._sorted]
 
     def infos(self) -> list[EndpointInfo]:
         return [live.info for live in self._sorted]

@@ -81,7 +81,7 @@ class Ours:
         hashes = key.hashes
         if not hashes:
             return choose(snaps, exclude=exclude, cfg=self.cfg)
-        ids = [s.info.id for s in snaps]
+        ids = [s.id for s in snaps]
         matches = self.prefix.match(hashes, ids)
         exact = self.exact
         # `follows` first: no endpoint in precise mode (the common case) costs no call.
@@ -112,7 +112,7 @@ class Ours:
             eid = d.endpoint_id
             stats = None
             for s in snaps:
-                if s.info.id == eid:
+                if s.id == eid:
                     stats = s.stats
                     break
             self._record(eid, hashes, stats)
@@ -185,7 +185,7 @@ def _gains(matches: dict[str, int], ids: Sequence[str], n: int) -> dict[str, flo
 
 def _candidates(snaps: Sequence[Snapshot], exclude: Collection[str]) -> list[Snapshot]:
     is_open = BreakerState.OPEN
-    return [s for s in snaps if s.info.id not in exclude and s.breaker is not is_open]
+    return [s for s in snaps if s.id not in exclude and s.breaker is not is_open]
 
 
 def _none(snaps: Sequence[Snapshot]) -> Decision:
@@ -224,7 +224,7 @@ class RoundRobin(_Baseline):
             return _none(snaps)
         pick = cands[self._next % len(cands)]
         self._next += 1
-        return Decision(endpoint_id=pick.info.id, scores=(), reason="round_robin")
+        return Decision(endpoint_id=pick.id, scores=(), reason="round_robin")
 
 
 class LeastInflight(_Baseline):
@@ -246,7 +246,7 @@ class LeastInflight(_Baseline):
         # Rotate among ties, or an idle fleet would send everything to the first id.
         pick = tied[self._tie % len(tied)]
         self._tie += 1
-        return Decision(endpoint_id=pick.info.id, scores=(), reason=f"least_inflight {low}")
+        return Decision(endpoint_id=pick.id, scores=(), reason=f"least_inflight {low}")
 
 
 def make_policy(

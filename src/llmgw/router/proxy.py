@@ -385,7 +385,7 @@ class Proxy:
                             )
                             result, usage = tally.result, tally.usage.usage
                         if att.outcome is Outcome.OK:
-                            stats = next((s.stats for s in snaps if s.info.id == eid), None)
+                            stats = next((s.stats for s in snaps if s.id == eid), None)
                             # The engine's cached_tokens checks the index's guess (feedback.py).
                             cached = None if usage is None else usage.cached_reported
                             st.policy.served(

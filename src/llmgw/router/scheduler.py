@@ -257,10 +257,10 @@ def load_of(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float:
     # Plain comparisons, each field read once: this runs for every endpoint of every
     # request, and max() over mixed arguments cost more than the arithmetic.
     inflight = s.inflight
-    stats = s.stats
+    queued = s.engine_requests  # the scrape's running + waiting
     est = float(inflight)
-    if stats is not None:
-        seen = float(stats.running + stats.waiting + inflight - s.inflight_at_scrape)
+    if queued is not None:
+        seen = float(queued + inflight - s.inflight_at_scrape)
         if seen > est:
             est = seen
     capacity = s.running_capacity
@@ -268,7 +268,7 @@ def load_of(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float:
         capacity = cfg.default_capacity
     if capacity < 1:
         capacity = 1
-    weight = s.info.weight
+    weight = s.weight
     if weight <= 0:
         weight = 1.0
     return (est + cfg.pending_weight * s.pending) / capacity / weight
@@ -295,11 +295,10 @@ def choose(
     rows: dict[str, _Row] = {}
     is_open = BreakerState.OPEN
     for s in snapshots:
-        info = s.info
-        eid = info.id
+        eid = s.id
         load = load_of(s, cfg)
         total = load + cfg.stale_penalty if s.stale else load
-        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0), info.priority)
+        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0), s.priority)
         if eid in exclude:
             cur.note = "excluded"
         elif s.breaker is is_open:

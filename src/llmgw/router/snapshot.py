@@ -1,19 +1,15 @@
-"""What the registry (endpoint.py) says of one endpoint: a scrape, and a snapshot.
+"""One scrape of an endpoint, as the registry (endpoint.py) keeps it: `Stats`.
 
-Apart from the registry because both are decoded and encoded by msgspec (the
-workers' channel, /admin/endpoints), which reads their fields' annotations at run
-time, and the registry is compiled by mypyc (compiled.py) where those do not
-survive: this module never is.
+Apart from the registry because msgspec decodes and encodes it (the workers'
+channel, /admin/endpoints), which reads its fields' annotations at run time, and
+the registry is compiled by mypyc (compiled.py) where those do not survive: this
+module never is. The registry's per-request `Snapshot` is a compiled class in
+endpoint.py (its fields read directly by the compiled scheduler).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import msgspec
-
-from llmgw.router.breaker import BreakerState
-from llmgw.wire.endpoints import EndpointInfo
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,55 +36,3 @@ class Stats:
     # summed over DP engines (vLLM), `max_total_num_tokens` (SGLang), or the token
     # budget `tgi_batch_max_total_tokens` (TGI).
     kv_capacity_tokens: int | None = None
-
-
-class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything the scheduler knows of one endpoint, as a value read without a lock.
-
-    A msgspec Struct, not a frozen dataclass: one is built per endpoint of the
-    model on every request, and a frozen dataclass's `__init__` (a
-    `object.__setattr__` per field) cost about 10x as much
-    (bench/router_overhead.py --chat)."""
-
-    info: EndpointInfo
-    # The last successful scrape; None: never scraped since the endpoint appeared.
-    stats: Stats | None
-    # Finished requests per second, exponentially smoothed (α 0.3). This is
-    # AIBrix's load signal: running alone cannot tell that a replica is slow.
-    # 0.0 until two scrapes with a finished-request counter have been seen, and
-    # always for engines without one (llama.cpp); it only breaks ties.
-    drain_rate: float
-    # Requests this router dispatched here that have not finished (all its
-    # workers together: shared.py). It compensates for scrape lag: without it,
-    # herding is unavoidable within an interval.
-    inflight: int
-    # The highest `running` ever observed: the engine's batch capacity, learned
-    # rather than configured. Kept across engine restarts (the seed's "max ever"):
-    # a restarted engine has the same batch limit. 0 until the first scrape.
-    running_capacity: int
-    # No successful scrape within `stale_after_s`, or never scraped. Stale
-    # endpoints are scored down, not dropped.
-    stale: bool
-    # Seconds since the last successful scrape; None if never scraped.
-    age_s: float | None
-    # Read without side effects: an open breaker past its cooldown reads half_open.
-    breaker: BreakerState
-    # Engine restarts observed (a counter went backwards).
-    restarts: int
-    # `inflight` when the last scrape was recorded: the engine's figures already
-    # contain (roughly) these, so the requests it has not yet reported are
-    # inflight − inflight_at_scrape (the scheduler's load estimate, `load_of`).
-    inflight_at_scrape: int = 0
-    # Of `inflight`, the streamed requests whose first token has not come yet (all
-    # workers together): queued at the engine or in prefill. Live, where the
-    # engine's own `waiting` is a scrape old; the scheduler counts it as queue
-    # (`load_of`). Requests that do not stream never count: their answer comes whole.
-    pending: int = 0
-    # Seconds until an open breaker admits its probe; None unless open.
-    probe_in_s: float | None = None
-    # Times the breaker has opened: a rise means a probe failed (holding.hold_until).
-    opened_total: int = 0
-
-    @property
-    def id(self) -> str:
-        return self.info.id
