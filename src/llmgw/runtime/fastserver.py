@@ -372,6 +372,10 @@ class FastProtocol(asyncio.Protocol):
         self.head_bytes = 0
         lim = server.edge.limits
         self.max_head_bytes = lim.max_line_bytes * (lim.max_headers + 2)
+        # Read for every header line: kept here as plain ints (the limits object is
+        # not compiled, and each of its attributes was a generic lookup per line).
+        self.max_line_bytes = lim.max_line_bytes
+        self.max_headers = lim.max_headers
         self.head_timer: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
         # When the connection last became idle (`_arm_idle`).
@@ -637,16 +641,15 @@ class FastProtocol(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        if len(self.url) > self.edge.limits.max_line_bytes:
-            limit = self.edge.limits.max_line_bytes
+        if len(self.url) > self.max_line_bytes:
+            limit = self.max_line_bytes
             raise _HeadError(f"the request line is longer than {limit} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        lim = self.edge.limits
-        if len(name) + len(value) + 2 > lim.max_line_bytes:
-            raise _HeadError(f"a header line is longer than {lim.max_line_bytes} bytes")
-        if len(self.fields) >= lim.max_headers:
-            raise _HeadError(f"more than {lim.max_headers} headers")
+        if len(name) + len(value) + 2 > self.max_line_bytes:
+            raise _HeadError(f"a header line is longer than {self.max_line_bytes} bytes")
+        if len(self.fields) >= self.max_headers:
+            raise _HeadError(f"more than {self.max_headers} headers")
         self.fields.append(
             (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
         )
