@@ -72,6 +72,8 @@ async def serving(**limits: Any) -> AsyncIterator[Harness]:
             await h.release.wait()
         if req.path == "/big":
             return web.Response(body=b"x" * 65536)
+        if req.path == "/headers":
+            return web.Response(body=json.dumps(list(req.headers.items())).encode())
         if req.path == "/reply":
             return Reply(201, b"relayed", {"Content-Type": "text/plain", "X-Engine": "e0"})
         body = await req.read()
@@ -420,3 +422,20 @@ async def test_one_task_answers_a_connection_s_requests_and_ends_with_it() -> No
         await h.server.shutdown(1.0)
         await asyncio.wait_for(runner, 10)
         await shut(other)
+
+
+async def test_header_values_past_ascii_reach_the_handler_as_utf8_with_surrogateescape() -> None:
+    async with serving() as h:
+        reader, writer = await h.connect()
+        writer.write(
+            b"GET /headers HTTP/1.1\r\nX-Plain: ok\r\nX-Utf8: caf\xc3\xa9\r\n"
+            b"X-Bad: \xff\xfe\r\n\r\n"
+        )
+        status, _, body = await read_answer(reader)
+        await shut(writer)
+    assert status == 200
+    assert json.loads(body) == [
+        ["X-Plain", "ok"],
+        ["X-Utf8", "caf\u00e9"],
+        ["X-Bad", "\udcff\udcfe"],
+    ]

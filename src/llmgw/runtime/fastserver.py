@@ -650,9 +650,16 @@ class FastProtocol(asyncio.Protocol):
             raise _HeadError(f"a header line is longer than {self.max_line_bytes} bytes")
         if len(self.fields) >= self.max_headers:
             raise _HeadError(f"more than {self.max_headers} headers")
-        self.fields.append(
-            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
-        )
+        try:
+            # ASCII (nearly every header) decodes the same either way; compiled, this
+            # decode is a direct call, the one with an error handler a codec lookup.
+            field = (name.decode("ascii"), value.decode("ascii"))
+        except UnicodeDecodeError:
+            field = (
+                name.decode("utf-8", "surrogateescape"),
+                value.decode("utf-8", "surrogateescape"),
+            )
+        self.fields.append(field)
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -661,21 +668,24 @@ class FastProtocol(asyncio.Protocol):
             self.head_timer.cancel()
             self.head_timer = None
         p = self.parser
-        if p.get_method() == b"CONNECT":
+        # Each of the parser's getters is a Python-level call: one of each.
+        method = p.get_method()
+        if method == b"CONNECT":
             raise _HeadError("CONNECT is not supported")
+        upgrade = p.should_upgrade()
         req = FastRequest(
             self,
-            p.get_method().decode("ascii"),
+            method.decode("ascii"),
             self.url.decode("latin-1"),
             CIMultiDictProxy(CIMultiDict(self.fields)),
             p.should_keep_alive(),
             p.get_http_version(),
         )
-        if p.should_upgrade() and req.content_length:
+        if upgrade and req.content_length:
             # httptools skips the body of an upgrade request (its bytes come after the
             # upgrade point): read it here, by its length.
             self.raw_body_left = req.content_length
-        elif p.should_upgrade() and "Transfer-Encoding" in req.headers:
+        elif upgrade and "Transfer-Encoding" in req.headers:
             # llhttp takes a request's Transfer-Encoding only with chunked last (any
             # case, any of several headers): whatever its spelling, the body is chunked.
             raise _HeadError("a body with an Upgrade header needs a Content-Length")
