@@ -24,6 +24,7 @@ Usage: .venv/bin/python bench/router_overhead.py [--seconds 4] [--no-results]
        .venv/bin/python bench/router_overhead.py --chat [--peers] [--http-server fast]
            (realistic chat bodies, four engines: ours vs round_robin, issue 15)
        .venv/bin/python bench/router_overhead.py --instructions [--stream] [--requests 2000]
+           [--sizes 300 8192] [--policies ours round_robin] [--build-only] [--keep DIR]
            (user-space instructions per request under valgrind's callgrind: the default
            policy and round_robin, compiled and Python modules; steady on a noisy machine)
        .venv/bin/python bench/router_overhead.py --policy-step
@@ -957,10 +958,10 @@ def instructions_main(args: argparse.Namespace, others: str) -> int:
     stream = args.stream
     rows: list[str] = []
     # Streamed: the build only (a 64-event stream takes long under valgrind).
-    settings = ("auto",) if stream else ("auto", "0")
+    settings = ("auto",) if stream or args.build_only else ("auto", "0")
     with child_ports(others, "--upstream", "0", "--count", "4") as (ports, _):
-        for size in (300, 8192):
-            for policy in ("ours", "round_robin"):
+        for size in args.sizes:
+            for policy in args.policies:
                 cells = []
                 for compiled_setting in settings:
                     env = {**os.environ, "LLMGW_ROUTER_COMPILED": compiled_setting}
@@ -971,6 +972,8 @@ def instructions_main(args: argparse.Namespace, others: str) -> int:
     head = (
         ["| policy, body | instructions / streamed request (64 events), build |", "|---|---:|"]
         if stream
+        else ["| policy, body | instructions / request, build |", "|---|---:|"]
+        if args.build_only
         else [
             "| policy, body | instructions / request, build | instructions / request, "
             "LLMGW_ROUTER_COMPILED=0 |",
@@ -979,6 +982,8 @@ def instructions_main(args: argparse.Namespace, others: str) -> int:
     )
     out = "\n".join([*head, *rows])
     print(out)
+    if args.build_only or args.sizes != [300, 8192] or args.policies != ["ours", "round_robin"]:
+        return 0  # a partial table (one step of a round): printed, never written
     if not args.no_results and stream:
         write_results(
             f"{INSTR_SECTION} --stream\n\n"
@@ -1443,6 +1448,24 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=2000, help="--instructions: requests counted")
     p.add_argument(
         "--stream", action="store_true", help="--instructions: streamed requests (64 events)"
+    )
+    p.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[300, 8192],
+        help="--instructions: body sizes (a partial table is printed, not written)",
+    )
+    p.add_argument(
+        "--policies",
+        nargs="+",
+        default=["ours", "round_robin"],
+        help="--instructions: policies (a partial table is printed, not written)",
+    )
+    p.add_argument(
+        "--build-only",
+        action="store_true",
+        help="--instructions: the compiled build only, not LLMGW_ROUTER_COMPILED=0 too",
     )
     p.add_argument(
         "--keep",
