@@ -439,3 +439,20 @@ async def test_header_values_past_ascii_reach_the_handler_as_utf8_with_surrogate
         ["X-Utf8", "caf\u00e9"],
         ["X-Bad", "\udcff\udcfe"],
     ]
+
+
+async def test_length_and_expect_are_read_whatever_their_case() -> None:
+    async with serving() as h:
+        reader, writer = await h.connect()
+        writer.write(b"POST /x HTTP/1.1\r\ncontent-LENGTH: 3\r\nEXPECT: 100-continue\r\n\r\n")
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10) == (
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        )
+        writer.write(b"abc")
+        status, _, body = await read_answer(reader)
+        assert (status, json.loads(body)) == (200, {"path": "/x", "n": 3})
+        writer.write(b"POST /y HTTP/1.1\r\nContent-Length: 1\r\nexpect: something-else\r\n\r\nz")
+        status, headers, _ = await read_answer(reader)
+        await shut(writer)
+    assert status == 417
+    assert headers.get("connection") == "close"
