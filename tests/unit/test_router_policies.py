@@ -176,6 +176,16 @@ class TestSessionHints:
         aff.retain(["a"])
         assert (len(aff), aff.last(RouteKey((1,), session=3))) == (1, "a")
 
+    def test_a_session_served_again_is_the_last_to_be_forgotten(self) -> None:
+        """Least recently served goes first: serving a session again renews it."""
+        aff = SessionAffinity(max_sessions=3)
+        for i in range(3):
+            aff.served(RouteKey((1,), session=i), f"e{i}")
+        aff.served(RouteKey((1,), session=0), "e9")
+        aff.served(RouteKey((1,), session=3), "e3")
+        got = [aff.last(RouteKey((1,), session=i)) for i in range(4)]
+        assert got == ["e9", None, "e2", "e3"]
+
 
 class TestMakePolicy:
     def test_names(self) -> None:

@@ -17,7 +17,6 @@ their last one ran.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -87,7 +86,10 @@ class SessionAffinity:
 
     def __init__(self, *, max_sessions: int = 200_000) -> None:
         self._max = max(1, max_sessions)
-        self._last: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        # A plain dict kept in use order (a served session is taken out and put back
+        # last; the first is the least recently served): compiled, its operations are
+        # direct calls, where an OrderedDict's (move_to_end, popitem) were generic ones.
+        self._last: dict[int, tuple[str, int]] = {}
 
     def __len__(self) -> int:
         return len(self._last)
@@ -104,10 +106,13 @@ class SessionAffinity:
     def served(self, key: RouteKey, endpoint_id: str) -> None:
         if key.session is None or not key.hashes:
             return
-        self._last[key.session] = (endpoint_id, key.hashes[0])
-        self._last.move_to_end(key.session)
-        if len(self._last) > self._max:
-            self._last.popitem(last=False)
+        last = self._last
+        session = key.session
+        if session in last:
+            del last[session]
+        last[session] = (endpoint_id, key.hashes[0])
+        if len(last) > self._max:
+            del last[next(iter(last))]
 
     def retain(self, endpoint_ids: Iterable[str]) -> None:
         """Forget sessions last served by an endpoint not listed (it left)."""
