@@ -197,6 +197,10 @@ class TestFastUpstream:
         assert resp.headers.get("CONTENT-TYPE") == resp.headers.get("Content-Type")
         assert not resp.is_event_stream
         await resp.read()
+        # No Content-Type at all: JSON, as the proxy relays it.
+        resp = await post(client, peer, "/eof")
+        assert (resp.content_type, resp.headers.get("Content-Type")) == ("application/json", None)
+        assert await resp.read() == b"until the end"
 
     async def test_stream_arrives_chunk_by_chunk(self, peer: Peer, client: FastUpstream) -> None:
         """The first event is handed over before the engine has sent the second."""
