@@ -64,7 +64,7 @@ class RouteKey:
 NO_KEY: Final = RouteKey()
 
 
-def session_hint(body: Mapping[str, Any], header: str | None) -> str | None:
+def session_hint(body: dict[str, Any], header: str | None) -> str | None:
     """The request's session hint: the header, else a non-empty string `user`, else None."""
     if header:
         return header[:MAX_HINT_CHARS]
@@ -74,7 +74,7 @@ def session_hint(body: Mapping[str, Any], header: str | None) -> str | None:
     return None
 
 
-def route_key(body: Mapping[str, Any], session_header: str | None) -> RouteKey:
+def route_key(body: dict[str, Any], session_header: str | None) -> RouteKey:
     """The request's content chain and session key."""
     hint = session_hint(body, session_header)
     session = None if hint is None else hash((str(body.get("model", "")), hint))

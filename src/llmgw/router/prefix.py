@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from hashlib import blake2b
 from itertools import accumulate, islice, pairwise, repeat
@@ -128,12 +128,12 @@ def _text(content: Any) -> bytes:
     return _encode(content)
 
 
-def _canonical(body: Mapping[str, Any], limit: int = MAX_ROUTED_BYTES) -> bytes:
+def _canonical(body: dict[str, Any], limit: int = MAX_ROUTED_BYTES) -> bytes:
     """What the engine will see as the prompt, in its order, cut at `limit` bytes."""
     return _canonical_and_head(body, limit)[0]
 
 
-def _canonical_and_head(body: Mapping[str, Any], limit: int) -> tuple[bytes, bytes]:
+def _canonical_and_head(body: dict[str, Any], limit: int) -> tuple[bytes, bytes]:
     """`_canonical`, and its first part (the tools, or the first message) uncut."""
     parts: list[bytes] = []
     size = 0
@@ -186,7 +186,7 @@ def _canonical_and_head(body: Mapping[str, Any], limit: int) -> tuple[bytes, byt
 
 
 def request_block_hashes(
-    body: Mapping[str, Any], *, limit_bytes: int = MAX_ROUTED_BYTES
+    body: dict[str, Any], *, limit_bytes: int = MAX_ROUTED_BYTES
 ) -> tuple[int, ...]:
     """Chained block hashes of a chat or completions request: model and content only.
 
