@@ -158,21 +158,11 @@ class Snapshot:
     def as_builtins(self) -> dict[str, Any]:
         """The snapshot as JSON-ready builtins: its constructor's keywords (no derived
         figures), in their order, as msgspec.to_builtins encoded it when it was a Struct."""
-        return {
-            "info": msgspec.to_builtins(self.info),
-            "stats": None if self.stats is None else msgspec.to_builtins(self.stats),
-            "drain_rate": self.drain_rate,
-            "inflight": self.inflight,
-            "running_capacity": self.running_capacity,
-            "stale": self.stale,
-            "age_s": self.age_s,
-            "breaker": self.breaker.value,
-            "restarts": self.restarts,
-            "inflight_at_scrape": self.inflight_at_scrape,
-            "pending": self.pending,
-            "probe_in_s": self.probe_in_s,
-            "opened_total": self.opened_total,
-        }
+        out = dict(zip(_FIELDS, self._key(), strict=True))
+        out["info"] = msgspec.to_builtins(self.info)
+        out["stats"] = None if self.stats is None else msgspec.to_builtins(self.stats)
+        out["breaker"] = self.breaker.value
+        return out
 
     def _key(self) -> tuple[object, ...]:
         return (
