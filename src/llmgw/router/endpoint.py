@@ -165,21 +165,8 @@ class Snapshot:
         return out
 
     def _key(self) -> tuple[object, ...]:
-        return (
-            self.info,
-            self.stats,
-            self.drain_rate,
-            self.inflight,
-            self.running_capacity,
-            self.stale,
-            self.age_s,
-            self.breaker,
-            self.restarts,
-            self.inflight_at_scrape,
-            self.pending,
-            self.probe_in_s,
-            self.opened_total,
-        )
+        # Off the request path (equality, hash, repr, /admin/endpoints): by name.
+        return tuple(getattr(self, name) for name in _FIELDS)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Snapshot):
@@ -194,7 +181,7 @@ class Snapshot:
         return f"Snapshot({fields})"
 
 
-# Snapshot's constructor keywords, in order (its repr).
+# Snapshot's constructor keywords, in order (`_key`: its equality, repr and builtins).
 _FIELDS: Final = (
     "info",
     "stats",

@@ -67,11 +67,8 @@ class Headers(Mapping[str, str]):
         self._raw = raw
 
     def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        want = key.lower().encode("latin-1")
-        for k, v in self._raw:
-            if k.lower() == want:
-                return v.decode("utf-8", "surrogateescape")
-        return default
+        got = _first(self._raw, key.lower().encode("latin-1"))
+        return default if got is None else got
 
     def __getitem__(self, key: str) -> str:
         value = self.get(key)
@@ -84,6 +81,15 @@ class Headers(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self._raw)
+
+
+def _first(raw: list[tuple[bytes, bytes]], want: bytes) -> str | None:
+    """The value of the first line named `want` (lower case), any case, as received."""
+    n = len(want)
+    for k, v in raw:
+        if len(k) == n and k.lower() == want:
+            return v.decode("utf-8", "surrogateescape")
+    return None
 
 
 class FastResponse(ReplyHead):
@@ -119,12 +125,7 @@ class FastResponse(ReplyHead):
         generic `get` (about 1,700 instructions an answer, compiled)."""
         ct = self._content_type
         if ct is None:
-            ct = JSON
-            for name, value in self._raw:
-                if len(name) == 12 and name.lower() == b"content-type":
-                    ct = value.decode("utf-8", "surrogateescape") or JSON
-                    break
-            self._content_type = ct
+            ct = self._content_type = _first(self._raw, b"content-type") or JSON
         return ct
 
     def head_waiter(self) -> asyncio.Future[None] | None:
