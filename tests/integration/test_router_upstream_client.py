@@ -281,6 +281,47 @@ class TestFastUpstream:
         assert await resp.chunk() == b"data: two\n\n"
         assert await resp.chunk() == b""
 
+    async def test_deadlines_in_flight_share_one_timer(
+        self, peer: Peer, client: FastUpstream
+    ) -> None:
+        """A short deadline sent after a long one still fires on time (the shared timer
+        moves earlier), the long one is untouched by it, and nothing stays watched."""
+        loop = asyncio.get_running_loop()
+        long = asyncio.create_task(post(client, peer, "/never", timeout_s=30.0))
+        await asyncio.wait_for(peer.got_request.wait(), 5)
+        t0 = loop.time()
+        with pytest.raises(UpstreamTimeout, match="no complete response"):
+            await post(client, peer, "/never", timeout_s=0.2)
+        assert 0.15 < loop.time() - t0 < 5.0
+        assert not long.done()
+        long.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await long
+        await peer.wait_closed(2)
+        resp = await post(client, peer, "/echo")
+        await resp.read()
+        watch = client._watch
+        assert watch is not None
+        assert not watch.busy
+
+    async def test_idle_bounds_in_flight_are_each_kept(
+        self, peer: Peer, client: FastUpstream
+    ) -> None:
+        """Two stalled streams with different idle bounds: each ends at its own."""
+        loop = asyncio.get_running_loop()
+        slow = await post(client, peer, "/stall", timeout_s=30.0, idle_timeout_s=1.5)
+        fast = await post(client, peer, "/stall", timeout_s=30.0, idle_timeout_s=0.3)
+        assert await slow.chunk() == await fast.chunk() == b"data: one\n\n"
+        t0 = loop.time()
+        with pytest.raises(UpstreamTimeout, match=r"no data for 0\.3s"):
+            await fast.chunk()
+        mid = loop.time() - t0
+        with pytest.raises(UpstreamTimeout, match=r"no data for 1\.5s"):
+            await slow.chunk()
+        end = loop.time() - t0
+        assert 0.25 < mid < 1.0 < end < 10.0
+        await peer.wait_closed(2)
+
     async def test_cancel_while_waiting_closes_the_connection(
         self, peer: Peer, client: FastUpstream
     ) -> None:

@@ -21,10 +21,10 @@ from llmgw.router.feedback import PredictionCheck
 from llmgw.router.kvevents import KVEventIndex
 from llmgw.router.prefix import (
     PrefixIndex,
+    Rendezvous,
     block_end,
     blocks_covering,
     capacity_units_for,
-    rendezvous_order,
 )
 from llmgw.router.scheduler import Decision, SchedulerConfig, choose
 
@@ -95,7 +95,7 @@ class Ours:
             prefix_gain=_gains(matches, ids, len(hashes)),
             # A prefix nobody has seen goes to its home replica: routers that never
             # talk still agree on it (rendezvous hashing, prefix.py).
-            home_order=lambda: rendezvous_order(hashes[0], ids),
+            home_order=Rendezvous(hashes[0], ids),
             exclude=exclude,
             session_endpoint=self.sessions.last(key),
             cfg=self.cfg,

@@ -151,9 +151,12 @@ def _canonical_and_head(body: dict[str, Any], limit: int) -> tuple[bytes, bytes]
             elif (
                 type(role := m.get("role", "")) is str
                 and type(content := m.get("content")) is str
-                and not m.get("name")
-                and not m.get("tool_calls")
-                and not m.get("tool_call_id")
+                # A role and a string and nothing else (the commonest message: no
+                # need to look for the fields it lacks), or none of them set.
+                and (
+                    (len(m) == 2 and "role" in m)
+                    or not (m.get("name") or m.get("tool_calls") or m.get("tool_call_id"))
+                )
             ):
                 # The usual message, a role and a string: the same bytes as below, in
                 # one format and one encode.
@@ -350,6 +353,22 @@ def rendezvous_order(key: int, candidates: Sequence[str]) -> list[str]:
     """
     k = key & _MASK64
     return sorted(candidates, key=lambda c: (-_mix64(k ^ _id_hash(c)), c))
+
+
+class Rendezvous:
+    """`rendezvous_order(key, candidates)` when called, and only then: the scheduler's
+    home order for a request, which most requests (decided by a prefix holder or by
+    load) never need. A class, not a closure: compiled, a closure over the caller's
+    locals moved them all into an environment object, one more per request."""
+
+    __slots__ = ("candidates", "key")
+
+    def __init__(self, key: int, candidates: Sequence[str]) -> None:
+        self.key = key
+        self.candidates = candidates
+
+    def __call__(self) -> list[str]:
+        return rendezvous_order(self.key, self.candidates)
 
 
 def _kept(hashes: Sequence[int], cap: int) -> int:

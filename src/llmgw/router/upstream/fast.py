@@ -5,7 +5,8 @@ connection wrapper and a stream reader for every request; on one core that
 machinery was ~30 % of the router's CPU (bench/RESULTS.md, router_overhead.py).
 This client keeps per request only what the exchange needs: the request head
 as one bytes object (the request line and Host prebuilt per URL), a
-`FastResponse`, one future per wait and one timer handle. Responses are parsed
+`FastResponse` and one future per wait; the deadlines of every exchange in flight
+share one timer (`_Watch`). Responses are parsed
 by llhttp (`httptools`), Content-Length and chunked alike; body bytes are
 handed over as they arrive, never held for more (an SSE event is relayed the
 moment its bytes are in).
@@ -56,6 +57,7 @@ COALESCE_BYTES: Final = 64 * 1024
 # URL → target cache bound; endpoints come and go with the controller's list.
 MAX_TARGETS: Final = 4096
 SWEEP_S: Final = 1.0
+_NEVER: Final = float("inf")
 
 
 class Headers(Mapping[str, str]):
@@ -263,19 +265,72 @@ class _Pool:
         return gone
 
 
+class _Watch:
+    """The deadlines and idle bounds of every exchange in flight, on one timer.
+
+    A timer per request (`call_at`, its handle and its cancel) cost about 5,600
+    instructions of the router's 170,000 a request (bench/router_overhead.py
+    --instructions). Here a request joins a set and leaves it; the one timer is
+    armed for the earliest time any exchange may be due, and when it fires every
+    exchange in flight is looked at (`_Conn.check`): the late ones fail, the rest
+    say when to look again. Deadlines grow with the time a request was sent, so a
+    new request rarely moves the timer, and it fires about once per bound.
+    """
+
+    __slots__ = ("busy", "loop", "timer", "when")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.busy: set[_Conn] = set()
+        self.timer: asyncio.TimerHandle | None = None
+        self.when = _NEVER
+
+    def watch(self, conn: _Conn, due: float) -> None:
+        self.busy.add(conn)
+        if due < self.when:
+            self._arm(due)
+
+    def _arm(self, due: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.when = due
+        self.timer = self.loop.call_at(due, self.fire)
+
+    def fire(self) -> None:
+        self.timer = None
+        self.when = _NEVER
+        now = self.loop.time()
+        nxt = _NEVER
+        # A copy: a late exchange leaves the set as it fails.
+        for conn in list(self.busy):
+            due = conn.check(now)
+            if due < nxt:
+                nxt = due
+        if nxt < self.when:
+            self._arm(nxt)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.when = _NEVER
+
+
 class _Conn(asyncio.Protocol):
     """One TCP connection to an engine; carries at most one exchange at a time.
 
-    The exchange's clock (deadline, idle bound, its one timer) and its parse
+    The exchange's clock (deadline, idle bound; the timer is the client's `_Watch`)
+    and its parse
     state (header lines so far, whether the body runs to the connection's end)
     live here; what the proxy reads lives in the `FastResponse`.
     """
 
     transport: asyncio.Transport
 
-    def __init__(self, pool: _Pool, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, pool: _Pool, loop: asyncio.AbstractEventLoop, watch: _Watch) -> None:
         self.pool = pool
         self.loop = loop
+        self.watch = watch
         self.parser = httptools.HttpResponseParser(self)
         self.resp: FastResponse | None = None
         self.idle_since = 0.0
@@ -287,7 +342,8 @@ class _Conn(asyncio.Protocol):
         self.deadline = 0.0  # loop time
         self.idle_s: float | None = None
         self.last_data = 0.0
-        self.timer: asyncio.TimerHandle | None = None
+        # Until this loop time the idle bound is looked at even before the head.
+        self.first_look = 0.0
 
     # -- asyncio.Protocol ------------------------------------------------------
 
@@ -358,10 +414,7 @@ class _Conn(asyncio.Protocol):
         if resp is None:
             return
         self.resp = None
-        timer = self.timer
-        if timer is not None:
-            self.timer = None
-            timer.cancel()
+        self.watch.busy.discard(self)
         if resp.on_end():
             # Paused for bytes not yet read on: they are the response's now.
             self.transport.resume_reading()
@@ -381,34 +434,50 @@ class _Conn(asyncio.Protocol):
         self.eof_body = False
         self.deadline = deadline
         self.idle_s = idle_s
-        loop = self.loop
-        # One timer for the deadline and the idle bound: it looks again when it fires
-        # instead of being moved on every body byte.
-        due = deadline if idle_s is None else min(deadline, loop.time() + idle_s)
-        self.timer = loop.call_at(due, self.on_timer)
+        # Looked at (`check`) when the first of the deadline and the idle bound may be
+        # due, then again when it says, instead of a timer moved on every body byte.
+        if idle_s is None:
+            due = deadline
+        else:
+            due = self.first_look = min(deadline, self.loop.time() + idle_s)
+        self.watch.watch(self, due)
         if len(body) <= COALESCE_BYTES:
             self.transport.write(head + body)
         else:
             self.transport.writelines((head, body))
 
-    def on_timer(self) -> None:
+    def check(self, now: float) -> float:
+        """Fail the exchange if it is past its deadline or idle bound; else the loop
+        time to look again (never, with no exchange in progress).
+
+        The idle bound applies once the head is in. Before the head it is looked at
+        once, when it would first be due (`first_look`), and from then on only the
+        deadline: a head that comes later than that is not held to it.
+        """
         resp = self.resp
         if resp is None:
-            return
-        now = self.loop.time()
+            self.watch.busy.discard(self)
+            return _NEVER
         if now >= self.deadline:
             what = "response body" if resp.status else "response"
             self.fail(UpstreamTimeout(resp.endpoint_id, f"no complete {what} in time"))
-            return
+            return _NEVER
         due = self.deadline
         idle_s = self.idle_s
-        if idle_s is not None and resp.status:
-            idle_due = self.last_data + idle_s
-            if now >= idle_due:
-                self.fail(UpstreamTimeout(resp.endpoint_id, f"no data for {idle_s:g}s"))
-                return
-            due = min(due, idle_due)
-        self.timer = self.loop.call_at(due, self.on_timer)
+        if idle_s is not None:
+            if now < self.first_look:
+                due = self.first_look
+            elif resp.status:
+                idle_due = self.last_data + idle_s
+                if now >= idle_due:
+                    self.fail(UpstreamTimeout(resp.endpoint_id, f"no data for {idle_s:g}s"))
+                    return _NEVER
+                due = min(due, idle_due)
+            else:
+                # No head by the time the idle bound was first due: only the deadline
+                # from here on (`send` sets the bound again for the next exchange).
+                self.idle_s = None
+        return due
 
     def fail(self, exc: BaseException) -> None:
         """End the exchange with `exc` and drop the connection."""
@@ -418,13 +487,10 @@ class _Conn(asyncio.Protocol):
             resp.on_error(exc)
 
     def _end(self) -> FastResponse | None:
-        """Detach the exchange in progress (and its timer); the response it had."""
+        """Detach the exchange in progress (from the watch); the response it had."""
         resp = self.resp
         self.resp = None
-        timer = self.timer
-        if timer is not None:
-            self.timer = None
-            timer.cancel()
+        self.watch.busy.discard(self)
         return resp
 
 
@@ -459,11 +525,13 @@ class FastUpstream(Forwarder):
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._targets: dict[str, _Target] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._watch: _Watch | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._tls: ssl.SSLContext | None = None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._watch = _Watch(self._loop)
         self._sweeper = asyncio.create_task(self.run(), name="upstream-sweep")
 
     async def close(self) -> None:
@@ -471,6 +539,8 @@ class FastUpstream(Forwarder):
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
             self._sweeper = None
+        if self._watch is not None:
+            self._watch.close()
         for pool in self._pools.values():
             for conn in pool.idle:
                 conn.transport.close()
@@ -534,13 +604,15 @@ class FastUpstream(Forwarder):
 
     async def _connect(self, target: _Target, endpoint_id: str, deadline: float) -> _Conn:
         loop = self._loop
+        watch = self._watch
         assert loop is not None
+        assert watch is not None
         limit = min(self.connect_timeout_s, deadline - loop.time())
         tls = self._tls_context() if target.tls else None
         try:
             async with asyncio.timeout(limit):
                 _, conn = await loop.create_connection(
-                    lambda: _Conn(target.pool, loop),
+                    lambda: _Conn(target.pool, loop, watch),
                     target.host,
                     target.port,
                     ssl=tls,
