@@ -48,6 +48,32 @@ class TestRecording:
         assert lines(m, "llmgw_router_requests_total") == []
         assert lines(m, "llmgw_router_retries_total") == []
 
+    def test_an_endpoint_back_after_forget_counts_from_zero(self) -> None:
+        """The series an answer is counted in are found once and kept (per endpoint and
+        model); forget() drops them too, so an endpoint that comes back under the same
+        id counts in new series, shown on /metrics, from zero."""
+        m = RouterMetrics(snapshots=list, held=dict)
+        m.request_done("m", "back", 200, 0.01, 0.002)
+        m.request_done("m", "back", 503, 0.01, outcome="engine_error")
+        m.forget(["back"])
+        m.request_done("m", "back", 200, 0.02)
+        m.request_done("m", "back", 200, 0.03, 0.001)
+        assert lines(m, "llmgw_router_requests_total") == [
+            'llmgw_router_requests_total{code="200",endpoint="back",model="m",outcome="ok"} 2.0'
+        ]
+        assert lines(m, "llmgw_router_request_duration_seconds_count") == [
+            'llmgw_router_request_duration_seconds_count{endpoint="back",model="m"} 2.0'
+        ]
+        assert lines(m, "llmgw_router_time_to_first_token_seconds_count") == [
+            'llmgw_router_time_to_first_token_seconds_count{endpoint="back",model="m"} 1.0'
+        ]
+
+    def test_no_first_token_series_without_a_stream(self) -> None:
+        """Answers without a first-token time make no empty first-token series."""
+        m = RouterMetrics(snapshots=list, held=dict)
+        m.request_done("m", "a", 200, 0.01)
+        assert lines(m, "llmgw_router_time_to_first_token_seconds_count") == []
+
     def test_forget_keeps_series_whose_other_labels_match(self) -> None:
         """Only the endpoint label is compared: a model named like a removed id stays."""
         m = RouterMetrics(snapshots=list, held=dict)

@@ -151,6 +151,20 @@ class Buckets:
         return m
 
 
+class _Done:
+    """The series one (endpoint, model) pair's answers are counted in, found once:
+    a lookup by a tuple of labels cost about 800 instructions, and an answer made
+    three of them (`RouterMetrics.request_done`)."""
+
+    __slots__ = ("counts", "latency", "ttft")
+
+    def __init__(self, latency: Bucket) -> None:
+        self.latency = latency
+        self.ttft: Bucket | None = None  # made at the first streamed answer
+        # status code → outcome → the requests counter's cell
+        self.counts: dict[int, dict[str, list[float]]] = {}
+
+
 class _Families(Collector):
     """Renders the per-request families at scrape time."""
 
@@ -303,6 +317,8 @@ class RouterMetrics:
         r.register(_LiveCollector(snapshots, held))
         # Model → its prompt, completion and cached token series (`tokens`).
         self._token_cells: dict[str, tuple[list[float], list[float], list[float]]] = {}
+        # Endpoint → model → its answers' series (`request_done`); emptied by forget().
+        self._done: dict[str, dict[str, _Done]] = {}
         # Which label of each family names the endpoint (for forget()).
         self._endpoint_at: dict[Counts | Buckets, int] = {
             self._requests: 1,
@@ -321,10 +337,25 @@ class RouterMetrics:
         ttft_s: float | None = None,
         outcome: str = OK,
     ) -> None:
-        self._requests.inc((model, endpoint, str(code), outcome))
-        self._latency.child((model, endpoint)).observe(duration_s)
+        by_model = self._done.get(endpoint)
+        if by_model is None:
+            by_model = self._done[endpoint] = {}
+        done = by_model.get(model)
+        if done is None:
+            done = by_model[model] = _Done(self._latency.child((model, endpoint)))
+        by_outcome = done.counts.get(code)
+        if by_outcome is None:
+            by_outcome = done.counts[code] = {}
+        cell = by_outcome.get(outcome)
+        if cell is None:
+            cell = by_outcome[outcome] = self._requests.cell((model, endpoint, str(code), outcome))
+        cell[0] += 1.0
+        done.latency.observe(duration_s)
         if ttft_s is not None:
-            self._ttft.child((model, endpoint)).observe(ttft_s)
+            ttft = done.ttft
+            if ttft is None:
+                ttft = done.ttft = self._ttft.child((model, endpoint))
+            ttft.observe(ttft_s)
 
     def tokens(self, model: str, prompt: int, completion: int, cached: int) -> None:
         # The three series of a model, found once: a model's are never forgotten (no
@@ -353,6 +384,8 @@ class RouterMetrics:
         gone = set(endpoint_ids)
         if not gone:
             return
+        for eid in gone:
+            self._done.pop(eid, None)
         for family, at in self._endpoint_at.items():
             for labels in [k for k in family.series if k[at] in gone]:
                 del family.series[labels]
