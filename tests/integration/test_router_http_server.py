@@ -233,6 +233,37 @@ def test_http_1_0_and_head(port: int) -> None:
         c.close()
 
 
+def test_a_relayed_answer_has_the_same_head_under_both(routers: dict[str, Program]) -> None:
+    """A relayed engine answer: the same header names and values (but Date) under
+    either server, the client's request id echoed as sent, and HTTP/1.0's keep-alive
+    answered in kind or the connection closed."""
+    heads: dict[str, dict[str, str]] = {}
+    for name, r in routers.items():
+        c = Conn(r.port)
+        try:
+            c.send(post(chat(), "x-request-id: abc-123"))
+            status, headers, body = c.answer()
+            assert status == 200, body
+            assert json.loads(body)["object"] == "chat.completion"
+            assert int(headers["content-length"]) == len(body)
+            heads[name] = {k: v for k, v in headers.items() if k not in ("date", "server")}
+            one_o = post(chat()).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+            c.send(one_o.replace(b"\r\n\r\n", b"\r\nConnection: keep-alive\r\n\r\n", 1))
+            status, headers, _ = c.answer()
+            assert status == 200
+            assert headers["connection"].lower() == "keep-alive"
+            c.send(one_o)
+            status, headers, _ = c.answer()
+            assert status == 200
+            assert c.closed()
+        finally:
+            c.close()
+    assert heads["fast"] == heads["aiohttp"]
+    assert heads["fast"]["x-request-id"] == "abc-123"
+    assert heads["fast"]["content-type"].startswith("application/json")
+    assert heads["fast"]["x-llmgw-endpoint"]
+
+
 def test_chunked_body_past_the_limit_is_413_and_closed(port: int) -> None:
     piece = b"x" * 16_384
     framed = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(8)) + b"0\r\n\r\n"

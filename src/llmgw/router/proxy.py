@@ -68,7 +68,7 @@ from llmgw.router.scheduler import Decision
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
 from llmgw.router.upstream.base import UpstreamReply
 from llmgw.router.wiring import Router
-from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Reply
+from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
 from llmgw.runtime.logs import kv
 
 log: Final = logging.getLogger(__name__)
@@ -93,6 +93,8 @@ def _request_id() -> str:
 # its cooldown makes a replica available without anyone saying so.
 HOLD_POLL_S: Final = 0.5
 EMBEDDINGS: Final = "/v1/embeddings"
+# Endpoints, and content types per endpoint, whose answer lines `Proxy._lines` keeps.
+_MAX_LINES: Final = 256
 
 
 class _Tally:
@@ -220,6 +222,9 @@ class Proxy:
         self.state = state
         # Read once: max_inflight_body_bytes takes effect on restart.
         self.budget = ByteBudget(state.cfg.max_inflight_body_bytes)
+        # Endpoint → content type → the answer's header lines but x-request-id
+        # (`_lines`): the same for every answer of an endpoint.
+        self._lines: dict[str, dict[str, bytes]] = {}
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """The proxied routes under aiohttp's server."""
@@ -367,7 +372,10 @@ class Proxy:
                         resp: Answer
                         if step is Step.RELAY:
                             att.outcome = classify_status(status)
-                            if isinstance(request, FastRequest):
+                            if len(out_headers) == 3 and isinstance(request, FastRequest):
+                                # The usual answer: its head's lines mostly made already.
+                                resp = Prerendered(status, att.data, self._lines_for(eid, up, rid))
+                            elif isinstance(request, FastRequest):
                                 resp = Reply(status, att.data, out_headers)
                             else:
                                 resp = web.Response(
@@ -494,6 +502,26 @@ class Proxy:
         """The router's own answer before any routing (4xx, or 503 before the first list)."""
         self._done(rid, path, "", "", resp.status, outcome, t0, None, None)
         return _tag(resp, rid)
+
+    def _lines_for(self, eid: str, up: UpstreamReply, rid: str) -> bytes:
+        """The header lines of a relayed answer (`Prerendered`): as `out_headers` would
+        make them, from the lines kept for the endpoint and content type."""
+        ctype = up.content_type
+        by_type = self._lines.get(eid)
+        if by_type is None:
+            if len(self._lines) >= _MAX_LINES:
+                self._lines.clear()  # endpoints that left: a cache, not a record
+            by_type = self._lines[eid] = {}
+        fixed = by_type.get(ctype)
+        if fixed is None:
+            if len(by_type) >= _MAX_LINES:
+                by_type.clear()  # an engine answering with ever new content types
+            text = f"Content-Type: {ctype}\r\nx-llmgw-endpoint: {eid}\r\n"
+            if text.count("\n") != 2 or text.count("\r") != 2:
+                raise ValueError(f"a line break in endpoint {eid!r} or its content type")
+            fixed = by_type[ctype] = text.encode("utf-8", "surrogateescape")
+        # The id goes out as the bytes that came in (as the server writes any header).
+        return b"".join((fixed, b"x-request-id: ", rid.encode("utf-8", "surrogateescape"), b"\r\n"))
 
     def _done(
         self,
