@@ -252,49 +252,41 @@ class Proxy:
             # instances through an ABC hook, about 1,700 instructions a request.
             assert isinstance(got, web.Response)
             return self._refused(got, rid, path, t0)
+        # What follows is inline, not a coroutine of its own: compiled, each level of
+        # coroutine costs a generator and its environment per request, and a pass
+        # through it each time the request resumes.
         try:
-            return await self._handle(request, got.body, got.doc, rid, path, t0)
+            body = got.body
+            doc = got.doc
+            model = doc.get("model")
+            if type(model) is not str or not model:
+                msg = "You must provide a model parameter."
+                return self._refused(bad_request(msg, param="model"), rid, path, t0)
+            if model not in st.known_models:
+                if st.awaiting_list:
+                    why = "the router has not received its endpoint list from the controller yet"
+                    resp = unavailable(NoReplica(model, why, retry_after_s=5))
+                    return self._refused(resp, rid, path, t0, outcome=UNAVAILABLE)
+                # Not the asked-for name as a label: anyone could mint series with it.
+                return self._refused(model_not_found(model), rid, path, t0)
+            hashes = NO_KEY
+            if st.policy.uses_prefix and path != EMBEDDINGS:
+                # Content chain, and the session hint beside it (X-Session-ID, else the
+                # OpenAI `user` field): affinity.py; routing works without either.
+                try:
+                    hashes = route_key(doc, headers.get("x-session-id"))
+                except RecursionError:
+                    why = "The JSON body of your request is nested too deeply."
+                    resp = refused(bad_request(why), rid, "json nested too deeply", request)
+                    return self._refused(resp, rid, path, t0)
+            st.usage.started(model)
+            try:
+                streams = doc.get("stream") is True
+                return await self._route(request, path, body, model, hashes, rid, t0, streams)
+            finally:
+                st.usage.finished(model)
         finally:
             got.release()
-
-    async def _handle(
-        self,
-        request: web.Request | FastRequest,
-        body: bytes,
-        doc: dict[str, Any],
-        rid: str,
-        path: str,
-        t0: float,
-    ) -> Answer:
-        st = self.state
-        headers = request.headers
-        model = doc.get("model")
-        if type(model) is not str or not model:
-            msg = "You must provide a model parameter."
-            return self._refused(bad_request(msg, param="model"), rid, path, t0)
-        if model not in st.known_models:
-            if st.awaiting_list:
-                why = "the router has not received its endpoint list from the controller yet"
-                resp = unavailable(NoReplica(model, why, retry_after_s=5))
-                return self._refused(resp, rid, path, t0, outcome=UNAVAILABLE)
-            # Not the asked-for name as a label: anyone could mint series with it.
-            return self._refused(model_not_found(model), rid, path, t0)
-        hashes = NO_KEY
-        if st.policy.uses_prefix and path != EMBEDDINGS:
-            # Content chain, and the session hint beside it (X-Session-ID, else the
-            # OpenAI `user` field): affinity.py; routing works without either.
-            try:
-                hashes = route_key(doc, headers.get("x-session-id"))
-            except RecursionError:
-                why = "The JSON body of your request is nested too deeply."
-                resp = refused(bad_request(why), rid, "json nested too deeply", request)
-                return self._refused(resp, rid, path, t0)
-        st.usage.started(model)
-        try:
-            streams = doc.get("stream") is True
-            return await self._route(request, path, body, model, hashes, rid, t0, streams)
-        finally:
-            st.usage.finished(model)
 
     async def _route(
         self,

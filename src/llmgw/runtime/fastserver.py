@@ -811,7 +811,22 @@ class FastProtocol(asyncio.Protocol):
         while req is not None:
             keep = False
             try:
-                keep = await self._serve(req)
+                # The handler's coroutine awaited here, not in a coroutine per request
+                # around it: compiled, each level of coroutine costs a generator and
+                # its environment per request, and a pass each time the request resumes.
+                if req.expect is None or self._expected(req):
+                    try:
+                        resp = await self.server.dispatch(req)
+                    except (asyncio.CancelledError, ConnectionError):
+                        raise
+                    except Exception as exc:
+                        log.error(
+                            kv("handler failed", server=self.edge.name, path=req.path),
+                            exc_info=exc,
+                        )
+                        self._handler_failed(req)
+                    else:
+                        keep = self._answered(req, resp)
                 if keep and self.paused_writing:
                     # A client that does not read its answers: the next (pipelined or
                     # not) waits until this one has drained, so what the transport holds
@@ -835,34 +850,36 @@ class FastProtocol(asyncio.Protocol):
             except asyncio.CancelledError:
                 return
 
-    async def _serve(self, req: FastRequest) -> bool:
-        """Answer `req`; whether the connection may carry another request."""
+    def _expected(self, req: FastRequest) -> bool:
+        """A request with an Expect header: whether the handler is to answer it (a 100
+        Continue sent if the body is still to come), or it was refused (417, closing)."""
         expect = req.expect
-        if expect is not None:
-            if req.version == "1.1" and expect.lower() == "100-continue":
-                if not req.complete:
-                    self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
-            else:
-                msg = f"Unknown Expect: {expect}"
-                refusal = web.Response(
-                    status=417, body=self.edge.error(417, msg), content_type="application/json"
-                )
-                self._write(req, refusal, close=True)
-                return False
-        try:
-            resp = await self.server.dispatch(req)
-        except (asyncio.CancelledError, ConnectionError):
-            raise
-        except Exception as exc:
-            log.error(kv("handler failed", server=self.edge.name, path=req.path), exc_info=exc)
-            if self.started:
-                return False
-            msg = "The server had an error while processing your request."
-            resp = web.Response(
-                status=500, body=self.edge.error(500, msg), content_type="application/json"
-            )
-            self._write(req, resp, close=True)
-            return False
+        assert expect is not None
+        if req.version == "1.1" and expect.lower() == "100-continue":
+            if not req.complete:
+                self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            return True
+        msg = f"Unknown Expect: {expect}"
+        refusal = web.Response(
+            status=417, body=self.edge.error(417, msg), content_type="application/json"
+        )
+        self._write(req, refusal, close=True)
+        return False
+
+    def _handler_failed(self, req: FastRequest) -> None:
+        """The handler raised: a 500 closing the connection, unless an answer had begun
+        (then the connection is only closed)."""
+        if self.started:
+            return
+        msg = "The server had an error while processing your request."
+        resp = web.Response(
+            status=500, body=self.edge.error(500, msg), content_type="application/json"
+        )
+        self._write(req, resp, close=True)
+
+    def _answered(self, req: FastRequest, resp: Answer) -> bool:
+        """Write the handler's answer (a stream is already written); whether the
+        connection may carry another request."""
         if type(resp) is Prerendered:
             close = not req.keep_alive or not req.complete or self.draining
             self._send_lines(req, resp.status, resp.lines, resp.body, close)
