@@ -18,6 +18,7 @@ import pytest
 import uvloop
 
 from llmgw.router.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
+from llmgw.router.upstream.base import HeaderLines
 from llmgw.router.upstream.fast import FastUpstream
 
 JSON_BODY = b'{"ok":true}'
@@ -47,6 +48,7 @@ class Peer:
     def __init__(self) -> None:
         self.connections = 0
         self.requests: list[str] = []
+        self.heads: list[bytes] = []
         self.closed = 0
         self.gate = asyncio.Event()  # /sse sends its second event once set
         self.got_request = asyncio.Event()
@@ -86,6 +88,7 @@ class Peer:
                 body = await reader.readexactly(int(m.group(1)) if m else 0)
                 path = head.split(b" ", 2)[1].decode()
                 self.requests.append(path)
+                self.heads.append(head)
                 self.got_request.set()
                 on_this += 1
                 if not await self._answer(path, body, on_this, reader, writer):
@@ -280,6 +283,18 @@ class TestFastUpstream:
         peer.gate.set()
         assert await resp.chunk() == b"data: two\n\n"
         assert await resp.chunk() == b""
+
+    async def test_header_lines_go_out_as_written(self, peer: Peer, client: FastUpstream) -> None:
+        """Headers given as their wire lines (the proxy's) are sent as they are, after
+        Host and before the Content-Length the client adds; as a mapping they read back."""
+        lines = HeaderLines(b"Content-Type: application/json\r\nx-request-id: r\xc3\xa9\r\n")
+        assert dict(lines) == {"Content-Type": "application/json", "x-request-id": "r\u00e9"}
+        body = b'{"q":2}'
+        resp = await client.post(peer.url("/echo"), body, lines, timeout_s=5.0, endpoint_id="e0")
+        assert await resp.read() == body
+        head = peer.heads[-1]
+        assert head.startswith(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1:")
+        assert head.endswith(lines.lines + b"Content-Length: 7\r\n\r\n")
 
     async def test_deadlines_in_flight_share_one_timer(
         self, peer: Peer, client: FastUpstream

@@ -66,7 +66,7 @@ from llmgw.router.metrics import (
 )
 from llmgw.router.scheduler import Decision
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
-from llmgw.router.upstream.base import UpstreamReply
+from llmgw.router.upstream.base import HeaderLines, UpstreamReply
 from llmgw.router.wiring import Router
 from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
 from llmgw.runtime.logs import kv
@@ -84,6 +84,14 @@ _ids: Final = random.Random()
 os.register_at_fork(after_in_child=_ids.seed)
 
 
+def _auth_line(auth: str) -> bytes:
+    """An engine's Authorization header line (its api_key: `Router.engine_auth`)."""
+    line = f"Authorization: {auth}\r\n"
+    if line.count("\n") != 1 or line.count("\r") != 1:
+        raise ValueError("an engine's Authorization value holds a line break")
+    return line.encode("utf-8", "surrogateescape")
+
+
 def _request_id() -> str:
     # 24 hex digits; to_bytes().hex() costs under half of a format spec.
     return _ids.getrandbits(96).to_bytes(12, "big").hex()
@@ -93,6 +101,8 @@ def _request_id() -> str:
 # its cooldown makes a replica available without anyone saying so.
 HOLD_POLL_S: Final = 0.5
 EMBEDDINGS: Final = "/v1/embeddings"
+# The first of the header lines of every request to an engine (`HeaderLines`).
+_JSON_LINE: Final = b"Content-Type: application/json\r\n"
 # Endpoints, and content types per endpoint, whose answer lines `Proxy._lines` keeps.
 _MAX_LINES: Final = 256
 
@@ -238,7 +248,10 @@ class Proxy:
         st = self.state
         t0 = self.state.clock.monotonic()
         headers = request.headers
-        rid = headers.get("x-request-id") or _request_id()
+        rid = headers.get("x-request-id")
+        if not rid or "\n" in rid or "\r" in rid:
+            # Echoed in header lines (ours, the engine's): one line or none of it.
+            rid = _request_id()
         path = request.path
         if st.keys.enabled and st.keys.check(headers.get("Authorization")) is None:
             return self._refused(unauthorized(), rid, path, t0)
@@ -305,7 +318,9 @@ class Proxy:
         is in (`Snapshot.pending`): the live sign of a queue at the engine."""
         st = self.state
         att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries)
-        fwd = {"Content-Type": "application/json", "x-request-id": rid}
+        # The request id as a header line: in the engine's request and our answer's.
+        rid_line = b"".join((b"x-request-id: ", rid.encode("utf-8", "surrogateescape"), b"\r\n"))
+        fwd = HeaderLines(_JSON_LINE + rid_line)
         eid = ""
         status = 503
         ttft: float | None = None
@@ -366,7 +381,8 @@ class Proxy:
                             att.outcome = classify_status(status)
                             if len(out_headers) == 3 and isinstance(request, FastRequest):
                                 # The usual answer: its head's lines mostly made already.
-                                resp = Prerendered(status, att.data, self._lines_for(eid, up, rid))
+                                lines = self._lines_for(eid, up, rid_line)
+                                resp = Prerendered(status, att.data, lines)
                             elif isinstance(request, FastRequest):
                                 resp = Reply(status, att.data, out_headers)
                             else:
@@ -419,7 +435,7 @@ class Proxy:
         eid: str,
         path: str,
         body: bytes,
-        fwd: dict[str, str],
+        fwd: HeaderLines,
         snaps: Sequence[Snapshot],
     ) -> Step:
         """Send the request to `eid` and read until it is safe to decide.
@@ -439,7 +455,7 @@ class Proxy:
             up = att.up = await st.forward.post(
                 st.urls[eid] + path,
                 body,
-                fwd if auth is None else {**fwd, "Authorization": auth},
+                fwd if auth is None else HeaderLines(fwd.lines + _auth_line(auth)),
                 timeout_s=max(0.001, att.deadline - clock.monotonic()),
                 endpoint_id=eid,
                 idle_timeout_s=st.cfg.stream_idle_timeout_s,
@@ -495,7 +511,7 @@ class Proxy:
         self._done(rid, path, "", "", resp.status, outcome, t0, None, None)
         return _tag(resp, rid)
 
-    def _lines_for(self, eid: str, up: UpstreamReply, rid: str) -> bytes:
+    def _lines_for(self, eid: str, up: UpstreamReply, rid_line: bytes) -> bytes:
         """The header lines of a relayed answer (`Prerendered`): as `out_headers` would
         make them, from the lines kept for the endpoint and content type."""
         ctype = up.content_type
@@ -512,8 +528,7 @@ class Proxy:
             if text.count("\n") != 2 or text.count("\r") != 2:
                 raise ValueError(f"a line break in endpoint {eid!r} or its content type")
             fixed = by_type[ctype] = text.encode("utf-8", "surrogateescape")
-        # The id goes out as the bytes that came in (as the server writes any header).
-        return b"".join((fixed, b"x-request-id: ", rid.encode("utf-8", "surrogateescape"), b"\r\n"))
+        return fixed + rid_line
 
     def _done(
         self,

@@ -45,7 +45,14 @@ from urllib.parse import urlsplit
 import httptools
 
 from llmgw.router.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
-from llmgw.router.upstream.base import JSON, KEEPALIVE_S, Forwarder, ReplyHead, translate
+from llmgw.router.upstream.base import (
+    JSON,
+    KEEPALIVE_S,
+    Forwarder,
+    HeaderLines,
+    ReplyHead,
+    translate,
+)
 
 log: Final = logging.getLogger(__name__)
 
@@ -573,7 +580,19 @@ class FastUpstream(Forwarder):
         if loop is None:
             raise RuntimeError("FastUpstream.start() was not called")
         target = self._targets.get(url) or self._target(url)
-        head = target.head + _fields(headers, len(body))
+        if type(headers) is HeaderLines:
+            # Lines the caller wrote (and vouched for): sent as they are.
+            head = b"".join(
+                (
+                    target.head,
+                    headers.lines,
+                    b"Content-Length: ",
+                    str(len(body)).encode("ascii"),
+                    b"\r\n\r\n",
+                )
+            )
+        else:
+            head = target.head + _fields(headers, len(body))
         now = loop.time()
         deadline = now + timeout_s
         conn = target.pool.take(now)
