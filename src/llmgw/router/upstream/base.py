@@ -36,7 +36,6 @@ EVENT_STREAM: Final = "text/event-stream"
 
 # Compiled by mypyc with the router's hot modules (compiled.py); the aiohttp client's
 # classes, and tests' fakes, subclass these from Python.
-@mypyc_attr(allow_interpreted_subclasses=True)
 class HeaderLines(Mapping[str, str]):
     """Request headers as the lines that go on the wire, each `Name: value` and CRLF,
     written by the caller, who vouches that no name or value holds a line break.
@@ -77,6 +76,7 @@ class HeaderLines(Mapping[str, str]):
         return f"HeaderLines({self.lines!r})"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ReplyHead:
     """An engine's answer whose head has arrived; the body is read through it.
 
