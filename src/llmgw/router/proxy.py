@@ -366,29 +366,21 @@ class Proxy:
                             return self._relay_failed(att.failed, rid, eid)
                         up = att.up
                         assert up is not None
-                        out_headers = {
-                            "Content-Type": up.content_type,
-                            "x-request-id": rid,
-                            "x-llmgw-endpoint": eid,
-                        }
-                        if request.headers.get("x-llmgw-debug") == "1":
-                            out_headers["x-llmgw-scores"] = decision.header()
-                            if st.worker_index is not None:
-                                out_headers["x-llmgw-worker"] = str(st.worker_index)
+                        debug = request.headers.get("x-llmgw-debug") == "1"
                         status = up.status
                         resp: Answer
                         if step is Step.RELAY:
                             att.outcome = classify_status(status)
-                            if len(out_headers) == 3 and isinstance(request, FastRequest):
+                            if not debug and isinstance(request, FastRequest):
                                 # The usual answer: its head's lines mostly made already.
                                 lines = self._lines_for(eid, up, rid_line)
                                 resp = Prerendered(status, att.data, lines)
                             elif isinstance(request, FastRequest):
-                                resp = Reply(status, att.data, out_headers)
+                                out = self._out_headers(up, rid, eid, decision, debug)
+                                resp = Reply(status, att.data, out)
                             else:
-                                resp = web.Response(
-                                    status=status, body=att.data, headers=out_headers
-                                )
+                                out = self._out_headers(up, rid, eid, decision, debug)
+                                resp = web.Response(status=status, body=att.data, headers=out)
                             if status < 300:
                                 result = OK
                                 usage = usage_of(att.data)
@@ -396,8 +388,9 @@ class Proxy:
                                 result = ENGINE_ERROR
                         else:
                             tally = _Tally(st.metrics.itl(st.served_name.get(model, model)))
+                            out = self._out_headers(up, rid, eid, decision, debug)
                             resp, att.outcome, ttft = await self._stream(
-                                request, att, up, out_headers, t0, tally
+                                request, att, up, out, t0, tally
                             )
                             result, usage = tally.result, tally.usage.usage
                         if att.outcome is Outcome.OK:
@@ -511,8 +504,20 @@ class Proxy:
         self._done(rid, path, "", "", resp.status, outcome, t0, None, None)
         return _tag(resp, rid)
 
+    def _out_headers(
+        self, up: UpstreamReply, rid: str, eid: str, decision: Decision, debug: bool
+    ) -> dict[str, str]:
+        """The headers of our answer to a relayed one (a stream's, or any with
+        `x-llmgw-debug: 1`, which adds the decision's scores and the worker)."""
+        out = {"Content-Type": up.content_type, "x-request-id": rid, "x-llmgw-endpoint": eid}
+        if debug:
+            out["x-llmgw-scores"] = decision.header()
+            if self.state.worker_index is not None:
+                out["x-llmgw-worker"] = str(self.state.worker_index)
+        return out
+
     def _lines_for(self, eid: str, up: UpstreamReply, rid_line: bytes) -> bytes:
-        """The header lines of a relayed answer (`Prerendered`): as `out_headers` would
+        """The header lines of a relayed answer (`Prerendered`): as `_out_headers` would
         make them, from the lines kept for the endpoint and content type."""
         ctype = up.content_type
         by_type = self._lines.get(eid)

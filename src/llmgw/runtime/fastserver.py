@@ -49,7 +49,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 from llmgw.runtime.httpserver import Edge, _one_line, _without_echo
 from llmgw.runtime.logs import kv
@@ -181,7 +181,7 @@ class FastRequest:
         conn: FastProtocol,
         method: str,
         raw_path: str,
-        headers: CIMultiDictProxy[str],
+        headers: CIMultiDict[str],
         keep_alive: bool,
         version: str,
     ) -> None:
@@ -695,7 +695,9 @@ class FastProtocol(asyncio.Protocol):
             self,
             method.decode("ascii"),
             self.url.decode("latin-1"),
-            CIMultiDictProxy(CIMultiDict(self.fields)),
+            # Not wrapped in a read-only CIMultiDictProxy, as aiohttp's are: nothing
+            # writes to a request's headers, and the wrapper cost a call per request.
+            CIMultiDict(self.fields),
             p.should_keep_alive(),
             p.get_http_version(),
         )
