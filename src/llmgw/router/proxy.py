@@ -66,7 +66,7 @@ from llmgw.router.metrics import (
 )
 from llmgw.router.scheduler import Decision
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
-from llmgw.router.upstream.base import HeaderLines, UpstreamReply
+from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
 from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
 from llmgw.runtime.logs import kv
@@ -84,12 +84,9 @@ _ids: Final = random.Random()
 os.register_at_fork(after_in_child=_ids.seed)
 
 
-def _auth_line(auth: str) -> bytes:
+def _auth_lines(auth: str) -> bytes:
     """An engine's Authorization header line (its api_key: `Router.engine_auth`)."""
-    line = f"Authorization: {auth}\r\n"
-    if line.count("\n") != 1 or line.count("\r") != 1:
-        raise ValueError("an engine's Authorization value holds a line break")
-    return line.encode("utf-8", "surrogateescape")
+    return header_lines({"Authorization": auth})
 
 
 def _request_id() -> str:
@@ -448,7 +445,7 @@ class Proxy:
             up = att.up = await st.forward.post(
                 st.urls[eid] + path,
                 body,
-                fwd if auth is None else HeaderLines(fwd.lines + _auth_line(auth)),
+                fwd if auth is None else HeaderLines(fwd.lines + _auth_lines(auth)),
                 timeout_s=max(0.001, att.deadline - clock.monotonic()),
                 endpoint_id=eid,
                 idle_timeout_s=st.cfg.stream_idle_timeout_s,
@@ -529,10 +526,8 @@ class Proxy:
         if fixed is None:
             if len(by_type) >= _MAX_LINES:
                 by_type.clear()  # an engine answering with ever new content types
-            text = f"Content-Type: {ctype}\r\nx-llmgw-endpoint: {eid}\r\n"
-            if text.count("\n") != 2 or text.count("\r") != 2:
-                raise ValueError(f"a line break in endpoint {eid!r} or its content type")
-            fixed = by_type[ctype] = text.encode("utf-8", "surrogateescape")
+            fields = {"Content-Type": ctype, "x-llmgw-endpoint": eid}
+            fixed = by_type[ctype] = header_lines(fields)
         return fixed + rid_line
 
     def _done(

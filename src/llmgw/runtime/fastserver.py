@@ -122,6 +122,11 @@ def _is_own(name: str) -> bool:
 
 def _head(status: int, reason: str | None, headers: Any, tail: bytes) -> bytes:
     """Status line, the handler's headers (less those the server owns), Date, `tail`."""
+    return b"".join((_status_line(status, reason), _fields(headers), _date.get(), tail))
+
+
+def _fields(headers: Any) -> bytes:
+    """The handler's headers as lines, less those the server writes itself."""
     # The pieces of every line, joined once: an f-string per line cost more than the
     # join of all of them (mypyc builds each f-string by a generic routine).
     lines: list[str] = []
@@ -140,8 +145,7 @@ def _head(status: int, reason: str | None, headers: Any, tail: bytes) -> bytes:
                 lines += (name, ": ", str(value), "\r\n")
     # As aiohttp writes them, and reads them: a header echoed back (x-request-id) goes
     # out as the bytes that came in. One encode for all of them.
-    fields = "".join(lines).encode("utf-8", "surrogateescape")
-    return b"".join((_status_line(status, reason), fields, _date.get(), tail))
+    return "".join(lines).encode("utf-8", "surrogateescape")
 
 
 class _HeadError(Exception):
@@ -884,7 +888,7 @@ class FastProtocol(asyncio.Protocol):
         connection may carry another request."""
         if type(resp) is Prerendered:
             close = not req.keep_alive or not req.complete or self.draining
-            self._send_lines(req, resp.status, resp.lines, resp.body, close)
+            self._send_lines(req, resp.status, None, resp.lines, resp.body, close)
             return not close
         if isinstance(resp, FastStream):
             return resp.keep_alive and resp._eof
@@ -913,24 +917,22 @@ class FastProtocol(asyncio.Protocol):
         body: bytes | bytearray,
         close: bool,
     ) -> None:
-        tail = f"Content-Length: {len(body)}\r\n"
+        lines = _fields(headers)
         if "Content-Type" not in headers:
-            tail += "Content-Type: application/octet-stream\r\n"
-        if close:
-            tail += "Connection: close\r\n"
-        elif req.version == "1.0":
-            tail += "Connection: keep-alive\r\n"
-        head = _head(status, reason, headers, tail.encode("ascii") + b"\r\n")
-        self.started = True
-        if req.method == "HEAD":
-            self.send(head)
-        else:
-            self.send(head + body)
+            lines += b"Content-Type: application/octet-stream\r\n"
+        self._send_lines(req, status, reason, lines, body, close)
 
     def _send_lines(
-        self, req: FastRequest, status: int, lines: bytes, body: bytes, close: bool
+        self,
+        req: FastRequest,
+        status: int,
+        reason: str | None,
+        lines: bytes,
+        body: bytes | bytearray,
+        close: bool,
     ) -> None:
-        """`_send_whole` for a `Prerendered` answer: its lines as they are."""
+        """A whole answer whose header lines are written (a `Prerendered`'s as they
+        are): status line, the lines, Date, Content-Length, Connection, the body."""
         if close:
             end = b"\r\nConnection: close\r\n\r\n"
         elif req.version == "1.0":
@@ -939,7 +941,7 @@ class FastProtocol(asyncio.Protocol):
             end = b"\r\n\r\n"
         head = b"".join(
             (
-                _status_line(status, None),
+                _status_line(status, reason),
                 lines,
                 _date.get(),
                 b"Content-Length: ",

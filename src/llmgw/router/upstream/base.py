@@ -16,7 +16,7 @@ transport's type.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Iterator, Mapping
-from typing import Final
+from typing import Final, NoReturn, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -36,6 +36,36 @@ EVENT_STREAM: Final = "text/event-stream"
 
 # Compiled by mypyc with the router's hot modules (compiled.py); the aiohttp client's
 # classes, and tests' fakes, subclass these from Python.
+def header_lines(fields: Mapping[str, str]) -> bytes:
+    """`Name: value` and CRLF per field, in utf-8 with surrogateescape (a value that
+    came in as bytes goes out as those bytes); ValueError naming the first field that
+    holds a line break, which would smuggle a header."""
+    parts: list[str] = []
+    if type(fields) is dict:
+        # A plain dict: compiled, iterated as a dict, without the generic iterator and
+        # tuple unpacking a Mapping takes.
+        plain = cast("dict[str, str]", fields)
+        for name, value in plain.items():
+            parts += (name, ": ", value, "\r\n")
+    else:
+        for name, value in fields.items():
+            parts += (name, ": ", value, "\r\n")
+    n = len(parts) // 4
+    text = "".join(parts)
+    # Each line ends in one CRLF: any other CR or LF is in a name or a value (counted
+    # over all the lines, not tested field by field).
+    if text.count("\n") != n or text.count("\r") != n:
+        _refuse_breaks(fields)
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _refuse_breaks(fields: Mapping[str, str]) -> NoReturn:
+    for name, value in fields.items():
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+            raise ValueError(f"header {name!r} holds a line break")
+    raise ValueError("a header holds a line break")
+
+
 class HeaderLines(Mapping[str, str]):
     """Request headers as the lines that go on the wire, each `Name: value` and CRLF,
     written by the caller, who vouches that no name or value holds a line break.
