@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from llmgw.runtime.logs import kv
-from llmgw.simengine import api, auth, debug, metrics, tokenizer
+from llmgw.simengine import api, auth, debug, metrics, sleepapi, tokenizer
 from llmgw.simengine.batcher import Scheduler, SimRequest, mix_seed
 from llmgw.simengine.config import SimConfig
 from llmgw.simengine.engine import Engine, Stream
@@ -30,6 +30,7 @@ from llmgw.simengine.faults import CRASH_EXIT_CODE, Faults, Verdict
 from llmgw.simengine.kvcache import KVCache
 from llmgw.simengine.kvevents import KVEventPublisher
 from llmgw.simengine.metricsnames import histogram_buckets
+from llmgw.simengine.sleep import Sleeper
 from llmgw.simengine.stats import EngineStats
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ class SimEngine:
             max_model_len=cfg.max_model_len,
         )
         self.engine = Engine(self.scheduler, cfg.timing)
+        self.sleeper = Sleeper(cfg.sleep, tp=cfg.timing.tp, speed=cfg.timing.speed)
         self.faults = Faults(cfg.faults, seed=cfg.seed)
         self.engine.before_step = self.faults.step
         # vLLM's KV events (kvevents.py), published after each step; ValueError
@@ -278,6 +280,8 @@ class SimEngine:
             used_blocks=kv.capacity_blocks - kv.num_free_blocks,
             capacity_blocks=kv.capacity_blocks,
             block_size=kv.block_size,
+            sleep_state=self.sleeper.state,
+            gpu_bytes=self.sleeper.gpu_bytes(),
         )
         if self.cfg.metrics_dialect == "sglang":
             text = metrics.render_sglang(self.stats, view, model_name=self.cfg.model_name)
@@ -479,4 +483,6 @@ def build_app(
     r.add_get("/version", sim.version)
     r.add_get("/metrics", sim.metrics)
     debug.add_routes(app, sim)
+    if cfg.sleep.dev_mode:
+        sleepapi.add_routes(app, sim)
     return app
