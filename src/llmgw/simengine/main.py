@@ -15,6 +15,7 @@ import sys
 
 from llmgw.runtime import logs
 from llmgw.runtime.cli import DefaultsFormatter
+from llmgw.runtime.version import add_version_argument
 from llmgw.simengine import auth, kvevents, sleep, timing
 from llmgw.simengine.config import DIALECTS, SimConfig
 from llmgw.simengine.faults import FaultConfig
@@ -31,6 +32,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("positional_model", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--model", help="model name (the default served name)")
     logs.add_format_argument(p)
+    add_version_argument(p, "sim-engine")
     p.add_argument("--served-model-name", nargs="+", default=None, help="names to serve")
     p.add_argument("--host", default="127.0.0.1", help="listen address")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
