@@ -37,6 +37,7 @@ from llmgw.router.affinity import NO_KEY, RouteKey, route_key
 from llmgw.router.breaker import BreakerState, Outcome, classify_status
 from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import (
+    JSON,
     HoldQueueFull,
     NoReplica,
     UpstreamError,
@@ -72,6 +73,7 @@ from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
 from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
 from llmgw.runtime.logs import kv
+from llmgw.wire.errors import error_body
 
 log: Final = logging.getLogger(__name__)
 # The access log (RouterConfig.access_log): one line per request when enabled, whatever
@@ -211,6 +213,18 @@ def _is_retryable(status: int) -> bool:
     # 401/403: the engine refused the router's key for it (a replica restarted
     # with a new key the list does not carry yet); another replica may accept.
     return status >= 500 or status in (401, 403, 429)
+
+
+def _engine_refused(status: int) -> _Failed:
+    """What a client gets when the last replica tried refused the router's engine key
+    (401/403): 502, the gateway's failure, in OpenAI's shape."""
+    body = error_body(
+        f"A replica refused the router's credentials for it (HTTP {status}); "
+        "the router's operator must fix the engine key.",
+        type="upstream_error",
+        code="engine_refused_key",
+    )
+    return _Failed(502, body, JSON)
 
 
 def _another(snaps: Sequence[Snapshot], tried: Sequence[str], eid: str) -> bool:
@@ -469,7 +483,13 @@ class Proxy:
             if _is_retryable(code):
                 data = await up.read()
                 att.outcome = classify_status(code)
-                att.failed = _Failed(code, data, up.content_type, up.headers.get("Retry-After"))
+                if code == 401 or code == 403:
+                    # The router's engine key, refused: the replica's failure, never
+                    # the client's, and the engine's body is not the client's to read.
+                    att.failed = _engine_refused(code)
+                else:
+                    retry_after = up.headers.get("Retry-After")
+                    att.failed = _Failed(code, data, up.content_type, retry_after)
                 att.last_error = f"{eid} answered {code}"
             elif not up.is_event_stream:
                 att.data = await up.read()
@@ -592,6 +612,8 @@ class Proxy:
         clock = st.clock
         hold_s = st.cfg.hold_timeout_s
         hold_deadline = min(deadline, t0 + hold_s)
+        # A probe is waited for at most one first cooldown (holding.hold_until).
+        probe_wait_until = clock.monotonic() + st.cfg.breaker.cooldown_s
         snaps = st.registry.snapshots(model)
         opened = {s.id: s.opened_total for s in snaps}
         try:
@@ -600,7 +622,12 @@ class Proxy:
                     now = clock.monotonic()
                     look = st.outlook.get(model)
                     until = hold_until(
-                        snaps, now=now, deadline=hold_deadline, opened=opened, outlook=look
+                        snaps,
+                        now=now,
+                        deadline=hold_deadline,
+                        opened=opened,
+                        outlook=look,
+                        probe_wait_until=probe_wait_until,
                     )
                     if until is None and not snaps and look is not None:
                         st.holding.refused(model)
@@ -627,8 +654,11 @@ class Proxy:
                     if left > 0:
                         continue
                     if clock.monotonic() < hold_deadline:
+                        after = retry_after_s(snaps)
                         raise NoReplica(
-                            model, "its breakers are open", retry_after_s=retry_after_s(snaps)
+                            model,
+                            f"every replica's breaker is open (next probe in about {after}s)",
+                            retry_after_s=after,
                         )
                     raise NoReplica(model, held_too_long(hold_s, look), retry_after_s=5)
         except HoldQueueFull:

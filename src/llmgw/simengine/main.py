@@ -14,6 +14,7 @@ import sys
 
 from llmgw.runtime import logs
 from llmgw.runtime.cli import DefaultsFormatter
+from llmgw.runtime.version import add_version_argument
 from llmgw.simengine import auth, kvevents, timing
 from llmgw.simengine.config import DIALECTS, SimConfig
 from llmgw.simengine.faults import FaultConfig
@@ -30,6 +31,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("positional_model", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--model", help="model name (the default served name)")
     logs.add_format_argument(p)
+    add_version_argument(p, "sim-engine")
     p.add_argument("--served-model-name", nargs="+", default=None, help="names to serve")
     p.add_argument("--host", default="127.0.0.1", help="listen address")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")

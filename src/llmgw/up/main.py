@@ -31,6 +31,7 @@ from llmgw.adminclient.errors import AdminError, AdminUnreachable
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.lockfile import open_nofollow
 from llmgw.runtime.serve import READY_PREFIX
+from llmgw.runtime.version import add_version_argument
 from llmgw.up.checks import Refused, check_ports, lock_state_dir
 from llmgw.up.children import Child, Interrupted, StartFailed, stop_all, stop_leftover_engines
 from llmgw.up.fleet import Fleet, FleetError, check_engines, load_fleet
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=DefaultsFormatter,
     )
+    add_version_argument(p, "up")
     p.add_argument("--port", type=int, default=8080, help="router port (default 8080)")
     p.add_argument("--controller-port", type=int, default=None, help="default: router port + 1")
     p.add_argument("--fleet", type=Path, default=None, help="fleet file (default: built-in)")
