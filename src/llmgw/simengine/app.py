@@ -390,6 +390,7 @@ class SimEngine:
             if job.include_usage:
                 await resp.write(enc.usage_chunk(self._usage(req)))
             await resp.write(api.DONE)
+            await self._linger()
             await resp.write_eof()
         except ConnectionResetError:
             log.debug("client gone rid=%s", req.req_id)
@@ -431,6 +432,13 @@ class SimEngine:
         resp = json_response(enc.full(text, req.finish_reason, self._usage(req)))
         resp.headers.update(_arrival(req))
         return resp
+
+    async def _linger(self) -> None:
+        """The linger_after_done_s fault: the body's end comes this much after [DONE]."""
+        linger = self.faults.config.linger_after_done_s
+        if linger > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), linger)
 
     async def _hold(self, request: web.Request) -> None:
         """Stay silent until the client leaves or the server stops (the stall fault)."""
