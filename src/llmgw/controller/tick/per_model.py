@@ -83,7 +83,7 @@ def plan_models(t: TickContext, *, dirty: Collection[str] | None = None) -> None
         # The delete command drained these; this catches a restart in between.
         for rid in sorted(index.of_model(name)):
             r = batch.replica(rid)
-            if r is not None and r.state in LIVE:
+            if r is not None and (r.state in LIVE or r.state == "sleeping"):
                 batch.drain(r, f"model {name} deleted", grace_s=t.config.drain_grace_s)
         mem.evicting.pop(name, None)
     demand, load = _by_model_name(state.models, t.usage.demand(), t.usage.load())
