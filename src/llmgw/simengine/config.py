@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from llmgw.simengine.faults import FaultConfig
 from llmgw.simengine.kvevents import KVEventsSettings
+from llmgw.simengine.lora import LoraSettings
 from llmgw.simengine.timing import TimingModel
 
 DIALECTS = ("vllm", "sglang")
@@ -31,6 +32,8 @@ class SimConfig:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # vLLM's --kv-events-config: publish KV-cache events (kvevents.py) when enabled.
     kv_events: KVEventsSettings = field(default_factory=KVEventsSettings)
+    # vLLM's --enable-lora and friends: LoRA adapters served as models (lora.py).
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
     def __post_init__(self) -> None:
         if not self.served_model_names:

@@ -11,10 +11,11 @@ import msgspec
 from llmgw.ctl import specs
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.models import ModelSpec, ScaleRequest
 
 
-def _load(file: str) -> list[ModelSpec]:
+def _load(file: str) -> list[ModelSpec | AdapterSpec]:
     if file == "-":
         source = "<stdin>"
         return specs.validate(specs.parse_documents(sys.stdin.read(), source), source)
@@ -29,7 +30,11 @@ def apply(args: argparse.Namespace, ctx: Ctx) -> int:
         names = ", ".join(s.name for s in model_specs)
         ctx.out.write(f"{args.file}: {len(model_specs)} valid model spec(s): {names}\n")
         return 0
-    for view in ctx.client().apply(model_specs):
+    for spec, view in zip(model_specs, ctx.client().apply(model_specs), strict=False):
+        if isinstance(spec, AdapterSpec):
+            line = f"adapter {spec.name} of {view.name} applied (base ready {view.ready}/"
+            ctx.out.write(line + f"{view.desired})\n")
+            continue
         line = f"model {view.name} applied (ready {view.ready}/{view.desired})"
         if view.unplaceable_reason:
             line += f"; unplaceable: {view.unplaceable_reason}"
