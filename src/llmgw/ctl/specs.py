@@ -26,6 +26,7 @@ from llmgw.wire.models import (
     ModelSpec,
     env_from_problem,
     routing_problem,
+    sleep_problem,
 )
 
 # msgspec ends a located error with " - at `$.field[0]`".
@@ -180,7 +181,9 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec | AdapterSpec]:
         except msgspec.ValidationError as exc:
             problems.append(f"{source}: {where}: {describe(exc)}")
             continue
-        wrong = routing_problem(spec) if isinstance(spec, ModelSpec) else None
+        wrong = (
+            (sleep_problem(spec) or routing_problem(spec)) if isinstance(spec, ModelSpec) else None
+        )
         if wrong is not None:
             problems.append(f"{source}: {where}: field {wrong[0]}: {wrong[1]}")
             continue
