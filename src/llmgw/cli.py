@@ -31,9 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(USAGE)
         return 0 if args else 2
     if args[0] in ("-V", "--version"):
-        from llmgw import __version__
+        from llmgw.runtime.version import line
 
-        print(f"llmgw {__version__}")
+        print(line())
         return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:

@@ -62,6 +62,16 @@ class TestHoldUntil:
         # The hold deadline first: it wins.
         assert hold_until(snaps, now=10.0, deadline=11.0, opened=opened) == 11.0
 
+    def test_a_long_cooldown_is_waited_no_longer_than_the_first(self) -> None:
+        """A probe 40 s away (a doubled cooldown) is waited for until probe_wait_until."""
+        snaps = [snap("a", OPEN, probe_in_s=40.0)]
+        opened = {"a": 0}
+        until = hold_until(snaps, now=10.0, deadline=130.0, opened=opened, probe_wait_until=20.0)
+        assert until == 20.0
+        # The hold deadline, when it comes first, still wins.
+        until = hold_until(snaps, now=10.0, deadline=15.0, opened=opened, probe_wait_until=20.0)
+        assert until == 15.0
+
     def test_a_probe_that_failed_meanwhile_ends_the_wait(self) -> None:
         snaps = [snap("a", OPEN, probe_in_s=20.0, opened_total=2)]
         assert hold_until(snaps, now=10.0, deadline=130.0, opened={"a": 1}) is None

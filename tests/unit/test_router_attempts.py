@@ -159,6 +159,30 @@ class TestRetryRules:
         assert (r.status, r.body, w.retries()) == (200, ERROR_EVENT + DONE, {})
 
 
+class TestEngineRefusingTheKey:
+    def test_a_401_is_the_replicas_failure_and_retried_elsewhere(self) -> None:
+        """An engine refusing the router's key counts against it; another replica serves."""
+        w = world(2, "breaker: {failure_threshold: 1}\n")
+        w.fake.script("a", reply(401, b'{"error": "Unauthorized"}'))
+        w.fake.script("b", reply(200, b'{"id":"x"}'))
+        r = once(w)
+        assert (r.status, r.json(), w.fake.tried()) == (200, {"id": "x"}, ["a", "b"])
+        assert w.breaker("a") == "open"
+
+    @pytest.mark.parametrize("status", [401, 403])
+    def test_with_none_left_the_client_gets_a_502_in_openais_shape(self, status: int) -> None:
+        """Every replica refuses the key: 502 in OpenAI's error shape, not the engine's body."""
+        w = world(2)
+        w.fake.script("a", reply(status, b'{"error": "Unauthorized"}'))
+        w.fake.script("b", reply(status, b'{"error": "Unauthorized"}'))
+        r = once(w)
+        assert r.status == 502
+        err = r.json()["error"]
+        assert (err["type"], err["code"]) == ("upstream_error", "engine_refused_key")
+        assert f"HTTP {status}" in err["message"]
+        assert r.headers["Content-Type"].startswith("application/json")
+
+
 class TestHoldRules:
     def test_known_model_without_replica_is_held_until_the_hold_timeout(self) -> None:
         """Held for hold_timeout_s, then 503 with Retry-After 5; its demand shows while held."""
@@ -233,6 +257,29 @@ class TestHoldRules:
         assert (r.status, r.json()) == (200, {"id": "probe"})
         assert 2.0 <= w.clock.monotonic() - start <= 2.6
         assert w.breaker("a") == "closed"
+
+    def test_a_dead_engine_is_answered_within_one_cooldown(self) -> None:
+        """Failed probes double the cooldown (2, 4, 8 s), yet no request waits more than the
+        first cooldown: it is the probe, or 503 naming the next one."""
+        w = world(1, "breaker: {failure_threshold: 1, cooldown_s: 2, max_cooldown_s: 60}\n")
+        w.fake.script("a", *(refuse() for _ in range(3)))
+
+        async def main() -> Any:
+            out = []
+            for _ in range(5):
+                start = w.clock.monotonic()
+                r = await w.send()
+                out.append((r, w.clock.monotonic() - start))
+            return out
+
+        got = w.run(main)
+        assert [r.status for r, _ in got] == [503] * 5
+        assert max(waited for _, waited in got) <= 2.1
+        last = got[-1][0]
+        # Opened at 0; probes failed at 2 and 6: the next is at 14, the last request at 8.
+        assert "breaker is open" in last.json()["error"]["message"]
+        assert last.headers["Retry-After"] == "6"
+        assert len(w.fake.tried()) == 3
 
 
 class TestVirtualTime:

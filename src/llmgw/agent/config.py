@@ -32,6 +32,7 @@ from llmgw.agent.ports import parse_range
 from llmgw.agent.secretrefs import is_private_env
 from llmgw.agent.templates import parse_engine_bins
 from llmgw.runtime import logs, secretfile
+from llmgw.runtime.version import add_version_argument
 from llmgw.wire.agent import ENV_NAME_PATTERN
 from llmgw.wire.names import label_problem
 from llmgw.wire.policy import SpecPolicy
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", help="YAML file with the same keys as these flags")
     logs.add_format_argument(p)
+    add_version_argument(p, "agent")
     p.add_argument("--controller", action="append", help="controller URL (repeat for HA)")
     p.add_argument(
         "--token", help=f"bearer token for the controller (visible in ps; prefer {TOKEN_ENV})"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from llmgw.runtime import logs, secretfile
 from llmgw.runtime.cli import DefaultsFormatter
+from llmgw.runtime.version import add_version_argument
 
 DEFAULT_DATABASE = "sqlite:///./.llmgw/controller.db"
 
@@ -146,6 +147,7 @@ def parse_args(argv: list[str]) -> ControllerConfig:
     )
     p.add_argument("--host", default=d.host, help="listen address")
     logs.add_format_argument(p)
+    add_version_argument(p, "controller")
     p.add_argument("--port", type=int, default=8081, help="listen port; 0 picks one")
     p.add_argument(
         "--database", default=d.database, help="sqlite:///… | postgresql://… | memory://"

@@ -26,6 +26,7 @@ from llmgw.ctl import config
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError
 from llmgw.runtime.cli import DefaultsFormatter
+from llmgw.runtime.version import add_version_argument
 
 # command → "module:function"; each function is (args, ctx) -> exit code.
 HANDLERS = {
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Settings come from flags, then LLMGW_CONTROLLER / LLMGW_TOKEN, then "
         "$XDG_CONFIG_HOME/llmgw/ctl.yaml (~/.config/llmgw/ctl.yaml).",
     )
+    add_version_argument(parser, "ctl")
     _connection_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

@@ -27,6 +27,7 @@ from llmgw.wire.models import (
     env_from_problem,
     names_problem,
     routing_problem,
+    sleep_problem,
 )
 
 # msgspec ends a located error with " - at `$.field[0]`".
@@ -218,7 +219,7 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec]:
         except msgspec.ValidationError as exc:
             problems.append(f"{source}: {where}: {describe(exc)}")
             continue
-        wrong = names_problem(spec) or routing_problem(spec)
+        wrong = names_problem(spec) or sleep_problem(spec) or routing_problem(spec)
         if wrong is not None:
             problems.append(f"{source}: {where}: field {wrong[0]}: {wrong[1]}")
             continue

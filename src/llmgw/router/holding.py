@@ -36,6 +36,7 @@ def hold_until(
     deadline: float,
     opened: Mapping[str, int],
     outlook: ModelOutlook | None = None,
+    probe_wait_until: float | None = None,
 ) -> float | None:
     """The one rule for how long a request with no usable replica waits (docs/hardening.md).
 
@@ -43,7 +44,8 @@ def hold_until(
     hold_timeout_s, within the request's own deadline), `opened` each replica's
     breaker open count when the wait began. The answer is the monotonic time the
     wait ends at (the request is answered 503 then unless a replica turns up),
-    or None: answer 503 now.
+    or None: answer 503 now. `probe_wait_until` (when the wait began plus the
+    breakers' first cooldown; None: no bound) caps the wait for a probe.
 
     - No replica at all, and the controller says it cannot place one (`outlook`
       cannot_place: no room, nothing to evict): now, with its reason.
@@ -51,6 +53,11 @@ def hold_until(
       the hold deadline.
     - Every replica's breaker open: the earliest probe, or the hold deadline if
       that comes first; then the request tries (perhaps as the probe itself).
+      Never past `probe_wait_until`: a dead engine's cooldown doubles with
+      every failed probe (20 s, 40 s ... up to max_cooldown_s), and a request
+      arriving late in a long one would wait through all of it for a verdict
+      already known. Then it is answered 503 with the time of the next probe,
+      unless a replica turned up meanwhile.
     - A probe failed while the request waited (a breaker opened again): now.
       So no request waits through more than one probe's verdict, whenever it came.
     - Otherwise (a probe is out, its verdict pending): the hold deadline; the
@@ -66,7 +73,8 @@ def hold_until(
         return None
     probes = [s.probe_in_s for s in snaps if s.breaker is BreakerState.OPEN]
     if len(probes) == len(snaps):
-        return min(deadline, now + min(p or 0.0 for p in probes))
+        until = min(deadline, now + min(p or 0.0 for p in probes))
+        return until if probe_wait_until is None else min(until, probe_wait_until)
     return deadline
 
 

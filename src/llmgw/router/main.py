@@ -14,6 +14,7 @@ from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import logs, serve
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.httpserver import ServerLimits, raise_nofile_limit
+from llmgw.runtime.version import add_version_argument
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -60,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default=None, help="DEBUG shows every routing decision")
     logs.add_format_argument(p)
+    add_version_argument(p, "router")
     return p
 
 

@@ -23,6 +23,7 @@ that follows its acquire with no await in between.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
@@ -36,6 +37,7 @@ from llmgw.router.affinity import NO_KEY, RouteKey, route_key
 from llmgw.router.breaker import BreakerState, Outcome, classify_status
 from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import (
+    JSON,
     HoldQueueFull,
     NoReplica,
     UpstreamError,
@@ -65,11 +67,13 @@ from llmgw.router.metrics import (
     UNAVAILABLE,
 )
 from llmgw.router.scheduler import Decision
+from llmgw.router.streamend import final_event_sent
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
 from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
 from llmgw.runtime.logs import kv
+from llmgw.wire.errors import error_body
 
 log: Final = logging.getLogger(__name__)
 # The access log (RouterConfig.access_log): one line per request when enabled, whatever
@@ -209,6 +213,18 @@ def _is_retryable(status: int) -> bool:
     # 401/403: the engine refused the router's key for it (a replica restarted
     # with a new key the list does not carry yet); another replica may accept.
     return status >= 500 or status in (401, 403, 429)
+
+
+def _engine_refused(status: int) -> _Failed:
+    """What a client gets when the last replica tried refused the router's engine key
+    (401/403): 502, the gateway's failure, in OpenAI's shape."""
+    body = error_body(
+        f"A replica refused the router's credentials for it (HTTP {status}); "
+        "the router's operator must fix the engine key.",
+        type="upstream_error",
+        code="engine_refused_key",
+    )
+    return _Failed(502, body, JSON)
 
 
 def _another(snaps: Sequence[Snapshot], tried: Sequence[str], eid: str) -> bool:
@@ -391,12 +407,7 @@ class Proxy:
                             )
                             result, usage = tally.result, tally.usage.usage
                         if att.outcome is Outcome.OK:
-                            stats = next((s.stats for s in snaps if s.id == eid), None)
-                            # The engine's cached_tokens checks the index's guess (feedback.py).
-                            cached = None if usage is None else usage.cached_reported
-                            st.policy.served(
-                                eid, hashes, stats, decision=decision, cached_tokens=cached
-                            )
+                            self._served(eid, hashes, snaps, decision, usage)
                         return resp
                 finally:
                     release(att.outcome)
@@ -407,8 +418,12 @@ class Proxy:
             result = UNAVAILABLE
             return _tag(unavailable(exc), rid)
         except asyncio.CancelledError:
-            # The client disconnected (handler cancellation): its own outcome, never a 200.
+            # The client disconnected (handler cancellation): its own outcome, never a 200,
+            # unless its stream's final event had gone out (streamend.py).
             result = DISCONNECTED
+            if tally is not None and tally.result == OK:
+                result = OK
+                self._served(eid, hashes, snaps, decision, tally.usage.usage)
             raise
         finally:
             if tally is not None:
@@ -417,6 +432,20 @@ class Proxy:
             self._done(
                 rid, path, st.served_name.get(model, model), eid, status, result, t0, ttft, usage
             )
+
+    def _served(
+        self,
+        eid: str,
+        hashes: RouteKey,
+        snaps: Sequence[Snapshot],
+        decision: Decision,
+        usage: Usage | None,
+    ) -> None:
+        """The prefix bookkeeping of a request `eid` served in full."""
+        stats = next((s.stats for s in snaps if s.id == eid), None)
+        # The engine's cached_tokens checks the index's guess (feedback.py).
+        cached = None if usage is None else usage.cached_reported
+        self.state.policy.served(eid, hashes, stats, decision=decision, cached_tokens=cached)
 
     async def _attempt(
         self,
@@ -454,7 +483,13 @@ class Proxy:
             if _is_retryable(code):
                 data = await up.read()
                 att.outcome = classify_status(code)
-                att.failed = _Failed(code, data, up.content_type, up.headers.get("Retry-After"))
+                if code == 401 or code == 403:
+                    # The router's engine key, refused: the replica's failure, never
+                    # the client's, and the engine's body is not the client's to read.
+                    att.failed = _engine_refused(code)
+                else:
+                    retry_after = up.headers.get("Retry-After")
+                    att.failed = _Failed(code, data, up.content_type, retry_after)
                 att.last_error = f"{eid} answered {code}"
             elif not up.is_event_stream:
                 att.data = await up.read()
@@ -577,6 +612,8 @@ class Proxy:
         clock = st.clock
         hold_s = st.cfg.hold_timeout_s
         hold_deadline = min(deadline, t0 + hold_s)
+        # A probe is waited for at most one first cooldown (holding.hold_until).
+        probe_wait_until = clock.monotonic() + st.cfg.breaker.cooldown_s
         snaps = st.registry.snapshots(model)
         opened = {s.id: s.opened_total for s in snaps}
         try:
@@ -585,7 +622,12 @@ class Proxy:
                     now = clock.monotonic()
                     look = st.outlook.get(model)
                     until = hold_until(
-                        snaps, now=now, deadline=hold_deadline, opened=opened, outlook=look
+                        snaps,
+                        now=now,
+                        deadline=hold_deadline,
+                        opened=opened,
+                        outlook=look,
+                        probe_wait_until=probe_wait_until,
                     )
                     if until is None and not snaps and look is not None:
                         st.holding.refused(model)
@@ -612,8 +654,11 @@ class Proxy:
                     if left > 0:
                         continue
                     if clock.monotonic() < hold_deadline:
+                        after = retry_after_s(snaps)
                         raise NoReplica(
-                            model, "its breakers are open", retry_after_s=retry_after_s(snaps)
+                            model,
+                            f"every replica's breaker is open (next probe in about {after}s)",
+                            retry_after_s=after,
                         )
                     raise NoReplica(model, held_too_long(hold_s, look), retry_after_s=5)
         except HoldQueueFull:
@@ -649,6 +694,7 @@ class Proxy:
         ttft: float | None = None
         scan = tally.usage
         itl = tally.itl
+        before = sent = b""
         try:
             if isinstance(request, FastRequest):
                 resp = request.stream(up.status, out_headers)
@@ -664,6 +710,8 @@ class Proxy:
             while chunk:
                 # Written before anything else is looked at: relay latency first.
                 await resp.write(chunk)
+                # The last two chunks written, for when the stream ends early (streamend.py).
+                before, sent = sent, chunk
                 scan.feed(chunk)
                 chunk = await up.chunk()
                 if chunk:
@@ -676,6 +724,11 @@ class Proxy:
                     last = t
                 watch.feed(chunk)
         except UpstreamError as exc:
+            if final_event_sent(before, sent):
+                # The engine dropped the connection after its last event: complete.
+                tally.result = OK
+                await _end_quietly(resp)
+                return resp, Outcome.OK, ttft
             # Timer slack: the client's deadline timer fires at, not before, `deadline`.
             if isinstance(exc, UpstreamTimeout) and now() >= att.deadline - 0.05:
                 verdict, why, code = Outcome.ABANDONED, "the request's deadline passed", 504
@@ -693,13 +746,15 @@ class Proxy:
             return resp, verdict, ttft
         except ConnectionError:
             # The client went away; closing `up` (the caller's finally) aborts the engine's work.
-            tally.result = DISCONNECTED
-            return resp, Outcome.ABANDONED, ttft
+            return resp, self._gone(tally, before, sent), ttft
+        except asyncio.CancelledError:
+            # The same under handler cancellation; `_route` reads the verdict from `tally`.
+            att.outcome = self._gone(tally, before, sent)
+            raise
         try:
             await resp.write_eof()
         except ConnectionError:
-            tally.result = DISCONNECTED
-            return resp, Outcome.ABANDONED, ttft
+            return resp, self._gone(tally, before, sent), ttft
         tally.result = ENGINE_ERROR if watch.seen or up.status >= 300 else OK
         if watch.seen:
             log.warning(
@@ -713,6 +768,15 @@ class Proxy:
             if watch.endpoint_failure:
                 return resp, Outcome.ENDPOINT_FAILURE, ttft
         return resp, Outcome.OK, ttft
+
+    @staticmethod
+    def _gone(tally: _Tally, before: bytes, sent: bytes) -> Outcome:
+        """The verdict on a stream whose client left: complete if its final event went out."""
+        if final_event_sent(before, sent):
+            tally.result = OK
+            return Outcome.OK
+        tally.result = DISCONNECTED
+        return Outcome.ABANDONED
 
     def _relay_failed(self, failed: _Failed, rid: str, eid: str) -> web.Response:
         headers = {
@@ -774,6 +838,12 @@ POST_PATHS: Final = frozenset({"/v1/chat/completions", "/v1/completions", EMBEDD
 
 def _model_object(model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": 0, "owned_by": "llmgw"}
+
+
+async def _end_quietly(resp: web.StreamResponse | FastStream) -> None:
+    """End an answer whose client may already be gone."""
+    with contextlib.suppress(ConnectionError):
+        await resp.write_eof()
 
 
 def _tag(resp: web.Response, rid: str) -> web.Response:

@@ -1,1 +1,11 @@
-"""Shared runtime: serve (uvloop, runner, graceful stop), clock, logging."""
+"""Shared runtime: what every program uses, and nothing program-specific.
+
+serve        uvloop, bind, ready line, graceful stop (with httpserver, fastserver, acceptor)
+clock        the injected clock
+logs         logging setup, --log-format
+cli          help text every program's flags share
+version      --version on every program
+secretfile   secrets from a file or the environment, never only argv
+lockfile     one process per state folder
+netaddr      address helpers
+"""

@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from llmgw.runtime.logs import kv
-from llmgw.simengine import api, auth, debug, metrics, tokenizer
+from llmgw.simengine import api, auth, debug, metrics, sleepapi, tokenizer
 from llmgw.simengine.batcher import Scheduler, SimRequest, mix_seed
 from llmgw.simengine.config import SimConfig
 from llmgw.simengine.engine import Engine, Stream
@@ -30,6 +30,7 @@ from llmgw.simengine.faults import CRASH_EXIT_CODE, Faults, Verdict
 from llmgw.simengine.kvcache import KVCache
 from llmgw.simengine.kvevents import KVEventPublisher
 from llmgw.simengine.metricsnames import histogram_buckets
+from llmgw.simengine.sleep import Sleeper
 from llmgw.simengine.stats import EngineStats
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ class SimEngine:
             max_model_len=cfg.max_model_len,
         )
         self.engine = Engine(self.scheduler, cfg.timing)
+        self.sleeper = Sleeper(cfg.sleep, tp=cfg.timing.tp, speed=cfg.timing.speed)
         self.faults = Faults(cfg.faults, seed=cfg.seed)
         self.engine.before_step = self.faults.step
         # vLLM's KV events (kvevents.py), published after each step; ValueError
@@ -278,6 +280,8 @@ class SimEngine:
             used_blocks=kv.capacity_blocks - kv.num_free_blocks,
             capacity_blocks=kv.capacity_blocks,
             block_size=kv.block_size,
+            sleep_state=self.sleeper.state,
+            gpu_bytes=self.sleeper.gpu_bytes(),
         )
         if self.cfg.metrics_dialect == "sglang":
             text = metrics.render_sglang(self.stats, view, model_name=self.cfg.model_name)
@@ -386,6 +390,7 @@ class SimEngine:
             if job.include_usage:
                 await resp.write(enc.usage_chunk(self._usage(req)))
             await resp.write(api.DONE)
+            await self._linger()
             await resp.write_eof()
         except ConnectionResetError:
             log.debug("client gone rid=%s", req.req_id)
@@ -427,6 +432,13 @@ class SimEngine:
         resp = json_response(enc.full(text, req.finish_reason, self._usage(req)))
         resp.headers.update(_arrival(req))
         return resp
+
+    async def _linger(self) -> None:
+        """The linger_after_done_s fault: the body's end comes this much after [DONE]."""
+        linger = self.faults.config.linger_after_done_s
+        if linger > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), linger)
 
     async def _hold(self, request: web.Request) -> None:
         """Stay silent until the client leaves or the server stops (the stall fault)."""
@@ -479,4 +491,6 @@ def build_app(
     r.add_get("/version", sim.version)
     r.add_get("/metrics", sim.metrics)
     debug.add_routes(app, sim)
+    if cfg.sleep.dev_mode:
+        sleepapi.add_routes(app, sim)
     return app

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from llmgw.runtime import logs
 from llmgw.runtime.cli import DefaultsFormatter
-from llmgw.simengine import auth, kvevents, timing
+from llmgw.runtime.version import add_version_argument
+from llmgw.simengine import auth, kvevents, sleep, timing
 from llmgw.simengine.config import DIALECTS, SimConfig
 from llmgw.simengine.faults import FaultConfig
 
@@ -30,6 +32,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("positional_model", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--model", help="model name (the default served name)")
     logs.add_format_argument(p)
+    add_version_argument(p, "sim-engine")
     p.add_argument("--served-model-name", nargs="+", default=None, help="names to serve")
     p.add_argument("--host", default="127.0.0.1", help="listen address")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -109,8 +112,42 @@ def parser() -> argparse.ArgumentParser:
         '\'{"enable_kv_cache_events": true, "publisher": "zmq", '
         '"endpoint": "tcp://127.0.0.1:5557"}\' (needs pyzmq)',
     )
+    p.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help="allow POST /sleep (the routes need VLLM_SERVER_DEV_MODE=1, as vLLM)",
+    )
+    p.add_argument(
+        "--weights-gb",
+        type=float,
+        default=sleep.DEFAULT_WEIGHTS_GB,
+        help="the model's weights, split over the GPUs: sets the wake time",
+    )
+    p.add_argument(
+        "--wake-l1-s", type=float, default=None, help="wake time from level 1 (default: by size)"
+    )
+    p.add_argument(
+        "--wake-l2-s", type=float, default=None, help="wake time from level 2 (default: by size)"
+    )
+    p.add_argument(
+        "--cold-factor",
+        type=float,
+        default=sleep.COLD_FACTOR,
+        help="how much slower the first request after a wake runs without a warm-up",
+    )
     p.add_argument("--grace-s", type=float, default=10.0, help="graceful stop window on SIGTERM")
     return p
+
+
+def sleep_settings(args: argparse.Namespace, env: dict[str, str]) -> sleep.SleepSettings:
+    return sleep.SleepSettings(
+        enabled=args.enable_sleep_mode,
+        dev_mode=env.get("VLLM_SERVER_DEV_MODE", "0").strip() not in ("", "0"),
+        weights_gb=args.weights_gb,
+        wake_l1_s=args.wake_l1_s,
+        wake_l2_s=args.wake_l2_s,
+        cold_factor=args.cold_factor,
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -158,6 +195,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             if args.kv_events_config
             else kvevents.KVEventsSettings()
         ),
+        sleep=sleep_settings(args, dict(os.environ)),
     )
 
 

@@ -30,7 +30,9 @@ from llmgw.adminclient.client import AdminClient
 from llmgw.adminclient.errors import AdminError, AdminUnreachable
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.lockfile import open_nofollow
+from llmgw.runtime.sdnotify import Notifier
 from llmgw.runtime.serve import READY_PREFIX
+from llmgw.runtime.version import add_version_argument
 from llmgw.up.checks import Refused, check_ports, lock_state_dir
 from llmgw.up.children import Child, Interrupted, StartFailed, stop_all, stop_leftover_engines
 from llmgw.up.fleet import Fleet, FleetError, check_engines, load_fleet
@@ -46,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=DefaultsFormatter,
     )
+    add_version_argument(p, "up")
     p.add_argument("--port", type=int, default=8080, help="router port (default 8080)")
     p.add_argument("--controller-port", type=int, default=None, help="default: router port + 1")
     p.add_argument("--fleet", type=Path, default=None, help="fleet file (default: built-in)")
@@ -273,6 +276,8 @@ class Up:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    # Taken before any program starts: they must not speak to a supervisor for `up`.
+    notifier = Notifier.take()
     if args.token:
         print(
             "llmgw up: warning: --token on the command line is visible to every local user "
@@ -335,6 +340,7 @@ def main(argv: list[str]) -> int:
             print_hints(up)
             # The line tests and tools wait for (same as every llmgw program's).
             print(f"{READY_PREFIX} up {up.router_url}", flush=True)
+            notifier.ready()
         while not up.stopping:
             up.supervise_once()
             time.sleep(0.5)
@@ -344,6 +350,7 @@ def main(argv: list[str]) -> int:
         print(f"llmgw up: {exc}", file=sys.stderr)
         code = 1
     finally:
+        notifier.stopping()
         # Whatever happened, nothing this run started outlives it.
         if code == 0:
             print("\nllmgw up: stopping…", flush=True)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from llmgw.controller.errors import InvalidSpec
 from llmgw.wire.agent import Heartbeat
-from llmgw.wire.models import ModelSpec, names_problem, routing_problem
+from llmgw.wire.models import ModelSpec, names_problem, routing_problem, sleep_problem
 from llmgw.wire.names import label_problem
 from llmgw.wire.usage import UsageReport
 
@@ -138,4 +138,4 @@ def check_spec(spec: ModelSpec) -> tuple[str, str] | None:
     for cls in spec.gpu_classes:
         if not cls.strip():
             return "gpu_classes", "a GPU class must not be empty"
-    return names_problem(spec) or routing_problem(spec)
+    return names_problem(spec) or sleep_problem(spec) or routing_problem(spec)
