@@ -129,7 +129,7 @@ class TestAdaptersServed:
         assert status == 200, views
         wait_for(lambda: len(fleet.endpoints_serving("ad-a")) == 2, timeout_s=60, what="served")
         status, body = fleet.admin("DELETE", "/admin/models/ad-a")
-        assert (status, body) == (200, {"deleted": "ad-a"})
+        assert (status, body) == (200, {"deleted": "ad-a", "adapter_of": "base"})
         wait_for(lambda: "ad-a" not in fleet.router_models(), what="the router forgets ad-a")
         with pytest.raises(openai.NotFoundError):
             fleet.client.chat.completions.create(

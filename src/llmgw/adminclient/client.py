@@ -223,8 +223,11 @@ class AdminClient:
         return self._call("POST", "/admin/models", list[ModelView], body=list(specs))
 
     def delete(self, name: str) -> str:
-        answer = self._call("DELETE", f"/admin/models/{_quote(name)}", dict[str, str])
-        return answer.get("deleted", name)
+        return self.delete_entry(name).get("deleted", name)
+
+    def delete_entry(self, name: str) -> dict[str, str]:
+        """The controller's answer: `deleted`, and `adapter_of` when it was an adapter."""
+        return self._call("DELETE", f"/admin/models/{_quote(name)}", dict[str, str])
 
     def scale(self, name: str, request: ScaleRequest) -> ModelView:
         return self._call("POST", f"/admin/models/{_quote(name)}/scale", ModelView, body=request)
