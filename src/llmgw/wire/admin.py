@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
 
@@ -117,6 +118,8 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     desired: int
     # Why it cannot be placed, when it cannot; None otherwise.
     unplaceable_reason: str | None = None
+    # LoRA adapters served by this model's replicas, sorted by name.
+    adapters: tuple[AdapterSpec, ...] = ()
 
 
 class EventView(msgspec.Struct, frozen=True, kw_only=True):

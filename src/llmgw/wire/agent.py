@@ -59,6 +59,9 @@ class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
     kv_events_port: Port | None = None
     kv_events_replay_port: Port | None = None
     kv_events_topic: str = ""
+    # LoRA adapters the engine serves now (rank 0), by name: loaded at start or at run
+    # time. Empty: none, or an agent that does not report them.
+    adapters: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         key = "'***'" if self.api_key else "''"
@@ -69,7 +72,7 @@ class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
             f"started_at={self.started_at!r}, api_key={key}, "
             f"kv_events_port={self.kv_events_port!r}, "
             f"kv_events_replay_port={self.kv_events_replay_port!r}, "
-            f"kv_events_topic={self.kv_events_topic!r})"
+            f"kv_events_topic={self.kv_events_topic!r}, adapters={self.adapters!r})"
         )
 
 
@@ -162,6 +165,11 @@ class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):
     sleep_mode: bool = False
     # Sleep at this level (1 or 2) now; None: be awake (wake and warm up first).
     sleep_level: int | None = None
+    # The base's LoRA adapters, name → source path (docs/sleep-and-adapters.md). Not
+    # part of the shard's identity: a change never restarts the engine; the agent
+    # loads and unloads them at run time where the engine allows it, else the list
+    # as it was at start stays. An agent that does not know the field serves none.
+    adapters: dict[str, str] = {}
 
 
 class HeartbeatReply(msgspec.Struct, frozen=True, kw_only=True):

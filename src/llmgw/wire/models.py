@@ -8,14 +8,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from llmgw.wire.agent import ENV_NAME_PATTERN, EngineKind, EnvName, SecretRef
+from llmgw.wire.names import MODEL_NAME_PATTERN, MODEL_NAME_RULE, label_problem
 
-# Not ending in "/scale": /admin/models/<name>/scale is the scale command's URL.
-NAME_PATTERN = r"^(?!.*/scale$)[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
-# NAME_PATTERN for a person (ctl apply says this instead of the expression).
-NAME_RULE = (
-    "1 to 128 characters, starting with a letter or digit, then letters, digits and . _ : / -,"
-    " not ending in /scale"
-)
+# The documented sets live in wire.names; these names stay for their importers.
+NAME_PATTERN = MODEL_NAME_PATTERN
+NAME_RULE = MODEL_NAME_RULE
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
 
 # Engines whose KV-event publisher the agent starts (docs/routing.md, "Precise mode"):
@@ -155,6 +152,16 @@ def env_from_problem(raw: Any) -> tuple[str, str] | None:
             if "at `$.env`" in msg:
                 return f"{field}.env", "not a variable name"
             return field, msg.split(" - at `", 1)[0]
+    return None
+
+
+def names_problem(spec: ModelSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) with the GPU classes a spec asks for (wire.names); None
+    when nothing is. A class no agent can report would only make the spec unplaceable."""
+    for i, cls in enumerate(spec.gpu_classes):
+        problem = label_problem(cls)
+        if problem is not None:
+            return f"gpu_classes[{i}]", problem
     return None
 
 

@@ -14,6 +14,7 @@ from typing import Any, get_args
 import msgspec
 
 from llmgw import __version__
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import (
     DrainRequest,
     EngineKey,
@@ -42,6 +43,7 @@ _TYPES: tuple[Any, ...] = (
     ReplicaView,
     EventView,
     ModelSpec,
+    AdapterSpec,
     ScaleRequest,
     DrainRequest,
     WeightRequest,
@@ -309,22 +311,37 @@ def document() -> bytes:
             "post": _op(
                 "apply one model spec or a list of them, all or nothing",
                 _ok(_array("ModelView")),
-                body={"oneOf": [_ref("ModelSpec"), {**_array("ModelSpec"), "minItems": 1}]},
+                # An entry with `adapter_of` is a LoRA adapter's (AdapterSpec).
+                body={
+                    "oneOf": [
+                        _ref("ModelSpec"),
+                        _ref("AdapterSpec"),
+                        {
+                            "type": "array",
+                            "items": {"oneOf": [_ref("ModelSpec"), _ref("AdapterSpec")]},
+                            "minItems": 1,
+                        },
+                    ]
+                },
                 errors=(400, 401, 409, 413, 422, 503),
             ),
         },
         "/admin/models/{name}": {
             "get": _op("one model", _ok(_ref("ModelView")), errors=(401, 404), params=(model,)),
             "delete": _op(
-                "delete the model; its replicas drain (no body, or `{}`)",
+                "delete the model (its replicas drain) or the LoRA adapter (no body, or `{}`)",
                 _ok(
                     {
                         "type": "object",
-                        "properties": {"deleted": {"type": "string"}},
+                        "properties": {
+                            "deleted": {"type": "string"},
+                            # Present when the name was a LoRA adapter's: its base.
+                            "adapter_of": {"type": "string"},
+                        },
                         "required": ["deleted"],
                     }
                 ),
-                errors=(400, 401, 404, 413, 422, 503),
+                errors=(400, 401, 404, 409, 413, 422, 503),
                 params=(model,),
             ),
         },

@@ -213,6 +213,7 @@ def _absorb_shard(shard: Shard, st: ShardStatus | None) -> Shard:
         kv_events_port=st.kv_events_port,
         kv_events_replay_port=st.kv_events_replay_port,
         kv_events_topic=st.kv_events_topic,
+        adapters=tuple(st.adapters),
     )
 
 
@@ -290,6 +291,9 @@ def desired_shards(
         spec = model.spec if model is not None else retired.get(r.model)
         if spec is None:
             continue
+        # Every rank gets them: vLLM builds its model with LoRA on every rank; rank 0,
+        # the one with the API server, loads them.
+        adapters = {a.name: a.spec.source for a in state.adapters_of(r.model)}
         master_addr: str | None = None
         if len(r.shards) > 1:
             head = state.nodes.get(r.shards[0].node)
@@ -315,6 +319,7 @@ def desired_shards(
                     kv_events=spec.routing.kv_events and s.rank == 0,
                     sleep_mode=spec.sleep_mode,
                     sleep_level=r.sleep_level if r.state == "sleeping" else None,
+                    adapters=adapters,
                 )
             )
     out.sort(key=lambda s: (s.replica_id, s.rank))

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import NodeState, ReplicaState
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
@@ -101,6 +102,23 @@ class Model:
 
 
 @dataclass(frozen=True, slots=True)
+class Adapter:
+    """A LoRA adapter served as a model by its base's replicas (it has none of its own)."""
+
+    spec: AdapterSpec
+    # Unix seconds of the last apply that changed it.
+    updated_at: float
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def base(self) -> str:
+        return self.spec.adapter_of
+
+
+@dataclass(frozen=True, slots=True)
 class Shard:
     node: str
     rank: int
@@ -119,6 +137,8 @@ class Shard:
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
     kv_events_topic: str = ""
+    # LoRA adapters its engine serves now, as its agent reported them (rank 0).
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +226,12 @@ class FleetState:
     retired: dict[str, ModelSpec] = field(default_factory=dict)
     # Model → the room being made for it by eviction (Reservation).
     reservations: dict[str, Reservation] = field(default_factory=dict)
+    # LoRA adapters by name; each one's base is in `models`.
+    adapters: dict[str, Adapter] = field(default_factory=dict)
+
+    def adapters_of(self, base: str) -> list[Adapter]:
+        """`base`'s adapters, sorted by name."""
+        return sorted((a for a in self.adapters.values() if a.base == base), key=lambda a: a.name)
 
 
 @dataclass(slots=True)
@@ -224,6 +250,9 @@ class Changes:
     deleted_retired: list[str] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     deleted_reservations: list[str] = field(default_factory=list)
+    # Upserted / deleted by adapter name.
+    adapters: list[Adapter] = field(default_factory=list)
+    deleted_adapters: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return any(
@@ -239,5 +268,7 @@ class Changes:
                 self.deleted_retired,
                 self.reservations,
                 self.deleted_reservations,
+                self.adapters,
+                self.deleted_adapters,
             )
         )
