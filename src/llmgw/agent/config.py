@@ -34,6 +34,7 @@ from llmgw.agent.templates import parse_engine_bins
 from llmgw.runtime import envflags, logs, secretfile
 from llmgw.runtime.version import add_version_argument
 from llmgw.wire.agent import ENV_NAME_PATTERN
+from llmgw.wire.names import label_problem
 from llmgw.wire.policy import SpecPolicy
 
 ENV_NAME = re.compile(ENV_NAME_PATTERN)
@@ -232,6 +233,11 @@ def _check(cfg: AgentConfig) -> None:
     ]
     if missing:
         raise AgentConfigError("missing " + ", ".join(missing))
+    # Refused here: the controller refuses every heartbeat that names them (wire.names).
+    for flag, value in [("--node", cfg.node), *(("--fabric", f) for f in cfg.fabric)]:
+        problem = label_problem(value)
+        if problem is not None:
+            raise AgentConfigError(f"{flag} {problem}")
     for url in cfg.controller:
         # Refused here: the heartbeat loop would only log its failure, forever.
         why = _url_problem(url)
