@@ -10,7 +10,9 @@ class TestConfigurationPage:
 
     def test_page_is_current(self) -> None:
         """Regenerate with `python -m llmgw.testing.configdoc` when this fails."""
-        assert PAGE.read_text() == render()
+        assert PAGE.read_text() == render(), (
+            "docs/configuration.md is out of date: run .venv/bin/python -m llmgw.testing.configdoc"
+        )
 
     def test_every_program_has_a_section(self) -> None:
         """Each long-running program and `up` has its table."""
