@@ -58,6 +58,7 @@ class FastRoutes:
         self.proxy = proxy
         self.gets = {
             "/v1/models": proxy.models,
+            "/health": health,
             "/healthz": healthz,
             "/readyz": readyz,
             "/metrics": metrics,
@@ -160,6 +161,7 @@ def build_app(
     app.router.add_get("/v1/models/{model:.+}", proxy.model)
     # Last: every other /v1 path or method gets an OpenAI-shaped 404/405.
     app.router.add_route("*", "/v1/{tail:.*}", proxy.no_route)
+    app.router.add_get("/health", health)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -212,7 +214,9 @@ def _host_loops(
 
 
 # The router's own GET routes outside /v1; any other method on them is a 405.
-GET_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/admin/endpoints", "/admin/usage"})
+GET_PATHS = frozenset(
+    {"/health", "/healthz", "/readyz", "/metrics", "/admin/endpoints", "/admin/usage"}
+)
 
 
 async def no_route(request: Req) -> web.Response:
@@ -237,6 +241,14 @@ async def no_route(request: Req) -> web.Response:
 def _log_crash(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error(kv("background loop crashed", task=task.get_name()), exc_info=task.exception())
+
+
+async def health(request: Req) -> web.Response:
+    """vLLM's and SGLang's liveness path, as they answer it: 200 and an empty body.
+
+    Benchmark clients (guidellm) check it before they start; /healthz says more.
+    """
+    return web.Response(status=200)
 
 
 async def healthz(request: Req) -> web.Response:

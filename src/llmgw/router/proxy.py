@@ -23,6 +23,7 @@ that follows its acquire with no await in between.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
@@ -66,6 +67,7 @@ from llmgw.router.metrics import (
     UNAVAILABLE,
 )
 from llmgw.router.scheduler import Decision
+from llmgw.router.streamend import final_event_sent
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
@@ -414,12 +416,7 @@ class Proxy:
                             )
                             result, usage = tally.result, tally.usage.usage
                         if att.outcome is Outcome.OK:
-                            stats = next((s.stats for s in snaps if s.id == eid), None)
-                            # The engine's cached_tokens checks the index's guess (feedback.py).
-                            cached = None if usage is None else usage.cached_reported
-                            st.policy.served(
-                                eid, hashes, stats, decision=decision, cached_tokens=cached
-                            )
+                            self._served(eid, hashes, snaps, decision, usage)
                         return resp
                 finally:
                     release(att.outcome)
@@ -430,8 +427,12 @@ class Proxy:
             result = UNAVAILABLE
             return _tag(unavailable(exc), rid)
         except asyncio.CancelledError:
-            # The client disconnected (handler cancellation): its own outcome, never a 200.
+            # The client disconnected (handler cancellation): its own outcome, never a 200,
+            # unless its stream's final event had gone out (streamend.py).
             result = DISCONNECTED
+            if tally is not None and tally.result == OK:
+                result = OK
+                self._served(eid, hashes, snaps, decision, tally.usage.usage)
             raise
         finally:
             if tally is not None:
@@ -440,6 +441,20 @@ class Proxy:
             self._done(
                 rid, path, st.served_name.get(model, model), eid, status, result, t0, ttft, usage
             )
+
+    def _served(
+        self,
+        eid: str,
+        hashes: RouteKey,
+        snaps: Sequence[Snapshot],
+        decision: Decision,
+        usage: Usage | None,
+    ) -> None:
+        """The prefix bookkeeping of a request `eid` served in full."""
+        stats = next((s.stats for s in snaps if s.id == eid), None)
+        # The engine's cached_tokens checks the index's guess (feedback.py).
+        cached = None if usage is None else usage.cached_reported
+        self.state.policy.served(eid, hashes, stats, decision=decision, cached_tokens=cached)
 
     async def _attempt(
         self,
@@ -693,6 +708,7 @@ class Proxy:
         ttft: float | None = None
         scan = tally.usage
         itl = tally.itl
+        before = sent = b""
         try:
             if isinstance(request, FastRequest):
                 resp = request.stream(up.status, out_headers)
@@ -708,6 +724,8 @@ class Proxy:
             while chunk:
                 # Written before anything else is looked at: relay latency first.
                 await resp.write(chunk)
+                # The last two chunks written, for when the stream ends early (streamend.py).
+                before, sent = sent, chunk
                 scan.feed(chunk)
                 chunk = await up.chunk()
                 if chunk:
@@ -720,6 +738,11 @@ class Proxy:
                     last = t
                 watch.feed(chunk)
         except UpstreamError as exc:
+            if final_event_sent(before, sent):
+                # The engine dropped the connection after its last event: complete.
+                tally.result = OK
+                await _end_quietly(resp)
+                return resp, Outcome.OK, ttft
             # Timer slack: the client's deadline timer fires at, not before, `deadline`.
             if isinstance(exc, UpstreamTimeout) and now() >= att.deadline - 0.05:
                 verdict, why, code = Outcome.ABANDONED, "the request's deadline passed", 504
@@ -737,13 +760,15 @@ class Proxy:
             return resp, verdict, ttft
         except ConnectionError:
             # The client went away; closing `up` (the caller's finally) aborts the engine's work.
-            tally.result = DISCONNECTED
-            return resp, Outcome.ABANDONED, ttft
+            return resp, self._gone(tally, before, sent), ttft
+        except asyncio.CancelledError:
+            # The same under handler cancellation; `_route` reads the verdict from `tally`.
+            att.outcome = self._gone(tally, before, sent)
+            raise
         try:
             await resp.write_eof()
         except ConnectionError:
-            tally.result = DISCONNECTED
-            return resp, Outcome.ABANDONED, ttft
+            return resp, self._gone(tally, before, sent), ttft
         tally.result = ENGINE_ERROR if watch.seen or up.status >= 300 else OK
         if watch.seen:
             log.warning(
@@ -757,6 +782,15 @@ class Proxy:
             if watch.endpoint_failure:
                 return resp, Outcome.ENDPOINT_FAILURE, ttft
         return resp, Outcome.OK, ttft
+
+    @staticmethod
+    def _gone(tally: _Tally, before: bytes, sent: bytes) -> Outcome:
+        """The verdict on a stream whose client left: complete if its final event went out."""
+        if final_event_sent(before, sent):
+            tally.result = OK
+            return Outcome.OK
+        tally.result = DISCONNECTED
+        return Outcome.ABANDONED
 
     def _relay_failed(self, failed: _Failed, rid: str, eid: str) -> web.Response:
         headers = {
@@ -818,6 +852,12 @@ POST_PATHS: Final = frozenset({"/v1/chat/completions", "/v1/completions", EMBEDD
 
 def _model_object(model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": 0, "owned_by": "llmgw"}
+
+
+async def _end_quietly(resp: web.StreamResponse | FastStream) -> None:
+    """End an answer whose client may already be gone."""
+    with contextlib.suppress(ConnectionError):
+        await resp.write_eof()
 
 
 def _tag(resp: web.Response, rid: str) -> web.Response:

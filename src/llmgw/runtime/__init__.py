@@ -7,6 +7,9 @@ logs         logging setup, --log-format
 cli          help text every program's flags share
 version      --version on every program
 secretfile   secrets from a file or the environment, never only argv
+envflags     every flag also from LLMGW_<PROGRAM>_<FLAG>
+configfile   flags from a YAML file (the controller's --config)
+sdnotify     systemd's READY=1, STOPPING=1 and watchdog
 lockfile     one process per state folder
 netaddr      address helpers
 """

@@ -14,6 +14,9 @@
   one that would be number n+1 makes the process exit at once (`os._exit(70)`),
   cutting every open connection. Setting it through `POST /sim/faults` restarts
   the count, so it means "after n more requests".
+- `linger_after_done_s` s: a stream stays open s seconds after its `data: [DONE]`
+  before the body ends (a slow frontend), so a client that closes at `[DONE]`
+  lands in that moment: the race the router must count as complete.
 - `loop_error_after_steps` n: the engine's scheduling loop raises after n more
   steps (a test hook for the loop guard in app.py: the engine then dies as
   vLLM's does on EngineDeadError). Setting it restarts the count.
@@ -40,12 +43,15 @@ class FaultConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     fail_status: int = 500  # what fail_rate answers: 429 or 5xx
     retry_after_s: int | None = None  # None: no Retry-After on a fail_rate answer
     loop_error_after_steps: int | None = None  # None: never
+    linger_after_done_s: float = 0.0  # 0: the body ends with [DONE]
 
     def validate(self) -> FaultConfig:
         if not 0.0 <= self.fail_rate <= 1.0:
             raise ValueError("fail_rate must be within [0, 1]")
         if not (self.fail_status == 429 or 500 <= self.fail_status <= 599):
             raise ValueError("fail_status must be 429 or 5xx")
+        if not 0.0 <= self.linger_after_done_s <= 60.0:
+            raise ValueError("linger_after_done_s must be within [0, 60]")
         names = (
             "stall_after_tokens",
             "crash_after_requests",
@@ -70,6 +76,7 @@ class FaultPatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     fail_status: int | msgspec.UnsetType = msgspec.UNSET
     retry_after_s: int | msgspec.UnsetType | None = msgspec.UNSET
     loop_error_after_steps: int | msgspec.UnsetType | None = msgspec.UNSET
+    linger_after_done_s: float | msgspec.UnsetType = msgspec.UNSET
 
 
 class Verdict(Enum):

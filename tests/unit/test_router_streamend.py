@@ -1,0 +1,49 @@
+"""The final events that make a relayed stream complete (router/streamend.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.router.streamend import final_event_sent
+
+CHAT_END = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\ndata: [DONE]\n\n'
+MESSAGES_END = (
+    b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":3}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+RESPONSES_END = (
+    b'event: response.completed\ndata: {"response":{"id":"resp_1","status":"completed"},'
+    b'"sequence_number":9,"type":"response.completed"}\n\n'
+)
+
+
+class TestFinalEventSent:
+    @pytest.mark.parametrize("stream", [CHAT_END, MESSAGES_END, RESPONSES_END])
+    def test_each_api_final_event(self, stream: bytes) -> None:
+        """Each API's final event, whole, ends the stream."""
+        assert final_event_sent(b"", stream) is True
+
+    @pytest.mark.parametrize("stream", [CHAT_END, MESSAGES_END, RESPONSES_END])
+    def test_split_over_two_chunks(self, stream: bytes) -> None:
+        """A final event cut anywhere between the last two chunks is still seen."""
+        for cut in range(1, len(stream)):
+            assert final_event_sent(stream[:cut], stream[cut:]) is True
+
+    @pytest.mark.parametrize("stream", [CHAT_END, MESSAGES_END, RESPONSES_END])
+    def test_without_its_blank_line(self, stream: bytes) -> None:
+        """An event without its blank line has not been dispatched by the client yet."""
+        assert final_event_sent(b"", stream[:-1]) is False
+
+    def test_crlf_framing(self) -> None:
+        """CRLF line ends count as well as LF."""
+        assert final_event_sent(b"", CHAT_END.replace(b"\n", b"\r\n")) is True
+
+    def test_ordinary_events_do_not_end(self) -> None:
+        """A token event, or a Messages stream before message_stop, is not the end."""
+        assert final_event_sent(b"", b'data: {"choices":[]}\n\n') is False
+        assert final_event_sent(b"", MESSAGES_END.split(b"event: message_stop")[0]) is False
+
+    def test_text_that_mentions_the_marker(self) -> None:
+        """Generated text holding `[DONE]` or the event's type (escaped in JSON) is not the end."""
+        text = b'data: {"delta":"data: [DONE] \\"type\\":\\"message_stop\\""}\n\n'
+        assert final_event_sent(b"", text) is False
