@@ -20,6 +20,7 @@ import yaml
 
 from llmgw.ctl.errors import SpecError
 from llmgw.ctl.shown import visible
+from llmgw.wire.adapters import AdapterSpec, is_adapter
 from llmgw.wire.models import (
     NAME_PATTERN,
     NAME_RULE,
@@ -99,14 +100,16 @@ def _in_words(problem: str, tp: object) -> str:
     return problem
 
 
-def _field_problems(raw: dict[str, Any]) -> list[str]:
+def _field_problems(raw: dict[str, Any], kind: type[ModelSpec | AdapterSpec]) -> list[str]:
     """Every problem of one spec mapping, each field on its own (msgspec stops at the first)."""
-    fields = {f.encode_name: f for f in msgspec.structs.fields(ModelSpec)}
+    fields = {f.encode_name: f for f in msgspec.structs.fields(kind)}
     problems: list[str] = []
     for key in raw:
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean {close[0]}?)" if close else f"; fields: {', '.join(fields)}"
+            if kind is AdapterSpec:
+                hint += " (an adapter's engine, GPUs and replicas are its base's)"
             problems.append(f"field {key}: unknown field{hint}")
     refs = env_from_problem(raw)
     if refs is not None:
@@ -190,10 +193,11 @@ def parse_documents(text: str, source: str) -> list[Any]:
     return raws
 
 
-def validate(raws: list[Any], source: str) -> list[ModelSpec]:
-    """Every spec valid, or a SpecError listing every problem, one per line."""
+def validate(raws: list[Any], source: str) -> list[ModelSpec | AdapterSpec]:
+    """Every spec valid, or a SpecError listing every problem, one per line. An entry
+    with `adapter_of` is a LoRA adapter's (wire.adapters)."""
     problems: list[str] = []
-    specs: list[ModelSpec] = []
+    specs: list[ModelSpec | AdapterSpec] = []
     first_seen: dict[str, int] = {}
     for i, raw in enumerate(raws):
         where = _where(i, raw)
@@ -209,17 +213,22 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec]:
             continue
         if isinstance(name, str):
             first_seen[name] = i + 1
-        each = _field_problems(raw)
+        kind: type[ModelSpec | AdapterSpec] = AdapterSpec if is_adapter(raw) else ModelSpec
+        each = _field_problems(raw, kind)
         if each:
             problems.extend(f"{source}: {where}: {p}" for p in each)
             continue
         try:
             # Fields one by one were fine: what is left spans fields (max below min).
-            spec = msgspec.convert(raw, ModelSpec)
+            spec: ModelSpec | AdapterSpec = msgspec.convert(raw, kind)
         except msgspec.ValidationError as exc:
             problems.append(f"{source}: {where}: {describe(exc)}")
             continue
-        wrong = names_problem(spec) or sleep_problem(spec) or routing_problem(spec)
+        wrong = (
+            (names_problem(spec) or sleep_problem(spec) or routing_problem(spec))
+            if isinstance(spec, ModelSpec)
+            else None
+        )
         if wrong is not None:
             problems.append(f"{source}: {where}: field {wrong[0]}: {wrong[1]}")
             continue
@@ -231,7 +240,7 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec]:
     return specs
 
 
-def load_specs(path: Path) -> list[ModelSpec]:
+def load_specs(path: Path) -> list[ModelSpec | AdapterSpec]:
     """Read and validate a spec file ("-" is standard input's text, read by the caller)."""
     try:
         text = path.read_text()

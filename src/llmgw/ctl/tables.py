@@ -29,6 +29,8 @@ _STATE_STYLE = {
     "starting": "cyan",
     "stopped": "dim",
     "failed": "bold red",
+    "sleeping": "blue",
+    "waking": "cyan",
 }
 
 
@@ -111,7 +113,14 @@ def models_table(models: Sequence[ModelView]) -> Table:
     """One row per model: engine, GPUs per replica, ready/desired, bounds, status."""
     table = _table("MODEL", "ENGINE", "GPUS", "READY", "MIN..MAX", "PRIORITY", "STATUS")
     table.columns[-1].max_width = 70
-    _keep_whole(table, 0, [visible(m.name) for m in models])
+    _keep_whole(
+        table,
+        0,
+        [
+            *(visible(m.name) for m in models),
+            *(_under(visible(a.name)) for m in models for a in m.adapters),
+        ],
+    )
     for m in models:
         spec = m.spec
         shape = f"{spec.gpus_per_node}" if spec.nodes == 1 else f"{spec.nodes}x{spec.gpus_per_node}"
@@ -124,7 +133,15 @@ def models_table(models: Sequence[ModelView]) -> Table:
             str(spec.priority),
             model_status(m),
         )
+        # Adapters under their base: its replicas serve them.
+        for a in m.adapters:
+            under = text(_under(a.name))
+            table.add_row(under, "lora", "", "", "", "", text(f"adapter of {m.name}"))
     return table
+
+
+def _under(name: str) -> str:
+    return f"└ {name}"
 
 
 def _one_line(text: Text) -> Text:

@@ -13,10 +13,10 @@ import logging
 import os
 import sys
 
-from llmgw.runtime import logs
+from llmgw.runtime import envflags, logs
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
-from llmgw.simengine import auth, kvevents, sleep, timing
+from llmgw.simengine import auth, kvevents, lora, sleep, timing
 from llmgw.simengine.config import DIALECTS, SimConfig
 from llmgw.simengine.faults import FaultConfig
 
@@ -113,6 +113,22 @@ def parser() -> argparse.ArgumentParser:
         '"endpoint": "tcp://127.0.0.1:5557"}\' (needs pyzmq)',
     )
     p.add_argument(
+        "--enable-lora", action="store_true", help="serve LoRA adapters as models (as vLLM)"
+    )
+    p.add_argument(
+        "--lora-modules", nargs="+", default=None, help="adapters to serve: name=path ..."
+    )
+    p.add_argument("--max-loras", type=int, default=1, help="adapters one batch may mix")
+    p.add_argument(
+        "--max-cpu-loras", type=int, default=None, help="adapters kept loaded (default --max-loras)"
+    )
+    p.add_argument(
+        "--lora-load-ms",
+        type=float,
+        default=lora.DEFAULT_LOAD_MS,
+        help="reading in an adapter that is not loaded, at speed 1",
+    )
+    p.add_argument(
         "--enable-sleep-mode",
         action="store_true",
         help="allow POST /sleep (the routes need VLLM_SERVER_DEV_MODE=1, as vLLM)",
@@ -195,6 +211,13 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             if args.kv_events_config
             else kvevents.KVEventsSettings()
         ),
+        lora=lora.LoraSettings(
+            enabled=args.enable_lora,
+            max_loras=args.max_loras,
+            max_cpu_loras=args.max_cpu_loras,
+            modules=lora.parse_modules(args.lora_modules or []),
+            load_ms=args.lora_load_ms,
+        ),
         sleep=sleep_settings(args, dict(os.environ)),
     )
 
@@ -206,7 +229,10 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"llmgw sim-engine: {exc}\n")
         return 2
     logs.setup(fmt=fmt)
-    args, unknown = parser().parse_known_args(argv)
+    p = parser()
+    envflags.apply(p, "sim-engine")
+    args, unknown = p.parse_known_args(argv)
+    envflags.drop_defaults_of_repeated(p, args)
     try:
         cfg = config_from_args(args)
     except ValueError as exc:

@@ -12,10 +12,11 @@ from llmgw.ctl import specs
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError
 from llmgw.ctl.shown import visible
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.models import ModelSpec, ScaleRequest
 
 
-def _load(file: str) -> list[ModelSpec]:
+def _load(file: str) -> list[ModelSpec | AdapterSpec]:
     if file == "-":
         source = "<stdin>"
         return specs.validate(specs.parse_documents(sys.stdin.read(), source), source)
@@ -32,7 +33,11 @@ def apply(args: argparse.Namespace, ctx: Ctx) -> int:
             visible(f"{args.file}: {len(model_specs)} valid model spec(s): {names}") + "\n"
         )
         return 0
-    for view in ctx.client().apply(model_specs):
+    for spec, view in zip(model_specs, ctx.client().apply(model_specs), strict=False):
+        if isinstance(spec, AdapterSpec):
+            line = f"adapter {spec.name} of {view.name} applied (base ready {view.ready}/"
+            ctx.out.write(visible(line + f"{view.desired})") + "\n")
+            continue
         line = f"model {view.name} applied (ready {view.ready}/{view.desired})"
         if view.unplaceable_reason:
             line += f"; unplaceable: {view.unplaceable_reason}"
@@ -41,7 +46,12 @@ def apply(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def delete(args: argparse.Namespace, ctx: Ctx) -> int:
-    name = ctx.client().delete(args.model)
+    answer = ctx.client().delete_entry(args.model)
+    name = answer.get("deleted", args.model)
+    base = answer.get("adapter_of")
+    if base is not None:
+        ctx.out.write(visible(f"adapter {name} of {base} deleted") + "\n")
+        return 0
     ctx.out.write(visible(f"model {name} deleted; its replicas drain") + "\n")
     return 0
 
