@@ -95,9 +95,16 @@ def _closing(resp: web.Response) -> web.Response:
 
 
 async def read_json(
-    request: web.Request | FastRequest, cfg: RouterConfig, budget: ByteBudget, rid: str
+    request: web.Request | FastRequest,
+    cfg: RouterConfig,
+    budget: ByteBudget,
+    rid: str,
+    decode: bool = True,
 ) -> Intake | web.Response:
-    """The body and its JSON object, or the refusal to send (already logged)."""
+    """The body and its JSON object, or the refusal to send (already logged).
+
+    `decode` False: the body only (a multipart upload, forms.py), with an empty `doc`.
+    """
     limit = cfg.max_body_bytes
     declared = request.content_length
     if declared is not None and declared > limit:
@@ -138,6 +145,9 @@ async def read_json(
         if declared is None:
             budget.give(held - len(body))
             held = len(body)
+        if not decode:
+            kept = True
+            return Intake(body, {}, budget, held)
         try:
             doc = _decode(body)
         except msgspec.DecodeError as exc:
