@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from llmgw.agent.templates import KVEventPorts, render
-from llmgw.testing import engineflags
+from llmgw.simengine import sleepapi
+from llmgw.testing import engineflags, enginesleep
 from llmgw.testing.engineflags import Cli, EngineFlagsError, check
 from llmgw.wire.agent import ShardSpec
 
@@ -133,3 +134,56 @@ def test_extraction_finds_the_known_flags() -> None:
     assert check(vllm, ["m", "--kv-events-config", bad_kv]) == [
         "--kv-events-config: ['no_such_field'] are not KVEventsConfig fields"
     ]
+
+
+_sleep: dict[str, enginesleep.SleepContract | str] = {}
+
+
+def sleep_contract() -> enginesleep.SleepContract:
+    """vLLM's sleep-mode routes from the pinned release; skips when unobtainable."""
+    if "vllm" not in _sleep:
+        try:
+            _sleep["vllm"] = enginesleep.read()
+        except (EngineFlagsError, OSError, subprocess.TimeoutExpired) as exc:
+            _sleep["vllm"] = f"{type(exc).__name__}: {exc}"
+    got = _sleep["vllm"]
+    if isinstance(got, str):
+        pytest.skip(f"vllm {engineflags.PINNED['vllm']} sources not fetched: {got}")
+    return got
+
+
+class TestVllmSleepContract:
+    def test_the_routes_llmgw_calls_exist(self) -> None:
+        """POST /sleep, POST /wake_up and GET /is_sleeping exist, as the sim-engine answers them."""
+        c = sleep_contract()
+        assert {"POST /sleep", "POST /wake_up", "GET /is_sleeping"} <= set(c.routes)
+        assert set(sleepapi.PATHS) <= {r.path for r in c.routes.values()}
+
+    def test_sleep_takes_a_level_between_zero_and_two(self) -> None:
+        """/sleep reads `level` bounded 0..2 and a `mode`, as the sim-engine does."""
+        q = sleep_contract().routes["POST /sleep"].query
+        assert q["level"] == (0, 2)
+        assert "mode" in q
+
+    def test_wake_up_reads_repeated_tags(self) -> None:
+        """/wake_up reads `tags` as a repeated query parameter."""
+        assert "tags" in sleep_contract().routes["POST /wake_up"].repeated
+
+    def test_routes_exist_only_in_dev_mode(self) -> None:
+        """The routes are registered only with VLLM_SERVER_DEV_MODE, read from the environment."""
+        c = sleep_contract()
+        assert c.dev_mode_gated
+        assert c.dev_mode_var_read
+        assert sleepapi.DEV_ENV_VAR == enginesleep.DEV_MODE_VAR
+
+    def test_the_api_key_does_not_guard_the_sleep_routes(self) -> None:
+        """vLLM's key guards /v1-like prefixes only: the sleep routes need llmgw's own guard."""
+        c = sleep_contract()
+        assert "/v1" in c.guarded_prefixes
+        assert not any(p.startswith(c.guarded_prefixes) for p in sleepapi.PATHS)
+
+    def test_enable_sleep_mode_is_a_flag(self) -> None:
+        """--enable-sleep-mode takes no value, and --middleware (the guard's hook) one or more."""
+        cli = engine_cli("vllm")
+        assert cli.flags["--enable-sleep-mode"] == "none"
+        assert cli.flags["--middleware"] == "many"

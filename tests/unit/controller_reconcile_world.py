@@ -117,6 +117,9 @@ class World:
             s.replicas[r.id] = r
         for name in changes.deleted_models:
             s.models.pop(name, None)
+        s.adapters.update((a.name, a) for a in changes.adapters)
+        for name in changes.deleted_adapters:
+            s.adapters.pop(name, None)
         for rid in changes.deleted_replicas:
             self.index.put(s.replicas.pop(rid, None), None)
         s.retired.update((m.name, m) for m in changes.retired)

@@ -30,6 +30,7 @@ from llmgw.adminclient.errors import (
     AdminUnreachable,
 )
 from llmgw.runtime.netaddr import is_loopback
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import (
     DrainRequest,
     EngineKey,
@@ -216,13 +217,17 @@ class AdminClient:
             body = DrainRequest(force=force, evict_idle=evict_idle)
         return self._call("POST", f"/admin/nodes/{_quote(name)}/drain", NodeView, body=body)
 
-    def apply(self, specs: Sequence[ModelSpec]) -> list[ModelView]:
-        """All specs in one call: the controller applies all or none."""
+    def apply(self, specs: Sequence[ModelSpec | AdapterSpec]) -> list[ModelView]:
+        """All specs in one call: the controller applies all or none. An adapter's entry
+        answers with its base's view."""
         return self._call("POST", "/admin/models", list[ModelView], body=list(specs))
 
     def delete(self, name: str) -> str:
-        answer = self._call("DELETE", f"/admin/models/{_quote(name)}", dict[str, str])
-        return answer.get("deleted", name)
+        return self.delete_entry(name).get("deleted", name)
+
+    def delete_entry(self, name: str) -> dict[str, str]:
+        """The controller's answer: `deleted`, and `adapter_of` when it was an adapter."""
+        return self._call("DELETE", f"/admin/models/{_quote(name)}", dict[str, str])
 
     def scale(self, name: str, request: ScaleRequest) -> ModelView:
         return self._call("POST", f"/admin/models/{_quote(name)}/scale", ModelView, body=request)

@@ -24,7 +24,7 @@ class HttpHealthProbe:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         try:
-            async with self._session.get(f"http://{_netloc(host)}:{port}{path}") as resp:
+            async with self._session.get(f"http://{netloc(host)}:{port}{path}") as resp:
                 return resp.status == 200
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
@@ -35,6 +35,6 @@ class HttpHealthProbe:
             self._session = None
 
 
-def _netloc(host: str) -> str:
+def netloc(host: str) -> str:
     """An IPv6 literal goes in brackets; a name or IPv4 address as it is."""
     return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -144,4 +144,5 @@ class Agent:
             await self.supervisor.stop_all()
         await self._client.close()
         await self._probe.close()
+        await self.supervisor.close()
         self.inventory.close()

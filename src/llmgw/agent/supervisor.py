@@ -27,7 +27,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from llmgw.agent import logfiles
+from llmgw.agent.adapters import (
+    AdapterClient,
+    AdapterState,
+    HttpAdapterClient,
+    serves_at_start,
+)
+from llmgw.agent.adapters import sync as sync_adapters
 from llmgw.agent.engineprocs import (
     KILL,
     TERM,
@@ -45,6 +54,7 @@ from llmgw.agent.statefile import ShardRecord, StateStore
 from llmgw.agent.templates import DEFAULT_COMMANDS, KVEventPorts, kv_events_topic, render
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
+from llmgw.wire.adapters import loads_at_run_time
 from llmgw.wire.agent import EngineKind, ShardSpec, ShardState, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -73,6 +83,10 @@ class _Shard:
     # Monotonic time SIGTERM went out; None while nobody asked it to stop.
     stop_sent_at: float | None = None
     kill_sent: bool = False
+    # LoRA adapters the engine was started with (its flags), and once it is ready
+    # what it serves (adapters.py); None before.
+    started_adapters: tuple[str, ...] = ()
+    adapters: AdapterState | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -98,8 +112,12 @@ class Supervisor:
         log_max_bytes: int = logfiles.DEFAULT_MAX_BYTES,
         log_keep: int = logfiles.DEFAULT_KEEP,
         clock: Clock = SYSTEM_CLOCK,
+        adapter_client: AdapterClient | None = None,
     ) -> None:
         self._log_dir = log_dir
+        self._adapter_client: AdapterClient = (
+            adapter_client if adapter_client is not None else HttpAdapterClient()
+        )
         self._store = store
         self._ports = ports
         self._spawner = spawner
@@ -148,6 +166,9 @@ class Supervisor:
                 secret_values=self._adopted_secrets(rec, proc),
                 proc=proc,
                 started_at=rec.started_at,
+                # What it was started with is not kept; a runtime engine answers
+                # "already loaded" for the rest, which counts as served.
+                started_adapters=serves_at_start(rec.spec),
             )
             if proc is None:
                 sh.state = "failed"
@@ -169,6 +190,10 @@ class Supervisor:
         self._rendezvous = frozenset(s.master_port for s in desired if s.master_port is not None)
         for key, sh in list(self._shards.items()):
             if key in want:
+                # Not part of the identity: a new list is loaded where the engine
+                # runs (adapters.py), never a restart.
+                if want[key].adapters != sh.spec.adapters:
+                    sh.spec = msgspec.structs.replace(sh.spec, adapters=want[key].adapters)
                 continue
             if sh.proc is None:
                 del self._shards[key]
@@ -199,6 +224,7 @@ class Supervisor:
                 sh.proc.signal_group(KILL)
                 sh.kill_sent = True
         await self._probe_starting()
+        await self._sync_adapters()
         # Paths are read here, on the loop; the thread only touches files.
         paths = [sh.log_path for sh in self._shards.values()]
         await asyncio.to_thread(self._rotate_logs, paths)
@@ -222,8 +248,38 @@ class Supervisor:
             if ok and sh.state == "starting" and sh.proc is not None and sh.stop_sent_at is None:
                 self._ready(sh)
 
+    async def _sync_adapters(self) -> None:
+        """Load and unload adapters on ready engines that take them at run time."""
+        now = self._clock.monotonic()
+        todo = [
+            sh
+            for sh in self._shards.values()
+            if sh.state == "ready"
+            and sh.adapters is not None
+            and sh.port is not None
+            and sh.health_path is not None
+            and loads_at_run_time(sh.spec.engine, sh.spec.env)
+            and any(sh.adapters.todo(sh.spec.adapters, now))
+        ]
+        await asyncio.gather(
+            *(
+                sync_adapters(
+                    self._adapter_client,
+                    sh.adapters,
+                    sh.spec,
+                    host=self._host,
+                    port=sh.port,
+                    api_key=sh.api_key,
+                    now=now,
+                )
+                for sh in todo
+                if sh.adapters is not None and sh.port is not None
+            )
+        )
+
     def _ready(self, sh: _Shard) -> None:
         sh.state = "ready"
+        sh.adapters = AdapterState(served=set(sh.started_adapters))
         if sh.started_at is not None:
             self.events.ready(sh.spec.engine, self._clock.wall() - sh.started_at)
         log.info(kv("engine ready", replica=sh.spec.replica_id, rank=sh.spec.rank, port=sh.port))
@@ -252,6 +308,10 @@ class Supervisor:
             await asyncio.sleep(poll_s)
         self._save()
 
+    async def close(self) -> None:
+        """Release the adapter client's connections (engines keep running)."""
+        await self._adapter_client.close()
+
     # -- what leaves ------------------------------------------------------------
 
     def statuses(self) -> tuple[ShardStatus, ...]:
@@ -270,6 +330,11 @@ class Supervisor:
                 kv_events_port=sh.kv_ports.publish if sh.kv_ports is not None else None,
                 kv_events_replay_port=sh.kv_ports.replay if sh.kv_ports is not None else None,
                 kv_events_topic=kv_events_topic(sh.spec) if sh.kv_ports is not None else "",
+                adapters=(
+                    tuple(sorted(sh.adapters.served))
+                    if sh.state == "ready" and sh.adapters is not None
+                    else ()
+                ),
             )
             for _, sh in sorted(self._shards.items())
         )
@@ -326,6 +391,7 @@ class Supervisor:
                 kv_events=sh.kv_ports,
             )
             sh.health_path = plan.health_path
+            sh.started_adapters = serves_at_start(spec)
             sh.proc = self._spawner.spawn(plan.argv, plan.env, sh.log_path)
         except (
             NoFreePort,

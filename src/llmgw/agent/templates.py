@@ -69,6 +69,8 @@ binds whatever it is given, so both of its are on the advertised address. The
 topic is the replica id: a router subscribed to a port that an engine of
 another replica took over since hears nothing from it.
 
+LoRA adapters (a shard with `adapters`): agent/adapters.py renders their flags.
+
 sim-engine (`llmgw sim-engine`): the same shape as vLLM. A multi-node
 replica's ranks above 0 also run a sim-engine: it serves /health, so the agent
 supervises every rank the same way, and the router only ever sends traffic to
@@ -84,6 +86,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from llmgw.agent.adapters import start_args
 from llmgw.wire.agent import EngineKind, ShardSpec
 
 DEFAULT_COMMANDS: Mapping[EngineKind, tuple[str, ...]] = {
@@ -208,6 +211,7 @@ def render(
                 "KV events the router follows (vllm and sim do)"
             )
         body += ["--kv-events-config", kv_events_config(spec, kv_events, host)]
+    body += start_args(spec, spec.env if env is None else env)
     out = {
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
         **(spec.env if env is None else env),

@@ -2,6 +2,7 @@
 
 main (argparse, lazy dispatch) → commands/* (one module per group) → client
 (urllib, the one place controller errors become ctl errors) and render/tables
-(pure: wire values in, text out). bench drives load with aiohttp; capacity
-holds its pure decisions. Nothing heavy is imported until a command runs.
+(pure: wire values in, text out), which show fleet data only through shown
+(control and bidi characters visible, never markup). bench drives load with
+aiohttp; capacity holds its pure decisions. Nothing heavy is imported until a command runs.
 """

@@ -1,6 +1,7 @@
 """What a drain waits for, in words: `ctl drain`'s live view and lines, `status`, `nodes`.
 
 Every function here is pure (views in, text out) so the wording is tested alone.
+Names and reasons from the fleet are made visible (`shown`) in every line.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from collections.abc import Sequence
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from llmgw.ctl.shown import visible
 from llmgw.wire.admin import DrainWait, NodeView
 
 
 def wait_text(w: DrainWait) -> str:
     """`r-1 (m): reason`, with `blocked: ` first when nothing changes without room or --force."""
-    return f"{w.replica} ({w.model}): {'blocked: ' if w.blocked else ''}{w.reason}"
+    blocked = "blocked: " if w.blocked else ""
+    return visible(f"{w.replica} ({w.model}): {blocked}{w.reason}")
 
 
 def waits_cell(node: NodeView) -> str:
@@ -39,7 +42,7 @@ def change_lines(
     now = {w.replica: wait_text(w) for w in after}
     lines = [text for rid, text in now.items() if before.get(rid) != text]
     still = set(left)
-    lines += [f"{rid}: moved" for rid in before if rid not in still and rid not in now]
+    lines += [f"{visible(rid)}: moved" for rid in before if rid not in still and rid not in now]
     # A replica that left must not be reported moved twice: drop it from the state.
     state = {**{rid: t for rid, t in before.items() if rid in still}, **now}
     return lines, state
@@ -49,7 +52,9 @@ def drain_screen(
     node: str, *, moved: int, total: int, waits: Sequence[DrainWait], elapsed_s: float
 ) -> RenderableType:
     """The live view in a terminal: progress, then one line per replica still waited for."""
-    head = Text(f"draining {node}: {moved}/{total} replicas moved · {elapsed_s:.0f}s", style="bold")
+    head = Text(
+        f"draining {visible(node)}: {moved}/{total} replicas moved · {elapsed_s:.0f}s", style="bold"
+    )
     rows = [Text(f"  {wait_text(w)}", style="red" if w.blocked else "") for w in waits]
     if any(w.blocked for w in waits):
         rows.append(
@@ -75,7 +80,9 @@ def draining_block(nodes: Sequence[NodeView]) -> RenderableType | None:
         what = f"{len(n.drain_waiting)} replica(s) waited for" + (
             f", {len(blocked)} blocked" if blocked else ""
         )
-        lines.append(Text(f"  {n.name}  {what if n.drain_waiting else 'replicas stopping'}"))
+        lines.append(
+            Text(f"  {visible(n.name)}  {what if n.drain_waiting else 'replicas stopping'}")
+        )
         lines += [Text(f"    {wait_text(w)}", style="red") for w in blocked[:STATUS_WAITS]]
         if len(blocked) > STATUS_WAITS:
             lines.append(Text(f"    …and {len(blocked) - STATUS_WAITS} more blocked", style="dim"))

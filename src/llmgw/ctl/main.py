@@ -208,7 +208,7 @@ def main(
         code: int = handler(args, ctx)
         return code
     except CtlError as exc:
-        base.err.write(f"llmgw ctl: {exc}\n")
+        _say(base, str(exc))
         return 1
     except AdminError as exc:
         hint = (
@@ -216,8 +216,16 @@ def main(
             if isinstance(exc, AdminUnauthorized)
             else ""
         )
-        base.err.write(f"llmgw ctl: {exc}{hint}\n")
+        _say(base, f"{exc}{hint}")
         return 1
     except KeyboardInterrupt:
         base.err.write("llmgw ctl: interrupted\n")
         return 130
+
+
+def _say(ctx: Ctx, message: str) -> None:
+    """One refusal on stderr. Messages quote names and reasons from the fleet, and the
+    controller's own wording: made visible (ctl.shown), never written raw to a terminal."""
+    from llmgw.ctl.shown import lines
+
+    ctx.err.write(f"llmgw ctl: {lines(message)}\n")

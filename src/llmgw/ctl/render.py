@@ -8,6 +8,8 @@ The status screen answers, on one screen at any fleet size: how full am I,
 what is broken, what is holding cards nobody is using, why is my model not
 running. It aggregates first, then lists
 only what needs attention, each list cut at a limit with "…and N more".
+Names and reasons from the fleet are `shown.text` cells: never markup, their
+control and bidi characters visible.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from llmgw.ctl.shown import text, visible
 from llmgw.wire.admin import ClassUse, FabricUse, IdleReplica, Summary
 
 T = TypeVar("T")
@@ -161,7 +164,7 @@ def _gpu_grid(gpus: Sequence[ClassUse], limit: int) -> RenderableType:
     shown, hidden = take(gpus, limit)
     for c in shown:
         grid.add_row(
-            f"  {c.gpu_class}",
+            text(f"  {c.gpu_class}"),
             usage_bar(c.total, c.used, c.unhealthy),
             fmt_count(c.used),
             Text(fmt_count(max(0, c.free)), style="green" if c.free > 0 else "yellow"),
@@ -187,7 +190,7 @@ def _fabric_grid(fabrics: Sequence[FabricUse], limit: int) -> RenderableType:
     shown, hidden = take(fabrics, limit)
     for f in shown:
         free = Text(fmt_count(f.largest_free_block), style="" if f.largest_free_block else "yellow")
-        grid.add_row(f"  {f.fabric}", fmt_count(f.nodes), free)
+        grid.add_row(text(f"  {f.fabric}"), fmt_count(f.nodes), free)
     if hidden:
         rest = fabrics[limit:]
         detail = f"{fmt_count(sum(f.nodes for f in rest))} nodes"
@@ -201,14 +204,14 @@ def _unplaceable(names: Sequence[str], reasons: Mapping[str, str], limit: int) -
     shown, hidden = take(names, limit)
     # Names keep their width (up to a bound) and the reason gives way: a cut name
     # cannot be looked up, a cut reason still says where to look.
-    name_width = min(40, max(len(n) for n in shown) + 2)
+    name_width = min(40, max(len(visible(n)) for n in shown) + 2)
     # expand + ratio: the reason takes exactly the width left, so it is cut with
     # an ellipsis rather than cropped mid-word at the terminal's edge.
     grid = Table.grid(padding=(0, 2), expand=True)
     grid.add_column(no_wrap=True, overflow="ellipsis", min_width=name_width, max_width=name_width)
     grid.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
     for name in shown:
-        grid.add_row(f"  {name}", Text(reasons.get(name, "no reason given"), style="dim"))
+        grid.add_row(text(f"  {name}"), text(reasons.get(name, "no reason given"), "dim"))
     heading = Text(f"Unplaceable ({fmt_count(len(names))})", style="bold red")
     cut = [Text(f"  {more_line(hidden)}", style="dim")] if hidden else []
     return Group(heading, grid, *cut)
@@ -226,7 +229,7 @@ def _idle(idle: Sequence[IdleReplica], limit: int) -> RenderableType:
     grid.add_row(*(Text(h, style="dim") for h in ("  replica", "model", "idle", "gpus")))
     shown, hidden = take(idle, limit)
     for r in shown:
-        grid.add_row(f"  {r.id}", r.model, idle_cell(r.idle_seconds), fmt_count(r.gpus))
+        grid.add_row(text(f"  {r.id}"), text(r.model), idle_cell(r.idle_seconds), fmt_count(r.gpus))
     title = f"Idle ≥10m ({fmt_count(len(idle))} replicas holding {fmt_count(held)} GPUs)"
     cut = []
     if hidden:
@@ -304,12 +307,12 @@ def _waiting(summary: Summary, limit: int) -> list[RenderableType]:
         return []
     shown, hidden = take(waiting, limit)
     grid = Table.grid(padding=(0, 2), expand=True)
-    name_width = min(40, max(len(w.model) for w in shown) + 2)
+    name_width = min(40, max(len(visible(w.model)) for w in shown) + 2)
     grid.add_column(no_wrap=True, overflow="ellipsis", min_width=name_width, max_width=name_width)
     grid.add_column(justify="right", no_wrap=True)
     grid.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
     for w in shown:
-        grid.add_row(f"  {w.model}", f"{fmt_count(w.requests)} req", Text(w.reason, style="dim"))
+        grid.add_row(text(f"  {w.model}"), f"{fmt_count(w.requests)} req", text(w.reason, "dim"))
     heading = Text(
         f"Asked for, cannot place ({fmt_count(len(waiting))}) — requests refused at once",
         style="bold red",

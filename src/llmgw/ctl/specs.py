@@ -19,12 +19,16 @@ import msgspec
 import yaml
 
 from llmgw.ctl.errors import SpecError
+from llmgw.ctl.shown import visible
+from llmgw.wire.adapters import AdapterSpec, is_adapter
 from llmgw.wire.models import (
     NAME_PATTERN,
     NAME_RULE,
     ModelSpec,
     env_from_problem,
+    names_problem,
     routing_problem,
+    sleep_problem,
 )
 
 # msgspec ends a located error with " - at `$.field[0]`".
@@ -96,14 +100,16 @@ def _in_words(problem: str, tp: object) -> str:
     return problem
 
 
-def _field_problems(raw: dict[str, Any]) -> list[str]:
+def _field_problems(raw: dict[str, Any], kind: type[ModelSpec | AdapterSpec]) -> list[str]:
     """Every problem of one spec mapping, each field on its own (msgspec stops at the first)."""
-    fields = {f.encode_name: f for f in msgspec.structs.fields(ModelSpec)}
+    fields = {f.encode_name: f for f in msgspec.structs.fields(kind)}
     problems: list[str] = []
     for key in raw:
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean {close[0]}?)" if close else f"; fields: {', '.join(fields)}"
+            if kind is AdapterSpec:
+                hint += " (an adapter's engine, GPUs and replicas are its base's)"
             problems.append(f"field {key}: unknown field{hint}")
     refs = env_from_problem(raw)
     if refs is not None:
@@ -127,6 +133,36 @@ def _field_problems(raw: dict[str, Any]) -> list[str]:
     return problems
 
 
+def not_text(value: object) -> str | None:
+    """Where in a parsed document a string holds a lone surrogate; None when none does.
+
+    YAML's `"\\ud83d"` escape gives Python a string that no UTF-8 encoder takes: sent, it
+    would end ctl in UnicodeEncodeError (the controller's own decoder refuses it too).
+    Walked without recursion, and each container once: YAML anchors can make a
+    document deeper than the stack, or a cycle.
+    """
+    stack: list[tuple[str, object]] = [("", value)]
+    seen: set[int] = set()
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= ch <= "\udfff" for ch in item):
+                return path or "(root)"
+            continue
+        if not isinstance(item, dict | list) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        pairs = item.items() if isinstance(item, dict) else enumerate(item)
+        for key, sub in pairs:
+            # visible(): the path is printed, and a key may be the string at fault.
+            step = f"[{key}]" if isinstance(item, list) else f".{visible(key)}"
+            where = f"{path}{step}".lstrip(".")
+            if isinstance(key, str) and not_text(key) is not None:
+                return where
+            stack.append((where, sub))
+    return None
+
+
 def parse_documents(text: str, source: str) -> list[Any]:
     """The file's specs, flattened from all documents, not yet validated."""
     try:
@@ -136,6 +172,8 @@ def parse_documents(text: str, source: str) -> list[Any]:
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(f"{source}: not valid YAML{where}: {problem}") from exc
+    except RecursionError:
+        raise SpecError(f"{source}: not valid YAML: nested too deeply") from None
     raws: list[Any] = []
     for doc in documents:
         if doc is None:
@@ -143,13 +181,23 @@ def parse_documents(text: str, source: str) -> list[Any]:
         raws.extend(doc if isinstance(doc, list) else [doc])
     if not raws:
         raise SpecError(f"{source}: no model specs in the file")
+    for i, raw in enumerate(raws):
+        bad = not_text(raw)
+        if bad is not None:
+            # The path, not the string: the string is what cannot be printed.
+            raise SpecError(
+                f"{source}: {_where(i, raw)}: field {bad}: a string holds a lone surrogate "
+                "(an escape such as \\ud83d that is half of a character); write the whole "
+                "character"
+            )
     return raws
 
 
-def validate(raws: list[Any], source: str) -> list[ModelSpec]:
-    """Every spec valid, or a SpecError listing every problem, one per line."""
+def validate(raws: list[Any], source: str) -> list[ModelSpec | AdapterSpec]:
+    """Every spec valid, or a SpecError listing every problem, one per line. An entry
+    with `adapter_of` is a LoRA adapter's (wire.adapters)."""
     problems: list[str] = []
-    specs: list[ModelSpec] = []
+    specs: list[ModelSpec | AdapterSpec] = []
     first_seen: dict[str, int] = {}
     for i, raw in enumerate(raws):
         where = _where(i, raw)
@@ -165,17 +213,22 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec]:
             continue
         if isinstance(name, str):
             first_seen[name] = i + 1
-        each = _field_problems(raw)
+        kind: type[ModelSpec | AdapterSpec] = AdapterSpec if is_adapter(raw) else ModelSpec
+        each = _field_problems(raw, kind)
         if each:
             problems.extend(f"{source}: {where}: {p}" for p in each)
             continue
         try:
             # Fields one by one were fine: what is left spans fields (max below min).
-            spec = msgspec.convert(raw, ModelSpec)
+            spec: ModelSpec | AdapterSpec = msgspec.convert(raw, kind)
         except msgspec.ValidationError as exc:
             problems.append(f"{source}: {where}: {describe(exc)}")
             continue
-        wrong = routing_problem(spec)
+        wrong = (
+            (names_problem(spec) or sleep_problem(spec) or routing_problem(spec))
+            if isinstance(spec, ModelSpec)
+            else None
+        )
         if wrong is not None:
             problems.append(f"{source}: {where}: field {wrong[0]}: {wrong[1]}")
             continue
@@ -187,7 +240,7 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec]:
     return specs
 
 
-def load_specs(path: Path) -> list[ModelSpec]:
+def load_specs(path: Path) -> list[ModelSpec | AdapterSpec]:
     """Read and validate a spec file ("-" is standard input's text, read by the caller)."""
     try:
         text = path.read_text()

@@ -2,6 +2,9 @@
 
 Every cell that may be unknown goes through render's `idle_cell`/`age_cell`, so
 `-` is written in one place and an unreported idle time can never read as 0.
+Every cell that holds fleet data is a `shown.text`: its control and bidi
+characters visible, never parsed as markup (a `str` cell would be), and the
+same in every -o format, since wide and tsv read the cells' plain text.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from rich.text import Text
 
 from llmgw.ctl.drainview import waits_cell
 from llmgw.ctl.render import UNKNOWN, age_cell, fmt_count, idle_cell
+from llmgw.ctl.shown import text, visible
 from llmgw.wire.admin import EventView, ModelView, NodeView, ReplicaView
 
 _STATE_STYLE = {
@@ -25,11 +29,13 @@ _STATE_STYLE = {
     "starting": "cyan",
     "stopped": "dim",
     "failed": "bold red",
+    "sleeping": "blue",
+    "waking": "cyan",
 }
 
 
 def _state(state: str) -> Text:
-    return Text(state, style=_STATE_STYLE.get(state, ""))
+    return text(state, _STATE_STYLE.get(state, ""))
 
 
 def _table(*headers: str) -> Table:
@@ -62,8 +68,8 @@ def nodes_table(nodes: Sequence[NodeView], *, now: float) -> Table:
         )
         for n in nodes
     ]
-    _keep_whole(table, 0, [n.name for n in nodes])
-    _keep_whole(table, 1, [n.state for n in nodes])
+    _keep_whole(table, 0, [visible(n.name) for n in nodes])
+    _keep_whole(table, 1, [visible(n.state) for n in nodes])
     # Classes and fabrics give way in a narrow terminal (see replicas_table).
     for column in (2, 6):
         table.columns[column].no_wrap = False
@@ -78,18 +84,18 @@ def nodes_table(nodes: Sequence[NodeView], *, now: float) -> Table:
         table.add_column("WAITING FOR", no_wrap=False, overflow="fold")
     for n, used, free, unhealthy, heartbeat in rows:
         cells: list[str | Text] = [
-            n.name,
+            text(n.name),
             _state(n.state),
-            _one_line(Text(",".join(n.classes) or UNKNOWN)),
+            _one_line(text(",".join(n.classes) or UNKNOWN)),
             used,
             free,
             Text(unhealthy, style="bold red" if n.unhealthy else "dim"),
-            _one_line(Text(",".join(n.fabrics) or UNKNOWN)),
+            _one_line(text(",".join(n.fabrics) or UNKNOWN)),
             heartbeat,
         ]
         if draining:
             blocked = any(w.blocked for w in n.drain_waiting)
-            cells.append(Text(waits_cell(n), style="red" if blocked else ""))
+            cells.append(text(waits_cell(n), "red" if blocked else ""))
         table.add_row(*cells)
     return table
 
@@ -97,7 +103,7 @@ def nodes_table(nodes: Sequence[NodeView], *, now: float) -> Table:
 def model_status(m: ModelView) -> Text:
     """`ok`, `short` (still starting), or `unplaceable: <the controller's reason>`."""
     if m.unplaceable_reason:
-        return Text(f"unplaceable: {m.unplaceable_reason}", style="bold red")
+        return text(f"unplaceable: {m.unplaceable_reason}", "bold red")
     if m.ready < m.min:
         return Text("short", style="yellow")
     return Text("ok", style="green")
@@ -107,20 +113,35 @@ def models_table(models: Sequence[ModelView]) -> Table:
     """One row per model: engine, GPUs per replica, ready/desired, bounds, status."""
     table = _table("MODEL", "ENGINE", "GPUS", "READY", "MIN..MAX", "PRIORITY", "STATUS")
     table.columns[-1].max_width = 70
-    _keep_whole(table, 0, [m.name for m in models])
+    _keep_whole(
+        table,
+        0,
+        [
+            *(visible(m.name) for m in models),
+            *(_under(visible(a.name)) for m in models for a in m.adapters),
+        ],
+    )
     for m in models:
         spec = m.spec
         shape = f"{spec.gpus_per_node}" if spec.nodes == 1 else f"{spec.nodes}x{spec.gpus_per_node}"
         table.add_row(
-            m.name,
-            spec.engine,
+            text(m.name),
+            text(spec.engine),
             shape,
             f"{m.ready}/{m.desired}",
             f"{m.min}..{m.max}",
             str(spec.priority),
             model_status(m),
         )
+        # Adapters under their base: its replicas serve them.
+        for a in m.adapters:
+            under = text(_under(a.name))
+            table.add_row(under, "lora", "", "", "", "", text(f"adapter of {m.name}"))
     return table
+
+
+def _under(name: str) -> str:
+    return f"└ {name}"
 
 
 def _one_line(text: Text) -> Text:
@@ -152,21 +173,21 @@ def replicas_table(replicas: Sequence[ReplicaView]) -> Table:
     idle = [idle_cell(r.idle_seconds) for r in replicas]
     weight = [f"{r.weight:.2f}" for r in replicas]
     restarts = [fmt_count(r.restarts) for r in replicas]
-    _keep_whole(table, 0, [r.id for r in replicas])
-    _keep_whole(table, 2, [r.state for r in replicas])
+    _keep_whole(table, 0, [visible(r.id) for r in replicas])
+    _keep_whole(table, 2, [visible(r.state) for r in replicas])
     _keep_whole(table, 5, idle)
     _keep_whole(table, 6, weight)
     _keep_whole(table, 7, restarts)
     for r, idle_, weight_, restarts_ in zip(replicas, idle, weight, restarts, strict=True):
         state = _state(r.state)
         if r.reason and r.state in ("failed", "draining"):
-            state.append(f" ({r.reason})", style="dim")
+            state.append(f" ({visible(r.reason)})", style="dim")
         table.add_row(
-            r.id,
-            _one_line(Text(r.model)),
+            text(r.id),
+            _one_line(text(r.model)),
             _one_line(state),
-            shards_cell(r),
-            _one_line(Text(r.endpoint_url or UNKNOWN)),
+            text(shards_cell(r)),
+            _one_line(text(r.endpoint_url or UNKNOWN)),
             idle_,
             weight_,
             restarts_,
@@ -204,10 +225,10 @@ def events_table(events: Sequence[EventView]) -> Table:
         table.add_row(
             str(e.id),
             event_time(e.at),
-            e.kind,
-            f"{e.subject} {e.subject_id}",
-            e.model or UNKNOWN,
-            _one_line(Text(event_summary(e.message))),
+            text(e.kind),
+            text(f"{e.subject} {e.subject_id}"),
+            text(e.model or UNKNOWN),
+            _one_line(text(event_summary(e.message))),
         )
     return table
 
@@ -217,15 +238,15 @@ def event_detail(e: EventView) -> str:
     lines = [
         f"id       {e.id}",
         f"time     {event_time(e.at)}",
-        f"kind     {e.kind}",
-        f"subject  {e.subject} {e.subject_id}",
-        f"model    {e.model or UNKNOWN}",
+        f"kind     {visible(e.kind)}",
+        f"subject  {visible(e.subject)} {visible(e.subject_id)}",
+        f"model    {visible(e.model or UNKNOWN)}",
     ]
     head, _, tail = e.message.partition(": ")
     parts = tail.split(" | ") if " | " in tail else []
     if parts:
-        lines.append(f"message  {head}:")
-        lines += [f"  {p}" for p in parts]
+        lines.append(f"message  {visible(head)}:")
+        lines += [f"  {visible(p)}" for p in parts]
     else:
-        lines.append(f"message  {e.message}")
+        lines.append(f"message  {visible(e.message)}")
     return "\n".join(lines) + "\n"

@@ -58,7 +58,7 @@ from llmgw.router.holding import (
     unplaceable_retry_after_s,
 )
 from llmgw.router.inband import ErrorFrameWatch, nothing_before_error, role_opener_only
-from llmgw.router.intake import ByteBudget, Intake, read_json, refused
+from llmgw.router.intake import ByteBudget, Intake, peer_of, read_json, refused
 from llmgw.router.metrics import (
     DISCONNECTED,
     ENGINE_ERROR,
@@ -75,6 +75,7 @@ from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
 from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
 from llmgw.runtime.logs import kv
+from llmgw.runtime.peers import Peer, share_of
 from llmgw.wire.errors import error_body
 
 log: Final = logging.getLogger(__name__)
@@ -258,7 +259,13 @@ class Proxy:
     def __init__(self, state: Router) -> None:
         self.state = state
         # Read once: max_inflight_body_bytes takes effect on restart.
-        self.budget = ByteBudget(state.cfg.max_inflight_body_bytes)
+        cfg = state.cfg
+        self.budget = ByteBudget(
+            cfg.max_inflight_body_bytes,
+            each=share_of(
+                cfg.max_inflight_body_bytes, cfg.client_share, at_least=cfg.max_body_bytes
+            ),
+        )
         # Endpoint → content type → the answer's header lines but x-request-id
         # (`_lines`): the same for every answer of an endpoint.
         self._lines: dict[str, dict[str, bytes]] = {}
@@ -372,7 +379,9 @@ class Proxy:
                         raise NoReplica(model, f"every replica was tried ({att.last_error})")
                     # None at all, or only breakers refused (another request holds the
                     # half-open probe): wait for one, as for a model with no replica.
-                    decision, snaps = await self._hold(model, hashes, t0, att.deadline)
+                    decision, snaps = await self._hold(
+                        model, hashes, t0, att.deadline, peer_of(request)
+                    )
                 eid = decision.endpoint_id or ""
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug(kv("route", rid=rid, model=model, to=eid, why=decision.header()))
@@ -625,7 +634,7 @@ class Proxy:
             )
 
     async def _hold(
-        self, model: str, hashes: RouteKey, t0: float, deadline: float
+        self, model: str, hashes: RouteKey, t0: float, deadline: float, peer: Peer | None
     ) -> tuple[Decision, list[Snapshot]]:
         """Wait for a replica of `model` (scale from zero); NoReplica when none comes."""
         st = self.state
@@ -637,7 +646,7 @@ class Proxy:
         snaps = st.registry.snapshots(model)
         opened = {s.id: s.opened_total for s in snaps}
         try:
-            with st.holding.hold(model):
+            with st.holding.hold(model, peer):
                 while True:
                     now = clock.monotonic()
                     look = st.outlook.get(model)
@@ -681,8 +690,13 @@ class Proxy:
                             retry_after_s=after,
                         )
                     raise NoReplica(model, held_too_long(hold_s, look), retry_after_s=5)
-        except HoldQueueFull:
-            raise NoReplica(model, "too many requests are already waiting") from None
+        except HoldQueueFull as exc:
+            why = (
+                "too many requests from this client address are already waiting"
+                if exc.share
+                else "too many requests are already waiting"
+            )
+            raise NoReplica(model, why) from None
 
     async def _stream(
         self,

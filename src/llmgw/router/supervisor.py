@@ -72,6 +72,7 @@ from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.router.usage import build_report
 from llmgw.router.worker import WorkerSpec
 from llmgw.runtime.logs import kv
+from llmgw.runtime.sdnotify import Notifier
 from llmgw.runtime.serve import READY_PREFIX, ListenError
 from llmgw.wire.endpoints import EndpointInfo, EndpointList
 from llmgw.wire.usage import ModelLoad, UsageReport
@@ -196,6 +197,8 @@ class Supervisor:
         self._early_exits: dict[int, int] = {}
         self._restarting: set[asyncio.Task[None]] = set()
         self.stopping = False
+        # systemd notify (sdnotify.py); the real one is taken in run(), before any worker.
+        self.notifier = Notifier(None)
         self.merger = Merger()
         self.host_metrics = CollectorRegistry()
         self._scrape_failures = Counter(
@@ -495,6 +498,7 @@ class Supervisor:
         """Every worker serves: say so, and start the host's chores."""
         port = int(self.sock.getsockname()[1])
         print(f"{READY_PREFIX} router http://{host}:{port}", flush=True)
+        self.notifier.ready(f"serving on {host}:{port} with {self.n} workers")
         log.info(kv("serving", name="router", host=host, port=port, workers=self.n))
         loops = [
             self.scraper.run(),
@@ -502,6 +506,7 @@ class Supervisor:
             self._report_loop(),
             self._gather_metrics_loop(),
             self._watch_loop(),
+            self.notifier.keep_alive(),
         ]
         if self.controller is not None:
             loops.append(ControllerSource(self.controller, on_list=self._listed).run())
@@ -519,6 +524,8 @@ class Supervisor:
                 loop.add_signal_handler(sig, stop.set)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGHUP, self.watcher.request_reload)
+        # Before any worker starts: the supervisor alone speaks to systemd.
+        self.notifier = Notifier.take()
         await self.upstream.start()
         tasks: list[asyncio.Task[None]] = []
         try:
@@ -532,6 +539,7 @@ class Supervisor:
             log.info(kv("stopping", name="router", workers=len(self.workers), grace_s=grace_s))
         finally:
             self.stopping = True
+            self.notifier.stopping()
             tasks += self._restarting
             for t in tasks:
                 t.cancel()

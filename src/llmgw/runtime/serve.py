@@ -2,7 +2,9 @@
 
 `serve(app, host, port)` installs uvloop, binds, prints a ready line, and on
 SIGTERM or SIGINT stops accepting, lets in-flight requests finish within
-`grace_s`, runs the app's cleanup, and returns so the process exits 0.
+`grace_s`, runs the app's cleanup, and returns so the process exits 0. Under
+systemd (`Type=notify`) it also sends READY=1, STOPPING=1 and the watchdog's
+pings (sdnotify.py).
 
 A port it cannot listen on (taken, privileged, out of range) is `ListenError`:
 `run()` prints its one line and returns 1, before the app has started anything.
@@ -25,6 +27,7 @@ from aiohttp import web
 from llmgw.runtime.acceptor import Acceptor
 from llmgw.runtime.fastserver import Dispatch, FastServer
 from llmgw.runtime.httpserver import Edge, ErrorBody, ServerLimits, openai_error, protocol_factory
+from llmgw.runtime.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +115,16 @@ async def serve_app(
     idle, slow and surplus connections are closed (httpserver's docstring).
 
     `sock`: serve this listening socket (bound by a parent, shared with sibling
-    processes) instead of binding one; `announce=False` leaves the ready line to
-    that parent.
+    processes) instead of binding one; `announce=False` leaves the ready line, and
+    systemd's notifications, to that parent.
 
     `dispatch`: serve connections with the protocol-level server
     (`fastserver.FastServer`, request bodies up to `max_body_bytes`) answering
     every request through it; the app still starts and stops as it would.
     """
     stop = stop_event or asyncio.Event()
+    # Taken before the app starts anything: what it spawns must not inherit the socket.
+    notifier = Notifier.take() if announce else Notifier(None)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -154,6 +159,8 @@ async def serve_app(
         await on_started(bound_port)
     if announce:
         print(f"{READY_PREFIX} {name} http://{host}:{bound_port}", flush=True)
+        notifier.ready(f"serving on {host}:{bound_port}")
+    watchdog = asyncio.create_task(notifier.keep_alive(), name="sd-watchdog")
     log.info(
         "serving name=%s host=%s port=%d max_connections=%d server=%s",
         name,
@@ -166,6 +173,10 @@ async def serve_app(
         await stop.wait()
     finally:
         log.info("stopping name=%s grace_s=%s", name, grace_s)
+        notifier.stopping()
+        watchdog.cancel()
+        # Its own cancellation comes back as a result; one of this coroutine still raises.
+        await asyncio.gather(watchdog, return_exceptions=True)
         # No new connections first; then runner.cleanup() closes idle ones, waits
         # up to shutdown_timeout for handlers in flight, and runs on_cleanup.
         listener.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import random
 import struct
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -119,10 +120,11 @@ def decode_as(raw: bytes, kind: type[T]) -> T:
         raise SimApiError(400, "Malformed JSON body: nested too deeply") from None
 
 
-def check_model(model: str | None, cfg: SimConfig) -> str:
+def check_model(model: str | None, cfg: SimConfig, adapters: Container[str] = ()) -> str:
+    """The request's model: a served name or a LoRA adapter's (`adapters`)."""
     if model is None:
         raise SimApiError(400, "The 'model' field is required.", param="model")
-    if model not in cfg.served_model_names:
+    if model not in cfg.served_model_names and model not in adapters:
         raise SimApiError(404, f"The model `{model}` does not exist.", param="model")
     return model
 
@@ -190,9 +192,9 @@ def job_of(
     )
 
 
-def parse_chat(raw: bytes, cfg: SimConfig) -> Job:
+def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
     body = decode_as(raw, ChatBody)
-    model = check_model(body.model, cfg)
+    model = check_model(body.model, cfg, adapters)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
@@ -200,9 +202,9 @@ def parse_chat(raw: bytes, cfg: SimConfig) -> Job:
     return job_of(body, cfg, ids, max_tokens, model=model, chat=True)
 
 
-def parse_completion(raw: bytes, cfg: SimConfig) -> Job:
+def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
     body = decode_as(raw, CompletionBody)
-    model = check_model(body.model, cfg)
+    model = check_model(body.model, cfg, adapters)
     try:
         ids = tokenizer.prompt_ids_for_body({"prompt": body.prompt})
     except (ValueError, TypeError, AttributeError) as exc:
@@ -382,8 +384,9 @@ class Encoder:
         )
 
 
-def models_body(cfg: SimConfig, created: int) -> bytes:
-    """GET /v1/models in vLLM's shape, one entry per served name."""
+def models_body(cfg: SimConfig, created: int, adapters: Mapping[str, str] | None = None) -> bytes:
+    """GET /v1/models in vLLM's shape, one entry per served name, then one per LoRA
+    adapter (`adapters`: name → path), whose parent is the base's first name."""
     owner = "sglang" if cfg.metrics_dialect == "sglang" else "vllm"
     data = [
         {
@@ -413,4 +416,17 @@ def models_body(cfg: SimConfig, created: int) -> bytes:
         }
         for i, name in enumerate(cfg.served_model_names)
     ]
+    for name, path in sorted((adapters or {}).items()):
+        data.append(
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": owner,
+                "root": path,
+                "parent": cfg.model_name,
+                "max_model_len": cfg.max_model_len,
+                "permission": [],
+            }
+        )
     return _enc.encode({"object": "list", "data": data})

@@ -23,14 +23,17 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from llmgw.runtime.logs import kv
-from llmgw.simengine import api, auth, debug, metrics, routes, tokenizer
+from llmgw.simengine import api, auth, debug, metrics, routes, sleepapi, tokenizer
 from llmgw.simengine.batcher import Scheduler, SimRequest, mix_seed
 from llmgw.simengine.config import SimConfig
 from llmgw.simengine.engine import Engine, Stream
 from llmgw.simengine.faults import CRASH_EXIT_CODE, Faults, Verdict
 from llmgw.simengine.kvcache import KVCache
 from llmgw.simengine.kvevents import KVEventPublisher
+from llmgw.simengine.lora import LoraRegistry
+from llmgw.simengine.lora import handlers as lora_handlers
 from llmgw.simengine.metricsnames import histogram_buckets
+from llmgw.simengine.sleep import Sleeper
 from llmgw.simengine.stats import EngineStats
 
 log = logging.getLogger(__name__)
@@ -135,6 +138,7 @@ class SimEngine:
             max_model_len=cfg.max_model_len,
         )
         self.engine = Engine(self.scheduler, cfg.timing)
+        self.sleeper = Sleeper(cfg.sleep, tp=cfg.timing.tp, speed=cfg.timing.speed)
         self.faults = Faults(cfg.faults, seed=cfg.seed)
         self.engine.before_step = self.faults.step
         # vLLM's KV events (kvevents.py), published after each step; ValueError
@@ -149,7 +153,9 @@ class SimEngine:
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex()  # ids stay unique across restarts
         self._stopping = asyncio.Event()
-        self._models_body = api.models_body(cfg, int(self.created_wall))
+        self.lora = LoraRegistry(cfg.lora, speed=cfg.timing.speed)
+        self.lora.on_change = self._adapters_changed
+        self._models_body = api.models_body(cfg, int(self.created_wall), self.lora.names)
         self._cache_info = _cache_info(cfg)
         # Open streams and their requests, for `_sweep_gone`.
         self._streams: dict[Stream, web.Request] = {}
@@ -213,14 +219,23 @@ class SimEngine:
 
     # -- OpenAI surface ------------------------------------------------------------
 
+    def _adapters_changed(self) -> None:
+        self._models_body = api.models_body(self.cfg, int(self.created_wall), self.lora.names)
+
+    def _parse_chat(self, raw: bytes, cfg: SimConfig) -> api.Job:
+        return api.parse_chat(raw, cfg, self.lora.names)
+
+    def _parse_completion(self, raw: bytes, cfg: SimConfig) -> api.Job:
+        return api.parse_completion(raw, cfg, self.lora.names)
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        job = await read_request(request, api.parse_chat, self.cfg)
+        job = await read_request(request, self._parse_chat, self.cfg)
         if isinstance(job, web.Response):
             return job
         return await self._generate(request, job, "chatcmpl")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        job = await read_request(request, api.parse_completion, self.cfg)
+        job = await read_request(request, self._parse_completion, self.cfg)
         if isinstance(job, web.Response):
             return job
         return await self._generate(request, job, "cmpl")
@@ -279,6 +294,8 @@ class SimEngine:
             used_blocks=kv.capacity_blocks - kv.num_free_blocks,
             capacity_blocks=kv.capacity_blocks,
             block_size=kv.block_size,
+            sleep_state=self.sleeper.state,
+            gpu_bytes=self.sleeper.gpu_bytes(),
         )
         if self.cfg.metrics_dialect == "sglang":
             text = metrics.render_sglang(self.stats, view, model_name=self.cfg.model_name)
@@ -310,6 +327,9 @@ class SimEngine:
             self._crash()
         if verdict is Verdict.FAIL:
             return self._fail_answer()
+        if job.model in self.lora.names:
+            # Read in on first use (lora.py); its wait is part of time to first token.
+            await self.lora.use(job.model)
         rid = f"{kind}-{self._id_prefix}{next(self._ids):024x}"
         seed = job.seed if job.seed is not None else tokenizer.prompt_seed(job.prompt_ids)
         req = SimRequest(
@@ -489,6 +509,11 @@ def build_app(
     r.add_get("/health", sim.health)
     r.add_get("/version", sim.version)
     r.add_get("/metrics", sim.metrics)
+    load, unload = lora_handlers(sim.lora, cfg.served_model_names)
+    r.add_post("/v1/load_lora_adapter", load)
+    r.add_post("/v1/unload_lora_adapter", unload)
     routes.add_routes(app, sim)
     debug.add_routes(app, sim)
+    if cfg.sleep.dev_mode:
+        sleepapi.add_routes(app, sim)
     return app

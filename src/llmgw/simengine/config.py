@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from llmgw.simengine.faults import FaultConfig
 from llmgw.simengine.kvevents import KVEventsSettings
+from llmgw.simengine.lora import LoraSettings
+from llmgw.simengine.sleep import SleepSettings
 from llmgw.simengine.timing import TimingModel
 
 DIALECTS = ("vllm", "sglang")
@@ -31,6 +33,10 @@ class SimConfig:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # vLLM's --kv-events-config: publish KV-cache events (kvevents.py) when enabled.
     kv_events: KVEventsSettings = field(default_factory=KVEventsSettings)
+    # vLLM's --enable-lora and friends: LoRA adapters served as models (lora.py).
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    # vLLM's --enable-sleep-mode and dev-mode routes, and what a wake costs (sleep.py).
+    sleep: SleepSettings = field(default_factory=SleepSettings)
 
     def __post_init__(self) -> None:
         if not self.served_model_names:

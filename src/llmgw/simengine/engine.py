@@ -99,6 +99,11 @@ class Engine:
         self._wake = asyncio.Event()
         self._deadline: float | None = None  # end of the last step; None: idle since
         self.lag_resets = 0  # times the timeline slipped because the CPU fell behind
+        # Asleep (sleep.py): requests wait, no step runs until `resume()`.
+        self.paused = False
+        # Step times are multiplied by this until a request finishes: an engine just
+        # woken runs its first request slowly unless a warm-up went first (sleep.py).
+        self.cold_factor = 1.0
         # Called before each step; what it raises ends `run()` (the fault hook, faults.py).
         self.before_step: Callable[[], None] | None = None
         # Called after each step is planned, when the KV cache has taken (and
@@ -127,6 +132,23 @@ class Engine:
             s.notify()
         return streams
 
+    def pause(self) -> None:
+        """Stop stepping (sleep); what is queued waits for `resume()`."""
+        self.paused = True
+
+    def resume(self, *, cold_factor: float = 1.0) -> None:
+        """Step again; the next request to finish runs `cold_factor` times slower."""
+        self.paused = False
+        self.cold_factor = cold_factor
+        self._wake.set()
+
+    def abort_all(self) -> int:
+        """Abort every open request (vLLM's sleep in its default "abort" mode); the count."""
+        streams = list(self._streams.values())
+        for s in streams:
+            self.abort(s)
+        return len(streams)
+
     def release(self, stream: Stream) -> None:
         """Forget a finished request's stream."""
         self._streams.pop(stream.req.req_id, None)
@@ -145,7 +167,7 @@ class Engine:
             plan = self.scheduler.schedule(start)
         if not plan.scheduled:
             return None
-        end = start + self.timing.step_s(
+        end = start + self.cold_factor * self.timing.step_s(
             prefill_tokens=plan.prefill_tokens, decode_seqs=plan.decode_seqs
         )
         return plan, start, end
@@ -155,6 +177,8 @@ class Engine:
         self._deadline = end
         streams = self._streams
         for req in self.scheduler.finish_step(plan, end):
+            if req.finish_reason is not None:
+                self.cold_factor = 1.0
             s = streams.get(req.req_id)
             if s is not None:
                 s.notify()
@@ -163,7 +187,7 @@ class Engine:
         """The engine task: steps while there is work, waits (no spinning) when idle."""
         now = self.now
         while True:
-            if not self.scheduler.has_work():
+            if self.paused or not self.scheduler.has_work():
                 self._deadline = None
                 self._wake.clear()
                 await self._wake.wait()

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
-from llmgw.runtime import logs
+from llmgw.runtime import envflags, logs
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
-from llmgw.simengine import auth, kvevents, timing
+from llmgw.simengine import auth, kvevents, lora, sleep, timing
 from llmgw.simengine.config import DIALECTS, SimConfig
 from llmgw.simengine.faults import FaultConfig
 
@@ -111,8 +112,58 @@ def parser() -> argparse.ArgumentParser:
         '\'{"enable_kv_cache_events": true, "publisher": "zmq", '
         '"endpoint": "tcp://127.0.0.1:5557"}\' (needs pyzmq)',
     )
+    p.add_argument(
+        "--enable-lora", action="store_true", help="serve LoRA adapters as models (as vLLM)"
+    )
+    p.add_argument(
+        "--lora-modules", nargs="+", default=None, help="adapters to serve: name=path ..."
+    )
+    p.add_argument("--max-loras", type=int, default=1, help="adapters one batch may mix")
+    p.add_argument(
+        "--max-cpu-loras", type=int, default=None, help="adapters kept loaded (default --max-loras)"
+    )
+    p.add_argument(
+        "--lora-load-ms",
+        type=float,
+        default=lora.DEFAULT_LOAD_MS,
+        help="reading in an adapter that is not loaded, at speed 1",
+    )
+    p.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help="allow POST /sleep (the routes need VLLM_SERVER_DEV_MODE=1, as vLLM)",
+    )
+    p.add_argument(
+        "--weights-gb",
+        type=float,
+        default=sleep.DEFAULT_WEIGHTS_GB,
+        help="the model's weights, split over the GPUs: sets the wake time",
+    )
+    p.add_argument(
+        "--wake-l1-s", type=float, default=None, help="wake time from level 1 (default: by size)"
+    )
+    p.add_argument(
+        "--wake-l2-s", type=float, default=None, help="wake time from level 2 (default: by size)"
+    )
+    p.add_argument(
+        "--cold-factor",
+        type=float,
+        default=sleep.COLD_FACTOR,
+        help="how much slower the first request after a wake runs without a warm-up",
+    )
     p.add_argument("--grace-s", type=float, default=10.0, help="graceful stop window on SIGTERM")
     return p
+
+
+def sleep_settings(args: argparse.Namespace, env: dict[str, str]) -> sleep.SleepSettings:
+    return sleep.SleepSettings(
+        enabled=args.enable_sleep_mode,
+        dev_mode=env.get("VLLM_SERVER_DEV_MODE", "0").strip() not in ("", "0"),
+        weights_gb=args.weights_gb,
+        wake_l1_s=args.wake_l1_s,
+        wake_l2_s=args.wake_l2_s,
+        cold_factor=args.cold_factor,
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -160,6 +211,14 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             if args.kv_events_config
             else kvevents.KVEventsSettings()
         ),
+        lora=lora.LoraSettings(
+            enabled=args.enable_lora,
+            max_loras=args.max_loras,
+            max_cpu_loras=args.max_cpu_loras,
+            modules=lora.parse_modules(args.lora_modules or []),
+            load_ms=args.lora_load_ms,
+        ),
+        sleep=sleep_settings(args, dict(os.environ)),
     )
 
 
@@ -170,7 +229,10 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"llmgw sim-engine: {exc}\n")
         return 2
     logs.setup(fmt=fmt)
-    args, unknown = parser().parse_known_args(argv)
+    p = parser()
+    envflags.apply(p, "sim-engine")
+    args, unknown = p.parse_known_args(argv)
+    envflags.drop_defaults_of_repeated(p, args)
     try:
         cfg = config_from_args(args)
     except ValueError as exc:

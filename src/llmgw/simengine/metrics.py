@@ -39,6 +39,10 @@ class EngineView:
     used_blocks: int
     capacity_blocks: int
     block_size: int
+    # sleep.py: "awake", "paused" (level 0), "weights_offloaded" (1), "discard_all" (2).
+    sleep_state: str = "awake"
+    # GPU memory the engine holds per GPU (sleep.py's model); 0: not modelled.
+    gpu_bytes: int = 0
 
 
 def go_float(v: float) -> str:
@@ -125,8 +129,13 @@ def render_vllm(
     out.sample(name, {**base, "reason": "deferred"}, 0)
     name = "vllm:engine_sleep_state"
     out.family(name, VLLM_HELP[name], "gauge")
-    for state, v in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
-        out.sample(name, {**base, "sleep_state": state}, v)
+    for state in ("awake", "weights_offloaded", "discard_all"):
+        out.sample(name, {**base, "sleep_state": state}, int(view.sleep_state == state))
+    if view.gpu_bytes:
+        # Not a vLLM metric: the sim-engine's modelled GPU memory (sleep.py).
+        name = "llmgw_sim_gpu_memory_used_bytes"
+        out.family(name, "GPU memory the simulated engine holds per GPU.", "gauge")
+        out.sample(name, base, view.gpu_bytes)
     gauge("vllm:kv_cache_usage_perc", view.kv_usage)
     s = stats
     counter("vllm:prefix_cache_queries", {None: s.prefix_queries})

@@ -61,8 +61,8 @@ Arity = Literal["none", "one", "optional", "many", "any"]
 # The releases checked; a bump is a one-line change and a test run.
 PINNED: dict[str, str] = {"vllm": "0.33.0", "sglang": "0.5.23"}
 # Bumped when the reading rules change: a cli.json of another reader is read
-# again from the kept sources (no download).
-READER = 1
+# again from the kept sources (no download, unless the kept sources lack a file).
+READER = 2
 
 # The wheel members each extractor reads (prefixes of paths inside the wheel).
 _SOURCES: dict[str, tuple[str, ...]] = {
@@ -70,6 +70,11 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "vllm/engine/arg_utils.py",
         "vllm/entrypoints/common/cli_args.py",
         "vllm/config/",
+        # The sleep-mode routes, their gate and the API key's reach (enginesleep.py).
+        "vllm/entrypoints/serve/dev/sleep/api_router.py",
+        "vllm/entrypoints/serve/middleware/authenticate.py",
+        "vllm/entrypoints/launchers/api_server/routers.py",
+        "vllm/envs.py",
     ),
     "sglang": ("sglang/srt/server_args.py", "sglang/srt/arg_groups/"),
 }
@@ -160,6 +165,9 @@ def fetch(engine: str, version: str | None = None, *, python: str = sys.executab
             return hit
         src = folder / "src"
         try:
+            lacking = [p for p in _SOURCES[engine] if p.endswith(".py") and not (src / p).exists()]
+            if lacking:  # kept from before a file was added to _SOURCES
+                raise EngineFlagsError(f"kept sources lack {lacking}")
             cli = extract(engine, version, src)
         except EngineFlagsError:
             with tempfile.TemporaryDirectory(prefix="llmgw-engine-flags-") as tmp:

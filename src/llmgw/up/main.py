@@ -28,8 +28,10 @@ import msgspec
 
 from llmgw.adminclient.client import AdminClient
 from llmgw.adminclient.errors import AdminError, AdminUnreachable
+from llmgw.runtime import envflags
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.lockfile import open_nofollow
+from llmgw.runtime.sdnotify import Notifier
 from llmgw.runtime.serve import READY_PREFIX
 from llmgw.runtime.version import add_version_argument
 from llmgw.up.checks import Refused, check_ports, lock_state_dir
@@ -274,8 +276,10 @@ class Up:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    if args.token:
+    args = envflags.parse(build_parser(), argv, "up")
+    # Taken before any program starts: they must not speak to a supervisor for `up`.
+    notifier = Notifier.take()
+    if any(a == "--token" or a.startswith("--token=") for a in argv):
         print(
             "llmgw up: warning: --token on the command line is visible to every local user "
             f"(ps); write it to {args.state_dir / 'tokens' / 'admin'} (mode 0600) instead, "
@@ -337,6 +341,7 @@ def main(argv: list[str]) -> int:
             print_hints(up)
             # The line tests and tools wait for (same as every llmgw program's).
             print(f"{READY_PREFIX} up {up.router_url}", flush=True)
+            notifier.ready()
         while not up.stopping:
             up.supervise_once()
             time.sleep(0.5)
@@ -346,6 +351,7 @@ def main(argv: list[str]) -> int:
         print(f"llmgw up: {exc}", file=sys.stderr)
         code = 1
     finally:
+        notifier.stopping()
         # Whatever happened, nothing this run started outlives it.
         if code == 0:
             print("\nllmgw up: stopping…", flush=True)

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from llmgw.wire.agent import ENV_NAME_PATTERN, EngineKind, EnvName, SecretRef
+from llmgw.wire.names import MODEL_NAME_PATTERN, MODEL_NAME_RULE, label_problem
 
-# Not ending in "/scale": /admin/models/<name>/scale is the scale command's URL.
-NAME_PATTERN = r"^(?!.*/scale$)[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
-# NAME_PATTERN for a person (ctl apply says this instead of the expression).
-NAME_RULE = (
-    "1 to 128 characters, starting with a letter or digit, then letters, digits and . _ : / -,"
-    " not ending in /scale"
-)
+# The documented sets live in wire.names; these names stay for their importers.
+NAME_PATTERN = MODEL_NAME_PATTERN
+NAME_RULE = MODEL_NAME_RULE
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
 
 # Engines whose KV-event publisher the agent starts (docs/routing.md, "Precise mode"):
@@ -27,6 +24,15 @@ KV_EVENTS_REFUSED: dict[str, str] = {
         "SGLang's KV events (per radix-cache page, page size 1 by default) are not "
         "rendered or checked against the router here"
     ),
+}
+
+
+# Engines that can sleep instead of stopping (docs/sleep-and-adapters.md): vLLM's
+# sleep mode and the sim-engine's copy of it. Why not the others:
+SLEEP_ENGINES: tuple[EngineKind, ...] = ("vllm", "sim")
+SLEEP_REFUSED: dict[str, str] = {
+    "llamacpp": "llama-server cannot sleep (it has no way to free its GPU memory and keep running)",
+    "sglang": "SGLang's memory release and resume routes are not driven by the agent here",
 }
 
 
@@ -64,6 +70,14 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     idle_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
     # Higher keeps its cards longer under eviction pressure.
     priority: int = 0
+    # Idle replicas sleep instead of stopping when their cards are needed, and a
+    # sleeping replica is woken rather than a new one started (docs/sleep-and-adapters.md).
+    sleep_mode: bool = False
+    # 1: the weights move to host memory; 2: they are dropped (a slower wake). None:
+    # the controller picks 1 when the node's host memory holds the weights, else 2.
+    sleep_level: Literal[1, 2] | None = None
+    # The weights' size in GB: host memory a level-1 sleep takes. None: not given.
+    weights_gb: Annotated[float, msgspec.Meta(gt=0)] | None = None
     # Engine model path/id when it differs from the served name (vLLM's positional).
     source: str | None = None
     args: tuple[str, ...] = ()
@@ -138,6 +152,32 @@ def env_from_problem(raw: Any) -> tuple[str, str] | None:
             if "at `$.env`" in msg:
                 return f"{field}.env", "not a variable name"
             return field, msg.split(" - at `", 1)[0]
+    return None
+
+
+def names_problem(spec: ModelSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) with the GPU classes a spec asks for (wire.names); None
+    when nothing is. A class no agent can report would only make the spec unplaceable."""
+    for i, cls in enumerate(spec.gpu_classes):
+        problem = label_problem(cls)
+        if problem is not None:
+            return f"gpu_classes[{i}]", problem
+    return None
+
+
+def sleep_problem(spec: ModelSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) with a spec's sleep settings; None when nothing is.
+
+    Checked where a spec comes in, as `routing_problem`.
+    """
+    if spec.sleep_level is not None and not spec.sleep_mode:
+        return "sleep_level", "only used with sleep_mode: true"
+    if spec.sleep_mode and spec.engine not in SLEEP_ENGINES:
+        why = SLEEP_REFUSED.get(spec.engine, "it has no sleep mode")
+        return "sleep_mode", (
+            f"engine {spec.engine} cannot sleep: {why} (engines that can: "
+            f"{', '.join(SLEEP_ENGINES)}); leave sleep_mode out and idle replicas are stopped"
+        )
     return None
 
 

@@ -22,6 +22,7 @@ import yaml
 from llmgw.agent.gpus.base import GpuDiscoveryError, Telemetry, UnknownGpu
 from llmgw.agent.gpus.classes import memory_mib_of_class
 from llmgw.wire.agent import GPU
+from llmgw.wire.names import label_problem
 
 _GROUP = re.compile(r"^(\d+)x([A-Za-z0-9][A-Za-z0-9._-]*)$")
 
@@ -64,6 +65,10 @@ def build_gpus(groups: list[dict[str, Any]], *, uuid_prefix: str) -> tuple[GPU, 
         count = g.get("count", 1)
         if not isinstance(cls, str) or not cls:
             raise GpuDiscoveryError(f"fake GPU group {g!r}: gpu_class is required")
+        problem = label_problem(cls)
+        if problem is not None:
+            # Refused here: the controller would refuse every heartbeat (wire.names).
+            raise GpuDiscoveryError(f"fake GPU group: gpu_class {problem}")
         if not isinstance(count, int) or count < 0:
             raise GpuDiscoveryError(f"fake GPU group {g!r}: count must be a whole number")
         memory = g.get("memory_mib") or memory_mib_of_class(cls)

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
 from llmgw import __version__
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import (
     DrainRequest,
     EngineKey,
     EventView,
     ModelView,
     NodeView,
+    ReplicaState,
     ReplicaView,
     Summary,
     WeightRequest,
@@ -41,6 +43,7 @@ _TYPES: tuple[Any, ...] = (
     ReplicaView,
     EventView,
     ModelSpec,
+    AdapterSpec,
     ScaleRequest,
     DrainRequest,
     WeightRequest,
@@ -308,22 +311,37 @@ def document() -> bytes:
             "post": _op(
                 "apply one model spec or a list of them, all or nothing",
                 _ok(_array("ModelView")),
-                body={"oneOf": [_ref("ModelSpec"), {**_array("ModelSpec"), "minItems": 1}]},
+                # An entry with `adapter_of` is a LoRA adapter's (AdapterSpec).
+                body={
+                    "oneOf": [
+                        _ref("ModelSpec"),
+                        _ref("AdapterSpec"),
+                        {
+                            "type": "array",
+                            "items": {"oneOf": [_ref("ModelSpec"), _ref("AdapterSpec")]},
+                            "minItems": 1,
+                        },
+                    ]
+                },
                 errors=(400, 401, 409, 413, 422, 503),
             ),
         },
         "/admin/models/{name}": {
             "get": _op("one model", _ok(_ref("ModelView")), errors=(401, 404), params=(model,)),
             "delete": _op(
-                "delete the model; its replicas drain (no body, or `{}`)",
+                "delete the model (its replicas drain) or the LoRA adapter (no body, or `{}`)",
                 _ok(
                     {
                         "type": "object",
-                        "properties": {"deleted": {"type": "string"}},
+                        "properties": {
+                            "deleted": {"type": "string"},
+                            # Present when the name was a LoRA adapter's: its base.
+                            "adapter_of": {"type": "string"},
+                        },
                         "required": ["deleted"],
                     }
                 ),
-                errors=(400, 401, 404, 413, 422, 503),
+                errors=(400, 401, 404, 409, 413, 422, 503),
                 params=(model,),
             ),
         },
@@ -347,7 +365,7 @@ def document() -> bytes:
                     _query("model", {"type": "string"}, "only this model's"),
                     _query(
                         "state",
-                        {"enum": ["pending", "starting", "ready", "draining", "stopped", "failed"]},
+                        {"enum": list(get_args(ReplicaState))},
                         "only replicas in this state",
                     ),
                 ),

@@ -43,6 +43,7 @@ from llmgw.controller.errors import (
 )
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.records import OperatorState
+from llmgw.wire.adapters import AdapterSpec, is_adapter
 from llmgw.wire.admin import DrainRequest, EngineKey, EventView, ReplicaState, WeightRequest
 from llmgw.wire.agent import Heartbeat
 from llmgw.wire.errors import error_body
@@ -136,8 +137,9 @@ def decode(body: bytes, type_: type[T], *, what: str) -> T:
         raise InvalidSpec(f"{what}: {msg}", param=validation_param(msg)) from failed
 
 
-def decode_specs(body: bytes) -> list[ModelSpec]:
-    """One spec or a list of them; any invalid one refuses the whole request."""
+def decode_specs(body: bytes) -> list[ModelSpec | AdapterSpec]:
+    """One spec or a list of them; any invalid one refuses the whole request. An entry
+    with `adapter_of` is a LoRA adapter's (wire.adapters)."""
     try:
         raw: Any = integral_floats_as_ints(msgspec.json.decode(body)) if body.strip() else None
     except msgspec.DecodeError as exc:
@@ -148,13 +150,16 @@ def decode_specs(body: bytes) -> list[ModelSpec]:
     items = [raw] if single else raw
     if not isinstance(items, list) or not items:
         raise InvalidRequest("body must be a model spec object or a non-empty list of them")
-    specs: list[ModelSpec] = []
+    specs: list[ModelSpec | AdapterSpec] = []
     for i, item in enumerate(items):
         where = "" if single else f"models[{i}]"
         name = item.get("name") if isinstance(item, dict) else None
         label = f"{where} ({name!r})" if name is not None and where else (where or repr(name))
         if not isinstance(item, dict):
             raise InvalidSpec(f"{where}: a model spec must be a JSON object", param=f"[{i}]")
+        if is_adapter(item):
+            specs.append(_decode_adapter(item, label, i, single=single))
+            continue
         refs = env_from_problem(item)
         if refs is not None:
             ref_field, ref_why = refs
@@ -180,6 +185,23 @@ def decode_specs(body: bytes) -> list[ModelSpec]:
             )
         specs.append(spec)
     return specs
+
+
+def _decode_adapter(item: Any, label: str, i: int, *, single: bool) -> AdapterSpec:
+    try:
+        return msgspec.convert(item, AdapterSpec)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        if msg.startswith("adapter_of must"):
+            field: str | None = "adapter_of"
+        elif "Object contains unknown field" in msg:
+            # Engine, GPUs and replicas are the base's: say so rather than just "unknown".
+            field = validation_param(msg)
+            msg += " (an adapter takes only name, adapter_of and source: the rest is its base's)"
+        else:
+            field = validation_param(msg)
+        param = field if single else (f"[{i}].{field}" if field else f"[{i}]")
+        raise InvalidSpec(f"adapter spec {label}: {msg}; nothing was applied", param=param) from exc
 
 
 def decode_drain(body: bytes) -> DrainRequest:
@@ -473,7 +495,10 @@ def _not_scale(request: web.Request) -> None:
 async def get_model(request: web.Request) -> web.Response:
     s = _svc(request)
     _not_scale(request)
-    model = commands.require_model(s.fleet.state, request.match_info["name"])
+    name = request.match_info["name"]
+    adapter = s.fleet.state.adapters.get(name)
+    # An adapter is shown by its base, which lists it.
+    model = commands.require_model(s.fleet.state, adapter.base if adapter else name)
     return json_response(model_view(model, s.fleet.state, s.unplaceable().get(model.name)))
 
 
@@ -561,7 +586,10 @@ async def delete_model(request: web.Request) -> web.Response:
     _not_scale(request)
     name = request.match_info["name"]
     await _no_body(request, "delete request")
+    adapter = s.fleet.state.adapters.get(name)
     await s.delete_model(name)
+    if adapter is not None:
+        return json_response({"deleted": name, "adapter_of": adapter.base})
     return json_response({"deleted": name})
 
 

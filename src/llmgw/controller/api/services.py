@@ -21,6 +21,7 @@ from llmgw.controller.fleet.records import Event, FleetState, Model, Node, Opera
 from llmgw.controller.idle import IdleFor, IdleTracker
 from llmgw.controller.store import StoreError
 from llmgw.runtime.clock import Clock
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import NodeView, WaitingModel
 from llmgw.wire.models import ModelSpec, ScaleRequest
 
@@ -110,10 +111,15 @@ class Services:
         )
         return self.fleet.state.nodes[name]
 
-    async def apply_models(self, specs: list[ModelSpec]) -> list[Model]:
+    async def apply_models(self, specs: list[ModelSpec | AdapterSpec]) -> list[Model]:
+        """The applied models; an adapter's entry answers with its base (which lists it)."""
         policies = self.fleet.policies
         await self._run(lambda s, now: commands.apply_models(s, specs, now=now, policies=policies))
-        return [self.fleet.state.models[spec.name] for spec in specs]
+        models = self.fleet.state.models
+        return [
+            models[spec.adapter_of if isinstance(spec, AdapterSpec) else spec.name]
+            for spec in specs
+        ]
 
     async def delete_model(self, name: str) -> None:
         grace = self.config.drain_grace_s

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 
 from llmgw.controller.errors import InvalidSpec
 from llmgw.wire.agent import Heartbeat
-from llmgw.wire.models import ModelSpec, routing_problem
+from llmgw.wire.models import ModelSpec, names_problem, routing_problem, sleep_problem
+from llmgw.wire.names import label_problem
 from llmgw.wire.usage import UsageReport
 
 _PORTS = (1, 65535)
@@ -34,7 +35,20 @@ def _unspecified(address: str) -> bool:
         return False  # a host name
 
 
+def check_names(hb: Heartbeat) -> None:
+    """The node's name, fabrics and GPU classes in wire.names' set: they are shown in
+    terminals and pages and put in URLs, and the agent token is not trust enough."""
+    named = [("node", hb.node)]
+    named += [(f"fabrics[{i}]", f) for i, f in enumerate(hb.fabrics)]
+    named += [(f"gpus[{i}].gpu_class", g.gpu_class) for i, g in enumerate(hb.gpus)]
+    for param, value in named:
+        problem = label_problem(value)
+        if problem is not None:
+            raise InvalidSpec(f"heartbeat: {param}: {problem}", param=param)
+
+
 def check_heartbeat(hb: Heartbeat) -> None:
+    check_names(hb)
     if not hb.address.strip():
         raise InvalidSpec(
             "heartbeat: address must not be empty (routers and peer shards reach the "
@@ -124,4 +138,4 @@ def check_spec(spec: ModelSpec) -> tuple[str, str] | None:
     for cls in spec.gpu_classes:
         if not cls.strip():
             return "gpu_classes", "a GPU class must not be empty"
-    return routing_problem(spec)
+    return names_problem(spec) or sleep_problem(spec) or routing_problem(spec)

@@ -15,6 +15,7 @@ from llmgw.controller.fleet.records import FleetState, Model, Node, Replica, Res
 from llmgw.controller.idle import IdleFor
 from llmgw.controller.placement.capacity import gpus_in_use
 from llmgw.controller.placement.requests import making_room_text
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import (
     DrainWait,
     ModelView,
@@ -204,6 +205,7 @@ def replica_view(replica: Replica, idle_for: IdleFor) -> ReplicaView:
         pool=replica.pool,
         weight=replica.weight,
         capacity_tok_s=replica.capacity_tok_s,
+        sleep_level=replica.sleep_level,
     )
 
 
@@ -229,13 +231,16 @@ def model_view(
     unplaceable_reason: str | None,
     *,
     counts: Mapping[str, tuple[int, int]] | None = None,
+    adapters: Mapping[str, tuple[AdapterSpec, ...]] | None = None,
 ) -> ModelView:
-    """One model with its replica counts. `counts` (from `replica_counts`) saves a walk per model.
+    """One model with its replica counts and LoRA adapters. `counts` (from
+    `replica_counts`) and `adapters` (from `adapters_by_base`) save a walk per model.
 
     total counts every replica not stopped (pending, starting, ready, draining,
     failed awaiting restart), as wire.admin.ModelView documents.
     """
     ready, total = (counts if counts is not None else replica_counts(state)).get(model.name, (0, 0))
+    served = (adapters if adapters is not None else adapters_by_base(state)).get(model.name, ())
     return ModelView(
         spec=model.spec,
         name=model.name,
@@ -245,13 +250,25 @@ def model_view(
         max=model.spec.max_replicas,
         desired=model.desired_replicas,
         unplaceable_reason=unplaceable_reason,
+        adapters=served,
     )
+
+
+def adapters_by_base(state: FleetState) -> dict[str, tuple[AdapterSpec, ...]]:
+    """Base model → its adapters' specs, sorted by name."""
+    out: dict[str, list[AdapterSpec]] = {}
+    for name in sorted(state.adapters):
+        a = state.adapters[name]
+        out.setdefault(a.base, []).append(a.spec)
+    return {base: tuple(specs) for base, specs in out.items()}
 
 
 def model_views(state: FleetState, unplaceable: Mapping[str, str]) -> list[ModelView]:
     """Every model, sorted by name, with its reason when it cannot be placed."""
     counts = replica_counts(state)
+    by_base = adapters_by_base(state)
     out = [
-        model_view(m, state, unplaceable.get(m.name), counts=counts) for m in state.models.values()
+        model_view(m, state, unplaceable.get(m.name), counts=counts, adapters=by_base)
+        for m in state.models.values()
     ]
     return sorted(out, key=attrgetter("name"))

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
 from llmgw.controller.errors import Conflict, DoesNotExist, InvalidRequest, InvalidSpec
+from llmgw.controller.fleet.adapters import check_adapters, delete_adapter, put_adapters
 from llmgw.controller.fleet.batch import LIVE, RUNS, Batch
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import FleetState, Model, Node, OperatorState, Replica
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.agent import env_sources
 from llmgw.wire.models import ModelSpec, ScaleRequest
 from llmgw.wire.policy import SpecPolicy
@@ -147,15 +149,20 @@ def policy_refusal(
 
 def apply_models(
     state: FleetState,
-    specs: list[ModelSpec],
+    entries: Sequence[ModelSpec | AdapterSpec],
     *,
     now: float,
     policies: Mapping[str, SpecPolicy] | None = None,
 ) -> Batch:
     """Create or update every spec, or none of them (a name clash anywhere, or a spec
-    no node's policy allows, refuses all). `policies`: each node's reported spec policy."""
+    no node's policy allows, refuses all). `policies`: each node's reported spec policy.
+    Adapters (docs/sleep-and-adapters.md) may come with their base or after it."""
+    specs = [e for e in entries if isinstance(e, ModelSpec)]
+    adapters = [(i, e) for i, e in enumerate(entries) if isinstance(e, AdapterSpec)]
     seen: dict[str, str] = {}
-    for i, spec in enumerate(specs):
+    for i, spec in enumerate(entries):
+        if not isinstance(spec, ModelSpec):
+            continue
         old = state.models.get(spec.name)
         # The same spec again changes nothing, whatever the agents now say.
         refused = (
@@ -187,6 +194,7 @@ def apply_models(
                     f"name {n!r} of model {seen[n]!r} is already served by model {m.name!r}",
                     param="aliases" if n != seen[n] else "name",
                 )
+    check_adapters(state, adapters, {s.name: s for s in specs}, seen)
     batch = Batch(state, now)
     for spec in specs:
         if spec.name in state.retired:
@@ -223,20 +231,32 @@ def apply_models(
         how = "; replicas roll over" if restart else ""
         msg = f"updated {', '.join(changed)}{how}"
         batch.event("model.updated", "model", spec.name, msg, model=spec.name)
+    put_adapters(batch, [a for _, a in adapters])
     return batch
 
 
 def delete_model(
     state: FleetState, index: FleetIndex, name: str, *, now: float, grace_s: float
 ) -> Batch:
-    model = require_model(state, name)
     batch = Batch(state, now)
+    adapter = state.adapters.get(name)
+    if adapter is not None:
+        delete_adapter(batch, adapter)
+        return batch
+    model = require_model(state, name)
+    served = state.adapters_of(name)
+    if served:
+        shown = ", ".join(a.name for a in served[:5]) + (" …" if len(served) > 5 else "")
+        raise Conflict(
+            f"model {name!r} serves {len(served)} LoRA adapter(s) ({shown}): delete them first",
+            param="name",
+        )
     batch.changes.deleted_models.append(name)
     n = 0
     running = False
     for rid in sorted(index.of_model(name)):
         r = state.replicas[rid]
-        if r.state in LIVE:
+        if r.state in LIVE or r.state == "sleeping":
             r = batch.drain(r, f"model {name} deleted", grace_s=grace_s)
             n += 1
         running = running or r.state in RUNS

@@ -25,7 +25,7 @@ import msgspec
 
 from llmgw.controller.errors import Busy
 from llmgw.controller.fleet.index import FleetIndex
-from llmgw.controller.fleet.records import FleetState, Model, Replica, Reservation
+from llmgw.controller.fleet.records import Adapter, FleetState, Model, Replica, Reservation
 from llmgw.controller.fleet.starts import StartHistory
 from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
 
@@ -39,15 +39,29 @@ METRICS_DIALECT: dict[str, str] = {
 }
 
 
-def endpoint_info(r: Replica, model: Model) -> EndpointInfo | None:
-    """The router's view of one replica; None when it is not serving."""
+def endpoint_info(
+    r: Replica, model: Model, adapters: Mapping[str, Adapter] | None = None
+) -> EndpointInfo | None:
+    """The router's view of one replica; None when it is not serving.
+
+    Its names are the model's, then the LoRA adapters (`adapters`: every adapter by
+    name) its engine reported loaded that are still this model's: routers send an
+    adapter's requests only to replicas that serve it, so one being loaded at run
+    time elsewhere is never sent where the engine would answer 404.
+    """
     if r.state != "ready" or r.endpoint_url is None:
         return None
     spec = model.spec
+    names = spec.served_names
+    if adapters and r.shards and r.shards[0].adapters:
+        loaded = sorted(
+            n for n in r.shards[0].adapters if (a := adapters.get(n)) and a.base == model.name
+        )
+        names = (*names, *loaded)
     info = EndpointInfo(
         id=r.id,
         url=r.endpoint_url,
-        models=spec.served_names,
+        models=names,
         engine=METRICS_DIALECT.get(spec.engine, ""),
         pool=r.pool,
         weight=r.weight,
@@ -146,12 +160,16 @@ def outlook(
     for st in ("pending", "starting"):
         starting.update(state.replicas[rid].model for rid in index.in_state(st))
     eta = idle_enough_at or {}
+    by_base: dict[str, list[str]] = {}
+    for a in sorted(state.adapters.values(), key=lambda a: a.name):
+        by_base.setdefault(a.base, []).append(a.name)
     out: list[ModelOutlook] = []
     for name in sorted(state.models):
         if name in ready_models:
             continue
         model = state.models[name]
-        names = model.spec.served_names
+        # Its adapters wait (or are refused) with it.
+        names = (*model.spec.served_names, *by_base.get(name, ()))
         res = evicting.get(name)
         if res is not None:
             n = len(res.victims)
@@ -202,11 +220,13 @@ def endpoint_list(
     for rid in index.in_state("ready"):
         r = state.replicas[rid]
         model = state.models.get(r.model)
-        info = endpoint_info(r, model) if model is not None else None
+        info = endpoint_info(r, model, state.adapters) if model is not None else None
         if info is not None:
             out.append(info)
     out.sort(key=lambda e: e.id)
-    names = sorted({n for m in state.models.values() for n in m.spec.served_names})
+    names = sorted(
+        {n for m in state.models.values() for n in m.spec.served_names} | state.adapters.keys()
+    )
     return EndpointList(version=version, endpoints=tuple(out), models=tuple(names), outlook=looks)
 
 

@@ -182,10 +182,15 @@ class Fleet:
 
     def _mirror(self, changes: Changes) -> None:
         s = self.state
-        bump = bool(changes.models or changes.deleted_models)
+        # An adapter changes what its base's replicas list (their names) and the
+        # list's known names.
+        bump = bool(
+            changes.models or changes.deleted_models or changes.adapters or changes.deleted_adapters
+        )
         dirty = self._dirty
         if dirty is not None:
             dirty.update(m.name for m in changes.models)
+            dirty.update(a.base for a in changes.adapters)
             dirty.update(r.model for r in changes.replicas)
             dirty.update(changes.deleted_models)
         for n in changes.nodes:
@@ -193,6 +198,10 @@ class Fleet:
             self._stored_heartbeat[n.name] = n.last_heartbeat_at
         for m in changes.models:
             s.models[m.name] = m
+        for a in changes.adapters:
+            s.adapters[a.name] = a
+        for name in changes.deleted_adapters:
+            s.adapters.pop(name, None)
         for r in changes.replicas:
             old = s.replicas.get(r.id)
             s.replicas[r.id] = r
@@ -352,4 +361,4 @@ def _listed(r: Replica | None, state: FleetState) -> EndpointInfo | None:
     if r is None:
         return None
     model = state.models.get(r.model)
-    return endpoint_info(r, model) if model is not None else None
+    return endpoint_info(r, model, state.adapters) if model is not None else None

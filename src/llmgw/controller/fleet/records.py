@@ -15,17 +15,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import NodeState, ReplicaState
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
 
 OperatorState = Literal["active", "cordoned", "draining"]
-ShardRunState = Literal["pending", "starting", "ready", "failed", "stopped"]
+ShardRunState = Literal["pending", "starting", "ready", "failed", "stopped", "sleeping"]
 
 # Replica states that hold GPUs: a shard's cards stay given until its replica is
 # stopped or failed, so nothing else is placed on them while an engine may still
 # be running there.
-HOLDS_GPUS: frozenset[ReplicaState] = frozenset({"pending", "starting", "ready", "draining"})
+# A sleeping replica holds its cards only while its engine has not fallen asleep
+# yet (a shard still reported ready, SHARD_RUNNING); asleep, it leaves them to
+# one awake replica and keeps only a little of their memory (placement/wakes.py).
+HOLDS_GPUS: frozenset[ReplicaState] = frozenset(
+    {"pending", "starting", "ready", "draining", "waking"}
+)
 # Shard states whose engine may be running. A stopped or failed replica whose
 # agent last reported one of its shards so still holds that shard's cards: the
 # engine is exiting (SIGTERM, then SIGKILL after a grace) and a new one started
@@ -59,6 +65,8 @@ class Node:
     # Known-idle replicas of other models may be evicted to make room for the
     # replacements that do not fit (DrainRequest.evict_idle).
     drain_evict_idle: bool = False
+    # The host's memory in MiB as its agent reports it; None: not reported.
+    host_memory_mib: int | None = None
 
     def shown_state(self, *, now: float, heartbeat_timeout_s: float) -> NodeState:
         """ready / cordoned / draining / unreachable.
@@ -94,6 +102,23 @@ class Model:
 
 
 @dataclass(frozen=True, slots=True)
+class Adapter:
+    """A LoRA adapter served as a model by its base's replicas (it has none of its own)."""
+
+    spec: AdapterSpec
+    # Unix seconds of the last apply that changed it.
+    updated_at: float
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def base(self) -> str:
+        return self.spec.adapter_of
+
+
+@dataclass(frozen=True, slots=True)
 class Shard:
     node: str
     rank: int
@@ -112,6 +137,8 @@ class Shard:
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
     kv_events_topic: str = ""
+    # LoRA adapters its engine serves now, as its agent reported them (rank 0).
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +171,8 @@ class Replica:
     drain_deadline: float | None = None
     # Multi-node rendezvous port (rank 0), chosen at placement.
     master_port: int | None = None
+    # Sleeping replicas: the level they sleep at (1 or 2); None otherwise.
+    sleep_level: int | None = None
 
     @property
     def gpu_count(self) -> int:
@@ -197,6 +226,12 @@ class FleetState:
     retired: dict[str, ModelSpec] = field(default_factory=dict)
     # Model → the room being made for it by eviction (Reservation).
     reservations: dict[str, Reservation] = field(default_factory=dict)
+    # LoRA adapters by name; each one's base is in `models`.
+    adapters: dict[str, Adapter] = field(default_factory=dict)
+
+    def adapters_of(self, base: str) -> list[Adapter]:
+        """`base`'s adapters, sorted by name."""
+        return sorted((a for a in self.adapters.values() if a.base == base), key=lambda a: a.name)
 
 
 @dataclass(slots=True)
@@ -215,6 +250,9 @@ class Changes:
     deleted_retired: list[str] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     deleted_reservations: list[str] = field(default_factory=list)
+    # Upserted / deleted by adapter name.
+    adapters: list[Adapter] = field(default_factory=list)
+    deleted_adapters: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return any(
@@ -230,5 +268,7 @@ class Changes:
                 self.deleted_retired,
                 self.reservations,
                 self.deleted_reservations,
+                self.adapters,
+                self.deleted_adapters,
             )
         )

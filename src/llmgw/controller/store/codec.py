@@ -8,6 +8,10 @@ with the fake exactly as it would in production.
 Nested values (GPUs, fabrics, labels, shards, the model spec) are msgspec JSON
 text columns: they are always read and written whole with their owner, and a
 JSON column decodes 10,000 replicas' shards far faster than joining a table.
+
+LoRA adapters share the models table (one namespace of names, and no schema
+change): a row whose spec has `adapter_of` is an adapter, with no replicas
+(desired 0); `is_adapter_row` tells them apart when the table is read.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, TypeVar, get_args, get_type_hints
 import msgspec
 
 from llmgw.controller.fleet.records import (
+    Adapter,
     Changes,
     Event,
     Model,
@@ -28,13 +33,14 @@ from llmgw.controller.fleet.records import (
     Shard,
 )
 from llmgw.controller.store.base import StoreError
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import ReplicaState
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
 
 # The schema version whose row shape this codec reads and writes (tables.py
 # holds the migrations that reach it).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # The value sets the database's CHECK constraints name; the memory store checks
 # the same ones so the fake refuses what the real store would.
@@ -47,6 +53,16 @@ _gpus = msgspec.json.Decoder(tuple[GPU, ...])
 _strs = msgspec.json.Decoder(tuple[str, ...])
 _labels = msgspec.json.Decoder(dict[str, str])
 _spec = msgspec.json.Decoder(ModelSpec)
+_adapter = msgspec.json.Decoder(AdapterSpec)
+
+
+class _Kind(msgspec.Struct):
+    """Just enough of a models row's spec to tell an adapter from a model."""
+
+    adapter_of: str | None = None
+
+
+_kind = msgspec.json.Decoder(_Kind)
 _shards = msgspec.json.Decoder(tuple[Shard, ...])
 _held = msgspec.json.Decoder(tuple[tuple[str, tuple[int, ...]], ...])
 
@@ -74,6 +90,7 @@ def node_row(n: Node) -> dict[str, Any]:
         "drain_grace_s": n.drain_grace_s,
         "drain_force": n.drain_force,
         "drain_evict_idle": n.drain_evict_idle,
+        "host_memory_mib": n.host_memory_mib,
     }
 
 
@@ -91,6 +108,7 @@ def node_from(r: Row) -> Node:
         drain_grace_s=r["drain_grace_s"],
         drain_force=bool(r["drain_force"]),
         drain_evict_idle=bool(r["drain_evict_idle"]),
+        host_memory_mib=r["host_memory_mib"],
     )
 
 
@@ -132,6 +150,7 @@ def replica_row(p: Replica) -> dict[str, Any]:
         "drain_deadline": p.drain_deadline,
         "master_port": p.master_port,
         "capacity_tok_s": p.capacity_tok_s,
+        "sleep_level": p.sleep_level,
     }
 
 
@@ -154,7 +173,26 @@ def replica_from(r: Row) -> Replica:
         drain_deadline=r["drain_deadline"],
         master_port=r["master_port"],
         capacity_tok_s=r["capacity_tok_s"],
+        sleep_level=r["sleep_level"],
     )
+
+
+def is_adapter_row(r: Row) -> bool:
+    return _kind.decode(r["spec"]).adapter_of is not None
+
+
+def adapter_row(a: Adapter) -> dict[str, Any]:
+    return {
+        "name": a.name,
+        "spec": _json(a.spec),
+        "created_at": a.updated_at,
+        "updated_at": a.updated_at,
+        "desired_replicas": 0,
+    }
+
+
+def adapter_from(r: Row) -> Adapter:
+    return Adapter(spec=_adapter.decode(r["spec"]), updated_at=r["updated_at"])
 
 
 def retired_row(spec: ModelSpec) -> dict[str, Any]:

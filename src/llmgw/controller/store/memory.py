@@ -46,6 +46,10 @@ class MemoryStore:
         models = [
             codec.model_from(codec.model_row(m)) for m in codec.last_by_key(changes.models, "name")
         ]
+        adapters = [
+            codec.adapter_from(codec.adapter_row(a))
+            for a in codec.last_by_key(changes.adapters, "name")
+        ]
         replicas = [
             codec.replica_from(codec.replica_row(p))
             for p in codec.last_by_key(changes.replicas, "id")
@@ -67,6 +71,7 @@ class MemoryStore:
             new = _copy(self._state)
             new.nodes.update((n.name, n) for n in nodes)
             new.models.update((m.name, m) for m in models)
+            new.adapters.update((a.name, a) for a in adapters)
             new.replicas.update((p.id, p) for p in replicas)
             new.retired.update((m.name, m) for m in retired)
             new.reservations.update((h.model, h) for h in held)
@@ -74,6 +79,8 @@ class MemoryStore:
                 new.nodes.pop(name, None)
             for name in changes.deleted_models:
                 new.models.pop(name, None)
+            for name in changes.deleted_adapters:
+                new.adapters.pop(name, None)
             for rid in changes.deleted_replicas:
                 new.replicas.pop(rid, None)
             for name in changes.deleted_retired:
@@ -136,6 +143,7 @@ def _copy(s: FleetState) -> FleetState:
         replicas=dict(s.replicas),
         retired=dict(s.retired),
         reservations=dict(s.reservations),
+        adapters=dict(s.adapters),
     )
 
 

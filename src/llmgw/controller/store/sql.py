@@ -102,14 +102,17 @@ class SqlStore:
     def load(self) -> FleetState:
         t = tables
         with self._translate("load"), self._read.begin() as conn:
+            rows = list(conn.execute(sa.select(t.models)).mappings())
             return FleetState(
                 nodes={
                     r["name"]: codec.node_from(r)
                     for r in conn.execute(sa.select(t.nodes)).mappings()
                 },
                 models={
-                    r["name"]: codec.model_from(r)
-                    for r in conn.execute(sa.select(t.models)).mappings()
+                    r["name"]: codec.model_from(r) for r in rows if not codec.is_adapter_row(r)
+                },
+                adapters={
+                    r["name"]: codec.adapter_from(r) for r in rows if codec.is_adapter_row(r)
                 },
                 replicas={
                     r["id"]: codec.replica_from(r)
@@ -138,6 +141,9 @@ class SqlStore:
             if changes.models:
                 rows = [codec.model_row(m) for m in codec.last_by_key(changes.models, "name")]
                 conn.execute(self._upsert_models, rows)
+            if changes.adapters:
+                rows = [codec.adapter_row(a) for a in codec.last_by_key(changes.adapters, "name")]
+                conn.execute(self._upsert_models, rows)
             if changes.replicas:
                 rows = [codec.replica_row(p) for p in codec.last_by_key(changes.replicas, "id")]
                 conn.execute(self._upsert_replicas, rows)
@@ -149,6 +155,7 @@ class SqlStore:
                 conn.execute(self._upsert_reservations, [codec.reservation_row(h) for h in held])
             _delete(conn, t.nodes.c.name, changes.deleted_nodes)
             _delete(conn, t.models.c.name, changes.deleted_models)
+            _delete(conn, t.models.c.name, changes.deleted_adapters)
             _delete(conn, t.replicas.c.id, changes.deleted_replicas)
             _delete(conn, t.retired_models.c.name, changes.deleted_retired)
             _delete(conn, t.reservations.c.model, changes.deleted_reservations)

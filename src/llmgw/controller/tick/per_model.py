@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 
 from llmgw.controller.fleet.batch import LIVE, Batch, node_drain_grace
-from llmgw.controller.fleet.records import Model, Replica
+from llmgw.controller.fleet.records import FleetState, Model, Replica
 from llmgw.controller.idle import IdleTracker, ModelLoadSum
 from llmgw.controller.placement.requests import Request, place_requests
 from llmgw.controller.tick.context import TickContext
@@ -83,10 +83,10 @@ def plan_models(t: TickContext, *, dirty: Collection[str] | None = None) -> None
         # The delete command drained these; this catches a restart in between.
         for rid in sorted(index.of_model(name)):
             r = batch.replica(rid)
-            if r is not None and r.state in LIVE:
+            if r is not None and (r.state in LIVE or r.state == "sleeping"):
                 batch.drain(r, f"model {name} deleted", grace_s=t.config.drain_grace_s)
         mem.evicting.pop(name, None)
-    demand, load = _by_model_name(state.models, t.usage.demand(), t.usage.load())
+    demand, load = _by_model_name(state, t.usage.demand(), t.usage.load())
     requests: list[Request] = []
     watch = None if dirty is None else _watched(t, dirty)
     names = state.models.keys() if watch is None else (watch | demand.keys() | load.keys())
@@ -100,20 +100,23 @@ def plan_models(t: TickContext, *, dirty: Collection[str] | None = None) -> None
 
 
 def _by_model_name(
-    models: Mapping[str, Model],
+    state: FleetState,
     demand: dict[str, int],
     load: dict[str, ModelLoadSum],
 ) -> tuple[dict[str, int], dict[str, ModelLoadSum]]:
     """Demand and load keyed by model name.
 
     Routers key them by the name clients put in the request, which may be one
-    of a model's aliases: without folding those in, a model asked for only by
-    an alias would never scale from zero. Names no model serves are kept (they
-    match nothing). The alias map is built only when a report needs it.
+    of a model's aliases or one of its LoRA adapters: without folding those in, a
+    model asked for only by an alias or an adapter would never scale from zero.
+    Names no model serves are kept (they match nothing). The alias map is built
+    only when a report needs it.
     """
+    models = state.models
     if all(k in models for k in demand) and all(k in models for k in load):
         return demand, load
     owner = {alias: m.name for m in models.values() for alias in m.spec.aliases}
+    owner.update((a.name, a.base) for a in state.adapters.values())
     folded_demand: dict[str, int] = {}
     for name, held in demand.items():
         key = owner.get(name, name)

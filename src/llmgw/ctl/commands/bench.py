@@ -18,6 +18,7 @@ from llmgw.adminclient.errors import AdminError, AdminNotFound, AdminRejected
 from llmgw.ctl import capacity
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import BenchFailed, CtlError
+from llmgw.ctl.shown import visible
 from llmgw.wire.admin import ReplicaView, WeightRequest
 
 if TYPE_CHECKING:
@@ -91,7 +92,8 @@ def bench(args: argparse.Namespace, ctx: Ctx) -> int:
     if not replica.endpoint_url:
         raise BenchFailed(f"replica {replica.id} has no endpoint yet (state {replica.state})")
     if replica.state != "ready":
-        ctx.err.write(f"llmgw ctl: warning: replica {replica.id} is {replica.state}, not ready\n")
+        shown = visible(f"replica {replica.id} is {replica.state}, not ready")
+        ctx.err.write(f"llmgw ctl: warning: {shown}\n")
 
     api_key = engine_key(client, replica.id)
 
@@ -151,12 +153,15 @@ def bench(args: argparse.Namespace, ctx: Ctx) -> int:
         if others
         else "first benched replica of its model"
     )
+    # A Text, not a str: the engine's error in `stopped` and the replica's id are data.
     console.print(
-        f"stopped: {stopped}\n"
-        f"capacity {best.tok_s:.0f} tok/s ({best.req_s:.1f} req/s) at concurrency "
-        f"{best.concurrency}\n"
-        f"weight {weight:.2f} ({basis})"
-        + ("" if args.no_record else f"; recorded for {replica.id}")
+        Text(
+            f"stopped: {visible(stopped)}\n"
+            f"capacity {best.tok_s:.0f} tok/s ({best.req_s:.1f} req/s) at concurrency "
+            f"{best.concurrency}\n"
+            f"weight {weight:.2f} ({basis})"
+            + ("" if args.no_record else f"; recorded for {visible(replica.id)}")
+        )
     )
     return 0
 

@@ -11,10 +11,12 @@ import msgspec
 from llmgw.ctl import specs
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError
+from llmgw.ctl.shown import visible
+from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.models import ModelSpec, ScaleRequest
 
 
-def _load(file: str) -> list[ModelSpec]:
+def _load(file: str) -> list[ModelSpec | AdapterSpec]:
     if file == "-":
         source = "<stdin>"
         return specs.validate(specs.parse_documents(sys.stdin.read(), source), source)
@@ -27,19 +29,30 @@ def apply(args: argparse.Namespace, ctx: Ctx) -> int:
     model_specs = _load(args.file)
     if args.dry_run:
         names = ", ".join(s.name for s in model_specs)
-        ctx.out.write(f"{args.file}: {len(model_specs)} valid model spec(s): {names}\n")
+        ctx.out.write(
+            visible(f"{args.file}: {len(model_specs)} valid model spec(s): {names}") + "\n"
+        )
         return 0
-    for view in ctx.client().apply(model_specs):
+    for spec, view in zip(model_specs, ctx.client().apply(model_specs), strict=False):
+        if isinstance(spec, AdapterSpec):
+            line = f"adapter {spec.name} of {view.name} applied (base ready {view.ready}/"
+            ctx.out.write(visible(line + f"{view.desired})") + "\n")
+            continue
         line = f"model {view.name} applied (ready {view.ready}/{view.desired})"
         if view.unplaceable_reason:
             line += f"; unplaceable: {view.unplaceable_reason}"
-        ctx.out.write(line + "\n")
+        ctx.out.write(visible(line) + "\n")
     return 0
 
 
 def delete(args: argparse.Namespace, ctx: Ctx) -> int:
-    name = ctx.client().delete(args.model)
-    ctx.out.write(f"model {name} deleted; its replicas drain\n")
+    answer = ctx.client().delete_entry(args.model)
+    name = answer.get("deleted", args.model)
+    base = answer.get("adapter_of")
+    if base is not None:
+        ctx.out.write(visible(f"adapter {name} of {base} deleted") + "\n")
+        return 0
+    ctx.out.write(visible(f"model {name} deleted; its replicas drain") + "\n")
     return 0
 
 
@@ -59,7 +72,10 @@ def scale(args: argparse.Namespace, ctx: Ctx) -> int:
         raise CtlError(f"scale: --max {args.max_replicas} is below --min {args.min_replicas}")
     view = ctx.client().scale(args.model, request)
     ctx.out.write(
-        f"model {view.name} scaled to {view.min}..{view.max} "
-        f"(desired {view.desired}, ready {view.ready})\n"
+        visible(
+            f"model {view.name} scaled to {view.min}..{view.max} "
+            f"(desired {view.desired}, ready {view.ready})"
+        )
+        + "\n"
     )
     return 0

@@ -10,6 +10,7 @@ from llmgw.adminclient.errors import AdminError
 from llmgw.ctl import drainview
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError, DrainTimeout
+from llmgw.ctl.shown import visible
 from llmgw.runtime.clock import Clock
 from llmgw.wire.admin import DrainWait, NodeView, ReplicaView
 
@@ -19,7 +20,7 @@ HOLDING = frozenset({"pending", "starting", "ready", "draining"})
 
 
 def _said(ctx: Ctx, node: NodeView, verb: str) -> int:
-    ctx.out.write(f"node {node.name} {verb} (state {node.state})\n")
+    ctx.out.write(visible(f"node {node.name} {verb} (state {node.state})") + "\n")
     return 0
 
 
@@ -119,11 +120,11 @@ def drain(args: argparse.Namespace, ctx: Ctx) -> int:
                 return
             out, seen = drainview.change_lines(seen, waits, [r.id for r in left])
             for line in out:
-                ctx.out.write(f"{line}\n")
+                ctx.out.write(f"{line}\n")  # drainview made it visible
             ctx.out.flush()
 
         _wait(client, args, ctx, lines)
-    ctx.out.write(f"node {args.node} drained ({start} replica(s) moved)\n")
+    ctx.out.write(visible(f"node {args.node} drained ({start} replica(s) moved)") + "\n")
     return 0
 
 

@@ -1,0 +1,183 @@
+"""Fleet data in ctl is text: control and bidi characters visible, markup never parsed, and
+no file or answer ends ctl with a traceback (issue 34, items 2 and 3)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from llmgw.adminclient.client import Response
+from llmgw.ctl import render, shown, specs
+from llmgw.ctl.errors import SpecError
+from llmgw.wire.admin import (
+    ClassUse,
+    DrainWait,
+    EventView,
+    FabricUse,
+    IdleReplica,
+    NodeTotals,
+    Summary,
+    UnplaceableModel,
+)
+
+from .test_ctl_commands import FakeController, model_view, node_view, replica_view, run_ctl
+
+# Clear screen, an OSC-8 link, a colour, a right-to-left override, rich markup that
+# does not parse, and markup that would.
+HOSTILE = "x\x1b[2J\x1b]8;;https:e.vil\x07link\x1b]8;;\x07\x1b[31m\u202eevil [/] [bold]b"
+# What an operator must see of it: each hidden character by its escape, markup as typed.
+SHOWN = "x\\x1b[2J\\x1b]8;;https:e.vil\\x07link\\x1b]8;;\\x07\\x1b[31m\\u202eevil [/] [bold]b"
+
+
+def raw_control(text: str) -> list[str]:
+    """The characters of `text` a terminal would act on or a reader could not see (tsv's
+    tabs and the line ends are ctl's own)."""
+    return [ch for ch in text if ch not in "\t\n" and shown.visible(ch) != ch]
+
+
+class TestVisible:
+    def test_printable_text_is_unchanged(self) -> None:
+        """Names, accents, emoji and markup-looking brackets come back as they are."""
+        for s in ("gpu-01", "meta-llama/Llama-3.1-8B", "café 🙂", "[/] [bold]"):
+            assert s == shown.visible(s)
+
+    def test_hidden_characters_are_escaped(self) -> None:
+        """ESC, BEL, NUL, DEL, C1, tab, newline, bidi controls and a lone surrogate become
+        escapes."""
+        assert shown.visible(HOSTILE) == SHOWN
+        assert shown.visible("\x00\x7f\x9b\t\n\r") == "\\x00\\x7f\\x9b\\t\\n\\r"
+        assert (
+            shown.visible("\u202e\u2066\u200b\ufeff\u2028") == "\\u202e\\u2066\\u200b\\ufeff\\u2028"
+        )
+        assert shown.visible("a\ud83d") == "a\\ud83d"
+        assert shown.visible("\U000e0001") == "\\U000e0001"
+
+    def test_result_encodes_and_has_nothing_hidden(self) -> None:
+        """Every code point's result is plain printable UTF-8 (what a terminal shows)."""
+        for code in [*range(0x300), *range(0x2000, 0x2070), 0xD800, 0xDFFF, 0xFEFF, 0xE0001]:
+            out = shown.visible(chr(code))
+            out.encode()
+            assert raw_control(out) == [], hex(code)
+
+    def test_text_is_never_markup(self) -> None:
+        """A rich Text of `[/]` renders as `[/]`, where a str would raise MarkupError."""
+        assert render.to_text(shown.text("[/] [bold]b")) == "[/] [bold]b\n"
+
+    def test_lines_keeps_line_breaks(self) -> None:
+        """A multi-line message keeps its lines; each line's hidden characters are escaped."""
+        assert shown.lines("a\x1b\nb\u202e") == "a\\x1b\nb\\u202e"
+
+
+class Hostile(FakeController):
+    """A controller whose every name and reason holds HOSTILE (as an old or rogue one may)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        node = node_view(HOSTILE, state="draining")
+        self.nodes = {
+            HOSTILE: msgspec.structs.replace(node, classes=(HOSTILE,), fabrics=(HOSTILE,))
+        }
+        self.drain_waiting = (DrainWait(replica=HOSTILE, model=HOSTILE, reason=HOSTILE),)
+        self.nodes[HOSTILE] = msgspec.structs.replace(
+            self.nodes[HOSTILE], drain_waiting=self.drain_waiting
+        )
+        self.replicas = [
+            msgspec.structs.replace(
+                replica_view(HOSTILE, state="failed"), model=HOSTILE, reason=HOSTILE
+            )
+        ]
+
+    def _route(self, method: str, path: str, query: Mapping[str, str], payload: object) -> Response:
+        if (method, path) == ("GET", "/admin/summary"):
+            return self._ok(
+                Summary(
+                    nodes=NodeTotals(total=1, draining=1),
+                    gpus=[ClassUse(gpu_class=HOSTILE, total=8, used=2, unhealthy=1)],
+                    fabrics=[FabricUse(fabric=HOSTILE, nodes=1, largest_free_block=0)],
+                    unplaceable=[HOSTILE],
+                    unplaceable_reasons=[UnplaceableModel(model=HOSTILE, reason=HOSTILE)],
+                    idle_replicas=[
+                        IdleReplica(id=HOSTILE, model=HOSTILE, idle_seconds=900, gpus=1)
+                    ],
+                )
+            )
+        if (method, path) == ("GET", "/admin/models"):
+            view = model_view("m")
+            return self._ok([msgspec.structs.replace(view, unplaceable_reason=HOSTILE)])
+        if (method, path) == ("GET", "/admin/events"):
+            event = EventView(
+                id=7, at=1.8e9, kind=HOSTILE, subject="node", subject_id=HOSTILE, model=HOSTILE,
+                message=f"GPU 0: {HOSTILE}",
+            )  # fmt: skip
+            return self._ok([event])
+        return super()._route(method, path, query, payload)
+
+
+class TestHostileFleet:
+    @pytest.mark.parametrize(
+        ("argv", "fmt"),
+        [
+            *((["status"], fmt) for fmt in ("table", "wide")),
+            *(
+                (argv, fmt)
+                for argv in (["nodes"], ["models"], ["replicas"], ["events"])
+                for fmt in ("table", "wide", "tsv")
+            ),
+            (["events", "--detail", "7"], "table"),
+        ],
+    )
+    def test_shown_not_obeyed(self, argv: list[str], fmt: str, tmp_path: Path) -> None:
+        """Every command and format exits 0 and shows the names' escapes, acting on none."""
+        run = run_ctl([*argv, "-o", fmt], Hostile(), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert raw_control(run.out) == []
+        assert "\\x1b[2J" in run.out  # shown (a narrow table may cut what follows)
+
+    def test_command_answer_is_visible(self, tmp_path: Path) -> None:
+        """`cordon` echoes the node's name from the answer with its escapes shown."""
+        fake = FakeController()
+        name = "n\x1b[2J\u202e"
+        fake.nodes = {name: node_view(name)}
+        run = run_ctl(["cordon", name], fake, tmp_path)
+        assert (run.code, run.out) == (0, "node n\\x1b[2J\\u202e cordoned (state cordoned)\n")
+
+    def test_status_shows_markup_as_typed(self, tmp_path: Path) -> None:
+        """A fabric named `[/]` is printed, not parsed (it used to end ctl in MarkupError)."""
+        run = run_ctl(["status", "-o", "wide"], Hostile(), tmp_path)
+        assert "evil [/] [bold]b" in run.out
+
+    def test_refusal_quoting_a_name_is_visible(self, tmp_path: Path) -> None:
+        """An error that echoes a hostile name is one visible line on stderr, exit 1."""
+        run = run_ctl(["cordon", f"no-{HOSTILE}"], FakeController(), tmp_path)
+        assert run.code == 1
+        assert run.err.count("\n") == 1
+        assert raw_control(run.err) == []
+
+
+class TestSpecFiles:
+    def test_lone_surrogate_is_one_clear_error(self, tmp_path: Path) -> None:
+        """A `\\ud83d` escape in YAML is refused naming model and field, before anything is sent."""
+        f = tmp_path / "m.yaml"
+        f.write_text('name: ok\nengine: sim\ngpu_classes: [H100-80G]\nenv: {A: "\\ud83d"}\n')
+        run = run_ctl(["apply", "-f", str(f)], FakeController(), tmp_path)
+        assert run.code == 1
+        assert f"llmgw ctl: {f}: model 'ok' (#1): field env.A: a string holds a lone surrogate" in (
+            run.err
+        )
+        assert run.err.count("\n") == 1
+
+    def test_surrogate_in_a_key_and_a_name(self) -> None:
+        """A surrogate in a mapping key or in the name itself is found too."""
+        with pytest.raises(SpecError, match=r"field env\.\\ud83d"):
+            specs.parse_documents('name: ok\nenv: {"\\ud83d": a}\n', "f")
+        with pytest.raises(SpecError, match=r"model 'a\\ud83d' \(#1\): field name"):
+            specs.parse_documents('name: "a\\ud83d"\n', "f")
+
+    def test_too_deep_and_cyclic_documents(self) -> None:
+        """YAML deeper than the stack is refused; an anchor cycle is walked once."""
+        with pytest.raises(SpecError, match="nested too deeply"):
+            specs.parse_documents("[" * 100_000, "f")
+        assert len(specs.parse_documents("name: a\nargs: &x [*x]\n", "f")) == 1

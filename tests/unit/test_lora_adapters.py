@@ -1,0 +1,223 @@
+"""LoRA adapters as models: the controller's rules, the agent's flags, the sim-engine's
+registry and the store's round trip (docs/sleep-and-adapters.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from llmgw.agent.adapters import AdapterState, start_args
+from llmgw.controller.api.routes import decode_specs
+from llmgw.controller.errors import Conflict, InvalidSpec
+from llmgw.controller.fleet import commands
+from llmgw.controller.fleet.endpoints import endpoint_list, outlook
+from llmgw.controller.fleet.records import Adapter, Changes
+from llmgw.controller.store import open_store
+from llmgw.simengine.lora import LoraRegistry, LoraSettings, parse_modules
+from llmgw.wire.adapters import AdapterSpec, loads_at_run_time
+from llmgw.wire.agent import ShardSpec
+from tests.unit.controller_reconcile_world import World, spec
+
+
+def lora(name: str, base: str = "m", source: str = "/a") -> AdapterSpec:
+    return AdapterSpec(name=name, adapter_of=base, source=source)
+
+
+def world_with_base(engine: str = "sim") -> World:
+    w = World()
+    w.node("n1", 2)
+    w.model(msgspec.structs.replace(spec("m", min_replicas=1), engine=engine))  # type: ignore[arg-type]
+    return w
+
+
+class TestApplyAdapters:
+    def test_adapter_with_its_base_in_one_request(self) -> None:
+        """A base and its adapter in one request are both applied, the adapter evented."""
+        w = World()
+        batch = commands.apply_models(w.state, [spec("m"), lora("a")], now=w.now)
+        assert [a.name for a in batch.changes.adapters] == ["a"]
+        assert [e.kind for e in batch.changes.events] == ["model.applied", "adapter.applied"]
+
+    def test_unknown_base_is_refused_with_the_reason(self) -> None:
+        """An adapter whose base no model is: 422 on adapter_of, saying how to fix it."""
+        w = World()
+        with pytest.raises(InvalidSpec) as exc:
+            commands.apply_models(w.state, [lora("a", base="nope")], now=w.now)
+        assert exc.value.param == "[0].adapter_of"
+        assert "no model named 'nope'" in str(exc.value)
+
+    def test_adapter_of_an_adapter_is_refused(self) -> None:
+        """An adapter's base must be a model, not another adapter (stored or in the request)."""
+        w = world_with_base()
+        w.apply(commands.apply_models(w.state, [lora("a")], now=w.now).changes)
+        for entries in ([lora("b", base="a")], [lora("c"), lora("d", base="c")]):
+            with pytest.raises(InvalidSpec, match="adapters of adapters"):
+                commands.apply_models(w.state, entries, now=w.now)
+
+    def test_alias_as_base_names_the_model(self) -> None:
+        """A base given by an alias is refused, naming the model to use instead."""
+        w = World()
+        w.model(msgspec.structs.replace(spec("m"), aliases=("mm",)))
+        with pytest.raises(InvalidSpec, match="alias of 'm'"):
+            commands.apply_models(w.state, [lora("a", base="mm")], now=w.now)
+
+    def test_engine_without_adapters_is_refused(self) -> None:
+        """A base on an engine the agent renders no LoRA flags for refuses the adapter."""
+        w = world_with_base(engine="sglang")
+        with pytest.raises(InvalidSpec, match="cannot serve LoRA adapters"):
+            commands.apply_models(w.state, [lora("a")], now=w.now)
+
+    def test_names_shared_with_models_are_conflicts(self) -> None:
+        """An adapter named like a model, or a model named like an adapter, is a conflict."""
+        w = world_with_base()
+        w.model(spec("other"))
+        with pytest.raises(Conflict):
+            commands.apply_models(w.state, [lora("other")], now=w.now)
+        w.apply(commands.apply_models(w.state, [lora("a")], now=w.now).changes)
+        with pytest.raises(Conflict):
+            commands.apply_models(w.state, [spec("a")], now=w.now)
+
+    def test_static_base_rolls_over_runtime_base_does_not(self) -> None:
+        """A llama.cpp base (adapters at start only) rolls over for a new adapter; a sim
+        base loads it where it runs."""
+        for engine, rolls in (("llamacpp", True), ("sim", False)):
+            w = world_with_base(engine=engine)
+            w.clock.advance(5)
+            batch = commands.apply_models(w.state, [lora("a")], now=w.now)
+            assert bool(batch.changes.models) is rolls, engine
+
+    def test_delete_adapter_and_base_with_adapters(self) -> None:
+        """Deleting an adapter removes only it; a base serving adapters cannot be deleted."""
+        w = world_with_base()
+        w.apply(commands.apply_models(w.state, [lora("a")], now=w.now).changes)
+        with pytest.raises(Conflict, match="delete them first"):
+            commands.delete_model(w.state, w.index, "m", now=w.now, grace_s=1)
+        batch = commands.delete_model(w.state, w.index, "a", now=w.now, grace_s=1)
+        assert (batch.changes.deleted_adapters, batch.changes.deleted_models) == (["a"], [])
+
+    def test_api_refuses_base_fields_on_an_adapter(self) -> None:
+        """An adapter entry with a base's field (engine) is a 422 that says why."""
+        with pytest.raises(InvalidSpec, match="only name, adapter_of and source"):
+            decode_specs(b'{"name": "a", "adapter_of": "m", "source": "/x", "engine": "sim"}')
+        assert decode_specs(b'{"name": "a", "adapter_of": "m", "source": "/x"}') == [
+            lora("a", source="/x")
+        ]
+
+
+class TestAdaptersInLists:
+    def test_loaded_adapters_join_the_replica_and_known_names(self) -> None:
+        """A ready replica lists the adapters its engine reported; every adapter is known."""
+        w = world_with_base()
+        w.apply(commands.apply_models(w.state, [lora("a"), lora("b")], now=w.now).changes)
+        w.tick()
+        rid = w.only("m").id
+        desired = w.heartbeat("n1", {rid: "ready"})
+        assert desired[0].adapters == {"a": "/a", "b": "/a"}
+        r = w.state.replicas[rid]
+        w.state.replicas[rid] = dataclasses.replace(
+            r, shards=(dataclasses.replace(r.shards[0], adapters=("a", "gone")),)
+        )
+        eps = endpoint_list(w.state, w.index, version=1)
+        assert eps.endpoints[0].models == ("m", "a")
+        assert eps.models == ("a", "b", "m")
+
+    def test_outlook_carries_the_adapters_with_their_base(self) -> None:
+        """A base that cannot be placed refuses its adapters' requests with the same reason."""
+        w = World()
+        w.model(spec("m"))
+        w.apply(commands.apply_models(w.state, [lora("a")], now=w.now).changes)
+        (look,) = outlook(w.state, w.index, unplaceable={"m": "no GPUs"}, evicting={})
+        assert look.models == ("m", "a")
+
+    def test_adapter_demand_scales_its_base_from_zero(self) -> None:
+        """Requests held for an adapter count as demand for its base at zero replicas."""
+        w = World()
+        w.node("n1", 2)
+        w.model(spec("m", min_replicas=0, max_replicas=1), desired=0)
+        w.apply(commands.apply_models(w.state, [lora("a")], now=w.now).changes)
+        w.report(demand={"a": 2})
+        w.tick()
+        assert len(w.replicas("m")) == 1
+
+
+class TestStoreRoundTrip:
+    @pytest.mark.parametrize("url", ["memory://", "sqlite"])
+    def test_adapters_survive_a_reload_apart_from_models(self, url: str, tmp_path: Path) -> None:
+        """Adapters share the models table yet load as adapters, and delete as such."""
+        store = open_store(f"sqlite:///{tmp_path}/s.db" if url == "sqlite" else url)
+        try:
+            w = World()
+            m = w.model(spec("m"))
+            a = Adapter(spec=lora("a"), updated_at=3.0)
+            store.apply(Changes(models=[m], adapters=[a]))
+            state = store.load()
+            assert (list(state.models), state.adapters) == (["m"], {"a": a})
+            store.apply(Changes(deleted_adapters=["a"]))
+            assert store.load().adapters == {}
+        finally:
+            store.close()
+
+
+def shard(engine: str, adapters: dict[str, str]) -> ShardSpec:
+    return ShardSpec(
+        replica_id="r1",
+        rank=0,
+        model="base",
+        served_names=("base",),
+        engine=engine,  # type: ignore[arg-type]
+        gpu_indices=(0,),
+        adapters=adapters,
+    )
+
+
+class TestAgentFlags:
+    def test_vllm_lists_every_adapter(self) -> None:
+        """vLLM: LoRA on, one slot per adapter up to the cap, name=path modules in order."""
+        args = start_args(shard("vllm", {"b": "/p/b", "a": "/p/a"}), {})
+        assert args == ["--enable-lora", "--max-loras", "2", "--lora-modules", "a=/p/a", "b=/p/b"]
+
+    def test_vllm_runtime_starts_with_lora_on(self) -> None:
+        """A vLLM base allowed to load at run time has LoRA on without adapters yet."""
+        env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        assert loads_at_run_time("vllm", env)
+        assert start_args(shard("vllm", {}), env)[:3] == ["--enable-lora", "--max-loras", "8"]
+        assert start_args(shard("vllm", {}), {}) == []
+        assert start_args(shard("sim", {}), {}) == []
+
+    def test_llamacpp_adapters_unapplied_by_default(self) -> None:
+        """llama.cpp: each file with --lora in name order, none applied to base requests."""
+        args = start_args(shard("llamacpp", {"b": "/b.gguf", "a": "/a.gguf"}), {})
+        assert args == ["--lora-init-without-apply", "--lora", "/a.gguf", "--lora", "/b.gguf"]
+
+    def test_runtime_sync_backs_off_a_refused_load(self) -> None:
+        """A load the engine refused is not retried before its backoff ends."""
+        st = AdapterState(served={"old"})
+        st.retry_at["bad"] = 100.0
+        assert st.todo({"bad": "/x", "new": "/y"}, now=50.0) == (["new"], ["old"])
+        assert st.todo({"bad": "/x"}, now=101.0) == (["bad"], ["old"])
+
+
+class TestSimRegistry:
+    def test_modules_parse_both_forms(self) -> None:
+        """--lora-modules takes name=path and vLLM's JSON objects; anything else is refused."""
+        assert parse_modules(["a=/x", '{"name": "b", "path": "/y"}']) == (("a", "/x"), ("b", "/y"))
+        with pytest.raises(ValueError, match="name=path"):
+            parse_modules(["nopath"])
+
+    def test_first_use_reads_once_and_lru_evicts(self) -> None:
+        """Concurrent first requests read an adapter in once; beyond the cache the least
+        recently used one is evicted and read again at its next use."""
+        reg = LoraRegistry(LoraSettings(enabled=True, max_loras=1, max_cpu_loras=2, load_ms=0))
+
+        async def go() -> None:
+            await asyncio.gather(reg.use("a"), reg.use("a"), reg.use("a"))
+            await reg.use("b")
+            await reg.use("c")
+            await reg.use("a")
+
+        asyncio.run(go())
+        assert (reg.loads, reg.evictions) == (4, 2)

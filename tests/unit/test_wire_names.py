@@ -1,0 +1,107 @@
+"""Names from the fleet in one documented set: the controller's heartbeat and apply checks,
+the agent's flags, the fake GPUs' classes (issue 34, item 10)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmgw.agent.config import AgentConfigError, parse_config
+from llmgw.agent.gpus.base import GpuDiscoveryError
+from llmgw.agent.gpus.fake import build_gpus
+from llmgw.controller.api.validate import check_heartbeat, check_spec
+from llmgw.controller.errors import InvalidSpec
+from llmgw.wire.agent import GPU, Heartbeat
+from llmgw.wire.models import ModelSpec
+from llmgw.wire.names import LABEL_RULE, label_problem
+
+BAD = [
+    "",
+    ".",
+    "..",
+    "../etc",
+    "-flag",
+    "a/b",
+    "a b",
+    "n\x00",
+    "n\x1b[2J",
+    "n\u202e",
+    "[/]",
+    "[bold]x",
+    "a" * 129,
+    "ü",
+]
+GOOD = ["gpu-01", "node.example.com", "H100-80G", "ib0", "rack_3", "a" * 128, "0"]
+
+
+class TestLabel:
+    @pytest.mark.parametrize("name", GOOD)
+    def test_ordinary_names_pass(self, name: str) -> None:
+        """Host names, GPU classes and fabrics as agents report them are valid."""
+        assert label_problem(name) is None
+
+    @pytest.mark.parametrize("name", BAD)
+    def test_hostile_names_are_refused_with_the_rule(self, name: str) -> None:
+        """Paths, control, bidi, markup, spaces, non-ASCII and too long are refused."""
+        assert f"{name!r} is not a valid name: {LABEL_RULE}" == label_problem(name)
+
+    @given(st.text(max_size=40))
+    def test_a_valid_name_is_plain_ascii(self, name: str) -> None:
+        """Whatever passes is printable ASCII with no markup, space or slash."""
+        if label_problem(name) is None:
+            assert name.isascii()
+            assert name.isprintable()
+            assert not set(name) & set("[]/ \\")
+
+
+def _gpu(i: int, gpu_class: str = "H100-80G") -> GPU:
+    return GPU(index=i, uuid=f"u{i}", name="H100", gpu_class=gpu_class, memory_mib=1)
+
+
+class TestControllerChecks:
+    @pytest.mark.parametrize(
+        ("fields", "param"),
+        [
+            ({"node": ".."}, "node"),
+            ({"node": "n\x00"}, "node"),
+            ({"node": "n\x1b[2J"}, "node"),
+            ({"fabrics": ("ib0", "[/]")}, "fabrics[1]"),
+            ({"gpus": (_gpu(0), _gpu(1, "H100\u202e"))}, "gpus[1].gpu_class"),
+        ],
+    )
+    def test_heartbeat_names_refused(self, fields: dict[str, object], param: str) -> None:
+        """A heartbeat naming a node, fabric or class outside the set is a 422 naming it."""
+        hb = msgspec.structs.replace(
+            Heartbeat(node="n", address="10.0.0.1", gpus=(_gpu(0),)), **fields
+        )
+        with pytest.raises(InvalidSpec) as info:
+            check_heartbeat(hb)
+        assert param == info.value.param
+        assert LABEL_RULE in str(info.value)
+
+    def test_spec_gpu_class_refused(self) -> None:
+        """A spec asking for a class no agent may report names the field."""
+        spec = ModelSpec(name="m", engine="sim", gpu_classes=("H100-80G", "x\x1b[31m"))
+        field, problem = check_spec(spec) or ("", "")
+        assert (field, LABEL_RULE in problem) == ("gpu_classes[1]", True)
+
+
+class TestAgentFlags:
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["--node", "..", "--controller", "http://c:1", "--state-dir", "/tmp/s"],
+            ["--node", "n", "--fabric", "[/]", "--controller", "http://c:1", "--state-dir", "/s"],
+        ],
+    )
+    def test_bad_node_or_fabric_refused_at_start(self, argv: list[str]) -> None:
+        """The agent refuses a name the controller would refuse in every heartbeat."""
+        with pytest.raises(AgentConfigError, match="is not a valid name"):
+            parse_config(argv)
+
+    def test_fake_gpu_class_refused(self) -> None:
+        """A fake GPU class outside the set is refused at discovery."""
+        with pytest.raises(GpuDiscoveryError, match="is not a valid name"):
+            build_gpus([{"gpu_class": "H100 80G", "count": 1}], uuid_prefix="n")
