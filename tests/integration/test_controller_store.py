@@ -141,6 +141,7 @@ def node(name: str = "n1", **kw: object) -> Node:
         drain_grace_s=45.5,
         drain_force=True,
         drain_evict_idle=True,
+        host_memory_mib=2_097_152,
     )
     return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
 
@@ -622,7 +623,7 @@ class TestSchema:
             engine.dispose()
         s = sql_backend.open()
         try:
-            assert s.schema_version() == SCHEMA_VERSION == 5
+            assert s.schema_version() == SCHEMA_VERSION == 6
             state = s.load()
             n = state.nodes["d"]
             assert (
@@ -638,6 +639,41 @@ class TestSchema:
             s.apply(Changes(retired=[model("m").spec], reservations=[held("m")]))
             after = s.load()
             assert (list(after.retired), list(after.reservations)) == (["m"], ["m"])
+        finally:
+            s.close()
+
+    def test_v5_database_upgrades_to_v6_and_takes_sleeping_replicas(
+        self, sql_backend: Backend
+    ) -> None:
+        """A v5 database keeps its replicas and then stores sleeping ones with their level."""
+        engine = sql_backend.engine()
+        try:
+            with engine.begin() as conn:
+                if sql_backend.pg is not None:
+                    conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{sql_backend.schema}"')
+                for version, step in store_tables.MIGRATIONS:
+                    if version <= 5:
+                        step(conn)
+                conn.exec_driver_sql("INSERT INTO meta (key, value) VALUES ('schema_version', '5')")
+                conn.exec_driver_sql(
+                    "INSERT INTO replicas (id, model, state, shards, created_at, state_since,"
+                    " updated_at, reason, endpoint_url, restarts, pool, weight, replaces,"
+                    " retry_at, drain_deadline, master_port, capacity_tok_s) VALUES ('r5', 'm',"
+                    """ 'ready', '[{"node":"d","rank":0,"gpus":[0]}]', 1, 2, 3, 'x', NULL,"""
+                    " 0, 'p', 1.0, NULL, NULL, NULL, NULL, NULL)"
+                )
+        finally:
+            engine.dispose()
+        s = sql_backend.open()
+        try:
+            assert s.schema_version() == SCHEMA_VERSION
+            r = s.load().replicas["r5"]
+            assert (r.state, r.sleep_level) == ("ready", None)
+            s.apply(Changes(replicas=[replica("r6", state="sleeping", sleep_level=1)]))
+            s.apply(Changes(replicas=[replica("r7", state="waking")]))
+            after = s.load().replicas
+            assert (after["r6"].state, after["r6"].sleep_level) == ("sleeping", 1)
+            assert after["r7"].state == "waking"
         finally:
             s.close()
 

@@ -109,16 +109,19 @@ class TestSingleNode:
         assert refused(result).constraint == "gpus_per_node"
 
     def test_gpus_of_live_replicas_are_held_and_of_gone_ones_free(self) -> None:
-        """Pending, starting, ready, draining replicas hold cards; stopped and failed do not."""
+        """Pending, starting, ready, draining, waking replicas hold cards; stopped and failed,
+        and sleeping ones whose engine is asleep, do not."""
         held = [
             replica(f"h-{s}", "x", [("a", (i,))], state=s) for i, s in enumerate(sorted(HOLDS_GPUS))
         ]
+        n = len(held)
         gone = [
-            replica("s", "x", [("a", (4,))], state="stopped"),
-            replica("f", "x", [("a", (5,))], state="failed"),
+            replica("s", "x", [("a", (n,))], state="stopped"),
+            replica("f", "x", [("a", (n + 1,))], state="failed"),
+            replica("z", "x", [("a", (n + 2,))], state="sleeping"),
         ]
-        state = fleet([node("a", 6)], replicas=[*held, *gone])
-        assert fmap(state).free_gpus("a") == frozenset({4, 5})
+        state = fleet([node("a", n + 3)], replicas=[*held, *gone])
+        assert fmap(state).free_gpus("a") == frozenset({n, n + 1, n + 2})
 
     def test_pool_is_fabric_slash_class_and_empty_fabric_when_none(self) -> None:
         """The pool names rank 0's node's first fabric, or nothing before the slash."""

@@ -31,7 +31,7 @@ from llmgw.agent.errors import AgentError
 from llmgw.agent.ports import parse_range
 from llmgw.agent.secretrefs import is_private_env
 from llmgw.agent.templates import parse_engine_bins
-from llmgw.runtime import logs, secretfile
+from llmgw.runtime import envflags, logs, secretfile
 from llmgw.runtime.version import add_version_argument
 from llmgw.wire.agent import ENV_NAME_PATTERN
 from llmgw.wire.names import label_problem
@@ -95,9 +95,11 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 # The agent's controller token from the environment; engines never inherit it.
 TOKEN_ENV = "LLMGW_AGENT_TOKEN"
+# Flags whose values are secrets: TOKEN_ENV is read by secretfile.resolve, not envflags.
+SECRET_FLAGS = frozenset({"token"})
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llmgw agent",
         description="One per GPU node: discovers GPUs, runs engines, heartbeats the controller.",
@@ -178,7 +180,7 @@ def _from_file(path: str) -> dict[str, Any]:
 
 def parse_config(argv: list[str]) -> AgentConfig:
     """Flags over file over defaults; raises AgentConfigError (argparse exits on bad flags)."""
-    ns = vars(_parser().parse_args(argv))
+    ns = vars(envflags.parse(build_parser(), argv, "agent", secrets=SECRET_FLAGS))
     ns.pop("log_format", None)  # taken before this parser (runtime.logs.take_format)
     merged: dict[str, Any] = _from_file(ns.pop("config")) if "config" in ns else {}
     if "label" in ns:

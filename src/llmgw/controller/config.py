@@ -1,5 +1,11 @@
 """The controller's options: one frozen value built from the command line.
 
+Every flag may also come from `LLMGW_CONTROLLER_<FLAG>` or from the YAML file
+`--config` names (runtime.configfile: command line, then environment, then file).
+Secrets come from files or the environment only: the tokens' `*-file` flags and
+variables, the database password's `--database-password-file` or
+`LLMGW_CONTROLLER_DATABASE_PASSWORD`.
+
 Every duration is in seconds and says what it bounds. Defaults are for a real
 fleet; tests pass short ones through the same flags.
 """
@@ -8,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.runtime import logs, secretfile
+from llmgw.runtime import configfile, logs, secretfile
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
 
@@ -103,6 +111,10 @@ AGENT_TOKEN_ENV = "LLMGW_CONTROLLER_AGENT_TOKEN"
 ROUTER_TOKEN_ENV = "LLMGW_CONTROLLER_ROUTER_TOKEN"
 READ_TOKEN_ENV = "LLMGW_CONTROLLER_READ_TOKEN"
 METRICS_TOKEN_ENV = "LLMGW_CONTROLLER_METRICS_TOKEN"
+DATABASE_PASSWORD_ENV = "LLMGW_CONTROLLER_DATABASE_PASSWORD"
+# Flags whose values are secrets: their variables (same names as the scheme's) are read
+# by secretfile.resolve, which warns when the value was typed on the command line.
+SECRET_FLAGS = frozenset({"token", "read_token", "metrics_token"})
 
 
 def read_node_tokens(path: str) -> dict[str, str]:
@@ -137,13 +149,31 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def parse_args(argv: list[str]) -> ControllerConfig:
-    """`llmgw controller …` flags → ControllerConfig (argparse exits 2 on bad flags)."""
+def with_password(database: str, password: str) -> str:
+    """`database` (a PostgreSQL URL without one) with `password` in it; ValueError if not."""
+    if not database.startswith(("postgresql:", "postgresql+", "postgres:")):
+        raise ValueError("a database password is for postgresql://… URLs only")
+    import sqlalchemy as sa  # only here: ~100 ms to import
+
+    url = sa.make_url(database.replace("postgres://", "postgresql://", 1))
+    if url.password is not None:
+        raise ValueError("--database already holds a password; give it in one place")
+    return url.set(password=password).render_as_string(hide_password=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every flag of `llmgw controller` (also read from the environment and --config)."""
     d = ControllerConfig()
     p = argparse.ArgumentParser(
         prog="llmgw controller",
         description="fleet state, placement and reconcile",
         formatter_class=DefaultsFormatter,
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="YAML file of these settings (keys: the flags' names); flags and "
+        "LLMGW_CONTROLLER_* variables win over it",
     )
     p.add_argument("--host", default=d.host, help="listen address")
     logs.add_format_argument(p)
@@ -151,6 +181,12 @@ def parse_args(argv: list[str]) -> ControllerConfig:
     p.add_argument("--port", type=int, default=8081, help="listen port; 0 picks one")
     p.add_argument(
         "--database", default=d.database, help="sqlite:///… | postgresql://… | memory://"
+    )
+    p.add_argument(
+        "--database-password-file",
+        default=None,
+        help="read the PostgreSQL password from this file (or set "
+        f"{DATABASE_PASSWORD_ENV}; libpq's PGPASSFILE works too)",
     )
     p.add_argument("--schema", default=None, help="PostgreSQL schema for the tables")
     p.add_argument(
@@ -197,22 +233,7 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         help=f"token that may only read the endpoint list and report usage "
         f"(env {ROUTER_TOKEN_ENV})",
     )
-    floats = {
-        "tick-s": d.tick_s,
-        "heartbeat-timeout-s": d.heartbeat_timeout_s,
-        "heartbeat-interval-s": d.heartbeat_interval_s,
-        "unreachable-grace-s": d.unreachable_grace_s,
-        "starting-deadline-s": d.starting_deadline_s,
-        "drain-grace-s": d.drain_grace_s,
-        "restart-backoff-s": d.restart_backoff_s,
-        "restart-backoff-max-s": d.restart_backoff_max_s,
-        "target-inflight-per-replica": d.target_inflight_per_replica,
-        "scale-down-cooldown-s": d.scale_down_cooldown_s,
-        "standby-reload-s": d.standby_reload_s,
-        "stopped-retention-s": d.stopped_retention_s,
-        "shutdown-grace-s": d.shutdown_grace_s,
-    }
-    for flag, default in floats.items():
+    for flag, default in _floats(d).items():
         p.add_argument(f"--{flag}", type=float, default=default, help=FLOAT_HELP[flag])
     p.add_argument(
         "--heartbeat-flush-s",
@@ -227,7 +248,33 @@ def parse_args(argv: list[str]) -> ControllerConfig:
         default=d.max_long_polls,
         help="endpoint-list long polls held open at once (more wait their turn)",
     )
-    a = p.parse_args(argv)
+    return p
+
+
+def _floats(d: ControllerConfig) -> dict[str, float]:
+    return {
+        "tick-s": d.tick_s,
+        "heartbeat-timeout-s": d.heartbeat_timeout_s,
+        "heartbeat-interval-s": d.heartbeat_interval_s,
+        "unreachable-grace-s": d.unreachable_grace_s,
+        "starting-deadline-s": d.starting_deadline_s,
+        "drain-grace-s": d.drain_grace_s,
+        "restart-backoff-s": d.restart_backoff_s,
+        "restart-backoff-max-s": d.restart_backoff_max_s,
+        "target-inflight-per-replica": d.target_inflight_per_replica,
+        "scale-down-cooldown-s": d.scale_down_cooldown_s,
+        "standby-reload-s": d.standby_reload_s,
+        "stopped-retention-s": d.stopped_retention_s,
+        "shutdown-grace-s": d.shutdown_grace_s,
+    }
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> ControllerConfig:
+    """`llmgw controller …` flags, variables and file → ControllerConfig (exit 2 if bad)."""
+    env = os.environ if environ is None else environ
+    p = build_parser()
+    floats = _floats(ControllerConfig())
+    a = configfile.parse(p, argv, "controller", environ=env, secrets=SECRET_FLAGS)
     if a.tick_s <= 0 or a.heartbeat_timeout_s <= 0:
         p.error("--tick-s and --heartbeat-timeout-s must be positive")
     try:
@@ -237,6 +284,7 @@ def parse_args(argv: list[str]) -> ControllerConfig:
             value=a.token,
             file=a.token_file,
             env_var=TOKEN_ENV,
+            env=env,
         )
     except secretfile.SecretError as exc:
         p.error(f"--token-file: {exc}")
@@ -247,6 +295,7 @@ def parse_args(argv: list[str]) -> ControllerConfig:
             value=None,
             file=a.agent_token_file,
             env_var=AGENT_TOKEN_ENV,
+            env=env,
         )
         router_token = secretfile.resolve(
             program="controller",
@@ -254,6 +303,7 @@ def parse_args(argv: list[str]) -> ControllerConfig:
             value=None,
             file=a.router_token_file,
             env_var=ROUTER_TOKEN_ENV,
+            env=env,
         )
         read_token = secretfile.resolve(
             program="controller",
@@ -261,6 +311,7 @@ def parse_args(argv: list[str]) -> ControllerConfig:
             value=a.read_token,
             file=a.read_token_file,
             env_var=READ_TOKEN_ENV,
+            env=env,
         )
         metrics_token = secretfile.resolve(
             program="controller",
@@ -268,10 +319,25 @@ def parse_args(argv: list[str]) -> ControllerConfig:
             value=a.metrics_token,
             file=a.metrics_token_file,
             env_var=METRICS_TOKEN_ENV,
+            env=env,
         )
         node_tokens = read_node_tokens(a.node_tokens_file) if a.node_tokens_file else {}
+        password = secretfile.resolve(
+            program="controller",
+            flag="--database-password-file",
+            value=None,
+            file=a.database_password_file,
+            env_var=DATABASE_PASSWORD_ENV,
+            env=env,
+        )
     except secretfile.SecretError as exc:
         p.error(str(exc))
+    database = a.database
+    if password is not None:
+        try:
+            database = with_password(database, password)
+        except ValueError as exc:
+            p.error(f"--database-password-file / {DATABASE_PASSWORD_ENV}: {exc}")
     scoped = [t for t in (agent_token, router_token, *node_tokens.values()) if t]
     if scoped and token is None:
         p.error(
@@ -290,7 +356,7 @@ def parse_args(argv: list[str]) -> ControllerConfig:
     return ControllerConfig(
         host=a.host,
         port=a.port,
-        database=a.database,
+        database=database,
         schema=a.schema,
         token=token,
         read_token=read_token,

@@ -29,6 +29,8 @@ _STATE_STYLE = {
     "starting": "cyan",
     "stopped": "dim",
     "failed": "bold red",
+    "sleeping": "blue",
+    "waking": "cyan",
 }
 
 

@@ -19,11 +19,18 @@ Shape (every key but `endpoints`/`controller` optional):
     api_keys: [{name, sha256}]
     admin_token: ...
     router_id: ...
+
+Secrets need not be in the file: `admin_token`, `metrics_token` and the
+controller's `token` each also come from a file the YAML names (`admin_token_file:`,
+`metrics_token_file:`, `controller: {token_file: ...}`, read at each load) or,
+when the file sets neither, from `LLMGW_ROUTER_ADMIN_TOKEN`,
+`LLMGW_ROUTER_METRICS_TOKEN` and `LLMGW_ROUTER_CONTROLLER_TOKEN`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -32,6 +39,7 @@ import yaml
 
 from llmgw.router.enginemetrics import ENGINES
 from llmgw.router.errors import RouterConfigError
+from llmgw.runtime import secretfile
 from llmgw.wire.endpoints import EndpointInfo
 
 Policy = Literal["ours", "round_robin", "least_inflight"]
@@ -125,9 +133,19 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # (the rest is headroom for engine connections). Past it new connections
     # get a 503 at once; established ones are served on.
     max_client_connections: Annotated[int, msgspec.Meta(ge=1)] = 10_000
-    # Request bodies being read or held for their request, all clients together;
-    # past it a request is answered 503 with Retry-After before its body is read.
+    # Request-body bytes in (counted as they arrive, not as declared) and held for
+    # their request, all clients together; past it a request is answered 503 with
+    # Retry-After.
     max_inflight_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 256 * 1024 * 1024
+    # The part of each shared budget (client connections, body bytes in flight,
+    # held requests) one client address may hold (runtime/peers.py): past it that
+    # address is refused while others are served. 1.0 behind a proxy, where every
+    # client has the proxy's address.
+    client_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
+    # Once a body has been arriving for header_timeout_s, it must have come at this
+    # many bytes a second on average, or 408 (a body trickled a byte at a time held
+    # its connection for body_timeout_s). 0: no minimum.
+    min_body_bytes_per_s: Annotated[int, msgspec.Meta(ge=0)] = 1024
     # Extra attempts on other replicas before any byte reached the client.
     max_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
     report_interval_s: Seconds = 2.0
@@ -210,6 +228,12 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 UPSTREAM_ENV = "LLMGW_ROUTER_UPSTREAM"
 SERVER_ENV = "LLMGW_ROUTER_SERVER"
+# Secrets the file may leave out: key → the variable that gives it (docstring above).
+SECRET_ENV = {
+    "admin_token": "LLMGW_ROUTER_ADMIN_TOKEN",
+    "metrics_token": "LLMGW_ROUTER_METRICS_TOKEN",
+}
+CONTROLLER_TOKEN_ENV = "LLMGW_ROUTER_CONTROLLER_TOKEN"
 
 # Settings read once at start; a reload that changes them logs that a restart is needed.
 RESTART_ONLY = (
@@ -224,11 +248,32 @@ RESTART_ONLY = (
     "header_timeout_s",
     "max_client_connections",
     "max_inflight_body_bytes",
+    "client_share",
 )
 
 
-def parse(text: str, *, source: str = "config") -> RouterConfig:
-    """Validate YAML text into a RouterConfig, or raise RouterConfigError naming the field."""
+def _secret(
+    doc: MutableMapping[str, object], key: str, var: str, env: Mapping[str, str], where: str
+) -> None:
+    """Fill `doc[key]` from `doc[key_file]` (removed) or, when the file has neither, `env[var]`."""
+    named = doc.pop(f"{key}_file", None)
+    if named is not None:
+        if doc.get(key) is not None:
+            raise RouterConfigError(f"{where}{key} and {key}_file: give one")
+        try:
+            doc[key] = secretfile.read_secret_file(str(named))
+        except secretfile.SecretError as exc:
+            raise RouterConfigError(f"{where}{key}_file: {exc}") from None
+    elif doc.get(key) is None and env.get(var):
+        doc[key] = env[var]
+
+
+def parse(
+    text: str, *, source: str = "config", env: Mapping[str, str] | None = None
+) -> RouterConfig:
+    """Validate YAML text into a RouterConfig, or raise RouterConfigError naming the field.
+
+    `env` (default os.environ) gives the secrets the file leaves out (SECRET_ENV)."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -237,6 +282,11 @@ def parse(text: str, *, source: str = "config") -> RouterConfig:
         doc = {}
     if not isinstance(doc, dict):
         raise RouterConfigError(f"{source}: expected a mapping at the top level")
+    environ = os.environ if env is None else env
+    for key, var in SECRET_ENV.items():
+        _secret(doc, key, var, environ, f"{source}: ")
+    if isinstance(doc.get("controller"), dict):
+        _secret(doc["controller"], "token", CONTROLLER_TOKEN_ENV, environ, f"{source}: controller.")
     try:
         return msgspec.convert(doc, RouterConfig)
     except msgspec.ValidationError as exc:

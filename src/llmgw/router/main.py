@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from llmgw.router.config import RouterConfig, http_server, load, upstream_client
 from llmgw.router.errors import RouterConfigError
-from llmgw.runtime import logs, serve
+from llmgw.runtime import envflags, logs, serve
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.httpserver import ServerLimits, raise_nofile_limit
 from llmgw.runtime.version import add_version_argument
@@ -42,7 +42,7 @@ def settle_gc() -> None:
     gc.set_threshold(GC_GEN0, gen1, gen2)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llmgw router", description=__doc__, formatter_class=DefaultsFormatter
     )
@@ -77,13 +77,14 @@ def _limits(cfg: RouterConfig) -> ServerLimits:
         idle_timeout_s=cfg.idle_timeout_s,
         header_timeout_s=cfg.header_timeout_s,
         max_connections=cfg.max_client_connections,
+        client_share=cfg.client_share,
         # OpenAI's API takes plain JSON; a small gzip body can inflate to gigabytes.
         decompress=False,
     )
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = envflags.parse(build_parser(), argv, "router")
     try:
         given = [] if args.log_format is None else [logs.FLAG, args.log_format]
         fmt, _ = logs.take_format(given)

@@ -70,7 +70,7 @@ class Router:
             shared=shared,
         )
         self.prefix = PrefixIndex()
-        self.holding = Holding(max_held=cfg.max_held, clock=clock)
+        self.holding = Holding(max_held=cfg.max_held, client_share=cfg.client_share, clock=clock)
         # Served name → what the controller does for that model while it has no
         # ready replica (wire.endpoints.ModelOutlook); empty for static endpoints.
         self.outlook: dict[str, ModelOutlook] = {}

@@ -1,11 +1,15 @@
 """Shared runtime: what every program uses, and nothing program-specific.
 
 serve        uvloop, bind, ready line, graceful stop (with httpserver, fastserver, acceptor)
+peers        what one client address holds of a server's shared budgets
 clock        the injected clock
 logs         logging setup, --log-format
 cli          help text every program's flags share
 version      --version on every program
 secretfile   secrets from a file or the environment, never only argv
+envflags     every flag also from LLMGW_<PROGRAM>_<FLAG>
+configfile   flags from a YAML file (the controller's --config)
+sdnotify     systemd's READY=1, STOPPING=1 and watchdog
 lockfile     one process per state folder
 netaddr      address helpers
 """

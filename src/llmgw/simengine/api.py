@@ -19,7 +19,7 @@ import random
 import struct
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -61,7 +61,7 @@ class StreamOptions(msgspec.Struct, frozen=True):
 
 # Unknown fields are accepted and ignored (clients send temperature, top_p, …);
 # the ones read here are type-checked.
-class _Common(msgspec.Struct, frozen=True, kw_only=True):
+class GenerationBody(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     max_tokens: int | None = None
     stream: bool | None = False
@@ -72,13 +72,13 @@ class _Common(msgspec.Struct, frozen=True, kw_only=True):
     min_tokens: int | None = 0
 
 
-class ChatBody(_Common, frozen=True, kw_only=True):
+class ChatBody(GenerationBody, frozen=True, kw_only=True):
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
 
 
-class CompletionBody(_Common, frozen=True, kw_only=True):
+class CompletionBody(GenerationBody, frozen=True, kw_only=True):
     prompt: Any = None
 
 
@@ -109,7 +109,7 @@ class Job:
 T = TypeVar("T")
 
 
-def _decode(raw: bytes, kind: type[T]) -> T:
+def decode_as(raw: bytes, kind: type[T]) -> T:
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
@@ -129,7 +129,7 @@ def check_model(model: str | None, cfg: SimConfig, adapters: Container[str] = ()
     return model
 
 
-def _check_params(body: _Common, max_tokens: int | None) -> None:
+def _check_params(body: GenerationBody, max_tokens: int | None) -> None:
     if body.n is not None and body.n != 1:
         raise SimApiError(400, "The sim-engine supports n = 1 only.", param="n")
     if max_tokens is not None and max_tokens < 1:
@@ -149,8 +149,14 @@ def _check_vocab(ids: list[int], param: str) -> None:
             raise SimApiError(400, f"Token id {t} is out of vocabulary", param=param)
 
 
-def _job(
-    body: _Common, cfg: SimConfig, ids: list[int], max_tokens: int | None, *, model: str, chat: bool
+def job_of(
+    body: GenerationBody,
+    cfg: SimConfig,
+    ids: list[int],
+    max_tokens: int | None,
+    *,
+    model: str,
+    chat: bool,
 ) -> Job:
     _check_params(body, max_tokens)
     n, limit = len(ids), cfg.max_model_len
@@ -187,17 +193,17 @@ def _job(
 
 
 def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
-    body = _decode(raw, ChatBody)
+    body = decode_as(raw, ChatBody)
     model = check_model(body.model, cfg, adapters)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
     ids = tokenizer.chat_prompt_ids(body.messages, body.tools)
-    return _job(body, cfg, ids, max_tokens, model=model, chat=True)
+    return job_of(body, cfg, ids, max_tokens, model=model, chat=True)
 
 
 def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
-    body = _decode(raw, CompletionBody)
+    body = decode_as(raw, CompletionBody)
     model = check_model(body.model, cfg, adapters)
     try:
         ids = tokenizer.prompt_ids_for_body({"prompt": body.prompt})
@@ -209,7 +215,7 @@ def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) 
         _check_vocab(ids, "prompt")
     # OpenAI's (and vLLM's) completions default is 16 tokens.
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
-    return _job(body, cfg, ids, max_tokens, model=model, chat=False)
+    return job_of(body, cfg, ids, max_tokens, model=model, chat=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +227,7 @@ class EmbeddingJob:
 
 
 def parse_embeddings(raw: bytes, cfg: SimConfig) -> EmbeddingJob:
-    body = _decode(raw, EmbeddingBody)
+    body = decode_as(raw, EmbeddingBody)
     model = check_model(body.model, cfg)
     inp = body.input
     items: list[Any] = inp if isinstance(inp, list) and inp and not _is_ids(inp) else [inp]
@@ -292,6 +298,17 @@ def error_frame(message: str) -> bytes:
     return b"data: " + error_body(message, type="InternalServerError", code=500) + b"\n\n"
 
 
+class AnyEncoder(Protocol):
+    """What the engine writes a generation's answer with: this module's Encoder
+    (chat, completions), responses.ResponsesEncoder, messages.MessagesEncoder."""
+
+    def first(self) -> bytes: ...
+    def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes: ...
+    def tail(self, usage_: dict[str, Any]) -> bytes: ...
+    def error(self, message: str) -> bytes: ...
+    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes: ...
+
+
 class Encoder:
     """Response bodies of one request (chat or completion), streaming and not."""
 
@@ -334,6 +351,14 @@ class Encoder:
 
     def usage_chunk(self, usage_: dict[str, Any]) -> bytes:
         return self._chunk([], usage_)
+
+    def tail(self, usage_: dict[str, Any]) -> bytes:
+        """What follows the last token: the usage chunk when asked for, and [DONE]."""
+        return (self.usage_chunk(usage_) if self.job.include_usage else b"") + DONE
+
+    def error(self, message: str) -> bytes:
+        """The in-stream error that ends a stream, and [DONE]."""
+        return error_frame(message) + DONE
 
     def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
         """The non-streaming response."""

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from llmgw.runtime import logs
+from llmgw.runtime import envflags, logs
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
 from llmgw.simengine import auth, kvevents, lora, sleep, timing
@@ -229,7 +229,10 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"llmgw sim-engine: {exc}\n")
         return 2
     logs.setup(fmt=fmt)
-    args, unknown = parser().parse_known_args(argv)
+    p = parser()
+    envflags.apply(p, "sim-engine")
+    args, unknown = p.parse_known_args(argv)
+    envflags.drop_defaults_of_repeated(p, args)
     try:
         cfg = config_from_args(args)
     except ValueError as exc:

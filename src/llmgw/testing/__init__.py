@@ -2,7 +2,8 @@
 
 Imported on their own (they pull in the router): `llmgw.testing.forwarder`, an
 in-memory `Forwarder` with scripted engines, and `llmgw.testing.vtime`, an event
-loop whose time is a `ManualClock`.
+loop whose time is a `ManualClock`. `python -m llmgw.testing.configdoc` writes
+docs/configuration.md from the programs' parsers.
 """
 
 from llmgw.runtime.clock import ManualClock

@@ -28,6 +28,7 @@ import msgspec
 
 from llmgw.adminclient.client import AdminClient
 from llmgw.adminclient.errors import AdminError, AdminUnreachable
+from llmgw.runtime import envflags
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.lockfile import open_nofollow
 from llmgw.runtime.sdnotify import Notifier
@@ -275,10 +276,10 @@ class Up:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = envflags.parse(build_parser(), argv, "up")
     # Taken before any program starts: they must not speak to a supervisor for `up`.
     notifier = Notifier.take()
-    if args.token:
+    if any(a == "--token" or a.startswith("--token=") for a in argv):
         print(
             "llmgw up: warning: --token on the command line is visible to every local user "
             f"(ps); write it to {args.state_dir / 'tokens' / 'admin'} (mode 0600) instead, "

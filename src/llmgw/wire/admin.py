@@ -16,7 +16,11 @@ from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
 
 NodeState = Literal["ready", "cordoned", "draining", "unreachable"]
-ReplicaState = Literal["pending", "starting", "ready", "draining", "stopped", "failed"]
+# sleeping: the engine runs but sleeps (its cards are free for another replica);
+# waking: told to wake, not serving yet (docs/sleep-and-adapters.md).
+ReplicaState = Literal[
+    "pending", "starting", "ready", "draining", "stopped", "failed", "sleeping", "waking"
+]
 
 
 def idle_seconds_json(idle_s: float | None) -> int:
@@ -97,6 +101,9 @@ class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     # Kept beside the weight because weights are relative: the next replica benched
     # is normalized against the raw capacities of those benched before it.
     capacity_tok_s: float | None = None
+    # The level a sleeping replica sleeps at (1: weights in host memory, 2: dropped);
+    # None while awake.
+    sleep_level: int | None = None
 
 
 class ModelView(msgspec.Struct, frozen=True, kw_only=True):

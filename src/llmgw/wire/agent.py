@@ -19,7 +19,8 @@ from llmgw.wire.policy import SpecPolicy
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 
-ShardState = Literal["starting", "ready", "failed", "stopped"]
+# sleeping: the engine runs and sleeps (it was told to, ShardSpec.sleep_level).
+ShardState = Literal["starting", "ready", "failed", "stopped", "sleeping"]
 EngineKind = Literal["vllm", "sglang", "llamacpp", "sim"]
 
 
@@ -94,6 +95,10 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     # What specs may set on this node (the controller refuses, at apply time, a spec
     # no node would run); None: an agent that does not say.
     policy: SpecPolicy | None = None
+    # The node's host memory in MiB (/proc/meminfo MemTotal, or the agent's
+    # --host-memory-mib on a fake node): what level-1 sleeps may fill with weights.
+    # None: an agent that does not say (no level-1 sleep is planned there).
+    host_memory_mib: NonNegInt | None = None
 
 
 # An environment variable's name, as a shell and execve take it.
@@ -155,6 +160,11 @@ class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):
     # `routing.kv_events`; rank 0 only, where the scheduler runs). An agent that does
     # not know the field ignores it: the engine runs, routers guess.
     kv_events: bool = False
+    # The model may sleep (spec sleep_mode): the engine is started able to
+    # (vLLM: --enable-sleep-mode and its dev-mode routes behind the engine key).
+    sleep_mode: bool = False
+    # Sleep at this level (1 or 2) now; None: be awake (wake and warm up first).
+    sleep_level: int | None = None
     # The base's LoRA adapters, name → source path (docs/sleep-and-adapters.md). Not
     # part of the shard's identity: a change never restarts the engine; the agent
     # loads and unloads them at run time where the engine allows it, else the list

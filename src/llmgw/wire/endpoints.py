@@ -10,7 +10,9 @@ import msgspec
 #   starting     a replica is placed and its engine is starting: hold the request
 #   making_room  replicas of other models are being evicted for it: hold the request
 #   cannot_place no placement fits and nothing can be evicted for it: refuse at once
-OutlookState = Literal["starting", "making_room", "cannot_place"]
+#   waking       a sleeping replica of it is waking (or its cards are being freed
+#                for that): hold the request; retry_after_s is the expected wake
+OutlookState = Literal["starting", "making_room", "cannot_place", "waking"]
 
 
 class ModelOutlook(msgspec.Struct, frozen=True, kw_only=True):

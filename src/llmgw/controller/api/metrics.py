@@ -22,7 +22,7 @@ from llmgw.controller.api.services import Services
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 NODE_STATES = ("ready", "cordoned", "draining", "unreachable")
-REPLICA_STATES = ("pending", "starting", "ready", "draining", "failed")
+REPLICA_STATES = ("pending", "starting", "ready", "draining", "failed", "sleeping", "waking")
 
 
 class _Fleet(Collector):

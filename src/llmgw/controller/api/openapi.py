@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -21,6 +21,7 @@ from llmgw.wire.admin import (
     EventView,
     ModelView,
     NodeView,
+    ReplicaState,
     ReplicaView,
     Summary,
     WeightRequest,
@@ -364,7 +365,7 @@ def document() -> bytes:
                     _query("model", {"type": "string"}, "only this model's"),
                     _query(
                         "state",
-                        {"enum": ["pending", "starting", "ready", "draining", "stopped", "failed"]},
+                        {"enum": list(get_args(ReplicaState))},
                         "only replicas in this state",
                     ),
                 ),

@@ -205,6 +205,7 @@ def replica_view(replica: Replica, idle_for: IdleFor) -> ReplicaView:
         pool=replica.pool,
         weight=replica.weight,
         capacity_tok_s=replica.capacity_tok_s,
+        sleep_level=replica.sleep_level,
     )
 
 

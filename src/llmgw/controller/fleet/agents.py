@@ -125,6 +125,7 @@ def node_from_heartbeat(hb: Heartbeat, old: Node | None, *, now: float) -> Node:
         drain_grace_s=old.drain_grace_s if old is not None else None,
         drain_force=old.drain_force if old is not None else False,
         drain_evict_idle=old.drain_evict_idle if old is not None else False,
+        host_memory_mib=hb.host_memory_mib,
     )
 
 
@@ -225,6 +226,14 @@ def _settle(batch: Batch, r: Replica, shards: tuple[Shard, ...], *, backoff: Bac
             batch.update(r, shards=shards)
         return
     dead = next((s for s in shards if s.state in ("failed", "stopped")), None)
+    if r.state == "sleeping":
+        # Nothing serves from it: an engine that died asleep is simply gone.
+        if dead is not None:
+            why = f"rank {dead.rank} on {dead.node} exited while sleeping"
+            batch.stop(dataclasses.replace(r, shards=shards), why)
+        else:
+            batch.update(r, shards=shards)
+        return
     if dead is not None:
         verb = "exited" if dead.state == "failed" else "stopped unexpectedly"
         code = f" with code {dead.exit_code}" if dead.exit_code is not None else ""
@@ -239,7 +248,9 @@ def _settle(batch: Batch, r: Replica, shards: tuple[Shard, ...], *, backoff: Bac
         node = batch.node(rank0.node)
         address = node.address if node is not None else rank0.node
         url = f"http://{address}:{rank0.port}"
-        if r.state != "ready":
+        if r.state == "waking":
+            batch.move(r, "ready", "awake and warmed up", shards=shards, endpoint_url=url)
+        elif r.state != "ready":
             batch.move(r, "ready", "all shards ready", shards=shards, endpoint_url=url)
         else:
             batch.update(r, shards=shards, endpoint_url=url)
@@ -248,6 +259,8 @@ def _settle(batch: Batch, r: Replica, shards: tuple[Shard, ...], *, backoff: Bac
         lagging = next(s for s in shards if s.state != "ready")
         reason = f"rank {lagging.rank} on {lagging.node} is {lagging.state} again"
         batch.move(r, "starting", reason, shards=shards, endpoint_url=None)
+    elif r.state == "waking":
+        batch.update(r, shards=shards)
     elif r.state == "pending" and any(s.state in ("starting", "ready") for s in shards):
         batch.move(r, "starting", "agent started the engine", shards=shards)
     else:
@@ -304,6 +317,8 @@ def desired_shards(
                     master_port=r.master_port if master_addr is not None else None,
                     # The scheduler runs on rank 0: only its engine publishes.
                     kv_events=spec.routing.kv_events and s.rank == 0,
+                    sleep_mode=spec.sleep_mode,
+                    sleep_level=r.sleep_level if r.state == "sleeping" else None,
                     adapters=adapters,
                 )
             )

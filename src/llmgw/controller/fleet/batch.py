@@ -19,10 +19,12 @@ from llmgw.wire.admin import ReplicaState
 Subject = Literal["replica", "node", "model", "controller"]
 
 # Replica states an agent is asked to run (the heartbeat answer's desired set).
-RUNS: frozenset[ReplicaState] = frozenset({"pending", "starting", "ready", "draining"})
+RUNS: frozenset[ReplicaState] = frozenset(
+    {"pending", "starting", "ready", "draining", "sleeping", "waking"}
+)
 # States that count towards a model's replicas: serving, on its way, or failed
 # and waiting out its backoff (restarting it is the same replica slot).
-LIVE: frozenset[ReplicaState] = frozenset({"pending", "starting", "ready", "failed"})
+LIVE: frozenset[ReplicaState] = frozenset({"pending", "starting", "ready", "failed", "waking"})
 
 
 def new_replica_id() -> str:
@@ -72,7 +74,9 @@ class Batch:
     def leaving(self) -> frozenset[str]:
         """Replicas this batch took out of service (draining, stopped or failed)."""
         return frozenset(
-            rid for rid, r in self._replicas.items() if r.state in ("draining", "stopped", "failed")
+            rid
+            for rid, r in self._replicas.items()
+            if r.state in ("draining", "stopped", "failed", "sleeping")
         )
 
     def put_replica(self, r: Replica) -> Replica:
@@ -137,9 +141,18 @@ class Batch:
         ones that never served have nothing to drain and stop now."""
         if r.state == "ready":
             return self.move(r, "draining", reason, kind=kind, drain_deadline=self.now + grace_s)
-        if r.state in ("pending", "starting", "failed"):
+        if r.state in ("pending", "starting", "failed", "sleeping", "waking"):
             return self.stop(r, reason)
         return r
+
+    def sleep(self, r: Replica, level: int, reason: str) -> Replica:
+        """A ready replica sleeps instead of stopping: out of the endpoint list at once,
+        its cards given up once its agent reports the engine asleep."""
+        return self.move(r, "sleeping", reason, sleep_level=level, drain_deadline=None)
+
+    def wake(self, r: Replica, reason: str) -> Replica:
+        """A sleeping replica is woken: it serves again once its agent reports it ready."""
+        return self.move(r, "waking", reason, sleep_level=None, endpoint_url=None)
 
 
 def draining_nodes(batch: Batch, r: Replica) -> list[Node]:

@@ -256,7 +256,7 @@ def delete_model(
     running = False
     for rid in sorted(index.of_model(name)):
         r = state.replicas[rid]
-        if r.state in LIVE:
+        if r.state in LIVE or r.state == "sleeping":
             r = batch.drain(r, f"model {name} deleted", grace_s=grace_s)
             n += 1
         running = running or r.state in RUNS

@@ -21,12 +21,17 @@ from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
 
 OperatorState = Literal["active", "cordoned", "draining"]
-ShardRunState = Literal["pending", "starting", "ready", "failed", "stopped"]
+ShardRunState = Literal["pending", "starting", "ready", "failed", "stopped", "sleeping"]
 
 # Replica states that hold GPUs: a shard's cards stay given until its replica is
 # stopped or failed, so nothing else is placed on them while an engine may still
 # be running there.
-HOLDS_GPUS: frozenset[ReplicaState] = frozenset({"pending", "starting", "ready", "draining"})
+# A sleeping replica holds its cards only while its engine has not fallen asleep
+# yet (a shard still reported ready, SHARD_RUNNING); asleep, it leaves them to
+# one awake replica and keeps only a little of their memory (placement/wakes.py).
+HOLDS_GPUS: frozenset[ReplicaState] = frozenset(
+    {"pending", "starting", "ready", "draining", "waking"}
+)
 # Shard states whose engine may be running. A stopped or failed replica whose
 # agent last reported one of its shards so still holds that shard's cards: the
 # engine is exiting (SIGTERM, then SIGKILL after a grace) and a new one started
@@ -60,6 +65,8 @@ class Node:
     # Known-idle replicas of other models may be evicted to make room for the
     # replacements that do not fit (DrainRequest.evict_idle).
     drain_evict_idle: bool = False
+    # The host's memory in MiB as its agent reports it; None: not reported.
+    host_memory_mib: int | None = None
 
     def shown_state(self, *, now: float, heartbeat_timeout_s: float) -> NodeState:
         """ready / cordoned / draining / unreachable.
@@ -164,6 +171,8 @@ class Replica:
     drain_deadline: float | None = None
     # Multi-node rendezvous port (rank 0), chosen at placement.
     master_port: int | None = None
+    # Sleeping replicas: the level they sleep at (1 or 2); None otherwise.
+    sleep_level: int | None = None
 
     @property
     def gpu_count(self) -> int:

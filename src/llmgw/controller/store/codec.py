@@ -40,7 +40,7 @@ from llmgw.wire.models import ModelSpec
 
 # The schema version whose row shape this codec reads and writes (tables.py
 # holds the migrations that reach it).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # The value sets the database's CHECK constraints name; the memory store checks
 # the same ones so the fake refuses what the real store would.
@@ -90,6 +90,7 @@ def node_row(n: Node) -> dict[str, Any]:
         "drain_grace_s": n.drain_grace_s,
         "drain_force": n.drain_force,
         "drain_evict_idle": n.drain_evict_idle,
+        "host_memory_mib": n.host_memory_mib,
     }
 
 
@@ -107,6 +108,7 @@ def node_from(r: Row) -> Node:
         drain_grace_s=r["drain_grace_s"],
         drain_force=bool(r["drain_force"]),
         drain_evict_idle=bool(r["drain_evict_idle"]),
+        host_memory_mib=r["host_memory_mib"],
     )
 
 
@@ -148,6 +150,7 @@ def replica_row(p: Replica) -> dict[str, Any]:
         "drain_deadline": p.drain_deadline,
         "master_port": p.master_port,
         "capacity_tok_s": p.capacity_tok_s,
+        "sleep_level": p.sleep_level,
     }
 
 
@@ -170,6 +173,7 @@ def replica_from(r: Row) -> Replica:
         drain_deadline=r["drain_deadline"],
         master_port=r["master_port"],
         capacity_tok_s=r["capacity_tok_s"],
+        sleep_level=r["sleep_level"],
     )
 
 

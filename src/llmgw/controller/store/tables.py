@@ -22,6 +22,9 @@ History:
      controller needs to carry on a drain or an eviction where it left off
   5  nodes.drain_evict_idle (a drain that may evict known-idle replicas of
      other models to make room)
+  6  replica states sleeping and waking (the state CHECK widened),
+     replicas.sleep_level, nodes.host_memory_mib (engines that sleep instead of
+     stopping, docs/sleep-and-adapters.md)
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ def _define(md: sa.MetaData, *, version: int) -> None:
     v2 = version >= 2
     v4 = version >= 4
     v5 = version >= 5
+    v6 = version >= 6
     sa.Table("meta", md, sa.Column("key", sa.String, primary_key=True), sa.Column("value", sa.Text))
     sa.Table(
         "nodes",
@@ -108,6 +112,7 @@ def _define(md: sa.MetaData, *, version: int) -> None:
             if v5
             else []
         ),
+        *([sa.Column("host_memory_mib", sa.BigInteger)] if v6 else []),
         sa.CheckConstraint(_one_of("operator_state", OPERATOR_STATES), name="ck_nodes_state"),
     )
     sa.Table(
@@ -142,6 +147,7 @@ def _define(md: sa.MetaData, *, version: int) -> None:
         sa.Column("drain_deadline", sa.Float),
         *([sa.Column("master_port", sa.Integer)] if v2 else []),
         *([sa.Column("capacity_tok_s", sa.Float)] if version >= 3 else []),
+        *([sa.Column("sleep_level", sa.Integer)] if v6 else []),
         sa.CheckConstraint(_one_of("state", REPLICA_STATES), name="ck_replicas_state"),
         sa.CheckConstraint("restarts >= 0", name="ck_replicas_restarts"),
         *([sa.Index("ix_replicas_model", "model")] if v2 else []),
@@ -225,12 +231,34 @@ def _to_v5(conn: sa.Connection) -> None:
     )
 
 
+def _to_v6(conn: sa.Connection) -> None:
+    conn.exec_driver_sql("ALTER TABLE nodes ADD COLUMN host_memory_mib BIGINT")
+    conn.exec_driver_sql("ALTER TABLE replicas ADD COLUMN sleep_level INTEGER")
+    check = _one_of("state", REPLICA_STATES)
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("ALTER TABLE replicas DROP CONSTRAINT ck_replicas_state")
+        conn.exec_driver_sql(
+            f"ALTER TABLE replicas ADD CONSTRAINT ck_replicas_state CHECK ({check})"
+        )
+        return
+    # SQLite cannot change a CHECK constraint: the table is rebuilt under its name.
+    md = sa.MetaData()
+    _define(md, version=6)
+    conn.exec_driver_sql("DROP INDEX IF EXISTS ix_replicas_model")
+    conn.exec_driver_sql("ALTER TABLE replicas RENAME TO replicas_v5")
+    md.tables["replicas"].create(conn)
+    cols = ", ".join(c.name for c in md.tables["replicas"].columns)
+    conn.exec_driver_sql(f"INSERT INTO replicas ({cols}) SELECT {cols} FROM replicas_v5")
+    conn.exec_driver_sql("DROP TABLE replicas_v5")
+
+
 MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
     (1, _to_v1),
     (2, _to_v2),
     (3, _to_v3),
     (4, _to_v4),
     (5, _to_v5),
+    (6, _to_v6),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION, "add a migration when bumping SCHEMA_VERSION"
 

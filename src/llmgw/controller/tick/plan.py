@@ -108,7 +108,7 @@ def _lose_replicas_on(batch: Batch, index: FleetIndex, node: str, silent: float)
         r = batch.replica(rid)
         if r is None or r.state not in RUNS:
             continue
-        if r.state == "draining":
+        if r.state in ("draining", "sleeping"):
             batch.stop(r, reason)
         else:
             batch.fail(r, reason, retry_in_s=0.0)
@@ -118,9 +118,10 @@ def _timers(t: TickContext, forgotten: list[str]) -> None:
     """Deadlines and graces; `forgotten` gets the stopped replicas deleted from the store."""
     batch, index, usage, cfg = t.batch, t.index, t.usage, t.config
     now = batch.now
-    for rid in sorted(index.in_state("pending") | index.in_state("starting")):
+    phases = index.in_state("pending") | index.in_state("starting") | index.in_state("waking")
+    for rid in sorted(phases):
         r = batch.replica(rid)
-        if r is None or batch.touched(rid) or r.state not in ("pending", "starting"):
+        if r is None or batch.touched(rid) or r.state not in ("pending", "starting", "waking"):
             continue
         # From this controller's start at the earliest: while no controller ran,
         # no agent could report progress (as with silence, silent_for below).
