@@ -70,7 +70,11 @@ def _chat(conn: http.client.HTTPConnection, text: str) -> int:
 def test_idle_flood_at_1024_files_leaves_established_clients_served(tmp_path: Path) -> None:
     _raise_own_limit(IDLE + 256)
     with sim_engines(tmp_path, [50.0]) as engines:
-        conf = base_config(endpoints=endpoint_entries(engines), idle_timeout_s=60.0)
+        # Every idle connection comes from 127.0.0.1: the cap as a whole, not one
+        # address's share of it.
+        conf = base_config(
+            endpoints=endpoint_entries(engines), idle_timeout_s=60.0, client_share=1.0
+        )
         path = write_config(config_path(tmp_path), conf)
         with start_program(
             ["router", "--config", str(path), "--port", "0", "--workers", "1"],

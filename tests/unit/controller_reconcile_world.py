@@ -184,6 +184,7 @@ class World:
             shards=tuple(statuses),
             agent_started_at=started_at,
             seq=seq,
+            host_memory_mib=n.host_memory_mib,
         )
         if self.order.is_stale(hb):
             return desired_shards(self.state, self.index, node, retired={})

@@ -47,6 +47,7 @@ MODULES = (
     "llmgw.router.affinity",
     "llmgw.router.scheduler",
     "llmgw.router.policies",
+    "llmgw.runtime.peers",
     "llmgw.runtime.fastserver",
     "llmgw.router.upstream.base",
     "llmgw.router.upstream.fast",

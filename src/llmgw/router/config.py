@@ -133,9 +133,19 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # (the rest is headroom for engine connections). Past it new connections
     # get a 503 at once; established ones are served on.
     max_client_connections: Annotated[int, msgspec.Meta(ge=1)] = 10_000
-    # Request bodies being read or held for their request, all clients together;
-    # past it a request is answered 503 with Retry-After before its body is read.
+    # Request-body bytes in (counted as they arrive, not as declared) and held for
+    # their request, all clients together; past it a request is answered 503 with
+    # Retry-After.
     max_inflight_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 256 * 1024 * 1024
+    # The part of each shared budget (client connections, body bytes in flight,
+    # held requests) one client address may hold (runtime/peers.py): past it that
+    # address is refused while others are served. 1.0 behind a proxy, where every
+    # client has the proxy's address.
+    client_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
+    # Once a body has been arriving for header_timeout_s, it must have come at this
+    # many bytes a second on average, or 408 (a body trickled a byte at a time held
+    # its connection for body_timeout_s). 0: no minimum.
+    min_body_bytes_per_s: Annotated[int, msgspec.Meta(ge=0)] = 1024
     # Extra attempts on other replicas before any byte reached the client.
     max_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
     report_interval_s: Seconds = 2.0
@@ -238,6 +248,7 @@ RESTART_ONLY = (
     "header_timeout_s",
     "max_client_connections",
     "max_inflight_body_bytes",
+    "client_share",
 )
 
 

@@ -66,7 +66,12 @@ class ControllerCallFailed(RouterError):
 
 
 class HoldQueueFull(RouterError):
-    """`max_held` requests are already waiting; the caller answers 503 at once."""
+    """`max_held` requests are already waiting, or (`share`) the client address's part
+    of them; the caller answers 503 at once."""
+
+    def __init__(self, model: str, *, share: bool = False) -> None:
+        super().__init__(model)
+        self.share = share
 
 
 class NoReplica(RouterError):

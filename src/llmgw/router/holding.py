@@ -22,6 +22,7 @@ from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import HoldQueueFull
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+from llmgw.runtime.peers import Peer, share_of
 from llmgw.wire.endpoints import ModelOutlook
 
 # A request refused because its model cannot be placed still counts as demand
@@ -112,8 +113,13 @@ def retry_after_s(snaps: Sequence[Snapshot]) -> int:
 class Holding:
     """Counts held requests per model and wakes them when endpoints change."""
 
-    def __init__(self, *, max_held: int = 1000, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, *, max_held: int = 1000, client_share: float = 1.0, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.max_held = max_held
+        # Held requests one client address may have (runtime/peers.py): one client
+        # with many requests for a model nobody serves does not fill the queue.
+        self.max_held_each = share_of(max_held, client_share)
         self._clock = clock
         self._held: dict[str, int] = {}
         # Model → monotonic time of the last request refused as unplaceable.
@@ -149,15 +155,21 @@ class Holding:
         event.set()
 
     @contextmanager
-    def hold(self, model: str) -> Iterator[None]:
-        """Count one held request for `model` for the duration of the block."""
+    def hold(self, model: str, peer: Peer | None = None) -> Iterator[None]:
+        """Count one held request for `model` (from `peer`'s address) for the block."""
         if self._total >= self.max_held:
             raise HoldQueueFull(model)
+        if peer is not None:
+            if peer.held >= self.max_held_each:
+                raise HoldQueueFull(model, share=True)
+            peer.held += 1
         self._total += 1
         self._held[model] = self._held.get(model, 0) + 1
         try:
             yield
         finally:
+            if peer is not None:
+                peer.held -= 1
             self._total -= 1
             left = self._held[model] - 1
             if left:

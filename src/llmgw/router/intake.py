@@ -28,6 +28,7 @@ from llmgw.router.config import RouterConfig
 from llmgw.router.errors import bad_request, error_response, too_large
 from llmgw.runtime.fastserver import FastRequest
 from llmgw.runtime.logs import kv
+from llmgw.runtime.peers import Peer
 
 log: Final = logging.getLogger(__name__)
 
@@ -35,38 +36,73 @@ _decode: Final = msgspec.json.Decoder().decode
 
 
 class ByteBudget:
-    """Request-body bytes in flight, all clients together; `take` refuses past `limit`."""
+    """Request-body bytes in flight, all clients together and per client address.
 
-    __slots__ = ("limit", "used")
+    Counted as they arrive, never as a client declares them: a declared length
+    costs nothing until its bytes come, so slow uploads that declare megabytes and
+    send a byte hold no budget. `take` refuses past `limit`, or past `each` for one
+    address (its `Peer`; None: a request with no known address, held to `limit` only).
+    """
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = ("each", "limit", "used")
+
+    def __init__(self, limit: int, *, each: int | None = None) -> None:
         self.limit = limit
+        self.each = limit if each is None else each
         self.used = 0
 
-    def take(self, n: int) -> bool:
+    def fits(self, n: int, peer: Peer | None) -> bool:
+        """Whether `n` more bytes would be taken now (nothing is taken)."""
         if self.used + n > self.limit:
             return False
+        return peer is None or peer.body_bytes + n <= self.each
+
+    def take(self, n: int, peer: Peer | None) -> bool:
+        if self.used + n > self.limit:
+            return False
+        if peer is not None:
+            if peer.body_bytes + n > self.each:
+                return False
+            peer.body_bytes += n
         self.used += n
         return True
 
-    def give(self, n: int) -> None:
+    def give(self, n: int, peer: Peer | None) -> None:
         self.used -= n
+        if peer is not None:
+            peer.body_bytes -= n
 
 
 class Intake:
     """A read and decoded body; `release()` (once, in a finally) returns its bytes to the budget."""
 
-    __slots__ = ("_budget", "_held", "body", "doc")
+    __slots__ = ("_budget", "_held", "_peer", "body", "doc")
 
-    def __init__(self, body: bytes, doc: dict[str, Any], budget: ByteBudget, held: int) -> None:
+    def __init__(
+        self,
+        body: bytes,
+        doc: dict[str, Any],
+        budget: ByteBudget,
+        held: int,
+        peer: Peer | None,
+    ) -> None:
         self.body = body
         self.doc = doc
         self._budget = budget
         self._held = held
+        self._peer = peer
 
     def release(self) -> None:
-        self._budget.give(self._held)
+        self._budget.give(self._held, self._peer)
         self._held = 0
+
+
+def peer_of(request: web.Request | FastRequest) -> Peer | None:
+    """The client address's tally the request is charged to (runtime/peers.py)."""
+    if isinstance(request, FastRequest):
+        return request.peer
+    peer = getattr(request.protocol, "peer", None)
+    return peer if isinstance(peer, Peer) else None
 
 
 def refused(
@@ -94,50 +130,70 @@ def _closing(resp: web.Response) -> web.Response:
     return resp
 
 
+def _busy(budget: ByteBudget, peer: Peer | None) -> web.Response:
+    if budget.used < budget.limit and peer is not None and peer.body_bytes >= budget.each // 2:
+        msg = "This client address has too many request bodies in flight; retry shortly."
+    else:
+        msg = "The router is reading too many request bodies at once; retry shortly."
+    return error_response(
+        503, msg, type="service_unavailable", code="server_busy", headers={"Retry-After": "1"}
+    )
+
+
+def _slow(cfg: RouterConfig, why: str) -> web.Response:
+    return error_response(408, why, type="invalid_request_error", code="request_timeout")
+
+
 async def read_json(
-    request: web.Request | FastRequest, cfg: RouterConfig, budget: ByteBudget, rid: str
+    request: web.Request | FastRequest,
+    cfg: RouterConfig,
+    budget: ByteBudget,
+    rid: str,
+    decode: bool = True,
 ) -> Intake | web.Response:
-    """The body and its JSON object, or the refusal to send (already logged)."""
+    """The body and its JSON object, or the refusal to send (already logged).
+
+    `decode` False: the body only (a multipart upload, forms.py), with an empty `doc`.
+    """
     limit = cfg.max_body_bytes
     declared = request.content_length
     if declared is not None and declared > limit:
         return refused(_closing(too_large(limit)), rid, f"declared {declared} bytes", request)
-    # Unknown length (chunked): the most it may be, until it is read.
-    held = limit if declared is None else declared
-    if not budget.take(held):
-        resp = error_response(
-            503,
-            "The router is reading too many request bodies at once; retry shortly.",
-            type="service_unavailable",
-            code="server_busy",
-            headers={"Retry-After": "1"},
-        )
-        return refused(_closing(resp), rid, f"{budget.used} body bytes in flight", request)
+    peer = peer_of(request)
+    held = 0
     kept = False
     try:
         try:
             if type(request) is FastRequest and request.complete:
                 # Already in with its head (most bodies): nothing to wait for, no timer.
                 body = await request.read()
+                held = len(body)
+                if not budget.take(held, peer):
+                    held = 0
+                    return refused(_busy(budget, peer), rid, "body bytes in flight", request)
             else:
-                async with asyncio.timeout(cfg.body_timeout_s):
-                    body = await request.read()
+                if declared is not None and not budget.fits(declared, peer):
+                    # Refused before a byte is read: it could not be taken whole.
+                    why = f"{budget.used} body bytes in flight"
+                    return refused(_closing(_busy(budget, peer)), rid, why, request)
+                got = await _read_counted(request, cfg, budget, peer)
+                if isinstance(got, web.Response):
+                    why = "body bytes in flight" if got.status == 503 else "body too slow"
+                    return refused(_closing(got), rid, why, request)
+                body = got
+                # Charged as it arrived (_read_counted): from here the charge is ours.
+                held = len(body)
         except TimeoutError:
-            resp = error_response(
-                408,
-                f"The request body did not arrive within {cfg.body_timeout_s:g}s.",
-                type="invalid_request_error",
-                code="request_timeout",
-            )
+            resp = _slow(cfg, f"The request body did not arrive within {cfg.body_timeout_s:g}s.")
             return refused(_closing(resp), rid, "body too slow", request)
         except web.HTTPRequestEntityTooLarge:
             return refused(_closing(too_large(limit)), rid, "body too large", request)
         except web.RequestPayloadError as exc:
             resp = bad_request(f"The request body is malformed: {exc}.")
             return refused(_closing(resp), rid, "bad body framing", request)
-        if declared is None:
-            budget.give(held - len(body))
-            held = len(body)
+        if not decode:
+            kept = True
+            return Intake(body, {}, budget, held, peer)
         try:
             doc = _decode(body)
         except msgspec.DecodeError as exc:
@@ -162,7 +218,77 @@ async def read_json(
                 request,
             )
         kept = True
-        return Intake(body, doc, budget, held)
+        return Intake(body, doc, budget, held, peer)
     finally:
-        if not kept:
-            budget.give(held)
+        if not kept and held:
+            budget.give(held, peer)
+
+
+async def _read_counted(
+    request: web.Request | FastRequest, cfg: RouterConfig, budget: ByteBudget, peer: Peer | None
+) -> bytes | web.Response:
+    """A body still arriving, charged to the budget as its bytes come, bounded by
+    `body_timeout_s` and, once it has been arriving for `header_timeout_s`, by
+    `min_body_bytes_per_s`. What it returns stays charged (`len` of it: the caller
+    gives it back); on any other exit the charge is given back here.
+
+    TimeoutError past `body_timeout_s`; aiohttp's HTTPRequestEntityTooLarge and
+    RequestPayloadError as `read()` raises them; a refusal (503, 408) as its answer.
+    """
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline = start + cfg.body_timeout_s
+    rate = cfg.min_body_bytes_per_s
+    grace = cfg.header_timeout_s
+    limit = cfg.max_body_bytes
+    taken = 0
+    done = False
+    try:
+        if isinstance(request, FastRequest):
+            while not request.ended():
+                size = request.size
+                if size > taken:
+                    if not budget.take(size - taken, peer):
+                        return _busy(budget, peer)
+                    taken = size
+                now = loop.time()
+                if now >= deadline:
+                    raise TimeoutError
+                spent = now - start
+                if rate and spent >= grace and size < rate * spent:
+                    return _slow(cfg, _too_slow(size, spent, rate))
+                await request.wait_more(timeout_s=min(deadline - now, 1.0))
+            body = await request.read()
+            if len(body) > taken:
+                # What came with its last bytes, after the last look.
+                if not budget.take(len(body) - taken, peer):
+                    return _busy(budget, peer)
+                taken = len(body)
+            done = True
+            return body
+        chunks: list[bytes] = []
+        async with asyncio.timeout_at(deadline):
+            while True:
+                chunk = await request.content.readany()
+                if not chunk:
+                    done = True
+                    return b"".join(chunks)
+                if taken + len(chunk) > limit:
+                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=taken)
+                if not budget.take(len(chunk), peer):
+                    return _busy(budget, peer)
+                taken += len(chunk)
+                chunks.append(chunk)
+                spent = loop.time() - start
+                if rate and spent >= grace and taken < rate * spent:
+                    return _slow(cfg, _too_slow(taken, spent, rate))
+    finally:
+        if not done:
+            budget.give(taken, peer)
+
+
+def _too_slow(size: int, spent: float, rate: int) -> str:
+    return (
+        f"The request body is arriving too slowly ({size} bytes in {spent:.0f}s; "
+        f"at least {rate} bytes a second are needed)."
+    )

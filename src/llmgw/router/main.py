@@ -77,6 +77,7 @@ def _limits(cfg: RouterConfig) -> ServerLimits:
         idle_timeout_s=cfg.idle_timeout_s,
         header_timeout_s=cfg.header_timeout_s,
         max_connections=cfg.max_client_connections,
+        client_share=cfg.client_share,
         # OpenAI's API takes plain JSON; a small gzip body can inflate to gigabytes.
         decompress=False,
     )

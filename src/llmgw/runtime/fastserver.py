@@ -53,6 +53,7 @@ from multidict import CIMultiDict
 
 from llmgw.runtime.httpserver import Edge, _one_line, _without_echo
 from llmgw.runtime.logs import kv
+from llmgw.runtime.peers import Peer
 
 log: Final = logging.getLogger(__name__)
 
@@ -148,6 +149,11 @@ def _fields(headers: Any) -> bytes:
     return "".join(lines).encode("utf-8", "surrogateescape")
 
 
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class _HeadError(Exception):
     """A head the server refuses before parsing further (its message is the 400's)."""
 
@@ -163,6 +169,7 @@ class FastRequest:
         "_chunks",
         "_conn",
         "_error",
+        "_more",
         "_waiter",
         "app",
         "complete",
@@ -173,6 +180,7 @@ class FastRequest:
         "match_info",
         "method",
         "path",
+        "peer",
         "raw_path",
         "remote",
         "size",
@@ -202,6 +210,8 @@ class FastRequest:
         self.keep_alive = keep_alive
         self.version = version
         self.remote = conn.remote
+        # The client address's tally (runtime/peers.py), shared by its connections.
+        self.peer = conn.peer
         self.match_info: dict[str, str] = {}
         cl = headers.get("Content-Length")
         # The parser has checked it is one plain number.
@@ -213,6 +223,29 @@ class FastRequest:
         self._chunks: list[bytes] = []
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        # `wait_more`'s: set by the next body bytes, not only by the body's end.
+        self._more: asyncio.Future[None] | None = None
+
+    async def wait_more(self, *, timeout_s: float) -> None:
+        """Wait for more of the body (or its end, or a failure), at most `timeout_s`.
+
+        For a reader that counts a body as it arrives (the router's intake: a budget
+        charged by bytes in, a minimum rate) instead of waiting for all of it.
+        """
+        if self.complete or self.too_large or self._error is not None:
+            return
+        self._conn.resume_for(self)
+        more = self._more = self._conn.loop.create_future()
+        timer = self._conn.loop.call_later(timeout_s, _settle, more)
+        try:
+            await more
+        finally:
+            timer.cancel()
+            self._more = None
+
+    def ended(self) -> bool:
+        """Whether the body is all in, over the limit, or broken: `read()` will not wait."""
+        return self.complete or self.too_large or self._error is not None
 
     async def read(self) -> bytes:
         """The whole body.
@@ -241,6 +274,8 @@ class FastRequest:
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        if self._more is not None:
+            _settle(self._more)
 
     def _feed(self, data: bytes) -> None:
         if self.too_large:
@@ -252,6 +287,8 @@ class FastRequest:
             self._wake()
             return
         self._chunks.append(data)
+        if self._more is not None:
+            _settle(self._more)
 
     def _fail(self, exc: BaseException) -> None:
         self._error = exc
@@ -376,8 +413,13 @@ class FastProtocol(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.remote: str | None = None
+        self.peer: Peer | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.counted = False
+        self.refused_lingering = False  # refused past a cap, reading and dropping
+        # Lingering (`_linger`): when the client last sent, and when it ends at most.
+        self.linger_last = 0.0
+        self.linger_end = 0.0
         # The request being parsed (head or body), and those waiting their turn.
         self.cur: FastRequest | None = None
         self.in_head = False
@@ -422,26 +464,16 @@ class FastProtocol(asyncio.Protocol):
         edge = self.edge
         # uvloop's transports are not asyncio.Transport subclasses: cast, not isinstance.
         tcp = cast(asyncio.Transport, transport)
-        peer = transport.get_extra_info("peername")
-        self.remote = peer[0] if isinstance(peer, tuple) else None
-        if edge.open >= edge.max_connections:
-            edge.refused_total += 1
-            log.warning(
-                kv(
-                    "refused connection",
-                    server=edge.name,
-                    status=503,
-                    peer=self.remote,
-                    open=edge.open,
-                    max_connections=edge.max_connections,
-                )
-            )
-            tcp.write(edge.full_answer)
-            tcp.close()
-            self.closing = True
+        got = transport.get_extra_info("peername")
+        self.remote = got[0] if isinstance(got, tuple) else None
+        full = edge.open >= edge.max_connections
+        peer = None if full else edge.peers.enter(self.remote)
+        if peer is None:
+            self._refuse_connection(tcp, full)
             return
         edge.open += 1
         self.counted = True
+        self.peer = peer
         self.transport = tcp
         self.server.conns.add(self)
         sock = transport.get_extra_info("socket")
@@ -450,10 +482,47 @@ class FastProtocol(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._arm_idle()
 
+    def _refuse_connection(self, tcp: asyncio.Transport, full: bool) -> None:
+        """Past the server's cap (`full`) or the address's share: a 503, then close.
+
+        Closed at once, with the client's request unread, the kernel would reset the
+        connection, and a reset can destroy the 503 before the client reads it. So,
+        while few such connections are open: end our side, read and drop what comes
+        for `linger_s` (the client's close ends it sooner), then close.
+        """
+        edge = self.edge
+        edge.refused_total += 1
+        log.warning(
+            kv(
+                "refused connection",
+                server=edge.name,
+                status=503,
+                peer=self.remote,
+                open=edge.open,
+                max_connections=edge.max_connections if full else edge.peers.max_conns_each,
+                why="server full" if full else "client address at its share",
+            )
+        )
+        self.closing = True
+        tcp.write(edge.full_answer if full else edge.share_answer)
+        if edge.refused_lingering >= edge.max_refused_lingering or not tcp.can_write_eof():
+            tcp.close()
+            return
+        edge.refused_lingering += 1
+        self.refused_lingering = True
+        self.transport = tcp
+        tcp.write_eof()
+        self.linger_timer = self.loop.call_later(edge.linger_s, tcp.close)
+
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.counted:
             self.counted = False
             self.edge.open -= 1
+            if self.peer is not None:
+                self.edge.peers.leave(self.peer)
+        if self.refused_lingering:
+            self.refused_lingering = False
+            self.edge.refused_lingering -= 1
         self.server.conns.discard(self)
         self.transport = None
         self.closing = True
@@ -599,6 +668,8 @@ class FastProtocol(asyncio.Protocol):
         In a loop, not by recursion: a read can hold thousands of such requests.
         """
         if self.closing:
+            # Answered and closing: what still comes is read and dropped (`_linger`).
+            self.linger_last = self.loop.time()
             return b""
         if self.raw_body_left:
             data = self._raw_body(data)
@@ -1001,7 +1072,26 @@ class FastProtocol(asyncio.Protocol):
             transport.close()
             return
         transport.write_eof()
-        self.linger_timer = self.loop.call_later(self.edge.linger_s, transport.close)
+        now = self.loop.time()
+        self.linger_last = now
+        self.linger_end = now + self.edge.linger_max_s
+        self.linger_timer = self.loop.call_later(self.edge.linger_s, self._linger_check)
+
+    def _linger_check(self) -> None:
+        """Close once the client has sent nothing for `linger_s`, or `linger_max_s` after
+        the answer: a client trickling its body reads the answer once it stops."""
+        self.linger_timer = None
+        transport = self.transport
+        if transport is None:
+            return
+        now = self.loop.time()
+        quiet_at = self.linger_last + self.edge.linger_s
+        if now < quiet_at and now < self.linger_end:
+            self.linger_timer = self.loop.call_later(
+                min(quiet_at, self.linger_end) - now, self._linger_check
+            )
+            return
+        transport.close()
 
     def eof_received(self) -> bool:
         # The client is done sending; a lingering close need not wait any longer.

@@ -35,6 +35,7 @@ from aiohttp import web
 from aiohttp.web_request import BaseRequest
 
 from llmgw.runtime.logs import kv
+from llmgw.runtime.peers import Peer, Peers
 from llmgw.wire.errors import error_body
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,10 @@ ErrorBody = Callable[[int, str], bytes]
 # Descriptors kept out of the client-connection budget whatever the limit: the
 # listening socket, logs, the state file, scrapes, the controller's long-poll.
 FD_RESERVE = 64
+# A connection refused mid-body keeps reading and dropping what its client still sends
+# for at most this long (nginx's lingering_time is 30 s): a client that sends its whole
+# body before it reads would otherwise meet a reset, and lose the answer with it.
+LINGER_MAX_S = 10.0
 # Where aiohttp's parser message starts quoting the client's bytes.
 _ECHO = re.compile(r"[\s:]*\bb['\"]")
 
@@ -82,6 +87,9 @@ class ServerLimits:
     # Inflate gzip/deflate request bodies (the router does not: a small body can
     # inflate to gigabytes, and OpenAI's API takes plain JSON).
     decompress: bool = True
+    # The part of each shared budget (connections here) one client address may hold
+    # (runtime/peers.py); 1.0: no division.
+    client_share: float = 1.0
 
 
 def raise_nofile_limit() -> int:
@@ -144,13 +152,30 @@ class Edge:
         self.max_connections = connection_cap(limits.max_connections, nofile_limit())
         self.open = 0
         self.refused_total = 0
+        self.peers = Peers(max_connections=self.max_connections, share=limits.client_share)
         self.full_answer = _canned(
             503,
             error(503, "The server has too many open connections; retry shortly."),
             "Retry-After: 1\r\n",
         )
-        # How long a connection refused mid-body reads and drops the rest before closing.
+        self.share_answer = _canned(
+            503,
+            error(
+                503,
+                "This client address has too many open connections "
+                f"(at most {self.peers.max_conns_each}); retry shortly.",
+            ),
+            "Retry-After: 1\r\n",
+        )
+        # How long a connection refused mid-body reads and drops the rest before
+        # closing, once nothing more comes; and at most, while the client still sends.
         self.linger_s = min(2.0, limits.header_timeout_s)
+        self.linger_max_s = LINGER_MAX_S
+        # Connections refused past the cap that read and drop the client's first
+        # bytes before closing (so it reads the 503, not a reset): bounded, since each
+        # holds a descriptor outside the cap.
+        self.refused_lingering = 0
+        self.max_refused_lingering = max(1, min(256, self.max_connections // 4))
         self.late_answer = _canned(
             408, error(408, f"The request head did not arrive within {limits.header_timeout_s:g}s.")
         )
@@ -173,43 +198,52 @@ class Edge:
 class EdgeHandler(web.RequestHandler):
     """aiohttp's request handler: JSON pre-handler errors, a head timeout, a connection cap."""
 
-    __slots__ = ("_counted", "_edge", "_head_timer")
+    __slots__ = ("_counted", "_edge", "_head_timer", "peer")
 
     def __init__(self, manager: web.Server, *, edge: Edge, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._edge = edge
         self._head_timer: asyncio.TimerHandle | None = None
         self._counted = False
+        # The client address's tally (runtime/peers.py); None until counted.
+        self.peer: Peer | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         edge = self._edge
-        if edge.open >= edge.max_connections:
+        got = transport.get_extra_info("peername")
+        addr = got[0] if isinstance(got, tuple) else None
+        full = edge.open >= edge.max_connections
+        peer = None if full else edge.peers.enter(addr)
+        if peer is None:
             edge.refused_total += 1
-            peer = transport.get_extra_info("peername")
             log.warning(
                 kv(
                     "refused connection",
                     server=edge.name,
                     status=503,
-                    peer=peer[0] if isinstance(peer, tuple) else peer,
+                    peer=addr,
                     open=edge.open,
-                    max_connections=edge.max_connections,
+                    max_connections=edge.max_connections if full else edge.peers.max_conns_each,
+                    why="server full" if full else "client address at its share",
                 )
             )
             # uvloop's transports are not asyncio.Transport subclasses: cast, not isinstance.
             tcp = cast(asyncio.Transport, transport)
-            tcp.write(edge.full_answer)
+            tcp.write(edge.full_answer if full else edge.share_answer)
             tcp.close()
             self._force_close = True
             return
         edge.open += 1
         self._counted = True
+        self.peer = peer
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._counted:
             self._counted = False
             self._edge.open -= 1
+            if self.peer is not None:
+                self._edge.peers.leave(self.peer)
         self._cancel_head_timer()
         super().connection_lost(exc)
 

@@ -28,6 +28,7 @@ from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import Adapter, FleetState, Model, Replica, Reservation
 from llmgw.controller.fleet.starts import StartHistory
 from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
+from llmgw.wire.models import ModelSpec
 
 # The router's metric dialect per engine: "" is vLLM's names, which
 # the sim-engine speaks too.
@@ -67,6 +68,8 @@ def endpoint_info(
         weight=r.weight,
         priority=spec.priority,
         api_key=r.shards[0].api_key if r.shards else "",
+        # llama.cpp selects an adapter by its position among those it started with.
+        lora_ids=r.shards[0].adapters if spec.engine == "llamacpp" and r.shards else (),
     )
     kv = kv_events_fields(r, model)
     return msgspec.structs.replace(info, **kv) if kv else info
@@ -159,6 +162,11 @@ def outlook(
     starting: set[str] = set()
     for st in ("pending", "starting"):
         starting.update(state.replicas[rid].model for rid in index.in_state(st))
+    waking = {state.replicas[rid].model for rid in index.in_state("waking")}
+    asleep: dict[str, int] = {}
+    for rid in index.in_state("sleeping"):
+        r = state.replicas[rid]
+        asleep[r.model] = r.sleep_level or 2
     eta = idle_enough_at or {}
     by_base: dict[str, list[str]] = {}
     for a in sorted(state.adapters.values(), key=lambda a: a.name):
@@ -171,7 +179,9 @@ def outlook(
         # Its adapters wait (or are refused) with it.
         names = (*model.spec.served_names, *by_base.get(name, ()))
         res = evicting.get(name)
-        if res is not None:
+        if name in waking or (res is not None and name in asleep):
+            out.append(_waking(names, model.spec, asleep.get(name, 1), swapping=name not in waking))
+        elif res is not None:
             n = len(res.victims)
             reason = f"evicting {n} idle replica{'s' if n != 1 else ''} of other models for it"
             out.append(ModelOutlook(models=names, state="making_room", reason=reason))
@@ -192,6 +202,39 @@ def outlook(
                 ModelOutlook(models=names, state="cannot_place", reason=reason, retry_after_s=retry)
             )
     return tuple(out)
+
+
+# What a wake costs, after vLLM's published sleep-mode figures (docs/sleep-and-adapters.md):
+# a fixed part and a part per GB of weights on each GPU (copied back from host memory at
+# level 1, read again at level 2).
+WAKE_L1_BASE_S, WAKE_L1_S_PER_GB = 0.05, 0.046
+WAKE_L2_BASE_S, WAKE_L2_S_PER_GB = 0.85, 0.10
+
+
+def wake_estimate_s(spec: ModelSpec, level: int) -> float | None:
+    """Seconds a wake of `spec` from `level` takes; None when its weights' size is unknown."""
+    if spec.weights_gb is None:
+        return None
+    per_gpu = spec.weights_gb / spec.gpus_per_replica
+    if level == 1:
+        return WAKE_L1_BASE_S + WAKE_L1_S_PER_GB * per_gpu
+    return WAKE_L2_BASE_S + WAKE_L2_S_PER_GB * per_gpu
+
+
+def _waking(names: tuple[str, ...], spec: ModelSpec, level: int, *, swapping: bool) -> ModelOutlook:
+    est = wake_estimate_s(spec, level)
+    reason = (
+        "idle replicas on its sleeping replica's cards are making way; then it wakes"
+        if swapping
+        else "a sleeping replica is waking"
+    )
+    if est is None:
+        return ModelOutlook(models=names, state="waking", reason=reason)
+    # Whole seconds, not coarse_s's tens: a wake is seconds, and the figure comes
+    # from the spec, so it does not change from tick to tick.
+    took = float(max(1, math.ceil(est)))
+    reason += f"; a wake takes about {took:g} s"
+    return ModelOutlook(models=names, state="waking", reason=reason, retry_after_s=took)
 
 
 def _starting(

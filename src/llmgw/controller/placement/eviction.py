@@ -42,7 +42,7 @@ class EvictionPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class _Candidate:
+class Candidate:
     replica: Replica
     priority: int
     idle_s: float
@@ -69,7 +69,9 @@ def plan_eviction(
         return EvictionPlan(
             model=spec.name, evict=(), placement=direct, why="fits without eviction"
         )
-    candidates = _candidates(spec, state, idle_fn(idle, now=now), now, heartbeat_timeout_s, exclude)
+    candidates = idle_candidates(
+        spec, state, idle_fn(idle, now=now), now, heartbeat_timeout_s, exclude
+    )
     found = _greedy(spec, state, free, candidates, exclude)
     if found is None:
         return None
@@ -85,15 +87,17 @@ def plan_eviction(
     )
 
 
-def _candidates(
+def idle_candidates(
     spec: ModelSpec,
     state: FleetState,
     idle: IdleFor,
     now: float,
     heartbeat_timeout_s: float,
     exclude: Collection[str],
-) -> list[_Candidate]:
-    out: list[_Candidate] = []
+) -> list[Candidate]:
+    """Ready replicas of other models that eviction may take for `spec`, in the
+    order it takes them (module docstring: the rules)."""
+    out: list[Candidate] = []
     for r in state.replicas.values():
         if r.state != "ready" or r.model == spec.name or r.id in exclude:
             continue
@@ -106,7 +110,7 @@ def _candidates(
         # Cards on a node that is not ready are not capacity even once freed.
         if not any(_ready(state, s.node, now, heartbeat_timeout_s) for s in r.shards):
             continue
-        out.append(_Candidate(replica=r, priority=model.spec.priority, idle_s=idle_s))
+        out.append(Candidate(replica=r, priority=model.spec.priority, idle_s=idle_s))
     out.sort(key=lambda c: (c.priority, -c.idle_s, c.replica.id))
     return out
 
@@ -122,13 +126,13 @@ def _greedy(
     spec: ModelSpec,
     state: FleetState,
     free: FreeMap,
-    candidates: Sequence[_Candidate],
+    candidates: Sequence[Candidate],
     exclude: Collection[str],
-) -> tuple[list[_Candidate], Placement] | None:
+) -> tuple[list[Candidate], Placement] | None:
     """Free candidates in order until the model fits; None if even all of them do not suffice."""
     spare = _spare_per_model(state, exclude)
     sim = free.copy()
-    chosen: list[_Candidate] = []
+    chosen: list[Candidate] = []
     for c in candidates:
         if spare[c.replica.model] <= 0:
             continue  # never below the model's min_replicas
@@ -159,9 +163,9 @@ def _shrink(
     spec: ModelSpec,
     state: FleetState,
     free: FreeMap,
-    chosen: list[_Candidate],
+    chosen: list[Candidate],
     placement: Placement,
-) -> list[_Candidate]:
+) -> list[Candidate]:
     """Drop members not needed, most valuable (last chosen) first; the set stays feasible."""
     # First cut: the victims on the cards (multi-node: the whole nodes) the
     # placement landed on; whatever else greedy freed did not contribute.
@@ -169,7 +173,7 @@ def _shrink(
     landed = {(s.node, g) for s in placement.shards for g in s.gpus}
     landed_nodes = {s.node for s in placement.shards}
 
-    def contributed(c: _Candidate) -> bool:
+    def contributed(c: Candidate) -> bool:
         for shard in c.replica.shards:
             if whole_nodes and shard.node in landed_nodes:
                 return True
@@ -188,7 +192,7 @@ def _shrink(
 
 
 def _place_after(
-    spec: ModelSpec, state: FleetState, free: FreeMap, evicted: Sequence[_Candidate]
+    spec: ModelSpec, state: FleetState, free: FreeMap, evicted: Sequence[Candidate]
 ) -> Placement | None:
     sim = free.copy()
     for c in evicted:
@@ -198,7 +202,7 @@ def _place_after(
     return result if isinstance(result, Placement) else None
 
 
-def _why(spec: ModelSpec, chosen: Sequence[_Candidate]) -> str:
+def _why(spec: ModelSpec, chosen: Sequence[Candidate]) -> str:
     victims = ", ".join(
         f"{c.replica.id} ({c.replica.model}, priority {c.priority}, idle {int(c.idle_s)} s)"
         for c in chosen

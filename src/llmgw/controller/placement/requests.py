@@ -21,7 +21,6 @@ under the replica's model). Eviction is tried before `force` drops capacity.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -45,6 +44,7 @@ from llmgw.controller.placement.rules import (
     free_map,
     place,
 )
+from llmgw.controller.placement.swaps import Woke, lower_desired, sleep_or_drain, try_wake
 from llmgw.controller.tick.carryover import TickMemory
 from llmgw.controller.tick.context import TickContext
 
@@ -96,6 +96,18 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
             mine = held.pop(name, [])
             for node, gpus in mine:
                 free.release(node, gpus)  # its own room, held for it until now
+            if q.restart is None and q.replaces is None:
+                # A sleeper of the model wakes rather than a new replica starting.
+                woke, res = try_wake(t, q.model.spec, free)
+                if woke is Woke.WAITING:
+                    for node, gpus in mine:
+                        _take(free, name, node, gpus)
+                        held.setdefault(name, []).append((node, gpus))
+                if woke is Woke.SWAPPING and res is not None:
+                    _hold(free, name, res, held)
+                if woke is not Woke.NONE:
+                    mem.unplaceable.pop(name, None)
+                    continue
             result = place(q.model.spec, batch.base.nodes, free)
             if isinstance(result, Placement):
                 free.take(result)
@@ -328,14 +340,14 @@ def _maybe_evict(
         r = batch.replica(rid)
         if r is None or r.state != "ready":
             continue
-        batch.drain(
+        sleep_or_drain(
+            t,
             r,
             f"evicted for {model.name}: {plan.why}"
             + ("" if purpose is None else f" (for {purpose})"),
-            grace_s=cfg.drain_grace_s,
             kind="replica.evicted",
         )
-        _lower_desired(t, r.model)
+        lower_desired(t, r.model)
     res = mem.evicting[model.name] = Reservation(
         model=model.name,
         victims=frozenset(plan.evict),
@@ -398,19 +410,3 @@ def _freeing(t: TickContext, r: Replica) -> bool:
         ):
             return True
     return False
-
-
-def _lower_desired(t: TickContext, name: str) -> None:
-    """An evicted replica was idle past its timeout: its model wants one fewer now.
-
-    Otherwise the model would re-place it at once, into the very room the
-    eviction made; it comes back on demand (routers report held requests).
-    """
-    batch = t.batch
-    m = batch.model(name)
-    if m is None or m.desired_replicas <= m.spec.min_replicas:
-        return
-    batch.put_model(dataclasses.replace(m, desired_replicas=m.desired_replicas - 1))
-    msg = f"desired {m.desired_replicas} → {m.desired_replicas - 1} (an idle replica was evicted)"
-    batch.event("model.scaled", "model", name, msg, model=name)
-    t.memory.last_scaled_at[name] = batch.now

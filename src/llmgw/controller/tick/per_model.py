@@ -25,6 +25,7 @@ from llmgw.controller.fleet.batch import LIVE, Batch, node_drain_grace
 from llmgw.controller.fleet.records import FleetState, Model, Replica
 from llmgw.controller.idle import IdleTracker, ModelLoadSum
 from llmgw.controller.placement.requests import Request, place_requests
+from llmgw.controller.placement.swaps import sleep_or_drain
 from llmgw.controller.tick.context import TickContext
 from llmgw.controller.tick.moves import Move, move_reason
 
@@ -163,11 +164,12 @@ def _model(
     *,
     stable: bool = False,
 ) -> None:
-    batch, cfg = t.batch, t.config
+    batch = t.batch
     now, name = batch.now, m.name
     desired = _scale(t, m, held, load)
     if stable and desired == m.desired_replicas:
         return
+    _stop_misplaced_sleepers(t, m)
     live = _live(t, name)
     if not live and desired == 0:
         return
@@ -193,9 +195,7 @@ def _model(
         single = [r for r in live if r.id not in replaced and r.replaces not in replaced]
         moving = {r.id for r, _ in movers}
         for r in _surplus(single, count - desired, t.usage, now, moving):
-            batch.drain(
-                r, f"surplus: {count} replicas, {desired} desired", grace_s=cfg.drain_grace_s
-            )
+            sleep_or_drain(t, r, f"surplus: {count} replicas, {desired} desired")
         return
     requests.extend(Request(model=m) for _ in range(desired - count))
     for r in live:
@@ -209,6 +209,19 @@ def _model(
     if outdated and not replaced:
         moving_now.append(min(outdated, key=lambda rm: (rm[0].created_at, rm[0].id)))
     requests.extend(Request(model=m, replaces=r, why=move.reason) for r, move in moving_now)
+
+
+def _stop_misplaced_sleepers(t: TickContext, m: Model) -> None:
+    """A sleeper that would have to move (node draining, card unhealthy, spec changed)
+    stops: waking it there would serve from the wrong place or the old spec."""
+    batch = t.batch
+    for rid in sorted(t.index.of_model(m.name)):
+        r = batch.replica(rid)
+        if r is None or r.state != "sleeping":
+            continue
+        move = move_reason(batch, m, r)
+        if move is not None:
+            batch.stop(r, f"stopped asleep: {move.reason}")
 
 
 def _replaced(live: list[Replica]) -> set[str]:

@@ -1,0 +1,115 @@
+"""Swaps: a tick's sleeps and wakes, written into its batch (wakes.py decides them).
+
+Where a replica used to be drained (evicted for another model, surplus), one
+whose spec allows it sleeps instead when its cards' memory, and for level 1
+its node's host memory, allow (`sleep_or_drain`); sleepers in the way of that
+memory stop first. Where a model needs one more replica, one of its sleepers
+is woken rather than a new one started (`try_wake`), after the awake replicas
+on its cards have been put to sleep (or stopped) by eviction's rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+
+from llmgw.controller.fleet.records import Replica, Reservation
+from llmgw.controller.placement.rules import FreeMap, Placement, ShardPlacement
+from llmgw.controller.placement.wakes import plan_wake, sleep_room
+from llmgw.controller.tick.context import TickContext
+from llmgw.wire.models import ModelSpec
+
+
+class Woke(Enum):
+    """What `try_wake` did for a model that needs a replica."""
+
+    NONE = "none"  # no sleeper can wake: place one as before
+    WOKEN = "woken"  # a sleeper wakes now; its cards are taken
+    SWAPPING = "swapping"  # awake replicas on a sleeper's cards are leaving for it
+    WAITING = "waiting"  # a sleeper's cards are still being given back
+
+
+def sleep_or_drain(t: TickContext, r: Replica, reason: str, *, kind: str | None = None) -> Replica:
+    """`r` leaves service: asleep where its spec and memory allow, else drained."""
+    batch = t.batch
+    model = batch.model(r.model)
+    if r.state != "ready" or model is None or not model.spec.sleep_mode:
+        return batch.drain(r, reason, grace_s=t.config.drain_grace_s, kind=kind)
+    replicas = _current(t)
+    specs = {name: m.spec for name, m in batch.base.models.items()}
+    room = sleep_room(r, model.spec, replicas, batch.base.nodes, specs)
+    if room is None:
+        why = f"{reason}; no room to sleep (GPU or host memory), stopped instead"
+        return batch.drain(r, why, grace_s=t.config.drain_grace_s, kind=kind)
+    for rid in room.stop:
+        s = replicas.get(rid)
+        if s is not None and s.state == "sleeping":
+            batch.stop(s, f"stopped asleep: its memory is needed for {r.id} ({r.model}) to sleep")
+    return batch.sleep(r, room.level, f"{reason}; sleeps at level {room.level}")
+
+
+def _current(t: TickContext) -> dict[str, Replica]:
+    """The replicas as this tick sees them: its start, with its own changes over it."""
+    out = dict(t.batch.base.replicas)
+    for r in t.batch.changes.replicas:
+        out[r.id] = r
+    return out
+
+
+def try_wake(t: TickContext, spec: ModelSpec, free: FreeMap) -> tuple[Woke, Reservation | None]:
+    """Wake a sleeper of `spec` if one can wake; the reservation made for a swap."""
+    batch, mem, cfg = t.batch, t.memory, t.config
+    plan = plan_wake(
+        spec,
+        batch.base,
+        t.usage,
+        free,
+        now=batch.now,
+        heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+        exclude=batch.leaving(),
+    )
+    if plan is None:
+        return Woke.NONE, None
+    sleeper = batch.replica(plan.replica)
+    if sleeper is None or sleeper.state != "sleeping":
+        return Woke.NONE, None
+    if plan.wait:
+        return Woke.WAITING, None
+    if not plan.evict:
+        for s in sleeper.shards:
+            shard = ShardPlacement(node=s.node, rank=s.rank, gpus=s.gpus)
+            free.take(Placement(model=spec.name, shards=(shard,), pool=sleeper.pool))
+        batch.wake(sleeper, plan.why)
+        mem.evicting.pop(spec.name, None)
+        return Woke.WOKEN, None
+    for rid in plan.evict:
+        victim = batch.replica(rid)
+        if victim is None or victim.state != "ready":
+            continue
+        sleep_or_drain(
+            t, victim, f"swapped out for {spec.name}: {plan.why}", kind="replica.evicted"
+        )
+        lower_desired(t, victim.model)
+    res = mem.evicting[spec.name] = Reservation(
+        model=spec.name,
+        victims=frozenset(plan.evict),
+        gpus=tuple((s.node, s.gpus) for s in sleeper.shards),
+    )
+    batch.event("model.evicting", "model", spec.name, plan.why, model=spec.name)
+    return Woke.SWAPPING, res
+
+
+def lower_desired(t: TickContext, name: str) -> None:
+    """An evicted replica was idle past its timeout: its model wants one fewer now.
+
+    Otherwise the model would re-place it at once, into the very room the
+    eviction made; it comes back on demand (routers report held requests).
+    """
+    batch = t.batch
+    m = batch.model(name)
+    if m is None or m.desired_replicas <= m.spec.min_replicas:
+        return
+    batch.put_model(dataclasses.replace(m, desired_replicas=m.desired_replicas - 1))
+    msg = f"desired {m.desired_replicas} → {m.desired_replicas - 1} (an idle replica was evicted)"
+    batch.event("model.scaled", "model", name, msg, model=name)
+    t.memory.last_scaled_at[name] = batch.now

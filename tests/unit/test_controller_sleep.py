@@ -1,0 +1,195 @@
+"""Sleeping instead of stopping: swaps in the reconcile tick and the memory rules (wakes.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+
+from llmgw.controller.fleet.endpoints import outlook
+from llmgw.controller.fleet.records import Replica, Shard
+from llmgw.controller.placement.wakes import sleep_room, sleepers_per_card
+from llmgw.wire.models import ModelSpec
+from llmgw.wire.usage import ModelLoad
+from tests.unit.controller_reconcile_world import World, spec
+
+HOST_MIB = 2_000_000
+IDLE = ModelLoad(inflight=0, held=0, requests=0, interval_s=1.0)
+
+
+def sleepy(name: str, **kw: object) -> ModelSpec:
+    base = spec(name, min_replicas=0, max_replicas=1, idle_timeout_s=60)
+    fields: dict[str, object] = {"sleep_mode": True, "weights_gb": 16.0, **kw}
+    return msgspec.structs.replace(base, **fields)
+
+
+def one_card(*models: ModelSpec) -> World:
+    w = World()
+    w.node("a", 1)
+    w.set_node("a", host_memory_mib=HOST_MIB)
+    for m in models:
+        w.model(m, desired=0)
+    return w
+
+
+def serve(w: World, name: str) -> str:
+    """Give `name` demand until its replica is ready; its id."""
+    w.report(demand={name: 1})
+    w.tick()
+    w.ready_all(name)
+    w.report()
+    return w.only(name, "ready").id
+
+
+class TestSwap:
+    def test_an_idle_replica_sleeps_instead_of_draining(self) -> None:
+        """Evicted for another model, a sleep-mode replica sleeps (level 1: its weights fit)."""
+        w = one_card(sleepy("a"), sleepy("b"))
+        a = serve(w, "a")
+        w.report(last_used={a: w.now - 120}, inflight={a: 0}, demand={"b": 1})
+        w.tick()
+        r = w.state.replicas[a]
+        assert (r.state, r.sleep_level) == ("sleeping", 1)
+        assert "evicted for b" in (r.reason or "")
+        assert w.replicas("b") == []  # the card is not free until the engine is asleep
+        w.heartbeat("a", {a: "sleeping"})
+        w.tick()
+        assert w.only("b").state == "pending"
+
+    def test_a_sleeping_replica_is_woken_not_started(self) -> None:
+        """Demand for a model whose replica sleeps on a free card wakes it: no new replica."""
+        w = one_card(sleepy("a"), sleepy("b"))
+        a = serve(w, "a")
+        w.report(last_used={a: w.now - 120}, inflight={a: 0}, demand={"b": 1})
+        w.tick()
+        w.heartbeat("a", {a: "sleeping"})
+        w.tick()
+        w.ready_all("b")
+        b = w.only("b", "ready").id
+        # Now b idles and a is wanted again: b sleeps, a wakes on the same card.
+        w.report(last_used={b: w.now - 120}, inflight={b: 0}, demand={"a": 1})
+        w.tick()
+        assert w.state.replicas[b].state == "sleeping"
+        assert w.state.replicas[a].state == "sleeping"  # waits for b's card
+        assert len(w.replicas("a")) == 1
+        w.heartbeat("a", {a: "sleeping", b: "sleeping"})
+        w.tick()
+        assert w.state.replicas[a].state == "waking"
+        assert any("waking" in e for e in w.events)
+        look = outlook(w.state, w.index, unplaceable={}, evicting=w.memory.evicting)
+        assert [(o.models, o.state, o.retry_after_s) for o in look] == [(("a",), "waking", 1.0)]
+        w.heartbeat("a", {a: "ready", b: "sleeping"})
+        assert w.state.replicas[a].state == "ready"
+        assert len(w.replicas("a")) == 1
+
+    def test_busy_replica_is_not_swapped_out(self) -> None:
+        """Eviction's rules stand: a replica used recently stays awake and the sleeper waits."""
+        w = one_card(sleepy("a"), sleepy("b"))
+        a = serve(w, "a")
+        w.report(last_used={a: w.now - 120}, inflight={a: 0}, demand={"b": 1})
+        w.tick()
+        w.heartbeat("a", {a: "sleeping"})
+        w.tick()
+        w.ready_all("b")
+        b = w.only("b", "ready").id
+        w.report(last_used={b: w.now - 5}, inflight={b: 1}, demand={"a": 1})
+        w.tick()
+        assert (w.state.replicas[a].state, w.state.replicas[b].state) == ("sleeping", "ready")
+
+    def test_without_sleep_mode_the_replica_drains(self) -> None:
+        """A spec without sleep_mode is evicted as before."""
+        w = one_card(spec("a", min_replicas=0, max_replicas=1, idle_timeout_s=60), sleepy("b"))
+        a = serve(w, "a")
+        w.report(last_used={a: w.now - 120}, inflight={a: 0}, demand={"b": 1})
+        w.tick()
+        assert w.state.replicas[a].state == "draining"
+
+    def test_surplus_sleeps_too(self) -> None:
+        """A replica scaled away for lack of load sleeps rather than stopping."""
+        w = one_card(sleepy("a"))
+        a = serve(w, "a")
+        w.clock.advance(200)
+        w.report(last_used={a: w.now - 500}, inflight={a: 0}, load={"a": IDLE})
+        w.touch("a")
+        w.tick()
+        assert w.state.replicas[a].state == "sleeping"
+
+    def test_a_sleeper_stops_when_its_spec_changes(self) -> None:
+        """Waking an engine started for an older spec would serve the old spec: it stops."""
+        w = one_card(sleepy("a"))
+        a = serve(w, "a")
+        w.clock.advance(200)
+        w.report(last_used={a: w.now - 500}, inflight={a: 0}, load={"a": IDLE})
+        w.touch("a")
+        w.tick()
+        w.clock.advance(1)
+        m = w.state.models["a"]
+        w.state.models["a"] = dataclasses.replace(m, updated_at=w.now)
+        w.tick()
+        assert w.state.replicas[a].state == "stopped"
+
+
+def replica(
+    rid: str, model: str, gpu: int, *, state: str = "sleeping", level: int = 1, since: float = 0.0
+) -> Replica:
+    return Replica(
+        id=rid,
+        model=model,
+        state=state,  # type: ignore[arg-type]
+        shards=(Shard(node="a", rank=0, gpus=(gpu,), state="sleeping"),),
+        created_at=0.0,
+        state_since=since,
+        updated_at=0.0,
+        sleep_level=level if state == "sleeping" else None,
+    )
+
+
+class TestSleepRoom:
+    def _world(self, host_mib: int | None = HOST_MIB) -> World:
+        w = World()
+        w.node("a", 1)
+        w.set_node("a", host_memory_mib=host_mib)
+        return w
+
+    def test_an_h100_keeps_five_sleepers(self) -> None:
+        """80 GiB: 10 % beside an awake engine holds five engines asleep at 1.4 GiB."""
+        assert sleepers_per_card(81_559) == 5
+
+    def test_the_least_valuable_sleeper_stops_for_a_new_one(self) -> None:
+        """A sixth sleeper on a card stops the one asleep the longest."""
+        w = self._world()
+        specs = {f"s{i}": sleepy(f"s{i}") for i in range(6)}
+        sleepers = {f"z{i}": replica(f"z{i}", f"s{i}", 0, since=float(i)) for i in range(5)}
+        new = replica("n", "s5", 0, state="ready")
+        room = sleep_room(new, specs["s5"], sleepers, w.state.nodes, specs)
+        assert room is not None
+        assert room.stop == ("z0",)
+
+    def test_level_two_when_the_weights_do_not_fit_the_host(self) -> None:
+        """Without host memory for the weights the level falls to 2; unknown weights too."""
+        w = self._world(host_mib=1000)
+        s = sleepy("m")
+        r = replica("r", "m", 0, state="ready")
+        assert sleep_room(r, s, {}, w.state.nodes, {"m": s}) is not None
+        assert sleep_room(r, s, {}, w.state.nodes, {"m": s}).level == 2  # type: ignore[union-attr]
+        unknown = msgspec.structs.replace(s, weights_gb=None)
+        w2 = self._world()
+        got = sleep_room(r, unknown, {}, w2.state.nodes, {"m": unknown})
+        assert got is not None
+        assert got.level == 2
+
+    def test_level_one_demanded_stops_level_one_sleepers_for_host_memory(self) -> None:
+        """sleep_level 1 with a full host stops older level-1 sleepers rather than refusing."""
+        w = self._world(host_mib=30_000)  # 80 % of it holds one 16 GB model's weights
+        specs = {"old": sleepy("old"), "m": sleepy("m", sleep_level=1)}
+        sleepers = {"z": replica("z", "old", 0)}
+        r = replica("r", "m", 0, state="ready")
+        room = sleep_room(r, specs["m"], sleepers, w.state.nodes, specs)
+        assert room is not None
+        assert (room.level, room.stop) == (1, ("z",))
+
+    def test_no_sleep_mode_no_room(self) -> None:
+        """A spec without sleep_mode never sleeps."""
+        w = self._world()
+        s = spec("m")
+        assert sleep_room(replica("r", "m", 0, state="ready"), s, {}, w.state.nodes, {}) is None
