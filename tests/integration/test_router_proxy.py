@@ -235,7 +235,8 @@ class TestSurface:
     @pytest.mark.parametrize(
         ("method", "path", "status"),
         [
-            ("POST", "/v1/responses", 404),
+            ("POST", "/v1/assistants", 404),
+            ("GET", "/v1/responses", 405),
             ("GET", "/v1/nothing/here", 404),
             ("GET", "/v1/chat/completions", 405),
             ("DELETE", "/v1/models", 405),

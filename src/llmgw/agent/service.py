@@ -72,6 +72,9 @@ class Agent:
         self.seq = 0
         # Set when the loops died of an unexpected error (app.py); the process exits 1.
         self.crashed = False
+        # Set when they stopped because the state folder was refused at run time (a
+        # symlink planted at the state file's temp name): one line, exit 2, as at start.
+        self.refusal: str | None = None
         self.heartbeater = Heartbeater(
             client=client,
             build=self.heartbeat,

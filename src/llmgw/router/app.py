@@ -20,12 +20,14 @@ import msgspec
 from aiohttp import web
 
 from llmgw.router import compiled
+from llmgw.router.apis import ROUTES as API_ROUTES
 from llmgw.router.auth import admin_allowed, bearer_matches
 from llmgw.router.config import RouterConfig
 from llmgw.router.errors import error_response
 from llmgw.router.ipc import ChannelClosed
 from llmgw.router.kvfollow import KVEventFollower
 from llmgw.router.metrics import CONTENT_TYPE
+from llmgw.router.passthrough import PassThrough
 from llmgw.router.proxy import POST_PATHS, Proxy
 from llmgw.router.scheduler import choose
 from llmgw.router.scrape import HttpMetricsFetcher, Scraper
@@ -54,8 +56,9 @@ class FastRoutes:
     404/405 for anything else.
     """
 
-    def __init__(self, proxy: Proxy) -> None:
+    def __init__(self, proxy: Proxy, passthrough: PassThrough) -> None:
         self.proxy = proxy
+        self.passthrough = passthrough
         self.gets = {
             "/v1/models": proxy.models,
             "/health": health,
@@ -74,6 +77,8 @@ class FastRoutes:
         path, method = request.path, request.method
         if method == "POST" and path in POST_PATHS:
             return self.proxy.answer(request)
+        if method == "POST" and path in API_ROUTES:
+            return self.passthrough.answer(request)
         if method == "GET" or method == "HEAD":
             handler = self.gets.get(path)
             if handler is not None:
@@ -113,6 +118,7 @@ def build_app(
     else:
         state = Router(cfg)
     proxy = Proxy(state)
+    passthrough = PassThrough(proxy)
     app = web.Application(
         client_max_size=cfg.max_body_bytes,
         # A client that disconnects cancels its handler, which closes the upstream
@@ -121,7 +127,7 @@ def build_app(
         handler_args={"handler_cancellation": True},
     )
     app[ROUTER] = state
-    app[FAST] = FastRoutes(proxy)
+    app[FAST] = FastRoutes(proxy, passthrough)
     loops: list[Coroutine[Any, Any, None]]
     watcher: ConfigWatcher | None = None
     if link is not None:
@@ -157,6 +163,8 @@ def build_app(
     app.router.add_post("/v1/chat/completions", proxy.handle)
     app.router.add_post("/v1/completions", proxy.handle)
     app.router.add_post("/v1/embeddings", proxy.handle)
+    for path in API_ROUTES:
+        app.router.add_post(path, passthrough.handle)
     app.router.add_get("/v1/models", proxy.models)
     app.router.add_get("/v1/models/{model:.+}", proxy.model)
     # Last: every other /v1 path or method gets an OpenAI-shaped 404/405.
@@ -222,6 +230,14 @@ GET_PATHS = frozenset(
 async def no_route(request: Req) -> web.Response:
     """A path the router does not serve: OpenAI's error object, like every other answer."""
     path, method = request.path, request.method
+    if path in API_ROUTES:
+        return error_response(
+            405,
+            f"Method {method} is not allowed on {path}; use POST.",
+            type="invalid_request_error",
+            code="method_not_allowed",
+            headers={"Allow": "POST"},
+        )
     if path in GET_PATHS:
         return error_response(
             405,

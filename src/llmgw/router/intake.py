@@ -145,9 +145,16 @@ def _slow(cfg: RouterConfig, why: str) -> web.Response:
 
 
 async def read_json(
-    request: web.Request | FastRequest, cfg: RouterConfig, budget: ByteBudget, rid: str
+    request: web.Request | FastRequest,
+    cfg: RouterConfig,
+    budget: ByteBudget,
+    rid: str,
+    decode: bool = True,
 ) -> Intake | web.Response:
-    """The body and its JSON object, or the refusal to send (already logged)."""
+    """The body and its JSON object, or the refusal to send (already logged).
+
+    `decode` False: the body only (a multipart upload, forms.py), with an empty `doc`.
+    """
     limit = cfg.max_body_bytes
     declared = request.content_length
     if declared is not None and declared > limit:
@@ -184,6 +191,9 @@ async def read_json(
         except web.RequestPayloadError as exc:
             resp = bad_request(f"The request body is malformed: {exc}.")
             return refused(_closing(resp), rid, "bad body framing", request)
+        if not decode:
+            kept = True
+            return Intake(body, {}, budget, held, peer)
         try:
             doc = _decode(body)
         except msgspec.DecodeError as exc:

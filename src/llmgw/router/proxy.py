@@ -33,7 +33,10 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from llmgw.router import lora
 from llmgw.router.affinity import NO_KEY, RouteKey, route_key
+from llmgw.router.apis import ROUTES as API_ROUTES
+from llmgw.router.apis import Api
 from llmgw.router.breaker import BreakerState, Outcome, classify_status
 from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import (
@@ -57,6 +60,7 @@ from llmgw.router.holding import (
 )
 from llmgw.router.inband import ErrorFrameWatch, nothing_before_error, role_opener_only
 from llmgw.router.intake import ByteBudget, Intake, peer_of, read_json, refused
+from llmgw.router.lora import Rename
 from llmgw.router.metrics import (
     DISCONNECTED,
     ENGINE_ERROR,
@@ -99,6 +103,13 @@ def _request_id() -> str:
     return _ids.getrandbits(96).to_bytes(12, "big").hex()
 
 
+def request_id(given: str | None) -> str:
+    """The client's x-request-id when it is one line, else a new id (passthrough.py)."""
+    if not given or "\n" in given or "\r" in given:
+        return _request_id()
+    return given
+
+
 # While held, look again this often even without a list change: a breaker leaving
 # its cooldown makes a replica available without anyone saying so.
 HOLD_POLL_S: Final = 0.5
@@ -112,13 +123,18 @@ _MAX_LINES: Final = 256
 class _Tally:
     """What one relayed stream leaves for metrics: its outcome, usage and ITL child."""
 
-    __slots__ = ("itl", "result", "ttft", "usage")
+    __slots__ = ("api", "itl", "result", "ttft", "usage")
 
-    def __init__(self, itl: Any) -> None:
+    def __init__(self, itl: Any, api: Api | None) -> None:
         self.itl = itl
         self.result = DISCONNECTED
         self.ttft: float | None = None
-        self.usage = StreamUsage()
+        # A passed-through API's stream: its usage and its broken-stream frame (apis.py).
+        self.api = api
+        if api is None or api.stream_usage is None:
+            self.usage = StreamUsage()
+        else:
+            self.usage = StreamUsage(api.stream_usage().read)
 
 
 class _Failed:
@@ -163,6 +179,7 @@ class Attempts:
         "first",
         "last_error",
         "outcome",
+        "rename",
         "retries_left",
         "tried",
         "up",
@@ -182,6 +199,8 @@ class Attempts:
         self.data = b""
         self.first = b""
         self.watch: ErrorFrameWatch | None = None
+        # A llama.cpp answer for a LoRA adapter: its name written back (router/lora.py).
+        self.rename: Rename | None = None
 
     def skip(self, eid: str) -> None:
         """Leave `eid` out from now on (not an attempt: nothing was sent to it)."""
@@ -331,16 +350,20 @@ class Proxy:
         rid: str,
         t0: float,
         streams: bool = False,
+        head: bytes = _JSON_LINE,
+        api: Api | None = None,
     ) -> Answer:
         """Choose, attempt, and relay what the attempts decided; every exit is counted.
 
         A streamed request counts as pending at its endpoint until its first token
-        is in (`Snapshot.pending`): the live sign of a queue at the engine."""
+        is in (`Snapshot.pending`): the live sign of a queue at the engine.
+        `head`: the engine's header lines before the request id; `api`: a
+        passed-through API's rules (apis.py), None for the proxy's own routes."""
         st = self.state
         att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries)
         # The request id as a header line: in the engine's request and our answer's.
         rid_line = b"".join((b"x-request-id: ", rid.encode("utf-8", "surrogateescape"), b"\r\n"))
-        fwd = HeaderLines(_JSON_LINE + rid_line)
+        fwd = HeaderLines(head + rid_line)
         eid = ""
         status = 503
         ttft: float | None = None
@@ -405,11 +428,13 @@ class Proxy:
                                 resp = web.Response(status=status, body=att.data, headers=out)
                             if status < 300:
                                 result = OK
-                                usage = usage_of(att.data)
+                                usage = (
+                                    usage_of(att.data) if api is None else api.usage_of(att.data)
+                                )
                             else:
                                 result = ENGINE_ERROR
                         else:
-                            tally = _Tally(st.metrics.itl(st.served_name.get(model, model)))
+                            tally = _Tally(st.metrics.itl(st.served_name.get(model, model)), api)
                             out = self._out_headers(up, rid, eid, decision, debug)
                             resp, att.outcome, ttft = await self._stream(
                                 request, att, up, out, t0, tally
@@ -479,6 +504,13 @@ class Proxy:
         elsewhere = True
         error: UpstreamError | None = None
         auth = st.engine_auth.get(eid)
+        att.rename = None
+        if st.lora_ids:
+            ids = st.lora_ids.get(eid)
+            lora_id = ids.get(model) if ids is not None else None
+            if lora_id is not None:
+                body = lora.select(body, lora_id)
+                att.rename = Rename(model)
         try:
             up = att.up = await st.forward.post(
                 st.urls[eid] + path,
@@ -502,6 +534,8 @@ class Proxy:
                 att.last_error = f"{eid} answered {code}"
             elif not up.is_event_stream:
                 att.data = await up.read()
+                if att.rename is not None:
+                    att.data = att.rename.feed(att.data) + att.rename.flush()
                 return Step.RELAY
             else:
                 # The head waits for the first bytes: until they come nothing has
@@ -516,7 +550,7 @@ class Proxy:
                     more = await up.chunk()
                     watch.feed(more)
                     first += more
-                att.first = first
+                att.first = first if att.rename is None else att.rename.feed(first)
                 if not (watch.endpoint_failure and nothing_before_error(first)):
                     return Step.STREAM
                 # The engine's 5xx error event before any output, and the head not
@@ -728,6 +762,8 @@ class Proxy:
                 before, sent = sent, chunk
                 scan.feed(chunk)
                 chunk = await up.chunk()
+                if att.rename is not None:
+                    chunk = att.rename.feed(chunk) if chunk else att.rename.flush()
                 if chunk:
                     t = now()
                     # Several events may arrive in one read: the gap is theirs to share.
@@ -752,8 +788,12 @@ class Proxy:
                 verdict, code = Outcome.ENDPOINT_FAILURE, 502
                 tally.result = STREAM_BROKEN
             log.warning(kv("stream ended early", endpoint=up.endpoint_id, error=exc))
+            api = tally.api
+            frame = (
+                stream_error_frame(why, code=code) if api is None else api.stream_error(why, code)
+            )
             try:
-                await resp.write(stream_error_frame(why, code=code))
+                await resp.write(frame)
                 await resp.write_eof()
             except ConnectionError:
                 pass
@@ -826,7 +866,13 @@ class Proxy:
         """Any other /v1 request: OpenAI's 404 (or 405 on a served path), not aiohttp's text."""
         path, method = request.path, request.method
         t0 = self.state.clock.monotonic()
-        allowed = "POST" if path in POST_PATHS else "GET" if path.startswith("/v1/models") else ""
+        allowed = (
+            "POST"
+            if path in POST_PATHS or path in API_ROUTES
+            else "GET"
+            if path.startswith("/v1/models")
+            else ""
+        )
         if allowed:
             resp = error_response(
                 405,

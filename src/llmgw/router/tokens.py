@@ -10,6 +10,7 @@ never invents token counts, and never changes what the client asked for.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
@@ -59,12 +60,16 @@ def counted(u: UsageDoc) -> Usage:
 
 
 class StreamUsage:
-    """Fed every relayed chunk of an event stream; `usage` is the last one seen."""
+    """Fed every relayed chunk of an event stream; `usage` is the last one seen.
 
-    __slots__ = ("_tail", "usage")
+    `read` reads one event's data for another API's usage (apiusage.py); None: OpenAI's.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_read", "_tail", "usage")
+
+    def __init__(self, read: Callable[[bytes], Usage | None] | None = None) -> None:
         self._tail = b""
+        self._read = read
         self.usage: Usage | None = None
 
     def feed(self, chunk: bytes) -> None:
@@ -81,6 +86,7 @@ class StreamUsage:
             return
         for line in data[:cut].split(b"\n"):
             if line.startswith(b"data:") and _KEY in line:
-                u = usage_of(line[5:].strip())
+                read = self._read
+                u = usage_of(line[5:].strip()) if read is None else read(line[5:].strip())
                 if u is not None:
                     self.usage = u

@@ -17,9 +17,9 @@ from __future__ import annotations
 import base64
 import random
 import struct
-from collections.abc import Container, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -61,7 +61,7 @@ class StreamOptions(msgspec.Struct, frozen=True):
 
 # Unknown fields are accepted and ignored (clients send temperature, top_p, …);
 # the ones read here are type-checked.
-class _Common(msgspec.Struct, frozen=True, kw_only=True):
+class GenerationBody(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     max_tokens: int | None = None
     stream: bool | None = False
@@ -72,13 +72,13 @@ class _Common(msgspec.Struct, frozen=True, kw_only=True):
     min_tokens: int | None = 0
 
 
-class ChatBody(_Common, frozen=True, kw_only=True):
+class ChatBody(GenerationBody, frozen=True, kw_only=True):
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
 
 
-class CompletionBody(_Common, frozen=True, kw_only=True):
+class CompletionBody(GenerationBody, frozen=True, kw_only=True):
     prompt: Any = None
 
 
@@ -109,7 +109,7 @@ class Job:
 T = TypeVar("T")
 
 
-def _decode(raw: bytes, kind: type[T]) -> T:
+def decode_as(raw: bytes, kind: type[T]) -> T:
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
@@ -129,7 +129,7 @@ def check_model(model: str | None, cfg: SimConfig, adapters: Container[str] = ()
     return model
 
 
-def _check_params(body: _Common, max_tokens: int | None) -> None:
+def _check_params(body: GenerationBody, max_tokens: int | None) -> None:
     if body.n is not None and body.n != 1:
         raise SimApiError(400, "The sim-engine supports n = 1 only.", param="n")
     if max_tokens is not None and max_tokens < 1:
@@ -149,19 +149,21 @@ def _check_vocab(ids: list[int], param: str) -> None:
             raise SimApiError(400, f"Token id {t} is out of vocabulary", param=param)
 
 
-def _job(
-    body: _Common, cfg: SimConfig, ids: list[int], max_tokens: int | None, *, model: str, chat: bool
+def job_of(
+    body: GenerationBody,
+    cfg: SimConfig,
+    ids: list[int],
+    max_tokens: int | None,
+    *,
+    model: str,
+    chat: bool,
 ) -> Job:
     _check_params(body, max_tokens)
     n, limit = len(ids), cfg.max_model_len
     if n == 0:
         raise SimApiError(400, "The prompt is empty.", param="prompt")
     if n >= limit:
-        raise SimApiError(
-            400,
-            f"This model's maximum context length is {limit} tokens. However, your request "
-            f"has {n} input tokens. Please reduce the length of the input messages.",
-        )
+        raise too_long(n, cfg)
     if max_tokens is not None and n + max_tokens > limit:
         raise SimApiError(
             400,
@@ -186,21 +188,46 @@ def _job(
     )
 
 
+def too_long(n: int, cfg: SimConfig) -> SimApiError:
+    """vLLM's refusal of a prompt of `n` tokens that leaves no room to generate."""
+    return SimApiError(
+        400,
+        f"This model's maximum context length is {cfg.max_model_len} tokens. However, your "
+        f"request has {n} input tokens. Please reduce the length of the input messages.",
+    )
+
+
+def chat_ids(
+    messages: Iterable[Mapping[str, Any]], tools: Sequence[object] | None, cfg: SimConfig
+) -> list[int]:
+    """A chat prompt's ids, or vLLM's refusal when it leaves no room to generate.
+
+    Counted before built (tokenization.sim's limit): a prompt past the context costs no
+    list of its ids, which for a 7.9 MB body was millions of objects.
+    """
+    try:
+        return tokenizer.chat_prompt_ids(messages, tools, limit=cfg.max_model_len - 1)
+    except tokenizer.PromptTooLong as exc:
+        raise too_long(exc.tokens, cfg) from None
+
+
 def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
-    body = _decode(raw, ChatBody)
+    body = decode_as(raw, ChatBody)
     model = check_model(body.model, cfg, adapters)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
-    ids = tokenizer.chat_prompt_ids(body.messages, body.tools)
-    return _job(body, cfg, ids, max_tokens, model=model, chat=True)
+    ids = chat_ids(body.messages, body.tools, cfg)
+    return job_of(body, cfg, ids, max_tokens, model=model, chat=True)
 
 
 def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
-    body = _decode(raw, CompletionBody)
+    body = decode_as(raw, CompletionBody)
     model = check_model(body.model, cfg, adapters)
     try:
-        ids = tokenizer.prompt_ids_for_body({"prompt": body.prompt})
+        ids = tokenizer.prompt_ids_for_body({"prompt": body.prompt}, limit=cfg.max_model_len - 1)
+    except tokenizer.PromptTooLong as exc:
+        raise too_long(exc.tokens, cfg) from None
     except (ValueError, TypeError, AttributeError) as exc:
         raise SimApiError(
             400, "prompt must be a string, a list of token ids, or a list of one of those"
@@ -209,7 +236,12 @@ def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) 
         _check_vocab(ids, "prompt")
     # OpenAI's (and vLLM's) completions default is 16 tokens.
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
-    return _job(body, cfg, ids, max_tokens, model=model, chat=False)
+    return job_of(body, cfg, ids, max_tokens, model=model, chat=False)
+
+
+# OpenAI's bound on an embeddings request's list of inputs: without one, a body of
+# millions of one-character inputs costs a list of ids per input.
+MAX_EMBEDDING_INPUTS = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,25 +253,36 @@ class EmbeddingJob:
 
 
 def parse_embeddings(raw: bytes, cfg: SimConfig) -> EmbeddingJob:
-    body = _decode(raw, EmbeddingBody)
+    body = decode_as(raw, EmbeddingBody)
     model = check_model(body.model, cfg)
     inp = body.input
     items: list[Any] = inp if isinstance(inp, list) and inp and not _is_ids(inp) else [inp]
+    if len(items) > MAX_EMBEDDING_INPUTS:
+        raise SimApiError(
+            400,
+            f"input holds {len(items)} items; at most {MAX_EMBEDDING_INPUTS} per request",
+            param="input",
+        )
     inputs: list[list[int]] = []
     for item in items:
+        # Each input's length is checked before its ids are made or checked (as for prompts).
         if isinstance(item, str):
-            inputs.append([tokenizer.BOS, *tokenizer.tokenize(item)])
+            n = 1 + tokenizer.text_tokens(item)
         elif isinstance(item, list) and _is_ids(item):
-            _check_vocab(item, "input")
-            inputs.append(list(item))
+            n = len(item)
         else:
             raise SimApiError(
                 400, "input must be a string, token ids, or a list of those", param="input"
             )
-        if len(inputs[-1]) > cfg.max_model_len:
+        if n > cfg.max_model_len:
             raise SimApiError(
                 400, f"This model's maximum context length is {cfg.max_model_len} tokens."
             )
+        if isinstance(item, str):
+            inputs.append([tokenizer.BOS, *tokenizer.tokenize(item)])
+        else:
+            _check_vocab(item, "input")
+            inputs.append(list(item))
     if body.encoding_format not in (None, "float", "base64"):
         raise SimApiError(
             400, "encoding_format must be 'float' or 'base64'", param="encoding_format"
@@ -292,6 +335,17 @@ def error_frame(message: str) -> bytes:
     return b"data: " + error_body(message, type="InternalServerError", code=500) + b"\n\n"
 
 
+class AnyEncoder(Protocol):
+    """What the engine writes a generation's answer with: this module's Encoder
+    (chat, completions), responses.ResponsesEncoder, messages.MessagesEncoder."""
+
+    def first(self) -> bytes: ...
+    def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes: ...
+    def tail(self, usage_: dict[str, Any]) -> bytes: ...
+    def error(self, message: str) -> bytes: ...
+    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes: ...
+
+
 class Encoder:
     """Response bodies of one request (chat or completion), streaming and not."""
 
@@ -334,6 +388,14 @@ class Encoder:
 
     def usage_chunk(self, usage_: dict[str, Any]) -> bytes:
         return self._chunk([], usage_)
+
+    def tail(self, usage_: dict[str, Any]) -> bytes:
+        """What follows the last token: the usage chunk when asked for, and [DONE]."""
+        return (self.usage_chunk(usage_) if self.job.include_usage else b"") + DONE
+
+    def error(self, message: str) -> bytes:
+        """The in-stream error that ends a stream, and [DONE]."""
+        return error_frame(message) + DONE
 
     def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
         """The non-streaming response."""

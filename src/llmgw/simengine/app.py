@@ -1,8 +1,9 @@
 """The sim-engine's HTTP application (built apart from its runner: runtime.serve runs it).
 
 Routes: the OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
-`/v1/embeddings`, `/v1/models`), `/health`, `/version`, `/metrics`, and the
-loopback-only debug routes of `debug.py`.
+`/v1/embeddings`, `/v1/models`), `/health`, `/version`, `/metrics`, the other
+APIs vLLM serves (`routes.py`: Responses, Anthropic Messages, tokenize, rerank,
+score, audio), and the loopback-only debug routes of `debug.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from llmgw.runtime.logs import kv
-from llmgw.simengine import api, auth, debug, metrics, sleepapi, tokenizer
+from llmgw.simengine import api, auth, debug, metrics, routes, sleepapi, tokenizer
 from llmgw.simengine.batcher import Scheduler, SimRequest, mix_seed
 from llmgw.simengine.config import SimConfig
 from llmgw.simengine.engine import Engine, Stream
@@ -111,7 +112,10 @@ async def read_request(
     except RecursionError:
         exc = api.SimApiError(400, "Malformed JSON body: nested too deeply")
     except api.SimApiError as err:
-        exc = err
+        # A copy, not `err`: kept in this frame, the raised one's traceback would hold the
+        # frame, a cycle only a full collection frees, and with it the decoded body (a
+        # refused 7.9 MB body stayed in memory until then).
+        exc = api.SimApiError(err.status, err.message, param=err.param)
     log.warning(kv("refused request", status=exc.status, path=request.path, why=exc.message[:120]))
     return error_response(exc)
 
@@ -312,7 +316,13 @@ class SimEngine:
 
     # -- generation ------------------------------------------------------------------
 
-    async def _generate(self, request: web.Request, job: api.Job, kind: str) -> web.StreamResponse:
+    async def _generate(
+        self,
+        request: web.Request,
+        job: api.Job,
+        kind: str,
+        make: Callable[[api.Job, str, int], api.AnyEncoder] = api.Encoder,
+    ) -> web.StreamResponse:
         if self.dead:
             return error_response(api.SimApiError(500, DEAD))
         verdict = self.faults.admit()
@@ -337,7 +347,7 @@ class SimEngine:
         )
         stall_after, error_after = self.faults.cut_after()
         stream = self.engine.submit(req)
-        enc = api.Encoder(job, rid, int(time.time()))
+        enc = make(job, rid, int(time.time()))
         try:
             if job.stream:
                 return await self._stream(request, job, enc, stream, stall_after, error_after)
@@ -363,7 +373,7 @@ class SimEngine:
         self,
         request: web.Request,
         job: api.Job,
-        enc: api.Encoder,
+        enc: api.AnyEncoder,
         stream: Stream,
         stall_after: int | None,
         error_after: int | None,
@@ -378,8 +388,7 @@ class SimEngine:
             while True:
                 await stream.wait_output()
                 if stream.failed:
-                    await resp.write(api.error_frame(DEAD))
-                    await resp.write(api.DONE)
+                    await resp.write(enc.error(DEAD))
                     return resp
                 if req.finish_reason == "abort" and _gone(request):
                     return resp  # aborted by _sweep_gone: nobody to write to
@@ -397,15 +406,12 @@ class SimEngine:
                 if cut is not None and stream.sent >= cut:
                     if error_first:
                         self.engine.abort(stream, reason="error")
-                        await resp.write(api.error_frame("simulated error (error_after_tokens)"))
-                        await resp.write(api.DONE)
+                        await resp.write(enc.error("simulated error (error_after_tokens)"))
                         return resp
                     self.engine.abort(stream)
                     await self._hold(request)
                     return resp
-            if job.include_usage:
-                await resp.write(enc.usage_chunk(self._usage(req)))
-            await resp.write(api.DONE)
+            await resp.write(enc.tail(self._usage(req)))
             await self._linger()
             await resp.write_eof()
         except ConnectionResetError:
@@ -417,7 +423,7 @@ class SimEngine:
     async def _complete(
         self,
         request: web.Request,
-        enc: api.Encoder,
+        enc: api.AnyEncoder,
         stream: Stream,
         stall_after: int | None,
         error_after: int | None,
@@ -509,6 +515,7 @@ def build_app(
     load, unload = lora_handlers(sim.lora, cfg.served_model_names)
     r.add_post("/v1/load_lora_adapter", load)
     r.add_post("/v1/unload_lora_adapter", unload)
+    routes.add_routes(app, sim)
     debug.add_routes(app, sim)
     if cfg.sleep.dev_mode:
         sleepapi.add_routes(app, sim)

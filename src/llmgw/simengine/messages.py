@@ -1,0 +1,147 @@
+"""Anthropic's Messages API as vLLM serves it (`POST /v1/messages`): request, answer, errors.
+
+`max_tokens` is required, as Anthropic's API has it; `system` (a string or
+text blocks) and the messages' text blocks are tokenized as the chat prompt
+with the same turns. Errors are Anthropic's shape, `{"type": "error",
+"error": {"type", "message"}}`. Usage follows Anthropic's meaning:
+`input_tokens` are the prompt tokens not read from the cache,
+`cache_read_input_tokens` those that were. Streamed: `message_start`,
+`content_block_start`, `content_block_delta`…, `content_block_stop`,
+`message_delta` (stop reason, usage), `message_stop`; no `[DONE]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from llmgw.simengine import api
+from llmgw.simengine.config import SimConfig
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+_STOP = {"stop": "end_turn", "length": "max_tokens"}
+_enc = msgspec.json.Encoder()
+
+
+class MessagesBody(api.GenerationBody, frozen=True, kw_only=True):
+    messages: list[dict[str, Any]]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+def error_body(status: int, message: str) -> bytes:
+    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return _enc.encode({"type": "error", "error": {"type": kind, "message": message}})
+
+
+def _content(content: Any) -> Any:
+    if not isinstance(content, list):
+        return content
+    return [
+        {"type": "text", "text": b.get("text")}
+        if isinstance(b, dict) and b.get("type") == "text"
+        else b
+        for b in content
+    ]
+
+
+def chat_messages(body: MessagesBody) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if body.system:
+        out.append({"role": "system", "content": _content(body.system)})
+    for m in body.messages:
+        if m.get("role") not in ("user", "assistant"):
+            raise api.SimApiError(400, "messages: roles must be 'user' or 'assistant'")
+        out.append({"role": m["role"], "content": _content(m.get("content"))})
+    return out
+
+
+def parse_messages(raw: bytes, cfg: SimConfig) -> api.Job:
+    body = api.decode_as(raw, MessagesBody)
+    model = api.check_model(body.model, cfg)
+    if body.max_tokens is None:
+        raise api.SimApiError(400, "max_tokens: Field required", param="max_tokens")
+    if not body.messages:
+        raise api.SimApiError(400, "messages: at least one message is required")
+    ids = api.chat_ids(chat_messages(body), body.tools, cfg)
+    return api.job_of(body, cfg, ids, body.max_tokens, model=model, chat=True)
+
+
+def usage(u: dict[str, Any]) -> dict[str, Any]:
+    """An engine usage dict (api.usage) in Anthropic's fields and meaning."""
+    cached = u["prompt_tokens_details"]["cached_tokens"]
+    return {
+        "input_tokens": u["prompt_tokens"] - cached,
+        "output_tokens": u["completion_tokens"],
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + _enc.encode({"type": kind, **data}) + b"\n\n"
+
+
+class MessagesEncoder:
+    """One Messages request's answer, whole or as events (the interface of api.Encoder)."""
+
+    def __init__(self, job: api.Job, rid: str, created: int) -> None:
+        self.job = job
+        self.id = "msg_" + rid.rpartition("-")[2]
+        self.finish: str | None = None
+
+    def _message(self, content: list[dict[str, Any]], u: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "content": content,
+            "model": self.job.model,
+            "stop_reason": None if self.finish is None else _STOP.get(self.finish, "end_turn"),
+            "stop_sequence": None,
+            "usage": u,
+        }
+
+    def first(self) -> bytes:
+        u = {"input_tokens": len(self.job.prompt_ids), "output_tokens": 0}
+        block = {"type": "text", "text": ""}
+        return _event("message_start", {"message": self._message([], u)}) + _event(
+            "content_block_start", {"index": 0, "content_block": block}
+        )
+
+    def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
+        self.finish = finish
+        if not text:
+            return b""
+        return _event(
+            "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}
+        )
+
+    def tail(self, usage_: dict[str, Any]) -> bytes:
+        stop = _STOP.get(self.finish or "stop", "end_turn")
+        return b"".join(
+            (
+                _event("content_block_stop", {"index": 0}),
+                _event(
+                    "message_delta",
+                    {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": usage(usage_)},
+                ),
+                _event("message_stop", {}),
+            )
+        )
+
+    def error(self, message: str) -> bytes:
+        return b"event: error\ndata: " + error_body(500, message) + b"\n\n"
+
+    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
+        self.finish = finish
+        return _enc.encode(self._message([{"type": "text", "text": text}], usage(usage_)))

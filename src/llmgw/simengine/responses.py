@@ -1,0 +1,212 @@
+"""OpenAI's Responses API as vLLM serves it (`POST /v1/responses`): request and response bodies.
+
+Stateless only, as vLLM without its response store: `previous_response_id`
+and `background` are refused (400). The input (`instructions`, then `input`
+as a string or a list of messages with `input_text`/`output_text` parts) is
+tokenized as the chat prompt with the same turns, so a conversation costs the
+same tokens whichever API carries it. Streamed, the events are vLLM's:
+`response.created`, `response.in_progress`, `response.output_item.added`,
+`response.content_part.added`, `response.output_text.delta`…,
+`response.output_text.done`, `response.content_part.done`,
+`response.output_item.done`, then `response.completed` (or
+`response.incomplete` when `max_output_tokens` cut it), each with a
+`sequence_number`, and no `[DONE]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from llmgw.simengine import api, tokenizer
+from llmgw.simengine.config import SimConfig
+
+_TEXT = frozenset({"input_text", "output_text", "text"})
+
+
+class ResponsesBody(api.GenerationBody, frozen=True, kw_only=True):
+    input: Any = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    previous_response_id: str | None = None
+    background: bool | None = False
+
+
+def _content(content: Any) -> Any:
+    if not isinstance(content, list):
+        return content
+    return [
+        {"type": "text", "text": p.get("text")}
+        if isinstance(p, dict) and p.get("type") in _TEXT
+        else p
+        for p in content
+    ]
+
+
+def chat_messages(body: ResponsesBody) -> list[dict[str, Any]]:
+    """The request's turns as chat messages (what the prompt is tokenized as)."""
+    out: list[dict[str, Any]] = []
+    if body.instructions:
+        out.append({"role": "system", "content": body.instructions})
+    if isinstance(body.input, str):
+        out.append({"role": "user", "content": body.input})
+    elif isinstance(body.input, list):
+        for item in body.input:
+            if isinstance(item, dict) and "role" in item:
+                out.append({"role": item["role"], "content": _content(item.get("content"))})
+            else:
+                out.append({"role": "user", "content": tokenizer.canon(item)})
+    else:
+        raise api.SimApiError(400, "input must be a string or a list of items", param="input")
+    return out
+
+
+def parse_responses(raw: bytes, cfg: SimConfig) -> api.Job:
+    body = api.decode_as(raw, ResponsesBody)
+    model = api.check_model(body.model, cfg)
+    if body.previous_response_id is not None:
+        raise api.SimApiError(
+            400,
+            "previous_response_id needs the response store, which this engine does not keep",
+            param="previous_response_id",
+        )
+    if body.background:
+        raise api.SimApiError(400, "background responses need the response store")
+    ids = api.chat_ids(chat_messages(body), body.tools, cfg)
+    return api.job_of(body, cfg, ids, body.max_output_tokens, model=model, chat=True)
+
+
+def usage(u: dict[str, Any]) -> dict[str, Any]:
+    """An engine usage dict (api.usage) in the Responses API's fields."""
+    return {
+        "input_tokens": u["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
+        "output_tokens": u["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u["total_tokens"],
+    }
+
+
+_enc = msgspec.json.Encoder()
+
+
+class ResponsesEncoder:
+    """One Responses request's answer, whole or as events (the interface of api.Encoder)."""
+
+    def __init__(self, job: api.Job, rid: str, created: int) -> None:
+        self.job = job
+        self.id = "resp_" + rid.rpartition("-")[2]
+        self.item_id = "msg_" + rid.rpartition("-")[2]
+        self.created = created
+        self.seq = 0
+        self.text: list[str] = []
+        self.finish: str | None = None  # the last delta's finish reason
+
+    def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
+        data = {"type": kind, **fields, "sequence_number": self.seq}
+        self.seq += 1
+        return b"event: " + kind.encode() + b"\ndata: " + _enc.encode(data) + b"\n\n"
+
+    def _item(self, status: str) -> dict[str, Any]:
+        text = "".join(self.text)
+        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        return {
+            "id": self.item_id,
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": content if status == "completed" else [],
+        }
+
+    def _response(
+        self, status: str, finish: str | None, u: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        incomplete = {"reason": "max_output_tokens"} if finish == "length" else None
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "model": self.job.model,
+            "status": "incomplete" if incomplete else status,
+            "incomplete_details": incomplete,
+            "instructions": None,
+            "metadata": None,
+            "output": [] if u is None else [self._item("completed")],
+            "parallel_tool_calls": True,
+            "temperature": 1.0,
+            "tool_choice": "auto",
+            "tools": [],
+            "top_p": 1.0,
+            "background": False,
+            "max_output_tokens": self.job.params_max_tokens,
+            "previous_response_id": None,
+            "reasoning": None,
+            "service_tier": "auto",
+            "text": {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "usage": None if u is None else usage(u),
+            "user": None,
+        }
+
+    def first(self) -> bytes:
+        opening = self._response("in_progress", None, None)
+        return b"".join(
+            (
+                self._event("response.created", {"response": opening}),
+                self._event("response.in_progress", {"response": opening}),
+                self._event(
+                    "response.output_item.added",
+                    {"output_index": 0, "item": self._item("in_progress")},
+                ),
+                self._event(
+                    "response.content_part.added",
+                    {
+                        "item_id": self.item_id,
+                        "output_index": 0,
+                        "content_index": 0,
+                        "part": {"type": "output_text", "text": "", "annotations": []},
+                    },
+                ),
+            )
+        )
+
+    def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
+        self.finish = finish
+        if not text:
+            return b""
+        self.text.append(text)
+        fields = {
+            "item_id": self.item_id,
+            "output_index": 0,
+            "content_index": 0,
+            "delta": text,
+            "logprobs": [],
+        }
+        return self._event("response.output_text.delta", fields)
+
+    def tail(self, usage_: dict[str, Any]) -> bytes:
+        text = "".join(self.text)
+        at = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        part = {"type": "output_text", "text": text, "annotations": []}
+        final = self._response("completed", self.finish, usage_)
+        return b"".join(
+            (
+                self._event("response.output_text.done", {**at, "text": text, "logprobs": []}),
+                self._event("response.content_part.done", {**at, "part": part}),
+                self._event(
+                    "response.output_item.done",
+                    {"output_index": 0, "item": self._item("completed")},
+                ),
+                self._event(f"response.{final['status']}", {"response": final}),
+            )
+        )
+
+    def error(self, message: str) -> bytes:
+        fields = {"code": "server_error", "message": message, "param": None}
+        return self._event("error", fields)
+
+    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
+        self.text = [text]
+        return _enc.encode(self._response("completed", finish, usage_))

@@ -1,0 +1,210 @@
+"""The passed-through routes beside Responses and Messages, through a real router.
+
+tokenize, detokenize, rerank, score and the audio routes against real
+sim-engines: their answers, their bad inputs (status and shape), retries
+before the first byte, and one conversation keeping its replica as it moves
+between chat, Responses and Messages.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import openai
+import pytest
+
+from llmgw.testing import Program
+
+from .router_fixtures import (
+    MODEL,
+    base_config,
+    chat_body,
+    endpoint_entries,
+    post,
+    router,
+    sim_engines,
+    wait_until_scraped,
+)
+from .test_router_stream_faults import set_faults
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Program, list[Program]]]:
+    """Three fast sim-engines behind one router with a small body limit."""
+    log_dir = tmp_path_factory.mktemp("router-apis-routes")
+    with sim_engines(log_dir, [100.0, 100.0, 100.0]) as engines:
+        cfg = base_config(endpoints=endpoint_entries(engines), max_body_bytes=64 * 1024)
+        with router(log_dir, cfg) as r:
+            yield r, engines
+
+
+@pytest.fixture
+def url(fleet: tuple[Program, list[Program]]) -> str:
+    return fleet[0].url
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+class TestTokenize:
+    async def test_tokenize_and_back(self, url: str, session: aiohttp.ClientSession) -> None:
+        """/tokenize answers vLLM's shape (the model may be left out: the router's only
+        one), and /detokenize takes the tokens back."""
+        tok = await post(session, url, {"prompt": "hello world"}, path="/tokenize")
+        assert tok.status == 200, tok.body
+        doc = tok.json()
+        assert doc["count"] == len(doc["tokens"]) > 0
+        assert doc["max_model_len"] > 0
+        back = await post(session, url, {"model": MODEL, "tokens": [1, 2]}, path="/detokenize")
+        assert back.status == 200, back.body
+        assert isinstance(back.json()["prompt"], str)
+
+    async def test_bad_inputs(self, url: str, session: aiohttp.ClientSession) -> None:
+        """Bad bodies are OpenAI-shaped 4xx: not JSON, an unknown model, the engine's own
+        refusal, and a GET on a POST route."""
+        not_json = await post(session, url, b"{nope", path="/tokenize")
+        assert not_json.status == 400
+        assert not_json.json()["error"]["type"] == "invalid_request_error"
+        unknown = await post(session, url, {"model": "nope", "prompt": "x"}, path="/tokenize")
+        assert unknown.status == 404
+        assert unknown.json()["error"]["code"] == "model_not_found"
+        engine = await post(session, url, {"model": MODEL}, path="/tokenize")
+        assert engine.status == 400
+        assert "prompt" in engine.json()["error"]["message"]
+        async with session.get(url + "/tokenize") as resp:
+            assert resp.status == 405
+            assert resp.headers["Allow"] == "POST"
+
+
+class TestRerankAndScore:
+    @pytest.mark.parametrize("path", ["/rerank", "/v1/rerank"])
+    async def test_rerank(self, url: str, session: aiohttp.ClientSession, path: str) -> None:
+        """Rerank answers every document's relevance, best first, with usage."""
+        body = {"model": MODEL, "query": "a cat", "documents": ["cats", "dogs", "stars"]}
+        got = await post(session, url, body, path=path)
+        assert got.status == 200, got.body
+        results = got.json()["results"]
+        assert sorted(r["index"] for r in results) == [0, 1, 2]
+        scores = [r["relevance_score"] for r in results]
+        assert scores == sorted(scores, reverse=True)
+        assert got.json()["usage"]["total_tokens"] > 0
+
+    @pytest.mark.parametrize("path", ["/score", "/v1/score"])
+    async def test_score(self, url: str, session: aiohttp.ClientSession, path: str) -> None:
+        """Score answers one score per pair; a missing field is the engine's 400."""
+        body = {"model": MODEL, "text_1": "a cat", "text_2": ["cats", "dogs"]}
+        got = await post(session, url, body, path=path)
+        assert got.status == 200, got.body
+        assert [d["index"] for d in got.json()["data"]] == [0, 1]
+        bad = await post(session, url, {"model": MODEL, "text_1": "x"}, path=path)
+        assert bad.status == 400
+        assert bad.json()["error"]["code"] == 400
+
+
+class TestAudio:
+    def test_transcription_translation_and_speech(self, url: str) -> None:
+        """The openai package's audio calls work through the router: multipart uploads
+        routed by their form's model, and speech's binary answer."""
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        audio = io.BytesIO(b"RIFF" + bytes(4000))
+        audio.name = "clip.wav"
+        text = client.audio.transcriptions.create(model=MODEL, file=audio)
+        assert text.text
+        speech = client.audio.speech.create(
+            model=MODEL,
+            input="hello",
+            voice="alloy",
+            response_format="wav",
+        )
+        assert speech.content.startswith(b"RIFF")
+
+    async def test_translation_streamed(self, url: str, session: aiohttp.ClientSession) -> None:
+        """A translation upload asking to stream is relayed as vLLM's chunks and [DONE]."""
+        form = aiohttp.FormData()
+        form.add_field("model", MODEL)
+        form.add_field("stream", "true")
+        form.add_field("file", b"RIFF" + bytes(2000), filename="a.wav")
+        async with session.post(url + "/v1/audio/translations", data=form) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/event-stream")
+            body = await resp.read()
+        assert body.endswith(b"data: [DONE]\n\n")
+        assert b"transcription.chunk" in body
+
+    async def test_bad_uploads(self, url: str, session: aiohttp.ClientSession) -> None:
+        """A form without a model is a 400, a body that is no form a 400, and an upload
+        over max_body_bytes a 413."""
+        form = aiohttp.FormData()
+        form.add_field("file", b"RIFF" + bytes(100), filename="a.wav")
+        async with session.post(url + "/v1/audio/transcriptions", data=form) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["param"] == "model"
+        async with session.post(
+            url + "/v1/audio/transcriptions",
+            data=b"x",
+            headers={"Content-Type": "multipart/form-data"},
+        ) as resp:
+            assert resp.status == 400
+            assert "boundary" in (await resp.json())["error"]["message"]
+        big = aiohttp.FormData()
+        big.add_field("model", MODEL)
+        big.add_field("file", bytes(128 * 1024), filename="a.wav")
+        async with session.post(url + "/v1/audio/transcriptions", data=big) as resp:
+            assert resp.status == 413
+
+
+class TestRetries:
+    async def test_messages_retried_before_the_first_byte(
+        self, fleet: tuple[Program, list[Program]], session: aiohttp.ClientSession
+    ) -> None:
+        """A replica failing every request (500) is retried elsewhere for /v1/messages."""
+        r, engines = fleet
+        await wait_until_scraped(r.url, ["e0", "e1", "e2"])
+        await set_faults(engines[0].url, fail_rate=1.0)
+        try:
+            body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": ""}]}
+            for i in range(6):
+                body["messages"][0]["content"] = f"retry {i}"  # type: ignore[index]
+                got = await post(session, r.url, body, path="/v1/messages")
+                assert got.status == 200, got.body
+                assert got.endpoint != "e0"
+        finally:
+            await set_faults(engines[0].url, fail_rate=0.0)
+
+
+class TestConversationAffinity:
+    async def test_one_conversation_keeps_its_replica(
+        self, fleet: tuple[Program, list[Program]], session: aiohttp.ClientSession
+    ) -> None:
+        """The same conversation sent as chat, Responses and Messages lands on one replica."""
+        r, _ = fleet
+        await wait_until_scraped(r.url, ["e0", "e1", "e2"])
+        homes = set()
+        for n in range(6):
+            system = f"conversation {n}: " + "shared preamble words " * 40
+            turns = [
+                {"role": "user", "content": f"first question of {n}"},
+                {"role": "assistant", "content": "an answer"},
+                {"role": "user", "content": "and a follow-up"},
+            ]
+            chat = chat_body([{"role": "system", "content": system}, *turns], max_tokens=2)
+            responses: dict[str, object] = {"model": MODEL, "instructions": system}
+            responses.update(input=turns, max_output_tokens=2)
+            messages = {"model": MODEL, "system": system, "messages": turns, "max_tokens": 2}
+            got = [
+                await post(session, r.url, chat),
+                await post(session, r.url, responses, path="/v1/responses"),
+                await post(session, r.url, messages, path="/v1/messages"),
+            ]
+            assert [g.status for g in got] == [200, 200, 200], [g.body for g in got]
+            assert len({g.endpoint for g in got}) == 1, [g.endpoint for g in got]
+            homes.add(got[0].endpoint)
+        # Different conversations still spread: routing is by conversation, not pinned.
+        assert len(homes) > 1

@@ -1,0 +1,195 @@
+"""The Responses and Anthropic Messages APIs through a real router, with the official SDKs.
+
+Two sim-engines behind one router with an API key; the `openai` and
+`anthropic` packages, sync and async, streaming and not, and their errors as
+each SDK raises them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import anthropic
+import openai
+import pytest
+
+from llmgw.router.auth import hash_key
+from llmgw.testing import Program
+from tests.promtool import samples
+
+from .router_fixtures import MODEL, base_config, endpoint_entries, router, sim_engines
+from .test_router_observability import scrape
+from .test_router_stream_faults import set_faults
+
+pytestmark = pytest.mark.timeout(120)
+
+KEY = "sk-apis-123"
+SYSTEM = "You are a terse assistant for the api tests."
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Program, list[Program]]]:
+    """Two fast sim-engines behind one router with one key and a model with no replica."""
+    log_dir = tmp_path_factory.mktemp("router-apis-sdk")
+    with sim_engines(log_dir, [100.0, 100.0]) as engines:
+        cfg = base_config(
+            endpoints=endpoint_entries(engines),
+            models=["cold"],
+            api_keys=[{"name": "tests", "sha256": hash_key(KEY)}],
+            hold_timeout_s=0.5,
+            stream_idle_timeout_s=1.0,
+        )
+        with router(log_dir, cfg) as r:
+            yield r, engines
+
+
+@pytest.fixture
+def url(fleet: tuple[Program, list[Program]]) -> str:
+    return fleet[0].url
+
+
+def tokens(url: str, kind: str) -> float:
+    got = samples(scrape(url))
+    return sum(v for k, v in got.items() if k.startswith(f"llmgw_router_{kind}_tokens_total{{"))
+
+
+class TestResponsesSdk:
+    def test_sync_whole(self, url: str) -> None:
+        """responses.create answers the text and Responses usage, counted by the router."""
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        before = tokens(url, "prompt")
+        got = client.responses.create(
+            model=MODEL, instructions=SYSTEM, input="hello there", max_output_tokens=4
+        )
+        assert got.object == "response"
+        assert got.output_text
+        assert got.usage is not None
+        assert got.usage.output_tokens > 0
+        assert tokens(url, "prompt") - before == got.usage.input_tokens
+
+    def test_sync_stream(self, url: str) -> None:
+        """A streamed Responses request yields deltas and ends with response.completed."""
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        stream = client.responses.create(
+            model=MODEL, input="stream me", max_output_tokens=8, stream=True
+        )
+        events = list(stream)
+        kinds = [e.type for e in events]
+        assert kinds[0] == "response.created"
+        assert "response.output_text.delta" in kinds
+        assert kinds[-1] in ("response.completed", "response.incomplete")
+
+    async def test_async_whole_and_stream(self, url: str) -> None:
+        """The async client gets the same, whole and streamed."""
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        whole = await client.responses.create(model=MODEL, input="async", max_output_tokens=3)
+        assert whole.output_text
+        stream = await client.responses.create(
+            model=MODEL, input="async stream", max_output_tokens=3, stream=True
+        )
+        kinds = [e.type async for e in stream]
+        assert kinds[-1] in ("response.completed", "response.incomplete")
+        await client.close()
+
+    def test_previous_response_id_refused(self, url: str) -> None:
+        """previous_response_id is refused with a 400 that names the parameter."""
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as info:
+            client.responses.create(model=MODEL, input="more", previous_response_id="resp_1")
+        assert info.value.param == "previous_response_id"
+
+    def test_unknown_model_and_bad_key(self, url: str) -> None:
+        """An unknown model is OpenAI's 404, a wrong key its 401."""
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.create(model="nope", input="x")
+        bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.responses.create(model=MODEL, input="x")
+
+
+class TestMessagesSdk:
+    def test_sync_whole_with_x_api_key(self, url: str) -> None:
+        """messages.create (the key in x-api-key) answers Anthropic's message and usage."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        before = tokens(url, "completion")
+        msg = client.messages.create(
+            model=MODEL,
+            max_tokens=5,
+            system=SYSTEM,
+            messages=[{"role": "user", "content": "hello"}],
+        )
+        assert msg.type == "message"
+        assert msg.content[0].type == "text"
+        assert msg.usage.output_tokens == 5
+        assert msg.stop_reason == "max_tokens"
+        assert tokens(url, "completion") - before == 5
+
+    def test_sync_stream_with_bearer(self, url: str) -> None:
+        """A stream (the key as a bearer token) relays message_start … message_stop."""
+        client = anthropic.Anthropic(base_url=url, auth_token=KEY, max_retries=0)
+        with client.messages.stream(
+            model=MODEL, max_tokens=6, messages=[{"role": "user", "content": "stream"}]
+        ) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert text
+        assert final.usage.output_tokens == 6
+
+    async def test_async_whole_and_stream(self, url: str) -> None:
+        """The async client gets the same, whole and as raw events."""
+        client = anthropic.AsyncAnthropic(base_url=url, api_key=KEY, max_retries=0)
+        msg = await client.messages.create(
+            model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "async"}]
+        )
+        assert msg.usage.output_tokens == 3
+        stream = await client.messages.create(
+            model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "ev"}], stream=True
+        )
+        kinds = [e.type async for e in stream]
+        assert kinds[0] == "message_start"
+        assert kinds[-1] == "message_stop"
+        await client.close()
+
+    def test_errors_in_anthropic_shape(self, url: str) -> None:
+        """The router's own refusals and the engine's reach the SDK as Anthropic's errors."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        user = [{"role": "user", "content": "x"}]
+        with pytest.raises(anthropic.NotFoundError) as nf:
+            client.messages.create(model="nope", max_tokens=2, messages=user)  # type: ignore[arg-type]
+        assert nf.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+        bad = anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0)
+        with pytest.raises(anthropic.AuthenticationError) as au:
+            bad.messages.create(model=MODEL, max_tokens=2, messages=user)  # type: ignore[arg-type]
+        assert au.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+        with pytest.raises(anthropic.InternalServerError) as cold:
+            client.messages.create(model="cold", max_tokens=2, messages=user)  # type: ignore[arg-type]
+        assert cold.value.status_code == 503
+        assert cold.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+        with pytest.raises(anthropic.BadRequestError) as br:
+            client.messages.create(model=MODEL, max_tokens=0, messages=user)  # type: ignore[arg-type]
+        assert br.value.body["type"] == "error"  # type: ignore[index]
+
+
+class TestMessagesBrokenStream:
+    async def test_error_event_when_the_engine_stalls(
+        self, url: str, fleet: tuple[Program, list[Program]]
+    ) -> None:
+        """An engine that goes silent mid-stream: the client gets Anthropic's `event: error`,
+        which the SDK raises."""
+        engines = fleet[1]
+        for e in engines:
+            await set_faults(e.url, stall_after_tokens=2)
+        try:
+            client = anthropic.AsyncAnthropic(base_url=url, api_key=KEY, max_retries=0)
+            stream = await client.messages.create(
+                model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "s"}], stream=True
+            )
+            with pytest.raises(anthropic.APIStatusError) as info:
+                async for _ in stream:
+                    pass
+            assert "no data" in str(info.value)
+            await client.close()
+        finally:
+            await asyncio.gather(*(set_faults(e.url, stall_after_tokens=None) for e in engines))

@@ -1,0 +1,143 @@
+"""The passed-through APIs' pure parts: conversation keys, forms, Anthropic errors, usage."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from llmgw.router import anthropic, apiusage, conversation, forms
+from llmgw.router.affinity import route_key
+from llmgw.router.usagetypes import Usage
+
+SYSTEM = "be brief " * 30
+TURNS = [
+    {"role": "user", "content": "first"},
+    {"role": "assistant", "content": "answer"},
+    {"role": "user", "content": "second"},
+]
+
+
+class TestConversationKey:
+    def test_same_conversation_same_key_in_each_api(self) -> None:
+        """Chat, Responses (string, parts) and Messages (string, blocks) of one
+        conversation hash to the same chain."""
+        chat = route_key(
+            {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, *TURNS]}, None
+        )
+        parts = [
+            {
+                "type": "message",
+                "role": t["role"],
+                "content": [{"type": "input_text", "text": t["content"]}],
+            }
+            for t in TURNS
+        ]
+        blocks = [
+            {"role": t["role"], "content": [{"type": "text", "text": t["content"]}]} for t in TURNS
+        ]
+        keys = [
+            conversation.responses_key(
+                {"model": "m", "instructions": SYSTEM, "input": TURNS}, None
+            ),
+            conversation.responses_key(
+                {"model": "m", "instructions": SYSTEM, "input": parts}, None
+            ),
+            conversation.messages_key({"model": "m", "system": SYSTEM, "messages": TURNS}, None),
+            conversation.messages_key(
+                {"model": "m", "system": [{"type": "text", "text": SYSTEM}], "messages": blocks},
+                None,
+            ),
+        ]
+        assert chat.hashes
+        assert [k.hashes for k in keys] == [chat.hashes] * 4
+
+    def test_string_input_is_a_user_turn(self) -> None:
+        """A Responses `input` string is the user message chat would send."""
+        chat = route_key({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, None)
+        assert conversation.responses_key({"model": "m", "input": "hi"}, None).hashes == chat.hashes
+
+    def test_session_hints(self) -> None:
+        """Responses' `user` and Anthropic's metadata.user_id are the session hint."""
+        r = conversation.responses_key({"model": "m", "input": "hi", "user": "u1"}, None)
+        m = conversation.messages_key(
+            {"model": "m", "messages": TURNS, "metadata": {"user_id": "u1"}}, None
+        )
+        assert r.session is not None
+        assert m.session == r.session
+
+
+class TestForms:
+    BODY = (
+        b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+        b"Content-Type: audio/wav\r\n\r\nRIFF\r\n--XyZ-not\r\n"
+        b'--XyZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n'
+        b'--XyZ\r\nContent-Disposition: form-data; name="stream"\r\n\r\ntrue\r\n--XyZ--\r\n'
+    )
+
+    def test_fields_found_past_a_file(self) -> None:
+        """The model and stream fields are read after a file part holding a near-boundary."""
+        got = forms.text_fields(
+            self.BODY, 'multipart/form-data; boundary="XyZ"', ("model", "stream")
+        )
+        assert got == {"model": "whisper", "stream": "true"}
+
+    @pytest.mark.parametrize(
+        ("ctype", "body", "why"),
+        [
+            ("application/json", b"{}", "multipart/form-data"),
+            ("multipart/form-data", b"x", "boundary"),
+            ("multipart/form-data; boundary=b", b"nothing", "no part"),
+            ("multipart/form-data; boundary=b", b"--b\r\nname", "end of headers"),
+            ("multipart/form-data; boundary=b", b"--b\r\n\r\nvalue", "closing boundary"),
+        ],
+    )
+    def test_malformed(self, ctype: str, body: bytes, why: str) -> None:
+        """A body that is not the form it claims raises FormError saying why."""
+        with pytest.raises(forms.FormError, match=why):
+            forms.text_fields(body, ctype, ("model",))
+
+
+class TestAnthropicErrors:
+    def test_openai_error_reshaped(self) -> None:
+        """An OpenAI-shaped error becomes Anthropic's, typed by its status."""
+        body = b'{"error":{"message":"no such model","type":"invalid_request_error"}}'
+        got = msgspec.json.decode(anthropic.reshape(404, body))
+        assert got == {
+            "type": "error",
+            "error": {"type": "not_found_error", "message": "no such model"},
+        }
+
+    def test_anthropic_error_kept_and_text_wrapped(self) -> None:
+        """An error already in Anthropic's shape is kept; plain text becomes the message."""
+        mine = anthropic.error_body(429, "slow down")
+        assert anthropic.reshape(429, mine) == mine
+        got = msgspec.json.decode(anthropic.reshape(502, b"Bad Gateway"))
+        assert got["error"] == {"type": "api_error", "message": "Bad Gateway"}
+
+    def test_key_from_x_api_key(self) -> None:
+        """x-api-key wins over Authorization, as a bearer value."""
+        assert (
+            anthropic.authorization({"x-api-key": "k", "Authorization": "Bearer o"}) == "Bearer k"
+        )
+        assert anthropic.authorization({"Authorization": "Bearer o"}) == "Bearer o"
+
+
+class TestApiUsage:
+    def test_responses(self) -> None:
+        """A Responses answer's and its completed event's usage read the same."""
+        u = b'{"usage":{"input_tokens":7,"output_tokens":3,'
+        u += b'"input_tokens_details":{"cached_tokens":4}}}'
+        want = Usage(prompt=7, completion=3, cached=4, cached_reported=4)
+        assert apiusage.responses_usage(u) == want
+        assert (
+            apiusage.responses_usage(b'{"type":"response.completed","response":' + u + b"}") == want
+        )
+
+    def test_anthropic_stream_merged(self) -> None:
+        """A Messages stream's usage is message_start's input side and message_delta's output."""
+        s = apiusage.AnthropicStreamUsage()
+        s.read(
+            b'{"type":"message_start","message":{"usage":{"input_tokens":5,"cache_read_input_tokens":2}}}'
+        )
+        got = s.read(b'{"type":"message_delta","usage":{"output_tokens":9}}')
+        assert got == Usage(prompt=7, completion=9, cached=2, cached_reported=2)
