@@ -75,7 +75,11 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
             report_interval_s=0.2,
         )
         with router(tmp_path, cfg) as r:
-            yield Fleet(ctrl, agent, r)
+            fleet = Fleet(ctrl, agent, r)
+            try:
+                yield fleet
+            finally:
+                fleet.client.close()
     finally:
         agent.cleanup()
         ctrl.stop()

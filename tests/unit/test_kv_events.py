@@ -106,6 +106,21 @@ def stored(hashes: list[Any], parent: Any, tokens: list[int], bs: int = 2) -> Bl
 
 
 class TestCodec:
+    @pytest.mark.parametrize(
+        "payload",
+        [
+            b"\x91" * 100_000 + b"\xc0",
+            # A batch whose one event nests 100,000 levels deep.
+            b"\x92\x01\x91" + b"\x91" * 100_000 + b"\xc0",
+            b"\x82\xa2ts\x01\xa6events\x91" + b"\x81\xa1a" * 100_000 + b"\xc0",
+        ],
+    )
+    def test_deep_nesting_is_a_decode_error_not_a_recursion_error(self, payload: bytes) -> None:
+        """100,000 levels of arrays or maps: KVEventsDecodeError, which the follower counts
+        as an unreadable batch, never RecursionError out of the subscription."""
+        with pytest.raises(KVEventsDecodeError, match="nested too deeply"):
+            decode_batch(payload)
+
     def test_array_layout_is_vllms_byte_for_byte(self) -> None:
         """What we encode is what vLLM's array_like structs encode, and decodes back."""
         ours = KVEventBatch(

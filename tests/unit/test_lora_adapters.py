@@ -17,6 +17,7 @@ from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.endpoints import endpoint_list, outlook
 from llmgw.controller.fleet.records import Adapter, Changes
 from llmgw.controller.store import open_store
+from llmgw.router.lora import Rename, select
 from llmgw.simengine.lora import LoraRegistry, LoraSettings, parse_modules
 from llmgw.wire.adapters import AdapterSpec, loads_at_run_time
 from llmgw.wire.agent import ShardSpec
@@ -189,9 +190,11 @@ class TestAgentFlags:
         assert start_args(shard("sim", {}), {}) == []
 
     def test_llamacpp_adapters_unapplied_by_default(self) -> None:
-        """llama.cpp: each file with --lora in name order, none applied to base requests."""
+        """llama.cpp: every file at scale 0 in name order; a path it cannot take fails."""
         args = start_args(shard("llamacpp", {"b": "/b.gguf", "a": "/a.gguf"}), {})
-        assert args == ["--lora-init-without-apply", "--lora", "/a.gguf", "--lora", "/b.gguf"]
+        assert args == ["--lora-scaled", "/a.gguf:0,/b.gguf:0"]
+        with pytest.raises(ValueError, match="cannot be given"):
+            start_args(shard("llamacpp", {"a": "/x:y.gguf"}), {})
 
     def test_runtime_sync_backs_off_a_refused_load(self) -> None:
         """A load the engine refused is not retried before its backoff ends."""
@@ -221,3 +224,23 @@ class TestSimRegistry:
 
         asyncio.run(go())
         assert (reg.loads, reg.evictions) == (4, 2)
+
+
+class TestRouterLlamacpp:
+    def test_select_adds_the_position(self) -> None:
+        """The body keeps its fields and gains llama-server's per-request adapter list."""
+        out = msgspec.json.decode(select(b'{"model":"ad","max_tokens":3}', 2))
+        assert out == {"model": "ad", "max_tokens": 3, "lora": [{"id": 2, "scale": 1.0}]}
+
+    @pytest.mark.parametrize("cut", range(1, 40))
+    def test_rename_survives_any_split(self, cut: int) -> None:
+        """However a stream is cut into chunks, every `model` field carries the adapter."""
+        answer = b'data: {"id":"x","model":"tiny","choices":[]}\n\ndata: {"model":"tiny"}\n\n'
+        r = Rename("ad-a")
+        out = r.feed(answer[:cut]) + r.feed(answer[cut:]) + r.flush()
+        assert out == answer.replace(b'"model":"tiny"', b'"model":"ad-a"')
+
+    def test_rename_leaves_text_alone(self) -> None:
+        """A `"model":"` inside generated text is escaped JSON and stays as it was."""
+        answer = b'{"content":"say \\"model\\":\\"x\\"","model":"tiny"}'
+        assert Rename("a").feed(answer) == answer.replace(b'"model":"tiny"', b'"model":"a"')

@@ -9,10 +9,11 @@ controller listed them then:
   loads adapters at run time (wire.adapters.loads_at_run_time) starts with LoRA on
   even without adapters, so one applied later can be loaded (the sim-engine's
   runtime routes need no flag).
-- llama.cpp: `--lora FILE` per adapter, in name order, and
-  `--lora-init-without-apply`, so the base's own requests run without any; a
-  request selects its adapter by position (`"lora": [{"id": i, "scale": 1.0}]`),
-  which routers add for an adapter's name (docs/sleep-and-adapters.md).
+- llama.cpp: `--lora-scaled FILE:0,FILE:0,...` in name order: loaded with scale 0,
+  so the base's own requests run without any (llama-server applies `--lora`
+  files to every request, and `--lora-init-without-apply` did not stop that in
+  the pinned build); a request selects its adapter by position (`"lora": [{"id":
+  i, "scale": 1.0}]`), which routers add for an adapter's name (router/lora.py).
 
 While it runs (`AdapterSync`, engines that allow it): the adapters added since
 are loaded with `POST /v1/load_lora_adapter {lora_name, lora_path}` and those
@@ -33,7 +34,7 @@ import aiohttp
 
 from llmgw.agent.probe import netloc
 from llmgw.runtime.logs import kv
-from llmgw.wire.adapters import loads_at_run_time
+from llmgw.wire.adapters import llamacpp_path_problem, loads_at_run_time
 from llmgw.wire.agent import ShardSpec
 
 log = logging.getLogger(__name__)
@@ -54,10 +55,12 @@ def start_args(spec: ShardSpec, env: Mapping[str, str]) -> list[str]:
     if spec.engine == "llamacpp":
         if not names:
             return []
-        out = ["--lora-init-without-apply"]
         for name in names:
-            out += ["--lora", spec.adapters[name]]
-        return out
+            problem = llamacpp_path_problem(spec.adapters[name])
+            if problem is not None:
+                raise ValueError(f"adapter {name}: {problem}")
+        # Scale 0: loaded, applied to no request unless the request asks for it.
+        return ["--lora-scaled", ",".join(f"{spec.adapters[n]}:0" for n in names)]
     if spec.engine not in ("vllm", "sim"):
         return []
     runtime = loads_at_run_time(spec.engine, dict(env))

@@ -12,6 +12,15 @@ precise again only if the replay covers exactly what was missed.
 
 pyzmq is imported only when an endpoint is followed: a router without it
 starts, logs that precise mode is unavailable, and guesses.
+
+A publisher is not trusted (docs/hardening.md): a frame larger than
+`MAX_MESSAGE_BYTES` makes ZeroMQ drop the connection before it is read whole
+(the sequence numbers then show the gap), at most `RECEIVE_QUEUE` messages wait
+unread, a payload nested past the decoder's depth is an unreadable batch, and a
+replay holds at most `MAX_REPLAY_BATCHES` batches and `MAX_REPLAY_BYTES` bytes
+for at most `REPLAY_DEADLINE_S`. Each costs a log line (at most one per
+`LOG_EVERY_S` per endpoint and kind) and precise mode until the set is whole
+again, never a traceback or memory without bound.
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+import time
+from typing import Any, Final
 
 from llmgw.router.kvevents import EngineBlocks, Follow, KVEventIndex
 from llmgw.runtime.logs import kv
@@ -28,7 +38,30 @@ from llmgw.wire.kvevents import KVEventsDecodeError, decode_batch, decode_seq, e
 log = logging.getLogger(__name__)
 
 RECONCILE_S = 1.0
+# The most a replay socket may be silent between two messages.
 REPLAY_TIMEOUT_S = 2.0
+# The most one replay may take in all: a publisher that sends, but never the
+# batches asked for nor its end marker, would hold the subscription for ever.
+REPLAY_DEADLINE_S = 10.0
+# One frame from a publisher, at most. vLLM's batch for one engine step carries
+# the token ids of the blocks it stored: under a megabyte for a 128k-token
+# prefill. A larger frame makes ZeroMQ drop the connection (ZMQ_MAXMSGSIZE)
+# before holding it, where one 100 MB frame used to cost the router twice that.
+MAX_MESSAGE_BYTES: Final = 8 * 1024 * 1024
+# Messages ZeroMQ keeps unread for the subscriber (ZMQ_RCVHWM; its default is
+# 1000): past it new ones are dropped, a gap like any other.
+RECEIVE_QUEUE: Final = 100
+# What one replay may hold before it is applied: vLLM keeps 10,000 steps by
+# default; bytes bound what a replay socket that never ends its answer can make
+# the router keep.
+MAX_REPLAY_BATCHES: Final = 10_000
+MAX_REPLAY_BYTES: Final = 64 * 1024 * 1024
+# A connection down this long is dialled again. ZeroMQ redials by itself after a
+# connection error, but not after a protocol error (a frame past MAX_MESSAGE_BYTES):
+# that subscription would stay down, silently, for good.
+REDIAL_S: Final = 2.0
+# A publisher's bad messages are said at most this often, per endpoint and kind.
+LOG_EVERY_S: Final = 10.0
 
 
 class KVEventFollower:
@@ -40,6 +73,24 @@ class KVEventFollower:
         self._zmq: Any = None
         self._ctx: Any = None
         self._warned = False
+        # (endpoint, what) → (when last said, times since not said): `_warn`.
+        self._said: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def _warn(self, eid: str, what: str, **fields: Any) -> None:
+        """One warning line per `LOG_EVERY_S` per endpoint and kind: a publisher that
+        sends bad messages as fast as it can costs a line now and then, not a flood."""
+        now = time.monotonic()
+        key = (eid, what)
+        last, quiet = self._said.get(key, (-LOG_EVERY_S, 0))
+        if now - last < LOG_EVERY_S:
+            self._said[key] = (last, quiet + 1)
+            return
+        if len(self._said) > 1024:
+            self._said.clear()
+        self._said[key] = (now, 0)
+        if quiet:
+            fields["not_logged_since"] = quiet
+        log.warning(kv(what, endpoint=eid, **fields))
 
     async def run(self) -> None:
         """Reconcile the subscriptions with the index's endpoints until cancelled."""
@@ -103,6 +154,8 @@ class KVEventFollower:
         blocks = follow.blocks
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sub.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
         sub.setsockopt(zmq.SUBSCRIBE, follow.topic.encode())
         mon = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         poller = zmq.asyncio.Poller()
@@ -116,11 +169,31 @@ class KVEventFollower:
             mon.close(linger=0)
             return
         log.info(kv("following kv events", endpoint=eid, address=follow.address))
+        # When the connection went (or the dial began); None while it is up.
+        down_since: float | None = time.monotonic()
+        dropped = False  # it was up, and went down: a publisher that may be misbehaving
         try:
             while True:
-                ready = dict(await poller.poll())
+                ready = dict(await poller.poll(int(REDIAL_S * 1000)))
                 if mon in ready:
                     self._on_monitor(eid, blocks, await mon.recv_multipart())
+                    if blocks.connected:
+                        down_since = None
+                    elif down_since is None:
+                        down_since = time.monotonic()
+                        dropped = True
+                if down_since is not None and time.monotonic() - down_since >= REDIAL_S:
+                    if dropped:
+                        self._warn(
+                            eid,
+                            "kv events: dialling again",
+                            why="the connection dropped: the publisher went away, or sent "
+                            f"a frame over {MAX_MESSAGE_BYTES} bytes",
+                        )
+                    with contextlib.suppress(zmq.ZMQError):
+                        sub.disconnect(follow.address)
+                    sub.connect(follow.address)
+                    down_since = time.monotonic()
                 if sub in ready:
                     frames = await sub.recv_multipart()
                     await self._on_message(eid, follow, frames)
@@ -153,7 +226,7 @@ class KVEventFollower:
             seq = number
             _, events = decode_batch(frames[2])
         except KVEventsDecodeError as exc:
-            log.warning(kv("kv events: unreadable batch", endpoint=eid, error=str(exc)))
+            self._warn(eid, "kv events: unreadable batch", error=str(exc))
             blocks.lost()
             if seq is not None:
                 # Counted once: the next batch is not another gap, and asking the
@@ -176,14 +249,25 @@ class KVEventFollower:
         """Fetch and apply batches first..upto-1 from the replay socket; True if all came."""
         zmq = self._zmq
         blocks = follow.blocks
+        if upto - first > MAX_REPLAY_BATCHES:
+            # More than any publisher keeps (or a sequence number far ahead): not asked.
+            self._warn(eid, "kv events: replay failed", error=f"{upto - first} batches missed")
+            return False
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
         got: list[tuple[int, bytes]] = []
+        size = 0
+        deadline = time.monotonic() + REPLAY_DEADLINE_S
         try:
             sock.connect(follow.replay)
             await sock.send_multipart((b"", encode_seq(first)))
             while True:
-                if not await sock.poll(int(REPLAY_TIMEOUT_S * 1000)):
+                left = min(REPLAY_TIMEOUT_S, deadline - time.monotonic())
+                if left <= 0:
+                    raise TimeoutError(f"not done within {REPLAY_DEADLINE_S:g}s")
+                if not await sock.poll(int(left * 1000) + 1):
                     raise TimeoutError("no answer")
                 frames = await sock.recv_multipart()
                 if len(frames) != 3:
@@ -203,6 +287,9 @@ class KVEventFollower:
                     # The publisher no longer has what was missed (its buffer moved on)
                     # or skipped a number: nothing after this can fill the gap.
                     raise KVEventsDecodeError("replay did not cover the gap")
+                size += len(frames[2])
+                if size > MAX_REPLAY_BYTES:
+                    raise KVEventsDecodeError(f"replay larger than {MAX_REPLAY_BYTES} bytes")
                 got.append((seq, frames[2]))
             # Compared without listing first..upto: a sequence frame far ahead (a buggy
             # publisher) would otherwise allocate one int per missed number.
@@ -211,7 +298,7 @@ class KVEventFollower:
             for seq, payload in got:
                 blocks.on_batch(seq, decode_batch(payload)[1])
         except (TimeoutError, KVEventsDecodeError, zmq.ZMQError) as exc:
-            log.warning(kv("kv events: replay failed", endpoint=eid, error=str(exc)))
+            self._warn(eid, "kv events: replay failed", error=str(exc))
             return False
         finally:
             sock.close(linger=0)

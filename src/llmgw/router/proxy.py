@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from llmgw.router import lora
 from llmgw.router.affinity import NO_KEY, RouteKey, route_key
 from llmgw.router.apis import ROUTES as API_ROUTES
 from llmgw.router.apis import Api
@@ -59,6 +60,7 @@ from llmgw.router.holding import (
 )
 from llmgw.router.inband import ErrorFrameWatch, nothing_before_error, role_opener_only
 from llmgw.router.intake import ByteBudget, Intake, peer_of, read_json, refused
+from llmgw.router.lora import Rename
 from llmgw.router.metrics import (
     DISCONNECTED,
     ENGINE_ERROR,
@@ -178,6 +180,7 @@ class Attempts:
         "first",
         "last_error",
         "outcome",
+        "rename",
         "retries_left",
         "tried",
         "up",
@@ -197,6 +200,8 @@ class Attempts:
         self.data = b""
         self.first = b""
         self.watch: ErrorFrameWatch | None = None
+        # A llama.cpp answer for a LoRA adapter: its name written back (router/lora.py).
+        self.rename: Rename | None = None
 
     def skip(self, eid: str) -> None:
         """Leave `eid` out from now on (not an attempt: nothing was sent to it)."""
@@ -520,6 +525,13 @@ class Proxy:
         elsewhere = True
         error: UpstreamError | None = None
         auth = st.engine_auth.get(eid)
+        att.rename = None
+        if st.lora_ids:
+            ids = st.lora_ids.get(eid)
+            lora_id = ids.get(model) if ids is not None else None
+            if lora_id is not None:
+                body = lora.select(body, lora_id)
+                att.rename = Rename(model)
         try:
             up = att.up = await st.forward.post(
                 st.urls[eid] + path,
@@ -543,6 +555,8 @@ class Proxy:
                 att.last_error = f"{eid} answered {code}"
             elif not up.is_event_stream:
                 att.data = await up.read()
+                if att.rename is not None:
+                    att.data = att.rename.feed(att.data) + att.rename.flush()
                 return Step.RELAY
             else:
                 # The head waits for the first bytes: until they come nothing has
@@ -557,7 +571,7 @@ class Proxy:
                     more = await up.chunk()
                     watch.feed(more)
                     first += more
-                att.first = first
+                att.first = first if att.rename is None else att.rename.feed(first)
                 if not (watch.endpoint_failure and nothing_before_error(first)):
                     return Step.STREAM
                 # The engine's 5xx error event before any output, and the head not
@@ -769,6 +783,8 @@ class Proxy:
                 before, sent = sent, chunk
                 scan.feed(chunk)
                 chunk = await up.chunk()
+                if att.rename is not None:
+                    chunk = att.rename.feed(chunk) if chunk else att.rename.flush()
                 if chunk:
                     t = now()
                     # Several events may arrive in one read: the gap is theirs to share.

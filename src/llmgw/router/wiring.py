@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 
+from llmgw.router import lora
 from llmgw.router.affinity import SessionAffinity
 from llmgw.router.auth import KeyRing
 from llmgw.router.breaker import BreakerConfig
@@ -102,6 +103,9 @@ class Router:
         # Endpoint id → the headers of a request to it: the router's own plus
         # `Authorization: Bearer <engine key>` for an engine that has one.
         self.engine_auth: dict[str, str] = {}
+        # Endpoint id → adapter → its llama.cpp position (router/lora.py); only
+        # llama.cpp replicas that serve adapters are in it.
+        self.lora_ids: dict[str, dict[str, int]] = {}
         self.known_models: frozenset[str] = frozenset()
         # Alias → the served name (an endpoint's first model name), for metric labels.
         self.served_name: dict[str, str] = {}
@@ -182,6 +186,7 @@ class Router:
         self.urls = {i.id: i.url.rstrip("/") for i in infos}
         self.served_name = {n: i.models[0] for i in infos if i.models for n in i.models[1:]}
         self.engine_auth = {i.id: f"Bearer {i.api_key}" for i in infos if i.api_key}
+        self.lora_ids = {i.id: lora.positions(i.lora_ids) for i in infos if i.lora_ids}
         self._refresh_models()
         if removed:
             log.info(kv("endpoints removed", ids=",".join(removed)))

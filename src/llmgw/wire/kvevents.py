@@ -100,6 +100,11 @@ def decode_batch(payload: bytes) -> tuple[float, list[KVEvent]]:
         doc = _raw.decode(payload)
     except msgspec.DecodeError as exc:
         raise KVEventsDecodeError(f"not msgpack: {exc}") from exc
+    except RecursionError:
+        # msgspec's decoder stops at the interpreter's recursion limit (about a
+        # thousand levels; a batch has four): a publisher's nesting, refused here,
+        # not a traceback out of the subscription.
+        raise KVEventsDecodeError("nested too deeply") from None
     if isinstance(doc, list) and len(doc) >= 2:
         ts, events = doc[0], doc[1]
     elif isinstance(doc, dict):
@@ -159,5 +164,7 @@ def _event(ev: Any) -> KVEvent | None:
         got = msgspec.convert([tag, *(fields[f] for f in names)], cls)
     except msgspec.ValidationError as exc:
         raise KVEventsDecodeError(f"{tag}: {exc}") from exc
+    except RecursionError:
+        raise KVEventsDecodeError(f"{tag}: nested too deeply") from None
     assert isinstance(got, BlockStored | BlockRemoved | AllBlocksCleared)
     return got
