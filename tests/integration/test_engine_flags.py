@@ -64,6 +64,8 @@ VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("multi-node-rank0", {**MULTI, "gpu_indices": (0, 1)}, {"api_key": "sk-test"}),
     ("multi-node-rank1", {**MULTI, "rank": 1, "gpu_indices": (0, 1)}, {"api_key": "sk-test"}),
     ("one-name", {"served_names": ("llama-8b",)}, {}),
+    ("sleep-mode", {"sleep_mode": True}, {"api_key": "sk-test"}),
+    ("sleep-mode-asleep", {"sleep_mode": True, "sleep_level": 1}, {"api_key": "sk-test"}),
 ]
 KV_VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("kv-events", {"kv_events": True}, {"kv_events": KV, "api_key": "sk-test"}),
