@@ -67,6 +67,18 @@ VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("sleep-mode", {"sleep_mode": True}, {"api_key": "sk-test"}),
     ("sleep-mode-asleep", {"sleep_mode": True, "sleep_level": 1}, {"api_key": "sk-test"}),
 ]
+# LoRA adapters (agent/adapters.py): vLLM only, as SGLang's are not rendered.
+LORA_VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("lora-modules", {"adapters": {"a": "/l/a", "b": "/l/b"}}, {"api_key": "sk-test"}),
+    (
+        "lora-many-at-run-time",
+        {
+            "adapters": {f"a{i}": f"/l/{i}" for i in range(12)},
+            "env": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+        },
+        {},
+    ),
+]
 KV_VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("kv-events", {"kv_events": True}, {"kv_events": KV, "api_key": "sk-test"}),
     (
@@ -84,7 +96,7 @@ def engine_args(engine: str, overrides: dict[str, Any], kw: dict[str, Any]) -> l
     return list(plan.argv[prefix:])
 
 
-@pytest.mark.parametrize(("name", "overrides", "kw"), VARIANTS + KV_VARIANTS)
+@pytest.mark.parametrize(("name", "overrides", "kw"), VARIANTS + KV_VARIANTS + LORA_VARIANTS)
 def test_vllm_command_lines(name: str, overrides: dict[str, Any], kw: dict[str, Any]) -> None:
     cli = engine_cli("vllm")
     argv = engine_args("vllm", overrides, kw)
