@@ -309,3 +309,17 @@ class TestAgentRuntimeLoading:
         clock.advance(31)
         await sup.tick()
         assert client.calls[-1] == ("load", "c")
+
+    async def test_start_only_engine_keeps_what_it_started_with(
+        self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]
+    ) -> None:
+        """A llama.cpp engine is never sent runtime loads and keeps reporting (and
+        recording) the adapters it started with, whose positions routers rely on."""
+        sup, probe, client, _ = rig
+        sup.apply([sup_spec(engine="llamacpp", adapters={"b": "/b"})])
+        probe.ready_ports.add(21000)
+        await sup.tick()
+        sup.apply([sup_spec(engine="llamacpp", adapters={"a": "/a", "b": "/b"})])
+        await sup.tick()
+        assert sup.statuses()[0].adapters == ("b",)
+        assert client.calls == []
