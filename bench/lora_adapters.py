@@ -21,10 +21,12 @@ Workload (seeded; the same arrivals and prompts in every run)
     loaded; `cold` shows what reading them in on first use adds (the sim-engine
     waits `--lora-load-ms` per adapter per engine, docs/sleep-and-adapters.md).
 
-Measured: time to first token (first content chunk) at the client, p50/p99;
-errors. Target (issue 31): adapters' p99 TTFT within 1.2x of the base alone.
+Measured: time to first token (first content chunk) at the client, p50/p99 over
+the samples of `--repeat` rounds (the runs interleaved, so a busy moment of the
+machine does not fall on one run only); errors. Target (issue 31): adapters' p99
+TTFT within 1.2x of the base alone.
 
-Command: `.venv/bin/python bench/lora_adapters.py` (about two minutes).
+Command: `.venv/bin/python bench/lora_adapters.py` (about five minutes).
 """
 
 from __future__ import annotations
@@ -161,7 +163,8 @@ async def warm_up(session: aiohttp.ClientSession, fleet: Fleet) -> None:
     await asyncio.gather(*jobs)
 
 
-async def run(args: argparse.Namespace, fleet: Fleet, kind: str) -> dict[str, float]:
+async def run(args: argparse.Namespace, fleet: Fleet, kind: str) -> list[float | None]:
+    """One run on fresh engines: each request's TTFT in ms (None: it failed)."""
     url = fleet.start(kind) + "/v1/chat/completions"
     try:
         rng = random.Random(args.seed)
@@ -190,18 +193,22 @@ async def run(args: argparse.Namespace, fleet: Fleet, kind: str) -> dict[str, fl
                 results.append(res)
                 tasks.append(asyncio.create_task(stream_one(session, url, data, res)))
             await asyncio.gather(*tasks)
-        ttft = sorted(
-            (r.first_s - r.sent_s) * 1000 for r in results if r.first_s is not None and not r.error
-        )
-        errors = sum(1 for r in results if r.error or r.first_s is None)
-        return {
-            "requests": len(results),
-            "errors": errors,
-            "p50": statistics.median(ttft),
-            "p99": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))],
-        }
+        return [
+            (r.first_s - r.sent_s) * 1000 if r.first_s is not None and not r.error else None
+            for r in results
+        ]
     finally:
         fleet.stop()
+
+
+def summary(samples: list[float | None]) -> dict[str, float]:
+    ttft = sorted(x for x in samples if x is not None)
+    return {
+        "requests": len(samples),
+        "errors": len(samples) - len(ttft),
+        "p50": statistics.median(ttft),
+        "p99": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))],
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -214,14 +221,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--lora-load-ms", type=float, default=50.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--runs", default="base,adapters,cold")
+    p.add_argument(
+        "--repeat", type=int, default=3, help="rounds of the runs, interleaved; samples pooled"
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
         fleet = Fleet(Path(tmp), args.adapters, args.lora_load_ms)
-        out: dict[str, dict[str, float]] = {}
-        for kind in args.runs.split(","):
-            t0 = time.monotonic()
-            out[kind] = asyncio.run(run(args, fleet, kind))
-            print(f"{kind}: {out[kind]} ({time.monotonic() - t0:.0f} s)", flush=True)
+        pooled: dict[str, list[float | None]] = {}
+        for round_ in range(args.repeat):
+            for kind in args.runs.split(","):
+                t0 = time.monotonic()
+                got = asyncio.run(run(args, fleet, kind))
+                pooled.setdefault(kind, []).extend(got)
+                took = time.monotonic() - t0
+                print(f"round {round_ + 1} {kind}: {summary(got)} ({took:.0f} s)", flush=True)
+        out = {kind: summary(samples) for kind, samples in pooled.items()}
     print("| run | requests | errors | TTFT p50 ms | TTFT p99 ms | p99 vs base |")
     print("|---|---:|---:|---:|---:|---:|")
     base = out.get("base", {}).get("p99")

@@ -11,6 +11,9 @@ import msgspec
 import pytest
 
 from llmgw.agent.adapters import AdapterState, start_args
+from llmgw.agent.ports import PortAllocator
+from llmgw.agent.statefile import StateStore
+from llmgw.agent.supervisor import Supervisor
 from llmgw.controller.api.routes import decode_specs
 from llmgw.controller.errors import Conflict, InvalidSpec
 from llmgw.controller.fleet import commands
@@ -18,10 +21,13 @@ from llmgw.controller.fleet.endpoints import endpoint_list, outlook
 from llmgw.controller.fleet.records import Adapter, Changes
 from llmgw.controller.store import open_store
 from llmgw.router.lora import Rename, select
+from llmgw.runtime.clock import ManualClock
 from llmgw.simengine.lora import LoraRegistry, LoraSettings, parse_modules
 from llmgw.wire.adapters import AdapterSpec, loads_at_run_time
 from llmgw.wire.agent import ShardSpec
 from tests.unit.controller_reconcile_world import World, spec
+from tests.unit.test_agent_supervisor import FakeProbe, FakeSpawner
+from tests.unit.test_agent_supervisor import spec as sup_spec
 
 
 def lora(name: str, base: str = "m", source: str = "/a") -> AdapterSpec:
@@ -244,3 +250,62 @@ class TestRouterLlamacpp:
         """A `"model":"` inside generated text is escaped JSON and stays as it was."""
         answer = b'{"content":"say \\"model\\":\\"x\\"","model":"tiny"}'
         assert Rename("a").feed(answer) == answer.replace(b'"model":"tiny"', b'"model":"a"')
+
+
+class FakeAdapterClient:
+    """The engine's runtime routes: loads succeed unless the path is refused."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.refuse: set[str] = set()
+
+    async def load(self, host: str, port: int, api_key: str, name: str, path: str) -> str | None:
+        self.calls.append(("load", name))
+        return "HTTP 400: no such adapter" if path in self.refuse else None
+
+    async def unload(self, host: str, port: int, api_key: str, name: str) -> str | None:
+        self.calls.append(("unload", name))
+        return None
+
+    async def close(self) -> None:
+        pass
+
+
+class TestAgentRuntimeLoading:
+    @pytest.fixture
+    def rig(self, tmp_path: Path) -> tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]:
+        clock = ManualClock()
+        client = FakeAdapterClient()
+        probe = FakeProbe()
+        sup = Supervisor(
+            log_dir=tmp_path / "logs",
+            store=StateStore(tmp_path / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=FakeSpawner(),
+            probe=probe,
+            clock=clock,
+            adapter_client=client,
+        )
+        return sup, probe, client, clock
+
+    async def test_new_adapters_load_without_a_restart(
+        self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]
+    ) -> None:
+        """Started with one adapter, a sim engine is given a second at run time and loses
+        the first, reporting what it serves; a refused load waits out its backoff."""
+        sup, probe, client, clock = rig
+        sup.apply([sup_spec(adapters={"a": "/a"})])
+        probe.ready_ports.add(21000)
+        await sup.tick()
+        assert sup.statuses()[0].adapters == ("a",)
+        client.refuse.add("/bad")
+        sup.apply([sup_spec(adapters={"b": "/b", "c": "/bad"})])
+        await sup.tick()
+        (st,) = sup.statuses()
+        assert (st.pid, st.adapters) == (101, ("b",))
+        assert client.calls == [("unload", "a"), ("load", "b"), ("load", "c")]
+        await sup.tick()
+        assert len(client.calls) == 3
+        clock.advance(31)
+        await sup.tick()
+        assert client.calls[-1] == ("load", "c")

@@ -18,6 +18,7 @@ import msgspec
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.gpus.base import GpuInventory
 from llmgw.agent.heartbeat import Heartbeater, HeartbeatSender
+from llmgw.agent.hostmem import host_memory_mib
 from llmgw.agent.probe import HealthProbe
 from llmgw.agent.supervisor import Supervisor
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
@@ -95,6 +96,7 @@ class Agent:
             seq=self.seq,
             port_range=self.config.ports,
             policy=self.supervisor.policy,
+            host_memory_mib=host_memory_mib(self.config.host_memory_mib),
         )
 
     def _on_reply(self, reply: HeartbeatReply) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import msgspec
 
-from llmgw.agent import logfiles
+from llmgw.agent import logfiles, sleeping
 from llmgw.agent.adapters import (
     AdapterClient,
     AdapterState,
@@ -113,7 +113,11 @@ class Supervisor:
         log_keep: int = logfiles.DEFAULT_KEEP,
         clock: Clock = SYSTEM_CLOCK,
         adapter_client: AdapterClient | None = None,
+        sleep_client: sleeping.SleepClient | None = None,
     ) -> None:
+        self._sleep_client: sleeping.SleepClient = (
+            sleep_client if sleep_client is not None else sleeping.HttpSleepClient()
+        )
         self._log_dir = log_dir
         self._adapter_client: AdapterClient = (
             adapter_client if adapter_client is not None else HttpAdapterClient()
@@ -194,6 +198,9 @@ class Supervisor:
                 # runs (adapters.py), never a restart.
                 if want[key].adapters != sh.spec.adapters:
                     sh.spec = msgspec.structs.replace(sh.spec, adapters=want[key].adapters)
+                # Nor is sleeping: the engine is put to sleep or woken in place (tick).
+                if want[key].sleep_level != sh.spec.sleep_level:
+                    sh.spec = msgspec.structs.replace(sh.spec, sleep_level=want[key].sleep_level)
                 continue
             if sh.proc is None:
                 del self._shards[key]
@@ -224,6 +231,7 @@ class Supervisor:
                 sh.proc.signal_group(KILL)
                 sh.kill_sent = True
         await self._probe_starting()
+        await self._sync_sleep()
         await self._sync_adapters()
         # Paths are read here, on the loop; the thread only touches files.
         paths = [sh.log_path for sh in self._shards.values()]
@@ -247,6 +255,40 @@ class Supervisor:
             # Re-check: while the probes ran, a heartbeat may have stopped it.
             if ok and sh.state == "starting" and sh.proc is not None and sh.stop_sent_at is None:
                 self._ready(sh)
+
+    async def _sync_sleep(self) -> None:
+        """Put engines to sleep or wake them (and warm them up) as the controller listed."""
+        todo = [
+            (sh, w)
+            for sh in self._shards.values()
+            if sh.proc is not None
+            and sh.stop_sent_at is None
+            and (w := sleeping.wants(sh.spec, sh.state)) is not None
+        ]
+        if not todo:
+            return
+        results = await asyncio.gather(
+            *(
+                sleeping.step(
+                    self._sleep_client,
+                    sh.spec,
+                    w,
+                    host=self._host,
+                    port=sh.port,
+                    api_key=sh.api_key,
+                )
+                for sh, w in todo
+            )
+        )
+        for (sh, w), state in zip(todo, results, strict=True):
+            # Re-check: while the calls ran, a heartbeat may have stopped it, or the
+            # controller changed its mind (the next tick does what it wants now).
+            if state == "sleeping" and sh.proc is not None and sh.stop_sent_at is None:
+                sh.state = "sleeping"
+            elif state == "ready" and sh.proc is not None and sh.stop_sent_at is None:
+                sh.state = "ready"
+            if state is not None:
+                self.events.slept(sh.spec.engine, w)
 
     async def _sync_adapters(self) -> None:
         """Load and unload adapters on ready engines that take them at run time."""
@@ -311,6 +353,7 @@ class Supervisor:
     async def close(self) -> None:
         """Release the adapter client's connections (engines keep running)."""
         await self._adapter_client.close()
+        await self._sleep_client.close()
 
     # -- what leaves ------------------------------------------------------------
 

@@ -73,6 +73,7 @@ from llmgw.router.metrics import (
 from llmgw.router.scheduler import Decision
 from llmgw.router.streamend import final_event_sent
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
+from llmgw.router.tracing import Tracing, passed_on
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
 from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
@@ -363,6 +364,16 @@ class Proxy:
         att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries)
         # The request id as a header line: in the engine's request and our answer's.
         rid_line = b"".join((b"x-request-id: ", rid.encode("utf-8", "surrogateescape"), b"\r\n"))
+        tracing = st.tracing
+        span: Any = None
+        if tracing is None:
+            # The client's trace context goes on unchanged (tracing.py).
+            tp = request.headers.get("traceparent")
+            if tp is not None:
+                head += passed_on(tp, request.headers.get("tracestate"))
+        else:
+            span, trace_lines = tracing.start(request.headers, path, model, rid)
+            head += trace_lines
         fwd = HeaderLines(head + rid_line)
         eid = ""
         status = 503
@@ -384,10 +395,16 @@ class Proxy:
                         raise NoReplica(model, f"every replica was tried ({att.last_error})")
                     # None at all, or only breakers refused (another request holds the
                     # half-open probe): wait for one, as for a model with no replica.
+                    held_from = st.clock.monotonic()
                     decision, snaps = await self._hold(
                         model, hashes, t0, att.deadline, peer_of(request)
                     )
+                    if span is not None:
+                        tracing_of(st).held(span, st.clock.monotonic() - held_from)
                 eid = decision.endpoint_id or ""
+                if span is not None:
+                    tries = st.cfg.max_retries - att.retries_left + 1
+                    tracing_of(st).attempt(span, decision, tries, att.last_error)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug(kv("route", rid=rid, model=model, to=eid, why=decision.header()))
                 release = st.registry.acquire(eid, pending=streams)
@@ -466,6 +483,10 @@ class Proxy:
             self._done(
                 rid, path, st.served_name.get(model, model), eid, status, result, t0, ttft, usage
             )
+            if span is not None:
+                retries = st.cfg.max_retries - att.retries_left
+                code = 499 if result == DISCONNECTED else status
+                tracing_of(st).end(span, endpoint=eid, status=code, outcome=result, retries=retries)
 
     def _served(
         self,
@@ -904,6 +925,13 @@ async def _end_quietly(resp: web.StreamResponse | FastStream) -> None:
     """End an answer whose client may already be gone."""
     with contextlib.suppress(ConnectionError):
         await resp.write_eof()
+
+
+def tracing_of(st: Router) -> Tracing:
+    """The router's tracer, where a span says tracing is on."""
+    tracing = st.tracing
+    assert tracing is not None
+    return tracing
 
 
 def _tag(resp: web.Response, rid: str) -> web.Response:

@@ -26,6 +26,7 @@ from llmgw.router.metrics import RouterMetrics
 from llmgw.router.policies import Policy, make_policy
 from llmgw.router.prefix import PrefixIndex
 from llmgw.router.shared import SharedInflight
+from llmgw.router.tracing import Tracing
 from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.router.upstream.base import Forwarder
 from llmgw.router.upstream.fast import FastUpstream
@@ -77,6 +78,8 @@ class Router:
         self.usage = UsageTracker(clock=clock)
         self.metrics = RouterMetrics(snapshots=self.registry.snapshots, held=self.holding.demand)
         self.keys = KeyRing(cfg.api_keys)
+        # Spans of routing decisions (tracing.py); None: off, set by the app at start.
+        self.tracing: Tracing | None = None
         # Kept across policy reloads, like the index: sessions and prediction counts.
         self.sessions = SessionAffinity()
         self.prediction = PredictionCheck(self.prefix)

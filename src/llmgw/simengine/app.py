@@ -162,6 +162,8 @@ class SimEngine:
         self._cache_info = _cache_info(cfg)
         # Open streams and their requests, for `_sweep_gone`.
         self._streams: dict[Stream, web.Request] = {}
+        # The last request's W3C trace context, for /sim/state (debug.trace_recorder).
+        self.last_trace: dict[str, str] = {}
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -497,7 +499,7 @@ def build_app(
     die: Callable[[], NoReturn] = _die,
 ) -> web.Application:
     sim = SimEngine(cfg, crash=crash, die=die)
-    middlewares: list[Middleware] = [debug.loopback_only]
+    middlewares: list[Middleware] = [debug.loopback_only, debug.trace_recorder(sim)]
     if cfg.api_keys:
         middlewares.append(auth.middleware(cfg.api_keys))
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
