@@ -146,7 +146,7 @@ class TestManagedPreciseMode:
                     mode = {"endpoint": rid, "mode": "precise"}
                     if metric(r.url, "llmgw_router_prefix_mode", **mode) == 1:
                         return True
-                    post_engine(urls[rid], "/reset_prefix_cache")
+                    post_engine(urls[rid], "/reset_prefix_cache", key=keys[rid])
                     return False
 
                 await until(synced, timeout_s=30, what=f"{rid} in precise mode")

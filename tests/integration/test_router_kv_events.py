@@ -49,11 +49,15 @@ def metric(router_url: str, name: str, **labels: str) -> float | None:
     return None if m is None else float(m.group(1))
 
 
-def post_engine(engine_url: str, path: str, body: dict[str, Any] | None = None) -> Any:
+def post_engine(
+    engine_url: str, path: str, body: dict[str, Any] | None = None, *, key: str = ""
+) -> Any:
+    """POST to an engine; `key`: its engine key, which every route but three needs."""
     data = json.dumps(body).encode() if body is not None else b""
-    req = urllib.request.Request(
-        engine_url + path, data=data, headers={"Content-Type": "application/json"}, method="POST"
-    )
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(engine_url + path, data=data, headers=headers, method="POST")
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
 

@@ -11,16 +11,23 @@ import msgspec
 import pytest
 
 from llmgw.agent.adapters import AdapterState, start_args
+from llmgw.agent.ports import PortAllocator
+from llmgw.agent.statefile import StateStore
+from llmgw.agent.supervisor import Supervisor
 from llmgw.controller.api.routes import decode_specs
 from llmgw.controller.errors import Conflict, InvalidSpec
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.endpoints import endpoint_list, outlook
 from llmgw.controller.fleet.records import Adapter, Changes
 from llmgw.controller.store import open_store
+from llmgw.router.lora import Rename, select
+from llmgw.runtime.clock import ManualClock
 from llmgw.simengine.lora import LoraRegistry, LoraSettings, parse_modules
 from llmgw.wire.adapters import AdapterSpec, loads_at_run_time
 from llmgw.wire.agent import ShardSpec
 from tests.unit.controller_reconcile_world import World, spec
+from tests.unit.test_agent_supervisor import FakeProbe, FakeSpawner
+from tests.unit.test_agent_supervisor import spec as sup_spec
 
 
 def lora(name: str, base: str = "m", source: str = "/a") -> AdapterSpec:
@@ -189,9 +196,11 @@ class TestAgentFlags:
         assert start_args(shard("sim", {}), {}) == []
 
     def test_llamacpp_adapters_unapplied_by_default(self) -> None:
-        """llama.cpp: each file with --lora in name order, none applied to base requests."""
+        """llama.cpp: every file at scale 0 in name order; a path it cannot take fails."""
         args = start_args(shard("llamacpp", {"b": "/b.gguf", "a": "/a.gguf"}), {})
-        assert args == ["--lora-init-without-apply", "--lora", "/a.gguf", "--lora", "/b.gguf"]
+        assert args == ["--lora-scaled", "/a.gguf:0,/b.gguf:0"]
+        with pytest.raises(ValueError, match="cannot be given"):
+            start_args(shard("llamacpp", {"a": "/x:y.gguf"}), {})
 
     def test_runtime_sync_backs_off_a_refused_load(self) -> None:
         """A load the engine refused is not retried before its backoff ends."""
@@ -221,3 +230,96 @@ class TestSimRegistry:
 
         asyncio.run(go())
         assert (reg.loads, reg.evictions) == (4, 2)
+
+
+class TestRouterLlamacpp:
+    def test_select_adds_the_position(self) -> None:
+        """The body keeps its fields and gains llama-server's per-request adapter list."""
+        out = msgspec.json.decode(select(b'{"model":"ad","max_tokens":3}', 2))
+        assert out == {"model": "ad", "max_tokens": 3, "lora": [{"id": 2, "scale": 1.0}]}
+
+    @pytest.mark.parametrize("cut", range(1, 40))
+    def test_rename_survives_any_split(self, cut: int) -> None:
+        """However a stream is cut into chunks, every `model` field carries the adapter."""
+        answer = b'data: {"id":"x","model":"tiny","choices":[]}\n\ndata: {"model":"tiny"}\n\n'
+        r = Rename("ad-a")
+        out = r.feed(answer[:cut]) + r.feed(answer[cut:]) + r.flush()
+        assert out == answer.replace(b'"model":"tiny"', b'"model":"ad-a"')
+
+    def test_rename_leaves_text_alone(self) -> None:
+        """A `"model":"` inside generated text is escaped JSON and stays as it was."""
+        answer = b'{"content":"say \\"model\\":\\"x\\"","model":"tiny"}'
+        assert Rename("a").feed(answer) == answer.replace(b'"model":"tiny"', b'"model":"a"')
+
+
+class FakeAdapterClient:
+    """The engine's runtime routes: loads succeed unless the path is refused."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.refuse: set[str] = set()
+
+    async def load(self, host: str, port: int, api_key: str, name: str, path: str) -> str | None:
+        self.calls.append(("load", name))
+        return "HTTP 400: no such adapter" if path in self.refuse else None
+
+    async def unload(self, host: str, port: int, api_key: str, name: str) -> str | None:
+        self.calls.append(("unload", name))
+        return None
+
+    async def close(self) -> None:
+        pass
+
+
+class TestAgentRuntimeLoading:
+    @pytest.fixture
+    def rig(self, tmp_path: Path) -> tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]:
+        clock = ManualClock()
+        client = FakeAdapterClient()
+        probe = FakeProbe()
+        sup = Supervisor(
+            log_dir=tmp_path / "logs",
+            store=StateStore(tmp_path / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=FakeSpawner(),
+            probe=probe,
+            clock=clock,
+            adapter_client=client,
+        )
+        return sup, probe, client, clock
+
+    async def test_new_adapters_load_without_a_restart(
+        self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]
+    ) -> None:
+        """Started with one adapter, a sim engine is given a second at run time and loses
+        the first, reporting what it serves; a refused load waits out its backoff."""
+        sup, probe, client, clock = rig
+        sup.apply([sup_spec(adapters={"a": "/a"})])
+        probe.ready_ports.add(21000)
+        await sup.tick()
+        assert sup.statuses()[0].adapters == ("a",)
+        client.refuse.add("/bad")
+        sup.apply([sup_spec(adapters={"b": "/b", "c": "/bad"})])
+        await sup.tick()
+        (st,) = sup.statuses()
+        assert (st.pid, st.adapters) == (101, ("b",))
+        assert client.calls == [("unload", "a"), ("load", "b"), ("load", "c")]
+        await sup.tick()
+        assert len(client.calls) == 3
+        clock.advance(31)
+        await sup.tick()
+        assert client.calls[-1] == ("load", "c")
+
+    async def test_start_only_engine_keeps_what_it_started_with(
+        self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]
+    ) -> None:
+        """A llama.cpp engine is never sent runtime loads and keeps reporting (and
+        recording) the adapters it started with, whose positions routers rely on."""
+        sup, probe, client, _ = rig
+        sup.apply([sup_spec(engine="llamacpp", adapters={"b": "/b"})])
+        probe.ready_ports.add(21000)
+        await sup.tick()
+        sup.apply([sup_spec(engine="llamacpp", adapters={"a": "/a", "b": "/b"})])
+        await sup.tick()
+        assert sup.statuses()[0].adapters == ("b",)
+        assert client.calls == []

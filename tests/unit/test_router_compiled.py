@@ -127,3 +127,22 @@ class TestLoad:
     def test_an_unknown_setting_fails(self, tmp_path: Path) -> None:
         with pytest.raises(compiled.CompiledBuildError, match="=yes: expected one of auto, 0, 1"):
             compiled.load(env(tmp_path, "yes"))
+
+
+class TestInstalled:
+    """A wheel's compiled modules, beside their sources, are found without a cache."""
+
+    def test_all_beside_the_sources(self, tmp_path: Path) -> None:
+        """Every module and its library there: installed."""
+        folder = fake_build(tmp_path)
+        assert compiled.installed(folder)
+
+    def test_one_missing_is_not_installed(self, tmp_path: Path) -> None:
+        """A wheel missing one library is not used (the Python modules run)."""
+        folder = fake_build(tmp_path)
+        compiled.extension(folder, MODULES[-1], "__mypyc").unlink()
+        assert not compiled.installed(folder)
+
+    def test_a_checkout_has_none(self) -> None:
+        """scripts/build-mypyc never writes beside the sources: this checkout has none."""
+        assert not compiled.installed()

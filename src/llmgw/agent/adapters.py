@@ -9,10 +9,11 @@ controller listed them then:
   loads adapters at run time (wire.adapters.loads_at_run_time) starts with LoRA on
   even without adapters, so one applied later can be loaded (the sim-engine's
   runtime routes need no flag).
-- llama.cpp: `--lora FILE` per adapter, in name order, and
-  `--lora-init-without-apply`, so the base's own requests run without any; a
-  request selects its adapter by position (`"lora": [{"id": i, "scale": 1.0}]`),
-  which routers add for an adapter's name (docs/sleep-and-adapters.md).
+- llama.cpp: `--lora-scaled FILE:0,FILE:0,...` in name order: loaded with scale 0,
+  so the base's own requests run without any (llama-server applies `--lora`
+  files to every request, and `--lora-init-without-apply` did not stop that in
+  the pinned build); a request selects its adapter by position (`"lora": [{"id":
+  i, "scale": 1.0}]`), which routers add for an adapter's name (router/lora.py).
 
 While it runs (`AdapterSync`, engines that allow it): the adapters added since
 are loaded with `POST /v1/load_lora_adapter {lora_name, lora_path}` and those
@@ -24,8 +25,9 @@ routers send an adapter's requests only to replicas that report it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,7 +35,7 @@ import aiohttp
 
 from llmgw.agent.probe import netloc
 from llmgw.runtime.logs import kv
-from llmgw.wire.adapters import loads_at_run_time
+from llmgw.wire.adapters import llamacpp_path_problem, loads_at_run_time
 from llmgw.wire.agent import ShardSpec
 
 log = logging.getLogger(__name__)
@@ -54,10 +56,12 @@ def start_args(spec: ShardSpec, env: Mapping[str, str]) -> list[str]:
     if spec.engine == "llamacpp":
         if not names:
             return []
-        out = ["--lora-init-without-apply"]
         for name in names:
-            out += ["--lora", spec.adapters[name]]
-        return out
+            problem = llamacpp_path_problem(spec.adapters[name])
+            if problem is not None:
+                raise ValueError(f"adapter {name}: {problem}")
+        # Scale 0: loaded, applied to no request unless the request asks for it.
+        return ["--lora-scaled", ",".join(f"{spec.adapters[n]}:0" for n in names)]
     if spec.engine not in ("vllm", "sim"):
         return []
     runtime = loads_at_run_time(spec.engine, dict(env))
@@ -182,3 +186,31 @@ async def sync(
         else:
             st.retry_at[name] = now + RETRY_S
             log.warning(kv("adapter not loaded", replica=spec.replica_id, adapter=name, why=why))
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """A ready engine the supervisor runs: what it should serve and how to reach it."""
+
+    spec: ShardSpec
+    state: AdapterState
+    port: int
+    api_key: str
+
+
+async def sync_engines(
+    client: AdapterClient, engines: Sequence[Engine], *, host: str, now: float
+) -> None:
+    """One pass of `sync` over every engine that loads adapters at run time and has
+    something to do, all at once."""
+    todo = [
+        e
+        for e in engines
+        if loads_at_run_time(e.spec.engine, e.spec.env) and any(e.state.todo(e.spec.adapters, now))
+    ]
+    await asyncio.gather(
+        *(
+            sync(client, e.state, e.spec, host=host, port=e.port, api_key=e.api_key, now=now)
+            for e in todo
+        )
+    )

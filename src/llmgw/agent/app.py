@@ -14,7 +14,6 @@ routes answer 409 on real GPUs (NVML) and 404 for an unknown index.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -24,6 +23,8 @@ from aiohttp import web
 from llmgw.agent.gpus.base import FaultInjectionUnsupported, UnknownGpu
 from llmgw.agent.metrics import CONTENT_TYPE, AgentMetrics
 from llmgw.agent.service import Agent
+from llmgw.agent.statefile import refusal_in
+from llmgw.runtime.logs import kv
 from llmgw.runtime.netaddr import is_loopback
 
 log = logging.getLogger(__name__)
@@ -136,15 +137,28 @@ async def _run_agent(app: web.Application) -> AsyncIterator[None]:
     task = asyncio.create_task(agent.run(), name="agent")
 
     def crashed(t: asyncio.Task[None]) -> None:
-        if not t.cancelled() and t.exception() is not None:
+        if t.cancelled() or t.exception() is None:
+            return
+        refused = refusal_in(t.exception())
+        if refused is not None:
+            # A refusal, not a bug: one line, and main's exit 2 (no traceback).
+            log.critical(kv("state folder refused, stopping", error=refused))
+            agent.refusal = str(refused)
+        else:
             log.critical("agent loops died", exc_info=t.exception())
             agent.crashed = True
-            stop.set()
+        stop.set()
 
     task.add_done_callback(crashed)
     yield
     task.cancel()
-    # The loops end by cancellation; anything else they raised is re-raised here.
-    with contextlib.suppress(asyncio.CancelledError):
+    # The loops end by cancellation; anything else they raised is re-raised here, but a
+    # refusal, which `crashed` reported in one line.
+    try:
         await task
+    except asyncio.CancelledError:
+        pass
+    except BaseException as exc:
+        if refusal_in(exc) is None:
+            raise
     await agent.close()

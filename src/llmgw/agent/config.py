@@ -83,6 +83,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     log_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
     log_keep: Annotated[int, msgspec.Meta(ge=0)] = 3
     print_inventory: bool = False
+    # The node's host memory in MiB as heartbeats report it; None: /proc/meminfo's
+    # MemTotal (a fake node says what it pretends to have, agent/hostmem.py).
+    host_memory_mib: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
     @property
     def ports(self) -> tuple[int, int]:
@@ -148,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--print-inventory", action="store_true", help="print the GPU inventory and exit"
+    )
+    p.add_argument(
+        "--host-memory-mib",
+        type=int,
+        help="host memory to report (default: MemTotal of /proc/meminfo)",
     )
     return p
 

@@ -139,4 +139,7 @@ async def _serve(agent: Agent) -> int:
     app = build_app(agent, stop=stop)
     # The agent's own server is loopback-only (status and fault injection).
     await serve_app(app, host="127.0.0.1", port=agent.config.port, name="agent", stop_event=stop)
+    if agent.refusal is not None:
+        sys.stderr.write(f"llmgw agent: {agent.refusal}\n")
+        return 2
     return 1 if agent.crashed else 0

@@ -51,6 +51,13 @@ class EngineEvents:
             buckets=STARTUP_BUCKETS,
             registry=None,
         )
+        self.sleeps = Counter(
+            "llmgw_agent_engine_sleeps",
+            "Engines put to sleep (op=sleep) or woken and warmed up (op=wake) on the "
+            "controller's word.",
+            ["engine", "op"],
+            registry=None,
+        )
 
     def started(self, engine: str) -> None:
         self.starts.labels(engine).inc()
@@ -60,6 +67,9 @@ class EngineEvents:
 
     def exited(self, engine: str, how: str) -> None:
         self.exits.labels(engine, how).inc()
+
+    def slept(self, engine: str, op: str) -> None:
+        self.sleeps.labels(engine, op).inc()
 
 
 class _Live(Collector):
@@ -168,7 +178,7 @@ class AgentMetrics:
     def __init__(self, agent: Agent) -> None:
         self.registry = CollectorRegistry()
         ev = agent.supervisor.events
-        for c in (ev.starts, ev.exits, ev.startup):
+        for c in (ev.starts, ev.exits, ev.startup, ev.sleeps):
             self.registry.register(c)
         self.registry.register(_Live(agent))
 

@@ -18,6 +18,7 @@ import msgspec
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.gpus.base import GpuInventory
 from llmgw.agent.heartbeat import Heartbeater, HeartbeatSender
+from llmgw.agent.hostmem import host_memory_mib
 from llmgw.agent.probe import HealthProbe
 from llmgw.agent.supervisor import Supervisor
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
@@ -71,6 +72,9 @@ class Agent:
         self.seq = 0
         # Set when the loops died of an unexpected error (app.py); the process exits 1.
         self.crashed = False
+        # Set when they stopped because the state folder was refused at run time (a
+        # symlink planted at the state file's temp name): one line, exit 2, as at start.
+        self.refusal: str | None = None
         self.heartbeater = Heartbeater(
             client=client,
             build=self.heartbeat,
@@ -92,6 +96,7 @@ class Agent:
             seq=self.seq,
             port_range=self.config.ports,
             policy=self.supervisor.policy,
+            host_memory_mib=host_memory_mib(self.config.host_memory_mib),
         )
 
     def _on_reply(self, reply: HeartbeatReply) -> None:

@@ -33,7 +33,20 @@ LOCK_FILE = "agent.lock"
 
 class StateDirBusy(AgentError):
     """The state dir cannot be ours: another live agent holds it (the message names its
-    pid), or it is a symlink or not a folder."""
+    pid), or it, its lock or its state file's temp file is a symlink or not what it
+    should be. At start and at run time alike the agent ends with this one line, exit 2."""
+
+
+def refusal_in(exc: BaseException | None) -> StateDirBusy | None:
+    """The StateDirBusy inside `exc` (through exception groups), or None."""
+    if isinstance(exc, StateDirBusy):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            found = refusal_in(sub)
+            if found is not None:
+                return found
+    return None
 
 
 def lock_state_dir(state_dir: Path) -> IO[str]:
@@ -115,8 +128,13 @@ class StateStore:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        # Never through a symlink planted at the temp name; the rename replaces a link itself.
-        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            # Never through a symlink planted at the temp name; the rename replaces a link.
+            fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except StateDirRefused as exc:
+            # Without its state file the agent cannot re-adopt what it starts: it stops
+            # (engines keep running; `llmgw agent leftovers` finds them).
+            raise StateDirBusy(f"--state-dir: {exc}") from None
         # 0600 from the first byte: the file holds the engines' keys.
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as f:

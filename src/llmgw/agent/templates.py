@@ -87,6 +87,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from llmgw.agent.adapters import start_args
+from llmgw.agent.vllmguard import GUARD_DIR, GUARD_MIDDLEWARE
 from llmgw.wire.agent import EngineKind, ShardSpec
 
 DEFAULT_COMMANDS: Mapping[EngineKind, tuple[str, ...]] = {
@@ -216,9 +217,30 @@ def render(
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
         **(spec.env if env is None else env),
     }
+    if spec.sleep_mode and spec.engine in ("vllm", "sim"):
+        body += sleep_args(spec)
+        out.update(sleep_env(spec, out))
     if api_key and spec.engine != "sglang":
         out[KEY_ENV[spec.engine]] = api_key
     return LaunchPlan(argv=(*prefix, *body, *spec.args), env=out, health_path=health)
+
+
+def sleep_args(spec: ShardSpec) -> list[str]:
+    """Flags of a shard that may sleep: vLLM's sleep mode, and for vLLM the guard that
+    keeps its development routes behind the engine key (agent/vllmguard)."""
+    if spec.engine == "vllm":
+        return ["--enable-sleep-mode", "--middleware", GUARD_MIDDLEWARE]
+    return ["--enable-sleep-mode"]
+
+
+def sleep_env(spec: ShardSpec, env: Mapping[str, str]) -> dict[str, str]:
+    """Environment of a shard that may sleep: the development routes on, and for vLLM the
+    guard's folder on PYTHONPATH (ahead of any the spec set)."""
+    out = {"VLLM_SERVER_DEV_MODE": "1"}
+    if spec.engine == "vllm":
+        path = env.get("PYTHONPATH")
+        out["PYTHONPATH"] = f"{GUARD_DIR}:{path}" if path else str(GUARD_DIR)
+    return out
 
 
 def shown_argv(argv: tuple[str, ...] | list[str]) -> list[str]:

@@ -32,6 +32,7 @@ from llmgw.router.proxy import POST_PATHS, Proxy
 from llmgw.router.scheduler import choose
 from llmgw.router.scrape import HttpMetricsFetcher, Scraper
 from llmgw.router.sources import ConfigWatcher, ControllerClient, ControllerSource
+from llmgw.router.tracing import Tracing
 from llmgw.router.usage import UsageReporter
 from llmgw.router.wiring import Router
 from llmgw.router.worker import WorkerLink
@@ -117,6 +118,8 @@ def build_app(
         link.attach(state)
     else:
         state = Router(cfg)
+    if cfg.tracing is not None:
+        state.tracing = Tracing(cfg.tracing)
     proxy = Proxy(state)
     passthrough = PassThrough(proxy)
     app = web.Application(
@@ -158,6 +161,9 @@ def build_app(
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await state.close_clients()
+            if state.tracing is not None:
+                # Spans still batched are sent before the process ends.
+                await asyncio.to_thread(state.tracing.shutdown)
 
     app.cleanup_ctx.append(background)
     app.router.add_post("/v1/chat/completions", proxy.handle)

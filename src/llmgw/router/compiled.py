@@ -10,6 +10,13 @@ process would import, the compiled modules go into `sys.modules` under their own
 names and every later `import llmgw.router.prefix` gets them; otherwise, or if one
 fails to load, the Python modules, as always (`STATUS` says which, and why).
 
+A wheel (setup.py) carries the compiled modules instead, installed beside their
+sources, where Python's own import would pick them; `load()` imports them the
+same way when they are all there (no cache, no key: a wheel's sources and its
+extension modules are built together). When they must not run (`0`, or they fail
+to load) a finder placed first on `sys.meta_path` imports those modules from their
+`.py` files.
+
 `LLMGW_ROUTER_COMPILED`: `auto` (the default), `0` (always the Python modules),
 `1` (the build is required: importing the router fails without one).
 """
@@ -18,11 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
@@ -117,6 +126,11 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def installed(folder: Path = SOURCES) -> bool:
+    """Whether every compiled module and its library lie beside the sources (a wheel's)."""
+    return all(extension(folder, m, s).is_file() for m in MODULES for s in ("", "__mypyc"))
+
+
 def find(environ: Mapping[str, str]) -> Path | str:
     """The complete build for the current sources, or why there is none."""
     mypy = mypy_version()
@@ -157,8 +171,12 @@ def load(environ: Mapping[str, str] = os.environ) -> Status:
     if setting not in SETTINGS:
         raise CompiledBuildError(f"{ENV}={setting}: expected one of {', '.join(SETTINGS)}")
     if setting == "0":
+        if installed():
+            _sources_first()
         STATUS = Status((), f"{ENV}=0")
         return STATUS
+    if installed():
+        return _load_installed(setting)
     found = find(environ)
     if isinstance(found, Path):
         try:
@@ -172,6 +190,38 @@ def load(environ: Mapping[str, str] = os.environ) -> Status:
         raise CompiledBuildError(f"{ENV}=1 but {found}")
     STATUS = Status((), found)
     return STATUS
+
+
+def _load_installed(setting: str) -> Status:
+    global STATUS
+    try:
+        _import(SOURCES)
+    except Exception as exc:  # any failure leaves the Python modules (unless `1`)
+        why = f"the compiled modules installed in {SOURCES} did not load: {exc!r}"
+        if setting == "1":
+            raise CompiledBuildError(f"{ENV}=1 but {why}") from exc
+        _sources_first()
+        STATUS = Status((), why)
+        return STATUS
+    STATUS = Status(MODULES, f"installed with the package in {SOURCES}")
+    return STATUS
+
+
+class _SourcesFirst(importlib.abc.MetaPathFinder):
+    """Imports the compiled modules' names from their `.py` files, although extension
+    modules of the same names lie beside them (which Python's own finder would pick)."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MODULES:
+            return None
+        return importlib.util.spec_from_file_location(fullname, source(fullname))
+
+
+def _sources_first() -> None:
+    if not any(isinstance(f, _SourcesFirst) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SourcesFirst())
 
 
 def _import(folder: Path) -> None:

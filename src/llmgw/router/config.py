@@ -17,6 +17,7 @@ Shape (every key but `endpoints`/`controller` optional):
     scrape_interval_s: 2 ...  # timings, flat
     breaker: {failure_threshold, cooldown_s, max_cooldown_s}
     api_keys: [{name, sha256}]
+    tracing: {endpoint, service_name?, sample_ratio?}   # off when absent
     admin_token: ...
     router_id: ...
 
@@ -75,6 +76,21 @@ class BreakerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_cooldown_s: Seconds = 120.0
 
 
+class TracingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """OpenTelemetry spans of the routing decisions (router/tracing.py, docs/tracing.md)."""
+
+    # The OTLP/HTTP traces URL, e.g. http://otel-collector:4318/v1/traces.
+    endpoint: str
+    # The spans' service.name resource attribute.
+    service_name: str = "llmgw-router"
+    # Fraction of the traces the router starts that are kept; a client's sampled flag
+    # is followed whatever this is.
+    sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0
+    # Spans are batched and sent this often, off the event loop.
+    export_interval_s: Seconds = 5.0
+    export_timeout_s: Seconds = 10.0
+
+
 class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # Static endpoints (phase 1). Exclusive with `controller`, which supplies them.
     endpoints: tuple[EndpointInfo, ...] = ()
@@ -90,6 +106,9 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # One log line per request (logger llmgw.router.access, INFO): request id, model,
     # endpoint, status, outcome, TTFT, duration, tokens. Off: the hot path logs nothing.
     access_log: bool = False
+    # OpenTelemetry spans of routing decisions; None (the default): off, and the
+    # router only passes a client's traceparent and tracestate on. Read once at start.
+    tracing: TracingConfig | None = None
 
     # The proxy's HTTP client: `fast`, the lean keep-alive pool
     # (router/upstream/fast.py), or `aiohttp`, the reference. Not given: the
@@ -249,6 +268,7 @@ RESTART_ONLY = (
     "max_client_connections",
     "max_inflight_body_bytes",
     "client_share",
+    "tracing",
 )
 
 

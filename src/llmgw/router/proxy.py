@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from llmgw.router import lora
 from llmgw.router.affinity import NO_KEY, RouteKey, route_key
 from llmgw.router.apis import ROUTES as API_ROUTES
 from llmgw.router.apis import Api
@@ -59,6 +60,7 @@ from llmgw.router.holding import (
 )
 from llmgw.router.inband import ErrorFrameWatch, nothing_before_error, role_opener_only
 from llmgw.router.intake import ByteBudget, Intake, peer_of, read_json, refused
+from llmgw.router.lora import Rename
 from llmgw.router.metrics import (
     DISCONNECTED,
     ENGINE_ERROR,
@@ -71,6 +73,7 @@ from llmgw.router.metrics import (
 from llmgw.router.scheduler import Decision
 from llmgw.router.streamend import final_event_sent
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
+from llmgw.router.tracing import Tracing, passed_on
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
 from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
@@ -177,6 +180,7 @@ class Attempts:
         "first",
         "last_error",
         "outcome",
+        "rename",
         "retries_left",
         "tried",
         "up",
@@ -196,6 +200,8 @@ class Attempts:
         self.data = b""
         self.first = b""
         self.watch: ErrorFrameWatch | None = None
+        # A llama.cpp answer for a LoRA adapter: its name written back (router/lora.py).
+        self.rename: Rename | None = None
 
     def skip(self, eid: str) -> None:
         """Leave `eid` out from now on (not an attempt: nothing was sent to it)."""
@@ -358,6 +364,16 @@ class Proxy:
         att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries)
         # The request id as a header line: in the engine's request and our answer's.
         rid_line = b"".join((b"x-request-id: ", rid.encode("utf-8", "surrogateescape"), b"\r\n"))
+        tracing = st.tracing
+        span: Any = None
+        if tracing is None:
+            # The client's trace context goes on unchanged (tracing.py).
+            tp = request.headers.get("traceparent")
+            if tp is not None:
+                head += passed_on(tp, request.headers.get("tracestate"))
+        else:
+            span, trace_lines = tracing.start(request.headers, path, model, rid)
+            head += trace_lines
         fwd = HeaderLines(head + rid_line)
         eid = ""
         status = 503
@@ -379,10 +395,16 @@ class Proxy:
                         raise NoReplica(model, f"every replica was tried ({att.last_error})")
                     # None at all, or only breakers refused (another request holds the
                     # half-open probe): wait for one, as for a model with no replica.
+                    held_from = st.clock.monotonic()
                     decision, snaps = await self._hold(
                         model, hashes, t0, att.deadline, peer_of(request)
                     )
+                    if span is not None:
+                        tracing_of(st).held(span, st.clock.monotonic() - held_from)
                 eid = decision.endpoint_id or ""
+                if span is not None:
+                    tries = st.cfg.max_retries - att.retries_left + 1
+                    tracing_of(st).attempt(span, decision, tries, att.last_error)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug(kv("route", rid=rid, model=model, to=eid, why=decision.header()))
                 release = st.registry.acquire(eid, pending=streams)
@@ -461,6 +483,10 @@ class Proxy:
             self._done(
                 rid, path, st.served_name.get(model, model), eid, status, result, t0, ttft, usage
             )
+            if span is not None:
+                retries = st.cfg.max_retries - att.retries_left
+                code = 499 if result == DISCONNECTED else status
+                tracing_of(st).end(span, endpoint=eid, status=code, outcome=result, retries=retries)
 
     def _served(
         self,
@@ -499,6 +525,13 @@ class Proxy:
         elsewhere = True
         error: UpstreamError | None = None
         auth = st.engine_auth.get(eid)
+        att.rename = None
+        if st.lora_ids:
+            ids = st.lora_ids.get(eid)
+            lora_id = ids.get(model) if ids is not None else None
+            if lora_id is not None:
+                body = lora.select(body, lora_id)
+                att.rename = Rename(model)
         try:
             up = att.up = await st.forward.post(
                 st.urls[eid] + path,
@@ -522,6 +555,8 @@ class Proxy:
                 att.last_error = f"{eid} answered {code}"
             elif not up.is_event_stream:
                 att.data = await up.read()
+                if att.rename is not None:
+                    att.data = att.rename.feed(att.data) + att.rename.flush()
                 return Step.RELAY
             else:
                 # The head waits for the first bytes: until they come nothing has
@@ -536,7 +571,7 @@ class Proxy:
                     more = await up.chunk()
                     watch.feed(more)
                     first += more
-                att.first = first
+                att.first = first if att.rename is None else att.rename.feed(first)
                 if not (watch.endpoint_failure and nothing_before_error(first)):
                     return Step.STREAM
                 # The engine's 5xx error event before any output, and the head not
@@ -748,6 +783,8 @@ class Proxy:
                 before, sent = sent, chunk
                 scan.feed(chunk)
                 chunk = await up.chunk()
+                if att.rename is not None:
+                    chunk = att.rename.feed(chunk) if chunk else att.rename.flush()
                 if chunk:
                     t = now()
                     # Several events may arrive in one read: the gap is theirs to share.
@@ -888,6 +925,13 @@ async def _end_quietly(resp: web.StreamResponse | FastStream) -> None:
     """End an answer whose client may already be gone."""
     with contextlib.suppress(ConnectionError):
         await resp.write_eof()
+
+
+def tracing_of(st: Router) -> Tracing:
+    """The router's tracer, where a span says tracing is on."""
+    tracing = st.tracing
+    assert tracing is not None
+    return tracing
 
 
 def _tag(resp: web.Response, rid: str) -> web.Response:

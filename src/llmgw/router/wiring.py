@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 
+from llmgw.router import lora
 from llmgw.router.affinity import SessionAffinity
 from llmgw.router.auth import KeyRing
 from llmgw.router.breaker import BreakerConfig
@@ -25,6 +26,7 @@ from llmgw.router.metrics import RouterMetrics
 from llmgw.router.policies import Policy, make_policy
 from llmgw.router.prefix import PrefixIndex
 from llmgw.router.shared import SharedInflight
+from llmgw.router.tracing import Tracing
 from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.router.upstream.base import Forwarder
 from llmgw.router.upstream.fast import FastUpstream
@@ -76,6 +78,8 @@ class Router:
         self.usage = UsageTracker(clock=clock)
         self.metrics = RouterMetrics(snapshots=self.registry.snapshots, held=self.holding.demand)
         self.keys = KeyRing(cfg.api_keys)
+        # Spans of routing decisions (tracing.py); None: off, set by the app at start.
+        self.tracing: Tracing | None = None
         # Kept across policy reloads, like the index: sessions and prediction counts.
         self.sessions = SessionAffinity()
         self.prediction = PredictionCheck(self.prefix)
@@ -99,6 +103,9 @@ class Router:
         # Endpoint id → the headers of a request to it: the router's own plus
         # `Authorization: Bearer <engine key>` for an engine that has one.
         self.engine_auth: dict[str, str] = {}
+        # Endpoint id → adapter → its llama.cpp position (router/lora.py); only
+        # llama.cpp replicas that serve adapters are in it.
+        self.lora_ids: dict[str, dict[str, int]] = {}
         self.known_models: frozenset[str] = frozenset()
         # Alias → the served name (an endpoint's first model name), for metric labels.
         self.served_name: dict[str, str] = {}
@@ -179,6 +186,7 @@ class Router:
         self.urls = {i.id: i.url.rstrip("/") for i in infos}
         self.served_name = {n: i.models[0] for i in infos if i.models for n in i.models[1:]}
         self.engine_auth = {i.id: f"Bearer {i.api_key}" for i in infos if i.api_key}
+        self.lora_ids = {i.id: lora.positions(i.lora_ids) for i in infos if i.lora_ids}
         self._refresh_models()
         if removed:
             log.info(kv("endpoints removed", ids=",".join(removed)))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import random
 import struct
-from collections.abc import Container, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -163,11 +163,7 @@ def job_of(
     if n == 0:
         raise SimApiError(400, "The prompt is empty.", param="prompt")
     if n >= limit:
-        raise SimApiError(
-            400,
-            f"This model's maximum context length is {limit} tokens. However, your request "
-            f"has {n} input tokens. Please reduce the length of the input messages.",
-        )
+        raise too_long(n, cfg)
     if max_tokens is not None and n + max_tokens > limit:
         raise SimApiError(
             400,
@@ -192,13 +188,36 @@ def job_of(
     )
 
 
+def too_long(n: int, cfg: SimConfig) -> SimApiError:
+    """vLLM's refusal of a prompt of `n` tokens that leaves no room to generate."""
+    return SimApiError(
+        400,
+        f"This model's maximum context length is {cfg.max_model_len} tokens. However, your "
+        f"request has {n} input tokens. Please reduce the length of the input messages.",
+    )
+
+
+def chat_ids(
+    messages: Iterable[Mapping[str, Any]], tools: Sequence[object] | None, cfg: SimConfig
+) -> list[int]:
+    """A chat prompt's ids, or vLLM's refusal when it leaves no room to generate.
+
+    Counted before built (tokenization.sim's limit): a prompt past the context costs no
+    list of its ids, which for a 7.9 MB body was millions of objects.
+    """
+    try:
+        return tokenizer.chat_prompt_ids(messages, tools, limit=cfg.max_model_len - 1)
+    except tokenizer.PromptTooLong as exc:
+        raise too_long(exc.tokens, cfg) from None
+
+
 def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
     body = decode_as(raw, ChatBody)
     model = check_model(body.model, cfg, adapters)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
-    ids = tokenizer.chat_prompt_ids(body.messages, body.tools)
+    ids = chat_ids(body.messages, body.tools, cfg)
     return job_of(body, cfg, ids, max_tokens, model=model, chat=True)
 
 
@@ -206,7 +225,9 @@ def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) 
     body = decode_as(raw, CompletionBody)
     model = check_model(body.model, cfg, adapters)
     try:
-        ids = tokenizer.prompt_ids_for_body({"prompt": body.prompt})
+        ids = tokenizer.prompt_ids_for_body({"prompt": body.prompt}, limit=cfg.max_model_len - 1)
+    except tokenizer.PromptTooLong as exc:
+        raise too_long(exc.tokens, cfg) from None
     except (ValueError, TypeError, AttributeError) as exc:
         raise SimApiError(
             400, "prompt must be a string, a list of token ids, or a list of one of those"
@@ -216,6 +237,11 @@ def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) 
     # OpenAI's (and vLLM's) completions default is 16 tokens.
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
     return job_of(body, cfg, ids, max_tokens, model=model, chat=False)
+
+
+# OpenAI's bound on an embeddings request's list of inputs: without one, a body of
+# millions of one-character inputs costs a list of ids per input.
+MAX_EMBEDDING_INPUTS = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,21 +257,32 @@ def parse_embeddings(raw: bytes, cfg: SimConfig) -> EmbeddingJob:
     model = check_model(body.model, cfg)
     inp = body.input
     items: list[Any] = inp if isinstance(inp, list) and inp and not _is_ids(inp) else [inp]
+    if len(items) > MAX_EMBEDDING_INPUTS:
+        raise SimApiError(
+            400,
+            f"input holds {len(items)} items; at most {MAX_EMBEDDING_INPUTS} per request",
+            param="input",
+        )
     inputs: list[list[int]] = []
     for item in items:
+        # Each input's length is checked before its ids are made or checked (as for prompts).
         if isinstance(item, str):
-            inputs.append([tokenizer.BOS, *tokenizer.tokenize(item)])
+            n = 1 + tokenizer.text_tokens(item)
         elif isinstance(item, list) and _is_ids(item):
-            _check_vocab(item, "input")
-            inputs.append(list(item))
+            n = len(item)
         else:
             raise SimApiError(
                 400, "input must be a string, token ids, or a list of those", param="input"
             )
-        if len(inputs[-1]) > cfg.max_model_len:
+        if n > cfg.max_model_len:
             raise SimApiError(
                 400, f"This model's maximum context length is {cfg.max_model_len} tokens."
             )
+        if isinstance(item, str):
+            inputs.append([tokenizer.BOS, *tokenizer.tokenize(item)])
+        else:
+            _check_vocab(item, "input")
+            inputs.append(list(item))
     if body.encoding_format not in (None, "float", "base64"):
         raise SimApiError(
             400, "encoding_format must be 'float' or 'base64'", param="encoding_format"

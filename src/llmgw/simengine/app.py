@@ -112,7 +112,10 @@ async def read_request(
     except RecursionError:
         exc = api.SimApiError(400, "Malformed JSON body: nested too deeply")
     except api.SimApiError as err:
-        exc = err
+        # A copy, not `err`: kept in this frame, the raised one's traceback would hold the
+        # frame, a cycle only a full collection frees, and with it the decoded body (a
+        # refused 7.9 MB body stayed in memory until then).
+        exc = api.SimApiError(err.status, err.message, param=err.param)
     log.warning(kv("refused request", status=exc.status, path=request.path, why=exc.message[:120]))
     return error_response(exc)
 
@@ -159,6 +162,8 @@ class SimEngine:
         self._cache_info = _cache_info(cfg)
         # Open streams and their requests, for `_sweep_gone`.
         self._streams: dict[Stream, web.Request] = {}
+        # The last request's W3C trace context, for /sim/state (debug.trace_recorder).
+        self.last_trace: dict[str, str] = {}
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -494,7 +499,7 @@ def build_app(
     die: Callable[[], NoReturn] = _die,
 ) -> web.Application:
     sim = SimEngine(cfg, crash=crash, die=die)
-    middlewares: list[Middleware] = [debug.loopback_only]
+    middlewares: list[Middleware] = [debug.loopback_only, debug.trace_recorder(sim)]
     if cfg.api_keys:
         middlewares.append(auth.middleware(cfg.api_keys))
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)

@@ -1,13 +1,19 @@
-"""`--api-key`: the OpenAI routes need `Authorization: Bearer <key>`, as in vLLM.
+"""`--api-key`: every route but `/health`, `/metrics` and `/version` needs the key.
 
 vLLM (`vllm/entrypoints/openai/api_server.py`, AuthenticationMiddleware) takes
 its keys from `--api-key` (one or more) or the `VLLM_API_KEY` environment
-variable. With a key set, every request whose path starts with `/v1` (any
-method but OPTIONS) must carry `Authorization: Bearer <one of the keys>` (the
-scheme is matched case-insensitively); otherwise the answer is 401 with the
-body `{"error": "Unauthorized"}`. `/health`, `/metrics`, `/version` stay open.
-The comparison is of SHA-256 digests with `secrets.compare_digest`, so its
-time does not depend on how much of a wrong key was right.
+variable. With a key set, a request (any method but OPTIONS) must carry
+`Authorization: Bearer <one of the keys>` (the scheme is matched
+case-insensitively); otherwise the answer is 401 with the body
+`{"error": "Unauthorized"}`. The comparison is of SHA-256 digests with
+`secrets.compare_digest`, so its time does not depend on how much of a wrong
+key was right.
+
+Stricter than vLLM, which checks only paths under `/v1`: here every route the
+engine serves needs the key except the three documented open ones, so the
+dev-mode routes (`/reset_prefix_cache`, `/sleep`, `/wake_up`, `/is_sleeping`)
+and the loopback-only `/sim/` routes are not open to every local user of a
+node. A path the engine does not serve stays a 404 with or without the key.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 ENV_VAR = "VLLM_API_KEY"
+# What a probe or a scrape reaches without the key (docs/security.md).
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
 UNAUTHORIZED_BODY = b'{"error":"Unauthorized"}'
 
 
@@ -60,7 +68,9 @@ def middleware(keys: Sequence[str]) -> Middleware:
     async def require_key(request: web.Request, handler: Handler) -> web.StreamResponse:
         if (
             request.method != "OPTIONS"
-            and request.path.startswith("/v1")
+            and request.path not in OPEN_PATHS
+            # No route (404, 405): nothing to guard, and the answer says nothing.
+            and request.match_info.http_exception is None
             and not check.allows(request.headers.get("Authorization"))
         ):
             return web.Response(status=401, body=UNAUTHORIZED_BODY, content_type="application/json")

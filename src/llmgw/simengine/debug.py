@@ -4,7 +4,8 @@
   and the recipe to compute a prompt's block hashes (kvcache.py), so an oracle
   can know each engine's cache exactly.
 - `GET /sim/state`: running and waiting requests, free and cached blocks,
-  steps, preemptions, evictions, timeline slips, current faults.
+  steps, preemptions, evictions, timeline slips, current faults, and the W3C
+  trace context (`traceparent`, `tracestate`) of the last request that had one.
 - `POST /sim/faults`: change the faults at run time (faults.py).
 """
 
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from llmgw.runtime.netaddr import is_loopback
 from llmgw.simengine import api
@@ -45,6 +46,23 @@ async def loopback_only(request: web.Request, handler: Handler) -> web.StreamRes
     if request.path.startswith(PREFIX) and not is_loopback(request.remote):
         return _error(api.SimApiError(403, "the /sim/ routes answer loopback peers only"))
     return await handler(request)
+
+
+def trace_recorder(sim: SimEngine) -> Middleware:
+    """Keeps the trace context of the last request that carried one (`last_trace`), so a
+    test sees what reached the engine."""
+
+    @web.middleware
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
+        tp = request.headers.get("traceparent")
+        if tp is not None:
+            sim.last_trace = {"traceparent": tp}
+            ts = request.headers.get("tracestate")
+            if ts is not None:
+                sim.last_trace["tracestate"] = ts
+        return await handler(request)
+
+    return record
 
 
 def add_routes(app: web.Application, sim: SimEngine) -> None:
@@ -81,6 +99,7 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
                 "preemptions": sim.stats.preemptions,
                 "lag_resets": sim.engine.lag_resets,
                 "faults": msgspec.to_builtins(sim.faults.config),
+                "last_trace": sim.last_trace,
             }
         )
 

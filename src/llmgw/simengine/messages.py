@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from llmgw.simengine import api, tokenizer
+from llmgw.simengine import api
 from llmgw.simengine.config import SimConfig
 
 _ERROR_TYPES = {
@@ -72,7 +72,7 @@ def parse_messages(raw: bytes, cfg: SimConfig) -> api.Job:
         raise api.SimApiError(400, "max_tokens: Field required", param="max_tokens")
     if not body.messages:
         raise api.SimApiError(400, "messages: at least one message is required")
-    ids = tokenizer.chat_prompt_ids(chat_messages(body), body.tools)
+    ids = api.chat_ids(chat_messages(body), body.tools, cfg)
     return api.job_of(body, cfg, ids, body.max_tokens, model=model, chat=True)
 
 

@@ -78,7 +78,11 @@ def detokenize(raw: bytes, cfg: SimConfig) -> bytes:
     return _enc.encode({"prompt": tokenizer.output_text(body.tokens)})
 
 
-def _score(a: str, b: str) -> tuple[float, int]:
+def _score(a: str, b: str, cfg: SimConfig) -> tuple[float, int]:
+    n = tokenizer.text_tokens(a) + tokenizer.text_tokens(b)
+    if n > cfg.max_model_len:
+        # Counted before tokenized, as prompts are (api.chat_ids).
+        raise api.too_long(n, cfg)
     ia, ib = tokenizer.tokenize(a), tokenizer.tokenize(b)
     if not ia or not ib:
         return 0.5, len(ia) + len(ib)
@@ -97,7 +101,7 @@ def rerank(raw: bytes, cfg: SimConfig, rid: str) -> bytes:
     total = 0
     for i, doc in enumerate(body.documents):
         text = doc if isinstance(doc, str) else str(doc.get("text", ""))
-        score, n = _score(body.query, text)
+        score, n = _score(body.query, text, cfg)
         total += n
         results.append({"index": i, "document": {"text": text}, "relevance_score": score})
     results.sort(key=lambda r: -float(r["relevance_score"]))  # type: ignore[arg-type]
@@ -125,7 +129,7 @@ def score(raw: bytes, cfg: SimConfig, rid: str) -> bytes:
     data = []
     total = 0
     for i, (a, b) in enumerate(zip(left, right, strict=True)):
-        s, n = _score(a, b)
+        s, n = _score(a, b, cfg)
         total += n
         data.append({"index": i, "object": "score", "score": s})
     return _enc.encode(

@@ -74,7 +74,7 @@ def parse_responses(raw: bytes, cfg: SimConfig) -> api.Job:
         )
     if body.background:
         raise api.SimApiError(400, "background responses need the response store")
-    ids = tokenizer.chat_prompt_ids(chat_messages(body), body.tools)
+    ids = api.chat_ids(chat_messages(body), body.tools, cfg)
     return api.job_of(body, cfg, ids, body.max_output_tokens, model=model, chat=True)
 
 

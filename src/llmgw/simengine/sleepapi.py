@@ -1,8 +1,9 @@
 """The sleep-mode routes (sleep.py says what they answer) on the sim-engine's app.
 
 Only added with VLLM_SERVER_DEV_MODE=1, as vLLM adds its dev-mode routes. With
-`--api-key` set they need the key (auth.py), which vLLM's own middleware does
-not ask for on these paths: see sleep.py.
+`--api-key` set they need the key, as every route but three does (auth.py's
+middleware), which vLLM's own middleware does not ask for on these paths: see
+sleep.py.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from llmgw.runtime.logs import kv
-from llmgw.simengine import api, auth
+from llmgw.simengine import api
 from llmgw.simengine.sleep import PAUSE_MODES, SleepRefused
 
 if TYPE_CHECKING:
@@ -44,19 +44,8 @@ def _error(status: int, message: str) -> web.Response:
 def add_routes(app: web.Application, sim: SimEngine) -> None:
     sleeper = sim.sleeper
     engine = sim.engine
-    check = auth.KeyCheck(sim.cfg.api_keys) if sim.cfg.api_keys else None
     # One sleep or wake at a time: a second wake waits for the first and finds it awake.
     lock = asyncio.Lock()
-
-    def guarded(handler: Handler) -> Handler:
-        async def run(request: web.Request) -> web.StreamResponse:
-            if check is not None and not check.allows(request.headers.get("Authorization")):
-                return web.Response(
-                    status=401, body=auth.UNAUTHORIZED_BODY, content_type="application/json"
-                )
-            return await handler(request)
-
-        return run
 
     async def sleep(request: web.Request) -> web.StreamResponse:
         raw_level = request.query.get("level", "1")
@@ -103,6 +92,6 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
     async def is_sleeping(_request: web.Request) -> web.StreamResponse:
         return _json({"is_sleeping": sleeper.sleeping})
 
-    app.router.add_post("/sleep", guarded(sleep))
-    app.router.add_post("/wake_up", guarded(wake_up))
-    app.router.add_get("/is_sleeping", guarded(is_sleeping))
+    app.router.add_post("/sleep", sleep)
+    app.router.add_post("/wake_up", wake_up)
+    app.router.add_get("/is_sleeping", is_sleeping)

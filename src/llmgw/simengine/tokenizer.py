@@ -20,6 +20,7 @@ from llmgw.tokenization.sim import (
     TEXT_ID_RANGE,
     TOOLS,
     VOCAB_SIZE,
+    PromptTooLong,
     canon,
     chat_prompt_ids,
     completion_prompt_ids,
@@ -29,6 +30,7 @@ from llmgw.tokenization.sim import (
     piece_id,
     prompt_ids_for_body,
     prompt_seed,
+    text_tokens,
     tokenize,
 )
 
@@ -45,6 +47,7 @@ __all__ = [
     "TEXT_ID_RANGE",
     "TOOLS",
     "VOCAB_SIZE",
+    "PromptTooLong",
     "canon",
     "chat_prompt_ids",
     "completion_prompt_ids",
@@ -54,5 +57,6 @@ __all__ = [
     "piece_id",
     "prompt_ids_for_body",
     "prompt_seed",
+    "text_tokens",
     "tokenize",
 ]

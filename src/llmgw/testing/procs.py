@@ -112,9 +112,9 @@ class Program:
         self.stop()
 
 
-def llmgw_argv(*args: str) -> list[str]:
-    """argv that runs the llmgw CLI of this interpreter (no reliance on PATH)."""
-    return [sys.executable, "-m", "llmgw", *args]
+def llmgw_argv(*args: str, python: str | None = None) -> list[str]:
+    """argv that runs the llmgw CLI of this interpreter, or of `python` (no reliance on PATH)."""
+    return [python or sys.executable, "-m", "llmgw", *args]
 
 
 def start_program(
@@ -126,15 +126,17 @@ def start_program(
     wait: bool = True,
     cwd: Path | None = None,
     prefix: Sequence[str] = (),
+    python: str | None = None,
 ) -> Program:
     """Start `llmgw <args>` in a new process group and (by default) wait until it is ready.
 
     Pass `--port 0` in args to let the program pick a free port; `Program.url`
     and `Program.port` are read back from its ready line. `prefix` runs it
     through a command that execs it in place (`ip netns exec NS`), so the PID
-    is still the program's own.
+    is still the program's own. `python`: another interpreter's llmgw (an installed
+    wheel's, say) instead of this one's.
     """
-    argv = [*prefix, *llmgw_argv(*args)]
+    argv = [*prefix, *llmgw_argv(*args, python=python)]
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="llmgw-test-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     name = args[0] if args else "llmgw"

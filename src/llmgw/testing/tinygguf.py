@@ -135,6 +135,40 @@ def write(path: Path | str, *, seed: int = 0, name: str = "llmgw-tiny-llama") ->
     return out
 
 
+def write_lora(path: Path | str, *, seed: int = 1, rank: int = 4, alpha: float = 4.0) -> Path:
+    """Write a LoRA adapter for the model `write` makes (llama.cpp's GGUF adapter form).
+
+    It adapts only the output head: `output.weight.lora_a` (rank × N_EMBD) and
+    `.lora_b` (VOCAB_SIZE × rank), numpy shapes, which llama.cpp reads as
+    A: ne0 = the weight's inputs, B: ne1 = its outputs. Its change is large enough
+    that greedy output differs from the base's, and leaves the module docstring's
+    guarantee alone: A reads nothing from dimension 0 and B writes nothing to the
+    tokens that must never be sampled.
+    """
+    import gguf
+    import numpy as np
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    _, _, allowed = _vocab()
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    a = (rng.standard_normal((rank, N_EMBD)) * 0.5).astype(np.float32)
+    a[:, 0] = 0.0
+    b = (rng.standard_normal((VOCAB_SIZE, rank)) * 0.5).astype(np.float32)
+    b[~np.array(allowed), :] = 0.0
+    w.add_tensor("output.weight.lora_a", a)
+    w.add_tensor("output.weight.lora_b", b)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m llmgw.testing.tinygguf OUT.gguf", file=sys.stderr)

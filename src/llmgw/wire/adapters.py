@@ -69,3 +69,14 @@ def loads_at_run_time(engine: str, env: dict[str, str]) -> bool:
     if engine == "vllm":
         return env.get(VLLM_RUNTIME_LORA_ENV, "").strip().lower() in ("1", "true")
     return False
+
+
+def llamacpp_path_problem(path: str) -> str | None:
+    """Why llama-server cannot be given `path` in its `--lora-scaled FILE:SCALE,...`
+    list; None when it can."""
+    if "," in path or ":" in path:
+        return (
+            f"source {path!r}: llama.cpp takes adapter files as a list of FILE:SCALE, "
+            "so a path with ',' or ':' cannot be given"
+        )
+    return None

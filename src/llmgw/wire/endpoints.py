@@ -72,6 +72,10 @@ class EndpointInfo(
     # How the router tokenizes prompts for precise mode: "sim" (the sim-engine's
     # tokenizer) or "hf:<path to tokenizer.json>" (needs the tokenizers package).
     tokenizer: str = ""
+    # llama.cpp replicas serving LoRA adapters: the adapters in the order the engine
+    # loaded them (a request selects one by its position, router/lora.py). Empty for
+    # other engines, which take an adapter's name as the model.
+    lora_ids: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         key = "'***'" if self.api_key else "''"
@@ -80,7 +84,8 @@ class EndpointInfo(
             f"engine={self.engine!r}, pool={self.pool!r}, weight={self.weight!r}, "
             f"priority={self.priority!r}, api_key={key}, kv_events={self.kv_events!r}, "
             f"kv_events_topic={self.kv_events_topic!r}, "
-            f"kv_events_replay={self.kv_events_replay!r}, tokenizer={self.tokenizer!r})"
+            f"kv_events_replay={self.kv_events_replay!r}, tokenizer={self.tokenizer!r}, "
+            f"lora_ids={self.lora_ids!r})"
         )
 
 

@@ -14,7 +14,12 @@ from collections.abc import Mapping, Sequence
 from llmgw.controller.errors import Conflict, InvalidSpec
 from llmgw.controller.fleet.batch import Batch
 from llmgw.controller.fleet.records import Adapter, FleetState, Model
-from llmgw.wire.adapters import AdapterSpec, adapter_engine_problem, loads_at_run_time
+from llmgw.wire.adapters import (
+    AdapterSpec,
+    adapter_engine_problem,
+    llamacpp_path_problem,
+    loads_at_run_time,
+)
 from llmgw.wire.models import ModelSpec
 
 
@@ -76,6 +81,9 @@ def check_adapters(
                 f"{label}: adapter_of: {base!r}: {why}; nothing was applied",
                 param=f"[{i}].adapter_of",
             )
+        bad_path = llamacpp_path_problem(a.source) if spec.engine == "llamacpp" else None
+        if bad_path is not None:
+            raise InvalidSpec(f"{label}: {bad_path}; nothing was applied", param=f"[{i}].source")
     for name, spec in models.items():
         for n in spec.served_names:
             if n in state.adapters:

@@ -105,6 +105,11 @@ def idle_candidates(
         if model is None or model.spec.priority > spec.priority:
             continue
         idle_s = idle(r.id)
+        if idle_s is not None and model.spec.sleep_mode:
+            # Not idle for longer than it has been ready: a replica just woken still
+            # carries its last use from before it slept, and taking it at once for
+            # another model would undo the wake it was woken for.
+            idle_s = min(idle_s, max(0.0, now - r.state_since))
         if idle_s is None or idle_s < model.spec.idle_timeout_s:
             continue  # unknown is never idle
         # Cards on a node that is not ready are not capacity even once freed.

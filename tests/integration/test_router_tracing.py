@@ -1,0 +1,167 @@
+"""Traces across the router: the W3C context reaches the engine, and spans reach OTLP.
+
+A real sim-engine and router; an OTLP/HTTP receiver in the test decodes the
+router's export with the protobuf classes of opentelemetry-proto (the real
+wire format, not the SDK's in-memory spans).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from .router_fixtures import (
+    base_config,
+    chat_body,
+    endpoint_entries,
+    post,
+    router,
+    sim_engines,
+    wait_until_scraped,
+)
+
+trace_service = pytest.importorskip(
+    "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
+    reason="the tracing extra is not installed",
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
+
+
+class Receiver:
+    """An OTLP/HTTP traces endpoint: every span it was sent, decoded."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+
+    async def traces(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        export = trace_service.ExportTraceServiceRequest.FromString(body)
+        for rs in export.resource_spans:
+            for ss in rs.scope_spans:
+                self.spans.extend(ss.spans)
+        reply = trace_service.ExportTraceServiceResponse().SerializeToString()
+        return web.Response(body=reply, content_type="application/x-protobuf")
+
+    async def wait_span(self, trace_id: str, timeout_s: float = 20.0) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            for span in self.spans:
+                if span.trace_id.hex() == trace_id:
+                    return span
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no span of trace {trace_id}: {len(self.spans)} spans")
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
+    rec = Receiver()
+    app = web.Application()
+    app.router.add_post("/v1/traces", rec.traces)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield rec, f"http://127.0.0.1:{port}/v1/traces"
+    finally:
+        await runner.cleanup()
+
+
+def engine_trace(engine_url: str) -> dict[str, str]:
+    with urllib.request.urlopen(engine_url + "/sim/state", timeout=10) as resp:
+        got: dict[str, str] = json.loads(resp.read())["last_trace"]
+    return got
+
+
+def attributes(items: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in items:
+        value = kv.value
+        out[kv.key] = getattr(value, value.WhichOneof("value"))
+    return out
+
+
+class TestTraceContextOff:
+    async def test_passed_on_unchanged(self, tmp_path: Path) -> None:
+        """Without tracing configured, the engine gets the client's traceparent and
+        tracestate exactly as they came."""
+        with (
+            sim_engines(tmp_path, [50.0]) as engines,
+            router(tmp_path, base_config(endpoints=endpoint_entries(engines))) as r,
+        ):
+            await wait_until_scraped(r.url, ["e0"])
+            headers = {"traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE"}
+            async with aiohttp.ClientSession() as s:
+                got = await post(s, r.url, chat_body("trace me"), headers=headers)
+                assert got.status == 200
+                msg = {
+                    "model": "m",
+                    "max_tokens": 2,
+                    "messages": [{"role": "user", "content": "x"}],
+                }
+                assert (
+                    await post(s, r.url, msg, path="/v1/messages", headers=headers)
+                ).status == 200
+            seen = await asyncio.to_thread(engine_trace, engines[0].url)
+        assert seen == {"traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE"}
+
+
+class TestSpans:
+    async def test_route_span_exported(
+        self, tmp_path: Path, receiver: tuple[Receiver, str]
+    ) -> None:
+        """With tracing on, each request's llmgw.route span reaches the OTLP receiver: a
+        child of the client's span carrying the decision, and the engine's parent."""
+        rec, endpoint = receiver
+        with sim_engines(tmp_path, [50.0]) as engines:
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                tracing={"endpoint": endpoint, "export_interval_s": 0.1},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                async with aiohttp.ClientSession() as s:
+                    headers = {"traceparent": TRACEPARENT, "tracestate": "k=v"}
+                    got = await post(s, r.url, chat_body("trace me"), headers=headers)
+                    assert got.status == 200
+                    seen = await asyncio.to_thread(engine_trace, engines[0].url)
+                    span = await rec.wait_span(TRACE_ID)
+                    # No context from the client: the router starts a trace.
+                    fresh = await post(s, r.url, chat_body("no context"))
+                    assert fresh.status == 200
+                    started = await asyncio.to_thread(engine_trace, engines[0].url)
+                    root = await rec.wait_span(started["traceparent"].split("-")[1])
+        assert span.name == "llmgw.route"
+        assert span.parent_span_id.hex() == CLIENT_SPAN
+        assert seen["traceparent"] == f"00-{TRACE_ID}-{span.span_id.hex()}-01"
+        assert seen["tracestate"] == "k=v"
+        attrs = attributes(span.attributes)
+        assert attrs["llmgw.endpoint"] == "e0"
+        assert attrs["llmgw.model"] == "m"
+        assert attrs["http.response.status_code"] == 200
+        assert attrs["llmgw.outcome"] == "ok"
+        [attempt] = [e for e in span.events if e.name == "attempt"]
+        event = attributes(attempt.attributes)
+        assert event["llmgw.endpoint"] == "e0"
+        assert event["llmgw.attempt"] == 1
+        assert event["llmgw.reason"]
+        assert root.parent_span_id == b""
+        assert started["traceparent"].split("-")[2] == root.span_id.hex()

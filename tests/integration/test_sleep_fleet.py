@@ -1,0 +1,127 @@
+"""Sleeping replicas end to end: a real controller, agent, sim-engines and router.
+
+One H100 card, two sleep-mode models: the idle one sleeps when the other is wanted,
+and a request for a sleeping model is held by the router, triggers one wake (however
+many requests wait), and is served by the same replica, not a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from llmgw.testing import Program, free_port, start_program
+from tests.integration.router_fixtures import Reply, base_config, chat_body, post, router
+from tests.integration.test_agent_controller import TOKEN, admin
+from tests.integration.test_agent_supervision import AgentRig
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[str, AgentRig]]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    flags = ["--port", str(port), "--database", f"sqlite:///{tmp_path / 'c.db'}"]
+    flags += ["--token", TOKEN, "--tick-s", "0.2", "--heartbeat-interval-s", "0.3"]
+    flags += ["--heartbeat-timeout-s", "5", "--scale-down-cooldown-s", "1"]
+    ctrl: Program = start_program(["controller", *flags], log_dir=tmp_path / "controller")
+    agent = AgentRig(tmp_path, url, token=TOKEN, gpus="1xH100-80G")
+    try:
+        agent.start("--host-memory-mib", "2000000")
+        yield url, agent
+    finally:
+        agent.cleanup()
+        ctrl.stop(grace_s=5)
+
+
+def sleepy(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "engine": "sim",
+        "gpu_classes": ["H100-80G"],
+        "min_replicas": 0,
+        "max_replicas": 1,
+        "idle_timeout_s": 1,
+        "sleep_mode": True,
+        "weights_gb": 16,
+        "args": ["--speed", "10", "--wake-l1-s", "3"],
+    }
+
+
+async def replicas(url: str, model: str) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = await admin("GET", f"{url}/admin/replicas?model={model}")
+    return [r for r in got if r["state"] != "stopped"]
+
+
+async def wait_state(
+    url: str, model: str, state: str, *, timeout_s: float = 40.0
+) -> dict[str, Any]:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    seen: list[dict[str, Any]] = []
+    while asyncio.get_running_loop().time() < deadline:
+        seen = await replicas(url, model)
+        if len(seen) == 1 and seen[0]["state"] == state:
+            return seen[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{model} not {state}: {seen}")
+
+
+async def wait_models(s: aiohttp.ClientSession, router_url: str, names: set[str]) -> None:
+    """Until the router has the controller's list (it names every model)."""
+    for _ in range(200):
+        async with s.get(router_url + "/v1/models") as resp:
+            if names <= {m["id"] for m in (await resp.json())["data"]}:
+                return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the router never listed {names}")
+
+
+async def ask(s: aiohttp.ClientSession, router_url: str, model: str) -> Reply:
+    return await post(s, router_url, chat_body("hello", model=model, max_tokens=4))
+
+
+class TestSleepingFleet:
+    async def test_idle_sleeps_and_a_held_request_wakes_it_once(
+        self, tmp_path: Path, fleet: tuple[str, AgentRig]
+    ) -> None:
+        """b wanted on a's card: a sleeps; five requests for a: one wake, a itself serves."""
+        url, _ = fleet
+        await admin("POST", f"{url}/admin/models", [sleepy("a"), sleepy("b")])
+        cfg = base_config(
+            controller={"url": url, "token": TOKEN, "poll_timeout_s": 5.0},
+            hold_timeout_s=60.0,
+            report_interval_s=0.2,
+        )
+        with router(tmp_path, cfg) as r:
+            async with aiohttp.ClientSession() as s:
+                await wait_models(s, r.url, {"a", "b"})
+                first = await asyncio.wait_for(ask(s, r.url, "a"), 60)
+                assert first.status == 200, first.body
+                a_id = first.endpoint
+                await asyncio.sleep(1.5)  # a idle past its timeout, as the router reports
+                # b is wanted; a has been idle past its 1 s timeout: it sleeps, b starts.
+                second = await asyncio.wait_for(ask(s, r.url, "b"), 60)
+                assert second.status == 200, second.body
+                a = await wait_state(url, "a", "sleeping")
+                assert (a["id"], a["sleep_level"]) == (a_id, 1)
+                await asyncio.sleep(1.5)  # b idle past its timeout (what the router reports)
+                # Five requests for the sleeping a: held, one wake, all served by a itself.
+                replies = await asyncio.wait_for(
+                    asyncio.gather(*(ask(s, r.url, "a") for _ in range(5))), 60
+                )
+        assert [x.status for x in replies] == [200] * 5, [x.body for x in replies]
+        assert {x.endpoint for x in replies} == {a_id}
+        events = await admin("GET", f"{url}/admin/events?model=a")
+        wakes = [e for e in events if e["kind"] == "replica.waking"]
+        assert len(wakes) == 1, events
+        assert any(
+            e["kind"] == "replica.sleeping" or "sleeps at level" in e["message"] for e in events
+        )
+        b = await wait_state(url, "b", "sleeping")
+        assert "swapped out for a" in (b["reason"] or "")

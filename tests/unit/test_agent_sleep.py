@@ -1,0 +1,192 @@
+"""The agent's side of sleeping: driving engines, the warm-up, the vLLM guard, host memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from llmgw.agent.hostmem import host_memory_mib
+from llmgw.agent.ports import PortAllocator
+from llmgw.agent.statefile import StateStore
+from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.templates import render
+from llmgw.agent.vllmguard import GUARD_DIR, GUARD_MIDDLEWARE
+from llmgw.agent.vllmguard.llmgw_vllm_guard import Guard
+from llmgw.runtime.clock import ManualClock
+from tests.unit.test_agent_supervisor import FakeProbe, FakeSpawner, spec
+
+
+class FakeSleepClient:
+    """Records every call; `fail` makes the next calls answer an error."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.fail: str | None = None
+
+    async def sleep(self, host: str, port: int, api_key: str, level: int) -> str | None:
+        self.calls.append(("sleep", str(level), api_key))
+        return self.fail
+
+    async def wake(self, host: str, port: int, api_key: str) -> str | None:
+        self.calls.append(("wake", api_key))
+        return self.fail
+
+    async def warm_up(self, host: str, port: int, api_key: str, model: str) -> str | None:
+        self.calls.append(("warm_up", model))
+        return self.fail
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> dict[str, Any]:
+    client = FakeSleepClient()
+    probe = FakeProbe()
+    sup = Supervisor(
+        log_dir=tmp_path / "logs",
+        store=StateStore(tmp_path / "state", node="n1"),
+        ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+        spawner=FakeSpawner(),
+        probe=probe,
+        clock=ManualClock(),
+        sleep_client=client,
+    )
+    return {"sup": sup, "client": client, "probe": probe}
+
+
+async def ready(rig: dict[str, Any], **kw: Any) -> Any:
+    s = spec(sleep_mode=True, **kw)
+    rig["sup"].apply([s])
+    rig["probe"].ready_ports.add(21000)
+    await rig["sup"].tick()
+    assert rig["sup"].statuses()[0].state == "ready"
+    return s
+
+
+class TestDrivingSleep:
+    async def test_sleeps_when_listed_with_a_level(self, rig: dict[str, Any]) -> None:
+        """A ready shard listed with sleep_level 2 is put to sleep, with its key, and says so."""
+        s = await ready(rig)
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=2)])
+        await rig["sup"].tick()
+        (st,) = rig["sup"].statuses()
+        assert st.state == "sleeping"
+        assert rig["client"].calls == [("sleep", "2", st.api_key)]
+
+    async def test_wakes_and_warms_up_before_ready(self, rig: dict[str, Any]) -> None:
+        """Listed awake again: woken, then one warm-up request, then reported ready."""
+        s = await ready(rig)
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        rig["sup"].apply([s])
+        await rig["sup"].tick()
+        (st,) = rig["sup"].statuses()
+        assert st.state == "ready"
+        assert rig["client"].calls[1:] == [("wake", st.api_key), ("warm_up", "m")]
+
+    async def test_a_refused_sleep_keeps_the_state_and_retries(self, rig: dict[str, Any]) -> None:
+        """An engine that refuses stays reported as it is, and the call is made again."""
+        s = await ready(rig)
+        rig["client"].fail = "HTTP 400: Sleep mode is not enabled"
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        assert rig["sup"].statuses()[0].state == "ready"
+        rig["client"].fail = None
+        await rig["sup"].tick()
+        assert rig["sup"].statuses()[0].state == "sleeping"
+        assert [c[0] for c in rig["client"].calls] == ["sleep", "sleep"]
+
+    async def test_a_failed_warm_up_is_not_ready(self, rig: dict[str, Any]) -> None:
+        """Woken but not warmed up: still sleeping as far as anyone is told."""
+        s = await ready(rig)
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        rig["client"].fail = "HTTP 503"
+        rig["sup"].apply([s])
+        await rig["sup"].tick()
+        assert rig["sup"].statuses()[0].state == "sleeping"
+
+    async def test_a_starting_shard_sleeps_once_ready(self, rig: dict[str, Any]) -> None:
+        """Nothing is called before the engine is ready."""
+        rig["sup"].apply([spec(sleep_mode=True, sleep_level=1)])
+        await rig["sup"].tick()
+        assert rig["client"].calls == []
+        rig["probe"].ready_ports.add(21000)
+        await rig["sup"].tick()
+        await rig["sup"].tick()
+        assert rig["sup"].statuses()[0].state == "sleeping"
+
+
+class TestTemplates:
+    def test_vllm_gets_sleep_mode_dev_routes_and_the_guard(self) -> None:
+        """vLLM: --enable-sleep-mode, the guard middleware, dev mode and the guard's folder."""
+        plan = render(spec(engine="vllm", sleep_mode=True), port=1, host="h", api_key="k")
+        argv = list(plan.argv)
+        assert "--enable-sleep-mode" in argv
+        assert argv[argv.index("--middleware") + 1] == GUARD_MIDDLEWARE
+        assert plan.env["VLLM_SERVER_DEV_MODE"] == "1"
+        assert plan.env["PYTHONPATH"].split(":")[0] == str(GUARD_DIR)
+
+    def test_sim_gets_sleep_mode_without_the_guard(self) -> None:
+        """The sim-engine guards its own routes: no middleware flag."""
+        plan = render(spec(engine="sim", sleep_mode=True), port=1, host="h")
+        assert "--enable-sleep-mode" in plan.argv
+        assert "--middleware" not in plan.argv
+        assert plan.env["VLLM_SERVER_DEV_MODE"] == "1"
+
+    def test_no_sleep_mode_no_flags(self) -> None:
+        """Without sleep_mode nothing changes."""
+        plan = render(spec(engine="vllm"), port=1, host="h")
+        assert "--enable-sleep-mode" not in plan.argv
+        assert "VLLM_SERVER_DEV_MODE" not in plan.env
+
+
+async def call(guard: Guard, path: str, auth: bytes | None = None) -> int:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request"}
+
+    async def send(msg: Any) -> None:
+        sent.append(msg)
+
+    headers = [(b"authorization", auth)] if auth is not None else []
+    await guard({"type": "http", "method": "POST", "path": path, "headers": headers}, receive, send)
+    return int(sent[0]["status"])
+
+
+class TestGuard:
+    async def test_sleep_routes_need_the_key(self) -> None:
+        """/sleep without the key is 401; with it, it reaches vLLM."""
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+
+        g = Guard(app, env={"VLLM_API_KEY": "sk-1"})
+        assert await call(g, "/sleep") == 401
+        assert await call(g, "/wake_up", b"Bearer wrong") == 401
+        assert await call(g, "/sleep", b"bearer sk-1") == 200
+
+    async def test_probes_stay_open(self) -> None:
+        """/health and /metrics answer without the key, as vLLM leaves them."""
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+
+        g = Guard(app, env={"VLLM_API_KEY": "sk-1"})
+        assert await call(g, "/health") == 200
+        assert await call(g, "/metrics") == 200
+
+
+class TestHostMemory:
+    def test_meminfo_total_in_mib(self, tmp_path: Path) -> None:
+        """MemTotal in kB becomes MiB; a configured figure wins; unreadable is None."""
+        f = tmp_path / "meminfo"
+        f.write_text("MemTotal:       2097152 kB\nMemFree: 1 kB\n")
+        assert host_memory_mib(None, meminfo=f) == 2048
+        assert host_memory_mib(512, meminfo=f) == 512
+        assert host_memory_mib(None, meminfo=tmp_path / "absent") is None
