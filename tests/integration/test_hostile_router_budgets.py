@@ -224,3 +224,32 @@ class TestConnectionsPerAddress:
                     s.close()
             assert r.alive()
             no_traceback(r.log_text())
+
+
+class TestPastTheCap:
+    def test_clients_that_send_at_once_read_the_503(self, tmp_path: Path) -> None:
+        """With the cap's ten connections held, twenty clients each send a 1 MiB request
+        as soon as they connect and only then read: every one reads the 503, none a
+        reset or a broken pipe."""
+        with fleet(tmp_path, max_client_connections=10, client_share=1.0, idle_timeout_s=30.0) as r:
+            kept = [connect(r.port, OTHER) for _ in range(10)]
+            try:
+                time.sleep(0.3)
+                doc = chat_body("past the cap", max_tokens=2)
+                doc["pad"] = "x" * MIB
+                body = json.dumps(doc).encode()
+                got: list[int | str] = []
+                for _ in range(20):
+                    try:
+                        with connect(r.port, ATTACKER) as s:
+                            s.sendall(post_head(len(body)) + body)
+                            got.append(read_answer(s).status)
+                    except OSError as exc:
+                        got.append(type(exc).__name__)
+                assert got == [503] * 20, got
+            finally:
+                for s in kept:
+                    s.close()
+            assert chat(r.port, OTHER, "after").status == 200
+            assert r.alive()
+            no_traceback(r.log_text())
