@@ -23,6 +23,8 @@ from llmgw.controller.store import open_store
 from llmgw.router.lora import Rename, select
 from llmgw.runtime.clock import ManualClock
 from llmgw.simengine.lora import LoraRegistry, LoraSettings, parse_modules
+from llmgw.simengine.main import config_from_args
+from llmgw.simengine.main import parser as sim_parser
 from llmgw.wire.adapters import AdapterSpec, loads_at_run_time
 from llmgw.wire.agent import ShardSpec
 from tests.unit.controller_reconcile_world import World, spec
@@ -309,3 +311,45 @@ class TestAgentRuntimeLoading:
         clock.advance(31)
         await sup.tick()
         assert client.calls[-1] == ("load", "c")
+
+    async def test_start_only_engine_keeps_what_it_started_with(
+        self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]
+    ) -> None:
+        """A llama.cpp engine is never sent runtime loads and keeps reporting (and
+        recording) the adapters it started with, whose positions routers rely on."""
+        sup, probe, client, _ = rig
+        sup.apply([sup_spec(engine="llamacpp", adapters={"b": "/b"})])
+        probe.ready_ports.add(21000)
+        await sup.tick()
+        sup.apply([sup_spec(engine="llamacpp", adapters={"a": "/a", "b": "/b"})])
+        await sup.tick()
+        assert sup.statuses()[0].adapters == ("b",)
+        assert client.calls == []
+
+
+class TestSimFlags:
+    def test_lora_flags_are_read(self) -> None:
+        """vLLM's LoRA flags fill the sim-engine's settings; kept loaded defaults to slots."""
+        args, _ = sim_parser().parse_known_args(
+            ["--model", "m", "--enable-lora", "--max-loras", "2", "--lora-modules", "a=/a"]
+        )
+        lora_cfg = config_from_args(args).lora
+        assert (lora_cfg.enabled, lora_cfg.cache_size, lora_cfg.modules) == (
+            True,
+            2,
+            (("a", "/a"),),
+        )
+
+    @pytest.mark.parametrize(
+        ("argv", "says"),
+        [
+            (["--lora-modules", "a=/a"], "needs --enable-lora"),
+            (["--enable-lora", "--lora-modules", "a"], "name=path"),
+            (["--enable-lora", "--max-loras", "0"], "must be >= 1"),
+        ],
+    )
+    def test_bad_lora_flags_are_refused(self, argv: list[str], says: str) -> None:
+        """A module without --enable-lora, a module without a path, or no slots: refused."""
+        args, _ = sim_parser().parse_known_args(["--model", "m", *argv])
+        with pytest.raises(ValueError, match=says):
+            config_from_args(args)

@@ -33,10 +33,11 @@ from llmgw.agent import logfiles, sleeping
 from llmgw.agent.adapters import (
     AdapterClient,
     AdapterState,
+    Engine,
     HttpAdapterClient,
     serves_at_start,
+    sync_engines,
 )
-from llmgw.agent.adapters import sync as sync_adapters
 from llmgw.agent.engineprocs import (
     KILL,
     TERM,
@@ -170,9 +171,14 @@ class Supervisor:
                 secret_values=self._adopted_secrets(rec, proc),
                 proc=proc,
                 started_at=rec.started_at,
-                # What it was started with is not kept; a runtime engine answers
-                # "already loaded" for the rest, which counts as served.
-                started_adapters=serves_at_start(rec.spec),
+                # A start-only engine serves its spec's list (kept as it started);
+                # one that loads at run time is asked again, and its "already
+                # loaded" counts as served.
+                started_adapters=(
+                    ()
+                    if loads_at_run_time(rec.spec.engine, rec.spec.env)
+                    else serves_at_start(rec.spec)
+                ),
             )
             if proc is None:
                 sh.state = "failed"
@@ -195,8 +201,12 @@ class Supervisor:
         for key, sh in list(self._shards.items()):
             if key in want:
                 # Not part of the identity: a new list is loaded where the engine
-                # runs (adapters.py), never a restart.
-                if want[key].adapters != sh.spec.adapters:
+                # runs (adapters.py), never a restart. An engine that takes adapters
+                # at start only keeps the list it started with (the controller
+                # replaces it): its spec must keep saying what it serves.
+                if want[key].adapters != sh.spec.adapters and loads_at_run_time(
+                    sh.spec.engine, sh.spec.env
+                ):
                     sh.spec = msgspec.structs.replace(sh.spec, adapters=want[key].adapters)
                 # Nor is sleeping: the engine is put to sleep or woken in place (tick).
                 if want[key].sleep_level != sh.spec.sleep_level:
@@ -308,31 +318,17 @@ class Supervisor:
 
     async def _sync_adapters(self) -> None:
         """Load and unload adapters on ready engines that take them at run time."""
-        now = self._clock.monotonic()
-        todo = [
-            sh
+        ready = [
+            Engine(sh.spec, sh.adapters, sh.port, sh.api_key)
             for sh in self._shards.values()
+            # health_path None: a headless rank, with no API server to load into.
             if sh.state == "ready"
             and sh.adapters is not None
             and sh.port is not None
             and sh.health_path is not None
-            and loads_at_run_time(sh.spec.engine, sh.spec.env)
-            and any(sh.adapters.todo(sh.spec.adapters, now))
         ]
-        await asyncio.gather(
-            *(
-                sync_adapters(
-                    self._adapter_client,
-                    sh.adapters,
-                    sh.spec,
-                    host=self._host,
-                    port=sh.port,
-                    api_key=sh.api_key,
-                    now=now,
-                )
-                for sh in todo
-                if sh.adapters is not None and sh.port is not None
-            )
+        await sync_engines(
+            self._adapter_client, ready, host=self._host, now=self._clock.monotonic()
         )
 
     def _ready(self, sh: _Shard) -> None:
