@@ -720,17 +720,19 @@ class TestSchema:
 
 
 class TestSqlite:
-    def test_one_wal_file_in_a_new_directory(self, tmp_path: Path) -> None:
-        """The URL's missing directory is created and the database runs in WAL mode."""
+    def test_one_private_file_in_a_new_directory(self, tmp_path: Path) -> None:
+        """The URL's missing directory is created; the database is one 0600 file with a
+        rollback journal (no -shm file to map) and no memory-mapped pages."""
         path = tmp_path / "a" / "b" / "c.db"
         s = open_store(f"sqlite:///{path}")
-        s.close()
-        engine = sa.create_engine(f"sqlite:///{path}")
         try:
-            with engine.connect() as conn:
-                assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            with s.engine.connect() as conn:  # type: ignore[attr-defined]
+                assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "delete"
+                assert conn.exec_driver_sql("PRAGMA mmap_size").scalar() == 0
+            assert sorted(p.name for p in path.parent.iterdir()) == ["c.db"]
+            assert path.stat().st_mode & 0o777 == 0o600
         finally:
-            engine.dispose()
+            s.close()
 
     def test_in_memory_sqlite_is_refused(self) -> None:
         """sqlite:// without a file is refused, pointing at memory://."""

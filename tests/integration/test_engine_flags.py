@@ -9,8 +9,10 @@ tests fetch once more and skip, saying why, when that fails too.
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
+import types
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from llmgw.agent.templates import KVEventPorts, render
 from llmgw.simengine import sleepapi
 from llmgw.testing import engineflags, enginesleep
 from llmgw.testing.engineflags import Cli, EngineFlagsError, check
+from llmgw.wire.adapters import VLLM_RUNTIME_LORA_ENV, loads_at_run_time
 from llmgw.wire.agent import ShardSpec
 
 _cli: dict[str, Cli | str] = {}
@@ -67,6 +70,18 @@ VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("sleep-mode", {"sleep_mode": True}, {"api_key": "sk-test"}),
     ("sleep-mode-asleep", {"sleep_mode": True, "sleep_level": 1}, {"api_key": "sk-test"}),
 ]
+# LoRA adapters (agent/adapters.py): vLLM only, as SGLang's are not rendered.
+LORA_VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("lora-modules", {"adapters": {"a": "/l/a", "b": "/l/b"}}, {"api_key": "sk-test"}),
+    (
+        "lora-many-at-run-time",
+        {
+            "adapters": {f"a{i}": f"/l/{i}" for i in range(12)},
+            "env": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+        },
+        {},
+    ),
+]
 KV_VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("kv-events", {"kv_events": True}, {"kv_events": KV, "api_key": "sk-test"}),
     (
@@ -84,7 +99,7 @@ def engine_args(engine: str, overrides: dict[str, Any], kw: dict[str, Any]) -> l
     return list(plan.argv[prefix:])
 
 
-@pytest.mark.parametrize(("name", "overrides", "kw"), VARIANTS + KV_VARIANTS)
+@pytest.mark.parametrize(("name", "overrides", "kw"), VARIANTS + KV_VARIANTS + LORA_VARIANTS)
 def test_vllm_command_lines(name: str, overrides: dict[str, Any], kw: dict[str, Any]) -> None:
     cli = engine_cli("vllm")
     argv = engine_args("vllm", overrides, kw)
@@ -189,3 +204,31 @@ class TestVllmSleepContract:
         cli = engine_cli("vllm")
         assert cli.flags["--enable-sleep-mode"] == "none"
         assert cli.flags["--middleware"] == "many"
+
+
+class TestRuntimeLoraVariable:
+    @pytest.mark.parametrize("value", ["1", "true", "True", " TRUE ", "0", "false", "yes", ""])
+    def test_agent_reads_it_as_vllm_does(self, value: str) -> None:
+        """wire.adapters.loads_at_run_time reads VLLM_ALLOW_RUNTIME_LORA_UPDATING as the
+        pinned vLLM's envs.py does (its lambda, evaluated on the value)."""
+        engine_cli("vllm")  # skips when the pinned sources are not fetched
+        src = engineflags.cache_root() / f"vllm-{engineflags.PINNED['vllm']}" / "src/vllm/envs.py"
+        tree = ast.parse(src.read_text())
+        table = next(
+            n.value
+            for n in tree.body
+            if isinstance(n, ast.AnnAssign)
+            and isinstance(n.target, ast.Name)
+            and n.target.id == "environment_variables"
+        )
+        assert isinstance(table, ast.Dict)
+        read = next(
+            v
+            for k, v in zip(table.keys, table.values, strict=True)
+            if isinstance(k, ast.Constant) and k.value == VLLM_RUNTIME_LORA_ENV
+        )
+        env = {VLLM_RUNTIME_LORA_ENV: value}
+        fake_os = types.SimpleNamespace(environ=env, getenv=env.get)
+        # vLLM's own lambda from the pinned wheel's source, run against a fake `os`.
+        vllm_reads = eval(compile(ast.Expression(read), str(src), "eval"), {"os": fake_os})()
+        assert loads_at_run_time("vllm", env) is bool(vllm_reads)

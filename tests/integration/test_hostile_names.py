@@ -70,6 +70,8 @@ class TestRefusedWhereTheyEnter:
             ("n%1b", heartbeat("n\x1b"), "node"),
             ("n%E2%80%AE", heartbeat("n\u202e"), "node"),
             ("n1", heartbeat("n1", fabrics=["[/]"]), "fabrics[0]"),
+            ("n1", heartbeat("n1", address="evil.example@127.0.0.1"), "address"),
+            ("n1", heartbeat("n1", address="h\x1b[2J"), "address"),
             (
                 "n1",
                 heartbeat("n1", gpus=[{**gpus(1)[0], "gpu_class": "H100\x1b[31m"}]),
@@ -85,7 +87,7 @@ class TestRefusedWhereTheyEnter:
         err = ctrl.error("POST", f"/v1/agents/{url_node}/heartbeat", body)
         assert err.status == 422
         assert param == err.body["error"]["param"]
-        assert "is not a valid name" in err.body["error"]["message"]
+        assert "is not a valid" in err.body["error"]["message"]
         assert ctrl.get("/admin/nodes") == []
 
     def test_spec_gpu_class_refused(self, ctrl: Controller) -> None:
@@ -101,13 +103,13 @@ class TestRefusedWhereTheyEnter:
 
 
 class TestCtlShowsFreeText:
-    def test_gpu_reason_and_address_shown_not_obeyed(self, ctrl: Controller) -> None:
-        """An agent's free text (its address, a GPU's unhealthy reason) reaches `ctl events`
-        and `ctl nodes` as visible escapes, piped and as a table, exit 0."""
-        ctrl.post("/v1/agents/n1/heartbeat", heartbeat("n1", address=f"h{HOSTILE}"))
+    def test_gpu_reason_shown_not_obeyed(self, ctrl: Controller) -> None:
+        """An agent's free text (a GPU's unhealthy reason) reaches `ctl events` and `ctl
+        nodes` as visible escapes, piped and as a table, exit 0."""
+        ctrl.post("/v1/agents/n1/heartbeat", heartbeat("n1"))
         sick = [{**g, "healthy": g["index"] != 1, "reason": HOSTILE} for g in gpus(2)]
         sick[0]["reason"] = None
-        ctrl.post("/v1/agents/n1/heartbeat", heartbeat("n1", address=f"h{HOSTILE}", gpus=sick))
+        ctrl.post("/v1/agents/n1/heartbeat", heartbeat("n1", gpus=sick))
         events = ctrl.get("/admin/events")
         assert any(HOSTILE in e["message"] for e in events), events
         last = str(events[-1]["id"])

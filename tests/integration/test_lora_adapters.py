@@ -141,6 +141,22 @@ class TestAdaptersServed:
             )
 
 
+class TestAdapterScalesItsBase:
+    def test_request_for_an_adapter_starts_its_base_from_zero(self, fleet: Fleet) -> None:
+        """With no base replica, an adapter's request is held, its base is placed for it,
+        and the answer comes from the new replica under the adapter's name."""
+        entries = [base_spec(min_replicas=0, max_replicas=1), adapter("ad-z")]
+        status, views = fleet.admin("POST", "/admin/models", entries)
+        assert status == 200, views
+        assert views[0]["desired"] == 0
+        wait_for(lambda: "ad-z" in fleet.router_models(), what="the router knows ad-z")
+        answer = fleet.client.chat.completions.create(
+            model="ad-z", messages=[{"role": "user", "content": "wake"}], max_tokens=4
+        )
+        assert answer.model == "ad-z"
+        assert len(fleet.admin("GET", "/admin/replicas?model=base")[1]) == 1
+
+
 class TestAdapterRefusals:
     def test_refusals_name_the_reason(self, fleet: Fleet) -> None:
         """An unknown base, an adapter of an adapter, an unknown field and deleting a base

@@ -32,6 +32,15 @@ def one_card(*models: ModelSpec) -> World:
     return w
 
 
+def idle(w: World, *rids: str, demand: dict[str, int] | None = None) -> None:
+    """Let time pass: `rids` idle past their 60 s timeout since they became ready."""
+    w.clock.advance(121)
+    w.touch("a")
+    w.report(
+        last_used=dict.fromkeys(rids, w.now - 121), inflight=dict.fromkeys(rids, 0), demand=demand
+    )
+
+
 def serve(w: World, name: str) -> str:
     """Give `name` demand until its replica is ready; its id."""
     w.report(demand={name: 1})
@@ -46,7 +55,7 @@ class TestSwap:
         """Evicted for another model, a sleep-mode replica sleeps (level 1: its weights fit)."""
         w = one_card(sleepy("a"), sleepy("b"))
         a = serve(w, "a")
-        w.report(last_used={a: w.now - 120}, inflight={a: 0}, demand={"b": 1})
+        idle(w, a, demand={"b": 1})
         w.tick()
         r = w.state.replicas[a]
         assert (r.state, r.sleep_level) == ("sleeping", 1)
@@ -60,21 +69,19 @@ class TestSwap:
         """Demand for a model whose replica sleeps on a free card wakes it: no new replica."""
         w = one_card(sleepy("a"), sleepy("b"))
         a = serve(w, "a")
-        w.report(last_used={a: w.now - 120}, inflight={a: 0}, demand={"b": 1})
+        idle(w, a, demand={"b": 1})
         w.tick()
         w.heartbeat("a", {a: "sleeping"})
         w.tick()
         w.ready_all("b")
         b = w.only("b", "ready").id
         # Now b idles and a is wanted again: b sleeps, a wakes on the same card.
-        w.report(last_used={b: w.now - 120}, inflight={b: 0}, demand={"a": 1})
+        idle(w, b, demand={"a": 1})
         w.tick()
+        # One tick: b sleeps and a wakes (its agent wakes it once b is asleep).
         assert w.state.replicas[b].state == "sleeping"
-        assert w.state.replicas[a].state == "sleeping"  # waits for b's card
-        assert len(w.replicas("a")) == 1
-        w.heartbeat("a", {a: "sleeping", b: "sleeping"})
-        w.tick()
         assert w.state.replicas[a].state == "waking"
+        assert len(w.replicas("a")) == 1
         assert any("waking" in e for e in w.events)
         look = outlook(w.state, w.index, unplaceable={}, evicting=w.memory.evicting)
         assert [(o.models, o.state, o.retry_after_s) for o in look] == [(("a",), "waking", 1.0)]
@@ -82,11 +89,29 @@ class TestSwap:
         assert w.state.replicas[a].state == "ready"
         assert len(w.replicas("a")) == 1
 
+    def test_a_replica_just_woken_is_not_swapped_out_at_once(self) -> None:
+        """Its last use from before it slept does not make a woken replica idle."""
+        w = one_card(sleepy("a"), sleepy("b"))
+        a = serve(w, "a")
+        idle(w, a, demand={"b": 1})
+        w.tick()
+        w.heartbeat("a", {a: "sleeping"})
+        w.tick()
+        w.ready_all("b")
+        b = w.only("b", "ready").id
+        idle(w, b, demand={"a": 1})
+        w.tick()
+        w.heartbeat("a", {a: "ready", b: "sleeping"})
+        # b is wanted again at once: a has been ready for no time, b waits.
+        w.report(last_used={a: w.now - 500}, inflight={a: 0}, demand={"b": 1})
+        w.tick()
+        assert (w.state.replicas[a].state, w.state.replicas[b].state) == ("ready", "sleeping")
+
     def test_busy_replica_is_not_swapped_out(self) -> None:
         """Eviction's rules stand: a replica used recently stays awake and the sleeper waits."""
         w = one_card(sleepy("a"), sleepy("b"))
         a = serve(w, "a")
-        w.report(last_used={a: w.now - 120}, inflight={a: 0}, demand={"b": 1})
+        idle(w, a, demand={"b": 1})
         w.tick()
         w.heartbeat("a", {a: "sleeping"})
         w.tick()
@@ -100,7 +125,7 @@ class TestSwap:
         """A spec without sleep_mode is evicted as before."""
         w = one_card(spec("a", min_replicas=0, max_replicas=1, idle_timeout_s=60), sleepy("b"))
         a = serve(w, "a")
-        w.report(last_used={a: w.now - 120}, inflight={a: 0}, demand={"b": 1})
+        idle(w, a, demand={"b": 1})
         w.tick()
         assert w.state.replicas[a].state == "draining"
 

@@ -11,6 +11,9 @@ import msgspec
 import pytest
 
 from llmgw.agent.adapters import AdapterState, start_args
+from llmgw.agent.ports import PortAllocator
+from llmgw.agent.statefile import StateStore
+from llmgw.agent.supervisor import Supervisor
 from llmgw.controller.api.routes import decode_specs
 from llmgw.controller.errors import Conflict, InvalidSpec
 from llmgw.controller.fleet import commands
@@ -18,10 +21,15 @@ from llmgw.controller.fleet.endpoints import endpoint_list, outlook
 from llmgw.controller.fleet.records import Adapter, Changes
 from llmgw.controller.store import open_store
 from llmgw.router.lora import Rename, select
+from llmgw.runtime.clock import ManualClock
 from llmgw.simengine.lora import LoraRegistry, LoraSettings, parse_modules
+from llmgw.simengine.main import config_from_args
+from llmgw.simengine.main import parser as sim_parser
 from llmgw.wire.adapters import AdapterSpec, loads_at_run_time
 from llmgw.wire.agent import ShardSpec
 from tests.unit.controller_reconcile_world import World, spec
+from tests.unit.test_agent_supervisor import FakeProbe, FakeSpawner
+from tests.unit.test_agent_supervisor import spec as sup_spec
 
 
 def lora(name: str, base: str = "m", source: str = "/a") -> AdapterSpec:
@@ -244,3 +252,104 @@ class TestRouterLlamacpp:
         """A `"model":"` inside generated text is escaped JSON and stays as it was."""
         answer = b'{"content":"say \\"model\\":\\"x\\"","model":"tiny"}'
         assert Rename("a").feed(answer) == answer.replace(b'"model":"tiny"', b'"model":"a"')
+
+
+class FakeAdapterClient:
+    """The engine's runtime routes: loads succeed unless the path is refused."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.refuse: set[str] = set()
+
+    async def load(self, host: str, port: int, api_key: str, name: str, path: str) -> str | None:
+        self.calls.append(("load", name))
+        return "HTTP 400: no such adapter" if path in self.refuse else None
+
+    async def unload(self, host: str, port: int, api_key: str, name: str) -> str | None:
+        self.calls.append(("unload", name))
+        return None
+
+    async def close(self) -> None:
+        pass
+
+
+class TestAgentRuntimeLoading:
+    @pytest.fixture
+    def rig(self, tmp_path: Path) -> tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]:
+        clock = ManualClock()
+        client = FakeAdapterClient()
+        probe = FakeProbe()
+        sup = Supervisor(
+            log_dir=tmp_path / "logs",
+            store=StateStore(tmp_path / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=FakeSpawner(),
+            probe=probe,
+            clock=clock,
+            adapter_client=client,
+        )
+        return sup, probe, client, clock
+
+    async def test_new_adapters_load_without_a_restart(
+        self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]
+    ) -> None:
+        """Started with one adapter, a sim engine is given a second at run time and loses
+        the first, reporting what it serves; a refused load waits out its backoff."""
+        sup, probe, client, clock = rig
+        sup.apply([sup_spec(adapters={"a": "/a"})])
+        probe.ready_ports.add(21000)
+        await sup.tick()
+        assert sup.statuses()[0].adapters == ("a",)
+        client.refuse.add("/bad")
+        sup.apply([sup_spec(adapters={"b": "/b", "c": "/bad"})])
+        await sup.tick()
+        (st,) = sup.statuses()
+        assert (st.pid, st.adapters) == (101, ("b",))
+        assert client.calls == [("unload", "a"), ("load", "b"), ("load", "c")]
+        await sup.tick()
+        assert len(client.calls) == 3
+        clock.advance(31)
+        await sup.tick()
+        assert client.calls[-1] == ("load", "c")
+
+    async def test_start_only_engine_keeps_what_it_started_with(
+        self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]
+    ) -> None:
+        """A llama.cpp engine is never sent runtime loads and keeps reporting (and
+        recording) the adapters it started with, whose positions routers rely on."""
+        sup, probe, client, _ = rig
+        sup.apply([sup_spec(engine="llamacpp", adapters={"b": "/b"})])
+        probe.ready_ports.add(21000)
+        await sup.tick()
+        sup.apply([sup_spec(engine="llamacpp", adapters={"a": "/a", "b": "/b"})])
+        await sup.tick()
+        assert sup.statuses()[0].adapters == ("b",)
+        assert client.calls == []
+
+
+class TestSimFlags:
+    def test_lora_flags_are_read(self) -> None:
+        """vLLM's LoRA flags fill the sim-engine's settings; kept loaded defaults to slots."""
+        args, _ = sim_parser().parse_known_args(
+            ["--model", "m", "--enable-lora", "--max-loras", "2", "--lora-modules", "a=/a"]
+        )
+        lora_cfg = config_from_args(args).lora
+        assert (lora_cfg.enabled, lora_cfg.cache_size, lora_cfg.modules) == (
+            True,
+            2,
+            (("a", "/a"),),
+        )
+
+    @pytest.mark.parametrize(
+        ("argv", "says"),
+        [
+            (["--lora-modules", "a=/a"], "needs --enable-lora"),
+            (["--enable-lora", "--lora-modules", "a"], "name=path"),
+            (["--enable-lora", "--max-loras", "0"], "must be >= 1"),
+        ],
+    )
+    def test_bad_lora_flags_are_refused(self, argv: list[str], says: str) -> None:
+        """A module without --enable-lora, a module without a path, or no slots: refused."""
+        args, _ = sim_parser().parse_known_args(["--model", "m", *argv])
+        with pytest.raises(ValueError, match=says):
+            config_from_args(args)

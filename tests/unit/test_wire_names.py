@@ -15,7 +15,7 @@ from llmgw.controller.api.validate import check_heartbeat, check_spec
 from llmgw.controller.errors import InvalidSpec
 from llmgw.wire.agent import GPU, Heartbeat
 from llmgw.wire.models import ModelSpec
-from llmgw.wire.names import LABEL_RULE, label_problem
+from llmgw.wire.names import ADDRESS_RULE, LABEL_RULE, address_problem, label_problem
 
 BAD = [
     "",
@@ -54,6 +54,22 @@ class TestLabel:
             assert name.isascii()
             assert name.isprintable()
             assert not set(name) & set("[]/ \\")
+
+
+class TestAddress:
+    @pytest.mark.parametrize(
+        "address", ["127.0.0.1", "::1", "[::1]", "fe80::1%eth0", "gpu-01.example.com", "h_1"]
+    )
+    def test_ip_addresses_and_host_names_pass(self, address: str) -> None:
+        """IPv4, IPv6 (bracketed or not, with a zone) and host names are valid."""
+        assert address_problem(address) is None
+
+    @pytest.mark.parametrize(
+        "address", ["a@b", "h/x", "h?x", "h#x", "h x", "h\x1b", "-h", "[::1", "h:80"]
+    )
+    def test_what_moves_a_url_is_refused(self, address: str) -> None:
+        """Anything a URL parser would read as more than a host is refused with the rule."""
+        assert address_problem(address) == f"{address!r} is not a valid address: {ADDRESS_RULE}"
 
 
 def _gpu(i: int, gpu_class: str = "H100-80G") -> GPU:

@@ -25,8 +25,9 @@ routers send an adapter's requests only to replicas that report it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -185,3 +186,31 @@ async def sync(
         else:
             st.retry_at[name] = now + RETRY_S
             log.warning(kv("adapter not loaded", replica=spec.replica_id, adapter=name, why=why))
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """A ready engine the supervisor runs: what it should serve and how to reach it."""
+
+    spec: ShardSpec
+    state: AdapterState
+    port: int
+    api_key: str
+
+
+async def sync_engines(
+    client: AdapterClient, engines: Sequence[Engine], *, host: str, now: float
+) -> None:
+    """One pass of `sync` over every engine that loads adapters at run time and has
+    something to do, all at once."""
+    todo = [
+        e
+        for e in engines
+        if loads_at_run_time(e.spec.engine, e.spec.env) and any(e.state.todo(e.spec.adapters, now))
+    ]
+    await asyncio.gather(
+        *(
+            sync(client, e.state, e.spec, host=host, port=e.port, api_key=e.api_key, now=now)
+            for e in todo
+        )
+    )

@@ -33,10 +33,11 @@ from llmgw.agent import logfiles, sleeping
 from llmgw.agent.adapters import (
     AdapterClient,
     AdapterState,
+    Engine,
     HttpAdapterClient,
     serves_at_start,
+    sync_engines,
 )
-from llmgw.agent.adapters import sync as sync_adapters
 from llmgw.agent.engineprocs import (
     KILL,
     TERM,
@@ -170,9 +171,14 @@ class Supervisor:
                 secret_values=self._adopted_secrets(rec, proc),
                 proc=proc,
                 started_at=rec.started_at,
-                # What it was started with is not kept; a runtime engine answers
-                # "already loaded" for the rest, which counts as served.
-                started_adapters=serves_at_start(rec.spec),
+                # A start-only engine serves its spec's list (kept as it started);
+                # one that loads at run time is asked again, and its "already
+                # loaded" counts as served.
+                started_adapters=(
+                    ()
+                    if loads_at_run_time(rec.spec.engine, rec.spec.env)
+                    else serves_at_start(rec.spec)
+                ),
             )
             if proc is None:
                 sh.state = "failed"
@@ -195,8 +201,12 @@ class Supervisor:
         for key, sh in list(self._shards.items()):
             if key in want:
                 # Not part of the identity: a new list is loaded where the engine
-                # runs (adapters.py), never a restart.
-                if want[key].adapters != sh.spec.adapters:
+                # runs (adapters.py), never a restart. An engine that takes adapters
+                # at start only keeps the list it started with (the controller
+                # replaces it): its spec must keep saying what it serves.
+                if want[key].adapters != sh.spec.adapters and loads_at_run_time(
+                    sh.spec.engine, sh.spec.env
+                ):
                     sh.spec = msgspec.structs.replace(sh.spec, adapters=want[key].adapters)
                 # Nor is sleeping: the engine is put to sleep or woken in place (tick).
                 if want[key].sleep_level != sh.spec.sleep_level:
@@ -257,13 +267,20 @@ class Supervisor:
                 self._ready(sh)
 
     async def _sync_sleep(self) -> None:
-        """Put engines to sleep or wake them (and warm them up) as the controller listed."""
+        """Put engines to sleep or wake them (and warm them up) as the controller listed:
+        sleeps first, then the wakes whose cards no other engine is awake on (a swap
+        lists both at once: the one leaving sleeps, then the other wakes)."""
+        await self._sleep_step("sleep")
+        await self._sleep_step("wake")
+
+    async def _sleep_step(self, op: str) -> None:
         todo = [
-            (sh, w)
+            sh
             for sh in self._shards.values()
             if sh.proc is not None
             and sh.stop_sent_at is None
-            and (w := sleeping.wants(sh.spec, sh.state)) is not None
+            and sleeping.wants(sh.spec, sh.state) == op
+            and (op == "sleep" or not self._card_taken(sh))
         ]
         if not todo:
             return
@@ -272,51 +289,46 @@ class Supervisor:
                 sleeping.step(
                     self._sleep_client,
                     sh.spec,
-                    w,
+                    op,
                     host=self._host,
                     port=sh.port,
                     api_key=sh.api_key,
                 )
-                for sh, w in todo
+                for sh in todo
             )
         )
-        for (sh, w), state in zip(todo, results, strict=True):
+        for sh, state in zip(todo, results, strict=True):
             # Re-check: while the calls ran, a heartbeat may have stopped it, or the
             # controller changed its mind (the next tick does what it wants now).
-            if state == "sleeping" and sh.proc is not None and sh.stop_sent_at is None:
-                sh.state = "sleeping"
-            elif state == "ready" and sh.proc is not None and sh.stop_sent_at is None:
-                sh.state = "ready"
+            if state is not None and sh.proc is not None and sh.stop_sent_at is None:
+                sh.state = "sleeping" if state == "sleeping" else "ready"
             if state is not None:
-                self.events.slept(sh.spec.engine, w)
+                self.events.slept(sh.spec.engine, op)
+
+    def _card_taken(self, sh: _Shard) -> bool:
+        """Another engine is awake (or still exiting) on one of `sh`'s GPUs."""
+        mine = set(sh.spec.gpu_indices)
+        return any(
+            o is not sh
+            and o.proc is not None
+            and o.state in ("starting", "ready")
+            and mine & set(o.spec.gpu_indices)
+            for o in self._shards.values()
+        )
 
     async def _sync_adapters(self) -> None:
         """Load and unload adapters on ready engines that take them at run time."""
-        now = self._clock.monotonic()
-        todo = [
-            sh
+        ready = [
+            Engine(sh.spec, sh.adapters, sh.port, sh.api_key)
             for sh in self._shards.values()
+            # health_path None: a headless rank, with no API server to load into.
             if sh.state == "ready"
             and sh.adapters is not None
             and sh.port is not None
             and sh.health_path is not None
-            and loads_at_run_time(sh.spec.engine, sh.spec.env)
-            and any(sh.adapters.todo(sh.spec.adapters, now))
         ]
-        await asyncio.gather(
-            *(
-                sync_adapters(
-                    self._adapter_client,
-                    sh.adapters,
-                    sh.spec,
-                    host=self._host,
-                    port=sh.port,
-                    api_key=sh.api_key,
-                    now=now,
-                )
-                for sh in todo
-                if sh.adapters is not None and sh.port is not None
-            )
+        await sync_engines(
+            self._adapter_client, ready, host=self._host, now=self._clock.monotonic()
         )
 
     def _ready(self, sh: _Shard) -> None:

@@ -108,6 +108,11 @@ OTHER = (
     (router_config.SERVER_ENV, "router: `fast` or `aiohttp`, when the YAML sets no `http_server`"),
     (router_compiled.ENV, "router: `auto`, `0` or `1`: whether it runs its compiled modules"),
     ("LLMGW_LLAMA_SERVER", "agent: the `llama-server` binary for llamacpp engines"),
+    (
+        "LLMGW_MYPYC",
+        "building the wheel (build_backend/llmgw_build.py): `0` pure Python, `1` compile or "
+        "fail; unset: compile where the build host can",
+    ),
     ("NOTIFY_SOCKET", f"every program: systemd's notify socket ({_link('systemd.md')})"),
 )
 

@@ -20,6 +20,7 @@ not a name: it is kept as sent and escaped where it is shown (ctl's
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 # Node names, fabrics and GPU classes: what a host name, an interface or
@@ -36,7 +37,26 @@ MODEL_NAME_RULE = (
     " not ending in /scale"
 )
 
+# A node's address (heartbeats): an IP address, or a host name in the label set up to
+# DNS's 253 characters. It becomes the host of engine URLs and KV-event endpoints, so
+# nothing a URL parser reads (`/`, `@`, `?`, `#`, spaces) may be in it.
+ADDRESS_RULE = "an IP address, or a host name of letters, digits and . _ - (up to 253)"
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _LABEL = re.compile(LABEL_PATTERN)
+
+
+def address_problem(value: str) -> str | None:
+    """Why `value` is not a node address routers can put in a URL; None when it is."""
+    try:
+        bracketed = value.startswith("[") and value.endswith("]")
+        ipaddress.ip_address(value[1:-1] if bracketed else value)
+    except ValueError:
+        pass
+    else:
+        return None
+    if _HOST.fullmatch(value):
+        return None
+    return f"{value!r} is not a valid address: {ADDRESS_RULE}"
 
 
 def label_problem(value: object) -> str | None:

@@ -47,8 +47,14 @@ class StatusFiles:
             charset="utf-8",
             headers={
                 "Cache-Control": "no-cache",
-                # Only our own files; nothing inline, nothing from elsewhere.
-                "Content-Security-Policy": "default-src 'self'; img-src 'self' data:",
+                # Only our own files; nothing inline, nothing from elsewhere. And never
+                # inside another site's frame: the page holds the operator's token, and a
+                # framing page could overlay it and have the operator click through
+                # (frame-ancestors; X-Frame-Options for browsers without CSP level 2).
+                "Content-Security-Policy": (
+                    "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+                ),
+                "X-Frame-Options": "DENY",
                 "X-Content-Type-Options": "nosniff",
             },
         )

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from llmgw.controller.errors import InvalidSpec
 from llmgw.wire.agent import Heartbeat
 from llmgw.wire.models import ModelSpec, names_problem, routing_problem, sleep_problem
-from llmgw.wire.names import label_problem
+from llmgw.wire.names import address_problem, label_problem
 from llmgw.wire.usage import UsageReport
 
 _PORTS = (1, 65535)
@@ -55,6 +55,10 @@ def check_heartbeat(hb: Heartbeat) -> None:
             "node's engines there)",
             param="address",
         )
+    problem = address_problem(hb.address)
+    if problem is not None:
+        # It becomes the host of the engines' URLs: `a@b`, `/` or `?` would move them.
+        raise InvalidSpec(f"heartbeat: address: {problem}", param="address")
     if _unspecified(hb.address):
         # An older agent (today's refuses it at start): routers sent to "0.0.0.0" would
         # connect to their own host.
