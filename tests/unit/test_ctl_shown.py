@@ -3,6 +3,7 @@ no file or answer ends ctl with a traceback (issue 34, items 2 and 3)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,6 +37,17 @@ def raw_control(text: str) -> list[str]:
     """The characters of `text` a terminal would act on or a reader could not see (tsv's
     tabs and the line ends are ctl's own)."""
     return [ch for ch in text if ch not in "\t\n" and shown.visible(ch) != ch]
+
+
+def strings(doc: object) -> set[str]:
+    """Every string value in a decoded JSON document."""
+    if isinstance(doc, str):
+        return {doc}
+    if isinstance(doc, dict):
+        return set().union(*(strings(v) for v in doc.values()))
+    if isinstance(doc, list):
+        return set().union(*(strings(v) for v in doc))
+    return set()
 
 
 class TestVisible:
@@ -143,6 +155,13 @@ class TestHostileFleet:
         fake.nodes = {name: node_view(name)}
         run = run_ctl(["cordon", name], fake, tmp_path)
         assert (run.code, run.out) == (0, "node n\\x1b[2J\\u202e cordoned (state cordoned)\n")
+
+    @pytest.mark.parametrize("command", ["status", "nodes", "models", "replicas", "events"])
+    def test_json_is_the_same_value_with_nothing_hidden(self, command: str, tmp_path: Path) -> None:
+        """`-o json` carries the names exactly, every hidden character as a JSON escape."""
+        run = run_ctl([command, "-o", "json"], Hostile(), tmp_path)
+        assert (run.code, raw_control(run.out)) == (0, [])
+        assert HOSTILE in strings(json.loads(run.out))
 
     def test_status_shows_markup_as_typed(self, tmp_path: Path) -> None:
         """A fabric named `[/]` is printed, not parsed (it used to end ctl in MarkupError)."""
