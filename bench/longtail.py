@@ -74,7 +74,7 @@ def models(rng: random.Random) -> list[tuple[str, str]]:
     return [(f"m{i:02d}-{size}", size) for i, size in enumerate(sizes)]
 
 
-def spec(name: str, size: str, *, sleep: bool, idle_s: float) -> ModelSpec:
+def spec(name: str, size: str, *, sleep: bool, idle_s: float, sleep_after_s: float) -> ModelSpec:
     tp, weights, _ = SIZES[size]
     return ModelSpec(
         name=name,
@@ -85,6 +85,7 @@ def spec(name: str, size: str, *, sleep: bool, idle_s: float) -> ModelSpec:
         max_replicas=1,
         idle_timeout_s=idle_s,
         sleep_mode=sleep,
+        sleep_after_s=sleep_after_s if sleep else None,
         weights_gb=weights,
     )
 
@@ -140,6 +141,7 @@ class Workload:
     rate: float = 1.0  # requests per second, the Zipf part
     zipf: float = 1.1
     idle_s: float = 120.0  # every model's idle_timeout_s
+    sleep_after_s: float = 10.0  # sleep mode: every model's sleep_after_s
 
 
 def run(sleep: bool, w: Workload) -> Outcome:
@@ -156,12 +158,15 @@ def run(sleep: bool, w: Workload) -> Outcome:
         starting_deadline_s=300.0,
     )
     c = Controller(config=config)
-    add_models(c, (spec(n, s, sleep=sleep, idle_s=w.idle_s) for n, s in defs))
+    add_models(
+        c,
+        (spec(n, s, sleep=sleep, idle_s=w.idle_s, sleep_after_s=w.sleep_after_s) for n, s in defs),
+    )
     agents = []
     for i in range(NODES):
         name = f"n{i}"
         add_node(c, name, h100s(8), HOST_MIB)
-        agents.append(Agent(name, h100s(8), HOST_MIB, timing))
+        agents.append(Agent(name, h100s(8), HOST_MIB, timing, next_heartbeat=c.now + i * DT))
     seconds = hours * 3600 + WARM_UP_S
     queue = arrivals(
         [n for n, _ in defs], random.Random(seed + 1), seconds=seconds, rate=rate, zipf=w.zipf
@@ -203,10 +208,12 @@ def run(sleep: bool, w: Workload) -> Outcome:
             held.append(Held(now, model, asleep, counted))
         for a in agents:
             a.advance(now)
-        # Heartbeats, staggered over the interval.
-        for i, a in enumerate(agents):
-            if step % int(HEARTBEAT_S / DT) == i % int(HEARTBEAT_S / DT):
-                a.apply(c.heartbeat(a.heartbeat(now)), now)
+        # Heartbeats, as often as the controller asks (faster during swaps).
+        for a in agents:
+            if now >= a.next_heartbeat:
+                shards, interval_s = c.heartbeat(a.heartbeat(now))
+                a.apply(shards, now)
+                a.next_heartbeat = now + interval_s
         if step % int(REPORT_S / DT) == 0:
             demand: dict[str, int] = {}
             for h in held:
@@ -314,10 +321,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rate", type=float, default=1.0, help="requests per second, Zipf part")
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent over the models")
     p.add_argument("--idle-s", type=float, default=120.0, help="every model's idle_timeout_s")
+    p.add_argument("--sleep-after-s", type=float, default=10.0, help="sleep mode's sleep_after_s")
     p.add_argument("--no-write", action="store_true", help="print only")
     args = p.parse_args(argv)
     w = Workload(
-        seed=args.seed, hours=args.hours, rate=args.rate, zipf=args.zipf, idle_s=args.idle_s
+        seed=args.seed,
+        hours=args.hours,
+        rate=args.rate,
+        zipf=args.zipf,
+        idle_s=args.idle_s,
+        sleep_after_s=args.sleep_after_s,
     )
     stop = run(False, w)
     sleep = run(True, w)
