@@ -312,3 +312,23 @@ class TestHeldPerAddress:
                     s.close()
             assert r.alive()
             no_traceback(r.log_text())
+
+
+class TestRefusedHeads:
+    def test_a_head_past_the_limit_reads_its_400(self, tmp_path: Path) -> None:
+        """Five clients each send an 8 MiB head (past 8190 x 130 bytes) in one go and only
+        then read: each reads the 400 in OpenAI's shape, none a reset."""
+        with fleet(tmp_path) as r:
+            line = b"X-Pad: " + b"a" * 8000 + b"\r\n"
+            head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + line * 1048
+            got: list[int | str] = []
+            for _ in range(5):
+                try:
+                    with connect(r.port, ATTACKER) as s:
+                        s.sendall(head)
+                        got.append(assert_openai_error(read_answer(s), 400)["code"])
+                except OSError as exc:
+                    got.append(type(exc).__name__)
+            assert got == ["bad_http_request"] * 5, got
+            assert r.alive()
+            no_traceback(r.log_text())
