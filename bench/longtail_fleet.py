@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 import msgspec
 
 from llmgw.controller.config import ControllerConfig
-from llmgw.controller.fleet.agents import Backoff, absorb_heartbeat, desired_shards
+from llmgw.controller.fleet.agents import (
+    Backoff,
+    absorb_heartbeat,
+    desired_shards,
+    heartbeat_interval_s,
+)
 from llmgw.controller.fleet.endpoints import outlook
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import Changes, FleetState, Model, Node
@@ -108,12 +113,15 @@ class Controller:
         self.apply(plan.changes)
         self.memory = plan.memory
 
-    def heartbeat(self, hb: Heartbeat) -> tuple[ShardSpec, ...]:
+    def heartbeat(self, hb: Heartbeat) -> tuple[tuple[ShardSpec, ...], float]:
+        """The desired shards, and how soon the next heartbeat is wanted."""
         backoff = Backoff(base_s=self.config.restart_backoff_s, cap_s=60.0)
         absorbed = absorb_heartbeat(self.state, self.index, hb, now=self.now, backoff=backoff)
         self.apply(absorbed.batch.changes)
         self.state.nodes[hb.node] = absorbed.node
-        return desired_shards(self.state, self.index, hb.node, retired={})
+        shards = desired_shards(self.state, self.index, hb.node, retired={})
+        base = self.config.heartbeat_interval_s
+        return shards, heartbeat_interval_s(self.state, self.index, hb.node, base_s=base)
 
     def outlook(self) -> dict[str, ModelOutlook]:
         looks = outlook(
@@ -136,6 +144,7 @@ class Agent:
     host_memory_mib: int
     timing: dict[str, Timing]
     engines: dict[tuple[str, int], Engine] = field(default_factory=dict)
+    next_heartbeat: float = 0.0
 
     def advance(self, now: float) -> None:
         """Finish the transitions whose time has come."""
@@ -150,6 +159,7 @@ class Agent:
                 del self.engines[key]
                 continue
             e.until, e.doing = None, ""
+        self._wakes(now)
 
     def heartbeat(self, now: float) -> Heartbeat:
         return Heartbeat(
@@ -179,8 +189,23 @@ class Agent:
                 continue  # one thing at a time, as the agent's tick does
             if e.state == "ready" and spec.sleep_level is not None:
                 e.doing, e.until = "sleep", now + t.sleep_s
-            elif e.state == "sleeping" and spec.sleep_level is None:
-                e.doing, e.until = "wake", now + t.wake_s + WARM_UP_S
+        self._wakes(now)
+
+    def _wakes(self, now: float) -> None:
+        """Wake what is listed awake once no other engine is awake on its cards."""
+        for e in self.engines.values():
+            if e.doing or e.state != "sleeping" or e.spec.sleep_level is not None:
+                continue
+            mine = set(e.spec.gpu_indices)
+            if any(
+                o is not e
+                and (o.state in ("starting", "ready") or o.doing in ("start", "wake"))
+                and mine & set(o.spec.gpu_indices)
+                for o in self.engines.values()
+            ):
+                continue
+            t = self.timing[e.spec.served_names[0]]
+            e.doing, e.until = "wake", now + t.wake_s + WARM_UP_S
 
     def awake_cards(self) -> int:
         """Cards an engine holds awake (starting, serving, or on its way to or from sleep)."""

@@ -15,6 +15,8 @@ cannot compile (no C compiler, no Python headers) instead of falling back.
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 from setuptools import build_meta
@@ -67,6 +69,11 @@ def build_wheel(
     config_settings: dict[str, Any] | None = None,
     metadata_directory: str | None = None,
 ) -> str:
+    # pip builds in the source tree, and setuptools copies the package into build/lib*
+    # without removing what is gone from the sources: a module deleted since the last
+    # build would ship again. Its compiled C (build/ elsewhere) is kept.
+    for stale in Path("build").glob("lib*"):
+        shutil.rmtree(stale, ignore_errors=True)
     os.environ["LLMGW_BUILD_MYPYC"] = "1" if _compiling() else "0"
     try:
         return build_meta.build_wheel(wheel_directory, config_settings, metadata_directory)

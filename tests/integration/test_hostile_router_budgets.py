@@ -12,6 +12,7 @@ import json
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,25 @@ def read_answer(s: socket.socket) -> RawAnswer:
                 break
     status, headers, body = parse_answer(out)
     return RawAnswer(status, headers, body, closed=False, elapsed_s=0)
+
+
+def served_on(s: socket.socket) -> socket.socket:
+    """`s` once the router has taken it (a keep-alive GET /healthz answered on it)."""
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert read_answer(s).status == 200
+    return s
+
+
+def wait_held(r: Program, model: str, n: int, timeout_s: float = 10.0) -> None:
+    """Until the router holds `n` requests for `model` (its llmgw_router_held gauge)."""
+    want = f'llmgw_router_held{{model="{model}"}} {float(n)}'
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(r.url + "/metrics", timeout=5) as resp:
+            if want in resp.read().decode():
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{n} requests for {model} not held within {timeout_s}s")
 
 
 def chat(port: int, source: str, text: str, *, model: str = MODEL, pad: int = 0) -> RawAnswer:
@@ -185,7 +205,7 @@ class TestBodyBytesPerAddress:
                     s = connect(r.port, ATTACKER)
                     s.sendall(post_head(len(body), "late") + body)
                     held.append(s)
-                time.sleep(0.5)
+                wait_held(r, "late", 2)
                 ans = chat(r.port, ATTACKER, "one more", pad=pad)
                 err = assert_openai_error(ans, 503)
                 assert err["code"] == "server_busy"
@@ -199,16 +219,20 @@ class TestBodyBytesPerAddress:
 
 
 class TestConnectionsPerAddress:
-    def test_past_the_share_a_readable_503_and_others_served(self, tmp_path: Path) -> None:
+    @pytest.mark.parametrize("server", ["fast", "aiohttp"])
+    def test_past_the_share_a_readable_503_and_others_served(
+        self, tmp_path: Path, server: str
+    ) -> None:
         """max_client_connections 20, share 0.5: the attacker's 11th to 30th connections,
         each sending its request at once, read a 503 (not a reset); another address is
         served while the attacker's ten stay open."""
-        with fleet(tmp_path, max_client_connections=20, idle_timeout_s=30.0) as r:
+        with fleet(
+            tmp_path, max_client_connections=20, idle_timeout_s=30.0, http_server=server
+        ) as r:
             kept: list[socket.socket] = []
             try:
                 for _ in range(10):
-                    kept.append(connect(r.port, ATTACKER))
-                time.sleep(0.3)
+                    kept.append(served_on(connect(r.port, ATTACKER)))
                 body = json.dumps(chat_body("past the share", max_tokens=2)).encode()
                 codes = []
                 for _ in range(20):
@@ -227,14 +251,20 @@ class TestConnectionsPerAddress:
 
 
 class TestPastTheCap:
-    def test_clients_that_send_at_once_read_the_503(self, tmp_path: Path) -> None:
+    @pytest.mark.parametrize("server", ["fast", "aiohttp"])
+    def test_clients_that_send_at_once_read_the_503(self, tmp_path: Path, server: str) -> None:
         """With the cap's ten connections held, twenty clients each send a 1 MiB request
         as soon as they connect and only then read: every one reads the 503, none a
         reset or a broken pipe."""
-        with fleet(tmp_path, max_client_connections=10, client_share=1.0, idle_timeout_s=30.0) as r:
-            kept = [connect(r.port, OTHER) for _ in range(10)]
+        with fleet(
+            tmp_path,
+            max_client_connections=10,
+            client_share=1.0,
+            idle_timeout_s=30.0,
+            http_server=server,
+        ) as r:
+            kept = [served_on(connect(r.port, OTHER)) for _ in range(10)]
             try:
-                time.sleep(0.3)
                 doc = chat_body("past the cap", max_tokens=2)
                 doc["pad"] = "x" * MIB
                 body = json.dumps(doc).encode()
@@ -251,5 +281,54 @@ class TestPastTheCap:
                 for s in kept:
                     s.close()
             assert chat(r.port, OTHER, "after").status == 200
+            assert r.alive()
+            no_traceback(r.log_text())
+
+
+class TestHeldPerAddress:
+    def test_one_address_cannot_fill_the_hold_queue(self, tmp_path: Path) -> None:
+        """max_held 4, share 0.5: with two of the attacker's requests held for a model
+        nobody serves, its third is refused at once, and another address's is held."""
+        with fleet(tmp_path, models=["late"], hold_timeout_s=4.0, max_held=4) as r:
+            body = json.dumps(chat_body("waiting", max_tokens=2, model="late")).encode()
+            held = [connect(r.port, ATTACKER) for _ in range(2)]
+            try:
+                for s in held:
+                    s.sendall(post_head(len(body), "late") + body)
+                wait_held(r, "late", 2)
+                t0 = time.monotonic()
+                ans = chat(r.port, ATTACKER, "a third", model="late")
+                err = assert_openai_error(ans, 503)
+                assert "from this client address" in err["message"]
+                assert time.monotonic() - t0 < 1.0
+                # Another address is held (then answered at the hold's end, not at once).
+                t0 = time.monotonic()
+                ans = chat(r.port, OTHER, "someone else", model="late")
+                assert_openai_error(ans, 503)
+                assert time.monotonic() - t0 > 2.0
+                assert "from this client address" not in ans.body.decode()
+            finally:
+                for s in held:
+                    s.close()
+            assert r.alive()
+            no_traceback(r.log_text())
+
+
+class TestRefusedHeads:
+    def test_a_head_past_the_limit_reads_its_400(self, tmp_path: Path) -> None:
+        """Five clients each send an 8 MiB head (past 8190 x 130 bytes) in one go and only
+        then read: each reads the 400 in OpenAI's shape, none a reset."""
+        with fleet(tmp_path) as r:
+            line = b"X-Pad: " + b"a" * 8000 + b"\r\n"
+            head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + line * 1048
+            got: list[int | str] = []
+            for _ in range(5):
+                try:
+                    with connect(r.port, ATTACKER) as s:
+                        s.sendall(head)
+                        got.append(assert_openai_error(read_answer(s), 400)["code"])
+                except OSError as exc:
+                    got.append(type(exc).__name__)
+            assert got == ["bad_http_request"] * 5, got
             assert r.alive()
             no_traceback(r.log_text())

@@ -121,6 +121,44 @@ class TestDrivingSleep:
         assert rig["sup"].statuses()[0].state == "sleeping"
 
 
+class TestSwapOnOneCard:
+    async def test_the_leaving_engine_sleeps_before_the_other_wakes(
+        self, rig: dict[str, Any]
+    ) -> None:
+        """Listed together (a swap), the sleep runs first and the wake after it, same tick."""
+        a = spec("a", sleep_mode=True)
+        b = spec("b", sleep_mode=True)
+        sup, probe = rig["sup"], rig["probe"]
+        sup.apply([a, msgspec.structs.replace(b, sleep_level=1)])
+        probe.ready_ports.update({21000, 21001})
+        await sup.tick()  # both ready, then b falls asleep
+        await sup.tick()
+        assert [st.state for st in sup.statuses()] == ["ready", "sleeping"]
+        rig["client"].calls.clear()
+        sup.apply([msgspec.structs.replace(a, sleep_level=1), b])
+        await sup.tick()
+        assert [c[0] for c in rig["client"].calls] == ["sleep", "wake", "warm_up"]
+        assert [st.state for st in sup.statuses()] == ["sleeping", "ready"]
+
+    async def test_no_wake_while_another_engine_is_awake_on_the_card(
+        self, rig: dict[str, Any]
+    ) -> None:
+        """A wake waits while the card's other engine is still awake (it fails to sleep)."""
+        a = spec("a", sleep_mode=True)
+        b = spec("b", sleep_mode=True)
+        sup, probe = rig["sup"], rig["probe"]
+        sup.apply([a, msgspec.structs.replace(b, sleep_level=1)])
+        probe.ready_ports.update({21000, 21001})
+        await sup.tick()
+        await sup.tick()
+        rig["client"].calls.clear()
+        rig["client"].fail = "HTTP 500"
+        sup.apply([msgspec.structs.replace(a, sleep_level=1), b])
+        await sup.tick()
+        assert [c[0] for c in rig["client"].calls] == ["sleep"]
+        assert [st.state for st in sup.statuses()] == ["ready", "sleeping"]
+
+
 class TestTemplates:
     def test_vllm_gets_sleep_mode_dev_routes_and_the_guard(self) -> None:
         """vLLM: --enable-sleep-mode, the guard middleware, dev mode and the guard's folder."""

@@ -78,12 +78,10 @@ class TestSwap:
         # Now b idles and a is wanted again: b sleeps, a wakes on the same card.
         idle(w, b, demand={"a": 1})
         w.tick()
+        # One tick: b sleeps and a wakes (its agent wakes it once b is asleep).
         assert w.state.replicas[b].state == "sleeping"
-        assert w.state.replicas[a].state == "sleeping"  # waits for b's card
-        assert len(w.replicas("a")) == 1
-        w.heartbeat("a", {a: "sleeping", b: "sleeping"})
-        w.tick()
         assert w.state.replicas[a].state == "waking"
+        assert len(w.replicas("a")) == 1
         assert any("waking" in e for e in w.events)
         look = outlook(w.state, w.index, unplaceable={}, evicting=w.memory.evicting)
         assert [(o.models, o.state, o.retry_after_s) for o in look] == [(("a",), "waking", 1.0)]
@@ -102,8 +100,6 @@ class TestSwap:
         w.ready_all("b")
         b = w.only("b", "ready").id
         idle(w, b, demand={"a": 1})
-        w.tick()
-        w.heartbeat("a", {a: "sleeping", b: "sleeping"})
         w.tick()
         w.heartbeat("a", {a: "ready", b: "sleeping"})
         # b is wanted again at once: a has been ready for no time, b waits.

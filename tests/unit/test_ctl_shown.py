@@ -3,6 +3,7 @@ no file or answer ends ctl with a traceback (issue 34, items 2 and 3)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,6 +37,17 @@ def raw_control(text: str) -> list[str]:
     """The characters of `text` a terminal would act on or a reader could not see (tsv's
     tabs and the line ends are ctl's own)."""
     return [ch for ch in text if ch not in "\t\n" and shown.visible(ch) != ch]
+
+
+def strings(doc: object) -> set[str]:
+    """Every string value in a decoded JSON document."""
+    if isinstance(doc, str):
+        return {doc}
+    if isinstance(doc, dict):
+        return set().union(*(strings(v) for v in doc.values()))
+    if isinstance(doc, list):
+        return set().union(*(strings(v) for v in doc))
+    return set()
 
 
 class TestVisible:
@@ -144,6 +156,13 @@ class TestHostileFleet:
         run = run_ctl(["cordon", name], fake, tmp_path)
         assert (run.code, run.out) == (0, "node n\\x1b[2J\\u202e cordoned (state cordoned)\n")
 
+    @pytest.mark.parametrize("command", ["status", "nodes", "models", "replicas", "events"])
+    def test_json_is_the_same_value_with_nothing_hidden(self, command: str, tmp_path: Path) -> None:
+        """`-o json` carries the names exactly, every hidden character as a JSON escape."""
+        run = run_ctl([command, "-o", "json"], Hostile(), tmp_path)
+        assert (run.code, raw_control(run.out)) == (0, [])
+        assert HOSTILE in strings(json.loads(run.out))
+
     def test_status_shows_markup_as_typed(self, tmp_path: Path) -> None:
         """A fabric named `[/]` is printed, not parsed (it used to end ctl in MarkupError)."""
         run = run_ctl(["status", "-o", "wide"], Hostile(), tmp_path)
@@ -175,6 +194,22 @@ class TestSpecFiles:
             specs.parse_documents('name: ok\nenv: {"\\ud83d": a}\n', "f")
         with pytest.raises(SpecError, match=r"model 'a\\ud83d' \(#1\): field name"):
             specs.parse_documents('name: "a\\ud83d"\n', "f")
+
+    @pytest.mark.parametrize(
+        ("content", "said"),
+        [
+            (b"\xff\xfe garbage", "not UTF-8 text (byte 0)"),
+            (b"name: a\x00\n", "not valid YAML: unacceptable character #x0000"),
+            (b"x" * (specs.MAX_FILE_BYTES + 1), "larger than 16 MiB"),
+        ],
+    )
+    def test_not_a_spec_file_is_one_line(self, content: bytes, said: str, tmp_path: Path) -> None:
+        """Binary, NUL-holding or huge files are one line each, exit 1, never a traceback."""
+        f = tmp_path / "specs.yaml"
+        f.write_bytes(content)
+        run = run_ctl(["apply", "-f", str(f)], FakeController(), tmp_path)
+        assert (run.code, run.err.count("\n")) == (1, 1), run.err
+        assert said in run.err
 
     def test_too_deep_and_cyclic_documents(self) -> None:
         """YAML deeper than the stack is refused; an anchor cycle is walked once."""

@@ -267,13 +267,20 @@ class Supervisor:
                 self._ready(sh)
 
     async def _sync_sleep(self) -> None:
-        """Put engines to sleep or wake them (and warm them up) as the controller listed."""
+        """Put engines to sleep or wake them (and warm them up) as the controller listed:
+        sleeps first, then the wakes whose cards no other engine is awake on (a swap
+        lists both at once: the one leaving sleeps, then the other wakes)."""
+        await self._sleep_step("sleep")
+        await self._sleep_step("wake")
+
+    async def _sleep_step(self, op: str) -> None:
         todo = [
-            (sh, w)
+            sh
             for sh in self._shards.values()
             if sh.proc is not None
             and sh.stop_sent_at is None
-            and (w := sleeping.wants(sh.spec, sh.state)) is not None
+            and sleeping.wants(sh.spec, sh.state) == op
+            and (op == "sleep" or not self._card_taken(sh))
         ]
         if not todo:
             return
@@ -282,23 +289,32 @@ class Supervisor:
                 sleeping.step(
                     self._sleep_client,
                     sh.spec,
-                    w,
+                    op,
                     host=self._host,
                     port=sh.port,
                     api_key=sh.api_key,
                 )
-                for sh, w in todo
+                for sh in todo
             )
         )
-        for (sh, w), state in zip(todo, results, strict=True):
+        for sh, state in zip(todo, results, strict=True):
             # Re-check: while the calls ran, a heartbeat may have stopped it, or the
             # controller changed its mind (the next tick does what it wants now).
-            if state == "sleeping" and sh.proc is not None and sh.stop_sent_at is None:
-                sh.state = "sleeping"
-            elif state == "ready" and sh.proc is not None and sh.stop_sent_at is None:
-                sh.state = "ready"
+            if state is not None and sh.proc is not None and sh.stop_sent_at is None:
+                sh.state = "sleeping" if state == "sleeping" else "ready"
             if state is not None:
-                self.events.slept(sh.spec.engine, w)
+                self.events.slept(sh.spec.engine, op)
+
+    def _card_taken(self, sh: _Shard) -> bool:
+        """Another engine is awake (or still exiting) on one of `sh`'s GPUs."""
+        mine = set(sh.spec.gpu_indices)
+        return any(
+            o is not sh
+            and o.proc is not None
+            and o.state in ("starting", "ready")
+            and mine & set(o.spec.gpu_indices)
+            for o in self._shards.values()
+        )
 
     async def _sync_adapters(self) -> None:
         """Load and unload adapters on ready engines that take them at run time."""

@@ -62,4 +62,9 @@ class Ctx:
         """A wire value as indented JSON, field names exactly as the controller sends them."""
         import msgspec
 
-        self.out.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n")
+        from llmgw.ctl.shown import json_visible
+
+        document = msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+        # The same value, but a bidi override or C1 control in a name or reason is an
+        # escape, not something the operator's terminal obeys (ctl.shown).
+        self.out.write(json_visible(document) + "\n")

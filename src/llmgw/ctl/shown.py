@@ -54,6 +54,26 @@ def visible(value: object) -> str:
     return "".join(_escape(ch) if unicodedata.category(ch) in _HIDDEN else ch for ch in s)
 
 
+def json_visible(document: str) -> str:
+    """A JSON text with every hidden character (as `visible` means it) written as a JSON
+    `\\uXXXX` escape: the same value for a program, nothing a terminal acts on.
+
+    msgspec escapes C0 controls in strings but writes DEL, C1 controls and bidi
+    overrides as they are. The layout's own line breaks and indents are kept.
+    """
+    if document.isprintable():
+        return document
+    out = []
+    for ch in document:
+        if ch in "\n\t" or unicodedata.category(ch) not in _HIDDEN:
+            out.append(ch)
+            continue
+        for unit in range(0, len(ch.encode("utf-16-be")), 2):
+            code = int.from_bytes(ch.encode("utf-16-be")[unit : unit + 2], "big")
+            out.append(f"\\u{code:04x}")
+    return "".join(out)
+
+
 def text(value: object, style: str = "") -> Text:
     """`visible(value)` as a rich Text: shown as it is, never parsed as markup."""
     return Text(visible(value), style=style)

@@ -654,7 +654,9 @@ class FastProtocol(asyncio.Protocol):
             self.refuse = self.edge.late_answer
             return
         self.transport.write(self.edge.late_answer)
-        self.transport.close()
+        # The rest of its head may still come: read and drop it, or its reset could
+        # destroy the 408 before the client reads it.
+        self._linger(self.transport)
 
     # -- reading --------------------------------------------------------------
 
@@ -853,7 +855,7 @@ class FastProtocol(asyncio.Protocol):
         if not self.busy:
             if self.transport is not None:
                 self.transport.write(answer + body)
-                self.transport.close()
+                self._linger(self.transport)
         else:
             self.refuse = answer + body
 

@@ -198,13 +198,14 @@ class Edge:
 class EdgeHandler(web.RequestHandler):
     """aiohttp's request handler: JSON pre-handler errors, a head timeout, a connection cap."""
 
-    __slots__ = ("_counted", "_edge", "_head_timer", "peer")
+    __slots__ = ("_counted", "_edge", "_head_timer", "_lingering", "peer")
 
     def __init__(self, manager: web.Server, *, edge: Edge, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._edge = edge
         self._head_timer: asyncio.TimerHandle | None = None
         self._counted = False
+        self._lingering = False  # refused past a cap, reading and dropping before it closes
         # The client address's tally (runtime/peers.py); None until counted.
         self.peer: Peer | None = None
 
@@ -230,8 +231,16 @@ class EdgeHandler(web.RequestHandler):
             # uvloop's transports are not asyncio.Transport subclasses: cast, not isinstance.
             tcp = cast(asyncio.Transport, transport)
             tcp.write(edge.full_answer if full else edge.share_answer)
-            tcp.close()
-            self._force_close = True
+            self._force_close = True  # what the client sends is dropped (data_received)
+            if edge.refused_lingering >= edge.max_refused_lingering or not tcp.can_write_eof():
+                tcp.close()
+                return
+            # As fastserver's _refuse_connection: closed with the client's request
+            # unread, the kernel's reset could destroy the 503 before it is read.
+            edge.refused_lingering += 1
+            self._lingering = True
+            tcp.write_eof()
+            self._loop.call_later(edge.linger_s, tcp.close)
             return
         edge.open += 1
         self._counted = True
@@ -239,6 +248,9 @@ class EdgeHandler(web.RequestHandler):
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._lingering:
+            self._lingering = False
+            self._edge.refused_lingering -= 1
         if self._counted:
             self._counted = False
             self._edge.open -= 1

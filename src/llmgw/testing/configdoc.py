@@ -108,6 +108,11 @@ OTHER = (
     (router_config.SERVER_ENV, "router: `fast` or `aiohttp`, when the YAML sets no `http_server`"),
     (router_compiled.ENV, "router: `auto`, `0` or `1`: whether it runs its compiled modules"),
     ("LLMGW_LLAMA_SERVER", "agent: the `llama-server` binary for llamacpp engines"),
+    (
+        "LLMGW_MYPYC",
+        "building the wheel (build_backend/llmgw_build.py): `0` pure Python, `1` compile or "
+        "fail; unset: compile where the build host can",
+    ),
     ("NOTIFY_SOCKET", f"every program: systemd's notify socket ({_link('systemd.md')})"),
 )
 
@@ -123,7 +128,8 @@ Every flag of every long-running program can also be set by an environment varia
 --port` is `LLMGW_SIM_ENGINE_PORT`). The command line wins over the variable, the
 variable over a config file, the file over the built-in default. A switch takes
 `1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`; a repeatable flag takes its values
-comma-separated. A bad value stops the program with a line naming the variable (exit 2).
+comma-separated. A bad value stops the program with a line naming the variable (exit 2);
+a set `LLMGW_<PROGRAM>_…` variable that names no setting is warned about on stderr.
 
 Secrets are never needed on a command line, where every local user can read them
 (`ps`): each has a `*-file` flag or key and a variable. A secret flag typed anyway works,

@@ -78,6 +78,17 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     sleep_level: Literal[1, 2] | None = None
     # The weights' size in GB: host memory a level-1 sleep takes. None: not given.
     weights_gb: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    # With sleep_mode: a replica known idle this long may be put to sleep for another
+    # model, since waking it again costs seconds, not a cold start. None: idle_timeout_s.
+    sleep_after_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+
+    @property
+    def evictable_after_s(self) -> float:
+        """Known idleness after which eviction may take a replica of this model."""
+        if self.sleep_mode and self.sleep_after_s is not None:
+            return self.sleep_after_s
+        return self.idle_timeout_s
+
     # Engine model path/id when it differs from the served name (vLLM's positional).
     source: str | None = None
     args: tuple[str, ...] = ()
@@ -172,6 +183,8 @@ def sleep_problem(spec: ModelSpec) -> tuple[str, str] | None:
     """
     if spec.sleep_level is not None and not spec.sleep_mode:
         return "sleep_level", "only used with sleep_mode: true"
+    if spec.sleep_after_s is not None and not spec.sleep_mode:
+        return "sleep_after_s", "only used with sleep_mode: true"
     if spec.sleep_mode and spec.engine not in SLEEP_ENGINES:
         why = SLEEP_REFUSED.get(spec.engine, "it has no sleep mode")
         return "sleep_mode", (

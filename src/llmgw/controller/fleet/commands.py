@@ -26,7 +26,17 @@ from llmgw.wire.policy import SpecPolicy
 
 # Spec fields an operator may change on a running model without restarting its
 # engines; any other change rolls the replicas over (make-before-break).
-LIVE_FIELDS = frozenset({"min_replicas", "max_replicas", "idle_timeout_s", "priority"})
+LIVE_FIELDS = frozenset(
+    {
+        "min_replicas",
+        "max_replicas",
+        "idle_timeout_s",
+        "priority",
+        "sleep_after_s",
+        "sleep_level",
+        "weights_gb",
+    }
+)
 
 
 def require_node(state: FleetState, name: str) -> Node:

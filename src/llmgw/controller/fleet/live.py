@@ -32,6 +32,7 @@ from llmgw.controller.fleet.agents import (
     HeartbeatOrder,
     absorb_heartbeat,
     desired_shards,
+    heartbeat_interval_s,
     name_claimed,
 )
 from llmgw.controller.fleet.batch import Batch
@@ -242,7 +243,7 @@ class Fleet:
                 # ours. Answered all the same (the answer is idempotent).
                 log.debug(kv("stale heartbeat ignored", node=hb.node, seq=hb.seq))
                 shards = desired_shards(self.state, self.index, hb.node)
-                return HeartbeatReply(shards=shards, interval_s=self.config.heartbeat_interval_s)
+                return HeartbeatReply(shards=shards, interval_s=self._interval_s(hb.node))
             now = self.clock.wall()
             await self._refuse_claim(hb, now)
             absorbed = absorb_heartbeat(self.state, self.index, hb, now=now, backoff=self.backoff)
@@ -268,7 +269,13 @@ class Fleet:
                 self.state.nodes[hb.node] = absorbed.node
                 self._unflushed.add(hb.node)
             shards = desired_shards(self.state, self.index, hb.node)
-        return HeartbeatReply(shards=shards, interval_s=self.config.heartbeat_interval_s)
+            interval_s = self._interval_s(hb.node)
+        return HeartbeatReply(shards=shards, interval_s=interval_s)
+
+    def _interval_s(self, node: str) -> float:
+        return heartbeat_interval_s(
+            self.state, self.index, node, base_s=self.config.heartbeat_interval_s
+        )
 
     async def _refuse_claim(self, hb: Heartbeat, now: float) -> None:
         """Conflict when `hb` claims a live node's name from another address.

@@ -110,7 +110,7 @@ def idle_candidates(
             # carries its last use from before it slept, and taking it at once for
             # another model would undo the wake it was woken for.
             idle_s = min(idle_s, max(0.0, now - r.state_since))
-        if idle_s is None or idle_s < model.spec.idle_timeout_s:
+        if idle_s is None or idle_s < model.spec.evictable_after_s:
             continue  # unknown is never idle
         # Cards on a node that is not ready are not capacity even once freed.
         if not any(_ready(state, s.node, now, heartbeat_timeout_s) for s in r.shards):
@@ -247,8 +247,8 @@ def idle_enough_in(
         idle_s = idle_now(r.id)
         if model is None or model.spec.priority > spec.priority or idle_s is None:
             continue
-        if idle_s < model.spec.idle_timeout_s:
-            waits.add(model.spec.idle_timeout_s - idle_s)
+        if idle_s < model.spec.evictable_after_s:
+            waits.add(model.spec.evictable_after_s - idle_s)
     for wait in sorted(waits)[:_ETA_TRIES]:
 
         def later(rid: str, _w: float = wait) -> float | None:

@@ -96,18 +96,11 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
             mine = held.pop(name, [])
             for node, gpus in mine:
                 free.release(node, gpus)  # its own room, held for it until now
-            if q.restart is None and q.replaces is None:
-                # A sleeper of the model wakes rather than a new replica starting.
-                woke, res = try_wake(t, q.model.spec, free)
-                if woke is Woke.WAITING:
-                    for node, gpus in mine:
-                        _take(free, name, node, gpus)
-                        held.setdefault(name, []).append((node, gpus))
-                if woke is Woke.SWAPPING and res is not None:
-                    _hold(free, name, res, held)
-                if woke is not Woke.NONE:
-                    mem.unplaceable.pop(name, None)
-                    continue
+            # A sleeper of the model wakes rather than a new replica starting.
+            new = q.restart is None and q.replaces is None
+            if new and try_wake(t, q.model.spec, free) is Woke.WOKEN:
+                mem.unplaceable.pop(name, None)
+                continue
             result = place(q.model.spec, batch.base.nodes, free)
             if isinstance(result, Placement):
                 free.take(result)

@@ -5,7 +5,8 @@ whose spec allows it sleeps instead when its cards' memory, and for level 1
 its node's host memory, allow (`sleep_or_drain`); sleepers in the way of that
 memory stop first. Where a model needs one more replica, one of its sleepers
 is woken rather than a new one started (`try_wake`), after the awake replicas
-on its cards have been put to sleep (or stopped) by eviction's rules.
+on its cards have been put to sleep (or stopped) by eviction's rules, in the same
+tick: its agent wakes it once they are asleep.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from enum import Enum
 
-from llmgw.controller.fleet.records import Replica, Reservation
+from llmgw.controller.fleet.records import Replica
 from llmgw.controller.placement.rules import FreeMap, Placement, ShardPlacement
 from llmgw.controller.placement.wakes import plan_wake, sleep_room
 from llmgw.controller.tick.context import TickContext
@@ -24,9 +25,7 @@ class Woke(Enum):
     """What `try_wake` did for a model that needs a replica."""
 
     NONE = "none"  # no sleeper can wake: place one as before
-    WOKEN = "woken"  # a sleeper wakes now; its cards are taken
-    SWAPPING = "swapping"  # awake replicas on a sleeper's cards are leaving for it
-    WAITING = "waiting"  # a sleeper's cards are still being given back
+    WOKEN = "woken"  # a sleeper wakes once what was in its way has left; cards taken
 
 
 def sleep_or_drain(t: TickContext, r: Replica, reason: str, *, kind: str | None = None) -> Replica:
@@ -56,8 +55,8 @@ def _current(t: TickContext) -> dict[str, Replica]:
     return out
 
 
-def try_wake(t: TickContext, spec: ModelSpec, free: FreeMap) -> tuple[Woke, Reservation | None]:
-    """Wake a sleeper of `spec` if one can wake; the reservation made for a swap."""
+def try_wake(t: TickContext, spec: ModelSpec, free: FreeMap) -> Woke:
+    """Wake a sleeper of `spec` if one can wake, swapping out what is in its way."""
     batch, mem, cfg = t.batch, t.memory, t.config
     plan = plan_wake(
         spec,
@@ -69,34 +68,30 @@ def try_wake(t: TickContext, spec: ModelSpec, free: FreeMap) -> tuple[Woke, Rese
         exclude=batch.leaving(),
     )
     if plan is None:
-        return Woke.NONE, None
+        return Woke.NONE
     sleeper = batch.replica(plan.replica)
     if sleeper is None or sleeper.state != "sleeping":
-        return Woke.NONE, None
-    if plan.wait:
-        return Woke.WAITING, None
-    if not plan.evict:
-        for s in sleeper.shards:
-            shard = ShardPlacement(node=s.node, rank=s.rank, gpus=s.gpus)
-            free.take(Placement(model=spec.name, shards=(shard,), pool=sleeper.pool))
-        batch.wake(sleeper, plan.why)
-        mem.evicting.pop(spec.name, None)
-        return Woke.WOKEN, None
+        return Woke.NONE
     for rid in plan.evict:
         victim = batch.replica(rid)
         if victim is None or victim.state != "ready":
             continue
-        sleep_or_drain(
-            t, victim, f"swapped out for {spec.name}: {plan.why}", kind="replica.evicted"
-        )
+        why = f"swapped out for {spec.name}: {plan.why}"
+        sleep_or_drain(t, victim, why, kind="replica.evicted")
         lower_desired(t, victim.model)
-    res = mem.evicting[spec.name] = Reservation(
-        model=spec.name,
-        victims=frozenset(plan.evict),
-        gpus=tuple((s.node, s.gpus) for s in sleeper.shards),
-    )
-    batch.event("model.evicting", "model", spec.name, plan.why, model=spec.name)
-    return Woke.SWAPPING, res
+    # Woken in the same tick as its victims leave: its agent wakes it once no other
+    # engine is awake on its cards (agent/sleeping.py), a round trip sooner than
+    # waiting here for the victims to be reported asleep. Its cards are its own
+    # from now on (waking holds them), so nothing else is placed there meanwhile.
+    for s in sleeper.shards:
+        here = free.free_gpus(s.node) if s.node in free else frozenset()
+        gpus = tuple(g for g in s.gpus if g in here)
+        if gpus:
+            shard = ShardPlacement(node=s.node, rank=s.rank, gpus=gpus)
+            free.take(Placement(model=spec.name, shards=(shard,), pool=sleeper.pool))
+    batch.wake(sleeper, plan.why)
+    mem.evicting.pop(spec.name, None)
+    return Woke.WOKEN
 
 
 def lower_desired(t: TickContext, name: str) -> None:

@@ -171,7 +171,7 @@ class WakePlan:
     # Awake replicas on its cards to put to sleep (or stop) first: a swap.
     evict: tuple[str, ...] = ()
     # Its cards are still being given back (earlier victims falling asleep or
-    # draining): wait, neither wake nor place elsewhere.
+    # draining): it wakes once they have (its agent waits for them).
     wait: bool = False
     why: str = ""
 
