@@ -83,6 +83,57 @@ class TestTokenize:
             assert resp.headers["Allow"] == "POST"
 
 
+class TestBadInputEachRoute:
+    @pytest.mark.parametrize(
+        ("path", "body", "status", "param"),
+        [
+            ("/v1/responses", {"model": MODEL, "input": 5}, 400, "input"),
+            ("/v1/responses", {"input": "x"}, 400, "model"),
+            ("/tokenize", {"model": MODEL, "prompt": 5}, 400, None),
+            ("/detokenize", {"model": MODEL, "tokens": [-1]}, 400, "tokens"),
+            ("/v1/rerank", {"model": MODEL, "query": "q", "documents": []}, 400, "documents"),
+            ("/rerank", {"model": MODEL, "documents": ["d"]}, 400, None),
+            ("/v1/score", {"model": "nope", "text_1": "a", "text_2": "b"}, 404, "model"),
+            ("/v1/audio/speech", {"model": MODEL, "input": ""}, 400, "input"),
+            ("/v1/audio/speech", {"input": "hi"}, 400, "model"),
+        ],
+    )
+    async def test_openai_shaped_refusal(
+        self,
+        url: str,
+        session: aiohttp.ClientSession,
+        path: str,
+        body: dict[str, object],
+        status: int,
+        param: str | None,
+    ) -> None:
+        """Each route's bad body is refused with its status and OpenAI's error object,
+        whether the router or the engine refuses it."""
+        got = await post(session, url, body, path=path)
+        assert got.status == status, got.body
+        error = got.json()["error"]
+        assert error["message"]
+        if param is not None:
+            assert error["param"] == param
+
+    async def test_messages_refusals_are_anthropic_shaped(
+        self, url: str, session: aiohttp.ClientSession
+    ) -> None:
+        """/v1/messages refuses bad JSON, a missing model and a missing max_tokens in
+        Anthropic's shape."""
+        user = [{"role": "user", "content": "x"}]
+        for body in (
+            b"{nope",
+            {"messages": user, "max_tokens": 2},
+            {"model": MODEL, "messages": user},
+        ):
+            got = await post(session, url, body, path="/v1/messages")
+            assert got.status == 400, got.body
+            doc = got.json()
+            assert doc["type"] == "error"
+            assert doc["error"]["type"] == "invalid_request_error"
+
+
 class TestRerankAndScore:
     @pytest.mark.parametrize("path", ["/rerank", "/v1/rerank"])
     async def test_rerank(self, url: str, session: aiohttp.ClientSession, path: str) -> None:

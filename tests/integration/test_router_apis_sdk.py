@@ -172,6 +172,29 @@ class TestMessagesSdk:
         assert br.value.body["type"] == "error"  # type: ignore[index]
 
 
+class TestResponsesBrokenStream:
+    async def test_error_event_when_the_engine_stalls(
+        self, url: str, fleet: tuple[Program, list[Program]]
+    ) -> None:
+        """An engine that goes silent mid-stream: the Responses client gets an
+        `event: error` it raises, not a hang."""
+        engines = fleet[1]
+        for e in engines:
+            await set_faults(e.url, stall_after_tokens=2)
+        try:
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+            stream = await client.responses.create(
+                model=MODEL, input="s", max_output_tokens=20, stream=True
+            )
+            with pytest.raises(openai.APIError) as info:
+                async for _ in stream:
+                    pass
+            assert "no data" in str(info.value)
+            await client.close()
+        finally:
+            await asyncio.gather(*(set_faults(e.url, stall_after_tokens=None) for e in engines))
+
+
 class TestMessagesBrokenStream:
     async def test_error_event_when_the_engine_stalls(
         self, url: str, fleet: tuple[Program, list[Program]]
