@@ -216,3 +216,25 @@ class TestSpecFiles:
         with pytest.raises(SpecError, match="nested too deeply"):
             specs.parse_documents("[" * 100_000, "f")
         assert len(specs.parse_documents("name: a\nargs: &x [*x]\n", "f")) == 1
+
+
+class TestConfigFile:
+    @pytest.mark.parametrize(
+        ("content", "said"),
+        [
+            (b"\xff\xfe", "not UTF-8 text"),
+            (b"[[[[", "not valid YAML: while parsing a flow node"),
+            (b"[" * 50_000, "not valid YAML: nested too deeply"),
+            (b'controller: "\\ud83d"', "not printable text"),
+            (b'token: "\\ud83d"', "an HTTP header cannot carry"),
+            (b'token: "a\\x1bb"', "an HTTP header cannot carry"),
+        ],
+    )
+    def test_a_bad_config_file_is_one_line(self, content: bytes, said: str, tmp_path: Path) -> None:
+        """Whatever ctl.yaml holds, ctl ends with one line and exit 1, never a traceback."""
+        cfg = tmp_path / ".config" / "llmgw" / "ctl.yaml"
+        cfg.parent.mkdir(parents=True)
+        cfg.write_bytes(content)
+        run = run_ctl(["nodes"], FakeController(), tmp_path, env={})
+        assert (run.code, run.err.count("\n")) == (1, 1), run.err
+        assert said in run.err
