@@ -12,13 +12,16 @@ simulated):
 
 Cold starts and wakes are vLLM's published figures (a 30B on one card starts in 47 s,
 a 235B on four in 98 s; wakes 0.1-0.8 s small, 2.9 s 30B, 5.3-5.7 s 235B). Demand:
-Zipf (s = 1.1) over the models, Poisson arrivals, plus bursts (a random model gets 30
-requests in a minute, every 5 minutes on average). Each request is in flight 8 s; an
-awake replica answers its first token in 0.3 s. Routers hold a request up to 120 s
-and refuse one whose model the controller says it cannot place, as llmgw's router
-does. Every model: min 0, max 1 replica, idle_timeout_s 120; the controller: tick
-0.5 s, agents heartbeat every 1 s, routers report every 0.5 s, scale-down cool-down
-120 s. The same seed, workload and settings for both modes; only `sleep_mode` differs.
+Zipf over the models (`--zipf`, rank order shuffled against size), Poisson arrivals
+(`--rate`), plus bursts (a random model gets 30 requests in a minute, every 5 minutes
+on average). Each request is in flight 8 s; an awake replica answers its first token
+in 0.3 s. Routers hold a request up to 120 s and refuse one whose model the controller
+says it cannot place, as llmgw's router does. Every model: min 0, max 1 replica,
+`idle_timeout_s` from `--idle-s`; in sleep mode also `sleep_mode: true`, its
+`weights_gb` and `sleep_after_s` (`--sleep-after-s`, one sleep run per value). The
+controller: tick 0.5 s, heartbeats every 1 s (0.25 s while an engine swaps), routers
+report every 0.5 s, scale-down cool-down 120 s. The same seed, workload and settings
+for every mode; only the sleep fields differ.
 
 Measured after a 30-minute warm-up, over 3 hours of simulated time:
 - requests to a model that was not awake (no ready replica when it arrived), the
@@ -34,6 +37,7 @@ Usage: .venv/bin/python bench/longtail.py [--hours 3] [--seed 1] [--no-write]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import math
 import random
@@ -297,7 +301,7 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def rows(name: str, o: Outcome, hours: float) -> list[str]:
+def rows(name: str, o: Outcome) -> list[str]:
     na = o.not_awake
     asleep = [x for x in na if x[2]]
     served = [t for _, t, _ in na if t is not None]
@@ -321,40 +325,48 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rate", type=float, default=1.0, help="requests per second, Zipf part")
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent over the models")
     p.add_argument("--idle-s", type=float, default=120.0, help="every model's idle_timeout_s")
-    p.add_argument("--sleep-after-s", type=float, default=10.0, help="sleep mode's sleep_after_s")
+    p.add_argument(
+        "--sleep-after-s",
+        default="10,2",
+        help="sleep mode's sleep_after_s; comma-separated values give one sleep row each",
+    )
     p.add_argument("--no-write", action="store_true", help="print only")
     args = p.parse_args(argv)
     w = Workload(
-        seed=args.seed,
-        hours=args.hours,
-        rate=args.rate,
-        zipf=args.zipf,
-        idle_s=args.idle_s,
-        sleep_after_s=args.sleep_after_s,
+        seed=args.seed, hours=args.hours, rate=args.rate, zipf=args.zipf, idle_s=args.idle_s
     )
     stop = run(False, w)
-    sleep = run(True, w)
+    sleeps = [
+        (float(v), run(True, dataclasses.replace(w, sleep_after_s=float(v))))
+        for v in args.sleep_after_s.split(",")
+    ]
     head = (
         "| mode | requests | to a model not awake | waited for a cold start | TTFT p50 s | "
         "TTFT p99 s | to a model asleep | asleep: no cold start | asleep TTFT p50 s | "
         "asleep TTFT p99 s | refused | wakes | cold starts | GPU-hours | GPU-hours per model "
         "served |"
     )
-    sep = "|---|" + "---:|" * 15
-    table = [head, sep, *rows("stop (today)", stop, args.hours), *rows("sleep", sleep, args.hours)]
+    sep = "|---|" + "---:|" * 14
+    table = [head, sep, *rows("stop (today)", stop)]
+    for after, o in sleeps:
+        table += rows(f"sleep, sleep_after_s {after:g}", o)
     text = "\n".join(
         [
             f"Fleet: 4 × 8 H100-80G, 24 models (12 × TP1 16 GB, 8 × TP2 70 GB, 4 × TP4 235 GB), "
-            f"Zipf 1.1 at {args.rate:g} req/s plus bursts of 30, {args.hours:g} h measured after "
+            f"Zipf {args.zipf:g} at {args.rate:g} req/s plus bursts of 30, idle_timeout_s "
+            f"{args.idle_s:g}, {args.hours:g} h measured after "
             f"a 30 min warm-up, seed {args.seed}; the real controller tick, heartbeat and "
             "outlook code (bench/longtail_fleet.py). 'Asleep': the model had a sleeping "
             "replica when the request arrived. TTFT over requests served.",
             "",
-            f"Command: `{COMMAND} --hours {args.hours:g} --seed {args.seed} --rate {args.rate:g}`",
+            f"Command: `{COMMAND} --hours {args.hours:g} --seed {args.seed} --rate {args.rate:g}"
+            f" --zipf {args.zipf:g} --idle-s {args.idle_s:g} --sleep-after-s {args.sleep_after_s}`",
             "",
             *table,
             "",
-            f"Simulation wall time: stop {stop.wall_s:.0f} s, sleep {sleep.wall_s:.0f} s.",
+            f"Simulation wall time per mode: {stop.wall_s:.0f} s (stop), "
+            + ", ".join(f"{o.wall_s:.0f} s" for _, o in sleeps)
+            + " (sleep).",
             "",
         ]
     )

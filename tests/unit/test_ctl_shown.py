@@ -195,8 +195,46 @@ class TestSpecFiles:
         with pytest.raises(SpecError, match=r"model 'a\\ud83d' \(#1\): field name"):
             specs.parse_documents('name: "a\\ud83d"\n', "f")
 
+    @pytest.mark.parametrize(
+        ("content", "said"),
+        [
+            (b"\xff\xfe garbage", "not UTF-8 text (byte 0)"),
+            (b"name: a\x00\n", "not valid YAML: unacceptable character #x0000"),
+            (b"x" * (specs.MAX_FILE_BYTES + 1), "larger than 16 MiB"),
+        ],
+    )
+    def test_not_a_spec_file_is_one_line(self, content: bytes, said: str, tmp_path: Path) -> None:
+        """Binary, NUL-holding or huge files are one line each, exit 1, never a traceback."""
+        f = tmp_path / "specs.yaml"
+        f.write_bytes(content)
+        run = run_ctl(["apply", "-f", str(f)], FakeController(), tmp_path)
+        assert (run.code, run.err.count("\n")) == (1, 1), run.err
+        assert said in run.err
+
     def test_too_deep_and_cyclic_documents(self) -> None:
         """YAML deeper than the stack is refused; an anchor cycle is walked once."""
         with pytest.raises(SpecError, match="nested too deeply"):
             specs.parse_documents("[" * 100_000, "f")
         assert len(specs.parse_documents("name: a\nargs: &x [*x]\n", "f")) == 1
+
+
+class TestConfigFile:
+    @pytest.mark.parametrize(
+        ("content", "said"),
+        [
+            (b"\xff\xfe", "not UTF-8 text"),
+            (b"[[[[", "not valid YAML: while parsing a flow node"),
+            (b"[" * 50_000, "not valid YAML: nested too deeply"),
+            (b'controller: "\\ud83d"', "not printable text"),
+            (b'token: "\\ud83d"', "an HTTP header cannot carry"),
+            (b'token: "a\\x1bb"', "an HTTP header cannot carry"),
+        ],
+    )
+    def test_a_bad_config_file_is_one_line(self, content: bytes, said: str, tmp_path: Path) -> None:
+        """Whatever ctl.yaml holds, ctl ends with one line and exit 1, never a traceback."""
+        cfg = tmp_path / ".config" / "llmgw" / "ctl.yaml"
+        cfg.parent.mkdir(parents=True)
+        cfg.write_bytes(content)
+        run = run_ctl(["nodes"], FakeController(), tmp_path, env={})
+        assert (run.code, run.err.count("\n")) == (1, 1), run.err
+        assert said in run.err

@@ -99,6 +99,23 @@ class TestEnvFlags:
         given = parse_config([*base, "--controller", "http://c:1"])
         assert given.controller == ("http://c:1",)
 
+    def test_misspelt_variable_is_warned(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """A set LLMGW_CONTROLLER_* that names no setting is warned about, not ignored."""
+        parse_args([], {"LLMGW_CONTROLLER_HEARTBEAT_TIMEOUT": "3"})
+        err = capsys.readouterr().err
+        assert "warning: LLMGW_CONTROLLER_HEARTBEAT_TIMEOUT is set but is no setting" in err
+
+    def test_other_known_variables_are_not_warned(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """The controller's variables that are no flag's are read, so not warned about."""
+        env = {
+            "LLMGW_CONTROLLER_TOKEN": "a",
+            "LLMGW_CONTROLLER_AGENT_TOKEN": "b",
+            "LLMGW_CONTROLLER_ROUTER_TOKEN": "c",
+        }
+        cfg = parse_args([], env)
+        assert (cfg.token, cfg.agent_token, cfg.router_token) == ("a", "b", "c")
+        assert capsys.readouterr().err == ""
+
     def test_required_flag_from_variable(self) -> None:
         """The router's required --config may come from LLMGW_ROUTER_CONFIG."""
         program = next(p for p in PROGRAMS if p.name == "router")

@@ -115,6 +115,8 @@ DATABASE_PASSWORD_ENV = "LLMGW_CONTROLLER_DATABASE_PASSWORD"
 # Flags whose values are secrets: their variables (same names as the scheme's) are read
 # by secretfile.resolve, which warns when the value was typed on the command line.
 SECRET_FLAGS = frozenset({"token", "read_token", "metrics_token"})
+# The controller's variables that are no flag's (envflags warns about any other).
+OTHER_ENV = (AGENT_TOKEN_ENV, ROUTER_TOKEN_ENV, DATABASE_PASSWORD_ENV)
 
 
 def read_node_tokens(path: str) -> dict[str, str]:
@@ -274,7 +276,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Con
     env = os.environ if environ is None else environ
     p = build_parser()
     floats = _floats(ControllerConfig())
-    a = configfile.parse(p, argv, "controller", environ=env, secrets=SECRET_FLAGS)
+    a = configfile.parse(p, argv, "controller", environ=env, secrets=SECRET_FLAGS, known=OTHER_ENV)
     if a.tick_s <= 0 or a.heartbeat_timeout_s <= 0:
         p.error("--tick-s and --heartbeat-timeout-s must be positive")
     try:

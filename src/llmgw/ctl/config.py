@@ -54,17 +54,22 @@ def config_path(env: Mapping[str, str], home: Path) -> Path:
 def read_config(path: Path) -> dict[str, str]:
     """The config file's settings; {} when it does not exist."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return {}
     except OSError as exc:
         raise CtlError(f"{path}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError:
+        raise CtlError(f"{path}: not UTF-8 text") from None
     import yaml  # only here: most runs never read the file
 
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise CtlError(f"{path}: not valid YAML: {exc}") from exc
+        # One line: the parser's text puts the position and a caret on lines of their own.
+        raise CtlError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    except RecursionError:
+        raise CtlError(f"{path}: not valid YAML: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -96,6 +101,10 @@ def check_url(url: str) -> str | None:
         parts.port  # noqa: B018  # raises ValueError for a port that is not 0-65535
     except ValueError as exc:
         return str(exc)
+    if not url.isprintable():
+        # A control character or half of one (a surrogate) cannot be sent; urllib would
+        # fail deep in the request.
+        return "it holds characters that are not printable text"
     if parts.scheme not in ("http", "https"):
         return f"the scheme must be http or https, not {parts.scheme!r}"
     if not parts.hostname:
@@ -223,4 +232,7 @@ def resolve(
         raise CtlError(f"controller URL {url!r} from {where} is not usable: {why}")
     if token is None and cwd is not None and _loopback(normalized):
         token = read_up_token(cwd / UP_TOKEN_FILE)
+    if token and not (token.isascii() and token.isprintable()):
+        # An Authorization header carries printable ASCII; urllib would raise deep inside.
+        raise CtlError("the token holds characters an HTTP header cannot carry")
     return Target(url=normalized, token=token or None, url_from=url_from)

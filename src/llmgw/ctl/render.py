@@ -281,6 +281,8 @@ def status_view(
                 (r.starting, "starting", "cyan"),
                 (r.draining, "draining", "yellow"),
                 (r.failed, "failed", "bold red"),
+                (r.sleeping, "sleeping", "blue"),
+                (r.waking, "waking", "cyan"),
             ],
         ),
         _counts(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 import yaml
@@ -170,7 +170,8 @@ def parse_documents(text: str, source: str) -> list[Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
+        # One line: a reader error's text has the position on a second one.
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
         raise SpecError(f"{source}: not valid YAML{where}: {problem}") from exc
     except RecursionError:
         raise SpecError(f"{source}: not valid YAML: nested too deeply") from None
@@ -240,10 +241,30 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec | AdapterSpec]:
     return specs
 
 
-def load_specs(path: Path) -> list[ModelSpec | AdapterSpec]:
-    """Read and validate a spec file ("-" is standard input's text, read by the caller)."""
+# A spec file larger than this is not one (a fleet's specs are kilobytes): refused
+# before it is held whole, so `-f /dev/zero` ends at once instead of filling memory.
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+def read_text(stream: BinaryIO, source: str) -> str:
+    """A spec file's text: UTF-8 and at most MAX_FILE_BYTES, or a SpecError saying which."""
     try:
-        text = path.read_text()
+        raw = stream.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpecError(f"{source}: larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{source}: not UTF-8 text (byte {exc.start})") from None
+
+
+def load_specs(path: Path) -> list[ModelSpec | AdapterSpec]:
+    """Read and validate a spec file (standard input: `read_text` of its bytes)."""
+    try:
+        with path.open("rb") as f:
+            text = read_text(f, str(path))
     except OSError as exc:
         raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     return validate(parse_documents(text, str(path)), str(path))

@@ -253,6 +253,8 @@ SECRET_ENV = {
     "metrics_token": "LLMGW_ROUTER_METRICS_TOKEN",
 }
 CONTROLLER_TOKEN_ENV = "LLMGW_ROUTER_CONTROLLER_TOKEN"
+# The router's variables that are no flag's (envflags warns about any other).
+OTHER_ENV = (UPSTREAM_ENV, SERVER_ENV, *SECRET_ENV.values(), CONTROLLER_TOKEN_ENV)
 
 # Settings read once at start; a reload that changes them logs that a restart is needed.
 RESTART_ONLY = (

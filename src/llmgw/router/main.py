@@ -9,7 +9,8 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from llmgw.router.config import RouterConfig, http_server, load, upstream_client
+from llmgw.router import compiled
+from llmgw.router.config import OTHER_ENV, RouterConfig, http_server, load, upstream_client
 from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import envflags, logs, serve
 from llmgw.runtime.cli import DefaultsFormatter
@@ -84,7 +85,8 @@ def _limits(cfg: RouterConfig) -> ServerLimits:
 
 
 def main(argv: list[str]) -> int:
-    args = envflags.parse(build_parser(), argv, "router")
+    known = (*OTHER_ENV, compiled.ENV)
+    args = envflags.parse(build_parser(), argv, "router", known=known)
     try:
         given = [] if args.log_format is None else [logs.FLAG, args.log_format]
         fmt, _ = logs.take_format(given)

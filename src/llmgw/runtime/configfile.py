@@ -87,6 +87,7 @@ def parse(
     *,
     environ: Mapping[str, str] | None = None,
     secrets: Collection[str] = (),
+    known: Collection[str] = (),
 ) -> argparse.Namespace:
     """Parse `argv` over the environment's defaults over the config file's.
 
@@ -94,7 +95,7 @@ def parse(
     again over that file's settings. The same parser both times, so `--config` is
     found as every other flag is (`--config=F`, an abbreviation)."""
     env = os.environ if environ is None else environ
-    envflags.apply(parser, program, environ=env, secrets=secrets)
+    envflags.apply(parser, program, environ=env, secrets=secrets, known=known)
     ns = parser.parse_args(argv)
     path = getattr(ns, FLAG.lstrip("-"), None)
     if path:

@@ -14,12 +14,17 @@ Not read this way: flags hidden from `--help`, `--help` and `--version`,
 flags a program names in `secrets`: it reads their variables itself, through
 secretfile.resolve, so a token from the environment is never mistaken for one
 typed on a command line.
+
+A set `LLMGW_<PROGRAM>_*` variable that is no flag's and not among the others
+the program reads (`known`) is warned about on stderr: a misspelt name would
+otherwise be ignored without a word.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -122,9 +127,10 @@ def parse(
     *,
     environ: Mapping[str, str] | None = None,
     secrets: Collection[str] = (),
+    known: Collection[str] = (),
 ) -> argparse.Namespace:
     """`parser.parse_args(argv)` over the environment's defaults (`apply`)."""
-    apply(parser, program, environ=environ, secrets=secrets)
+    apply(parser, program, environ=environ, secrets=secrets, known=known)
     ns = parser.parse_args(argv)
     drop_defaults_of_repeated(parser, ns)
     return ns
@@ -136,6 +142,7 @@ def apply(
     *,
     environ: Mapping[str, str] | None = None,
     secrets: Collection[str] = (),
+    known: Collection[str] = (),
 ) -> list[str]:
     """Set flag defaults from `environ` (default os.environ); the variables it read.
 
@@ -153,4 +160,22 @@ def apply(
         except EnvFlagError as exc:
             parser.error(str(exc))
         used.append(name)
+    for name in unknown(parser, program, env, known):
+        sys.stderr.write(
+            f"llmgw {program}: warning: {name} is set but is no setting of llmgw {program} "
+            "(docs/configuration.md lists them)\n"
+        )
     return used
+
+
+def unknown(
+    parser: argparse.ArgumentParser,
+    program: str,
+    environ: Mapping[str, str],
+    known: Collection[str] = (),
+) -> list[str]:
+    """The set `LLMGW_<PROGRAM>_*` variables no flag (secret ones included) or `known` names."""
+    flags = [flag for a in parser._actions if (flag := long_flag(a)) is not None]
+    ours = {variable(program, f) for f in flags} | set(known)
+    prefix = variable(program, "")
+    return sorted(n for n in environ if n.startswith(prefix) and n not in ours)

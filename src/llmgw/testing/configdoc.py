@@ -128,7 +128,8 @@ Every flag of every long-running program can also be set by an environment varia
 --port` is `LLMGW_SIM_ENGINE_PORT`). The command line wins over the variable, the
 variable over a config file, the file over the built-in default. A switch takes
 `1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`; a repeatable flag takes its values
-comma-separated. A bad value stops the program with a line naming the variable (exit 2).
+comma-separated. A bad value stops the program with a line naming the variable (exit 2);
+a set `LLMGW_<PROGRAM>_…` variable that names no setting is warned about on stderr.
 
 Secrets are never needed on a command line, where every local user can read them
 (`ps`): each has a `*-file` flag or key and a variable. A secret flag typed anyway works,

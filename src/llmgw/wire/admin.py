@@ -168,6 +168,9 @@ class ReplicaTotal(msgspec.Struct, kw_only=True):
     starting: int = 0
     draining: int = 0
     failed: int = 0
+    # Engines asleep (their cards free for others), and those waking.
+    sleeping: int = 0
+    waking: int = 0
 
 
 class ModelTotals(msgspec.Struct, kw_only=True):

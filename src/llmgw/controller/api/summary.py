@@ -126,6 +126,10 @@ def summarize_views(
             s.replicas.draining += 1
         elif r.state == "failed":
             s.replicas.failed += 1
+        elif r.state == "sleeping":
+            s.replicas.sleeping += 1
+        elif r.state == "waking":
+            s.replicas.waking += 1
         else:
             s.replicas.starting += 1
         # Unknown idleness is -1 in a view, so it is never at or above the threshold.

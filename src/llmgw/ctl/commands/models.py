@@ -19,7 +19,8 @@ from llmgw.wire.models import ModelSpec, ScaleRequest
 def _load(file: str) -> list[ModelSpec | AdapterSpec]:
     if file == "-":
         source = "<stdin>"
-        return specs.validate(specs.parse_documents(sys.stdin.read(), source), source)
+        text = specs.read_text(sys.stdin.buffer, source)
+        return specs.validate(specs.parse_documents(text, source), source)
     return specs.load_specs(Path(file))
 
 
