@@ -6,8 +6,11 @@ Fleet
     (`llmgw.agent.adapters.start_args`: `--enable-lora --max-loras 8
     --max-cpu-loras 50 --lora-modules ...`), and one real `llmgw router` (one
     worker, default policy) whose endpoints list the base and the 50 adapters,
-    as the controller lists a replica whose agent reported them loaded. Engines
-    and router are restarted before every run, so each starts empty.
+    as the controller lists a replica whose agent reported them loaded. With
+    `--fleet controller` the same replicas are placed by a real controller and
+    started by a real agent (two fake H100s) from a base spec and 50 adapter
+    specs, and the router follows the controller's endpoint list. Everything is
+    restarted before every run, so each starts empty.
 
 Workload (seeded; the same arrivals and prompts in every run)
     Open-loop Poisson arrivals at `--rate` requests/s for `--seconds`; each a
@@ -26,7 +29,8 @@ the samples of `--repeat` rounds (the runs interleaved, so a busy moment of the
 machine does not fall on one run only); errors. Target (issue 31): adapters' p99
 TTFT within 1.2x of the base alone.
 
-Command: `.venv/bin/python bench/lora_adapters.py` (about five minutes).
+Command: `.venv/bin/python bench/lora_adapters.py [--fleet controller]` (about five
+minutes).
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -104,12 +110,15 @@ def body(model: str, text: str, max_tokens: int) -> bytes:
     ).encode()
 
 
-async def stream_one(session: aiohttp.ClientSession, url: str, data: bytes, res: Result) -> None:
+async def stream_one(
+    session: aiohttp.ClientSession, url: str, data: bytes, res: Result, key: str = ""
+) -> None:
     loop = asyncio.get_running_loop()
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     try:
-        async with session.post(
-            url, data=data, headers={"Content-Type": "application/json"}
-        ) as resp:
+        async with session.post(url, data=data, headers=headers) as resp:
             if resp.status != 200:
                 res.error = f"http {resp.status}"
                 await resp.read()
@@ -128,6 +137,10 @@ class Fleet:
         self.load_ms = load_ms
         self.engines: list[Program] = []
         self.router: Program | None = None
+
+    def targets(self) -> list[tuple[str, str]]:
+        """(engine URL, its key) of each replica."""
+        return [(p.url, "") for p in self.engines]
 
     def start(self, run: str) -> str:
         self.engines = [
@@ -151,15 +164,140 @@ class Fleet:
         self.engines, self.router = [], None
 
 
+class ControllerFleet(Fleet):
+    """The same replicas placed by a real controller and started by a real agent (two
+    fake H100s), the router following the controller's endpoint list: the adapters
+    reach the engines as the agent renders them, and the router as the agent reports
+    them loaded."""
+
+    TOKEN = "bench-token"
+
+    def __init__(self, log_dir: Path, n_adapters: int, load_ms: float) -> None:
+        super().__init__(log_dir, n_adapters, load_ms)
+        self.procs: list[Program] = []
+        self.endpoints: list[dict[str, Any]] = []
+
+    def targets(self) -> list[tuple[str, str]]:
+        return [(str(e["url"]), str(e.get("api_key", ""))) for e in self.endpoints]
+
+    def _call(self, url: str, body: object = None) -> Any:
+        req = urllib.request.Request(
+            url,
+            data=None if body is None else json.dumps(body).encode(),
+            method="GET" if body is None else "POST",
+            headers={"Authorization": f"Bearer {self.TOKEN}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def start(self, run: str) -> str:
+        d = self.log_dir / run
+        ctrl = start_program(
+            [
+                "controller",
+                "--port",
+                "0",
+                "--database",
+                f"sqlite:///{d}.db",
+                "--token",
+                self.TOKEN,
+                "--tick-s",
+                "0.2",
+                "--heartbeat-interval-s",
+                "0.3",
+            ],
+            log_dir=self.log_dir,
+        )
+        self.procs.append(ctrl)
+        lo = random.randrange(30000, 60000, 50)
+        self.procs.append(
+            start_program(
+                [
+                    "agent",
+                    "--controller",
+                    ctrl.url,
+                    "--token",
+                    self.TOKEN,
+                    "--node",
+                    "n1",
+                    "--gpus",
+                    "2xH100-80G",
+                    "--address",
+                    "127.0.0.1",
+                    "--port-range",
+                    f"{lo}-{lo + 49}",
+                    "--state-dir",
+                    str(d / "state"),
+                    "--interval-s",
+                    "0.3",
+                    "--port",
+                    "0",
+                    "--stop-engines-on-exit",
+                    "--stop-grace-s",
+                    "3",
+                ],
+                log_dir=self.log_dir,
+            )
+        )
+        base = {
+            "name": BASE,
+            "engine": "sim",
+            "gpu_classes": ["H100-80G"],
+            "min_replicas": 2,
+            "max_replicas": 2,
+            "args": ["--speed", "1", "--lora-load-ms", f"{self.load_ms:g}"],
+        }
+        lora = [{"name": n, "adapter_of": BASE, "source": p} for n, p in adapters(self.n).items()]
+        self._call(f"{ctrl.url}/admin/models", [base, *lora])
+        want = {BASE, *adapters(self.n)}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            got = self._call(f"{ctrl.url}/v1/endpoints")
+            self.endpoints = list(got["endpoints"])
+            if len(self.endpoints) == 2 and all(want <= set(e["models"]) for e in self.endpoints):
+                break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"replicas not serving every adapter: {self.endpoints}")
+        cfg = self.log_dir / f"router-{run}.json"
+        cfg.write_text(
+            json.dumps(
+                {
+                    "controller": {"url": ctrl.url, "token": self.TOKEN, "poll_timeout_s": 2.0},
+                    "scrape_interval_s": 0.5,
+                    "scrape_timeout_s": 0.4,
+                }
+            )
+        )
+        self.router = start_program(
+            ["router", "--config", str(cfg), "--port", "0", "--workers", "1"],
+            log_dir=self.log_dir,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"{self.router.url}/v1/models", timeout=5) as resp:
+                if want <= {m["id"] for m in json.loads(resp.read())["data"]}:
+                    return self.router.url
+            time.sleep(0.2)
+        raise RuntimeError("the router did not learn the adapters")
+
+    def stop(self) -> None:
+        if self.router is not None:
+            self.router.stop(grace_s=3)
+        # The agent stops its engines on exit; then the controller.
+        for p in reversed(self.procs):
+            p.stop(grace_s=10)
+        self.procs, self.router, self.endpoints = [], None, []
+
+
 async def warm_up(session: aiohttp.ClientSession, fleet: Fleet) -> None:
     """One request per adapter to each engine, straight to it: every adapter loaded."""
     jobs = []
-    for p in fleet.engines:
+    for url, key in fleet.targets():
         for name in adapters(fleet.n):
             res = Result(sent_s=0.0)
-            jobs.append(
-                stream_one(session, f"{p.url}/v1/chat/completions", body(name, "hi", 1), res)
-            )
+            data = body(name, "hi", 1)
+            jobs.append(stream_one(session, f"{url}/v1/chat/completions", data, res, key))
     await asyncio.gather(*jobs)
 
 
@@ -224,9 +362,16 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--repeat", type=int, default=3, help="rounds of the runs, interleaved; samples pooled"
     )
+    p.add_argument(
+        "--fleet",
+        choices=("static", "controller"),
+        default="static",
+        help="static: engines and a router on a file; controller: a controller and an agent",
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
-        fleet = Fleet(Path(tmp), args.adapters, args.lora_load_ms)
+        kind_of = ControllerFleet if args.fleet == "controller" else Fleet
+        fleet = kind_of(Path(tmp), args.adapters, args.lora_load_ms)
         pooled: dict[str, list[float | None]] = {}
         for round_ in range(args.repeat):
             for kind in args.runs.split(","):
