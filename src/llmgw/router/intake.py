@@ -4,9 +4,13 @@
 object, or an OpenAI-shaped refusal, logged in one line:
 
 - larger than `max_body_bytes` (declared or as read) → 413;
-- no room under `max_inflight_body_bytes` (every client's bodies being read or
-  held by their requests) → 503 with Retry-After, before a byte of it is read;
-- not complete within `body_timeout_s` (a client trickling it) → 408;
+- no room under `max_inflight_body_bytes` (every client's body bytes in, or held
+  by their requests), or under its client address's share of it (`client_share`)
+  → 503 with Retry-After: before a byte of it is read when its declared length
+  cannot fit, else as the bytes that do not fit arrive. Bytes count as they
+  arrive, never as declared: a slow upload declaring megabytes holds none;
+- not complete within `body_timeout_s`, or slower than `min_body_bytes_per_s`
+  once it has been arriving for `header_timeout_s` (a client trickling it) → 408;
 - broken framing (a bad chunked encoding, a short body) → 400;
 - not JSON, not UTF-8, nested deeper than the decoder goes (msgspec raises
   RecursionError), or not an object → 400.

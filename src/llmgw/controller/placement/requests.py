@@ -98,7 +98,7 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
                 free.release(node, gpus)  # its own room, held for it until now
             # A sleeper of the model wakes rather than a new replica starting.
             new = q.restart is None and q.replaces is None
-            if new and try_wake(t, q.model.spec, free) is Woke.WOKEN:
+            if new and try_wake(t, q.model.spec, free) is not Woke.NONE:
                 mem.unplaceable.pop(name, None)
                 continue
             result = place(q.model.spec, batch.base.nodes, free)

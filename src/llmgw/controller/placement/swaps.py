@@ -16,7 +16,7 @@ from enum import Enum
 
 from llmgw.controller.fleet.records import Replica
 from llmgw.controller.placement.rules import FreeMap, Placement, ShardPlacement
-from llmgw.controller.placement.wakes import plan_wake, sleep_room
+from llmgw.controller.placement.wakes import WakePlan, plan_wake, sleep_room
 from llmgw.controller.tick.context import TickContext
 from llmgw.wire.models import ModelSpec
 
@@ -26,6 +26,7 @@ class Woke(Enum):
 
     NONE = "none"  # no sleeper can wake: place one as before
     WOKEN = "woken"  # a sleeper wakes once what was in its way has left; cards taken
+    HOLDING = "holding"  # its sleeper's cards are waking for another model: next tick
 
 
 def sleep_or_drain(t: TickContext, r: Replica, reason: str, *, kind: str | None = None) -> Replica:
@@ -72,11 +73,35 @@ def try_wake(t: TickContext, spec: ModelSpec, free: FreeMap) -> Woke:
     sleeper = batch.replica(plan.replica)
     if sleeper is None or sleeper.state != "sleeping":
         return Woke.NONE
+    if plan.hold:
+        return Woke.HOLDING
+    for sub_plan in plan.moves:
+        # The replicas in use on its cards move: their own sleepers wake elsewhere.
+        other = batch.replica(sub_plan.replica)
+        if other is None or other.state != "sleeping":
+            return Woke.NONE
+    for rid in plan.moved:
+        h = batch.replica(rid)
+        if h is not None and h.state == "ready":
+            why = f"moved for {spec.name}: {plan.why}"
+            sleep_or_drain(t, h, why, kind="replica.moved")
+    for sub_plan in plan.moves:
+        other = batch.replica(sub_plan.replica)
+        if other is not None:
+            _wake(t, other, sub_plan, free)
+    _wake(t, sleeper, plan, free)
+    mem.evicting.pop(spec.name, None)
+    return Woke.WOKEN
+
+
+def _wake(t: TickContext, sleeper: Replica, plan: WakePlan, free: FreeMap) -> None:
+    """Swap out `plan`'s victims and wake `sleeper`, in this one tick."""
+    batch = t.batch
     for rid in plan.evict:
         victim = batch.replica(rid)
         if victim is None or victim.state != "ready":
             continue
-        why = f"swapped out for {spec.name}: {plan.why}"
+        why = f"swapped out for {sleeper.model}: {plan.why}"
         sleep_or_drain(t, victim, why, kind="replica.evicted")
         lower_desired(t, victim.model)
     # Woken in the same tick as its victims leave: its agent wakes it once no other
@@ -88,10 +113,8 @@ def try_wake(t: TickContext, spec: ModelSpec, free: FreeMap) -> Woke:
         gpus = tuple(g for g in s.gpus if g in here)
         if gpus:
             shard = ShardPlacement(node=s.node, rank=s.rank, gpus=gpus)
-            free.take(Placement(model=spec.name, shards=(shard,), pool=sleeper.pool))
+            free.take(Placement(model=sleeper.model, shards=(shard,), pool=sleeper.pool))
     batch.wake(sleeper, plan.why)
-    mem.evicting.pop(spec.name, None)
-    return Woke.WOKEN
 
 
 def lower_desired(t: TickContext, name: str) -> None:

@@ -25,12 +25,20 @@ never a higher priority); the awake replicas holding them go to sleep or stop
 in turn, a swap. Only a sleeper whose every card is placeable counts (its node
 ready, the card healthy). Fewest victims first, then the lowest priority among
 them, then the sleeper asleep the shortest time.
+
+Moves: a replica in use on a sleeper's cards (not idle long enough to be a
+victim) may still make way when its own model has a sleeper that can wake
+elsewhere without moving anything in turn, and its model's priority is not
+above the waking one's: it sleeps here (its requests in flight finish first)
+and its sleeper wakes there, so its model keeps its replica count and its
+clients wait one wake instead of the waking model's clients waiting a cold
+start. A plan without moves is always preferred.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from llmgw.controller.fleet.records import FleetState, Node, Replica
@@ -174,6 +182,14 @@ class WakePlan:
     # draining): it wakes once they have (its agent waits for them).
     wait: bool = False
     why: str = ""
+    # Replicas in use on its cards that move instead (module docstring, "Moves"): each
+    # sleeps here while a sleeper of its own model wakes elsewhere (`moves`).
+    moved: tuple[str, ...] = ()
+    moves: tuple[WakePlan, ...] = ()
+    # Another model's sleeper is waking on its cards: hold, neither wake nor start
+    # one cold; once that one is awake it may be swapped out or moved (seconds,
+    # where a cold start takes a minute or more).
+    hold: bool = False
 
 
 def plan_wake(
@@ -203,16 +219,43 @@ def plan_wake(
         )
     }
     spare = _spare(state, exclude)
-    best: tuple[tuple[int, int, float, str], WakePlan] | None = None
+    idle_now = idle_fn(idle, now=now)
+    their: dict[str, dict[str, Candidate]] = {}
+
+    def move(h: Replica, away_from: set[tuple[str, int]]) -> WakePlan | None:
+        """A wake of a sleeper of `h`'s model off `away_from`, so `h` may move there."""
+        m = state.models.get(h.model)
+        if m is None or not m.spec.sleep_mode or m.spec.priority > spec.priority:
+            return None
+        if h.model not in their:
+            found = idle_candidates(m.spec, state, idle_now, now, heartbeat_timeout_s, exclude)
+            their[h.model] = {c.replica.id: c for c in found}
+        others = [
+            s
+            for s in state.replicas.values()
+            if s.model == h.model and s.state == _SLEEPING and not (_cards(s) & away_from)
+        ]
+        for s in sorted(others, key=lambda s: (-s.state_since, s.id)):
+            p = _wake_one(s, free, held, their[h.model], spare, exclude, state, None)
+            if p is not None and not p.wait and h.id not in p.evict:
+                return p
+        return None
+
+    best: tuple[tuple[bool, int, int, int, float, str], WakePlan] | None = None
     for r in mine:
-        plan = _wake_one(r, free, held, cands, spare, exclude, state)
+        plan = _wake_one(r, free, held, cands, spare, exclude, state, move)
         if plan is None:
             continue
-        worst = max((cands[v].priority for v in plan.evict), default=-(2**31))
-        key = (len(plan.evict) + (1 if plan.wait else 0), worst, -r.state_since, r.id)
+        worst = max((cands[v].priority for v in plan.evict if v in cands), default=-(2**31))
+        size = len(plan.evict) + (1 if plan.wait else 0)
+        key = (plan.hold, len(plan.moved), size, worst, -r.state_since, r.id)
         if best is None or key < best[0]:
             best = (key, plan)
     return None if best is None else best[1]
+
+
+def _cards(r: Replica) -> set[tuple[str, int]]:
+    return {(s.node, g) for s in r.shards for g in s.gpus}
 
 
 def _wake_one(
@@ -223,9 +266,13 @@ def _wake_one(
     spare: Counter[str],
     leaving: Collection[str],
     state: FleetState,
+    move: Callable[[Replica, set[tuple[str, int]]], WakePlan | None] | None,
 ) -> WakePlan | None:
     victims: list[str] = []
+    moved: list[str] = []
+    moves: list[WakePlan] = []
     wait = False
+    hold = False
     budget = Counter(spare)
     for shard in r.shards:
         if shard.node not in free:
@@ -238,21 +285,43 @@ def _wake_one(
             if not others:
                 return None  # unhealthy, or held for another model's reservation
             for h in others:
-                if h.id in victims:
+                if h.id in victims or h.id in moved:
                     continue
                 if h.id in leaving or h.state in ("draining", "stopped", "failed", _SLEEPING):
                     wait = True  # being given back already
+                elif h.state == "waking":
+                    hold = True
                 elif h.state == "ready" and h.id in cands and budget[h.model] > 0:
                     budget[h.model] -= 1
                     victims.append(h.id)
+                elif h.state == "ready" and move is not None:
+                    there = move(h, _cards(r))
+                    taken = {v for p in moves for v in (p.replica, *p.evict)}
+                    if there is None or taken & {there.replica, *there.evict}:
+                        return None
+                    moved.append(h.id)
+                    moves.append(there)
                 else:
                     return None
-    why = (
-        f"waking {r.id}"
-        if not victims
-        else f"waking {r.id}: {', '.join(sorted(victims))} make way (idle past their timeout)"
+    if set(victims) & {v for p in moves for v in (p.replica, *p.evict)}:
+        return None
+    if hold:
+        return WakePlan(replica=r.id, hold=True, why=f"{r.id}'s cards are being woken for another")
+    why = f"waking {r.id}"
+    if victims:
+        why += f": {', '.join(sorted(victims))} make way (idle past their timeout)"
+    if moved:
+        why += "; in use, moving: " + ", ".join(
+            f"{h} (its sleeper {p.replica} wakes)" for h, p in zip(moved, moves, strict=True)
+        )
+    return WakePlan(
+        replica=r.id,
+        evict=tuple(victims),
+        wait=wait and not victims and not moved,
+        why=why,
+        moved=tuple(moved),
+        moves=tuple(moves),
     )
-    return WakePlan(replica=r.id, evict=tuple(victims), wait=wait and not victims, why=why)
 
 
 def _spare(state: FleetState, leaving: Collection[str]) -> Counter[str]:
