@@ -8,8 +8,10 @@ between chat, Responses and Messages.
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import aiohttp
 import openai
@@ -25,6 +27,7 @@ from .router_fixtures import (
     post,
     router,
     sim_engines,
+    snapshot,
     wait_until_scraped,
 )
 from .test_router_stream_faults import set_faults
@@ -259,3 +262,25 @@ class TestConversationAffinity:
             homes.add(got[0].endpoint)
         # Different conversations still spread: routing is by conversation, not pinned.
         assert len(homes) > 1
+
+
+class TestMessagesErrorEvent:
+    async def test_counts_against_the_endpoint(self, tmp_path: Path) -> None:
+        """A Messages stream carrying the engine's `event: error` is relayed as is and
+        counted as the endpoint's failure: enough of them open its breaker."""
+        with sim_engines(tmp_path, [50.0], extra=["--error-after-tokens", "2"]) as engines:
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                breaker={"failure_threshold": 2, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                user = [{"role": "user", "content": "fail"}]
+                body = {"model": MODEL, "max_tokens": 8, "messages": user, "stream": True}
+                async with aiohttp.ClientSession() as s:
+                    replies = [await post(s, r.url, body, path="/v1/messages") for _ in "ab"]
+                snap = await asyncio.to_thread(snapshot, r.url, "e0")
+        for reply in replies:
+            assert reply.status == 200
+            assert b"event: error" in reply.body
+        assert snap["breaker"] == "open"

@@ -152,6 +152,16 @@ class TestMessagesSdk:
         assert kinds[-1] == "message_stop"
         await client.close()
 
+    def test_count_tokens(self, url: str) -> None:
+        """messages.count_tokens reaches the engine's /v1/messages/count_tokens."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        got = client.messages.count_tokens(
+            model=MODEL, system=SYSTEM, messages=[{"role": "user", "content": "count me"}]
+        )
+        assert got.input_tokens > 0
+        with pytest.raises(anthropic.NotFoundError):
+            client.messages.count_tokens(model="nope", messages=[{"role": "user", "content": "x"}])
+
     def test_errors_in_anthropic_shape(self, url: str) -> None:
         """The router's own refusals and the engine's reach the SDK as Anthropic's errors."""
         client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmgw.router import anthropic, apiusage, conversation, forms
+from llmgw.router import anthropic, apiusage, conversation, forms, inband
 from llmgw.router.affinity import route_key
 from llmgw.router.usagetypes import Usage
 
@@ -141,3 +141,22 @@ class TestApiUsage:
         )
         got = s.read(b'{"type":"message_delta","usage":{"output_tokens":9}}')
         assert got == Usage(prompt=7, completion=9, cached=2, cached_reported=2)
+
+
+class TestAnthropicErrorFrame:
+    def test_engine_failure_seen_in_a_messages_stream(self) -> None:
+        """An engine's Anthropic `event: error` frame is its failure (the type says 5xx)."""
+        watch = inband.ErrorFrameWatch(inband.ANTHROPIC_MARK)
+        watch.feed(b'event: message_start\ndata: {"type":"message_start"}\n\n')
+        watch.feed(b'event: error\ndata: {"type":"error","error":{"type":"api_error",')
+        watch.feed(b'"message":"boom"}}\n\n')
+        assert (watch.code, watch.message) == (500, "boom")
+        assert watch.endpoint_failure is True
+
+    def test_client_error_type_is_not_a_failure(self) -> None:
+        """An invalid_request_error frame is seen but is not the endpoint's failure."""
+        watch = inband.ErrorFrameWatch(inband.ANTHROPIC_MARK)
+        frame = b'data: {"type":"error","error":{"type":"invalid_request_error","message":"x"}}\n'
+        watch.feed(b"event: error\n" + frame)
+        assert watch.seen is True
+        assert watch.endpoint_failure is False

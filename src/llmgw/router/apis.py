@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from llmgw.router import anthropic, apiusage, conversation
+from llmgw.router import anthropic, apiusage, conversation, inband
 from llmgw.router.affinity import NO_KEY, RouteKey, route_key
 from llmgw.router.usagetypes import Usage
 from llmgw.wire.errors import error_body
@@ -51,6 +51,7 @@ class Api:
 
     __slots__ = (
         "anthropic",
+        "error_mark",
         "form",
         "key",
         "model_optional",
@@ -83,6 +84,8 @@ class Api:
         self.form = form
         self.anthropic = is_anthropic
         self.pass_headers: tuple[str, ...] = anthropic.PASSED_ON if is_anthropic else ()
+        # What opens an engine's error frame in its streams (inband.py).
+        self.error_mark = inband.ANTHROPIC_MARK if is_anthropic else inband.MARK
         self.stream_error: Callable[[str, int], bytes] = (
             anthropic.stream_error if is_anthropic else openai_stream_error
         )
@@ -101,6 +104,7 @@ MESSAGES: Final = Api(
     stream_usage=apiusage.AnthropicStreamUsage,
     is_anthropic=True,
 )
+COUNT_TOKENS: Final = Api("count_tokens", is_anthropic=True)
 TOKENIZE: Final = Api("tokenize", key=route_key, model_optional=True)
 DETOKENIZE: Final = Api("detokenize", model_optional=True)
 RERANK: Final = Api("rerank", key=_prompt_key("query"), model_optional=True)
@@ -112,6 +116,7 @@ SPEECH: Final = Api("speech")
 ROUTES: Final[dict[str, Api]] = {
     "/v1/responses": RESPONSES,
     "/v1/messages": MESSAGES,
+    "/v1/messages/count_tokens": COUNT_TOKENS,
     "/tokenize": TOKENIZE,
     "/detokenize": DETOKENIZE,
     "/v1/rerank": RERANK,

@@ -22,6 +22,11 @@ from typing import Final
 import msgspec
 
 MARK: Final = b'{"error"'
+# Anthropic's error event (`event: error`, `data: {"type": "error", "error": {...}}`),
+# looked for instead in a Messages stream (apis.py); the same reasoning holds.
+ANTHROPIC_MARK: Final = b'{"type":"error"'
+# Anthropic's error types that say the engine failed, as the status they stand for.
+_FAILURE_TYPES: Final = {"api_error": 500, "internal_error": 500, "overloaded_error": 529}
 # Enough of the previous chunk to hold a marker cut short plus `\ndata: ` before it.
 TAIL_BYTES: Final = 32
 # An error frame longer than this is not one an engine writes; stop gathering.
@@ -33,9 +38,11 @@ _decode: Final = msgspec.json.Decoder().decode
 class ErrorFrameWatch:
     """Feed it every relayed chunk in order; `code` is the first error frame's code."""
 
-    __slots__ = ("_pending", "_tail", "code", "message")
+    __slots__ = ("_mark", "_pending", "_tail", "code", "message")
 
-    def __init__(self) -> None:
+    def __init__(self, mark: bytes = MARK) -> None:
+        # What opens an error frame's JSON: MARK, or ANTHROPIC_MARK in a Messages stream.
+        self._mark = mark
         # The stream starts as if after a newline: a first line `data: {"error"` counts.
         self._tail = b"\n"
         self._pending: bytearray | None = None  # a frame's line, until its newline
@@ -60,16 +67,17 @@ class ErrorFrameWatch:
             self._gather(chunk)
             return
         data = self._tail + chunk
+        mark = self._mark
         # Markers wholly inside the old tail were looked at with the last chunk.
-        start = max(0, len(self._tail) - len(MARK) + 1)
+        start = max(0, len(self._tail) - len(mark) + 1)
         self._tail = data[-TAIL_BYTES:]
-        i = data.find(MARK, start)
+        i = data.find(mark, start)
         while i >= 0:
             if _opens_event(data, i):
                 self._pending = bytearray()
                 self._gather(data[i:])
                 return
-            i = data.find(MARK, i + 1)
+            i = data.find(mark, i + 1)
 
     def _gather(self, data: bytes) -> None:
         assert self._pending is not None
@@ -99,6 +107,10 @@ class ErrorFrameWatch:
             code = err.get("code")
             # TGI's chat error frame names the status `http_status_code`.
             self.code = _code(err.get("http_status_code") if code is None else code)
+            kind = err.get("type")
+            if self.code is None and isinstance(kind, str):
+                # Anthropic's frame has no code, only its type.
+                self.code = _FAILURE_TYPES.get(kind)
         elif isinstance(err, str):
             self.message = err  # TGI: a string and no code
         else:

@@ -58,7 +58,12 @@ from llmgw.router.holding import (
     retry_after_s,
     unplaceable_retry_after_s,
 )
-from llmgw.router.inband import ErrorFrameWatch, nothing_before_error, role_opener_only
+from llmgw.router.inband import (
+    MARK,
+    ErrorFrameWatch,
+    nothing_before_error,
+    role_opener_only,
+)
 from llmgw.router.intake import ByteBudget, Intake, peer_of, read_json, refused
 from llmgw.router.lora import Rename
 from llmgw.router.metrics import (
@@ -179,6 +184,7 @@ class Attempts:
         "failed",
         "first",
         "last_error",
+        "mark",
         "outcome",
         "rename",
         "retries_left",
@@ -187,8 +193,10 @@ class Attempts:
         "watch",
     )
 
-    def __init__(self, deadline: float, retries: int) -> None:
+    def __init__(self, deadline: float, retries: int, mark: bytes = MARK) -> None:
         self.deadline = deadline
+        # What opens an engine's error frame in this API's streams (inband.py).
+        self.mark = mark
         self.retries_left = retries
         # Replicas not to choose again; a list only once there is one.
         self.tried: Sequence[str] = ()
@@ -361,7 +369,8 @@ class Proxy:
         `head`: the engine's header lines before the request id; `api`: a
         passed-through API's rules (apis.py), None for the proxy's own routes."""
         st = self.state
-        att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries)
+        mark = MARK if api is None else api.error_mark
+        att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries, mark)
         # The request id as a header line: in the engine's request and our answer's.
         rid_line = b"".join((b"x-request-id: ", rid.encode("utf-8", "surrogateescape"), b"\r\n"))
         tracing = st.tracing
@@ -562,7 +571,7 @@ class Proxy:
                 # The head waits for the first bytes: until they come nothing has
                 # reached the client, so an engine that dies in prefill is still
                 # retried elsewhere.
-                watch = att.watch = ErrorFrameWatch()
+                watch = att.watch = ErrorFrameWatch(att.mark)
                 first = await up.chunk()
                 watch.feed(first)
                 if first and not watch.seen and role_opener_only(first):

@@ -7,7 +7,8 @@ with the same turns. Errors are Anthropic's shape, `{"type": "error",
 `input_tokens` are the prompt tokens not read from the cache,
 `cache_read_input_tokens` those that were. Streamed: `message_start`,
 `content_block_start`, `content_block_delta`…, `content_block_stop`,
-`message_delta` (stop reason, usage), `message_stop`; no `[DONE]`.
+`message_delta` (stop reason, usage), `message_stop`; no `[DONE]`. And
+`/v1/messages/count_tokens`, the prompt's token count.
 """
 
 from __future__ import annotations
@@ -74,6 +75,22 @@ def parse_messages(raw: bytes, cfg: SimConfig) -> api.Job:
         raise api.SimApiError(400, "messages: at least one message is required")
     ids = api.chat_ids(chat_messages(body), body.tools, cfg)
     return api.job_of(body, cfg, ids, body.max_tokens, model=model, chat=True)
+
+
+class CountBody(msgspec.Struct, frozen=True, kw_only=True):
+    model: str | None = None
+    messages: list[dict[str, Any]]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+def count_tokens(raw: bytes, cfg: SimConfig) -> bytes:
+    """`/v1/messages/count_tokens`: the prompt's token count, `{"input_tokens"}`."""
+    body = api.decode_as(raw, CountBody)
+    api.check_model(body.model, cfg)
+    as_request = MessagesBody(model=body.model, messages=body.messages, system=body.system)
+    ids = api.chat_ids(chat_messages(as_request), body.tools, cfg)
+    return _enc.encode({"input_tokens": len(ids)})
 
 
 def usage(u: dict[str, Any]) -> dict[str, Any]:

@@ -115,6 +115,12 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
     r = app.router
     r.add_post("/v1/responses", create_response)
     r.add_post("/v1/messages", create_message)
+    count = pooled(lambda raw: messages.count_tokens(raw, cfg))
+
+    async def count_tokens(request: web.Request) -> web.StreamResponse:
+        return _anthropic(await count(request))
+
+    r.add_post("/v1/messages/count_tokens", count_tokens)
     r.add_post("/tokenize", pooled(lambda raw: pooling.tokenize(raw, cfg)))
     r.add_post("/detokenize", pooled(lambda raw: pooling.detokenize(raw, cfg)))
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
