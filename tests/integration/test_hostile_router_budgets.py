@@ -141,10 +141,10 @@ class TestSlowUploadsFromOneAddress:
             no_traceback(r.log_text())
 
     def test_tricklers_read_their_408_not_a_reset(self, tmp_path: Path) -> None:
-        """20 clients trickle a byte every 0.2 s for 4 s and read only after: each reads
-        its 408 (refused at 1 s), not a reset, and an honest upload at 16 KiB/s from
+        """20 clients trickle a byte every 0.2 s for 5 s and read only after: each reads
+        its 408 (refused at 2 s), not a reset, and an honest upload at 16 KiB/s from
         another address is served meanwhile."""
-        with fleet(tmp_path, header_timeout_s=1.0, body_timeout_s=30.0) as r:
+        with fleet(tmp_path, header_timeout_s=2.0, body_timeout_s=30.0) as r:
             results: list[int | str] = []
             lock = threading.Lock()
 
@@ -153,7 +153,7 @@ class TestSlowUploadsFromOneAddress:
                     with connect(r.port, ATTACKER) as s:
                         s.sendall(post_head(100_000) + b"{")
                         with contextlib.suppress(OSError):
-                            for _ in range(20):
+                            for _ in range(25):
                                 time.sleep(0.2)
                                 s.sendall(b" ")
                         got: int | str = read_answer(s).status

@@ -218,3 +218,63 @@ class TestSleepRoom:
         w = self._world()
         s = spec("m")
         assert sleep_room(replica("r", "m", 0, state="ready"), s, {}, w.state.nodes, {}) is None
+
+
+def put(w: World, rid: str, model: str, gpu: int, state: str) -> None:
+    shard_state = "ready" if state in ("ready", "waking") else state
+    r = Replica(
+        id=rid,
+        model=model,
+        state=state,  # type: ignore[arg-type]
+        shards=(Shard(node="a", rank=0, gpus=(gpu,), state=shard_state, port=9000 + gpu),),  # type: ignore[arg-type]
+        created_at=w.now,
+        state_since=w.now - (500 if state in ("ready", "sleeping") else 0),
+        updated_at=w.now,
+        sleep_level=1 if state == "sleeping" else None,
+    )
+    w.state.replicas[rid] = r
+    w.index.put(None, r)
+
+
+def two_cards() -> World:
+    w = World()
+    w.node("a", 2)
+    w.set_node("a", host_memory_mib=HOST_MIB)
+    for name, desired in (("x", 0), ("h", 1), ("y", 1)):
+        w.model(sleepy(name, sleep_after_s=2.0), desired=desired)
+    return w
+
+
+class TestMoves:
+    def test_a_replica_in_use_moves_to_its_own_sleeper(self) -> None:
+        """x sleeps under h, which is busy; h's own sleeper wakes on the free card, h sleeps."""
+        w = two_cards()
+        put(w, "x1", "x", 0, "sleeping")
+        put(w, "h1", "h", 0, "ready")
+        put(w, "h2", "h", 1, "sleeping")
+        w.report(last_used={"h1": w.now}, inflight={"h1": 1}, demand={"x": 1})
+        w.tick()
+        states = {rid: w.state.replicas[rid].state for rid in ("x1", "h1", "h2")}
+        assert states == {"x1": "waking", "h1": "sleeping", "h2": "waking"}
+        assert any(e.startswith("replica.moved h1: moved for x") for e in w.events)
+        assert w.replicas("x", "pending") == []
+
+    def test_no_move_without_a_sleeper_elsewhere(self) -> None:
+        """A busy replica with nowhere to go stays; x is started cold on the free card."""
+        w = two_cards()
+        put(w, "x1", "x", 0, "sleeping")
+        put(w, "h1", "h", 0, "ready")
+        w.report(last_used={"h1": w.now}, inflight={"h1": 1}, demand={"x": 1})
+        w.tick()
+        assert w.state.replicas["h1"].state == "ready"
+        assert w.only("x", "pending").shards[0].gpus == (1,)
+
+    def test_a_card_waking_for_another_model_is_waited_for(self) -> None:
+        """x's card is being woken for y: x waits a tick rather than starting cold."""
+        w = two_cards()
+        put(w, "x1", "x", 0, "sleeping")
+        put(w, "y1", "y", 0, "waking")
+        w.report(demand={"x": 1})
+        w.tick()
+        assert w.state.replicas["x1"].state == "sleeping"
+        assert w.replicas("x", "pending") == []

@@ -1,7 +1,10 @@
 """Names from the fleet in one documented set: the controller's heartbeat and apply checks,
-the agent's flags, the fake GPUs' classes (issue 34, item 10)."""
+the agent's flags, the fake GPUs' classes (issue 34, item 10); and the files programs read
+at start refused in one line whatever they hold."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -10,9 +13,12 @@ from hypothesis import strategies as st
 
 from llmgw.agent.config import AgentConfigError, parse_config
 from llmgw.agent.gpus.base import GpuDiscoveryError
-from llmgw.agent.gpus.fake import build_gpus
+from llmgw.agent.gpus.fake import build_gpus, load_file
 from llmgw.controller.api.validate import check_heartbeat, check_spec
+from llmgw.controller.config import read_node_tokens
 from llmgw.controller.errors import InvalidSpec
+from llmgw.runtime.secretfile import SecretError
+from llmgw.up.fleet import FleetError, load_fleet
 from llmgw.wire.agent import GPU, Heartbeat
 from llmgw.wire.models import ModelSpec
 from llmgw.wire.names import ADDRESS_RULE, LABEL_RULE, address_problem, label_problem
@@ -121,3 +127,47 @@ class TestAgentFlags:
         """A fake GPU class outside the set is refused at discovery."""
         with pytest.raises(GpuDiscoveryError, match="is not a valid name"):
             build_gpus([{"gpu_class": "H100 80G", "count": 1}], uuid_prefix="n")
+
+
+class TestStartFiles:
+    def test_node_tokens_file_names_only_valid_nodes(self, tmp_path: Path) -> None:
+        """A node in --node-tokens-file outside the set is refused at start, by line."""
+        f = tmp_path / "nodes"
+        f.write_text("n1=a\nn\x1b[2J=b\n")
+        with pytest.raises(SecretError, match=r"nodes:2: node 'n\\x1b\[2J' is not a valid name"):
+            read_node_tokens(str(f))
+
+    @pytest.mark.parametrize(
+        ("content", "said"),
+        [
+            (b"\xff\xfe", "not UTF-8 text"),
+            (b"[" * 50_000, "nested too deeply"),
+            (b"node: [[[", "while parsing a flow node"),
+        ],
+    )
+    def test_agent_files_are_one_line(self, content: bytes, said: str, tmp_path: Path) -> None:
+        """A bad --config or --gpus-file is one line (exit 2), never a traceback."""
+        f = tmp_path / "f.yaml"
+        f.write_bytes(content)
+        with pytest.raises(AgentConfigError, match=said) as info:
+            parse_config(["--config", str(f)])
+        assert "\n" not in str(info.value)
+        with pytest.raises(GpuDiscoveryError, match=said) as gpu_info:
+            load_file(f)
+        assert "\n" not in str(gpu_info.value)
+
+    @pytest.mark.parametrize(
+        ("content", "said"),
+        [
+            (b"\xff\xfe", "not UTF-8 text"),
+            (b"[" * 5_000, "nesting depth"),
+            (b"nodes: [[[", "while parsing a flow node"),
+        ],
+    )
+    def test_up_fleet_file_is_one_line(self, content: bytes, said: str, tmp_path: Path) -> None:
+        """A bad `llmgw up --fleet` file is one FleetError line, never a traceback."""
+        f = tmp_path / "fleet.yaml"
+        f.write_bytes(content)
+        with pytest.raises(FleetError, match=said) as info:
+            load_fleet(f)
+        assert "\n" not in str(info.value)

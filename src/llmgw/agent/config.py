@@ -172,9 +172,14 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
 
 def _from_file(path: str) -> dict[str, Any]:
     try:
-        doc = yaml.safe_load(Path(path).read_text())
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
-        raise AgentConfigError(f"cannot read config {path}: {exc}") from exc
+        # One line: a YAML error's text puts the position and a caret on lines of their own.
+        raise AgentConfigError(f"cannot read config {path}: {' '.join(str(exc).split())}") from exc
+    except UnicodeDecodeError:
+        raise AgentConfigError(f"cannot read config {path}: not UTF-8 text") from None
+    except RecursionError:
+        raise AgentConfigError(f"cannot read config {path}: nested too deeply") from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):

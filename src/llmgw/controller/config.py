@@ -22,6 +22,7 @@ from pathlib import Path
 from llmgw.runtime import configfile, logs, secretfile
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
+from llmgw.wire.names import label_problem
 
 DEFAULT_DATABASE = "sqlite:///./.llmgw/controller.db"
 
@@ -135,6 +136,10 @@ def read_node_tokens(path: str) -> dict[str, str]:
         node, sep, token = line.partition("=")
         if not sep or not node.strip() or not token.strip():
             raise secretfile.SecretError(f"{path}:{n}: expected NODE=TOKEN")
+        problem = label_problem(node.strip())
+        if problem is not None:
+            # No agent could heartbeat as it (wire.names): a typo, said at start.
+            raise secretfile.SecretError(f"{path}:{n}: node {problem}")
         if node.strip() in out:
             raise secretfile.SecretError(f"{path}:{n}: node {node.strip()!r} given twice")
         out[node.strip()] = token.strip()

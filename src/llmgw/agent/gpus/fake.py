@@ -43,9 +43,16 @@ def parse_spec(text: str) -> list[dict[str, Any]]:
 def load_file(path: Path) -> list[dict[str, Any]]:
     """Groups from a YAML/JSON file (JSON is YAML), see the module docstring."""
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
-        raise GpuDiscoveryError(f"cannot read GPU file {path}: {exc}") from exc
+        # One line: a YAML error's text puts the position and a caret on lines of their own.
+        raise GpuDiscoveryError(
+            f"cannot read GPU file {path}: {' '.join(str(exc).split())}"
+        ) from exc
+    except UnicodeDecodeError:
+        raise GpuDiscoveryError(f"cannot read GPU file {path}: not UTF-8 text") from None
+    except RecursionError:
+        raise GpuDiscoveryError(f"cannot read GPU file {path}: nested too deeply") from None
     if isinstance(doc, str):
         return parse_spec(doc)
     if isinstance(doc, Mapping) and "gpus" in doc:

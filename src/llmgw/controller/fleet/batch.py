@@ -145,10 +145,10 @@ class Batch:
             return self.stop(r, reason)
         return r
 
-    def sleep(self, r: Replica, level: int, reason: str) -> Replica:
+    def sleep(self, r: Replica, level: int, reason: str, *, kind: str | None = None) -> Replica:
         """A ready replica sleeps instead of stopping: out of the endpoint list at once,
         its cards given up once its agent reports the engine asleep."""
-        return self.move(r, "sleeping", reason, sleep_level=level, drain_deadline=None)
+        return self.move(r, "sleeping", reason, kind=kind, sleep_level=level, drain_deadline=None)
 
     def wake(self, r: Replica, reason: str) -> Replica:
         """A sleeping replica is woken: it serves again once its agent reports it ready."""

@@ -45,7 +45,7 @@ def sleep_or_drain(t: TickContext, r: Replica, reason: str, *, kind: str | None 
         s = replicas.get(rid)
         if s is not None and s.state == "sleeping":
             batch.stop(s, f"stopped asleep: its memory is needed for {r.id} ({r.model}) to sleep")
-    return batch.sleep(r, room.level, f"{reason}; sleeps at level {room.level}")
+    return batch.sleep(r, room.level, f"{reason}; sleeps at level {room.level}", kind=kind)
 
 
 def _current(t: TickContext) -> dict[str, Replica]:
