@@ -1,5 +1,6 @@
 """Names from the fleet in one documented set: the controller's heartbeat and apply checks,
-the agent's flags, the fake GPUs' classes (issue 34, item 10)."""
+the agent's flags, the fake GPUs' classes (issue 34, item 10); and the files programs read
+at start refused in one line whatever they hold."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from llmgw.controller.api.validate import check_heartbeat, check_spec
 from llmgw.controller.config import read_node_tokens
 from llmgw.controller.errors import InvalidSpec
 from llmgw.runtime.secretfile import SecretError
+from llmgw.up.fleet import FleetError, load_fleet
 from llmgw.wire.agent import GPU, Heartbeat
 from llmgw.wire.models import ModelSpec
 from llmgw.wire.names import ADDRESS_RULE, LABEL_RULE, address_problem, label_problem
@@ -153,3 +155,19 @@ class TestStartFiles:
         with pytest.raises(GpuDiscoveryError, match=said) as gpu_info:
             load_file(f)
         assert "\n" not in str(gpu_info.value)
+
+    @pytest.mark.parametrize(
+        ("content", "said"),
+        [
+            (b"\xff\xfe", "not UTF-8 text"),
+            (b"[" * 5_000, "nesting depth"),
+            (b"nodes: [[[", "while parsing a flow node"),
+        ],
+    )
+    def test_up_fleet_file_is_one_line(self, content: bytes, said: str, tmp_path: Path) -> None:
+        """A bad `llmgw up --fleet` file is one FleetError line, never a traceback."""
+        f = tmp_path / "fleet.yaml"
+        f.write_bytes(content)
+        with pytest.raises(FleetError, match=said) as info:
+            load_fleet(f)
+        assert "\n" not in str(info.value)

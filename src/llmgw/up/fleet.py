@@ -79,16 +79,21 @@ def load_fleet(path: Path | None) -> Fleet:
         where = "<default fleet>"
     else:
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise FleetError(f"{path}: {exc.strerror}") from exc
+        except UnicodeDecodeError:
+            raise FleetError(f"{path}: not UTF-8 text") from None
         where = str(path)
     try:
         fleet = msgspec.yaml.decode(text, type=Fleet)
     except msgspec.ValidationError as exc:
         raise FleetError(f"{where}: {exc}") from exc
     except msgspec.DecodeError as exc:
-        raise FleetError(f"{where}: not valid YAML: {exc}") from exc
+        # One line: the parser's text puts the position on a line of its own.
+        raise FleetError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    except RecursionError:
+        raise FleetError(f"{where}: not valid YAML: nested too deeply") from None
     names = [m.name for m in fleet.models]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
