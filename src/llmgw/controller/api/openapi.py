@@ -30,6 +30,7 @@ from llmgw.wire.agent import Heartbeat, HeartbeatReply
 from llmgw.wire.endpoints import EndpointList
 from llmgw.wire.errors import ErrorBody
 from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
+from llmgw.wire.names import LABEL_PATTERN
 from llmgw.wire.usage import UsageReport
 
 _TYPES: tuple[Any, ...] = (
@@ -129,6 +130,12 @@ def _edge_rules(components: dict[str, Any]) -> None:
         usage[field]["additionalProperties"]["minimum"] = 0
     for prop in components["ModelLoad"]["properties"].values():
         prop["minimum"] = 0
+    # The name sets (wire.names), checked at the edge rather than by the stored types.
+    hb = components["Heartbeat"]["properties"]
+    hb["node"]["pattern"] = LABEL_PATTERN
+    hb["fabrics"]["items"]["pattern"] = LABEL_PATTERN
+    components["GPU"]["properties"]["gpu_class"]["pattern"] = LABEL_PATTERN
+    components["ModelSpec"]["properties"]["gpu_classes"]["items"]["pattern"] = LABEL_PATTERN
 
 
 def allowed_methods(path: str) -> str | None:
@@ -241,7 +248,12 @@ def document() -> bytes:
                 _ok(_ref("HeartbeatReply")),
                 body=_ref("Heartbeat"),
                 errors=(400, 401, 409, 413, 422, 503),
-                params=(_path("node", "node name (must equal the body's node)"),),
+                params=(
+                    {
+                        **_path("node", "node name (must equal the body's node)"),
+                        "schema": {"type": "string", "pattern": LABEL_PATTERN},
+                    },
+                ),
             )
         },
         "/v1/endpoints": {

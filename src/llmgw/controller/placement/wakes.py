@@ -237,7 +237,7 @@ def plan_wake(
         ]
         for s in sorted(others, key=lambda s: (-s.state_since, s.id)):
             p = _wake_one(s, free, held, their[h.model], spare, exclude, state, None)
-            if p is not None and not p.wait and h.id not in p.evict:
+            if p is not None and not p.wait and not p.hold and h.id not in p.evict:
                 return p
         return None
 
