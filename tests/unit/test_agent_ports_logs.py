@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.agent.engineprocs import PopenSpawner, SpawnError
 from llmgw.agent.logfiles import needs_rotation, rotate, tail
 from llmgw.agent.ports import NoFreePort, PortAllocator, parse_range
 
@@ -78,6 +79,17 @@ class TestLogFiles:
             os.umask(old)
         assert stat.S_IMODE((tmp_path / "e.log.1").stat().st_mode) == 0o600
         assert (tmp_path / "e.log.1").read_text() == "secret-ish engine output\n"
+
+    def test_a_symlink_at_the_log_is_not_followed(self, tmp_path: Path) -> None:
+        """A link planted at an engine log's name fails the spawn by name; its target keeps
+        its content and mode."""
+        victim = tmp_path / "victim"
+        victim.write_text("precious\n")
+        victim.chmod(0o644)
+        (tmp_path / "e.log").symlink_to(victim)
+        with pytest.raises(SpawnError, match="is a symbolic link; refusing to follow it"):
+            PopenSpawner().spawn(["true"], {}, tmp_path / "e.log")
+        assert (victim.read_text(), victim.stat().st_mode & 0o777) == ("precious\n", 0o644)
 
     def test_needs_rotation(self, tmp_path: Path) -> None:
         """Only a file over the limit needs rotating; a missing one does not."""

@@ -14,6 +14,7 @@ signalled.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shlex
 import signal
@@ -195,9 +196,12 @@ class PopenSpawner:
         except OSError as exc:
             # Translated like a failed exec: the shard fails with this reason. Raw, it
             # would end the heartbeat loop and the agent, over and over after restarts.
-            raise SpawnError(
-                f"cannot open the engine log {log_path}: {exc.strerror or exc}"
-            ) from exc
+            why = (
+                "it is a symbolic link; refusing to follow it"
+                if exc.errno == errno.ELOOP
+                else exc.strerror or str(exc)
+            )
+            raise SpawnError(f"cannot open the engine log {log_path}: {why}") from exc
         try:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
             # Names only: values may be secrets (a spec's env_from, the engine key).

@@ -29,9 +29,13 @@ MODE = 0o600
 
 def open_for_engine(path: Path) -> int:
     """A write-only O_APPEND descriptor for the engine's stdout and stderr (mode 0600,
-    also for a file an older agent left readable)."""
+    also for a file an older agent left readable).
+
+    O_NOFOLLOW: a symlink planted at a log's name would have the engine's output appended
+    to, and the fchmod applied to, whatever it points at; refused (ELOOP), the shard fails
+    with that reason (engineprocs.PopenSpawner)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, MODE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, MODE)
     os.fchmod(fd, MODE)
     return fd
 
