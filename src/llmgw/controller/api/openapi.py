@@ -29,6 +29,7 @@ from llmgw.wire.admin import (
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
 from llmgw.wire.endpoints import EndpointList
 from llmgw.wire.errors import ErrorBody
+from llmgw.wire.keys import KeyCreate, KeyCreated, KeyRevoked, KeyView
 from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
 from llmgw.wire.names import LABEL_PATTERN
 from llmgw.wire.usage import UsageReport
@@ -49,6 +50,10 @@ _TYPES: tuple[Any, ...] = (
     DrainRequest,
     WeightRequest,
     EngineKey,
+    KeyCreate,
+    KeyCreated,
+    KeyView,
+    KeyRevoked,
     ErrorBody,
 )
 _REF = "#/components/schemas/{name}"
@@ -402,6 +407,33 @@ def document() -> bytes:
                 _ok(_ref("EngineKey")),
                 errors=(400, 401, 403, 404, 409, 413, 422),
                 params=(rid,),
+            )
+        },
+        "/admin/keys": {
+            "get": _op(
+                "client keys sorted by name, with their limits; never a key or its hash",
+                _ok(_array("KeyView")),
+                errors=(401,),
+            ),
+            "post": _op(
+                "create a client key; the answer holds the key, shown this once "
+                "(409 when the name is taken)",
+                {"201": {"description": "created", **_json(_ref("KeyCreated"))}},
+                body=_ref("KeyCreate"),
+                errors=(400, 401, 403, 409, 413, 422, 503),
+            ),
+        },
+        "/admin/keys/{name}": {
+            "delete": _op(
+                "revoke a client key: every router refuses it within seconds",
+                _ok(_ref("KeyRevoked")),
+                errors=(400, 401, 403, 404, 503),
+                params=(
+                    {
+                        **_path("name", "key name"),
+                        "schema": {"type": "string", "pattern": LABEL_PATTERN},
+                    },
+                ),
             )
         },
         "/admin/events": {
