@@ -8,7 +8,7 @@ from llmgw.controller.fleet.records import Changes, Event, TenantKey
 from llmgw.controller.store import Store, StoreError
 from llmgw.controller.store import tables as store_tables
 from llmgw.controller.store.codec import SCHEMA_VERSION
-from llmgw.wire.keys import ClientKey
+from llmgw.wire.keys import Budget, ClientKey
 from tests.integration import test_controller_store as contract
 
 # The contract module's fixtures, seen here as globals (as pg.pg_schema is there).
@@ -34,8 +34,7 @@ class TestKeys:
             models=("m1", "m2"),
             rpm=60,
             tpm=10_000,
-            budget_tokens=1_000_000,
-            budget_per="week",
+            budget=Budget(tokens=1_000_000, per="week"),
             priority="batch",
             expires_at=1_800_000_000.25,
         )
@@ -47,7 +46,7 @@ class TestKeys:
         k = key()
         store.apply(Changes(keys=[k]))
         got = store.load().keys["alice"].key
-        assert (got.rpm, got.tpm, got.budget_tokens, got.models) == (None, None, None, ())
+        assert (got.rpm, got.tpm, got.budget, got.models) == (None, None, None, ())
 
     def test_revoke_deletes(self, store: Store) -> None:
         """A revoked key is gone from the next load, and its event is kept."""

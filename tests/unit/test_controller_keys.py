@@ -19,7 +19,7 @@ from llmgw.controller.fleet.keys import (
 from llmgw.controller.fleet.records import FleetState
 from llmgw.ctl.commands.keys import parse_duration
 from llmgw.ctl.errors import CtlError
-from llmgw.wire.keys import ClientKey, KeyCreate
+from llmgw.wire.keys import Budget, ClientKey, KeyCreate
 
 
 def created(state: FleetState, **kw: object) -> FleetState:
@@ -77,7 +77,7 @@ class TestViews:
     def test_describe_in_words(self) -> None:
         """Every limit set is named in the event's words."""
         limits = ClientKey(
-            name="a", sha256="0" * 64, models=("m",), rpm=1, budget_tokens=9, budget_per="day"
+            name="a", sha256="0" * 64, models=("m",), rpm=1, budget=Budget(tokens=9, per="day")
         )
         assert describe(limits) == "models m; rpm 1; budget 9/day; priority standard"
 
@@ -90,9 +90,9 @@ class TestViews:
 
 class TestLimitsType:
     def test_budget_needs_its_period(self) -> None:
-        """budget_tokens without budget_per (or the reverse) is refused."""
-        with pytest.raises(msgspec.ValidationError, match="go together"):
-            msgspec.convert({"name": "a", "team": "t", "budget_tokens": 5}, KeyCreate)
+        """A budget without its period is refused."""
+        with pytest.raises(msgspec.ValidationError, match="per"):
+            msgspec.convert({"name": "a", "team": "t", "budget": {"tokens": 5}}, KeyCreate)
 
     def test_limited_only_with_a_limit(self) -> None:
         """A key with only a model list needs no counting."""

@@ -29,6 +29,13 @@ Limit = Annotated[int, msgspec.Meta(ge=1, le=2**40)]
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 
 
+class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Tokens (prompt + completion) a key may use per calendar period (UTC)."""
+
+    tokens: Limit
+    per: BudgetPeriod
+
+
 class KeyLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a key may do; every field's default is "no limit" (or every model)."""
 
@@ -38,21 +45,18 @@ class KeyLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     rpm: Limit | None = None
     # Tokens (prompt + completion) per minute; None: unlimited.
     tpm: Limit | None = None
-    # Tokens per `budget_per` period; None: no budget. Both or neither are set.
-    budget_tokens: Limit | None = None
-    budget_per: BudgetPeriod | None = None
+    # None: no budget.
+    budget: Budget | None = None
     priority: Priority = "standard"
 
     def __post_init__(self) -> None:
-        if (self.budget_tokens is None) != (self.budget_per is None):
-            raise ValueError("budget_tokens and budget_per go together: give both or neither")
         if len(set(self.models)) != len(self.models):
             raise ValueError("models must not repeat a name")
 
     @property
     def limited(self) -> bool:
         """Whether any request of this key needs counting (rpm, tpm or a budget)."""
-        return self.rpm is not None or self.tpm is not None or self.budget_tokens is not None
+        return self.rpm is not None or self.tpm is not None or self.budget is not None
 
 
 class ClientKey(KeyLimits, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -141,6 +141,9 @@ def _edge_rules(components: dict[str, Any]) -> None:
     hb["fabrics"]["items"]["pattern"] = LABEL_PATTERN
     components["GPU"]["properties"]["gpu_class"]["pattern"] = LABEL_PATTERN
     components["ModelSpec"]["properties"]["gpu_classes"]["items"]["pattern"] = LABEL_PATTERN
+    # KeyLimits.__post_init__: a model named twice is refused.
+    for name in ("KeyCreate", "KeyCreated", "KeyView"):
+        components[name]["properties"]["models"]["uniqueItems"] = True
 
 
 def allowed_methods(path: str) -> str | None:

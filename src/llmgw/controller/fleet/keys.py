@@ -44,8 +44,7 @@ def create_key(state: FleetState, req: KeyCreate, *, now: float, key: str) -> Ba
         models=req.models,
         rpm=req.rpm,
         tpm=req.tpm,
-        budget_tokens=req.budget_tokens,
-        budget_per=req.budget_per,
+        budget=req.budget,
         priority=req.priority,
         expires_at=expires_at,
     )
@@ -75,8 +74,8 @@ def describe(limits: KeyLimits) -> str:
         parts.append(f"rpm {limits.rpm}")
     if limits.tpm is not None:
         parts.append(f"tpm {limits.tpm}")
-    if limits.budget_tokens is not None:
-        parts.append(f"budget {limits.budget_tokens}/{limits.budget_per}")
+    if limits.budget is not None:
+        parts.append(f"budget {limits.budget.tokens}/{limits.budget.per}")
     parts.append(f"priority {limits.priority}")
     return "; ".join(parts)
 
@@ -89,8 +88,7 @@ def key_view(k: TenantKey) -> KeyView:
         models=c.models,
         rpm=c.rpm,
         tpm=c.tpm,
-        budget_tokens=c.budget_tokens,
-        budget_per=c.budget_per,
+        budget=c.budget,
         priority=c.priority,
         created_at=k.created_at,
         expires_at=c.expires_at,

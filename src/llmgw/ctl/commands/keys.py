@@ -59,11 +59,11 @@ def _request(args: argparse.Namespace) -> KeyCreate:
         fields["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
         if not fields["models"]:
             raise CtlError("keys create: --models names no model (omit it for every model)")
-    for flag in ("rpm", "tpm", "budget_tokens", "priority"):
+    for flag in ("rpm", "tpm", "priority"):
         if getattr(args, flag) is not None:
             fields[flag] = getattr(args, flag)
     if args.per is not None:
-        fields["budget_per"] = args.per
+        fields["budget"] = {"tokens": args.budget_tokens, "per": args.per}
     if args.expires_in is not None:
         fields["expires_in_s"] = parse_duration(args.expires_in)
     try:
@@ -73,13 +73,13 @@ def _request(args: argparse.Namespace) -> KeyCreate:
 
 
 # Request fields whose flag is spelled otherwise; NAME is the positional argument.
-_FLAGS = {"budget_per": "--per", "expires_in_s": "--expires-in", "name": "NAME"}
+_FLAGS = {"budget": "--budget-tokens", "expires_in_s": "--expires-in", "name": "NAME"}
 
 
 def _problem(exc: msgspec.ValidationError) -> str:
     """A validation message in the flags the operator typed: `--rpm: Expected int >= 1`."""
     message = str(exc)
-    m = re.fullmatch(r"(.*) - at `\$\.(\w+)(?:\[\d+\])?`", message)
+    m = re.fullmatch(r"(.*) - at `\$\.(\w+)(?:\[\d+\]|\.(\w+))?`", message)
     if m is None:
         return specs.describe(exc)
     field = m.group(2)
@@ -115,7 +115,7 @@ def keys_table(views: list[KeyView], *, now: float) -> Table:
     for col in ("NAME", "TEAM", "MODELS", "RPM", "TPM", "BUDGET", "PRIORITY", "EXPIRES"):
         t.add_column(col)
     for v in views:
-        budget = UNKNOWN if v.budget_tokens is None else f"{v.budget_tokens}/{v.budget_per}"
+        budget = UNKNOWN if v.budget is None else f"{v.budget.tokens}/{v.budget.per}"
         if v.expires_at is None:
             expires = "never"
         elif v.expires_at <= now:
