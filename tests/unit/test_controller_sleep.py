@@ -269,6 +269,24 @@ class TestMoves:
         assert w.state.replicas["h1"].state == "ready"
         assert w.only("x", "pending").shards[0].gpus == (1,)
 
+    def test_one_card_is_woken_for_one_model_per_tick(self) -> None:
+        """Two models' sleepers on one card, both wanted: one wakes, the other holds."""
+        w = two_cards()
+        w.model(sleepy("z", sleep_after_s=2.0), desired=0)
+        put(w, "x1", "x", 0, "sleeping")
+        put(w, "z1", "z", 0, "sleeping")
+        put(w, "h1", "h", 0, "ready")
+        put(w, "busy", "y", 1, "ready")
+        w.report(
+            last_used={"h1": w.now - 500, "busy": w.now},
+            inflight={"h1": 0, "busy": 1},
+            demand={"x": 1, "z": 1},
+        )
+        w.tick()
+        states = sorted(w.state.replicas[r].state for r in ("x1", "z1"))
+        assert states == ["sleeping", "waking"]
+        assert w.replicas("x", "pending") == w.replicas("z", "pending") == []
+
     def test_a_card_waking_for_another_model_is_waited_for(self) -> None:
         """x's card is being woken for y: x waits a tick rather than starting cold."""
         w = two_cards()
