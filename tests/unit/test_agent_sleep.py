@@ -25,6 +25,8 @@ class FakeSleepClient:
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
         self.fail: str | None = None
+        self.asleep: bool | None = False
+        self.asked = 0  # GET /is_sleeping calls
 
     async def sleep(self, host: str, port: int, api_key: str, level: int) -> str | None:
         self.calls.append(("sleep", str(level), api_key))
@@ -37,6 +39,10 @@ class FakeSleepClient:
     async def warm_up(self, host: str, port: int, api_key: str, model: str) -> str | None:
         self.calls.append(("warm_up", model))
         return self.fail
+
+    async def is_sleeping(self, host: str, port: int, api_key: str) -> bool | None:
+        self.asked += 1
+        return self.asleep
 
     async def close(self) -> None:
         pass
@@ -121,6 +127,27 @@ class TestDrivingSleep:
         await rig["sup"].tick()
         await rig["sup"].tick()
         assert rig["sup"].statuses()[0].state == "sleeping"
+
+
+class TestAdoptedAsleep:
+    async def test_an_engine_found_asleep_is_reported_sleeping_then_woken(
+        self, rig: dict[str, Any]
+    ) -> None:
+        """Ready to /health but asleep (adopted after a restart): sleeping, then woken."""
+        rig["client"].asleep = True
+        rig["sup"].apply([spec(sleep_mode=True)])
+        rig["probe"].ready_ports.add(21000)
+        await rig["sup"].tick()
+        assert rig["client"].asked == 1
+        assert [c[0] for c in rig["client"].calls] == ["wake", "warm_up"]
+        assert rig["sup"].statuses()[0].state == "ready"
+
+    async def test_no_question_without_sleep_mode(self, rig: dict[str, Any]) -> None:
+        """An engine of a model that cannot sleep is never asked."""
+        rig["sup"].apply([spec()])
+        rig["probe"].ready_ports.add(21000)
+        await rig["sup"].tick()
+        assert rig["client"].asked == 0
 
 
 class TestSwapOnOneCard:
