@@ -130,6 +130,8 @@ class TestDrivingSleep:
 
 
 class TestAdoptedAsleep:
+    """An engine found asleep at the health probe is reported sleeping, then woken."""
+
     async def test_an_engine_found_asleep_is_reported_sleeping_then_woken(
         self, rig: dict[str, Any]
     ) -> None:
