@@ -74,6 +74,8 @@ async def ready(rig: dict[str, Any], **kw: Any) -> Any:
 
 
 class TestDrivingSleep:
+    """The agent sleeps and wakes engines as the controller lists them."""
+
     async def test_sleeps_when_listed_with_a_level(self, rig: dict[str, Any]) -> None:
         """A ready shard listed with sleep_level 2 is put to sleep, with its key, and says so."""
         s = await ready(rig)
@@ -128,6 +130,8 @@ class TestDrivingSleep:
 
 
 class TestAdoptedAsleep:
+    """An engine found asleep at the health probe is reported sleeping, then woken."""
+
     async def test_an_engine_found_asleep_is_reported_sleeping_then_woken(
         self, rig: dict[str, Any]
     ) -> None:
@@ -149,6 +153,8 @@ class TestAdoptedAsleep:
 
 
 class TestSwapOnOneCard:
+    """Two engines sharing one card never stay awake at the same time."""
+
     async def test_the_leaving_engine_sleeps_before_the_other_wakes(
         self, rig: dict[str, Any]
     ) -> None:
@@ -187,6 +193,8 @@ class TestSwapOnOneCard:
 
 
 class TestTemplates:
+    """Engine command lines with and without sleep mode."""
+
     def test_vllm_gets_sleep_mode_dev_routes_and_the_guard(self) -> None:
         """vLLM: --enable-sleep-mode, the guard middleware, dev mode and the guard's folder."""
         plan = render(spec(engine="vllm", sleep_mode=True), port=1, host="h", api_key="k")
@@ -225,6 +233,8 @@ async def call(guard: Guard, path: str, auth: bytes | None = None) -> int:
 
 
 class TestGuard:
+    """The vLLM guard keeps sleep routes behind the key and probes open."""
+
     async def test_sleep_routes_need_the_key(self) -> None:
         """/sleep without the key is 401; with it, it reaches vLLM."""
 
@@ -248,6 +258,8 @@ class TestGuard:
 
 
 class TestHostMemory:
+    """Host memory read from /proc/meminfo."""
+
     def test_meminfo_total_in_mib(self, tmp_path: Path) -> None:
         """MemTotal in kB becomes MiB; a configured figure wins; unreadable is None."""
         f = tmp_path / "meminfo"

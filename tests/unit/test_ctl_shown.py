@@ -51,6 +51,8 @@ def strings(doc: object) -> set[str]:
 
 
 class TestVisible:
+    """Hidden characters in fleet text are made visible and markup is never parsed."""
+
     def test_printable_text_is_unchanged(self) -> None:
         """Names, accents, emoji and markup-looking brackets come back as they are."""
         for s in ("gpu-01", "meta-llama/Llama-3.1-8B", "café 🙂", "[/] [bold]"):
@@ -133,6 +135,8 @@ class Hostile(FakeController):
 
 
 class TestHostileFleet:
+    """Hostile names from the fleet are shown, never obeyed."""
+
     @pytest.mark.parametrize(
         ("argv", "fmt"),
         [
@@ -194,6 +198,8 @@ class TestHostileFleet:
 
 
 class TestSpecFiles:
+    """Malformed spec files give one clear error."""
+
     def test_lone_surrogate_is_one_clear_error(self, tmp_path: Path) -> None:
         """A `\\ud83d` escape in YAML is refused naming model and field, before anything is sent."""
         f = tmp_path / "m.yaml"
@@ -236,6 +242,8 @@ class TestSpecFiles:
 
 
 class TestConfigFile:
+    """A bad ctl config file gives one line."""
+
     @pytest.mark.parametrize(
         ("content", "said"),
         [

@@ -17,6 +17,8 @@ def spec(**kw: Any) -> ModelSpec:
 
 
 class TestSleepSpec:
+    """A spec's sleep settings and which engines may sleep."""
+
     def test_defaults_keep_today_s_behaviour(self) -> None:
         """Without the fields a spec does not sleep and has no level or size."""
         s = spec()
