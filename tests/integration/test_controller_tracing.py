@@ -5,7 +5,6 @@ to an OTLP/HTTP receiver in the test that decodes the real protobuf (llmgw.testi
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -100,10 +99,7 @@ class TestTracingRefused:
     def test_sdk_missing_refused_at_start(self, tmp_path: Path) -> None:
         """Tracing configured without the OpenTelemetry SDK: the controller exits 2 saying
         what to install, instead of running untraced."""
-        shadow = tmp_path / "shadow" / "opentelemetry"
-        shadow.mkdir(parents=True)
-        (shadow / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
-        env = dict(os.environ, PYTHONPATH=str(tmp_path / "shadow"))
+        env = otlp.without_sdk(tmp_path / "shadow")
         argv = llmgw_argv("controller", "--port", "0", "--database", "memory://")
         argv += ["--tracing-endpoint", "http://127.0.0.1:9/v1/traces"]
         got = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
