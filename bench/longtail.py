@@ -146,6 +146,7 @@ class Workload:
     zipf: float = 1.1
     idle_s: float = 120.0  # every model's idle_timeout_s
     sleep_after_s: float = 10.0  # sleep mode: every model's sleep_after_s
+    warm_up_s: float = WARM_UP_S  # simulated time before anything is counted
 
 
 def run(sleep: bool, w: Workload) -> Outcome:
@@ -171,7 +172,7 @@ def run(sleep: bool, w: Workload) -> Outcome:
         name = f"n{i}"
         add_node(c, name, h100s(8), HOST_MIB)
         agents.append(Agent(name, h100s(8), HOST_MIB, timing, next_heartbeat=c.now + i * DT))
-    seconds = hours * 3600 + WARM_UP_S
+    seconds = hours * 3600 + w.warm_up_s
     queue = arrivals(
         [n for n, _ in defs], random.Random(seed + 1), seconds=seconds, rate=rate, zipf=w.zipf
     )
@@ -187,7 +188,7 @@ def run(sleep: bool, w: Workload) -> Outcome:
     for step in range(steps):
         now = c.now
         t = now - start
-        counted = t >= WARM_UP_S
+        counted = t >= w.warm_up_s
         ready = _ready(c)
         # Arrivals in this step.
         while qi < len(queue) and queue[qi][0] < t + DT:
@@ -237,7 +238,7 @@ def run(sleep: bool, w: Workload) -> Outcome:
             out.card_s += DT * sum(a.awake_cards() for a in agents)
         c.clock.advance(DT)
     out.wall_s = time.perf_counter() - wall0
-    after = start + WARM_UP_S
+    after = start + w.warm_up_s
     out.wakes = sum(1 for at, kind, _, _ in c.events if at >= after and kind == "replica.waking")
     out.cold_starts = sum(
         1 for at, kind, _, _ in c.events if at >= after and kind == "replica.placed"
@@ -330,10 +331,18 @@ def main(argv: list[str]) -> int:
         default="10,2",
         help="sleep mode's sleep_after_s; comma-separated values give one sleep row each",
     )
+    p.add_argument(
+        "--warm-up-min", type=float, default=WARM_UP_S / 60, help="minutes before counting"
+    )
     p.add_argument("--no-write", action="store_true", help="print only")
     args = p.parse_args(argv)
     w = Workload(
-        seed=args.seed, hours=args.hours, rate=args.rate, zipf=args.zipf, idle_s=args.idle_s
+        seed=args.seed,
+        hours=args.hours,
+        rate=args.rate,
+        zipf=args.zipf,
+        idle_s=args.idle_s,
+        warm_up_s=args.warm_up_min * 60,
     )
     stop = run(False, w)
     sleeps = [
@@ -355,12 +364,13 @@ def main(argv: list[str]) -> int:
             f"Fleet: 4 × 8 H100-80G, 24 models (12 × TP1 16 GB, 8 × TP2 70 GB, 4 × TP4 235 GB), "
             f"Zipf {args.zipf:g} at {args.rate:g} req/s plus bursts of 30, idle_timeout_s "
             f"{args.idle_s:g}, {args.hours:g} h measured after "
-            f"a 30 min warm-up, seed {args.seed}; the real controller tick, heartbeat and "
-            "outlook code (bench/longtail_fleet.py). 'Asleep': the model had a sleeping "
-            "replica when the request arrived. TTFT over requests served.",
+            f"a {args.warm_up_min:g} min warm-up, seed {args.seed}; the real controller tick, "
+            "heartbeat and outlook code (bench/longtail_fleet.py). 'Asleep': the model had a "
+            "sleeping replica when the request arrived. TTFT over requests served.",
             "",
             f"Command: `{COMMAND} --hours {args.hours:g} --seed {args.seed} --rate {args.rate:g}"
-            f" --zipf {args.zipf:g} --idle-s {args.idle_s:g} --sleep-after-s {args.sleep_after_s}`",
+            f" --zipf {args.zipf:g} --idle-s {args.idle_s:g} --sleep-after-s {args.sleep_after_s}"
+            f" --warm-up-min {args.warm_up_min:g}`",
             "",
             *table,
             "",

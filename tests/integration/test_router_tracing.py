@@ -2,14 +2,14 @@
 
 A real sim-engine and router; an OTLP/HTTP receiver in the test decodes the
 router's export with the protobuf classes of opentelemetry-proto (the real
-wire format, not the SDK's in-memory spans).
+wire format, not the SDK's in-memory spans; llmgw.testing.otlp).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gzip
 import json
+import subprocess
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +17,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
+
+from llmgw.testing.procs import llmgw_argv
 
 from .router_fixtures import (
     base_config,
@@ -29,10 +30,8 @@ from .router_fixtures import (
     wait_until_scraped,
 )
 
-trace_service = pytest.importorskip(
-    "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
-    reason="the tracing extra is not installed",
-)
+otlp = pytest.importorskip("llmgw.testing.otlp", reason="the tracing extra is not installed")
+attributes = otlp.attributes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -41,62 +40,16 @@ CLIENT_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 
 
-class Receiver:
-    """An OTLP/HTTP traces endpoint: every span it was sent, decoded."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-
-    async def traces(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        if request.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        export = trace_service.ExportTraceServiceRequest.FromString(body)
-        for rs in export.resource_spans:
-            for ss in rs.scope_spans:
-                self.spans.extend(ss.spans)
-        reply = trace_service.ExportTraceServiceResponse().SerializeToString()
-        return web.Response(body=reply, content_type="application/x-protobuf")
-
-    async def wait_span(self, trace_id: str, timeout_s: float = 20.0) -> Any:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while loop.time() < deadline:
-            for span in self.spans:
-                if span.trace_id.hex() == trace_id:
-                    return span
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"no span of trace {trace_id}: {len(self.spans)} spans")
-
-
 @pytest.fixture
-async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
-    rec = Receiver()
-    app = web.Application()
-    app.router.add_post("/v1/traces", rec.traces)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield rec, f"http://127.0.0.1:{port}/v1/traces"
-    finally:
-        await runner.cleanup()
+async def receiver() -> AsyncIterator[tuple[Any, str]]:
+    async with otlp.otlp_receiver() as rec:
+        yield rec, rec.url
 
 
 def engine_trace(engine_url: str) -> dict[str, str]:
     with urllib.request.urlopen(engine_url + "/sim/state", timeout=10) as resp:
         got: dict[str, str] = json.loads(resp.read())["last_trace"]
     return got
-
-
-def attributes(items: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for kv in items:
-        value = kv.value
-        out[kv.key] = getattr(value, value.WhichOneof("value"))
-    return out
 
 
 class TestTraceContextOff:
@@ -125,9 +78,7 @@ class TestTraceContextOff:
 
 
 class TestSpans:
-    async def test_route_span_exported(
-        self, tmp_path: Path, receiver: tuple[Receiver, str]
-    ) -> None:
+    async def test_route_span_exported(self, tmp_path: Path, receiver: tuple[Any, str]) -> None:
         """With tracing on, each request's llmgw.route span reaches the OTLP receiver: a
         child of the client's span carrying the decision, and the engine's parent."""
         rec, endpoint = receiver
@@ -143,12 +94,12 @@ class TestSpans:
                     got = await post(s, r.url, chat_body("trace me"), headers=headers)
                     assert got.status == 200
                     seen = await asyncio.to_thread(engine_trace, engines[0].url)
-                    span = await rec.wait_span(TRACE_ID)
+                    span = await rec.wait_trace(TRACE_ID)
                     # No context from the client: the router starts a trace.
                     fresh = await post(s, r.url, chat_body("no context"))
                     assert fresh.status == 200
                     started = await asyncio.to_thread(engine_trace, engines[0].url)
-                    root = await rec.wait_span(started["traceparent"].split("-")[1])
+                    root = await rec.wait_trace(started["traceparent"].split("-")[1])
         assert span.name == "llmgw.route"
         assert span.parent_span_id.hex() == CLIENT_SPAN
         assert seen["traceparent"] == f"00-{TRACE_ID}-{span.span_id.hex()}-01"
@@ -165,3 +116,17 @@ class TestSpans:
         assert event["llmgw.reason"]
         assert root.parent_span_id == b""
         assert started["traceparent"].split("-")[2] == root.span_id.hex()
+
+
+class TestTracingRefused:
+    def test_sdk_missing_refused_at_start(self, tmp_path: Path) -> None:
+        """`tracing:` set without the OpenTelemetry SDK: the router exits 2 with one line
+        saying what to install, before any worker starts."""
+        config = tmp_path / "r.yaml"
+        config.write_text("endpoints: []\ntracing:\n  endpoint: http://127.0.0.1:9/v1/traces\n")
+        env = otlp.without_sdk(tmp_path / "shadow")
+        argv = llmgw_argv("router", "--config", str(config), "--port", "0", "--workers", "2")
+        got = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert (got.returncode, got.stdout) == (2, ""), got.stderr
+        assert got.stderr.strip().endswith("(pip install 'llmgw[tracing]')")
+        assert "Traceback" not in got.stderr

@@ -21,6 +21,8 @@ from llmgw.agent.gpus.nvml import NvmlInventory
 
 
 class TestGpuClass:
+    """GPU class names and the memory each class stands for."""
+
     @pytest.mark.parametrize(
         ("expected", "name", "memory_mib"),
         [
@@ -47,6 +49,8 @@ class TestGpuClass:
 
 
 class TestHealthRules:
+    """Which XID and ECC faults take a GPU out of service."""
+
     @pytest.mark.parametrize("xid", [13, 31, 43, 45, 68])
     def test_application_xids_keep_the_gpu(self, xid: int) -> None:
         """An XID caused by one program leaves the card in service."""
@@ -75,6 +79,8 @@ class TestHealthRules:
 
 
 class TestFakeInventory:
+    """The fake GPU inventory: its spec strings, files and injected faults."""
+
     def test_spec(self) -> None:
         """A mixed spec numbers GPUs from 0 in the order given, with memory from the class."""
         inv = FakeInventory.from_spec("2xH100-80G,1xL40S-48G", uuid_prefix="n1")
@@ -190,6 +196,8 @@ def fake_nvml(
 
 
 class TestNvmlAdapter:
+    """The NVML adapter's discovery and fault events, on a fake library."""
+
     def test_discovery(self) -> None:
         """NVML names and memory become GPUs with their class."""
         inv = NvmlInventory.open(fake_nvml())
@@ -243,6 +251,8 @@ class TestNvmlAdapter:
 
 
 class TestNvmlTelemetry:
+    """Card readings the NVML adapter reports after a refresh."""
+
     async def test_readings_after_refresh(self) -> None:
         """Temperature, utilisation, memory and error counts come from NVML per card."""
         inv = NvmlInventory.open(fake_nvml(ecc=0))

@@ -21,6 +21,8 @@ REQUIRED = ["--controller", "http://c:1", "--node", "n1", "--state-dir", "/tmp/s
 
 
 class TestBackoff:
+    """The heartbeat backoff grows, caps and jitters within bounds."""
+
     def test_grows_and_caps(self) -> None:
         """Delays double per failure up to the cap (jitter factor fixed at its top)."""
         delays = [backoff_delay_s(n, base_s=1.0, cap_s=8.0, rng=lambda: 1.0) for n in range(1, 7)]
@@ -54,6 +56,8 @@ def beat_of() -> Heartbeat:
 
 
 class TestHeartbeater:
+    """The heartbeater applies replies and retries failures without acting on them."""
+
     async def test_failures_apply_nothing(self) -> None:
         """Unreachable or standby controllers never change the desired set; delays grow."""
         applied: list[tuple[ShardSpec, ...]] = []
@@ -119,6 +123,8 @@ class _NoProbe:
 
 
 class TestHeartbeatSeq:
+    """Heartbeat sequence numbers of one agent process."""
+
     async def test_seq_increases_per_heartbeat_of_one_agent(self, tmp_path: Path) -> None:
         """Each heartbeat built takes the next seq from 1, failed sends included."""
         from llmgw.agent.engineprocs import PopenSpawner
@@ -157,6 +163,8 @@ class TestHeartbeatSeq:
 
 
 class TestConfig:
+    """The agent's configuration from flags and file, and its errors."""
+
     def test_flags(self) -> None:
         """Flags map onto the config, repeatable ones into lists and mappings."""
         cfg = parse_config(
@@ -229,6 +237,8 @@ class TestConfig:
 
 
 class TestLoopbackGuard:
+    """Which controller peers count as loopback for the agent."""
+
     @pytest.mark.parametrize(
         ("expected", "remote"),
         [(True, "127.0.0.1"), (True, "::1"), (True, "127.1.2.3"), (False, "10.0.0.2"),
@@ -240,6 +250,8 @@ class TestLoopbackGuard:
 
 
 class TestAddressCheck:
+    """The agent's check of the address it advertises."""
+
     @pytest.mark.parametrize("address", ["0.0.0.0", "::", "0:0::0"])
     def test_an_unspecified_address_is_refused(self, address: str) -> None:
         """0.0.0.0 binds (every interface), but it is nobody's address: engines would

@@ -13,6 +13,8 @@ from llmgw.agent.ports import NoFreePort, PortAllocator, parse_range
 
 
 class TestPorts:
+    """Engine port allocation from the configured range."""
+
     def test_skips_taken_and_busy(self) -> None:
         """Ports held by our shards or bound by anyone else are skipped."""
         busy = {21001}
@@ -48,6 +50,8 @@ class TestPorts:
 
 
 class TestLogFiles:
+    """Engine log rotation, file modes and tails."""
+
     def test_rotate_keeps_n(self, tmp_path: Path) -> None:
         """Rotation copies to .1, shifts older copies, drops beyond `keep`, and empties the log."""
         log = tmp_path / "e.log"

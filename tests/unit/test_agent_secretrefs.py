@@ -23,7 +23,10 @@ AGENT_TOKEN = "agent-token-5b2e-not-for-engines"
 
 
 class TestResolve:
+    """Resolving env_from references on the node, and the files it refuses to read."""
+
     def test_env_and_file(self, tmp_path: Path) -> None:
+        """A file reference gives the file's first line, an env reference the variable's value."""
         f = tmp_path / "hf"
         f.write_text(CANARY + "\n")
         refs = {"HF_TOKEN": SecretRef(file=str(f)), "W": SecretRef(env="W_SRC")}
@@ -40,6 +43,7 @@ class TestResolve:
         ],
     )
     def test_unresolvable_names_the_reference_not_a_value(self, ref: SecretRef, words: str) -> None:
+        """An unresolvable reference is named, never a value."""
         env = {"LLMGW_AGENT_TOKEN": CANARY, "LLMGW_ROUTER_TOKEN": CANARY, "EMPTY": ""}
         with pytest.raises(SecretUnavailable) as err:
             resolve({"X": ref}, environ=env)
@@ -48,6 +52,7 @@ class TestResolve:
         assert CANARY not in str(err.value)
 
     def test_the_agent_s_own_files_are_never_read(self, tmp_path: Path) -> None:
+        """The agent's own files are never read."""
         state = tmp_path / "state"
         state.mkdir()
         (state / "agent-state.json").write_text('{"api_key": "k"}')
@@ -104,6 +109,7 @@ class TestResolve:
         assert "not a regular file" in str(caught[0])
 
     def test_a_symlink_loop_or_a_device_is_refused_not_a_crash(self, tmp_path: Path) -> None:
+        """A symlink loop or a device is refused, not a crash."""
         (tmp_path / "a").symlink_to(tmp_path / "b")
         (tmp_path / "b").symlink_to(tmp_path / "a")
         for path in (str(tmp_path / "a"), "/dev/null", str(tmp_path)):
@@ -111,6 +117,7 @@ class TestResolve:
                 resolve({"X": SecretRef(file=path)}, private_paths=(tmp_path / "private",))
 
     def test_oversized_and_binary_files(self, tmp_path: Path) -> None:
+        """Oversized files and files holding a NUL byte are refused."""
         big = tmp_path / "big"
         big.write_bytes(b"x" * (64 * 1024 + 1))
         with pytest.raises(SecretUnavailable, match="over 65536 bytes"):
@@ -121,6 +128,7 @@ class TestResolve:
             resolve({"X": SecretRef(file=str(nul))})
 
     def test_quietly_skips_what_does_not_resolve(self, tmp_path: Path) -> None:
+        """Quietly skips what does not resolve."""
         f = tmp_path / "s"
         f.write_text(CANARY)
         refs = {"A": SecretRef(file=str(f)), "B": SecretRef(file=str(tmp_path / "gone"))}
@@ -144,7 +152,10 @@ def parts(tmp_path: Path) -> dict[str, Any]:
 
 
 class TestSupervisor:
+    """Resolved secret values reach only the engine's environment and never its log tails."""
+
     async def test_the_value_reaches_the_engine_env_only(self, parts: dict[str, Any]) -> None:
+        """The value reaches the engine env only."""
         sup, spawner, tmp = parts["sup"], parts["spawner"], parts["tmp"]
         secret = tmp / "hf"
         secret.write_text(CANARY)
@@ -183,6 +194,7 @@ class TestSupervisor:
     async def test_unresolvable_fails_the_shard_before_it_starts(
         self, parts: dict[str, Any]
     ) -> None:
+        """Unresolvable fails the shard before it starts."""
         sup, spawner = parts["sup"], parts["spawner"]
         # Declared (secret_env) but not in the agent's environment.
         sup.policy = policy_of((), (), {"NO_SUCH_VARIABLE_HERE"})
@@ -250,6 +262,7 @@ class TestSupervisor:
         assert not any(CANARY in line for line in st.log_tail)
 
     async def test_policy_applies_to_env_from_names(self, parts: dict[str, Any]) -> None:
+        """Policy applies to env_from names."""
         sup, spawner = parts["sup"], parts["spawner"]
         sup.apply([spec(env_from={"LD_PRELOAD": SecretRef(env="HOME")})])
         (st,) = sup.statuses()
@@ -282,6 +295,7 @@ class TestSecretEnv:
     async def test_a_declared_variable_reaches_only_the_engine_that_reads_it(
         self, parts: dict[str, Any], monkeypatch: pytest.MonkeyPatch
     ) -> None:
+        """A declared variable reaches only the engine that reads it."""
         sup, spawner = parts["sup"], parts["spawner"]
         monkeypatch.setenv("HF_SRC_FOR_TEST", CANARY)
         sup.policy = policy_of((), (), {"HF_SRC_FOR_TEST"})
@@ -301,6 +315,8 @@ class TestSecretEnv:
 
 
 class TestSpawnerWithholds:
+    """The spawner never lets an engine inherit the agent's secret environment."""
+
     def test_secret_env_is_never_inherited(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -25,6 +25,8 @@ class FakeSleepClient:
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
         self.fail: str | None = None
+        self.asleep: bool | None = False
+        self.asked = 0  # GET /is_sleeping calls
 
     async def sleep(self, host: str, port: int, api_key: str, level: int) -> str | None:
         self.calls.append(("sleep", str(level), api_key))
@@ -37,6 +39,10 @@ class FakeSleepClient:
     async def warm_up(self, host: str, port: int, api_key: str, model: str) -> str | None:
         self.calls.append(("warm_up", model))
         return self.fail
+
+    async def is_sleeping(self, host: str, port: int, api_key: str) -> bool | None:
+        self.asked += 1
+        return self.asleep
 
     async def close(self) -> None:
         pass
@@ -68,6 +74,8 @@ async def ready(rig: dict[str, Any], **kw: Any) -> Any:
 
 
 class TestDrivingSleep:
+    """The agent sleeps and wakes engines as the controller lists them."""
+
     async def test_sleeps_when_listed_with_a_level(self, rig: dict[str, Any]) -> None:
         """A ready shard listed with sleep_level 2 is put to sleep, with its key, and says so."""
         s = await ready(rig)
@@ -121,7 +129,32 @@ class TestDrivingSleep:
         assert rig["sup"].statuses()[0].state == "sleeping"
 
 
+class TestAdoptedAsleep:
+    """An engine found asleep at the health probe is reported sleeping, then woken."""
+
+    async def test_an_engine_found_asleep_is_reported_sleeping_then_woken(
+        self, rig: dict[str, Any]
+    ) -> None:
+        """Ready to /health but asleep (adopted after a restart): sleeping, then woken."""
+        rig["client"].asleep = True
+        rig["sup"].apply([spec(sleep_mode=True)])
+        rig["probe"].ready_ports.add(21000)
+        await rig["sup"].tick()
+        assert rig["client"].asked == 1
+        assert [c[0] for c in rig["client"].calls] == ["wake", "warm_up"]
+        assert rig["sup"].statuses()[0].state == "ready"
+
+    async def test_no_question_without_sleep_mode(self, rig: dict[str, Any]) -> None:
+        """An engine of a model that cannot sleep is never asked."""
+        rig["sup"].apply([spec()])
+        rig["probe"].ready_ports.add(21000)
+        await rig["sup"].tick()
+        assert rig["client"].asked == 0
+
+
 class TestSwapOnOneCard:
+    """Two engines sharing one card never stay awake at the same time."""
+
     async def test_the_leaving_engine_sleeps_before_the_other_wakes(
         self, rig: dict[str, Any]
     ) -> None:
@@ -160,6 +193,8 @@ class TestSwapOnOneCard:
 
 
 class TestTemplates:
+    """Engine command lines with and without sleep mode."""
+
     def test_vllm_gets_sleep_mode_dev_routes_and_the_guard(self) -> None:
         """vLLM: --enable-sleep-mode, the guard middleware, dev mode and the guard's folder."""
         plan = render(spec(engine="vllm", sleep_mode=True), port=1, host="h", api_key="k")
@@ -198,6 +233,8 @@ async def call(guard: Guard, path: str, auth: bytes | None = None) -> int:
 
 
 class TestGuard:
+    """The vLLM guard keeps sleep routes behind the key and probes open."""
+
     async def test_sleep_routes_need_the_key(self) -> None:
         """/sleep without the key is 401; with it, it reaches vLLM."""
 
@@ -221,6 +258,8 @@ class TestGuard:
 
 
 class TestHostMemory:
+    """Host memory read from /proc/meminfo."""
+
     def test_meminfo_total_in_mib(self, tmp_path: Path) -> None:
         """MemTotal in kB becomes MiB; a configured figure wins; unreadable is None."""
         f = tmp_path / "meminfo"

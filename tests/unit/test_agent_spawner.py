@@ -10,6 +10,8 @@ from llmgw.agent.engineprocs import PopenSpawner, SpawnError
 
 
 class TestSpawnFailures:
+    """Ways an engine cannot start become a SpawnError."""
+
     def test_unwritable_log_path_is_a_spawn_error(self, tmp_path: Path) -> None:
         """A log file that cannot be opened fails the shard; it must not kill the heartbeat loop."""
         blocker = tmp_path / "not-a-dir"

@@ -11,6 +11,8 @@ from llmgw.agent.statefile import StateDirBusy, lock_state_dir
 
 
 class TestStateDirLock:
+    """The state-dir lock admits one agent and names the holder to the next."""
+
     def test_second_holder_is_refused_with_the_first_pid(self, tmp_path: Path) -> None:
         """While one agent holds the state dir, another is refused, told the holder's pid."""
         held = lock_state_dir(tmp_path)

@@ -97,6 +97,8 @@ def parts(tmp_path: Path) -> dict[str, Any]:
 
 
 class TestStart:
+    """The supervisor starts listed shards once and reports them ready."""
+
     async def test_start_then_ready(self, parts: dict[str, Any]) -> None:
         """A desired shard starts on a port from the range and is ready once /health answers."""
         sup, probe = parts["sup"], parts["probe"]
@@ -152,6 +154,8 @@ def wide(rid: str, rank: int, master_port: int) -> ShardSpec:
 
 
 class TestRendezvousPorts:
+    """Engine ports and rendezvous ports never collide on one node."""
+
     async def test_engine_ports_skip_a_running_shard_s_rendezvous_port(
         self, parts: dict[str, Any]
     ) -> None:
@@ -202,6 +206,8 @@ class TestRendezvousPorts:
 
 
 class TestExitAndStop:
+    """Crashed, unlisted and stubborn engines are reported, stopped or killed."""
+
     async def test_crash_reports_exit_code_and_log(self, parts: dict[str, Any]) -> None:
         """An engine that exits on its own is failed with its exit code and log tail."""
         sup, spawner = parts["sup"], parts["spawner"]
@@ -263,6 +269,8 @@ class TestExitAndStop:
 
 
 class TestAdoption:
+    """A restarted agent adopts its running engines from the state file, and only those."""
+
     async def test_state_file_round_trip(self, parts: dict[str, Any], tmp_path: Path) -> None:
         """A started engine is in the state file with pid, start time and port."""
         parts["sup"].apply([spec()])
@@ -327,6 +335,8 @@ class TestAdoption:
 
 
 class TestProcStat:
+    """Reading a process's start time to tell a reused pid apart."""
+
     def test_own_process(self) -> None:
         """Our own /proc entry reads as a live state letter and a start time."""
         stat = read_stat(os.getpid())
@@ -351,6 +361,8 @@ class TestProcStat:
 
 
 class TestSpecPolicy:
+    """The node's spec policy is applied before an engine starts."""
+
     @pytest.mark.parametrize(
         ("kw", "what"),
         [
@@ -396,5 +408,6 @@ class TestSpecPolicy:
         assert {s.replica_id: s.state for s in sup.statuses()}["r2"] == "failed"
 
     async def test_plain_env_is_fine(self, parts: dict[str, Any]) -> None:
+        """An ordinary environment passes the policy and the shard starts."""
         parts["sup"].apply([spec(env={"HF_HOME": "/data", "VLLM_LOGGING_LEVEL": "INFO"})])
         assert parts["sup"].statuses()[0].state == "starting"

@@ -32,6 +32,8 @@ def shard(**kw: Any) -> ShardSpec:
 
 
 class TestVllm:
+    """vLLM command lines for one node and for several."""
+
     def test_single_node(self) -> None:
         """One node: positional model, every served name, port, host and TP = GPUs."""
         plan = render(shard(), port=21000, host="10.1.2.3")
@@ -97,6 +99,8 @@ class TestVllm:
 
 
 class TestSglang:
+    """SGLang command lines for one node and for several."""
+
     def test_single_node(self) -> None:
         """One node: model path, the served name, and TP = GPUs."""
         plan = render(shard(engine="sglang"), port=21001, host="10.1.2.3")
@@ -145,6 +149,8 @@ class TestSglang:
 
 
 class TestSim:
+    """sim-engine command lines, workers included."""
+
     def test_single_node(self) -> None:
         """The sim-engine runs under this interpreter with vLLM-like flags and model args."""
         plan = render(shard(engine="sim", args=("--speed", "10")), port=21003, host="10.1.2.3")
@@ -177,6 +183,8 @@ class TestSim:
 
 
 class TestLlamacpp:
+    """llama.cpp command lines and its one-node limit."""
+
     def test_single_node(self) -> None:
         """GGUF file, every served name as one --alias, threads = units held, the
         defaults (slots, shared context, metrics, cache reuse), then the spec's args."""
@@ -231,6 +239,8 @@ class TestLlamacpp:
 
 
 class TestEngineBins:
+    """Overriding engine binaries, and unknown engines."""
+
     def test_override(self) -> None:
         """--engine-bin replaces one engine's command, split like a shell."""
         commands = parse_engine_bins({"vllm": "/opt/venv/bin/vllm serve"})
@@ -246,6 +256,8 @@ class TestEngineBins:
 
 
 class TestEngineKey:
+    """How each engine is given its API key, and that shown command lines hide it."""
+
     def test_vllm_and_sim_get_the_key_in_vllms_variable(self) -> None:
         """vLLM and the sim-engine read VLLM_API_KEY: the key stays out of argv (ps)."""
         for engine in ("vllm", "sim"):
@@ -261,6 +273,7 @@ class TestEngineKey:
         assert "VLLM_API_KEY" not in plan.env
 
     def test_no_key_no_variable(self) -> None:
+        """Without a key the engine gets no key variable."""
         plan = render(shard(), port=1, host="10.1.2.3")
         assert "VLLM_API_KEY" not in plan.env
 

@@ -38,45 +38,51 @@ def run(routing: ModuleType, policy: str, ttfts: list[float], hits: tuple[float,
     return st
 
 
-def test_pool_takes_percentiles_over_every_request_and_hits_over_summed_counters(
-    routing: ModuleType,
-) -> None:
-    a = run(routing, "ours", [0.01] * 98 + [1.0, 1.0], (90.0, 100.0))
-    b = run(routing, "ours", [0.02] * 100, (10.0, 100.0))
-    p = routing.pool([a, b])
-    # Two slow requests are 2 % of one run but 1 % of both: the pooled p99 is below them.
-    assert p.ttft_p99 == pytest.approx(0.02)
-    assert a.ttft_p99 == pytest.approx(1.0)
-    assert p.ttft_p50 == pytest.approx(0.02)  # the 100th of 200
-    assert p.hit_rate == pytest.approx(0.5)  # 100 of 200, not the mean of the rates
-    assert p.sent == 200
+class TestPooledSuite:
+    """bench/routing.py pools the seeds' rows and judges the pooled rows."""
 
+    def test_pool_takes_percentiles_over_every_request_and_hits_over_summed_counters(
+        self,
+        routing: ModuleType,
+    ) -> None:
+        """Pool takes percentiles over every request and hits over summed counters."""
+        a = run(routing, "ours", [0.01] * 98 + [1.0, 1.0], (90.0, 100.0))
+        b = run(routing, "ours", [0.02] * 100, (10.0, 100.0))
+        p = routing.pool([a, b])
+        # Two slow requests are 2 % of one run but 1 % of both: the pooled p99 is below them.
+        assert p.ttft_p99 == pytest.approx(0.02)
+        assert a.ttft_p99 == pytest.approx(1.0)
+        assert p.ttft_p50 == pytest.approx(0.02)  # the 100th of 200
+        assert p.hit_rate == pytest.approx(0.5)  # 100 of 200, not the mean of the rates
+        assert p.sent == 200
 
-def test_suite_verdicts_judge_the_pooled_rows(routing: ModuleType) -> None:
-    def row(policy: str, hints: str, *runs: object) -> object:
-        return routing.SuiteRow("few-prompts", hints, routing.pool(list(runs)), list(runs))
+    def test_suite_verdicts_judge_the_pooled_rows(self, routing: ModuleType) -> None:
+        """Suite verdicts judge the pooled rows."""
 
-    fast = [0.05] * 100
-    rows = [
-        row("oracle", "none", run(routing, "oracle", fast, (90, 100))),
-        row("ours", "none", run(routing, "ours", [0.06] * 100, (89, 100))),
-        # One seed slow, one fast: pooled, the hinted row is judged on both.
-        row(
-            "ours",
-            "user",
-            run(routing, "ours", [0.06] * 100, (89, 100)),
-            run(routing, "ours", [0.06] * 98 + [0.5, 0.5], (89, 100)),
-        ),
-        row("ours", "header", run(routing, "ours", [0.09] * 100, (85, 100))),
-    ]
-    lines, checks = routing.suite_table(rows)
-    assert len(lines) == 2 + len(rows)
-    assert "60 / 500" in lines[4]  # each seed's p99 beside the pooled one
-    none, user, header = checks
-    assert "p99 1.20× the oracle's (met" in none
-    assert "hit rate -1.0 points (met" in none
-    assert "against no hints p99 1.00×" in user
-    assert "(not worse" in user
-    assert "p99 1.80× the oracle's (MISSED" in header
-    assert "hit rate -5.0 points (MISSED" in header
-    assert "(WORSE" in header
+        def row(policy: str, hints: str, *runs: object) -> object:
+            return routing.SuiteRow("few-prompts", hints, routing.pool(list(runs)), list(runs))
+
+        fast = [0.05] * 100
+        rows = [
+            row("oracle", "none", run(routing, "oracle", fast, (90, 100))),
+            row("ours", "none", run(routing, "ours", [0.06] * 100, (89, 100))),
+            # One seed slow, one fast: pooled, the hinted row is judged on both.
+            row(
+                "ours",
+                "user",
+                run(routing, "ours", [0.06] * 100, (89, 100)),
+                run(routing, "ours", [0.06] * 98 + [0.5, 0.5], (89, 100)),
+            ),
+            row("ours", "header", run(routing, "ours", [0.09] * 100, (85, 100))),
+        ]
+        lines, checks = routing.suite_table(rows)
+        assert len(lines) == 2 + len(rows)
+        assert "60 / 500" in lines[4]  # each seed's p99 beside the pooled one
+        none, user, header = checks
+        assert "p99 1.20× the oracle's (met" in none
+        assert "hit rate -1.0 points (met" in none
+        assert "against no hints p99 1.00×" in user
+        assert "(not worse" in user
+        assert "p99 1.80× the oracle's (MISSED" in header
+        assert "hit rate -5.0 points (MISSED" in header
+        assert "(WORSE" in header

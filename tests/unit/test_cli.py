@@ -8,6 +8,8 @@ from llmgw import cli
 
 
 class TestDispatch:
+    """The llmgw dispatcher's help and its exit code for an unknown command."""
+
     def test_unknown_command_exits_2(self, capsys: pytest.CaptureFixture[str]) -> None:
         """An unknown subcommand prints usage and exits 2."""
         assert cli.main(["nope"]) == 2

@@ -55,32 +55,35 @@ def _shown_default(action: argparse.Action) -> bool:
     )
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_every_flag_has_help_and_shows_its_default(command: str) -> None:
-    problems: list[str] = []
-    for parser in _parsers(command):
-        for prog, p in _walk(parser):
-            text = p.format_help()
-            for action in p._actions:
-                if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
-                    continue
-                name = "/".join(action.option_strings) or action.dest
-                if action.help == argparse.SUPPRESS:
-                    continue  # hidden on purpose (a vLLM-compatible alias, say)
-                if not (action.help or "").strip():
-                    problems.append(f"{prog} {name}: no help")
-                    continue
-                if _shown_default(action):
-                    continue
-                formatted = p._get_formatter()._expand_help(action)
-                if "default" not in formatted:
-                    problems.append(f"{prog} {name}: default {action.default!r} not shown")
-            assert text  # formats without error
-    assert not problems, "\n".join(problems)
+class TestFlagHelp:
+    """Every program's flags have help text, defaults and the log format."""
 
+    @pytest.mark.parametrize("command", sorted(COMMANDS))
+    def test_every_flag_has_help_and_shows_its_default(self, command: str) -> None:
+        """Every flag has help and shows its default."""
+        problems: list[str] = []
+        for parser in _parsers(command):
+            for prog, p in _walk(parser):
+                text = p.format_help()
+                for action in p._actions:
+                    if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                        continue
+                    name = "/".join(action.option_strings) or action.dest
+                    if action.help == argparse.SUPPRESS:
+                        continue  # hidden on purpose (a vLLM-compatible alias, say)
+                    if not (action.help or "").strip():
+                        problems.append(f"{prog} {name}: no help")
+                        continue
+                    if _shown_default(action):
+                        continue
+                    formatted = p._get_formatter()._expand_help(action)
+                    if "default" not in formatted:
+                        problems.append(f"{prog} {name}: default {action.default!r} not shown")
+                assert text  # formats without error
+        assert not problems, "\n".join(problems)
 
-@pytest.mark.parametrize("command", ["agent", "controller", "router", "sim-engine", "up"])
-def test_every_long_running_program_lists_log_format(command: str) -> None:
-    """`--log-format` is taken before each program's own parser; `--help` still tells of it."""
-    texts = [p.format_help() for parser in _parsers(command) for _, p in _walk(parser)]
-    assert any("--log-format" in t and "json" in t for t in texts), command
+    @pytest.mark.parametrize("command", ["agent", "controller", "router", "sim-engine", "up"])
+    def test_every_long_running_program_lists_log_format(self, command: str) -> None:
+        """`--log-format` is taken before each program's own parser; `--help` still tells of it."""
+        texts = [p.format_help() for parser in _parsers(command) for _, p in _walk(parser)]
+        assert any("--log-format" in t and "json" in t for t in texts), command

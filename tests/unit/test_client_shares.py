@@ -11,6 +11,8 @@ from llmgw.runtime.peers import Peer, Peers, share_of
 
 
 class TestPeers:
+    """Connections are shared among client addresses, each with a floor."""
+
     def test_an_address_past_its_share_of_connections_is_refused(self) -> None:
         """Share 0.5 of 4 connections: two per address; another address still enters."""
         peers = Peers(max_connections=4, share=0.5)
@@ -36,6 +38,8 @@ class TestPeers:
 
 
 class TestByteBudget:
+    """The byte budget holds an address to its share and leaves others alone."""
+
     def test_an_address_is_held_to_its_share_and_others_are_not(self) -> None:
         """`each` bytes per address, `limit` for all; give returns them to both."""
         budget = ByteBudget(100, each=50)
@@ -51,6 +55,8 @@ class TestByteBudget:
 
 
 class TestHeldPerAddress:
+    """One address cannot fill the hold queue."""
+
     def test_one_address_cannot_fill_the_hold_queue(self) -> None:
         """max_held 4, share 0.5: the third held request of one address is refused, another
         address's is held; leaving returns the slot."""

@@ -8,6 +8,8 @@ from llmgw.testing import ManualClock
 
 
 class TestManualClock:
+    """ManualClock moves both readings forward and never backwards."""
+
     def test_advance_moves_both_readings(self) -> None:
         """advance() moves monotonic and wall time by the same amount."""
         c = ManualClock()

@@ -26,6 +26,8 @@ def _world(*, force: bool = False, room: int = 2) -> tuple[World, list[str]]:
 
 
 class TestWaiting:
+    """A drain with no room waits visibly while the old replica keeps serving."""
+
     def test_no_replacement_keeps_the_old_replica_serving(self) -> None:
         """Nothing fits: the replica keeps serving and the node's events say why."""
         w, (rid,) = _world()
@@ -91,6 +93,8 @@ class TestWaiting:
 
 
 class TestForce:
+    """A forced drain proceeds without a replacement, keeping make-before-break where it can."""
+
     def test_forced_drain_drains_without_a_replacement(self) -> None:
         """Forced: the replica drains with the node's grace, and both events say so."""
         w, (rid,) = _world(force=True)
@@ -169,6 +173,8 @@ def _waits(w: World) -> tuple[DrainWait, ...]:
 
 
 class TestEvictIdle:
+    """A drain may evict an idle replica of another model to make room for the replacement."""
+
     def test_an_idle_replica_of_another_model_is_evicted_for_the_replacement(self) -> None:
         """x, idle past its timeout, drains; m keeps serving; the events say what and why."""
         w, rid, victim = _busy_world()

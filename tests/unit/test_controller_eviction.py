@@ -32,6 +32,8 @@ WANT = spec("want", gpus_per_node=2, priority=5)
 
 
 class TestCandidates:
+    """Which replicas may be evicted to make room for an unplaceable model."""
+
     def test_evicts_known_idle_replicas_to_make_room(self) -> None:
         """Two idle one-card replicas make room for a two-card model."""
         state = fleet(
@@ -130,6 +132,8 @@ class TestCandidates:
 
 
 class TestChoice:
+    """Which set of candidates is chosen, and how the choice is explained."""
+
     def test_lower_priority_first_then_longest_idle(self) -> None:
         """Of three idle whole-node replicas, the low-priority one goes, then the longest idle."""
         state = fleet(
@@ -261,6 +265,8 @@ class TestChoice:
 
 
 class TestEvictionProperties:
+    """Any eviction plan is valid, and none is given only when no set works."""
+
     @settings(max_examples=200, deadline=None)
     @given(
         sizes=st.lists(st.integers(1, 4), min_size=1, max_size=4),

@@ -22,6 +22,8 @@ from llmgw.controller.errors import (
 
 
 class TestHttpStatus:
+    """Each controller refusal maps to one HTTP status in one table."""
+
     @pytest.mark.parametrize(
         ("exc", "status", "kind"),
         [
@@ -39,6 +41,7 @@ class TestHttpStatus:
     def test_each_refusal_has_its_status(
         self, exc: ControllerRefusal, status: int, kind: str
     ) -> None:
+        """Each refusal has its status."""
         assert http_status(exc) == (status, kind)
 
     def test_every_refusal_class_is_in_the_table(self) -> None:
@@ -51,12 +54,15 @@ class TestHttpStatus:
         assert defined == set(STATUS)
 
     def test_an_unlisted_subclass_takes_its_nearest_ancestors_entry(self) -> None:
+        """An unlisted subclass takes its nearest ancestor's entry."""
+
         class Narrower(InvalidSpec):
             pass
 
         assert http_status(Narrower("x")) == (422, "invalid_request_error")
 
     def test_only_503_asks_for_a_retry(self) -> None:
+        """Only 503 asks for a retry."""
         assert retry_after(503) == {"Retry-After": "1"}
         assert retry_after(404) is None
 

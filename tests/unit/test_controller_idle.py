@@ -14,6 +14,8 @@ def report(router: str, sent_at: float = NOW, **fields: object) -> UsageReport:
 
 
 class TestLastUsedMerge:
+    """Last-used times merged across routers keep unknown apart from idle."""
+
     def test_unknown_is_none_not_zero(self) -> None:
         """A replica no router has reported has no idle time at all."""
         t = IdleTracker(clock=ManualClock())
@@ -71,6 +73,8 @@ class TestLastUsedMerge:
 
 
 class TestDemandAndLoad:
+    """Demand and load summed from the routers' latest fresh reports."""
+
     def test_demand_sums_fresh_routers(self) -> None:
         """Held requests for one model add up across routers."""
         t = IdleTracker(clock=ManualClock())

@@ -23,26 +23,33 @@ def _batch(*, op: str = "active", unhealthy: tuple[int, ...] = (), b_op: str = "
 
 
 class TestMoveReason:
+    """The one rule that says why a replica must move."""
+
     def test_a_replica_nothing_happened_to_stays(self) -> None:
+        """A replica nothing happened to stays."""
         b = _batch()
         assert move_reason(b, b.base.models["m"], b.base.replicas["r1"]) is None
 
     def test_a_draining_node_moves_it_at_once_and_names_the_node(self) -> None:
+        """A draining node moves it at once and names the node."""
         b = _batch(b_op="draining")
         got = move_reason(b, b.base.models["m"], b.base.replicas["r1"])
         assert got == Move("node b draining", at_once=True)
 
     def test_an_unhealthy_card_moves_it_at_once_and_names_the_card(self) -> None:
+        """An unhealthy card moves it at once and names the card."""
         b = _batch(unhealthy=(3, 5))
         got = move_reason(b, b.base.models["m"], b.base.replicas["r1"])
         assert got == Move("GPU 3 on a unhealthy", at_once=True)
 
     def test_a_spec_change_rolls(self) -> None:
+        """A changed spec rolls the replica over, not at once."""
         b = _batch()
         m = dataclasses.replace(b.base.models["m"], updated_at=NOW)
         assert move_reason(b, m, b.base.replicas["r1"]) == Move("model spec changed", at_once=False)
 
     def test_a_drain_wins_over_a_bad_card_which_wins_over_a_spec_change(self) -> None:
+        """A drain wins over a bad card which wins over a spec change."""
         b = _batch(unhealthy=(0,), b_op="draining")
         m = dataclasses.replace(b.base.models["m"], updated_at=NOW)
         r = b.base.replicas["r1"]
@@ -51,6 +58,7 @@ class TestMoveReason:
         assert move_reason(b2, m, r) == Move("GPU 0 on a unhealthy", at_once=True)
 
     def test_a_bad_card_the_replica_does_not_use_moves_nothing(self) -> None:
+        """A bad card the replica does not use moves nothing."""
         state = fleet(
             nodes=[node("a", unhealthy=(7,))],
             models=[spec("m")],
@@ -61,7 +69,10 @@ class TestMoveReason:
 
 
 class TestTheSameReasonDecidesAndExplains:
+    """The reason that moves a replica is the one its events give."""
+
     def test_a_ready_replica_and_its_replacement_say_the_same_reason(self) -> None:
+        """A ready replica and its replacement say the same reason."""
         w = World()
         w.node("a")
         w.node("b")
@@ -79,6 +90,7 @@ class TestTheSameReasonDecidesAndExplains:
         ]
 
     def test_a_replica_not_serving_yet_is_stopped_with_the_reason(self) -> None:
+        """A replica not serving yet is stopped with the reason."""
         w = World()
         w.node("a")
         w.model(spec("m"))

@@ -49,6 +49,8 @@ def _full(*, x_min: int = 0, idle_s: float | None = 180.0) -> tuple[World, str]:
 
 
 class TestCannotPlace:
+    """The outlook for a model that cannot be placed yet, and when room is expected."""
+
     def test_says_when_the_first_candidate_is_idle_enough(self) -> None:
         """x idle 3 of its 10 min: the reason says 7 min, and so does retry_after_s."""
         w, _ = _full()
@@ -120,6 +122,8 @@ class TestCannotPlace:
 
 
 class TestStarting:
+    """The start-time estimate for a model whose replica is starting."""
+
     def _starting(self) -> World:
         w = World()
         w.node("a")
@@ -184,12 +188,17 @@ class TestStarting:
         assert est.starts == 1
 
 
-@pytest.mark.parametrize(
-    ("seconds", "coarse", "said"),
-    [(0.0, 10.0, "10 s"), (41.0, 50.0, "50 s"), (60.0, 60.0, "1 min"), (61.0, 120.0, "2 min"),
-     (419.5, 420.0, "7 min"), (7_500.0, 7_500.0, "2 h 5 min"), (7_200.0, 7_200.0, "2 h")],
-)  # fmt: skip
-def test_times_are_rounded_up_and_said_in_words(seconds: float, coarse: float, said: str) -> None:
-    """Coarse (stable between ticks), never earlier than the real moment."""
-    assert coarse_s(seconds) == coarse
-    assert say_s(coarse) == said
+class TestOutlookWords:
+    """Outlook times in words."""
+
+    @pytest.mark.parametrize(
+        ("seconds", "coarse", "said"),
+        [(0.0, 10.0, "10 s"), (41.0, 50.0, "50 s"), (60.0, 60.0, "1 min"), (61.0, 120.0, "2 min"),
+         (419.5, 420.0, "7 min"), (7_500.0, 7_500.0, "2 h 5 min"), (7_200.0, 7_200.0, "2 h")],
+    )  # fmt: skip
+    def test_times_are_rounded_up_and_said_in_words(
+        self, seconds: float, coarse: float, said: str
+    ) -> None:
+        """Coarse (stable between ticks), never earlier than the real moment."""
+        assert coarse_s(seconds) == coarse
+        assert say_s(coarse) == said

@@ -23,6 +23,8 @@ def _drain(w: World, node: str, **kw: object) -> None:
 
 
 class TestDrainOptions:
+    """Drain grace and force are stored with the node and survive a restart."""
+
     def test_drain_stores_grace_and_force_on_the_node(self) -> None:
         """The drain's grace and force are written with the node, in the command's batch."""
         w = World()
@@ -84,6 +86,8 @@ class TestDrainOptions:
 
 
 class TestRetiredSpecs:
+    """A deleted model's spec is kept until its last replica stops."""
+
     def _ready(self) -> tuple[World, str]:
         w = World()
         w.node("a")
@@ -135,6 +139,8 @@ class TestRetiredSpecs:
 
 
 class TestHeldRoom:
+    """Room made by an eviction is stored so a restart evicts nothing more."""
+
     def _evicted(self) -> tuple[World, str, str]:
         """Two idle replicas of p fill node a; `new` evicts one of them."""
         w = World()

@@ -39,6 +39,8 @@ def refused(result: Placement | Unplaceable) -> Unplaceable:
 
 
 class TestSingleNode:
+    """Single-node placement: best fit on healthy cards of one class."""
+
     def test_best_fit_takes_the_node_left_with_fewest_free_cards(self) -> None:
         """A 2-GPU replica goes to the node with 3 free, not to the whole free node."""
         state = fleet(
@@ -130,6 +132,8 @@ class TestSingleNode:
 
 
 class TestMultiNode:
+    """Multi-node placement takes whole free nodes on one fabric."""
+
     def test_takes_whole_free_nodes_on_one_fabric(self) -> None:
         """Two whole nodes on one fabric, ranks in node order."""
         state = fleet([node("a"), node("b"), node("c", fabrics=("ib1",))])
@@ -185,6 +189,8 @@ class TestMultiNode:
 
 
 class TestUnplaceableReasons:
+    """Why a replica cannot be placed, in structured reasons."""
+
     def test_unknown_class_is_named(self) -> None:
         """A class no node has is the first thing said."""
         state = fleet([node("a")])
@@ -240,6 +246,8 @@ class TestUnplaceableReasons:
 
 
 class TestFreeMap:
+    """The free-card map placement works on."""
+
     def test_place_does_not_change_the_map(self) -> None:
         """place() only looks; the same call twice gives the same answer."""
         state = fleet([node("a", 2)])
@@ -377,6 +385,8 @@ def feasible(s: ModelSpec, nodes: Mapping[str, Node], free: Mapping[str, set[int
 
 
 class TestPlacementProperties:
+    """Placement never gives a card twice and stays best fit."""
+
     @settings(max_examples=400, deadline=None)
     @given(small_fleets())
     def test_no_gpu_is_given_twice_and_every_shard_is_valid(

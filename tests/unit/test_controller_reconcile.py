@@ -27,6 +27,8 @@ def _desired(**kw: object) -> int:
 
 
 class TestDesiredCount:
+    """How many replicas a model should have, from its bounds and load."""
+
     def test_min_is_the_floor(self) -> None:
         """With no demand and no load the model keeps its minimum."""
         assert _desired(min_replicas=2, current=2, busy=0) == 2
@@ -58,6 +60,8 @@ class TestDesiredCount:
 
 
 class TestPlacing:
+    """Missing replicas are placed, by priority, without double-booking a card."""
+
     def test_missing_replicas_are_placed_pending(self) -> None:
         """A model with min 2 gets two pending replicas with shards and an event each."""
         w = World()
@@ -113,6 +117,8 @@ class TestPlacing:
 
 
 class TestScaleFromZero:
+    """Held requests and traffic bring a model up from zero replicas."""
+
     def test_held_requests_place_a_replica(self) -> None:
         """Routers holding requests for a model with min 0 get it one replica."""
         w = World()
@@ -163,6 +169,8 @@ class TestScaleFromZero:
 
 
 class TestReadiness:
+    """A ready heartbeat makes a replica ready with its URL."""
+
     def test_ready_heartbeat_makes_replica_ready_with_url(self) -> None:
         """All shards reported ready: the replica is ready at rank 0's address and port."""
         w = World()
@@ -178,6 +186,8 @@ class TestReadiness:
 
 
 class TestDeadlinesAndRestarts:
+    """Stuck and failed replicas are failed and restarted with backoff."""
+
     def test_stuck_starting_is_failed(self) -> None:
         """A replica starting past the deadline is failed with a retry time, not left starting."""
         w = World()
@@ -299,6 +309,8 @@ class TestDeadlinesAndRestarts:
 
 
 class TestUnreachable:
+    """Replicas on an unreachable node are kept for a grace, then replaced."""
+
     def test_unreachable_node_keeps_its_replicas_during_the_grace(self) -> None:
         """After the timeout the node is announced unreachable; its replica stays ready."""
         w = World()
@@ -377,6 +389,8 @@ class TestUnreachable:
 
 
 class TestDraining:
+    """A draining replica stops once nothing is in flight, or after the grace."""
+
     def test_draining_replica_stops_when_inflight_is_zero(self) -> None:
         """A reported zero in flight stops a draining replica once the drain has settled."""
         w = World()
@@ -426,6 +440,8 @@ class TestDraining:
 
 
 class TestSurplus:
+    """Which surplus replica goes first."""
+
     def _two_ready(self) -> World:
         w = World()
         w.node("a")
@@ -478,6 +494,8 @@ class TestSurplus:
 
 
 class TestNodeDrain:
+    """Replicas on a draining node are replaced make-before-break."""
+
     def test_make_before_break(self) -> None:
         """The replacement is placed first; the old one serves until it is ready, then drains."""
         w = World()
@@ -547,6 +565,8 @@ class TestNodeDrain:
 
 
 class TestUnhealthyGpu:
+    """Replicas on a card gone unhealthy are placed again or replaced."""
+
     def test_pending_replica_on_a_gpu_gone_unhealthy_is_placed_again(self) -> None:
         """A card that turns unhealthy before its engine starts: the replica goes elsewhere."""
         w = World()
@@ -578,6 +598,8 @@ class TestUnhealthyGpu:
 
 
 class TestEviction:
+    """Idle replicas are evicted, one set at a time, for an unplaceable model."""
+
     def _full(self) -> tuple[World, str]:
         w = World()
         w.node("a", 2)
@@ -669,6 +691,8 @@ class TestEviction:
 
 
 class TestModelDelete:
+    """A deleted model's replicas drain and are forgotten after retention."""
+
     def test_replicas_of_a_deleted_model_drain(self) -> None:
         """A model gone from the state has its live replicas drained by the next tick."""
         w = World()

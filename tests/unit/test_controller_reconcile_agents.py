@@ -29,6 +29,8 @@ BACKOFF = Backoff(base_s=5.0, cap_s=40.0)
 
 
 class TestRegistration:
+    """A node's first heartbeat registers it, and later ones write only changes."""
+
     def test_first_heartbeat_registers_the_node(self) -> None:
         """An unknown node is stored with its GPUs and a registered event."""
         w = World()
@@ -67,6 +69,8 @@ class TestRegistration:
 
 
 class TestShardStatus:
+    """Shard reports from heartbeats move replicas between states."""
+
     def test_desired_shards_are_the_node_s_live_replicas(self) -> None:
         """The answer lists pending, starting, ready and draining shards, sorted, with the spec."""
         w = World()
@@ -159,6 +163,8 @@ class TestShardStatus:
 
 
 class TestHeartbeatOrder:
+    """Heartbeats are applied in sequence order within one agent process."""
+
     def test_late_heartbeat_does_not_demote_a_ready_replica(self) -> None:
         """A 'starting' report delivered after a newer 'ready' one is answered, not applied."""
         w = World()
@@ -247,6 +253,7 @@ class TestNodeNameClaims:
     """A second agent claiming a live node's name from another address is refused."""
 
     def test_pure_rule(self) -> None:
+        """name_claimed names the claimant and the last heartbeat; the same address passes."""
         from llmgw.controller.fleet.agents import name_claimed
         from llmgw.controller.fleet.records import Node
 
@@ -263,6 +270,7 @@ class TestNodeNameClaims:
         assert name_claimed(None, other, now=105.0, timeout_s=10.0) is None
 
     async def test_fleet_refuses_with_409_and_one_event(self) -> None:
+        """Fleet refuses with 409 and one event."""
         from llmgw.controller.api.http import http_status
         from llmgw.controller.config import ControllerConfig
         from llmgw.controller.errors import Conflict

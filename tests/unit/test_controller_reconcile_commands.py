@@ -16,6 +16,8 @@ from tests.unit.controller_reconcile_world import World, spec
 
 
 class TestApplyModels:
+    """Applying model specs starts, rolls or refuses as the spec demands."""
+
     def test_new_model_starts_at_its_minimum(self) -> None:
         """Applying a new spec creates the model with desired = min and one event."""
         w = World()
@@ -66,6 +68,8 @@ class TestApplyModels:
 
 
 class TestScaleAndOthers:
+    """Scale, weight, capacity and cordon commands and their refusals."""
+
     def test_max_below_min_after_merge_is_400(self) -> None:
         """Raising min above the current max alone is refused, naming max_replicas."""
         w = World()
@@ -125,6 +129,8 @@ class TestScaleAndOthers:
 
 
 class TestValidation:
+    """Request validation names the field, index and model at fault."""
+
     def test_param_names_the_field_path(self) -> None:
         """msgspec's messages become a field path for `param`."""
         assert validation_param("Expected `int`, got `str` - at `$[1].gpus_per_node`") == (
@@ -169,6 +175,8 @@ class TestValidation:
 
 
 class TestSink:
+    """The endpoint sink's list and its long poll."""
+
     def test_list_has_ready_replicas_and_every_name(self) -> None:
         """Only ready replicas are endpoints; models lists every name and alias."""
         w = World()

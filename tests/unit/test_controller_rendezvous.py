@@ -41,6 +41,8 @@ def _fleet() -> World:
 
 
 class TestRendezvousPort:
+    """The rendezvous port chosen for a multi-node replica avoids ports in use."""
+
     def test_top_of_the_head_node_s_range(self) -> None:
         """The first rendezvous port is the top of rank 0's agent range."""
         w = _fleet()

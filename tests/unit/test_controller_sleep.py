@@ -51,6 +51,8 @@ def serve(w: World, name: str) -> str:
 
 
 class TestSwap:
+    """The reconcile tick sleeps and wakes replicas instead of stopping and starting them."""
+
     def test_an_idle_replica_sleeps_instead_of_draining(self) -> None:
         """Evicted for another model, a sleep-mode replica sleeps (level 1: its weights fit)."""
         w = one_card(sleepy("a"), sleepy("b"))
@@ -170,6 +172,8 @@ def replica(
 
 
 class TestSleepRoom:
+    """How many sleepers a card and a host can keep, and which one stops first."""
+
     def _world(self, host_mib: int | None = HOST_MIB) -> World:
         w = World()
         w.node("a", 1)
@@ -246,6 +250,8 @@ def two_cards() -> World:
 
 
 class TestMoves:
+    """A replica in use moves to its own sleeper, one wake per card per tick."""
+
     def test_a_replica_in_use_moves_to_its_own_sleeper(self) -> None:
         """x sleeps under h, which is busy; h's own sleeper wakes on the free card, h sleeps."""
         w = two_cards()

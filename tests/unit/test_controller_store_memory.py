@@ -46,6 +46,8 @@ def event(subject_id: str = "r1") -> Event:
 
 
 class TestMemoryStore:
+    """The memory store behaves like the database store where app tests rely on it."""
+
     def test_open_memory_url(self) -> None:
         """memory:// opens a fresh, empty MemoryStore at the current schema version."""
         s = open_store("memory://")
@@ -103,6 +105,8 @@ class TestMemoryStore:
 
 
 class TestMemoryLeadership:
+    """The memory leadership fake's terms and its lose hook."""
+
     def test_plain_memory_url_always_leads(self) -> None:
         """Each memory:// leadership leads alone: memory:// means one controller."""
         a, b = open_leadership("memory://"), open_leadership("memory://")
@@ -135,6 +139,8 @@ class TestMemoryLeadership:
 
 
 class TestFencedStore:
+    """The fenced store writes only while it leads."""
+
     def test_writes_need_leadership(self) -> None:
         """A FencedStore refuses apply without leadership and passes reads through."""
         lead = MemoryLeadership("fence-x")
@@ -154,6 +160,8 @@ class TestFencedStore:
 
 
 class TestFleetLosingLeadership:
+    """A refused write ends the fleet's term at once."""
+
     async def test_a_refused_write_ends_the_term_at_once(self) -> None:
         """A write fenced off (lock lost) makes the fleet a standby now, not at the next tick."""
         from llmgw.controller.config import ControllerConfig
@@ -196,6 +204,8 @@ class _FailingStore(MemoryStore):
 
 
 class TestFleetHeartbeatWhileTheStoreIsDown:
+    """A heartbeat keeps a node alive while the store is down."""
+
     async def test_a_heartbeat_that_cannot_be_stored_still_proves_the_node_alive(self) -> None:
         """The write fails (503), but the node's last heartbeat moves on in memory."""
         from llmgw.controller.config import ControllerConfig

@@ -36,6 +36,8 @@ def summary(
 
 
 class TestNodeTotals:
+    """Nodes counted by the state the summary shows."""
+
     def test_nodes_are_counted_by_shown_state(self) -> None:
         """Ready, cordoned, draining and unreachable each get their own count."""
         state = fleet(
@@ -66,6 +68,8 @@ class TestNodeTotals:
 
 
 class TestGpuClasses:
+    """Cards per class counted as used, free or unhealthy."""
+
     def test_classes_come_from_node_gpus_sorted(self) -> None:
         """Each class the nodes' GPUs report is one row, sorted by class."""
         state = fleet([node("b", 4, "L40S"), node("a", 8, "H100-80G")])
@@ -115,6 +119,8 @@ class TestGpuClasses:
 
 
 class TestFabrics:
+    """Nodes per fabric and the largest free block on each."""
+
     def test_fabric_nodes_count_every_node_on_it(self) -> None:
         """A node counts on each fabric it is on, whatever its state."""
         state = fleet(
@@ -146,6 +152,8 @@ class TestFabrics:
 
 
 class TestReplicaTotals:
+    """Replicas counted by state."""
+
     def test_ready_draining_failed_and_everything_else_starting(self) -> None:
         """Pending and starting both count as starting."""
         states = ["ready", "ready", "draining", "failed", "pending", "starting"]
@@ -163,6 +171,8 @@ class TestReplicaTotals:
 
 
 class TestModels:
+    """Whether each model is satisfied, short or unplaceable."""
+
     def test_satisfied_when_ready_reaches_min(self) -> None:
         """Ready ≥ min is satisfied, including a scaled-to-zero model with nothing ready."""
         state = fleet(
@@ -213,6 +223,8 @@ class TestModels:
 
 
 class TestIdleReplicas:
+    """Which replicas the summary lists as idle."""
+
     def test_idle_replicas_need_ten_minutes_and_sort_longest_first(self) -> None:
         """599 s is not idle; 600 s is; the longest idle comes first, ties by id."""
         state = fleet(
@@ -249,6 +261,8 @@ class TestIdleReplicas:
 
 
 class TestSameFactsAsTables:
+    """The summary agrees with the tables and uses the documented names."""
+
     def test_summary_agrees_with_the_tables(self) -> None:
         """Counts read off the node, replica and model tables equal the summary's."""
         state = fleet(
@@ -275,6 +289,8 @@ class TestSameFactsAsTables:
 
 
 class TestViews:
+    """The node, replica and model views derived for the API."""
+
     def test_node_view_derives_free_and_classes(self) -> None:
         """gpu_free is healthy and unheld; classes come from the GPUs; used lists held cards."""
         state = fleet([node("a", 4, unhealthy=[3])], replicas=[replica("r", "m", [("a", (0, 3))])])

@@ -28,6 +28,8 @@ def _param(check: object, value: object) -> str | None:
 
 
 class TestHeartbeat:
+    """Heartbeat checks pass good input and name the field of bad input."""
+
     def test_a_plain_heartbeat_passes(self) -> None:
         """What an agent sends passes untouched."""
         check_heartbeat(
@@ -58,6 +60,8 @@ class TestHeartbeat:
 
 
 class TestUsage:
+    """Usage report checks refuse negative and non-finite figures."""
+
     def test_zeros_pass(self) -> None:
         """Zero counts are readings, not errors."""
         check_usage(
@@ -89,6 +93,8 @@ class TestUsage:
 
 
 class TestSpec:
+    """Spec checks name an empty GPU class."""
+
     def test_empty_gpu_class_is_named(self) -> None:
         """A blank GPU class could never be placed: the field is named."""
         spec = ModelSpec(name="m", engine="sim", gpu_classes=("H100-80G", " "))

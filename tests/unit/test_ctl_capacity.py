@@ -25,6 +25,8 @@ def level(
 
 
 class TestLevels:
+    """The concurrency levels ctl bench tries, and its percentile."""
+
     def test_doubling_up_to_the_cap(self) -> None:
         """Concurrency doubles from 1 and ends at the cap."""
         assert capacity.concurrency_levels(64) == [1, 2, 4, 8, 16, 32, 64]
@@ -44,6 +46,8 @@ class TestLevels:
 
 
 class TestStopRule:
+    """When ctl bench stops raising the concurrency."""
+
     def test_rising_goes_on(self) -> None:
         """Throughput still rising: keep ramping."""
         assert capacity.stop_reason([level(1, 100), level(2, 190), level(4, 350)]) is None
@@ -70,6 +74,8 @@ class TestStopRule:
 
 
 class TestPeakAndWeight:
+    """The peak level ctl bench reports and the weight it derives."""
+
     def test_peak_is_the_best_mostly_successful_level(self) -> None:
         """The peak ignores a level whose throughput came with many failures."""
         best = level(4, 350)

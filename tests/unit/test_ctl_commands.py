@@ -206,6 +206,8 @@ def run_ctl(
 
 
 class TestConfig:
+    """Where ctl takes its controller URL and token from."""
+
     def test_flag_beats_env_beats_file(self, tmp_path: Path) -> None:
         """A flag wins over the environment, which wins over the config file."""
         cfg = tmp_path / ".config" / "llmgw" / "ctl.yaml"
@@ -247,6 +249,8 @@ gpu_classes: [H100-80G]
 
 
 class TestSpecs:
+    """Reading spec files, and naming every problem in them before sending."""
+
     def test_single_mapping_list_and_documents(self, tmp_path: Path) -> None:
         """A mapping, a list and several documents all flatten to specs in order."""
         f = tmp_path / "m.yaml"
@@ -344,6 +348,8 @@ class TestSpecs:
 
 
 class TestJsonShapes:
+    """ctl's JSON output keeps the controller's field names and shapes."""
+
     def test_status_json_uses_the_seed_names(self, tmp_path: Path) -> None:
         """status --json is the summary with its documented field names."""
         data = run_ctl(["status", "--json"], FakeController(), tmp_path).json()
@@ -379,6 +385,8 @@ class TestJsonShapes:
 
 
 class TestHumanOutput:
+    """ctl's screens and tables for people."""
+
     def test_status_screen(self, tmp_path: Path) -> None:
         """status prints the summary with unhealthy apart and the unplaceable reason."""
         run = run_ctl(["status"], FakeController(), tmp_path)
@@ -400,6 +408,8 @@ class TestHumanOutput:
 
 
 class TestConnectionFlags:
+    """Connection flags anywhere on the line, and reasons fetched when missing."""
+
     def test_flags_after_the_command(self, tmp_path: Path) -> None:
         """--controller and --token are accepted after the command too."""
         fake = FakeController()
@@ -431,6 +441,8 @@ class TestConnectionFlags:
 
 
 class TestErrors:
+    """ctl's one-line errors and their exit codes."""
+
     def test_unreachable_is_one_line_exit_1(self, tmp_path: Path) -> None:
         """No controller: exit 1, one line on stderr, no traceback."""
         run = run_ctl(["nodes"], Unreachable(), tmp_path)
@@ -479,6 +491,8 @@ class TestErrors:
 
 
 class TestDrain:
+    """ctl drain waits for the node, times out or returns at once as asked."""
+
     def test_waits_until_the_node_is_empty(self, tmp_path: Path) -> None:
         """drain returns 0 once no replica holds cards on the node."""
         fake = FakeController()

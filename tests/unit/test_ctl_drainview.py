@@ -26,6 +26,8 @@ def node(name: str, state: str = "ready", waits: tuple[DrainWait, ...] = ()) -> 
 
 
 class TestWords:
+    """What a drain waits for, said in the live view, piped lines, status and nodes."""
+
     def test_blocked_says_so(self) -> None:
         """A blocked wait reads `blocked:` before the reason; a passing one does not."""
         assert drainview.wait_text(BLOCKED) == (
@@ -91,6 +93,8 @@ class TestWords:
 
 
 class TestDrainCommand:
+    """The drain command's piped lines and timeout message."""
+
     def test_piped_drain_prints_what_it_waits_for(self, tmp_path: Path) -> None:
         """Piped, each replica's wait is a line (once), then the drained line."""
         fake = FakeController()

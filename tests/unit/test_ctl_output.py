@@ -41,77 +41,6 @@ class LongNames(FakeController):
         return super()._route(method, path, query, payload)
 
 
-def test_piped_table_keeps_60_character_names_whole(tmp_path: Path) -> None:
-    """Not a terminal: `wide`, every cell whole (`ctl replicas | grep -c 405b` counts 3)."""
-    run = run_ctl(["replicas"], LongNames(), tmp_path)
-    assert run.code == 0, run.err
-    rows = run.out.splitlines()
-    assert rows[0].split()[:3] == ["REPLICA", "MODEL", "STATE"]
-    assert sum("405b" in line for line in rows) == 3
-    assert all(LONG in line and f"r-{i}-{LONG}" in line for i, line in enumerate(rows[1:]))
-    assert "…" not in run.out
-    assert "\x1b[" not in run.out  # no colour codes when piped
-
-
-def test_tsv_has_a_header_and_tab_separated_cells(tmp_path: Path) -> None:
-    run = run_ctl(["-o", "tsv", "replicas"], LongNames(), tmp_path)
-    lines = run.out.splitlines()
-    assert lines[0].split("\t")[:2] == ["REPLICA", "MODEL"]
-    assert [line.split("\t")[1] for line in lines[1:]] == [LONG] * 3
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [["--json", "nodes"], ["nodes", "--json"], ["-o", "json", "nodes"], ["nodes", "-o", "json"]],
-)
-def test_global_flags_before_or_after_the_command(tmp_path: Path, argv: list[str]) -> None:
-    run = run_ctl(argv, FakeController(), tmp_path)
-    assert run.code == 0, run.err
-    assert run.json()[0]["name"] == "gpu-01"  # type: ignore[index]
-
-
-def test_table_format_in_a_terminal_is_rich(tmp_path: Path) -> None:
-    run = run_ctl(["-o", "table", "nodes"], FakeController(), tmp_path)
-    assert run.code == 0
-    assert "NODE" in run.out
-
-
-def test_events_one_line_each_and_detail_by_id(tmp_path: Path) -> None:
-    fake = LongNames()
-    run = run_ctl(["events"], fake, tmp_path)
-    lines = run.out.splitlines()
-    assert len(lines) == 2  # header + one line for the event
-    assert lines[1].split()[0] == "42"
-    assert "exited with code 1: python -m vllm serve" in lines[1]
-    assert "Traceback" not in run.out  # the log tail is in --detail
-    assert lines[1].endswith("…")
-    detail = run_ctl(["events", "--detail", "42"], fake, tmp_path)
-    assert detail.code == 0, detail.err
-    assert "  Traceback (most recent call last):" in detail.out
-    assert "  RuntimeError: CUDA out of memory" in detail.out
-    as_json = run_ctl(["events", "--detail", "42", "--json"], fake, tmp_path)
-    assert as_json.json()["message"] == fake.failure.message  # type: ignore[index]
-    missing = run_ctl(["events", "--detail", "7"], fake, tmp_path)
-    assert missing.code == 1
-    assert "no event 7" in missing.err
-
-
-def test_event_summary_rules() -> None:
-    assert tables.event_summary("cordoned by operator") == "cordoned by operator"
-    long = "x" * 300
-    cut = tables.event_summary(long)
-    assert len(cut) == tables.EVENT_MESSAGE_CHARS
-    assert cut.endswith("…")
-    assert tables.event_summary("a: b | c") == "a: b …"
-
-
-def test_wide_and_tsv_render_the_same_cells() -> None:
-    headers, body = ["A", "LONGER"], [["x" * 70, "1"], ["y", "22"]]
-    wide = output.wide(headers, body).splitlines()
-    assert wide[1].startswith("x" * 70 + "  1")
-    assert output.tsv(headers, body).splitlines()[2] == "y\t22"
-
-
 class Router(FakeController):
     """A router where a controller was expected: OpenAI-shaped 404s, /healthz says router."""
 
@@ -128,28 +57,110 @@ class Router(FakeController):
         )
 
 
-def test_router_url_gets_a_hint_to_the_controller(tmp_path: Path) -> None:
-    fake = Router(token=None)
-    run = run_ctl(["status"], fake, tmp_path)
-    assert run.code == 1
-    assert run.err.count("\n") == 1
-    assert "looks like the llmgw router, not the controller" in run.err
-    assert "its controller is at http://ctl.internal:8081" in run.err
+class TestCtlOutput:
+    """ctl's output formats, flags, hints and completion scripts."""
 
+    def test_piped_table_keeps_60_character_names_whole(self, tmp_path: Path) -> None:
+        """Not a terminal: `wide`, every cell whole (`ctl replicas | grep -c 405b` counts 3)."""
+        run = run_ctl(["replicas"], LongNames(), tmp_path)
+        assert run.code == 0, run.err
+        rows = run.out.splitlines()
+        assert rows[0].split()[:3] == ["REPLICA", "MODEL", "STATE"]
+        assert sum("405b" in line for line in rows) == 3
+        assert all(LONG in line and f"r-{i}-{LONG}" in line for i, line in enumerate(rows[1:]))
+        assert "…" not in run.out
+        assert "\x1b[" not in run.out  # no colour codes when piped
 
-def test_unknown_server_gets_a_hint(tmp_path: Path) -> None:
-    class Other(FakeController):
-        def _route(self, *a: object) -> Response:
-            return Response(404, b"<html>not found</html>")
+    def test_tsv_has_a_header_and_tab_separated_cells(self, tmp_path: Path) -> None:
+        """TSV has a header and tab separated cells."""
+        run = run_ctl(["-o", "tsv", "replicas"], LongNames(), tmp_path)
+        lines = run.out.splitlines()
+        assert lines[0].split("\t")[:2] == ["REPLICA", "MODEL"]
+        assert [line.split("\t")[1] for line in lines[1:]] == [LONG] * 3
 
-    run = run_ctl(["nodes"], Other(token=None), tmp_path)
-    assert run.code == 1
-    assert "is not an llmgw controller" in run.err
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["--json", "nodes"],
+            ["nodes", "--json"],
+            ["-o", "json", "nodes"],
+            ["nodes", "-o", "json"],
+        ],
+    )
+    def test_global_flags_before_or_after_the_command(
+        self, tmp_path: Path, argv: list[str]
+    ) -> None:
+        """Global flags before or after the command."""
+        run = run_ctl(argv, FakeController(), tmp_path)
+        assert run.code == 0, run.err
+        assert run.json()[0]["name"] == "gpu-01"  # type: ignore[index]
 
+    def test_table_format_in_a_terminal_is_rich(self, tmp_path: Path) -> None:
+        """Table format in a terminal is rich."""
+        run = run_ctl(["-o", "table", "nodes"], FakeController(), tmp_path)
+        assert run.code == 0
+        assert "NODE" in run.out
 
-@pytest.mark.parametrize("shell", ["bash", "zsh"])
-def test_completion_scripts_know_every_command(tmp_path: Path, shell: str) -> None:
-    run = run_ctl(["completion", shell], FakeController(), tmp_path)
-    assert run.code == 0
-    for command in ("status", "drain", "apply", "events", "completion", "--output"):
-        assert command in run.out
+    def test_events_one_line_each_and_detail_by_id(self, tmp_path: Path) -> None:
+        """Events one line each and detail by id."""
+        fake = LongNames()
+        run = run_ctl(["events"], fake, tmp_path)
+        lines = run.out.splitlines()
+        assert len(lines) == 2  # header + one line for the event
+        assert lines[1].split()[0] == "42"
+        assert "exited with code 1: python -m vllm serve" in lines[1]
+        assert "Traceback" not in run.out  # the log tail is in --detail
+        assert lines[1].endswith("…")
+        detail = run_ctl(["events", "--detail", "42"], fake, tmp_path)
+        assert detail.code == 0, detail.err
+        assert "  Traceback (most recent call last):" in detail.out
+        assert "  RuntimeError: CUDA out of memory" in detail.out
+        as_json = run_ctl(["events", "--detail", "42", "--json"], fake, tmp_path)
+        assert as_json.json()["message"] == fake.failure.message  # type: ignore[index]
+        missing = run_ctl(["events", "--detail", "7"], fake, tmp_path)
+        assert missing.code == 1
+        assert "no event 7" in missing.err
+
+    def test_event_summary_rules(self) -> None:
+        """Event summaries are cut to a fixed length and at the first detail separator."""
+        assert tables.event_summary("cordoned by operator") == "cordoned by operator"
+        long = "x" * 300
+        cut = tables.event_summary(long)
+        assert len(cut) == tables.EVENT_MESSAGE_CHARS
+        assert cut.endswith("…")
+        assert tables.event_summary("a: b | c") == "a: b …"
+
+    def test_wide_and_tsv_render_the_same_cells(self) -> None:
+        """Wide and TSV render the same cells."""
+        headers, body = ["A", "LONGER"], [["x" * 70, "1"], ["y", "22"]]
+        wide = output.wide(headers, body).splitlines()
+        assert wide[1].startswith("x" * 70 + "  1")
+        assert output.tsv(headers, body).splitlines()[2] == "y\t22"
+
+    def test_router_url_gets_a_hint_to_the_controller(self, tmp_path: Path) -> None:
+        """A router URL gets a hint to the controller."""
+        fake = Router(token=None)
+        run = run_ctl(["status"], fake, tmp_path)
+        assert run.code == 1
+        assert run.err.count("\n") == 1
+        assert "looks like the llmgw router, not the controller" in run.err
+        assert "its controller is at http://ctl.internal:8081" in run.err
+
+    def test_unknown_server_gets_a_hint(self, tmp_path: Path) -> None:
+        """Unknown server gets a hint."""
+
+        class Other(FakeController):
+            def _route(self, *a: object) -> Response:
+                return Response(404, b"<html>not found</html>")
+
+        run = run_ctl(["nodes"], Other(token=None), tmp_path)
+        assert run.code == 1
+        assert "is not an llmgw controller" in run.err
+
+    @pytest.mark.parametrize("shell", ["bash", "zsh"])
+    def test_completion_scripts_know_every_command(self, tmp_path: Path, shell: str) -> None:
+        """Completion scripts know every command."""
+        run = run_ctl(["completion", shell], FakeController(), tmp_path)
+        assert run.code == 0
+        for command in ("status", "drain", "apply", "events", "completion", "--output"):
+            assert command in run.out

@@ -68,6 +68,8 @@ def big_summary(*, nodes: int = 200, models: int = 500, seed: int = 7) -> Summar
 
 
 class TestDuration:
+    """Durations rounded down to their largest whole unit."""
+
     @pytest.mark.parametrize(
         ("expected", "seconds"),
         [
@@ -94,6 +96,8 @@ class TestDuration:
 
 
 class TestUnknownCells:
+    """Unknown values render as a dash, never as zero."""
+
     def test_negative_idle_is_a_dash(self) -> None:
         """The JSON's negative idle (no router reported it) shows as '-'."""
         assert render.idle_cell(-1) == "-"
@@ -112,6 +116,8 @@ class TestUnknownCells:
 
 
 class TestTruncation:
+    """Cut lists say how much was left out."""
+
     def test_take_counts_what_was_left_out(self) -> None:
         """take returns the first items and the number hidden."""
         assert render.take([1, 2, 3, 4, 5], 2) == ([1, 2], 3)
@@ -126,6 +132,8 @@ class TestTruncation:
 
 
 class TestBar:
+    """The card bar's cells for used, free and unhealthy cards."""
+
     def test_cells_sum_to_width(self) -> None:
         """Used, free and unhealthy cells fill the bar exactly."""
         assert sum(render.bar_cells(1600, 1100, 16, 30)) == 30
@@ -172,6 +180,8 @@ class TestBar:
 
 
 class TestStatusScreen:
+    """The status screen fits one screen and keeps what matters."""
+
     def test_fits_one_screen_at_200_nodes_and_500_models(self) -> None:
         """The status screen for 200 nodes and 500 models is at most ~50 lines."""
         text = render.to_text(render.status_view(big_summary(), title="llmgw fleet"))
@@ -255,6 +265,8 @@ def replica(rid: str, idle_seconds: int) -> ReplicaView:
 
 
 class TestTables:
+    """Tables keep ids and figures whole, even in a narrow terminal."""
+
     def test_unknown_idle_is_a_dash_never_zero(self) -> None:
         """A replica no router reported shows '-' in the IDLE column."""
         text = render.to_text(tables.replicas_table([replica("r-1", -1), replica("r-2", 180)]))

@@ -51,6 +51,8 @@ def strings(doc: object) -> set[str]:
 
 
 class TestVisible:
+    """Hidden characters in fleet text are made visible and markup is never parsed."""
+
     def test_printable_text_is_unchanged(self) -> None:
         """Names, accents, emoji and markup-looking brackets come back as they are."""
         for s in ("gpu-01", "meta-llama/Llama-3.1-8B", "café 🙂", "[/] [bold]"):
@@ -101,6 +103,8 @@ class Hostile(FakeController):
                 replica_view(HOSTILE, state="failed"), model=HOSTILE, reason=HOSTILE
             )
         ]
+        # Events to answer instead of the hostile one; None: that one.
+        self.events_override: list[EventView] | None = None
 
     def _route(self, method: str, path: str, query: Mapping[str, str], payload: object) -> Response:
         if (method, path) == ("GET", "/admin/summary"):
@@ -119,6 +123,8 @@ class Hostile(FakeController):
         if (method, path) == ("GET", "/admin/models"):
             view = model_view("m")
             return self._ok([msgspec.structs.replace(view, unplaceable_reason=HOSTILE)])
+        if (method, path) == ("GET", "/admin/events") and self.events_override is not None:
+            return self._ok(self.events_override)
         if (method, path) == ("GET", "/admin/events"):
             event = EventView(
                 id=7, at=1.8e9, kind=HOSTILE, subject="node", subject_id=HOSTILE, model=HOSTILE,
@@ -129,6 +135,8 @@ class Hostile(FakeController):
 
 
 class TestHostileFleet:
+    """Hostile names from the fleet are shown, never obeyed."""
+
     @pytest.mark.parametrize(
         ("argv", "fmt"),
         [
@@ -163,6 +171,19 @@ class TestHostileFleet:
         assert (run.code, raw_control(run.out)) == (0, [])
         assert HOSTILE in strings(json.loads(run.out))
 
+    def test_times_no_clock_can_show(self, tmp_path: Path) -> None:
+        """An event or heartbeat time past any clock (a broken controller) is `-`, exit 0."""
+        fake = Hostile()
+        node = fake.nodes[HOSTILE]
+        fake.nodes[HOSTILE] = msgspec.structs.replace(node, last_heartbeat=-1e300)
+        event = EventView(
+            id=1, at=1e300, kind="k", subject="node", subject_id="n", model=None, message="m"
+        )
+        fake.events_override = [event]
+        for argv in (["events"], ["events", "--detail", "1"], ["nodes"]):
+            run = run_ctl([*argv, "-o", "wide"], fake, tmp_path)
+            assert (run.code, run.err) == (0, ""), argv
+
     def test_status_shows_markup_as_typed(self, tmp_path: Path) -> None:
         """A fabric named `[/]` is printed, not parsed (it used to end ctl in MarkupError)."""
         run = run_ctl(["status", "-o", "wide"], Hostile(), tmp_path)
@@ -177,6 +198,8 @@ class TestHostileFleet:
 
 
 class TestSpecFiles:
+    """Malformed spec files give one clear error."""
+
     def test_lone_surrogate_is_one_clear_error(self, tmp_path: Path) -> None:
         """A `\\ud83d` escape in YAML is refused naming model and field, before anything is sent."""
         f = tmp_path / "m.yaml"
@@ -219,6 +242,8 @@ class TestSpecFiles:
 
 
 class TestConfigFile:
+    """A bad ctl config file gives one line."""
+
     @pytest.mark.parametrize(
         ("content", "said"),
         [

@@ -15,6 +15,8 @@ def resolve(url: str, tmp_path: Path) -> str:
 
 
 class TestControllerUrl:
+    """ctl's controller URL: the accepted forms and one-line refusals."""
+
     @pytest.mark.parametrize(
         ("given", "url"),
         [

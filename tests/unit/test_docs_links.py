@@ -113,35 +113,36 @@ def problems(source: Path) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("source", scanned_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_references_lead_somewhere(source: Path) -> None:
-    """Links, "see X" and section citations in this file point to what exists here."""
-    assert problems(source) == []
+class TestDocsLinks:
+    """References in the docs lead somewhere and every page is in the index."""
 
+    @pytest.mark.parametrize("source", scanned_files(), ids=lambda p: str(p.relative_to(ROOT)))
+    def test_references_lead_somewhere(self, source: Path) -> None:
+        """Links, "see X" and section citations in this file point to what exists here."""
+        assert problems(source) == []
 
-def test_the_checks_catch_what_they_should(tmp_path: Path) -> None:
-    """A missing file, a missing anchor and a cited note are each reported; good ones pass."""
-    (tmp_path / "other.md").write_text("# Other page\n\n## Some `code` here\n")
-    page = tmp_path / "page.md"
-    page.write_text(
-        "# Title\n"
-        "[ok](other.md#some-code-here) [ok](#title) [web](https://example.org/x.md)\n"
-        "[gone](missing.md) [bad anchor](other.md#nowhere)\n"
-        "see other.md, but see absent.py\n"
-        "as the " + "DESIGN" + " notes say (§3.2)\n"
-    )
-    found = problems(page)
-    assert len(found) == 4, found
-    assert "'missing.md': no such file" in found[0]
-    assert "other.md has no heading #nowhere" in found[1]
-    assert "'absent.py': no such file" in found[2]
-    assert "cites notes" in found[3]
-    assert slug("`llmgw ctl` — the CLI") == "llmgw-ctl--the-cli"
+    def test_the_checks_catch_what_they_should(self, tmp_path: Path) -> None:
+        """A missing file, a missing anchor and a cited note are each reported; good ones pass."""
+        (tmp_path / "other.md").write_text("# Other page\n\n## Some `code` here\n")
+        page = tmp_path / "page.md"
+        page.write_text(
+            "# Title\n"
+            "[ok](other.md#some-code-here) [ok](#title) [web](https://example.org/x.md)\n"
+            "[gone](missing.md) [bad anchor](other.md#nowhere)\n"
+            "see other.md, but see absent.py\n"
+            "as the " + "DESIGN" + " notes say (§3.2)\n"
+        )
+        found = problems(page)
+        assert len(found) == 4, found
+        assert "'missing.md': no such file" in found[0]
+        assert "other.md has no heading #nowhere" in found[1]
+        assert "'absent.py': no such file" in found[2]
+        assert "cites notes" in found[3]
+        assert slug("`llmgw ctl` — the CLI") == "llmgw-ctl--the-cli"
 
-
-def test_every_docs_page_is_in_the_index() -> None:
-    """docs/README.md links every page of docs/, so a new page cannot be orphaned."""
-    index = (ROOT / "docs" / "README.md").read_text()
-    linked = {t.partition("#")[0] for t in LINK.findall(index)}
-    pages = {p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
-    assert pages - linked == set()
+    def test_every_docs_page_is_in_the_index(self) -> None:
+        """docs/README.md links every page of docs/, so a new page cannot be orphaned."""
+        index = (ROOT / "docs" / "README.md").read_text()
+        linked = {t.partition("#")[0] for t in LINK.findall(index)}
+        pages = {p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
+        assert pages - linked == set()

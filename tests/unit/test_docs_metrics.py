@@ -149,17 +149,19 @@ def registered(dotted: str) -> dict[str, str]:
     return out
 
 
-def test_every_program_with_metrics_has_a_section() -> None:
-    """Each registry known here has a marked table on docs/metrics.md, and no table is orphaned."""
-    assert documented().keys() == REGISTRIES.keys()
+class TestDocsMetrics:
+    """docs/metrics.md lists exactly each program's registered metrics."""
 
+    def test_every_program_with_metrics_has_a_section(self) -> None:
+        """Each registry known here has a marked table on docs/metrics.md; no table is orphaned."""
+        assert documented().keys() == REGISTRIES.keys()
 
-@pytest.mark.parametrize("dotted", sorted(REGISTRIES))
-def test_section_lists_exactly_the_registered_metrics(dotted: str) -> None:
-    """Same names, same types: nothing registered is undocumented, nothing documented is gone."""
-    docs = documented().get(dotted, {})
-    real = registered(dotted)
-    assert sorted(real.keys() - docs.keys()) == [], "registered but not in docs/metrics.md"
-    assert sorted(docs.keys() - real.keys()) == [], "in docs/metrics.md but not registered"
-    wrong = {n: (docs[n], t) for n, t in real.items() if docs[n] != t}
-    assert wrong == {}, "documented type differs (docs, real)"
+    @pytest.mark.parametrize("dotted", sorted(REGISTRIES))
+    def test_section_lists_exactly_the_registered_metrics(self, dotted: str) -> None:
+        """Same names and types: nothing registered is undocumented, nothing documented gone."""
+        docs = documented().get(dotted, {})
+        real = registered(dotted)
+        assert sorted(real.keys() - docs.keys()) == [], "registered but not in docs/metrics.md"
+        assert sorted(docs.keys() - real.keys()) == [], "in docs/metrics.md but not registered"
+        wrong = {n: (docs[n], t) for n, t in real.items() if docs[n] != t}
+        assert wrong == {}, "documented type differs (docs, real)"

@@ -92,50 +92,54 @@ def defaults(kind: Any) -> dict[str, Any]:
     return out
 
 
-def test_every_required_reference_is_documented() -> None:
-    """Each configuration and spec type has a reference table in docs/."""
-    found = {name for _, name, _ in tables()}
-    assert found >= REQUIRED, f"no reference table for {sorted(REQUIRED - found)}"
+class TestDocsReference:
+    """Reference tables in docs/ match their msgspec types."""
 
+    def test_every_required_reference_is_documented(self) -> None:
+        """Each configuration and spec type has a reference table in docs/."""
+        found = {name for _, name, _ in tables()}
+        assert found >= REQUIRED, f"no reference table for {sorted(REQUIRED - found)}"
 
-@pytest.mark.parametrize(("page", "dotted", "rows"), cases())
-def test_table_lists_exactly_the_fields(page: str, dotted: str, rows: dict[str, str]) -> None:
-    """The table has one row per field of the type, and no row for a field it lacks."""
-    fields = defaults(resolve(dotted))
-    missing = sorted(fields.keys() - rows.keys())
-    unknown = sorted(rows.keys() - fields.keys())
-    assert not missing, f"docs/{page}: {dotted} fields not documented: {missing}"
-    assert not unknown, f"docs/{page}: {dotted} has no fields {unknown}"
+    @pytest.mark.parametrize(("page", "dotted", "rows"), cases())
+    def test_table_lists_exactly_the_fields(
+        self, page: str, dotted: str, rows: dict[str, str]
+    ) -> None:
+        """The table has one row per field of the type, and no row for a field it lacks."""
+        fields = defaults(resolve(dotted))
+        missing = sorted(fields.keys() - rows.keys())
+        unknown = sorted(rows.keys() - fields.keys())
+        assert not missing, f"docs/{page}: {dotted} fields not documented: {missing}"
+        assert not unknown, f"docs/{page}: {dotted} has no fields {unknown}"
 
+    @pytest.mark.parametrize(("page", "dotted", "rows"), cases())
+    def test_table_defaults_are_the_types(
+        self, page: str, dotted: str, rows: dict[str, str]
+    ) -> None:
+        """`required` marks the fields without a default; a backticked default is the real one."""
+        fields = defaults(resolve(dotted))
+        for name, cell in rows.items():
+            if name not in fields:
+                continue  # reported by the test above
+            real = fields[name]
+            if cell == "required" or real is msgspec.NODEFAULT:
+                what = "requires it" if real is msgspec.NODEFAULT else "has a default"
+                assert cell == "required", f"docs/{page}: {dotted}.{name}: the type {what}"
+                assert real is msgspec.NODEFAULT, f"docs/{page}: {dotted}.{name}: the type {what}"
+                continue
+            m = re.fullmatch(r"`([^`]*)`", cell)
+            if m is None:
+                continue
+            documented = yaml.safe_load(m.group(1))
+            # Through JSON, so tuples compare equal to the YAML lists that document them.
+            actual = msgspec.json.decode(msgspec.json.encode(real))
+            assert documented == actual, (
+                f"docs/{page}: {dotted}.{name} default documented as {m.group(1)}, "
+                f"the type's is {actual!r}"
+            )
 
-@pytest.mark.parametrize(("page", "dotted", "rows"), cases())
-def test_table_defaults_are_the_types(page: str, dotted: str, rows: dict[str, str]) -> None:
-    """`required` marks the fields without a default; a backticked default is the real one."""
-    fields = defaults(resolve(dotted))
-    for name, cell in rows.items():
-        if name not in fields:
-            continue  # reported by the test above
-        real = fields[name]
-        if cell == "required" or real is msgspec.NODEFAULT:
-            what = "requires it" if real is msgspec.NODEFAULT else "has a default"
-            assert cell == "required", f"docs/{page}: {dotted}.{name}: the type {what}"
-            assert real is msgspec.NODEFAULT, f"docs/{page}: {dotted}.{name}: the type {what}"
-            continue
-        m = re.fullmatch(r"`([^`]*)`", cell)
-        if m is None:
-            continue
-        documented = yaml.safe_load(m.group(1))
-        # Through JSON, so tuples compare equal to the YAML lists that document them.
-        actual = msgspec.json.decode(msgspec.json.encode(real))
-        assert documented == actual, (
-            f"docs/{page}: {dotted}.{name} default documented as {m.group(1)}, "
-            f"the type's is {actual!r}"
-        )
-
-
-def test_a_stray_or_missing_field_fails() -> None:
-    """The check itself: a table missing a field or naming a wrong one is caught."""
-    fields = defaults(resolve("llmgw.router.config.BreakerSettings"))
-    documented = {"failure_threshold": "`5`", "cooldown_s": "`10.0`", "bogus": "`1`"}
-    assert fields.keys() - documented.keys() == {"max_cooldown_s"}
-    assert documented.keys() - fields.keys() == {"bogus"}
+    def test_a_stray_or_missing_field_fails(self) -> None:
+        """The check itself: a table missing a field or naming a wrong one is caught."""
+        fields = defaults(resolve("llmgw.router.config.BreakerSettings"))
+        documented = {"failure_threshold": "`5`", "cooldown_s": "`10.0`", "bogus": "`1`"}
+        assert fields.keys() - documented.keys() == {"max_cooldown_s"}
+        assert documented.keys() - fields.keys() == {"bogus"}

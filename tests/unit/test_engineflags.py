@@ -155,6 +155,8 @@ def sglang(tmp_path: Path) -> Cli:
 
 
 class TestVllmReader:
+    """Reading vLLM's parser: flags, arities and value rules."""
+
     def test_flags_and_arity(self, vllm: Cli) -> None:
         """add_argument literals, config fields they spread, and frontend dataclass fields."""
         assert vllm.positionals == 1
@@ -185,6 +187,7 @@ class TestVllmReader:
         assert vllm.choices == {"--strict-backend": ["mp", "ray"]}
 
     def test_no_frontend_class_is_an_error(self, tmp_path: Path) -> None:
+        """No frontend class is an error."""
         src = write(
             tmp_path,
             {
@@ -198,6 +201,8 @@ class TestVllmReader:
 
 
 class TestSglangReader:
+    """Reading SGLang's parser: flags, arities and value rules."""
+
     def test_flags_and_arity(self, sglang: Cli) -> None:
         """A[T, help] and A[T, Arg(...)] fields of the listed namespaces, plus add_argument."""
         assert sglang.positionals == 0
@@ -220,10 +225,12 @@ class TestSglangReader:
         }
 
     def test_value_rules(self, sglang: Cli) -> None:
+        """SGLang's integer and choice flags are read from its parser."""
         assert sglang.ints == {"--tp-size", "--tensor-parallel-size", "--short", "--port"}
         assert sglang.choices == {"--dtype": ["auto", "half"], "--mode": ["a", "b"]}
 
     def test_missing_namespace_is_an_error(self, tmp_path: Path) -> None:
+        """Missing namespace is an error."""
         src = write(
             tmp_path,
             {
@@ -236,11 +243,15 @@ class TestSglangReader:
 
 
 class TestCheck:
+    """The flag check accepts and refuses what the engine's parser would."""
+
     def test_accepts_what_the_parser_would(self, vllm: Cli) -> None:
+        """Accepts what the parser would."""
         argv = ["m", "--tensor-parallel-size", "2", "--nodes", "a", "b", "--eager", "--maybe"]
         assert check(vllm, [*argv, "--port=8000", "--strict-backend", "mp"]) == []
 
     def test_refuses_what_the_parser_would(self, vllm: Cli, sglang: Cli) -> None:
+        """Refuses what the parser would."""
         assert check(vllm, ["m", "--tensor-parallel", "2"]) == [
             "--tensor-parallel: not a vllm 0.0.0 flag"  # no prefix matching
         ]

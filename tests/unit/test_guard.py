@@ -11,6 +11,8 @@ from tests.unit.conftest import RealIOInUnitTest
 
 
 class TestNoRealIO:
+    """Unit tests cannot open sockets or start processes."""
+
     def test_socket_connect_raises(self) -> None:
         """Connecting a socket in a unit test fails loudly."""
         with socket.socket() as s, pytest.raises(RealIOInUnitTest):

@@ -106,6 +106,8 @@ def stored(hashes: list[Any], parent: Any, tokens: list[int], bs: int = 2) -> Bl
 
 
 class TestCodec:
+    """vLLM's KV-event wire format, decoded and refused."""
+
     @pytest.mark.parametrize(
         "payload",
         [
@@ -241,6 +243,7 @@ class TestCodec:
         ],
     )
     def test_malformed_payloads_are_refused(self, payload: bytes) -> None:
+        """A malformed payload is a decode error."""
         with pytest.raises(KVEventsDecodeError):
             decode_batch(payload)
 
@@ -254,6 +257,8 @@ class TestCodec:
 
 
 class TestSimEngineEvents:
+    """The KV events the sim-engine publishes."""
+
     def test_store_evict_and_reset_are_published(self) -> None:
         """allocate stores a run of blocks with their tokens and parent; reusing a
         cached block evicts it; a reset clears all."""
@@ -279,6 +284,7 @@ class TestSimEngineEvents:
         assert kv.events == [AllBlocksCleared()]
 
     def test_a_hit_stores_only_the_new_tail_with_its_parent(self) -> None:
+        """A hit stores only the new tail with its parent."""
         kv = KVCache(num_gpu_blocks=16, block_size=2)
         kv.events = []
         first = [1, 2, 3, 4, 5]
@@ -301,6 +307,8 @@ def blocks_from(events: list[Any], seq: int = 0) -> EngineBlocks:
 
 
 class TestEngineBlocks:
+    """The block set kept per engine from its events, and when it is precise."""
+
     def test_exact_set_from_events(self) -> None:
         """The router's own chain over the events' tokens matches the prompt's chain,
         whatever the engine's hashes are; removals and a clear take blocks away."""
@@ -328,6 +336,7 @@ class TestEngineBlocks:
         assert b.precise
 
     def test_joining_mid_stream_is_not_precise_until_known(self) -> None:
+        """Joining mid stream is not precise until known."""
         b = blocks_from([stored([1], None, [1, 2])], seq=5)
         assert not b.precise
         b.on_batch(0, [])  # the publisher restarted: its engine's cache is empty
@@ -365,6 +374,7 @@ class TestEngineBlocks:
         assert b.skipped_blocks == 2
 
     def test_bounded(self) -> None:
+        """A batch over the block bound keeps nothing and leaves precise mode."""
         b = EngineBlocks(max_blocks=2)
         b.connected = True
         b.on_batch(0, [stored([1, 2, 3], None, [1, 2, 3, 4, 5, 6])])
@@ -400,6 +410,8 @@ def engine_events(bdy: dict[str, Any], bs: int = 16) -> list[Any]:
 
 
 class TestIndexAndPolicy:
+    """The precise index and the policy that routes by it."""
+
     def index(self, *ids: str) -> KVEventIndex:
         idx = KVEventIndex()
         infos = [
@@ -431,6 +443,7 @@ class TestIndexAndPolicy:
         assert idx.match(bad, ["a"]) == {}
 
     def test_match_counts_the_tokens_the_engine_holds(self) -> None:
+        """Match counts the tokens the engine holds."""
         idx = self.index("a", "b")
         prompt = body("the shared system prompt " * 40)
         idx.follows["b"].blocks.on_batch(1, engine_events(prompt))
@@ -458,6 +471,7 @@ class TestIndexAndPolicy:
         assert d.blocks_of("b") > 0
 
     def test_fallback_to_the_guess_when_not_precise(self) -> None:
+        """Fallback to the guess when not precise."""
         idx = self.index("a", "b")
         prefix = PrefixIndex()
         ours = Ours(prefix, exact=idx)
@@ -470,6 +484,7 @@ class TestIndexAndPolicy:
         assert (d.endpoint_id, d.reason) == ("a", "prefix")
 
     def test_bad_tokenizer_is_reported_and_not_followed(self) -> None:
+        """Bad tokenizer is reported and not followed."""
         idx = KVEventIndex()
         info = EndpointInfo(
             id="a", url="http://a", models=("m",), kv_events="tcp://x:1", tokenizer="bpe"
@@ -481,6 +496,7 @@ class TestIndexAndPolicy:
         assert idx.set_endpoints([info]) == []  # said once, not on every list
 
     def test_metrics(self) -> None:
+        """The prefix mode and event batches are exported per endpoint."""
         idx = self.index("a")
         names = {
             (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -493,6 +509,8 @@ class TestIndexAndPolicy:
 
 
 class TestTokenizers:
+    """Tokenizer specs and loading a Hugging Face tokenizer file."""
+
     def test_specs(self) -> None:
         """`sim` is the sim-engine's tokenizer; anything else unknown, or an hf file that
         cannot be loaded (or no tokenizers package), is refused with a clear error."""
@@ -533,27 +551,36 @@ class TestTokenizers:
         assert idx.match({"prompt": "hello"}, ["a"]) == {"a": (0, 2)}
 
 
-def test_endpoints_naming_one_tokenizer_share_one_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A model's replicas all name the same tokenizer: it is loaded once, and a later
-    endpoint list (a new replica) reuses it instead of loading it again."""
-    from llmgw.router import kvevents
+class TestTokenizerSharing:
+    """Endpoints naming one tokenizer share one load."""
 
-    loads: list[str] = []
+    def test_endpoints_naming_one_tokenizer_share_one_load(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A model's replicas all name the same tokenizer: it is loaded once, and a later
+        endpoint list (a new replica) reuses it instead of loading it again."""
+        from llmgw.router import kvevents
 
-    def counting(spec: str) -> Any:
-        loads.append(spec)
-        return load_tokenizer(spec)
+        loads: list[str] = []
 
-    monkeypatch.setattr(kvevents, "load_tokenizer", counting)
+        def counting(spec: str) -> Any:
+            loads.append(spec)
+            return load_tokenizer(spec)
 
-    def info(eid: str) -> EndpointInfo:
-        return EndpointInfo(
-            id=eid, url=f"http://{eid}", models=("m",), kv_events=f"tcp://{eid}:1", tokenizer="sim"
-        )
+        monkeypatch.setattr(kvevents, "load_tokenizer", counting)
 
-    idx = KVEventIndex()
-    assert idx.set_endpoints([info("a"), info("b")]) == []
-    assert idx.follows["a"].tokenizer is idx.follows["b"].tokenizer
-    assert idx.set_endpoints([info("a"), info("b"), info("c")]) == []
-    assert idx.follows["c"].tokenizer is idx.follows["a"].tokenizer
-    assert loads == ["sim"]
+        def info(eid: str) -> EndpointInfo:
+            return EndpointInfo(
+                id=eid,
+                url=f"http://{eid}",
+                models=("m",),
+                kv_events=f"tcp://{eid}:1",
+                tokenizer="sim",
+            )
+
+        idx = KVEventIndex()
+        assert idx.set_endpoints([info("a"), info("b")]) == []
+        assert idx.follows["a"].tokenizer is idx.follows["b"].tokenizer
+        assert idx.set_endpoints([info("a"), info("b"), info("c")]) == []
+        assert idx.follows["c"].tokenizer is idx.follows["a"].tokenizer
+        assert loads == ["sim"]

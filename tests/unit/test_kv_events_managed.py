@@ -34,6 +34,8 @@ def with_routing(s: ModelSpec, **routing: Any) -> ModelSpec:
 
 
 class TestSpec:
+    """The spec's routing section, accepted and refused."""
+
     @pytest.mark.parametrize(
         ("raw", "field", "words"),
         [
@@ -58,6 +60,7 @@ class TestSpec:
         assert "nothing was applied" in str(exc.value)
 
     def test_unknown_routing_field_is_named(self) -> None:
+        """Unknown routing field is named."""
         with pytest.raises(InvalidSpec) as exc:
             decode_specs(json.dumps(raw_spec("sim", kv_event=True)).encode())
         assert exc.value.param == "routing.kv_event"
@@ -75,6 +78,7 @@ class TestSpec:
         assert routing_problem(plain) is None
 
     def test_ctl_refuses_before_sending(self) -> None:
+        """ctl refuses kv_events for an engine that cannot publish before sending."""
         from llmgw.ctl.errors import SpecError
         from llmgw.ctl.specs import validate
 
@@ -112,6 +116,8 @@ def kv_config(argv: tuple[str, ...]) -> dict[str, Any]:
 
 
 class TestTemplate:
+    """Engine command lines that publish KV events."""
+
     def test_vllm_binds_a_wildcard_publisher(self) -> None:
         """vLLM binds its PUB only on a wildcard address (it connects to any other)."""
         plan = render(
@@ -129,6 +135,7 @@ class TestTemplate:
         }
 
     def test_sim_binds_the_advertised_address(self) -> None:
+        """Sim binds the advertised address."""
         plan = render(
             shard("sim"),
             port=21000,
@@ -142,6 +149,7 @@ class TestTemplate:
         )
 
     def test_the_spec_args_still_come_last(self) -> None:
+        """The spec args still come last."""
         plan = render(
             shard("sim", args=("--seed", "3")),
             port=1,
@@ -151,10 +159,12 @@ class TestTemplate:
         assert plan.argv[-2:] == ("--seed", "3")
 
     def test_no_ports_no_flag(self) -> None:
+        """Without KV-event ports the engine gets no --kv-events-config."""
         assert "--kv-events-config" not in render(shard(), port=1, host="h").argv
 
     @pytest.mark.parametrize("engine", ["sglang", "llamacpp"])
     def test_engines_that_cannot_publish_are_refused(self, engine: str) -> None:
+        """Engines that cannot publish are refused."""
         with pytest.raises(ValueError, match="publishes no KV events"):
             render(shard(engine), port=1, host="h", kv_events=KVEventPorts(publish=2, replay=3))
 
@@ -176,9 +186,12 @@ def sup(tmp_path: Path) -> tuple[Supervisor, FakeSpawner, StateStore]:
 
 
 class TestAgentPorts:
+    """The agent's extra ports for a shard that publishes KV events."""
+
     def test_a_kv_shard_gets_two_more_ports_and_reports_them(
         self, sup: tuple[Supervisor, FakeSpawner, StateStore]
     ) -> None:
+        """A KV shard gets two more ports and reports them."""
         s, spawner, _ = sup
         s.apply([shard("sim")])
         (st,) = s.statuses()
@@ -195,7 +208,7 @@ class TestAgentPorts:
     async def test_ports_are_held_until_the_shard_is_dropped(
         self, sup: tuple[Supervisor, FakeSpawner, StateStore]
     ) -> None:
-        """While the kv shard holds the range nothing else starts; once it is gone, all free."""
+        """While the KV shard holds the range nothing else starts; once it is gone, all free."""
         s, _, _ = sup
         s.apply([shard("sim")])
         s.apply([shard("sim"), shard("sim", replica_id="r-8", kv_events=False)])
@@ -215,6 +228,7 @@ class TestAgentPorts:
     def test_no_kv_ports_without_the_flag_or_above_rank_0(
         self, sup: tuple[Supervisor, FakeSpawner, StateStore]
     ) -> None:
+        """No KV ports without the flag or above rank 0."""
         s, spawner, _ = sup
         s.apply(
             [
@@ -253,6 +267,8 @@ class TestAgentPorts:
 
 
 class TestController:
+    """The controller asks rank 0 to publish and tells routers where to follow."""
+
     def world(self, **routing: Any) -> World:
         w = World()
         w.node("a")
@@ -261,12 +277,14 @@ class TestController:
         return w
 
     def test_rank_0_is_asked_to_publish(self) -> None:
+        """Rank 0 is asked to publish."""
         w = self.world(kv_events=True)
         rid = w.only("m").id
         (sh,) = w.heartbeat("a", {rid: "starting"})
         assert sh.kv_events
 
     def test_ready_replica_names_its_publisher(self) -> None:
+        """Ready replica names its publisher."""
         w = self.world(kv_events=True)
         rid = w.only("m").id
         w.heartbeat("a", {rid: "ready"}, port=9000, kv_ports={rid: (9001, 9002)})
@@ -288,6 +306,7 @@ class TestController:
         assert (ep.kv_events, ep.tokenizer) == ("", "")
 
     def test_a_model_without_precise_mode_is_never_followed(self) -> None:
+        """A model without precise mode is never followed."""
         w = self.world()
         rid = w.only("m").id
         (sh,) = w.heartbeat("a", {rid: "ready"}, kv_ports={rid: (9001, 9002)})
@@ -296,6 +315,7 @@ class TestController:
         assert ep.kv_events == ""
 
     def test_multi_node_only_rank_0_publishes(self) -> None:
+        """Multi-node: only rank 0 publishes."""
         w = World()
         w.node("a")
         w.node("b")

@@ -15,13 +15,19 @@ def record(msg: object, *args: object) -> logging.LogRecord:
 
 
 class TestKv:
+    """The text log format is unchanged."""
+
     def test_text_unchanged(self) -> None:
+        """The text format writes the event and its fields as before."""
         assert kv("engine exited", replica="r-1", code=3) == "engine exited replica=r-1 code=3"
         assert kv("plain") == "plain"
 
 
 class TestJson:
+    """The JSON log format: one object per line with fields as keys."""
+
     def test_fields_become_keys(self) -> None:
+        """Fields become JSON keys beside event, level and logger, on one line."""
         line = JsonFormatter().format(record(kv("engine exited", replica="r-1", code=3)))
         doc = json.loads(line)
         assert doc["event"] == "engine exited"
@@ -32,10 +38,12 @@ class TestJson:
         assert "\n" not in line
 
     def test_percent_style_message(self) -> None:
+        """A %-style message is formatted before it becomes the event."""
         doc = json.loads(JsonFormatter().format(record("serving name=%s port=%d", "router", 8)))
         assert doc["event"] == "serving name=router port=8"
 
     def test_traceback_stays_on_one_line(self) -> None:
+        """Traceback stays on one line."""
         try:
             raise ValueError("boom")
         except ValueError:
@@ -48,11 +56,15 @@ class TestJson:
 
 
 class TestTakeFormat:
+    """The log format taken from the flag or the environment."""
+
     def test_flag_removed_from_argv(self) -> None:
+        """--log-format is taken out of argv in both spellings."""
         assert take_format(["--port", "1", "--log-format", "json"]) == ("json", ["--port", "1"])
         assert take_format(["--log-format=text", "x"]) == ("text", ["x"])
 
     def test_environment_default(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """LLMGW_LOG_FORMAT sets the default, and text is the default without it."""
         monkeypatch.setenv("LLMGW_LOG_FORMAT", "json")
         assert take_format([]) == ("json", [])
         monkeypatch.delenv("LLMGW_LOG_FORMAT")
@@ -60,5 +72,6 @@ class TestTakeFormat:
 
     @pytest.mark.parametrize("argv", [["--log-format", "xml"], ["--log-format"], ["--log-format="]])
     def test_bad_values(self, argv: list[str]) -> None:
+        """An unknown or missing --log-format value is a LogFormatError."""
         with pytest.raises(LogFormatError, match="--log-format"):
             take_format(argv)

@@ -44,6 +44,8 @@ def world_with_base(engine: str = "sim") -> World:
 
 
 class TestApplyAdapters:
+    """Applying LoRA adapters beside their base model, and the refusals."""
+
     def test_adapter_with_its_base_in_one_request(self) -> None:
         """A base and its adapter in one request are both applied, the adapter evented."""
         w = World()
@@ -118,6 +120,8 @@ class TestApplyAdapters:
 
 
 class TestAdaptersInLists:
+    """Loaded adapters in endpoint lists, outlooks and demand."""
+
     def test_loaded_adapters_join_the_replica_and_known_names(self) -> None:
         """A ready replica lists the adapters its engine reported; every adapter is known."""
         w = world_with_base()
@@ -154,6 +158,8 @@ class TestAdaptersInLists:
 
 
 class TestStoreRoundTrip:
+    """Adapters survive a store reload apart from models."""
+
     @pytest.mark.parametrize("url", ["memory://", "sqlite"])
     def test_adapters_survive_a_reload_apart_from_models(self, url: str, tmp_path: Path) -> None:
         """Adapters share the models table yet load as adapters, and delete as such."""
@@ -184,6 +190,8 @@ def shard(engine: str, adapters: dict[str, str]) -> ShardSpec:
 
 
 class TestAgentFlags:
+    """The adapter flags the agent gives each engine."""
+
     def test_vllm_lists_every_adapter(self) -> None:
         """vLLM: LoRA on, one slot per adapter up to the cap, name=path modules in order."""
         args = start_args(shard("vllm", {"b": "/p/b", "a": "/p/a"}), {})
@@ -213,6 +221,8 @@ class TestAgentFlags:
 
 
 class TestSimRegistry:
+    """The sim-engine's adapter registry."""
+
     def test_modules_parse_both_forms(self) -> None:
         """--lora-modules takes name=path and vLLM's JSON objects; anything else is refused."""
         assert parse_modules(["a=/x", '{"name": "b", "path": "/y"}']) == (("a", "/x"), ("b", "/y"))
@@ -235,6 +245,8 @@ class TestSimRegistry:
 
 
 class TestRouterLlamacpp:
+    """The router's adapter rewrite for llama.cpp."""
+
     def test_select_adds_the_position(self) -> None:
         """The body keeps its fields and gains llama-server's per-request adapter list."""
         out = msgspec.json.decode(select(b'{"model":"ad","max_tokens":3}', 2))
@@ -274,6 +286,8 @@ class FakeAdapterClient:
 
 
 class TestAgentRuntimeLoading:
+    """Adapters loaded into a running engine without a restart."""
+
     @pytest.fixture
     def rig(self, tmp_path: Path) -> tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]:
         clock = ManualClock()
@@ -328,6 +342,8 @@ class TestAgentRuntimeLoading:
 
 
 class TestSimFlags:
+    """The sim-engine's LoRA flags."""
+
     def test_lora_flags_are_read(self) -> None:
         """vLLM's LoRA flags fill the sim-engine's settings; kept loaded defaults to slots."""
         args, _ = sim_parser().parse_known_args(

@@ -18,6 +18,8 @@ TURNS = [
 
 
 class TestConversationKey:
+    """Conversation keys and session hints in each API."""
+
     def test_same_conversation_same_key_in_each_api(self) -> None:
         """Chat, Responses (string, parts) and Messages (string, blocks) of one
         conversation hash to the same chain."""
@@ -67,6 +69,8 @@ class TestConversationKey:
 
 
 class TestForms:
+    """Fields found in multipart forms."""
+
     BODY = (
         b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
         b"Content-Type: audio/wav\r\n\r\nRIFF\r\n--XyZ-not\r\n"
@@ -98,6 +102,8 @@ class TestForms:
 
 
 class TestAnthropicErrors:
+    """Errors reshaped for the Anthropic API."""
+
     def test_openai_error_reshaped(self) -> None:
         """An OpenAI-shaped error becomes Anthropic's, typed by its status."""
         body = b'{"error":{"message":"no such model","type":"invalid_request_error"}}'
@@ -123,6 +129,8 @@ class TestAnthropicErrors:
 
 
 class TestApiUsage:
+    """Token usage read from each API's answers."""
+
     def test_responses(self) -> None:
         """A Responses answer's and its completed event's usage read the same."""
         u = b'{"usage":{"input_tokens":7,"output_tokens":3,'
@@ -144,6 +152,8 @@ class TestApiUsage:
 
 
 class TestAnthropicErrorFrame:
+    """Engine failures seen in an Anthropic messages stream."""
+
     def test_engine_failure_seen_in_a_messages_stream(self) -> None:
         """An engine's Anthropic `event: error` frame is its failure (the type says 5xx)."""
         watch = inband.ErrorFrameWatch(inband.ANTHROPIC_MARK)

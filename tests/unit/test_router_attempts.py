@@ -33,6 +33,8 @@ def once(w: World, **kw: Any) -> Any:
 
 
 class TestRetryRules:
+    """When the proxy retries a request elsewhere and what it relays."""
+
     def test_connect_error_is_retried_on_another_replica(self) -> None:
         """Nothing reached the engine: the next replica answers, one retry is counted."""
         w = world()
@@ -160,6 +162,8 @@ class TestRetryRules:
 
 
 class TestEngineRefusingTheKey:
+    """An engine refusing the router's key is the replica's failure."""
+
     def test_a_401_is_the_replicas_failure_and_retried_elsewhere(self) -> None:
         """An engine refusing the router's key counts against it; another replica serves."""
         w = world(2, "breaker: {failure_threshold: 1}\n")
@@ -184,6 +188,8 @@ class TestEngineRefusingTheKey:
 
 
 class TestHoldRules:
+    """How long a request without a replica is held."""
+
     def test_known_model_without_replica_is_held_until_the_hold_timeout(self) -> None:
         """Held for hold_timeout_s, then 503 with Retry-After 5; its demand shows while held."""
         w = World("models: [m]\nhold_timeout_s: 30\n")
@@ -283,6 +289,8 @@ class TestHoldRules:
 
 
 class TestVirtualTime:
+    """Virtual time reports a wait that nothing can end."""
+
     def test_nothing_to_wait_for_is_reported_not_hung(self) -> None:
         """A task awaiting what no timer brings ends in Stuck instead of hanging the test."""
         from llmgw.runtime.clock import ManualClock

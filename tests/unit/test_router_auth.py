@@ -10,6 +10,8 @@ from llmgw.runtime.netaddr import is_loopback
 
 
 class TestBearer:
+    """Parsing the bearer token."""
+
     @pytest.mark.parametrize(
         ("header", "expected"),
         [
@@ -27,6 +29,8 @@ class TestBearer:
 
 
 class TestKeyRing:
+    """Client keys accepted and refused by the key ring."""
+
     def test_configured_key_is_accepted(self) -> None:
         """A key whose SHA-256 is configured is accepted and named."""
         ring = KeyRing([ApiKey(name="alice", sha256=hash_key("k-1"))])
@@ -49,6 +53,8 @@ class TestKeyRing:
 
 
 class TestAdmin:
+    """Who may use the admin endpoints."""
+
     def test_token_required_when_configured(self) -> None:
         """With a token, only that bearer opens admin, from anywhere."""
         assert admin_allowed(token="t", authorization="Bearer t", remote="10.0.0.1")
@@ -87,8 +93,10 @@ class TestHeadersThatAreNotText:
     BAD = "Bearer \udcff\udcfe"
 
     def test_a_client_key(self) -> None:
+        """A malformed Authorization header matches no client key."""
         ring = KeyRing([ApiKey(name="a", sha256=hash_key("k"))])
         assert ring.check(self.BAD) is None
 
     def test_the_admin_token(self) -> None:
+        """A malformed Authorization header is not the admin token."""
         assert not admin_allowed(token="t", authorization=self.BAD, remote="10.0.0.1")

@@ -20,6 +20,8 @@ def opened(clock: ManualClock, cfg: BreakerConfig = CFG) -> Breaker:
 
 
 class TestBreaker:
+    """The circuit breaker's states, probes and cooldowns."""
+
     def test_starts_closed_and_allows(self) -> None:
         """A new breaker is closed and admits requests."""
         b = Breaker(CFG, clock=ManualClock())
@@ -157,6 +159,8 @@ class TestBreaker:
 
 
 class TestClassifyStatus:
+    """Which answer statuses count as the endpoint's failure."""
+
     @pytest.mark.parametrize("status", [200, 201, 204, 301, 304])
     def test_success_statuses_are_ok(self, status: int) -> None:
         """2xx and 3xx are the endpoint answering."""

@@ -53,33 +53,41 @@ def env(cache: Path, setting: str | None = None) -> dict[str, str]:
 
 
 class TestFind:
+    """Finding the compiled build that matches these sources."""
+
     def test_the_build_for_these_sources_is_found(self, tmp_path: Path) -> None:
+        """The build for these sources is found."""
         folder = fake_build(tmp_path)
         assert compiled.find(env(tmp_path)) == folder
 
     def test_the_key_covers_sources_interpreter_and_mypy(self) -> None:
+        """The key covers sources interpreter and mypy."""
         assert compiled.key("1.0") != compiled.key("1.1")
         assert len(compiled.key(mypy())) == 32
         assert compiled.abi().startswith(f"{sys.implementation.cache_tag} ")
 
     def test_a_build_for_another_key_is_not_used(self, tmp_path: Path) -> None:
+        """A build for another key is not used."""
         fake_build(tmp_path, version="0.0")
         got = compiled.find(env(tmp_path))
         assert isinstance(got, str)
         assert got.startswith("no build for these sources at ")
 
     def test_a_missing_library_makes_it_incomplete(self, tmp_path: Path) -> None:
+        """A missing library makes it incomplete."""
         folder = fake_build(tmp_path)
         compiled.extension(folder, MODULES[-1], "__mypyc").unlink()
         assert str(compiled.find(env(tmp_path))).startswith(f"incomplete build at {folder}")
 
     @pytest.mark.parametrize("text", ["", "{", "[]", '{"modules": []}'])
     def test_an_unreadable_manifest_is_not_used(self, tmp_path: Path, text: str) -> None:
+        """An unreadable manifest is not used."""
         folder = fake_build(tmp_path)
         (folder / compiled.MANIFEST).write_text(text)
         assert str(compiled.find(env(tmp_path))).startswith(f"unreadable manifest in {folder}")
 
     def test_a_build_of_other_modules_is_not_used(self, tmp_path: Path) -> None:
+        """A build of other modules is not used."""
         fake_build(tmp_path, modules=MODULES[:1])
         assert "has other modules" in str(compiled.find(env(tmp_path)))
 
@@ -91,18 +99,23 @@ class TestFind:
         )
 
     def test_a_vanished_dependency_makes_it_stale(self, tmp_path: Path) -> None:
+        """A vanished dependency makes it stale."""
         fake_build(tmp_path, depends={"llmgw/router/gone.py": "0" * 64})
         assert "llmgw/router/gone.py changed since" in str(compiled.find(env(tmp_path)))
 
 
 class TestLoad:
+    """Loading the compiled build as the setting asks."""
+
     def test_zero_never_looks(self, tmp_path: Path) -> None:
+        """LLMGW_ROUTER_COMPILED=0 never looks for a build, even when one exists."""
         fake_build(tmp_path)
         assert compiled.load(env(tmp_path, "0")) == compiled.Status((), "LLMGW_ROUTER_COMPILED=0")
         assert compiled.STATUS.modules == ()
 
     @pytest.mark.parametrize("setting", [None, "", "auto"])
     def test_auto_without_a_build_runs_python(self, tmp_path: Path, setting: str | None) -> None:
+        """Auto without a build runs python."""
         status = compiled.load(env(tmp_path, setting))
         assert status.modules == ()
         assert status.detail.startswith("no build for these sources")
@@ -116,15 +129,18 @@ class TestLoad:
         assert status.detail.startswith(f"the build at {folder} did not load: ImportError(")
 
     def test_one_without_a_build_fails_clearly(self, tmp_path: Path) -> None:
+        """One without a build fails clearly."""
         with pytest.raises(compiled.CompiledBuildError, match=r"=1 but no build .*build-mypyc"):
             compiled.load(env(tmp_path, "1"))
 
     def test_one_with_a_build_that_does_not_load_fails(self, tmp_path: Path) -> None:
+        """One with a build that does not load fails."""
         fake_build(tmp_path)
         with pytest.raises(compiled.CompiledBuildError, match=r"=1 but the build at .* did not"):
             compiled.load(env(tmp_path, "1"))
 
     def test_an_unknown_setting_fails(self, tmp_path: Path) -> None:
+        """An unknown setting fails naming the accepted values."""
         with pytest.raises(compiled.CompiledBuildError, match="=yes: expected one of auto, 0, 1"):
             compiled.load(env(tmp_path, "yes"))
 

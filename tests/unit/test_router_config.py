@@ -22,6 +22,8 @@ admin_token: s3cret
 
 
 class TestParse:
+    """Parsing the router configuration file."""
+
     def test_full_file(self) -> None:
         """Every documented key parses into the typed config."""
         cfg = parse(GOOD)
@@ -56,6 +58,8 @@ class TestParse:
 
 
 class TestValidation:
+    """Configuration errors name the field or the file."""
+
     @pytest.mark.parametrize(
         ("text", "needle"),
         [
@@ -107,6 +111,8 @@ class TestValidation:
 
 
 class TestReload:
+    """A reload reports the fields that need a restart."""
+
     def test_restart_only_fields_are_reported(self) -> None:
         """Changing a start-time setting is named; changing endpoints is not."""
         old = parse(GOOD)

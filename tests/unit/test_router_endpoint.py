@@ -30,6 +30,8 @@ def registry(*ids: str, clock: ManualClock | None = None, **kw: object) -> Regis
 
 
 class TestReplace:
+    """Replacing the endpoint list keeps survivors' state and starts new ones fresh."""
+
     def test_replace_keeps_survivors_live_state(self) -> None:
         """An endpoint present before and after keeps stats, drain rate, inflight and breaker."""
         clock = ManualClock()
@@ -108,6 +110,8 @@ class TestReplace:
 
 
 class TestObserve:
+    """Scrape observations update rates, capacities and restarts."""
+
     def test_observe_of_unknown_endpoint_is_ignored(self) -> None:
         """A scrape that lands after its endpoint was removed changes nothing."""
         reg = registry("a")
@@ -191,6 +195,8 @@ class TestObserve:
 
 
 class TestStaleness:
+    """When an endpoint's figures count as stale."""
+
     def test_never_scraped_is_stale(self) -> None:
         """An endpoint with no successful scrape is stale and has no age."""
         s = registry("a").snapshots()[0]
@@ -227,6 +233,8 @@ class TestStaleness:
 
 
 class TestSnapshots:
+    """Registry snapshots are sorted, filtered and read without side effects."""
+
     def test_snapshots_are_sorted_by_id(self) -> None:
         """Snapshots come out sorted by id whatever the list order."""
         reg = registry("c", "a", "b")
@@ -387,6 +395,8 @@ class TestSnapshots:
 
 
 class TestAcquire:
+    """Acquiring an endpoint counts in-flight requests and releases exactly once."""
+
     def test_acquire_counts_inflight(self) -> None:
         """Each grant adds one in flight and each release takes it away."""
         reg = registry("a")
@@ -533,6 +543,8 @@ class TestAcquire:
 
 
 class TestLastUsed:
+    """Last-used times record dispatches only."""
+
     def test_last_used_leaves_never_used_out(self) -> None:
         """Endpoints never dispatched to are absent, not zero."""
         clock = ManualClock(start_wall=1.9e9)
@@ -562,6 +574,8 @@ class TestLastUsed:
 
 
 class TestDeparted:
+    """A removed endpoint counts its requests until they finish, then is forgotten."""
+
     def test_removed_endpoint_reports_inflight_until_its_requests_finish(self) -> None:
         """A replica that left the list is reported with its in-flight count, then 0."""
         clock = ManualClock()

@@ -44,6 +44,8 @@ def kv_usage_of_engine(text: str, engine: str) -> float:
 
 
 class TestFixtures:
+    """The engine metrics parser against every fixture."""
+
     def test_every_fixture_is_covered(self) -> None:
         """The fixture directory holds one file per engine dialect and version: seven."""
         assert len(FILES) == 7
@@ -101,6 +103,8 @@ class TestFixtures:
 
 
 class TestRules:
+    """The engine metrics parser's rules, one each."""
+
     def test_missing_running_is_an_error(self) -> None:
         """Running is mandatory: a body without it is refused, not read as zero."""
         with pytest.raises(MetricsParseError, match="num_requests_running"):

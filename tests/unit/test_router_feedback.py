@@ -19,6 +19,8 @@ def indexed() -> tuple[PrefixIndex, PredictionCheck]:
 
 
 class TestPredictedTokens:
+    """Predicted cached tokens from prefix blocks."""
+
     def test_blocks_convert_at_four_bytes_a_token(self) -> None:
         """n leading blocks stand for block_end(n - 1) / 4 tokens; none for nothing."""
         assert predicted_tokens(0) == 0
@@ -27,6 +29,8 @@ class TestPredictedTokens:
 
 
 class TestOutcomes:
+    """The engine's cached tokens confirm or correct the prefix index."""
+
     def test_close_enough_is_a_hit_and_changes_nothing(self) -> None:
         """Within a factor 2 either way the guess held."""
         idx, check = indexed()
@@ -99,6 +103,8 @@ class TestOutcomes:
 
 
 class TestCachedReported:
+    """Absent cached-token details are unknown, not zero."""
+
     def test_absent_details_are_unknown_not_zero(self) -> None:
         """An engine that sends no prompt_tokens_details (vLLM without
         --enable-prompt-tokens-details) must not read as "nothing cached"."""

@@ -11,6 +11,8 @@ from llmgw.router.holding import Holding
 
 
 class TestHold:
+    """The hold queue counts demand, enforces its bound and releases on errors."""
+
     def test_demand_counts_held_requests(self) -> None:
         """Demand is the number held per model, and leaves with them."""
         h = Holding(max_held=10)
@@ -36,6 +38,8 @@ class TestHold:
 
 
 class TestWait:
+    """Held waiters wake on a change or time out."""
+
     async def test_notify_wakes_waiters(self) -> None:
         """Every waiter wakes on notify_changed()."""
         h = Holding()

@@ -11,6 +11,8 @@ from llmgw.runtime.fastserver import _head, _status_line
 
 
 class TestHttpServerChoice:
+    """Choosing the router's HTTP server from the file and the environment."""
+
     def test_default_is_fast(self) -> None:
         """Neither the file nor the environment says: the protocol-level server."""
         assert http_server(parse("{}"), {}) == "fast"
@@ -38,6 +40,8 @@ class TestHttpServerChoice:
 
 
 class TestAnswerHeads:
+    """Answer heads the protocol-level server renders."""
+
     def test_status_line_and_own_headers_dropped(self) -> None:
         """The handler's framing headers give way to the server's own; Date is added."""
         headers = CIMultiDict(

@@ -32,6 +32,8 @@ def watch(*chunks: bytes) -> ErrorFrameWatch:
 
 
 class TestErrorFrameWatch:
+    """The watch finds an engine's error event in a 200 stream however it is split."""
+
     def test_clean_stream_sees_nothing(self) -> None:
         """A stream of ordinary events has no error and no endpoint failure."""
         w = watch(TOKEN, TOKEN, DONE)
@@ -121,6 +123,8 @@ ERROR = b'data: {"error":{"message":"boom","code":500}}\n\n'
 
 
 class TestNothingBeforeError:
+    """Whether a stream sent output before its error event."""
+
     def test_error_first(self) -> None:
         """An error frame that opens the stream follows no output."""
         assert nothing_before_error(ERROR + b"data: [DONE]\n\n")
@@ -140,6 +144,8 @@ class TestNothingBeforeError:
 
 
 class TestRoleOpenerOnly:
+    """Telling a role-only opener chunk from a token."""
+
     def test_opener(self) -> None:
         """The role opener alone, or nothing, holds no output."""
         assert role_opener_only(ROLE)

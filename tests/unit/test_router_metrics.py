@@ -27,6 +27,8 @@ def lines(m: RouterMetrics, prefix: str) -> list[str]:
 
 
 class TestRecording:
+    """Per-request metrics and the series forgotten with an endpoint."""
+
     def test_request_counted_with_labels(self) -> None:
         """A finished request increments its (model, endpoint, code) counter."""
         m = RouterMetrics(snapshots=list, held=dict)
@@ -101,6 +103,8 @@ class TestRecording:
 
 
 class TestLiveGauges:
+    """Registry gauges read at scrape time."""
+
     def test_registry_state_read_at_scrape_time(self) -> None:
         """Breaker, inflight and held come from live state; unknown scrape age is absent."""
         snaps = [snap("a", BreakerState.OPEN, 1.5), snap("b", BreakerState.CLOSED, None)]
@@ -130,6 +134,7 @@ class TestFamiliesMatchPrometheusClient:
         ]
 
     def test_counter_and_histogram_text(self) -> None:
+        """Our counter and histogram families render the same text as prometheus_client's."""
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         from llmgw.router.metrics import LATENCY_BUCKETS, Buckets, Counts, _Families
@@ -151,6 +156,7 @@ class TestFamiliesMatchPrometheusClient:
         assert self._text(ours) == self._text(ref)
 
     def test_empty_families_still_declare_themselves(self) -> None:
+        """Empty families still declare themselves."""
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         from llmgw.router.metrics import Buckets, Counts, _Families

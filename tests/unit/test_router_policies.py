@@ -27,6 +27,8 @@ def snap(eid: str, *, inflight: int = 0, breaker: BreakerState = BreakerState.CL
 
 
 class TestRoundRobin:
+    """The round-robin baseline policy."""
+
     def test_cycles_in_id_order(self) -> None:
         """Requests go a, b, c, a, b, c whatever the load."""
         rr = RoundRobin()
@@ -46,6 +48,8 @@ class TestRoundRobin:
 
 
 class TestLeastInflight:
+    """The least-in-flight baseline policy."""
+
     def test_picks_fewest_inflight(self) -> None:
         """The endpoint with the fewest requests in flight wins."""
         li = LeastInflight()
@@ -61,6 +65,8 @@ class TestLeastInflight:
 
 
 class TestOurs:
+    """Our policy records what it dispatches in the prefix index."""
+
     def test_served_request_is_remembered(self) -> None:
         """After a request completes on an endpoint, the same prefix is routed back there."""
         prefix = PrefixIndex()
@@ -102,6 +108,8 @@ class TestOurs:
 
 
 class TestGains:
+    """A prefix every endpoint holds saves nothing."""
+
     def test_what_every_endpoint_holds_saves_nothing(self) -> None:
         """Both hold a long shared start; the extra of one is a small share (11 %), so a holder
         half a batch busier loses to the idle one."""
@@ -119,6 +127,8 @@ class TestGains:
 
 
 class TestSessionHints:
+    """Session hints break ties and are bounded."""
+
     def test_hint_breaks_a_tie_between_equal_holders(self) -> None:
         """Two endpoints hold the same prefix: the session goes back where it was served."""
         snaps = [snap("a"), snap("b"), snap("c")]
@@ -188,6 +198,8 @@ class TestSessionHints:
 
 
 class TestMakePolicy:
+    """Policies made by name."""
+
     def test_names(self) -> None:
         """Each configured name builds its policy."""
         names = [

@@ -37,6 +37,8 @@ def chat(*turns: str, system: str = SYSTEM, **extra: Any) -> dict[str, Any]:
 
 
 class TestRequestBlockHashes:
+    """Request block hashes: stable, chained and covering what the prompt holds."""
+
     def test_same_request_gives_same_hashes(self) -> None:
         """Hashing is a pure function of the request."""
         assert request_block_hashes(chat("hi")) == request_block_hashes(chat("hi"))
@@ -288,6 +290,8 @@ class TestRequestBlockHashes:
 
 
 class TestCapacityUnits:
+    """Capacity units converted between tokens and blocks."""
+
     def test_tokens_convert_at_four_chars_per_token(self) -> None:
         """KV tokens × 4 chars / 64-byte units; unknown capacity stays unknown."""
         assert (
@@ -309,6 +313,8 @@ class TestCapacityUnits:
 
 
 class TestRendezvous:
+    """Rendezvous homes are deterministic, stable and spread evenly."""
+
     def test_order_is_a_permutation_and_deterministic(self) -> None:
         """Every candidate appears once, in an order fixed by key and ids alone (golden)."""
         assert rendezvous_order(12345, ["a", "b", "c", "d"]) == ["a", "c", "d", "b"]
@@ -337,6 +343,8 @@ class TestRendezvous:
 
 
 class TestPrefixIndex:
+    """The prefix index's matches, bounds and eviction order."""
+
     def test_match_counts_leading_blocks_held(self) -> None:
         """Each endpoint's match is the length of the leading run of blocks it holds."""
         idx = PrefixIndex()
@@ -645,6 +653,7 @@ class TestJournal:
     """With workers, every record is noted for the others and replayed into their index."""
 
     def test_records_are_noted_and_replayed_without_echo(self) -> None:
+        """Records are noted and replayed without echo."""
         a, b = PrefixIndex(), PrefixIndex()
         a.journal, b.journal = [], []
         a.record("e1", [1, 2, 3], capacity_units=None)
@@ -656,6 +665,7 @@ class TestJournal:
         assert b.journal == []  # replayed records are not sent back
 
     def test_a_one_process_index_notes_nothing(self) -> None:
+        """A one process index notes nothing."""
         idx = PrefixIndex()
         idx.record("e1", [1, 2], capacity_units=None)
         assert idx.journal is None

@@ -58,6 +58,8 @@ def scores(d: Decision) -> dict[str, float]:
 
 
 class TestCandidates:
+    """Which endpoints the scheduler may choose."""
+
     def test_open_breaker_is_never_chosen(self) -> None:
         """An endpoint whose breaker is open is out, however idle."""
         d = choose([snap("a", breaker=BreakerState.OPEN), snap("b", running=7)])
@@ -82,6 +84,8 @@ class TestCandidates:
 
 
 class TestLoad:
+    """The scheduler's load estimate and its tie breaks."""
+
     def test_least_load_wins_without_prefix_or_home(self) -> None:
         """With nothing cached and no home order, the lowest total wins."""
         d = choose([snap("a", running=6), snap("b", running=2), snap("c", running=4)])
@@ -162,6 +166,8 @@ class TestLoad:
 
 
 class TestPriority:
+    """Priority classes and their spill when saturated."""
+
     def test_higher_priority_preferred_while_unsaturated(self) -> None:
         """A busier endpoint in the preferred pool wins over an idle lower one."""
         d = choose([snap("hi", running=6, priority=1), snap("lo", priority=0)])
@@ -180,6 +186,8 @@ class TestPriority:
 
 
 class TestAffinity:
+    """Prefix and session affinity within the load bound."""
+
     def test_longest_prefix_wins_within_the_bound(self) -> None:
         """The endpoint holding most of the request wins though somewhat busier."""
         snaps = [snap("a", running=3), snap("b", running=1), snap("c")]
@@ -285,6 +293,8 @@ class TestAffinity:
 
 
 class TestExplanation:
+    """The scores and header that explain a choice."""
+
     def test_scores_cover_every_snapshot_sorted_by_id(self) -> None:
         """Every snapshot has a score, sorted by id, whatever the input order."""
         d = choose([snap("c"), snap("a"), snap("b", breaker=BreakerState.OPEN)])
@@ -329,6 +339,8 @@ fleet = st.lists(st.sampled_from("abcdefgh"), unique=True, max_size=8).flatmap(
 
 
 class TestInvariants:
+    """Invariants of every choice."""
+
     @settings(max_examples=300)
     @given(
         fleet,
@@ -455,6 +467,8 @@ def _reference(
 
 
 class TestAgainstTheReference:
+    """The scheduler agrees with a plain reference of its rules."""
+
     @settings(max_examples=400, deadline=None)
     @given(
         st.lists(

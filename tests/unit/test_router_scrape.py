@@ -44,6 +44,8 @@ def registry(*ids: str) -> Registry:
 
 
 class TestScraper:
+    """The scrape loop's concurrency, failures and restart detection."""
+
     async def test_observes_every_endpoint(self) -> None:
         """One tick feeds every endpoint's figures to the registry."""
         reg = registry("a", "b")

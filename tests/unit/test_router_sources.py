@@ -23,6 +23,8 @@ def bump_mtime(path: Path) -> None:
 
 
 class TestConfigWatcher:
+    """The config file watcher reloads changes and keeps the running config on errors."""
+
     def test_unchanged_file_is_not_reloaded(self, tmp_path: Path) -> None:
         """No change, no reload."""
         path = tmp_path / "r.yaml"
@@ -101,6 +103,8 @@ class FakeClient:
 
 
 class TestControllerSource:
+    """The controller long-poll follower's versions and backoff."""
+
     async def test_list_is_applied_and_version_followed(self) -> None:
         """A new list is applied and the next poll asks for changes after its version."""
         applied: list[EndpointList] = []

@@ -18,6 +18,8 @@ RESPONSES_END = (
 
 
 class TestFinalEventSent:
+    """The final events that complete each API's stream, however framed."""
+
     @pytest.mark.parametrize("stream", [CHAT_END, MESSAGES_END, RESPONSES_END])
     def test_each_api_final_event(self, stream: bytes) -> None:
         """Each API's final event, whole, ends the stream."""

@@ -21,7 +21,10 @@ USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"
 
 
 class TestUsageOf:
+    """Token usage in a whole JSON answer."""
+
     def test_answer_with_usage(self) -> None:
+        """Usage in a whole answer gives prompt, completion and cached tokens."""
         body = json.dumps({"id": "x", "choices": [], "usage": USAGE}).encode()
         assert usage_of(body) == Usage(prompt=7, completion=3, cached=4, cached_reported=4)
 
@@ -30,14 +33,18 @@ class TestUsageOf:
         [b"{}", b'{"usage": null}', b'not json with "usage"', b'{"usage": 5}', b""],
     )
     def test_no_usable_usage(self, body: bytes) -> None:
+        """An answer without a usable usage object gives None."""
         assert usage_of(body) is None
 
     def test_missing_details_count_zero_cached(self) -> None:
+        """Missing details count zero cached."""
         body = b'{"usage": {"prompt_tokens": 2, "completion_tokens": 1}}'
         assert usage_of(body) == Usage(prompt=2, completion=1, cached=0, cached_reported=None)
 
 
 class TestStreamUsage:
+    """Token usage in an event stream split anywhere."""
+
     def stream(self) -> bytes:
         return (
             event({"choices": [{"delta": {"content": "a"}}], "usage": None})
@@ -63,6 +70,7 @@ class TestStreamUsage:
         assert scan.usage == Usage(prompt=7, completion=2, cached=0)
 
     def test_stream_without_usage(self) -> None:
+        """A stream without a usage object gives None, whatever its text says."""
         scan = StreamUsage()
         scan.feed(event({"choices": [{"delta": {"content": "usage"}}]}))
         assert scan.usage is None
@@ -118,6 +126,8 @@ def _answers(draw: st.DrawFn) -> bytes:
 
 
 class TestUsageFromTheEnd:
+    """Usage read from the end of an answer matches a full decode."""
+
     @settings(max_examples=400)
     @given(_answers())
     def test_same_as_decoding_the_whole_answer(self, body: bytes) -> None:
@@ -126,6 +136,7 @@ class TestUsageFromTheEnd:
         assert usage_of(body) == _reference(body)
 
     def test_a_nested_usage_after_the_answer_s_own(self) -> None:
+        """A nested usage after the answer's own."""
         body = b'{"usage":{"prompt_tokens":2},"extra":{"usage":{"prompt_tokens":9}}}'
         assert usage_of(body) == Usage(prompt=2, completion=0, cached=0)
         assert usage_of(b'{"object":"usage"}') is None

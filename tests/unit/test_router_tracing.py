@@ -8,6 +8,8 @@ TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 class TestPassedOn:
+    """The trace headers passed on to an engine."""
+
     def test_both_headers_as_lines(self) -> None:
         """traceparent and tracestate become the engine's header lines, unchanged."""
         assert passed_on(TP, "a=1,b=2") == f"traceparent: {TP}\r\ntracestate: a=1,b=2\r\n".encode()

@@ -13,6 +13,8 @@ from llmgw.router.upstream.fast import Headers, _fields, _Pool
 
 
 class TestUpstreamClientChoice:
+    """Choosing the upstream client from the file and the environment."""
+
     def test_default_is_fast(self) -> None:
         """Neither the file nor the environment says: the fast client."""
         assert upstream_client(parse("{}"), {}) == "fast"
@@ -44,6 +46,8 @@ class TestUpstreamClientChoice:
 
 
 class TestHeaders:
+    """Header lookup ignores case."""
+
     def test_case_insensitive_lookup(self) -> None:
         """Any spelling of a name finds the header; a missing one gives the default."""
         h = Headers([(b"Content-Type", b"text/event-stream"), (b"x-request-id", b"r1")])
@@ -55,6 +59,8 @@ class TestHeaders:
 
 
 class TestRequestHead:
+    """Request heads the fast client writes."""
+
     def test_fields_end_the_head_with_the_length(self) -> None:
         """Header lines in order, then Content-Length and the blank line."""
         out = _fields({"Content-Type": "application/json", "x-request-id": "r1"}, 12)
@@ -73,6 +79,7 @@ class TestRequestHead:
                 _fields(MappingProxyType(headers), 0)
 
     def test_a_dict_and_another_mapping_give_the_same_lines(self) -> None:
+        """A dict and another mapping give the same lines."""
         headers = {"Content-Type": "application/json", "x-request-id": "r\xe9"}
         want = "Content-Type: application/json\r\nx-request-id: r\xe9\r\nContent-Length: 7\r\n\r\n"
         assert _fields(headers, 7) == want.encode()
@@ -106,6 +113,8 @@ def pool_with(*idle_since: float, keepalive_s: float = 4.0) -> tuple[_Pool, list
 
 
 class TestPool:
+    """The fast client's connection pool."""
+
     def test_most_recent_first(self) -> None:
         """The connection used last is taken first (the warmest)."""
         pool, conns = pool_with(1.0, 2.0)

@@ -8,6 +8,8 @@ from llmgw.wire.usage import ModelLoad, UsageReport
 
 
 class TestTracker:
+    """The per-model usage tracker."""
+
     def test_started_and_inflight(self) -> None:
         """Requests started in the interval and in flight now are counted per model."""
         clock = ManualClock()
@@ -46,6 +48,8 @@ class TestTracker:
 
 
 class TestReport:
+    """The usage report's unknowns and ordering."""
+
     def test_unknown_last_used_stays_absent(self) -> None:
         """Endpoints the registry left out of last_used are absent, not zero."""
         r = build_report(
@@ -83,6 +87,8 @@ def _report(_reset: bool) -> UsageReport:
 
 
 class TestReporter:
+    """The usage reporter's tick and failures."""
+
     async def test_tick_posts(self) -> None:
         """A tick builds one report and posts it."""
         sink = _Sink(fail=False)

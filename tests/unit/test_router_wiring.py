@@ -18,6 +18,8 @@ models: [m]
 
 
 class TestApplyConfig:
+    """Where a reloaded configuration lands."""
+
     def test_file_that_switches_to_a_controller_keeps_the_endpoints(self) -> None:
         """A static router whose file now names a controller (a restart-only change) keeps
         serving its endpoints until restarted, instead of being emptied by the reload."""

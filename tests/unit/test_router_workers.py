@@ -38,7 +38,10 @@ def _infos(*ids: str) -> list[EndpointInfo]:
 
 
 class TestSharedInflight:
+    """Every worker writes its row of the in-flight table and reads the column."""
+
     def test_each_worker_writes_its_row_and_reads_the_column(self) -> None:
+        """Each worker writes its row and reads the column."""
         a, b = _views()
         a.row[3] = 2
         b.row[3] = 5
@@ -56,13 +59,17 @@ class TestSharedInflight:
         assert b.pending_total(3) == 1
 
     def test_index_outside_the_table_is_refused(self) -> None:
+        """Index outside the table is refused."""
         a = SharedInflight.create(2, 4)
         with pytest.raises(ValueError, match="outside"):
             SharedInflight(a.fd, workers=2, index=2, capacity=4)
 
 
 class TestSlotTable:
+    """Slots kept by survivors and handed out again last."""
+
     def test_survivors_keep_their_slot_and_freed_slots_come_back_last(self) -> None:
+        """Survivors keep their slot and freed slots come back last."""
         t = SlotTable(capacity=3)
         assert t.assign(["a", "b"]) == {"a": 0, "b": 1}
         # b leaves, c arrives: c gets the never-used slot, not b's.
@@ -75,6 +82,8 @@ class TestSlotTable:
 
 
 class TestRegistryAcrossWorkers:
+    """Registries in two workers share in-flight counts."""
+
     def _pair(self) -> tuple[Registry, Registry]:
         views = _views()
         slots = SlotTable(views[0].capacity).assign(["e0", "e1"])
@@ -87,6 +96,7 @@ class TestRegistryAcrossWorkers:
         return regs[0], regs[1]
 
     def test_a_dispatch_in_one_worker_is_seen_by_the_other(self) -> None:
+        """A dispatch in one worker is seen by the other."""
         a, b = self._pair()
         rel = a.acquire("e0")
         assert rel is not None
@@ -103,6 +113,7 @@ class TestRegistryAcrossWorkers:
         assert a.inflight("e0") == 0
 
     def test_pending_streams_are_seen_by_every_worker(self) -> None:
+        """Pending streams are seen by every worker."""
         a, b = self._pair()
         ra, rb = a.acquire("e0", pending=True), b.acquire("e0", pending=True)
         assert ra is not None
@@ -115,6 +126,7 @@ class TestRegistryAcrossWorkers:
         assert [(s.inflight, s.pending) for s in a.snapshots()] == [(0, 0), (0, 0)]
 
     def test_scrape_mark_is_the_host_wide_count(self) -> None:
+        """Scrape mark is the host-wide count."""
         a, b = self._pair()
         assert a.acquire("e1") is not None
         b.observe("e1", Stats(running=1, waiting=0, kv_usage=None))
@@ -123,6 +135,7 @@ class TestRegistryAcrossWorkers:
         assert snap.inflight_at_scrape == 1
 
     def test_a_removed_endpoint_stops_counting_in_its_slot(self) -> None:
+        """A removed endpoint stops counting in its slot."""
         a, b = self._pair()
         rel = a.acquire("e1")
         assert rel is not None
@@ -151,10 +164,13 @@ REQ = 'llmgw_router_requests_total{code="200",endpoint="e0",model="m",outcome="o
 
 
 class TestMetricsMerge:
+    """The supervisor's merge of the workers' metrics pages."""
+
     def _sample(self, text: bytes, family: str, key: str) -> float:
         return parse(text.decode())[family].samples[key]
 
     def test_counters_add_up_host_gauges_do_not(self) -> None:
+        """Counters add up, host gauges do not."""
         m = Merger()
         m.update(0, _page(3, 4, held=1))
         m.update(1, _page(2, 4, held=2))
@@ -167,6 +183,7 @@ class TestMetricsMerge:
         assert self._sample(out, "llmgw_router_held", 'llmgw_router_held{model="m"}') == 3.0
 
     def test_a_dead_workers_counts_stay_in_the_total(self) -> None:
+        """A dead worker's counts stay in the total."""
         m = Merger()
         m.update(0, _page(3, 1))
         m.update(1, _page(2, 1))
@@ -185,6 +202,7 @@ class TestMetricsMerge:
         assert REQ not in m.render().decode()
 
     def test_the_merged_page_parses_as_prometheus_text(self) -> None:
+        """The merged page parses as Prometheus text."""
         from prometheus_client.parser import text_string_to_metric_families
 
         m = Merger()
@@ -195,7 +213,10 @@ class TestMetricsMerge:
 
 
 class TestUsageMerge:
+    """Workers' usage reports add up to one router's."""
+
     def test_worker_reports_add_up_to_one_router(self) -> None:
+        """Worker reports add up to one router."""
         a = UsageReport(
             router_id="w",
             sent_at=1.0,
@@ -220,7 +241,10 @@ class TestUsageMerge:
 
 
 class TestMessages:
+    """Supervisor-worker messages round-trip intact."""
+
     def test_setup_carries_config_list_and_stats_intact(self) -> None:
+        """Setup carries config list and stats intact."""
         cfg = parse_config("endpoints: [{id: e0, url: 'http://127.0.0.1:9', models: [m]}]\n")
         setup = Setup(
             index=1,
@@ -237,6 +261,7 @@ class TestMessages:
             assert msgspec.msgpack.decode(wire, type=Message) == msg
 
     def test_worker_spec_round_trips_and_refuses_garbage(self) -> None:
+        """Worker spec round trips and refuses garbage."""
         spec = WorkerSpec(1, 3, 4, 5)
         assert WorkerSpec.parse(spec.arg()) == spec
         with pytest.raises(RouterConfigError):
@@ -244,7 +269,10 @@ class TestMessages:
 
 
 class TestChannel:
+    """The supervisor-worker channel's asks and closing."""
+
     async def test_ask_is_answered_and_a_closed_end_fails_the_waiting_ask(self) -> None:
+        """Ask is answered and a closed end fails the waiting ask."""
         import asyncio
         import socket
 
@@ -269,14 +297,20 @@ class TestChannel:
         assert a.closed
 
 
-def test_workers_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from llmgw.router.main import main
+class TestWorkersFlag:
+    """The --workers flag's bounds."""
 
-    assert main(["--config", "unused.yaml", "--workers", "0"]) == 2
-    assert "--workers 0" in capsys.readouterr().err
+    def test_workers_below_one_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """Workers below one is a usage error."""
+        from llmgw.router.main import main
+
+        assert main(["--config", "unused.yaml", "--workers", "0"]) == 2
+        assert "--workers 0" in capsys.readouterr().err
 
 
 class TestWorkerLink:
+    """A message that fails to apply leaves the worker link listening."""
+
     async def test_a_message_that_fails_to_apply_leaves_the_link_listening(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -330,6 +364,8 @@ class TestWorkerLink:
 
 
 class TestSupervisorAsks:
+    """Answers from a replaced worker are dropped."""
+
     async def test_an_answer_from_a_worker_replaced_meanwhile_is_dropped(
         self, tmp_path: object
     ) -> None:
@@ -414,6 +450,8 @@ class TestSupervisorAsks:
 
 
 class TestChannelFrames:
+    """An oversized frame closes the channel."""
+
     async def test_an_oversized_frame_closes_the_channel(self) -> None:
         """A length past MAX_FRAME ends the channel as any broken frame does: the end is
         marked closed (the supervisor stops asking it) and waiting asks fail at once."""

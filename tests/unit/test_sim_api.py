@@ -35,6 +35,8 @@ def event(raw: bytes) -> dict[str, object]:
 
 
 class TestChatChunks:
+    """The sim-engine's chat stream chunks."""
+
     def test_first_chunk_opens_with_the_role(self) -> None:
         """The first event carries delta.role = assistant and empty content, like vLLM."""
         e = event(api.Encoder(job(), "chatcmpl-1", 5).first())
@@ -82,6 +84,8 @@ class TestChatChunks:
 
 
 class TestCompletionChunks:
+    """The sim-engine's completion stream chunks."""
+
     def test_text_completion_chunk(self) -> None:
         """Completions stream text_completion objects with text and stop_reason."""
         e = event(api.Encoder(job(chat=False), "cmpl-1", 5).delta("abcd", None, None))
@@ -104,6 +108,8 @@ class TestCompletionChunks:
 
 
 class TestFraming:
+    """SSE framing of errors and whole answers."""
+
     def test_error_frame_then_done(self) -> None:
         """A mid-stream error is one data event with vLLM's error object; [DONE] follows."""
         e = event(api.error_frame("boom"))
@@ -122,6 +128,8 @@ class TestFraming:
 
 
 class TestModels:
+    """The sim-engine's model list."""
+
     def test_every_served_name_listed(self) -> None:
         """/v1/models lists each served name with vLLM's fields, rooted at --model."""
         data = json.loads(api.models_body(CFG, 7))["data"]
@@ -133,6 +141,8 @@ class TestModels:
 
 
 class TestEmbeddings:
+    """The sim-engine's embeddings."""
+
     def test_deterministic_unit_vector(self) -> None:
         """The same tokens give the same unit vector."""
         a, b = api.embedding([1, 2, 3], 64), api.embedding([1, 2, 3], 64)
@@ -145,6 +155,8 @@ class TestEmbeddings:
 
 
 class TestTokenIds:
+    """Token ids outside the vocabulary are refused with 400."""
+
     @pytest.mark.parametrize("ids", [[-1], [1, tokenizer.VOCAB_SIZE], [2**40]])
     def test_completion_ids_outside_the_vocabulary_are_400(self, ids: list[int]) -> None:
         """A prompt of token ids outside the vocabulary is vLLM's 400, not a 500 later."""

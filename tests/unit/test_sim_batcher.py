@@ -56,6 +56,8 @@ def run(s: Scheduler, *, steps: int = 1000, dt: float = 0.01, t0: float = 0.0) -
 
 
 class TestSteps:
+    """Batcher steps: prefill, decode and the token budget."""
+
     def test_prefill_step_yields_first_token(self) -> None:
         """The step that computes the last prompt token samples the first output token."""
         s = make()
@@ -118,6 +120,8 @@ class TestSteps:
 
 
 class TestWaiting:
+    """Requests wait for sequence slots and cache room."""
+
     def test_max_num_seqs_leaves_the_rest_waiting(self) -> None:
         """More requests than max_num_seqs: the extra ones wait."""
         s = make(max_seqs=2)
@@ -157,6 +161,8 @@ class TestWaiting:
 
 
 class TestPreemption:
+    """Preemption when decode runs out of cache."""
+
     def test_newest_request_is_preempted_when_decode_runs_out(self) -> None:
         """When blocks run out during decode, the newest running request is preempted."""
         s = make(blocks=5, block_size=4)  # 16 tokens
@@ -198,6 +204,8 @@ class TestPreemption:
 
 
 class TestPrefixCache:
+    """Prefix cache hits in the batcher."""
+
     def test_second_identical_prompt_hits(self) -> None:
         """A repeated prompt reuses the cached full blocks, minus the last token's block."""
         s = make(block_size=4)
@@ -232,6 +240,8 @@ class TestPrefixCache:
 
 
 class TestOutput:
+    """Generated tokens by seed and stop rules."""
+
     def test_same_seed_same_tokens(self) -> None:
         """Two requests with the same seed generate the same ids."""
         s = make()
@@ -270,6 +280,8 @@ class TestOutput:
 
 
 class TestAbort:
+    """Aborted requests free their blocks."""
+
     def test_abort_frees_blocks_and_counts(self) -> None:
         """An aborted request releases its blocks and counts as finished 'abort'."""
         s = make()
@@ -300,6 +312,8 @@ class TestAbort:
 
 
 class TestStats:
+    """The batcher's counters."""
+
     def test_counters_after_one_request(self) -> None:
         """Prompt and generation tokens and the finish reason are counted once."""
         s = make()

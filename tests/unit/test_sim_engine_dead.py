@@ -30,6 +30,8 @@ def req(rid: str) -> SimRequest:
 
 
 class TestLoopGuard:
+    """A failing engine loop fails loudly, and cancelling it is not a failure."""
+
     async def test_loop_error_fails_streams_health_and_exits(
         self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:

@@ -33,6 +33,8 @@ def req(rid: str, clock: ManualClock, *, max_tokens: int = 3) -> SimRequest:
 
 
 class TestSteps:
+    """Step timing in simulated time and catch-up after lag."""
+
     def test_idle_engine_starts_now(self) -> None:
         """The first step after idling starts at the current time."""
         clock = ManualClock()
@@ -104,6 +106,8 @@ class TestSteps:
 
 
 class TestStream:
+    """Stream bookkeeping of the engine loop."""
+
     def test_take_respects_limit(self) -> None:
         """take(limit) hands out at most `limit` unsent tokens and remembers them."""
         r = SimRequest("a", [1], arrival_s=0.0, max_tokens=9, seed=1)

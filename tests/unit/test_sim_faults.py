@@ -19,6 +19,8 @@ CFG = SimConfig(model="m", served_model_names=("m", "alias"), num_gpu_blocks=100
 
 
 class TestFaults:
+    """The sim-engine's injected faults and how they are set."""
+
     def test_no_faults_serves(self) -> None:
         """With the defaults every request is served."""
         f = Faults(FaultConfig())
@@ -77,6 +79,8 @@ def error_of(call: object) -> tuple[int, dict[str, object]]:
 
 
 class TestValidation:
+    """Request validation before any fault applies."""
+
     def chat(self, body: bytes) -> tuple[int, dict[str, object]]:
         return error_of(lambda: api.parse_chat(body, CFG))
 
@@ -145,6 +149,8 @@ class TestValidation:
 
 
 class TestLoopbackOnly:
+    """The fault endpoint answers loopback peers only."""
+
     @pytest.mark.parametrize(
         ("remote", "ok"),
         [("127.0.0.1", True), ("::1", True), ("::ffff:127.0.0.1", True), ("10.0.0.5", False)],
@@ -171,6 +177,8 @@ class TestLoopbackOnly:
 
 
 class TestFailAnswer:
+    """The status and Retry-After of an injected failure."""
+
     def test_default_is_500_without_retry_after(self) -> None:
         """By default fail_rate answers 500 and adds no header."""
         assert Faults(FaultConfig()).fail_answer() == (500, {})
@@ -198,6 +206,8 @@ class TestFailAnswer:
 
 
 class TestLoopErrorAfterSteps:
+    """An injected loop error after a number of steps."""
+
     def test_raises_after_n_steps(self) -> None:
         """loop_error_after_steps 2 lets two steps pass and raises on the third."""
         f = Faults(FaultConfig(loop_error_after_steps=2))

@@ -20,6 +20,8 @@ def seq(start: int, n: int) -> list[int]:
 
 
 class TestBlockHashes:
+    """KV block hashes as vLLM chains them."""
+
     def test_recipe(self) -> None:
         """Block 0 hashes NONE_HASH plus its tokens as 4-byte little-endian, blake2b-128."""
         tokens = seq(1000, 4)
@@ -55,6 +57,8 @@ class TestBlockHashes:
 
 
 class TestAllocate:
+    """Allocating KV blocks, and refusing when full."""
+
     def test_usage_counts_pinned_blocks(self) -> None:
         """Usage is 1 - free / (num_gpu_blocks - 1): block 0 is vLLM's null block."""
         kv = KVCache(num_gpu_blocks=11, block_size=4)
@@ -82,6 +86,8 @@ class TestAllocate:
 
 
 class TestPrefixHits:
+    """Prefix hits pin and share cached blocks."""
+
     def test_second_request_hits(self) -> None:
         """A finished request's blocks serve the next request with the same prefix."""
         kv = KVCache(num_gpu_blocks=10, block_size=4)
@@ -125,6 +131,8 @@ class TestPrefixHits:
 
 
 class TestEviction:
+    """KV block eviction order."""
+
     def test_fresh_blocks_before_evicting(self) -> None:
         """Never-used blocks are taken before any cached block is evicted."""
         kv = KVCache(num_gpu_blocks=5, block_size=4)
@@ -171,6 +179,8 @@ class TestEviction:
 
 
 class TestSnapshot:
+    """KV cache snapshots are sorted."""
+
     def test_sorted_by_block_id(self) -> None:
         """The snapshot lists cached blocks in block-id order with their hashes."""
         kv = KVCache(num_gpu_blocks=10, block_size=4)
@@ -181,6 +191,8 @@ class TestSnapshot:
 
 
 class TestResetPrefixCache:
+    """Resetting the prefix cache."""
+
     def test_forgets_every_cached_block_when_idle(self) -> None:
         """Nothing pinned: every hash goes, so the next lookup misses."""
         kv = KVCache(num_gpu_blocks=8, block_size=4)

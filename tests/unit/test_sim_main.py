@@ -15,6 +15,8 @@ def cfg(*argv: str) -> SimConfig:
 
 
 class TestFlags:
+    """sim-engine flags to config."""
+
     def test_defaults_are_llama3_8b_on_h100(self) -> None:
         """Without flags the engine is shaped like Llama-3-8B on one H100 under vLLM."""
         c = cfg("--model", "m")
@@ -71,6 +73,8 @@ class TestFlags:
 
 
 class TestRefusals:
+    """Bad sim-engine flags exit with 2."""
+
     @pytest.mark.parametrize(
         "argv",
         [

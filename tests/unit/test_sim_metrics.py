@@ -61,6 +61,8 @@ def vllm_text() -> str:
 
 
 class TestGoFloat:
+    """Numbers formatted as prometheus_client does."""
+
     @pytest.mark.parametrize(
         ("value", "text"),
         [
@@ -78,6 +80,8 @@ class TestGoFloat:
 
 
 class TestVllm:
+    """The vLLM V1 metrics page."""
+
     def test_gauges(self) -> None:
         """Running, waiting and KV usage carry engine and model_name labels."""
         s = samples(vllm_text())
@@ -163,6 +167,8 @@ class TestVllm:
 
 
 class TestSglang:
+    """The SGLang metrics page."""
+
     def sglang_text(self) -> str:
         return render_sglang(stats("sglang"), VIEW, model_name="m").decode()
 

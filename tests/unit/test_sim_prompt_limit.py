@@ -24,6 +24,8 @@ messages = st.lists(
 
 
 class TestLimit:
+    """The prompt limit counts tokens without changing a prompt that fits."""
+
     @given(messages, st.integers(min_value=0, max_value=80))
     def test_same_ids_or_exact_count(self, msgs: list[dict[str, Any]], limit: int) -> None:
         """Within the limit the ids are those built without one; past it, the exact count."""
@@ -51,6 +53,8 @@ class TestLimit:
 
 
 class TestEngineRefusals:
+    """Over-long prompts are refused as the engines do."""
+
     def test_long_chat_is_vllms_message_with_the_count(self) -> None:
         """A chat prompt past the context is a 400 naming its exact token count."""
         cfg = SimConfig(model="m", served_model_names=("m",), num_gpu_blocks=1000, max_model_len=64)

@@ -11,6 +11,8 @@ ON = SleepSettings(enabled=True, dev_mode=True)
 
 
 class TestWakeTime:
+    """Wake times by model size, level and settings."""
+
     def test_small_model_wakes_within_the_published_range(self) -> None:
         """An 8B model on one card wakes from level 1 in 0.1-0.8 s, as vLLM's figures."""
         assert 0.1 <= ON.wake_s(level=1, tp=1, speed=1.0) <= 0.8
@@ -44,6 +46,8 @@ class TestWakeTime:
 
 
 class TestSleeper:
+    """The sleeper's levels, tags and GPU memory."""
+
     def test_sleep_needs_sleep_mode(self) -> None:
         """Without --enable-sleep-mode a sleep is refused with 400 and the flag's name."""
         with pytest.raises(SleepRefused, match="--enable-sleep-mode") as err:

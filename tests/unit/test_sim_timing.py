@@ -9,6 +9,8 @@ from llmgw.simengine.timing import TimingModel, default_num_gpu_blocks
 
 
 class TestStepTime:
+    """Step times of the timing model."""
+
     def test_decode_step(self) -> None:
         """A decode step costs the base plus the per-sequence cost, in seconds."""
         m = TimingModel(decode_base_ms=5.0, decode_ms_per_seq=0.1, prefill_ms_per_token=0.05)
@@ -51,6 +53,8 @@ class TestStepTime:
 
 
 class TestDefaultBlocks:
+    """The default KV block count."""
+
     def test_one_h100(self) -> None:
         """About 440k tokens of KV for Llama-3-8B on one H100: 27.5k blocks of 16."""
         assert 27_000 < default_num_gpu_blocks(block_size=16) < 28_000
@@ -63,6 +67,8 @@ class TestDefaultBlocks:
 
 
 class TestHistogram:
+    """Histogram bucket bounds."""
+
     def test_bucket_bounds_are_inclusive(self) -> None:
         """A value equal to a bound lands in that bucket (Prometheus `le`)."""
         h = Histogram([0.1, 1.0])

@@ -8,6 +8,8 @@ from llmgw.simengine import tokenizer as tok
 
 
 class TestTokenize:
+    """The sim-engine tokenizer's documented rules."""
+
     def test_four_code_points_per_token(self) -> None:
         """Text is cut into 4-code-point pieces; the last one may be shorter."""
         assert [tok.piece_id("abcd"), tok.piece_id("ef")] == tok.tokenize("abcdef")
@@ -28,6 +30,8 @@ class TestTokenize:
 
 
 class TestChatPrompt:
+    """The chat prompt layout."""
+
     def test_layout(self) -> None:
         """BOS, role opener, content, END per message, then the generation prompt."""
         ids = tok.chat_prompt_ids([{"role": "user", "content": "hi"}])
@@ -72,6 +76,8 @@ class TestChatPrompt:
 
 
 class TestBody:
+    """Prompts taken from request bodies."""
+
     def test_completion_string_gets_bos(self) -> None:
         """A completions prompt string is BOS followed by its text tokens."""
         assert [tok.BOS, *tok.tokenize("hello")] == tok.prompt_ids_for_body({"prompt": "hello"})
@@ -93,6 +99,8 @@ class TestBody:
 
 
 class TestOutputText:
+    """Text rendered from generated tokens."""
+
     def test_end_renders_nothing(self) -> None:
         """END ends a reply without adding text."""
         assert tok.output_text([tok.OUTPUT_IDS[0], tok.END]) == "the "

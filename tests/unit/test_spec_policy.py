@@ -29,6 +29,8 @@ def _refused(policy: SpecPolicy, *args: str, env: tuple[str, ...] = ()) -> str |
 
 
 class TestFlags:
+    """Engine flags the node policy refuses or lets pass, however spelled."""
+
     @pytest.mark.parametrize(
         ("arg", "flag"),
         [
@@ -42,6 +44,7 @@ class TestFlags:
         ],
     )
     def test_normalized_as_the_engines_parse_them(self, arg: str, flag: str | None) -> None:
+        """Normalized as the engines parse them."""
         assert normalize_flag(arg) == flag
 
     @pytest.mark.parametrize(
@@ -75,6 +78,7 @@ class TestFlags:
         assert out[0] == "args[0]"
 
     def test_other_flags_and_values_pass(self) -> None:
+        """Other flags and values pass."""
         args = ("--max-model-len", "4096", "--hosted", "--portable", "--trust", "--speed=3")
         # `--trust` is a prefix of --trust-remote-code: argparse would take it as that.
         assert _refused(DEFAULT, *args[:4]) is None
@@ -82,6 +86,7 @@ class TestFlags:
         assert _refused(DEFAULT, "--trust") is not None
 
     def test_allowed_flag_allows_every_spelling(self) -> None:
+        """Allowed flag allows every spelling."""
         policy = SpecPolicy(allow_flags=("--trust_remote_code",))
         for arg in ("--trust-remote-code", "--trust_remote_code=true", "--trust-remote"):
             assert _refused(policy, arg) is None
@@ -89,7 +94,10 @@ class TestFlags:
 
 
 class TestEnv:
+    """Environment names the node policy refuses or lets pass."""
+
     def test_denied_names_and_prefixes(self) -> None:
+        """Names that change what runs are refused, ordinary ones pass."""
         for name in ("PYTHONPATH", "LD_PRELOAD", "DYLD_INSERT_LIBRARIES", "PATH", "VLLM_API_KEY"):
             assert _refused(DEFAULT, env=(name,)) is not None, name
         assert _refused(DEFAULT, env=("HF_HOME", "VLLM_LOGGING_LEVEL", "MY_PATH")) is None
@@ -109,6 +117,7 @@ class TestEnv:
         assert _refused(DEFAULT, env=("NCCL_DEBUG", "NCCL_IB_HCA", "CUDA_LAUNCH_BLOCKING")) is None
 
     def test_env_from_names_are_checked_too(self) -> None:
+        """env_from names are checked too."""
         out = DEFAULT.refusal(env=(), env_from=("LD_PRELOAD",), args=())
         assert out == (
             "env_from.LD_PRELOAD",
@@ -116,6 +125,7 @@ class TestEnv:
         )
 
     def test_allow_env_lifts_one_name(self) -> None:
+        """Allow env lifts one name."""
         policy = SpecPolicy(allow_env=("PYTHONPATH",))
         assert _refused(policy, env=("PYTHONPATH",)) is None
         assert _refused(policy, env=("PYTHONSTARTUP",)) is not None
@@ -127,6 +137,7 @@ class TestSecretEnv:
     POLICY = SpecPolicy(secret_env=("HF_SRC",))
 
     def test_an_undeclared_source_is_refused_naming_the_field_and_the_variable(self) -> None:
+        """An undeclared source is refused naming the field and the variable."""
         out = self.POLICY.refusal(
             env=(),
             env_from=("HF_TOKEN",),
@@ -140,6 +151,7 @@ class TestSecretEnv:
         )
 
     def test_declared_sources_and_file_references_pass(self) -> None:
+        """Declared sources and file references pass."""
         ok = self.POLICY.refusal(
             env=(), env_from=("HF_TOKEN", "W"), args=(), env_sources={"HF_TOKEN": "HF_SRC"}
         )
@@ -147,6 +159,7 @@ class TestSecretEnv:
         assert self.POLICY.refusal(env=(), env_from=("W",), args=()) is None
 
     def test_an_empty_list_refuses_every_source_and_an_unreported_one_none(self) -> None:
+        """An empty list refuses every source and an unreported one none."""
         sources = {"HF_TOKEN": "HF_SRC"}
         refused = SpecPolicy(secret_env=()).refusal(
             env=(), env_from=("HF_TOKEN",), args=(), env_sources=sources
@@ -156,6 +169,7 @@ class TestSecretEnv:
         assert DEFAULT.refusal(env=(), env_from=("HF_TOKEN",), args=(), env_sources=sources) is None
 
     def test_the_list_travels_in_the_heartbeat(self) -> None:
+        """The list travels in the heartbeat."""
         hb = Heartbeat(node="a", address="10.0.0.1", gpus=gpus(1), policy=self.POLICY)
         back = msgspec.json.decode(msgspec.json.encode(hb), type=Heartbeat)
         assert back.policy is not None
@@ -174,6 +188,8 @@ def _spec(**kw: object) -> ModelSpec:
 
 
 class TestControllerRefusesAtApply:
+    """The controller refuses a spec no node's policy allows."""
+
     async def _fleet(self, **policies: SpecPolicy | None) -> Fleet:
         fleet = Fleet(MemoryStore(), clock=ManualClock(), config=ControllerConfig())
         fleet.begin_term()
@@ -183,6 +199,7 @@ class TestControllerRefusesAtApply:
         return fleet
 
     async def test_every_node_refusing_refuses_the_spec_with_the_reason(self) -> None:
+        """Every node refusing refuses the spec with the reason."""
         fleet = await self._fleet(a=DEFAULT, b=SpecPolicy(allow_env=("HF_HOME",)))
         spec = _spec(args=("--trust_remote_code",))
         with pytest.raises(InvalidSpec) as err:
@@ -195,6 +212,7 @@ class TestControllerRefusesAtApply:
         assert fleet.state.models == {}
 
     async def test_one_node_allowing_it_is_enough(self) -> None:
+        """One node allowing it is enough."""
         allows = SpecPolicy(allow_flags=("--trust-remote-code",))
         fleet = await self._fleet(a=DEFAULT, b=allows)
         spec = _spec(args=("--trust-remote-code",))
@@ -214,6 +232,7 @@ class TestControllerRefusesAtApply:
         assert err.value.param == "[0].env.PYTHONPATH"
 
     async def test_a_reference_to_an_undeclared_variable_is_refused(self) -> None:
+        """A reference to an undeclared variable is refused."""
         fleet = await self._fleet(a=SpecPolicy(secret_env=("HF_SRC",)))
         ok = _spec(name="ok", env_from={"HF_TOKEN": SecretRef(env="HF_SRC")})
         assert commands.apply_models(fleet.state, [ok], now=1.0, policies=fleet.policies)
@@ -227,6 +246,7 @@ class TestControllerRefusesAtApply:
         assert commands.apply_models(fleet.state, [files], now=1.0, policies=fleet.policies)
 
     async def test_the_policy_follows_the_latest_heartbeat(self) -> None:
+        """The policy follows the latest heartbeat."""
         fleet = await self._fleet(a=DEFAULT)
         assert fleet.policies["a"] == DEFAULT
         hb = Heartbeat(node="a", address="10.0.0.1", gpus=gpus(2), policy=None)
@@ -235,6 +255,8 @@ class TestControllerRefusesAtApply:
 
 
 class TestEnvFromAtTheEdge:
+    """env_from references are checked where they enter."""
+
     @pytest.mark.parametrize(
         ("env_from", "param", "words"),
         [
@@ -250,6 +272,7 @@ class TestEnvFromAtTheEdge:
     def test_bad_references_are_refused_naming_the_field(
         self, env_from: object, param: str, words: str
     ) -> None:
+        """Bad references are refused naming the field."""
         body = {"name": "m", "engine": "sim", "gpu_classes": ["H100-80G"], "env_from": env_from}
         with pytest.raises(InvalidSpec) as err:
             decode_specs(json.dumps(body).encode())
@@ -260,6 +283,7 @@ class TestEnvFromAtTheEdge:
         assert err.value.param == f"[0].{param}"
 
     def test_a_variable_in_env_and_env_from_is_refused(self) -> None:
+        """A variable in env and env_from is refused."""
         body = {
             "name": "m",
             "engine": "sim",
@@ -273,6 +297,7 @@ class TestEnvFromAtTheEdge:
         assert "also set in env" in err.value.message
 
     def test_good_references_decode(self) -> None:
+        """Well-formed env_from references decode to SecretRefs."""
         body = {
             "name": "m",
             "engine": "sim",
@@ -283,6 +308,7 @@ class TestEnvFromAtTheEdge:
         assert spec.env_from == {"HF_TOKEN": SecretRef(file="/etc/hf"), "B": SecretRef(env="B_SRC")}
 
     def test_ctl_names_the_same_field_before_sending(self) -> None:
+        """ctl names the same field before sending."""
         from llmgw.ctl.errors import SpecError
         from llmgw.ctl.specs import validate
 

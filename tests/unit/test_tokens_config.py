@@ -14,9 +14,12 @@ AGENT = ["--controller", "http://c:1", "--node", "n1", "--state-dir", "/tmp/x"]
 
 
 class TestController:
+    """Where the controller takes its tokens from, and the open-controller guard."""
+
     def test_beyond_loopback_without_token_refused(
         self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
     ) -> None:
+        """Beyond loopback without token refused."""
         monkeypatch.delenv("LLMGW_CONTROLLER_TOKEN", raising=False)
         with pytest.raises(SystemExit) as ex:
             parse_args(["--host", "0.0.0.0"])
@@ -26,14 +29,17 @@ class TestController:
         assert "--insecure" in err
 
     def test_insecure_lets_it_serve_open(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Insecure lets it serve open."""
         monkeypatch.delenv("LLMGW_CONTROLLER_TOKEN", raising=False)
         assert parse_args(["--host", "10.0.0.5", "--insecure"]).token is None
 
     def test_loopback_without_token_is_fine(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Loopback without token is fine."""
         monkeypatch.delenv("LLMGW_CONTROLLER_TOKEN", raising=False)
         assert parse_args(["--host", "127.0.0.1"]).token is None
 
     def test_token_file_and_env(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The controller's token comes from the file first, then the environment."""
         f = tmp_path / "tok"
         f.write_text("from-file\n")
         monkeypatch.setenv("LLMGW_CONTROLLER_TOKEN", "from-env")
@@ -41,6 +47,7 @@ class TestController:
         assert parse_args(["--host", "0.0.0.0"]).token == "from-env"
 
     def test_flag_warns(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """A token given as a flag works but warns that it is visible."""
         assert parse_args(["--token", "t"]).token == "t"
         assert "visible to every local user" in capsys.readouterr().err
 
@@ -72,6 +79,7 @@ class TestController:
     def test_empty_token_file_refused(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
+        """An empty token file stops the controller."""
         f = tmp_path / "tok"
         f.write_text("")
         with pytest.raises(SystemExit):
@@ -92,11 +100,15 @@ class TestController:
         ],
     )
     def test_is_loopback(self, host: str, loop: bool) -> None:
+        """Which hosts count as loopback."""
         assert is_loopback(host) is loop
 
 
 class TestAgent:
+    """Where the agent takes its token from, and what engines never inherit."""
+
     def test_token_file(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The agent's token comes from the file first, then the environment."""
         monkeypatch.setenv("LLMGW_AGENT_TOKEN", "from-env")
         f = tmp_path / "tok"
         f.write_text("from-file")
@@ -104,14 +116,17 @@ class TestAgent:
         assert parse_config(AGENT).token == "from-env"
 
     def test_missing_token_file(self, tmp_path: Path) -> None:
+        """An unreadable token file is an agent config error."""
         with pytest.raises(AgentConfigError, match="cannot read"):
             parse_config([*AGENT, "--token-file", str(tmp_path / "nope")])
 
     def test_flag_warns(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """A token given as a flag works but warns that it is visible."""
         assert parse_config([*AGENT, "--token", "t"]).token == "t"
         assert "visible to every local user" in capsys.readouterr().err
 
     def test_secret_env_flags_and_file(self, tmp_path: Path) -> None:
+        """--secret-env names come from flags or the config file."""
         cfg = parse_config([*AGENT, "--secret-env", "HF_SRC", "--secret-env", "W_SRC"])
         assert cfg.secret_env == ("HF_SRC", "W_SRC")
         conf = tmp_path / "agent.yaml"
@@ -132,10 +147,12 @@ class TestAgent:
         ],
     )
     def test_secret_env_refuses_credentials_and_bad_names(self, name: str, words: str) -> None:
+        """Secret env refuses credentials and bad names."""
         with pytest.raises(AgentConfigError, match=f"secret_env .*{words}"):
             parse_config([*AGENT, "--secret-env", name])
 
     def test_engines_never_inherit_tokens(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Engines never inherit the agent's tokens or its secret sources."""
         monkeypatch.setenv("LLMGW_AGENT_TOKEN", "secret")
         monkeypatch.setenv("LLMGW_CONTROLLER_TOKEN", "secret")
         monkeypatch.setenv("HARMLESS", "1")

@@ -11,6 +11,8 @@ from tests.unit.controller_reconcile_world import World, gpus
 
 
 class TestFleet:
+    """The fleet file llmgw up reads."""
+
     def test_default_fleet_shows_every_feature(self) -> None:
         """The built-in fleet has two fabrics and classes, TP, multi-node and scale-from-zero."""
         fleet = load_fleet(None)

@@ -17,7 +17,10 @@ def _mode(path: Path) -> int:
 
 
 class TestEnsureTokens:
+    """The token files llmgw up writes."""
+
     def test_drawn_once_0600_and_kept(self, tmp_path: Path) -> None:
+        """Each token is drawn once, written 0600 in a 0700 folder, and kept across runs."""
         first = ensure_tokens(tmp_path)
         assert _mode(first.folder) == 0o700
         values = [getattr(first, k) for k in KINDS]
@@ -29,11 +32,13 @@ class TestEnsureTokens:
         assert ensure_tokens(tmp_path) == first
 
     def test_an_edited_file_gives_its_first_line_as_every_reader_does(self, tmp_path: Path) -> None:
+        """An edited file gives its first line as every reader does."""
         first = ensure_tokens(tmp_path)
         first.path("admin").write_text(first.admin + "\nnote: rotate monthly\n")
         assert ensure_tokens(tmp_path).admin == first.admin
 
     def test_given_admin_token_and_loose_modes(self, tmp_path: Path) -> None:
+        """A given admin token is used and loosened file modes are tightened again."""
         first = ensure_tokens(tmp_path)
         first.path("agent").chmod(0o644)
         second = ensure_tokens(tmp_path, admin="mine-0123456789")
@@ -42,6 +47,7 @@ class TestEnsureTokens:
         assert _mode(second.path("agent")) == 0o600
 
     def test_symlink_is_replaced_never_followed(self, tmp_path: Path) -> None:
+        """A symlink in the token folder is replaced, never followed."""
         target = tmp_path / "elsewhere"
         target.write_text("")
         (tmp_path / "tokens").mkdir(mode=0o700)
@@ -51,13 +57,17 @@ class TestEnsureTokens:
         assert target.read_text() == ""
 
     def test_a_file_where_the_folder_goes(self, tmp_path: Path) -> None:
+        """A file where the token folder goes is a TokenFolderError."""
         (tmp_path / "tokens").write_text("x")
         with pytest.raises(TokenFolderError):
             ensure_tokens(tmp_path)
 
 
 class TestCtlFindsTheToken:
+    """How ctl finds the admin token."""
+
     def test_token_file_flag_and_env(self, tmp_path: Path) -> None:
+        """ctl takes the token from the flag, LLMGW_TOKEN, or a token file, in that order."""
         f = tmp_path / "t"
         f.write_text("from-file\n")
         home = tmp_path / "home"
@@ -74,6 +84,7 @@ class TestCtlFindsTheToken:
             resolve(flag_url=None, flag_token=None, flag_token_file=str(f), env={}, home=home)
 
     def test_up_s_admin_token_for_a_loopback_controller_only(self, tmp_path: Path) -> None:
+        """ctl takes llmgw up's admin token only for a loopback controller."""
         (tmp_path / ".llmgw").mkdir()
         tokens = ensure_tokens(tmp_path / ".llmgw")
         home = tmp_path / "home"
@@ -119,14 +130,17 @@ class TestCtlFindsTheToken:
         )
 
 
-def test_up_warns_that_its_token_flag_is_public(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Like every other program's --token: visible in ps, so said, with the way out."""
-    from llmgw.up.main import main
+class TestUpTokenFlag:
+    """llmgw up warns that a token given as a flag is public."""
 
-    assert main(["--token", "t-0123456789", "--fleet", str(tmp_path / "no-such-fleet")]) == 2
-    err = capsys.readouterr().err
-    assert "llmgw up: warning: --token on the command line is visible" in err
-    assert "tokens/admin" in err
-    assert "t-0123456789" not in err
+    def test_up_warns_that_its_token_flag_is_public(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Like every other program's --token: visible in ps, so said, with the way out."""
+        from llmgw.up.main import main
+
+        assert main(["--token", "t-0123456789", "--fleet", str(tmp_path / "no-such-fleet")]) == 2
+        err = capsys.readouterr().err
+        assert "llmgw up: warning: --token on the command line is visible" in err
+        assert "tokens/admin" in err
+        assert "t-0123456789" not in err

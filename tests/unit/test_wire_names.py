@@ -43,6 +43,8 @@ GOOD = ["gpu-01", "node.example.com", "H100-80G", "ib0", "rack_3", "a" * 128, "0
 
 
 class TestLabel:
+    """Fleet names accepted and refused by the label rule."""
+
     @pytest.mark.parametrize("name", GOOD)
     def test_ordinary_names_pass(self, name: str) -> None:
         """Host names, GPU classes and fabrics as agents report them are valid."""
@@ -63,6 +65,8 @@ class TestLabel:
 
 
 class TestAddress:
+    """Addresses accepted and refused."""
+
     @pytest.mark.parametrize(
         "address", ["127.0.0.1", "::1", "[::1]", "fe80::1%eth0", "gpu-01.example.com", "h_1"]
     )
@@ -83,6 +87,8 @@ def _gpu(i: int, gpu_class: str = "H100-80G") -> GPU:
 
 
 class TestControllerChecks:
+    """The controller's name checks on heartbeats and specs."""
+
     @pytest.mark.parametrize(
         ("fields", "param"),
         [
@@ -111,6 +117,8 @@ class TestControllerChecks:
 
 
 class TestAgentFlags:
+    """The agent's name checks at start."""
+
     @pytest.mark.parametrize(
         "argv",
         [
@@ -130,6 +138,8 @@ class TestAgentFlags:
 
 
 class TestStartFiles:
+    """Names in the files llmgw up writes."""
+
     def test_node_tokens_file_names_only_valid_nodes(self, tmp_path: Path) -> None:
         """A node in --node-tokens-file outside the set is refused at start, by line."""
         f = tmp_path / "nodes"

@@ -9,6 +9,11 @@ figures: 5.8-7.1×), and a router would send it the moment the replica is ready.
 Every call carries the engine's key. A call that fails is tried again next
 tick; the state reported stays what the engine is known to be.
 
+An engine that becomes ready to the health probe is asked `GET /is_sleeping` when its
+model may sleep: an engine adopted after an agent restart may be asleep, and reporting it
+ready would send requests into its paused queue; it is reported `sleeping` instead, and
+woken if the controller lists it awake.
+
 Ranks above 0 of a multi-node vLLM replica run headless (no HTTP): rank 0's
 engine drives them, so they follow the listed state without a call.
 """
@@ -38,6 +43,10 @@ class SleepClient(Protocol):
 
     async def warm_up(self, host: str, port: int, api_key: str, model: str) -> str | None: ...
 
+    async def is_sleeping(self, host: str, port: int, api_key: str) -> bool | None:
+        """GET /is_sleeping; None when the engine does not say."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -58,6 +67,21 @@ class HttpSleepClient:
     async def warm_up(self, host: str, port: int, api_key: str, model: str) -> str | None:
         body = {"model": model, "prompt": WARM_UP_PROMPT, "max_tokens": 1}
         return await self._post(host, port, api_key, "/v1/completions", body)
+
+    async def is_sleeping(self, host: str, port: int, api_key: str) -> bool | None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        url = f"http://{netloc(host)}:{port}/is_sleeping"
+        try:
+            async with self._session.get(url, headers=headers) as resp:
+                if resp.status != 200:
+                    return None
+                got = await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            return None
+        value = got.get("is_sleeping") if isinstance(got, dict) else None
+        return value if isinstance(value, bool) else None
 
     async def _post(
         self, host: str, port: int, api_key: str, path: str, body: dict[str, object] | None

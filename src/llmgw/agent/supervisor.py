@@ -261,10 +261,24 @@ class Supervisor:
         results = await asyncio.gather(
             *(self._probe.check(self._host, port, path) for _, port, path in probed)
         )
+        now_ready: list[_Shard] = []
         for (sh, _, _), ok in zip(probed, results, strict=True):
             # Re-check: while the probes ran, a heartbeat may have stopped it.
             if ok and sh.state == "starting" and sh.proc is not None and sh.stop_sent_at is None:
                 self._ready(sh)
+                now_ready.append(sh)
+        asked = [sh for sh in now_ready if sh.spec.sleep_mode and sh.port is not None]
+        asleep = await asyncio.gather(
+            *(
+                self._sleep_client.is_sleeping(self._host, sh.port, sh.api_key)
+                for sh in asked
+                if sh.port is not None
+            )
+        )
+        for sh, is_asleep in zip(asked, asleep, strict=True):
+            # An adopted engine may have been put to sleep before the agent restarted.
+            if is_asleep and sh.state == "ready":
+                sh.state = "sleeping"
 
     async def _sync_sleep(self) -> None:
         """Put engines to sleep or wake them (and warm them up) as the controller listed:

@@ -23,6 +23,7 @@ from llmgw.controller.api.status import ControllerMetrics, StatusFiles
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import NotLeading, StoreUnavailable
 from llmgw.controller.fleet.live import Fleet
+from llmgw.controller.fleet.spans import ActionSpans
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.store import FencedStore, Leadership, Store, open_leadership, open_store
 from llmgw.controller.tick.loop import ControlLoop
@@ -46,10 +47,14 @@ def build_app(
     leadership: Leadership,
     *,
     clock: Clock = SYSTEM_CLOCK,
+    spans: ActionSpans | None = None,
 ) -> web.Application:
+    """The controller for `config`; `spans` (tracing on) gets each committed action and
+    is shut down, its last spans sent, when the app stops."""
     # Every write re-checks leadership first: a leader whose lock went away
     # between two ticks cannot write over its successor.
     fleet = Fleet(FencedStore(store, leadership), clock=clock, config=config)
+    fleet.spans = spans
     usage = IdleTracker(clock=clock)
     loop = ControlLoop(fleet, leadership, usage, clock=clock, config=config)
     services = Services(fleet, usage, config=config, clock=clock)
@@ -77,6 +82,9 @@ def build_app(
                 log.warning("heartbeat flush on stop failed: %s", exc.message)
             await asyncio.to_thread(leadership.release)
             await asyncio.to_thread(store.close)
+            if spans is not None:
+                # Spans still batched are sent before the process ends.
+                await asyncio.to_thread(spans.shutdown)
 
     async def wake_long_polls(app: web.Application) -> None:
         # Held long-polls would otherwise keep shutdown waiting up to a minute.

@@ -21,10 +21,13 @@ from pathlib import Path
 
 from llmgw.runtime import configfile, logs, secretfile
 from llmgw.runtime.cli import DefaultsFormatter
+from llmgw.runtime.tracing import TracingSettings
 from llmgw.runtime.version import add_version_argument
 from llmgw.wire.names import label_problem
 
 DEFAULT_DATABASE = "sqlite:///./.llmgw/controller.db"
+# The spans' service.name when --tracing-service-name is not given.
+TRACING_SERVICE = "llmgw-controller"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +84,9 @@ class ControllerConfig:
     max_long_polls: int = 4096
     # Seconds in-flight HTTP requests get to finish on SIGTERM.
     shutdown_grace_s: float = 5.0
+    # OpenTelemetry spans of the controller's actions (fleet/spans.py, docs/tracing.md);
+    # None (the default): off, and the SDK is never imported.
+    tracing: TracingSettings | None = None
 
     @property
     def flush_s(self) -> float:
@@ -249,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write heartbeat-only changes to the store at most this often "
         "(default: half of --heartbeat-timeout-s)",
     )
+    _tracing_flags(p)
     p.add_argument(
         "--max-long-polls",
         type=int,
@@ -256,6 +263,58 @@ def build_parser() -> argparse.ArgumentParser:
         help="endpoint-list long polls held open at once (more wait their turn)",
     )
     return p
+
+
+def _tracing_flags(p: argparse.ArgumentParser) -> None:
+    # In --config also as a mapping, `tracing: {endpoint: …}` (runtime.configfile).
+    p.add_argument(
+        "--tracing-endpoint",
+        default=None,
+        help="OTLP/HTTP traces URL (http://collector:4318/v1/traces): export a span per "
+        "action (placement, eviction, stop, sleep, wake); unset: no tracing",
+    )
+    p.add_argument(
+        "--tracing-service-name", default=TRACING_SERVICE, help="the spans' service.name"
+    )
+    p.add_argument(
+        "--tracing-sample-ratio",
+        type=float,
+        default=1.0,
+        help="fraction of the actions' traces kept (0 to 1)",
+    )
+    p.add_argument(
+        "--tracing-export-interval-s",
+        type=float,
+        default=5.0,
+        help="spans are batched and sent this often, off the event loop",
+    )
+    p.add_argument(
+        "--tracing-export-timeout-s",
+        type=float,
+        default=10.0,
+        help="one export's time limit (a slow collector loses that batch)",
+    )
+
+
+def _tracing(p: argparse.ArgumentParser, a: argparse.Namespace) -> TracingSettings | None:
+    """The tracing settings, None when no endpoint is given; exits 2 when one is bad."""
+    if a.tracing_endpoint is None:
+        return None
+    if not a.tracing_endpoint.startswith(("http://", "https://")):
+        p.error(f"--tracing-endpoint {a.tracing_endpoint!r}: expected an http(s):// URL")
+    if not 0 <= a.tracing_sample_ratio <= 1:
+        p.error(f"--tracing-sample-ratio {a.tracing_sample_ratio:g}: expected 0 to 1")
+    if a.tracing_export_interval_s <= 0 or a.tracing_export_timeout_s <= 0:
+        p.error("--tracing-export-interval-s and --tracing-export-timeout-s must be positive")
+    if not a.tracing_service_name:
+        p.error("--tracing-service-name: empty")
+    return TracingSettings(
+        endpoint=a.tracing_endpoint,
+        service_name=a.tracing_service_name,
+        sample_ratio=a.tracing_sample_ratio,
+        export_interval_s=a.tracing_export_interval_s,
+        export_timeout_s=a.tracing_export_timeout_s,
+    )
 
 
 def _floats(d: ControllerConfig) -> dict[str, float]:
@@ -373,5 +432,6 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Con
         router_token=router_token,
         heartbeat_flush_s=a.heartbeat_flush_s,
         max_long_polls=a.max_long_polls,
+        tracing=_tracing(p, a),
         **{flag.replace("-", "_"): getattr(a, flag.replace("-", "_")) for flag in floats},
     )

@@ -15,6 +15,7 @@ control and bidi characters visible.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -45,6 +46,8 @@ def fmt_duration(seconds: float) -> str:
     Rounded down so an idle time is never shown longer than it is: a replica
     idle 9m59s must not read as `10m` next to the 10-minute eviction threshold.
     """
+    if not math.isfinite(seconds):
+        return UNKNOWN  # a broken answer's NaN or infinity is not a duration
     s = max(0, int(seconds))
     if s < 60:
         return f"{s}s"

@@ -196,8 +196,11 @@ def replicas_table(replicas: Sequence[ReplicaView]) -> Table:
 
 
 def event_time(at: float) -> str:
-    """Local wall time of an event, to the second."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    """Local wall time of an event, to the second; `-` for a time no clock can show."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    except (OverflowError, ValueError, OSError):
+        return UNKNOWN  # NaN, or past the platform's time_t: a broken answer, not a crash
 
 
 # The table's message column: the first sentence-ish part, one line. Replica

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from llmgw.router.config import TracingConfig
 from llmgw.router.scheduler import Decision
+from llmgw.runtime.tracing import SpanExport, TracingSettings
 
 # What a span's engine request carries: the W3C header names.
 TRACEPARENT: Final = "traceparent"
@@ -45,38 +46,27 @@ def passed_on(traceparent: str, tracestate: str | None) -> bytes:
     return out.encode("utf-8", "surrogateescape")
 
 
-class TracingUnavailable(RuntimeError):
-    """Tracing is configured, but the OpenTelemetry SDK is not installed."""
-
-
 class Tracing:
-    """The router's tracer: one span per routed request (see the module docstring)."""
+    """The router's tracer: one span per routed request (see the module docstring).
 
-    def __init__(self, cfg: TracingConfig, *, service_name: str = "llmgw-router") -> None:
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-            from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-            from opentelemetry.trace import SpanKind
-            from opentelemetry.trace.propagation.tracecontext import (
-                TraceContextTextMapPropagator,
-            )
-        except ImportError as exc:
-            raise TracingUnavailable(
-                "tracing is configured but the OpenTelemetry SDK is not installed "
-                "(pip install 'llmgw[tracing]')"
-            ) from exc
-        self._provider = TracerProvider(
-            resource=Resource.create({"service.name": cfg.service_name or service_name}),
-            sampler=ParentBased(TraceIdRatioBased(cfg.sample_ratio)),
+    TracingUnavailable (runtime.tracing) when the SDK is not installed."""
+
+    def __init__(self, cfg: TracingConfig) -> None:
+        self._export = SpanExport(
+            TracingSettings(
+                endpoint=cfg.endpoint,
+                service_name=cfg.service_name or "llmgw-router",
+                sample_ratio=cfg.sample_ratio,
+                export_interval_s=cfg.export_interval_s,
+                export_timeout_s=cfg.export_timeout_s,
+            ),
+            scope="llmgw.router",
         )
-        exporter = OTLPSpanExporter(endpoint=cfg.endpoint, timeout=cfg.export_timeout_s)
-        self._provider.add_span_processor(
-            BatchSpanProcessor(exporter, schedule_delay_millis=cfg.export_interval_s * 1000)
-        )
-        self._tracer = self._provider.get_tracer("llmgw.router")
+        # Only reached with the SDK installed (SpanExport checked).
+        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self._tracer = self._export.tracer
         self._propagator = TraceContextTextMapPropagator()
         self._server = SpanKind.SERVER
 
@@ -138,4 +128,4 @@ class Tracing:
 
     def shutdown(self) -> None:
         """Export what is still batched, then stop (blocks: call it off the event loop)."""
-        self._provider.shutdown()
+        self._export.shutdown()

@@ -12,4 +12,5 @@ configfile   flags from a YAML file (the controller's --config)
 sdnotify     systemd's READY=1, STOPPING=1 and watchdog
 lockfile     one process per state folder
 netaddr      address helpers
+tracing      OpenTelemetry span export (router and controller), the SDK loaded only when on
 """

@@ -2,6 +2,8 @@
 
 The file is a mapping whose keys are the long flags' names, with `-` or `_`
 (`heartbeat_timeout_s: 20`); a switch takes true/false, a repeatable flag a list.
+A mapping stands for flags that share its key as a prefix: `tracing: {endpoint: U}`
+is `tracing_endpoint: U`, so a group of settings reads as it does in the router's file.
 Values are checked as the flag's own are. Its settings are defaults under the
 environment's (envflags.py) and the command line's, so the order is: command
 line, `LLMGW_<PROGRAM>_<FLAG>`, the file, the built-in default. The file itself
@@ -46,6 +48,18 @@ def load(path: str) -> dict[str, Any]:
     return {str(k): v for k, v in doc.items()}
 
 
+def flatten(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`{group: {key: v}}` as `{group_key: v}` (one level: no flag nests deeper)."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                out[f"{key}_{sub!s}"] = v
+        else:
+            out[key] = value
+    return out
+
+
 def apply(
     parser: argparse.ArgumentParser,
     doc: Mapping[str, Any],
@@ -58,7 +72,7 @@ def apply(
     """Set flag defaults from `doc`, but not those of the dests in `keep` (the
     environment set them); ConfigFileError names the first bad key."""
     actions = {a.dest: a for a in envflags.settable(parser)}
-    for key, value in doc.items():
+    for key, value in flatten(doc).items():
         dest = key.replace("-", "_")
         where = f"{source}: {key}"
         if dest in secrets:

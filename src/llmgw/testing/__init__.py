@@ -4,7 +4,9 @@ Imported on their own (they pull in the router): `llmgw.testing.forwarder`, an
 in-memory `Forwarder` with scripted engines, and `llmgw.testing.vtime`, an event
 loop whose time is a `ManualClock`. `python -m llmgw.testing.configdoc` writes
 docs/configuration.md from the programs' parsers; `llmgw.testing.wheel` builds llmgw's
-wheel once per source tree (cached), for the tests that install it.
+wheel once per source tree (cached), for the tests that install it;
+`llmgw.testing.otlp`, an OTLP/HTTP receiver decoding the spans programs export
+(needs the `tracing` extra).
 """
 
 from llmgw.runtime.clock import ManualClock

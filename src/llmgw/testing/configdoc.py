@@ -51,7 +51,8 @@ PROGRAMS = (
         controller_config.build_parser,
         controller_config.SECRET_FLAGS,
         "`--config FILE` (or `LLMGW_CONTROLLER_CONFIG`) names a YAML file whose keys are "
-        "these flags' names (`heartbeat_timeout_s: 20`); secrets are refused there.",
+        "these flags' names (`heartbeat_timeout_s: 20`), or groups of them "
+        "(`tracing: {endpoint: …}` for `--tracing-endpoint`); secrets are refused there.",
     ),
     Program(
         "router",

@@ -40,6 +40,7 @@ from llmgw.controller.fleet.decisions import Decisions
 from llmgw.controller.fleet.endpoints import EndpointSink, endpoint_info, endpoint_list, outlook
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import Changes, Event, FleetState, Node, Replica
+from llmgw.controller.fleet.spans import ActionSpans
 from llmgw.controller.fleet.starts import StartHistory
 from llmgw.controller.store import NotLeader, Store, StoreError
 from llmgw.controller.tick.carryover import TickMemory
@@ -79,6 +80,8 @@ class Fleet:
         self.backoff = Backoff(base_s=config.restart_backoff_s, cap_s=config.restart_backoff_max_s)
         # Each committed event logged once and counted; store write latency (/metrics).
         self.decisions = Decisions()
+        # A span per committed action (spans.py); None: tracing is off, set by the app.
+        self.spans: ActionSpans | None = None
         # Recent start durations: the estimate a "starting" outlook carries.
         self.starts = StartHistory()
         # Node → the spec policy its agent last reported (apply-time checks). Memory
@@ -167,6 +170,8 @@ class Fleet:
         self.decisions.store_write.observe(time.perf_counter() - started)
         self._mirror(changes)
         self.decisions.committed(events)
+        if self.spans is not None:
+            self.spans.committed(events, self.state, now=self.clock.wall())
         return events
 
     def take_dirty(self) -> set[str] | None:

@@ -18,6 +18,7 @@ from llmgw.adminclient.errors import AdminError
 from llmgw.ctl import drainview, output, render, tables
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import CtlError
+from llmgw.ctl.shown import text
 
 
 def status_screen(ctx: Ctx) -> RenderableType:
@@ -82,7 +83,8 @@ def watch(ctx: Ctx, *, interval_s: float) -> int:
                 try:
                     screen = status_screen(ctx)
                 except AdminError as exc:
-                    warning = Text(f"{exc} — retrying every {interval_s:g}s", style="bold red")
+                    # The controller's words may quote fleet data: made visible.
+                    warning = text(f"{exc} — retrying every {interval_s:g}s", "bold red")
                     live.update(Group(warning, screen), refresh=True)
                     continue
                 live.update(screen, refresh=True)

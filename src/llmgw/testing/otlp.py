@@ -1,0 +1,107 @@
+"""An OTLP/HTTP traces receiver for tests: every span it is sent, decoded from the wire.
+
+    async with otlp_receiver() as rec:        # rec.url: http://127.0.0.1:P/v1/traces
+        ... start a program with tracing pointed at rec.url ...
+        span = await rec.wait_span(lambda s: s.name == "llmgw.placement")
+        attributes(span.attributes)["llmgw.model"]
+
+It decodes the programs' exports with the protobuf classes of opentelemetry-proto
+(the real wire format, not the SDK's in-memory spans), so it needs the `tracing`
+extra: importing this module without it raises ImportError (tests importorskip it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+# Where the SDK's OTLP/HTTP exporter posts spans.
+TRACES_PATH = "/v1/traces"
+
+
+class Receiver:
+    """The spans received so far, in arrival order, with the resource each came with."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        # service.name of each span's resource, parallel to `spans`.
+        self.services: list[str] = []
+        self.url = ""
+
+    async def traces(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        export = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+        for rs in export.resource_spans:
+            service = str(attributes(rs.resource.attributes).get("service.name", ""))
+            for ss in rs.scope_spans:
+                self.spans.extend(ss.spans)
+                self.services.extend(service for _ in ss.spans)
+        reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        return web.Response(body=reply, content_type="application/x-protobuf")
+
+    async def wait_span(self, match: Callable[[Any], bool], *, timeout_s: float = 20.0) -> Any:
+        """The first span received that `match` accepts; AssertionError after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            for span in self.spans:
+                if match(span):
+                    return span
+            await asyncio.sleep(0.05)
+        names = sorted({s.name for s in self.spans})
+        raise AssertionError(f"no matching span among {len(self.spans)}: {names}")
+
+    async def wait_trace(self, trace_id: str, *, timeout_s: float = 20.0) -> Any:
+        """The first span of the trace `trace_id` (32 hex digits)."""
+        return await self.wait_span(lambda s: s.trace_id.hex() == trace_id, timeout_s=timeout_s)
+
+
+@contextlib.asynccontextmanager
+async def otlp_receiver() -> AsyncIterator[Receiver]:
+    """A receiver listening on 127.0.0.1 (a free port) until the block ends."""
+    rec = Receiver()
+    app = web.Application()
+    app.router.add_post(TRACES_PATH, rec.traces)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    rec.url = f"http://127.0.0.1:{runner.addresses[0][1]}{TRACES_PATH}"
+    try:
+        yield rec
+    finally:
+        await runner.cleanup()
+
+
+def attributes(items: Any) -> dict[str, Any]:
+    """OTLP key-values as a dict: each value as its set field holds it (arrays as lists)."""
+    out: dict[str, Any] = {}
+    for kv in items:
+        out[kv.key] = _value(kv.value)
+    return out
+
+
+def _value(value: Any) -> Any:
+    which = value.WhichOneof("value")
+    if which == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    return getattr(value, which)
+
+
+def without_sdk(folder: Path) -> dict[str, str]:
+    """An environment whose programs cannot import OpenTelemetry, as where the extra is
+    not installed: a package of that name first on PYTHONPATH that refuses to load."""
+    shadow = folder / "opentelemetry"
+    shadow.mkdir(parents=True, exist_ok=True)
+    (shadow / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    return dict(os.environ, PYTHONPATH=str(folder))

@@ -1,0 +1,107 @@
+"""The controller's actions as spans: a real controller, agent and sim-engine, exporting
+to an OTLP/HTTP receiver in the test that decodes the real protobuf (llmgw.testing.otlp).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw.testing import Program, free_port, start_program
+from llmgw.testing.procs import llmgw_argv
+from tests.integration.test_agent_controller import TOKEN, admin, sim_model
+from tests.integration.test_agent_supervision import AgentRig
+
+otlp = pytest.importorskip("llmgw.testing.otlp", reason="the tracing extra is not installed")
+
+pytestmark = pytest.mark.timeout(120)
+
+# opentelemetry.proto's Span.SpanKind.SPAN_KIND_INTERNAL.
+INTERNAL = 1
+
+
+def start_controller(tmp: Path, port: int, *flags: str) -> Program:
+    args = ["controller", "--port", str(port), "--database", f"sqlite:///{tmp / 'c.db'}"]
+    args += ["--token", TOKEN, "--tick-s", "0.2", "--heartbeat-interval-s", "0.3"]
+    args += ["--heartbeat-timeout-s", "5", "--drain-grace-s", "1", *flags]
+    return start_program(args, log_dir=tmp / "controller")
+
+
+def of(action: str, model: str) -> Any:
+    def match(span: Any) -> bool:
+        attrs = otlp.attributes(span.attributes)
+        return bool(span.name == f"llmgw.{action}" and attrs.get("llmgw.model") == model)
+
+    return match
+
+
+async def wait_ready(url: str, model: str, *, timeout_s: float = 45.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    seen: list[dict[str, Any]] = []
+    while loop.time() < deadline:
+        seen = await admin("GET", f"{url}/admin/replicas?model={model}")
+        if [r["state"] for r in seen] == ["ready"]:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{model} never ready: {seen}")
+
+
+class TestActionSpans:
+    async def test_placement_and_stop_exported(self, tmp_path: Path) -> None:
+        """Placing a replica, then draining and stopping it (its model deleted), each reach
+        the receiver as an INTERNAL span with the model, node, GPUs and reason."""
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        async with otlp.otlp_receiver() as rec:
+            tracing = ["--tracing-endpoint", rec.url, "--tracing-export-interval-s", "0.1"]
+            ctrl = await asyncio.to_thread(start_controller, tmp_path, port, *tracing)
+            agent = AgentRig(tmp_path, url, token=TOKEN, gpus="1xH100-80G")
+            try:
+                await asyncio.to_thread(agent.start)
+                await admin("POST", f"{url}/admin/models", [sim_model("m")])
+                placed = await rec.wait_span(of("placement", "m"))
+                await wait_ready(url, "m")
+                await admin("DELETE", f"{url}/admin/models/m")
+                drained = await rec.wait_span(of("drain", "m"))
+                stopped = await rec.wait_span(of("stop", "m"), timeout_s=40)
+                service = rec.services[rec.spans.index(placed)]
+            finally:
+                await asyncio.to_thread(agent.cleanup)
+                await asyncio.to_thread(ctrl.stop, grace_s=5)
+        attrs = otlp.attributes(placed.attributes)
+        assert service == "llmgw-controller"
+        assert placed.kind == INTERNAL
+        assert attrs["llmgw.action"] == "placement"
+        assert attrs["llmgw.event"] == "replica.placed"
+        assert attrs["llmgw.node"] == "n1"
+        assert attrs["llmgw.gpus"] == ["n1:0"]
+        assert attrs["llmgw.gpu_count"] == 1
+        assert attrs["llmgw.reason_class"] == "new"
+        assert attrs["llmgw.reason"] == "placed on n1 GPUs 0"
+        assert placed.end_time_unix_nano >= placed.start_time_unix_nano > 0
+        drain = otlp.attributes(drained.attributes)
+        assert drain["llmgw.reason_class"] == "model_deleted"
+        assert drain["llmgw.replica"] == attrs["llmgw.replica"]
+        done = otlp.attributes(stopped.attributes)
+        assert stopped.kind == INTERNAL
+        assert done["llmgw.replica"] == attrs["llmgw.replica"]
+        assert done["llmgw.replica.state"] == "stopped"
+        assert done["llmgw.node"] == "n1"
+        assert done["llmgw.reason"]
+
+
+class TestTracingRefused:
+    def test_sdk_missing_refused_at_start(self, tmp_path: Path) -> None:
+        """Tracing configured without the OpenTelemetry SDK: the controller exits 2 saying
+        what to install, instead of running untraced."""
+        env = otlp.without_sdk(tmp_path / "shadow")
+        argv = llmgw_argv("controller", "--port", "0", "--database", "memory://")
+        argv += ["--tracing-endpoint", "http://127.0.0.1:9/v1/traces"]
+        got = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert (got.returncode, got.stdout) == (2, ""), got.stderr
+        assert "pip install 'llmgw[tracing]'" in got.stderr
