@@ -55,6 +55,8 @@ def call(
 
 
 class TestKeysApi:
+    """The /admin/keys routes."""
+
     def test_create_answers_the_key_once_and_lists_never_show_it(self, controller: Program) -> None:
         """POST answers 201 with the key; GET lists limits but neither the key nor its hash."""
         status, created = call(
@@ -173,6 +175,8 @@ class TestKeysApi:
 
 
 class TestCtlKeys:
+    """`llmgw ctl keys`."""
+
     def test_create_prints_the_key_alone_on_the_last_line(self, controller: Program) -> None:
         """`keys create` ends with the key alone; `keys list` shows limits, never the key."""
         r = ctl(

@@ -28,6 +28,8 @@ def key_event(name: str, kind: str = "key.created") -> Event:
 
 
 class TestKeys:
+    """Keys stored, loaded and revoked."""
+
     def test_every_field_round_trips(self, store: Store) -> None:
         """A key with every limit set loads back equal."""
         k = key(
@@ -65,6 +67,8 @@ class TestKeys:
 
 
 class TestKeysSchema:
+    """The migration that adds keys."""
+
     def test_v6_database_upgrades_to_v7_keeping_event_ids(
         self, sql_backend: contract.Backend
     ) -> None:

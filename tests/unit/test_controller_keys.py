@@ -30,6 +30,8 @@ def created(state: FleetState, **kw: object) -> FleetState:
 
 
 class TestCreate:
+    """Creating a key."""
+
     def test_stores_the_hash_never_the_key(self) -> None:
         """The batch holds the key's SHA-256 and the limits asked for, and an event."""
         req = KeyCreate(name="a", team="t", rpm=5, expires_in_s=60.0)
@@ -54,6 +56,8 @@ class TestCreate:
 
 
 class TestRevoke:
+    """Revoking a key."""
+
     def test_deletes_with_an_event(self) -> None:
         """Revoking deletes the key and says so."""
         batch = revoke_key(created(FleetState()), "alice", now=1.0)
@@ -67,6 +71,8 @@ class TestRevoke:
 
 
 class TestViews:
+    """What leaves the controller about a key."""
+
     def test_view_has_no_hash(self) -> None:
         """What the list shows holds the limits, not the hash."""
         state = created(FleetState(), rpm=7)
@@ -89,6 +95,8 @@ class TestViews:
 
 
 class TestLimitsType:
+    """The limits type."""
+
     def test_budget_needs_its_period(self) -> None:
         """A budget without its period is refused."""
         with pytest.raises(msgspec.ValidationError, match="per"):
@@ -101,6 +109,8 @@ class TestLimitsType:
 
 
 class TestDuration:
+    """ctl's --expires-in durations."""
+
     @pytest.mark.parametrize(
         ("text", "seconds"), [("30d", 30 * 86400.0), ("1h30m", 5400.0), ("2w", 1209600.0)]
     )
