@@ -171,7 +171,11 @@ class Fleet:
         self._mirror(changes)
         self.decisions.committed(events)
         if self.spans is not None:
-            self.spans.committed(events, self.state, now=self.clock.wall())
+            try:
+                self.spans.committed(events, self.state, now=self.clock.wall())
+            except Exception as exc:  # noqa: BLE001 - the change is committed already:
+                # a fault in making its spans must not be answered as a failed write.
+                log.warning(kv("spans of committed actions failed", error=repr(exc)))
         return events
 
     def take_dirty(self) -> set[str] | None:
