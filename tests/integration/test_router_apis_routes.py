@@ -140,6 +140,18 @@ class TestBadInputEachRoute:
             assert doc["type"] == "error"
             assert doc["error"]["type"] == "invalid_request_error"
 
+    @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+    async def test_messages_wrong_method_anthropic_shaped(
+        self, url: str, session: aiohttp.ClientSession, path: str
+    ) -> None:
+        """A GET on a Messages path is a 405 in Anthropic's shape, naming POST."""
+        async with session.get(url + path) as resp:
+            assert (resp.status, resp.headers["Allow"]) == (405, "POST")
+            doc = await resp.json()
+        assert doc["type"] == "error"
+        assert doc["error"]["type"] == "invalid_request_error"
+        assert "use POST" in doc["error"]["message"]
+
 
 class TestRerankAndScore:
     """Rerank and score through the router."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+
+from llmgw.testing.procs import llmgw_argv
 
 from .router_fixtures import (
     base_config,
@@ -117,3 +120,17 @@ class TestSpans:
         assert event["llmgw.reason"]
         assert root.parent_span_id == b""
         assert started["traceparent"].split("-")[2] == root.span_id.hex()
+
+
+class TestTracingRefused:
+    def test_sdk_missing_refused_at_start(self, tmp_path: Path) -> None:
+        """`tracing:` set without the OpenTelemetry SDK: the router exits 2 with one line
+        saying what to install, before any worker starts."""
+        config = tmp_path / "r.yaml"
+        config.write_text("endpoints: []\ntracing:\n  endpoint: http://127.0.0.1:9/v1/traces\n")
+        env = otlp.without_sdk(tmp_path / "shadow")
+        argv = llmgw_argv("router", "--config", str(config), "--port", "0", "--workers", "2")
+        got = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert (got.returncode, got.stdout) == (2, ""), got.stderr
+        assert got.stderr.strip().endswith("(pip install 'llmgw[tracing]')")
+        assert "Traceback" not in got.stderr

@@ -53,6 +53,16 @@ class TestSleepSpec:
             "only used with sleep_mode: true",
         )
 
+    def test_sleep_after_s_needs_sleep_mode_and_sets_the_eviction_threshold(self) -> None:
+        """sleep_after_s alone is refused; with sleep_mode it replaces idle_timeout_s."""
+        assert sleep_problem(spec(sleep_after_s=5)) == (
+            "sleep_after_s",
+            "only used with sleep_mode: true",
+        )
+        assert spec(idle_timeout_s=600, sleep_after_s=5).evictable_after_s == 600
+        assert spec(idle_timeout_s=600, sleep_mode=True, sleep_after_s=5).evictable_after_s == 5
+        assert spec(idle_timeout_s=600, sleep_mode=True).evictable_after_s == 600
+
     def test_bad_level_and_size_fail_decoding(self) -> None:
         """A level other than 1 or 2, or a size not above zero, is a validation error."""
         with pytest.raises(msgspec.ValidationError, match="sleep_level"):

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from llmgw.router import lora
+from llmgw.router import anthropic, lora
 from llmgw.router.affinity import NO_KEY, RouteKey, route_key
 from llmgw.router.apis import ROUTES as API_ROUTES
 from llmgw.router.apis import Api
@@ -893,7 +893,8 @@ class Proxy:
         return web.json_response(_model_object(model))
 
     async def no_route(self, request: web.Request | FastRequest) -> web.Response:
-        """Any other /v1 request: OpenAI's 404 (or 405 on a served path), not aiohttp's text."""
+        """Any other /v1 request: OpenAI's 404 (or 405 on a served path; Anthropic's shape on
+        its Messages paths), not aiohttp's text."""
         path, method = request.path, request.method
         t0 = self.state.clock.monotonic()
         allowed = (
@@ -903,7 +904,18 @@ class Proxy:
             if path.startswith("/v1/models")
             else ""
         )
-        if allowed:
+        api = API_ROUTES.get(path)
+        if api is not None and api.anthropic:
+            # Anthropic's clients read errors in their API's shape (anthropic.py).
+            resp = web.Response(
+                status=405,
+                body=anthropic.error_body(
+                    405, f"Method {method} is not allowed on {path}; use POST."
+                ),
+                content_type="application/json",
+                headers={"Allow": "POST"},
+            )
+        elif allowed:
             resp = error_response(
                 405,
                 f"Method {method} is not allowed on {path}; use {allowed}.",
