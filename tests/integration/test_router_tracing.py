@@ -123,6 +123,8 @@ class TestSpans:
 
 
 class TestTracingRefused:
+    """Tracing configured without the SDK stops the router at start."""
+
     def test_sdk_missing_refused_at_start(self, tmp_path: Path) -> None:
         """`tracing:` set without the OpenTelemetry SDK: the router exits 2 with one line
         saying what to install, before any worker starts."""
