@@ -239,6 +239,13 @@ class Fleet:
             s.retired.pop(name, None)
         for name in changes.deleted_reservations:
             s.reservations.pop(name, None)
+        for k in changes.keys:
+            s.keys[k.name] = k
+        for name in changes.deleted_keys:
+            s.keys.pop(name, None)
+        # Routers follow the keys with the endpoint list: a revoked key is refused
+        # as soon as the long-polls wake.
+        bump = bump or bool(changes.keys or changes.deleted_keys)
         if bump:
             self.sink.bump()
 
