@@ -623,7 +623,7 @@ class TestSchema:
             engine.dispose()
         s = sql_backend.open()
         try:
-            assert s.schema_version() == SCHEMA_VERSION == 6
+            assert s.schema_version() == SCHEMA_VERSION == 7
             state = s.load()
             n = state.nodes["d"]
             assert (
@@ -761,6 +761,7 @@ class TestPostgres:
                         (name,),
                     ).fetchall()
                 assert [r[0] for r in rows] == [
+                    "api_keys",
                     "events",
                     "meta",
                     "models",

@@ -94,6 +94,38 @@ class TestActionSpans:
         assert done["llmgw.node"] == "n1"
         assert done["llmgw.reason"]
 
+    async def test_sleep_and_wake_exported(self, tmp_path: Path) -> None:
+        """A sleep-mode model scaled to 0 sleeps, scaled back to 1 wakes: an llmgw.sleep
+        span with its level, then an llmgw.wake span, for the same replica."""
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        model = sim_model("s") | {"sleep_mode": True, "weights_gb": 16}
+        model["args"] = ["--speed", "10", "--wake-l1-s", "0.2"]
+        async with otlp.otlp_receiver() as rec:
+            tracing = ["--tracing-endpoint", rec.url, "--tracing-export-interval-s", "0.1"]
+            ctrl = await asyncio.to_thread(start_controller, tmp_path, port, *tracing)
+            agent = AgentRig(tmp_path, url, token=TOKEN, gpus="1xH100-80G")
+            try:
+                await asyncio.to_thread(agent.start, "--host-memory-mib", "2000000")
+                await admin("POST", f"{url}/admin/models", [model])
+                await wait_ready(url, "s")
+                scale = f"{url}/admin/models/s/scale"
+                await admin("POST", scale, {"min_replicas": 0, "max_replicas": 0})
+                slept = await rec.wait_span(of("sleep", "s"), timeout_s=40)
+                await admin("POST", scale, {"min_replicas": 1, "max_replicas": 1})
+                woke = await rec.wait_span(of("wake", "s"), timeout_s=40)
+            finally:
+                await asyncio.to_thread(agent.cleanup)
+                await asyncio.to_thread(ctrl.stop, grace_s=5)
+        sleep = otlp.attributes(slept.attributes)
+        wake = otlp.attributes(woke.attributes)
+        assert (slept.kind, woke.kind) == (INTERNAL, INTERNAL)
+        assert sleep["llmgw.replica"] == wake["llmgw.replica"]
+        assert sleep["llmgw.sleep_level"] == 1
+        assert sleep["llmgw.node"] == wake["llmgw.node"] == "n1"
+        assert wake["llmgw.replica.state"] == "waking"
+        assert "surplus" in sleep["llmgw.reason"]
+
 
 class TestTracingRefused:
     def test_sdk_missing_refused_at_start(self, tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ from typing import Literal
 
 import msgspec
 
+from llmgw.wire.keys import ClientKey
+
 # What the controller is doing for a model that has no ready replica.
 #   starting     a replica is placed and its engine is starting: hold the request
 #   making_room  replicas of other models are being evicted for it: hold the request
@@ -104,3 +106,6 @@ class EndpointList(msgspec.Struct, frozen=True, kw_only=True):
     # A model absent here and from `endpoints` is idle at zero: held, which asks
     # the controller to place it.
     outlook: tuple[ModelOutlook, ...] = ()
+    # The client keys the controller manages, by name: hashes and limits, never a key
+    # (docs/tenants.md). Non-empty: routers refuse /v1/* requests without one of them.
+    keys: tuple[ClientKey, ...] = ()

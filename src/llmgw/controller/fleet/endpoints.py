@@ -270,7 +270,10 @@ def endpoint_list(
     names = sorted(
         {n for m in state.models.values() for n in m.spec.served_names} | state.adapters.keys()
     )
-    return EndpointList(version=version, endpoints=tuple(out), models=tuple(names), outlook=looks)
+    keys = tuple(state.keys[name].key for name in sorted(state.keys))
+    return EndpointList(
+        version=version, endpoints=tuple(out), models=tuple(names), outlook=looks, keys=keys
+    )
 
 
 class EndpointSink:
