@@ -119,6 +119,8 @@ async def wait_replicas(
 
 
 class TestWithController:
+    """A real agent serves what a real controller places, skips bad cards, outlives it."""
+
     async def test_model_becomes_ready(self, ctrl: ControllerRig, agent_rig: AgentRig) -> None:
         """A sim model applied to the controller is started by the agent and turns ready."""
         agent_rig.start()
@@ -194,6 +196,8 @@ async def wait_for_async(fn: Any, *, expect: Any, timeout_s: float = 20.0) -> No
 
 
 class TestMultiNode:
+    """A replica spanning two real agents comes up."""
+
     async def test_two_node_replica(self, ctrl: ControllerRig, tmp_path: Path) -> None:
         """A two-node model runs one sim-engine per node, ranks 0 and 1, and turns ready."""
         rigs = [

@@ -234,6 +234,8 @@ async def engine_health(port: int) -> int:
 
 
 class TestInventoryAndHeartbeat:
+    """The agent's heartbeat carries its inventory and injected faults."""
+
     async def test_heartbeat_carries_inventory(
         self, rig: AgentRig, controller: ScriptedController
     ) -> None:
@@ -269,6 +271,8 @@ class TestInventoryAndHeartbeat:
 
 
 class TestShards:
+    """Shards started, reported ready, crashed, failed or stopped by a real agent."""
+
     async def test_start_ready_reported(
         self, rig: AgentRig, controller: ScriptedController
     ) -> None:
@@ -354,6 +358,8 @@ class TestShards:
 
 
 class TestReadoption:
+    """A restarted agent readopts its engines or reports those that died meanwhile."""
+
     async def test_sigkilled_agent_readopts(
         self, rig: AgentRig, controller: ScriptedController
     ) -> None:
@@ -420,6 +426,8 @@ class TestReadoption:
 
 
 class TestExit:
+    """What the agent's exit does to its engines."""
+
     async def test_sigterm_leaves_engines(
         self, rig: AgentRig, controller: ScriptedController
     ) -> None:

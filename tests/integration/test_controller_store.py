@@ -232,6 +232,8 @@ def without_ids(events: list[Event]) -> list[Event]:
 
 
 class TestRoundTrip:
+    """Every record's fields round-trip through the store."""
+
     def test_node_every_field(self, store: Store) -> None:
         """A node with every field set comes back equal."""
         n = node()
@@ -285,6 +287,8 @@ class TestRoundTrip:
 
 
 class TestApply:
+    """Applying changes is atomic, ordered and refused whole."""
+
     def test_upsert_replaces(self, store: Store) -> None:
         """Writing a key again replaces the stored value."""
         store.apply(Changes(nodes=[node()], replicas=[replica()]))
@@ -457,6 +461,8 @@ class TestApply:
 
 
 class TestEvents:
+    """Event queries by subject, order and limit."""
+
     @pytest.fixture
     def written(self, store: Store) -> list[Event]:
         return store.apply(
@@ -504,6 +510,8 @@ class TestEvents:
 
 
 class TestReopen:
+    """A reopened store keeps everything."""
+
     def test_reopen_keeps_everything(self, backend: Backend) -> None:
         """Closing and reopening loses nothing, and new event ids continue after the old."""
         if not backend.persistent:
@@ -538,6 +546,8 @@ class TestReopen:
 
 
 class TestSchema:
+    """Schema creation and upgrades from every older version."""
+
     def test_fresh_database_is_current(self, sql_backend: Backend) -> None:
         """A new database is created at the current schema version."""
         s = sql_backend.open()
@@ -720,6 +730,8 @@ class TestSchema:
 
 
 class TestSqlite:
+    """The SQLite store's file and refusals."""
+
     def test_one_private_file_in_a_new_directory(self, tmp_path: Path) -> None:
         """The URL's missing directory is created; the database is one 0600 file with a
         rollback journal (no -shm file to map) and no memory-mapped pages."""
@@ -747,6 +759,8 @@ class TestSqlite:
 
 @pytest.mark.postgres
 class TestPostgres:
+    """The PostgreSQL store's schema and refusals."""
+
     def test_schema_is_created_and_holds_every_table(self) -> None:
         """A missing schema is created and every table lives in it."""
         with fresh_schema() as pg:
@@ -818,6 +832,8 @@ def wait_for(cond: Callable[[], bool], *, timeout_s: float = 15.0) -> bool:
 
 
 class TestLeadership:
+    """Leadership between two controllers on one store."""
+
     def test_one_leads_the_other_waits(self, two: tuple[Leadership, Leadership]) -> None:
         """The first to try leads; the second is refused until the first releases."""
         a, b = two
@@ -868,6 +884,8 @@ sys.stdin.read()
 
 
 class TestLeaderDies:
+    """Leadership passes on when the leader dies, and its late writes are refused."""
+
     def test_sigkilled_leader_lock_passes_on(self, sql_backend: Backend) -> None:
         """Another process's lock refuses us; once it is SIGKILLed we take over."""
         proc = subprocess.Popen(

@@ -245,6 +245,8 @@ def fleet(controller: Program, tmp_path: Path) -> SimAgents:
 
 
 class TestReadCommands:
+    """ctl's read commands against a real controller."""
+
     def test_status_json_counts_the_fleet(self, controller: Program, fleet: SimAgents) -> None:
         """status --json has the documented names; the unhealthy card is neither used nor free."""
         data = ctl(controller.url, "status", "--json").json()
@@ -302,6 +304,8 @@ class TestReadCommands:
 
 
 class TestWriteCommands:
+    """ctl's write commands against a real controller."""
+
     def test_cordon_and_uncordon(self, controller: Program, fleet: SimAgents) -> None:
         """cordon and uncordon change the node's state."""
         assert ctl(controller.url, "cordon", "gpu-02").out.startswith("node gpu-02 cordoned")
@@ -386,6 +390,8 @@ class TestWriteCommands:
 
 
 class TestBadInput:
+    """ctl's refusals against a real controller."""
+
     def test_wrong_token(self, controller: Program) -> None:
         """A wrong token exits 1 with one line on stderr, no traceback."""
         proc = ctl_process(controller.url, "status", token="wrong")

@@ -124,6 +124,8 @@ def quiet(r: Program) -> None:
 
 
 class TestRoguePublisher:
+    """A rogue KV-event publisher cannot crash or bloat the router."""
+
     def test_deep_nesting_is_an_unreadable_batch(self, tmp_path: Path) -> None:
         """Fifty payloads nested 100,000 levels: each a gap, one log line in all, no
         RecursionError out of the decoder, requests served."""

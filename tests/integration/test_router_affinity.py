@@ -95,6 +95,8 @@ async def until(pred: Any, timeout_s: float = 15.0, *, show: Any = None) -> None
 
 
 class TestConversation:
+    """A conversation sticks to its replica until overloaded."""
+
     async def test_sticks_until_overloaded(self, tmp_path: Path) -> None:
         """Every turn of a conversation lands on one replica; once that replica is loaded
         beyond the bound, the next turn goes elsewhere."""
@@ -123,6 +125,8 @@ class TestConversation:
 
 
 class TestTwoRouters:
+    """Two routers send a new prefix to the same replica."""
+
     async def test_new_prefix_goes_to_the_same_replica(self, tmp_path: Path) -> None:
         """Two routers that never talk send each new prefix to the same replica."""
         with sim_engines(tmp_path, [20.0, 20.0, 20.0, 20.0]) as engines:
@@ -155,6 +159,8 @@ def router_metrics(router_url: str) -> str:
 
 
 class TestSessionHints:
+    """New conversations find the shared system prompt."""
+
     async def test_new_conversations_find_the_shared_system_prompt(self, tmp_path: Path) -> None:
         """Conversations of different users (`user` field, X-Session-ID header) over one
         system prompt all go where that prompt is cached, and hit it: a hint is no part
@@ -190,6 +196,8 @@ class TestSessionHints:
 
 
 class TestPredictionFeedback:
+    """Engine answers check and correct the prefix index."""
+
     async def test_engine_answers_check_and_correct_the_index(self, tmp_path: Path) -> None:
         """The engine's cached_tokens (streamed and not) is compared with the index's
         prediction: hits while they agree; after the engine's cache is reset behind

@@ -44,6 +44,8 @@ async def until(pred: object, timeout_s: float = 10.0) -> None:
 
 
 class TestClientDisconnect:
+    """A client disconnect aborts the engine's request."""
+
     @pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
     async def test_disconnect_aborts_engine_request(self, tmp_path: Path, stream: bool) -> None:
         """Closing the client connection mid-request stops the engine's generation and

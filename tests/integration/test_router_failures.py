@@ -57,6 +57,8 @@ async def one_request(session: aiohttp.ClientSession, url: str, stream: bool, t:
 
 
 class TestEngineKilled:
+    """Requests to an engine killed under load are retried or end cleanly."""
+
     async def test_sigkill_under_load(self, tmp_path: Path) -> None:
         """Unstarted requests retry elsewhere, cut streams end with an error frame, the
         dead engine's breaker opens, and nothing else fails.
@@ -166,6 +168,8 @@ async def wait_for(pred: Any, timeout_s: float = 15.0) -> None:
 
 
 class TestEngineRestarted:
+    """A restarted engine resets its drain rate and prefixes."""
+
     async def test_restart_resets_drain_rate_and_purges_prefixes(self, tmp_path: Path) -> None:
         """An engine killed and started again on its port: counters reset, so the router
         resets its drain rate and forgets the prefixes it thought the engine held."""
@@ -194,6 +198,8 @@ class TestEngineRestarted:
 
 
 class TestEngineKilledBeforeFirstToken:
+    """A stream cut before its first token is retried."""
+
     async def test_stream_cut_before_its_first_token_is_retried(self, tmp_path: Path) -> None:
         """A stream whose engine dies in prefill (head sent, no token yet) is retried on
         another replica: the client has received nothing, so it gets a clean stream."""
@@ -231,6 +237,8 @@ class TestEngineKilledBeforeFirstToken:
 
 
 class TestDeadlineIsNotTheEngines:
+    """A stream cut by the request deadline leaves the breaker closed."""
+
     async def test_stream_cut_by_the_request_deadline_leaves_the_breaker_closed(
         self, tmp_path: Path
     ) -> None:
@@ -264,6 +272,8 @@ async def set_faults(engine_url: str, **faults: Any) -> None:
 
 
 class TestEngineErrorRelayed:
+    """The engine's Retry-After reaches the client."""
+
     async def test_engine_retry_after_reaches_the_client(self, tmp_path: Path) -> None:
         """An engine's 429 or 5xx, relayed once no other replica is left, keeps the
         engine's Retry-After; one without it gets none from the router."""

@@ -39,6 +39,8 @@ def endpoint_ids(url: str) -> list[str]:
 
 
 class TestHolding:
+    """Held requests proceed when a replica appears, within the queue bound."""
+
     async def test_held_request_proceeds_when_endpoint_file_adds_one(self, tmp_path: Path) -> None:
         """A request for a configured model with no endpoint waits, is reported as demand,
         and succeeds once the file is edited to add an endpoint."""
@@ -71,6 +73,8 @@ class TestHolding:
 
 
 class TestReload:
+    """SIGHUP reloads the config and in-flight streams survive it."""
+
     async def test_sighup_reloads_and_bad_file_is_ignored(self, tmp_path: Path) -> None:
         """SIGHUP applies a new file; an invalid file is rejected and the old config kept."""
         with sim_engines(tmp_path, [20.0, 20.0]) as engines:
@@ -123,6 +127,8 @@ class TestReload:
 
 
 class TestHeldBehindAnOpenBreaker:
+    """Requests waiting for a half-open probe are not refused."""
+
     async def test_requests_waiting_for_a_half_open_probe_are_not_refused(
         self, tmp_path: Path
     ) -> None:

@@ -85,7 +85,10 @@ def chat(tag: str) -> dict[str, Any]:
 
 
 class TestPreciseMode:
+    """The router follows what real engines hold."""
+
     async def test_follows_what_engines_really_hold(self, tmp_path: Path) -> None:
+        """The router's index follows what real engines hold."""
         ports = [free_port() for _ in IDS]
         extras = [
             [
@@ -184,6 +187,8 @@ class TestPreciseMode:
 
 
 class TestWithoutPyzmq:
+    """Without pyzmq the router starts and guesses."""
+
     async def test_router_starts_and_guesses(self, tmp_path: Path) -> None:
         """pyzmq is optional: without it a router whose endpoints name KV events
         starts, says why it cannot follow them, and routes by guessing."""

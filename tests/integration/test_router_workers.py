@@ -102,6 +102,8 @@ def metrics_text(url: str) -> str:
 
 
 class TestOnePortTwoWorkers:
+    """Two workers on one port agree and count once."""
+
     async def test_workers_agree_on_prefix_homes_and_count_once(self, tmp_path: Path) -> None:
         """Both workers serve the port; a prefix goes to the same engine whichever worker
         routes it (rendezvous homes); /metrics counts every request exactly once."""
@@ -253,9 +255,12 @@ def metrics_engine() -> Iterator[str]:
 
 
 class TestHostChores:
+    """Scrapes and reloads done once for all workers."""
+
     async def test_each_engine_is_scraped_once_per_tick_for_all_workers(
         self, tmp_path: Path, metrics_engine: str
     ) -> None:
+        """Each engine is scraped once per tick for all workers."""
         interval = 0.25
         cfg = base_config(
             endpoints=[{"id": "e0", "url": metrics_engine, "models": ["m"]}],
@@ -301,6 +306,8 @@ class TestHostChores:
 
 
 class TestWorkerRestart:
+    """Killed workers are replaced, and a killed supervisor takes its workers along."""
+
     async def test_a_killed_worker_is_replaced_and_the_others_keep_serving(
         self, tmp_path: Path
     ) -> None:
@@ -409,6 +416,8 @@ class TestWorkerRestart:
 
 
 class TestSupervisorStart:
+    """The supervisor's start-up failures end cleanly."""
+
     async def test_sigterm_while_a_worker_never_gets_ready_stops_at_once(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -553,6 +562,8 @@ class TestSupervisorStart:
 
 
 class TestCtrlCWhileStarting:
+    """Ctrl-C while workers start ends all without a traceback."""
+
     def test_a_group_sigint_while_workers_start_ends_all_without_a_traceback(
         self, tmp_path: Path
     ) -> None:
