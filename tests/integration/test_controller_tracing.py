@@ -141,3 +141,11 @@ class TestTracingRefused:
         got = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         assert (got.returncode, got.stdout) == (2, ""), got.stderr
         assert "pip install 'llmgw[tracing]'" in got.stderr
+
+    def test_off_needs_no_sdk(self, tmp_path: Path) -> None:
+        """Without tracing set, a controller that cannot import OpenTelemetry starts and
+        serves: off, the SDK is never loaded."""
+        env = otlp.without_sdk(tmp_path / "shadow")
+        args = ["controller", "--port", "0", "--database", "memory://"]
+        with start_program(args, env=env, log_dir=tmp_path / "controller") as ctrl:
+            assert ctrl.url.startswith("http://127.0.0.1:")
