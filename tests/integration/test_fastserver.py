@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from aiohttp import web
 
 from llmgw.runtime.fastserver import Answer, FastRequest, FastServer, Reply
 from llmgw.runtime.httpserver import Edge, ServerLimits, openai_error
+from llmgw.testing.wait import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,13 +39,6 @@ async def shut(writer: asyncio.StreamWriter) -> None:
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()
-
-
-async def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
@@ -111,7 +105,7 @@ class TestFastServer:
             writer.write(b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\nGET /next HTTP/1.1\r\nHo")
             await h.entered.wait()
             conn = next(iter(h.server.conns))
-            await wait_for(lambda: conn.refuse is not None)
+            await until(lambda: conn.refuse is not None, every_s=0.01)
             h.release.set()
             status, _, body = await read_answer(reader)
             assert (status, json.loads(body)["path"]) == (200, "/wait")
@@ -125,7 +119,7 @@ class TestFastServer:
         """Past max connections a new client gets a 503 and the established ones are served on."""
         async with serving(max_connections=1) as h:
             r1, w1 = await h.connect()
-            await wait_for(lambda: len(h.server.conns) == 1)
+            await until(lambda: len(h.server.conns) == 1, every_s=0.01)
             r2, w2 = await h.connect()
             status, _, body = await read_answer(r2)
             assert status == 503
@@ -230,16 +224,16 @@ class TestFastServer:
         async with serving() as h:
             reader, writer = await h.connect()
             writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * n)
-            await wait_for(lambda: len(h.server.conns) == 1)
+            await until(lambda: len(h.server.conns) == 1, every_s=0.01)
             conn = next(iter(h.server.conns))
-            await wait_for(lambda: conn.drain_waiter is not None)
+            await until(lambda: conn.drain_waiter is not None, every_s=0.01)
             assert conn.transport is not None
             assert conn.transport.get_write_buffer_size() < 1024 * 1024
             assert len(conn.queue) > n // 2
             for _ in range(n):
                 status, _, body = await read_answer(reader)
                 assert (status, len(body)) == (200, 65536)
-            await wait_for(lambda: not conn.busy and not conn.queue)
+            await until(lambda: not conn.busy and not conn.queue, every_s=0.01)
             await shut(writer)
 
     async def test_a_bad_pipelined_request_is_refused_after_those_before_it_are_answered(
@@ -257,7 +251,7 @@ class TestFastServer:
             )
             await h.entered.wait()
             conn = next(iter(h.server.conns))
-            await wait_for(lambda: conn.refuse is not None)
+            await until(lambda: conn.refuse is not None, every_s=0.01)
             h.release.set()
             for path in ("/wait", "/b"):
                 status, _, body = await read_answer(reader)
@@ -301,7 +295,7 @@ class TestFastServer:
             )
             await h.entered.wait()
             conn = next(iter(h.server.conns))
-            await wait_for(lambda: conn.cur is not None)
+            await until(lambda: conn.cur is not None, every_s=0.01)
             assert conn.paused_reading
             writer.write(b"a" * 1000)
             h.release.set()
@@ -334,10 +328,10 @@ class TestFastServer:
         async with serving(idle_timeout_s=0.3) as h:
             _reader, writer = await h.connect()
             writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 300)
-            await wait_for(lambda: len(h.server.conns) == 1)
+            await until(lambda: len(h.server.conns) == 1, every_s=0.01)
             conn = next(iter(h.server.conns))
-            await wait_for(lambda: conn.drain_waiter is not None)
-            await wait_for(lambda: not h.server.conns and h.server.edge.open == 0)
+            await until(lambda: conn.drain_waiter is not None, every_s=0.01)
+            await until(lambda: not h.server.conns and h.server.edge.open == 0, every_s=0.01)
             await shut(writer)
 
     async def test_an_endless_trailer_line_is_refused_not_buffered(self) -> None:
@@ -386,9 +380,9 @@ class TestFastServer:
             )
             await h.entered.wait()
             conn = next(iter(h.server.conns))
-            await wait_for(lambda: conn.in_head and conn.head_timer is not None)
+            await until(lambda: conn.in_head and conn.head_timer is not None, every_s=0.01)
             first = conn.head_timer
-            await wait_for(lambda: conn.head_timer is not first)
+            await until(lambda: conn.head_timer is not first, every_s=0.01)
             assert conn.refuse is None
             writer.write(b"st: x\r\n\r\n")
             h.release.set()
@@ -412,7 +406,7 @@ class TestFastServer:
                 status, _, body = await read_answer(reader)
                 assert (status, json.loads(body)["n"]) == (200, i)
                 conn = next(iter(h.server.conns))
-                await wait_for(lambda c=conn: not c.busy and c.idle_waiter is not None)
+                await until(lambda c=conn: not c.busy and c.idle_waiter is not None, every_s=0.01)
                 runners.append(conn.runner)
             assert runners[0] is not None
             assert all(r is runners[0] for r in runners)
@@ -422,10 +416,10 @@ class TestFastServer:
             assert not h.server.conns
 
             _, other = await h.connect()
-            await wait_for(lambda: len(h.server.conns) == 1)
+            await until(lambda: len(h.server.conns) == 1, every_s=0.01)
             conn = next(iter(h.server.conns))
             other.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
-            await wait_for(lambda: conn.idle_waiter is not None)
+            await until(lambda: conn.idle_waiter is not None, every_s=0.01)
             runner = conn.runner
             assert runner is not None
             await h.server.shutdown(1.0)

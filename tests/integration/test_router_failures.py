@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from llmgw.testing import start_program
+from llmgw.testing.wait import until
 
 from .router_fixtures import (
     base_config,
@@ -157,16 +158,6 @@ class TestEngineKilled:
         assert float(retried[0].rsplit(" ", 1)[1]) >= 1
 
 
-async def wait_for(pred: Any, timeout_s: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if await asyncio.to_thread(pred):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
-
-
 class TestEngineRestarted:
     """A restarted engine resets its drain rate and prefixes."""
 
@@ -181,7 +172,7 @@ class TestEngineRestarted:
                     for i in range(12):
                         reply = await post(session, r.url, chat_body(f"conversation {i} " * 20))
                         assert reply.status == 200
-                await wait_for(lambda: snapshot(r.url, "e0")["drain_rate"] > 0)
+                await until(lambda: snapshot(r.url, "e0")["drain_rate"] > 0, blocking=True)
                 before = await asyncio.to_thread(snapshot, r.url, "e0")
                 assert before["prefix_entries"] > 0
 
@@ -189,7 +180,7 @@ class TestEngineRestarted:
                 engines[0].kill()
                 fresh = start_program(sim_args(speed=20.0, port=port), log_dir=tmp_path)
                 try:
-                    await wait_for(lambda: snapshot(r.url, "e0")["restarts"] == 1)
+                    await until(lambda: snapshot(r.url, "e0")["restarts"] == 1, blocking=True)
                     after = await asyncio.to_thread(snapshot, r.url, "e0")
                 finally:
                     fresh.stop(grace_s=3)

@@ -9,6 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from llmgw.testing.wait import until
+
 from .router_fixtures import (
     base_config,
     chat_body,
@@ -22,16 +24,6 @@ from .router_fixtures import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-async def until(pred: object, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if await asyncio.to_thread(pred):  # type: ignore[arg-type]
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def endpoint_ids(url: str) -> list[str]:
@@ -49,7 +41,10 @@ class TestHolding:
             with router(tmp_path, cfg) as r:
                 async with aiohttp.ClientSession() as session:
                     held = asyncio.create_task(post(session, r.url, chat_body("hi", model="late")))
-                    await until(lambda: get_json(r.url + "/admin/usage")["demand"] == {"late": 1})
+                    await until(
+                        lambda: get_json(r.url + "/admin/usage")["demand"] == {"late": 1},
+                        blocking=True,
+                    )
                     assert not held.done()
                     cfg["endpoints"] = endpoint_entries(engines, model="late")
                     write_config(config_path(tmp_path), cfg)
@@ -63,7 +58,9 @@ class TestHolding:
         with router(tmp_path, cfg) as r:
             async with aiohttp.ClientSession() as session:
                 first = asyncio.create_task(post(session, r.url, chat_body("a", model="late")))
-                await until(lambda: get_json(r.url + "/admin/usage")["demand"] == {"late": 1})
+                await until(
+                    lambda: get_json(r.url + "/admin/usage")["demand"] == {"late": 1}, blocking=True
+                )
                 second = await asyncio.wait_for(
                     post(session, r.url, chat_body("b", model="late")), timeout=5
                 )
@@ -85,7 +82,7 @@ class TestReload:
                 cfg["endpoints"] = entries
                 write_config(config_path(tmp_path), cfg)
                 r.signal(signal.SIGHUP)
-                await until(lambda: endpoint_ids(r.url) == ["e0", "e1"])
+                await until(lambda: endpoint_ids(r.url) == ["e0", "e1"], blocking=True)
                 config_path(tmp_path).write_text("endpoints: [{id: broken}]\n")
                 r.signal(signal.SIGHUP)
                 await asyncio.sleep(0.5)
@@ -105,7 +102,10 @@ class TestReload:
                     stream = asyncio.create_task(
                         post(session, r.url, chat_body("long one", max_tokens=200, stream=True))
                     )
-                    await until(lambda: get_json(r.url + "/admin/usage")["inflight"].get("e0") == 1)
+                    await until(
+                        lambda: get_json(r.url + "/admin/usage")["inflight"].get("e0") == 1,
+                        blocking=True,
+                    )
                     cfg["endpoints"] = entries[1:]
                     write_config(config_path(tmp_path), cfg)
                     await until(
@@ -115,7 +115,8 @@ class TestReload:
                                 for s in get_json(r.url + "/admin/endpoints")["endpoints"]
                             ]
                             == ["e1"]
-                        )
+                        ),
+                        blocking=True,
                     )
                     reply = await asyncio.wait_for(stream, timeout=30)
                     after = await post(session, r.url, chat_body("next"))

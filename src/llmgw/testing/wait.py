@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 # Generous: tests share a loaded machine; a condition that holds ends the wait at once.
-DEFAULT_TIMEOUT_S = 15.0
+DEFAULT_TIMEOUT_S = 30.0
 
 
 def _timed_out(timeout_s: float, what: str, check: object, last: object) -> AssertionError:
