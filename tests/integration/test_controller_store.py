@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,7 @@ from llmgw.controller.store import (
 from llmgw.controller.store import tables as store_tables
 from llmgw.controller.store.codec import SCHEMA_VERSION
 from llmgw.controller.store.postgres import pg_url
+from llmgw.testing.wait import wait_until
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
 from tests.integration import pg
@@ -822,15 +823,6 @@ def two(backend: Backend) -> Iterator[tuple[Leadership, Leadership]]:
         b.release()
 
 
-def wait_for(cond: Callable[[], bool], *, timeout_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
-
-
 class TestLeadership:
     """Leadership between two controllers on one store."""
 
@@ -905,7 +897,7 @@ class TestLeaderDies:
                 assert f"pid {proc.pid}" in holder
             proc.kill()
             proc.wait(timeout=10)
-            assert wait_for(lead.try_acquire)
+            wait_until(lead.try_acquire, every_s=0.1, what="the lock")
         finally:
             lead.release()
             if proc.poll() is None:
@@ -934,7 +926,7 @@ class TestLeaderDies:
                         " AND pid <> pg_backend_pid()"
                         " AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory')"
                     )
-                assert wait_for(b.try_acquire)
+                wait_until(b.try_acquire, every_s=0.1, what="the lock passed on")
                 # Straight to the store, as a write that passed FencedStore's check
                 # just before the lock went would.
                 with pytest.raises(NotLeader):
@@ -961,7 +953,7 @@ class TestLeaderDies:
                         " AND pid <> pg_backend_pid()"
                         " AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory')"
                     )
-                assert wait_for(lambda: not a.still_leader())
+                wait_until(lambda: not a.still_leader(), every_s=0.1, what="a losing leadership")
                 assert b.try_acquire()
             finally:
                 a.release()

@@ -14,6 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmgw.testing.wait import until
+
 from .router_fixtures import (
     MODEL,
     base_config,
@@ -83,17 +85,6 @@ def engine_running(engine_url: str) -> float:
     )
 
 
-async def until(pred: Any, timeout_s: float = 15.0, *, show: Any = None) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if await asyncio.to_thread(pred):
-            return
-        await asyncio.sleep(0.1)
-    seen = None if show is None else await asyncio.to_thread(show)
-    raise AssertionError(f"condition not met in time; last seen {seen!r}")
-
-
 class TestConversation:
     """A conversation sticks to its replica until overloaded."""
 
@@ -114,11 +105,13 @@ class TestConversation:
                     async with busy(engine.url, requests=24, max_tokens=4000):
                         await until(
                             lambda: engine_running(engine.url) >= 20,
-                            show=lambda: engine_running(engine.url),
+                            what="20 running on the holder",
+                            blocking=True,
                         )
                         await until(
                             lambda: snapshot(r.url, holder)["stats"]["running"] >= 20,
-                            show=lambda: snapshot(r.url, holder),
+                            what="the router seeing 20 running on the holder",
+                            blocking=True,
                         )
                         moved = await conversation_turns(session, r.url, tag="sticky", turns=1)
         assert moved[0] != holder, (holder, moved)
