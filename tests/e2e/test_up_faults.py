@@ -25,6 +25,8 @@ def _hello(system: System, model: str, *, timeout: float = 90) -> str:
 
 
 class TestFaults:
+    """Faults on one running llmgw up, in order."""
+
     def test_fleet_comes_up(self, fault_system: System) -> None:
         """Both chat replicas and the never-used model are ready."""
         wait_for(lambda: len(fault_system.ready("chat")) == 2, timeout_s=120, what="chat ready")

@@ -52,6 +52,8 @@ async def wait_ready(url: str, model: str, *, timeout_s: float = 45.0) -> None:
 
 
 class TestActionSpans:
+    """The controller's placements and stops are exported as spans."""
+
     async def test_placement_and_stop_exported(self, tmp_path: Path) -> None:
         """Placing a replica, then draining and stopping it (its model deleted), each reach
         the receiver as an INTERNAL span with the model, node, GPUs and reason."""
@@ -128,6 +130,8 @@ class TestActionSpans:
 
 
 class TestTracingRefused:
+    """Tracing configured without the SDK stops the controller at start."""
+
     def test_sdk_missing_refused_at_start(self, tmp_path: Path) -> None:
         """Tracing configured without the OpenTelemetry SDK: the controller exits 2 saying
         what to install, instead of running untraced."""
@@ -137,3 +141,11 @@ class TestTracingRefused:
         got = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         assert (got.returncode, got.stdout) == (2, ""), got.stderr
         assert "pip install 'llmgw[tracing]'" in got.stderr
+
+    def test_off_needs_no_sdk(self, tmp_path: Path) -> None:
+        """Without tracing set, a controller that cannot import OpenTelemetry starts and
+        serves: off, the SDK is never loaded."""
+        env = otlp.without_sdk(tmp_path / "shadow")
+        args = ["controller", "--port", "0", "--database", "memory://"]
+        with start_program(args, env=env, log_dir=tmp_path / "controller") as ctrl:
+            assert ctrl.url.startswith("http://127.0.0.1:")

@@ -53,6 +53,8 @@ def engine_trace(engine_url: str) -> dict[str, str]:
 
 
 class TestTraceContextOff:
+    """Without tracing the trace context is passed on unchanged."""
+
     async def test_passed_on_unchanged(self, tmp_path: Path) -> None:
         """Without tracing configured, the engine gets the client's traceparent and
         tracestate exactly as they came."""
@@ -78,6 +80,8 @@ class TestTraceContextOff:
 
 
 class TestSpans:
+    """The route span is exported."""
+
     async def test_route_span_exported(self, tmp_path: Path, receiver: tuple[Any, str]) -> None:
         """With tracing on, each request's llmgw.route span reaches the OTLP receiver: a
         child of the client's span carrying the decision, and the engine's parent."""
@@ -119,6 +123,8 @@ class TestSpans:
 
 
 class TestTracingRefused:
+    """Tracing configured without the SDK stops the router at start."""
+
     def test_sdk_missing_refused_at_start(self, tmp_path: Path) -> None:
         """`tracing:` set without the OpenTelemetry SDK: the router exits 2 with one line
         saying what to install, before any worker starts."""

@@ -184,6 +184,8 @@ async def post(client: FastUpstream, peer: Peer, path: str, **kw: Any) -> Any:
 
 
 class TestFastUpstream:
+    """The fast upstream client against a scripted peer."""
+
     async def test_keep_alive_reuses_one_connection(self, peer: Peer, client: FastUpstream) -> None:
         """Sequential requests whose bodies are read go over one pooled connection."""
         for i in range(5):
@@ -390,6 +392,8 @@ class TestFastUpstream:
 
 
 class TestOnUvloop:
+    """The fast client's core rules on uvloop."""
+
     def test_core_rules_on_uvloop(self) -> None:
         """The router runs uvloop, whose transports differ: reuse, streaming, the stale
         retry, dropping an unread body and the idle bound hold there too."""

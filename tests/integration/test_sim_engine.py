@@ -65,6 +65,8 @@ def prefix_engine() -> Iterator[Program]:
 
 
 class TestPrefixCache:
+    """A real sim-engine caches repeated prefixes."""
+
     async def test_repeated_long_prefix_is_cached(self, prefix_engine: Program) -> None:
         """The same long prefix twice: cached tokens, a faster first token, more hits."""
         url = prefix_engine.url
@@ -147,6 +149,8 @@ async def watch(session: aiohttp.ClientSession, url: str, stop: asyncio.Event) -
 
 
 class TestSaturation:
+    """Requests beyond the engine's capacity wait and finish."""
+
     async def test_more_requests_than_max_num_seqs_wait_and_finish(
         self, small_engine: Program
     ) -> None:
@@ -204,6 +208,8 @@ class TestSaturation:
 
 
 class TestDialect:
+    """The SGLang dialect's metric names."""
+
     async def test_sglang_names(self) -> None:
         """--metrics-dialect sglang switches /metrics to SGLang's names and /v1/models' owner."""
         with start_program(
@@ -223,6 +229,8 @@ class TestDialect:
 
 
 class TestLifecycle:
+    """SIGTERM and disconnects in a real sim-engine."""
+
     async def test_sigterm_lets_streams_finish(self) -> None:
         """SIGTERM mid-stream: the stream still ends with [DONE], then the process exits 0."""
         prog = start_program(["sim-engine", "--port", "0", "--model", "m"])

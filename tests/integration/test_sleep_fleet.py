@@ -87,6 +87,8 @@ async def ask(s: aiohttp.ClientSession, router_url: str, model: str) -> Reply:
 
 
 class TestSleepingFleet:
+    """An idle replica sleeps and a held request wakes it once."""
+
     async def test_idle_sleeps_and_a_held_request_wakes_it_once(
         self, tmp_path: Path, fleet: tuple[str, AgentRig]
     ) -> None:

@@ -77,6 +77,8 @@ def up(folder: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedP
 
 
 class TestRefusals:
+    """llmgw up's start-up refusals, each in one line."""
+
     def test_router_port_taken(self, folder: Path) -> None:
         """A taken router port: one line naming it and --port, exit 1, nothing started."""
         with socket.socket() as s:
@@ -179,6 +181,8 @@ def running_up(folder: Path, env: dict[str, str] | None = None) -> Iterator[subp
 
 
 class TestInterrupt:
+    """Ctrl-C during start-up leaves nothing running."""
+
     def test_ctrl_c_during_start_up_leaves_nothing(self, folder: Path) -> None:
         """SIGINT while programs are still starting: `up` stops at once, exits 0, no orphans."""
         with running_up(folder) as proc:
@@ -244,6 +248,8 @@ def models_line(out: str) -> list[str]:
 
 
 class TestHints:
+    """llmgw up's hints after a restart."""
+
     def test_curl_example_and_models_from_the_controller_after_a_restart(
         self, folder: Path
     ) -> None:
@@ -289,6 +295,8 @@ class TestHints:
 
 
 class TestTokens:
+    """Scoped tokens are in 0600 files, never on a command line."""
+
     def test_scoped_tokens_in_0600_files_never_on_a_command_line(self, folder: Path) -> None:
         """`up` draws admin, agent, router and read tokens into .llmgw/tokens (0600), gives
         them to its programs by file, and none is in any process's command line; ctl in the
