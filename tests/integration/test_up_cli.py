@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.testing.procs import free_port, llmgw_argv
+from llmgw.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -212,11 +213,12 @@ class TestInterrupt:
             last = seen[-1] if seen else ""
             assert last.startswith("llmgw-ready"), "".join(seen)
             state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and '"pid"' not in (
-                state.read_text() if state.exists() else ""
-            ):
-                time.sleep(0.1)
+            wait_until(
+                lambda: state.exists() and '"pid"' in state.read_text(),
+                timeout_s=60,
+                every_s=0.1,
+                what="the agent's state file with an engine pid",
+            )
             engine = json.loads(state.read_text())["shards"][0]["pid"]
             manifest = json.loads((folder / ".llmgw" / "up.json").read_text())
             os.kill(manifest["children"]["agent n-1"]["pid"], signal.SIGKILL)
