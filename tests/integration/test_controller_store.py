@@ -634,7 +634,7 @@ class TestSchema:
             engine.dispose()
         s = sql_backend.open()
         try:
-            assert s.schema_version() == SCHEMA_VERSION == 7
+            assert s.schema_version() == SCHEMA_VERSION == 8
             state = s.load()
             n = state.nodes["d"]
             assert (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from llmgw.controller.fleet.records import Changes, Event, TenantKey
@@ -56,6 +58,13 @@ class TestKeys:
         store.apply(Changes(deleted_keys=["alice"], events=[key_event("alice", "key.revoked")]))
         assert list(store.load().keys) == ["bob"]
         assert [e.kind for e in store.events()] == ["key.revoked"]
+
+    def test_a_revoked_key_stays_as_a_tombstone(self, store: Store) -> None:
+        """revoked_at round-trips: the row stays, marked."""
+        k = key()
+        store.apply(Changes(keys=[k]))
+        store.apply(Changes(keys=[dataclasses.replace(k, revoked_at=5.5)]))
+        assert store.load().keys["alice"].revoked_at == 5.5
 
     def test_two_keys_with_one_hash_are_refused(self, store: Store) -> None:
         """Two names for one hash are refused and nothing of the change is applied."""

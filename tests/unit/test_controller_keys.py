@@ -60,9 +60,31 @@ class TestRevoke:
 
     def test_deletes_with_an_event(self) -> None:
         """Revoking deletes the key and says so."""
-        batch = revoke_key(created(FleetState()), "alice", now=1.0)
-        assert batch.changes.deleted_keys == ["alice"]
+        state = created(FleetState())
+        batch = revoke_key(state, "alice", now=1.0)
+        (tomb,) = batch.changes.keys
+        assert (tomb.name, tomb.revoked_at, tomb.live) == ("alice", 1.0, False)
         assert [e.kind for e in batch.changes.events] == ["key.revoked"]
+        state.keys["alice"] = tomb
+        with pytest.raises(DoesNotExist):
+            revoke_key(state, "alice", now=2.0)
+
+    def test_a_revoked_name_may_be_reused(self) -> None:
+        """A new key may take a revoked key's name."""
+        state = created(FleetState())
+        (tomb,) = revoke_key(state, "alice", now=1.0).changes.keys
+        state.keys["alice"] = tomb
+        assert created(state).keys["alice"].live
+
+    def test_revoking_the_last_key_keeps_keys_required(self) -> None:
+        """With every key revoked the list has none in force, but still requires one."""
+        state = created(FleetState())
+        (tomb,) = revoke_key(state, "alice", now=1.0).changes.keys
+        state.keys["alice"] = tomb
+        listed = endpoint_list(state, FleetIndex.build(state), version=1)
+        assert (listed.keys, listed.keys_required) == ((), True)
+        empty = endpoint_list(FleetState(), FleetIndex(), version=1)
+        assert empty.keys_required is False
 
     def test_unknown_is_does_not_exist(self) -> None:
         """Revoking a name with no key is refused (404)."""

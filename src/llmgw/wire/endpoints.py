@@ -106,6 +106,8 @@ class EndpointList(msgspec.Struct, frozen=True, kw_only=True):
     # A model absent here and from `endpoints` is idle at zero: held, which asks
     # the controller to place it.
     outlook: tuple[ModelOutlook, ...] = ()
-    # The client keys the controller manages, by name: hashes and limits, never a key
-    # (docs/tenants.md). Non-empty: routers refuse /v1/* requests without one of them.
+    # The client keys in force, by name: hashes and limits, never a key (docs/tenants.md).
     keys: tuple[ClientKey, ...] = ()
+    # True once the controller has held any key, revoked ones included: routers then
+    # refuse /v1/* requests without one of `keys`, even when none is left in force.
+    keys_required: bool = False

@@ -62,8 +62,9 @@ class KeyLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 class ClientKey(KeyLimits, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A key as routers enforce it: who owns it, its hash, its limits."""
 
-    # Who the key belongs to; logged instead of the key.
-    name: KeyName
+    # Who the key belongs to; logged instead of the key. (The controller's keys are
+    # named as KeyCreate says; a router file's may be any non-empty string.)
+    name: Annotated[str, msgspec.Meta(min_length=1)]
     # Hex SHA-256 of the key: neither the controller nor a router file holds the key.
     sha256: Sha256
     # The team the key's usage counts towards; "" when none was given (a file key).

@@ -18,7 +18,9 @@ from llmgw.wire.names import label_problem
 
 async def list_keys(request: web.Request) -> web.Response:
     state = request.app[SERVICES].fleet.state
-    return json_response([key_view(state.keys[n]) for n in sorted(state.keys)])
+    return json_response(
+        [key_view(state.keys[n]) for n in sorted(state.keys) if state.keys[n].live]
+    )
 
 
 async def create_key(request: web.Request) -> web.Response:

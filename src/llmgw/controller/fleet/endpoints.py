@@ -270,9 +270,14 @@ def endpoint_list(
     names = sorted(
         {n for m in state.models.values() for n in m.spec.served_names} | state.adapters.keys()
     )
-    keys = tuple(state.keys[name].key for name in sorted(state.keys))
+    keys = tuple(state.keys[n].key for n in sorted(state.keys) if state.keys[n].live)
     return EndpointList(
-        version=version, endpoints=tuple(out), models=tuple(names), outlook=looks, keys=keys
+        version=version,
+        endpoints=tuple(out),
+        models=tuple(names),
+        outlook=looks,
+        keys=keys,
+        keys_required=bool(state.keys),
     )
 
 

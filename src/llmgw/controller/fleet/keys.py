@@ -1,13 +1,16 @@
 """Client keys created and revoked, decided purely (docs/tenants.md).
 
 The key is drawn here and hashed at once: the batch, the store and the routers
-hold only its SHA-256; the caller shows the key once and forgets it. Revoking
-deletes the row, so a revoked key is an unknown key to every router (401), and
-its name is free for a new key.
+hold only its SHA-256; the caller shows the key once and forgets it. Revoking marks
+the row (`revoked_at`) and takes it out of the endpoint list, so a revoked key is
+an unknown key to every router (401), and its name is free for a new key. The
+row stays so that routers keep requiring a key after the last one is revoked
+(`EndpointList.keys_required`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
 
@@ -32,7 +35,8 @@ def key_digest(key: str) -> str:
 
 def create_key(state: FleetState, req: KeyCreate, *, now: float, key: str) -> Batch:
     """A batch that adds the key `key` for `req`; Conflict when the name is taken."""
-    if req.name in state.keys:
+    old = state.keys.get(req.name)
+    if old is not None and old.live:
         raise Conflict(
             f"key {req.name!r} exists; revoke it first or choose another name", param="name"
         )
@@ -59,10 +63,10 @@ def create_key(state: FleetState, req: KeyCreate, *, now: float, key: str) -> Ba
 def revoke_key(state: FleetState, name: str, *, now: float) -> Batch:
     """A batch that deletes key `name`; DoesNotExist when there is none."""
     held = state.keys.get(name)
-    if held is None:
+    if held is None or not held.live:
         raise DoesNotExist(f"no key named {name!r}", param="name")
     batch = Batch(base=state, now=now)
-    batch.changes.deleted_keys.append(name)
+    batch.changes.keys.append(dataclasses.replace(held, revoked_at=now))
     batch.event("key.revoked", "key", name, f"key of team {held.key.team} revoked", model=None)
     return batch
 

@@ -205,10 +205,18 @@ class TenantKey:
 
     key: ClientKey
     created_at: float
+    # When it was revoked; None: in force. A revoked key's row stays (a tombstone):
+    # while the controller holds any key row, routers require a key, so revoking
+    # the last key does not open the routers to everyone.
+    revoked_at: float | None = None
 
     @property
     def name(self) -> str:
         return self.key.name
+
+    @property
+    def live(self) -> bool:
+        return self.revoked_at is None
 
 
 @dataclass(frozen=True, slots=True)

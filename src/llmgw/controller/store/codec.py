@@ -42,7 +42,7 @@ from llmgw.wire.models import ModelSpec
 
 # The schema version whose row shape this codec reads and writes (tables.py
 # holds the migrations that reach it).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # The value sets the database's CHECK constraints name; the memory store checks
 # the same ones so the fake refuses what the real store would.
@@ -231,11 +231,14 @@ def key_row(k: TenantKey) -> dict[str, Any]:
         "spec": _json(k.key),
         "created_at": k.created_at,
         "expires_at": k.key.expires_at,
+        "revoked_at": k.revoked_at,
     }
 
 
 def key_from(r: Row) -> TenantKey:
-    return TenantKey(key=_client_key.decode(r["spec"]), created_at=r["created_at"])
+    return TenantKey(
+        key=_client_key.decode(r["spec"]), created_at=r["created_at"], revoked_at=r["revoked_at"]
+    )
 
 
 def event_row(e: Event) -> dict[str, Any]:

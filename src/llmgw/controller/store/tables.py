@@ -27,6 +27,7 @@ History:
      stopping, docs/sleep-and-adapters.md)
   7  api_keys (client keys: hash and limits, docs/tenants.md); event subject
      "key" (the events CHECK widened)
+  8  api_keys.revoked_at (a revoked key's row stays: routers keep requiring keys)
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def _define_v4_tables(md: sa.MetaData) -> None:
     )
 
 
-def _define_v7_tables(md: sa.MetaData) -> None:
-    """The table schema version 7 added (its migration creates it from this)."""
+def _define_v7_tables(md: sa.MetaData, *, version: int = 7) -> None:
+    """The table schema version 7 added (its migration creates it from this), as of
+    `version`."""
     sa.Table(
         "api_keys",
         md,
@@ -86,6 +88,7 @@ def _define_v7_tables(md: sa.MetaData) -> None:
         sa.Column("spec", sa.Text, nullable=False),  # JSON wire.keys.ClientKey
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("expires_at", sa.Float),
+        *([sa.Column("revoked_at", sa.Float)] if version >= 8 else []),
     )
 
 
@@ -201,7 +204,7 @@ def _define(md: sa.MetaData, *, version: int) -> None:
     if v4:
         _define_v4_tables(md)
     if version >= 7:
-        _define_v7_tables(md)
+        _define_v7_tables(md, version=version)
 
 
 # The current schema, used for every query.
@@ -305,6 +308,10 @@ def _to_v7(conn: sa.Connection) -> None:
     conn.exec_driver_sql("DELETE FROM sqlite_sequence WHERE name = 'events_v6'")
 
 
+def _to_v8(conn: sa.Connection) -> None:
+    conn.exec_driver_sql("ALTER TABLE api_keys ADD COLUMN revoked_at DOUBLE PRECISION")
+
+
 MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
     (1, _to_v1),
     (2, _to_v2),
@@ -313,6 +320,7 @@ MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
     (5, _to_v5),
     (6, _to_v6),
     (7, _to_v7),
+    (8, _to_v8),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION, "add a migration when bumping SCHEMA_VERSION"
 
