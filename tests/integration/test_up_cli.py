@@ -188,11 +188,8 @@ class TestInterrupt:
         """SIGINT while programs are still starting: `up` stops at once, exits 0, no orphans."""
         with running_up(folder) as proc:
             # The controller is the first program: once its log exists, start-up is under way.
-            deadline = time.monotonic() + 60
             log = folder / ".llmgw" / "logs" / "controller.log"
-            while not log.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert log.exists()
+            wait_until(log.exists, timeout_s=60, what="the controller's log")
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
