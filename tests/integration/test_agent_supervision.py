@@ -8,7 +8,6 @@ PID seen is killed by process group when the test ends, pass or fail.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import random
@@ -335,9 +334,12 @@ class TestShards:
             lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
         )
         controller.down = True
-        await asyncio.sleep(3.0)
-        status = await get_status(agent)
-        assert status["controller"]["consecutive_failures"] >= 2
+
+        async def two_failures() -> bool:
+            status = await get_status(agent)
+            return bool(status["controller"]["consecutive_failures"] >= 2)
+
+        await until(two_failures, what="two failed heartbeats")
         assert alive(st.pid)
         assert await engine_health(st.port) == 200
         n = len(controller.beats)

@@ -13,6 +13,7 @@ import pytest
 
 from llmgw.testing import Program, free_port, start_program
 from llmgw.testing.procs import llmgw_argv
+from llmgw.testing.wait import until
 from tests.integration.test_agent_controller import TOKEN, admin, sim_model
 from tests.integration.test_agent_supervision import AgentRig
 
@@ -40,15 +41,12 @@ def of(action: str, model: str) -> Any:
 
 
 async def wait_ready(url: str, model: str, *, timeout_s: float = 45.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    seen: list[dict[str, Any]] = []
-    while loop.time() < deadline:
+    async def check() -> bool:
         seen = await admin("GET", f"{url}/admin/replicas?model={model}")
-        if [r["state"] for r in seen] == ["ready"]:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{model} never ready: {seen}")
+        assert [r["state"] for r in seen] == ["ready"], seen  # shown if it never holds
+        return True
+
+    await until(check, timeout_s=timeout_s, ignore=(AssertionError,), what=f"{model} ready")
 
 
 class TestActionSpans:

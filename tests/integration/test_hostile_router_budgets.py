@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from llmgw.testing import Program
+from llmgw.testing.wait import wait_until
 from tests.integration.hostile import Answer as RawAnswer
 from tests.integration.hostile import assert_openai_error, no_traceback, parse_answer
 from tests.integration.router_fixtures import (
@@ -85,13 +86,12 @@ def served_on(s: socket.socket) -> socket.socket:
 def wait_held(r: Program, model: str, n: int, timeout_s: float = 10.0) -> None:
     """Until the router holds `n` requests for `model` (its llmgw_router_held gauge)."""
     want = f'llmgw_router_held{{model="{model}"}} {float(n)}'
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def held() -> bool:
         with urllib.request.urlopen(r.url + "/metrics", timeout=5) as resp:
-            if want in resp.read().decode():
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"{n} requests for {model} not held within {timeout_s}s")
+            return want in resp.read().decode()
+
+    wait_until(held, timeout_s=timeout_s, what=f"{n} requests for {model} held")
 
 
 def chat(port: int, source: str, text: str, *, model: str = MODEL, pad: int = 0) -> RawAnswer:

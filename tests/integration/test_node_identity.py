@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import aiohttp
 import pytest
 
 from llmgw.testing.procs import start_program
+from llmgw.testing.wait import until
 from tests.integration.hostile import no_traceback
 from tests.integration.test_agent_controller import (
     AUTH,
@@ -84,19 +83,20 @@ class TestNodeIdentity:
         )
         try:
             prog = impostor.start()
-            deadline = time.monotonic() + 60
-            while "HTTP 409" not in prog.log_text():
-                assert time.monotonic() < deadline, prog.log_tail()
-                await asyncio.sleep(0.2)
+            await until(
+                lambda: "HTTP 409" in prog.log_text(), timeout_s=60, what="a refused heartbeat"
+            )
             assert "claims node 'n1'" in prog.log_text()
             conflicts = await _events(ctrl, "node.name_conflict")
             assert len(conflicts) >= 1
             assert "127.0.0.2 claims node 'n1'" in conflicts[0]["message"]
             # Several refused heartbeats later: one event, not one per heartbeat.
             seen = prog.log_text().count("HTTP 409")
-            while prog.log_text().count("HTTP 409") < seen + 3:
-                assert time.monotonic() < deadline, prog.log_tail()
-                await asyncio.sleep(0.2)
+            await until(
+                lambda: prog.log_text().count("HTTP 409") >= seen + 3,
+                timeout_s=60,
+                what="three more refused heartbeats",
+            )
             assert len(await _events(ctrl, "node.name_conflict")) == 1
             # The first node is untouched: its address, GPUs, replica, engine and endpoint.
             node_now = await admin("GET", f"{ctrl.url}/admin/nodes/n1")
@@ -119,14 +119,13 @@ class TestNodeIdentity:
     ) -> None:
         """A spec no agent accepts is refused at apply."""
         agent_rig.start()
-        deadline = time.monotonic() + 30
         async with aiohttp.ClientSession(headers=AUTH) as s:
-            while True:
+
+            async def registered() -> bool:
                 async with s.get(f"{ctrl.url}/admin/nodes") as resp:
-                    if any(n["name"] == "n1" for n in await resp.json()):
-                        break
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.2)
+                    return any(n["name"] == "n1" for n in await resp.json())
+
+            await until(registered, timeout_s=30, every_s=0.2, what="node n1 registered")
             bad = {**sim_model("remote"), "args": ["--speed", "10", "--trust_remote"]}
             async with s.post(f"{ctrl.url}/admin/models", json=bad) as resp:
                 body = await resp.json()

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from llmgw.testing import start_program
-from llmgw.testing.wait import until
+from llmgw.testing.wait import until, wait_until
 
 from .router_fixtures import (
     admin_endpoints,
@@ -633,10 +633,11 @@ class TestCtrlCWhileStarting:
                 wait=False,
             )
             with prog:
-                deadline = time.monotonic() + 30
-                while len(workers_of(prog.pid)) < 2 and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                started = workers_of(prog.pid)
+                started = wait_until(
+                    lambda: w if len(w := workers_of(prog.pid)) >= 2 else None,
+                    every_s=0.01,
+                    what="two workers",
+                )
                 assert len(started) == 2, started
                 os.killpg(prog.pid, signal.SIGINT)
                 prog.proc.wait(timeout=30)

@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmgw.testing.wait import until
 from tests.integration.router_fixtures import base_config, chat_body, post, router
 from tests.integration.test_agent_controller import (
     AUTH,
@@ -94,12 +95,12 @@ def _ctl(url: str, *args: str) -> str:
 
 async def _failed(ctrl: ControllerRig, model: str) -> dict[str, Any]:
     """The model's first failed replica, waited for (its reason says why)."""
-    for _ in range(300):
-        failed = [r for r in await replicas(ctrl, model) if r["state"] == "failed"]
-        if failed:
-            return failed[0]
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no replica of {model} failed")
+
+    async def check() -> list[dict[str, Any]]:
+        return [r for r in await replicas(ctrl, model) if r["state"] == "failed"]
+
+    failed = await until(check, timeout_s=60, every_s=0.2, what=f"a failed replica of {model}")
+    return dict(failed[0])
 
 
 class TestSecretRefs:

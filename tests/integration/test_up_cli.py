@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.testing.procs import free_port, llmgw_argv
+from llmgw.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -187,11 +188,8 @@ class TestInterrupt:
         """SIGINT while programs are still starting: `up` stops at once, exits 0, no orphans."""
         with running_up(folder) as proc:
             # The controller is the first program: once its log exists, start-up is under way.
-            deadline = time.monotonic() + 60
             log = folder / ".llmgw" / "logs" / "controller.log"
-            while not log.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert log.exists()
+            wait_until(log.exists, timeout_s=60, what="the controller's log")
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
@@ -212,11 +210,12 @@ class TestInterrupt:
             last = seen[-1] if seen else ""
             assert last.startswith("llmgw-ready"), "".join(seen)
             state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and '"pid"' not in (
-                state.read_text() if state.exists() else ""
-            ):
-                time.sleep(0.1)
+            wait_until(
+                lambda: state.exists() and '"pid"' in state.read_text(),
+                timeout_s=60,
+                every_s=0.1,
+                what="the agent's state file with an engine pid",
+            )
             engine = json.loads(state.read_text())["shards"][0]["pid"]
             manifest = json.loads((folder / ".llmgw" / "up.json").read_text())
             os.kill(manifest["children"]["agent n-1"]["pid"], signal.SIGKILL)
