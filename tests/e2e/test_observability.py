@@ -20,6 +20,7 @@ from typing import Any
 import openai
 import pytest
 
+from llmgw.testing.wait import wait_until
 from tests.e2e.conftest import HERE, System, kill_leftovers, start_up, wait_for
 from tests.integration.test_deploy_prometheus import dashboard_metric_names
 from tests.promtool import check_metrics
@@ -139,16 +140,16 @@ def ctl_numbers(summary: dict[str, Any]) -> dict[str, Any]:
 
 def agree(system: System, driver: Any, *, timeout_s: float = 20) -> dict[str, Any]:
     """Until the page and `ctl status --json` show the same fleet (the page polls)."""
-    last: tuple[Any, Any] = ({}, {})
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def same() -> dict[str, Any]:
         want = ctl_numbers(system.ctl("status", "--json"))
         got = page_numbers(driver)
-        if got == want:
-            return want
-        last = (got, want)
-        time.sleep(0.5)
-    raise AssertionError(f"page and ctl disagree: page={last[0]} ctl={last[1]}")
+        assert got == want, f"page={got} ctl={want}"  # shown if they never agree
+        return want
+
+    return wait_until(
+        same, timeout_s=timeout_s, every_s=0.5, ignore=(AssertionError,), what="page and ctl agree"
+    )
 
 
 class TestSeeTheFleet:

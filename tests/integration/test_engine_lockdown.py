@@ -8,7 +8,6 @@ advertised address only, and the key shows nowhere but where it must be (the age
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -22,6 +21,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from llmgw.testing.wait import until
 from tests.integration.router_fixtures import base_config, chat_body, post, router
 from tests.integration.test_agent_controller import (
     AUTH,
@@ -95,14 +95,15 @@ class TestEngineLockdown:
         cfg = base_config(controller={"url": ctrl.url, "token": TOKEN, "poll_timeout_s": 5.0})
         with router(tmp_path, cfg) as rt:
             async with aiohttp.ClientSession() as session:
-                reply = None
-                for _ in range(100):
+                # Until the router has the controller's list and the replica answers it.
+                async def served() -> bool:
                     reply = await post(session, rt.url, chat_body("hello", model="locked"))
-                    if reply.status == 200:
-                        break
-                    await asyncio.sleep(0.2)
-                assert reply is not None
-                assert reply.status == 200, reply.body
+                    assert reply.status == 200, reply.body  # shown if it never holds
+                    return True
+
+                await until(
+                    served, timeout_s=20, every_s=0.2, ignore=(AssertionError,), what="a 200"
+                )
                 stream = await post(session, rt.url, chat_body("more", model="locked", stream=True))
                 assert stream.status == 200
             router_metrics = _get(rt.url + "/metrics")

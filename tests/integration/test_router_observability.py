@@ -7,7 +7,6 @@ the usage the engine returned, and the exposition passes `promtool check metrics
 
 from __future__ import annotations
 
-import asyncio
 import json
 import urllib.request
 from pathlib import Path
@@ -16,6 +15,7 @@ import aiohttp
 import pytest
 
 from llmgw.testing import start_program
+from llmgw.testing.wait import until
 from tests.integration.router_fixtures import (
     base_config,
     chat_body,
@@ -97,12 +97,14 @@ class TestRouterObservability:
                         assert resp.status == 200
                         await resp.content.readany()
                         resp.close()
-                body = b""
-                for _ in range(50):
-                    body = scrape(r.url)
-                    if req_count(body, outcome="disconnected") >= 1:
-                        break
-                    await asyncio.sleep(0.1)
+                body = await until(
+                    lambda: (
+                        b if req_count(b := scrape(r.url), outcome="disconnected") >= 1 else None
+                    ),
+                    timeout_s=5,
+                    blocking=True,
+                    what="a request counted as disconnected",
+                )
                 check_metrics(body)
                 got = samples(body)
                 assert req_count(body, model="m", outcome="ok", code="200") == 3
@@ -148,10 +150,10 @@ class TestRouterObservability:
                         assert reply.status == 200
                 assert 'endpoint="e1"' in scrape(r.url).decode()
                 write_config(config_path(tmp_path), base_config(endpoints=eps[:1]))
-                for _ in range(50):
-                    if 'endpoint="e1"' not in scrape(r.url).decode():
-                        break
-                    await asyncio.sleep(0.1)
-                body = scrape(r.url)
-                assert 'endpoint="e1"' not in body.decode()
+                body = await until(
+                    lambda: b if 'endpoint="e1"' not in (b := scrape(r.url)).decode() else None,
+                    timeout_s=5,
+                    blocking=True,
+                    what="e1's series gone",
+                )
                 check_metrics(body)

@@ -14,7 +14,6 @@ is shown as written (docs/security.md: `env` is configuration, `env_from` is for
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sqlite3
@@ -190,14 +189,15 @@ class TestSecretRefs:
         cfg = base_config(controller={"url": ctrl.url, "token": TOKEN, "poll_timeout_s": 5.0})
         with router(tmp_path, cfg) as rt:
             async with aiohttp.ClientSession() as session:
-                reply = None
-                for _ in range(100):
+                # Until the router has the controller's list and the replica answers it.
+                async def served() -> bool:
                     reply = await post(session, rt.url, chat_body("hello", model="guarded"))
-                    if reply.status == 200:
-                        break
-                    await asyncio.sleep(0.2)
-                assert reply is not None
-                assert reply.status == 200, reply.body
+                    assert reply.status == 200, reply.body  # shown if it never holds
+                    return True
+
+                await until(
+                    served, timeout_s=20, every_s=0.2, ignore=(AssertionError,), what="a 200"
+                )
             shown: dict[str, str] = {"router /metrics": _get(rt.url + "/metrics")}
 
         endpoint = ready["endpoint_url"]

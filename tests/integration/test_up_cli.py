@@ -332,11 +332,8 @@ class TestTokens:
                     urllib.request.urlopen(req, timeout=10)
                 err.value.close()
                 assert err.value.code in (401, 403)
-            # ctl in up's folder needs no setting; wait for the model's engine.
-            engines: list[int] = []
-            deadline = time.monotonic() + 90
-            while not engines:
-                assert time.monotonic() < deadline, "no engine started"
+
+            def engine_pids() -> list[int]:
                 listed = subprocess.run(
                     llmgw_argv("ctl", "--controller", url, "replicas", "--json"),
                     cwd=folder,
@@ -348,8 +345,10 @@ class TestTokens:
                 )
                 assert listed.returncode == 0, listed.stderr
                 replicas = json.loads(listed.stdout)
-                engines = [s["pid"] for r in replicas for s in r["shards"] if s.get("pid")]
-                time.sleep(0.3)
+                return [s["pid"] for r in replicas for s in r["shards"] if s.get("pid")]
+
+            # ctl in up's folder needs no setting; wait for the model's engine.
+            engines = wait_until(engine_pids, timeout_s=90, every_s=0.3, what="an engine started")
             pids = [manifest["pid"], *(c["pid"] for c in manifest["children"].values())]
             assert len(manifest["children"]) >= 3  # controller, router, an agent
             checked = 0
