@@ -148,6 +148,15 @@ class TestKeysApi:
         assert answer["error"]["param"] == param
         assert call(controller.url, "GET", "/admin/keys") == (200, [])
 
+    def test_revoke_refuses_a_body_and_a_bad_name(self, controller: Program) -> None:
+        """DELETE with a body is 400 and revokes nothing; a name no key can have is 400."""
+        call(controller.url, "POST", "/admin/keys", {"name": "k", "team": "t"})
+        status, body = call(controller.url, "DELETE", "/admin/keys/k", b'{"x": 1}')
+        assert (status, body["error"]["param"]) == (400, "body")
+        assert [k["name"] for k in call(controller.url, "GET", "/admin/keys")[1]] == ["k"]
+        status, body = call(controller.url, "DELETE", "/admin/keys/-bad")
+        assert (status, body["error"]["param"]) == (400, "name")
+
     def test_a_taken_name_is_409(self, controller: Program) -> None:
         """Creating a key under a name in use is a conflict, and the first key stays."""
         call(controller.url, "POST", "/admin/keys", {"name": "dup", "team": "a"})
@@ -236,6 +245,14 @@ class TestCtlKeys:
         r = ctl_process(controller.url, "keys", "create", "k", "--team", "t", *argv)
         assert (r.returncode, r.stderr) == (1, f"llmgw ctl: {message}\n")
         assert call(controller.url, "GET", "/admin/keys") == (200, [])
+
+    def test_keys_without_a_subcommand_says_which(self, controller: Program) -> None:
+        """`ctl keys` alone is one line naming the subcommands."""
+        r = ctl_process(controller.url, "keys")
+        assert (r.returncode, r.stderr) == (
+            1,
+            "llmgw ctl: keys: give a subcommand: create, list or revoke\n",
+        )
 
     def test_a_bad_name_says_what_a_name_may_hold(self, controller: Program) -> None:
         """A name with a slash is refused before it is sent, in one line naming the rule."""

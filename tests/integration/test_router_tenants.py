@@ -28,6 +28,8 @@ TOKEN = "integration-token"
 class Fleet:
     c: Controller
     router: Program
+    # A second router following the same controller.
+    other: Program
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +45,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             # The first shard reported lands on the real engine's port.
             agents._next_port = int(engine.url.rsplit(":", 1)[1]) - 1
             cfg = base_config(controller={"url": c.url, "token": TOKEN, "poll_timeout_s": 5.0})
-            with agents, router(tmp, cfg) as r:
+            with agents, router(tmp, cfg) as r, router(tmp, cfg, name="other") as r2:
                 wait_for(lambda: c.endpoint_ids(), what="m1 placed and ready")
-                yield Fleet(c, r)
+                yield Fleet(c, r, r2)
     finally:
         engine.stop(grace_s=3)
 
@@ -68,12 +70,15 @@ def create(f: Fleet, name: str, *flags: str) -> str:
     return key
 
 
-def client(f: Fleet, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f.router.url + "/v1", api_key=key, max_retries=0)
+def client(f: Fleet, key: str, *, other: bool = False) -> openai.OpenAI:
+    url = (f.other if other else f.router).url
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
 
 
-def chat(f: Fleet, key: str, model: str = "m1") -> openai.types.chat.ChatCompletion:
-    with client(f, key) as c:
+def chat(
+    f: Fleet, key: str, model: str = "m1", *, other: bool = False
+) -> openai.types.chat.ChatCompletion:
+    with client(f, key, other=other) as c:
         return c.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
@@ -85,21 +90,23 @@ class TestKeysEndToEnd:
     def test_created_key_works_and_a_revoked_one_is_refused_within_seconds(
         self, fleet: Fleet
     ) -> None:
-        """A key from ctl is served; after `ctl keys revoke` the router answers 401
-        invalid_api_key within a few seconds."""
+        """A key from ctl is served by both routers; after `ctl keys revoke` each answers
+        401 invalid_api_key within a few seconds."""
         key = create(fleet, "rev")
         assert chat(fleet, key).choices
+        wait_for(lambda: _status(fleet, key, other=True) == 200, what="the other router")
         assert ctl(fleet.c.url, "keys", "revoke", "rev").code == 0
         revoked_at = time.monotonic()
 
-        def refused() -> bool:
+        def refused(other: bool) -> bool:
             try:
-                chat(fleet, key)
+                chat(fleet, key, other=other)
             except openai.AuthenticationError as exc:
                 return exc.code == "invalid_api_key"
             return False
 
-        wait_for(refused, timeout_s=10, what="the revoke reaches the router")
+        wait_for(lambda: refused(False), timeout_s=10, what="the revoke reaches the router")
+        wait_for(lambda: refused(True), timeout_s=10, what="the revoke reaches the other")
         assert time.monotonic() - revoked_at < 5.0
 
     def test_unknown_key_is_401_once_keys_exist(self, fleet: Fleet) -> None:
@@ -165,9 +172,9 @@ class TestKeysEndToEnd:
         assert _status(fleet, gone) == 401
 
 
-def _status(f: Fleet, key: str) -> int:
+def _status(f: Fleet, key: str, *, other: bool = False) -> int:
     try:
-        chat(f, key)
+        chat(f, key, other=other)
     except openai.APIStatusError as exc:
         return exc.status_code
     return 200
