@@ -92,7 +92,7 @@ class TestTpm:
         charge.settle(usage(950))
         charge.settle(usage(950))  # once only
         refused = tenants.admit(t, "m", 400)
-        assert error(refused) == (429, "requests", "rate_limit_exceeded")
+        assert error(refused) == (429, "tokens", "rate_limit_exceeded")
         assert isinstance(refused, web.Response)
         # 50 left, 100 needed at 1000/min: 3 s.
         assert refused.headers["Retry-After"] == "3"

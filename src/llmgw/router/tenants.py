@@ -176,17 +176,20 @@ class Tenants:
         estimate = max(1, body_bytes // BYTES_PER_TOKEN)
         requests, tokens = acc.requests, acc.tokens
         wait_s = 0.0
-        what = ""
+        # OpenAI's error type names the limit that was hit: "requests" or "tokens".
+        kind = what = ""
         if requests is not None:
             requests.refill(now)
             if requests.level < 1.0:
                 wait_s, what = requests.wait_s(1.0), f"requests per minute ({key.rpm})"
+                kind = "requests"
         if tokens is not None:
             tokens.refill(now)
             # A request larger than the whole bucket waits for a full one, never forever.
             estimate = min(estimate, int(tokens.size))
             if tokens.level < estimate and tokens.wait_s(estimate) > wait_s:
                 wait_s, what = tokens.wait_s(estimate), f"tokens per minute ({key.tpm})"
+                kind = "tokens"
         if what:
             headers = _headers(acc)
             headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
@@ -194,7 +197,7 @@ class Tenants:
                 429,
                 f"Rate limit reached for the API key {tenant.name!r} on {what}. "
                 f"Please try again in {_duration(wait_s)}.",
-                type="requests",
+                type=kind,
                 code="rate_limit_exceeded",
                 headers=headers,
             )
