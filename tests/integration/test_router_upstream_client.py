@@ -20,6 +20,7 @@ import uvloop
 from llmgw.router.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
 from llmgw.router.upstream.base import HeaderLines
 from llmgw.router.upstream.fast import FastUpstream
+from llmgw.testing.wait import until
 
 JSON_BODY = b'{"ok":true}'
 _CL = re.compile(rb"(?i)content-length:\s*(\d+)")
@@ -71,9 +72,7 @@ class Peer:
         return f"http://127.0.0.1:{self.port}{path}"
 
     async def wait_closed(self, n: int, timeout_s: float = 5.0) -> None:
-        async with asyncio.timeout(timeout_s):
-            while self.closed < n:
-                await asyncio.sleep(0.01)
+        await until(lambda: self.closed >= n, timeout_s=timeout_s, every_s=0.01, what=f"{n} closed")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
