@@ -4,6 +4,7 @@ sim-engine behind it, and the official `openai` client seeing OpenAI's errors.""
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +17,15 @@ from openai.types.chat import ChatCompletionMessageParam
 from llmgw.testing import Program, start_program
 
 from .controller_harness import Controller, Db, FakeAgents, controller, spec, wait_for
-from .router_fixtures import base_config, endpoint_entries, router, sim_args, sim_engines
+from .router_fixtures import (
+    base_config,
+    config_path,
+    endpoint_entries,
+    router,
+    sim_args,
+    sim_engines,
+    write_config,
+)
 from .test_ctl_controller import ctl
 
 pytestmark = pytest.mark.slow
@@ -184,7 +193,8 @@ class TestStandaloneRouter:
     """A router without a controller enforces the same fields from its file."""
 
     def test_file_key_with_models_and_rpm(self, tmp_path: Path) -> None:
-        """`api_keys[]` with models and rpm: 403 outside the list, 429 past the rate."""
+        """`api_keys[]` with models and rpm: 403 outside the list, 429 past the rate; the
+        access log names the key and its team on every line, never the key itself."""
         key = "sk-file-key-1"
         with sim_engines(tmp_path, [200.0], model="m1") as engines:
             cfg = base_config(
@@ -202,8 +212,11 @@ class TestStandaloneRouter:
                         "rpm": 1,
                     }
                 ],
+                access_log=True,
             )
-            with router(tmp_path, cfg) as r:
+            path = write_config(config_path(tmp_path), cfg)
+            argv = ["router", "--config", str(path), "--port", "0", "--log-format", "json"]
+            with start_program([*argv, "--workers", "1"], log_dir=tmp_path) as r:
                 msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
                 with openai.OpenAI(base_url=r.url + "/v1", api_key=key, max_retries=0) as c:
                     with pytest.raises(openai.PermissionDeniedError):
@@ -212,3 +225,12 @@ class TestStandaloneRouter:
                     with pytest.raises(openai.RateLimitError) as info:
                         c.chat.completions.create(model="m1", messages=msgs, max_tokens=2)
                 assert info.value.code == "rate_limit_exceeded"
+                log = r.log_text()
+        assert key not in log
+        lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+        access = [x for x in lines if x.get("logger") == "llmgw.router.access"]
+        assert [(x["status"], x["key"], x["team"]) for x in access] == [
+            (403, "filed", "ops"),
+            (200, "filed", "ops"),
+            (429, "filed", "ops"),
+        ]

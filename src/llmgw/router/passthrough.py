@@ -127,7 +127,7 @@ class PassThrough:
             if tenant is not None and tenant.guarded:
                 admitted = st.tenants.admit(tenant, model, len(got.body))
                 if isinstance(admitted, web.Response):
-                    return proxy._refused(admitted, rid, path, t0)
+                    return proxy._refused(admitted, rid, path, t0, tenant=tenant)
                 charge = admitted
             hashes: RouteKey = NO_KEY
             if st.policy.uses_prefix:
@@ -141,7 +141,18 @@ class PassThrough:
             try:
                 streams = doc.get("stream") is True
                 return await proxy._route(
-                    request, path, got.body, model, hashes, rid, t0, streams, head, api, charge
+                    request,
+                    path,
+                    got.body,
+                    model,
+                    hashes,
+                    rid,
+                    t0,
+                    streams,
+                    head,
+                    api,
+                    charge,
+                    tenant,
                 )
             finally:
                 st.usage.finished(model)

@@ -338,7 +338,7 @@ class Proxy:
             if tenant is not None and tenant.guarded:
                 admitted = st.tenants.admit(tenant, model, len(body))
                 if isinstance(admitted, web.Response):
-                    return self._refused(admitted, rid, path, t0)
+                    return self._refused(admitted, rid, path, t0, tenant=tenant)
                 charge = admitted
             hashes = NO_KEY
             if st.policy.uses_prefix and path != EMBEDDINGS:
@@ -354,7 +354,16 @@ class Proxy:
             try:
                 streams = doc.get("stream") is True
                 return await self._route(
-                    request, path, body, model, hashes, rid, t0, streams, charge=charge
+                    request,
+                    path,
+                    body,
+                    model,
+                    hashes,
+                    rid,
+                    t0,
+                    streams,
+                    charge=charge,
+                    tenant=tenant,
                 )
             finally:
                 st.usage.finished(model)
@@ -374,6 +383,7 @@ class Proxy:
         head: bytes = _JSON_LINE,
         api: Api | None = None,
         charge: Charge | None = None,
+        tenant: Tenant | None = None,
     ) -> Answer:
         """Choose, attempt, and relay what the attempts decided; every exit is counted.
 
@@ -382,7 +392,7 @@ class Proxy:
         `head`: the engine's header lines before the request id; `api`: a
         passed-through API's rules (apis.py), None for the proxy's own routes; `charge`:
         a limited key's (tenants.py), whose headers the answer carries and which the
-        engine's usage settles."""
+        engine's usage settles; `tenant`: the request's key, for the access log."""
         st = self.state
         mark = MARK if api is None else api.error_mark
         att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries, mark)
@@ -509,7 +519,16 @@ class Proxy:
             if charge is not None:
                 charge.settle(usage)
             self._done(
-                rid, path, st.served_name.get(model, model), eid, status, result, t0, ttft, usage
+                rid,
+                path,
+                st.served_name.get(model, model),
+                eid,
+                status,
+                result,
+                t0,
+                ttft,
+                usage,
+                tenant,
             )
             if span is not None:
                 retries = st.cfg.max_retries - att.retries_left
@@ -622,10 +641,17 @@ class Proxy:
         return fallback
 
     def _refused(
-        self, resp: web.Response, rid: str, path: str, t0: float, *, outcome: str = REJECTED
+        self,
+        resp: web.Response,
+        rid: str,
+        path: str,
+        t0: float,
+        *,
+        outcome: str = REJECTED,
+        tenant: Tenant | None = None,
     ) -> web.Response:
         """The router's own answer before any routing (4xx, or 503 before the first list)."""
-        self._done(rid, path, "", "", resp.status, outcome, t0, None, None)
+        self._done(rid, path, "", "", resp.status, outcome, t0, None, None, tenant)
         return _tag(resp, rid)
 
     def _out_headers(
@@ -676,8 +702,10 @@ class Proxy:
         t0: float,
         ttft: float | None,
         usage: Usage | None,
+        tenant: Tenant | None = None,
     ) -> None:
-        """Count the request once (metrics.OUTCOMES) and write its access-log line."""
+        """Count the request once (metrics.OUTCOMES) and write its access-log line (which
+        names the key and its team, never the key itself)."""
         st = self.state
         duration = st.clock.monotonic() - t0
         if outcome == DISCONNECTED:
@@ -701,6 +729,8 @@ class Proxy:
                     prompt_tokens=None if usage is None else usage.prompt,
                     completion_tokens=None if usage is None else usage.completion,
                     cached_tokens=None if usage is None else usage.cached,
+                    key=None if tenant is None else tenant.name,
+                    team=None if tenant is None else tenant.team,
                 )
             )
 
