@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ import openai
 import pytest
 
 from llmgw.testing import Program, free_port, start_program
+from llmgw.testing.wait import wait_until
 
 HERE = Path(__file__).resolve().parent
 
@@ -70,18 +70,14 @@ class System:
 
 
 def wait_for(pred: Callable[[], Any], *, timeout_s: float, what: str, every_s: float = 0.3) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-        except (AssertionError, OSError, ValueError, KeyError, openai.OpenAIError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last={last!r}")
+    """`wait_until`, where a fleet still settling (a failed look, a refused call) is "not yet"."""
+    return wait_until(
+        pred,
+        timeout_s=timeout_s,
+        what=what,
+        every_s=every_s,
+        ignore=(AssertionError, OSError, ValueError, KeyError, openai.OpenAIError),
+    )
 
 
 def start_up(tmp: Path, fleet: Path | None) -> System:

@@ -133,6 +133,8 @@ def _cmdline(pid: int) -> list[str]:
 
 
 class TestLlamacpp:
+    """Real llama-server engines under llmgw up."""
+
     def test_replicas_come_up_as_real_engines(self, llama_system: System) -> None:
         """Two ready replicas, each a llama-server process serving the GGUF; the router
         scrapes both with llama.cpp's metric names."""

@@ -20,6 +20,7 @@ from typing import Any
 import openai
 import pytest
 
+from llmgw.testing.wait import wait_until
 from tests.e2e.conftest import HERE, System, kill_leftovers, start_up, wait_for
 from tests.integration.test_deploy_prometheus import dashboard_metric_names
 from tests.promtool import check_metrics
@@ -62,71 +63,6 @@ def declared(body: bytes) -> set[str]:
         if kind == "histogram":
             out.update({name + "_bucket", name + "_sum", name + "_count"})
     return out
-
-
-def test_up_prints_the_status_page_address(system: System) -> None:
-    log = system.prog.log_text()
-    # The read token (it can change nothing) rides in the fragment, never sent in the URL.
-    url = f"{system.controller_url}/status#token={system.token('read')}"
-    assert f"status page          {url}" in log
-    assert system.manifest()["status_url"] == url
-    assert system.token("admin") not in log
-
-
-def test_every_program_passes_promtool_and_the_dashboard_finds_its_metrics(
-    system: System,
-) -> None:
-    client = system.client()
-    client.chat.completions.create(
-        model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-    )
-    stream = client.chat.completions.create(
-        model="chat",
-        messages=[{"role": "user", "content": "hi"}],
-        max_tokens=4,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    assert list(stream)
-    with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
-
-    manifest = system.manifest()
-    bodies = {
-        "router": scrape(system.router_url),
-        "controller": scrape(system.controller_url, system.token("read")),
-    }
-    agents = {n: c["url"] for n, c in manifest["children"].items() if n.startswith("agent ")}
-    assert agents
-    for name, url in agents.items():
-        bodies[name] = scrape(url)
-    # The sim-engine is left out: it speaks vLLM's metric names ("vllm:…"), whose colon
-    # promtool's lint rejects in real vLLM just the same.
-    for name, body in bodies.items():
-        try:
-            check_metrics(body)
-        except AssertionError as exc:
-            raise AssertionError(f"{name}: {exc}") from None
-
-    seen: set[str] = set()
-    for body in bodies.values():
-        seen |= declared(body)
-    missing = sorted(dashboard_metric_names() - seen)
-    assert missing == [], f"the dashboard queries metrics no program exports: {missing}"
-
-    router = bodies["router"].decode()
-    assert re.search(r'llmgw_router_completion_tokens_total\{model="chat"\} (\d+)', router)
-    assert 'code="404",endpoint="",model="",outcome="rejected"' in router
-    controller = bodies["controller"].decode()
-    assert "llmgw_controller_leader 1.0" in controller
-    summary = system.ctl("status", "--json")
-    total = sum(c["total"] for c in summary["gpus"])
-    gpus = sum(
-        float(v) for v in re.findall(r"^llmgw_controller_gpus\{[^}]*\} (\S+)$", controller, re.M)
-    )
-    assert gpus == total
-    agent_body = next(iter(bodies[n] for n in agents)).decode()
-    assert 'llmgw_agent_info{inventory="fake"' in agent_body
 
 
 # -- the status page ----------------------------------------------------------------
@@ -204,64 +140,137 @@ def ctl_numbers(summary: dict[str, Any]) -> dict[str, Any]:
 
 def agree(system: System, driver: Any, *, timeout_s: float = 20) -> dict[str, Any]:
     """Until the page and `ctl status --json` show the same fleet (the page polls)."""
-    last: tuple[Any, Any] = ({}, {})
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def same() -> dict[str, Any]:
         want = ctl_numbers(system.ctl("status", "--json"))
         got = page_numbers(driver)
-        if got == want:
-            return want
-        last = (got, want)
-        time.sleep(0.5)
-    raise AssertionError(f"page and ctl disagree: page={last[0]} ctl={last[1]}")
+        assert got == want, f"page={got} ctl={want}"  # shown if they never agree
+        return want
+
+    return wait_until(
+        same, timeout_s=timeout_s, every_s=0.5, ignore=(AssertionError,), what="page and ctl agree"
+    )
 
 
-def test_status_page_shows_what_ctl_status_shows_and_follows_a_cordon(
-    system: System, browser: Any, artifacts: Path
-) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
+class TestSeeTheFleet:
+    """Every program's metrics, the dashboard and the status page on llmgw up."""
 
-    t0 = time.monotonic()
-    browser.get(system.manifest()["status_url"])
-    WebDriverWait(browser, 10).until(ec.visibility_of_element_located((By.ID, "fleet")))
-    first_render_s = time.monotonic() - t0
-    print(f"status page first render: {first_render_s * 1000:.0f} ms")
-    assert browser.find_element(By.ID, "leader").text == "leader"
-    assert browser.title == "llmgw fleet"
-    before = agree(system, browser)
-    assert int(before["k"]["nodes.total"]) == 4
-    rows = browser.find_elements(By.CSS_SELECTOR, 'section[data-table="nodes"] tbody tr')
-    assert [r.get_attribute("data-key") for r in rows] == ["a-1", "a-2", "a-3", "b-1"]
-    browser.save_screenshot(str(artifacts / "status-before-cordon.png"))
+    def test_up_prints_the_status_page_address(self, system: System) -> None:
+        """llmgw up prints the status page address."""
+        log = system.prog.log_text()
+        # The read token (it can change nothing) rides in the fragment, never sent in the URL.
+        url = f"{system.controller_url}/status#token={system.token('read')}"
+        assert f"status page          {url}" in log
+        assert system.manifest()["status_url"] == url
+        assert system.token("admin") not in log
 
-    system.ctl("cordon", "a-1")
-    try:
-        after = agree(system, browser)
-        assert after["k"]["nodes.cordoned"] == "1"
-        assert int(after["k"]["nodes.ready"]) == int(before["k"]["nodes.ready"]) - 1
-        cell = browser.find_element(
-            By.CSS_SELECTOR, 'section[data-table="nodes"] tr[data-key="a-1"] td:nth-child(2)'
+    def test_every_program_passes_promtool_and_the_dashboard_finds_its_metrics(
+        self,
+        system: System,
+    ) -> None:
+        """Every program passes promtool and the dashboard finds its metrics."""
+        client = system.client()
+        client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
-        assert cell.text == "cordoned"
-        browser.save_screenshot(str(artifacts / "status-after-cordon.png"))
-    finally:
-        system.ctl("uncordon", "a-1")
-    events = browser.find_element(By.CSS_SELECTOR, 'section[data-table="events"] tbody').text
-    assert "node.cordoned" in events or "cordon" in events
-    for shot in ("status-before-cordon.png", "status-after-cordon.png"):
-        assert (artifacts / shot).stat().st_size > 10_000
+        stream = client.chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        assert list(stream)
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(
+                model="nope", messages=[{"role": "user", "content": "x"}]
+            )
 
+        manifest = system.manifest()
+        bodies = {
+            "router": scrape(system.router_url),
+            "controller": scrape(system.controller_url, system.token("read")),
+        }
+        agents = {n: c["url"] for n, c in manifest["children"].items() if n.startswith("agent ")}
+        assert agents
+        for name, url in agents.items():
+            bodies[name] = scrape(url)
+        # The sim-engine is left out: it speaks vLLM's metric names ("vllm:…"), whose colon
+        # promtool's lint rejects in real vLLM just the same.
+        for name, body in bodies.items():
+            try:
+                check_metrics(body)
+            except AssertionError as exc:
+                raise AssertionError(f"{name}: {exc}") from None
 
-def test_status_page_filter_narrows_a_table(system: System, browser: Any) -> None:
-    from selenium.webdriver.common.by import By
+        seen: set[str] = set()
+        for body in bodies.values():
+            seen |= declared(body)
+        missing = sorted(dashboard_metric_names() - seen)
+        assert missing == [], f"the dashboard queries metrics no program exports: {missing}"
 
-    browser.get(system.manifest()["status_url"])
-    agree(system, browser)
-    box = browser.find_element(By.CSS_SELECTOR, 'section[data-table="nodes"] input')
-    box.send_keys("b-")
-    rows = browser.find_elements(By.CSS_SELECTOR, 'section[data-table="nodes"] tbody tr')
-    assert [r.get_attribute("data-key") for r in rows] == ["b-1"]
-    count = browser.find_element(By.CSS_SELECTOR, 'section[data-table="nodes"] .count').text
-    assert count == "1 of 4"
+        router = bodies["router"].decode()
+        assert re.search(r'llmgw_router_completion_tokens_total\{model="chat"\} (\d+)', router)
+        assert 'code="404",endpoint="",model="",outcome="rejected"' in router
+        controller = bodies["controller"].decode()
+        assert "llmgw_controller_leader 1.0" in controller
+        summary = system.ctl("status", "--json")
+        total = sum(c["total"] for c in summary["gpus"])
+        gpus = sum(
+            float(v)
+            for v in re.findall(r"^llmgw_controller_gpus\{[^}]*\} (\S+)$", controller, re.M)
+        )
+        assert gpus == total
+        agent_body = next(iter(bodies[n] for n in agents)).decode()
+        assert 'llmgw_agent_info{inventory="fake"' in agent_body
+
+    def test_status_page_shows_what_ctl_status_shows_and_follows_a_cordon(
+        self, system: System, browser: Any, artifacts: Path
+    ) -> None:
+        """The status page shows what ctl status shows and follows a cordon."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as ec
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        t0 = time.monotonic()
+        browser.get(system.manifest()["status_url"])
+        WebDriverWait(browser, 10).until(ec.visibility_of_element_located((By.ID, "fleet")))
+        first_render_s = time.monotonic() - t0
+        print(f"status page first render: {first_render_s * 1000:.0f} ms")
+        assert browser.find_element(By.ID, "leader").text == "leader"
+        assert browser.title == "llmgw fleet"
+        before = agree(system, browser)
+        assert int(before["k"]["nodes.total"]) == 4
+        rows = browser.find_elements(By.CSS_SELECTOR, 'section[data-table="nodes"] tbody tr')
+        assert [r.get_attribute("data-key") for r in rows] == ["a-1", "a-2", "a-3", "b-1"]
+        browser.save_screenshot(str(artifacts / "status-before-cordon.png"))
+
+        system.ctl("cordon", "a-1")
+        try:
+            after = agree(system, browser)
+            assert after["k"]["nodes.cordoned"] == "1"
+            assert int(after["k"]["nodes.ready"]) == int(before["k"]["nodes.ready"]) - 1
+            cell = browser.find_element(
+                By.CSS_SELECTOR, 'section[data-table="nodes"] tr[data-key="a-1"] td:nth-child(2)'
+            )
+            assert cell.text == "cordoned"
+            browser.save_screenshot(str(artifacts / "status-after-cordon.png"))
+        finally:
+            system.ctl("uncordon", "a-1")
+        events = browser.find_element(By.CSS_SELECTOR, 'section[data-table="events"] tbody').text
+        assert "node.cordoned" in events or "cordon" in events
+        for shot in ("status-before-cordon.png", "status-after-cordon.png"):
+            assert (artifacts / shot).stat().st_size > 10_000
+
+    def test_status_page_filter_narrows_a_table(self, system: System, browser: Any) -> None:
+        """The status page filter narrows a table."""
+        from selenium.webdriver.common.by import By
+
+        browser.get(system.manifest()["status_url"])
+        agree(system, browser)
+        box = browser.find_element(By.CSS_SELECTOR, 'section[data-table="nodes"] input')
+        box.send_keys("b-")
+        rows = browser.find_elements(By.CSS_SELECTOR, 'section[data-table="nodes"] tbody tr')
+        assert [r.get_attribute("data-key") for r in rows] == ["b-1"]
+        count = browser.find_element(By.CSS_SELECTOR, 'section[data-table="nodes"] .count').text
+        assert count == "1 of 4"

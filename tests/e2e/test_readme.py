@@ -49,73 +49,6 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
         kill_leftovers(tmp_path)
 
 
-def test_walkthroughs_are_marked() -> None:
-    """The README has its walkthrough blocks (a renamed marker must not skip the test)."""
-    found = walkthroughs(README.read_text())
-    assert "eviction" in found
-    assert any(c.startswith("sleep ") for c in found["eviction"])
-
-
-def test_eviction_walkthrough_as_written(workdir: Path) -> None:
-    """Use gemma once, wait past its idle timeout, ask for deepseek: it is served, gemma evicted."""
-    fleet = msgspec.yaml.decode(DEFAULT_FLEET.read_bytes())
-    for m in fleet["models"]:
-        m["idle_timeout_s"] = IDLE_S
-    fleet["router"] = {"report_interval_s": 0.5}
-    path = workdir / "fleet.yaml"
-    path.write_bytes(msgspec.yaml.encode(fleet))
-    system = start_up(workdir, path)
-    try:
-        outputs = []
-        for cmd in walkthroughs(README.read_text())["eviction"]:
-            cmd = re.sub(r"\s+#.*$", "", cmd)
-            if cmd.startswith("sleep "):
-                time.sleep(IDLE_S + 3)
-                continue
-            cmd = cmd.replace("localhost:8080", system.router_url.removeprefix("http://"))
-            done = subprocess.run(
-                ["bash", "-c", cmd], capture_output=True, text=True, timeout=150, check=False
-            )
-            assert done.returncode == 0, (cmd, done.stderr)
-            outputs.append(done.stdout)
-        answers = [json.loads(o) for o in outputs]
-        assert [a.get("model") for a in answers] == ["gemma-2-27b-it", "deepseek-coder-33b"], (
-            outputs
-        )
-        events = system.ctl("events", "--json")
-        assert any("evicted for deepseek-coder-33b" in e["message"] for e in events), events
-    finally:
-        system.prog.stop()
-
-
-def test_drain_walkthrough_as_written(workdir: Path) -> None:
-    """Each drain line exits as the README says (0 unless it says `# exits N`)."""
-    system = start_up(workdir, None)
-    env = {
-        **os.environ,
-        "LLMGW_CONTROLLER": system.controller_url,
-        "LLMGW_TOKEN_FILE": str(system.token_file()),
-    }
-    try:
-        for cmd in walkthroughs(README.read_text())["drain"]:
-            expect = re.search(r"#\s*exits (\d+)", cmd)
-            argv = shlex.split(re.sub(r"\s+#.*$", "", cmd))
-            assert argv[0] == "llmgw", cmd
-            done = subprocess.run(
-                [sys.executable, "-m", "llmgw", *argv[1:]],
-                capture_output=True,
-                text=True,
-                timeout=150,
-                check=False,
-                env=env,
-            )
-            assert done.returncode == (int(expect.group(1)) if expect else 0), (cmd, done)
-            if argv[1:3] == ["ctl", "drain"] and not expect:
-                assert f"node {argv[3]} drained" in done.stdout, done.stdout
-    finally:
-        system.prog.stop()
-
-
 TRY = re.compile(r"<!-- try:[^>]*-->\s*```console\n(.*?)```", re.DOTALL)
 PYTHON = re.compile(r"```python\n(import openai\n.*?)```", re.DOTALL)
 STATUS = re.compile(r"The fleet at a glance[^\n]*\n\n```text\n(.*?)```", re.DOTALL)
@@ -146,53 +79,124 @@ def try_it(text: str) -> tuple[str, str, str, str]:
     return "\n".join(command), "".join(shown), python.group(1), status.group(1)
 
 
-def test_try_it_as_written(workdir: Path) -> None:
-    """The curl answer has the shape the README shows, the openai snippet streams an
-    answer (mistral scales from zero), and `ctl status` shows the README's fleet."""
-    command, shown, snippet, picture = try_it(README.read_text())
-    system = start_up(workdir, None)
-    try:
-        hostport = system.router_url.removeprefix("http://")
-        done = subprocess.run(
-            ["bash", "-c", command.replace("localhost:8080", hostport)],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        got, want = json.loads(done.stdout), json.loads(shown)
-        assert set(got) == set(want), (got, want)
-        assert (got["model"], got["object"]) == (want["model"], want["object"])
-        assert set(got["usage"]) == set(want["usage"])
-        assert 0 < got["usage"]["completion_tokens"] <= want["usage"]["completion_tokens"]
-        code = snippet.replace("http://127.0.0.1:8080", system.router_url)
-        assert code != snippet, "the snippet no longer names the router's address"
-        ran = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=150, check=False
-        )
-        assert ran.returncode == 0, ran.stderr
-        assert ran.stdout.strip(), "the streamed answer was empty"
-        status = subprocess.run(
-            [sys.executable, "-m", "llmgw", "ctl", "--controller", system.controller_url,
-             "--token-file", str(system.token_file()), "status"],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert status.returncode == 0, status.stderr
-        out = [" ".join(ln.split()) for ln in status.stdout.splitlines()]
-        # What the default fleet fixes: the nodes, the cards per class, the fabrics and
-        # the number of models (how many replicas run depends on what was asked for).
-        for line in picture.splitlines():
-            words = " ".join(line.split())
-            if words.startswith(("Nodes ", "ib0 ", "ib1 ")):
-                assert words in out, (words, status.stdout)
-            if words.startswith(("H100-80G", "L40S-48G")):
-                name, total = words.split()[0], words.split()[-1]
-                assert any(o.startswith(name) and o.endswith(f" {total}") for o in out), (
-                    words,
-                    status.stdout,
+class TestReadmeWalkthroughs:
+    """The README's walkthroughs run as written."""
+
+    def test_walkthroughs_are_marked(self) -> None:
+        """The README has its walkthrough blocks (a renamed marker must not skip the test)."""
+        found = walkthroughs(README.read_text())
+        assert "eviction" in found
+        assert any(c.startswith("sleep ") for c in found["eviction"])
+
+    def test_eviction_walkthrough_as_written(self, workdir: Path) -> None:
+        """Use gemma, wait past its idle timeout, ask for deepseek: it is served, gemma evicted."""
+        fleet = msgspec.yaml.decode(DEFAULT_FLEET.read_bytes())
+        for m in fleet["models"]:
+            m["idle_timeout_s"] = IDLE_S
+        fleet["router"] = {"report_interval_s": 0.5}
+        path = workdir / "fleet.yaml"
+        path.write_bytes(msgspec.yaml.encode(fleet))
+        system = start_up(workdir, path)
+        try:
+            outputs = []
+            for cmd in walkthroughs(README.read_text())["eviction"]:
+                cmd = re.sub(r"\s+#.*$", "", cmd)
+                if cmd.startswith("sleep "):
+                    time.sleep(IDLE_S + 3)
+                    continue
+                cmd = cmd.replace("localhost:8080", system.router_url.removeprefix("http://"))
+                done = subprocess.run(
+                    ["bash", "-c", cmd], capture_output=True, text=True, timeout=150, check=False
                 )
-            if words.startswith("Models "):
-                assert any(o.startswith(" ".join(words.split()[:3])) for o in out), (
-                    words,
-                    status.stdout,
+                assert done.returncode == 0, (cmd, done.stderr)
+                outputs.append(done.stdout)
+            answers = [json.loads(o) for o in outputs]
+            assert [a.get("model") for a in answers] == ["gemma-2-27b-it", "deepseek-coder-33b"], (
+                outputs
+            )
+            events = system.ctl("events", "--json")
+            assert any("evicted for deepseek-coder-33b" in e["message"] for e in events), events
+        finally:
+            system.prog.stop()
+
+    def test_drain_walkthrough_as_written(self, workdir: Path) -> None:
+        """Each drain line exits as the README says (0 unless it says `# exits N`)."""
+        system = start_up(workdir, None)
+        env = {
+            **os.environ,
+            "LLMGW_CONTROLLER": system.controller_url,
+            "LLMGW_TOKEN_FILE": str(system.token_file()),
+        }
+        try:
+            for cmd in walkthroughs(README.read_text())["drain"]:
+                expect = re.search(r"#\s*exits (\d+)", cmd)
+                argv = shlex.split(re.sub(r"\s+#.*$", "", cmd))
+                assert argv[0] == "llmgw", cmd
+                done = subprocess.run(
+                    [sys.executable, "-m", "llmgw", *argv[1:]],
+                    capture_output=True,
+                    text=True,
+                    timeout=150,
+                    check=False,
+                    env=env,
                 )
-    finally:
-        system.prog.stop()
+                assert done.returncode == (int(expect.group(1)) if expect else 0), (cmd, done)
+                if argv[1:3] == ["ctl", "drain"] and not expect:
+                    assert f"node {argv[3]} drained" in done.stdout, done.stdout
+        finally:
+            system.prog.stop()
+
+    def test_try_it_as_written(self, workdir: Path) -> None:
+        """The curl answer has the shape the README shows, the openai snippet streams an
+        answer (mistral scales from zero), and `ctl status` shows the README's fleet."""
+        command, shown, snippet, picture = try_it(README.read_text())
+        system = start_up(workdir, None)
+        try:
+            hostport = system.router_url.removeprefix("http://")
+            done = subprocess.run(
+                ["bash", "-c", command.replace("localhost:8080", hostport)],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            got, want = json.loads(done.stdout), json.loads(shown)
+            assert set(got) == set(want), (got, want)
+            assert (got["model"], got["object"]) == (want["model"], want["object"])
+            assert set(got["usage"]) == set(want["usage"])
+            assert 0 < got["usage"]["completion_tokens"] <= want["usage"]["completion_tokens"]
+            code = snippet.replace("http://127.0.0.1:8080", system.router_url)
+            assert code != snippet, "the snippet no longer names the router's address"
+            ran = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=150,
+                check=False,
+            )
+            assert ran.returncode == 0, ran.stderr
+            assert ran.stdout.strip(), "the streamed answer was empty"
+            status = subprocess.run(
+                [sys.executable, "-m", "llmgw", "ctl", "--controller", system.controller_url,
+                 "--token-file", str(system.token_file()), "status"],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert status.returncode == 0, status.stderr
+            out = [" ".join(ln.split()) for ln in status.stdout.splitlines()]
+            # What the default fleet fixes: the nodes, the cards per class, the fabrics and
+            # the number of models (how many replicas run depends on what was asked for).
+            for line in picture.splitlines():
+                words = " ".join(line.split())
+                if words.startswith(("Nodes ", "ib0 ", "ib1 ")):
+                    assert words in out, (words, status.stdout)
+                if words.startswith(("H100-80G", "L40S-48G")):
+                    name, total = words.split()[0], words.split()[-1]
+                    assert any(o.startswith(name) and o.endswith(f" {total}") for o in out), (
+                        words,
+                        status.stdout,
+                    )
+                if words.startswith("Models "):
+                    assert any(o.startswith(" ".join(words.split()[:3])) for o in out), (
+                        words,
+                        status.stdout,
+                    )
+        finally:
+            system.prog.stop()

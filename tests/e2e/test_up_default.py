@@ -24,6 +24,8 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
 
 
 class TestDefaultFleet:
+    """Every default model answers and Ctrl-C stops everything."""
+
     def test_every_default_model_answers_then_ctrl_c_stops_everything(self, workdir: Path) -> None:
         """Each default model answers streaming and not; SIGINT then leaves no process behind."""
         system = start_up(workdir, None)

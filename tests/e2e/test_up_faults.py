@@ -25,6 +25,8 @@ def _hello(system: System, model: str, *, timeout: float = 90) -> str:
 
 
 class TestFaults:
+    """Faults on one running llmgw up, in order."""
+
     def test_fleet_comes_up(self, fault_system: System) -> None:
         """Both chat replicas and the never-used model are ready."""
         wait_for(lambda: len(fault_system.ready("chat")) == 2, timeout_s=120, what="chat ready")
@@ -42,11 +44,12 @@ class TestFaults:
         rep = fault_system.ready("chat")[0]
         node = rep["shards"][0]["node"]
         with Load(fault_system, "chat", workers=3) as load:
-            time.sleep(1.0)
+            wait_for(lambda: load.ok >= 3, timeout_s=30, what="traffic flowing")
             t0 = time.monotonic()
             fault_system.ctl("drain", node, "--timeout", "120", timeout_s=150)
             drained_s = time.monotonic() - t0
-            time.sleep(1.0)
+            served = load.ok
+            wait_for(lambda: load.ok >= served + 3, timeout_s=30, what="traffic after the drain")
         assert load.failures == []
         assert load.ok > 0
         print(f"drain took {drained_s:.1f}s, {load.ok} requests during it")
@@ -59,7 +62,7 @@ class TestFaults:
         rep = fault_system.ready("chat")[0]
         pid = rep["shards"][0]["pid"]
         with Load(fault_system, "chat", workers=3) as load:
-            time.sleep(1.0)
+            wait_for(lambda: load.ok >= 3, timeout_s=30, what="traffic flowing")
             os.kill(pid, signal.SIGKILL)
 
             def replaced() -> bool:

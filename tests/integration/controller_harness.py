@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from llmgw.testing import Program, start_program
+from llmgw.testing.wait import wait_until
 
 T = TypeVar("T")
 
@@ -125,16 +125,8 @@ class Controller:
 
 
 def wait_for(check: Callable[[], T], *, timeout_s: float = 15.0, what: str = "") -> T:
-    """Poll `check` until it returns something truthy (generous: a loaded 2-core machine)."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(HttpError, OSError):
-            last = check()
-            if last:
-                return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or check}; last={last!r}")
+    """`wait_until`, where a controller not answering yet is "not yet"."""
+    return wait_until(check, timeout_s=timeout_s, what=what, ignore=(HttpError, OSError))
 
 
 @contextlib.contextmanager

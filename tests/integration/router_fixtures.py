@@ -6,7 +6,6 @@ PID in a `finally`, even when the test fails.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import urllib.request
@@ -18,6 +17,7 @@ import aiohttp
 import yaml
 
 from llmgw.testing import Program, start_program
+from llmgw.testing.wait import until
 
 MODEL = "m"
 
@@ -114,15 +114,13 @@ def snapshot(router_url: str, endpoint_id: str) -> dict[str, Any]:
 
 async def wait_until_scraped(router_url: str, ids: Sequence[str], timeout_s: float = 15) -> None:
     """Until every endpoint in `ids` has figures (the scheduler sees real load)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        snaps = await asyncio.to_thread(admin_endpoints, router_url)
+
+    def scraped() -> bool:
+        snaps = admin_endpoints(router_url)
         seen = {s["info"]["id"] for s in snaps["endpoints"] if s["stats"] is not None}
-        if set(ids) <= seen:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"endpoints {ids} not scraped within {timeout_s}s")
+        return set(ids) <= seen
+
+    await until(scraped, timeout_s=timeout_s, blocking=True, what=f"endpoints {ids} scraped")
 
 
 def chat_body(

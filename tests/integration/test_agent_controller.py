@@ -8,7 +8,7 @@ the controller going away leave the engines untouched.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from llmgw.testing.procs import Program, free_port, start_program
+from llmgw.testing.wait import until
 from tests.integration.test_agent_supervision import AgentRig, alive, engine_health
 
 pytestmark = pytest.mark.timeout(120)
@@ -108,17 +109,25 @@ async def replicas(ctrl: ControllerRig, model: str) -> list[dict[str, Any]]:
 async def wait_replicas(
     ctrl: ControllerRig, model: str, *, ready: int, timeout_s: float = 45.0
 ) -> list[dict[str, Any]]:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    last: list[dict[str, Any]] = []
-    while asyncio.get_running_loop().time() < deadline:
+    async def check() -> list[dict[str, Any]]:
         last = await replicas(ctrl, model)
-        if sum(r["state"] == "ready" for r in last) == ready:
-            return last
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{model}: wanted {ready} ready, last saw {last}")
+        assert sum(r["state"] == "ready" for r in last) == ready, last
+        return last
+
+    # A failed check is "not yet"; on timeout its message shows the replicas last seen.
+    got: list[dict[str, Any]] = await until(
+        check,
+        timeout_s=timeout_s,
+        every_s=0.2,
+        ignore=(AssertionError,),
+        what=f"{model}: {ready} ready",
+    )
+    return got
 
 
 class TestWithController:
+    """A real agent serves what a real controller places, skips bad cards, outlives it."""
+
     async def test_model_becomes_ready(self, ctrl: ControllerRig, agent_rig: AgentRig) -> None:
         """A sim model applied to the controller is started by the agent and turns ready."""
         agent_rig.start()
@@ -145,7 +154,12 @@ class TestWithController:
                     # 404 until the agent's first heartbeat registers the node.
                     return tuple((await resp.json())["unhealthy"]) if resp.status == 200 else None
 
-            await wait_for_async(node_unhealthy, expect=(0,))
+            await until(
+                lambda: _equal(node_unhealthy(), (0,)),
+                timeout_s=20,
+                every_s=0.1,
+                what="GPU 0 unhealthy",
+            )
             await admin("POST", f"{ctrl.url}/admin/models", sim_model("m2", replicas=2))
             (ready,) = await wait_replicas(ctrl, "m2", ready=1)
             assert ready["shards"][0]["gpus"] == [1]
@@ -182,18 +196,13 @@ class TestWithController:
         assert alive(pid)
 
 
-async def wait_for_async(fn: Any, *, expect: Any, timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    got = None
-    while asyncio.get_running_loop().time() < deadline:
-        got = await fn()
-        if got == expect:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"wanted {expect!r}, last saw {got!r}")
+async def _equal(got: Awaitable[Any], expect: Any) -> bool:
+    return bool(await got == expect)
 
 
 class TestMultiNode:
+    """A replica spanning two real agents comes up."""
+
     async def test_two_node_replica(self, ctrl: ControllerRig, tmp_path: Path) -> None:
         """A two-node model runs one sim-engine per node, ranks 0 and 1, and turns ready."""
         rigs = [

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class TestOneAgentPerStateDir:
+    """A second agent on a state dir is refused."""
+
     def test_second_agent_on_a_state_dir_is_refused(self, tmp_path: Path) -> None:
         """A second agent on a live agent's state dir exits 2 naming the first one's pid."""
         args = ["agent", "--controller", "http://127.0.0.1:9", "--node", "n", "--port", "0"]
@@ -76,6 +78,8 @@ def _stop_engines(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 class TestStopEngines:
+    """agent stop-engines stops a dead agent's engines and leaves a live agent's alone."""
+
     def test_stops_what_a_dead_agent_left_running(self, tmp_path: Path) -> None:
         """`agent stop-engines` stops a recorded engine of a folder no agent holds."""
         state = tmp_path / "state"

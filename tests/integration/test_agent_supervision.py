@@ -8,7 +8,6 @@ PID seen is killed by process group when the test ends, pass or fail.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import random
@@ -25,6 +24,7 @@ from aiohttp import web
 
 from llmgw.agent.statefile import STATE_FILE, StateDoc
 from llmgw.testing.procs import Program, start_program
+from llmgw.testing.wait import until
 from llmgw.wire.agent import Heartbeat, HeartbeatReply, ShardSpec, ShardStatus
 
 pytestmark = pytest.mark.timeout(90)
@@ -78,16 +78,6 @@ class ScriptedController:
             if (s.replica_id, s.rank) == (replica_id, rank):
                 return s
         return None
-
-
-async def wait_for(pred: Callable[[], Any], *, timeout_s: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or pred}")
 
 
 def alive(pid: int) -> bool:
@@ -234,12 +224,14 @@ async def engine_health(port: int) -> int:
 
 
 class TestInventoryAndHeartbeat:
+    """The agent's heartbeat carries its inventory and injected faults."""
+
     async def test_heartbeat_carries_inventory(
         self, rig: AgentRig, controller: ScriptedController
     ) -> None:
         """The first heartbeat reports GPUs, fabrics, labels, address, ports and start time."""
         rig.start()
-        await wait_for(lambda: controller.beats, what="a heartbeat")
+        await until(lambda: controller.beats, what="a heartbeat")
         hb = controller.last()
         assert [g.gpu_class for g in hb.gpus] == ["H100-80G", "H100-80G"]
         assert (hb.fabrics, hb.labels, hb.address) == (("ib0",), {"zone": "a"}, "127.0.0.1")
@@ -255,7 +247,7 @@ class TestInventoryAndHeartbeat:
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{agent.url}/gpus/1/unhealthy", json={"reason": "xid 79"}) as r:
                 assert r.status == 200
-            await wait_for(
+            await until(
                 lambda: controller.beats and not controller.last().gpus[1].healthy,
                 what="GPU 1 reported unhealthy",
             )
@@ -263,19 +255,21 @@ class TestInventoryAndHeartbeat:
             assert controller.last().gpus[0].healthy
             async with s.post(f"{agent.url}/gpus/1/healthy") as r:
                 assert r.status == 200
-            await wait_for(lambda: controller.last().gpus[1].healthy, what="GPU 1 healthy")
+            await until(lambda: controller.last().gpus[1].healthy, what="GPU 1 healthy")
             async with s.post(f"{agent.url}/gpus/9/unhealthy") as r:
                 assert r.status == 404
 
 
 class TestShards:
+    """Shards started, reported ready, crashed, failed or stopped by a real agent."""
+
     async def test_start_ready_reported(
         self, rig: AgentRig, controller: ScriptedController
     ) -> None:
         """A desired sim shard starts, becomes ready, and is reported with its pid and port."""
         controller.desired = (sim_spec("r1"),)
         rig.start()
-        st = await wait_for(
+        st = await until(
             lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
         )
         assert st.pid is not None
@@ -290,7 +284,7 @@ class TestShards:
         """An engine that crashes while serving is reported failed with its exit code."""
         controller.desired = (sim_spec("r1", args=("--crash-after-requests", "0")),)
         rig.start()
-        st = await wait_for(
+        st = await until(
             lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
         )
         body = {"model": "sim-model", "prompt": "hi", "max_tokens": 1}
@@ -298,7 +292,7 @@ class TestShards:
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {st.api_key}"}) as s:
             with contextlib.suppress(aiohttp.ClientError):
                 await s.post(url, json=body)
-        failed = await wait_for(
+        failed = await until(
             lambda: (s := controller.shard("r1")) and s.state == "failed" and s, what="failed"
         )
         # The sim-engine's crash fault exits with 70 (os._exit).
@@ -311,7 +305,7 @@ class TestShards:
         """An engine that refuses to start is failed with its exit code and its last log lines."""
         controller.desired = (sim_spec("bad", args=("--num-gpu-blocks", "1")),)
         rig.start()
-        st = await wait_for(
+        st = await until(
             lambda: (s := controller.shard("bad")) and s.state == "failed" and s, what="failed"
         )
         assert st.exit_code == 2
@@ -323,12 +317,12 @@ class TestShards:
         """A shard the controller stops listing is stopped and its process ends."""
         controller.desired = (sim_spec("r1"),)
         rig.start()
-        st = await wait_for(
+        st = await until(
             lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
         )
         controller.desired = ()
-        await wait_for(lambda: not alive(st.pid), what="engine gone")
-        await wait_for(lambda: controller.shard("r1") is None, what="r1 forgotten")
+        await until(lambda: not alive(st.pid), what="engine gone")
+        await until(lambda: controller.shard("r1") is None, what="r1 forgotten")
 
     async def test_controller_down_engines_untouched(
         self, rig: AgentRig, controller: ScriptedController
@@ -336,31 +330,36 @@ class TestShards:
         """While the controller answers 503, engines keep serving; nothing restarts after."""
         controller.desired = (sim_spec("r1"),)
         agent = rig.start()
-        st = await wait_for(
+        st = await until(
             lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
         )
         controller.down = True
-        await asyncio.sleep(3.0)
-        status = await get_status(agent)
-        assert status["controller"]["consecutive_failures"] >= 2
+
+        async def two_failures() -> bool:
+            status = await get_status(agent)
+            return bool(status["controller"]["consecutive_failures"] >= 2)
+
+        await until(two_failures, what="two failed heartbeats")
         assert alive(st.pid)
         assert await engine_health(st.port) == 200
         n = len(controller.beats)
         controller.down = False
-        await wait_for(lambda: len(controller.beats) > n, timeout_s=40, what="beats again")
+        await until(lambda: len(controller.beats) > n, timeout_s=40, what="beats again")
         again = controller.shard("r1")
         assert again is not None
         assert (again.pid, again.state) == (st.pid, "ready")
 
 
 class TestReadoption:
+    """A restarted agent readopts its engines or reports those that died meanwhile."""
+
     async def test_sigkilled_agent_readopts(
         self, rig: AgentRig, controller: ScriptedController
     ) -> None:
         """After SIGKILL and restart, the agent reports the same engine PIDs, still serving."""
         controller.desired = (sim_spec("r1"), sim_spec("r2", gpus=(1,)))
         agent = rig.start()
-        await wait_for(
+        await until(
             lambda: all((s := controller.shard(r)) and s.state == "ready" for r in ("r1", "r2")),
             what="both ready",
         )
@@ -375,7 +374,7 @@ class TestReadoption:
             assert await engine_health(port) == 200
         controller.beats.clear()
         rig.start()
-        await wait_for(
+        await until(
             lambda: (
                 controller.beats
                 and all((s := controller.shard(r)) and s.state == "ready" for r in ("r1", "r2"))
@@ -391,7 +390,7 @@ class TestReadoption:
         r2_pid = before["r2"][0]
         assert r2_pid is not None
         os.killpg(r2_pid, signal.SIGKILL)
-        failed = await wait_for(
+        failed = await until(
             lambda: (s := controller.shard("r2")) and s.state == "failed" and s, what="r2 failed"
         )
         assert (failed.pid, failed.exit_code) == (None, None)
@@ -403,16 +402,16 @@ class TestReadoption:
         """An engine that died while the agent was down is reported failed, not adopted."""
         controller.desired = (sim_spec("r1"),)
         agent = rig.start()
-        st = await wait_for(
+        st = await until(
             lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
         )
         agent.signal(signal.SIGKILL)
         agent.proc.wait(timeout=10)
         os.killpg(st.pid, signal.SIGKILL)
-        await wait_for(lambda: not alive(st.pid), what="engine dead")
+        await until(lambda: not alive(st.pid), what="engine dead")
         controller.beats.clear()
         rig.start()
-        failed = await wait_for(
+        failed = await until(
             lambda: (s := controller.shard("r1")) and s.state == "failed" and s, what="failed"
         )
         assert failed.pid is None
@@ -420,13 +419,15 @@ class TestReadoption:
 
 
 class TestExit:
+    """What the agent's exit does to its engines."""
+
     async def test_sigterm_leaves_engines(
         self, rig: AgentRig, controller: ScriptedController
     ) -> None:
         """SIGTERM ends the agent with 0 and leaves its engines for the next agent."""
         controller.desired = (sim_spec("r1"),)
         agent = rig.start()
-        st = await wait_for(
+        st = await until(
             lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
         )
         assert agent.stop(grace_s=10) == 0
@@ -439,7 +440,7 @@ class TestExit:
         """With --stop-engines-on-exit, SIGTERM stops the engines before the agent exits."""
         controller.desired = (sim_spec("r1"),)
         agent = rig.start("--stop-engines-on-exit")
-        st = await wait_for(
+        st = await until(
             lambda: (s := controller.shard("r1")) and s.state == "ready" and s, what="r1 ready"
         )
         assert agent.stop(grace_s=10) == 0

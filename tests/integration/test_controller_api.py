@@ -35,6 +35,8 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
 
 
 class TestAuth:
+    """The admin API's token checks."""
+
     def test_missing_token_is_401(self, c: Controller) -> None:
         """No Authorization header: 401 authentication_error."""
         err = c.error("GET", "/admin/summary", token=None)
@@ -53,6 +55,8 @@ class TestAuth:
 
 
 class TestNotFound:
+    """Unknown names are 404."""
+
     @pytest.mark.parametrize(
         ("method", "path", "body"),
         [
@@ -80,6 +84,8 @@ class TestNotFound:
 
 
 class TestInvalidInput:
+    """Bad input to each admin command is refused naming the field."""
+
     def test_invalid_spec_names_the_field(self, c: Controller) -> None:
         """A wrongly typed field is 422 with the field as param."""
         err = c.error("POST", "/admin/models", spec("x", gpus_per_node="two"))
@@ -154,6 +160,8 @@ class TestInvalidInput:
 
 
 class TestEngineKey:
+    """The engine-key route's refusals."""
+
     def test_a_replica_without_a_key_is_409(self, c: Controller) -> None:
         """These fake agents report no engine key: 409 conflict_error naming the replica."""
         rid = c.replicas("m", "ready")[0]["id"]
@@ -169,6 +177,8 @@ class TestEngineKey:
 
 
 class TestReads:
+    """The read routes' shapes, order and OpenAPI description."""
+
     def test_lists_are_sorted_and_shaped(self, c: Controller) -> None:
         """Nodes by name, models by name, replicas by id; unknown idle is -1."""
         assert [n["name"] for n in c.get("/admin/nodes")] == ["a"]

@@ -58,6 +58,8 @@ def _ctl(c: Controller, *argv: str) -> tuple[int, str, str]:
 
 
 class TestPlacementFlow:
+    """Apply places replicas, heartbeats carry them and failures restart them."""
+
     def test_apply_places_and_heartbeat_carries_the_shards(self, c: Controller) -> None:
         """model apply → pending replica → the node's heartbeat answer lists its shard."""
         agents = FakeAgents(c, {"a": 8}, ready=False)
@@ -118,6 +120,8 @@ class TestPlacementFlow:
 
 
 class TestUnreachable:
+    """Replicas move only after an unreachable node's grace."""
+
     def test_replicas_move_only_after_the_grace(self, c: Controller) -> None:
         """A silent node goes unreachable; its replica stays until the grace, then moves."""
         c.post("/admin/models", spec("m", gpus_per_node=8))
@@ -146,6 +150,8 @@ class TestUnreachable:
 
 
 class TestIdleEviction:
+    """An idle replica is evicted for an unplaceable model."""
+
     def test_idle_replica_is_evicted_for_an_unplaceable_model(self, c: Controller) -> None:
         """Reported idle past its timeout, a replica drains so a model that did not fit lands."""
         # min 1 then 0: one replica that eviction may take (it never goes below min).
@@ -175,6 +181,8 @@ class TestIdleEviction:
 
 
 class TestNodeDrain:
+    """A stalled drain says why, and force or eviction lets it finish."""
+
     def test_stalled_drain_says_why_and_force_resolves_it(self, c: Controller) -> None:
         """No room for a replacement: the drain waits, saying why; forced, the replica drains."""
         c.post("/admin/models", spec("m", gpus_per_node=8))
@@ -269,6 +277,8 @@ class TestNodeDrain:
 
 
 class TestCtlEvents:
+    """ctl shows a failure on one line and its detail whole."""
+
     def test_a_failure_is_one_line_and_its_detail_is_whole(self, c: Controller) -> None:
         """An engine's log tail stays out of `ctl events` (one line per event) and comes
         back whole, a line each, from `ctl events --detail ID`; JSON carries it all."""

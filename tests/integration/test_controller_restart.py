@@ -42,6 +42,8 @@ def _snapshot(c: Controller) -> dict[str, Any]:
 
 
 class TestRestart:
+    """A restarted controller loses nothing and gives nodes a grace."""
+
     @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
     def test_restart_loses_nothing(self, db: Db, how: str) -> None:
         """Everything answered before the stop is there after it; nothing is re-placed."""
@@ -96,6 +98,8 @@ class TestRestart:
 
 @pytest.mark.postgres
 class TestFailover:
+    """A standby takes over when the leader is killed."""
+
     def test_standby_takes_over_when_the_leader_is_killed(self, pg_schema: pg.PgSchema) -> None:
         """Two controllers on one database: the standby serves reads, refuses writes, then leads."""
         db = Db(pg_schema.url, pg_schema.schema)

@@ -110,41 +110,6 @@ def routes(url: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def test_every_route_times_every_token(ctl: Program) -> None:
-    table = routes(ctl.url)
-    assert len(table) >= 15, table  # the whole API, not an empty schema
-    wrong: list[str] = []
-    for method, template, path in table:
-        for who in ("none", "wrong", *TOKENS):
-            token = None if who == "none" else ("not-a-token" if who == "wrong" else TOKENS[who])
-            got = status(ctl.url, method, path, token)
-            want = expected(who, method, template, path)
-            ok = got not in (401, 403) if want in ("open", "allowed") else got == int(want)
-            if not ok:
-                wrong.append(f"{who:>6} {method} {path}: got {got}, want {want}")
-    assert not wrong, "\n".join(wrong)
-
-
-def test_a_node_token_cannot_pose_as_another_node(ctl: Program) -> None:
-    assert status(ctl.url, "POST", "/v1/agents/n2/heartbeat", TOKENS["n1"]) == 403
-    assert status(ctl.url, "POST", "/admin/models", TOKENS["n1"]) == 403
-    assert status(ctl.url, "POST", "/admin/models", TOKENS["agent"]) == 403
-    assert status(ctl.url, "POST", "/admin/models", TOKENS["router"]) == 403
-
-
-def test_only_the_admin_token_may_have_an_engine_key(ctl: Program) -> None:
-    """POST, so the read token (which may GET all of /admin/replicas) never reaches it;
-    every scoped token is refused before the replica is even looked up."""
-    path = "/admin/replicas/r-1/engine-key"
-    for who in ("read", "metrics", "agent", "n1", "n2", "router"):
-        assert status(ctl.url, "POST", path, TOKENS[who]) == 403, who
-    assert status(ctl.url, "POST", path, None) == 401
-    # The admin token gets past authorization: an unknown replica is 404.
-    assert status(ctl.url, "POST", path, TOKENS["admin"]) == 404
-    # GET is no way round it: the read token gets 405, not a key.
-    assert status(ctl.url, "GET", path, TOKENS["read"]) == 405
-
-
 def _parse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     from llmgw.controller.config import parse_args
 
@@ -152,30 +117,6 @@ def _parse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         parse_args(argv)
     assert exc.value.code == 2
     return capsys.readouterr().err
-
-
-def test_bad_scoped_token_settings_are_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    agent = tmp_path / "agent.token"
-    agent.write_text("a-token\n")
-    admin = tmp_path / "admin.token"
-    admin.write_text("a-token\n")
-    err = _parse_error(["--agent-token-file", str(agent)], capsys)
-    assert "need the admin token" in err
-    err = _parse_error(["--token-file", str(admin), "--agent-token-file", str(agent)], capsys)
-    assert "every token must differ" in err
-    nodes = tmp_path / "nodes"
-    nodes.write_text("n1=x\nn1=y\n")
-    err = _parse_error(["--token-file", str(admin), "--node-tokens-file", str(nodes)], capsys)
-    assert "given twice" in err
-    nodes.write_text("just-a-token\n")
-    err = _parse_error(["--token-file", str(admin), "--node-tokens-file", str(nodes)], capsys)
-    assert "expected NODE=TOKEN" in err
-    assert "just-a-token" not in err
-    nodes.write_bytes(b"n1=\xff\xfe\n")
-    err = _parse_error(["--token-file", str(admin), "--node-tokens-file", str(nodes)], capsys)
-    assert "not UTF-8 text" in err
 
 
 def raw_status(url: str, authorization: bytes) -> int:
@@ -198,7 +139,72 @@ def raw_status(url: str, authorization: bytes) -> int:
     return int(answer.split(b" ", 2)[1])
 
 
-@pytest.mark.parametrize("header", [b"Bearer \xff\xfe", b"Bearer \xc3\xa9", b"\xff"])
-def test_a_token_that_is_not_text_is_refused_not_a_crash(ctl: Program, header: bytes) -> None:
-    """Bytes that are not UTF-8 are a wrong token (401), never a 500 and a traceback."""
-    assert raw_status(ctl.url, header) == 401
+class TestTokenScopes:
+    """Every route answers every kind of token with its designed status."""
+
+    def test_every_route_times_every_token(self, ctl: Program) -> None:
+        """Every route answers every kind of token with the designed status."""
+        table = routes(ctl.url)
+        assert len(table) >= 15, table  # the whole API, not an empty schema
+        wrong: list[str] = []
+        for method, template, path in table:
+            for who in ("none", "wrong", *TOKENS):
+                token = (
+                    None if who == "none" else ("not-a-token" if who == "wrong" else TOKENS[who])
+                )
+                got = status(ctl.url, method, path, token)
+                want = expected(who, method, template, path)
+                ok = got not in (401, 403) if want in ("open", "allowed") else got == int(want)
+                if not ok:
+                    wrong.append(f"{who:>6} {method} {path}: got {got}, want {want}")
+        assert not wrong, "\n".join(wrong)
+
+    def test_a_node_token_cannot_pose_as_another_node(self, ctl: Program) -> None:
+        """A node token cannot pose as another node."""
+        assert status(ctl.url, "POST", "/v1/agents/n2/heartbeat", TOKENS["n1"]) == 403
+        assert status(ctl.url, "POST", "/admin/models", TOKENS["n1"]) == 403
+        assert status(ctl.url, "POST", "/admin/models", TOKENS["agent"]) == 403
+        assert status(ctl.url, "POST", "/admin/models", TOKENS["router"]) == 403
+
+    def test_only_the_admin_token_may_have_an_engine_key(self, ctl: Program) -> None:
+        """POST, so the read token (which may GET all of /admin/replicas) never reaches it;
+        every scoped token is refused before the replica is even looked up."""
+        path = "/admin/replicas/r-1/engine-key"
+        for who in ("read", "metrics", "agent", "n1", "n2", "router"):
+            assert status(ctl.url, "POST", path, TOKENS[who]) == 403, who
+        assert status(ctl.url, "POST", path, None) == 401
+        # The admin token gets past authorization: an unknown replica is 404.
+        assert status(ctl.url, "POST", path, TOKENS["admin"]) == 404
+        # GET is no way round it: the read token gets 405, not a key.
+        assert status(ctl.url, "GET", path, TOKENS["read"]) == 405
+
+    def test_bad_scoped_token_settings_are_refused(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Bad scoped token settings are refused."""
+        agent = tmp_path / "agent.token"
+        agent.write_text("a-token\n")
+        admin = tmp_path / "admin.token"
+        admin.write_text("a-token\n")
+        err = _parse_error(["--agent-token-file", str(agent)], capsys)
+        assert "need the admin token" in err
+        err = _parse_error(["--token-file", str(admin), "--agent-token-file", str(agent)], capsys)
+        assert "every token must differ" in err
+        nodes = tmp_path / "nodes"
+        nodes.write_text("n1=x\nn1=y\n")
+        err = _parse_error(["--token-file", str(admin), "--node-tokens-file", str(nodes)], capsys)
+        assert "given twice" in err
+        nodes.write_text("just-a-token\n")
+        err = _parse_error(["--token-file", str(admin), "--node-tokens-file", str(nodes)], capsys)
+        assert "expected NODE=TOKEN" in err
+        assert "just-a-token" not in err
+        nodes.write_bytes(b"n1=\xff\xfe\n")
+        err = _parse_error(["--token-file", str(admin), "--node-tokens-file", str(nodes)], capsys)
+        assert "not UTF-8 text" in err
+
+    @pytest.mark.parametrize("header", [b"Bearer \xff\xfe", b"Bearer \xc3\xa9", b"\xff"])
+    def test_a_token_that_is_not_text_is_refused_not_a_crash(
+        self, ctl: Program, header: bytes
+    ) -> None:
+        """Bytes that are not UTF-8 are a wrong token (401), never a 500 and a traceback."""
+        assert raw_status(ctl.url, header) == 401

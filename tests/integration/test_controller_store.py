@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,7 @@ from llmgw.controller.store import (
 from llmgw.controller.store import tables as store_tables
 from llmgw.controller.store.codec import SCHEMA_VERSION
 from llmgw.controller.store.postgres import pg_url
+from llmgw.testing.wait import wait_until
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
 from tests.integration import pg
@@ -232,6 +233,8 @@ def without_ids(events: list[Event]) -> list[Event]:
 
 
 class TestRoundTrip:
+    """Every record's fields round-trip through the store."""
+
     def test_node_every_field(self, store: Store) -> None:
         """A node with every field set comes back equal."""
         n = node()
@@ -285,6 +288,8 @@ class TestRoundTrip:
 
 
 class TestApply:
+    """Applying changes is atomic, ordered and refused whole."""
+
     def test_upsert_replaces(self, store: Store) -> None:
         """Writing a key again replaces the stored value."""
         store.apply(Changes(nodes=[node()], replicas=[replica()]))
@@ -457,6 +462,8 @@ class TestApply:
 
 
 class TestEvents:
+    """Event queries by subject, order and limit."""
+
     @pytest.fixture
     def written(self, store: Store) -> list[Event]:
         return store.apply(
@@ -504,6 +511,8 @@ class TestEvents:
 
 
 class TestReopen:
+    """A reopened store keeps everything."""
+
     def test_reopen_keeps_everything(self, backend: Backend) -> None:
         """Closing and reopening loses nothing, and new event ids continue after the old."""
         if not backend.persistent:
@@ -538,6 +547,8 @@ class TestReopen:
 
 
 class TestSchema:
+    """Schema creation and upgrades from every older version."""
+
     def test_fresh_database_is_current(self, sql_backend: Backend) -> None:
         """A new database is created at the current schema version."""
         s = sql_backend.open()
@@ -623,7 +634,7 @@ class TestSchema:
             engine.dispose()
         s = sql_backend.open()
         try:
-            assert s.schema_version() == SCHEMA_VERSION == 6
+            assert s.schema_version() == SCHEMA_VERSION == 8
             state = s.load()
             n = state.nodes["d"]
             assert (
@@ -720,6 +731,8 @@ class TestSchema:
 
 
 class TestSqlite:
+    """The SQLite store's file and refusals."""
+
     def test_one_private_file_in_a_new_directory(self, tmp_path: Path) -> None:
         """The URL's missing directory is created; the database is one 0600 file with a
         rollback journal (no -shm file to map) and no memory-mapped pages."""
@@ -747,6 +760,8 @@ class TestSqlite:
 
 @pytest.mark.postgres
 class TestPostgres:
+    """The PostgreSQL store's schema and refusals."""
+
     def test_schema_is_created_and_holds_every_table(self) -> None:
         """A missing schema is created and every table lives in it."""
         with fresh_schema() as pg:
@@ -761,6 +776,7 @@ class TestPostgres:
                         (name,),
                     ).fetchall()
                 assert [r[0] for r in rows] == [
+                    "api_keys",
                     "events",
                     "meta",
                     "models",
@@ -807,16 +823,9 @@ def two(backend: Backend) -> Iterator[tuple[Leadership, Leadership]]:
         b.release()
 
 
-def wait_for(cond: Callable[[], bool], *, timeout_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
-
-
 class TestLeadership:
+    """Leadership between two controllers on one store."""
+
     def test_one_leads_the_other_waits(self, two: tuple[Leadership, Leadership]) -> None:
         """The first to try leads; the second is refused until the first releases."""
         a, b = two
@@ -867,6 +876,8 @@ sys.stdin.read()
 
 
 class TestLeaderDies:
+    """Leadership passes on when the leader dies, and its late writes are refused."""
+
     def test_sigkilled_leader_lock_passes_on(self, sql_backend: Backend) -> None:
         """Another process's lock refuses us; once it is SIGKILLed we take over."""
         proc = subprocess.Popen(
@@ -886,7 +897,7 @@ class TestLeaderDies:
                 assert f"pid {proc.pid}" in holder
             proc.kill()
             proc.wait(timeout=10)
-            assert wait_for(lead.try_acquire)
+            wait_until(lead.try_acquire, every_s=0.1, what="the lock")
         finally:
             lead.release()
             if proc.poll() is None:
@@ -915,7 +926,7 @@ class TestLeaderDies:
                         " AND pid <> pg_backend_pid()"
                         " AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory')"
                     )
-                assert wait_for(b.try_acquire)
+                wait_until(b.try_acquire, every_s=0.1, what="the lock passed on")
                 # Straight to the store, as a write that passed FencedStore's check
                 # just before the lock went would.
                 with pytest.raises(NotLeader):
@@ -942,7 +953,7 @@ class TestLeaderDies:
                         " AND pid <> pg_backend_pid()"
                         " AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory')"
                     )
-                assert wait_for(lambda: not a.still_leader())
+                wait_until(lambda: not a.still_leader(), every_s=0.1, what="a losing leadership")
                 assert b.try_acquire()
             finally:
                 a.release()

@@ -5,7 +5,6 @@ to an OTLP/HTTP receiver in the test that decodes the real protobuf (llmgw.testi
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 
 from llmgw.testing import Program, free_port, start_program
 from llmgw.testing.procs import llmgw_argv
+from llmgw.testing.wait import until
 from tests.integration.test_agent_controller import TOKEN, admin, sim_model
 from tests.integration.test_agent_supervision import AgentRig
 
@@ -41,18 +41,17 @@ def of(action: str, model: str) -> Any:
 
 
 async def wait_ready(url: str, model: str, *, timeout_s: float = 45.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    seen: list[dict[str, Any]] = []
-    while loop.time() < deadline:
+    async def check() -> bool:
         seen = await admin("GET", f"{url}/admin/replicas?model={model}")
-        if [r["state"] for r in seen] == ["ready"]:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{model} never ready: {seen}")
+        assert [r["state"] for r in seen] == ["ready"], seen  # shown if it never holds
+        return True
+
+    await until(check, timeout_s=timeout_s, ignore=(AssertionError,), what=f"{model} ready")
 
 
 class TestActionSpans:
+    """The controller's placements and stops are exported as spans."""
+
     async def test_placement_and_stop_exported(self, tmp_path: Path) -> None:
         """Placing a replica, then draining and stopping it (its model deleted), each reach
         the receiver as an INTERNAL span with the model, node, GPUs and reason."""
@@ -95,17 +94,56 @@ class TestActionSpans:
         assert done["llmgw.node"] == "n1"
         assert done["llmgw.reason"]
 
+    async def test_sleep_and_wake_exported(self, tmp_path: Path) -> None:
+        """A sleep-mode model scaled to 0 sleeps, scaled back to 1 wakes: an llmgw.sleep
+        span with its level, then an llmgw.wake span, for the same replica."""
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        model = sim_model("s") | {"sleep_mode": True, "weights_gb": 16}
+        model["args"] = ["--speed", "10", "--wake-l1-s", "0.2"]
+        async with otlp.otlp_receiver() as rec:
+            tracing = ["--tracing-endpoint", rec.url, "--tracing-export-interval-s", "0.1"]
+            ctrl = await asyncio.to_thread(start_controller, tmp_path, port, *tracing)
+            agent = AgentRig(tmp_path, url, token=TOKEN, gpus="1xH100-80G")
+            try:
+                await asyncio.to_thread(agent.start, "--host-memory-mib", "2000000")
+                await admin("POST", f"{url}/admin/models", [model])
+                await wait_ready(url, "s")
+                scale = f"{url}/admin/models/s/scale"
+                await admin("POST", scale, {"min_replicas": 0, "max_replicas": 0})
+                slept = await rec.wait_span(of("sleep", "s"), timeout_s=40)
+                await admin("POST", scale, {"min_replicas": 1, "max_replicas": 1})
+                woke = await rec.wait_span(of("wake", "s"), timeout_s=40)
+            finally:
+                await asyncio.to_thread(agent.cleanup)
+                await asyncio.to_thread(ctrl.stop, grace_s=5)
+        sleep = otlp.attributes(slept.attributes)
+        wake = otlp.attributes(woke.attributes)
+        assert (slept.kind, woke.kind) == (INTERNAL, INTERNAL)
+        assert sleep["llmgw.replica"] == wake["llmgw.replica"]
+        assert sleep["llmgw.sleep_level"] == 1
+        assert sleep["llmgw.node"] == wake["llmgw.node"] == "n1"
+        assert wake["llmgw.replica.state"] == "waking"
+        assert "surplus" in sleep["llmgw.reason"]
+
 
 class TestTracingRefused:
+    """Tracing configured without the SDK stops the controller at start."""
+
     def test_sdk_missing_refused_at_start(self, tmp_path: Path) -> None:
         """Tracing configured without the OpenTelemetry SDK: the controller exits 2 saying
         what to install, instead of running untraced."""
-        shadow = tmp_path / "shadow" / "opentelemetry"
-        shadow.mkdir(parents=True)
-        (shadow / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
-        env = dict(os.environ, PYTHONPATH=str(tmp_path / "shadow"))
+        env = otlp.without_sdk(tmp_path / "shadow")
         argv = llmgw_argv("controller", "--port", "0", "--database", "memory://")
         argv += ["--tracing-endpoint", "http://127.0.0.1:9/v1/traces"]
         got = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         assert (got.returncode, got.stdout) == (2, ""), got.stderr
         assert "pip install 'llmgw[tracing]'" in got.stderr
+
+    def test_off_needs_no_sdk(self, tmp_path: Path) -> None:
+        """Without tracing set, a controller that cannot import OpenTelemetry starts and
+        serves: off, the SDK is never loaded."""
+        env = otlp.without_sdk(tmp_path / "shadow")
+        args = ["controller", "--port", "0", "--database", "memory://"]
+        with start_program(args, env=env, log_dir=tmp_path / "controller") as ctrl:
+            assert ctrl.url.startswith("http://127.0.0.1:")

@@ -85,6 +85,8 @@ ARGS = ("--duration-s", "0.5", "--max-concurrency", "8", "--max-tokens", "32")
 
 @pytest.mark.slow
 class TestBench:
+    """ctl bench records a weight per replica and never shows the engine key."""
+
     def test_first_bench_records_weight_one(self, bench_fleet: tuple[Program, list[str]]) -> None:
         """The first replica benched gets weight 1.0 and its raw capacity, shown as JSON."""
         controller, (slow, _fast) = bench_fleet
@@ -134,18 +136,22 @@ class TestBench:
             assert not [t for t in texts if key in t]
 
 
-@pytest.mark.slow
-def test_the_engine_key_is_the_admin_tokens_alone(
-    bench_fleet: tuple[Program, list[str]],
-) -> None:
-    """POST …/engine-key answers the admin token rank 0's key; wrong token 401; GET 405."""
-    controller, (slow, fast) = bench_fleet
-    for rid, key in ((slow, KEYS[0]), (fast, KEYS[1])):
-        got = AdminClient(controller.url, token=TOKEN).engine_key(rid)
-        assert (got.replica, got.api_key) == (rid, key)
-        assert key not in repr(got)
-    path = f"/admin/replicas/{slow}/engine-key"
-    assert http_status(controller.url, "POST", path, "not-the-token") == 401
-    assert http_status(controller.url, "POST", path, None) == 401
-    assert http_status(controller.url, "GET", path, TOKEN) == 405
-    assert http_status(controller.url, "POST", "/admin/replicas/nope/engine-key", TOKEN) == 404
+class TestBenchKey:
+    """Only the admin token may fetch the engine key ctl bench uses."""
+
+    @pytest.mark.slow
+    def test_the_engine_key_is_the_admin_tokens_alone(
+        self,
+        bench_fleet: tuple[Program, list[str]],
+    ) -> None:
+        """POST …/engine-key answers the admin token rank 0's key; wrong token 401; GET 405."""
+        controller, (slow, fast) = bench_fleet
+        for rid, key in ((slow, KEYS[0]), (fast, KEYS[1])):
+            got = AdminClient(controller.url, token=TOKEN).engine_key(rid)
+            assert (got.replica, got.api_key) == (rid, key)
+            assert key not in repr(got)
+        path = f"/admin/replicas/{slow}/engine-key"
+        assert http_status(controller.url, "POST", path, "not-the-token") == 401
+        assert http_status(controller.url, "POST", path, None) == 401
+        assert http_status(controller.url, "GET", path, TOKEN) == 405
+        assert http_status(controller.url, "POST", "/admin/replicas/nope/engine-key", TOKEN) == 404

@@ -31,16 +31,6 @@ def complete(tmp_path: Path, words: list[str]) -> list[str]:
     return [w for w in done.stdout.split("\n") if w]
 
 
-def test_bash_script_parses_and_completes_commands_and_flags(tmp_path: Path) -> None:
-    path = tmp_path / "c.bash"
-    path.write_text(script("bash"))
-    check = subprocess.run(["bash", "-n", str(path)], capture_output=True, timeout=30)
-    assert check.returncode == 0, check.stderr
-    assert complete(tmp_path, ["llmgw", "ctl", "dr"]) == ["drain"]
-    assert "--timeout" in complete(tmp_path, ["llmgw", "ctl", "drain", "--t"])
-    assert complete(tmp_path, ["llmgw", "ctl", "-o", "json", "rep"]) == ["replicas"]
-
-
 def zsh_complete(tmp_path: Path, words: list[str]) -> list[str]:
     """Run the completion function as zsh's bashcompinit does (sh emulation: arrays
     from 0) and return its candidates; zsh itself then keeps those that match."""
@@ -57,15 +47,29 @@ def zsh_complete(tmp_path: Path, words: list[str]) -> list[str]:
     return [w for w in done.stdout.split("\n") if w]
 
 
-@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
-def test_zsh_script_loads_and_completes(tmp_path: Path) -> None:
-    path = tmp_path / "c.zsh"
-    path.write_text(script("zsh"))
-    done = subprocess.run(
-        ["zsh", "-f", "-c", f"autoload -U compinit && compinit -u; source {path}"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "drain" in zsh_complete(tmp_path, ["llmgw", "ctl", "dr"])
-    assert "--timeout" in zsh_complete(tmp_path, ["llmgw", "ctl", "drain", "--t"])
-    assert "replicas" in zsh_complete(tmp_path, ["llmgw", "ctl", "-o", "json", "rep"])
+class TestCompletionScripts:
+    """ctl's completion scripts load and complete in real shells."""
+
+    def test_bash_script_parses_and_completes_commands_and_flags(self, tmp_path: Path) -> None:
+        """The bash script parses and completes commands and flags."""
+        path = tmp_path / "c.bash"
+        path.write_text(script("bash"))
+        check = subprocess.run(["bash", "-n", str(path)], capture_output=True, timeout=30)
+        assert check.returncode == 0, check.stderr
+        assert complete(tmp_path, ["llmgw", "ctl", "dr"]) == ["drain"]
+        assert "--timeout" in complete(tmp_path, ["llmgw", "ctl", "drain", "--t"])
+        assert complete(tmp_path, ["llmgw", "ctl", "-o", "json", "rep"]) == ["replicas"]
+
+    @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+    def test_zsh_script_loads_and_completes(self, tmp_path: Path) -> None:
+        """The zsh script loads and completes."""
+        path = tmp_path / "c.zsh"
+        path.write_text(script("zsh"))
+        done = subprocess.run(
+            ["zsh", "-f", "-c", f"autoload -U compinit && compinit -u; source {path}"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "drain" in zsh_complete(tmp_path, ["llmgw", "ctl", "dr"])
+        assert "--timeout" in zsh_complete(tmp_path, ["llmgw", "ctl", "drain", "--t"])
+        assert "replicas" in zsh_complete(tmp_path, ["llmgw", "ctl", "-o", "json", "rep"])

@@ -27,6 +27,7 @@ import pytest
 from llmgw.ctl import main as ctl_main
 from llmgw.ctl.context import Ctx
 from llmgw.testing import Program, free_port, start_program
+from llmgw.testing.wait import wait_until
 from llmgw.wire.agent import GPU, Heartbeat, HeartbeatReply, ShardStatus
 from llmgw.wire.usage import UsageReport
 
@@ -132,18 +133,6 @@ class SimAgents:
         self._post("/v1/usage", report)
 
 
-def wait_for(
-    check: Callable[[], bool], *, timeout_s: float = 20.0, step: Callable[[], None]
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        step()
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
-
-
 @dataclass
 class Result:
     code: int
@@ -236,15 +225,18 @@ def fleet(controller: Program, tmp_path: Path) -> SimAgents:
     assert applied.code == 0, applied.err
 
     def placed() -> bool:
+        agents.beat()  # the simulated agents report before each look
         reps = ctl(controller.url, "replicas", "--json").json()
         assert isinstance(reps, list)
         return sum(r["state"] == "ready" for r in reps) >= 2
 
-    wait_for(placed, step=agents.beat)
+    wait_until(placed, timeout_s=20, every_s=0.1, what="two ready replicas")
     return agents
 
 
 class TestReadCommands:
+    """ctl's read commands against a real controller."""
+
     def test_status_json_counts_the_fleet(self, controller: Program, fleet: SimAgents) -> None:
         """status --json has the documented names; the unhealthy card is neither used nor free."""
         data = ctl(controller.url, "status", "--json").json()
@@ -302,6 +294,8 @@ class TestReadCommands:
 
 
 class TestWriteCommands:
+    """ctl's write commands against a real controller."""
+
     def test_cordon_and_uncordon(self, controller: Program, fleet: SimAgents) -> None:
         """cordon and uncordon change the node's state."""
         assert ctl(controller.url, "cordon", "gpu-02").out.startswith("node gpu-02 cordoned")
@@ -386,6 +380,8 @@ class TestWriteCommands:
 
 
 class TestBadInput:
+    """ctl's refusals against a real controller."""
+
     def test_wrong_token(self, controller: Program) -> None:
         """A wrong token exits 1 with one line on stderr, no traceback."""
         proc = ctl_process(controller.url, "status", token="wrong")

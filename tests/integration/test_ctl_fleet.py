@@ -123,6 +123,8 @@ def start_fleet_controller(log_dir: Path) -> Program:
 
 @pytest.mark.slow
 class TestFleetStatus:
+    """ctl status fits one screen on a large fleet."""
+
     def test_status_fits_one_screen_at_200_nodes(self, tmp_path: Path) -> None:
         """ctl status on 200 nodes and 500 models is one screen that lists what needs attention."""
         with start_fleet_controller(tmp_path) as prog:

@@ -25,6 +25,8 @@ def _best_wall(argv: list[str], runs: int = 5) -> float:
 
 
 class TestStartup:
+    """ctl starts fast and lists its commands."""
+
     def test_entry_point_imports_nothing_heavy(self) -> None:
         """Importing llmgw.ctl.main loads no aiohttp, rich, msgspec, yaml or sqlalchemy."""
         code = (

@@ -67,6 +67,8 @@ def server(request: pytest.FixtureRequest) -> Iterator[RawServer]:
 
 
 class TestBrokenAnswers:
+    """Broken answers give one line and exit 1."""
+
     def test_one_line_and_exit_1(self, server: RawServer) -> None:
         """A non-HTTP or truncated answer is reported in one line naming the URL, exit 1."""
         out = subprocess.run(

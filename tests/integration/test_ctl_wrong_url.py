@@ -17,16 +17,20 @@ def ctl(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_router_url_is_answered_with_the_controllers(tmp_path: Path) -> None:
-    with (
-        controller(Db(f"sqlite:///{tmp_path}/c.db"), log_dir=tmp_path) as c,
-        router(tmp_path, base_config(controller={"url": c.url, "poll_timeout_s": 5.0})) as r,
-    ):
-        done = ctl("--controller", r.url, "status")
-        assert done.returncode == 1
-        assert done.stderr.count("\n") == 1, done.stderr
-        assert "looks like the llmgw router, not the controller" in done.stderr
-        assert f"its controller is at {c.url}" in done.stderr
-        # And the real controller answers the same command.
-        ok = ctl("--controller", c.url, "-o", "json", "status")
-        assert ok.returncode == 0, ok.stderr
+class TestWrongUrl:
+    """ctl pointed at the router says where the controller is."""
+
+    def test_router_url_is_answered_with_the_controllers(self, tmp_path: Path) -> None:
+        """A router URL is answered with where the controller is."""
+        with (
+            controller(Db(f"sqlite:///{tmp_path}/c.db"), log_dir=tmp_path) as c,
+            router(tmp_path, base_config(controller={"url": c.url, "poll_timeout_s": 5.0})) as r,
+        ):
+            done = ctl("--controller", r.url, "status")
+            assert done.returncode == 1
+            assert done.stderr.count("\n") == 1, done.stderr
+            assert "looks like the llmgw router, not the controller" in done.stderr
+            assert f"its controller is at {c.url}" in done.stderr
+            # And the real controller answers the same command.
+            ok = ctl("--controller", c.url, "-o", "json", "status")
+            assert ok.returncode == 0, ok.stderr

@@ -96,40 +96,42 @@ def served_document() -> dict[str, Any]:
             return served
 
 
-def test_controller_doc_lists_the_served_routes() -> None:
-    """The admin API table in docs/controller.md equals the one rendered from /openapi.json."""
-    expected = render(served_document())
-    documented = documented_block(DOC.read_text())
-    assert documented == expected, (
-        "docs/controller.md disagrees with the controller's /openapi.json; run "
-        "`.venv/bin/python -m tests.integration.test_docs_api --write` and review the diff"
-    )
+class TestDocsApi:
+    """docs/controller.md's API table matches a real controller's routes."""
 
+    def test_controller_doc_lists_the_served_routes(self) -> None:
+        """The admin API table in docs/controller.md equals the one rendered from /openapi.json."""
+        expected = render(served_document())
+        documented = documented_block(DOC.read_text())
+        assert documented == expected, (
+            "docs/controller.md disagrees with the controller's /openapi.json; run "
+            "`.venv/bin/python -m tests.integration.test_docs_api --write` and review the diff"
+        )
 
-def test_render_shows_each_route_and_method() -> None:
-    """The renderer gives one row per method, with body, answer and errors."""
-    doc = {
-        "paths": {
-            "/a/{id}": {
-                "get": {"summary": "one", "responses": {"200": {"description": "OK"}}},
-                "post": {
-                    "summary": "x | y",
-                    "requestBody": {
-                        "required": False,
-                        "content": {"application/json": {"schema": {"$ref": "#/c/s/Req"}}},
+    def test_render_shows_each_route_and_method(self) -> None:
+        """The renderer gives one row per method, with body, answer and errors."""
+        doc = {
+            "paths": {
+                "/a/{id}": {
+                    "get": {"summary": "one", "responses": {"200": {"description": "OK"}}},
+                    "post": {
+                        "summary": "x | y",
+                        "requestBody": {
+                            "required": False,
+                            "content": {"application/json": {"schema": {"$ref": "#/c/s/Req"}}},
+                        },
+                        "responses": {
+                            "204": {"description": "done"},
+                            "404": {"description": "unknown"},
+                        },
+                        "security": [],
                     },
-                    "responses": {
-                        "204": {"description": "done"},
-                        "404": {"description": "unknown"},
-                    },
-                    "security": [],
-                },
+                }
             }
         }
-    }
-    lines = render(doc).splitlines()
-    assert lines[2] == "| `GET /a/{id}` | – | – | 200 | – | yes | one |"
-    assert lines[3] == "| `POST /a/{id}` | – | `Req` (optional) | 204 | 404 | no | x \\| y |"
+        lines = render(doc).splitlines()
+        assert lines[2] == "| `GET /a/{id}` | – | – | 200 | – | yes | one |"
+        assert lines[3] == "| `POST /a/{id}` | – | `Req` (optional) | 204 | 404 | no | x \\| y |"
 
 
 def _write() -> None:

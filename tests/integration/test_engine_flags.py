@@ -99,58 +99,67 @@ def engine_args(engine: str, overrides: dict[str, Any], kw: dict[str, Any]) -> l
     return list(plan.argv[prefix:])
 
 
-@pytest.mark.parametrize(("name", "overrides", "kw"), VARIANTS + KV_VARIANTS + LORA_VARIANTS)
-def test_vllm_command_lines(name: str, overrides: dict[str, Any], kw: dict[str, Any]) -> None:
-    cli = engine_cli("vllm")
-    argv = engine_args("vllm", overrides, kw)
-    assert check(cli, argv) == [], f"{name}: {argv}"
+class TestRenderedCommandLines:
+    """Rendered vLLM and SGLang command lines against the engines' real flags."""
 
+    @pytest.mark.parametrize(("name", "overrides", "kw"), VARIANTS + KV_VARIANTS + LORA_VARIANTS)
+    def test_vllm_command_lines(
+        self, name: str, overrides: dict[str, Any], kw: dict[str, Any]
+    ) -> None:
+        """Every rendered vLLM command line is accepted by vLLM's real flags."""
+        cli = engine_cli("vllm")
+        argv = engine_args("vllm", overrides, kw)
+        assert check(cli, argv) == [], f"{name}: {argv}"
 
-@pytest.mark.parametrize(("name", "overrides", "kw"), VARIANTS)
-def test_sglang_command_lines(name: str, overrides: dict[str, Any], kw: dict[str, Any]) -> None:
-    cli = engine_cli("sglang")
-    argv = engine_args("sglang", overrides, kw)
-    assert check(cli, argv) == [], f"{name}: {argv}"
+    @pytest.mark.parametrize(("name", "overrides", "kw"), VARIANTS)
+    def test_sglang_command_lines(
+        self, name: str, overrides: dict[str, Any], kw: dict[str, Any]
+    ) -> None:
+        """Every rendered SGLang command line is accepted by SGLang's real flags."""
+        cli = engine_cli("sglang")
+        argv = engine_args("sglang", overrides, kw)
+        assert check(cli, argv) == [], f"{name}: {argv}"
 
+    def test_extraction_finds_the_known_flags(self) -> None:
+        """The reading works: flags every release has, with arity and value rules; and the
+        check refuses what the real parser would."""
+        vllm = engine_cli("vllm")
+        assert vllm.positionals == 1  # the model tag
+        assert vllm.flags["--headless"] == "none"
+        assert vllm.flags["--served-model-name"] == "many"
+        assert vllm.flags["--port"] == "one"
+        assert vllm.flags["--enforce-eager"] == vllm.flags["--no-enforce-eager"] == "none"
+        assert {"endpoint", "replay_endpoint", "topic", "publisher"} <= vllm.kv_events_fields
+        assert len(vllm.flags) > 200
+        sglang = engine_cli("sglang")
+        assert sglang.positionals == 0
+        assert sglang.flags["--model-path"] == sglang.flags["--tp-size"] == "one"
+        assert sglang.flags["--served-model-name"] == "one"
+        assert sglang.flags["--trust-remote-code"] == "none"
+        assert len(sglang.flags) > 200
 
-def test_extraction_finds_the_known_flags() -> None:
-    """The reading works: flags every release has, with arity and value rules; and the
-    check refuses what the real parser would."""
-    vllm = engine_cli("vllm")
-    assert vllm.positionals == 1  # the model tag
-    assert vllm.flags["--headless"] == "none"
-    assert vllm.flags["--served-model-name"] == "many"
-    assert vllm.flags["--port"] == "one"
-    assert vllm.flags["--enforce-eager"] == vllm.flags["--no-enforce-eager"] == "none"
-    assert {"endpoint", "replay_endpoint", "topic", "publisher"} <= vllm.kv_events_fields
-    assert len(vllm.flags) > 200
-    sglang = engine_cli("sglang")
-    assert sglang.positionals == 0
-    assert sglang.flags["--model-path"] == sglang.flags["--tp-size"] == "one"
-    assert sglang.flags["--served-model-name"] == "one"
-    assert sglang.flags["--trust-remote-code"] == "none"
-    assert len(sglang.flags) > 200
-
-    # And the check fails where the real parser would.
-    assert check(vllm, ["m", "--no-such-flag", "1"]) == [
-        f"--no-such-flag: not a vllm {vllm.version} flag"
-    ]
-    assert check(vllm, ["m", "--headless", "1"]) == ["--headless: given 1 value(s), it takes none"]
-    assert check(vllm, ["a", "b", "--port", "1"]) == ["2 positional argument(s), vllm takes 1"]
-    assert check(sglang, ["--tp", "2"]) == [f"--tp: not a sglang {sglang.version} flag"]
-    assert check(sglang, ["--served-model-name", "a", "b"]) == [
-        "--served-model-name: given 2 value(s), it takes one"
-    ]
-    assert check(vllm, ["m", "--port", "eighty"]) == ["--port: 'eighty' is not an integer"]
-    assert "--tp-size" in sglang.ints
-    assert sglang.choices["--dtype"][:2] == ["auto", "half"]
-    assert check(sglang, ["--dtype", "fp7"]) == [
-        f"--dtype: 'fp7' is not one of {sglang.choices['--dtype']}"
-    ]
-    bad_kv = json.dumps({"endpoint": "tcp://*:1", "no_such_field": 1})
-    assert check(vllm, ["m", "--kv-events-config", bad_kv]) == [
-        "--kv-events-config: ['no_such_field'] are not KVEventsConfig fields"
-    ]
+        # And the check fails where the real parser would.
+        assert check(vllm, ["m", "--no-such-flag", "1"]) == [
+            f"--no-such-flag: not a vllm {vllm.version} flag"
+        ]
+        assert check(vllm, ["m", "--headless", "1"]) == [
+            "--headless: given 1 value(s), it takes none"
+        ]
+        assert check(vllm, ["a", "b", "--port", "1"]) == ["2 positional argument(s), vllm takes 1"]
+        assert check(sglang, ["--tp", "2"]) == [f"--tp: not a sglang {sglang.version} flag"]
+        assert check(sglang, ["--served-model-name", "a", "b"]) == [
+            "--served-model-name: given 2 value(s), it takes one"
+        ]
+        assert check(vllm, ["m", "--port", "eighty"]) == ["--port: 'eighty' is not an integer"]
+        assert "--tp-size" in sglang.ints
+        assert sglang.choices["--dtype"][:2] == ["auto", "half"]
+        assert check(sglang, ["--dtype", "fp7"]) == [
+            f"--dtype: 'fp7' is not one of {sglang.choices['--dtype']}"
+        ]
+        bad_kv = json.dumps({"endpoint": "tcp://*:1", "no_such_field": 1})
+        assert check(vllm, ["m", "--kv-events-config", bad_kv]) == [
+            "--kv-events-config: ['no_such_field'] are not KVEventsConfig fields"
+        ]
 
 
 _sleep: dict[str, enginesleep.SleepContract | str] = {}
@@ -170,6 +179,8 @@ def sleep_contract() -> enginesleep.SleepContract:
 
 
 class TestVllmSleepContract:
+    """vLLM's sleep routes and flags as llmgw calls them."""
+
     def test_the_routes_llmgw_calls_exist(self) -> None:
         """POST /sleep, POST /wake_up and GET /is_sleeping exist, as the sim-engine answers them."""
         c = sleep_contract()
@@ -207,6 +218,8 @@ class TestVllmSleepContract:
 
 
 class TestRuntimeLoraVariable:
+    """The agent reads vLLM's runtime LoRA variable as vLLM does."""
+
     @pytest.mark.parametrize("value", ["1", "true", "True", " TRUE ", "0", "false", "yes", ""])
     def test_agent_reads_it_as_vllm_does(self, value: str) -> None:
         """wire.adapters.loads_at_run_time reads VLLM_ALLOW_RUNTIME_LORA_UPDATING as the

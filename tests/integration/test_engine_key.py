@@ -76,60 +76,61 @@ def _dumps(doc: object) -> bytes:
 CHAT = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
 
 
-def test_v1_needs_the_key(keyed_engine: Program) -> None:
-    """No key, a wrong key, another scheme: 401 with vLLM's body, on every /v1 route."""
-    url = keyed_engine.url
-    bad = [
-        {},
-        {"Authorization": "Bearer wrong"},
-        {"Authorization": f"Basic {KEY}"},
-        {"Authorization": KEY},
-        {"Authorization": f"Bearer {KEY}x"},
-    ]
-    c = _Client(url)
-    for headers in bad:
-        for method, path in (
-            ("POST", "/v1/chat/completions"),
-            ("POST", "/v1/completions"),
-            ("GET", "/v1/models"),
-            ("POST", "/v1/embeddings"),
-        ):
-            r = c.request(method, path, headers=headers, json=CHAT)
-            assert r.status_code == 401, (headers, path, r.text)
-            assert r.json() == UNAUTHORIZED
-    ok = c.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"})
-    assert ok.status_code == 200, ok.text
-    # The scheme is case-insensitive in vLLM.
-    ok2 = c.get("/v1/models", headers={"Authorization": f"bearer {KEY}"})
-    assert ok2.status_code == 200
+class TestEngineKey:
+    """An engine with a key answers only its holder on /v1/*."""
 
+    def test_v1_needs_the_key(self, keyed_engine: Program) -> None:
+        """No key, a wrong key, another scheme: 401 with vLLM's body, on every /v1 route."""
+        url = keyed_engine.url
+        bad = [
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": f"Basic {KEY}"},
+            {"Authorization": KEY},
+            {"Authorization": f"Bearer {KEY}x"},
+        ]
+        c = _Client(url)
+        for headers in bad:
+            for method, path in (
+                ("POST", "/v1/chat/completions"),
+                ("POST", "/v1/completions"),
+                ("GET", "/v1/models"),
+                ("POST", "/v1/embeddings"),
+            ):
+                r = c.request(method, path, headers=headers, json=CHAT)
+                assert r.status_code == 401, (headers, path, r.text)
+                assert r.json() == UNAUTHORIZED
+        ok = c.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"})
+        assert ok.status_code == 200, ok.text
+        # The scheme is case-insensitive in vLLM.
+        ok2 = c.get("/v1/models", headers={"Authorization": f"bearer {KEY}"})
+        assert ok2.status_code == 200
 
-def test_health_and_metrics_stay_open(keyed_engine: Program) -> None:
-    c = _Client(keyed_engine.url)
-    assert c.get("/health").status_code == 200
-    metrics = c.get("/metrics")
-    assert metrics.status_code == 200
-    assert KEY not in metrics.text
-    assert c.get("/version").status_code == 200
+    def test_health_and_metrics_stay_open(self, keyed_engine: Program) -> None:
+        """Health and metrics stay open."""
+        c = _Client(keyed_engine.url)
+        assert c.get("/health").status_code == 200
+        metrics = c.get("/metrics")
+        assert metrics.status_code == 200
+        assert KEY not in metrics.text
+        assert c.get("/version").status_code == 200
 
-
-def test_openai_client_with_and_without_the_key(keyed_engine: Program) -> None:
-    """The official client: AuthenticationError without the key, an answer with it."""
-    base = keyed_engine.url + "/v1"
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=base, api_key="nope", max_retries=0).chat.completions.create(
+    def test_openai_client_with_and_without_the_key(self, keyed_engine: Program) -> None:
+        """The official client: AuthenticationError without the key, an answer with it."""
+        base = keyed_engine.url + "/v1"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="nope", max_retries=0).chat.completions.create(
+                model="m", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+            )
+        out = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0).chat.completions.create(
             model="m", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
         )
-    out = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0).chat.completions.create(
-        model="m", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
-    )
-    assert out.choices[0].message.content
+        assert out.choices[0].message.content
 
-
-def test_no_key_is_open() -> None:
-    """Without a key (and no VLLM_API_KEY) /v1 is open, as in vLLM."""
-    with start_program(
-        ["sim-engine", "--port", "0", "--model", "m", "--speed", "50"],
-        env={"VLLM_API_KEY": ""},
-    ) as prog:
-        assert _Client(prog.url).get("/v1/models").status_code == 200
+    def test_no_key_is_open(self) -> None:
+        """Without a key (and no VLLM_API_KEY) /v1 is open, as in vLLM."""
+        with start_program(
+            ["sim-engine", "--port", "0", "--model", "m", "--speed", "50"],
+            env={"VLLM_API_KEY": ""},
+        ) as prog:
+            assert _Client(prog.url).get("/v1/models").status_code == 200

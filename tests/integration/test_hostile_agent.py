@@ -21,7 +21,10 @@ def post(path: str, payload: bytes) -> bytes:
 
 
 class TestAgentRefusals:
+    """The agent refuses bad bodies, paths and HTTP with JSON errors."""
+
     def test_bodies_paths_and_bad_http(self, tmp_path: Path) -> None:
+        """Bad bodies, paths and HTTP get JSON errors, one log line each."""
         args = ["agent", "--controller", "http://127.0.0.1:9", "--node", "n", "--port", "0"]
         args += ["--gpus", "2xH100-80G", "--state-dir", str(tmp_path / "state")]
         with start_program(args, log_dir=tmp_path) as agent:

@@ -62,7 +62,10 @@ def schemathesis_cli() -> list[str]:
 
 
 class TestSchemaIsTheTruth:
+    """Schemathesis finds nothing against a real controller."""
+
     def test_schemathesis_finds_nothing(self, tmp_path: Path) -> None:
+        """Schemathesis finds nothing against the published schema."""
         with controller(Db(f"sqlite:///{tmp_path / 'c.db'}"), token=TOKEN, log_dir=tmp_path) as c:
             out = subprocess.run(
                 [
@@ -101,7 +104,10 @@ class TestSchemaIsTheTruth:
 
 
 class TestHostileBodies:
+    """Hostile bodies are refused in shape, each in one log line."""
+
     def test_each_refused_in_shape_in_one_line(self, tmp_path: Path) -> None:
+        """Each hostile body is refused in shape with one log line, without growth."""
         deep = b"[" * 5000 + b"]" * 5000
         with controller(Db(f"sqlite:///{tmp_path / 'c.db'}"), token=TOKEN, log_dir=tmp_path) as c:
             url = c.url
@@ -167,7 +173,10 @@ class TestHostileBodies:
 
 
 class TestMetricsToken:
+    """The metrics token alone and beside the admin token."""
+
     def test_metrics_token_alone_and_beside_the_admin_token(self, tmp_path: Path) -> None:
+        """The metrics token works alone and beside the admin token."""
         db = Db(f"sqlite:///{tmp_path / 'a.db'}")
         with controller(db, "--metrics-token", "scrape", log_dir=tmp_path) as c:
             assert call(c.url, "GET", "/metrics", token=None)[0] == 401

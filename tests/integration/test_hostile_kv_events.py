@@ -12,15 +12,15 @@ import contextlib
 import json
 import re
 import threading
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from llmgw.router.kvfollow import MAX_MESSAGE_BYTES, MAX_REPLAY_BYTES
 from llmgw.testing import Program, free_port
+from llmgw.testing.wait import wait_until
 from llmgw.wire.kvevents import KVEventBatch, encode_batch, encode_seq
 from tests.integration.hostile import no_traceback, rss_kib
 from tests.integration.router_fixtures import (
@@ -42,15 +42,6 @@ def metric(router_url: str, name: str) -> float | None:
         text = resp.read().decode()
     m = re.search(rf'^{re.escape(name)}\{{endpoint="e0"\}} (\S+)$', text, re.M)
     return None if m is None else float(m.group(1))
-
-
-def until(pred: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not in time: {what}")
 
 
 def served(r: Program) -> bool:
@@ -101,7 +92,9 @@ def following(tmp_path: Path) -> Iterator[tuple[Rogue, Program]]:
                 "tokenizer": "sim",
             }
             with router(tmp_path, base_config(endpoints=[entry])) as r:
-                until(lambda: metric(r.url, "llmgw_router_kv_events_connected") == 1.0, "connect")
+                wait_until(
+                    lambda: metric(r.url, "llmgw_router_kv_events_connected") == 1.0, what="connect"
+                )
 
                 # A subscription takes effect a moment after the handshake: resend batch 0
                 # until one is applied.
@@ -109,7 +102,7 @@ def following(tmp_path: Path) -> Iterator[tuple[Rogue, Program]]:
                     rogue.send(0, GOOD)
                     return (metric(r.url, "llmgw_router_kv_events_batches_total") or 0) >= 1
 
-                until(first_applied, "batch 0 applied")
+                wait_until(first_applied, what="batch 0 applied")
                 yield rogue, r
     finally:
         rogue.close()
@@ -124,6 +117,8 @@ def quiet(r: Program) -> None:
 
 
 class TestRoguePublisher:
+    """A rogue KV-event publisher cannot crash or bloat the router."""
+
     def test_deep_nesting_is_an_unreadable_batch(self, tmp_path: Path) -> None:
         """Fifty payloads nested 100,000 levels: each a gap, one log line in all, no
         RecursionError out of the decoder, requests served."""
@@ -132,9 +127,9 @@ class TestRoguePublisher:
             gaps0 = metric(r.url, "llmgw_router_kv_events_gaps_total") or 0
             for seq in range(1, 51):
                 rogue.send(seq, deep)
-            until(
+            wait_until(
                 lambda: (metric(r.url, "llmgw_router_kv_events_gaps_total") or 0) >= gaps0 + 50,
-                "fifty gaps",
+                what="fifty gaps",
             )
             text = r.log_text()
             lines = [x for x in text.splitlines() if "unreadable batch" in x]
@@ -151,7 +146,9 @@ class TestRoguePublisher:
             huge = b"\x00" * (6 * MAX_MESSAGE_BYTES)
             for seq in range(1, 6):
                 rogue.send(seq, huge)
-            until(lambda: metric(r.url, "llmgw_router_kv_events_connected") == 1.0, "reconnect")
+            wait_until(
+                lambda: metric(r.url, "llmgw_router_kv_events_connected") == 1.0, what="reconnect"
+            )
             assert served(r)
             grown = rss_kib(r.pid) - rss0
             assert grown < 24 * 1024, grown
@@ -193,7 +190,9 @@ class TestRoguePublisher:
             thread.start()
             try:
                 rogue.send(5_000, GOOD)
-                until(lambda: "replay failed" in r.log_text(), "the replay refused", 60)
+                wait_until(
+                    lambda: "replay failed" in r.log_text(), what="the replay refused", timeout_s=60
+                )
             finally:
                 stop.set()
                 thread.join(timeout=30)

@@ -62,6 +62,8 @@ def ctrl(tmp_path: Path) -> Any:
 
 
 class TestRefusedWhereTheyEnter:
+    """Hostile names are refused where they enter the controller."""
+
     @pytest.mark.parametrize(
         ("url_node", "body", "param"),
         [
@@ -103,6 +105,8 @@ class TestRefusedWhereTheyEnter:
 
 
 class TestCtlShowsFreeText:
+    """ctl shows free text, never obeys it."""
+
     def test_gpu_reason_shown_not_obeyed(self, ctrl: Controller) -> None:
         """An agent's free text (a GPU's unhealthy reason) reaches `ctl events` and `ctl
         nodes` as visible escapes, piped and as a table, exit 0."""
@@ -131,6 +135,8 @@ class TestCtlShowsFreeText:
 
 
 class TestCtlApplyFile:
+    """ctl apply refuses bad files in one line."""
+
     def test_lone_surrogate_one_line_exit_1(self, ctrl: Controller, tmp_path: Path) -> None:
         """`ctl apply -f` with a `\\ud83d` escape exits 1 with one line, nothing applied."""
         f = tmp_path / "m.yaml"

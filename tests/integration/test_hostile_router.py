@@ -121,6 +121,8 @@ def ok_request(port: int) -> Answer:
 
 
 class TestAnswersBeforeAnyHandler:
+    """Answers given before any handler are OpenAI's error object."""
+
     # (what, raw request): aiohttp's parser refuses each before the router sees it.
     PARSER_CASES = (
         ("header line too long", head("GET", "/healthz", "X-Big: " + "a" * 9000)),
@@ -152,6 +154,7 @@ class TestAnswersBeforeAnyHandler:
     )
 
     def test_every_answer_is_openais_error_object(self, tmp_path: Path) -> None:
+        """Every answer given before a handler is OpenAI's error object."""
         with fleet(tmp_path) as (_, r):
             warm(r.url)
             before = Footprint(r)
@@ -187,7 +190,10 @@ class TestAnswersBeforeAnyHandler:
 
 
 class TestUndecodableBodies:
+    """Undecodable bodies are a 400 in one log line."""
+
     def test_each_is_a_400_in_one_log_line(self, tmp_path: Path) -> None:
+        """Each undecodable body is a 400 with one log line."""
         bodies: list[tuple[str, bytes]] = []
         for depth in (200, 900, 990, 1000, 1100, 50_000):
             for where in ("top", "content", "tools", "extra"):
@@ -255,7 +261,10 @@ class TestUndecodableBodies:
 
 
 class TestConnectionsAndSlowClients:
+    """Connection and slow-client limits."""
+
     def test_limits(self, tmp_path: Path) -> None:
+        """Connection caps and idle, header and body timeouts hold against slow clients."""
         with fleet(
             tmp_path,
             max_client_connections=40,
@@ -349,7 +358,10 @@ async def post_big(session: aiohttp.ClientSession, url: str, body: bytes) -> int
 
 
 class TestBytesInFlight:
+    """Past the byte budget the router answers 503 and does not grow."""
+
     async def test_past_the_budget_503_and_no_growth(self, tmp_path: Path) -> None:
+        """Past the in-flight body budget the router answers 503 and does not grow."""
         mib = 1024 * 1024
         # One address sends them all: the budget as a whole here (its division by
         # address: test_hostile_router_budgets.py).
@@ -419,6 +431,8 @@ class TestBytesInFlight:
 
 
 class TestWaitWhenEveryReplicaIsDown:
+    """No request waits through more than one probe."""
+
     async def test_no_request_waits_through_more_than_one_probe(self, tmp_path: Path) -> None:
         """The only replica fails everything; its breaker opens after one failure. Each
         request arriving while it is open is answered by the first probe's verdict
@@ -462,7 +476,10 @@ class TestWaitWhenEveryReplicaIsDown:
 
 
 class TestMetricsTokenAndMappedLoopback:
+    """The metrics token, and mapped loopback counts as loopback."""
+
     def test_metrics_needs_its_token_and_mapped_loopback_is_loopback(self, tmp_path: Path) -> None:
+        """/metrics needs its token, and IPv4-mapped loopback counts as loopback."""
         if not socket.has_ipv6:
             pytest.skip("no IPv6 on this machine: no dual-stack socket to test")
         try:

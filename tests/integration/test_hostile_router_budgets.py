@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from llmgw.testing import Program
+from llmgw.testing.wait import wait_until
 from tests.integration.hostile import Answer as RawAnswer
 from tests.integration.hostile import assert_openai_error, no_traceback, parse_answer
 from tests.integration.router_fixtures import (
@@ -85,13 +86,12 @@ def served_on(s: socket.socket) -> socket.socket:
 def wait_held(r: Program, model: str, n: int, timeout_s: float = 10.0) -> None:
     """Until the router holds `n` requests for `model` (its llmgw_router_held gauge)."""
     want = f'llmgw_router_held{{model="{model}"}} {float(n)}'
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def held() -> bool:
         with urllib.request.urlopen(r.url + "/metrics", timeout=5) as resp:
-            if want in resp.read().decode():
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"{n} requests for {model} not held within {timeout_s}s")
+            return want in resp.read().decode()
+
+    wait_until(held, timeout_s=timeout_s, what=f"{n} requests for {model} held")
 
 
 def chat(port: int, source: str, text: str, *, model: str = MODEL, pad: int = 0) -> RawAnswer:
@@ -105,6 +105,8 @@ def chat(port: int, source: str, text: str, *, model: str = MODEL, pad: int = 0)
 
 
 class TestSlowUploadsFromOneAddress:
+    """Slow uploads from one address stop no one else."""
+
     def test_eighty_slow_uploads_stop_no_one_else(self, tmp_path: Path) -> None:
         """80 uploads that declare 8 MiB and send a byte (the issue's attack, under a
         64 MiB budget that eight of them used to fill): others are served meanwhile,
@@ -185,6 +187,8 @@ class TestSlowUploadsFromOneAddress:
 
 
 class TestBodyBytesPerAddress:
+    """One address holding bodies leaves room for others."""
+
     def test_one_address_holding_bodies_leaves_room_for_others(self, tmp_path: Path) -> None:
         """Bodies held by waiting requests count until they end: one address holding its
         half (2 of 4 MiB) gets 503 for more, while another address is served."""
@@ -219,6 +223,8 @@ class TestBodyBytesPerAddress:
 
 
 class TestConnectionsPerAddress:
+    """Past its share an address reads a 503 and others are served."""
+
     @pytest.mark.parametrize("server", ["fast", "aiohttp"])
     def test_past_the_share_a_readable_503_and_others_served(
         self, tmp_path: Path, server: str
@@ -251,6 +257,8 @@ class TestConnectionsPerAddress:
 
 
 class TestPastTheCap:
+    """Clients past the connection cap read the 503."""
+
     @pytest.mark.parametrize("server", ["fast", "aiohttp"])
     def test_clients_that_send_at_once_read_the_503(self, tmp_path: Path, server: str) -> None:
         """With the cap's ten connections held, twenty clients each send a 1 MiB request
@@ -286,6 +294,8 @@ class TestPastTheCap:
 
 
 class TestHeldPerAddress:
+    """One address cannot fill the hold queue."""
+
     def test_one_address_cannot_fill_the_hold_queue(self, tmp_path: Path) -> None:
         """max_held 4, share 0.5: with two of the attacker's requests held for a model
         nobody serves, its third is refused at once, and another address's is held."""
@@ -315,6 +325,8 @@ class TestHeldPerAddress:
 
 
 class TestRefusedHeads:
+    """A head past the limit reads its 400."""
+
     def test_a_head_past_the_limit_reads_its_400(self, tmp_path: Path) -> None:
         """Five clients each send an 8 MiB head (past 8190 x 130 bytes) in one go and only
         then read: each reads the 400 in OpenAI's shape, none a reset."""

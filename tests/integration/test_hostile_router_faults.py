@@ -28,6 +28,8 @@ KEY = "sk-engine-right"
 
 
 class TestAnEngineRefusingTheRoutersKey:
+    """An engine refusing the router's key is routed around."""
+
     async def test_the_client_gets_a_502_in_openais_shape(self, tmp_path: Path) -> None:
         """The router holds a wrong key for the only engine: 502 `engine_refused_key`,
         OpenAI's error object, never the engine's own 401 body."""
@@ -65,6 +67,8 @@ class TestAnEngineRefusingTheRoutersKey:
 
 
 class TestADeadEngine:
+    """Requests to a dead engine are answered within one cooldown."""
+
     async def test_requests_are_answered_within_one_cooldown_plus_the_probe(
         self, tmp_path: Path
     ) -> None:

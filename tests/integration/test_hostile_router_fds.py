@@ -66,71 +66,79 @@ def _chat(conn: http.client.HTTPConnection, text: str) -> int:
     return resp.status
 
 
-@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) is not installed")
-def test_idle_flood_at_1024_files_leaves_established_clients_served(tmp_path: Path) -> None:
-    _raise_own_limit(IDLE + 256)
-    with sim_engines(tmp_path, [50.0]) as engines:
-        # Every idle connection comes from 127.0.0.1: the cap as a whole, not one
-        # address's share of it.
-        conf = base_config(
-            endpoints=endpoint_entries(engines), idle_timeout_s=60.0, client_share=1.0
-        )
-        path = write_config(config_path(tmp_path), conf)
-        with start_program(
-            ["router", "--config", str(path), "--port", "0", "--workers", "1"],
-            log_dir=tmp_path,
-            prefix=["prlimit", f"--nofile={NOFILE}:{NOFILE}", "--"],
-        ) as r:
-            cap = NOFILE // 2 - FD_RESERVE
-            keep = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
-            assert _chat(keep, "warm") == 200
-            fds0 = open_fds(r.pid)
-            idle: list[socket.socket] = []
-            try:
-                for _ in range(IDLE):
-                    idle.append(socket.create_connection(("127.0.0.1", r.port), timeout=10))
-                # Every connection over the cap is answered and closed at once.
-                deadline = time.monotonic() + 20
-                refused = 0
-                pending = list(idle)
-                while pending and time.monotonic() < deadline:
-                    still: list[socket.socket] = []
-                    for s in pending:
-                        s.setblocking(False)
-                        try:
-                            data = s.recv(65536)
-                        except BlockingIOError:
-                            still.append(s)
-                            continue
-                        ans = RawAnswer(*parse_answer(data), closed=True, elapsed_s=0)
-                        assert assert_openai_error(ans, 503)["code"] == "too_many_connections"
-                        refused += 1
-                    if refused >= IDLE - (cap - 1):
-                        break
-                    pending = still
-                    time.sleep(0.1)
-                # The established connection is one of the cap.
-                assert refused == IDLE - (cap - 1), (refused, cap)
-                # The established client is served on: 15 of 15, each needing an engine
-                # connection while the idle ones hold every client slot.
-                statuses = [_chat(keep, f"served on {i}") for i in range(15)]
-                assert statuses == [200] * 15
-                assert open_fds(r.pid) < NOFILE - FD_RESERVE // 2
-            finally:
-                for s in idle:
-                    s.close()
-                keep.close()
-            # The idle ones gone, new clients are served again.
-            fresh = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
-            try:
-                assert [_chat(fresh, f"fresh {i}") for i in range(5)] == [200] * 5
-            finally:
-                fresh.close()
-            assert r.alive()
-            fds = wait_fds_at_most(r.pid, fds0 + 6, timeout_s=15)
-            assert fds <= fds0 + 6, (fds0, fds)
-            text = r.log_text()
-            conn_lines = [x for x in log_lines(text, "refused") if "refused connection" in x]
-            assert len(conn_lines) == IDLE - (cap - 1)
-            no_traceback(text)
-            assert f"max_connections={cap}" in text, text[:2000]
+class TestIdleFlood:
+    """An idle connection flood at the open-file limit leaves established clients served."""
+
+    @pytest.mark.skipif(
+        shutil.which("prlimit") is None, reason="prlimit (util-linux) is not installed"
+    )
+    def test_idle_flood_at_1024_files_leaves_established_clients_served(
+        self, tmp_path: Path
+    ) -> None:
+        """An idle flood at 1,024 files leaves established clients served."""
+        _raise_own_limit(IDLE + 256)
+        with sim_engines(tmp_path, [50.0]) as engines:
+            # Every idle connection comes from 127.0.0.1: the cap as a whole, not one
+            # address's share of it.
+            conf = base_config(
+                endpoints=endpoint_entries(engines), idle_timeout_s=60.0, client_share=1.0
+            )
+            path = write_config(config_path(tmp_path), conf)
+            with start_program(
+                ["router", "--config", str(path), "--port", "0", "--workers", "1"],
+                log_dir=tmp_path,
+                prefix=["prlimit", f"--nofile={NOFILE}:{NOFILE}", "--"],
+            ) as r:
+                cap = NOFILE // 2 - FD_RESERVE
+                keep = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+                assert _chat(keep, "warm") == 200
+                fds0 = open_fds(r.pid)
+                idle: list[socket.socket] = []
+                try:
+                    for _ in range(IDLE):
+                        idle.append(socket.create_connection(("127.0.0.1", r.port), timeout=10))
+                    # Every connection over the cap is answered and closed at once.
+                    deadline = time.monotonic() + 20
+                    refused = 0
+                    pending = list(idle)
+                    while pending and time.monotonic() < deadline:
+                        still: list[socket.socket] = []
+                        for s in pending:
+                            s.setblocking(False)
+                            try:
+                                data = s.recv(65536)
+                            except BlockingIOError:
+                                still.append(s)
+                                continue
+                            ans = RawAnswer(*parse_answer(data), closed=True, elapsed_s=0)
+                            assert assert_openai_error(ans, 503)["code"] == "too_many_connections"
+                            refused += 1
+                        if refused >= IDLE - (cap - 1):
+                            break
+                        pending = still
+                        time.sleep(0.1)
+                    # The established connection is one of the cap.
+                    assert refused == IDLE - (cap - 1), (refused, cap)
+                    # The established client is served on: 15 of 15, each needing an engine
+                    # connection while the idle ones hold every client slot.
+                    statuses = [_chat(keep, f"served on {i}") for i in range(15)]
+                    assert statuses == [200] * 15
+                    assert open_fds(r.pid) < NOFILE - FD_RESERVE // 2
+                finally:
+                    for s in idle:
+                        s.close()
+                    keep.close()
+                # The idle ones gone, new clients are served again.
+                fresh = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+                try:
+                    assert [_chat(fresh, f"fresh {i}") for i in range(5)] == [200] * 5
+                finally:
+                    fresh.close()
+                assert r.alive()
+                fds = wait_fds_at_most(r.pid, fds0 + 6, timeout_s=15)
+                assert fds <= fds0 + 6, (fds0, fds)
+                text = r.log_text()
+                conn_lines = [x for x in log_lines(text, "refused") if "refused connection" in x]
+                assert len(conn_lines) == IDLE - (cap - 1)
+                no_traceback(text)
+                assert f"max_connections={cap}" in text, text[:2000]

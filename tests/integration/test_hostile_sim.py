@@ -30,7 +30,10 @@ def post(path: str, payload: bytes) -> bytes:
 
 
 class TestSimEngineRefusals:
+    """The sim-engine refuses bad bodies and HTTP in vLLM's shape."""
+
     def test_undecodable_bodies_and_bad_http(self, tmp_path: Path) -> None:
+        """Undecodable bodies and bad HTTP get vLLM's error body."""
         deep = b"[" * 5000 + b"]" * 5000
         cases = [
             ("/v1/chat/completions", b'{"model": "m", "messages": ' + deep + b"}"),

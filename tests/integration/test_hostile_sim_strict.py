@@ -57,6 +57,8 @@ GUARDED = [
 
 
 class TestEngineKeyEverywhere:
+    """Every sim-engine route but three needs the key."""
+
     def test_every_route_but_three_needs_the_key(self, tmp_path: Path) -> None:
         """Without the key every served route is vLLM's 401 and changes nothing (the prefix
         cache survives a keyless /reset_prefix_cache); /health, /metrics and /version stay
@@ -111,6 +113,8 @@ def big_bodies() -> dict[str, tuple[str, str]]:
 
 
 class TestBigBodiesBounded:
+    """Big bodies are refused without holding memory."""
+
     @pytest.mark.parametrize("shape", list(big_bodies()))
     def test_ten_concurrent_refused_without_memory(self, shape: str, tmp_path: Path) -> None:
         """Ten concurrent 7.9 MB bodies are each a 400 in vLLM's shape; the peak is about

@@ -47,7 +47,10 @@ def one_line(out: subprocess.CompletedProcess[str]) -> str:
 
 
 class TestAgentStateDir:
+    """The agent refuses a state dir or lock it would have to follow."""
+
     def test_a_symlinked_state_dir_is_refused(self, tmp_path: Path) -> None:
+        """A symlinked state dir is refused."""
         real = tmp_path / "real"
         real.mkdir()
         link = tmp_path / "link"
@@ -58,6 +61,7 @@ class TestAgentStateDir:
         assert list(real.iterdir()) == []
 
     def test_a_file_as_state_dir_is_refused_by_name(self, tmp_path: Path) -> None:
+        """A file as state dir is refused by name."""
         f = tmp_path / "state"
         f.write_text("not a folder\n")
         out = agent(f)
@@ -68,6 +72,7 @@ class TestAgentStateDir:
         assert f.read_text() == "not a folder\n"
 
     def test_a_symlinked_lock_is_not_followed(self, tmp_path: Path) -> None:
+        """A symlinked lock is not followed."""
         state = tmp_path / "state"
         state.mkdir()
         victim = tmp_path / "victim.txt"
@@ -80,7 +85,10 @@ class TestAgentStateDir:
 
 
 class TestUpStateFolder:
+    """llmgw up refuses a symlinked or file state folder."""
+
     def test_a_symlinked_folder_and_a_file_are_refused(self, tmp_path: Path) -> None:
+        """A symlinked folder and a file are refused."""
         real = tmp_path / "real"
         real.mkdir()
         link = tmp_path / "link"

@@ -35,6 +35,8 @@ def agent_args(url: str, state: Path) -> list[str]:
 
 
 class TestStateFileTempRefused:
+    """A symlink at the state file's temp name stops the agent in one line."""
+
     def test_at_start_one_line_exit_2(self, tmp_path: Path) -> None:
         """A symlink at the temp name before start: exit 2, one line naming it, target kept."""
         state = tmp_path / "state"

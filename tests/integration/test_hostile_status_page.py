@@ -14,6 +14,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class TestStatusPageHeaders:
+    """The status page cannot be framed."""
+
     @pytest.mark.parametrize(
         "path", ["/status", "/status/", "/status/static/status.js", "/status/static/status.css"]
     )

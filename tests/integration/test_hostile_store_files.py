@@ -26,6 +26,8 @@ def mode(path: Path) -> int:
 
 
 class TestFiles:
+    """The SQLite files are private and never followed through a symlink."""
+
     def test_private_and_unmapped(self, tmp_path: Path) -> None:
         """A new database is one 0600 file; no -wal or -shm file exists to be truncated."""
         db = tmp_path / "data" / "c.db"
@@ -69,6 +71,8 @@ class TestFiles:
 
 
 class TestDatabaseGoesBad:
+    """A bad database makes writes 503 while the controller stays up."""
+
     @pytest.mark.parametrize("damage", ["truncated", "overwritten"])
     def test_writes_are_503_and_the_controller_stays(self, tmp_path: Path, damage: str) -> None:
         """The database truncated or overwritten under a running controller: every write is

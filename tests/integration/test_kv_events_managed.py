@@ -81,6 +81,8 @@ def chat() -> dict[str, Any]:
 
 
 class TestManagedPreciseMode:
+    """Precise mode for a managed model, from spec to router."""
+
     async def test_spec_that_cannot_publish_is_refused(self, ctrl: ControllerRig) -> None:
         """llama.cpp publishes no KV events: 422 naming routing.kv_events, nothing applied."""
         body = {**precise_model(), "engine": "llamacpp", "source": "/m.gguf"}

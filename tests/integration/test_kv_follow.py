@@ -108,7 +108,10 @@ def following(addr: str, raddr: str) -> Iterator[Live]:
 
 
 class TestReplay:
+    """Gaps in the event stream are filled from the replay socket or fall back."""
+
     async def test_a_gap_is_filled_from_the_replay_socket(self) -> None:
+        """A gap is filled from the replay socket."""
         async with publisher(replay=True) as (pub, addr, raddr):
             with following(addr, raddr) as live:
                 await live.receive(frames(pub, 0))
@@ -143,6 +146,7 @@ class TestReplay:
     async def test_without_an_answer_the_gap_falls_back(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
+        """Without a replay answer the gap falls back."""
         monkeypatch.setattr(kvfollow, "REPLAY_TIMEOUT_S", 0.3)
         async with publisher(replay=False) as (pub, addr, _):
             # A replay address nobody answers on.
@@ -153,6 +157,7 @@ class TestReplay:
                 assert not live.blocks.precise
 
     async def test_an_unreadable_batch_counts_as_a_gap(self) -> None:
+        """An unreadable batch counts as a gap."""
         async with publisher(replay=False) as (pub, addr, _):
             with following(addr, "") as live:
                 await live.receive(frames(pub, 0))
@@ -211,6 +216,8 @@ class TestReplay:
 
 
 class TestSupervision:
+    """A crashed subscription is started again."""
+
     async def test_a_subscription_that_crashes_is_started_again(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -101,107 +101,111 @@ def engine(model: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes
         proc.wait(timeout=10)
 
 
-def test_health_is_503_while_loading_then_200(
-    engine: tuple[subprocess.Popen[bytes], str, list],
-) -> None:
-    """llama-server listens before it loads: 503 'Loading model' first, then 200; the
-    agent's probe is ready only on the 200."""
-    proc, url, seen = engine
-    statuses = [s for s, _ in seen]
-    assert statuses[-1] == 200, statuses[-5:]
-    loading = [body for status, body in seen if status == 503]
-    assert loading, f"never saw the loading answer: {sorted(set(statuses), key=str)}"
-    assert json.loads(loading[0])["error"]["message"] == "Loading model"
-    # Nothing but "not listening yet", "loading" and finally "ready".
-    assert set(statuses) <= {None, 503, 200}
-    assert 200 not in statuses[:-1]
+class TestLlamaServer:
+    """A real llama-server's health, metrics and start failures."""
 
-    async def probe() -> bool:
-        p = HttpHealthProbe()
-        try:
-            return await p.check("127.0.0.1", int(url.rsplit(":", 1)[1]), "/health")
-        finally:
-            await p.close()
+    def test_health_is_503_while_loading_then_200(
+        self,
+        engine: tuple[subprocess.Popen[bytes], str, list],
+    ) -> None:
+        """llama-server listens before it loads: 503 'Loading model' first, then 200; the
+        agent's probe is ready only on the 200."""
+        proc, url, seen = engine
+        statuses = [s for s, _ in seen]
+        assert statuses[-1] == 200, statuses[-5:]
+        loading = [body for status, body in seen if status == 503]
+        assert loading, f"never saw the loading answer: {sorted(set(statuses), key=str)}"
+        assert json.loads(loading[0])["error"]["message"] == "Loading model"
+        # Nothing but "not listening yet", "loading" and finally "ready".
+        assert set(statuses) <= {None, 503, 200}
+        assert 200 not in statuses[:-1]
 
-    assert asyncio.run(probe()) is True
-    assert proc.poll() is None
+        async def probe() -> bool:
+            p = HttpHealthProbe()
+            try:
+                return await p.check("127.0.0.1", int(url.rsplit(":", 1)[1]), "/health")
+            finally:
+                await p.close()
 
+        assert asyncio.run(probe()) is True
+        assert proc.poll() is None
 
-def test_real_metrics_match_the_parser(engine: tuple[subprocess.Popen[bytes], str, list]) -> None:
-    """After one request, /metrics parses with the llamacpp names; the series are the
-    same as in the fixture the router's unit tests use."""
-    _proc, url, _seen = engine
-    body = json.dumps({"prompt": "once upon a time", "max_tokens": 5}).encode()
-    req = urllib.request.Request(
-        url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        usage = json.loads(resp.read())["usage"]
-    assert usage["completion_tokens"] == 5
-    status, text = _status(url + "/metrics")
-    assert status == 200
-    stats = parse(text, "llamacpp")
-    assert stats.running == 0
-    assert stats.waiting == 0
-    assert stats.prompt_tokens == usage["prompt_tokens"]
-    assert stats.generation_tokens == 5
-    # No KV gauge in this llama.cpp (removed upstream in 2025): unknown, not zero.
-    assert stats.kv_usage is None
-
-    def names(raw: str) -> set[str]:
-        return {ln.split()[2] for ln in raw.splitlines() if ln.startswith("# TYPE ")}
-
-    assert names(text.decode()) == names(FIXTURE.read_text())
-
-
-def test_bad_model_file_exits_with_llamacpps_reason(tmp_path: Path) -> None:
-    """Not a GGUF: exit 1, and llama.cpp says why in its last log lines."""
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(b"not a model\n" * 100)
-    out = subprocess.run(
-        _argv(bad, free_port()), capture_output=True, text=True, timeout=30, check=False
-    )
-    assert out.returncode == 1
-    tail = (out.stdout + out.stderr).splitlines()[-5:]
-    assert any("failed to load model" in line for line in tail), tail
-
-
-def test_real_metrics_show_running_and_waiting_under_load(
-    engine: tuple[subprocess.Popen[bytes], str, list],
-) -> None:
-    """Four long requests on two slots (`--parallel 2`): the scrape the router parses
-    shows two running and the rest waiting while they last (llama.cpp's
-    `requests_processing` and `requests_deferred`)."""
-    _proc, url, _seen = engine
-    body = json.dumps(
-        {"prompt": "the long road home", "max_tokens": 1500, "ignore_eos": True}
-    ).encode()
-    results: list[int] = []
-
-    def one() -> None:
+    def test_real_metrics_match_the_parser(
+        self, engine: tuple[subprocess.Popen[bytes], str, list]
+    ) -> None:
+        """After one request, /metrics parses with the llamacpp names; the series are the
+        same as in the fixture the router's unit tests use."""
+        _proc, url, _seen = engine
+        body = json.dumps({"prompt": "once upon a time", "max_tokens": 5}).encode()
         req = urllib.request.Request(
             url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
         )
-        try:
-            with urllib.request.urlopen(req, timeout=120) as resp:
-                results.append(resp.status)
-        except OSError:
-            results.append(-1)
-
-    clients = [threading.Thread(target=one, daemon=True) for _ in range(4)]
-    for c in clients:
-        c.start()
-    seen: list[tuple[float, float]] = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(results) < 4:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            usage = json.loads(resp.read())["usage"]
+        assert usage["completion_tokens"] == 5
         status, text = _status(url + "/metrics")
-        if status == 200:
-            stats = parse(text, "llamacpp")
-            seen.append((stats.running, stats.waiting))
-            if stats.running == 2 and stats.waiting >= 1:
-                break
-        time.sleep(0.02)
-    for c in clients:
-        c.join(timeout=120)
-    assert any(r == 2 and w >= 1 for r, w in seen), seen[-10:]
-    assert results == [200] * 4
+        assert status == 200
+        stats = parse(text, "llamacpp")
+        assert stats.running == 0
+        assert stats.waiting == 0
+        assert stats.prompt_tokens == usage["prompt_tokens"]
+        assert stats.generation_tokens == 5
+        # No KV gauge in this llama.cpp (removed upstream in 2025): unknown, not zero.
+        assert stats.kv_usage is None
+
+        def names(raw: str) -> set[str]:
+            return {ln.split()[2] for ln in raw.splitlines() if ln.startswith("# TYPE ")}
+
+        assert names(text.decode()) == names(FIXTURE.read_text())
+
+    def test_bad_model_file_exits_with_llamacpps_reason(self, tmp_path: Path) -> None:
+        """Not a GGUF: exit 1, and llama.cpp says why in its last log lines."""
+        bad = tmp_path / "bad.gguf"
+        bad.write_bytes(b"not a model\n" * 100)
+        out = subprocess.run(
+            _argv(bad, free_port()), capture_output=True, text=True, timeout=30, check=False
+        )
+        assert out.returncode == 1
+        tail = (out.stdout + out.stderr).splitlines()[-5:]
+        assert any("failed to load model" in line for line in tail), tail
+
+    def test_real_metrics_show_running_and_waiting_under_load(
+        self,
+        engine: tuple[subprocess.Popen[bytes], str, list],
+    ) -> None:
+        """Four long requests on two slots (`--parallel 2`): the scrape the router parses
+        shows two running and the rest waiting while they last (llama.cpp's
+        `requests_processing` and `requests_deferred`)."""
+        _proc, url, _seen = engine
+        body = json.dumps(
+            {"prompt": "the long road home", "max_tokens": 1500, "ignore_eos": True}
+        ).encode()
+        results: list[int] = []
+
+        def one() -> None:
+            req = urllib.request.Request(
+                url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=120) as resp:
+                    results.append(resp.status)
+            except OSError:
+                results.append(-1)
+
+        clients = [threading.Thread(target=one, daemon=True) for _ in range(4)]
+        for c in clients:
+            c.start()
+        seen: list[tuple[float, float]] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(results) < 4:
+            status, text = _status(url + "/metrics")
+            if status == 200:
+                stats = parse(text, "llamacpp")
+                seen.append((stats.running, stats.waiting))
+                if stats.running == 2 and stats.waiting >= 1:
+                    break
+            time.sleep(0.02)
+        for c in clients:
+            c.join(timeout=120)
+        assert any(r == 2 and w >= 1 for r, w in seen), seen[-10:]
+        assert results == [200] * 4

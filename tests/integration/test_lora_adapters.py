@@ -86,6 +86,8 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 
 
 class TestAdaptersServed:
+    """Adapters are routed to their base and answered by name."""
+
     def test_adapter_routed_to_its_base_and_answered_by_name(self, fleet: Fleet) -> None:
         """An adapter applied with its base is served by both base replicas under its own
         name; one applied later is loaded at run time; unknown names stay 404."""
@@ -142,6 +144,8 @@ class TestAdaptersServed:
 
 
 class TestAdapterScalesItsBase:
+    """A request for an adapter starts its base from zero."""
+
     def test_request_for_an_adapter_starts_its_base_from_zero(self, fleet: Fleet) -> None:
         """With no base replica, an adapter's request is held, its base is placed for it,
         and the answer comes from the new replica under the adapter's name."""
@@ -158,6 +162,8 @@ class TestAdapterScalesItsBase:
 
 
 class TestAdapterRefusals:
+    """Adapter refusals name the reason."""
+
     def test_refusals_name_the_reason(self, fleet: Fleet) -> None:
         """An unknown base, an adapter of an adapter, an unknown field and deleting a base
         that serves adapters are refused with the reason; nothing is applied."""

@@ -107,6 +107,8 @@ def lora(name: str, path: Path) -> dict[str, Any]:
 
 
 class TestLlamaServerAdapters:
+    """Adapters on a real llama-server change the answer and are named."""
+
     def test_each_adapter_changes_the_answer_and_is_named(self, rig: Rig) -> None:
         """The engine loads both adapter files; a request for each is answered with that
         adapter applied (greedy text unlike the base's and the other's) and its name, in a

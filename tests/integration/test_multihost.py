@@ -181,108 +181,6 @@ def fleet(tmp_path: Path) -> Iterator[Net]:
         yield net
 
 
-def test_model_on_one_host_is_served_through_router_on_another(fleet: Net, tmp_path: Path) -> None:
-    ctl = start_controller(fleet["ctl"], f"sqlite:///{tmp_path / 'c.db'}")
-    for name in ("gpu-a", "gpu-b"):
-        start_agent(fleet[name], [ctl.url], tmp_path)
-    router = start_router(fleet["router"], ctl.url, tmp_path)
-    assert ctl.url.startswith(f"http://{fleet['ctl'].addr}:")
-    assert router.url.startswith(f"http://{fleet['router'].addr}:")
-
-    call("POST", f"{ctl.url}/admin/models", sim_model("m"))
-    rep = wait_for(lambda: ready_on(ctl.url, "m"), what="one ready replica of m")
-    node = node_of(rep)
-    assert node in ("gpu-a", "gpu-b")
-    # The engine is reached on its host's own address, not on loopback.
-    assert rep["endpoint_url"].startswith(f"http://{fleet[node].addr}:"), rep
-
-    wait_for(lambda: chat(router.url, "m", stream=False), what="router serves m")
-    assert chat(router.url, "m", stream=True)
-    # And the router says which replica answered: the one on the other host.
-    req = urllib.request.Request(
-        f"{router.url}/v1/chat/completions",
-        data=json.dumps(
-            {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-        ).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        assert resp.status == 200
-        assert resp.headers["x-llmgw-endpoint"] == rep["id"]
-
-
-def test_cut_off_agent_host_is_replaced_and_never_runs_twice(fleet: Net, tmp_path: Path) -> None:
-    ctl = start_controller(fleet["ctl"], f"sqlite:///{tmp_path / 'c.db'}")
-    for name in ("gpu-a", "gpu-b"):
-        start_agent(fleet[name], [ctl.url], tmp_path)
-    router = start_router(fleet["router"], ctl.url, tmp_path)
-    call("POST", f"{ctl.url}/admin/models", sim_model("m"))
-    first = wait_for(lambda: ready_on(ctl.url, "m"), what="m ready")
-    wait_for(lambda: chat(router.url, "m", stream=False), what="router serves m")
-    old_node = node_of(first)
-    new_node = "gpu-b" if old_node == "gpu-a" else "gpu-a"
-    old_engine = first["endpoint_url"]
-
-    fleet.cut(old_node)
-
-    def unreachable() -> bool:
-        nodes = call("GET", f"{ctl.url}/admin/nodes")
-        return any(n["name"] == old_node and n["state"] == "unreachable" for n in nodes)
-
-    wait_for(unreachable, what=f"{old_node} unreachable")
-    moved = wait_for(
-        lambda: (r := ready_on(ctl.url, "m")) is not None and node_of(r) == new_node and r,
-        what=f"m re-placed on {new_node}",
-    )
-    assert moved["id"] != first["id"]
-    # The cut-off host's engine is still running there (nobody could tell it
-    # otherwise), but it is no longer in anyone's endpoint list.
-    endpoints = call("GET", f"{ctl.url}/v1/endpoints")["endpoints"]
-    assert [e["id"] for e in endpoints] == [moved["id"]]
-    wait_for(lambda: chat(router.url, "m", stream=True), what="router serves m on the new host")
-
-    fleet.restore(old_node)
-
-    def back_and_single() -> bool:
-        nodes = {n["name"]: n["state"] for n in call("GET", f"{ctl.url}/admin/nodes")}
-        return (
-            nodes.get(old_node) == "ready"
-            and [r["id"] for r in live(ctl.url, "m")] == [moved["id"]]
-            and not engine_answers(old_engine)
-        )
-
-    wait_for(back_and_single, what="old host back, its stale engine stopped, one replica")
-    # Still exactly one, a while later: the returning agent's report did not
-    # bring the old replica back.
-    time.sleep(1.5)
-    assert [r["id"] for r in live(ctl.url, "m")] == [moved["id"]]
-    endpoints = call("GET", f"{ctl.url}/v1/endpoints")["endpoints"]
-    assert [e["id"] for e in endpoints] == [moved["id"]]
-
-
-def test_router_cut_off_from_controller_keeps_serving(fleet: Net, tmp_path: Path) -> None:
-    ctl = start_controller(fleet["ctl"], f"sqlite:///{tmp_path / 'c.db'}")
-    start_agent(fleet["gpu-a"], [ctl.url], tmp_path)
-    router = start_router(fleet["router"], ctl.url, tmp_path)
-    call("POST", f"{ctl.url}/admin/models", sim_model("m"))
-    wait_for(lambda: ready_on(ctl.url, "m"), what="m ready")
-    wait_for(lambda: chat(router.url, "m", stream=False), what="router serves m")
-
-    fleet.cut("ctl")
-    # Longer than several long-polls and the controller's heartbeat timeout:
-    # the router keeps its last list, the engine keeps serving.
-    deadline = time.monotonic() + 8.0
-    served = 0
-    while time.monotonic() < deadline:
-        assert chat(router.url, "m", stream=served % 2 == 0)
-        served += 1
-        time.sleep(0.2)
-    assert served >= 10
-    fleet.restore("ctl")
-    wait_for(lambda: ready_on(ctl.url, "m"), what="controller sees m ready again")
-    assert chat(router.url, "m", stream=False)
-
-
 class PrivatePostgres:
     """A throwaway PostgreSQL cluster of the test's own, inside one host's namespace.
 
@@ -370,67 +268,176 @@ class PrivatePostgres:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def test_postgres_ha_leader_host_cut_off(tmp_path: Path) -> None:
-    """PostgreSQL on its own host, controllers on two more: cut the leader's host."""
-    names = ["pg", "ctl-1", "ctl-2", "gpu-a", "gpu-b"]
-    with netns.hosts(names, log_dir=tmp_path / "logs") as net:
-        pg = PrivatePostgres(net["pg"], tmp_path)
-        try:
-            # An agent gives up on a silent controller after its 5 s request
-            # timeout and turns to the next one; the heartbeat timeout must be
-            # longer than that (the default is 10 s), or the new leader would
-            # see healthy nodes as unreachable.
-            slow_hb = ("--heartbeat-timeout-s", "8")
-            c1 = start_controller(net["ctl-1"], pg.url, *slow_hb)
-            wait_for(lambda: call("GET", f"{c1.url}/healthz")["leader"], what="ctl-1 leads")
-            c2 = start_controller(net["ctl-2"], pg.url, *slow_hb)
-            wait_for(lambda: call("GET", f"{c2.url}/healthz")["leader"] is False, what="ctl-2")
-            for name in ("gpu-a", "gpu-b"):
-                start_agent(net[name], [c1.url, c2.url], tmp_path)
-            call("POST", f"{c1.url}/admin/models", sim_model("m"))
-            call("POST", f"{c1.url}/admin/models", sim_model("n"))
-            before = {
-                m: wait_for(lambda m=m: ready_on(c1.url, m), what=f"{m} ready")["id"]
-                for m in ("m", "n")
-            }
+class TestMultiHost:
+    """The fleet across network namespaces survives hosts cut off."""
 
-            net.cut("ctl-1")
-            wait_for(
-                lambda: call("GET", f"{c2.url}/healthz")["leader"],
-                timeout_s=90,
-                what="ctl-2 takes over",
+    def test_model_on_one_host_is_served_through_router_on_another(
+        self, fleet: Net, tmp_path: Path
+    ) -> None:
+        """A model on one host is served through a router on another."""
+        ctl = start_controller(fleet["ctl"], f"sqlite:///{tmp_path / 'c.db'}")
+        for name in ("gpu-a", "gpu-b"):
+            start_agent(fleet[name], [ctl.url], tmp_path)
+        router = start_router(fleet["router"], ctl.url, tmp_path)
+        assert ctl.url.startswith(f"http://{fleet['ctl'].addr}:")
+        assert router.url.startswith(f"http://{fleet['router'].addr}:")
+
+        call("POST", f"{ctl.url}/admin/models", sim_model("m"))
+        rep = wait_for(lambda: ready_on(ctl.url, "m"), what="one ready replica of m")
+        node = node_of(rep)
+        assert node in ("gpu-a", "gpu-b")
+        # The engine is reached on its host's own address, not on loopback.
+        assert rep["endpoint_url"].startswith(f"http://{fleet[node].addr}:"), rep
+
+        wait_for(lambda: chat(router.url, "m", stream=False), what="router serves m")
+        assert chat(router.url, "m", stream=True)
+        # And the router says which replica answered: the one on the other host.
+        req = urllib.request.Request(
+            f"{router.url}/v1/chat/completions",
+            data=json.dumps(
+                {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+            ).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 200
+            assert resp.headers["x-llmgw-endpoint"] == rep["id"]
+
+    def test_cut_off_agent_host_is_replaced_and_never_runs_twice(
+        self, fleet: Net, tmp_path: Path
+    ) -> None:
+        """A cut-off agent host is replaced and its replica never runs twice."""
+        ctl = start_controller(fleet["ctl"], f"sqlite:///{tmp_path / 'c.db'}")
+        for name in ("gpu-a", "gpu-b"):
+            start_agent(fleet[name], [ctl.url], tmp_path)
+        router = start_router(fleet["router"], ctl.url, tmp_path)
+        call("POST", f"{ctl.url}/admin/models", sim_model("m"))
+        first = wait_for(lambda: ready_on(ctl.url, "m"), what="m ready")
+        wait_for(lambda: chat(router.url, "m", stream=False), what="router serves m")
+        old_node = node_of(first)
+        new_node = "gpu-b" if old_node == "gpu-a" else "gpu-a"
+        old_engine = first["endpoint_url"]
+
+        fleet.cut(old_node)
+
+        def unreachable() -> bool:
+            nodes = call("GET", f"{ctl.url}/admin/nodes")
+            return any(n["name"] == old_node and n["state"] == "unreachable" for n in nodes)
+
+        wait_for(unreachable, what=f"{old_node} unreachable")
+        moved = wait_for(
+            lambda: (r := ready_on(ctl.url, "m")) is not None and node_of(r) == new_node and r,
+            what=f"m re-placed on {new_node}",
+        )
+        assert moved["id"] != first["id"]
+        # The cut-off host's engine is still running there (nobody could tell it
+        # otherwise), but it is no longer in anyone's endpoint list.
+        endpoints = call("GET", f"{ctl.url}/v1/endpoints")["endpoints"]
+        assert [e["id"] for e in endpoints] == [moved["id"]]
+        wait_for(lambda: chat(router.url, "m", stream=True), what="router serves m on the new host")
+
+        fleet.restore(old_node)
+
+        def back_and_single() -> bool:
+            nodes = {n["name"]: n["state"] for n in call("GET", f"{ctl.url}/admin/nodes")}
+            return (
+                nodes.get(old_node) == "ready"
+                and [r["id"] for r in live(ctl.url, "m")] == [moved["id"]]
+                and not engine_answers(old_engine)
             )
-            # Nothing lost: both specs; nothing double-placed: the same single
-            # replica of each, still ready, agents now reporting to ctl-2.
-            specs = sorted(m["name"] for m in call("GET", f"{c2.url}/admin/models"))
-            assert specs == ["m", "n"]
 
-            def agents_on_c2() -> bool:
-                nodes = call("GET", f"{c2.url}/admin/nodes")
-                return {n["name"]: n["state"] for n in nodes} == {
-                    "gpu-a": "ready",
-                    "gpu-b": "ready",
-                } and all(time.time() - (n["last_heartbeat"] or 0) < 1.0 for n in nodes)
+        wait_for(back_and_single, what="old host back, its stale engine stopped, one replica")
+        # Still exactly one, a while later: the returning agent's report did not
+        # bring the old replica back.
+        time.sleep(1.5)
+        assert [r["id"] for r in live(ctl.url, "m")] == [moved["id"]]
+        endpoints = call("GET", f"{ctl.url}/v1/endpoints")["endpoints"]
+        assert [e["id"] for e in endpoints] == [moved["id"]]
 
-            wait_for(agents_on_c2, what="agents heartbeat the new leader")
-            time.sleep(2.0)  # several ticks and heartbeats under the new leader
-            for m, rid in before.items():
-                reps = live(c2.url, m)
-                assert [r["id"] for r in reps] == [rid], reps
-                assert reps[0]["state"] == "ready"
+    def test_router_cut_off_from_controller_keeps_serving(self, fleet: Net, tmp_path: Path) -> None:
+        """A router cut off from the controller keeps serving."""
+        ctl = start_controller(fleet["ctl"], f"sqlite:///{tmp_path / 'c.db'}")
+        start_agent(fleet["gpu-a"], [ctl.url], tmp_path)
+        router = start_router(fleet["router"], ctl.url, tmp_path)
+        call("POST", f"{ctl.url}/admin/models", sim_model("m"))
+        wait_for(lambda: ready_on(ctl.url, "m"), what="m ready")
+        wait_for(lambda: chat(router.url, "m", stream=False), what="router serves m")
 
-            # The deposed leader comes back: it must not lead, nor write.
-            net.restore("ctl-1")
-            # It finds its session gone at its next store call, and stands by.
-            wait_for(
-                lambda: call("GET", f"{c1.url}/healthz")["leader"] is False,
-                what="ctl-1, back, is a standby",
-            )
-            assert call("GET", f"{c2.url}/healthz")["leader"] is True
-            for m, rid in before.items():
-                assert [r["id"] for r in live(c2.url, m)] == [rid]
-        finally:
-            for host in net.hosts.values():
-                for prog in host.programs:
-                    prog.stop(grace_s=3)
-            pg.stop()
+        fleet.cut("ctl")
+        # Longer than several long-polls and the controller's heartbeat timeout:
+        # the router keeps its last list, the engine keeps serving.
+        deadline = time.monotonic() + 8.0
+        served = 0
+        while time.monotonic() < deadline:
+            assert chat(router.url, "m", stream=served % 2 == 0)
+            served += 1
+            time.sleep(0.2)
+        assert served >= 10
+        fleet.restore("ctl")
+        wait_for(lambda: ready_on(ctl.url, "m"), what="controller sees m ready again")
+        assert chat(router.url, "m", stream=False)
+
+    def test_postgres_ha_leader_host_cut_off(self, tmp_path: Path) -> None:
+        """PostgreSQL on its own host, controllers on two more: cut the leader's host."""
+        names = ["pg", "ctl-1", "ctl-2", "gpu-a", "gpu-b"]
+        with netns.hosts(names, log_dir=tmp_path / "logs") as net:
+            pg = PrivatePostgres(net["pg"], tmp_path)
+            try:
+                # An agent gives up on a silent controller after its 5 s request
+                # timeout and turns to the next one; the heartbeat timeout must be
+                # longer than that (the default is 10 s), or the new leader would
+                # see healthy nodes as unreachable.
+                slow_hb = ("--heartbeat-timeout-s", "8")
+                c1 = start_controller(net["ctl-1"], pg.url, *slow_hb)
+                wait_for(lambda: call("GET", f"{c1.url}/healthz")["leader"], what="ctl-1 leads")
+                c2 = start_controller(net["ctl-2"], pg.url, *slow_hb)
+                wait_for(lambda: call("GET", f"{c2.url}/healthz")["leader"] is False, what="ctl-2")
+                for name in ("gpu-a", "gpu-b"):
+                    start_agent(net[name], [c1.url, c2.url], tmp_path)
+                call("POST", f"{c1.url}/admin/models", sim_model("m"))
+                call("POST", f"{c1.url}/admin/models", sim_model("n"))
+                before = {
+                    m: wait_for(lambda m=m: ready_on(c1.url, m), what=f"{m} ready")["id"]
+                    for m in ("m", "n")
+                }
+
+                net.cut("ctl-1")
+                wait_for(
+                    lambda: call("GET", f"{c2.url}/healthz")["leader"],
+                    timeout_s=90,
+                    what="ctl-2 takes over",
+                )
+                # Nothing lost: both specs; nothing double-placed: the same single
+                # replica of each, still ready, agents now reporting to ctl-2.
+                specs = sorted(m["name"] for m in call("GET", f"{c2.url}/admin/models"))
+                assert specs == ["m", "n"]
+
+                def agents_on_c2() -> bool:
+                    nodes = call("GET", f"{c2.url}/admin/nodes")
+                    return {n["name"]: n["state"] for n in nodes} == {
+                        "gpu-a": "ready",
+                        "gpu-b": "ready",
+                    } and all(time.time() - (n["last_heartbeat"] or 0) < 1.0 for n in nodes)
+
+                wait_for(agents_on_c2, what="agents heartbeat the new leader")
+                time.sleep(2.0)  # several ticks and heartbeats under the new leader
+                for m, rid in before.items():
+                    reps = live(c2.url, m)
+                    assert [r["id"] for r in reps] == [rid], reps
+                    assert reps[0]["state"] == "ready"
+
+                # The deposed leader comes back: it must not lead, nor write.
+                net.restore("ctl-1")
+                # It finds its session gone at its next store call, and stands by.
+                wait_for(
+                    lambda: call("GET", f"{c1.url}/healthz")["leader"] is False,
+                    what="ctl-1, back, is a standby",
+                )
+                assert call("GET", f"{c2.url}/healthz")["leader"] is True
+                for m, rid in before.items():
+                    assert [r["id"] for r in live(c2.url, m)] == [rid]
+            finally:
+                for host in net.hosts.values():
+                    for prog in host.programs:
+                        prog.stop(grace_s=3)
+                pg.stop()

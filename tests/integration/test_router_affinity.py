@@ -14,6 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmgw.testing.wait import until
+
 from .router_fixtures import (
     MODEL,
     base_config,
@@ -83,18 +85,9 @@ def engine_running(engine_url: str) -> float:
     )
 
 
-async def until(pred: Any, timeout_s: float = 15.0, *, show: Any = None) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if await asyncio.to_thread(pred):
-            return
-        await asyncio.sleep(0.1)
-    seen = None if show is None else await asyncio.to_thread(show)
-    raise AssertionError(f"condition not met in time; last seen {seen!r}")
-
-
 class TestConversation:
+    """A conversation sticks to its replica until overloaded."""
+
     async def test_sticks_until_overloaded(self, tmp_path: Path) -> None:
         """Every turn of a conversation lands on one replica; once that replica is loaded
         beyond the bound, the next turn goes elsewhere."""
@@ -112,17 +105,21 @@ class TestConversation:
                     async with busy(engine.url, requests=24, max_tokens=4000):
                         await until(
                             lambda: engine_running(engine.url) >= 20,
-                            show=lambda: engine_running(engine.url),
+                            what="20 running on the holder",
+                            blocking=True,
                         )
                         await until(
                             lambda: snapshot(r.url, holder)["stats"]["running"] >= 20,
-                            show=lambda: snapshot(r.url, holder),
+                            what="the router seeing 20 running on the holder",
+                            blocking=True,
                         )
                         moved = await conversation_turns(session, r.url, tag="sticky", turns=1)
         assert moved[0] != holder, (holder, moved)
 
 
 class TestTwoRouters:
+    """Two routers send a new prefix to the same replica."""
+
     async def test_new_prefix_goes_to_the_same_replica(self, tmp_path: Path) -> None:
         """Two routers that never talk send each new prefix to the same replica."""
         with sim_engines(tmp_path, [20.0, 20.0, 20.0, 20.0]) as engines:
@@ -155,6 +152,8 @@ def router_metrics(router_url: str) -> str:
 
 
 class TestSessionHints:
+    """New conversations find the shared system prompt."""
+
     async def test_new_conversations_find_the_shared_system_prompt(self, tmp_path: Path) -> None:
         """Conversations of different users (`user` field, X-Session-ID header) over one
         system prompt all go where that prompt is cached, and hit it: a hint is no part
@@ -190,6 +189,8 @@ class TestSessionHints:
 
 
 class TestPredictionFeedback:
+    """Engine answers check and correct the prefix index."""
+
     async def test_engine_answers_check_and_correct_the_index(self, tmp_path: Path) -> None:
         """The engine's cached_tokens (streamed and not) is compared with the index's
         prediction: hits while they agree; after the engine's cache is reset behind

@@ -57,6 +57,8 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 class TestTokenize:
+    """/tokenize and /detokenize through the router."""
+
     async def test_tokenize_and_back(self, url: str, session: aiohttp.ClientSession) -> None:
         """/tokenize answers vLLM's shape (the model may be left out: the router's only
         one), and /detokenize takes the tokens back."""
@@ -87,6 +89,8 @@ class TestTokenize:
 
 
 class TestBadInputEachRoute:
+    """Bad input to each route is refused in its API's shape."""
+
     @pytest.mark.parametrize(
         ("path", "body", "status", "param"),
         [
@@ -150,6 +154,8 @@ class TestBadInputEachRoute:
 
 
 class TestRerankAndScore:
+    """Rerank and score through the router."""
+
     @pytest.mark.parametrize("path", ["/rerank", "/v1/rerank"])
     async def test_rerank(self, url: str, session: aiohttp.ClientSession, path: str) -> None:
         """Rerank answers every document's relevance, best first, with usage."""
@@ -175,6 +181,8 @@ class TestRerankAndScore:
 
 
 class TestAudio:
+    """Audio routes through the router."""
+
     def test_transcription_translation_and_speech(self, url: str) -> None:
         """The openai package's audio calls work through the router: multipart uploads
         routed by their form's model, and speech's binary answer."""
@@ -227,6 +235,8 @@ class TestAudio:
 
 
 class TestRetries:
+    """Messages are retried before the first byte."""
+
     async def test_messages_retried_before_the_first_byte(
         self, fleet: tuple[Program, list[Program]], session: aiohttp.ClientSession
     ) -> None:
@@ -246,6 +256,8 @@ class TestRetries:
 
 
 class TestConversationAffinity:
+    """One conversation keeps its replica."""
+
     async def test_one_conversation_keeps_its_replica(
         self, fleet: tuple[Program, list[Program]], session: aiohttp.ClientSession
     ) -> None:
@@ -277,6 +289,8 @@ class TestConversationAffinity:
 
 
 class TestMessagesErrorEvent:
+    """A Messages error event counts against the endpoint."""
+
     async def test_counts_against_the_endpoint(self, tmp_path: Path) -> None:
         """A Messages stream carrying the engine's `event: error` is relayed as is and
         counted as the endpoint's failure: enough of them open its breaker."""

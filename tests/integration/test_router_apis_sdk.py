@@ -55,6 +55,8 @@ def tokens(url: str, kind: str) -> float:
 
 
 class TestResponsesSdk:
+    """The Responses API through the router with the OpenAI SDK."""
+
     def test_sync_whole(self, url: str) -> None:
         """responses.create answers the text and Responses usage, counted by the router."""
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
@@ -110,6 +112,8 @@ class TestResponsesSdk:
 
 
 class TestMessagesSdk:
+    """The Messages API through the router with the Anthropic SDK."""
+
     def test_sync_whole_with_x_api_key(self, url: str) -> None:
         """messages.create (the key in x-api-key) answers Anthropic's message and usage."""
         client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
@@ -183,6 +187,8 @@ class TestMessagesSdk:
 
 
 class TestResponsesBrokenStream:
+    """A stalled Responses stream ends with an error event."""
+
     async def test_error_event_when_the_engine_stalls(
         self, url: str, fleet: tuple[Program, list[Program]]
     ) -> None:
@@ -206,6 +212,8 @@ class TestResponsesBrokenStream:
 
 
 class TestMessagesBrokenStream:
+    """A stalled Messages stream ends with an error event."""
+
     async def test_error_event_when_the_engine_stalls(
         self, url: str, fleet: tuple[Program, list[Program]]
     ) -> None:

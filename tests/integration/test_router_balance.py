@@ -43,6 +43,8 @@ async def closed_loop(url: str, *, concurrency: int, seconds: float) -> collecti
 
 
 class TestLoadSpread:
+    """A slower engine gets fewer requests."""
+
     async def test_slow_engine_gets_fewer_requests(self, tmp_path: Path) -> None:
         """An engine 4× slower receives well under half as many requests as the fast one."""
         with sim_engines(tmp_path, [16.0, 4.0]) as engines:

@@ -10,6 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from llmgw.testing.wait import until
+
 from .router_fixtures import (
     base_config,
     chat_body,
@@ -33,17 +35,9 @@ def engine_running(engine_url: str) -> float:
     )
 
 
-async def until(pred: object, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if await asyncio.to_thread(pred):  # type: ignore[arg-type]
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 class TestClientDisconnect:
+    """A client disconnect aborts the engine's request."""
+
     @pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
     async def test_disconnect_aborts_engine_request(self, tmp_path: Path, stream: bool) -> None:
         """Closing the client connection mid-request stops the engine's generation and
@@ -67,15 +61,21 @@ class TestClientDisconnect:
 
                 task = asyncio.create_task(call())
                 try:
-                    await until(lambda: engine_running(engines[0].url) == 1)
-                    await until(lambda: get_json(r.url + "/admin/usage")["inflight"].get("e0") == 1)
+                    await until(lambda: engine_running(engines[0].url) == 1, blocking=True)
+                    await until(
+                        lambda: get_json(r.url + "/admin/usage")["inflight"].get("e0") == 1,
+                        blocking=True,
+                    )
                 finally:
                     # The client goes away mid-generation.
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
                     await session.close()
-                await until(lambda: engine_running(engines[0].url) == 0)
-                await until(lambda: get_json(r.url + "/admin/usage")["inflight"].get("e0") == 0)
+                await until(lambda: engine_running(engines[0].url) == 0, blocking=True)
+                await until(
+                    lambda: get_json(r.url + "/admin/usage")["inflight"].get("e0") == 0,
+                    blocking=True,
+                )
                 snap = get_json(r.url + "/admin/endpoints")["endpoints"][0]
         # A client leaving is not the endpoint's fault.
         assert snap["breaker"] == "closed"

@@ -73,6 +73,8 @@ STATUS = (
 
 
 class TestLoading:
+    """Which modules a real router process runs, compiled or Python."""
+
     def test_a_process_runs_the_build_for_its_sources(self) -> None:
         """Found by key, every compiled module in sys.modules under its own name."""
         folder = build_or_skip()
@@ -83,6 +85,7 @@ class TestLoading:
         assert Path(policies).parent == folder / "llmgw" / "router"
 
     def test_zero_runs_the_python_modules(self) -> None:
+        """LLMGW_ROUTER_COMPILED=0 runs the Python modules."""
         build_or_skip()
         done = python(STATUS, LLMGW_ROUTER_COMPILED="0")
         modules, detail, policies = json.loads(done.stdout)
@@ -117,6 +120,7 @@ class TestLoading:
         return folder
 
     def test_a_build_that_does_not_load_leaves_the_python_modules(self, tmp_path: Path) -> None:
+        """A build that does not load leaves the Python modules."""
         folder = self.corrupt(tmp_path)
         done = python(STATUS, XDG_CACHE_HOME=str(tmp_path))
         assert done.returncode == 0, done.stderr
@@ -126,12 +130,14 @@ class TestLoading:
         assert policies.endswith("policies.py")
 
     def test_one_fails_clearly_on_a_build_that_does_not_load(self, tmp_path: Path) -> None:
+        """Setting 1 fails clearly on a build that does not load."""
         folder = self.corrupt(tmp_path)
         done = python(STATUS, XDG_CACHE_HOME=str(tmp_path), LLMGW_ROUTER_COMPILED="1")
         assert done.returncode != 0
         assert f"LLMGW_ROUTER_COMPILED=1 but the build at {folder} did not load" in done.stderr
 
     def test_one_fails_clearly_without_a_build(self, tmp_path: Path) -> None:
+        """Setting 1 fails clearly without a build."""
         done = python(STATUS, XDG_CACHE_HOME=str(tmp_path), LLMGW_ROUTER_COMPILED="1")
         assert done.returncode != 0
         assert "LLMGW_ROUTER_COMPILED=1 but no build for these sources" in done.stderr
@@ -395,14 +401,18 @@ EQUIVALENCE = settings(
 
 
 class TestSameAnswers:
+    """The compiled modules give the same answers as the Python ones."""
+
     @EQUIVALENCE
     @given(bodies, st.sampled_from([MAX_ROUTED_BYTES, 4096, 100]))
     def test_chain_hashes(self, peers: tuple[Peer, Peer], body: Any, limit: int) -> None:
+        """Compiled and Python peers give the same chain hashes."""
         same(peers, "hashes", body=body, limit=limit)
 
     @EQUIVALENCE
     @given(answers)
     def test_usage_of_answers(self, peers: tuple[Peer, Peer], body: str) -> None:
+        """Compiled and Python peers read the same usage from answers."""
         same(peers, "usage", body=body)
 
     @EQUIVALENCE
@@ -410,6 +420,7 @@ class TestSameAnswers:
     def test_streams_usage_and_error_frames(
         self, peers: tuple[Peer, Peer], chunks: list[str]
     ) -> None:
+        """Compiled and Python peers read the same usage and error frames from streams."""
         same(peers, "stream", chunks=chunks)
 
     def test_usage_is_read_compiled(self, peers: tuple[Peer, Peer]) -> None:
@@ -428,6 +439,7 @@ class TestSameAnswers:
     @EQUIVALENCE
     @given(st.integers(-(2**63), 2**64), st.lists(st.text(max_size=8), max_size=8))
     def test_rendezvous_order(self, peers: tuple[Peer, Peer], key: int, ids: list[str]) -> None:
+        """Compiled and Python peers give the same rendezvous order."""
         same(peers, "rendezvous", key=key, ids=ids)
 
     @EQUIVALENCE
@@ -435,6 +447,7 @@ class TestSameAnswers:
     def test_prefix_index_sequences(
         self, peers: tuple[Peer, Peer], ops: list[Any], max_total: int, default: int
     ) -> None:
+        """Compiled and Python peers keep the same prefix index over any operations."""
         same(peers, "index", ops=ops, ids=list(IDS), max_total=max_total, default=default)
 
     @EQUIVALENCE
@@ -458,6 +471,7 @@ class TestSameAnswers:
         gains: dict[str, float],
         cfg: dict[str, Any],
     ) -> None:
+        """Compiled and Python peers make the same scheduler decisions."""
         same(
             peers,
             "choose",
@@ -529,29 +543,38 @@ def compiled_gauges(url: str) -> dict[str, float]:
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("workers", "setting"), [(1, "auto"), (1, "0"), (2, "auto")])
-async def test_a_router_reports_its_compiled_modules(
-    tmp_path: Path, workers: int, setting: str
-) -> None:
-    """The metric and the start-up line; requests are routed either way. With workers,
-    the metric is summed: how many workers run each module compiled."""
-    folder = build_or_skip()
-    with sim_engines(tmp_path, [20.0, 20.0]) as engines:
-        path = write_config(config_path(tmp_path), base_config(endpoints=endpoint_entries(engines)))
-        argv = ["router", "--config", str(path), "--port", "0", "--workers", str(workers)]
-        argv += ["--log-level", "INFO"]
-        env = {"LLMGW_ROUTER_COMPILED": setting}
-        with start_program(argv, log_dir=tmp_path, env=env) as r:
-            await wait_until_scraped(r.url, ["e0", "e1"])
-            async with aiohttp.ClientSession() as s:
-                for turn in ("hello", "hello again", "hello"):
-                    reply = await post(s, r.url, chat_body(turn, max_tokens=2))
-                    assert reply.status == 200
-            want = float(workers) if setting == "auto" else 0.0
-            assert await asyncio.to_thread(compiled_gauges, r.url) == dict.fromkeys(MODULES, want)
-            log = r.log_path.read_text()
-    if setting == "auto":
-        assert log.count(f"compiled modules modules={','.join(MODULES)} build={folder}") == workers
-    else:
-        assert "python modules reason=LLMGW_ROUTER_COMPILED=0" in log
+class TestReportedModules:
+    """A router reports its compiled modules."""
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize(("workers", "setting"), [(1, "auto"), (1, "0"), (2, "auto")])
+    async def test_a_router_reports_its_compiled_modules(
+        self, tmp_path: Path, workers: int, setting: str
+    ) -> None:
+        """The metric and the start-up line; requests are routed either way. With workers,
+        the metric is summed: how many workers run each module compiled."""
+        folder = build_or_skip()
+        with sim_engines(tmp_path, [20.0, 20.0]) as engines:
+            path = write_config(
+                config_path(tmp_path), base_config(endpoints=endpoint_entries(engines))
+            )
+            argv = ["router", "--config", str(path), "--port", "0", "--workers", str(workers)]
+            argv += ["--log-level", "INFO"]
+            env = {"LLMGW_ROUTER_COMPILED": setting}
+            with start_program(argv, log_dir=tmp_path, env=env) as r:
+                await wait_until_scraped(r.url, ["e0", "e1"])
+                async with aiohttp.ClientSession() as s:
+                    for turn in ("hello", "hello again", "hello"):
+                        reply = await post(s, r.url, chat_body(turn, max_tokens=2))
+                        assert reply.status == 200
+                want = float(workers) if setting == "auto" else 0.0
+                assert await asyncio.to_thread(compiled_gauges, r.url) == dict.fromkeys(
+                    MODULES, want
+                )
+                log = r.log_path.read_text()
+        if setting == "auto":
+            assert (
+                log.count(f"compiled modules modules={','.join(MODULES)} build={folder}") == workers
+            )
+        else:
+            assert "python modules reason=LLMGW_ROUTER_COMPILED=0" in log

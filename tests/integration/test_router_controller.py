@@ -31,6 +31,8 @@ def port_free(port: int) -> bool:
 
 
 class TestScaleFromZero:
+    """A held request is served once the controller places a replica."""
+
     # Two workers: the supervisor's one long-poll reaches both, and the demand of the
     # worker holding the request reaches the controller in the merged report.
     @pytest.mark.parametrize("workers", [1, 2])

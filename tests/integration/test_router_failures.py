@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from llmgw.testing import start_program
+from llmgw.testing.wait import until
 
 from .router_fixtures import (
     base_config,
@@ -57,6 +58,8 @@ async def one_request(session: aiohttp.ClientSession, url: str, stream: bool, t:
 
 
 class TestEngineKilled:
+    """Requests to an engine killed under load are retried or end cleanly."""
+
     async def test_sigkill_under_load(self, tmp_path: Path) -> None:
         """Unstarted requests retry elsewhere, cut streams end with an error frame, the
         dead engine's breaker opens, and nothing else fails.
@@ -155,17 +158,9 @@ class TestEngineKilled:
         assert float(retried[0].rsplit(" ", 1)[1]) >= 1
 
 
-async def wait_for(pred: Any, timeout_s: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if await asyncio.to_thread(pred):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
-
-
 class TestEngineRestarted:
+    """A restarted engine resets its drain rate and prefixes."""
+
     async def test_restart_resets_drain_rate_and_purges_prefixes(self, tmp_path: Path) -> None:
         """An engine killed and started again on its port: counters reset, so the router
         resets its drain rate and forgets the prefixes it thought the engine held."""
@@ -177,7 +172,7 @@ class TestEngineRestarted:
                     for i in range(12):
                         reply = await post(session, r.url, chat_body(f"conversation {i} " * 20))
                         assert reply.status == 200
-                await wait_for(lambda: snapshot(r.url, "e0")["drain_rate"] > 0)
+                await until(lambda: snapshot(r.url, "e0")["drain_rate"] > 0, blocking=True)
                 before = await asyncio.to_thread(snapshot, r.url, "e0")
                 assert before["prefix_entries"] > 0
 
@@ -185,7 +180,7 @@ class TestEngineRestarted:
                 engines[0].kill()
                 fresh = start_program(sim_args(speed=20.0, port=port), log_dir=tmp_path)
                 try:
-                    await wait_for(lambda: snapshot(r.url, "e0")["restarts"] == 1)
+                    await until(lambda: snapshot(r.url, "e0")["restarts"] == 1, blocking=True)
                     after = await asyncio.to_thread(snapshot, r.url, "e0")
                 finally:
                     fresh.stop(grace_s=3)
@@ -194,6 +189,8 @@ class TestEngineRestarted:
 
 
 class TestEngineKilledBeforeFirstToken:
+    """A stream cut before its first token is retried."""
+
     async def test_stream_cut_before_its_first_token_is_retried(self, tmp_path: Path) -> None:
         """A stream whose engine dies in prefill (head sent, no token yet) is retried on
         another replica: the client has received nothing, so it gets a clean stream."""
@@ -231,6 +228,8 @@ class TestEngineKilledBeforeFirstToken:
 
 
 class TestDeadlineIsNotTheEngines:
+    """A stream cut by the request deadline leaves the breaker closed."""
+
     async def test_stream_cut_by_the_request_deadline_leaves_the_breaker_closed(
         self, tmp_path: Path
     ) -> None:
@@ -264,6 +263,8 @@ async def set_faults(engine_url: str, **faults: Any) -> None:
 
 
 class TestEngineErrorRelayed:
+    """The engine's Retry-After reaches the client."""
+
     async def test_engine_retry_after_reaches_the_client(self, tmp_path: Path) -> None:
         """An engine's 429 or 5xx, relayed once no other replica is left, keeps the
         engine's Retry-After; one without it gets none from the router."""

@@ -9,6 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from llmgw.testing.wait import until
+
 from .router_fixtures import (
     base_config,
     chat_body,
@@ -24,21 +26,13 @@ from .router_fixtures import (
 pytestmark = pytest.mark.slow
 
 
-async def until(pred: object, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if await asyncio.to_thread(pred):  # type: ignore[arg-type]
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 def endpoint_ids(url: str) -> list[str]:
     return [s["info"]["id"] for s in get_json(url + "/admin/endpoints")["endpoints"]]
 
 
 class TestHolding:
+    """Held requests proceed when a replica appears, within the queue bound."""
+
     async def test_held_request_proceeds_when_endpoint_file_adds_one(self, tmp_path: Path) -> None:
         """A request for a configured model with no endpoint waits, is reported as demand,
         and succeeds once the file is edited to add an endpoint."""
@@ -47,7 +41,10 @@ class TestHolding:
             with router(tmp_path, cfg) as r:
                 async with aiohttp.ClientSession() as session:
                     held = asyncio.create_task(post(session, r.url, chat_body("hi", model="late")))
-                    await until(lambda: get_json(r.url + "/admin/usage")["demand"] == {"late": 1})
+                    await until(
+                        lambda: get_json(r.url + "/admin/usage")["demand"] == {"late": 1},
+                        blocking=True,
+                    )
                     assert not held.done()
                     cfg["endpoints"] = endpoint_entries(engines, model="late")
                     write_config(config_path(tmp_path), cfg)
@@ -61,7 +58,9 @@ class TestHolding:
         with router(tmp_path, cfg) as r:
             async with aiohttp.ClientSession() as session:
                 first = asyncio.create_task(post(session, r.url, chat_body("a", model="late")))
-                await until(lambda: get_json(r.url + "/admin/usage")["demand"] == {"late": 1})
+                await until(
+                    lambda: get_json(r.url + "/admin/usage")["demand"] == {"late": 1}, blocking=True
+                )
                 second = await asyncio.wait_for(
                     post(session, r.url, chat_body("b", model="late")), timeout=5
                 )
@@ -71,6 +70,8 @@ class TestHolding:
 
 
 class TestReload:
+    """SIGHUP reloads the config and in-flight streams survive it."""
+
     async def test_sighup_reloads_and_bad_file_is_ignored(self, tmp_path: Path) -> None:
         """SIGHUP applies a new file; an invalid file is rejected and the old config kept."""
         with sim_engines(tmp_path, [20.0, 20.0]) as engines:
@@ -81,13 +82,12 @@ class TestReload:
                 cfg["endpoints"] = entries
                 write_config(config_path(tmp_path), cfg)
                 r.signal(signal.SIGHUP)
-                await until(lambda: endpoint_ids(r.url) == ["e0", "e1"])
+                await until(lambda: endpoint_ids(r.url) == ["e0", "e1"], blocking=True)
                 config_path(tmp_path).write_text("endpoints: [{id: broken}]\n")
                 r.signal(signal.SIGHUP)
-                await asyncio.sleep(0.5)
+                await until(lambda: "reload rejected" in r.log_text(), what="the reload rejected")
                 assert r.alive()
                 assert endpoint_ids(r.url) == ["e0", "e1"]
-                assert "reload rejected" in r.log_text()
 
     async def test_inflight_stream_survives_reload_that_removes_its_endpoint(
         self, tmp_path: Path
@@ -101,7 +101,10 @@ class TestReload:
                     stream = asyncio.create_task(
                         post(session, r.url, chat_body("long one", max_tokens=200, stream=True))
                     )
-                    await until(lambda: get_json(r.url + "/admin/usage")["inflight"].get("e0") == 1)
+                    await until(
+                        lambda: get_json(r.url + "/admin/usage")["inflight"].get("e0") == 1,
+                        blocking=True,
+                    )
                     cfg["endpoints"] = entries[1:]
                     write_config(config_path(tmp_path), cfg)
                     await until(
@@ -111,7 +114,8 @@ class TestReload:
                                 for s in get_json(r.url + "/admin/endpoints")["endpoints"]
                             ]
                             == ["e1"]
-                        )
+                        ),
+                        blocking=True,
                     )
                     reply = await asyncio.wait_for(stream, timeout=30)
                     after = await post(session, r.url, chat_body("next"))
@@ -123,6 +127,8 @@ class TestReload:
 
 
 class TestHeldBehindAnOpenBreaker:
+    """Requests waiting for a half-open probe are not refused."""
+
     async def test_requests_waiting_for_a_half_open_probe_are_not_refused(
         self, tmp_path: Path
     ) -> None:

@@ -132,258 +132,264 @@ def port(request: pytest.FixtureRequest, routers: dict[str, Program]) -> int:
     return routers[request.param].port
 
 
-def test_keep_alive_across_routes(port: int) -> None:
-    c = Conn(port)
-    try:
-        for data, want in (
-            (get("/healthz"), 200),
-            (post(chat()), 200),
-            (get("/v1/models"), 200),
-            (get("/v1/models/nope"), 404),
-            (post(b"not json"), 400),
-            (post(chat(), path="/v1/nope"), 404),
-            (post(chat()), 200),
-        ):
-            c.send(data)
-            status, headers, body = c.answer()
-            assert status == want, (data[:40], status, body[:200])
-            assert headers["content-type"].startswith("application/json")
-            json.loads(body)
-    finally:
-        c.close()
+class TestRouterHttp:
+    """The router's HTTP/1.1 behaviour under both servers."""
 
-
-def test_pipelined_requests_are_answered_in_order(port: int) -> None:
-    c = Conn(port)
-    try:
-        c.send(post(chat("one")) + get("/readyz") + post(chat("two")) + get("/nope"))
-        got = [c.answer()[0] for _ in range(4)]
-        assert got == [200, 200, 200, 404], got
-    finally:
-        c.close()
-
-
-def test_chunked_request_body(port: int) -> None:
-    body = chat("chunked")
-    half = len(body) // 2
-    framed = (
-        b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:half], body[half:]))
-        + b"0\r\n\r\n"
-    )
-    c = Conn(port)
-    try:
-        c.send(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + framed
-        )
-        status, _, out = c.answer()
-        assert status == 200, out[:200]
-        assert json.loads(out)["object"] == "chat.completion"
-        # The connection carries on.
-        c.send(get("/healthz"))
-        assert c.answer()[0] == 200
-    finally:
-        c.close()
-
-
-def test_expect_100_continue(port: int) -> None:
-    body = chat("expecting")
-    c = Conn(port)
-    try:
-        c.send(post(body, "Expect: 100-continue")[: -len(body)])
-        status, _, _ = c.answer()
-        assert status == 100
-        c.send(body)
-        status, _, out = c.answer()
-        assert status == 200, out[:200]
-    finally:
-        c.close()
-
-
-def test_an_unknown_expectation_is_417(port: int) -> None:
-    c = Conn(port)
-    try:
-        c.send(post(chat(), "Expect: teapot"))
-        status, _, _ = c.answer()
-        assert status == 417
-    finally:
-        c.close()
-
-
-def test_http_1_0_and_head(port: int) -> None:
-    c = Conn(port)
-    try:
-        c.send(get("/healthz", version="1.0"))
-        status, _, body = c.answer()
-        assert status == 200
-        assert json.loads(body)["status"] == "ok"
-        assert c.closed()
-    finally:
-        c.close()
-    c = Conn(port)
-    try:
-        c.send(get("/healthz", method="HEAD"))
-        status, headers, _ = c.answer(head_only=True)
-        assert status == 200
-        assert int(headers["content-length"]) > 0
-        # No body followed the head: the next answer's head comes right after.
-        c.send(get("/healthz"))
-        assert c.answer()[0] == 200
-    finally:
-        c.close()
-
-
-def test_a_relayed_answer_has_the_same_head_under_both(routers: dict[str, Program]) -> None:
-    """A relayed engine answer: the same header names and values (but Date) under
-    either server, the client's request id echoed as sent, and HTTP/1.0's keep-alive
-    answered in kind or the connection closed."""
-    heads: dict[str, dict[str, str]] = {}
-    for name, r in routers.items():
-        c = Conn(r.port)
-        try:
-            c.send(post(chat(), "x-request-id: abc-123"))
-            status, headers, body = c.answer()
-            assert status == 200, body
-            assert json.loads(body)["object"] == "chat.completion"
-            assert int(headers["content-length"]) == len(body)
-            heads[name] = {k: v for k, v in headers.items() if k not in ("date", "server")}
-            one_o = post(chat()).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
-            c.send(one_o.replace(b"\r\n\r\n", b"\r\nConnection: keep-alive\r\n\r\n", 1))
-            status, headers, _ = c.answer()
-            assert status == 200
-            assert headers["connection"].lower() == "keep-alive"
-            c.send(one_o)
-            status, headers, _ = c.answer()
-            assert status == 200
-            assert c.closed()
-        finally:
-            c.close()
-    assert heads["fast"] == heads["aiohttp"]
-    assert heads["fast"]["x-request-id"] == "abc-123"
-    assert heads["fast"]["content-type"].startswith("application/json")
-    assert heads["fast"]["x-llmgw-endpoint"]
-
-
-def test_chunked_body_past_the_limit_is_413_and_closed(port: int) -> None:
-    piece = b"x" * 16_384
-    framed = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(8)) + b"0\r\n\r\n"
-    c = Conn(port)
-    try:
-        c.send(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + framed
-        )
-        status, _, body = c.answer()
-        assert status == 413, body[:200]
-        assert set(json.loads(body)) == {"error"}
-        assert c.closed()
-    finally:
-        c.close()
-
-
-def test_stream_is_relayed_chunked_and_the_connection_kept(port: int) -> None:
-    c = Conn(port)
-    try:
-        for _ in range(2):
-            c.send(post(chat("stream", stream=True)))
-            status, headers, body = c.answer()
-            assert status == 200
-            assert headers["content-type"].startswith("text/event-stream")
-            assert headers["x-accel-buffering"] == "no"
-            assert "x-request-id" in headers
-            events = [x for x in body.split(b"\n\n") if x.strip()]
-            assert events[-1] == b"data: [DONE]", events[-3:]
-    finally:
-        c.close()
-
-
-def test_an_endless_header_line_is_refused_not_buffered(port: int) -> None:
-    c = Conn(port)
-    try:
-        c.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
-        with contextlib.suppress(OSError):
-            # Past any sane head (2 MiB): the server refuses long before the end.
-            for _ in range(32):
-                c.send(b"a" * 65_536)
-        try:
-            status, _, body = c.answer()
-        except (ConnectionResetError, AssertionError):
-            # Closed while we were still sending: the reset may beat the answer.
-            pass
-        else:
-            assert status == 400, body[:200]
-            assert json.loads(body)["error"]["code"] == "bad_http_request"
-            assert c.closed()
-    finally:
-        c.close()
-    # Refused, not held: the next client is served.
-    c = Conn(port)
-    try:
-        c.send(get("/healthz"))
-        assert c.answer()[0] == 200
-    finally:
-        c.close()
-
-
-def test_absolute_form_and_query_route_like_the_path(port: int) -> None:
-    c = Conn(port)
-    try:
-        c.send(post(chat(), path="http://127.0.0.1/v1/chat/completions?x=1"))
-        assert c.answer()[0] == 200
-        c.send(get("/v1/models?limit=1"))
-        assert c.answer()[0] == 200
-    finally:
-        c.close()
-
-
-def test_an_upgrade_header_is_ignored(port: int) -> None:
-    """`Upgrade: h2c` (curl --http2 on http://) is answered as HTTP/1.1."""
-    up = ("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAAQAAP__")
-    for data in (get("/healthz", *up), post(chat("upgrade?"), *up)):
+    def test_keep_alive_across_routes(self, port: int) -> None:
+        """One kept-alive connection is served across routes."""
         c = Conn(port)
         try:
-            c.send(data)
-            status, _, body = c.answer()
-            assert status == 200, body[:200]
+            for data, want in (
+                (get("/healthz"), 200),
+                (post(chat()), 200),
+                (get("/v1/models"), 200),
+                (get("/v1/models/nope"), 404),
+                (post(b"not json"), 400),
+                (post(chat(), path="/v1/nope"), 404),
+                (post(chat()), 200),
+            ):
+                c.send(data)
+                status, headers, body = c.answer()
+                assert status == want, (data[:40], status, body[:200])
+                assert headers["content-type"].startswith("application/json")
+                json.loads(body)
         finally:
             c.close()
 
+    def test_pipelined_requests_are_answered_in_order(self, port: int) -> None:
+        """Pipelined requests are answered in order."""
+        c = Conn(port)
+        try:
+            c.send(post(chat("one")) + get("/readyz") + post(chat("two")) + get("/nope"))
+            got = [c.answer()[0] for _ in range(4)]
+            assert got == [200, 200, 200, 404], got
+        finally:
+            c.close()
 
-@pytest.mark.parametrize(
-    ("var", "value"), [("LLMGW_ROUTER_SERVER", "nginx"), ("LLMGW_ROUTER_UPSTREAM", "curl")]
-)
-def test_bad_environment_override_exits_2(tmp_path: Path, var: str, value: str) -> None:
-    """An unknown LLMGW_ROUTER_SERVER or LLMGW_ROUTER_UPSTREAM stops the router at start
-    with exit 2."""
-    cfg = tmp_path / "r.yaml"
-    cfg.write_text("{}\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "llmgw", "router", "--config", str(cfg), "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, var: value},
-    )
-    assert proc.returncode == 2
-    assert var in proc.stderr
+    def test_chunked_request_body(self, port: int) -> None:
+        """A chunked request body is read whole."""
+        body = chat("chunked")
+        half = len(body) // 2
+        framed = (
+            b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:half], body[half:]))
+            + b"0\r\n\r\n"
+        )
+        c = Conn(port)
+        try:
+            c.send(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + framed
+            )
+            status, _, out = c.answer()
+            assert status == 200, out[:200]
+            assert json.loads(out)["object"] == "chat.completion"
+            # The connection carries on.
+            c.send(get("/healthz"))
+            assert c.answer()[0] == 200
+        finally:
+            c.close()
 
+    def test_expect_100_continue(self, port: int) -> None:
+        """Expect: 100-continue gets a 100 before the body is sent."""
+        body = chat("expecting")
+        c = Conn(port)
+        try:
+            c.send(post(body, "Expect: 100-continue")[: -len(body)])
+            status, _, _ = c.answer()
+            assert status == 100
+            c.send(body)
+            status, _, out = c.answer()
+            assert status == 200, out[:200]
+        finally:
+            c.close()
 
-@pytest.mark.parametrize("server", SERVERS)
-def test_sigterm_lets_a_stream_in_flight_finish(tmp_path: Path, server: str) -> None:
-    """Stopping closes the listener first; a stream being relayed runs to its end."""
-    with sim_engines(tmp_path, [1.0]) as engines:
-        conf = base_config(endpoints=endpoint_entries(engines), http_server=server)
-        with router(tmp_path, conf) as r:
+    def test_an_unknown_expectation_is_417(self, port: int) -> None:
+        """An unknown expectation is 417."""
+        c = Conn(port)
+        try:
+            c.send(post(chat(), "Expect: teapot"))
+            status, _, _ = c.answer()
+            assert status == 417
+        finally:
+            c.close()
+
+    def test_http_1_0_and_head(self, port: int) -> None:
+        """HTTP/1.0 closes after its answer, and HEAD gets a head only."""
+        c = Conn(port)
+        try:
+            c.send(get("/healthz", version="1.0"))
+            status, _, body = c.answer()
+            assert status == 200
+            assert json.loads(body)["status"] == "ok"
+            assert c.closed()
+        finally:
+            c.close()
+        c = Conn(port)
+        try:
+            c.send(get("/healthz", method="HEAD"))
+            status, headers, _ = c.answer(head_only=True)
+            assert status == 200
+            assert int(headers["content-length"]) > 0
+            # No body followed the head: the next answer's head comes right after.
+            c.send(get("/healthz"))
+            assert c.answer()[0] == 200
+        finally:
+            c.close()
+
+    def test_a_relayed_answer_has_the_same_head_under_both(
+        self, routers: dict[str, Program]
+    ) -> None:
+        """A relayed engine answer: the same header names and values (but Date) under
+        either server, the client's request id echoed as sent, and HTTP/1.0's keep-alive
+        answered in kind or the connection closed."""
+        heads: dict[str, dict[str, str]] = {}
+        for name, r in routers.items():
             c = Conn(r.port)
             try:
-                body = json.dumps(chat_body("slow", max_tokens=48, stream=True)).encode()
-                c.send(post(body))
-                while b"data:" not in c.buf:
-                    assert c._more()
-                r.proc.send_signal(signal.SIGTERM)
-                status, _, out = c.answer()
+                c.send(post(chat(), "x-request-id: abc-123"))
+                status, headers, body = c.answer()
+                assert status == 200, body
+                assert json.loads(body)["object"] == "chat.completion"
+                assert int(headers["content-length"]) == len(body)
+                heads[name] = {k: v for k, v in headers.items() if k not in ("date", "server")}
+                one_o = post(chat()).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+                c.send(one_o.replace(b"\r\n\r\n", b"\r\nConnection: keep-alive\r\n\r\n", 1))
+                status, headers, _ = c.answer()
                 assert status == 200
-                assert out.rstrip().endswith(b"data: [DONE]"), out[-200:]
+                assert headers["connection"].lower() == "keep-alive"
+                c.send(one_o)
+                status, headers, _ = c.answer()
+                assert status == 200
+                assert c.closed()
             finally:
                 c.close()
-            assert r.proc.wait(timeout=20) == 0
+        assert heads["fast"] == heads["aiohttp"]
+        assert heads["fast"]["x-request-id"] == "abc-123"
+        assert heads["fast"]["content-type"].startswith("application/json")
+        assert heads["fast"]["x-llmgw-endpoint"]
+
+    def test_chunked_body_past_the_limit_is_413_and_closed(self, port: int) -> None:
+        """Chunked body past the limit is 413 and closed."""
+        piece = b"x" * 16_384
+        framed = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(8)) + b"0\r\n\r\n"
+        c = Conn(port)
+        try:
+            c.send(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + framed
+            )
+            status, _, body = c.answer()
+            assert status == 413, body[:200]
+            assert set(json.loads(body)) == {"error"}
+            assert c.closed()
+        finally:
+            c.close()
+
+    def test_stream_is_relayed_chunked_and_the_connection_kept(self, port: int) -> None:
+        """Stream is relayed chunked and the connection kept."""
+        c = Conn(port)
+        try:
+            for _ in range(2):
+                c.send(post(chat("stream", stream=True)))
+                status, headers, body = c.answer()
+                assert status == 200
+                assert headers["content-type"].startswith("text/event-stream")
+                assert headers["x-accel-buffering"] == "no"
+                assert "x-request-id" in headers
+                events = [x for x in body.split(b"\n\n") if x.strip()]
+                assert events[-1] == b"data: [DONE]", events[-3:]
+        finally:
+            c.close()
+
+    def test_an_endless_header_line_is_refused_not_buffered(self, port: int) -> None:
+        """An endless header line is refused, not buffered."""
+        c = Conn(port)
+        try:
+            c.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            with contextlib.suppress(OSError):
+                # Past any sane head (2 MiB): the server refuses long before the end.
+                for _ in range(32):
+                    c.send(b"a" * 65_536)
+            try:
+                status, _, body = c.answer()
+            except (ConnectionResetError, AssertionError):
+                # Closed while we were still sending: the reset may beat the answer.
+                pass
+            else:
+                assert status == 400, body[:200]
+                assert json.loads(body)["error"]["code"] == "bad_http_request"
+                assert c.closed()
+        finally:
+            c.close()
+        # Refused, not held: the next client is served.
+        c = Conn(port)
+        try:
+            c.send(get("/healthz"))
+            assert c.answer()[0] == 200
+        finally:
+            c.close()
+
+    def test_absolute_form_and_query_route_like_the_path(self, port: int) -> None:
+        """Absolute form and query route like the path."""
+        c = Conn(port)
+        try:
+            c.send(post(chat(), path="http://127.0.0.1/v1/chat/completions?x=1"))
+            assert c.answer()[0] == 200
+            c.send(get("/v1/models?limit=1"))
+            assert c.answer()[0] == 200
+        finally:
+            c.close()
+
+    def test_an_upgrade_header_is_ignored(self, port: int) -> None:
+        """`Upgrade: h2c` (curl --http2 on HTTP://) is answered as HTTP/1.1."""
+        up = (
+            "Connection: Upgrade, HTTP2-Settings",
+            "Upgrade: h2c",
+            "HTTP2-Settings: AAMAAABkAAQAAP__",
+        )
+        for data in (get("/healthz", *up), post(chat("upgrade?"), *up)):
+            c = Conn(port)
+            try:
+                c.send(data)
+                status, _, body = c.answer()
+                assert status == 200, body[:200]
+            finally:
+                c.close()
+
+    @pytest.mark.parametrize(
+        ("var", "value"), [("LLMGW_ROUTER_SERVER", "nginx"), ("LLMGW_ROUTER_UPSTREAM", "curl")]
+    )
+    def test_bad_environment_override_exits_2(self, tmp_path: Path, var: str, value: str) -> None:
+        """An unknown LLMGW_ROUTER_SERVER or LLMGW_ROUTER_UPSTREAM stops the router at start
+        with exit 2."""
+        cfg = tmp_path / "r.yaml"
+        cfg.write_text("{}\n")
+        proc = subprocess.run(
+            [sys.executable, "-m", "llmgw", "router", "--config", str(cfg), "--port", "0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, var: value},
+        )
+        assert proc.returncode == 2
+        assert var in proc.stderr
+
+    @pytest.mark.parametrize("server", SERVERS)
+    def test_sigterm_lets_a_stream_in_flight_finish(self, tmp_path: Path, server: str) -> None:
+        """Stopping closes the listener first; a stream being relayed runs to its end."""
+        with sim_engines(tmp_path, [1.0]) as engines:
+            conf = base_config(endpoints=endpoint_entries(engines), http_server=server)
+            with router(tmp_path, conf) as r:
+                c = Conn(r.port)
+                try:
+                    body = json.dumps(chat_body("slow", max_tokens=48, stream=True)).encode()
+                    c.send(post(body))
+                    while b"data:" not in c.buf:
+                        assert c._more()
+                    r.proc.send_signal(signal.SIGTERM)
+                    status, _, out = c.answer()
+                    assert status == 200
+                    assert out.rstrip().endswith(b"data: [DONE]"), out[-200:]
+                finally:
+                    c.close()
+                assert r.proc.wait(timeout=20) == 0

@@ -8,7 +8,6 @@ the router stops believing in it at once, before any engine answer could tell.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -22,6 +21,7 @@ import pytest
 from llmgw.router.prefix import rendezvous_order, request_block_hashes
 from llmgw.testing import start_program
 from llmgw.testing.procs import free_port
+from llmgw.testing.wait import until
 
 from .router_fixtures import (
     MODEL,
@@ -62,16 +62,6 @@ def post_engine(
         return json.loads(resp.read())
 
 
-async def until(pred: Any, timeout_s: float = 20.0, *, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if await asyncio.to_thread(pred):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not in time: {what}")
-
-
 def chat(tag: str) -> dict[str, Any]:
     system = f"[{tag}] You answer questions about the ACME corporation's products. " * 10
     return {
@@ -85,7 +75,10 @@ def chat(tag: str) -> dict[str, Any]:
 
 
 class TestPreciseMode:
+    """The router follows what real engines hold."""
+
     async def test_follows_what_engines_really_hold(self, tmp_path: Path) -> None:
+        """The router's index follows what real engines hold."""
         ports = [free_port() for _ in IDS]
         extras = [
             [
@@ -122,6 +115,7 @@ class TestPreciseMode:
                     await until(
                         lambda eid=eid: metric(r.url, CONNECTED, endpoint=eid) == 1,
                         what=f"{eid} subscribed",
+                        blocking=True,
                     )
 
                     # A reset publishes AllBlocksCleared: the router then knows the
@@ -134,7 +128,7 @@ class TestPreciseMode:
                         post_engine(url, "/reset_prefix_cache")
                         return False
 
-                    await until(synced, what=f"{eid} in precise mode")
+                    await until(synced, what=f"{eid} in precise mode", blocking=True)
 
                 body = chat("precise")
                 # The engine the guessing mode would least pick for this prompt.
@@ -148,6 +142,7 @@ class TestPreciseMode:
                         (metric(r.url, "llmgw_router_kv_events_blocks", endpoint=target) or 0) > 0
                     ),
                     what="the router applied the engine's BlockStored",
+                    blocking=True,
                 )
                 debug = {"x-llmgw-debug": "1"}
                 async with aiohttp.ClientSession() as session:
@@ -165,6 +160,7 @@ class TestPreciseMode:
                             metric(r.url, "llmgw_router_kv_events_blocks", endpoint=target) == 0
                         ),
                         what="the router applied AllBlocksCleared",
+                        blocking=True,
                     )
                     again = await post(session, r.url, body, headers=debug)
                     assert again.status == 200, again.body
@@ -180,10 +176,13 @@ class TestPreciseMode:
                         == 1
                     ),
                     what="fallback to guessing once the subscription is down",
+                    blocking=True,
                 )
 
 
 class TestWithoutPyzmq:
+    """Without pyzmq the router starts and guesses."""
+
     async def test_router_starts_and_guesses(self, tmp_path: Path) -> None:
         """pyzmq is optional: without it a router whose endpoints name KV events
         starts, says why it cannot follow them, and routes by guessing."""
@@ -213,6 +212,10 @@ class TestWithoutPyzmq:
                 assert (
                     metric(prog.url, "llmgw_router_prefix_mode", endpoint="e0", mode="guess") == 1
                 )
-                await until(lambda: "pyzmq is not installed" in prog.log_text(), what="the error")
+                await until(
+                    lambda: "pyzmq is not installed" in prog.log_text(),
+                    what="the error",
+                    blocking=True,
+                )
             finally:
                 prog.stop(grace_s=5)

@@ -82,6 +82,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Program]:
 
 
 class TestLlamaServerThroughRouter:
+    """Messages and /tokenize pass through to a real llama-server."""
+
     def test_messages_with_the_anthropic_sdk(self, fleet: Program) -> None:
         """The anthropic package's create, whole and streamed, reaches llama-server."""
         client = anthropic.Anthropic(base_url=fleet.url, api_key="none", max_retries=0)

@@ -64,6 +64,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 class TestRelay:
+    """The router relays answers, streams and headers from real engines."""
+
     async def test_chat_non_streaming(self, url: str, session: aiohttp.ClientSession) -> None:
         """A chat completion comes back whole with the endpoint and request id headers."""
         r = await post(session, url, chat_body("hello"), headers={**AUTH, "x-request-id": "rq-1"})
@@ -158,6 +160,8 @@ def _error(r: Any) -> dict[str, Any]:
 
 
 class TestBadInput:
+    """Bad input and missing replicas get OpenAI-shaped refusals."""
+
     @pytest.mark.parametrize(
         ("body", "headers", "status", "etype"),
         [
@@ -213,6 +217,8 @@ class TestBadInput:
 
 
 class TestSurface:
+    """The router's models, health, metrics and admin routes."""
+
     def test_models_lists_known_models(self, url: str) -> None:
         """/v1/models is the union of endpoint and configured models, OpenAI's list shape."""
         doc = get_json(url + "/v1/models", headers=AUTH)

@@ -66,6 +66,8 @@ async def counted(url: str, n: int, timeout_s: float = 10.0) -> bytes:
 
 
 class TestCloseAtDone:
+    """A stream whose final event went out counts as complete."""
+
     @pytest.mark.parametrize("server", SERVERS)
     async def test_counted_complete(self, tmp_path: Path, server: str) -> None:
         """Clients that close right after `[DONE]` while the engine lingers are counted
@@ -85,6 +87,8 @@ class TestCloseAtDone:
 
 
 class TestHealth:
+    """GET /health answers like vLLM."""
+
     def test_health_answers_like_vllm(self, tmp_path: Path) -> None:
         """GET /health answers 200 with an empty body, as vLLM's does, beside /healthz."""
         with router(tmp_path, base_config(endpoints=[])) as r:

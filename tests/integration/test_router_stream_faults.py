@@ -37,6 +37,8 @@ def error_events(events: list[str]) -> list[dict[str, object]]:
 
 
 class TestStalledStream:
+    """A silent engine's stream is ended."""
+
     @pytest.mark.parametrize("client", CLIENTS)
     async def test_silent_engine_ends_the_stream(self, tmp_path: Path, client: str) -> None:
         """An engine that goes silent mid-stream: after stream_idle_timeout_s the client
@@ -72,6 +74,8 @@ class TestStalledStream:
 
 
 class TestEngineErrorEvent:
+    """A 5xx error event counts against the endpoint."""
+
     @pytest.mark.parametrize("client", CLIENTS)
     async def test_5xx_error_event_counts_against_the_endpoint(
         self, tmp_path: Path, client: str
@@ -101,6 +105,8 @@ class TestEngineErrorEvent:
 
 
 class TestErrorEventBeforeOutput:
+    """An error event before output is retried elsewhere or relayed."""
+
     @pytest.mark.parametrize("client", CLIENTS)
     async def test_retried_on_another_replica(self, tmp_path: Path, client: str) -> None:
         """An engine whose stream opens with its 5xx error event (after only the role

@@ -17,6 +17,8 @@ from .router_fixtures import base_config, get_json, router
 
 
 class TestCommandLine:
+    """The router's command line: bad configs and SIGTERM."""
+
     def test_bad_config_exits_2_with_one_line(self, tmp_path: Path) -> None:
         """An invalid file stops the router at start with exit 2 and one line naming the field."""
         bad = tmp_path / "bad.yaml"
@@ -51,6 +53,8 @@ class TestCommandLine:
 
 
 class TestAdminToken:
+    """Admin routes need the token."""
+
     def test_token_required(self, tmp_path: Path) -> None:
         """With an admin token, admin views need it; a client key is not enough."""
         with router(tmp_path, base_config(admin_token="adm-1")) as r:
@@ -64,6 +68,8 @@ class TestAdminToken:
 
 
 class TestControllerNotYetHeard:
+    """Requests get 503 before the controller's first list."""
+
     def test_requests_get_503_not_404_before_the_first_list(self, tmp_path: Path) -> None:
         """With the controller unreachable since start, no model is known yet: a request is
         answered 503 with Retry-After (retry later), not 404 (no such model), and the

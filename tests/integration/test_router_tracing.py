@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+
+from llmgw.testing.procs import llmgw_argv
 
 from .router_fixtures import (
     base_config,
@@ -50,6 +53,8 @@ def engine_trace(engine_url: str) -> dict[str, str]:
 
 
 class TestTraceContextOff:
+    """Without tracing the trace context is passed on unchanged."""
+
     async def test_passed_on_unchanged(self, tmp_path: Path) -> None:
         """Without tracing configured, the engine gets the client's traceparent and
         tracestate exactly as they came."""
@@ -75,6 +80,8 @@ class TestTraceContextOff:
 
 
 class TestSpans:
+    """The route span is exported."""
+
     async def test_route_span_exported(self, tmp_path: Path, receiver: tuple[Any, str]) -> None:
         """With tracing on, each request's llmgw.route span reaches the OTLP receiver: a
         child of the client's span carrying the decision, and the engine's parent."""
@@ -113,3 +120,19 @@ class TestSpans:
         assert event["llmgw.reason"]
         assert root.parent_span_id == b""
         assert started["traceparent"].split("-")[2] == root.span_id.hex()
+
+
+class TestTracingRefused:
+    """Tracing configured without the SDK stops the router at start."""
+
+    def test_sdk_missing_refused_at_start(self, tmp_path: Path) -> None:
+        """`tracing:` set without the OpenTelemetry SDK: the router exits 2 with one line
+        saying what to install, before any worker starts."""
+        config = tmp_path / "r.yaml"
+        config.write_text("endpoints: []\ntracing:\n  endpoint: http://127.0.0.1:9/v1/traces\n")
+        env = otlp.without_sdk(tmp_path / "shadow")
+        argv = llmgw_argv("router", "--config", str(config), "--port", "0", "--workers", "2")
+        got = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert (got.returncode, got.stdout) == (2, ""), got.stderr
+        assert got.stderr.strip().endswith("(pip install 'llmgw[tracing]')")
+        assert "Traceback" not in got.stderr

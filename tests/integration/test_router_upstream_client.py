@@ -20,6 +20,7 @@ import uvloop
 from llmgw.router.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
 from llmgw.router.upstream.base import HeaderLines
 from llmgw.router.upstream.fast import FastUpstream
+from llmgw.testing.wait import until
 
 JSON_BODY = b'{"ok":true}'
 _CL = re.compile(rb"(?i)content-length:\s*(\d+)")
@@ -71,9 +72,7 @@ class Peer:
         return f"http://127.0.0.1:{self.port}{path}"
 
     async def wait_closed(self, n: int, timeout_s: float = 5.0) -> None:
-        async with asyncio.timeout(timeout_s):
-            while self.closed < n:
-                await asyncio.sleep(0.01)
+        await until(lambda: self.closed >= n, timeout_s=timeout_s, every_s=0.01, what=f"{n} closed")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -184,6 +183,8 @@ async def post(client: FastUpstream, peer: Peer, path: str, **kw: Any) -> Any:
 
 
 class TestFastUpstream:
+    """The fast upstream client against a scripted peer."""
+
     async def test_keep_alive_reuses_one_connection(self, peer: Peer, client: FastUpstream) -> None:
         """Sequential requests whose bodies are read go over one pooled connection."""
         for i in range(5):
@@ -390,6 +391,8 @@ class TestFastUpstream:
 
 
 class TestOnUvloop:
+    """The fast client's core rules on uvloop."""
+
     def test_core_rules_on_uvloop(self) -> None:
         """The router runs uvloop, whose transports differ: reuse, streaming, the stale
         retry, dropping an unread body and the idle bound hold there too."""

@@ -15,12 +15,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from llmgw.testing import start_program
+from llmgw.testing.wait import until, wait_until
 
 from .router_fixtures import (
     admin_endpoints,
@@ -77,16 +77,6 @@ def dead(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-async def until(cond: Any, what: str, timeout_s: float = 40.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = await asyncio.to_thread(cond)
-        if got:
-            return got
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {timeout_s}s: {what}")
-
-
 def metric(text: str, prefix: str) -> float:
     """The sum of the samples whose line starts with `prefix`."""
     return sum(
@@ -102,6 +92,8 @@ def metrics_text(url: str) -> str:
 
 
 class TestOnePortTwoWorkers:
+    """Two workers on one port agree and count once."""
+
     async def test_workers_agree_on_prefix_homes_and_count_once(self, tmp_path: Path) -> None:
         """Both workers serve the port; a prefix goes to the same engine whichever worker
         routes it (rendezvous homes); /metrics counts every request exactly once."""
@@ -159,7 +151,12 @@ class TestOnePortTwoWorkers:
                     views[int(doc["worker"])] = dict(doc["prefix_entries"])
                     return len(views) == 2 and views[0] == views[1] and bool(views[0])
 
-                await until(both_views_agree, "both workers' indexes hold the same entries")
+                await until(
+                    both_views_agree,
+                    what="both workers' indexes hold the same entries",
+                    blocking=True,
+                    timeout_s=40,
+                )
                 # A learned prefix is a hit in whichever worker routes it next.
                 reasons: set[tuple[int, str]] = set()
                 async with fresh_session() as s:
@@ -196,7 +193,12 @@ class TestOnePortTwoWorkers:
                             e0 = admin_endpoints(r.url)["endpoints"][0]
                             return bool((e0["inflight"], e0["pending"]) == (n, n - 2))
 
-                        await until(all_in, f"{n} streams in flight, {n - 2} queued")
+                        await until(
+                            all_in,
+                            what=f"{n} streams in flight, {n - 2} queued",
+                            blocking=True,
+                            timeout_s=40,
+                        )
                         # Every worker sees them all; ask enough times to meet both.
                         views: dict[int, tuple[int, int]] = {}
 
@@ -206,7 +208,12 @@ class TestOnePortTwoWorkers:
                             views[doc["worker"]] = (e0["inflight"], e0["pending"])
                             return set(views) == {0, 1}
 
-                        await until(both_views, "an answer from each worker")
+                        await until(
+                            both_views,
+                            what="an answer from each worker",
+                            blocking=True,
+                            timeout_s=40,
+                        )
                         assert set(views.values()) == {(n, n - 2)}, views
                         text = await asyncio.to_thread(metrics_text, r.url)
                         assert metric(text, 'llmgw_router_inflight{endpoint="e0"}') == n
@@ -253,9 +260,12 @@ def metrics_engine() -> Iterator[str]:
 
 
 class TestHostChores:
+    """Scrapes and reloads done once for all workers."""
+
     async def test_each_engine_is_scraped_once_per_tick_for_all_workers(
         self, tmp_path: Path, metrics_engine: str
     ) -> None:
+        """Each engine is scraped once per tick for all workers."""
         interval = 0.25
         cfg = base_config(
             endpoints=[{"id": "e0", "url": metrics_engine, "models": ["m"]}],
@@ -264,7 +274,12 @@ class TestHostChores:
         with router(tmp_path, cfg, workers=2) as r:
             await wait_until_scraped(r.url, ["e0"])
             start_hits, t0 = _MetricsOnly.hits, time.monotonic()
-            await until(lambda: _MetricsOnly.hits - start_hits >= 8, "eight scrapes")
+            await until(
+                lambda: _MetricsOnly.hits - start_hits >= 8,
+                what="eight scrapes",
+                blocking=True,
+                timeout_s=40,
+            )
             hits, elapsed = _MetricsOnly.hits - start_hits, time.monotonic() - t0
         # One scraper never scrapes faster than its interval; two would double it.
         assert hits <= elapsed / interval + 2, (hits, elapsed)
@@ -280,7 +295,12 @@ class TestHostChores:
             cfg = base_config(endpoints=entries[:1], reload_poll_s=3600)
             with router(tmp_path, cfg, workers=2) as r:
                 await wait_until_scraped(r.url, ["e0"])
-                pids = await until(lambda: _both(workers_of(r.pid)), "two workers")
+                pids = await until(
+                    lambda: _both(workers_of(r.pid)),
+                    what="two workers",
+                    blocking=True,
+                    timeout_s=40,
+                )
                 write_config(
                     config_path(tmp_path), base_config(endpoints=entries, reload_poll_s=3600)
                 )
@@ -293,7 +313,12 @@ class TestHostChores:
                         updated.add(doc["worker"])
                     return updated == {0, 1}
 
-                await until(both_reloaded, "both workers have the reloaded list")
+                await until(
+                    both_reloaded,
+                    what="both workers have the reloaded list",
+                    blocking=True,
+                    timeout_s=40,
+                )
                 assert workers_of(r.pid) == pids
                 r.proc.send_signal(signal.SIGTERM)
                 assert await asyncio.to_thread(r.proc.wait, 30) == 0
@@ -301,6 +326,8 @@ class TestHostChores:
 
 
 class TestWorkerRestart:
+    """Killed workers are replaced, and a killed supervisor takes its workers along."""
+
     async def test_a_killed_worker_is_replaced_and_the_others_keep_serving(
         self, tmp_path: Path
     ) -> None:
@@ -318,7 +345,12 @@ class TestWorkerRestart:
             cfg = base_config(endpoints=entries)
             with router(tmp_path, cfg, workers=2) as r:
                 await wait_until_scraped(r.url, ["e0", "e1", "w0"])
-                pids = await until(lambda: _both(workers_of(r.pid)), "two workers")
+                pids = await until(
+                    lambda: _both(workers_of(r.pid)),
+                    what="two workers",
+                    blocking=True,
+                    timeout_s=40,
+                )
                 results: list[tuple[float, int]] = []  # (start, status or 0 for an error)
                 stop = asyncio.Event()
 
@@ -344,22 +376,39 @@ class TestWorkerRestart:
                     victim = pids[1 - survivor]
                     clients = [asyncio.create_task(client(s)) for _ in range(4)]
                     try:
-                        await until(lambda: len(results) >= 20, "20 requests before the kill")
+                        await until(
+                            lambda: len(results) >= 20,
+                            what="20 requests before the kill",
+                            blocking=True,
+                            timeout_s=40,
+                        )
                         before = metric(
                             await asyncio.to_thread(metrics_text, r.url),
                             "llmgw_router_requests_total{",
                         )
                         os.kill(victim, signal.SIGKILL)
-                        await until(lambda: dead(victim), "the victim is dead")
+                        await until(
+                            lambda: dead(victim),
+                            what="the victim is dead",
+                            blocking=True,
+                            timeout_s=40,
+                        )
                         died = time.monotonic()
                         # About 10 s long: still streaming when the other worker died.
                         assert not witness.content.at_eof()
                         await until(
                             lambda: workers_of(r.pid).get(1 - survivor) not in (None, victim),
-                            "a new worker",
+                            what="a new worker",
+                            blocking=True,
+                            timeout_s=40,
                         )
                         after_n = len(results)
-                        await until(lambda: len(results) >= after_n + 20, "20 more requests")
+                        await until(
+                            lambda: len(results) >= after_n + 20,
+                            what="20 more requests",
+                            blocking=True,
+                            timeout_s=40,
+                        )
                     finally:
                         stop.set()
                         await asyncio.gather(*clients, return_exceptions=True)
@@ -377,7 +426,9 @@ class TestWorkerRestart:
                 assert metric(text, "llmgw_router_worker_restarts_total ") == 1
                 await until(
                     lambda: metric(metrics_text(r.url), "llmgw_router_workers ") == 2,
-                    "two workers serving again",
+                    what="two workers serving again",
+                    blocking=True,
+                    timeout_s=40,
                 )
                 assert r.alive()
 
@@ -391,10 +442,20 @@ class TestWorkerRestart:
             cfg = base_config(endpoints=endpoint_entries(engines))
             with router(tmp_path, cfg, workers=2) as r:
                 await wait_until_scraped(r.url, ["e0"])
-                pids = await until(lambda: _both(workers_of(r.pid)), "two workers")
+                pids = await until(
+                    lambda: _both(workers_of(r.pid)),
+                    what="two workers",
+                    blocking=True,
+                    timeout_s=40,
+                )
                 port = int(r.url.rsplit(":", 1)[1])
                 os.kill(r.pid, signal.SIGKILL)
-                await until(lambda: all(dead(p) for p in pids.values()), "both workers gone")
+                await until(
+                    lambda: all(dead(p) for p in pids.values()),
+                    what="both workers gone",
+                    blocking=True,
+                    timeout_s=40,
+                )
 
                 def port_free() -> bool:
                     with socket.socket() as s:
@@ -405,10 +466,12 @@ class TestWorkerRestart:
                             return False
                         return True
 
-                await until(port_free, "the port is free")
+                await until(port_free, what="the port is free", blocking=True, timeout_s=40)
 
 
 class TestSupervisorStart:
+    """The supervisor's start-up failures end cleanly."""
+
     async def test_sigterm_while_a_worker_never_gets_ready_stops_at_once(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -553,6 +616,8 @@ class TestSupervisorStart:
 
 
 class TestCtrlCWhileStarting:
+    """Ctrl-C while workers start ends all without a traceback."""
+
     def test_a_group_sigint_while_workers_start_ends_all_without_a_traceback(
         self, tmp_path: Path
     ) -> None:
@@ -568,10 +633,11 @@ class TestCtrlCWhileStarting:
                 wait=False,
             )
             with prog:
-                deadline = time.monotonic() + 30
-                while len(workers_of(prog.pid)) < 2 and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                started = workers_of(prog.pid)
+                started = wait_until(
+                    lambda: w if len(w := workers_of(prog.pid)) >= 2 else None,
+                    every_s=0.01,
+                    what="two workers",
+                )
                 assert len(started) == 2, started
                 os.killpg(prog.pid, signal.SIGINT)
                 prog.proc.wait(timeout=30)

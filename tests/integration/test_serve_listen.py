@@ -36,6 +36,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 class TestPortInUse:
+    """A port that cannot be listened on is refused in one line."""
+
     def test_sim_engine_says_which_port_in_one_line(self, taken_port: int) -> None:
         """A sim-engine on a taken port exits 1 naming the address, without a traceback."""
         out = run("sim-engine", "--model", "m", "--port", str(taken_port))

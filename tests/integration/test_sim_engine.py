@@ -15,6 +15,7 @@ import pytest
 from llmgw.simengine.kvcache import prompt_block_hashes
 from llmgw.simengine.tokenizer import prompt_ids_for_body
 from llmgw.testing import Program, start_program
+from llmgw.testing.wait import until
 
 SAMPLE = re.compile(r"^([^{# ]+)(?:\{([^}]*)\})? (\S+)$", re.MULTILINE)
 
@@ -65,6 +66,8 @@ def prefix_engine() -> Iterator[Program]:
 
 
 class TestPrefixCache:
+    """A real sim-engine caches repeated prefixes."""
+
     async def test_repeated_long_prefix_is_cached(self, prefix_engine: Program) -> None:
         """The same long prefix twice: cached tokens, a faster first token, more hits."""
         url = prefix_engine.url
@@ -147,6 +150,8 @@ async def watch(session: aiohttp.ClientSession, url: str, stop: asyncio.Event) -
 
 
 class TestSaturation:
+    """Requests beyond the engine's capacity wait and finish."""
+
     async def test_more_requests_than_max_num_seqs_wait_and_finish(
         self, small_engine: Program
     ) -> None:
@@ -204,6 +209,8 @@ class TestSaturation:
 
 
 class TestDialect:
+    """The SGLang dialect's metric names."""
+
     async def test_sglang_names(self) -> None:
         """--metrics-dialect sglang switches /metrics to SGLang's names and /v1/models' owner."""
         with start_program(
@@ -223,6 +230,8 @@ class TestDialect:
 
 
 class TestLifecycle:
+    """SIGTERM and disconnects in a real sim-engine."""
+
     async def test_sigterm_lets_streams_finish(self) -> None:
         """SIGTERM mid-stream: the stream still ends with [DONE], then the process exits 0."""
         prog = start_program(["sim-engine", "--port", "0", "--model", "m"])
@@ -269,12 +278,12 @@ class TestLifecycle:
                     if seen == 3:
                         break
                 r.close()
-            deadline = time.monotonic() + 5
-            m = await scrape(s, url)
-            while m["vllm:num_requests_running"] and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+
+            async def none_running() -> dict[str, float] | None:
                 m = await scrape(s, url)
-        assert m["vllm:num_requests_running"] == 0
+                return None if m["vllm:num_requests_running"] else m
+
+            m = await until(none_running, timeout_s=5, what="no request running")
         assert m["vllm:request_success_total"] == 1  # the abort
         assert m["vllm:kv_cache_usage_perc"] == 0.0
 
@@ -301,15 +310,12 @@ class TestLifecycle:
             ):
                 await blocker.content.readline()  # running: it holds the only slot
                 queued = await leaver.post(url + "/v1/chat/completions", json=body("queued"))
-                m = await scrape(s, url)
-                deadline = time.monotonic() + 10
-                while not m["vllm:num_requests_waiting"] and time.monotonic() < deadline:
-                    await asyncio.sleep(0.05)
+
+                async def waiting(n: int) -> dict[str, float] | None:
                     m = await scrape(s, url)
-                assert m["vllm:num_requests_waiting"] == 1
+                    return m if m["vllm:num_requests_waiting"] == n else None
+
+                await until(lambda: waiting(1), timeout_s=10, what="the request queued")
                 queued.close()
-                deadline = time.monotonic() + 10
-                while m["vllm:num_requests_waiting"] and time.monotonic() < deadline:
-                    await asyncio.sleep(0.05)
-                    m = await scrape(s, url)
+                m = await until(lambda: waiting(0), timeout_s=10, what="the queue empty")
                 assert (m["vllm:num_requests_waiting"], m["vllm:num_requests_running"]) == (0, 1)

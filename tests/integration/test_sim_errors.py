@@ -48,6 +48,8 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 class TestBadInput:
+    """Every bad input with its status and body."""
+
     async def test_malformed_json(self, engine: Program) -> None:
         """Malformed JSON: 400 BadRequestError."""
         status, body = await post(engine.url, "/v1/chat/completions", b'{"model": ')
@@ -133,6 +135,8 @@ async def sse_events(url: str, body: dict[str, Any], *, timeout_s: float) -> lis
 
 
 class TestFaults:
+    """Injected faults in a real sim-engine."""
+
     async def test_fail_rate_one(self) -> None:
         """--fail-rate 1.0 answers 500 with vLLM's body, before any byte of a response."""
         with start_program(
@@ -202,6 +206,8 @@ class TestFaults:
 
 
 class TestEngineLoopDies:
+    """A dead engine loop ends requests, fails health and exits."""
+
     async def test_requests_end_health_503_and_exit(self) -> None:
         """When the engine loop raises, open requests get vLLM's 500 (an error frame
         on a stream) instead of hanging, /health answers 503, the traceback is

@@ -61,6 +61,8 @@ def models(prog: Program) -> dict[str, Any]:
 
 
 class TestSimAdapters:
+    """The sim-engine's LoRA adapters in a real process."""
+
     def test_adapters_served_by_name_and_listed_with_parent(self, engine: Program) -> None:
         """Both forms of --lora-modules are served; the answer names the adapter and
         /v1/models lists it with the base as parent and its path as root."""

@@ -47,6 +47,8 @@ MESSAGES: list[dict[str, str]] = [
 
 
 class TestSync:
+    """The sim-engine with the synchronous openai client."""
+
     def test_chat(self, engine: Program) -> None:
         """A non-streaming chat completion has text, a finish reason and usage."""
         with client(engine) as c:
@@ -134,6 +136,8 @@ class TestSync:
 
 
 class TestAsync:
+    """The sim-engine with the asynchronous openai client."""
+
     async def test_chat(self, engine: Program) -> None:
         """The async client gets a complete chat completion."""
         async with aclient(engine) as c:

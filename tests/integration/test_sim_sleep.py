@@ -45,6 +45,8 @@ async def chat_s(s: aiohttp.ClientSession, url: str, max_tokens: int) -> float:
 
 
 class TestSleepRoutes:
+    """The sleep routes' guards and refusals."""
+
     async def test_routes_need_dev_mode(self) -> None:
         """Without VLLM_SERVER_DEV_MODE=1 the routes do not exist (404), as in vLLM."""
         with sim("--enable-sleep-mode", env={"VLLM_SERVER_DEV_MODE": "0"}) as prog:
@@ -87,6 +89,8 @@ class TestSleepRoutes:
 
 
 class TestSleepAndWake:
+    """Sleeping frees memory and waking takes its time."""
+
     async def test_sleep_frees_memory_and_holds_requests_until_woken(self, sleepy: Program) -> None:
         """Asleep: metrics say offloaded with little GPU memory; a request waits for the wake."""
         url = sleepy.url

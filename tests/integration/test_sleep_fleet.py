@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from llmgw.testing import Program, free_port, start_program
+from llmgw.testing.wait import until
 from tests.integration.router_fixtures import Reply, base_config, chat_body, post, router
 from tests.integration.test_agent_controller import TOKEN, admin
 from tests.integration.test_agent_supervision import AgentRig
@@ -62,24 +63,26 @@ async def replicas(url: str, model: str) -> list[dict[str, Any]]:
 async def wait_state(
     url: str, model: str, state: str, *, timeout_s: float = 40.0
 ) -> dict[str, Any]:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    seen: list[dict[str, Any]] = []
-    while asyncio.get_running_loop().time() < deadline:
+    async def check() -> dict[str, Any]:
         seen = await replicas(url, model)
-        if len(seen) == 1 and seen[0]["state"] == state:
-            return seen[0]
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{model} not {state}: {seen}")
+        assert len(seen) == 1, seen  # a failed look is "not yet", shown if it never holds
+        assert seen[0]["state"] == state, seen
+        return seen[0]
+
+    got: dict[str, Any] = await until(
+        check, timeout_s=timeout_s, ignore=(AssertionError,), what=f"{model} {state}"
+    )
+    return got
 
 
 async def wait_models(s: aiohttp.ClientSession, router_url: str, names: set[str]) -> None:
     """Until the router has the controller's list (it names every model)."""
-    for _ in range(200):
+
+    async def listed() -> bool:
         async with s.get(router_url + "/v1/models") as resp:
-            if names <= {m["id"] for m in (await resp.json())["data"]}:
-                return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the router never listed {names}")
+            return names <= {m["id"] for m in (await resp.json())["data"]}
+
+    await until(listed, timeout_s=20, what=f"the router listing {names}")
 
 
 async def ask(s: aiohttp.ClientSession, router_url: str, model: str) -> Reply:
@@ -87,6 +90,8 @@ async def ask(s: aiohttp.ClientSession, router_url: str, model: str) -> Reply:
 
 
 class TestSleepingFleet:
+    """An idle replica sleeps and a held request wakes it once."""
+
     async def test_idle_sleeps_and_a_held_request_wakes_it_once(
         self, tmp_path: Path, fleet: tuple[str, AgentRig]
     ) -> None:

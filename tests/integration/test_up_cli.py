@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.testing.procs import free_port, llmgw_argv
+from llmgw.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,6 +78,8 @@ def up(folder: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedP
 
 
 class TestRefusals:
+    """llmgw up's start-up refusals, each in one line."""
+
     def test_router_port_taken(self, folder: Path) -> None:
         """A taken router port: one line naming it and --port, exit 1, nothing started."""
         with socket.socket() as s:
@@ -179,15 +182,14 @@ def running_up(folder: Path, env: dict[str, str] | None = None) -> Iterator[subp
 
 
 class TestInterrupt:
+    """Ctrl-C during start-up leaves nothing running."""
+
     def test_ctrl_c_during_start_up_leaves_nothing(self, folder: Path) -> None:
         """SIGINT while programs are still starting: `up` stops at once, exits 0, no orphans."""
         with running_up(folder) as proc:
             # The controller is the first program: once its log exists, start-up is under way.
-            deadline = time.monotonic() + 60
             log = folder / ".llmgw" / "logs" / "controller.log"
-            while not log.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert log.exists()
+            wait_until(log.exists, timeout_s=60, what="the controller's log")
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
@@ -208,11 +210,12 @@ class TestInterrupt:
             last = seen[-1] if seen else ""
             assert last.startswith("llmgw-ready"), "".join(seen)
             state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and '"pid"' not in (
-                state.read_text() if state.exists() else ""
-            ):
-                time.sleep(0.1)
+            wait_until(
+                lambda: state.exists() and '"pid"' in state.read_text(),
+                timeout_s=60,
+                every_s=0.1,
+                what="the agent's state file with an engine pid",
+            )
             engine = json.loads(state.read_text())["shards"][0]["pid"]
             manifest = json.loads((folder / ".llmgw" / "up.json").read_text())
             os.kill(manifest["children"]["agent n-1"]["pid"], signal.SIGKILL)
@@ -244,6 +247,8 @@ def models_line(out: str) -> list[str]:
 
 
 class TestHints:
+    """llmgw up's hints after a restart."""
+
     def test_curl_example_and_models_from_the_controller_after_a_restart(
         self, folder: Path
     ) -> None:
@@ -289,6 +294,8 @@ class TestHints:
 
 
 class TestTokens:
+    """Scoped tokens are in 0600 files, never on a command line."""
+
     def test_scoped_tokens_in_0600_files_never_on_a_command_line(self, folder: Path) -> None:
         """`up` draws admin, agent, router and read tokens into .llmgw/tokens (0600), gives
         them to its programs by file, and none is in any process's command line; ctl in the
@@ -325,11 +332,8 @@ class TestTokens:
                     urllib.request.urlopen(req, timeout=10)
                 err.value.close()
                 assert err.value.code in (401, 403)
-            # ctl in up's folder needs no setting; wait for the model's engine.
-            engines: list[int] = []
-            deadline = time.monotonic() + 90
-            while not engines:
-                assert time.monotonic() < deadline, "no engine started"
+
+            def engine_pids() -> list[int]:
                 listed = subprocess.run(
                     llmgw_argv("ctl", "--controller", url, "replicas", "--json"),
                     cwd=folder,
@@ -341,8 +345,10 @@ class TestTokens:
                 )
                 assert listed.returncode == 0, listed.stderr
                 replicas = json.loads(listed.stdout)
-                engines = [s["pid"] for r in replicas for s in r["shards"] if s.get("pid")]
-                time.sleep(0.3)
+                return [s["pid"] for r in replicas for s in r["shards"] if s.get("pid")]
+
+            # ctl in up's folder needs no setting; wait for the model's engine.
+            engines = wait_until(engine_pids, timeout_s=90, every_s=0.3, what="an engine started")
             pids = [manifest["pid"], *(c["pid"] for c in manifest["children"].values())]
             assert len(manifest["children"]) >= 3  # controller, router, an agent
             checked = 0

@@ -17,7 +17,7 @@ import pytest
 TESTS = Path(__file__).resolve().parents[1]
 # A sentence ends at . ! or ? followed by a space and a capital: "e.g. x" does not end one.
 SENTENCE_END = re.compile(r"[.!?]\s+[A-Z`]")
-FOLDERS = ("unit",)
+FOLDERS = ("unit", "integration", "e2e")
 
 
 def _files(folder: str) -> list[Path]:

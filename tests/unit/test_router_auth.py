@@ -35,7 +35,9 @@ class TestKeyRing:
         """A key whose SHA-256 is configured is accepted and named."""
         ring = KeyRing([ApiKey(name="alice", sha256=hash_key("k-1"))])
         assert ring.enabled
-        assert ring.check("Bearer k-1") == "alice"
+        tenant = ring.check("Bearer k-1")
+        assert tenant is not None
+        assert tenant.name == "alice"
 
     def test_wrong_or_missing_key_is_refused(self) -> None:
         """A wrong key, another scheme, or no header is refused."""
@@ -45,7 +47,9 @@ class TestKeyRing:
     def test_uppercase_digest_matches(self) -> None:
         """Digests are compared case-insensitively."""
         ring = KeyRing([ApiKey(name="a", sha256=hash_key("x").upper())])
-        assert ring.check("Bearer x") == "a"
+        tenant = ring.check("Bearer x")
+        assert tenant is not None
+        assert tenant.name == "a"
 
     def test_no_keys_means_disabled(self) -> None:
         """An empty ring is disabled (the proxy is open)."""

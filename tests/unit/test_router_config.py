@@ -57,6 +57,10 @@ class TestParse:
         assert (cfg.controller.url, cfg.controller.token) == ("http://c:9000", "t")
 
 
+# A file key up to its limits, for the cases that get them wrong.
+KEY = "api_keys: [{name: a, sha256: " + "a" * 64 + ", "
+
+
 class TestValidation:
     """Configuration errors name the field or the file."""
 
@@ -71,6 +75,10 @@ class TestValidation:
             ("max_retries: -1", "max_retries"),
             ("policy: random", "policy"),
             ("api_keys: [{name: a, sha256: nothex}]", "sha256"),
+            (KEY + "rpm: 0}]", "rpm"),
+            (KEY + "budget: {tokens: 5}}]", "per"),
+            (KEY + "priority: urgent}]", "priority"),
+            (KEY + "models: [m, m]}]", "models"),
             ("endpoints: [{id: a, url: 'ftp://x', models: [m]}]", "url"),
             ("endpoints: [{id: a, url: 'http://x', models: []}]", "models"),
             # A misspelt engine would leave the endpoint unscraped (stale) for good.

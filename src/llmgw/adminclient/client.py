@@ -42,6 +42,7 @@ from llmgw.wire.admin import (
     WeightRequest,
 )
 from llmgw.wire.errors import ErrorBody
+from llmgw.wire.keys import KeyCreate, KeyCreated, KeyRevoked, KeyView
 from llmgw.wire.models import ModelSpec, ScaleRequest
 
 T = TypeVar("T")
@@ -241,6 +242,17 @@ class AdminClient:
         it). AdminRejected (409) while the controller knows none for the replica."""
         path = f"/admin/replicas/{_quote(replica_id)}/engine-key"
         return self._call("POST", path, EngineKey)
+
+    def keys(self) -> list[KeyView]:
+        """Client keys by name, with their limits (never a key or its hash)."""
+        return self._call("GET", "/admin/keys", list[KeyView])
+
+    def create_key(self, request: KeyCreate) -> KeyCreated:
+        """A new client key; the answer is the only time the key itself is shown."""
+        return self._call("POST", "/admin/keys", KeyCreated, body=request)
+
+    def revoke_key(self, name: str) -> KeyRevoked:
+        return self._call("DELETE", f"/admin/keys/{_quote(name)}", KeyRevoked)
 
     # -- the seam ------------------------------------------------------------
 

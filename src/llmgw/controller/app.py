@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from llmgw.controller.api import routes
+from llmgw.controller.api import keys, routes
 from llmgw.controller.api.services import Services
 from llmgw.controller.api.status import ControllerMetrics, StatusFiles
 from llmgw.controller.config import ControllerConfig
@@ -65,6 +65,7 @@ def build_app(
     app[routes.STATUS_FILES] = StatusFiles()
     app[LOOP] = loop
     app.add_routes(routes.routes())
+    app.add_routes(keys.routes())
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await loop.check_leadership()

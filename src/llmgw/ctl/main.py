@@ -42,6 +42,7 @@ HANDLERS = {
     "delete": "llmgw.ctl.commands.models:delete",
     "scale": "llmgw.ctl.commands.models:scale",
     "bench": "llmgw.ctl.commands.bench:bench",
+    "keys": "llmgw.ctl.commands.keys:keys",
     "completion": "llmgw.ctl.completion:completion",
 }
 
@@ -169,11 +170,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-tokens", type=int, default=64, metavar="N", help="tokens per request")
     p.add_argument("--no-record", action="store_true", help="measure only; keep the weight")
+    _keys_parser(command("keys", "client API keys: create, list, revoke (docs/tenants.md)"))
     p = command(
         "completion", 'print a shell completion script: eval "$(llmgw ctl completion bash)"'
     )
     p.add_argument("shell", choices=("bash", "zsh"), help="which shell")
     return parser
+
+
+def _keys_parser(parent: argparse.ArgumentParser) -> None:
+    sub = parent.add_subparsers(dest="keys_command", metavar="SUBCOMMAND")
+
+    def command(name: str, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=DefaultsFormatter)
+        _connection_options(p, top=False)
+        return p
+
+    p = command("create", "create a key; it is printed once, alone on the last line")
+    p.add_argument("name", help="the key's name (who or what uses it)")
+    p.add_argument("--team", required=True, metavar="T", help="the team its usage counts to")
+    p.add_argument("--models", metavar="M1,M2", help="only these models (default: every model)")
+    p.add_argument("--rpm", type=int, metavar="N", help="requests per minute (default: no limit)")
+    p.add_argument("--tpm", type=int, metavar="N", help="tokens per minute (default: no limit)")
+    p.add_argument("--budget-tokens", type=int, metavar="N", help="tokens per --per period")
+    p.add_argument("--per", choices=("day", "week", "month"), help="the budget's period (UTC)")
+    p.add_argument("--priority", choices=("critical", "standard", "batch"), help="default standard")
+    p.add_argument("--expires-in", metavar="DURATION", help="e.g. 30d, 12h (default: never)")
+    command("list", "list keys and their limits (never a key)")
+    command("revoke", "revoke a key: every router refuses it within seconds").add_argument(
+        "name", help="the key's name"
+    )
 
 
 def main(

@@ -1,8 +1,9 @@
 """Client API keys and the admin token. Pure: headers in, verdicts out.
 
-Keys live in the config as SHA-256 hex digests, so the file never holds a
-usable secret; a presented key is hashed and looked up. The admin token is a
-separate secret: a client key never opens the admin surface.
+Keys live in the config, or come from the controller with the endpoint list, as
+SHA-256 hex digests, so neither holds a usable secret; a presented key is hashed
+and looked up. An expired key is refused like an unknown one. The admin token is
+a separate secret: a client key never opens the admin surface.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 
-from llmgw.router.config import ApiKey
+from llmgw.router.tenants import Tenant
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.netaddr import is_loopback
+from llmgw.wire.keys import ClientKey
 
 
 def hash_key(key: str) -> str:
@@ -39,24 +42,37 @@ def bearer(authorization: str | None) -> str | None:
 
 
 class KeyRing:
-    """The configured client keys; empty means /v1/* is open."""
+    """The client keys in force (the file's and the controller's); empty means /v1/* is open."""
 
-    __slots__ = ("_by_digest", "enabled")
+    __slots__ = ("_by_digest", "_clock", "enabled")
 
-    def __init__(self, keys: Iterable[ApiKey] = ()) -> None:
-        self._by_digest = {k.sha256.lower(): k.name for k in keys}
+    def __init__(
+        self,
+        keys: Iterable[ClientKey] = (),
+        *,
+        required: bool = False,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._by_digest = {k.sha256.lower(): Tenant(k) for k in keys}
+        self._clock = clock
         # A plain attribute, not a property: read on every request, from compiled
         # code, where a property of this (interpreted) class is a Python call.
-        self.enabled = bool(self._by_digest)
+        # `required`: a key is needed even with none in force (the controller's last
+        # key was revoked: that must not open /v1/* to everyone).
+        self.enabled = required or bool(self._by_digest)
 
-    def check(self, authorization: str | None) -> str | None:
-        """The key's name when the header carries a configured key, else None."""
+    def check(self, authorization: str | None) -> Tenant | None:
+        """The key when the header carries one in force (known, not expired), else None."""
         token = bearer(authorization)
         if token is None:
             return None
         # A dict lookup on the digest leaks nothing useful: an attacker who can time
         # it learns about the hash of their own guess, not about a stored key.
-        return self._by_digest.get(hash_key(token))
+        tenant = self._by_digest.get(hash_key(token))
+        expires_at = None if tenant is None else tenant.expires_at
+        if expires_at is not None and self._clock.wall() >= expires_at:
+            return None
+        return tenant
 
 
 def bearer_matches(token: str, authorization: str | None) -> bool:

@@ -42,6 +42,7 @@ from llmgw.router.enginemetrics import ENGINES
 from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import secretfile
 from llmgw.wire.endpoints import EndpointInfo
+from llmgw.wire.keys import ClientKey
 
 Policy = Literal["ours", "round_robin", "least_inflight"]
 UpstreamClient = Literal["fast", "aiohttp"]
@@ -61,11 +62,10 @@ class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     poll_timeout_s: Seconds = 30.0
 
 
-class ApiKey(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    # Who the key belongs to; logged instead of the key.
-    name: str
-    # Hex SHA-256 of the key: the file never holds a usable secret.
-    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-fA-F]{64}$")]
+class ApiKey(ClientKey, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A client key in the file: `name` and `sha256`, and optionally what a key from
+    the controller carries (team, models, rpm, tpm, budget, priority, expires_at;
+    docs/tenants.md)."""
 
 
 class BreakerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

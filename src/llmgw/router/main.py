@@ -107,6 +107,15 @@ def main(argv: list[str]) -> int:
     except RouterConfigError as exc:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2
+    if cfg.tracing is not None:
+        # Here, not in each worker: one line and exit 2, not a traceback per worker.
+        from llmgw.runtime.tracing import TracingUnavailable, require_sdk
+
+        try:
+            require_sdk()
+        except TracingUnavailable as exc:
+            sys.stderr.write(f"llmgw router: {exc}\n")
+            return 2
 
     async def run() -> int:
         # Imported here so `--help` and config errors stay fast.

@@ -43,6 +43,7 @@ from llmgw.router.forms import FormError, text_fields
 from llmgw.router.intake import Intake, read_json
 from llmgw.router.metrics import DISCONNECTED, UNAVAILABLE
 from llmgw.router.proxy import Proxy, request_id
+from llmgw.router.tenants import Charge, Tenant
 from llmgw.runtime.fastserver import Answer, FastRequest, Prerendered, Reply
 
 _FORM_FIELDS: Final = ("model", "stream")
@@ -84,8 +85,11 @@ class PassThrough:
         rid = request_id(headers.get("x-request-id"))
         path = request.path
         given = anthropic.authorization(headers) if api.anthropic else headers.get("Authorization")
-        if st.keys.enabled and st.keys.check(given) is None:
-            return proxy._refused(unauthorized(), rid, path, t0)
+        tenant: Tenant | None = None
+        if st.keys.enabled:
+            tenant = st.keys.check(given)
+            if tenant is None:
+                return proxy._refused(unauthorized(), rid, path, t0)
         try:
             got = await read_json(request, st.cfg, proxy.budget, rid, decode=not api.form)
         except asyncio.CancelledError:
@@ -119,6 +123,12 @@ class PassThrough:
                     resp = unavailable(NoReplica(model, why, retry_after_s=5))
                     return proxy._refused(resp, rid, path, t0, outcome=UNAVAILABLE)
                 return proxy._refused(model_not_found(model), rid, path, t0)
+            charge: Charge | None = None
+            if tenant is not None and tenant.guarded:
+                admitted = st.tenants.admit(tenant, model, len(got.body))
+                if isinstance(admitted, web.Response):
+                    return proxy._refused(admitted, rid, path, t0)
+                charge = admitted
             hashes: RouteKey = NO_KEY
             if st.policy.uses_prefix:
                 try:
@@ -131,7 +141,7 @@ class PassThrough:
             try:
                 streams = doc.get("stream") is True
                 return await proxy._route(
-                    request, path, got.body, model, hashes, rid, t0, streams, head, api
+                    request, path, got.body, model, hashes, rid, t0, streams, head, api, charge
                 )
             finally:
                 st.usage.finished(model)

@@ -77,6 +77,7 @@ from llmgw.router.metrics import (
 )
 from llmgw.router.scheduler import Decision
 from llmgw.router.streamend import final_event_sent
+from llmgw.router.tenants import Charge, Tenant
 from llmgw.router.tokens import StreamUsage, Usage, usage_of
 from llmgw.router.tracing import Tracing, passed_on
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
@@ -301,8 +302,11 @@ class Proxy:
             # Echoed in header lines (ours, the engine's): one line or none of it.
             rid = _request_id()
         path = request.path
-        if st.keys.enabled and st.keys.check(headers.get("Authorization")) is None:
-            return self._refused(unauthorized(), rid, path, t0)
+        tenant: Tenant | None = None
+        if st.keys.enabled:
+            tenant = st.keys.check(headers.get("Authorization"))
+            if tenant is None:
+                return self._refused(unauthorized(), rid, path, t0)
         try:
             got = await read_json(request, st.cfg, self.budget, rid)
         except asyncio.CancelledError:
@@ -330,6 +334,12 @@ class Proxy:
                     return self._refused(resp, rid, path, t0, outcome=UNAVAILABLE)
                 # Not the asked-for name as a label: anyone could mint series with it.
                 return self._refused(model_not_found(model), rid, path, t0)
+            charge: Charge | None = None
+            if tenant is not None and tenant.guarded:
+                admitted = st.tenants.admit(tenant, model, len(body))
+                if isinstance(admitted, web.Response):
+                    return self._refused(admitted, rid, path, t0)
+                charge = admitted
             hashes = NO_KEY
             if st.policy.uses_prefix and path != EMBEDDINGS:
                 # Content chain, and the session hint beside it (X-Session-ID, else the
@@ -343,7 +353,9 @@ class Proxy:
             st.usage.started(model)
             try:
                 streams = doc.get("stream") is True
-                return await self._route(request, path, body, model, hashes, rid, t0, streams)
+                return await self._route(
+                    request, path, body, model, hashes, rid, t0, streams, charge=charge
+                )
             finally:
                 st.usage.finished(model)
         finally:
@@ -361,13 +373,16 @@ class Proxy:
         streams: bool = False,
         head: bytes = _JSON_LINE,
         api: Api | None = None,
+        charge: Charge | None = None,
     ) -> Answer:
         """Choose, attempt, and relay what the attempts decided; every exit is counted.
 
         A streamed request counts as pending at its endpoint until its first token
         is in (`Snapshot.pending`): the live sign of a queue at the engine.
         `head`: the engine's header lines before the request id; `api`: a
-        passed-through API's rules (apis.py), None for the proxy's own routes."""
+        passed-through API's rules (apis.py), None for the proxy's own routes; `charge`:
+        a limited key's (tenants.py), whose headers the answer carries and which the
+        engine's usage settles."""
         st = self.state
         mark = MARK if api is None else api.error_mark
         att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries, mark)
@@ -445,12 +460,14 @@ class Proxy:
                             if not debug and isinstance(request, FastRequest):
                                 # The usual answer: its head's lines mostly made already.
                                 lines = self._lines_for(eid, up, rid_line)
+                                if charge is not None:
+                                    lines += charge.header_lines()
                                 resp = Prerendered(status, att.data, lines)
                             elif isinstance(request, FastRequest):
-                                out = self._out_headers(up, rid, eid, decision, debug)
+                                out = self._out_headers(up, rid, eid, decision, debug, charge)
                                 resp = Reply(status, att.data, out)
                             else:
-                                out = self._out_headers(up, rid, eid, decision, debug)
+                                out = self._out_headers(up, rid, eid, decision, debug, charge)
                                 resp = web.Response(status=status, body=att.data, headers=out)
                             if status < 300:
                                 result = OK
@@ -461,7 +478,7 @@ class Proxy:
                                 result = ENGINE_ERROR
                         else:
                             tally = _Tally(st.metrics.itl(st.served_name.get(model, model)), api)
-                            out = self._out_headers(up, rid, eid, decision, debug)
+                            out = self._out_headers(up, rid, eid, decision, debug, charge)
                             resp, att.outcome, ttft = await self._stream(
                                 request, att, up, out, t0, tally
                             )
@@ -489,6 +506,8 @@ class Proxy:
             if tally is not None:
                 # A stream cut by a disconnect still had its first token and its usage.
                 ttft, usage = tally.ttft, tally.usage.usage
+            if charge is not None:
+                charge.settle(usage)
             self._done(
                 rid, path, st.served_name.get(model, model), eid, status, result, t0, ttft, usage
             )
@@ -610,11 +629,19 @@ class Proxy:
         return _tag(resp, rid)
 
     def _out_headers(
-        self, up: UpstreamReply, rid: str, eid: str, decision: Decision, debug: bool
+        self,
+        up: UpstreamReply,
+        rid: str,
+        eid: str,
+        decision: Decision,
+        debug: bool,
+        charge: Charge | None = None,
     ) -> dict[str, str]:
         """The headers of our answer to a relayed one (a stream's, or any with
         `x-llmgw-debug: 1`, which adds the decision's scores and the worker)."""
         out = {"Content-Type": up.content_type, "x-request-id": rid, "x-llmgw-endpoint": eid}
+        if charge is not None:
+            out.update(charge.headers)
         if debug:
             out["x-llmgw-scores"] = decision.header()
             if self.state.worker_index is not None:
@@ -875,18 +902,27 @@ class Proxy:
     async def models(self, request: web.Request | FastRequest) -> web.Response:
         """GET /v1/models: every known model, OpenAI's list shape."""
         st = self.state
-        if st.keys.enabled and st.keys.check(request.headers.get("Authorization")) is None:
-            return self._refused(unauthorized(), "", request.path, st.clock.monotonic())
-        data: list[dict[str, Any]] = [_model_object(m) for m in sorted(st.known_models)]
+        names = st.known_models
+        if st.keys.enabled:
+            tenant = st.keys.check(request.headers.get("Authorization"))
+            if tenant is None:
+                return self._refused(unauthorized(), "", request.path, st.clock.monotonic())
+            if tenant.models is not None:
+                names = names & tenant.models
+        data: list[dict[str, Any]] = [_model_object(m) for m in sorted(names)]
         return web.json_response({"object": "list", "data": data})
 
     async def model(self, request: web.Request | FastRequest) -> web.Response:
         """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
         st = self.state
-        if st.keys.enabled and st.keys.check(request.headers.get("Authorization")) is None:
-            return self._refused(unauthorized(), "", request.path, st.clock.monotonic())
+        allowed: frozenset[str] | None = None
+        if st.keys.enabled:
+            tenant = st.keys.check(request.headers.get("Authorization"))
+            if tenant is None:
+                return self._refused(unauthorized(), "", request.path, st.clock.monotonic())
+            allowed = tenant.models
         model = request.match_info["model"]
-        if model not in st.known_models:
+        if model not in st.known_models or (allowed is not None and model not in allowed):
             return self._refused(
                 model_not_found(model), "", request.path, self.state.clock.monotonic()
             )

@@ -26,6 +26,7 @@ from llmgw.router.metrics import RouterMetrics
 from llmgw.router.policies import Policy, make_policy
 from llmgw.router.prefix import PrefixIndex
 from llmgw.router.shared import SharedInflight
+from llmgw.router.tenants import Tenants
 from llmgw.router.tracing import Tracing
 from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.router.upstream.base import Forwarder
@@ -34,6 +35,7 @@ from llmgw.router.usage import UsageTracker, build_report
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
+from llmgw.wire.keys import ClientKey
 from llmgw.wire.usage import UsageReport
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,12 @@ class Router:
         self.outlook: dict[str, ModelOutlook] = {}
         self.usage = UsageTracker(clock=clock)
         self.metrics = RouterMetrics(snapshots=self.registry.snapshots, held=self.holding.demand)
-        self.keys = KeyRing(cfg.api_keys)
+        # Client keys: the file's, and the controller's from its last list (kept while
+        # it is unreachable, as the endpoints are); their counts (tenants.py).
+        self._controller_keys: tuple[ClientKey, ...] = ()
+        self._keys_required = False
+        self.tenants = Tenants(clock=clock)
+        self.keys = KeyRing(cfg.api_keys, clock=clock)
         # Spans of routing decisions (tracing.py); None: off, set by the app at start.
         self.tracing: Tracing | None = None
         # Kept across policy reloads, like the index: sessions and prediction counts.
@@ -144,7 +151,7 @@ class Router:
             log.warning(kv("config change needs a restart", field=field))
         old = self.cfg
         self.cfg = cfg
-        self.keys = KeyRing(cfg.api_keys)
+        self._set_keys()
         self.holding.max_held = cfg.max_held
         self.upstream.connect_timeout_s = cfg.connect_timeout_s
         self.forward.connect_timeout_s = cfg.connect_timeout_s
@@ -169,9 +176,18 @@ class Router:
     def apply_list(self, lst: EndpointList) -> None:
         """A list from the controller's EndpointSink."""
         self._controller_models = frozenset(lst.models)
+        if lst.keys != self._controller_keys or lst.keys_required != self._keys_required:
+            self._controller_keys = lst.keys
+            self._keys_required = lst.keys_required
+            self._set_keys()
         self.outlook = {name: o for o in lst.outlook for name in o.models}
         self.awaiting_list = False
         self.apply_endpoints(lst.endpoints)
+
+    def _set_keys(self) -> None:
+        keys = (*self.cfg.api_keys, *self._controller_keys)
+        self.keys = KeyRing(keys, required=self._keys_required, clock=self.clock)
+        self.tenants.retain(keys)
 
     def apply_endpoints(self, infos: Iterable[EndpointInfo]) -> None:
         infos = tuple(infos)

@@ -17,6 +17,19 @@ class TracingUnavailable(RuntimeError):
     """Tracing is configured, but the OpenTelemetry SDK is not installed."""
 
 
+def require_sdk() -> None:
+    """TracingUnavailable unless the SDK and its OTLP/HTTP exporter can be imported: a
+    program checks this at start, before it serves, to refuse with one line."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError as exc:
+        raise TracingUnavailable(
+            "tracing is configured but the OpenTelemetry SDK is not installed "
+            "(pip install 'llmgw[tracing]')"
+        ) from exc
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TracingSettings:
     """Where spans go and how often (docs/tracing.md)."""
@@ -41,17 +54,13 @@ class SpanExport:
     """
 
     def __init__(self, settings: TracingSettings, *, scope: str) -> None:
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-            from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-        except ImportError as exc:
-            raise TracingUnavailable(
-                "tracing is configured but the OpenTelemetry SDK is not installed "
-                "(pip install 'llmgw[tracing]')"
-            ) from exc
+        require_sdk()
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
         self._provider = TracerProvider(
             resource=Resource.create({"service.name": settings.service_name}),
             sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)),

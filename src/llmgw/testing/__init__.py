@@ -6,10 +6,12 @@ loop whose time is a `ManualClock`. `python -m llmgw.testing.configdoc` writes
 docs/configuration.md from the programs' parsers; `llmgw.testing.wheel` builds llmgw's
 wheel once per source tree (cached), for the tests that install it;
 `llmgw.testing.otlp`, an OTLP/HTTP receiver decoding the spans programs export
-(needs the `tracing` extra).
+(needs the `tracing` extra). `wait_until` and `until` (`llmgw.testing.wait`) are
+the one way a test waits for a condition, instead of a fixed sleep.
 """
 
 from llmgw.runtime.clock import ManualClock
 from llmgw.testing.procs import Program, free_port, start_program
+from llmgw.testing.wait import until, wait_until
 
-__all__ = ["ManualClock", "Program", "free_port", "start_program"]
+__all__ = ["ManualClock", "Program", "free_port", "start_program", "until", "wait_until"]

@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import os
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -94,3 +96,12 @@ def _value(value: Any) -> Any:
     if which == "array_value":
         return [_value(v) for v in value.array_value.values]
     return getattr(value, which)
+
+
+def without_sdk(folder: Path) -> dict[str, str]:
+    """An environment whose programs cannot import OpenTelemetry, as where the extra is
+    not installed: a package of that name first on PYTHONPATH that refuses to load."""
+    shadow = folder / "opentelemetry"
+    shadow.mkdir(parents=True, exist_ok=True)
+    (shadow / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    return dict(os.environ, PYTHONPATH=str(folder))

@@ -6,6 +6,8 @@ from typing import Literal
 
 import msgspec
 
+from llmgw.wire.keys import ClientKey
+
 # What the controller is doing for a model that has no ready replica.
 #   starting     a replica is placed and its engine is starting: hold the request
 #   making_room  replicas of other models are being evicted for it: hold the request
@@ -104,3 +106,8 @@ class EndpointList(msgspec.Struct, frozen=True, kw_only=True):
     # A model absent here and from `endpoints` is idle at zero: held, which asks
     # the controller to place it.
     outlook: tuple[ModelOutlook, ...] = ()
+    # The client keys in force, by name: hashes and limits, never a key (docs/tenants.md).
+    keys: tuple[ClientKey, ...] = ()
+    # True once the controller has held any key, revoked ones included: routers then
+    # refuse /v1/* requests without one of `keys`, even when none is left in force.
+    keys_required: bool = False

@@ -29,6 +29,7 @@ from llmgw.wire.admin import (
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
 from llmgw.wire.endpoints import EndpointList
 from llmgw.wire.errors import ErrorBody
+from llmgw.wire.keys import KeyCreate, KeyCreated, KeyRevoked, KeyView
 from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
 from llmgw.wire.names import LABEL_PATTERN
 from llmgw.wire.usage import UsageReport
@@ -49,6 +50,10 @@ _TYPES: tuple[Any, ...] = (
     DrainRequest,
     WeightRequest,
     EngineKey,
+    KeyCreate,
+    KeyCreated,
+    KeyView,
+    KeyRevoked,
     ErrorBody,
 )
 _REF = "#/components/schemas/{name}"
@@ -136,6 +141,9 @@ def _edge_rules(components: dict[str, Any]) -> None:
     hb["fabrics"]["items"]["pattern"] = LABEL_PATTERN
     components["GPU"]["properties"]["gpu_class"]["pattern"] = LABEL_PATTERN
     components["ModelSpec"]["properties"]["gpu_classes"]["items"]["pattern"] = LABEL_PATTERN
+    # KeyLimits.__post_init__: a model named twice is refused.
+    for name in ("KeyCreate", "KeyCreated", "KeyView"):
+        components[name]["properties"]["models"]["uniqueItems"] = True
 
 
 def allowed_methods(path: str) -> str | None:
@@ -402,6 +410,33 @@ def document() -> bytes:
                 _ok(_ref("EngineKey")),
                 errors=(400, 401, 403, 404, 409, 413, 422),
                 params=(rid,),
+            )
+        },
+        "/admin/keys": {
+            "get": _op(
+                "client keys sorted by name, with their limits; never a key or its hash",
+                _ok(_array("KeyView")),
+                errors=(401,),
+            ),
+            "post": _op(
+                "create a client key; the answer holds the key, shown this once "
+                "(409 when the name is taken)",
+                {"201": {"description": "created", **_json(_ref("KeyCreated"))}},
+                body=_ref("KeyCreate"),
+                errors=(400, 401, 403, 409, 413, 422, 503),
+            ),
+        },
+        "/admin/keys/{name}": {
+            "delete": _op(
+                "revoke a client key: every router refuses it within seconds",
+                _ok(_ref("KeyRevoked")),
+                errors=(400, 401, 403, 404, 503),
+                params=(
+                    {
+                        **_path("name", "key name"),
+                        "schema": {"type": "string", "pattern": LABEL_PATTERN},
+                    },
+                ),
             )
         },
         "/admin/events": {

@@ -63,7 +63,9 @@ STATUS_FILES = web.AppKey("status_files", StatusFiles)
 OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/status", "/status/"})
 OPEN_PREFIXES = ("/status/static/",)
 # What the read-only token may GET (a read token on anything else is 403).
-READ_PATHS = frozenset({"/metrics", "/admin/summary", "/admin/status", "/admin/events"})
+READ_PATHS = frozenset(
+    {"/metrics", "/admin/summary", "/admin/status", "/admin/events", "/admin/keys"}
+)
 READ_PREFIXES = ("/admin/nodes", "/admin/models", "/admin/replicas")
 REPLICA_STATES = frozenset(get_args(ReplicaState))
 # Known __post_init__ messages of ModelSpec → the field they are about.

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from llmgw.controller.api.views import node_view
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import StoreUnavailable
-from llmgw.controller.fleet import commands
+from llmgw.controller.fleet import commands, keys
 from llmgw.controller.fleet.batch import Batch
 from llmgw.controller.fleet.live import Fleet
 from llmgw.controller.fleet.records import Event, FleetState, Model, Node, OperatorState, Replica
@@ -23,6 +23,7 @@ from llmgw.controller.store import StoreError
 from llmgw.runtime.clock import Clock
 from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import NodeView, WaitingModel
+from llmgw.wire.keys import KeyCreate, KeyCreated
 from llmgw.wire.models import ModelSpec, ScaleRequest
 
 
@@ -141,3 +142,13 @@ class Services:
             )
         )
         return self.fleet.state.replicas[rid]
+
+    async def create_key(self, req: KeyCreate) -> KeyCreated:
+        """Store the new key's hash and limits; the answer is the only copy of the key."""
+        key = keys.new_key()
+        await self._run(lambda s, now: keys.create_key(s, req, now=now, key=key))
+        view = keys.key_view(self.fleet.state.keys[req.name])
+        return KeyCreated(**{f: getattr(view, f) for f in view.__struct_fields__}, key=key)
+
+    async def revoke_key(self, name: str) -> None:
+        await self._run(lambda s, now: keys.revoke_key(s, name, now=now))

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from llmgw.controller.fleet.records import Changes, Event, FleetState, Model, Node, Replica
 from llmgw.wire.admin import ReplicaState
 
-Subject = Literal["replica", "node", "model", "controller"]
+Subject = Literal["replica", "node", "model", "controller", "key"]
 
 # Replica states an agent is asked to run (the heartbeat answer's desired set).
 RUNS: frozenset[ReplicaState] = frozenset(

@@ -270,7 +270,15 @@ def endpoint_list(
     names = sorted(
         {n for m in state.models.values() for n in m.spec.served_names} | state.adapters.keys()
     )
-    return EndpointList(version=version, endpoints=tuple(out), models=tuple(names), outlook=looks)
+    keys = tuple(state.keys[n].key for n in sorted(state.keys) if state.keys[n].live)
+    return EndpointList(
+        version=version,
+        endpoints=tuple(out),
+        models=tuple(names),
+        outlook=looks,
+        keys=keys,
+        keys_required=bool(state.keys),
+    )
 
 
 class EndpointSink:

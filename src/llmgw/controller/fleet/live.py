@@ -171,7 +171,11 @@ class Fleet:
         self._mirror(changes)
         self.decisions.committed(events)
         if self.spans is not None:
-            self.spans.committed(events, self.state, now=self.clock.wall())
+            try:
+                self.spans.committed(events, self.state, now=self.clock.wall())
+            except Exception as exc:  # noqa: BLE001 - the change is committed already:
+                # a fault in making its spans must not be answered as a failed write.
+                log.warning(kv("spans of committed actions failed", error=repr(exc)))
         return events
 
     def take_dirty(self) -> set[str] | None:
@@ -235,6 +239,13 @@ class Fleet:
             s.retired.pop(name, None)
         for name in changes.deleted_reservations:
             s.reservations.pop(name, None)
+        for k in changes.keys:
+            s.keys[k.name] = k
+        for name in changes.deleted_keys:
+            s.keys.pop(name, None)
+        # Routers follow the keys with the endpoint list: a revoked key is refused
+        # as soon as the long-polls wake.
+        bump = bump or bool(changes.keys or changes.deleted_keys)
         if bump:
             self.sink.bump()
 

@@ -18,6 +18,7 @@ from typing import Literal
 from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import NodeState, ReplicaState
 from llmgw.wire.agent import GPU
+from llmgw.wire.keys import ClientKey
 from llmgw.wire.models import ModelSpec
 
 OperatorState = Literal["active", "cordoned", "draining"]
@@ -198,6 +199,27 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantKey:
+    """A client key the controller manages (docs/tenants.md): its hash and limits, never
+    the key itself, which was shown once when it was created."""
+
+    key: ClientKey
+    created_at: float
+    # When it was revoked; None: in force. A revoked key's row stays (a tombstone):
+    # while the controller holds any key row, routers require a key, so revoking
+    # the last key does not open the routers to everyone.
+    revoked_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.key.name
+
+    @property
+    def live(self) -> bool:
+        return self.revoked_at is None
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     """One transition with its reason: the answer to "why is my model not running"."""
 
@@ -207,7 +229,7 @@ class Event:
     # e.g. "replica.placed", "replica.failed", "node.unreachable", "model.applied",
     # "replica.evicted", "model.unplaceable".
     kind: str
-    subject: Literal["replica", "node", "model", "controller"]
+    subject: Literal["replica", "node", "model", "controller", "key"]
     subject_id: str
     model: str | None
     message: str
@@ -228,6 +250,8 @@ class FleetState:
     reservations: dict[str, Reservation] = field(default_factory=dict)
     # LoRA adapters by name; each one's base is in `models`.
     adapters: dict[str, Adapter] = field(default_factory=dict)
+    # Client keys by name (what routers follow with the endpoint list).
+    keys: dict[str, TenantKey] = field(default_factory=dict)
 
     def adapters_of(self, base: str) -> list[Adapter]:
         """`base`'s adapters, sorted by name."""
@@ -253,6 +277,9 @@ class Changes:
     # Upserted / deleted by adapter name.
     adapters: list[Adapter] = field(default_factory=list)
     deleted_adapters: list[str] = field(default_factory=list)
+    # Upserted / deleted (revoked) by key name.
+    keys: list[TenantKey] = field(default_factory=list)
+    deleted_keys: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return any(
@@ -270,5 +297,7 @@ class Changes:
                 self.deleted_reservations,
                 self.adapters,
                 self.deleted_adapters,
+                self.keys,
+                self.deleted_keys,
             )
         )

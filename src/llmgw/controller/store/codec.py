@@ -31,16 +31,18 @@ from llmgw.controller.fleet.records import (
     Replica,
     Reservation,
     Shard,
+    TenantKey,
 )
 from llmgw.controller.store.base import StoreError
 from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import ReplicaState
 from llmgw.wire.agent import GPU
+from llmgw.wire.keys import ClientKey
 from llmgw.wire.models import ModelSpec
 
 # The schema version whose row shape this codec reads and writes (tables.py
 # holds the migrations that reach it).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 8
 
 # The value sets the database's CHECK constraints name; the memory store checks
 # the same ones so the fake refuses what the real store would.
@@ -54,6 +56,7 @@ _strs = msgspec.json.Decoder(tuple[str, ...])
 _labels = msgspec.json.Decoder(dict[str, str])
 _spec = msgspec.json.Decoder(ModelSpec)
 _adapter = msgspec.json.Decoder(AdapterSpec)
+_client_key = msgspec.json.Decoder(ClientKey)
 
 
 class _Kind(msgspec.Struct):
@@ -216,6 +219,25 @@ def reservation_from(r: Row) -> Reservation:
         model=r["model"],
         victims=frozenset(_strs.decode(r["victims"])),
         gpus=_held.decode(r["gpus"]),
+    )
+
+
+def key_row(k: TenantKey) -> dict[str, Any]:
+    # name, team and sha256 as columns too: unique, and readable without decoding.
+    return {
+        "name": k.key.name,
+        "team": k.key.team,
+        "sha256": k.key.sha256.lower(),
+        "spec": _json(k.key),
+        "created_at": k.created_at,
+        "expires_at": k.key.expires_at,
+        "revoked_at": k.revoked_at,
+    }
+
+
+def key_from(r: Row) -> TenantKey:
+    return TenantKey(
+        key=_client_key.decode(r["spec"]), created_at=r["created_at"], revoked_at=r["revoked_at"]
     )
 
 

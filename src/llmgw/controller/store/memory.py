@@ -62,6 +62,7 @@ class MemoryStore:
             codec.reservation_from(codec.reservation_row(h))
             for h in codec.last_by_key(changes.reservations, "model")
         ]
+        keys = [codec.key_from(codec.key_row(k)) for k in codec.last_by_key(changes.keys, "name")]
         events = [codec.event_from({**codec.event_row(e), "id": 0}) for e in changes.events]
         with self._lock:
             self._check_open()
@@ -75,6 +76,7 @@ class MemoryStore:
             new.replicas.update((p.id, p) for p in replicas)
             new.retired.update((m.name, m) for m in retired)
             new.reservations.update((h.model, h) for h in held)
+            new.keys.update((k.name, k) for k in keys)
             for name in changes.deleted_nodes:
                 new.nodes.pop(name, None)
             for name in changes.deleted_models:
@@ -87,6 +89,9 @@ class MemoryStore:
                 new.retired.pop(name, None)
             for name in changes.deleted_reservations:
                 new.reservations.pop(name, None)
+            for name in changes.deleted_keys:
+                new.keys.pop(name, None)
+            _unique_hashes(new)
             written = [
                 dataclasses.replace(e, id=self._next_event_id + i) for i, e in enumerate(events)
             ]
@@ -144,7 +149,18 @@ def _copy(s: FleetState) -> FleetState:
         retired=dict(s.retired),
         reservations=dict(s.reservations),
         adapters=dict(s.adapters),
+        keys=dict(s.keys),
     )
+
+
+def _unique_hashes(s: FleetState) -> None:
+    """The SQL table's UNIQUE constraint on a key's hash."""
+    seen: set[str] = set()
+    for k in s.keys.values():
+        digest = k.key.sha256.lower()
+        if digest in seen:
+            raise StoreError(f"key {k.name}: another key has the same sha256")
+        seen.add(digest)
 
 
 class MemoryLeadership:

@@ -67,6 +67,7 @@ class SqlStore:
         self._upsert_replicas = _upsert(d, tables.replicas)
         self._upsert_retired = _upsert(d, tables.retired_models)
         self._upsert_reservations = _upsert(d, tables.reservations)
+        self._upsert_keys = _upsert(d, tables.api_keys)
         # Ids come back in the order the rows were given, whatever batches the
         # driver splits them into.
         self._insert_events = sa.insert(tables.events).returning(
@@ -126,6 +127,10 @@ class SqlStore:
                     r["model"]: codec.reservation_from(r)
                     for r in conn.execute(sa.select(t.reservations)).mappings()
                 },
+                keys={
+                    r["name"]: codec.key_from(r)
+                    for r in conn.execute(sa.select(t.api_keys)).mappings()
+                },
             )
 
     def apply(self, changes: Changes) -> list[Event]:
@@ -153,12 +158,16 @@ class SqlStore:
             if changes.reservations:
                 held = codec.last_by_key(changes.reservations, "model")
                 conn.execute(self._upsert_reservations, [codec.reservation_row(h) for h in held])
+            if changes.keys:
+                rows = [codec.key_row(k) for k in codec.last_by_key(changes.keys, "name")]
+                conn.execute(self._upsert_keys, rows)
             _delete(conn, t.nodes.c.name, changes.deleted_nodes)
             _delete(conn, t.models.c.name, changes.deleted_models)
             _delete(conn, t.models.c.name, changes.deleted_adapters)
             _delete(conn, t.replicas.c.id, changes.deleted_replicas)
             _delete(conn, t.retired_models.c.name, changes.deleted_retired)
             _delete(conn, t.reservations.c.model, changes.deleted_reservations)
+            _delete(conn, t.api_keys.c.name, changes.deleted_keys)
             if not changes.events:
                 return []
             ids = conn.execute(

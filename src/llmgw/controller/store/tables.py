@@ -25,6 +25,9 @@ History:
   6  replica states sleeping and waking (the state CHECK widened),
      replicas.sleep_level, nodes.host_memory_mib (engines that sleep instead of
      stopping, docs/sleep-and-adapters.md)
+  7  api_keys (client keys: hash and limits, docs/tenants.md); event subject
+     "key" (the events CHECK widened)
+  8  api_keys.revoked_at (a revoked key's row stays: routers keep requiring keys)
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ from llmgw.controller.store.codec import (
     REPLICA_STATES,
     SCHEMA_VERSION,
 )
+
+# The event subjects before version 7 (which added "key"): v1's table is created with these.
+EVENT_SUBJECTS_V1 = tuple(s for s in EVENT_SUBJECTS if s != "key")
 
 # SQLite only auto-assigns ids to a column declared exactly "INTEGER PRIMARY KEY";
 # PostgreSQL gets a BIGSERIAL.
@@ -66,6 +72,23 @@ def _define_v4_tables(md: sa.MetaData) -> None:
         sa.Column("model", sa.String, primary_key=True),
         sa.Column("victims", sa.Text, nullable=False),  # JSON list of replica ids
         sa.Column("gpus", sa.Text, nullable=False),  # JSON list of [node, [indices]]
+    )
+
+
+def _define_v7_tables(md: sa.MetaData, *, version: int = 7) -> None:
+    """The table schema version 7 added (its migration creates it from this), as of
+    `version`."""
+    sa.Table(
+        "api_keys",
+        md,
+        sa.Column("name", sa.String, primary_key=True),
+        sa.Column("team", sa.String, nullable=False),
+        # Lowercase hex SHA-256 of the key; the key itself is never stored.
+        sa.Column("sha256", sa.String(64), nullable=False, unique=True),
+        sa.Column("spec", sa.Text, nullable=False),  # JSON wire.keys.ClientKey
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("expires_at", sa.Float),
+        *([sa.Column("revoked_at", sa.Float)] if version >= 8 else []),
     )
 
 
@@ -162,7 +185,10 @@ def _define(md: sa.MetaData, *, version: int) -> None:
         sa.Column("subject_id", sa.String, nullable=False),
         sa.Column("model", sa.String),
         sa.Column("message", sa.Text, nullable=False),
-        sa.CheckConstraint(_one_of("subject", EVENT_SUBJECTS), name="ck_events_subject"),
+        sa.CheckConstraint(
+            _one_of("subject", EVENT_SUBJECTS if version >= 7 else EVENT_SUBJECTS_V1),
+            name="ck_events_subject",
+        ),
         *(
             [
                 sa.Index("ix_events_model", "model", "id"),
@@ -177,6 +203,8 @@ def _define(md: sa.MetaData, *, version: int) -> None:
     )
     if v4:
         _define_v4_tables(md)
+    if version >= 7:
+        _define_v7_tables(md, version=version)
 
 
 # The current schema, used for every query.
@@ -189,6 +217,7 @@ replicas = METADATA.tables["replicas"]
 events = METADATA.tables["events"]
 retired_models = METADATA.tables["retired_models"]
 reservations = METADATA.tables["reservations"]
+api_keys = METADATA.tables["api_keys"]
 
 
 def _to_v1(conn: sa.Connection) -> None:
@@ -252,6 +281,37 @@ def _to_v6(conn: sa.Connection) -> None:
     conn.exec_driver_sql("DROP TABLE replicas_v5")
 
 
+def _to_v7(conn: sa.Connection) -> None:
+    md = sa.MetaData()
+    _define_v7_tables(md)
+    md.create_all(conn)
+    check = _one_of("subject", EVENT_SUBJECTS)
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("ALTER TABLE events DROP CONSTRAINT ck_events_subject")
+        conn.exec_driver_sql(f"ALTER TABLE events ADD CONSTRAINT ck_events_subject CHECK ({check})")
+        return
+    # SQLite cannot change a CHECK constraint: the table is rebuilt under its name,
+    # keeping its AUTOINCREMENT high-water mark so no event id is ever reused.
+    md = sa.MetaData()
+    _define(md, version=7)
+    for index in ("ix_events_model", "ix_events_subject"):
+        conn.exec_driver_sql(f"DROP INDEX IF EXISTS {index}")
+    conn.exec_driver_sql("ALTER TABLE events RENAME TO events_v6")
+    md.tables["events"].create(conn)
+    cols = ", ".join(c.name for c in md.tables["events"].columns)
+    conn.exec_driver_sql(f"INSERT INTO events ({cols}) SELECT {cols} FROM events_v6")
+    conn.exec_driver_sql(
+        "UPDATE sqlite_sequence SET seq = max(seq, coalesce((SELECT seq FROM sqlite_sequence "
+        "WHERE name = 'events_v6'), 0)) WHERE name = 'events'"
+    )
+    conn.exec_driver_sql("DROP TABLE events_v6")
+    conn.exec_driver_sql("DELETE FROM sqlite_sequence WHERE name = 'events_v6'")
+
+
+def _to_v8(conn: sa.Connection) -> None:
+    conn.exec_driver_sql("ALTER TABLE api_keys ADD COLUMN revoked_at DOUBLE PRECISION")
+
+
 MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
     (1, _to_v1),
     (2, _to_v2),
@@ -259,6 +319,8 @@ MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
     (4, _to_v4),
     (5, _to_v5),
     (6, _to_v6),
+    (7, _to_v7),
+    (8, _to_v8),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION, "add a migration when bumping SCHEMA_VERSION"
 

@@ -1,0 +1,48 @@
+"""HTTP routes of client keys: `/admin/keys` (docs/tenants.md).
+
+The admin token creates and revokes; the read-only token lists (the list never
+holds a key or its hash). Routers read hashes and limits with the endpoint list,
+never here. Errors leave through routes._errors like every other route's.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from llmgw.controller.api.routes import SERVICES, decode, json_response
+from llmgw.controller.errors import InvalidRequest
+from llmgw.controller.fleet.keys import key_view
+from llmgw.wire.keys import KeyCreate, KeyRevoked
+from llmgw.wire.names import label_problem
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    state = request.app[SERVICES].fleet.state
+    return json_response(
+        [key_view(state.keys[n]) for n in sorted(state.keys) if state.keys[n].live]
+    )
+
+
+async def create_key(request: web.Request) -> web.Response:
+    req = decode(await request.read(), KeyCreate, what="key request")
+    created = await request.app[SERVICES].create_key(req)
+    return json_response(created, status=201)
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    why = label_problem(name)
+    if why is not None:
+        raise InvalidRequest(f"key name: {why}", param="name")
+    if await request.read():
+        raise InvalidRequest("revoke request: takes no body", param="body")
+    await request.app[SERVICES].revoke_key(name)
+    return json_response(KeyRevoked(revoked=name))
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get("/admin/keys", list_keys),
+        web.post("/admin/keys", create_key),
+        web.delete("/admin/keys/{name}", revoke_key),
+    ]

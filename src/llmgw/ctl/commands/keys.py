@@ -1,0 +1,152 @@
+"""Client key commands: `keys create`, `keys list`, `keys revoke` (docs/tenants.md).
+
+`keys create` prints the key alone on its last line (the only time it is shown),
+so `KEY=$(llmgw ctl keys create … | tail -1)` works; `-o json` prints the
+controller's answer with the key in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import msgspec
+from rich.table import Table
+
+from llmgw.ctl import output, specs
+from llmgw.ctl.context import Ctx
+from llmgw.ctl.errors import CtlError
+from llmgw.ctl.render import UNKNOWN, fmt_duration
+from llmgw.ctl.shown import visible
+from llmgw.wire.keys import KeyCreate, KeyView
+from llmgw.wire.names import LABEL_RULE
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `text`: a number with a unit (s, m, h, d, w), e.g. `90d` or `1h30m`."""
+    given = text.strip()
+    parts = _DURATION.findall(given)
+    if not given or "".join(n + u for n, u in parts) != given:
+        raise CtlError(
+            f"--expires-in {text!r}: not a duration; use a number and a unit (s, m, h, d, w), "
+            "e.g. 30d or 12h"
+        )
+    seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise CtlError(f"--expires-in {text!r}: must be above 0")
+    return seconds
+
+
+def keys(args: argparse.Namespace, ctx: Ctx) -> int:
+    sub = args.keys_command
+    if sub == "create":
+        return create(args, ctx)
+    if sub == "list":
+        return list_keys(args, ctx)
+    if sub == "revoke":
+        return revoke(args, ctx)
+    raise CtlError("keys: give a subcommand: create, list or revoke")
+
+
+def _request(args: argparse.Namespace) -> KeyCreate:
+    if (args.budget_tokens is None) != (args.per is None):
+        raise CtlError("keys create: --budget-tokens and --per go together")
+    fields: dict[str, object] = {"name": args.name, "team": args.team}
+    if args.models is not None:
+        fields["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
+        if not fields["models"]:
+            raise CtlError("keys create: --models names no model (omit it for every model)")
+    for flag in ("rpm", "tpm", "priority"):
+        if getattr(args, flag) is not None:
+            fields[flag] = getattr(args, flag)
+    if args.per is not None:
+        fields["budget"] = {"tokens": args.budget_tokens, "per": args.per}
+    if args.expires_in is not None:
+        fields["expires_in_s"] = parse_duration(args.expires_in)
+    try:
+        return msgspec.convert(fields, KeyCreate)
+    except msgspec.ValidationError as exc:
+        raise CtlError(f"keys create {args.name}: {_problem(exc)}") from exc
+
+
+# Request fields whose flag is spelled otherwise; NAME is the positional argument.
+_FLAGS = {"budget": "--budget-tokens", "expires_in_s": "--expires-in", "name": "NAME"}
+
+
+def _problem(exc: msgspec.ValidationError) -> str:
+    """A validation message in the flags the operator typed: `--rpm: Expected int >= 1`."""
+    message = str(exc)
+    m = re.fullmatch(r"(.*) - at `\$\.(\w+)(?:\[\d+\]|\.(\w+))?`", message)
+    if m is None:
+        return specs.describe(exc)
+    field = m.group(2)
+    flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
+    if field in ("name", "team") and "regex" in m.group(1):
+        return f"{flag}: {LABEL_RULE}"
+    return f"{flag}: {m.group(1).replace('`', '')}"
+
+
+def create(args: argparse.Namespace, ctx: Ctx) -> int:
+    created = ctx.client().create_key(_request(args))
+    if ctx.format(json_flag=args.json) == "json":
+        ctx.print_json(created)
+        return 0
+    ctx.out.write(
+        visible(f"key {created.name} of team {created.team} created; it is shown only once:") + "\n"
+    )
+    ctx.out.write(created.key + "\n")
+    return 0
+
+
+def revoke(args: argparse.Namespace, ctx: Ctx) -> int:
+    answer = ctx.client().revoke_key(args.name)
+    if ctx.format(json_flag=args.json) == "json":
+        ctx.print_json(answer)
+        return 0
+    ctx.out.write(visible(f"key {answer.revoked} revoked; routers refuse it within seconds") + "\n")
+    return 0
+
+
+def keys_table(views: list[KeyView], *, now: float) -> Table:
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("NAME", "TEAM", "MODELS", "RPM", "TPM", "BUDGET", "PRIORITY", "EXPIRES"):
+        t.add_column(col)
+    for v in views:
+        budget = UNKNOWN if v.budget is None else f"{v.budget.tokens}/{v.budget.per}"
+        if v.expires_at is None:
+            expires = "never"
+        elif v.expires_at <= now:
+            expires = "expired"
+        else:
+            expires = "in " + fmt_duration(v.expires_at - now)
+        t.add_row(
+            visible(v.name),
+            visible(v.team),
+            visible(",".join(v.models)) if v.models else "*",
+            UNKNOWN if v.rpm is None else str(v.rpm),
+            UNKNOWN if v.tpm is None else str(v.tpm),
+            budget,
+            v.priority,
+            expires,
+        )
+    return t
+
+
+def list_keys(args: argparse.Namespace, ctx: Ctx) -> int:
+    views = ctx.client().keys()
+    fmt = ctx.format(json_flag=args.json)
+    if fmt == "json":
+        ctx.print_json(views)
+        return 0
+    table = keys_table(views, now=ctx.clock.wall())
+    if fmt in ("wide", "tsv"):
+        if views or fmt == "tsv":
+            output.write_table(ctx.out, table, fmt)
+        else:
+            ctx.err.write("no keys\n")
+        return 0
+    ctx.console().print(table if views else "no keys")
+    return 0

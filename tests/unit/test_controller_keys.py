@@ -1,0 +1,147 @@
+"""Client keys decided purely: create, revoke, the views, and the endpoint list."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from llmgw.controller.errors import Conflict, DoesNotExist
+from llmgw.controller.fleet.endpoints import endpoint_list
+from llmgw.controller.fleet.index import FleetIndex
+from llmgw.controller.fleet.keys import (
+    create_key,
+    describe,
+    key_digest,
+    key_view,
+    new_key,
+    revoke_key,
+)
+from llmgw.controller.fleet.records import FleetState
+from llmgw.ctl.commands.keys import parse_duration
+from llmgw.ctl.errors import CtlError
+from llmgw.wire.keys import Budget, ClientKey, KeyCreate
+
+
+def created(state: FleetState, **kw: object) -> FleetState:
+    fields: dict[str, object] = {"name": "alice", "team": "research", **kw}
+    batch = create_key(state, msgspec.convert(fields, KeyCreate), now=100.0, key="sk-llmgw-x")
+    state.keys.update((k.name, k) for k in batch.changes.keys)
+    return state
+
+
+class TestCreate:
+    """Creating a key."""
+
+    def test_stores_the_hash_never_the_key(self) -> None:
+        """The batch holds the key's SHA-256 and the limits asked for, and an event."""
+        req = KeyCreate(name="a", team="t", rpm=5, expires_in_s=60.0)
+        batch = create_key(FleetState(), req, now=100.0, key="sk-llmgw-secret")
+        (k,) = batch.changes.keys
+        assert k.key.sha256 == key_digest("sk-llmgw-secret")
+        assert (k.key.rpm, k.key.expires_at, k.created_at) == (5, 160.0, 100.0)
+        assert "sk-llmgw-secret" not in repr(batch.changes)
+        assert [e.kind for e in batch.changes.events] == ["key.created"]
+
+    def test_a_taken_name_is_a_conflict(self) -> None:
+        """A second key under one name is refused; revoke first."""
+        with pytest.raises(Conflict):
+            created(created(FleetState()))
+
+    def test_new_keys_differ(self) -> None:
+        """Each new key is fresh and carries the prefix."""
+        a, b = new_key(), new_key()
+        assert a != b
+        assert a.startswith("sk-llmgw-")
+        assert len(a) > 40
+
+
+class TestRevoke:
+    """Revoking a key."""
+
+    def test_deletes_with_an_event(self) -> None:
+        """Revoking deletes the key and says so."""
+        state = created(FleetState())
+        batch = revoke_key(state, "alice", now=1.0)
+        (tomb,) = batch.changes.keys
+        assert (tomb.name, tomb.revoked_at, tomb.live) == ("alice", 1.0, False)
+        assert [e.kind for e in batch.changes.events] == ["key.revoked"]
+        state.keys["alice"] = tomb
+        with pytest.raises(DoesNotExist):
+            revoke_key(state, "alice", now=2.0)
+
+    def test_a_revoked_name_may_be_reused(self) -> None:
+        """A new key may take a revoked key's name."""
+        state = created(FleetState())
+        (tomb,) = revoke_key(state, "alice", now=1.0).changes.keys
+        state.keys["alice"] = tomb
+        assert created(state).keys["alice"].live
+
+    def test_revoking_the_last_key_keeps_keys_required(self) -> None:
+        """With every key revoked the list has none in force, but still requires one."""
+        state = created(FleetState())
+        (tomb,) = revoke_key(state, "alice", now=1.0).changes.keys
+        state.keys["alice"] = tomb
+        listed = endpoint_list(state, FleetIndex.build(state), version=1)
+        assert (listed.keys, listed.keys_required) == ((), True)
+        empty = endpoint_list(FleetState(), FleetIndex(), version=1)
+        assert empty.keys_required is False
+
+    def test_unknown_is_does_not_exist(self) -> None:
+        """Revoking a name with no key is refused (404)."""
+        with pytest.raises(DoesNotExist):
+            revoke_key(FleetState(), "nobody", now=1.0)
+
+
+class TestViews:
+    """What leaves the controller about a key."""
+
+    def test_view_has_no_hash(self) -> None:
+        """What the list shows holds the limits, not the hash."""
+        state = created(FleetState(), rpm=7)
+        view = msgspec.to_builtins(key_view(state.keys["alice"]))
+        assert "sha256" not in view
+        assert view["rpm"] == 7
+
+    def test_describe_in_words(self) -> None:
+        """Every limit set is named in the event's words."""
+        limits = ClientKey(
+            name="a", sha256="0" * 64, models=("m",), rpm=1, budget=Budget(tokens=9, per="day")
+        )
+        assert describe(limits) == "models m; rpm 1; budget 9/day; priority standard"
+
+    def test_endpoint_list_carries_the_keys_by_name(self) -> None:
+        """Routers get every key's hash and limits with the endpoints, sorted by name."""
+        state = created(created(FleetState()), name="aaron")
+        listed = endpoint_list(state, FleetIndex.build(state), version=1)
+        assert [k.name for k in listed.keys] == ["aaron", "alice"]
+
+
+class TestLimitsType:
+    """The limits type."""
+
+    def test_budget_needs_its_period(self) -> None:
+        """A budget without its period is refused."""
+        with pytest.raises(msgspec.ValidationError, match="per"):
+            msgspec.convert({"name": "a", "team": "t", "budget": {"tokens": 5}}, KeyCreate)
+
+    def test_limited_only_with_a_limit(self) -> None:
+        """A key with only a model list needs no counting."""
+        assert not ClientKey(name="a", sha256="0" * 64, models=("m",)).limited
+        assert ClientKey(name="a", sha256="0" * 64, tpm=5).limited
+
+
+class TestDuration:
+    """ctl's --expires-in durations."""
+
+    @pytest.mark.parametrize(
+        ("text", "seconds"), [("30d", 30 * 86400.0), ("1h30m", 5400.0), ("2w", 1209600.0)]
+    )
+    def test_parses(self, text: str, seconds: float) -> None:
+        """Numbers with units add up."""
+        assert parse_duration(text) == seconds
+
+    @pytest.mark.parametrize("text", ["", "30", "d", "1y", "0s", "-1d"])
+    def test_refuses(self, text: str) -> None:
+        """Anything but number-unit pairs above zero is refused."""
+        with pytest.raises(CtlError):
+            parse_duration(text)
