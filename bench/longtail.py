@@ -7,11 +7,14 @@ simulated):
 
     size    count  TP  weights  cold start  sleep  wake (level 1)
     small    12     1   16 GB      47 s      1.0 s     0.8 s
-    medium    8     2   70 GB      72 s      2.0 s     2.9 s
-    large     4     4  235 GB      98 s      3.0 s     5.7 s
+    medium    8     2   70 GB      72 s      2.8 s     2.9 s
+    large     4     4  235 GB      98 s      5.9 s     5.7 s
 
-Cold starts and wakes are vLLM's published figures (a 30B on one card starts in 47 s,
-a 235B on four in 98 s; wakes 0.1-0.8 s small, 2.9 s 30B, 5.3-5.7 s 235B). Demand:
+Cold starts, wakes and sleeps are vLLM's published figures (vLLM 0.11.0 on A100s: a 30B
+on one card starts in 47 s, a 235B on four in 98 s; wakes 0.1-0.8 s small, 2.9 s 30B,
+5.3-5.7 s 235B; level-1 sleeps 0.41-0.42 s for an 8 GB model, 2.78 s for the 30B,
+5.78-6.01 s for the 235B: the weights copied to host memory; the small models here,
+16 GB, take 1.0 s). Demand:
 Zipf over the models (`--zipf`, rank order shuffled against size), Poisson arrivals
 (`--rate`), plus bursts (a random model gets 30 requests in a minute, every 5 minutes
 on average). Each request is in flight 8 s; an awake replica answers its first token
@@ -66,8 +69,8 @@ HOST_MIB = 2 * 1024 * 1024
 
 SIZES = {
     "small": (1, 16.0, Timing(cold_s=47.0, sleep_s=1.0, wake_s=0.8)),
-    "medium": (2, 70.0, Timing(cold_s=72.0, sleep_s=2.0, wake_s=2.9)),
-    "large": (4, 235.0, Timing(cold_s=98.0, sleep_s=3.0, wake_s=5.7)),
+    "medium": (2, 70.0, Timing(cold_s=72.0, sleep_s=2.8, wake_s=2.9)),
+    "large": (4, 235.0, Timing(cold_s=98.0, sleep_s=5.9, wake_s=5.7)),
 }
 
 
