@@ -145,3 +145,25 @@ class TestDuration:
         """Anything but number-unit pairs above zero is refused."""
         with pytest.raises(CtlError):
             parse_duration(text)
+
+
+class TestKeysTable:
+    """`ctl keys list` rows."""
+
+    def test_expiry_and_unset_limits(self) -> None:
+        """Unset limits are `-`, every model `*`; expiry reads never, in …, or expired."""
+        from llmgw.ctl.commands.keys import keys_table
+        from llmgw.ctl.output import rows
+        from llmgw.wire.keys import KeyView
+
+        views = [
+            KeyView(name="a", team="t", created_at=0.0),
+            KeyView(name="b", team="t", created_at=0.0, models=("m",), rpm=5, expires_at=7300.0),
+            KeyView(name="c", team="t", created_at=0.0, expires_at=50.0),
+        ]
+        _, body = rows(keys_table(views, now=100.0))
+        assert [r[2:] for r in body] == [
+            ["*", "-", "-", "-", "standard", "never"],
+            ["m", "5", "-", "-", "standard", "in 2h"],
+            ["*", "-", "-", "-", "standard", "expired"],
+        ]
