@@ -14,6 +14,7 @@ import pytest
 
 from llmgw.adminclient.client import AdminClient
 from llmgw.testing import Program, start_program
+from llmgw.testing.wait import wait_until
 from tests.integration.test_controller_scopes import status as http_status
 from tests.integration.test_ctl_controller import (
     TOKEN,
@@ -22,7 +23,6 @@ from tests.integration.test_ctl_controller import (
     ctl,
     json_list,
     start_controller,
-    wait_for,
 )
 
 # One key per engine (slow, fast): distinctive, so a leak into any output is found.
@@ -70,9 +70,10 @@ def bench_fleet(tmp_path: Path, engines: list[Program]) -> Iterator[tuple[Progra
         assert ctl(controller.url, "apply", "-f", str(spec)).code == 0
 
         def both_ready() -> bool:
+            agents.beat()  # the simulated agents report before each look
             return sum(r["state"] == "ready" for r in json_list(controller.url, "replicas")) == 2
 
-        wait_for(both_ready, step=agents.beat)
+        wait_until(both_ready, timeout_s=20, every_s=0.1, what="two ready replicas")
         by_port = {
             r["endpoint_url"].rsplit(":", 1)[1]: r["id"]
             for r in json_list(controller.url, "replicas")
