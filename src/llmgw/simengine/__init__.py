@@ -1,1 +1,21 @@
-"""llmgw simengine."""
+"""The sim-engine: a simulated vLLM (or SGLang) replica for tests, benchmarks and `llmgw up`.
+
+Layout:
+
+    main.py, config.py, app.py   the program: flags, validated settings, the HTTP app
+    auth.py, debug.py            the engine key on every route but /health, /metrics,
+                                 /version; loopback-only debug routes
+    api.py                       chat, completions and embeddings: validation and bodies
+    responses.py, messages.py    OpenAI's Responses and Anthropic's Messages, as vLLM serves
+    pooling.py, audio.py         tokenize, detokenize, rerank, score; the audio routes
+    routes.py                    the routes beyond chat, completions and embeddings
+    lora.py                      LoRA adapters, as vLLM serves them
+    sleep.py, sleepapi.py        sleep mode's state and wake times; its dev-mode routes
+    engine.py, batcher.py        the engine loop in simulated time; continuous batching
+    kvcache.py, kvevents.py      the paged prefix cache; its KV-event publisher
+    timing.py                    how long a step takes (the default engine shape)
+    tokenizer.py                 the tokenizer (lives in llmgw.tokenization.sim)
+    stats.py, metrics.py,        what the engine counts, rendered in the impersonated
+    metricsnames.py              engine's metric names
+    faults.py                    injected faults for the router's reliability tests
+"""
