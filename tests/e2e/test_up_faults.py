@@ -53,8 +53,13 @@ class TestFaults:
         assert load.failures == []
         assert load.ok > 0
         print(f"drain took {drained_s:.1f}s, {load.ok} requests during it")
-        nodes = {n["name"]: n for n in fault_system.ctl("nodes", "--json")}
-        assert nodes[node]["gpus_used"] == []
+
+        def node_empty() -> bool:
+            nodes = {n["name"]: n for n in fault_system.ctl("nodes", "--json")}
+            return nodes[node]["gpus_used"] == []
+
+        # The drained engines' cards are free once their agent's next heartbeat says so.
+        wait_for(node_empty, timeout_s=30, what=f"{node}'s cards freed")
         assert len(fault_system.ready("chat")) == 2
 
     def test_kill_engine_is_replaced_and_requests_retried(self, fault_system: System) -> None:
