@@ -50,6 +50,17 @@ def serve(w: World, name: str) -> str:
     return w.only(name, "ready").id
 
 
+def b_took_the_card(w: World) -> tuple[str, str]:
+    """`a` served, then idle while `b` is wanted: `a` asleep, `b` ready on its card."""
+    a = serve(w, "a")
+    idle(w, a, demand={"b": 1})
+    w.tick()
+    w.heartbeat("a", {a: "sleeping"})
+    w.tick()
+    w.ready_all("b")
+    return a, w.only("b", "ready").id
+
+
 class TestSwap:
     """The reconcile tick sleeps and wakes replicas instead of stopping and starting them."""
 
@@ -70,13 +81,7 @@ class TestSwap:
     def test_a_sleeping_replica_is_woken_not_started(self) -> None:
         """Demand for a model whose replica sleeps on a free card wakes it: no new replica."""
         w = one_card(sleepy("a"), sleepy("b"))
-        a = serve(w, "a")
-        idle(w, a, demand={"b": 1})
-        w.tick()
-        w.heartbeat("a", {a: "sleeping"})
-        w.tick()
-        w.ready_all("b")
-        b = w.only("b", "ready").id
+        a, b = b_took_the_card(w)
         # Now b idles and a is wanted again: b sleeps, a wakes on the same card.
         idle(w, b, demand={"a": 1})
         w.tick()
@@ -94,13 +99,7 @@ class TestSwap:
     def test_a_replica_just_woken_is_not_swapped_out_at_once(self) -> None:
         """Its last use from before it slept does not make a woken replica idle."""
         w = one_card(sleepy("a"), sleepy("b"))
-        a = serve(w, "a")
-        idle(w, a, demand={"b": 1})
-        w.tick()
-        w.heartbeat("a", {a: "sleeping"})
-        w.tick()
-        w.ready_all("b")
-        b = w.only("b", "ready").id
+        a, b = b_took_the_card(w)
         idle(w, b, demand={"a": 1})
         w.tick()
         w.heartbeat("a", {a: "ready", b: "sleeping"})
@@ -112,13 +111,7 @@ class TestSwap:
     def test_busy_replica_is_not_swapped_out(self) -> None:
         """Eviction's rules stand: a replica used recently stays awake and the sleeper waits."""
         w = one_card(sleepy("a"), sleepy("b"))
-        a = serve(w, "a")
-        idle(w, a, demand={"b": 1})
-        w.tick()
-        w.heartbeat("a", {a: "sleeping"})
-        w.tick()
-        w.ready_all("b")
-        b = w.only("b", "ready").id
+        a, b = b_took_the_card(w)
         w.report(last_used={b: w.now - 5}, inflight={b: 1}, demand={"a": 1})
         w.tick()
         assert (w.state.replicas[a].state, w.state.replicas[b].state) == ("sleeping", "ready")
