@@ -153,7 +153,7 @@ class Buckets:
 
 class _Done:
     """The series one (endpoint, model) pair's answers are counted in, found once:
-    a lookup by a tuple of labels cost about 800 instructions, and an answer made
+    a lookup by a tuple of labels is costly (bench/RESULTS.md), and an answer made
     three of them (`RouterMetrics.request_done`)."""
 
     __slots__ = ("counts", "latency", "ttft")
@@ -359,7 +359,7 @@ class RouterMetrics:
 
     def tokens(self, model: str, prompt: int, completion: int, cached: int) -> None:
         # The three series of a model, found once: a model's are never forgotten (no
-        # endpoint label), and each tuple-keyed lookup cost about 800 instructions.
+        # endpoint label), and each tuple-keyed lookup is costly (bench/RESULTS.md).
         cells = self._token_cells.get(model)
         if cells is None:
             key = (model,)

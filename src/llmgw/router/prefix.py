@@ -233,8 +233,8 @@ def request_block_hashes(
 # First parts of at least this many bytes have their blocks' hashes remembered:
 # found by the model, the part's length and three 32-byte samples of it, and used
 # only when the whole part is equal, byte for byte, to the one remembered. Hashing
-# the part (SipHash, as before) cost about 2.9 instructions a byte; comparing it
-# costs a fraction of one (bench/router_overhead.py --instructions, 8 KB).
+# the part (SipHash, as before) costs several times what comparing it does
+# (bench/RESULTS.md, "Figures once quoted in the router's source").
 _HEAD_MIN: Final = 1024
 _SAMPLE: Final = 32
 _HEADS_MAX: Final = 1024  # parts remembered
@@ -309,8 +309,8 @@ def _chain(key: bytes, data: bytes, count: int, out: list[int] | None = None) ->
 # by identity. Chains that share blocks but not a remembered first part (a system
 # prompt with a per-user ending, the turns of one conversation) otherwise bring new
 # int objects each time, and every dict lookup of an equal but distinct int compares
-# the two: about 130 instructions more per lookup, two or more lookups per block
-# recorded (bench/router_overhead.py --instructions, 8 KB). Cleared when full: a
+# the two, on two or more lookups per block recorded (the cost is in
+# bench/RESULTS.md). Cleared when full: a
 # cache, not a record (what it drops only costs those comparisons again). Full, it
 # holds about 1,000 chains of 64 blocks: 5 MB with its int objects, which are mostly
 # the index's own keys (tracemalloc).

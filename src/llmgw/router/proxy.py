@@ -314,7 +314,7 @@ class Proxy:
             raise
         if type(got) is not Intake:
             # Not isinstance(got, web.Response): aiohttp's answer classes check
-            # instances through an ABC hook, about 1,700 instructions a request.
+            # instances through an ABC hook, a cost per request (bench/RESULTS.md).
             assert isinstance(got, web.Response)
             return self._refused(got, rid, path, t0)
         # What follows is inline, not a coroutine of its own: compiled, each level of

@@ -883,8 +883,8 @@ class FastProtocol(asyncio.Protocol):
         """Answer the connection's requests in turn until it closes.
 
         One task per connection, waiting between requests: a task per request cost
-        about 6,600 instructions (asyncio registers each task in a WeakSet, in Python,
-        and unregisters it when it is freed; bench/RESULTS.md, --instructions).
+        more (asyncio registers each task in a WeakSet, in Python, and unregisters it
+        when it is freed; the figure is in bench/RESULTS.md).
         """
         req: FastRequest | None = first
         while req is not None:

@@ -72,7 +72,7 @@ class HeaderLines(Mapping[str, str]):
 
     The fast client sends `lines` as they are; the proxy's headers for an engine are
     the same for every request but the id, so rendering a dict of them per request
-    (about 5,000 instructions, bench/router_overhead.py --instructions) is skipped.
+    (its cost is in bench/RESULTS.md) is skipped.
     As a mapping (the other clients, tests) the lines are read back.
     """
 
