@@ -27,8 +27,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from llmgw.router import compiled
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
