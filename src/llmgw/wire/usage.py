@@ -20,6 +20,10 @@ UsageName = Annotated[str, msgspec.Meta(max_length=256)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
 # What `GET /admin/usage` groups by.
 UsageBy = Literal["key", "team", "model"]
+# Its `since_s` when absent (the last day), and the furthest back it may reach (ten
+# years: a larger number is a typo).
+DEFAULT_SINCE_S = 86_400
+MAX_SINCE_S = 10 * 366 * 86_400
 
 
 class ModelLoad(msgspec.Struct, frozen=True, kw_only=True):

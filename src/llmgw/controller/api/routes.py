@@ -30,7 +30,7 @@ from llmgw.controller.api.status import (
     status_data,
 )
 from llmgw.controller.api.summary import summarize
-from llmgw.controller.api.validate import check_heartbeat, check_spec, check_usage
+from llmgw.controller.api.validate import check_heartbeat, check_spec
 from llmgw.controller.api.views import model_view, model_views, node_views, replica_view
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import (
@@ -48,7 +48,6 @@ from llmgw.wire.admin import DrainRequest, EngineKey, EventView, ReplicaState, W
 from llmgw.wire.agent import Heartbeat
 from llmgw.wire.errors import error_body
 from llmgw.wire.models import ModelSpec, ScaleRequest, env_from_problem
-from llmgw.wire.usage import UsageReport
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +63,14 @@ OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/status", "/status/"})
 OPEN_PREFIXES = ("/status/static/",)
 # What the read-only token may GET (a read token on anything else is 403).
 READ_PATHS = frozenset(
-    {"/metrics", "/admin/summary", "/admin/status", "/admin/events", "/admin/keys"}
+    {
+        "/metrics",
+        "/admin/summary",
+        "/admin/status",
+        "/admin/events",
+        "/admin/keys",
+        "/admin/usage",
+    }
 )
 READ_PREFIXES = ("/admin/nodes", "/admin/models", "/admin/replicas")
 REPLICA_STATES = frozenset(get_args(ReplicaState))
@@ -440,15 +446,6 @@ async def endpoints(request: web.Request) -> web.Response:
     return json_response(s.fleet.endpoints())
 
 
-async def usage(request: web.Request) -> web.Response:
-    # Accepted by a standby too: nothing is written, and a standby that takes
-    # over then already knows who is idle instead of starting from unknown.
-    report = decode(await request.read(), UsageReport, what="usage report")
-    check_usage(report)
-    _svc(request).usage.ingest(report)
-    return web.Response(status=204)
-
-
 # -- admin: reads --------------------------------------------------------------
 
 
@@ -673,7 +670,6 @@ def routes() -> list[web.RouteDef]:
         web.get("/openapi.json", openapi),
         web.post("/v1/agents/{node}/heartbeat", heartbeat),
         web.get("/v1/endpoints", endpoints),
-        web.post("/v1/usage", usage),
         web.get("/admin/summary", summary),
         web.get("/admin/nodes", list_nodes),
         web.get("/admin/nodes/{name}", get_node),
