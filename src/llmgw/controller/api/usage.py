@@ -16,7 +16,8 @@ from typing import get_args
 
 from aiohttp import web
 
-from llmgw.controller.api.routes import SERVICES, _query, decode, json_response
+from llmgw.controller.api.decode import decode, query
+from llmgw.controller.api.routes import SERVICES, json_response
 from llmgw.controller.api.validate import check_usage
 from llmgw.controller.errors import InvalidRequest, StoreUnavailable
 from llmgw.controller.store import StoreError
@@ -51,7 +52,7 @@ async def report(request: web.Request) -> web.Response:
 
 
 def _since_s(request: web.Request) -> float:
-    text = _query(request, "since_s")
+    text = query(request, "since_s")
     if text is None:
         return DEFAULT_SINCE_S
     try:
@@ -68,7 +69,7 @@ def _since_s(request: web.Request) -> float:
 
 async def usage(request: web.Request) -> web.Response:
     s = request.app[SERVICES]
-    given = _query(request, "by")
+    given = query(request, "by")
     by = "key" if given is None else next((b for b in BY if b == given), None)
     if by is None:
         raise InvalidRequest(f"by must be one of {', '.join(BY)}, got {given!r}", param="by")
