@@ -6,6 +6,8 @@ Layout:
     auth.py       which token may call which route
     http.py       controller refusals → (status, error type)
     keys.py       the /admin/keys routes (client keys)
+    usage.py      routers' usage reports in (POST /v1/usage), token usage out
+                  (GET /admin/usage)
     validate.py   rules a spec, heartbeat or usage report must keep
     services.py   what handlers call: the fleet, usage, events, the clock
     views.py      the admin tables, built from the fleet state

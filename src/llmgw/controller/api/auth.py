@@ -23,7 +23,14 @@ OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/status", "/status/"})
 OPEN_PREFIXES = ("/status/static/",)
 # What the read-only token may GET (a read token on anything else is 403).
 READ_PATHS = frozenset(
-    {"/metrics", "/admin/summary", "/admin/status", "/admin/events", "/admin/keys"}
+    {
+        "/metrics",
+        "/admin/summary",
+        "/admin/status",
+        "/admin/events",
+        "/admin/keys",
+        "/admin/usage",
+    }
 )
 READ_PREFIXES = ("/admin/nodes", "/admin/models", "/admin/replicas")
 # What the router token may call (method, path).

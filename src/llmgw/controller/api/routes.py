@@ -38,7 +38,7 @@ from llmgw.controller.api.status import (
     status_data,
 )
 from llmgw.controller.api.summary import summarize
-from llmgw.controller.api.validate import check_heartbeat, check_usage
+from llmgw.controller.api.validate import check_heartbeat
 from llmgw.controller.api.views import model_view, model_views, node_views, replica_view
 from llmgw.controller.errors import Conflict, ControllerRefusal, InvalidRequest
 from llmgw.controller.fleet import commands
@@ -47,7 +47,6 @@ from llmgw.wire.admin import DrainRequest, EngineKey, EventView, ReplicaState, W
 from llmgw.wire.agent import Heartbeat
 from llmgw.wire.errors import error_body
 from llmgw.wire.models import ScaleRequest
-from llmgw.wire.usage import UsageReport
 
 log = logging.getLogger(__name__)
 
@@ -157,15 +156,6 @@ async def endpoints(request: web.Request) -> web.Response:
     timeout_s = min(60.0, asked)
     await s.fleet.sink.wait_changed(after, timeout_s=timeout_s)
     return json_response(s.fleet.endpoints())
-
-
-async def usage(request: web.Request) -> web.Response:
-    # Accepted by a standby too: nothing is written, and a standby that takes
-    # over then already knows who is idle instead of starting from unknown.
-    report = decode(await request.read(), UsageReport, what="usage report")
-    check_usage(report)
-    _svc(request).usage.ingest(report)
-    return web.Response(status=204)
 
 
 # -- admin: reads --------------------------------------------------------------
@@ -392,7 +382,6 @@ def routes() -> list[web.RouteDef]:
         web.get("/openapi.json", openapi),
         web.post("/v1/agents/{node}/heartbeat", heartbeat),
         web.get("/v1/endpoints", endpoints),
-        web.post("/v1/usage", usage),
         web.get("/admin/summary", summary),
         web.get("/admin/nodes", list_nodes),
         web.get("/admin/nodes/{name}", get_node),
