@@ -111,6 +111,14 @@ def check_usage(report: UsageReport) -> None:
         )
     _counts(report.inflight, "inflight")
     _counts(report.demand, "demand")
+    for i, row in enumerate(report.tokens):
+        for field, text in (("key", row.key), ("team", row.team), ("model", row.model)):
+            # PostgreSQL's text holds no NUL; any control character is no name.
+            if any(ord(c) < 32 or c == "\x7f" for c in text):
+                raise InvalidSpec(
+                    f"usage report: tokens[{i}].{field} holds a control character",
+                    param=f"tokens.{i}.{field}",
+                )
     for model, load in report.load.items():
         for field, value in (
             ("inflight", load.inflight),
