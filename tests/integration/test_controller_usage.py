@@ -50,8 +50,9 @@ def tokens(key: str, team: str, model: str, requests: int, prompt: int, completi
     }
 
 
-def report(router_id: str, *rows: Any) -> Any:
-    return {"router_id": router_id, "sent_at": time.time(), "tokens": list(rows)}
+def report(router_id: str, *rows: Any, counter_id: str = "") -> Any:
+    body = {"router_id": router_id, "sent_at": time.time(), "tokens": list(rows)}
+    return {**body, "counter_id": counter_id} if counter_id else body
 
 
 def post(url: str, body: Any) -> int:
@@ -98,6 +99,16 @@ class TestUsageReports:
         assert post(controller.url, report("r2", tokens("bob", "research", "m1", 2, 20, 6))) == 204
         assert post(controller.url, report("r2", tokens("carol", "infra", "m2", 1, 1, 1))) == 204
         assert teams(controller.url) == {"infra": (1, 1, 1), "research": (3, 30, 11)}
+
+    def test_a_restarted_router_with_a_fixed_router_id_adds_up(self, controller: Program) -> None:
+        """A router_id set in the file survives a restart; its new counter's totals, starting
+        at zero again, add to the old ones instead of hiding under them."""
+        url = controller.url
+        old = report("edge-1", tokens("alice", "research", "m1", 5, 50, 10), counter_id="edge-1@a")
+        new = report("edge-1", tokens("alice", "research", "m1", 1, 7, 2), counter_id="edge-1@b")
+        assert post(url, old) == 204
+        assert post(url, new) == 204
+        assert teams(url) == {"research": (6, 57, 12)}
 
     def test_usage_survives_a_controller_restart(self, tmp_path: Path) -> None:
         """What was reported is still there after the controller restarts on its database."""

@@ -2,7 +2,9 @@
 
 One H100 card, two sleep-mode models: the idle one sleeps when the other is wanted,
 and a request for a sleeping model is held by the router, triggers one wake (however
-many requests wait), and is served by the same replica, not a new one.
+many requests wait), and is served by the same replica, not a new one. Three cards, a
+model scaled down whose engine takes seconds to fall asleep: scaled up again meanwhile,
+that replica wakes once asleep; nothing starts cold on the free card.
 """
 
 from __future__ import annotations
@@ -26,13 +28,22 @@ pytestmark = pytest.mark.timeout(150)
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[str, AgentRig]]:
+    yield from _fleet(tmp_path, "1xH100-80G")
+
+
+@pytest.fixture
+def three_cards(tmp_path: Path) -> Iterator[tuple[str, AgentRig]]:
+    yield from _fleet(tmp_path, "3xH100-80G")
+
+
+def _fleet(tmp_path: Path, gpus: str) -> Iterator[tuple[str, AgentRig]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     flags = ["--port", str(port), "--database", f"sqlite:///{tmp_path / 'c.db'}"]
     flags += ["--token", TOKEN, "--tick-s", "0.2", "--heartbeat-interval-s", "0.3"]
     flags += ["--heartbeat-timeout-s", "5", "--scale-down-cooldown-s", "1"]
     ctrl: Program = start_program(["controller", *flags], log_dir=tmp_path / "controller")
-    agent = AgentRig(tmp_path, url, token=TOKEN, gpus="1xH100-80G")
+    agent = AgentRig(tmp_path, url, token=TOKEN, gpus=gpus)
     try:
         agent.start("--host-memory-mib", "2000000")
         yield url, agent
@@ -41,7 +52,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, AgentRig]]:
         ctrl.stop(grace_s=5)
 
 
-def sleepy(name: str) -> dict[str, Any]:
+def sleepy(name: str, *args: str) -> dict[str, Any]:
     return {
         "name": name,
         "engine": "sim",
@@ -51,7 +62,7 @@ def sleepy(name: str) -> dict[str, Any]:
         "idle_timeout_s": 1,
         "sleep_mode": True,
         "weights_gb": 16,
-        "args": ["--speed", "10", "--wake-l1-s", "3"],
+        "args": ["--speed", "10", "--wake-l1-s", "3", *args],
     }
 
 
@@ -141,3 +152,43 @@ class TestSleepingFleet:
         )
         b = await wait_state(url, "b", "sleeping")
         assert "swapped out for a" in (b["reason"] or "")
+
+
+class TestFallingAsleep:
+    """A replica wanted again while it falls asleep wakes in place, never cold."""
+
+    async def test_wanted_while_falling_asleep_it_wakes_in_place(
+        self, three_cards: tuple[str, AgentRig]
+    ) -> None:
+        """Scaled 2 → 1, one replica takes 6 s to fall asleep; scaled back to 2 meanwhile,
+        that replica wakes once asleep and nothing starts cold on the free card."""
+        url, _ = three_cards
+        two = {**sleepy("a", "--sleep-s", "60"), "min_replicas": 2, "max_replicas": 2}
+        one = {**two, "min_replicas": 1, "max_replicas": 1}
+        await admin("POST", f"{url}/admin/models", [two])
+
+        async def states() -> list[tuple[str, str, list[str]]]:
+            got = await replicas(url, "a")
+            return sorted((r["id"], r["state"], [x["state"] for x in r["shards"]]) for r in got)
+
+        async def both_ready() -> bool:
+            return [st for _, st, _ in await states()] == ["ready", "ready"]
+
+        await until(both_ready, timeout_s=40, what="two replicas of a ready")
+        await admin("POST", f"{url}/admin/models", [one])
+
+        async def one_falling_asleep() -> str | None:
+            falling = [
+                rid for rid, st, shards in await states() if (st, shards) == ("sleeping", ["ready"])
+            ]
+            return falling[0] if falling else None
+
+        sleeper = await until(one_falling_asleep, timeout_s=20, what="a replica falling asleep")
+        await admin("POST", f"{url}/admin/models", [two])
+        await until(both_ready, timeout_s=40, what="a back to two ready replicas")
+        every = await admin("GET", f"{url}/admin/replicas?model=a")
+        assert len(every) == 2, every
+        assert sleeper in {r["id"] for r in every}, every
+        events = await admin("GET", f"{url}/admin/events?model=a")
+        kinds = [e["kind"] for e in events]
+        assert (kinds.count("replica.placed"), kinds.count("replica.waking")) == (2, 1), events

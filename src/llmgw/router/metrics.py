@@ -29,6 +29,7 @@ from prometheus_client.utils import floatToGoString
 from llmgw.router import compiled
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoint import Snapshot
+from llmgw.router.usagetypes import Usage
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -293,6 +294,22 @@ class RouterMetrics:
             "Failed metric scrapes per endpoint.",
             ["endpoint"],
         )
+        # Per team, never per key: a fleet has few teams and may have thousands of keys.
+        self._team_requests = Counts(
+            "llmgw_router_team_requests",
+            "Requests of client keys, by the key's team, model and outcome.",
+            ["team", "model", "outcome"],
+        )
+        self._team_prompt = Counts(
+            "llmgw_router_team_prompt_tokens",
+            "Prompt tokens of client keys' answered requests, by team and model.",
+            ["team", "model"],
+        )
+        self._team_completion = Counts(
+            "llmgw_router_team_completion_tokens",
+            "Completion tokens of client keys' answered requests, by team and model.",
+            ["team", "model"],
+        )
         families: tuple[Counts | Buckets, ...] = (
             self._requests,
             self._latency,
@@ -303,6 +320,9 @@ class RouterMetrics:
             self._cached,
             self._retries,
             self._scrape_failures,
+            self._team_requests,
+            self._team_prompt,
+            self._team_completion,
         )
         r.register(_Families(families))
         modules = Gauge(
@@ -368,6 +388,13 @@ class RouterMetrics:
         cells[0][0] += prompt
         cells[1][0] += completion
         cells[2][0] += cached
+
+    def team_done(self, team: str, model: str, outcome: str, usage: Usage | None) -> None:
+        """A request of a client key of `team` ("" for a file key without one)."""
+        self._team_requests.inc((team, model, outcome))
+        if usage is not None:
+            self._team_prompt.inc((team, model), usage.prompt)
+            self._team_completion.inc((team, model), usage.completion)
 
     def itl(self, model: str) -> Bucket:
         """The inter-token histogram series of `model` (a stream observes each gap)."""

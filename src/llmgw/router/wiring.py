@@ -27,6 +27,7 @@ from llmgw.router.policies import Policy, make_policy
 from llmgw.router.prefix import PrefixIndex
 from llmgw.router.shared import SharedInflight
 from llmgw.router.tenants import Tenants
+from llmgw.router.tokenusage import TokenCounts
 from llmgw.router.tracing import Tracing
 from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.router.upstream.base import Forwarder
@@ -78,6 +79,8 @@ class Router:
         # ready replica (wire.endpoints.ModelOutlook); empty for static endpoints.
         self.outlook: dict[str, ModelOutlook] = {}
         self.usage = UsageTracker(clock=clock)
+        # Each key's requests and tokens since the last usage report (tokenusage.py).
+        self.token_counts = TokenCounts(clock=clock)
         self.metrics = RouterMetrics(snapshots=self.registry.snapshots, held=self.holding.demand)
         # Client keys: the file's, and the controller's from its last list (kept while
         # it is unreachable, as the endpoints are); their counts (tenants.py).
