@@ -13,10 +13,14 @@ from typing import Any
 import pytest
 
 from llmgw.testing import Program, start_program
+from tests.integration import controller_harness as harness
+from tests.integration import pg
 from tests.integration.test_controller_keys import READ, ROUTER, TOKEN, call
 from tests.integration.test_ctl_controller import ctl, ctl_process
 
 HOUR = int(time.time() // 3600) * 3600
+# The fixture, seen by this module's tests as a global.
+pg_schema = pg.pg_schema
 
 
 def start(tmp_path: Path) -> Program:
@@ -240,3 +244,29 @@ class TestCtlUsage:
         got = ctl_process(controller.url, "usage", "--by", "user")
         assert got.returncode == 2
         assert "--by" in got.stderr
+
+
+@pytest.mark.postgres
+class TestStandby:
+    """Controllers sharing one PostgreSQL database."""
+
+    def test_a_standby_keeps_reports_and_the_leader_reads_them(
+        self, pg_schema: pg.PgSchema
+    ) -> None:
+        """A report posted to the standby is kept (usage is not fleet state, and a standby
+        refusing it would make routers lose it); the leader sums it with its own."""
+        db = harness.Db(pg_schema.url, pg_schema.schema)
+        with harness.controller(db) as a:
+            assert a.leader()
+            with harness.controller(db) as b:
+                assert not b.leader()
+                body = report("r1", tokens("alice", "research", "m1", 2, 20, 4))
+                assert post(b.url, body) == 204
+                assert post(a.url, report("r2", tokens("bob", "research", "m1", 1, 5, 1))) == 204
+                # Again, to the other one: still counted once.
+                assert post(a.url, body) == 204
+                for c in (a, b):
+                    got = c.get("/admin/usage?by=team")
+                    assert [
+                        (r["team"], r["requests"], r["prompt_tokens"]) for r in got["rows"]
+                    ] == [("research", 3, 25)]

@@ -335,6 +335,10 @@ class RouterMetrics:
             modules.labels(module).set(1.0 if module in compiled.STATUS.modules else 0.0)
         ProcessCollector(registry=r)
         r.register(_LiveCollector(snapshots, held))
+        # (team, model) → its requests by outcome, its prompt and completion series.
+        self._team_cells: dict[
+            tuple[str, str], tuple[dict[str, list[float]], list[float], list[float]]
+        ] = {}
         # Model → its prompt, completion and cached token series (`tokens`).
         self._token_cells: dict[str, tuple[list[float], list[float], list[float]]] = {}
         # Endpoint → model → its answers' series (`request_done`); emptied by forget().
@@ -391,10 +395,20 @@ class RouterMetrics:
 
     def team_done(self, team: str, model: str, outcome: str, usage: Usage | None) -> None:
         """A request of a client key of `team` ("" for a file key without one)."""
-        self._team_requests.inc((team, model, outcome))
+        # The series of a (team, model), found once, as `tokens` does per model.
+        key = (team, model)
+        cells = self._team_cells.get(key)
+        if cells is None:
+            prompt, completion = self._team_prompt.cell(key), self._team_completion.cell(key)
+            cells = self._team_cells[key] = ({}, prompt, completion)
+        by_outcome = cells[0]
+        done = by_outcome.get(outcome)
+        if done is None:
+            done = by_outcome[outcome] = self._team_requests.cell((team, model, outcome))
+        done[0] += 1.0
         if usage is not None:
-            self._team_prompt.inc((team, model), usage.prompt)
-            self._team_completion.inc((team, model), usage.completion)
+            cells[1][0] += usage.prompt
+            cells[2][0] += usage.completion
 
     def itl(self, model: str) -> Bucket:
         """The inter-token histogram series of `model` (a stream observes each gap)."""
