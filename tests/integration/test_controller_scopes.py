@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.controller.api.routes import OPEN_PATHS, OPEN_PREFIXES, READ_PATHS, READ_PREFIXES
+from llmgw.controller.api.auth import OPEN_PATHS, OPEN_PREFIXES, READ_PATHS, READ_PREFIXES
 from llmgw.testing import Program, start_program
 
 TOKENS = {

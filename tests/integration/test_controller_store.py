@@ -634,7 +634,7 @@ class TestSchema:
             engine.dispose()
         s = sql_backend.open()
         try:
-            assert s.schema_version() == SCHEMA_VERSION == 8
+            assert s.schema_version() == SCHEMA_VERSION == 9
             state = s.load()
             n = state.nodes["d"]
             assert (
@@ -784,6 +784,7 @@ class TestPostgres:
                     "replicas",
                     "reservations",
                     "retired_models",
+                    "token_usage",
                 ]
             finally:
                 with pg.connect() as conn:

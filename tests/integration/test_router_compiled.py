@@ -563,8 +563,8 @@ class TestReportedModules:
     async def test_a_router_reports_its_compiled_modules(
         self, tmp_path: Path, workers: int, setting: str
     ) -> None:
-        """The metric and the start-up line; requests are routed either way. With workers,
-        the metric is summed: how many workers run each module compiled."""
+        """The metric and the start-up line say what runs compiled, summed over workers
+        (how many run each module compiled), and requests are routed either way."""
         folder = build_or_skip()
         with sim_engines(tmp_path, [20.0, 20.0]) as engines:
             path = write_config(

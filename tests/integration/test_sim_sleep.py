@@ -126,6 +126,22 @@ class TestSleepAndWake:
                 assert r.status == 200
             assert time.monotonic() - t0 >= 0.35
 
+    async def test_sleep_takes_the_configured_time(self) -> None:
+        """With --sleep-s a level-1 sleep answers after it (divided by --speed); level 0 at once."""
+        flags = ("--enable-sleep-mode", "--sleep-s", "1.0", "--speed", "2")
+        with sim(*flags, env=DEV) as prog:
+            async with aiohttp.ClientSession(headers=AUTH) as s:
+                t0 = time.monotonic()
+                async with s.post(prog.url + "/sleep?level=0") as r:
+                    assert r.status == 200
+                assert time.monotonic() - t0 < 0.4
+                async with s.post(prog.url + "/wake_up") as r:
+                    assert r.status == 200
+                t0 = time.monotonic()
+                async with s.post(prog.url + "/sleep?level=1") as r:
+                    assert r.status == 200
+                assert time.monotonic() - t0 >= 0.45
+
     async def test_first_request_after_wake_is_slow_unless_warmed(self, sleepy: Program) -> None:
         """The first request after a wake runs slow; after a one-token warm-up it does not."""
         url = sleepy.url

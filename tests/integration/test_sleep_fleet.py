@@ -2,7 +2,9 @@
 
 One H100 card, two sleep-mode models: the idle one sleeps when the other is wanted,
 and a request for a sleeping model is held by the router, triggers one wake (however
-many requests wait), and is served by the same replica, not a new one.
+many requests wait), and is served by the same replica, not a new one. Three cards, a
+model scaled down whose engine takes seconds to fall asleep: scaled up again meanwhile,
+that replica wakes once asleep; nothing starts cold on the free card.
 """
 
 from __future__ import annotations
@@ -26,13 +28,22 @@ pytestmark = pytest.mark.timeout(150)
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[str, AgentRig]]:
+    yield from _fleet(tmp_path, "1xH100-80G")
+
+
+@pytest.fixture
+def three_cards(tmp_path: Path) -> Iterator[tuple[str, AgentRig]]:
+    yield from _fleet(tmp_path, "3xH100-80G")
+
+
+def _fleet(tmp_path: Path, gpus: str) -> Iterator[tuple[str, AgentRig]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     flags = ["--port", str(port), "--database", f"sqlite:///{tmp_path / 'c.db'}"]
     flags += ["--token", TOKEN, "--tick-s", "0.2", "--heartbeat-interval-s", "0.3"]
     flags += ["--heartbeat-timeout-s", "5", "--scale-down-cooldown-s", "1"]
     ctrl: Program = start_program(["controller", *flags], log_dir=tmp_path / "controller")
-    agent = AgentRig(tmp_path, url, token=TOKEN, gpus="1xH100-80G")
+    agent = AgentRig(tmp_path, url, token=TOKEN, gpus=gpus)
     try:
         agent.start("--host-memory-mib", "2000000")
         yield url, agent
@@ -41,7 +52,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, AgentRig]]:
         ctrl.stop(grace_s=5)
 
 
-def sleepy(name: str) -> dict[str, Any]:
+def sleepy(name: str, *args: str) -> dict[str, Any]:
     return {
         "name": name,
         "engine": "sim",
@@ -51,7 +62,7 @@ def sleepy(name: str) -> dict[str, Any]:
         "idle_timeout_s": 1,
         "sleep_mode": True,
         "weights_gb": 16,
-        "args": ["--speed", "10", "--wake-l1-s", "3"],
+        "args": ["--speed", "10", "--wake-l1-s", "3", *args],
     }
 
 
@@ -73,6 +84,17 @@ async def wait_state(
         check, timeout_s=timeout_s, ignore=(AssertionError,), what=f"{model} {state}"
     )
     return got
+
+
+async def wait_idle(url: str, model: str) -> None:
+    """Until the controller knows the model's replica idle past its 1 s timeout (what the
+    router reports), where a fixed sleep would guess when the report arrives."""
+
+    async def idle() -> bool:
+        seen = await replicas(url, model)
+        return len(seen) == 1 and seen[0]["idle_seconds"] >= 1
+
+    await until(idle, timeout_s=20, what=f"{model} known idle past its timeout")
 
 
 async def wait_models(s: aiohttp.ClientSession, router_url: str, names: set[str]) -> None:
@@ -109,13 +131,13 @@ class TestSleepingFleet:
                 first = await asyncio.wait_for(ask(s, r.url, "a"), 60)
                 assert first.status == 200, first.body
                 a_id = first.endpoint
-                await asyncio.sleep(1.5)  # a idle past its timeout, as the router reports
+                await wait_idle(url, "a")
                 # b is wanted; a has been idle past its 1 s timeout: it sleeps, b starts.
                 second = await asyncio.wait_for(ask(s, r.url, "b"), 60)
                 assert second.status == 200, second.body
                 a = await wait_state(url, "a", "sleeping")
                 assert (a["id"], a["sleep_level"]) == (a_id, 1)
-                await asyncio.sleep(1.5)  # b idle past its timeout (what the router reports)
+                await wait_idle(url, "b")
                 # Five requests for the sleeping a: held, one wake, all served by a itself.
                 replies = await asyncio.wait_for(
                     asyncio.gather(*(ask(s, r.url, "a") for _ in range(5))), 60
@@ -130,3 +152,43 @@ class TestSleepingFleet:
         )
         b = await wait_state(url, "b", "sleeping")
         assert "swapped out for a" in (b["reason"] or "")
+
+
+class TestFallingAsleep:
+    """A replica wanted again while it falls asleep wakes in place, never cold."""
+
+    async def test_wanted_while_falling_asleep_it_wakes_in_place(
+        self, three_cards: tuple[str, AgentRig]
+    ) -> None:
+        """Scaled 2 → 1, one replica takes 6 s to fall asleep; scaled back to 2 meanwhile,
+        that replica wakes once asleep and nothing starts cold on the free card."""
+        url, _ = three_cards
+        two = {**sleepy("a", "--sleep-s", "60"), "min_replicas": 2, "max_replicas": 2}
+        one = {**two, "min_replicas": 1, "max_replicas": 1}
+        await admin("POST", f"{url}/admin/models", [two])
+
+        async def states() -> list[tuple[str, str, list[str]]]:
+            got = await replicas(url, "a")
+            return sorted((r["id"], r["state"], [x["state"] for x in r["shards"]]) for r in got)
+
+        async def both_ready() -> bool:
+            return [st for _, st, _ in await states()] == ["ready", "ready"]
+
+        await until(both_ready, timeout_s=40, what="two replicas of a ready")
+        await admin("POST", f"{url}/admin/models", [one])
+
+        async def one_falling_asleep() -> str | None:
+            falling = [
+                rid for rid, st, shards in await states() if (st, shards) == ("sleeping", ["ready"])
+            ]
+            return falling[0] if falling else None
+
+        sleeper = await until(one_falling_asleep, timeout_s=20, what="a replica falling asleep")
+        await admin("POST", f"{url}/admin/models", [two])
+        await until(both_ready, timeout_s=40, what="a back to two ready replicas")
+        every = await admin("GET", f"{url}/admin/replicas?model=a")
+        assert len(every) == 2, every
+        assert sleeper in {r["id"] for r in every}, every
+        events = await admin("GET", f"{url}/admin/events?model=a")
+        kinds = [e["kind"] for e in events]
+        assert (kinds.count("replica.placed"), kinds.count("replica.waking")) == (2, 1), events

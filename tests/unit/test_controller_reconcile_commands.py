@@ -7,7 +7,7 @@ import asyncio
 import msgspec
 import pytest
 
-from llmgw.controller.api.routes import decode_drain, decode_specs, validation_param
+from llmgw.controller.api.decode import decode_drain, decode_specs, validation_param
 from llmgw.controller.errors import Conflict, DoesNotExist, InvalidRequest, InvalidSpec
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.endpoints import EndpointSink, endpoint_list

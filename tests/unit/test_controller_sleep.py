@@ -295,3 +295,79 @@ class TestMoves:
         w.tick()
         assert w.state.replicas["x1"].state == "sleeping"
         assert w.replicas("x", "pending") == []
+
+
+def two_card_node(*models: ModelSpec) -> World:
+    w = World()
+    w.node("a", 2)
+    w.set_node("a", host_memory_mib=HOST_MIB)
+    for m in models:
+        w.model(m, desired=0)
+    return w
+
+
+def put_to_sleep(w: World, name: str) -> str:
+    """`name` served, then scaled away for lack of load: told to sleep, not asleep yet."""
+    rid = serve(w, name)
+    w.clock.advance(200)
+    w.report(last_used={rid: w.now - 500}, inflight={rid: 0}, load={name: IDLE})
+    w.touch("a")
+    w.tick()
+    r = w.state.replicas[rid]
+    assert (r.state, [s.state for s in r.shards]) == ("sleeping", ["ready"])
+    return rid
+
+
+class TestFallingAsleep:
+    """A replica wanted again while it falls asleep wakes in place, never cold."""
+
+    def test_wanted_while_falling_asleep_it_waits_then_wakes_in_place(self) -> None:
+        """No cold start on the free card: the model waits, then the same replica wakes."""
+        w = two_card_node(sleepy("a"))
+        a = put_to_sleep(w, "a")
+        w.report(demand={"a": 1})
+        for _ in range(3):
+            w.tick()
+            assert w.replicas("a") == [w.state.replicas[a]]
+            assert w.state.replicas[a].state == "sleeping"
+        look = outlook(w.state, w.index, unplaceable={}, evicting=w.memory.evicting)
+        assert [(o.models, o.state) for o in look] == [(("a",), "waking")]
+        assert "falling asleep" in look[0].reason
+        w.heartbeat("a", {a: "sleeping"})
+        w.tick()
+        assert w.replicas("a") == [w.state.replicas[a]]
+        assert w.state.replicas[a].state == "waking"
+        w.heartbeat("a", {a: "ready"})
+        assert w.state.replicas[a].state == "ready"
+
+    def test_its_shard_is_listed_asleep_until_it_is(self) -> None:
+        """While it falls asleep its agent is still told to sleep it, not to wake it."""
+        w = two_card_node(sleepy("a"))
+        a = put_to_sleep(w, "a")
+        w.report(demand={"a": 1})
+        w.tick()
+        listed = w.heartbeat("a", {a: "ready"})
+        assert [(s.replica_id, s.sleep_level) for s in listed] == [(a, 1)]
+
+    def test_not_wanted_it_is_left_asleep(self) -> None:
+        """Without demand nothing wakes it, and no outlook is given for its model."""
+        w = two_card_node(sleepy("a"))
+        a = put_to_sleep(w, "a")
+        w.tick()
+        assert outlook(w.state, w.index, unplaceable={}, evicting=w.memory.evicting) == ()
+        w.heartbeat("a", {a: "sleeping"})
+        w.tick()
+        assert w.state.replicas[a].state == "sleeping"
+
+    def test_a_sleeper_swapped_onto_its_cards_makes_it_hold(self) -> None:
+        """Swapped out for b, wanted again at once: it holds, b is not undone, nothing cold."""
+        w = one_card(sleepy("a"), sleepy("b"))
+        a, b = b_took_the_card(w)
+        idle(w, b, demand={"a": 1})
+        w.tick()
+        assert (w.state.replicas[a].state, w.state.replicas[b].state) == ("waking", "sleeping")
+        # b is wanted again while it is still falling asleep and a wakes on its card.
+        w.report(demand={"b": 1})
+        w.tick()
+        assert w.state.replicas[b].state == "sleeping"
+        assert w.replicas("b") == [w.state.replicas[b]]

@@ -267,6 +267,18 @@ def replica(rid: str, idle_seconds: int) -> ReplicaView:
 class TestTables:
     """Tables keep ids and figures whole, even in a narrow terminal."""
 
+    def test_a_sleeper_still_falling_asleep_says_so(self) -> None:
+        """A sleeping replica whose shard is still ready reads 'falling asleep'; asleep, not."""
+        r = msgspec.structs.replace(replica("r-1", 5), state="sleeping", endpoint_url=None)
+        asleep = msgspec.structs.replace(
+            replica("r-2", 5),
+            state="sleeping",
+            shards=(ShardView(node="n1", rank=0, gpus=(2,), port=21001, state="sleeping"),),
+        )
+        lines = render.to_text(tables.replicas_table([r, asleep]), width=160).splitlines()
+        assert "sleeping (falling asleep)" in next(ln for ln in lines if "r-1" in ln)
+        assert "falling" not in next(ln for ln in lines if "r-2" in ln)
+
     def test_unknown_idle_is_a_dash_never_zero(self) -> None:
         """A replica no router reported shows '-' in the IDLE column."""
         text = render.to_text(tables.replicas_table([replica("r-1", -1), replica("r-2", 180)]))

@@ -343,8 +343,8 @@ class TestEngineBlocks:
         assert b.precise
 
     def test_disconnected_is_not_precise_until_a_batch_confirms(self) -> None:
-        """Down: guess. Back up: still guess until the next batch says whether the
-        publisher restarted (sequence 0) or carried on (the next number)."""
+        """Down it guesses, and back up it still guesses until the next batch says whether
+        the publisher restarted (sequence 0) or carried on (the next number)."""
         b = blocks_from([stored([1], None, [1, 2])])
         b.link(False)
         assert not b.precise
@@ -436,9 +436,9 @@ class TestIndexAndPolicy:
         ],
     )
     def test_a_malformed_chat_body_is_left_to_the_guess(self, bad: dict[str, Any]) -> None:
-        """Messages that are not objects: the tokenizer cannot say (the engine will
-        refuse the request), so the endpoint keeps its guess. An AttributeError raised
-        out of the policy made the router answer a bare 500 instead."""
+        """Messages that are not objects leave the endpoint to its guess: the tokenizer
+        cannot say (the engine will refuse the request)."""
+        # An AttributeError raised out of the policy made the router answer a bare 500.
         idx = self.index("a")
         assert idx.match(bad, ["a"]) == {}
 

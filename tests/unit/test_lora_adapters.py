@@ -14,7 +14,7 @@ from llmgw.agent.adapters import AdapterState, start_args
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.statefile import StateStore
 from llmgw.agent.supervisor import Supervisor
-from llmgw.controller.api.routes import decode_specs
+from llmgw.controller.api.decode import decode_specs
 from llmgw.controller.errors import Conflict, InvalidSpec
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.endpoints import endpoint_list, outlook

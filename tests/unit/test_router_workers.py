@@ -323,6 +323,7 @@ class TestWorkerLink:
         from llmgw.router.wiring import Router
         from llmgw.router.workers.ipc import Channel, Reload
         from llmgw.router.workers.worker import WorkerLink
+        from llmgw.testing.wait import until
 
         cfg = parse_config("endpoints: [{id: e0, url: 'http://127.0.0.1:9', models: [m]}]\n")
         shared = SharedInflight.create(1, 8)
@@ -350,9 +351,12 @@ class TestWorkerLink:
         try:
             sup.send(Reload(cfg=cfg, slots={"e0": 0}))
             sup.send(Observed(id="e0", stats=Stats(running=3, waiting=0, kv_usage=None)))
-            async with asyncio.timeout(10):
-                while (s := state.registry.snapshot("e0")) is None or s.stats is None:
-                    await asyncio.sleep(0.01)
+            await until(
+                lambda: (s := state.registry.snapshot("e0")) is not None and s.stats is not None,
+                timeout_s=10,
+                every_s=0.01,
+                what="e0's figures applied",
+            )
             assert not run.done()
             sup.close()
             async with asyncio.timeout(10):

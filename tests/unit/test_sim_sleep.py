@@ -43,6 +43,8 @@ class TestWakeTime:
             SleepSettings(weights_gb=0)
         with pytest.raises(ValueError, match="cold-factor"):
             SleepSettings(cold_factor=0.5)
+        with pytest.raises(ValueError, match="sleep-s"):
+            SleepSettings(sleep_s=-1.0)
 
 
 class TestSleeper:

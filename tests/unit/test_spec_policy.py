@@ -8,7 +8,7 @@ import json
 import msgspec
 import pytest
 
-from llmgw.controller.api.routes import decode_specs
+from llmgw.controller.api.decode import decode_specs
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import InvalidSpec
 from llmgw.controller.fleet import commands

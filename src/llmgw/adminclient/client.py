@@ -44,6 +44,7 @@ from llmgw.wire.admin import (
 from llmgw.wire.errors import ErrorBody
 from llmgw.wire.keys import KeyCreate, KeyCreated, KeyRevoked, KeyView
 from llmgw.wire.models import ModelSpec, ScaleRequest
+from llmgw.wire.usage import UsageAnswer, UsageBy
 
 T = TypeVar("T")
 
@@ -253,6 +254,12 @@ class AdminClient:
 
     def revoke_key(self, name: str) -> KeyRevoked:
         return self._call("DELETE", f"/admin/keys/{_quote(name)}", KeyRevoked)
+
+    def usage(self, *, by: UsageBy = "key", since_s: float | None = None) -> UsageAnswer:
+        """Token usage by hour and `by`, from the hour `since_s` ago (the controller's
+        default, a day, when None)."""
+        query = {"by": by, "since_s": None if since_s is None else repr(float(since_s))}
+        return self._call("GET", "/admin/usage", UsageAnswer, query=query)
 
     # -- the seam ------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from llmgw.adminclient.errors import AdminError, AdminUnauthorized
 from llmgw.ctl import config
 from llmgw.ctl.context import Ctx
+from llmgw.ctl.durations import duration_arg
 from llmgw.ctl.errors import CtlError
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
@@ -43,6 +44,7 @@ HANDLERS = {
     "scale": "llmgw.ctl.commands.models:scale",
     "bench": "llmgw.ctl.commands.bench:bench",
     "keys": "llmgw.ctl.commands.keys:keys",
+    "usage": "llmgw.ctl.commands.usage:usage",
     "completion": "llmgw.ctl.completion:completion",
 }
 
@@ -171,6 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64, metavar="N", help="tokens per request")
     p.add_argument("--no-record", action="store_true", help="measure only; keep the weight")
     _keys_parser(command("keys", "client API keys: create, list, revoke (docs/tenants.md)"))
+    p = command("usage", "token usage by hour, per key, team or model (docs/tenants.md)")
+    p.add_argument("--by", choices=("key", "team", "model"), default="key", help="rows per")
+    p.add_argument(
+        "--since",
+        type=duration_arg,
+        default=duration_arg("24h"),
+        metavar="DURATION",
+        help="from the hour this long ago, e.g. 24h, 7d, 90m (default 24h)",
+    )
     p = command(
         "completion", 'print a shell completion script: eval "$(llmgw ctl completion bash)"'
     )

@@ -182,6 +182,9 @@ def replicas_table(replicas: Sequence[ReplicaView]) -> Table:
         state = _state(r.state)
         if r.reason and r.state in ("failed", "draining"):
             state.append(f" ({visible(r.reason)})", style="dim")
+        elif r.state == "sleeping" and any(s.state in ("starting", "ready") for s in r.shards):
+            # Told to sleep, its engine not asleep yet: it still holds its cards.
+            state.append(" (falling asleep)", style="dim")
         table.add_row(
             text(r.id),
             _one_line(text(r.model)),

@@ -160,6 +160,12 @@ def build_app(
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            reporter = app.get(REPORTER)
+            if reporter is not None:
+                # The requests answered since the last report: their token usage would
+                # be lost with the process. The controller may be away; wait little.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(reporter.tick(), timeout=2.0)
             await state.close_clients()
             if state.tracing is not None:
                 # Spans still batched are sent before the process ends.
@@ -205,7 +211,11 @@ def _host_loops(
         None if cfg.controller is None else ControllerClient(cfg.controller, state.upstream)
     )
     reporter = UsageReporter(
-        build=state.usage_report, sink=controller, interval_s=cfg.report_interval_s
+        build=state.usage_report,
+        sink=controller,
+        interval_s=cfg.report_interval_s,
+        drain=state.token_counts.drain,
+        clock=state.clock,
     )
     app[REPORTER] = reporter
 

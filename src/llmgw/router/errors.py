@@ -11,6 +11,7 @@ Everything the router raises on purpose derives from `RouterError`:
     │   └── ScrapeFailed         an engine's /metrics could not be read (scrape.py)
     ├── MetricsParseError        an engine's /metrics lacks a figure the router needs
     ├── ControllerCallFailed     the controller did not answer usefully
+    │   └── ReportRefused        it refused a usage report (4xx): sending it again won't help
     ├── HoldQueueFull            `max_held` requests are already waiting
     └── NoReplica                nothing could serve the request within its deadline
 
@@ -63,6 +64,15 @@ class MetricsParseError(RouterError, ValueError):
 
 class ControllerCallFailed(RouterError):
     """The controller did not answer usefully; the last endpoint list stays in force."""
+
+
+class ReportRefused(ControllerCallFailed):
+    """The controller answered a usage report 4xx other than 401/403/429: the same
+    report would be refused again, so its token rows are given up (usage.py)."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class HoldQueueFull(RouterError):

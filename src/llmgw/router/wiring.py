@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 
 from llmgw.router.config import RouterConfig, restart_only_changes, upstream_client
+from llmgw.router.control.tokenusage import TokenCounts
 from llmgw.router.control.usagereports import UsageTracker, build_report
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.replicas.breaker import BreakerConfig
@@ -78,6 +79,8 @@ class Router:
         # ready replica (wire.endpoints.ModelOutlook); empty for static endpoints.
         self.outlook: dict[str, ModelOutlook] = {}
         self.usage = UsageTracker(clock=clock)
+        # Each key's requests and tokens since the last usage report (tokenusage.py).
+        self.token_counts = TokenCounts(clock=clock)
         self.metrics = RouterMetrics(snapshots=self.registry.snapshots, held=self.holding.demand)
         # Client keys: the file's, and the controller's from its last list (kept while
         # it is unreachable, as the endpoints are); their counts (tenants.py).

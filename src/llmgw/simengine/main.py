@@ -146,6 +146,12 @@ def parser() -> argparse.ArgumentParser:
         "--wake-l2-s", type=float, default=None, help="wake time from level 2 (default: by size)"
     )
     p.add_argument(
+        "--sleep-s",
+        type=float,
+        default=0.0,
+        help="how long a sleep at level 1 or 2 takes before it answers (default 0: at once)",
+    )
+    p.add_argument(
         "--cold-factor",
         type=float,
         default=sleep.COLD_FACTOR,
@@ -162,6 +168,7 @@ def sleep_settings(args: argparse.Namespace, env: dict[str, str]) -> sleep.Sleep
         weights_gb=args.weights_gb,
         wake_l1_s=args.wake_l1_s,
         wake_l2_s=args.wake_l2_s,
+        sleep_s=args.sleep_s,
         cold_factor=args.cold_factor,
     )
 

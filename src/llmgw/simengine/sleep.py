@@ -23,8 +23,9 @@ What a sleep costs, with defaults from vLLM's published sleep-mode figures:
     GPU memory: AWAKE_GIB per GPU awake, ASLEEP_GIB asleep (an H100's engine
         goes from 73.9 to 1.4 GiB); level 0 keeps it all;
     the first request after a wake runs COLD_FACTOR times slower (5.8-7.1×)
-        unless a request (the agent's one-token warm-up) went first.
-`--speed` divides the wake time as it divides step times. Flags override each.
+        unless a request (the agent's one-token warm-up) went first;
+    a sleep at level 1 or 2 answers after `--sleep-s` (default 0: at once).
+`--speed` divides the wake and sleep times as it divides step times. Flags override each.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class SleepSettings:
     # Fixed wake times per level; None: from the weights (module docstring).
     wake_l1_s: float | None = None
     wake_l2_s: float | None = None
+    # Seconds a sleep at level 1 or 2 takes before it answers (vLLM copies the weights
+    # to host memory: 0.4 s for 8 GB to 6 s for a 235B on four cards); 0: at once.
+    sleep_s: float = 0.0
     cold_factor: float = COLD_FACTOR
     awake_gib: float = AWAKE_GIB
     asleep_gib: float = ASLEEP_GIB
@@ -77,6 +81,8 @@ class SleepSettings:
             raise ValueError("--weights-gb must be > 0")
         if min(self.wake_l1_s or 0.0, self.wake_l2_s or 0.0) < 0:
             raise ValueError("wake times cannot be negative")
+        if self.sleep_s < 0:
+            raise ValueError("--sleep-s cannot be negative")
         if self.cold_factor < 1:
             raise ValueError("--cold-factor must be >= 1")
         if not 0 <= self.asleep_gib <= self.awake_gib:

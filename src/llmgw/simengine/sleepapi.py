@@ -72,6 +72,8 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
             engine.pause()
             if level >= 1:
                 sim.kv.reset_prefix_cache()
+                # The weights copied out (level 1) or freed (2): the answer waits for it.
+                await asyncio.sleep(sleeper.settings.sleep_s / sleeper.speed)
         log.info(kv("asleep", level=level, mode=mode, aborted=aborted))
         return _json({"status": "sleeping", "level": level})
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.testing import engineflags
+from llmgw.testing.engineflags.reading import parse
 
 SOURCES = (
     "vllm/entrypoints/serve/dev/sleep/api_router.py",
@@ -62,7 +63,7 @@ def read(version: str | None = None) -> SleepContract:
 
 
 def extract(version: str, src: Path) -> SleepContract:
-    trees = {rel: engineflags._parse(src / rel) for rel in SOURCES}
+    trees = {rel: parse(src / rel) for rel in SOURCES}
     return SleepContract(
         version=version,
         routes=_routes(trees[SOURCES[0]]),

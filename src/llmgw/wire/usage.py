@@ -1,4 +1,5 @@
-"""Usage report (router → controller), once a tick (docs/architecture.md).
+"""Usage report (router → controller), once a tick (docs/architecture.md), and the
+token usage the controller keeps from it (docs/tenants.md#usage).
 
 A map per tick, never a message per request: it costs the same on four replicas
 as on four hundred.
@@ -6,9 +7,23 @@ as on four hundred.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
+
+# Unix seconds at the start of a UTC hour: how token usage is bucketed.
+HOUR_S = 3600
+# Names in token usage (a key, a team, a model): a router file's key names are free
+# text, so only their length is bounded.
+UsageName = Annotated[str, msgspec.Meta(max_length=256)]
+# Counts in token usage: never negative, and small enough that a sum stays exact.
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+# What `GET /admin/usage` groups by.
+UsageBy = Literal["key", "team", "model"]
+# Its `since_s` when absent (the last day), and the furthest back it may reach (ten
+# years: a larger number is a typo).
+DEFAULT_SINCE_S = 86_400
+MAX_SINCE_S = 10 * 366 * 86_400
 
 
 class ModelLoad(msgspec.Struct, frozen=True, kw_only=True):
@@ -21,6 +36,29 @@ class ModelLoad(msgspec.Struct, frozen=True, kw_only=True):
     # Requests started during the interval, and the interval's length.
     requests: int = 0
     interval_s: float = 0.0
+
+
+class TokenUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One key's use of one model in one UTC hour, as one router process counted it.
+
+    In a report each figure is the running total of the hour so far since this
+    router process started (`UsageReport.counter_id`), never the change since the
+    last report: a report sent twice, or late, carries nothing new, and the
+    controller keeps the largest figure it has seen of each (docs/tenants.md#usage).
+    """
+
+    # Unix seconds at the start of the UTC hour (a multiple of HOUR_S).
+    hour: Annotated[int, msgspec.Meta(ge=0, multiple_of=HOUR_S)]
+    key: Annotated[UsageName, msgspec.Meta(min_length=1)]
+    # "" for a router file's key without a team.
+    team: UsageName = ""
+    model: Annotated[UsageName, msgspec.Meta(min_length=1)]
+    # Requests routed to the model (every outcome), after the key's limits admitted them.
+    requests: Count = 0
+    # The engines' own counts (usage.prompt_tokens, usage.completion_tokens); an answer
+    # without usage adds a request and no tokens.
+    prompt_tokens: Count = 0
+    completion_tokens: Count = 0
 
 
 class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,3 +77,36 @@ class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     demand: dict[str, int] = {}
     # Model name → load during the last interval (autoscaling).
     load: dict[str, ModelLoad] = {}
+    # Running token totals of this router process per hour, key, team and model:
+    # each row is sent again, whole, until a report holding it was answered 2xx.
+    tokens: list[TokenUsage] = []
+    # Who counted `tokens`: new each time a router process starts, even one with a
+    # configured `router_id`, whose totals start again at zero (under an id already
+    # seen, the controller, keeping the largest figures, would miss them). "": router_id.
+    counter_id: Annotated[str, msgspec.Meta(max_length=128)] = ""
+
+
+class UsageRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One hour of `GET /admin/usage`: the figures of one key, team or model.
+
+    Only what the rows are grouped by is present: `key` and `team` by key, `team`
+    by team, `model` by model.
+    """
+
+    # Unix seconds at the start of the UTC hour.
+    hour: int
+    key: str | None = None
+    team: str | None = None
+    model: str | None = None
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class UsageAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """Answer of `GET /admin/usage`: rows by hour, then by name."""
+
+    by: UsageBy
+    # Unix seconds at the start of the first hour counted.
+    since: int
+    rows: list[UsageRow]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmgw.controller.api.routes import SERVICES, decode, json_response
+from llmgw.controller.api.decode import decode
+from llmgw.controller.api.routes import SERVICES, json_response
 from llmgw.controller.errors import InvalidRequest
 from llmgw.controller.fleet.keys import key_view
 from llmgw.wire.keys import KeyCreate, KeyRevoked

@@ -32,7 +32,7 @@ from llmgw.wire.errors import ErrorBody
 from llmgw.wire.keys import KeyCreate, KeyCreated, KeyRevoked, KeyView
 from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
 from llmgw.wire.names import LABEL_PATTERN
-from llmgw.wire.usage import UsageReport
+from llmgw.wire.usage import DEFAULT_SINCE_S, MAX_SINCE_S, UsageAnswer, UsageReport
 
 _TYPES: tuple[Any, ...] = (
     Heartbeat,
@@ -54,6 +54,7 @@ _TYPES: tuple[Any, ...] = (
     KeyCreated,
     KeyView,
     KeyRevoked,
+    UsageAnswer,
     ErrorBody,
 )
 _REF = "#/components/schemas/{name}"
@@ -286,10 +287,11 @@ def document() -> bytes:
         },
         "/v1/usage": {
             "post": _op(
-                "router usage report (last_used, in flight, demand, load)",
+                "router usage report (last_used, in flight, demand, load, token totals); "
+                "204 once its token rows are kept, 503 when the database refused them",
                 _ok(None, "accepted"),
                 body=_ref("UsageReport"),
-                errors=(400, 401, 413, 422),
+                errors=(400, 401, 413, 422, 503),
             )
         },
         "/admin/summary": {"get": _op("the fleet summary", _ok(_ref("Summary")))},
@@ -436,6 +438,31 @@ def document() -> bytes:
                         **_path("name", "key name"),
                         "schema": {"type": "string", "pattern": LABEL_PATTERN},
                     },
+                ),
+            )
+        },
+        "/admin/usage": {
+            "get": _op(
+                "token usage by hour and key, team or model (docs/tenants.md#usage); "
+                "admin or read-only token",
+                _ok(_ref("UsageAnswer")),
+                errors=(400, 401, 503),
+                params=(
+                    _query(
+                        "by",
+                        {"type": "string", "enum": ["key", "team", "model"], "default": "key"},
+                        "what the rows are grouped by",
+                    ),
+                    _query(
+                        "since_s",
+                        {
+                            "type": "number",
+                            "exclusiveMinimum": 0,
+                            "maximum": MAX_SINCE_S,
+                            "default": DEFAULT_SINCE_S,
+                        },
+                        "from the hour that holds the moment this many seconds ago",
+                    ),
                 ),
             )
         },

@@ -25,7 +25,14 @@ import msgspec
 
 from llmgw.controller.errors import Busy
 from llmgw.controller.fleet.index import FleetIndex
-from llmgw.controller.fleet.records import Adapter, FleetState, Model, Replica, Reservation
+from llmgw.controller.fleet.records import (
+    SHARD_RUNNING,
+    Adapter,
+    FleetState,
+    Model,
+    Replica,
+    Reservation,
+)
 from llmgw.controller.fleet.starts import StartHistory
 from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
 from llmgw.wire.models import ModelSpec
@@ -148,9 +155,10 @@ def outlook(
     `unplaceable` is model → why its last placement failed; `evicting` the room
     being made by eviction (TickMemory). A model whose placement failed but for
     which eviction is under way is making room, not unplaceable; one with a
-    replica placed and starting is starting. A model with none of these (idle at
-    zero) is left out: the router holds its requests, which is the demand that
-    makes the controller try.
+    replica placed and starting is starting; a wanted one whose replica is still
+    falling asleep is waking (it wakes in place once asleep). A model with none
+    of these (idle at zero) is left out: the router holds its requests, which is
+    the demand that makes the controller try.
 
     A starting model says how long its starts usually take (`starts`: the median
     of its recent starts, else of its engine kind; nothing when neither is
@@ -164,9 +172,14 @@ def outlook(
         starting.update(state.replicas[rid].model for rid in index.in_state(st))
     waking = {state.replicas[rid].model for rid in index.in_state("waking")}
     asleep: dict[str, int] = {}
+    # Models with a replica told to sleep whose engine is not asleep yet: one wanted
+    # again wakes in place once it is (placement/wakes.py, "Falling asleep").
+    settling: set[str] = set()
     for rid in index.in_state("sleeping"):
         r = state.replicas[rid]
         asleep[r.model] = r.sleep_level or 2
+        if any(s.state in SHARD_RUNNING for s in r.shards):
+            settling.add(r.model)
     eta = idle_enough_at or {}
     by_base: dict[str, list[str]] = {}
     for a in sorted(state.adapters.values(), key=lambda a: a.name):
@@ -179,8 +192,14 @@ def outlook(
         # Its adapters wait (or are refused) with it.
         names = (*model.spec.served_names, *by_base.get(name, ()))
         res = evicting.get(name)
-        if name in waking or (res is not None and name in asleep):
-            out.append(_waking(names, model.spec, asleep.get(name, 1), swapping=name not in waking))
+        if name in waking:
+            out.append(
+                _waking(names, model.spec, asleep.get(name, 1), "a sleeping replica is waking")
+            )
+        elif res is not None and name in asleep:
+            out.append(_waking(names, model.spec, asleep[name], _SWAPPING))
+        elif name in settling and model.desired_replicas > 0 and name not in starting:
+            out.append(_waking(names, model.spec, asleep[name], _SETTLING))
         elif res is not None:
             n = len(res.victims)
             reason = f"evicting {n} idle replica{'s' if n != 1 else ''} of other models for it"
@@ -221,13 +240,12 @@ def wake_estimate_s(spec: ModelSpec, level: int) -> float | None:
     return WAKE_L2_BASE_S + WAKE_L2_S_PER_GB * per_gpu
 
 
-def _waking(names: tuple[str, ...], spec: ModelSpec, level: int, *, swapping: bool) -> ModelOutlook:
+_SWAPPING = "idle replicas on its sleeping replica's cards are making way; then it wakes"
+_SETTLING = "its replica is still falling asleep; it wakes as soon as it is asleep"
+
+
+def _waking(names: tuple[str, ...], spec: ModelSpec, level: int, reason: str) -> ModelOutlook:
     est = wake_estimate_s(spec, level)
-    reason = (
-        "idle replicas on its sleeping replica's cards are making way; then it wakes"
-        if swapping
-        else "a sleeping replica is waking"
-    )
     if est is None:
         return ModelOutlook(models=names, state="waking", reason=reason)
     # Whole seconds, not coarse_s's tens: a wake is seconds, and the figure comes

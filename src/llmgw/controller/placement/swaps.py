@@ -26,7 +26,9 @@ class Woke(Enum):
 
     NONE = "none"  # no sleeper can wake: place one as before
     WOKEN = "woken"  # a sleeper wakes once what was in its way has left; cards taken
-    HOLDING = "holding"  # its sleeper's cards are waking for another model: next tick
+    # Its sleeper's cards are waking for another model, or the sleeper is itself
+    # still falling asleep: neither wake nor place now; a later tick wakes it.
+    HOLDING = "holding"
 
 
 def sleep_or_drain(t: TickContext, r: Replica, reason: str, *, kind: str | None = None) -> Replica:
@@ -77,7 +79,7 @@ def try_wake(t: TickContext, spec: ModelSpec, free: FreeMap) -> Woke:
     sleeper = batch.replica(plan.replica)
     if sleeper is None or sleeper.state != "sleeping":
         return Woke.NONE
-    if plan.hold:
+    if plan.hold or plan.settling:
         return Woke.HOLDING
     for sub_plan in plan.moves:
         # The replicas in use on its cards move: their own sleepers wake elsewhere.

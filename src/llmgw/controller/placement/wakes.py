@@ -33,6 +33,13 @@ above the waking one's: it sleeps here (its requests in flight finish first)
 and its sleeper wakes there, so its model keeps its replica count and its
 clients wait one wake instead of the waking model's clients waiting a cold
 start. A plan without moves is always preferred.
+
+Falling asleep: a replica told to sleep keeps its cards until its agent reports
+the engine asleep (records.HOLDS_GPUS); its shards read `ready` meanwhile. One
+wanted again in that time is neither woken at once (its shards' `ready` would
+read as awake, and routers would send to an engine still falling asleep) nor
+replaced by a cold start: its plan is `settling`, the model waits, and the
+first tick after the sleep ends wakes it in place (its cards are then free).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from llmgw.controller.fleet.records import FleetState, Node, Replica
+from llmgw.controller.fleet.records import SHARD_RUNNING, FleetState, Node, Replica
 from llmgw.controller.idle import IdleFor, IdleSource, idle_fn
 from llmgw.controller.placement.capacity import FreeMap
 from llmgw.controller.placement.eviction import Candidate, idle_candidates
@@ -190,6 +197,11 @@ class WakePlan:
     # one cold; once that one is awake it may be swapped out or moved (seconds,
     # where a cold start takes a minute or more).
     hold: bool = False
+    # The sleeper is itself still falling asleep (a shard still reported running):
+    # it wakes once its agent reports it asleep, neither now nor cold elsewhere.
+    # Woken now, the shard's `ready` would read as awake and routers would send to
+    # an engine whose sleep is still under way (module docstring, "Falling asleep").
+    settling: bool = False
 
 
 def plan_wake(
@@ -237,7 +249,7 @@ def plan_wake(
         ]
         for s in sorted(others, key=lambda s: (-s.state_since, s.id)):
             p = _wake_one(s, free, held, their[h.model], spare, exclude, state, None)
-            if p is not None and not p.wait and not p.hold and h.id not in p.evict:
+            if p is not None and not (p.wait or p.hold or p.settling) and h.id not in p.evict:
                 return p
         return None
 
@@ -247,7 +259,7 @@ def plan_wake(
         if plan is None:
             continue
         worst = max((cands[v].priority for v in plan.evict if v in cands), default=-(2**31))
-        size = len(plan.evict) + (1 if plan.wait else 0)
+        size = len(plan.evict) + (1 if plan.wait or plan.settling else 0)
         key = (plan.hold, len(plan.moved), size, worst, -r.state_since, r.id)
         if best is None or key < best[0]:
             best = (key, plan)
@@ -274,6 +286,7 @@ def _wake_one(
     wait = False
     hold = False
     budget = Counter(spare)
+    settling = falling_asleep(r)
     for shard in r.shards:
         if shard.node not in free:
             return None  # node not placeable (cordoned, draining, unreachable)
@@ -283,6 +296,8 @@ def _wake_one(
                 continue
             others = [h for h in held.get((shard.node, gpu), ()) if h.id != r.id]
             if not others:
+                if settling and _on(r, shard.node, gpu):
+                    continue  # held by its own engine, still falling asleep
                 return None  # unhealthy, or held for another model's reservation
             for h in others:
                 if h.id in victims or h.id in moved:
@@ -307,6 +322,9 @@ def _wake_one(
         return None
     if hold:
         return WakePlan(replica=r.id, hold=True, why=f"{r.id}'s cards are being woken for another")
+    if settling:
+        # What else stands in its way is dealt with once it is asleep (a tick later).
+        return WakePlan(replica=r.id, settling=True, why=f"{r.id} wakes once asleep")
     why = f"waking {r.id}"
     if victims:
         why += f": {', '.join(sorted(victims))} make way (idle past their timeout)"
@@ -322,6 +340,11 @@ def _wake_one(
         moved=tuple(moved),
         moves=tuple(moves),
     )
+
+
+def falling_asleep(r: Replica) -> bool:
+    """A sleeping replica whose engine has not fallen asleep yet (a shard still running)."""
+    return r.state == _SLEEPING and any(s.state in SHARD_RUNNING for s in r.shards)
 
 
 def _spare(state: FleetState, leaving: Collection[str]) -> Counter[str]:

@@ -23,9 +23,11 @@ the caller; the transaction is rolled back all the same.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from llmgw.controller.fleet.records import Changes, Event, FleetState
+from llmgw.wire.usage import TokenUsage, UsageBy, UsageRow
 
 
 class StoreError(Exception):
@@ -85,6 +87,22 @@ class Store(Protocol):
         `model` matches `Event.model`; `replica` and `node` match events whose
         subject is that replica or node; `event_id` the one event with that id.
         """
+        ...
+
+    def record_usage(self, router_id: str, rows: Sequence[TokenUsage]) -> None:
+        """Keep `rows`, the running totals counted by `router_id` (one router process's
+        counter: UsageReport.counter_id), in one transaction.
+
+        Each figure keeps the largest value recorded for its (hour, key, team, model,
+        router_id), so recording the same rows again, or older ones late, changes
+        nothing (store/usage.py). Not fenced: usage is not fleet state, and a
+        standby that receives a report records it as the leader would.
+        """
+        ...
+
+    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
+        """Token usage of the hours from `since` (unix seconds) on, summed over routers
+        per hour and `by` (key, team or model), sorted by hour, then by name."""
         ...
 
     def schema_version(self) -> int:

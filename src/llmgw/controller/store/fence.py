@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from llmgw.controller.fleet.records import Changes, Event, FleetState
 from llmgw.controller.store.base import Leadership, NotLeader, Store
 from llmgw.controller.store.sql import SqlStore
+from llmgw.wire.usage import TokenUsage, UsageBy, UsageRow
 
 
 class FencedStore:
@@ -44,6 +47,13 @@ class FencedStore:
         return self.store.events(
             model=model, replica=replica, node=node, limit=limit, event_id=event_id
         )
+
+    def record_usage(self, router_id: str, rows: Sequence[TokenUsage]) -> None:
+        # Not fenced (Store.record_usage): idempotent rows, not fleet state.
+        self.store.record_usage(router_id, rows)
+
+    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
+        return self.store.usage(since=since, by=by)
 
     def schema_version(self) -> int:
         return self.store.schema_version()

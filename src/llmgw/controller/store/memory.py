@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Sequence
 from typing import ClassVar
 
 from llmgw.controller.fleet.records import Changes, Event, FleetState
-from llmgw.controller.store import codec
+from llmgw.controller.store import codec, usage
 from llmgw.controller.store.base import StoreError
+from llmgw.wire.usage import TokenUsage, UsageBy, UsageRow
 
 
 class MemoryStore:
@@ -25,6 +27,7 @@ class MemoryStore:
         self._state = FleetState()
         self._events: list[Event] = []
         self._next_event_id = 1
+        self._usage: dict[usage.RowKey, usage.Figures] = {}
         self._closed = False
         # Test hook: the next apply raises this and applies nothing (a database
         # that refused the transaction), then the hook clears itself.
@@ -128,6 +131,16 @@ class MemoryStore:
                     break
             out.reverse()
             return out
+
+    def record_usage(self, router_id: str, rows: Sequence[TokenUsage]) -> None:
+        with self._lock:
+            self._check_open()
+            usage.merge(self._usage, router_id, rows)
+
+    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
+        with self._lock:
+            self._check_open()
+            return usage.totals(self._usage, since=since, by=by)
 
     def schema_version(self) -> int:
         return codec.SCHEMA_VERSION

@@ -17,8 +17,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from llmgw.controller.fleet.records import Changes, Event, FleetState
-from llmgw.controller.store import codec, tables
+from llmgw.controller.store import codec, sqlusage, tables
 from llmgw.controller.store.base import StoreError
+from llmgw.wire.usage import TokenUsage, UsageBy, UsageRow
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,16 @@ class SqlStore:
             newest_first = [codec.event_from(r) for r in conn.execute(q).mappings()]
         newest_first.reverse()
         return newest_first
+
+    def record_usage(self, router_id: str, rows: Sequence[TokenUsage]) -> None:
+        if not rows:
+            return
+        with self._translate("record_usage"), self._write.begin() as conn:
+            sqlusage.record(conn, router_id, rows)
+
+    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
+        with self._translate("usage"), self._read.begin() as conn:
+            return sqlusage.query(conn, since=since, by=by)
 
     def schema_version(self) -> int:
         with self._translate("schema_version"), self._read.begin() as conn:

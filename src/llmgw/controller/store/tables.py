@@ -28,6 +28,8 @@ History:
   7  api_keys (client keys: hash and limits, docs/tenants.md); event subject
      "key" (the events CHECK widened)
   8  api_keys.revoked_at (a revoked key's row stays: routers keep requiring keys)
+  9  token_usage (each router process's running token totals per hour, key,
+     team and model; docs/tenants.md#usage)
 """
 
 from __future__ import annotations
@@ -89,6 +91,27 @@ def _define_v7_tables(md: sa.MetaData, *, version: int = 7) -> None:
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("expires_at", sa.Float),
         *([sa.Column("revoked_at", sa.Float)] if version >= 8 else []),
+    )
+
+
+def _define_v9_tables(md: sa.MetaData) -> None:
+    """The table schema version 9 added (its migration creates it from this)."""
+    sa.Table(
+        "token_usage",
+        md,
+        # Unix seconds at the start of the UTC hour; first, so a range of hours is
+        # a range of the primary key.
+        sa.Column("hour", sa.BigInteger, primary_key=True),
+        sa.Column("key", sa.String, primary_key=True),
+        sa.Column("team", sa.String, primary_key=True),
+        sa.Column("model", sa.String, primary_key=True),
+        # Who counted them (UsageReport.counter_id, else its router_id: one router
+        # process): each row holds that process's running totals, and a total over
+        # routers is summed when read.
+        sa.Column("router_id", sa.String, primary_key=True),
+        sa.Column("requests", sa.BigInteger, nullable=False),
+        sa.Column("prompt_tokens", sa.BigInteger, nullable=False),
+        sa.Column("completion_tokens", sa.BigInteger, nullable=False),
     )
 
 
@@ -205,6 +228,8 @@ def _define(md: sa.MetaData, *, version: int) -> None:
         _define_v4_tables(md)
     if version >= 7:
         _define_v7_tables(md, version=version)
+    if version >= 9:
+        _define_v9_tables(md)
 
 
 # The current schema, used for every query.
@@ -218,6 +243,7 @@ events = METADATA.tables["events"]
 retired_models = METADATA.tables["retired_models"]
 reservations = METADATA.tables["reservations"]
 api_keys = METADATA.tables["api_keys"]
+token_usage = METADATA.tables["token_usage"]
 
 
 def _to_v1(conn: sa.Connection) -> None:
@@ -312,6 +338,12 @@ def _to_v8(conn: sa.Connection) -> None:
     conn.exec_driver_sql("ALTER TABLE api_keys ADD COLUMN revoked_at DOUBLE PRECISION")
 
 
+def _to_v9(conn: sa.Connection) -> None:
+    md = sa.MetaData()
+    _define_v9_tables(md)
+    md.create_all(conn)
+
+
 MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
     (1, _to_v1),
     (2, _to_v2),
@@ -321,6 +353,7 @@ MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
     (6, _to_v6),
     (7, _to_v7),
     (8, _to_v8),
+    (9, _to_v9),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION, "add a migration when bumping SCHEMA_VERSION"
 

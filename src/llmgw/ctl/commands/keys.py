@@ -15,29 +15,20 @@ from rich.table import Table
 
 from llmgw.ctl import output, specs
 from llmgw.ctl.context import Ctx
+from llmgw.ctl.durations import duration_problem, seconds_of
 from llmgw.ctl.errors import CtlError
 from llmgw.ctl.render import UNKNOWN, fmt_duration
 from llmgw.ctl.shown import visible
 from llmgw.wire.keys import KeyCreate, KeyView
 from llmgw.wire.names import LABEL_RULE
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-
 
 def parse_duration(text: str) -> float:
-    """Seconds in `text`: a number with a unit (s, m, h, d, w), e.g. `90d` or `1h30m`."""
-    given = text.strip()
-    parts = _DURATION.findall(given)
-    if not given or "".join(n + u for n, u in parts) != given:
-        raise CtlError(
-            f"--expires-in {text!r}: not a duration; use a number and a unit (s, m, h, d, w), "
-            "e.g. 30d or 12h"
-        )
-    seconds = sum(float(n) * _UNITS[u] for n, u in parts)
-    if seconds <= 0:
-        raise CtlError(f"--expires-in {text!r}: must be above 0")
-    return seconds
+    """Seconds in `--expires-in`: a number with a unit (s, m, h, d, w), e.g. `90d` or `1h30m`."""
+    why = duration_problem(text)
+    if why is not None:
+        raise CtlError(f"--expires-in {text!r}: {why}")
+    return seconds_of(text)
 
 
 def keys(args: argparse.Namespace, ctx: Ctx) -> int:

@@ -25,7 +25,12 @@ from pathlib import Path
 import msgspec
 
 from llmgw.router.config import ControllerConfig, RouterConfig, load
-from llmgw.router.errors import ControllerCallFailed, RouterConfigError, UpstreamError
+from llmgw.router.errors import (
+    ControllerCallFailed,
+    ReportRefused,
+    RouterConfigError,
+    UpstreamError,
+)
 from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.runtime.logs import kv
 from llmgw.wire.endpoints import EndpointList
@@ -140,6 +145,9 @@ class ControllerClient:
             )
         except UpstreamError as exc:
             raise ControllerCallFailed(str(exc)) from exc
+        if 400 <= status < 500 and status not in (401, 403, 408, 429):
+            # The body is wrong, not the moment: resending it would be refused forever.
+            raise ReportRefused(f"POST /v1/usage answered {status}", status=status)
         if status >= 300:
             raise ControllerCallFailed(f"POST /v1/usage answered {status}")
 

@@ -8,18 +8,27 @@ hundred, and nothing here is per request on the wire.
 `last_used` comes from the registry, which leaves never-used endpoints out:
 a router that just restarted reports nothing, not zeros, so it cannot make
 the whole fleet look idle.
+
+Token usage rides along (`tokens`): each tick hands the requests' counts to a
+`TokenLedger` (tokenusage.py), and the report carries the ledger's rows the
+controller does not have yet; `deliver` marks them taken only on a 2xx. A lost
+report loses nothing of them: the next one carries them again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol
 
+import msgspec
+
+from llmgw.router.control.tokenusage import TokenLedger
+from llmgw.router.errors import ReportRefused
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
-from llmgw.wire.usage import ModelLoad, UsageReport
+from llmgw.wire.usage import ModelLoad, TokenUsage, UsageReport
 
 log: Final = logging.getLogger(__name__)
 
@@ -92,8 +101,37 @@ class ReportSink(Protocol):
     async def post_usage(self, report: UsageReport) -> None: ...
 
 
+async def deliver(
+    sink: ReportSink, ledger: TokenLedger, report: UsageReport, counted: Sequence[TokenUsage]
+) -> UsageReport:
+    """Send `report` with the token rows the controller lacks; raises what the sink raised.
+
+    `counted`: the requests' counts since the last report (TokenCounts.drain).
+    """
+    ledger.add(counted)
+    rows = ledger.pending()
+    if rows:
+        counter_id = f"{report.router_id}@{ledger.incarnation}"
+        report = msgspec.structs.replace(report, tokens=rows, counter_id=counter_id)
+    try:
+        await sink.post_usage(report)
+    except ReportRefused as exc:
+        # Refused for what it holds: sent again it would be refused again, and every
+        # later report with it. Its rows are given up; newer counts go in new rows.
+        ledger.acked(rows)
+        log.warning(kv("usage report refused", status=exc.status, token_rows_given_up=len(rows)))
+        raise
+    ledger.acked(rows)
+    return report
+
+
 class UsageReporter:
-    """Builds a report every tick and sends it when a sink is configured."""
+    """Builds a report every tick and sends it when a sink is configured.
+
+    `drain`: the requests' token counts since the last tick (TokenCounts.drain);
+    without a sink they are dropped: a router on its own keeps only its per-team
+    series (metrics.py), nothing to send.
+    """
 
     def __init__(
         self,
@@ -101,20 +139,25 @@ class UsageReporter:
         build: Callable[[bool], UsageReport],
         sink: ReportSink | None,
         interval_s: float,
+        drain: Callable[[], list[TokenUsage]] = list,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._build = build
         self._sink = sink
+        self._drain = drain
         self.interval_s = interval_s
+        self.ledger = TokenLedger(clock=clock)
         self.last: UsageReport | None = None
         self.failures = 0
 
     async def tick(self) -> UsageReport:
         report = self._build(True)
+        counted = self._drain()
         self.last = report
         if self._sink is not None:
             try:
-                await self._sink.post_usage(report)
-            except Exception as exc:  # noqa: BLE001 - a lost report is replaced by the next one
+                report = self.last = await deliver(self._sink, self.ledger, report, counted)
+            except Exception as exc:  # noqa: BLE001 - the next report carries its token rows again
                 self.failures += 1
                 log.warning(kv("usage report failed", error=exc))
             else:

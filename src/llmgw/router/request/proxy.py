@@ -715,6 +715,12 @@ class Proxy:
         st.metrics.request_done(model, eid, status, duration, ttft, outcome)
         if usage is not None:
             st.metrics.tokens(model, usage.prompt, usage.completion, usage.cached)
+        if tenant is not None:
+            # Per team on /metrics (never per key: bounded series); per key in the
+            # usage report, for requests that reached a model (tokenusage.py).
+            st.metrics.team_done(tenant.team, model, outcome, usage)
+            if model:
+                st.token_counts.count(tenant.name, tenant.team, model, usage)
         if st.cfg.access_log:
             access_log.info(
                 kv(

@@ -26,6 +26,7 @@ import msgspec
 from llmgw.router.config import RouterConfig
 from llmgw.router.replicas.registry import Stats
 from llmgw.wire.endpoints import EndpointList
+from llmgw.wire.usage import TokenUsage, UsageReport
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ MAX_FRAME = 256 * 1024 * 1024
 # What an Ask wants: this worker's metrics text, its usage report (and start a
 # new interval, or not), or — from a worker — the whole router's.
 AskWhat = Literal["metrics", "usage", "usage_peek"]
+# A worker's answer to "usage" and "usage_peek" (msgpack): its report, and its token
+# counts since the last "usage" (tokenusage.TokenCounts.drain; none for a peek).
+WorkerUsage = tuple[UsageReport, list[TokenUsage]]
 
 
 class Setup(msgspec.Struct, tag=True, frozen=True, kw_only=True):

@@ -16,7 +16,8 @@ What is done once for the host, here, and sent to the workers (ipc.py):
 - engine metrics: one scrape per endpoint per tick for the host, each result
   forwarded as it arrives;
 - usage reports: every worker's report gathered and summed into one, so the
-  controller sees one router and nothing twice;
+  controller sees one router and nothing twice; the workers' token counts go into
+  one ledger of running totals here (tokenusage.py), which outlives any worker;
 - /metrics: whichever worker is asked gets the page from here, every worker's
   figures merged (metricsmerge.py) with the host's own (scrape failures).
 
@@ -49,7 +50,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 
 from llmgw.router.config import RouterConfig
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
-from llmgw.router.control.usagereports import build_report
+from llmgw.router.control.tokenusage import TokenLedger
+from llmgw.router.control.usagereports import build_report, deliver
 from llmgw.router.replicas.registry import Registry, Stats
 from llmgw.router.replicas.scrape import HttpMetricsFetcher, Scraper
 from llmgw.router.upstream.aiohttp_client import Upstream
@@ -66,16 +68,18 @@ from llmgw.router.workers.ipc import (
     Ready,
     Reload,
     Setup,
+    WorkerUsage,
     frame,
 )
 from llmgw.router.workers.metricsmerge import Merger, parse
 from llmgw.router.workers.shared import SharedInflight, SlotTable
 from llmgw.router.workers.worker import WorkerSpec
+from llmgw.runtime.clock import SYSTEM_CLOCK
 from llmgw.runtime.logs import kv
 from llmgw.runtime.sdnotify import Notifier
 from llmgw.runtime.serve import READY_PREFIX, ListenError
 from llmgw.wire.endpoints import EndpointInfo, EndpointList
-from llmgw.wire.usage import ModelLoad, UsageReport
+from llmgw.wire.usage import ModelLoad, TokenUsage, UsageReport
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +204,7 @@ class Supervisor:
         # systemd notify (sdnotify.py); the real one is taken in run(), before any worker.
         self.notifier = Notifier(None)
         self.merger = Merger()
+        self.ledger = TokenLedger(clock=SYSTEM_CLOCK)
         self.host_metrics = CollectorRegistry()
         self._scrape_failures = Counter(
             "llmgw_router_scrape_failures",
@@ -362,7 +367,7 @@ class Supervisor:
         if ask.what == "metrics":
             body = await self.metrics_page()
         else:
-            report = await self.usage(reset=False)
+            report, _ = await self.usage(reset=False)
             body = msgspec.json.encode(report)
         w.channel.send(Answer(seq=ask.seq, body=body))
 
@@ -391,21 +396,23 @@ class Supervisor:
             self.merger.update(index, text)
         return self.merger.render([parse(generate_latest(self.host_metrics).decode())])
 
-    async def usage(self, *, reset: bool) -> UsageReport:
-        """The workers' usage reports as one; `reset` starts every worker's new interval."""
+    async def usage(self, *, reset: bool) -> tuple[UsageReport, list[TokenUsage]]:
+        """The workers' usage reports as one, and their token counts since the last
+        reset; `reset` starts every worker's new interval (and hands its counts over)."""
         bodies = await self._ask_all("usage" if reset else "usage_peek")
-        reports = [msgspec.msgpack.decode(b, type=UsageReport) for b in bodies.values()]
-        return merge_reports(self.router_id, time.time(), reports)
+        got = [msgspec.msgpack.decode(b, type=WorkerUsage) for b in bodies.values()]
+        report = merge_reports(self.router_id, time.time(), [r for r, _ in got])
+        return report, [t for _, counted in got for t in counted]
 
     async def _report_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.report_interval_s)
-            report = await self.usage(reset=True)
+            report, counted = await self.usage(reset=True)
             if self.controller is None:
                 continue
             try:
-                await self.controller.post_usage(report)
-            except Exception as exc:  # noqa: BLE001 - a lost report is replaced by the next one
+                await deliver(self.controller, self.ledger, report, counted)
+            except Exception as exc:  # noqa: BLE001 - the next report carries its token rows again
                 log.warning(kv("usage report failed", error=exc))
 
     async def _gather_metrics_loop(self) -> None:

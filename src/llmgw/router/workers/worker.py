@@ -36,6 +36,7 @@ from llmgw.router.workers.ipc import (
     Ready,
     Reload,
     Setup,
+    WorkerUsage,
 )
 from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.logs import kv
@@ -154,7 +155,12 @@ class WorkerLink:
     def _answer(st: Router, what: AskWhat) -> bytes:
         if what == "metrics":
             return st.metrics.render()
-        return msgspec.msgpack.encode(st.usage_report(reset=what == "usage"))
+        reset = what == "usage"
+        answer: WorkerUsage = (
+            st.usage_report(reset=reset),
+            st.token_counts.drain() if reset else [],
+        )
+        return msgspec.msgpack.encode(answer)
 
 
 async def connect(spec: WorkerSpec) -> tuple[WorkerLink, socket.socket]:

@@ -1,0 +1,92 @@
+"""HTTP routes of usage: routers' reports in (`POST /v1/usage`), token usage out
+(`GET /admin/usage`; docs/tenants.md#usage).
+
+A report's load and idle times go to the IdleTracker (a reading of now, kept in
+memory); its token rows go to the store before the answer, so a 204 means they
+are kept, and a 503 (the database refused) tells the router to send them again,
+which it does: it keeps every row until a report holding it was answered 2xx.
+Errors leave through routes._errors like every other route's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import get_args
+
+from aiohttp import web
+
+from llmgw.controller.api.decode import decode, query
+from llmgw.controller.api.routes import SERVICES, json_response
+from llmgw.controller.api.validate import check_usage
+from llmgw.controller.errors import InvalidRequest, StoreUnavailable
+from llmgw.controller.store import StoreError
+from llmgw.wire.usage import (
+    DEFAULT_SINCE_S,
+    HOUR_S,
+    MAX_SINCE_S,
+    UsageAnswer,
+    UsageBy,
+    UsageReport,
+)
+
+BY: tuple[UsageBy, ...] = get_args(UsageBy)
+
+
+async def report(request: web.Request) -> web.Response:
+    # Accepted by a standby too: nothing of the fleet is written, and a standby that
+    # takes over then already knows who is idle instead of starting from unknown.
+    # Its token rows are written by whichever controller receives them
+    # (Store.record_usage is not fenced: idempotent rows, not fleet state).
+    s = request.app[SERVICES]
+    got = decode(await request.read(), UsageReport, what="usage report")
+    check_usage(got)
+    s.usage.ingest(got)
+    if got.tokens:
+        store = s.fleet.store
+        try:
+            # Kept per counter (a router process's totals start at zero with it).
+            counter = got.counter_id or got.router_id
+            await asyncio.to_thread(store.record_usage, counter, got.tokens)
+        except StoreError as exc:
+            raise StoreUnavailable(f"cannot keep the report's token usage: {exc}") from exc
+    return web.Response(status=204)
+
+
+def _since_s(request: web.Request) -> float:
+    text = query(request, "since_s")
+    if text is None:
+        return DEFAULT_SINCE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= MAX_SINCE_S):
+        raise InvalidRequest(
+            f"since_s must be a number of seconds above 0 and at most {MAX_SINCE_S}, got {text!r}",
+            param="since_s",
+        )
+    return value
+
+
+async def usage(request: web.Request) -> web.Response:
+    s = request.app[SERVICES]
+    given = query(request, "by")
+    by = "key" if given is None else next((b for b in BY if b == given), None)
+    if by is None:
+        raise InvalidRequest(f"by must be one of {', '.join(BY)}, got {given!r}", param="by")
+    # The hour that holds the moment `since_s` ago: hours are counted whole.
+    since = int((s.clock.wall() - _since_s(request)) // HOUR_S) * HOUR_S
+    store = s.fleet.store
+    try:
+        rows = await asyncio.to_thread(lambda: store.usage(since=max(0, since), by=by))
+    except StoreError as exc:
+        raise StoreUnavailable(f"cannot read usage: {exc}") from exc
+    return json_response(UsageAnswer(by=by, since=max(0, since), rows=rows))
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.post("/v1/usage", report),
+        web.get("/admin/usage", usage),
+    ]

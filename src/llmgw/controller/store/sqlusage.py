@@ -1,0 +1,65 @@
+"""Token usage in SQL: the upsert that keeps the largest figures, the grouped sums
+(the rules: usage.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from llmgw.controller.store import tables
+from llmgw.controller.store.usage import FIELDS, GROUPS, Figures, RowKey, merge, usage_row
+from llmgw.wire.usage import TokenUsage, UsageBy, UsageRow
+
+
+def record(conn: sa.Connection, router_id: str, rows: Sequence[TokenUsage]) -> None:
+    """Upsert `rows` of `router_id`, keeping the largest of each figure (one statement)."""
+    merged: dict[RowKey, Figures] = {}
+    # One report may name a row twice; a multi-row upsert may not touch a row twice.
+    merge(merged, router_id, rows)
+    if not merged:
+        return
+    t = tables.token_usage
+    postgres = conn.dialect.name == "postgresql"
+    stmt = (postgresql.insert if postgres else sqlite.insert)(t)
+    # SQLite's max() of two arguments is the larger one; PostgreSQL spells it greatest().
+    larger = sa.func.greatest if postgres else sa.func.max
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[c.name for c in t.primary_key],
+        set_={f: larger(t.c[f], stmt.excluded[f]) for f in FIELDS},
+    )
+    # Sorted: two controllers upserting overlapping rows lock them in one order.
+    values = [
+        {
+            "hour": k[0],
+            "key": k[1],
+            "team": k[2],
+            "model": k[3],
+            "router_id": k[4],
+            "requests": f[0],
+            "prompt_tokens": f[1],
+            "completion_tokens": f[2],
+        }
+        for k, f in sorted(merged.items())
+    ]
+    conn.execute(stmt, values)
+
+
+def query(conn: sa.Connection, *, since: int, by: UsageBy) -> list[UsageRow]:
+    """Rows of hours from `since` on, summed over routers per hour and group."""
+    t = tables.token_usage
+    group = [t.c[n] for n in GROUPS[by]]
+    q = (
+        sa.select(t.c.hour, *group, *(sa.func.sum(t.c[f]) for f in FIELDS))
+        .where(t.c.hour >= since)
+        .group_by(t.c.hour, *group)
+        .order_by(t.c.hour, *group)
+    )
+    out: list[UsageRow] = []
+    for row in conn.execute(q):
+        n = len(group)
+        # PostgreSQL sums BIGINT into NUMERIC (a Decimal): back to int.
+        req, prompt, completion = (int(v) for v in row[1 + n :])
+        out.append(usage_row(by, int(row[0]), tuple(row[1 : 1 + n]), req, prompt, completion))
+    return out

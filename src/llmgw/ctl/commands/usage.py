@@ -1,0 +1,66 @@
+"""`ctl usage [--by key|team|model] [--since DURATION]`: token usage by hour (docs/tenants.md).
+
+The controller sums what every router counted; this renders its rows as they
+come (by hour, then by name), one line each. `-o json` prints the controller's
+answer: `{"by", "since", "rows": [{"hour", "key"?, "team"?, "model"?, "requests",
+"prompt_tokens", "completion_tokens"}]}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.table import Table
+
+from llmgw.ctl import output
+from llmgw.ctl.context import Ctx
+from llmgw.ctl.shown import visible
+from llmgw.wire.usage import UsageAnswer
+
+# The name columns of each grouping, and the row fields they show.
+_NAMES = {"key": ("KEY", "TEAM"), "team": ("TEAM",), "model": ("MODEL",)}
+
+
+def hour_cell(hour: int) -> str:
+    """The UTC hour a row counts: `2026-12-06 03:00`."""
+    return time.strftime("%Y-%m-%d %H:00", time.gmtime(hour))
+
+
+def usage_table(answer: UsageAnswer) -> Table:
+    t = Table(show_edge=False, pad_edge=False)
+    names = _NAMES[answer.by]
+    t.add_column("HOUR (UTC)")
+    for col in names:
+        t.add_column(col)
+    for col in ("REQUESTS", "PROMPT", "COMPLETION", "TOTAL"):
+        t.add_column(col, justify="right")
+    for r in answer.rows:
+        cells = {"KEY": r.key, "TEAM": r.team, "MODEL": r.model}
+        t.add_row(
+            hour_cell(r.hour),
+            # "" is a router file's key without a team: shown as such, not as nothing.
+            *(visible(cells[n] or "") or "(none)" for n in names),
+            str(r.requests),
+            str(r.prompt_tokens),
+            str(r.completion_tokens),
+            str(r.prompt_tokens + r.completion_tokens),
+        )
+    return t
+
+
+def usage(args: argparse.Namespace, ctx: Ctx) -> int:
+    answer = ctx.client().usage(by=args.by, since_s=args.since)
+    fmt = ctx.format(json_flag=args.json)
+    if fmt == "json":
+        ctx.print_json(answer)
+        return 0
+    if not answer.rows and fmt != "tsv":
+        ctx.err.write(f"no usage since {hour_cell(answer.since)} UTC\n")
+        return 0
+    table = usage_table(answer)
+    if fmt in ("wide", "tsv"):
+        output.write_table(ctx.out, table, fmt)
+        return 0
+    ctx.console().print(table)
+    return 0

@@ -1,0 +1,159 @@
+"""Token usage in the controller store, on SQLite, PostgreSQL and the memory fake."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.controller.fleet.records import Changes
+from llmgw.controller.store import Store
+from llmgw.controller.store import tables as store_tables
+from llmgw.controller.store.codec import SCHEMA_VERSION
+from llmgw.wire.usage import TokenUsage, UsageRow
+from tests.integration import test_controller_store as contract
+from tests.integration.test_controller_store_keys import key
+
+# The contract module's fixtures, seen here as globals (as pg.pg_schema is there).
+backend = contract.backend
+sql_backend = contract.sql_backend
+store = contract.store
+pg_schema = contract.pg_schema
+
+H = 1_765_000_800  # the start of a UTC hour
+
+
+def row(
+    key: str = "alice",
+    team: str = "research",
+    model: str = "m1",
+    *,
+    hour: int = H,
+    requests: int = 1,
+    prompt: int = 10,
+    completion: int = 5,
+) -> TokenUsage:
+    return TokenUsage(
+        hour=hour,
+        key=key,
+        team=team,
+        model=model,
+        requests=requests,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+    )
+
+
+def team_row(team: str, requests: int, prompt: int, completion: int, hour: int = H) -> UsageRow:
+    return UsageRow(
+        hour=hour,
+        team=team,
+        requests=requests,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+    )
+
+
+class TestRecordUsage:
+    """Routers' running totals kept and summed."""
+
+    def test_same_report_twice_counts_once(self, store: Store) -> None:
+        """A retried report (the same rows again) changes nothing."""
+        rows = [row(requests=2, prompt=30, completion=7)]
+        store.record_usage("r1", rows)
+        store.record_usage("r1", rows)
+        assert store.usage(since=H, by="team") == [team_row("research", 2, 30, 7)]
+
+    def test_late_older_report_changes_nothing(self, store: Store) -> None:
+        """A report arriving after a newer one from the same router leaves the newer figures."""
+        store.record_usage("r1", [row(requests=5, prompt=50, completion=20)])
+        store.record_usage("r1", [row(requests=3, prompt=30, completion=10)])
+        assert store.usage(since=H, by="team") == [team_row("research", 5, 50, 20)]
+
+    def test_running_totals_grow(self, store: Store) -> None:
+        """A newer total of the same router replaces the older one, not adds to it."""
+        store.record_usage("r1", [row(requests=1, prompt=10, completion=5)])
+        store.record_usage("r1", [row(requests=3, prompt=40, completion=9)])
+        assert store.usage(since=H, by="team") == [team_row("research", 3, 40, 9)]
+
+    def test_routers_are_summed(self, store: Store) -> None:
+        """Two router processes' totals for one key and hour add up."""
+        store.record_usage("r1", [row(requests=1, prompt=10, completion=5)])
+        store.record_usage("r2", [row(requests=2, prompt=20, completion=6)])
+        assert store.usage(since=H, by="team") == [team_row("research", 3, 30, 11)]
+
+    def test_grouped_by_key_team_and_model(self, store: Store) -> None:
+        """By key rows name key and team; by model, the model; each sorted by hour then name."""
+        store.record_usage(
+            "r1",
+            [
+                row("bob", "infra", "m2", prompt=1, completion=1),
+                row("alice", "research", "m1", prompt=10, completion=5),
+                row("alice", "research", "m2", hour=H + 3600, prompt=4, completion=2),
+            ],
+        )
+        by_key = store.usage(since=H, by="key")
+        assert [(r.hour, r.key, r.team, r.model) for r in by_key] == [
+            (H, "alice", "research", None),
+            (H, "bob", "infra", None),
+            (H + 3600, "alice", "research", None),
+        ]
+        by_model = store.usage(since=H, by="model")
+        assert [(r.hour, r.model, r.prompt_tokens) for r in by_model] == [
+            (H, "m1", 10),
+            (H, "m2", 1),
+            (H + 3600, "m2", 4),
+        ]
+
+    def test_since_leaves_earlier_hours_out(self, store: Store) -> None:
+        """Hours before `since` are not in the answer."""
+        store.record_usage("r1", [row(hour=H - 3600), row(hour=H, prompt=3)])
+        assert [r.hour for r in store.usage(since=H, by="team")] == [H]
+
+    def test_one_report_naming_a_row_twice_keeps_the_larger(self, store: Store) -> None:
+        """Two figures for one row in one report: the larger stands (no error)."""
+        store.record_usage("r1", [row(prompt=9), row(prompt=4)])
+        assert store.usage(since=H, by="team")[0].prompt_tokens == 9
+
+    def test_nothing_recorded_is_an_empty_answer(self, store: Store) -> None:
+        """No usage yet: no rows, not zeros."""
+        store.record_usage("r1", [])
+        assert store.usage(since=0, by="key") == []
+
+    def test_usage_survives_reopening(self, backend: contract.Backend) -> None:
+        """Recorded usage is there after the store is closed and opened again."""
+        if not backend.persistent:
+            pytest.skip("the memory store keeps nothing across processes")
+        s = backend.open()
+        s.record_usage("r1", [row(requests=4, prompt=40, completion=8)])
+        s.close()
+        s = backend.open()
+        try:
+            assert s.usage(since=H, by="team") == [team_row("research", 4, 40, 8)]
+        finally:
+            s.close()
+
+
+class TestUsageSchema:
+    """The migration that adds token usage."""
+
+    def test_v8_database_upgrades_and_records_usage(self, sql_backend: contract.Backend) -> None:
+        """A v8 database reaches the current version, stores keys and records usage."""
+        engine = sql_backend.engine()
+        try:
+            with engine.begin() as conn:
+                if sql_backend.pg is not None:
+                    conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{sql_backend.schema}"')
+                for version, step in store_tables.MIGRATIONS:
+                    if version <= 8:
+                        step(conn)
+                conn.exec_driver_sql("INSERT INTO meta (key, value) VALUES ('schema_version', '8')")
+        finally:
+            engine.dispose()
+        s = sql_backend.open()
+        try:
+            s.apply(Changes(keys=[key()]))
+            assert s.schema_version() == SCHEMA_VERSION
+            assert list(s.load().keys) == ["alice"]
+            s.record_usage("r1", [row()])
+            assert s.usage(since=H, by="key")[0].key == "alice"
+        finally:
+            s.close()
