@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from llmgw.router import compiled
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot, Stats
-from llmgw.router.routing.prefix import MAX_ROUTED_BYTES
+from llmgw.router.routing.blockhash import MAX_ROUTED_BYTES
 from llmgw.router.routing.scheduler import load_of
 from llmgw.testing import start_program
 from llmgw.wire.endpoints import EndpointInfo

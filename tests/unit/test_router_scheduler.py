@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot, Stats
-from llmgw.router.routing.prefix import PrefixIndex, rendezvous_order
+from llmgw.router.routing.prefix import PrefixIndex
+from llmgw.router.routing.rendezvous import rendezvous_order
 from llmgw.router.routing.scheduler import (
     DEFAULT_CONFIG,
     Decision,

@@ -17,15 +17,11 @@ from typing import Any, Protocol
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot, Stats
 from llmgw.router.routing.affinity import RouteKey, SessionAffinity
+from llmgw.router.routing.blockhash import block_end, blocks_covering
 from llmgw.router.routing.feedback import PredictionCheck
 from llmgw.router.routing.kvevents import KVEventIndex
-from llmgw.router.routing.prefix import (
-    PrefixIndex,
-    Rendezvous,
-    block_end,
-    blocks_covering,
-    capacity_units_for,
-)
+from llmgw.router.routing.prefix import PrefixIndex, capacity_units_for
+from llmgw.router.routing.rendezvous import Homes
 from llmgw.router.routing.scheduler import Decision, SchedulerConfig, choose
 
 
@@ -74,6 +70,8 @@ class Ours:
         self.check = check if check is not None else PredictionCheck(prefix)
         # Endpoints in precise mode answer from their KV events (kvevents.py).
         self.exact = exact
+        # Each request's home order, when the scheduler needs one (rendezvous.py).
+        self.homes = Homes()
 
     def choose(
         self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
@@ -94,8 +92,8 @@ class Ours:
             prefix_matches=matches,
             prefix_gain=_gains(matches, ids, len(hashes)),
             # A prefix nobody has seen goes to its home replica: routers that never
-            # talk still agree on it (rendezvous hashing, prefix.py).
-            home_order=Rendezvous(hashes[0], ids),
+            # talk still agree on it (rendezvous.py).
+            home_order=self.homes.lazy(hashes[0], ids),
             exclude=exclude,
             session_endpoint=self.sessions.last(key),
             cfg=self.cfg,
