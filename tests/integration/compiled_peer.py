@@ -65,7 +65,7 @@ def run_index(ops: list[list[Any]], ids: list[str], max_total: int, default: int
 
 def snapshot_of(d: dict[str, Any]) -> Snapshot:
     """A snapshot from its builtins (`Snapshot.as_builtins`), by the public constructor."""
-    return Snapshot(
+    return Snapshot.of(
         **{
             **d,
             "info": msgspec.convert(d["info"], EndpointInfo),

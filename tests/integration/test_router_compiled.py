@@ -253,7 +253,7 @@ stats = st.builds(
 def snapshots(draw: st.DrawFn) -> list[Snapshot]:
     ids = draw(st.lists(st.sampled_from(IDS), unique=True, max_size=5))
     return [
-        Snapshot(
+        Snapshot.of(
             info=EndpointInfo(
                 id=i,
                 url=f"http://{i}",

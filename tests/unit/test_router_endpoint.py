@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -274,11 +275,11 @@ class TestSnapshots:
         assert (s.id, s.weight, s.priority, s.engine_requests) == ("a", 0.5, 0, 7)
         assert (s.info.weight, s.stats) == (0.5, Stats(running=4, waiting=3, kv_usage=None))
 
-    def test_snapshot_keywords_derive_what_the_scheduler_reads(self) -> None:
-        """Built by keywords without them, id, weight, priority and engine_requests
-        come from info and stats; given, they are kept."""
+    def test_snapshot_of_derives_what_the_scheduler_reads(self) -> None:
+        """Snapshot.of reads id, weight, priority and engine_requests off info and stats;
+        built whole, a snapshot keeps what it was given; equal fields, equal values."""
         i = EndpointInfo(id="e", url="http://e", models=("m",), weight=1.5, priority=2)
-        base = {
+        base: dict[str, Any] = {
             "drain_rate": 0.0,
             "inflight": 0,
             "running_capacity": 0,
@@ -287,27 +288,23 @@ class TestSnapshots:
             "breaker": BreakerState.CLOSED,
             "restarts": 0,
         }
-        never = Snapshot(info=i, stats=None, **base)  # type: ignore[arg-type]
+        never = Snapshot.of(info=i, stats=None, **base)
         assert (never.id, never.weight, never.priority, never.engine_requests) == (
             "e",
             1.5,
             2,
             None,
         )
-        scraped = Snapshot(info=i, stats=Stats(running=2, waiting=5, kv_usage=0.1), **base)  # type: ignore[arg-type]
+        scraped = Snapshot.of(info=i, stats=Stats(running=2, waiting=5, kv_usage=0.1), **base)
         assert scraped.engine_requests == 7
         given_ = Snapshot(
-            info=i,
-            stats=None,
-            id="e",
-            weight=1.5,
-            priority=2,
-            engine_requests=None,
-            **base,  # type: ignore[arg-type]
+            info=i, stats=None, id="e", weight=1.5, priority=2, engine_requests=None, **base
         )
         assert given_ == never
         assert (scraped == never, hash(given_) == hash(never)) == (False, True)
         assert repr(never).startswith("Snapshot(info=EndpointInfo(id='e'")
+        with pytest.raises(AttributeError):
+            never.inflight = 3  # type: ignore[misc]
 
     def test_snapshots_as_shown_by_admin_endpoints(self) -> None:
         """/admin/endpoints shows each snapshot as msgspec encoded it when it was a

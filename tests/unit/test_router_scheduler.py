@@ -43,7 +43,7 @@ def snap(
 ) -> Snapshot:
     """A plain Snapshot; by default inflight is what the last scrape already saw."""
     stats = Stats(running=running, waiting=waiting, kv_usage=kv) if scraped else None
-    return Snapshot(
+    return Snapshot.of(
         info=EndpointInfo(
             id=id, url=f"http://{id}", models=("m",), weight=weight, priority=priority
         ),

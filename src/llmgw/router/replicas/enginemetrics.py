@@ -5,8 +5,8 @@ never looks at; TGI's is over a hundred. A general Prometheus parser builds
 every one of those samples (and `prometheus_client.parser` also renames TGI's
 counters). Here one regex pass, anchored on the literal
 "\\n<dialect prefix>", finds the few wanted series and decodes only their own
-lines, whatever the histograms hold (bench/enginemetrics.py: about 40 µs for
-vllm-v1.txt, well over 10× faster than prometheus_client).
+lines, whatever the histograms hold (bench/enginemetrics.py against
+prometheus_client; the figures are in bench/RESULTS.md).
 
 Matching is on the exact exposed name, `_total` included as written, followed
 by `{` or a blank; so `_bucket`/`_sum`/`_count`/`_created` series and longer
@@ -25,7 +25,7 @@ import math
 import re
 
 from llmgw.router.errors import MetricsParseError
-from llmgw.router.replicas.stats import Stats
+from llmgw.router.replicas.snapshot import Stats
 
 # Every `engine` value an EndpointInfo may carry ("" means vLLM's names).
 ENGINES = frozenset({"", "vllm", "sglang", "llamacpp", "llama.cpp", "tgi"})

@@ -17,9 +17,7 @@ is wall-clock unix seconds because it leaves the process (the usage report).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Final, Protocol
-
-import msgspec
+from typing import Final, Protocol
 
 from llmgw.router.replicas.breaker import (
     DEFAULT_BREAKER_CONFIG,
@@ -28,7 +26,7 @@ from llmgw.router.replicas.breaker import (
     BreakerState,
     Outcome,
 )
-from llmgw.router.replicas.stats import Stats
+from llmgw.router.replicas.snapshot import Snapshot, Stats
 from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.wire.endpoints import EndpointInfo
@@ -46,157 +44,6 @@ class Release(Protocol):
 
     def started(self) -> None:
         """The engine has answered or sent its first token: no longer `pending`."""
-
-
-class Snapshot:
-    """Everything the scheduler knows of one endpoint, as a value read without a lock.
-
-    Immutable: nothing assigns its attributes after construction. A compiled class
-    (this module is compiled, compiled.py), not a msgspec Struct or a dataclass: one
-    is built per endpoint of the model on every request, and the compiled scheduler
-    reads its attributes directly, where a Struct's went through CPython's generic
-    attribute lookup (docs/router.md, mypyc). For the same reason it carries the few
-    figures of `info` and `stats` read per request (`id`, `weight`, `priority`,
-    `engine_requests`): the registry passes them as it keeps them; built by keywords
-    without them, they are derived from `info` and `stats`.
-
-    Build it by keywords; the registry passes its arguments by position, in the
-    order of the parameters: uncompiled, a call with 17 keywords cost about three times
-    one by position.
-
-    `as_builtins()` is what /admin/endpoints shows (msgspec does not know this class).
-    """
-
-    __slots__ = (
-        "age_s",
-        "breaker",
-        "drain_rate",
-        "engine_requests",
-        "id",
-        "inflight",
-        "inflight_at_scrape",
-        "info",
-        "opened_total",
-        "pending",
-        "priority",
-        "probe_in_s",
-        "restarts",
-        "running_capacity",
-        "stale",
-        "stats",
-        "weight",
-    )
-
-    def __init__(
-        self,
-        info: EndpointInfo,
-        stats: Stats | None,
-        drain_rate: float,
-        inflight: int,
-        running_capacity: int,
-        stale: bool,
-        age_s: float | None,
-        breaker: BreakerState,
-        restarts: int,
-        inflight_at_scrape: int = 0,
-        pending: int = 0,
-        probe_in_s: float | None = None,
-        opened_total: int = 0,
-        id: str | None = None,
-        weight: float | None = None,
-        priority: int | None = None,
-        engine_requests: int | None = None,
-    ) -> None:
-        self.info: Final = info
-        # The last successful scrape; None: never scraped since the endpoint appeared.
-        self.stats: Final = stats
-        # Finished requests per second, exponentially smoothed (α 0.3). This is
-        # AIBrix's load signal: running alone cannot tell that a replica is slow.
-        # 0.0 until two scrapes with a finished-request counter have been seen, and
-        # always for engines without one (llama.cpp); it only breaks ties.
-        self.drain_rate: Final = drain_rate
-        # Requests this router dispatched here that have not finished (all its
-        # workers together: shared.py). It compensates for scrape lag: without it,
-        # herding is unavoidable within an interval.
-        self.inflight: Final = inflight
-        # The highest `running` ever observed: the engine's batch capacity, learned
-        # rather than configured. Kept across engine restarts (the seed's "max ever"):
-        # a restarted engine has the same batch limit. 0 until the first scrape.
-        self.running_capacity: Final = running_capacity
-        # No successful scrape within `stale_after_s`, or never scraped. Stale
-        # endpoints are scored down, not dropped.
-        self.stale: Final = stale
-        # Seconds since the last successful scrape; None if never scraped.
-        self.age_s: Final = age_s
-        # Read without side effects: an open breaker past its cooldown reads half_open.
-        self.breaker: Final = breaker
-        # Engine restarts observed (a counter went backwards).
-        self.restarts: Final = restarts
-        # `inflight` when the last scrape was recorded: the engine's figures already
-        # contain (roughly) these, so the requests it has not yet reported are
-        # inflight − inflight_at_scrape (the scheduler's load estimate, `load_of`).
-        self.inflight_at_scrape: Final = inflight_at_scrape
-        # Of `inflight`, the streamed requests whose first token has not come yet (all
-        # workers together): queued at the engine or in prefill. Live, where the
-        # engine's own `waiting` is a scrape old; the scheduler counts it as queue
-        # (`load_of`). Requests that do not stream never count: their answer comes whole.
-        self.pending: Final = pending
-        # Seconds until an open breaker admits its probe; None unless open.
-        self.probe_in_s: Final = probe_in_s
-        # Times the breaker has opened: a rise means a probe failed (holding.hold_until).
-        self.opened_total: Final = opened_total
-        # From `info` and `stats`, for the scheduler (given, they must agree with them):
-        # info.id, info.weight, info.priority.
-        self.id: Final = info.id if id is None else id
-        self.weight: Final = info.weight if weight is None else weight
-        self.priority: Final = info.priority if priority is None else priority
-        # The engine's running + waiting as of the last scrape; None: never scraped.
-        if engine_requests is None and stats is not None:
-            engine_requests = stats.running + stats.waiting
-        self.engine_requests: Final = engine_requests
-
-    def as_builtins(self) -> dict[str, Any]:
-        """The snapshot as JSON-ready builtins: its constructor's keywords (no derived
-        figures), in their order, as msgspec.to_builtins encoded it when it was a Struct."""
-        out = dict(zip(_FIELDS, self._key(), strict=True))
-        out["info"] = msgspec.to_builtins(self.info)
-        out["stats"] = None if self.stats is None else msgspec.to_builtins(self.stats)
-        out["breaker"] = self.breaker.value
-        return out
-
-    def _key(self) -> tuple[object, ...]:
-        # Off the request path (equality, hash, repr, /admin/endpoints): by name.
-        return tuple(getattr(self, name) for name in _FIELDS)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Snapshot):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in zip(_FIELDS, self._key(), strict=True))
-        return f"Snapshot({fields})"
-
-
-# Snapshot's constructor keywords, in order (`_key`: its equality, repr and builtins).
-_FIELDS: Final = (
-    "info",
-    "stats",
-    "drain_rate",
-    "inflight",
-    "running_capacity",
-    "stale",
-    "age_s",
-    "breaker",
-    "restarts",
-    "inflight_at_scrape",
-    "pending",
-    "probe_in_s",
-    "opened_total",
-)
 
 
 class _Live:
@@ -462,26 +309,25 @@ class Registry:
         breaker = live.breaker
         state = breaker.state()
         inflight, pending = self._counts(live)
-        # By position (Snapshot's docstring), in the order of its parameters.
         return Snapshot(
-            live.info,
-            live.stats,
-            live.drain_rate,
-            inflight,
-            live.max_running,  # running_capacity
-            age is None or age > self._stale_after_s,  # stale
-            age,  # age_s
-            state,  # breaker
-            live.restarts,
-            live.inflight_at_scrape,
-            pending,
-            # probe_in_s: None unless open (a closed or half-open breaker has no probe).
-            None if state is BreakerState.CLOSED else breaker.probe_in_s(),
-            breaker.opened_total,
-            live.id,
-            live.weight,
-            live.priority,
-            live.engine_requests,
+            info=live.info,
+            stats=live.stats,
+            drain_rate=live.drain_rate,
+            inflight=inflight,
+            running_capacity=live.max_running,
+            stale=age is None or age > self._stale_after_s,
+            age_s=age,
+            breaker=state,
+            restarts=live.restarts,
+            inflight_at_scrape=live.inflight_at_scrape,
+            pending=pending,
+            # None unless open (a closed or half-open breaker has no probe).
+            probe_in_s=None if state is BreakerState.CLOSED else breaker.probe_in_s(),
+            opened_total=breaker.opened_total,
+            id=live.id,
+            weight=live.weight,
+            priority=live.priority,
+            engine_requests=live.engine_requests,
         )
 
     def acquire(self, id: str, *, pending: bool = False) -> Release | None:

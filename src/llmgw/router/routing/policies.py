@@ -103,8 +103,8 @@ class Ours:
             # evicts for) a request's blocks when it schedules it, and a later request
             # with the same prefix hits them while the first still runs. Recording only
             # completions left the index believing in prefixes the engine had already
-            # evicted for the requests in flight (bench/routing.py, 16 prompts over
-            # caches of 2.6: 16 % of requests went to such a "holder"), and sent the
+            # evicted for the requests in flight (bench/routing.py, cache-starved: a
+            # sixth of requests went to such a "holder"), and sent the
             # same prefix elsewhere until its first request finished. A request that
             # then fails leaves an entry the LRU ages out.
             eid = d.endpoint_id

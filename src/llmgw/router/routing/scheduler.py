@@ -70,30 +70,30 @@ class SchedulerConfig:
     # prefix every running request pins once, not what a new request would add; an
     # engine short of KV shows it where the load sees it, as waiting requests, and
     # the load is corrected by the live in-flight count. Counted as pressure above
-    # 0.8 (as it was), bench/routing.py's 24 KiB preamble at 110 %: an engine whose
-    # batch had just finished looked full for the rest of the scrape interval while
-    # the others queued; p99 TTFT 1,200 ms against the oracle's 316. Without it,
-    # 216 against 144, and no other variant moved past its noise.
+    # 0.8 (as it was), bench/routing.py's 24 KiB preamble past capacity: an engine
+    # whose batch had just finished looked full for the rest of the scrape interval
+    # while the others queued, and p99 TTFT was several times the oracle's (the
+    # figures: bench/RESULTS.md, "Figures once quoted in the router's source").
     # How far (in total-score units, 1.0 = a full batch) the longest prefix holder
     # may be above the least loaded candidate and still win; at the bound it loses.
     # A full batch: below it the holder admits the request at its next step, so
     # staying costs a slightly slower step, while leaving costs a whole prefill on
     # a replica that must also pin a second copy of the prefix (evicting what it
-    # held). At 0.5, bench/routing.py's cache-starved variant (16 prompts over
-    # caches of 2.6) sent holders' requests to cold replicas at moderate load: hit
-    # rate 64.7 % against the oracle's 73.0 %, p99 TTFT 504 ms; at 1.0, 74.8 % and
-    # 275 ms (oracle 360), and past capacity (110 %) still bounded.
+    # held). At half a batch, bench/routing.py's cache-starved variant sent holders'
+    # requests to cold replicas at moderate load (a lower hit rate than the oracle's,
+    # a longer p99 TTFT); at a full batch it matched the oracle, and past capacity
+    # stayed bounded (the figures: bench/RESULTS.md, as above).
     affinity_load_bound: float = 1.0
     # A holder's bound is affinity_load_bound × min(1, gain / full_gain_at), gain
     # being the share of the prompt it holds beyond what every candidate holds
     # (Ours computes it; 1.0 when not given). bench/routing.py --suite, the 24 KiB
-    # shared preamble at 110 %: with the full bound for a holder whose extra was
-    # only a 4 KiB system prompt (13 % of the prompt), p99 TTFT 1,119 ms against the
-    # oracle's 298 (busiest engine 1.35× its share). At 0.5 the bound went the other
-    # way: a holder of that system prompt got a quarter of a batch, the rest went to
-    # engines without it, each engine ran more distinct system prompts at once than
-    # its KV cache holds, and requests queued for blocks (85 %: p99 245 ms against
-    # the oracle's 140). At 0.25: 119 against 108.
+    # shared preamble past capacity: with the full bound for a holder whose extra
+    # was only a small system prompt, requests piled onto its holders (p99 TTFT
+    # several times the oracle's). At 0.5 the bound went the other way: a holder of
+    # that system prompt got a quarter of a batch, the rest went to engines without
+    # it, each engine ran more distinct system prompts at once than its KV cache
+    # holds, and requests queued for blocks. At 0.25, close to the oracle (the
+    # figures: bench/RESULTS.md, as above).
     full_gain_at: float = 0.25
     # How far the rendezvous home of an unseen prefix may be above the least
     # loaded; smaller than the affinity bound, as nothing is cached there yet.
@@ -105,9 +105,8 @@ class SchedulerConfig:
     # a block (a sixteenth of the prefix past the first KiB) and usually a few hundred
     # bytes of a prompt of kilobytes: scaled like a holder's bound (affinity_load_bound
     # x gain / full_gain_at) that is a few hundredths of a batch. bench/routing.py with
-    # `user` hints, p99 TTFT means over seeds: few-prompts 110 % 69 ms with the whole
-    # affinity bound, 56 with a quarter batch, 59 with ties only, 55 without hints;
-    # preamble-24k 85 % 147 with a quarter batch, 123 with ties only, 134 without.
+    # `user` hints: the whole affinity bound or a quarter batch lengthened p99 TTFT,
+    # ties only did no worse than no hints (the figures: bench/RESULTS.md, as above).
     session_load_bound: float = 0.0
     # Matches shorter than this many blocks do not count as holding the prefix
     # (a few blocks of shared boilerplate are not worth a detour).
@@ -290,23 +289,10 @@ def choose(
     `prefix_gain`: per holder, the share of the prompt it holds beyond what every
     candidate holds (scales its load bound); 1.0 for those not listed.
     """
-    # Plain dicts inside (compiled, a Mapping's get is a generic method call).
-    matches = prefix_matches if isinstance(prefix_matches, dict) else dict(prefix_matches or {})
-    rows: dict[str, _Row] = {}
-    is_open = BreakerState.OPEN
-    for s in snapshots:
-        eid = s.id
-        load = load_of(s, cfg)
-        total = load + cfg.stale_penalty if s.stale else load
-        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0), s.priority)
-        if eid in exclude:
-            cur.note = "excluded"
-        elif s.breaker is is_open:
-            cur.note = "open"
+    rows = _rows(snapshots, prefix_matches, exclude, cfg)
     cands = [r for r in rows.values() if not r.note]
     if not cands:
         return _decision(None, "no-candidate", rows, home_order, session_endpoint)
-
     pool = _preferred_pool(cands, cfg)
     if pool is not cands:
         for r in cands:
@@ -320,9 +306,63 @@ def choose(
             least = r.total
         if _precedes(r, first):
             first = r
-
-    chosen: _Row | None = None
     reason = "least-load"
+    chosen, within = _longest_holder(pool, least, prefix_gain, cfg)
+    if chosen is not None:
+        reason = "prefix"
+        sticky = None if session_endpoint is None else rows.get(session_endpoint)
+        if (
+            sticky is not None
+            and sticky is not chosen
+            and sticky in within
+            and sticky.blocks == chosen.blocks
+            and sticky.total <= chosen.total + cfg.session_load_bound
+        ):
+            chosen, reason = sticky, "prefix+session"
+    elif home_order:
+        if callable(home_order):
+            home_order = home_order()
+        chosen = _home(home_order, rows, pool, least + cfg.home_load_bound)
+        if chosen is not None:
+            reason = "home"
+    if chosen is None:
+        chosen = first
+    chosen.note = "chosen"
+    return _decision(chosen.id, reason, rows, home_order, session_endpoint)
+
+
+def _rows(
+    snapshots: Sequence[Snapshot],
+    prefix_matches: Mapping[str, int] | None,
+    exclude: Collection[str],
+    cfg: SchedulerConfig,
+) -> dict[str, _Row]:
+    """Every snapshot's working row, noted "excluded" or "open" where it is no candidate."""
+    # Plain dicts inside (compiled, a Mapping's get is a generic method call).
+    matches = prefix_matches if isinstance(prefix_matches, dict) else dict(prefix_matches or {})
+    rows: dict[str, _Row] = {}
+    is_open = BreakerState.OPEN
+    for s in snapshots:
+        eid = s.id
+        load = load_of(s, cfg)
+        total = load + cfg.stale_penalty if s.stale else load
+        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0), s.priority)
+        if eid in exclude:
+            cur.note = "excluded"
+        elif s.breaker is is_open:
+            cur.note = "open"
+    return rows
+
+
+def _longest_holder(
+    pool: list[_Row],
+    least: float,
+    prefix_gain: Mapping[str, float] | None,
+    cfg: SchedulerConfig,
+) -> tuple[_Row | None, list[_Row]]:
+    """The holder of the longest run within its load bound (None if none), and every
+    holder within its bound; those over it are noted "over bound"."""
+    chosen: _Row | None = None
     min_blocks = max(1, cfg.min_prefix_blocks)
     # Strictly below least + bound: a holder a full batch ahead of an idle replica
     # would make the request queue. The least loaded itself always qualifies.
@@ -344,29 +384,18 @@ def choose(
                 chosen = r
         else:
             r.note = "over bound"
-    if chosen is not None:
-        reason = "prefix"
-        if session_endpoint is not None and session_endpoint != chosen.id:
-            sticky = rows.get(session_endpoint)
-            if (
-                sticky is not None
-                and sticky in within
-                and sticky.blocks == chosen.blocks
-                and sticky.total <= chosen.total + cfg.session_load_bound
-            ):
-                chosen, reason = sticky, "prefix+session"
-    elif home_order:
-        if callable(home_order):
-            home_order = home_order()
-        for eid in home_order:
-            row = rows.get(eid)
-            if row is not None and row in pool and row.total <= least + cfg.home_load_bound:
-                chosen, reason = row, "home"
-                break
-    if chosen is None:
-        chosen = first
-    chosen.note = "chosen"
-    return _decision(chosen.id, reason, rows, home_order, session_endpoint)
+    return chosen, within
+
+
+def _home(
+    order: Sequence[str], rows: dict[str, _Row], pool: list[_Row], limit: float
+) -> _Row | None:
+    """The first endpoint of the rendezvous order in the pool with a total at most `limit`."""
+    for eid in order:
+        row = rows.get(eid)
+        if row is not None and row in pool and row.total <= limit:
+            return row
+    return None
 
 
 class _Row:
