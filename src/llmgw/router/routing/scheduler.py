@@ -346,7 +346,7 @@ def _rows(
         eid = s.id
         load = load_of(s, cfg)
         total = load + cfg.stale_penalty if s.stale else load
-        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0), s.priority)
+        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0))
         if eid in exclude:
             cur.note = "excluded"
         elif s.breaker is is_open:
@@ -403,11 +403,9 @@ class _Row:
 
     __slots__ = ("blocks", "drain", "id", "load", "note", "prio", "snap", "tie", "total")
 
-    def __init__(
-        self, snap: Snapshot, eid: str, load: float, total: float, blocks: int, prio: int
-    ) -> None:
+    def __init__(self, snap: Snapshot, eid: str, load: float, total: float, blocks: int) -> None:
         self.snap, self.id, self.load, self.total = snap, eid, load, total
-        self.blocks, self.note, self.drain, self.prio = blocks, "", snap.drain_rate, prio
+        self.blocks, self.note, self.drain, self.prio = blocks, "", snap.drain_rate, snap.priority
         # Equal totals to 1e-9 are a tie (float error from differently computed loads):
         # the total in units of 1e-9. round(total, 9) says the same through a decimal
         # string conversion, which cost more than the rest of the row.

@@ -197,13 +197,21 @@ class Forwarder:
         a stalled stream ends long before the request's deadline. Failures are
         `UpstreamError`s naming `endpoint_id`.
         """
-        return self._send(url, body, headers, timeout_s, endpoint_id, idle_timeout_s)
+        return self._send(
+            url,
+            body,
+            headers,
+            timeout_s=timeout_s,
+            endpoint_id=endpoint_id,
+            idle_timeout_s=idle_timeout_s,
+        )
 
     def _send(
         self,
         url: str,
         body: bytes,
         headers: Mapping[str, str],
+        *,
         timeout_s: float,
         endpoint_id: str,
         idle_timeout_s: float | None,

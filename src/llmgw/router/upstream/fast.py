@@ -110,6 +110,7 @@ class FastUpstream(Forwarder):
         url: str,
         body: bytes,
         headers: Mapping[str, str],
+        *,
         timeout_s: float,
         endpoint_id: str,
         idle_timeout_s: float | None,
