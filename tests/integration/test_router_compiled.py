@@ -499,8 +499,8 @@ class TestSameAnswers:
     @EQUIVALENCE
     @given(snapshots())
     def test_snapshots_from_keywords(self, peers: tuple[Peer, Peer], snaps: list[Snapshot]) -> None:
-        """Built by keywords (info and stats only), a snapshot derives what the scheduler
-        reads, and gives back what it was built from."""
+        """Built by Snapshot.of (info and stats only), a snapshot derives what the
+        scheduler reads, and gives back what it was built from."""
         got = same(peers, "snapshots", snaps=encoded(snaps))
         shown = json.loads(encoded(snaps))
         assert [g[-1] for g in got] == shown

@@ -25,7 +25,7 @@ import math
 import re
 
 from llmgw.router.errors import MetricsParseError
-from llmgw.router.replicas.snapshot import Stats
+from llmgw.router.replicas.stats import Stats
 
 # Every `engine` value an EndpointInfo may carry ("" means vLLM's names).
 ENGINES = frozenset({"", "vllm", "sglang", "llamacpp", "llama.cpp", "tgi"})

@@ -26,7 +26,8 @@ from llmgw.router.replicas.breaker import (
     BreakerState,
     Outcome,
 )
-from llmgw.router.replicas.snapshot import Snapshot, Stats
+from llmgw.router.replicas.snapshot import Snapshot
+from llmgw.router.replicas.stats import Stats
 from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.wire.endpoints import EndpointInfo

@@ -1,48 +1,22 @@
-"""What the registry shows of a replica: a `Snapshot`, and the scrape in it (`Stats`).
+"""What the registry shows of a replica: a `Snapshot`.
 
-Both are values: built by the registry (registry.py) from its live state, read by
-the scheduler, the proxy and /admin/endpoints without a lock, never changed.
+A value: built by the registry (registry.py) from its live state for every
+endpoint of the model on every request, read by the scheduler, the proxy and
+/admin/endpoints without a lock, never changed.
 
-This module is never compiled (compiled.py): msgspec reads a Struct's field
-annotations at run time, which a mypyc-compiled module does not keep, and
-`Stats` crosses the workers' channel (workers/ipc.py).
+Never compiled (compiled.py): msgspec reads a Struct's field annotations at run
+time, which a mypyc-compiled module does not keep.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.stats import Stats
 from llmgw.wire.endpoints import EndpointInfo
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Stats:
-    """One scrape, read through the engine metric contract (enginemetrics.py).
-
-    None means the engine does not expose the figure, never zero.
-    """
-
-    # Mandatory: requests in the running batch, and waiting for a place in it.
-    running: int
-    waiting: int
-    # Fraction 0..1 of the KV cache pinned by live requests (max across DP engines).
-    kv_usage: float | None
-    # Tokens per KV block, and KV blocks per engine (vLLM `cache_config_info`).
-    block_size: int | None = None
-    num_gpu_blocks: int | None = None
-    # Raw counters, kept so rates can be derived: prompt and generated tokens, and
-    # finished requests.
-    prompt_tokens: float | None = None
-    generation_tokens: float | None = None
-    success_total: float | None = None
-    # Tokens the endpoint's KV cache holds in all: num_gpu_blocks × block_size
-    # summed over DP engines (vLLM), `max_total_num_tokens` (SGLang), or the token
-    # budget `tgi_batch_max_total_tokens` (TGI).
-    kv_capacity_tokens: int | None = None
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
