@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 
 from llmgw.router import compiled
+from llmgw.router.control.tokenusage import TokenCounts
 from llmgw.router.metrics import RouterMetrics
-from llmgw.router.tokenusage import TokenCounts
-from llmgw.router.usagetypes import Usage
+from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import SYSTEM_CLOCK
 
 CALLS = 200_000

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from llmgw.router import kvfollow
-from llmgw.router.kvevents import EngineBlocks, KVEventIndex
-from llmgw.router.kvfollow import KVEventFollower
+from llmgw.router.routing import kvfollow
+from llmgw.router.routing.kvevents import EngineBlocks, KVEventIndex
+from llmgw.router.routing.kvfollow import KVEventFollower
 from llmgw.simengine.kvcache import KVCache, prompt_block_hashes
 from llmgw.simengine.kvevents import KVEventPublisher, KVEventsSettings
 from llmgw.testing.procs import free_port

@@ -25,7 +25,7 @@ import pytest
 
 from llmgw.agent.probe import HttpHealthProbe
 from llmgw.agent.templates import render
-from llmgw.router.enginemetrics import parse
+from llmgw.router.replicas.enginemetrics import parse
 from llmgw.testing import free_port, tinygguf, wait_until
 from llmgw.wire.agent import ShardSpec
 

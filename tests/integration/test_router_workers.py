@@ -494,12 +494,12 @@ class TestSupervisorStart:
         import subprocess
         import sys
 
-        from llmgw.router import supervisor
         from llmgw.router.config import parse as parse_config
-        from llmgw.router.ipc import Channel
-        from llmgw.router.supervisor import Supervisor, _Worker
+        from llmgw.router.workers import pool
+        from llmgw.router.workers.ipc import Channel
+        from llmgw.router.workers.pool import Supervisor, _Worker
 
-        monkeypatch.setattr(supervisor, "START_TIMEOUT_S", 600.0)
+        monkeypatch.setattr(pool, "START_TIMEOUT_S", 600.0)
         path = tmp_path / "router.yaml"
         path.write_text("endpoints: []\n")
         listen = socket.socket()
@@ -550,13 +550,13 @@ class TestSupervisorStart:
         import subprocess
         import sys
 
-        from llmgw.router import supervisor
         from llmgw.router.config import parse as parse_config
-        from llmgw.router.endpoint import Stats
-        from llmgw.router.ipc import Channel, Observed
-        from llmgw.router.supervisor import Supervisor, _Worker
+        from llmgw.router.replicas.registry import Stats
+        from llmgw.router.workers import pool
+        from llmgw.router.workers.ipc import Channel, Observed
+        from llmgw.router.workers.pool import Supervisor, _Worker
 
-        monkeypatch.setattr(supervisor, "MAX_BACKLOG_BYTES", 1 << 20, raising=False)
+        monkeypatch.setattr(pool, "MAX_BACKLOG_BYTES", 1 << 20, raising=False)
         path = tmp_path / "router.yaml"
         path.write_text("endpoints: []\n")
         listen = socket.socket()
@@ -590,13 +590,13 @@ class TestSupervisorStart:
         import subprocess
         import sys
 
-        from llmgw.router import supervisor
         from llmgw.router.config import parse as parse_config
-        from llmgw.router.ipc import Channel
-        from llmgw.router.supervisor import Supervisor, _Worker
+        from llmgw.router.workers import pool
+        from llmgw.router.workers.ipc import Channel
+        from llmgw.router.workers.pool import Supervisor, _Worker
 
-        monkeypatch.setattr(supervisor, "MAX_RESTART_DELAY_S", 0.05)
-        monkeypatch.setattr(supervisor, "EARLY_EXIT_S", 0.0)
+        monkeypatch.setattr(pool, "MAX_RESTART_DELAY_S", 0.05)
+        monkeypatch.setattr(pool, "EARLY_EXIT_S", 0.0)
         path = tmp_path / "router.yaml"
         path.write_text("endpoints: []\n")
         listen = socket.socket()

@@ -9,12 +9,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from llmgw.router.affinity import route_key
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot, Stats
-from llmgw.router.kvevents import EngineBlocks, KVEventIndex, token_chain
-from llmgw.router.policies import Ours
-from llmgw.router.prefix import PrefixIndex
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot, Stats
+from llmgw.router.routing.affinity import route_key
+from llmgw.router.routing.kvevents import EngineBlocks, KVEventIndex, token_chain
+from llmgw.router.routing.policies import Ours
+from llmgw.router.routing.prefix import PrefixIndex
 from llmgw.simengine.kvcache import KVCache, prompt_block_hashes
 from llmgw.tokenization import TokenizerSpecError, load_tokenizer
 from llmgw.tokenization.sim import BOS, prompt_ids_for_body, tokenize
@@ -559,7 +559,7 @@ class TestTokenizerSharing:
     ) -> None:
         """A model's replicas all name the same tokenizer: it is loaded once, and a later
         endpoint list (a new replica) reuses it instead of loading it again."""
-        from llmgw.router import kvevents
+        from llmgw.router.routing import kvevents
 
         loads: list[str] = []
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.router.breaker import BreakerConfig, BreakerState, Outcome
-from llmgw.router.endpoint import Registry, Release, Snapshot, Stats
+from llmgw.router.replicas.breaker import BreakerConfig, BreakerState, Outcome
+from llmgw.router.replicas.registry import Registry, Release, Snapshot, Stats
 from llmgw.testing import ManualClock
 from llmgw.wire.endpoints import EndpointInfo
 

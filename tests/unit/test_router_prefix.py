@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.router import prefix as prefix_module
-from llmgw.router.prefix import (
+from llmgw.router.routing import prefix as prefix_module
+from llmgw.router.routing.prefix import (
     MAX_ROUTED_BYTES,
     PrefixIndex,
     _canonical,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from llmgw.router.endpoint import Registry
 from llmgw.router.errors import UpstreamConnectError
-from llmgw.router.scrape import Scraper
+from llmgw.router.replicas.registry import Registry
+from llmgw.router.replicas.scrape import Scraper
 from llmgw.testing import ManualClock, until
 from llmgw.wire.endpoints import EndpointInfo
 

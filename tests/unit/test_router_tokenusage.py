@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.controller.store.usage import Figures, RowKey, merge, totals
+from llmgw.router.control.tokenusage import ROWS_PER_REPORT, TokenCounts, TokenLedger
+from llmgw.router.control.usagereports import UsageReporter, deliver
 from llmgw.router.errors import ControllerCallFailed, ReportRefused
-from llmgw.router.tokenusage import ROWS_PER_REPORT, TokenCounts, TokenLedger
-from llmgw.router.usage import UsageReporter, deliver
-from llmgw.router.usagetypes import Usage
+from llmgw.router.request.usagetypes import Usage
 from llmgw.testing import ManualClock
 from llmgw.wire.usage import TokenUsage, UsageReport
 

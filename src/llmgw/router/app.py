@@ -20,22 +20,22 @@ import msgspec
 from aiohttp import web
 
 from llmgw.router import compiled
-from llmgw.router.apis import ROUTES as API_ROUTES
-from llmgw.router.auth import admin_allowed, bearer_matches
+from llmgw.router.apis.catalog import ROUTES as API_ROUTES
+from llmgw.router.apis.passthrough import PassThrough
 from llmgw.router.config import RouterConfig
+from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
+from llmgw.router.control.usagereports import UsageReporter
 from llmgw.router.errors import error_response
-from llmgw.router.ipc import ChannelClosed
-from llmgw.router.kvfollow import KVEventFollower
 from llmgw.router.metrics import CONTENT_TYPE
-from llmgw.router.passthrough import PassThrough
-from llmgw.router.proxy import POST_PATHS, Proxy
-from llmgw.router.scheduler import choose
-from llmgw.router.scrape import HttpMetricsFetcher, Scraper
-from llmgw.router.sources import ConfigWatcher, ControllerClient, ControllerSource
-from llmgw.router.tracing import Tracing
-from llmgw.router.usage import UsageReporter
+from llmgw.router.replicas.scrape import HttpMetricsFetcher, Scraper
+from llmgw.router.request.auth import admin_allowed, bearer_matches
+from llmgw.router.request.proxy import POST_PATHS, Proxy
+from llmgw.router.request.tracing import Tracing
+from llmgw.router.routing.kvfollow import KVEventFollower
+from llmgw.router.routing.scheduler import choose
 from llmgw.router.wiring import Router
-from llmgw.router.worker import WorkerLink
+from llmgw.router.workers.ipc import ChannelClosed
+from llmgw.router.workers.worker import WorkerLink
 from llmgw.runtime.fastserver import Answer, FastRequest
 from llmgw.runtime.logs import kv
 

@@ -38,8 +38,8 @@ from typing import Annotated, Literal
 import msgspec
 import yaml
 
-from llmgw.router.enginemetrics import ENGINES
 from llmgw.router.errors import RouterConfigError
+from llmgw.router.replicas.enginemetrics import ENGINES
 from llmgw.runtime import secretfile
 from llmgw.wire.endpoints import EndpointInfo
 from llmgw.wire.keys import ClientKey
@@ -77,7 +77,7 @@ class BreakerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 class TracingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """OpenTelemetry spans of the routing decisions (router/tracing.py, docs/tracing.md)."""
+    """OpenTelemetry spans of the routing decisions (router/request/tracing.py, docs/tracing.md)."""
 
     # The OTLP/HTTP traces URL, e.g. http://otel-collector:4318/v1/traces.
     endpoint: str

@@ -27,9 +27,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from llmgw.router import compiled
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot
-from llmgw.router.usagetypes import Usage
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot
+from llmgw.router.request.usagetypes import Usage
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 

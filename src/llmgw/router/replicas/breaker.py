@@ -11,7 +11,7 @@ bad requests open the breakers of a healthy fleet. `classify_status` draws that
 line once; the proxy passes transport failures (connect errors, timeouts, a
 stream that breaks mid-way) straight as `Outcome.ENDPOINT_FAILURE`.
 
-Not thread-safe: the router runs it from one asyncio thread (see endpoint.py).
+Not thread-safe: the router runs it from one asyncio thread (see registry.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ import socket
 import msgspec
 
 from llmgw.router.errors import RouterConfigError
-from llmgw.router.ipc import (
+from llmgw.router.wiring import Router
+from llmgw.router.workers.ipc import (
     Answer,
     Ask,
     AskWhat,
@@ -37,8 +38,7 @@ from llmgw.router.ipc import (
     Setup,
     WorkerUsage,
 )
-from llmgw.router.shared import SharedInflight
-from llmgw.router.wiring import Router
+from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from llmgw.router.config import TracingConfig
-from llmgw.router.scheduler import Decision
+from llmgw.router.routing.scheduler import Decision
 from llmgw.runtime.tracing import SpanExport, TracingSettings
 
 # What a span's engine request carries: the W3C header names.

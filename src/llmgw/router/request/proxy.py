@@ -33,12 +33,9 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from llmgw.router import anthropic, lora
-from llmgw.router.affinity import NO_KEY, RouteKey, route_key
-from llmgw.router.apis import ROUTES as API_ROUTES
-from llmgw.router.apis import Api
-from llmgw.router.breaker import BreakerState, Outcome, classify_status
-from llmgw.router.endpoint import Snapshot
+from llmgw.router.apis import anthropic
+from llmgw.router.apis.catalog import ROUTES as API_ROUTES
+from llmgw.router.apis.catalog import Api
 from llmgw.router.errors import (
     JSON,
     HoldQueueFull,
@@ -52,20 +49,6 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
-from llmgw.router.holding import (
-    held_too_long,
-    hold_until,
-    retry_after_s,
-    unplaceable_retry_after_s,
-)
-from llmgw.router.inband import (
-    MARK,
-    ErrorFrameWatch,
-    nothing_before_error,
-    role_opener_only,
-)
-from llmgw.router.intake import ByteBudget, Intake, peer_of, read_json, refused
-from llmgw.router.lora import Rename
 from llmgw.router.metrics import (
     DISCONNECTED,
     ENGINE_ERROR,
@@ -75,11 +58,29 @@ from llmgw.router.metrics import (
     TIMEOUT,
     UNAVAILABLE,
 )
-from llmgw.router.scheduler import Decision
-from llmgw.router.streamend import final_event_sent
-from llmgw.router.tenants import Charge, Tenant
-from llmgw.router.tokens import StreamUsage, Usage, usage_of
-from llmgw.router.tracing import Tracing, passed_on
+from llmgw.router.replicas.breaker import BreakerState, Outcome, classify_status
+from llmgw.router.replicas.registry import Snapshot
+from llmgw.router.request import lora
+from llmgw.router.request.holding import (
+    held_too_long,
+    hold_until,
+    retry_after_s,
+    unplaceable_retry_after_s,
+)
+from llmgw.router.request.inband import (
+    MARK,
+    ErrorFrameWatch,
+    nothing_before_error,
+    role_opener_only,
+)
+from llmgw.router.request.intake import ByteBudget, Intake, peer_of, read_json, refused
+from llmgw.router.request.lora import Rename
+from llmgw.router.request.streamend import final_event_sent
+from llmgw.router.request.tenants import Charge, Tenant
+from llmgw.router.request.tokens import StreamUsage, Usage, usage_of
+from llmgw.router.request.tracing import Tracing, passed_on
+from llmgw.router.routing.affinity import NO_KEY, RouteKey, route_key
+from llmgw.router.routing.scheduler import Decision
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
 from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
@@ -209,7 +210,7 @@ class Attempts:
         self.data = b""
         self.first = b""
         self.watch: ErrorFrameWatch | None = None
-        # A llama.cpp answer for a LoRA adapter: its name written back (router/lora.py).
+        # A llama.cpp answer for a LoRA adapter: its name written back (router/request/lora.py).
         self.rename: Rename | None = None
 
     def skip(self, eid: str) -> None:

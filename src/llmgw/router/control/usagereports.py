@@ -24,8 +24,8 @@ from typing import Final, Protocol
 
 import msgspec
 
+from llmgw.router.control.tokenusage import TokenLedger
 from llmgw.router.errors import ReportRefused
-from llmgw.router.tokenusage import TokenLedger
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.usage import ModelLoad, TokenUsage, UsageReport

@@ -49,8 +49,13 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 
 from llmgw.router.config import RouterConfig
-from llmgw.router.endpoint import Registry, Stats
-from llmgw.router.ipc import (
+from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
+from llmgw.router.control.tokenusage import TokenLedger
+from llmgw.router.control.usagereports import build_report, deliver
+from llmgw.router.replicas.registry import Registry, Stats
+from llmgw.router.replicas.scrape import HttpMetricsFetcher, Scraper
+from llmgw.router.upstream.aiohttp_client import Upstream
+from llmgw.router.workers.ipc import (
     Answer,
     Ask,
     AskWhat,
@@ -66,14 +71,9 @@ from llmgw.router.ipc import (
     WorkerUsage,
     frame,
 )
-from llmgw.router.metricsmerge import Merger, parse
-from llmgw.router.scrape import HttpMetricsFetcher, Scraper
-from llmgw.router.shared import SharedInflight, SlotTable
-from llmgw.router.sources import ConfigWatcher, ControllerClient, ControllerSource
-from llmgw.router.tokenusage import TokenLedger
-from llmgw.router.upstream.aiohttp_client import Upstream
-from llmgw.router.usage import build_report, deliver
-from llmgw.router.worker import WorkerSpec
+from llmgw.router.workers.metricsmerge import Merger, parse
+from llmgw.router.workers.shared import SharedInflight, SlotTable
+from llmgw.router.workers.worker import WorkerSpec
 from llmgw.runtime.clock import SYSTEM_CLOCK
 from llmgw.runtime.logs import kv
 from llmgw.runtime.sdnotify import Notifier

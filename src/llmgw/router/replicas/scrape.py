@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from llmgw.router.endpoint import Registry, Stats
-from llmgw.router.enginemetrics import parse
 from llmgw.router.errors import MetricsParseError, UpstreamError
+from llmgw.router.replicas.enginemetrics import parse
+from llmgw.router.replicas.registry import Registry, Stats
 from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.runtime.logs import kv
 from llmgw.wire.endpoints import EndpointInfo

@@ -24,7 +24,7 @@ from typing import Literal
 import msgspec
 
 from llmgw.router.config import RouterConfig
-from llmgw.router.endpoint import Stats
+from llmgw.router.replicas.registry import Stats
 from llmgw.wire.endpoints import EndpointList
 from llmgw.wire.usage import TokenUsage, UsageReport
 

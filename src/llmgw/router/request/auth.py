@@ -12,7 +12,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 
-from llmgw.router.tenants import Tenant
+from llmgw.router.request.tenants import Tenant
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.netaddr import is_loopback
 from llmgw.wire.keys import ClientKey

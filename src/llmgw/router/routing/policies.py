@@ -14,19 +14,19 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from llmgw.router.affinity import RouteKey, SessionAffinity
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot, Stats
-from llmgw.router.feedback import PredictionCheck
-from llmgw.router.kvevents import KVEventIndex
-from llmgw.router.prefix import (
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot, Stats
+from llmgw.router.routing.affinity import RouteKey, SessionAffinity
+from llmgw.router.routing.feedback import PredictionCheck
+from llmgw.router.routing.kvevents import KVEventIndex
+from llmgw.router.routing.prefix import (
     PrefixIndex,
     Rendezvous,
     block_end,
     blocks_covering,
     capacity_units_for,
 )
-from llmgw.router.scheduler import Decision, SchedulerConfig, choose
+from llmgw.router.routing.scheduler import Decision, SchedulerConfig, choose
 
 
 class Policy(Protocol):

@@ -18,9 +18,9 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot
 from llmgw.router.errors import HoldQueueFull
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.peers import Peer, share_of
 from llmgw.wire.endpoints import ModelOutlook

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw.router.affinity import RouteKey, route_key
+from llmgw.router.routing.affinity import RouteKey, route_key
 
 # Text parts of each API, as chat's.
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})

@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 import re
 
-from llmgw.router.endpoint import Stats
 from llmgw.router.errors import MetricsParseError
+from llmgw.router.replicas.stats import Stats
 
 # Every `engine` value an EndpointInfo may carry ("" means vLLM's names).
 ENGINES = frozenset({"", "vllm", "sglang", "llamacpp", "llama.cpp", "tgi"})

@@ -36,8 +36,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot
 
 # The rendezvous order of a request's first block, or a function computing it: most
 # requests are decided by a prefix holder or the least loaded and never need it.

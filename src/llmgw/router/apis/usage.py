@@ -19,8 +19,8 @@ from typing import Protocol
 
 import msgspec
 
-from llmgw.router.tokens import usage_of
-from llmgw.router.usagetypes import Usage
+from llmgw.router.request.tokens import usage_of
+from llmgw.router.request.usagetypes import Usage
 
 openai_usage = usage_of
 

@@ -21,15 +21,15 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from llmgw.router.breaker import (
+from llmgw.router.replicas.breaker import (
     DEFAULT_BREAKER_CONFIG,
     Breaker,
     BreakerConfig,
     BreakerState,
     Outcome,
 )
-from llmgw.router.shared import SharedInflight
-from llmgw.router.snapshot import Stats
+from llmgw.router.replicas.stats import Stats
+from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.wire.endpoints import EndpointInfo
 

@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterable
 from typing import Final
 
-from llmgw.router.usagetypes import Usage
+from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.usage import HOUR_S, TokenUsage

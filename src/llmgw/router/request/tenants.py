@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from aiohttp import web
 
 from llmgw.router.errors import error_response
-from llmgw.router.usagetypes import Usage
+from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import Clock
 from llmgw.wire.keys import BudgetPeriod, ClientKey
 

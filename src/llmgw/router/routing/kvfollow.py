@@ -31,7 +31,7 @@ import logging
 import time
 from typing import Any, Final
 
-from llmgw.router.kvevents import EngineBlocks, Follow, KVEventIndex
+from llmgw.router.routing.kvevents import EngineBlocks, Follow, KVEventIndex
 from llmgw.runtime.logs import kv
 from llmgw.wire.kvevents import KVEventsDecodeError, decode_batch, decode_seq, encode_seq
 

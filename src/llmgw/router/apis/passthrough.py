@@ -29,9 +29,9 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from llmgw.router import anthropic
-from llmgw.router.affinity import NO_KEY, RouteKey
-from llmgw.router.apis import ROUTES, Api
+from llmgw.router.apis import anthropic
+from llmgw.router.apis.catalog import ROUTES, Api
+from llmgw.router.apis.forms import FormError, text_fields
 from llmgw.router.errors import (
     NoReplica,
     bad_request,
@@ -39,11 +39,11 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
-from llmgw.router.forms import FormError, text_fields
-from llmgw.router.intake import Intake, read_json
 from llmgw.router.metrics import DISCONNECTED, UNAVAILABLE
-from llmgw.router.proxy import Proxy, request_id
-from llmgw.router.tenants import Charge, Tenant
+from llmgw.router.request.intake import Intake, read_json
+from llmgw.router.request.proxy import Proxy, request_id
+from llmgw.router.request.tenants import Charge, Tenant
+from llmgw.router.routing.affinity import NO_KEY, RouteKey
 from llmgw.runtime.fastserver import Answer, FastRequest, Prerendered, Reply
 
 _FORM_FIELDS: Final = ("model", "stream")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from llmgw.router.prefix import request_block_hashes
+from llmgw.router.routing.prefix import request_block_hashes
 
 # Hints longer than this are cut: the key is hashed, so the length only costs time.
 MAX_HINT_CHARS: Final = 256

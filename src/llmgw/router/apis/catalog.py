@@ -15,9 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from llmgw.router import anthropic, apiusage, conversation, inband
-from llmgw.router.affinity import NO_KEY, RouteKey, route_key
-from llmgw.router.usagetypes import Usage
+from llmgw.router.apis import anthropic, conversation
+from llmgw.router.apis import usage as apiusage
+from llmgw.router.request import inband
+from llmgw.router.request.usagetypes import Usage
+from llmgw.router.routing.affinity import NO_KEY, RouteKey, route_key
 from llmgw.wire.errors import error_body
 
 KeyOf = Callable[[dict[str, Any], str | None], RouteKey]

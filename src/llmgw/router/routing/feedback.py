@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from llmgw.router.prefix import PrefixIndex, block_end
+from llmgw.router.routing.prefix import PrefixIndex, block_end
 
 CHARS_PER_TOKEN = 4.0
 # Below this many predicted tokens an empty cache is no evidence of a reset.
