@@ -1,6 +1,6 @@
 """Engine-metrics parser vs prometheus_client's text parser.
 
-Per fixture: microseconds per parse for `llmgw.router.enginemetrics.parse`
+Per fixture: microseconds per parse for `llmgw.router.replicas.enginemetrics.parse`
 (bytes in, Stats out) and for `prometheus_client.parser.text_string_to_metric_families`
 (str in, every family materialised — what a scraper built on it would pay),
 best of several repeats. Target: ≥ 10× faster on vllm-v1.txt.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgw.router.enginemetrics import parse
+from llmgw.router.replicas.enginemetrics import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "engine-metrics"
@@ -97,7 +97,7 @@ def main() -> int:
     print(summary)
     if not args.no_write:
         write_section(
-            "Parsing one /metrics body into `Stats` (`llmgw.router.enginemetrics.parse`, "
+            "Parsing one /metrics body into `Stats` (`llmgw.router.replicas.enginemetrics.parse`, "
             "bytes in) vs `prometheus_client.parser.text_string_to_metric_families` "
             "(str in, every family materialised); best of "
             f"{args.repeat} repeats, Python {platform.python_version()}, "

@@ -801,7 +801,9 @@ def policy_step(n: int = 20000) -> str:
     the route key (prefix chain, session), and each policy's choice plus its
     completion bookkeeping. Steadier than the end-to-end figures on a shared machine."""
     from llmgw.router import compiled
-    from llmgw.router.endpoint import Registry
+
+    built = compiled.load()  # before the hot modules are imported
+    from llmgw.router.replicas.registry import Registry
     from llmgw.wire.endpoints import EndpointInfo
 
     reg = Registry()
@@ -809,7 +811,6 @@ def policy_step(n: int = 20000) -> str:
         EndpointInfo(id=f"up{i}", url=f"http://127.0.0.1:{9000 + i}", models=(MODEL,))
         for i in range(4)
     )
-    built = compiled.STATUS
     lines = [
         f"Compiled: {', '.join(built.modules)}" if built.modules else f"Python ({built.detail})",
         "",
@@ -825,9 +826,9 @@ def policy_step(n: int = 20000) -> str:
 def _policy_row(reg: Any, size: int, n: int) -> list[str]:
     import msgspec
 
-    from llmgw.router.affinity import route_key
-    from llmgw.router.policies import Ours, RoundRobin
-    from llmgw.router.prefix import PrefixIndex
+    from llmgw.router.routing.affinity import route_key
+    from llmgw.router.routing.policies import Ours, RoundRobin
+    from llmgw.router.routing.prefix import PrefixIndex
 
     dec = msgspec.json.Decoder().decode
     bodies = chat_bodies(size, stream=False)

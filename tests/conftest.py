@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 
@@ -15,17 +14,10 @@ os.environ.setdefault("LLMGW_LOG_LEVEL", "WARNING")
 def _python_router_here() -> None:
     """This process imports the router's Python modules, never their mypyc build: tests
     subclass and patch them, which compiled classes and modules refuse. Routers the tests
-    start as processes still load the build when there is one (llmgw.router.compiled),
-    so the variable is set only while the package decides, once, at its import."""
-    saved = os.environ.get("LLMGW_ROUTER_COMPILED")
-    os.environ["LLMGW_ROUTER_COMPILED"] = "0"
-    try:
-        importlib.import_module("llmgw.router")
-    finally:
-        if saved is None:
-            del os.environ["LLMGW_ROUTER_COMPILED"]
-        else:
-            os.environ["LLMGW_ROUTER_COMPILED"] = saved
+    start as processes still load the build when there is one (their `main` does)."""
+    from llmgw.router import compiled
+
+    compiled.load({compiled.ENV: "0"})
 
 
 _python_router_here()

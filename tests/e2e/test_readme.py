@@ -14,14 +14,13 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from tests.e2e.conftest import kill_leftovers, start_up
+from tests.e2e.conftest import kill_leftovers, start_up, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -102,7 +101,15 @@ class TestReadmeWalkthroughs:
             for cmd in walkthroughs(README.read_text())["eviction"]:
                 cmd = re.sub(r"\s+#.*$", "", cmd)
                 if cmd.startswith("sleep "):
-                    time.sleep(IDLE_S + 3)
+                    # Past gemma's idle timeout: here, until the controller knows it idle
+                    # that long (gone from the list: it has acted on it already).
+                    wait_for(
+                        lambda: all(
+                            r["idle_seconds"] >= IDLE_S for r in system.replicas("gemma-2-27b-it")
+                        ),
+                        timeout_s=60,
+                        what=f"gemma known idle for {IDLE_S} s",
+                    )
                     continue
                 cmd = cmd.replace("localhost:8080", system.router_url.removeprefix("http://"))
                 done = subprocess.run(

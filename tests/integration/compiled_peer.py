@@ -15,16 +15,20 @@ from typing import Any
 import msgspec
 
 from llmgw.router import compiled
-from llmgw.router.affinity import route_key
-from llmgw.router.breaker import BreakerState, Outcome
-from llmgw.router.endpoint import Registry, Release, Snapshot, Stats
-from llmgw.router.inband import ErrorFrameWatch
-from llmgw.router.policies import Ours
-from llmgw.router.prefix import PrefixIndex, rendezvous_order, request_block_hashes
-from llmgw.router.scheduler import Decision, SchedulerConfig, choose, load_of
-from llmgw.router.tokens import StreamUsage, usage_of
-from llmgw.runtime.clock import ManualClock
-from llmgw.wire.endpoints import EndpointInfo
+
+# The build (when the environment asks for it) loads before any hot module is imported.
+compiled.load()
+
+from llmgw.router.replicas.breaker import BreakerState, Outcome  # noqa: E402
+from llmgw.router.replicas.registry import Registry, Release, Snapshot, Stats  # noqa: E402
+from llmgw.router.request.inband import ErrorFrameWatch  # noqa: E402
+from llmgw.router.request.tokens import StreamUsage, usage_of  # noqa: E402
+from llmgw.router.routing.affinity import route_key  # noqa: E402
+from llmgw.router.routing.policies import Ours  # noqa: E402
+from llmgw.router.routing.prefix import PrefixIndex, rendezvous_order, request_block_hashes  # noqa: E402
+from llmgw.router.routing.scheduler import Decision, SchedulerConfig, choose, load_of  # noqa: E402
+from llmgw.runtime.clock import ManualClock  # noqa: E402
+from llmgw.wire.endpoints import EndpointInfo  # noqa: E402
 
 
 def decided(d: Decision, ids: list[str]) -> list[Any]:

@@ -111,6 +111,12 @@ class Controller:
         out: list[dict[str, Any]] = self.get("/admin/replicas" + (f"?{q}" if q else ""))
         return out
 
+    def ticks(self) -> int:
+        return ticks(self.url, self.token)
+
+    def wait_ticks(self, n: int, *, timeout_s: float = 15.0) -> None:
+        wait_ticks(self.url, self.token, n, timeout_s=timeout_s)
+
     def endpoint_ids(self) -> list[str]:
         return [e["id"] for e in self.get("/v1/endpoints")["endpoints"]]
 
@@ -127,6 +133,26 @@ class Controller:
 def wait_for(check: Callable[[], T], *, timeout_s: float = 15.0, what: str = "") -> T:
     """`wait_until`, where a controller not answering yet is "not yet"."""
     return wait_until(check, timeout_s=timeout_s, what=what, ignore=(HttpError, OSError))
+
+
+def ticks(url: str, token: str | None) -> int:
+    """Control-loop ticks the controller at `url` has completed (its tick histogram's count)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url + "/metrics", headers=headers)
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        if line.startswith("llmgw_controller_tick_duration_seconds_count "):
+            return int(float(line.split()[1]))
+    raise AssertionError("the controller's /metrics has no tick count")
+
+
+def wait_ticks(url: str, token: str | None, n: int, *, timeout_s: float = 15.0) -> None:
+    """Return after at least `n` whole ticks from now: the controller has had its chances
+    to act on what it knows, where a fixed sleep would guess how long those take."""
+    # The tick under way now, if any, completes first: it is not a whole one.
+    want = ticks(url, token) + n + 1
+    wait_for(lambda: ticks(url, token) >= want, timeout_s=timeout_s, what=f"{n} controller ticks")
 
 
 @contextlib.contextmanager

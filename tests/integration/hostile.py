@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmgw.testing.wait import wait_until
+
 
 @dataclass
 class Answer:
@@ -100,13 +102,20 @@ def open_fds(pid: int) -> int:
 
 
 def wait_fds_at_most(pid: int, limit: int, timeout_s: float = 10.0) -> int:
-    """The process's open descriptors once they are back to `limit` (or the last count)."""
-    deadline = time.monotonic() + timeout_s
-    n = open_fds(pid)
-    while n > limit and time.monotonic() < deadline:
-        time.sleep(0.1)
-        n = open_fds(pid)
-    return n
+    """The process's open descriptors once they are back to at most `limit`."""
+    counts: list[int] = []
+
+    def back() -> bool:
+        counts.append(open_fds(pid))
+        return counts[-1] <= limit
+
+    wait_until(
+        back,
+        timeout_s=timeout_s,
+        every_s=0.1,
+        what=lambda: f"pid {pid} back to at most {limit} descriptors; last count {counts[-1]}",
+    )
+    return counts[-1]
 
 
 def log_lines(text: str, needle: str) -> list[str]:

@@ -30,12 +30,11 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from llmgw.testing import Program, start_program
+from llmgw.testing import Program, start_program, wait_until
 
 SUBNET = "10.213.0"
 CLIENT_ADDR = f"{SUBNET}.254"
@@ -180,9 +179,9 @@ class Net:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
-            deadline = time.monotonic() + 3.0
-            while _pids_in(ns) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            # Still there after 3 s: the next signal is harder.
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: not _pids_in(ns), timeout_s=3.0, what=f"{ns} emptied")
 
     def cut(self, name: str) -> None:
         """Take the host's switch port down: no packet to or from it."""

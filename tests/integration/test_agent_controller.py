@@ -17,6 +17,7 @@ import pytest
 
 from llmgw.testing.procs import Program, free_port, start_program
 from llmgw.testing.wait import until
+from tests.integration.controller_harness import wait_ticks
 from tests.integration.test_agent_supervision import AgentRig, alive, engine_health
 
 pytestmark = pytest.mark.timeout(120)
@@ -163,8 +164,8 @@ class TestWithController:
             await admin("POST", f"{ctrl.url}/admin/models", sim_model("m2", replicas=2))
             (ready,) = await wait_replicas(ctrl, "m2", ready=1)
             assert ready["shards"][0]["gpus"] == [1]
-            # Give the controller several ticks: the second replica must stay unplaced.
-            await asyncio.sleep(2.0)
+            # Several ticks later the second replica is still unplaced.
+            await asyncio.to_thread(wait_ticks, ctrl.url, TOKEN, 5)
             placed = [
                 r for r in await replicas(ctrl, "m2") for sh in r["shards"] if 0 in sh["gpus"]
             ]
@@ -189,8 +190,8 @@ class TestWithController:
         assert await engine_health(port) == 200
         ctrl.start()
         await wait_replicas(ctrl, "m3", ready=1)
-        # A few heartbeats after the return: still the same replica and engine.
-        await asyncio.sleep(1.0)
+        # A few ticks and heartbeats after the return: still the same replica and engine.
+        await asyncio.to_thread(wait_ticks, ctrl.url, TOKEN, 5)
         (again,) = await wait_replicas(ctrl, "m3", ready=1)
         assert (again["id"], again["shards"][0]["pid"]) == (r["id"], pid)
         assert alive(pid)

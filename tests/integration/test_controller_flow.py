@@ -90,7 +90,7 @@ class TestPlacementFlow:
 
         waiter = threading.Thread(target=poll)
         waiter.start()
-        time.sleep(0.5)
+        c.wait_ticks(2)
         assert not got  # nothing changed yet: the poll is held
         with FakeAgents(c, {"a": 8}):
             waiter.join(timeout=20)
@@ -207,7 +207,7 @@ class TestNodeDrain:
             assert said[0].startswith(
                 f"node.drain_waiting a: waiting for {rid} (m): no replacement fits: needs 8 free"
             )
-            time.sleep(0.6)  # three ticks: make-before-break keeps it serving
+            c.wait_ticks(3)  # make-before-break keeps it serving meanwhile
             assert c.get(f"/admin/replicas/{rid}")["state"] == "ready"
             assert c.endpoint_ids() == [rid]
 

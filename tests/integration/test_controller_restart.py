@@ -70,7 +70,7 @@ class TestRestart:
                 assert _snapshot(c2) == before
                 agents.c = c2
                 with agents:
-                    time.sleep(1.0)  # a few ticks with agents reporting the same shards
+                    c2.wait_ticks(3)  # agents report the same shards meanwhile
                     assert _snapshot(c2) == before
                     assert c2.get("/admin/nodes/b")["state"] == "cordoned"
                 assert c2.events()[: len(events_before)] == events_before
@@ -87,7 +87,7 @@ class TestRestart:
                 rid = wait_for(lambda: c.replicas("m", "ready"), what="ready")[0]["id"]
         time.sleep(2.0)  # longer than the 1.5 s heartbeat timeout, while nobody watches
         with controller(db) as c2:
-            time.sleep(0.6)  # three ticks, still within the new leader's grace
+            c2.wait_ticks(3)  # still within the new leader's grace
             assert c2.get(f"/admin/replicas/{rid}")["state"] == "ready"
             agents.c = c2
             with agents:
@@ -123,7 +123,7 @@ class TestFailover:
                     agents.c = b
                     wait_for(b.leader, what="the standby leads")
                     wait_for(lambda: not agents.errors or b.leader(), what="agents reach b")
-                    time.sleep(1.0)
+                    b.wait_ticks(3)
                     after = _snapshot(b)
                     assert after["replicas"] == before["replicas"]
                     assert after["endpoints"] == before["endpoints"]
@@ -220,7 +220,7 @@ class TestRestartMidway:
             with agents:
                 evictions = len([e for e in c2.events() if e.startswith("model.evicting")])
                 idle(c2, [p1, p2])
-                time.sleep(1.5)  # several ticks with both replicas known idle
+                c2.wait_ticks(5)  # both replicas known idle all along
                 assert (_state(c2, p1), _state(c2, p2)) == ("draining", "ready")
                 assert len([e for e in c2.events() if e.startswith("model.evicting")]) == evictions
                 idle(c2, [p1, p2], **{p1: 0})

@@ -13,10 +13,14 @@ from typing import Any
 import pytest
 
 from llmgw.testing import Program, start_program
+from tests.integration import controller_harness as harness
+from tests.integration import pg
 from tests.integration.test_controller_keys import READ, ROUTER, TOKEN, call
 from tests.integration.test_ctl_controller import ctl, ctl_process
 
 HOUR = int(time.time() // 3600) * 3600
+# The fixture, seen by this module's tests as a global.
+pg_schema = pg.pg_schema
 
 
 def start(tmp_path: Path) -> Program:
@@ -50,8 +54,9 @@ def tokens(key: str, team: str, model: str, requests: int, prompt: int, completi
     }
 
 
-def report(router_id: str, *rows: Any) -> Any:
-    return {"router_id": router_id, "sent_at": time.time(), "tokens": list(rows)}
+def report(router_id: str, *rows: Any, counter_id: str = "") -> Any:
+    body = {"router_id": router_id, "sent_at": time.time(), "tokens": list(rows)}
+    return {**body, "counter_id": counter_id} if counter_id else body
 
 
 def post(url: str, body: Any) -> int:
@@ -98,6 +103,16 @@ class TestUsageReports:
         assert post(controller.url, report("r2", tokens("bob", "research", "m1", 2, 20, 6))) == 204
         assert post(controller.url, report("r2", tokens("carol", "infra", "m2", 1, 1, 1))) == 204
         assert teams(controller.url) == {"infra": (1, 1, 1), "research": (3, 30, 11)}
+
+    def test_a_restarted_router_with_a_fixed_router_id_adds_up(self, controller: Program) -> None:
+        """A router_id set in the file survives a restart; its new counter's totals, starting
+        at zero again, add to the old ones instead of hiding under them."""
+        url = controller.url
+        old = report("edge-1", tokens("alice", "research", "m1", 5, 50, 10), counter_id="edge-1@a")
+        new = report("edge-1", tokens("alice", "research", "m1", 1, 7, 2), counter_id="edge-1@b")
+        assert post(url, old) == 204
+        assert post(url, new) == 204
+        assert teams(url) == {"research": (6, 57, 12)}
 
     def test_usage_survives_a_controller_restart(self, tmp_path: Path) -> None:
         """What was reported is still there after the controller restarts on its database."""
@@ -229,3 +244,29 @@ class TestCtlUsage:
         got = ctl_process(controller.url, "usage", "--by", "user")
         assert got.returncode == 2
         assert "--by" in got.stderr
+
+
+@pytest.mark.postgres
+class TestStandby:
+    """Controllers sharing one PostgreSQL database."""
+
+    def test_a_standby_keeps_reports_and_the_leader_reads_them(
+        self, pg_schema: pg.PgSchema
+    ) -> None:
+        """A report posted to the standby is kept (usage is not fleet state, and a standby
+        refusing it would make routers lose it); the leader sums it with its own."""
+        db = harness.Db(pg_schema.url, pg_schema.schema)
+        with harness.controller(db) as a:
+            assert a.leader()
+            with harness.controller(db) as b:
+                assert not b.leader()
+                body = report("r1", tokens("alice", "research", "m1", 2, 20, 4))
+                assert post(b.url, body) == 204
+                assert post(a.url, report("r2", tokens("bob", "research", "m1", 1, 5, 1))) == 204
+                # Again, to the other one: still counted once.
+                assert post(a.url, body) == 204
+                for c in (a, b):
+                    got = c.get("/admin/usage?by=team")
+                    assert [
+                        (r["team"], r["requests"], r["prompt_tokens"]) for r in got["rows"]
+                    ] == [("research", 3, 25)]

@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from llmgw.testing import Program, start_program
+from llmgw.testing import Program, start_program, wait_until
 from llmgw.wire.models import ModelSpec
 from tests.integration.test_ctl_controller import TOKEN, SimAgents, SimNode, ctl, json_list
 
@@ -104,10 +104,14 @@ def build_fleet(prog: Program, *, seed: int = 11) -> None:
     last_used |= {r["id"]: now - rng.uniform(0, 60) for r in ready[40:200]}
     agents[0].report_idle(last_used)
     live = [a for a in agents if a not in lost]
-    deadline = time.monotonic() + 8.0  # past --heartbeat-timeout-s: the lost nodes go unreachable
-    while time.monotonic() < deadline:
+
+    def lost_unreachable() -> bool:
+        # The others keep beating while the lost ones pass --heartbeat-timeout-s.
         beat_all(live)
-        time.sleep(0.5)
+        summary = ctl(prog.url, "status", "--json").json()
+        return isinstance(summary, dict) and summary["nodes"]["unreachable"] == len(lost)
+
+    wait_until(lost_unreachable, timeout_s=30, every_s=0.5, what="the silent nodes unreachable")
 
 
 def start_fleet_controller(log_dir: Path) -> Program:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.router.kvfollow import MAX_MESSAGE_BYTES, MAX_REPLAY_BYTES
+from llmgw.router.routing.kvfollow import MAX_MESSAGE_BYTES, MAX_REPLAY_BYTES
 from llmgw.testing import Program, free_port
 from llmgw.testing.wait import wait_until
 from llmgw.wire.kvevents import KVEventBatch, encode_batch, encode_seq

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmgw.testing import Program, start_program
+from llmgw.testing import Program, start_program, wait_until
 from tests.integration.hostile import (
     Answer,
     assert_openai_error,
@@ -289,29 +289,43 @@ class TestConnectionsAndSlowClients:
                 for _ in range(60):
                     s = socket.create_connection(("127.0.0.1", r.port), timeout=5)
                     idle.append(s)
-                time.sleep(0.3)
-                for s in idle:
-                    s.setblocking(False)
-                    try:
-                        data = s.recv(65536)
-                    except BlockingIOError:
-                        continue
-                    ans = Answer(*parse_answer(data), closed=True, elapsed_s=0)
-                    err = assert_openai_error(ans, 503)
-                    assert err["code"] == "too_many_connections"
-                    assert ans.headers["retry-after"] == "1"
-                    refused += 1
+                pending = list(idle)
+
+                def over_the_cap_refused() -> bool:
+                    nonlocal refused, pending
+                    still: list[socket.socket] = []
+                    for s in pending:
+                        s.setblocking(False)
+                        try:
+                            data = s.recv(65536)
+                        except BlockingIOError:
+                            still.append(s)
+                            continue
+                        ans = Answer(*parse_answer(data), closed=True, elapsed_s=0)
+                        err = assert_openai_error(ans, 503)
+                        assert err["code"] == "too_many_connections"
+                        assert ans.headers["retry-after"] == "1"
+                        refused += 1
+                    pending = still
+                    return refused >= 60 - 39
+
+                wait_until(
+                    over_the_cap_refused,
+                    timeout_s=3,
+                    every_s=0.05,
+                    what=lambda: f"{60 - 39} refused; {refused} so far",
+                )
                 assert refused == 60 - 39, refused
                 assert time.monotonic() - t0 < 3
                 # The established connection is served on.
                 keep.sendall(head("GET", "/healthz"))
                 assert keep.recv(65536).startswith(b"HTTP/1.1 200")
-                # Idle past idle_timeout_s: the router closes them.
-                time.sleep(2.6)
+                # Idle past idle_timeout_s (2 s): the router closes them; each read waits
+                # for that close.
                 closed = 0
                 for s in idle:
                     s.setblocking(True)
-                    s.settimeout(2)
+                    s.settimeout(5)
                     try:
                         closed += s.recv(65536) == b""
                     except ConnectionResetError:
@@ -434,9 +448,9 @@ class TestWaitWhenEveryReplicaIsDown:
     """No request waits through more than one probe."""
 
     async def test_no_request_waits_through_more_than_one_probe(self, tmp_path: Path) -> None:
-        """The only replica fails everything; its breaker opens after one failure. Each
-        request arriving while it is open is answered by the first probe's verdict
-        (cooldown 1.5 s), not after the doubled cooldowns that follow."""
+        """While the only replica's breaker is open, each request is answered by the first
+        probe's verdict (cooldown 1.5 s), not after the doubled cooldowns that follow."""
+        # The replica fails everything; its breaker opens after one failure.
         with fleet(
             tmp_path,
             hold_timeout_s=30.0,

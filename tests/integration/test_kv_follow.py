@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from llmgw.router import kvfollow
-from llmgw.router.kvevents import EngineBlocks, KVEventIndex
-from llmgw.router.kvfollow import KVEventFollower
+from llmgw.router.routing import kvfollow
+from llmgw.router.routing.kvevents import EngineBlocks, KVEventIndex
+from llmgw.router.routing.kvfollow import KVEventFollower
 from llmgw.simengine.kvcache import KVCache, prompt_block_hashes
 from llmgw.simengine.kvevents import KVEventPublisher, KVEventsSettings
 from llmgw.testing.procs import free_port
+from llmgw.testing.wait import until
 from llmgw.tokenization.sim import completion_prompt_ids
 from llmgw.wire.endpoints import EndpointInfo
 from llmgw.wire.kvevents import decode_batch, encode_seq
@@ -200,10 +201,10 @@ class TestReplay:
     async def test_a_restarted_publisher_whose_first_batches_were_missed_is_replayed(
         self,
     ) -> None:
-        """The engine restarted and its publisher's first batches went out before the
-        subscription reconnected: the first one seen is numbered below what was expected.
-        Its whole history (from 0) is fetched, as when joining mid-stream, instead of
-        guessing until the cache is next reset."""
+        """A first batch numbered below what was expected has the whole history (from 0)
+        fetched, as when joining mid-stream, instead of guessing until the next reset."""
+        # The engine restarted and its publisher's first batches went out before the
+        # subscription reconnected.
         async with publisher(replay=True) as (pub, addr, raddr):
             with following(addr, raddr) as live:
                 # Where the previous incarnation of the publisher had got to.
@@ -239,17 +240,26 @@ class TestSupervision:
             run = asyncio.create_task(f.run())
             try:
                 blocks = idx.follows["a"].blocks
-                async with asyncio.timeout(30):
-                    i = 0
-                    while len(calls) < 2 or blocks.batches == 0:
-                        ids = completion_prompt_ids(f"more text {i} " * 2)
-                        pub.kv.allocate(
-                            f"m{i}", len(ids), prompt_block_hashes(ids, 4), token_ids=ids
-                        )
-                        pub.kv.free(f"m{i}")
-                        pub.flush()
-                        i += 1
-                        await asyncio.sleep(0.1)
+                published: list[str] = []
+
+                def restarted_and_applying() -> bool:
+                    if len(calls) >= 2 and blocks.batches > 0:
+                        return True
+                    # Not yet: publish one more batch for the restarted follower to apply.
+                    name = f"m{len(published)}"
+                    ids = completion_prompt_ids(f"more text {len(published)} " * 2)
+                    pub.kv.allocate(name, len(ids), prompt_block_hashes(ids, 4), token_ids=ids)
+                    pub.kv.free(name)
+                    pub.flush()
+                    published.append(name)
+                    return False
+
+                await until(
+                    restarted_and_applying,
+                    timeout_s=30,
+                    every_s=0.1,
+                    what="the follower restarted and applying batches",
+                )
             finally:
                 run.cancel()
                 await asyncio.gather(run, return_exceptions=True)

@@ -11,11 +11,11 @@ a file that is not a GGUF makes it exit 1 with llama.cpp's reason in its log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,8 +25,8 @@ import pytest
 
 from llmgw.agent.probe import HttpHealthProbe
 from llmgw.agent.templates import render
-from llmgw.router.enginemetrics import parse
-from llmgw.testing import free_port, tinygguf
+from llmgw.router.replicas.enginemetrics import parse
+from llmgw.testing import free_port, tinygguf, wait_until
 from llmgw.wire.agent import ShardSpec
 
 LLAMA_SERVER = os.environ.get("LLMGW_LLAMA_SERVER", "")
@@ -78,15 +78,16 @@ def engine(model: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes
     seen: list[tuple[int | None, bytes]] = []
     started = threading.Event()
 
+    def answered() -> bool:
+        status, body = _status(url + "/health")
+        seen.append((status, body))
+        return status == 200
+
     def poll() -> None:
         started.set()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            status, body = _status(url + "/health")
-            seen.append((status, body))
-            if status == 200:
-                return
-            time.sleep(0.001)
+        # Never 200: the test says so from `seen`, not this thread.
+        with contextlib.suppress(AssertionError):
+            wait_until(answered, timeout_s=30, every_s=0.001, what="llama-server's 200")
 
     t = threading.Thread(target=poll, daemon=True)
     t.start()
@@ -196,15 +197,17 @@ class TestLlamaServer:
         for c in clients:
             c.start()
         seen: list[tuple[float, float]] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(results) < 4:
+
+        def two_running_one_waiting() -> bool:
             status, text = _status(url + "/metrics")
             if status == 200:
                 stats = parse(text, "llamacpp")
                 seen.append((stats.running, stats.waiting))
                 if stats.running == 2 and stats.waiting >= 1:
-                    break
-            time.sleep(0.02)
+                    return True
+            return len(results) == 4  # all answered: nothing more to see
+
+        wait_until(two_running_one_waiting, timeout_s=60, every_s=0.02, what="2 running, 1 waiting")
         for c in clients:
             c.join(timeout=120)
         assert any(r == 2 and w >= 1 for r, w in seen), seen[-10:]

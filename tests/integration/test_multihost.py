@@ -24,6 +24,7 @@ from llmgw.testing import Program
 
 from . import netns
 from .controller_harness import wait_for as harness_wait_for
+from .controller_harness import wait_ticks
 from .netns import Host, Net
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -347,9 +348,9 @@ class TestMultiHost:
             )
 
         wait_for(back_and_single, what="old host back, its stale engine stopped, one replica")
-        # Still exactly one, a while later: the returning agent's report did not
+        # Still exactly one, ticks later: the returning agent's report did not
         # bring the old replica back.
-        time.sleep(1.5)
+        wait_ticks(ctl.url, TOKEN, 5)
         assert [r["id"] for r in live(ctl.url, "m")] == [moved["id"]]
         endpoints = call("GET", f"{ctl.url}/v1/endpoints")["endpoints"]
         assert [e["id"] for e in endpoints] == [moved["id"]]
@@ -420,7 +421,7 @@ class TestMultiHost:
                     } and all(time.time() - (n["last_heartbeat"] or 0) < 1.0 for n in nodes)
 
                 wait_for(agents_on_c2, what="agents heartbeat the new leader")
-                time.sleep(2.0)  # several ticks and heartbeats under the new leader
+                wait_ticks(c2.url, TOKEN, 5)  # heartbeats arrive meanwhile
                 for m, rid in before.items():
                     reps = live(c2.url, m)
                     assert [r["id"] for r in reps] == [rid], reps

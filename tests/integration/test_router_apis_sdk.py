@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from llmgw.router.auth import hash_key
+from llmgw.router.request.auth import hash_key
 from llmgw.testing import Program
 from tests.promtool import samples
 

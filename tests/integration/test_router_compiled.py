@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw.router import compiled
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot, Stats
-from llmgw.router.prefix import MAX_ROUTED_BYTES
-from llmgw.router.scheduler import load_of
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot, Stats
+from llmgw.router.routing.prefix import MAX_ROUTED_BYTES
+from llmgw.router.routing.scheduler import load_of
 from llmgw.testing import start_program
 from llmgw.wire.endpoints import EndpointInfo
 
@@ -67,7 +67,8 @@ def python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 STATUS = (
-    "import json, llmgw.router.compiled as c, llmgw.router.policies as p;"
+    "import json, llmgw.router.compiled as c; c.load();"
+    "import llmgw.router.routing.policies as p;"
     "print(json.dumps([c.STATUS.modules, c.STATUS.detail, p.__file__]))"
 )
 
@@ -82,7 +83,18 @@ class TestLoading:
         assert done.returncode == 0, done.stderr
         modules, detail, policies = json.loads(done.stdout)
         assert (modules, detail) == (MODULES, str(folder))
-        assert Path(policies).parent == folder / "llmgw" / "router"
+        assert Path(policies).parent == folder / "llmgw" / "router" / "routing"
+
+    def test_the_program_imports_no_hot_module_before_loading(self) -> None:
+        """`llmgw router`'s entry module imports none of the compiled modules: one imported
+        before `main` loads the build would leave the whole router on the Python ones."""
+        code = (
+            "import json, sys, llmgw.cli, llmgw.router.main;"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('llmgw.'))))"
+        )
+        done = python(code)
+        assert done.returncode == 0, done.stderr
+        assert set(json.loads(done.stdout)).isdisjoint(MODULES)
 
     def test_zero_runs_the_python_modules(self) -> None:
         """LLMGW_ROUTER_COMPILED=0 runs the Python modules."""
@@ -551,8 +563,8 @@ class TestReportedModules:
     async def test_a_router_reports_its_compiled_modules(
         self, tmp_path: Path, workers: int, setting: str
     ) -> None:
-        """The metric and the start-up line; requests are routed either way. With workers,
-        the metric is summed: how many workers run each module compiled."""
+        """The metric and the start-up line say what runs compiled, summed over workers
+        (how many run each module compiled), and requests are routed either way."""
         folder = build_or_skip()
         with sim_engines(tmp_path, [20.0, 20.0]) as engines:
             path = write_config(

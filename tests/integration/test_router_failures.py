@@ -62,13 +62,12 @@ class TestEngineKilled:
 
     async def test_sigkill_under_load(self, tmp_path: Path) -> None:
         """Unstarted requests retry elsewhere, cut streams end with an error frame, the
-        dead engine's breaker opens, and nothing else fails.
-
-        The engine killed is the one serving a long "witness" stream, once its first
-        chunk has reached the client: at least one stream is then certainly cut
-        mid-way, whatever the scheduler chose (a fixed victim could be idle at the
-        moment of the kill on a loaded machine, and a stream cut before its first
-        chunk is retried, not cut)."""
+        dead engine's breaker opens, and nothing else fails."""
+        # The engine killed is the one serving a long "witness" stream, once its first
+        # chunk has reached the client: at least one stream is then certainly cut
+        # mid-way, whatever the scheduler chose (a fixed victim could be idle at the
+        # moment of the kill on a loaded machine, and a stream cut before its first
+        # chunk is retried, not cut).
         with sim_engines(tmp_path, [6.0, 6.0, 6.0]) as engines:
             cfg = base_config(
                 endpoints=endpoint_entries(engines),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import anthropic
 import pytest
 
 from llmgw.agent.templates import render
-from llmgw.testing import Program, free_port, tinygguf
+from llmgw.testing import Program, free_port, tinygguf, wait_until
 from llmgw.wire.agent import ShardSpec
 
 from .router_fixtures import base_config, router
@@ -66,11 +65,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Program]:
     with Path(tmp / "engine.log").open("wb") as log:
         proc = subprocess.Popen(plan.argv, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while not _ready(url):
+
+        def ready() -> bool:
             assert proc.poll() is None, (tmp / "engine.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "llama-server did not become ready"
-            time.sleep(0.1)
+            return _ready(url)
+
+        wait_until(ready, timeout_s=60, every_s=0.1, what="llama-server ready")
         cfg = base_config(
             endpoints=[{"id": "l0", "url": url, "models": ["tiny"], "engine": "llamacpp"}]
         )

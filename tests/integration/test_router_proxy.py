@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from llmgw.router.auth import hash_key
+from llmgw.router.request.auth import hash_key
 from llmgw.testing import Program
 
 from .router_fixtures import (

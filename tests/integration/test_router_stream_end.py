@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.testing.wait import until
+
 from .router_fixtures import (
     base_config,
     chat_body,
@@ -56,13 +58,13 @@ async def close_at_done(url: str, body: dict[str, object], path: str) -> bytes:
 async def counted(url: str, n: int, timeout_s: float = 10.0) -> bytes:
     """/metrics once `n` requests are counted: a request whose client closed is counted
     when the router sees the close, which may come after the next scrape."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        text = await asyncio.to_thread(scrape, url)
-        if req_count(text) >= n or loop.time() > deadline:
-            return text
-        await asyncio.sleep(0.05)
+
+    def enough() -> bytes | None:
+        text = scrape(url)
+        return text if req_count(text) >= n else None
+
+    got: bytes = await until(enough, blocking=True, timeout_s=timeout_s, what=f"{n} counted")
+    return got
 
 
 class TestCloseAtDone:

@@ -170,8 +170,8 @@ class TestKeysEndToEnd:
 
     def test_keys_hold_while_the_controller_is_away(self, fleet: Fleet) -> None:
         """With the controller stopped, the router's last list stays in force: a key it
-        had keeps working and a key revoked before stays refused. (Last: it stops the
-        module's controller.)"""
+        had keeps working and a key revoked before stays refused."""
+        # Last in the module: it stops the module's controller.
         kept = create(fleet, "kept")
         gone = create(fleet, "gone")
         ctl(fleet.c.url, "keys", "revoke", "gone")

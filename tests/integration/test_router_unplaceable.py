@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmgw.router.holding import unplaceable_retry_after_s
+from llmgw.router.request.holding import unplaceable_retry_after_s
 from llmgw.testing import start_program
 from llmgw.wire.endpoints import ModelOutlook
 

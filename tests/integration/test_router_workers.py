@@ -103,10 +103,11 @@ class TestOnePortTwoWorkers:
                 await wait_until_scraped(r.url, ["e0", "e1", "e2"])
                 seen: dict[int, set[tuple[int, str]]] = {}  # prefix → {(worker, endpoint)}
                 sent = 0
-                deadline = time.monotonic() + 40
                 async with fresh_session() as s:
-                    # One request at a time: no load anywhere, so only the prefix decides.
-                    while time.monotonic() < deadline:
+
+                    async def three_prefixes_routed_by_both() -> bool:
+                        # One request at a time: no load anywhere, so only the prefix decides.
+                        nonlocal sent
                         for p in range(6):
                             system = f"You are assistant number {p}. " * 40
                             body = chat_body(
@@ -122,9 +123,14 @@ class TestOnePortTwoWorkers:
                             worker = int(reply.headers["x-llmgw-worker"])
                             seen.setdefault(p, set()).add((worker, reply.endpoint or ""))
                         both = [p for p, ws in seen.items() if {w for w, _ in ws} == {0, 1}]
-                        if len(both) >= 3:
-                            break
-                assert len(both) >= 3, f"workers seen per prefix: {seen}"
+                        return len(both) >= 3
+
+                    await until(
+                        three_prefixes_routed_by_both,
+                        timeout_s=40,
+                        every_s=0,
+                        what=lambda: f"three prefixes routed by both workers; seen {seen}",
+                    )
                 for p, ws in seen.items():
                     assert len({e for _, e in ws}) == 1, f"prefix {p} split: {ws}"
                 text = await asyncio.to_thread(metrics_text, r.url)
@@ -160,15 +166,22 @@ class TestOnePortTwoWorkers:
                 # A learned prefix is a hit in whichever worker routes it next.
                 reasons: set[tuple[int, str]] = set()
                 async with fresh_session() as s:
-                    deadline = time.monotonic() + 30
-                    while {w for w, _ in reasons} != {0, 1} and time.monotonic() < deadline:
+
+                    async def routed_by_both() -> bool:
                         body = chat_body("conversation 3: " + "tell me more. " * 60)
                         reply = await post(s, r.url, body, headers=DEBUG)
                         assert reply.status == 200
                         # `e1 prefix; e0 0.00 h1, e1* 0.00 p9 h0, …`: endpoint, then why.
                         why = reply.headers["x-llmgw-scores"].split(";")[0].split()[1]
                         reasons.add((int(reply.headers["x-llmgw-worker"]), why))
-                assert {w for w, _ in reasons} == {0, 1}, reasons
+                        return {w for w, _ in reasons} == {0, 1}
+
+                    await until(
+                        routed_by_both,
+                        timeout_s=30,
+                        every_s=0,
+                        what=lambda: f"both workers route the prefix; seen {reasons}",
+                    )
                 assert {why for _, why in reasons} == {"prefix"}, reasons
 
     async def test_inflight_is_host_wide_and_not_double_counted(self, tmp_path: Path) -> None:
@@ -481,12 +494,12 @@ class TestSupervisorStart:
         import subprocess
         import sys
 
-        from llmgw.router import supervisor
         from llmgw.router.config import parse as parse_config
-        from llmgw.router.ipc import Channel
-        from llmgw.router.supervisor import Supervisor, _Worker
+        from llmgw.router.workers import pool
+        from llmgw.router.workers.ipc import Channel
+        from llmgw.router.workers.pool import Supervisor, _Worker
 
-        monkeypatch.setattr(supervisor, "START_TIMEOUT_S", 600.0)
+        monkeypatch.setattr(pool, "START_TIMEOUT_S", 600.0)
         path = tmp_path / "router.yaml"
         path.write_text("endpoints: []\n")
         listen = socket.socket()
@@ -509,9 +522,7 @@ class TestSupervisorStart:
         loop = asyncio.get_running_loop()
         run = asyncio.create_task(sup.run(host="127.0.0.1", grace_s=1.0))
         try:
-            async with asyncio.timeout(30):
-                while len(sup.workers) < 2:
-                    await asyncio.sleep(0.01)
+            await until(lambda: len(sup.workers) >= 2, every_s=0.01, what="two workers started")
             os.kill(os.getpid(), signal.SIGTERM)
             async with asyncio.timeout(30):
                 assert await run == 0
@@ -539,13 +550,13 @@ class TestSupervisorStart:
         import subprocess
         import sys
 
-        from llmgw.router import supervisor
         from llmgw.router.config import parse as parse_config
-        from llmgw.router.endpoint import Stats
-        from llmgw.router.ipc import Channel, Observed
-        from llmgw.router.supervisor import Supervisor, _Worker
+        from llmgw.router.replicas.registry import Stats
+        from llmgw.router.workers import pool
+        from llmgw.router.workers.ipc import Channel, Observed
+        from llmgw.router.workers.pool import Supervisor, _Worker
 
-        monkeypatch.setattr(supervisor, "MAX_BACKLOG_BYTES", 1 << 20, raising=False)
+        monkeypatch.setattr(pool, "MAX_BACKLOG_BYTES", 1 << 20, raising=False)
         path = tmp_path / "router.yaml"
         path.write_text("endpoints: []\n")
         listen = socket.socket()
@@ -579,13 +590,13 @@ class TestSupervisorStart:
         import subprocess
         import sys
 
-        from llmgw.router import supervisor
         from llmgw.router.config import parse as parse_config
-        from llmgw.router.ipc import Channel
-        from llmgw.router.supervisor import Supervisor, _Worker
+        from llmgw.router.workers import pool
+        from llmgw.router.workers.ipc import Channel
+        from llmgw.router.workers.pool import Supervisor, _Worker
 
-        monkeypatch.setattr(supervisor, "MAX_RESTART_DELAY_S", 0.05)
-        monkeypatch.setattr(supervisor, "EARLY_EXIT_S", 0.0)
+        monkeypatch.setattr(pool, "MAX_RESTART_DELAY_S", 0.05)
+        monkeypatch.setattr(pool, "EARLY_EXIT_S", 0.0)
         path = tmp_path / "router.yaml"
         path.write_text("endpoints: []\n")
         listen = socket.socket()

@@ -14,6 +14,7 @@ import pytest
 import uvloop
 
 from llmgw.runtime.acceptor import PAUSE_S, Acceptor
+from llmgw.testing.wait import until
 
 
 class _Counting(asyncio.Protocol):
@@ -131,8 +132,7 @@ class TestAcceptor:
             client = socket.create_connection(scarce.real.getsockname())
             t0 = loop.time()
             try:
-                while not made and loop.time() - t0 < 5:
-                    await asyncio.sleep(0.01)
+                await until(lambda: made, timeout_s=5, every_s=0.01, what="the client accepted")
                 return scarce.calls, loop.time() - t0
             finally:
                 client.close()

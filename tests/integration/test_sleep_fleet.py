@@ -87,6 +87,17 @@ async def wait_state(
     return got
 
 
+async def wait_idle(url: str, model: str) -> None:
+    """Until the controller knows the model's replica idle past its 1 s timeout (what the
+    router reports), where a fixed sleep would guess when the report arrives."""
+
+    async def idle() -> bool:
+        seen = await replicas(url, model)
+        return len(seen) == 1 and seen[0]["idle_seconds"] >= 1
+
+    await until(idle, timeout_s=20, what=f"{model} known idle past its timeout")
+
+
 async def wait_models(s: aiohttp.ClientSession, router_url: str, names: set[str]) -> None:
     """Until the router has the controller's list (it names every model)."""
 
@@ -121,13 +132,13 @@ class TestSleepingFleet:
                 first = await asyncio.wait_for(ask(s, r.url, "a"), 60)
                 assert first.status == 200, first.body
                 a_id = first.endpoint
-                await asyncio.sleep(1.5)  # a idle past its timeout, as the router reports
+                await wait_idle(url, "a")
                 # b is wanted; a has been idle past its 1 s timeout: it sleeps, b starts.
                 second = await asyncio.wait_for(ask(s, r.url, "b"), 60)
                 assert second.status == 200, second.body
                 a = await wait_state(url, "a", "sleeping")
                 assert (a["id"], a["sleep_level"]) == (a_id, 1)
-                await asyncio.sleep(1.5)  # b idle past its timeout (what the router reports)
+                await wait_idle(url, "b")
                 # Five requests for the sleeping a: held, one wake, all served by a itself.
                 replies = await asyncio.wait_for(
                     asyncio.gather(*(ask(s, r.url, "a") for _ in range(5))), 60

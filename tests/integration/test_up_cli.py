@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -219,7 +218,11 @@ class TestInterrupt:
             engine = json.loads(state.read_text())["shards"][0]["pid"]
             manifest = json.loads((folder / ".llmgw" / "up.json").read_text())
             os.kill(manifest["children"]["agent n-1"]["pid"], signal.SIGKILL)
-            time.sleep(0.6)  # `up` has seen it die; its restart waits a second
+            # `up` says it saw the agent die; its restart waits a second: Ctrl-C now.
+            for line in proc.stdout:
+                seen.append(line)
+                if line.startswith("llmgw up: agent n-1 exited"):
+                    break
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
@@ -252,11 +255,9 @@ class TestHints:
     def test_curl_example_and_models_from_the_controller_after_a_restart(
         self, folder: Path
     ) -> None:
-        """The hints give curl always, openai only when importable, and the controller's models.
-
-        A model added with `ctl apply` is in the list after `up` restarts (the
-        controller keeps it in its store; the fleet file does not name it).
-        """
+        """The hints give curl always, openai only when importable, and the controller's
+        models, with one added by `ctl apply` still there after `up` restarts."""
+        # The controller keeps that model in its store; the fleet file does not name it.
         with running_up(folder) as proc:
             out = until_ready(proc)
             assert "curl -s http://127.0.0.1:" in out

@@ -96,7 +96,7 @@ class TestWheel:
         """LLMGW_ROUTER_COMPILED=0 runs the wheel's Python sources although the
         extension modules lie beside them."""
         code = (
-            "import llmgw.router.compiled as c, llmgw.router.prefix as p;"
+            "import llmgw.router.compiled as c; c.load(); import llmgw.router.routing.prefix as p;"
             "print(c.STATUS.modules == (), p.__file__.endswith('.py'))"
         )
         done = subprocess.run(

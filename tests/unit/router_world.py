@@ -18,7 +18,7 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.test_utils import make_mocked_request
 
 from llmgw.router.config import parse
-from llmgw.router.proxy import Proxy
+from llmgw.router.request.proxy import Proxy
 from llmgw.router.wiring import Router
 from llmgw.runtime.clock import ManualClock
 from llmgw.testing import vtime

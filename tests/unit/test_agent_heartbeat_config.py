@@ -79,11 +79,9 @@ class TestHeartbeater:
         assert hb.last_error == "HTTP 503: not_leader"
 
     async def test_retries_stay_within_a_few_intervals(self) -> None:
-        """However long the outage, a retry waits at most four intervals (8 s at 2 s).
-
-        A controller that comes back must hear from every agent before its
-        heartbeat timeout (10 s by default), or it shows healthy nodes unreachable.
-        """
+        """However long the outage, a retry waits at most four intervals (8 s at 2 s)."""
+        # A controller that comes back must hear from every agent before its
+        # heartbeat timeout (10 s by default), or it shows healthy nodes unreachable.
         client = ScriptedClient([HeartbeatFailed("refused")] * 20)
         hb = Heartbeater(
             client=client,

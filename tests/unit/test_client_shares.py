@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from llmgw.router.errors import HoldQueueFull
-from llmgw.router.holding import Holding
-from llmgw.router.intake import ByteBudget
+from llmgw.router.request.holding import Holding
+from llmgw.router.request.intake import ByteBudget
 from llmgw.runtime.peers import Peer, Peers, share_of
 
 

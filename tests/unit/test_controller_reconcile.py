@@ -151,11 +151,9 @@ class TestScaleFromZero:
         assert w.state.models["m"].desired_replicas == 3
 
     def test_traffic_with_nothing_in_flight_keeps_one_replica(self) -> None:
-        """Requests started this interval but none in flight at report time is not "no load".
-
-        Otherwise a model with sparse traffic drains its only replica, holds the
-        next request, scales from zero again, and flaps with a cold start each time.
-        """
+        """Requests started this interval but none in flight at report time is not "no load"."""
+        # Otherwise a model with sparse traffic drains its only replica, holds the
+        # next request, scales from zero again, and flaps with a cold start each time.
         w = World()
         w.node("a")
         w.model(spec("m", min_replicas=0, max_replicas=2), desired=1)

@@ -71,7 +71,7 @@ def _agent(cls: Any) -> CollectorRegistry:
 
 
 def _prediction(cls: Any) -> CollectorRegistry:
-    from llmgw.router.prefix import PrefixIndex
+    from llmgw.router.routing.prefix import PrefixIndex
 
     registry = CollectorRegistry()
     registry.register(cls(PrefixIndex()))
@@ -107,9 +107,9 @@ def _workers(cls: Any) -> CollectorRegistry:
 
 REGISTRIES: dict[str, Callable[[Any], CollectorRegistry]] = {
     "llmgw.router.metrics.RouterMetrics": _router,
-    "llmgw.router.feedback.PredictionCheck": _prediction,
-    "llmgw.router.kvevents.KVEventIndex": _kv_events,
-    "llmgw.router.supervisor.WorkerMetrics": _workers,
+    "llmgw.router.routing.feedback.PredictionCheck": _prediction,
+    "llmgw.router.routing.kvevents.KVEventIndex": _kv_events,
+    "llmgw.router.workers.pool.WorkerMetrics": _workers,
     "llmgw.agent.metrics.AgentMetrics": _agent,
     "llmgw.controller.api.metrics.ControllerMetrics": _controller,
 }

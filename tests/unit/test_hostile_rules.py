@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import resource
 
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot
-from llmgw.router.holding import hold_until, retry_after_s
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot
+from llmgw.router.request.holding import hold_until, retry_after_s
 from llmgw.runtime.httpserver import FD_RESERVE, connection_cap, raise_nofile_limit
 from llmgw.wire.endpoints import EndpointInfo
 

@@ -1,7 +1,7 @@
 """The house style that can be read from the source: tests in documented classes, short modules.
 
 Every test lives in a class whose docstring is one sentence (one class per
-subject), and every test method has a docstring saying what it checks, so a
+subject), and every test method has a one-sentence docstring saying what it checks, so a
 reader learns what a file covers from its docstrings alone. Every module under
 src/ stays under MAX_LINES lines (one job per module; split before it grows).
 """
@@ -23,8 +23,8 @@ MAX_LINES = 600
 # until its line goes, and no module may join it.
 OVERSIZED = frozenset(
     {
-        "llmgw/router/prefix.py",
-        "llmgw/router/proxy.py",
+        "llmgw/router/routing/prefix.py",
+        "llmgw/router/request/proxy.py",
         "llmgw/router/upstream/fast.py",
         "llmgw/runtime/fastserver.py",
     }
@@ -53,12 +53,23 @@ def offences(path: Path, source: str) -> list[str]:
         doc = ast.get_docstring(node)
         if not doc:
             out.append(f"{path}:{node.lineno}: class {node.name} has no docstring")
-        elif "\n\n" in doc or SENTENCE_END.search(doc) or not doc.rstrip().endswith("."):
+        elif not _one_sentence(doc):
             out.append(f"{path}:{node.lineno}: class {node.name}'s docstring is not one sentence")
         for item in node.body:
-            if _is_test(item) and not ast.get_docstring(item):
+            if not _is_test(item):
+                continue
+            said = ast.get_docstring(item)
+            if not said:
                 out.append(f"{path}:{item.lineno}: {node.name}.{item.name} has no docstring")
+            elif not _one_sentence(said):
+                out.append(
+                    f"{path}:{item.lineno}: {node.name}.{item.name}'s docstring is not one sentence"
+                )
     return out
+
+
+def _one_sentence(doc: str) -> bool:
+    return not ("\n\n" in doc or SENTENCE_END.search(doc) or not doc.rstrip().endswith("."))
 
 
 class TestHouseStyle:
@@ -66,7 +77,7 @@ class TestHouseStyle:
 
     @pytest.mark.parametrize("folder", FOLDERS)
     def test_every_test_is_a_documented_method_of_a_documented_class(self, folder: str) -> None:
-        """No loose test functions, no class or test method without its docstring."""
+        """No loose test functions, no class or test method without its one-sentence docstring."""
         found = [
             line
             for path in _files(folder)
@@ -75,18 +86,20 @@ class TestHouseStyle:
         assert found == []
 
     def test_the_check_finds_each_offence(self) -> None:
-        """A loose test, an undocumented class and method, and a two-sentence class are named."""
+        """A loose test, an undocumented class and method, and two-sentence docstrings are named."""
         source = (
             "def test_loose():\n    pass\n"
             "class TestBare:\n    def test_x(self):\n        pass\n"
             'class TestTwo:\n    """One. Two."""\n    def test_y(self):\n        """Y."""\n'
             'class TestGood:\n    """See e.g. z."""\n    def test_z(self):\n        """Z."""\n'
+            'class TestLong:\n    """L."""\n    def test_w(self):\n        """W.\n\n        X."""\n'
         )
         assert offences(Path("t.py"), source) == [
             "t.py:1: test function test_loose outside a class",
             "t.py:3: class TestBare has no docstring",
             "t.py:4: TestBare.test_x has no docstring",
             "t.py:6: class TestTwo's docstring is not one sentence",
+            "t.py:16: TestLong.test_w's docstring is not one sentence",
         ]
 
 

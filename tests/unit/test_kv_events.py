@@ -9,12 +9,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from llmgw.router.affinity import route_key
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot, Stats
-from llmgw.router.kvevents import EngineBlocks, KVEventIndex, token_chain
-from llmgw.router.policies import Ours
-from llmgw.router.prefix import PrefixIndex
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot, Stats
+from llmgw.router.routing.affinity import route_key
+from llmgw.router.routing.kvevents import EngineBlocks, KVEventIndex, token_chain
+from llmgw.router.routing.policies import Ours
+from llmgw.router.routing.prefix import PrefixIndex
 from llmgw.simengine.kvcache import KVCache, prompt_block_hashes
 from llmgw.tokenization import TokenizerSpecError, load_tokenizer
 from llmgw.tokenization.sim import BOS, prompt_ids_for_body, tokenize
@@ -343,8 +343,8 @@ class TestEngineBlocks:
         assert b.precise
 
     def test_disconnected_is_not_precise_until_a_batch_confirms(self) -> None:
-        """Down: guess. Back up: still guess until the next batch says whether the
-        publisher restarted (sequence 0) or carried on (the next number)."""
+        """Down it guesses, and back up it still guesses until the next batch says whether
+        the publisher restarted (sequence 0) or carried on (the next number)."""
         b = blocks_from([stored([1], None, [1, 2])])
         b.link(False)
         assert not b.precise
@@ -436,9 +436,9 @@ class TestIndexAndPolicy:
         ],
     )
     def test_a_malformed_chat_body_is_left_to_the_guess(self, bad: dict[str, Any]) -> None:
-        """Messages that are not objects: the tokenizer cannot say (the engine will
-        refuse the request), so the endpoint keeps its guess. An AttributeError raised
-        out of the policy made the router answer a bare 500 instead."""
+        """Messages that are not objects leave the endpoint to its guess: the tokenizer
+        cannot say (the engine will refuse the request)."""
+        # An AttributeError raised out of the policy made the router answer a bare 500.
         idx = self.index("a")
         assert idx.match(bad, ["a"]) == {}
 
@@ -559,7 +559,7 @@ class TestTokenizerSharing:
     ) -> None:
         """A model's replicas all name the same tokenizer: it is loaded once, and a later
         endpoint list (a new replica) reuses it instead of loading it again."""
-        from llmgw.router import kvevents
+        from llmgw.router.routing import kvevents
 
         loads: list[str] = []
 

@@ -20,7 +20,7 @@ from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.endpoints import endpoint_list, outlook
 from llmgw.controller.fleet.records import Adapter, Changes
 from llmgw.controller.store import open_store
-from llmgw.router.lora import Rename, select
+from llmgw.router.request.lora import Rename, select
 from llmgw.runtime.clock import ManualClock
 from llmgw.simengine.lora import LoraRegistry, LoraSettings, parse_modules
 from llmgw.simengine.main import config_from_args

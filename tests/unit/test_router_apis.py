@@ -5,9 +5,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmgw.router import anthropic, apiusage, conversation, forms, inband
-from llmgw.router.affinity import route_key
-from llmgw.router.usagetypes import Usage
+from llmgw.router.apis import anthropic, conversation, forms
+from llmgw.router.apis import usage as apiusage
+from llmgw.router.request import inband
+from llmgw.router.request.usagetypes import Usage
+from llmgw.router.routing.affinity import route_key
 
 SYSTEM = "be brief " * 30
 TURNS = [

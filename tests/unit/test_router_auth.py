@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.router.auth import KeyRing, admin_allowed, bearer, hash_key
 from llmgw.router.config import ApiKey
+from llmgw.router.request.auth import KeyRing, admin_allowed, bearer, hash_key
 from llmgw.runtime.netaddr import is_loopback
 
 

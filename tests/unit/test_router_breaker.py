@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.router.breaker import Breaker, BreakerConfig, BreakerState, Outcome, classify_status
+from llmgw.router.replicas.breaker import (
+    Breaker,
+    BreakerConfig,
+    BreakerState,
+    Outcome,
+    classify_status,
+)
 from llmgw.testing import ManualClock
 
 CFG = BreakerConfig(failure_threshold=3, cooldown_s=10.0, max_cooldown_s=35.0)

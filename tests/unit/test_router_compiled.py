@@ -18,7 +18,7 @@ from llmgw.router import compiled
 
 MODULES = list(compiled.MODULES)
 # A module the compiled ones import, as a manifest lists it.
-BREAKER = "llmgw/router/breaker.py"
+BREAKER = "llmgw/router/replicas/breaker.py"
 
 
 @pytest.fixture(autouse=True)

@@ -9,9 +9,9 @@ from statistics import fmean
 
 import pytest
 
-from llmgw.router.endpoint import Stats
-from llmgw.router.enginemetrics import ENGINES, parse, samples
 from llmgw.router.errors import MetricsParseError
+from llmgw.router.replicas.enginemetrics import ENGINES, parse, samples
+from llmgw.router.replicas.registry import Stats
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engine-metrics"
 FILES = sorted(p.name for p in FIXTURES.glob("*.txt"))

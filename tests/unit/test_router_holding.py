@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from llmgw.router.errors import HoldQueueFull
-from llmgw.router.holding import Holding
+from llmgw.router.request.holding import Holding
 
 
 class TestHold:

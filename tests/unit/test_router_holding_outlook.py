@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from llmgw.router.holding import (
+from llmgw.router.request.holding import (
     REFUSED_DEMAND_S,
     UNPLACEABLE_RETRY_DEFAULT_S,
     UNPLACEABLE_RETRY_MAX_S,

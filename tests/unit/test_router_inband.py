@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.router.inband import (
+from llmgw.router.request.inband import (
     MAX_FRAME_BYTES,
     ErrorFrameWatch,
     nothing_before_error,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot
 from llmgw.router.metrics import RouterMetrics
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot
 from llmgw.wire.endpoints import EndpointInfo
 
 

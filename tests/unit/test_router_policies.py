@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import collections
 
-from llmgw.router.affinity import NO_KEY, RouteKey, SessionAffinity
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot, Stats
-from llmgw.router.policies import LeastInflight, Ours, RoundRobin, make_policy
-from llmgw.router.prefix import PrefixIndex
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot, Stats
+from llmgw.router.routing.affinity import NO_KEY, RouteKey, SessionAffinity
+from llmgw.router.routing.policies import LeastInflight, Ours, RoundRobin, make_policy
+from llmgw.router.routing.prefix import PrefixIndex
 from llmgw.wire.endpoints import EndpointInfo
 
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.router import prefix as prefix_module
-from llmgw.router.prefix import (
+from llmgw.router.routing import prefix as prefix_module
+from llmgw.router.routing.prefix import (
     MAX_ROUTED_BYTES,
     PrefixIndex,
     _canonical,
@@ -104,10 +104,10 @@ class TestRequestBlockHashes:
 
     def test_equal_hashes_are_one_object(self) -> None:
         """Long chains that share blocks give the same int objects for them (what the
-        index's dicts find by identity), whichever way each was computed: remembered
-        first parts that differ at their end, later turns, a prompt without a
-        remembered part. The table is bounded: full, it starts again (hashes
-        unchanged)."""
+        index's dicts find by identity), whichever way each was computed, from a bounded
+        table that starts again when full (hashes unchanged)."""
+        # The ways: remembered first parts that differ at their end, later turns, a
+        # prompt without a remembered part.
         system = "You review code carefully. " * 200
         bodies = [
             chat("hi", system=system + "User: ana."),

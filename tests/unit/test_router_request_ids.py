@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from llmgw.router.proxy import _request_id
+from llmgw.router.request.proxy import _request_id
 
 
 class TestRequestIds:

@@ -10,10 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot, Stats
-from llmgw.router.prefix import PrefixIndex, rendezvous_order
-from llmgw.router.scheduler import DEFAULT_CONFIG, Decision, SchedulerConfig, choose, load_of
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot, Stats
+from llmgw.router.routing.prefix import PrefixIndex, rendezvous_order
+from llmgw.router.routing.scheduler import (
+    DEFAULT_CONFIG,
+    Decision,
+    SchedulerConfig,
+    choose,
+    load_of,
+)
 from llmgw.wire.endpoints import EndpointInfo
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from llmgw.router.endpoint import Registry
 from llmgw.router.errors import UpstreamConnectError
-from llmgw.router.scrape import Scraper
-from llmgw.testing import ManualClock
+from llmgw.router.replicas.registry import Registry
+from llmgw.router.replicas.scrape import Scraper
+from llmgw.testing import ManualClock, until
 from llmgw.wire.endpoints import EndpointInfo
 
 
@@ -62,11 +62,15 @@ class TestScraper:
         f.answers = {"fast": text, "slow": text}
         f.delay_s = {"slow": 30.0}
         failed: list[str] = []
-        s = Scraper(registry=reg, fetcher=f, timeout_s=0.2, on_failure=failed.append)
+        s = Scraper(registry=reg, fetcher=f, timeout_s=0.5, on_failure=failed.append)
         task = asyncio.create_task(s.tick())
-        await asyncio.sleep(0.05)
-        assert reg.snapshot("fast") is not None
-        assert reg.snapshot("fast").stats is not None  # type: ignore[union-attr]
+        await until(
+            lambda: (fast := reg.snapshot("fast")) is not None and fast.stats is not None,
+            timeout_s=5,
+            every_s=0.01,
+            what="fast observed",
+        )
+        assert not task.done()  # observed while the slow one still hangs
         started = time.monotonic()
         await task
         assert time.monotonic() - started < 5.0

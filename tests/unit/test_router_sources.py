@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from llmgw.router.config import RouterConfig
+from llmgw.router.control.sources import ConfigWatcher, ControllerSource
 from llmgw.router.errors import ControllerCallFailed
-from llmgw.router.sources import ConfigWatcher, ControllerSource
 from llmgw.wire.endpoints import EndpointInfo, EndpointList
 
 ONE = "endpoints: [{id: a, url: 'http://a', models: [m]}]\n"

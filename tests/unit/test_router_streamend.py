@@ -1,10 +1,10 @@
-"""The final events that make a relayed stream complete (router/streamend.py)."""
+"""The final events that make a relayed stream complete (router/request/streamend.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from llmgw.router.streamend import final_event_sent
+from llmgw.router.request.streamend import final_event_sent
 
 CHAT_END = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\ndata: [DONE]\n\n'
 MESSAGES_END = (

@@ -7,9 +7,9 @@ import json
 import msgspec
 from aiohttp import web
 
-from llmgw.router.auth import KeyRing, hash_key
-from llmgw.router.tenants import Charge, Tenant, Tenants, period_of
-from llmgw.router.usagetypes import Usage
+from llmgw.router.request.auth import KeyRing, hash_key
+from llmgw.router.request.tenants import Charge, Tenant, Tenants, period_of
+from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.keys import ClientKey
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.router.tokens import StreamUsage, Usage, counted, usage_of
-from llmgw.router.usagetypes import Doc
+from llmgw.router.request.tokens import StreamUsage, Usage, counted, usage_of
+from llmgw.router.request.usagetypes import Doc
 
 
 def event(obj: object) -> bytes:

@@ -1,8 +1,8 @@
-"""The trace context the router passes on to an engine (router/tracing.py)."""
+"""The trace context the router passes on to an engine (router/request/tracing.py)."""
 
 from __future__ import annotations
 
-from llmgw.router.tracing import passed_on
+from llmgw.router.request.tracing import passed_on
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

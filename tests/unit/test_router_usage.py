@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.router.usage import UsageReporter, UsageTracker, build_report
+from llmgw.router.control.usagereports import UsageReporter, UsageTracker, build_report
 from llmgw.testing import ManualClock
 from llmgw.wire.usage import ModelLoad, UsageReport
 

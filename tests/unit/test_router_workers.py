@@ -10,16 +10,16 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmgw.router.breaker import Outcome
 from llmgw.router.config import parse as parse_config
-from llmgw.router.endpoint import Registry, Stats
 from llmgw.router.errors import RouterConfigError
-from llmgw.router.ipc import Message, Observed, Setup
 from llmgw.router.metrics import RouterMetrics
-from llmgw.router.metricsmerge import Merger, parse
-from llmgw.router.shared import SharedInflight, SlotTable
-from llmgw.router.supervisor import merge_reports
-from llmgw.router.worker import WorkerSpec
+from llmgw.router.replicas.breaker import Outcome
+from llmgw.router.replicas.registry import Registry, Stats
+from llmgw.router.workers.ipc import Message, Observed, Setup
+from llmgw.router.workers.metricsmerge import Merger, parse
+from llmgw.router.workers.pool import merge_reports
+from llmgw.router.workers.shared import SharedInflight, SlotTable
+from llmgw.router.workers.worker import WorkerSpec
 from llmgw.wire.endpoints import EndpointInfo
 from llmgw.wire.usage import ModelLoad, UsageReport
 
@@ -276,7 +276,7 @@ class TestChannel:
         import asyncio
         import socket
 
-        from llmgw.router.ipc import Answer, Ask, Channel, ChannelClosed
+        from llmgw.router.workers.ipc import Answer, Ask, Channel, ChannelClosed
 
         a_sock, b_sock = socket.socketpair()
         a, b = await Channel.open(a_sock), await Channel.open(b_sock)
@@ -320,9 +320,10 @@ class TestWorkerLink:
         import asyncio
         import socket
 
-        from llmgw.router.ipc import Channel, Reload
         from llmgw.router.wiring import Router
-        from llmgw.router.worker import WorkerLink
+        from llmgw.router.workers.ipc import Channel, Reload
+        from llmgw.router.workers.worker import WorkerLink
+        from llmgw.testing.wait import until
 
         cfg = parse_config("endpoints: [{id: e0, url: 'http://127.0.0.1:9', models: [m]}]\n")
         shared = SharedInflight.create(1, 8)
@@ -350,9 +351,12 @@ class TestWorkerLink:
         try:
             sup.send(Reload(cfg=cfg, slots={"e0": 0}))
             sup.send(Observed(id="e0", stats=Stats(running=3, waiting=0, kv_usage=None)))
-            async with asyncio.timeout(10):
-                while (s := state.registry.snapshot("e0")) is None or s.stats is None:
-                    await asyncio.sleep(0.01)
+            await until(
+                lambda: (s := state.registry.snapshot("e0")) is not None and s.stats is not None,
+                timeout_s=10,
+                every_s=0.01,
+                what="e0's figures applied",
+            )
             assert not run.done()
             sup.close()
             async with asyncio.timeout(10):
@@ -379,8 +383,8 @@ class TestSupervisorAsks:
         from pathlib import Path
         from typing import cast
 
-        from llmgw.router.ipc import Answer, Ask, Channel
-        from llmgw.router.supervisor import Supervisor, _Worker
+        from llmgw.router.workers.ipc import Answer, Ask, Channel
+        from llmgw.router.workers.pool import Supervisor, _Worker
 
         assert isinstance(tmp_path, Path)
         path = tmp_path / "router.yaml"
@@ -458,7 +462,7 @@ class TestChannelFrames:
         import asyncio
         import socket
 
-        from llmgw.router.ipc import MAX_FRAME, Channel, ChannelClosed
+        from llmgw.router.workers.ipc import MAX_FRAME, Channel, ChannelClosed
 
         a_sock, b_sock = socket.socketpair()
         a = await Channel.open(a_sock)

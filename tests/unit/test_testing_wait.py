@@ -22,6 +22,19 @@ class TestWaitUntil:
         with pytest.raises(AssertionError, match=r"not within 0.05s: the node; last seen \[\]"):
             wait_until(list, timeout_s=0.05, what="the node", every_s=0.01)
 
+    def test_what_may_describe_the_state_at_the_timeout(self) -> None:
+        """A function given as `what` is called once the wait has timed out, not before."""
+        checks: list[None] = []
+        described: list[int] = []
+
+        def describe() -> str:
+            described.append(len(checks))
+            return "the state then"
+
+        with pytest.raises(AssertionError, match=r"not within 0\.05s: the state then; last seen"):
+            wait_until(lambda: checks.append(None), timeout_s=0.05, every_s=0.01, what=describe)
+        assert described == [len(checks)]
+
     def test_ignored_exceptions_are_not_yet_and_others_propagate(self) -> None:
         """An ignored exception means "not yet"; another one ends the wait at once."""
         calls = itertools.count()

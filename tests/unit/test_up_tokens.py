@@ -102,11 +102,11 @@ class TestCtlFindsTheToken:
         assert resolve(flag_url=None, flag_token=None, env={}, home=home).token is None
 
     def test_only_a_file_up_made_is_taken(self, tmp_path: Path) -> None:
-        """The current folder may be anyone's (/tmp/project): a planted
-        `.llmgw/tokens/admin` symlink would have ctl read one of this user's files (say
-        ~/.git-credentials, whose first line is a credential) and send it as the token to
-        whatever listens on 127.0.0.1:8081. Only a regular 0600 file in a 0700 folder,
-        as up makes them, is read."""
+        """Only a regular 0600 file in a 0700 folder, as up makes them, is read as a token."""
+        # The current folder may be anyone's (/tmp/project): a planted
+        # `.llmgw/tokens/admin` symlink would have ctl read one of this user's files (say
+        # ~/.git-credentials, whose first line is a credential) and send it as the token
+        # to whatever listens on 127.0.0.1:8081.
         home = tmp_path / "home"
         mine = tmp_path / "git-credentials"
         mine.write_text("https://me:ghp_secret@github.com\n")

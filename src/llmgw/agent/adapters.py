@@ -13,7 +13,7 @@ controller listed them then:
   so the base's own requests run without any (llama-server applies `--lora`
   files to every request, and `--lora-init-without-apply` did not stop that in
   the pinned build); a request selects its adapter by position (`"lora": [{"id":
-  i, "scale": 1.0}]`), which routers add for an adapter's name (router/lora.py).
+  i, "scale": 1.0}]`), which routers add for an adapter's name (router/request/lora.py).
 
 While it runs (`AdapterSync`, engines that allow it): the adapters added since
 are loaded with `POST /v1/load_lora_adapter {lora_name, lora_path}` and those

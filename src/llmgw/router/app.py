@@ -20,22 +20,22 @@ import msgspec
 from aiohttp import web
 
 from llmgw.router import compiled
-from llmgw.router.apis import ROUTES as API_ROUTES
-from llmgw.router.auth import admin_allowed, bearer_matches
+from llmgw.router.apis.catalog import ROUTES as API_ROUTES
+from llmgw.router.apis.passthrough import PassThrough
 from llmgw.router.config import RouterConfig
+from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
+from llmgw.router.control.usagereports import UsageReporter
 from llmgw.router.errors import error_response
-from llmgw.router.ipc import ChannelClosed
-from llmgw.router.kvfollow import KVEventFollower
 from llmgw.router.metrics import CONTENT_TYPE
-from llmgw.router.passthrough import PassThrough
-from llmgw.router.proxy import POST_PATHS, Proxy
-from llmgw.router.scheduler import choose
-from llmgw.router.scrape import HttpMetricsFetcher, Scraper
-from llmgw.router.sources import ConfigWatcher, ControllerClient, ControllerSource
-from llmgw.router.tracing import Tracing
-from llmgw.router.usage import UsageReporter
+from llmgw.router.replicas.scrape import HttpMetricsFetcher, Scraper
+from llmgw.router.request.auth import admin_allowed, bearer_matches
+from llmgw.router.request.proxy import POST_PATHS, Proxy
+from llmgw.router.request.tracing import Tracing
+from llmgw.router.routing.kvfollow import KVEventFollower
+from llmgw.router.routing.scheduler import choose
 from llmgw.router.wiring import Router
-from llmgw.router.worker import WorkerLink
+from llmgw.router.workers.ipc import ChannelClosed
+from llmgw.router.workers.worker import WorkerLink
 from llmgw.runtime.fastserver import Answer, FastRequest
 from llmgw.runtime.logs import kv
 
@@ -160,6 +160,12 @@ def build_app(
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            reporter = app.get(REPORTER)
+            if reporter is not None:
+                # The requests answered since the last report: their token usage would
+                # be lost with the process. The controller may be away; wait little.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(reporter.tick(), timeout=2.0)
             await state.close_clients()
             if state.tracing is not None:
                 # Spans still batched are sent before the process ends.
@@ -205,7 +211,11 @@ def _host_loops(
         None if cfg.controller is None else ControllerClient(cfg.controller, state.upstream)
     )
     reporter = UsageReporter(
-        build=state.usage_report, sink=controller, interval_s=cfg.report_interval_s
+        build=state.usage_report,
+        sink=controller,
+        interval_s=cfg.report_interval_s,
+        drain=state.token_counts.drain,
+        clock=state.clock,
     )
     app[REPORTER] = reporter
 

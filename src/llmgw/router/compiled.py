@@ -7,7 +7,7 @@ also lists every other llmgw module they import, directly or not, with its hash
 (compiled code trusts their types). The package's `__init__` calls `load()`
 before anything imports a submodule, so when a build matches the sources this
 process would import, the compiled modules go into `sys.modules` under their own
-names and every later `import llmgw.router.prefix` gets them; otherwise, or if one
+names and every later `import llmgw.router.routing.prefix` gets them; otherwise, or if one
 fails to load, the Python modules, as always (`STATUS` says which, and why).
 
 A wheel (setup.py) carries the compiled modules instead, installed beside their
@@ -41,23 +41,23 @@ SETTINGS = ("auto", "0", "1")
 # Compiled, in load order: each after the compiled modules it imports. Each is its
 # own mypyc group: an extension module and its `<name>__mypyc` library beside it.
 MODULES = (
-    "llmgw.router.breaker",
-    "llmgw.router.endpoint",
-    "llmgw.router.prefix",
-    "llmgw.router.affinity",
-    "llmgw.router.scheduler",
-    "llmgw.router.policies",
+    "llmgw.router.replicas.breaker",
+    "llmgw.router.replicas.registry",
+    "llmgw.router.routing.prefix",
+    "llmgw.router.routing.affinity",
+    "llmgw.router.routing.scheduler",
+    "llmgw.router.routing.policies",
     "llmgw.runtime.peers",
     "llmgw.runtime.fastserver",
     "llmgw.router.upstream.base",
     "llmgw.router.upstream.fast",
     "llmgw.router.metrics",
-    "llmgw.router.intake",
-    "llmgw.router.tokens",
-    "llmgw.router.inband",
-    "llmgw.router.usage",
+    "llmgw.router.request.intake",
+    "llmgw.router.request.tokens",
+    "llmgw.router.request.inband",
+    "llmgw.router.control.usagereports",
     "llmgw.router.wiring",
-    "llmgw.router.proxy",
+    "llmgw.router.request.proxy",
 )
 MANIFEST = "manifest.json"
 # The directory holding the `llmgw` package this process imports.

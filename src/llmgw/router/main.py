@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 from llmgw.router import compiled
 from llmgw.router.config import OTHER_ENV, RouterConfig, http_server, load, upstream_client
 from llmgw.router.errors import RouterConfigError
-from llmgw.runtime import envflags, logs, serve
+from llmgw.runtime import envflags, logs
 from llmgw.runtime.cli import DefaultsFormatter
-from llmgw.runtime.httpserver import ServerLimits, raise_nofile_limit
 from llmgw.runtime.version import add_version_argument
 
 if TYPE_CHECKING:
     from aiohttp import web
 
     from llmgw.runtime.fastserver import Dispatch
+    from llmgw.runtime.httpserver import ServerLimits
 
 DEFAULT_PORT = 8080
 
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         "1: a single process, no supervisor. With more, a supervisor scrapes, reloads and "
         "follows the controller once for all of them (docs/router.md, Workers)",
     )
-    # Internal: how the supervisor starts a worker (router/worker.py).
+    # Internal: how the supervisor starts a worker (router/workers/worker.py).
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default=None, help="DEBUG shows every routing decision")
     logs.add_format_argument(p)
@@ -74,6 +74,8 @@ def _dispatch(app: web.Application, cfg: RouterConfig) -> Dispatch | None:
 
 
 def _limits(cfg: RouterConfig) -> ServerLimits:
+    from llmgw.runtime.httpserver import ServerLimits
+
     return ServerLimits(
         idle_timeout_s=cfg.idle_timeout_s,
         header_timeout_s=cfg.header_timeout_s,
@@ -94,6 +96,14 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2
     logs.setup(args.log_level, fmt)
+    try:
+        # Before any hot module is imported: from here on they are the build's.
+        compiled.load()
+    except compiled.CompiledBuildError as exc:
+        sys.stderr.write(f"llmgw router: {exc}\n")
+        return 2
+    from llmgw.runtime import serve
+
     if args.worker is not None:
         return _worker(args)
     workers = default_workers() if args.workers is None else args.workers
@@ -120,6 +130,7 @@ def main(argv: list[str]) -> int:
     async def run() -> int:
         # Imported here so `--help` and config errors stay fast.
         from llmgw.router.app import build_app
+        from llmgw.runtime.httpserver import raise_nofile_limit
 
         # Idle client connections must never starve engine connections of descriptors:
         # the soft limit goes to the hard one, and serve_app caps client connections
@@ -162,8 +173,10 @@ def _log_args(args: argparse.Namespace) -> list[str]:
 def _supervise(args: argparse.Namespace, cfg: RouterConfig, workers: int) -> int:
     """Bind the port here, then run the workers on it (supervisor.py)."""
 
+    from llmgw.runtime import serve
+
     async def run() -> int:
-        from llmgw.router.supervisor import Supervisor
+        from llmgw.router.workers.pool import Supervisor
 
         sock = serve.listen(args.host, args.port, "router")
         sup = Supervisor(
@@ -186,7 +199,7 @@ def _worker(args: argparse.Namespace) -> int:
     # and SIGTERM stop a worker gracefully: serve.py).
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from llmgw.router.worker import WorkerSpec
+    from llmgw.router.workers.worker import WorkerSpec
 
     try:
         spec = WorkerSpec.parse(args.worker)
@@ -194,9 +207,12 @@ def _worker(args: argparse.Namespace) -> int:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2
 
+    from llmgw.runtime import serve
+    from llmgw.runtime.httpserver import raise_nofile_limit
+
     async def run() -> int:
         from llmgw.router.app import build_app
-        from llmgw.router.worker import connect
+        from llmgw.router.workers.worker import connect
 
         raise_nofile_limit()
         link, sock = await connect(spec)

@@ -27,8 +27,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from llmgw.router import compiled
-from llmgw.router.breaker import BreakerState
-from llmgw.router.endpoint import Snapshot
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot
+from llmgw.router.request.usagetypes import Usage
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -183,9 +184,11 @@ class _LiveCollector(Collector):
         self,
         snapshots: Callable[[], Sequence[Snapshot]],
         held: Callable[[], Mapping[str, int]],
+        queued: Callable[[], Mapping[tuple[str, str], int]],
     ) -> None:
         self._snapshots = snapshots
         self._held = held
+        self._queued = queued
 
     def collect(self) -> Iterator[Metric]:
         snaps = self._snapshots()
@@ -224,7 +227,16 @@ class _LiveCollector(Collector):
         )
         for model, n in self._held().items():
             held.add_metric([model], float(n))
-        yield from (breaker, inflight, pending, age, stale, held)
+        queued = GaugeMetricFamily(
+            "llmgw_router_flow_queued",
+            "Requests waiting in flow control's queues (every replica of their model at "
+            "capacity), by priority band and team (the key's name for a key without one; "
+            "empty for requests without a key).",
+            labels=["band", "team"],
+        )
+        for (band, team), n in self._queued().items():
+            queued.add_metric([band, team], float(n))
+        yield from (breaker, inflight, pending, age, stale, held, queued)
 
 
 class RouterMetrics:
@@ -241,6 +253,7 @@ class RouterMetrics:
         *,
         snapshots: Callable[[], Sequence[Snapshot]],
         held: Callable[[], Mapping[str, int]],
+        queued: Callable[[], Mapping[tuple[str, str], int]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -293,6 +306,22 @@ class RouterMetrics:
             "Failed metric scrapes per endpoint.",
             ["endpoint"],
         )
+        # Per team, never per key: a fleet has few teams and may have thousands of keys.
+        self._team_requests = Counts(
+            "llmgw_router_team_requests",
+            "Requests of client keys, by the key's team, model and outcome.",
+            ["team", "model", "outcome"],
+        )
+        self._team_prompt = Counts(
+            "llmgw_router_team_prompt_tokens",
+            "Prompt tokens of client keys' answered requests, by team and model.",
+            ["team", "model"],
+        )
+        self._team_completion = Counts(
+            "llmgw_router_team_completion_tokens",
+            "Completion tokens of client keys' answered requests, by team and model.",
+            ["team", "model"],
+        )
         families: tuple[Counts | Buckets, ...] = (
             self._requests,
             self._latency,
@@ -303,6 +332,9 @@ class RouterMetrics:
             self._cached,
             self._retries,
             self._scrape_failures,
+            self._team_requests,
+            self._team_prompt,
+            self._team_completion,
         )
         r.register(_Families(families))
         modules = Gauge(
@@ -314,7 +346,11 @@ class RouterMetrics:
         for module in compiled.MODULES:
             modules.labels(module).set(1.0 if module in compiled.STATUS.modules else 0.0)
         ProcessCollector(registry=r)
-        r.register(_LiveCollector(snapshots, held))
+        r.register(_LiveCollector(snapshots, held, queued))
+        # (team, model) → its requests by outcome, its prompt and completion series.
+        self._team_cells: dict[
+            tuple[str, str], tuple[dict[str, list[float]], list[float], list[float]]
+        ] = {}
         # Model → its prompt, completion and cached token series (`tokens`).
         self._token_cells: dict[str, tuple[list[float], list[float], list[float]]] = {}
         # Endpoint → model → its answers' series (`request_done`); emptied by forget().
@@ -368,6 +404,23 @@ class RouterMetrics:
         cells[0][0] += prompt
         cells[1][0] += completion
         cells[2][0] += cached
+
+    def team_done(self, team: str, model: str, outcome: str, usage: Usage | None) -> None:
+        """A request of a client key of `team` ("" for a file key without one)."""
+        # The series of a (team, model), found once, as `tokens` does per model.
+        key = (team, model)
+        cells = self._team_cells.get(key)
+        if cells is None:
+            prompt, completion = self._team_prompt.cell(key), self._team_completion.cell(key)
+            cells = self._team_cells[key] = ({}, prompt, completion)
+        by_outcome = cells[0]
+        done = by_outcome.get(outcome)
+        if done is None:
+            done = by_outcome[outcome] = self._team_requests.cell((team, model, outcome))
+        done[0] += 1.0
+        if usage is not None:
+            cells[1][0] += usage.prompt
+            cells[2][0] += usage.completion
 
     def itl(self, model: str) -> Bucket:
         """The inter-token histogram series of `model` (a stream observes each gap)."""

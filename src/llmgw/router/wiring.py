@@ -13,25 +13,28 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 
-from llmgw.router import lora
-from llmgw.router.affinity import SessionAffinity
-from llmgw.router.auth import KeyRing
-from llmgw.router.breaker import BreakerConfig
 from llmgw.router.config import RouterConfig, restart_only_changes, upstream_client
-from llmgw.router.endpoint import Registry
-from llmgw.router.feedback import PredictionCheck
-from llmgw.router.holding import Holding
-from llmgw.router.kvevents import KVEventIndex
+from llmgw.router.control.tokenusage import TokenCounts
+from llmgw.router.control.usagereports import UsageTracker, build_report
 from llmgw.router.metrics import RouterMetrics
-from llmgw.router.policies import Policy, make_policy
-from llmgw.router.prefix import PrefixIndex
-from llmgw.router.shared import SharedInflight
-from llmgw.router.tenants import Tenants
-from llmgw.router.tracing import Tracing
+from llmgw.router.replicas.breaker import BreakerConfig
+from llmgw.router.replicas.registry import Registry
+from llmgw.router.request import lora
+from llmgw.router.request.auth import KeyRing
+from llmgw.router.request.flow import BandLimits
+from llmgw.router.request.flowgate import FlowGate
+from llmgw.router.request.holding import Holding
+from llmgw.router.request.tenants import Tenants
+from llmgw.router.request.tracing import Tracing
+from llmgw.router.routing.affinity import SessionAffinity
+from llmgw.router.routing.feedback import PredictionCheck
+from llmgw.router.routing.kvevents import KVEventIndex
+from llmgw.router.routing.policies import Policy, make_policy
+from llmgw.router.routing.prefix import PrefixIndex
 from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.router.upstream.base import Forwarder
 from llmgw.router.upstream.fast import FastUpstream
-from llmgw.router.usage import UsageTracker, build_report
+from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
@@ -78,7 +81,21 @@ class Router:
         # ready replica (wire.endpoints.ModelOutlook); empty for static endpoints.
         self.outlook: dict[str, ModelOutlook] = {}
         self.usage = UsageTracker(clock=clock)
-        self.metrics = RouterMetrics(snapshots=self.registry.snapshots, held=self.holding.demand)
+        # Each key's requests and tokens since the last usage report (tokenusage.py).
+        self.token_counts = TokenCounts(clock=clock)
+        # Flow control: requests queued by band and tenant at saturation (flowgate.py).
+        self.flow = FlowGate(
+            {
+                band: BandLimits(max_queued=b.max_queued, max_wait_s=b.max_wait_s)
+                for band, b in cfg.flow.bands().items()
+            },
+            enabled=cfg.flow.enabled,
+            shown=self.registry.capacity_shown,
+            clock=clock,
+        )
+        self.metrics = RouterMetrics(
+            snapshots=self.registry.snapshots, held=self.holding.demand, queued=self.flow.depth
+        )
         # Client keys: the file's, and the controller's from its last list (kept while
         # it is unreachable, as the endpoints are); their counts (tenants.py).
         self._controller_keys: tuple[ClientKey, ...] = ()
@@ -110,7 +127,7 @@ class Router:
         # Endpoint id → the headers of a request to it: the router's own plus
         # `Authorization: Bearer <engine key>` for an engine that has one.
         self.engine_auth: dict[str, str] = {}
-        # Endpoint id → adapter → its llama.cpp position (router/lora.py); only
+        # Endpoint id → adapter → its llama.cpp position (router/request/lora.py); only
         # llama.cpp replicas that serve adapters are in it.
         self.lora_ids: dict[str, dict[str, int]] = {}
         self.known_models: frozenset[str] = frozenset()

@@ -3,7 +3,7 @@
 Two formats, chosen per process with `--log-format text|json` (every program
 takes it; `LLMGW_LOG_FORMAT` is the default when the flag is absent):
 
-- text: `2026-12-01 21:58:08,123 INFO llmgw.router.proxy route rid=… model=…`
+- text: `2026-12-01 21:58:08,123 INFO llmgw.router.request.proxy route rid=… model=…`
 - json: one object per line, `{"ts": …, "level": …, "logger": …, "event": …, …fields}`.
 
 `kv(event, **fields)` returns a `str` (so `%`-free call sites and tests keep

@@ -1,6 +1,6 @@
 """OpenTelemetry span export, set up once for the router and the controller alike.
 
-Each program decides what its spans say (router/tracing.py, controller/fleet/spans.py);
+Each program decides what its spans say (router/request/tracing.py, controller/fleet/spans.py);
 what they share is here: the settings, the SDK loaded only when tracing is on (so a
 program without `tracing` configured never imports it), the refusal to start when it
 is configured and the SDK is missing, and the export itself: spans are batched and

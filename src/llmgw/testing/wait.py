@@ -7,7 +7,9 @@ seen, not a bare "condition not met".
 
 `wait_until` blocks (for tests without an event loop); `until` awaits, so the
 test's own servers keep running meanwhile. Both return the first truthy value
-the check gave, so a test can wait for a thing and use it in one line.
+the check gave, so a test can wait for a thing and use it in one line. `what`
+may be a function, called only on a timeout, to describe the state then (what a
+loop gathered while it waited).
 """
 
 from __future__ import annotations
@@ -24,15 +26,19 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 30.0
 
 
-def _timed_out(timeout_s: float, what: str, check: object, last: object) -> AssertionError:
-    return AssertionError(f"not within {timeout_s}s: {what or check}; last seen {last!r}")
+What = str | Callable[[], str]
+
+
+def _timed_out(timeout_s: float, what: What, check: object, last: object) -> AssertionError:
+    said = what() if callable(what) else what
+    return AssertionError(f"not within {timeout_s}s: {said or check}; last seen {last!r}")
 
 
 def wait_until(
     check: Callable[[], T],
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    what: str = "",
+    what: What = "",
     every_s: float = 0.05,
     ignore: tuple[type[Exception], ...] = (),
 ) -> T:
@@ -62,7 +68,7 @@ async def until(
     check: Callable[[], Any],
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    what: str = "",
+    what: What = "",
     every_s: float = 0.05,
     ignore: tuple[type[Exception], ...] = (),
     blocking: bool = False,

@@ -75,7 +75,7 @@ class EndpointInfo(
     # tokenizer) or "hf:<path to tokenizer.json>" (needs the tokenizers package).
     tokenizer: str = ""
     # llama.cpp replicas serving LoRA adapters: the adapters in the order the engine
-    # loaded them (a request selects one by its position, router/lora.py). Empty for
+    # loaded them (a request selects one by its position, router/request/lora.py). Empty for
     # other engines, which take an adapter's name as the model.
     lora_ids: tuple[str, ...] = ()
 

@@ -42,7 +42,7 @@ class TokenUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """One key's use of one model in one UTC hour, as one router process counted it.
 
     In a report each figure is the running total of the hour so far since this
-    router process started (`UsageReport.router_id`), never the change since the
+    router process started (`UsageReport.counter_id`), never the change since the
     last report: a report sent twice, or late, carries nothing new, and the
     controller keeps the largest figure it has seen of each (docs/tenants.md#usage).
     """
@@ -80,6 +80,10 @@ class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     # Running token totals of this router process per hour, key, team and model:
     # each row is sent again, whole, until a report holding it was answered 2xx.
     tokens: list[TokenUsage] = []
+    # Who counted `tokens`: new each time a router process starts, even one with a
+    # configured `router_id`, whose totals start again at zero (under an id already
+    # seen, the controller, keeping the largest figures, would miss them). "": router_id.
+    counter_id: Annotated[str, msgspec.Meta(max_length=128)] = ""
 
 
 class UsageRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

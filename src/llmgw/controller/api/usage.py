@@ -45,7 +45,9 @@ async def report(request: web.Request) -> web.Response:
     if got.tokens:
         store = s.fleet.store
         try:
-            await asyncio.to_thread(store.record_usage, got.router_id, got.tokens)
+            # Kept per counter (a router process's totals start at zero with it).
+            counter = got.counter_id or got.router_id
+            await asyncio.to_thread(store.record_usage, counter, got.tokens)
         except StoreError as exc:
             raise StoreUnavailable(f"cannot keep the report's token usage: {exc}") from exc
     return web.Response(status=204)

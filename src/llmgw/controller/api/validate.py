@@ -111,10 +111,11 @@ def check_usage(report: UsageReport) -> None:
         )
     _counts(report.inflight, "inflight")
     _counts(report.demand, "demand")
+    if _control(report.counter_id):
+        raise InvalidSpec("usage report: counter_id holds a control character", param="counter_id")
     for i, row in enumerate(report.tokens):
         for field, text in (("key", row.key), ("team", row.team), ("model", row.model)):
-            # PostgreSQL's text holds no NUL; any control character is no name.
-            if any(ord(c) < 32 or c == "\x7f" for c in text):
+            if _control(text):
                 raise InvalidSpec(
                     f"usage report: tokens[{i}].{field} holds a control character",
                     param=f"tokens.{i}.{field}",
@@ -131,6 +132,11 @@ def check_usage(report: UsageReport) -> None:
                     f"usage report: load[{model!r}].{field} must be >= 0, got {value}",
                     param=f"load.{model}.{field}",
                 )
+
+
+def _control(text: str) -> bool:
+    # PostgreSQL's text holds no NUL; any control character is no name.
+    return any(ord(c) < 32 or c == "\x7f" for c in text)
 
 
 def _counts(counts: Mapping[str, int], field: str) -> None:

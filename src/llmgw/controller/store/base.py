@@ -90,7 +90,8 @@ class Store(Protocol):
         ...
 
     def record_usage(self, router_id: str, rows: Sequence[TokenUsage]) -> None:
-        """Keep `rows`, the running totals of router process `router_id`, in one transaction.
+        """Keep `rows`, the running totals counted by `router_id` (one router process's
+        counter: UsageReport.counter_id), in one transaction.
 
         Each figure keeps the largest value recorded for its (hour, key, team, model,
         router_id), so recording the same rows again, or older ones late, changes

@@ -105,8 +105,9 @@ def _define_v9_tables(md: sa.MetaData) -> None:
         sa.Column("key", sa.String, primary_key=True),
         sa.Column("team", sa.String, primary_key=True),
         sa.Column("model", sa.String, primary_key=True),
-        # The router process that counted them (UsageReport.router_id): each row holds
-        # that process's running totals, and a total over routers is summed when read.
+        # Who counted them (UsageReport.counter_id, else its router_id: one router
+        # process): each row holds that process's running totals, and a total over
+        # routers is summed when read.
         sa.Column("router_id", sa.String, primary_key=True),
         sa.Column("requests", sa.BigInteger, nullable=False),
         sa.Column("prompt_tokens", sa.BigInteger, nullable=False),

@@ -1,0 +1,131 @@
+"""The APIs passed through beside chat and completions: what the router reads of each.
+
+Each route (`ROUTES`) names an `Api`: where its model is (the JSON body, or a
+multipart form's field), whether the model may be left out, what routes it
+(`key`: the conversation, rewritten to chat's shape so one conversation keeps
+its replica whichever API carries it, `conversation.py`), which client headers
+go on to the engine, how its usage reads (`apiusage.py`), and the shape of its
+errors and of the frame that ends a broken stream (OpenAI's, or Anthropic's for
+`/v1/messages`: `anthropic.py`). Chat, completions and embeddings are not here:
+the proxy serves them itself, on its leanest path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from llmgw.router.apis import anthropic, conversation
+from llmgw.router.apis import usage as apiusage
+from llmgw.router.request import inband
+from llmgw.router.request.usagetypes import Usage
+from llmgw.router.routing.affinity import NO_KEY, RouteKey, route_key
+from llmgw.wire.errors import error_body
+
+KeyOf = Callable[[dict[str, Any], str | None], RouteKey]
+
+
+def _no_key(doc: dict[str, Any], session: str | None) -> RouteKey:
+    return NO_KEY
+
+
+def _prompt_key(field: str) -> KeyOf:
+    """The key of a request whose shared text is one field (rerank's query)."""
+
+    def key(doc: dict[str, Any], session: str | None) -> RouteKey:
+        text = doc.get(field)
+        if not isinstance(text, str) or not text:
+            return NO_KEY
+        return route_key({"model": doc.get("model", ""), "prompt": text}, session)
+
+    return key
+
+
+def openai_stream_error(message: str, code: int) -> bytes:
+    """A Responses stream's error event: `event: error`, OpenAI's error object in it
+    (the openai package raises on a data object with `error`)."""
+    body = error_body(message, type="upstream_error", code=code)
+    return b"event: error\ndata: " + body + b"\n\n"
+
+
+class Api:
+    """One passed-through route's reading rules (see the module docstring)."""
+
+    __slots__ = (
+        "anthropic",
+        "error_mark",
+        "form",
+        "key",
+        "model_optional",
+        "name",
+        "pass_headers",
+        "stream_error",
+        "stream_usage",
+        "usage_of",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        key: KeyOf = _no_key,
+        usage_of: Callable[[bytes], Usage | None] = apiusage.openai_usage,
+        stream_usage: Callable[[], apiusage.EventUsage] | None = None,
+        model_optional: bool = False,
+        form: bool = False,
+        is_anthropic: bool = False,
+    ) -> None:
+        self.name = name
+        self.key = key
+        self.usage_of = usage_of
+        self.stream_usage = stream_usage
+        # vLLM lets tokenize, detokenize, rerank and score leave the model out (llama.cpp's
+        # /tokenize has none): the router then routes to its one model, if it has one.
+        self.model_optional = model_optional
+        # multipart/form-data (audio uploads): the model is a form field.
+        self.form = form
+        self.anthropic = is_anthropic
+        self.pass_headers: tuple[str, ...] = anthropic.PASSED_ON if is_anthropic else ()
+        # What opens an engine's error frame in its streams (inband.py).
+        self.error_mark = inband.ANTHROPIC_MARK if is_anthropic else inband.MARK
+        self.stream_error: Callable[[str, int], bytes] = (
+            anthropic.stream_error if is_anthropic else openai_stream_error
+        )
+
+
+RESPONSES: Final = Api(
+    "responses",
+    key=conversation.responses_key,
+    usage_of=apiusage.responses_usage,
+    stream_usage=apiusage.ResponsesStreamUsage,
+)
+MESSAGES: Final = Api(
+    "messages",
+    key=conversation.messages_key,
+    usage_of=apiusage.anthropic_usage,
+    stream_usage=apiusage.AnthropicStreamUsage,
+    is_anthropic=True,
+)
+COUNT_TOKENS: Final = Api("count_tokens", is_anthropic=True)
+TOKENIZE: Final = Api("tokenize", key=route_key, model_optional=True)
+DETOKENIZE: Final = Api("detokenize", model_optional=True)
+RERANK: Final = Api("rerank", key=_prompt_key("query"), model_optional=True)
+SCORE: Final = Api("score", key=_prompt_key("text_1"), model_optional=True)
+TRANSCRIBE: Final = Api("audio", form=True)
+SPEECH: Final = Api("speech")
+
+# Path → its rules. Each is forwarded to the engine under the same path.
+ROUTES: Final[dict[str, Api]] = {
+    "/v1/responses": RESPONSES,
+    "/v1/messages": MESSAGES,
+    "/v1/messages/count_tokens": COUNT_TOKENS,
+    "/tokenize": TOKENIZE,
+    "/detokenize": DETOKENIZE,
+    "/v1/rerank": RERANK,
+    "/rerank": RERANK,
+    "/v1/score": SCORE,
+    "/score": SCORE,
+    "/v1/audio/transcriptions": TRANSCRIBE,
+    "/v1/audio/translations": TRANSCRIBE,
+    "/v1/audio/speech": SPEECH,
+}

@@ -1,0 +1,204 @@
+"""Where the router's configuration and endpoint list come from.
+
+Two sources, one effect: the router's `apply_*` callbacks, which end in a
+wholesale `Registry.replace()`; the scheduler and proxy cannot tell them apart.
+
+- `ConfigWatcher`: the YAML file. Re-read on SIGHUP and when its mtime, size or
+  inode changes; a file that fails validation is logged and the running
+  configuration kept, so a typo never empties a router.
+- `ControllerSource`: long-polls `GET {controller}/v1/endpoints?after=V`. When
+  the controller is unreachable the last list stays in force and polling
+  resumes with jittered exponential backoff: serving survives the control
+  plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from llmgw.router.config import ControllerConfig, RouterConfig, load
+from llmgw.router.errors import (
+    ControllerCallFailed,
+    ReportRefused,
+    RouterConfigError,
+    UpstreamError,
+)
+from llmgw.router.upstream.aiohttp_client import Upstream
+from llmgw.runtime.logs import kv
+from llmgw.wire.endpoints import EndpointList
+from llmgw.wire.usage import UsageReport
+
+log = logging.getLogger(__name__)
+
+FileStamp = tuple[int, int, int]  # (mtime_ns, size, inode)
+# Shortest time between two polls that brought no change.
+MIN_POLL_S = 1.0
+
+
+class ConfigWatcher:
+    """Reloads the configuration file when it changes or when asked (SIGHUP)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        on_config: Callable[[RouterConfig], None],
+        poll_s: float = 1.0,
+    ) -> None:
+        self.path = Path(path)
+        self.poll_s = poll_s
+        self._on_config = on_config
+        self._stamp = self._read_stamp()
+        self._wake = asyncio.Event()
+        self._forced = False
+        self.reloads = 0
+        self.last_error: str | None = None
+
+    def _read_stamp(self) -> FileStamp | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def request_reload(self) -> None:
+        """Reload on the next tick whether or not the file changed (the SIGHUP handler)."""
+        self._forced = True
+        self._wake.set()
+
+    def tick(self) -> bool:
+        """Reload if due; True when a new configuration was applied."""
+        stamp = self._read_stamp()
+        if not self._forced and stamp == self._stamp:
+            return False
+        self._forced = False
+        self._stamp = stamp
+        try:
+            cfg = load(self.path)
+        except RouterConfigError as exc:
+            self.last_error = str(exc)
+            log.error(kv("reload rejected, keeping the running config", error=exc))
+            return False
+        self.last_error = None
+        self.reloads += 1
+        log.info(kv("config reloaded", path=self.path, endpoints=len(cfg.endpoints)))
+        self._on_config(cfg)
+        return True
+
+    async def run(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(self.poll_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            self.tick()
+
+
+class ControllerClient:
+    """HTTP to the controller: the endpoint long-poll and the usage report."""
+
+    def __init__(self, cfg: ControllerConfig, upstream: Upstream) -> None:
+        self.cfg = cfg
+        self._upstream = upstream
+        self._base = cfg.url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
+
+    async def endpoints(self, *, after: int | None) -> EndpointList | None:
+        """The list when it is newer than `after` (None: no change before the poll ended)."""
+        wait_s = self.cfg.poll_timeout_s
+        url = f"{self._base}/v1/endpoints?timeout_s={wait_s:g}"
+        if after is not None:
+            url += f"&after={after}"
+        try:
+            status, body = await self._upstream.get(
+                url, timeout_s=wait_s + 5.0, endpoint_id="controller", headers=self._headers
+            )
+        except UpstreamError as exc:
+            raise ControllerCallFailed(str(exc)) from exc
+        if status in (204, 304):
+            return None
+        if status != 200:
+            raise ControllerCallFailed(f"GET /v1/endpoints answered {status}")
+        try:
+            return msgspec.json.decode(body, type=EndpointList)
+        except msgspec.DecodeError as exc:
+            raise ControllerCallFailed(f"bad endpoint list: {exc}") from exc
+
+    async def post_usage(self, report: UsageReport) -> None:
+        try:
+            status, _ = await self._upstream.post_json(
+                f"{self._base}/v1/usage",
+                msgspec.json.encode(report),
+                timeout_s=5.0,
+                endpoint_id="controller",
+                headers=self._headers,
+            )
+        except UpstreamError as exc:
+            raise ControllerCallFailed(str(exc)) from exc
+        if 400 <= status < 500 and status not in (401, 403, 408, 429):
+            # The body is wrong, not the moment: resending it would be refused forever.
+            raise ReportRefused(f"POST /v1/usage answered {status}", status=status)
+        if status >= 300:
+            raise ControllerCallFailed(f"POST /v1/usage answered {status}")
+
+
+class ControllerSource:
+    """Follows the controller's endpoint list; keeps the last one while it is away."""
+
+    def __init__(
+        self,
+        client: ControllerClient,
+        *,
+        on_list: Callable[[EndpointList], None],
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 15.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._client = client
+        self._on_list = on_list
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._rng = rng or random.Random()
+        self.version: int | None = None
+        self.failures = 0
+
+    async def tick(self) -> bool:
+        """One poll; True when a list arrived and was applied."""
+        got = await self._client.endpoints(after=self.version)
+        self.failures = 0
+        if got is None or got.version == self.version:
+            return False
+        # A smaller version than ours means the controller's store was replaced:
+        # its list is still the truth (wire.endpoints.EndpointList).
+        self.version = got.version
+        self._on_list(got)
+        return True
+
+    def next_backoff_s(self) -> float:
+        """Full jitter: routers that lost the controller together do not return together."""
+        cap = min(self._max_backoff_s, self._backoff_s * 2.0 ** min(self.failures, 16))
+        return self._rng.uniform(self._backoff_s / 2.0, cap)
+
+    async def run(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                if not await self.tick() and time.monotonic() - started < MIN_POLL_S:
+                    # A controller that answers at once without a change would
+                    # otherwise be polled in a hot loop.
+                    await asyncio.sleep(MIN_POLL_S)
+            except ControllerCallFailed as exc:
+                self.failures += 1
+                if self.failures == 1:
+                    log.warning(kv("controller unreachable, keeping the last list", error=exc))
+                await asyncio.sleep(self.next_backoff_s())

@@ -1,0 +1,170 @@
+"""Usage reports, router → controller, once a tick.
+
+Per request the router only bumps two counters (`UsageTracker.started` /
+`finished`); everything else is read from the registry and the hold queue
+when a report is built. The report costs the same on four replicas as on four
+hundred, and nothing here is per request on the wire.
+
+`last_used` comes from the registry, which leaves never-used endpoints out:
+a router that just restarted reports nothing, not zeros, so it cannot make
+the whole fleet look idle.
+
+Token usage rides along (`tokens`): each tick hands the requests' counts to a
+`TokenLedger` (tokenusage.py), and the report carries the ledger's rows the
+controller does not have yet; `deliver` marks them taken only on a 2xx. A lost
+report loses nothing of them: the next one carries them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, Protocol
+
+import msgspec
+
+from llmgw.router.control.tokenusage import TokenLedger
+from llmgw.router.errors import ReportRefused
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+from llmgw.runtime.logs import kv
+from llmgw.wire.usage import ModelLoad, TokenUsage, UsageReport
+
+log: Final = logging.getLogger(__name__)
+
+
+class UsageTracker:
+    """Per-model request counts: started during the interval, in flight now."""
+
+    __slots__ = ("_clock", "_inflight", "_interval_start", "_started")
+
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
+        self._started: dict[str, int] = {}
+        self._inflight: dict[str, int] = {}
+        self._interval_start = clock.monotonic()
+
+    def started(self, model: str) -> None:
+        self._started[model] = self._started.get(model, 0) + 1
+        self._inflight[model] = self._inflight.get(model, 0) + 1
+
+    def finished(self, model: str) -> None:
+        left = self._inflight.get(model, 0) - 1
+        if left > 0:
+            self._inflight[model] = left
+        else:
+            self._inflight.pop(model, None)
+
+    def load(self, held: Mapping[str, int], *, reset: bool) -> dict[str, ModelLoad]:
+        """Model → load since the interval began; `reset` starts a new interval."""
+        now = self._clock.monotonic()
+        interval_s = now - self._interval_start
+        models = sorted(set(self._started) | set(self._inflight) | set(held))
+        out = {
+            m: ModelLoad(
+                inflight=self._inflight.get(m, 0),
+                held=held.get(m, 0),
+                requests=self._started.get(m, 0),
+                interval_s=round(interval_s, 3),
+            )
+            for m in models
+        }
+        if reset:
+            self._started = {}
+            self._interval_start = now
+        return out
+
+
+def build_report(
+    *,
+    router_id: str,
+    sent_at: float,
+    last_used: Mapping[str, float],
+    inflight: Mapping[str, int],
+    demand: Mapping[str, int],
+    load: Mapping[str, ModelLoad],
+) -> UsageReport:
+    """One report; maps are copied and sorted so equal states encode equally."""
+    return UsageReport(
+        router_id=router_id,
+        sent_at=sent_at,
+        last_used=dict(sorted(last_used.items())),
+        inflight=dict(sorted(inflight.items())),
+        demand=dict(sorted(demand.items())),
+        load=dict(sorted(load.items())),
+    )
+
+
+class ReportSink(Protocol):
+    """Where reports go: the controller (`sources.ControllerClient`) or a test fake."""
+
+    async def post_usage(self, report: UsageReport) -> None: ...
+
+
+async def deliver(
+    sink: ReportSink, ledger: TokenLedger, report: UsageReport, counted: Sequence[TokenUsage]
+) -> UsageReport:
+    """Send `report` with the token rows the controller lacks; raises what the sink raised.
+
+    `counted`: the requests' counts since the last report (TokenCounts.drain).
+    """
+    ledger.add(counted)
+    rows = ledger.pending()
+    if rows:
+        counter_id = f"{report.router_id}@{ledger.incarnation}"
+        report = msgspec.structs.replace(report, tokens=rows, counter_id=counter_id)
+    try:
+        await sink.post_usage(report)
+    except ReportRefused as exc:
+        # Refused for what it holds: sent again it would be refused again, and every
+        # later report with it. Its rows are given up; newer counts go in new rows.
+        ledger.acked(rows)
+        log.warning(kv("usage report refused", status=exc.status, token_rows_given_up=len(rows)))
+        raise
+    ledger.acked(rows)
+    return report
+
+
+class UsageReporter:
+    """Builds a report every tick and sends it when a sink is configured.
+
+    `drain`: the requests' token counts since the last tick (TokenCounts.drain);
+    without a sink they are dropped: a router on its own keeps only its per-team
+    series (metrics.py), nothing to send.
+    """
+
+    def __init__(
+        self,
+        *,
+        build: Callable[[bool], UsageReport],
+        sink: ReportSink | None,
+        interval_s: float,
+        drain: Callable[[], list[TokenUsage]] = list,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._build = build
+        self._sink = sink
+        self._drain = drain
+        self.interval_s = interval_s
+        self.ledger = TokenLedger(clock=clock)
+        self.last: UsageReport | None = None
+        self.failures = 0
+
+    async def tick(self) -> UsageReport:
+        report = self._build(True)
+        counted = self._drain()
+        self.last = report
+        if self._sink is not None:
+            try:
+                report = self.last = await deliver(self._sink, self.ledger, report, counted)
+            except Exception as exc:  # noqa: BLE001 - the next report carries its token rows again
+                self.failures += 1
+                log.warning(kv("usage report failed", error=exc))
+            else:
+                self.failures = 0
+        return report
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.tick()

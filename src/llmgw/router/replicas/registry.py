@@ -1,0 +1,565 @@
+"""The upstream replicas the router can send to, with their live state.
+
+A port of the seed `router_endpoint_registry.go`. The endpoint list comes from a
+static file today and from the controller's EndpointSink later; the
+scheduler and proxy must not notice the difference, which is why the API is
+wholesale `replace()` of the list from the start.
+
+Concurrency: the router uses one registry from one asyncio thread and nothing
+here awaits, so every method runs to completion without interleaving and no
+lock is needed (the seed's mutex guarded Go's goroutines). Calling it from
+another thread is a bug.
+
+Clocks: staleness, ages and drain rates use the monotonic reading; `last_used`
+is wall-clock unix seconds because it leaves the process (the usage report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final, Protocol
+
+import msgspec
+
+from llmgw.router.replicas.breaker import (
+    DEFAULT_BREAKER_CONFIG,
+    Breaker,
+    BreakerConfig,
+    BreakerState,
+    Outcome,
+)
+from llmgw.router.replicas.stats import Stats
+from llmgw.router.workers.shared import SharedInflight
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+from llmgw.wire.endpoints import EndpointInfo
+
+__all__ = ["DRAIN_ALPHA", "Registry", "Release", "Snapshot", "Stats"]
+
+# Exponential smoothing factor of the drain rate (seed: alpha = 0.3).
+DRAIN_ALPHA: Final = 0.3
+
+
+class Release(Protocol):
+    """Reports how a dispatched request ended. Runs once; later calls do nothing."""
+
+    def __call__(self, outcome: Outcome) -> None: ...
+
+    def started(self) -> None:
+        """The engine has answered or sent its first token: no longer `pending`."""
+
+
+class Snapshot:
+    """Everything the scheduler knows of one endpoint, as a value read without a lock.
+
+    Immutable: nothing assigns its attributes after construction. A compiled class
+    (this module is compiled, compiled.py), not a msgspec Struct or a dataclass: one
+    is built per endpoint of the model on every request, and the compiled scheduler
+    reads its attributes directly, where a Struct's went through CPython's generic
+    attribute lookup (docs/router.md, mypyc). For the same reason it carries the few
+    figures of `info` and `stats` read per request (`id`, `weight`, `priority`,
+    `engine_requests`): the registry passes them as it keeps them; built by keywords
+    without them, they are derived from `info` and `stats`.
+
+    Build it by keywords; the registry passes its arguments by position, in the
+    order of the parameters: uncompiled, a call with 17 keywords cost about three times
+    one by position.
+
+    `as_builtins()` is what /admin/endpoints shows (msgspec does not know this class).
+    """
+
+    __slots__ = (
+        "age_s",
+        "breaker",
+        "drain_rate",
+        "engine_requests",
+        "id",
+        "inflight",
+        "inflight_at_scrape",
+        "info",
+        "opened_total",
+        "pending",
+        "priority",
+        "probe_in_s",
+        "restarts",
+        "running_capacity",
+        "stale",
+        "stats",
+        "weight",
+    )
+
+    def __init__(
+        self,
+        info: EndpointInfo,
+        stats: Stats | None,
+        drain_rate: float,
+        inflight: int,
+        running_capacity: int,
+        stale: bool,
+        age_s: float | None,
+        breaker: BreakerState,
+        restarts: int,
+        inflight_at_scrape: int = 0,
+        pending: int = 0,
+        probe_in_s: float | None = None,
+        opened_total: int = 0,
+        id: str | None = None,
+        weight: float | None = None,
+        priority: int | None = None,
+        engine_requests: int | None = None,
+    ) -> None:
+        self.info: Final = info
+        # The last successful scrape; None: never scraped since the endpoint appeared.
+        self.stats: Final = stats
+        # Finished requests per second, exponentially smoothed (α 0.3). This is
+        # AIBrix's load signal: running alone cannot tell that a replica is slow.
+        # 0.0 until two scrapes with a finished-request counter have been seen, and
+        # always for engines without one (llama.cpp); it only breaks ties.
+        self.drain_rate: Final = drain_rate
+        # Requests this router dispatched here that have not finished (all its
+        # workers together: shared.py). It compensates for scrape lag: without it,
+        # herding is unavoidable within an interval.
+        self.inflight: Final = inflight
+        # The highest `running` ever observed: the engine's batch capacity, learned
+        # rather than configured. Kept across engine restarts (the seed's "max ever"):
+        # a restarted engine has the same batch limit. 0 until the first scrape.
+        self.running_capacity: Final = running_capacity
+        # No successful scrape within `stale_after_s`, or never scraped. Stale
+        # endpoints are scored down, not dropped.
+        self.stale: Final = stale
+        # Seconds since the last successful scrape; None if never scraped.
+        self.age_s: Final = age_s
+        # Read without side effects: an open breaker past its cooldown reads half_open.
+        self.breaker: Final = breaker
+        # Engine restarts observed (a counter went backwards).
+        self.restarts: Final = restarts
+        # `inflight` when the last scrape was recorded: the engine's figures already
+        # contain (roughly) these, so the requests it has not yet reported are
+        # inflight − inflight_at_scrape (the scheduler's load estimate, `load_of`).
+        self.inflight_at_scrape: Final = inflight_at_scrape
+        # Of `inflight`, the streamed requests whose first token has not come yet (all
+        # workers together): queued at the engine or in prefill. Live, where the
+        # engine's own `waiting` is a scrape old; the scheduler counts it as queue
+        # (`load_of`). Requests that do not stream never count: their answer comes whole.
+        self.pending: Final = pending
+        # Seconds until an open breaker admits its probe; None unless open.
+        self.probe_in_s: Final = probe_in_s
+        # Times the breaker has opened: a rise means a probe failed (holding.hold_until).
+        self.opened_total: Final = opened_total
+        # From `info` and `stats`, for the scheduler (given, they must agree with them):
+        # info.id, info.weight, info.priority.
+        self.id: Final = info.id if id is None else id
+        self.weight: Final = info.weight if weight is None else weight
+        self.priority: Final = info.priority if priority is None else priority
+        # The engine's running + waiting as of the last scrape; None: never scraped.
+        if engine_requests is None and stats is not None:
+            engine_requests = stats.running + stats.waiting
+        self.engine_requests: Final = engine_requests
+
+    def as_builtins(self) -> dict[str, Any]:
+        """The snapshot as JSON-ready builtins: its constructor's keywords (no derived
+        figures), in their order, as msgspec.to_builtins encoded it when it was a Struct."""
+        out = dict(zip(_FIELDS, self._key(), strict=True))
+        out["info"] = msgspec.to_builtins(self.info)
+        out["stats"] = None if self.stats is None else msgspec.to_builtins(self.stats)
+        out["breaker"] = self.breaker.value
+        return out
+
+    def _key(self) -> tuple[object, ...]:
+        # Off the request path (equality, hash, repr, /admin/endpoints): by name.
+        return tuple(getattr(self, name) for name in _FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Snapshot):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in zip(_FIELDS, self._key(), strict=True))
+        return f"Snapshot({fields})"
+
+
+# Snapshot's constructor keywords, in order (`_key`: its equality, repr and builtins).
+_FIELDS: Final = (
+    "info",
+    "stats",
+    "drain_rate",
+    "inflight",
+    "running_capacity",
+    "stale",
+    "age_s",
+    "breaker",
+    "restarts",
+    "inflight_at_scrape",
+    "pending",
+    "probe_in_s",
+    "opened_total",
+)
+
+
+class _Live:
+    """One endpoint's mutable state; never leaves this module."""
+
+    __slots__ = (
+        "breaker",
+        "drain_rate",
+        "engine_requests",
+        "id",
+        "inflight",
+        "inflight_at_scrape",
+        "info",
+        "last_used",
+        "max_running",
+        "pending",
+        "priority",
+        "pslot",
+        "queued_seen",
+        "restarts",
+        "row",
+        "scraped_at",
+        "slot",
+        "stats",
+        "weight",
+    )
+
+    def __init__(self, info: EndpointInfo, breaker: Breaker) -> None:
+        self.info = info
+        # info's and stats' figures a Snapshot carries, read from them once (set_info,
+        # Registry.observe) rather than once per request.
+        self.id = info.id
+        self.weight = info.weight
+        self.priority = info.priority
+        self.breaker = breaker
+        self.stats: Stats | None = None
+        self.engine_requests: int | None = None  # stats' running + waiting
+        self.scraped_at: float | None = None  # monotonic
+        self.drain_rate = 0.0
+        self.max_running = 0
+        # Whether a scrape ever found requests waiting at the engine: then it was full,
+        # and max_running is its limit rather than the most it was asked to run.
+        self.queued_seen = False
+        self.restarts = 0
+        self.inflight = 0
+        self.inflight_at_scrape = 0
+        self.pending = 0
+        # Wall-clock time of the last dispatch; None: not since this router started.
+        # Recorded in acquire, the one place a request meets an endpoint, so the
+        # idle report costs one pass over replicas per tick, nothing per request.
+        self.last_used: float | None = None
+        # With workers: this worker's row of the shared table and the endpoint's
+        # column in it; each acquire, first token and release writes `inflight`
+        # (cell `slot`) and `pending` (cell `pslot`) there.
+        self.row: memoryview | None = None
+        self.slot = 0
+        self.pslot = 0  # its pending count's cell: the row's second half
+
+    def set_info(self, info: EndpointInfo) -> None:
+        self.info = info
+        self.id = info.id
+        self.weight = info.weight
+        self.priority = info.priority
+
+
+class _Release:
+    """The hot-path release: three slots and a flag, no closure, no lock."""
+
+    __slots__ = ("_done", "_live", "_pending", "_probe")
+
+    def __init__(self, live: _Live, probe: bool, pending: bool) -> None:
+        self._live = live
+        self._probe = probe
+        self._pending = pending
+        self._done = False
+
+    def started(self) -> None:
+        if self._pending:
+            self._pending = False
+            live = self._live
+            live.pending -= 1
+            if live.row is not None:
+                live.row[live.pslot] = live.pending
+
+    def __call__(self, outcome: Outcome) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.started()
+        live = self._live
+        # An endpoint removed by replace() while this request ran is updated in its
+        # orphaned state, which nothing reads any more: harmless by construction.
+        live.inflight -= 1
+        if live.row is not None:
+            live.row[live.slot] = live.inflight
+        live.breaker.record(outcome, probe=self._probe)
+
+
+def _went_backwards(old: Stats | None, new: Stats) -> bool:
+    """Whether any counter decreased: the engine restarted.
+
+    The seed watched only the finished-request counter; llama.cpp has none, so
+    the token counters count too. %g rounding (llama.cpp) is monotonic and can
+    never make a counter decrease.
+    """
+    if old is None:
+        return False
+    for a, b in (
+        (old.success_total, new.success_total),
+        (old.prompt_tokens, new.prompt_tokens),
+        (old.generation_tokens, new.generation_tokens),
+    ):
+        if a is not None and b is not None and b < a:
+            return True
+    return False
+
+
+class Registry:
+    """The live state of all endpoints; outside it only frozen Snapshots are seen."""
+
+    def __init__(
+        self,
+        *,
+        stale_after_s: float = 10.0,
+        breaker: BreakerConfig = DEFAULT_BREAKER_CONFIG,
+        clock: Clock = SYSTEM_CLOCK,
+        shared: SharedInflight | None = None,
+    ) -> None:
+        self._stale_after_s = stale_after_s if stale_after_s > 0 else 10.0
+        self._breaker_cfg = breaker
+        self._clock = clock
+        self._live: dict[str, _Live] = {}
+        # Sorted views rebuilt on replace(), so per-request reads never sort.
+        self._sorted: tuple[_Live, ...] = ()
+        self._by_model: dict[str, tuple[_Live, ...]] = {}
+        self._version = 0
+        # Endpoints replace() removed, kept until their last request is done (and a
+        # while after), so usage reports can say "0 in flight" for a draining
+        # replica. Without it the controller sees a replica that left the list as
+        # unknown and must wait out the whole drain grace.
+        self._departed: dict[str, tuple[_Live, float]] = {}
+        # One of several workers: in-flight counts are shared (shared.py).
+        self._shared = shared
+
+    @property
+    def version(self) -> int:
+        """Bumped by every replace(), for caches keyed on the endpoint list."""
+        return self._version
+
+    def replace(self, infos: Iterable[EndpointInfo]) -> list[str]:
+        """Reconcile with a new endpoint list; return the removed ids, sorted.
+
+        Survivors keep their live state (stats, drain rate, inflight, breaker)
+        with the new Info; new endpoints get a fresh breaker; removed ones are
+        dropped, and the caller purges whatever else it keeps per endpoint.
+        """
+        old = self._live
+        new: dict[str, _Live] = {}
+        for info in infos:
+            live = old.get(info.id) or new.get(info.id)
+            if live is None:
+                live = _Live(info, Breaker(self._breaker_cfg, clock=self._clock))
+            live.set_info(info)
+            new[info.id] = live
+        removed = sorted(old.keys() - new.keys())
+        now = self._clock.monotonic()
+        for rid in removed:
+            self._departed[rid] = (old[rid], now)
+            self._unshare(old[rid])
+        if self._shared is not None:
+            for live in new.values():
+                self._share(live, self._shared)
+        for rid in new.keys() & self._departed.keys():
+            del self._departed[rid]
+        self._live = new
+        self._sorted = tuple(new[k] for k in sorted(new))
+        by_model: dict[str, list[_Live]] = {}
+        for live in self._sorted:
+            for model in dict.fromkeys(live.info.models):
+                by_model.setdefault(model, []).append(live)
+        self._by_model = {m: tuple(ls) for m, ls in by_model.items()}
+        self._version += 1
+        return removed
+
+    @staticmethod
+    def _unshare(live: _Live) -> None:
+        """A departed endpoint's slot may go to another: stop writing it, leave it 0."""
+        if live.row is not None:
+            live.row[live.slot] = live.row[live.pslot] = 0
+            live.row = None
+
+    @staticmethod
+    def _share(live: _Live, shared: SharedInflight) -> None:
+        slot = shared.slots.get(live.id)
+        if slot is None:
+            # No slot (the table is full): counted by this worker alone.
+            Registry._unshare(live)
+            return
+        if live.row is None or live.slot != slot:
+            Registry._unshare(live)
+            live.row, live.slot, live.pslot = shared.row, slot, shared.capacity + slot
+            shared.row[slot] = live.inflight
+            shared.row[live.pslot] = live.pending
+
+    def _inflight(self, live: _Live) -> int:
+        """In flight to `live` from every worker of this router."""
+        if live.row is None or self._shared is None:
+            return live.inflight
+        return self._shared.total(live.slot)
+
+    def _counts(self, live: _Live) -> tuple[int, int]:
+        """In flight to `live`, and of those awaiting their first token, from every
+        worker of this router."""
+        shared = self._shared
+        if live.row is None or shared is None:
+            return live.inflight, live.pending
+        return shared.total(live.slot), shared.pending_total(live.slot)
+
+    def observe(self, id: str, stats: Stats) -> bool:
+        """Record a successful scrape; True iff a counter reset (engine restart) was seen."""
+        live = self._live.get(id)
+        if live is None:
+            return False
+        now = self._clock.monotonic()
+        restarted = _went_backwards(live.stats, stats)
+        if restarted:
+            # The engine restarted: its counters start over, so the difference
+            # means nothing; reset the rate and skip the derivative.
+            live.drain_rate = 0.0
+            live.restarts += 1
+        elif live.scraped_at is not None and live.stats is not None:
+            dt = now - live.scraped_at
+            before, after = live.stats.success_total, stats.success_total
+            if dt > 0 and before is not None and after is not None:
+                rate = (after - before) / dt
+                live.drain_rate = DRAIN_ALPHA * rate + (1 - DRAIN_ALPHA) * live.drain_rate
+        live.stats = stats
+        live.engine_requests = stats.running + stats.waiting
+        live.scraped_at = now
+        live.max_running = max(live.max_running, stats.running)
+        if stats.waiting > 0:
+            live.queued_seen = True
+        live.inflight_at_scrape = self._inflight(live)
+        return restarted
+
+    def capacity_shown(self, id: str) -> bool:
+        """Whether `id`'s engine was ever seen with requests waiting (flow control:
+        its learned capacity is a limit, not only the most it was asked to run)."""
+        live = self._live.get(id)
+        return live is not None and live.queued_seen
+
+    def scrape_failed(self, id: str) -> None:
+        """Note a failed metrics scrape: deliberately nothing.
+
+        A scrape failure is not a request failure, so it does not touch the
+        breaker: the endpoint may be serving fine while only its metrics are
+        down. It goes stale on its own and scores lower.
+        """
+
+    def snapshots(self, model: str | None = None) -> list[Snapshot]:
+        """Every endpoint (serving `model`, if given), sorted by id. Breakers are read,
+        never consumed."""
+        lives = self._sorted if model is None else self._by_model.get(model, ())
+        now = self._clock.monotonic()
+        return [self._snap(live, now) for live in lives]
+
+    def snapshot(self, id: str) -> Snapshot | None:
+        live = self._live.get(id)
+        return None if live is None else self._snap(live, self._clock.monotonic())
+
+    def _snap(self, live: _Live, now: float) -> Snapshot:
+        # Built for every endpoint of the model on every request: a closed breaker
+        # (the common case) takes no probe_in_s() call.
+        age = None if live.scraped_at is None else now - live.scraped_at
+        breaker = live.breaker
+        state = breaker.state()
+        inflight, pending = self._counts(live)
+        # By position (Snapshot's docstring), in the order of its parameters.
+        return Snapshot(
+            live.info,
+            live.stats,
+            live.drain_rate,
+            inflight,
+            live.max_running,  # running_capacity
+            age is None or age > self._stale_after_s,  # stale
+            age,  # age_s
+            state,  # breaker
+            live.restarts,
+            live.inflight_at_scrape,
+            pending,
+            # probe_in_s: None unless open (a closed or half-open breaker has no probe).
+            None if state is BreakerState.CLOSED else breaker.probe_in_s(),
+            breaker.opened_total,
+            live.id,
+            live.weight,
+            live.priority,
+            live.engine_requests,
+        )
+
+    def acquire(self, id: str, *, pending: bool = False) -> Release | None:
+        """Ask to send one request to `id`.
+
+        None if the endpoint is unknown or its breaker refuses. Otherwise inflight
+        is incremented, last_used set, and the caller must call the release with
+        the outcome exactly once; later calls are no-ops. Take it with no await
+        between acquire and the `try` whose `finally` releases. `pending`: the
+        request streams, and counts as pending until `started()` or the release.
+        """
+        live = self._live.get(id)
+        if live is None:
+            return None
+        probe = live.breaker.state() is BreakerState.HALF_OPEN
+        if not live.breaker.allow():
+            return None
+        live.inflight += 1
+        if pending:
+            live.pending += 1
+        if live.row is not None:
+            live.row[live.slot] = live.inflight
+            live.row[live.pslot] = live.pending
+        live.last_used = self._clock.wall()
+        return _Release(live, probe, pending)
+
+    def last_used(self) -> dict[str, float]:
+        """Unix seconds of the last dispatch per endpoint.
+
+        Endpoints never used since this router started are absent, not zero:
+        "not since I started" and "not for an hour" are different facts, and a
+        zero would make every replica the oldest idle one after a router restart
+        — nominating the whole fleet for eviction at once.
+        """
+        return {live.id: live.last_used for live in self._sorted if live.last_used is not None}
+
+    def departed_inflight(self, *, linger_s: float = 30.0) -> dict[str, int]:
+        """Requests still in flight to endpoints replace() removed, by id.
+
+        A removed endpoint is listed while requests to it run and for `linger_s`
+        after it was removed, so a controller draining it learns the count
+        reached zero instead of having to wait out its grace period.
+        """
+        now = self._clock.monotonic()
+        out: dict[str, int] = {}
+        for rid, (live, removed_at) in list(self._departed.items()):
+            if live.inflight <= 0 and now - removed_at > linger_s:
+                del self._departed[rid]
+                continue
+            out[rid] = max(0, live.inflight)
+        return out
+
+    def inflight(self, id: str) -> int:
+        live = self._live.get(id)
+        return 0 if live is None else self._inflight(live)
+
+    def own_inflight(self) -> dict[str, int]:
+        """Requests in flight per endpoint from this process alone (its usage report:
+        the supervisor adds the workers' reports up)."""
+        return {live.id: live.inflight for live in self._sorted}
+
+    def ids(self) -> list[str]:
+        return [live.id for live in self._sorted]
+
+    def infos(self) -> list[EndpointInfo]:
+        return [live.info for live in self._sorted]
+
+    def models(self) -> frozenset[str]:
+        return frozenset(self._by_model)

@@ -1,0 +1,10 @@
+"""Which replica serves a request: pure choices, and the signals they read.
+
+scheduler.py   the choice itself: pure and explainable
+policies.py    ours (scheduler + prefix affinity) and the baselines to measure it by
+prefix.py      block hashes of a request, and which replica holds which
+affinity.py    session hints: a second signal beside the content
+feedback.py    the engine's answer checks the prefix index's guess
+kvevents.py    precise mode: each engine's prefix cache as its KV events tell it
+kvfollow.py    the subscriptions to the engines' KV-event publishers
+"""

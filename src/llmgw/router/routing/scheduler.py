@@ -1,0 +1,429 @@
+"""Which replica serves a request: pure, and explainable.
+
+`choose()` takes the registry's snapshots and the prefix index's matches and
+returns a `Decision`: the choice, every endpoint's score and why. No I/O, no
+clock, no randomness: the same inputs give the same decision in any process.
+
+The rules, in order:
+1. Candidates: not excluded (already tried for this request) and breaker not
+   open. Half-open ones are candidates; `acquire()` admits only the one probe.
+2. Pool preference: the highest `priority` with an unsaturated candidate
+   (total < `saturated_load`); if every candidate is saturated, all of them.
+3. Prefix affinity: among those whose total is less than `affinity_load_bound`
+   above the least loaded, the one holding the longest leading run of the
+   request's blocks (ties: the endpoint that served the request's session last,
+   see affinity.py, then lower total). The bound is what prevents hot-spot
+   collapse: however popular a prefix, its holder never runs a full bound (a
+   full batch, by default) ahead of the least loaded replica, so past 100 %
+   load the queue spreads instead of piling onto the engines that happen to
+   hold the popular prompts.
+   A session hint never outweighs content: it only picks among endpoints
+   holding equally long prefixes, all within the bound, and by default only
+   one no busier than the content's choice (`session_load_bound`). The bound shrinks
+   with what holding the prefix saves (`prefix_gain`): when every replica
+   already holds most of the prompt (a long shared preamble), a holder of a
+   little more is not worth a queue.
+4. Home: a prefix nobody within the bound holds goes to the first endpoint of
+   its rendezvous order within `home_load_bound` of the least loaded (bounded-
+   load consistent hashing): routers that never talk send it to the same place.
+5. Otherwise the least total; drain rate, then id, break ties.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot
+
+# The rendezvous order of a request's first block, or a function computing it: most
+# requests are decided by a prefix holder or the least loaded and never need it.
+HomeOrder = Sequence[str] | Callable[[], Sequence[str]]
+
+
+def _ranks(home: HomeOrder) -> dict[str, int]:
+    """Each endpoint's position in the rendezvous order (its first, if listed twice)."""
+    rank: dict[str, int] = {}
+    for i, eid in enumerate(home() if callable(home) else home):
+        rank.setdefault(eid, i)
+    return rank
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    # Batch capacity assumed until an engine has been seen running more at once:
+    # a fresh engine that ran 2 requests has not shown its limit, and dividing by
+    # 2 would make it look overloaded (capacity = max(learned, this)).
+    default_capacity: int = 8
+    # Total at or above which an endpoint is saturated: a new request would
+    # queue. Pool preference moves down a priority only when all above are.
+    saturated_load: float = 1.0
+    # Added to a stale endpoint's total (no fresh scrape): as much as one full
+    # batch. Scored down, never dropped — a replica whose metrics port broke may
+    # serve perfectly well.
+    stale_penalty: float = 1.0
+    # The engine's KV usage is not part of the total. It is a sample from the last
+    # scrape (up to scrape_interval_s old), and with shared prefixes it is mostly the
+    # prefix every running request pins once, not what a new request would add; an
+    # engine short of KV shows it where the load sees it, as waiting requests, and
+    # the load is corrected by the live in-flight count. Counted as pressure above
+    # 0.8 (as it was), bench/routing.py's 24 KiB preamble at 110 %: an engine whose
+    # batch had just finished looked full for the rest of the scrape interval while
+    # the others queued; p99 TTFT 1,200 ms against the oracle's 316. Without it,
+    # 216 against 144, and no other variant moved past its noise.
+    # How far (in total-score units, 1.0 = a full batch) the longest prefix holder
+    # may be above the least loaded candidate and still win; at the bound it loses.
+    # A full batch: below it the holder admits the request at its next step, so
+    # staying costs a slightly slower step, while leaving costs a whole prefill on
+    # a replica that must also pin a second copy of the prefix (evicting what it
+    # held). At 0.5, bench/routing.py's cache-starved variant (16 prompts over
+    # caches of 2.6) sent holders' requests to cold replicas at moderate load: hit
+    # rate 64.7 % against the oracle's 73.0 %, p99 TTFT 504 ms; at 1.0, 74.8 % and
+    # 275 ms (oracle 360), and past capacity (110 %) still bounded.
+    affinity_load_bound: float = 1.0
+    # A holder's bound is affinity_load_bound × min(1, gain / full_gain_at), gain
+    # being the share of the prompt it holds beyond what every candidate holds
+    # (Ours computes it; 1.0 when not given). bench/routing.py --suite, the 24 KiB
+    # shared preamble at 110 %: with the full bound for a holder whose extra was
+    # only a 4 KiB system prompt (13 % of the prompt), p99 TTFT 1,119 ms against the
+    # oracle's 298 (busiest engine 1.35× its share). At 0.5 the bound went the other
+    # way: a holder of that system prompt got a quarter of a batch, the rest went to
+    # engines without it, each engine ran more distinct system prompts at once than
+    # its KV cache holds, and requests queued for blocks (85 %: p99 245 ms against
+    # the oracle's 140). At 0.25: 119 against 108.
+    full_gain_at: float = 0.25
+    # How far the rendezvous home of an unseen prefix may be above the least
+    # loaded; smaller than the affinity bound, as nothing is cached there yet.
+    home_load_bound: float = 0.25
+    # How far the endpoint that served the request's session last may be above the
+    # content's own choice (an equally long holder) and still take the request: by
+    # default not at all, so the hint breaks ties of load as well as of prefix. What
+    # it can add is the conversation's tail the blocks are too coarse to show, at most
+    # a block (a sixteenth of the prefix past the first KiB) and usually a few hundred
+    # bytes of a prompt of kilobytes: scaled like a holder's bound (affinity_load_bound
+    # x gain / full_gain_at) that is a few hundredths of a batch. bench/routing.py with
+    # `user` hints, p99 TTFT means over seeds: few-prompts 110 % 69 ms with the whole
+    # affinity bound, 56 with a quarter batch, 59 with ties only, 55 without hints;
+    # preamble-24k 85 % 147 with a quarter batch, 123 with ties only, 134 without.
+    session_load_bound: float = 0.0
+    # Matches shorter than this many blocks do not count as holding the prefix
+    # (a few blocks of shared boilerplate are not worth a detour).
+    min_prefix_blocks: int = 1
+    # Streamed requests awaiting their first token (`Snapshot.pending`) count this
+    # many times more: they are queued or in prefill at the engine, ahead of a new
+    # request, and the router sees them live where the engine's `waiting` is a
+    # scrape old.
+    pending_weight: float = 1.0
+
+
+DEFAULT_CONFIG: Final = SchedulerConfig()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Score:
+    id: str
+    # Expected queueing a new request meets, in batches (see `load_of`).
+    load: float
+    stale: bool
+    # Leading blocks of the request this endpoint holds (prefix index).
+    prefix_blocks: int
+    # Position in the request's rendezvous order; None when no order was given.
+    home_rank: int | None
+    # Where the request's session was served last (affinity.py).
+    session: bool
+    # load + stale penalty: lower is better.
+    total: float
+    # Why it was or was not chosen: "chosen", "excluded", "open", "priority",
+    # "over bound", or "".
+    note: str
+
+
+class Decision:
+    """The choice and why; every endpoint's `Score` is built only when asked.
+
+    Most requests never look at the scores (only the x-llmgw-debug header, the
+    DEBUG route log, /admin and the feedback check do), so `choose()` hands over
+    its working rows and `scores` turns them into `Score`s on first use: building
+    them for every request was about a tenth of the default policy's CPU
+    (bench/router_overhead.py --chat).
+    """
+
+    __slots__ = ("_rank", "_rows", "_scores", "_session", "endpoint_id", "least", "reason")
+
+    def __init__(
+        self,
+        *,
+        endpoint_id: str | None,
+        scores: tuple[Score, ...] = (),
+        reason: str,
+        rows: Mapping[str, _Row] | None = None,
+        rank: HomeOrder = (),
+        session_endpoint: str | None = None,
+        least: float | None = None,
+    ) -> None:
+        # None: no candidate (every endpoint excluded or open, or none serves the model).
+        self.endpoint_id = endpoint_id
+        # The lowest total among the candidates the choice was made from (1.0: a full
+        # batch; flow control's saturation test); None: not computed (a baseline policy).
+        self.least = least
+        # "prefix", "prefix+session", "home", "least-load" or "no-candidate".
+        self.reason = reason
+        self._scores: tuple[Score, ...] | None = None if rows is not None else scores
+        self._rows = rows
+        self._rank = rank
+        self._session = session_endpoint
+
+    def __repr__(self) -> str:
+        return f"Decision({self.endpoint_id!r}, {self.reason!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return (self.endpoint_id, self.reason, self.scores) == (
+            other.endpoint_id,
+            other.reason,
+            other.scores,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def scores(self) -> tuple[Score, ...]:
+        """Every snapshot's score, sorted by id."""
+        if self._scores is None:
+            rows, rank = self._rows or {}, _ranks(self._rank)
+            self._scores = tuple(
+                Score(
+                    id=eid,
+                    load=r.load,
+                    stale=r.snap.stale,
+                    prefix_blocks=r.blocks,
+                    home_rank=rank.get(eid),
+                    session=eid == self._session,
+                    total=r.total,
+                    note=r.note,
+                )
+                for eid, r in sorted(rows.items())
+            )
+            self._rows, self._rank = None, ()
+        return self._scores
+
+    def header(self) -> str:
+        """One line for the x-llmgw-debug header and the route log line:
+        `b prefix; a 0.62 p3 h1, b* 0.20 p12 h0, c open`."""
+        items = []
+        for s in self.scores:
+            mark = "*" if s.id == self.endpoint_id else ""
+            item = f"{s.id}{mark} {s.total:.2f}"
+            if s.prefix_blocks:
+                item += f" p{s.prefix_blocks}"
+            if s.home_rank is not None:
+                item += f" h{s.home_rank}"
+            if s.session:
+                item += " s"
+            if s.stale:
+                item += " stale"
+            if s.note and s.note != "chosen":
+                item += f" {s.note}"
+            items.append(item)
+        line = f"{self.endpoint_id or '-'} {self.reason}; " + ", ".join(items)
+        return "".join(c if " " <= c <= "~" else "?" for c in line)
+
+    def blocks_of(self, endpoint_id: str) -> int:
+        """The leading blocks the index said `endpoint_id` held when this was decided."""
+        if self._rows is not None:
+            row = self._rows.get(endpoint_id)
+            return 0 if row is None else row.blocks
+        for s in self.scores:
+            if s.id == endpoint_id:
+                return s.prefix_blocks
+        return 0
+
+
+def load_of(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float:
+    """Expected queueing for a new request, in batches: estimated requests at the
+    engine / capacity / weight.
+
+    The engine's running + waiting is as of the last scrape and already holds
+    the router's requests that were in flight then; requests dispatched or
+    finished since have changed it by exactly inflight − inflight_at_scrape. So
+    the estimate is running + waiting + (inflight − inflight_at_scrape): adding
+    all of inflight would count most of it twice and make a busy, healthy engine
+    look overloaded (the seed's "what the router has in flight and the engine
+    has not yet reported"). Never below inflight: those are surely there.
+    Never scraped: inflight alone. The streamed requests still awaiting their
+    first token (`Snapshot.pending`) are added again, `pending_weight` times:
+    they are the queue a new request joins, seen live.
+    """
+    # Plain comparisons, each field read once: this runs for every endpoint of every
+    # request, and max() over mixed arguments cost more than the arithmetic.
+    inflight = s.inflight
+    queued = s.engine_requests  # the scrape's running + waiting
+    est = float(inflight)
+    if queued is not None:
+        seen = float(queued + inflight - s.inflight_at_scrape)
+        if seen > est:
+            est = seen
+    capacity = s.running_capacity
+    if capacity < cfg.default_capacity:
+        capacity = cfg.default_capacity
+    if capacity < 1:
+        capacity = 1
+    weight = s.weight
+    if weight <= 0:
+        weight = 1.0
+    return (est + cfg.pending_weight * s.pending) / capacity / weight
+
+
+def choose(
+    snapshots: Sequence[Snapshot],
+    *,
+    prefix_matches: Mapping[str, int] | None = None,
+    home_order: HomeOrder = (),
+    exclude: Collection[str] = (),
+    session_endpoint: str | None = None,
+    prefix_gain: Mapping[str, float] | None = None,
+    cfg: SchedulerConfig = DEFAULT_CONFIG,
+) -> Decision:
+    """Pick the endpoint for one request; see the module docstring for the rules.
+
+    `session_endpoint`: the endpoint that served the request's session last, if any.
+    `prefix_gain`: per holder, the share of the prompt it holds beyond what every
+    candidate holds (scales its load bound); 1.0 for those not listed.
+    """
+    # Plain dicts inside (compiled, a Mapping's get is a generic method call).
+    matches = prefix_matches if isinstance(prefix_matches, dict) else dict(prefix_matches or {})
+    rows: dict[str, _Row] = {}
+    is_open = BreakerState.OPEN
+    for s in snapshots:
+        eid = s.id
+        load = load_of(s, cfg)
+        total = load + cfg.stale_penalty if s.stale else load
+        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0), s.priority)
+        if eid in exclude:
+            cur.note = "excluded"
+        elif s.breaker is is_open:
+            cur.note = "open"
+    cands = [r for r in rows.values() if not r.note]
+    if not cands:
+        return _decision(None, "no-candidate", rows, home_order, session_endpoint)
+
+    pool = _preferred_pool(cands, cfg)
+    if pool is not cands:
+        for r in cands:
+            if r not in pool:
+                r.note = "priority"
+    # One pass for the least total and the first in load order; no sort.
+    first = pool[0]
+    least = first.total
+    for r in pool:
+        if r.total < least:
+            least = r.total
+        if _precedes(r, first):
+            first = r
+
+    chosen: _Row | None = None
+    reason = "least-load"
+    min_blocks = max(1, cfg.min_prefix_blocks)
+    # Strictly below least + bound: a holder a full batch ahead of an idle replica
+    # would make the request queue. The least loaded itself always qualifies.
+    gains = prefix_gain if isinstance(prefix_gain, dict) else dict(prefix_gain or {})
+    full = max(cfg.full_gain_at, 1e-9)
+    within: list[_Row] = []
+    for r in pool:
+        if r.blocks < min_blocks:
+            continue
+        bound = cfg.affinity_load_bound * min(1.0, gains.get(r.id, 1.0) / full)
+        if r.total <= least or r.total < least + bound:
+            within.append(r)
+            # The longest run wins; of equal runs, the first in load order.
+            if (
+                chosen is None
+                or r.blocks > chosen.blocks
+                or (r.blocks == chosen.blocks and _precedes(r, chosen))
+            ):
+                chosen = r
+        else:
+            r.note = "over bound"
+    if chosen is not None:
+        reason = "prefix"
+        if session_endpoint is not None and session_endpoint != chosen.id:
+            sticky = rows.get(session_endpoint)
+            if (
+                sticky is not None
+                and sticky in within
+                and sticky.blocks == chosen.blocks
+                and sticky.total <= chosen.total + cfg.session_load_bound
+            ):
+                chosen, reason = sticky, "prefix+session"
+    elif home_order:
+        if callable(home_order):
+            home_order = home_order()
+        for eid in home_order:
+            row = rows.get(eid)
+            if row is not None and row in pool and row.total <= least + cfg.home_load_bound:
+                chosen, reason = row, "home"
+                break
+    if chosen is None:
+        chosen = first
+    chosen.note = "chosen"
+    out = _decision(chosen.id, reason, rows, home_order, session_endpoint)
+    out.least = least
+    return out
+
+
+class _Row:
+    """One endpoint's working figures while a decision is made."""
+
+    __slots__ = ("blocks", "drain", "id", "load", "note", "prio", "snap", "tie", "total")
+
+    def __init__(
+        self, snap: Snapshot, eid: str, load: float, total: float, blocks: int, prio: int
+    ) -> None:
+        self.snap, self.id, self.load, self.total = snap, eid, load, total
+        self.blocks, self.note, self.drain, self.prio = blocks, "", snap.drain_rate, prio
+        # Equal totals to 1e-9 are a tie (float error from differently computed loads):
+        # the total in units of 1e-9. round(total, 9) says the same through a decimal
+        # string conversion, which cost more than the rest of the row.
+        tie = total * 1e9
+        self.tie = float(math.floor(tie + 0.5)) if -1e300 < tie < 1e300 else tie
+
+
+def _precedes(a: _Row, b: _Row) -> bool:
+    """Load order: the lower total (ties to 1e-9), then the faster-draining, then the
+    lower id."""
+    if a.tie != b.tie:
+        return a.tie < b.tie
+    if a.drain != b.drain:
+        return a.drain > b.drain
+    return a.id < b.id
+
+
+def _preferred_pool(cands: list[_Row], cfg: SchedulerConfig) -> list[_Row]:
+    """The highest-priority candidates with one unsaturated among them, else all."""
+    first = cands[0].prio
+    for r in cands:
+        if r.prio != first:
+            break
+    else:
+        return cands  # one priority: the common case
+    for prio in sorted({r.prio for r in cands}, reverse=True):
+        pool = [r for r in cands if r.prio == prio]
+        if any(r.total < cfg.saturated_load for r in pool):
+            return pool
+    return cands
+
+
+def _decision(
+    chosen: str | None,
+    reason: str,
+    rows: Mapping[str, _Row],
+    rank: HomeOrder,
+    session_endpoint: str | None,
+) -> Decision:
+    return Decision(
+        endpoint_id=chosen, reason=reason, rows=rows, rank=rank, session_endpoint=session_endpoint
+    )
