@@ -21,13 +21,27 @@ import importlib
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
-FIELDS = (
-    "info stats drain_rate inflight running_capacity stale age_s breaker restarts "
-    "inflight_at_scrape pending probe_in_s opened_total id weight priority engine_requests"
-).split()
+FIELDS = [
+    "info",
+    "stats",
+    "drain_rate",
+    "inflight",
+    "running_capacity",
+    "stale",
+    "age_s",
+    "breaker",
+    "restarts",
+    "inflight_at_scrape",
+    "pending",
+    "probe_in_s",
+    "opened_total",
+    "id",
+    "weight",
+    "priority",
+    "engine_requests",
+]
 
 STRUCT = """
 import msgspec
@@ -35,7 +49,7 @@ import msgspec
 class Struct(msgspec.Struct, frozen=True, kw_only=True):
 """ + "".join(f"    {f}: object\n" for f in FIELDS)
 
-SHAPES = '''
+SHAPES = """
 from __future__ import annotations
 
 import time
@@ -83,7 +97,7 @@ def run_struct(n: int) -> float:
         s = Struct({call})
         _read(s.inflight, s.pending, s.weight)
     return (time.process_time() - t0) / n * 1e9
-'''
+"""
 
 
 def write(folder: Path) -> None:
