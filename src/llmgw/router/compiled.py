@@ -42,6 +42,7 @@ SETTINGS = ("auto", "0", "1")
 # own mypyc group: an extension module and its `<name>__mypyc` library beside it.
 MODULES = (
     "llmgw.router.replicas.breaker",
+    "llmgw.router.replicas.snapshot",
     "llmgw.router.replicas.registry",
     "llmgw.router.routing.blockhash",
     "llmgw.router.routing.prefix",
