@@ -3,10 +3,11 @@
 The registry builds one `Snapshot` per endpoint of the model on every request, and
 the scheduler reads about a dozen of its fields. Three shapes with its 17 fields,
 each built by keyword and read as `load_of` reads it:
-- `Hand`: a hand-written class with `__slots__` (what Snapshot was);
+- `Hand`: a hand-written class with `__slots__` and a keyword-only `__init__` (what
+  Snapshot is, replicas/snapshot.py);
 - `Frozen`: `@dataclass(frozen=True, slots=True, kw_only=True)`;
-- `Struct`: `msgspec.Struct, frozen=True, kw_only=True` (what Snapshot is), defined
-  in a module of its own, as replicas/snapshot.py is, never compiled.
+- `Struct`: `msgspec.Struct, frozen=True, kw_only=True`, defined in a module of its
+  own, never compiled (msgspec reads a Struct's annotations at run time).
 The loop that builds and reads them runs as Python, and with `--compiled` also
 compiled by mypyc (as registry.py and scheduler.py are: compiled.py), in a
 temporary folder. ns per snapshot, best of 5 runs of 200,000.
