@@ -7,7 +7,7 @@ from multidict import CIMultiDict
 
 from llmgw.router.config import http_server, parse, restart_only_changes
 from llmgw.router.errors import RouterConfigError
-from llmgw.runtime.fastserver import _head, _status_line
+from llmgw.router.http.heads import head, status_line
 
 
 class TestHttpServerChoice:
@@ -47,14 +47,14 @@ class TestAnswerHeads:
         headers = CIMultiDict(
             {"Content-Type": "application/json", "content-length": "99", "Connection": "x"}
         )
-        head = _head(404, None, headers, b"Content-Length: 2\r\n\r\n")
-        lines = head.split(b"\r\n")
+        got = head(404, None, headers, b"Content-Length: 2\r\n\r\n")
+        lines = got.split(b"\r\n")
         assert lines[0] == b"HTTP/1.1 404 Not Found"
         assert b"Content-Type: application/json" in lines
         assert sum(x.lower().startswith(b"content-length") for x in lines) == 1
         assert not any(x.lower().startswith(b"connection") for x in lines)
         assert any(x.startswith(b"Date: ") and x.endswith(b" GMT") for x in lines)
-        assert head.endswith(b"Content-Length: 2\r\n\r\n")
+        assert got.endswith(b"Content-Length: 2\r\n\r\n")
 
     def test_a_plain_dict_of_headers_reads_the_same(self) -> None:
         """The proxy's answers carry a dict: the same lines, in order, own ones dropped
@@ -68,8 +68,8 @@ class TestAnswerHeads:
         }
         for _ in range(2):
             for headers in (fields, CIMultiDict(fields)):
-                head = _head(200, None, headers, b"\r\n")
-                lines = head.split(b"\r\n")
+                got = head(200, None, headers, b"\r\n")
+                lines = got.split(b"\r\n")
                 assert lines[1:4] == [
                     b"Content-Type: text/plain",
                     b"x-request-id: r1",
@@ -77,16 +77,16 @@ class TestAnswerHeads:
                 ]
                 assert lines[4].startswith(b"Date: ")
                 assert lines[4] != b"Date: yesterday"
-                assert b"chunked" not in head
+                assert b"chunked" not in got
 
     def test_unknown_status_and_own_reason(self) -> None:
         """A status outside HTTPStatus gets an empty phrase; a handler's reason is kept."""
-        assert _status_line(599, None) == b"HTTP/1.1 599 \r\n"
-        assert _status_line(200, "Fine") == b"HTTP/1.1 200 Fine\r\n"
+        assert status_line(599, None) == b"HTTP/1.1 599 \r\n"
+        assert status_line(200, "Fine") == b"HTTP/1.1 200 Fine\r\n"
 
     def test_header_bytes_round_trip(self) -> None:
         """A header value read as utf-8 with surrogateescape goes out as the same bytes."""
         raw = b"caf\xc3\xa9-\xff"
         value = raw.decode("utf-8", "surrogateescape")
-        head = _head(200, None, {"x-request-id": value}, b"\r\n")
-        assert b"x-request-id: " + raw + b"\r\n" in head
+        got = head(200, None, {"x-request-id": value}, b"\r\n")
+        assert b"x-request-id: " + raw + b"\r\n" in got

@@ -26,6 +26,7 @@ from llmgw.router.config import RouterConfig
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.control.usagereports import UsageReporter
 from llmgw.router.errors import error_response
+from llmgw.router.http.connection import Answer, FastRequest
 from llmgw.router.metrics import CONTENT_TYPE
 from llmgw.router.replicas.scrape import HttpMetricsFetcher, Scraper
 from llmgw.router.request.auth import admin_allowed, bearer_matches
@@ -36,7 +37,6 @@ from llmgw.router.routing.scheduler import choose
 from llmgw.router.wiring import Router
 from llmgw.router.workers.ipc import ChannelClosed
 from llmgw.router.workers.worker import WorkerLink
-from llmgw.runtime.fastserver import Answer, FastRequest
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)

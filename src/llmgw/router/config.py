@@ -115,7 +115,7 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # LLMGW_ROUTER_UPSTREAM environment variable if set (tests run the suite under
     # both), else `fast`. Read once at start.
     upstream_client: UpstreamClient | msgspec.UnsetType = msgspec.UNSET
-    # The server clients talk to: `fast`, a protocol-level one (runtime/fastserver.py:
+    # The server clients talk to: `fast`, a protocol-level one (router/http/:
     # httptools, prebuilt heads; the same limits and error answers), or `aiohttp`
     # (runtime/httpserver.py), the reference. Not given: the LLMGW_ROUTER_SERVER
     # environment variable if set (tests can run the suite under both), else `fast`.

@@ -17,10 +17,12 @@ from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from aiohttp import web
 
-    from llmgw.runtime.fastserver import Dispatch
-    from llmgw.runtime.httpserver import ServerLimits
+    from llmgw.runtime.httpserver import Edge, ServerLimits
+    from llmgw.runtime.serve import Connections
 
 DEFAULT_PORT = 8080
 
@@ -66,11 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _dispatch(app: web.Application, cfg: RouterConfig) -> Dispatch | None:
-    """The protocol-level server's routes when `http_server` chooses it; None: aiohttp's."""
+def _connections(app: web.Application, cfg: RouterConfig) -> Callable[[Edge], Connections] | None:
+    """The router's own server (router/http/) when `http_server` chooses it; None: aiohttp's."""
     from llmgw.router.app import FAST
+    from llmgw.router.http.server import FastServer
 
-    return app[FAST] if http_server(cfg, os.environ) == "fast" else None
+    if http_server(cfg, os.environ) != "fast":
+        return None
+    return lambda edge: FastServer(edge, app[FAST], app, cfg.max_body_bytes)
 
 
 def _limits(cfg: RouterConfig) -> ServerLimits:
@@ -144,8 +149,7 @@ def main(argv: list[str]) -> int:
             port=args.port,
             name="router",
             limits=_limits(cfg),
-            dispatch=_dispatch(app, cfg),
-            max_body_bytes=cfg.max_body_bytes,
+            connections=_connections(app, cfg),
         )
 
     if workers > 1:
@@ -232,8 +236,7 @@ def _worker(args: argparse.Namespace) -> int:
             announce=False,
             on_started=started,
             stop_event=link.lost,
-            dispatch=_dispatch(app, cfg),
-            max_body_bytes=cfg.max_body_bytes,
+            connections=_connections(app, cfg),
         )
 
     return serve.run(run)

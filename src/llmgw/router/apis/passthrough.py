@@ -39,12 +39,13 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
+from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.connection import Answer, FastRequest
 from llmgw.router.metrics import DISCONNECTED, UNAVAILABLE
 from llmgw.router.request.intake import Intake, read_json
 from llmgw.router.request.proxy import Proxy, request_id
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.routing.affinity import NO_KEY, RouteKey
-from llmgw.runtime.fastserver import Answer, FastRequest, Prerendered, Reply
 
 _FORM_FIELDS: Final = ("model", "stream")
 PREVIOUS_RESPONSE = (

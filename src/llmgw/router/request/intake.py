@@ -30,7 +30,7 @@ from aiohttp import web
 
 from llmgw.router.config import RouterConfig
 from llmgw.router.errors import bad_request, error_response, too_large
-from llmgw.runtime.fastserver import FastRequest
+from llmgw.router.http.connection import FastRequest
 from llmgw.runtime.logs import kv
 from llmgw.runtime.peers import Peer
 

@@ -49,6 +49,8 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
+from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.connection import Answer, FastRequest, FastStream
 from llmgw.router.metrics import (
     DISCONNECTED,
     ENGINE_ERROR,
@@ -83,7 +85,6 @@ from llmgw.router.routing.affinity import NO_KEY, RouteKey, route_key
 from llmgw.router.routing.scheduler import Decision
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
-from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
 from llmgw.runtime.logs import kv
 from llmgw.runtime.peers import Peer, share_of
 from llmgw.wire.errors import error_body
