@@ -1,9 +1,11 @@
-"""The router's aiohttp application: routes, admin surface, background loops.
+"""The router's application: routes, admin surface, background loops.
 
 `build_app(cfg, config_path=...)` builds it; `main.py` serves it with the one
-shared runner (`runtime.serve`). Background loops (scrape, usage report,
-config watcher, controller long-poll) start with the app and are cancelled
-and awaited when it stops: no orphan tasks.
+shared runner (`runtime.serve`), its connections on the router's own server
+(router/http/) answering through `app[FAST]`, the route table. The aiohttp
+application holds the live state and runs the background loops (scrape,
+usage report, config watcher, controller long-poll): they start with it and
+are cancelled and awaited when it stops: no orphan tasks.
 """
 
 from __future__ import annotations
@@ -46,15 +48,14 @@ SCRAPER = web.AppKey("scraper", Scraper)
 REPORTER = web.AppKey("reporter", UsageReporter)
 LINK = web.AppKey("link", WorkerLink)
 
-Req = web.Request | FastRequest
+Req = FastRequest
 
 
 class FastRoutes:
-    """The app's routes for the protocol-level server (`http_server: fast`), by hand.
+    """The router's routes (its server's `Dispatch`), matched by hand.
 
-    The same table as the aiohttp router's below, matched the same way: the
-    proxied POST routes first, then GET (and HEAD) ones, then the OpenAI-shaped
-    404/405 for anything else.
+    The proxied POST routes first, then GET (and HEAD) ones, then the
+    OpenAI-shaped 404/405 for anything else (never a plain-text page).
     """
 
     def __init__(self, proxy: Proxy, passthrough: PassThrough) -> None:
@@ -122,13 +123,8 @@ def build_app(
         state.tracing = Tracing(cfg.tracing)
     proxy = Proxy(state)
     passthrough = PassThrough(proxy)
-    app = web.Application(
-        client_max_size=cfg.max_body_bytes,
-        # A client that disconnects cancels its handler, which closes the upstream
-        # connection and so aborts the engine's work on it. aiohttp's
-        # default since 3.9 is to let the handler run on, generating for no one.
-        handler_args={"handler_cancellation": True},
-    )
+    # Serves no request itself (router/http/ does): it holds the state and the loops.
+    app = web.Application()
     app[ROUTER] = state
     app[FAST] = FastRoutes(proxy, passthrough)
     loops: list[Coroutine[Any, Any, None]]
@@ -172,23 +168,6 @@ def build_app(
                 await asyncio.to_thread(state.tracing.shutdown)
 
     app.cleanup_ctx.append(background)
-    app.router.add_post("/v1/chat/completions", proxy.handle)
-    app.router.add_post("/v1/completions", proxy.handle)
-    app.router.add_post("/v1/embeddings", proxy.handle)
-    for path in API_ROUTES:
-        app.router.add_post(path, passthrough.handle)
-    app.router.add_get("/v1/models", proxy.models)
-    app.router.add_get("/v1/models/{model:.+}", proxy.model)
-    # Last: every other /v1 path or method gets an OpenAI-shaped 404/405.
-    app.router.add_route("*", "/v1/{tail:.*}", proxy.no_route)
-    app.router.add_get("/health", health)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/admin/endpoints", admin_endpoints)
-    app.router.add_get("/admin/usage", admin_usage)
-    # Very last: anything else is OpenAI's 404 (or 405), never aiohttp's text.
-    app.router.add_route("*", "/{tail:.*}", no_route)
     return app
 
 

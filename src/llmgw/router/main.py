@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from llmgw.router import compiled
-from llmgw.router.config import OTHER_ENV, RouterConfig, http_server, load, upstream_client
+from llmgw.router.config import OTHER_ENV, RouterConfig, check_retired_env, load, upstream_client
 from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import envflags, logs
 from llmgw.runtime.cli import DefaultsFormatter
@@ -68,13 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _connections(app: web.Application, cfg: RouterConfig) -> Callable[[Edge], Connections] | None:
-    """The router's own server (router/http/) when `http_server` chooses it; None: aiohttp's."""
+def _connections(app: web.Application, cfg: RouterConfig) -> Callable[[Edge], Connections]:
+    """The router's own server (router/http/), answering through the app's routes."""
     from llmgw.router.app import FAST
     from llmgw.router.http.server import FastServer
 
-    if http_server(cfg, os.environ) != "fast":
-        return None
     return lambda edge: FastServer(edge, app[FAST], app, cfg.max_body_bytes)
 
 
@@ -118,7 +116,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load(args.config)
         upstream_client(cfg, os.environ)  # a bad $LLMGW_ROUTER_UPSTREAM stops us here
-        http_server(cfg, os.environ)  # and a bad $LLMGW_ROUTER_SERVER
+        check_retired_env(os.environ)  # and $LLMGW_ROUTER_SERVER=aiohttp
     except RouterConfigError as exc:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2

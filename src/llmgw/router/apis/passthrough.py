@@ -60,25 +60,19 @@ def _header_line(name: str, value: str) -> bytes:
 
 
 class PassThrough:
-    """The handler of every route in `apis.ROUTES`, under either HTTP server."""
+    """The handler of every route in `apis.ROUTES`."""
 
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        """The routes under aiohttp's server."""
-        resp = await self.answer(request)
-        assert isinstance(resp, web.StreamResponse)
-        return resp
-
-    async def answer(self, request: web.Request | FastRequest) -> Answer:
+    async def answer(self, request: FastRequest) -> Answer:
         api = ROUTES[request.path]
         resp = await self._answer(request, api)
         if api.anthropic:
             _reshape(resp)
         return resp
 
-    async def _answer(self, request: web.Request | FastRequest, api: Api) -> Answer:
+    async def _answer(self, request: FastRequest, api: Api) -> Answer:
         proxy = self.proxy
         st = proxy.state
         t0 = st.clock.monotonic()
