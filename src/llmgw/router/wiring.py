@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 
 from llmgw.router.config import RouterConfig, restart_only_changes, upstream_client
-from llmgw.router.control.leases import LeaseKeeper
+from llmgw.router.control.leases import LeaseKeeper, ShareMetrics
 from llmgw.router.control.tokenusage import TokenCounts
 from llmgw.router.control.usagereports import UsageTracker, build_report
 from llmgw.router.metrics import RouterMetrics
@@ -93,6 +93,9 @@ class Router:
         self.leases = LeaseKeeper(clock=clock)
         # Asks for a usage report now (set by whoever reports): a key waits for its share.
         self.want_lease: Callable[[], None] = _nothing
+        self.metrics.registry.register(
+            ShareMetrics(lambda: self.tenants.shares, lambda: self._controller_keys)
+        )
         self.keys = KeyRing(cfg.api_keys, clock=clock)
         # Spans of routing decisions (tracing.py); None: off, set by the app at start.
         self.tracing: Tracing | None = None

@@ -19,17 +19,23 @@ as it did before leases.
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Final
+
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
+from llmgw.wire.keys import ClientKey
 from llmgw.wire.leases import KeyDemand, LeaseAnswer
 
 log: Final = logging.getLogger(__name__)
 
-# Weight of the newest report's demand in the smoothed rate: a burst counts at
-# once, and a router that went quiet lets its share go within a few reports.
-DEMAND_WEIGHT = 0.5
+# Time constant of the smoothed demand (seconds), whatever the report interval: a
+# burst shows within a report or two, and a router that went quiet lets its share
+# go within about three of these.
+DEMAND_TAU_S = 5.0
 # (rpm, tpm) per minute, as request/tenants.py's Share.
 Share = tuple[float, float]
 
@@ -58,15 +64,17 @@ class LeaseKeeper:
     def demand(self, asked: dict[str, tuple[int, int]]) -> list[KeyDemand]:
         """What to report: each key asked of or leased to this router, sorted."""
         now = self._clock.monotonic()
-        per_min = 60.0 / max(now - self._last_at, 1e-3)
+        elapsed_s = max(now - self._last_at, 1e-3)
+        per_min = 60.0 / elapsed_s
+        weight = 1.0 - math.exp(-elapsed_s / DEMAND_TAU_S)
         self._last_at = now
         keys = sorted(set(asked) | set(self._demand) | set(self._shares))
         out: list[KeyDemand] = []
         for digest in keys:
             got = asked.get(digest, (0, 0))
             old = self._demand.get(digest, (0.0, 0.0))
-            req = old[0] + DEMAND_WEIGHT * (got[0] * per_min - old[0])
-            tok = old[1] + DEMAND_WEIGHT * (got[1] * per_min - old[1])
+            req = old[0] + weight * (got[0] * per_min - old[0])
+            tok = old[1] + weight * (got[1] * per_min - old[1])
             if req < 1e-6 and tok < 1e-6:
                 self._demand.pop(digest, None)
             else:
@@ -139,3 +147,51 @@ def _add(a: float | None, b: float | None) -> float | None:
     if a is None or b is None:
         return b if a is None else a
     return a + b
+
+
+class ShareMetrics:
+    """This router's shares on /metrics, summed per team, never per key (a fleet may
+    have thousands of keys; docs/metrics.md). Gauges: workers' pages add up."""
+
+    def __init__(
+        self,
+        shares: Callable[[], Mapping[str, Share]],
+        keys: Callable[[], Iterable[ClientKey]],
+    ) -> None:
+        self._shares = shares
+        self._keys = keys
+
+    def collect(self) -> Iterator[Metric]:
+        rpm = GaugeMetricFamily(
+            "llmgw_router_team_rpm_share",
+            "Requests per minute this router may admit of the team's keys: the sum of "
+            "its leased shares of their rpm limits.",
+            labels=["team"],
+        )
+        tpm = GaugeMetricFamily(
+            "llmgw_router_team_tpm_share",
+            "Tokens per minute this router may admit of the team's keys: the sum of its "
+            "leased shares of their tpm limits.",
+            labels=["team"],
+        )
+        shares = self._shares()
+        by_team: dict[str, list[float]] = {}
+        for k in self._keys():
+            got = shares.get(k.sha256.lower())
+            if got is None:
+                continue
+            sums = by_team.setdefault(k.team, [0.0, 0.0, 0.0, 0.0])
+            if k.rpm is not None:
+                sums[0] += got[0]
+                sums[2] = 1.0
+            if k.tpm is not None:
+                sums[1] += got[1]
+                sums[3] = 1.0
+        for team in sorted(by_team):
+            r, t, has_rpm, has_tpm = by_team[team]
+            if has_rpm:
+                rpm.add_metric([team], r)
+            if has_tpm:
+                tpm.add_metric([team], t)
+        yield rpm
+        yield tpm
