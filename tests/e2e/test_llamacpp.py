@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -323,7 +322,13 @@ class TestLlamacpp:
             return len(ready) == 2 and all(r["id"] != eid for r in ready)
 
         wait_for(replaced, timeout_s=90, what="the killed replica replaced")
-        time.sleep(1.0)
+        ready = {r["id"] for r in llama_system.ready(MODEL)}
+
+        def router_follows() -> bool:
+            routed = set(_snapshots(llama_system))
+            return ready <= routed and eid not in routed
+
+        wait_for(router_follows, timeout_s=30, what="the router's list has the replacement")
         r = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "still there?"}], max_tokens=3
         )

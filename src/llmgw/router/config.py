@@ -91,6 +91,32 @@ class TracingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     export_timeout_s: Seconds = 10.0
 
 
+class FlowBand(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One priority band's bounds in flow control (docs/tenants.md#flow-control)."""
+
+    # Requests of one model this band may hold while the fleet is saturated; past it
+    # an arrival is answered 429 (unless it pushes out a noisier tenant's). 0: none.
+    max_queued: Annotated[int, msgspec.Meta(ge=0)] = 1000
+    # Seconds a request may wait in the band; then it is answered 503. Never past the
+    # request's own deadline (request_timeout_s).
+    max_wait_s: NonNegSeconds = 30.0
+
+
+class FlowConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Flow control: requests queued by priority band and tenant while every replica
+    of their model is at its learned capacity (docs/tenants.md#flow-control)."""
+
+    # Off: every request goes to a replica at once, however loaded (the engines queue).
+    enabled: bool = True
+    critical: FlowBand = FlowBand(max_queued=1000, max_wait_s=60.0)
+    standard: FlowBand = FlowBand(max_queued=1000, max_wait_s=30.0)
+    batch: FlowBand = FlowBand(max_queued=1000, max_wait_s=120.0)
+
+    def bands(self) -> dict[str, FlowBand]:
+        """Band name → its bounds, first served first."""
+        return {"critical": self.critical, "standard": self.standard, "batch": self.batch}
+
+
 class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # Static endpoints (phase 1). Exclusive with `controller`, which supplies them.
     endpoints: tuple[EndpointInfo, ...] = ()
@@ -132,6 +158,8 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     hold_timeout_s: NonNegSeconds = 120.0
     # Held requests beyond this are answered 503 at once.
     max_held: Annotated[int, msgspec.Meta(ge=0)] = 1000
+    # Queues per priority band and tenant while the fleet is saturated. Read at start.
+    flow: FlowConfig = FlowConfig()
     # The whole request's deadline: retries, holding and the upstream response.
     request_timeout_s: Seconds = 600.0
     # Time to open a TCP connection to an engine; past it the attempt is retried.

@@ -14,7 +14,8 @@ Everything the router raises on purpose derives from `RouterError`:
     │   ├── ReportRefused        it refused a usage report (4xx): sending it again won't help
     │   └── LeaseRefused         it kept a report but its lease answer was unreadable
     ├── HoldQueueFull            `max_held` requests are already waiting
-    └── NoReplica                nothing could serve the request within its deadline
+    ├── NoReplica                nothing could serve the request within its deadline
+    └── FlowRefused              flow control's queue was full, or the wait too long
 
 The upstream clients raise only `UpstreamError`s: a transport's exception
 (asyncio's, the socket's, aiohttp's) becomes one in one function,
@@ -105,6 +106,22 @@ class NoReplica(RouterError):
         self.code = code
 
 
+class FlowRefused(RouterError):
+    """Flow control refused a request while the fleet was saturated (request/flowgate.py).
+
+    `status` is 429 when the band's queue was full (or the request was pushed out of
+    it by a quieter tenant's) and 503 when it waited as long as its band allows.
+    """
+
+    def __init__(self, model: str, why: str, *, status: int, code: str, retry_after_s: int) -> None:
+        super().__init__(f"{model}: {why}")
+        self.model = model
+        self.why = why
+        self.status = status
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+
 JSON = "application/json"
 
 
@@ -164,6 +181,16 @@ def unavailable(exc: NoReplica) -> web.Response:
         503,
         f"No replica of `{exc.model}` is available: {exc.why}.",
         type="service_unavailable",
+        code=exc.code,
+        headers={"Retry-After": str(exc.retry_after_s)},
+    )
+
+
+def flow_refused(exc: FlowRefused) -> web.Response:
+    return error_response(
+        exc.status,
+        f"Every replica of `{exc.model}` is at capacity: {exc.why}.",
+        type="rate_limit_exceeded" if exc.status == 429 else "service_unavailable",
         code=exc.code,
         headers={"Retry-After": str(exc.retry_after_s)},
     )

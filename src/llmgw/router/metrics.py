@@ -184,9 +184,11 @@ class _LiveCollector(Collector):
         self,
         snapshots: Callable[[], Sequence[Snapshot]],
         held: Callable[[], Mapping[str, int]],
+        queued: Callable[[], Mapping[tuple[str, str], int]],
     ) -> None:
         self._snapshots = snapshots
         self._held = held
+        self._queued = queued
 
     def collect(self) -> Iterator[Metric]:
         snaps = self._snapshots()
@@ -225,7 +227,16 @@ class _LiveCollector(Collector):
         )
         for model, n in self._held().items():
             held.add_metric([model], float(n))
-        yield from (breaker, inflight, pending, age, stale, held)
+        queued = GaugeMetricFamily(
+            "llmgw_router_flow_queued",
+            "Requests waiting in flow control's queues (every replica of their model at "
+            "capacity), by priority band and team (the key's name for a key without one; "
+            "empty for requests without a key).",
+            labels=["band", "team"],
+        )
+        for (band, team), n in self._queued().items():
+            queued.add_metric([band, team], float(n))
+        yield from (breaker, inflight, pending, age, stale, held, queued)
 
 
 class RouterMetrics:
@@ -242,6 +253,7 @@ class RouterMetrics:
         *,
         snapshots: Callable[[], Sequence[Snapshot]],
         held: Callable[[], Mapping[str, int]],
+        queued: Callable[[], Mapping[tuple[str, str], int]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -334,7 +346,7 @@ class RouterMetrics:
         for module in compiled.MODULES:
             modules.labels(module).set(1.0 if module in compiled.STATUS.modules else 0.0)
         ProcessCollector(registry=r)
-        r.register(_LiveCollector(snapshots, held))
+        r.register(_LiveCollector(snapshots, held, queued))
         # (team, model) → its requests by outcome, its prompt and completion series.
         self._team_cells: dict[
             tuple[str, str], tuple[dict[str, list[float]], list[float], list[float]]

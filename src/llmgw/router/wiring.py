@@ -22,6 +22,8 @@ from llmgw.router.replicas.breaker import BreakerConfig
 from llmgw.router.replicas.registry import Registry
 from llmgw.router.request import lora
 from llmgw.router.request.auth import KeyRing
+from llmgw.router.request.flow import BandLimits
+from llmgw.router.request.flowgate import FlowGate
 from llmgw.router.request.holding import Holding
 from llmgw.router.request.tenants import Tenants
 from llmgw.router.request.tracing import Tracing
@@ -83,7 +85,18 @@ class Router:
         self.usage = UsageTracker(clock=clock)
         # Each key's requests and tokens since the last usage report (tokenusage.py).
         self.token_counts = TokenCounts(clock=clock)
-        self.metrics = RouterMetrics(snapshots=self.registry.snapshots, held=self.holding.demand)
+        # Flow control: requests queued by band and tenant at saturation (flowgate.py).
+        self.flow = FlowGate(
+            {
+                band: BandLimits(max_queued=b.max_queued, max_wait_s=b.max_wait_s)
+                for band, b in cfg.flow.bands().items()
+            },
+            enabled=cfg.flow.enabled,
+            clock=clock,
+        )
+        self.metrics = RouterMetrics(
+            snapshots=self.registry.snapshots, held=self.holding.demand, queued=self.flow.depth
+        )
         # Client keys: the file's, and the controller's from its last list (kept while
         # it is unreachable, as the endpoints are); their counts (tenants.py).
         self._controller_keys: tuple[ClientKey, ...] = ()

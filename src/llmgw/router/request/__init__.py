@@ -5,6 +5,8 @@ auth.py         client keys and the admin token (headers in, verdicts out)
 tenants.py      what a key may do: models, rate limits, budgets
 proxy.py        parse, choose, forward, retry what is safe, relay
 holding.py      requests held while a model has no replica (scale from zero, waking)
+flow.py         flow control's queues: priority bands, fair queueing per tenant, bounds
+flowgate.py     flow control's waiting and waking at saturation, on the loop
 lora.py         a request for a LoRA adapter and its answer's name
 inband.py       an engine's error event inside a 200 stream
 streamend.py    whether a stream's final event has gone out

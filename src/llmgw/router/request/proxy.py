@@ -38,12 +38,14 @@ from llmgw.router.apis.catalog import ROUTES as API_ROUTES
 from llmgw.router.apis.catalog import Api
 from llmgw.router.errors import (
     JSON,
+    FlowRefused,
     HoldQueueFull,
     NoReplica,
     UpstreamError,
     UpstreamTimeout,
     bad_request,
     error_response,
+    flow_refused,
     model_not_found,
     stream_error_frame,
     unauthorized,
@@ -61,6 +63,7 @@ from llmgw.router.metrics import (
 from llmgw.router.replicas.breaker import BreakerState, Outcome, classify_status
 from llmgw.router.replicas.registry import Snapshot
 from llmgw.router.request import lora
+from llmgw.router.request.flow import ANONYMOUS, DEFAULT_BAND
 from llmgw.router.request.holding import (
     held_too_long,
     hold_until,
@@ -417,10 +420,22 @@ class Proxy:
         result = UNAVAILABLE
         usage: Usage | None = None
         tally: _Tally | None = None
+        flow = st.flow
+        queued = False  # flow control is asked once, before the first attempt
         try:
             while True:
                 snaps = st.registry.snapshots(model)
                 decision = st.policy.choose(snaps, hashes, att.tried)
+                least = decision.least
+                if (
+                    not queued
+                    and flow.enabled
+                    and (flow.waiting or (least is not None and least >= flow.saturated_load))
+                ):
+                    queued = True
+                    if self._must_queue(model, least, snaps):
+                        await self._wait_turn(model, tenant, att.deadline)
+                        continue  # granted: choose again, among replicas as they are now
                 if decision.endpoint_id is None:
                     if att.failed is not None:
                         status = att.failed.status
@@ -501,10 +516,16 @@ class Proxy:
                     release(att.outcome)
                     if att.up is not None:
                         att.up.close()
+                    if flow.waiting:
+                        flow.freed(model, st.registry.snapshots)
         except NoReplica as exc:
             status = 503
             result = UNAVAILABLE
             return _tag(unavailable(exc), rid)
+        except FlowRefused as exc:
+            status = exc.status
+            result = UNAVAILABLE if status == 503 else REJECTED
+            return _tag(flow_refused(exc), rid)
         except asyncio.CancelledError:
             # The client disconnected (handler cancellation): its own outcome, never a 200,
             # unless its stream's final event had gone out (streamend.py).
@@ -535,6 +556,28 @@ class Proxy:
                 retries = st.cfg.max_retries - att.retries_left
                 code = 499 if result == DISCONNECTED else status
                 tracing_of(st).end(span, endpoint=eid, status=code, outcome=result, retries=retries)
+
+    def _must_queue(self, model: str, least: float | None, snaps: Sequence[Snapshot]) -> bool:
+        """Whether flow control holds this request: its model's replicas are all at
+        capacity, or others already wait for them (and it must not pass them)."""
+        flow = self.state.flow
+        return flow.queued(model) or flow.saturated(least, snaps)
+
+    async def _wait_turn(self, model: str, tenant: Tenant | None, deadline: float) -> None:
+        """Wait in flow control's queue for `model` (flowgate.py); FlowRefused at its bounds."""
+        st = self.state
+        if tenant is None:
+            band, who = DEFAULT_BAND, ANONYMOUS
+        else:
+            band, who = tenant.key.priority, tenant.team or tenant.name
+        snapshots = st.registry.snapshots
+        await st.flow.wait_turn(
+            model,
+            band,
+            who,
+            deadline=deadline,
+            still_saturated=lambda: not st.flow.below_capacity(snapshots(model)),
+        )
 
     def _served(
         self,

@@ -151,7 +151,7 @@ class Decision:
     (bench/router_overhead.py --chat).
     """
 
-    __slots__ = ("_rank", "_rows", "_scores", "_session", "endpoint_id", "reason")
+    __slots__ = ("_rank", "_rows", "_scores", "_session", "endpoint_id", "least", "reason")
 
     def __init__(
         self,
@@ -162,9 +162,13 @@ class Decision:
         rows: Mapping[str, _Row] | None = None,
         rank: HomeOrder = (),
         session_endpoint: str | None = None,
+        least: float | None = None,
     ) -> None:
         # None: no candidate (every endpoint excluded or open, or none serves the model).
         self.endpoint_id = endpoint_id
+        # The lowest total among the candidates the choice was made from (1.0: a full
+        # batch; flow control's saturation test); None: not computed (a baseline policy).
+        self.least = least
         # "prefix", "prefix+session", "home", "least-load" or "no-candidate".
         self.reason = reason
         self._scores: tuple[Score, ...] | None = None if rows is not None else scores
@@ -366,7 +370,9 @@ def choose(
     if chosen is None:
         chosen = first
     chosen.note = "chosen"
-    return _decision(chosen.id, reason, rows, home_order, session_endpoint)
+    out = _decision(chosen.id, reason, rows, home_order, session_endpoint)
+    out.least = least
+    return out
 
 
 class _Row:

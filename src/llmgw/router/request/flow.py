@@ -1,0 +1,246 @@
+"""Flow control's queues: priority bands, fair queueing among tenants, bounds (pure).
+
+When every replica that could serve a model is at its learned capacity the
+router holds new requests here instead of piling them onto the engines' own
+queues, where they would all wait alike (docs/tenants.md#flow-control). One
+`FlowQueue` per model; flowgate.py does the waiting and the waking.
+
+- **Bands** are served in strict priority: nothing of `standard` is granted
+  while a `critical` request waits, nothing of `batch` while either does.
+- **Tenants** inside a band share it by weighted fair queueing: each request
+  gets a virtual finish tag, `max(band's virtual time, tenant's last tag) +
+  1/weight`, and the smallest tag goes first. A tenant sending three times its
+  share waits behind its own backlog; one that goes quiet gets no credit for
+  the idle time (its tag starts at the band's virtual time), so it cannot
+  come back and starve the others with a burst.
+- **Bounds**: each band holds at most `max_queued`. A request arriving at a
+  full band pushes out the newest request of the tenant with the most queued
+  when that tenant has more queued than the arrival's own (longest-queue drop),
+  so a flooding tenant cannot fill the band and lock out a quiet one; otherwise
+  the arrival itself is refused. Waiting longer than `max_wait_s` is the
+  gate's to enforce (it owns the timers).
+
+Tickets are removed lazily (`remove` marks, `pop` skips), so a client that goes
+away costs O(1) however deep the queue.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+# Strict priority, first served first: the keys' `priority` (wire/keys.py).
+BANDS: Final = ("critical", "standard", "batch")
+# The band of a request without a key, and of a key whose band is unknown here.
+DEFAULT_BAND: Final = "standard"
+# The tenant of requests without a key: one for all of them.
+ANONYMOUS: Final = ""
+# Retry-After bounds (whole seconds) when the queue's drain rate is known.
+RETRY_MIN_S: Final = 1
+RETRY_MAX_S: Final = 60
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BandLimits:
+    # Requests one model's band may hold; 0: none (the band is refused at saturation).
+    max_queued: int
+    # Seconds a request may wait in the band before it is answered 503.
+    max_wait_s: float
+
+
+# Ticket states.
+WAITING: Final = 0
+GRANTED: Final = 1
+GONE: Final = 2  # removed by its waiter (gave up, went away)
+PUSHED_OUT: Final = 3  # dropped for a quieter tenant's arrival (longest-queue drop)
+
+
+class Ticket:
+    """One queued request: its band, tenant, tags and state."""
+
+    __slots__ = ("band", "finish", "queued_at", "start", "state", "tenant", "waker")
+
+    def __init__(self, band: str, tenant: str, start: float, finish: float, now: float) -> None:
+        self.band = band
+        self.tenant = tenant
+        self.start = start
+        self.finish = finish
+        # Monotonic seconds when it was queued.
+        self.queued_at = now
+        self.state = WAITING
+        # The gate's handle to wake its waiter (flowgate.py); None in pure use.
+        self.waker: object = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refusal:
+    """Why a request was not queued: the band is full of requests no noisier than its own."""
+
+    band: str
+    retry_after_s: int
+
+
+class _Band:
+    """One band's queues per tenant and its virtual time."""
+
+    __slots__ = ("count", "counts", "last_finish", "limits", "queues", "vtime")
+
+    def __init__(self, limits: BandLimits) -> None:
+        self.limits = limits
+        self.queues: dict[str, deque[Ticket]] = {}
+        # Tickets waiting (not removed), in all and per tenant.
+        self.count = 0
+        self.counts: dict[str, int] = {}
+        # Each tenant's last finish tag; a tenant missing is at the band's virtual time.
+        self.last_finish: dict[str, float] = {}
+        self.vtime = 0.0
+
+    def head(self) -> Ticket | None:
+        """The waiting ticket with the smallest finish tag (ties: the lower tenant)."""
+        best: Ticket | None = None
+        for tenant in list(self.queues):
+            q = self.queues[tenant]
+            while q and q[0].state != WAITING:
+                q.popleft()
+            if not q:
+                del self.queues[tenant]
+                continue
+            t = q[0]
+            if best is None or (t.finish, t.tenant) < (best.finish, best.tenant):
+                best = t
+        return best
+
+    def forget(self, t: Ticket) -> None:
+        self.count -= 1
+        left = self.counts[t.tenant] - 1
+        if left:
+            self.counts[t.tenant] = left
+        else:
+            del self.counts[t.tenant]
+
+
+class FlowQueue:
+    """One model's queued requests, by band and tenant."""
+
+    def __init__(self, limits: Mapping[str, BandLimits]) -> None:
+        self._bands = {b: _Band(limits[b]) for b in BANDS}
+        self._count = 0
+        # Mean seconds between grants (exponentially weighted), for Retry-After;
+        # None until two grants were seen.
+        self._interval_s: float | None = None
+        self._last_grant: float | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def push(
+        self, band: str, tenant: str, now: float, *, weight: float = 1.0
+    ) -> tuple[Ticket, Ticket | None] | Refusal:
+        """Queue a request of `tenant` in `band`: its ticket and the ticket it pushed
+        out (None: none), or a Refusal when the band is full."""
+        b = self._bands[band]
+        pushed: Ticket | None = None
+        if b.count >= b.limits.max_queued:
+            pushed = self._push_out(b, tenant)
+            if pushed is None:
+                return Refusal(band=band, retry_after_s=self.retry_after_s(band))
+        start = max(b.vtime, b.last_finish.get(tenant, b.vtime))
+        finish = start + 1.0 / (weight if weight > 0 else 1.0)
+        b.last_finish[tenant] = finish
+        t = Ticket(band, tenant, start, finish, now)
+        q = b.queues.get(tenant)
+        if q is None:
+            q = b.queues[tenant] = deque()
+        q.append(t)
+        b.count += 1
+        b.counts[tenant] = b.counts.get(tenant, 0) + 1
+        self._count += 1
+        return t, pushed
+
+    def _push_out(self, b: _Band, tenant: str) -> Ticket | None:
+        """The newest ticket of the tenant with the most queued, taken out, when that
+        tenant has more queued than `tenant` would after its arrival; else None."""
+        if not b.counts:
+            return None
+        most = max(b.counts.items(), key=lambda kv: (kv[1], kv[0]))
+        if most[1] <= b.counts.get(tenant, 0) + 1:
+            return None
+        q = b.queues[most[0]]
+        for i in range(len(q) - 1, -1, -1):
+            t = q[i]
+            if t.state == WAITING:
+                del q[i]
+                t.state = PUSHED_OUT
+                b.forget(t)
+                self._count -= 1
+                # Its finish tag is given back: the tenant's next request takes its place.
+                b.last_finish[t.tenant] = t.start
+                return t
+        return None  # pragma: no cover - counts say a waiting ticket exists
+
+    def pop(self, now: float) -> Ticket | None:
+        """Grant the next ticket: the first band with one waiting, the smallest finish
+        tag in it. None when nothing waits."""
+        for band in BANDS:
+            b = self._bands[band]
+            if not b.count:
+                continue
+            t = b.head()
+            assert t is not None  # count > 0: a waiting ticket is queued
+            b.queues[t.tenant].popleft()
+            t.state = GRANTED
+            b.vtime = max(b.vtime, t.start)
+            b.forget(t)
+            self._count -= 1
+            self._granted(now)
+            if len(b.last_finish) > 2 * len(b.counts) + 64:
+                # Tenants at or behind the virtual time lose nothing by being forgotten.
+                b.last_finish = {k: v for k, v in b.last_finish.items() if v > b.vtime}
+            return t
+        return None
+
+    def peek(self) -> Ticket | None:
+        """The ticket `pop` would grant, left queued."""
+        for band in BANDS:
+            b = self._bands[band]
+            if b.count:
+                return b.head()
+        return None
+
+    def remove(self, t: Ticket) -> None:
+        """Its waiter leaves (gave up, went away): a no-op unless it still waits."""
+        if t.state != WAITING:
+            return
+        t.state = GONE
+        self._bands[t.band].forget(t)
+        self._count -= 1
+
+    def _granted(self, now: float) -> None:
+        if self._last_grant is not None:
+            gap = now - self._last_grant
+            prev = self._interval_s
+            self._interval_s = gap if prev is None else 0.8 * prev + 0.2 * gap
+        self._last_grant = now
+
+    def retry_after_s(self, band: str) -> int:
+        """Whole seconds until the requests queued in and above `band` are likely
+        granted, at the rate grants were made; RETRY_MIN_S..RETRY_MAX_S."""
+        ahead = 0
+        for b in BANDS:
+            ahead += self._bands[b].count
+            if b == band:
+                break
+        interval = self._interval_s
+        if interval is None:
+            return RETRY_MIN_S
+        return max(RETRY_MIN_S, min(RETRY_MAX_S, math.ceil(ahead * interval)))
+
+    def depth(self) -> dict[tuple[str, str], int]:
+        """(band, tenant) → requests waiting; only those with any."""
+        return {(band, t): n for band in BANDS for t, n in self._bands[band].counts.items()}
+
+    def waiting_in(self, band: str) -> int:
+        return self._bands[band].count

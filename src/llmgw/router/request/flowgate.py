@@ -1,0 +1,248 @@
+"""Flow control's waiting and waking: one `FlowQueue` per model (flow.py), on the loop.
+
+The proxy asks `FlowGate.saturated` after the policy chose (cheap: the decision's
+least total against the threshold), and only then `wait_turn`. A waiting
+request is granted its turn by:
+
+- `freed(model, …)`, which the proxy calls when a request of a model with
+  waiters releases its replica: one release frees one slot, so it grants at
+  most one waiter, and only if a replica is below capacity now;
+- the poller: the one waiter per model (the first in line) that looks again
+  every `POLL_S`, because capacity also comes back without a release here (an
+  engine drains requests of another router, a replica is added). Only one,
+  so a thousand waiters do not make a thousand timers a tick.
+
+A granted request chooses again (so it goes to the replica that freed up, or to
+its prefix home if that is within the policy's bound) and is dispatched even if
+the choice looks saturated by then: it holds the slot a release gave it.
+
+"Learned capacity" is the policy's (scheduler.py: the most requests an engine was
+seen running, at least `default_capacity`); a replica counts as saturated here only
+once its engine has been seen with requests waiting (`capacity_shown`). Until then
+its capacity is a floor, not a limit: holding requests at it would keep an engine
+that can run 64 at once at 8 forever, since it would never be seen running more.
+
+Cancellation: a waiter that is cancelled (its client left) removes its ticket; one
+cancelled just after it was granted passes its grant on, so no slot is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from llmgw.router.errors import FlowRefused
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot
+from llmgw.router.request.flow import (
+    BANDS,
+    GRANTED,
+    PUSHED_OUT,
+    BandLimits,
+    FlowQueue,
+    Refusal,
+    Ticket,
+)
+from llmgw.router.routing.scheduler import DEFAULT_CONFIG, SchedulerConfig, load_of
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
+
+# How often the first waiter of a model looks at the replicas without a release.
+POLL_S: Final = 0.1
+# What a waiter's future is set to (its ticket's state says whether it was granted).
+_GRANT: Final = 1
+_PUSHED: Final = 2
+_POLL: Final = 3  # you are the poller now
+
+
+def capacity_shown(snaps: Sequence[Snapshot], shown: set[str]) -> bool:
+    """Whether every replica a request could go to has been seen with requests waiting
+    at its engine (so its learned capacity is a limit), remembering those that have in
+    `shown` (as the registry keeps the capacity it learned across engine restarts)."""
+    for s in snaps:
+        if s.breaker is BreakerState.OPEN or s.id in shown:
+            continue
+        if s.stats is not None and s.stats.waiting > 0:
+            shown.add(s.id)
+            continue
+        return False
+    return True
+
+
+class _Model:
+    __slots__ = ("poller", "queue")
+
+    def __init__(self, queue: FlowQueue) -> None:
+        self.queue = queue
+        self.poller: Ticket | None = None
+
+
+class FlowGate:
+    """The router's flow control: queues per model, band and tenant; bounds; wakers."""
+
+    def __init__(
+        self,
+        limits: dict[str, BandLimits],
+        *,
+        enabled: bool = True,
+        scheduler: SchedulerConfig = DEFAULT_CONFIG,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.enabled = enabled
+        self.limits = limits
+        # How the policy computes a replica's total, and the total (1.0: a full batch)
+        # at or above which it is at capacity.
+        self.scheduler = scheduler
+        self.saturated_load = scheduler.saturated_load
+        self._clock = clock
+        self._models: dict[str, _Model] = {}
+        # Requests waiting, over every model: the proxy's one check on its way out.
+        self.waiting = 0
+        self._shown: set[str] = set()
+
+    def saturated(self, least: float | None, snaps: Sequence[Snapshot]) -> bool:
+        """Whether a request whose policy found `least` as the lowest total among its
+        replicas `snaps` must wait (None: the policy keeps no totals: never)."""
+        if least is None or least < self.saturated_load:
+            return False
+        return capacity_shown(snaps, self._shown)
+
+    def below_capacity(self, snaps: Sequence[Snapshot]) -> bool:
+        """Whether a replica in `snaps` is below capacity now, by the scheduler's totals.
+
+        Not the policy's choose(): that records a dispatch in the prefix index."""
+        cfg = self.scheduler
+        for s in snaps:
+            if s.breaker is BreakerState.OPEN:
+                continue
+            total = load_of(s, cfg) + (cfg.stale_penalty if s.stale else 0.0)
+            if total < self.saturated_load or s.id not in self._shown:
+                return True
+        return False
+
+    def queued(self, model: str) -> bool:
+        m = self._models.get(model)
+        return m is not None and len(m.queue) > 0
+
+    def _model(self, model: str) -> _Model:
+        m = self._models.get(model)
+        if m is None:
+            m = self._models[model] = _Model(FlowQueue(self.limits))
+        return m
+
+    async def wait_turn(
+        self,
+        model: str,
+        band: str,
+        tenant: str,
+        *,
+        deadline: float,
+        still_saturated: Callable[[], bool],
+    ) -> None:
+        """Wait in `model`'s queue until granted; FlowRefused when the band is full, the
+        request is pushed out, or it waited its band's `max_wait_s` (or to `deadline`).
+        `still_saturated` is asked by the poller."""
+        m = self._model(model)
+        clock = self._clock
+        now = clock.monotonic()
+        got = m.queue.push(band, tenant, now)
+        if isinstance(got, Refusal):
+            n = m.queue.waiting_in(band)
+            raise FlowRefused(
+                model,
+                f"the {band} band's queue is full ({n} waiting)",
+                status=429,
+                code="flow_queue_full",
+                retry_after_s=got.retry_after_s,
+            )
+        ticket, pushed = got
+        self.waiting += 1
+        if pushed is not None:
+            self.waiting -= 1
+            self._wake(pushed, _PUSHED)
+        until = min(deadline, now + self.limits[band].max_wait_s)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        ticket.waker = fut
+        if m.poller is None:
+            m.poller = ticket
+        if not still_saturated():
+            # Capacity came back between the choice and the queue (or the queue had
+            # waiters when this one arrived below capacity): the first in line goes.
+            self._grant(m)
+        try:
+            while True:
+                # The ticket's state is the word; the future only wakes its waiter.
+                if ticket.state == GRANTED:
+                    return
+                if ticket.state == PUSHED_OUT:
+                    raise FlowRefused(
+                        model,
+                        f"the {band} band's queue is full and this tenant has the most "
+                        "requests in it",
+                        status=429,
+                        code="flow_queue_full",
+                        retry_after_s=m.queue.retry_after_s(band),
+                    )
+                if fut.done():  # _POLL: this one is the poller now
+                    fut = loop.create_future()
+                    ticket.waker = fut
+                    m.poller = ticket
+                left = until - clock.monotonic()
+                if left <= 0:
+                    raise FlowRefused(
+                        model,
+                        f"it waited {clock.monotonic() - ticket.queued_at:.1f}s in the {band} "
+                        "band's queue",
+                        status=503,
+                        code="flow_wait_exceeded",
+                        retry_after_s=m.queue.retry_after_s(band),
+                    )
+                poll = m.poller is ticket
+                await asyncio.wait((fut,), timeout=min(left, POLL_S) if poll else left)
+                if not fut.done() and poll and not still_saturated():
+                    self._grant(m)
+        except asyncio.CancelledError:
+            if ticket.state == GRANTED:
+                # Granted, then cancelled before it could use the slot: the next one goes.
+                self._grant(m)
+            raise
+        finally:
+            if ticket.state != GRANTED and ticket.state != PUSHED_OUT:
+                m.queue.remove(ticket)
+                self.waiting -= 1
+            if m.poller is ticket:
+                m.poller = None
+                nxt = m.queue.peek()
+                if nxt is not None:
+                    m.poller = nxt
+                    self._wake(nxt, _POLL)
+            if not len(m.queue) and m.poller is None and self._models.get(model) is m:
+                del self._models[model]
+
+    def freed(self, model: str, snapshots: Callable[[str], Sequence[Snapshot]]) -> None:
+        """A request of `model` released its replica; grant the next waiter if a
+        replica (`snapshots(model)`) is below capacity now."""
+        m = self._models.get(model)
+        if m is not None and len(m.queue) and self.below_capacity(snapshots(model)):
+            self._grant(m)
+
+    def _grant(self, m: _Model) -> None:
+        t = m.queue.pop(self._clock.monotonic())
+        if t is not None:
+            self.waiting -= 1
+            self._wake(t, _GRANT)
+
+    @staticmethod
+    def _wake(t: Ticket, result: int) -> None:
+        fut = t.waker
+        if isinstance(fut, asyncio.Future) and not fut.done():
+            fut.set_result(result)
+
+    def depth(self) -> dict[tuple[str, str], int]:
+        """(band, tenant) → requests waiting, over every model; only those with any."""
+        out: dict[tuple[str, str], int] = {}
+        for m in self._models.values():
+            for k, n in m.queue.depth().items():
+                out[k] = out.get(k, 0) + n
+        return dict(sorted(out.items(), key=lambda kv: (BANDS.index(kv[0][0]), kv[0][1])))
