@@ -19,8 +19,8 @@ def info(id: str, *models: str, url: str = "") -> EndpointInfo:
     return EndpointInfo(id=id, url=url or f"http://{id}", models=models or ("m",))
 
 
-def stats(running: int = 0, success: float | None = 0.0, **kw: float) -> Stats:
-    return Stats(running=running, waiting=0, kv_usage=0.5, success_total=success, **kw)  # type: ignore[arg-type]
+def stats(running: int = 0, success: float | None = 0.0, waiting: int = 0, **kw: float) -> Stats:
+    return Stats(running=running, waiting=waiting, kv_usage=0.5, success_total=success, **kw)  # type: ignore[arg-type]
 
 
 def registry(*ids: str, clock: ManualClock | None = None, **kw: object) -> Registry:
@@ -181,6 +181,15 @@ class TestObserve:
         for running, success in [(3, 10), (9, 20), (4, 30), (1, 0)]:
             reg.observe("a", stats(running=running, success=success))
         assert reg.snapshots()[0].running_capacity == 9
+
+    def test_capacity_is_shown_once_the_engine_was_seen_queueing(self) -> None:
+        """capacity_shown turns true at the first scrape with requests waiting, and stays."""
+        reg = registry("a")
+        reg.observe("a", stats(running=8))
+        assert (reg.capacity_shown("a"), reg.capacity_shown("nope")) == (False, False)
+        reg.observe("a", stats(running=8, waiting=2))
+        reg.observe("a", stats(running=3))
+        assert reg.capacity_shown("a") is True
 
     def test_observe_records_inflight_at_scrape(self) -> None:
         """The scrape remembers how many of our requests were in flight when it landed."""

@@ -188,21 +188,23 @@ class TestGate:
     """The gate queues at saturation, grants on release, and enforces its bounds."""
 
     def test_saturation_needs_the_capacity_shown(self) -> None:
-        """A replica at its learned capacity that was never seen queueing is not a limit."""
-        gate = FlowGate(limits())
-        never_queued = [snap("e1", running=8, capacity=8)]
-        assert gate.saturated(1.0, never_queued) is False
-        assert gate.saturated(1.1, saturated_snaps()) is True
-        # Remembered once shown, though the next scrape shows no queue.
-        assert gate.saturated(1.0, never_queued) is True
-        assert gate.saturated(0.5, saturated_snaps()) is False
-        assert gate.saturated(None, saturated_snaps()) is False
+        """A replica at its learned capacity whose engine was never seen queueing is not
+        a limit; once seen (the registry remembers), it is."""
+        shown: set[str] = set()
+        gate = FlowGate(limits(), shown=shown.__contains__)
+        full = [snap("e1", running=8, capacity=8)]
+        assert gate.saturated(1.0, full) is False
+        assert gate.below_capacity(full) is True
+        shown.add("e1")
+        assert gate.saturated(1.0, full) is True
+        assert gate.below_capacity(full) is False
+        assert gate.saturated(0.5, full) is False
+        assert gate.saturated(None, full) is False
 
     def test_critical_overtakes_queued_batch(self) -> None:
         """Granted one at a time, a critical arrival goes before batch ones queued earlier."""
         clock = ManualClock()
         gate = FlowGate(limits(), clock=clock)
-        gate.saturated(1.0, saturated_snaps())
         served: list[str] = []
         snaps = saturated_snaps()
 
@@ -234,7 +236,6 @@ class TestGate:
         """freed() while every replica is still at capacity leaves the waiter queued."""
         clock = ManualClock()
         gate = FlowGate(limits(max_wait_s=2.0), clock=clock)
-        gate.saturated(1.0, saturated_snaps())
 
         async def main() -> None:
             task = asyncio.create_task(

@@ -92,6 +92,7 @@ class Router:
                 for band, b in cfg.flow.bands().items()
             },
             enabled=cfg.flow.enabled,
+            shown=self.registry.capacity_shown,
             clock=clock,
         )
         self.metrics = RouterMetrics(

@@ -215,6 +215,7 @@ class _Live:
         "pending",
         "priority",
         "pslot",
+        "queued_seen",
         "restarts",
         "row",
         "scraped_at",
@@ -236,6 +237,9 @@ class _Live:
         self.scraped_at: float | None = None  # monotonic
         self.drain_rate = 0.0
         self.max_running = 0
+        # Whether a scrape ever found requests waiting at the engine: then it was full,
+        # and max_running is its limit rather than the most it was asked to run.
+        self.queued_seen = False
         self.restarts = 0
         self.inflight = 0
         self.inflight_at_scrape = 0
@@ -433,8 +437,16 @@ class Registry:
         live.engine_requests = stats.running + stats.waiting
         live.scraped_at = now
         live.max_running = max(live.max_running, stats.running)
+        if stats.waiting > 0:
+            live.queued_seen = True
         live.inflight_at_scrape = self._inflight(live)
         return restarted
+
+    def capacity_shown(self, id: str) -> bool:
+        """Whether `id`'s engine was ever seen with requests waiting (flow control:
+        its learned capacity is a limit, not only the most it was asked to run)."""
+        live = self._live.get(id)
+        return live is not None and live.queued_seen
 
     def scrape_failed(self, id: str) -> None:
         """Note a failed metrics scrape: deliberately nothing.

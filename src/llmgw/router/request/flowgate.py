@@ -55,18 +55,10 @@ _PUSHED: Final = 2
 _POLL: Final = 3  # you are the poller now
 
 
-def capacity_shown(snaps: Sequence[Snapshot], shown: set[str]) -> bool:
+def capacity_shown(snaps: Sequence[Snapshot], shown: Callable[[str], bool]) -> bool:
     """Whether every replica a request could go to has been seen with requests waiting
-    at its engine (so its learned capacity is a limit), remembering those that have in
-    `shown` (as the registry keeps the capacity it learned across engine restarts)."""
-    for s in snaps:
-        if s.breaker is BreakerState.OPEN or s.id in shown:
-            continue
-        if s.stats is not None and s.stats.waiting > 0:
-            shown.add(s.id)
-            continue
-        return False
-    return True
+    at its engine (`shown`: Registry.capacity_shown), so its learned capacity is a limit."""
+    return all(s.breaker is BreakerState.OPEN or shown(s.id) for s in snaps)
 
 
 class _Model:
@@ -85,6 +77,7 @@ class FlowGate:
         limits: dict[str, BandLimits],
         *,
         enabled: bool = True,
+        shown: Callable[[str], bool] = lambda _id: True,
         scheduler: SchedulerConfig = DEFAULT_CONFIG,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -98,7 +91,8 @@ class FlowGate:
         self._models: dict[str, _Model] = {}
         # Requests waiting, over every model: the proxy's one check on its way out.
         self.waiting = 0
-        self._shown: set[str] = set()
+        # Whether a replica's engine was seen queueing (Registry.capacity_shown).
+        self._shown = shown
 
     def saturated(self, least: float | None, snaps: Sequence[Snapshot]) -> bool:
         """Whether a request whose policy found `least` as the lowest total among its
@@ -116,7 +110,7 @@ class FlowGate:
             if s.breaker is BreakerState.OPEN:
                 continue
             total = load_of(s, cfg) + (cfg.stale_penalty if s.stale else 0.0)
-            if total < self.saturated_load or s.id not in self._shown:
+            if total < self.saturated_load or not self._shown(s.id):
                 return True
         return False
 
