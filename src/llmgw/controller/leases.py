@@ -10,7 +10,11 @@ router finds room. The shares sum to the limit, never more (docs/tenants.md).
 
 from __future__ import annotations
 
+import calendar
+import time
 from collections.abc import Mapping
+
+from llmgw.wire.keys import BudgetPeriod
 
 # Part of each limit split evenly whatever the demand: the floor of all routers together.
 FLOOR_FRACTION = 0.1
@@ -54,3 +58,15 @@ def fair_shares(
         scale = limit / total
         out = {r: s * scale for r, s in out.items()}
     return out
+
+
+def period_start(per: BudgetPeriod, wall: float) -> int:
+    """Unix seconds at the start of the calendar period (UTC) `wall` falls in: the
+    day, the week (from Monday) or the month, as routers count budgets."""
+    t = time.gmtime(wall)
+    day = calendar.timegm((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0))
+    if per == "day":
+        return day
+    if per == "week":
+        return day - t.tm_wday * 86_400
+    return calendar.timegm((t.tm_year, t.tm_mon, 1, 0, 0, 0))
