@@ -19,6 +19,12 @@ enforcing it, cut off) until `forget_s`; then the book forgets it and its share
 goes to the others. A router still alive but cut off for that long enforces at
 most limit / routers, which is the bound's one excess (docs/tenants.md).
 
+Budgets go the same way in tokens: the "limit" is what is left of the period's
+budget after what every router has reported spending (`spent`, from the store),
+and a router's allowance is what it may spend until its next answer; it reports
+what it has not spent (`budget_held`), so allowances out plus what was spent
+never pass the budget.
+
 The book lives in memory. A controller that restarts learns the shares back from
 what routers say they hold; for its first `lease_s` it grants no router more than
 it holds, since routers it has not heard from yet may hold the rest.

@@ -8,6 +8,8 @@ admitted or refused in OpenAI's shapes:
     requests per minute spent      429 rate_limit_exceeded   (Retry-After, x-ratelimit-*)
     tokens per minute spent        429 rate_limit_exceeded   (Retry-After, x-ratelimit-*)
     token budget of the period     429 insufficient_quota
+    leased allowance spent, more   429 rate_limit_exceeded   (Retry-After: 2)
+    held elsewhere in the fleet
 
 RPM and TPM are token buckets that hold a minute's worth and refill evenly, so
 a key may burst its whole minute and then goes at its rate. TPM admission can
@@ -22,7 +24,9 @@ controller gave is enforced at this router's *share* of its RPM and TPM, leased
 by the controller with the answer to each usage report (control/leases.py keeps
 the lease; controller/leasebook.py decides it): the buckets' rates are the
 shares, so the check per request stays local, the same few float operations.
-A key from the router's own file, or any key under a controller that leases
+Its budget is an allowance of tokens the controller leases from what the fleet
+has left, spent down here and replaced by each answer (counted from when the
+report was built). A key from the router's own file, or any key under a controller that leases
 nothing (one from before leases), is enforced at its whole limit.
 """
 
