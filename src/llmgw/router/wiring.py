@@ -256,4 +256,5 @@ class Router:
             },
             demand=demand,
             load=self.usage.load(demand, reset=reset),
+            flow_queued=self.flow.depth(),
         )

@@ -139,7 +139,10 @@ def merge_reports(router_id: str, sent_at: float, reports: Sequence[UsageReport]
     inflight: dict[str, int] = {}
     demand: dict[str, int] = {}
     load: dict[str, ModelLoad] = {}
+    queued: dict[tuple[str, str], int] = {}
     for r in reports:
+        for q in r.flow_queued:
+            queued[q.band, q.team] = queued.get((q.band, q.team), 0) + q.requests
         for k, t in r.last_used.items():
             last_used[k] = max(t, last_used.get(k, t))
         for k, n in r.inflight.items():
@@ -165,6 +168,7 @@ def merge_reports(router_id: str, sent_at: float, reports: Sequence[UsageReport]
         inflight=inflight,
         demand=demand,
         load=load,
+        flow_queued=queued,
     )
 
 
