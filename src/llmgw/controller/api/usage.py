@@ -2,9 +2,11 @@
 (`GET /admin/usage`; docs/tenants.md#usage).
 
 A report's load and idle times go to the IdleTracker (a reading of now, kept in
-memory); its token rows go to the store before the answer, so a 204 means they
+memory); its token rows go to the store before the answer, so a 200 means they
 are kept, and a 503 (the database refused) tells the router to send them again,
 which it does: it keeps every row until a report holding it was answered 2xx.
+The 200 carries the router's shares of every limited key (leasebook.py), from
+the demand the report brought.
 Errors leave through routes._errors like every other route's.
 """
 
@@ -50,7 +52,8 @@ async def report(request: web.Request) -> web.Response:
             await asyncio.to_thread(store.record_usage, counter, got.tokens)
         except StoreError as exc:
             raise StoreUnavailable(f"cannot keep the report's token usage: {exc}") from exc
-    return web.Response(status=204)
+    keys = [k.key for k in s.fleet.state.keys.values() if k.live]
+    return json_response(s.leases.report(got.router_id, got.key_demand, keys))
 
 
 def _since_s(request: web.Request) -> float:

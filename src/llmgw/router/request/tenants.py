@@ -17,8 +17,13 @@ place once the answer is in, so a key that under-estimated pays it back before
 its next request is admitted. Budgets count the engine's usage per calendar
 period (UTC).
 
-Counts live in this router's memory: with several routers each enforces the
-whole limit on its own share of the traffic, and a restart forgets them.
+Counts live in this router's memory, and a restart forgets them. A key the
+controller gave is enforced at this router's *share* of its RPM and TPM, leased
+by the controller with the answer to each usage report (control/leases.py keeps
+the lease; controller/leasebook.py decides it): the buckets' rates are the
+shares, so the check per request stays local, the same few float operations.
+A key from the router's own file, or any key under a controller that leases
+nothing (one from before leases), is enforced at its whole limit.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ from llmgw.wire.keys import BudgetPeriod, ClientKey
 
 # Bytes of a request body per token, for the TPM estimate before the engine counts.
 BYTES_PER_TOKEN = 4
+# Retry-After of a key with no share on this router yet (its lease is a report away).
+NO_SHARE_RETRY_S = 2.0
+# This router's (rpm, tpm) per minute of one key; the whole limit where nothing is leased.
+Share = tuple[float, float]
 
 
 class Tenant:
@@ -57,22 +66,41 @@ class Tenant:
 
 
 class _Bucket:
-    """A token bucket: `size` per minute, refilled evenly, starting full."""
+    """A token bucket: `share` per minute, refilled evenly, starting with `share` in it.
 
-    __slots__ = ("at", "level", "rate", "size")
+    It holds a minute's worth, and never less than one (a request, a token): a share
+    below one would otherwise never admit anything. `limit` is the key's whole limit,
+    shown in the x-ratelimit-limit-* header.
+    """
 
-    def __init__(self, size: int, now: float) -> None:
-        self.size = float(size)
-        self.rate = size / 60.0
-        self.level = float(size)
+    __slots__ = ("at", "level", "limit", "rate", "size")
+
+    def __init__(self, limit: int, share: float, now: float) -> None:
+        self.limit = limit
+        self.size = max(1.0, share)
+        self.rate = share / 60.0
+        self.level = share
         self.at = now
+
+    def reshare(self, share: float, now: float) -> None:
+        """A new share: the rate changes, and a smaller bucket spills what it cannot
+        hold; a larger one fills only at its rate (a new share is never a burst)."""
+        self.refill(now)
+        self.size = max(1.0, share)
+        self.rate = share / 60.0
+        self.level = min(self.level, self.size)
 
     def refill(self, now: float) -> None:
         self.level = min(self.size, self.level + (now - self.at) * self.rate)
         self.at = now
 
     def wait_s(self, need: float) -> float:
-        """Seconds until `need` is in the bucket (0 when it is now)."""
+        """Seconds until `need` is in the bucket (0 when it is now).
+
+        A share of zero never refills: the answer is the next lease, a report away.
+        """
+        if self.rate <= 0.0:
+            return 0.0 if self.level >= need else NO_SHARE_RETRY_S
         return max(0.0, (need - self.level) / self.rate)
 
     def reset_s(self) -> float:
@@ -83,15 +111,34 @@ class _Bucket:
 class _Account:
     """The counts of one key (by its hash), kept across endpoint-list updates."""
 
-    __slots__ = ("limits", "period", "requests", "spent", "tokens")
+    __slots__ = (
+        "asked_requests",
+        "asked_tokens",
+        "limits",
+        "period",
+        "requests",
+        "spent",
+        "tokens",
+    )
 
-    def __init__(self, key: ClientKey, now: float) -> None:
+    def __init__(self, key: ClientKey, now: float, share: Share) -> None:
         self.limits = (key.rpm, key.tpm, key.budget)
-        self.requests = _Bucket(key.rpm, now) if key.rpm is not None else None
-        self.tokens = _Bucket(key.tpm, now) if key.tpm is not None else None
+        rpm, tpm = share
+        self.requests = _Bucket(key.rpm, rpm, now) if key.rpm is not None else None
+        self.tokens = _Bucket(key.tpm, tpm, now) if key.tpm is not None else None
         # The budget period the spend counts in ("" before the first request), and it.
         self.period = ""
         self.spent = 0
+        # Asked of this router since the last demand report (admitted or not): what
+        # the controller splits the limits by (control/leases.py).
+        self.asked_requests = 0
+        self.asked_tokens = 0
+
+    def reshare(self, share: Share, now: float) -> None:
+        if self.requests is not None:
+            self.requests.reshare(share[0], now)
+        if self.tokens is not None:
+            self.tokens.reshare(share[1], now)
 
 
 class Charge:
@@ -130,17 +177,55 @@ class Charge:
 
 
 class Tenants:
-    """Every limited key's counts on this router, and the verdict on each request."""
+    """Every limited key's counts on this router, and the verdict on each request.
+
+    `shares`: sha256 → this router's (rpm, tpm) of a key the controller leases;
+    `leased`: the keys that must have a share (the controller's, with an rpm or
+    tpm) while `leasing` is on. Both are set by control/leases.py.
+    """
 
     def __init__(self, *, clock: Clock) -> None:
         self.clock = clock
         self._accounts: dict[str, _Account] = {}
+        self.shares: dict[str, Share] = {}
+        self.leased: frozenset[str] = frozenset()
+        # Whether the controller leases shares: None until its first answer (no share
+        # yet), False when it answers without any (a controller from before leases).
+        self.leasing: bool | None = None
 
-    def retain(self, keys: Iterable[ClientKey]) -> None:
-        """Forget the counts of keys no longer listed (revoked ones)."""
+    def retain(self, keys: Iterable[ClientKey], *, leased: Iterable[ClientKey] = ()) -> None:
+        """Forget the counts of keys no longer listed (revoked ones); `leased`: the
+        controller's keys, enforced at the share it leases this router."""
         keep = {k.sha256.lower() for k in keys}
         for digest in [d for d in self._accounts if d not in keep]:
             del self._accounts[digest]
+        self.leased = frozenset(
+            k.sha256.lower() for k in leased if k.rpm is not None or k.tpm is not None
+        )
+
+    def share_of(self, key: ClientKey, digest: str) -> Share:
+        """What this router enforces of `key` now: its share, or the whole limit."""
+        whole = (float(key.rpm or 0), float(key.tpm or 0))
+        if digest not in self.leased or self.leasing is False:
+            return whole
+        return self.shares.get(digest, (0.0, 0.0))
+
+    def reshare(self, shares: dict[str, Share]) -> None:
+        """New shares (a lease, or its fallback): the accounts' buckets follow."""
+        self.shares = shares
+        now = self.clock.monotonic()
+        for digest, acc in self._accounts.items():
+            if digest in self.leased:
+                acc.reshare(self.shares.get(digest, (0.0, 0.0)), now)
+
+    def asked(self) -> dict[str, tuple[int, int]]:
+        """sha256 → (requests, tokens) asked since the last call, of leased keys; resets."""
+        out: dict[str, tuple[int, int]] = {}
+        for digest, acc in self._accounts.items():
+            if digest in self.leased:
+                out[digest] = (acc.asked_requests, acc.asked_tokens)
+            acc.asked_requests = acc.asked_tokens = 0
+        return out
 
     def admit(self, tenant: Tenant, model: str, body_bytes: int) -> Charge | web.Response | None:
         """A refusal, or None (nothing to count), or the Charge to settle after the answer."""
@@ -159,7 +244,7 @@ class Tenants:
         digest = key.sha256.lower()
         acc = self._accounts.get(digest)
         if acc is None or acc.limits != (key.rpm, key.tpm, key.budget):
-            acc = self._accounts[digest] = _Account(key, now)
+            acc = self._accounts[digest] = _Account(key, now, self.share_of(key, digest))
         budget = key.budget
         if budget is not None:
             period = period_of(budget.per, self.clock.wall())
@@ -173,39 +258,47 @@ class Tenants:
                     type="insufficient_quota",
                     code="insufficient_quota",
                 )
-        estimate = max(1, body_bytes // BYTES_PER_TOKEN)
-        requests, tokens = acc.requests, acc.tokens
-        wait_s = 0.0
-        # OpenAI's error type names the limit that was hit: "requests" or "tokens".
-        kind = what = ""
-        if requests is not None:
-            requests.refill(now)
-            if requests.level < 1.0:
-                wait_s, what = requests.wait_s(1.0), f"requests per minute ({key.rpm})"
-                kind = "requests"
-        if tokens is not None:
-            tokens.refill(now)
-            # A request larger than the whole bucket waits for a full one, never forever.
-            estimate = min(estimate, int(tokens.size))
-            if tokens.level < estimate and tokens.wait_s(estimate) > wait_s:
-                wait_s, what = tokens.wait_s(estimate), f"tokens per minute ({key.tpm})"
-                kind = "tokens"
-        if what:
-            headers = _headers(acc)
-            headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
-            return error_response(
-                429,
-                f"Rate limit reached for the API key {tenant.name!r} on {what}. "
-                f"Please try again in {_duration(wait_s)}.",
-                type=kind,
-                code="rate_limit_exceeded",
-                headers=headers,
-            )
-        if requests is not None:
-            requests.level -= 1.0
-        if tokens is not None:
-            tokens.level -= estimate
-        return Charge(acc, estimate, _headers(acc), None if budget is None else budget.per)
+        return _take(acc, tenant, max(1, body_bytes // BYTES_PER_TOKEN), now)
+
+
+def _take(acc: _Account, tenant: Tenant, estimate: int, now: float) -> Charge | web.Response:
+    """Take one request and its estimate from the key's buckets, or refuse with 429."""
+    key = tenant.key
+    acc.asked_requests += 1
+    acc.asked_tokens += estimate
+    requests, tokens = acc.requests, acc.tokens
+    wait_s = 0.0
+    # OpenAI's error type names the limit that was hit: "requests" or "tokens".
+    kind = what = ""
+    if requests is not None:
+        requests.refill(now)
+        if requests.level < 1.0:
+            wait_s, what = requests.wait_s(1.0), f"requests per minute ({key.rpm})"
+            kind = "requests"
+    if tokens is not None:
+        tokens.refill(now)
+        # A request larger than the whole bucket waits for a full one, never forever.
+        estimate = min(estimate, int(tokens.size))
+        if tokens.level < estimate and tokens.wait_s(estimate) > wait_s:
+            wait_s, what = tokens.wait_s(estimate), f"tokens per minute ({key.tpm})"
+            kind = "tokens"
+    if what:
+        headers = _headers(acc)
+        headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
+        return error_response(
+            429,
+            f"Rate limit reached for the API key {tenant.name!r} on {what}. "
+            f"Please try again in {_duration(wait_s)}.",
+            type=kind,
+            code="rate_limit_exceeded",
+            headers=headers,
+        )
+    if requests is not None:
+        requests.level -= 1.0
+    if tokens is not None:
+        tokens.level -= estimate
+    budget = key.budget
+    return Charge(acc, estimate, _headers(acc), None if budget is None else budget.per)
 
 
 def _headers(acc: _Account) -> dict[str, str]:
@@ -214,7 +307,7 @@ def _headers(acc: _Account) -> dict[str, str]:
     for kind, bucket in (("requests", acc.requests), ("tokens", acc.tokens)):
         if bucket is None:
             continue
-        out[f"x-ratelimit-limit-{kind}"] = str(int(bucket.size))
+        out[f"x-ratelimit-limit-{kind}"] = str(bucket.limit)
         out[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(bucket.level)))
         out[f"x-ratelimit-reset-{kind}"] = _duration(bucket.reset_s())
     return out

@@ -1,0 +1,56 @@
+"""How one limit is split among routers: max-min fair by demand, with a floor (pure).
+
+Each router gets a floor (`floor_frac` of the limit, split evenly) so that one
+that saw no demand lately can still serve the first requests that reach it; the
+rest goes max-min fair by what each router was asked for: a router that wants
+less than an even split gets what it wants, and what it leaves is split among
+the others the same way. What nobody wants is split evenly, so a burst on any
+router finds room. The shares sum to the limit, never more (docs/tenants.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# Part of each limit split evenly whatever the demand: the floor of all routers together.
+FLOOR_FRACTION = 0.1
+
+
+def fair_shares(
+    limit: float, wants: Mapping[str, float], *, floor_frac: float = FLOOR_FRACTION
+) -> dict[str, float]:
+    """Router → share of `limit`, by each router's demand (per minute); sorted by router.
+
+    Shares sum to `limit` (to rounding, and never above it); no routers, no shares.
+    A negative or zero limit leaves every share at zero.
+    """
+    n = len(wants)
+    if n == 0:
+        return {}
+    if limit <= 0.0:
+        return dict.fromkeys(sorted(wants), 0.0)
+    floor = limit * floor_frac / n
+    out = dict.fromkeys(sorted(wants), floor)
+    left = limit - floor * n
+    # Demand above the floor, smallest first: each either is met in full or, from
+    # the first that cannot be, all the rest get an equal part of what is left.
+    above = sorted(((max(0.0, w - floor), r) for r, w in wants.items()), key=lambda t: t)
+    for i, (want, r) in enumerate(above):
+        fair = left / (len(above) - i)
+        if want <= fair:
+            out[r] += want
+            left -= want
+            continue
+        for _, rest in above[i:]:
+            out[rest] += fair
+        left = 0.0
+        break
+    if left > 0.0:
+        for r in out:
+            out[r] += left / n
+    total = sum(out.values())
+    if total > limit:
+        # Float rounding only: scale down so the sum is never above the limit.
+        scale = limit / total
+        out = {r: s * scale for r, s in out.items()}
+    return out
