@@ -281,6 +281,7 @@ class Router:
             demand=demand,
             load=self.usage.load(demand, reset=reset),
             key_demand=self.leases.demand(self.tenants.asked()) if reset else (),
+            flow_queued=self.flow.depth(),
         )
 
 

@@ -63,6 +63,16 @@ class TokenUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     completion_tokens: Count = 0
 
 
+class FlowQueued(msgspec.Struct, frozen=True, kw_only=True):
+    """Requests waiting in a router's flow control (every replica of their model at
+    capacity), for one priority band and team (docs/tenants.md#flow-control)."""
+
+    band: UsageName
+    # The key's team; its name for a key without one; "" for requests without a key.
+    team: UsageName = ""
+    requests: Count
+
+
 class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     """Body of `POST /v1/usage`."""
 
@@ -89,6 +99,8 @@ class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     # Limited client keys this router has seen or holds a share of: what it was asked
     # for and what it enforces; the answer leases it its shares (wire.leases).
     key_demand: list[KeyDemand] = []
+    # Requests waiting in flow control now, by band and team; only those with any.
+    flow_queued: list[FlowQueued] = []
 
 
 class UsageRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

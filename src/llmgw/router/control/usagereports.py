@@ -29,7 +29,7 @@ from llmgw.router.errors import LeaseRefused, ReportRefused
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.leases import KeyDemand, LeaseAnswer
-from llmgw.wire.usage import ModelLoad, TokenUsage, UsageReport
+from llmgw.wire.usage import FlowQueued, ModelLoad, TokenUsage, UsageReport
 
 log: Final = logging.getLogger(__name__)
 
@@ -85,9 +85,16 @@ def build_report(
     demand: Mapping[str, int],
     load: Mapping[str, ModelLoad],
     key_demand: Sequence[KeyDemand] = (),
+    flow_queued: Mapping[tuple[str, str], int] | None = None,
 ) -> UsageReport:
-    """One report; maps are copied and sorted so equal states encode equally."""
+    """One report; maps are copied and sorted so equal states encode equally.
+    `flow_queued`: (band, team) → requests waiting in flow control."""
     return UsageReport(
+        flow_queued=[
+            FlowQueued(band=band, team=team, requests=n)
+            for (band, team), n in sorted((flow_queued or {}).items())
+            if n > 0
+        ],
         router_id=router_id,
         sent_at=sent_at,
         last_used=dict(sorted(last_used.items())),

@@ -143,9 +143,12 @@ def merge_reports(router_id: str, sent_at: float, reports: Sequence[UsageReport]
     demand: dict[str, int] = {}
     load: dict[str, ModelLoad] = {}
     keys: dict[str, KeyDemand] = {}
+    queued: dict[tuple[str, str], int] = {}
     for r in reports:
         for d in r.key_demand:
             keys[d.sha256] = d if d.sha256 not in keys else add_demand(keys[d.sha256], d)
+        for q in r.flow_queued:
+            queued[q.band, q.team] = queued.get((q.band, q.team), 0) + q.requests
         for k, t in r.last_used.items():
             last_used[k] = max(t, last_used.get(k, t))
         for k, n in r.inflight.items():
@@ -172,6 +175,7 @@ def merge_reports(router_id: str, sent_at: float, reports: Sequence[UsageReport]
         demand=demand,
         load=load,
         key_demand=[keys[k] for k in sorted(keys)],
+        flow_queued=queued,
     )
 
 
