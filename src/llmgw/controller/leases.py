@@ -52,11 +52,13 @@ def fair_shares(
     if left > 0.0:
         for r in out:
             out[r] += left / n
+    # Float rounding only: shave the shares until their sum is not above the limit
+    # (a sum of rounded parts may land a unit in the last place over it).
     total = sum(out.values())
-    if total > limit:
-        # Float rounding only: scale down so the sum is never above the limit.
-        scale = limit / total
+    while total > limit:
+        scale = limit / total * (1.0 - 1e-12)
         out = {r: s * scale for r, s in out.items()}
+        total = sum(out.values())
     return out
 
 
