@@ -137,9 +137,12 @@ def _host_loops(
         sink=controller,
         interval_s=cfg.report_interval_s,
         drain=state.token_counts.drain,
+        leased=state.leased,
+        expire=state.lease_expire,
         clock=state.clock,
     )
     app[REPORTER] = reporter
+    state.want_lease = reporter.wake
 
     def on_config(new: RouterConfig) -> None:
         scraper.interval_s = new.scrape_interval_s

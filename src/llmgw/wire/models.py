@@ -79,7 +79,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     # The weights' size in GB: host memory a level-1 sleep takes. None: not given.
     weights_gb: Annotated[float, msgspec.Meta(gt=0)] | None = None
     # With sleep_mode: a replica known idle this long may be put to sleep for another
-    # model, since waking it again costs seconds, not a cold start. None: idle_timeout_s.
+    # model, or ahead of another model's sleeper on its cards (docs/sleep-and-adapters.md),
+    # since waking it again costs seconds, not a cold start. None: idle_timeout_s.
     sleep_after_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
     @property

@@ -7,5 +7,6 @@ idle eviction when a model does not fit.
     eviction.py    which known-idle replicas to evict so a model fits
     wakes.py       where a replica may sleep (GPU and host memory), which sleeper wakes
     swaps.py       a tick's sleeps and wakes, written into its batch
+    clearing.py    idle replicas put to sleep ahead of the sleeper under them
     rendezvous.py  multi-node rendezvous ports
 """

@@ -37,7 +37,7 @@ def sleep_or_drain(t: TickContext, r: Replica, reason: str, *, kind: str | None 
     model = batch.model(r.model)
     if r.state != "ready" or model is None or not model.spec.sleep_mode:
         return batch.drain(r, reason, grace_s=t.config.drain_grace_s, kind=kind)
-    replicas = _current(t)
+    replicas = current_replicas(t)
     specs = {name: m.spec for name, m in batch.base.models.items()}
     room = sleep_room(r, model.spec, replicas, batch.base.nodes, specs)
     if room is None:
@@ -50,7 +50,7 @@ def sleep_or_drain(t: TickContext, r: Replica, reason: str, *, kind: str | None 
     return batch.sleep(r, room.level, f"{reason}; sleeps at level {room.level}", kind=kind)
 
 
-def _current(t: TickContext) -> dict[str, Replica]:
+def current_replicas(t: TickContext) -> dict[str, Replica]:
     """The replicas as this tick sees them: its start, with its own changes over it."""
     out = dict(t.batch.base.replicas)
     for r in t.batch.changes.replicas:
@@ -72,7 +72,7 @@ def try_wake(t: TickContext, spec: ModelSpec, free: FreeMap) -> Woke:
         # Who holds each card with this tick's changes: a card another model's sleeper
         # was woken onto earlier in this tick is held by it, not up for a second wake
         # (two engines waking on one card would each wait for the other forever).
-        holders=card_holders(_current(t).values()),
+        holders=card_holders(current_replicas(t).values()),
     )
     if plan is None:
         return Woke.NONE

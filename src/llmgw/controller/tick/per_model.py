@@ -24,6 +24,7 @@ from collections.abc import Collection
 from llmgw.controller.fleet.batch import LIVE, Batch, node_drain_grace
 from llmgw.controller.fleet.records import FleetState, Model, Replica
 from llmgw.controller.idle import IdleTracker, ModelLoadSum
+from llmgw.controller.placement.clearing import clear_ahead
 from llmgw.controller.placement.requests import Request, place_requests
 from llmgw.controller.placement.swaps import sleep_or_drain
 from llmgw.controller.tick.context import TickContext
@@ -98,6 +99,9 @@ def plan_models(t: TickContext, *, dirty: Collection[str] | None = None) -> None
         stable = watch is not None and name not in watch
         _model(t, m, demand.get(name, 0), load.get(name), requests, stable=stable)
     place_requests(t, requests)
+    # After placement, so what this tick woke or placed is left alone; it looks at
+    # every sleeper, dirty or not: idleness grows without a write.
+    clear_ahead(t)
 
 
 def _by_model_name(

@@ -12,7 +12,8 @@ One tick, in order:
    stopped replicas forgotten after the retention;
 3. models (tick/per_model.py): desired count, surplus drained, make-before-break moves,
    failed replicas restarted after backoff, what is missing placed (placement/requests.py),
-   evicting known-idle replicas when a model cannot be placed;
+   evicting known-idle replicas when a model cannot be placed, then idle replicas
+   put to sleep ahead of the sleepers under them (placement/clearing.py);
 4. bookkeeping a restart needs: retired specs whose replicas have all stopped
    are dropped, and the room held for evicting models is written as it changed.
 """
