@@ -51,6 +51,8 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
+from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.connection import Answer, FastRequest, FastStream
 from llmgw.router.metrics import (
     DISCONNECTED,
     ENGINE_ERROR,
@@ -86,7 +88,6 @@ from llmgw.router.routing.affinity import NO_KEY, RouteKey, route_key
 from llmgw.router.routing.scheduler import Decision
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
-from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
 from llmgw.runtime.logs import kv
 from llmgw.runtime.peers import Peer, share_of
 from llmgw.wire.errors import error_body
@@ -291,15 +292,9 @@ class Proxy:
         # (`_lines`): the same for every answer of an endpoint.
         self._lines: dict[str, dict[str, bytes]] = {}
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        """The proxied routes under aiohttp's server."""
-        resp = await self.answer(request)
-        assert isinstance(resp, web.StreamResponse)
-        return resp
-
-    async def answer(self, request: web.Request | FastRequest) -> Answer:
-        """The proxied routes under either server (`http_server`); a stream under the fast
-        one is a `FastStream` it has already sent."""
+    async def answer(self, request: FastRequest) -> Answer:
+        """The proxied routes (chat, completions, embeddings); a stream is a `FastStream`
+        it has already sent."""
         st = self.state
         t0 = self.state.clock.monotonic()
         headers = request.headers
@@ -382,7 +377,7 @@ class Proxy:
 
     async def _route(
         self,
-        request: web.Request | FastRequest,
+        request: FastRequest,
         path: str,
         body: bytes,
         model: str,
@@ -491,18 +486,15 @@ class Proxy:
                         resp: Answer
                         if step is Step.RELAY:
                             att.outcome = classify_status(status)
-                            if not debug and isinstance(request, FastRequest):
+                            if not debug:
                                 # The usual answer: its head's lines mostly made already.
                                 lines = self._lines_for(eid, up, rid_line)
                                 if charge is not None:
                                     lines += charge.header_lines()
                                 resp = Prerendered(status, att.data, lines)
-                            elif isinstance(request, FastRequest):
-                                out = self._out_headers(up, rid, eid, decision, debug, charge)
-                                resp = Reply(status, att.data, out)
                             else:
                                 out = self._out_headers(up, rid, eid, decision, debug, charge)
-                                resp = web.Response(status=status, body=att.data, headers=out)
+                                resp = Reply(status, att.data, out)
                             if status < 300:
                                 result = OK
                                 usage = (
@@ -860,7 +852,7 @@ class Proxy:
 
     async def _stream(
         self,
-        request: web.Request | FastRequest,
+        request: FastRequest,
         att: Attempts,
         up: UpstreamReply,
         out_headers: dict[str, str],
@@ -881,7 +873,7 @@ class Proxy:
         out_headers["Cache-Control"] = "no-cache"
         # nginx (ingress-nginx by default) buffers proxied bodies unless told not to.
         out_headers["X-Accel-Buffering"] = "no"
-        resp: web.StreamResponse | FastStream
+        resp: FastStream
         now = self.state.clock.monotonic
         watch = att.watch
         assert watch is not None
@@ -891,11 +883,7 @@ class Proxy:
         streamed = tally.streamed
         before = sent = b""
         try:
-            if isinstance(request, FastRequest):
-                resp = request.stream(up.status, out_headers)
-            else:
-                resp = web.StreamResponse(status=up.status, headers=out_headers)
-                await resp.prepare(request)
+            resp = request.stream(up.status, out_headers)
             # From here bytes have reached the client: never retried.
             chunk = att.first
             last = 0.0
@@ -990,7 +978,7 @@ class Proxy:
             headers["Retry-After"] = failed.retry_after
         return web.Response(status=failed.status, body=failed.body, headers=headers)
 
-    async def models(self, request: web.Request | FastRequest) -> web.Response:
+    async def models(self, request: FastRequest) -> web.Response:
         """GET /v1/models: every known model, OpenAI's list shape."""
         st = self.state
         names = st.known_models
@@ -1003,7 +991,7 @@ class Proxy:
         data: list[dict[str, Any]] = [_model_object(m) for m in sorted(names)]
         return web.json_response({"object": "list", "data": data})
 
-    async def model(self, request: web.Request | FastRequest) -> web.Response:
+    async def model(self, request: FastRequest) -> web.Response:
         """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
         st = self.state
         allowed: frozenset[str] | None = None
@@ -1019,7 +1007,7 @@ class Proxy:
             )
         return web.json_response(_model_object(model))
 
-    async def no_route(self, request: web.Request | FastRequest) -> web.Response:
+    async def no_route(self, request: FastRequest) -> web.Response:
         """Any other /v1 request: OpenAI's 404 (or 405 on a served path; Anthropic's shape on
         its Messages paths), not aiohttp's text."""
         path, method = request.path, request.method
@@ -1069,7 +1057,7 @@ def _model_object(model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": 0, "owned_by": "llmgw"}
 
 
-async def _end_quietly(resp: web.StreamResponse | FastStream) -> None:
+async def _end_quietly(resp: FastStream) -> None:
     """End an answer whose client may already be gone."""
     with contextlib.suppress(ConnectionError):
         await resp.write_eof()
