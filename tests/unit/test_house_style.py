@@ -26,7 +26,6 @@ OVERSIZED = frozenset(
         "llmgw/router/routing/prefix.py",
         "llmgw/router/request/proxy.py",
         "llmgw/router/upstream/fast.py",
-        "llmgw/runtime/fastserver.py",
     }
 )
 # A sentence ends at . ! or ? followed by a space and a capital: "e.g. x" does not end one.
