@@ -42,9 +42,7 @@ def _fleet(tmp_path: Path, gpus: str) -> Iterator[tuple[str, AgentRig]]:
     url = f"http://127.0.0.1:{port}"
     flags = ["--port", str(port), "--database", f"sqlite:///{tmp_path / 'c.db'}"]
     flags += ["--token", TOKEN, "--tick-s", "0.2", "--heartbeat-interval-s", "0.3"]
-    # A long cool-down: no model here scales down for want of load, so each test sees
-    # the swap, clearing-ahead or min/max change it is about, not an idle scale-down.
-    flags += ["--heartbeat-timeout-s", "5", "--scale-down-cooldown-s", "600"]
+    flags += ["--heartbeat-timeout-s", "5", "--scale-down-cooldown-s", "1"]
     ctrl: Program = start_program(["controller", *flags], log_dir=tmp_path / "controller")
     agent = AgentRig(tmp_path, url, token=TOKEN, gpus=gpus)
     try:

@@ -46,18 +46,6 @@ class TestTracker:
         t.load({}, reset=True)
         assert t.load({}, reset=False) == {}
 
-    def test_served_models_appear_idle(self) -> None:
-        """A model this router has replicas of appears with zeros when nobody asked for
-        it (known idle, so the controller can scale it down), beside the busy ones."""
-        clock = ManualClock()
-        t = UsageTracker(clock=clock)
-        t.started("busy")
-        clock.advance(3.0)
-        assert t.load({}, reset=True, served={"busy", "idle"}) == {
-            "busy": ModelLoad(inflight=1, held=0, requests=1, interval_s=3.0),
-            "idle": ModelLoad(inflight=0, held=0, requests=0, interval_s=3.0),
-        }
-
 
 class TestReport:
     """The usage report's unknowns and ordering."""

@@ -279,7 +279,7 @@ class Router:
                 **self.registry.own_inflight(),
             },
             demand=demand,
-            load=self.usage.load(demand, reset=reset, served=self.registry.models()),
+            load=self.usage.load(demand, reset=reset),
             key_demand=self.leases.demand(self.tenants.asked()) if reset else (),
             flow_queued=self.flow.depth(),
         )

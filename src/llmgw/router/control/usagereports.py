@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol
 
 import msgspec
@@ -56,18 +56,11 @@ class UsageTracker:
         else:
             self._inflight.pop(model, None)
 
-    def load(
-        self, held: Mapping[str, int], *, reset: bool, served: Collection[str] = ()
-    ) -> dict[str, ModelLoad]:
-        """Model → load since the interval began; `reset` starts a new interval.
-
-        `served`: the models this router has replicas of. Each appears, with zeros when
-        nothing asked for it: this router knows it idle. Left out, an idle model would
-        read as unknown to the controller, which never scales unknown load down, so a
-        model nobody asks for would keep every replica it once needed."""
+    def load(self, held: Mapping[str, int], *, reset: bool) -> dict[str, ModelLoad]:
+        """Model → load since the interval began; `reset` starts a new interval."""
         now = self._clock.monotonic()
         interval_s = now - self._interval_start
-        models = sorted(set(self._started) | set(self._inflight) | set(held) | set(served))
+        models = sorted(set(self._started) | set(self._inflight) | set(held))
         out = {
             m: ModelLoad(
                 inflight=self._inflight.get(m, 0),
