@@ -63,7 +63,7 @@ from llmgw.router.metrics import (
     UNAVAILABLE,
 )
 from llmgw.router.replicas.breaker import BreakerState, Outcome, classify_status
-from llmgw.router.replicas.registry import Snapshot
+from llmgw.router.replicas.registry import Release, Snapshot
 from llmgw.router.request import lora
 from llmgw.router.request.flow import ANONYMOUS, DEFAULT_BAND
 from llmgw.router.request.holding import (
@@ -135,10 +135,12 @@ _MAX_LINES: Final = 256
 class _Tally:
     """What one relayed stream leaves for metrics: its outcome, usage and ITL child."""
 
-    __slots__ = ("api", "itl", "result", "ttft", "usage")
+    __slots__ = ("api", "itl", "result", "streamed", "ttft", "usage")
 
-    def __init__(self, itl: Any, api: Api | None) -> None:
+    def __init__(self, itl: Any, api: Api | None, release: Release) -> None:
         self.itl = itl
+        # Each relayed event is one token fewer owed at the endpoint (Registry.acquire).
+        self.streamed = release.streamed
         self.result = DISCONNECTED
         self.ttft: float | None = None
         # A passed-through API's stream: its usage and its broken-stream frame (apis.py).
@@ -352,6 +354,9 @@ class Proxy:
             st.usage.started(model)
             try:
                 streams = doc.get("stream") is True
+                limit = doc.get("max_completion_tokens")
+                if type(limit) is not int:
+                    limit = doc.get("max_tokens")
                 return await self._route(
                     request,
                     path,
@@ -363,6 +368,7 @@ class Proxy:
                     streams,
                     charge=charge,
                     tenant=tenant,
+                    max_tokens=limit if type(limit) is int else None,
                 )
             finally:
                 st.usage.finished(model)
@@ -383,6 +389,7 @@ class Proxy:
         api: Api | None = None,
         charge: Charge | None = None,
         tenant: Tenant | None = None,
+        max_tokens: int | None = None,
     ) -> Answer:
         """Choose, attempt, and relay what the attempts decided; every exit is counted.
 
@@ -391,7 +398,8 @@ class Proxy:
         `head`: the engine's header lines before the request id; `api`: a
         passed-through API's rules (apis.py), None for the proxy's own routes; `charge`:
         a limited key's (tenants.py), whose headers the answer carries and which the
-        engine's usage settles; `tenant`: the request's key, for the access log."""
+        engine's usage settles; `tenant`: the request's key, for the access log;
+        `max_tokens`: the request's, owed at its endpoint until streamed (scheduler.py)."""
         st = self.state
         mark = MARK if api is None else api.error_mark
         att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries, mark)
@@ -452,7 +460,7 @@ class Proxy:
                     tracing_of(st).attempt(span, decision, tries, att.last_error)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug(kv("route", rid=rid, model=model, to=eid, why=decision.header()))
-                release = st.registry.acquire(eid, pending=streams)
+                release = st.registry.acquire(eid, pending=streams, max_tokens=max_tokens)
                 if release is None:
                     # Its half-open probe is taken or it just opened: another replica.
                     att.skip(eid)
@@ -495,7 +503,8 @@ class Proxy:
                             else:
                                 result = ENGINE_ERROR
                         else:
-                            tally = _Tally(st.metrics.itl(st.served_name.get(model, model)), api)
+                            itl = st.metrics.itl(st.served_name.get(model, model))
+                            tally = _Tally(itl, api, release)
                             out = self._out_headers(up, rid, eid, decision, debug, charge)
                             resp, att.outcome, ttft = await self._stream(
                                 request, att, up, out, t0, tally
@@ -871,6 +880,7 @@ class Proxy:
         ttft: float | None = None
         scan = tally.usage
         itl = tally.itl
+        streamed = tally.streamed
         before = sent = b""
         try:
             resp = request.stream(up.status, out_headers)
@@ -893,6 +903,7 @@ class Proxy:
                     t = now()
                     # Several events may arrive in one read: the gap is theirs to share.
                     n = chunk.count(b"data:") or 1
+                    streamed(n)
                     gap = (t - last) / n
                     for _ in range(n):
                         itl.observe(gap)
