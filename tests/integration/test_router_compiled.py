@@ -105,11 +105,11 @@ class TestLoading:
         assert policies.endswith("policies.py")
 
     def test_a_module_imported_before_the_router_leaves_the_python_modules(self) -> None:
-        """The protocol-level server is compiled with the router but lives outside it: a
-        process that imported it first would mix the two classes of one name, so the
-        build is not loaded there (and the Python modules run, consistently)."""
+        """A process that imported the router's server (a compiled module) before the
+        build was loaded would mix the two classes of one name, so the build is not
+        loaded there (and the Python modules run, consistently)."""
         build_or_skip()
-        done = python("import llmgw.runtime.fastserver\n" + STATUS)
+        done = python("import llmgw.router.http.server\n" + STATUS)
         assert done.returncode == 0, done.stderr
         modules, detail, policies = json.loads(done.stdout)
         assert modules == []

@@ -27,6 +27,7 @@ from .router_fixtures import (
     write_config,
 )
 from .test_ctl_controller import ctl
+from .test_router_usage_report import metrics, series
 
 pytestmark = pytest.mark.slow
 
@@ -138,35 +139,59 @@ class TestKeysEndToEnd:
         assert chat(fleet, key).choices
 
     def test_rpm_limit_is_429_with_openai_headers(self, fleet: Fleet) -> None:
-        """Two requests a minute: both answers carry x-ratelimit-*, the third is 429
-        rate_limit_exceeded with Retry-After."""
-        key = create(fleet, "rpm2", "--rpm", "2")
+        """A key of 60 rpm over two routers: answers carry x-ratelimit-* naming the whole
+        limit; past this router's share it is 429 rate_limit_exceeded with Retry-After."""
+        key = create(fleet, "rpm60", "--rpm", "60")
+        wait_for(
+            lambda: (
+                series(metrics(fleet.router.url), "llmgw_router_team_rpm_share", team="t") >= 25
+            ),
+            timeout_s=30,
+            what="the router holds about half of the rpm",
+        )
         with client(fleet, key) as c:
             raw = c.chat.completions.with_raw_response.create(
                 model="m1", messages=[{"role": "user", "content": "hi"}], max_tokens=4
             )
-            assert raw.headers["x-ratelimit-limit-requests"] == "2"
-            assert raw.headers["x-ratelimit-remaining-requests"] == "1"
+            assert raw.headers["x-ratelimit-limit-requests"] == "60"
+            # A share of the minute, never all of it.
+            assert 0 <= int(raw.headers["x-ratelimit-remaining-requests"]) < 59
             assert raw.headers["x-ratelimit-reset-requests"].endswith("s")
             stream = c.chat.completions.with_raw_response.create(
                 model="m1", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
             )
-            assert stream.headers["x-ratelimit-remaining-requests"] == "0"
+            assert stream.headers["x-ratelimit-limit-requests"] == "60"
             assert list(stream.parse())
-        with pytest.raises(openai.RateLimitError) as info:
-            chat(fleet, key)
-        assert info.value.code == "rate_limit_exceeded"
-        headers = info.value.response.headers
-        assert 1 <= int(headers["Retry-After"]) <= 30
+
+        def refused() -> openai.RateLimitError | None:
+            try:
+                chat(fleet, key)
+            except openai.RateLimitError as exc:
+                return exc
+            return None
+
+        err = wait_for(refused, timeout_s=30, what="the router's share is spent")
+        assert err.code == "rate_limit_exceeded"
+        headers = err.response.headers
+        assert 1 <= int(headers["Retry-After"]) <= 60
         assert headers["x-ratelimit-remaining-requests"] == "0"
 
     def test_spent_budget_is_insufficient_quota(self, fleet: Fleet) -> None:
-        """Once the engine's usage has spent the budget, the key gets 429 insufficient_quota."""
+        """Once the engine's usage has spent the budget fleet-wide, the key gets 429
+        insufficient_quota (before that, a router out of its allowance says retry)."""
         key = create(fleet, "tiny", "--budget-tokens", "1", "--per", "day")
-        assert chat(fleet, key).usage is not None
-        with pytest.raises(openai.RateLimitError) as info:
-            chat(fleet, key)
-        assert info.value.code == "insufficient_quota"
+        wait_for(lambda: _status(fleet, key) == 200, timeout_s=30, what="an allowance")
+
+        def spent() -> str | None:
+            try:
+                chat(fleet, key)
+            except openai.RateLimitError as exc:
+                return exc.code if exc.code == "insufficient_quota" else None
+            return None
+
+        assert wait_for(spent, timeout_s=30, what="the fleet's budget spent") == (
+            "insufficient_quota"
+        )
 
     def test_keys_hold_while_the_controller_is_away(self, fleet: Fleet) -> None:
         """With the controller stopped, the router's last list stays in force: a key it

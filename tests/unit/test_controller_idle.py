@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmgw.controller.idle import IdleTracker, ModelLoadSum
 from llmgw.testing import ManualClock
-from llmgw.wire.usage import ModelLoad, UsageReport
+from llmgw.wire.usage import FlowQueued, ModelLoad, UsageReport
 
 NOW = 1.8e9
 
@@ -81,6 +81,28 @@ class TestDemandAndLoad:
         t.ingest(report("a", demand={"m": 2}))
         t.ingest(report("b", demand={"m": 3, "n": 0}))
         assert t.demand() == {"m": 5}
+
+    def test_flow_queues_sum_fresh_routers_by_band_then_team(self) -> None:
+        """Queued requests add up across fresh routers, first served band first."""
+        clock = ManualClock()
+        t = IdleTracker(clock=clock, fresh_s=10.0)
+        q = FlowQueued
+        t.ingest(report("a", flow_queued=[q(band="batch", team="x", requests=4)]))
+        t.ingest(
+            report(
+                "b",
+                flow_queued=[
+                    q(band="batch", team="x", requests=1),
+                    q(band="critical", team="ops", requests=2),
+                ],
+            )
+        )
+        assert t.flow_queued() == [
+            q(band="critical", team="ops", requests=2),
+            q(band="batch", team="x", requests=5),
+        ]
+        clock.advance(11.0)
+        assert t.flow_queued() == []
 
     def test_a_router_that_stopped_reporting_holds_no_demand(self) -> None:
         """Past fresh_s since its last report, a router's demand no longer counts."""

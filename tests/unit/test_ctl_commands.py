@@ -356,7 +356,7 @@ class TestJsonShapes:
         assert isinstance(data, dict)
         assert set(data) == {
             "nodes", "gpus", "fabrics", "replicas", "models", "unplaceable", "idle_replicas",
-            "unplaceable_reasons", "waiting_unplaceable",
+            "unplaceable_reasons", "waiting_unplaceable", "flow_queued",
         }  # fmt: skip
         assert data["gpus"] == [{"class": "H100-80G", "total": 8, "used": 2, "unhealthy": 1}]
         assert set(data["nodes"]) == {"total", "ready", "cordoned", "draining", "unreachable"}

@@ -26,6 +26,7 @@ from llmgw.wire.admin import (
     UnplaceableModel,
 )
 from llmgw.wire.models import ModelSpec
+from llmgw.wire.usage import FlowQueued
 
 
 def big_summary(*, nodes: int = 200, models: int = 500, seed: int = 7) -> Summary:
@@ -222,6 +223,22 @@ class TestStatusScreen:
         s = Summary(idle_replicas=[IdleReplica(id="r-1", model="m", idle_seconds=7300, gpus=4)])
         row = next(ln for ln in render.to_text(render.status_view(s)).splitlines() if "r-1" in ln)
         assert row.split() == ["r-1", "m", "2h", "4"]
+
+    def test_flow_queue_shown_by_band_and_team_only_when_non_zero(self) -> None:
+        """Requests the routers queue at capacity appear by band and team, and not at all
+        when there are none."""
+        assert "Queued at capacity" not in render.to_text(render.status_view(Summary()))
+        s = Summary(
+            flow_queued=[
+                FlowQueued(band="critical", team="ops", requests=2),
+                FlowQueued(band="batch", team="", requests=40),
+            ]
+        )
+        lines = render.to_text(render.status_view(s)).splitlines()
+        head = next(i for i, ln in enumerate(lines) if "Queued at capacity" in ln)
+        assert "42 requests" in lines[head]
+        assert lines[head + 1].split() == ["critical", "ops", "2", "req"]
+        assert lines[head + 2].split() == ["batch", "(no", "key)", "40", "req"]
 
     def test_node_totals_by_state(self) -> None:
         """The nodes line counts every state."""

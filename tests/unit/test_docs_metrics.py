@@ -78,6 +78,15 @@ def _prediction(cls: Any) -> CollectorRegistry:
     return registry
 
 
+def _shares(cls: Any) -> CollectorRegistry:
+    from llmgw.wire.keys import ClientKey
+
+    key = ClientKey(name="k", sha256="a" * 64, team="t", rpm=6, tpm=60)
+    registry = CollectorRegistry()
+    registry.register(cls(lambda: {key.sha256: (2.0, 20.0)}, lambda: [key]))
+    return registry
+
+
 def _kv_events(cls: Any) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(cls())
@@ -109,6 +118,7 @@ REGISTRIES: dict[str, Callable[[Any], CollectorRegistry]] = {
     "llmgw.router.metrics.RouterMetrics": _router,
     "llmgw.router.routing.feedback.PredictionCheck": _prediction,
     "llmgw.router.routing.kvevents.KVEventIndex": _kv_events,
+    "llmgw.router.control.leases.ShareMetrics": _shares,
     "llmgw.router.workers.pool.WorkerMetrics": _workers,
     "llmgw.agent.metrics.AgentMetrics": _agent,
     "llmgw.controller.api.metrics.ControllerMetrics": _controller,

@@ -24,7 +24,6 @@ MAX_LINES = 600
 OVERSIZED = frozenset(
     {
         "llmgw/router/request/proxy.py",
-        "llmgw/runtime/fastserver.py",
     }
 )
 # A sentence ends at . ! or ? followed by a space and a capital: "e.g. x" does not end one.

@@ -352,6 +352,8 @@ class TestSnapshots:
                     "generation_tokens": None,
                     "success_total": 9.0,
                     "kv_capacity_tokens": None,
+                    "prefill_seconds": None,
+                    "prefix_hit_tokens": None,
                 },
                 "drain_rate": pytest.approx(0.6),
                 "inflight": 1,
@@ -364,6 +366,11 @@ class TestSnapshots:
                 "pending": 1,
                 "probe_in_s": None,
                 "opened_total": 0,
+                "owed_tokens": 0,
+                "owed_full": 0,
+                "prefill_s_per_token": None,
+                "owed_count": 0,
+                "decode_rate": 0.0,
             },
             {
                 "info": {"id": "b", "url": "http://b", "models": ["m", "n"], "engine": "vllm"},
@@ -379,6 +386,11 @@ class TestSnapshots:
                 "pending": 0,
                 "probe_in_s": 9.0,
                 "opened_total": 1,
+                "owed_tokens": 0,
+                "owed_full": 0,
+                "prefill_s_per_token": None,
+                "owed_count": 0,
+                "decode_rate": 0.0,
             },
         ]
         assert [list(d) for d in shown] == [list(shown[0])] * 2
@@ -396,6 +408,11 @@ class TestSnapshots:
             "pending",
             "probe_in_s",
             "opened_total",
+            "owed_tokens",
+            "owed_full",
+            "prefill_s_per_token",
+            "owed_count",
+            "decode_rate",
         ]
 
 

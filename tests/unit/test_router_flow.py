@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.router.errors import FlowRefused
+from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.request.flow import BANDS, GRANTED, PUSHED_OUT, BandLimits, FlowQueue, Refusal
 from llmgw.router.request.flowgate import FlowGate
 from llmgw.runtime.clock import ManualClock
@@ -356,3 +357,56 @@ class TestGate:
 
         vtime.run(main(), clock)
         assert gate.waiting == 0
+
+
+class TestExpectedWait:
+    """An arrival that would wait past its band's max_wait_s is refused at once."""
+
+    def test_a_backlogged_tenant_is_refused_and_a_quiet_one_is_not(self) -> None:
+        """At one grant a second and 5 s of wait allowed, the tenant with 4 queued is
+        refused its fifth; another tenant's first is queued."""
+        q = FlowQueue(limits(max_wait_s=5.0))
+        for i in range(12):
+            push(q, "standard", "noisy", float(i))
+        for now in range(8):
+            q.pop(float(now))  # 4 left, a grant every second
+        assert q.expected_wait_s("standard", "noisy") == 5.0
+        push(q, "standard", "noisy")
+        got = q.push("standard", "noisy", 8.0)
+        assert isinstance(got, Refusal)
+        assert got.wait_s == 6.0
+        assert q.expected_wait_s("standard", "quiet") == 2.0
+        push(q, "standard", "quiet")
+
+    def test_higher_bands_count_ahead(self) -> None:
+        """Every waiting critical request is ahead of a batch arrival."""
+        q = FlowQueue(limits())
+        for now in (0.0, 1.0):
+            push(q, "critical", "c", now)
+            q.pop(now)
+        for _ in range(3):
+            push(q, "critical", "c")
+        assert q.expected_wait_s("batch", "b") == 4.0
+        assert FlowQueue(limits()).expected_wait_s("batch", "b") is None
+
+
+class TestBelowCapacity:
+    """A replica takes a granted request only if it is below capacity and has no queue."""
+
+    def test_an_engine_with_a_queue_is_full_below_its_learned_capacity(self) -> None:
+        """4 running and 2 waiting of a learned 8 is full until 2 of ours finish there."""
+        gate = FlowGate(limits())
+        queued = snap("e1", running=4, waiting=2, capacity=8, inflight=6)
+        assert gate.below_capacity([queued]) is False
+        one_done = snap("e1", running=4, waiting=2, capacity=8, inflight=5, at_scrape=6)
+        assert gate.below_capacity([one_done]) is False
+        two_done = snap("e1", running=4, waiting=2, capacity=8, inflight=4, at_scrape=6)
+        assert gate.below_capacity([two_done]) is True
+
+    def test_a_stale_or_open_replica_does_not_count(self) -> None:
+        """An open breaker is never capacity; a stale figure's queue is not believed."""
+        gate = FlowGate(limits())
+        assert gate.below_capacity([free_snaps()[0], snap("x", breaker=BreakerState.OPEN)])
+        assert gate.below_capacity([snap("x", breaker=BreakerState.OPEN)]) is False
+        stale = snap("e1", running=2, waiting=2, capacity=32, stale=True)
+        assert gate.below_capacity([stale]) is True

@@ -21,7 +21,7 @@ from llmgw.router.workers.pool import merge_reports
 from llmgw.router.workers.shared import SharedInflight, SlotTable
 from llmgw.router.workers.worker import WorkerSpec
 from llmgw.wire.endpoints import EndpointInfo
-from llmgw.wire.usage import ModelLoad, UsageReport
+from llmgw.wire.usage import FlowQueued, ModelLoad, UsageReport
 
 
 def _views(workers: int = 2, capacity: int = 8) -> list[SharedInflight]:
@@ -224,6 +224,7 @@ class TestUsageMerge:
             inflight={"e0": 1},
             demand={"m": 1},
             load={"m": ModelLoad(inflight=1, held=1, requests=5, interval_s=2.0)},
+            flow_queued=[FlowQueued(band="batch", team="t", requests=2)],
         )
         b = UsageReport(
             router_id="w",
@@ -231,6 +232,10 @@ class TestUsageMerge:
             last_used={"e0": 12.0, "e1": 3.0},
             inflight={"e0": 2, "e1": 0},
             load={"m": ModelLoad(inflight=2, held=0, requests=7, interval_s=2.1)},
+            flow_queued=[
+                FlowQueued(band="batch", team="t", requests=3),
+                FlowQueued(band="critical", team="", requests=1),
+            ],
         )
         r = merge_reports("router-x", 5.0, [a, b])
         assert r.router_id == "router-x"
@@ -238,6 +243,10 @@ class TestUsageMerge:
         assert r.inflight == {"e0": 3, "e1": 0}
         assert r.demand == {"m": 1}
         assert r.load == {"m": ModelLoad(inflight=3, held=1, requests=12, interval_s=2.1)}
+        assert r.flow_queued == [
+            FlowQueued(band="batch", team="t", requests=5),
+            FlowQueued(band="critical", team="", requests=1),
+        ]
 
 
 class TestMessages:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
-from llmgw.wire.usage import UsageReport
+from llmgw.wire.usage import FlowQueued, UsageReport
 
 # Replica id → seconds since a router last used it; None when no router has said.
 IdleFor = Callable[[str], float | None]
@@ -123,6 +123,18 @@ class IdleTracker:
                 if held > 0:
                     out[model] = out.get(model, 0) + held
         return out
+
+    def flow_queued(self) -> list[FlowQueued]:
+        """Requests waiting in the routers' flow control, by band and team, summed over
+        fresh routers; only those with any, by band (first served first), then team."""
+        acc: dict[tuple[str, str], int] = {}
+        for r in self._fresh_reports():
+            for q in r.flow_queued:
+                if q.requests > 0:
+                    acc[q.band, q.team] = acc.get((q.band, q.team), 0) + q.requests
+        order = {"critical": 0, "standard": 1, "batch": 2}
+        keys = sorted(acc, key=lambda k: (order.get(k[0], 3), k[0], k[1]))
+        return [FlowQueued(band=b, team=t, requests=acc[b, t]) for b, t in keys]
 
     def load(self) -> dict[str, ModelLoadSum]:
         """Model → load summed over fresh routers."""

@@ -299,10 +299,33 @@ def status_view(
             limits.unplaceable,
         ),
         *_waiting(summary, limits.unplaceable),
+        *_flow_queued(summary, limits.unplaceable),
         Text(""),
         _idle(summary.idle_replicas, limits.idle),
     ]
     return Group(*parts)
+
+
+def _flow_queued(summary: Summary, limit: int) -> list[RenderableType]:
+    """Requests the routers hold because every replica of their model is at capacity."""
+    queued = summary.flow_queued
+    if not queued:
+        return []
+    shown, hidden = take(queued, limit)
+    grid = Table.grid(padding=(0, 2), expand=True)
+    grid.add_column(no_wrap=True, min_width=10)
+    grid.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
+    grid.add_column(justify="right", no_wrap=True)
+    for q in shown:
+        grid.add_row(
+            text(f"  {q.band}"), text(q.team or "(no key)"), f"{fmt_count(q.requests)} req"
+        )
+    total = sum(q.requests for q in queued)
+    heading = Text(
+        f"Queued at capacity ({fmt_count(total)} requests) — by band and team", style="bold yellow"
+    )
+    cut = [Text(f"  {more_line(hidden)}", style="dim")] if hidden else []
+    return [Text(""), heading, grid, *cut]
 
 
 def _waiting(summary: Summary, limit: int) -> list[RenderableType]:

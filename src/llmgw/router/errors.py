@@ -11,7 +11,8 @@ Everything the router raises on purpose derives from `RouterError`:
     │   └── ScrapeFailed         an engine's /metrics could not be read (scrape.py)
     ├── MetricsParseError        an engine's /metrics lacks a figure the router needs
     ├── ControllerCallFailed     the controller did not answer usefully
-    │   └── ReportRefused        it refused a usage report (4xx): sending it again won't help
+    │   ├── ReportRefused        it refused a usage report (4xx): sending it again won't help
+    │   └── LeaseRefused         it kept a report but its lease answer was unreadable
     ├── HoldQueueFull            `max_held` requests are already waiting
     ├── NoReplica                nothing could serve the request within its deadline
     └── FlowRefused              flow control's queue was full, or the wait too long
@@ -74,6 +75,11 @@ class ReportRefused(ControllerCallFailed):
     def __init__(self, message: str, *, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class LeaseRefused(ControllerCallFailed):
+    """The controller kept a usage report (2xx) but its answer was no lease: the
+    report's token rows are delivered; the last lease holds until it expires."""
 
 
 class HoldQueueFull(RouterError):

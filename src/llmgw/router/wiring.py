@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 
 from llmgw.router.config import RouterConfig, restart_only_changes, upstream_client
+from llmgw.router.control.leases import LeaseKeeper, ShareMetrics
 from llmgw.router.control.tokenusage import TokenCounts
 from llmgw.router.control.usagereports import UsageTracker, build_report
 from llmgw.router.metrics import RouterMetrics
@@ -39,6 +40,7 @@ from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
 from llmgw.wire.keys import ClientKey
+from llmgw.wire.leases import LeaseAnswer
 from llmgw.wire.usage import UsageReport
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,13 @@ class Router:
         self._controller_keys: tuple[ClientKey, ...] = ()
         self._keys_required = False
         self.tenants = Tenants(clock=clock)
+        # This router's shares of the controller's limited keys (control/leases.py).
+        self.leases = LeaseKeeper(clock=clock)
+        # Asks for a usage report now (set by whoever reports): a key waits for its share.
+        self.want_lease: Callable[[], None] = _nothing
+        self.metrics.registry.register(
+            ShareMetrics(lambda: self.tenants.shares, lambda: self._controller_keys)
+        )
         self.keys = KeyRing(cfg.api_keys, clock=clock)
         # Spans of routing decisions (tracing.py); None: off, set by the app at start.
         self.tracing: Tracing | None = None
@@ -204,7 +213,22 @@ class Router:
     def _set_keys(self) -> None:
         keys = (*self.cfg.api_keys, *self._controller_keys)
         self.keys = KeyRing(keys, required=self._keys_required, clock=self.clock)
-        self.tenants.retain(keys)
+        self.tenants.retain(keys, leased=self._controller_keys)
+        if self.tenants.leasing is not False and self.tenants.leased - self.tenants.shares.keys():
+            self.want_lease()
+
+    def leased(self, answer: LeaseAnswer | None) -> None:
+        """The controller's answer to a usage report: this router's new shares."""
+        shares = self.leases.answer(answer)
+        self.tenants.leasing = self.leases.leasing
+        self.tenants.reshare(dict(shares))
+        self.tenants.reallow(dict(self.leases.allowances()))
+
+    def lease_expire(self) -> None:
+        """After every report: past the lease, fall back to limit / routers."""
+        shares = self.leases.expire()
+        if shares is not None:
+            self.tenants.reshare(dict(shares))
 
     def apply_endpoints(self, infos: Iterable[EndpointInfo]) -> None:
         infos = tuple(infos)
@@ -256,4 +280,10 @@ class Router:
             },
             demand=demand,
             load=self.usage.load(demand, reset=reset),
+            key_demand=self.leases.demand(self.tenants.asked()) if reset else (),
+            flow_queued=self.flow.depth(),
         )
+
+
+def _nothing() -> None:
+    """`Router.want_lease` where nobody reports (a worker: its supervisor does)."""

@@ -14,6 +14,7 @@ import msgspec
 from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
+from llmgw.wire.usage import FlowQueued
 
 NodeState = Literal["ready", "cordoned", "draining", "unreachable"]
 # sleeping: the engine runs but sleeps (its cards are free for another replica);
@@ -218,6 +219,9 @@ class Summary(msgspec.Struct, kw_only=True):
     # Models asked for that cannot be placed (any min_replicas, unlike `unplaceable`,
     # whose rule counts only models short of min_replicas), by name.
     waiting_unplaceable: list[WaitingModel] = msgspec.field(default_factory=list)
+    # Requests waiting in the routers' flow control (every replica of their model at
+    # capacity), by band and team, summed over the routers reporting; only those with any.
+    flow_queued: list[FlowQueued] = msgspec.field(default_factory=list)
 
 
 class DrainRequest(

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from llmgw.wire.leases import KeyDemand
+
 # Unix seconds at the start of a UTC hour: how token usage is bucketed.
 HOUR_S = 3600
 # Names in token usage (a key, a team, a model): a router file's key names are free
@@ -61,6 +63,16 @@ class TokenUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     completion_tokens: Count = 0
 
 
+class FlowQueued(msgspec.Struct, frozen=True, kw_only=True):
+    """Requests waiting in a router's flow control (every replica of their model at
+    capacity), for one priority band and team (docs/tenants.md#flow-control)."""
+
+    band: UsageName
+    # The key's team; its name for a key without one; "" for requests without a key.
+    team: UsageName = ""
+    requests: Count
+
+
 class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     """Body of `POST /v1/usage`."""
 
@@ -84,6 +96,11 @@ class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     # configured `router_id`, whose totals start again at zero (under an id already
     # seen, the controller, keeping the largest figures, would miss them). "": router_id.
     counter_id: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    # Limited client keys this router has seen or holds a share of: what it was asked
+    # for and what it enforces; the answer leases it its shares (wire.leases).
+    key_demand: list[KeyDemand] = []
+    # Requests waiting in flow control now, by band and team; only those with any.
+    flow_queued: list[FlowQueued] = []
 
 
 class UsageRow(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

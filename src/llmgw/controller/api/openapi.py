@@ -30,6 +30,7 @@ from llmgw.wire.agent import Heartbeat, HeartbeatReply
 from llmgw.wire.endpoints import EndpointList
 from llmgw.wire.errors import ErrorBody
 from llmgw.wire.keys import KeyCreate, KeyCreated, KeyRevoked, KeyView
+from llmgw.wire.leases import LeaseAnswer
 from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
 from llmgw.wire.names import LABEL_PATTERN
 from llmgw.wire.usage import DEFAULT_SINCE_S, MAX_SINCE_S, UsageAnswer, UsageReport
@@ -55,6 +56,7 @@ _TYPES: tuple[Any, ...] = (
     KeyView,
     KeyRevoked,
     UsageAnswer,
+    LeaseAnswer,
     ErrorBody,
 )
 _REF = "#/components/schemas/{name}"
@@ -287,9 +289,10 @@ def document() -> bytes:
         },
         "/v1/usage": {
             "post": _op(
-                "router usage report (last_used, in flight, demand, load, token totals); "
-                "204 once its token rows are kept, 503 when the database refused them",
-                _ok(None, "accepted"),
+                "router usage report (last_used, in flight, demand, load, token totals, "
+                "limited keys' demand); 200 with the router's shares of every limited key "
+                "once its token rows are kept, 503 when the database refused them",
+                _ok(_ref("LeaseAnswer"), "accepted: this router's leases"),
                 body=_ref("UsageReport"),
                 errors=(400, 401, 413, 422, 503),
             )

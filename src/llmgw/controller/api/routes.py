@@ -172,6 +172,7 @@ async def summary(request: web.Request) -> web.Response:
         unplaceable=s.unplaceable(),
     )
     out.waiting_unplaceable = s.waiting_unplaceable()
+    out.flow_queued = s.usage.flow_queued()
     return json_response(out)
 
 

@@ -19,6 +19,7 @@ from llmgw.controller.fleet.batch import Batch
 from llmgw.controller.fleet.live import Fleet
 from llmgw.controller.fleet.records import Event, FleetState, Model, Node, OperatorState, Replica
 from llmgw.controller.idle import IdleFor, IdleTracker
+from llmgw.controller.leasebook import LeaseBook
 from llmgw.controller.store import StoreError
 from llmgw.runtime.clock import Clock
 from llmgw.wire.adapters import AdapterSpec
@@ -35,6 +36,8 @@ class Services:
         self.usage = usage
         self.config = config
         self.clock = clock
+        # Each router's share of each limited key (leasebook.py), answered to its reports.
+        self.leases = LeaseBook(clock=clock)
 
     # -- reads ---------------------------------------------------------------
 

@@ -2,9 +2,11 @@
 (`GET /admin/usage`; docs/tenants.md#usage).
 
 A report's load and idle times go to the IdleTracker (a reading of now, kept in
-memory); its token rows go to the store before the answer, so a 204 means they
+memory); its token rows go to the store before the answer, so a 200 means they
 are kept, and a 503 (the database refused) tells the router to send them again,
 which it does: it keeps every row until a report holding it was answered 2xx.
+The 200 carries the router's shares of every limited key (leasebook.py), from
+the demand the report brought.
 Errors leave through routes._errors like every other route's.
 """
 
@@ -20,7 +22,9 @@ from llmgw.controller.api.decode import decode, query
 from llmgw.controller.api.routes import SERVICES, json_response
 from llmgw.controller.api.validate import check_usage
 from llmgw.controller.errors import InvalidRequest, StoreUnavailable
-from llmgw.controller.store import StoreError
+from llmgw.controller.leases import period_start
+from llmgw.controller.store import Store, StoreError
+from llmgw.wire.keys import ClientKey
 from llmgw.wire.usage import (
     DEFAULT_SINCE_S,
     HOUR_S,
@@ -50,7 +54,27 @@ async def report(request: web.Request) -> web.Response:
             await asyncio.to_thread(store.record_usage, counter, got.tokens)
         except StoreError as exc:
             raise StoreUnavailable(f"cannot keep the report's token usage: {exc}") from exc
-    return web.Response(status=204)
+    keys = [k.key for k in s.fleet.state.keys.values() if k.live]
+    spent: dict[str, int] = {}
+    if any(k.budget is not None for k in keys):
+        try:
+            spent = await asyncio.to_thread(budget_spent, s.fleet.store, keys, s.clock.wall())
+        except StoreError as exc:
+            raise StoreUnavailable(f"cannot read the keys' budget spend: {exc}") from exc
+    return json_response(s.leases.report(got.router_id, got.key_demand, keys, spent))
+
+
+def budget_spent(store: Store, keys: list[ClientKey], wall: float) -> dict[str, int]:
+    """Key name → tokens used in its budget's current period, over every router."""
+    starts = {k.name: period_start(k.budget.per, wall) for k in keys if k.budget is not None}
+    out: dict[str, int] = {}
+    for row in store.usage(since=min(starts.values()), by="key"):
+        start = starts.get(row.key or "")
+        if start is not None and row.hour >= start:
+            out[row.key or ""] = (
+                out.get(row.key or "", 0) + row.prompt_tokens + row.completion_tokens
+            )
+    return out
 
 
 def _since_s(request: web.Request) -> float:

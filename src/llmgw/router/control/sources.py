@@ -27,6 +27,7 @@ import msgspec
 from llmgw.router.config import ControllerConfig, RouterConfig, load
 from llmgw.router.errors import (
     ControllerCallFailed,
+    LeaseRefused,
     ReportRefused,
     RouterConfigError,
     UpstreamError,
@@ -34,6 +35,7 @@ from llmgw.router.errors import (
 from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.runtime.logs import kv
 from llmgw.wire.endpoints import EndpointList
+from llmgw.wire.leases import LeaseAnswer
 from llmgw.wire.usage import UsageReport
 
 log = logging.getLogger(__name__)
@@ -134,9 +136,10 @@ class ControllerClient:
         except msgspec.DecodeError as exc:
             raise ControllerCallFailed(f"bad endpoint list: {exc}") from exc
 
-    async def post_usage(self, report: UsageReport) -> None:
+    async def post_usage(self, report: UsageReport) -> LeaseAnswer | None:
+        """Send a report; the shares it leases (None: the controller answered without)."""
         try:
-            status, _ = await self._upstream.post_json(
+            status, body = await self._upstream.post_json(
                 f"{self._base}/v1/usage",
                 msgspec.json.encode(report),
                 timeout_s=5.0,
@@ -150,6 +153,13 @@ class ControllerClient:
             raise ReportRefused(f"POST /v1/usage answered {status}", status=status)
         if status >= 300:
             raise ControllerCallFailed(f"POST /v1/usage answered {status}")
+        if status == 204 or not body:
+            return None
+        try:
+            return msgspec.json.decode(body, type=LeaseAnswer)
+        except msgspec.DecodeError as exc:
+            # The rows were kept (a 2xx): only the lease is lost, and the last one holds.
+            raise LeaseRefused(f"bad lease answer: {exc}") from exc
 
 
 class ControllerSource:

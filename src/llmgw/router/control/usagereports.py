@@ -25,10 +25,11 @@ from typing import Final, Protocol
 import msgspec
 
 from llmgw.router.control.tokenusage import TokenLedger
-from llmgw.router.errors import ReportRefused
+from llmgw.router.errors import LeaseRefused, ReportRefused
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
-from llmgw.wire.usage import ModelLoad, TokenUsage, UsageReport
+from llmgw.wire.leases import KeyDemand, LeaseAnswer
+from llmgw.wire.usage import FlowQueued, ModelLoad, TokenUsage, UsageReport
 
 log: Final = logging.getLogger(__name__)
 
@@ -83,30 +84,43 @@ def build_report(
     inflight: Mapping[str, int],
     demand: Mapping[str, int],
     load: Mapping[str, ModelLoad],
+    key_demand: Sequence[KeyDemand] = (),
+    flow_queued: Mapping[tuple[str, str], int] | None = None,
 ) -> UsageReport:
-    """One report; maps are copied and sorted so equal states encode equally."""
+    """One report; maps are copied and sorted so equal states encode equally.
+    `flow_queued`: (band, team) → requests waiting in flow control."""
     return UsageReport(
+        flow_queued=[
+            FlowQueued(band=band, team=team, requests=n)
+            for (band, team), n in sorted((flow_queued or {}).items())
+            if n > 0
+        ],
         router_id=router_id,
         sent_at=sent_at,
         last_used=dict(sorted(last_used.items())),
         inflight=dict(sorted(inflight.items())),
         demand=dict(sorted(demand.items())),
         load=dict(sorted(load.items())),
+        key_demand=list(key_demand),
     )
 
 
 class ReportSink(Protocol):
-    """Where reports go: the controller (`sources.ControllerClient`) or a test fake."""
+    """Where reports go: the controller (`sources.ControllerClient`) or a test fake.
 
-    async def post_usage(self, report: UsageReport) -> None: ...
+    Answers the shares it leases the router (None: it leased nothing, wire.leases).
+    """
+
+    async def post_usage(self, report: UsageReport) -> LeaseAnswer | None: ...
 
 
 async def deliver(
     sink: ReportSink, ledger: TokenLedger, report: UsageReport, counted: Sequence[TokenUsage]
-) -> UsageReport:
+) -> tuple[UsageReport, LeaseAnswer | None]:
     """Send `report` with the token rows the controller lacks; raises what the sink raised.
 
     `counted`: the requests' counts since the last report (TokenCounts.drain).
+    Returns the report as sent and the controller's lease answer.
     """
     ledger.add(counted)
     rows = ledger.pending()
@@ -114,7 +128,11 @@ async def deliver(
         counter_id = f"{report.router_id}@{ledger.incarnation}"
         report = msgspec.structs.replace(report, tokens=rows, counter_id=counter_id)
     try:
-        await sink.post_usage(report)
+        answer = await sink.post_usage(report)
+    except LeaseRefused:
+        # The report was kept (2xx); only its answer was unreadable.
+        ledger.acked(rows)
+        raise
     except ReportRefused as exc:
         # Refused for what it holds: sent again it would be refused again, and every
         # later report with it. Its rows are given up; newer counts go in new rows.
@@ -122,7 +140,7 @@ async def deliver(
         log.warning(kv("usage report refused", status=exc.status, token_rows_given_up=len(rows)))
         raise
     ledger.acked(rows)
-    return report
+    return report, answer
 
 
 class UsageReporter:
@@ -140,11 +158,18 @@ class UsageReporter:
         sink: ReportSink | None,
         interval_s: float,
         drain: Callable[[], list[TokenUsage]] = list,
+        leased: Callable[[LeaseAnswer | None], None] | None = None,
+        expire: Callable[[], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._build = build
         self._sink = sink
         self._drain = drain
+        # The controller's answer to each delivered report, and the lease's expiry
+        # check after every report, delivered or not (control/leases.py).
+        self._leased = leased
+        self._expire = expire
+        self._wake = asyncio.Event()
         self.interval_s = interval_s
         self.ledger = TokenLedger(clock=clock)
         self.last: UsageReport | None = None
@@ -156,15 +181,29 @@ class UsageReporter:
         self.last = report
         if self._sink is not None:
             try:
-                report = self.last = await deliver(self._sink, self.ledger, report, counted)
+                report, answer = await deliver(self._sink, self.ledger, report, counted)
             except Exception as exc:  # noqa: BLE001 - the next report carries its token rows again
                 self.failures += 1
                 log.warning(kv("usage report failed", error=exc))
             else:
+                self.last = report
                 self.failures = 0
+                if self._leased is not None:
+                    self._leased(answer)
+            if self._expire is not None:
+                self._expire()
         return report
+
+    def wake(self) -> None:
+        """Report now rather than at the next interval (a key waits for its first share)."""
+        self._wake.set()
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            try:
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
             await self.tick()

@@ -139,6 +139,8 @@ _VLLM = _Names(
     b"vllm:generation_tokens_total",
     b"vllm:request_success_total",
     b"vllm:cache_config_info",
+    b"vllm:request_prefill_time_seconds_sum",
+    b"vllm:prefix_cache_hits_total",
 )
 
 
@@ -159,6 +161,8 @@ def _vllm(found: _Found) -> Stats:
         # Every finished_reason, abort and error included: each one left the engine.
         success_total=_sum(found, b"vllm:request_success_total"),
         kv_capacity_tokens=capacity,
+        prefill_seconds=_sum(found, b"vllm:request_prefill_time_seconds_sum"),
+        prefix_hit_tokens=_sum(found, b"vllm:prefix_cache_hits_total"),
     )
 
 

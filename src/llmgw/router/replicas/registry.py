@@ -17,7 +17,7 @@ is wall-clock unix seconds because it leaves the process (the usage report).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final, Protocol
+from typing import Protocol
 
 from llmgw.router.replicas.breaker import (
     DEFAULT_BREAKER_CONFIG,
@@ -26,16 +26,14 @@ from llmgw.router.replicas.breaker import (
     BreakerState,
     Outcome,
 )
+from llmgw.router.replicas.pace import decode_rate, drain_rate, prefill_cost, went_backwards
 from llmgw.router.replicas.snapshot import Snapshot
 from llmgw.router.replicas.stats import Stats
 from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.wire.endpoints import EndpointInfo
 
-__all__ = ["DRAIN_ALPHA", "Registry", "Release", "Snapshot", "Stats"]
-
-# Exponential smoothing factor of the drain rate (seed: alpha = 0.3).
-DRAIN_ALPHA: Final = 0.3
+__all__ = ["Registry", "Release", "Snapshot", "Stats"]
 
 
 class Release(Protocol):
@@ -46,12 +44,16 @@ class Release(Protocol):
     def started(self) -> None:
         """The engine has answered or sent its first token: no longer `pending`."""
 
+    def streamed(self, events: int) -> None:
+        """`events` more events of the answer went out: that many fewer tokens owed."""
+
 
 class _Live:
     """One endpoint's mutable state; never leaves this module."""
 
     __slots__ = (
         "breaker",
+        "decode_rate",
         "drain_rate",
         "engine_requests",
         "id",
@@ -60,7 +62,11 @@ class _Live:
         "info",
         "last_used",
         "max_running",
+        "owed",
+        "owed_count",
+        "owed_full",
         "pending",
+        "prefill_cost",
         "priority",
         "pslot",
         "queued_seen",
@@ -92,6 +98,9 @@ class _Live:
         self.inflight = 0
         self.inflight_at_scrape = 0
         self.pending = 0
+        self.owed = self.owed_full = self.owed_count = 0  # Snapshot.owed_*
+        self.decode_rate = 0.0  # pace.py, as is prefill_cost
+        self.prefill_cost: float | None = None
         # Wall-clock time of the last dispatch; None: not since this router started.
         # Recorded in acquire, the one place a request meets an endpoint, so the
         # idle report costs one pass over replicas per tick, nothing per request.
@@ -113,13 +122,20 @@ class _Live:
 class _Release:
     """The hot-path release: three slots and a flag, no closure, no lock."""
 
-    __slots__ = ("_done", "_live", "_pending", "_probe")
+    __slots__ = ("_done", "_full", "_live", "_owed", "_pending", "_probe")
 
-    def __init__(self, live: _Live, probe: bool, pending: bool) -> None:
+    def __init__(self, live: _Live, probe: bool, pending: bool, max_tokens: int = 0) -> None:
         self._live = live
         self._probe = probe
         self._pending = pending
         self._done = False
+        self._owed = self._full = max_tokens
+
+    def streamed(self, events: int) -> None:
+        n = events if events < self._owed else self._owed
+        if n > 0:
+            self._owed -= n
+            self._live.owed -= n
 
     def started(self) -> None:
         if self._pending:
@@ -138,28 +154,12 @@ class _Release:
         # An endpoint removed by replace() while this request ran is updated in its
         # orphaned state, which nothing reads any more: harmless by construction.
         live.inflight -= 1
+        if self._full:
+            live.owed, live.owed_full = live.owed - self._owed, live.owed_full - self._full
+            live.owed_count, self._owed = live.owed_count - 1, 0  # streamed() no more
         if live.row is not None:
             live.row[live.slot] = live.inflight
         live.breaker.record(outcome, probe=self._probe)
-
-
-def _went_backwards(old: Stats | None, new: Stats) -> bool:
-    """Whether any counter decreased: the engine restarted.
-
-    The seed watched only the finished-request counter; llama.cpp has none, so
-    the token counters count too. %g rounding (llama.cpp) is monotonic and can
-    never make a counter decrease.
-    """
-    if old is None:
-        return False
-    for a, b in (
-        (old.success_total, new.success_total),
-        (old.prompt_tokens, new.prompt_tokens),
-        (old.generation_tokens, new.generation_tokens),
-    ):
-        if a is not None and b is not None and b < a:
-            return True
-    return False
 
 
 class Registry:
@@ -269,7 +269,7 @@ class Registry:
         if live is None:
             return False
         now = self._clock.monotonic()
-        restarted = _went_backwards(live.stats, stats)
+        restarted = went_backwards(live.stats, stats)
         if restarted:
             # The engine restarted: its counters start over, so the difference
             # means nothing; reset the rate and skip the derivative.
@@ -277,10 +277,9 @@ class Registry:
             live.restarts += 1
         elif live.scraped_at is not None and live.stats is not None:
             dt = now - live.scraped_at
-            before, after = live.stats.success_total, stats.success_total
-            if dt > 0 and before is not None and after is not None:
-                rate = (after - before) / dt
-                live.drain_rate = DRAIN_ALPHA * rate + (1 - DRAIN_ALPHA) * live.drain_rate
+            live.drain_rate = drain_rate(live.drain_rate, live.stats, stats, dt)
+            live.decode_rate = decode_rate(live.decode_rate, live.stats, stats, dt)
+            live.prefill_cost = prefill_cost(live.prefill_cost, live.stats, stats)
         live.stats = stats
         live.engine_requests = stats.running + stats.waiting
         live.scraped_at = now
@@ -341,9 +340,16 @@ class Registry:
             weight=live.weight,
             priority=live.priority,
             engine_requests=live.engine_requests,
+            owed_tokens=live.owed,
+            owed_full=live.owed_full,
+            prefill_s_per_token=live.prefill_cost,
+            owed_count=live.owed_count,
+            decode_rate=live.decode_rate,
         )
 
-    def acquire(self, id: str, *, pending: bool = False) -> Release | None:
+    def acquire(
+        self, id: str, *, pending: bool = False, max_tokens: int | None = None
+    ) -> Release | None:
         """Ask to send one request to `id`.
 
         None if the endpoint is unknown or its breaker refuses. Otherwise inflight
@@ -351,6 +357,7 @@ class Registry:
         the outcome exactly once; later calls are no-ops. Take it with no await
         between acquire and the `try` whose `finally` releases. `pending`: the
         request streams, and counts as pending until `started()` or the release.
+        `max_tokens` (None: not given) is owed until streamed or released.
         """
         live = self._live.get(id)
         if live is None:
@@ -365,7 +372,11 @@ class Registry:
             live.row[live.slot] = live.inflight
             live.row[live.pslot] = live.pending
         live.last_used = self._clock.wall()
-        return _Release(live, probe, pending)
+        if max_tokens is None or max_tokens <= 0:
+            return _Release(live, probe, pending)
+        live.owed, live.owed_full = live.owed + max_tokens, live.owed_full + max_tokens
+        live.owed_count += 1
+        return _Release(live, probe, pending, max_tokens)
 
     def last_used(self) -> dict[str, float]:
         """Unix seconds of the last dispatch per endpoint.

@@ -39,6 +39,7 @@ class Snapshot:
     __slots__ = (
         "age_s",
         "breaker",
+        "decode_rate",
         "drain_rate",
         "engine_requests",
         "id",
@@ -46,7 +47,11 @@ class Snapshot:
         "inflight_at_scrape",
         "info",
         "opened_total",
+        "owed_count",
+        "owed_full",
+        "owed_tokens",
         "pending",
+        "prefill_s_per_token",
         "priority",
         "probe_in_s",
         "restarts",
@@ -76,6 +81,11 @@ class Snapshot:
         weight: float,
         priority: int,
         engine_requests: int | None,
+        owed_tokens: int = 0,
+        owed_full: int = 0,
+        prefill_s_per_token: float | None = None,
+        owed_count: int = 0,
+        decode_rate: float = 0.0,
     ) -> None:
         self.info: Final = info
         # The last successful scrape; None: never scraped since the endpoint appeared.
@@ -122,6 +132,15 @@ class Snapshot:
         self.weight: Final = weight
         self.priority: Final = priority
         self.engine_requests: Final = engine_requests
+        # Of `inflight` (this worker's), the `owed_count` that gave max_tokens: the tokens
+        # they may still generate (less the events streamed), and max_tokens summed.
+        self.owed_tokens: Final = owed_tokens
+        self.owed_full: Final = owed_full
+        self.owed_count: Final = owed_count
+        # pace.py: tokens a second per running sequence (0.0: not learned), seconds of
+        # prefill per computed prompt token (None: not learned, or not exported).
+        self.decode_rate: Final = decode_rate
+        self.prefill_s_per_token: Final = prefill_s_per_token
 
     @classmethod
     def of(cls, *, info: EndpointInfo, stats: Stats | None, **rest: Any) -> Snapshot:
@@ -140,7 +159,7 @@ class Snapshot:
     def as_builtins(self) -> dict[str, Any]:
         """What /admin/endpoints shows: the fields `of` takes, in their order, as JSON-ready
         builtins (the ones derived from `info` and `stats` left out)."""
-        out = dict(zip(_SHOWN, self._key(), strict=False))
+        out = {name: getattr(self, name) for name in _SHOWN}
         out["info"] = msgspec.to_builtins(self.info)
         out["stats"] = None if self.stats is None else msgspec.to_builtins(self.stats)
         out["breaker"] = self.breaker.value
@@ -163,9 +182,8 @@ class Snapshot:
         return f"Snapshot({fields})"
 
 
-# Snapshot's fields in order; /admin/endpoints shows the first 13 (`_SHOWN`), the
-# others are derived from them.
-_FIELDS: Final = (
+# What /admin/endpoints shows, in order: what `of` takes.
+_SHOWN: Final = (
     "info",
     "stats",
     "drain_rate",
@@ -179,9 +197,11 @@ _FIELDS: Final = (
     "pending",
     "probe_in_s",
     "opened_total",
-    "id",
-    "weight",
-    "priority",
-    "engine_requests",
+    "owed_tokens",
+    "owed_full",
+    "prefill_s_per_token",
+    "owed_count",
+    "decode_rate",
 )
-_SHOWN: Final = _FIELDS[:13]
+# Every field (equality, hash, repr): those shown, and those derived from them.
+_FIELDS: Final = (*_SHOWN, "id", "weight", "priority", "engine_requests")

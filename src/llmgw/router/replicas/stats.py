@@ -38,3 +38,8 @@ class Stats:
     # summed over DP engines (vLLM), `max_total_num_tokens` (SGLang), or the token
     # budget `tgi_batch_max_total_tokens` (TGI).
     kv_capacity_tokens: int | None = None
+    # Raw counters for the engine's prefill speed (pace.py learns seconds per
+    # computed prompt token from their rates): seconds spent in prefill (the sum of
+    # vLLM's prefill-time histogram) and prompt tokens found in the prefix cache.
+    prefill_seconds: float | None = None
+    prefix_hit_tokens: float | None = None

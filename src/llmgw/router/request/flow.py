@@ -17,8 +17,10 @@ queues, where they would all wait alike (docs/tenants.md#flow-control). One
   full band pushes out the newest request of the tenant with the most queued
   when that tenant has more queued than the arrival's own (longest-queue drop),
   so a flooding tenant cannot fill the band and lock out a quiet one; otherwise
-  the arrival itself is refused. Waiting longer than `max_wait_s` is the
-  gate's to enforce (it owns the timers).
+  the arrival itself is refused. So is one whose expected wait (`expected_wait_s`,
+  at the rate grants are made) is past `max_wait_s`: told now, not after the wait.
+  Waiting longer than `max_wait_s` all the same is the gate's to enforce (it owns
+  the timers).
 
 Tickets are removed lazily (`remove` marks, `pop` skips), so a client that goes
 away costs O(1) however deep the queue.
@@ -77,10 +79,13 @@ class Ticket:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Refusal:
-    """Why a request was not queued: the band is full of requests no noisier than its own."""
+    """Why a request was not queued: the band is full of requests no noisier than its
+    own, or (`wait_s` given) it would wait past the band's max_wait_s."""
 
     band: str
     retry_after_s: int
+    # The wait it would have had, at the rate grants are made; None: the band was full.
+    wait_s: float | None = None
 
 
 class _Band:
@@ -142,6 +147,9 @@ class FlowQueue:
         """Queue a request of `tenant` in `band`: its ticket and the ticket it pushed
         out (None: none), or a Refusal when the band is full."""
         b = self._bands[band]
+        wait_s = self.expected_wait_s(band, tenant)
+        if wait_s is not None and wait_s > b.limits.max_wait_s:
+            return Refusal(band=band, retry_after_s=self.retry_after_s(band), wait_s=wait_s)
         pushed: Ticket | None = None
         if b.count >= b.limits.max_queued:
             pushed = self._push_out(b, tenant)
@@ -224,6 +232,30 @@ class FlowQueue:
             prev = self._interval_s
             self._interval_s = gap if prev is None else 0.8 * prev + 0.2 * gap
         self._last_grant = now
+
+    def expected_wait_s(self, band: str, tenant: str) -> float | None:
+        """Seconds a new request of `tenant` in `band` would wait, at the rate grants are
+        made: the higher bands' requests, then one turn of every tenant of its band for
+        each of its own ahead of it. None until the rate is known.
+
+        So a tenant far over its share is told at once (429, Retry-After) instead of
+        waiting out max_wait_s for a 503, and a quiet tenant, with nothing of its own
+        ahead, is never refused for another's backlog."""
+        interval = self._interval_s
+        if interval is None:
+            return None
+        ahead = 0
+        for name in BANDS:
+            if name == band:
+                break
+            ahead += self._bands[name].count
+        b = self._bands[band]
+        turns = b.counts.get(tenant, 0) + 1  # its own ahead of it, and itself
+        ahead += turns
+        for other, n in b.counts.items():
+            if other != tenant:
+                ahead += min(n, turns)
+        return ahead * interval
 
     def retry_after_s(self, band: str) -> int:
         """Whole seconds until the requests queued in and above `band` are likely

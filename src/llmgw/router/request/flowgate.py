@@ -102,16 +102,35 @@ class FlowGate:
         return capacity_shown(snaps, self._shown)
 
     def below_capacity(self, snaps: Sequence[Snapshot]) -> bool:
-        """Whether a replica in `snaps` is below capacity now, by the scheduler's totals.
+        """Whether a replica in `snaps` can take a request now without it waiting there:
+        below capacity by the scheduler's totals, and no queue at its engine by the last
+        scrape and our requests since.
 
         Not the policy's choose(): that records a dispatch in the prefix index."""
         cfg = self.scheduler
         for s in snaps:
             if s.breaker is BreakerState.OPEN:
                 continue
-            total = load_of(s, cfg) + (cfg.stale_penalty if s.stale else 0.0)
-            if total < self.saturated_load or not self._shown(s.id):
+            if not self._shown(s.id):
                 return True
+            # Without the stale penalty: it ranks replicas, and a replica whose metrics
+            # port broke would otherwise count as full for ever and hold every request.
+            if load_of(s, cfg) >= self.saturated_load:
+                continue
+            st = s.stats
+            if (
+                st is not None
+                and not s.stale
+                and st.waiting > 0
+                and st.waiting + s.inflight - s.inflight_at_scrape > 0
+            ):
+                # Its engine had a queue at the last scrape and fewer of our requests
+                # have finished there since than were waiting: it is full now, whatever
+                # its learned capacity says (an engine short of KV cache runs fewer than
+                # it once did). A request sent now would wait there, first come first
+                # served, not here by band and tenant.
+                continue
+            return True
         return False
 
     def queued(self, model: str) -> bool:
@@ -142,9 +161,16 @@ class FlowGate:
         got = m.queue.push(band, tenant, now)
         if isinstance(got, Refusal):
             n = m.queue.waiting_in(band)
+            why = f"the {band} band's queue is full ({n} waiting)"
+            if got.wait_s is not None:
+                limit = self.limits[band].max_wait_s
+                why = (
+                    f"it would wait about {got.wait_s:.0f}s in the {band} band's queue "
+                    f"({n} waiting), past its {limit:g}s"
+                )
             raise FlowRefused(
                 model,
-                f"the {band} band's queue is full ({n} waiting)",
+                why,
                 status=429,
                 code="flow_queue_full",
                 retry_after_s=got.retry_after_s,

@@ -8,6 +8,8 @@ admitted or refused in OpenAI's shapes:
     requests per minute spent      429 rate_limit_exceeded   (Retry-After, x-ratelimit-*)
     tokens per minute spent        429 rate_limit_exceeded   (Retry-After, x-ratelimit-*)
     token budget of the period     429 insufficient_quota
+    leased allowance spent, more   429 rate_limit_exceeded   (Retry-After: 2)
+    held elsewhere in the fleet
 
 RPM and TPM are token buckets that hold a minute's worth and refill evenly, so
 a key may burst its whole minute and then goes at its rate. TPM admission can
@@ -17,8 +19,15 @@ place once the answer is in, so a key that under-estimated pays it back before
 its next request is admitted. Budgets count the engine's usage per calendar
 period (UTC).
 
-Counts live in this router's memory: with several routers each enforces the
-whole limit on its own share of the traffic, and a restart forgets them.
+Counts live in this router's memory, and a restart forgets them. A key the
+controller gave is enforced at this router's *share* of its RPM and TPM, leased
+by the controller with the answer to each usage report (control/leases.py keeps
+the lease; controller/leasebook.py decides it): the buckets' rates are the
+shares, so the check per request stays local, the same few float operations.
+Its budget is an allowance of tokens the controller leases from what the fleet
+has left, spent down here and replaced by each answer (counted from when the
+report was built). A key from the router's own file, or any key under a controller that leases
+nothing (one from before leases), is enforced at its whole limit.
 """
 
 from __future__ import annotations
@@ -36,6 +45,10 @@ from llmgw.wire.keys import BudgetPeriod, ClientKey
 
 # Bytes of a request body per token, for the TPM estimate before the engine counts.
 BYTES_PER_TOKEN = 4
+# Retry-After of a key with no share on this router yet (its lease is a report away).
+NO_SHARE_RETRY_S = 2.0
+# This router's (rpm, tpm) per minute of one key; the whole limit where nothing is leased.
+Share = tuple[float, float]
 
 
 class Tenant:
@@ -57,22 +70,41 @@ class Tenant:
 
 
 class _Bucket:
-    """A token bucket: `size` per minute, refilled evenly, starting full."""
+    """A token bucket: `share` per minute, refilled evenly, starting with `share` in it.
 
-    __slots__ = ("at", "level", "rate", "size")
+    It holds a minute's worth, and never less than one (a request, a token): a share
+    below one would otherwise never admit anything. `limit` is the key's whole limit,
+    shown in the x-ratelimit-limit-* header.
+    """
 
-    def __init__(self, size: int, now: float) -> None:
-        self.size = float(size)
-        self.rate = size / 60.0
-        self.level = float(size)
+    __slots__ = ("at", "level", "limit", "rate", "size")
+
+    def __init__(self, limit: int, share: float, now: float) -> None:
+        self.limit = limit
+        self.size = max(1.0, share)
+        self.rate = share / 60.0
+        self.level = share
         self.at = now
+
+    def reshare(self, share: float, now: float) -> None:
+        """A new share: the rate changes, and a smaller bucket spills what it cannot
+        hold; a larger one fills only at its rate (a new share is never a burst)."""
+        self.refill(now)
+        self.size = max(1.0, share)
+        self.rate = share / 60.0
+        self.level = min(self.level, self.size)
 
     def refill(self, now: float) -> None:
         self.level = min(self.size, self.level + (now - self.at) * self.rate)
         self.at = now
 
     def wait_s(self, need: float) -> float:
-        """Seconds until `need` is in the bucket (0 when it is now)."""
+        """Seconds until `need` is in the bucket (0 when it is now).
+
+        A share of zero never refills: the answer is the next lease, a report away.
+        """
+        if self.rate <= 0.0:
+            return 0.0 if self.level >= need else NO_SHARE_RETRY_S
         return max(0.0, (need - self.level) / self.rate)
 
     def reset_s(self) -> float:
@@ -83,15 +115,43 @@ class _Bucket:
 class _Account:
     """The counts of one key (by its hash), kept across endpoint-list updates."""
 
-    __slots__ = ("limits", "period", "requests", "spent", "tokens")
+    __slots__ = (
+        "allowance",
+        "asked_requests",
+        "asked_tokens",
+        "elsewhere",
+        "limits",
+        "period",
+        "report_spent",
+        "requests",
+        "spent",
+        "tokens",
+    )
 
-    def __init__(self, key: ClientKey, now: float) -> None:
+    def __init__(self, key: ClientKey, now: float, share: Share) -> None:
         self.limits = (key.rpm, key.tpm, key.budget)
-        self.requests = _Bucket(key.rpm, now) if key.rpm is not None else None
-        self.tokens = _Bucket(key.tpm, now) if key.tpm is not None else None
+        rpm, tpm = share
+        self.requests = _Bucket(key.rpm, rpm, now) if key.rpm is not None else None
+        self.tokens = _Bucket(key.tpm, tpm, now) if key.tpm is not None else None
         # The budget period the spend counts in ("" before the first request), and it.
         self.period = ""
         self.spent = 0
+        # Asked of this router since the last demand report (admitted or not): what
+        # the controller splits the limits by (control/leases.py).
+        self.asked_requests = 0
+        self.asked_tokens = 0
+        # A leased budget: tokens of this router's allowance not spent yet (None: none
+        # leased yet), what the rest of the fleet may still spend, and the tokens
+        # spent since the last report was built (the next allowance counts from it).
+        self.allowance: float | None = None
+        self.elsewhere = 0.0
+        self.report_spent = 0
+
+    def reshare(self, share: Share, now: float) -> None:
+        if self.requests is not None:
+            self.requests.reshare(share[0], now)
+        if self.tokens is not None:
+            self.tokens.reshare(share[1], now)
 
 
 class Charge:
@@ -127,20 +187,70 @@ class Charge:
             acc.tokens.level -= used - self._estimate
         if self._budget_per is not None:
             acc.spent += used
+            acc.report_spent += used
+            if acc.allowance is not None:
+                acc.allowance -= used
 
 
 class Tenants:
-    """Every limited key's counts on this router, and the verdict on each request."""
+    """Every limited key's counts on this router, and the verdict on each request.
+
+    `shares`: sha256 → this router's (rpm, tpm) of a key the controller leases;
+    `leased`: the keys that must have a share (the controller's, with an rpm or
+    tpm) while `leasing` is on. Both are set by control/leases.py.
+    """
 
     def __init__(self, *, clock: Clock) -> None:
         self.clock = clock
         self._accounts: dict[str, _Account] = {}
+        self.shares: dict[str, Share] = {}
+        # sha256 → (this process's budget allowance, what the rest of the fleet holds).
+        self.allowances: dict[str, tuple[float, float]] = {}
+        self.leased: frozenset[str] = frozenset()
+        # Whether the controller leases shares: None until its first answer (no share
+        # yet), False when it answers without any (a controller from before leases).
+        self.leasing: bool | None = None
 
-    def retain(self, keys: Iterable[ClientKey]) -> None:
-        """Forget the counts of keys no longer listed (revoked ones)."""
+    def retain(self, keys: Iterable[ClientKey], *, leased: Iterable[ClientKey] = ()) -> None:
+        """Forget the counts of keys no longer listed (revoked ones); `leased`: the
+        controller's keys, enforced at the share it leases this router."""
         keep = {k.sha256.lower() for k in keys}
         for digest in [d for d in self._accounts if d not in keep]:
             del self._accounts[digest]
+        self.leased = frozenset(k.sha256.lower() for k in leased if k.limited)
+
+    def share_of(self, key: ClientKey, digest: str) -> Share:
+        """What this router enforces of `key` now: its share, or the whole limit."""
+        whole = (float(key.rpm or 0), float(key.tpm or 0))
+        if digest not in self.leased or self.leasing is False:
+            return whole
+        return self.shares.get(digest, (0.0, 0.0))
+
+    def reshare(self, shares: dict[str, Share]) -> None:
+        """New shares (a lease, or its fallback): the accounts' buckets follow."""
+        self.shares = shares
+        now = self.clock.monotonic()
+        for digest, acc in self._accounts.items():
+            if digest in self.leased:
+                acc.reshare(self.shares.get(digest, (0.0, 0.0)), now)
+
+    def reallow(self, allowances: dict[str, tuple[float, float]]) -> None:
+        """New budget allowances, each counted from when the report was built."""
+        self.allowances = allowances
+        for digest, acc in self._accounts.items():
+            got = allowances.get(digest)
+            if got is not None:
+                acc.allowance, acc.elsewhere = got[0] - acc.report_spent, got[1]
+
+    def asked(self) -> dict[str, tuple[int, int, float | None]]:
+        """sha256 → (requests, tokens) asked since the last call, and the allowance
+        left, of leased keys; resets the counts (a report is being built)."""
+        out: dict[str, tuple[int, int, float | None]] = {}
+        for digest, acc in self._accounts.items():
+            if digest in self.leased:
+                out[digest] = (acc.asked_requests, acc.asked_tokens, acc.allowance)
+            acc.asked_requests = acc.asked_tokens = acc.report_spent = 0
+        return out
 
     def admit(self, tenant: Tenant, model: str, body_bytes: int) -> Charge | web.Response | None:
         """A refusal, or None (nothing to count), or the Charge to settle after the answer."""
@@ -159,53 +269,104 @@ class Tenants:
         digest = key.sha256.lower()
         acc = self._accounts.get(digest)
         if acc is None or acc.limits != (key.rpm, key.tpm, key.budget):
-            acc = self._accounts[digest] = _Account(key, now)
+            acc = self._accounts[digest] = self._account(key, digest, now)
+        estimate = max(1, body_bytes // BYTES_PER_TOKEN)
+        acc.asked_requests += 1
+        acc.asked_tokens += estimate
         budget = key.budget
         if budget is not None:
-            period = period_of(budget.per, self.clock.wall())
-            if acc.period != period:
-                acc.period, acc.spent = period, 0
-            if acc.spent >= budget.tokens:
-                return error_response(
-                    429,
-                    f"The API key {tenant.name!r} has used its budget of {budget.tokens} "
-                    f"tokens this {budget.per} ({period}, UTC).",
-                    type="insufficient_quota",
-                    code="insufficient_quota",
-                )
-        estimate = max(1, body_bytes // BYTES_PER_TOKEN)
-        requests, tokens = acc.requests, acc.tokens
-        wait_s = 0.0
-        # OpenAI's error type names the limit that was hit: "requests" or "tokens".
-        kind = what = ""
-        if requests is not None:
-            requests.refill(now)
-            if requests.level < 1.0:
-                wait_s, what = requests.wait_s(1.0), f"requests per minute ({key.rpm})"
-                kind = "requests"
-        if tokens is not None:
-            tokens.refill(now)
-            # A request larger than the whole bucket waits for a full one, never forever.
-            estimate = min(estimate, int(tokens.size))
-            if tokens.level < estimate and tokens.wait_s(estimate) > wait_s:
-                wait_s, what = tokens.wait_s(estimate), f"tokens per minute ({key.tpm})"
-                kind = "tokens"
-        if what:
-            headers = _headers(acc)
-            headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
-            return error_response(
-                429,
-                f"Rate limit reached for the API key {tenant.name!r} on {what}. "
-                f"Please try again in {_duration(wait_s)}.",
-                type=kind,
-                code="rate_limit_exceeded",
-                headers=headers,
-            )
-        if requests is not None:
-            requests.level -= 1.0
-        if tokens is not None:
-            tokens.level -= estimate
-        return Charge(acc, estimate, _headers(acc), None if budget is None else budget.per)
+            leased = self.leasing is not False and digest in self.leased
+            refused = _leased_budget(acc, tenant) if leased else self._budget(acc, tenant)
+            if refused is not None:
+                return refused
+        return _take(acc, tenant, estimate, now)
+
+    def _account(self, key: ClientKey, digest: str, now: float) -> _Account:
+        acc = _Account(key, now, self.share_of(key, digest))
+        got = self.allowances.get(digest)
+        if got is not None:
+            acc.allowance, acc.elsewhere = got
+        return acc
+
+    def _budget(self, acc: _Account, tenant: Tenant) -> web.Response | None:
+        """The budget counted here alone: a file's key, or a controller that leases none."""
+        budget = tenant.key.budget
+        assert budget is not None
+        period = period_of(budget.per, self.clock.wall())
+        if acc.period != period:
+            acc.period, acc.spent = period, 0
+        if acc.spent < budget.tokens:
+            return None
+        return error_response(
+            429,
+            f"The API key {tenant.name!r} has used its budget of {budget.tokens} "
+            f"tokens this {budget.per} ({period}, UTC).",
+            type="insufficient_quota",
+            code="insufficient_quota",
+        )
+
+
+def _leased_budget(acc: _Account, tenant: Tenant) -> web.Response | None:
+    """The budget as the controller leases it: this router's allowance, fleet-wide."""
+    if acc.allowance is not None and acc.allowance > 0:
+        return None
+    budget = tenant.key.budget
+    assert budget is not None
+    if acc.allowance is None or acc.elsewhere > 0:
+        # Not spent fleet-wide: this router's part is, and the next lease may bring more.
+        return error_response(
+            429,
+            f"Rate limit reached for the API key {tenant.name!r} on this router's share "
+            f"of its budget. Please try again in {_duration(NO_SHARE_RETRY_S)}.",
+            type="tokens",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(math.ceil(NO_SHARE_RETRY_S))},
+        )
+    return error_response(
+        429,
+        f"The API key {tenant.name!r} has used its budget of {budget.tokens} "
+        f"tokens this {budget.per} (UTC).",
+        type="insufficient_quota",
+        code="insufficient_quota",
+    )
+
+
+def _take(acc: _Account, tenant: Tenant, estimate: int, now: float) -> Charge | web.Response:
+    """Take one request and its estimate from the key's buckets, or refuse with 429."""
+    key = tenant.key
+    requests, tokens = acc.requests, acc.tokens
+    wait_s = 0.0
+    # OpenAI's error type names the limit that was hit: "requests" or "tokens".
+    kind = what = ""
+    if requests is not None:
+        requests.refill(now)
+        if requests.level < 1.0:
+            wait_s, what = requests.wait_s(1.0), f"requests per minute ({key.rpm})"
+            kind = "requests"
+    if tokens is not None:
+        tokens.refill(now)
+        # A request larger than the whole bucket waits for a full one, never forever.
+        estimate = min(estimate, int(tokens.size))
+        if tokens.level < estimate and tokens.wait_s(estimate) > wait_s:
+            wait_s, what = tokens.wait_s(estimate), f"tokens per minute ({key.tpm})"
+            kind = "tokens"
+    if what:
+        headers = _headers(acc)
+        headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
+        return error_response(
+            429,
+            f"Rate limit reached for the API key {tenant.name!r} on {what}. "
+            f"Please try again in {_duration(wait_s)}.",
+            type=kind,
+            code="rate_limit_exceeded",
+            headers=headers,
+        )
+    if requests is not None:
+        requests.level -= 1.0
+    if tokens is not None:
+        tokens.level -= estimate
+    budget = key.budget
+    return Charge(acc, estimate, _headers(acc), None if budget is None else budget.per)
 
 
 def _headers(acc: _Account) -> dict[str, str]:
@@ -214,7 +375,7 @@ def _headers(acc: _Account) -> dict[str, str]:
     for kind, bucket in (("requests", acc.requests), ("tokens", acc.tokens)):
         if bucket is None:
             continue
-        out[f"x-ratelimit-limit-{kind}"] = str(int(bucket.size))
+        out[f"x-ratelimit-limit-{kind}"] = str(bucket.limit)
         out[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(bucket.level)))
         out[f"x-ratelimit-reset-{kind}"] = _duration(bucket.reset_s())
     return out

@@ -18,7 +18,7 @@ from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot, Stats
 from llmgw.router.routing.affinity import RouteKey, SessionAffinity
 from llmgw.router.routing.blockhash import block_end, blocks_covering
-from llmgw.router.routing.feedback import PredictionCheck
+from llmgw.router.routing.feedback import CHARS_PER_TOKEN, PredictionCheck
 from llmgw.router.routing.kvevents import KVEventIndex
 from llmgw.router.routing.prefix import PrefixIndex, capacity_units_for
 from llmgw.router.routing.rendezvous import Homes
@@ -91,6 +91,8 @@ class Ours:
             snaps,
             prefix_matches=matches,
             prefix_gain=_gains(matches, ids, len(hashes)),
+            # What a holder's gain is a share of, in tokens (4 bytes a token, feedback.py).
+            prompt_tokens=block_end(len(hashes) - 1) / CHARS_PER_TOKEN,
             # A prefix nobody has seen goes to its home replica: routers that never
             # talk still agree on it (rendezvous.py).
             home_order=self.homes.lazy(hashes[0], ids),

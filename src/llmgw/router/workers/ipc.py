@@ -26,6 +26,7 @@ import msgspec
 from llmgw.router.config import RouterConfig
 from llmgw.router.replicas.registry import Stats
 from llmgw.wire.endpoints import EndpointList
+from llmgw.wire.leases import LeaseAnswer
 from llmgw.wire.usage import TokenUsage, UsageReport
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class Setup(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     slots: dict[str, int]
     # The last scrape of each endpoint, so a restarted worker is not blind until the next.
     stats: dict[str, Stats]
+    # The controller's last lease answer, so a restarted worker has its share at once.
+    lease: LeaseAnswer | None = None
 
 
 class Reload(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -70,6 +73,18 @@ class Listed(msgspec.Struct, tag=True, frozen=True, kw_only=True):
 
     listed: EndpointList
     slots: dict[str, int]
+
+
+class Leased(msgspec.Struct, tag=True, frozen=True, kw_only=True):
+    """After each usage report: the controller's lease answer, if it came.
+
+    Each worker enforces 1/workers of the router's shares (control/leases.py).
+    """
+
+    # False: the report failed; the workers only check whether their lease expired.
+    delivered: bool
+    # None when not delivered, or when the controller leases nothing.
+    answer: LeaseAnswer | None = None
 
 
 class Observed(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -102,7 +117,7 @@ class Answer(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     body: bytes
 
 
-Message = Setup | Reload | Listed | Observed | Ready | Learned | Ask | Answer
+Message = Setup | Reload | Listed | Leased | Observed | Ready | Learned | Ask | Answer
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

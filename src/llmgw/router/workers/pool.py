@@ -49,6 +49,7 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 
 from llmgw.router.config import RouterConfig
+from llmgw.router.control.leases import add_demand
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.control.tokenusage import TokenLedger
 from llmgw.router.control.usagereports import build_report, deliver
@@ -62,6 +63,7 @@ from llmgw.router.workers.ipc import (
     Channel,
     ChannelClosed,
     Learned,
+    Leased,
     Listed,
     Message,
     Observed,
@@ -79,6 +81,7 @@ from llmgw.runtime.logs import kv
 from llmgw.runtime.sdnotify import Notifier
 from llmgw.runtime.serve import READY_PREFIX, ListenError
 from llmgw.wire.endpoints import EndpointInfo, EndpointList
+from llmgw.wire.leases import KeyDemand, LeaseAnswer
 from llmgw.wire.usage import ModelLoad, TokenUsage, UsageReport
 
 log = logging.getLogger(__name__)
@@ -139,7 +142,13 @@ def merge_reports(router_id: str, sent_at: float, reports: Sequence[UsageReport]
     inflight: dict[str, int] = {}
     demand: dict[str, int] = {}
     load: dict[str, ModelLoad] = {}
+    keys: dict[str, KeyDemand] = {}
+    queued: dict[tuple[str, str], int] = {}
     for r in reports:
+        for d in r.key_demand:
+            keys[d.sha256] = d if d.sha256 not in keys else add_demand(keys[d.sha256], d)
+        for q in r.flow_queued:
+            queued[q.band, q.team] = queued.get((q.band, q.team), 0) + q.requests
         for k, t in r.last_used.items():
             last_used[k] = max(t, last_used.get(k, t))
         for k, n in r.inflight.items():
@@ -165,6 +174,8 @@ def merge_reports(router_id: str, sent_at: float, reports: Sequence[UsageReport]
         inflight=inflight,
         demand=demand,
         load=load,
+        key_demand=[keys[k] for k in sorted(keys)],
+        flow_queued=queued,
     )
 
 
@@ -193,6 +204,8 @@ class Supervisor:
         self.registry = Registry(stale_after_s=cfg.stale_after_s)
         self.follows_controller = cfg.controller is not None
         self.listed: EndpointList | None = None
+        # The controller's last lease answer, for a worker that starts later.
+        self.lease: LeaseAnswer | None = None
         self.stats: dict[str, Stats] = {}
         self.upstream = Upstream(connect_timeout_s=cfg.connect_timeout_s)
         self.workers: dict[int, _Worker] = {}
@@ -339,6 +352,7 @@ class Supervisor:
                 listed=self.listed,
                 slots=self.slots,
                 stats=dict(self.stats),
+                lease=self.lease,
             )
         )
         w.task = asyncio.create_task(self._serve(w))
@@ -411,9 +425,13 @@ class Supervisor:
             if self.controller is None:
                 continue
             try:
-                await deliver(self.controller, self.ledger, report, counted)
+                _, answer = await deliver(self.controller, self.ledger, report, counted)
             except Exception as exc:  # noqa: BLE001 - the next report carries its token rows again
                 log.warning(kv("usage report failed", error=exc))
+                self._broadcast(Leased(delivered=False))
+            else:
+                self.lease = answer
+                self._broadcast(Leased(delivered=True, answer=answer))
 
     async def _gather_metrics_loop(self) -> None:
         while True:

@@ -30,6 +30,7 @@ from llmgw.router.workers.ipc import (
     Channel,
     ChannelClosed,
     Learned,
+    Leased,
     Listed,
     Message,
     Observed,
@@ -85,6 +86,9 @@ class WorkerLink:
         self.state = state
         s = self.setup
         state.worker_index = s.index
+        state.leases.split = s.workers
+        if s.lease is not None:
+            state.leased(s.lease)
         if s.listed is not None:
             state.apply_list(s.listed)
         for eid, stats in s.stats.items():
@@ -141,6 +145,10 @@ class WorkerLink:
         elif isinstance(msg, Listed):
             self.shared.slots = msg.slots
             st.apply_list(msg.listed)
+        elif isinstance(msg, Leased):
+            if msg.delivered:
+                st.leased(msg.answer)
+            st.lease_expire()
         elif isinstance(msg, Reload):
             self.shared.slots = msg.slots
             st.apply_config(msg.cfg)
