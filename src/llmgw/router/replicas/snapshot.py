@@ -61,6 +61,8 @@ class Snapshot:
         "weight",
     )
 
+    # Keyword-only, the required ones first: mypyc cannot write the text signature of a
+    # method with a required parameter after one with a default.
     def __init__(
         self,
         *,
@@ -73,14 +75,14 @@ class Snapshot:
         age_s: float | None,
         breaker: BreakerState,
         restarts: int,
-        inflight_at_scrape: int = 0,
-        pending: int = 0,
-        probe_in_s: float | None = None,
-        opened_total: int = 0,
         id: str,
         weight: float,
         priority: int,
         engine_requests: int | None,
+        inflight_at_scrape: int = 0,
+        pending: int = 0,
+        probe_in_s: float | None = None,
+        opened_total: int = 0,
         owed_tokens: int = 0,
         owed_full: int = 0,
         prefill_s_per_token: float | None = None,
