@@ -1,6 +1,6 @@
 """What prefix hashing costs the router per request (issue 17).
 
-The router hashes every routed prompt into its prefix chain (router/routing/prefix.py,
+The router hashes every routed prompt into its prefix chain (router/routing/blockhash.py,
 affinity.route_key). This times that call — from the decoded request to the
 chain and session key — for chat bodies of about 300 B, 8 KiB, 64 KiB and
 1 MiB, against the previous implementation measured in the same run: 64-byte
@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from llmgw.router.routing.affinity import route_key
-from llmgw.router.routing.prefix import _canonical
+from llmgw.router.routing.blockhash import _canonical
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 SECTION = "## prefix_hashing.py"

@@ -21,7 +21,7 @@ Usage: .venv/bin/python bench/router_overhead.py [--seconds 4] [--no-results]
            (cProfile of the router with that upstream client, fast by default)
        .venv/bin/python bench/router_overhead.py --scale [--quota 0.35]
            (--workers 1 vs 2; with --quota, each worker held to that share of a CPU)
-       .venv/bin/python bench/router_overhead.py --chat [--peers] [--http-server fast]
+       .venv/bin/python bench/router_overhead.py --chat [--peers]
            (realistic chat bodies, four engines: ours vs round_robin, issue 15)
        .venv/bin/python bench/router_overhead.py --instructions [--stream] [--requests 2000]
            [--sizes 300 8192] [--policies ours round_robin] [--build-only] [--keep DIR]
@@ -522,7 +522,6 @@ def router_process(
     profile: Path | None,
     policy: str = "ours",
     extra: tuple[str, ...] = (),
-    server: str | None = None,
     prefix: tuple[str, ...] = (),
 ) -> Iterator[tuple[int, int]]:
     """The router, ready; `prefix` goes before its command line (--scale --quota's
@@ -530,9 +529,7 @@ def router_process(
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     cfg = tmp / "router.yaml"
     ports = [upstream_port] if isinstance(upstream_port, int) else upstream_port
-    settings = f"upstream_client: {client}\n" + (
-        "" if server is None else f"http_server: {server}\n"
-    )
+    settings = f"upstream_client: {client}\n"
     cfg.write_text(router_yaml(ports, policy, 30, settings))
     log = (tmp / "router.log").open("w")
     if "--workers" not in extra:
@@ -1059,11 +1056,7 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
         up = ports[0]
         if args.profile:
             prof = Path(tempfile.mkdtemp()) / "router.prof"
-            server = None if args.http_server == "both" else args.http_server
-            with router_process(ports, router_cpu, client="fast", profile=prof, server=server) as (
-                rt,
-                rpid,
-            ):
+            with router_process(ports, router_cpu, client="fast", profile=prof) as (rt, rpid):
                 print(uvloop.run(measure_chat(rt, rpid, args.seconds, args.size, 1)))
             import pstats
 
@@ -1072,27 +1065,22 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
             return 0
         for size in sizes:
             direct[size] = uvloop.run(measure_chat(up, None, args.seconds, size, 1))
-        # --http-server both: the two servers alternate within each repetition.
-        servers = ["fast", "aiohttp"] if args.http_server == "both" else [args.http_server]
         for _rep in range(args.repeats):
             for policy in ("ours", "round_robin"):
                 for size in sizes:
-                    for server in servers:
-                        with router_process(
-                            ports,
-                            router_cpu,
-                            client="fast",
-                            profile=None,
-                            policy=policy,
-                            extra=extra,
-                            server=server,
-                        ) as (rt, rpid):
-                            r = uvloop.run(measure_chat(rt, rpid, args.seconds, size, 2))
-                        label = policy if server is None else f"{policy}, {server} server"
-                        name = f"llmgw ({label}) {size}B"
-                        old = rows.get(name)
-                        if old is None or r["cpu_ms_req"] < old["cpu_ms_req"]:
-                            rows[name] = r
+                    with router_process(
+                        ports,
+                        router_cpu,
+                        client="fast",
+                        profile=None,
+                        policy=policy,
+                        extra=extra,
+                    ) as (rt, rpid):
+                        r = uvloop.run(measure_chat(rt, rpid, args.seconds, size, 2))
+                    name = f"llmgw ({policy}) {size}B"
+                    old = rows.get(name)
+                    if old is None or r["cpu_ms_req"] < old["cpu_ms_req"]:
+                        rows[name] = r
             for name, size, launch in peer_runs:
                 try:
                     with peer_process(*launch, ports, router_cpu) as (rt, rpid):
@@ -1118,8 +1106,6 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
             for k, v, d in (("seconds", args.seconds, 2.0), ("repeats", args.repeats, 3))
             if v != d
         )
-        if args.http_server is not None:
-            flags += f" --http-server {args.http_server}"
         peers_note = ""
         if args.peers:
             flags += " --peers"
@@ -1475,13 +1461,6 @@ def main() -> int:
         help="--instructions: keep each run's callgrind output in this folder",
     )
     p.add_argument("--size", type=int, default=300, help="--chat --profile: body bytes")
-    p.add_argument(
-        "--http-server",
-        choices=("fast", "aiohttp", "both"),
-        default=None,
-        help="--chat: the router's http_server (default: the router's own default); "
-        "both: the two alternate in each repetition",
-    )
     args = p.parse_args()
     if args.upstream is not None:
         run_upstream(args.upstream, args.count)

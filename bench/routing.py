@@ -11,7 +11,9 @@ Fleet
     `policy`; the oracle is a client-side router in this file (below) that
     sends straight to the engines. `ours_precise` (not run unless asked for
     with --policies) is ours in precise mode: the engines publish their KV
-    events and the router follows them (docs/routing.md).
+    events and the router follows them (docs/routing.md). `ours_base` (with
+    `--baseline-python PY`; in `--suite` it joins every load) is ours as PY's
+    llmgw has it, main's checkout say: before and after a change in one run.
 
 Workload (seeded; the same requests for every policy)
     Multi-turn chat conversations. Each opens with one of `--prompts` long
@@ -79,7 +81,9 @@ Session hints and preambles
 
 The suite (`--suite`, `--short` for runs of 15 s and a 10 s calibration)
     Every variant of `SUITE` (few system prompts, many, a 24 KiB shared
-    preamble, a cache-starved fleet) at each load: round-robin and the oracle
+    preamble, a cache-starved fleet; decode-heavy: long answers over few
+    prompts, and many customers each with a long prefix, at a third load,
+    130 %) at each load: round-robin and the oracle
     once, ours once per hint mode, the same seeded arrivals for all. One table
     (variant × load × policy × hints) with ours' p99 TTFT over the oracle's and
     its hit rate against the oracle's, judged against issue 17's targets, and
@@ -123,7 +127,10 @@ VARIANT_PREFIX = "### bench/routing.py --variant "
 RESULTS = Path(__file__).with_name("RESULTS.md")
 POLICIES = ("round_robin", "least_inflight", "ours", "oracle")
 # Run only when named: ours following the engines' KV events (precise mode).
-EXTRA_POLICIES = ("ours_precise",)
+# With --baseline-python: ours as another interpreter's llmgw has it (main's, say), in
+# the same run, so a change is compared with what it changes under the same noise.
+BASELINE = "ours_base"
+EXTRA_POLICIES = ("ours_precise", BASELINE)
 _MASK = (1 << 64) - 1
 _LCG_A = 6364136223846793005  # the sim's output LCG (simengine/batcher.py docstring)
 _LCG_C = 1442695040888963407
@@ -514,9 +521,10 @@ class Fleet:
 class Processes:
     """The engines (and the router) of one run; stopped by PID whatever happens."""
 
-    def __init__(self, fleet: Fleet, log_dir: Path) -> None:
+    def __init__(self, fleet: Fleet, log_dir: Path, baseline_python: str | None = None) -> None:
         self.fleet = fleet
         self.log_dir = log_dir
+        self.baseline_python = baseline_python
         self.engines: dict[str, Program] = {}
         self.router: Program | None = None
         # Engine id → its KV-event publisher's address (precise mode only).
@@ -537,7 +545,7 @@ class Processes:
 
     def start_router(self, policy: str, urls: dict[str, str]) -> str:
         cfg = self.log_dir / f"router-{policy}.yaml"
-        name = "ours" if policy == "ours_precise" else policy
+        name = "ours" if policy in ("ours_precise", BASELINE) else policy
         lines = [f"policy: {name}", f"scrape_interval_s: {self.fleet.scrape_interval_s}"]
         lines.append(f"scrape_timeout_s: {self.fleet.scrape_interval_s * 0.75}")
         lines.append("endpoints:")
@@ -546,8 +554,9 @@ class Processes:
             more = f", kv_events: '{events}', tokenizer: sim" if events else ""
             lines.append(f"  - {{id: {eid}, url: '{url}', models: [{MODEL}]{more}}}")
         cfg.write_text("\n".join(lines) + "\n")
+        python = self.baseline_python if policy == BASELINE else None
         self.router = start_program(
-            ["router", "--config", str(cfg), "--port", "0"], log_dir=self.log_dir
+            ["router", "--config", str(cfg), "--port", "0"], log_dir=self.log_dir, python=python
         )
         return self.router.url
 
@@ -744,7 +753,7 @@ async def open_loop_run(
 ) -> RunStats:
     """Fresh engines, the policy's router (or the oracle), the schedule, the figures."""
     stats = RunStats(policy, load, rate_rps)
-    procs = Processes(fleet, log_dir)
+    procs = Processes(fleet, log_dir, opts.baseline_python)
     loop = asyncio.get_running_loop()
     try:
         precise = policy == "ours_precise"
@@ -1049,6 +1058,18 @@ SUITE_HEADING = "### bench/routing.py --suite"
 # oracle ignore hints (so do the engines), so they run once per load, without. Every
 # variant runs ours with no hint, with the X-Session-ID header and with `user`: a hint
 # must never make routing worse, on any workload.
+# What every decode-heavy variant shares: a third load past round-robin's capacity, runs
+# long enough for a p99 over a few hundred requests at its low rates (`--short` too), and
+# a calibration with enough conversations in flight to fill every engine's batch.
+_DECODE_HEAVY: dict[str, object] = {
+    "loads": (0.85, 1.1, 1.3),
+    "duration_s": 32.0,
+    "warmup_s": 10.0,
+    "drain_s": 4.0,
+    "calib_s": 20.0,
+    "calib_warmup_s": 8.0,
+    "calib_conc": 160,
+}
 SUITE: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
     "few-prompts": ({}, ("none", "header", "user")),
     "many-prompts": ({"prompts": 32, "prompt_tokens": 1024}, ("none", "header", "user")),
@@ -1073,6 +1094,37 @@ SUITE: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
             "user_tokens": (48, 128),
         },
         ("none", "header", "user"),
+    ),
+    # Decode-heavy (issue 35): answers that hold an engine's slot for seconds, so a queue
+    # behind them costs seconds where the variants above drain theirs in milliseconds.
+    # Speeds are cut so the answers' streamed tokens (one event each, through the router
+    # and the client) stay within what the shared 2-core machine relays.
+    "long-answers": (
+        {"reply_tokens": 64, "speed": 0.25, **_DECODE_HEAVY},
+        ("none",),
+    ),
+    # llm-d's prefix-cache shape scaled down: many customers, each with its own long
+    # prefix (6,000 tokens there, 768 here), a question of 1,200 (64-128) and an answer
+    # of 1,000 (40, at a sixteenth of the speed: about 4 s, against 0.6 s to prefill a
+    # prefix); the prefixes take about two thirds of the fleet's KV cache (48 x 48
+    # blocks of 8 x 448); one turn each, no hints. Round-robin's capacity is its
+    # prefill work and KV; placed by prefix, the fleet has room to spare at 130 % of it.
+    # 48 customers rather than hundreds: the warm-up must see each of them a few times.
+    "customers": (
+        {
+            "prompts": 48,
+            "prompt_tokens": 768,
+            "zipf": 0.0,
+            "turns": (1, 1),
+            "user_tokens": (64, 128),
+            "reply_tokens": 40,
+            "num_gpu_blocks": 449,
+            "max_num_seqs": 32,
+            "max_model_len": 2048,
+            "speed": 0.0625,
+            **_DECODE_HEAVY,
+        },
+        ("none",),
     ),
 }
 SHORT = {
@@ -1194,6 +1246,8 @@ async def suite_main(base: argparse.Namespace, command: str) -> int:
             lead = opts.think_s * opts.turns[1] * 1.5
             runs: list[tuple[str, str]] = [("round_robin", "none"), ("oracle", "none")]
             runs += [("ours", h) for h in hint_modes]
+            if opts.baseline_python:
+                runs.append((BASELINE, "none"))
             for load in opts.loads:
                 rate = capacity * load
                 label = f"{load:.0%}"
@@ -1387,6 +1441,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a("--short", action="store_true", help="with --suite: short runs (fewer conversations)")
     a("--suite-only", nargs="+", default=None, choices=list(SUITE), help="these variants")
     a("--seeds", type=int, default=1, help="with --suite: run each row for this many seeds")
+    a(
+        "--baseline-python",
+        default=None,
+        help=f"with --suite: also run `{BASELINE}`, ours from this interpreter's llmgw",
+    )
     a("--no-write", action="store_true")
     return p.parse_args(argv)
 

@@ -24,8 +24,10 @@ from llmgw.router.replicas.registry import Registry, Release, Snapshot, Stats  #
 from llmgw.router.request.inband import ErrorFrameWatch  # noqa: E402
 from llmgw.router.request.tokens import StreamUsage, usage_of  # noqa: E402
 from llmgw.router.routing.affinity import route_key  # noqa: E402
+from llmgw.router.routing.blockhash import request_block_hashes  # noqa: E402
 from llmgw.router.routing.policies import Ours  # noqa: E402
-from llmgw.router.routing.prefix import PrefixIndex, rendezvous_order, request_block_hashes  # noqa: E402
+from llmgw.router.routing.prefix import PrefixIndex  # noqa: E402
+from llmgw.router.routing.rendezvous import rendezvous_order  # noqa: E402
 from llmgw.router.routing.scheduler import Decision, SchedulerConfig, choose, load_of  # noqa: E402
 from llmgw.runtime.clock import ManualClock  # noqa: E402
 from llmgw.wire.endpoints import EndpointInfo  # noqa: E402
@@ -63,7 +65,7 @@ def run_index(ops: list[list[Any]], ids: list[str], max_total: int, default: int
 
 def snapshot_of(d: dict[str, Any]) -> Snapshot:
     """A snapshot from its builtins (`Snapshot.as_builtins`), by the public constructor."""
-    return Snapshot(
+    return Snapshot.of(
         **{
             **d,
             "info": msgspec.convert(d["info"], EndpointInfo),

@@ -1,4 +1,4 @@
-"""The protocol-level server (runtime/fastserver.py) on its own, in this process.
+"""The protocol-level server (router/http/server.py) on its own, in this process.
 
 A real listening socket on 127.0.0.1 with a test dispatch, driven by raw bytes:
 the cases the router's suites cannot reach on purpose (a handler that fails, an
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from llmgw.runtime.fastserver import Answer, FastRequest, FastServer, Reply
+from llmgw.router.http.server import Answer, FastRequest, FastServer, Reply
 from llmgw.runtime.httpserver import Edge, ServerLimits, openai_error
 from llmgw.testing.wait import until
 

@@ -225,16 +225,11 @@ class TestBodyBytesPerAddress:
 class TestConnectionsPerAddress:
     """Past its share an address reads a 503 and others are served."""
 
-    @pytest.mark.parametrize("server", ["fast", "aiohttp"])
-    def test_past_the_share_a_readable_503_and_others_served(
-        self, tmp_path: Path, server: str
-    ) -> None:
+    def test_past_the_share_a_readable_503_and_others_served(self, tmp_path: Path) -> None:
         """max_client_connections 20, share 0.5: the attacker's 11th to 30th connections,
         each sending its request at once, read a 503 (not a reset); another address is
         served while the attacker's ten stay open."""
-        with fleet(
-            tmp_path, max_client_connections=20, idle_timeout_s=30.0, http_server=server
-        ) as r:
+        with fleet(tmp_path, max_client_connections=20, idle_timeout_s=30.0) as r:
             kept: list[socket.socket] = []
             try:
                 for _ in range(10):
@@ -259,8 +254,7 @@ class TestConnectionsPerAddress:
 class TestPastTheCap:
     """Clients past the connection cap read the 503."""
 
-    @pytest.mark.parametrize("server", ["fast", "aiohttp"])
-    def test_clients_that_send_at_once_read_the_503(self, tmp_path: Path, server: str) -> None:
+    def test_clients_that_send_at_once_read_the_503(self, tmp_path: Path) -> None:
         """With the cap's ten connections held, twenty clients each send a 1 MiB request
         as soon as they connect and only then read: every one reads the 503, none a
         reset or a broken pipe."""
@@ -269,7 +263,6 @@ class TestPastTheCap:
             max_client_connections=10,
             client_share=1.0,
             idle_timeout_s=30.0,
-            http_server=server,
         ) as r:
             kept = [served_on(connect(r.port, OTHER)) for _ in range(10)]
             try:

@@ -13,7 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmgw.router.routing.prefix import rendezvous_order, request_block_hashes
+from llmgw.router.routing.blockhash import request_block_hashes
+from llmgw.router.routing.rendezvous import rendezvous_order
 from tests.integration.router_fixtures import admin_endpoints, base_config, post, router
 from tests.integration.test_agent_controller import (
     AUTH,

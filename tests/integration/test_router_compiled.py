@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from llmgw.router import compiled
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot, Stats
-from llmgw.router.routing.prefix import MAX_ROUTED_BYTES
+from llmgw.router.routing.blockhash import MAX_ROUTED_BYTES
 from llmgw.router.routing.scheduler import load_of
 from llmgw.testing import start_program
 from llmgw.wire.endpoints import EndpointInfo
@@ -105,11 +105,11 @@ class TestLoading:
         assert policies.endswith("policies.py")
 
     def test_a_module_imported_before_the_router_leaves_the_python_modules(self) -> None:
-        """The protocol-level server is compiled with the router but lives outside it: a
-        process that imported it first would mix the two classes of one name, so the
-        build is not loaded there (and the Python modules run, consistently)."""
+        """A process that imported the router's server (a compiled module) before the
+        build was loaded would mix the two classes of one name, so the build is not
+        loaded there (and the Python modules run, consistently)."""
         build_or_skip()
-        done = python("import llmgw.runtime.fastserver\n" + STATUS)
+        done = python("import llmgw.router.http.server\n" + STATUS)
         assert done.returncode == 0, done.stderr
         modules, detail, policies = json.loads(done.stdout)
         assert modules == []
@@ -253,7 +253,7 @@ stats = st.builds(
 def snapshots(draw: st.DrawFn) -> list[Snapshot]:
     ids = draw(st.lists(st.sampled_from(IDS), unique=True, max_size=5))
     return [
-        Snapshot(
+        Snapshot.of(
             info=EndpointInfo(
                 id=i,
                 url=f"http://{i}",
@@ -499,8 +499,8 @@ class TestSameAnswers:
     @EQUIVALENCE
     @given(snapshots())
     def test_snapshots_from_keywords(self, peers: tuple[Peer, Peer], snaps: list[Snapshot]) -> None:
-        """Built by keywords (info and stats only), a snapshot derives what the scheduler
-        reads, and gives back what it was built from."""
+        """Built by Snapshot.of (info and stats only), a snapshot derives what the
+        scheduler reads, and gives back what it was built from."""
         got = same(peers, "snapshots", snaps=encoded(snaps))
         shown = json.loads(encoded(snaps))
         assert [g[-1] for g in got] == shown

@@ -1,10 +1,10 @@
-"""The router's two HTTP servers (`http_server: aiohttp | fast`) speak the same HTTP/1.1.
+"""The router's HTTP server (router/http/) speaks HTTP/1.1 as clients expect.
 
-The same raw bytes go to a router under each; what each answers, and whether it
-keeps the connection, must agree: keep-alive across routes, pipelining,
-chunked request bodies, Expect: 100-continue, HTTP/1.0, HEAD, a body too large
-as it is read, and a streamed answer's framing. Real processes on 127.0.0.1 (a
-sim-engine, one router per server), bounded in count and time.
+Raw bytes go to a router; what it answers, and whether it keeps the connection:
+keep-alive across routes, pipelining, chunked request bodies, Expect:
+100-continue, HTTP/1.0, HEAD, a body too large as it is read, and a streamed
+answer's framing. Real processes on 127.0.0.1 (a sim-engine, a router), bounded
+in count and time.
 """
 
 from __future__ import annotations
@@ -34,21 +34,17 @@ from tests.integration.router_fixtures import (
 
 pytestmark = pytest.mark.timeout(90)
 
-SERVERS = ("aiohttp", "fast")
+# The header names of a relayed chat answer (Date and Server aside).
+HEAD_NAMES = ["content-length", "content-type", "x-llmgw-endpoint", "x-request-id"]
 
 
 @pytest.fixture(scope="module")
-def routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Program]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Program]:
     tmp = tmp_path_factory.mktemp("http-server")
     with sim_engines(tmp, [50.0]) as engines:
-        out: dict[str, Program] = {}
         conf = {"endpoints": endpoint_entries(engines), "max_body_bytes": 64 * 1024}
-        with (
-            router(tmp, base_config(**conf, http_server="aiohttp"), name="r-aiohttp") as a,
-            router(tmp, base_config(**conf, http_server="fast"), name="r-fast") as f,
-        ):
-            out["aiohttp"], out["fast"] = a, f
-            yield out
+        with router(tmp, base_config(**conf), name="r-http") as r:
+            yield r
 
 
 def chat(content: str = "hi", *, stream: bool = False) -> bytes:
@@ -127,13 +123,13 @@ class Conn:
         self.s.close()
 
 
-@pytest.fixture(params=SERVERS)
-def port(request: pytest.FixtureRequest, routers: dict[str, Program]) -> int:
-    return routers[request.param].port
+@pytest.fixture
+def port(served: Program) -> int:
+    return served.port
 
 
 class TestRouterHttp:
-    """The router's HTTP/1.1 behaviour under both servers."""
+    """The router's HTTP/1.1 behaviour."""
 
     def test_keep_alive_across_routes(self, port: int) -> None:
         """One kept-alive connection is served across routes."""
@@ -236,37 +232,33 @@ class TestRouterHttp:
         finally:
             c.close()
 
-    def test_a_relayed_answer_has_the_same_head_under_both(
-        self, routers: dict[str, Program]
-    ) -> None:
-        """A relayed engine answer: the same header names and values (but Date) under
-        either server, the client's request id echoed as sent, and HTTP/1.0's keep-alive
-        answered in kind or the connection closed."""
-        heads: dict[str, dict[str, str]] = {}
-        for name, r in routers.items():
-            c = Conn(r.port)
-            try:
-                c.send(post(chat(), "x-request-id: abc-123"))
-                status, headers, body = c.answer()
-                assert status == 200, body
-                assert json.loads(body)["object"] == "chat.completion"
-                assert int(headers["content-length"]) == len(body)
-                heads[name] = {k: v for k, v in headers.items() if k not in ("date", "server")}
-                one_o = post(chat()).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
-                c.send(one_o.replace(b"\r\n\r\n", b"\r\nConnection: keep-alive\r\n\r\n", 1))
-                status, headers, _ = c.answer()
-                assert status == 200
-                assert headers["connection"].lower() == "keep-alive"
-                c.send(one_o)
-                status, headers, _ = c.answer()
-                assert status == 200
-                assert c.closed()
-            finally:
-                c.close()
-        assert heads["fast"] == heads["aiohttp"]
-        assert heads["fast"]["x-request-id"] == "abc-123"
-        assert heads["fast"]["content-type"].startswith("application/json")
-        assert heads["fast"]["x-llmgw-endpoint"]
+    def test_a_relayed_answer_has_the_router_head(self, port: int) -> None:
+        """A relayed engine answer: the router's header names (as aiohttp's server wrote
+        them before it was retired), the client's request id echoed as sent, and HTTP/1.0's
+        keep-alive answered in kind or the connection closed."""
+        c = Conn(port)
+        try:
+            c.send(post(chat(), "x-request-id: abc-123"))
+            status, headers, body = c.answer()
+            assert status == 200, body
+            assert json.loads(body)["object"] == "chat.completion"
+            assert int(headers["content-length"]) == len(body)
+            head = {k: v for k, v in headers.items() if k not in ("date", "server")}
+            one_o = post(chat()).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+            c.send(one_o.replace(b"\r\n\r\n", b"\r\nConnection: keep-alive\r\n\r\n", 1))
+            status, headers, _ = c.answer()
+            assert status == 200
+            assert headers["connection"].lower() == "keep-alive"
+            c.send(one_o)
+            status, headers, _ = c.answer()
+            assert status == 200
+            assert c.closed()
+        finally:
+            c.close()
+        assert sorted(head) == HEAD_NAMES
+        assert head["x-request-id"] == "abc-123"
+        assert head["content-type"].startswith("application/json")
+        assert head["x-llmgw-endpoint"]
 
     def test_chunked_body_past_the_limit_is_413_and_closed(self, port: int) -> None:
         """Chunked body past the limit is 413 and closed."""
@@ -357,11 +349,16 @@ class TestRouterHttp:
                 c.close()
 
     @pytest.mark.parametrize(
-        ("var", "value"), [("LLMGW_ROUTER_SERVER", "nginx"), ("LLMGW_ROUTER_UPSTREAM", "curl")]
+        ("var", "value"),
+        [
+            ("LLMGW_ROUTER_SERVER", "nginx"),
+            ("LLMGW_ROUTER_SERVER", "aiohttp"),
+            ("LLMGW_ROUTER_UPSTREAM", "curl"),
+        ],
     )
     def test_bad_environment_override_exits_2(self, tmp_path: Path, var: str, value: str) -> None:
-        """An unknown LLMGW_ROUTER_SERVER or LLMGW_ROUTER_UPSTREAM stops the router at start
-        with exit 2."""
+        """An unknown LLMGW_ROUTER_UPSTREAM, or LLMGW_ROUTER_SERVER naming a server other
+        than the router's own (retired), stops the router at start with exit 2."""
         cfg = tmp_path / "r.yaml"
         cfg.write_text("{}\n")
         proc = subprocess.run(
@@ -374,11 +371,10 @@ class TestRouterHttp:
         assert proc.returncode == 2
         assert var in proc.stderr
 
-    @pytest.mark.parametrize("server", SERVERS)
-    def test_sigterm_lets_a_stream_in_flight_finish(self, tmp_path: Path, server: str) -> None:
+    def test_sigterm_lets_a_stream_in_flight_finish(self, tmp_path: Path) -> None:
         """Stopping closes the listener first; a stream being relayed runs to its end."""
         with sim_engines(tmp_path, [1.0]) as engines:
-            conf = base_config(endpoints=endpoint_entries(engines), http_server=server)
+            conf = base_config(endpoints=endpoint_entries(engines))
             with router(tmp_path, conf) as r:
                 c = Conn(r.port)
                 try:

@@ -18,7 +18,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmgw.router.routing.prefix import rendezvous_order, request_block_hashes
+from llmgw.router.routing.blockhash import request_block_hashes
+from llmgw.router.routing.rendezvous import rendezvous_order
 from llmgw.testing import start_program
 from llmgw.testing.procs import free_port
 from llmgw.testing.wait import until

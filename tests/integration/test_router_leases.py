@@ -30,6 +30,8 @@ pytestmark = pytest.mark.slow
 TOKEN = "integration-token"
 RPM = 180
 TEAM = "hammer"
+# Tokens a day of the budgeted key; each request uses about a dozen.
+BUDGET = 1500
 
 
 @dataclass
@@ -95,24 +97,43 @@ def ordered(got: dict[str, float]) -> dict[str, float] | None:
     return got if got["a"] > RPM / 2 and got["a"] > got["b"] > got["c"] > 0 else None
 
 
+def follows(r: Program, key: str) -> bool:
+    """Whether router `r` knows `key` (lists models for it rather than 401)."""
+    with openai.OpenAI(base_url=r.url + "/v1", api_key=key, max_retries=0) as client:
+        try:
+            client.models.list()
+        except openai.AuthenticationError:
+            return False
+    return True
+
+
 class Counter:
     """Requests sent through each router and how many were admitted (200) or refused (429)."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: str | None = None) -> None:
+        # The key to send with; None: the fleet's rpm key.
+        self.key = key
         self.lock = threading.Lock()
         self.ok: dict[str, int] = {}
         self.refused: dict[str, int] = {}
+        # Tokens the engine counted in the admitted answers, the largest of one answer.
+        self.tokens = 0
+        self.most = 0
         # (error code, x-ratelimit-limit-requests) of the refusals.
         self.refusals: set[tuple[object, str | None]] = set()
 
     def send(self, f: Fleet, name: str, stop: threading.Event, gap_s: float) -> None:
         url = f.routers[name].url + "/v1"
-        with openai.OpenAI(base_url=url, api_key=f.key, max_retries=0) as client:
+        with openai.OpenAI(base_url=url, api_key=self.key or f.key, max_retries=0) as client:
             while not stop.is_set():
                 try:
-                    client.chat.completions.create(
+                    answer = client.chat.completions.create(
                         model="m1", messages=[{"role": "user", "content": "hi"}], max_tokens=1
                     )
+                    used = answer.usage.total_tokens if answer.usage else 0
+                    with self.lock:
+                        self.tokens += used
+                        self.most = max(self.most, used)
                     got = self.ok
                 except openai.RateLimitError as exc:
                     seen = (exc.code, exc.response.headers.get("x-ratelimit-limit-requests"))
@@ -125,10 +146,12 @@ class Counter:
                 stop.wait(gap_s)
 
 
-def hammer(f: Fleet, plan: dict[str, list[float]], seconds: float) -> tuple[Counter, float]:
+def hammer(
+    f: Fleet, plan: dict[str, list[float]], seconds: float, *, key: str | None = None
+) -> tuple[Counter, float]:
     """Senders per router (each with its gap between requests) for `seconds`; the counts
     and how long they ran."""
-    counter, stop = Counter(), threading.Event()
+    counter, stop = Counter(key), threading.Event()
     threads = [
         threading.Thread(target=counter.send, args=(f, name, stop, gap))
         for name, gaps in plan.items()
@@ -192,6 +215,34 @@ class TestFleetWideRpm:
             for t in threads:
                 t.join(timeout=30)
         assert sum(got.values()) <= RPM + 1e-6
+
+
+class TestFleetWideBudget:
+    """A key's token budget across three routers."""
+
+    def test_the_fleet_spends_the_budget_once(self, fleet: Fleet) -> None:
+        """Hammered through all three routers, the key spends at most its budget plus
+        what the requests in flight when each router's allowance ran out used (one
+        answer per sender at most), where each router alone would spend a whole budget."""
+        made = ctl(
+            fleet.c.url, "keys", "create", "spend", "--team", "budget",
+            "--budget-tokens", str(BUDGET), "--per", "day",
+        )  # fmt: skip
+        assert made.code == 0, made.err
+        key = made.out.splitlines()[-1]
+        for r in fleet.routers.values():
+            wait_until(lambda r=r: follows(r, key), timeout_s=10, what="the router has the key")
+        plan = {"a": [0.01] * 3, "b": [0.01] * 2, "c": [0.01] * 2}
+        senders = sum(len(gaps) for gaps in plan.values())
+        counter, took_s = hammer(fleet, plan, 15.0, key=key)
+        print(f"budget {BUDGET}: spent {counter.tokens} in {counter.ok}, {took_s:.1f} s")
+        assert counter.tokens <= BUDGET + senders * counter.most, (counter.tokens, counter.ok)
+        assert counter.tokens >= BUDGET * 0.8, (counter.tokens, counter.refused)
+        assert ("insufficient_quota", None) in counter.refusals
+
+
+class TestCutOff:
+    """A router that loses the controller (last: the wire stays cut)."""
 
     def test_a_router_cut_off_keeps_its_share(self, fleet: Fleet) -> None:
         """Cut from the controller, router c keeps enforcing the share it held: it serves

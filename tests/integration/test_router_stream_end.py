@@ -31,8 +31,6 @@ from .test_router_stream_faults import set_faults
 
 pytestmark = pytest.mark.timeout(90)
 
-SERVERS = ["fast", "aiohttp"]
-
 
 async def close_at_done(url: str, body: dict[str, object], path: str) -> bytes:
     """POST a streamed request over a raw socket, read until `data: [DONE]`, and close."""
@@ -70,13 +68,12 @@ async def counted(url: str, n: int, timeout_s: float = 10.0) -> bytes:
 class TestCloseAtDone:
     """A stream whose final event went out counts as complete."""
 
-    @pytest.mark.parametrize("server", SERVERS)
-    async def test_counted_complete(self, tmp_path: Path, server: str) -> None:
+    async def test_counted_complete(self, tmp_path: Path) -> None:
         """Clients that close right after `[DONE]` while the engine lingers are counted
         200 `ok`, none 499 `disconnected`, and the endpoint's breaker sees no failure."""
         with sim_engines(tmp_path, [50.0]) as engines:
             await set_faults(engines[0].url, linger_after_done_s=2.0)
-            cfg = base_config(endpoints=endpoint_entries(engines), http_server=server)
+            cfg = base_config(endpoints=endpoint_entries(engines))
             with router(tmp_path, cfg) as r:
                 await wait_until_scraped(r.url, ["e0"])
                 bodies = [chat_body(f"turn {i}", max_tokens=3, stream=True) for i in range(4)]

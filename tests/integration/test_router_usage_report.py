@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -260,3 +261,38 @@ class TestStandaloneRouter:
             series(text, "llmgw_router_team_prompt_tokens_total", team="ops", model="m1") == prompt
         )
         assert json.dumps("filed") not in text
+
+
+class TestWorkersLease:
+    """A router of two workers holds one share of a key's rpm, split between them."""
+
+    def test_two_workers_admit_the_routers_share_not_each(self, fleet: Fleet) -> None:
+        """The workers' shares add up on /metrics to the router's; hammered, the router
+        admits about its share, not twice it."""
+        r = ctl(fleet.c.url, "keys", "create", "limited", "--team", "lim", "--rpm", "60")
+        assert r.code == 0, r.err
+        key = r.out.splitlines()[-1]
+
+        def held() -> tuple[float, float] | None:
+            one, two = (
+                series(metrics(p.url), "llmgw_router_team_rpm_share", team="lim")
+                for p in (fleet.one, fleet.two)
+            )
+            return (one, two) if min(one, two) >= 20 else None
+
+        one, two = wait_for(held, timeout_s=60, what="both routers hold a share")
+        assert one + two <= 60 + 1e-6
+        admitted = 0
+        with openai.OpenAI(base_url=fleet.two.url + "/v1", api_key=key, max_retries=0) as c:
+            started = time.monotonic()
+            for _ in range(int(two) * 3):
+                try:
+                    c.chat.completions.create(
+                        model="m1", messages=[{"role": "user", "content": "hi"}], max_tokens=1
+                    )
+                    admitted += 1
+                except openai.RateLimitError:
+                    pass
+            took_s = time.monotonic() - started
+        # Each worker's bucket holds its half (at least one request), refilled at its rate.
+        assert admitted <= two * (1 + took_s / 60) + 2, (admitted, two, took_s)

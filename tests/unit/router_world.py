@@ -1,8 +1,11 @@
-"""A router in memory: the real `Router` and `Proxy`, engines from `FakeForwarder`, time virtual.
+"""A router in memory: the real `Router`, `Proxy` and HTTP server, engines from
+`FakeForwarder`, time virtual.
 
-`World.send()` drives one request through `Proxy.handle` on an aiohttp request
-built in memory (aiohttp's own test helper); a streamed answer's bytes are
-caught by `Sink`, the writer the response writes to.
+`World.send()` writes one HTTP/1.1 request into the router's own server
+(router/http/: the protocol object production serves every connection with,
+answering through `Proxy.answer`) over an in-memory transport, and reads back
+what the server wrote: the production path from the request's bytes to the
+answer's, with no socket.
 """
 
 from __future__ import annotations
@@ -10,59 +13,81 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
-from unittest import mock
 
+import httptools
 import msgspec
-from aiohttp import StreamReader, web
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.test_utils import make_mocked_request
+from aiohttp import web
+from multidict import CIMultiDict
 
 from llmgw.router.config import parse
+from llmgw.router.http.server import FastProtocol, FastServer
 from llmgw.router.request.proxy import Proxy
 from llmgw.router.wiring import Router
 from llmgw.runtime.clock import ManualClock
+from llmgw.runtime.httpserver import Edge, ServerLimits, openai_error
 from llmgw.testing import vtime
 from llmgw.testing.forwarder import FakeForwarder
 
 CHAT = "/v1/chat/completions"
 
 
-class Sink(AbstractStreamWriter):
-    """Collects what a prepared response writes (head and body), in memory."""
+class Pipe(asyncio.Transport):
+    """One client connection's transport, in memory: what the server writes is kept;
+    `closed` is done once the server has closed it (its answer is all there)."""
 
-    def __init__(self) -> None:
-        self.status_line = ""
-        self.body = bytearray()
-        self.eof = False
+    def __init__(self, protocol: FastProtocol) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.out = bytearray()
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def write(self, chunk: Any) -> None:
-        self.body += bytes(chunk)
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.out += data
 
-    async def write_eof(self, chunk: bytes = b"") -> None:
-        self.body += chunk
-        self.eof = True
+    def is_closing(self) -> bool:
+        return self.closed.done()
 
-    async def drain(self) -> None:
+    def close(self) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def abort(self) -> None:
+        self.close()
+
+    def can_write_eof(self) -> bool:
+        # No lingering read after an early answer: nothing more will come.
+        return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def pause_reading(self) -> None:
         pass
 
-    def enable_compression(self, encoding: str = "deflate", strategy: int | None = None) -> None:
+    def resume_reading(self) -> None:
         pass
-
-    def enable_chunking(self) -> None:
-        pass
-
-    async def write_headers(self, status_line: str, headers: Any) -> None:
-        self.status_line = status_line
 
 
 class Answered:
-    """What the client got."""
+    """What the client got, parsed from the bytes the server wrote."""
 
-    def __init__(self, resp: web.StreamResponse, sink: Sink) -> None:
-        self.status = resp.status
-        self.headers = resp.headers
-        self.streamed = sink.status_line != ""
-        self.body = bytes(sink.body) if self.streamed else bytes(getattr(resp, "body", b""))
+    def __init__(self, raw: bytes) -> None:
+        self.status = 0
+        self.headers: CIMultiDict[str] = CIMultiDict()
+        body = bytearray()
+        parser = httptools.HttpResponseParser(self)
+        self._body = body
+        parser.feed_data(raw)
+        self.status = parser.get_status_code()
+        self.body = bytes(body)
+        self.streamed = self.headers.get("Transfer-Encoding") == "chunked"
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.add(name.decode("latin-1"), value.decode("latin-1"))
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
 
     def json(self) -> Any:
         return msgspec.json.decode(self.body)
@@ -82,6 +107,11 @@ class World:
 
         return vtime.run(wrapped(), self.clock)
 
+    def _server(self) -> FastServer:
+        edge = Edge(ServerLimits(decompress=False), openai_error, name="router")
+        cfg = self.router.cfg
+        return FastServer(edge, self.proxy.answer, web.Application(), cfg.max_body_bytes)
+
     async def send(
         self,
         body: dict[str, Any] | None = None,
@@ -89,18 +119,18 @@ class World:
         path: str = CHAT,
         headers: dict[str, str] | None = None,
     ) -> Answered:
+        """One request on a connection of its own (closed after its answer)."""
         raw = msgspec.json.encode(body if body is not None else {"model": "m", "messages": []})
-        payload = StreamReader(
-            mock.Mock(_reading_paused=False), 2**16, loop=asyncio.get_running_loop()
-        )
-        payload.feed_data(raw)
-        payload.feed_eof()
-        sink = Sink()
-        hdrs = {"Content-Type": "application/json", "Content-Length": str(len(raw))}
+        hdrs = {"Host": "router", "Content-Type": "application/json", "Connection": "close"}
+        hdrs["Content-Length"] = str(len(raw))
         hdrs.update(headers or {})
-        request = make_mocked_request("POST", path, headers=hdrs, payload=payload, writer=sink)
-        resp = await self.proxy.handle(request)
-        return Answered(resp, sink)
+        head = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
+        conn = self._server().protocol()
+        pipe = Pipe(conn)
+        conn.connection_made(pipe)
+        conn.data_received(f"POST {path} HTTP/1.1\r\n{head}\r\n".encode() + raw)
+        await pipe.closed
+        return Answered(bytes(pipe.out))
 
     def retries(self) -> dict[str, float]:
         """llmgw_router_retries_total by endpoint, from the router's own metrics."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import time
 
 import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.controller.leasebook import LeaseBook
-from llmgw.controller.leases import fair_shares
+from llmgw.controller.leases import fair_shares, period_start
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.keys import ClientKey
 from llmgw.wire.leases import KeyDemand, LeaseAnswer
@@ -154,8 +155,64 @@ class TestLeaseBook:
         assert book.report("r1", [want(5.0)], []).leases == []
         assert book.held() == {"r1": {}}
 
-    def test_keys_without_rates_get_no_lease(self) -> None:
-        """A key with only a budget or a model list needs no share."""
+    def test_keys_without_limits_get_no_lease(self) -> None:
+        """A key with only a model list needs no share."""
         clock = ManualClock()
-        answer = self.book(clock).report("r1", [], [key(budget={"tokens": 5, "per": "day"})])
-        assert answer.leases == []
+        assert self.book(clock).report("r1", [], [key(models=["m1"])]).leases == []
+
+
+def budget(answer: LeaseAnswer) -> tuple[float | None, float | None]:
+    (lease,) = answer.leases
+    return lease.budget, lease.budget_left
+
+
+class TestBudgetLeases:
+    """Allowances of what is left of a budget, fleet-wide."""
+
+    def book(self, clock: ManualClock) -> LeaseBook:
+        book = LeaseBook(clock=clock, lease_s=10.0, forget_s=30.0, floor_frac=0.0)
+        clock.advance(11.0)
+        return book
+
+    def test_what_the_fleet_spent_is_not_leased_again(self) -> None:
+        """A lone router of a key that spent 400 of 1000 tokens may spend the other 600."""
+        keys = [key(budget={"tokens": 1000, "per": "day"})]
+        got = self.book(ManualClock()).report("r1", [want(tokens=50.0)], keys, {"k": 400})
+        assert budget(got) == (600.0, 600.0)
+
+    def test_a_spent_budget_leases_nothing(self) -> None:
+        """Spent past the budget (requests in flight overshoot): nothing left, nothing leased."""
+        keys = [key(budget={"tokens": 1000, "per": "day"})]
+        got = self.book(ManualClock()).report("r1", [], keys, {"k": 1200})
+        assert budget(got) == (0.0, 0.0)
+
+    def test_allowances_never_sum_above_what_is_left(self) -> None:
+        """Two routers spending in turn: the allowances out plus what was spent stay
+        within the budget, and both end up with some."""
+        keys = [key(budget={"tokens": 1000, "per": "day"})]
+        book = self.book(ManualClock())
+        spent, held = 0, {"a": 0.0, "b": 0.0}
+        for _ in range(4):
+            for r in held:
+                d = KeyDemand(sha256=SHA, tokens=100.0, budget_held=held[r])
+                grant, _ = budget(book.report(r, [d], keys, {"k": spent}))
+                assert grant is not None
+                out = sum(max(h, grant) if o == r else h for o, h in held.items())
+                assert spent + out <= 1000
+                # Each spends a tenth of what it was given before its next report.
+                used = int(grant / 10)
+                spent += used
+                held[r] = grant - used
+        assert min(held.values()) > 0
+
+
+class TestPeriodStart:
+    """Where a budget's period begins, in UTC."""
+
+    def test_day_week_and_month(self) -> None:
+        """Wednesday 2026-12-09 15:30 UTC: that day, Monday the 7th, the 1st of December."""
+        wall = 1_796_830_200.0
+        assert time.strftime("%a %Y-%m-%d %H:%M", time.gmtime(wall)) == "Wed 2026-12-09 15:30"
+        assert period_start("day", wall) == 1_796_774_400
+        assert period_start("week", wall) == 1_796_774_400 - 2 * 86_400
+        assert period_start("month", wall) == 1_796_774_400 - 8 * 86_400

@@ -18,7 +18,7 @@ def snap(
     probe_in_s: float | None = None,
     opened_total: int = 0,
 ) -> Snapshot:
-    return Snapshot(
+    return Snapshot.of(
         info=EndpointInfo(id=eid, url=f"http://{eid}", models=("m",)),
         stats=None,
         drain_rate=0.0,

@@ -383,7 +383,7 @@ class TestEngineBlocks:
 
 
 def snap(eid: str, *, inflight: int = 0) -> Snapshot:
-    return Snapshot(
+    return Snapshot.of(
         info=EndpointInfo(id=eid, url=f"http://{eid}", models=("m",)),
         stats=Stats(running=0, waiting=0, kv_usage=0.0, kv_capacity_tokens=160_000),
         drain_rate=0.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -283,11 +284,12 @@ class TestSnapshots:
         assert (s.id, s.weight, s.priority, s.engine_requests) == ("a", 0.5, 0, 7)
         assert (s.info.weight, s.stats) == (0.5, Stats(running=4, waiting=3, kv_usage=None))
 
-    def test_snapshot_keywords_derive_what_the_scheduler_reads(self) -> None:
-        """Built by keywords without them, id, weight, priority and engine_requests
-        come from info and stats; given, they are kept."""
+    def test_snapshot_of_derives_what_the_scheduler_reads(self) -> None:
+        """Snapshot.of reads id, weight, priority and engine_requests off info and stats;
+        built by every keyword, a snapshot keeps what it was given; equal fields, equal
+        values and hashes."""
         i = EndpointInfo(id="e", url="http://e", models=("m",), weight=1.5, priority=2)
-        base = {
+        base: dict[str, Any] = {
             "drain_rate": 0.0,
             "inflight": 0,
             "running_capacity": 0,
@@ -296,23 +298,17 @@ class TestSnapshots:
             "breaker": BreakerState.CLOSED,
             "restarts": 0,
         }
-        never = Snapshot(info=i, stats=None, **base)  # type: ignore[arg-type]
+        never = Snapshot.of(info=i, stats=None, **base)
         assert (never.id, never.weight, never.priority, never.engine_requests) == (
             "e",
             1.5,
             2,
             None,
         )
-        scraped = Snapshot(info=i, stats=Stats(running=2, waiting=5, kv_usage=0.1), **base)  # type: ignore[arg-type]
+        scraped = Snapshot.of(info=i, stats=Stats(running=2, waiting=5, kv_usage=0.1), **base)
         assert scraped.engine_requests == 7
         given_ = Snapshot(
-            info=i,
-            stats=None,
-            id="e",
-            weight=1.5,
-            priority=2,
-            engine_requests=None,
-            **base,  # type: ignore[arg-type]
+            info=i, stats=None, id="e", weight=1.5, priority=2, engine_requests=None, **base
         )
         assert given_ == never
         assert (scraped == never, hash(given_) == hash(never)) == (False, True)
@@ -356,6 +352,8 @@ class TestSnapshots:
                     "generation_tokens": None,
                     "success_total": 9.0,
                     "kv_capacity_tokens": None,
+                    "prefill_seconds": None,
+                    "prefix_hit_tokens": None,
                 },
                 "drain_rate": pytest.approx(0.6),
                 "inflight": 1,
@@ -368,6 +366,11 @@ class TestSnapshots:
                 "pending": 1,
                 "probe_in_s": None,
                 "opened_total": 0,
+                "owed_tokens": 0,
+                "owed_full": 0,
+                "prefill_s_per_token": None,
+                "owed_count": 0,
+                "decode_rate": 0.0,
             },
             {
                 "info": {"id": "b", "url": "http://b", "models": ["m", "n"], "engine": "vllm"},
@@ -383,6 +386,11 @@ class TestSnapshots:
                 "pending": 0,
                 "probe_in_s": 9.0,
                 "opened_total": 1,
+                "owed_tokens": 0,
+                "owed_full": 0,
+                "prefill_s_per_token": None,
+                "owed_count": 0,
+                "decode_rate": 0.0,
             },
         ]
         assert [list(d) for d in shown] == [list(shown[0])] * 2
@@ -400,6 +408,11 @@ class TestSnapshots:
             "pending",
             "probe_in_s",
             "opened_total",
+            "owed_tokens",
+            "owed_full",
+            "prefill_s_per_token",
+            "owed_count",
+            "decode_rate",
         ]
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from llmgw.router.request.tokens import usage_of
+from llmgw.router.routing.blockhash import block_end
 from llmgw.router.routing.feedback import STREAK, PredictionCheck, predicted_tokens
-from llmgw.router.routing.prefix import PrefixIndex, block_end
+from llmgw.router.routing.prefix import PrefixIndex
 
 CHAIN = tuple(range(100, 140))  # 40 blocks: 16 of 64 B, then growing
 

@@ -1,42 +1,47 @@
-"""Choosing the router's HTTP server, and the protocol-level server's pure parts."""
+"""The retired choice of HTTP server, and the router server's pure parts."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 from multidict import CIMultiDict
 
-from llmgw.router.config import http_server, parse, restart_only_changes
+from llmgw.router.config import check_retired_env, parse
 from llmgw.router.errors import RouterConfigError
-from llmgw.runtime.fastserver import _head, _status_line
+from llmgw.router.http.heads import head, status_line
 
 
-class TestHttpServerChoice:
-    """Choosing the router's HTTP server from the file and the environment."""
+class TestRetiredServerSetting:
+    """`http_server` and LLMGW_ROUTER_SERVER are retired: the router's own server only."""
 
-    def test_default_is_fast(self) -> None:
-        """Neither the file nor the environment says: the protocol-level server."""
-        assert http_server(parse("{}"), {}) == "fast"
+    def test_fast_is_accepted_with_a_warning(self, caplog: pytest.LogCaptureFixture) -> None:
+        """`http_server: fast` names what the router does anyway: it parses, and a warning
+        says to drop it."""
+        with caplog.at_level(logging.WARNING, logger="llmgw.router.config"):
+            cfg = parse("http_server: fast")
+        assert cfg == parse("{}")
+        assert "retired setting" in caplog.text
+        assert "http_server" in caplog.text
 
-    def test_environment_applies_when_the_file_is_silent(self) -> None:
-        """LLMGW_ROUTER_SERVER picks the server for a file that names none."""
-        assert http_server(parse("{}"), {"LLMGW_ROUTER_SERVER": "aiohttp"}) == "aiohttp"
-
-    def test_file_wins_over_environment(self) -> None:
-        """A file that names its server keeps it whatever the environment says."""
-        cfg = parse("http_server: aiohttp")
-        assert http_server(cfg, {"LLMGW_ROUTER_SERVER": "fast"}) == "aiohttp"
-
-    def test_bad_values(self) -> None:
-        """An unknown name: refused at parse time in the file, naming the variable in the env."""
-        with pytest.raises(RouterConfigError, match="http_server"):
+    def test_aiohttp_is_refused_clearly(self) -> None:
+        """`http_server: aiohttp` cannot be honoured: an error naming the setting."""
+        with pytest.raises(RouterConfigError, match=r"http_server: 'aiohttp': retired"):
+            parse("http_server: aiohttp")
+        with pytest.raises(RouterConfigError, match="http_server: 'nginx'"):
             parse("http_server: nginx")
-        with pytest.raises(RouterConfigError, match="LLMGW_ROUTER_SERVER"):
-            http_server(parse("{}"), {"LLMGW_ROUTER_SERVER": "nginx"})
 
-    def test_a_reload_cannot_switch_it(self) -> None:
-        """The listening socket's protocol is chosen once: a change needs a restart."""
-        old, new = parse("http_server: fast"), parse("http_server: aiohttp")
-        assert restart_only_changes(old, new) == ["http_server"]
+    def test_the_environment_variable_likewise(self, caplog: pytest.LogCaptureFixture) -> None:
+        """LLMGW_ROUTER_SERVER: `fast` warns, anything else is an error naming it, unset
+        or empty is nothing."""
+        check_retired_env({})
+        check_retired_env({"LLMGW_ROUTER_SERVER": " "})
+        assert "retired" not in caplog.text
+        with caplog.at_level(logging.WARNING, logger="llmgw.router.config"):
+            check_retired_env({"LLMGW_ROUTER_SERVER": "fast"})
+        assert "LLMGW_ROUTER_SERVER" in caplog.text
+        with pytest.raises(RouterConfigError, match="LLMGW_ROUTER_SERVER: 'aiohttp'"):
+            check_retired_env({"LLMGW_ROUTER_SERVER": "aiohttp"})
 
 
 class TestAnswerHeads:
@@ -47,14 +52,14 @@ class TestAnswerHeads:
         headers = CIMultiDict(
             {"Content-Type": "application/json", "content-length": "99", "Connection": "x"}
         )
-        head = _head(404, None, headers, b"Content-Length: 2\r\n\r\n")
-        lines = head.split(b"\r\n")
+        got = head(404, None, headers, b"Content-Length: 2\r\n\r\n")
+        lines = got.split(b"\r\n")
         assert lines[0] == b"HTTP/1.1 404 Not Found"
         assert b"Content-Type: application/json" in lines
         assert sum(x.lower().startswith(b"content-length") for x in lines) == 1
         assert not any(x.lower().startswith(b"connection") for x in lines)
         assert any(x.startswith(b"Date: ") and x.endswith(b" GMT") for x in lines)
-        assert head.endswith(b"Content-Length: 2\r\n\r\n")
+        assert got.endswith(b"Content-Length: 2\r\n\r\n")
 
     def test_a_plain_dict_of_headers_reads_the_same(self) -> None:
         """The proxy's answers carry a dict: the same lines, in order, own ones dropped
@@ -68,8 +73,8 @@ class TestAnswerHeads:
         }
         for _ in range(2):
             for headers in (fields, CIMultiDict(fields)):
-                head = _head(200, None, headers, b"\r\n")
-                lines = head.split(b"\r\n")
+                got = head(200, None, headers, b"\r\n")
+                lines = got.split(b"\r\n")
                 assert lines[1:4] == [
                     b"Content-Type: text/plain",
                     b"x-request-id: r1",
@@ -77,16 +82,16 @@ class TestAnswerHeads:
                 ]
                 assert lines[4].startswith(b"Date: ")
                 assert lines[4] != b"Date: yesterday"
-                assert b"chunked" not in head
+                assert b"chunked" not in got
 
     def test_unknown_status_and_own_reason(self) -> None:
         """A status outside HTTPStatus gets an empty phrase; a handler's reason is kept."""
-        assert _status_line(599, None) == b"HTTP/1.1 599 \r\n"
-        assert _status_line(200, "Fine") == b"HTTP/1.1 200 Fine\r\n"
+        assert status_line(599, None) == b"HTTP/1.1 599 \r\n"
+        assert status_line(200, "Fine") == b"HTTP/1.1 200 Fine\r\n"
 
     def test_header_bytes_round_trip(self) -> None:
         """A header value read as utf-8 with surrogateescape goes out as the same bytes."""
         raw = b"caf\xc3\xa9-\xff"
         value = raw.decode("utf-8", "surrogateescape")
-        head = _head(200, None, {"x-request-id": value}, b"\r\n")
-        assert b"x-request-id: " + raw + b"\r\n" in head
+        got = head(200, None, {"x-request-id": value}, b"\r\n")
+        assert b"x-request-id: " + raw + b"\r\n" in got

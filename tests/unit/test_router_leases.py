@@ -10,6 +10,7 @@ from aiohttp import web
 
 from llmgw.router.control.leases import DEMAND_TAU_S, LeaseKeeper, add_demand
 from llmgw.router.request.tenants import Charge, Tenant, Tenants
+from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.keys import ClientKey
 from llmgw.wire.leases import KeyDemand, KeyLease, LeaseAnswer
@@ -101,6 +102,64 @@ class TestShares:
         assert admitted(tenants, key(), 70) == 60
 
 
+def budgeted() -> ClientKey:
+    return msgspec.convert(
+        {"name": "k", "sha256": SHA, "budget": {"tokens": 1000, "per": "day"}}, ClientKey
+    )
+
+
+def spend(tenants: Tenants, tokens: int) -> object:
+    got = tenants.admit(Tenant(budgeted()), "m", 40)
+    if isinstance(got, Charge):
+        got.settle(Usage(prompt=tokens, completion=0, cached=0))
+    return got
+
+
+def code(resp: object) -> str:
+    assert isinstance(resp, web.Response)
+    assert resp.body is not None
+    return str(json.loads(resp.body)["error"]["code"])
+
+
+class TestBudgetAllowance:
+    """A leased budget: this router spends its allowance, no more."""
+
+    def tenants(self) -> Tenants:
+        tenants = Tenants(clock=ManualClock())
+        tenants.retain([budgeted()], leased=[budgeted()])
+        tenants.leasing = True
+        return tenants
+
+    def test_no_allowance_yet_is_a_retry_not_a_spent_budget(self) -> None:
+        """Before the first lease: 429 rate_limit_exceeded, never insufficient_quota."""
+        assert code(spend(self.tenants(), 10)) == "rate_limit_exceeded"
+
+    def test_allowance_spent_here_but_not_elsewhere_is_a_retry(self) -> None:
+        """100 tokens here, more held elsewhere: once 100 are spent, retry (rate limit)."""
+        tenants = self.tenants()
+        tenants.reallow({SHA: (100.0, 500.0)})
+        assert isinstance(spend(tenants, 60), Charge)
+        assert isinstance(spend(tenants, 60), Charge)
+        assert code(spend(tenants, 60)) == "rate_limit_exceeded"
+
+    def test_allowance_spent_everywhere_is_insufficient_quota(self) -> None:
+        """Nothing left elsewhere either: the budget is spent."""
+        tenants = self.tenants()
+        tenants.reallow({SHA: (50.0, 0.0)})
+        assert isinstance(spend(tenants, 60), Charge)
+        assert code(spend(tenants, 1)) == "insufficient_quota"
+
+    def test_a_new_allowance_counts_from_the_report(self) -> None:
+        """Tokens spent after the report was built come off the allowance it answered."""
+        tenants = self.tenants()
+        tenants.reallow({SHA: (500.0, 0.0)})
+        spend(tenants, 10)
+        assert tenants.asked()[SHA][2] == 490.0
+        spend(tenants, 70)
+        tenants.reallow({SHA: (100.0, 0.0)})
+        assert tenants.asked()[SHA][2] == 30.0
+
+
 class TestKeeper:
     """Demand out, leases in, the fallback once a lease runs out."""
 
@@ -110,7 +169,7 @@ class TestKeeper:
         keeper = LeaseKeeper(clock=clock)
         keeper.answer(answer(12.0))
         clock.advance(2.0)
-        (d,) = keeper.demand({SHA: (10, 400)})
+        (d,) = keeper.demand({SHA: (10, 400, None)})
         weight = 1.0 - math.exp(-2.0 / DEMAND_TAU_S)
         assert math.isclose(d.requests, 300.0 * weight, rel_tol=1e-5)
         assert math.isclose(d.tokens, 12_000.0 * weight, rel_tol=1e-5)

@@ -9,7 +9,7 @@ from llmgw.wire.endpoints import EndpointInfo
 
 
 def snap(eid: str, breaker: BreakerState, age_s: float | None) -> Snapshot:
-    return Snapshot(
+    return Snapshot.of(
         info=EndpointInfo(id=eid, url="http://x", models=("m",)),
         stats=None,
         drain_rate=0.0,

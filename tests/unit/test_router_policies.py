@@ -13,7 +13,7 @@ from llmgw.wire.endpoints import EndpointInfo
 
 
 def snap(eid: str, *, inflight: int = 0, breaker: BreakerState = BreakerState.CLOSED) -> Snapshot:
-    return Snapshot(
+    return Snapshot.of(
         info=EndpointInfo(id=eid, url=f"http://{eid}", models=("m",)),
         stats=Stats(running=0, waiting=0, kv_usage=0.0, kv_capacity_tokens=16_000),
         drain_rate=0.0,

@@ -12,19 +12,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.router.routing import prefix as prefix_module
-from llmgw.router.routing.prefix import (
+from llmgw.router.routing.blockhash import (
     MAX_ROUTED_BYTES,
-    PrefixIndex,
+    BlockHasher,
     _canonical,
     block_end,
     block_units,
     blocks_covering,
     blocks_within,
-    capacity_units_for,
-    rendezvous_order,
     request_block_hashes,
 )
+from llmgw.router.routing.prefix import PrefixIndex, capacity_units_for
+from llmgw.router.routing.rendezvous import Homes, rendezvous_order
 
 SYSTEM = "You are a careful assistant for the llmgw project. " * 20  # ~1 KB, 16 blocks
 
@@ -95,12 +94,12 @@ class TestRequestBlockHashes:
         b = "a" * 1000 + "b" + "a" * (size - 1001)  # outside the samples
         want = {}
         for text in (a, b):
-            prefix_module._HEADS.clear()
-            want[text] = request_block_hashes(chat("hi", system=text))
+            want[text] = BlockHasher().hashes(chat("hi", system=text))
         assert want[a] != want[b]
+        hasher = BlockHasher()
         for _ in range(2):
             for text in (a, b, a, a, b):
-                assert request_block_hashes(chat("hi", system=text)) == want[text]
+                assert hasher.hashes(chat("hi", system=text)) == want[text]
 
     def test_equal_hashes_are_one_object(self) -> None:
         """Long chains that share blocks give the same int objects for them (what the
@@ -116,36 +115,35 @@ class TestRequestBlockHashes:
             {"model": "m", "messages": [{"role": "user", "content": "short " * 150}]},
             {"model": "m", "messages": [{"role": "user", "content": "short " * 160}]},
         ]
-        chains = [request_block_hashes(b) for b in bodies]
+        hasher = BlockHasher(canon_max=1024)
+        chains = [hasher.hashes(b) for b in bodies]
         seen: dict[int, int] = {}
         for chain in chains:
             for h in chain:
                 assert id(seen.setdefault(h, h)) == id(h)
         assert len(seen) < sum(map(len, chains))  # they do share blocks
-        prefix_module._CANON.clear()
-        for _ in range(prefix_module._CANON_MAX // 8 + 2):
-            prefix_module._chain(b"m\x1e", random.randbytes(600), 9)
-        assert len(prefix_module._CANON) <= prefix_module._CANON_MAX
-        assert [request_block_hashes(b) for b in bodies] == chains
+        for _ in range(1024 // 8 + 2):
+            hasher.chain(b"m\x1e", random.randbytes(600), 9)
+        assert 0 < hasher.canonical_ints() <= 1024
+        assert [hasher.hashes(b) for b in bodies] == chains
 
     def test_remembered_parts_are_bounded_in_count_and_bytes(self) -> None:
-        """The memo keeps at most _HEADS_MAX parts and _HEADS_BYTES of them, oldest
-        forgotten first; a part over _HEAD_MAX_BYTES is hashed but not kept."""
-        prefix_module._HEADS.clear()
-        prefix_module._heads_bytes[0] = 0
+        """The memo keeps at most heads_max parts and heads_max_bytes of them, oldest
+        forgotten first; a part over head_max_bytes is hashed but not kept."""
+        big = 64 << 10
+        hasher = BlockHasher(heads_max=16, head_max_bytes=big, heads_max_bytes=4 * big)
         rnd = random.Random(3)
-        big = prefix_module._HEAD_MAX_BYTES
         for _ in range(40):
             text = rnd.randbytes(big // 2).hex()[: big - 200]
-            request_block_hashes(chat("hi", system=text), limit_bytes=2 * big)
-        kept = [len(head) for head, _hashes in prefix_module._HEADS.values()]
-        assert prefix_module._heads_bytes[0] == sum(kept) <= prefix_module._HEADS_BYTES
+            hasher.hashes(chat("hi", system=text), limit_bytes=2 * big)
+        kept = [len(head) for head in hasher.heads]
+        assert hasher.heads_bytes == sum(kept) <= 4 * big
         assert 0 < len(kept) < 40
-        request_block_hashes(chat("hi", system="x" * (big + 1)), limit_bytes=2 * big)
-        assert max(len(h) for h, _ in prefix_module._HEADS.values()) <= big
-        for n in range(prefix_module._HEADS_MAX + 10):
-            request_block_hashes(chat("hi", system=f"{n:08d}" + "y" * 2000))
-        assert len(prefix_module._HEADS) == prefix_module._HEADS_MAX
+        hasher.hashes(chat("hi", system="x" * (big + 1)), limit_bytes=2 * big)
+        assert max(len(h) for h in hasher.heads) <= big
+        for n in range(16 + 10):
+            hasher.hashes(chat("hi", system=f"{n:08d}" + "y" * 2000))
+        assert len(hasher.heads) == 16
 
     def test_tools_are_the_first_part(self) -> None:
         """With tools, the tools are the remembered part: another conversation with the
@@ -340,6 +338,16 @@ class TestRendezvous:
     def test_negative_keys_are_accepted(self) -> None:
         """Keys are taken modulo 2**64, so signed hashes work."""
         assert sorted(rendezvous_order(-5, ["a", "b"])) == ["a", "b"]
+
+    def test_remembered_ids_give_the_same_orders_and_stay_bounded(self) -> None:
+        """A policy's `Homes` answers as rendezvous_order does, asked lazily or not,
+        however often its memo of ids fills and starts again."""
+        homes = Homes(max_ids=5)
+        ids = [f"ep{i}" for i in range(12)]
+        for k in range(50):
+            want = rendezvous_order(k * 7919, ids[k % 4 :])
+            assert homes.order(k * 7919, ids[k % 4 :]) == want
+            assert homes.lazy(k * 7919, ids[k % 4 :])() == want
 
 
 class TestPrefixIndex:

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot, Stats
-from llmgw.router.routing.prefix import PrefixIndex, rendezvous_order
+from llmgw.router.routing.prefix import PrefixIndex
+from llmgw.router.routing.rendezvous import rendezvous_order
 from llmgw.router.routing.scheduler import (
     DEFAULT_CONFIG,
     Decision,
@@ -42,7 +43,7 @@ def snap(
 ) -> Snapshot:
     """A plain Snapshot; by default inflight is what the last scrape already saw."""
     stats = Stats(running=running, waiting=waiting, kv_usage=kv) if scraped else None
-    return Snapshot(
+    return Snapshot.of(
         info=EndpointInfo(
             id=id, url=f"http://{id}", models=("m",), weight=weight, priority=priority
         ),

@@ -9,7 +9,8 @@ import pytest
 
 from llmgw.router.config import parse, upstream_client
 from llmgw.router.errors import RouterConfigError
-from llmgw.router.upstream.fast import Headers, _fields, _Pool
+from llmgw.router.upstream.fast import _fields
+from llmgw.router.upstream.fastconn import Headers, Pool
 
 
 class TestUpstreamClientChoice:
@@ -104,8 +105,8 @@ class FakeConn:
         self.lost = False
 
 
-def pool_with(*idle_since: float, keepalive_s: float = 4.0) -> tuple[_Pool, list[Any]]:
-    pool = _Pool(keepalive_s)
+def pool_with(*idle_since: float, keepalive_s: float = 4.0) -> tuple[Pool, list[Any]]:
+    pool = Pool(keepalive_s)
     conns = [FakeConn() for _ in idle_since]
     for c, t in zip(conns, idle_since, strict=True):
         pool.put(c, t)  # type: ignore[arg-type]

@@ -5,6 +5,8 @@ Layout (each sub-package's docstring says more):
     main.py, config.py, app.py   the program: flags, wiring, the aiohttp app
     errors.py                    ControllerError and its subclasses (no HTTP in them)
     idle.py                      what routers report: idle time, in-flight, demand, load
+    leases.py, leasebook.py      each router's share of every limited key: the split
+                                 (pure) and the book of what is leased to whom
     fleet/                       the fleet as values (records), the one way to change
                                  them (batch), the leader's live copy, heartbeats,
                                  endpoint lists and operator commands decided purely

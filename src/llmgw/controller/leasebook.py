@@ -19,6 +19,12 @@ enforcing it, cut off) until `forget_s`; then the book forgets it and its share
 goes to the others. A router still alive but cut off for that long enforces at
 most limit / routers, which is the bound's one excess (docs/tenants.md).
 
+Budgets go the same way in tokens: the "limit" is what is left of the period's
+budget after what every router has reported spending (`spent`, from the store),
+and a router's allowance is what it may spend until its next answer; it reports
+what it has not spent (`budget_held`), so allowances out plus what was spent
+never pass the budget.
+
 The book lives in memory. A controller that restarts learns the shares back from
 what routers say they hold; for its first `lease_s` it grants no router more than
 it holds, since routers it has not heard from yet may hold the rest.
@@ -26,7 +32,7 @@ it holds, since routers it has not heard from yet may hold the rest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from llmgw.controller.leases import FLOOR_FRACTION, fair_shares
@@ -45,8 +51,8 @@ class _Router:
     last_seen: float
     # sha256 → what it said in its last report.
     demand: dict[str, KeyDemand] = field(default_factory=dict)
-    # sha256 → (rpm, tpm) granted in the answer to its last report.
-    granted: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # sha256 → (rpm, tpm, budget tokens) granted in the answer to its last report.
+    granted: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
 
 class LeaseBook:
@@ -68,28 +74,49 @@ class LeaseBook:
         self._started = clock.monotonic()
 
     def report(
-        self, router_id: str, demand: Iterable[KeyDemand], keys: Iterable[ClientKey]
+        self,
+        router_id: str,
+        demand: Iterable[KeyDemand],
+        keys: Iterable[ClientKey],
+        spent: Mapping[str, int] | None = None,
     ) -> LeaseAnswer:
-        """Take a router's demand; answer its shares of every key with an rpm or tpm."""
+        """Take a router's demand; answer its shares of every key with a limit.
+
+        `spent`: key name → tokens used this budget period, fleet-wide, as reported
+        so far (this report's rows included); a key absent has used none.
+        """
+        spent = spent or {}
         now = self._clock.monotonic()
         for gone in [r for r, s in self._routers.items() if now - s.last_seen > self.forget_s]:
             del self._routers[gone]
         me = self._routers.setdefault(router_id, _Router(last_seen=now))
         me.last_seen = now
         me.demand = {d.sha256.lower(): d for d in demand}
-        limited = [k for k in keys if k.rpm is not None or k.tpm is not None]
+        limited = [k for k in keys if k.limited]
         digests = {k.sha256.lower() for k in limited}
         live = sorted(r for r, s in self._routers.items() if now - s.last_seen <= self.lease_s)
         warming = now - self._started < self.lease_s
         leases: list[KeyLease] = []
-        granted: dict[str, tuple[float, float]] = {}
+        granted: dict[str, tuple[float, float, float]] = {}
         for key in limited:
             digest = key.sha256.lower()
             rpm = self._grant(router_id, digest, 0, key.rpm, live, warming)
             tpm = self._grant(router_id, digest, 1, key.tpm, live, warming)
-            granted[digest] = (rpm or 0.0, tpm or 0.0)
+            left = None
+            if key.budget is not None:
+                left = float(max(0, key.budget.tokens - spent.get(key.name, 0)))
+            budget = self._grant(router_id, digest, 2, left, live, warming)
+            granted[digest] = (rpm or 0.0, tpm or 0.0, budget or 0.0)
             leases.append(
-                KeyLease(sha256=digest, rpm=rpm, tpm=tpm, rpm_limit=key.rpm, tpm_limit=key.tpm)
+                KeyLease(
+                    sha256=digest,
+                    rpm=rpm,
+                    tpm=tpm,
+                    rpm_limit=key.rpm,
+                    tpm_limit=key.tpm,
+                    budget=budget,
+                    budget_left=left,
+                )
             )
         me.granted = granted
         for other in self._routers.values():
@@ -102,11 +129,12 @@ class LeaseBook:
         router_id: str,
         digest: str,
         which: int,
-        limit: int | None,
+        limit: float | None,
         live: list[str],
         warming: bool,
     ) -> float | None:
-        """This router's new share of one limit (`which`: 0 rpm, 1 tpm); None: no limit."""
+        """This router's new share of one limit (`which`: 0 rpm, 1 tpm, 2 what is left
+        of the budget, in tokens); None: no limit."""
         if limit is None:
             return None
         wants: dict[str, float] = {}
@@ -118,7 +146,7 @@ class LeaseBook:
                 wants[rid] = _want(d, which)
             if rid == router_id:
                 continue
-            out = max(r.granted.get(digest, (0.0, 0.0))[which], _held(d, which))
+            out = max(r.granted.get(digest, (0.0, 0.0, 0.0))[which], _held(d, which))
             others += out
             if rid not in live:
                 reserved += out
@@ -128,14 +156,15 @@ class LeaseBook:
             grant = min(grant, _held(self._routers[router_id].demand.get(digest), which))
         return grant
 
-    def held(self) -> dict[str, dict[str, tuple[float, float]]]:
-        """Router → sha256 → (rpm, tpm) granted, sorted: what the book thinks is out."""
+    def held(self) -> dict[str, dict[str, tuple[float, float, float]]]:
+        """Router → sha256 → (rpm, tpm, budget) granted, sorted: what the book thinks is out."""
         return {
             rid: dict(sorted(self._routers[rid].granted.items())) for rid in sorted(self._routers)
         }
 
 
 def _want(d: KeyDemand | None, which: int) -> float:
+    """Requests per minute for rpm; tokens per minute for tpm and the budget."""
     if d is None:
         return 0.0
     return d.requests if which == 0 else d.tokens
@@ -144,5 +173,5 @@ def _want(d: KeyDemand | None, which: int) -> float:
 def _held(d: KeyDemand | None, which: int) -> float:
     if d is None:
         return 0.0
-    got = d.rpm_held if which == 0 else d.tpm_held
+    got = (d.rpm_held, d.tpm_held, d.budget_held)[which]
     return 0.0 if got is None else got

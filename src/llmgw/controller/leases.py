@@ -10,7 +10,11 @@ router finds room. The shares sum to the limit, never more (docs/tenants.md).
 
 from __future__ import annotations
 
+import calendar
+import time
 from collections.abc import Mapping
+
+from llmgw.wire.keys import BudgetPeriod
 
 # Part of each limit split evenly whatever the demand: the floor of all routers together.
 FLOOR_FRACTION = 0.1
@@ -48,9 +52,23 @@ def fair_shares(
     if left > 0.0:
         for r in out:
             out[r] += left / n
+    # Float rounding only: shave the shares until their sum is not above the limit
+    # (a sum of rounded parts may land a unit in the last place over it).
     total = sum(out.values())
-    if total > limit:
-        # Float rounding only: scale down so the sum is never above the limit.
-        scale = limit / total
+    while total > limit:
+        scale = limit / total * (1.0 - 1e-12)
         out = {r: s * scale for r, s in out.items()}
+        total = sum(out.values())
     return out
+
+
+def period_start(per: BudgetPeriod, wall: float) -> int:
+    """Unix seconds at the start of the calendar period (UTC) `wall` falls in: the
+    day, the week (from Monday) or the month, as routers count budgets."""
+    t = time.gmtime(wall)
+    day = calendar.timegm((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0))
+    if per == "day":
+        return day
+    if per == "week":
+        return day - t.tm_wday * 86_400
+    return calendar.timegm((t.tm_year, t.tm_mon, 1, 0, 0, 0))

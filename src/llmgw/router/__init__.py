@@ -3,7 +3,9 @@
 Layout (each sub-package's docstring says more); a request goes down this list:
 
     main.py, config.py   the program: flags, the YAML file, the compiled build's loading
-    app.py, wiring.py    the routes and background loops; the live parts wired together
+    http/                its own HTTP/1.1 server (connections, parsing, answer heads)
+                         and the route table
+    app.py, wiring.py    the state and background loops; the live parts wired together
     compiled.py          the optional mypyc build of the hot modules, loaded by `main`
     errors.py            RouterError and its subclasses, and their OpenAI-shaped bodies
     metrics.py           the router's own Prometheus series

@@ -13,7 +13,6 @@ Shape (every key but `endpoints`/`controller` optional):
     controller: {url, token?}
     policy: ours | round_robin | least_inflight
     upstream_client: fast | aiohttp
-    http_server: fast | aiohttp
     scrape_interval_s: 2 ...  # timings, flat
     breaker: {failure_threshold, cooldown_s, max_cooldown_s}
     api_keys: [{name, sha256}]
@@ -30,6 +29,7 @@ when the file sets neither, from `LLMGW_ROUTER_ADMIN_TOKEN`,
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -41,14 +41,15 @@ import yaml
 from llmgw.router.errors import RouterConfigError
 from llmgw.router.replicas.enginemetrics import ENGINES
 from llmgw.runtime import secretfile
+from llmgw.runtime.logs import kv
 from llmgw.wire.endpoints import EndpointInfo
 from llmgw.wire.keys import ClientKey
 
 Policy = Literal["ours", "round_robin", "least_inflight"]
 UpstreamClient = Literal["fast", "aiohttp"]
-HttpServer = Literal["fast", "aiohttp"]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegSeconds = Annotated[float, msgspec.Meta(ge=0)]
+log = logging.getLogger(__name__)
 # ZeroMQ transports a KV-event publisher may be reached by (precise mode).
 KV_EVENT_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
@@ -141,12 +142,6 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # LLMGW_ROUTER_UPSTREAM environment variable if set (tests run the suite under
     # both), else `fast`. Read once at start.
     upstream_client: UpstreamClient | msgspec.UnsetType = msgspec.UNSET
-    # The server clients talk to: `fast`, a protocol-level one (runtime/fastserver.py:
-    # httptools, prebuilt heads; the same limits and error answers), or `aiohttp`
-    # (runtime/httpserver.py), the reference. Not given: the LLMGW_ROUTER_SERVER
-    # environment variable if set (tests can run the suite under both), else `fast`.
-    # Read once at start.
-    http_server: HttpServer | msgspec.UnsetType = msgspec.UNSET
 
     scrape_interval_s: Seconds = 2.0
     # Below the interval, so one tick's scrapes end before the next begins.
@@ -274,6 +269,8 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 UPSTREAM_ENV = "LLMGW_ROUTER_UPSTREAM"
+# Retired: the router serves with its own server only (router/http/). `fast`, what
+# it does anyway, is accepted with a warning; anything else stops the router.
 SERVER_ENV = "LLMGW_ROUTER_SERVER"
 # Secrets the file may leave out: key → the variable that gives it (docstring above).
 SECRET_ENV = {
@@ -292,7 +289,6 @@ RESTART_ONLY = (
     "breaker",
     "max_body_bytes",
     "upstream_client",
-    "http_server",
     "idle_timeout_s",
     "header_timeout_s",
     "max_client_connections",
@@ -337,6 +333,8 @@ def parse(
         _secret(doc, key, var, environ, f"{source}: ")
     if isinstance(doc.get("controller"), dict):
         _secret(doc["controller"], "token", CONTROLLER_TOKEN_ENV, environ, f"{source}: controller.")
+    if "http_server" in doc:
+        retired_server(doc.pop("http_server"), f"{source}: http_server")
     try:
         return msgspec.convert(doc, RouterConfig)
     except msgspec.ValidationError as exc:
@@ -350,9 +348,27 @@ def upstream_client(cfg: RouterConfig, env: Mapping[str, str]) -> UpstreamClient
     return _fast_or_aiohttp(cfg.upstream_client, env, UPSTREAM_ENV)
 
 
-def http_server(cfg: RouterConfig, env: Mapping[str, str]) -> HttpServer:
-    """The server clients meet: the file's choice, else $LLMGW_ROUTER_SERVER, else `fast`."""
-    return _fast_or_aiohttp(cfg.http_server, env, SERVER_ENV)
+def retired_server(value: object, where: str) -> None:
+    """`http_server` (the file) or $LLMGW_ROUTER_SERVER (`where` says which), both
+    retired: the router serves with its own server only. `fast` is what it does
+    anyway (a warning: drop the setting); `aiohttp` cannot be honoured, and a router
+    that silently served otherwise than its file says would mislead whoever reads it."""
+    if value == "fast":
+        log.warning(
+            kv("retired setting", setting=where, why="the router's own server is the only one")
+        )
+        return
+    raise RouterConfigError(
+        f"{where}: {value!r}: retired; the router serves with its own HTTP server only "
+        "(aiohttp's is gone); remove the setting"
+    )
+
+
+def check_retired_env(env: Mapping[str, str]) -> None:
+    """$LLMGW_ROUTER_SERVER, when set: as `retired_server`."""
+    value = env.get(SERVER_ENV, "").strip()
+    if value:
+        retired_server(value, SERVER_ENV)
 
 
 def _fast_or_aiohttp(

@@ -10,17 +10,19 @@ import sys
 from typing import TYPE_CHECKING
 
 from llmgw.router import compiled
-from llmgw.router.config import OTHER_ENV, RouterConfig, http_server, load, upstream_client
+from llmgw.router.config import OTHER_ENV, RouterConfig, check_retired_env, load, upstream_client
 from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import envflags, logs
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from aiohttp import web
 
-    from llmgw.runtime.fastserver import Dispatch
-    from llmgw.runtime.httpserver import ServerLimits
+    from llmgw.runtime.httpserver import Edge, ServerLimits
+    from llmgw.runtime.serve import Connections
 
 DEFAULT_PORT = 8080
 
@@ -66,11 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _dispatch(app: web.Application, cfg: RouterConfig) -> Dispatch | None:
-    """The protocol-level server's routes when `http_server` chooses it; None: aiohttp's."""
-    from llmgw.router.app import FAST
+def _connections(app: web.Application, cfg: RouterConfig) -> Callable[[Edge], Connections]:
+    """The router's own server (router/http/), answering through the app's routes."""
+    from llmgw.router.http.routes import FAST
+    from llmgw.router.http.server import FastServer
 
-    return app[FAST] if http_server(cfg, os.environ) == "fast" else None
+    return lambda edge: FastServer(edge, app[FAST], app, cfg.max_body_bytes)
 
 
 def _limits(cfg: RouterConfig) -> ServerLimits:
@@ -113,7 +116,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load(args.config)
         upstream_client(cfg, os.environ)  # a bad $LLMGW_ROUTER_UPSTREAM stops us here
-        http_server(cfg, os.environ)  # and a bad $LLMGW_ROUTER_SERVER
+        check_retired_env(os.environ)  # and $LLMGW_ROUTER_SERVER=aiohttp
     except RouterConfigError as exc:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2
@@ -144,8 +147,7 @@ def main(argv: list[str]) -> int:
             port=args.port,
             name="router",
             limits=_limits(cfg),
-            dispatch=_dispatch(app, cfg),
-            max_body_bytes=cfg.max_body_bytes,
+            connections=_connections(app, cfg),
         )
 
     if workers > 1:
@@ -232,8 +234,7 @@ def _worker(args: argparse.Namespace) -> int:
             announce=False,
             on_started=started,
             stop_event=link.lost,
-            dispatch=_dispatch(app, cfg),
-            max_body_bytes=cfg.max_body_bytes,
+            connections=_connections(app, cfg),
         )
 
     return serve.run(run)

@@ -5,8 +5,8 @@ module's own (`Counts`, `Buckets`): a dict hit and an add per call, rendered
 into the same families prometheus_client's Counter and Histogram would expose
 (`_total`, `_bucket`/`_count`/`_sum`, `_created`) when /metrics is scraped.
 prometheus_client's own take a lock and re-check their type on every call, and
-a histogram walks its buckets in Python: about 4 µs of the router's CPU per
-request (bench/router_overhead.py --chat). Everything that describes the
+a histogram walks its buckets in Python, for every request (bench/RESULTS.md,
+"Figures once quoted in the router's source"). Everything that describes the
 registry (breaker state, inflight, scrape age, held requests) is read from
 live state when /metrics is scraped, by a collector: zero cost per request,
 and never out of date.

@@ -222,6 +222,7 @@ class Router:
         shares = self.leases.answer(answer)
         self.tenants.leasing = self.leases.leasing
         self.tenants.reshare(dict(shares))
+        self.tenants.reallow(dict(self.leases.allowances()))
 
     def lease_expire(self) -> None:
         """After every report: past the lease, fall back to limit / routers."""

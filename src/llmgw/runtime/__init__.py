@@ -1,6 +1,7 @@
 """Shared runtime: what every program uses, and nothing program-specific.
 
-serve        uvloop, bind, ready line, graceful stop (with httpserver, fastserver, acceptor)
+serve        uvloop, bind, ready line, graceful stop (with httpserver, acceptor); a
+             program may bring its own server for its connections (the router's http/)
 peers        what one client address holds of a server's shared budgets
 clock        the injected clock
 logs         logging setup, --log-format

@@ -235,8 +235,9 @@ class EdgeHandler(web.RequestHandler):
             if edge.refused_lingering >= edge.max_refused_lingering or not tcp.can_write_eof():
                 tcp.close()
                 return
-            # As fastserver's _refuse_connection: closed with the client's request
-            # unread, the kernel's reset could destroy the 503 before it is read.
+            # As the router's server does (router/http/connection.py): closed with the
+            # client's request unread, the kernel's reset could destroy the 503 before
+            # it is read.
             edge.refused_lingering += 1
             self._lingering = True
             tcp.write_eof()

@@ -20,12 +20,11 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from llmgw.runtime.acceptor import Acceptor
-from llmgw.runtime.fastserver import Dispatch, FastServer
 from llmgw.runtime.httpserver import Edge, ErrorBody, ServerLimits, openai_error, protocol_factory
 from llmgw.runtime.sdnotify import Notifier
 
@@ -34,6 +33,18 @@ log = logging.getLogger(__name__)
 # The line a parent process waits for (testing.procs, `llmgw up`). Printed once,
 # after the socket is bound, so a reader that sees it can connect at once.
 READY_PREFIX = "llmgw-ready"
+
+
+class Connections(Protocol):
+    """A program's own server for its connections, in place of aiohttp's (the router's)."""
+
+    def protocol(self) -> asyncio.Protocol:
+        """The protocol for one new connection."""
+        ...
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Close idle connections; give answers in progress up to `grace_s`, then close all."""
+        ...
 
 
 class ListenError(Exception):
@@ -101,8 +112,7 @@ async def serve_app(
     error_body: ErrorBody = openai_error,
     sock: socket.socket | None = None,
     announce: bool = True,
-    dispatch: Dispatch | None = None,
-    max_body_bytes: int = 1024**2,
+    connections: Callable[[Edge], Connections] | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT (or `stop_event`), then stop gracefully; returns 0.
 
@@ -118,9 +128,9 @@ async def serve_app(
     processes) instead of binding one; `announce=False` leaves the ready line, and
     systemd's notifications, to that parent.
 
-    `dispatch`: serve connections with the protocol-level server
-    (`fastserver.FastServer`, request bodies up to `max_body_bytes`) answering
-    every request through it; the app still starts and stops as it would.
+    `connections`: serve connections with the program's own server, made from the
+    `Edge` (the router's: router/http/), instead of aiohttp's; the app still starts
+    and stops as it would.
     """
     stop = stop_event or asyncio.Event()
     # Taken before the app starts anything: what it spawns must not inherit the socket.
@@ -149,8 +159,8 @@ async def serve_app(
     server = runner.server
     assert server is not None  # set by setup()
     edge = Edge(limits or ServerLimits(), error_body, name=name)
-    fast = None if dispatch is None else FastServer(edge, dispatch, app, max_body_bytes)
-    factory = protocol_factory(server, edge) if fast is None else fast.protocol
+    own = None if connections is None else connections(edge)
+    factory = protocol_factory(server, edge) if own is None else own.protocol
     # Not loop.create_server: under uvloop it accepts one connection per loop turn,
     # and clients arriving at a busy server waited seconds (acceptor.py).
     listener = Acceptor(loop, sock, factory, name=name)
@@ -167,7 +177,7 @@ async def serve_app(
         host,
         bound_port,
         edge.max_connections,
-        "aiohttp" if fast is None else "fast",
+        "aiohttp" if own is None else "own",
     )
     try:
         await stop.wait()
@@ -180,8 +190,8 @@ async def serve_app(
         # No new connections first; then runner.cleanup() closes idle ones, waits
         # up to shutdown_timeout for handlers in flight, and runs on_cleanup.
         listener.close()
-        if fast is not None:
-            await fast.shutdown(grace_s)
+        if own is not None:
+            await own.shutdown(grace_s)
         await runner.cleanup()
     sys.stdout.flush()
     return 0

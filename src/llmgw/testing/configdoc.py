@@ -106,7 +106,11 @@ OTHER = (
         router_config.UPSTREAM_ENV,
         "router: `fast` or `aiohttp`, when the YAML sets no `upstream_client`",
     ),
-    (router_config.SERVER_ENV, "router: `fast` or `aiohttp`, when the YAML sets no `http_server`"),
+    (
+        router_config.SERVER_ENV,
+        "router, retired: `fast` is accepted with a warning, anything else stops the router "
+        "(it serves with its own HTTP server only)",
+    ),
     (router_compiled.ENV, "router: `auto`, `0` or `1`: whether it runs its compiled modules"),
     ("LLMGW_LLAMA_SERVER", "agent: the `llama-server` binary for llamacpp engines"),
     (

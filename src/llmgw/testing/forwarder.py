@@ -198,6 +198,7 @@ class FakeForwarder(Forwarder):
         url: str,
         body: bytes,
         headers: Mapping[str, str],
+        *,
         timeout_s: float,
         endpoint_id: str,
         idle_timeout_s: float | None,

@@ -31,6 +31,8 @@ class KeyDemand(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     # The shares this router enforces now; None: it holds none of that limit.
     rpm_held: Rate | None = None
     tpm_held: Rate | None = None
+    # Tokens of its budget allowance it had not spent yet; None: it holds none.
+    budget_held: Rate | None = None
 
 
 class KeyLease(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -42,6 +44,11 @@ class KeyLease(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # The whole limits, so that a router cut off can fall back to limit / routers.
     rpm_limit: int | None = None
     tpm_limit: int | None = None
+    # Tokens of the key's budget this router may spend from the report on (until the
+    # next answer replaces it); None: no budget.
+    budget: Rate | None = None
+    # Tokens of the budget left this period, fleet-wide, as the controller counts them.
+    budget_left: Rate | None = None
 
 
 class LeaseAnswer(msgspec.Struct, frozen=True, kw_only=True):

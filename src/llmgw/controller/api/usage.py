@@ -22,7 +22,9 @@ from llmgw.controller.api.decode import decode, query
 from llmgw.controller.api.routes import SERVICES, json_response
 from llmgw.controller.api.validate import check_usage
 from llmgw.controller.errors import InvalidRequest, StoreUnavailable
-from llmgw.controller.store import StoreError
+from llmgw.controller.leases import period_start
+from llmgw.controller.store import Store, StoreError
+from llmgw.wire.keys import ClientKey
 from llmgw.wire.usage import (
     DEFAULT_SINCE_S,
     HOUR_S,
@@ -53,7 +55,26 @@ async def report(request: web.Request) -> web.Response:
         except StoreError as exc:
             raise StoreUnavailable(f"cannot keep the report's token usage: {exc}") from exc
     keys = [k.key for k in s.fleet.state.keys.values() if k.live]
-    return json_response(s.leases.report(got.router_id, got.key_demand, keys))
+    spent: dict[str, int] = {}
+    if any(k.budget is not None for k in keys):
+        try:
+            spent = await asyncio.to_thread(budget_spent, s.fleet.store, keys, s.clock.wall())
+        except StoreError as exc:
+            raise StoreUnavailable(f"cannot read the keys' budget spend: {exc}") from exc
+    return json_response(s.leases.report(got.router_id, got.key_demand, keys, spent))
+
+
+def budget_spent(store: Store, keys: list[ClientKey], wall: float) -> dict[str, int]:
+    """Key name → tokens used in its budget's current period, over every router."""
+    starts = {k.name: period_start(k.budget.per, wall) for k in keys if k.budget is not None}
+    out: dict[str, int] = {}
+    for row in store.usage(since=min(starts.values()), by="key"):
+        start = starts.get(row.key or "")
+        if start is not None and row.hour >= start:
+            out[row.key or ""] = (
+                out.get(row.key or "", 0) + row.prompt_tokens + row.completion_tokens
+            )
+    return out
 
 
 def _since_s(request: web.Request) -> float:

@@ -39,12 +39,13 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
+from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.connection import Answer, FastRequest
 from llmgw.router.metrics import DISCONNECTED, UNAVAILABLE
 from llmgw.router.request.intake import Intake, read_json
 from llmgw.router.request.proxy import Proxy, request_id
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.routing.affinity import NO_KEY, RouteKey
-from llmgw.runtime.fastserver import Answer, FastRequest, Prerendered, Reply
 
 _FORM_FIELDS: Final = ("model", "stream")
 PREVIOUS_RESPONSE = (
@@ -59,25 +60,19 @@ def _header_line(name: str, value: str) -> bytes:
 
 
 class PassThrough:
-    """The handler of every route in `apis.ROUTES`, under either HTTP server."""
+    """The handler of every route in `apis.ROUTES`."""
 
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        """The routes under aiohttp's server."""
-        resp = await self.answer(request)
-        assert isinstance(resp, web.StreamResponse)
-        return resp
-
-    async def answer(self, request: web.Request | FastRequest) -> Answer:
+    async def answer(self, request: FastRequest) -> Answer:
         api = ROUTES[request.path]
         resp = await self._answer(request, api)
         if api.anthropic:
             _reshape(resp)
         return resp
 
-    async def _answer(self, request: web.Request | FastRequest, api: Api) -> Answer:
+    async def _answer(self, request: FastRequest, api: Api) -> Answer:
         proxy = self.proxy
         st = proxy.state
         t0 = st.clock.monotonic()

@@ -2,4 +2,6 @@
 
 sources.py        where the configuration and the endpoint list come from
 usagereports.py   what the router saw, reported to the controller once a tick
+tokenusage.py     client keys' token usage: counted per request, reported as totals
+leases.py         this router's shares of limited keys: demand out, leases in, fallback
 """

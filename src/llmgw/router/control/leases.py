@@ -55,13 +55,15 @@ class LeaseKeeper:
         # From the last answer: routers counted (the fallback's divisor), whole limits.
         self._routers = 1
         self._limits: dict[str, Share] = {}
+        # sha256 → (budget tokens this process may spend, what the rest of the fleet holds).
+        self._allowances: dict[str, tuple[float, float]] = {}
         # None: no answer yet; False: the controller leases nothing.
         self.leasing: bool | None = None
         # Processes the router's shares are split over (--workers N): each enforces
         # 1/split of them; their supervisor adds their demands up (add_demand).
         self.split = 1
 
-    def demand(self, asked: dict[str, tuple[int, int]]) -> list[KeyDemand]:
+    def demand(self, asked: dict[str, tuple[int, int, float | None]]) -> list[KeyDemand]:
         """What to report: each key asked of or leased to this router, sorted."""
         now = self._clock.monotonic()
         elapsed_s = max(now - self._last_at, 1e-3)
@@ -71,7 +73,7 @@ class LeaseKeeper:
         keys = sorted(set(asked) | set(self._demand) | set(self._shares))
         out: list[KeyDemand] = []
         for digest in keys:
-            got = asked.get(digest, (0, 0))
+            got = asked.get(digest, (0, 0, None))
             old = self._demand.get(digest, (0.0, 0.0))
             req = old[0] + weight * (got[0] * per_min - old[0])
             tok = old[1] + weight * (got[1] * per_min - old[1])
@@ -87,6 +89,7 @@ class LeaseKeeper:
                     tokens=round(tok, 6),
                     rpm_held=None if held is None else held[0],
                     tpm_held=None if held is None else held[1],
+                    budget_held=None if got[2] is None else max(0.0, got[2]),
                 )
             )
         return out
@@ -95,7 +98,7 @@ class LeaseKeeper:
         """The controller's answer to a report (None: it answered without a body)."""
         if got is None:
             self.leasing = False
-            self._shares = {}
+            self._shares, self._allowances = {}, {}
             return self._shares
         if self._fallen_back:
             log.info(kv("lease renewed", keys=len(got.leases)))
@@ -110,6 +113,11 @@ class LeaseKeeper:
         }
         self._shares = {
             ls.sha256.lower(): ((ls.rpm or 0.0) / n, (ls.tpm or 0.0) / n) for ls in got.leases
+        }
+        self._allowances = {
+            ls.sha256.lower(): (ls.budget / n, max(0.0, (ls.budget_left or 0.0) - ls.budget))
+            for ls in got.leases
+            if ls.budget is not None
         }
         return self._shares
 
@@ -131,6 +139,11 @@ class LeaseKeeper:
     def shares(self) -> dict[str, Share]:
         return self._shares
 
+    def allowances(self) -> dict[str, tuple[float, float]]:
+        """The last lease's budget allowances; a cut-off router keeps spending them
+        down and gets no more (they never fall back: they only shrink)."""
+        return self._allowances
+
 
 def add_demand(a: KeyDemand, b: KeyDemand) -> KeyDemand:
     """Two workers' demand of one key as their router's: everything added up."""
@@ -140,6 +153,7 @@ def add_demand(a: KeyDemand, b: KeyDemand) -> KeyDemand:
         tokens=a.tokens + b.tokens,
         rpm_held=_add(a.rpm_held, b.rpm_held),
         tpm_held=_add(a.tpm_held, b.tpm_held),
+        budget_held=_add(a.budget_held, b.budget_held),
     )
 
 

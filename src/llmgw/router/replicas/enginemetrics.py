@@ -5,8 +5,8 @@ never looks at; TGI's is over a hundred. A general Prometheus parser builds
 every one of those samples (and `prometheus_client.parser` also renames TGI's
 counters). Here one regex pass, anchored on the literal
 "\\n<dialect prefix>", finds the few wanted series and decodes only their own
-lines, whatever the histograms hold (bench/enginemetrics.py: about 40 µs for
-vllm-v1.txt, well over 10× faster than prometheus_client).
+lines, whatever the histograms hold (bench/enginemetrics.py against
+prometheus_client; the figures are in bench/RESULTS.md).
 
 Matching is on the exact exposed name, `_total` included as written, followed
 by `{` or a blank; so `_bucket`/`_sum`/`_count`/`_created` series and longer
@@ -139,6 +139,8 @@ _VLLM = _Names(
     b"vllm:generation_tokens_total",
     b"vllm:request_success_total",
     b"vllm:cache_config_info",
+    b"vllm:request_prefill_time_seconds_sum",
+    b"vllm:prefix_cache_hits_total",
 )
 
 
@@ -159,6 +161,8 @@ def _vllm(found: _Found) -> Stats:
         # Every finished_reason, abort and error included: each one left the engine.
         success_total=_sum(found, b"vllm:request_success_total"),
         kv_capacity_tokens=capacity,
+        prefill_seconds=_sum(found, b"vllm:request_prefill_time_seconds_sum"),
+        prefix_hit_tokens=_sum(found, b"vllm:prefix_cache_hits_total"),
     )
 
 

@@ -17,9 +17,7 @@ is wall-clock unix seconds because it leaves the process (the usage report).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Final, Protocol
-
-import msgspec
+from typing import Protocol
 
 from llmgw.router.replicas.breaker import (
     DEFAULT_BREAKER_CONFIG,
@@ -28,15 +26,14 @@ from llmgw.router.replicas.breaker import (
     BreakerState,
     Outcome,
 )
+from llmgw.router.replicas.pace import decode_rate, drain_rate, prefill_cost, went_backwards
+from llmgw.router.replicas.snapshot import Snapshot
 from llmgw.router.replicas.stats import Stats
 from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.wire.endpoints import EndpointInfo
 
-__all__ = ["DRAIN_ALPHA", "Registry", "Release", "Snapshot", "Stats"]
-
-# Exponential smoothing factor of the drain rate (seed: alpha = 0.3).
-DRAIN_ALPHA: Final = 0.3
+__all__ = ["Registry", "Release", "Snapshot", "Stats"]
 
 
 class Release(Protocol):
@@ -47,156 +44,8 @@ class Release(Protocol):
     def started(self) -> None:
         """The engine has answered or sent its first token: no longer `pending`."""
 
-
-class Snapshot:
-    """Everything the scheduler knows of one endpoint, as a value read without a lock.
-
-    Immutable: nothing assigns its attributes after construction. A compiled class
-    (this module is compiled, compiled.py), not a msgspec Struct or a dataclass: one
-    is built per endpoint of the model on every request, and the compiled scheduler
-    reads its attributes directly, where a Struct's went through CPython's generic
-    attribute lookup (docs/router.md, mypyc). For the same reason it carries the few
-    figures of `info` and `stats` read per request (`id`, `weight`, `priority`,
-    `engine_requests`): the registry passes them as it keeps them; built by keywords
-    without them, they are derived from `info` and `stats`.
-
-    Build it by keywords; the registry passes its arguments by position, in the
-    order of the parameters: uncompiled, a call with 17 keywords cost about three times
-    one by position.
-
-    `as_builtins()` is what /admin/endpoints shows (msgspec does not know this class).
-    """
-
-    __slots__ = (
-        "age_s",
-        "breaker",
-        "drain_rate",
-        "engine_requests",
-        "id",
-        "inflight",
-        "inflight_at_scrape",
-        "info",
-        "opened_total",
-        "pending",
-        "priority",
-        "probe_in_s",
-        "restarts",
-        "running_capacity",
-        "stale",
-        "stats",
-        "weight",
-    )
-
-    def __init__(
-        self,
-        info: EndpointInfo,
-        stats: Stats | None,
-        drain_rate: float,
-        inflight: int,
-        running_capacity: int,
-        stale: bool,
-        age_s: float | None,
-        breaker: BreakerState,
-        restarts: int,
-        inflight_at_scrape: int = 0,
-        pending: int = 0,
-        probe_in_s: float | None = None,
-        opened_total: int = 0,
-        id: str | None = None,
-        weight: float | None = None,
-        priority: int | None = None,
-        engine_requests: int | None = None,
-    ) -> None:
-        self.info: Final = info
-        # The last successful scrape; None: never scraped since the endpoint appeared.
-        self.stats: Final = stats
-        # Finished requests per second, exponentially smoothed (α 0.3). This is
-        # AIBrix's load signal: running alone cannot tell that a replica is slow.
-        # 0.0 until two scrapes with a finished-request counter have been seen, and
-        # always for engines without one (llama.cpp); it only breaks ties.
-        self.drain_rate: Final = drain_rate
-        # Requests this router dispatched here that have not finished (all its
-        # workers together: shared.py). It compensates for scrape lag: without it,
-        # herding is unavoidable within an interval.
-        self.inflight: Final = inflight
-        # The highest `running` ever observed: the engine's batch capacity, learned
-        # rather than configured. Kept across engine restarts (the seed's "max ever"):
-        # a restarted engine has the same batch limit. 0 until the first scrape.
-        self.running_capacity: Final = running_capacity
-        # No successful scrape within `stale_after_s`, or never scraped. Stale
-        # endpoints are scored down, not dropped.
-        self.stale: Final = stale
-        # Seconds since the last successful scrape; None if never scraped.
-        self.age_s: Final = age_s
-        # Read without side effects: an open breaker past its cooldown reads half_open.
-        self.breaker: Final = breaker
-        # Engine restarts observed (a counter went backwards).
-        self.restarts: Final = restarts
-        # `inflight` when the last scrape was recorded: the engine's figures already
-        # contain (roughly) these, so the requests it has not yet reported are
-        # inflight − inflight_at_scrape (the scheduler's load estimate, `load_of`).
-        self.inflight_at_scrape: Final = inflight_at_scrape
-        # Of `inflight`, the streamed requests whose first token has not come yet (all
-        # workers together): queued at the engine or in prefill. Live, where the
-        # engine's own `waiting` is a scrape old; the scheduler counts it as queue
-        # (`load_of`). Requests that do not stream never count: their answer comes whole.
-        self.pending: Final = pending
-        # Seconds until an open breaker admits its probe; None unless open.
-        self.probe_in_s: Final = probe_in_s
-        # Times the breaker has opened: a rise means a probe failed (holding.hold_until).
-        self.opened_total: Final = opened_total
-        # From `info` and `stats`, for the scheduler (given, they must agree with them):
-        # info.id, info.weight, info.priority.
-        self.id: Final = info.id if id is None else id
-        self.weight: Final = info.weight if weight is None else weight
-        self.priority: Final = info.priority if priority is None else priority
-        # The engine's running + waiting as of the last scrape; None: never scraped.
-        if engine_requests is None and stats is not None:
-            engine_requests = stats.running + stats.waiting
-        self.engine_requests: Final = engine_requests
-
-    def as_builtins(self) -> dict[str, Any]:
-        """The snapshot as JSON-ready builtins: its constructor's keywords (no derived
-        figures), in their order, as msgspec.to_builtins encoded it when it was a Struct."""
-        out = dict(zip(_FIELDS, self._key(), strict=True))
-        out["info"] = msgspec.to_builtins(self.info)
-        out["stats"] = None if self.stats is None else msgspec.to_builtins(self.stats)
-        out["breaker"] = self.breaker.value
-        return out
-
-    def _key(self) -> tuple[object, ...]:
-        # Off the request path (equality, hash, repr, /admin/endpoints): by name.
-        return tuple(getattr(self, name) for name in _FIELDS)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Snapshot):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in zip(_FIELDS, self._key(), strict=True))
-        return f"Snapshot({fields})"
-
-
-# Snapshot's constructor keywords, in order (`_key`: its equality, repr and builtins).
-_FIELDS: Final = (
-    "info",
-    "stats",
-    "drain_rate",
-    "inflight",
-    "running_capacity",
-    "stale",
-    "age_s",
-    "breaker",
-    "restarts",
-    "inflight_at_scrape",
-    "pending",
-    "probe_in_s",
-    "opened_total",
-)
+    def streamed(self, events: int) -> None:
+        """`events` more events of the answer went out: that many fewer tokens owed."""
 
 
 class _Live:
@@ -204,6 +53,7 @@ class _Live:
 
     __slots__ = (
         "breaker",
+        "decode_rate",
         "drain_rate",
         "engine_requests",
         "id",
@@ -212,7 +62,11 @@ class _Live:
         "info",
         "last_used",
         "max_running",
+        "owed",
+        "owed_count",
+        "owed_full",
         "pending",
+        "prefill_cost",
         "priority",
         "pslot",
         "queued_seen",
@@ -244,6 +98,9 @@ class _Live:
         self.inflight = 0
         self.inflight_at_scrape = 0
         self.pending = 0
+        self.owed = self.owed_full = self.owed_count = 0  # Snapshot.owed_*
+        self.decode_rate = 0.0  # pace.py, as is prefill_cost
+        self.prefill_cost: float | None = None
         # Wall-clock time of the last dispatch; None: not since this router started.
         # Recorded in acquire, the one place a request meets an endpoint, so the
         # idle report costs one pass over replicas per tick, nothing per request.
@@ -265,13 +122,20 @@ class _Live:
 class _Release:
     """The hot-path release: three slots and a flag, no closure, no lock."""
 
-    __slots__ = ("_done", "_live", "_pending", "_probe")
+    __slots__ = ("_done", "_full", "_live", "_owed", "_pending", "_probe")
 
-    def __init__(self, live: _Live, probe: bool, pending: bool) -> None:
+    def __init__(self, live: _Live, probe: bool, pending: bool, max_tokens: int = 0) -> None:
         self._live = live
         self._probe = probe
         self._pending = pending
         self._done = False
+        self._owed = self._full = max_tokens
+
+    def streamed(self, events: int) -> None:
+        n = events if events < self._owed else self._owed
+        if n > 0:
+            self._owed -= n
+            self._live.owed -= n
 
     def started(self) -> None:
         if self._pending:
@@ -290,28 +154,12 @@ class _Release:
         # An endpoint removed by replace() while this request ran is updated in its
         # orphaned state, which nothing reads any more: harmless by construction.
         live.inflight -= 1
+        if self._full:
+            live.owed, live.owed_full = live.owed - self._owed, live.owed_full - self._full
+            live.owed_count, self._owed = live.owed_count - 1, 0  # streamed() no more
         if live.row is not None:
             live.row[live.slot] = live.inflight
         live.breaker.record(outcome, probe=self._probe)
-
-
-def _went_backwards(old: Stats | None, new: Stats) -> bool:
-    """Whether any counter decreased: the engine restarted.
-
-    The seed watched only the finished-request counter; llama.cpp has none, so
-    the token counters count too. %g rounding (llama.cpp) is monotonic and can
-    never make a counter decrease.
-    """
-    if old is None:
-        return False
-    for a, b in (
-        (old.success_total, new.success_total),
-        (old.prompt_tokens, new.prompt_tokens),
-        (old.generation_tokens, new.generation_tokens),
-    ):
-        if a is not None and b is not None and b < a:
-            return True
-    return False
 
 
 class Registry:
@@ -421,7 +269,7 @@ class Registry:
         if live is None:
             return False
         now = self._clock.monotonic()
-        restarted = _went_backwards(live.stats, stats)
+        restarted = went_backwards(live.stats, stats)
         if restarted:
             # The engine restarted: its counters start over, so the difference
             # means nothing; reset the rate and skip the derivative.
@@ -429,10 +277,9 @@ class Registry:
             live.restarts += 1
         elif live.scraped_at is not None and live.stats is not None:
             dt = now - live.scraped_at
-            before, after = live.stats.success_total, stats.success_total
-            if dt > 0 and before is not None and after is not None:
-                rate = (after - before) / dt
-                live.drain_rate = DRAIN_ALPHA * rate + (1 - DRAIN_ALPHA) * live.drain_rate
+            live.drain_rate = drain_rate(live.drain_rate, live.stats, stats, dt)
+            live.decode_rate = decode_rate(live.decode_rate, live.stats, stats, dt)
+            live.prefill_cost = prefill_cost(live.prefill_cost, live.stats, stats)
         live.stats = stats
         live.engine_requests = stats.running + stats.waiting
         live.scraped_at = now
@@ -474,29 +321,35 @@ class Registry:
         breaker = live.breaker
         state = breaker.state()
         inflight, pending = self._counts(live)
-        # By position (Snapshot's docstring), in the order of its parameters.
         return Snapshot(
-            live.info,
-            live.stats,
-            live.drain_rate,
-            inflight,
-            live.max_running,  # running_capacity
-            age is None or age > self._stale_after_s,  # stale
-            age,  # age_s
-            state,  # breaker
-            live.restarts,
-            live.inflight_at_scrape,
-            pending,
-            # probe_in_s: None unless open (a closed or half-open breaker has no probe).
-            None if state is BreakerState.CLOSED else breaker.probe_in_s(),
-            breaker.opened_total,
-            live.id,
-            live.weight,
-            live.priority,
-            live.engine_requests,
+            info=live.info,
+            stats=live.stats,
+            drain_rate=live.drain_rate,
+            inflight=inflight,
+            running_capacity=live.max_running,
+            stale=age is None or age > self._stale_after_s,
+            age_s=age,
+            breaker=state,
+            restarts=live.restarts,
+            inflight_at_scrape=live.inflight_at_scrape,
+            pending=pending,
+            # None unless open (a closed or half-open breaker has no probe).
+            probe_in_s=None if state is BreakerState.CLOSED else breaker.probe_in_s(),
+            opened_total=breaker.opened_total,
+            id=live.id,
+            weight=live.weight,
+            priority=live.priority,
+            engine_requests=live.engine_requests,
+            owed_tokens=live.owed,
+            owed_full=live.owed_full,
+            prefill_s_per_token=live.prefill_cost,
+            owed_count=live.owed_count,
+            decode_rate=live.decode_rate,
         )
 
-    def acquire(self, id: str, *, pending: bool = False) -> Release | None:
+    def acquire(
+        self, id: str, *, pending: bool = False, max_tokens: int | None = None
+    ) -> Release | None:
         """Ask to send one request to `id`.
 
         None if the endpoint is unknown or its breaker refuses. Otherwise inflight
@@ -504,6 +357,7 @@ class Registry:
         the outcome exactly once; later calls are no-ops. Take it with no await
         between acquire and the `try` whose `finally` releases. `pending`: the
         request streams, and counts as pending until `started()` or the release.
+        `max_tokens` (None: not given) is owed until streamed or released.
         """
         live = self._live.get(id)
         if live is None:
@@ -518,7 +372,11 @@ class Registry:
             live.row[live.slot] = live.inflight
             live.row[live.pslot] = live.pending
         live.last_used = self._clock.wall()
-        return _Release(live, probe, pending)
+        if max_tokens is None or max_tokens <= 0:
+            return _Release(live, probe, pending)
+        live.owed, live.owed_full = live.owed + max_tokens, live.owed_full + max_tokens
+        live.owed_count += 1
+        return _Release(live, probe, pending, max_tokens)
 
     def last_used(self) -> dict[str, float]:
         """Unix seconds of the last dispatch per endpoint.

@@ -1,10 +1,12 @@
-"""One scrape of an endpoint, as the registry (endpoint.py) keeps it: `Stats`.
+"""One scrape of an engine, as the registry keeps it: `Stats`.
 
-Apart from the registry because msgspec decodes and encodes it (the workers'
-channel, /admin/endpoints), which reads its fields' annotations at run time, and
-the registry is compiled by mypyc (compiled.py) where those do not survive: this
-module never is. The registry's per-request `Snapshot` is a compiled class in
-endpoint.py (its fields read directly by the compiled scheduler).
+What enginemetrics.py reads off an engine's /metrics page, what the registry
+derives its load figures from, and what the workers' channel carries to the
+other workers (workers/ipc.py). A module of its own, apart from the registry
+and the snapshot: the router's config imports enginemetrics.py (its dialects)
+before the compiled build is loaded, and must import none of the compiled
+modules (compiled.py); msgspec also reads its annotations at run time, which a
+compiled module does not keep.
 """
 
 from __future__ import annotations
@@ -36,3 +38,8 @@ class Stats:
     # summed over DP engines (vLLM), `max_total_num_tokens` (SGLang), or the token
     # budget `tgi_batch_max_total_tokens` (TGI).
     kv_capacity_tokens: int | None = None
+    # Raw counters for the engine's prefill speed (pace.py learns seconds per
+    # computed prompt token from their rates): seconds spent in prefill (the sum of
+    # vLLM's prefill-time histogram) and prompt tokens found in the prefix cache.
+    prefill_seconds: float | None = None
+    prefix_hit_tokens: float | None = None

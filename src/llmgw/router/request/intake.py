@@ -30,7 +30,7 @@ from aiohttp import web
 
 from llmgw.router.config import RouterConfig
 from llmgw.router.errors import bad_request, error_response, too_large
-from llmgw.runtime.fastserver import FastRequest
+from llmgw.router.http.connection import FastRequest
 from llmgw.runtime.logs import kv
 from llmgw.runtime.peers import Peer
 
@@ -101,17 +101,12 @@ class Intake:
         self._held = 0
 
 
-def peer_of(request: web.Request | FastRequest) -> Peer | None:
+def peer_of(request: FastRequest) -> Peer | None:
     """The client address's tally the request is charged to (runtime/peers.py)."""
-    if isinstance(request, FastRequest):
-        return request.peer
-    peer = getattr(request.protocol, "peer", None)
-    return peer if isinstance(peer, Peer) else None
+    return request.peer
 
 
-def refused(
-    resp: web.Response, rid: str, why: str, request: web.Request | FastRequest
-) -> web.Response:
+def refused(resp: web.Response, rid: str, why: str, request: FastRequest) -> web.Response:
     """The one log line of a refused request, and its answer tagged with the request id."""
     log.warning(
         kv(
@@ -149,7 +144,7 @@ def _slow(cfg: RouterConfig, why: str) -> web.Response:
 
 
 async def read_json(
-    request: web.Request | FastRequest,
+    request: FastRequest,
     cfg: RouterConfig,
     budget: ByteBudget,
     rid: str,
@@ -229,7 +224,7 @@ async def read_json(
 
 
 async def _read_counted(
-    request: web.Request | FastRequest, cfg: RouterConfig, budget: ByteBudget, peer: Peer | None
+    request: FastRequest, cfg: RouterConfig, budget: ByteBudget, peer: Peer | None
 ) -> bytes | web.Response:
     """A body still arriving, charged to the budget as its bytes come, bounded by
     `body_timeout_s` and, once it has been arriving for `header_timeout_s`, by
@@ -244,48 +239,30 @@ async def _read_counted(
     deadline = start + cfg.body_timeout_s
     rate = cfg.min_body_bytes_per_s
     grace = cfg.header_timeout_s
-    limit = cfg.max_body_bytes
     taken = 0
     done = False
     try:
-        if isinstance(request, FastRequest):
-            while not request.ended():
-                size = request.size
-                if size > taken:
-                    if not budget.take(size - taken, peer):
-                        return _busy(budget, peer)
-                    taken = size
-                now = loop.time()
-                if now >= deadline:
-                    raise TimeoutError
-                spent = now - start
-                if rate and spent >= grace and size < rate * spent:
-                    return _slow(cfg, _too_slow(size, spent, rate))
-                await request.wait_more(timeout_s=min(deadline - now, 1.0))
-            body = await request.read()
-            if len(body) > taken:
-                # What came with its last bytes, after the last look.
-                if not budget.take(len(body) - taken, peer):
+        while not request.ended():
+            size = request.size
+            if size > taken:
+                if not budget.take(size - taken, peer):
                     return _busy(budget, peer)
-                taken = len(body)
-            done = True
-            return body
-        chunks: list[bytes] = []
-        async with asyncio.timeout_at(deadline):
-            while True:
-                chunk = await request.content.readany()
-                if not chunk:
-                    done = True
-                    return b"".join(chunks)
-                if taken + len(chunk) > limit:
-                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=taken)
-                if not budget.take(len(chunk), peer):
-                    return _busy(budget, peer)
-                taken += len(chunk)
-                chunks.append(chunk)
-                spent = loop.time() - start
-                if rate and spent >= grace and taken < rate * spent:
-                    return _slow(cfg, _too_slow(taken, spent, rate))
+                taken = size
+            now = loop.time()
+            if now >= deadline:
+                raise TimeoutError
+            spent = now - start
+            if rate and spent >= grace and size < rate * spent:
+                return _slow(cfg, _too_slow(size, spent, rate))
+            await request.wait_more(timeout_s=min(deadline - now, 1.0))
+        body = await request.read()
+        if len(body) > taken:
+            # What came with its last bytes, after the last look.
+            if not budget.take(len(body) - taken, peer):
+                return _busy(budget, peer)
+            taken = len(body)
+        done = True
+        return body
     finally:
         if not done:
             budget.give(taken, peer)

@@ -51,6 +51,8 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
+from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.connection import Answer, FastRequest, FastStream
 from llmgw.router.metrics import (
     DISCONNECTED,
     ENGINE_ERROR,
@@ -61,7 +63,7 @@ from llmgw.router.metrics import (
     UNAVAILABLE,
 )
 from llmgw.router.replicas.breaker import BreakerState, Outcome, classify_status
-from llmgw.router.replicas.registry import Snapshot
+from llmgw.router.replicas.registry import Release, Snapshot
 from llmgw.router.request import lora
 from llmgw.router.request.flow import ANONYMOUS, DEFAULT_BAND
 from llmgw.router.request.holding import (
@@ -86,7 +88,6 @@ from llmgw.router.routing.affinity import NO_KEY, RouteKey, route_key
 from llmgw.router.routing.scheduler import Decision
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
-from llmgw.runtime.fastserver import Answer, FastRequest, FastStream, Prerendered, Reply
 from llmgw.runtime.logs import kv
 from llmgw.runtime.peers import Peer, share_of
 from llmgw.wire.errors import error_body
@@ -134,10 +135,12 @@ _MAX_LINES: Final = 256
 class _Tally:
     """What one relayed stream leaves for metrics: its outcome, usage and ITL child."""
 
-    __slots__ = ("api", "itl", "result", "ttft", "usage")
+    __slots__ = ("api", "itl", "result", "streamed", "ttft", "usage")
 
-    def __init__(self, itl: Any, api: Api | None) -> None:
+    def __init__(self, itl: Any, api: Api | None, release: Release) -> None:
         self.itl = itl
+        # Each relayed event is one token fewer owed at the endpoint (Registry.acquire).
+        self.streamed = release.streamed
         self.result = DISCONNECTED
         self.ttft: float | None = None
         # A passed-through API's stream: its usage and its broken-stream frame (apis.py).
@@ -289,15 +292,9 @@ class Proxy:
         # (`_lines`): the same for every answer of an endpoint.
         self._lines: dict[str, dict[str, bytes]] = {}
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        """The proxied routes under aiohttp's server."""
-        resp = await self.answer(request)
-        assert isinstance(resp, web.StreamResponse)
-        return resp
-
-    async def answer(self, request: web.Request | FastRequest) -> Answer:
-        """The proxied routes under either server (`http_server`); a stream under the fast
-        one is a `FastStream` it has already sent."""
+    async def answer(self, request: FastRequest) -> Answer:
+        """The proxied routes (chat, completions, embeddings); a stream is a `FastStream`
+        it has already sent."""
         st = self.state
         t0 = self.state.clock.monotonic()
         headers = request.headers
@@ -357,6 +354,9 @@ class Proxy:
             st.usage.started(model)
             try:
                 streams = doc.get("stream") is True
+                limit = doc.get("max_completion_tokens")
+                if type(limit) is not int:
+                    limit = doc.get("max_tokens")
                 return await self._route(
                     request,
                     path,
@@ -368,6 +368,7 @@ class Proxy:
                     streams,
                     charge=charge,
                     tenant=tenant,
+                    max_tokens=limit if type(limit) is int else None,
                 )
             finally:
                 st.usage.finished(model)
@@ -376,7 +377,7 @@ class Proxy:
 
     async def _route(
         self,
-        request: web.Request | FastRequest,
+        request: FastRequest,
         path: str,
         body: bytes,
         model: str,
@@ -388,6 +389,7 @@ class Proxy:
         api: Api | None = None,
         charge: Charge | None = None,
         tenant: Tenant | None = None,
+        max_tokens: int | None = None,
     ) -> Answer:
         """Choose, attempt, and relay what the attempts decided; every exit is counted.
 
@@ -396,7 +398,8 @@ class Proxy:
         `head`: the engine's header lines before the request id; `api`: a
         passed-through API's rules (apis.py), None for the proxy's own routes; `charge`:
         a limited key's (tenants.py), whose headers the answer carries and which the
-        engine's usage settles; `tenant`: the request's key, for the access log."""
+        engine's usage settles; `tenant`: the request's key, for the access log;
+        `max_tokens`: the request's, owed at its endpoint until streamed (scheduler.py)."""
         st = self.state
         mark = MARK if api is None else api.error_mark
         att = Attempts(t0 + st.cfg.request_timeout_s, st.cfg.max_retries, mark)
@@ -457,7 +460,7 @@ class Proxy:
                     tracing_of(st).attempt(span, decision, tries, att.last_error)
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug(kv("route", rid=rid, model=model, to=eid, why=decision.header()))
-                release = st.registry.acquire(eid, pending=streams)
+                release = st.registry.acquire(eid, pending=streams, max_tokens=max_tokens)
                 if release is None:
                     # Its half-open probe is taken or it just opened: another replica.
                     att.skip(eid)
@@ -483,18 +486,15 @@ class Proxy:
                         resp: Answer
                         if step is Step.RELAY:
                             att.outcome = classify_status(status)
-                            if not debug and isinstance(request, FastRequest):
+                            if not debug:
                                 # The usual answer: its head's lines mostly made already.
                                 lines = self._lines_for(eid, up, rid_line)
                                 if charge is not None:
                                     lines += charge.header_lines()
                                 resp = Prerendered(status, att.data, lines)
-                            elif isinstance(request, FastRequest):
-                                out = self._out_headers(up, rid, eid, decision, debug, charge)
-                                resp = Reply(status, att.data, out)
                             else:
                                 out = self._out_headers(up, rid, eid, decision, debug, charge)
-                                resp = web.Response(status=status, body=att.data, headers=out)
+                                resp = Reply(status, att.data, out)
                             if status < 300:
                                 result = OK
                                 usage = (
@@ -503,7 +503,8 @@ class Proxy:
                             else:
                                 result = ENGINE_ERROR
                         else:
-                            tally = _Tally(st.metrics.itl(st.served_name.get(model, model)), api)
+                            itl = st.metrics.itl(st.served_name.get(model, model))
+                            tally = _Tally(itl, api, release)
                             out = self._out_headers(up, rid, eid, decision, debug, charge)
                             resp, att.outcome, ttft = await self._stream(
                                 request, att, up, out, t0, tally
@@ -851,7 +852,7 @@ class Proxy:
 
     async def _stream(
         self,
-        request: web.Request | FastRequest,
+        request: FastRequest,
         att: Attempts,
         up: UpstreamReply,
         out_headers: dict[str, str],
@@ -872,20 +873,17 @@ class Proxy:
         out_headers["Cache-Control"] = "no-cache"
         # nginx (ingress-nginx by default) buffers proxied bodies unless told not to.
         out_headers["X-Accel-Buffering"] = "no"
-        resp: web.StreamResponse | FastStream
+        resp: FastStream
         now = self.state.clock.monotonic
         watch = att.watch
         assert watch is not None
         ttft: float | None = None
         scan = tally.usage
         itl = tally.itl
+        streamed = tally.streamed
         before = sent = b""
         try:
-            if isinstance(request, FastRequest):
-                resp = request.stream(up.status, out_headers)
-            else:
-                resp = web.StreamResponse(status=up.status, headers=out_headers)
-                await resp.prepare(request)
+            resp = request.stream(up.status, out_headers)
             # From here bytes have reached the client: never retried.
             chunk = att.first
             last = 0.0
@@ -905,6 +903,7 @@ class Proxy:
                     t = now()
                     # Several events may arrive in one read: the gap is theirs to share.
                     n = chunk.count(b"data:") or 1
+                    streamed(n)
                     gap = (t - last) / n
                     for _ in range(n):
                         itl.observe(gap)
@@ -979,7 +978,7 @@ class Proxy:
             headers["Retry-After"] = failed.retry_after
         return web.Response(status=failed.status, body=failed.body, headers=headers)
 
-    async def models(self, request: web.Request | FastRequest) -> web.Response:
+    async def models(self, request: FastRequest) -> web.Response:
         """GET /v1/models: every known model, OpenAI's list shape."""
         st = self.state
         names = st.known_models
@@ -992,7 +991,7 @@ class Proxy:
         data: list[dict[str, Any]] = [_model_object(m) for m in sorted(names)]
         return web.json_response({"object": "list", "data": data})
 
-    async def model(self, request: web.Request | FastRequest) -> web.Response:
+    async def model(self, request: FastRequest) -> web.Response:
         """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
         st = self.state
         allowed: frozenset[str] | None = None
@@ -1008,7 +1007,7 @@ class Proxy:
             )
         return web.json_response(_model_object(model))
 
-    async def no_route(self, request: web.Request | FastRequest) -> web.Response:
+    async def no_route(self, request: FastRequest) -> web.Response:
         """Any other /v1 request: OpenAI's 404 (or 405 on a served path; Anthropic's shape on
         its Messages paths), not aiohttp's text."""
         path, method = request.path, request.method
@@ -1058,7 +1057,7 @@ def _model_object(model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": 0, "owned_by": "llmgw"}
 
 
-async def _end_quietly(resp: web.StreamResponse | FastStream) -> None:
+async def _end_quietly(resp: FastStream) -> None:
     """End an answer whose client may already be gone."""
     with contextlib.suppress(ConnectionError):
         await resp.write_eof()

@@ -8,6 +8,8 @@ admitted or refused in OpenAI's shapes:
     requests per minute spent      429 rate_limit_exceeded   (Retry-After, x-ratelimit-*)
     tokens per minute spent        429 rate_limit_exceeded   (Retry-After, x-ratelimit-*)
     token budget of the period     429 insufficient_quota
+    leased allowance spent, more   429 rate_limit_exceeded   (Retry-After: 2)
+    held elsewhere in the fleet
 
 RPM and TPM are token buckets that hold a minute's worth and refill evenly, so
 a key may burst its whole minute and then goes at its rate. TPM admission can
@@ -22,7 +24,9 @@ controller gave is enforced at this router's *share* of its RPM and TPM, leased
 by the controller with the answer to each usage report (control/leases.py keeps
 the lease; controller/leasebook.py decides it): the buckets' rates are the
 shares, so the check per request stays local, the same few float operations.
-A key from the router's own file, or any key under a controller that leases
+Its budget is an allowance of tokens the controller leases from what the fleet
+has left, spent down here and replaced by each answer (counted from when the
+report was built). A key from the router's own file, or any key under a controller that leases
 nothing (one from before leases), is enforced at its whole limit.
 """
 
@@ -112,10 +116,13 @@ class _Account:
     """The counts of one key (by its hash), kept across endpoint-list updates."""
 
     __slots__ = (
+        "allowance",
         "asked_requests",
         "asked_tokens",
+        "elsewhere",
         "limits",
         "period",
+        "report_spent",
         "requests",
         "spent",
         "tokens",
@@ -133,6 +140,12 @@ class _Account:
         # the controller splits the limits by (control/leases.py).
         self.asked_requests = 0
         self.asked_tokens = 0
+        # A leased budget: tokens of this router's allowance not spent yet (None: none
+        # leased yet), what the rest of the fleet may still spend, and the tokens
+        # spent since the last report was built (the next allowance counts from it).
+        self.allowance: float | None = None
+        self.elsewhere = 0.0
+        self.report_spent = 0
 
     def reshare(self, share: Share, now: float) -> None:
         if self.requests is not None:
@@ -174,6 +187,9 @@ class Charge:
             acc.tokens.level -= used - self._estimate
         if self._budget_per is not None:
             acc.spent += used
+            acc.report_spent += used
+            if acc.allowance is not None:
+                acc.allowance -= used
 
 
 class Tenants:
@@ -188,6 +204,8 @@ class Tenants:
         self.clock = clock
         self._accounts: dict[str, _Account] = {}
         self.shares: dict[str, Share] = {}
+        # sha256 → (this process's budget allowance, what the rest of the fleet holds).
+        self.allowances: dict[str, tuple[float, float]] = {}
         self.leased: frozenset[str] = frozenset()
         # Whether the controller leases shares: None until its first answer (no share
         # yet), False when it answers without any (a controller from before leases).
@@ -199,9 +217,7 @@ class Tenants:
         keep = {k.sha256.lower() for k in keys}
         for digest in [d for d in self._accounts if d not in keep]:
             del self._accounts[digest]
-        self.leased = frozenset(
-            k.sha256.lower() for k in leased if k.rpm is not None or k.tpm is not None
-        )
+        self.leased = frozenset(k.sha256.lower() for k in leased if k.limited)
 
     def share_of(self, key: ClientKey, digest: str) -> Share:
         """What this router enforces of `key` now: its share, or the whole limit."""
@@ -218,13 +234,22 @@ class Tenants:
             if digest in self.leased:
                 acc.reshare(self.shares.get(digest, (0.0, 0.0)), now)
 
-    def asked(self) -> dict[str, tuple[int, int]]:
-        """sha256 → (requests, tokens) asked since the last call, of leased keys; resets."""
-        out: dict[str, tuple[int, int]] = {}
+    def reallow(self, allowances: dict[str, tuple[float, float]]) -> None:
+        """New budget allowances, each counted from when the report was built."""
+        self.allowances = allowances
+        for digest, acc in self._accounts.items():
+            got = allowances.get(digest)
+            if got is not None:
+                acc.allowance, acc.elsewhere = got[0] - acc.report_spent, got[1]
+
+    def asked(self) -> dict[str, tuple[int, int, float | None]]:
+        """sha256 → (requests, tokens) asked since the last call, and the allowance
+        left, of leased keys; resets the counts (a report is being built)."""
+        out: dict[str, tuple[int, int, float | None]] = {}
         for digest, acc in self._accounts.items():
             if digest in self.leased:
-                out[digest] = (acc.asked_requests, acc.asked_tokens)
-            acc.asked_requests = acc.asked_tokens = 0
+                out[digest] = (acc.asked_requests, acc.asked_tokens, acc.allowance)
+            acc.asked_requests = acc.asked_tokens = acc.report_spent = 0
         return out
 
     def admit(self, tenant: Tenant, model: str, body_bytes: int) -> Charge | web.Response | None:
@@ -244,28 +269,71 @@ class Tenants:
         digest = key.sha256.lower()
         acc = self._accounts.get(digest)
         if acc is None or acc.limits != (key.rpm, key.tpm, key.budget):
-            acc = self._accounts[digest] = _Account(key, now, self.share_of(key, digest))
+            acc = self._accounts[digest] = self._account(key, digest, now)
+        estimate = max(1, body_bytes // BYTES_PER_TOKEN)
+        acc.asked_requests += 1
+        acc.asked_tokens += estimate
         budget = key.budget
         if budget is not None:
-            period = period_of(budget.per, self.clock.wall())
-            if acc.period != period:
-                acc.period, acc.spent = period, 0
-            if acc.spent >= budget.tokens:
-                return error_response(
-                    429,
-                    f"The API key {tenant.name!r} has used its budget of {budget.tokens} "
-                    f"tokens this {budget.per} ({period}, UTC).",
-                    type="insufficient_quota",
-                    code="insufficient_quota",
-                )
-        return _take(acc, tenant, max(1, body_bytes // BYTES_PER_TOKEN), now)
+            leased = self.leasing is not False and digest in self.leased
+            refused = _leased_budget(acc, tenant) if leased else self._budget(acc, tenant)
+            if refused is not None:
+                return refused
+        return _take(acc, tenant, estimate, now)
+
+    def _account(self, key: ClientKey, digest: str, now: float) -> _Account:
+        acc = _Account(key, now, self.share_of(key, digest))
+        got = self.allowances.get(digest)
+        if got is not None:
+            acc.allowance, acc.elsewhere = got
+        return acc
+
+    def _budget(self, acc: _Account, tenant: Tenant) -> web.Response | None:
+        """The budget counted here alone: a file's key, or a controller that leases none."""
+        budget = tenant.key.budget
+        assert budget is not None
+        period = period_of(budget.per, self.clock.wall())
+        if acc.period != period:
+            acc.period, acc.spent = period, 0
+        if acc.spent < budget.tokens:
+            return None
+        return error_response(
+            429,
+            f"The API key {tenant.name!r} has used its budget of {budget.tokens} "
+            f"tokens this {budget.per} ({period}, UTC).",
+            type="insufficient_quota",
+            code="insufficient_quota",
+        )
+
+
+def _leased_budget(acc: _Account, tenant: Tenant) -> web.Response | None:
+    """The budget as the controller leases it: this router's allowance, fleet-wide."""
+    if acc.allowance is not None and acc.allowance > 0:
+        return None
+    budget = tenant.key.budget
+    assert budget is not None
+    if acc.allowance is None or acc.elsewhere > 0:
+        # Not spent fleet-wide: this router's part is, and the next lease may bring more.
+        return error_response(
+            429,
+            f"Rate limit reached for the API key {tenant.name!r} on this router's share "
+            f"of its budget. Please try again in {_duration(NO_SHARE_RETRY_S)}.",
+            type="tokens",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(math.ceil(NO_SHARE_RETRY_S))},
+        )
+    return error_response(
+        429,
+        f"The API key {tenant.name!r} has used its budget of {budget.tokens} "
+        f"tokens this {budget.per} (UTC).",
+        type="insufficient_quota",
+        code="insufficient_quota",
+    )
 
 
 def _take(acc: _Account, tenant: Tenant, estimate: int, now: float) -> Charge | web.Response:
     """Take one request and its estimate from the key's buckets, or refuse with 429."""
     key = tenant.key
-    acc.asked_requests += 1
-    acc.asked_tokens += estimate
     requests, tokens = acc.requests, acc.tokens
     wait_s = 0.0
     # OpenAI's error type names the limit that was hit: "requests" or "tokens".

@@ -3,7 +3,7 @@
 A client may say which conversation a request belongs to: the `X-Session-ID`
 header, else the OpenAI `user` field (which applications set on nearly every
 request, as OpenAI asks them to). The prefix chain never includes it
-(prefix.py): content decides where a request goes. The hint only breaks a tie
+(blockhash.py): content decides where a request goes. The hint only breaks a tie
 the content leaves — among the endpoints holding the longest prefix of the
 request, the one that served this session last — which is where a
 conversation's newest turns are, when the blocks are too coarse to show them.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from llmgw.router.routing.prefix import request_block_hashes
+from llmgw.router.routing.blockhash import request_block_hashes
 
 # Hints longer than this are cut: the key is hashed, so the length only costs time.
 MAX_HINT_CHARS: Final = 256

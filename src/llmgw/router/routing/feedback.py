@@ -39,7 +39,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from llmgw.router.routing.prefix import PrefixIndex, block_end
+from llmgw.router.routing.blockhash import block_end
+from llmgw.router.routing.prefix import PrefixIndex
 
 CHARS_PER_TOKEN = 4.0
 # Below this many predicted tokens an empty cache is no evidence of a reset.

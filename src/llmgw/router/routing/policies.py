@@ -17,15 +17,11 @@ from typing import Any, Protocol
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot, Stats
 from llmgw.router.routing.affinity import RouteKey, SessionAffinity
-from llmgw.router.routing.feedback import PredictionCheck
+from llmgw.router.routing.blockhash import block_end, blocks_covering
+from llmgw.router.routing.feedback import CHARS_PER_TOKEN, PredictionCheck
 from llmgw.router.routing.kvevents import KVEventIndex
-from llmgw.router.routing.prefix import (
-    PrefixIndex,
-    Rendezvous,
-    block_end,
-    blocks_covering,
-    capacity_units_for,
-)
+from llmgw.router.routing.prefix import PrefixIndex, capacity_units_for
+from llmgw.router.routing.rendezvous import Homes
 from llmgw.router.routing.scheduler import Decision, SchedulerConfig, choose
 
 
@@ -74,6 +70,8 @@ class Ours:
         self.check = check if check is not None else PredictionCheck(prefix)
         # Endpoints in precise mode answer from their KV events (kvevents.py).
         self.exact = exact
+        # Each request's home order, when the scheduler needs one (rendezvous.py).
+        self.homes = Homes()
 
     def choose(
         self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
@@ -93,9 +91,11 @@ class Ours:
             snaps,
             prefix_matches=matches,
             prefix_gain=_gains(matches, ids, len(hashes)),
+            # What a holder's gain is a share of, in tokens (4 bytes a token, feedback.py).
+            prompt_tokens=block_end(len(hashes) - 1) / CHARS_PER_TOKEN,
             # A prefix nobody has seen goes to its home replica: routers that never
-            # talk still agree on it (rendezvous hashing, prefix.py).
-            home_order=Rendezvous(hashes[0], ids),
+            # talk still agree on it (rendezvous.py).
+            home_order=self.homes.lazy(hashes[0], ids),
             exclude=exclude,
             session_endpoint=self.sessions.last(key),
             cfg=self.cfg,
@@ -105,8 +105,8 @@ class Ours:
             # evicts for) a request's blocks when it schedules it, and a later request
             # with the same prefix hits them while the first still runs. Recording only
             # completions left the index believing in prefixes the engine had already
-            # evicted for the requests in flight (bench/routing.py, 16 prompts over
-            # caches of 2.6: 16 % of requests went to such a "holder"), and sent the
+            # evicted for the requests in flight (bench/routing.py, cache-starved: a
+            # sixth of requests went to such a "holder"), and sent the
             # same prefix elsewhere until its first request finished. A request that
             # then fails leaves an entry the LRU ages out.
             eid = d.endpoint_id

@@ -1,33 +1,9 @@
-"""Prefix affinity: block hashes of a request, and who holds which.
+"""Prefix affinity: which replica holds which block hashes of the requests sent to it.
 
-The cheapest token a replica computes is the one already in its KV cache. The
-router does not see engine caches, so it remembers what it sent where: a
-request becomes a chain of block hashes over its canonical prompt, each
-endpoint keeps an LRU of the chains recently sent to it, bounded by its KV
-capacity, and the scheduler prefers the endpoint holding the longest leading
-run of the chain (docs/routing.md).
-
-Content only. The chain is a function of the model and the prompt, nothing
-else: two conversations that share a system prompt share its blocks, whoever
-sends them. A client's session hint (`X-Session-ID`, the OpenAI `user` field)
-is a separate signal (`affinity.py`), used only where the content does not
-decide; mixing it into the chain gave every conversation its own chain, and a
-new conversation never found the engines already holding its system prompt.
-
-The whole prompt. Blocks grow with their offset: 64 bytes each for the first
-KiB, then about 1/16 of the offset (a multiple of 64 bytes), so a prompt of n
-bytes has about 16 + 16·ln(n / 1 KiB) blocks (57 at 8 KiB, 92 at 64 KiB, 138
-at 1 MiB) and each byte is hashed once. The error of a match is therefore at
-most one block: 64 bytes early on, about 6 % of the prefix further out —
-enough to tell a 24 KiB shared preamble plus this system prompt from the same
-preamble plus another. Routing stops at `MAX_ROUTED_BYTES` (4 MiB).
-
-Hashes: block i's hash covers everything before it (a chain), so equal hash i
-means an equal prefix up to block i. The first hash is blake2b — stable across
-processes, because it keys the home replica. The rest are Python's own hash of
-(previous, block) (SipHash in C; per-process, but only ever compared inside
-this process's PrefixIndex, or those of workers started with one hash seed). Past a
-few blocks the chain is computed by C iterators, not a Python loop: same hashes.
+The router does not see engine caches, so it remembers what it sent where: each
+endpoint keeps an LRU of the block-hash chains (blockhash.py) recently sent to
+it, bounded by its KV capacity, and the scheduler prefers the endpoint holding
+the longest leading run of a request's chain (docs/routing.md).
 
 Weights: the index counts what an endpoint holds in units of 64 bytes (block
 i weighs `block_units(i)`), so its capacity bound stays a byte bound whatever
@@ -37,285 +13,10 @@ the block sizes.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_right
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
-from hashlib import blake2b
-from itertools import accumulate, islice, pairwise, repeat
-from operator import getitem
-from typing import Any, Final, cast
+from typing import Final, cast
 
-import msgspec
-
-_MASK64: Final = (1 << 64) - 1
-# Separators that cannot appear in JSON-encoded text, so ("ab", "c") and ("a", "bc")
-# never produce the same canonical bytes.
-_MSG: Final = b"\x1e"
-_FIELD: Final = b"\x1f"
-_TOOLS: Final = b"\x1d"
-_PROMPT: Final = b"\x1c"
-_encode: Final = msgspec.json.Encoder().encode
-
-# Chat templates render tool definitions ahead of the conversation (system
-# prompt or first turn), so a change of tools changes the engine's prefix from
-# the start; putting them first keeps our blocks aligned with the engine's cache.
-
-UNIT: Final = 64  # bytes: the smallest block, and the index's unit of weight
-GROWTH: Final = 16  # past 16 units, a block is about 1/GROWTH of its offset
-MAX_ROUTED_BYTES: Final = 4 << 20
-
-
-def _layout(limit: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Block end offsets up to `limit`, and each block's weight in units."""
-    ends: list[int] = []
-    units: list[int] = []
-    off = 0
-    while off < limit:
-        size = max(UNIT, off // GROWTH // UNIT * UNIT)
-        off += size
-        ends.append(off)
-        units.append(size // UNIT)
-    return tuple(ends), tuple(units)
-
-
-_LAYOUT: Final = _layout(MAX_ROUTED_BYTES)
-_ENDS: Final = _LAYOUT[0]
-_UNITS: Final = _LAYOUT[1]
-_CUM_UNITS: Final = tuple(accumulate(_UNITS))
-# Block i+1 of a prompt, for i >= 0 (block 0 is hashed with the model, apart).
-_BLOCKS: Final = tuple(slice(start, end) for start, end in pairwise(_ENDS))
-# Up to this many blocks after the first, a Python loop is cheaper than setting up
-# the iterators that chain the blocks in C.
-_SHORT_CHAIN: Final = 8
-
-
-def block_end(i: int) -> int:
-    """The byte offset where block i ends (the prefix block i's hash covers)."""
-    return _ENDS[min(i, len(_ENDS) - 1)]
-
-
-def block_units(i: int) -> int:
-    """Block i's weight in 64-byte units."""
-    return _UNITS[min(i, len(_UNITS) - 1)]
-
-
-def blocks_within(units: int) -> int:
-    """How many leading blocks fit in `units` (a capacity in 64-byte units)."""
-    return bisect_right(_CUM_UNITS, units)
-
-
-def blocks_covering(nbytes: int) -> int:
-    """How many leading blocks end at or before `nbytes`."""
-    return bisect_right(_ENDS, nbytes)
-
-
-def _text(content: Any) -> bytes:
-    """Message content as bytes: strings as-is, text parts' text, other parts as JSON."""
-    if isinstance(content, str):
-        return content.encode()
-    if content is None:
-        return b""
-    if isinstance(content, list):
-        out = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text":
-                text = part.get("text")
-                out.append(text.encode() if isinstance(text, str) else _encode(text))
-            else:
-                out.append(_encode(part))  # images, audio, files: their URL or data
-        return _FIELD.join(out)
-    return _encode(content)
-
-
-def _canonical(body: dict[str, Any], limit: int = MAX_ROUTED_BYTES) -> bytes:
-    """What the engine will see as the prompt, in its order, cut at `limit` bytes."""
-    return _canonical_and_head(body, limit)[0]
-
-
-def _canonical_and_head(body: dict[str, Any], limit: int) -> tuple[bytes, bytes]:
-    """`_canonical`, and its first part (the tools, or the first message) uncut."""
-    parts: list[bytes] = []
-    size = 0
-    tools = body.get("tools") or body.get("functions")
-    if tools:
-        parts.append(_TOOLS + _encode(tools))
-        size += len(parts[-1])
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for m in messages:
-            if size >= limit:
-                break
-            if not isinstance(m, dict):
-                part = _MSG + _encode(m)
-            elif (
-                type(role := m.get("role", "")) is str
-                and type(content := m.get("content")) is str
-                # A role and a string and nothing else (the commonest message: no
-                # need to look for the fields it lacks), or none of them set.
-                and (
-                    (len(m) == 2 and "role" in m)
-                    or not (m.get("name") or m.get("tool_calls") or m.get("tool_call_id"))
-                )
-            ):
-                # The usual message, a role and a string: the same bytes as below, in
-                # one format and one encode.
-                part = f"\x1e{role}\x1f\x1f{content}\x1f\x1f".encode()
-            else:
-                part = b"".join(
-                    (
-                        _MSG,
-                        str(m.get("role", "")).encode(),
-                        _FIELD,
-                        str(m.get("name") or "").encode(),
-                        _FIELD,
-                        _text(m.get("content")),
-                        _FIELD,
-                        _encode(m["tool_calls"]) if m.get("tool_calls") else b"",
-                        _FIELD,
-                        str(m.get("tool_call_id") or "").encode(),
-                    )
-                )
-            parts.append(part)
-            size += len(part)
-    prompt = body.get("prompt")
-    if prompt is not None and size < limit:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a batch of prompts: route on the first
-        parts.append(_PROMPT + (prompt.encode() if isinstance(prompt, str) else _encode(prompt)))
-    if not parts:
-        return b"", b""
-    return b"".join(parts)[:limit], parts[0]
-
-
-def request_block_hashes(
-    body: dict[str, Any], *, limit_bytes: int = MAX_ROUTED_BYTES
-) -> tuple[int, ...]:
-    """Chained block hashes of a chat or completions request: model and content only.
-
-    Covers tool definitions, then chat messages in order (role, name, content
-    including content parts, tool calls), then the completions prompt, as UTF-8
-    bytes in the growing blocks of the module docstring, up to `limit_bytes`.
-    Only full blocks are hashed (a partial last block would change with the
-    next turn), except that a prompt shorter than one block gets one hash so it
-    still has a home. The model joins the first block's key, so two models on
-    one endpoint never share; a session hint never does (see the module
-    docstring). Empty when there is no prompt at all.
-    """
-    data, head = _canonical_and_head(body, limit_bytes)
-    if not data:
-        return ()
-    key = str(body.get("model", "")).encode() + _MSG
-    count = bisect_right(_ENDS, len(data), 1)  # hashes in the chain
-    # The blocks inside the first part (a system prompt, the tools) are usually the
-    # same as many requests' before: their hashes come from _HEADS when they do.
-    held = bisect_right(_ENDS, min(len(head), len(data))) if len(head) >= _HEAD_MIN else 0
-    if held > 1:
-        size = len(head)
-        mid = size // 2
-        # Cheap to hash: the model, the length and three samples of the part; a hit
-        # is one only if the whole part is the same (one memcmp).
-        mk = (key, size, head[:_SAMPLE] + head[mid : mid + _SAMPLE] + head[-_SAMPLE:])
-        got = _HEADS.get(mk)
-        if got is not None and len(got[1]) == held and got[0] == head:
-            _HEADS.move_to_end(mk)
-            out = got[1]
-        else:
-            out = _chain(key, data, held)
-            if size <= _HEAD_MAX_BYTES:
-                _remember_head(mk, head, out)
-        if held == count:
-            return out
-        return _chain(key, data, count, list(out))
-    return _chain(key, data, count)
-
-
-# First parts of at least this many bytes have their blocks' hashes remembered:
-# found by the model, the part's length and three 32-byte samples of it, and used
-# only when the whole part is equal, byte for byte, to the one remembered. Hashing
-# the part (SipHash, as before) costs several times what comparing it does
-# (bench/RESULTS.md, "Figures once quoted in the router's source").
-_HEAD_MIN: Final = 1024
-_SAMPLE: Final = 32
-_HEADS_MAX: Final = 1024  # parts remembered
-_HEAD_MAX_BYTES: Final = 1 << 20  # a longer part is not remembered
-_HEADS_BYTES: Final = 32 << 20  # at most this many bytes of parts remembered in all
-# (model, length, samples) → (the part, its blocks' hashes); oldest first.
-_HEADS: Final[OrderedDict[tuple[bytes, int, bytes], tuple[bytes, tuple[int, ...]]]] = OrderedDict()
-_heads_bytes: Final = [0]  # bytes of parts in _HEADS
-
-
-def _remember_head(mk: tuple[bytes, int, bytes], head: bytes, hashes: tuple[int, ...]) -> None:
-    """Put a part and its hashes into _HEADS (replacing any under the same key)."""
-    was = _HEADS.pop(mk, None)
-    if was is not None:
-        _heads_bytes[0] -= len(was[0])
-    _HEADS[mk] = (head, hashes)
-    _heads_bytes[0] += len(head)
-    while len(_HEADS) > _HEADS_MAX or _heads_bytes[0] > _HEADS_BYTES:
-        _heads_bytes[0] -= len(_HEADS.popitem(last=False)[1][0])
-
-
-# First blocks (model and 64 bytes) already hashed: most requests open with a system
-# prompt many others share, and blake2b costs more than the rest of a short chain.
-# Cleared when full: a cache, not a record.
-_FIRSTS_MAX: Final = 4096
-_FIRSTS: Final[dict[bytes, int]] = {}
-
-
-def _chain(key: bytes, data: bytes, count: int, out: list[int] | None = None) -> tuple[int, ...]:
-    """The first `count` hashes of the chain over `data`, continuing `out` if given."""
-    start = 0 if out is None else len(out)
-    if out is None:
-        first = key + data[: _ENDS[0]]
-        got = _FIRSTS.get(first)
-        if got is None:
-            got = int.from_bytes(blake2b(first, digest_size=8).digest(), "little")
-            if len(_FIRSTS) >= _FIRSTS_MAX:
-                _FIRSTS.clear()
-            _FIRSTS[first] = got
-        h = got
-        out = [h]
-    else:
-        h = out[-1]
-    blocks = _BLOCKS[len(out) - 1 : count - 1]
-    # getitem() and += where data[block] and extend() would read better: compiled by
-    # mypyc (scripts/build-mypyc, mypy 2.4), a bytes index rejects a slice object, and
-    # extend() reads the whole iterable before appending, which breaks the C chain.
-    if len(blocks) <= _SHORT_CHAIN:
-        for block in blocks:
-            h = hash((h, getitem(data, block)))
-            out.append(h)
-    else:
-        # The same chain, h_i = hash((h_i-1, block i)), computed in C: zip reads
-        # each previous hash from `out` just after += has appended it (so never
-        # strict: `out` is one ahead when the blocks run out).
-        links = islice(out, len(out) - 1, None)
-        out += map(hash, zip(links, map(getitem, repeat(data), blocks), strict=False))
-        # One object per hash value (`_CANON`), as objects: compiled, an int is unboxed
-        # and boxed again into a new object. Short chains are not worth it: looking
-        # each hash up here costs about what it saves in the index.
-        fresh = cast("list[object]", out)
-        canon = cast("dict[object, object]", _CANON)
-        if len(canon) >= _CANON_MAX:
-            canon.clear()
-        new = fresh[start:]
-        fresh[start:] = map(canon.setdefault, new, new)
-    return tuple(out)
-
-
-# Every hash a long chain computes is replaced by the object first seen with its value, so
-# the prefix index (whose dicts keep the key object they were first given) finds it
-# by identity. Chains that share blocks but not a remembered first part (a system
-# prompt with a per-user ending, the turns of one conversation) otherwise bring new
-# int objects each time, and every dict lookup of an equal but distinct int compares
-# the two, on two or more lookups per block recorded (the cost is in
-# bench/RESULTS.md). Cleared when full: a
-# cache, not a record (what it drops only costs those comparisons again). Full, it
-# holds about 1,000 chains of 64 blocks: 5 MB with its int objects, which are mostly
-# the index's own keys (tracemalloc).
-_CANON_MAX: Final = 1 << 16
-_CANON: Final[dict[int, int]] = {}
+from llmgw.router.routing.blockhash import CUM_UNITS, UNIT, UNITS, blocks_within
 
 
 def capacity_units_for(
@@ -332,50 +33,11 @@ def capacity_units_for(
     return max(1, int(kv_capacity_tokens * chars_per_token // UNIT))
 
 
-@lru_cache(maxsize=65536)
-def _id_hash(endpoint_id: str) -> int:
-    return int.from_bytes(blake2b(endpoint_id.encode(), digest_size=8).digest(), "little")
-
-
-def _mix64(x: int) -> int:
-    """splitmix64's finaliser: every input bit moves every output bit."""
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
-    return x ^ (x >> 31)
-
-
-def rendezvous_order(key: int, candidates: Sequence[str]) -> list[str]:
-    """Candidates by descending highest-random-weight for `key`.
-
-    Deterministic across processes (blake2b of the id and splitmix64, never
-    Python's per-process hash): routers that never talk agree on the order, and
-    removing one endpoint only moves the keys it was first for.
-    """
-    k = key & _MASK64
-    return sorted(candidates, key=lambda c: (-_mix64(k ^ _id_hash(c)), c))
-
-
-class Rendezvous:
-    """`rendezvous_order(key, candidates)` when called, and only then: the scheduler's
-    home order for a request, which most requests (decided by a prefix holder or by
-    load) never need. A class, not a closure: compiled, a closure over the caller's
-    locals moved them all into an environment object, one more per request."""
-
-    __slots__ = ("candidates", "key")
-
-    def __init__(self, key: int, candidates: Sequence[str]) -> None:
-        self.key = key
-        self.candidates = candidates
-
-    def __call__(self) -> list[str]:
-        return rendezvous_order(self.key, self.candidates)
-
-
 def _kept(hashes: Sequence[int], cap: int) -> int:
     """How many leading blocks of a chain a record keeps under a capacity of `cap` units:
     a chain longer than the capacity keeps its head, the part others share."""
     n = len(hashes)
-    if 0 < n <= len(_CUM_UNITS) and _CUM_UNITS[n - 1] <= cap:
+    if 0 < n <= len(CUM_UNITS) and CUM_UNITS[n - 1] <= cap:
         return n  # the whole chain fits (the common case): no search
     return min(n, max(1, blocks_within(cap)))
 
@@ -384,11 +46,11 @@ def _kept(hashes: Sequence[int], cap: int) -> int:
 # value is a more recent entry, and within one record the deeper block is the older.
 _POS_BITS: Final = 12
 _POS_TOP: Final = (1 << _POS_BITS) - 1
-if len(_UNITS) > _POS_TOP:  # pragma: no cover - a layout change that needs more bits
+if len(UNITS) > _POS_TOP:  # pragma: no cover - a layout change that needs more bits
     raise RuntimeError("prefix: more blocks than an entry's value can place")
 # An entry's weight in units, by the low bits of its value.
 _WEIGHT_OF: Final = tuple(
-    _UNITS[_POS_TOP - low] if _POS_TOP - low < len(_UNITS) else 0 for low in range(_POS_TOP + 1)
+    UNITS[_POS_TOP - low] if _POS_TOP - low < len(UNITS) else 0 for low in range(_POS_TOP + 1)
 )
 
 
@@ -577,8 +239,8 @@ class PrefixIndex:
         # Deepest first, so the chain's head ends up most recent (and a hash that
         # repeats keeps its shallower place, the last put). A chain longer than the
         # capacity keeps its head: that is the part others share.
-        n = _kept(chain, cap)  # n <= len(_UNITS)
-        # Hashes as objects (see match()): about 40 % fewer instructions per hash.
+        n = _kept(chain, cap)  # n <= len(UNITS)
+        # Hashes as objects (see match()): no unboxing and boxing per hash.
         keys = cast("tuple[object, ...]", chain)
         values = cast("dict[object, int]", lru)
         for i in range(n - 1, -1, -1):
@@ -587,7 +249,7 @@ class PrefixIndex:
             if was is not None:
                 weight -= _WEIGHT_OF[was & _POS_TOP]
             values[h] = top - i
-        held.weight = weight + _CUM_UNITS[n - 1]
+        held.weight = weight + CUM_UNITS[n - 1]
         while held.weight > cap and len(lru) > 1:
             held.pop_oldest()
         self._total += len(lru) - before

@@ -23,9 +23,16 @@ The rules, in order:
    with what holding the prefix saves (`prefix_gain`): when every replica
    already holds most of the prompt (a long shared preamble), a holder of a
    little more is not worth a queue.
+   Within the bound, a holder that would queue the request loses when that queue
+   costs more time than recomputing what it saves elsewhere (`wait_s`): with
+   answers of a thousand tokens a queue of a few requests costs seconds, which a
+   bound counted in requests cannot see. Used only where what it takes is
+   known (max_tokens, decode rate, prefill cost); otherwise the count alone, as
+   before.
 4. Home: a prefix nobody within the bound holds goes to the first endpoint of
    its rendezvous order within `home_load_bound` of the least loaded (bounded-
-   load consistent hashing): routers that never talk send it to the same place.
+   load consistent hashing): routers that never talk send it to the same place,
+   unless it would queue the request longer than the least loaded (`wait_s`).
 5. Otherwise the least total; drain rate, then id, break ties.
 """
 
@@ -70,30 +77,30 @@ class SchedulerConfig:
     # prefix every running request pins once, not what a new request would add; an
     # engine short of KV shows it where the load sees it, as waiting requests, and
     # the load is corrected by the live in-flight count. Counted as pressure above
-    # 0.8 (as it was), bench/routing.py's 24 KiB preamble at 110 %: an engine whose
-    # batch had just finished looked full for the rest of the scrape interval while
-    # the others queued; p99 TTFT 1,200 ms against the oracle's 316. Without it,
-    # 216 against 144, and no other variant moved past its noise.
+    # 0.8 (as it was), bench/routing.py's 24 KiB preamble past capacity: an engine
+    # whose batch had just finished looked full for the rest of the scrape interval
+    # while the others queued, and p99 TTFT was several times the oracle's (the
+    # figures: bench/RESULTS.md, "Figures once quoted in the router's source").
     # How far (in total-score units, 1.0 = a full batch) the longest prefix holder
     # may be above the least loaded candidate and still win; at the bound it loses.
     # A full batch: below it the holder admits the request at its next step, so
     # staying costs a slightly slower step, while leaving costs a whole prefill on
     # a replica that must also pin a second copy of the prefix (evicting what it
-    # held). At 0.5, bench/routing.py's cache-starved variant (16 prompts over
-    # caches of 2.6) sent holders' requests to cold replicas at moderate load: hit
-    # rate 64.7 % against the oracle's 73.0 %, p99 TTFT 504 ms; at 1.0, 74.8 % and
-    # 275 ms (oracle 360), and past capacity (110 %) still bounded.
+    # held). At half a batch, bench/routing.py's cache-starved variant sent holders'
+    # requests to cold replicas at moderate load (a lower hit rate than the oracle's,
+    # a longer p99 TTFT); at a full batch it matched the oracle, and past capacity
+    # stayed bounded (the figures: bench/RESULTS.md, as above).
     affinity_load_bound: float = 1.0
     # A holder's bound is affinity_load_bound × min(1, gain / full_gain_at), gain
     # being the share of the prompt it holds beyond what every candidate holds
     # (Ours computes it; 1.0 when not given). bench/routing.py --suite, the 24 KiB
-    # shared preamble at 110 %: with the full bound for a holder whose extra was
-    # only a 4 KiB system prompt (13 % of the prompt), p99 TTFT 1,119 ms against the
-    # oracle's 298 (busiest engine 1.35× its share). At 0.5 the bound went the other
-    # way: a holder of that system prompt got a quarter of a batch, the rest went to
-    # engines without it, each engine ran more distinct system prompts at once than
-    # its KV cache holds, and requests queued for blocks (85 %: p99 245 ms against
-    # the oracle's 140). At 0.25: 119 against 108.
+    # shared preamble past capacity: with the full bound for a holder whose extra
+    # was only a small system prompt, requests piled onto its holders (p99 TTFT
+    # several times the oracle's). At 0.5 the bound went the other way: a holder of
+    # that system prompt got a quarter of a batch, the rest went to engines without
+    # it, each engine ran more distinct system prompts at once than its KV cache
+    # holds, and requests queued for blocks. At 0.25, close to the oracle (the
+    # figures: bench/RESULTS.md, as above).
     full_gain_at: float = 0.25
     # How far the rendezvous home of an unseen prefix may be above the least
     # loaded; smaller than the affinity bound, as nothing is cached there yet.
@@ -105,9 +112,8 @@ class SchedulerConfig:
     # a block (a sixteenth of the prefix past the first KiB) and usually a few hundred
     # bytes of a prompt of kilobytes: scaled like a holder's bound (affinity_load_bound
     # x gain / full_gain_at) that is a few hundredths of a batch. bench/routing.py with
-    # `user` hints, p99 TTFT means over seeds: few-prompts 110 % 69 ms with the whole
-    # affinity bound, 56 with a quarter batch, 59 with ties only, 55 without hints;
-    # preamble-24k 85 % 147 with a quarter batch, 123 with ties only, 134 without.
+    # `user` hints: the whole affinity bound or a quarter batch lengthened p99 TTFT,
+    # ties only did no worse than no hints (the figures: bench/RESULTS.md, as above).
     session_load_bound: float = 0.0
     # Matches shorter than this many blocks do not count as holding the prefix
     # (a few blocks of shared boilerplate are not worth a detour).
@@ -117,6 +123,12 @@ class SchedulerConfig:
     # request, and the router sees them live where the engine's `waiting` is a
     # scrape old.
     pending_weight: float = 1.0
+    # A holder within the bound whose queue would cost more seconds than recomputing
+    # its extra prefix on the least loaded (`wait_s`, the prefill cost learned from
+    # the engines) loses it. bench/routing.py's decode-heavy variants: answers that
+    # hold a slot for seconds made a queue the request-count bound allowed cost
+    # seconds; the prefix it saved cost a few hundred milliseconds elsewhere.
+    weigh_queue_time: bool = True
 
 
 DEFAULT_CONFIG: Final = SchedulerConfig()
@@ -286,6 +298,7 @@ def choose(
     exclude: Collection[str] = (),
     session_endpoint: str | None = None,
     prefix_gain: Mapping[str, float] | None = None,
+    prompt_tokens: float | None = None,
     cfg: SchedulerConfig = DEFAULT_CONFIG,
 ) -> Decision:
     """Pick the endpoint for one request; see the module docstring for the rules.
@@ -293,7 +306,67 @@ def choose(
     `session_endpoint`: the endpoint that served the request's session last, if any.
     `prefix_gain`: per holder, the share of the prompt it holds beyond what every
     candidate holds (scales its load bound); 1.0 for those not listed.
+    `prompt_tokens`: the prompt's size, what a holder's gain is a share of; None:
+    holders are bounded by counts alone (`wait_s` is not weighed).
     """
+    rows = _rows(snapshots, prefix_matches, exclude, cfg)
+    cands = [r for r in rows.values() if not r.note]
+    if not cands:
+        return _decision(None, "no-candidate", rows, home_order, session_endpoint)
+    pool = _preferred_pool(cands, cfg)
+    if pool is not cands:
+        for r in cands:
+            if r not in pool:
+                r.note = "priority"
+    least, first = _least_and_first(pool)
+    reason = "least-load"
+    chosen, within = _longest_holder(
+        pool, first, least, prefix_gain=prefix_gain, prompt_tokens=prompt_tokens, cfg=cfg
+    )
+    if chosen is not None:
+        reason = "prefix"
+        sticky = None if session_endpoint is None else rows.get(session_endpoint)
+        if (
+            sticky is not None
+            and sticky is not chosen
+            and sticky in within
+            and sticky.blocks == chosen.blocks
+            and sticky.total <= chosen.total + cfg.session_load_bound
+        ):
+            chosen, reason = sticky, "prefix+session"
+    elif home_order:
+        if callable(home_order):
+            home_order = home_order()
+        chosen = _home(home_order, rows, pool, first=first, least=least, cfg=cfg)
+        if chosen is not None:
+            reason = "home"
+    if chosen is None:
+        chosen = first
+    chosen.note = "chosen"
+    out = _decision(chosen.id, reason, rows, home_order, session_endpoint)
+    out.least = least
+    return out
+
+
+def _least_and_first(pool: list[_Row]) -> tuple[float, _Row]:
+    """The least total in the pool, and its first row in load order: one pass, no sort."""
+    first = pool[0]
+    least = first.total
+    for r in pool:
+        if r.total < least:
+            least = r.total
+        if _precedes(r, first):
+            first = r
+    return least, first
+
+
+def _rows(
+    snapshots: Sequence[Snapshot],
+    prefix_matches: Mapping[str, int] | None,
+    exclude: Collection[str],
+    cfg: SchedulerConfig,
+) -> dict[str, _Row]:
+    """Every snapshot's working row, noted "excluded" or "open" where it is no candidate."""
     # Plain dicts inside (compiled, a Mapping's get is a generic method call).
     matches = prefix_matches if isinstance(prefix_matches, dict) else dict(prefix_matches or {})
     rows: dict[str, _Row] = {}
@@ -302,41 +375,48 @@ def choose(
         eid = s.id
         load = load_of(s, cfg)
         total = load + cfg.stale_penalty if s.stale else load
-        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0), s.priority)
+        cur = rows[eid] = _Row(s, eid, load, total, matches.get(eid, 0))
         if eid in exclude:
             cur.note = "excluded"
         elif s.breaker is is_open:
             cur.note = "open"
-    cands = [r for r in rows.values() if not r.note]
-    if not cands:
-        return _decision(None, "no-candidate", rows, home_order, session_endpoint)
+    return rows
 
-    pool = _preferred_pool(cands, cfg)
-    if pool is not cands:
-        for r in cands:
-            if r not in pool:
-                r.note = "priority"
-    # One pass for the least total and the first in load order; no sort.
-    first = pool[0]
-    least = first.total
-    for r in pool:
-        if r.total < least:
-            least = r.total
-        if _precedes(r, first):
-            first = r
 
+def _longest_holder(
+    pool: list[_Row],
+    first: _Row,
+    least: float,
+    *,
+    prefix_gain: Mapping[str, float] | None,
+    prompt_tokens: float | None,
+    cfg: SchedulerConfig,
+) -> tuple[_Row | None, list[_Row]]:
+    """The holder of the longest run within its load bound (None if none), and every
+    holder within its bound; those over it are noted "over bound" or "over wait"."""
     chosen: _Row | None = None
-    reason = "least-load"
     min_blocks = max(1, cfg.min_prefix_blocks)
     # Strictly below least + bound: a holder a full batch ahead of an idle replica
     # would make the request queue. The least loaded itself always qualifies.
     gains = prefix_gain if isinstance(prefix_gain, dict) else dict(prefix_gain or {})
     full = max(cfg.full_gain_at, 1e-9)
     within: list[_Row] = []
+    # The least loaded's wait and prefill cost: computed once, when a holder would queue.
+    tokens = 0.0 if prompt_tokens is None else prompt_tokens
+    timed = cfg.weigh_queue_time and tokens > 0.0
+    alt: tuple[float | None, float] | None = None
     for r in pool:
         if r.blocks < min_blocks:
             continue
-        bound = cfg.affinity_load_bound * min(1.0, gains.get(r.id, 1.0) / full)
+        gain = gains.get(r.id, 1.0)
+        bound = cfg.affinity_load_bound * min(1.0, gain / full)
+        if timed and r is not first and r.total > least:
+            if alt is None:
+                alt = (wait_s(first.snap, cfg), _held_share(first, gains, min_blocks))
+            saving = _saving_s(first.snap, r.snap, gain - alt[1], tokens, cfg)
+            if _queues_longer(r.snap, alt[0], saving, cfg):
+                r.note = "over wait"
+                continue
         if r.total <= least or r.total < least + bound:
             within.append(r)
             # The longest run wins; of equal runs, the first in load order.
@@ -348,31 +428,117 @@ def choose(
                 chosen = r
         else:
             r.note = "over bound"
-    if chosen is not None:
-        reason = "prefix"
-        if session_endpoint is not None and session_endpoint != chosen.id:
-            sticky = rows.get(session_endpoint)
+    return chosen, within
+
+
+def _home(
+    order: Sequence[str],
+    rows: dict[str, _Row],
+    pool: list[_Row],
+    *,
+    first: _Row,
+    least: float,
+    cfg: SchedulerConfig,
+) -> _Row | None:
+    """The first endpoint of the rendezvous order in the pool within `home_load_bound`
+    of the least loaded, unless it would queue longer than the least loaded (then
+    none: noted "over wait")."""
+    for eid in order:
+        row = rows.get(eid)
+        if row is not None and row in pool and row.total <= least + cfg.home_load_bound:
             if (
-                sticky is not None
-                and sticky in within
-                and sticky.blocks == chosen.blocks
-                and sticky.total <= chosen.total + cfg.session_load_bound
+                cfg.weigh_queue_time
+                and row is not first
+                and row.total > least
+                and _queues_longer(row.snap, wait_s(first.snap, cfg), 0.0, cfg)
             ):
-                chosen, reason = sticky, "prefix+session"
-    elif home_order:
-        if callable(home_order):
-            home_order = home_order()
-        for eid in home_order:
-            row = rows.get(eid)
-            if row is not None and row in pool and row.total <= least + cfg.home_load_bound:
-                chosen, reason = row, "home"
-                break
-    if chosen is None:
-        chosen = first
-    chosen.note = "chosen"
-    out = _decision(chosen.id, reason, rows, home_order, session_endpoint)
-    out.least = least
-    return out
+                row.note = "over wait"
+                return None
+            return row
+    return None
+
+
+def wait_s(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float | None:
+    """Seconds a new request would wait at `s` for a slot in its batch; None: unknown.
+
+    The requests beyond its capacity C, plus the one new, must first leave: k of
+    them. Within the first batch how soon they leave is what the running ones
+    still owe: with their remaining decode spread evenly, the k-th of C leaves
+    once k/C of twice the mean owed (at most a whole answer) is decoded, at the
+    engine's learned tokens per second per sequence; each request past the first
+    batch adds a C-th of a whole answer. 0.0 without a queue; None when one is
+    there but the decode rate is not learned yet, or no request in flight gave
+    max_tokens: then the scheduler compares counts alone, as it always did.
+    """
+    k = _ahead(s, cfg)
+    if k <= 0.0:
+        return 0.0
+    rate = s.decode_rate
+    n = s.owed_count
+    if rate <= 0.0 or n <= 0 or s.owed_full <= 0:
+        return None
+    capacity = float(_capacity(s, cfg))
+    whole = s.owed_full / n  # tokens a request asks for, on average
+    lead = 2.0 * s.owed_tokens / n
+    if lead > whole:
+        lead = whole
+    first = k if k < capacity else capacity
+    return (first * lead + (k - first) * whole) / capacity / rate
+
+
+def _capacity(s: Snapshot, cfg: SchedulerConfig) -> int:
+    capacity = s.running_capacity
+    if capacity < cfg.default_capacity:
+        capacity = cfg.default_capacity
+    return capacity if capacity >= 1 else 1
+
+
+def _requests(s: Snapshot) -> float:
+    """Requests at the engine: its last scrape's, corrected as `load_of` does."""
+    est = float(s.inflight)
+    queued = s.engine_requests
+    if queued is not None:
+        seen = float(queued + s.inflight - s.inflight_at_scrape)
+        if seen > est:
+            est = seen
+    return est
+
+
+def _ahead(s: Snapshot, cfg: SchedulerConfig) -> float:
+    """Requests that must leave `s`'s batch before a new one gets in (≤ 0: none)."""
+    return _requests(s) + cfg.pending_weight * s.pending - _capacity(s, cfg) + 1.0
+
+
+def _held_share(r: _Row, gains: Mapping[str, float], min_blocks: int) -> float:
+    """The share of the prompt beyond the common part that `r` holds already."""
+    return gains.get(r.id, 1.0) if r.blocks >= min_blocks else 0.0
+
+
+def _saving_s(
+    alt: Snapshot, holder: Snapshot, share: float, tokens: float, cfg: SchedulerConfig
+) -> float | None:
+    """Seconds the holder saves over `alt`: `share` of `tokens` prefilled at `alt`'s
+    learned cost (the holder's, if `alt` has none), once for the request and once for
+    each request at `alt` still awaiting its first token, whose queue or prefill that
+    prefill lengthens; None when neither endpoint's cost is known.
+    """
+    cost = alt.prefill_s_per_token
+    if cost is None:
+        cost = holder.prefill_s_per_token
+    if cost is None or share <= 0.0:
+        return None if cost is None else 0.0
+    return share * tokens * cost * (1.0 + cfg.pending_weight * alt.pending)
+
+
+def _queues_longer(
+    s: Snapshot, alt_wait: float | None, saving: float | None, cfg: SchedulerConfig
+) -> bool:
+    """Whether a request would wait at `s` more than `saving` seconds longer than at
+    the alternative; False whenever a figure is unknown (counts decide, as before)."""
+    if alt_wait is None or saving is None:
+        return False
+    wait = wait_s(s, cfg)
+    return wait is not None and wait > alt_wait + saving
 
 
 class _Row:
@@ -380,11 +546,9 @@ class _Row:
 
     __slots__ = ("blocks", "drain", "id", "load", "note", "prio", "snap", "tie", "total")
 
-    def __init__(
-        self, snap: Snapshot, eid: str, load: float, total: float, blocks: int, prio: int
-    ) -> None:
+    def __init__(self, snap: Snapshot, eid: str, load: float, total: float, blocks: int) -> None:
         self.snap, self.id, self.load, self.total = snap, eid, load, total
-        self.blocks, self.note, self.drain, self.prio = blocks, "", snap.drain_rate, prio
+        self.blocks, self.note, self.drain, self.prio = blocks, "", snap.drain_rate, snap.priority
         # Equal totals to 1e-9 are a tie (float error from differently computed loads):
         # the total in units of 1e-9. round(total, 9) says the same through a decimal
         # string conversion, which cost more than the rest of the row.

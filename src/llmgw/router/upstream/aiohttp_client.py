@@ -119,6 +119,7 @@ class Upstream(Forwarder):
         url: str,
         body: bytes,
         headers: Mapping[str, str],
+        *,
         timeout_s: float,
         endpoint_id: str,
         idle_timeout_s: float | None,

@@ -114,8 +114,8 @@ class ReplyHead:
     a subclass sets `endpoint_id`, `status` and `_content_type = None`, and
     provides `headers`, `read`, `chunk` and `close`. The proxy holds replies as this
     class, not as a Protocol: compiled, its attributes and methods are then direct
-    reads and calls, where a Protocol's were generic lookups (about 2,800
-    instructions a request, bench/RESULTS.md).
+    reads and calls, where a Protocol's were generic lookups (bench/RESULTS.md,
+    "Figures once quoted in the router's source").
 
     Release semantics, the same for every client: a body read to its end gives
     the connection back to the pool by itself; `close()` on a reply that is not
@@ -197,13 +197,21 @@ class Forwarder:
         a stalled stream ends long before the request's deadline. Failures are
         `UpstreamError`s naming `endpoint_id`.
         """
-        return self._send(url, body, headers, timeout_s, endpoint_id, idle_timeout_s)
+        return self._send(
+            url,
+            body,
+            headers,
+            timeout_s=timeout_s,
+            endpoint_id=endpoint_id,
+            idle_timeout_s=idle_timeout_s,
+        )
 
     def _send(
         self,
         url: str,
         body: bytes,
         headers: Mapping[str, str],
+        *,
         timeout_s: float,
         endpoint_id: str,
         idle_timeout_s: float | None,

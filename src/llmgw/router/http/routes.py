@@ -1,0 +1,245 @@
+"""The router's route table and its own small routes: health, metrics, admin.
+
+`FastRoutes` is the server's `Dispatch` (router/http/server.py): a request's
+method and path pick its handler, the proxied POST routes first; every other
+path or method gets an OpenAI-shaped 404 or 405, never a plain-text page.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from llmgw.router.apis.catalog import ROUTES as API_ROUTES
+from llmgw.router.apis.passthrough import PassThrough
+from llmgw.router.errors import error_response
+from llmgw.router.http.connection import Answer, FastRequest
+from llmgw.router.metrics import CONTENT_TYPE
+from llmgw.router.request.auth import admin_allowed, bearer_matches
+from llmgw.router.request.proxy import POST_PATHS, Proxy
+from llmgw.router.routing.scheduler import choose
+from llmgw.router.wiring import Router
+from llmgw.router.workers.ipc import ChannelClosed
+from llmgw.router.workers.worker import WorkerLink
+
+log = logging.getLogger(__name__)
+
+# The live state and, in a worker, its link to the supervisor: set by app.build_app.
+ROUTER = web.AppKey("router", Router)
+LINK = web.AppKey("link", WorkerLink)
+
+Req = FastRequest
+
+
+class FastRoutes:
+    """The router's routes (its server's `Dispatch`), matched by hand.
+
+    The proxied POST routes first, then GET (and HEAD) ones, then the
+    OpenAI-shaped 404/405 for anything else (never a plain-text page).
+    """
+
+    def __init__(self, proxy: Proxy, passthrough: PassThrough) -> None:
+        self.proxy = proxy
+        self.passthrough = passthrough
+        self.gets = {
+            "/v1/models": proxy.models,
+            "/health": health,
+            "/healthz": healthz,
+            "/readyz": readyz,
+            "/metrics": metrics,
+            "/admin/endpoints": admin_endpoints,
+            "/admin/usage": admin_usage,
+        }
+
+    def __call__(self, request: FastRequest) -> Awaitable[Answer]:
+        # Not a coroutine itself: it hands back the handler's, which the server
+        # awaits directly. An async wrapper here (this module is not compiled) was
+        # an interpreted frame that every resumption of a proxied request passed
+        # through (bench/router_overhead.py --instructions).
+        path, method = request.path, request.method
+        if method == "POST" and path in POST_PATHS:
+            return self.proxy.answer(request)
+        if method == "POST" and path in API_ROUTES:
+            return self.passthrough.answer(request)
+        if method == "GET" or method == "HEAD":
+            handler = self.gets.get(path)
+            if handler is not None:
+                return handler(request)
+            if path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
+                request.match_info["model"] = path[len(MODEL_PREFIX) :]
+                return self.proxy.model(request)
+        if path.startswith("/v1/"):
+            return self.proxy.no_route(request)
+        return no_route(request)
+
+
+MODEL_PREFIX = "/v1/models/"
+FAST = web.AppKey("fast", FastRoutes)
+
+
+# The router's own GET routes outside /v1; any other method on them is a 405.
+GET_PATHS = frozenset(
+    {"/health", "/healthz", "/readyz", "/metrics", "/admin/endpoints", "/admin/usage"}
+)
+
+
+async def no_route(request: Req) -> web.Response:
+    """A path the router does not serve: OpenAI's error object, like every other answer."""
+    path, method = request.path, request.method
+    if path in API_ROUTES:
+        return error_response(
+            405,
+            f"Method {method} is not allowed on {path}; use POST.",
+            type="invalid_request_error",
+            code="method_not_allowed",
+            headers={"Allow": "POST"},
+        )
+    if path in GET_PATHS:
+        return error_response(
+            405,
+            f"Method {method} is not allowed on {path}; use GET.",
+            type="invalid_request_error",
+            code="method_not_allowed",
+            headers={"Allow": "GET, HEAD"},
+        )
+    return error_response(
+        404,
+        f"Invalid URL ({method} {path}).",
+        type="invalid_request_error",
+        code="unknown_url",
+    )
+
+
+async def health(request: Req) -> web.Response:
+    """vLLM's and SGLang's liveness path, as they answer it: 200 and an empty body.
+
+    Benchmark clients (guidellm) check it before they start; /healthz says more.
+    """
+    return web.Response(status=200)
+
+
+async def healthz(request: Req) -> web.Response:
+    # `program` and `controller` let `ctl --controller <this router>` say where to go.
+    ctl = request.app[ROUTER].cfg.controller
+    where = None if ctl is None else _without_userinfo(ctl.url)
+    return web.json_response({"status": "ok", "program": "router", "controller": where})
+
+
+def _without_userinfo(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}"
+
+
+async def readyz(request: Req) -> web.Response:
+    ready = request.app[ROUTER].ready()
+    return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+
+async def metrics(request: Req) -> web.Response:
+    st = request.app[ROUTER]
+    token = st.cfg.metrics_token
+    if token is not None and not bearer_matches(token, request.headers.get("Authorization")):
+        return error_response(
+            401,
+            "/metrics needs `Authorization: Bearer <metrics_token>`.",
+            type="invalid_request_error",
+            code="invalid_metrics_token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    link = request.app.get(LINK)
+    if link is None:
+        body = st.metrics.render()
+    else:
+        try:
+            # Every worker's figures and the host's, merged by the supervisor.
+            body = await link.ask("metrics")
+        except (ChannelClosed, TimeoutError):
+            return _supervisor_away()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def _supervisor_away() -> web.Response:
+    return error_response(
+        503,
+        "This router worker cannot reach its supervisor; retry shortly.",
+        type="server_error",
+        code="supervisor_unavailable",
+        headers={"Retry-After": "1"},
+    )
+
+
+def _admin_denied(request: Req) -> web.Response | None:
+    st = request.app[ROUTER]
+    if admin_allowed(
+        token=st.cfg.admin_token,
+        authorization=request.headers.get("Authorization"),
+        remote=request.remote,
+    ):
+        return None
+    return error_response(
+        403 if st.cfg.admin_token is None else 401,
+        "Admin endpoints need the admin token (or a loopback caller when none is set).",
+        type="invalid_request_error",
+        code="admin_only",
+    )
+
+
+def _json(obj: Any) -> web.Response:
+    return web.Response(body=msgspec.json.encode(obj), content_type="application/json")
+
+
+async def admin_endpoints(request: Req) -> web.Response:
+    """The snapshots the scheduler sees, and what it would choose now for each model."""
+    if (denied := _admin_denied(request)) is not None:
+        return denied
+    st = request.app[ROUTER]
+    decisions = {}
+    for model in sorted(st.known_models):
+        d = choose(st.registry.snapshots(model))
+        decisions[model] = {
+            "endpoint_id": d.endpoint_id,
+            "reason": d.reason,
+            "header": d.header(),
+            "scores": msgspec.to_builtins(d.scores),
+        }
+    return _json(
+        {
+            "router_id": st.router_id,
+            # Which worker answered (--workers N); null for a one-process router.
+            "worker": st.worker_index,
+            "policy": st.policy.name,
+            "upstream_client": st.upstream_client,
+            "endpoints": _without_keys([s.as_builtins() for s in st.registry.snapshots()]),
+            "prefix_entries": st.prefix.entries_by_endpoint(),
+            "decisions": decisions,
+        }
+    )
+
+
+def _without_keys(snaps: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Snapshots as shown: an engine's key never leaves the router."""
+    for snap in snaps:
+        info = snap.get("info")
+        if isinstance(info, dict):
+            info.pop("api_key", None)
+    return snaps
+
+
+async def admin_usage(request: Req) -> web.Response:
+    """The usage report this router would send now (last_used absent when unknown)."""
+    if (denied := _admin_denied(request)) is not None:
+        return denied
+    link = request.app.get(LINK)
+    if link is None:
+        return _json(request.app[ROUTER].usage_report(reset=False))
+    try:
+        # The report the supervisor would send for all the workers now.
+        body = await link.ask("usage_peek")
+    except (ChannelClosed, TimeoutError):
+        return _supervisor_away()
+    return web.Response(body=body, content_type="application/json")

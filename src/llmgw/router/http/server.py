@@ -1,0 +1,467 @@
+"""The router's HTTP/1.1 server: httptools (llhttp) parsing, prebuilt answer heads.
+
+The same pattern as the router's upstream client (router/upstream/fast.py), on
+the serving side: one `asyncio.Protocol` per connection, no aiohttp
+RequestHandler, BaseRequest, StreamWriter, URL dispatcher or middleware chain
+per request. The program gives a `Dispatch`: an async function of a
+`FastRequest` that answers with an aiohttp `web.Response`, a `Reply` or a
+`Prerendered` (written here in one `write`) or a `FastStream` it opened itself
+(an event stream, relayed as it comes, chunked).
+
+It keeps what `runtime.httpserver.EdgeHandler` gives aiohttp's server, with the
+same `Edge` (limits, the connection count and the canned answers):
+
+- a request the parser refuses (bad framing, a line over `max_line_bytes`, more
+  than `max_headers` headers, smuggling attempts such as Content-Length with
+  Transfer-Encoding) is a 400 with the program's JSON error body, one log
+  line, and the connection closed;
+- a head must arrive within `header_timeout_s` of its first byte (else 408),
+  a connection with no request for `idle_timeout_s` is closed, and past
+  `max_connections` a new one is answered 503 at once;
+- keep-alive and pipelining (requests answered in order, one at a time; reading
+  stops at a pipelined head until its turn, and the next answer waits until the
+  last has drained), chunked request bodies, `Expect: 100-continue`, HEAD;
+- a body larger than `max_body_bytes` makes `read()` raise aiohttp's
+  HTTPRequestEntityTooLarge and a broken one RequestPayloadError, as aiohttp's
+  request does; a client that disconnects cancels its handler.
+
+What differs: a client that takes none of an answer for `idle_timeout_s` while
+more is to be sent is closed (aiohttp waits on it for ever); a request body the
+handler did not read closes the connection after the answer (aiohttp reads it
+off for up to two seconds); request bodies are never decompressed (the router
+does not want them to be); an `Upgrade` header is ignored (the request is served
+as HTTP/1.1), CONNECT refused (400).
+
+The connection's own state and closing are connection.py's; the heads heads.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any, Final, cast
+
+import httptools
+from aiohttp import web
+from multidict import CIMultiDict
+
+from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.connection import (
+    Answer,
+    Connection,
+    Dispatch,
+    FastRequest,
+    FastStream,
+    Listener,
+)
+from llmgw.router.http.heads import DATE, fields, head, reason_of, status_line
+from llmgw.runtime.httpserver import _one_line, _without_echo
+from llmgw.runtime.logs import kv
+
+log: Final = logging.getLogger(__name__)
+
+__all__ = ["Answer", "Dispatch", "FastProtocol", "FastRequest", "FastServer", "FastStream"]
+
+
+class _HeadError(Exception):
+    """A head the server refuses before parsing further (its message is the 400's)."""
+
+
+class FastServer(Listener):
+    """What every connection of one listening socket shares; `protocol` makes each."""
+
+    def protocol(self) -> FastProtocol:
+        return FastProtocol(self)
+
+
+class FastProtocol(Connection):
+    """One client connection, parsed and answered."""
+
+    # -- reading --------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        while data:
+            data = self._received(data)
+
+    def _received(self, data: bytes) -> bytes:
+        """Parse `data`; what follows an upgrade request is returned, for a fresh parser.
+
+        In a loop, not by recursion: a read can hold thousands of such requests.
+        """
+        if self.closing:
+            # Answered and closing: what still comes is read and dropped (`_linger`).
+            self.linger_last = self.loop.time()
+            return b""
+        if self.raw_body_left:
+            data = self._raw_body(data)
+            if not data:
+                return b""
+        if self.in_head:
+            # httptools keeps a header line until it ends: bound the head as a whole.
+            self.head_bytes += len(data)
+            if self.head_bytes > self.max_head_bytes:
+                self._refuse_head("the request head is too large")
+                return b""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._parse_failed(exc)
+            return b""
+        except httptools.HttpParserUpgrade as exc:
+            # `Upgrade: h2c` and the like (curl --http2 sends it): served as plain
+            # HTTP/1.1, the upgrade ignored, as aiohttp and nginx do. llhttp stops
+            # after that message; a fresh parser takes the bytes after it.
+            self.parser = httptools.HttpRequestParser(self)
+            return data[int(exc.args[0]) :]
+        if self.in_chunk_head:
+            # Counted once parsed: these bytes may be all one read, head and body with them.
+            self.chunk_head_bytes += len(data)
+            if self.chunk_head_bytes > self.max_head_bytes:
+                why = "a chunk header or the trailers are too large"
+                self._parse_failed(httptools.HttpParserError(why))
+                return b""
+        if self.in_head and self.head_timer is None:
+            self.head_timer = self.loop.call_later(
+                self.edge.limits.header_timeout_s, self._head_late
+            )
+        return b""
+
+    def _raw_body(self, data: bytes) -> bytes:
+        """Feed an upgrade request's body by its length; what follows it is returned."""
+        n = self.raw_body_left
+        part, rest = data[:n], data[n:]
+        self.raw_body_left -= len(part)
+        if self.cur is not None:
+            self.cur._feed(part)
+        if not self.raw_body_left:
+            self.on_message_complete()
+        return rest
+
+    def on_message_begin(self) -> None:
+        self.in_head = True
+        self.url = b""
+        self.fields = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > self.max_line_bytes:
+            limit = self.max_line_bytes
+            raise _HeadError(f"the request line is longer than {limit} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) + 2 > self.max_line_bytes:
+            raise _HeadError(f"a header line is longer than {self.max_line_bytes} bytes")
+        if len(self.fields) >= self.max_headers:
+            raise _HeadError(f"more than {self.max_headers} headers")
+        try:
+            # ASCII (nearly every header) decodes the same either way; compiled, this
+            # decode is a direct call, the one with an error handler a codec lookup.
+            field = (name.decode("ascii"), value.decode("ascii"))
+        except UnicodeDecodeError:
+            field = (
+                name.decode("utf-8", "surrogateescape"),
+                value.decode("utf-8", "surrogateescape"),
+            )
+        self.fields.append(field)
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        self.head_bytes = 0
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+        p = self.parser
+        # Each of the parser's getters is a Python-level call: one of each.
+        method = p.get_method()
+        if method == b"CONNECT":
+            raise _HeadError("CONNECT is not supported")
+        upgrade = p.should_upgrade()
+        req = FastRequest(
+            self,
+            method.decode("ascii"),
+            self.url.decode("latin-1"),
+            # Not wrapped in a read-only CIMultiDictProxy, as aiohttp's are: nothing
+            # writes to a request's headers, and the wrapper cost a call per request.
+            CIMultiDict(self.fields),
+            p.should_keep_alive(),
+            p.get_http_version(),
+        )
+        if upgrade and req.content_length:
+            # httptools skips the body of an upgrade request (its bytes come after the
+            # upgrade point): read it here, by its length.
+            self.raw_body_left = req.content_length
+        elif upgrade and "Transfer-Encoding" in req.headers:
+            # llhttp takes a request's Transfer-Encoding only with chunked last (any
+            # case, any of several headers): whatever its spelling, the body is chunked.
+            raise _HeadError("a body with an Upgrade header needs a Content-Length")
+        self.cur = req
+        self.queue.append(req)
+        if not self.busy:
+            self._next()
+        else:
+            # Pipelined behind an answer in progress: its body stays in the socket
+            # (not held here, uncounted by the program's body budget) until its turn.
+            self._pause()
+
+    def on_chunk_header(self) -> None:
+        self.in_chunk_head = True
+        self.chunk_head_bytes = 0
+
+    def on_chunk_complete(self) -> None:
+        self.in_chunk_head = False
+
+    def on_body(self, body: bytes) -> None:
+        self.in_chunk_head = False
+        self.chunk_head_bytes = 0
+        if self.cur is not None:
+            self.cur._feed(body)
+
+    def on_message_complete(self) -> None:
+        if self.raw_body_left:
+            return  # an upgrade request's body is still to come (on_headers_complete)
+        req = self.cur
+        self.cur = None
+        if req is None:
+            return
+        req.complete = True
+        req._wake()
+        if req is not self._handling:
+            # Pipelined behind an answer in progress: read no further until its turn.
+            self._pause()
+
+    def _parse_failed(self, exc: httptools.HttpParserError) -> None:
+        cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
+        why = str(cause) if isinstance(cause, _HeadError) else _without_echo(str(exc))
+        self.closing = True
+        self._cancel_timers()
+        cur = self.cur
+        if cur is not None and not self.in_head and cur is self._handling:
+            # Broken framing in the body of the request being handled: its read() fails.
+            cur._fail(exc)
+            return
+        self._refuse_head(why)
+
+    def _refuse_head(self, why: str) -> None:
+        """A 400 for a request that cannot be parsed, then close (after any answer in progress)."""
+        self.closing = True
+        self._cancel_timers()
+        if self.cur is not None and self.queue and self.queue[-1] is self.cur:
+            # A pipelined request whose body broke: it will never be complete.
+            self.queue.pop()
+        self.cur = None
+        log.warning(
+            kv("refused request", server=self.edge.name, status=400, peer=self.remote, why=why)
+        )
+        text = _one_line(f"Bad HTTP request: {why}")
+        body = self.edge.error(400, text)
+        answer = head(
+            400,
+            None,
+            {"Content-Type": "application/json"},
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode("ascii"),
+        )
+        if not self.busy:
+            if self.transport is not None:
+                self.transport.write(answer + body)
+                self._linger(self.transport)
+        else:
+            self.refuse = answer + body
+
+    def _next(self) -> None:
+        """Answer the first request queued (none is in progress): the runner waiting
+        for it takes it, or a runner starts."""
+        req = self._begin()
+        waiter = self.idle_waiter
+        if waiter is not None and not waiter.done():
+            self.idle_waiter = None
+            waiter.set_result(req)
+        else:
+            self.runner = self.loop.create_task(self._run(req))
+
+    def _begin(self) -> FastRequest:
+        req = self.queue.popleft()
+        self._handling = req
+        self.started = False
+        self.busy = True
+        return req
+
+    async def _run(self, first: FastRequest) -> None:
+        """Answer the connection's requests in turn until it closes.
+
+        One task per connection, waiting between requests: a task per request cost
+        more (asyncio registers each task in a WeakSet, in Python, and unregisters it
+        when it is freed; the figure is in bench/RESULTS.md).
+        """
+        req: FastRequest | None = first
+        while req is not None:
+            keep = False
+            try:
+                # The handler's coroutine awaited here, not in a coroutine per request
+                # around it: compiled, each level of coroutine costs a generator and
+                # its environment per request, and a pass each time the request resumes.
+                if req.expect is None or self._expected(req):
+                    try:
+                        resp = await self.server.dispatch(req)
+                    except (asyncio.CancelledError, ConnectionError):
+                        raise
+                    except Exception as exc:
+                        log.error(
+                            kv("handler failed", server=self.edge.name, path=req.path),
+                            exc_info=exc,
+                        )
+                        self._handler_failed(req)
+                    else:
+                        keep = self._answered(req, resp)
+                if keep and self.paused_writing:
+                    # A client that does not read its answers: the next (pipelined or
+                    # not) waits until this one has drained, so what the transport holds
+                    # stays near its high-water mark instead of one answer per request.
+                    await self.drain()
+            except (asyncio.CancelledError, ConnectionError):
+                keep = False
+            except Exception as exc:
+                # Writing the answer failed (a handler's header that cannot be encoded...).
+                log.error(kv("answer failed", server=self.edge.name, path=req.path), exc_info=exc)
+                keep = False
+            if not self._finished(req, keep):
+                return
+            if self.queue:
+                req = self._begin()
+                continue
+            waiter: asyncio.Future[FastRequest | None] = self.loop.create_future()
+            self.idle_waiter = waiter
+            try:
+                req = await waiter
+            except asyncio.CancelledError:
+                return
+
+    def _expected(self, req: FastRequest) -> bool:
+        """A request with an Expect header: whether the handler is to answer it (a 100
+        Continue sent if the body is still to come), or it was refused (417, closing)."""
+        expect = req.expect
+        assert expect is not None
+        if req.version == "1.1" and expect.lower() == "100-continue":
+            if not req.complete:
+                self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            return True
+        msg = f"Unknown Expect: {expect}"
+        refusal = web.Response(
+            status=417, body=self.edge.error(417, msg), content_type="application/json"
+        )
+        self._write(req, refusal, close=True)
+        return False
+
+    def _handler_failed(self, req: FastRequest) -> None:
+        """The handler raised: a 500 closing the connection, unless an answer had begun
+        (then the connection is only closed)."""
+        if self.started:
+            return
+        msg = "The server had an error while processing your request."
+        resp = web.Response(
+            status=500, body=self.edge.error(500, msg), content_type="application/json"
+        )
+        self._write(req, resp, close=True)
+
+    def _answered(self, req: FastRequest, resp: Answer) -> bool:
+        """Write the handler's answer (a stream is already written); whether the
+        connection may carry another request."""
+        if type(resp) is Prerendered:
+            close = not req.keep_alive or not req.complete or self.draining
+            self._send_lines(req, resp.status, None, resp.lines, resp.body, close)
+            return not close
+        if isinstance(resp, FastStream):
+            return resp.keep_alive and resp._eof
+        if isinstance(resp, Reply):
+            close = not req.keep_alive or not req.complete or self.draining
+            self._send_whole(req, resp.status, None, resp.headers, resp.body, close)
+            return not close
+        if not isinstance(resp, web.Response):
+            raise TypeError(f"a handler answered {type(resp).__name__}, not a web.Response")
+        close = not req.keep_alive or resp.keep_alive is False or not req.complete or self.draining
+        self._write(req, resp, close=close)
+        return not close
+
+    def _write(self, req: FastRequest, resp: web.Response, *, close: bool) -> None:
+        body = resp.body
+        if not isinstance(body, bytes | bytearray):
+            body = b"" if body is None else bytes(cast(Any, body)._value)
+        self._send_whole(req, resp.status, reason_of(resp), resp.headers, body, close)
+
+    def _send_whole(
+        self,
+        req: FastRequest,
+        status: int,
+        reason: str | None,
+        headers: Mapping[str, str],
+        body: bytes | bytearray,
+        close: bool,
+    ) -> None:
+        lines = fields(headers)
+        if "Content-Type" not in headers:
+            lines += b"Content-Type: application/octet-stream\r\n"
+        self._send_lines(req, status, reason, lines, body, close)
+
+    def _send_lines(
+        self,
+        req: FastRequest,
+        status: int,
+        reason: str | None,
+        lines: bytes,
+        body: bytes | bytearray,
+        close: bool,
+    ) -> None:
+        """A whole answer whose header lines are written (a `Prerendered`'s as they
+        are): status line, the lines, Date, Content-Length, Connection, the body."""
+        if close:
+            end = b"\r\nConnection: close\r\n\r\n"
+        elif req.version == "1.0":
+            end = b"\r\nConnection: keep-alive\r\n\r\n"
+        else:
+            end = b"\r\n\r\n"
+        head = b"".join(
+            (
+                status_line(status, reason),
+                lines,
+                DATE.get(),
+                b"Content-Length: ",
+                str(len(body)).encode("ascii"),
+                end,
+            )
+        )
+        self.started = True
+        if req.method == "HEAD":
+            self.send(head)
+        else:
+            self.send(head + body)
+
+    def _finished(self, req: FastRequest, keep: bool) -> bool:
+        """`req` is answered; whether the connection goes on to another request."""
+        self.busy = False
+        self._handling = None
+        transport = self.transport
+        if transport is None:
+            return False
+        if not keep or self.draining or (self.closing and not self.queue):
+            if keep and self.refuse is not None:
+                # The refused (or late) head came after every request answered: its turn.
+                transport.write(self.refuse)
+            self.refuse = None
+            self.closing = True
+            if req.complete:
+                transport.close()
+            else:
+                self._linger(transport)
+            return False
+        if self.queue:
+            # Read on only once the pipelined requests already in are answered: each
+            # read can bring a buffer full of heads, and the queue would grow by that
+            # much per answer. The runner takes the next.
+            return True
+        if self.paused_reading:
+            self.paused_reading = False
+            transport.resume_reading()
+        if self.cur is None and not self.in_head:
+            # A head begun behind the answer is bounded by its own timer (408), not this.
+            self._arm_idle()
+        return True
