@@ -5,4 +5,5 @@ answers.py     whole answers cheaper than aiohttp's web.Response: Reply, Prerend
 connection.py  one connection: its state, caps, timers and closing; the request
                and stream objects a handler sees; what a listening socket shares
 server.py      parsing (httptools) and answering in turn: FastProtocol, FastServer
+routes.py      the route table (`FastRoutes`) and the small routes: health, metrics, admin
 """
