@@ -15,9 +15,12 @@ from llmgw.wire.leases import KeyDemand
 
 # Unix seconds at the start of a UTC hour: how token usage is bucketed.
 HOUR_S = 3600
+# No control character: these names are stored (PostgreSQL's text holds no NUL) and
+# shown in tables and logs. In the published schema too, so a client knows the rule.
+PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
 # Names in token usage (a key, a team, a model): a router file's key names are free
-# text, so only their length is bounded.
-UsageName = Annotated[str, msgspec.Meta(max_length=256)]
+# text, so only their length and their characters are bounded.
+UsageName = Annotated[str, msgspec.Meta(max_length=256, pattern=PRINTABLE)]
 # Counts in token usage: never negative, and small enough that a sum stays exact.
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
 # What `GET /admin/usage` groups by.
@@ -95,7 +98,7 @@ class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     # Who counted `tokens`: new each time a router process starts, even one with a
     # configured `router_id`, whose totals start again at zero (under an id already
     # seen, the controller, keeping the largest figures, would miss them). "": router_id.
-    counter_id: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    counter_id: Annotated[str, msgspec.Meta(max_length=128, pattern=PRINTABLE)] = ""
     # Limited client keys this router has seen or holds a share of: what it was asked
     # for and what it enforces; the answer leases it its shares (wire.leases).
     key_demand: list[KeyDemand] = []
