@@ -214,7 +214,10 @@ class Router:
         keys = (*self.cfg.api_keys, *self._controller_keys)
         self.keys = KeyRing(keys, required=self._keys_required, clock=self.clock)
         self.tenants.retain(keys, leased=self._controller_keys)
-        if self.tenants.leasing is not False and self.tenants.leased - self.tenants.shares.keys():
+        # Not `leased - shares.keys()`: that is a set, and the compiled build checks the
+        # frozenset its annotation promises (a TypeError that stopped every reload).
+        shares = self.tenants.shares
+        if self.tenants.leasing is not False and any(k not in shares for k in self.tenants.leased):
             self.want_lease()
 
     def leased(self, answer: LeaseAnswer | None) -> None:
