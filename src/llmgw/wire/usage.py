@@ -87,9 +87,9 @@ class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     # since this router started are ABSENT, never 0: unknown is not idle.
     last_used: dict[str, float] = {}
     # Endpoint id → requests in flight there now.
-    inflight: dict[str, int] = {}
+    inflight: dict[str, Count] = {}
     # Model name → requests held now for lack of a replica (scale from zero).
-    demand: dict[str, int] = {}
+    demand: dict[str, Count] = {}
     # Model name → load during the last interval (autoscaling).
     load: dict[str, ModelLoad] = {}
     # Running token totals of this router process per hour, key, team and model:
