@@ -22,7 +22,8 @@ PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
 # text, so only their length and their characters are bounded.
 UsageName = Annotated[str, msgspec.Meta(max_length=256, pattern=PRINTABLE)]
 # Counts in token usage: never negative, and small enough that a sum stays exact.
-Count = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+MAX_COUNT = 2**53
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 # What `GET /admin/usage` groups by.
 UsageBy = Literal["key", "team", "model"]
 # Its `since_s` when absent (the last day), and the furthest back it may reach (ten
@@ -87,9 +88,9 @@ class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     # since this router started are ABSENT, never 0: unknown is not idle.
     last_used: dict[str, float] = {}
     # Endpoint id → requests in flight there now.
-    inflight: dict[str, Count] = {}
+    inflight: dict[str, int] = {}
     # Model name → requests held now for lack of a replica (scale from zero).
-    demand: dict[str, Count] = {}
+    demand: dict[str, int] = {}
     # Model name → load during the last interval (autoscaling).
     load: dict[str, ModelLoad] = {}
     # Running token totals of this router process per hour, key, team and model:

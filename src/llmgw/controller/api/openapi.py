@@ -33,7 +33,13 @@ from llmgw.wire.keys import KeyCreate, KeyCreated, KeyRevoked, KeyView
 from llmgw.wire.leases import LeaseAnswer
 from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
 from llmgw.wire.names import LABEL_PATTERN
-from llmgw.wire.usage import DEFAULT_SINCE_S, MAX_SINCE_S, UsageAnswer, UsageReport
+from llmgw.wire.usage import (
+    DEFAULT_SINCE_S,
+    MAX_COUNT,
+    MAX_SINCE_S,
+    UsageAnswer,
+    UsageReport,
+)
 
 _TYPES: tuple[Any, ...] = (
     Heartbeat,
@@ -135,7 +141,7 @@ def _edge_rules(components: dict[str, Any]) -> None:
     types leave out, written into their schemas so the document says what is refused."""
     usage = components["UsageReport"]["properties"]
     for field in ("inflight", "demand"):
-        usage[field]["additionalProperties"]["minimum"] = 0
+        usage[field]["additionalProperties"].update(minimum=0, maximum=MAX_COUNT)
     for prop in components["ModelLoad"]["properties"].values():
         prop["minimum"] = 0
     # The name sets (wire.names), checked at the edge rather than by the stored types.

@@ -23,7 +23,7 @@ from llmgw.controller.errors import InvalidSpec
 from llmgw.wire.agent import Heartbeat
 from llmgw.wire.models import ModelSpec, names_problem, routing_problem, sleep_problem
 from llmgw.wire.names import address_problem, label_problem
-from llmgw.wire.usage import UsageReport
+from llmgw.wire.usage import MAX_COUNT, UsageReport
 
 _PORTS = (1, 65535)
 
@@ -141,9 +141,10 @@ def _control(text: str) -> bool:
 
 def _counts(counts: Mapping[str, int], field: str) -> None:
     for key, n in counts.items():
-        if n < 0:
+        if not 0 <= n <= MAX_COUNT:
             raise InvalidSpec(
-                f"usage report: {field}[{key!r}] must be >= 0, got {n}", param=f"{field}.{key}"
+                f"usage report: {field}[{key!r}] must be within 0..2**53, got {n}",
+                param=f"{field}.{key}",
             )
 
 
