@@ -578,6 +578,7 @@ class Proxy:
             who,
             deadline=deadline,
             still_saturated=lambda: not st.flow.below_capacity(snapshots(model)),
+            running=sum(s.inflight for s in snapshots(model)),
         )
 
     def _served(
