@@ -413,16 +413,15 @@ class TestBelowCapacity:
     """A replica takes a granted request only if it is below capacity and has no queue."""
 
     def test_an_engine_with_a_queue_is_full_below_its_learned_capacity(self) -> None:
-        """4 running and 2 waiting of a learned 8 is full until 4 of ours finish there:
-        its queue is gone after 2, and its hold point is one below the 4 it ran."""
+        """4 running and 2 waiting of a learned 8 is full until 2 of ours finish there
+        (its hold point, 6.4 requests after this one scrape, is not what holds it)."""
         gate = FlowGate(limits())
         queued = snap("e1", running=4, waiting=2, capacity=8, inflight=6)
         assert gate.below_capacity([queued]) is False
-        for done in (1, 2, 3):
-            later = same_scrape(queued, inflight=6 - done)
-            assert gate.below_capacity([later]) is False, done
-        four_done = same_scrape(queued, inflight=2)
-        assert gate.below_capacity([four_done]) is True
+        one_done = same_scrape(queued, inflight=5)
+        assert gate.below_capacity([one_done]) is False
+        two_done = same_scrape(queued, inflight=4)
+        assert gate.below_capacity([two_done]) is True
 
     def test_a_stale_or_open_replica_does_not_count(self) -> None:
         """An open breaker is never capacity; a stale figure's queue is not believed."""
@@ -437,23 +436,29 @@ class TestHoldPoints:
     """Each replica's hold point follows its engine's queue, one request at a time."""
 
     def test_a_queue_lowers_the_point_below_what_the_engine_ran(self) -> None:
-        """An engine of learned capacity 8 seen running 5 with 2 waiting is held at 4."""
+        """An engine of learned capacity 10 seen running 5 with 2 waiting is held at 8,
+        then 6.4, 5.12, 4.096, 4: a fifth off a scrape at most, down to one below
+        what it ran."""
         points = HoldPoints()
-        assert points.point(snap("e1", running=5, waiting=2, capacity=8)) == 4 / 8
-        assert points.lowest == 4 / 8
+        seen = []
+        for _ in range(5):
+            seen.append(points.point(snap("e1", running=5, waiting=2, capacity=10)))
+        assert seen == pytest.approx([0.8, 0.64, 0.512, 0.4096, 0.4])
+        assert points.lowest == pytest.approx(0.4)
 
     def test_the_same_scrape_is_learned_from_once(self) -> None:
         """Asked again before the next scrape, the point stays where the scrape put it."""
         points = HoldPoints()
         s = snap("e1", running=5, waiting=2, capacity=8)
         points.point(s)
-        assert points.point(same_scrape(s, inflight=9)) == 4 / 8
+        assert points.point(same_scrape(s, inflight=9)) == 0.8
 
     def test_no_queue_at_the_point_raises_it_up_to_the_ceiling(self) -> None:
         """Running at its point with nothing waiting, the engine gets one more a scrape,
         never past its learned capacity; below its point a scrape changes nothing."""
         points = HoldPoints()
-        points.point(snap("e1", running=3, waiting=1, capacity=8))
+        for _ in range(8):
+            points.point(snap("e1", running=3, waiting=1, capacity=8))
         assert points.points() == {"e1": 2 / 8}
         assert points.point(snap("e1", running=1, capacity=8)) == 2 / 8
         for n in range(2, 8):
@@ -469,15 +474,16 @@ class TestHoldPoints:
         assert points.point(opened) == 1.0
 
     def test_the_gate_holds_at_the_point(self) -> None:
-        """A replica whose engine queued at 4 of 8 saturates the gate at 3 of ours, once
-        a request at its capacity has shown the gate that queue."""
+        """A replica whose engine queued at 9 of 10 saturates the gate at 8, once a
+        request at its capacity has shown the gate that queue."""
         gate = FlowGate(limits())
         assert gate.saturated_load == 1.0
-        s = snap("e1", running=4, waiting=1, capacity=8, inflight=5)
-        assert gate.saturated(5 / 8, [s]) is False  # below every point: not looked at
+        s = snap("e1", running=9, waiting=1, capacity=10, inflight=10)
+        assert gate.saturated(0.9, [s]) is False  # below every point: not looked at
         assert gate.saturated(1.0, [s]) is True
-        assert gate.saturated_load == 3 / 8
-        assert gate.saturated(2 / 8, [same_scrape(s, inflight=2)]) is False
+        assert gate.saturated_load == pytest.approx(0.8)
+        assert gate.saturated(0.8, [same_scrape(s, inflight=8)]) is True
+        assert gate.saturated(0.8, [same_scrape(s, inflight=7)]) is False
 
 
 class TestWaitBound:
@@ -515,3 +521,21 @@ class TestWaitBound:
         assert isinstance(got, Refusal)
         assert got.wait_s == pytest.approx(0.5)
         assert not isinstance(q.push("standard", "quiet", 1.0, running=4), Refusal)
+
+    def test_a_tenant_with_nothing_queued_is_bounded_by_max_wait_only(self) -> None:
+        """Behind a critical backlog longer than the turnover, a standard tenant's first
+        request is queued (it is within its share); its second is refused."""
+        bands = {
+            b: BandLimits(max_queued=100, max_wait_s=10.0, max_wait_turnovers=1.0) for b in BANDS
+        }
+        q = FlowQueue(bands)
+        for i in range(2):
+            push(q, "critical", "c", i * 0.1)
+            q.pop(i * 0.1)
+        for _ in range(8):
+            push(q, "critical", "c", 1.0)
+        assert q.wait_bound_s("standard", 4, "s") == 10.0
+        assert not isinstance(q.push("standard", "s", 1.0, running=4), Refusal)
+        got = q.push("standard", "s", 1.0, running=4)
+        assert isinstance(got, Refusal)
+        assert got.wait_s == pytest.approx(1.0)

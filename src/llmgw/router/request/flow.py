@@ -155,7 +155,7 @@ class FlowQueue:
         model's replicas."""
         b = self._bands[band]
         wait_s = self.expected_wait_s(band, tenant)
-        if wait_s is not None and wait_s > self.wait_bound_s(band, running):
+        if wait_s is not None and wait_s > self.wait_bound_s(band, running, tenant):
             return Refusal(band=band, retry_after_s=self.retry_after_s(band), wait_s=wait_s)
         pushed: Ticket | None = None
         if b.count >= b.limits.max_queued:
@@ -273,17 +273,22 @@ class FlowQueue:
             return None
         return running * interval
 
-    def wait_bound_s(self, band: str, running: int) -> float:
-        """The longest expected wait an arrival in `band` is queued for: its max_wait_s,
-        or its max_wait_turnovers of `turnover_s(running)` if sooner.
+    def wait_bound_s(self, band: str, running: int, tenant: str | None = None) -> float:
+        """The longest expected wait an arrival in `band` (of `tenant`) is queued for:
+        its max_wait_s, or its max_wait_turnovers of `turnover_s(running)` if sooner
+        and the tenant has requests of its own queued in the band already.
 
         A queue longer than the fleet's turnover adds wait and no throughput: one
         request waiting per slot is enough to fill every slot as it frees. A tenant
         whose backlog is past that is refused at once, so the requests it is served
-        wait about one turnover instead of max_wait_s each."""
-        limits = self._bands[band].limits
-        bound = limits.max_wait_s
-        turns = limits.max_wait_turnovers
+        wait about one turnover instead of max_wait_s each. A tenant with nothing
+        queued is within its share whatever the others' backlogs: only max_wait_s
+        bounds its wait (a burst that drew out the grants must not refuse it)."""
+        b = self._bands[band]
+        bound = b.limits.max_wait_s
+        if tenant is not None and not b.counts.get(tenant, 0):
+            return bound
+        turns = b.limits.max_wait_turnovers
         turnover = self.turnover_s(running)
         if turns > 0 and turnover is not None and turns * turnover < bound:
             bound = turns * turnover

@@ -35,7 +35,6 @@ from typing import Final
 from llmgw.router.errors import FlowRefused
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot
-from llmgw.router.request.holdpoint import HoldPoints
 from llmgw.router.request.flow import (
     BANDS,
     GRANTED,
@@ -45,6 +44,7 @@ from llmgw.router.request.flow import (
     Refusal,
     Ticket,
 )
+from llmgw.router.request.holdpoint import HoldPoints
 from llmgw.router.routing.scheduler import DEFAULT_CONFIG, SchedulerConfig, load_of
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 
@@ -181,7 +181,7 @@ class FlowGate:
             n = m.queue.waiting_in(band)
             why = f"the {band} band's queue is full ({n} waiting)"
             if got.wait_s is not None:
-                limit = m.queue.wait_bound_s(band, running)
+                limit = m.queue.wait_bound_s(band, running, tenant)
                 why = (
                     f"it would wait about {got.wait_s:.1f}s in the {band} band's queue "
                     f"({n} waiting), past its {limit:.1f}s"

@@ -12,8 +12,8 @@ which flow control counts it as full. It is learned from what every scrape shows
 one request at a time, as TCP learns a window:
 
 - a scrape that finds requests **waiting** at the engine lowers it to one request
-  below what the engine was running then (at once: the engine has shown that it
-  cannot take more now);
+  below what the engine was running then, by at most a fifth of it a scrape (the
+  engine has shown that it cannot take more now, but a moment's figure may be low);
 - a scrape that finds **no queue** while the engine ran at the hold point raises it
   by one request, up to the ceiling, so a point lowered by a passing burst or a mix
   of long prompts comes back when the engine can take more.
@@ -26,9 +26,17 @@ router keeps its point here; it can only make the proxy look at the replicas soo
 
 from __future__ import annotations
 
+from typing import Final
+
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot, Stats
 from llmgw.router.routing.scheduler import DEFAULT_CONFIG, SchedulerConfig
+
+# The most one scrape may take off a hold point, as a share of it. An engine seen in
+# the middle of a preemption or a long prefill runs few requests for a moment; taking
+# the point down to that at once held the replica near empty for as many scrapes as
+# it then took to climb back, one request each.
+DECREASE: Final = 0.8
 
 
 class _Point:
@@ -66,8 +74,8 @@ class HoldPoints:
         step = self._step(s)
         before = p.load
         if st.waiting > 0:
-            ran = st.running * step
-            p.load = max(step, min(p.load, ran) - step)
+            # Already below what it ran: the queue is not this point's doing.
+            p.load = min(p.load, max(step, (st.running - 1) * step, p.load * DECREASE))
         elif st.running * step > p.load - step / 2 and p.load < self.ceiling:
             p.load = min(self.ceiling, p.load + step)
         if p.load != before:
