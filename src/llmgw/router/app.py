@@ -25,7 +25,7 @@ from llmgw.router.apis.passthrough import PassThrough
 from llmgw.router.config import RouterConfig
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.control.usagereports import UsageReporter
-from llmgw.router.http.routes import FAST, LINK, ROUTER, FastRoutes
+from llmgw.router.http.routes import FastRoutes
 from llmgw.router.replicas.scrape import HttpMetricsFetcher, Scraper
 from llmgw.router.request.proxy import Proxy
 from llmgw.router.request.tracing import Tracing
@@ -36,6 +36,8 @@ from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)
 
+# The route table the router's server answers through (main.py).
+FAST = web.AppKey("fast", FastRoutes)
 SCRAPER = web.AppKey("scraper", Scraper)
 REPORTER = web.AppKey("reporter", UsageReporter)
 
@@ -68,12 +70,10 @@ def build_app(
     passthrough = PassThrough(proxy)
     # Serves no request itself (router/http/ does): it holds the state and the loops.
     app = web.Application()
-    app[ROUTER] = state
-    app[FAST] = FastRoutes(proxy, passthrough)
+    app[FAST] = FastRoutes(proxy, passthrough, link=link)
     loops: list[Coroutine[Any, Any, None]]
     watcher: ConfigWatcher | None = None
     if link is not None:
-        app[LINK] = link
         loops = [link.run()]
     else:
         loops, watcher = _host_loops(app, state, cfg, config_path)

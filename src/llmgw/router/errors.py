@@ -26,8 +26,7 @@ error encoder (`wire.errors.error_body`).
 
 from __future__ import annotations
 
-from aiohttp import web
-
+from llmgw.router.http.answers import JSON, Whole, whole
 from llmgw.wire.errors import error_body
 
 
@@ -122,9 +121,6 @@ class FlowRefused(RouterError):
         self.retry_after_s = retry_after_s
 
 
-JSON = "application/json"
-
-
 def error_response(
     status: int,
     message: str,
@@ -133,21 +129,17 @@ def error_response(
     code: str | int | None = None,
     param: str | None = None,
     headers: dict[str, str] | None = None,
-) -> web.Response:
+) -> Whole:
     """An OpenAI-shaped error answer."""
-    return web.Response(
-        status=status,
-        body=error_body(message, type=type, code=code, param=param),
-        content_type=JSON,
-        headers=headers,
-    )
+    body = error_body(message, type=type, code=code, param=param)
+    return whole(status, body, headers, content_type=JSON)
 
 
-def bad_request(message: str, *, param: str | None = None) -> web.Response:
+def bad_request(message: str, *, param: str | None = None) -> Whole:
     return error_response(400, message, type="invalid_request_error", param=param)
 
 
-def unauthorized(message: str = "Invalid or missing API key.") -> web.Response:
+def unauthorized(message: str = "Invalid or missing API key.") -> Whole:
     return error_response(
         401,
         message,
@@ -157,7 +149,7 @@ def unauthorized(message: str = "Invalid or missing API key.") -> web.Response:
     )
 
 
-def model_not_found(model: str) -> web.Response:
+def model_not_found(model: str) -> Whole:
     return error_response(
         404,
         f"The model `{model}` does not exist.",
@@ -167,7 +159,7 @@ def model_not_found(model: str) -> web.Response:
     )
 
 
-def too_large(limit: int) -> web.Response:
+def too_large(limit: int) -> Whole:
     return error_response(
         413,
         f"Request body is larger than {limit} bytes.",
@@ -176,7 +168,7 @@ def too_large(limit: int) -> web.Response:
     )
 
 
-def unavailable(exc: NoReplica) -> web.Response:
+def unavailable(exc: NoReplica) -> Whole:
     return error_response(
         503,
         f"No replica of `{exc.model}` is available: {exc.why}.",
@@ -186,7 +178,7 @@ def unavailable(exc: NoReplica) -> web.Response:
     )
 
 
-def flow_refused(exc: FlowRefused) -> web.Response:
+def flow_refused(exc: FlowRefused) -> Whole:
     return error_response(
         exc.status,
         f"Every replica of `{exc.model}` is at capacity: {exc.why}.",

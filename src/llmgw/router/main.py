@@ -70,10 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _connections(app: web.Application, cfg: RouterConfig) -> Callable[[Edge], Connections]:
     """The router's own server (router/http/), answering through the app's routes."""
-    from llmgw.router.http.routes import FAST
+    from llmgw.router.app import FAST
     from llmgw.router.http.server import FastServer
 
-    return lambda edge: FastServer(edge, app[FAST], app, cfg.max_body_bytes)
+    return lambda edge: FastServer(edge, app[FAST], max_body_bytes=cfg.max_body_bytes)
 
 
 def _limits(cfg: RouterConfig) -> ServerLimits:

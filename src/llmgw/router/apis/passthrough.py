@@ -27,8 +27,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
-from aiohttp import web
-
 from llmgw.router.apis import anthropic
 from llmgw.router.apis.catalog import ROUTES, Api
 from llmgw.router.apis.forms import FormError, text_fields
@@ -39,9 +37,9 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
-from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.answers import JSON, Whole
 from llmgw.router.http.connection import Answer, FastRequest
-from llmgw.router.metrics import DISCONNECTED, UNAVAILABLE
+from llmgw.router.metrics import DISCONNECTED, REJECTED, UNAVAILABLE
 from llmgw.router.request.intake import Intake, read_json
 from llmgw.router.request.proxy import Proxy, request_id
 from llmgw.router.request.tenants import Charge, Tenant
@@ -68,9 +66,7 @@ class PassThrough:
     async def answer(self, request: FastRequest) -> Answer:
         api = ROUTES[request.path]
         resp = await self._answer(request, api)
-        if api.anthropic:
-            _reshape(resp)
-        return resp
+        return _reshape(resp) if api.anthropic else resp
 
     async def _answer(self, request: FastRequest, api: Api) -> Answer:
         proxy = self.proxy
@@ -90,69 +86,85 @@ class PassThrough:
         except asyncio.CancelledError:
             proxy._done(rid, path, "", "", 499, DISCONNECTED, t0, None, None)
             raise
-        if not isinstance(got, Intake):
+        if isinstance(got, Whole):
             return proxy._refused(got, rid, path, t0)
         try:
-            ctype = "application/json"
-            doc = got.doc
-            if api.form:
-                ctype = headers.get("Content-Type") or ""
-                try:
-                    fields = text_fields(got.body, ctype, _FORM_FIELDS)
-                except FormError as exc:
-                    resp = bad_request(f"The request body is malformed: {exc}.")
-                    return proxy._refused(resp, rid, path, t0)
-                doc = {"model": fields.get("model"), "stream": fields.get("stream") == "true"}
-            model = doc.get("model")
-            if model is None and api.model_optional and len(st.known_models) == 1:
-                (model,) = st.known_models
-            if type(model) is not str or not model:
-                msg = "You must provide a model parameter."
-                return proxy._refused(bad_request(msg, param="model"), rid, path, t0)
-            if doc.get("previous_response_id") is not None and api.name == "responses":
-                resp = bad_request(PREVIOUS_RESPONSE, param="previous_response_id")
-                return proxy._refused(resp, rid, path, t0)
-            if model not in st.known_models:
-                if st.awaiting_list:
-                    why = "the router has not received its endpoint list from the controller yet"
-                    resp = unavailable(NoReplica(model, why, retry_after_s=5))
-                    return proxy._refused(resp, rid, path, t0, outcome=UNAVAILABLE)
-                return proxy._refused(model_not_found(model), rid, path, t0)
-            charge: Charge | None = None
-            if tenant is not None and tenant.guarded:
-                admitted = st.tenants.admit(tenant, model, len(got.body))
-                if isinstance(admitted, web.Response):
-                    return proxy._refused(admitted, rid, path, t0, tenant=tenant)
-                charge = admitted
-            hashes: RouteKey = NO_KEY
-            if st.policy.uses_prefix:
-                try:
-                    hashes = api.key(doc, headers.get("x-session-id"))
-                except RecursionError:
-                    why = "The JSON body of your request is nested too deeply."
-                    return proxy._refused(bad_request(why), rid, path, t0)
-            head = _header_line("Content-Type", ctype) + _passed_on(api, headers)
-            st.usage.started(model)
-            try:
-                streams = doc.get("stream") is True
-                return await proxy._route(
-                    request,
-                    path,
-                    got.body,
-                    model,
-                    hashes,
-                    rid,
-                    t0,
-                    streams,
-                    head,
-                    api,
-                    charge,
-                    tenant,
-                )
-            finally:
-                st.usage.finished(model)
+            return await self._routed(request, api, got, _Asked(rid, t0, tenant))
         finally:
             got.release()
+
+    async def _routed(self, request: FastRequest, api: Api, got: Intake, asked: _Asked) -> Answer:
+        """A read body's request: its model checked, then routed as the proxy routes."""
+        proxy = self.proxy
+        st = proxy.state
+        rid, t0, tenant, path = asked.rid, asked.t0, asked.tenant, request.path
+        headers = request.headers
+        ctype = "application/json"
+        doc = got.doc
+        if api.form:
+            ctype = headers.get("Content-Type") or ""
+            try:
+                fields = text_fields(got.body, ctype, _FORM_FIELDS)
+            except FormError as exc:
+                resp = bad_request(f"The request body is malformed: {exc}.")
+                return proxy._refused(resp, rid, path, t0)
+            doc = {"model": fields.get("model"), "stream": fields.get("stream") == "true"}
+        model = self._model(api, doc)
+        if isinstance(model, tuple):
+            refusal, outcome = model
+            return proxy._refused(refusal, rid, path, t0, outcome=outcome)
+        charge: Charge | None = None
+        if tenant is not None and tenant.guarded:
+            admitted = st.tenants.admit(tenant, model, len(got.body))
+            if isinstance(admitted, Whole):
+                return proxy._refused(admitted, rid, path, t0, tenant=tenant)
+            charge = admitted
+        hashes: RouteKey = NO_KEY
+        if st.policy.uses_prefix:
+            try:
+                hashes = api.key(doc, headers.get("x-session-id"))
+            except RecursionError:
+                why = "The JSON body of your request is nested too deeply."
+                return proxy._refused(bad_request(why), rid, path, t0)
+        head = _header_line("Content-Type", ctype) + _passed_on(api, headers)
+        st.usage.started(model)
+        try:
+            streams = doc.get("stream") is True
+            return await proxy._route(
+                request, path, got.body, model, hashes, rid, t0, streams, head, api, charge, tenant
+            )
+        finally:
+            st.usage.finished(model)
+
+    def _model(self, api: Api, doc: dict[str, Any]) -> str | tuple[Whole, str]:
+        """The model the request names (or the only one, where it may be left out), or
+        the refusal and its outcome: none named, not known, a stored response asked for."""
+        st = self.proxy.state
+        model = doc.get("model")
+        if model is None and api.model_optional and len(st.known_models) == 1:
+            (model,) = st.known_models
+        if type(model) is not str or not model:
+            msg = "You must provide a model parameter."
+            return bad_request(msg, param="model"), REJECTED
+        if doc.get("previous_response_id") is not None and api.name == "responses":
+            return bad_request(PREVIOUS_RESPONSE, param="previous_response_id"), REJECTED
+        if model not in st.known_models:
+            if st.awaiting_list:
+                why = "the router has not received its endpoint list from the controller yet"
+                return unavailable(NoReplica(model, why, retry_after_s=5)), UNAVAILABLE
+            return model_not_found(model), REJECTED
+        return model
+
+
+class _Asked:
+    """What a request's answer needs from before its body was read."""
+
+    __slots__ = ("rid", "t0", "tenant")
+
+    def __init__(self, rid: str, t0: float, tenant: Tenant | None) -> None:
+        self.rid = rid
+        self.t0 = t0
+        self.tenant = tenant
 
 
 def _passed_on(api: Api, headers: Any) -> bytes:
@@ -164,26 +176,9 @@ def _passed_on(api: Api, headers: Any) -> bytes:
     return out
 
 
-def _reshape(resp: Answer) -> None:
+def _reshape(resp: Answer) -> Answer:
     """An error answer of the Messages route in Anthropic's shape (anthropic.py)."""
     status = resp.status
-    if status < 400:
-        return
-    if isinstance(resp, web.Response):
-        body = resp.body
-        if isinstance(body, bytes):
-            resp.body = anthropic.reshape(status, body)
-            resp.content_type = "application/json"
-    elif isinstance(resp, Reply):
-        resp.body = anthropic.reshape(status, resp.body)
-        resp.headers["Content-Type"] = "application/json"
-    elif isinstance(resp, Prerendered):
-        resp.body = anthropic.reshape(status, resp.body)
-        lines = [
-            line
-            for line in resp.lines.split(b"\r\n")
-            if line and not line.lower().startswith(b"content-type:")
-        ]
-        resp.lines = b"".join(
-            line + b"\r\n" for line in [b"Content-Type: application/json", *lines]
-        )
+    if status < 400 or not isinstance(resp, Whole):
+        return resp
+    return resp.with_content_type(anthropic.reshape(status, resp.body), JSON)

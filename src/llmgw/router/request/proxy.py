@@ -31,13 +31,10 @@ import random
 from collections.abc import Sequence
 from typing import Any, Final
 
-from aiohttp import web
-
 from llmgw.router.apis import anthropic
 from llmgw.router.apis.catalog import ROUTES as API_ROUTES
 from llmgw.router.apis.catalog import Api
 from llmgw.router.errors import (
-    JSON,
     FlowRefused,
     HoldQueueFull,
     NoReplica,
@@ -51,7 +48,7 @@ from llmgw.router.errors import (
     unauthorized,
     unavailable,
 )
-from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.answers import JSON, Whole, json_whole, whole
 from llmgw.router.http.connection import Answer, FastRequest, FastStream
 from llmgw.router.metrics import (
     DISCONNECTED,
@@ -314,9 +311,7 @@ class Proxy:
             self._done(rid, path, "", "", 499, DISCONNECTED, t0, None, None)
             raise
         if type(got) is not Intake:
-            # Not isinstance(got, web.Response): aiohttp's answer classes check
-            # instances through an ABC hook, a cost per request (bench/RESULTS.md).
-            assert isinstance(got, web.Response)
+            assert isinstance(got, Whole)
             return self._refused(got, rid, path, t0)
         # What follows is inline, not a coroutine of its own: compiled, each level of
         # coroutine costs a generator and its environment per request, and a pass
@@ -338,7 +333,7 @@ class Proxy:
             charge: Charge | None = None
             if tenant is not None and tenant.guarded:
                 admitted = st.tenants.admit(tenant, model, len(body))
-                if isinstance(admitted, web.Response):
+                if isinstance(admitted, Whole):
                     return self._refused(admitted, rid, path, t0, tenant=tenant)
                 charge = admitted
             hashes = NO_KEY
@@ -491,10 +486,10 @@ class Proxy:
                                 lines = self._lines_for(eid, up, rid_line)
                                 if charge is not None:
                                     lines += charge.header_lines()
-                                resp = Prerendered(status, att.data, lines)
+                                resp = Whole(status, att.data, lines)
                             else:
                                 out = self._out_headers(up, rid, eid, decision, debug, charge)
-                                resp = Reply(status, att.data, out)
+                                resp = whole(status, att.data, out)
                             if status < 300:
                                 result = OK
                                 usage = (
@@ -687,14 +682,14 @@ class Proxy:
 
     def _refused(
         self,
-        resp: web.Response,
+        resp: Whole,
         rid: str,
         path: str,
         t0: float,
         *,
         outcome: str = REJECTED,
         tenant: Tenant | None = None,
-    ) -> web.Response:
+    ) -> Whole:
         """The router's own answer before any routing (4xx, or 503 before the first list)."""
         self._done(rid, path, "", "", resp.status, outcome, t0, None, None, tenant)
         return _tag(resp, rid)
@@ -720,7 +715,7 @@ class Proxy:
         return out
 
     def _lines_for(self, eid: str, up: UpstreamReply, rid_line: bytes) -> bytes:
-        """The header lines of a relayed answer (`Prerendered`): as `_out_headers` would
+        """The header lines of a relayed answer (a `Whole`'s): as `_out_headers` would
         make them, from the lines kept for the endpoint and content type."""
         ctype = up.content_type
         by_type = self._lines.get(eid)
@@ -968,7 +963,7 @@ class Proxy:
         tally.result = DISCONNECTED
         return Outcome.ABANDONED
 
-    def _relay_failed(self, failed: _Failed, rid: str, eid: str) -> web.Response:
+    def _relay_failed(self, failed: _Failed, rid: str, eid: str) -> Whole:
         headers = {
             "Content-Type": failed.content_type,
             "x-request-id": rid,
@@ -976,9 +971,9 @@ class Proxy:
         }
         if failed.retry_after is not None:
             headers["Retry-After"] = failed.retry_after
-        return web.Response(status=failed.status, body=failed.body, headers=headers)
+        return whole(failed.status, failed.body, headers)
 
-    async def models(self, request: FastRequest) -> web.Response:
+    async def models(self, request: FastRequest) -> Whole:
         """GET /v1/models: every known model, OpenAI's list shape."""
         st = self.state
         names = st.known_models
@@ -989,9 +984,9 @@ class Proxy:
             if tenant.models is not None:
                 names = names & tenant.models
         data: list[dict[str, Any]] = [_model_object(m) for m in sorted(names)]
-        return web.json_response({"object": "list", "data": data})
+        return json_whole({"object": "list", "data": data})
 
-    async def model(self, request: FastRequest) -> web.Response:
+    async def model(self, request: FastRequest) -> Whole:
         """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
         st = self.state
         allowed: frozenset[str] | None = None
@@ -1005,9 +1000,9 @@ class Proxy:
             return self._refused(
                 model_not_found(model), "", request.path, self.state.clock.monotonic()
             )
-        return web.json_response(_model_object(model))
+        return json_whole(_model_object(model))
 
-    async def no_route(self, request: FastRequest) -> web.Response:
+    async def no_route(self, request: FastRequest) -> Whole:
         """Any other /v1 request: OpenAI's 404 (or 405 on a served path; Anthropic's shape on
         its Messages paths), not aiohttp's text."""
         path, method = request.path, request.method
@@ -1022,14 +1017,8 @@ class Proxy:
         api = API_ROUTES.get(path)
         if api is not None and api.anthropic:
             # Anthropic's clients read errors in their API's shape (anthropic.py).
-            resp = web.Response(
-                status=405,
-                body=anthropic.error_body(
-                    405, f"Method {method} is not allowed on {path}; use POST."
-                ),
-                content_type="application/json",
-                headers={"Allow": "POST"},
-            )
+            msg = f"Method {method} is not allowed on {path}; use POST."
+            resp = whole(405, anthropic.error_body(405, msg), {"Allow": "POST"}, content_type=JSON)
         elif allowed:
             resp = error_response(
                 405,
@@ -1070,6 +1059,5 @@ def tracing_of(st: Router) -> Tracing:
     return tracing
 
 
-def _tag(resp: web.Response, rid: str) -> web.Response:
-    resp.headers["x-request-id"] = rid
-    return resp
+def _tag(resp: Whole, rid: str) -> Whole:
+    return resp.with_header("x-request-id", rid)
