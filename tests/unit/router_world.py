@@ -95,7 +95,7 @@ class Answered:
 class World:
     def __init__(self, config: str, *, start: float = 1_000.0) -> None:
         self.clock = ManualClock(start_monotonic=start)
-        self.router = Router(parse(config), clock=self.clock, env={})
+        self.router = Router(parse(config), clock=self.clock)
         self.fake = FakeForwarder()
         self.router.forward = self.fake
         self.proxy = Proxy(self.router)

@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from llmgw.router import compiled
-from llmgw.router.config import OTHER_ENV, RouterConfig, check_retired_env, load, upstream_client
+from llmgw.router.config import OTHER_ENV, RouterConfig, check_retired_env, load
 from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import envflags, logs
 from llmgw.runtime.cli import DefaultsFormatter
@@ -115,8 +115,8 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         cfg = load(args.config)
-        upstream_client(cfg, os.environ)  # a bad $LLMGW_ROUTER_UPSTREAM stops us here
-        check_retired_env(os.environ)  # and $LLMGW_ROUTER_SERVER=aiohttp
+        # $LLMGW_ROUTER_SERVER=aiohttp or $LLMGW_ROUTER_UPSTREAM=aiohttp stops us here.
+        check_retired_env(os.environ)
     except RouterConfigError as exc:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2

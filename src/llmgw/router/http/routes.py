@@ -201,7 +201,6 @@ class _Own:
                 # Which worker answered (--workers N); null for a one-process router.
                 "worker": st.worker_index,
                 "policy": st.policy.name,
-                "upstream_client": st.upstream_client,
                 "endpoints": _without_keys([s.as_builtins() for s in st.registry.snapshots()]),
                 "prefix_entries": st.prefix.entries_by_endpoint(),
                 "decisions": decisions,
