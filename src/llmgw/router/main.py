@@ -17,12 +17,7 @@ from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from aiohttp import web
-
-    from llmgw.runtime.httpserver import Edge, ServerLimits
-    from llmgw.runtime.serve import Connections
+    from llmgw.runtime.httpserver import ServerLimits
 
 DEFAULT_PORT = 8080
 
@@ -66,14 +61,6 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_format_argument(p)
     add_version_argument(p, "router")
     return p
-
-
-def _connections(app: web.Application, cfg: RouterConfig) -> Callable[[Edge], Connections]:
-    """The router's own server (router/http/), answering through the app's routes."""
-    from llmgw.router.app import FAST
-    from llmgw.router.http.server import FastServer
-
-    return lambda edge: FastServer(edge, app[FAST], max_body_bytes=cfg.max_body_bytes)
 
 
 def _limits(cfg: RouterConfig) -> ServerLimits:
@@ -147,7 +134,6 @@ def main(argv: list[str]) -> int:
             port=args.port,
             name="router",
             limits=_limits(cfg),
-            connections=_connections(app, cfg),
         )
 
     if workers > 1:
@@ -234,7 +220,6 @@ def _worker(args: argparse.Namespace) -> int:
             announce=False,
             on_started=started,
             stop_event=link.lost,
-            connections=_connections(app, cfg),
         )
 
     return serve.run(run)
