@@ -30,18 +30,13 @@ from typing import Any, Final
 from llmgw.router.apis import anthropic
 from llmgw.router.apis.catalog import ROUTES, Api
 from llmgw.router.apis.forms import FormError, text_fields
-from llmgw.router.errors import (
-    NoReplica,
-    bad_request,
-    model_not_found,
-    unauthorized,
-    unavailable,
-)
+from llmgw.router.errors import NoReplica
 from llmgw.router.http.answers import JSON, Whole
 from llmgw.router.http.connection import Answer, FastRequest
 from llmgw.router.metrics import DISCONNECTED, REJECTED, UNAVAILABLE
 from llmgw.router.request.intake import Intake, read_json
 from llmgw.router.request.proxy import Proxy, request_id
+from llmgw.router.request.refusals import bad_request, model_not_found, unauthorized, unavailable
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.routing.affinity import NO_KEY, RouteKey
 

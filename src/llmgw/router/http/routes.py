@@ -15,12 +15,12 @@ import msgspec
 
 from llmgw.router.apis.catalog import ROUTES as API_ROUTES
 from llmgw.router.apis.passthrough import PassThrough
-from llmgw.router.errors import error_response
 from llmgw.router.http.answers import JSON, Whole, json_whole, whole
 from llmgw.router.http.connection import Answer, FastRequest
 from llmgw.router.metrics import CONTENT_TYPE
 from llmgw.router.request.auth import admin_allowed, bearer_matches
 from llmgw.router.request.proxy import POST_PATHS, Proxy
+from llmgw.router.request.refusals import error_response
 from llmgw.router.routing.scheduler import choose
 from llmgw.router.wiring import Router
 from llmgw.router.workers.ipc import ChannelClosed

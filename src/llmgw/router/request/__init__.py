@@ -3,6 +3,7 @@
 intake.py       the body: bounded, timed, decoded once
 auth.py         client keys and the admin token (headers in, verdicts out)
 tenants.py      what a key may do: models, rate limits, budgets
+refusals.py     the router's own error answers (OpenAI's shape): 400, 401, 404, 413, 503
 proxy.py        parse, choose, forward, retry what is safe, relay
 holding.py      requests held while a model has no replica (scale from zero, waking)
 flow.py         flow control's queues: priority bands, fair queueing per tenant, bounds

@@ -28,9 +28,9 @@ from typing import Any, Final
 import msgspec
 
 from llmgw.router.config import RouterConfig
-from llmgw.router.errors import bad_request, error_response, too_large
 from llmgw.router.http.answers import Whole
 from llmgw.router.http.connection import BodyBroken, BodyTooLarge, FastRequest
+from llmgw.router.request.refusals import bad_request, error_response, too_large
 from llmgw.runtime.logs import kv
 from llmgw.runtime.peers import Peer
 

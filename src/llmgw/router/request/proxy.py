@@ -40,13 +40,7 @@ from llmgw.router.errors import (
     NoReplica,
     UpstreamError,
     UpstreamTimeout,
-    bad_request,
-    error_response,
-    flow_refused,
-    model_not_found,
     stream_error_frame,
-    unauthorized,
-    unavailable,
 )
 from llmgw.router.http.answers import JSON, Whole, json_whole, whole
 from llmgw.router.http.connection import Answer, FastRequest, FastStream
@@ -77,6 +71,14 @@ from llmgw.router.request.inband import (
 )
 from llmgw.router.request.intake import ByteBudget, Intake, peer_of, read_json, refused
 from llmgw.router.request.lora import Rename
+from llmgw.router.request.refusals import (
+    bad_request,
+    error_response,
+    flow_refused,
+    model_not_found,
+    unauthorized,
+    unavailable,
+)
 from llmgw.router.request.streamend import final_event_sent
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.request.tokens import StreamUsage, Usage, usage_of

@@ -36,8 +36,8 @@ import math
 import time
 from collections.abc import Iterable
 
-from llmgw.router.errors import error_response
 from llmgw.router.http.answers import Whole
+from llmgw.router.request.refusals import error_response
 from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import Clock
 from llmgw.wire.keys import BudgetPeriod, ClientKey
