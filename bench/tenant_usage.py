@@ -17,8 +17,8 @@ from collections.abc import Callable
 from llmgw.router import compiled
 from llmgw.router.control.tokenusage import TokenCounts
 from llmgw.router.metrics import RouterMetrics
-from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import SYSTEM_CLOCK
+from llmgw.wire.answerusage import Usage
 
 CALLS = 200_000
 

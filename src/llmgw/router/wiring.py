@@ -88,7 +88,11 @@ class Router:
         # Flow control: requests queued by band and tenant at saturation (flowgate.py).
         self.flow = FlowGate(
             {
-                band: BandLimits(max_queued=b.max_queued, max_wait_s=b.max_wait_s)
+                band: BandLimits(
+                    max_queued=b.max_queued,
+                    max_wait_s=b.max_wait_s,
+                    max_wait_turnovers=b.max_wait_turnovers,
+                )
                 for band, b in cfg.flow.bands().items()
             },
             enabled=cfg.flow.enabled,

@@ -16,6 +16,6 @@ flowgate.py     flow control's waiting and waking at saturation, on the loop
 lora.py         a request for a LoRA adapter and its answer's name
 inband.py       an engine's error event inside a 200 stream
 streamend.py    whether a stream's final event has gone out
-tokens.py       token counts from the engines' usage (types: usagetypes.py)
+tokens.py       token counts from the engines' usage (types: wire/answerusage.py)
 tracing.py      W3C trace context passed on, spans of the router's decisions
 """

@@ -138,4 +138,5 @@ async def wait_turn(st: Router, model: str, tenant: Tenant | None, deadline: flo
         who,
         deadline=deadline,
         still_saturated=lambda: not st.flow.below_capacity(snapshots(model)),
+        running=sum(s.inflight for s in snapshots(model)),
     )
