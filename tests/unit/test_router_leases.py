@@ -10,8 +10,8 @@ import msgspec
 from llmgw.router.control.leases import DEMAND_TAU_S, LeaseKeeper, add_demand
 from llmgw.router.http.answers import Whole
 from llmgw.router.request.tenants import Charge, Tenant, Tenants
-from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import ManualClock
+from llmgw.wire.answerusage import Usage
 from llmgw.wire.keys import ClientKey
 from llmgw.wire.leases import KeyDemand, KeyLease, LeaseAnswer
 

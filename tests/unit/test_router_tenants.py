@@ -9,8 +9,8 @@ import msgspec
 from llmgw.router.http.answers import Whole
 from llmgw.router.request.auth import KeyRing, hash_key
 from llmgw.router.request.tenants import Charge, Tenant, Tenants, period_of
-from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import ManualClock
+from llmgw.wire.answerusage import Usage
 from llmgw.wire.keys import ClientKey
 
 DIGEST = "0" * 64

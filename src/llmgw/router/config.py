@@ -99,6 +99,11 @@ class FlowBand(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # Seconds a request may wait in the band; then it is answered 503. Never past the
     # request's own deadline (request_timeout_s).
     max_wait_s: NonNegSeconds = 30.0
+    # An arrival that would wait longer than this many turnovers (the time the
+    # requests running at the model's replicas take to finish, from the rate they
+    # do) is answered 429 at once, sooner than max_wait_s: a queue past one turnover
+    # only adds wait. 0: only max_wait_s bounds the wait.
+    max_wait_turnovers: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
 class FlowConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -107,8 +112,9 @@ class FlowConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     # Off: every request goes to a replica at once, however loaded (the engines queue).
     enabled: bool = True
-    critical: FlowBand = FlowBand(max_queued=1000, max_wait_s=60.0)
-    standard: FlowBand = FlowBand(max_queued=1000, max_wait_s=30.0)
+    critical: FlowBand = FlowBand(max_queued=1000, max_wait_s=60.0, max_wait_turnovers=2.0)
+    standard: FlowBand = FlowBand(max_queued=1000, max_wait_s=30.0, max_wait_turnovers=1.0)
+    # Batch work is there to wait: only max_wait_s bounds it.
     batch: FlowBand = FlowBand(max_queued=1000, max_wait_s=120.0)
 
     def bands(self) -> dict[str, FlowBand]:

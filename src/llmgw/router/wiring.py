@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from llmgw.router.config import RouterConfig, restart_only_changes
 from llmgw.router.control.leases import LeaseKeeper, ShareMetrics
 from llmgw.router.control.tokenusage import TokenCounts
-from llmgw.router.control.usagereports import UsageTracker, build_report
+from llmgw.router.control.usagereports import LoadTracker, build_report
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.replicas.breaker import BreakerConfig
 from llmgw.router.replicas.registry import Registry
@@ -81,13 +81,17 @@ class Router:
         # Served name → what the controller does for that model while it has no
         # ready replica (wire.endpoints.ModelOutlook); empty for static endpoints.
         self.outlook: dict[str, ModelOutlook] = {}
-        self.usage = UsageTracker(clock=clock)
+        self.loads = LoadTracker(clock=clock)
         # Each key's requests and tokens since the last usage report (tokenusage.py).
         self.token_counts = TokenCounts(clock=clock)
         # Flow control: requests queued by band and tenant at saturation (flowgate.py).
         self.flow = FlowGate(
             {
-                band: BandLimits(max_queued=b.max_queued, max_wait_s=b.max_wait_s)
+                band: BandLimits(
+                    max_queued=b.max_queued,
+                    max_wait_s=b.max_wait_s,
+                    max_wait_turnovers=b.max_wait_turnovers,
+                )
                 for band, b in cfg.flow.bands().items()
             },
             enabled=cfg.flow.enabled,
@@ -274,7 +278,7 @@ class Router:
                 **self.registry.own_inflight(),
             },
             demand=demand,
-            load=self.usage.load(demand, reset=reset),
+            load=self.loads.load(demand, reset=reset),
             key_demand=self.leases.demand(self.tenants.asked()) if reset else (),
             flow_queued=self.flow.depth(),
         )

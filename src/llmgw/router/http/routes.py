@@ -19,6 +19,7 @@ from llmgw.router.http.answers import JSON, Whole, json_whole, whole
 from llmgw.router.http.connection import Answer, FastRequest
 from llmgw.router.metrics import CONTENT_TYPE
 from llmgw.router.request.auth import admin_allowed, bearer_matches
+from llmgw.router.request.listing import Listing
 from llmgw.router.request.proxy import POST_PATHS, Proxy
 from llmgw.router.request.refusals import error_response
 from llmgw.router.routing.scheduler import choose
@@ -46,8 +47,9 @@ class FastRoutes:
         self.proxy = proxy
         self.passthrough = passthrough
         own = _Own(proxy.state, link)
+        self.listing = Listing(proxy.state)
         self.gets = {
-            "/v1/models": proxy.models,
+            "/v1/models": self.listing.models,
             "/health": health,
             "/healthz": own.healthz,
             "/readyz": own.readyz,
@@ -72,9 +74,9 @@ class FastRoutes:
                 return handler(request)
             if path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
                 request.match_info["model"] = path[len(MODEL_PREFIX) :]
-                return self.proxy.model(request)
+                return self.listing.model(request)
         if path.startswith("/v1/"):
-            return self.proxy.no_route(request)
+            return self.listing.no_route(request)
         return no_route(request)
 
 

@@ -44,6 +44,7 @@ from llmgw.router.request.flow import (
     Refusal,
     Ticket,
 )
+from llmgw.router.request.holdpoint import HoldPoints
 from llmgw.router.routing.scheduler import DEFAULT_CONFIG, SchedulerConfig, load_of
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 
@@ -83,10 +84,10 @@ class FlowGate:
     ) -> None:
         self.enabled = enabled
         self.limits = limits
-        # How the policy computes a replica's total, and the total (1.0: a full batch)
-        # at or above which it is at capacity.
+        # How the policy computes a replica's total (1.0: a full batch).
         self.scheduler = scheduler
-        self.saturated_load = scheduler.saturated_load
+        # Each replica's total at or above which it counts as full (holdpoint.py).
+        self._points = HoldPoints(scheduler=scheduler)
         self._clock = clock
         self._models: dict[str, _Model] = {}
         # Requests waiting, over every model: the proxy's one check on its way out.
@@ -94,11 +95,25 @@ class FlowGate:
         # Whether a replica's engine was seen queueing (Registry.capacity_shown).
         self._shown = shown
 
+    @property
+    def saturated_load(self) -> float:
+        """The lowest hold point of any replica (holdpoint.py): a request whose policy
+        found a total below it for some replica is not held, with no further look."""
+        return self._points.lowest
+
     def saturated(self, least: float | None, snaps: Sequence[Snapshot]) -> bool:
         """Whether a request whose policy found `least` as the lowest total among its
-        replicas `snaps` must wait (None: the policy keeps no totals: never)."""
-        if least is None or least < self.saturated_load:
+        replicas `snaps` must wait (None: the policy keeps no totals: never): every
+        replica is at or above its hold point, and has shown its capacity."""
+        if least is None or least < self._points.lowest:
             return False
+        cfg = self.scheduler
+        points = self._points
+        for s in snaps:
+            if s.breaker is BreakerState.OPEN:
+                continue
+            if load_of(s, cfg) < points.point(s):
+                return False
         return capacity_shown(snaps, self._shown)
 
     def below_capacity(self, snaps: Sequence[Snapshot]) -> bool:
@@ -115,7 +130,7 @@ class FlowGate:
                 return True
             # Without the stale penalty: it ranks replicas, and a replica whose metrics
             # port broke would otherwise count as full for ever and hold every request.
-            if load_of(s, cfg) >= self.saturated_load:
+            if load_of(s, cfg) >= self._points.point(s):
                 continue
             st = s.stats
             if (
@@ -151,22 +166,25 @@ class FlowGate:
         *,
         deadline: float,
         still_saturated: Callable[[], bool],
+        running: int = 0,
     ) -> None:
         """Wait in `model`'s queue until granted; FlowRefused when the band is full, the
-        request is pushed out, or it waited its band's `max_wait_s` (or to `deadline`).
-        `still_saturated` is asked by the poller."""
+        request would wait past its band's bound (flow.py, `wait_bound_s`) or is pushed
+        out, or it waited its band's `max_wait_s` (or to `deadline`). `still_saturated`
+        is asked by the poller; `running`: the requests in flight at the model's
+        replicas, for the bound."""
         m = self._model(model)
         clock = self._clock
         now = clock.monotonic()
-        got = m.queue.push(band, tenant, now)
+        got = m.queue.push(band, tenant, now, running=running)
         if isinstance(got, Refusal):
             n = m.queue.waiting_in(band)
             why = f"the {band} band's queue is full ({n} waiting)"
             if got.wait_s is not None:
-                limit = self.limits[band].max_wait_s
+                limit = m.queue.wait_bound_s(band, running, tenant)
                 why = (
-                    f"it would wait about {got.wait_s:.0f}s in the {band} band's queue "
-                    f"({n} waiting), past its {limit:g}s"
+                    f"it would wait about {got.wait_s:.1f}s in the {band} band's queue "
+                    f"({n} waiting), past its {limit:.1f}s"
                 )
             raise FlowRefused(
                 model,

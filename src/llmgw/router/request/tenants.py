@@ -38,8 +38,8 @@ from collections.abc import Iterable
 
 from llmgw.router.http.answers import Whole
 from llmgw.router.request.refusals import error_response
-from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import Clock
+from llmgw.wire.answerusage import Usage
 from llmgw.wire.keys import BudgetPeriod, ClientKey
 
 # Bytes of a request body per token, for the TPM estimate before the engine counts.
