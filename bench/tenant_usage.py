@@ -39,7 +39,7 @@ def main() -> None:
     u = Usage(prompt=100, completion=20, cached=0)
 
     def existing() -> None:
-        m.request_done("m1", "e0", 200, 0.01, None, "ok")
+        m.request_done("m1", "e0", 200, 0.01, outcome="ok")
         m.tokens("m1", 100, 20, 0)
 
     base = per_call_us(existing)

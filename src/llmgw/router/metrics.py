@@ -370,6 +370,7 @@ class RouterMetrics:
         endpoint: str,
         code: int,
         duration_s: float,
+        *,
         ttft_s: float | None = None,
         outcome: str = OK,
     ) -> None:

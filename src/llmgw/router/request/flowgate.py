@@ -179,6 +179,49 @@ class FlowGate:
         m = self._model(model)
         clock = self._clock
         now = clock.monotonic()
+        ticket = self._enter(m, model, band, tenant, now=now, running=running)
+        until = min(deadline, now + self.limits[band].max_wait_s)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        ticket.waker = fut
+        if m.poller is None:
+            m.poller = ticket
+        if not still_saturated():
+            # Capacity came back between the choice and the queue (or the queue had
+            # waiters when this one arrived below capacity): the first in line goes.
+            self._grant(m)
+        try:
+            while True:
+                # The ticket's state is the word; the future only wakes its waiter.
+                if ticket.state == GRANTED:
+                    return
+                if ticket.state == PUSHED_OUT:
+                    raise _pushed_out(model, band, m.queue.retry_after_s(band))
+                if fut.done():  # _POLL: this one is the poller now
+                    fut = loop.create_future()
+                    ticket.waker = fut
+                    m.poller = ticket
+                left = until - clock.monotonic()
+                if left <= 0:
+                    waited = clock.monotonic() - ticket.queued_at
+                    raise _waited_out(model, band, waited, m.queue.retry_after_s(band))
+                poll = m.poller is ticket
+                await asyncio.wait((fut,), timeout=min(left, POLL_S) if poll else left)
+                if not fut.done() and poll and not still_saturated():
+                    self._grant(m)
+        except asyncio.CancelledError:
+            if ticket.state == GRANTED:
+                # Granted, then cancelled before it could use the slot: the next one goes.
+                self._grant(m)
+            raise
+        finally:
+            self._leave(model, m, ticket)
+
+    def _enter(
+        self, m: _Model, model: str, band: str, tenant: str, *, now: float, running: int
+    ) -> Ticket:
+        """A ticket in `m`'s queue (one pushed out for it is woken); FlowRefused when
+        the band is full or the wait would pass its bound."""
         got = m.queue.push(band, tenant, now, running=running)
         if isinstance(got, Refusal):
             n = m.queue.waiting_in(band)
@@ -201,65 +244,22 @@ class FlowGate:
         if pushed is not None:
             self.waiting -= 1
             self._wake(pushed, _PUSHED)
-        until = min(deadline, now + self.limits[band].max_wait_s)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[int] = loop.create_future()
-        ticket.waker = fut
-        if m.poller is None:
-            m.poller = ticket
-        if not still_saturated():
-            # Capacity came back between the choice and the queue (or the queue had
-            # waiters when this one arrived below capacity): the first in line goes.
-            self._grant(m)
-        try:
-            while True:
-                # The ticket's state is the word; the future only wakes its waiter.
-                if ticket.state == GRANTED:
-                    return
-                if ticket.state == PUSHED_OUT:
-                    raise FlowRefused(
-                        model,
-                        f"the {band} band's queue is full and this tenant has the most "
-                        "requests in it",
-                        status=429,
-                        code="flow_queue_full",
-                        retry_after_s=m.queue.retry_after_s(band),
-                    )
-                if fut.done():  # _POLL: this one is the poller now
-                    fut = loop.create_future()
-                    ticket.waker = fut
-                    m.poller = ticket
-                left = until - clock.monotonic()
-                if left <= 0:
-                    raise FlowRefused(
-                        model,
-                        f"it waited {clock.monotonic() - ticket.queued_at:.1f}s in the {band} "
-                        "band's queue",
-                        status=503,
-                        code="flow_wait_exceeded",
-                        retry_after_s=m.queue.retry_after_s(band),
-                    )
-                poll = m.poller is ticket
-                await asyncio.wait((fut,), timeout=min(left, POLL_S) if poll else left)
-                if not fut.done() and poll and not still_saturated():
-                    self._grant(m)
-        except asyncio.CancelledError:
-            if ticket.state == GRANTED:
-                # Granted, then cancelled before it could use the slot: the next one goes.
-                self._grant(m)
-            raise
-        finally:
-            if ticket.state != GRANTED and ticket.state != PUSHED_OUT:
-                m.queue.remove(ticket)
-                self.waiting -= 1
-            if m.poller is ticket:
-                m.poller = None
-                nxt = m.queue.peek()
-                if nxt is not None:
-                    m.poller = nxt
-                    self._wake(nxt, _POLL)
-            if not len(m.queue) and m.poller is None and self._models.get(model) is m:
-                del self._models[model]
+        return ticket
+
+    def _leave(self, model: str, m: _Model, ticket: Ticket) -> None:
+        """`ticket` is done waiting, however: out of the queue, the poller's part handed
+        to the next in line, and the model's entry dropped once nothing waits."""
+        if ticket.state != GRANTED and ticket.state != PUSHED_OUT:
+            m.queue.remove(ticket)
+            self.waiting -= 1
+        if m.poller is ticket:
+            m.poller = None
+            nxt = m.queue.peek()
+            if nxt is not None:
+                m.poller = nxt
+                self._wake(nxt, _POLL)
+        if not len(m.queue) and m.poller is None and self._models.get(model) is m:
+            del self._models[model]
 
     def freed(self, model: str, snapshots: Callable[[str], Sequence[Snapshot]]) -> None:
         """A request of `model` released its replica; grant the next waiter if a
@@ -287,3 +287,23 @@ class FlowGate:
             for k, n in m.queue.depth().items():
                 out[k] = out.get(k, 0) + n
         return dict(sorted(out.items(), key=lambda kv: (BANDS.index(kv[0][0]), kv[0][1])))
+
+
+def _pushed_out(model: str, band: str, retry_after_s: int) -> FlowRefused:
+    return FlowRefused(
+        model,
+        f"the {band} band's queue is full and this tenant has the most requests in it",
+        status=429,
+        code="flow_queue_full",
+        retry_after_s=retry_after_s,
+    )
+
+
+def _waited_out(model: str, band: str, waited_s: float, retry_after_s: int) -> FlowRefused:
+    return FlowRefused(
+        model,
+        f"it waited {waited_s:.1f}s in the {band} band's queue",
+        status=503,
+        code="flow_wait_exceeded",
+        retry_after_s=retry_after_s,
+    )
