@@ -27,6 +27,8 @@ from llmgw.wire.keys import ClientKey
 from llmgw.wire.leases import KeyDemand, LeaseAnswer
 
 CALLS = 200_000
+# Seconds between one router's reports (the routers' default report_interval_s).
+INTERVAL_S = 2.0
 BIG = 2**40
 
 
@@ -92,6 +94,8 @@ def report_ms(keys_n: int, routers_n: int, mode: str, rounds: int) -> float:
     mode: `steady` (each router asks the same every report), `jitter` (each report
     moves every key's ask by 1 %, as smoothed rates do), `swing` (every key's ask
     jumps between 50 and 250 rpm on every report: every split is stale every time).
+    The routers report in turn, one every INTERVAL_S / routers seconds. CPU time of
+    this process (not wall time), as the machine it runs on may be shared.
     """
     clock = ManualClock()
     book = LeaseBook(clock=clock)
@@ -106,11 +110,12 @@ def report_ms(keys_n: int, routers_n: int, mode: str, rounds: int) -> float:
     reports = {(r, i): ask(keys, asks[i], last[r]) for r in routers for i in range(len(asks))}
     best = float("inf")
     for _ in range(5):
-        t = time.perf_counter()
+        t = time.process_time()
         for n in range(rounds):
             for r in routers:
+                clock.advance(INTERVAL_S / routers_n)
                 book.report(r, reports[r, (n + 1) % 2], keys)
-        best = min(best, (time.perf_counter() - t) / (rounds * routers_n) * 1e3)
+        best = min(best, (time.process_time() - t) / (rounds * routers_n) * 1e3)
     return best
 
 
