@@ -166,6 +166,7 @@ class LeaseBook:
         # Routers heard from within lease_s, and a count bumped whenever that set
         # changes or a router is forgotten: every split made before is stale.
         self._live: frozenset[str] = frozenset()
+        self._live_sorted: tuple[str, ...] = ()
         self._epoch = 0
         self._started = clock.monotonic()
         self._warming = True
@@ -250,7 +251,7 @@ class LeaseBook:
         self._seen[router_id] = now
         live = frozenset(r for r, at in self._seen.items() if now - at <= self.lease_s)
         if live != self._live:
-            self._live = live
+            self._live, self._live_sorted = live, tuple(sorted(live))
             self._epoch += 1
 
     def _lease(
@@ -349,28 +350,38 @@ class LeaseBook:
         """Make a key's targets again from every live router's ask: max-min fair over
         what the silent ones (still holding shares, cut off) leave of each limit."""
         live = self._live
-        reserved = [0.0, 0.0, 0.0]
+        # What every router may enforce, and what the silent ones hold (reserved),
+        # summed afresh: the running sums drift by a rounding per report.
+        o0 = o1 = o2 = r0 = r1 = r2 = 0.0
         for rid, p in sp.parts.items():
+            a, b, c = p.out
+            o0, o1, o2 = o0 + a, o1 + b, o2 + c
             if rid not in live:
-                for i in range(3):
-                    reserved[i] += p.out[i]
-        wants = {r: sp.parts[r].wants if r in sp.parts else _NO_WANTS for r in sorted(live)}
-        split: list[dict[str, float]] = []
-        for i in range(3):
-            limit = limits[i]
-            if limit is None:
-                split.append({})
-                continue
-            ask = 0 if i == 0 else 1
-            by_router = {r: w[ask] for r, w in wants.items()}
-            split.append(
-                fair_shares(max(0.0, limit - reserved[i]), by_router, floor_frac=self.floor_frac)
+                r0, r1, r2 = r0 + a, r1 + b, r2 + c
+        sp.out = [o0, o1, o2]
+        parts = sp.parts
+        wants = {r: parts[r].wants if r in parts else _NO_WANTS for r in self._live_sorted}
+        rpm, tpm, left = limits
+        frac = self.floor_frac
+        split0 = split1 = split2 = None
+        if rpm is not None:
+            split0 = fair_shares(
+                max(0.0, rpm - r0), {r: w[0] for r, w in wants.items()}, floor_frac=frac
             )
+        if tpm is not None or left is not None:
+            tokens = {r: w[1] for r, w in wants.items()}
+            if tpm is not None:
+                split1 = fair_shares(max(0.0, tpm - r1), tokens, floor_frac=frac)
+            if left is not None:
+                split2 = fair_shares(max(0.0, left - r2), tokens, floor_frac=frac)
         targets = {
-            r: (split[0].get(r, 0.0), split[1].get(r, 0.0), split[2].get(r, 0.0)) for r in wants
+            r: (
+                0.0 if split0 is None else split0[r],
+                0.0 if split1 is None else split1[r],
+                0.0 if split2 is None else split2[r],
+            )
+            for r in wants
         }
-        # The running sums drift by a rounding per report; each split starts them afresh.
-        sp.out = [math.fsum(p.out[i] for p in sp.parts.values()) for i in range(3)]
         if targets != sp.targets:
             # Answers made before are stale; the same targets keep them (a steady key
             # stays on the fast path; the sums above moved by a rounding at most).
