@@ -21,8 +21,8 @@ import msgspec
 
 from llmgw.controller.leasebook import LeaseBook
 from llmgw.router.request.tenants import Charge, Tenant, Tenants
-from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import SYSTEM_CLOCK, ManualClock
+from llmgw.wire.answerusage import Usage
 from llmgw.wire.keys import ClientKey
 from llmgw.wire.leases import KeyDemand, LeaseAnswer
 

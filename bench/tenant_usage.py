@@ -17,8 +17,8 @@ from collections.abc import Callable
 from llmgw.router import compiled
 from llmgw.router.control.tokenusage import TokenCounts
 from llmgw.router.metrics import RouterMetrics
-from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import SYSTEM_CLOCK
+from llmgw.wire.answerusage import Usage
 
 CALLS = 200_000
 
@@ -39,7 +39,7 @@ def main() -> None:
     u = Usage(prompt=100, completion=20, cached=0)
 
     def existing() -> None:
-        m.request_done("m1", "e0", 200, 0.01, None, "ok")
+        m.request_done("m1", "e0", 200, 0.01, outcome="ok")
         m.tokens("m1", 100, 20, 0)
 
     base = per_call_us(existing)

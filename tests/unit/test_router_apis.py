@@ -8,8 +8,8 @@ import pytest
 from llmgw.router.apis import anthropic, conversation, forms
 from llmgw.router.apis import usage as apiusage
 from llmgw.router.request import inband
-from llmgw.router.request.usagetypes import Usage
 from llmgw.router.routing.affinity import route_key
+from llmgw.wire.answerusage import Usage
 
 SYSTEM = "be brief " * 30
 TURNS = [

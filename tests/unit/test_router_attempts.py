@@ -7,6 +7,9 @@ from typing import Any
 
 import pytest
 
+from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.snapshot import Snapshot
+from llmgw.router.request.attempts import Attempts, another, is_retryable
 from llmgw.testing import vtime
 from llmgw.testing.forwarder import refuse, reply, stream
 from llmgw.wire.endpoints import EndpointInfo
@@ -30,6 +33,72 @@ def once(w: World, **kw: Any) -> Any:
         return await w.send(**kw)
 
     return w.run(main)
+
+
+def snap(eid: str, breaker: BreakerState = BreakerState.CLOSED) -> Snapshot:
+    return Snapshot.of(
+        info=EndpointInfo(id=eid, url=f"http://{eid}", models=("m",)),
+        stats=None,
+        drain_rate=0.0,
+        inflight=0,
+        running_capacity=0,
+        stale=False,
+        age_s=None,
+        breaker=breaker,
+        restarts=0,
+    )
+
+
+class TestAttempts:
+    """The retry rule itself: retries left, the deadline, somewhere else to go."""
+
+    def test_each_retry_counts_one_and_leaves_the_replica_out(self) -> None:
+        """Two retries allowed: two yeses, each replica left out after it, then a no."""
+        att = Attempts(deadline=10.0, retries=2)
+        assert [att.retry(e, 1.0) for e in ("a", "b", "c")] == [True, True, False]
+        assert (list(att.tried), att.retries_left) == (["a", "b"], 0)
+
+    def test_no_retry_at_or_past_the_deadline(self) -> None:
+        """At the deadline no retry is granted and none is spent."""
+        att = Attempts(deadline=10.0, retries=2)
+        assert not att.retry("a", 10.0)
+        assert (list(att.tried), att.retries_left) == ([], 2)
+
+    def test_no_retry_with_nowhere_else_to_go(self) -> None:
+        """With no other replica to choose, a retry is refused and none is spent."""
+        att = Attempts(deadline=10.0, retries=2)
+        assert not att.retry("a", 1.0, elsewhere=False)
+        assert att.retries_left == 2
+
+    def test_a_skipped_replica_is_left_out_without_spending_a_retry(self) -> None:
+        """A replica whose probe was taken is left out, and the retries stay."""
+        att = Attempts(deadline=10.0, retries=1)
+        att.skip("a")
+        assert (list(att.tried), att.retries_left) == (["a"], 1)
+
+    def test_another_replica_means_one_untried_with_its_breaker_not_open(self) -> None:
+        """Only an untried replica whose breaker is not open counts as somewhere else."""
+        snaps = [snap("a"), snap("b", BreakerState.OPEN), snap("c")]
+        assert another(snaps, (), "a")
+        assert not another(snaps, ["c"], "a")
+        assert another([snap("a"), snap("b", BreakerState.HALF_OPEN)], (), "a")
+
+    @pytest.mark.parametrize(
+        ("status", "retried"),
+        [
+            (200, False),
+            (400, False),
+            (404, False),
+            (401, True),
+            (403, True),
+            (429, True),
+            (500, True),
+            (503, True),
+        ],
+    )
+    def test_which_statuses_are_retried(self, status: int, retried: bool) -> None:
+        """5xx, 429 and the engine refusing the router's key are retried; other answers are not."""
+        assert is_retryable(status) is retried
 
 
 class TestRetryRules:

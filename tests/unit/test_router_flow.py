@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from llmgw.router.errors import FlowRefused
 from llmgw.router.replicas.breaker import BreakerState
+from llmgw.router.replicas.registry import Snapshot
 from llmgw.router.request.flow import BANDS, GRANTED, PUSHED_OUT, BandLimits, FlowQueue, Refusal
 from llmgw.router.request.flowgate import FlowGate
+from llmgw.router.request.holdpoint import HoldPoints
 from llmgw.runtime.clock import ManualClock
 from llmgw.testing import vtime
 from tests.unit.test_router_scheduler import snap
@@ -390,17 +392,35 @@ class TestExpectedWait:
         assert FlowQueue(limits()).expected_wait_s("batch", "b") is None
 
 
+def same_scrape(s: Snapshot, *, inflight: int) -> Snapshot:
+    """`s` later, before the next scrape: its Stats the same object, `inflight` now."""
+    return Snapshot.of(
+        info=s.info,
+        stats=s.stats,
+        drain_rate=s.drain_rate,
+        inflight=inflight,
+        running_capacity=s.running_capacity,
+        stale=s.stale,
+        age_s=s.age_s,
+        breaker=s.breaker,
+        restarts=s.restarts,
+        inflight_at_scrape=s.inflight_at_scrape,
+        pending=s.pending,
+    )
+
+
 class TestBelowCapacity:
     """A replica takes a granted request only if it is below capacity and has no queue."""
 
     def test_an_engine_with_a_queue_is_full_below_its_learned_capacity(self) -> None:
-        """4 running and 2 waiting of a learned 8 is full until 2 of ours finish there."""
+        """4 running and 2 waiting of a learned 8 is full until 2 of ours finish there
+        (its hold point, 6.4 requests after this one scrape, is not what holds it)."""
         gate = FlowGate(limits())
         queued = snap("e1", running=4, waiting=2, capacity=8, inflight=6)
         assert gate.below_capacity([queued]) is False
-        one_done = snap("e1", running=4, waiting=2, capacity=8, inflight=5, at_scrape=6)
+        one_done = same_scrape(queued, inflight=5)
         assert gate.below_capacity([one_done]) is False
-        two_done = snap("e1", running=4, waiting=2, capacity=8, inflight=4, at_scrape=6)
+        two_done = same_scrape(queued, inflight=4)
         assert gate.below_capacity([two_done]) is True
 
     def test_a_stale_or_open_replica_does_not_count(self) -> None:
@@ -410,3 +430,112 @@ class TestBelowCapacity:
         assert gate.below_capacity([snap("x", breaker=BreakerState.OPEN)]) is False
         stale = snap("e1", running=2, waiting=2, capacity=32, stale=True)
         assert gate.below_capacity([stale]) is True
+
+
+class TestHoldPoints:
+    """Each replica's hold point follows its engine's queue, one request at a time."""
+
+    def test_a_queue_lowers_the_point_below_what_the_engine_ran(self) -> None:
+        """An engine of learned capacity 10 seen running 5 with 2 waiting is held at 8,
+        then 6.4, 5.12, 4.096, 4: a fifth off a scrape at most, down to one below
+        what it ran."""
+        points = HoldPoints()
+        seen = []
+        for _ in range(5):
+            seen.append(points.point(snap("e1", running=5, waiting=2, capacity=10)))
+        assert seen == pytest.approx([0.8, 0.64, 0.512, 0.4096, 0.4])
+        assert points.lowest == pytest.approx(0.4)
+
+    def test_the_same_scrape_is_learned_from_once(self) -> None:
+        """Asked again before the next scrape, the point stays where the scrape put it."""
+        points = HoldPoints()
+        s = snap("e1", running=5, waiting=2, capacity=8)
+        points.point(s)
+        assert points.point(same_scrape(s, inflight=9)) == 0.8
+
+    def test_no_queue_at_the_point_raises_it_up_to_the_ceiling(self) -> None:
+        """Running at its point with nothing waiting, the engine gets one more a scrape,
+        never past its learned capacity; below its point a scrape changes nothing."""
+        points = HoldPoints()
+        for _ in range(8):
+            points.point(snap("e1", running=3, waiting=1, capacity=8))
+        assert points.points() == {"e1": 2 / 8}
+        assert points.point(snap("e1", running=1, capacity=8)) == 2 / 8
+        for n in range(2, 8):
+            assert points.point(snap("e1", running=n, capacity=8)) == pytest.approx((n + 1) / 8)
+        assert points.point(snap("e1", running=8, capacity=8)) == 1.0
+        assert points.lowest == 1.0
+
+    def test_a_stale_or_open_replica_teaches_nothing(self) -> None:
+        """A scrape that is stale, or of a replica whose breaker is open, is not believed."""
+        points = HoldPoints()
+        assert points.point(snap("e1", running=2, waiting=5, stale=True)) == 1.0
+        opened = snap("e1", running=2, waiting=5, breaker=BreakerState.OPEN)
+        assert points.point(opened) == 1.0
+
+    def test_the_gate_holds_at_the_point(self) -> None:
+        """A replica whose engine queued at 9 of 10 saturates the gate at 8, once a
+        request at its capacity has shown the gate that queue."""
+        gate = FlowGate(limits())
+        assert gate.saturated_load == 1.0
+        s = snap("e1", running=9, waiting=1, capacity=10, inflight=10)
+        assert gate.saturated(0.9, [s]) is False  # below every point: not looked at
+        assert gate.saturated(1.0, [s]) is True
+        assert gate.saturated_load == pytest.approx(0.8)
+        assert gate.saturated(0.8, [same_scrape(s, inflight=8)]) is True
+        assert gate.saturated(0.8, [same_scrape(s, inflight=7)]) is False
+
+
+class TestWaitBound:
+    """An arrival is refused at once past its band's turnovers of the running requests."""
+
+    def test_the_bound_is_the_turnover_when_sooner_than_max_wait(self) -> None:
+        """At a grant every 0.1 s, 4 requests running turn over in 0.4 s; a band of two
+        turnovers queues 0.8 s of wait, one of none queues max_wait_s."""
+        bands = {
+            b: BandLimits(max_queued=100, max_wait_s=10.0, max_wait_turnovers=2.0) for b in BANDS
+        }
+        q = FlowQueue(bands)
+        assert q.wait_bound_s("standard", 4) == 10.0  # no grant rate yet
+        for i in range(3):
+            push(q, "standard", "a", i * 0.1)
+            q.pop(i * 0.1)
+        assert q.turnover_s(4) == pytest.approx(0.4)
+        assert q.wait_bound_s("standard", 4) == pytest.approx(0.8)
+        assert q.wait_bound_s("standard", 0) == 10.0  # nothing running: no turnover
+        assert FlowQueue(limits()).wait_bound_s("standard", 4) == 10.0
+
+    def test_a_backlog_past_the_turnover_is_refused_and_a_newcomer_is_not(self) -> None:
+        """A grant every 0.1 s and 4 running: a tenant with 4 queued is refused its
+        fifth (0.5 s of wait), another tenant's first is queued."""
+        bands = {
+            b: BandLimits(max_queued=100, max_wait_s=10.0, max_wait_turnovers=1.0) for b in BANDS
+        }
+        q = FlowQueue(bands)
+        for i in range(2):
+            push(q, "standard", "noisy", float(i))
+            q.pop(i * 0.1)
+        for _ in range(4):
+            assert not isinstance(q.push("standard", "noisy", 1.0, running=4), Refusal)
+        got = q.push("standard", "noisy", 1.0, running=4)
+        assert isinstance(got, Refusal)
+        assert got.wait_s == pytest.approx(0.5)
+        assert not isinstance(q.push("standard", "quiet", 1.0, running=4), Refusal)
+
+    def test_a_tenant_with_nothing_queued_is_bounded_by_max_wait_only(self) -> None:
+        """Behind a critical backlog longer than the turnover, a standard tenant's first
+        request is queued (it is within its share); its second is refused."""
+        bands = {
+            b: BandLimits(max_queued=100, max_wait_s=10.0, max_wait_turnovers=1.0) for b in BANDS
+        }
+        q = FlowQueue(bands)
+        for i in range(2):
+            push(q, "critical", "c", i * 0.1)
+            q.pop(i * 0.1)
+        for _ in range(8):
+            push(q, "critical", "c", 1.0)
+        assert q.wait_bound_s("standard", 4, "s") == 10.0
+        assert not isinstance(q.push("standard", "s", 1.0, running=4), Refusal)
+        got = q.push("standard", "s", 1.0, running=4)
+        assert isinstance(got, Refusal)
+        assert got.wait_s == pytest.approx(1.0)

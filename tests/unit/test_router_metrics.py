@@ -32,7 +32,7 @@ class TestRecording:
     def test_request_counted_with_labels(self) -> None:
         """A finished request increments its (model, endpoint, code) counter."""
         m = RouterMetrics(snapshots=list, held=dict)
-        m.request_done("m", "a", 200, 0.01, 0.002)
+        m.request_done("m", "a", 200, 0.01, ttft_s=0.002)
         m.request_done("m", "a", 200, 0.01)
         assert lines(m, "llmgw_router_requests_total") == [
             'llmgw_router_requests_total{code="200",endpoint="a",model="m",outcome="ok"} 2.0'
@@ -55,11 +55,11 @@ class TestRecording:
         model); forget() drops them too, so an endpoint that comes back under the same
         id counts in new series, shown on /metrics, from zero."""
         m = RouterMetrics(snapshots=list, held=dict)
-        m.request_done("m", "back", 200, 0.01, 0.002)
+        m.request_done("m", "back", 200, 0.01, ttft_s=0.002)
         m.request_done("m", "back", 503, 0.01, outcome="engine_error")
         m.forget(["back"])
         m.request_done("m", "back", 200, 0.02)
-        m.request_done("m", "back", 200, 0.03, 0.001)
+        m.request_done("m", "back", 200, 0.03, ttft_s=0.001)
         assert lines(m, "llmgw_router_requests_total") == [
             'llmgw_router_requests_total{code="200",endpoint="back",model="m",outcome="ok"} 2.0'
         ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from llmgw.router.request.proxy import _request_id
+from llmgw.router.request.call import new_request_id
 
 
 class TestRequestIds:
@@ -14,7 +14,7 @@ class TestRequestIds:
 
     def test_ids_are_24_hex_digits_and_do_not_repeat(self) -> None:
         """Ids are 24 hex digits and do not repeat."""
-        ids = [_request_id() for _ in range(10_000)]
+        ids = [new_request_id() for _ in range(10_000)]
         assert all(re.fullmatch(r"[0-9a-f]{24}", i) for i in ids)
         assert len(set(ids)) == len(ids)
 
@@ -24,13 +24,13 @@ class TestRequestIds:
         pid = os.fork()
         if pid == 0:  # the child: its next ids, to the parent
             try:
-                os.write(write, " ".join(_request_id() for _ in range(5)).encode())
+                os.write(write, " ".join(new_request_id() for _ in range(5)).encode())
             finally:
                 os._exit(0)
         os.close(write)
         with os.fdopen(read) as f:
             child = f.read().split()
         os.waitpid(pid, 0)
-        parent = [_request_id() for _ in range(5)]
+        parent = [new_request_id() for _ in range(5)]
         assert len(child) == 5
         assert not set(child) & set(parent)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.router.request.tokens import StreamUsage, Usage, counted, usage_of
-from llmgw.router.request.usagetypes import Doc
+from llmgw.wire.answerusage import Doc
 
 
 def event(obj: object) -> bytes:

@@ -13,8 +13,8 @@ from llmgw.controller.store.usage import Figures, RowKey, merge, totals
 from llmgw.router.control.tokenusage import ROWS_PER_REPORT, TokenCounts, TokenLedger
 from llmgw.router.control.usagereports import UsageReporter, deliver
 from llmgw.router.errors import ControllerCallFailed, ReportRefused
-from llmgw.router.request.usagetypes import Usage
 from llmgw.testing import ManualClock
+from llmgw.wire.answerusage import Usage
 from llmgw.wire.usage import TokenUsage, UsageReport
 
 H = 1_800_000_000  # ManualClock's start: the start of an hour

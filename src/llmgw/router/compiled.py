@@ -64,7 +64,13 @@ MODULES = (
     "llmgw.router.request.inband",
     "llmgw.router.control.usagereports",
     "llmgw.router.wiring",
+    "llmgw.router.request.call",
+    "llmgw.router.request.accounting",
+    "llmgw.router.request.attempts",
+    "llmgw.router.request.relay",
+    "llmgw.router.request.waits",
     "llmgw.router.request.proxy",
+    "llmgw.router.request.listing",
 )
 MANIFEST = "manifest.json"
 # The directory holding the `llmgw` package this process imports.

@@ -29,7 +29,7 @@ from prometheus_client.utils import floatToGoString
 from llmgw.router import compiled
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot
-from llmgw.router.request.usagetypes import Usage
+from llmgw.wire.answerusage import Usage
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -370,6 +370,7 @@ class RouterMetrics:
         endpoint: str,
         code: int,
         duration_s: float,
+        *,
         ttft_s: float | None = None,
         outcome: str = OK,
     ) -> None:

@@ -144,6 +144,10 @@ def _edge_rules(components: dict[str, Any]) -> None:
         usage[field]["additionalProperties"].update(minimum=0, maximum=MAX_COUNT)
     for prop in components["ModelLoad"]["properties"].values():
         prop["minimum"] = 0
+    # fleet.commands.set_weight: a capacity weight and its measurement are positive.
+    weight = components["WeightRequest"]["properties"]
+    weight["weight"]["exclusiveMinimum"] = 0
+    weight["capacity_tok_s"]["anyOf"][0]["exclusiveMinimum"] = 0
     # The name sets (wire.names), checked at the edge rather than by the stored types.
     hb = components["Heartbeat"]["properties"]
     hb["node"]["pattern"] = LABEL_PATTERN

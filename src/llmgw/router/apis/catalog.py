@@ -18,8 +18,8 @@ from typing import Any, Final
 from llmgw.router.apis import anthropic, conversation
 from llmgw.router.apis import usage as apiusage
 from llmgw.router.request import inband
-from llmgw.router.request.usagetypes import Usage
 from llmgw.router.routing.affinity import NO_KEY, RouteKey, route_key
+from llmgw.wire.answerusage import Usage
 from llmgw.wire.errors import error_body
 
 KeyOf = Callable[[dict[str, Any], str | None], RouteKey]

@@ -1,6 +1,6 @@
 """The passed-through APIs' handler: Responses, Messages, tokenize, rerank, score, audio.
 
-Each request gets the proxy's whole treatment (`Proxy._route`: the policy's
+Each request gets the proxy's whole treatment (`Proxy.route`: the policy's
 choice, prefix affinity, retries before the first byte, usage, metrics, the
 access log, streams relayed unbuffered); what differs per route is read from
 its `apis.Api`:
@@ -27,23 +27,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
-from aiohttp import web
-
 from llmgw.router.apis import anthropic
 from llmgw.router.apis.catalog import ROUTES, Api
 from llmgw.router.apis.forms import FormError, text_fields
-from llmgw.router.errors import (
-    NoReplica,
-    bad_request,
-    model_not_found,
-    unauthorized,
-    unavailable,
-)
-from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.answers import JSON, Whole
 from llmgw.router.http.connection import Answer, FastRequest
-from llmgw.router.metrics import DISCONNECTED, UNAVAILABLE
+from llmgw.router.metrics import DISCONNECTED
+from llmgw.router.request.accounting import count, refused
+from llmgw.router.request.call import Call, request_id
 from llmgw.router.request.intake import Intake, read_json
-from llmgw.router.request.proxy import Proxy, request_id
+from llmgw.router.request.proxy import Proxy
+from llmgw.router.request.refusals import bad_request, unauthorized
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.routing.affinity import NO_KEY, RouteKey
 
@@ -68,9 +62,7 @@ class PassThrough:
     async def answer(self, request: FastRequest) -> Answer:
         api = ROUTES[request.path]
         resp = await self._answer(request, api)
-        if api.anthropic:
-            _reshape(resp)
-        return resp
+        return _reshape(resp) if api.anthropic else resp
 
     async def _answer(self, request: FastRequest, api: Api) -> Answer:
         proxy = self.proxy
@@ -84,75 +76,96 @@ class PassThrough:
         if st.keys.enabled:
             tenant = st.keys.check(given)
             if tenant is None:
-                return proxy._refused(unauthorized(), rid, path, t0)
+                return refused(st, unauthorized(), rid, path, t0)
         try:
             got = await read_json(request, st.cfg, proxy.budget, rid, decode=not api.form)
         except asyncio.CancelledError:
-            proxy._done(rid, path, "", "", 499, DISCONNECTED, t0, None, None)
+            count(st, rid, path, t0, status=499, outcome=DISCONNECTED)
             raise
         if not isinstance(got, Intake):
-            return proxy._refused(got, rid, path, t0)
+            return refused(st, got, rid, path, t0)
         try:
-            ctype = "application/json"
-            doc = got.doc
-            if api.form:
-                ctype = headers.get("Content-Type") or ""
-                try:
-                    fields = text_fields(got.body, ctype, _FORM_FIELDS)
-                except FormError as exc:
-                    resp = bad_request(f"The request body is malformed: {exc}.")
-                    return proxy._refused(resp, rid, path, t0)
-                doc = {"model": fields.get("model"), "stream": fields.get("stream") == "true"}
-            model = doc.get("model")
-            if model is None and api.model_optional and len(st.known_models) == 1:
-                (model,) = st.known_models
-            if type(model) is not str or not model:
-                msg = "You must provide a model parameter."
-                return proxy._refused(bad_request(msg, param="model"), rid, path, t0)
-            if doc.get("previous_response_id") is not None and api.name == "responses":
-                resp = bad_request(PREVIOUS_RESPONSE, param="previous_response_id")
-                return proxy._refused(resp, rid, path, t0)
-            if model not in st.known_models:
-                if st.awaiting_list:
-                    why = "the router has not received its endpoint list from the controller yet"
-                    resp = unavailable(NoReplica(model, why, retry_after_s=5))
-                    return proxy._refused(resp, rid, path, t0, outcome=UNAVAILABLE)
-                return proxy._refused(model_not_found(model), rid, path, t0)
-            charge: Charge | None = None
-            if tenant is not None and tenant.guarded:
-                admitted = st.tenants.admit(tenant, model, len(got.body))
-                if isinstance(admitted, web.Response):
-                    return proxy._refused(admitted, rid, path, t0, tenant=tenant)
-                charge = admitted
-            hashes: RouteKey = NO_KEY
-            if st.policy.uses_prefix:
-                try:
-                    hashes = api.key(doc, headers.get("x-session-id"))
-                except RecursionError:
-                    why = "The JSON body of your request is nested too deeply."
-                    return proxy._refused(bad_request(why), rid, path, t0)
-            head = _header_line("Content-Type", ctype) + _passed_on(api, headers)
-            st.usage.started(model)
+            call = self._call(request, got, rid, t0, api=api, tenant=tenant)
+            if not isinstance(call, Call):
+                return call
+            st.loads.started(call.model)
             try:
-                streams = doc.get("stream") is True
-                return await proxy._route(
-                    request,
-                    path,
-                    got.body,
-                    model,
-                    hashes,
-                    rid,
-                    t0,
-                    streams,
-                    head,
-                    api,
-                    charge,
-                    tenant,
-                )
+                return await proxy.route(call)
             finally:
-                st.usage.finished(model)
+                st.loads.finished(call.model)
         finally:
             got.release()
+
+    def _call(
+        self,
+        request: FastRequest,
+        got: Intake,
+        rid: str,
+        t0: float,
+        *,
+        api: Api,
+        tenant: Tenant | None,
+    ) -> Call | Whole:
+        """The request to route, or its refusal: the proxy's, a bad form, a stored response."""
+        st = self.proxy.state
+        path = request.path
+        headers = request.headers
+        ctype = "application/json"
+        doc = got.doc
+        if api.form:
+            ctype = headers.get("Content-Type") or ""
+            form = _form_doc(got.body, ctype)
+            if isinstance(form, Whole):
+                return refused(st, form, rid, path, t0)
+            doc = form
+        model = doc.get("model")
+        if model is None and api.model_optional and len(st.known_models) == 1:
+            (model,) = st.known_models
+        if type(model) is not str or not model:
+            msg = "You must provide a model parameter."
+            return refused(st, bad_request(msg, param="model"), rid, path, t0)
+        if doc.get("previous_response_id") is not None and api.name == "responses":
+            resp = bad_request(PREVIOUS_RESPONSE, param="previous_response_id")
+            return refused(st, resp, rid, path, t0)
+        if model not in st.known_models:
+            return self.proxy.unknown_model(model, rid, path, t0)
+        charge: Charge | None = None
+        if tenant is not None and tenant.guarded:
+            admitted = st.tenants.admit(tenant, model, len(got.body))
+            if isinstance(admitted, Whole):
+                return refused(st, admitted, rid, path, t0, tenant=tenant)
+            charge = admitted
+        hashes: RouteKey = NO_KEY
+        if st.policy.uses_prefix:
+            try:
+                hashes = api.key(doc, headers.get("x-session-id"))
+            except RecursionError:
+                why = "The JSON body of your request is nested too deeply."
+                return refused(st, bad_request(why), rid, path, t0)
+        return Call(
+            request,
+            rid=rid,
+            path=path,
+            t0=t0,
+            model=model,
+            body=got.body,
+            hashes=hashes,
+            streams=doc.get("stream") is True,
+            head=_header_line("Content-Type", ctype) + _passed_on(api, headers),
+            api=api,
+            charge=charge,
+            tenant=tenant,
+        )
+
+
+def _form_doc(body: bytes, ctype: str) -> dict[str, Any] | Whole:
+    """A multipart form's `model` and `stream` fields as a JSON body would hold them,
+    or the refusal of a malformed one."""
+    try:
+        fields = text_fields(body, ctype, _FORM_FIELDS)
+    except FormError as exc:
+        return bad_request(f"The request body is malformed: {exc}.")
+    return {"model": fields.get("model"), "stream": fields.get("stream") == "true"}
 
 
 def _passed_on(api: Api, headers: Any) -> bytes:
@@ -164,26 +177,9 @@ def _passed_on(api: Api, headers: Any) -> bytes:
     return out
 
 
-def _reshape(resp: Answer) -> None:
+def _reshape(resp: Answer) -> Answer:
     """An error answer of the Messages route in Anthropic's shape (anthropic.py)."""
     status = resp.status
-    if status < 400:
-        return
-    if isinstance(resp, web.Response):
-        body = resp.body
-        if isinstance(body, bytes):
-            resp.body = anthropic.reshape(status, body)
-            resp.content_type = "application/json"
-    elif isinstance(resp, Reply):
-        resp.body = anthropic.reshape(status, resp.body)
-        resp.headers["Content-Type"] = "application/json"
-    elif isinstance(resp, Prerendered):
-        resp.body = anthropic.reshape(status, resp.body)
-        lines = [
-            line
-            for line in resp.lines.split(b"\r\n")
-            if line and not line.lower().startswith(b"content-type:")
-        ]
-        resp.lines = b"".join(
-            line + b"\r\n" for line in [b"Content-Type: application/json", *lines]
-        )
+    if status < 400 or not isinstance(resp, Whole):
+        return resp
+    return resp.with_content_type(anthropic.reshape(status, resp.body), JSON)

@@ -20,7 +20,7 @@ from typing import Protocol
 import msgspec
 
 from llmgw.router.request.tokens import usage_of
-from llmgw.router.request.usagetypes import Usage
+from llmgw.wire.answerusage import Usage
 
 openai_usage = usage_of
 

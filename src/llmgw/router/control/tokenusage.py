@@ -26,9 +26,9 @@ import os
 from collections.abc import Iterable
 from typing import Final
 
-from llmgw.router.request.usagetypes import Usage
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
+from llmgw.wire.answerusage import Usage
 from llmgw.wire.usage import HOUR_S, TokenUsage
 
 log: Final = logging.getLogger(__name__)

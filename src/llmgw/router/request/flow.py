@@ -18,7 +18,9 @@ queues, where they would all wait alike (docs/tenants.md#flow-control). One
   when that tenant has more queued than the arrival's own (longest-queue drop),
   so a flooding tenant cannot fill the band and lock out a quiet one; otherwise
   the arrival itself is refused. So is one whose expected wait (`expected_wait_s`,
-  at the rate grants are made) is past `max_wait_s`: told now, not after the wait.
+  at the rate grants are made) is past `max_wait_s`, or past `max_wait_turnovers`
+  of the time the requests running now take to finish (`wait_bound_s`): told now,
+  not after the wait.
   Waiting longer than `max_wait_s` all the same is the gate's to enforce (it owns
   the timers).
 
@@ -51,6 +53,9 @@ class BandLimits:
     max_queued: int
     # Seconds a request may wait in the band before it is answered 503.
     max_wait_s: float
+    # Turnovers (the time the requests running now take to finish, `turnover_s`) an
+    # arrival may expect to wait before it is refused at once; 0: no such bound.
+    max_wait_turnovers: float = 0.0
 
 
 # Ticket states.
@@ -142,13 +147,15 @@ class FlowQueue:
         return self._count
 
     def push(
-        self, band: str, tenant: str, now: float, *, weight: float = 1.0
+        self, band: str, tenant: str, now: float, *, weight: float = 1.0, running: int = 0
     ) -> tuple[Ticket, Ticket | None] | Refusal:
         """Queue a request of `tenant` in `band`: its ticket and the ticket it pushed
-        out (None: none), or a Refusal when the band is full."""
+        out (None: none), or a Refusal when the band is full or the request would wait
+        past `wait_bound_s(band, running)`; `running`: the requests in flight at the
+        model's replicas."""
         b = self._bands[band]
         wait_s = self.expected_wait_s(band, tenant)
-        if wait_s is not None and wait_s > b.limits.max_wait_s:
+        if wait_s is not None and wait_s > self.wait_bound_s(band, running, tenant):
             return Refusal(band=band, retry_after_s=self.retry_after_s(band), wait_s=wait_s)
         pushed: Ticket | None = None
         if b.count >= b.limits.max_queued:
@@ -256,6 +263,36 @@ class FlowQueue:
             if other != tenant:
                 ahead += min(n, turns)
         return ahead * interval
+
+    def turnover_s(self, running: int) -> float | None:
+        """Seconds until `running` requests in flight have finished, at the rate grants
+        are made (Little's law: a grant follows a finish while requests wait); None
+        until the rate is known or with nothing running."""
+        interval = self._interval_s
+        if interval is None or running <= 0:
+            return None
+        return running * interval
+
+    def wait_bound_s(self, band: str, running: int, tenant: str | None = None) -> float:
+        """The longest expected wait an arrival in `band` (of `tenant`) is queued for:
+        its max_wait_s, or its max_wait_turnovers of `turnover_s(running)` if sooner
+        and the tenant has requests of its own queued in the band already.
+
+        A queue longer than the fleet's turnover adds wait and no throughput: one
+        request waiting per slot is enough to fill every slot as it frees. A tenant
+        whose backlog is past that is refused at once, so the requests it is served
+        wait about one turnover instead of max_wait_s each. A tenant with nothing
+        queued is within its share whatever the others' backlogs: only max_wait_s
+        bounds its wait (a burst that drew out the grants must not refuse it)."""
+        b = self._bands[band]
+        bound = b.limits.max_wait_s
+        if tenant is not None and not b.counts.get(tenant, 0):
+            return bound
+        turns = b.limits.max_wait_turnovers
+        turnover = self.turnover_s(running)
+        if turns > 0 and turnover is not None and turns * turnover < bound:
+            bound = turns * turnover
+        return bound
 
     def retry_after_s(self, band: str) -> int:
         """Whole seconds until the requests queued in and above `band` are likely

@@ -44,6 +44,7 @@ from llmgw.router.request.flow import (
     Refusal,
     Ticket,
 )
+from llmgw.router.request.holdpoint import HoldPoints
 from llmgw.router.routing.scheduler import DEFAULT_CONFIG, SchedulerConfig, load_of
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 
@@ -83,10 +84,10 @@ class FlowGate:
     ) -> None:
         self.enabled = enabled
         self.limits = limits
-        # How the policy computes a replica's total, and the total (1.0: a full batch)
-        # at or above which it is at capacity.
+        # How the policy computes a replica's total (1.0: a full batch).
         self.scheduler = scheduler
-        self.saturated_load = scheduler.saturated_load
+        # Each replica's total at or above which it counts as full (holdpoint.py).
+        self._points = HoldPoints(scheduler=scheduler)
         self._clock = clock
         self._models: dict[str, _Model] = {}
         # Requests waiting, over every model: the proxy's one check on its way out.
@@ -94,11 +95,25 @@ class FlowGate:
         # Whether a replica's engine was seen queueing (Registry.capacity_shown).
         self._shown = shown
 
+    @property
+    def saturated_load(self) -> float:
+        """The lowest hold point of any replica (holdpoint.py): a request whose policy
+        found a total below it for some replica is not held, with no further look."""
+        return self._points.lowest
+
     def saturated(self, least: float | None, snaps: Sequence[Snapshot]) -> bool:
         """Whether a request whose policy found `least` as the lowest total among its
-        replicas `snaps` must wait (None: the policy keeps no totals: never)."""
-        if least is None or least < self.saturated_load:
+        replicas `snaps` must wait (None: the policy keeps no totals: never): every
+        replica is at or above its hold point, and has shown its capacity."""
+        if least is None or least < self._points.lowest:
             return False
+        cfg = self.scheduler
+        points = self._points
+        for s in snaps:
+            if s.breaker is BreakerState.OPEN:
+                continue
+            if load_of(s, cfg) < points.point(s):
+                return False
         return capacity_shown(snaps, self._shown)
 
     def below_capacity(self, snaps: Sequence[Snapshot]) -> bool:
@@ -115,7 +130,7 @@ class FlowGate:
                 return True
             # Without the stale penalty: it ranks replicas, and a replica whose metrics
             # port broke would otherwise count as full for ever and hold every request.
-            if load_of(s, cfg) >= self.saturated_load:
+            if load_of(s, cfg) >= self._points.point(s):
                 continue
             st = s.stats
             if (
@@ -151,35 +166,17 @@ class FlowGate:
         *,
         deadline: float,
         still_saturated: Callable[[], bool],
+        running: int = 0,
     ) -> None:
         """Wait in `model`'s queue until granted; FlowRefused when the band is full, the
-        request is pushed out, or it waited its band's `max_wait_s` (or to `deadline`).
-        `still_saturated` is asked by the poller."""
+        request would wait past its band's bound (flow.py, `wait_bound_s`) or is pushed
+        out, or it waited its band's `max_wait_s` (or to `deadline`). `still_saturated`
+        is asked by the poller; `running`: the requests in flight at the model's
+        replicas, for the bound."""
         m = self._model(model)
         clock = self._clock
         now = clock.monotonic()
-        got = m.queue.push(band, tenant, now)
-        if isinstance(got, Refusal):
-            n = m.queue.waiting_in(band)
-            why = f"the {band} band's queue is full ({n} waiting)"
-            if got.wait_s is not None:
-                limit = self.limits[band].max_wait_s
-                why = (
-                    f"it would wait about {got.wait_s:.0f}s in the {band} band's queue "
-                    f"({n} waiting), past its {limit:g}s"
-                )
-            raise FlowRefused(
-                model,
-                why,
-                status=429,
-                code="flow_queue_full",
-                retry_after_s=got.retry_after_s,
-            )
-        ticket, pushed = got
-        self.waiting += 1
-        if pushed is not None:
-            self.waiting -= 1
-            self._wake(pushed, _PUSHED)
+        ticket = self._enter(m, model, band, tenant, now=now, running=running)
         until = min(deadline, now + self.limits[band].max_wait_s)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
@@ -196,28 +193,15 @@ class FlowGate:
                 if ticket.state == GRANTED:
                     return
                 if ticket.state == PUSHED_OUT:
-                    raise FlowRefused(
-                        model,
-                        f"the {band} band's queue is full and this tenant has the most "
-                        "requests in it",
-                        status=429,
-                        code="flow_queue_full",
-                        retry_after_s=m.queue.retry_after_s(band),
-                    )
+                    raise _pushed_out(model, band, m.queue.retry_after_s(band))
                 if fut.done():  # _POLL: this one is the poller now
                     fut = loop.create_future()
                     ticket.waker = fut
                     m.poller = ticket
                 left = until - clock.monotonic()
                 if left <= 0:
-                    raise FlowRefused(
-                        model,
-                        f"it waited {clock.monotonic() - ticket.queued_at:.1f}s in the {band} "
-                        "band's queue",
-                        status=503,
-                        code="flow_wait_exceeded",
-                        retry_after_s=m.queue.retry_after_s(band),
-                    )
+                    waited = clock.monotonic() - ticket.queued_at
+                    raise _waited_out(model, band, waited, m.queue.retry_after_s(band))
                 poll = m.poller is ticket
                 await asyncio.wait((fut,), timeout=min(left, POLL_S) if poll else left)
                 if not fut.done() and poll and not still_saturated():
@@ -228,17 +212,51 @@ class FlowGate:
                 self._grant(m)
             raise
         finally:
-            if ticket.state != GRANTED and ticket.state != PUSHED_OUT:
-                m.queue.remove(ticket)
-                self.waiting -= 1
-            if m.poller is ticket:
-                m.poller = None
-                nxt = m.queue.peek()
-                if nxt is not None:
-                    m.poller = nxt
-                    self._wake(nxt, _POLL)
-            if not len(m.queue) and m.poller is None and self._models.get(model) is m:
-                del self._models[model]
+            self._leave(model, m, ticket)
+
+    def _enter(
+        self, m: _Model, model: str, band: str, tenant: str, *, now: float, running: int
+    ) -> Ticket:
+        """A ticket in `m`'s queue (one pushed out for it is woken); FlowRefused when
+        the band is full or the wait would pass its bound."""
+        got = m.queue.push(band, tenant, now, running=running)
+        if isinstance(got, Refusal):
+            n = m.queue.waiting_in(band)
+            why = f"the {band} band's queue is full ({n} waiting)"
+            if got.wait_s is not None:
+                limit = m.queue.wait_bound_s(band, running, tenant)
+                why = (
+                    f"it would wait about {got.wait_s:.1f}s in the {band} band's queue "
+                    f"({n} waiting), past its {limit:.1f}s"
+                )
+            raise FlowRefused(
+                model,
+                why,
+                status=429,
+                code="flow_queue_full",
+                retry_after_s=got.retry_after_s,
+            )
+        ticket, pushed = got
+        self.waiting += 1
+        if pushed is not None:
+            self.waiting -= 1
+            self._wake(pushed, _PUSHED)
+        return ticket
+
+    def _leave(self, model: str, m: _Model, ticket: Ticket) -> None:
+        """`ticket` is done waiting, however: out of the queue, the poller's part handed
+        to the next in line, and the model's entry dropped once nothing waits."""
+        if ticket.state != GRANTED and ticket.state != PUSHED_OUT:
+            m.queue.remove(ticket)
+            self.waiting -= 1
+        if m.poller is ticket:
+            m.poller = None
+            nxt = m.queue.peek()
+            if nxt is not None:
+                m.poller = nxt
+                self._wake(nxt, _POLL)
+        if not len(m.queue) and m.poller is None and self._models.get(model) is m:
+            del self._models[model]
 
     def freed(self, model: str, snapshots: Callable[[str], Sequence[Snapshot]]) -> None:
         """A request of `model` released its replica; grant the next waiter if a
@@ -266,3 +284,23 @@ class FlowGate:
             for k, n in m.queue.depth().items():
                 out[k] = out.get(k, 0) + n
         return dict(sorted(out.items(), key=lambda kv: (BANDS.index(kv[0][0]), kv[0][1])))
+
+
+def _pushed_out(model: str, band: str, retry_after_s: int) -> FlowRefused:
+    return FlowRefused(
+        model,
+        f"the {band} band's queue is full and this tenant has the most requests in it",
+        status=429,
+        code="flow_queue_full",
+        retry_after_s=retry_after_s,
+    )
+
+
+def _waited_out(model: str, band: str, waited_s: float, retry_after_s: int) -> FlowRefused:
+    return FlowRefused(
+        model,
+        f"it waited {waited_s:.1f}s in the {band} band's queue",
+        status=503,
+        code="flow_wait_exceeded",
+        retry_after_s=retry_after_s,
+    )

@@ -15,7 +15,7 @@ from typing import Final
 
 import msgspec
 
-from llmgw.router.request.usagetypes import Usage, UsageDoc, decode_doc
+from llmgw.wire.answerusage import Usage, UsageDoc, decode_doc
 
 __all__ = ["StreamUsage", "Usage", "counted", "usage_of"]
 

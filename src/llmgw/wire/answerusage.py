@@ -1,9 +1,9 @@
-"""The msgspec types tokens.py decodes engine usage into.
+"""What an engine's answer says it used: OpenAI's `usage` object, and one request's counts.
 
-A module of their own because tokens.py is compiled with mypyc
-(llmgw.router.compiled) and msgspec cannot read the field types of a Struct
-defined in a compiled module (it sees `type` where the annotation named a Struct):
-decoding would fail on every answer.
+The router reads every answer's usage (router/request/tokens.py) for token limits,
+usage reports and metrics. These types live in `wire`, not beside the compiled
+router modules, because msgspec reads a Struct's field types from its module, and
+in a mypyc-compiled module it cannot.
 """
 
 from __future__ import annotations

@@ -1,0 +1,253 @@
+"""One request's attempts at replicas, and the one rule that says when to try again.
+
+Until a byte has gone to the client, a connect error, timeout, 5xx or 429
+answer, or the engine's 5xx error event before any output, is as safe to retry
+elsewhere as nothing at all: it is retried on a *different* replica while
+retries and deadline remain. `attempt` makes one attempt and decides (a
+`Step`); `Attempts` keeps the request's attempts and holds the retry rule
+(`Attempts.retry`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from llmgw.router.errors import NoReplica, UpstreamError
+from llmgw.router.http.answers import JSON
+from llmgw.router.replicas.breaker import BreakerState, Outcome, classify_status
+from llmgw.router.replicas.registry import Snapshot
+from llmgw.router.request import lora
+from llmgw.router.request.call import Call
+from llmgw.router.request.inband import (
+    MARK,
+    ErrorFrameWatch,
+    nothing_before_error,
+    role_opener_only,
+)
+from llmgw.router.request.lora import Rename
+from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
+from llmgw.router.wiring import Router
+from llmgw.wire.errors import error_body
+
+
+class Failed:
+    """The last retryable error answer, relayed if no other replica can be tried.
+
+    The engine's Retry-After goes with it: a client (the openai package honours
+    it) should wait as long as the engine asked, not retry blindly.
+    """
+
+    __slots__ = ("body", "content_type", "retry_after", "status")
+
+    def __init__(
+        self, status: int, body: bytes, content_type: str, retry_after: str | None = None
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.retry_after = retry_after
+
+
+class Step(enum.Enum):
+    """What one attempt decided (`attempt`)."""
+
+    RETRY = "retry"  # it failed before any byte reached the client: another replica
+    RELAY = "relay"  # a whole answer (`Attempts.data`), whatever its status
+    RELAY_FAILED = "relay failed"  # it failed and nothing is left: `Attempts.failed`
+    STREAM = "stream"  # an event stream whose first bytes are in (`Attempts.first`)
+
+
+class Attempts:
+    """One request's attempts at replicas: what was tried, what is left, what went wrong.
+
+    The retry rule lives in `retry()`; the attempt in progress (its reply, what
+    was read of it, the endpoint's verdict) is kept here too, so a request
+    allocates one object for all of it.
+    """
+
+    __slots__ = (
+        "data",
+        "deadline",
+        "failed",
+        "first",
+        "last_error",
+        "mark",
+        "outcome",
+        "rename",
+        "retries_left",
+        "tried",
+        "up",
+        "watch",
+    )
+
+    def __init__(self, deadline: float, retries: int, mark: bytes = MARK) -> None:
+        self.deadline = deadline
+        # What opens an engine's error frame in this API's streams (inband.py).
+        self.mark = mark
+        self.retries_left = retries
+        # Replicas not to choose again; a list only once there is one.
+        self.tried: Sequence[str] = ()
+        self.failed: Failed | None = None
+        self.last_error = ""
+        # The attempt in progress.
+        self.outcome = Outcome.ABANDONED
+        self.up: UpstreamReply | None = None
+        self.data = b""
+        self.first = b""
+        self.watch: ErrorFrameWatch | None = None
+        # A llama.cpp answer for a LoRA adapter: its name written back (router/request/lora.py).
+        self.rename: Rename | None = None
+
+    def skip(self, eid: str) -> None:
+        """Leave `eid` out from now on (not an attempt: nothing was sent to it)."""
+        if isinstance(self.tried, list):
+            self.tried.append(eid)
+        else:
+            self.tried = [eid]
+
+    def retry(self, eid: str, now: float, *, elsewhere: bool = True) -> bool:
+        """Whether the failed attempt at `eid` may be followed by one elsewhere.
+
+        Yes while retries are left, the deadline has not passed and (`elsewhere`)
+        another replica may still be chosen; a yes counts one retry and leaves
+        `eid` out from then on.
+        """
+        if self.retries_left > 0 and now < self.deadline and elsewhere:
+            self.retries_left -= 1
+            self.skip(eid)
+            return True
+        return False
+
+    def begin(self) -> None:
+        """A new attempt: nothing read, no verdict yet."""
+        self.outcome = Outcome.ABANDONED
+        self.up = None
+        self.watch = None
+
+    def answered(self, eid: str, up: UpstreamReply, data: bytes) -> None:
+        """`eid` answered with a retryable status (`is_retryable`) and `data`: the
+        answer kept for relaying if no retry follows."""
+        code = up.status
+        self.outcome = classify_status(code)
+        if code == 401 or code == 403:
+            # The router's engine key, refused: the replica's failure, never
+            # the client's, and the engine's body is not the client's to read.
+            self.failed = engine_refused(code)
+        else:
+            self.failed = Failed(code, data, up.content_type, up.headers.get("Retry-After"))
+        self.last_error = f"{eid} answered {code}"
+
+
+def is_retryable(status: int) -> bool:
+    """Whether an engine's answer with `status` may be retried on another replica."""
+    # 401/403: the engine refused the router's key for it (a replica restarted
+    # with a new key the list does not carry yet); another replica may accept.
+    return status >= 500 or status in (401, 403, 429)
+
+
+def engine_refused(status: int) -> Failed:
+    """What a client gets when the last replica tried refused the router's engine key
+    (401/403): 502, the gateway's failure, in OpenAI's shape."""
+    body = error_body(
+        f"A replica refused the router's credentials for it (HTTP {status}); "
+        "the router's operator must fix the engine key.",
+        type="upstream_error",
+        code="engine_refused_key",
+    )
+    return Failed(502, body, JSON)
+
+
+def another(snaps: Sequence[Snapshot], tried: Sequence[str], eid: str) -> bool:
+    """Whether a replica other than `eid` and those tried may still be chosen.
+
+    Asked before dropping a held stream: unlike a 5xx answer's body, it cannot be
+    kept for relaying once the connection is closed.
+    """
+    return any(
+        s.id != eid and s.id not in tried and s.breaker is not BreakerState.OPEN for s in snaps
+    )
+
+
+async def attempt(
+    st: Router, call: Call, att: Attempts, eid: str, snaps: Sequence[Snapshot]
+) -> Step:
+    """Send the request to `eid` and read until it is safe to decide (the module
+    docstring); each failure names what the request falls back to when no retry may
+    follow (`Attempts.retry`)."""
+    clock = st.clock
+    fallback = Step.RELAY_FAILED
+    elsewhere = True
+    error: UpstreamError | None = None
+    try:
+        up = att.up = await st.forward.post(
+            st.urls[eid] + call.path,
+            _body_for(st, call, att, eid),
+            _head_for(st, call, eid),
+            timeout_s=max(0.001, att.deadline - clock.monotonic()),
+            endpoint_id=eid,
+            idle_timeout_s=st.cfg.stream_idle_timeout_s,
+        )
+        if is_retryable(up.status):
+            att.answered(eid, up, await up.read())
+        elif not up.is_event_stream:
+            att.data = await up.read()
+            if att.rename is not None:
+                att.data = att.rename.feed(att.data) + att.rename.flush()
+            return Step.RELAY
+        else:
+            # The head waits for the first bytes: until they come nothing has
+            # reached the client, so an engine that dies in prefill is still
+            # retried elsewhere.
+            watch = att.watch = ErrorFrameWatch(att.mark)
+            first = await up.chunk()
+            watch.feed(first)
+            if first and not watch.seen and role_opener_only(first):
+                # A chat stream's role opener carries no token; the first
+                # token, or the engine's error, is right behind.
+                more = await up.chunk()
+                watch.feed(more)
+                first += more
+            att.first = first if att.rename is None else att.rename.feed(first)
+            if not (watch.endpoint_failure and nothing_before_error(first)):
+                return Step.STREAM
+            # The engine's 5xx error event before any output, and the head not
+            # sent: as safe to retry as a 5xx status. A held stream cannot be
+            # kept for later, so only when another replica may take it; else
+            # it is relayed as is, and the relay keeps the verdict.
+            att.outcome = Outcome.ENDPOINT_FAILURE
+            att.last_error = f"{eid} sent error event {watch.code} before any output"
+            elsewhere = another(snaps, att.tried, eid)
+            fallback = Step.STREAM
+    except UpstreamError as exc:
+        att.outcome = Outcome.ENDPOINT_FAILURE
+        att.last_error = str(exc)
+        error = exc
+    if att.retry(eid, clock.monotonic(), elsewhere=elsewhere):
+        st.metrics.retry(call.model, eid)
+        return Step.RETRY
+    if error is not None:
+        raise NoReplica(call.model, f"last attempt failed ({error})") from error
+    return fallback
+
+
+def _body_for(st: Router, call: Call, att: Attempts, eid: str) -> bytes:
+    """The body `eid` gets: the client's, or for a LoRA adapter on llama.cpp the
+    adapter selected by its id (lora.py), whose answer then gets its name back."""
+    att.rename = None
+    if st.lora_ids:
+        ids = st.lora_ids.get(eid)
+        lora_id = ids.get(call.model) if ids is not None else None
+        if lora_id is not None:
+            att.rename = Rename(call.model)
+            return lora.select(call.body, lora_id)
+    return call.body
+
+
+def _head_for(st: Router, call: Call, eid: str) -> HeaderLines:
+    """The header lines `eid` gets: the call's, and its engine key where it has one
+    (`Router.engine_auth`)."""
+    auth = st.engine_auth.get(eid)
+    if auth is None:
+        return call.fwd
+    return HeaderLines(call.fwd.lines + header_lines({"Authorization": auth}))

@@ -1,0 +1,89 @@
+"""The router's own answers under /v1 that go to no engine: the model list, one
+model, and OpenAI's 404 or 405 for any other request there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmgw.router.apis import anthropic
+from llmgw.router.apis.catalog import ROUTES as API_ROUTES
+from llmgw.router.http.answers import JSON, Whole, json_whole, whole
+from llmgw.router.http.connection import FastRequest
+from llmgw.router.request.accounting import refused
+from llmgw.router.request.proxy import POST_PATHS
+from llmgw.router.request.refusals import error_response, model_not_found, unauthorized
+from llmgw.router.wiring import Router
+
+
+class Listing:
+    """Handlers for GET /v1/models, GET /v1/models/{model} and unknown /v1 requests;
+    all state lives in Router."""
+
+    def __init__(self, state: Router) -> None:
+        self.state = state
+
+    async def models(self, request: FastRequest) -> Whole:
+        """GET /v1/models: every known model the key may use, OpenAI's list shape."""
+        st = self.state
+        names = st.known_models
+        if st.keys.enabled:
+            tenant = st.keys.check(request.headers.get("Authorization"))
+            if tenant is None:
+                return refused(st, unauthorized(), "", request.path, st.clock.monotonic())
+            if tenant.models is not None:
+                names = names & tenant.models
+        data: list[dict[str, Any]] = [_model_object(m) for m in sorted(names)]
+        return json_whole({"object": "list", "data": data})
+
+    async def model(self, request: FastRequest) -> Whole:
+        """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
+        st = self.state
+        allowed: frozenset[str] | None = None
+        if st.keys.enabled:
+            tenant = st.keys.check(request.headers.get("Authorization"))
+            if tenant is None:
+                return refused(st, unauthorized(), "", request.path, st.clock.monotonic())
+            allowed = tenant.models
+        model = request.match_info["model"]
+        if model not in st.known_models or (allowed is not None and model not in allowed):
+            return refused(st, model_not_found(model), "", request.path, st.clock.monotonic())
+        return json_whole(_model_object(model))
+
+    async def no_route(self, request: FastRequest) -> Whole:
+        """Any other /v1 request: OpenAI's 404 (or 405 on a served path; Anthropic's shape on
+        its Messages paths), not aiohttp's text."""
+        path, method = request.path, request.method
+        t0 = self.state.clock.monotonic()
+        allowed = (
+            "POST"
+            if path in POST_PATHS or path in API_ROUTES
+            else "GET"
+            if path.startswith("/v1/models")
+            else ""
+        )
+        api = API_ROUTES.get(path)
+        if api is not None and api.anthropic:
+            # Anthropic's clients read errors in their API's shape (anthropic.py).
+            msg = f"Method {method} is not allowed on {path}; use POST."
+            resp = whole(405, anthropic.error_body(405, msg), {"Allow": "POST"}, content_type=JSON)
+        elif allowed:
+            resp = error_response(
+                405,
+                f"Method {method} is not allowed on {path}; use {allowed}.",
+                type="invalid_request_error",
+                code="method_not_allowed",
+                headers={"Allow": allowed},
+            )
+        else:
+            resp = error_response(
+                404,
+                f"Invalid URL ({method} {path}).",
+                type="invalid_request_error",
+                code="unknown_url",
+            )
+        # `path` is the caller's: logged, never a label.
+        return refused(self.state, resp, "", path, t0)
+
+
+def _model_object(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 0, "owned_by": "llmgw"}

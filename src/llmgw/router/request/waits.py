@@ -1,0 +1,142 @@
+"""A request's two waits before an attempt: for a replica, and for its turn.
+
+`wait_for_replica`: its model has no replica that can take it (scale from zero,
+every breaker open, another request holds the half-open probe), so it is held
+(holding.py) until one can, or refused with a NoReplica saying why.
+`wait_turn`: every replica of its model is at capacity, so flow control queues
+it (flowgate.py) until granted, or refuses it with FlowRefused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from llmgw.router.errors import HoldQueueFull, NoReplica
+from llmgw.router.replicas.registry import Snapshot
+from llmgw.router.request.flow import ANONYMOUS, DEFAULT_BAND
+from llmgw.router.request.holding import (
+    held_too_long,
+    hold_until,
+    retry_after_s,
+    unplaceable_retry_after_s,
+)
+from llmgw.router.request.tenants import Tenant
+from llmgw.router.routing.affinity import RouteKey
+from llmgw.router.routing.scheduler import Decision
+from llmgw.router.wiring import Router
+from llmgw.runtime.peers import Peer
+from llmgw.wire.endpoints import ModelOutlook
+
+# While held, look again this often even without a list change: a breaker leaving
+# its cooldown makes a replica available without anyone saying so.
+HOLD_POLL_S: Final = 0.5
+
+
+async def wait_for_replica(
+    st: Router, model: str, hashes: RouteKey, *, t0: float, deadline: float, peer: Peer | None
+) -> tuple[Decision, list[Snapshot]]:
+    """Wait for a replica of `model` that the policy chooses for `hashes` (the request
+    came in at `t0`, must be answered by `deadline`, from `peer`); NoReplica when none
+    comes in time, or none can."""
+    clock = st.clock
+    hold_deadline = min(deadline, t0 + st.cfg.hold_timeout_s)
+    # A probe is waited for at most one first cooldown (holding.hold_until).
+    probe_wait_until = clock.monotonic() + st.cfg.breaker.cooldown_s
+    snaps = st.registry.snapshots(model)
+    opened = {s.id: s.opened_total for s in snaps}
+    try:
+        with st.holding.hold(model, peer):
+            while True:
+                now = clock.monotonic()
+                look = st.outlook.get(model)
+                until = hold_until(
+                    snaps,
+                    now=now,
+                    deadline=hold_deadline,
+                    opened=opened,
+                    outlook=look,
+                    probe_wait_until=probe_wait_until,
+                )
+                if until is None:
+                    raise _hopeless(st, model, snaps, look)
+                left = until - now
+                if left > 0:
+                    await st.holding.wait_changed(timeout_s=min(left, HOLD_POLL_S))
+                # Also once the wait is over: its end may be the moment a probe opens.
+                snaps = st.registry.snapshots(model)
+                decision = st.policy.choose(snaps, hashes, ())
+                if decision.endpoint_id is not None:
+                    return decision, snaps
+                if left <= 0:
+                    raise _out_of_time(st, model, snaps, look, hold_deadline=hold_deadline)
+    except HoldQueueFull as exc:
+        why = (
+            "too many requests from this client address are already waiting"
+            if exc.share
+            else "too many requests are already waiting"
+        )
+        raise NoReplica(model, why) from None
+
+
+def _hopeless(
+    st: Router, model: str, snaps: Sequence[Snapshot], look: ModelOutlook | None
+) -> NoReplica:
+    """Why holding is over before its time (`hold_until` said so): the model cannot be
+    placed (the controller's outlook), or the probe of its open breaker failed."""
+    if not snaps and look is not None:
+        st.holding.refused(model)
+        return NoReplica(
+            model,
+            f"it cannot be placed: {look.reason}",
+            retry_after_s=unplaceable_retry_after_s(look),
+            code="model_unplaceable",
+        )
+    return NoReplica(
+        model, "the probe of its open breaker failed", retry_after_s=retry_after_s(snaps)
+    )
+
+
+def _out_of_time(
+    st: Router,
+    model: str,
+    snaps: Sequence[Snapshot],
+    look: ModelOutlook | None,
+    *,
+    hold_deadline: float,
+) -> NoReplica:
+    """Why holding ended with no replica chosen once its wait was over: every breaker
+    open before the hold's deadline, else held too long."""
+    if st.clock.monotonic() < hold_deadline:
+        after = retry_after_s(snaps)
+        return NoReplica(
+            model,
+            f"every replica's breaker is open (next probe in about {after}s)",
+            retry_after_s=after,
+        )
+    return NoReplica(model, held_too_long(st.cfg.hold_timeout_s, look), retry_after_s=5)
+
+
+def must_queue(st: Router, model: str, least: float | None, snaps: Sequence[Snapshot]) -> bool:
+    """Whether flow control holds this request: its model's replicas are all at
+    capacity (`least`: the chosen replica's load), or others already wait for them
+    (and it must not pass them)."""
+    flow = st.flow
+    return flow.queued(model) or flow.saturated(least, snaps)
+
+
+async def wait_turn(st: Router, model: str, tenant: Tenant | None, deadline: float) -> None:
+    """Wait in flow control's queue for `model` (flowgate.py); FlowRefused at its bounds."""
+    if tenant is None:
+        band, who = DEFAULT_BAND, ANONYMOUS
+    else:
+        band, who = tenant.key.priority, tenant.team or tenant.name
+    snapshots = st.registry.snapshots
+    await st.flow.wait_turn(
+        model,
+        band,
+        who,
+        deadline=deadline,
+        still_saturated=lambda: not st.flow.below_capacity(snapshots(model)),
+        running=sum(s.inflight for s in snapshots(model)),
+    )
