@@ -5,8 +5,7 @@ Set-up, all on 127.0.0.1:
   answering a small chat completion, a 64-event SSE stream, and /metrics —
   cheap enough that the router, not the upstream, is what is measured;
 - the router (`llmgw router`, policy `ours`, the real scrape loop running)
-  pinned to CPU 0 with `taskset`, once per upstream client (`upstream_client:
-  fast`, the default, and `aiohttp`, the reference), in the same run;
+  pinned to CPU 0 with `taskset`;
 - the upstream and this load generator (raw asyncio, keep-alive connections)
   pinned to the other CPU(s).
 
@@ -17,8 +16,8 @@ through the router, so the difference is the router's. Phases:
   router CPU seconds per 1,000 requests, router peak RSS.
 
 Usage: .venv/bin/python bench/router_overhead.py [--seconds 4] [--no-results]
-       .venv/bin/python bench/router_overhead.py --profile [--client aiohttp]
-           (cProfile of the router with that upstream client, fast by default)
+       .venv/bin/python bench/router_overhead.py --profile
+           (cProfile of the router)
        .venv/bin/python bench/router_overhead.py --scale [--quota 0.35]
            (--workers 1 vs 2; with --quota, each worker held to that share of a CPU)
        .venv/bin/python bench/router_overhead.py --chat [--peers]
@@ -518,7 +517,6 @@ def router_process(
     upstream_port: int | list[int],
     cpu: str,
     *,
-    client: str,
     profile: Path | None,
     policy: str = "ours",
     extra: tuple[str, ...] = (),
@@ -529,8 +527,7 @@ def router_process(
     tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
     cfg = tmp / "router.yaml"
     ports = [upstream_port] if isinstance(upstream_port, int) else upstream_port
-    settings = f"upstream_client: {client}\n"
-    cfg.write_text(router_yaml(ports, policy, 30, settings))
+    cfg.write_text(router_yaml(ports, policy, 30, ""))
     log = (tmp / "router.log").open("w")
     if "--workers" not in extra:
         # One process on the one CPU it is pinned to (the default is one per core).
@@ -1056,7 +1053,7 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
         up = ports[0]
         if args.profile:
             prof = Path(tempfile.mkdtemp()) / "router.prof"
-            with router_process(ports, router_cpu, client="fast", profile=prof) as (rt, rpid):
+            with router_process(ports, router_cpu, profile=prof) as (rt, rpid):
                 print(uvloop.run(measure_chat(rt, rpid, args.seconds, args.size, 1)))
             import pstats
 
@@ -1071,7 +1068,6 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
                     with router_process(
                         ports,
                         router_cpu,
-                        client="fast",
                         profile=None,
                         policy=policy,
                         extra=extra,
@@ -1117,7 +1113,7 @@ def chat_main(args: argparse.Namespace, router_cpu: str, others: str, ncpu: int)
             f"{CHAT_SECTION}\n\n"
             f"Realistic chat bodies (8 system prompts x 32 users, a system prompt and a user "
             f"turn, `user` set; about 300 bytes and 8 KB), four minimal engines in one "
-            f"process, the router (`upstream_client: fast`) on CPU {router_cpu} (taskset), "
+            f"process, the router on CPU {router_cpu} (taskset), "
             f"engines and load generator on CPU(s) {others}; {ncpu} CPUs visible, load "
             f"average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after (shared "
             f"machine: short runs, treat as noisy). Each row: a fresh router per repetition "
@@ -1199,7 +1195,6 @@ def scale_main(args: argparse.Namespace, all_cpus: list[int]) -> int:
                 with router_process(
                     ports,
                     ",".join(str(c) for c in router_cpus),
-                    client="fast",
                     profile=None,
                     extra=("--workers", str(workers)),
                 ) as (rt, rpid):
@@ -1265,7 +1260,6 @@ def scale_quota_main(args: argparse.Namespace, all_cpus: list[int]) -> int:
                     router_process(
                         ports,
                         ",".join(str(c) for c in all_cpus[:workers]),
-                        client="fast",
                         profile=None,
                         extra=("--workers", str(workers)),
                         prefix=prefix,
@@ -1317,11 +1311,11 @@ TARGETS = {
 }
 
 
-ROUTERS = ("router fast", "router aiohttp")
+ROUTERS = ("router",)
 
 
 def table(paths: dict[str, dict[str, float]]) -> str:
-    """One column per path, then what each router adds to direct; targets judge `fast`."""
+    """One column per path, then what the router adds to direct; targets judge it."""
     direct = paths["direct"]
     names = list(paths)
     routers = [n for n in ROUTERS if n in paths]
@@ -1333,8 +1327,8 @@ def table(paths: dict[str, dict[str, float]]) -> str:
         met = value >= target if op == ">=" else value <= target
         return f"{op} {target:,.6g} {'met' if met else 'MISSED'}"
 
-    added_heads = "".join(f" {n.removeprefix('router ')} added |" for n in routers)
-    head = "| measure | " + " | ".join(names) + " |" + added_heads + " target (fast) |"
+    added_heads = "".join(f" {n} added |" for n in routers)
+    head = "| measure | " + " | ".join(names) + " |" + added_heads + " target (router) |"
     lines = [head, "|---|" + "---:|" * (len(names) + len(routers)) + "---|"]
     rows = [
         ("latency c=1 p50 ms", "p50_ms_c1"),
@@ -1406,9 +1400,6 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=2.0, help="length of one run of a phase")
     p.add_argument("--repeats", type=int, default=3, help="runs per phase; the best is kept")
     p.add_argument("--profile", action="store_true", help="cProfile the router, print top 30")
-    p.add_argument(
-        "--client", choices=("fast", "aiohttp"), default="fast", help="upstream client to profile"
-    )
     p.add_argument("--no-results", action="store_true", help="do not touch bench/RESULTS.md")
     p.add_argument("--count", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--chat", action="store_true", help="realistic chat bodies, ours vs round_robin")
@@ -1503,12 +1494,8 @@ def main() -> int:
                 paths["raw asyncio"] = uvloop.run(
                     measure_path(rw, rpid, args.seconds, args.repeats)
                 )
-        clients = [args.client] if profile is not None else ["fast", "aiohttp"]
-        for client in clients:
-            with router_process(up, router_cpu, client=client, profile=profile) as (rt, rpid):
-                paths[f"router {client}"] = uvloop.run(
-                    measure_path(rt, rpid, args.seconds, args.repeats)
-                )
+        with router_process(up, router_cpu, profile=profile) as (rt, rpid):
+            paths["router"] = uvloop.run(measure_path(rt, rpid, args.seconds, args.repeats))
     out = table(paths)
     print(out)
     if profile is not None:
@@ -1524,9 +1511,7 @@ def main() -> int:
         )
         write_results(
             f"{SECTION}\n\n"
-            f"Router (once per upstream client: `router fast` is `upstream_client: fast`, the "
-            f"default, `router aiohttp` the aiohttp client) and the two reference proxies "
-            f"on CPU {router_cpu} (taskset); the "
+            f"Router and the two reference proxies on CPU {router_cpu} (taskset); the "
             f"raw-asyncio upstream and the load generator on CPU(s) {others}; "
             f"{len(all_cpus)} CPUs visible, load average {load_before:.1f} before and "
             f"{os.getloadavg()[0]:.1f} after (shared machine). Closed loop; each phase run "

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import web
 
-from llmgw.router.http.server import Answer, FastRequest, FastServer, Reply
+from llmgw.router.http.answers import whole
+from llmgw.router.http.server import Answer, FastRequest, FastServer
 from llmgw.runtime.httpserver import Edge, ServerLimits, openai_error
 from llmgw.testing.wait import until
 
@@ -65,15 +65,15 @@ async def serving(**limits: Any) -> AsyncIterator[Harness]:
             h.entered.set()
             await h.release.wait()
         if req.path == "/big":
-            return web.Response(body=b"x" * 65536)
+            return whole(200, b"x" * 65536)
         if req.path == "/headers":
-            return web.Response(body=json.dumps(list(req.headers.items())).encode())
+            return whole(200, json.dumps(list(req.headers.items())).encode())
         if req.path == "/reply":
-            return Reply(201, b"relayed", {"Content-Type": "text/plain", "X-Engine": "e0"})
+            return whole(201, b"relayed", {"Content-Type": "text/plain", "X-Engine": "e0"})
         body = await req.read()
-        return web.Response(body=json.dumps({"path": req.path, "n": len(body)}).encode())
+        return whole(200, json.dumps({"path": req.path, "n": len(body)}).encode())
 
-    server = FastServer(edge, dispatch, web.Application(), max_body_bytes=1024)
+    server = FastServer(edge, dispatch, max_body_bytes=1024)
     listener = await asyncio.get_running_loop().create_server(server.protocol, "127.0.0.1", 0)
     h = Harness(server, listener.sockets[0].getsockname()[1])
     try:
@@ -130,9 +130,11 @@ class TestFastServer:
             await shut(w1)
             await shut(w2)
 
-    async def test_a_reply_is_written_whole_with_its_headers_and_keeps_the_connection(self) -> None:
-        """`Reply` (the proxy's relayed answer, no aiohttp Response): status, headers, a
-        Content-Length, and the connection serves the next request."""
+    async def test_a_whole_answer_is_written_with_its_headers_and_keeps_the_connection(
+        self,
+    ) -> None:
+        """A `Whole` answer goes out with its status, headers and a Content-Length,
+        and the connection serves the next request."""
         async with serving() as h:
             reader, writer = await h.connect()
             for _ in range(2):
@@ -208,7 +210,7 @@ class TestFastServer:
                 b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                 b"3\r\nabc\r\nzz\r\n"
             )
-            # The test dispatch does not catch RequestPayloadError: a handler bug, a 500;
+            # The test dispatch does not catch BodyBroken: a handler bug, a 500;
             # the router's intake turns it into a 400 (test_hostile_router.py).
             status, _, _ = await read_answer(reader)
             assert status == 500
@@ -346,7 +348,7 @@ class TestFastServer:
             )
             for _ in range(16):
                 writer.write(b"a" * 4096)
-            # The test dispatch does not catch RequestPayloadError: a 500 (the router's
+            # The test dispatch does not catch BodyBroken: a 500 (the router's
             # intake makes it a 400), and the connection closes.
             status, _, _ = await read_answer(reader)
             assert status == 500

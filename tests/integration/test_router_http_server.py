@@ -354,11 +354,12 @@ class TestRouterHttp:
             ("LLMGW_ROUTER_SERVER", "nginx"),
             ("LLMGW_ROUTER_SERVER", "aiohttp"),
             ("LLMGW_ROUTER_UPSTREAM", "curl"),
+            ("LLMGW_ROUTER_UPSTREAM", "aiohttp"),
         ],
     )
     def test_bad_environment_override_exits_2(self, tmp_path: Path, var: str, value: str) -> None:
-        """An unknown LLMGW_ROUTER_UPSTREAM, or LLMGW_ROUTER_SERVER naming a server other
-        than the router's own (retired), stops the router at start with exit 2."""
+        """LLMGW_ROUTER_UPSTREAM or LLMGW_ROUTER_SERVER (both retired) naming anything
+        but the router's own client and server stops the router at start with exit 2."""
         cfg = tmp_path / "r.yaml"
         cfg.write_text("{}\n")
         proc = subprocess.run(

@@ -1,8 +1,6 @@
 """Streams that go wrong inside a 200: a stalled engine, an engine's own error event.
 
-Each test runs once per upstream client (`upstream_client` set in the file, so
-the LLMGW_ROUTER_UPSTREAM override used to run the whole suite under one
-client does not apply here), against real sim-engine and router processes.
+Against real sim-engine and router processes.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import aiohttp
 import pytest
 
 from .router_fixtures import (
-    admin_endpoints,
     base_config,
     chat_body,
     endpoint_entries,
@@ -29,8 +26,6 @@ from .router_fixtures import (
 
 pytestmark = pytest.mark.slow
 
-CLIENTS = ["fast", "aiohttp"]
-
 
 def error_events(events: list[str]) -> list[dict[str, object]]:
     return [json.loads(e)["error"] for e in events if e.startswith('{"error"')]
@@ -39,21 +34,18 @@ def error_events(events: list[str]) -> list[dict[str, object]]:
 class TestStalledStream:
     """A silent engine's stream is ended."""
 
-    @pytest.mark.parametrize("client", CLIENTS)
-    async def test_silent_engine_ends_the_stream(self, tmp_path: Path, client: str) -> None:
+    async def test_silent_engine_ends_the_stream(self, tmp_path: Path) -> None:
         """An engine that goes silent mid-stream: after stream_idle_timeout_s the client
         gets an error event and [DONE] (not a hang until request_timeout_s), and the
         endpoint's breaker counts the failure."""
         with sim_engines(tmp_path, [20.0], extra=["--stall-after-tokens", "3"]) as engines:
             cfg = base_config(
                 endpoints=endpoint_entries(engines),
-                upstream_client=client,
                 stream_idle_timeout_s=1.0,
                 breaker={"failure_threshold": 1, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
             )
             with router(tmp_path, cfg) as r:
                 await wait_until_scraped(r.url, ["e0"])
-                assert admin_endpoints(r.url)["upstream_client"] == client
                 t0 = time.monotonic()
                 async with aiohttp.ClientSession() as session:
                     reply = await asyncio.wait_for(
@@ -76,16 +68,12 @@ class TestStalledStream:
 class TestEngineErrorEvent:
     """A 5xx error event counts against the endpoint."""
 
-    @pytest.mark.parametrize("client", CLIENTS)
-    async def test_5xx_error_event_counts_against_the_endpoint(
-        self, tmp_path: Path, client: str
-    ) -> None:
+    async def test_5xx_error_event_counts_against_the_endpoint(self, tmp_path: Path) -> None:
         """A stream that carries the engine's own 5xx error event is relayed as is, and
         counted as the endpoint's failure: enough of them open its breaker."""
         with sim_engines(tmp_path, [20.0], extra=["--error-after-tokens", "2"]) as engines:
             cfg = base_config(
                 endpoints=endpoint_entries(engines),
-                upstream_client=client,
                 breaker={"failure_threshold": 2, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
             )
             with router(tmp_path, cfg) as r:
@@ -107,8 +95,7 @@ class TestEngineErrorEvent:
 class TestErrorEventBeforeOutput:
     """An error event before output is retried elsewhere or relayed."""
 
-    @pytest.mark.parametrize("client", CLIENTS)
-    async def test_retried_on_another_replica(self, tmp_path: Path, client: str) -> None:
+    async def test_retried_on_another_replica(self, tmp_path: Path) -> None:
         """An engine whose stream opens with its 5xx error event (after only the role
         opener) is retried on the other replica: the client gets a clean stream, and
         the failing engine's breaker counts the failure."""
@@ -116,7 +103,6 @@ class TestErrorEventBeforeOutput:
             await set_faults(engines[0].url, error_after_tokens=0)
             cfg = base_config(
                 endpoints=endpoint_entries(engines),
-                upstream_client=client,
                 policy="round_robin",
                 breaker={"failure_threshold": 1, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
             )
@@ -135,12 +121,11 @@ class TestErrorEventBeforeOutput:
             assert len(events) >= 3  # the role opener, tokens, [DONE]
         assert snap["breaker"] == "open"
 
-    @pytest.mark.parametrize("client", CLIENTS)
-    async def test_relayed_when_no_replica_is_left(self, tmp_path: Path, client: str) -> None:
+    async def test_relayed_when_no_replica_is_left(self, tmp_path: Path) -> None:
         """With a single replica there is nowhere to retry: the engine's error event is
         relayed in a 200 stream as before."""
         with sim_engines(tmp_path, [20.0], extra=["--error-after-tokens", "0"]) as engines:
-            cfg = base_config(endpoints=endpoint_entries(engines), upstream_client=client)
+            cfg = base_config(endpoints=endpoint_entries(engines))
             with router(tmp_path, cfg) as r:
                 await wait_until_scraped(r.url, ["e0"])
                 async with aiohttp.ClientSession() as session:

@@ -16,7 +16,6 @@ from typing import Any
 
 import httptools
 import msgspec
-from aiohttp import web
 from multidict import CIMultiDict
 
 from llmgw.router.config import parse
@@ -96,7 +95,7 @@ class Answered:
 class World:
     def __init__(self, config: str, *, start: float = 1_000.0) -> None:
         self.clock = ManualClock(start_monotonic=start)
-        self.router = Router(parse(config), clock=self.clock, env={})
+        self.router = Router(parse(config), clock=self.clock)
         self.fake = FakeForwarder()
         self.router.forward = self.fake
         self.proxy = Proxy(self.router)
@@ -110,7 +109,7 @@ class World:
     def _server(self) -> FastServer:
         edge = Edge(ServerLimits(decompress=False), openai_error, name="router")
         cfg = self.router.cfg
-        return FastServer(edge, self.proxy.answer, web.Application(), cfg.max_body_bytes)
+        return FastServer(edge, self.proxy.answer, max_body_bytes=cfg.max_body_bytes)
 
     async def send(
         self,

@@ -6,9 +6,9 @@ import json
 import math
 
 import msgspec
-from aiohttp import web
 
 from llmgw.router.control.leases import DEMAND_TAU_S, LeaseKeeper, add_demand
+from llmgw.router.http.answers import Whole
 from llmgw.router.request.tenants import Charge, Tenant, Tenants
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.answerusage import Usage
@@ -50,9 +50,9 @@ class TestShares:
         tenants = Tenants(clock=ManualClock())
         tenants.retain([key()], leased=[key()])
         resp = tenants.admit(Tenant(key()), "m", 40)
-        assert isinstance(resp, web.Response)
+        assert isinstance(resp, Whole)
         assert resp.status == 429
-        assert resp.headers["Retry-After"] == "2"
+        assert resp.header("Retry-After") == "2"
         assert resp.body is not None
         assert json.loads(resp.body)["error"]["code"] == "rate_limit_exceeded"
 
@@ -116,7 +116,7 @@ def spend(tenants: Tenants, tokens: int) -> object:
 
 
 def code(resp: object) -> str:
-    assert isinstance(resp, web.Response)
+    assert isinstance(resp, Whole)
     assert resp.body is not None
     return str(json.loads(resp.body)["error"]["code"])
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import msgspec
-from aiohttp import web
 
+from llmgw.router.http.answers import Whole
 from llmgw.router.request.auth import KeyRing, hash_key
 from llmgw.router.request.tenants import Charge, Tenant, Tenants, period_of
 from llmgw.runtime.clock import ManualClock
@@ -25,7 +25,7 @@ def usage(tokens: int) -> Usage:
 
 
 def error(resp: object) -> tuple[int, str, str]:
-    assert isinstance(resp, web.Response)
+    assert isinstance(resp, Whole)
     assert isinstance(resp.body, bytes)
     err = json.loads(resp.body)["error"]
     return resp.status, err["type"], err["code"]
@@ -61,9 +61,9 @@ class TestRpm:
         assert all(isinstance(c, Charge) for c in charges)
         refused = tenants.admit(t, "m", 10)
         assert error(refused) == (429, "requests", "rate_limit_exceeded")
-        assert isinstance(refused, web.Response)
-        assert refused.headers["Retry-After"] == "20"
-        assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        assert isinstance(refused, Whole)
+        assert refused.header("Retry-After") == "20"
+        assert refused.header("x-ratelimit-remaining-requests") == "0"
         clock.advance(20.0)
         assert isinstance(tenants.admit(t, "m", 10), Charge)
 
@@ -93,9 +93,9 @@ class TestTpm:
         charge.settle(usage(950))  # once only
         refused = tenants.admit(t, "m", 400)
         assert error(refused) == (429, "tokens", "rate_limit_exceeded")
-        assert isinstance(refused, web.Response)
+        assert isinstance(refused, Whole)
         # 50 left, 100 needed at 1000/min: 3 s.
-        assert refused.headers["Retry-After"] == "3"
+        assert refused.header("Retry-After") == "3"
 
     def test_a_request_larger_than_the_bucket_waits_for_a_full_one(self) -> None:
         """A body estimated above the whole minute still passes on a full bucket."""
@@ -146,6 +146,6 @@ class TestKeyRingAndCounts:
         tenants = Tenants(clock=ManualClock())
         assert isinstance(tenants.admit(Tenant(key), "m", 1), Charge)
         tenants.retain([key])
-        assert isinstance(tenants.admit(Tenant(key), "m", 1), web.Response)
+        assert isinstance(tenants.admit(Tenant(key), "m", 1), Whole)
         tenants.retain([])
         assert isinstance(tenants.admit(Tenant(key), "m", 1), Charge)

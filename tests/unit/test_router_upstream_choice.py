@@ -1,43 +1,53 @@
-"""Choosing the proxy's upstream client, and the fast client's pure parts."""
+"""The retired choice of the proxy's upstream client, and the fast client's pure parts."""
 
 from __future__ import annotations
 
+import logging
 from types import MappingProxyType
 from typing import Any
 
 import pytest
 
-from llmgw.router.config import parse, upstream_client
+from llmgw.router.config import check_retired_env, parse
 from llmgw.router.errors import RouterConfigError
 from llmgw.router.upstream.fast import _fields
 from llmgw.router.upstream.fastconn import Headers, Pool
 
 
-class TestUpstreamClientChoice:
-    """Choosing the upstream client from the file and the environment."""
+class TestUpstreamClientRetired:
+    """`upstream_client` and $LLMGW_ROUTER_UPSTREAM are retired: one client relays."""
 
-    def test_default_is_fast(self) -> None:
-        """Neither the file nor the environment says: the fast client."""
-        assert upstream_client(parse("{}"), {}) == "fast"
+    def test_aiohttp_in_the_file_is_refused_clearly(self) -> None:
+        """`upstream_client: aiohttp` cannot be honoured: an error naming the setting."""
+        with pytest.raises(RouterConfigError, match=r"upstream_client: 'aiohttp': retired"):
+            parse("upstream_client: aiohttp")
 
-    def test_environment_applies_when_the_file_is_silent(self) -> None:
-        """LLMGW_ROUTER_UPSTREAM picks the client for a file that names none."""
-        assert upstream_client(parse("{}"), {"LLMGW_ROUTER_UPSTREAM": "aiohttp"}) == "aiohttp"
-
-    def test_file_wins_over_environment(self) -> None:
-        """A file that names its client keeps it whatever the environment says."""
-        cfg = parse("upstream_client: fast")
-        assert upstream_client(cfg, {"LLMGW_ROUTER_UPSTREAM": "aiohttp"}) == "fast"
-
-    def test_bad_environment_value(self) -> None:
-        """An unknown client name in the environment is a RouterConfigError naming the variable."""
-        with pytest.raises(RouterConfigError, match="LLMGW_ROUTER_UPSTREAM"):
-            upstream_client(parse("{}"), {"LLMGW_ROUTER_UPSTREAM": "curl"})
-
-    def test_bad_file_value(self) -> None:
+    def test_any_other_value_in_the_file_is_refused(self) -> None:
         """An unknown client name in the file is refused at parse time."""
         with pytest.raises(RouterConfigError, match="upstream_client"):
             parse("upstream_client: curl")
+
+    def test_fast_in_the_file_is_accepted_with_a_warning(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """`upstream_client: fast` is what the router does anyway: a warning, no error."""
+        with caplog.at_level(logging.WARNING, logger="llmgw.router.config"):
+            parse("upstream_client: fast")
+        assert "retired setting" in caplog.text
+
+    def test_aiohttp_in_the_environment_is_refused_clearly(self) -> None:
+        """LLMGW_ROUTER_UPSTREAM=aiohttp is an error naming the variable."""
+        with pytest.raises(RouterConfigError, match="LLMGW_ROUTER_UPSTREAM: 'aiohttp'"):
+            check_retired_env({"LLMGW_ROUTER_UPSTREAM": "aiohttp"})
+
+    def test_fast_or_nothing_in_the_environment_passes(self) -> None:
+        """LLMGW_ROUTER_UPSTREAM unset, empty or `fast` stops nothing."""
+        for env in ({}, {"LLMGW_ROUTER_UPSTREAM": ""}, {"LLMGW_ROUTER_UPSTREAM": "fast"}):
+            check_retired_env(env)
+
+
+class TestStreamIdleTimeout:
+    """The stream idle bound's default and validation."""
 
     def test_stream_idle_timeout(self) -> None:
         """The idle bound defaults to 120 s and must be positive."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.router.control.usagereports import UsageReporter, UsageTracker, build_report
+from llmgw.router.control.usagereports import LoadTracker, UsageReporter, build_report
 from llmgw.testing import ManualClock
 from llmgw.wire.usage import ModelLoad, UsageReport
 
@@ -13,7 +13,7 @@ class TestTracker:
     def test_started_and_inflight(self) -> None:
         """Requests started in the interval and in flight now are counted per model."""
         clock = ManualClock()
-        t = UsageTracker(clock=clock)
+        t = LoadTracker(clock=clock)
         t.started("m")
         t.started("m")
         t.finished("m")
@@ -25,7 +25,7 @@ class TestTracker:
     def test_reset_starts_a_new_interval(self) -> None:
         """After a reset the interval's request count starts over; inflight stays."""
         clock = ManualClock()
-        t = UsageTracker(clock=clock)
+        t = LoadTracker(clock=clock)
         t.started("m")
         t.load({}, reset=True)
         clock.advance(1.0)
@@ -35,12 +35,12 @@ class TestTracker:
 
     def test_held_models_appear(self) -> None:
         """A model with only held requests appears with its held count."""
-        t = UsageTracker(clock=ManualClock())
+        t = LoadTracker(clock=ManualClock())
         assert t.load({"cold": 3}, reset=False)["cold"].held == 3
 
     def test_finished_models_leave(self) -> None:
         """A model with nothing in flight and nothing started is absent after a reset."""
-        t = UsageTracker(clock=ManualClock())
+        t = LoadTracker(clock=ManualClock())
         t.started("m")
         t.finished("m")
         t.load({}, reset=True)

@@ -7,7 +7,7 @@ Layout (each sub-package's docstring says more); a request goes down this list:
                          and the route table
     app.py, wiring.py    the state and background loops; the live parts wired together
     compiled.py          the optional mypyc build of the hot modules, loaded by `main`
-    errors.py            RouterError and its subclasses, and their OpenAI-shaped bodies
+    errors.py            RouterError and its subclasses (their answers: request/refusals.py)
     metrics.py           the router's own Prometheus series
     request/             one request's way through: intake, keys and tenants, the proxy
                          (choose, forward, retry, relay), holding, token counts

@@ -1,11 +1,11 @@
-"""The router's application: its live state, its route table, its background loops.
+"""The router program: its live state, its route table, its background loops.
 
-`build_app(cfg, config_path=...)` builds it; `main.py` serves it with the one
-shared runner (`runtime.serve`), its connections on the router's own server
-(router/http/) answering through `app[FAST]`, the route table (http/routes.py). The aiohttp
-application holds the live state and runs the background loops (scrape,
-usage report, config watcher, controller long-poll): they start with it and
-are cancelled and awaited when it stops: no orphan tasks.
+`build_app(cfg, config_path=...)` builds a `RouterApp`; `main.py` serves it with
+the one shared runner (`runtime.serve`, as a `Service`): its connections on the
+router's own server (router/http/) answering through the route table
+(http/routes.py). `start()` starts the clients and the background loops (scrape,
+usage report, config watcher, controller long-poll); `stop()` cancels and awaits
+them and closes the clients: no orphan tasks.
 """
 
 from __future__ import annotations
@@ -14,30 +14,90 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
-
-from aiohttp import web
 
 from llmgw.router import compiled
 from llmgw.router.apis.passthrough import PassThrough
 from llmgw.router.config import RouterConfig
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.control.usagereports import UsageReporter
-from llmgw.router.http.routes import FAST, LINK, ROUTER, FastRoutes
+from llmgw.router.http.routes import FastRoutes
+from llmgw.router.http.server import FastServer
 from llmgw.router.replicas.scrape import HttpMetricsFetcher, Scraper
 from llmgw.router.request.proxy import Proxy
 from llmgw.router.request.tracing import Tracing
 from llmgw.router.routing.kvfollow import KVEventFollower
 from llmgw.router.wiring import Router
 from llmgw.router.workers.worker import WorkerLink
+from llmgw.runtime.httpserver import Edge
 from llmgw.runtime.logs import kv
 
 log = logging.getLogger(__name__)
 
-SCRAPER = web.AppKey("scraper", Scraper)
-REPORTER = web.AppKey("reporter", UsageReporter)
+Loop = Coroutine[Any, Any, None]
+
+
+class RouterApp:
+    """One router process's live parts, started and stopped once (`runtime.serve.Service`).
+
+    `state` is everything a request or a loop touches (wiring.py); `routes` the
+    server's dispatch; `loops` the background coroutines `start` runs as tasks;
+    `watcher` the config file's (SIGHUP reloads it), `reporter` the usage
+    reporter, which `stop` asks for one last report; both None in a worker,
+    whose supervisor does that work for all the workers.
+    """
+
+    def __init__(
+        self,
+        state: Router,
+        routes: FastRoutes,
+        loops: list[Loop],
+        *,
+        watcher: ConfigWatcher | None = None,
+        reporter: UsageReporter | None = None,
+    ) -> None:
+        self.state = state
+        self.routes = routes
+        self._loops = loops
+        self._watcher = watcher
+        self._reporter = reporter
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def connections(self, edge: Edge) -> FastServer:
+        """The router's own server for the listening socket, answering through `routes`."""
+        return FastServer(edge, self.routes, max_body_bytes=self.state.cfg.max_body_bytes)
+
+    async def start(self) -> None:
+        await self.state.start_clients()
+        self._tasks = [asyncio.create_task(c) for c in self._loops]
+        self._loops = []
+        for t in self._tasks:
+            t.add_done_callback(_log_crash)
+        if self._watcher is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                asyncio.get_running_loop().add_signal_handler(
+                    signal.SIGHUP, self._watcher.request_reload
+                )
+
+    async def stop(self) -> None:
+        state = self.state
+        if self._watcher is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._reporter is not None:
+            # The requests answered since the last report: their token usage would
+            # be lost with the process. The controller may be away; wait little.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reporter.tick(), timeout=2.0)
+        await state.close_clients()
+        if state.tracing is not None:
+            # Spans still batched are sent before the process ends.
+            await asyncio.to_thread(state.tracing.shutdown)
 
 
 def build_app(
@@ -45,8 +105,8 @@ def build_app(
     *,
     config_path: str | Path | None = None,
     link: WorkerLink | None = None,
-) -> web.Application:
-    """The router application for `cfg`; with `config_path`, the file is watched for reloads.
+) -> RouterApp:
+    """The router for `cfg`; with `config_path`, the file is watched for reloads.
 
     With `link` it is one worker of several (worker.py): the supervisor at the
     other end scrapes, reloads, follows the controller and reports usage for the
@@ -65,58 +125,19 @@ def build_app(
     if cfg.tracing is not None:
         state.tracing = Tracing(cfg.tracing)
     proxy = Proxy(state)
-    passthrough = PassThrough(proxy)
-    # Serves no request itself (router/http/ does): it holds the state and the loops.
-    app = web.Application()
-    app[ROUTER] = state
-    app[FAST] = FastRoutes(proxy, passthrough)
-    loops: list[Coroutine[Any, Any, None]]
-    watcher: ConfigWatcher | None = None
-    if link is not None:
-        app[LINK] = link
-        loops = [link.run()]
-    else:
-        loops, watcher = _host_loops(app, state, cfg, config_path)
+    routes = FastRoutes(proxy, PassThrough(proxy), link=link)
     # Every worker follows the engines' KV events itself: each keeps its own
     # prefix index, so each needs the exact block sets (docs/routing.md).
-    loops.append(KVEventFollower(state.kv_events).run())
-
-    async def background(app: web.Application) -> AsyncIterator[None]:
-        await state.start_clients()
-        tasks = [asyncio.create_task(c) for c in loops]
-        for t in tasks:
-            t.add_done_callback(_log_crash)
-        loop = asyncio.get_running_loop()
-        if watcher is not None:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signal.SIGHUP, watcher.request_reload)
-        try:
-            yield
-        finally:
-            if watcher is not None:
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.remove_signal_handler(signal.SIGHUP)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            reporter = app.get(REPORTER)
-            if reporter is not None:
-                # The requests answered since the last report: their token usage would
-                # be lost with the process. The controller may be away; wait little.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(reporter.tick(), timeout=2.0)
-            await state.close_clients()
-            if state.tracing is not None:
-                # Spans still batched are sent before the process ends.
-                await asyncio.to_thread(state.tracing.shutdown)
-
-    app.cleanup_ctx.append(background)
-    return app
+    follow = KVEventFollower(state.kv_events).run()
+    if link is not None:
+        return RouterApp(state, routes, [link.run(), follow])
+    loops, watcher, reporter = _host_loops(state, cfg, config_path)
+    return RouterApp(state, routes, [*loops, follow], watcher=watcher, reporter=reporter)
 
 
 def _host_loops(
-    app: web.Application, state: Router, cfg: RouterConfig, config_path: str | Path | None
-) -> tuple[list[Coroutine[Any, Any, None]], ConfigWatcher | None]:
+    state: Router, cfg: RouterConfig, config_path: str | Path | None
+) -> tuple[list[Loop], ConfigWatcher | None, UsageReporter]:
     """A one-process router's own chores: scrape, report usage, watch the file, follow
     the controller (with workers, the supervisor's: supervisor.py)."""
     scraper = Scraper(
@@ -128,7 +149,6 @@ def _host_loops(
         on_restart=state.engine_restarted,
         on_failure=state.metrics.scrape_failed,
     )
-    app[SCRAPER] = scraper
     controller = (
         None if cfg.controller is None else ControllerClient(cfg.controller, state.upstream)
     )
@@ -141,7 +161,6 @@ def _host_loops(
         expire=state.lease_expire,
         clock=state.clock,
     )
-    app[REPORTER] = reporter
     state.want_lease = reporter.wake
 
     def on_config(new: RouterConfig) -> None:
@@ -152,14 +171,14 @@ def _host_loops(
 
     state.on_config.append(on_config)
 
-    loops: list[Coroutine[Any, Any, None]] = [scraper.run(), reporter.run()]
+    loops: list[Loop] = [scraper.run(), reporter.run()]
     watcher = None
     if config_path is not None:
         watcher = ConfigWatcher(config_path, on_config=state.apply_config, poll_s=cfg.reload_poll_s)
         loops.append(watcher.run())
     if controller is not None:
         loops.append(ControllerSource(controller, on_list=state.apply_list).run())
-    return loops, watcher
+    return loops, watcher, reporter
 
 
 def _log_crash(task: asyncio.Task[None]) -> None:

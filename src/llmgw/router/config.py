@@ -12,7 +12,6 @@ Shape (every key but `endpoints`/`controller` optional):
     models: [...]            # known models with no replica yet: held, not 404
     controller: {url, token?}
     policy: ours | round_robin | least_inflight
-    upstream_client: fast | aiohttp
     scrape_interval_s: 2 ...  # timings, flat
     breaker: {failure_threshold, cooldown_s, max_cooldown_s}
     api_keys: [{name, sha256}]
@@ -46,7 +45,6 @@ from llmgw.wire.endpoints import EndpointInfo
 from llmgw.wire.keys import ClientKey
 
 Policy = Literal["ours", "round_robin", "least_inflight"]
-UpstreamClient = Literal["fast", "aiohttp"]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegSeconds = Annotated[float, msgspec.Meta(ge=0)]
 log = logging.getLogger(__name__)
@@ -142,12 +140,6 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # OpenTelemetry spans of routing decisions; None (the default): off, and the
     # router only passes a client's traceparent and tracestate on. Read once at start.
     tracing: TracingConfig | None = None
-
-    # The proxy's HTTP client: `fast`, the lean keep-alive pool
-    # (router/upstream/fast.py), or `aiohttp`, the reference. Not given: the
-    # LLMGW_ROUTER_UPSTREAM environment variable if set (tests run the suite under
-    # both), else `fast`. Read once at start.
-    upstream_client: UpstreamClient | msgspec.UnsetType = msgspec.UNSET
 
     scrape_interval_s: Seconds = 2.0
     # Below the interval, so one tick's scrapes end before the next begins.
@@ -274,10 +266,11 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         )
 
 
-UPSTREAM_ENV = "LLMGW_ROUTER_UPSTREAM"
-# Retired: the router serves with its own server only (router/http/). `fast`, what
-# it does anyway, is accepted with a warning; anything else stops the router.
+# Retired: the router serves with its own server only (router/http/), and talks to
+# engines with its own client only (router/upstream/fast.py). `fast`, what it does
+# anyway, is accepted with a warning; anything else stops the router.
 SERVER_ENV = "LLMGW_ROUTER_SERVER"
+UPSTREAM_ENV = "LLMGW_ROUTER_UPSTREAM"
 # Secrets the file may leave out: key → the variable that gives it (docstring above).
 SECRET_ENV = {
     "admin_token": "LLMGW_ROUTER_ADMIN_TOKEN",
@@ -294,7 +287,6 @@ RESTART_ONLY = (
     "stale_after_s",
     "breaker",
     "max_body_bytes",
-    "upstream_client",
     "idle_timeout_s",
     "header_timeout_s",
     "max_client_connections",
@@ -341,17 +333,14 @@ def parse(
         _secret(doc["controller"], "token", CONTROLLER_TOKEN_ENV, environ, f"{source}: controller.")
     if "http_server" in doc:
         retired_server(doc.pop("http_server"), f"{source}: http_server")
+    if "upstream_client" in doc:
+        retired_client(doc.pop("upstream_client"), f"{source}: upstream_client")
     try:
         return msgspec.convert(doc, RouterConfig)
     except msgspec.ValidationError as exc:
         raise RouterConfigError(f"{source}: {_one_line(str(exc))}") from exc
     except ValueError as exc:  # raised by __post_init__ checks
         raise RouterConfigError(f"{source}: {_one_line(str(exc))}") from exc
-
-
-def upstream_client(cfg: RouterConfig, env: Mapping[str, str]) -> UpstreamClient:
-    """The proxy's client: the file's choice, else $LLMGW_ROUTER_UPSTREAM, else `fast`."""
-    return _fast_or_aiohttp(cfg.upstream_client, env, UPSTREAM_ENV)
 
 
 def retired_server(value: object, where: str) -> None:
@@ -370,25 +359,32 @@ def retired_server(value: object, where: str) -> None:
     )
 
 
+def retired_client(value: object, where: str) -> None:
+    """`upstream_client` (the file) or $LLMGW_ROUTER_UPSTREAM (`where` says which), both
+    retired: the proxy talks to engines with its own client only (upstream/fast.py).
+    `fast` is what it does anyway (a warning: drop the setting); `aiohttp` cannot be
+    honoured, and a router that silently relayed otherwise than its file says would
+    mislead whoever reads it."""
+    if value == "fast":
+        log.warning(
+            kv("retired setting", setting=where, why="the router's own client is the only one")
+        )
+        return
+    raise RouterConfigError(
+        f"{where}: {value!r}: retired; the router talks to engines with its own HTTP "
+        "client only (aiohttp's is gone); remove the setting"
+    )
+
+
 def check_retired_env(env: Mapping[str, str]) -> None:
-    """$LLMGW_ROUTER_SERVER, when set: as `retired_server`."""
+    """$LLMGW_ROUTER_SERVER and $LLMGW_ROUTER_UPSTREAM, when set: as `retired_server`
+    and `retired_client`."""
     value = env.get(SERVER_ENV, "").strip()
     if value:
         retired_server(value, SERVER_ENV)
-
-
-def _fast_or_aiohttp(
-    chosen: Literal["fast", "aiohttp"] | msgspec.UnsetType, env: Mapping[str, str], var: str
-) -> Literal["fast", "aiohttp"]:
-    """The file's choice, else the environment variable `var`, else `fast`."""
-    if not isinstance(chosen, msgspec.UnsetType):
-        return chosen
-    name = env.get(var, "").strip() or "fast"
-    if name == "fast":
-        return "fast"
-    if name == "aiohttp":
-        return "aiohttp"
-    raise RouterConfigError(f"{var}={name!r}: expected fast or aiohttp")
+    value = env.get(UPSTREAM_ENV, "").strip()
+    if value:
+        retired_client(value, UPSTREAM_ENV)
 
 
 def load(path: str | Path) -> RouterConfig:

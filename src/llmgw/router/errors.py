@@ -20,13 +20,15 @@ Everything the router raises on purpose derives from `RouterError`:
 The upstream clients raise only `UpstreamError`s: a transport's exception
 (asyncio's, the socket's, aiohttp's) becomes one in one function,
 `upstream.base.translate`, and the proxy never catches a transport's type.
-Every error a client sees is written by `error_response` with the one OpenAI
-error encoder (`wire.errors.error_body`).
+Every error a client sees is written with the one OpenAI error encoder
+(`wire.errors.error_body`): as a whole answer by request/refusals.py, as a
+stream's last event by `stream_error_frame` here.
+
+Nothing here imports the router's compiled modules: the program imports this
+(through config.py) before it loads their build (compiled.py).
 """
 
 from __future__ import annotations
-
-from aiohttp import web
 
 from llmgw.wire.errors import error_body
 
@@ -120,80 +122,6 @@ class FlowRefused(RouterError):
         self.status = status
         self.code = code
         self.retry_after_s = retry_after_s
-
-
-JSON = "application/json"
-
-
-def error_response(
-    status: int,
-    message: str,
-    *,
-    type: str,
-    code: str | int | None = None,
-    param: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> web.Response:
-    """An OpenAI-shaped error answer."""
-    return web.Response(
-        status=status,
-        body=error_body(message, type=type, code=code, param=param),
-        content_type=JSON,
-        headers=headers,
-    )
-
-
-def bad_request(message: str, *, param: str | None = None) -> web.Response:
-    return error_response(400, message, type="invalid_request_error", param=param)
-
-
-def unauthorized(message: str = "Invalid or missing API key.") -> web.Response:
-    return error_response(
-        401,
-        message,
-        type="invalid_request_error",
-        code="invalid_api_key",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
-
-
-def model_not_found(model: str) -> web.Response:
-    return error_response(
-        404,
-        f"The model `{model}` does not exist.",
-        type="invalid_request_error",
-        code="model_not_found",
-        param="model",
-    )
-
-
-def too_large(limit: int) -> web.Response:
-    return error_response(
-        413,
-        f"Request body is larger than {limit} bytes.",
-        type="invalid_request_error",
-        code="request_too_large",
-    )
-
-
-def unavailable(exc: NoReplica) -> web.Response:
-    return error_response(
-        503,
-        f"No replica of `{exc.model}` is available: {exc.why}.",
-        type="service_unavailable",
-        code=exc.code,
-        headers={"Retry-After": str(exc.retry_after_s)},
-    )
-
-
-def flow_refused(exc: FlowRefused) -> web.Response:
-    return error_response(
-        exc.status,
-        f"Every replica of `{exc.model}` is at capacity: {exc.why}.",
-        type="rate_limit_exceeded" if exc.status == 429 else "service_unavailable",
-        code=exc.code,
-        headers={"Retry-After": str(exc.retry_after_s)},
-    )
 
 
 def stream_error_frame(message: str, *, code: int = 502) -> bytes:

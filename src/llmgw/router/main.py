@@ -10,19 +10,14 @@ import sys
 from typing import TYPE_CHECKING
 
 from llmgw.router import compiled
-from llmgw.router.config import OTHER_ENV, RouterConfig, check_retired_env, load, upstream_client
+from llmgw.router.config import OTHER_ENV, RouterConfig, check_retired_env, load
 from llmgw.router.errors import RouterConfigError
 from llmgw.runtime import envflags, logs
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from aiohttp import web
-
-    from llmgw.runtime.httpserver import Edge, ServerLimits
-    from llmgw.runtime.serve import Connections
+    from llmgw.runtime.httpserver import ServerLimits
 
 DEFAULT_PORT = 8080
 
@@ -68,14 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _connections(app: web.Application, cfg: RouterConfig) -> Callable[[Edge], Connections]:
-    """The router's own server (router/http/), answering through the app's routes."""
-    from llmgw.router.http.routes import FAST
-    from llmgw.router.http.server import FastServer
-
-    return lambda edge: FastServer(edge, app[FAST], app, cfg.max_body_bytes)
-
-
 def _limits(cfg: RouterConfig) -> ServerLimits:
     from llmgw.runtime.httpserver import ServerLimits
 
@@ -115,8 +102,8 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         cfg = load(args.config)
-        upstream_client(cfg, os.environ)  # a bad $LLMGW_ROUTER_UPSTREAM stops us here
-        check_retired_env(os.environ)  # and $LLMGW_ROUTER_SERVER=aiohttp
+        # $LLMGW_ROUTER_SERVER=aiohttp or $LLMGW_ROUTER_UPSTREAM=aiohttp stops us here.
+        check_retired_env(os.environ)
     except RouterConfigError as exc:
         sys.stderr.write(f"llmgw router: {exc}\n")
         return 2
@@ -147,7 +134,6 @@ def main(argv: list[str]) -> int:
             port=args.port,
             name="router",
             limits=_limits(cfg),
-            connections=_connections(app, cfg),
         )
 
     if workers > 1:
@@ -234,7 +220,6 @@ def _worker(args: argparse.Namespace) -> int:
             announce=False,
             on_started=started,
             stop_event=link.lost,
-            connections=_connections(app, cfg),
         )
 
     return serve.run(run)

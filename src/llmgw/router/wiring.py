@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
-from llmgw.router.config import RouterConfig, restart_only_changes, upstream_client
+from llmgw.router.config import RouterConfig, restart_only_changes
 from llmgw.router.control.leases import LeaseKeeper, ShareMetrics
 from llmgw.router.control.tokenusage import TokenCounts
-from llmgw.router.control.usagereports import UsageTracker, build_report
+from llmgw.router.control.usagereports import LoadTracker, build_report
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.replicas.breaker import BreakerConfig
 from llmgw.router.replicas.registry import Registry
@@ -54,7 +54,6 @@ class Router:
         cfg: RouterConfig,
         *,
         clock: Clock = SYSTEM_CLOCK,
-        env: Mapping[str, str] = os.environ,
         shared: SharedInflight | None = None,
         router_id: str | None = None,
     ) -> None:
@@ -82,7 +81,7 @@ class Router:
         # Served name → what the controller does for that model while it has no
         # ready replica (wire.endpoints.ModelOutlook); empty for static endpoints.
         self.outlook: dict[str, ModelOutlook] = {}
-        self.usage = UsageTracker(clock=clock)
+        self.loads = LoadTracker(clock=clock)
         # Each key's requests and tokens since the last usage report (tokenusage.py).
         self.token_counts = TokenCounts(clock=clock)
         # Flow control: requests queued by band and tenant at saturation (flowgate.py).
@@ -128,13 +127,8 @@ class Router:
         self.policy: Policy = self._make_policy(cfg.policy)
         # aiohttp, for the scrape loop and the controller (off the request path) ...
         self.upstream = Upstream(connect_timeout_s=cfg.connect_timeout_s)
-        # ... and the proxy's client: the lean pool unless configured otherwise.
-        self.upstream_client = upstream_client(cfg, env)
-        self.forward: Forwarder = (
-            FastUpstream(connect_timeout_s=cfg.connect_timeout_s)
-            if self.upstream_client == "fast"
-            else self.upstream
-        )
+        # ... and the proxy's client (tests put the fake forwarder of llmgw.testing here).
+        self.forward: Forwarder = FastUpstream(connect_timeout_s=cfg.connect_timeout_s)
         # Endpoint id → URL without trailing slash, rebuilt with the list.
         self.urls: dict[str, str] = {}
         # Endpoint id → the headers of a request to it: the router's own plus
@@ -165,12 +159,10 @@ class Router:
 
     async def start_clients(self) -> None:
         await self.upstream.start()
-        if self.forward is not self.upstream:
-            await self.forward.start()
+        await self.forward.start()
 
     async def close_clients(self) -> None:
-        if self.forward is not self.upstream:
-            await self.forward.close()
+        await self.forward.close()
         await self.upstream.close()
 
     # -- configuration ---------------------------------------------------------
@@ -286,7 +278,7 @@ class Router:
                 **self.registry.own_inflight(),
             },
             demand=demand,
-            load=self.usage.load(demand, reset=reset),
+            load=self.loads.load(demand, reset=reset),
             key_demand=self.leases.demand(self.tenants.asked()) if reset else (),
             flow_queued=self.flow.depth(),
         )

@@ -1,10 +1,12 @@
-"""One way to run an aiohttp application (STYLE: app built apart from its runner).
+"""One way to run a program's server (STYLE: app built apart from its runner).
 
-`serve(app, host, port)` installs uvloop, binds, prints a ready line, and on
-SIGTERM or SIGINT stops accepting, lets in-flight requests finish within
-`grace_s`, runs the app's cleanup, and returns so the process exits 0. Under
-systemd (`Type=notify`) it also sends READY=1, STOPPING=1 and the watchdog's
-pings (sdnotify.py).
+The program is an aiohttp application, or a `Service` that serves its
+connections with its own server (the router's). `serve_app(app, host, port)`
+binds, prints a ready line, and on SIGTERM or SIGINT stops accepting, lets
+in-flight requests finish within `grace_s`, runs the app's cleanup (a
+`Service`'s `stop`), and returns so the process exits 0; `run()` runs it under
+uvloop. Under systemd (`Type=notify`) it also sends READY=1, STOPPING=1 and the
+watchdog's pings (sdnotify.py).
 
 A port it cannot listen on (taken, privileged, out of range) is `ListenError`:
 `run()` prints its one line and returns 1, before the app has started anything.
@@ -44,6 +46,23 @@ class Connections(Protocol):
 
     async def shutdown(self, grace_s: float) -> None:
         """Close idle connections; give answers in progress up to `grace_s`, then close all."""
+        ...
+
+
+class Service(Protocol):
+    """A program that serves with its own server: the work it starts before serving
+    and stops after (background loops, clients), and its connections."""
+
+    async def start(self) -> None:
+        """Start the program's work; called once, before any connection is served."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop it (cancel and await its loops, close its clients); called once, last."""
+        ...
+
+    def connections(self, edge: Edge) -> Connections:
+        """The server for the listening socket's connections, under `edge`'s limits."""
         ...
 
 
@@ -100,7 +119,7 @@ def listen(host: str, port: int, name: str) -> socket.socket:
 
 
 async def serve_app(
-    app: web.Application,
+    app: web.Application | Service,
     *,
     host: str = "127.0.0.1",
     port: int = 0,
@@ -112,7 +131,6 @@ async def serve_app(
     error_body: ErrorBody = openai_error,
     sock: socket.socket | None = None,
     announce: bool = True,
-    connections: Callable[[Edge], Connections] | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT (or `stop_event`), then stop gracefully; returns 0.
 
@@ -128,9 +146,9 @@ async def serve_app(
     processes) instead of binding one; `announce=False` leaves the ready line, and
     systemd's notifications, to that parent.
 
-    `connections`: serve connections with the program's own server, made from the
-    `Edge` (the router's: router/http/), instead of aiohttp's; the app still starts
-    and stops as it would.
+    A `Service` serves its connections with its own server, made from the `Edge`
+    (the router's: router/http/), instead of aiohttp's; it is started where an
+    application's startup runs, and stopped where its cleanup runs.
     """
     stop = stop_event or asyncio.Event()
     # Taken before the app starts anything: what it spawns must not inherit the socket.
@@ -144,23 +162,29 @@ async def serve_app(
     # startup runs its loops (an agent would heartbeat, even start engines, then die).
     if sock is None:
         sock = listen(host, port, name)
-    runner = web.AppRunner(
-        app,
-        handle_signals=False,
-        access_log=None,
-        shutdown_timeout=grace_s,
-    )
+    edge = Edge(limits or ServerLimits(), error_body, name=name)
+    runner: web.AppRunner | None = None
+    own: Connections | None = None
     try:
-        await runner.setup()
+        if isinstance(app, web.Application):
+            runner = web.AppRunner(
+                app, handle_signals=False, access_log=None, shutdown_timeout=grace_s
+            )
+            await runner.setup()
+        else:
+            await app.start()
+            own = app.connections(edge)
     except BaseException:
         sock.close()
         raise
     bound_port = int(sock.getsockname()[1])
-    server = runner.server
-    assert server is not None  # set by setup()
-    edge = Edge(limits or ServerLimits(), error_body, name=name)
-    own = None if connections is None else connections(edge)
-    factory = protocol_factory(server, edge) if own is None else own.protocol
+    factory: Callable[[], asyncio.Protocol]
+    if runner is not None:
+        assert runner.server is not None  # set by setup()
+        factory = protocol_factory(runner.server, edge)
+    else:
+        assert own is not None
+        factory = own.protocol
     # Not loop.create_server: under uvloop it accepts one connection per loop turn,
     # and clients arriving at a busy server waited seconds (acceptor.py).
     listener = Acceptor(loop, sock, factory, name=name)
@@ -187,11 +211,16 @@ async def serve_app(
         watchdog.cancel()
         # Its own cancellation comes back as a result; one of this coroutine still raises.
         await asyncio.gather(watchdog, return_exceptions=True)
-        # No new connections first; then runner.cleanup() closes idle ones, waits
-        # up to shutdown_timeout for handlers in flight, and runs on_cleanup.
+        # No new connections first; then the idle ones close, handlers in flight get
+        # up to `grace_s` (runner.cleanup(): shutdown_timeout), and the app's
+        # cleanup runs (a Service's `stop`).
         listener.close()
-        if own is not None:
+        if runner is not None:
+            await runner.cleanup()
+        else:
+            assert own is not None
+            assert not isinstance(app, web.Application)
             await own.shutdown(grace_s)
-        await runner.cleanup()
+            await app.stop()
     sys.stdout.flush()
     return 0

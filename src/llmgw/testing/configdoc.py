@@ -104,7 +104,8 @@ OTHER = (
     ),
     (
         router_config.UPSTREAM_ENV,
-        "router: `fast` or `aiohttp`, when the YAML sets no `upstream_client`",
+        "router, retired: `fast` is accepted with a warning, anything else stops the router "
+        "(it talks to engines with its own HTTP client only)",
     ),
     (
         router_config.SERVER_ENV,

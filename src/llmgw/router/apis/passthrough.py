@@ -27,22 +27,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
-from aiohttp import web
-
 from llmgw.router.apis import anthropic
 from llmgw.router.apis.catalog import ROUTES, Api
 from llmgw.router.apis.forms import FormError, text_fields
-from llmgw.router.errors import (
-    bad_request,
-    unauthorized,
-)
-from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.answers import JSON, Whole
 from llmgw.router.http.connection import Answer, FastRequest
 from llmgw.router.metrics import DISCONNECTED
 from llmgw.router.request.accounting import count, refused
 from llmgw.router.request.call import Call, request_id
 from llmgw.router.request.intake import Intake, read_json
 from llmgw.router.request.proxy import Proxy
+from llmgw.router.request.refusals import bad_request, unauthorized
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.routing.affinity import NO_KEY, RouteKey
 
@@ -67,9 +62,7 @@ class PassThrough:
     async def answer(self, request: FastRequest) -> Answer:
         api = ROUTES[request.path]
         resp = await self._answer(request, api)
-        if api.anthropic:
-            _reshape(resp)
-        return resp
+        return _reshape(resp) if api.anthropic else resp
 
     async def _answer(self, request: FastRequest, api: Api) -> Answer:
         proxy = self.proxy
@@ -95,11 +88,11 @@ class PassThrough:
             call = self._call(request, got, rid, t0, api=api, tenant=tenant)
             if not isinstance(call, Call):
                 return call
-            st.usage.started(call.model)
+            st.loads.started(call.model)
             try:
                 return await proxy.route(call)
             finally:
-                st.usage.finished(call.model)
+                st.loads.finished(call.model)
         finally:
             got.release()
 
@@ -112,7 +105,7 @@ class PassThrough:
         *,
         api: Api,
         tenant: Tenant | None,
-    ) -> Call | web.Response:
+    ) -> Call | Whole:
         """The request to route, or its refusal: the proxy's, a bad form, a stored response."""
         st = self.proxy.state
         path = request.path
@@ -122,7 +115,7 @@ class PassThrough:
         if api.form:
             ctype = headers.get("Content-Type") or ""
             form = _form_doc(got.body, ctype)
-            if isinstance(form, web.Response):
+            if isinstance(form, Whole):
                 return refused(st, form, rid, path, t0)
             doc = form
         model = doc.get("model")
@@ -139,7 +132,7 @@ class PassThrough:
         charge: Charge | None = None
         if tenant is not None and tenant.guarded:
             admitted = st.tenants.admit(tenant, model, len(got.body))
-            if isinstance(admitted, web.Response):
+            if isinstance(admitted, Whole):
                 return refused(st, admitted, rid, path, t0, tenant=tenant)
             charge = admitted
         hashes: RouteKey = NO_KEY
@@ -165,7 +158,7 @@ class PassThrough:
         )
 
 
-def _form_doc(body: bytes, ctype: str) -> dict[str, Any] | web.Response:
+def _form_doc(body: bytes, ctype: str) -> dict[str, Any] | Whole:
     """A multipart form's `model` and `stream` fields as a JSON body would hold them,
     or the refusal of a malformed one."""
     try:
@@ -184,26 +177,9 @@ def _passed_on(api: Api, headers: Any) -> bytes:
     return out
 
 
-def _reshape(resp: Answer) -> None:
+def _reshape(resp: Answer) -> Answer:
     """An error answer of the Messages route in Anthropic's shape (anthropic.py)."""
     status = resp.status
-    if status < 400:
-        return
-    if isinstance(resp, web.Response):
-        body = resp.body
-        if isinstance(body, bytes):
-            resp.body = anthropic.reshape(status, body)
-            resp.content_type = "application/json"
-    elif isinstance(resp, Reply):
-        resp.body = anthropic.reshape(status, resp.body)
-        resp.headers["Content-Type"] = "application/json"
-    elif isinstance(resp, Prerendered):
-        resp.body = anthropic.reshape(status, resp.body)
-        lines = [
-            line
-            for line in resp.lines.split(b"\r\n")
-            if line and not line.lower().startswith(b"content-type:")
-        ]
-        resp.lines = b"".join(
-            line + b"\r\n" for line in [b"Content-Type: application/json", *lines]
-        )
+    if status < 400 or not isinstance(resp, Whole):
+        return resp
+    return resp.with_content_type(anthropic.reshape(status, resp.body), JSON)

@@ -1,6 +1,6 @@
 """Usage reports, router → controller, once a tick.
 
-Per request the router only bumps two counters (`UsageTracker.started` /
+Per request the router only bumps two counters (`LoadTracker.started` /
 `finished`); everything else is read from the registry and the hold queue
 when a report is built. The report costs the same on four replicas as on four
 hundred, and nothing here is per request on the wire.
@@ -34,7 +34,7 @@ from llmgw.wire.usage import FlowQueued, ModelLoad, TokenUsage, UsageReport
 log: Final = logging.getLogger(__name__)
 
 
-class UsageTracker:
+class LoadTracker:
     """Per-model request counts: started during the interval, in flight now."""
 
     __slots__ = ("_clock", "_inflight", "_interval_start", "_started")

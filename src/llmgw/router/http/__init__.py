@@ -1,7 +1,7 @@
 """The router's own HTTP/1.1 server (one protocol object per connection, no aiohttp server).
 
 heads.py       answer heads: status lines, header lines, Date, each formatted once
-answers.py     whole answers cheaper than aiohttp's web.Response: Reply, Prerendered
+answers.py     the whole answer (`Whole`): status, header lines, body; how to make one
 connection.py  one connection: its state, caps, timers and closing; the request
                and stream objects a handler sees; what a listening socket shares
 server.py      parsing (httptools) and answering in turn: FastProtocol, FastServer

@@ -3,9 +3,9 @@
 `Connection` holds what a connection is between requests and how it ends
 (counted against the caps, idle and head timers, back-pressure, lingering
 closes); `FastRequest` and `FastStream` are what a handler sees of one request
-and of the streamed answer it opens. Parsing and answering are server.py's
-(`FastProtocol`, a `Connection`); `Listener` is what every connection of one
-listening socket shares.
+and of the streamed answer it opens (a whole answer is a `Whole`, answers.py).
+Parsing and answering are server.py's (`FastProtocol`, a `Connection`);
+`Listener` is what every connection of one listening socket shares.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from typing import Final, cast
 from urllib.parse import unquote, urlsplit
 
 import httptools
-from aiohttp import web
 from multidict import CIMultiDict
 
-from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.answers import Whole
 from llmgw.router.http.heads import head
 from llmgw.runtime.httpserver import Edge
 from llmgw.runtime.logs import kv
@@ -37,11 +36,19 @@ def _settle(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-class FastRequest:
-    """What a handler sees of one request: aiohttp's request attributes the handlers use.
+class BodyTooLarge(Exception):
+    """The request body is larger than the server's `max_body_bytes`."""
 
-    `headers` is a case-insensitive multidict (multidict's, as aiohttp's);
-    `read()` waits for the whole body.
+
+class BodyBroken(Exception):
+    """The request body's framing broke (a bad chunk, a short body); the message says how."""
+
+
+class FastRequest:
+    """What a handler sees of one request: method, path, headers, the body.
+
+    `headers` is a case-insensitive multidict (multidict's); `read()` waits for
+    the whole body.
     """
 
     __slots__ = (
@@ -50,7 +57,6 @@ class FastRequest:
         "_error",
         "_more",
         "_waiter",
-        "app",
         "complete",
         "content_length",
         "expect",
@@ -73,11 +79,11 @@ class FastRequest:
         method: str,
         raw_path: str,
         headers: CIMultiDict[str],
+        *,
         keep_alive: bool,
         version: str,
     ) -> None:
         self._conn = conn
-        self.app = conn.server.app
         self.method = method
         self.raw_path = raw_path
         if not raw_path.startswith("/"):
@@ -129,7 +135,7 @@ class FastRequest:
     async def read(self) -> bytes:
         """The whole body.
 
-        HTTPRequestEntityTooLarge past the limit, RequestPayloadError if its framing broke.
+        `BodyTooLarge` past the limit, `BodyBroken` if its framing broke.
         """
         if not (self.complete or self.too_large or self._error is not None):
             self._conn.resume_for(self)
@@ -139,10 +145,10 @@ class FastRequest:
             finally:
                 self._waiter = None
         if self._error is not None:
-            raise web.RequestPayloadError(str(self._error))
+            raise BodyBroken(str(self._error))
         if self.too_large:
             limit = self._conn.server.max_body_bytes
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=self.size)
+            raise BodyTooLarge(f"{self.size} bytes and more; at most {limit}")
         chunks = self._chunks
         if len(chunks) == 1:
             return chunks[0]
@@ -223,19 +229,17 @@ class FastStream:
             conn.transport.write(b"0\r\n\r\n")
 
 
-Answer = web.StreamResponse | FastStream | Reply | Prerendered
+# What a handler answers: a whole answer, or a stream it has opened (and sent).
+Answer = Whole | FastStream
 Dispatch = Callable[[FastRequest], Awaitable[Answer]]
 
 
 class Listener:
     """What every connection of one listening socket shares; `shutdown` stops them."""
 
-    def __init__(
-        self, edge: Edge, dispatch: Dispatch, app: web.Application, max_body_bytes: int
-    ) -> None:
+    def __init__(self, edge: Edge, dispatch: Dispatch, *, max_body_bytes: int) -> None:
         self.edge = edge
         self.dispatch = dispatch
-        self.app = app
         self.max_body_bytes = max_body_bytes
         self.conns: set[Connection] = set()
 

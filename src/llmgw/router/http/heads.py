@@ -12,8 +12,6 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Final
 
-from aiohttp import web
-
 # Headers the server writes itself; a handler's own are dropped.
 _OWN: Final = frozenset({"content-length", "transfer-encoding", "connection", "date"})
 
@@ -104,11 +102,3 @@ def fields(headers: Any) -> bytes:
     # As aiohttp writes them, and reads them: a header echoed back (x-request-id) goes
     # out as the bytes that came in. One encode for all of them.
     return "".join(lines).encode("utf-8", "surrogateescape")
-
-
-def reason_of(resp: web.Response) -> str | None:
-    """The response's reason when it is not the status's standard phrase (the cached
-    status line is used then)."""
-    phrase = _phrase(resp.status)
-    reason = resp.reason
-    return None if phrase and reason == phrase else reason

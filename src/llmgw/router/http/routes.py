@@ -12,26 +12,22 @@ from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
-from aiohttp import web
 
 from llmgw.router.apis.catalog import ROUTES as API_ROUTES
 from llmgw.router.apis.passthrough import PassThrough
-from llmgw.router.errors import error_response
+from llmgw.router.http.answers import JSON, Whole, json_whole, whole
 from llmgw.router.http.connection import Answer, FastRequest
 from llmgw.router.metrics import CONTENT_TYPE
 from llmgw.router.request.auth import admin_allowed, bearer_matches
 from llmgw.router.request.listing import Listing
 from llmgw.router.request.proxy import POST_PATHS, Proxy
+from llmgw.router.request.refusals import error_response
 from llmgw.router.routing.scheduler import choose
 from llmgw.router.wiring import Router
 from llmgw.router.workers.ipc import ChannelClosed
 from llmgw.router.workers.worker import WorkerLink
 
 log = logging.getLogger(__name__)
-
-# The live state and, in a worker, its link to the supervisor: set by app.build_app.
-ROUTER = web.AppKey("router", Router)
-LINK = web.AppKey("link", WorkerLink)
 
 Req = FastRequest
 
@@ -40,21 +36,26 @@ class FastRoutes:
     """The router's routes (its server's `Dispatch`), matched by hand.
 
     The proxied POST routes first, then GET (and HEAD) ones, then the
-    OpenAI-shaped 404/405 for anything else (never a plain-text page).
+    OpenAI-shaped 404/405 for anything else (never a plain-text page). `link`:
+    in a worker (--workers N), its link to the supervisor, which answers
+    /metrics and /admin/usage for all the workers together.
     """
 
-    def __init__(self, proxy: Proxy, passthrough: PassThrough) -> None:
+    def __init__(
+        self, proxy: Proxy, passthrough: PassThrough, *, link: WorkerLink | None = None
+    ) -> None:
         self.proxy = proxy
         self.passthrough = passthrough
+        own = _Own(proxy.state, link)
         self.listing = Listing(proxy.state)
         self.gets = {
             "/v1/models": self.listing.models,
             "/health": health,
-            "/healthz": healthz,
-            "/readyz": readyz,
-            "/metrics": metrics,
-            "/admin/endpoints": admin_endpoints,
-            "/admin/usage": admin_usage,
+            "/healthz": own.healthz,
+            "/readyz": own.readyz,
+            "/metrics": own.metrics,
+            "/admin/endpoints": own.admin_endpoints,
+            "/admin/usage": own.admin_usage,
         }
 
     def __call__(self, request: FastRequest) -> Awaitable[Answer]:
@@ -80,7 +81,6 @@ class FastRoutes:
 
 
 MODEL_PREFIX = "/v1/models/"
-FAST = web.AppKey("fast", FastRoutes)
 
 
 # The router's own GET routes outside /v1; any other method on them is a 405.
@@ -89,7 +89,7 @@ GET_PATHS = frozenset(
 )
 
 
-async def no_route(request: Req) -> web.Response:
+async def no_route(request: Req) -> Whole:
     """A path the router does not serve: OpenAI's error object, like every other answer."""
     path, method = request.path, request.method
     if path in API_ROUTES:
@@ -116,19 +116,12 @@ async def no_route(request: Req) -> web.Response:
     )
 
 
-async def health(request: Req) -> web.Response:
+async def health(request: Req) -> Whole:
     """vLLM's and SGLang's liveness path, as they answer it: 200 and an empty body.
 
     Benchmark clients (guidellm) check it before they start; /healthz says more.
     """
-    return web.Response(status=200)
-
-
-async def healthz(request: Req) -> web.Response:
-    # `program` and `controller` let `ctl --controller <this router>` say where to go.
-    ctl = request.app[ROUTER].cfg.controller
-    where = None if ctl is None else _without_userinfo(ctl.url)
-    return web.json_response({"status": "ok", "program": "router", "controller": where})
+    return whole(200)
 
 
 def _without_userinfo(url: str) -> str:
@@ -137,35 +130,100 @@ def _without_userinfo(url: str) -> str:
     return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}"
 
 
-async def readyz(request: Req) -> web.Response:
-    ready = request.app[ROUTER].ready()
-    return web.json_response({"ready": ready}, status=200 if ready else 503)
+class _Own:
+    """The router's own routes that read its state: health, readiness, metrics, admin."""
 
+    def __init__(self, state: Router, link: WorkerLink | None) -> None:
+        self.state = state
+        self.link = link
 
-async def metrics(request: Req) -> web.Response:
-    st = request.app[ROUTER]
-    token = st.cfg.metrics_token
-    if token is not None and not bearer_matches(token, request.headers.get("Authorization")):
+    async def healthz(self, request: Req) -> Whole:
+        # `program` and `controller` let `ctl --controller <this router>` say where to go.
+        ctl = self.state.cfg.controller
+        where = None if ctl is None else _without_userinfo(ctl.url)
+        return json_whole({"status": "ok", "program": "router", "controller": where})
+
+    async def readyz(self, request: Req) -> Whole:
+        ready = self.state.ready()
+        return json_whole({"ready": ready}, status=200 if ready else 503)
+
+    async def metrics(self, request: Req) -> Whole:
+        st = self.state
+        token = st.cfg.metrics_token
+        if token is not None and not bearer_matches(token, request.headers.get("Authorization")):
+            return error_response(
+                401,
+                "/metrics needs `Authorization: Bearer <metrics_token>`.",
+                type="invalid_request_error",
+                code="invalid_metrics_token",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if self.link is None:
+            body = st.metrics.render()
+        else:
+            try:
+                # Every worker's figures and the host's, merged by the supervisor.
+                body = await self.link.ask("metrics")
+            except (ChannelClosed, TimeoutError):
+                return _supervisor_away()
+        return whole(200, body, content_type=CONTENT_TYPE)
+
+    def _admin_denied(self, request: Req) -> Whole | None:
+        cfg = self.state.cfg
+        if admin_allowed(
+            token=cfg.admin_token,
+            authorization=request.headers.get("Authorization"),
+            remote=request.remote,
+        ):
+            return None
         return error_response(
-            401,
-            "/metrics needs `Authorization: Bearer <metrics_token>`.",
+            403 if cfg.admin_token is None else 401,
+            "Admin endpoints need the admin token (or a loopback caller when none is set).",
             type="invalid_request_error",
-            code="invalid_metrics_token",
-            headers={"WWW-Authenticate": "Bearer"},
+            code="admin_only",
         )
-    link = request.app.get(LINK)
-    if link is None:
-        body = st.metrics.render()
-    else:
+
+    async def admin_endpoints(self, request: Req) -> Whole:
+        """The snapshots the scheduler sees, and what it would choose now for each model."""
+        if (denied := self._admin_denied(request)) is not None:
+            return denied
+        st = self.state
+        decisions = {}
+        for model in sorted(st.known_models):
+            d = choose(st.registry.snapshots(model))
+            decisions[model] = {
+                "endpoint_id": d.endpoint_id,
+                "reason": d.reason,
+                "header": d.header(),
+                "scores": msgspec.to_builtins(d.scores),
+            }
+        return _json(
+            {
+                "router_id": st.router_id,
+                # Which worker answered (--workers N); null for a one-process router.
+                "worker": st.worker_index,
+                "policy": st.policy.name,
+                "endpoints": _without_keys([s.as_builtins() for s in st.registry.snapshots()]),
+                "prefix_entries": st.prefix.entries_by_endpoint(),
+                "decisions": decisions,
+            }
+        )
+
+    async def admin_usage(self, request: Req) -> Whole:
+        """The usage report this router would send now (last_used absent when unknown)."""
+        if (denied := self._admin_denied(request)) is not None:
+            return denied
+        if self.link is None:
+            return _json(self.state.usage_report(reset=False))
         try:
-            # Every worker's figures and the host's, merged by the supervisor.
-            body = await link.ask("metrics")
+            # The report the supervisor would send for all the workers now.
+            body = await self.link.ask("usage_peek")
         except (ChannelClosed, TimeoutError):
             return _supervisor_away()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        return whole(200, body, content_type=JSON)
 
 
-def _supervisor_away() -> web.Response:
+def _supervisor_away() -> Whole:
     return error_response(
         503,
         "This router worker cannot reach its supervisor; retry shortly.",
@@ -175,52 +233,8 @@ def _supervisor_away() -> web.Response:
     )
 
 
-def _admin_denied(request: Req) -> web.Response | None:
-    st = request.app[ROUTER]
-    if admin_allowed(
-        token=st.cfg.admin_token,
-        authorization=request.headers.get("Authorization"),
-        remote=request.remote,
-    ):
-        return None
-    return error_response(
-        403 if st.cfg.admin_token is None else 401,
-        "Admin endpoints need the admin token (or a loopback caller when none is set).",
-        type="invalid_request_error",
-        code="admin_only",
-    )
-
-
-def _json(obj: Any) -> web.Response:
-    return web.Response(body=msgspec.json.encode(obj), content_type="application/json")
-
-
-async def admin_endpoints(request: Req) -> web.Response:
-    """The snapshots the scheduler sees, and what it would choose now for each model."""
-    if (denied := _admin_denied(request)) is not None:
-        return denied
-    st = request.app[ROUTER]
-    decisions = {}
-    for model in sorted(st.known_models):
-        d = choose(st.registry.snapshots(model))
-        decisions[model] = {
-            "endpoint_id": d.endpoint_id,
-            "reason": d.reason,
-            "header": d.header(),
-            "scores": msgspec.to_builtins(d.scores),
-        }
-    return _json(
-        {
-            "router_id": st.router_id,
-            # Which worker answered (--workers N); null for a one-process router.
-            "worker": st.worker_index,
-            "policy": st.policy.name,
-            "upstream_client": st.upstream_client,
-            "endpoints": _without_keys([s.as_builtins() for s in st.registry.snapshots()]),
-            "prefix_entries": st.prefix.entries_by_endpoint(),
-            "decisions": decisions,
-        }
-    )
+def _json(obj: Any) -> Whole:
+    return whole(200, msgspec.json.encode(obj), content_type=JSON)
 
 
 def _without_keys(snaps: list[dict[str, object]]) -> list[dict[str, object]]:
@@ -230,18 +244,3 @@ def _without_keys(snaps: list[dict[str, object]]) -> list[dict[str, object]]:
         if isinstance(info, dict):
             info.pop("api_key", None)
     return snaps
-
-
-async def admin_usage(request: Req) -> web.Response:
-    """The usage report this router would send now (last_used absent when unknown)."""
-    if (denied := _admin_denied(request)) is not None:
-        return denied
-    link = request.app.get(LINK)
-    if link is None:
-        return _json(request.app[ROUTER].usage_report(reset=False))
-    try:
-        # The report the supervisor would send for all the workers now.
-        body = await link.ask("usage_peek")
-    except (ChannelClosed, TimeoutError):
-        return _supervisor_away()
-    return web.Response(body=body, content_type="application/json")

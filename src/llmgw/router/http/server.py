@@ -4,9 +4,9 @@ The same pattern as the router's upstream client (router/upstream/fast.py), on
 the serving side: one `asyncio.Protocol` per connection, no aiohttp
 RequestHandler, BaseRequest, StreamWriter, URL dispatcher or middleware chain
 per request. The program gives a `Dispatch`: an async function of a
-`FastRequest` that answers with an aiohttp `web.Response`, a `Reply` or a
-`Prerendered` (written here in one `write`) or a `FastStream` it opened itself
-(an event stream, relayed as it comes, chunked).
+`FastRequest` that answers with a `Whole` (answers.py: written here in one
+`write`) or a `FastStream` it opened itself (an event stream, relayed as it
+comes, chunked).
 
 It keeps what `runtime.httpserver.EdgeHandler` gives aiohttp's server, with the
 same `Edge` (limits, the connection count and the canned answers):
@@ -21,9 +21,9 @@ same `Edge` (limits, the connection count and the canned answers):
 - keep-alive and pipelining (requests answered in order, one at a time; reading
   stops at a pipelined head until its turn, and the next answer waits until the
   last has drained), chunked request bodies, `Expect: 100-continue`, HEAD;
-- a body larger than `max_body_bytes` makes `read()` raise aiohttp's
-  HTTPRequestEntityTooLarge and a broken one RequestPayloadError, as aiohttp's
-  request does; a client that disconnects cancels its handler.
+- a body larger than `max_body_bytes` makes `read()` raise `BodyTooLarge` and
+  a broken one `BodyBroken` (connection.py); a client that disconnects cancels
+  its handler.
 
 What differs: a client that takes none of an answer for `idle_timeout_s` while
 more is to be sent is closed (aiohttp waits on it for ever); a request body the
@@ -39,14 +39,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any, Final, cast
+from typing import Final
 
 import httptools
-from aiohttp import web
 from multidict import CIMultiDict
 
-from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.http.answers import JSON, Whole, whole
 from llmgw.router.http.connection import (
     Answer,
     Connection,
@@ -55,13 +53,21 @@ from llmgw.router.http.connection import (
     FastStream,
     Listener,
 )
-from llmgw.router.http.heads import DATE, fields, head, reason_of, status_line
+from llmgw.router.http.heads import DATE, head, status_line
 from llmgw.runtime.httpserver import _one_line, _without_echo
 from llmgw.runtime.logs import kv
 
 log: Final = logging.getLogger(__name__)
 
-__all__ = ["Answer", "Dispatch", "FastProtocol", "FastRequest", "FastServer", "FastStream"]
+__all__ = [
+    "Answer",
+    "Dispatch",
+    "FastProtocol",
+    "FastRequest",
+    "FastServer",
+    "FastStream",
+    "Whole",
+]
 
 
 class _HeadError(Exception):
@@ -184,8 +190,8 @@ class FastProtocol(Connection):
             # Not wrapped in a read-only CIMultiDictProxy, as aiohttp's are: nothing
             # writes to a request's headers, and the wrapper cost a call per request.
             CIMultiDict(self.fields),
-            p.should_keep_alive(),
-            p.get_http_version(),
+            keep_alive=p.should_keep_alive(),
+            version=p.get_http_version(),
         )
         if upgrade and req.content_length:
             # httptools skips the body of an upgrade request (its bytes come after the
@@ -346,10 +352,8 @@ class FastProtocol(Connection):
                 self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             return True
         msg = f"Unknown Expect: {expect}"
-        refusal = web.Response(
-            status=417, body=self.edge.error(417, msg), content_type="application/json"
-        )
-        self._write(req, refusal, close=True)
+        refusal = whole(417, self.edge.error(417, msg), content_type=JSON)
+        self._send_whole(req, refusal, close=True)
         return False
 
     def _handler_failed(self, req: FastRequest) -> None:
@@ -358,71 +362,33 @@ class FastProtocol(Connection):
         if self.started:
             return
         msg = "The server had an error while processing your request."
-        resp = web.Response(
-            status=500, body=self.edge.error(500, msg), content_type="application/json"
-        )
-        self._write(req, resp, close=True)
+        resp = whole(500, self.edge.error(500, msg), content_type=JSON)
+        self._send_whole(req, resp, close=True)
 
     def _answered(self, req: FastRequest, resp: Answer) -> bool:
         """Write the handler's answer (a stream is already written); whether the
         connection may carry another request."""
-        if type(resp) is Prerendered:
-            close = not req.keep_alive or not req.complete or self.draining
-            self._send_lines(req, resp.status, None, resp.lines, resp.body, close)
+        if type(resp) is Whole:
+            close = resp.close or not req.keep_alive or not req.complete or self.draining
+            self._send_whole(req, resp, close=close)
             return not close
         if isinstance(resp, FastStream):
             return resp.keep_alive and resp._eof
-        if isinstance(resp, Reply):
-            close = not req.keep_alive or not req.complete or self.draining
-            self._send_whole(req, resp.status, None, resp.headers, resp.body, close)
-            return not close
-        if not isinstance(resp, web.Response):
-            raise TypeError(f"a handler answered {type(resp).__name__}, not a web.Response")
-        close = not req.keep_alive or resp.keep_alive is False or not req.complete or self.draining
-        self._write(req, resp, close=close)
-        return not close
+        raise TypeError(f"a handler answered {type(resp).__name__}, not a Whole or a FastStream")
 
-    def _write(self, req: FastRequest, resp: web.Response, *, close: bool) -> None:
-        body = resp.body
-        if not isinstance(body, bytes | bytearray):
-            body = b"" if body is None else bytes(cast(Any, body)._value)
-        self._send_whole(req, resp.status, reason_of(resp), resp.headers, body, close)
-
-    def _send_whole(
-        self,
-        req: FastRequest,
-        status: int,
-        reason: str | None,
-        headers: Mapping[str, str],
-        body: bytes | bytearray,
-        close: bool,
-    ) -> None:
-        lines = fields(headers)
-        if "Content-Type" not in headers:
-            lines += b"Content-Type: application/octet-stream\r\n"
-        self._send_lines(req, status, reason, lines, body, close)
-
-    def _send_lines(
-        self,
-        req: FastRequest,
-        status: int,
-        reason: str | None,
-        lines: bytes,
-        body: bytes | bytearray,
-        close: bool,
-    ) -> None:
-        """A whole answer whose header lines are written (a `Prerendered`'s as they
-        are): status line, the lines, Date, Content-Length, Connection, the body."""
+    def _send_whole(self, req: FastRequest, resp: Whole, *, close: bool) -> None:
+        """Status line, the answer's lines, Date, Content-Length, Connection, the body."""
         if close:
             end = b"\r\nConnection: close\r\n\r\n"
         elif req.version == "1.0":
             end = b"\r\nConnection: keep-alive\r\n\r\n"
         else:
             end = b"\r\n\r\n"
+        body = resp.body
         head = b"".join(
             (
-                status_line(status, reason),
-                lines,
+                status_line(resp.status, None),
+                resp.lines,
                 DATE.get(),
                 b"Content-Length: ",
                 str(len(body)).encode("ascii"),

@@ -9,8 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from aiohttp import web
-
+from llmgw.router.http.answers import Whole
 from llmgw.router.metrics import DISCONNECTED, REJECTED
 from llmgw.router.request.call import Call
 from llmgw.router.request.tenants import Tenant
@@ -94,21 +93,20 @@ def count_call(st: Router, call: Call) -> None:
 
 def refused(
     st: Router,
-    resp: web.Response,
+    resp: Whole,
     rid: str,
     path: str,
     t0: float,
     *,
     outcome: str = REJECTED,
     tenant: Tenant | None = None,
-) -> web.Response:
+) -> Whole:
     """The router's own answer before any routing (4xx, or 503 before the first list),
     counted, with the request id on it."""
     count(st, rid, path, t0, status=resp.status, outcome=outcome, tenant=tenant)
     return tag(resp, rid)
 
 
-def tag(resp: web.Response, rid: str) -> web.Response:
+def tag(resp: Whole, rid: str) -> Whole:
     """`resp` with the request's id on it."""
-    resp.headers["x-request-id"] = rid
-    return resp
+    return resp.with_header("x-request-id", rid)

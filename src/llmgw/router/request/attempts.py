@@ -13,7 +13,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from llmgw.router.errors import JSON, NoReplica, UpstreamError
+from llmgw.router.errors import NoReplica, UpstreamError
+from llmgw.router.http.answers import JSON
 from llmgw.router.replicas.breaker import BreakerState, Outcome, classify_status
 from llmgw.router.replicas.registry import Snapshot
 from llmgw.router.request import lora

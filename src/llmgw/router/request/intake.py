@@ -26,11 +26,11 @@ import logging
 from typing import Any, Final
 
 import msgspec
-from aiohttp import web
 
 from llmgw.router.config import RouterConfig
-from llmgw.router.errors import bad_request, error_response, too_large
-from llmgw.router.http.connection import FastRequest
+from llmgw.router.http.answers import Whole
+from llmgw.router.http.connection import BodyBroken, BodyTooLarge, FastRequest
+from llmgw.router.request.refusals import bad_request, error_response, too_large
 from llmgw.runtime.logs import kv
 from llmgw.runtime.peers import Peer
 
@@ -106,7 +106,7 @@ def peer_of(request: FastRequest) -> Peer | None:
     return request.peer
 
 
-def refused(resp: web.Response, rid: str, why: str, request: FastRequest) -> web.Response:
+def refused(resp: Whole, rid: str, why: str, request: FastRequest) -> Whole:
     """The one log line of a refused request, and its answer tagged with the request id."""
     log.warning(
         kv(
@@ -118,18 +118,17 @@ def refused(resp: web.Response, rid: str, why: str, request: FastRequest) -> web
             why=why,
         )
     )
-    resp.headers["x-request-id"] = rid
-    return resp
+    return resp.with_header("x-request-id", rid)
 
 
-def _closing(resp: web.Response) -> web.Response:
+def _closing(resp: Whole) -> Whole:
     # The body was not read: reading it off to reuse the connection would be
     # exactly the work (and memory) being refused.
-    resp.force_close()
+    resp.close = True
     return resp
 
 
-def _busy(budget: ByteBudget, peer: Peer | None) -> web.Response:
+def _busy(budget: ByteBudget, peer: Peer | None) -> Whole:
     if budget.used < budget.limit and peer is not None and peer.body_bytes >= budget.each // 2:
         msg = "This client address has too many request bodies in flight; retry shortly."
     else:
@@ -139,100 +138,99 @@ def _busy(budget: ByteBudget, peer: Peer | None) -> web.Response:
     )
 
 
-def _slow(cfg: RouterConfig, why: str) -> web.Response:
+def _slow(cfg: RouterConfig, why: str) -> Whole:
     return error_response(408, why, type="invalid_request_error", code="request_timeout")
 
 
 async def read_json(
-    request: FastRequest,
-    cfg: RouterConfig,
-    budget: ByteBudget,
-    rid: str,
-    decode: bool = True,
-) -> Intake | web.Response:
+    request: FastRequest, cfg: RouterConfig, budget: ByteBudget, rid: str, *, decode: bool = True
+) -> Intake | Whole:
     """The body and its JSON object, or the refusal to send (already logged).
 
     `decode` False: the body only (a multipart upload, forms.py), with an empty `doc`.
     """
+    body = await _charged_body(request, cfg, budget, rid)
+    if isinstance(body, Whole):
+        return body
+    peer = request.peer
+    # From here the body's bytes are charged to the budget: the Intake gives them
+    # back, or, refused or failing, this does.
+    kept = False
+    try:
+        doc: dict[str, Any] | Whole = {}
+        if decode:
+            doc = _object_of(body, rid, request)
+        if isinstance(doc, Whole):
+            return doc
+        kept = True
+        return Intake(body, doc, budget, len(body), peer)
+    finally:
+        if not kept:
+            budget.give(len(body), peer)
+
+
+async def _charged_body(
+    request: FastRequest, cfg: RouterConfig, budget: ByteBudget, rid: str
+) -> bytes | Whole:
+    """The whole body, its bytes charged to the budget, or the refusal (logged)."""
     limit = cfg.max_body_bytes
     declared = request.content_length
     if declared is not None and declared > limit:
         return refused(_closing(too_large(limit)), rid, f"declared {declared} bytes", request)
-    peer = peer_of(request)
-    held = 0
-    kept = False
+    peer = request.peer
     try:
-        try:
-            if type(request) is FastRequest and request.complete:
-                # Already in with its head (most bodies): nothing to wait for, no timer.
-                body = await request.read()
-                held = len(body)
-                if not budget.take(held, peer):
-                    held = 0
-                    return refused(_busy(budget, peer), rid, "body bytes in flight", request)
-            else:
-                if declared is not None and not budget.fits(declared, peer):
-                    # Refused before a byte is read: it could not be taken whole.
-                    why = f"{budget.used} body bytes in flight"
-                    return refused(_closing(_busy(budget, peer)), rid, why, request)
-                got = await _read_counted(request, cfg, budget, peer)
-                if isinstance(got, web.Response):
-                    why = "body bytes in flight" if got.status == 503 else "body too slow"
-                    return refused(_closing(got), rid, why, request)
-                body = got
-                # Charged as it arrived (_read_counted): from here the charge is ours.
-                held = len(body)
-        except TimeoutError:
-            resp = _slow(cfg, f"The request body did not arrive within {cfg.body_timeout_s:g}s.")
-            return refused(_closing(resp), rid, "body too slow", request)
-        except web.HTTPRequestEntityTooLarge:
-            return refused(_closing(too_large(limit)), rid, "body too large", request)
-        except web.RequestPayloadError as exc:
-            resp = bad_request(f"The request body is malformed: {exc}.")
-            return refused(_closing(resp), rid, "bad body framing", request)
-        if not decode:
-            kept = True
-            return Intake(body, {}, budget, held, peer)
-        try:
-            doc = _decode(body)
-        except msgspec.DecodeError as exc:
-            return refused(
-                bad_request("We could not parse the JSON body of your request."),
-                rid,
-                f"not json: {exc}",
-                request,
-            )
-        except RecursionError:
-            return refused(
-                bad_request("The JSON body of your request is nested too deeply."),
-                rid,
-                "json nested too deeply",
-                request,
-            )
-        if type(doc) is not dict:
-            return refused(
-                bad_request("The request body must be a JSON object."),
-                rid,
-                "json not an object",
-                request,
-            )
-        kept = True
-        return Intake(body, doc, budget, held, peer)
-    finally:
-        if not kept and held:
-            budget.give(held, peer)
+        if request.complete:
+            # Already in with its head (most bodies): nothing to wait for, no timer.
+            body = await request.read()
+            if not budget.take(len(body), peer):
+                return refused(_busy(budget, peer), rid, "body bytes in flight", request)
+            return body
+        if declared is not None and not budget.fits(declared, peer):
+            # Refused before a byte is read: it could not be taken whole.
+            why = f"{budget.used} body bytes in flight"
+            return refused(_closing(_busy(budget, peer)), rid, why, request)
+        # Charged as it arrives (_read_counted): what it returns stays charged.
+        got = await _read_counted(request, cfg, budget, peer)
+    except TimeoutError:
+        resp = _slow(cfg, f"The request body did not arrive within {cfg.body_timeout_s:g}s.")
+        return refused(_closing(resp), rid, "body too slow", request)
+    except BodyTooLarge:
+        return refused(_closing(too_large(limit)), rid, "body too large", request)
+    except BodyBroken as exc:
+        resp = bad_request(f"The request body is malformed: {exc}.")
+        return refused(_closing(resp), rid, "bad body framing", request)
+    if isinstance(got, Whole):
+        why = "body bytes in flight" if got.status == 503 else "body too slow"
+        return refused(_closing(got), rid, why, request)
+    return got
+
+
+def _object_of(body: bytes, rid: str, request: FastRequest) -> dict[str, Any] | Whole:
+    """The body's JSON object, or the refusal (logged): not JSON, too deep, not an object."""
+    try:
+        doc = _decode(body)
+    except msgspec.DecodeError as exc:
+        resp = bad_request("We could not parse the JSON body of your request.")
+        return refused(resp, rid, f"not json: {exc}", request)
+    except RecursionError:
+        resp = bad_request("The JSON body of your request is nested too deeply.")
+        return refused(resp, rid, "json nested too deeply", request)
+    if type(doc) is not dict:
+        resp = bad_request("The request body must be a JSON object.")
+        return refused(resp, rid, "json not an object", request)
+    return doc
 
 
 async def _read_counted(
     request: FastRequest, cfg: RouterConfig, budget: ByteBudget, peer: Peer | None
-) -> bytes | web.Response:
+) -> bytes | Whole:
     """A body still arriving, charged to the budget as its bytes come, bounded by
     `body_timeout_s` and, once it has been arriving for `header_timeout_s`, by
     `min_body_bytes_per_s`. What it returns stays charged (`len` of it: the caller
     gives it back); on any other exit the charge is given back here.
 
-    TimeoutError past `body_timeout_s`; aiohttp's HTTPRequestEntityTooLarge and
-    RequestPayloadError as `read()` raises them; a refusal (503, 408) as its answer.
+    TimeoutError past `body_timeout_s`; `BodyTooLarge` and `BodyBroken` as `read()`
+    raises them; a refusal (503, 408) as its answer.
     """
     loop = asyncio.get_running_loop()
     start = loop.time()

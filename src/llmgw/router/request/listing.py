@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiohttp import web
-
 from llmgw.router.apis import anthropic
 from llmgw.router.apis.catalog import ROUTES as API_ROUTES
-from llmgw.router.errors import error_response, model_not_found, unauthorized
+from llmgw.router.http.answers import JSON, Whole, json_whole, whole
 from llmgw.router.http.connection import FastRequest
 from llmgw.router.request.accounting import refused
 from llmgw.router.request.proxy import POST_PATHS
+from llmgw.router.request.refusals import error_response, model_not_found, unauthorized
 from llmgw.router.wiring import Router
 
 
@@ -23,7 +22,7 @@ class Listing:
     def __init__(self, state: Router) -> None:
         self.state = state
 
-    async def models(self, request: FastRequest) -> web.Response:
+    async def models(self, request: FastRequest) -> Whole:
         """GET /v1/models: every known model the key may use, OpenAI's list shape."""
         st = self.state
         names = st.known_models
@@ -34,9 +33,9 @@ class Listing:
             if tenant.models is not None:
                 names = names & tenant.models
         data: list[dict[str, Any]] = [_model_object(m) for m in sorted(names)]
-        return web.json_response({"object": "list", "data": data})
+        return json_whole({"object": "list", "data": data})
 
-    async def model(self, request: FastRequest) -> web.Response:
+    async def model(self, request: FastRequest) -> Whole:
         """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
         st = self.state
         allowed: frozenset[str] | None = None
@@ -48,9 +47,9 @@ class Listing:
         model = request.match_info["model"]
         if model not in st.known_models or (allowed is not None and model not in allowed):
             return refused(st, model_not_found(model), "", request.path, st.clock.monotonic())
-        return web.json_response(_model_object(model))
+        return json_whole(_model_object(model))
 
-    async def no_route(self, request: FastRequest) -> web.Response:
+    async def no_route(self, request: FastRequest) -> Whole:
         """Any other /v1 request: OpenAI's 404 (or 405 on a served path; Anthropic's shape on
         its Messages paths), not aiohttp's text."""
         path, method = request.path, request.method
@@ -65,14 +64,8 @@ class Listing:
         api = API_ROUTES.get(path)
         if api is not None and api.anthropic:
             # Anthropic's clients read errors in their API's shape (anthropic.py).
-            resp = web.Response(
-                status=405,
-                body=anthropic.error_body(
-                    405, f"Method {method} is not allowed on {path}; use POST."
-                ),
-                content_type="application/json",
-                headers={"Allow": "POST"},
-            )
+            msg = f"Method {method} is not allowed on {path}; use POST."
+            resp = whole(405, anthropic.error_body(405, msg), {"Allow": "POST"}, content_type=JSON)
         elif allowed:
             resp = error_response(
                 405,

@@ -27,18 +27,8 @@ import logging
 from collections.abc import Sequence
 from typing import Final
 
-from aiohttp import web
-
-from llmgw.router.errors import (
-    FlowRefused,
-    NoReplica,
-    bad_request,
-    flow_refused,
-    model_not_found,
-    unauthorized,
-    unavailable,
-)
-from llmgw.router.http.answers import Prerendered, Reply
+from llmgw.router.errors import FlowRefused, NoReplica
+from llmgw.router.http.answers import Whole, whole
 from llmgw.router.http.connection import Answer, FastRequest
 from llmgw.router.metrics import DISCONNECTED, ENGINE_ERROR, OK, REJECTED, UNAVAILABLE
 from llmgw.router.replicas.breaker import Outcome, classify_status
@@ -49,6 +39,13 @@ from llmgw.router.request.call import Call, request_id
 from llmgw.router.request.inband import MARK
 from llmgw.router.request.intake import ByteBudget, Intake, peer_of, read_json
 from llmgw.router.request.intake import refused as logged_refusal
+from llmgw.router.request.refusals import (
+    bad_request,
+    flow_refused,
+    model_not_found,
+    unauthorized,
+    unavailable,
+)
 from llmgw.router.request.relay import Tally, relay
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.request.tokens import Usage, usage_of
@@ -106,9 +103,7 @@ class Proxy:
             count(st, rid, path, t0, status=499, outcome=DISCONNECTED)
             raise
         if type(got) is not Intake:
-            # Not isinstance(got, web.Response): aiohttp's answer classes check
-            # instances through an ABC hook, a cost per request (bench/RESULTS.md).
-            assert isinstance(got, web.Response)
+            assert isinstance(got, Whole)
             return refused(st, got, rid, path, t0)
         # Routing is awaited from here, not from a coroutine of its own: compiled, each
         # level of coroutine costs a generator and its environment per request, and a
@@ -116,19 +111,19 @@ class Proxy:
         try:
             call = self._call(request, got, rid, t0, tenant)
             if type(call) is not Call:
-                assert isinstance(call, web.Response)
+                assert isinstance(call, Whole)
                 return call
-            st.usage.started(call.model)
+            st.loads.started(call.model)
             try:
                 return await self.route(call)
             finally:
-                st.usage.finished(call.model)
+                st.loads.finished(call.model)
         finally:
             got.release()
 
     def _call(
         self, request: FastRequest, got: Intake, rid: str, t0: float, tenant: Tenant | None
-    ) -> Call | web.Response:
+    ) -> Call | Whole:
         """The request to route, or the router's refusal of it: no model, an unknown one,
         one its key may not use or has spent, a body nested too deeply to key."""
         st = self.state
@@ -143,7 +138,7 @@ class Proxy:
         charge: Charge | None = None
         if tenant is not None and tenant.guarded:
             admitted = st.tenants.admit(tenant, model, len(got.body))
-            if isinstance(admitted, web.Response):
+            if isinstance(admitted, Whole):
                 return refused(st, admitted, rid, path, t0, tenant=tenant)
             charge = admitted
         hashes = NO_KEY
@@ -173,7 +168,7 @@ class Proxy:
             max_tokens=limit if type(limit) is int else None,
         )
 
-    def unknown_model(self, model: str, rid: str, path: str, t0: float) -> web.Response:
+    def unknown_model(self, model: str, rid: str, path: str, t0: float) -> Whole:
         """The refusal of a model the router does not know: 503 before its first
         endpoint list, else 404."""
         st = self.state
@@ -365,9 +360,9 @@ class Proxy:
             lines = self._lines_for(call.eid, up, call.rid_line)
             if call.charge is not None:
                 lines += call.charge.header_lines()
-            resp = Prerendered(status, att.data, lines)
+            resp = Whole(status, att.data, lines)
         else:
-            resp = Reply(status, att.data, self._out_headers(call, att, decision, debug=True))
+            resp = whole(status, att.data, self._out_headers(call, att, decision, debug=True))
         if status < 300:
             call.result = OK
             api = call.api
@@ -404,7 +399,7 @@ class Proxy:
                 call.span, endpoint=call.eid, status=code, outcome=call.result, retries=retries
             )
 
-    def _relay_failed(self, call: Call, failed: Failed) -> web.Response:
+    def _relay_failed(self, call: Call, failed: Failed) -> Whole:
         """The last retryable failure, as the engine answered it (attempts.py)."""
         call.status = failed.status
         call.result = ENGINE_ERROR
@@ -415,14 +410,14 @@ class Proxy:
         }
         if failed.retry_after is not None:
             headers["Retry-After"] = failed.retry_after
-        return web.Response(status=failed.status, body=failed.body, headers=headers)
+        return whole(failed.status, failed.body, headers)
 
-    def _unavailable(self, call: Call, exc: NoReplica) -> web.Response:
+    def _unavailable(self, call: Call, exc: NoReplica) -> Whole:
         call.status = 503
         call.result = UNAVAILABLE
         return tag(unavailable(exc), call.rid)
 
-    def _flow_refused(self, call: Call, exc: FlowRefused) -> web.Response:
+    def _flow_refused(self, call: Call, exc: FlowRefused) -> Whole:
         call.status = exc.status
         call.result = UNAVAILABLE if exc.status == 503 else REJECTED
         return tag(flow_refused(exc), call.rid)
@@ -448,7 +443,7 @@ class Proxy:
         return out
 
     def _lines_for(self, eid: str, up: UpstreamReply, rid_line: bytes) -> bytes:
-        """The header lines of a relayed answer (`Prerendered`): as `_out_headers` would
+        """The header lines of a relayed answer (a `Whole`'s): as `_out_headers` would
         make them, from the lines kept for the endpoint and content type."""
         ctype = up.content_type
         by_type = self._lines.get(eid)

@@ -36,9 +36,8 @@ import math
 import time
 from collections.abc import Iterable
 
-from aiohttp import web
-
-from llmgw.router.errors import error_response
+from llmgw.router.http.answers import Whole
+from llmgw.router.request.refusals import error_response
 from llmgw.runtime.clock import Clock
 from llmgw.wire.answerusage import Usage
 from llmgw.wire.keys import BudgetPeriod, ClientKey
@@ -252,7 +251,7 @@ class Tenants:
             acc.asked_requests = acc.asked_tokens = acc.report_spent = 0
         return out
 
-    def admit(self, tenant: Tenant, model: str, body_bytes: int) -> Charge | web.Response | None:
+    def admit(self, tenant: Tenant, model: str, body_bytes: int) -> Charge | Whole | None:
         """A refusal, or None (nothing to count), or the Charge to settle after the answer."""
         if tenant.models is not None and model not in tenant.models:
             return error_response(
@@ -288,7 +287,7 @@ class Tenants:
             acc.allowance, acc.elsewhere = got
         return acc
 
-    def _budget(self, acc: _Account, tenant: Tenant) -> web.Response | None:
+    def _budget(self, acc: _Account, tenant: Tenant) -> Whole | None:
         """The budget counted here alone: a file's key, or a controller that leases none."""
         budget = tenant.key.budget
         assert budget is not None
@@ -306,7 +305,7 @@ class Tenants:
         )
 
 
-def _leased_budget(acc: _Account, tenant: Tenant) -> web.Response | None:
+def _leased_budget(acc: _Account, tenant: Tenant) -> Whole | None:
     """The budget as the controller leases it: this router's allowance, fleet-wide."""
     if acc.allowance is not None and acc.allowance > 0:
         return None
@@ -331,7 +330,7 @@ def _leased_budget(acc: _Account, tenant: Tenant) -> web.Response | None:
     )
 
 
-def _take(acc: _Account, tenant: Tenant, estimate: int, now: float) -> Charge | web.Response:
+def _take(acc: _Account, tenant: Tenant, estimate: int, now: float) -> Charge | Whole:
     """Take one request and its estimate from the key's buckets, or refuse with 429."""
     key = tenant.key
     requests, tokens = acc.requests, acc.tokens

@@ -1,11 +1,10 @@
 """The seam between the proxy and the engines, and what every upstream client shares.
 
 The proxy sends each request through a `Forwarder` and reads the answer through
-an `UpstreamReply`. Two clients implement the seam: `fast.FastUpstream`, the
-lean HTTP/1.1 pool the proxy uses by default (config `upstream_client`), and
-`aiohttp_client.Upstream`, the reference, which is also the session the scrape
-loop and the controller client use. `llmgw.testing.forwarder` is an in-memory
-one for unit tests.
+an `UpstreamReply`. `fast.FastUpstream`, the lean HTTP/1.1 pool, implements
+the seam; `llmgw.testing.forwarder` is an in-memory one for unit tests. The
+scrape loop and the controller client use aiohttp's session
+(`aiohttp_client.Upstream`), which shares `translate` but is no `Forwarder`.
 
 Errors: a client raises only the router's own (`router.errors`). An exception
 from the transport underneath (asyncio, the socket, aiohttp) becomes one of them
@@ -34,8 +33,8 @@ JSON: Final = "application/json"
 EVENT_STREAM: Final = "text/event-stream"
 
 
-# Compiled by mypyc with the router's hot modules (compiled.py); the aiohttp client's
-# classes, and tests' fakes, subclass these from Python.
+# Compiled by mypyc with the router's hot modules (compiled.py); tests' fakes
+# subclass these from Python.
 def header_lines(fields: Mapping[str, str]) -> bytes:
     """`Name: value` and CRLF per field, in utf-8 with surrogateescape (a value that
     came in as bytes goes out as those bytes); ValueError naming the first field that

@@ -1,0 +1,79 @@
+"""The router's own error answers, in OpenAI's shape: 4xx and 503 before any routing.
+
+Each is a `Whole` (http/answers.py) whose body is the one OpenAI error encoder's
+(`wire.errors.error_body`). Apart from errors.py, the exception tree, because
+that is imported before the compiled build is loaded and these are not.
+"""
+
+from __future__ import annotations
+
+from llmgw.router.errors import FlowRefused, NoReplica
+from llmgw.router.http.answers import JSON, Whole, whole
+from llmgw.wire.errors import error_body
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    type: str,
+    code: str | int | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Whole:
+    """An OpenAI-shaped error answer."""
+    body = error_body(message, type=type, code=code, param=param)
+    return whole(status, body, headers, content_type=JSON)
+
+
+def bad_request(message: str, *, param: str | None = None) -> Whole:
+    return error_response(400, message, type="invalid_request_error", param=param)
+
+
+def unauthorized(message: str = "Invalid or missing API key.") -> Whole:
+    return error_response(
+        401,
+        message,
+        type="invalid_request_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def model_not_found(model: str) -> Whole:
+    return error_response(
+        404,
+        f"The model `{model}` does not exist.",
+        type="invalid_request_error",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def too_large(limit: int) -> Whole:
+    return error_response(
+        413,
+        f"Request body is larger than {limit} bytes.",
+        type="invalid_request_error",
+        code="request_too_large",
+    )
+
+
+def unavailable(exc: NoReplica) -> Whole:
+    return error_response(
+        503,
+        f"No replica of `{exc.model}` is available: {exc.why}.",
+        type="service_unavailable",
+        code=exc.code,
+        headers={"Retry-After": str(exc.retry_after_s)},
+    )
+
+
+def flow_refused(exc: FlowRefused) -> Whole:
+    return error_response(
+        exc.status,
+        f"Every replica of `{exc.model}` is at capacity: {exc.why}.",
+        type="rate_limit_exceeded" if exc.status == 429 else "service_unavailable",
+        code=exc.code,
+        headers={"Retry-After": str(exc.retry_after_s)},
+    )
