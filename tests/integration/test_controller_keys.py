@@ -203,7 +203,9 @@ class TestCtlKeys:
         assert key not in listed.out
         row = listed.out.splitlines()[1].split()
         assert row[:7] == ["alice", "research", "m1,m2", "60", "5000", "100000/week", "batch"]
-        assert row[7:] in (["in", "30d"], ["in", "29d"])  # rounded down
+        assert row[7:9] in (["in", "30d"], ["in", "29d"])  # rounded down
+        # No router follows this controller: the key is leased to none.
+        assert row[9:] == ["-"]
 
     def test_json_output_has_name_and_key(self, controller: Program) -> None:
         """`-o json` prints the answer with name and key; list -o json omits the key."""

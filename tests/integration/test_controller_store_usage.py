@@ -132,6 +132,48 @@ class TestRecordUsage:
             s.close()
 
 
+class TestPruneUsage:
+    """Hours past the retention deleted in bounded batches, oldest first."""
+
+    def hours(self, store: Store) -> list[int]:
+        return sorted({r.hour for r in store.usage(since=0, by="model")})
+
+    def test_batches_take_the_oldest_rows_first(self, store: Store) -> None:
+        """Three old hours of two rows each, pruned two rows at a time: the oldest hour
+        goes first, a short batch says nothing older is left, newer hours stay."""
+        for i in range(4):
+            store.record_usage(
+                "r1", [row("alice", hour=H + i * 3600), row("bob", hour=H + i * 3600)]
+            )
+        cutoff = H + 3 * 3600
+        assert store.prune_usage(before=cutoff, limit=2) == 2
+        assert self.hours(store) == [H + 3600, H + 2 * 3600, H + 3 * 3600]
+        assert store.prune_usage(before=cutoff, limit=3) == 3
+        # One row of H + 2 h is left: the next batch takes it and comes back short.
+        assert store.prune_usage(before=cutoff, limit=3) == 1
+        assert store.prune_usage(before=cutoff, limit=3) == 0
+        assert self.hours(store) == [H + 3 * 3600]
+        assert [(r.key, r.requests) for r in store.usage(since=0, by="key")] == [
+            ("alice", 1),
+            ("bob", 1),
+        ]
+
+    def test_every_router_row_of_an_hour_goes(self, store: Store) -> None:
+        """Rows of one hour from several routers, keys and models are all old alike."""
+        store.record_usage("r1", [row("alice"), row("bob", model="m2")])
+        store.record_usage("r2", [row("alice"), row("carol", team="infra")])
+        store.record_usage("r2", [row("alice", hour=H + 3600)])
+        assert store.prune_usage(before=H + 3600, limit=100) == 4
+        assert self.hours(store) == [H + 3600]
+
+    def test_nothing_old_deletes_nothing(self, store: Store) -> None:
+        """A cutoff before every row, or an empty table, deletes nothing."""
+        assert store.prune_usage(before=H, limit=10) == 0
+        store.record_usage("r1", [row()])
+        assert store.prune_usage(before=H, limit=10) == 0
+        assert self.hours(store) == [H]
+
+
 class TestUsageSchema:
     """The migration that adds token usage."""
 

@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 
+from llmgw.controller.store import open_store
 from llmgw.testing import Program, start_program
+from llmgw.testing.wait import wait_until
+from llmgw.wire.usage import TokenUsage
 from tests.integration import controller_harness as harness
 from tests.integration import pg
 from tests.integration.test_controller_keys import READ, ROUTER, TOKEN, call
@@ -23,12 +26,13 @@ HOUR = int(time.time() // 3600) * 3600
 pg_schema = pg.pg_schema
 
 
-def start(tmp_path: Path) -> Program:
+def start(tmp_path: Path, *extra: str) -> Program:
     router_file = tmp_path / "router.token"
     router_file.write_text(ROUTER + "\n")
     args = [
         "controller", "--port", "0", "--database", f"sqlite:///{tmp_path}/c.db",
         "--token", TOKEN, "--read-token", READ, "--router-token-file", str(router_file),
+        *extra,
     ]  # fmt: skip
     return start_program(args, log_dir=tmp_path)
 
@@ -83,6 +87,38 @@ def teams(url: str, *, token: str = TOKEN) -> dict[str, tuple[int, int, int]]:
     return {
         r["team"]: (r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in got["rows"]
     }
+
+
+class TestUsageRetention:
+    """The controller deletes token usage past --usage-retention-days."""
+
+    def test_hours_past_the_retention_are_deleted(self, tmp_path: Path) -> None:
+        """An hour 40 days old goes soon after start when 32 days are kept; this hour,
+        and one 31 days old, stay."""
+        store = open_store(f"sqlite:///{tmp_path}/c.db")
+        try:
+            store.record_usage(
+                "r1",
+                [
+                    TokenUsage(**{**tokens("alice", "research", "m1", 1, 1, 1), "hour": hour})
+                    for hour in (HOUR - 40 * 86_400, HOUR - 31 * 86_400, HOUR)
+                ],
+            )
+        finally:
+            store.close()
+        prog = start(tmp_path, "--usage-retention-days", "32")
+        try:
+
+            def hours() -> list[int] | None:
+                status, got = call(prog.url, "GET", f"/admin/usage?by=team&since_s={50 * 86_400}")
+                assert status == 200, got
+                kept = [r["hour"] for r in got["rows"]]
+                return kept if len(kept) == 2 else None
+
+            kept = wait_until(hours, timeout_s=30, what="the 40-day-old hour deleted")
+            assert kept == [HOUR - 31 * 86_400, HOUR]
+        finally:
+            prog.stop()
 
 
 class TestUsageReports:

@@ -60,6 +60,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         flow={
             "batch": {"max_queued": 4, "max_wait_s": 60.0},
             "standard": {"max_queued": 10, "max_wait_s": 0.5},
+            # A quarter turnover: with 8 running, a team's backlog of 2 is its bound.
+            "critical": {"max_wait_turnovers": 0.25},
         },
     )
     try:
@@ -145,6 +147,26 @@ async def scenario(url: str) -> list[Answer]:
         return [*warm, over, *rest]
 
 
+async def backlog_scenario(url: str) -> list[Answer]:
+    """Fill the engine, queue 4 batch requests and let 2 of them be granted (so the
+    queue knows its grant rate), then send 4 critical requests at once."""
+    async with aiohttp.ClientSession() as s:
+        running = [
+            asyncio.create_task(send(s, url, f"run{i}", "bulk", LONG + STAGGER * i))
+            for i in range(8)
+        ]
+        await asyncio.sleep(0.5)
+        await until(lambda: queued(url) == {}, "the 8 dispatched")
+        held = []
+        for i in range(4):
+            held.append(asyncio.create_task(send(s, url, f"held{i}", "bulk")))
+            await until(lambda n=i + 1: queued(url).get(("batch", "bulk")) == n, f"{i + 1} held")
+        await until(lambda: queued(url).get(("batch", "bulk")) == 2, "2 granted", 30.0)
+        burst = await asyncio.gather(*(send(s, url, f"crit{i}", "ops", 5) for i in range(4)))
+        rest = await asyncio.gather(*running, *held)
+        return [*burst, *rest]
+
+
 class TestFlowControl:
     """At saturation the router queues by band and team, refuses at its bounds, loses nothing."""
 
@@ -178,5 +200,30 @@ class TestFlowControl:
         for name in [f"run{i}" for i in range(8)] + [f"warm{i}" for i in range(12)]:
             assert answers[name].status == 200, name
             assert answers[name].body.rstrip().endswith(b"data: [DONE]")
+
+        wait_until(lambda: queued(setup.router.url) == {}, timeout_s=5, what="queues empty")
+
+    def test_a_backlog_past_its_turnovers_is_refused_at_once(self, setup: Setup) -> None:
+        """Four critical requests at once on a full engine: the team's first is queued and
+        served (it had nothing queued), those past a quarter turnover of backlog are
+        answered 429 at once with the wait they would have had; every request answered."""
+        answers = {a.name: a for a in asyncio.run(backlog_scenario(setup.router.url))}
+        assert len(answers) == 4 + 8 + 4  # nothing lost
+        crit = [answers[f"crit{i}"] for i in range(4)]
+        assert {a.status for a in crit} <= {200, 429}
+        served = [a for a in crit if a.status == 200]
+        refused = [a for a in crit if a.status == 429]
+        assert served
+        assert refused
+        for a in refused:
+            err = json.loads(a.body)["error"]
+            assert err["code"] == "flow_queue_full"
+            assert "would wait about" in err["message"]
+            assert "critical band's queue" in err["message"]
+            assert a.headers["retry-after"].isdigit()
+        for a in served:
+            assert a.body.rstrip().endswith(b"data: [DONE]")
+        for name in [f"run{i}" for i in range(8)] + [f"held{i}" for i in range(4)]:
+            assert answers[name].status == 200, name
 
         wait_until(lambda: queued(setup.router.url) == {}, timeout_s=5, what="queues empty")

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import openai
 import pytest
@@ -22,7 +23,7 @@ from llmgw.testing.wait import wait_until
 from .controller_harness import Controller, Db, FakeAgents, controller, spec, wait_for
 from .cutwire import CutWire
 from .router_fixtures import base_config, router, sim_args
-from .test_ctl_controller import ctl
+from .test_ctl_controller import ctl, json_list
 from .test_router_usage_report import metrics, series
 
 pytestmark = pytest.mark.slow
@@ -215,6 +216,28 @@ class TestFleetWideRpm:
             for t in threads:
                 t.join(timeout=30)
         assert sum(got.values()) <= RPM + 1e-6
+
+
+class TestKeysListShowsLeases:
+    """`ctl keys list` shows how the controller split a key across the routers."""
+
+    def test_each_router_share_is_listed(self, fleet: Fleet) -> None:
+        """`-o json` lists a share per router, summing to at most the rpm; the table's
+        LEASES column counts three routers."""
+
+        def listed() -> list[dict[str, Any]] | None:
+            (k,) = [v for v in json_list(fleet.c.url, "keys", "list") if v["name"] == "k"]
+            return k["shares"] if len(k["shares"]) == 3 else None
+
+        got = wait_until(listed, timeout_s=30, what="three routers' shares listed")
+        assert got is not None
+        assert [s["router"] for s in got] == ["router-a", "router-b", "router-c"]
+        assert 0 < sum(s["rpm"] for s in got) <= RPM + 1e-6
+        assert all(s["tpm"] is None and s["budget"] is None for s in got)
+        table = ctl(fleet.c.url, "keys", "list", "-o", "tsv")
+        head, *rows = [line.split("\t") for line in table.out.splitlines()]
+        (row,) = [r for r in rows if r[0] == "k"]
+        assert row[head.index("LEASES")].startswith("3 (max ")
 
 
 class TestFleetWideBudget:

@@ -102,6 +102,16 @@ class TestViews:
         assert "sha256" not in view
         assert view["rpm"] == 7
 
+    def test_view_shows_each_routers_share_of_the_limits_it_has(self) -> None:
+        """Shares are listed by router, with None for a limit the key does not have."""
+        state = created(FleetState(), rpm=7, budget={"tokens": 100, "per": "day"})
+        view = key_view(state.keys["alice"], {"r2": (3.0, 0.0, 40.0), "r1": (4.0, 0.0, 60.0)})
+        assert [(s.router, s.rpm, s.tpm, s.budget) for s in view.shares] == [
+            ("r1", 4.0, None, 60.0),
+            ("r2", 3.0, None, 40.0),
+        ]
+        assert key_view(state.keys["alice"]).shares == ()
+
     def test_describe_in_words(self) -> None:
         """Every limit set is named in the event's words."""
         limits = ClientKey(
@@ -163,7 +173,32 @@ class TestKeysTable:
         ]
         _, body = rows(keys_table(views, now=100.0))
         assert [r[2:] for r in body] == [
-            ["*", "-", "-", "-", "standard", "never"],
-            ["m", "5", "-", "-", "standard", "in 2h"],
-            ["*", "-", "-", "-", "standard", "expired"],
+            ["*", "-", "-", "-", "standard", "never", "-"],
+            ["m", "5", "-", "-", "standard", "in 2h", "-"],
+            ["*", "-", "-", "-", "standard", "expired", "-"],
         ]
+
+    def test_leases_show_routers_and_the_largest_part(self) -> None:
+        """A leased key shows how many routers hold a share and the largest one's part
+        of its rpm (else tpm, else budget); nothing leased yet reads so."""
+        from llmgw.ctl.commands.keys import leases_cell
+        from llmgw.wire.keys import KeyShare, KeyView
+
+        def view(*shares: KeyShare) -> KeyView:
+            return KeyView(name="a", team="t", created_at=0.0, rpm=60, shares=shares)
+
+        assert leases_cell(view()) == "-"
+        three = view(
+            KeyShare(router="r1", rpm=30.0),
+            KeyShare(router="r2", rpm=20.0),
+            KeyShare(router="r3", rpm=10.0),
+        )
+        assert leases_cell(three) == "3 (max 50%)"
+        budget = KeyView(
+            name="b",
+            team="t",
+            created_at=0.0,
+            shares=(KeyShare(router="r1", budget=300.0), KeyShare(router="r2", budget=100.0)),
+        )
+        assert leases_cell(budget) == "2 (max 75%)"
+        assert leases_cell(view(KeyShare(router="r1", rpm=0.0))) == "1 (none leased)"

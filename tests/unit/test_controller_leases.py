@@ -216,3 +216,180 @@ class TestPeriodStart:
         assert period_start("day", wall) == 1_796_774_400
         assert period_start("week", wall) == 1_796_774_400 - 2 * 86_400
         assert period_start("month", wall) == 1_796_774_400 - 8 * 86_400
+
+
+def reference_grant(
+    book: dict[str, tuple[KeyDemand | None, float]], live: set[str], me: str, limit: float
+) -> float:
+    """The hand-off rule of leasebook.py computed from scratch, for one key's rpm, the
+    way the book computed it on every report before it kept running sums: over every
+    router's (last report, granted), the silent ones' out reserved."""
+
+    def out(r: str) -> float:
+        d, granted = book[r]
+        return max(granted, 0.0 if d is None or d.rpm_held is None else d.rpm_held)
+
+    wants = dict.fromkeys(live, 0.0)
+    for r in live:
+        d = book[r][0]
+        if d is not None:
+            wants[r] = d.requests
+    others = sum(out(r) for r in book if r != me)
+    reserved = sum(out(r) for r in book if r != me and r not in live)
+    target = fair_shares(max(0.0, limit - reserved), wants, floor_frac=0.0)
+    return max(0.0, min(target.get(me, 0.0), limit - others))
+
+
+class TestIncrementalLeaseBook:
+    """Running sums and splits kept per key, made again only when something moved."""
+
+    def book(self, clock: ManualClock, **kw: float) -> LeaseBook:
+        book = LeaseBook(clock=clock, lease_s=10.0, forget_s=30.0, floor_frac=0.0, **kw)
+        clock.advance(11.0)
+        return book
+
+    @given(
+        steps=st.lists(
+            st.tuples(
+                st.sampled_from(["a", "b", "c"]),
+                st.floats(min_value=0.0, max_value=300.0),
+                st.floats(min_value=0.0, max_value=8.0),
+            ),
+            max_size=25,
+        )
+    )
+    def test_split_made_at_every_move_grants_what_a_full_recount_grants(
+        self, steps: list[tuple[str, float, float]]
+    ) -> None:
+        """With no slack and no gap, every answer equals the hand-off rule computed
+        over every router from scratch, silent and forgotten routers included."""
+        clock = ManualClock()
+        book = self.book(clock, resplit_frac=0.0, resplit_gap_s=0.0)
+        seen: dict[str, tuple[KeyDemand | None, float]] = {}
+        last: dict[str, float] = {}
+        held: dict[str, float] = {}
+        for router, asked, wait_s in steps:
+            clock.advance(wait_s)
+            now = clock.monotonic()
+            for gone in [r for r, at in last.items() if now - at > 30.0]:
+                del seen[gone], last[gone], held[gone]
+            d = want(asked, held=held.get(router))
+            seen[router] = (d, seen.get(router, (None, 0.0))[1])
+            last[router] = now
+            live = {r for r, at in last.items() if now - at <= 10.0}
+            expected = reference_grant(seen, live, router, 100.0)
+            got = rpm(book.report(router, [d], [key(rpm=100)]))
+            assert math.isclose(expected, got, rel_tol=1e-9, abs_tol=1e-9)
+            seen[router] = (d, got)
+            held[router] = got
+
+    @given(
+        steps=st.lists(
+            st.tuples(
+                st.sampled_from(["a", "b", "c"]),
+                st.floats(min_value=0.0, max_value=300.0),
+                st.floats(min_value=0.0, max_value=2.0),
+            ),
+            max_size=30,
+        )
+    )
+    def test_what_routers_enforce_never_sums_above_the_limit(
+        self, steps: list[tuple[str, float, float]]
+    ) -> None:
+        """With the default slack and gap (stale splits), routers reporting in any order
+        with any asks, some silent past the lease, never enforce more than the limit."""
+        clock = ManualClock()
+        book = self.book(clock)
+        enforced = {"a": 0.0, "b": 0.0, "c": 0.0}
+        for router, asked, wait_s in steps:
+            clock.advance(wait_s)
+            d = want(asked, held=enforced[router])
+            granted = rpm(book.report(router, [d], [key(rpm=100)]))
+            # Until its next report it enforces the larger of old and new.
+            enforced[router] = max(enforced[router], granted)
+            assert sum(enforced.values()) <= 100.0 * (1 + 1e-12)
+            enforced[router] = granted
+
+    def converge(
+        self,
+        book: LeaseBook,
+        clock: ManualClock,
+        asks: dict[str, float],
+        *,
+        rounds: int = 4,
+        step_s: float = 0.1,
+    ) -> dict[str, float]:
+        """Reports in turn, each router holding its last grant, until the grants settle."""
+        got = dict.fromkeys(asks, 0.0)
+        for _ in range(rounds):
+            for r, a in asks.items():
+                clock.advance(step_s)
+                got[r] = rpm(book.report(r, [want(a, held=got[r])], [key(rpm=100)]))
+        return got
+
+    def test_a_small_move_waits_for_the_refresh(self) -> None:
+        """An ask moving by less than resplit_frac of the limit leaves the split as made;
+        after resplit_s it is made again and the shares follow."""
+        clock = ManualClock()
+        book = self.book(clock, resplit_frac=0.05, resplit_s=10.0)
+        assert self.converge(book, clock, {"a": 30.0, "b": 200.0}) == {"a": 30.0, "b": 70.0}
+        # a asks 33 (3 % of the limit): the split stands.
+        assert self.converge(book, clock, {"a": 33.0, "b": 200.0}) == {"a": 30.0, "b": 70.0}
+        # Reporting every 2 s (both stay live) for 16 s: past the refresh.
+        got = self.converge(book, clock, {"a": 33.0, "b": 200.0}, rounds=8, step_s=1.0)
+        assert got == {"a": 33.0, "b": 67.0}
+
+    def test_a_large_move_is_taken_at_once(self) -> None:
+        """An ask moving by more than resplit_frac of the limit remakes the split at its
+        report: the shares follow within a round of reports."""
+        clock = ManualClock()
+        book = self.book(clock, resplit_frac=0.05, resplit_s=1000.0, resplit_gap_s=0.0)
+        assert self.converge(book, clock, {"a": 30.0, "b": 200.0}) == {"a": 30.0, "b": 70.0}
+        assert self.converge(book, clock, {"a": 60.0, "b": 200.0}) == {"a": 50.0, "b": 50.0}
+
+    def test_a_split_is_made_at_most_once_a_gap(self) -> None:
+        """Two large moves within resplit_gap_s: the second is taken once the gap passed."""
+        clock = ManualClock()
+        book = self.book(clock, resplit_s=1000.0, resplit_gap_s=5.0)
+        keys = [key(rpm=100)]
+        assert rpm(book.report("a", [want(10.0)], keys)) == 100.0
+        clock.advance(1.0)
+        # b joining remakes the split (a change of routers does not wait for the gap).
+        assert rpm(book.report("b", [want(90.0)], keys)) == 0.0
+        assert rpm(book.report("a", [want(10.0, held=100.0)], keys)) == 10.0
+        assert rpm(book.report("a", [want(10.0, held=10.0)], keys)) == 10.0
+        assert rpm(book.report("b", [want(90.0, held=0.0)], keys)) == 90.0
+        # a now asks 50, within the gap: the split stands, b keeps its 90.
+        clock.advance(1.0)
+        assert rpm(book.report("a", [want(50.0, held=10.0)], keys)) == 10.0
+        assert rpm(book.report("b", [want(90.0, held=90.0)], keys)) == 90.0
+        # Past the gap it is made again: b lets go of 40, then a takes it.
+        clock.advance(4.5)
+        assert rpm(book.report("b", [want(90.0, held=90.0)], keys)) == 50.0
+        assert rpm(book.report("b", [want(90.0, held=50.0)], keys)) == 50.0
+        assert rpm(book.report("a", [want(50.0, held=10.0)], keys)) == 50.0
+
+    def test_the_same_report_after_warming_gets_its_whole_share(self) -> None:
+        """An answer capped while the book was warming is not given again after it."""
+        clock = ManualClock()
+        book = LeaseBook(clock=clock, lease_s=10.0, forget_s=30.0, floor_frac=0.0)
+        report = [want(60.0, held=20.0)]
+        clock.advance(5.0)
+        assert rpm(book.report("r1", report, [key(rpm=60)])) == 20.0
+        clock.advance(5.5)
+        assert rpm(book.report("r1", report, [key(rpm=60)])) == 60.0
+
+    def test_a_forgotten_router_leaves_every_sum(self) -> None:
+        """Once a silent router is forgotten, its share is free in every key's split."""
+        clock = ManualClock()
+        book = self.book(clock)
+        sha2 = "b" * 64
+        keys = [key(rpm=60), msgspec.convert({"name": "k2", "sha256": sha2, "tpm": 600}, ClientKey)]
+        both = [want(30.0, held=None, tokens=300.0), KeyDemand(sha256=sha2, tokens=300.0)]
+        for r in ("r1", "r2", "r1", "r2"):
+            book.report(r, both, keys)
+        assert set(book.by_key()) == {SHA, sha2}
+        clock.advance(31.0)
+        answer = book.report("r1", [want(60.0, held=30.0, tokens=600.0)], keys)
+        assert [(ls.rpm, ls.tpm) for ls in answer.leases] == [(60.0, None), (None, 600.0)]
+        assert list(book.by_key()[SHA]) == ["r1"]

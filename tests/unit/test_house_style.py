@@ -1,9 +1,12 @@
-"""The house style that can be read from the source: tests in documented classes, short modules.
+"""The house style that can be read from the source: tests in documented classes, short
+modules, a request path that reads top down.
 
 Every test lives in a class whose docstring is one sentence (one class per
 subject), and every test method has a one-sentence docstring saying what it checks, so a
 reader learns what a file covers from its docstrings alone. Every module under
-src/ stays under MAX_LINES lines (one job per module; split before it grows).
+src/ stays under MAX_LINES lines (one job per module; split before it grows). Every
+function in the router's request-path packages stays within MAX_FUNCTION_LINES lines
+and MAX_POSITIONAL positional parameters.
 """
 
 from __future__ import annotations
@@ -116,3 +119,97 @@ class TestModuleSize:
         (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
         (tmp_path / "pkg" / "fits.py").write_text("x = 1\n" * MAX_LINES)
         assert oversized(tmp_path) == {"pkg/long.py": MAX_LINES + 1}
+
+
+# The packages a request passes through on its way through the router (issue 29: the
+# request path reads top down).
+ROUTER = SRC / "llmgw" / "router"
+REQUEST_PATH = ("request", "http", "routing", "replicas", "upstream", "apis")
+MAX_FUNCTION_LINES = 60
+# Parameters a caller may pass by position (self and cls not counted, *args as one):
+# past this many a call site no longer says which value is which.
+MAX_POSITIONAL = 5
+# Functions in REQUEST_PATH allowed past the limits, each with why; a request's own
+# work may not join.
+SHAPE_ALLOWED = {
+    "llmgw/router/replicas/snapshot.py:Snapshot.__init__": (
+        "a value class's keyword-only constructor, one documented field a line, "
+        "built when a scrape or a list change comes in, not per request"
+    ),
+}
+
+
+def shapes(path: str, source: str) -> dict[str, str]:
+    """Each function in `source` over MAX_FUNCTION_LINES lines or MAX_POSITIONAL
+    positional parameters: `path:Class.name` → what is over."""
+    out: dict[str, str] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = f"{prefix}{child.name}"
+                over = _over(child)
+                if over:
+                    out[f"{path}:{name}"] = over
+                visit(child, f"{name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return out
+
+
+def _over(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    args = fn.args
+    positional = [a.arg for a in [*args.posonlyargs, *args.args]]
+    if positional and positional[0] in ("self", "cls"):
+        positional = positional[1:]
+    count = len(positional) + (args.vararg is not None)
+    lines = (fn.end_lineno or fn.lineno) - fn.lineno + 1
+    said: list[str] = []
+    if lines > MAX_FUNCTION_LINES:
+        said.append(f"{lines} lines")
+    if count > MAX_POSITIONAL:
+        said.append(f"{count} positional parameters")
+    return ", ".join(said)
+
+
+def request_path_shapes() -> dict[str, str]:
+    """`shapes` of every module in REQUEST_PATH, paths from src/."""
+    out: dict[str, str] = {}
+    for package in REQUEST_PATH:
+        for path in sorted((ROUTER / package).rglob("*.py")):
+            out.update(shapes(path.relative_to(SRC).as_posix(), path.read_text()))
+    return out
+
+
+class TestRequestPathShape:
+    """Functions on the router's request path are short and take few positional parameters."""
+
+    def test_no_function_on_the_request_path_is_long_or_wide(self) -> None:
+        """No function in the request path's packages is over the limits but those allowed."""
+        found = request_path_shapes()
+        assert {k: v for k, v in found.items() if k not in SHAPE_ALLOWED} == {}
+
+    def test_every_allowed_function_is_still_over(self) -> None:
+        """Each function SHAPE_ALLOWED names is still over a limit, or its entry goes."""
+        assert sorted(set(SHAPE_ALLOWED) - set(request_path_shapes())) == []
+
+    def test_the_check_finds_long_and_wide_functions(self) -> None:
+        """A long method, a wide nested function and a wide one with *args are named; self,
+        keyword-only parameters and a function at the limits are not."""
+        at_limit = "    x = 1\n" * (MAX_FUNCTION_LINES - 1)  # with its def line: the limit
+        source = (
+            "class C:\n    def long(self):\n"
+            + "        x = 1\n" * MAX_FUNCTION_LINES
+            + f"def fits(self, a, b, c, d, e, *, f, g, h):\n{at_limit}"
+            + "def outer():\n    def wide(a, b, c, d, e, f):\n        pass\n"
+            + "def star(a, b, c, d, e, *rest):\n    pass\n"
+        )
+        assert shapes("m.py", source) == {
+            "m.py:C.long": f"{MAX_FUNCTION_LINES + 1} lines",
+            "m.py:outer.wide": "6 positional parameters",
+            "m.py:star": "6 positional parameters",
+        }

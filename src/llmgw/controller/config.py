@@ -26,6 +26,10 @@ from llmgw.runtime.version import add_version_argument
 from llmgw.wire.names import label_problem
 
 DEFAULT_DATABASE = "sqlite:///./.llmgw/controller.db"
+# Token usage is kept at least a month and a day: a monthly budget's spend is read
+# from it (api/usage.py); at most a hundred years, so the cutoff stays a date.
+MIN_USAGE_RETENTION_DAYS = 32
+MAX_USAGE_RETENTION_DAYS = 36_500
 # The spans' service.name when --tracing-service-name is not given.
 TRACING_SERVICE = "llmgw-controller"
 
@@ -80,6 +84,11 @@ class ControllerConfig:
     standby_reload_s: float = 2.0
     # Stopped replicas are forgotten this long after they stopped (events remain).
     stopped_retention_s: float = 3600.0
+    # Token usage rows (per hour, key, team, model and router) older than this many
+    # days are deleted by the leader, a bounded batch at a time (tick/retention.py).
+    # 0: kept forever. Else at least MIN_USAGE_RETENTION_DAYS: a monthly budget counts
+    # its period's spend from these rows.
+    usage_retention_days: float = 90.0
     # Long-polls of /v1/endpoints held at once; more are refused with 503.
     max_long_polls: int = 4096
     # Seconds in-flight HTTP requests get to finish on SIGTERM.
@@ -108,6 +117,7 @@ FLOAT_HELP = {
     "scale-down-cooldown-s": "autoscaling: no scale-down sooner than this after a change",
     "standby-reload-s": "a standby controller reloads the store this often",
     "stopped-retention-s": "stopped replicas stay listed this long",
+    "usage-retention-days": "token usage older than this many days is deleted (0: kept forever)",
     "shutdown-grace-s": "on SIGTERM, in-flight API requests get this long",
 }
 
@@ -331,6 +341,7 @@ def _floats(d: ControllerConfig) -> dict[str, float]:
         "scale-down-cooldown-s": d.scale_down_cooldown_s,
         "standby-reload-s": d.standby_reload_s,
         "stopped-retention-s": d.stopped_retention_s,
+        "usage-retention-days": d.usage_retention_days,
         "shutdown-grace-s": d.shutdown_grace_s,
     }
 
@@ -343,6 +354,12 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Con
     a = configfile.parse(p, argv, "controller", environ=env, secrets=SECRET_FLAGS, known=OTHER_ENV)
     if a.tick_s <= 0 or a.heartbeat_timeout_s <= 0:
         p.error("--tick-s and --heartbeat-timeout-s must be positive")
+    days = a.usage_retention_days
+    if not (days == 0 or MIN_USAGE_RETENTION_DAYS <= days <= MAX_USAGE_RETENTION_DAYS):
+        p.error(
+            f"--usage-retention-days {days:g}: 0 (keep forever) or {MIN_USAGE_RETENTION_DAYS} "
+            f"to {MAX_USAGE_RETENTION_DAYS} days (a monthly budget counts from the last 31)"
+        )
     try:
         token = secretfile.resolve(
             program="controller",

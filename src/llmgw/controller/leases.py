@@ -38,7 +38,7 @@ def fair_shares(
     left = limit - floor * n
     # Demand above the floor, smallest first: each either is met in full or, from
     # the first that cannot be, all the rest get an equal part of what is left.
-    above = sorted(((max(0.0, w - floor), r) for r, w in wants.items()), key=lambda t: t)
+    above = sorted((max(0.0, w - floor), r) for r, w in wants.items())
     for i, (want, r) in enumerate(above):
         fair = left / (len(above) - i)
         if want <= fair:

@@ -82,6 +82,18 @@ class KeyCreate(KeyLimits, frozen=True, kw_only=True, forbid_unknown_fields=True
     expires_in_s: Annotated[float, msgspec.Meta(gt=0, le=100 * 366 * 86400)] | None = None
 
 
+class KeyShare(msgspec.Struct, frozen=True, kw_only=True):
+    """One router's share of a key's limits, as the controller last leased it
+    (docs/tenants.md#limits-and-several-routers)."""
+
+    router: str
+    # Per minute; None: the key has no such limit.
+    rpm: float | None = None
+    tpm: float | None = None
+    # Tokens of the budget the router may spend until its next answer; None: no budget.
+    budget: float | None = None
+
+
 class KeyView(KeyLimits, frozen=True, kw_only=True):
     """A key as `GET /admin/keys` shows it: never the key, never its hash."""
 
@@ -90,6 +102,9 @@ class KeyView(KeyLimits, frozen=True, kw_only=True):
     created_at: float
     # None: never expires.
     expires_at: float | None = None
+    # Each router's share of its limits, by router; empty: the key has no limit, or
+    # no router has reported since the controller started (shares live in memory).
+    shares: tuple[KeyShare, ...] = ()
 
 
 class KeyCreated(KeyView, frozen=True, kw_only=True):

@@ -1,8 +1,9 @@
 """HTTP routes of client keys: `/admin/keys` (docs/tenants.md).
 
 The admin token creates and revokes; the read-only token lists (the list never
-holds a key or its hash). Routers read hashes and limits with the endpoint list,
-never here. Errors leave through routes._errors like every other route's.
+holds a key or its hash, and shows each limited key's shares across routers).
+Routers read hashes and limits with the endpoint list, never here. Errors leave
+through routes._errors like every other route's.
 """
 
 from __future__ import annotations
@@ -18,9 +19,17 @@ from llmgw.wire.names import label_problem
 
 
 async def list_keys(request: web.Request) -> web.Response:
-    state = request.app[SERVICES].fleet.state
+    s = request.app[SERVICES]
+    state = s.fleet.state
+    # Each limited key's shares as this controller last leased them (a standby, or a
+    # controller just started, has leased none yet: the list shows none).
+    leased = s.leases.by_key()
     return json_response(
-        [key_view(state.keys[n]) for n in sorted(state.keys) if state.keys[n].live]
+        [
+            key_view(state.keys[n], leased.get(state.keys[n].key.sha256.lower()))
+            for n in sorted(state.keys)
+            if state.keys[n].live
+        ]
     )
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
+from collections.abc import Mapping
 
 from llmgw.controller.errors import Conflict, DoesNotExist
 from llmgw.controller.fleet.batch import Batch
 from llmgw.controller.fleet.records import FleetState, TenantKey
-from llmgw.wire.keys import ClientKey, KeyCreate, KeyLimits, KeyView
+from llmgw.wire.keys import ClientKey, KeyCreate, KeyLimits, KeyShare, KeyView
 
 # What every key starts with: easy to spot in a leaked log or a secret scanner.
 KEY_PREFIX = "sk-llmgw-"
@@ -84,8 +85,21 @@ def describe(limits: KeyLimits) -> str:
     return "; ".join(parts)
 
 
-def key_view(k: TenantKey) -> KeyView:
+def key_view(
+    k: TenantKey, leased: Mapping[str, tuple[float, float, float]] | None = None
+) -> KeyView:
+    """What `GET /admin/keys` shows of a key; `leased`: router → (rpm, tpm, budget)
+    granted of this key (LeaseBook.by_key), None where no router holds a share."""
     c = k.key
+    shares = tuple(
+        KeyShare(
+            router=router,
+            rpm=None if c.rpm is None else got[0],
+            tpm=None if c.tpm is None else got[1],
+            budget=None if c.budget is None else got[2],
+        )
+        for router, got in sorted((leased or {}).items())
+    )
     return KeyView(
         name=c.name,
         team=c.team,
@@ -96,4 +110,5 @@ def key_view(k: TenantKey) -> KeyView:
         priority=c.priority,
         created_at=k.created_at,
         expires_at=c.expires_at,
+        shares=shares,
     )

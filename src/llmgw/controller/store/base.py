@@ -105,6 +105,12 @@ class Store(Protocol):
         per hour and `by` (key, team or model), sorted by hour, then by name."""
         ...
 
+    def prune_usage(self, *, before: int, limit: int) -> int:
+        """Delete at most `limit` token usage rows of hours before `before` (unix
+        seconds), oldest first, in one transaction; the number deleted (below `limit`:
+        none older is left). Not fenced, as record_usage."""
+        ...
+
     def schema_version(self) -> int:
         """The schema version the database is at (after the migrations run at open)."""
         ...

@@ -142,6 +142,14 @@ class MemoryStore:
             self._check_open()
             return usage.totals(self._usage, since=since, by=by)
 
+    def prune_usage(self, *, before: int, limit: int) -> int:
+        with self._lock:
+            self._check_open()
+            old = sorted(k for k in self._usage if k[0] < before)[:limit]
+            for k in old:
+                del self._usage[k]
+            return len(old)
+
     def schema_version(self) -> int:
         return codec.SCHEMA_VERSION
 

@@ -212,6 +212,10 @@ class SqlStore:
         with self._translate("usage"), self._read.begin() as conn:
             return sqlusage.query(conn, since=since, by=by)
 
+    def prune_usage(self, *, before: int, limit: int) -> int:
+        with self._translate("prune_usage"), self._write.begin() as conn:
+            return sqlusage.prune(conn, before=before, limit=limit)
+
     def schema_version(self) -> int:
         with self._translate("schema_version"), self._read.begin() as conn:
             return tables.read_version(conn)

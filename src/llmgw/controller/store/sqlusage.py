@@ -1,5 +1,5 @@
-"""Token usage in SQL: the upsert that keeps the largest figures, the grouped sums
-(the rules: usage.py)."""
+"""Token usage in SQL: the upsert that keeps the largest figures, the grouped sums,
+and the bounded delete of hours past the retention (the rules: usage.py)."""
 
 from __future__ import annotations
 
@@ -63,3 +63,14 @@ def query(conn: sa.Connection, *, since: int, by: UsageBy) -> list[UsageRow]:
         req, prompt, completion = (int(v) for v in row[1 + n :])
         out.append(usage_row(by, int(row[0]), tuple(row[1 : 1 + n]), req, prompt, completion))
     return out
+
+
+def prune(conn: sa.Connection, *, before: int, limit: int) -> int:
+    """Delete at most `limit` rows of hours before `before`, oldest first: one statement,
+    whatever the dialect, picking its rows through the primary key (hour first, so
+    the oldest rows are a range of it) rather than taking every old hour at once."""
+    t = tables.token_usage
+    pk = [t.c[c.name] for c in t.primary_key]
+    oldest = sa.select(*pk).where(t.c.hour < before).order_by(*pk).limit(limit)
+    deleted = conn.execute(sa.delete(t).where(sa.tuple_(*pk).in_(oldest)))
+    return int(deleted.rowcount)

@@ -7,7 +7,9 @@ Once a tick:
   the store before acting, since the old leader may have written up to its
   last moment; otherwise it reloads every `standby_reload_s` to serve reads;
 - a leader then plans the tick (tick/plan.py, pure) and commits the plan in
-  one transaction, together with the heartbeat timestamps due for flushing.
+  one transaction, together with the heartbeat timestamps due for flushing;
+- and deletes a batch of token usage past its retention when one is due
+  (tick/retention.py).
 
 A failed tick (database unreachable) is logged and retried next tick from the
 unchanged state: nothing of it was applied.
@@ -26,6 +28,7 @@ from llmgw.controller.fleet.records import Changes
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.store import Leadership, StoreError
 from llmgw.controller.tick.plan import plan_tick
+from llmgw.controller.tick.retention import UsageRetention
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
 
@@ -49,11 +52,16 @@ class ControlLoop:
         self.config = config
         self._last_reload = -float("inf")
         self.ticks = 0
+        self.retention = UsageRetention(
+            fleet.store, retention_days=config.usage_retention_days, clock=clock
+        )
 
     async def tick(self) -> None:
         await self.check_leadership()
         if self.fleet.leading:
             await self.reconcile()
+            # The leader alone, so standbys sharing the database do not repeat it.
+            await self.retention.tick()
         self.ticks += 1
 
     async def run(self) -> None:

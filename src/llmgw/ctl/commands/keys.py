@@ -101,9 +101,36 @@ def revoke(args: argparse.Namespace, ctx: Ctx) -> int:
     return 0
 
 
+def leases_cell(v: KeyView) -> str:
+    """How a key's limit is split now: `3 (max 52%)`, the routers holding a share and
+    the largest one's part of what is leased (of its rpm, else tpm, else budget);
+    `-` for a key with no limit or no shares yet."""
+    if not v.shares:
+        return UNKNOWN
+    sh = v.shares
+    for values in ([x.rpm for x in sh], [x.tpm for x in sh], [x.budget for x in sh]):
+        got = [x for x in values if x is not None]
+        if got:
+            total = sum(got)
+            if total <= 0.0:
+                return f"{len(sh)} (none leased)"
+            return f"{len(sh)} (max {max(got) / total:.0%})"
+    return UNKNOWN
+
+
 def keys_table(views: list[KeyView], *, now: float) -> Table:
     t = Table(show_edge=False, pad_edge=False)
-    for col in ("NAME", "TEAM", "MODELS", "RPM", "TPM", "BUDGET", "PRIORITY", "EXPIRES"):
+    for col in (
+        "NAME",
+        "TEAM",
+        "MODELS",
+        "RPM",
+        "TPM",
+        "BUDGET",
+        "PRIORITY",
+        "EXPIRES",
+        "LEASES",
+    ):
         t.add_column(col)
     for v in views:
         budget = UNKNOWN if v.budget is None else f"{v.budget.tokens}/{v.budget.per}"
@@ -122,6 +149,7 @@ def keys_table(views: list[KeyView], *, now: float) -> Table:
             budget,
             v.priority,
             expires,
+            leases_cell(v),
         )
     return t
 

@@ -88,6 +88,10 @@ class FlowGate:
         self.scheduler = scheduler
         # Each replica's total at or above which it counts as full (holdpoint.py).
         self._points = HoldPoints(scheduler=scheduler)
+        # The lowest of them: a request whose policy found a total below it for some
+        # replica is not held, with no further look (the proxy's one comparison, a
+        # plain attribute: it is read for every request). Kept by `_point`.
+        self.saturated_load = self._points.lowest
         self._clock = clock
         self._models: dict[str, _Model] = {}
         # Requests waiting, over every model: the proxy's one check on its way out.
@@ -95,26 +99,25 @@ class FlowGate:
         # Whether a replica's engine was seen queueing (Registry.capacity_shown).
         self._shown = shown
 
-    @property
-    def saturated_load(self) -> float:
-        """The lowest hold point of any replica (holdpoint.py): a request whose policy
-        found a total below it for some replica is not held, with no further look."""
-        return self._points.lowest
-
     def saturated(self, least: float | None, snaps: Sequence[Snapshot]) -> bool:
         """Whether a request whose policy found `least` as the lowest total among its
         replicas `snaps` must wait (None: the policy keeps no totals: never): every
         replica is at or above its hold point, and has shown its capacity."""
-        if least is None or least < self._points.lowest:
+        if least is None or least < self.saturated_load:
             return False
         cfg = self.scheduler
-        points = self._points
         for s in snaps:
             if s.breaker is BreakerState.OPEN:
                 continue
-            if load_of(s, cfg) < points.point(s):
+            if load_of(s, cfg) < self._point(s):
                 return False
         return capacity_shown(snaps, self._shown)
+
+    def _point(self, s: Snapshot) -> float:
+        """`s`'s hold point, learning from its scrape if new; saturated_load follows."""
+        point = self._points.point(s)
+        self.saturated_load = self._points.lowest
+        return point
 
     def below_capacity(self, snaps: Sequence[Snapshot]) -> bool:
         """Whether a replica in `snaps` can take a request now without it waiting there:
@@ -130,7 +133,7 @@ class FlowGate:
                 return True
             # Without the stale penalty: it ranks replicas, and a replica whose metrics
             # port broke would otherwise count as full for ever and hold every request.
-            if load_of(s, cfg) >= self._points.point(s):
+            if load_of(s, cfg) >= self._point(s):
                 continue
             st = s.stats
             if (
