@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from llmgw.router.http.answers import whole
-from llmgw.router.http.server import Answer, FastRequest, FastServer
+from llmgw.router.http.server import Answer, FastServer, Request
 from llmgw.runtime.httpserver import Edge, ServerLimits, openai_error
 from llmgw.testing.wait import until
 
@@ -58,7 +58,7 @@ async def serving(**limits: Any) -> AsyncIterator[Harness]:
     edge = Edge(ServerLimits(**limits), openai_error, name="test")
     h: Harness
 
-    async def dispatch(req: FastRequest) -> Answer:
+    async def dispatch(req: Request) -> Answer:
         if req.path == "/fail":
             raise RuntimeError("a bug")
         if req.path == "/wait":

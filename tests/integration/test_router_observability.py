@@ -54,9 +54,9 @@ class TestRouterObservability:
 
     async def test_outcomes_tokens_aliases_and_access_log(self, tmp_path: Path) -> None:
         """Outcomes, tokens and aliases are counted and each request is logged."""
-        with sim_engines(
-            tmp_path, [20.0], extra=["--served-model-name", "m", "m-alias"]
-        ) as engines:
+        # Speed 1: a token every 6.5 ms, so the streamed answer reaches the router as
+        # several chunks (inter-token latency) even on a loaded machine.
+        with sim_engines(tmp_path, [1.0], extra=["--served-model-name", "m", "m-alias"]) as engines:
             cfg = base_config(
                 endpoints=[{"id": "e0", "url": engines[0].url, "models": ["m", "m-alias"]}],
                 access_log=True,

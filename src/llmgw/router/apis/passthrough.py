@@ -31,7 +31,7 @@ from llmgw.router.apis import anthropic
 from llmgw.router.apis.catalog import ROUTES, Api
 from llmgw.router.apis.forms import FormError, text_fields
 from llmgw.router.http.answers import JSON, Whole
-from llmgw.router.http.connection import Answer, FastRequest
+from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import DISCONNECTED
 from llmgw.router.request.accounting import count, refused
 from llmgw.router.request.call import Call, request_id
@@ -59,12 +59,12 @@ class PassThrough:
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
 
-    async def answer(self, request: FastRequest) -> Answer:
+    async def answer(self, request: Request) -> Answer:
         api = ROUTES[request.path]
         resp = await self._answer(request, api)
         return _reshape(resp) if api.anthropic else resp
 
-    async def _answer(self, request: FastRequest, api: Api) -> Answer:
+    async def _answer(self, request: Request, api: Api) -> Answer:
         proxy = self.proxy
         st = proxy.state
         t0 = st.clock.monotonic()
@@ -98,7 +98,7 @@ class PassThrough:
 
     def _call(
         self,
-        request: FastRequest,
+        request: Request,
         got: Intake,
         rid: str,
         t0: float,

@@ -1,7 +1,7 @@
 """The router's whole answer, `Whole`: a status, its header lines, a body.
 
 Every answer a handler gives the server is a `Whole` or a stream it opened
-(`FastStream`, connection.py). A `Whole` holds its headers already written as
+(`Stream`, connection.py). A `Whole` holds its headers already written as
 lines (each ending in CRLF, Content-Type among them, none the server owns:
 Content-Length, Connection, Date, Transfer-Encoding), so the server writes its
 head as one join. Two ways to make one:

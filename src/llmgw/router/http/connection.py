@@ -2,7 +2,7 @@
 
 `Connection` holds what a connection is between requests and how it ends
 (counted against the caps, idle and head timers, back-pressure, lingering
-closes); `FastRequest` and `FastStream` are what a handler sees of one request
+closes); `Request` and `Stream` are what a handler sees of one request
 and of the streamed answer it opens (a whole answer is a `Whole`, answers.py).
 Parsing and answering are server.py's (`FastProtocol`, a `Connection`);
 `Listener` is what every connection of one listening socket shares.
@@ -44,7 +44,7 @@ class BodyBroken(Exception):
     """The request body's framing broke (a bad chunk, a short body); the message says how."""
 
 
-class FastRequest:
+class Request:
     """What a handler sees of one request: method, path, headers, the body.
 
     `headers` is a case-insensitive multidict (multidict's); `read()` waits for
@@ -179,18 +179,18 @@ class FastRequest:
         self._error = exc
         self._wake()
 
-    def stream(self, status: int, headers: dict[str, str]) -> FastStream:
+    def stream(self, status: int, headers: dict[str, str]) -> Stream:
         """Send the head of a streamed answer now; its body follows with `write`."""
-        return FastStream(self._conn, self, status, headers)
+        return Stream(self._conn, self, status, headers)
 
 
-class FastStream:
+class Stream:
     """A streamed answer (chunked on HTTP/1.1; on 1.0 the close ends it)."""
 
     __slots__ = ("_conn", "_eof", "_req", "chunked", "keep_alive", "status")
 
     def __init__(
-        self, conn: Connection, req: FastRequest, status: int, headers: dict[str, str]
+        self, conn: Connection, req: Request, status: int, headers: dict[str, str]
     ) -> None:
         self._conn = conn
         self._req = req
@@ -230,8 +230,8 @@ class FastStream:
 
 
 # What a handler answers: a whole answer, or a stream it has opened (and sent).
-Answer = Whole | FastStream
-Dispatch = Callable[[FastRequest], Awaitable[Answer]]
+Answer = Whole | Stream
+Dispatch = Callable[[Request], Awaitable[Answer]]
 
 
 class Listener:
@@ -272,15 +272,15 @@ class Connection(asyncio.Protocol):
         self.linger_last = 0.0
         self.linger_end = 0.0
         # The request being parsed (head or body), and those waiting their turn.
-        self.cur: FastRequest | None = None
+        self.cur: Request | None = None
         self.in_head = False
-        self.queue: deque[FastRequest] = deque()
+        self.queue: deque[Request] = deque()
         # The connection's answers, one after another (`_run`): one task for as long as
         # the connection lasts, not one per request. `busy` while an answer is in
         # progress; between requests the task waits on `idle_waiter`.
         self.runner: asyncio.Task[None] | None = None
         self.busy = False
-        self.idle_waiter: asyncio.Future[FastRequest | None] | None = None
+        self.idle_waiter: asyncio.Future[Request | None] | None = None
         self.started = False  # the answer in progress has written its head
         self.url = b""
         self.fields: list[tuple[str, str]] = []
@@ -301,7 +301,7 @@ class Connection(asyncio.Protocol):
         self.paused_reading = False
         self.paused_writing = False
         self.drain_waiter: asyncio.Future[None] | None = None
-        self._handling: FastRequest | None = None
+        self._handling: Request | None = None
         self.draining = False  # the server is stopping: no request after this one
         self.raw_body_left = 0  # an upgrade request's body bytes still to read
         # Between a chunk's size line and its data, or in the trailers after the last:
@@ -507,7 +507,7 @@ class Connection(asyncio.Protocol):
         # destroy the 408 before the client reads it.
         self._linger(self.transport)
 
-    def resume_for(self, req: FastRequest) -> None:
+    def resume_for(self, req: Request) -> None:
         """A handler waits for `req`'s body: read on."""
         if self.paused_reading and self.transport is not None:
             self.paused_reading = False

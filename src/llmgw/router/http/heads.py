@@ -1,6 +1,6 @@
 """The heads of the router's answers: status lines, header lines, Date.
 
-Each piece is looked up or formatted once and kept (a status's line, whether a
+Each piece is formatted once and kept (every standard status's line, whether a
 header name is one the server writes itself, the Date of this second): the
 server writes thousands of heads a second from a handful of distinct parts.
 """
@@ -34,32 +34,20 @@ class _Date:
 
 
 DATE: Final = _Date()
-_STATUS: Final[dict[int, bytes]] = {}
-
-
-# Status → its standard phrase ("" for a code HTTPStatus does not know).
-_PHRASES: Final[dict[int, str]] = {}
-
-
-def _phrase(status: int) -> str:
-    """The status's standard phrase, looked up once per status (HTTPStatus(status) is an
-    enum lookup by value: too slow for every answer)."""
-    phrase = _PHRASES.get(status)
-    if phrase is None:
-        try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = ""
-        _PHRASES[status] = phrase
-    return phrase
+# Every standard status's line, written once at import: a table, not a cache.
+_STATUS: Final[dict[int, bytes]] = {
+    s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode("latin-1") for s in HTTPStatus
+}
 
 
 def status_line(status: int, reason: str | None) -> bytes:
+    """`HTTP/1.1 <status> <reason>` and CRLF; the standard phrase when `reason` is None
+    (none for a code HTTP does not define)."""
     if reason is None:
         line = _STATUS.get(status)
-        if line is None:
-            line = _STATUS[status] = f"HTTP/1.1 {status} {_phrase(status)}\r\n".encode("latin-1")
-        return line
+        if line is not None:
+            return line
+        reason = ""
     return f"HTTP/1.1 {status} {reason}\r\n".encode("latin-1")
 
 

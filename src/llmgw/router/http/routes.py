@@ -16,7 +16,7 @@ import msgspec
 from llmgw.router.apis.catalog import ROUTES as API_ROUTES
 from llmgw.router.apis.passthrough import PassThrough
 from llmgw.router.http.answers import JSON, Whole, json_whole, whole
-from llmgw.router.http.connection import Answer, FastRequest
+from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import CONTENT_TYPE
 from llmgw.router.request.auth import admin_allowed, bearer_matches
 from llmgw.router.request.listing import Listing
@@ -29,7 +29,7 @@ from llmgw.router.workers.worker import WorkerLink
 
 log = logging.getLogger(__name__)
 
-Req = FastRequest
+Req = Request
 
 
 class FastRoutes:
@@ -58,7 +58,7 @@ class FastRoutes:
             "/admin/usage": own.admin_usage,
         }
 
-    def __call__(self, request: FastRequest) -> Awaitable[Answer]:
+    def __call__(self, request: Request) -> Awaitable[Answer]:
         # Not a coroutine itself: it hands back the handler's, which the server
         # awaits directly. An async wrapper here (this module is not compiled) was
         # an interpreted frame that every resumption of a proxied request passed

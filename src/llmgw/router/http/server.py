@@ -4,8 +4,8 @@ The same pattern as the router's upstream client (router/upstream/fast.py), on
 the serving side: one `asyncio.Protocol` per connection, no aiohttp
 RequestHandler, BaseRequest, StreamWriter, URL dispatcher or middleware chain
 per request. The program gives a `Dispatch`: an async function of a
-`FastRequest` that answers with a `Whole` (answers.py: written here in one
-`write`) or a `FastStream` it opened itself (an event stream, relayed as it
+`Request` that answers with a `Whole` (answers.py: written here in one
+`write`) or a `Stream` it opened itself (an event stream, relayed as it
 comes, chunked).
 
 It keeps what `runtime.httpserver.EdgeHandler` gives aiohttp's server, with the
@@ -49,9 +49,9 @@ from llmgw.router.http.connection import (
     Answer,
     Connection,
     Dispatch,
-    FastRequest,
-    FastStream,
     Listener,
+    Request,
+    Stream,
 )
 from llmgw.router.http.heads import DATE, head, status_line
 from llmgw.runtime.httpserver import _one_line, _without_echo
@@ -63,9 +63,9 @@ __all__ = [
     "Answer",
     "Dispatch",
     "FastProtocol",
-    "FastRequest",
     "FastServer",
-    "FastStream",
+    "Request",
+    "Stream",
     "Whole",
 ]
 
@@ -183,7 +183,7 @@ class FastProtocol(Connection):
         if method == b"CONNECT":
             raise _HeadError("CONNECT is not supported")
         upgrade = p.should_upgrade()
-        req = FastRequest(
+        req = Request(
             self,
             method.decode("ascii"),
             self.url.decode("latin-1"),
@@ -285,21 +285,21 @@ class FastProtocol(Connection):
         else:
             self.runner = self.loop.create_task(self._run(req))
 
-    def _begin(self) -> FastRequest:
+    def _begin(self) -> Request:
         req = self.queue.popleft()
         self._handling = req
         self.started = False
         self.busy = True
         return req
 
-    async def _run(self, first: FastRequest) -> None:
+    async def _run(self, first: Request) -> None:
         """Answer the connection's requests in turn until it closes.
 
         One task per connection, waiting between requests: a task per request cost
         more (asyncio registers each task in a WeakSet, in Python, and unregisters it
         when it is freed; the figure is in bench/RESULTS.md).
         """
-        req: FastRequest | None = first
+        req: Request | None = first
         while req is not None:
             keep = False
             try:
@@ -335,14 +335,14 @@ class FastProtocol(Connection):
             if self.queue:
                 req = self._begin()
                 continue
-            waiter: asyncio.Future[FastRequest | None] = self.loop.create_future()
+            waiter: asyncio.Future[Request | None] = self.loop.create_future()
             self.idle_waiter = waiter
             try:
                 req = await waiter
             except asyncio.CancelledError:
                 return
 
-    def _expected(self, req: FastRequest) -> bool:
+    def _expected(self, req: Request) -> bool:
         """A request with an Expect header: whether the handler is to answer it (a 100
         Continue sent if the body is still to come), or it was refused (417, closing)."""
         expect = req.expect
@@ -356,7 +356,7 @@ class FastProtocol(Connection):
         self._send_whole(req, refusal, close=True)
         return False
 
-    def _handler_failed(self, req: FastRequest) -> None:
+    def _handler_failed(self, req: Request) -> None:
         """The handler raised: a 500 closing the connection, unless an answer had begun
         (then the connection is only closed)."""
         if self.started:
@@ -365,18 +365,18 @@ class FastProtocol(Connection):
         resp = whole(500, self.edge.error(500, msg), content_type=JSON)
         self._send_whole(req, resp, close=True)
 
-    def _answered(self, req: FastRequest, resp: Answer) -> bool:
+    def _answered(self, req: Request, resp: Answer) -> bool:
         """Write the handler's answer (a stream is already written); whether the
         connection may carry another request."""
         if type(resp) is Whole:
             close = resp.close or not req.keep_alive or not req.complete or self.draining
             self._send_whole(req, resp, close=close)
             return not close
-        if isinstance(resp, FastStream):
+        if isinstance(resp, Stream):
             return resp.keep_alive and resp._eof
-        raise TypeError(f"a handler answered {type(resp).__name__}, not a Whole or a FastStream")
+        raise TypeError(f"a handler answered {type(resp).__name__}, not a Whole or a Stream")
 
-    def _send_whole(self, req: FastRequest, resp: Whole, *, close: bool) -> None:
+    def _send_whole(self, req: Request, resp: Whole, *, close: bool) -> None:
         """Status line, the answer's lines, Date, Content-Length, Connection, the body."""
         if close:
             end = b"\r\nConnection: close\r\n\r\n"
@@ -401,7 +401,7 @@ class FastProtocol(Connection):
         else:
             self.send(head + body)
 
-    def _finished(self, req: FastRequest, keep: bool) -> bool:
+    def _finished(self, req: Request, keep: bool) -> bool:
         """`req` is answered; whether the connection goes on to another request."""
         self.busy = False
         self._handling = None

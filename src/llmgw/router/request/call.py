@@ -18,7 +18,7 @@ import random
 from typing import Any, Final
 
 from llmgw.router.apis.catalog import Api
-from llmgw.router.http.connection import FastRequest
+from llmgw.router.http.connection import Request
 from llmgw.router.metrics import UNAVAILABLE
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.request.tokens import Usage
@@ -98,7 +98,7 @@ class Call:
 
     def __init__(
         self,
-        request: FastRequest,
+        request: Request,
         *,
         rid: str,
         path: str,

@@ -29,7 +29,7 @@ import msgspec
 
 from llmgw.router.config import RouterConfig
 from llmgw.router.http.answers import Whole
-from llmgw.router.http.connection import BodyBroken, BodyTooLarge, FastRequest
+from llmgw.router.http.connection import BodyBroken, BodyTooLarge, Request
 from llmgw.router.request.refusals import bad_request, error_response, too_large
 from llmgw.runtime.logs import kv
 from llmgw.runtime.peers import Peer
@@ -101,12 +101,12 @@ class Intake:
         self._held = 0
 
 
-def peer_of(request: FastRequest) -> Peer | None:
+def peer_of(request: Request) -> Peer | None:
     """The client address's tally the request is charged to (runtime/peers.py)."""
     return request.peer
 
 
-def refused(resp: Whole, rid: str, why: str, request: FastRequest) -> Whole:
+def refused(resp: Whole, rid: str, why: str, request: Request) -> Whole:
     """The one log line of a refused request, and its answer tagged with the request id."""
     log.warning(
         kv(
@@ -143,7 +143,7 @@ def _slow(cfg: RouterConfig, why: str) -> Whole:
 
 
 async def read_json(
-    request: FastRequest, cfg: RouterConfig, budget: ByteBudget, rid: str, *, decode: bool = True
+    request: Request, cfg: RouterConfig, budget: ByteBudget, rid: str, *, decode: bool = True
 ) -> Intake | Whole:
     """The body and its JSON object, or the refusal to send (already logged).
 
@@ -170,7 +170,7 @@ async def read_json(
 
 
 async def _charged_body(
-    request: FastRequest, cfg: RouterConfig, budget: ByteBudget, rid: str
+    request: Request, cfg: RouterConfig, budget: ByteBudget, rid: str
 ) -> bytes | Whole:
     """The whole body, its bytes charged to the budget, or the refusal (logged)."""
     limit = cfg.max_body_bytes
@@ -205,7 +205,7 @@ async def _charged_body(
     return got
 
 
-def _object_of(body: bytes, rid: str, request: FastRequest) -> dict[str, Any] | Whole:
+def _object_of(body: bytes, rid: str, request: Request) -> dict[str, Any] | Whole:
     """The body's JSON object, or the refusal (logged): not JSON, too deep, not an object."""
     try:
         doc = _decode(body)
@@ -222,7 +222,7 @@ def _object_of(body: bytes, rid: str, request: FastRequest) -> dict[str, Any] | 
 
 
 async def _read_counted(
-    request: FastRequest, cfg: RouterConfig, budget: ByteBudget, peer: Peer | None
+    request: Request, cfg: RouterConfig, budget: ByteBudget, peer: Peer | None
 ) -> bytes | Whole:
     """A body still arriving, charged to the budget as its bytes come, bounded by
     `body_timeout_s` and, once it has been arriving for `header_timeout_s`, by

@@ -8,7 +8,7 @@ from typing import Any
 from llmgw.router.apis import anthropic
 from llmgw.router.apis.catalog import ROUTES as API_ROUTES
 from llmgw.router.http.answers import JSON, Whole, json_whole, whole
-from llmgw.router.http.connection import FastRequest
+from llmgw.router.http.connection import Request
 from llmgw.router.request.accounting import refused
 from llmgw.router.request.proxy import POST_PATHS
 from llmgw.router.request.refusals import error_response, model_not_found, unauthorized
@@ -22,7 +22,7 @@ class Listing:
     def __init__(self, state: Router) -> None:
         self.state = state
 
-    async def models(self, request: FastRequest) -> Whole:
+    async def models(self, request: Request) -> Whole:
         """GET /v1/models: every known model the key may use, OpenAI's list shape."""
         st = self.state
         names = st.known_models
@@ -35,7 +35,7 @@ class Listing:
         data: list[dict[str, Any]] = [_model_object(m) for m in sorted(names)]
         return json_whole({"object": "list", "data": data})
 
-    async def model(self, request: FastRequest) -> Whole:
+    async def model(self, request: Request) -> Whole:
         """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
         st = self.state
         allowed: frozenset[str] | None = None
@@ -49,7 +49,7 @@ class Listing:
             return refused(st, model_not_found(model), "", request.path, st.clock.monotonic())
         return json_whole(_model_object(model))
 
-    async def no_route(self, request: FastRequest) -> Whole:
+    async def no_route(self, request: Request) -> Whole:
         """Any other /v1 request: OpenAI's 404 (or 405 on a served path; Anthropic's shape on
         its Messages paths), not aiohttp's text."""
         path, method = request.path, request.method

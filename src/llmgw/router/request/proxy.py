@@ -29,7 +29,7 @@ from typing import Final
 
 from llmgw.router.errors import FlowRefused, NoReplica
 from llmgw.router.http.answers import Whole, whole
-from llmgw.router.http.connection import Answer, FastRequest
+from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import DISCONNECTED, ENGINE_ERROR, OK, REJECTED, UNAVAILABLE
 from llmgw.router.replicas.breaker import Outcome, classify_status
 from llmgw.router.replicas.registry import Release, Snapshot
@@ -85,8 +85,8 @@ class Proxy:
         # (`_lines_for`): the same for every answer of an endpoint.
         self._lines: dict[str, dict[str, bytes]] = {}
 
-    async def answer(self, request: FastRequest) -> Answer:
-        """The proxied routes (chat, completions, embeddings); a stream is a `FastStream`
+    async def answer(self, request: Request) -> Answer:
+        """The proxied routes (chat, completions, embeddings); a stream is a `Stream`
         it has already sent."""
         st = self.state
         t0 = st.clock.monotonic()
@@ -122,7 +122,7 @@ class Proxy:
             got.release()
 
     def _call(
-        self, request: FastRequest, got: Intake, rid: str, t0: float, tenant: Tenant | None
+        self, request: Request, got: Intake, rid: str, t0: float, tenant: Tenant | None
     ) -> Call | Whole:
         """The request to route, or the router's refusal of it: no model, an unknown one,
         one its key may not use or has spent, a body nested too deeply to key."""

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from llmgw.router.apis.catalog import Api
 from llmgw.router.errors import UpstreamError, UpstreamTimeout, stream_error_frame
-from llmgw.router.http.connection import FastStream
+from llmgw.router.http.connection import Stream
 from llmgw.router.metrics import DISCONNECTED, ENGINE_ERROR, OK, STREAM_BROKEN, TIMEOUT
 from llmgw.router.replicas.breaker import Outcome
 from llmgw.router.replicas.registry import Release
@@ -63,7 +63,7 @@ class Tally:
 
 async def relay(
     clock: Clock, call: Call, att: Attempts, tally: Tally, headers: dict[str, str]
-) -> FastStream:
+) -> Stream:
     """Relay `att.up`'s event stream under `headers` as it arrives (see the module
     docstring); `att.outcome` becomes the endpoint's verdict. `att.first`: the first
     chunk, already read (b"": it was empty) and fed to `att.watch`."""
@@ -124,7 +124,7 @@ async def relay(
 
 
 async def _broken(
-    resp: FastStream,
+    resp: Stream,
     up: UpstreamReply,
     tally: Tally,
     exc: UpstreamError,
@@ -181,7 +181,7 @@ def gone(tally: Tally, before: bytes, sent: bytes) -> Outcome:
     return Outcome.ABANDONED
 
 
-async def _end_quietly(resp: FastStream) -> None:
+async def _end_quietly(resp: Stream) -> None:
     """End an answer whose client may already be gone."""
     with contextlib.suppress(ConnectionError):
         await resp.write_eof()
