@@ -285,14 +285,14 @@ class TestChannel:
         import asyncio
         import socket
 
-        from llmgw.router.workers.ipc import Answer, Ask, Channel, ChannelClosed
+        from llmgw.router.workers.ipc import Ask, AskReply, Channel, ChannelClosed
 
         a_sock, b_sock = socket.socketpair()
         a, b = await Channel.open(a_sock), await Channel.open(b_sock)
 
         def answer(msg: Message) -> None:
             assert isinstance(msg, Ask)
-            b.send(Answer(seq=msg.seq, body=msg.what.encode()))
+            b.send(AskReply(seq=msg.seq, body=msg.what.encode()))
 
         serve_a = asyncio.create_task(a.serve(lambda msg: None))
         serve_b = asyncio.create_task(b.serve(answer))
@@ -392,7 +392,7 @@ class TestSupervisorAsks:
         from pathlib import Path
         from typing import cast
 
-        from llmgw.router.workers.ipc import Answer, Ask, Channel
+        from llmgw.router.workers.ipc import Ask, AskReply, Channel
         from llmgw.router.workers.pool import Supervisor, _Worker
 
         assert isinstance(tmp_path, Path)
@@ -417,7 +417,7 @@ class TestSupervisorAsks:
                 async def reply() -> None:
                     if gate is not None:
                         await gate.wait()
-                    w_end.send(Answer(seq=msg.seq, body=answer))
+                    w_end.send(AskReply(seq=msg.seq, body=answer))
                     if index == 0:
                         answered_0.set()
 

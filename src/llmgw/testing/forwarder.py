@@ -33,7 +33,7 @@ from llmgw.router.upstream.base import EVENT_STREAM, JSON, Forwarder, ReplyHead
 
 
 @dataclass(frozen=True, kw_only=True)
-class Answer:
+class Scripted:
     """One scripted answer; build it with `reply`, `stream` or `refuse`."""
 
     status: int = 200
@@ -55,8 +55,8 @@ def reply(
     content_type: str = JSON,
     headers: Mapping[str, str] | None = None,
     delay_s: float = 0.0,
-) -> Answer:
-    return Answer(
+) -> Scripted:
+    return Scripted(
         status=status,
         body=body,
         content_type=content_type,
@@ -72,8 +72,8 @@ def stream(
     fail_after: int | None = None,
     delay_s: float = 0.0,
     gap_s: float = 0.0,
-) -> Answer:
-    return Answer(
+) -> Scripted:
+    return Scripted(
         status=status,
         chunks=tuple(chunks),
         content_type=EVENT_STREAM,
@@ -84,8 +84,8 @@ def stream(
     )
 
 
-def refuse(*, delay_s: float = 0.0) -> Answer:
-    return Answer(refused=True, delay_s=delay_s)
+def refuse(*, delay_s: float = 0.0) -> Scripted:
+    return Scripted(refused=True, delay_s=delay_s)
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class FakeReply(ReplyHead):
     __slots__ = ("_answer", "_deadline", "_headers", "_idle_s", "_next", "closed", "finished")
 
     def __init__(
-        self, answer: Answer, endpoint_id: str, deadline: float, idle_s: float | None
+        self, answer: Scripted, endpoint_id: str, deadline: float, idle_s: float | None
     ) -> None:
         self._answer = answer
         self._deadline = deadline
@@ -173,16 +173,16 @@ class FakeReply(ReplyHead):
 class FakeForwarder(Forwarder):
     """Scripted engines by endpoint id; see the module docstring."""
 
-    def __init__(self, scripts: Mapping[str, Sequence[Answer]] | None = None) -> None:
+    def __init__(self, scripts: Mapping[str, Sequence[Scripted]] | None = None) -> None:
         self.connect_timeout_s = 3.0
-        self._scripts: dict[str, list[Answer]] = {}
+        self._scripts: dict[str, list[Scripted]] = {}
         self._played: dict[str, int] = {}
         self.calls: list[Call] = []
         self.replies: list[FakeReply] = []
         for eid, answers in (scripts or {}).items():
             self.script(eid, *answers)
 
-    def script(self, endpoint_id: str, *answers: Answer) -> None:
+    def script(self, endpoint_id: str, *answers: Scripted) -> None:
         """Replace `endpoint_id`'s script; the last answer repeats once the others are played."""
         if not answers:
             raise ValueError("a script needs at least one answer")

@@ -7,7 +7,7 @@ installed program, so they live here rather than in `llmgw.wire`.
 
 Supervisor → worker: `Setup` (first, once), `Reload`, `Listed`, `Observed`,
 `Ask`. Worker → supervisor: `Ready`, `Ask` (for the whole router's /metrics or
-usage), `Answer` (to the supervisor's asks).
+usage), `AskReply` (to the supervisor's asks).
 """
 
 from __future__ import annotations
@@ -112,12 +112,12 @@ class Ask(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     what: AskWhat
 
 
-class Answer(msgspec.Struct, tag=True, frozen=True, kw_only=True):
+class AskReply(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     seq: int
     body: bytes
 
 
-Message = Setup | Reload | Listed | Leased | Observed | Ready | Learned | Ask | Answer
+Message = Setup | Reload | Listed | Leased | Observed | Ready | Learned | Ask | AskReply
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
@@ -178,7 +178,7 @@ class Channel:
             raise ChannelClosed(str(exc) or type(exc).__name__) from exc
 
     async def ask(self, what: AskWhat, *, timeout_s: float) -> bytes:
-        """Send an Ask and wait for its Answer (delivered by whoever runs `serve`)."""
+        """Send an Ask and wait for its AskReply (delivered by whoever runs `serve`)."""
         if self.closed:
             raise ChannelClosed("closed")
         seq = next(self._seq)
@@ -191,7 +191,7 @@ class Channel:
         finally:
             self._waiting.pop(seq, None)
 
-    def answered(self, msg: Answer) -> None:
+    def answered(self, msg: AskReply) -> None:
         fut = self._waiting.get(msg.seq)
         if fut is not None and not fut.done():
             fut.set_result(msg.body)
@@ -202,7 +202,7 @@ class Channel:
         (an ask answered on this same channel would otherwise wait on itself)."""
         while True:
             msg = await self.receive()
-            if isinstance(msg, Answer):
+            if isinstance(msg, AskReply):
                 self.answered(msg)
             else:
                 handle(msg)

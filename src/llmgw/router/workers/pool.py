@@ -57,8 +57,8 @@ from llmgw.router.replicas.registry import Registry, Stats
 from llmgw.router.replicas.scrape import HttpMetricsFetcher, Scraper
 from llmgw.router.upstream.aiohttp_client import Upstream
 from llmgw.router.workers.ipc import (
-    Answer,
     Ask,
+    AskReply,
     AskWhat,
     Channel,
     ChannelClosed,
@@ -383,7 +383,7 @@ class Supervisor:
         else:
             report, _ = await self.usage(reset=False)
             body = msgspec.json.encode(report)
-        w.channel.send(Answer(seq=ask.seq, body=body))
+        w.channel.send(AskReply(seq=ask.seq, body=body))
 
     async def _ask_all(self, what: AskWhat) -> dict[int, bytes]:
         live = [w for w in self.workers.values() if w.ready.is_set() and not w.channel.closed]

@@ -24,8 +24,8 @@ import msgspec
 from llmgw.router.errors import RouterConfigError
 from llmgw.router.wiring import Router
 from llmgw.router.workers.ipc import (
-    Answer,
     Ask,
+    AskReply,
     AskWhat,
     Channel,
     ChannelClosed,
@@ -155,7 +155,7 @@ class WorkerLink:
         elif isinstance(msg, Learned):
             st.prefix.replay(msg.records)
         elif isinstance(msg, Ask):
-            self.channel.send(Answer(seq=msg.seq, body=self._answer(st, msg.what)))
+            self.channel.send(AskReply(seq=msg.seq, body=self._answer(st, msg.what)))
         else:
             log.warning(kv("unexpected message from the supervisor", kind=type(msg).__name__))
 
