@@ -14,7 +14,7 @@ import pytest
 from llmgw.testing import Program, start_program
 
 from .controller_harness import Controller, Db, FakeAgents, controller, spec, wait_for
-from .router_fixtures import base_config, chat_body, router, sim_args
+from .router_fixtures import base_config, chat_body, router, sim_args, wait_until_scraped
 from .test_ctl_controller import ctl
 
 pytestmark = pytest.mark.slow
@@ -46,16 +46,19 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             cfg = base_config(controller={"url": c.url, "token": TOKEN, "poll_timeout_s": 5.0})
             with agents, router(tmp, cfg) as r:
                 wait_for(lambda: c.endpoint_ids(), what="m1 placed and ready")
+                # The router has the replica and its figures, not only the controller.
+                asyncio.run(wait_until_scraped(r.url, c.endpoint_ids()))
                 yield Fleet(c, r)
     finally:
         engine.stop(grace_s=3)
 
 
-async def send(s: aiohttp.ClientSession, url: str, tokens: int) -> int:
+async def send(s: aiohttp.ClientSession, url: str, tokens: int) -> str:
+    """The answer's status as "200", or with its body: a failure shows why."""
     body = chat_body("flow", max_tokens=tokens, stream=True, model=MODEL)
     async with s.post(url + "/v1/chat/completions", json=body) as resp:
-        await resp.read()
-        return resp.status
+        text = await resp.text()
+        return "200" if resp.status == 200 else f"{resp.status} {text[:300]}"
 
 
 def queued_in_status(f: Fleet) -> list[dict[str, object]]:
@@ -77,7 +80,7 @@ class TestFlowInStatus:
         url = fleet.router.url
         seen: list[list[dict[str, object]]] = []
 
-        async def scenario() -> list[int]:
+        async def scenario() -> list[str]:
             async with aiohttp.ClientSession() as s:
                 # 12 at once on an engine of 8: it queues, the router learns its capacity.
                 warm = await asyncio.gather(*(send(s, url, 150) for _ in range(12)))
@@ -97,7 +100,7 @@ class TestFlowInStatus:
                 return [*warm, *await asyncio.gather(*full, *held)]
 
         statuses = asyncio.run(scenario())
-        assert statuses == [200] * 23  # nothing lost
+        assert statuses == ["200"] * 23  # nothing lost
         assert seen, "ctl status never showed the queue"
         [row] = seen[0]
         assert (row["band"], row["team"]) == ("standard", "")
