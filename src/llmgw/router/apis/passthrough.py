@@ -38,7 +38,7 @@ from llmgw.router.request.call import Call, request_id
 from llmgw.router.request.intake import Intake, read_json
 from llmgw.router.request.proxy import Proxy
 from llmgw.router.request.refusals import bad_request, unauthorized
-from llmgw.router.request.tenants import Charge, Tenant
+from llmgw.router.request.tenants import Tenant
 from llmgw.router.routing.affinity import NO_KEY, RouteKey
 
 _FORM_FIELDS: Final = ("model", "stream")
@@ -129,12 +129,9 @@ class PassThrough:
             return refused(st, resp, rid, path, t0)
         if model not in st.known_models:
             return self.proxy.unknown_model(model, rid, path, t0)
-        charge: Charge | None = None
-        if tenant is not None and tenant.guarded:
-            admitted = st.tenants.admit(tenant, model, len(got.body))
-            if isinstance(admitted, Whole):
-                return refused(st, admitted, rid, path, t0, tenant=tenant)
-            charge = admitted
+        charge = self.proxy.admit(tenant, model, got, rid, t0=t0, path=path)
+        if isinstance(charge, Whole):
+            return charge
         hashes: RouteKey = NO_KEY
         if st.policy.uses_prefix:
             try:

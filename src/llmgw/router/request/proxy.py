@@ -135,12 +135,9 @@ class Proxy:
             return refused(st, bad_request(msg, param="model"), rid, path, t0)
         if model not in st.known_models:
             return self.unknown_model(model, rid, path, t0)
-        charge: Charge | None = None
-        if tenant is not None and tenant.guarded:
-            admitted = st.tenants.admit(tenant, model, len(got.body))
-            if isinstance(admitted, Whole):
-                return refused(st, admitted, rid, path, t0, tenant=tenant)
-            charge = admitted
+        charge = self.admit(tenant, model, got, rid, t0=t0, path=path)
+        if isinstance(charge, Whole):
+            return charge
         hashes = NO_KEY
         if st.policy.uses_prefix and path != EMBEDDINGS:
             # Content chain, and the session hint beside it (X-Session-ID, else the
@@ -167,6 +164,18 @@ class Proxy:
             tenant=tenant,
             max_tokens=limit if type(limit) is int else None,
         )
+
+    def admit(
+        self, tenant: Tenant | None, model: str, got: Intake, rid: str, *, t0: float, path: str
+    ) -> Charge | Whole | None:
+        """What a guarded key is charged for the request, or the refusal of it by the
+        key's limits, counted; None for a key without limits (or no key)."""
+        if tenant is None or not tenant.guarded:
+            return None
+        admitted = self.state.tenants.admit(tenant, model, len(got.body))
+        if isinstance(admitted, Whole):
+            return refused(self.state, admitted, rid, path, t0, tenant=tenant)
+        return admitted
 
     def unknown_model(self, model: str, rid: str, path: str, t0: float) -> Whole:
         """The refusal of a model the router does not know: 503 before its first
