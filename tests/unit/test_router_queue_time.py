@@ -32,12 +32,18 @@ def snap(
     count: int | None = None,
     prefill: float | None = None,
     pending: int = 0,
+    waiting: int = 0,
+    kv: float | None = 0.0,
+    size: int | None = None,
 ) -> Snapshot:
-    """An endpoint whose last scrape saw exactly the router's `inflight` requests; `count`
-    of them (by default 8, or none when `full` is 0) gave max_tokens, `full` in all."""
+    """An endpoint whose last scrape saw exactly the router's `inflight` requests, `waiting`
+    of them waiting, `kv` of its KV cache (`size` tokens) pinned; `count` of them (by
+    default 8, or none when `full` is 0) gave max_tokens, `full` in all."""
     return Snapshot.of(
         info=EndpointInfo(id=id, url=f"http://{id}", models=("m",)),
-        stats=Stats(running=inflight, waiting=0, kv_usage=0.0),
+        stats=Stats(
+            running=inflight - waiting, waiting=waiting, kv_usage=kv, kv_capacity_tokens=size
+        ),
         drain_rate=0.0,
         inflight=inflight,
         running_capacity=capacity,
@@ -102,6 +108,75 @@ class TestWait:
         """Requests awaiting their first token count once more, as in the load."""
         got = wait_s(snap("a", inflight=8, rate=10.0, owed=400, full=400, count=4, pending=2))
         assert got == 3.75
+
+
+class TestFullShortOfItsBatch:
+    """An engine whose KV cache is full runs what it runs; a prompt that does not fit waits."""
+
+    def test_the_running_count_is_the_capacity(self) -> None:
+        """2 running at a batch of 8, 90 % of the KV pinned (45 % each, 10 % free), 3
+        waiting: 4 must leave a batch of 2 owing half of their 100 tokens, 2 x 100 + 2 x
+        100 tokens over 2 sequences at 25 tokens a second."""
+        s = snap("a", inflight=5, waiting=3, kv=0.9, rate=25.0, owed=250, full=500, count=5)
+        assert wait_s(s) == 8.0
+
+    def test_room_for_one_more_keeps_the_learned_capacity(self) -> None:
+        """2 running pinning 60 % (30 % each, 40 % free), 3 waiting for a step: the batch
+        size, no wait; 2 running at 70 % (35 % each, 30 % free) have no room."""
+        s = snap("a", inflight=5, waiting=3, kv=0.6, rate=25.0, owed=250, full=500, count=5)
+        assert wait_s(s) == 0.0
+        s = snap("a", inflight=5, waiting=3, kv=0.7, rate=25.0, owed=250, full=500, count=5)
+        assert wait_s(s) == 8.0
+
+    def test_a_full_cache_with_nothing_waiting_keeps_the_learned_capacity(self) -> None:
+        """90 % pinned by 2 running, none waiting: the batch size (a request that fits,
+        as a holder's does, gets in)."""
+        assert wait_s(snap("a", inflight=2, kv=0.9, rate=25.0, owed=64, full=128)) == 0.0
+
+    def test_unknown_usage_keeps_the_learned_capacity(self) -> None:
+        """An engine that exports no KV usage: the batch size."""
+        s = snap("a", inflight=5, waiting=3, kv=None, rate=25.0, owed=250, full=500, count=5)
+        assert wait_s(s) == 0.0
+
+    def test_a_full_batch_keeps_the_learned_capacity(self) -> None:
+        """A full batch with its KV full: the batch size, as before (3 to leave 8)."""
+        s = snap("a", inflight=10, waiting=2, kv=1.0, rate=10.0, owed=200, full=400, count=4)
+        assert wait_s(s) == 3.75
+
+    def test_a_prompt_that_does_not_fit_waits_for_one_to_leave(self) -> None:
+        """1,228 tokens free of 6,144: 2,000 to compute wait for the first of a batch of 8
+        to leave (64 tokens owed over 8 sequences at 25 a second); 1,000 fit; an engine
+        that does not say its cache's size, or a stale one, has room."""
+        s = snap("a", inflight=2, kv=0.8, size=6144, rate=25.0, owed=64, full=128, count=2)
+        assert wait_s(s, need_tokens=2000) == pytest.approx(0.32)
+        assert wait_s(s, need_tokens=1000) == 0.0
+        s = snap("a", inflight=2, kv=0.8, rate=25.0, owed=64, full=128, count=2)
+        assert wait_s(s, need_tokens=2000) == 0.0
+
+    def test_a_home_without_room_for_the_prompt_gives_way(self) -> None:
+        """An unseen prefix of 2,000 tokens, its home with 1,228 free: a replica with
+        room takes it; with 3,072 free, the home does."""
+        home = snap("a", inflight=2, kv=0.8, size=6144, rate=25.0, owed=64, full=128, count=2)
+        other = snap("b", inflight=1, kv=0.3, size=6144, rate=25.0)
+        d = choose([home, other], home_order=["a", "b"], prompt_tokens=2000)
+        assert (d.endpoint_id, d.reason) == ("b", "least-load")
+        room = snap("a", inflight=2, kv=0.5, size=6144, rate=25.0, owed=64, full=128, count=2)
+        d = choose([room, other], home_order=["a", "b"], prompt_tokens=2000)
+        assert (d.endpoint_id, d.reason) == ("a", "home")
+
+    def test_a_full_holder_loses_to_an_idle_replica(self) -> None:
+        """The holder of the prompt runs 2 with 2 waiting and no room: seconds of queue
+        against a prefill of 0.5 s on an idle replica, which takes the request; with room
+        there, the holder keeps it."""
+        idle = snap("b", rate=25.0, prefill=2.5e-4)
+        full = snap("a", inflight=4, waiting=2, kv=0.9, rate=25.0, owed=200, full=256, count=4)
+        kw = {"prefix_matches": {"a": 50}, "prefix_gain": {"a": 1.0}, "prompt_tokens": 2000}
+        d = choose([full, idle], **kw)  # type: ignore[arg-type]
+        assert (d.endpoint_id, d.reason) == ("b", "least-load")
+        assert next(s.note for s in d.scores if s.id == "a") == "over wait"
+        room = snap("a", inflight=4, waiting=2, kv=0.5, rate=25.0, owed=200, full=256, count=4)
+        d = choose([room, idle], **kw)  # type: ignore[arg-type]
+        assert (d.endpoint_id, d.reason) == ("a", "prefix")
 
 
 class TestAffinityAgainstTheQueue:

@@ -48,6 +48,7 @@ MODULES = (
     "llmgw.router.routing.prefix",
     "llmgw.router.routing.rendezvous",
     "llmgw.router.routing.affinity",
+    "llmgw.router.routing.schedconfig",
     "llmgw.router.routing.scheduler",
     "llmgw.router.routing.policies",
     "llmgw.runtime.peers",

@@ -1,6 +1,6 @@
 """Which replica serves a request: pure choices, and the signals they read.
 
-scheduler.py   the choice itself: pure and explainable
+scheduler.py   the choice itself: pure and explainable (schedconfig.py: its settings)
 policies.py    ours (scheduler + prefix affinity) and the baselines to measure it by
 blockhash.py   a request's chain of block hashes, and the memos that make it cheap
 prefix.py      which replica holds which block hashes (the prefix index)

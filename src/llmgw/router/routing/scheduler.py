@@ -41,10 +41,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
 
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot
+
+# Re-exported: the scheduler's settings are imported from here.
+from llmgw.router.routing.schedconfig import DEFAULT_CONFIG as DEFAULT_CONFIG
+from llmgw.router.routing.schedconfig import SchedulerConfig as SchedulerConfig
 
 # The rendezvous order of a request's first block, or a function computing it: most
 # requests are decided by a prefix holder or the least loaded and never need it.
@@ -57,81 +60,6 @@ def _ranks(home: HomeOrder) -> dict[str, int]:
     for i, eid in enumerate(home() if callable(home) else home):
         rank.setdefault(eid, i)
     return rank
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SchedulerConfig:
-    # Batch capacity assumed until an engine has been seen running more at once:
-    # a fresh engine that ran 2 requests has not shown its limit, and dividing by
-    # 2 would make it look overloaded (capacity = max(learned, this)).
-    default_capacity: int = 8
-    # Total at or above which an endpoint is saturated: a new request would
-    # queue. Pool preference moves down a priority only when all above are.
-    saturated_load: float = 1.0
-    # Added to a stale endpoint's total (no fresh scrape): as much as one full
-    # batch. Scored down, never dropped — a replica whose metrics port broke may
-    # serve perfectly well.
-    stale_penalty: float = 1.0
-    # The engine's KV usage is not part of the total. It is a sample from the last
-    # scrape (up to scrape_interval_s old), and with shared prefixes it is mostly the
-    # prefix every running request pins once, not what a new request would add; an
-    # engine short of KV shows it where the load sees it, as waiting requests, and
-    # the load is corrected by the live in-flight count. Counted as pressure above
-    # 0.8 (as it was), bench/routing.py's 24 KiB preamble past capacity: an engine
-    # whose batch had just finished looked full for the rest of the scrape interval
-    # while the others queued, and p99 TTFT was several times the oracle's (the
-    # figures: bench/RESULTS.md, "Figures once quoted in the router's source").
-    # How far (in total-score units, 1.0 = a full batch) the longest prefix holder
-    # may be above the least loaded candidate and still win; at the bound it loses.
-    # A full batch: below it the holder admits the request at its next step, so
-    # staying costs a slightly slower step, while leaving costs a whole prefill on
-    # a replica that must also pin a second copy of the prefix (evicting what it
-    # held). At half a batch, bench/routing.py's cache-starved variant sent holders'
-    # requests to cold replicas at moderate load (a lower hit rate than the oracle's,
-    # a longer p99 TTFT); at a full batch it matched the oracle, and past capacity
-    # stayed bounded (the figures: bench/RESULTS.md, as above).
-    affinity_load_bound: float = 1.0
-    # A holder's bound is affinity_load_bound × min(1, gain / full_gain_at), gain
-    # being the share of the prompt it holds beyond what every candidate holds
-    # (Ours computes it; 1.0 when not given). bench/routing.py --suite, the 24 KiB
-    # shared preamble past capacity: with the full bound for a holder whose extra
-    # was only a small system prompt, requests piled onto its holders (p99 TTFT
-    # several times the oracle's). At 0.5 the bound went the other way: a holder of
-    # that system prompt got a quarter of a batch, the rest went to engines without
-    # it, each engine ran more distinct system prompts at once than its KV cache
-    # holds, and requests queued for blocks. At 0.25, close to the oracle (the
-    # figures: bench/RESULTS.md, as above).
-    full_gain_at: float = 0.25
-    # How far the rendezvous home of an unseen prefix may be above the least
-    # loaded; smaller than the affinity bound, as nothing is cached there yet.
-    home_load_bound: float = 0.25
-    # How far the endpoint that served the request's session last may be above the
-    # content's own choice (an equally long holder) and still take the request: by
-    # default not at all, so the hint breaks ties of load as well as of prefix. What
-    # it can add is the conversation's tail the blocks are too coarse to show, at most
-    # a block (a sixteenth of the prefix past the first KiB) and usually a few hundred
-    # bytes of a prompt of kilobytes: scaled like a holder's bound (affinity_load_bound
-    # x gain / full_gain_at) that is a few hundredths of a batch. bench/routing.py with
-    # `user` hints: the whole affinity bound or a quarter batch lengthened p99 TTFT,
-    # ties only did no worse than no hints (the figures: bench/RESULTS.md, as above).
-    session_load_bound: float = 0.0
-    # Matches shorter than this many blocks do not count as holding the prefix
-    # (a few blocks of shared boilerplate are not worth a detour).
-    min_prefix_blocks: int = 1
-    # Streamed requests awaiting their first token (`Snapshot.pending`) count this
-    # many times more: they are queued or in prefill at the engine, ahead of a new
-    # request, and the router sees them live where the engine's `waiting` is a
-    # scrape old.
-    pending_weight: float = 1.0
-    # A holder within the bound whose queue would cost more seconds than recomputing
-    # its extra prefix on the least loaded (`wait_s`, the prefill cost learned from
-    # the engines) loses it. bench/routing.py's decode-heavy variants: answers that
-    # hold a slot for seconds made a queue the request-count bound allowed cost
-    # seconds; the prefix it saved cost a few hundred milliseconds elsewhere.
-    weigh_queue_time: bool = True
-
-
-DEFAULT_CONFIG: Final = SchedulerConfig()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -337,7 +265,9 @@ def choose(
     elif home_order:
         if callable(home_order):
             home_order = home_order()
-        chosen = _home(home_order, rows, pool, first=first, least=least, cfg=cfg)
+        chosen = _home(
+            home_order, rows, pool, first=first, least=least, tokens=prompt_tokens, cfg=cfg
+        )
         if chosen is not None:
             reason = "home"
     if chosen is None:
@@ -412,9 +342,10 @@ def _longest_holder(
         bound = cfg.affinity_load_bound * min(1.0, gain / full)
         if timed and r is not first and r.total > least:
             if alt is None:
-                alt = (wait_s(first.snap, cfg), _held_share(first, gains, min_blocks))
+                held = _held_share(first, gains, min_blocks)
+                alt = (wait_s(first.snap, cfg, need_tokens=(1.0 - held) * tokens), held)
             saving = _saving_s(first.snap, r.snap, gain - alt[1], tokens, cfg)
-            if _queues_longer(r.snap, alt[0], saving, cfg):
+            if _queues_longer(r.snap, alt[0], saving, cfg, (1.0 - gain) * tokens):
                 r.note = "over wait"
                 continue
         if r.total <= least or r.total < least + bound:
@@ -438,11 +369,13 @@ def _home(
     *,
     first: _Row,
     least: float,
+    tokens: float | None,
     cfg: SchedulerConfig,
 ) -> _Row | None:
     """The first endpoint of the rendezvous order in the pool within `home_load_bound`
     of the least loaded, unless it would queue longer than the least loaded (then
-    none: noted "over wait")."""
+    none: noted "over wait"); `tokens`, the prompt's, all of which it must compute."""
+    need = 0.0 if tokens is None else tokens
     for eid in order:
         row = rows.get(eid)
         if row is not None and row in pool and row.total <= least + cfg.home_load_bound:
@@ -450,7 +383,9 @@ def _home(
                 cfg.weigh_queue_time
                 and row is not first
                 and row.total > least
-                and _queues_longer(row.snap, wait_s(first.snap, cfg), 0.0, cfg)
+                and _queues_longer(
+                    row.snap, wait_s(first.snap, cfg, need_tokens=need), 0.0, cfg, need
+                )
             ):
                 row.note = "over wait"
                 return None
@@ -458,21 +393,27 @@ def _home(
     return None
 
 
-def wait_s(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float | None:
+def wait_s(
+    s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG, *, need_tokens: float = 0.0
+) -> float | None:
     """Seconds a new request would wait at `s` for a slot in its batch; None: unknown.
 
     The requests beyond its capacity C, plus the one new, must first leave: k of
-    them. Within the first batch how soon they leave is what the running ones
-    still owe: with their remaining decode spread evenly, the k-th of C leaves
-    once k/C of twice the mean owed (at most a whole answer) is decoded, at the
-    engine's learned tokens per second per sequence; each request past the first
-    batch adds a C-th of a whole answer. 0.0 without a queue; None when one is
+    them; at least one when the request's `need_tokens` (the prompt tokens `s` does
+    not hold) are more than its KV cache had free at the last scrape. Within the
+    first batch how soon they leave is what the running ones still owe: with their
+    remaining decode spread evenly, the k-th of C leaves once k/C of twice the mean
+    owed (at most a whole answer) is decoded, at the engine's learned tokens per
+    second per sequence; each request past the first batch adds a C-th of a whole
+    answer. 0.0 without a queue (or room); None when one is
     there but the decode rate is not learned yet, or no request in flight gave
     max_tokens: then the scheduler compares counts alone, as it always did.
     """
     k = _ahead(s, cfg)
     if k <= 0.0:
-        return 0.0
+        if need_tokens <= 0.0 or not _short_of(s, need_tokens):
+            return 0.0
+        k = 1.0
     rate = s.decode_rate
     n = s.owed_count
     if rate <= 0.0 or n <= 0 or s.owed_full <= 0:
@@ -487,10 +428,38 @@ def wait_s(s: Snapshot, cfg: SchedulerConfig = DEFAULT_CONFIG) -> float | None:
 
 
 def _capacity(s: Snapshot, cfg: SchedulerConfig) -> int:
+    """The requests `s` runs at once: its learned batch capacity, unless its last scrape
+    found requests waiting beside fewer running, and too little KV free for one more of
+    the size of those running (what each pins on average); then what ran.
+
+    An engine fills its KV cache short of its batch size when prompts with distinct
+    prefixes or long answers pin their blocks for seconds: two or three may fill it.
+    Counted at the batch size it looked half empty, and a holder there took requests
+    that waited seconds behind the queue for blocks while other replicas idled
+    (bench/RESULTS.md, issue 35). Its `waiting` alone does not say so: a request that
+    arrives during a long prefill step waits for the next step, with blocks to spare.
+    """
     capacity = s.running_capacity
     if capacity < cfg.default_capacity:
         capacity = cfg.default_capacity
+    stats = s.stats
+    if stats is not None and stats.waiting > 0 and 0 < stats.running < capacity:
+        used = stats.kv_usage
+        # free < used / running, multiplied out: no division.
+        if used is not None and (1.0 - used) * stats.running < used:
+            return stats.running
     return capacity if capacity >= 1 else 1
+
+
+def _short_of(s: Snapshot, tokens: float) -> bool:
+    """Whether `s`'s KV cache had fewer than `tokens` free at its last scrape (False
+    when its size or usage is not exported): a prompt that does not fit waits for
+    running requests to leave, however few run."""
+    stats = s.stats
+    if stats is None or s.stale:
+        return False
+    size, used = stats.kv_capacity_tokens, stats.kv_usage
+    return size is not None and used is not None and (1.0 - used) * size < tokens
 
 
 def _requests(s: Snapshot) -> float:
@@ -531,13 +500,18 @@ def _saving_s(
 
 
 def _queues_longer(
-    s: Snapshot, alt_wait: float | None, saving: float | None, cfg: SchedulerConfig
+    s: Snapshot,
+    alt_wait: float | None,
+    saving: float | None,
+    cfg: SchedulerConfig,
+    need_tokens: float,
 ) -> bool:
-    """Whether a request would wait at `s` more than `saving` seconds longer than at
-    the alternative; False whenever a figure is unknown (counts decide, as before)."""
+    """Whether a request needing `need_tokens` of KV at `s` would wait there more than
+    `saving` seconds longer than at the alternative; False whenever a figure is unknown
+    (counts decide, as before)."""
     if alt_wait is None or saving is None:
         return False
-    wait = wait_s(s, cfg)
+    wait = wait_s(s, cfg, need_tokens=need_tokens)
     return wait is not None and wait > alt_wait + saving
 
 
