@@ -26,9 +26,10 @@ The rules, in order:
    Within the bound, a holder that would queue the request loses when that queue
    costs more time than recomputing what it saves elsewhere (`wait_s`): with
    answers of a thousand tokens a queue of a few requests costs seconds, which a
-   bound counted in requests cannot see. Used only where what it takes is
-   known (max_tokens, decode rate, prefill cost); otherwise the count alone, as
-   before.
+   bound counted in requests cannot see. An engine whose KV cache is full counts
+   at what it runs, and one without room for what the request must compute makes
+   it wait for a request to leave. Used only where what it takes is known
+   (max_tokens, decode rate, prefill cost); otherwise the count alone, as before.
 4. Home: a prefix nobody within the bound holds goes to the first endpoint of
    its rendezvous order within `home_load_bound` of the least loaded (bounded-
    load consistent hashing): routers that never talk send it to the same place,
