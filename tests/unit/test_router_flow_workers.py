@@ -66,8 +66,8 @@ class TestSharedClaims:
         first = SharedInflight.create(3, 8)
         views = [first] + [SharedInflight(first.fd, workers=3, index=i, capacity=8) for i in (1, 2)]
         infos = [
-            EndpointInfo(id="e1", url="http://e1", models=["a", "b"]),
-            EndpointInfo(id="e2", url="http://e2", models=["b"]),
+            EndpointInfo(id="e1", url="http://e1", models=("a", "b")),
+            EndpointInfo(id="e2", url="http://e2", models=("b",)),
         ]
         slots = {"e1": 0, "e2": 1}
         regs = []
