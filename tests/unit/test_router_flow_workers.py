@@ -1,4 +1,4 @@
-"""Flow control across a router's workers: claims on the slots a release frees."""
+"""Flow control: claims across a router's workers, and where a granted request goes."""
 
 from __future__ import annotations
 
@@ -145,3 +145,19 @@ class TestGrantsAcrossWorkers:
 
         waited = vtime.run(main(), clock)
         assert SHARED_POLL_S <= waited <= 2 * SHARED_POLL_S + 0.001
+
+
+class TestWhereAGrantGoes:
+    """A granted critical request chooses among the replicas with room, if any has."""
+
+    def test_critical_leaves_out_the_replicas_at_their_point(self) -> None:
+        """A replica at its learned capacity (seen queueing) is left out of a granted
+        critical request's choice when another has room, and only then; the other
+        bands choose as before."""
+        gate = FlowGate(limits())
+        full = snap("e1", running=8, waiting=1, capacity=8)
+        free = snap("e2", running=2, capacity=8)
+        assert set(gate.exclude_for("critical", [full, free], ())) == {"e1"}
+        assert set(gate.exclude_for("standard", [full, free], ())) == set()
+        assert set(gate.exclude_for("critical", [full, free], ("e2",))) == {"e2"}
+        assert set(gate.exclude_for("critical", [full], ("x",))) == {"x"}

@@ -29,7 +29,7 @@ cancelled just after it was granted passes its grant on, so no slot is lost.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Final
 
 from llmgw.router.errors import FlowRefused
@@ -161,6 +161,31 @@ class FlowGate:
             or st.waiting <= 0
             or st.waiting + s.inflight - s.inflight_at_scrape <= 0
         )
+
+    def exclude_for(
+        self, band: str, snaps: Sequence[Snapshot], tried: Collection[str]
+    ) -> Collection[str]:
+        """What the choice of a granted request of `band` leaves out: `tried`; for the
+        first band (critical) also every replica without room now (`below_capacity`),
+        unless none has room (then it holds a slot a release gave it, wherever).
+
+        The policy sends a request to its prefix home while the home's total is within
+        its bound, and a home at its hold point queues it there behind requests of
+        every band, first come first served. A critical request goes where it can
+        start now, ahead of its cache; the other bands keep their locality (the
+        fleet's hit rate, and so its throughput, rests on them)."""
+        if band != BANDS[0]:
+            return tried
+        out = set(tried)
+        room = False
+        for s in snaps:
+            if s.id in out or s.breaker is BreakerState.OPEN:
+                continue
+            if self._has_room(s):
+                room = True
+            else:
+                out.add(s.id)
+        return out if room else tried
 
     def queued(self, model: str) -> bool:
         m = self._models.get(model)
