@@ -118,13 +118,18 @@ class FlowGate:
         replica is at or above its hold point, and has shown its capacity."""
         if least is None or least < self.saturated_load:
             return False
+        # Capacity shown first: one lookup a replica, and what decides under load on
+        # engines that never queue (their learned capacity is a floor, and a replica
+        # that never queued has no hold point below the ceiling to learn).
+        if not capacity_shown(snaps, self._shown):
+            return False
         cfg = self.scheduler
         for s in snaps:
             if s.breaker is BreakerState.OPEN:
                 continue
             if load_of(s, cfg) < self._point(s):
                 return False
-        return capacity_shown(snaps, self._shown)
+        return True
 
     def _point(self, s: Snapshot) -> float:
         """`s`'s hold point, learning from its scrape if new; saturated_load follows."""
