@@ -66,12 +66,14 @@ def capacity_shown(snaps: Sequence[Snapshot], shown: Callable[[str], bool]) -> b
 
 
 class _Model:
-    __slots__ = ("name", "poller", "queue")
+    __slots__ = ("left_to_others", "name", "poller", "queue")
 
     def __init__(self, name: str, queue: FlowQueue) -> None:
         self.name = name
         self.queue = queue
         self.poller: Ticket | None = None
+        # Room its poller saw at its last poll but left to another worker's claim.
+        self.left_to_others = False
 
 
 class FlowGate:
@@ -231,8 +233,6 @@ class FlowGate:
             # Capacity came back between the choice and the queue (or the queue had
             # waiters when this one arrived below capacity): the first in line goes.
             self._grant(m)
-        # Room seen at the last poll but left to a stronger claim of another worker.
-        left_to_others = False
         try:
             while True:
                 # The ticket's state is the word; the future only wakes its waiter.
@@ -250,16 +250,8 @@ class FlowGate:
                     raise _waited_out(model, band, waited, m.queue.retry_after_s(band))
                 poll = m.poller is ticket
                 await asyncio.wait((fut,), timeout=min(left, self.poll_s) if poll else left)
-                if not fut.done() and poll and not still_saturated():
-                    # Room for one: ours, unless another worker's queue claims it more
-                    # strongly; not twice in a row (that worker had a poll to take it).
-                    if left_to_others or self._ours(m):
-                        self._grant(m)
-                        left_to_others = False
-                    else:
-                        left_to_others = True
-                else:
-                    left_to_others = False
+                if not fut.done() and poll:
+                    self._polled(m, room=not still_saturated())
         except asyncio.CancelledError:
             if ticket.state == GRANTED:
                 # Granted, then cancelled before it could use the slot: the next one goes.
@@ -267,6 +259,18 @@ class FlowGate:
             raise
         finally:
             self._leave(model, m, ticket)
+
+    def _polled(self, m: _Model, *, room: bool) -> None:
+        """`m`'s poller looked: with room for one, the first in line goes, unless
+        another worker's queue claims it more strongly; not twice in a row (that
+        worker had a poll to take it)."""
+        if not room:
+            m.left_to_others = False
+        elif m.left_to_others or self._ours(m):
+            m.left_to_others = False
+            self._grant(m)
+        else:
+            m.left_to_others = True
 
     def _enter(
         self, m: _Model, model: str, band: str, tenant: str, *, now: float, running: int
