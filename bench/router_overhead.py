@@ -24,6 +24,7 @@ Usage: .venv/bin/python bench/router_overhead.py [--seconds 4] [--no-results]
            (realistic chat bodies, four engines: ours vs round_robin, issue 15)
        .venv/bin/python bench/router_overhead.py --instructions [--stream] [--requests 2000]
            [--sizes 300 8192] [--policies ours round_robin] [--build-only] [--keep DIR]
+           [--concurrency 16]
            (user-space instructions per request under valgrind's callgrind: the default
            policy and round_robin, compiled and Python modules; steady on a noisy machine)
        .venv/bin/python bench/router_overhead.py --policy-step
@@ -868,13 +869,16 @@ def count_instructions(
     env: dict[str, str],
     stream: bool = False,
     keep: Path | None = None,
+    concurrency: int = 16,
 ) -> tuple[float, str]:
     """User-space instructions per request of a router under callgrind, and which modules
     it ran (its start-up line). Instrumented only while `n` requests run (after 300
     uninstrumented ones): start-up and warm-up are not counted; the kernel's side of the
     socket calls never is (valgrind sees user space only). `keep`: a folder to move the
     callgrind output and the router's log into (for callgrind_annotate); by default
-    they are deleted."""
+    they are deleted. `concurrency`: requests kept in flight; what costs more the more
+    are in flight (flow control's look at saturated replicas) shows only at the
+    concurrency of --chat's CPU figure, 64."""
     import uvloop
 
     tmp = Path(tempfile.mkdtemp(prefix="router-instr-"))
@@ -913,12 +917,26 @@ def count_instructions(
             else:
                 time.sleep(0.2)
         uvloop.run(
-            load(port, concurrency=16, seconds=3600, stream=stream, bodies=bodies, requests=300)
+            load(
+                port,
+                concurrency=concurrency,
+                seconds=3600,
+                stream=stream,
+                bodies=bodies,
+                requests=300,
+            )
         )
         ctl = ["callgrind_control"]
         subprocess.run([*ctl, "-i", "on", str(proc.pid)], check=True, capture_output=True)
         uvloop.run(
-            load(port, concurrency=16, seconds=3600, stream=stream, bodies=bodies, requests=n)
+            load(
+                port,
+                concurrency=concurrency,
+                seconds=3600,
+                stream=stream,
+                bodies=bodies,
+                requests=n,
+            )
         )
         subprocess.run([*ctl, "-i", "off", str(proc.pid)], check=True, capture_output=True)
         subprocess.run([*ctl, "-d", str(proc.pid)], check=True, capture_output=True)
@@ -960,7 +978,9 @@ def instructions_main(args: argparse.Namespace, others: str) -> int:
                 cells = []
                 for compiled_setting in settings:
                     env = {**os.environ, "LLMGW_ROUTER_COMPILED": compiled_setting}
-                    per, ran = count_instructions(ports, policy, size, n, env, stream, args.keep)
+                    per, ran = count_instructions(
+                        ports, policy, size, n, env, stream, args.keep, args.concurrency
+                    )
                     print(f"{policy} {size} B {ran}: {per / 1e3:,.1f} k", flush=True)
                     cells.append(f"{per / 1e3:,.1f} k ({ran})")
                 rows.append(f"| {policy}, {size} B | " + " | ".join(cells) + " |")
@@ -1424,6 +1444,7 @@ def main() -> int:
         help="instructions per request under callgrind (needs valgrind)",
     )
     p.add_argument("--requests", type=int, default=2000, help="--instructions: requests counted")
+    p.add_argument("--concurrency", type=int, default=16, help="--instructions: requests in flight")
     p.add_argument(
         "--stream", action="store_true", help="--instructions: streamed requests (64 events)"
     )

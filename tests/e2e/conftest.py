@@ -29,6 +29,19 @@ class System:
     state_dir: Path
     router_url: str
     controller_url: str
+    # Every client `client()` made, closed by `stop()`: an unclosed one's sockets
+    # are a ResourceWarning (an error here) whenever the collector finds them.
+    clients: list[openai.OpenAI] = field(default_factory=list)
+
+    def close_clients(self) -> None:
+        for c in self.clients:
+            c.close()
+        self.clients.clear()
+
+    def stop(self, *, grace_s: float = 10.0) -> int | None:
+        """Close the clients made here, then stop `up` (SIGTERM, then SIGKILL)."""
+        self.close_clients()
+        return self.prog.stop(grace_s=grace_s)
 
     def manifest(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.state_dir / "up.json").read_text())
@@ -59,7 +72,9 @@ class System:
         return json.loads(out.stdout) if "--json" in args else out.stdout
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.router_url + "/v1", api_key="e2e", max_retries=0)
+        c = openai.OpenAI(base_url=self.router_url + "/v1", api_key="e2e", max_retries=0)
+        self.clients.append(c)
+        return c
 
     def replicas(self, model: str | None = None) -> list[dict[str, Any]]:
         reps: list[dict[str, Any]] = self.ctl("replicas", "--json")
@@ -197,6 +212,6 @@ def fault_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield system
     finally:
         try:
-            system.prog.stop(grace_s=60)
+            system.stop(grace_s=60)
         finally:
             kill_leftovers(tmp)

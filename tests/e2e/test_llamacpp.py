@@ -90,7 +90,7 @@ def llama_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield system
     finally:
         try:
-            system.prog.stop(grace_s=60)
+            system.stop(grace_s=60)
         finally:
             kill_leftovers(tmp)
 

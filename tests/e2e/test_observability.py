@@ -40,7 +40,7 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield system
     finally:
         try:
-            system.prog.stop(grace_s=60)
+            system.stop(grace_s=60)
         finally:
             kill_leftovers(tmp)
 

@@ -124,7 +124,7 @@ class TestReadmeWalkthroughs:
             events = system.ctl("events", "--json")
             assert any("evicted for deepseek-coder-33b" in e["message"] for e in events), events
         finally:
-            system.prog.stop()
+            system.stop()
 
     def test_drain_walkthrough_as_written(self, workdir: Path) -> None:
         """Each drain line exits as the README says (0 unless it says `# exits N`)."""
@@ -151,7 +151,7 @@ class TestReadmeWalkthroughs:
                 if argv[1:3] == ["ctl", "drain"] and not expect:
                     assert f"node {argv[3]} drained" in done.stdout, done.stdout
         finally:
-            system.prog.stop()
+            system.stop()
 
     def test_try_it_as_written(self, workdir: Path) -> None:
         """The curl answer has the shape the README shows, the openai snippet streams an
@@ -206,4 +206,4 @@ class TestReadmeWalkthroughs:
                         status.stdout,
                     )
         finally:
-            system.prog.stop()
+            system.stop()

@@ -61,6 +61,7 @@ class TestDefaultFleet:
             }
             assert len(pids) > 10
         finally:
+            system.close_clients()
             system.prog.signal(signal.SIGINT)
             code = system.prog.proc.wait(timeout=90)
         assert code == 0, system.prog.log_tail()

@@ -40,6 +40,9 @@ class CutWire:
                 except OSError:
                     client.close()
                     continue
+                # The timeout was for connecting: a long-poll is silent for seconds, and
+                # a recv that timed out would cut the wire while it is meant to be whole.
+                upstream.settimeout(None)
                 self._open += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=_pump, args=(a, b), daemon=True).start()

@@ -4,8 +4,8 @@
 `${XDG_CACHE_HOME:-~/.cache}/llmgw/mypyc/<key>/`, the key a hash of the modules'
 exact sources, this interpreter's ABI and mypy's version; the folder's manifest
 also lists every other llmgw module they import, directly or not, with its hash
-(compiled code trusts their types). The package's `__init__` calls `load()`
-before anything imports a submodule, so when a build matches the sources this
+(compiled code trusts their types). The router's `main` calls `load()`
+before it imports any of them, so when a build matches the sources this
 process would import, the compiled modules go into `sys.modules` under their own
 names and every later `import llmgw.router.routing.prefix` gets them; otherwise, or if one
 fails to load, the Python modules, as always (`STATUS` says which, and why).

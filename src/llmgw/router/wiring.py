@@ -97,6 +97,9 @@ class Router:
             enabled=cfg.flow.enabled,
             shown=self.registry.capacity_shown,
             clock=clock,
+            # With workers, their queues share each slot by claim (flowgate.py).
+            claim=None if shared is None or shared.workers < 2 else self.registry.claim,
+            claimed_elsewhere=self.registry.claimed_elsewhere,
         )
         self.metrics = RouterMetrics(
             snapshots=self.registry.snapshots, held=self.holding.demand, queued=self.flow.depth

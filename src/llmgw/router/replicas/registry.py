@@ -16,7 +16,7 @@ is wall-clock unix seconds because it leaves the process (the usage report).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from llmgw.router.replicas.breaker import (
@@ -53,6 +53,7 @@ class _Live:
 
     __slots__ = (
         "breaker",
+        "cslot",
         "decode_rate",
         "drain_rate",
         "engine_requests",
@@ -110,7 +111,8 @@ class _Live:
         # (cell `slot`) and `pending` (cell `pslot`) there.
         self.row: memoryview | None = None
         self.slot = 0
-        self.pslot = 0  # its pending count's cell: the row's second half
+        self.pslot = 0  # its pending count's cell: the row's second third
+        self.cslot = 0  # its flow-control claim's cell: the row's last third
 
     def set_info(self, info: EndpointInfo) -> None:
         self.info = info
@@ -233,7 +235,7 @@ class Registry:
     def _unshare(live: _Live) -> None:
         """A departed endpoint's slot may go to another: stop writing it, leave it 0."""
         if live.row is not None:
-            live.row[live.slot] = live.row[live.pslot] = 0
+            live.row[live.slot] = live.row[live.pslot] = live.row[live.cslot] = 0
             live.row = None
 
     @staticmethod
@@ -246,6 +248,7 @@ class Registry:
         if live.row is None or live.slot != slot:
             Registry._unshare(live)
             live.row, live.slot, live.pslot = shared.row, slot, shared.capacity + slot
+            live.cslot = 2 * shared.capacity + slot
             shared.row[slot] = live.inflight
             shared.row[live.pslot] = live.pending
 
@@ -262,6 +265,34 @@ class Registry:
         if live.row is None or shared is None:
             return live.inflight, live.pending
         return shared.total(live.slot), shared.pending_total(live.slot)
+
+    def claim(self, model: str, claims: Mapping[str, int]) -> None:
+        """Publish this worker's flow-control claims (`claims`: model → the strongest
+        request it holds for it, flowgate.py) on `model`'s endpoints, for the other
+        workers: each endpoint's cell gets the strongest over the models it serves."""
+        for live in self._by_model.get(model, ()):
+            row = live.row
+            if row is not None:
+                best = 0
+                for m in live.info.models:
+                    c = claims.get(m, 0)
+                    if c > best:
+                        best = c
+                row[live.cslot] = best
+
+    def claimed_elsewhere(self, model: str) -> int:
+        """The strongest claim the other workers hold on `model`'s endpoints (0: none,
+        or a single worker)."""
+        shared = self._shared
+        best = 0
+        if shared is None:
+            return best
+        for live in self._by_model.get(model, ()):
+            if live.row is not None:
+                c = shared.claim_elsewhere(live.slot)
+                if c > best:
+                    best = c
+        return best
 
     def observe(self, id: str, stats: Stats) -> bool:
         """Record a successful scrape; True iff a counter reset (engine restart) was seen."""

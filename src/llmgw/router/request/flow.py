@@ -45,6 +45,8 @@ ANONYMOUS: Final = ""
 # Retry-After bounds (whole seconds) when the queue's drain rate is known.
 RETRY_MIN_S: Final = 1
 RETRY_MAX_S: Final = 60
+# A claim's low bits (`FlowQueue.claim`): the first ticket's tenant's count, inverted.
+CLAIM_COUNT: Final = (1 << 24) - 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,6 +226,20 @@ class FlowQueue:
             if b.count:
                 return b.head()
         return None
+
+    def claim(self) -> int:
+        """How strongly this queue asks for a freed slot, against another worker's
+        queue for the same replicas (flowgate.py): the band of the ticket `pop` would
+        grant first, then the fewer its tenant has queued the stronger (a quiet
+        tenant's request before a backlogged one's); 0 when nothing waits."""
+        for i, band in enumerate(BANDS):
+            b = self._bands[band]
+            if b.count:
+                t = b.head()
+                assert t is not None  # count > 0: a waiting ticket is queued
+                n = min(b.counts.get(t.tenant, 1), CLAIM_COUNT)
+                return ((len(BANDS) - i) << 24) | (CLAIM_COUNT - n)
+        return 0
 
     def remove(self, t: Ticket) -> None:
         """Its waiter leaves (gave up, went away): a no-op unless it still waits."""

@@ -29,7 +29,7 @@ cancelled just after it was granted passes its grant on, so no slot is lost.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Final
 
 from llmgw.router.errors import FlowRefused
@@ -50,6 +50,9 @@ from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 
 # How often the first waiter of a model looks at the replicas without a release.
 POLL_S: Final = 0.1
+# The same with several workers: a slot freed by a worker whose waiters have a weaker
+# claim than another's is left for that worker, which finds it by looking.
+SHARED_POLL_S: Final = 0.02
 # What a waiter's future is set to (its ticket's state says whether it was granted).
 _GRANT: Final = 1
 _PUSHED: Final = 2
@@ -63,11 +66,14 @@ def capacity_shown(snaps: Sequence[Snapshot], shown: Callable[[str], bool]) -> b
 
 
 class _Model:
-    __slots__ = ("poller", "queue")
+    __slots__ = ("left_to_others", "name", "poller", "queue")
 
-    def __init__(self, queue: FlowQueue) -> None:
+    def __init__(self, name: str, queue: FlowQueue) -> None:
+        self.name = name
         self.queue = queue
         self.poller: Ticket | None = None
+        # Room its poller saw at its last poll but left to another worker's claim.
+        self.left_to_others = False
 
 
 class FlowGate:
@@ -81,6 +87,8 @@ class FlowGate:
         shown: Callable[[str], bool] = lambda _id: True,
         scheduler: SchedulerConfig = DEFAULT_CONFIG,
         clock: Clock = SYSTEM_CLOCK,
+        claim: Callable[[str, Mapping[str, int]], None] | None = None,
+        claimed_elsewhere: Callable[[str], int] = lambda _model: 0,
     ) -> None:
         self.enabled = enabled
         self.limits = limits
@@ -98,6 +106,13 @@ class FlowGate:
         self.waiting = 0
         # Whether a replica's engine was seen queueing (Registry.capacity_shown).
         self._shown = shown
+        # With several workers (Registry.claim, claimed_elsewhere): each publishes the
+        # claim of its queue per model (FlowQueue.claim), and a worker whose release
+        # frees a slot grants it only if no other worker's claim is stronger.
+        self._claim = claim
+        self._claimed_elsewhere = claimed_elsewhere
+        self._claims: dict[str, int] = {}
+        self.poll_s = POLL_S if claim is None else SHARED_POLL_S
 
     def saturated(self, least: float | None, snaps: Sequence[Snapshot]) -> bool:
         """Whether a request whose policy found `least` as the lowest total among its
@@ -105,13 +120,18 @@ class FlowGate:
         replica is at or above its hold point, and has shown its capacity."""
         if least is None or least < self.saturated_load:
             return False
+        # Capacity shown first: one lookup a replica, and what decides under load on
+        # engines that never queue (their learned capacity is a floor, and a replica
+        # that never queued has no hold point below the ceiling to learn).
+        if not capacity_shown(snaps, self._shown):
+            return False
         cfg = self.scheduler
         for s in snaps:
             if s.breaker is BreakerState.OPEN:
                 continue
             if load_of(s, cfg) < self._point(s):
                 return False
-        return capacity_shown(snaps, self._shown)
+        return True
 
     def _point(self, s: Snapshot) -> float:
         """`s`'s hold point, learning from its scrape if new; saturated_load follows."""
@@ -125,31 +145,54 @@ class FlowGate:
         scrape and our requests since.
 
         Not the policy's choose(): that records a dispatch in the prefix index."""
-        cfg = self.scheduler
-        for s in snaps:
-            if s.breaker is BreakerState.OPEN:
-                continue
-            if not self._shown(s.id):
-                return True
-            # Without the stale penalty: it ranks replicas, and a replica whose metrics
-            # port broke would otherwise count as full for ever and hold every request.
-            if load_of(s, cfg) >= self._point(s):
-                continue
-            st = s.stats
-            if (
-                st is not None
-                and not s.stale
-                and st.waiting > 0
-                and st.waiting + s.inflight - s.inflight_at_scrape > 0
-            ):
-                # Its engine had a queue at the last scrape and fewer of our requests
-                # have finished there since than were waiting: it is full now, whatever
-                # its learned capacity says (an engine short of KV cache runs fewer than
-                # it once did). A request sent now would wait there, first come first
-                # served, not here by band and tenant.
-                continue
+        return any(s.breaker is not BreakerState.OPEN and self._has_room(s) for s in snaps)
+
+    def _has_room(self, s: Snapshot) -> bool:
+        """Whether `s` (its breaker not open) can take a request now without it waiting
+        there (`below_capacity`)."""
+        if not self._shown(s.id):
             return True
-        return False
+        # Without the stale penalty: it ranks replicas, and a replica whose metrics
+        # port broke would otherwise count as full for ever and hold every request.
+        if load_of(s, self.scheduler) >= self._point(s):
+            return False
+        st = s.stats
+        # Its engine had a queue at the last scrape and fewer of our requests have
+        # finished there since than were waiting: it is full now, whatever its
+        # learned capacity says (an engine short of KV cache runs fewer than it once
+        # did). A request sent now would wait there, first come first served, not
+        # here by band and tenant.
+        return (
+            st is None
+            or s.stale
+            or st.waiting <= 0
+            or st.waiting + s.inflight - s.inflight_at_scrape <= 0
+        )
+
+    def exclude_for(
+        self, band: str, snaps: Sequence[Snapshot], tried: Collection[str]
+    ) -> Collection[str]:
+        """What the choice of a granted request of `band` leaves out: `tried`; for the
+        first band (critical) also every replica without room now (`below_capacity`),
+        unless none has room (then it holds a slot a release gave it, wherever).
+
+        The policy sends a request to its prefix home while the home's total is within
+        its bound, and a home at its hold point queues it there behind requests of
+        every band, first come first served. A critical request goes where it can
+        start now, ahead of its cache; the other bands keep their locality (the
+        fleet's hit rate, and so its throughput, rests on them)."""
+        if band != BANDS[0]:
+            return tried
+        out = set(tried)
+        room = False
+        for s in snaps:
+            if s.id in out or s.breaker is BreakerState.OPEN:
+                continue
+            if self._has_room(s):
+                room = True
+            else:
+                out.add(s.id)
+        return out if room else tried
 
     def queued(self, model: str) -> bool:
         m = self._models.get(model)
@@ -158,7 +201,7 @@ class FlowGate:
     def _model(self, model: str) -> _Model:
         m = self._models.get(model)
         if m is None:
-            m = self._models[model] = _Model(FlowQueue(self.limits))
+            m = self._models[model] = _Model(model, FlowQueue(self.limits))
         return m
 
     async def wait_turn(
@@ -186,7 +229,7 @@ class FlowGate:
         ticket.waker = fut
         if m.poller is None:
             m.poller = ticket
-        if not still_saturated():
+        if not still_saturated() and self._ours(m):
             # Capacity came back between the choice and the queue (or the queue had
             # waiters when this one arrived below capacity): the first in line goes.
             self._grant(m)
@@ -206,9 +249,9 @@ class FlowGate:
                     waited = clock.monotonic() - ticket.queued_at
                     raise _waited_out(model, band, waited, m.queue.retry_after_s(band))
                 poll = m.poller is ticket
-                await asyncio.wait((fut,), timeout=min(left, POLL_S) if poll else left)
-                if not fut.done() and poll and not still_saturated():
-                    self._grant(m)
+                await asyncio.wait((fut,), timeout=min(left, self.poll_s) if poll else left)
+                if not fut.done() and poll:
+                    self._polled(m, room=not still_saturated())
         except asyncio.CancelledError:
             if ticket.state == GRANTED:
                 # Granted, then cancelled before it could use the slot: the next one goes.
@@ -216,6 +259,18 @@ class FlowGate:
             raise
         finally:
             self._leave(model, m, ticket)
+
+    def _polled(self, m: _Model, *, room: bool) -> None:
+        """`m`'s poller looked: with room for one, the first in line goes, unless
+        another worker's queue claims it more strongly; not twice in a row (that
+        worker had a poll to take it)."""
+        if not room:
+            m.left_to_others = False
+        elif m.left_to_others or self._ours(m):
+            m.left_to_others = False
+            self._grant(m)
+        else:
+            m.left_to_others = True
 
     def _enter(
         self, m: _Model, model: str, band: str, tenant: str, *, now: float, running: int
@@ -244,6 +299,7 @@ class FlowGate:
         if pushed is not None:
             self.waiting -= 1
             self._wake(pushed, _PUSHED)
+        self._publish(m)
         return ticket
 
     def _leave(self, model: str, m: _Model, ticket: Ticket) -> None:
@@ -252,6 +308,7 @@ class FlowGate:
         if ticket.state != GRANTED and ticket.state != PUSHED_OUT:
             m.queue.remove(ticket)
             self.waiting -= 1
+            self._publish(m)
         if m.poller is ticket:
             m.poller = None
             nxt = m.queue.peek()
@@ -265,7 +322,12 @@ class FlowGate:
         """A request of `model` released its replica; grant the next waiter if a
         replica (`snapshots(model)`) is below capacity now."""
         m = self._models.get(model)
-        if m is not None and len(m.queue) and self.below_capacity(snapshots(model)):
+        if (
+            m is not None
+            and len(m.queue)
+            and self.below_capacity(snapshots(model))
+            and self._ours(m)
+        ):
             self._grant(m)
 
     def _grant(self, m: _Model) -> None:
@@ -273,6 +335,28 @@ class FlowGate:
         if t is not None:
             self.waiting -= 1
             self._wake(t, _GRANT)
+            self._publish(m)
+
+    def _ours(self, m: _Model) -> bool:
+        """Whether a slot for `m`'s model goes to this worker's queue: no other worker
+        claims it more strongly (a higher band first in line, or a tenant with fewer
+        queued: FlowQueue.claim). Ties stay with the worker that saw the room."""
+        if self._claim is None:
+            return True
+        return self._claims.get(m.name, 0) >= self._claimed_elsewhere(m.name)
+
+    def _publish(self, m: _Model) -> None:
+        """Tell the other workers `m`'s claim, when it changed (Registry.claim)."""
+        if self._claim is None:
+            return
+        claim = m.queue.claim()
+        if claim == self._claims.get(m.name, 0):
+            return
+        if claim:
+            self._claims[m.name] = claim
+        else:
+            del self._claims[m.name]
+        self._claim(m.name, self._claims)
 
     @staticmethod
     def _wake(t: Ticket, result: int) -> None:

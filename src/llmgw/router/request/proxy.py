@@ -202,8 +202,12 @@ class Proxy:
                 snaps = st.registry.snapshots(model)
                 decision = st.policy.choose(snaps, call.hashes, att.tried)
                 if not call.queued and st.flow.enabled and self._queues(call, decision, snaps):
-                    await wait_turn(st, model, call.tenant, att.deadline)
-                    continue  # granted: choose again, among replicas as they are now
+                    band = await wait_turn(st, model, call.tenant, att.deadline)
+                    # Granted: choose again, among replicas as they are now (a critical
+                    # request among those with room: FlowGate.exclude_for).
+                    snaps = st.registry.snapshots(model)
+                    left_out = st.flow.exclude_for(band, snaps, att.tried)
+                    decision = st.policy.choose(snaps, call.hashes, left_out)
                 if decision.endpoint_id is None:
                     if att.failed is not None:
                         return self._relay_failed(call, att.failed)

@@ -125,8 +125,9 @@ def must_queue(st: Router, model: str, least: float | None, snaps: Sequence[Snap
     return flow.queued(model) or flow.saturated(least, snaps)
 
 
-async def wait_turn(st: Router, model: str, tenant: Tenant | None, deadline: float) -> None:
-    """Wait in flow control's queue for `model` (flowgate.py); FlowRefused at its bounds."""
+async def wait_turn(st: Router, model: str, tenant: Tenant | None, deadline: float) -> str:
+    """Wait in flow control's queue for `model` (flowgate.py); FlowRefused at its bounds.
+    The request's band, once granted."""
     if tenant is None:
         band, who = DEFAULT_BAND, ANONYMOUS
     else:
@@ -140,3 +141,4 @@ async def wait_turn(st: Router, model: str, tenant: Tenant | None, deadline: flo
         still_saturated=lambda: not st.flow.below_capacity(snapshots(model)),
         running=sum(s.inflight for s in snapshots(model)),
     )
+    return band

@@ -1,0 +1,163 @@
+"""Flow control: claims across a router's workers, and where a granted request goes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from llmgw.router.replicas.registry import Registry
+from llmgw.router.request.flow import BANDS, BandLimits, FlowQueue, Refusal
+from llmgw.router.request.flowgate import SHARED_POLL_S, FlowGate
+from llmgw.router.workers.shared import SharedInflight
+from llmgw.runtime.clock import ManualClock
+from llmgw.testing import vtime
+from llmgw.wire.endpoints import EndpointInfo
+from tests.unit.test_router_scheduler import snap
+
+
+def limits() -> dict[str, BandLimits]:
+    return {b: BandLimits(max_queued=100, max_wait_s=10.0) for b in BANDS}
+
+
+def claim_of(*arrivals: tuple[str, str]) -> int:
+    q = FlowQueue(limits())
+    for band, tenant in arrivals:
+        assert not isinstance(q.push(band, tenant, 0.0), Refusal)
+    return q.claim()
+
+
+class Claims:
+    """Two workers' claim cells, as Registry.claim / claimed_elsewhere use them."""
+
+    def __init__(self) -> None:
+        self.cells = [0, 0]
+
+    def gate(self, i: int, clock: ManualClock) -> FlowGate:
+        def claim(model: str, claims: Mapping[str, int]) -> None:
+            self.cells[i] = claims.get(model, 0)
+
+        return FlowGate(
+            limits(), clock=clock, claim=claim, claimed_elsewhere=lambda _m: self.cells[1 - i]
+        )
+
+
+class TestClaim:
+    """A queue's claim orders bands first, then the first ticket's tenant's backlog."""
+
+    def test_bands_first_then_the_fewer_queued(self) -> None:
+        """Critical beats any standard; a standard tenant with one queued beats a
+        tenant with three; nothing queued claims nothing."""
+        assert claim_of() == 0
+        quiet = claim_of(("standard", "quiet"))
+        noisy = claim_of(("standard", "noisy"), ("standard", "noisy"), ("standard", "noisy"))
+        critical = claim_of(("critical", "c"), ("critical", "c"), ("critical", "c"))
+        batch = claim_of(("batch", "b"))
+        assert critical > quiet > noisy > batch > 0
+        # What the queue would grant first is what it claims with.
+        assert claim_of(("batch", "b"), ("critical", "c")) == claim_of(("critical", "c"))
+
+
+class TestSharedClaims:
+    """Each worker publishes its claim per endpoint; the others read the strongest."""
+
+    def test_the_strongest_other_claim_over_the_models_an_endpoint_serves(self) -> None:
+        """A worker's cell for an endpoint of two models is the stronger of its two
+        claims; a worker never reads its own cell as another's."""
+        first = SharedInflight.create(3, 8)
+        views = [first] + [SharedInflight(first.fd, workers=3, index=i, capacity=8) for i in (1, 2)]
+        infos = [
+            EndpointInfo(id="e1", url="http://e1", models=("a", "b")),
+            EndpointInfo(id="e2", url="http://e2", models=("b",)),
+        ]
+        slots = {"e1": 0, "e2": 1}
+        regs = []
+        for v in views:
+            v.slots = dict(slots)
+            reg = Registry(shared=v)
+            reg.replace(infos)
+            regs.append(reg)
+        regs[0].claim("a", {"a": 5, "b": 9})
+        regs[1].claim("b", {"b": 7})
+        assert regs[2].claimed_elsewhere("a") == 9  # e1 carries worker 0's 9 (of b)
+        assert regs[0].claimed_elsewhere("a") == 7  # its own 9 not counted
+        assert regs[0].claimed_elsewhere("b") == 7
+        regs[0].claim("a", {})
+        assert regs[1].claimed_elsewhere("a") == 0
+        assert Registry().claimed_elsewhere("a") == 0  # one worker: no claims
+
+
+class TestGrantsAcrossWorkers:
+    """A freed slot goes to the worker holding the strongest claim, never lost."""
+
+    def test_a_release_leaves_the_slot_to_a_stronger_claim(self) -> None:
+        """Worker 0 holds a noisy backlog, worker 1 one critical request: worker 0's
+        release grants nothing of its own, worker 1's poller takes the slot within a
+        poll; with the critical one gone, worker 0's release grants again."""
+        clock = ManualClock()
+        claims = Claims()
+        g0, g1 = claims.gate(0, clock), claims.gate(1, clock)
+        room = [False]
+        served: list[str] = []
+
+        async def one(gate: FlowGate, band: str, name: str) -> None:
+            await gate.wait_turn("m", band, name, deadline=1e9, still_saturated=lambda: not room[0])
+            served.append(name)
+
+        async def main() -> float:
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(3):
+                    tg.create_task(one(g0, "standard", "noisy"))
+                await asyncio.sleep(0.5)
+                tg.create_task(one(g1, "critical", "crit"))
+                await asyncio.sleep(0.5)
+                assert claims.cells[1] > claims.cells[0] > 0
+                room[0] = True
+                start = clock.monotonic()
+                g0.freed("m", lambda _m: [snap("e1", running=1, capacity=8)])
+                assert g0.waiting == 3  # left for worker 1
+                while not served:
+                    await asyncio.sleep(0.001)
+                waited = clock.monotonic() - start
+                room[0] = False
+                assert served == ["crit"]
+                assert claims.cells[1] == 0
+                g0.freed("m", lambda _m: [snap("e1", running=1, capacity=8)])
+                await asyncio.sleep(0.01)
+                assert served == ["crit", "noisy"]
+                room[0] = True
+            return waited
+
+        assert vtime.run(main(), clock) <= SHARED_POLL_S + 0.001
+        assert served == ["crit", "noisy", "noisy", "noisy"]
+
+    def test_room_left_unclaimed_for_a_poll_is_taken(self) -> None:
+        """A stronger claim that does not take the room (its worker stalled, or its
+        claim stale) holds a weaker worker's poller back one poll, never more."""
+        clock = ManualClock()
+        claims = Claims()
+        g0 = claims.gate(0, clock)
+        claims.cells[1] = 1 << 30  # another worker claims, and never takes the room
+
+        async def main() -> float:
+            start = clock.monotonic()
+            await g0.wait_turn("m", "standard", "a", deadline=1e9, still_saturated=lambda: False)
+            return clock.monotonic() - start
+
+        waited = vtime.run(main(), clock)
+        assert SHARED_POLL_S <= waited <= 2 * SHARED_POLL_S + 0.001
+
+
+class TestWhereAGrantGoes:
+    """A granted critical request chooses among the replicas with room, if any has."""
+
+    def test_critical_leaves_out_the_replicas_at_their_point(self) -> None:
+        """A replica at its learned capacity (seen queueing) is left out of a granted
+        critical request's choice when another has room, and only then; the other
+        bands choose as before."""
+        gate = FlowGate(limits())
+        full = snap("e1", running=8, waiting=1, capacity=8)
+        free = snap("e2", running=2, capacity=8)
+        assert set(gate.exclude_for("critical", [full, free], ())) == {"e1"}
+        assert set(gate.exclude_for("standard", [full, free], ())) == set()
+        assert set(gate.exclude_for("critical", [full, free], ("e2",))) == {"e2"}
+        assert set(gate.exclude_for("critical", [full], ("x",))) == {"x"}
