@@ -30,9 +30,9 @@ class Snapshot:
     dataclass: one is built for every endpoint of the model on every request and
     the compiled scheduler reads a dozen of its fields. Compiled, this class is built
     and read natively; a Struct's keyword construction and its attributes, read
-    through CPython's generic lookup, cost the default policy about an eighth more
-    instructions a request, and a frozen dataclass's generated `__init__` more again
-    (bench/RESULTS.md, "Snapshot's shape"). So its equality, hash and repr are
+    through CPython's generic lookup, cost the default policy more instructions a
+    request, and a frozen dataclass's generated `__init__` more again (the figures:
+    bench/RESULTS.md, "Snapshot's shape"). So its equality, hash and repr are
     written here, off the request path (`_key`).
     """
 
