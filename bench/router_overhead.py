@@ -916,28 +916,23 @@ def count_instructions(
                 raise RuntimeError("router under valgrind did not start:\n" + text[-2000:])
             else:
                 time.sleep(0.2)
-        uvloop.run(
-            load(
-                port,
-                concurrency=concurrency,
-                seconds=3600,
-                stream=stream,
-                bodies=bodies,
-                requests=300,
+
+        def send(requests: int) -> None:
+            uvloop.run(
+                load(
+                    port,
+                    concurrency=concurrency,
+                    seconds=3600,
+                    stream=stream,
+                    bodies=bodies,
+                    requests=requests,
+                )
             )
-        )
+
+        send(300)
         ctl = ["callgrind_control"]
         subprocess.run([*ctl, "-i", "on", str(proc.pid)], check=True, capture_output=True)
-        uvloop.run(
-            load(
-                port,
-                concurrency=concurrency,
-                seconds=3600,
-                stream=stream,
-                bodies=bodies,
-                requests=n,
-            )
-        )
+        send(n)
         subprocess.run([*ctl, "-i", "off", str(proc.pid)], check=True, capture_output=True)
         subprocess.run([*ctl, "-d", str(proc.pid)], check=True, capture_output=True)
     finally:
