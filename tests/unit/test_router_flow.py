@@ -212,7 +212,7 @@ class TestGate:
         snaps = saturated_snaps()
 
         async def one(name: str, band: str) -> None:
-            await gate.wait_turn("m", band, name, deadline=1e9, still_saturated=lambda: True)
+            await gate.wait_turn("m", band, name, deadline=1e9, snapshots=saturated_snaps)
             served.append(name)
 
         async def main() -> None:
@@ -242,7 +242,7 @@ class TestGate:
 
         async def main() -> None:
             task = asyncio.create_task(
-                gate.wait_turn("m", "standard", "a", deadline=1e9, still_saturated=lambda: True)
+                gate.wait_turn("m", "standard", "a", deadline=1e9, snapshots=saturated_snaps)
             )
             await asyncio.sleep(0.5)
             gate.freed("m", lambda _m: saturated_snaps())
@@ -265,7 +265,13 @@ class TestGate:
         async def main() -> float:
             start = clock.monotonic()
             task = asyncio.create_task(
-                gate.wait_turn("m", "standard", "a", deadline=1e9, still_saturated=lambda: full[0])
+                gate.wait_turn(
+                    "m",
+                    "standard",
+                    "a",
+                    deadline=1e9,
+                    snapshots=lambda: saturated_snaps() if full[0] else free_snaps(),
+                )
             )
             await asyncio.sleep(1.0)
             assert not task.done()
@@ -285,7 +291,7 @@ class TestGate:
             start = clock.monotonic()
             with pytest.raises(FlowRefused):
                 await gate.wait_turn(
-                    "m", "batch", "a", deadline=start + 3.0, still_saturated=lambda: True
+                    "m", "batch", "a", deadline=start + 3.0, snapshots=saturated_snaps
                 )
             return clock.monotonic() - start
 
@@ -298,11 +304,11 @@ class TestGate:
 
         async def main() -> None:
             first = asyncio.create_task(
-                gate.wait_turn("m", "batch", "a", deadline=1e9, still_saturated=lambda: True)
+                gate.wait_turn("m", "batch", "a", deadline=1e9, snapshots=saturated_snaps)
             )
             await asyncio.sleep(0)
             with pytest.raises(FlowRefused) as err:
-                await gate.wait_turn("m", "batch", "a", deadline=1e9, still_saturated=lambda: True)
+                await gate.wait_turn("m", "batch", "a", deadline=1e9, snapshots=saturated_snaps)
             assert (err.value.status, err.value.code) == (429, "flow_queue_full")
             first.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -317,9 +323,7 @@ class TestGate:
         gate = FlowGate(limits(max_queued=2), clock=clock)
 
         async def wait(tenant: str) -> None:
-            await gate.wait_turn(
-                "m", "standard", tenant, deadline=1e9, still_saturated=lambda: True
-            )
+            await gate.wait_turn("m", "standard", tenant, deadline=1e9, snapshots=saturated_snaps)
 
         async def main() -> None:
             a1 = asyncio.create_task(wait("noisy"))
@@ -345,10 +349,10 @@ class TestGate:
 
         async def main() -> None:
             first = asyncio.create_task(
-                gate.wait_turn("m", "standard", "a", deadline=1e9, still_saturated=lambda: True)
+                gate.wait_turn("m", "standard", "a", deadline=1e9, snapshots=saturated_snaps)
             )
             second = asyncio.create_task(
-                gate.wait_turn("m", "standard", "b", deadline=1e9, still_saturated=lambda: True)
+                gate.wait_turn("m", "standard", "b", deadline=1e9, snapshots=saturated_snaps)
             )
             await asyncio.sleep(0)
             gate.freed("m", lambda _m: free_snaps())

@@ -12,6 +12,7 @@ from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.clock import ManualClock
 from llmgw.testing import vtime
 from llmgw.wire.endpoints import EndpointInfo
+from tests.unit.test_router_flow import free_snaps, saturated_snaps
 from tests.unit.test_router_scheduler import snap
 
 
@@ -100,7 +101,13 @@ class TestGrantsAcrossWorkers:
         served: list[str] = []
 
         async def one(gate: FlowGate, band: str, name: str) -> None:
-            await gate.wait_turn("m", band, name, deadline=1e9, still_saturated=lambda: not room[0])
+            await gate.wait_turn(
+                "m",
+                band,
+                name,
+                deadline=1e9,
+                snapshots=lambda: free_snaps() if room[0] else saturated_snaps(),
+            )
             served.append(name)
 
         async def main() -> float:
@@ -140,7 +147,7 @@ class TestGrantsAcrossWorkers:
 
         async def main() -> float:
             start = clock.monotonic()
-            await g0.wait_turn("m", "standard", "a", deadline=1e9, still_saturated=lambda: False)
+            await g0.wait_turn("m", "standard", "a", deadline=1e9, snapshots=free_snaps)
             return clock.monotonic() - start
 
         waited = vtime.run(main(), clock)
@@ -161,3 +168,14 @@ class TestWhereAGrantGoes:
         assert set(gate.exclude_for("standard", [full, free], ())) == set()
         assert set(gate.exclude_for("critical", [full, free], ("e2",))) == {"e2"}
         assert set(gate.exclude_for("critical", [full], ("x",))) == {"x"}
+
+    def test_critical_prefers_a_replica_not_prefilling_for_us(self) -> None:
+        """Of the replicas with room, a critical request leaves out those with a request
+        of ours still awaiting its first token, when one has none; if every one has,
+        none is left out for it."""
+        gate = FlowGate(limits())
+        busy = snap("e1", running=2, capacity=8, pending=1)
+        idle = snap("e2", running=3, capacity=8)
+        assert set(gate.exclude_for("critical", [busy, idle], ())) == {"e1"}
+        assert set(gate.exclude_for("critical", [busy], ())) == set()
+        assert set(gate.exclude_for("standard", [busy, idle], ())) == set()

@@ -95,6 +95,7 @@ class Router:
                 for band, b in cfg.flow.bands().items()
             },
             enabled=cfg.flow.enabled,
+            critical_reserve=cfg.flow.critical_reserve,
             shown=self.registry.capacity_shown,
             clock=clock,
             # With workers, their queues share each slot by claim (flowgate.py).

@@ -12,6 +12,16 @@ request is granted its turn by:
   engine drains requests of another router, a replica is added). Only one,
   so a thousand waiters do not make a thousand timers a tick.
 
+**The critical reserve.** Once a `critical` request has met a model's replicas with
+no more room than `critical_reserve` requests, that room is kept for the critical
+band for `RESERVE_FOR_S` after each such request: a `standard` or `batch` request
+is held (and granted) only while the replicas have room for more than the reserve,
+so the next critical request finds a slot at once instead of waiting for a release
+behind a backlog that fills every slot the moment it frees. No critical demand at
+saturation, no reserve: a fleet without critical keys never loses a slot to it.
+While a reserve is kept the proxy asks the gate about every request
+(`saturated_load` is 0), so critical requests keep it alive only while they come.
+
 A granted request chooses again (so it goes to the replica that freed up, or to
 its prefix home if that is within the policy's bound) and is dispatched even if
 the choice looks saturated by then: it holds the slot a release gave it.
@@ -29,6 +39,7 @@ cancelled just after it was granted passes its grant on, so no slot is lost.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Final
 
@@ -37,6 +48,7 @@ from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot
 from llmgw.router.request.flow import (
     BANDS,
+    DEFAULT_BAND,
     GRANTED,
     PUSHED_OUT,
     BandLimits,
@@ -57,6 +69,9 @@ SHARED_POLL_S: Final = 0.02
 _GRANT: Final = 1
 _PUSHED: Final = 2
 _POLL: Final = 3  # you are the poller now
+# How long a model's critical reserve is kept after the last critical request that
+# needed it (met the replicas with no more room than the reserve).
+RESERVE_FOR_S: Final = 10.0
 
 
 def capacity_shown(snaps: Sequence[Snapshot], shown: Callable[[str], bool]) -> bool:
@@ -89,6 +104,7 @@ class FlowGate:
         clock: Clock = SYSTEM_CLOCK,
         claim: Callable[[str, Mapping[str, int]], None] | None = None,
         claimed_elsewhere: Callable[[str], int] = lambda _model: 0,
+        critical_reserve: int = 1,
     ) -> None:
         self.enabled = enabled
         self.limits = limits
@@ -101,6 +117,11 @@ class FlowGate:
         # plain attribute: it is read for every request). Kept by `_point`.
         self.saturated_load = self._points.lowest
         self._clock = clock
+        # Requests of room each model keeps for its critical band while in use (module doc).
+        self.critical_reserve = critical_reserve
+        # Model → when a critical request last needed its reserve (monotonic seconds);
+        # only models whose reserve is kept.
+        self._reserved: dict[str, float] = {}
         self._models: dict[str, _Model] = {}
         # Requests waiting, over every model: the proxy's one check on its way out.
         self.waiting = 0
@@ -114,11 +135,30 @@ class FlowGate:
         self._claims: dict[str, int] = {}
         self.poll_s = POLL_S if claim is None else SHARED_POLL_S
 
-    def saturated(self, least: float | None, snaps: Sequence[Snapshot]) -> bool:
-        """Whether a request whose policy found `least` as the lowest total among its
-        replicas `snaps` must wait (None: the policy keeps no totals: never): every
-        replica is at or above its hold point, and has shown its capacity."""
-        if least is None or least < self.saturated_load:
+    def saturated(
+        self,
+        least: float | None,
+        snaps: Sequence[Snapshot],
+        *,
+        model: str = "",
+        band: str = DEFAULT_BAND,
+    ) -> bool:
+        """Whether a request of `model` and `band` whose policy found `least` as the
+        lowest total among its replicas `snaps` must wait (None: the policy keeps no
+        totals: never): every replica is at or above its hold point, and has shown
+        its capacity; below the critical band, also when the replicas have no room
+        beyond the model's critical reserve while it is kept."""
+        if least is None:
+            return False
+        if self._reserved:
+            self._lapse()
+        if band == BANDS[0]:
+            if self.critical_reserve > 0 and not self._room(snaps, 1 + self.critical_reserve):
+                self._reserved[model] = self._clock.monotonic()
+                self.saturated_load = 0.0
+        elif model in self._reserved:
+            return not self._room(snaps, 1 + self.critical_reserve)
+        if least < self._points.lowest:
             return False
         # Capacity shown first: one lookup a replica, and what decides under load on
         # engines that never queue (their learned capacity is a floor, and a replica
@@ -136,8 +176,22 @@ class FlowGate:
     def _point(self, s: Snapshot) -> float:
         """`s`'s hold point, learning from its scrape if new; saturated_load follows."""
         point = self._points.point(s)
-        self.saturated_load = self._points.lowest
+        self.saturated_load = 0.0 if self._reserved else self._points.lowest
         return point
+
+    def _lapse(self) -> None:
+        """Drop the reserves no critical request has needed for `RESERVE_FOR_S`."""
+        since = self._clock.monotonic() - RESERVE_FOR_S
+        for model in [m for m, at in self._reserved.items() if at < since]:
+            del self._reserved[model]
+        if not self._reserved:
+            self.saturated_load = self._points.lowest
+
+    def reserving(self, model: str) -> bool:
+        """Whether `model`'s critical reserve is kept now."""
+        if self._reserved:
+            self._lapse()
+        return model in self._reserved
 
     def below_capacity(self, snaps: Sequence[Snapshot]) -> bool:
         """Whether a replica in `snaps` can take a request now without it waiting there:
@@ -145,54 +199,93 @@ class FlowGate:
         scrape and our requests since.
 
         Not the policy's choose(): that records a dispatch in the prefix index."""
-        return any(s.breaker is not BreakerState.OPEN and self._has_room(s) for s in snaps)
+        return self._room(snaps, 1)
+
+    def _room(self, snaps: Sequence[Snapshot], need: int) -> bool:
+        """Whether the replicas `snaps` can take `need` requests now, together, without
+        one waiting at its engine (`_slots`)."""
+        free = 0
+        for s in snaps:
+            if s.breaker is not BreakerState.OPEN:
+                free += self._slots(s, need)
+                if free >= need:
+                    return True
+        return False
+
+    def _may_grant(self, m: _Model, snaps: Sequence[Snapshot]) -> bool:
+        """Whether the first in `m`'s line may go now: room for one, and for a request
+        below the critical band room beyond the model's reserve while it is kept."""
+        head = m.queue.peek()
+        if head is None:
+            return False
+        if head.band != BANDS[0] and self.reserving(m.name):
+            return self._room(snaps, 1 + self.critical_reserve)
+        return self._room(snaps, 1)
 
     def _has_room(self, s: Snapshot) -> bool:
         """Whether `s` (its breaker not open) can take a request now without it waiting
         there (`below_capacity`)."""
+        return self._slots(s, 1) > 0
+
+    def _slots(self, s: Snapshot, most: int) -> int:
+        """How many requests `s` (its breaker not open) can take now without one
+        waiting at its engine, counting to `most` at most."""
         if not self._shown(s.id):
-            return True
+            return most
         # Without the stale penalty: it ranks replicas, and a replica whose metrics
         # port broke would otherwise count as full for ever and hold every request.
-        if load_of(s, self.scheduler) >= self._point(s):
-            return False
+        load = load_of(s, self.scheduler)
+        point = self._point(s)
+        if load >= point:
+            return 0
         st = s.stats
         # Its engine had a queue at the last scrape and fewer of our requests have
         # finished there since than were waiting: it is full now, whatever its
         # learned capacity says (an engine short of KV cache runs fewer than it once
         # did). A request sent now would wait there, first come first served, not
         # here by band and tenant.
-        return (
-            st is None
-            or s.stale
-            or st.waiting <= 0
-            or st.waiting + s.inflight - s.inflight_at_scrape <= 0
-        )
+        if (
+            st is not None
+            and not s.stale
+            and st.waiting > 0
+            and st.waiting + s.inflight - s.inflight_at_scrape > 0
+        ):
+            return 0
+        # Each request adds one step of load; the last one may start below the point.
+        n = math.ceil((point - load) / self._points.step(s) - 1e-9)
+        return min(most, max(1, n))
 
     def exclude_for(
         self, band: str, snaps: Sequence[Snapshot], tried: Collection[str]
     ) -> Collection[str]:
         """What the choice of a granted request of `band` leaves out: `tried`; for the
         first band (critical) also every replica without room now (`below_capacity`),
-        unless none has room (then it holds a slot a release gave it, wherever).
+        unless none has room (then it holds a slot a release gave it, wherever), and of
+        those with room the ones still prefilling a request of ours when another is not.
 
         The policy sends a request to its prefix home while the home's total is within
         its bound, and a home at its hold point queues it there behind requests of
         every band, first come first served. A critical request goes where it can
-        start now, ahead of its cache; the other bands keep their locality (the
-        fleet's hit rate, and so its throughput, rests on them)."""
+        start now, ahead of its cache, and where its prefill shares the engine's next
+        step with no other (`Snapshot.pending`: ours awaiting their first token); the
+        other bands keep their locality (the fleet's hit rate, and so its throughput,
+        rests on them)."""
         if band != BANDS[0]:
             return tried
         out = set(tried)
-        room = False
+        room: list[Snapshot] = []
         for s in snaps:
             if s.id in out or s.breaker is BreakerState.OPEN:
                 continue
             if self._has_room(s):
-                room = True
+                room.append(s)
             else:
                 out.add(s.id)
-        return out if room else tried
+        if not room:
+            return tried
+        if any(s.pending == 0 for s in room):
+            out.update(s.id for s in room if s.pending > 0)
+        return out
 
     def queued(self, model: str) -> bool:
         m = self._models.get(model)
@@ -211,14 +304,14 @@ class FlowGate:
         tenant: str,
         *,
         deadline: float,
-        still_saturated: Callable[[], bool],
+        snapshots: Callable[[], Sequence[Snapshot]],
         running: int = 0,
     ) -> None:
         """Wait in `model`'s queue until granted; FlowRefused when the band is full, the
         request would wait past its band's bound (flow.py, `wait_bound_s`) or is pushed
-        out, or it waited its band's `max_wait_s` (or to `deadline`). `still_saturated`
-        is asked by the poller; `running`: the requests in flight at the model's
-        replicas, for the bound."""
+        out, or it waited its band's `max_wait_s` (or to `deadline`). `snapshots`: the
+        model's replicas now, which the poller looks at; `running`: the requests in
+        flight at them, for the bound."""
         m = self._model(model)
         clock = self._clock
         now = clock.monotonic()
@@ -229,7 +322,7 @@ class FlowGate:
         ticket.waker = fut
         if m.poller is None:
             m.poller = ticket
-        if not still_saturated() and self._ours(m):
+        if self._may_grant(m, snapshots()) and self._ours(m):
             # Capacity came back between the choice and the queue (or the queue had
             # waiters when this one arrived below capacity): the first in line goes.
             self._grant(m)
@@ -251,7 +344,7 @@ class FlowGate:
                 poll = m.poller is ticket
                 await asyncio.wait((fut,), timeout=min(left, self.poll_s) if poll else left)
                 if not fut.done() and poll:
-                    self._polled(m, room=not still_saturated())
+                    self._polled(m, room=self._may_grant(m, snapshots()))
         except asyncio.CancelledError:
             if ticket.state == GRANTED:
                 # Granted, then cancelled before it could use the slot: the next one goes.
@@ -319,13 +412,13 @@ class FlowGate:
             del self._models[model]
 
     def freed(self, model: str, snapshots: Callable[[str], Sequence[Snapshot]]) -> None:
-        """A request of `model` released its replica; grant the next waiter if a
-        replica (`snapshots(model)`) is below capacity now."""
+        """A request of `model` released its replica; grant the next waiter if the
+        replicas (`snapshots(model)`) have room for it now (`_may_grant`)."""
         m = self._models.get(model)
         if (
             m is not None
             and len(m.queue)
-            and self.below_capacity(snapshots(model))
+            and self._may_grant(m, snapshots(model))
             and self._ours(m)
         ):
             self._grant(m)

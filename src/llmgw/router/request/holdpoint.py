@@ -71,7 +71,7 @@ class HoldPoints:
         if st is None or st is p.stats or s.stale or s.breaker is BreakerState.OPEN:
             return p.load
         p.stats = st
-        step = self._step(s)
+        step = self.step(s)
         before = p.load
         if st.waiting > 0:
             # Already below what it ran: the queue is not this point's doing.
@@ -82,7 +82,7 @@ class HoldPoints:
             self._lowest_again()
         return p.load
 
-    def _step(self, s: Snapshot) -> float:
+    def step(self, s: Snapshot) -> float:
         """One request's share of `s`'s load (scheduler.load_of's units)."""
         capacity = max(s.running_capacity, self._cfg.default_capacity, 1)
         weight = s.weight if s.weight > 0 else 1.0

@@ -262,7 +262,7 @@ class Proxy:
         least = decision.least
         if flow.waiting or (least is not None and least >= flow.saturated_load):
             call.queued = True
-            return must_queue(self.state, call.model, least, snaps)
+            return must_queue(self.state, call.model, least, snaps, tenant=call.tenant)
         return False
 
     def _attempt_over(self, call: Call, att: Attempts) -> None:

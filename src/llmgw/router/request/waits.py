@@ -117,28 +117,42 @@ def _out_of_time(
     return NoReplica(model, held_too_long(st.cfg.hold_timeout_s, look), retry_after_s=5)
 
 
-def must_queue(st: Router, model: str, least: float | None, snaps: Sequence[Snapshot]) -> bool:
+def must_queue(
+    st: Router,
+    model: str,
+    least: float | None,
+    snaps: Sequence[Snapshot],
+    *,
+    tenant: Tenant | None,
+) -> bool:
     """Whether flow control holds this request: its model's replicas are all at
-    capacity (`least`: the chosen replica's load), or others already wait for them
+    capacity (`least`: the chosen replica's load), or have no room beyond the
+    critical reserve for a request below that band, or others already wait for them
     (and it must not pass them)."""
     flow = st.flow
-    return flow.queued(model) or flow.saturated(least, snaps)
+    if flow.queued(model):
+        return True
+    return flow.saturated(least, snaps, model=model, band=_band_of(tenant)[0])
+
+
+def _band_of(tenant: Tenant | None) -> tuple[str, str]:
+    """The request's band and the tenant it is queued as (its team, else its key)."""
+    if tenant is None:
+        return DEFAULT_BAND, ANONYMOUS
+    return tenant.key.priority, tenant.team or tenant.name
 
 
 async def wait_turn(st: Router, model: str, tenant: Tenant | None, deadline: float) -> str:
     """Wait in flow control's queue for `model` (flowgate.py); FlowRefused at its bounds.
     The request's band, once granted."""
-    if tenant is None:
-        band, who = DEFAULT_BAND, ANONYMOUS
-    else:
-        band, who = tenant.key.priority, tenant.team or tenant.name
+    band, who = _band_of(tenant)
     snapshots = st.registry.snapshots
     await st.flow.wait_turn(
         model,
         band,
         who,
         deadline=deadline,
-        still_saturated=lambda: not st.flow.below_capacity(snapshots(model)),
+        snapshots=lambda: snapshots(model),
         running=sum(s.inflight for s in snapshots(model)),
     )
     return band
