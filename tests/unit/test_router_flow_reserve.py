@@ -34,19 +34,36 @@ class TestReserveKept:
         no reserve."""
         clock = ManualClock()
         gate = FlowGate(limits(), clock=clock)
-        assert gate.saturated(0.875, ONE, model="m", band="critical") is False
+        assert gate.must_wait(0.875, ONE, model="m", band="critical") is False
         assert gate.reserving("m") is True
         assert gate.saturated_load == 0.0
         assert gate.saturated(0.875, ONE, model="m", band="standard") is True
         assert gate.saturated(0.875, ONE, model="m", band="batch") is True
         assert gate.saturated(0.75, TWO, model="m", band="standard") is False
-        assert gate.saturated(0.875, ONE, model="m", band="critical") is False
+        assert gate.must_wait(0.875, ONE, model="m", band="critical") is False
         assert gate.saturated(0.875, ONE, model="other", band="standard") is False
+
+    def test_critical_behind_a_queue_keeps_the_reserve(self) -> None:
+        """With a backlog queued the critical request waits its turn (first in line),
+        and its arrival is what keeps the reserve."""
+        clock = ManualClock()
+        gate = FlowGate(limits(), clock=clock)
+
+        async def main() -> None:
+            waiter = asyncio.create_task(
+                gate.wait_turn("m", "standard", "a", deadline=1e9, snapshots=lambda: FULL)
+            )
+            await asyncio.sleep(0.01)
+            assert gate.must_wait(0.875, ONE, model="m", band="critical") is True
+            assert gate.reserving("m") is True
+            waiter.cancel()
+
+        vtime.run(main(), clock)
 
     def test_critical_with_room_to_spare_starts_no_reserve(self) -> None:
         """A critical request that finds room beyond the reserve needed none."""
         gate = FlowGate(limits())
-        assert gate.saturated(0.75, TWO, model="m", band="critical") is False
+        assert gate.must_wait(0.75, TWO, model="m", band="critical") is False
         assert gate.reserving("m") is False
 
     def test_the_reserve_lapses_without_critical_demand(self) -> None:
@@ -54,9 +71,9 @@ class TestReserveKept:
         is given back and the proxy's comparison is the hold point again."""
         clock = ManualClock()
         gate = FlowGate(limits(), clock=clock)
-        gate.saturated(1.0, FULL, model="m", band="critical")
+        gate.must_wait(1.0, FULL, model="m", band="critical")
         clock.advance(RESERVE_FOR_S / 2)
-        gate.saturated(0.875, ONE, model="m", band="critical")  # needed again: kept on
+        gate.must_wait(0.875, ONE, model="m", band="critical")  # needed again: kept on
         clock.advance(RESERVE_FOR_S * 0.9)
         assert gate.saturated(0.875, ONE, model="m", band="standard") is True
         clock.advance(RESERVE_FOR_S * 0.2)
@@ -66,7 +83,7 @@ class TestReserveKept:
     def test_a_zero_reserve_is_never_kept(self) -> None:
         """critical_reserve 0: the critical band waits for a release like the others."""
         gate = FlowGate(limits(), critical_reserve=0)
-        assert gate.saturated(1.0, FULL, model="m", band="critical") is True
+        assert gate.must_wait(1.0, FULL, model="m", band="critical") is True
         assert gate.reserving("m") is False
         assert gate.saturated(0.875, ONE, model="m", band="standard") is False
 
@@ -87,7 +104,7 @@ class TestReserveHonoured:
             served.append(name)
 
         async def main() -> None:
-            gate.saturated(1.0, FULL, model="m", band="critical")
+            gate.must_wait(1.0, FULL, model="m", band="critical")
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(one("standard", "std"))
                 await asyncio.sleep(0.01)
@@ -113,7 +130,7 @@ class TestReserveHonoured:
         gate = FlowGate(limits(max_wait_s=60.0), clock=clock)
 
         async def main() -> float:
-            gate.saturated(1.0, FULL, model="m", band="critical")
+            gate.must_wait(1.0, FULL, model="m", band="critical")
             start = clock.monotonic()
             await gate.wait_turn("m", "standard", "a", deadline=1e9, snapshots=lambda: ONE)
             return clock.monotonic() - start

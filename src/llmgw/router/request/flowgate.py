@@ -135,6 +135,20 @@ class FlowGate:
         self._claims: dict[str, int] = {}
         self.poll_s = POLL_S if claim is None else SHARED_POLL_S
 
+    def must_wait(
+        self, least: float | None, snaps: Sequence[Snapshot], *, model: str, band: str
+    ) -> bool:
+        """Whether a request of `model` and `band` waits in its queue: others of the
+        model already wait there (it must not pass them), or `saturated`. A critical
+        request that finds no room beyond the reserve keeps the reserve (module doc)."""
+        reserve = self.critical_reserve
+        if band == BANDS[0] and reserve > 0 and not self._room(snaps, 1 + reserve):
+            self._reserved[model] = self._clock.monotonic()
+            self.saturated_load = 0.0
+        if self.queued(model):
+            return True
+        return self.saturated(least, snaps, model=model, band=band)
+
     def saturated(
         self,
         least: float | None,
@@ -150,13 +164,7 @@ class FlowGate:
         beyond the model's critical reserve while it is kept."""
         if least is None:
             return False
-        if self._reserved:
-            self._lapse()
-        if band == BANDS[0]:
-            if self.critical_reserve > 0 and not self._room(snaps, 1 + self.critical_reserve):
-                self._reserved[model] = self._clock.monotonic()
-                self.saturated_load = 0.0
-        elif model in self._reserved:
+        if band != BANDS[0] and self.reserving(model):
             return not self._room(snaps, 1 + self.critical_reserve)
         if least < self._points.lowest:
             return False

@@ -129,10 +129,7 @@ def must_queue(
     capacity (`least`: the chosen replica's load), or have no room beyond the
     critical reserve for a request below that band, or others already wait for them
     (and it must not pass them)."""
-    flow = st.flow
-    if flow.queued(model):
-        return True
-    return flow.saturated(least, snaps, model=model, band=_band_of(tenant)[0])
+    return st.flow.must_wait(least, snaps, model=model, band=_band_of(tenant)[0])
 
 
 def _band_of(tenant: Tenant | None) -> tuple[str, str]:
