@@ -11,6 +11,7 @@ registry's `acquire()` still has the last word.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -31,8 +32,16 @@ class Policy(Protocol):
     uses_prefix: bool
 
     def choose(
-        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
-    ) -> Decision: ...
+        self,
+        snaps: Sequence[Snapshot],
+        key: RouteKey,
+        exclude: Collection[str],
+        *,
+        held: bool = False,
+    ) -> Decision:
+        """The endpoint for a request. `held`: flow control held it while the fleet was
+        saturated and has let it go into a slot that freed up."""
+        ...
 
     def served(
         self,
@@ -66,6 +75,7 @@ class Ours:
     ) -> None:
         self.prefix = prefix
         self.cfg = cfg or SchedulerConfig()
+        self._held_cfg = dataclasses.replace(self.cfg, weigh_queue_time=False)
         self.sessions = sessions if sessions is not None else SessionAffinity()
         self.check = check if check is not None else PredictionCheck(prefix)
         # Endpoints in precise mode answer from their KV events (kvevents.py).
@@ -74,11 +84,21 @@ class Ours:
         self.homes = Homes()
 
     def choose(
-        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
+        self,
+        snaps: Sequence[Snapshot],
+        key: RouteKey,
+        exclude: Collection[str],
+        *,
+        held: bool = False,
     ) -> Decision:
+        # A request flow control let go at saturation keeps its prefix within the
+        # count bound, unweighed by queue time: every replica is at its hold point,
+        # the one with room is merely the one that just freed a slot, and a miss
+        # there evicts what it caches (bench/RESULTS.md, issue 30, round 4).
+        cfg = self._held_cfg if held else self.cfg
         hashes = key.hashes
         if not hashes:
-            return choose(snaps, exclude=exclude, cfg=self.cfg)
+            return choose(snaps, exclude=exclude, cfg=cfg)
         ids = [s.id for s in snaps]
         matches = self.prefix.match(hashes, ids)
         exact = self.exact
@@ -98,7 +118,7 @@ class Ours:
             home_order=self.homes.lazy(hashes[0], ids),
             exclude=exclude,
             session_endpoint=self.sessions.last(key),
-            cfg=self.cfg,
+            cfg=cfg,
         )
         if d.endpoint_id is not None:
             # Remembered at dispatch, not only on completion: an engine takes (and
@@ -217,7 +237,12 @@ class RoundRobin(_Baseline):
         self._next = 0
 
     def choose(
-        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
+        self,
+        snaps: Sequence[Snapshot],
+        key: RouteKey,
+        exclude: Collection[str],
+        *,
+        held: bool = False,
     ) -> Decision:
         cands = _candidates(snaps, exclude)
         if not cands:
@@ -236,7 +261,12 @@ class LeastInflight(_Baseline):
         self._tie = 0
 
     def choose(
-        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
+        self,
+        snaps: Sequence[Snapshot],
+        key: RouteKey,
+        exclude: Collection[str],
+        *,
+        held: bool = False,
     ) -> Decision:
         cands = _candidates(snaps, exclude)
         if not cands:
