@@ -203,7 +203,14 @@ class Proxy:
                 snaps = st.registry.snapshots(model)
                 decision = st.policy.choose(snaps, call.hashes, att.tried)
                 if not call.queued and st.flow.enabled and self._queues(call, decision, snaps):
-                    decision, snaps = await self._turn(call, att)
+                    band = await wait_turn(st, model, call.tenant, att.deadline)
+                    # Granted: choose again, among replicas as they are now (a critical
+                    # request among those with room: FlowGate.exclude_for; the others
+                    # by prefix, their queue time unweighed: Ours.choose).
+                    snaps = st.registry.snapshots(model)
+                    left_out = st.flow.exclude_for(band, snaps, att.tried)
+                    held = band != BANDS[0]
+                    decision = st.policy.choose(snaps, call.hashes, left_out, held=held)
                 if decision.endpoint_id is None:
                     if att.failed is not None:
                         return self._relay_failed(call, att.failed)
@@ -243,17 +250,6 @@ class Proxy:
             raise
         finally:
             self._finish(call, att, tally)
-
-    async def _turn(self, call: Call, att: Attempts) -> tuple[Decision, list[Snapshot]]:
-        """Wait for flow control to let the call go, then choose again among the replicas
-        as they are now: a critical request among those with room (FlowGate.exclude_for),
-        the others by prefix, their queue time unweighed (Ours.choose)."""
-        st = self.state
-        band = await wait_turn(st, call.model, call.tenant, att.deadline)
-        snaps = st.registry.snapshots(call.model)
-        left_out = st.flow.exclude_for(band, snaps, att.tried)
-        held = band != BANDS[0]
-        return st.policy.choose(snaps, call.hashes, left_out, held=held), snaps
 
     def _attempts(self, call: Call) -> Attempts:
         """The call's attempts, with its engine header lines made (`_engine_head`)."""
