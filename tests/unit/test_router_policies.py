@@ -206,24 +206,3 @@ class TestMakePolicy:
             make_policy(n, PrefixIndex()).name for n in ("ours", "round_robin", "least_inflight")
         ]
         assert names == ["ours", "round_robin", "least_inflight"]
-
-
-class TestHeld:
-    """A request flow control let go keeps its prefix, whatever the holder's queue time."""
-
-    def test_a_held_request_is_not_sent_off_its_holder_for_its_queue(self) -> None:
-        """a holds the prompt with 3 requests ahead (1.5 s of owed decode); b has a free
-        slot and the prompt's prefill costs little there: a request arriving goes to b,
-        one let go by flow control stays with its prefix on a."""
-        from tests.unit.test_router_queue_time import snap as timed
-
-        chain = RouteKey(tuple(range(1, 21)))
-        busy = timed("a", inflight=10, rate=25.0, owed=400, full=800, prefill=1e-5)
-        snaps = [busy, timed("b", inflight=3, rate=25.0, prefill=1e-5)]
-        got = []
-        for held in (False, True):
-            ours = Ours(PrefixIndex())
-            ours.prefix.record("a", chain.hashes, capacity_units=None)
-            d = ours.choose(snaps, chain, (), held=held)
-            got.append((d.endpoint_id, d.reason))
-        assert got == [("b", "home"), ("a", "prefix")]

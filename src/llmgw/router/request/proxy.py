@@ -36,7 +36,6 @@ from llmgw.router.replicas.registry import Release, Snapshot
 from llmgw.router.request.accounting import count, count_call, refused, tag
 from llmgw.router.request.attempts import Attempts, Failed, Step, attempt
 from llmgw.router.request.call import Call, request_id
-from llmgw.router.request.flow import BANDS
 from llmgw.router.request.inband import MARK
 from llmgw.router.request.intake import ByteBudget, Intake, peer_of, read_json
 from llmgw.router.request.intake import refused as logged_refusal
@@ -205,12 +204,10 @@ class Proxy:
                 if not call.queued and st.flow.enabled and self._queues(call, decision, snaps):
                     band = await wait_turn(st, model, call.tenant, att.deadline)
                     # Granted: choose again, among replicas as they are now (a critical
-                    # request among those with room: FlowGate.exclude_for; the others
-                    # by prefix, their queue time unweighed: Ours.choose).
+                    # request among those with room: FlowGate.exclude_for).
                     snaps = st.registry.snapshots(model)
                     left_out = st.flow.exclude_for(band, snaps, att.tried)
-                    held = band != BANDS[0]
-                    decision = st.policy.choose(snaps, call.hashes, left_out, held=held)
+                    decision = st.policy.choose(snaps, call.hashes, left_out)
                 if decision.endpoint_id is None:
                     if att.failed is not None:
                         return self._relay_failed(call, att.failed)

@@ -11,7 +11,6 @@ registry's `acquire()` still has the last word.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -32,16 +31,8 @@ class Policy(Protocol):
     uses_prefix: bool
 
     def choose(
-        self,
-        snaps: Sequence[Snapshot],
-        key: RouteKey,
-        exclude: Collection[str],
-        *,
-        held: bool = False,
-    ) -> Decision:
-        """The endpoint for a request. `held`: flow control held it while the fleet was
-        saturated and has let it go into a slot that freed up."""
-        ...
+        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
+    ) -> Decision: ...
 
     def served(
         self,
@@ -75,7 +66,6 @@ class Ours:
     ) -> None:
         self.prefix = prefix
         self.cfg = cfg or SchedulerConfig()
-        self._held_cfg = dataclasses.replace(self.cfg, weigh_queue_time=False)
         self.sessions = sessions if sessions is not None else SessionAffinity()
         self.check = check if check is not None else PredictionCheck(prefix)
         # Endpoints in precise mode answer from their KV events (kvevents.py).
@@ -84,21 +74,11 @@ class Ours:
         self.homes = Homes()
 
     def choose(
-        self,
-        snaps: Sequence[Snapshot],
-        key: RouteKey,
-        exclude: Collection[str],
-        *,
-        held: bool = False,
+        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
     ) -> Decision:
-        # A request flow control let go at saturation keeps its prefix within the
-        # count bound, unweighed by queue time: every replica is at its hold point,
-        # the one with room is merely the one that just freed a slot, and a miss
-        # there evicts what it caches (bench/RESULTS.md, issue 30, round 4).
-        cfg = self._held_cfg if held else self.cfg
         hashes = key.hashes
         if not hashes:
-            return choose(snaps, exclude=exclude, cfg=cfg)
+            return choose(snaps, exclude=exclude, cfg=self.cfg)
         ids = [s.id for s in snaps]
         matches = self.prefix.match(hashes, ids)
         exact = self.exact
@@ -118,7 +98,7 @@ class Ours:
             home_order=self.homes.lazy(hashes[0], ids),
             exclude=exclude,
             session_endpoint=self.sessions.last(key),
-            cfg=cfg,
+            cfg=self.cfg,
         )
         if d.endpoint_id is not None:
             # Remembered at dispatch, not only on completion: an engine takes (and
@@ -237,12 +217,7 @@ class RoundRobin(_Baseline):
         self._next = 0
 
     def choose(
-        self,
-        snaps: Sequence[Snapshot],
-        key: RouteKey,
-        exclude: Collection[str],
-        *,
-        held: bool = False,
+        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
     ) -> Decision:
         cands = _candidates(snaps, exclude)
         if not cands:
@@ -261,12 +236,7 @@ class LeastInflight(_Baseline):
         self._tie = 0
 
     def choose(
-        self,
-        snaps: Sequence[Snapshot],
-        key: RouteKey,
-        exclude: Collection[str],
-        *,
-        held: bool = False,
+        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
     ) -> Decision:
         cands = _candidates(snaps, exclude)
         if not cands:
