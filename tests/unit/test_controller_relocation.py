@@ -7,6 +7,7 @@ import dataclasses
 
 import msgspec
 
+from llmgw.controller.placement.relocation import SLOW_SWAPS
 from llmgw.controller.tick.carryover import WakeSeen
 from llmgw.wire.models import ModelSpec
 from tests.unit.controller_reconcile_world import World
@@ -115,11 +116,11 @@ class TestRelocation:
         assert w.state.replicas["m1"].state == "sleeping"
         assert w.memory.slow_swaps == {}
 
-    def test_slow_once_it_stays(self) -> None:
-        """One slow wake is no pattern: nothing starts."""
+    def test_slow_fewer_times_than_asked_it_stays(self) -> None:
+        """Fewer slow wakes than SLOW_SWAPS within the window: nothing starts."""
         w = fleet()
         slow_twice(w)
-        w.memory.slow_swaps["m1"] = (w.now - 60.0,)
+        w.memory.slow_swaps["m1"] = (w.now - 4000.0,) * SLOW_SWAPS
         w.tick()
         assert w.replicas("mid") == [w.state.replicas["m1"]]
 

@@ -61,8 +61,8 @@ from llmgw.wire.models import ModelSpec
 # Over the bound, a swap's wake is slow: the control loop's own delays (a tick,
 # heartbeats) vary by about a second from wake to wake.
 SLOW_MARGIN_S = 1.0
-# Slow wakes of one model, within REPEAT_WINDOW_S, that move its sleeper.
-SLOW_SWAPS = 2
+# Slow wakes of one sleeper, within REPEAT_WINDOW_S, that move it (variant: one).
+SLOW_SWAPS = 1
 REPEAT_WINDOW_S = 3600.0
 # A model's sleeper is relocated at most once in this long: each costs a cold
 # start, and a relocation repeated while demand shifts would chase it. One given
