@@ -33,8 +33,6 @@ def placement_reason(message: str) -> str:
         return "restart"
     if message.startswith("replacing "):
         return "replacement"
-    if message.startswith("relocating "):
-        return "relocation"
     return "new"
 
 

@@ -16,14 +16,7 @@ from enum import Enum
 
 from llmgw.controller.fleet.records import Replica
 from llmgw.controller.placement.rules import FreeMap, Placement, ShardPlacement
-from llmgw.controller.placement.wakes import (
-    WakePlan,
-    card_holders,
-    plan_wake,
-    relocating,
-    sleep_room,
-)
-from llmgw.controller.tick.carryover import WakeSeen
+from llmgw.controller.placement.wakes import WakePlan, card_holders, plan_wake, sleep_room
 from llmgw.controller.tick.context import TickContext
 from llmgw.wire.models import ModelSpec
 
@@ -112,9 +105,6 @@ def _wake(t: TickContext, sleeper: Replica, plan: WakePlan, free: FreeMap) -> No
     batch = t.batch
     for rid in plan.evict:
         victim = batch.replica(rid)
-        if victim is not None and relocating(victim, batch.replica) is not None:
-            batch.stop(victim, f"relocation given up: its cards are wanted for {sleeper.model}")
-            continue
         if victim is None or victim.state != "ready":
             continue
         why = f"swapped out for {sleeper.model}: {plan.why}"
@@ -131,8 +121,6 @@ def _wake(t: TickContext, sleeper: Replica, plan: WakePlan, free: FreeMap) -> No
             shard = ShardPlacement(node=s.node, rank=s.rank, gpus=gpus)
             free.take(Placement(model=sleeper.model, shards=(shard,), pool=sleeper.pool))
     batch.wake(sleeper, plan.why)
-    swap = bool(plan.evict or plan.moved or plan.wait)
-    t.memory.waking[sleeper.id] = WakeSeen(model=sleeper.model, at=batch.now, swap=swap)
 
 
 def lower_desired(t: TickContext, name: str) -> None:

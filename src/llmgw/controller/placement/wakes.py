@@ -306,10 +306,6 @@ def _wake_one(
                     wait = True  # being given back already
                 elif h.state == "waking":
                     hold = True
-                elif h.state in ("pending", "starting") and relocating(h, state.replicas.get):
-                    # A sleeper's new home still starting gives way: stopped, its cards
-                    # are free in seconds, where waiting for its start takes a minute.
-                    victims.append(h.id)
                 elif h.state == "ready" and h.id in cands and budget[h.model] > 0:
                     budget[h.model] -= 1
                     victims.append(h.id)
@@ -344,21 +340,6 @@ def _wake_one(
         moved=tuple(moved),
         moves=tuple(moves),
     )
-
-
-def relocating(r: Replica, replica: Callable[[str], Replica | None]) -> Replica | None:
-    """The sleeper `r` was started to take the place of (relocation.py), or None:
-    a replica of the same model that it `replaces`, while that one sleeps.
-
-    Such a replica is no replica of its model's yet: it is not counted, and until
-    it sleeps in its sleeper's stead it gives way to any wake that wants its cards.
-    """
-    if r.replaces is None or r.state not in ("pending", "starting", "ready", "failed"):
-        return None
-    old = replica(r.replaces)
-    if old is None or old.model != r.model or old.state != _SLEEPING:
-        return None
-    return old
 
 
 def falling_asleep(r: Replica) -> bool:

@@ -14,21 +14,7 @@ from dataclasses import dataclass, field
 from llmgw.controller.fleet.records import Reservation
 from llmgw.controller.placement.rules import Unplaceable
 
-__all__ = ["Reservation", "TickMemory", "WakeSeen"]
-
-
-@dataclass(frozen=True, slots=True)
-class WakeSeen:
-    """A wake this controller ordered, until its replica is reported ready
-    (placement/relocation.py learns from how long it took)."""
-
-    model: str
-    # When the wake was ordered (Unix seconds).
-    at: float
-    # Whether it first waited for other replicas to leave its cards (a swap:
-    # victims put to sleep or stopped, or earlier ones still leaving); False:
-    # its cards were free.
-    swap: bool
+__all__ = ["Reservation", "TickMemory"]
 
 
 @dataclass(slots=True)
@@ -61,19 +47,6 @@ class TickMemory:
     # Model → when idle_enough_at was last worked out (it costs a few eviction
     # plans, so it is refreshed every ETA_REFRESH_S, not every tick).
     idle_eta_checked: dict[str, float] = field(default_factory=dict)
-    # Relocation (placement/relocation.py); losing any of it only delays one
-    # (restart: learned again from the next wakes).
-    # Replica → the wake ordered for it, until it is ready.
-    waking: dict[str, WakeSeen] = field(default_factory=dict)
-    # Longest wake onto free cards seen so far (seconds); None: none seen yet.
-    plain_wake_s: float | None = None
-    # Replica → when its recent wakes behind a slow swap became ready, oldest first.
-    slow_swaps: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    # Model → when a replica was last started to relocate its sleeper.
-    relocated_at: dict[str, float] = field(default_factory=dict)
-    # When a relocation last looked for cards and found none (it looks again
-    # RETRY_S later, not every tick).
-    relocation_tried_at: float | None = None
 
     def copy(self) -> TickMemory:
         return TickMemory(
@@ -86,9 +59,4 @@ class TickMemory:
             drained=set(self.drained),
             idle_enough_at=dict(self.idle_enough_at),
             idle_eta_checked=dict(self.idle_eta_checked),
-            waking=dict(self.waking),
-            plain_wake_s=self.plain_wake_s,
-            slow_swaps=dict(self.slow_swaps),
-            relocated_at=dict(self.relocated_at),
-            relocation_tried_at=self.relocation_tried_at,
         )

@@ -25,10 +25,8 @@ from llmgw.controller.fleet.batch import LIVE, Batch, node_drain_grace
 from llmgw.controller.fleet.records import FleetState, Model, Replica
 from llmgw.controller.idle import IdleTracker, ModelLoadSum
 from llmgw.controller.placement.clearing import clear_ahead
-from llmgw.controller.placement.relocation import relocate
 from llmgw.controller.placement.requests import Request, place_requests
 from llmgw.controller.placement.swaps import sleep_or_drain
-from llmgw.controller.placement.wakes import relocating
 from llmgw.controller.tick.context import TickContext
 from llmgw.controller.tick.moves import Move, move_reason
 
@@ -104,8 +102,6 @@ def plan_models(t: TickContext, *, dirty: Collection[str] | None = None) -> None
     # After placement, so what this tick woke or placed is left alone; it looks at
     # every sleeper, dirty or not: idleness grows without a write.
     clear_ahead(t)
-    # Last: it only uses cards nothing else this tick wanted.
-    relocate(t)
 
 
 def _by_model_name(
@@ -257,9 +253,7 @@ def _live(t: TickContext, model: str) -> list[Replica]:
     out = []
     for rid in t.index.of_model(model):
         r = batch.replica(rid)
-        # A sleeper's new home (placement/relocation.py) is not one of its replicas
-        # yet: counted, a request would wait for its cold start, not for a wake.
-        if r is not None and r.state in LIVE and relocating(r, batch.replica) is None:
+        if r is not None and r.state in LIVE:
             out.append(r)
     out.sort(key=lambda r: r.id)
     return out
@@ -303,10 +297,8 @@ def _settle_pairs(t: TickContext, live: list[Replica]) -> None:
         if new.state == "ready":
             grace = node_drain_grace(batch, old, default_s=t.config.drain_grace_s)
             batch.drain(old, f"replaced by {new.id}, which is ready", grace_s=grace)
-        elif old.state not in ("ready", "waking"):
+        elif old.state != "ready":
             # The old one stopped serving on its own: the replacement is simply a replica now.
-            # One waking serves again in seconds (a sleeper woken while a relocation
-            # started its replacement, placement/relocation.py): it serves until then.
             batch.stop(old, f"no longer serving; replacement {new.id} is on its way")
 
 
