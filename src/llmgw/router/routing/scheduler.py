@@ -22,7 +22,8 @@ The rules, in order:
    one no busier than the content's choice (`session_load_bound`). The bound shrinks
    with what holding the prefix saves (`prefix_gain`): when every replica
    already holds most of the prompt (a long shared preamble), a holder of a
-   little more is not worth a queue.
+   little more is not worth a queue; it keeps the whole bound while it has room
+   to start the request now.
    Within the bound, a holder that would queue the request loses when that queue
    costs more time than recomputing what it saves elsewhere (`wait_s`): with
    answers of a thousand tokens a queue of a few requests costs seconds, which a
@@ -227,6 +228,7 @@ def choose(
     exclude: Collection[str] = (),
     session_endpoint: str | None = None,
     prefix_gain: Mapping[str, float] | None = None,
+    prefix_common: float = 0.0,
     prompt_tokens: float | None = None,
     cfg: SchedulerConfig = DEFAULT_CONFIG,
 ) -> Decision:
@@ -235,6 +237,8 @@ def choose(
     `session_endpoint`: the endpoint that served the request's session last, if any.
     `prefix_gain`: per holder, the share of the prompt it holds beyond what every
     candidate holds (scales its load bound); 1.0 for those not listed.
+    `prefix_common`: the share of the prompt every candidate holds (a preamble cached
+    everywhere), which no replica must compute or find KV room for.
     `prompt_tokens`: the prompt's size, what a holder's gain is a share of; None:
     holders are bounded by counts alone (`wait_s` is not weighed).
     """
@@ -250,7 +254,13 @@ def choose(
     least, first = _least_and_first(pool)
     reason = "least-load"
     chosen, within = _longest_holder(
-        pool, first, least, prefix_gain=prefix_gain, prompt_tokens=prompt_tokens, cfg=cfg
+        pool,
+        first,
+        least,
+        prefix_gain=prefix_gain,
+        common=prefix_common,
+        prompt_tokens=prompt_tokens,
+        cfg=cfg,
     )
     if chosen is not None:
         reason = "prefix"
@@ -266,9 +276,8 @@ def choose(
     elif home_order:
         if callable(home_order):
             home_order = home_order()
-        chosen = _home(
-            home_order, rows, pool, first=first, least=least, tokens=prompt_tokens, cfg=cfg
-        )
+        rest = None if prompt_tokens is None else (1.0 - prefix_common) * prompt_tokens
+        chosen = _home(home_order, rows, pool, first=first, least=least, tokens=rest, cfg=cfg)
         if chosen is not None:
             reason = "home"
     if chosen is None:
@@ -320,6 +329,7 @@ def _longest_holder(
     least: float,
     *,
     prefix_gain: Mapping[str, float] | None,
+    common: float,
     prompt_tokens: float | None,
     cfg: SchedulerConfig,
 ) -> tuple[_Row | None, list[_Row]]:
@@ -334,6 +344,8 @@ def _longest_holder(
     within: list[_Row] = []
     # The least loaded's wait and prefill cost: computed once, when a holder would queue.
     tokens = 0.0 if prompt_tokens is None else prompt_tokens
+    # What no candidate must compute or hold anew (a preamble cached everywhere).
+    rest = (1.0 - common) * tokens
     timed = cfg.weigh_queue_time and tokens > 0.0
     alt: tuple[float | None, float] | None = None
     for r in pool:
@@ -344,11 +356,16 @@ def _longest_holder(
         if timed and r is not first and r.total > least:
             if alt is None:
                 held = _held_share(first, gains, min_blocks)
-                alt = (wait_s(first.snap, cfg, need_tokens=(1.0 - held) * tokens), held)
+                alt = (wait_s(first.snap, cfg, need_tokens=rest - held * tokens), held)
             saving = _saving_s(first.snap, r.snap, gain - alt[1], tokens, cfg)
-            if _queues_longer(r.snap, alt[0], saving, cfg, (1.0 - gain) * tokens):
+            wait = wait_s(r.snap, cfg, need_tokens=rest - gain * tokens)
+            if _longer(wait, alt[0], saving):
                 r.note = "over wait"
                 continue
+            # Room now and a known saving: the bound's cut for a small gain is for
+            # holders that would queue (see SchedulerConfig.full_gain_at).
+            if wait == 0.0 and saving is not None and saving > 0.0:
+                bound = cfg.affinity_load_bound
         if r.total <= least or r.total < least + bound:
             within.append(r)
             # The longest run wins; of equal runs, the first in load order.
@@ -510,10 +527,15 @@ def _queues_longer(
     """Whether a request needing `need_tokens` of KV at `s` would wait there more than
     `saving` seconds longer than at the alternative; False whenever a figure is unknown
     (counts decide, as before)."""
-    if alt_wait is None or saving is None:
+    return _longer(wait_s(s, cfg, need_tokens=need_tokens), alt_wait, saving)
+
+
+def _longer(wait: float | None, alt_wait: float | None, saving: float | None) -> bool:
+    """Whether `wait` is more than `saving` seconds longer than `alt_wait`; False
+    whenever a figure is unknown."""
+    if wait is None or alt_wait is None or saving is None:
         return False
-    wait = wait_s(s, cfg, need_tokens=need_tokens)
-    return wait is not None and wait > alt_wait + saving
+    return wait > alt_wait + saving
 
 
 class _Row:
