@@ -264,14 +264,9 @@ def choose(
     )
     if chosen is not None:
         reason = "prefix"
-        sticky = None if session_endpoint is None else rows.get(session_endpoint)
-        if (
-            sticky is not None
-            and sticky is not chosen
-            and sticky in within
-            and sticky.blocks == chosen.blocks
-            and sticky.total <= chosen.total + cfg.session_load_bound
-        ):
+        session = None if session_endpoint is None else rows.get(session_endpoint)
+        sticky = _sticky(session, chosen, within, cfg)
+        if sticky is not None:
             chosen, reason = sticky, "prefix+session"
     elif home_order:
         if callable(home_order):
@@ -286,6 +281,22 @@ def choose(
     out = _decision(chosen.id, reason, rows, home_order, session_endpoint)
     out.least = least
     return out
+
+
+def _sticky(
+    session: _Row | None, chosen: _Row, within: list[_Row], cfg: SchedulerConfig
+) -> _Row | None:
+    """The session's endpoint instead of the content's choice: one holding an equally
+    long prefix, within its bound, no busier than `session_load_bound` above it."""
+    if (
+        session is not None
+        and session is not chosen
+        and session in within
+        and session.blocks == chosen.blocks
+        and session.total <= chosen.total + cfg.session_load_bound
+    ):
+        return session
+    return None
 
 
 def _least_and_first(pool: list[_Row]) -> tuple[float, _Row]:
