@@ -247,10 +247,6 @@ def choose(
     if not cands:
         return _decision(None, "no-candidate", rows, home_order, session_endpoint)
     pool = _preferred_pool(cands, cfg)
-    if pool is not cands:
-        for r in cands:
-            if r not in pool:
-                r.note = "priority"
     least, first = _least_and_first(pool)
     reason = "least-load"
     chosen, within = _longest_holder(
@@ -412,8 +408,10 @@ def _home(
                 cfg.weigh_queue_time
                 and row is not first
                 and row.total > least
-                and _queues_longer(
-                    row.snap, wait_s(first.snap, cfg, need_tokens=need), 0.0, cfg, need
+                and _longer(
+                    wait_s(row.snap, cfg, need_tokens=need),
+                    wait_s(first.snap, cfg, need_tokens=need),
+                    0.0,
                 )
             ):
                 row.note = "over wait"
@@ -528,22 +526,10 @@ def _saving_s(
     return share * tokens * cost * (1.0 + cfg.pending_weight * alt.pending)
 
 
-def _queues_longer(
-    s: Snapshot,
-    alt_wait: float | None,
-    saving: float | None,
-    cfg: SchedulerConfig,
-    need_tokens: float,
-) -> bool:
-    """Whether a request needing `need_tokens` of KV at `s` would wait there more than
-    `saving` seconds longer than at the alternative; False whenever a figure is unknown
-    (counts decide, as before)."""
-    return _longer(wait_s(s, cfg, need_tokens=need_tokens), alt_wait, saving)
-
-
 def _longer(wait: float | None, alt_wait: float | None, saving: float | None) -> bool:
-    """Whether `wait` is more than `saving` seconds longer than `alt_wait`; False
-    whenever a figure is unknown."""
+    """Whether `wait` (seconds at a replica) is more than `saving` seconds longer than
+    `alt_wait` (at the alternative); False whenever a figure is unknown (counts decide,
+    as before)."""
     if wait is None or alt_wait is None or saving is None:
         return False
     return wait > alt_wait + saving
@@ -575,7 +561,8 @@ def _precedes(a: _Row, b: _Row) -> bool:
 
 
 def _preferred_pool(cands: list[_Row], cfg: SchedulerConfig) -> list[_Row]:
-    """The highest-priority candidates with one unsaturated among them, else all."""
+    """The highest-priority candidates with one unsaturated among them, else all; the
+    others noted "priority"."""
     first = cands[0].prio
     for r in cands:
         if r.prio != first:
@@ -585,6 +572,9 @@ def _preferred_pool(cands: list[_Row], cfg: SchedulerConfig) -> list[_Row]:
     for prio in sorted({r.prio for r in cands}, reverse=True):
         pool = [r for r in cands if r.prio == prio]
         if any(r.total < cfg.saturated_load for r in pool):
+            for r in cands:
+                if r.prio != prio:
+                    r.note = "priority"
             return pool
     return cands
 
