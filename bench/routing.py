@@ -87,13 +87,17 @@ The suite (`--suite`, `--short` for runs of 15 s and a 10 s calibration)
     once, ours once per hint mode, the same seeded arrivals for all. One table
     (variant × load × policy × hints) with ours' p99 TTFT over the oracle's and
     its hit rate against the oracle's, judged against issue 17's targets, and
-    hinted runs against the unhinted one. `--suite-only NAME ...` runs some.
+    hinted runs against the unhinted one. `--suite-only NAME ...` runs some;
+    `--suite-policies` and `--suite-hints` run only some of the policies and of
+    ours' hint modes (round-robin's capacity is calibrated all the same: the
+    loads are fractions of it).
     `--seeds N` runs every row for seeds seed .. seed+N-1 and pools them: the
     p99 of one 15 s run rests on its ~8 slowest of ~800 requests and moved up to
     3x between two runs of the same code and seed.
 
 Usage: .venv/bin/python bench/routing.py [--no-write] [--variant NAME] [--dump DIR]
        .venv/bin/python bench/routing.py --suite [--short] [--seeds N] [--suite-only NAME ...]
+           [--suite-policies round_robin oracle ours] [--suite-hints none header user]
 """
 
 from __future__ import annotations
@@ -1143,6 +1147,8 @@ HIT_TARGET = 0.02  # points below the oracle's hit rate
 # hit rate may be this many points lower.
 HINT_NOISE = 1.10
 HINT_HIT_NOISE = 0.01
+SUITE_POLICIES = ("round_robin", "oracle", "ours")
+HINT_MODES = ("none", "header", "user")
 
 
 @dataclass
@@ -1201,6 +1207,20 @@ def _fleet(opts: argparse.Namespace) -> Fleet:
     )
 
 
+def suite_runs(hint_modes: Sequence[str], opts: argparse.Namespace) -> list[tuple[str, str]]:
+    """The (policy, hints) runs of one variant at one load and seed: round-robin and the
+    oracle without hints, ours per hint mode, `ours_base` with `--baseline-python`; less
+    what `--suite-policies` and `--suite-hints` leave out."""
+    policies = opts.suite_policies or SUITE_POLICIES
+    hints = [h for h in hint_modes if not opts.suite_hints or h in opts.suite_hints]
+    runs = [(p, "none") for p in ("round_robin", "oracle") if p in policies]
+    if "ours" in policies:
+        runs += [("ours", h) for h in hints]
+    if opts.baseline_python:
+        runs.append((BASELINE, "none"))
+    return runs
+
+
 def _workload(opts: argparse.Namespace, hints: str, seed: int) -> Workload:
     return Workload(
         prompts=opts.prompts,
@@ -1231,11 +1251,13 @@ async def suite_main(base: argparse.Namespace, command: str) -> int:
             overrides, hint_modes = SUITE[name]
             opts = _variant_opts(base, overrides)
             fleet = _fleet(opts)
-            # Each seed's conversations once per hint mode, shared by the policies and loads.
+            runs = suite_runs(hint_modes, opts)
+            # Each seed's conversations once per hint mode, shared by the policies and loads
+            # (without hints for the calibration, whatever runs).
             convs = {
                 (h, seed): Conversations(_workload(opts, h, seed))
                 for seed in seeds
-                for h in {"none", *hint_modes}
+                for h in {"none", *(h for _p, h in runs)}
             }
             # One calibration per variant (the first seed's prompts): the capacity
             # depends on the fleet and the workload's shape, not on its letters.
@@ -1244,10 +1266,6 @@ async def suite_main(base: argparse.Namespace, command: str) -> int:
             print(f"{name}: round-robin capacity {capacity:.1f} req/s", flush=True)
             timing = Timing(opts.duration_s, opts.warmup_s, opts.drain_s)
             lead = opts.think_s * opts.turns[1] * 1.5
-            runs: list[tuple[str, str]] = [("round_robin", "none"), ("oracle", "none")]
-            runs += [("ours", h) for h in hint_modes]
-            if opts.baseline_python:
-                runs.append((BASELINE, "none"))
             for load in opts.loads:
                 rate = capacity * load
                 label = f"{load:.0%}"
@@ -1358,6 +1376,14 @@ def render_suite(
         f" (round-robin capacity {capacities[n]:.1f} req/s)"
         for n in capacities
     )
+    only = ""
+    if opts.suite_policies or opts.suite_hints:
+        policies = ", ".join(opts.suite_policies or SUITE_POLICIES)
+        hints = ", ".join(opts.suite_hints or HINT_MODES)
+        only = (
+            f" This run: only {policies}; ours with hints {hints} (round-robin's capacity "
+            "calibrated all the same)."
+        )
     return "\n".join(
         [
             SUITE_HEADING,
@@ -1367,7 +1393,8 @@ def render_suite(
             "per session-hint mode (`none`; `header`: `X-Session-ID: conv-N`; `user`: the "
             "body's `user` field, one per conversation). Targets (issue 17): ours' p99 TTFT "
             f"≤ {TTFT_TARGET}× the oracle's and hit rate ≥ the oracle's − "
-            f"{HIT_TARGET * 100:.0f} points on every row; with hints never worse than without.",
+            f"{HIT_TARGET * 100:.0f} points on every row; with hints never worse than without."
+            + only,
             "",
             f"Seeds {seeds}: every row ran once per seed (its own prompts, conversations and "
             "arrivals, the same for every policy of that seed); the TTFT percentiles are over "
@@ -1441,6 +1468,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a("--short", action="store_true", help="with --suite: short runs (fewer conversations)")
     a("--suite-only", nargs="+", default=None, choices=list(SUITE), help="these variants")
     a("--seeds", type=int, default=1, help="with --suite: run each row for this many seeds")
+    a(
+        "--suite-policies",
+        nargs="+",
+        default=None,
+        choices=SUITE_POLICIES,
+        help="with --suite: only these policies (round-robin's capacity is still calibrated)",
+    )
+    a(
+        "--suite-hints",
+        nargs="+",
+        default=None,
+        choices=HINT_MODES,
+        help="with --suite: ours only with these of each variant's hint modes",
+    )
     a(
         "--baseline-python",
         default=None,

@@ -86,3 +86,46 @@ class TestPooledSuite:
         assert "p99 1.80× the oracle's (MISSED" in header
         assert "hit rate -5.0 points (MISSED" in header
         assert "(WORSE" in header
+
+
+class TestSuiteSubset:
+    """bench/routing.py's suite runs only the policies and hint modes asked for."""
+
+    def test_defaults_run_every_policy_and_each_variants_hint_modes(
+        self, routing: ModuleType
+    ) -> None:
+        """Without the options every policy runs, ours once per hint mode of the variant."""
+        opts = routing.parse_args(["--suite"])
+        assert routing.suite_runs(("none", "header", "user"), opts) == [
+            ("round_robin", "none"),
+            ("oracle", "none"),
+            ("ours", "none"),
+            ("ours", "header"),
+            ("ours", "user"),
+        ]
+        assert routing.suite_runs(("none",), opts)[-1] == ("ours", "none")
+
+    def test_the_options_leave_out_policies_and_hint_modes(self, routing: ModuleType) -> None:
+        """--suite-policies and --suite-hints leave the other runs out."""
+        opts = routing.parse_args(
+            ["--suite", "--suite-policies", "oracle", "ours", "--suite-hints", "none"]
+        )
+        assert routing.suite_runs(("none", "header", "user"), opts) == [
+            ("oracle", "none"),
+            ("ours", "none"),
+        ]
+        opts = routing.parse_args(["--suite", "--suite-hints", "user"])
+        assert routing.suite_runs(("none",), opts) == [("round_robin", "none"), ("oracle", "none")]
+
+    def test_verdicts_without_round_robin_or_hinted_rows(self, routing: ModuleType) -> None:
+        """With only the oracle and unhinted ours, each ours row still gets its verdict."""
+        rows = [
+            routing.SuiteRow("customers", "none", run(routing, "oracle", [0.5] * 100, (70, 100))),
+            routing.SuiteRow("customers", "none", run(routing, "ours", [0.7] * 100, (75, 100))),
+        ]
+        lines, checks = routing.suite_table(rows)
+        assert len(lines) == 4
+        (check,) = checks
+        assert "p99 1.40× the oracle's (MISSED" in check
+        assert "hit rate +5.0 points (met" in check
+        assert "against no hints" not in check

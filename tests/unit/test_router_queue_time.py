@@ -14,6 +14,8 @@ from llmgw.router.replicas.pace import (
     prefill_cost,
 )
 from llmgw.router.replicas.registry import Registry, Snapshot, Stats
+from llmgw.router.routing.blockhash import block_end
+from llmgw.router.routing.policies import _shares
 from llmgw.router.routing.scheduler import SchedulerConfig, choose, wait_s
 from llmgw.testing import ManualClock
 from llmgw.wire.endpoints import EndpointInfo
@@ -413,3 +415,43 @@ class TestOwed:
         r1.streamed(10)
         assert self.owed(reg) == (0, 0)
         assert reg.inflight("a") == 2
+
+
+class TestSmallGainWithRoom:
+    """A holder of a small share of the prompt keeps it while it has room to start it now."""
+
+    def test_room_now_restores_the_whole_bound(self) -> None:
+        """Every replica holds a 6,000-token preamble of a 7,000-token prompt; a holds 10 %
+        more (a bound of 0.4 batch) and runs 4 of 8: with room for the rest the holder
+        takes the request; with its KV cache too full for the rest, or with no prefill
+        cost learned (no saving known), the cut bound or the wait sends it to b."""
+        kw = {
+            "prefix_matches": {"a": 400, "b": 375},
+            "prefix_gain": {"a": 0.1, "b": 0.0},
+            "prefix_common": 6000 / 7000,
+            "prompt_tokens": 7000,
+        }
+        idle = snap("b", rate=25.0, prefill=1e-4)
+        room = snap("a", inflight=4, rate=25.0, owed=100, full=200, count=4, prefill=1e-4)
+        d = choose([room, idle], **kw)  # type: ignore[arg-type]
+        assert (d.endpoint_id, d.reason) == ("a", "prefix")
+        # 300 tokens to hold anew fit in 5 % of 6,144 free, not in 1 %.
+        fits = snap("a", inflight=4, kv=0.95, size=6144, rate=25.0, owed=100, full=200, count=4)
+        assert wait_s(fits, need_tokens=300) == 0.0
+        short = snap("a", inflight=4, kv=0.99, size=6144, rate=25.0, owed=100, full=200, count=4)
+        d = choose([short, idle], **kw)  # type: ignore[arg-type]
+        assert d.endpoint_id == "b"
+        assert next(s.note for s in d.scores if s.id == "a") == "over wait"
+        unknown = snap("a", inflight=4, rate=25.0, owed=100, full=200, count=4)
+        d = choose([unknown, snap("b", rate=25.0)], **kw)  # type: ignore[arg-type]
+        assert d.endpoint_id == "b"
+        assert next(s.note for s in d.scores if s.id == "a") == "over bound"
+
+    def test_the_common_share_is_what_every_replica_holds(self) -> None:
+        """The policy's shares: a and b hold 20 blocks, a 4 more; every replica holding
+        the 20 is the common share, a's 4 its gain; nobody holding any, none."""
+        gains, common = _shares({"a": 24, "b": 20}, ["a", "b"], 32)
+        assert common == pytest.approx(block_end(19) / block_end(31))
+        assert gains["a"] == pytest.approx((block_end(23) - block_end(19)) / block_end(31))
+        assert gains["b"] == 0.0
+        assert _shares({"a": 24}, ["a", "b"], 32)[1] == 0.0

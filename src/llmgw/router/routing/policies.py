@@ -87,10 +87,12 @@ class Ours:
             precise = exact.precise_among(ids)
             if precise:
                 self._exact_matches(matches, key.body, precise, len(hashes))
+        gains, common = _shares(matches, ids, len(hashes))
         d = choose(
             snaps,
             prefix_matches=matches,
-            prefix_gain=_gains(matches, ids, len(hashes)),
+            prefix_gain=gains,
+            prefix_common=common,
             # What a holder's gain is a share of, in tokens (4 bytes a token, feedback.py).
             prompt_tokens=block_end(len(hashes) - 1) / CHARS_PER_TOKEN,
             # A prefix nobody has seen goes to its home replica: routers that never
@@ -165,11 +167,12 @@ class Ours:
         self.prefix.completed(endpoint_id, key.hashes, capacity_units=units)
 
 
-def _gains(matches: dict[str, int], ids: Sequence[str], n: int) -> dict[str, float]:
+def _shares(matches: dict[str, int], ids: Sequence[str], n: int) -> tuple[dict[str, float], float]:
     """Per holder, the share of the prompt's routed bytes it holds beyond what every
-    endpoint holds (a preamble cached everywhere saves nothing by going anywhere)."""
+    endpoint holds (a preamble cached everywhere saves nothing by going anywhere); and
+    that common share."""
     if not matches:
-        return {}
+        return {}, 0.0
     common = -1
     for e in ids:
         held = matches.get(e, 0)
@@ -180,7 +183,7 @@ def _gains(matches: dict[str, int], ids: Sequence[str], n: int) -> dict[str, flo
     out: dict[str, float] = {}
     for e, held in matches.items():
         out[e] = (block_end(held - 1) - base) / total
-    return out
+    return out, base / total
 
 
 def _candidates(snaps: Sequence[Snapshot], exclude: Collection[str]) -> list[Snapshot]:

@@ -51,7 +51,11 @@ class SchedulerConfig:
     # that system prompt got a quarter of a batch, the rest went to engines without
     # it, each engine ran more distinct system prompts at once than its KV cache
     # holds, and requests queued for blocks. At 0.25, close to the oracle (the
-    # figures: bench/RESULTS.md, as above).
+    # figures: bench/RESULTS.md, as above). The cut is for a holder that would queue
+    # the request: one with room to start it now (no wait, the rest of the prompt
+    # fitting its free KV) and a known saving keeps the whole bound, since staying
+    # costs a slightly slower step and leaving a whole system prompt's prefill
+    # (bench/RESULTS.md, issue 35: preamble-24k at 85 %).
     full_gain_at: float = 0.25
     # How far the rendezvous home of an unseen prefix may be above the least
     # loaded; smaller than the affinity bound, as nothing is cached there yet.

@@ -22,7 +22,8 @@ The rules, in order:
    one no busier than the content's choice (`session_load_bound`). The bound shrinks
    with what holding the prefix saves (`prefix_gain`): when every replica
    already holds most of the prompt (a long shared preamble), a holder of a
-   little more is not worth a queue.
+   little more is not worth a queue; it keeps the whole bound while it has room
+   to start the request now.
    Within the bound, a holder that would queue the request loses when that queue
    costs more time than recomputing what it saves elsewhere (`wait_s`): with
    answers of a thousand tokens a queue of a few requests costs seconds, which a
@@ -227,6 +228,7 @@ def choose(
     exclude: Collection[str] = (),
     session_endpoint: str | None = None,
     prefix_gain: Mapping[str, float] | None = None,
+    prefix_common: float = 0.0,
     prompt_tokens: float | None = None,
     cfg: SchedulerConfig = DEFAULT_CONFIG,
 ) -> Decision:
@@ -235,6 +237,8 @@ def choose(
     `session_endpoint`: the endpoint that served the request's session last, if any.
     `prefix_gain`: per holder, the share of the prompt it holds beyond what every
     candidate holds (scales its load bound); 1.0 for those not listed.
+    `prefix_common`: the share of the prompt every candidate holds (a preamble cached
+    everywhere), which no replica must compute or find KV room for.
     `prompt_tokens`: the prompt's size, what a holder's gain is a share of; None:
     holders are bounded by counts alone (`wait_s` is not weighed).
     """
@@ -243,32 +247,28 @@ def choose(
     if not cands:
         return _decision(None, "no-candidate", rows, home_order, session_endpoint)
     pool = _preferred_pool(cands, cfg)
-    if pool is not cands:
-        for r in cands:
-            if r not in pool:
-                r.note = "priority"
     least, first = _least_and_first(pool)
     reason = "least-load"
     chosen, within = _longest_holder(
-        pool, first, least, prefix_gain=prefix_gain, prompt_tokens=prompt_tokens, cfg=cfg
+        pool,
+        first,
+        least,
+        prefix_gain=prefix_gain,
+        common=prefix_common,
+        prompt_tokens=prompt_tokens,
+        cfg=cfg,
     )
     if chosen is not None:
         reason = "prefix"
-        sticky = None if session_endpoint is None else rows.get(session_endpoint)
-        if (
-            sticky is not None
-            and sticky is not chosen
-            and sticky in within
-            and sticky.blocks == chosen.blocks
-            and sticky.total <= chosen.total + cfg.session_load_bound
-        ):
+        session = None if session_endpoint is None else rows.get(session_endpoint)
+        sticky = _sticky(session, chosen, within, cfg)
+        if sticky is not None:
             chosen, reason = sticky, "prefix+session"
     elif home_order:
         if callable(home_order):
             home_order = home_order()
-        chosen = _home(
-            home_order, rows, pool, first=first, least=least, tokens=prompt_tokens, cfg=cfg
-        )
+        rest = None if prompt_tokens is None else (1.0 - prefix_common) * prompt_tokens
+        chosen = _home(home_order, rows, pool, first=first, least=least, tokens=rest, cfg=cfg)
         if chosen is not None:
             reason = "home"
     if chosen is None:
@@ -277,6 +277,22 @@ def choose(
     out = _decision(chosen.id, reason, rows, home_order, session_endpoint)
     out.least = least
     return out
+
+
+def _sticky(
+    session: _Row | None, chosen: _Row, within: list[_Row], cfg: SchedulerConfig
+) -> _Row | None:
+    """The session's endpoint instead of the content's choice: one holding an equally
+    long prefix, within its bound, no busier than `session_load_bound` above it."""
+    if (
+        session is not None
+        and session is not chosen
+        and session in within
+        and session.blocks == chosen.blocks
+        and session.total <= chosen.total + cfg.session_load_bound
+    ):
+        return session
+    return None
 
 
 def _least_and_first(pool: list[_Row]) -> tuple[float, _Row]:
@@ -320,6 +336,7 @@ def _longest_holder(
     least: float,
     *,
     prefix_gain: Mapping[str, float] | None,
+    common: float,
     prompt_tokens: float | None,
     cfg: SchedulerConfig,
 ) -> tuple[_Row | None, list[_Row]]:
@@ -334,6 +351,8 @@ def _longest_holder(
     within: list[_Row] = []
     # The least loaded's wait and prefill cost: computed once, when a holder would queue.
     tokens = 0.0 if prompt_tokens is None else prompt_tokens
+    # What no candidate must compute or hold anew (a preamble cached everywhere).
+    rest = (1.0 - common) * tokens
     timed = cfg.weigh_queue_time and tokens > 0.0
     alt: tuple[float | None, float] | None = None
     for r in pool:
@@ -344,11 +363,16 @@ def _longest_holder(
         if timed and r is not first and r.total > least:
             if alt is None:
                 held = _held_share(first, gains, min_blocks)
-                alt = (wait_s(first.snap, cfg, need_tokens=(1.0 - held) * tokens), held)
+                alt = (wait_s(first.snap, cfg, need_tokens=rest - held * tokens), held)
             saving = _saving_s(first.snap, r.snap, gain - alt[1], tokens, cfg)
-            if _queues_longer(r.snap, alt[0], saving, cfg, (1.0 - gain) * tokens):
+            wait = wait_s(r.snap, cfg, need_tokens=rest - gain * tokens)
+            if _longer(wait, alt[0], saving):
                 r.note = "over wait"
                 continue
+            # Room now and a known saving: the bound's cut for a small gain is for
+            # holders that would queue (see SchedulerConfig.full_gain_at).
+            if wait == 0.0 and saving is not None and saving > 0.0:
+                bound = cfg.affinity_load_bound
         if r.total <= least or r.total < least + bound:
             within.append(r)
             # The longest run wins; of equal runs, the first in load order.
@@ -384,8 +408,10 @@ def _home(
                 cfg.weigh_queue_time
                 and row is not first
                 and row.total > least
-                and _queues_longer(
-                    row.snap, wait_s(first.snap, cfg, need_tokens=need), 0.0, cfg, need
+                and _longer(
+                    wait_s(row.snap, cfg, need_tokens=need),
+                    wait_s(first.snap, cfg, need_tokens=need),
+                    0.0,
                 )
             ):
                 row.note = "over wait"
@@ -500,20 +526,13 @@ def _saving_s(
     return share * tokens * cost * (1.0 + cfg.pending_weight * alt.pending)
 
 
-def _queues_longer(
-    s: Snapshot,
-    alt_wait: float | None,
-    saving: float | None,
-    cfg: SchedulerConfig,
-    need_tokens: float,
-) -> bool:
-    """Whether a request needing `need_tokens` of KV at `s` would wait there more than
-    `saving` seconds longer than at the alternative; False whenever a figure is unknown
-    (counts decide, as before)."""
-    if alt_wait is None or saving is None:
+def _longer(wait: float | None, alt_wait: float | None, saving: float | None) -> bool:
+    """Whether `wait` (seconds at a replica) is more than `saving` seconds longer than
+    `alt_wait` (at the alternative); False whenever a figure is unknown (counts decide,
+    as before)."""
+    if wait is None or alt_wait is None or saving is None:
         return False
-    wait = wait_s(s, cfg, need_tokens=need_tokens)
-    return wait is not None and wait > alt_wait + saving
+    return wait > alt_wait + saving
 
 
 class _Row:
@@ -542,7 +561,8 @@ def _precedes(a: _Row, b: _Row) -> bool:
 
 
 def _preferred_pool(cands: list[_Row], cfg: SchedulerConfig) -> list[_Row]:
-    """The highest-priority candidates with one unsaturated among them, else all."""
+    """The highest-priority candidates with one unsaturated among them, else all; the
+    others noted "priority"."""
     first = cands[0].prio
     for r in cands:
         if r.prio != first:
@@ -552,6 +572,9 @@ def _preferred_pool(cands: list[_Row], cfg: SchedulerConfig) -> list[_Row]:
     for prio in sorted({r.prio for r in cands}, reverse=True):
         pool = [r for r in cands if r.prio == prio]
         if any(r.total < cfg.saturated_load for r in pool):
+            for r in cands:
+                if r.prio != prio:
+                    r.note = "priority"
             return pool
     return cands
 
