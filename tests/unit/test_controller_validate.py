@@ -9,7 +9,7 @@ from llmgw.controller.api.validate import check_heartbeat, check_spec, check_usa
 from llmgw.controller.errors import InvalidSpec
 from llmgw.wire.agent import GPU, Heartbeat, ShardStatus
 from llmgw.wire.models import ModelSpec
-from llmgw.wire.usage import ModelLoad, UsageReport
+from llmgw.wire.usage import HOUR_S, MAX_HOUR, ModelLoad, UsageReport
 
 
 def _gpu(i: int) -> GPU:
@@ -90,6 +90,36 @@ class TestUsage:
     def test_a_non_finite_sent_at_is_refused(self) -> None:
         """An infinite sent_at would outrank every later report of that router."""
         assert _param(check_usage, UsageReport(router_id="r", sent_at=float("inf"))) == "sent_at"
+
+
+class TestUsageHour:
+    """A usage row's hour is bounded where the store can keep it."""
+
+    def test_an_hour_past_year_9999_is_refused_by_the_schema(self) -> None:
+        """The last hour of 9999 decodes; the next, or one too large for a 64-bit
+        column, is a validation error naming the field, not a failed write."""
+        row = {"key": "k", "model": "m"}
+        body = {"router_id": "r", "sent_at": 1.0, "tokens": [{**row, "hour": MAX_HOUR}]}
+        assert msgspec.json.decode(msgspec.json.encode(body), type=UsageReport).tokens
+        for hour in (MAX_HOUR + HOUR_S, 3600 * 10**20):
+            body["tokens"] = [{**row, "hour": hour}]
+            with pytest.raises(msgspec.ValidationError, match=r"tokens\[0\]\.hour"):
+                msgspec.json.decode(msgspec.json.encode(body), type=UsageReport)
+
+
+class TestHeartbeatMemory:
+    """Memory figures in a heartbeat are bounded where the store can keep them."""
+
+    def test_memory_past_an_exbibyte_is_refused_by_the_schema(self) -> None:
+        """2**40 MiB decodes; one more, for the node or a card, is a validation error."""
+        base = msgspec.to_builtins(Heartbeat(node="n", address="10.0.0.1", gpus=(_gpu(0),)))
+        ok = {**base, "host_memory_mib": 2**40}
+        assert msgspec.convert(ok, Heartbeat).host_memory_mib == 2**40
+        with pytest.raises(msgspec.ValidationError, match="host_memory_mib"):
+            msgspec.convert({**base, "host_memory_mib": 2**63}, Heartbeat)
+        card = {**base["gpus"][0], "memory_mib": 2**40 + 1}
+        with pytest.raises(msgspec.ValidationError, match="memory_mib"):
+            msgspec.convert({**base, "gpus": [card]}, Heartbeat)
 
 
 class TestSpec:

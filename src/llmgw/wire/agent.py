@@ -18,6 +18,9 @@ from llmgw.wire.policy import SpecPolicy
 # controller's edge checks (api/validate.py) add what spans fields.
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+# Memory in MiB, up to an exbibyte: larger is a typo, and the store keeps it in a
+# 64-bit column.
+MiB = Annotated[int, msgspec.Meta(ge=0, le=2**40)]
 
 # sleeping: the engine runs and sleeps (it was told to, ShardSpec.sleep_level).
 ShardState = Literal["starting", "ready", "failed", "stopped", "sleeping"]
@@ -31,7 +34,7 @@ class GPU(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     # Placement class, e.g. "H100-80G" (agent.gpus derives it from name and memory).
     gpu_class: str
-    memory_mib: int
+    memory_mib: MiB
     healthy: bool = True
     # Why not healthy (critical XID, uncorrectable ECC, injected fault); None when healthy.
     reason: str | None = None
@@ -98,7 +101,7 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     # The node's host memory in MiB (/proc/meminfo MemTotal, or the agent's
     # --host-memory-mib on a fake node): what level-1 sleeps may fill with weights.
     # None: an agent that does not say (no level-1 sleep is planned there).
-    host_memory_mib: NonNegInt | None = None
+    host_memory_mib: MiB | None = None
 
 
 # An environment variable's name, as a shell and execve take it.

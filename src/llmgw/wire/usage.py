@@ -23,6 +23,9 @@ PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
 UsageName = Annotated[str, msgspec.Meta(max_length=256, pattern=PRINTABLE)]
 # Counts in token usage: never negative, and small enough that a sum stays exact.
 MAX_COUNT = 2**53
+# The last hour a row may name: 9999-12-31 23:00 UTC. Hours are stored as 64-bit
+# integers; a larger one would fail the store's write instead of the report's check.
+MAX_HOUR = 253_402_297_200
 Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 # What `GET /admin/usage` groups by.
 UsageBy = Literal["key", "team", "model"]
@@ -54,7 +57,7 @@ class TokenUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """
 
     # Unix seconds at the start of the UTC hour (a multiple of HOUR_S).
-    hour: Annotated[int, msgspec.Meta(ge=0, multiple_of=HOUR_S)]
+    hour: Annotated[int, msgspec.Meta(ge=0, le=MAX_HOUR, multiple_of=HOUR_S)]
     key: Annotated[UsageName, msgspec.Meta(min_length=1)]
     # "" for a router file's key without a team.
     team: UsageName = ""
