@@ -228,7 +228,7 @@ class FlowGate:
             return False
         if head.band != BANDS[0] and self.reserving(m.name):
             return self._room(snaps, 1 + self.critical_reserve)
-        return self._room(snaps, 1)
+        return self.below_capacity(snaps)
 
     def _has_room(self, s: Snapshot) -> bool:
         """Whether `s` (its breaker not open) can take a request now without it waiting
