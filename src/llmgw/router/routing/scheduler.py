@@ -365,7 +365,8 @@ def _longest_holder(
                 held = _held_share(first, gains, min_blocks)
                 alt = (wait_s(first.snap, cfg, need_tokens=rest - held * tokens), held)
             saving = _saving_s(first.snap, r.snap, gain - alt[1], tokens, cfg)
-            wait = wait_s(r.snap, cfg, need_tokens=rest - gain * tokens)
+            # Both uses of the holder's wait need the saving: no saving, no wait.
+            wait = None if saving is None else wait_s(r.snap, cfg, need_tokens=rest - gain * tokens)
             if _longer(wait, alt[0], saving):
                 r.note = "over wait"
                 continue
