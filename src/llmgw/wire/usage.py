@@ -23,10 +23,10 @@ PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
 UsageName = Annotated[str, msgspec.Meta(max_length=256, pattern=PRINTABLE)]
 # Counts in token usage: never negative, and small enough that a sum stays exact.
 MAX_COUNT = 2**53
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 # The last hour a row may name: 9999-12-31 23:00 UTC. Hours are stored as 64-bit
 # integers; a larger one would fail the store's write instead of the report's check.
 MAX_HOUR = 253_402_297_200
-Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 # What `GET /admin/usage` groups by.
 UsageBy = Literal["key", "team", "model"]
 # Its `since_s` when absent (the last day), and the furthest back it may reach (ten
