@@ -100,6 +100,20 @@ class TestOurs:
         d = Ours(prefix).choose([snap("a"), snap("b")], RouteKey((11, 22)), ("a", "b"))
         assert (d.endpoint_id, len(prefix)) == (None, 0)
 
+    def test_a_choice_asked_without_dispatch_records_nothing(self) -> None:
+        """A choice made with record=False (a request flow control may hold) credits no
+        endpoint and no session; `dispatched` then records the one that was sent."""
+        prefix = PrefixIndex()
+        ours = Ours(prefix)
+        key = RouteKey((11, 22, 33), session=7)
+        snaps = [snap("a"), snap("b")]
+        d = ours.choose(snaps, key, (), record=False)
+        assert d.endpoint_id is not None
+        assert (len(prefix), ours.sessions.last(key)) == (0, None)
+        ours.dispatched(d, snaps, key)
+        assert prefix.match(key.hashes, ["a", "b"]) == {d.endpoint_id: 3}
+        assert ours.sessions.last(key) == d.endpoint_id
+
     def test_no_hashes_is_plain_load(self) -> None:
         """A request without a prompt (no hashes) is routed on load alone."""
         ours = Ours(PrefixIndex())

@@ -200,8 +200,9 @@ class Proxy:
         try:
             while True:
                 snaps = st.registry.snapshots(model)
-                decision = st.policy.choose(snaps, call.hashes, att.tried)
-                if not call.queued and st.flow.enabled and self._queues(call, decision, snaps):
+                peek = st.flow.enabled and not call.queued
+                decision = st.policy.choose(snaps, call.hashes, att.tried, record=not peek)
+                if peek and self._held(call, decision, snaps):
                     band = await wait_turn(st, model, call.tenant, att.deadline)
                     # Granted: choose again, among replicas as they are now (a critical
                     # request among those with room: FlowGate.exclude_for).
@@ -255,14 +256,19 @@ class Proxy:
         mark = MARK if call.api is None else call.api.error_mark
         return Attempts(call.t0 + cfg.request_timeout_s, cfg.max_retries, mark)
 
-    def _queues(self, call: Call, decision: Decision, snaps: Sequence[Snapshot]) -> bool:
+    def _held(self, call: Call, decision: Decision, snaps: Sequence[Snapshot]) -> bool:
         """Whether flow control holds the call before its first attempt: asked once, when
-        others wait or the chosen replica's load is at saturation (flowgate.py)."""
-        flow = self.state.flow
+        others wait or the chosen replica's load is at saturation (flowgate.py). `decision`
+        was asked without dispatching (a choice never sent must not teach the prefix
+        index a holder); a call not held goes where it says, and the policy is told so."""
+        st = self.state
+        flow = st.flow
         least = decision.least
         if flow.waiting or (least is not None and least >= flow.saturated_load):
             call.queued = True
-            return must_queue(self.state, call.model, least, snaps, tenant=call.tenant)
+            if must_queue(st, call.model, least, snaps, tenant=call.tenant):
+                return True
+        st.policy.dispatched(decision, snaps, call.hashes)
         return False
 
     def _attempt_over(self, call: Call, att: Attempts) -> None:

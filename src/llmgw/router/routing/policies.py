@@ -31,8 +31,20 @@ class Policy(Protocol):
     uses_prefix: bool
 
     def choose(
-        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
-    ) -> Decision: ...
+        self,
+        snaps: Sequence[Snapshot],
+        key: RouteKey,
+        exclude: Collection[str],
+        *,
+        record: bool = True,
+    ) -> Decision:
+        """The replica for the request. `record=False` asks without dispatching: the
+        caller may hold the request instead, and calls `dispatched` if it sends it."""
+        ...
+
+    def dispatched(self, decision: Decision, snaps: Sequence[Snapshot], key: RouteKey) -> None:
+        """The request is sent where `decision` (from `choose(record=False)`) says."""
+        ...
 
     def served(
         self,
@@ -74,7 +86,12 @@ class Ours:
         self.homes = Homes()
 
     def choose(
-        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
+        self,
+        snaps: Sequence[Snapshot],
+        key: RouteKey,
+        exclude: Collection[str],
+        *,
+        record: bool = True,
     ) -> Decision:
         hashes = key.hashes
         if not hashes:
@@ -102,24 +119,30 @@ class Ours:
             session_endpoint=self.sessions.last(key),
             cfg=self.cfg,
         )
-        if d.endpoint_id is not None:
-            # Remembered at dispatch, not only on completion: an engine takes (and
-            # evicts for) a request's blocks when it schedules it, and a later request
-            # with the same prefix hits them while the first still runs. Recording only
-            # completions left the index believing in prefixes the engine had already
-            # evicted for the requests in flight (bench/routing.py, cache-starved: a
-            # sixth of requests went to such a "holder"), and sent the
-            # same prefix elsewhere until its first request finished. A request that
-            # then fails leaves an entry the LRU ages out.
-            eid = d.endpoint_id
-            stats = None
-            for s in snaps:
-                if s.id == eid:
-                    stats = s.stats
-                    break
-            self._record(eid, hashes, stats)
-            self.sessions.served(key, eid)
+        if record:
+            self.dispatched(d, snaps, key)
         return d
+
+    def dispatched(self, decision: Decision, snaps: Sequence[Snapshot], key: RouteKey) -> None:
+        # Remembered at dispatch, not only on completion: an engine takes (and evicts
+        # for) a request's blocks when it schedules it, and a later request with the
+        # same prefix hits them while the first still runs. Recording only completions
+        # left the index believing in prefixes the engine had already evicted for the
+        # requests in flight (bench/routing.py, cache-starved: a sixth of requests went
+        # to such a "holder"), and sent the same prefix elsewhere until its first
+        # request finished. A request that then fails leaves an entry the LRU ages out.
+        # Never at a choice that was not sent: a request flow control holds would leave
+        # a holder where nothing ran, and push real ones out of the LRU.
+        eid = decision.endpoint_id
+        if eid is None or not key.hashes:
+            return
+        stats = None
+        for s in snaps:
+            if s.id == eid:
+                stats = s.stats
+                break
+        self._record(eid, key.hashes, stats)
+        self.sessions.served(key, eid)
 
     def _exact_matches(
         self, matches: dict[str, int], body: Mapping[str, Any], precise: list[str], n: int
@@ -199,6 +222,9 @@ def _none(snaps: Sequence[Snapshot]) -> Decision:
 class _Baseline:
     uses_prefix = False
 
+    def dispatched(self, decision: Decision, snaps: Sequence[Snapshot], key: RouteKey) -> None:
+        pass
+
     def served(
         self,
         endpoint_id: str,
@@ -220,7 +246,12 @@ class RoundRobin(_Baseline):
         self._next = 0
 
     def choose(
-        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
+        self,
+        snaps: Sequence[Snapshot],
+        key: RouteKey,
+        exclude: Collection[str],
+        *,
+        record: bool = True,
     ) -> Decision:
         cands = _candidates(snaps, exclude)
         if not cands:
@@ -239,7 +270,12 @@ class LeastInflight(_Baseline):
         self._tie = 0
 
     def choose(
-        self, snaps: Sequence[Snapshot], key: RouteKey, exclude: Collection[str]
+        self,
+        snaps: Sequence[Snapshot],
+        key: RouteKey,
+        exclude: Collection[str],
+        *,
+        record: bool = True,
     ) -> Decision:
         cands = _candidates(snaps, exclude)
         if not cands:
