@@ -293,6 +293,20 @@ class TestAdoption:
         (st,) = sup2.statuses()
         assert (st.state, st.pid, st.port) == ("ready", old_proc.pid, 21000)
 
+    async def test_priority_scheduling_is_reported_and_kept(
+        self, parts: dict[str, Any], tmp_path: Path
+    ) -> None:
+        """A sim shard started with priority scheduling says so, in the state file too, so
+        the agent that adopts it says so again; a llama.cpp shard does not."""
+        parts["sup"].apply([spec(), spec("l", engine="llamacpp")])
+        got = {st.replica_id: st.priority_scheduling for st in parts["sup"].statuses()}
+        assert got == {"r1": True, "l": False}
+        old_proc = parts["spawner"].spawned[0][2]
+        sup2, spawner2, _ = self._second(parts, tmp_path)
+        spawner2.alive[old_proc.pid] = old_proc
+        sup2.adopt(StateStore(tmp_path / "state", node="n1").load())
+        assert [st.priority_scheduling for st in sup2.statuses() if st.replica_id == "r1"] == [True]
+
     async def test_reused_pid_is_not_adopted(self, parts: dict[str, Any], tmp_path: Path) -> None:
         """A pid now owned by another process (other start time) is reported failed."""
         parts["sup"].apply([spec()])

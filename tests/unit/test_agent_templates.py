@@ -50,9 +50,12 @@ class TestVllm:
             "10.1.2.3",
             "--tensor-parallel-size",
             "2",
+            "--scheduling-policy",
+            "priority",
         )
         assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,3"}
         assert plan.health_path == "/health"
+        assert plan.priority_scheduling is True
 
     def test_multi_node_rank0(self) -> None:
         """Rank 0 of a multi-node replica adds the mp executor's rendezvous flags and serves."""
@@ -74,6 +77,8 @@ class TestVllm:
             "10.0.0.1",
             "--master-port",
             "29501",
+            "--scheduling-policy",
+            "priority",
         )
         assert plan.health_path == "/health"
 
@@ -84,6 +89,16 @@ class TestVllm:
         assert plan.argv[-1] == "--headless"
         assert plan.argv[plan.argv.index("--node-rank") + 1] == "1"
         assert plan.health_path is None
+        assert "--scheduling-policy" not in plan.argv
+
+    def test_a_spec_may_turn_priority_scheduling_off(self) -> None:
+        """The spec's own `--scheduling-policy fcfs` wins (it comes last), and the plan
+        then says the engine takes no priority field."""
+        for args in (("--scheduling-policy", "fcfs"), ("--scheduling-policy=fcfs",)):
+            plan = render(shard(args=args), port=21000, host="10.1.2.3")
+            assert plan.priority_scheduling is False
+        plan = render(shard(engine="llamacpp"), port=21000, host="10.1.2.3")
+        assert plan.priority_scheduling is False
 
     def test_model_args_and_env_come_last(self) -> None:
         """Model args follow the rendered flags (so they win) and model env joins the GPUs."""
@@ -170,6 +185,8 @@ class TestSim:
             "llama",
             "--tensor-parallel-size",
             "2",
+            "--scheduling-policy",
+            "priority",
             "--speed",
             "10",
         )

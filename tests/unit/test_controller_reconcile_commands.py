@@ -177,6 +177,19 @@ class TestValidation:
 class TestSink:
     """The endpoint sink's list and its long poll."""
 
+    def test_priority_scheduling_is_as_the_agent_reported(self) -> None:
+        """A replica whose agent says its engine orders by priority is listed so; one
+        whose agent does not say (FCFS, or an older agent) is not."""
+        w = World()
+        w.node("a")
+        w.model(spec("m", min_replicas=2, max_replicas=2))
+        w.tick()
+        one, two = (r.id for r in w.replicas("m"))
+        w.heartbeat("a", {one: "ready", two: "ready"}, priority=frozenset({one}))
+        out = endpoint_list(w.state, w.index, version=1)
+        got = {e.id: e.priority_scheduling for e in out.endpoints}
+        assert got == {one: True, two: False}
+
     def test_list_has_ready_replicas_and_every_name(self) -> None:
         """Only ready replicas are endpoints; models lists every name and alias."""
         w = World()

@@ -86,6 +86,9 @@ class ShardRecord(msgspec.Struct, frozen=True, kw_only=True):
     # Its KV-event publisher's ports, reported again after a re-adoption.
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
+    # Started with --scheduling-policy priority (reported again after a re-adoption;
+    # a record from an agent that did not write it reads FCFS).
+    priority_scheduling: bool = False
 
 
 class StateDoc(msgspec.Struct, frozen=True, kw_only=True):

@@ -88,6 +88,8 @@ class _Shard:
     # what it serves (adapters.py); None before.
     started_adapters: tuple[str, ...] = ()
     adapters: AdapterState | None = None
+    # Started with --scheduling-policy priority (templates.LaunchPlan).
+    priority_scheduling: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -171,6 +173,7 @@ class Supervisor:
                 secret_values=self._adopted_secrets(rec, proc),
                 proc=proc,
                 started_at=rec.started_at,
+                priority_scheduling=rec.priority_scheduling,
                 # A start-only engine serves its spec's list (kept as it started);
                 # one that loads at run time is asked again, and its "already
                 # loaded" counts as served.
@@ -404,6 +407,7 @@ class Supervisor:
                     if sh.state == "ready" and sh.adapters is not None
                     else ()
                 ),
+                priority_scheduling=sh.priority_scheduling,
             )
             for _, sh in sorted(self._shards.items())
         )
@@ -460,6 +464,7 @@ class Supervisor:
                 kv_events=sh.kv_ports,
             )
             sh.health_path = plan.health_path
+            sh.priority_scheduling = plan.priority_scheduling
             sh.started_adapters = serves_at_start(spec)
             sh.proc = self._spawner.spawn(plan.argv, plan.env, sh.log_path)
         except (
@@ -576,6 +581,7 @@ class Supervisor:
                     api_key=sh.api_key,
                     kv_events_port=sh.kv_ports.publish if sh.kv_ports is not None else None,
                     kv_events_replay_port=(sh.kv_ports.replay if sh.kv_ports is not None else None),
+                    priority_scheduling=sh.priority_scheduling,
                 )
                 for sh in self._shards.values()
                 if sh.proc is not None and sh.port is not None

@@ -71,6 +71,14 @@ another replica took over since hears nothing from it.
 
 LoRA adapters (a shard with `adapters`): agent/adapters.py renders their flags.
 
+Priority scheduling: vLLM and the sim-engine run `--scheduling-policy priority`, so
+their waiting queue (rank 0's: ranks above it schedule nothing) is ordered by each
+request's `priority` field (lower first, then
+arrival; default 0, so a request without one waits as under FCFS). The router writes
+a key's band there (docs/tenants.md, "Engine priority"). A spec's `args` may set
+`--scheduling-policy fcfs`; the shard then reports no priority scheduling and the
+router sends no `priority` field (vLLM refuses one other than 0 under FCFS).
+
 sim-engine (`llmgw sim-engine`): the same shape as vLLM. A multi-node
 replica's ranks above 0 also run a sim-engine: it serves /health, so the agent
 supervises every rank the same way, and the router only ever sends traffic to
@@ -97,6 +105,9 @@ DEFAULT_COMMANDS: Mapping[EngineKind, tuple[str, ...]] = {
     "llamacpp": (os.environ.get("LLMGW_LLAMA_SERVER") or "llama-server",),
     "sim": (sys.executable, "-m", "llmgw", "sim-engine"),
 }
+
+# The engines started with `--scheduling-policy priority` (module docstring).
+PRIORITY_ENGINES: frozenset[EngineKind] = frozenset({"vllm", "sim"})
 
 # llama-server defaults; the spec's args come later and win.
 LLAMACPP_SLOTS = 4
@@ -161,6 +172,9 @@ class LaunchPlan:
     env: Mapping[str, str] = field(default_factory=dict)
     # GET this on 127.0.0.1:<port> → 200 means ready; None: ready while alive.
     health_path: str | None = "/health"
+    # The engine orders its queue by the request's `priority` field (`argv`'s last
+    # `--scheduling-policy` is "priority").
+    priority_scheduling: bool = False
 
 
 # The flag whose value the agent's logs and the engine log's header never show.
@@ -212,6 +226,8 @@ def render(
                 "KV events the router follows (vllm and sim do)"
             )
         body += ["--kv-events-config", kv_events_config(spec, kv_events, host)]
+    if spec.engine in PRIORITY_ENGINES and spec.rank == 0:
+        body += ["--scheduling-policy", "priority"]
     body += start_args(spec, spec.env if env is None else env)
     out = {
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
@@ -222,7 +238,25 @@ def render(
         out.update(sleep_env(spec, out))
     if api_key and spec.engine != "sglang":
         out[KEY_ENV[spec.engine]] = api_key
-    return LaunchPlan(argv=(*prefix, *body, *spec.args), env=out, health_path=health)
+    argv = (*prefix, *body, *spec.args)
+    return LaunchPlan(
+        argv=argv,
+        env=out,
+        health_path=health,
+        priority_scheduling=scheduling_policy(argv) == "priority",
+    )
+
+
+def scheduling_policy(argv: tuple[str, ...] | list[str]) -> str:
+    """The value of the last `--scheduling-policy` in `argv` (argparse keeps the last);
+    "" when there is none."""
+    out = ""
+    for i, arg in enumerate(argv):
+        if arg == "--scheduling-policy" and i + 1 < len(argv):
+            out = argv[i + 1]
+        elif arg.startswith("--scheduling-policy="):
+            out = arg.partition("=")[2]
+    return out
 
 
 def sleep_args(spec: ShardSpec) -> list[str]:

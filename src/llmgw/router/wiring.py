@@ -141,6 +141,8 @@ class Router:
         # Endpoint id → adapter → its llama.cpp position (router/request/lora.py); only
         # llama.cpp replicas that serve adapters are in it.
         self.lora_ids: dict[str, dict[str, int]] = {}
+        # Endpoints whose engine orders its queue by the request's `priority` field.
+        self.prioritized: frozenset[str] = frozenset()
         self.known_models: frozenset[str] = frozenset()
         # Alias → the served name (an endpoint's first model name), for metric labels.
         self.served_name: dict[str, str] = {}
@@ -247,6 +249,7 @@ class Router:
         self.served_name = {n: i.models[0] for i in infos if i.models for n in i.models[1:]}
         self.engine_auth = {i.id: f"Bearer {i.api_key}" for i in infos if i.api_key}
         self.lora_ids = {i.id: lora.positions(i.lora_ids) for i in infos if i.lora_ids}
+        self.prioritized = frozenset(i.id for i in infos if i.priority_scheduling)
         self._refresh_models()
         if removed:
             log.info(kv("endpoints removed", ids=",".join(removed)))

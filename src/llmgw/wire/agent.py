@@ -65,6 +65,9 @@ class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
     # LoRA adapters the engine serves now (rank 0), by name: loaded at start or at run
     # time. Empty: none, or an agent that does not report them.
     adapters: tuple[str, ...] = ()
+    # The engine was started ordering its queue by each request's `priority` field
+    # (vLLM's --scheduling-policy priority). False: FCFS, or an agent that does not say.
+    priority_scheduling: bool = False
 
     def __repr__(self) -> str:
         key = "'***'" if self.api_key else "''"
@@ -75,7 +78,8 @@ class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
             f"started_at={self.started_at!r}, api_key={key}, "
             f"kv_events_port={self.kv_events_port!r}, "
             f"kv_events_replay_port={self.kv_events_replay_port!r}, "
-            f"kv_events_topic={self.kv_events_topic!r}, adapters={self.adapters!r})"
+            f"kv_events_topic={self.kv_events_topic!r}, adapters={self.adapters!r}, "
+            f"priority_scheduling={self.priority_scheduling!r})"
         )
 
 

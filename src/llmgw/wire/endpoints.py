@@ -78,6 +78,10 @@ class EndpointInfo(
     # loaded them (a request selects one by its position, router/request/lora.py). Empty for
     # other engines, which take an adapter's name as the model.
     lora_ids: tuple[str, ...] = ()
+    # The engine orders its waiting queue by each request's `priority` field (vLLM's
+    # --scheduling-policy priority): the router writes the request's band there
+    # (docs/tenants.md, "Engine priority"). False: it sends none.
+    priority_scheduling: bool = False
 
     def __repr__(self) -> str:
         key = "'***'" if self.api_key else "''"
@@ -87,7 +91,7 @@ class EndpointInfo(
             f"priority={self.priority!r}, api_key={key}, kv_events={self.kv_events!r}, "
             f"kv_events_topic={self.kv_events_topic!r}, "
             f"kv_events_replay={self.kv_events_replay!r}, tokenizer={self.tokenizer!r}, "
-            f"lora_ids={self.lora_ids!r})"
+            f"lora_ids={self.lora_ids!r}, priority_scheduling={self.priority_scheduling!r})"
         )
 
 

@@ -214,6 +214,7 @@ def _absorb_shard(shard: Shard, st: ShardStatus | None) -> Shard:
         kv_events_replay_port=st.kv_events_replay_port,
         kv_events_topic=st.kv_events_topic,
         adapters=tuple(st.adapters),
+        priority_scheduling=st.priority_scheduling,
     )
 
 

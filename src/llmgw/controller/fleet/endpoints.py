@@ -77,6 +77,7 @@ def endpoint_info(
         api_key=r.shards[0].api_key if r.shards else "",
         # llama.cpp selects an adapter by its position among those it started with.
         lora_ids=r.shards[0].adapters if spec.engine == "llamacpp" and r.shards else (),
+        priority_scheduling=bool(r.shards) and r.shards[0].priority_scheduling,
     )
     kv = kv_events_fields(r, model)
     return msgspec.structs.replace(info, **kv) if kv else info

@@ -140,6 +140,8 @@ class Shard:
     kv_events_topic: str = ""
     # LoRA adapters its engine serves now, as its agent reported them (rank 0).
     adapters: tuple[str, ...] = ()
+    # Its engine orders its queue by each request's `priority` (as its agent reported).
+    priority_scheduling: bool = False
 
 
 @dataclass(frozen=True, slots=True)

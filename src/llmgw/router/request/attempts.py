@@ -17,7 +17,7 @@ from llmgw.router.errors import NoReplica, UpstreamError
 from llmgw.router.http.answers import JSON
 from llmgw.router.replicas.breaker import BreakerState, Outcome, classify_status
 from llmgw.router.replicas.registry import Snapshot
-from llmgw.router.request import lora
+from llmgw.router.request import enginepriority, lora
 from llmgw.router.request.call import Call
 from llmgw.router.request.inband import (
     MARK,
@@ -232,9 +232,14 @@ async def attempt(
 
 
 def _body_for(st: Router, call: Call, att: Attempts, eid: str) -> bytes:
-    """The body `eid` gets: the client's, or for a LoRA adapter on llama.cpp the
-    adapter selected by its id (lora.py), whose answer then gets its name back."""
+    """The body `eid` gets: the client's, with the request's engine priority where the
+    engine orders its queue by one (enginepriority.py), or for a LoRA adapter on
+    llama.cpp the adapter selected by its id (lora.py), whose answer then gets its
+    name back."""
     att.rename = None
+    n = call.engine_priority
+    if n is not None and eid in st.prioritized:
+        return enginepriority.with_priority(call.body, n)
     if st.lora_ids:
         ids = st.lora_ids.get(eid)
         lora_id = ids.get(call.model) if ids is not None else None

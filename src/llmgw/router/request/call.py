@@ -61,7 +61,9 @@ class Call:
     API's rules, apis/; None for the proxy's own routes), `charge` (a limited key's,
     tenants.py: its headers go on the answer, the engine's usage settles it),
     `tenant` (the request's key, for the access log), `max_tokens` (the request's,
-    owed at its endpoint until streamed: scheduler.py; None when it set none).
+    owed at its endpoint until streamed: scheduler.py; None when it set none),
+    `engine_priority` (the `priority` an endpoint with priority scheduling gets,
+    enginepriority.py; None: the body as sent).
 
     Learned: `eid` (the endpoint answering; "" before one is chosen), `status`
     (the client's; 503 until something else is known), `result` (the outcome for
@@ -76,6 +78,7 @@ class Call:
         "body",
         "charge",
         "eid",
+        "engine_priority",
         "fwd",
         "hashes",
         "head",
@@ -112,6 +115,7 @@ class Call:
         charge: Charge | None = None,
         tenant: Tenant | None = None,
         max_tokens: int | None = None,
+        engine_priority: int | None = None,
     ) -> None:
         self.request = request
         self.rid = rid
@@ -126,6 +130,7 @@ class Call:
         self.charge = charge
         self.tenant = tenant
         self.max_tokens = max_tokens
+        self.engine_priority = engine_priority
         self.eid = ""
         self.status = 503
         self.result = UNAVAILABLE

@@ -327,5 +327,9 @@ class FlowQueue:
         """(band, tenant) → requests waiting; only those with any."""
         return {(band, t): n for band in BANDS for t, n in self._bands[band].counts.items()}
 
+    def queued_of(self, band: str, tenant: str) -> int:
+        """Requests of `tenant` waiting in `band`."""
+        return self._bands[band].counts.get(tenant, 0)
+
     def waiting_in(self, band: str) -> int:
         return self._bands[band].count

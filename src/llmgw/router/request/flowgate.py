@@ -299,6 +299,11 @@ class FlowGate:
         m = self._models.get(model)
         return m is not None and len(m.queue) > 0
 
+    def backlogged(self, model: str, band: str, tenant: str) -> bool:
+        """Whether `tenant` has requests for `model` waiting in `band` here."""
+        m = self._models.get(model)
+        return m is not None and m.queue.queued_of(band, tenant) > 0
+
     def _model(self, model: str) -> _Model:
         m = self._models.get(model)
         if m is None:

@@ -33,6 +33,7 @@ from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import DISCONNECTED, ENGINE_ERROR, OK, REJECTED, UNAVAILABLE
 from llmgw.router.replicas.breaker import Outcome, classify_status
 from llmgw.router.replicas.registry import Release, Snapshot
+from llmgw.router.request import enginepriority
 from llmgw.router.request.accounting import count, count_call, refused, tag
 from llmgw.router.request.attempts import Attempts, Failed, Step, attempt
 from llmgw.router.request.call import Call, request_id
@@ -163,6 +164,7 @@ class Proxy:
             charge=charge,
             tenant=tenant,
             max_tokens=limit if type(limit) is int else None,
+            engine_priority=enginepriority.of(tenant, doc),
         )
 
     def admit(
@@ -203,7 +205,7 @@ class Proxy:
                 peek = st.flow.enabled and not call.queued
                 decision = st.policy.choose(snaps, call.hashes, att.tried, record=not peek)
                 if peek and self._held(call, decision, snaps):
-                    band = await wait_turn(st, model, call.tenant, att.deadline)
+                    band = await wait_turn(st, call, att.deadline)
                     # Granted: choose again, among replicas as they are now (a critical
                     # request among those with room: FlowGate.exclude_for).
                     snaps = st.registry.snapshots(model)

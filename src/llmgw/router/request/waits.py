@@ -14,6 +14,8 @@ from typing import Final
 
 from llmgw.router.errors import HoldQueueFull, NoReplica
 from llmgw.router.replicas.registry import Snapshot
+from llmgw.router.request import enginepriority
+from llmgw.router.request.call import Call
 from llmgw.router.request.flow import ANONYMOUS, DEFAULT_BAND
 from llmgw.router.request.holding import (
     held_too_long,
@@ -139,10 +141,12 @@ def _band_of(tenant: Tenant | None) -> tuple[str, str]:
     return tenant.key.priority, tenant.team or tenant.name
 
 
-async def wait_turn(st: Router, model: str, tenant: Tenant | None, deadline: float) -> str:
-    """Wait in flow control's queue for `model` (flowgate.py); FlowRefused at its bounds.
-    The request's band, once granted."""
-    band, who = _band_of(tenant)
+async def wait_turn(st: Router, call: Call, deadline: float) -> str:
+    """Wait in flow control's queue for the call's model (flowgate.py); FlowRefused at
+    its bounds. The request's band, once granted; its engine priority is then one
+    later while its tenant has more queued (enginepriority.py)."""
+    model = call.model
+    band, who = _band_of(call.tenant)
     snapshots = st.registry.snapshots
     await st.flow.wait_turn(
         model,
@@ -152,4 +156,6 @@ async def wait_turn(st: Router, model: str, tenant: Tenant | None, deadline: flo
         snapshots=lambda: snapshots(model),
         running=sum(s.inflight for s in snapshots(model)),
     )
+    backlogged = st.flow.backlogged(model, band, who)
+    call.engine_priority = enginepriority.granted(call.engine_priority, backlogged=backlogged)
     return band
