@@ -533,6 +533,8 @@ class Processes:
         self.router: Program | None = None
         # Engine id → its KV-event publisher's address (precise mode only).
         self.kv_events: dict[str, str] = {}
+        # Flags every engine of the run gets after the fleet's own.
+        self.engine_extra: list[str] = []
 
     def start_engines(self, *, kv_events: bool = False) -> dict[str, str]:
         args = self.fleet.engine_args()
@@ -542,7 +544,9 @@ class Processes:
                 addr = self.kv_events[f"e{i}"] = f"tcp://127.0.0.1:{free_port()}"
                 conf = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": addr}
                 extra = ["--kv-events-config", _encode(conf).decode()]
-            self.engines[f"e{i}"] = start_program([*args, *extra], log_dir=self.log_dir, wait=False)
+            self.engines[f"e{i}"] = start_program(
+                [*args, *self.engine_extra, *extra], log_dir=self.log_dir, wait=False
+            )
         for p in self.engines.values():
             p.wait_ready(timeout_s=60)
         return {e: p.url for e, p in self.engines.items()}

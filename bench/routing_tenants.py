@@ -17,6 +17,11 @@ Tenants (one client key each, the key's team = the tenant)
     requests are bench/routing.py's multi-turn conversations (own seed, the same
     system prompts), open-loop, streamed.
 
+Engines run `--scheduling-policy priority` and the router's file says so
+(`priority_scheduling`), as the agent starts vLLM and the sim-engine: the router
+writes each key's band into the engine's queue order (docs/tenants.md, "Engine
+priority"). `--engine-priority off`: FCFS engines, bodies as the clients sent them.
+
 Runs, in one invocation, each on fresh engines and a fresh router:
     unloaded   quiet and critical alone at their rates of the highest load (well
                below capacity: their p99 TTFT with nobody else on the fleet)
@@ -91,6 +96,12 @@ class TenantProcesses(Processes):
     """bench/routing.py's processes with a router that knows the tenants' keys."""
 
     flow = True
+    engine_priority = True
+
+    def start_engines(self, *, kv_events: bool = False) -> dict[str, str]:
+        if self.engine_priority:
+            self.engine_extra = ["--scheduling-policy", "priority"]
+        return super().start_engines(kv_events=kv_events)
 
     def start_router(self, policy: str, urls: dict[str, str]) -> str:
         cfg = self.log_dir / f"router-{policy}.yaml"
@@ -106,8 +117,9 @@ class TenantProcesses(Processes):
             digest = hashlib.sha256(key.encode()).hexdigest()
             lines.append(f"  - {{name: {name}, team: {name}, priority: {band}, sha256: {digest}}}")
         lines.append("endpoints:")
+        prio = ", priority_scheduling: true" if self.engine_priority else ""
         for eid, url in urls.items():
-            lines.append(f"  - {{id: {eid}, url: '{url}', models: [{routing.MODEL}]}}")
+            lines.append(f"  - {{id: {eid}, url: '{url}', models: [{routing.MODEL}]{prio}}}")
         cfg.write_text("\n".join(lines) + "\n")
         self.router = routing.start_program(
             ["router", "--config", str(cfg), "--port", "0"], log_dir=self.log_dir
@@ -174,6 +186,7 @@ async def one_run(
 ) -> Run:
     procs = TenantProcesses(fleet, log_dir)
     procs.flow = flow
+    procs.engine_priority = opts.engine_priority == "on"
     loop = asyncio.get_running_loop()
     try:
         urls = await asyncio.to_thread(procs.start_engines)
@@ -342,6 +355,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a("--capacity-rps", type=float, default=None, help="skip calibration, use this")
     a("--short", action="store_true", help="shorter runs and calibration (noisier)")
     a("--seed", type=int, default=1)
+    a(
+        "--engine-priority",
+        choices=("on", "off"),
+        default="on",
+        help="engines order their queues by the band the router writes (default on)",
+    )
     a("--no-write", action="store_true")
     own, rest = p.parse_known_args(argv)
     base = routing.parse_args(rest)
@@ -430,7 +449,8 @@ async def amain(opts: argparse.Namespace, command: str) -> int:
                 f"Command: `{command}`; {opts.engines} sim-engines, capacity C "
                 f"{capacity:.1f} req/s (closed-loop round-robin); loads {list(opts.loads)} x C, "
                 f"split noisy 3 : quiet 0.3 : critical 0.2; "
-                f"goodput: served with TTFT <= {opts.slo_s:g} s. "
+                f"goodput: served with TTFT <= {opts.slo_s:g} s; "
+                f"engine priority {opts.engine_priority}. "
                 f"{elapsed:.0f} s in all.",
                 "",
                 *lines,
