@@ -12,6 +12,7 @@ Layout:
     lora.py                      LoRA adapters, as vLLM serves them
     sleep.py, sleepapi.py        sleep mode's state and wake times; its dev-mode routes
     engine.py, batcher.py        the engine loop in simulated time; continuous batching
+    waiting.py                   the waiting queue of each --scheduling-policy
     kvcache.py, kvevents.py      the paged prefix cache; its KV-event publisher
     timing.py                    how long a step takes (the default engine shape)
     tokenizer.py                 the tokenizer (lives in llmgw.tokenization.sim)

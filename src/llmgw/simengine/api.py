@@ -10,6 +10,11 @@ its only model), so tests of the router's "missing model" path have an
 engine that agrees with it (docs/router.md). `usage.prompt_tokens_details`
 (cached tokens) is always present, as with vLLM's
 `--enable-prompt-tokens-details`. Only `n = 1` is supported.
+
+`priority` (an integer, default 0, lower served first) is vLLM's: under
+`--scheduling-policy fcfs` anything but 0 is refused with vLLM's message, after
+the prompt's length is checked, as vLLM's processor does. It is bounded to a
+32-bit int, which vLLM does not do: past that a body is a 400, as any bad type.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ import random
 import struct
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import msgspec
 
 from llmgw.simengine import tokenizer
+from llmgw.simengine.batcher import PRIORITY
 from llmgw.simengine.config import SimConfig
 from llmgw.wire.errors import error_body
 
@@ -54,6 +60,12 @@ class SimApiError(Exception):
         )
 
 
+# A request's priority: vLLM takes any integer; a 32-bit bound keeps a hostile
+# 10**30 a validation error.
+MAX_PRIORITY = 2**31 - 1
+Priority = Annotated[int, msgspec.Meta(ge=-MAX_PRIORITY, le=MAX_PRIORITY)]
+
+
 class StreamOptions(msgspec.Struct, frozen=True):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
@@ -70,6 +82,7 @@ class GenerationBody(msgspec.Struct, frozen=True, kw_only=True):
     n: int | None = 1
     ignore_eos: bool | None = False
     min_tokens: int | None = 0
+    priority: Priority = 0
 
 
 class ChatBody(GenerationBody, frozen=True, kw_only=True):
@@ -87,6 +100,7 @@ class EmbeddingBody(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     encoding_format: str | None = "float"
     dimensions: int | None = None
+    priority: Priority = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +118,7 @@ class Job:
     seed: int | None
     ignore_eos: bool
     min_tokens: int
+    priority: int = 0  # lower is served first; nonzero only under the priority policy
 
 
 T = TypeVar("T")
@@ -142,6 +157,12 @@ def _check_params(body: GenerationBody, max_tokens: int | None) -> None:
         )
 
 
+def check_priority(priority: int, cfg: SimConfig) -> None:
+    """vLLM's refusal of a priority the fcfs policy cannot honour."""
+    if priority != 0 and cfg.scheduling_policy != PRIORITY:
+        raise SimApiError(400, f"Got priority {priority} but Priority scheduling is not enabled.")
+
+
 def _check_vocab(ids: list[int], param: str) -> None:
     """Client-given token ids must be in the vocabulary (hashing them needs 4 unsigned bytes)."""
     for t in ids:
@@ -172,6 +193,7 @@ def job_of(
             f"({max_tokens} > {limit} - {n}).",
             param="max_tokens",
         )
+    check_priority(body.priority, cfg)
     opts = body.stream_options
     return Job(
         chat=chat,
@@ -185,6 +207,7 @@ def job_of(
         seed=body.seed,
         ignore_eos=bool(body.ignore_eos),
         min_tokens=body.min_tokens or 0,
+        priority=body.priority,
     )
 
 
@@ -292,6 +315,7 @@ def parse_embeddings(raw: bytes, cfg: SimConfig) -> EmbeddingJob:
         raise SimApiError(
             400, f"dimensions must be within [1, {cfg.embedding_dim}]", param="dimensions"
         )
+    check_priority(body.priority, cfg)
     return EmbeddingJob(
         model=model, inputs=inputs, base64=body.encoding_format == "base64", dims=dims
     )

@@ -139,6 +139,7 @@ class SimEngine:
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=cfg.max_model_len,
+            policy=cfg.scheduling_policy,
         )
         self.engine = Engine(self.scheduler, cfg.timing)
         self.sleeper = Sleeper(cfg.sleep, tp=cfg.timing.tp, speed=cfg.timing.speed)
@@ -346,6 +347,7 @@ class SimEngine:
             ignore_eos=job.ignore_eos,
             min_tokens=job.min_tokens,
             params_max_tokens=job.params_max_tokens,
+            priority=job.priority,
         )
         stall_after, error_after = self.faults.cut_after()
         stream = self.engine.submit(req)

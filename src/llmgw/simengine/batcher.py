@@ -1,16 +1,25 @@
-"""Continuous batching, after vLLM V1's scheduler (FCFS, chunked prefill, recompute preemption).
+"""Continuous batching, after vLLM V1's scheduler (chunked prefill, recompute preemption).
+
+`--scheduling-policy` is vLLM's: `fcfs` (the default) serves the waiting
+queue in arrival order; `priority` serves it by (priority, arrival), lower
+first, each request's `priority` an integer (default 0). The queues are in
+waiting.py.
 
 One step:
 1. Running requests first, in order: each gets the tokens it still has to
    compute (1 when decoding; the rest of its prompt, capped by the step's token
-   budget, when prefilling). If its blocks cannot grow, the newest running
-   request is preempted (its blocks freed, its tokens recomputed later: it goes
-   back to the front of the waiting queue) until they can, or until the request
-   itself is the one preempted.
-2. Then, if nothing was preempted, waiting requests in order while the budget
-   lasts and fewer than `max_num_seqs` run: a new request first takes its
-   longest cached prefix, then needs blocks for the rest. The head of the queue
-   that does not fit blocks everyone behind it, as in vLLM.
+   budget, when prefilling). If its blocks cannot grow, a victim is preempted
+   (its blocks freed, its tokens recomputed later) until they can, or until the
+   request itself is the victim. Under fcfs the victim is the newest running
+   request and goes back to the front of the waiting queue; under priority it
+   is the running request with the largest (priority, arrival), and goes back
+   to its place in the queue. A priority victim already given tokens this step
+   (one before the request in the running order) gives them back to the budget.
+2. Then, if nothing was preempted, waiting requests in queue order while the
+   budget lasts and fewer than `max_num_seqs` run: a new request first takes
+   its longest cached prefix, then needs blocks for the rest. The head of the
+   queue that does not fit blocks everyone behind it, as in vLLM; a request
+   that arrived after the step began is not in the queue yet (waiting.py).
 3. After the step's time has passed (`finish_step`), every request whose known
    tokens are all computed samples one token.
 
@@ -25,19 +34,23 @@ Output tokens
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
 from llmgw.simengine import tokenizer
 from llmgw.simengine.kvcache import KVCache, extend_block_hashes
 from llmgw.simengine.stats import EngineStats
+from llmgw.simengine.waiting import FcfsQueue, PriorityQueue, WaitingQueue
 
 _MASK = (1 << 64) - 1
 _LCG_A = 6364136223846793005
 _LCG_C = 1442695040888963407
 MIN_NATURAL_TOKENS = 32
 MAX_NATURAL_TOKENS = 512
+# vLLM's --scheduling-policy values.
+FCFS = "fcfs"
+PRIORITY = "priority"
+SCHEDULING_POLICIES = (FCFS, PRIORITY)
 
 
 def mix_seed(seed: int, engine_seed: int) -> int:
@@ -73,6 +86,7 @@ class SimRequest:
         "num_preemptions",
         "num_prompt",
         "params_max_tokens",
+        "priority",
         "req_id",
         "rng",
         "status",
@@ -90,8 +104,10 @@ class SimRequest:
         ignore_eos: bool = False,
         min_tokens: int = 0,
         params_max_tokens: int | None = None,
+        priority: int = 0,
     ) -> None:
         self.req_id = req_id
+        self.priority = priority  # lower is served first under the priority policy
         self.token_ids = list(prompt_ids)  # prompt, then generated ids as they come
         self.num_prompt = len(prompt_ids)
         self.arrival_s = arrival_s
@@ -153,13 +169,17 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
+        policy: str = FCFS,
     ) -> None:
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}")
         self.kv = kv
         self.stats = stats
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
-        self._waiting: deque[SimRequest] = deque()
+        self._by_priority = policy == PRIORITY
+        self._waiting: WaitingQueue = PriorityQueue() if self._by_priority else FcfsQueue()
         self._running: list[SimRequest] = []
 
     @property
@@ -175,7 +195,7 @@ class Scheduler:
 
     def add(self, req: SimRequest) -> None:
         extend_block_hashes(req.block_hashes, req.token_ids, self.kv.block_size)
-        self._waiting.append(req)
+        self._waiting.add(req)
 
     def abort(self, req: SimRequest, *, reason: str, now: float) -> None:
         """Take a request out wherever it is (client gone, injected error); idempotent."""
@@ -200,7 +220,16 @@ class Scheduler:
             while not kv.allocate(
                 req.req_id, req.num_computed + n, req.block_hashes, token_ids=req.token_ids
             ):
-                victim = running.pop()
+                if self._by_priority:
+                    v = max(range(len(running)), key=lambda j: _rank(running[j]))
+                    victim = running.pop(v)
+                    if v < i:
+                        # Planned earlier in this step: its tokens go back to the budget,
+                        # and the request at `i` moved down one place.
+                        budget += _unplan(plan, victim)
+                        i -= 1
+                else:
+                    victim = running.pop()
                 self._preempt(victim)
                 plan.preempted.append(victim)
                 if victim is req:
@@ -215,10 +244,11 @@ class Scheduler:
             return plan
         waiting = self._waiting
         bs = kv.block_size
-        while waiting and budget > 0 and len(running) < self.max_num_seqs:
-            req = waiting[0]
-            if req.arrival_s > now:
-                break  # arrived after this step began (the engine runs steps back to back)
+        while budget > 0 and len(running) < self.max_num_seqs:
+            head = waiting.head(now)
+            if head is None:
+                break  # empty, or nothing there had arrived when this step began (waiting.py)
+            req = head
             hits = kv.lookup(req.block_hashes, req.num_tokens)
             num_hit = len(hits) * bs
             n = min(req.num_tokens - num_hit, budget)
@@ -226,7 +256,7 @@ class Scheduler:
                 req.req_id, num_hit + n, req.block_hashes, hits, token_ids=req.token_ids
             ):
                 break
-            waiting.popleft()
+            waiting.pop_head()
             running.append(req)
             req.status = Status.RUNNING
             req.num_computed = num_hit
@@ -245,7 +275,7 @@ class Scheduler:
     @staticmethod
     def _add_to_plan(plan: StepPlan, req: SimRequest, n: int) -> None:
         plan.scheduled.append((req, n))
-        if n == 1 and req.num_computed >= req.num_prompt:
+        if _is_decode(req, n):
             plan.decode_seqs += 1
         else:
             plan.prefill_tokens += n
@@ -256,7 +286,7 @@ class Scheduler:
         req.num_computed = 0
         req.num_preemptions += 1
         self.stats.preemptions += 1
-        self._waiting.appendleft(req)
+        self._waiting.prepend(req)
 
     def finish_step(self, plan: StepPlan, now: float) -> list[SimRequest]:
         """Apply a step that ended at `now`; returns the requests with a new token."""
@@ -328,7 +358,30 @@ class Scheduler:
                     s.observe("tpot", (now - req.first_token_s) / (n_out - 1))
 
     def waiting_snapshot(self) -> list[str]:
-        return [r.req_id for r in self._waiting]
+        """Waiting request ids in the order they would be served."""
+        return self._waiting.ids()
 
     def running_snapshot(self) -> list[str]:
         return [r.req_id for r in self._running]
+
+
+def _rank(req: SimRequest) -> tuple[int, float]:
+    """Lower is served first, higher preempted first (vLLM: (priority, arrival_time))."""
+    return req.priority, req.arrival_s
+
+
+def _is_decode(req: SimRequest, n: int) -> bool:
+    return n == 1 and req.num_computed >= req.num_prompt
+
+
+def _unplan(plan: StepPlan, req: SimRequest) -> int:
+    """Take a request's work out of the plan; returns its tokens (0: it had none)."""
+    for k, (r, n) in enumerate(plan.scheduled):
+        if r is req:
+            del plan.scheduled[k]
+            if _is_decode(r, n):
+                plan.decode_seqs -= 1
+            else:
+                plan.prefill_tokens -= n
+            return n
+    return 0

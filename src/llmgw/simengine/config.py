@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmgw.simengine.batcher import FCFS, SCHEDULING_POLICIES
 from llmgw.simengine.faults import FaultConfig
 from llmgw.simengine.kvevents import KVEventsSettings
 from llmgw.simengine.lora import LoraSettings
@@ -24,6 +25,9 @@ class SimConfig:
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
+    # vLLM's --scheduling-policy: "fcfs" refuses a request priority other than 0;
+    # "priority" serves the waiting queue by (priority, arrival) (batcher.py).
+    scheduling_policy: str = FCFS
     timing: TimingModel = field(default_factory=TimingModel)
     metrics_dialect: str = "vllm"
     faults: FaultConfig = field(default_factory=FaultConfig)
@@ -43,6 +47,8 @@ class SimConfig:
             raise ValueError("at least one served model name is needed")
         if self.metrics_dialect not in DIALECTS:
             raise ValueError(f"metrics dialect must be one of {', '.join(DIALECTS)}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}")
         if self.block_size < 1 or self.num_gpu_blocks < 2:
             raise ValueError("need --block-size >= 1 and --num-gpu-blocks >= 2")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_model_len < 2:

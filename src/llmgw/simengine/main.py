@@ -17,6 +17,7 @@ from llmgw.runtime import envflags, logs
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
 from llmgw.simengine import auth, kvevents, lora, sleep, timing
+from llmgw.simengine.batcher import FCFS, SCHEDULING_POLICIES
 from llmgw.simengine.config import DIALECTS, SimConfig
 from llmgw.simengine.faults import FaultConfig
 
@@ -51,6 +52,13 @@ def parser() -> argparse.ArgumentParser:
         help="prefill + decode tokens per scheduler step",
     )
     p.add_argument("--max-model-len", type=int, default=None, help="default 8192 (or what fits)")
+    p.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default=FCFS,
+        help="as vLLM: fcfs serves arrivals in order and refuses a request priority "
+        "other than 0; priority serves lower priority first, then by arrival",
+    )
     p.add_argument("--speed", type=float, default=1.0, help="10 = ten times faster")
     p.add_argument(
         "--prefill-ms-per-token",
@@ -197,6 +205,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=max_model_len,
+        scheduling_policy=args.scheduling_policy,
         timing=timing.TimingModel(
             prefill_ms_per_token=args.prefill_ms_per_token,
             decode_base_ms=args.decode_base_ms,
