@@ -150,6 +150,38 @@ class TestEnginePriority:
         started = sorted(answers.values(), key=lambda a: a.first_at or 0.0)
         assert [a.name for a in started] == ["hold", "crit", "web", "web-own", "batch"]
 
+    def test_the_responses_api_carries_the_band_too(self, setup: Setup) -> None:
+        """A critical Responses request queued behind a standard chat request is
+        answered first (each runs alone on the engine, so finishing order is
+        starting order)."""
+
+        async def responses(s: aiohttp.ClientSession) -> tuple[str, float]:
+            body = {"model": PRIO, "input": "crit", "max_output_tokens": SHORT}
+            hdrs = {"Authorization": f"Bearer {KEYS['ops'][1]}"}
+            async with s.post(setup.router.url + "/v1/responses", json=body, headers=hdrs) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
+            return "crit", time.monotonic()
+
+        async def chat(s: aiohttp.ClientSession, name: str, tokens: int) -> tuple[str, float]:
+            a = await send(s, setup.router.url, name, "web", tokens=tokens)
+            assert a.status == 200
+            return name, time.monotonic()
+
+        async def main() -> list[tuple[str, float]]:
+            async with aiohttp.ClientSession() as s:
+                tasks = [asyncio.create_task(chat(s, "hold", HOLD))]
+                for i, make in enumerate((lambda: chat(s, "web", SHORT), lambda: responses(s))):
+                    tasks.append(asyncio.create_task(make()))
+                    deadline = time.monotonic() + 10
+                    while await asyncio.to_thread(waiting, setup.prio) < i + 1:
+                        assert time.monotonic() < deadline, "never queued at the engine"
+                        await asyncio.sleep(0.02)
+                return list(await asyncio.gather(*tasks))
+
+        done = sorted(asyncio.run(main()), key=lambda x: x[1])
+        assert [name for name, _ in done] == ["hold", "crit", "web"]
+
     def test_an_fcfs_engine_gets_the_body_as_sent(self, setup: Setup) -> None:
         """On an engine without priority scheduling a critical key's request carries no
         priority (served), and a client's own nonzero priority reaches the engine, which

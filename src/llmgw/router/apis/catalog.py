@@ -59,6 +59,7 @@ class Api:
         "model_optional",
         "name",
         "pass_headers",
+        "priority",
         "stream_error",
         "stream_usage",
         "usage_of",
@@ -74,6 +75,7 @@ class Api:
         model_optional: bool = False,
         form: bool = False,
         is_anthropic: bool = False,
+        priority: bool = False,
     ) -> None:
         self.name = name
         self.key = key
@@ -85,6 +87,9 @@ class Api:
         # multipart/form-data (audio uploads): the model is a form field.
         self.form = form
         self.anthropic = is_anthropic
+        # vLLM's request for the route has a `priority` field: an engine with priority
+        # scheduling gets the key's band there (router/request/enginepriority.py).
+        self.priority = priority
         self.pass_headers: tuple[str, ...] = anthropic.PASSED_ON if is_anthropic else ()
         # What opens an engine's error frame in its streams (inband.py).
         self.error_mark = inband.ANTHROPIC_MARK if is_anthropic else inband.MARK
@@ -98,6 +103,7 @@ RESPONSES: Final = Api(
     key=conversation.responses_key,
     usage_of=apiusage.responses_usage,
     stream_usage=apiusage.ResponsesStreamUsage,
+    priority=True,
 )
 MESSAGES: Final = Api(
     "messages",

@@ -33,6 +33,7 @@ from llmgw.router.apis.forms import FormError, text_fields
 from llmgw.router.http.answers import JSON, Whole
 from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import DISCONNECTED
+from llmgw.router.request import enginepriority
 from llmgw.router.request.accounting import count, refused
 from llmgw.router.request.call import Call, request_id
 from llmgw.router.request.intake import Intake, read_json
@@ -152,6 +153,7 @@ class PassThrough:
             api=api,
             charge=charge,
             tenant=tenant,
+            engine_priority=enginepriority.of(tenant, doc) if api.priority else None,
         )
 
 

@@ -12,6 +12,8 @@ when its KV cache runs out. So for such an endpoint the router writes:
   queued in the band (a tenant over its fair share waits behind those within it,
   in the engine as in the router's queue).
 
+The proxy's routes (chat, completions, embeddings) and the Responses API carry it
+(vLLM's requests for them have the field); the other passed-through APIs do not.
 A client's own `priority` is replaced there (the key's band decides, not the
 client); elsewhere the body goes as the client sent it. A request whose value is 0
 and whose body names no `priority` is sent untouched (`Call.engine_priority` None).
