@@ -24,15 +24,24 @@ queues, where they would all wait alike (docs/tenants.md#flow-control). One
   Waiting longer than `max_wait_s` all the same is the gate's to enforce (it owns
   the timers).
 
+- **Homes**: a ticket may name its request's prefix holders (`home`). Granting a
+  slot, `pop` is told which replicas have room; when the tenant the fair order picks
+  has a request whose holder has room among its first `HOME_DEPTH`, and the one at
+  its head has none, that request goes first and takes the head's tags (each one
+  passed over takes the next one's), so the tenant's share and every other tenant's
+  are as before, and the prefix cache is hit instead of missed. A request is passed
+  over at most `MAX_PASSED` times.
+
 Tickets are removed lazily (`remove` marks, `pop` skips), so a client that goes
 away costs O(1) however deep the queue.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -47,6 +56,10 @@ RETRY_MIN_S: Final = 1
 RETRY_MAX_S: Final = 60
 # A claim's low bits (`FlowQueue.claim`): the first ticket's tenant's count, inverted.
 CLAIM_COUNT: Final = (1 << 24) - 1
+# How deep into a tenant's queue a grant looks for a request whose home has room.
+HOME_DEPTH: Final = 8
+# How many times a request may be passed over for one whose home has room.
+MAX_PASSED: Final = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,9 +83,28 @@ PUSHED_OUT: Final = 3  # dropped for a quieter tenant's arrival (longest-queue d
 class Ticket:
     """One queued request: its band, tenant, tags and state."""
 
-    __slots__ = ("band", "finish", "queued_at", "start", "state", "tenant", "waker")
+    __slots__ = (
+        "band",
+        "finish",
+        "home",
+        "passed",
+        "queued_at",
+        "start",
+        "state",
+        "tenant",
+        "waker",
+    )
 
-    def __init__(self, band: str, tenant: str, start: float, finish: float, now: float) -> None:
+    def __init__(
+        self,
+        band: str,
+        tenant: str,
+        start: float,
+        finish: float,
+        now: float,
+        *,
+        home: tuple[str, ...] = (),
+    ) -> None:
         self.band = band
         self.tenant = tenant
         self.start = start
@@ -82,6 +114,10 @@ class Ticket:
         self.state = WAITING
         # The gate's handle to wake its waiter (flowgate.py); None in pure use.
         self.waker: object = None
+        # The replicas holding its prompt's prefix (beyond what all hold); () none.
+        self.home = home
+        # Times a later request of its tenant was granted first (module docstring).
+        self.passed = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,7 +185,14 @@ class FlowQueue:
         return self._count
 
     def push(
-        self, band: str, tenant: str, now: float, *, weight: float = 1.0, running: int = 0
+        self,
+        band: str,
+        tenant: str,
+        now: float,
+        *,
+        weight: float = 1.0,
+        running: int = 0,
+        home: tuple[str, ...] = (),
     ) -> tuple[Ticket, Ticket | None] | Refusal:
         """Queue a request of `tenant` in `band`: its ticket and the ticket it pushed
         out (None: none), or a Refusal when the band is full or the request would wait
@@ -167,7 +210,7 @@ class FlowQueue:
         start = max(b.vtime, b.last_finish.get(tenant, b.vtime))
         finish = start + 1.0 / (weight if weight > 0 else 1.0)
         b.last_finish[tenant] = finish
-        t = Ticket(band, tenant, start, finish, now)
+        t = Ticket(band, tenant, start, finish, now, home=home)
         q = b.queues.get(tenant)
         if q is None:
             q = b.queues[tenant] = deque()
@@ -198,16 +241,17 @@ class FlowQueue:
                 return t
         return None  # pragma: no cover - counts say a waiting ticket exists
 
-    def pop(self, now: float) -> Ticket | None:
+    def pop(self, now: float, room: Collection[str] = ()) -> Ticket | None:
         """Grant the next ticket: the first band with one waiting, the smallest finish
-        tag in it. None when nothing waits."""
+        tag in it, or a later one of its tenant whose home is in `room` (the replicas
+        with room now; module docstring). None when nothing waits."""
         for band in BANDS:
             b = self._bands[band]
             if not b.count:
                 continue
             t = b.head()
             assert t is not None  # count > 0: a waiting ticket is queued
-            b.queues[t.tenant].popleft()
+            t = _take(b.queues[t.tenant], room)
             t.state = GRANTED
             b.vtime = max(b.vtime, t.start)
             b.forget(t)
@@ -220,7 +264,7 @@ class FlowQueue:
         return None
 
     def peek(self) -> Ticket | None:
-        """The ticket `pop` would grant, left queued."""
+        """The ticket `pop` would grant without a `room`, left queued."""
         for band in BANDS:
             b = self._bands[band]
             if b.count:
@@ -333,3 +377,29 @@ class FlowQueue:
 
     def waiting_in(self, band: str) -> int:
         return self._bands[band].count
+
+
+def _take(q: deque[Ticket], room: Collection[str]) -> Ticket:
+    """Take the ticket to grant out of a tenant's queue, whose head is waiting: the
+    head, unless its home has no room and one of the next `HOME_DEPTH` has (module
+    docstring); that one then takes the head's tags, and each passed over the next's."""
+    head = q[0]
+    if not room or head.passed >= MAX_PASSED or _at_home(head, room):
+        return q.popleft()
+    for i in range(1, min(len(q), HOME_DEPTH)):
+        t = q[i]
+        if t.state == WAITING and _at_home(t, room):
+            passed = [w for w in itertools.islice(q, 0, i) if w.state == WAITING]
+            tags = [(w.start, w.finish) for w in passed] + [(t.start, t.finish)]
+            t.start, t.finish = tags[0]
+            for w, tag in zip(passed, tags[1:], strict=True):
+                w.start, w.finish = tag
+                w.passed += 1
+            del q[i]
+            return t
+    return q.popleft()
+
+
+def _at_home(t: Ticket, room: Collection[str]) -> bool:
+    """Whether a replica holding `t`'s prefix has room now."""
+    return any(h in room for h in t.home)

@@ -319,26 +319,29 @@ class FlowGate:
         deadline: float,
         snapshots: Callable[[], Sequence[Snapshot]],
         running: int = 0,
+        home: tuple[str, ...] = (),
     ) -> None:
         """Wait in `model`'s queue until granted; FlowRefused when the band is full, the
         request would wait past its band's bound (flow.py, `wait_bound_s`) or is pushed
         out, or it waited its band's `max_wait_s` (or to `deadline`). `snapshots`: the
         model's replicas now, which the poller looks at; `running`: the requests in
-        flight at them, for the bound."""
+        flight at them, for the bound; `home`: the replicas holding its prefix (a slot
+        freed there goes to it before its tenant's earlier requests: flow.py)."""
         m = self._model(model)
         clock = self._clock
         now = clock.monotonic()
-        ticket = self._enter(m, model, band, tenant, now=now, running=running)
+        ticket = self._enter(m, model, band, tenant, now=now, running=running, home=home)
         until = min(deadline, now + self.limits[band].max_wait_s)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
         ticket.waker = fut
         if m.poller is None:
             m.poller = ticket
-        if self._may_grant(m, snapshots()) and self._ours(m):
+        snaps = snapshots()
+        if self._may_grant(m, snaps) and self._ours(m):
             # Capacity came back between the choice and the queue (or the queue had
             # waiters when this one arrived below capacity): the first in line goes.
-            self._grant(m)
+            self._grant(m, snaps)
         try:
             while True:
                 # The ticket's state is the word; the future only wakes its waiter.
@@ -357,7 +360,7 @@ class FlowGate:
                 poll = m.poller is ticket
                 await asyncio.wait((fut,), timeout=min(left, self.poll_s) if poll else left)
                 if not fut.done() and poll:
-                    self._polled(m, room=self._may_grant(m, snapshots()))
+                    self._polled(m, snapshots())
         except asyncio.CancelledError:
             if ticket.state == GRANTED:
                 # Granted, then cancelled before it could use the slot: the next one goes.
@@ -366,24 +369,32 @@ class FlowGate:
         finally:
             self._leave(model, m, ticket)
 
-    def _polled(self, m: _Model, *, room: bool) -> None:
-        """`m`'s poller looked: with room for one, the first in line goes, unless
-        another worker's queue claims it more strongly; not twice in a row (that
+    def _polled(self, m: _Model, snaps: Sequence[Snapshot]) -> None:
+        """`m`'s poller looked at `snaps`: with room for one, the first in line goes,
+        unless another worker's queue claims it more strongly; not twice in a row (that
         worker had a poll to take it)."""
-        if not room:
+        if not self._may_grant(m, snaps):
             m.left_to_others = False
         elif m.left_to_others or self._ours(m):
             m.left_to_others = False
-            self._grant(m)
+            self._grant(m, snaps)
         else:
             m.left_to_others = True
 
     def _enter(
-        self, m: _Model, model: str, band: str, tenant: str, *, now: float, running: int
+        self,
+        m: _Model,
+        model: str,
+        band: str,
+        tenant: str,
+        *,
+        now: float,
+        running: int,
+        home: tuple[str, ...],
     ) -> Ticket:
         """A ticket in `m`'s queue (one pushed out for it is woken); FlowRefused when
         the band is full or the wait would pass its bound."""
-        got = m.queue.push(band, tenant, now, running=running)
+        got = m.queue.push(band, tenant, now, running=running, home=home)
         if isinstance(got, Refusal):
             n = m.queue.waiting_in(band)
             why = f"the {band} band's queue is full ({n} waiting)"
@@ -428,16 +439,20 @@ class FlowGate:
         """A request of `model` released its replica; grant the next waiter if the
         replicas (`snapshots(model)`) have room for it now (`_may_grant`)."""
         m = self._models.get(model)
-        if (
-            m is not None
-            and len(m.queue)
-            and self._may_grant(m, snapshots(model))
-            and self._ours(m)
-        ):
-            self._grant(m)
+        if m is None or not len(m.queue):
+            return
+        snaps = snapshots(model)
+        if self._may_grant(m, snaps) and self._ours(m):
+            self._grant(m, snaps)
 
-    def _grant(self, m: _Model) -> None:
-        t = m.queue.pop(self._clock.monotonic())
+    def _grant(self, m: _Model, snaps: Sequence[Snapshot] | None = None) -> None:
+        """The next in `m`'s line goes: told the replicas in `snaps` with room, so a
+        request whose prefix holder has room may go before its tenant's earlier ones."""
+        room: frozenset[str] = frozenset()
+        if snaps is not None:
+            is_open = BreakerState.OPEN
+            room = frozenset(s.id for s in snaps if s.breaker is not is_open and self._has_room(s))
+        t = m.queue.pop(self._clock.monotonic(), room)
         if t is not None:
             self.waiting -= 1
             self._wake(t, _GRANT)

@@ -205,7 +205,7 @@ class Proxy:
                 peek = st.flow.enabled and not call.queued
                 decision = st.policy.choose(snaps, call.hashes, att.tried, record=not peek)
                 if peek and self._held(call, decision, snaps):
-                    band = await wait_turn(st, call, att.deadline)
+                    band = await wait_turn(st, call, decision, att.deadline)
                     # Granted: choose again, among replicas as they are now (a critical
                     # request among those with room: FlowGate.exclude_for).
                     snaps = st.registry.snapshots(model)

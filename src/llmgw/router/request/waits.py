@@ -134,6 +134,22 @@ def must_queue(
     return st.flow.must_wait(least, snaps, model=model, band=_band_of(tenant)[0])
 
 
+def home_of(d: Decision, snaps: Sequence[Snapshot]) -> tuple[str, ...]:
+    """The replicas holding the most of the request's prefix by `d`'s matches; () when
+    none holds any, or all hold the same (no replica saves more than another)."""
+    best = 0
+    homes: list[str] = []
+    for s in snaps:
+        n = d.blocks_of(s.id)
+        if n > best:
+            best, homes = n, [s.id]
+        elif n == best and n > 0:
+            homes.append(s.id)
+    if len(homes) == len(snaps):
+        return ()
+    return tuple(homes)
+
+
 def _band_of(tenant: Tenant | None) -> tuple[str, str]:
     """The request's band and the tenant it is queued as (its team, else its key)."""
     if tenant is None:
@@ -141,20 +157,23 @@ def _band_of(tenant: Tenant | None) -> tuple[str, str]:
     return tenant.key.priority, tenant.team or tenant.name
 
 
-async def wait_turn(st: Router, call: Call, deadline: float) -> str:
+async def wait_turn(st: Router, call: Call, peeked: Decision, deadline: float) -> str:
     """Wait in flow control's queue for the call's model (flowgate.py); FlowRefused at
-    its bounds. The request's band, once granted; its engine priority is then one
-    later while its tenant has more queued (enginepriority.py)."""
+    its bounds. `peeked`: the policy's choice when the call was held, whose prefix
+    matches name its home. The request's band, once granted; its engine priority is
+    then one later while its tenant has more queued (enginepriority.py)."""
     model = call.model
     band, who = _band_of(call.tenant)
     snapshots = st.registry.snapshots
+    snaps = snapshots(model)
     await st.flow.wait_turn(
         model,
         band,
         who,
         deadline=deadline,
         snapshots=lambda: snapshots(model),
-        running=sum(s.inflight for s in snapshots(model)),
+        running=sum(s.inflight for s in snaps),
+        home=home_of(peeked, snaps),
     )
     backlogged = st.flow.backlogged(model, band, who)
     call.engine_priority = enginepriority.granted(call.engine_priority, backlogged=backlogged)
