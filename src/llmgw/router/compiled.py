@@ -66,6 +66,7 @@ MODULES = (
     "llmgw.router.control.usagereports",
     "llmgw.router.wiring",
     "llmgw.router.request.call",
+    "llmgw.router.request.enginepriority",
     "llmgw.router.request.accounting",
     "llmgw.router.request.attempts",
     "llmgw.router.request.relay",
