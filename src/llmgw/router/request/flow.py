@@ -381,7 +381,7 @@ class FlowQueue:
 
 def _take(q: deque[Ticket], room: Collection[str]) -> Ticket:
     """Take the ticket to grant out of a tenant's queue, whose head is waiting: the
-    head, unless its home has no room and one of the next `HOME_DEPTH` has (module
+    head, unless its home has no room and one among its first `HOME_DEPTH` has (module
     docstring); that one then takes the head's tags, and each passed over the next's."""
     head = q[0]
     if not room or head.passed >= MAX_PASSED or _at_home(head, room):
