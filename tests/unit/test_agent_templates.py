@@ -94,7 +94,11 @@ class TestVllm:
     def test_a_spec_may_turn_priority_scheduling_off(self) -> None:
         """The spec's own `--scheduling-policy fcfs` wins (it comes last), and the plan
         then says the engine takes no priority field."""
-        for args in (("--scheduling-policy", "fcfs"), ("--scheduling-policy=fcfs",)):
+        for args in (
+            ("--scheduling-policy", "fcfs"),
+            ("--scheduling-policy=fcfs",),
+            ("--scheduling_policy", "fcfs"),
+        ):
             plan = render(shard(args=args), port=21000, host="10.1.2.3")
             assert plan.priority_scheduling is False
         plan = render(shard(engine="llamacpp"), port=21000, host="10.1.2.3")

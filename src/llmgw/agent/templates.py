@@ -97,6 +97,7 @@ from dataclasses import dataclass, field
 from llmgw.agent.adapters import start_args
 from llmgw.agent.vllmguard import GUARD_DIR, GUARD_MIDDLEWARE
 from llmgw.wire.agent import EngineKind, ShardSpec
+from llmgw.wire.policy import normalize_flag
 
 DEFAULT_COMMANDS: Mapping[EngineKind, tuple[str, ...]] = {
     "vllm": ("vllm", "serve"),
@@ -248,14 +249,17 @@ def render(
 
 
 def scheduling_policy(argv: tuple[str, ...] | list[str]) -> str:
-    """The value of the last `--scheduling-policy` in `argv` (argparse keeps the last);
-    "" when there is none."""
+    """The value of the last `--scheduling-policy` in `argv` (argparse keeps the last;
+    vLLM also reads `--scheduling_policy`, as `normalize_flag` spells it out); "" when
+    there is none."""
     out = ""
     for i, arg in enumerate(argv):
-        if arg == "--scheduling-policy" and i + 1 < len(argv):
-            out = argv[i + 1]
-        elif arg.startswith("--scheduling-policy="):
+        if normalize_flag(arg) != "--scheduling-policy":
+            continue
+        if "=" in arg:
             out = arg.partition("=")[2]
+        elif i + 1 < len(argv):
+            out = argv[i + 1]
     return out
 
 
