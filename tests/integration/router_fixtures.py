@@ -7,9 +7,10 @@ PID in a `finally`, even when the test fails.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,19 @@ def sim_engines(
 
 def endpoint_entries(engines: Sequence[Program], *, model: str = MODEL) -> list[dict[str, Any]]:
     return [{"id": f"e{i}", "url": p.url, "models": [model]} for i, p in enumerate(engines)]
+
+
+def band_keys(keys: Mapping[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    """A router file's `api_keys` for name → (band, key): each its own team."""
+    return [
+        {
+            "name": name,
+            "team": name,
+            "priority": band,
+            "sha256": hashlib.sha256(key.encode()).hexdigest(),
+        }
+        for name, (band, key) in keys.items()
+    ]
 
 
 def write_config(path: Path, cfg: dict[str, Any]) -> Path:

@@ -5,7 +5,6 @@ engine's bodies as the client sent them."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 import urllib.request
@@ -19,14 +18,14 @@ import pytest
 
 from llmgw.testing import Program, start_program
 
-from .router_fixtures import base_config, chat_body, router, sim_args
+from .router_fixtures import band_keys, base_config, chat_body, router, sim_args
+from .test_router_flow import KEYS
 
 pytestmark = pytest.mark.slow
 
 # One model on an engine that orders its queue by priority, one on an FCFS engine.
 PRIO = "prio-model"
 FCFS = "fcfs-model"
-KEYS = {"bulk": ("batch", "sk-bulk"), "ops": ("critical", "sk-ops"), "web": ("standard", "sk-web")}
 # Tokens of the request that holds the engine's only slot (about 1 s at speed 1), and of
 # each request queued behind it.
 HOLD = 150
@@ -56,15 +55,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             {"id": "p0", "url": prio.url, "models": [PRIO], "priority_scheduling": True},
             {"id": "f0", "url": fcfs.url, "models": [FCFS]},
         ],
-        api_keys=[
-            {
-                "name": name,
-                "team": name,
-                "priority": band,
-                "sha256": hashlib.sha256(key.encode()).hexdigest(),
-            }
-            for name, (band, key) in KEYS.items()
-        ],
+        api_keys=band_keys(KEYS),
         flow={"enabled": False},
     )
     try:

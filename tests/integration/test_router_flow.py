@@ -4,7 +4,6 @@ saturated by a batch team, with a critical team and a standard one beside it."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import re
 import time
@@ -19,7 +18,7 @@ import pytest
 from llmgw.testing import Program, start_program
 from llmgw.testing.wait import wait_until
 
-from .router_fixtures import base_config, chat_body, router, sim_args
+from .router_fixtures import band_keys, base_config, chat_body, router, sim_args
 
 pytestmark = pytest.mark.slow
 
@@ -48,15 +47,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     )
     cfg = base_config(
         endpoints=[{"id": "e0", "url": engine.url, "models": [MODEL]}],
-        api_keys=[
-            {
-                "name": name,
-                "team": name,
-                "priority": band,
-                "sha256": hashlib.sha256(key.encode()).hexdigest(),
-            }
-            for name, (band, key) in KEYS.items()
-        ],
+        api_keys=band_keys(KEYS),
         flow={
             "batch": {"max_queued": 4, "max_wait_s": 60.0},
             "standard": {"max_queued": 10, "max_wait_s": 0.5},
