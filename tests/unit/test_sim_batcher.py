@@ -55,6 +55,18 @@ def run(s: Scheduler, *, steps: int = 1000, dt: float = 0.01, t0: float = 0.0) -
     return now
 
 
+def preemptions(s: Scheduler, *, t0: float = 0.0, dt: float = 0.01) -> list[str]:
+    """Run `s` until it is idle, as `run` does; the ids it preempted, in order."""
+    out: list[str] = []
+    now = t0
+    while s.has_work():
+        plan = s.schedule(now)
+        out += [r.req_id for r in plan.preempted]
+        now += dt
+        s.finish_step(plan, now)
+    return out
+
+
 class TestSteps:
     """Batcher steps: prefill, decode and the token budget."""
 
@@ -169,13 +181,7 @@ class TestPreemption:
         a, b = req("a", 7, max_tokens=8), req("b", 7, max_tokens=8)
         s.add(a)
         s.add(b)
-        preempted = []
-        now = 0.0
-        while s.has_work():
-            plan = s.schedule(now)
-            preempted += [r.req_id for r in plan.preempted]
-            now += 0.01
-            s.finish_step(plan, now)
+        preempted = preemptions(s)
         assert (preempted[0], a.num_output, b.num_output) == ("b", 8, 8)
         assert (1, s.stats.preemptions) == (b.num_preemptions, 1)
 

@@ -23,6 +23,7 @@ from llmgw.simengine.kvcache import KVCache
 from llmgw.simengine.main import config_from_args, parser
 from llmgw.simengine.stats import EngineStats
 from llmgw.simengine.timing import TimingModel
+from tests.unit.test_sim_batcher import preemptions, run
 
 FAST = TimingModel(speed=100.0)
 FCFS_CFG = SimConfig(
@@ -74,11 +75,8 @@ def req(rid: str, prompt: int = 2, *, priority: int = 0, t: float = 0.0) -> SimR
 
 
 def served_order(s: Scheduler, reqs: list[SimRequest], *, t0: float) -> list[str]:
-    now = t0
-    while s.has_work():
-        plan = s.schedule(now)
-        now += 0.01
-        s.finish_step(plan, now)
+    """Run `s` until idle; `reqs`' ids in the order they were first scheduled."""
+    run(s, t0=t0)
     return [r.req_id for r in sorted(reqs, key=lambda r: r.first_scheduled_s or 0.0)]
 
 
@@ -211,13 +209,7 @@ class TestPreemption:
         s.add(a)
         s.finish_step(s.schedule(0.1), 0.11)
         s.add(b)
-        victims: list[str] = []
-        now = 0.2
-        while s.has_work():
-            plan = s.schedule(now)
-            victims += [r.req_id for r in plan.preempted]
-            now += 0.01
-            s.finish_step(plan, now)
+        victims = preemptions(s, t0=0.2)
         assert (victims[:1], a.num_output, b.num_output) == (["a"], 8, 8)
 
 
