@@ -117,9 +117,9 @@ class TestBigBodiesBounded:
 
     @pytest.mark.parametrize("shape", list(big_bodies()))
     def test_ten_concurrent_refused_without_memory(self, shape: str, tmp_path: Path) -> None:
-        """Ten concurrent 7.9 MB bodies are each a 400 in vLLM's shape; the peak is about
-        the bodies' own bytes (it was gigabytes: every prompt tokenized before its check)
-        and the engine is back near where it started."""
+        """Three rounds of ten concurrent 7.9 MB bodies are each a 400 in vLLM's shape; the
+        peak is about the bodies' own bytes (it was gigabytes: every prompt tokenized
+        before its check) and the engine keeps nothing of them."""
         path, text = big_bodies()[shape]
         data = request("POST", path, text.encode())
         with start_program(sim_args(), log_dir=tmp_path) as sim:
@@ -134,20 +134,24 @@ class TestBigBodiesBounded:
                 with lock:
                     answers.append(ans)
 
-            threads = [threading.Thread(target=send) for _ in range(10)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            for _ in range(3):
+                threads = [threading.Thread(target=send) for _ in range(10)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
             for ans in answers:
                 err = assert_openai_error(ans, 400)
                 assert "maximum context length" in err["message"] or "at most" in err["message"]
-            assert len(answers) == 10
+            assert len(answers) == 30
             peak_mib = (status_kib(sim.pid, "VmHWM") - rss0) // 1024
             left_mib = (status_kib(sim.pid, "VmRSS") - rss0) // 1024
             # Ten bodies are 79 MB of bytes held at once; one is decoded at a time.
             assert peak_mib < 400, peak_mib
-            assert left_mib < 60, left_mib
+            # What stays is the allocator's: freed objects of one decoded body in arenas
+            # it keeps (1-65 MiB seen, by how the rounds interleaved). Anything kept per
+            # request would be the 30 bodies' 237 MB of bytes, or more once decoded.
+            assert left_mib < 120, left_mib
             ok = raw_request(sim.port, request("POST", "/v1/completions", COMPLETION))
             assert ok.status == 200
             no_traceback(sim.log_text())
