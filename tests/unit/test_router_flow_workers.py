@@ -155,7 +155,7 @@ class TestGrantsAcrossWorkers:
 
 
 class TestWhereAGrantGoes:
-    """A granted critical request chooses among the replicas with room, if any has."""
+    """A critical request at saturation goes where it starts soonest: home, else room."""
 
     def test_critical_leaves_out_the_replicas_at_their_point(self) -> None:
         """A replica at its learned capacity (seen queueing) is left out of a granted
@@ -179,3 +179,23 @@ class TestWhereAGrantGoes:
         assert set(gate.exclude_for("critical", [busy, idle], ())) == {"e1"}
         assert set(gate.exclude_for("critical", [busy], ())) == set()
         assert set(gate.exclude_for("standard", [busy, idle], ())) == set()
+
+    def test_critical_stays_home_when_its_home_has_room(self) -> None:
+        """A home with room keeps a critical request, even one with a prefill of ours
+        in progress; the other replicas with room are left out."""
+        gate = FlowGate(limits())
+        home = snap("e1", running=2, capacity=8, pending=1)
+        other = snap("e2", running=1, capacity=8)
+        assert set(gate.exclude_for("critical", [home, other], (), ("e1",))) == {"e2"}
+
+    def test_a_full_home_keeps_it_only_where_its_engine_orders_by_priority(self) -> None:
+        """A full home whose engine orders its queue by priority keeps a critical request
+        (it starts there first, and hits); a full FCFS home does not."""
+        gate = FlowGate(limits())
+        home = snap("e1", running=8, waiting=1, capacity=8)
+        free = snap("e2", running=2, capacity=8)
+        snaps = [home, free]
+        assert set(gate.exclude_for("critical", snaps, (), ("e1",), ("e1",))) == {"e2"}
+        assert set(gate.exclude_for("critical", snaps, (), ("e1",), ())) == {"e1"}
+        assert set(gate.exclude_for("critical", snaps, ("e1",), ("e1",), ("e1",))) == {"e1"}
+        assert set(gate.exclude_for("standard", snaps, (), ("e1",), ("e1",))) == set()

@@ -264,36 +264,50 @@ class FlowGate:
         return min(most, max(1, n))
 
     def exclude_for(
-        self, band: str, snaps: Sequence[Snapshot], tried: Collection[str]
+        self,
+        band: str,
+        snaps: Sequence[Snapshot],
+        tried: Collection[str],
+        home: Collection[str] = (),
+        ordered: Collection[str] = (),
     ) -> Collection[str]:
-        """What the choice of a granted request of `band` leaves out: `tried`; for the
-        first band (critical) also every replica without room now (`below_capacity`),
-        unless none has room (then it holds a slot a release gave it, wherever), and of
-        those with room the ones still prefilling a request of ours when another is not.
-
-        The policy sends a request to its prefix home while the home's total is within
-        its bound, and a home at its hold point queues it there behind requests of
-        every band, first come first served. A critical request goes where it can
-        start now, ahead of its cache, and where its prefill shares the engine's next
-        step with no other (`Snapshot.pending`: ours awaiting their first token); the
-        other bands keep their locality (the fleet's hit rate, and so its throughput,
-        rests on them)."""
+        """What the choice of a granted request of `band` leaves out: `tried`, and for
+        the first band (critical) every replica but those `_critical_goes` to."""
         if band != BANDS[0]:
             return tried
         out = set(tried)
-        room: list[Snapshot] = []
-        for s in snaps:
-            if s.id in out or s.breaker is BreakerState.OPEN:
-                continue
-            if self._has_room(s):
-                room.append(s)
-            else:
-                out.add(s.id)
-        if not room:
-            return tried
-        if any(s.pending == 0 for s in room):
-            out.update(s.id for s in room if s.pending > 0)
+        keep = self._critical_goes([s for s in snaps if s.id not in out], home, ordered)
+        if keep:
+            out.update(s.id for s in snaps if s.id not in keep)
         return out
+
+    def _critical_goes(
+        self, snaps: Sequence[Snapshot], home: Collection[str], ordered: Collection[str]
+    ) -> set[str]:
+        """Where a critical request at saturation may go ({}: wherever the policy says).
+
+        It goes where it starts soonest. First its `home` (waits.home_of: the replicas
+        holding most of its prefix, where its prefill is a few blocks, not the whole
+        prompt): the homes with room now (`below_capacity`), else those whose engine
+        orders its queue by priority (`ordered`: it starts there ahead of every request
+        of a lower band). Else the replicas with room, of those the ones where none of
+        ours awaits its first token (`Snapshot.pending`: its prefill then shares the
+        engine's next step with no other) if any. No room anywhere: wherever, holding
+        the slot a release gave it.
+
+        The other bands keep the policy's choice: the fleet's hit rate, and so its
+        throughput, rests on their locality."""
+        live = [s for s in snaps if s.breaker is not BreakerState.OPEN]
+        room = [s for s in live if self._has_room(s)]
+        homes = [s for s in live if s.id in home]
+        roomy_homes = {s.id for s in homes if s.id in {r.id for r in room}}
+        if roomy_homes:
+            return roomy_homes
+        first = {s.id for s in homes if s.id in ordered}
+        if first:
+            return first
+        idle = {s.id for s in room if s.pending == 0}
+        return idle or {s.id for s in room}
 
     def queued(self, model: str) -> bool:
         m = self._models.get(model)

@@ -51,7 +51,14 @@ from llmgw.router.request.relay import Tally, relay
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.request.tokens import Usage, usage_of
 from llmgw.router.request.tracing import Tracing, passed_on
-from llmgw.router.request.waits import must_queue, wait_for_replica, wait_turn
+from llmgw.router.request.waits import (
+    CRITICAL,
+    home_of,
+    is_critical,
+    must_queue,
+    wait_for_replica,
+    wait_turn,
+)
 from llmgw.router.routing.affinity import NO_KEY, route_key
 from llmgw.router.routing.scheduler import Decision
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
@@ -66,6 +73,10 @@ EMBEDDINGS: Final = "/v1/embeddings"
 POST_PATHS: Final = frozenset({"/v1/chat/completions", "/v1/completions", EMBEDDINGS})
 # Endpoints, and content types per endpoint, whose answer lines `Proxy._lines` keeps.
 _MAX_LINES: Final = 256
+# What flow control makes of a request before its first attempt (Proxy._turn).
+GO: Final = 0
+WAIT: Final = 1
+PLACE: Final = 2
 
 
 class Proxy:
@@ -204,13 +215,8 @@ class Proxy:
                 snaps = st.registry.snapshots(model)
                 peek = st.flow.enabled and not call.queued
                 decision = st.policy.choose(snaps, call.hashes, att.tried, record=not peek)
-                if peek and self._held(call, decision, snaps):
-                    band = await wait_turn(st, call, decision, att.deadline)
-                    # Granted: choose again, among replicas as they are now (a critical
-                    # request among those with room: FlowGate.exclude_for).
-                    snaps = st.registry.snapshots(model)
-                    left_out = st.flow.exclude_for(band, snaps, att.tried)
-                    decision = st.policy.choose(snaps, call.hashes, left_out)
+                if peek:
+                    decision, snaps = await self._flow(call, att, decision, snaps)
                 if decision.endpoint_id is None:
                     if att.failed is not None:
                         return self._relay_failed(call, att.failed)
@@ -258,20 +264,43 @@ class Proxy:
         mark = MARK if call.api is None else call.api.error_mark
         return Attempts(call.t0 + cfg.request_timeout_s, cfg.max_retries, mark)
 
-    def _held(self, call: Call, decision: Decision, snaps: Sequence[Snapshot]) -> bool:
-        """Whether flow control holds the call before its first attempt: asked once, when
-        others wait or the chosen replica's load is at saturation (flowgate.py). `decision`
-        was asked without dispatching (a choice never sent must not teach the prefix
-        index a holder); a call not held goes where it says, and the policy is told so."""
+    async def _flow(
+        self, call: Call, att: Attempts, decision: Decision, snaps: list[Snapshot]
+    ) -> tuple[Decision, list[Snapshot]]:
+        """The call's choice once flow control has had its say (`_turn`): `decision` as
+        it is, or, once granted or for a critical request at saturation, a new choice
+        among the replicas as they are now (a critical request among those with room
+        where nothing of ours prefills: FlowGate.exclude_for)."""
+        st = self.state
+        turn = self._turn(call, decision, snaps)
+        if turn == GO:
+            return decision, snaps
+        band = CRITICAL
+        if turn == WAIT:
+            band = await wait_turn(st, call, decision, att.deadline)
+            snaps = st.registry.snapshots(call.model)
+        home = home_of(decision, snaps)
+        left_out = st.flow.exclude_for(band, snaps, att.tried, home, st.prioritized)
+        return st.policy.choose(snaps, call.hashes, left_out), snaps
+
+    def _turn(self, call: Call, decision: Decision, snaps: Sequence[Snapshot]) -> int:
+        """What flow control makes of the call before its first attempt, asked once:
+        WAIT when it holds it (others wait, or the chosen replica's load is at
+        saturation: flowgate.py); PLACE for a critical request not held at saturation
+        (it goes where it can start now: `FlowGate.exclude_for`); else GO. `decision` was
+        asked without dispatching (a choice never sent must not teach the prefix index
+        a holder); a call that goes where it says is dispatched there, the policy told."""
         st = self.state
         flow = st.flow
         least = decision.least
         if flow.waiting or (least is not None and least >= flow.saturated_load):
             call.queued = True
             if must_queue(st, call.model, least, snaps, tenant=call.tenant):
-                return True
+                return WAIT
+            if is_critical(call.tenant):
+                return PLACE
         st.policy.dispatched(decision, snaps, call.hashes)
-        return False
+        return GO
 
     def _attempt_over(self, call: Call, att: Attempts) -> None:
         """An attempt's reply closed (its engine's work aborted if unread) and, under

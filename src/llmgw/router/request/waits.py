@@ -16,7 +16,7 @@ from llmgw.router.errors import HoldQueueFull, NoReplica
 from llmgw.router.replicas.registry import Snapshot
 from llmgw.router.request import enginepriority
 from llmgw.router.request.call import Call
-from llmgw.router.request.flow import ANONYMOUS, DEFAULT_BAND
+from llmgw.router.request.flow import ANONYMOUS, BANDS, DEFAULT_BAND
 from llmgw.router.request.holding import (
     held_too_long,
     hold_until,
@@ -30,6 +30,8 @@ from llmgw.router.wiring import Router
 from llmgw.runtime.peers import Peer
 from llmgw.wire.endpoints import ModelOutlook
 
+# The first band: its requests at saturation go where they can start now.
+CRITICAL: Final = BANDS[0]
 # While held, look again this often even without a list change: a breaker leaving
 # its cooldown makes a replica available without anyone saying so.
 HOLD_POLL_S: Final = 0.5
@@ -148,6 +150,11 @@ def home_of(d: Decision, snaps: Sequence[Snapshot]) -> tuple[str, ...]:
     if len(homes) == len(snaps):
         return ()
     return tuple(homes)
+
+
+def is_critical(tenant: Tenant | None) -> bool:
+    """Whether the request is in the first band (critical)."""
+    return tenant is not None and tenant.key.priority == CRITICAL
 
 
 def _band_of(tenant: Tenant | None) -> tuple[str, str]:
