@@ -169,6 +169,9 @@ class Workload:
     think_s: float
     seed: int
     engine_seed: int = 0
+    # The system prompts' texts come from this seed (None: `seed`), so workloads with
+    # their own conversations can share them.
+    prompt_seed: int | None = None
     # Tokens of one text every system prompt starts with (agent-style preambles).
     preamble_tokens: int = 0
     # Session hints on every request: none, header (X-Session-ID) or user (the field).
@@ -196,7 +199,7 @@ class Conversations:
 
     def __init__(self, w: Workload) -> None:
         self.w = w
-        rng = random.Random(w.seed)
+        rng = random.Random(w.seed if w.prompt_seed is None else w.prompt_seed)
         self.systems = [_text(rng, w.prompt_tokens) for _ in range(w.prompts)]
         if w.preamble_tokens:
             preamble = _text(random.Random(w.seed + 7), w.preamble_tokens)

@@ -14,8 +14,11 @@ Tenants (one client key each, the key's team = the tenant)
     critical   critical band, offered 0.2 units
     The three together offer L x C (L = `--loads`, 1.5 and 2 by default) in
     proportion 3 : 0.3 : 0.2 (so at 2x, noisy alone offers 1.7 C). Each tenant's
-    requests are bench/routing.py's multi-turn conversations (own seed, the same
-    system prompts), open-loop, streamed.
+    requests are bench/routing.py's multi-turn conversations (own seed), open-loop,
+    streamed. `--tenant-prompts own` (the default): each tenant has its own 8 system
+    prompts, 24 on a fleet whose engines cache 3 each, so at overload the noisy
+    tenant's prompts crowd the others' out of the cache; `shared`: all three draw from
+    the same 8.
 
 Engines run `--scheduling-policy priority` and the router's file says so
 (`priority_scheduling`), as the agent starts vLLM and the sim-engine: the router
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import math
 import shutil
@@ -361,6 +365,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="on",
         help="engines order their queues by the band the router writes (default on)",
     )
+    a(
+        "--tenant-prompts",
+        choices=("own", "shared"),
+        default="own",
+        help="each tenant its own system prompts, or all the same ones (default own)",
+    )
     a("--no-write", action="store_true")
     own, rest = p.parse_known_args(argv)
     base = routing.parse_args(rest)
@@ -403,7 +413,10 @@ async def amain(opts: argparse.Namespace, command: str) -> int:
             for i, (t, (_, share, _)) in enumerate(TENANTS.items()):
                 if t not in only:
                     continue
-                convs = Conversations(routing._workload(opts, "none", opts.seed + 100 * i))
+                w = routing._workload(opts, "none", opts.seed + 100 * i)
+                if opts.tenant_prompts == "shared":
+                    w = dataclasses.replace(w, prompt_seed=opts.seed)
+                convs = Conversations(w)
                 out[t] = open_loop_schedule(
                     convs,
                     rate_rps=capacity * load * share / UNITS,
@@ -450,7 +463,8 @@ async def amain(opts: argparse.Namespace, command: str) -> int:
                 f"{capacity:.1f} req/s (closed-loop round-robin); loads {list(opts.loads)} x C, "
                 f"split noisy 3 : quiet 0.3 : critical 0.2; "
                 f"goodput: served with TTFT <= {opts.slo_s:g} s; "
-                f"engine priority {opts.engine_priority}. "
+                f"engine priority {opts.engine_priority}; "
+                f"system prompts: {opts.tenant_prompts}. "
                 f"{elapsed:.0f} s in all.",
                 "",
                 *lines,
