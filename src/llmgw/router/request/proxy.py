@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Final
 
 from llmgw.router.errors import FlowRefused, NoReplica
@@ -215,8 +215,9 @@ class Proxy:
                 snaps = st.registry.snapshots(model)
                 peek = st.flow.enabled and not call.queued
                 decision = st.policy.choose(snaps, call.hashes, att.tried, record=not peek)
-                if peek:
-                    decision, snaps = await self._flow(call, att, decision, snaps)
+                turn = self._turn(call, decision, snaps) if peek else GO
+                if turn != GO:
+                    decision, snaps = await self._flow(call, att, turn, decision, snaps)
                 if decision.endpoint_id is None:
                     if att.failed is not None:
                         return self._relay_failed(call, att.failed)
@@ -265,29 +266,28 @@ class Proxy:
         return Attempts(call.t0 + cfg.request_timeout_s, cfg.max_retries, mark)
 
     async def _flow(
-        self, call: Call, att: Attempts, decision: Decision, snaps: list[Snapshot]
+        self, call: Call, att: Attempts, turn: int, decision: Decision, snaps: list[Snapshot]
     ) -> tuple[Decision, list[Snapshot]]:
-        """The call's choice once flow control has had its say (`_turn`): `decision` as
-        it is, or, once granted or for a critical request at saturation, a new choice
-        among the replicas as they are now (a critical request among those with room
-        where nothing of ours prefills: FlowGate.exclude_for)."""
+        """The call's choice once flow control held it (`turn` WAIT: once granted) or
+        placed it (PLACE): a new choice among the replicas as they are now, for a
+        critical request among those where it starts soonest (FlowGate.exclude_for).
+        `decision`: the choice asked before, whose prefix matches name its home."""
         st = self.state
-        turn = self._turn(call, decision, snaps)
-        if turn == GO:
-            return decision, snaps
         band = CRITICAL
         if turn == WAIT:
             band = await wait_turn(st, call, decision, att.deadline)
             snaps = st.registry.snapshots(call.model)
-        home = home_of(decision, snaps)
-        left_out = st.flow.exclude_for(band, snaps, att.tried, home, st.prioritized)
+        left_out: Collection[str] = att.tried
+        if band == CRITICAL:
+            home = home_of(decision, snaps)
+            left_out = st.flow.exclude_for(band, snaps, att.tried, home, st.prioritized)
         return st.policy.choose(snaps, call.hashes, left_out), snaps
 
     def _turn(self, call: Call, decision: Decision, snaps: Sequence[Snapshot]) -> int:
         """What flow control makes of the call before its first attempt, asked once:
         WAIT when it holds it (others wait, or the chosen replica's load is at
         saturation: flowgate.py); PLACE for a critical request not held at saturation
-        (it goes where it can start now: `FlowGate.exclude_for`); else GO. `decision` was
+        (it goes where it starts soonest: `FlowGate.exclude_for`); else GO. `decision` was
         asked without dispatching (a choice never sent must not teach the prefix index
         a holder); a call that goes where it says is dispatched there, the policy told."""
         st = self.state
