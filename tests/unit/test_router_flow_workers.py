@@ -189,10 +189,14 @@ class TestWhereAGrantGoes:
         assert set(gate.exclude_for("critical", [home, other], (), ("e1",))) == {"e2"}
 
     def test_a_full_home_keeps_it_only_where_its_engine_orders_by_priority(self) -> None:
-        """A full home whose engine orders its queue by priority keeps a critical request
-        (it starts there first, and hits); a full FCFS home does not."""
+        """A home at its capacity whose engine orders its queue by priority keeps a
+        critical request (it starts there first, and hits); a full FCFS home does not,
+        nor one whose engine has requests waiting."""
         gate = FlowGate(limits())
-        home = snap("e1", running=8, waiting=1, capacity=8)
+        queued = snap("e1", running=8, waiting=1, capacity=8)
+        free = snap("e2", running=2, capacity=8)
+        assert set(gate.exclude_for("critical", [queued, free], (), ("e1",), ("e1",))) == {"e1"}
+        home = snap("e1", running=8, capacity=8)
         free = snap("e2", running=2, capacity=8)
         snaps = [home, free]
         assert set(gate.exclude_for("critical", snaps, (), ("e1",), ("e1",))) == {"e2"}

@@ -80,6 +80,18 @@ def capacity_shown(snaps: Sequence[Snapshot], shown: Callable[[str], bool]) -> b
     return all(s.breaker is BreakerState.OPEN or shown(s.id) for s in snaps)
 
 
+def queue_at_engine(s: Snapshot) -> bool:
+    """Whether `s`'s engine has requests waiting now: it had a queue at the last scrape,
+    and fewer of our requests have finished there since than were waiting."""
+    st = s.stats
+    return (
+        st is not None
+        and not s.stale
+        and st.waiting > 0
+        and st.waiting + s.inflight - s.inflight_at_scrape > 0
+    )
+
+
 class _Model:
     __slots__ = ("left_to_others", "name", "poller", "queue")
 
@@ -246,18 +258,10 @@ class FlowGate:
         point = self._point(s)
         if load >= point:
             return 0
-        st = s.stats
-        # Its engine had a queue at the last scrape and fewer of our requests have
-        # finished there since than were waiting: it is full now, whatever its
-        # learned capacity says (an engine short of KV cache runs fewer than it once
-        # did). A request sent now would wait there, first come first served, not
-        # here by band and tenant.
-        if (
-            st is not None
-            and not s.stale
-            and st.waiting > 0
-            and st.waiting + s.inflight - s.inflight_at_scrape > 0
-        ):
+        # A queue at its engine: it is full now, whatever its learned capacity says (an
+        # engine short of KV cache runs fewer than it once did). A request sent now
+        # would wait there, first come first served, not here by band and tenant.
+        if queue_at_engine(s):
             return 0
         # Each request adds one step of load; the last one may start below the point.
         n = math.ceil((point - load) / self._points.step(s) - 1e-9)
@@ -288,12 +292,13 @@ class FlowGate:
 
         It goes where it starts soonest. First its `home` (waits.home_of: the replicas
         holding most of its prefix, where its prefill is a few blocks, not the whole
-        prompt): the homes with room now (`below_capacity`), else those whose engine
-        orders its queue by priority (`ordered`: it starts there ahead of every request
-        of a lower band). Else the replicas with room, of those the ones where none of
-        ours awaits its first token (`Snapshot.pending`: its prefill then shares the
-        engine's next step with no other) if any. No room anywhere: wherever, holding
-        the slot a release gave it.
+        prompt): the homes with room now (`below_capacity`), else those at their hold
+        point whose engine orders its queue by priority (`ordered`: it starts there
+        ahead of every request of a lower band) and has none waiting (else it would
+        wait there for a request to finish). Else the replicas with room, of those the
+        ones where none of ours awaits its first token (`Snapshot.pending`: its prefill
+        then shares the engine's next step with no other) if any. No room anywhere:
+        wherever, holding the slot a release gave it.
 
         The other bands keep the policy's choice: the fleet's hit rate, and so its
         throughput, rests on their locality."""
@@ -303,7 +308,7 @@ class FlowGate:
         roomy_homes = {s.id for s in homes if s.id in {r.id for r in room}}
         if roomy_homes:
             return roomy_homes
-        first = {s.id for s in homes if s.id in ordered}
+        first = {s.id for s in homes if s.id in ordered and not queue_at_engine(s)}
         if first:
             return first
         idle = {s.id for s in room if s.pending == 0}
