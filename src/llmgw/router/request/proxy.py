@@ -280,7 +280,9 @@ class Proxy:
         left_out: Collection[str] = att.tried
         if band == CRITICAL:
             home = home_of(decision, snaps)
-            left_out = st.flow.exclude_for(band, snaps, att.tried, home, st.prioritized)
+            # An engine's priority order helps only a request that carries its band there.
+            ordered = st.prioritized if call.engine_priority is not None else ()
+            left_out = st.flow.exclude_for(band, snaps, att.tried, home, ordered)
         return st.policy.choose(snaps, call.hashes, left_out), snaps
 
     def _turn(self, call: Call, decision: Decision, snaps: Sequence[Snapshot]) -> int:
