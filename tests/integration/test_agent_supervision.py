@@ -183,6 +183,8 @@ class AgentRig:
         self.note_pids()
         if self.agent is not None:
             self.agent.stop(grace_s=5)
+            # Engines it started after the first look are in its state file now.
+            self.note_pids()
         for pid in self.engine_pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
