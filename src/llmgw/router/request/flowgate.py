@@ -304,15 +304,15 @@ class FlowGate:
         throughput, rests on their locality."""
         live = [s for s in snaps if s.breaker is not BreakerState.OPEN]
         room = [s for s in live if self._has_room(s)]
-        homes = [s for s in live if s.id in home]
-        roomy_homes = {s.id for s in homes if s.id in {r.id for r in room}}
+        room_ids = {s.id for s in room}
+        roomy_homes = room_ids.intersection(home)
         if roomy_homes:
             return roomy_homes
-        first = {s.id for s in homes if s.id in ordered and not queue_at_engine(s)}
+        first = {s.id for s in live if s.id in home and s.id in ordered and not queue_at_engine(s)}
         if first:
             return first
         idle = {s.id for s in room if s.pending == 0}
-        return idle or {s.id for s in room}
+        return idle or room_ids
 
     def queued(self, model: str) -> bool:
         m = self._models.get(model)
