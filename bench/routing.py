@@ -169,8 +169,8 @@ class Workload:
     think_s: float
     seed: int
     engine_seed: int = 0
-    # The system prompts' texts come from this seed (None: `seed`), so workloads with
-    # their own conversations can share them.
+    # The system prompts' texts (and their preamble) come from this seed (None: `seed`),
+    # so workloads with their own conversations can share them.
     prompt_seed: int | None = None
     # Tokens of one text every system prompt starts with (agent-style preambles).
     preamble_tokens: int = 0
@@ -199,10 +199,11 @@ class Conversations:
 
     def __init__(self, w: Workload) -> None:
         self.w = w
-        rng = random.Random(w.seed if w.prompt_seed is None else w.prompt_seed)
+        seed = w.seed if w.prompt_seed is None else w.prompt_seed
+        rng = random.Random(seed)
         self.systems = [_text(rng, w.prompt_tokens) for _ in range(w.prompts)]
         if w.preamble_tokens:
-            preamble = _text(random.Random(w.seed + 7), w.preamble_tokens)
+            preamble = _text(random.Random(seed + 7), w.preamble_tokens)
             self.systems = [preamble + s for s in self.systems]
         weights = [1.0 / (i + 1) ** w.zipf for i in range(w.prompts)]
         total = sum(weights)
