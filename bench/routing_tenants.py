@@ -45,6 +45,10 @@ Figures (measured window only, after `--warmup-s`)
     share; with two tenants the floor is 0.5. Only one standard tenant is
     backlogged here, so an index over backlogged tenants alone would be 1 by
     definition; this one also sees a quiet tenant crowded out.
+    Held: requests flow control held and then granted, and their wait in its queue
+    (p50/p99 from the router's llmgw_router_flow_wait_seconds histogram, interpolated
+    within its buckets, from the warm-up's end to the drain's end): the router's
+    share of a tenant's TTFT.
     Hit rate: engines' prefix-cache hits / queries over the window.
     Router CPU: its user+system seconds per request sent.
 
@@ -58,6 +62,7 @@ import asyncio
 import dataclasses
 import hashlib
 import math
+import re
 import shutil
 import sys
 import tempfile
@@ -65,6 +70,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -101,6 +107,7 @@ class TenantProcesses(Processes):
 
     flow = True
     engine_priority = True
+    workers: int | None = None  # the router's own default (one per core)
 
     def start_engines(self, *, kv_events: bool = False) -> dict[str, str]:
         if self.engine_priority:
@@ -125,9 +132,10 @@ class TenantProcesses(Processes):
         for eid, url in urls.items():
             lines.append(f"  - {{id: {eid}, url: '{url}', models: [{routing.MODEL}]{prio}}}")
         cfg.write_text("\n".join(lines) + "\n")
-        self.router = routing.start_program(
-            ["router", "--config", str(cfg), "--port", "0"], log_dir=self.log_dir
-        )
+        argv = ["router", "--config", str(cfg), "--port", "0"]
+        if self.workers is not None:
+            argv += ["--workers", str(self.workers)]
+        self.router = routing.start_program(argv, log_dir=self.log_dir)
         return self.router.url
 
 
@@ -142,6 +150,11 @@ class TenantStats:
     ttft_p50: float = math.nan
     ttft_p99: float = math.nan
     goodput_rps: float = math.nan
+    # Requests held by flow control and granted, and their wait there (the router's
+    # llmgw_router_flow_wait_seconds, interpolated within its buckets).
+    held: int = 0
+    wait_p50: float = math.nan
+    wait_p99: float = math.nan
 
 
 @dataclass
@@ -153,6 +166,41 @@ class Run:
     router_cpu_ms: float  # per request sent
     machine_busy: float
     lag_resets: int
+
+
+_WAIT_BUCKET = re.compile(
+    r'^llmgw_router_flow_wait_seconds_bucket\{band="[^"]*",team="([^"]*)",le="([^"]+)"\} (\S+)$',
+    re.M,
+)
+
+
+async def flow_waits(session: aiohttp.ClientSession, url: str) -> dict[str, dict[float, float]]:
+    """Team → the router's flow-wait histogram: bucket bound → requests (cumulative)."""
+    async with session.get(url + "/metrics") as r:
+        text = await r.text()
+    out: dict[str, dict[float, float]] = {}
+    for team, le, n in _WAIT_BUCKET.findall(text):
+        bound = math.inf if le == "+Inf" else float(le)
+        by = out.setdefault(team, {})
+        by[bound] = by.get(bound, 0.0) + float(n)
+    return out
+
+
+def bucket_quantile(cum: dict[float, float], q: float) -> float:
+    """The q-quantile of a cumulative histogram, linear within its bucket (as
+    Prometheus' histogram_quantile); nan when empty."""
+    bounds = sorted(cum)
+    total = cum[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return math.nan
+    rank, lo, below = q * total, 0.0, 0.0
+    for b in bounds:
+        if cum[b] >= rank:
+            if math.isinf(b):
+                return lo
+            return lo + (b - lo) * (rank - below) / max(cum[b] - below, 1e-12)
+        lo, below = b, cum[b]
+    return lo
 
 
 def jain(xs: list[float]) -> float:
@@ -191,6 +239,7 @@ async def one_run(
     procs = TenantProcesses(fleet, log_dir)
     procs.flow = flow
     procs.engine_priority = opts.engine_priority == "on"
+    procs.workers = opts.router_workers
     loop = asyncio.get_running_loop()
     try:
         urls = await asyncio.to_thread(procs.start_engines)
@@ -223,9 +272,10 @@ async def one_run(
                 results[tenant].append(res)
                 await stream_one(sessions[tenant], url, req, res, False)
 
-            async def at_warmup() -> dict[str, tuple[float, float]]:
+            async def at_warmup() -> tuple[dict[str, tuple[float, float]], dict[str, Any]]:
                 await asyncio.sleep(max(0.0, t0 + timing.warmup_s - loop.time()))
-                return await counters(any_session, urls)
+                waits = await flow_waits(any_session, rurl)
+                return await counters(any_session, urls), waits
 
             warm = asyncio.create_task(at_warmup())
             for at, tenant, req in merged:
@@ -241,7 +291,8 @@ async def one_run(
             if tasks:
                 await asyncio.wait(set(tasks), timeout=timing.drain_s)
             end_s = loop.time()
-            c0 = await warm
+            waits1 = await flow_waits(any_session, rurl)
+            c0, waits0 = await warm
             router_cpu = cpu_seconds(router_pid) - cpu0
             busy1 = machine_ticks()
             lags = await routing.lag_resets(any_session, urls) - lag0
@@ -277,6 +328,10 @@ async def one_run(
         s.ttft_p50, s.ttft_p99 = pct(ttfts, 0.50), pct(ttfts, 0.99)
         s.good = sum(1 for r in served if r.ttft(end_s) <= opts.slo_s)
         s.goodput_rps = s.good / window
+        w1, w0 = waits1.get(tenant, {}), waits0.get(tenant, {})
+        waited = {b: n - w0.get(b, 0.0) for b, n in w1.items()}
+        s.held = round(waited.get(math.inf, 0.0))
+        s.wait_p50, s.wait_p99 = bucket_quantile(waited, 0.50), bucket_quantile(waited, 0.99)
     demand = {t: len([r for r in schedules[t] if r.at_s >= timing.warmup_s]) / window for t in out}
     return Run(
         name=name,
@@ -296,15 +351,16 @@ def _ms(x: float) -> str:
 def table(runs: list[Run]) -> list[str]:
     lines = [
         "| run | tenant | sent | TTFT p50 ms | TTFT p99 ms | goodput req/s | refused | lost"
-        " | late |",
-        "|---|---|---:|---:|---:|---:|---|---:|---:|",
+        " | late | held | held p50 / p99 ms |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|",
     ]
     for run in runs:
         for t, s in run.tenants.items():
             refused = ", ".join(f"{k}: {n}" for k, n in sorted(s.refused.items())) or "0"
             lines.append(
                 f"| {run.name} | {t} | {s.sent} | {_ms(s.ttft_p50)} | {_ms(s.ttft_p99)} | "
-                f"{s.goodput_rps:.2f} | {refused} | {s.lost} | {s.late} |"
+                f"{s.goodput_rps:.2f} | {refused} | {s.lost} | {s.late} | {s.held} | "
+                f"{_ms(s.wait_p50)} / {_ms(s.wait_p99)} |"
             )
     lines += [
         "",
@@ -370,6 +426,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=("own", "shared"),
         default="own",
         help="each tenant its own system prompts, or all the same ones (default own)",
+    )
+    a(
+        "--router-workers",
+        type=int,
+        default=None,
+        help="the router's --workers (default: the router's own, one per core)",
     )
     a("--no-write", action="store_true")
     own, rest = p.parse_known_args(argv)

@@ -102,6 +102,15 @@ def queued(router_url: str) -> dict[tuple[str, str], float]:
     return out
 
 
+def granted(router_url: str) -> dict[tuple[str, str], float]:
+    """The router's llmgw_router_flow_wait_seconds counts: (band, team) → requests
+    granted after waiting in flow control."""
+    with urllib.request.urlopen(router_url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    pattern = r'^llmgw_router_flow_wait_seconds_count\{band="(\w+)",team="(\w*)"\} (\S+)$'
+    return {(m[1], m[2]): float(m[3]) for m in re.finditer(pattern, text, re.M)}
+
+
 async def until(cond: object, what: str, timeout_s: float = 15.0) -> None:
     """Wait on the loop for `cond()` (a metrics read in a thread)."""
     deadline = time.monotonic() + timeout_s
@@ -193,6 +202,11 @@ class TestFlowControl:
             assert answers[name].body.rstrip().endswith(b"data: [DONE]")
 
         wait_until(lambda: queued(setup.router.url) == {}, timeout_s=5, what="queues empty")
+        # Each granted wait is counted by band and team; refused ones are not.
+        waits = granted(setup.router.url)
+        assert waits[("critical", "ops")] == 1
+        assert waits[("batch", "bulk")] >= 4
+        assert ("standard", "web") not in waits
 
     def test_a_backlog_past_its_turnovers_is_refused_at_once(self, setup: Setup) -> None:
         """Four critical requests at once on a full engine: the team's first is queued and

@@ -38,6 +38,8 @@ LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1
 TTFT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # Gaps between relayed stream chunks: engines emit one every few to a few hundred ms.
 ITL_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5)
+# A granted request's wait in flow control: one release (tens of ms) to its band's bound.
+FLOW_WAIT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30)
 
 # The `outcome` label of llmgw_router_requests_total: a closed set.
 OK: Final = "ok"  # a 2xx answer or a stream that ended cleanly
@@ -322,6 +324,13 @@ class RouterMetrics:
             "Completion tokens of client keys' answered requests, by team and model.",
             ["team", "model"],
         )
+        self._flow_wait = Buckets(
+            "llmgw_router_flow_wait_seconds",
+            "Seconds a request waited in flow control's queue before it was granted a "
+            "replica, by priority band and team (as llmgw_router_flow_queued).",
+            ["band", "team"],
+            FLOW_WAIT_BUCKETS,
+        )
         families: tuple[Counts | Buckets, ...] = (
             self._requests,
             self._latency,
@@ -335,6 +344,7 @@ class RouterMetrics:
             self._team_requests,
             self._team_prompt,
             self._team_completion,
+            self._flow_wait,
         )
         r.register(_Families(families))
         modules = Gauge(
@@ -426,6 +436,10 @@ class RouterMetrics:
     def itl(self, model: str) -> Bucket:
         """The inter-token histogram series of `model` (a stream observes each gap)."""
         return self._itl.child((model,))
+
+    def flow_waited(self, band: str, team: str, seconds: float) -> None:
+        """A request of `band` and `team` was granted after `seconds` in flow control."""
+        self._flow_wait.child((band, team)).observe(seconds)
 
     def retry(self, model: str, endpoint: str) -> None:
         self._retries.inc((model, endpoint))

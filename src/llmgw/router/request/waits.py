@@ -173,6 +173,7 @@ async def wait_turn(st: Router, call: Call, peeked: Decision, deadline: float) -
     band, who = _band_of(call.tenant)
     snapshots = st.registry.snapshots
     snaps = snapshots(model)
+    since = st.clock.monotonic()
     await st.flow.wait_turn(
         model,
         band,
@@ -182,6 +183,7 @@ async def wait_turn(st: Router, call: Call, peeked: Decision, deadline: float) -
         running=sum(s.inflight for s in snaps),
         home=home_of(peeked, snaps),
     )
+    st.metrics.flow_waited(band, who, st.clock.monotonic() - since)
     backlogged = st.flow.backlogged(model, band, who)
     call.engine_priority = enginepriority.granted(call.engine_priority, backlogged=backlogged)
     return band
