@@ -7,12 +7,13 @@ from collections.abc import Mapping
 
 from llmgw.router.replicas.registry import Registry
 from llmgw.router.request.flow import BANDS, BandLimits, FlowQueue, Refusal
-from llmgw.router.request.flowgate import SHARED_POLL_S, FlowGate
+from llmgw.router.request.flowgate import RESERVE_FOR_S, SHARED_POLL_S, FlowGate
 from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.clock import ManualClock
 from llmgw.testing import vtime
 from llmgw.wire.endpoints import EndpointInfo
 from tests.unit.test_router_flow import free_snaps, saturated_snaps
+from tests.unit.test_router_flow_reserve import ONE, TWO
 from tests.unit.test_router_scheduler import snap
 
 
@@ -28,18 +29,33 @@ def claim_of(*arrivals: tuple[str, str]) -> int:
 
 
 class Claims:
-    """Two workers' claim cells, as Registry.claim / claimed_elsewhere use them."""
+    """Two workers' claim and reserve cells for one model, as the Registry keeps them."""
 
     def __init__(self) -> None:
         self.cells = [0, 0]
+        self.stamps = [0, 0]
 
     def gate(self, i: int, clock: ManualClock) -> FlowGate:
-        def claim(model: str, claims: Mapping[str, int]) -> None:
-            self.cells[i] = claims.get(model, 0)
+        return FlowGate(limits(), clock=clock, peers=_Peer(self, i))
 
-        return FlowGate(
-            limits(), clock=clock, claim=claim, claimed_elsewhere=lambda _m: self.cells[1 - i]
-        )
+
+class _Peer:
+    """Worker `i`'s view of `Claims` (flowgate.Peers)."""
+
+    def __init__(self, cells: Claims, i: int) -> None:
+        self.c, self.i = cells, i
+
+    def claim(self, model: str, claims: Mapping[str, int]) -> None:
+        self.c.cells[self.i] = claims.get(model, 0)
+
+    def claimed_elsewhere(self, model: str) -> int:
+        return self.c.cells[1 - self.i]
+
+    def reserve(self, model: str, stamp: int) -> None:
+        self.c.stamps[self.i] = stamp
+
+    def reserved_elsewhere(self, model: str) -> int:
+        return self.c.stamps[1 - self.i]
 
 
 class TestClaim:
@@ -85,6 +101,16 @@ class TestSharedClaims:
         regs[0].claim("a", {})
         assert regs[1].claimed_elsewhere("a") == 0
         assert Registry().claimed_elsewhere("a") == 0  # one worker: no claims
+        # Critical reserves: the latest stamp of another worker on the model's endpoints.
+        regs[0].reserve("a", 40)
+        regs[1].reserve("b", 42)
+        assert regs[2].reserved_elsewhere("a") == 42  # e1 serves b too
+        assert regs[0].reserved_elsewhere("a") == 42
+        assert regs[1].reserved_elsewhere("a") == 40
+        assert regs[1].reserved_elsewhere("b") == 40
+        assert Registry().reserved_elsewhere("a") == 0
+        regs[0].replace([])  # a departed endpoint's cells are left at 0
+        assert regs[1].reserved_elsewhere("a") == 0
 
 
 class TestGrantsAcrossWorkers:
@@ -152,6 +178,53 @@ class TestGrantsAcrossWorkers:
 
         waited = vtime.run(main(), clock)
         assert SHARED_POLL_S <= waited <= 2 * SHARED_POLL_S + 0.001
+
+
+class TestOneQueueAcrossWorkers:
+    """Workers' queues act as one: a reserve kept by one is kept by all, none passes."""
+
+    def test_a_reserve_one_worker_keeps_the_other_keeps(self) -> None:
+        """Worker 0's critical request finds room for one only and keeps the reserve;
+        worker 1 then holds a standard request at that slot and asks about every
+        request, until the reserve lapses there too."""
+        clock = ManualClock()
+        claims = Claims()
+        g0, g1 = claims.gate(0, clock), claims.gate(1, clock)
+        assert g1.saturated(0.875, ONE, model="m", band="standard") is False
+        assert g0.must_wait(0.875, ONE, model="m", band="critical") is False
+        assert claims.stamps[0] > 0
+        assert g1.saturated(0.875, ONE, model="m", band="standard") is True
+        assert g1.saturated_load == 0.0
+        assert g1.saturated(0.75, TWO, model="m", band="standard") is False
+        assert g1.saturated(0.875, ONE, model="m", band="critical") is False
+        clock.advance(RESERVE_FOR_S + 1.01)
+        assert g1.saturated(0.875, ONE, model="m", band="standard") is False
+        assert g1.saturated_load > 0.0
+
+    def test_a_worker_publishes_its_reserve_once_a_second(self) -> None:
+        """Many critical requests in one second write the shared cell once."""
+        clock = ManualClock()
+        writes: list[int] = []
+        claims = Claims()
+        peer = _Peer(claims, 0)
+        peer.reserve = lambda _m, stamp: writes.append(stamp)  # type: ignore[method-assign]
+        gate = FlowGate(limits(), clock=clock, peers=peer)
+        for _ in range(5):
+            gate.must_wait(0.875, ONE, model="m", band="critical")
+            clock.advance(0.1)
+        clock.advance(0.6)
+        gate.must_wait(0.875, ONE, model="m", band="critical")
+        assert writes == [1001, 1002]
+
+    def test_a_request_waits_behind_another_workers_waiters(self) -> None:
+        """With room free, a request is not held unless another worker's requests wait
+        for the same replicas: then it queues behind them."""
+        clock = ManualClock()
+        claims = Claims()
+        g0 = claims.gate(0, clock)
+        assert g0.must_wait(0.25, free_snaps(), model="m", band="standard") is False
+        claims.cells[1] = claim_of(("standard", "noisy"))
+        assert g0.must_wait(0.25, free_snaps(), model="m", band="standard") is True
 
 
 class TestWhereAGrantGoes:

@@ -98,9 +98,8 @@ class Router:
             critical_reserve=cfg.flow.critical_reserve,
             shown=self.registry.capacity_shown,
             clock=clock,
-            # With workers, their queues share each slot by claim (flowgate.py).
-            claim=None if shared is None or shared.workers < 2 else self.registry.claim,
-            claimed_elsewhere=self.registry.claimed_elsewhere,
+            # With workers, their queues act as one (flowgate.py, "Workers").
+            peers=None if shared is None or shared.workers < 2 else self.registry,
         )
         self.metrics = RouterMetrics(
             snapshots=self.registry.snapshots, held=self.holding.demand, queued=self.flow.depth

@@ -73,6 +73,7 @@ class _Live:
         "queued_seen",
         "restarts",
         "row",
+        "rslot",
         "scraped_at",
         "slot",
         "stats",
@@ -111,8 +112,9 @@ class _Live:
         # (cell `slot`) and `pending` (cell `pslot`) there.
         self.row: memoryview | None = None
         self.slot = 0
-        self.pslot = 0  # its pending count's cell: the row's second third
-        self.cslot = 0  # its flow-control claim's cell: the row's last third
+        self.pslot = 0  # its pending count's cell: the row's second quarter
+        self.cslot = 0  # its flow-control claim's cell: the row's third quarter
+        self.rslot = 0  # its critical reserve's cell: the row's last quarter
 
     def set_info(self, info: EndpointInfo) -> None:
         self.info = info
@@ -235,7 +237,8 @@ class Registry:
     def _unshare(live: _Live) -> None:
         """A departed endpoint's slot may go to another: stop writing it, leave it 0."""
         if live.row is not None:
-            live.row[live.slot] = live.row[live.pslot] = live.row[live.cslot] = 0
+            row = live.row
+            row[live.slot] = row[live.pslot] = row[live.cslot] = row[live.rslot] = 0
             live.row = None
 
     @staticmethod
@@ -249,6 +252,7 @@ class Registry:
             Registry._unshare(live)
             live.row, live.slot, live.pslot = shared.row, slot, shared.capacity + slot
             live.cslot = 2 * shared.capacity + slot
+            live.rslot = 3 * shared.capacity + slot
             shared.row[slot] = live.inflight
             shared.row[live.pslot] = live.pending
 
@@ -292,6 +296,27 @@ class Registry:
                 c = shared.claim_elsewhere(live.slot)
                 if c > best:
                     best = c
+        return best
+
+    def reserve(self, model: str, stamp: int) -> None:
+        """Publish on `model`'s endpoints, for the other workers, when a critical request
+        here last needed its critical reserve (`stamp`, flowgate.py)."""
+        for live in self._by_model.get(model, ()):
+            if live.row is not None:
+                live.row[live.rslot] = stamp
+
+    def reserved_elsewhere(self, model: str) -> int:
+        """The latest stamp of another worker's critical reserve on `model`'s endpoints
+        (0: none, or a single worker)."""
+        shared = self._shared
+        best = 0
+        if shared is None:
+            return best
+        for live in self._by_model.get(model, ()):
+            if live.row is not None:
+                stamp = shared.reserved_elsewhere(live.slot)
+                if stamp > best:
+                    best = stamp
         return best
 
     def observe(self, id: str, stats: Stats) -> bool:

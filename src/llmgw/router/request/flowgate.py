@@ -22,6 +22,12 @@ saturation, no reserve: a fleet without critical keys never loses a slot to it.
 While a reserve is kept the proxy asks the gate about every request
 (`saturated_load` is 0), so critical requests keep it alive only while they come.
 
+**Workers.** With `--workers N` each worker has its own queues, and they act as one
+through the memory the workers share (`Peers`): a worker publishes its queue's claim
+per model, and a slot goes to the worker whose claim is strongest (`_ours`); a request
+meeting another worker's waiters for its replicas waits behind them, as it would here;
+and a critical reserve one worker keeps, every worker keeps.
+
 A granted request chooses again (so it goes to the replica that freed up, or to
 its prefix home if that is within the policy's bound) and is dispatched even if
 the choice looks saturated by then: it holds the slot a release gave it.
@@ -41,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 from llmgw.router.errors import FlowRefused
 from llmgw.router.replicas.breaker import BreakerState
@@ -92,6 +98,23 @@ def queue_at_engine(s: Snapshot) -> bool:
     )
 
 
+class Peers(Protocol):
+    """The other workers of this router, through the memory they share (Registry,
+    workers/shared.py): each worker's claims and critical reserves, per model."""
+
+    def claim(self, model: str, claims: Mapping[str, int]) -> None:
+        """Publish this worker's claims (model → `FlowQueue.claim`) for `model`."""
+
+    def claimed_elsewhere(self, model: str) -> int:
+        """The strongest claim of another worker on `model`'s replicas (0: none)."""
+
+    def reserve(self, model: str, stamp: int) -> None:
+        """Publish when this worker's critical request last needed `model`'s reserve."""
+
+    def reserved_elsewhere(self, model: str) -> int:
+        """The latest such stamp of another worker for `model`'s replicas (0: none)."""
+
+
 class _Model:
     __slots__ = ("left_to_others", "name", "poller", "queue")
 
@@ -114,8 +137,7 @@ class FlowGate:
         shown: Callable[[str], bool] = lambda _id: True,
         scheduler: SchedulerConfig = DEFAULT_CONFIG,
         clock: Clock = SYSTEM_CLOCK,
-        claim: Callable[[str, Mapping[str, int]], None] | None = None,
-        claimed_elsewhere: Callable[[str], int] = lambda _model: 0,
+        peers: Peers | None = None,
         critical_reserve: int = 1,
     ) -> None:
         self.enabled = enabled
@@ -139,13 +161,12 @@ class FlowGate:
         self.waiting = 0
         # Whether a replica's engine was seen queueing (Registry.capacity_shown).
         self._shown = shown
-        # With several workers (Registry.claim, claimed_elsewhere): each publishes the
-        # claim of its queue per model (FlowQueue.claim), and a worker whose release
-        # frees a slot grants it only if no other worker's claim is stronger.
-        self._claim = claim
-        self._claimed_elsewhere = claimed_elsewhere
+        # With several workers, one queue in effect (module doc, "Workers").
+        self._peers = peers
         self._claims: dict[str, int] = {}
-        self.poll_s = POLL_S if claim is None else SHARED_POLL_S
+        # Model → the reserve stamp this worker last published (`_keep_reserve`).
+        self._stamps: dict[str, int] = {}
+        self.poll_s = POLL_S if peers is None else SHARED_POLL_S
 
     def must_wait(
         self, least: float | None, snaps: Sequence[Snapshot], *, model: str, band: str
@@ -155,11 +176,27 @@ class FlowGate:
         request that finds no room beyond the reserve keeps the reserve (module doc)."""
         reserve = self.critical_reserve
         if band == BANDS[0] and reserve > 0 and not self._room(snaps, 1 + reserve):
-            self._reserved[model] = self._clock.monotonic()
-            self.saturated_load = 0.0
+            self._keep_reserve(model)
         if self.queued(model):
             return True
+        peers = self._peers
+        if peers is not None and peers.claimed_elsewhere(model):
+            # Another worker's requests wait for these replicas: behind them, as here.
+            return True
         return self.saturated(least, snaps, model=model, band=band)
+
+    def _keep_reserve(self, model: str) -> None:
+        """A critical request needed `model`'s reserve now: kept here, and told to the
+        other workers (once a second at most), which keep it too (`reserving`)."""
+        now = self._clock.monotonic()
+        self._reserved[model] = now
+        self.saturated_load = 0.0
+        peers = self._peers
+        if peers is not None:
+            stamp = int(now) + 1
+            if self._stamps.get(model) != stamp:
+                self._stamps[model] = stamp
+                peers.reserve(model, stamp)
 
     def saturated(
         self,
@@ -208,10 +245,22 @@ class FlowGate:
             self.saturated_load = self._points.lowest
 
     def reserving(self, model: str) -> bool:
-        """Whether `model`'s critical reserve is kept now."""
+        """Whether `model`'s critical reserve is kept now, here or by another worker (a
+        reserve another worker keeps is kept here too, until it lapses)."""
         if self._reserved:
             self._lapse()
-        return model in self._reserved
+        if model in self._reserved:
+            return True
+        peers = self._peers
+        if peers is None:
+            return False
+        # A stamp is the second after the need: within RESERVE_FOR_S plus one of now.
+        stamp = peers.reserved_elsewhere(model)
+        if stamp == 0 or stamp < self._clock.monotonic() - RESERVE_FOR_S:
+            return False
+        self._reserved[model] = float(stamp)
+        self.saturated_load = 0.0
+        return True
 
     def below_capacity(self, snaps: Sequence[Snapshot]) -> bool:
         """Whether a replica in `snaps` can take a request now without it waiting there:
@@ -481,13 +530,14 @@ class FlowGate:
         """Whether a slot for `m`'s model goes to this worker's queue: no other worker
         claims it more strongly (a higher band first in line, or a tenant with fewer
         queued: FlowQueue.claim). Ties stay with the worker that saw the room."""
-        if self._claim is None:
+        if self._peers is None:
             return True
-        return self._claims.get(m.name, 0) >= self._claimed_elsewhere(m.name)
+        return self._claims.get(m.name, 0) >= self._peers.claimed_elsewhere(m.name)
 
     def _publish(self, m: _Model) -> None:
         """Tell the other workers `m`'s claim, when it changed (Registry.claim)."""
-        if self._claim is None:
+        peers = self._peers
+        if peers is None:
             return
         claim = m.queue.claim()
         if claim == self._claims.get(m.name, 0):
@@ -496,7 +546,7 @@ class FlowGate:
             self._claims[m.name] = claim
         else:
             del self._claims[m.name]
-        self._claim(m.name, self._claims)
+        peers.claim(m.name, self._claims)
 
     @staticmethod
     def _wake(t: Ticket, result: int) -> None:

@@ -1,12 +1,14 @@
 """What the workers of one router (`--workers N`) share in memory: in-flight counts,
-and flow control's claims.
+and flow control's claims and critical reserves.
 
 A table of int32 cells, one row per worker and one column (a *slot*) per
 endpoint, in a memory file the supervisor creates and every worker maps. A
-row has three thirds: requests in flight, then those of them still awaiting
+row has four quarters: requests in flight, then those of them still awaiting
 their first token (`pending`, endpoint.py), then the worker's flow-control
 *claim* on the endpoint (the strongest request it holds for a model the endpoint
-serves, flowgate.py; 0: none). A worker writes only its own row —
+serves, flowgate.py; 0: none), then when a critical request of the worker last
+needed the critical reserve of a model the endpoint serves (whole seconds of the
+host's monotonic clock, plus one; 0: never). A worker writes only its own row —
 its own counts for an endpoint, after each acquire, first token and release —
 and reads an endpoint's host-wide count as the sum of its column. One writer
 per cell means no lock and no lost update; a reader may see a count one
@@ -48,8 +50,9 @@ class SharedInflight:
         self._cells = memoryview(self._map).cast("i")
         # This worker's row: the only cells it ever writes. Cell `slot` is its
         # requests in flight to that endpoint, cell `capacity + slot` those of them
-        # awaiting their first token, cell `2 * capacity + slot` its claim.
-        self._width = 3 * capacity
+        # awaiting their first token, cell `2 * capacity + slot` its claim, cell
+        # `3 * capacity + slot` its critical reserve's stamp.
+        self._width = 4 * capacity
         self.row = self._cells[index * self._width : (index + 1) * self._width]
         # Endpoint id → slot, as last sent by the supervisor.
         self.slots: dict[str, int] = {}
@@ -82,6 +85,14 @@ class SharedInflight:
                 best = claim
         return best
 
+    def reserved_elsewhere(self, slot: int) -> int:
+        """The latest stamp of another worker's critical reserve on an endpoint (0: none)."""
+        best = 0
+        for i, stamp in enumerate(self._cells[3 * self.capacity + slot :: self._width]):
+            if i != self.index and stamp > best:
+                best = stamp
+        return best
+
     def clear_row(self, index: int) -> None:
         """Zero a dead worker's row: its requests died with it (the supervisor's call)."""
         start = index * self._width
@@ -89,7 +100,7 @@ class SharedInflight:
 
 
 def _size(workers: int, capacity: int) -> int:
-    return workers * 3 * capacity * _CELL
+    return workers * 4 * capacity * _CELL
 
 
 class SlotTable:
