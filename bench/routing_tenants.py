@@ -168,10 +168,8 @@ class Run:
     lag_resets: int
 
 
-_WAIT_BUCKET = re.compile(
-    r'^llmgw_router_flow_wait_seconds_bucket\{band="[^"]*",team="([^"]*)",le="([^"]+)"\} (\S+)$',
-    re.M,
-)
+_WAIT_BUCKET = re.compile(r"^llmgw_router_flow_wait_seconds_bucket\{([^}]*)\} (\S+)$", re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 async def flow_waits(session: aiohttp.ClientSession, url: str) -> dict[str, dict[float, float]]:
@@ -179,7 +177,9 @@ async def flow_waits(session: aiohttp.ClientSession, url: str) -> dict[str, dict
     async with session.get(url + "/metrics") as r:
         text = await r.text()
     out: dict[str, dict[float, float]] = {}
-    for team, le, n in _WAIT_BUCKET.findall(text):
+    for labels, n in _WAIT_BUCKET.findall(text):
+        got = dict(_LABEL.findall(labels))
+        team, le = got.get("team", ""), got.get("le", "+Inf")
         bound = math.inf if le == "+Inf" else float(le)
         by = out.setdefault(team, {})
         by[bound] = by.get(bound, 0.0) + float(n)
