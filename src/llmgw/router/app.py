@@ -148,6 +148,7 @@ def _host_loops(
         concurrency=cfg.scrape_concurrency,
         on_restart=state.engine_restarted,
         on_failure=state.metrics.scrape_failed,
+        on_stats=lambda eid, _stats: state.observed(eid),
     )
     controller = (
         None if cfg.controller is None else ControllerClient(cfg.controller, state.upstream)

@@ -257,6 +257,14 @@ class Router:
     def _refresh_models(self) -> None:
         self.known_models = self._file_models | self._controller_models | self.registry.models()
 
+    def observed(self, endpoint_id: str) -> None:
+        """A new scrape of `endpoint_id` is in: flow control learns its hold point from
+        it now, not when it next looks at the replica, so every worker of a router
+        learns from every scrape and all keep the same points."""
+        snap = self.registry.snapshot(endpoint_id)
+        if snap is not None:
+            self.flow.learn(snap)
+
     def engine_restarted(self, endpoint_id: str) -> None:
         """Its KV cache is empty: forget what we thought it held."""
         self.prefix.purge(endpoint_id)

@@ -236,6 +236,10 @@ class FlowGate:
         self.saturated_load = 0.0 if self._reserved else self._points.lowest
         return point
 
+    def learn(self, s: Snapshot) -> None:
+        """A new scrape of `s`: its hold point learns from it (Router.observed)."""
+        self._point(s)
+
     def _lapse(self) -> None:
         """Drop the reserves no critical request has needed for `RESERVE_FOR_S`."""
         since = self._clock.monotonic() - RESERVE_FOR_S

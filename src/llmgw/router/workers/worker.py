@@ -142,6 +142,7 @@ class WorkerLink:
             # The supervisor logs a restart once for the host; each worker forgets.
             if st.registry.observe(msg.id, msg.stats):
                 st.engine_restarted(msg.id)
+            st.observed(msg.id)
         elif isinstance(msg, Listed):
             self.shared.slots = msg.slots
             st.apply_list(msg.listed)
