@@ -179,6 +179,42 @@ class TestGrantsAcrossWorkers:
         waited = vtime.run(main(), clock)
         assert SHARED_POLL_S <= waited <= 2 * SHARED_POLL_S + 0.001
 
+    def test_slots_left_for_a_claim_go_at_one_poll(self) -> None:
+        """Three slots freed by another worker's requests go to the three waiters of
+        the worker that claims them at its next poll, not one a poll; a fourth waiter
+        stays queued."""
+        clock = ManualClock()
+        g1 = Claims().gate(1, clock)
+        room = [False]
+        three = [snap("e1", running=4, capacity=8)]  # 3 below its point, 7 (learned)
+        served: list[float] = []
+
+        async def one() -> None:
+            await g1.wait_turn(
+                "m",
+                "critical",
+                "c",
+                deadline=1e9,
+                snapshots=lambda: three if room[0] else saturated_snaps(),
+            )
+            served.append(clock.monotonic())
+
+        async def main() -> float:
+            tasks = [asyncio.create_task(one()) for _ in range(4)]
+            await asyncio.sleep(0.5)
+            room[0] = True
+            start = clock.monotonic()
+            await asyncio.sleep(SHARED_POLL_S * 1.5)
+            assert g1.waiting == 1
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return start
+
+        start = vtime.run(main(), clock)
+        assert len(served) == 3
+        assert max(served) - start <= SHARED_POLL_S + 0.001
+
 
 class TestOneQueueAcrossWorkers:
     """Workers' queues act as one: a reserve kept by one is kept by all, none passes."""

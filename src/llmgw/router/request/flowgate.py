@@ -285,15 +285,16 @@ class FlowGate:
                     return True
         return False
 
-    def _may_grant(self, m: _Model, snaps: Sequence[Snapshot]) -> bool:
-        """Whether the first in `m`'s line may go now: room for one, and for a request
-        below the critical band room beyond the model's reserve while it is kept."""
+    def _may_grant(self, m: _Model, snaps: Sequence[Snapshot], granted: int = 0) -> bool:
+        """Whether the first in `m`'s line may go now: room for one beside the `granted`
+        just let go (not yet sent, so not yet in `snaps`), and for a request below the
+        critical band room beyond the model's reserve while it is kept."""
         head = m.queue.peek()
         if head is None:
             return False
         if head.band != BANDS[0] and self.reserving(m.name):
-            return self._room(snaps, 1 + self.critical_reserve)
-        return self.below_capacity(snaps)
+            return self._room(snaps, granted + 1 + self.critical_reserve)
+        return self._room(snaps, granted + 1)
 
     def _has_room(self, s: Snapshot) -> bool:
         """Whether `s` (its breaker not open) can take a request now without it waiting
@@ -442,16 +443,18 @@ class FlowGate:
             self._leave(model, m, ticket)
 
     def _polled(self, m: _Model, snaps: Sequence[Snapshot]) -> None:
-        """`m`'s poller looked at `snaps`: with room for one, the first in line goes,
+        """`m`'s poller looked at `snaps`: while there is room, the first in line goes,
         unless another worker's queue claims it more strongly; not twice in a row (that
-        worker had a poll to take it)."""
-        if not self._may_grant(m, snaps):
-            m.left_to_others = False
-        elif m.left_to_others or self._ours(m):
-            m.left_to_others = False
+        worker had a poll to take it). Several may go at one poll: slots freed since the
+        last one by another worker's requests were left for this worker's claim."""
+        left, m.left_to_others = m.left_to_others, False
+        granted = 0
+        while self._may_grant(m, snaps, granted):
+            if not (left or self._ours(m)):
+                m.left_to_others = granted == 0
+                return
             self._grant(m, snaps)
-        else:
-            m.left_to_others = True
+            granted += 1
 
     def _enter(
         self,
