@@ -21,11 +21,16 @@ def limits() -> dict[str, BandLimits]:
     return {b: BandLimits(max_queued=100, max_wait_s=10.0) for b in BANDS}
 
 
-def claim_of(*arrivals: tuple[str, str]) -> int:
+def claim_of(*arrivals: tuple[str, str], served: tuple[str, ...] = ()) -> int:
+    """The claim of a queue that first let go one request of each tenant in `served`
+    (at time 0), then holds `arrivals`, at time 1."""
     q = FlowQueue(limits())
+    for tenant in served:
+        assert not isinstance(q.push("standard", tenant, 0.0), Refusal)
+        assert q.pop(0.0) is not None
     for band, tenant in arrivals:
         assert not isinstance(q.push(band, tenant, 0.0), Refusal)
-    return q.claim()
+    return q.claim(1.0)
 
 
 class Claims:
@@ -59,19 +64,27 @@ class _Peer:
 
 
 class TestClaim:
-    """A queue's claim orders bands first, then the first ticket's tenant's backlog."""
+    """A queue's claim orders bands first, then how little the first ticket's tenant was
+    served lately."""
 
-    def test_bands_first_then_the_fewer_queued(self) -> None:
-        """Critical beats any standard; a standard tenant with one queued beats a
-        tenant with three; nothing queued claims nothing."""
+    def test_bands_first_then_the_less_served(self) -> None:
+        """Critical beats any standard; a standard tenant let go once lately beats one
+        let go three times, and one never let go beats both; nothing queued claims
+        nothing; the grants fade with time."""
         assert claim_of() == 0
-        quiet = claim_of(("standard", "quiet"))
-        noisy = claim_of(("standard", "noisy"), ("standard", "noisy"), ("standard", "noisy"))
-        critical = claim_of(("critical", "c"), ("critical", "c"), ("critical", "c"))
+        fresh = claim_of(("standard", "quiet"))
+        quiet = claim_of(("standard", "quiet"), served=("quiet",))
+        noisy = claim_of(("standard", "noisy"), served=("noisy",) * 3)
+        critical = claim_of(("critical", "c"), served=("c",) * 9)
         batch = claim_of(("batch", "b"))
-        assert critical > quiet > noisy > batch > 0
+        assert critical > fresh > quiet > noisy > batch > 0
         # What the queue would grant first is what it claims with.
         assert claim_of(("batch", "b"), ("critical", "c")) == claim_of(("critical", "c"))
+        q = FlowQueue(limits())
+        q.push("standard", "n", 0.0)
+        q.pop(0.0)
+        q.push("standard", "n", 0.0)
+        assert q.claim(1.0) < q.claim(10.0) < q.claim(1000.0) == claim_of(("standard", "n"))
 
 
 class TestSharedClaims:

@@ -54,8 +54,12 @@ ANONYMOUS: Final = ""
 # Retry-After bounds (whole seconds) when the queue's drain rate is known.
 RETRY_MIN_S: Final = 1
 RETRY_MAX_S: Final = 60
-# A claim's low bits (`FlowQueue.claim`): the first ticket's tenant's count, inverted.
+# A claim's low bits (`FlowQueue.claim`): the first ticket's tenant's recent grants,
+# inverted, in 1/CLAIM_SCALE of a grant.
 CLAIM_COUNT: Final = (1 << 24) - 1
+CLAIM_SCALE: Final = 256
+# Seconds over which a tenant's grants fade from its claim (exponentially).
+SERVED_TAU_S: Final = 5.0
 # How deep into a tenant's queue a grant looks for a request whose home has room.
 HOME_DEPTH: Final = 8
 # How many times a request may be passed over for one whose home has room.
@@ -180,6 +184,8 @@ class FlowQueue:
         # None until two grants were seen.
         self._interval_s: float | None = None
         self._last_grant: float | None = None
+        # Tenant → its grants, fading over SERVED_TAU_S, and when last counted (`claim`).
+        self._served: dict[str, tuple[float, float]] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -257,6 +263,7 @@ class FlowQueue:
             b.forget(t)
             self._count -= 1
             self._granted(now)
+            self._served[t.tenant] = (self.served(t.tenant, now) + 1.0, now)
             if len(b.last_finish) > 2 * len(b.counts) + 64:
                 # Tenants at or behind the virtual time lose nothing by being forgotten.
                 b.last_finish = {k: v for k, v in b.last_finish.items() if v > b.vtime}
@@ -271,19 +278,31 @@ class FlowQueue:
                 return b.head()
         return None
 
-    def claim(self) -> int:
+    def claim(self, now: float) -> int:
         """How strongly this queue asks for a freed slot, against another worker's
         queue for the same replicas (flowgate.py): the band of the ticket `pop` would
-        grant first, then the fewer its tenant has queued the stronger (a quiet
-        tenant's request before a backlogged one's); 0 when nothing waits."""
+        grant first, then the fewer grants its tenant had lately the stronger (a quiet
+        tenant's request before a backlogged one's, as the fair order does inside one
+        queue); 0 when nothing waits."""
         for i, band in enumerate(BANDS):
             b = self._bands[band]
             if b.count:
                 t = b.head()
                 assert t is not None  # count > 0: a waiting ticket is queued
-                n = min(b.counts.get(t.tenant, 1), CLAIM_COUNT)
+                n = min(int(self.served(t.tenant, now) * CLAIM_SCALE), CLAIM_COUNT - 1)
                 return ((len(BANDS) - i) << 24) | (CLAIM_COUNT - n)
         return 0
+
+    def served(self, tenant: str, now: float) -> float:
+        """`tenant`'s grants here, each fading with SERVED_TAU_S since it was made."""
+        got = self._served.get(tenant)
+        if got is None:
+            return 0.0
+        n, at = got
+        if now - at > 20 * SERVED_TAU_S:
+            del self._served[tenant]
+            return 0.0
+        return n * math.exp((at - now) / SERVED_TAU_S)
 
     def remove(self, t: Ticket) -> None:
         """Its waiter leaves (gave up, went away): a no-op unless it still waits."""

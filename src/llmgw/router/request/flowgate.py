@@ -535,10 +535,12 @@ class FlowGate:
 
     def _ours(self, m: _Model) -> bool:
         """Whether a slot for `m`'s model goes to this worker's queue: no other worker
-        claims it more strongly (a higher band first in line, or a tenant with fewer
-        queued: FlowQueue.claim). Ties stay with the worker that saw the room."""
+        claims it more strongly (a higher band first in line, or a tenant granted less
+        lately: FlowQueue.claim, which fades, so it is published afresh first). Ties
+        stay with the worker that saw the room."""
         if self._peers is None:
             return True
+        self._publish(m)
         return self._claims.get(m.name, 0) >= self._peers.claimed_elsewhere(m.name)
 
     def _publish(self, m: _Model) -> None:
@@ -546,7 +548,7 @@ class FlowGate:
         peers = self._peers
         if peers is None:
             return
-        claim = m.queue.claim()
+        claim = m.queue.claim(self._clock.monotonic())
         if claim == self._claims.get(m.name, 0):
             return
         if claim:
