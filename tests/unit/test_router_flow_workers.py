@@ -265,6 +265,18 @@ class TestOneQueueAcrossWorkers:
         gate.must_wait(0.875, ONE, model="m", band="critical")
         assert writes == [1001, 1002]
 
+    def test_every_scrape_teaches_the_hold_point(self) -> None:
+        """A gate fed each scrape as it comes (Router.observed) learns from the queue
+        one showed; a gate that looks only after the last one never saw it."""
+        fed, late = FlowGate(limits()), FlowGate(limits())
+        s = snap("e1", running=6, capacity=8)
+        for running, waiting in ((8, 2), (7, 1), (6, 0)):
+            s = snap("e1", running=running, waiting=waiting, capacity=8)
+            fed.learn(s)
+        late.saturated(1.0, [s])
+        assert fed.saturated_load == 0.875
+        assert late.saturated_load == 1.0
+
     def test_a_request_waits_behind_another_workers_waiters(self) -> None:
         """With room free, a request is not held unless another worker's requests wait
         for the same replicas: then it queues behind them."""
