@@ -21,16 +21,12 @@ def limits() -> dict[str, BandLimits]:
     return {b: BandLimits(max_queued=100, max_wait_s=10.0) for b in BANDS}
 
 
-def claim_of(*arrivals: tuple[str, str], served: tuple[str, ...] = ()) -> int:
-    """The claim of a queue that first let go one request of each tenant in `served`
-    (at time 0), then holds `arrivals`, at time 1."""
+def claim_of(*arrivals: tuple[str, str], at: float = 0.0, now: float = 1.0) -> int:
+    """The claim at `now` of a queue holding `arrivals`, queued at `at`."""
     q = FlowQueue(limits())
-    for tenant in served:
-        assert not isinstance(q.push("standard", tenant, 0.0), Refusal)
-        assert q.pop(0.0) is not None
     for band, tenant in arrivals:
-        assert not isinstance(q.push(band, tenant, 0.0), Refusal)
-    return q.claim(1.0)
+        assert not isinstance(q.push(band, tenant, at), Refusal)
+    return q.claim(now)
 
 
 class Claims:
@@ -64,27 +60,21 @@ class _Peer:
 
 
 class TestClaim:
-    """A queue's claim orders bands first, then how little the first ticket's tenant was
-    served lately."""
+    """A queue's claim orders bands, then a tenant alone before a backlog, then age."""
 
-    def test_bands_first_then_the_less_served(self) -> None:
-        """Critical beats any standard; a standard tenant let go once lately beats one
-        let go three times, and one never let go beats both; nothing queued claims
-        nothing; the grants fade with time."""
+    def test_bands_then_a_tenant_alone_then_the_older(self) -> None:
+        """Critical beats any standard; a standard tenant with one queued beats one with
+        three however long they waited; of two backlogs the one whose first request
+        waited longer wins; nothing queued claims nothing."""
         assert claim_of() == 0
-        fresh = claim_of(("standard", "quiet"))
-        quiet = claim_of(("standard", "quiet"), served=("quiet",))
-        noisy = claim_of(("standard", "noisy"), served=("noisy",) * 3)
-        critical = claim_of(("critical", "c"), served=("c",) * 9)
-        batch = claim_of(("batch", "b"))
-        assert critical > fresh > quiet > noisy > batch > 0
+        quiet = claim_of(("standard", "quiet"))
+        noisy = [("standard", "noisy")] * 3
+        old, young = claim_of(*noisy, at=0.0, now=9.0), claim_of(*noisy, at=8.5, now=9.0)
+        critical = claim_of(("critical", "c"), ("critical", "c"))
+        batch = claim_of(("batch", "b"), now=100.0)
+        assert critical > quiet > old > young > batch > 0
         # What the queue would grant first is what it claims with.
         assert claim_of(("batch", "b"), ("critical", "c")) == claim_of(("critical", "c"))
-        q = FlowQueue(limits())
-        q.push("standard", "n", 0.0)
-        q.pop(0.0)
-        q.push("standard", "n", 0.0)
-        assert q.claim(1.0) < q.claim(10.0) < q.claim(1000.0) == claim_of(("standard", "n"))
 
 
 class TestSharedClaims:

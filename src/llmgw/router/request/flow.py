@@ -54,12 +54,10 @@ ANONYMOUS: Final = ""
 # Retry-After bounds (whole seconds) when the queue's drain rate is known.
 RETRY_MIN_S: Final = 1
 RETRY_MAX_S: Final = 60
-# A claim's low bits (`FlowQueue.claim`): the first ticket's tenant's recent grants,
-# inverted, in 1/CLAIM_SCALE of a grant.
-CLAIM_COUNT: Final = (1 << 24) - 1
-CLAIM_SCALE: Final = 256
-# Seconds over which a tenant's grants fade from its claim (exponentially).
-SERVED_TAU_S: Final = 5.0
+# A claim's low 24 bits (`FlowQueue.claim`): CLAIM_ALONE when the first ticket's
+# tenant has no other queued, then how long that ticket has waited, in ms up to CLAIM_AGE.
+CLAIM_ALONE: Final = 1 << 23
+CLAIM_AGE: Final = CLAIM_ALONE - 1
 # How deep into a tenant's queue a grant looks for a request whose home has room.
 HOME_DEPTH: Final = 8
 # How many times a request may be passed over for one whose home has room.
@@ -184,8 +182,6 @@ class FlowQueue:
         # None until two grants were seen.
         self._interval_s: float | None = None
         self._last_grant: float | None = None
-        # Tenant → its grants, fading over SERVED_TAU_S, and when last counted (`claim`).
-        self._served: dict[str, tuple[float, float]] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -263,7 +259,6 @@ class FlowQueue:
             b.forget(t)
             self._count -= 1
             self._granted(now)
-            self._served[t.tenant] = (self.served(t.tenant, now) + 1.0, now)
             if len(b.last_finish) > 2 * len(b.counts) + 64:
                 # Tenants at or behind the virtual time lose nothing by being forgotten.
                 b.last_finish = {k: v for k, v in b.last_finish.items() if v > b.vtime}
@@ -280,29 +275,21 @@ class FlowQueue:
 
     def claim(self, now: float) -> int:
         """How strongly this queue asks for a freed slot, against another worker's
-        queue for the same replicas (flowgate.py): the band of the ticket `pop` would
-        grant first, then the fewer grants its tenant had lately the stronger (a quiet
-        tenant's request before a backlogged one's, as the fair order does inside one
-        queue); 0 when nothing waits."""
+        queue for the same replicas (flowgate.py), by the ticket `pop` would grant
+        first: its band; then a tenant with nothing else queued here (a quiet tenant's
+        request, which the fair order puts first inside one queue) before a backlogged
+        one; then the longer it has waited (the queues drain as one, first come first
+        served, so a worker with a long backlog is not starved by one with a short
+        one); 0 when nothing waits."""
         for i, band in enumerate(BANDS):
             b = self._bands[band]
             if b.count:
                 t = b.head()
                 assert t is not None  # count > 0: a waiting ticket is queued
-                n = min(int(self.served(t.tenant, now) * CLAIM_SCALE), CLAIM_COUNT - 1)
-                return ((len(BANDS) - i) << 24) | (CLAIM_COUNT - n)
+                alone = CLAIM_ALONE if b.counts.get(t.tenant, 0) <= 1 else 0
+                age = min(max(0, int((now - t.queued_at) * 1000)), CLAIM_AGE)
+                return ((len(BANDS) - i) << 24) | alone | age
         return 0
-
-    def served(self, tenant: str, now: float) -> float:
-        """`tenant`'s grants here, each fading with SERVED_TAU_S since it was made."""
-        got = self._served.get(tenant)
-        if got is None:
-            return 0.0
-        n, at = got
-        if now - at > 20 * SERVED_TAU_S:
-            del self._served[tenant]
-            return 0.0
-        return n * math.exp((at - now) / SERVED_TAU_S)
 
     def remove(self, t: Ticket) -> None:
         """Its waiter leaves (gave up, went away): a no-op unless it still waits."""
