@@ -62,17 +62,18 @@ class TestFairness:
     """Tenants inside a band share it by weighted fair queueing."""
 
     def test_a_backlogged_tenant_alternates_with_a_quiet_one(self) -> None:
-        """A tenant with ten queued does not delay another's two: they alternate."""
+        """A tenant with ten queued does not delay another's two: they alternate, the
+        tenant with fewer queued first at each tie of their tags."""
         q = FlowQueue(limits())
         for _ in range(10):
             push(q, "standard", "noisy")
         push(q, "standard", "quiet")
         push(q, "standard", "quiet")
         assert order(q)[:4] == [
-            "standard:noisy",
             "standard:quiet",
             "standard:noisy",
             "standard:quiet",
+            "standard:noisy",
         ]
 
     def test_idle_time_earns_no_credit(self) -> None:
@@ -87,8 +88,9 @@ class TestFairness:
             assert q.pop(0.0) is not None  # b is served alone for a while
         for _ in range(3):
             push(q, "standard", "a")
-        # Tags: a's at 5, 6, 7 (the band's virtual time is 4), b's last at 6.
-        assert order(q) == ["standard:a", "standard:a", "standard:b", "standard:a"]
+        # Tags: a's at 5, 6, 7 (the band's virtual time is 4), b's last at 6; at the
+        # tie the tenant with fewer queued goes first.
+        assert order(q) == ["standard:a", "standard:b", "standard:a", "standard:a"]
 
     @settings(max_examples=60, deadline=None)
     @given(st.lists(st.sampled_from("abcd"), min_size=1, max_size=80))

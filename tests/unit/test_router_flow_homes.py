@@ -40,8 +40,8 @@ class TestHomedGrant:
         q = FlowQueue(limits())
         noisy = [push(q, "noisy", ("e1",)) for _ in range(3)]
         quiet = push(q, "quiet", ("e1",))
-        assert q.pop(0.0, frozenset({"e2"})) is noisy[0]
         assert q.pop(0.0, frozenset({"e2"})) is quiet
+        assert q.pop(0.0, frozenset({"e2"})) is noisy[0]
 
     def test_head_at_home_or_no_room_given_goes_as_before(self) -> None:
         """Without a room set, or with the head's home in it, the head goes."""

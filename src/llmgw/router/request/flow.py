@@ -149,7 +149,8 @@ class _Band:
         self.vtime = 0.0
 
     def head(self) -> Ticket | None:
-        """The waiting ticket with the smallest finish tag (ties: the lower tenant)."""
+        """The waiting ticket with the smallest finish tag (ties: the tenant with fewer
+        queued, whose request a backlog must not delay, then the lower name)."""
         best: Ticket | None = None
         for tenant in list(self.queues):
             q = self.queues[tenant]
@@ -159,7 +160,11 @@ class _Band:
                 del self.queues[tenant]
                 continue
             t = q[0]
-            if best is None or (t.finish, t.tenant) < (best.finish, best.tenant):
+            if best is None or (t.finish, self.counts[t.tenant], t.tenant) < (
+                best.finish,
+                self.counts[best.tenant],
+                best.tenant,
+            ):
                 best = t
         return best
 
