@@ -35,6 +35,7 @@ class Claims:
     def __init__(self) -> None:
         self.cells = [0, 0]
         self.stamps = [0, 0]
+        self.queued: list[dict[int, int]] = [{}, {}]
 
     def gate(self, i: int, clock: ManualClock) -> FlowGate:
         return FlowGate(limits(), clock=clock, peers=_Peer(self, i))
@@ -57,6 +58,12 @@ class _Peer:
 
     def reserved_elsewhere(self, model: str) -> int:
         return self.c.stamps[1 - self.i]
+
+    def count_queued(self, bucket: int, n: int) -> None:
+        self.c.queued[self.i][bucket] = n
+
+    def queued_total(self, bucket: int) -> int:
+        return sum(q.get(bucket, 0) for q in self.c.queued)
 
 
 class TestClaim:
@@ -221,6 +228,39 @@ class TestGrantsAcrossWorkers:
 
 class TestOneQueueAcrossWorkers:
     """Workers' queues act as one: a reserve kept by one is kept by all, none passes."""
+
+    def test_a_claim_counts_the_tenant_over_every_worker(self) -> None:
+        """A tenant with one request queued in worker 0 and four in worker 1 claims as a
+        backlog of five: worker 1's quiet request, queued later, claims more strongly;
+        with it gone, the older backlog request, in worker 0, claims more strongly."""
+        clock = ManualClock()
+        claims = Claims()
+        g0, g1 = claims.gate(0, clock), claims.gate(1, clock)
+
+        def wait(gate: FlowGate, tenant: str) -> asyncio.Task[None]:
+            return asyncio.create_task(
+                gate.wait_turn("m", "standard", tenant, deadline=1e9, snapshots=saturated_snaps)
+            )
+
+        async def main() -> None:
+            first = wait(g0, "noisy")
+            await asyncio.sleep(0.05)
+            rest = [wait(g1, "noisy") for _ in range(4)]
+            await asyncio.sleep(0.05)
+            quiet = wait(g1, "quiet")
+            await asyncio.sleep(0.05)
+            assert g0._ours(g0._models["m"]) is False
+            assert claims.cells[1] > claims.cells[0]
+            quiet.cancel()
+            await asyncio.sleep(0.01)
+            assert g0._ours(g0._models["m"]) is True
+            assert g1._ours(g1._models["m"]) is False
+            for t in [first, *rest]:
+                t.cancel()
+            await asyncio.gather(first, *rest, quiet, return_exceptions=True)
+
+        vtime.run(main(), clock)
+        assert [sum(q.values()) for q in claims.queued] == [0, 0]  # every count given back
 
     def test_a_reserve_one_worker_keeps_the_other_keeps(self) -> None:
         """Worker 0's critical request finds room for one only and keeps the reserve;

@@ -319,6 +319,15 @@ class Registry:
                     best = stamp
         return best
 
+    def count_queued(self, bucket: int, n: int) -> None:
+        """Publish this worker's flow-control requests queued in tenant cell `bucket`."""
+        if self._shared is not None:
+            self._shared.count_queued(bucket, n)
+
+    def queued_total(self, bucket: int) -> int:
+        """Requests queued in tenant cell `bucket` over every worker (0: one worker)."""
+        return 0 if self._shared is None else self._shared.queued_total(bucket)
+
     def observe(self, id: str, stats: Stats) -> bool:
         """Record a successful scrape; True iff a counter reset (engine restart) was seen."""
         live = self._live.get(id)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -54,10 +54,11 @@ ANONYMOUS: Final = ""
 # Retry-After bounds (whole seconds) when the queue's drain rate is known.
 RETRY_MIN_S: Final = 1
 RETRY_MAX_S: Final = 60
-# A claim's low 24 bits (`FlowQueue.claim`): CLAIM_ALONE when the first ticket's
-# tenant has no other queued, then how long that ticket has waited, in ms up to CLAIM_AGE.
-CLAIM_ALONE: Final = 1 << 23
-CLAIM_AGE: Final = CLAIM_ALONE - 1
+# A claim's low 24 bits (`FlowQueue.claim`): the first ticket's tenant's requests
+# queued, inverted (up to CLAIM_QUEUED), then how long that ticket has waited, in ms
+# (up to CLAIM_AGE).
+CLAIM_QUEUED: Final = 255
+CLAIM_AGE: Final = (1 << 16) - 1
 # How deep into a tenant's queue a grant looks for a request whose home has room.
 HOME_DEPTH: Final = 8
 # How many times a request may be passed over for one whose home has room.
@@ -278,22 +279,23 @@ class FlowQueue:
                 return b.head()
         return None
 
-    def claim(self, now: float) -> int:
+    def claim(self, now: float, queued: Callable[[str, str], int] | None = None) -> int:
         """How strongly this queue asks for a freed slot, against another worker's
-        queue for the same replicas (flowgate.py), by the ticket `pop` would grant
-        first: its band; then a tenant with nothing else queued here (a quiet tenant's
-        request, which the fair order puts first inside one queue) before a backlogged
-        one; then the longer it has waited (the queues drain as one, first come first
-        served, so a worker with a long backlog is not starved by one with a short
-        one); 0 when nothing waits."""
+        queue for the same replicas (flowpeers.py), by the ticket `pop` would grant
+        first: its band; then the fewer its tenant has queued, the stronger (a quiet
+        tenant's request before a backlog's, as the fair order does inside one queue;
+        `queued(band, tenant)`: the count over every worker, else this queue's); then
+        the longer it has waited (one tenant's requests go first come, first served,
+        whichever worker holds them); 0 when nothing waits."""
         for i, band in enumerate(BANDS):
             b = self._bands[band]
             if b.count:
                 t = b.head()
                 assert t is not None  # count > 0: a waiting ticket is queued
-                alone = CLAIM_ALONE if b.counts.get(t.tenant, 0) <= 1 else 0
+                n = b.counts.get(t.tenant, 1) if queued is None else queued(band, t.tenant)
+                fewer = CLAIM_QUEUED - min(max(n, 1), CLAIM_QUEUED)
                 age = min(max(0, int((now - t.queued_at) * 1000)), CLAIM_AGE)
-                return ((len(BANDS) - i) << 24) | alone | age
+                return ((len(BANDS) - i) << 24) | (fewer << 16) | age
         return 0
 
     def remove(self, t: Ticket) -> None:

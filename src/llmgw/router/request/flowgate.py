@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Final, Protocol
+from collections.abc import Callable, Collection, Sequence
+from typing import Final
 
 from llmgw.router.errors import FlowRefused
 from llmgw.router.replicas.breaker import BreakerState
@@ -62,6 +62,7 @@ from llmgw.router.request.flow import (
     Refusal,
     Ticket,
 )
+from llmgw.router.request.flowpeers import Peers, SharedQueues
 from llmgw.router.request.holdpoint import HoldPoints
 from llmgw.router.routing.scheduler import DEFAULT_CONFIG, SchedulerConfig, load_of
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
@@ -96,23 +97,6 @@ def queue_at_engine(s: Snapshot) -> bool:
         and st.waiting > 0
         and st.waiting + s.inflight - s.inflight_at_scrape > 0
     )
-
-
-class Peers(Protocol):
-    """The other workers of this router, through the memory they share (Registry,
-    workers/shared.py): each worker's claims and critical reserves, per model."""
-
-    def claim(self, model: str, claims: Mapping[str, int]) -> None:
-        """Publish this worker's claims (model → `FlowQueue.claim`) for `model`."""
-
-    def claimed_elsewhere(self, model: str) -> int:
-        """The strongest claim of another worker on `model`'s replicas (0: none)."""
-
-    def reserve(self, model: str, stamp: int) -> None:
-        """Publish when this worker's critical request last needed `model`'s reserve."""
-
-    def reserved_elsewhere(self, model: str) -> int:
-        """The latest such stamp of another worker for `model`'s replicas (0: none)."""
 
 
 class _Model:
@@ -162,10 +146,7 @@ class FlowGate:
         # Whether a replica's engine was seen queueing (Registry.capacity_shown).
         self._shown = shown
         # With several workers, one queue in effect (module doc, "Workers").
-        self._peers = peers
-        self._claims: dict[str, int] = {}
-        # Model → the reserve stamp this worker last published (`_keep_reserve`).
-        self._stamps: dict[str, int] = {}
+        self._shared = None if peers is None else SharedQueues(peers)
         self.poll_s = POLL_S if peers is None else SHARED_POLL_S
 
     def must_wait(
@@ -179,8 +160,8 @@ class FlowGate:
             self._keep_reserve(model)
         if self.queued(model):
             return True
-        peers = self._peers
-        if peers is not None and peers.claimed_elsewhere(model):
+        shared = self._shared
+        if shared is not None and shared.peers.claimed_elsewhere(model):
             # Another worker's requests wait for these replicas: behind them, as here.
             return True
         return self.saturated(least, snaps, model=model, band=band)
@@ -191,12 +172,8 @@ class FlowGate:
         now = self._clock.monotonic()
         self._reserved[model] = now
         self.saturated_load = 0.0
-        peers = self._peers
-        if peers is not None:
-            stamp = int(now) + 1
-            if self._stamps.get(model) != stamp:
-                self._stamps[model] = stamp
-                peers.reserve(model, stamp)
+        if self._shared is not None:
+            self._shared.keep_reserve(model, now)
 
     def saturated(
         self,
@@ -255,11 +232,11 @@ class FlowGate:
             self._lapse()
         if model in self._reserved:
             return True
-        peers = self._peers
-        if peers is None:
+        shared = self._shared
+        if shared is None:
             return False
         # A stamp is the second after the need: within RESERVE_FOR_S plus one of now.
-        stamp = peers.reserved_elsewhere(model)
+        stamp = shared.reserved_elsewhere(model)
         if stamp == 0 or stamp < self._clock.monotonic() - RESERVE_FOR_S:
             return False
         self._reserved[model] = float(stamp)
@@ -488,8 +465,10 @@ class FlowGate:
             )
         ticket, pushed = got
         self.waiting += 1
+        self._counted(m, ticket, 1)
         if pushed is not None:
             self.waiting -= 1
+            self._counted(m, pushed, -1)
             self._wake(pushed, _PUSHED)
         self._publish(m)
         return ticket
@@ -500,6 +479,7 @@ class FlowGate:
         if ticket.state != GRANTED and ticket.state != PUSHED_OUT:
             m.queue.remove(ticket)
             self.waiting -= 1
+            self._counted(m, ticket, -1)
             self._publish(m)
         if m.poller is ticket:
             m.poller = None
@@ -530,32 +510,23 @@ class FlowGate:
         t = m.queue.pop(self._clock.monotonic(), room)
         if t is not None:
             self.waiting -= 1
+            self._counted(m, t, -1)
             self._wake(t, _GRANT)
             self._publish(m)
 
     def _ours(self, m: _Model) -> bool:
-        """Whether a slot for `m`'s model goes to this worker's queue: no other worker
-        claims it more strongly (a higher band first in line, or a tenant granted less
-        lately: FlowQueue.claim, which fades, so it is published afresh first). Ties
-        stay with the worker that saw the room."""
-        if self._peers is None:
-            return True
-        self._publish(m)
-        return self._claims.get(m.name, 0) >= self._peers.claimed_elsewhere(m.name)
+        """Whether a slot for `m`'s model goes to this worker's queue (flowpeers.py)."""
+        shared = self._shared
+        return shared is None or shared.ours(m.name, m.queue, self._clock.monotonic())
+
+    def _counted(self, m: _Model, t: Ticket, delta: int) -> None:
+        if self._shared is not None:
+            self._shared.counted(m.name, t.band, t.tenant, delta)
 
     def _publish(self, m: _Model) -> None:
-        """Tell the other workers `m`'s claim, when it changed (Registry.claim)."""
-        peers = self._peers
-        if peers is None:
-            return
-        claim = m.queue.claim(self._clock.monotonic())
-        if claim == self._claims.get(m.name, 0):
-            return
-        if claim:
-            self._claims[m.name] = claim
-        else:
-            del self._claims[m.name]
-        peers.claim(m.name, self._claims)
+        """Tell the other workers `m`'s claim, when it changed (flowpeers.py)."""
+        if self._shared is not None:
+            self._shared.publish(m.name, m.queue, self._clock.monotonic())
 
     @staticmethod
     def _wake(t: Ticket, result: int) -> None:

@@ -8,7 +8,9 @@ their first token (`pending`, endpoint.py), then the worker's flow-control
 *claim* on the endpoint (the strongest request it holds for a model the endpoint
 serves, flowgate.py; 0: none), then when a critical request of the worker last
 needed the critical reserve of a model the endpoint serves (whole seconds of the
-host's monotonic clock, plus one; 0: never). A worker writes only its own row —
+host's monotonic clock, plus one; 0: never). After them, `TENANT_BUCKETS` cells of
+the worker's flow-control requests queued per tenant cell (flowpeers.py). A worker
+writes only its own row —
 its own counts for an endpoint, after each acquire, first token and release —
 and reads an endpoint's host-wide count as the sum of its column. One writer
 per cell means no lock and no lost update; a reader may see a count one
@@ -33,6 +35,8 @@ from collections.abc import Iterable
 # Endpoints one router can count across workers; beyond it an endpoint is
 # counted per worker only (a warning says so).
 DEFAULT_CAPACITY = 4096
+# Cells per worker for flow control's queued counts by (model, band, tenant).
+TENANT_BUCKETS = 1024
 _CELL = 4  # bytes per int32 cell
 
 
@@ -51,8 +55,9 @@ class SharedInflight:
         # This worker's row: the only cells it ever writes. Cell `slot` is its
         # requests in flight to that endpoint, cell `capacity + slot` those of them
         # awaiting their first token, cell `2 * capacity + slot` its claim, cell
-        # `3 * capacity + slot` its critical reserve's stamp.
-        self._width = 4 * capacity
+        # `3 * capacity + slot` its critical reserve's stamp, cell `4 * capacity + b`
+        # its requests queued in tenant cell b.
+        self._width = 4 * capacity + TENANT_BUCKETS
         self.row = self._cells[index * self._width : (index + 1) * self._width]
         # Endpoint id → slot, as last sent by the supervisor.
         self.slots: dict[str, int] = {}
@@ -93,6 +98,14 @@ class SharedInflight:
                 best = stamp
         return best
 
+    def count_queued(self, cell: int, n: int) -> None:
+        """This worker's requests queued in tenant cell `cell` (flowpeers.py)."""
+        self.row[4 * self.capacity + cell] = n
+
+    def queued_total(self, cell: int) -> int:
+        """The requests queued in tenant cell `cell`, over every worker."""
+        return sum(self._cells[4 * self.capacity + cell :: self._width])
+
     def clear_row(self, index: int) -> None:
         """Zero a dead worker's row: its requests died with it (the supervisor's call)."""
         start = index * self._width
@@ -100,7 +113,7 @@ class SharedInflight:
 
 
 def _size(workers: int, capacity: int) -> int:
-    return workers * 4 * capacity * _CELL
+    return workers * (4 * capacity + TENANT_BUCKETS) * _CELL
 
 
 class SlotTable:
