@@ -14,6 +14,7 @@ listing.py      /v1/models, one model, OpenAI's 404/405 for the rest of /v1
 holding.py      requests held while a model has no replica (scale from zero, waking)
 flow.py         flow control's queues: priority bands, fair queueing per tenant, bounds
 flowgate.py     flow control's waiting and waking at saturation, on the loop
+flowpeers.py    flow control across a router's workers: claims, counts, reserves
 holdpoint.py    each replica's hold point: the load its engine runs without a queue
 enginepriority.py  the `priority` an engine with priority scheduling gets (key's band)
 lora.py         a request for a LoRA adapter and its answer's name
