@@ -166,6 +166,10 @@ class Run:
     router_cpu_ms: float  # per request sent
     machine_busy: float
     lag_resets: int
+    # Per tenant: every measured request's TTFT (s), and the flow-wait histogram
+    # (bucket bound → granted requests, cumulative), for pooling runs (routing_tenants_ab.py).
+    ttfts: dict[str, list[float]] = field(default_factory=dict)
+    waits: dict[str, dict[float, float]] = field(default_factory=dict)
 
 
 _WAIT_BUCKET = re.compile(r"^llmgw_router_flow_wait_seconds_bucket\{([^}]*)\} (\S+)$", re.M)
@@ -309,6 +313,8 @@ async def one_run(
     q = sum(c1[e][1] - c0[e][1] for e in urls)
     window = timing.duration_s - timing.warmup_s
     out: dict[str, TenantStats] = {}
+    all_ttfts: dict[str, list[float]] = {}
+    all_waits: dict[str, dict[float, float]] = {}
     sent_all = 0
     for tenant, rs in results.items():
         s = out[tenant] = TenantStats()
@@ -326,12 +332,14 @@ async def one_run(
         ok = [r for r in measured if r.error is None]
         ttfts = [r.ttft(end_s) for r in ok]
         s.ttft_p50, s.ttft_p99 = pct(ttfts, 0.50), pct(ttfts, 0.99)
+        all_ttfts[tenant] = ttfts
         s.good = sum(1 for r in served if r.ttft(end_s) <= opts.slo_s)
         s.goodput_rps = s.good / window
         w1, w0 = waits1.get(tenant, {}), waits0.get(tenant, {})
         waited = {b: n - w0.get(b, 0.0) for b, n in w1.items()}
         s.held = round(waited.get(math.inf, 0.0))
         s.wait_p50, s.wait_p99 = bucket_quantile(waited, 0.50), bucket_quantile(waited, 0.99)
+        all_waits[tenant] = waited
     demand = {t: len([r for r in schedules[t] if r.at_s >= timing.warmup_s]) / window for t in out}
     return Run(
         name=name,
@@ -341,6 +349,8 @@ async def one_run(
         router_cpu_ms=router_cpu * 1000 / max(1, sent_all),
         machine_busy=(busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]),
         lag_resets=lags,
+        ttfts=all_ttfts,
+        waits=all_waits,
     )
 
 
