@@ -16,7 +16,7 @@ is wall-clock unix seconds because it leaves the process (the usage report).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from llmgw.router.replicas.breaker import (
@@ -288,15 +288,7 @@ class Registry:
         """The strongest claim the other workers hold on `model`'s endpoints (0: none,
         or a single worker)."""
         shared = self._shared
-        best = 0
-        if shared is None:
-            return best
-        for live in self._by_model.get(model, ()):
-            if live.row is not None:
-                c = shared.claim_elsewhere(live.slot)
-                if c > best:
-                    best = c
-        return best
+        return 0 if shared is None else self._most_elsewhere(model, shared.claim_elsewhere)
 
     def reserve(self, model: str, stamp: int) -> None:
         """Publish on `model`'s endpoints, for the other workers, when a critical request
@@ -309,14 +301,16 @@ class Registry:
         """The latest stamp of another worker's critical reserve on `model`'s endpoints
         (0: none, or a single worker)."""
         shared = self._shared
+        return 0 if shared is None else self._most_elsewhere(model, shared.reserved_elsewhere)
+
+    def _most_elsewhere(self, model: str, read: Callable[[int], int]) -> int:
+        """The largest of `read(slot)` over `model`'s shared endpoints (0: none)."""
         best = 0
-        if shared is None:
-            return best
         for live in self._by_model.get(model, ()):
             if live.row is not None:
-                stamp = shared.reserved_elsewhere(live.slot)
-                if stamp > best:
-                    best = stamp
+                value = read(live.slot)
+                if value > best:
+                    best = value
         return best
 
     def count_queued(self, bucket: int, n: int) -> None:

@@ -84,18 +84,18 @@ class SharedInflight:
 
     def claim_elsewhere(self, slot: int) -> int:
         """The strongest claim of the other workers on an endpoint (0: none)."""
-        best = 0
-        for i, claim in enumerate(self._cells[2 * self.capacity + slot :: self._width]):
-            if i != self.index and claim > best:
-                best = claim
-        return best
+        return self._most_elsewhere(2 * self.capacity + slot)
 
     def reserved_elsewhere(self, slot: int) -> int:
         """The latest stamp of another worker's critical reserve on an endpoint (0: none)."""
+        return self._most_elsewhere(3 * self.capacity + slot)
+
+    def _most_elsewhere(self, cell: int) -> int:
+        """The largest value of row cell `cell` over the other workers' rows (0: none)."""
         best = 0
-        for i, stamp in enumerate(self._cells[3 * self.capacity + slot :: self._width]):
-            if i != self.index and stamp > best:
-                best = stamp
+        for i, value in enumerate(self._cells[cell :: self._width]):
+            if i != self.index and value > best:
+                best = value
         return best
 
     def count_queued(self, cell: int, n: int) -> None:
