@@ -23,6 +23,8 @@ from llmgw.wire.admin import (
     Summary,
     UnplaceableModel,
 )
+from llmgw.wire.keys import KeyView
+from llmgw.wire.usage import UsageAnswer, UsageRow
 
 from .test_ctl_commands import FakeController, model_view, node_view, replica_view, run_ctl
 
@@ -123,6 +125,18 @@ class Hostile(FakeController):
         if (method, path) == ("GET", "/admin/models"):
             view = model_view("m")
             return self._ok([msgspec.structs.replace(view, unplaceable_reason=HOSTILE)])
+        if (method, path) == ("GET", "/admin/keys"):
+            # A key's models are not names the controller checks; a router file's key
+            # names and teams, which usage reports, are free text.
+            key = KeyView(name="k", team="t", models=(HOSTILE,), created_at=1.8e9)
+            return self._ok([key])
+        if (method, path) == ("GET", "/admin/usage"):
+            row = UsageRow(
+                hour=1_800_000_000 // 3600 * 3600, key=HOSTILE, team=HOSTILE, model=HOSTILE,
+                requests=1, prompt_tokens=2, completion_tokens=3,
+            )  # fmt: skip
+            by = {"team": "team", "model": "model"}.get(query.get("by", ""), "key")
+            return self._ok(UsageAnswer(by=by, since=0, rows=[row]))
         if (method, path) == ("GET", "/admin/events") and self.events_override is not None:
             return self._ok(self.events_override)
         if (method, path) == ("GET", "/admin/events"):
@@ -134,6 +148,13 @@ class Hostile(FakeController):
         return super()._route(method, path, query, payload)
 
 
+# Every command that prints a table of fleet data.
+TABLE_COMMANDS = (
+    ["nodes"], ["models"], ["replicas"], ["events"], ["keys", "list"],
+    ["usage"], ["usage", "--by", "team"], ["usage", "--by", "model"],
+)  # fmt: skip
+
+
 class TestHostileFleet:
     """Hostile names from the fleet are shown, never obeyed."""
 
@@ -141,11 +162,7 @@ class TestHostileFleet:
         ("argv", "fmt"),
         [
             *((["status"], fmt) for fmt in ("table", "wide")),
-            *(
-                (argv, fmt)
-                for argv in (["nodes"], ["models"], ["replicas"], ["events"])
-                for fmt in ("table", "wide", "tsv")
-            ),
+            *((argv, fmt) for argv in TABLE_COMMANDS for fmt in ("table", "wide", "tsv")),
             (["events", "--detail", "7"], "table"),
         ],
     )
@@ -188,6 +205,14 @@ class TestHostileFleet:
         """A fabric named `[/]` is printed, not parsed (it used to end ctl in MarkupError)."""
         run = run_ctl(["status", "-o", "wide"], Hostile(), tmp_path)
         assert "evil [/] [bold]b" in run.out
+
+    @pytest.mark.parametrize("argv", [["keys", "list"], ["usage"], ["usage", "--by", "model"]])
+    def test_tables_show_markup_as_typed(self, argv: list[str], tmp_path: Path) -> None:
+        """A key's model or a usage row's name `[/]` is printed in a rich table, not parsed
+        (it used to end `keys list` and `usage` in MarkupError)."""
+        run = run_ctl([*argv, "-o", "table"], Hostile(), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert "[/] [bold]b" in run.out
 
     def test_refusal_quoting_a_name_is_visible(self, tmp_path: Path) -> None:
         """An error that echoes a hostile name is one visible line on stderr, exit 1."""

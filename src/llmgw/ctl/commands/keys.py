@@ -18,7 +18,7 @@ from llmgw.ctl.context import Ctx
 from llmgw.ctl.durations import duration_problem, seconds_of
 from llmgw.ctl.errors import CtlError
 from llmgw.ctl.render import UNKNOWN, fmt_duration
-from llmgw.ctl.shown import visible
+from llmgw.ctl.shown import text, visible
 from llmgw.wire.keys import KeyCreate, KeyView
 from llmgw.wire.names import LABEL_RULE
 
@@ -140,10 +140,11 @@ def keys_table(views: list[KeyView], *, now: float) -> Table:
             expires = "expired"
         else:
             expires = "in " + fmt_duration(v.expires_at - now)
+        # Text cells: a str cell is rich markup, and a key's models are not checked names.
         t.add_row(
-            visible(v.name),
-            visible(v.team),
-            visible(",".join(v.models)) if v.models else "*",
+            text(v.name),
+            text(v.team),
+            text(",".join(v.models)) if v.models else "*",
             UNKNOWN if v.rpm is None else str(v.rpm),
             UNKNOWN if v.tpm is None else str(v.tpm),
             budget,
