@@ -23,6 +23,7 @@ from llmgw.wire.admin import (
     Summary,
     UnplaceableModel,
 )
+from llmgw.wire.errors import error_body
 from llmgw.wire.keys import KeyView
 from llmgw.wire.usage import UsageAnswer, UsageRow
 
@@ -220,6 +221,53 @@ class TestHostileFleet:
         assert run.code == 1
         assert run.err.count("\n") == 1
         assert raw_control(run.err) == []
+
+
+class EchoesThePath(FakeController):
+    """Answers every call 404 with the path in the message, as the controller's router
+    does for a path no route matches (`DELETE /admin/models/x\ny: Not Found`)."""
+
+    def _route(self, method: str, path: str, query: Mapping[str, str], payload: object) -> Response:
+        return Response(404, error_body(f"{method} {path}: Not Found", type="not_found_error"))
+
+
+class TestOneLineRefusals:
+    """A refusal is one line on stderr whatever the input or the controller's message holds."""
+
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["delete", "x\ny\x1b[2J"],
+            ["keys", "revoke", "x\ny"],
+            ["scale", "x\ny", "--min", "1"],
+        ],
+    )
+    def test_a_line_break_from_the_controller_is_escaped(
+        self, argv: list[str], tmp_path: Path
+    ) -> None:
+        """A name with a line break, echoed back by the controller, is shown as `\\n`."""
+        argv = [a.encode().decode("unicode_escape") for a in argv]
+        run = run_ctl(argv, EchoesThePath(), tmp_path)
+        assert run.code == 1
+        assert run.err.count("\n") == 1, run.err
+        assert raw_control(run.err) == []
+        assert "x\\ny" in run.err
+
+    def test_a_line_break_in_a_bad_key_name_is_escaped(self, tmp_path: Path) -> None:
+        """`keys create` of a name with a line break says so in one line."""
+        run = run_ctl(["keys", "create", "a\nb", "--team", "t"], FakeController(), tmp_path)
+        assert run.code == 1
+        assert run.err.startswith("llmgw ctl: keys create a\\nb: NAME: ")
+        assert run.err.count("\n") == 1, run.err
+
+    def test_a_spec_file_keeps_one_line_per_problem(self, tmp_path: Path) -> None:
+        """An invalid spec file is still the head line and one line per problem."""
+        f = tmp_path / "m.yaml"
+        f.write_text("- {name: a, engine: x}\n- {name: b, engine: y}\n")
+        run = run_ctl(["apply", "-f", str(f)], FakeController(), tmp_path)
+        assert run.code == 1
+        assert run.err.startswith("llmgw ctl: 4 problem(s) in 2 model spec(s)")
+        assert run.err.count("\n") == 5, run.err
 
 
 class TestSpecFiles:
