@@ -284,6 +284,27 @@ class TestSpecFiles:
         )
         assert run.err.count("\n") == 1
 
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [("weights_gb", ".inf"), ("sleep_after_s", ".inf"), ("idle_timeout_s", "-.inf"),
+         ("idle_timeout_s", ".nan")],
+    )  # fmt: skip
+    def test_a_number_json_cannot_carry_is_refused(
+        self, field: str, value: str, tmp_path: Path
+    ) -> None:
+        """YAML's `.inf` and `.nan` are refused naming the field, and nothing is sent (JSON
+        has neither: `sleep_after_s: .inf` would have arrived as null, "not given")."""
+        f = tmp_path / "m.yaml"
+        f.write_text(
+            f"name: ok\nengine: sim\ngpu_classes: [H100-80G]\nsleep_mode: true\n{field}: {value}\n"
+        )
+        fake = FakeController()
+        run = run_ctl(["apply", "-f", str(f)], fake, tmp_path)
+        assert run.code == 1
+        assert f"llmgw ctl: {f}: model 'ok' (#1): field {field}: not a finite number" in run.err
+        assert run.err.count("\n") == 1
+        assert [c for c in fake.calls if c[0] == "POST"] == []
+
     def test_surrogate_in_a_key_and_a_name(self) -> None:
         """A surrogate in a mapping key or in the name itself is found too."""
         with pytest.raises(SpecError, match=r"field env\.\\ud83d"):
