@@ -20,7 +20,7 @@ from llmgw.ctl.errors import CtlError
 from llmgw.ctl.render import UNKNOWN, fmt_duration
 from llmgw.ctl.shown import text, visible
 from llmgw.wire.keys import KeyCreate, KeyView
-from llmgw.wire.names import LABEL_RULE
+from llmgw.wire.names import LABEL_RULE, MODEL_NAME_RULE
 
 
 def parse_duration(text: str) -> float:
@@ -60,23 +60,27 @@ def _request(args: argparse.Namespace) -> KeyCreate:
     try:
         return msgspec.convert(fields, KeyCreate)
     except msgspec.ValidationError as exc:
-        raise CtlError(f"keys create {args.name}: {_problem(exc)}") from exc
+        raise CtlError(f"keys create {args.name}: {_problem(exc, fields)}") from exc
 
 
 # Request fields whose flag is spelled otherwise; NAME is the positional argument.
 _FLAGS = {"budget": "--budget-tokens", "expires_in_s": "--expires-in", "name": "NAME"}
 
 
-def _problem(exc: msgspec.ValidationError) -> str:
+def _problem(exc: msgspec.ValidationError, fields: dict[str, object]) -> str:
     """A validation message in the flags the operator typed: `--rpm: Expected int >= 1`."""
     message = str(exc)
-    m = re.fullmatch(r"(.*) - at `\$\.(\w+)(?:\[\d+\]|\.(\w+))?`", message)
+    m = re.fullmatch(r"(.*) - at `\$\.(\w+)(?:\[(\d+)\]|\.(\w+))?`", message)
     if m is None:
         return specs.describe(exc)
     field = m.group(2)
     flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
     if field in ("name", "team") and "regex" in m.group(1):
         return f"{flag}: {LABEL_RULE}"
+    models = fields.get("models")
+    if field == "models" and m.group(3) is not None and isinstance(models, list):
+        given = visible(repr(models[int(m.group(3))]))
+        return f"{flag}: {given} is not a model's name: {MODEL_NAME_RULE}"
     return f"{flag}: {m.group(1).replace('`', '')}"
 
 
