@@ -24,7 +24,7 @@ from pathlib import Path
 from llmgw.adminclient.errors import AdminError, AdminUnauthorized
 from llmgw.ctl import config
 from llmgw.ctl.context import Ctx
-from llmgw.ctl.durations import duration_arg
+from llmgw.ctl.durations import duration_arg, since_arg
 from llmgw.ctl.errors import CtlError, SpecError
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", choices=("key", "team", "model"), default="key", help="rows per")
     p.add_argument(
         "--since",
-        type=duration_arg,
+        type=since_arg,
         default=duration_arg("24h"),
         metavar="DURATION",
         help="from the hour this long ago, e.g. 24h, 7d, 90m (default 24h)",

@@ -30,6 +30,8 @@ ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # The most models a new key may name: the list goes to every router with each
 # endpoint list; a key for more models than this should name none (every model).
 MAX_KEY_MODELS = 1024
+# The longest a new key may live: a hundred years (36600 days), in seconds.
+MAX_EXPIRES_IN_S = 100 * 366 * 86400
 
 
 class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -89,7 +91,7 @@ class KeyCreate(KeyLimits, frozen=True, kw_only=True, forbid_unknown_fields=True
     name: KeyName
     team: Annotated[str, msgspec.Meta(pattern=LABEL_PATTERN)]
     # Seconds from now until the key expires; None: never.
-    expires_in_s: Annotated[float, msgspec.Meta(gt=0, le=100 * 366 * 86400)] | None = None
+    expires_in_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_EXPIRES_IN_S)] | None = None
 
 
 class KeyShare(msgspec.Struct, frozen=True, kw_only=True):

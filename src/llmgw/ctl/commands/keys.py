@@ -19,7 +19,7 @@ from llmgw.ctl.durations import duration_problem, seconds_of
 from llmgw.ctl.errors import CtlError
 from llmgw.ctl.render import UNKNOWN, fmt_duration
 from llmgw.ctl.shown import text, visible
-from llmgw.wire.keys import KeyCreate, KeyView
+from llmgw.wire.keys import MAX_EXPIRES_IN_S, KeyCreate, KeyView
 from llmgw.wire.names import LABEL_RULE, MODEL_NAME_RULE
 
 
@@ -77,6 +77,9 @@ def _problem(exc: msgspec.ValidationError, fields: dict[str, object]) -> str:
     flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
     if field in ("name", "team") and "regex" in m.group(1):
         return f"{flag}: {LABEL_RULE}"
+    if field == "expires_in_s" and "<=" in m.group(1):
+        # msgspec says it in seconds; the flag was given in days or weeks.
+        return f"{flag}: at most {MAX_EXPIRES_IN_S // 86400}d (a hundred years)"
     models = fields.get("models")
     if field == "models" and m.group(3) is not None and isinstance(models, list):
         given = visible(repr(models[int(m.group(3))]))
