@@ -83,6 +83,19 @@ class TestApplyAdapters:
         with pytest.raises(InvalidSpec, match="cannot serve LoRA adapters"):
             commands.apply_models(w.state, [lora("a")], now=w.now)
 
+    def test_a_base_turning_llamacpp_checks_its_adapters_paths(self) -> None:
+        """A sim base whose adapter's path holds ',' cannot become llama.cpp: the path
+        rule an adapter meets when applied holds when its base changes engine too."""
+        w = world_with_base()
+        w.apply(commands.apply_models(w.state, [lora("a", source="/x,y")], now=w.now).changes)
+        llama = msgspec.structs.replace(spec("m", min_replicas=1), engine="llamacpp", source="/m")
+        with pytest.raises(InvalidSpec, match="a path with ',' or ':' cannot be given") as exc:
+            commands.apply_models(w.state, [llama], now=w.now)
+        assert "adapter 'a'" in exc.value.message
+        # With the adapter's path fixed in the same request, the base may change.
+        fixed = lora("a", source="/x")
+        assert commands.apply_models(w.state, [llama, fixed], now=w.now).changes.models
+
     def test_names_shared_with_models_are_conflicts(self) -> None:
         """An adapter named like a model, or a model named like an adapter, is a conflict."""
         w = world_with_base()
