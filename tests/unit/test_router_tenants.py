@@ -103,6 +103,21 @@ class TestTpm:
         assert isinstance(tenants.admit(t, "m", 4000), Charge)
 
 
+class TestRefund:
+    """A charge given back: the request reached no engine."""
+
+    def test_refund_gives_back_the_request_and_estimate_once(self) -> None:
+        """The buckets get their request and estimate back, never past full, and once."""
+        t, tenants = tenant(rpm=2, tpm=1000), Tenants(clock=ManualClock())
+        charge = tenants.admit(t, "m", 400)
+        assert isinstance(charge, Charge)
+        charge.refund()
+        charge.refund()
+        charge.settle(usage(900))  # settled already: nothing more
+        assert charge.headers["x-ratelimit-remaining-requests"] == "2"
+        assert charge.headers["x-ratelimit-remaining-tokens"] == "1000"
+
+
 class TestBudget:
     """Token budgets per calendar period."""
 

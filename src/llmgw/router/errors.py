@@ -15,7 +15,8 @@ Everything the router raises on purpose derives from `RouterError`:
     │   └── LeaseRefused         it kept a report but its lease answer was unreadable
     ├── HoldQueueFull            `max_held` requests are already waiting
     ├── NoReplica                nothing could serve the request within its deadline
-    └── FlowRefused              flow control's queue was full, or the wait too long
+    ├── FlowRefused              flow control's queue was full, or the wait too long
+    └── KeyRevoked               the request's key was revoked (or expired) while it waited
 
 The upstream clients raise only `UpstreamError`s: a transport's exception
 (asyncio's, the socket's, aiohttp's) becomes one in one function,
@@ -122,6 +123,15 @@ class FlowRefused(RouterError):
         self.status = status
         self.code = code
         self.retry_after_s = retry_after_s
+
+
+class KeyRevoked(RouterError):
+    """The request's key left the keys in force (revoked, expired) while the request
+    waited for a replica or its turn: it is refused as a new request with the key would be."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
 
 
 def stream_error_frame(message: str, *, code: int = 502) -> bytes:

@@ -74,6 +74,16 @@ class KeyRing:
             return None
         return tenant
 
+    def in_force(self, tenant: Tenant) -> bool:
+        """Whether a new request with `tenant`'s key would be let in now: asked of a
+        request that waited (held, queued) after it was admitted, since a revoke or an
+        expiry during its wait must not let it reach an engine."""
+        if not self.enabled:
+            return True
+        now = self._by_digest.get(tenant.key.sha256.lower())
+        expires_at = None if now is None else now.expires_at
+        return now is not None and (expires_at is None or self._clock.wall() < expires_at)
+
 
 def bearer_matches(token: str, authorization: str | None) -> bool:
     """Whether the header carries exactly `token` as its bearer (compared in constant time)."""

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Collection, Sequence
 from typing import Final
 
-from llmgw.router.errors import FlowRefused, NoReplica
+from llmgw.router.errors import FlowRefused, KeyRevoked, NoReplica
 from llmgw.router.http.answers import Whole, whole
 from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import DISCONNECTED, ENGINE_ERROR, OK, REJECTED, UNAVAILABLE
@@ -55,6 +55,7 @@ from llmgw.router.request.waits import (
     CRITICAL,
     home_of,
     is_critical,
+    key_in_force,
     must_queue,
     wait_for_replica,
     wait_turn,
@@ -159,6 +160,8 @@ class Proxy:
             except RecursionError:
                 why = "The JSON body of your request is nested too deeply."
                 resp = logged_refusal(bad_request(why), rid, "json nested too deeply", request)
+                if isinstance(charge, Charge):
+                    charge.refund()
                 return refused(st, resp, rid, path, t0)
         limit = doc.get("max_completion_tokens")
         if type(limit) is not int:
@@ -252,6 +255,8 @@ class Proxy:
             return self._unavailable(call, exc)
         except FlowRefused as exc:
             return self._flow_refused(call, exc)
+        except KeyRevoked as exc:
+            return self._revoked(call, exc)
         except asyncio.CancelledError:
             self._disconnected(call, tally, decision, snaps)
             raise
@@ -369,6 +374,7 @@ class Proxy:
         )
         if call.span is not None:
             tracing_of(st).held(call.span, st.clock.monotonic() - held_from)
+        key_in_force(st, call.tenant)
         return got
 
     def _trace(self, call: Call, att: Attempts, decision: Decision) -> None:
@@ -441,8 +447,12 @@ class Proxy:
         if tally is not None:
             # A stream cut by a disconnect still had its first token and its usage.
             call.ttft, call.usage = tally.ttft, tally.usage.usage
-        if call.charge is not None:
-            call.charge.settle(call.usage)
+        charge = call.charge
+        if charge is not None:
+            if call.eid:
+                charge.settle(call.usage)
+            else:
+                charge.refund()  # no engine was asked: refused, or its client left
         count_call(st, call)
         if call.span is not None:
             retries = st.cfg.max_retries - att.retries_left
@@ -467,12 +477,18 @@ class Proxy:
     def _unavailable(self, call: Call, exc: NoReplica) -> Whole:
         call.status = 503
         call.result = UNAVAILABLE
-        return tag(unavailable(exc), call.rid)
+        return _limited(call, tag(unavailable(exc), call.rid))
 
     def _flow_refused(self, call: Call, exc: FlowRefused) -> Whole:
         call.status = exc.status
         call.result = UNAVAILABLE if exc.status == 503 else REJECTED
-        return tag(flow_refused(exc), call.rid)
+        return _limited(call, tag(flow_refused(exc), call.rid))
+
+    def _revoked(self, call: Call, exc: KeyRevoked) -> Whole:
+        call.status = 401
+        call.result = REJECTED
+        why = f"The API key {exc.name!r} was revoked, or expired, while the request waited."
+        return tag(unauthorized(why), call.rid)
 
     def _out_headers(
         self, call: Call, att: Attempts, decision: Decision, *, debug: bool
@@ -510,6 +526,20 @@ class Proxy:
             fields = {"Content-Type": ctype, "x-llmgw-endpoint": eid}
             fixed = by_type[ctype] = header_lines(fields)
         return fixed + rid_line
+
+
+def _limited(call: Call, resp: Whole) -> Whole:
+    """The router's refusal of a routed request, with its key's x-ratelimit-* headers
+    (as on every answer to a key with an RPM or TPM), its charge given back first when
+    no engine was asked (`Proxy._finish` would, after the headers were written)."""
+    charge = call.charge
+    if charge is None:
+        return resp
+    if not call.eid:
+        charge.refund()
+    for name, value in charge.headers.items():
+        resp = resp.with_header(name, value)
+    return resp
 
 
 def _debug(call: Call) -> bool:

@@ -190,6 +190,23 @@ class Charge:
             if acc.allowance is not None:
                 acc.allowance -= used
 
+    def refund(self) -> None:
+        """The request reached no engine (refused while it waited, or its client left
+        first): it costs the key nothing, so its request and estimate go back to the
+        buckets and no budget is spent; `headers` then say what is left. Once, in place
+        of `settle`: a client that flow control refuses and that retries, as the openai
+        package does, must not spend its own limits on answers it never got."""
+        if self._settled:
+            return
+        self._settled = True
+        acc = self._account
+        requests, tokens = acc.requests, acc.tokens
+        if requests is not None:
+            requests.level = min(requests.size, requests.level + 1.0)
+        if tokens is not None:
+            tokens.level = min(tokens.size, tokens.level + self._estimate)
+        self.headers = _headers(acc)
+
 
 class Tenants:
     """Every limited key's counts on this router, and the verdict on each request.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from llmgw.router.errors import HoldQueueFull, NoReplica
+from llmgw.router.errors import HoldQueueFull, KeyRevoked, NoReplica
 from llmgw.router.replicas.registry import Snapshot
 from llmgw.router.request import enginepriority
 from llmgw.router.request.call import Call
@@ -121,6 +121,14 @@ def _out_of_time(
     return NoReplica(model, held_too_long(st.cfg.hold_timeout_s, look), retry_after_s=5)
 
 
+def key_in_force(st: Router, tenant: Tenant | None) -> None:
+    """KeyRevoked when the request's key left the keys in force while it waited: a wait
+    may last minutes (a band's max_wait_s, a wake), and a revoke is refused within
+    seconds (docs/tenants.md)."""
+    if tenant is not None and not st.keys.in_force(tenant):
+        raise KeyRevoked(tenant.name)
+
+
 def must_queue(
     st: Router,
     model: str,
@@ -184,6 +192,7 @@ async def wait_turn(st: Router, call: Call, peeked: Decision, deadline: float) -
         home=home_of(peeked, snaps),
     )
     st.metrics.flow_waited(band, who, st.clock.monotonic() - since)
+    key_in_force(st, call.tenant)
     backlogged = st.flow.backlogged(model, band, who)
     call.engine_priority = enginepriority.granted(call.engine_priority, backlogged=backlogged)
     return band
