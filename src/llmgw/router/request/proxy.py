@@ -310,8 +310,9 @@ class Proxy:
         st = self.state
         if att.up is not None:
             att.up.close()
-        if st.flow.waiting:
-            st.flow.freed(call.model, st.registry.snapshots)
+        flow = st.flow
+        if flow.waiting or flow.reserve.kept:
+            flow.freed(call.model, st.registry.snapshots)
 
     def _streamed(
         self,
