@@ -320,6 +320,8 @@ class Result:
     error: str | None = None
     text_ok: bool | None = None
     scores: str = ""  # the router's x-llmgw-scores (with --dump)
+    rid: str | None = None  # sent as x-request-id; None: no header (the router draws one)
+    sent_mono: float | None = None  # time.monotonic() just before the POST; None: not sent
 
     def ttft(self, end_s: float) -> float:
         return (self.first_s if self.first_s is not None else end_s) - self.sent_s
@@ -347,6 +349,10 @@ async def stream_one(
         headers = DEBUG_HEADERS if debug else PLAIN_HEADERS
         if req.session is not None:
             headers = {**headers, "X-Session-ID": req.session}
+        if res.rid is not None:
+            headers = {**headers, "x-request-id": res.rid}
+        # The engines' clock (CLOCK_MONOTONIC on this host), for their --request-log.
+        res.sent_mono = time.monotonic()
         async with session.post(url, data=req.body, headers=headers) as resp:
             res.endpoint = resp.headers.get("x-llmgw-endpoint", res.endpoint)
             res.scores = resp.headers.get("x-llmgw-scores", "")
@@ -543,17 +549,22 @@ class Processes:
     def start_engines(self, *, kv_events: bool = False) -> dict[str, str]:
         args = self.fleet.engine_args()
         for i in range(self.fleet.engines):
-            extra: list[str] = []
+            eid = f"e{i}"
+            extra = self.engine_flags(eid)
             if kv_events:
-                addr = self.kv_events[f"e{i}"] = f"tcp://127.0.0.1:{free_port()}"
+                addr = self.kv_events[eid] = f"tcp://127.0.0.1:{free_port()}"
                 conf = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": addr}
-                extra = ["--kv-events-config", _encode(conf).decode()]
-            self.engines[f"e{i}"] = start_program(
+                extra += ["--kv-events-config", _encode(conf).decode()]
+            self.engines[eid] = start_program(
                 [*args, *self.engine_extra, *extra], log_dir=self.log_dir, wait=False
             )
         for p in self.engines.values():
             p.wait_ready(timeout_s=60)
         return {e: p.url for e, p in self.engines.items()}
+
+    def engine_flags(self, eid: str) -> list[str]:
+        """Flags for engine `eid` alone, after `engine_extra` (a subclass's hook)."""
+        return []
 
     def start_router(self, policy: str, urls: dict[str, str]) -> str:
         cfg = self.log_dir / f"router-{policy}.yaml"

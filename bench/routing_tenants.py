@@ -51,6 +51,10 @@ Figures (measured window only, after `--warmup-s`)
     share of a tenant's TTFT.
     Hit rate: engines' prefix-cache hits / queries over the window.
     Router CPU: its user+system seconds per request sent.
+    `--breakdown`: the engines write `--request-log` and every request carries an
+    x-request-id; a second table splits each tenant's TTFT, per run, into router
+    (client send to engine arrival), engine queue and prefill, p50/p90/p99, with the
+    share of cache misses and of preempted requests (bench/breakdown.py).
 
 Usage: .venv/bin/python bench/routing_tenants.py [--short] [--no-write]
 """
@@ -74,6 +78,7 @@ from typing import Any
 
 import aiohttp
 
+import breakdown
 import routing
 from routing import (
     Conversations,
@@ -108,11 +113,20 @@ class TenantProcesses(Processes):
     flow = True
     engine_priority = True
     workers: int | None = None  # the router's own default (one per core)
+    request_logs = False  # engines write --request-log into the log folder (--breakdown)
 
     def start_engines(self, *, kv_events: bool = False) -> dict[str, str]:
         if self.engine_priority:
             self.engine_extra = ["--scheduling-policy", "priority"]
         return super().start_engines(kv_events=kv_events)
+
+    def engine_flags(self, eid: str) -> list[str]:
+        if not self.request_logs:
+            return []
+        path = breakdown.log_path(self.log_dir, eid)
+        # Every run's engines reuse the folder and the ids: start each run's log empty.
+        path.unlink(missing_ok=True)
+        return ["--request-log", str(path)]
 
     def start_router(self, policy: str, urls: dict[str, str]) -> str:
         cfg = self.log_dir / f"router-{policy}.yaml"
@@ -170,6 +184,9 @@ class Run:
     # (bucket bound → granted requests, cumulative), for pooling runs (routing_tenants_ab.py).
     ttfts: dict[str, list[float]] = field(default_factory=dict)
     waits: dict[str, dict[float, float]] = field(default_factory=dict)
+    # Per tenant: every measured request's router / engine split (--breakdown; empty
+    # without it), kept whole so routing_tenants_ab.py pools exactly.
+    split: dict[str, list[breakdown.Sample]] = field(default_factory=dict)
 
 
 _WAIT_BUCKET = re.compile(r"^llmgw_router_flow_wait_seconds_bucket\{([^}]*)\} (\S+)$", re.M)
@@ -244,6 +261,7 @@ async def one_run(
     procs.flow = flow
     procs.engine_priority = opts.engine_priority == "on"
     procs.workers = opts.router_workers
+    procs.request_logs = opts.breakdown
     loop = asyncio.get_running_loop()
     try:
         urls = await asyncio.to_thread(procs.start_engines)
@@ -264,15 +282,19 @@ async def one_run(
             busy0 = machine_ticks()
             lag0 = await routing.lag_resets(any_session, urls)
             merged = sorted(
-                ((req.at_s, t, req) for t, sched in schedules.items() for req in sched),
+                (
+                    (req.at_s, t, f"{t}-{n}" if opts.breakdown else None, req)
+                    for t, sched in schedules.items()
+                    for n, req in enumerate(sched)
+                ),
                 key=lambda x: x[0],
             )
             results: dict[str, list[Result]] = {t: [] for t in schedules}
             tasks: set[asyncio.Task[None]] = set()
             t0 = loop.time() + 0.2
 
-            async def fire(tenant: str, req: Request) -> None:
-                res = Result(req, loop.time())
+            async def fire(tenant: str, rid: str | None, req: Request) -> None:
+                res = Result(req, loop.time(), rid=rid)
                 results[tenant].append(res)
                 await stream_one(sessions[tenant], url, req, res, False)
 
@@ -282,11 +304,11 @@ async def one_run(
                 return await counters(any_session, urls), waits
 
             warm = asyncio.create_task(at_warmup())
-            for at, tenant, req in merged:
+            for at, tenant, rid, req in merged:
                 delay = t0 + at - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                task = asyncio.create_task(fire(tenant, req))
+                task = asyncio.create_task(fire(tenant, rid, req))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             await asyncio.sleep(max(0.0, t0 + timing.duration_s - loop.time()))
@@ -315,6 +337,9 @@ async def one_run(
     out: dict[str, TenantStats] = {}
     all_ttfts: dict[str, list[float]] = {}
     all_waits: dict[str, dict[float, float]] = {}
+    split: dict[str, list[breakdown.Sample]] = {}
+    logs = [breakdown.log_path(log_dir, e) for e in urls] if opts.breakdown else []
+    engine_lines = breakdown.read_logs(logs)
     sent_all = 0
     for tenant, rs in results.items():
         s = out[tenant] = TenantStats()
@@ -340,6 +365,8 @@ async def one_run(
         s.held = round(waited.get(math.inf, 0.0))
         s.wait_p50, s.wait_p99 = bucket_quantile(waited, 0.50), bucket_quantile(waited, 0.99)
         all_waits[tenant] = waited
+        if opts.breakdown:
+            split[tenant] = breakdown.samples(measured, engine_lines)
     demand = {t: len([r for r in schedules[t] if r.at_s >= timing.warmup_s]) / window for t in out}
     return Run(
         name=name,
@@ -351,6 +378,7 @@ async def one_run(
         lag_resets=lags,
         ttfts=all_ttfts,
         waits=all_waits,
+        split=split,
     )
 
 
@@ -443,6 +471,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="the router's --workers (default: the router's own, one per core)",
     )
+    a(
+        "--breakdown",
+        action="store_true",
+        help="split each tenant's TTFT into router, engine queue and prefill (engine logs)",
+    )
     a("--no-write", action="store_true")
     own, rest = p.parse_known_args(argv)
     base = routing.parse_args(rest)
@@ -521,6 +554,9 @@ async def amain(opts: argparse.Namespace, command: str) -> int:
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
     lines = table(runs)
+    if opts.breakdown:
+        rows = [(run.name, t, ss) for run in runs for t, ss in run.split.items()]
+        lines += ["", *breakdown.table(rows)]
     checks = verdicts(runs, f"{top:g}x")
     elapsed = time.monotonic() - began
     print("\n".join(lines))

@@ -18,7 +18,10 @@ Figures (per variant, pooled over `--repeat` runs)
     TTFT p50/p90/p99 per tenant; held p50/p90/p99: the wait in flow control's queue of
     the requests it held and granted (the router's llmgw_router_flow_wait_seconds,
     buckets summed over the runs, interpolated within them); the noisy tenant's goodput
-    and the hit rate, averaged over the runs.
+    and the hit rate, averaged over the runs. With `--breakdown` (routing_tenants.py's),
+    a second table: each tenant's TTFT split into router, engine queue and prefill
+    (breakdown.py), every request of a variant's runs pooled; the trees' sim-engines
+    need `--request-log` (a tree without it shows no requests there).
 
 Usage: .venv/bin/python bench/routing_tenants_ab.py --tree A --tree B [--repeat 3]
        [routing_tenants.py's options, e.g. --capacity-rps 37.7 --slo-s 2 --loads 2]
@@ -36,6 +39,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+import breakdown
 import routing
 import routing_tenants as rt
 from routing import Conversations, Timing, open_loop_schedule, pct
@@ -49,6 +53,9 @@ class Variant:
     waits: dict[str, dict[float, float]] = dataclasses.field(
         default_factory=lambda: defaultdict(lambda: defaultdict(float))
     )
+    split: dict[str, list[breakdown.Sample]] = dataclasses.field(
+        default_factory=lambda: defaultdict(list)
+    )
     hit: list[float] = dataclasses.field(default_factory=list)
     goodput: list[float] = dataclasses.field(default_factory=list)
 
@@ -59,6 +66,8 @@ class Variant:
     def add(self, run: rt.Run) -> None:
         for tenant, xs in run.ttfts.items():
             self.ttfts[tenant] += xs
+        for tenant, ss in run.split.items():
+            self.split[tenant] += ss
         for tenant, cum in run.waits.items():
             for bound, n in cum.items():
                 self.waits[tenant][bound] += n
@@ -146,6 +155,9 @@ async def amain(opts: argparse.Namespace, variants: list[Variant], repeat: int) 
         shutil.rmtree(log_dir, ignore_errors=True)
     print(f"capacity C {capacity:.1f} req/s, load {load:g}x, flow on, {repeat} runs a variant")
     print("\n".join(table(variants)))
+    if opts.breakdown:
+        rows = [(v.name, t, v.split[t]) for v in variants for t in rt.TENANTS]
+        print("\n" + "\n".join(breakdown.table(rows, first="variant")))
 
 
 def main(argv: list[str]) -> int:

@@ -19,4 +19,5 @@ Layout:
     stats.py, metrics.py,        what the engine counts, rendered in the impersonated
     metricsnames.py              engine's metric names
     faults.py                    injected faults for the router's reliability tests
+    requestlog.py                --request-log: each request's engine times, for benchmarks
 """

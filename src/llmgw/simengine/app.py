@@ -33,6 +33,7 @@ from llmgw.simengine.kvevents import KVEventPublisher
 from llmgw.simengine.lora import LoraRegistry
 from llmgw.simengine.lora import handlers as lora_handlers
 from llmgw.simengine.metricsnames import histogram_buckets
+from llmgw.simengine.requestlog import RequestLog
 from llmgw.simengine.sleep import Sleeper
 from llmgw.simengine.stats import EngineStats
 
@@ -150,6 +151,8 @@ class SimEngine:
         self.kv_events = KVEventPublisher(cfg.kv_events, self.kv) if cfg.kv_events.enabled else None
         if self.kv_events is not None:
             self.engine.after_schedule = self.kv_events.flush
+        # OSError (a path that cannot be written) stops the engine before it serves.
+        self.request_log = RequestLog(cfg.request_log) if cfg.request_log else None
         self._crash = crash
         self._die = die
         self.dead = False  # the engine loop raised: every request fails, then the process exits
@@ -185,6 +188,8 @@ class SimEngine:
                     await task
             if self.kv_events is not None:
                 self.kv_events.close()
+            if self.request_log is not None:
+                self.request_log.close()
 
     async def run_engine(self) -> None:
         """The engine loop, guarded: if it raises, the engine is dead, not silently stuck.
@@ -363,6 +368,8 @@ class SimEngine:
                 self.engine.abort(stream)  # client gone, or a fault cut it short
             else:
                 self.engine.release(stream)
+            if self.request_log is not None:
+                self.request_log.write(req, request.headers.get("x-request-id"))
 
     def _fail_answer(self) -> web.Response:
         status, headers = self.faults.fail_answer()

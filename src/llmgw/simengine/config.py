@@ -41,6 +41,8 @@ class SimConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)
     # vLLM's --enable-sleep-mode and dev-mode routes, and what a wake costs (sleep.py).
     sleep: SleepSettings = field(default_factory=SleepSettings)
+    # --request-log: append one JSON line per generation request (requestlog.py); None: off.
+    request_log: str | None = None
 
     def __post_init__(self) -> None:
         if not self.served_model_names:

@@ -165,6 +165,14 @@ def parser() -> argparse.ArgumentParser:
         default=sleep.COLD_FACTOR,
         help="how much slower the first request after a wake runs without a warm-up",
     )
+    p.add_argument(
+        "--request-log",
+        default=None,
+        metavar="PATH",
+        help="append one JSON line per generation request to PATH as it ends (its x-request-id, "
+        "prompt and cached tokens, and when it arrived, was scheduled, got its first token and "
+        "ended, on the host's monotonic clock), to split a benchmark's TTFT; default: off",
+    )
     p.add_argument("--grace-s", type=float, default=10.0, help="graceful stop window on SIGTERM")
     return p
 
@@ -235,6 +243,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             load_ms=args.lora_load_ms,
         ),
         sleep=sleep_settings(args, dict(os.environ)),
+        request_log=args.request_log,
     )
 
 
@@ -262,7 +271,7 @@ def main(argv: list[str]) -> int:
 
     try:
         app = build_app(cfg)
-    except ValueError as exc:  # the KV-event publisher could not start
+    except (ValueError, OSError) as exc:  # the KV-event publisher or request log did not open
         sys.stderr.write(f"llmgw sim-engine: {exc}\n")
         return 2
     log.info(
