@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -19,7 +22,9 @@ from llmgw.controller.fleet.keys import (
 from llmgw.controller.fleet.records import FleetState
 from llmgw.ctl.commands.keys import parse_duration
 from llmgw.ctl.errors import CtlError
-from llmgw.wire.keys import Budget, ClientKey, KeyCreate
+from llmgw.wire.keys import MAX_KEY_MODELS, Budget, ClientKey, KeyCreate
+from llmgw.wire.names import MODEL_NAME_RULE
+from tests.unit.test_ctl_commands import FakeController, run_ctl
 
 
 def created(state: FleetState, **kw: object) -> FleetState:
@@ -134,6 +139,23 @@ class TestLimitsType:
         with pytest.raises(msgspec.ValidationError, match="per"):
             msgspec.convert({"name": "a", "team": "t", "budget": {"tokens": 5}}, KeyCreate)
 
+    @pytest.mark.parametrize(
+        ("models", "at"),
+        [(["a b"], "models[0]"), (["m", "[/]"], "models[1]"), (["m\x1b[2J"], "models[0]"),
+         (["m/scale"], "models[0]"), ([f"m{i}" for i in range(MAX_KEY_MODELS + 1)], "models")],
+    )  # fmt: skip
+    def test_models_must_be_served_names(self, models: list[str], at: str) -> None:
+        """A model no model, alias or adapter can be called, or more than MAX_KEY_MODELS of
+        them, is refused where a key is created."""
+        with pytest.raises(msgspec.ValidationError, match=re.escape(f"at `$.{at}`")):
+            msgspec.convert({"name": "a", "team": "t", "models": models}, KeyCreate)
+
+    def test_stored_keys_keep_any_model(self) -> None:
+        """A stored or router-file key with such a model still decodes: the rule is the
+        create request's, and a rule that changes must not make a stored key unreadable."""
+        key = msgspec.convert({"name": "a b", "sha256": "0" * 64, "models": ["a b"]}, ClientKey)
+        assert key.models == ("a b",)
+
     def test_limited_only_with_a_limit(self) -> None:
         """A key with only a model list needs no counting."""
         assert not ClientKey(name="a", sha256="0" * 64, models=("m",)).limited
@@ -155,6 +177,28 @@ class TestDuration:
         """Anything but number-unit pairs above zero is refused."""
         with pytest.raises(CtlError):
             parse_duration(text)
+
+
+class TestCreateFlags:
+    """`ctl keys create` refuses bad flags in the words of the flags, before sending."""
+
+    @pytest.mark.parametrize(
+        ("argv", "said"),
+        [
+            (["--models", "m,a b"], f"--models: 'a b' is not a model's name: {MODEL_NAME_RULE}"),
+            (["--models", "[/]"], f"--models: '[/]' is not a model's name: {MODEL_NAME_RULE}"),
+            (
+                ["--models", ",".join(f"m{i}" for i in range(MAX_KEY_MODELS + 1))],
+                f"--models: Expected array of length <= {MAX_KEY_MODELS}",
+            ),
+        ],
+    )
+    def test_models_that_no_model_can_be(self, argv: list[str], said: str, tmp_path: Path) -> None:
+        """A model name no model can have is named with the rule, and nothing is sent."""
+        fake = FakeController()
+        run = run_ctl(["keys", "create", "k", "--team", "t", *argv], fake, tmp_path)
+        assert (run.code, run.err) == (1, f"llmgw ctl: keys create k: {said}\n")
+        assert fake.calls == []
 
 
 class TestKeysTable:

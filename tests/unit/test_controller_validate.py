@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from llmgw.controller.api.decode import decode_specs
 from llmgw.controller.api.validate import check_heartbeat, check_spec, check_usage
 from llmgw.controller.errors import InvalidSpec
 from llmgw.wire.agent import GPU, Heartbeat, ShardStatus
@@ -130,3 +131,25 @@ class TestSpec:
         spec = ModelSpec(name="m", engine="sim", gpu_classes=("H100-80G", " "))
         assert check_spec(spec) == ("gpu_classes", "a GPU class must not be empty")
         assert check_spec(ModelSpec(name="m", engine="sim", gpu_classes=("H100-80G",))) is None
+
+
+class TestSpecLabel:
+    """A refused spec is named by its position and name as the body gave them."""
+
+    @pytest.mark.parametrize(
+        ("body", "said"),
+        [
+            (b"{}", "model spec (no name): Object missing required field `name`"),
+            (b'{"name": 5}', "model spec (no name): Expected `str`, got `int`"),
+            (b'{"name": "m"}', "model spec 'm': Object missing required field `engine`"),
+            (b"[{}]", "model spec models[0]: Object missing required field `name`"),
+            (b'[{"name": ["m"]}]', "model spec models[0]: Expected `str`, got `array`"),
+            (b'[{"name": "m"}]', "model spec models[0] ('m'): Object missing required field"),
+            (b'{"adapter_of": "m"}', "adapter spec (no name): Object missing required field"),
+        ],
+    )
+    def test_a_missing_or_odd_name_is_not_shown_as_a_value(self, body: bytes, said: str) -> None:
+        """A spec without a string name is "(no name)" or its position, never `None`."""
+        with pytest.raises(InvalidSpec) as info:
+            decode_specs(body)
+        assert info.value.message.startswith(said), info.value.message

@@ -23,6 +23,9 @@ from llmgw.wire.admin import (
     Summary,
     UnplaceableModel,
 )
+from llmgw.wire.errors import error_body
+from llmgw.wire.keys import KeyView
+from llmgw.wire.usage import UsageAnswer, UsageRow
 
 from .test_ctl_commands import FakeController, model_view, node_view, replica_view, run_ctl
 
@@ -123,6 +126,18 @@ class Hostile(FakeController):
         if (method, path) == ("GET", "/admin/models"):
             view = model_view("m")
             return self._ok([msgspec.structs.replace(view, unplaceable_reason=HOSTILE)])
+        if (method, path) == ("GET", "/admin/keys"):
+            # A key's models are not names the controller checks; a router file's key
+            # names and teams, which usage reports, are free text.
+            key = KeyView(name="k", team="t", models=(HOSTILE,), created_at=1.8e9)
+            return self._ok([key])
+        if (method, path) == ("GET", "/admin/usage"):
+            row = UsageRow(
+                hour=1_800_000_000 // 3600 * 3600, key=HOSTILE, team=HOSTILE, model=HOSTILE,
+                requests=1, prompt_tokens=2, completion_tokens=3,
+            )  # fmt: skip
+            by = {"team": "team", "model": "model"}.get(query.get("by", ""), "key")
+            return self._ok(UsageAnswer(by=by, since=0, rows=[row]))
         if (method, path) == ("GET", "/admin/events") and self.events_override is not None:
             return self._ok(self.events_override)
         if (method, path) == ("GET", "/admin/events"):
@@ -134,6 +149,13 @@ class Hostile(FakeController):
         return super()._route(method, path, query, payload)
 
 
+# Every command that prints a table of fleet data.
+TABLE_COMMANDS = (
+    ["nodes"], ["models"], ["replicas"], ["events"], ["keys", "list"],
+    ["usage"], ["usage", "--by", "team"], ["usage", "--by", "model"],
+)  # fmt: skip
+
+
 class TestHostileFleet:
     """Hostile names from the fleet are shown, never obeyed."""
 
@@ -141,11 +163,7 @@ class TestHostileFleet:
         ("argv", "fmt"),
         [
             *((["status"], fmt) for fmt in ("table", "wide")),
-            *(
-                (argv, fmt)
-                for argv in (["nodes"], ["models"], ["replicas"], ["events"])
-                for fmt in ("table", "wide", "tsv")
-            ),
+            *((argv, fmt) for argv in TABLE_COMMANDS for fmt in ("table", "wide", "tsv")),
             (["events", "--detail", "7"], "table"),
         ],
     )
@@ -189,12 +207,67 @@ class TestHostileFleet:
         run = run_ctl(["status", "-o", "wide"], Hostile(), tmp_path)
         assert "evil [/] [bold]b" in run.out
 
+    @pytest.mark.parametrize("argv", [["keys", "list"], ["usage"], ["usage", "--by", "model"]])
+    def test_tables_show_markup_as_typed(self, argv: list[str], tmp_path: Path) -> None:
+        """A key's model or a usage row's name `[/]` is printed in a rich table, not parsed
+        (it used to end `keys list` and `usage` in MarkupError)."""
+        run = run_ctl([*argv, "-o", "table"], Hostile(), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert "[/] [bold]b" in run.out
+
     def test_refusal_quoting_a_name_is_visible(self, tmp_path: Path) -> None:
         """An error that echoes a hostile name is one visible line on stderr, exit 1."""
         run = run_ctl(["cordon", f"no-{HOSTILE}"], FakeController(), tmp_path)
         assert run.code == 1
         assert run.err.count("\n") == 1
         assert raw_control(run.err) == []
+
+
+class EchoesThePath(FakeController):
+    """Answers every call 404 with the path in the message, as the controller's router
+    does for a path no route matches (`DELETE /admin/models/x\ny: Not Found`)."""
+
+    def _route(self, method: str, path: str, query: Mapping[str, str], payload: object) -> Response:
+        return Response(404, error_body(f"{method} {path}: Not Found", type="not_found_error"))
+
+
+class TestOneLineRefusals:
+    """A refusal is one line on stderr whatever the input or the controller's message holds."""
+
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["delete", "x\ny\x1b[2J"],
+            ["keys", "revoke", "x\ny"],
+            ["scale", "x\ny", "--min", "1"],
+        ],
+    )
+    def test_a_line_break_from_the_controller_is_escaped(
+        self, argv: list[str], tmp_path: Path
+    ) -> None:
+        """A name with a line break, echoed back by the controller, is shown as `\\n`."""
+        argv = [a.encode().decode("unicode_escape") for a in argv]
+        run = run_ctl(argv, EchoesThePath(), tmp_path)
+        assert run.code == 1
+        assert run.err.count("\n") == 1, run.err
+        assert raw_control(run.err) == []
+        assert "x\\ny" in run.err
+
+    def test_a_line_break_in_a_bad_key_name_is_escaped(self, tmp_path: Path) -> None:
+        """`keys create` of a name with a line break says so in one line."""
+        run = run_ctl(["keys", "create", "a\nb", "--team", "t"], FakeController(), tmp_path)
+        assert run.code == 1
+        assert run.err.startswith("llmgw ctl: keys create a\\nb: NAME: ")
+        assert run.err.count("\n") == 1, run.err
+
+    def test_a_spec_file_keeps_one_line_per_problem(self, tmp_path: Path) -> None:
+        """An invalid spec file is still the head line and one line per problem."""
+        f = tmp_path / "m.yaml"
+        f.write_text("- {name: a, engine: x}\n- {name: b, engine: y}\n")
+        run = run_ctl(["apply", "-f", str(f)], FakeController(), tmp_path)
+        assert run.code == 1
+        assert run.err.startswith("llmgw ctl: 4 problem(s) in 2 model spec(s)")
+        assert run.err.count("\n") == 5, run.err
 
 
 class TestSpecFiles:
@@ -210,6 +283,27 @@ class TestSpecFiles:
             run.err
         )
         assert run.err.count("\n") == 1
+
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [("weights_gb", ".inf"), ("sleep_after_s", ".inf"), ("idle_timeout_s", "-.inf"),
+         ("idle_timeout_s", ".nan")],
+    )  # fmt: skip
+    def test_a_number_json_cannot_carry_is_refused(
+        self, field: str, value: str, tmp_path: Path
+    ) -> None:
+        """YAML's `.inf` and `.nan` are refused naming the field, and nothing is sent (JSON
+        has neither: `sleep_after_s: .inf` would have arrived as null, "not given")."""
+        f = tmp_path / "m.yaml"
+        f.write_text(
+            f"name: ok\nengine: sim\ngpu_classes: [H100-80G]\nsleep_mode: true\n{field}: {value}\n"
+        )
+        fake = FakeController()
+        run = run_ctl(["apply", "-f", str(f)], fake, tmp_path)
+        assert run.code == 1
+        assert f"llmgw ctl: {f}: model 'ok' (#1): field {field}: not a finite number" in run.err
+        assert run.err.count("\n") == 1
+        assert [c for c in fake.calls if c[0] == "POST"] == []
 
     def test_surrogate_in_a_key_and_a_name(self) -> None:
         """A surrogate in a mapping key or in the name itself is found too."""

@@ -15,7 +15,7 @@ from llmgw.agent.ports import PortAllocator
 from llmgw.agent.statefile import StateStore
 from llmgw.agent.supervisor import Supervisor
 from llmgw.controller.api.decode import decode_specs
-from llmgw.controller.errors import Conflict, InvalidSpec
+from llmgw.controller.errors import Conflict, DoesNotExist, InvalidSpec
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.endpoints import endpoint_list, outlook
 from llmgw.controller.fleet.records import Adapter, Changes
@@ -27,6 +27,7 @@ from llmgw.simengine.main import config_from_args
 from llmgw.simengine.main import parser as sim_parser
 from llmgw.wire.adapters import AdapterSpec, loads_at_run_time
 from llmgw.wire.agent import ShardSpec
+from llmgw.wire.models import ScaleRequest
 from tests.unit.controller_reconcile_world import World, spec
 from tests.unit.test_agent_supervisor import FakeProbe, FakeSpawner
 from tests.unit.test_agent_supervisor import spec as sup_spec
@@ -82,6 +83,19 @@ class TestApplyAdapters:
         with pytest.raises(InvalidSpec, match="cannot serve LoRA adapters"):
             commands.apply_models(w.state, [lora("a")], now=w.now)
 
+    def test_a_base_turning_llamacpp_checks_its_adapters_paths(self) -> None:
+        """A sim base whose adapter's path holds ',' cannot become llama.cpp: the path
+        rule an adapter meets when applied holds when its base changes engine too."""
+        w = world_with_base()
+        w.apply(commands.apply_models(w.state, [lora("a", source="/x,y")], now=w.now).changes)
+        llama = msgspec.structs.replace(spec("m", min_replicas=1), engine="llamacpp", source="/m")
+        with pytest.raises(InvalidSpec, match="a path with ',' or ':' cannot be given") as exc:
+            commands.apply_models(w.state, [llama], now=w.now)
+        assert "adapter 'a'" in exc.value.message
+        # With the adapter's path fixed in the same request, the base may change.
+        fixed = lora("a", source="/x")
+        assert commands.apply_models(w.state, [llama, fixed], now=w.now).changes.models
+
     def test_names_shared_with_models_are_conflicts(self) -> None:
         """An adapter named like a model, or a model named like an adapter, is a conflict."""
         w = world_with_base()
@@ -109,6 +123,21 @@ class TestApplyAdapters:
             commands.delete_model(w.state, w.index, "m", now=w.now, grace_s=1)
         batch = commands.delete_model(w.state, w.index, "a", now=w.now, grace_s=1)
         assert (batch.changes.deleted_adapters, batch.changes.deleted_models) == (["a"], [])
+
+    def test_scaling_an_adapter_or_an_alias_names_the_model(self) -> None:
+        """`scale` of an adapter or an alias is refused naming the model to scale instead
+        of "no model named" alone, which reads as if the name were unknown."""
+        w = world_with_base()
+        w.apply(commands.apply_models(w.state, [lora("a")], now=w.now).changes)
+        aliased = msgspec.structs.replace(spec("b", min_replicas=0), aliases=("b-alias",))
+        w.apply(commands.apply_models(w.state, [aliased], now=w.now).changes)
+        req = ScaleRequest(max_replicas=3)
+        with pytest.raises(DoesNotExist, match="'a' is a LoRA adapter of 'm'"):
+            commands.scale_model(w.state, "a", req, now=w.now)
+        with pytest.raises(DoesNotExist, match="'b-alias' is an alias of 'b'"):
+            commands.scale_model(w.state, "b-alias", req, now=w.now)
+        with pytest.raises(DoesNotExist, match="'b-alias' is an alias of 'b'"):
+            commands.delete_model(w.state, w.index, "b-alias", now=w.now, grace_s=1)
 
     def test_api_refuses_base_fields_on_an_adapter(self) -> None:
         """An adapter entry with a base's field (engine) is a 422 that says why."""

@@ -10,6 +10,12 @@ from __future__ import annotations
 import argparse
 import re
 
+# How far back `usage --since` may reach: the controller's bound (wire.usage.MAX_SINCE_S,
+# ten years), repeated because argparse uses this module before msgspec is imported;
+# tests/unit/test_ctl_durations.py keeps the two equal. Past it the controller would
+# refuse the call, in seconds and under its own parameter's name.
+MAX_SINCE_S = 10 * 366 * 86_400
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
@@ -36,3 +42,11 @@ def duration_arg(text: str) -> float:
     if why is not None:
         raise argparse.ArgumentTypeError(f"{text!r}: {why}")
     return seconds_of(text)
+
+
+def since_arg(text: str) -> float:
+    """argparse `type=` of `usage --since`: a duration of at most MAX_SINCE_S."""
+    seconds = duration_arg(text)
+    if seconds > MAX_SINCE_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: at most {MAX_SINCE_S // 86_400}d (ten years)")
+    return seconds

@@ -24,8 +24,8 @@ from pathlib import Path
 from llmgw.adminclient.errors import AdminError, AdminUnauthorized
 from llmgw.ctl import config
 from llmgw.ctl.context import Ctx
-from llmgw.ctl.durations import duration_arg
-from llmgw.ctl.errors import CtlError
+from llmgw.ctl.durations import duration_arg, since_arg
+from llmgw.ctl.errors import CtlError, SpecError
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.version import add_version_argument
 
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", choices=("key", "team", "model"), default="key", help="rows per")
     p.add_argument(
         "--since",
-        type=duration_arg,
+        type=since_arg,
         default=duration_arg("24h"),
         metavar="DURATION",
         help="from the hour this long ago, e.g. 24h, 7d, 90m (default 24h)",
@@ -245,7 +245,7 @@ def main(
         code: int = handler(args, ctx)
         return code
     except CtlError as exc:
-        _say(base, str(exc))
+        _say(base, str(exc), several_lines=isinstance(exc, SpecError))
         return 1
     except AdminError as exc:
         hint = (
@@ -260,9 +260,13 @@ def main(
         return 130
 
 
-def _say(ctx: Ctx, message: str) -> None:
-    """One refusal on stderr. Messages quote names and reasons from the fleet, and the
-    controller's own wording: made visible (ctl.shown), never written raw to a terminal."""
-    from llmgw.ctl.shown import lines
+def _say(ctx: Ctx, message: str, *, several_lines: bool = False) -> None:
+    """One refusal on stderr. Messages quote names and reasons from the fleet, the
+    operator's own arguments and the controller's wording: made visible (ctl.shown),
+    never written raw to a terminal. One line, so a line break in a quoted name (a
+    controller echoes `DELETE /admin/models/x\\ny`) is shown as `\\n`; only a spec
+    file's problems are several lines, each of them made visible."""
+    from llmgw.ctl.shown import lines, visible
 
-    ctx.err.write(f"llmgw ctl: {lines(message)}\n")
+    shown = lines(message) if several_lines else visible(message)
+    ctx.err.write(f"llmgw ctl: {shown}\n")

@@ -11,6 +11,7 @@ are how a fleet ends up half on the old config.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -133,11 +134,23 @@ def _field_problems(raw: dict[str, Any], kind: type[ModelSpec | AdapterSpec]) ->
     return problems
 
 
-def not_text(value: object) -> str | None:
-    """Where in a parsed document a string holds a lone surrogate; None when none does.
+_SURROGATE = (
+    "a string holds a lone surrogate (an escape such as \\ud83d that is half of a "
+    "character); write the whole character"
+)
+_NOT_FINITE = "not a finite number (JSON, which carries the spec, has no .inf or .nan)"
 
-    YAML's `"\\ud83d"` escape gives Python a string that no UTF-8 encoder takes: sent, it
-    would end ctl in UnicodeEncodeError (the controller's own decoder refuses it too).
+
+def unsendable(value: object) -> tuple[str, str] | None:
+    """Where in a parsed document a value cannot be sent, and why; None when all can.
+
+    - A string holding a lone surrogate: YAML's `"\\ud83d"` escape gives Python a string
+      that no UTF-8 encoder takes; sent, it would end ctl in UnicodeEncodeError (the
+      controller's own decoder refuses it too).
+    - A number that is not finite: YAML's `.inf` and `.nan`. JSON has neither, and the
+      encoder writes them as null, so `sleep_after_s: .inf` would arrive as "not given"
+      and `idle_timeout_s: .inf` as a type error about a null the file does not hold.
+
     Walked without recursion, and each container once: YAML anchors can make a
     document deeper than the stack, or a cycle.
     """
@@ -147,8 +160,10 @@ def not_text(value: object) -> str | None:
         path, item = stack.pop()
         if isinstance(item, str):
             if any("\ud800" <= ch <= "\udfff" for ch in item):
-                return path or "(root)"
+                return path or "(root)", _SURROGATE
             continue
+        if isinstance(item, float) and not math.isfinite(item):
+            return path or "(root)", _NOT_FINITE
         if not isinstance(item, dict | list) or id(item) in seen:
             continue
         seen.add(id(item))
@@ -157,8 +172,9 @@ def not_text(value: object) -> str | None:
             # visible(): the path is printed, and a key may be the string at fault.
             step = f"[{key}]" if isinstance(item, list) else f".{visible(key)}"
             where = f"{path}{step}".lstrip(".")
-            if isinstance(key, str) and not_text(key) is not None:
-                return where
+            bad_key = unsendable(key) if isinstance(key, str | float) else None
+            if bad_key is not None:
+                return where, bad_key[1]
             stack.append((where, sub))
     return None
 
@@ -183,14 +199,10 @@ def parse_documents(text: str, source: str) -> list[Any]:
     if not raws:
         raise SpecError(f"{source}: no model specs in the file")
     for i, raw in enumerate(raws):
-        bad = not_text(raw)
+        bad = unsendable(raw)
         if bad is not None:
-            # The path, not the string: the string is what cannot be printed.
-            raise SpecError(
-                f"{source}: {_where(i, raw)}: field {bad}: a string holds a lone surrogate "
-                "(an escape such as \\ud83d that is half of a character); write the whole "
-                "character"
-            )
+            # The path, not the value: a string at fault is what cannot be printed.
+            raise SpecError(f"{source}: {_where(i, raw)}: field {bad[0]}: {bad[1]}")
     return raws
 
 

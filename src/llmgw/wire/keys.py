@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from llmgw.wire.names import LABEL_PATTERN
+from llmgw.wire.names import LABEL_PATTERN, MODEL_NAME_PATTERN
 
 # Strict priority bands, first served first (flow control; docs/tenants.md).
 Priority = Literal["critical", "standard", "batch"]
@@ -27,6 +27,11 @@ Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-fA-F]{64}$")]
 # Limits: at least 1; below a few billion so a sum of them stays exact.
 Limit = Annotated[int, msgspec.Meta(ge=1, le=2**40)]
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+# The most models a new key may name: the list goes to every router with each
+# endpoint list; a key for more models than this should name none (every model).
+MAX_KEY_MODELS = 1024
+# The longest a new key may live: a hundred years (36600 days), in seconds.
+MAX_EXPIRES_IN_S = 100 * 366 * 86400
 
 
 class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -76,10 +81,17 @@ class ClientKey(KeyLimits, frozen=True, kw_only=True, forbid_unknown_fields=True
 class KeyCreate(KeyLimits, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /admin/keys`."""
 
+    # Served names, each as a model, alias or adapter may be named (wire.names): a key
+    # for "a b" or "[/]" could use nothing, and shows its models in ctl and events.
+    # Checked here, where a key comes in; KeyLimits (stored keys, router files) takes any.
+    models: Annotated[
+        tuple[Annotated[str, msgspec.Meta(pattern=MODEL_NAME_PATTERN)], ...],
+        msgspec.Meta(max_length=MAX_KEY_MODELS),
+    ] = ()
     name: KeyName
     team: Annotated[str, msgspec.Meta(pattern=LABEL_PATTERN)]
     # Seconds from now until the key expires; None: never.
-    expires_in_s: Annotated[float, msgspec.Meta(gt=0, le=100 * 366 * 86400)] | None = None
+    expires_in_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_EXPIRES_IN_S)] | None = None
 
 
 class KeyShare(msgspec.Struct, frozen=True, kw_only=True):

@@ -106,8 +106,7 @@ def decode_specs(body: bytes) -> list[ModelSpec | AdapterSpec]:
     specs: list[ModelSpec | AdapterSpec] = []
     for i, item in enumerate(items):
         where = "" if single else f"models[{i}]"
-        name = item.get("name") if isinstance(item, dict) else None
-        label = f"{where} ({name!r})" if name is not None and where else (where or repr(name))
+        label = _label(where, item.get("name") if isinstance(item, dict) else None)
         if not isinstance(item, dict):
             raise InvalidSpec(f"{where}: a model spec must be a JSON object", param=f"[{i}]")
         if is_adapter(item):
@@ -138,6 +137,16 @@ def decode_specs(body: bytes) -> list[ModelSpec | AdapterSpec]:
             )
         specs.append(spec)
     return specs
+
+
+def _label(where: str, name: object) -> str:
+    """How a refusal names a spec: its place in a list and its name, `models[1] ('m')`.
+    A name that is not a string is left out (the refusal says what is wrong with it):
+    `None` or `['m']` would read as the spec's name."""
+    shown = repr(name) if isinstance(name, str) else ""
+    if where:
+        return f"{where} ({shown})" if shown else where
+    return shown or "(no name)"
 
 
 def _decode_adapter(item: Any, label: str, i: int, *, single: bool) -> AdapterSpec:

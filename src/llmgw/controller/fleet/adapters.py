@@ -99,6 +99,24 @@ def check_adapters(
                 "nothing was applied",
                 param="engine",
             )
+        _check_kept_paths(name, spec, [a for a in served if a.name not in request_adapters])
+
+
+def _check_kept_paths(name: str, spec: ModelSpec, kept: Sequence[Adapter]) -> None:
+    """A base that turns llama.cpp keeps its adapters: each one's path must suit
+    llama-server, as it must when an adapter is applied to a llama.cpp base (else the
+    base's every replica would fail to start). Adapters of the request are checked
+    with their own entry."""
+    if spec.engine != "llamacpp":
+        return
+    for a in sorted(kept, key=lambda a: a.name):
+        bad_path = llamacpp_path_problem(a.spec.source)
+        if bad_path is not None:
+            raise InvalidSpec(
+                f"model {name!r}: engine: its adapter {a.name!r} has {bad_path}; "
+                "apply the adapter with another source in the same request; nothing was applied",
+                param="engine",
+            )
 
 
 def put_adapters(batch: Batch, adapters: Sequence[AdapterSpec]) -> None:

@@ -49,8 +49,20 @@ def require_node(state: FleetState, name: str) -> Node:
 def require_model(state: FleetState, name: str) -> Model:
     model = state.models.get(name)
     if model is None:
-        raise DoesNotExist(f"no model named {name!r}", param="name")
+        raise DoesNotExist(f"no model named {name!r}{_served_otherwise(state, name)}", param="name")
     return model
+
+
+def _served_otherwise(state: FleetState, name: str) -> str:
+    """What `name` is when clients use it but it names no model, said in a refusal:
+    "no model named 'x'" alone reads as if the name were unknown to the fleet."""
+    adapter = state.adapters.get(name)
+    if adapter is not None:
+        return f" ({name!r} is a LoRA adapter of {adapter.base!r}, with no replicas of its own)"
+    for model in state.models.values():
+        if name in model.spec.aliases:
+            return f" ({name!r} is an alias of {model.name!r}: name the model)"
+    return ""
 
 
 def require_replica(state: FleetState, rid: str) -> Replica:

@@ -18,9 +18,9 @@ from llmgw.ctl.context import Ctx
 from llmgw.ctl.durations import duration_problem, seconds_of
 from llmgw.ctl.errors import CtlError
 from llmgw.ctl.render import UNKNOWN, fmt_duration
-from llmgw.ctl.shown import visible
-from llmgw.wire.keys import KeyCreate, KeyView
-from llmgw.wire.names import LABEL_RULE
+from llmgw.ctl.shown import text, visible
+from llmgw.wire.keys import MAX_EXPIRES_IN_S, KeyCreate, KeyView
+from llmgw.wire.names import LABEL_RULE, MODEL_NAME_RULE
 
 
 def parse_duration(text: str) -> float:
@@ -60,23 +60,30 @@ def _request(args: argparse.Namespace) -> KeyCreate:
     try:
         return msgspec.convert(fields, KeyCreate)
     except msgspec.ValidationError as exc:
-        raise CtlError(f"keys create {args.name}: {_problem(exc)}") from exc
+        raise CtlError(f"keys create {args.name}: {_problem(exc, fields)}") from exc
 
 
 # Request fields whose flag is spelled otherwise; NAME is the positional argument.
 _FLAGS = {"budget": "--budget-tokens", "expires_in_s": "--expires-in", "name": "NAME"}
 
 
-def _problem(exc: msgspec.ValidationError) -> str:
+def _problem(exc: msgspec.ValidationError, fields: dict[str, object]) -> str:
     """A validation message in the flags the operator typed: `--rpm: Expected int >= 1`."""
     message = str(exc)
-    m = re.fullmatch(r"(.*) - at `\$\.(\w+)(?:\[\d+\]|\.(\w+))?`", message)
+    m = re.fullmatch(r"(.*) - at `\$\.(\w+)(?:\[(\d+)\]|\.(\w+))?`", message)
     if m is None:
         return specs.describe(exc)
     field = m.group(2)
     flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
     if field in ("name", "team") and "regex" in m.group(1):
         return f"{flag}: {LABEL_RULE}"
+    if field == "expires_in_s" and "<=" in m.group(1):
+        # msgspec says it in seconds; the flag was given in days or weeks.
+        return f"{flag}: at most {MAX_EXPIRES_IN_S // 86400}d (a hundred years)"
+    models = fields.get("models")
+    if field == "models" and m.group(3) is not None and isinstance(models, list):
+        given = visible(repr(models[int(m.group(3))]))
+        return f"{flag}: {given} is not a model's name: {MODEL_NAME_RULE}"
     return f"{flag}: {m.group(1).replace('`', '')}"
 
 
@@ -140,10 +147,11 @@ def keys_table(views: list[KeyView], *, now: float) -> Table:
             expires = "expired"
         else:
             expires = "in " + fmt_duration(v.expires_at - now)
+        # Text cells: a str cell is rich markup, and a key's models are not checked names.
         t.add_row(
-            visible(v.name),
-            visible(v.team),
-            visible(",".join(v.models)) if v.models else "*",
+            text(v.name),
+            text(v.team),
+            text(",".join(v.models)) if v.models else "*",
             UNKNOWN if v.rpm is None else str(v.rpm),
             UNKNOWN if v.tpm is None else str(v.tpm),
             budget,

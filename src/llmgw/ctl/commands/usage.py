@@ -15,7 +15,7 @@ from rich.table import Table
 
 from llmgw.ctl import output
 from llmgw.ctl.context import Ctx
-from llmgw.ctl.shown import visible
+from llmgw.ctl.shown import text
 from llmgw.wire.usage import UsageAnswer
 
 # The name columns of each grouping, and the row fields they show.
@@ -40,7 +40,8 @@ def usage_table(answer: UsageAnswer) -> Table:
         t.add_row(
             hour_cell(r.hour),
             # "" is a router file's key without a team: shown as such, not as nothing.
-            *(visible(cells[n] or "") or "(none)" for n in names),
+            # Text, not str: a router file's key names are free text, and a str is markup.
+            *(text(cells[n] or "(none)") for n in names),
             str(r.requests),
             str(r.prompt_tokens),
             str(r.completion_tokens),

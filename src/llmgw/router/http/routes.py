@@ -19,7 +19,7 @@ from llmgw.router.http.answers import JSON, Whole, json_whole, whole
 from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import CONTENT_TYPE
 from llmgw.router.request.auth import admin_allowed, bearer_matches
-from llmgw.router.request.listing import Listing
+from llmgw.router.request.listing import MODEL_PREFIX, Listing, serves_get
 from llmgw.router.request.proxy import POST_PATHS, Proxy
 from llmgw.router.request.refusals import error_response
 from llmgw.router.routing.scheduler import choose
@@ -72,15 +72,12 @@ class FastRoutes:
             handler = self.gets.get(path)
             if handler is not None:
                 return handler(request)
-            if path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
+            if serves_get(path):
                 request.match_info["model"] = path[len(MODEL_PREFIX) :]
                 return self.listing.model(request)
         if path.startswith("/v1/"):
             return self.listing.no_route(request)
         return no_route(request)
-
-
-MODEL_PREFIX = "/v1/models/"
 
 
 # The router's own GET routes outside /v1; any other method on them is a 405.

@@ -14,6 +14,14 @@ from llmgw.router.request.proxy import POST_PATHS
 from llmgw.router.request.refusals import error_response, model_not_found, unauthorized
 from llmgw.router.wiring import Router
 
+MODEL_PREFIX = "/v1/models/"
+
+
+def serves_get(path: str) -> bool:
+    """Whether GET answers `path`: the model list or one model. Not `/v1/models/` (no
+    model named), nor `/v1/modelsx`: a 405 there would ask a GET for a GET."""
+    return path == "/v1/models" or (path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX))
+
 
 class Listing:
     """Handlers for GET /v1/models, GET /v1/models/{model} and unknown /v1 requests;
@@ -54,13 +62,8 @@ class Listing:
         its Messages paths), not aiohttp's text."""
         path, method = request.path, request.method
         t0 = self.state.clock.monotonic()
-        allowed = (
-            "POST"
-            if path in POST_PATHS or path in API_ROUTES
-            else "GET"
-            if path.startswith("/v1/models")
-            else ""
-        )
+        post = path in POST_PATHS or path in API_ROUTES
+        allowed = "POST" if post else "GET" if serves_get(path) else ""
         api = API_ROUTES.get(path)
         if api is not None and api.anthropic:
             # Anthropic's clients read errors in their API's shape (anthropic.py).
