@@ -146,6 +146,8 @@ class FlowGate:
         self.reserve = CriticalReserve(
             critical_reserve, clock=clock, scheduler=scheduler, shared=self._shared
         )
+        # The models keeping a reserve (the same dict): the proxy's check on its way out.
+        self.reserved = self.reserve.kept
 
     def must_wait(
         self, least: float | None, snaps: Sequence[Snapshot], *, model: str, band: str
@@ -473,7 +475,7 @@ class FlowGate:
         """A request of `model` released its replica (the proxy tells while requests
         wait or a reserve is kept); grant the next waiter if the replicas
         (`snapshots(model)`) have room for it now (`_may_grant`)."""
-        if self.reserve.kept:
+        if self.reserved:
             self.reserve.released(model)
         m = self._models.get(model)
         if m is None or not len(m.queue):

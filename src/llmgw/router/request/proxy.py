@@ -311,7 +311,7 @@ class Proxy:
         if att.up is not None:
             att.up.close()
         flow = st.flow
-        if flow.waiting or flow.reserve.kept:
+        if flow.waiting or flow.reserved:
             flow.freed(call.model, st.registry.snapshots)
 
     def _streamed(
