@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from llmgw.router.request.flowgate import RESERVE_FOR_S, FlowGate
+from llmgw.router.request.flowgate import FlowGate
+from llmgw.router.request.reserve import RESERVE_FOR_S, reserve_for
 from llmgw.runtime.clock import ManualClock
 from llmgw.testing import vtime
 from tests.unit.test_router_flow import limits
@@ -137,3 +138,76 @@ class TestReserveHonoured:
 
         waited = vtime.run(main(), clock)
         assert RESERVE_FOR_S <= waited <= RESERVE_FOR_S + 0.2
+
+
+# Ten replicas of capacity 8 (80 slots; at most 8 reserved): room for 3 more, and for 4.
+FLEET_3 = [snap(f"e{i}", running=8 if i else 5, capacity=8) for i in range(10)]
+FLEET_4 = [snap(f"e{i}", running=8 if i else 4, capacity=8) for i in range(10)]
+
+
+def _traffic(gate: FlowGate, clock: ManualClock, *, critical: int, released: int) -> None:
+    """A second of a model's traffic while its reserve is kept: `critical` critical
+    arrivals (each finding no room beyond the reserve) and `released` releases."""
+    for i in range(released):
+        if i < critical:
+            gate.must_wait(1.0, FULL, model="m", band="critical")
+        gate.freed("m", lambda _m: FULL)
+        clock.advance(1.0 / released)
+
+
+class TestReserveSize:
+    """The reserve grows with the critical band's share of the model's releases."""
+
+    def test_sized_so_an_arrival_rarely_finds_it_taken(self) -> None:
+        """The smallest reserve an arrival finds all taken at most 1 % of the time:
+        ratio ** n <= 0.01, between the floor and the most allowed."""
+        assert [reserve_for(r, 1, 100) for r in (0.0, 0.05, 0.1, 0.114, 0.2, 0.5)] == [
+            1,
+            2,
+            2,
+            3,
+            3,
+            7,
+        ]
+        assert reserve_for(0.5, 4, 100) == 7
+        assert reserve_for(0.01, 4, 100) == 4
+        assert reserve_for(0.9, 1, 5) == 5
+        assert reserve_for(1.5, 1, 5) == 5
+        assert reserve_for(0.5, 2, 1) == 2
+        assert reserve_for(0.5, 0, 100) == 0
+
+    def test_a_busy_critical_band_keeps_more_room(self) -> None:
+        """Critical arrivals at a fifth of the releases make the kept reserve three
+        slots: a standard request is held with room for three, let go with four."""
+        clock = ManualClock()
+        gate = FlowGate(limits(), clock=clock)
+        for _ in range(10):
+            _traffic(gate, clock, critical=4, released=20)
+        assert gate.reserve.size("m", FLEET_3) == 3
+        assert gate.saturated(0.9, FLEET_3, model="m", band="standard") is True
+        assert gate.saturated(0.9, FLEET_4, model="m", band="standard") is False
+
+    def test_a_light_critical_band_keeps_the_floor(self) -> None:
+        """Arrivals at a two-hundredth of the releases need no more than the floor."""
+        clock = ManualClock()
+        gate = FlowGate(limits(), clock=clock)
+        for _ in range(10):
+            _traffic(gate, clock, critical=1, released=200)
+        assert gate.reserve.size("m", FLEET_3) == 1
+
+    def test_the_floor_until_releases_are_counted(self) -> None:
+        """A few releases say nothing of the rates yet: the floor."""
+        clock = ManualClock()
+        gate = FlowGate(limits(), clock=clock)
+        _traffic(gate, clock, critical=5, released=10)
+        assert gate.reserve.size("m", FLEET_3) == 1
+
+    def test_never_more_than_a_tenth_of_the_slots(self) -> None:
+        """A critical band as busy as the releases keeps a tenth of the replicas'
+        slots, and a small fleet the floor."""
+        clock = ManualClock()
+        gate = FlowGate(limits(), clock=clock)
+        for _ in range(10):
+            _traffic(gate, clock, critical=20, released=20)
+        assert gate.reserve.size("m", FLEET_3) == 8
+        assert gate.reserve.size("m", FULL) == 1

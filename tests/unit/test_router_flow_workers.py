@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 from llmgw.router.replicas.registry import Registry
 from llmgw.router.request.flow import BANDS, BandLimits, FlowQueue, Refusal
-from llmgw.router.request.flowgate import RESERVE_FOR_S, SHARED_POLL_S, FlowGate
+from llmgw.router.request.flowgate import SHARED_POLL_S, FlowGate
+from llmgw.router.request.reserve import RESERVE_FOR_S
 from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.clock import ManualClock
 from llmgw.testing import vtime

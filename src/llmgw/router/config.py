@@ -116,9 +116,10 @@ class FlowConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     standard: FlowBand = FlowBand(max_queued=1000, max_wait_s=30.0, max_wait_turnovers=1.0)
     # Batch work is there to wait: only max_wait_s bounds it.
     batch: FlowBand = FlowBand(max_queued=1000, max_wait_s=120.0)
-    # Requests of room each model keeps for the critical band while critical requests
-    # meet its replicas that full (kept 10 s past the last): standard and batch are
-    # held at it. 0: none; a critical request then waits for a release like the others.
+    # The least room, in requests, each model keeps for the critical band while critical
+    # requests meet its replicas that full (kept 10 s past the last); more while the
+    # band is a larger share of the model's releases (request/reserve.py). Standard and
+    # batch are held at it. 0: none; a critical request then waits for a release.
     critical_reserve: Annotated[int, msgspec.Meta(ge=0)] = 1
 
     def bands(self) -> dict[str, FlowBand]:

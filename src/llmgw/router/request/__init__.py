@@ -16,6 +16,7 @@ flow.py         flow control's queues: priority bands, fair queueing per tenant,
 flowgate.py     flow control's waiting and waking at saturation, on the loop
 flowpeers.py    flow control across a router's workers: claims, counts, reserves
 holdpoint.py    each replica's hold point: the load its engine runs without a queue
+reserve.py      the critical reserve: when a model keeps room for its critical band, how much
 enginepriority.py  the `priority` an engine with priority scheduling gets (key's band)
 lora.py         a request for a LoRA adapter and its answer's name
 inband.py       an engine's error event inside a 200 stream

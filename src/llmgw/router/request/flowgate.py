@@ -12,15 +12,16 @@ request is granted its turn by:
   engine drains requests of another router, a replica is added). Only one,
   so a thousand waiters do not make a thousand timers a tick.
 
-**The critical reserve.** Once a `critical` request has met a model's replicas with
-no more room than `critical_reserve` requests, that room is kept for the critical
-band for `RESERVE_FOR_S` after each such request: a `standard` or `batch` request
-is held (and granted) only while the replicas have room for more than the reserve,
-so the next critical request finds a slot at once instead of waiting for a release
-behind a backlog that fills every slot the moment it frees. No critical demand at
-saturation, no reserve: a fleet without critical keys never loses a slot to it.
-While a reserve is kept the proxy asks the gate about every request
-(`saturated_load` is 0), so critical requests keep it alive only while they come.
+**The critical reserve** (reserve.py: when it is kept, and its size). Once a
+`critical` request has met a model's replicas with no more room than the reserve, that
+room is kept for the critical band: a `standard` or `batch` request is held (and
+granted) only while the replicas have room for more than the reserve, so the next
+critical request finds a slot at once instead of waiting for a release behind a
+backlog that fills every slot the moment it frees. No critical demand at saturation,
+no reserve: a fleet without critical keys never loses a slot to it. While a reserve is
+kept the proxy asks the gate about every request (`saturated_load` is 0), so critical
+requests keep it alive only while they come, and tells it of every release (`freed`),
+from which the reserve is sized.
 
 **Workers.** With `--workers N` each worker has its own queues, and they act as one
 through the memory the workers share (`Peers`): a worker publishes its queue's claim
@@ -64,6 +65,7 @@ from llmgw.router.request.flow import (
 )
 from llmgw.router.request.flowpeers import Peers, SharedQueues
 from llmgw.router.request.holdpoint import HoldPoints
+from llmgw.router.request.reserve import CriticalReserve
 from llmgw.router.routing.scheduler import DEFAULT_CONFIG, SchedulerConfig, load_of
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 
@@ -76,9 +78,6 @@ SHARED_POLL_S: Final = 0.02
 _GRANT: Final = 1
 _PUSHED: Final = 2
 _POLL: Final = 3  # you are the poller now
-# How long a model's critical reserve is kept after the last critical request that
-# needed it (met the replicas with no more room than the reserve).
-RESERVE_FOR_S: Final = 10.0
 
 
 def capacity_shown(snaps: Sequence[Snapshot], shown: Callable[[str], bool]) -> bool:
@@ -135,11 +134,6 @@ class FlowGate:
         # plain attribute: it is read for every request). Kept by `_point`.
         self.saturated_load = self._points.lowest
         self._clock = clock
-        # Requests of room each model keeps for its critical band while in use (module doc).
-        self.critical_reserve = critical_reserve
-        # Model → when a critical request last needed its reserve (monotonic seconds);
-        # only models whose reserve is kept.
-        self._reserved: dict[str, float] = {}
         self._models: dict[str, _Model] = {}
         # Requests waiting, over every model: the proxy's one check on its way out.
         self.waiting = 0
@@ -148,6 +142,12 @@ class FlowGate:
         # With several workers, one queue in effect (module doc, "Workers").
         self._shared = None if peers is None else SharedQueues(peers)
         self.poll_s = POLL_S if peers is None else SHARED_POLL_S
+        # The room each model keeps for its critical band while in use (module doc).
+        self.reserve = CriticalReserve(
+            critical_reserve, clock=clock, scheduler=scheduler, shared=self._shared
+        )
+        # The models keeping a reserve (the same dict): the proxy's check on its way out.
+        self.reserved = self.reserve.kept
 
     def must_wait(
         self, least: float | None, snaps: Sequence[Snapshot], *, model: str, band: str
@@ -155,9 +155,8 @@ class FlowGate:
         """Whether a request of `model` and `band` waits in its queue: others of the
         model already wait there (it must not pass them), or `saturated`. A critical
         request that finds no room beyond the reserve keeps the reserve (module doc)."""
-        reserve = self.critical_reserve
-        if band == BANDS[0] and reserve > 0 and not self._room(snaps, 1 + reserve):
-            self._keep_reserve(model)
+        if band == BANDS[0] and self.reserve.floor > 0:
+            self._critical_met(model, snaps)
         if self.queued(model):
             return True
         shared = self._shared
@@ -166,14 +165,15 @@ class FlowGate:
             return True
         return self.saturated(least, snaps, model=model, band=band)
 
-    def _keep_reserve(self, model: str) -> None:
-        """A critical request needed `model`'s reserve now: kept here, and told to the
-        other workers (once a second at most), which keep it too (`reserving`)."""
-        now = self._clock.monotonic()
-        self._reserved[model] = now
-        self.saturated_load = 0.0
-        if self._shared is not None:
-            self._shared.keep_reserve(model, now)
+    def _critical_met(self, model: str, snaps: Sequence[Snapshot]) -> None:
+        """A critical request met flow control: the reserve kept if the replicas have no
+        room beyond it, and the arrival counted while it is kept (reserve.py)."""
+        reserve = self.reserve
+        if not self._room(snaps, 1 + reserve.size(model, snaps)):
+            reserve.keep(model)
+            self.saturated_load = 0.0
+        if self.reserving(model):
+            reserve.arrived(model)
 
     def saturated(
         self,
@@ -191,7 +191,7 @@ class FlowGate:
         if least is None:
             return False
         if band != BANDS[0] and self.reserving(model):
-            return not self._room(snaps, 1 + self.critical_reserve)
+            return not self._room(snaps, 1 + self.reserve.size(model, snaps))
         if least < self._points.lowest:
             return False
         # Capacity shown first: one lookup a replica, and what decides under load on
@@ -210,38 +210,19 @@ class FlowGate:
     def _point(self, s: Snapshot) -> float:
         """`s`'s hold point, learning from its scrape if new; saturated_load follows."""
         point = self._points.point(s)
-        self.saturated_load = 0.0 if self._reserved else self._points.lowest
+        self.saturated_load = 0.0 if self.reserve.kept else self._points.lowest
         return point
 
     def learn(self, s: Snapshot) -> None:
         """A new scrape of `s`: its hold point learns from it (Router.observed)."""
         self._point(s)
 
-    def _lapse(self) -> None:
-        """Drop the reserves no critical request has needed for `RESERVE_FOR_S`."""
-        since = self._clock.monotonic() - RESERVE_FOR_S
-        for model in [m for m, at in self._reserved.items() if at < since]:
-            del self._reserved[model]
-        if not self._reserved:
-            self.saturated_load = self._points.lowest
-
     def reserving(self, model: str) -> bool:
-        """Whether `model`'s critical reserve is kept now, here or by another worker (a
-        reserve another worker keeps is kept here too, until it lapses)."""
-        if self._reserved:
-            self._lapse()
-        if model in self._reserved:
-            return True
-        shared = self._shared
-        if shared is None:
-            return False
-        # A stamp is the second after the need: within RESERVE_FOR_S plus one of now.
-        stamp = shared.reserved_elsewhere(model)
-        if stamp == 0 or stamp < self._clock.monotonic() - RESERVE_FOR_S:
-            return False
-        self._reserved[model] = float(stamp)
-        self.saturated_load = 0.0
-        return True
+        """Whether `model`'s critical reserve is kept now, here or by another worker
+        (reserve.py); `saturated_load` follows."""
+        kept = self.reserve.kept_for(model)
+        self.saturated_load = 0.0 if self.reserve.kept else self._points.lowest
+        return kept
 
     def below_capacity(self, snaps: Sequence[Snapshot]) -> bool:
         """Whether a replica in `snaps` can take a request now without it waiting there:
@@ -270,7 +251,7 @@ class FlowGate:
         if head is None:
             return False
         if head.band != BANDS[0] and self.reserving(m.name):
-            return self._room(snaps, granted + 1 + self.critical_reserve)
+            return self._room(snaps, granted + 1 + self.reserve.size(m.name, snaps))
         return self._room(snaps, granted + 1)
 
     def _has_room(self, s: Snapshot) -> bool:
@@ -491,8 +472,11 @@ class FlowGate:
             del self._models[model]
 
     def freed(self, model: str, snapshots: Callable[[str], Sequence[Snapshot]]) -> None:
-        """A request of `model` released its replica; grant the next waiter if the
-        replicas (`snapshots(model)`) have room for it now (`_may_grant`)."""
+        """A request of `model` released its replica (the proxy tells while requests
+        wait or a reserve is kept); grant the next waiter if the replicas
+        (`snapshots(model)`) have room for it now (`_may_grant`)."""
+        if self.reserved:
+            self.reserve.released(model)
         m = self._models.get(model)
         if m is None or not len(m.queue):
             return

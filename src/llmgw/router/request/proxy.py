@@ -315,8 +315,9 @@ class Proxy:
         st = self.state
         if att.up is not None:
             att.up.close()
-        if st.flow.waiting:
-            st.flow.freed(call.model, st.registry.snapshots)
+        flow = st.flow
+        if flow.waiting or flow.reserved:
+            flow.freed(call.model, st.registry.snapshots)
 
     def _streamed(
         self,
