@@ -68,21 +68,21 @@ class KeyRing:
             return None
         # A dict lookup on the digest leaks nothing useful: an attacker who can time
         # it learns about the hash of their own guess, not about a stored key.
-        tenant = self._by_digest.get(hash_key(token))
-        expires_at = None if tenant is None else tenant.expires_at
-        if expires_at is not None and self._clock.wall() >= expires_at:
-            return None
-        return tenant
+        return self._current(hash_key(token))
 
     def in_force(self, tenant: Tenant) -> bool:
         """Whether a new request with `tenant`'s key would be let in now: asked of a
         request that waited (held, queued) after it was admitted, since a revoke or an
         expiry during its wait must not let it reach an engine."""
-        if not self.enabled:
-            return True
-        now = self._by_digest.get(tenant.key.sha256.lower())
-        expires_at = None if now is None else now.expires_at
-        return now is not None and (expires_at is None or self._clock.wall() < expires_at)
+        return not self.enabled or self._current(tenant.key.sha256.lower()) is not None
+
+    def _current(self, digest: str) -> Tenant | None:
+        """The key whose digest is `digest` when it is in force (known, not expired)."""
+        tenant = self._by_digest.get(digest)
+        expires_at = None if tenant is None else tenant.expires_at
+        if expires_at is not None and self._clock.wall() >= expires_at:
+            return None
+        return tenant
 
 
 def bearer_matches(token: str, authorization: str | None) -> bool:
