@@ -80,3 +80,27 @@ class TestTooDeepToKey:
         lines = [r.getMessage() for r in caplog.records if "refused request" in r.getMessage()]
         assert len(lines) == 1, lines
         assert "json nested too deeply" in lines[0]
+
+
+LLAMACPP_ADAPTER = (
+    "endpoints: [{id: r1, url: 'http://10.0.0.9:1', models: [m, ad], lora_ids: [ad]}]\n"
+)
+FORM = (
+    b'--BND\r\nContent-Disposition: form-data; name="model"\r\n\r\nad\r\n'
+    b'--BND\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF\r\n'
+    b"--BND--\r\n"
+)
+
+
+class TestUploadForAnAdapter:
+    """An audio upload naming a llama.cpp replica's adapter goes to it as it came."""
+
+    def test_the_form_is_forwarded_untouched(self) -> None:
+        """The multipart body is not rewritten as JSON (there is no `lora` field to add
+        to a form): the engine gets it byte for byte and its answer is relayed."""
+        w = World(LLAMACPP_ADAPTER)
+        w.fake.script("r1", reply(404, b'{"error":{"message":"File Not Found"}}'))
+        ctype = {"Content-Type": "multipart/form-data; boundary=BND"}
+        got = w.run(lambda: send(w, "/v1/audio/transcriptions", FORM, ctype))
+        assert got.status == 404, got.body
+        assert [c.body for c in w.fake.calls] == [FORM]
