@@ -9,7 +9,9 @@ between chat, Responses and Messages.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -310,3 +312,34 @@ class TestMessagesErrorEvent:
             assert reply.status == 200
             assert b"event: error" in reply.body
         assert snap["breaker"] == "open"
+
+
+class TestUploadModelIsTheEngines:
+    """An upload is routed, admitted and served for one model, the form's only one."""
+
+    async def test_a_second_model_field_is_refused(self, tmp_path: Path) -> None:
+        """A key allowed only `m`, on an engine also serving `other`, cannot have `other`
+        served by naming `m` first and `other` last (the engine reads the last): the
+        router's 400, the engine never asked."""
+        key = "sk-only-m"
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        extra = ["--served-model-name", MODEL, "other"]
+        with sim_engines(tmp_path, [100.0], extra=extra) as engines:
+            endpoints = endpoint_entries(engines)
+            endpoints[0]["models"] = [MODEL, "other"]
+            keys = [{"name": "alice", "sha256": digest, "models": [MODEL]}]
+            with router(tmp_path, base_config(endpoints=endpoints, api_keys=keys)) as r:
+                form = aiohttp.FormData()
+                form.add_field("model", MODEL)
+                form.add_field("stream", "true")
+                form.add_field("model", "other")
+                form.add_field("file", b"RIFF" + bytes(2000), filename="a.wav")
+                auth = {"Authorization": f"Bearer {key}"}
+                async with (
+                    aiohttp.ClientSession() as s,
+                    s.post(r.url + "/v1/audio/transcriptions", data=form, headers=auth) as resp,
+                ):
+                    status, body = resp.status, await resp.read()
+                    endpoint = resp.headers.get("x-llmgw-endpoint")
+        assert (status, endpoint) == (400, None), body
+        assert "more than one `model` field" in json.loads(body)["error"]["message"]
