@@ -21,6 +21,7 @@ import pytest
 
 from llmgw.testing import Program
 
+from .hostile import assert_openai_error, raw_request
 from .router_fixtures import (
     MODEL,
     base_config,
@@ -153,6 +154,34 @@ class TestBadInputEachRoute:
         assert doc["type"] == "error"
         assert doc["error"]["type"] == "invalid_request_error"
         assert "use POST" in doc["error"]["message"]
+
+
+class TestRefusedBeforeTheHandler:
+    """What the server refuses before any handler is in the shape of the path's API."""
+
+    @pytest.mark.parametrize(
+        "header",
+        [b"x-bad: a\x01b", b"anthropic-beta: " + b"b" * 9000],
+        ids=["control character", "header line too long"],
+    )
+    @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+    def test_messages_paths_answer_in_anthropic_s_shape(
+        self, fleet: tuple[Program, list[Program]], path: str, header: bytes
+    ) -> None:
+        """A head the server cannot take on a Messages path is a 400 in Anthropic's error
+        shape (the anthropic package reads it so), and on chat's path in OpenAI's."""
+        r, _ = fleet
+        for where, shape in ((path, "anthropic"), ("/v1/chat/completions", "openai")):
+            data = f"POST {where} HTTP/1.1\r\nHost: r\r\n".encode() + header + b"\r\n"
+            ans = raw_request(r.port, data + b"Content-Length: 2\r\n\r\n{}")
+            assert ans.status == 400, ans.body
+            if shape == "openai":
+                assert_openai_error(ans, 400)
+                continue
+            doc = ans.json()
+            assert doc["type"] == "error", doc
+            assert doc["error"]["type"] == "invalid_request_error"
+            assert doc["error"]["message"].startswith("Bad HTTP request")
 
 
 class TestRerankAndScore:
