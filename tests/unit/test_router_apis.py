@@ -159,6 +159,16 @@ class TestFormsAsTheEngineReadsThem:
         inside += b'x\r\n--bX\r\nContent-Disposition: form-data; name="model"\r\n\r\na\r\n'
         assert self.read(inside + part(MODEL, b"b") + CLOSE) == {"model": "b"}
 
+    def test_one_boundary_only(self) -> None:
+        """A Content-Type naming two boundaries is refused (the engine's parser keeps the
+        last, and a body can hold a form under each); a quoted one may hold `;`."""
+        body = part(MODEL, b"a") + CLOSE
+        with pytest.raises(forms.FormError, match="more than one boundary"):
+            forms.text_fields(body, "multipart/form-data; boundary=b; boundary=c", ("model",))
+        quoted = body.replace(b"--b", b"--b;c")
+        ctype = 'multipart/form-data; boundary="b;c"'
+        assert forms.text_fields(quoted, ctype, ("model",)) == {"model": "a"}
+
     def test_a_backslash_in_a_filename_is_kept(self) -> None:
         """A Windows path as a filename is no ambiguity: the fields are read."""
         path = part(b'form-data; name="file"; filename="C:\\clips\\a.wav"', b"RIFF")

@@ -15,6 +15,7 @@ the engines' parsers read it (python-multipart behind vLLM's FastAPI, aiohttp
 behind the sim-engine) and where they could differ it is refused (FormError,
 400), never guessed:
 
+- the Content-Type names one boundary (parameters split outside quotes);
 - a delimiter is `--boundary` at the body's start or after CRLF, followed by CRLF
   (a part) or `--` (the end); `--boundaryX` inside a file is the file's bytes;
 - a part's Content-Disposition parameters are split outside quoted strings, so a
@@ -43,21 +44,22 @@ class FormError(ValueError):
 
 
 def boundary(content_type: str) -> bytes:
-    """The boundary of a `multipart/form-data` Content-Type; FormError when there is none."""
-    kind, _, params = content_type.partition(";")
-    if kind.strip().lower() != "multipart/form-data":
+    """The boundary of a `multipart/form-data` Content-Type; FormError when there is none,
+    or more than one (the engines' parsers keep the last, and one body can hold a form
+    under each)."""
+    raw = content_type.encode("latin-1", "replace")
+    if raw.partition(b";")[0].strip().lower() != b"multipart/form-data":
         raise FormError("the body must be multipart/form-data")
-    for param in params.split(";"):
-        name, _, value = param.strip().partition("=")
-        if name.lower() == "boundary" and value:
-            value = value.strip('"')
-            if 0 < len(value) <= 200:
-                return value.encode("latin-1", "replace")
-    raise FormError("the multipart Content-Type has no boundary")
+    found = [v for k, v in _params(raw, "the multipart Content-Type") if k == b"boundary"]
+    if len(found) > 1:
+        raise FormError("the multipart Content-Type has more than one boundary")
+    if not found or not 0 < len(found[0]) <= 200:
+        raise FormError("the multipart Content-Type has no boundary")
+    return found[0]
 
 
-def _params(value: bytes) -> list[tuple[bytes, bytes]]:
-    """A Content-Disposition's parameters (after its type), names lowercased, quoted
+def _params(value: bytes, what: str) -> list[tuple[bytes, bytes]]:
+    """A header's parameters (after its value's type), names lowercased, quoted
     values without their quotes (not unescaped: a name with a backslash is refused, and
     no other value is read); FormError where they do not parse."""
     at = value.find(b";")
@@ -66,7 +68,7 @@ def _params(value: bytes) -> list[tuple[bytes, bytes]]:
     while 0 <= at < end:
         m = _PARAM.match(value, at)
         if m is None or m.end() == at:
-            raise FormError("a part's Content-Disposition does not parse")
+            raise FormError(f"{what} does not parse")
         v = m.group(2) or b""
         if v.startswith(b'"'):
             v = v[1:-1]
@@ -99,7 +101,7 @@ class _Part:
 
 
 def _name(disposition: bytes) -> str | None:
-    params = _params(disposition)
+    params = _params(disposition, "a part's Content-Disposition")
     names = [v for k, v in params if k == b"name"]
     if any(k == b"name*" for k, _ in params):
         raise FormError("a part of the multipart form is named by name*, which is not supported")
