@@ -96,6 +96,15 @@ class TestApplyAdapters:
         fixed = lora("a", source="/x")
         assert commands.apply_models(w.state, [llama, fixed], now=w.now).changes.models
 
+    @pytest.mark.parametrize("source", ["/p\x00q", "/p\nq", "/p\x1b[2Jq", "/p\x7fq"])
+    def test_a_source_with_a_control_character_is_refused(self, source: str) -> None:
+        """A path holding NUL or another control character is refused on source: with NUL
+        in the start flags every new replica of the base failed to start."""
+        w = world_with_base()
+        with pytest.raises(InvalidSpec, match="control character") as exc:
+            commands.apply_models(w.state, [lora("a", source=source)], now=w.now)
+        assert exc.value.param == "[0].source"
+
     def test_names_shared_with_models_are_conflicts(self) -> None:
         """An adapter named like a model, or a model named like an adapter, is a conflict."""
         w = world_with_base()
