@@ -9,7 +9,9 @@ between chat, Responses and Messages.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 
 from llmgw.testing import Program
 
+from .hostile import assert_openai_error, raw_request
 from .router_fixtures import (
     MODEL,
     base_config,
@@ -151,6 +154,34 @@ class TestBadInputEachRoute:
         assert doc["type"] == "error"
         assert doc["error"]["type"] == "invalid_request_error"
         assert "use POST" in doc["error"]["message"]
+
+
+class TestRefusedBeforeTheHandler:
+    """What the server refuses before any handler is in the shape of the path's API."""
+
+    @pytest.mark.parametrize(
+        "header",
+        [b"x-bad: a\x01b", b"anthropic-beta: " + b"b" * 9000],
+        ids=["control character", "header line too long"],
+    )
+    @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+    def test_messages_paths_answer_in_anthropic_s_shape(
+        self, fleet: tuple[Program, list[Program]], path: str, header: bytes
+    ) -> None:
+        """A head the server cannot take on a Messages path is a 400 in Anthropic's error
+        shape (the anthropic package reads it so), and on chat's path in OpenAI's."""
+        r, _ = fleet
+        for where, shape in ((path, "anthropic"), ("/v1/chat/completions", "openai")):
+            data = f"POST {where} HTTP/1.1\r\nHost: r\r\n".encode() + header + b"\r\n"
+            ans = raw_request(r.port, data + b"Content-Length: 2\r\n\r\n{}")
+            assert ans.status == 400, ans.body
+            if shape == "openai":
+                assert_openai_error(ans, 400)
+                continue
+            doc = ans.json()
+            assert doc["type"] == "error", doc
+            assert doc["error"]["type"] == "invalid_request_error"
+            assert doc["error"]["message"].startswith("Bad HTTP request")
 
 
 class TestRerankAndScore:
@@ -310,3 +341,34 @@ class TestMessagesErrorEvent:
             assert reply.status == 200
             assert b"event: error" in reply.body
         assert snap["breaker"] == "open"
+
+
+class TestUploadModelIsTheEngines:
+    """An upload is routed, admitted and served for one model, the form's only one."""
+
+    async def test_a_second_model_field_is_refused(self, tmp_path: Path) -> None:
+        """A key allowed only `m`, on an engine also serving `other`, cannot have `other`
+        served by naming `m` first and `other` last (the engine reads the last): the
+        router's 400, the engine never asked."""
+        key = "sk-only-m"
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        extra = ["--served-model-name", MODEL, "other"]
+        with sim_engines(tmp_path, [100.0], extra=extra) as engines:
+            endpoints = endpoint_entries(engines)
+            endpoints[0]["models"] = [MODEL, "other"]
+            keys = [{"name": "alice", "sha256": digest, "models": [MODEL]}]
+            with router(tmp_path, base_config(endpoints=endpoints, api_keys=keys)) as r:
+                form = aiohttp.FormData()
+                form.add_field("model", MODEL)
+                form.add_field("stream", "true")
+                form.add_field("model", "other")
+                form.add_field("file", b"RIFF" + bytes(2000), filename="a.wav")
+                auth = {"Authorization": f"Bearer {key}"}
+                async with (
+                    aiohttp.ClientSession() as s,
+                    s.post(r.url + "/v1/audio/transcriptions", data=form, headers=auth) as resp,
+                ):
+                    status, body = resp.status, await resp.read()
+                    endpoint = resp.headers.get("x-llmgw-endpoint")
+        assert (status, endpoint) == (400, None), body
+        assert "more than one `model` field" in json.loads(body)["error"]["message"]

@@ -103,6 +103,78 @@ class TestForms:
             forms.text_fields(body, ctype, ("model",))
 
 
+def part(disposition: bytes, value: bytes, *extra: bytes) -> bytes:
+    """One part of a form with boundary `b`, its headers `Content-Disposition` and `extra`."""
+    head = b"\r\n".join((b"Content-Disposition: " + disposition, *extra))
+    return b"--b\r\n" + head + b"\r\n\r\n" + value + b"\r\n"
+
+
+CLOSE = b"--b--\r\n"
+MODEL = b'form-data; name="model"'
+FILE = part(b'form-data; name="file"; filename="a.wav"', b"RIFF")
+
+
+class TestFormsAsTheEngineReadsThem:
+    """The router reads a form's fields as the engine will, or refuses it as ambiguous."""
+
+    def read(self, body: bytes) -> dict[str, str]:
+        return forms.text_fields(body, "multipart/form-data; boundary=b", ("model", "stream"))
+
+    @pytest.mark.parametrize(
+        ("body", "why"),
+        [
+            (part(MODEL, b"a") + part(MODEL, b"b") + FILE + CLOSE, "more than one `model`"),
+            (
+                part(MODEL, b"a") + FILE + part(b"form-data; name=model", b"b") + CLOSE,
+                "more than one `model`",
+            ),
+            (part(b'form-data; name="model"; name="x"', b"a") + CLOSE, "more than one name"),
+            (part(b"form-data; name*=UTF-8''model", b"a") + CLOSE, "name\\*"),
+            (part(MODEL, b"a", b'Content-Disposition: form-data; name="x"') + CLOSE, "two"),
+            (part(b'form-data; name="model', b"a") + CLOSE, "Content-Disposition"),
+            (part(MODEL, b"\xff\xfe") + CLOSE, "UTF-8"),
+            (part(b'form-data; name="mo\\del"', b"a") + CLOSE, "backslash"),
+            (part(MODEL, b"YQ==", b"Content-Transfer-Encoding: base64") + CLOSE, "encoded"),
+        ],
+    )
+    def test_ambiguous_forms_are_refused(self, body: bytes, why: str) -> None:
+        """A field the router reads given twice (engines take the last, the router read the
+        first), a part named twice, an extended name, two dispositions, an unclosed quote,
+        a value not UTF-8 or transfer-encoded, a name with a backslash (engines unescape it
+        differently): FormError saying why, never a guess."""
+        with pytest.raises(forms.FormError, match=why):
+            self.read(body)
+
+    def test_a_semicolon_inside_quotes_does_not_split(self) -> None:
+        """`;` inside a quoted parameter is its text: a part the engine names `model` is
+        read as the model, one whose quoted filename says `name=model` is not."""
+        smuggled = part(b'form-data; filename="; name=model"; name="zzz"', b"a")
+        hidden = part(b'form-data; foo="; name=x"; name="model"', b"b")
+        assert self.read(smuggled + hidden + CLOSE) == {"model": "b"}
+
+    def test_a_boundary_needs_its_line_end(self) -> None:
+        """`--b` followed by anything but CRLF or `--` is file content, not a delimiter: a
+        part hidden behind it is not read."""
+        inside = b"--b\r\n" + b'Content-Disposition: form-data; name="file"\r\n\r\n'
+        inside += b'x\r\n--bX\r\nContent-Disposition: form-data; name="model"\r\n\r\na\r\n'
+        assert self.read(inside + part(MODEL, b"b") + CLOSE) == {"model": "b"}
+
+    def test_one_boundary_only(self) -> None:
+        """A Content-Type naming two boundaries is refused (the engine's parser keeps the
+        last, and a body can hold a form under each); a quoted one may hold `;`."""
+        body = part(MODEL, b"a") + CLOSE
+        with pytest.raises(forms.FormError, match="more than one boundary"):
+            forms.text_fields(body, "multipart/form-data; boundary=b; boundary=c", ("model",))
+        quoted = body.replace(b"--b", b"--b;c")
+        ctype = 'multipart/form-data; boundary="b;c"'
+        assert forms.text_fields(quoted, ctype, ("model",)) == {"model": "a"}
+
+    def test_a_backslash_in_a_filename_is_kept(self) -> None:
+        """A Windows path as a filename is no ambiguity: the fields are read."""
+        path = part(b'form-data; name="file"; filename="C:\\clips\\a.wav"', b"RIFF")
+        assert self.read(path + part(MODEL, b"a") + CLOSE) == {"model": "a"}
+
+
 class TestAnthropicErrors:
     """Errors reshaped for the Anthropic API."""
 

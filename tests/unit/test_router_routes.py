@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw.router.apis import catalog
 from llmgw.router.apis.passthrough import PassThrough
 from llmgw.router.http.routes import FastRoutes
 from llmgw.router.http.server import FastServer
@@ -60,3 +61,58 @@ class TestModelPaths:
             )
         if status == 404 and path != "/v1/models/nope":
             assert got.json()["error"]["code"] == "unknown_url"
+
+
+def ask_raw(data: bytes) -> Answered:
+    """Raw bytes on one connection to the router's server as the program builds it
+    (Anthropic's error shape on the Messages paths), read until it closes."""
+    w = World("models: [m]\n")
+    routes = FastRoutes(w.proxy, PassThrough(w.proxy))
+    edge = Edge(ServerLimits(decompress=False), openai_error, name="router")
+    server = FastServer(
+        edge, routes, max_body_bytes=w.router.cfg.max_body_bytes, errors=catalog.EDGE_ERRORS
+    )
+
+    async def main() -> Answered:
+        conn = server.protocol()
+        pipe = Pipe(conn)
+        conn.connection_made(pipe)
+        conn.data_received(data)
+        await pipe.closed
+        return Answered(bytes(pipe.out))
+
+    answered: Answered = w.run(main)
+    return answered
+
+
+class TestServerAnswersInTheApisShape:
+    """What the server answers itself on a Messages path is in Anthropic's error shape."""
+
+    @pytest.mark.parametrize(
+        ("head", "status"),
+        [
+            (b"Host: r\r\n", 408),
+            (b"Host: r\r\nx-bad: a\x01b\r\n\r\n", 400),
+            (b"Host: r\r\nExpect: later\r\nContent-Length: 2\r\n\r\n{}", 417),
+        ],
+        ids=["late head", "bad header", "unknown expect"],
+    )
+    @pytest.mark.parametrize(
+        ("path", "anthropic"),
+        [
+            ("/v1/messages", True),
+            ("/v1/messages/count_tokens?beta=true", True),
+            ("/tokenize", False),
+        ],
+    )
+    def test_shape(self, head: bytes, status: int, path: str, anthropic: bool) -> None:
+        """A late head, a header the parser refuses and an unknown Expect: Anthropic's
+        `{"type": "error", ...}` on the Messages paths, OpenAI's object elsewhere."""
+        got = ask_raw(f"POST {path} HTTP/1.1\r\n".encode() + head)
+        assert got.status == status, got.body
+        doc = got.json()
+        if anthropic:
+            assert doc["type"] == "error", doc
+            assert set(doc["error"]) == {"type", "message"}
+        else:
+            assert set(doc["error"]) == {"message", "type", "param", "code"}

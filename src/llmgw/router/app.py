@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw.router import compiled
+from llmgw.router.apis import catalog
 from llmgw.router.apis.passthrough import PassThrough
 from llmgw.router.config import RouterConfig
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
@@ -67,7 +68,12 @@ class RouterApp:
 
     def connections(self, edge: Edge) -> FastServer:
         """The router's own server for the listening socket, answering through `routes`."""
-        return FastServer(edge, self.routes, max_body_bytes=self.state.cfg.max_body_bytes)
+        return FastServer(
+            edge,
+            self.routes,
+            max_body_bytes=self.state.cfg.max_body_bytes,
+            errors=catalog.EDGE_ERRORS,
+        )
 
     async def start(self) -> None:
         await self.state.start_clients()

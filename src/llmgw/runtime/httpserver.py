@@ -131,6 +131,12 @@ def _canned(status: int, body: bytes, extra: str = "") -> bytes:
     return head.encode("ascii") + body
 
 
+def late_answer(limits: ServerLimits, error: ErrorBody) -> bytes:
+    """The 408 to a head that did not arrive within `header_timeout_s`, its body `error`'s."""
+    why = f"The request head did not arrive within {limits.header_timeout_s:g}s."
+    return _canned(408, error(408, why))
+
+
 def _one_line(text: str, limit: int = 200) -> str:
     out = " ".join(text.split())
     return out if len(out) <= limit else out[: limit - 3] + "..."
@@ -176,9 +182,7 @@ class Edge:
         # holds a descriptor outside the cap.
         self.refused_lingering = 0
         self.max_refused_lingering = max(1, min(256, self.max_connections // 4))
-        self.late_answer = _canned(
-            408, error(408, f"The request head did not arrive within {limits.header_timeout_s:g}s.")
-        )
+        self.late_answer = late_answer(limits, error)
 
     def handler_kwargs(self) -> dict[str, Any]:
         lim = self.limits

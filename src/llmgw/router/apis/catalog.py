@@ -135,3 +135,10 @@ ROUTES: Final[dict[str, Api]] = {
     "/v1/audio/translations": TRANSCRIBE,
     "/v1/audio/speech": SPEECH,
 }
+
+# Path → the error body of what the router's server answers there before any handler
+# (a head it cannot take, 400; a late head, 408): Anthropic's on the Messages paths,
+# OpenAI's (the edge's own) elsewhere.
+EDGE_ERRORS: Final[dict[str, Callable[[int, str], bytes]]] = {
+    path: anthropic.error_body for path, api in ROUTES.items() if api.anthropic
+}

@@ -37,9 +37,10 @@ from llmgw.router.request import enginepriority
 from llmgw.router.request.accounting import count, refused
 from llmgw.router.request.call import Call, request_id
 from llmgw.router.request.intake import Intake, read_json
+from llmgw.router.request.intake import refused as logged_refusal
 from llmgw.router.request.proxy import Proxy
 from llmgw.router.request.refusals import bad_request, unauthorized
-from llmgw.router.request.tenants import Tenant
+from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.routing.affinity import NO_KEY, RouteKey
 
 _FORM_FIELDS: Final = ("model", "stream")
@@ -133,13 +134,9 @@ class PassThrough:
         charge = self.proxy.admit(tenant, model, got, rid, t0=t0, path=path)
         if isinstance(charge, Whole):
             return charge
-        hashes: RouteKey = NO_KEY
-        if st.policy.uses_prefix:
-            try:
-                hashes = api.key(doc, headers.get("x-session-id"))
-            except RecursionError:
-                why = "The JSON body of your request is nested too deeply."
-                return refused(st, bad_request(why), rid, path, t0)
+        hashes = self._key(request, doc, rid, api=api, charge=charge)
+        if isinstance(hashes, Whole):
+            return refused(st, hashes, rid, path, t0)
         return Call(
             request,
             rid=rid,
@@ -155,6 +152,29 @@ class PassThrough:
             tenant=tenant,
             engine_priority=enginepriority.of(tenant, doc) if api.priority else None,
         )
+
+    def _key(
+        self,
+        request: Request,
+        doc: dict[str, Any],
+        rid: str,
+        *,
+        api: Api,
+        charge: Charge | None,
+    ) -> RouteKey | Whole:
+        """The request's route key (none where the policy reads none), or the logged
+        refusal of a body the decoder took but too deep to key. The request was admitted
+        already: its key's charge goes back, as on the proxy's own routes, or a limited
+        key would pay an RPM and a token estimate for a request no engine saw."""
+        if not self.proxy.state.policy.uses_prefix:
+            return NO_KEY
+        try:
+            return api.key(doc, request.headers.get("x-session-id"))
+        except RecursionError:
+            if charge is not None:
+                charge.refund()
+            why = "The JSON body of your request is nested too deeply."
+            return logged_refusal(bad_request(why), rid, "json nested too deeply", request)
 
 
 def _form_doc(body: bytes, ctype: str) -> dict[str, Any] | Whole:

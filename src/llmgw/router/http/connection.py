@@ -15,7 +15,7 @@ import contextlib
 import logging
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, cast
 from urllib.parse import unquote, urlsplit
 
@@ -24,7 +24,7 @@ from multidict import CIMultiDict
 
 from llmgw.router.http.answers import Whole
 from llmgw.router.http.heads import head
-from llmgw.runtime.httpserver import Edge
+from llmgw.runtime.httpserver import Edge, ErrorBody, late_answer
 from llmgw.runtime.logs import kv
 from llmgw.runtime.peers import Peer
 
@@ -237,11 +237,27 @@ Dispatch = Callable[[Request], Awaitable[Answer]]
 class Listener:
     """What every connection of one listening socket shares; `shutdown` stops them."""
 
-    def __init__(self, edge: Edge, dispatch: Dispatch, *, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        edge: Edge,
+        dispatch: Dispatch,
+        *,
+        max_body_bytes: int,
+        errors: Mapping[str, ErrorBody] | None = None,
+    ) -> None:
         self.edge = edge
         self.dispatch = dispatch
         self.max_body_bytes = max_body_bytes
         self.conns: set[Connection] = set()
+        # Path → the error body of the API served there, where it is not the edge's
+        # (the router's: Anthropic's on the Messages paths). What the server answers
+        # itself on such a path (a head it cannot take, a late head, a handler that
+        # failed) is in that shape too: a client reads its API's errors only.
+        self.errors: dict[str, ErrorBody] = dict(errors or {})
+
+    def error_for(self, path: str) -> ErrorBody:
+        """The error body for an answer the server gives itself to a request for `path`."""
+        return self.errors.get(path, self.edge.error)
 
     async def shutdown(self, grace_s: float) -> None:
         """Close idle connections now; give answers in progress up to `grace_s`, then close all."""
@@ -498,14 +514,26 @@ class Connection(asyncio.Protocol):
             )
         )
         self.closing = True
+        error = self.head_error()
+        late = self.edge.late_answer
+        if error is not self.edge.error:
+            late = late_answer(self.edge.limits, error)
         if self.busy:
             # A pipelined head that stalls behind an answer in progress: after it.
-            self.refuse = self.edge.late_answer
+            self.refuse = late
             return
-        self.transport.write(self.edge.late_answer)
+        self.transport.write(late)
         # The rest of its head may still come: read and drop it, or its reset could
         # destroy the 408 before the client reads it.
         self._linger(self.transport)
+
+    def head_error(self) -> ErrorBody:
+        """The error body for an answer to the head being read: its path's, as far as
+        its request line came (`Listener.errors`), else the edge's."""
+        errors = self.server.errors
+        if not errors:
+            return self.edge.error
+        return self.server.error_for(self.url.partition(b"?")[0].decode("latin-1"))
 
     def resume_for(self, req: Request) -> None:
         """A handler waits for `req`'s body: read on."""

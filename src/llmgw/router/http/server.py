@@ -260,7 +260,7 @@ class FastProtocol(Connection):
             kv("refused request", server=self.edge.name, status=400, peer=self.remote, why=why)
         )
         text = _one_line(f"Bad HTTP request: {why}")
-        body = self.edge.error(400, text)
+        body = self.head_error()(400, text)
         answer = head(
             400,
             None,
@@ -352,7 +352,7 @@ class FastProtocol(Connection):
                 self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             return True
         msg = f"Unknown Expect: {expect}"
-        refusal = whole(417, self.edge.error(417, msg), content_type=JSON)
+        refusal = whole(417, self.server.error_for(req.path)(417, msg), content_type=JSON)
         self._send_whole(req, refusal, close=True)
         return False
 
@@ -362,7 +362,7 @@ class FastProtocol(Connection):
         if self.started:
             return
         msg = "The server had an error while processing your request."
-        resp = whole(500, self.edge.error(500, msg), content_type=JSON)
+        resp = whole(500, self.server.error_for(req.path)(500, msg), content_type=JSON)
         self._send_whole(req, resp, close=True)
 
     def _answered(self, req: Request, resp: Answer) -> bool:

@@ -235,12 +235,14 @@ def _body_for(st: Router, call: Call, att: Attempts, eid: str) -> bytes:
     """The body `eid` gets: the client's, with the request's engine priority where the
     engine orders its queue by one (enginepriority.py), or for a LoRA adapter on
     llama.cpp the adapter selected by its id (lora.py), whose answer then gets its
-    name back."""
+    name back. A multipart upload (audio) goes as it came: a form has no JSON to select
+    an adapter in, and llama-server, the one engine selected so, takes no upload (its
+    404 is relayed)."""
     att.rename = None
     n = call.engine_priority
     if n is not None and eid in st.prioritized:
         return enginepriority.with_priority(call.body, n)
-    if st.lora_ids:
+    if st.lora_ids and (call.api is None or not call.api.form):
         ids = st.lora_ids.get(eid)
         lora_id = ids.get(call.model) if ids is not None else None
         if lora_id is not None:
