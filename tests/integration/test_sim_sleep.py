@@ -156,3 +156,35 @@ class TestSleepAndWake:
             warmed = await chat_s(s, url, 20)
         assert cold > 4 * warm
         assert warmed < cold / 3
+
+
+class TestSleepWhileServing:
+    """A sleep in "wait" mode waits for the requests running, not for those that arrive."""
+
+    async def test_arrivals_wait_for_the_wake_instead_of_delaying_the_sleep(
+        self, sleepy: Program
+    ) -> None:
+        """Under a steady stream of new requests the sleep answers once the running one is
+        done; the arrivals are queued, and served after the wake."""
+        url = sleepy.url
+        async with aiohttp.ClientSession(headers=AUTH) as s:
+            running = asyncio.create_task(chat_s(s, url, 200))
+            arrivals: list[asyncio.Task[float]] = []
+
+            async def arrive() -> None:
+                for _ in range(80):  # 8 s of arrivals, bounded
+                    arrivals.append(asyncio.create_task(chat_s(s, url, 50)))
+                    await asyncio.sleep(0.1)
+
+            load = asyncio.create_task(arrive())
+            await asyncio.sleep(0.3)
+            t0 = time.monotonic()
+            async with s.post(url + "/sleep?level=1&mode=wait") as r:
+                assert r.status == 200
+            took = time.monotonic() - t0
+            load.cancel()
+            assert running.done()
+            assert took < 5.0, f"the sleep waited {took:.1f} s, behind the new arrivals"
+            async with s.post(url + "/wake_up") as r:
+                assert r.status == 200
+            await asyncio.wait_for(asyncio.gather(*arrivals), 30)

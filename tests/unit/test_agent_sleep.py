@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -16,24 +17,31 @@ from llmgw.agent.templates import render
 from llmgw.agent.vllmguard import GUARD_DIR, GUARD_MIDDLEWARE
 from llmgw.agent.vllmguard.llmgw_vllm_guard import Guard
 from llmgw.runtime.clock import ManualClock
+from llmgw.testing.wait import until
 from tests.unit.test_agent_supervisor import FakeProbe, FakeSpawner, spec
 
 
 class FakeSleepClient:
-    """Records every call; `fail` makes the next calls answer an error."""
+    """Records every call; `fail` makes the next calls answer an error; `hold`, while
+    unset, keeps sleeps and wakes unanswered (an engine stopped or wedged)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
         self.fail: str | None = None
+        self.hold: asyncio.Event | None = None
         self.asleep: bool | None = False
         self.asked = 0  # GET /is_sleeping calls
 
     async def sleep(self, host: str, port: int, api_key: str, level: int) -> str | None:
         self.calls.append(("sleep", str(level), api_key))
+        if self.hold is not None:
+            await self.hold.wait()
         return self.fail
 
     async def wake(self, host: str, port: int, api_key: str) -> str | None:
         self.calls.append(("wake", api_key))
+        if self.hold is not None:
+            await self.hold.wait()
         return self.fail
 
     async def warm_up(self, host: str, port: int, api_key: str, model: str) -> str | None:
@@ -60,6 +68,7 @@ def rig(tmp_path: Path) -> dict[str, Any]:
         probe=probe,
         clock=ManualClock(),
         sleep_client=client,
+        call_wait_s=0.2,
     )
     return {"sup": sup, "client": client, "probe": probe}
 
@@ -190,6 +199,58 @@ class TestSwapOnOneCard:
         await sup.tick()
         assert [c[0] for c in rig["client"].calls] == ["sleep"]
         assert [st.state for st in sup.statuses()] == ["ready", "sleeping"]
+
+
+class TestHungEngine:
+    """An engine that never answers a sleep or wake holds up no other engine on the node."""
+
+    async def test_a_hung_sleep_leaves_the_tick_free(self, rig: dict[str, Any]) -> None:
+        """While a's sleep goes unanswered, b still becomes ready; once a answers, it sleeps."""
+        a = await ready(rig)
+        rig["client"].hold = asyncio.Event()
+        b = spec("b", sleep_mode=True, gpu_indices=(1,))
+        rig["sup"].apply([msgspec.structs.replace(a, sleep_level=1), b])
+        rig["probe"].ready_ports.add(21001)
+        await asyncio.wait_for(rig["sup"].tick(), timeout=5)
+        assert [st.state for st in rig["sup"].statuses()] == ["ready", "ready"]
+        rig["client"].hold.set()
+        # b sorts before r1 (a).
+        await until(lambda: [st.state for st in rig["sup"].statuses()] == ["ready", "sleeping"])
+        assert [c[0] for c in rig["client"].calls] == ["sleep"]
+
+    async def test_one_call_per_engine_at_a_time(self, rig: dict[str, Any]) -> None:
+        """A wake still unanswered is not sent again by the next ticks."""
+        s = await ready(rig)
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        rig["client"].hold = asyncio.Event()
+        rig["sup"].apply([s])
+        for _ in range(3):
+            await asyncio.wait_for(rig["sup"].tick(), timeout=5)
+        assert [c[0] for c in rig["client"].calls] == ["sleep", "wake"]
+        assert rig["sup"].statuses()[0].state == "sleeping"
+        rig["client"].hold.set()
+        await until(lambda: rig["sup"].statuses()[0].state == "ready", timeout_s=5)
+
+    async def test_an_ended_call_ends_the_pause_between_ticks(self, rig: dict[str, Any]) -> None:
+        """The supervise loop's pause ends when a call ends, not after the whole interval."""
+        s = await ready(rig)
+        rig["client"].hold = asyncio.Event()
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        await rig["sup"].wait_call_finished(timeout_s=0.01)  # nothing ended yet
+        asyncio.get_running_loop().call_later(0.05, rig["client"].hold.set)
+        await asyncio.wait_for(rig["sup"].wait_call_finished(timeout_s=60), timeout=5)
+        assert rig["sup"].statuses()[0].state == "sleeping"
+
+    async def test_close_ends_the_calls_in_flight(self, rig: dict[str, Any]) -> None:
+        """Closing the supervisor cancels a call the engine never answers."""
+        s = await ready(rig)
+        rig["client"].hold = asyncio.Event()
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await asyncio.wait_for(rig["sup"].tick(), timeout=5)
+        await asyncio.wait_for(rig["sup"].close(), timeout=5)
+        assert rig["sup"].statuses()[0].state == "ready"
 
 
 class TestTemplates:

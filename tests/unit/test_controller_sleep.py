@@ -371,3 +371,36 @@ class TestFallingAsleep:
         w.tick()
         assert w.state.replicas[b].state == "sleeping"
         assert w.replicas("b") == [w.state.replicas[b]]
+
+
+class TestNeverAsleep:
+    """A replica whose engine never falls asleep is stopped at a deadline, not held forever."""
+
+    def test_stopped_after_the_drain_grace_and_the_start_deadline(self) -> None:
+        """Still reported awake 90 s (grace 30 s + deadline 60 s) after it was told to
+        sleep: stopped with the reason, its cards given back once its agent says so."""
+        w = two_card_node(sleepy("a"))
+        a = put_to_sleep(w, "a")
+        w.clock.advance(89)
+        w.heartbeat("a", {a: "ready"})
+        w.tick()
+        assert w.state.replicas[a].state == "sleeping"
+        w.clock.advance(2)
+        w.heartbeat("a", {a: "ready"})
+        w.tick()
+        r = w.state.replicas[a]
+        assert r.state == "stopped"
+        assert "still falling asleep after 90s" in (r.reason or "")
+        assert [s.replica_id for s in w.heartbeat("a", {a: "ready"})] == []
+
+    def test_asleep_in_time_it_stays_asleep(self) -> None:
+        """Asleep before the deadline: the deadline does not apply to a sleeper."""
+        w = two_card_node(sleepy("a"))
+        a = put_to_sleep(w, "a")
+        w.clock.advance(50)
+        w.heartbeat("a", {a: "sleeping"})
+        w.tick()
+        w.clock.advance(500)
+        w.heartbeat("a", {a: "sleeping"})
+        w.tick()
+        assert w.state.replicas[a].state == "sleeping"

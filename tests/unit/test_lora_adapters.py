@@ -96,6 +96,15 @@ class TestApplyAdapters:
         fixed = lora("a", source="/x")
         assert commands.apply_models(w.state, [llama, fixed], now=w.now).changes.models
 
+    @pytest.mark.parametrize("source", ["/p\x00q", "/p\nq", "/p\x1b[2Jq", "/p\x7fq"])
+    def test_a_source_with_a_control_character_is_refused(self, source: str) -> None:
+        """A path holding NUL or another control character is refused on source: with NUL
+        in the start flags every new replica of the base failed to start."""
+        w = world_with_base()
+        with pytest.raises(InvalidSpec, match="control character") as exc:
+            commands.apply_models(w.state, [lora("a", source=source)], now=w.now)
+        assert exc.value.param == "[0].source"
+
     def test_names_shared_with_models_are_conflicts(self) -> None:
         """An adapter named like a model, or a model named like an adapter, is a conflict."""
         w = world_with_base()
@@ -296,14 +305,18 @@ class TestRouterLlamacpp:
 
 
 class FakeAdapterClient:
-    """The engine's runtime routes: loads succeed unless the path is refused."""
+    """The engine's runtime routes: loads succeed unless the path is refused; a load of a
+    path in `hang` is never answered."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
         self.refuse: set[str] = set()
+        self.hang: set[str] = set()
 
     async def load(self, host: str, port: int, api_key: str, name: str, path: str) -> str | None:
         self.calls.append(("load", name))
+        if path in self.hang:
+            await asyncio.Event().wait()
         return "HTTP 400: no such adapter" if path in self.refuse else None
 
     async def unload(self, host: str, port: int, api_key: str, name: str) -> str | None:
@@ -354,6 +367,29 @@ class TestAgentRuntimeLoading:
         clock.advance(31)
         await sup.tick()
         assert client.calls[-1] == ("load", "c")
+
+    async def test_a_hung_load_holds_up_no_other_engine(
+        self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]
+    ) -> None:
+        """An engine that never answers a load leaves the tick free: another engine
+        becomes ready and loads its adapter meanwhile."""
+        sup, probe, client, _ = rig
+        client.hang.add("/slow")
+        sup.apply([sup_spec(adapters={"a": "/a"})])
+        probe.ready_ports.add(21000)
+        await sup.tick()
+        first = sup_spec(adapters={"slow": "/slow"})
+        second = sup_spec("r2", adapters={"b": "/b"}, gpu_indices=(1,))
+        sup.apply([first, second])
+        probe.ready_ports.add(21001)
+        await asyncio.wait_for(sup.tick(), timeout=5)
+        await asyncio.wait_for(sup.tick(), timeout=5)
+        assert [(st.state, st.adapters) for st in sup.statuses()] == [
+            ("ready", ()),
+            ("ready", ("b",)),
+        ]
+        assert client.calls.count(("load", "slow")) == 1
+        await asyncio.wait_for(sup.close(), timeout=5)
 
     async def test_start_only_engine_keeps_what_it_started_with(
         self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]

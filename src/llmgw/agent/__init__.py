@@ -6,7 +6,8 @@ Layout:
                                  the loopback HTTP surface
     service.py                   GPUs, engines and heartbeats wired together, as two loops
     heartbeat.py                 report what is, receive what should be
-    supervisor.py                start what is desired, stop what is not, say how each does
+    supervisor.py, shards.py     start what is desired, stop what is not, say how each does
+    enginecalls.py               calls to running engines (sleep, wake, adapters), beside the tick
     engineprocs.py, probe.py     engine processes (started or adopted) and their readiness
     templates.py, ports.py       engine command lines, one pure function per engine; ports
     adapters.py                  LoRA adapters: start flags, run-time loading

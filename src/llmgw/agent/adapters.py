@@ -25,9 +25,8 @@ routers send an adapter's requests only to replicas that report it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -188,29 +187,7 @@ async def sync(
             log.warning(kv("adapter not loaded", replica=spec.replica_id, adapter=name, why=why))
 
 
-@dataclass(frozen=True, slots=True)
-class Engine:
-    """A ready engine the supervisor runs: what it should serve and how to reach it."""
-
-    spec: ShardSpec
-    state: AdapterState
-    port: int
-    api_key: str
-
-
-async def sync_engines(
-    client: AdapterClient, engines: Sequence[Engine], *, host: str, now: float
-) -> None:
-    """One pass of `sync` over every engine that loads adapters at run time and has
-    something to do, all at once."""
-    todo = [
-        e
-        for e in engines
-        if loads_at_run_time(e.spec.engine, e.spec.env) and any(e.state.todo(e.spec.adapters, now))
-    ]
-    await asyncio.gather(
-        *(
-            sync(client, e.state, e.spec, host=host, port=e.port, api_key=e.api_key, now=now)
-            for e in todo
-        )
-    )
+def sync_due(spec: ShardSpec, st: AdapterState, now: float) -> bool:
+    """Whether a ready engine from `spec` has adapters to load or unload now (it takes
+    them at run time, and a load it refused is no longer backing off)."""
+    return loads_at_run_time(spec.engine, spec.env) and any(st.todo(spec.adapters, now))

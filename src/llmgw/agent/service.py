@@ -134,7 +134,9 @@ class Agent:
                 # A full disk or an unreadable /proc entry must not end supervision:
                 # the engines still need watching. Logged and retried next tick.
                 log.error(kv("supervise tick failed", error=exc))
-            await asyncio.sleep(self.config.interval_s)
+            # An engine call that ends (a sleep, a wake) is acted on at once: a swap's
+            # wake follows its sleep without waiting out the interval.
+            await self.supervisor.wait_call_finished(timeout_s=self.config.interval_s)
 
     async def run(self) -> None:
         """Both loops until cancelled."""

@@ -24,7 +24,6 @@ import logging
 import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -33,11 +32,12 @@ from llmgw.agent import logfiles, sleeping
 from llmgw.agent.adapters import (
     AdapterClient,
     AdapterState,
-    Engine,
     HttpAdapterClient,
     serves_at_start,
-    sync_engines,
+    sync,
+    sync_due,
 )
+from llmgw.agent.enginecalls import CALL_WAIT_S, EngineCalls
 from llmgw.agent.engineprocs import (
     KILL,
     TERM,
@@ -51,49 +51,17 @@ from llmgw.agent.policy import SpecPolicy, SpecRefused, check, policy_of
 from llmgw.agent.ports import NoFreePort, PortAllocator, RendezvousPortTaken
 from llmgw.agent.probe import HealthProbe
 from llmgw.agent.secretrefs import SecretUnavailable, resolve, resolve_quietly
+from llmgw.agent.shards import Shard
 from llmgw.agent.statefile import ShardRecord, StateStore
 from llmgw.agent.templates import DEFAULT_COMMANDS, KVEventPorts, kv_events_topic, render
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.adapters import loads_at_run_time
-from llmgw.wire.agent import EngineKind, ShardSpec, ShardState, ShardStatus
+from llmgw.wire.agent import EngineKind, ShardSpec, ShardStatus
 
 log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-@dataclass(slots=True)
-class _Shard:
-    spec: ShardSpec
-    port: int | None
-    log_path: Path
-    health_path: str | None
-    state: ShardState
-    # The engine's key (fresh per shard); the router sends it, nobody else sees it.
-    api_key: str = ""
-    # The KV-event publisher's ports (a shard whose spec has kv_events); held with the
-    # engine port, and free again once the shard is dropped.
-    kv_ports: KVEventPorts | None = None
-    # The spec's env_from values as resolved at start: memory only, to mask log tails.
-    secret_values: tuple[str, ...] = ()
-    proc: ProcessHandle | None = None
-    started_at: float | None = None
-    exit_code: int | None = None
-    log_tail: tuple[str, ...] = ()
-    # Monotonic time SIGTERM went out; None while nobody asked it to stop.
-    stop_sent_at: float | None = None
-    kill_sent: bool = False
-    # LoRA adapters the engine was started with (its flags), and once it is ready
-    # what it serves (adapters.py); None before.
-    started_adapters: tuple[str, ...] = ()
-    adapters: AdapterState | None = None
-    # Started with --scheduling-policy priority (templates.LaunchPlan).
-    priority_scheduling: bool = False
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.spec.replica_id, self.spec.rank)
 
 
 class Supervisor:
@@ -117,6 +85,7 @@ class Supervisor:
         clock: Clock = SYSTEM_CLOCK,
         adapter_client: AdapterClient | None = None,
         sleep_client: sleeping.SleepClient | None = None,
+        call_wait_s: float = CALL_WAIT_S,
     ) -> None:
         self._sleep_client: sleeping.SleepClient = (
             sleep_client if sleep_client is not None else sleeping.HttpSleepClient()
@@ -147,7 +116,10 @@ class Supervisor:
         self._clock = clock
         # Counted for /metrics (agent.metrics) as engines start, become ready and exit.
         self.events = EngineEvents()
-        self._shards: dict[tuple[str, int], _Shard] = {}
+        self._shards: dict[tuple[str, int], Shard] = {}
+        # Sleeps, wakes and adapter loads in flight, one per engine (enginecalls.py).
+        self._calls = EngineCalls()
+        self._call_wait_s = call_wait_s
         # Rendezvous ports of the shards the controller last listed, including
         # those not started yet: no engine port may be one of them.
         self._rendezvous: frozenset[int] = frozenset()
@@ -158,7 +130,7 @@ class Supervisor:
         """Take over engines a previous agent started (call once, before the first apply)."""
         for rec in records:
             proc = self._spawner.attach(rec.pid, rec.start_ticks)
-            sh = _Shard(
+            sh = Shard(
                 spec=rec.spec,
                 port=rec.port,
                 log_path=Path(rec.log_path),
@@ -252,7 +224,7 @@ class Supervisor:
         self._save()
 
     async def _probe_starting(self) -> None:
-        probed: list[tuple[_Shard, int, str]] = []
+        probed: list[tuple[Shard, int, str]] = []
         for sh in self._shards.values():
             if sh.state != "starting" or sh.proc is None or sh.stop_sent_at is not None:
                 continue
@@ -264,7 +236,7 @@ class Supervisor:
         results = await asyncio.gather(
             *(self._probe.check(self._host, port, path) for _, port, path in probed)
         )
-        now_ready: list[_Shard] = []
+        now_ready: list[Shard] = []
         for (sh, _, _), ok in zip(probed, results, strict=True):
             # Re-check: while the probes ran, a heartbeat may have stopped it.
             if ok and sh.state == "starting" and sh.proc is not None and sh.stop_sent_at is None:
@@ -291,38 +263,29 @@ class Supervisor:
         await self._sleep_step("wake")
 
     async def _sleep_step(self, op: str) -> None:
-        todo = [
-            sh
+        started = [
+            self._calls.start(sh.key, self._sleep_call(sh, op))
             for sh in self._shards.values()
             if sh.proc is not None
             and sh.stop_sent_at is None
+            and not self._calls.busy(sh.key)
             and sleeping.wants(sh.spec, sh.state) == op
             and (op == "sleep" or not self._card_taken(sh))
         ]
-        if not todo:
-            return
-        results = await asyncio.gather(
-            *(
-                sleeping.step(
-                    self._sleep_client,
-                    sh.spec,
-                    op,
-                    host=self._host,
-                    port=sh.port,
-                    api_key=sh.api_key,
-                )
-                for sh in todo
-            )
-        )
-        for sh, state in zip(todo, results, strict=True):
-            # Re-check: while the calls ran, a heartbeat may have stopped it, or the
-            # controller changed its mind (the next tick does what it wants now).
-            if state is not None and sh.proc is not None and sh.stop_sent_at is None:
-                sh.state = "sleeping" if state == "sleeping" else "ready"
-            if state is not None:
-                self.events.slept(sh.spec.engine, op)
+        await self._calls.wait_started(started, timeout_s=self._call_wait_s)
 
-    def _card_taken(self, sh: _Shard) -> bool:
+    async def _sleep_call(self, sh: Shard, op: str) -> None:
+        state = await sleeping.step(
+            self._sleep_client, sh.spec, op, host=self._host, port=sh.port, api_key=sh.api_key
+        )
+        # Re-check: while the call ran, a heartbeat may have stopped it, or the
+        # controller changed its mind (the next tick does what it wants now).
+        if state is not None and sh.proc is not None and sh.stop_sent_at is None:
+            sh.state = "sleeping" if state == "sleeping" else "ready"
+        if state is not None:
+            self.events.slept(sh.spec.engine, op)
+
+    def _card_taken(self, sh: Shard) -> bool:
         """Another engine is awake (or still exiting) on one of `sh`'s GPUs."""
         mine = set(sh.spec.gpu_indices)
         return any(
@@ -335,20 +298,37 @@ class Supervisor:
 
     async def _sync_adapters(self) -> None:
         """Load and unload adapters on ready engines that take them at run time."""
-        ready = [
-            Engine(sh.spec, sh.adapters, sh.port, sh.api_key)
+        now = self._clock.monotonic()
+        started = [
+            self._calls.start(
+                sh.key,
+                sync(
+                    self._adapter_client,
+                    sh.adapters,
+                    sh.spec,
+                    host=self._host,
+                    port=sh.port,
+                    api_key=sh.api_key,
+                    now=now,
+                ),
+            )
             for sh in self._shards.values()
             # health_path None: a headless rank, with no API server to load into.
             if sh.state == "ready"
             and sh.adapters is not None
             and sh.port is not None
             and sh.health_path is not None
+            and not self._calls.busy(sh.key)
+            and sync_due(sh.spec, sh.adapters, now)
         ]
-        await sync_engines(
-            self._adapter_client, ready, host=self._host, now=self._clock.monotonic()
-        )
+        await self._calls.wait_started(started, timeout_s=self._call_wait_s)
 
-    def _ready(self, sh: _Shard) -> None:
+    async def wait_call_finished(self, *, timeout_s: float) -> None:
+        """Until a call to an engine ends (its outcome is then in `statuses()`), or
+        `timeout_s`: the supervise loop's pause between ticks."""
+        await self._calls.wait_finished(timeout_s=timeout_s)
+
+    def _ready(self, sh: Shard) -> None:
         sh.state = "ready"
         sh.adapters = AdapterState(served=set(sh.started_adapters))
         if sh.started_at is not None:
@@ -380,7 +360,9 @@ class Supervisor:
         self._save()
 
     async def close(self) -> None:
-        """Release the adapter client's connections (engines keep running)."""
+        """End the calls in flight and release the clients' connections (engines keep
+        running)."""
+        await self._calls.close()
         await self._adapter_client.close()
         await self._sleep_client.close()
 
@@ -429,7 +411,7 @@ class Supervisor:
 
     def _start(self, spec: ShardSpec) -> None:
         name = f"{_UNSAFE.sub('_', spec.replica_id)}-rank{spec.rank}.log"
-        sh = _Shard(
+        sh = Shard(
             spec=spec, port=None, log_path=self._log_dir / name, health_path=None, state="starting"
         )
         self._shards[sh.key] = sh
@@ -496,13 +478,13 @@ class Supervisor:
         # must still find this engine (state.py).
         self._save()
 
-    def _stop(self, sh: _Shard) -> None:
+    def _stop(self, sh: Shard) -> None:
         assert sh.proc is not None
         log.info(kv("engine stopping", replica=sh.spec.replica_id, rank=sh.spec.rank))
         sh.proc.signal_group(TERM)
         sh.stop_sent_at = self._clock.monotonic()
 
-    def _exited(self, sh: _Shard, code: int | None) -> None:
+    def _exited(self, sh: Shard, code: int | None) -> None:
         assert sh.proc is not None
         # Workers the engine left in its group would hold GPU memory: end them too.
         sh.proc.signal_group(KILL)
@@ -528,7 +510,7 @@ class Supervisor:
             values.update(env[name] for name in rec.spec.env_from if env.get(name))
         return tuple(sorted(values))
 
-    def _secrets(self, sh: _Shard) -> tuple[str, ...]:
+    def _secrets(self, sh: Shard) -> tuple[str, ...]:
         """Values a log tail leaving this node must not carry: the key, the env_from values,
         the agent's token."""
         return ((sh.api_key,) if sh.api_key else ()) + sh.secret_values + self._private_values

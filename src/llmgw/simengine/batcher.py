@@ -181,6 +181,10 @@ class Scheduler:
         self._by_priority = policy == PRIORITY
         self._waiting: WaitingQueue = PriorityQueue() if self._by_priority else FcfsQueue()
         self._running: list[SimRequest] = []
+        # False while a sleep in "wait" mode lets the running requests finish: nothing
+        # waiting is started (vLLM's paused scheduler), else steady arrivals would keep
+        # the engine from ever falling asleep.
+        self.admitting = True
 
     @property
     def num_waiting(self) -> int:
@@ -244,7 +248,7 @@ class Scheduler:
             return plan
         waiting = self._waiting
         bs = kv.block_size
-        while budget > 0 and len(running) < self.max_num_seqs:
+        while self.admitting and budget > 0 and len(running) < self.max_num_seqs:
             head = waiting.head(now)
             if head is None:
                 break  # empty, or nothing there had arrived when this step began (waiting.py)

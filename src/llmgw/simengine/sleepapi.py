@@ -65,10 +65,15 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
                 aborted = engine.abort_all()
             else:
                 aborted = 0
-                # A poll, not an event: the scheduler signals no "drained" moment,
-                # and a sleep in "wait" mode is rare and short.
-                while mode == "wait" and sim.scheduler.num_running:  # noqa: ASYNC110
-                    await asyncio.sleep(_WAIT_POLL_S)
+                # Arrivals meanwhile queue for the wake, as in vLLM (batcher.py).
+                sim.scheduler.admitting = False
+                try:
+                    # A poll, not an event: the scheduler signals no "drained" moment,
+                    # and a sleep in "wait" mode is rare and short.
+                    while mode == "wait" and sim.scheduler.num_running:  # noqa: ASYNC110
+                        await asyncio.sleep(_WAIT_POLL_S)
+                finally:
+                    sim.scheduler.admitting = True
             engine.pause()
             if level >= 1:
                 sim.kv.reset_prefix_cache()

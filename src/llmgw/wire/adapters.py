@@ -71,6 +71,18 @@ def loads_at_run_time(engine: str, env: dict[str, str]) -> bool:
     return False
 
 
+def source_problem(path: str) -> str | None:
+    """Why no engine can be given `path` as an adapter's source; None when one can.
+
+    A NUL cannot be passed in a command line (every new replica of the base failed to
+    start with it) nor kept in PostgreSQL's text; no other control character is in a
+    real path, and each would reach the engines' logs and the operator's terminal.
+    """
+    if any(ord(c) < 32 or c == "\x7f" for c in path):
+        return f"source {path!r} holds a control character; a path has none"
+    return None
+
+
 def llamacpp_path_problem(path: str) -> str | None:
     """Why llama-server cannot be given `path` in its `--lora-scaled FILE:SCALE,...`
     list; None when it can."""

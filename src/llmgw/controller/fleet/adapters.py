@@ -19,6 +19,7 @@ from llmgw.wire.adapters import (
     adapter_engine_problem,
     llamacpp_path_problem,
     loads_at_run_time,
+    source_problem,
 )
 from llmgw.wire.models import ModelSpec
 
@@ -81,7 +82,9 @@ def check_adapters(
                 f"{label}: adapter_of: {base!r}: {why}; nothing was applied",
                 param=f"[{i}].adapter_of",
             )
-        bad_path = llamacpp_path_problem(a.source) if spec.engine == "llamacpp" else None
+        bad_path = source_problem(a.source) or (
+            llamacpp_path_problem(a.source) if spec.engine == "llamacpp" else None
+        )
         if bad_path is not None:
             raise InvalidSpec(f"{label}: {bad_path}; nothing was applied", param=f"[{i}].source")
     for name, spec in models.items():

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.fleet.batch import RUNS, Batch, backoff_s, new_replica_id
 from llmgw.controller.fleet.index import FleetIndex
-from llmgw.controller.fleet.records import Changes, FleetState
+from llmgw.controller.fleet.records import SHARD_RUNNING, Changes, FleetState
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.tick.carryover import TickMemory
 from llmgw.controller.tick.context import TickContext
@@ -132,6 +132,19 @@ def _timers(t: TickContext, forgotten: list[str]) -> None:
             )
             reason = f"still {r.state} after {cfg.starting_deadline_s:g}s (deadline)"
             batch.fail(r, reason, retry_in_s=retry)
+    # Told to sleep, its engine still awake: its requests in flight get the drain
+    # grace (mode=wait), the sleep itself the start deadline. An engine that never
+    # answers its sleep (wedged, or refusing it) would otherwise hold its cards
+    # forever as "falling asleep", and its model wait on it forever.
+    asleep_by_s = cfg.drain_grace_s + cfg.starting_deadline_s
+    for rid in sorted(index.in_state("sleeping")):
+        r = batch.replica(rid)
+        if r is None or batch.touched(rid) or r.state != "sleeping":
+            continue
+        if not any(s.state in SHARD_RUNNING for s in r.shards):
+            continue
+        if now - max(r.state_since, t.memory.leader_since) > asleep_by_s:
+            batch.stop(r, f"still falling asleep after {asleep_by_s:g}s (deadline)")
     # A report of zero in flight could predate the drain (routers report once a
     # tick): wait two ticks before trusting it, unless the grace is shorter.
     settle_s = min(cfg.drain_grace_s, 2 * cfg.tick_s)
