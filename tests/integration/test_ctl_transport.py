@@ -56,6 +56,17 @@ class RawServer:
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n[{",
             id="cut-short",
         ),
+        # An error status is read like any other answer: a proxy's page cut short, or
+        # framing broken after the status line, used to end ctl in a traceback.
+        pytest.param(
+            b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\n"
+            b"Content-Length: 500\r\n\r\n<html><head>",
+            id="error-cut-short",
+        ),
+        pytest.param(
+            b"HTTP/1.1 401 Unauthorized\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            id="error-broken-chunks",
+        ),
     ]
 )
 def server(request: pytest.FixtureRequest) -> Iterator[RawServer]:
@@ -70,7 +81,7 @@ class TestBrokenAnswers:
     """Broken answers give one line and exit 1."""
 
     def test_one_line_and_exit_1(self, server: RawServer) -> None:
-        """A non-HTTP or truncated answer is reported in one line naming the URL, exit 1."""
+        """A non-HTTP or truncated answer, error or not, is one line naming the URL, exit 1."""
         out = subprocess.run(
             llmgw_argv("ctl", "--controller", f"127.0.0.1:{server.port}", "nodes"),
             capture_output=True,

@@ -106,12 +106,7 @@ class UrllibTransport:
     ) -> Response:
         req = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
         try:
-            with _opener(url).open(req, timeout=timeout_s) as resp:
-                return Response(resp.status, resp.read())
-        except urllib.error.HTTPError as exc:
-            # A status is an answer, whatever it says; the client decides what it means.
-            with exc:
-                return Response(exc.code, exc.read(), exc.headers.get("Location"))
+            return _exchange(req, url, timeout_s)
         except urllib.error.URLError as exc:
             raise AdminUnreachable(f"cannot reach the controller at {url}: {exc.reason}") from exc
         except TimeoutError as exc:
@@ -126,6 +121,22 @@ class UrllibTransport:
                 f"no valid HTTP answer from {url} (is the controller there?): "
                 f"{type(exc).__name__}: {exc!r:.80}"
             ) from exc
+
+
+def _exchange(req: urllib.request.Request, url: str, timeout_s: float) -> Response:
+    """One request and its whole answer; the caller translates what this raises.
+
+    An error status's body is read here, not in the caller's `except HTTPError`: a
+    proxy's 502 page cut short or stalled raised from inside that handler, past the
+    translations beside it, and ended ctl in a traceback.
+    """
+    try:
+        with _opener(url).open(req, timeout=timeout_s) as resp:
+            return Response(resp.status, resp.read())
+    except urllib.error.HTTPError as exc:
+        # A status is an answer, whatever it says; the client decides what it means.
+        with exc:
+            return Response(exc.code, exc.read(), exc.headers.get("Location"))
 
 
 def _quote(segment: str) -> str:
