@@ -196,6 +196,27 @@ class TestMetricsToken:
             openai_error(doc)
 
 
+class TestWebPages:
+    """A page in the operator's browser cannot write to a controller without a token."""
+
+    def test_a_cross_site_simple_post_changes_nothing(self, tmp_path: Path) -> None:
+        """A text/plain spec or a body-less drain with an Origin is 403, and nothing is applied."""
+        with controller(Db(f"sqlite:///{tmp_path / 'c.db'}"), log_dir=tmp_path) as c:
+            body = json.dumps(spec("pwn", args=["--trust-remote-code"])).encode()
+            for path, data in (("/admin/models", body), ("/admin/nodes/n1/drain", b"")):
+                req = urllib.request.Request(c.url + path, data=data, method="POST")
+                req.add_header("Content-Type", "text/plain")
+                req.add_header("Origin", "https://evil.example")
+                with pytest.raises(urllib.error.HTTPError) as caught:
+                    urllib.request.urlopen(req, timeout=10)
+                assert caught.value.code == 403
+                assert openai_error(json.loads(caught.value.read()))["type"] == "permission_error"
+            assert call(c.url, "GET", "/admin/models", token=None)[2] == []
+            # A program's write (no Origin) is taken as before.
+            assert call(c.url, "POST", "/admin/models", body, token=None)[0] == 200
+            no_traceback(c.program.log_text())
+
+
 def urllib_get(url: str, token: str) -> tuple[int, dict[str, str], bytes]:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     try:

@@ -5,7 +5,8 @@ and READ_PREFIXES name; the metrics token may GET /metrics; an agent's token
 may only heartbeat (a node's token only as that node) and the router's token
 may only read endpoints and post usage. A valid token in the wrong place is 403
 (Forbidden), a missing or wrong one 401 (TokenRejected). Tokens are compared in
-constant time.
+constant time. A write from a web page (a browser's `Origin` or `Sec-Fetch-Site`) is
+403 whatever its token (`refuse_web_writes`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,30 @@ def scoped_token_allows(request: web.Request, given: bytes, cfg: ControllerConfi
     return False
 
 
+# Methods that change nothing (OPTIONS: a browser's preflight, answered 405 anyway).
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def refuse_web_writes(request: web.Request) -> None:
+    """Forbidden for a write a browser made; every write comes from a program.
+
+    A page on any site can make the operator's browser POST `text/plain`, or no body,
+    without a preflight, and a controller on loopback without a token takes any write:
+    one visit could apply a spec (its engine, args and source run on the GPU nodes) or
+    drain a node. Browsers mark what they send with `Origin` (every cross-site POST and
+    DELETE) and `Sec-Fetch-Site`; ctl, agents and routers send neither, and the status
+    page only reads. Any value is refused, same-origin included: a host name that
+    rebinds to 127.0.0.1 makes a hostile page same-origin.
+    """
+    if request.method in SAFE_METHODS:
+        return
+    if "Origin" in request.headers or "Sec-Fetch-Site" in request.headers:
+        raise Forbidden(
+            f"{request.method} {request.path}: a write from a web page is refused "
+            "(it carries a browser's Origin or Sec-Fetch-Site); use llmgw ctl or the API"
+        )
+
+
 def authorize(
     request: web.Request,
     token: str | None,
@@ -85,6 +110,7 @@ def authorize(
 ) -> None:
     """The admin token may do anything; the read token may GET what READ_PATHS name;
     the metrics token may GET /metrics, which then needs a token even without `token`."""
+    refuse_web_writes(request)
     path = request.path
     # aiohttp passes header bytes that are not UTF-8 on as surrogate escapes: back to
     # the bytes sent (a wrong token), never a UnicodeEncodeError (a 500 anyone can cause).
