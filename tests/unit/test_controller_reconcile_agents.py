@@ -58,6 +58,14 @@ class TestRegistration:
         assert out.node.operator_state == "cordoned"
         assert out.node_changed
 
+    def test_a_fabric_named_twice_is_one_fabric(self) -> None:
+        """`--fabric ib0 --fabric ib0` registers the node on ib0 once, in the order given
+        (the summary counted the node twice on ib0, and /metrics joined the repeats)."""
+        w = World()
+        hb = _hb(w, "a", fabrics=("ib1", "ib0", "ib1", "ib0"))
+        out = absorb_heartbeat(w.state, w.index, hb, now=w.now, backoff=BACKOFF)
+        assert out.node.fabrics == ("ib1", "ib0")
+
     def test_gpu_turning_unhealthy_is_an_event(self) -> None:
         """A GPU the agent now reports unhealthy is logged with its reason."""
         w = World()

@@ -113,7 +113,9 @@ def node_from_heartbeat(hb: Heartbeat, old: Node | None, *, now: float) -> Node:
     return Node(
         name=hb.node,
         address=hb.address,
-        fabrics=tuple(hb.fabrics),
+        # A node is on a fabric or not: `--fabric ib0 --fabric ib0` counted it twice in
+        # the summary's ib0 (nodes and free whole nodes). First mention keeps its place.
+        fabrics=tuple(dict.fromkeys(hb.fabrics)),
         labels=dict(hb.labels),
         gpus=tuple(hb.gpus),
         last_heartbeat_at=now,
