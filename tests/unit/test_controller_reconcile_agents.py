@@ -170,6 +170,41 @@ class TestShardStatus:
         assert [s.replica_id for s in kept] == [rid]
 
 
+class TestNulInAgentText:
+    """A NUL in what an agent quotes (log lines, a GPU's reason) reaches no record."""
+
+    def test_a_nul_in_a_failed_engine_s_log_is_replaced(self) -> None:
+        """A log tail with NULs (a file's zero-filled end after a crash) fails the replica
+        with U+FFFD in its place: PostgreSQL's text holds no NUL, and the heartbeat that
+        carried it was a 503, again on every heartbeat, until the node went unreachable."""
+        w = World()
+        w.node("a")
+        w.model(spec("m"))
+        w.tick()
+        rid = w.only("m").id
+        st = ShardStatus(
+            replica_id=rid, rank=0, state="failed", exit_code=1, log_tail=("boom", "\0\0x")
+        )
+        out = absorb_heartbeat(
+            w.state, w.index, _hb(w, "a", shards=(st,)), now=w.now, backoff=BACKOFF
+        )
+        texts = [r.reason or "" for r in out.batch.changes.replicas]
+        texts += [line for r in out.batch.changes.replicas for s in r.shards for line in s.log_tail]
+        texts += [e.message for e in out.batch.changes.events]
+        assert "boom | \ufffd\ufffdx" in out.batch.changes.replicas[0].reason
+        assert [t for t in texts if "\0" in t] == []
+
+    def test_a_nul_in_a_gpu_s_reason_is_replaced(self) -> None:
+        """A GPU turning unhealthy with a NUL in its reason is kept and told with U+FFFD."""
+        w = World()
+        w.node("a")
+        sick = msgspec.structs.replace(gpus(8)[0], healthy=False, reason="xid\0 79")
+        hb = _hb(w, "a", gpus=(sick, *gpus(8)[1:]))
+        out = absorb_heartbeat(w.state, w.index, hb, now=w.now, backoff=BACKOFF)
+        assert out.node.gpus[0].reason == "xid\ufffd 79"
+        assert [e.message for e in out.batch.changes.events] == ["GPU 0: xid\ufffd 79"]
+
+
 class TestHeartbeatOrder:
     """Heartbeats are applied in sequence order within one agent process."""
 

@@ -14,10 +14,12 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import msgspec
+
 from llmgw.controller.fleet.batch import RUNS, Batch, backoff_s, log_tail_text
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import SHARD_RUNNING, FleetState, Node, Replica, Shard
-from llmgw.wire.agent import Heartbeat, ShardSpec, ShardStatus
+from llmgw.wire.agent import GPU, Heartbeat, ShardSpec, ShardStatus
 from llmgw.wire.models import ModelSpec
 
 
@@ -109,6 +111,24 @@ def name_claimed(old: Node | None, hb: Heartbeat, *, now: float, timeout_s: floa
     )
 
 
+def _no_nul(text: str) -> str:
+    """Agent text as records keep it: a NUL as U+FFFD (what a byte that is not UTF-8
+    becomes when the agent reads a log).
+
+    An engine's log may hold NULs (a file's zero-filled end after a crash), and what an
+    agent quotes reaches the replica's reason and the event log, columns PostgreSQL's
+    text cannot hold a NUL in: the write failed (503), on every heartbeat the agent
+    sent with it, until the node went unreachable. SQLite kept it; now both keep this.
+    """
+    return text.replace("\0", "\ufffd") if "\0" in text else text
+
+
+def _gpu_text(g: GPU) -> GPU:
+    if g.reason is None or "\0" not in g.reason:
+        return g
+    return msgspec.structs.replace(g, reason=_no_nul(g.reason))
+
+
 def node_from_heartbeat(hb: Heartbeat, old: Node | None, *, now: float) -> Node:
     return Node(
         name=hb.node,
@@ -117,7 +137,7 @@ def node_from_heartbeat(hb: Heartbeat, old: Node | None, *, now: float) -> Node:
         # the summary's ib0 (nodes and free whole nodes). First mention keeps its place.
         fabrics=tuple(dict.fromkeys(hb.fabrics)),
         labels=dict(hb.labels),
-        gpus=tuple(hb.gpus),
+        gpus=tuple(_gpu_text(g) for g in hb.gpus),
         last_heartbeat_at=now,
         # 0.0 is the wire default: the agent did not say.
         agent_started_at=hb.agent_started_at or None,
@@ -210,7 +230,7 @@ def _absorb_shard(shard: Shard, st: ShardStatus | None) -> Shard:
         port=st.port if st.port is not None else shard.port,
         pid=st.pid,
         exit_code=st.exit_code,
-        log_tail=tuple(st.log_tail[-20:]),
+        log_tail=tuple(_no_nul(line) for line in st.log_tail[-20:]),
         api_key=st.api_key,
         kv_events_port=st.kv_events_port,
         kv_events_replay_port=st.kv_events_replay_port,
