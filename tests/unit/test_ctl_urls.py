@@ -40,6 +40,31 @@ class TestControllerUrl:
         assert given in str(exc.value)
         assert "flag" in str(exc.value)
 
+    @pytest.mark.parametrize(
+        ("given", "said"),
+        [
+            ("http://ctl.example:8081?x=1", "query"),
+            ("http://ctl.example:8081/#top", "fragment"),
+            ("http://ctl example:8081", "space"),
+        ],
+    )
+    def test_a_url_the_api_paths_cannot_follow_is_refused(
+        self, tmp_path: Path, given: str, said: str
+    ) -> None:
+        """A query, a fragment or a space is refused up front: ctl's paths went after a `?`
+        or `#` (every command answered `GET /: Not Found`), and a space failed deep in
+        urllib as "no valid HTTP answer"."""
+        with pytest.raises(CtlError, match=said):
+            resolve(given, tmp_path)
+
+    def test_a_password_in_the_url_is_refused_and_not_repeated(self, tmp_path: Path) -> None:
+        """`user:pw@host` is refused without echoing the password (urllib took `user:pw@host`
+        for a host name and printed it whole in its "cannot reach" line)."""
+        with pytest.raises(CtlError, match="user name or password") as exc:
+            resolve("http://admin:s3@cret@ctl.example:8081/x", tmp_path)
+        assert "cret" not in str(exc.value)
+        assert "'http://***@ctl.example:8081/x'" in str(exc.value)
+
     def test_malformed_env_url_names_the_variable(self, tmp_path: Path) -> None:
         """A bad URL from the environment says so, so the operator knows what to fix."""
         with pytest.raises(CtlError, match=config.ENV_CONTROLLER):

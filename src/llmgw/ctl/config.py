@@ -109,7 +109,25 @@ def check_url(url: str) -> str | None:
         return f"the scheme must be http or https, not {parts.scheme!r}"
     if not parts.hostname:
         return "there is no host"
+    if "@" in parts.netloc:
+        # urllib takes `user:pw@host` for a host name, fails to resolve it, and prints it.
+        return "it holds a user name or password (user@host); give the token as a token"
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        # ctl appends the API's paths: after a `?` or `#` they are no path at all.
+        return "it holds a query or fragment (? or #); give the controller's base URL"
+    if any(c.isspace() for c in url):
+        return "it holds a space"
     return None
+
+
+def _without_userinfo(url: str) -> str:
+    """`url` with what stands before a host's `@` masked: it may be a password."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    netloc, slash, path = rest.partition("/")
+    _, at, host = netloc.rpartition("@")  # a password may hold an @ itself
+    return f"{scheme}{sep}***@{host}{slash}{path}" if at else url
 
 
 def read_token_file(path: Path) -> str:
@@ -229,7 +247,8 @@ def resolve(
     why = check_url(normalized)
     if why is not None:
         where = {"flag": "the --controller flag", "env": ENV_CONTROLLER}.get(url_from, url_from)
-        raise CtlError(f"controller URL {url!r} from {where} is not usable: {why}")
+        shown = url if "@" not in url else _without_userinfo(url)
+        raise CtlError(f"controller URL {shown!r} from {where} is not usable: {why}")
     if token is None and cwd is not None and _loopback(normalized):
         token = read_up_token(cwd / UP_TOKEN_FILE)
     if token and not (token.isascii() and token.isprintable()):
