@@ -90,7 +90,10 @@ def stream_error(message: str, code: int) -> bytes:
 
 
 def authorization(headers: Mapping[str, str]) -> str | None:
-    """The client's key as an Authorization value: `x-api-key`, else `Authorization`."""
+    """The client's key as an Authorization value: `x-api-key`, else `Authorization`.
+
+    The one rule for every route Anthropic's clients call: the Messages routes
+    (apis/passthrough.py) and the model list and model (request/listing.py)."""
     key = headers.get("x-api-key")
     if key:
         return "Bearer " + key

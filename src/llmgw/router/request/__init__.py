@@ -10,7 +10,7 @@ attempts.py     one attempt at a replica, and the rule for trying another
 relay.py        an engine's event stream relayed as it arrives; its verdict
 waits.py        waiting for a replica (held) or for a turn (flow control)
 accounting.py   each request counted once: metrics, token counts, the access log
-listing.py      /v1/models, one model, OpenAI's 404/405 for the rest of /v1
+listing.py      /v1/models, one model (OpenAI's or Anthropic's shape), 404/405 for the rest
 holding.py      requests held while a model has no replica (scale from zero, waking)
 flow.py         flow control's queues: priority bands, fair queueing per tenant, bounds
 flowgate.py     flow control's waiting and waking at saturation, on the loop

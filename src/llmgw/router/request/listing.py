@@ -1,17 +1,29 @@
 """The router's own answers under /v1 that go to no engine: the model list, one
-model, and OpenAI's 404 or 405 for any other request there."""
+model, and OpenAI's 404 or 405 for any other request there.
+
+The model routes take the key as /v1/messages does (`anthropic.authorization`:
+`x-api-key`, else `Authorization`), and answer a request naming an
+`anthropic-version` in Anthropic's Models API shape, its errors included
+(apis/anthropicmodels.py); any other in OpenAI's.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
-from llmgw.router.apis import anthropic
+from llmgw.router.apis import anthropic, anthropicmodels
 from llmgw.router.apis.catalog import ROUTES as API_ROUTES
 from llmgw.router.http.answers import JSON, Whole, json_whole, whole
 from llmgw.router.http.connection import Request
 from llmgw.router.request.accounting import refused
 from llmgw.router.request.proxy import POST_PATHS
-from llmgw.router.request.refusals import error_response, model_not_found, unauthorized
+from llmgw.router.request.refusals import (
+    bad_request,
+    error_response,
+    model_not_found,
+    unauthorized,
+)
 from llmgw.router.wiring import Router
 
 MODEL_PREFIX = "/v1/models/"
@@ -31,31 +43,51 @@ class Listing:
         self.state = state
 
     async def models(self, request: Request) -> Whole:
-        """GET /v1/models: every known model the key may use, OpenAI's list shape."""
+        """GET /v1/models: every known model the key may use, in OpenAI's list shape, or
+        one page of them in Anthropic's."""
         st = self.state
+        shaped = anthropicmodels.asked(request.headers)
         names = st.known_models
         if st.keys.enabled:
-            tenant = st.keys.check(request.headers.get("Authorization"))
+            tenant = st.keys.check(anthropic.authorization(request.headers))
             if tenant is None:
-                return refused(st, unauthorized(), "", request.path, st.clock.monotonic())
+                return self._refused(request, unauthorized(), shaped=shaped)
             if tenant.models is not None:
                 names = names & tenant.models
+        if shaped:
+            ask = anthropicmodels.read_ask(urlsplit(request.raw_path).query)
+            if isinstance(ask, str):
+                return self._refused(request, bad_request(ask), shaped=shaped)
+            body = anthropicmodels.encode(anthropicmodels.page(names, ask))
+            return whole(200, body, content_type=JSON)
         data: list[dict[str, Any]] = [_model_object(m) for m in sorted(names)]
         return json_whole({"object": "list", "data": data})
 
     async def model(self, request: Request) -> Whole:
-        """GET /v1/models/{model}: one known model (the openai package's models.retrieve)."""
+        """GET /v1/models/{model}: one known model (the openai and anthropic packages'
+        models.retrieve), in the shape the request asks for, as the list."""
         st = self.state
+        shaped = anthropicmodels.asked(request.headers)
         allowed: frozenset[str] | None = None
         if st.keys.enabled:
-            tenant = st.keys.check(request.headers.get("Authorization"))
+            tenant = st.keys.check(anthropic.authorization(request.headers))
             if tenant is None:
-                return refused(st, unauthorized(), "", request.path, st.clock.monotonic())
+                return self._refused(request, unauthorized(), shaped=shaped)
             allowed = tenant.models
         model = request.match_info["model"]
         if model not in st.known_models or (allowed is not None and model not in allowed):
-            return refused(st, model_not_found(model), "", request.path, st.clock.monotonic())
+            return self._refused(request, model_not_found(model), shaped=shaped)
+        if shaped:
+            body = anthropicmodels.encode(anthropicmodels.model_info(model))
+            return whole(200, body, content_type=JSON)
         return json_whole(_model_object(model))
+
+    def _refused(self, request: Request, resp: Whole, *, shaped: bool) -> Whole:
+        """A model route's refusal, counted; in Anthropic's error shape when `shaped`."""
+        if shaped:
+            resp = resp.with_content_type(anthropic.reshape(resp.status, resp.body), JSON)
+        st = self.state
+        return refused(st, resp, "", request.path, st.clock.monotonic())
 
     async def no_route(self, request: Request) -> Whole:
         """Any other /v1 request: OpenAI's 404 (or 405 on a served path; Anthropic's shape on
