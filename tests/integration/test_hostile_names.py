@@ -98,6 +98,35 @@ class TestRefusedWhereTheyEnter:
         assert (err.status, err.body["error"]["param"]) == (422, "gpu_classes[1]")
         assert ctrl.get("/admin/models") == []
 
+    @pytest.mark.parametrize(
+        ("entry", "param"),
+        [
+            ({"args": ["--x", "1", "a\x00b"]}, "[1].args[2]"),
+            ({"source": "/models/m\x1b[2J"}, "[1].source"),
+            ({"env": {"A": "1\x00"}}, "[1].env.A"),
+            ({"env": {"A=B": "1"}}, "[1].env"),
+            ({"env_from": {"T": {"file": "/run/t\x00"}}}, "[1].env_from.T.file"),
+        ],
+    )
+    def test_spec_string_no_engine_can_be_given_refused(
+        self, ctrl: Controller, entry: dict[str, Any], param: str
+    ) -> None:
+        """A spec with a NUL in what the agent puts in an engine's command line or
+        environment (or a control character in a path) is a 422 naming the field, and
+        neither spec of the request is applied."""
+        body = [spec("ok"), spec("m", **entry)]
+        err = ctrl.error("POST", "/admin/models", body)
+        assert (err.status, err.body["error"]["param"]) == (422, param)
+        assert "nothing was applied" in err.body["error"]["message"]
+        assert ctrl.get("/admin/models") == []
+
+    def test_line_ends_in_args_and_env_values_pass(self, ctrl: Controller) -> None:
+        """A newline in an argument or an environment value is applied as given."""
+        entry = {"args": ["--chat-template", "{{ a }}\n{{ b }}"], "env": {"PEM": "x\ny\n"}}
+        ctrl.post("/admin/models", spec("m", **entry))
+        (model,) = ctrl.get("/admin/models")
+        assert (model["spec"]["args"], model["spec"]["env"]) == (entry["args"], entry["env"])
+
     def test_a_good_heartbeat_still_registers(self, ctrl: Controller) -> None:
         """Host names, fabrics and classes as agents report them pass."""
         ctrl.post("/v1/agents/gpu-01.example.com/heartbeat", heartbeat("gpu-01.example.com"))

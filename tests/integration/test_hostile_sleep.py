@@ -6,6 +6,7 @@ while the controller tells it to sleep must hold up nothing else on its node.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from llmgw.agent.sleeping import HttpSleepClient
 from llmgw.testing.wait import until
 from tests.integration.test_agent_supervision import AgentRig, ScriptedController, alive, sim_spec
 
@@ -81,3 +83,28 @@ class TestWedgedEngine:
             what="a's exit reported",
         )
         assert not alive(first.pid)
+
+
+class TestSilentIsSleeping:
+    """The question whether an engine is asleep has a short timeout of its own."""
+
+    async def test_an_unanswered_question_ends_without_an_answer(self) -> None:
+        """A socket that accepts and never answers /is_sleeping is "does not say" once the
+        question's own timeout passes, not after the sleep calls' minutes."""
+        held: list[asyncio.StreamWriter] = []
+
+        async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.append(writer)  # read nothing, answer nothing
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = HttpSleepClient(ask_timeout_s=0.3)
+        try:
+            got = await asyncio.wait_for(client.is_sleeping("127.0.0.1", port, "k"), timeout=10)
+            assert got is None
+        finally:
+            await client.close()
+            for w in held:
+                w.close()
+            server.close()
+            await server.wait_closed()

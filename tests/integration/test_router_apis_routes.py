@@ -143,6 +143,19 @@ class TestBadInputEachRoute:
             assert doc["type"] == "error"
             assert doc["error"]["type"] == "invalid_request_error"
 
+    @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/rerank"])
+    async def test_a_long_unknown_model_is_quoted_in_part(
+        self, url: str, session: aiohttp.ClientSession, path: str
+    ) -> None:
+        """A 60 kB unknown model name is a 404 quoting its first 256 characters and an
+        ellipsis, in the route's API's shape."""
+        name = "m" * 256 + "x" * 60_000
+        body = {"model": name, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+        got = await post(session, url, {**body, "query": "q", "documents": ["d"]}, path=path)
+        assert got.status == 404, got.body[:300]
+        assert len(got.body) < 1024
+        assert "m" * 256 + "…" in got.json()["error"]["message"]
+
     @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
     async def test_messages_wrong_method_anthropic_shaped(
         self, url: str, session: aiohttp.ClientSession, path: str

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from llmgw.agent.engineprocs import Exit
 from llmgw.agent.hostmem import host_memory_mib
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.statefile import StateStore
@@ -23,7 +24,8 @@ from tests.unit.test_agent_supervisor import FakeProbe, FakeSpawner, spec
 
 class FakeSleepClient:
     """Records every call; `fail` makes the next calls answer an error; `hold`, while
-    unset, keeps sleeps and wakes unanswered (an engine stopped or wedged)."""
+    unset, keeps sleeps and wakes unanswered (an engine stopped or wedged), and
+    `hold_asked` the same for /is_sleeping."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
@@ -31,6 +33,7 @@ class FakeSleepClient:
         self.hold: asyncio.Event | None = None
         self.asleep: bool | None = False
         self.asked = 0  # GET /is_sleeping calls
+        self.hold_asked: asyncio.Event | None = None
 
     async def sleep(self, host: str, port: int, api_key: str, level: int) -> str | None:
         self.calls.append(("sleep", str(level), api_key))
@@ -50,6 +53,8 @@ class FakeSleepClient:
 
     async def is_sleeping(self, host: str, port: int, api_key: str) -> bool | None:
         self.asked += 1
+        if self.hold_asked is not None:
+            await self.hold_asked.wait()
         return self.asleep
 
     async def close(self) -> None:
@@ -60,17 +65,18 @@ class FakeSleepClient:
 def rig(tmp_path: Path) -> dict[str, Any]:
     client = FakeSleepClient()
     probe = FakeProbe()
+    spawner = FakeSpawner()
     sup = Supervisor(
         log_dir=tmp_path / "logs",
         store=StateStore(tmp_path / "state", node="n1"),
         ports=PortAllocator(21000, 21009, is_free=lambda p: True),
-        spawner=FakeSpawner(),
+        spawner=spawner,
         probe=probe,
         clock=ManualClock(),
         sleep_client=client,
         call_wait_s=0.2,
     )
-    return {"sup": sup, "client": client, "probe": probe}
+    return {"sup": sup, "client": client, "probe": probe, "spawner": spawner}
 
 
 async def ready(rig: dict[str, Any], **kw: Any) -> Any:
@@ -159,6 +165,43 @@ class TestAdoptedAsleep:
         rig["probe"].ready_ports.add(21000)
         await rig["sup"].tick()
         assert rig["client"].asked == 0
+
+
+class TestUnansweredIsSleeping:
+    """An engine that answers /health but never /is_sleeping holds up nothing else."""
+
+    async def test_the_tick_goes_on_without_the_answer(self, rig: dict[str, Any]) -> None:
+        """While a's /is_sleeping goes unanswered, ticks return, b becomes ready and its
+        exit is reaped, and a is asked once and not reported ready until it answers."""
+        sup, client = rig["sup"], rig["client"]
+        client.hold_asked = asyncio.Event()
+        sup.apply([spec("a", sleep_mode=True), spec("b", gpu_indices=(1,))])
+        rig["probe"].ready_ports.update({21000, 21001})
+        await asyncio.wait_for(sup.tick(), timeout=5)
+        assert [st.state for st in sup.statuses()] == ["starting", "ready"]
+        rig["spawner"].spawned[1][2].exit = Exit(1)
+        for _ in range(2):
+            await asyncio.wait_for(sup.tick(), timeout=5)
+        assert [st.state for st in sup.statuses()] == ["starting", "failed"]
+        assert client.asked == 1
+        client.hold_asked.set()
+        await until(lambda: sup.statuses()[0].state == "ready", timeout_s=5)
+
+    async def test_a_stopped_engine_is_not_made_ready_by_a_late_answer(
+        self, rig: dict[str, Any]
+    ) -> None:
+        """An answer that comes after the controller stopped the engine changes nothing."""
+        sup, client = rig["sup"], rig["client"]
+        client.hold_asked = asyncio.Event()
+        sup.apply([spec("a", sleep_mode=True)])
+        rig["probe"].ready_ports.add(21000)
+        await asyncio.wait_for(sup.tick(), timeout=5)
+        sup.apply([])
+        client.hold_asked.set()
+        await sup.wait_call_finished(timeout_s=5)
+        assert [st.state for st in sup.statuses()] == ["starting"]
+        await sup.tick()
+        assert [st.state for st in sup.statuses()] == ["stopped"]
 
 
 class TestSwapOnOneCard:

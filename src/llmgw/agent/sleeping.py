@@ -12,7 +12,9 @@ tick; the state reported stays what the engine is known to be.
 An engine that becomes ready to the health probe is asked `GET /is_sleeping` when its
 model may sleep: an engine adopted after an agent restart may be asleep, and reporting it
 ready would send requests into its paused queue; it is reported `sleeping` instead, and
-woken if the controller lists it awake.
+woken if the controller lists it awake. The question is an engine call beside the tick
+(enginecalls.py), with a short timeout of its own; the shard stays `starting` until the
+answer, and an engine that does not say is reported ready, as before the question.
 
 Ranks above 0 of a multi-node vLLM replica run headless (no HTTP): rank 0's
 engine drives them, so they follow the listed state without a call.
@@ -53,9 +55,12 @@ class SleepClient(Protocol):
 class HttpSleepClient:
     """vLLM's dev-mode sleep routes and a one-token completion, over one session."""
 
-    def __init__(self, *, timeout_s: float = 300.0) -> None:
+    def __init__(self, *, timeout_s: float = 300.0, ask_timeout_s: float = 10.0) -> None:
         # A level-2 wake of a large model reads its weights again: minutes, not seconds.
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # GET /is_sleeping reads a flag: an engine silent this long does not say, and the
+        # shard asked is then reported ready rather than `starting` for the minutes above.
+        self._ask_timeout = aiohttp.ClientTimeout(total=ask_timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
     async def sleep(self, host: str, port: int, api_key: str, level: int) -> str | None:
@@ -74,7 +79,7 @@ class HttpSleepClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         url = f"http://{netloc(host)}:{port}/is_sleeping"
         try:
-            async with self._session.get(url, headers=headers) as resp:
+            async with self._session.get(url, headers=headers, timeout=self._ask_timeout) as resp:
                 if resp.status != 200:
                     return None
                 got = await resp.json(content_type=None)

@@ -228,6 +228,8 @@ class Supervisor:
         for sh in self._shards.values():
             if sh.state != "starting" or sh.proc is None or sh.stop_sent_at is not None:
                 continue
+            if self._calls.busy(sh.key):
+                continue  # healthy, asked whether it is asleep (_ask_asleep)
             if sh.health_path is None or sh.port is None:
                 # No HTTP to ask (vLLM headless ranks): alive is all we can know.
                 self._ready(sh)
@@ -236,23 +238,30 @@ class Supervisor:
         results = await asyncio.gather(
             *(self._probe.check(self._host, port, path) for _, port, path in probed)
         )
-        now_ready: list[Shard] = []
-        for (sh, _, _), ok in zip(probed, results, strict=True):
+        asked: list[asyncio.Task[None]] = []
+        for (sh, port, _), ok in zip(probed, results, strict=True):
             # Re-check: while the probes ran, a heartbeat may have stopped it.
-            if ok and sh.state == "starting" and sh.proc is not None and sh.stop_sent_at is None:
+            if not (ok and self._still_starting(sh)):
+                continue
+            if sh.spec.sleep_mode:
+                asked.append(self._calls.start(sh.key, self._ask_asleep(sh, port)))
+            else:
                 self._ready(sh)
-                now_ready.append(sh)
-        asked = [sh for sh in now_ready if sh.spec.sleep_mode and sh.port is not None]
-        asleep = await asyncio.gather(
-            *(
-                self._sleep_client.is_sleeping(self._host, sh.port, sh.api_key)
-                for sh in asked
-                if sh.port is not None
-            )
-        )
-        for sh, is_asleep in zip(asked, asleep, strict=True):
-            # An adopted engine may have been put to sleep before the agent restarted.
-            if is_asleep and sh.state == "ready":
+        await self._calls.wait_started(asked, timeout_s=self._call_wait_s)
+
+    def _still_starting(self, sh: Shard) -> bool:
+        return sh.state == "starting" and sh.proc is not None and sh.stop_sent_at is None
+
+    async def _ask_asleep(self, sh: Shard, port: int) -> None:
+        """A healthy engine whose model may sleep is ready or sleeping as it says
+        (sleeping.py): an engine call, since one that answers /health and never this
+        would otherwise hold the tick. It stays `starting` until the answer, as
+        reported ready it would be sent requests its paused queue never serves."""
+        asleep = await self._sleep_client.is_sleeping(self._host, port, sh.api_key)
+        # Re-check: while the question ran, a heartbeat may have stopped it.
+        if self._still_starting(sh):
+            self._ready(sh)
+            if asleep:
                 sh.state = "sleeping"
 
     async def _sync_sleep(self) -> None:

@@ -27,6 +27,7 @@ from llmgw.wire.models import (
     NAME_RULE,
     ModelSpec,
     env_from_problem,
+    launch_problem,
     names_problem,
     routing_problem,
     sleep_problem,
@@ -238,7 +239,12 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec | AdapterSpec]:
             problems.append(f"{source}: {where}: {describe(exc)}")
             continue
         wrong = (
-            (names_problem(spec) or sleep_problem(spec) or routing_problem(spec))
+            (
+                names_problem(spec)
+                or sleep_problem(spec)
+                or routing_problem(spec)
+                or launch_problem(spec)
+            )
             if isinstance(spec, ModelSpec)
             else None
         )

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import msgspec
 
 from llmgw.wire.models import Name
+from llmgw.wire.osstrings import control_at
 
 # Engines that serve LoRA adapters, and how (the agent renders it). Why not the others:
 ADAPTER_ENGINES: tuple[str, ...] = ("vllm", "llamacpp", "sim")
@@ -74,11 +75,10 @@ def loads_at_run_time(engine: str, env: dict[str, str]) -> bool:
 def source_problem(path: str) -> str | None:
     """Why no engine can be given `path` as an adapter's source; None when one can.
 
-    A NUL cannot be passed in a command line (every new replica of the base failed to
-    start with it) nor kept in PostgreSQL's text; no other control character is in a
-    real path, and each would reach the engines' logs and the operator's terminal.
+    The path rule of wire.osstrings: with a NUL every new replica of the base failed to
+    start.
     """
-    if any(ord(c) < 32 or c == "\x7f" for c in path):
+    if control_at(path) is not None:
         return f"source {path!r} holds a control character; a path has none"
     return None
 

@@ -9,6 +9,7 @@ import msgspec
 
 from llmgw.wire.agent import ENV_NAME_PATTERN, EngineKind, EnvName, SecretRef
 from llmgw.wire.names import MODEL_NAME_PATTERN, MODEL_NAME_RULE, label_problem
+from llmgw.wire.osstrings import char_at, control_at, nul_at
 
 # The documented sets live in wire.names; these names stay for their importers.
 NAME_PATTERN = MODEL_NAME_PATTERN
@@ -174,6 +175,41 @@ def names_problem(spec: ModelSpec) -> tuple[str, str] | None:
         problem = label_problem(cls)
         if problem is not None:
             return f"gpu_classes[{i}]", problem
+    return None
+
+
+_NO_NUL = "no command line or environment can pass one"
+_NO_CONTROL = "a path has none"
+
+
+def launch_problem(spec: ModelSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) with a string the OS would be handed for this spec; None
+    when nothing is.
+
+    What the agent puts in the engine's command line and environment may hold no NUL,
+    and a path no control character (wire.osstrings says why); a variable's name no `=`
+    either, which the OS reads as the end of the name. Routers open the path of
+    `routing.tokenizer`; served names are already in the name set. Checked where a spec
+    comes in, as `routing_problem`. The refusal says where the character is rather than
+    repeating the string: an argument may be megabytes.
+    """
+    paths = [("source", spec.source or "")]
+    paths += [(f"env_from.{n}.file", ref.file or "") for n, ref in spec.env_from.items()]
+    paths.append(("routing.tokenizer", spec.routing.tokenizer))
+    for field, path in paths:
+        at = control_at(path)
+        if at is not None:
+            return field, f"holds a control character ({char_at(path, at)}); {_NO_CONTROL}"
+    for i, arg in enumerate(spec.args):
+        at = nul_at(arg)
+        if at is not None:
+            return f"args[{i}]", f"holds a NUL ({char_at(arg, at)}); {_NO_NUL}"
+    for name, value in spec.env.items():
+        if nul_at(name) is not None or "=" in name:
+            return "env", f"variable name {name!r} holds a NUL or '='; {_NO_NUL}"
+        at = nul_at(value)
+        if at is not None:
+            return f"env.{name}", f"holds a NUL ({char_at(value, at)}); {_NO_NUL}"
     return None
 
 

@@ -21,8 +21,15 @@ from collections.abc import Mapping
 
 from llmgw.controller.errors import InvalidSpec
 from llmgw.wire.agent import Heartbeat
-from llmgw.wire.models import ModelSpec, names_problem, routing_problem, sleep_problem
+from llmgw.wire.models import (
+    ModelSpec,
+    launch_problem,
+    names_problem,
+    routing_problem,
+    sleep_problem,
+)
 from llmgw.wire.names import address_problem, label_problem
+from llmgw.wire.osstrings import control_at
 from llmgw.wire.usage import MAX_COUNT, UsageReport
 
 _PORTS = (1, 65535)
@@ -136,7 +143,7 @@ def check_usage(report: UsageReport) -> None:
 
 def _control(text: str) -> bool:
     # PostgreSQL's text holds no NUL; any control character is no name.
-    return any(ord(c) < 32 or c == "\x7f" for c in text)
+    return control_at(text) is not None
 
 
 def _counts(counts: Mapping[str, int], field: str) -> None:
@@ -157,4 +164,6 @@ def check_spec(spec: ModelSpec) -> tuple[str, str] | None:
     for cls in spec.gpu_classes:
         if not cls.strip():
             return "gpu_classes", "a GPU class must not be empty"
-    return names_problem(spec) or sleep_problem(spec) or routing_problem(spec)
+    return (
+        names_problem(spec) or sleep_problem(spec) or routing_problem(spec) or launch_problem(spec)
+    )

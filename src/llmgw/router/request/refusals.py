@@ -3,6 +3,11 @@
 Each is a `Whole` (http/answers.py) whose body is the one OpenAI error encoder's
 (`wire.errors.error_body`). Apart from errors.py, the exception tree, because
 that is imported before the compiled build is loaded and these are not.
+
+A name the client sent (a model) is quoted through `quoted_name`: it can be as
+long as the body limit allows, and quoted whole each refusal sent megabytes back,
+into every client and log that keeps the message (the Messages API's errors are
+these, reshaped).
 """
 
 from __future__ import annotations
@@ -10,6 +15,18 @@ from __future__ import annotations
 from llmgw.router.errors import FlowRefused, NoReplica
 from llmgw.router.http.answers import JSON, Whole, whole
 from llmgw.wire.errors import error_body
+
+# How much of a client's name an error quotes: more than any model name (128), less
+# than a line a person reads.
+QUOTED_NAME_CHARS = 256
+
+
+def quoted_name(name: str) -> str:
+    """`name` as a refusal quotes it: whole up to QUOTED_NAME_CHARS characters, else
+    its first ones and an ellipsis."""
+    if len(name) <= QUOTED_NAME_CHARS:
+        return name
+    return name[:QUOTED_NAME_CHARS] + "…"
 
 
 def error_response(
@@ -43,7 +60,7 @@ def unauthorized(message: str = "Invalid or missing API key.") -> Whole:
 def model_not_found(model: str) -> Whole:
     return error_response(
         404,
-        f"The model `{model}` does not exist.",
+        f"The model `{quoted_name(model)}` does not exist.",
         type="invalid_request_error",
         code="model_not_found",
         param="model",
@@ -62,7 +79,7 @@ def too_large(limit: int) -> Whole:
 def unavailable(exc: NoReplica) -> Whole:
     return error_response(
         503,
-        f"No replica of `{exc.model}` is available: {exc.why}.",
+        f"No replica of `{quoted_name(exc.model)}` is available: {exc.why}.",
         type="service_unavailable",
         code=exc.code,
         headers={"Retry-After": str(exc.retry_after_s)},
@@ -72,7 +89,7 @@ def unavailable(exc: NoReplica) -> Whole:
 def flow_refused(exc: FlowRefused) -> Whole:
     return error_response(
         exc.status,
-        f"Every replica of `{exc.model}` is at capacity: {exc.why}.",
+        f"Every replica of `{quoted_name(exc.model)}` is at capacity: {exc.why}.",
         type="rate_limit_exceeded" if exc.status == 429 else "service_unavailable",
         code=exc.code,
         headers={"Retry-After": str(exc.retry_after_s)},

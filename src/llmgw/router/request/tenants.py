@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterable
 
 from llmgw.router.http.answers import Whole
-from llmgw.router.request.refusals import error_response
+from llmgw.router.request.refusals import error_response, quoted_name
 from llmgw.runtime.clock import Clock
 from llmgw.wire.answerusage import Usage
 from llmgw.wire.keys import BudgetPeriod, ClientKey
@@ -273,7 +273,7 @@ class Tenants:
         if tenant.models is not None and model not in tenant.models:
             return error_response(
                 403,
-                f"The API key {tenant.name!r} may not use the model {model!r}.",
+                f"The API key {tenant.name!r} may not use the model {quoted_name(model)!r}.",
                 type="invalid_request_error",
                 code="model_not_allowed",
                 param="model",
