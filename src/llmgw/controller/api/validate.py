@@ -128,17 +128,18 @@ def check_usage(report: UsageReport) -> None:
                     param=f"tokens.{i}.{field}",
                 )
     for model, load in report.load.items():
-        for field, value in (
-            ("inflight", load.inflight),
-            ("held", load.held),
-            ("requests", load.requests),
-            ("interval_s", load.interval_s),
-        ):
-            if value < 0 or not math.isfinite(value):
-                raise InvalidSpec(
-                    f"usage report: load[{model!r}].{field} must be >= 0, got {value}",
-                    param=f"load.{model}.{field}",
-                )
+        # Bounded as the other counts are: autoscaling sums them over routers and
+        # divides them as floats, where a larger one (or a sum of two) raises.
+        _counts(
+            {"inflight": load.inflight, "held": load.held, "requests": load.requests},
+            f"load[{model!r}]",
+            param=f"load.{model}",
+        )
+        if load.interval_s < 0 or not math.isfinite(load.interval_s):
+            raise InvalidSpec(
+                f"usage report: load[{model!r}].interval_s must be >= 0, got {load.interval_s}",
+                param=f"load.{model}.interval_s",
+            )
 
 
 def _control(text: str) -> bool:
@@ -146,12 +147,14 @@ def _control(text: str) -> bool:
     return control_at(text) is not None
 
 
-def _counts(counts: Mapping[str, int], field: str) -> None:
+def _counts(counts: Mapping[str, int], field: str, *, param: str | None = None) -> None:
     for key, n in counts.items():
         if not 0 <= n <= MAX_COUNT:
+            # Not the number itself: one of 10**400 digits would fill the log line.
+            shown = n if -MAX_COUNT <= n <= MAX_COUNT else f"{len(str(abs(n)))} digits"
             raise InvalidSpec(
-                f"usage report: {field}[{key!r}] must be within 0..2**53, got {n}",
-                param=f"{field}.{key}",
+                f"usage report: {field}[{key!r}] must be within 0..2**53, got {shown}",
+                param=f"{param or field}.{key}",
             )
 
 
