@@ -7,19 +7,25 @@ One controller (SQLite in the test's folder, or a fresh PostgreSQL schema) on 12
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.integration import pg
 from tests.integration.controller_harness import Controller, Db, controller, spec
 from tests.integration.hostile import log_lines
 
 pytestmark = pytest.mark.timeout(120)
 
 TOKEN = "hostile-reports-token"
+HOUR = int(time.time() // 3600) * 3600
+MAX_COUNT = 2**53
 
 
 @pytest.fixture
@@ -27,6 +33,42 @@ def c(tmp_path: Path) -> Iterator[Controller]:
     with controller(Db(f"sqlite:///{tmp_path}/c.db"), token=TOKEN, log_dir=tmp_path) as ctl:
         ctl.post("/admin/models", [spec("m1")])
         yield ctl
+
+
+@dataclass(frozen=True)
+class Budgeted:
+    c: Controller
+    # The budgeted key's SHA-256, as routers name it in their demand.
+    sha256: str
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_c(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Budgeted]:
+    """A controller on each store, with a key of a 1000-token daily budget (`bk`)."""
+    with contextlib.ExitStack() as stack:
+        if request.param == "sqlite":
+            db = Db(f"sqlite:///{tmp_path}/c.db")
+        else:
+            schema = stack.enter_context(pg.fresh_schema())
+            db = Db(schema.url, schema.schema)
+        ctl = stack.enter_context(controller(db, token=TOKEN, log_dir=tmp_path))
+        made = ctl.post(
+            "/admin/keys", {"name": "bk", "team": "t", "budget": {"tokens": 1000, "per": "day"}}
+        )
+        yield Budgeted(ctl, hashlib.sha256(made["key"].encode()).hexdigest())
+
+
+def row(key: str, model: str, prompt: int, *, hour: int = HOUR) -> dict[str, Any]:
+    return {"hour": hour, "key": key, "team": "t", "model": model, "requests": 1,
+            "prompt_tokens": prompt, "completion_tokens": 0}  # fmt: skip
+
+
+def budget_left(b: Budgeted, router_id: str = "r9") -> float:
+    """What the controller answers a plain report of `router_id` as left of bk's budget."""
+    got = b.c.post("/v1/usage", {"router_id": router_id, "sent_at": time.time(),
+                                 "key_demand": [{"sha256": b.sha256}]})  # fmt: skip
+    (lease,) = got["leases"]
+    return float(lease["budget_left"])
 
 
 def usage(c: Controller, **fields: Any) -> Any:
@@ -51,3 +93,22 @@ class TestLoadCounts:
         c.wait_ticks(3)
         assert log_lines(c.program.log_text(), "tick crashed") == []
         assert log_lines(c.program.log_text(), "Traceback") == []
+
+
+class TestUsageSums:
+    """Sums of token usage over rows saturate instead of failing the store's read."""
+
+    def test_rows_summing_past_2_63_leave_reports_and_reads_working(
+        self, store_c: Budgeted
+    ) -> None:
+        """One report whose rows sum past a 64-bit integer is kept; every later report
+        and `/admin/usage` still answer 200, its sum shown as 2**53 (the counts' bound)."""
+        c = store_c.c
+        rows = [row("ov", f"m{i}", MAX_COUNT) for i in range(1100)]
+        c.post("/v1/usage", {"router_id": "r1", "sent_at": time.time(), "tokens": rows})
+        assert budget_left(store_c) == 1000.0
+        for by in ("key", "team", "model"):
+            got = c.get(f"/admin/usage?by={by}")["rows"]
+            assert all(r["prompt_tokens"] <= MAX_COUNT for r in got), by
+        (ov,) = [r for r in c.get("/admin/usage?by=key")["rows"] if r["key"] == "ov"]
+        assert (ov["requests"], ov["prompt_tokens"]) == (1100, MAX_COUNT)

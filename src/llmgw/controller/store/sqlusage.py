@@ -50,8 +50,12 @@ def query(conn: sa.Connection, *, since: int, by: UsageBy) -> list[UsageRow]:
     """Rows of hours from `since` on, summed over routers per hour and group."""
     t = tables.token_usage
     group = [t.c[n] for n in GROUPS[by]]
+    # SQLite's sum() of integers fails the whole read past 2**63 ("integer overflow");
+    # its total() is a float, exact while a sum stays within 2**53 (where usage_row
+    # caps it). PostgreSQL sums BIGINT into NUMERIC, which never overflows.
+    add = sa.func.sum if conn.dialect.name == "postgresql" else sa.func.total
     q = (
-        sa.select(t.c.hour, *group, *(sa.func.sum(t.c[f]) for f in FIELDS))
+        sa.select(t.c.hour, *group, *(add(t.c[f]) for f in FIELDS))
         .where(t.c.hour >= since)
         .group_by(t.c.hour, *group)
         .order_by(t.c.hour, *group)
@@ -59,7 +63,7 @@ def query(conn: sa.Connection, *, since: int, by: UsageBy) -> list[UsageRow]:
     out: list[UsageRow] = []
     for row in conn.execute(q):
         n = len(group)
-        # PostgreSQL sums BIGINT into NUMERIC (a Decimal): back to int.
+        # A Decimal (PostgreSQL) or a float (SQLite's total()): back to int.
         req, prompt, completion = (int(v) for v in row[1 + n :])
         out.append(usage_row(by, int(row[0]), tuple(row[1 : 1 + n]), req, prompt, completion))
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from llmgw.wire.usage import TokenUsage, UsageBy, UsageRow
+from llmgw.wire.usage import MAX_COUNT, TokenUsage, UsageBy, UsageRow
 
 # (hour, key, team, model, router_id): one row of the table.
 RowKey = tuple[int, str, str, str, str]
@@ -64,13 +64,20 @@ def totals(rows: Mapping[RowKey, Figures], *, since: int, by: UsageBy) -> list[U
 def usage_row(
     by: UsageBy, hour: int, group: Sequence[str], requests: int, prompt: int, completion: int
 ) -> UsageRow:
+    """One row of a sum; each figure capped at MAX_COUNT, the bound of a reported one.
+
+    Rows are bounded, their number is not: a router that reports many rows near the
+    bound makes a sum that a 64-bit column, a client's integer or a float can no
+    longer hold exactly. Capped, every store answers alike and the sum still reads
+    as more than any budget (wire.keys.Limit).
+    """
     named = dict(zip(GROUPS[by], group, strict=True))
     return UsageRow(
         hour=hour,
         key=named.get("key"),
         team=named.get("team"),
         model=named.get("model"),
-        requests=requests,
-        prompt_tokens=prompt,
-        completion_tokens=completion,
+        requests=min(requests, MAX_COUNT),
+        prompt_tokens=min(prompt, MAX_COUNT),
+        completion_tokens=min(completion, MAX_COUNT),
     )
