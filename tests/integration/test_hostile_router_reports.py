@@ -112,3 +112,32 @@ class TestUsageSums:
             assert all(r["prompt_tokens"] <= MAX_COUNT for r in got), by
         (ov,) = [r for r in c.get("/admin/usage?by=key")["rows"] if r["key"] == "ov"]
         assert (ov["requests"], ov["prompt_tokens"]) == (1100, MAX_COUNT)
+
+
+class TestBudgetHours:
+    """A key's budget counts the hours of its period, whatever hours a router reports."""
+
+    @pytest.mark.parametrize("days_ahead", [1, 400])
+    def test_a_row_of_a_later_period_is_not_spent_now(
+        self, store_c: Budgeted, days_ahead: int
+    ) -> None:
+        """A router whose clock runs days ahead reports hours of a later period: they
+        count there (once), not in today's budget too."""
+        ahead = HOUR + days_ahead * 86_400
+        store_c.c.post(
+            "/v1/usage",
+            {
+                "router_id": "r1",
+                "sent_at": time.time(),
+                "tokens": [row("bk", "m", 600, hour=ahead)],
+            },
+        )
+        assert budget_left(store_c) == 1000.0
+
+    def test_a_row_of_this_period_is_spent(self, store_c: Budgeted) -> None:
+        """The same row in the current hour is spent from today's budget."""
+        store_c.c.post(
+            "/v1/usage",
+            {"router_id": "r1", "sent_at": time.time(), "tokens": [row("bk", "m", 600)]},
+        )
+        assert budget_left(store_c) == 400.0

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import calendar
 import math
 import time
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.controller.leasebook import LeaseBook
-from llmgw.controller.leases import fair_shares, period_start
+from llmgw.controller.leases import fair_shares, period_end, period_start
 from llmgw.runtime.clock import ManualClock
-from llmgw.wire.keys import ClientKey
+from llmgw.wire.keys import BudgetPeriod, ClientKey
 from llmgw.wire.leases import KeyDemand, LeaseAnswer
 
 SHA = "a" * 64
@@ -207,7 +209,7 @@ class TestBudgetLeases:
 
 
 class TestPeriodStart:
-    """Where a budget's period begins, in UTC."""
+    """Where a budget's period begins and ends, in UTC."""
 
     def test_day_week_and_month(self) -> None:
         """Wednesday 2026-12-09 15:30 UTC: that day, Monday the 7th, the 1st of December."""
@@ -216,6 +218,23 @@ class TestPeriodStart:
         assert period_start("day", wall) == 1_796_774_400
         assert period_start("week", wall) == 1_796_774_400 - 2 * 86_400
         assert period_start("month", wall) == 1_796_774_400 - 8 * 86_400
+
+    @pytest.mark.parametrize(
+        ("per", "start", "end"),
+        [
+            ("day", "2026-12-09", "2026-12-10"),
+            ("week", "2026-12-07", "2026-12-14"),
+            ("month", "2026-12-01", "2027-01-01"),
+            ("month", "2027-02-01", "2027-03-01"),
+        ],
+    )
+    def test_a_period_ends_where_the_next_starts(
+        self, per: BudgetPeriod, start: str, end: str
+    ) -> None:
+        """The end of a day, a week (from Monday) or a month is the next one's start."""
+        day = calendar.timegm(time.strptime(start, "%Y-%m-%d"))
+        assert calendar.timegm(time.strptime(end, "%Y-%m-%d")) == period_end(per, day)
+        assert period_start(per, period_end(per, day)) == period_end(per, day)
 
 
 def reference_grant(

@@ -72,3 +72,13 @@ def period_start(per: BudgetPeriod, wall: float) -> int:
     if per == "week":
         return day - t.tm_wday * 86_400
     return calendar.timegm((t.tm_year, t.tm_mon, 1, 0, 0, 0))
+
+
+def period_end(per: BudgetPeriod, start: int) -> int:
+    """Unix seconds at the start of the period after the one that starts at `start`."""
+    if per == "day":
+        return start + 86_400
+    if per == "week":
+        return start + 7 * 86_400
+    # Any moment 32 days into a month is in the next one.
+    return period_start(per, start + 32 * 86_400)

@@ -22,7 +22,7 @@ from llmgw.controller.api.decode import decode, query
 from llmgw.controller.api.routes import SERVICES, json_response
 from llmgw.controller.api.validate import check_usage
 from llmgw.controller.errors import InvalidRequest, StoreUnavailable
-from llmgw.controller.leases import period_start
+from llmgw.controller.leases import period_end, period_start
 from llmgw.controller.store import Store, StoreError
 from llmgw.wire.keys import ClientKey
 from llmgw.wire.usage import (
@@ -65,12 +65,20 @@ async def report(request: web.Request) -> web.Response:
 
 
 def budget_spent(store: Store, keys: list[ClientKey], wall: float) -> dict[str, int]:
-    """Key name → tokens used in its budget's current period, over every router."""
-    starts = {k.name: period_start(k.budget.per, wall) for k in keys if k.budget is not None}
+    """Key name → tokens used in its budget's current period, over every router.
+
+    Only the period's hours: a router whose clock runs ahead reports hours of a later
+    period, which count in that period when it comes, not in this one as well.
+    """
+    spans: dict[str, tuple[int, int]] = {}
+    for k in keys:
+        if k.budget is not None:
+            start = period_start(k.budget.per, wall)
+            spans[k.name] = (start, period_end(k.budget.per, start))
     out: dict[str, int] = {}
-    for row in store.usage(since=min(starts.values()), by="key"):
-        start = starts.get(row.key or "")
-        if start is not None and row.hour >= start:
+    for row in store.usage(since=min(s for s, _ in spans.values()), by="key"):
+        span = spans.get(row.key or "")
+        if span is not None and span[0] <= row.hour < span[1]:
             out[row.key or ""] = (
                 out.get(row.key or "", 0) + row.prompt_tokens + row.completion_tokens
             )
