@@ -141,3 +141,24 @@ class TestBudgetHours:
             {"router_id": "r1", "sent_at": time.time(), "tokens": [row("bk", "m", 600)]},
         )
         assert budget_left(store_c) == 400.0
+
+
+class TestRouterId:
+    """A report's router_id is a name the store can keep and a table can show."""
+
+    @pytest.mark.parametrize(
+        "router_id",
+        ["r\u0000x", "\u001b[31mred", "r" * 257],
+        ids=["nul", "esc", "long"],
+    )
+    def test_a_router_id_no_store_or_table_takes_is_refused(
+        self, store_c: Budgeted, router_id: str
+    ) -> None:
+        """A control character or a name past 256 is a 422 naming router_id, never a 503
+        the router would retry forever, and nothing of the report is kept."""
+        body = {"router_id": router_id, "sent_at": time.time(), "tokens": [row("bk", "m", 5)],
+                "key_demand": [{"sha256": store_c.sha256}]}  # fmt: skip
+        err = store_c.c.error("POST", "/v1/usage", body)
+        assert (err.status, err.body["error"]["param"]) == (422, "router_id")
+        assert store_c.c.get("/admin/usage")["rows"] == []
+        assert [k["shares"] for k in store_c.c.get("/admin/keys")] == [[]]

@@ -83,8 +83,10 @@ class FlowQueued(msgspec.Struct, frozen=True, kw_only=True):
 class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     """Body of `POST /v1/usage`."""
 
-    # Stable for one router process; a restarted router gets a new one.
-    router_id: Annotated[str, msgspec.Meta(min_length=1)]
+    # Stable for one router process; a restarted router gets a new one. Bounded as the
+    # names in `tokens` are: it is their counter when `counter_id` is "" (a store
+    # column, where PostgreSQL's text holds no NUL), and `ctl keys list` shows it.
+    router_id: Annotated[UsageName, msgspec.Meta(min_length=1)]
     # Unix seconds when the router built this report.
     sent_at: float
     # Endpoint id → unix seconds of the last dispatch there. Endpoints never used
