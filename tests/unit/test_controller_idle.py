@@ -50,6 +50,15 @@ class TestLastUsedMerge:
         t.ingest(report("a", last_used={"r": NOW + 3}))
         assert t.idle_for("r", now=NOW) == 0.0
 
+    def test_a_future_timestamp_does_not_pin_a_replica(self) -> None:
+        """A use reported far ahead of our clock counts as a use when it was heard of:
+        once that router goes quiet the replica grows idle, not idle 0 for ever."""
+        clock = ManualClock()
+        t = IdleTracker(clock=clock)
+        t.ingest(report("a", last_used={"r": NOW + 1e12}))
+        clock.advance(600.0)
+        assert t.idle_for("r", now=clock.wall()) == 600.0
+
     def test_non_finite_timestamps_are_ignored(self) -> None:
         """NaN or infinity is not a measurement; the replica stays unknown."""
         t = IdleTracker(clock=ManualClock())

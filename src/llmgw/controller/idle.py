@@ -78,9 +78,14 @@ class IdleTracker:
     def ingest(self, report: UsageReport) -> None:
         """Merge one router's report: newest timestamp wins; absent entries change nothing."""
         last_used = self._last_used
-        for rid, at in report.last_used.items():
-            if not math.isfinite(at):
+        # A router's clock ahead of ours: its use counts as when we heard of it. Kept
+        # as sent, one far ahead would outrank every later use, and the replica would
+        # read idle 0 long after that router went quiet (never evicted, never slept).
+        heard = self._clock.wall()
+        for rid, sent in report.last_used.items():
+            if not math.isfinite(sent):
                 continue  # not a measurement; unknown stays unknown
+            at = min(sent, heard)
             known = last_used.get(rid)
             if known is None or at > known:
                 last_used[rid] = at
