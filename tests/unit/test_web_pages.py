@@ -176,3 +176,17 @@ class TestAllowedHostsSetting:
         argv = ["--print-inventory", "--gpus", "1xH100-80G", "--allowed-host", "*.example"]
         with pytest.raises(AgentConfigError, match="allowed-host"):
             agent_config.parse_config(argv)
+
+
+class TestOpenController:
+    """A controller served beyond loopback without a token answers every name it is reached by."""
+
+    def test_insecure_beyond_loopback_answers_any_name(self) -> None:
+        """--insecure on 0.0.0.0: agents and routers reach it by their own name for it."""
+        cfg = controller_config.parse_args(["--host", "0.0.0.0", "--insecure"], environ={})
+        assert cfg.own_names.allows("controller.internal:8081")
+
+    def test_loopback_still_refuses_a_foreign_name(self) -> None:
+        """On loopback the check stands: only a rebound page reaches it by a foreign name."""
+        cfg = controller_config.parse_args([], environ={})
+        assert not cfg.own_names.allows("evil.example:8081")

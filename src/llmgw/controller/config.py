@@ -23,7 +23,7 @@ from llmgw.runtime import configfile, logs, secretfile
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.tracing import TracingSettings
 from llmgw.runtime.version import add_version_argument
-from llmgw.runtime.webpages import OwnNames, host_problem
+from llmgw.runtime.webpages import ANY_HOST, OwnNames, host_problem
 from llmgw.wire.names import label_problem
 
 DEFAULT_DATABASE = "sqlite:///./.llmgw/controller.db"
@@ -103,7 +103,11 @@ class ControllerConfig:
 
     @property
     def own_names(self) -> OwnNames:
-        """The Host names answered without a token (api/auth.py)."""
+        """The Host names answered without a token (api/auth.py): any, once served
+        beyond loopback (--insecure): every peer on the network reaches it already, by
+        whatever name it has there, and a rebound web page gains nothing more."""
+        if not is_loopback(self.host):
+            return OwnNames(allowed=(ANY_HOST,))
         return OwnNames(bind=self.host, allowed=self.allowed_hosts)
 
     @property
@@ -218,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="without a token, a Host name answered besides IP addresses, localhost and "
         "--host (repeat; * for any): any other is 403, since a web page can point a name "
-        "of its own at this address (DNS rebinding)",
+        "of its own at this address (DNS rebinding); beyond loopback (--insecure): any",
     )
     p.add_argument(
         "--database", default=d.database, help="sqlite:///… | postgresql://… | memory://"
