@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def post(path: str, payload: bytes) -> bytes:
     return (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
     ).encode() + payload
 
@@ -36,15 +36,15 @@ class TestAgentRefusals:
                 assert ans.json()["error"]["message"].startswith("bad body"), ans.body
             for data, status in (
                 (post("/gpus/x/unhealthy", b""), 404),
-                (b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404),
-                (b"DELETE /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405),
-                (b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 9000 + b"\r\n\r\n", 400),
+                (b"GET /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 404),
+                (b"DELETE /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 405),
+                (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n", 400),
             ):
                 ans = raw_request(agent.port, data)
                 assert ans.status == status, (data[:30], ans.status, ans.body)
                 assert isinstance(ans.json()["error"]["message"], str)
             ok = raw_request(
-                agent.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                agent.port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
             )
             assert ok.status == 200
             assert agent.alive()

@@ -7,8 +7,12 @@
     POST /gpus/{index}/healthy       → the GPU (fake inventory only)
 
 The server binds 127.0.0.1; a request from any other peer is refused with 403
-all the same, so a misconfigured bind cannot expose fault injection. Fault
-routes answer 409 on real GPUs (NVML) and 404 for an unknown index.
+all the same, so a misconfigured bind cannot expose fault injection. No token
+guards it, so a web page in a browser on the node is refused too (403,
+runtime/webpages.py): a write with a browser's `Origin` or `Sec-Fetch-Site`, and
+any request whose `Host` is not an IP literal, localhost or one of
+`allowed_hosts` (DNS rebinding). Fault routes answer 409 on real GPUs (NVML) and
+404 for an unknown index.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ from llmgw.agent.service import Agent
 from llmgw.agent.statefile import refusal_in
 from llmgw.runtime.logs import kv
 from llmgw.runtime.netaddr import is_loopback
+from llmgw.runtime.webpages import OwnNames, write_refusal
 
 log = logging.getLogger(__name__)
 
 AGENT_KEY: web.AppKey[Agent] = web.AppKey("agent", Agent)
 METRICS_KEY: web.AppKey[AgentMetrics] = web.AppKey("metrics", AgentMetrics)
 STOP_KEY: web.AppKey[asyncio.Event] = web.AppKey("stop", asyncio.Event)
+NAMES_KEY: web.AppKey[OwnNames] = web.AppKey("names", OwnNames)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -53,6 +59,12 @@ def _error(status: int, message: str) -> web.Response:
 async def loopback_only(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not is_loopback(request.remote):
         return _error(403, "the agent answers loopback clients only")
+    why = write_refusal(request.method, request.headers)
+    if why is None:
+        why = request.app[NAMES_KEY].refusal(request.headers.get("Host"))
+    if why is not None:
+        log.warning("refused request status=403 path=%s why=%s", request.path[:200], why[:160])
+        return _error(403, f"{request.method} {request.path}: {why}")
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -122,6 +134,8 @@ def build_app(agent: Agent, *, stop: asyncio.Event | None = None) -> web.Applica
     app[AGENT_KEY] = agent
     app[METRICS_KEY] = AgentMetrics(agent)
     app[STOP_KEY] = stop or asyncio.Event()
+    # It binds 127.0.0.1 (main.py): no name of its own beyond those allowed.
+    app[NAMES_KEY] = OwnNames(allowed=agent.config.allowed_hosts)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/status", status)
     app.router.add_get("/metrics", metrics)

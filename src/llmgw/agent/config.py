@@ -33,6 +33,7 @@ from llmgw.agent.secretrefs import is_private_env
 from llmgw.agent.templates import parse_engine_bins
 from llmgw.runtime import envflags, logs, secretfile
 from llmgw.runtime.version import add_version_argument
+from llmgw.runtime.webpages import host_problem
 from llmgw.wire.agent import ENV_NAME_PATTERN
 from llmgw.wire.names import label_problem
 from llmgw.wire.policy import SpecPolicy
@@ -71,6 +72,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     address: str = ""
     # The agent's own loopback HTTP port (status, fault injection); 0 picks one.
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    # Host names that port answers besides IP literals and localhost ("*": any): a web
+    # page can point a name of its own at 127.0.0.1 (runtime/webpages.py).
+    allowed_hosts: tuple[str, ...] = ()
     interval_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
     # Engine logs; default <state_dir>/logs.
     log_dir: str | None = None
@@ -140,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="where the re-adoption state file lives")
     p.add_argument("--address", help="address engines are reached on (default: host name)")
     p.add_argument("--port", type=int, help="the agent's own loopback HTTP port (default 0)")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        dest="allowed_hosts",
+        help="a Host name that port answers besides IP addresses and localhost (repeat; "
+        "* for any): any other is 403, since a web page can point a name of its own at "
+        "127.0.0.1 (DNS rebinding)",
+    )
     p.add_argument("--interval-s", type=float, help="heartbeat/supervision tick (default 2)")
     p.add_argument("--log-dir", help="engine logs (default <state-dir>/logs)")
     p.add_argument("--stop-grace-s", type=float, help="SIGTERM→SIGKILL grace (default 10)")
@@ -185,7 +197,7 @@ def _from_file(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise AgentConfigError(f"config {path}: expected a mapping of settings")
     out = {str(k).replace("-", "_"): v for k, v in doc.items()}
-    for key in ("controller", "fabric", "secret_env"):
+    for key in ("controller", "fabric", "secret_env", "allowed_hosts"):
         if isinstance(out.get(key), str):
             out[key] = [out[key]]
     return out
@@ -233,6 +245,10 @@ def _check(cfg: AgentConfig) -> None:
     except ValueError as exc:
         raise AgentConfigError(str(exc)) from exc
     _check_secret_env(cfg.secret_env)
+    for name in cfg.allowed_hosts:
+        problem = host_problem(name)
+        if problem is not None:
+            raise AgentConfigError(f"--allowed-host {problem}")
     if cfg.print_inventory:
         return
     missing = [

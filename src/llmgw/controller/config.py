@@ -23,6 +23,7 @@ from llmgw.runtime import configfile, logs, secretfile
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.tracing import TracingSettings
 from llmgw.runtime.version import add_version_argument
+from llmgw.runtime.webpages import ANY_HOST, OwnNames, host_problem
 from llmgw.wire.names import label_problem
 
 DEFAULT_DATABASE = "sqlite:///./.llmgw/controller.db"
@@ -55,6 +56,9 @@ class ControllerConfig:
     agent_token: str | None = None
     node_tokens: dict[str, str] = field(default_factory=dict)
     router_token: str | None = None
+    # Host names a controller without a token answers besides IP literals, localhost
+    # and `host` (runtime/webpages.py: DNS rebinding); "*": any. Unused with a token.
+    allowed_hosts: tuple[str, ...] = ()
     # How often the reconcile loop runs (and leadership is checked).
     tick_s: float = 1.0
     # A node with no heartbeat for this long is shown unreachable.
@@ -96,6 +100,15 @@ class ControllerConfig:
     # OpenTelemetry spans of the controller's actions (fleet/spans.py, docs/tracing.md);
     # None (the default): off, and the SDK is never imported.
     tracing: TracingSettings | None = None
+
+    @property
+    def own_names(self) -> OwnNames:
+        """The Host names answered without a token (api/auth.py): any, once served
+        beyond loopback (--insecure): every peer on the network reaches it already, by
+        whatever name it has there, and a rebound web page gains nothing more."""
+        if not is_loopback(self.host):
+            return OwnNames(allowed=(ANY_HOST,))
+        return OwnNames(bind=self.host, allowed=self.allowed_hosts)
 
     @property
     def flush_s(self) -> float:
@@ -202,6 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_format_argument(p)
     add_version_argument(p, "controller")
     p.add_argument("--port", type=int, default=8081, help="listen port; 0 picks one")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        dest="allowed_hosts",
+        default=None,
+        help="without a token, a Host name answered besides IP addresses, localhost and "
+        "--host (repeat; * for any): any other is 403, since a web page can point a name "
+        "of its own at this address (DNS rebinding); beyond loopback (--insecure): any",
+    )
     p.add_argument(
         "--database", default=d.database, help="sqlite:///… | postgresql://… | memory://"
     )
@@ -436,8 +458,14 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Con
             f"route would be open to anyone who reaches it: give --token-file (or "
             f"{TOKEN_ENV}), or --insecure to serve it open anyway"
         )
+    allowed_hosts = tuple(a.allowed_hosts or ())
+    for name in allowed_hosts:
+        problem = host_problem(name)
+        if problem is not None:
+            p.error(f"--allowed-host {problem}")
     return ControllerConfig(
         host=a.host,
+        allowed_hosts=allowed_hosts,
         port=a.port,
         database=database,
         schema=a.schema,

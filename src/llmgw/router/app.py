@@ -111,12 +111,14 @@ def build_app(
     *,
     config_path: str | Path | None = None,
     link: WorkerLink | None = None,
+    host: str | None = None,
 ) -> RouterApp:
     """The router for `cfg`; with `config_path`, the file is watched for reloads.
 
     With `link` it is one worker of several (worker.py): the supervisor at the
     other end scrapes, reloads, follows the controller and reports usage for the
     host, and answers /metrics and /admin/usage for all the workers together.
+    `host`: the listen address, a name the admin routes answer without a token.
     """
     built = compiled.STATUS
     if built.modules:
@@ -131,7 +133,7 @@ def build_app(
     if cfg.tracing is not None:
         state.tracing = Tracing(cfg.tracing)
     proxy = Proxy(state)
-    routes = FastRoutes(proxy, PassThrough(proxy), link=link)
+    routes = FastRoutes(proxy, PassThrough(proxy), link=link, host=host)
     # Every worker follows the engines' KV events itself: each keeps its own
     # prefix index, so each needs the exact block sets (docs/routing.md).
     follow = KVEventFollower(state.kv_events).run()

@@ -17,6 +17,7 @@ Shape (every key but `endpoints`/`controller` optional):
     api_keys: [{name, sha256}]
     tracing: {endpoint, service_name?, sample_ratio?}   # off when absent
     admin_token: ...
+    allowed_hosts: [...]     # names the admin routes answer without admin_token
     router_id: ...
 
 Secrets need not be in the file: `admin_token`, `metrics_token` and the
@@ -41,6 +42,7 @@ from llmgw.router.errors import RouterConfigError
 from llmgw.router.replicas.enginemetrics import ENGINES
 from llmgw.runtime import secretfile
 from llmgw.runtime.logs import kv
+from llmgw.runtime.webpages import host_problem
 from llmgw.wire.endpoints import EndpointInfo
 from llmgw.wire.keys import ClientKey
 
@@ -200,8 +202,11 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     breaker: BreakerSettings = msgspec.field(default_factory=BreakerSettings)
     # Empty: /v1/* is open. Otherwise `Authorization: Bearer <key>` is required.
     api_keys: tuple[ApiKey, ...] = ()
-    # None: admin endpoints answer only on loopback.
+    # None: admin endpoints answer only on loopback, and only to a Host that is an IP
+    # literal, localhost, --host or one of `allowed_hosts` (runtime/webpages.py).
     admin_token: str | None = None
+    # Host names the admin routes answer without admin_token, beside those ("*": any).
+    allowed_hosts: tuple[str, ...] = ()
     # None: /metrics is open. Set: it needs `Authorization: Bearer <token>`
     # (Prometheus: `authorization: {credentials: ...}` in the scrape config).
     metrics_token: str | None = None
@@ -214,6 +219,10 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             )
         if self.breaker.max_cooldown_s < self.breaker.cooldown_s:
             raise ValueError("breaker.max_cooldown_s must be at least breaker.cooldown_s")
+        for name in self.allowed_hosts:
+            problem = host_problem(name)
+            if problem is not None:
+                raise ValueError(f"allowed_hosts {problem}")
         if self.controller is not None and self.endpoints:
             raise ValueError("endpoints must be empty when controller is set (it supplies them)")
         seen: set[str] = set()

@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
         # the soft limit goes to the hard one, and serve_app caps client connections
         # at half of it (runtime.httpserver.connection_cap).
         raise_nofile_limit()
-        app = build_app(cfg, config_path=args.config)
+        app = build_app(cfg, config_path=args.config, host=args.host)
         settle_gc()
         return await serve.serve_app(
             app,
@@ -205,7 +205,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise_nofile_limit()
         link, sock = await connect(spec)
         cfg = link.setup.cfg
-        app = build_app(cfg, link=link)
+        app = build_app(cfg, link=link, host=args.host)
         settle_gc()
 
         async def started(_port: int) -> None:

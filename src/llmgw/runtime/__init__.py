@@ -13,5 +13,6 @@ configfile   flags from a YAML file (the controller's --config)
 sdnotify     systemd's READY=1, STOPPING=1 and watchdog
 lockfile     one process per state folder
 netaddr      address helpers
+webpages     what a web page may not ask of a server without a token (writes, rebound names)
 tracing      OpenTelemetry span export (router and controller), the SDK loaded only when on
 """

@@ -6,7 +6,8 @@ may only heartbeat (a node's token only as that node) and the router's token
 may only read endpoints and post usage. A valid token in the wrong place is 403
 (Forbidden), a missing or wrong one 401 (TokenRejected). Tokens are compared in
 constant time. A write from a web page (a browser's `Origin` or `Sec-Fetch-Site`) is
-403 whatever its token (`refuse_web_writes`).
+403 whatever its token (`refuse_web_writes`); without a token, so is a request whose
+`Host` is not one of the controller's names (`refuse_foreign_host`: DNS rebinding).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from llmgw.controller.config import ControllerConfig
 from llmgw.controller.errors import Forbidden, TokenRejected
+from llmgw.runtime.webpages import OwnNames, write_refusal
 
 # Routes a client may call without the token: liveness, the API's own description, and
 # the status page's static files (no data in them; the page fetches its data with a token).
@@ -76,28 +78,20 @@ def scoped_token_allows(request: web.Request, given: bytes, cfg: ControllerConfi
     return False
 
 
-# Methods that change nothing (OPTIONS: a browser's preflight, answered 405 anyway).
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
 def refuse_web_writes(request: web.Request) -> None:
-    """Forbidden for a write a browser made; every write comes from a program.
+    """Forbidden for a write a browser made, whatever its token (runtime/webpages.py):
+    a page on any site could apply a spec (what runs on the GPU nodes) or drain a node."""
+    why = write_refusal(request.method, request.headers)
+    if why is not None:
+        raise Forbidden(f"{request.method} {request.path}: {why}")
 
-    A page on any site can make the operator's browser POST `text/plain`, or no body,
-    without a preflight, and a controller on loopback without a token takes any write:
-    one visit could apply a spec (its engine, args and source run on the GPU nodes) or
-    drain a node. Browsers mark what they send with `Origin` (every cross-site POST and
-    DELETE) and `Sec-Fetch-Site`; ctl, agents and routers send neither, and the status
-    page only reads. Any value is refused, same-origin included: a host name that
-    rebinds to 127.0.0.1 makes a hostile page same-origin.
-    """
-    if request.method in SAFE_METHODS:
-        return
-    if "Origin" in request.headers or "Sec-Fetch-Site" in request.headers:
-        raise Forbidden(
-            f"{request.method} {request.path}: a write from a web page is refused "
-            "(it carries a browser's Origin or Sec-Fetch-Site); use llmgw ctl or the API"
-        )
+
+def refuse_foreign_host(request: web.Request, names: OwnNames) -> None:
+    """Forbidden for a tokenless request to a name that is not the controller's: a page
+    that pointed its own name at 127.0.0.1 would read the fleet, keys' hashes, events."""
+    why = names.refusal(request.headers.get("Host"))
+    if why is not None:
+        raise Forbidden(why)
 
 
 def authorize(
@@ -107,9 +101,14 @@ def authorize(
     metrics_token: str | None = None,
     *,
     scoped: ControllerConfig | None = None,
+    names: OwnNames | None = None,
 ) -> None:
     """The admin token may do anything; the read token may GET what READ_PATHS name;
-    the metrics token may GET /metrics, which then needs a token even without `token`."""
+    the metrics token may GET /metrics, which then needs a token even without `token`.
+
+    `names`: the Host names a tokenless controller answers (None: any; the caller's
+    choice in unit tests of tokens). A controller with a token answers its open routes
+    by any name: they carry no fleet data, and probes and proxies use names."""
     refuse_web_writes(request)
     path = request.path
     # aiohttp passes header bytes that are not UTF-8 on as surrogate escapes: back to
@@ -122,7 +121,11 @@ def authorize(
             raise TokenRejected(
                 "/metrics needs the metrics token" if given else "a bearer token is required"
             )
-    if token is None or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
+    if token is None:
+        if names is not None:
+            refuse_foreign_host(request, names)
+        return
+    if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
         return
     if hmac.compare_digest(given, f"Bearer {token}".encode()):
         return

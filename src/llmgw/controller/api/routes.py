@@ -68,7 +68,14 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         services = request.app[SERVICES]
         cfg = services.config
-        authorize(request, cfg.token, cfg.read_token, cfg.metrics_token, scoped=cfg)
+        authorize(
+            request,
+            cfg.token,
+            cfg.read_token,
+            cfg.metrics_token,
+            scoped=cfg,
+            names=cfg.own_names,
+        )
         return await handler(request)
     except ControllerRefusal as exc:
         status, kind = http_status(exc)

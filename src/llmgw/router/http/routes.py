@@ -26,6 +26,7 @@ from llmgw.router.routing.scheduler import choose
 from llmgw.router.wiring import Router
 from llmgw.router.workers.ipc import ChannelClosed
 from llmgw.router.workers.worker import WorkerLink
+from llmgw.runtime.webpages import OwnNames, write_refusal
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +39,21 @@ class FastRoutes:
     The proxied POST routes first, then GET (and HEAD) ones, then the
     OpenAI-shaped 404/405 for anything else (never a plain-text page). `link`:
     in a worker (--workers N), its link to the supervisor, which answers
-    /metrics and /admin/usage for all the workers together.
+    /metrics and /admin/usage for all the workers together. `host`: the listen
+    address (--host), a name the admin routes answer without a token.
     """
 
     def __init__(
-        self, proxy: Proxy, passthrough: PassThrough, *, link: WorkerLink | None = None
+        self,
+        proxy: Proxy,
+        passthrough: PassThrough,
+        *,
+        link: WorkerLink | None = None,
+        host: str | None = None,
     ) -> None:
         self.proxy = proxy
         self.passthrough = passthrough
-        own = _Own(proxy.state, link)
+        own = _Own(proxy.state, link, host)
         self.listing = Listing(proxy.state)
         self.gets = {
             "/v1/models": self.listing.models,
@@ -130,9 +137,10 @@ def _without_userinfo(url: str) -> str:
 class _Own:
     """The router's own routes that read its state: health, readiness, metrics, admin."""
 
-    def __init__(self, state: Router, link: WorkerLink | None) -> None:
+    def __init__(self, state: Router, link: WorkerLink | None, host: str | None) -> None:
         self.state = state
         self.link = link
+        self.host = host
 
     async def healthz(self, request: Req) -> Whole:
         # `program` and `controller` let `ctl --controller <this router>` say where to go.
@@ -166,7 +174,19 @@ class _Own:
         return whole(200, body, content_type=CONTENT_TYPE)
 
     def _admin_denied(self, request: Req) -> Whole | None:
+        """The answer that refuses an admin request, or None to serve it.
+
+        Only the admin routes ask about web pages (runtime/webpages.py): a client
+        reaches /v1 by any name, and that path pays nothing for the check.
+        """
         cfg = self.state.cfg
+        why = write_refusal(request.method, request.headers)
+        if why is None and cfg.admin_token is None:
+            # Tokenless, loopback is the guard, and a rebound name gets past it.
+            names = OwnNames(bind=self.host, allowed=cfg.allowed_hosts)
+            why = names.refusal(request.headers.get("Host"))
+        if why is not None:
+            return error_response(403, why, type="permission_error", code="web_page_refused")
         if admin_allowed(
             token=cfg.admin_token,
             authorization=request.headers.get("Authorization"),
