@@ -31,7 +31,7 @@ from llmgw.agent.errors import AgentError
 from llmgw.agent.ports import parse_range
 from llmgw.agent.secretrefs import is_private_env
 from llmgw.agent.templates import parse_engine_bins
-from llmgw.runtime import envflags, logs, secretfile
+from llmgw.runtime import envflags, logs, secretfile, textfile
 from llmgw.runtime.version import add_version_argument
 from llmgw.runtime.webpages import host_problem
 from llmgw.wire.agent import ENV_NAME_PATTERN
@@ -184,12 +184,12 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
 
 def _from_file(path: str) -> dict[str, Any]:
     try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        doc = yaml.safe_load(textfile.read(path))
+    except textfile.TextFileError as exc:
+        raise AgentConfigError(f"config {path}: {exc}") from None
+    except yaml.YAMLError as exc:
         # One line: a YAML error's text puts the position and a caret on lines of their own.
         raise AgentConfigError(f"cannot read config {path}: {' '.join(str(exc).split())}") from exc
-    except UnicodeDecodeError:
-        raise AgentConfigError(f"cannot read config {path}: not UTF-8 text") from None
     except RecursionError:
         raise AgentConfigError(f"cannot read config {path}: nested too deeply") from None
     if doc is None:

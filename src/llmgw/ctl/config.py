@@ -53,14 +53,14 @@ def config_path(env: Mapping[str, str], home: Path) -> Path:
 
 def read_config(path: Path) -> dict[str, str]:
     """The config file's settings; {} when it does not exist."""
+    from llmgw.runtime import textfile
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        text = textfile.read(path)
+    except textfile.TextFileMissing:
         return {}
-    except OSError as exc:
-        raise CtlError(f"{path}: cannot read: {exc.strerror}") from exc
-    except UnicodeDecodeError:
-        raise CtlError(f"{path}: not UTF-8 text") from None
+    except textfile.TextFileError as exc:
+        raise CtlError(f"{path}: {exc}") from None
     import yaml  # only here: most runs never read the file
 
     try:

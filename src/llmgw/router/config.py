@@ -40,7 +40,7 @@ import yaml
 
 from llmgw.router.errors import RouterConfigError
 from llmgw.router.replicas.enginemetrics import ENGINES
-from llmgw.runtime import secretfile
+from llmgw.runtime import secretfile, textfile
 from llmgw.runtime.logs import kv
 from llmgw.runtime.webpages import host_problem
 from llmgw.wire.endpoints import EndpointInfo
@@ -403,12 +403,11 @@ def check_retired_env(env: Mapping[str, str]) -> None:
 
 def load(path: str | Path) -> RouterConfig:
     """Read and validate the file at `path`."""
-    p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as exc:
-        raise RouterConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
-    return parse(text, source=str(p))
+        text = textfile.read(path)
+    except textfile.TextFileError as exc:
+        raise RouterConfigError(f"{path}: {exc}") from None
+    return parse(text, source=str(path))
 
 
 def restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:

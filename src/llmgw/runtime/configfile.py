@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Collection, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from llmgw.runtime import envflags
+from llmgw.runtime import envflags, textfile
 
 FLAG = "--config"
 
@@ -36,10 +35,10 @@ class ConfigFileError(ValueError):
 def load(path: str) -> dict[str, Any]:
     """The file's mapping (empty for an empty file)."""
     try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        doc = yaml.safe_load(textfile.read(path))
+    except textfile.TextFileError as exc:
+        raise ConfigFileError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
         raise ConfigFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if doc is None:
         return {}

@@ -28,6 +28,7 @@ from typing import Annotated
 
 import msgspec
 
+from llmgw.runtime import textfile
 from llmgw.up.errors import UpError
 from llmgw.wire.models import ModelSpec
 
@@ -79,11 +80,9 @@ def load_fleet(path: Path | None) -> Fleet:
         where = "<default fleet>"
     else:
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise FleetError(f"{path}: {exc.strerror}") from exc
-        except UnicodeDecodeError:
-            raise FleetError(f"{path}: not UTF-8 text") from None
+            text = textfile.read(path)
+        except textfile.TextFileError as exc:
+            raise FleetError(f"{path}: {exc}") from None
         where = str(path)
     try:
         fleet = msgspec.yaml.decode(text, type=Fleet)

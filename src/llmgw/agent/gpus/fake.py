@@ -21,6 +21,7 @@ import yaml
 
 from llmgw.agent.gpus.base import GpuDiscoveryError, Telemetry, UnknownGpu
 from llmgw.agent.gpus.classes import memory_mib_of_class
+from llmgw.runtime import textfile
 from llmgw.wire.agent import GPU
 from llmgw.wire.names import label_problem
 
@@ -43,14 +44,14 @@ def parse_spec(text: str) -> list[dict[str, Any]]:
 def load_file(path: Path) -> list[dict[str, Any]]:
     """Groups from a YAML/JSON file (JSON is YAML), see the module docstring."""
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        doc = yaml.safe_load(textfile.read(path))
+    except textfile.TextFileError as exc:
+        raise GpuDiscoveryError(f"GPU file {path}: {exc}") from None
+    except yaml.YAMLError as exc:
         # One line: a YAML error's text puts the position and a caret on lines of their own.
         raise GpuDiscoveryError(
             f"cannot read GPU file {path}: {' '.join(str(exc).split())}"
         ) from exc
-    except UnicodeDecodeError:
-        raise GpuDiscoveryError(f"cannot read GPU file {path}: not UTF-8 text") from None
     except RecursionError:
         raise GpuDiscoveryError(f"cannot read GPU file {path}: nested too deeply") from None
     if isinstance(doc, str):

@@ -1,0 +1,182 @@
+"""Hostile config files: every program's YAML file, named as it is at start or reload.
+
+Each refusal is one line naming the file and what is wrong with it, quickly: never a
+traceback, a hang (a FIFO with no writer) or a read without end (/dev/zero).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from llmgw.agent.config import AgentConfigError, parse_config
+from llmgw.agent.gpus.base import GpuDiscoveryError
+from llmgw.agent.gpus.fake import load_file
+from llmgw.controller.config import parse_args
+from llmgw.ctl.config import read_config
+from llmgw.ctl.errors import CtlError
+from llmgw.router.config import RouterConfig, load
+from llmgw.router.control.sources import ConfigWatcher
+from llmgw.router.errors import RouterConfigError
+from llmgw.up.fleet import FleetError, load_fleet
+
+GOOD_ROUTER = "endpoints: [{id: a, url: 'http://a', models: [m]}]\n"
+
+
+def controller(path: str) -> str:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exited:
+        parse_args(["--config", path], {})
+    assert exited.value.code == 2
+    return err.getvalue().strip().splitlines()[-1]
+
+
+def router(path: str) -> str:
+    with pytest.raises(RouterConfigError) as info:
+        load(path)
+    return str(info.value)
+
+
+def agent(path: str) -> str:
+    with pytest.raises(AgentConfigError) as info:
+        parse_config(["--config", path])
+    return str(info.value)
+
+
+def fleet(path: str) -> str:
+    with pytest.raises(FleetError) as info:
+        load_fleet(Path(path))
+    return str(info.value)
+
+
+def gpus_file(path: str) -> str:
+    with pytest.raises(GpuDiscoveryError) as info:
+        load_file(Path(path))
+    return str(info.value)
+
+
+def ctl_config(path: str) -> str:
+    with pytest.raises(CtlError) as info:
+        read_config(Path(path))
+    return str(info.value)
+
+
+LOADERS: dict[str, Callable[[str], str]] = {
+    "controller --config": controller,
+    "router --config": router,
+    "agent --config": agent,
+    "up --fleet": fleet,
+    "agent --gpus-file": gpus_file,
+    "ctl.yaml": ctl_config,
+}
+
+
+@pytest.fixture(params=sorted(LOADERS))
+def refusal(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    return LOADERS[request.param]
+
+
+class TestWhatIsNotAFile:
+    """A config path that names no regular file is refused at once, naming the path."""
+
+    def test_fifo_without_writer_is_refused_not_waited_on(
+        self, tmp_path: Path, refusal: Callable[[str], str]
+    ) -> None:
+        """A FIFO no one writes is refused as not a regular file, never read (it would block)."""
+        path = tmp_path / "c.yaml"
+        os.mkfifo(path)
+        said = refusal(str(path))
+        assert str(path) in said
+        assert "not a regular file (a FIFO)" in said
+        assert "\n" not in said
+
+    @pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+    def test_endless_device_is_refused_not_read(
+        self, device: str, refusal: Callable[[str], str]
+    ) -> None:
+        """/dev/zero and /dev/urandom are refused, not read until memory runs out."""
+        said = refusal(device)
+        assert device in said
+        assert "not a regular file (a character device)" in said
+
+    def test_folder_is_refused(self, tmp_path: Path, refusal: Callable[[str], str]) -> None:
+        """A folder is said to be one."""
+        said = refusal(str(tmp_path))
+        assert str(tmp_path) in said
+        assert "is a folder" in said
+
+    def test_symlink_loop_is_refused(self, tmp_path: Path, refusal: Callable[[str], str]) -> None:
+        """A symlink loop is a one-line read error naming the path."""
+        (tmp_path / "a.yaml").symlink_to(tmp_path / "b.yaml")
+        (tmp_path / "b.yaml").symlink_to(tmp_path / "a.yaml")
+        said = refusal(str(tmp_path / "a.yaml"))
+        assert str(tmp_path / "a.yaml") in said
+        assert "symbolic links" in said
+
+
+class TestWhatIsNotText:
+    """A regular file that is not a config's text is refused, naming the path."""
+
+    def test_not_utf8(self, tmp_path: Path, refusal: Callable[[str], str]) -> None:
+        """Bytes that are not UTF-8 are refused with the offset, never a traceback."""
+        path = tmp_path / "c.yaml"
+        path.write_bytes(b"port: \xff\xfe\n")
+        said = refusal(str(path))
+        assert str(path) in said
+        assert "not UTF-8 text (byte 6)" in said
+
+    def test_larger_than_any_config(self, tmp_path: Path, refusal: Callable[[str], str]) -> None:
+        """A file past the bound is refused before it is parsed (PyYAML takes seconds per MiB)."""
+        path = tmp_path / "c.yaml"
+        with path.open("wb") as f:
+            f.truncate(5 * 1024 * 1024)
+        said = refusal(str(path))
+        assert str(path) in said
+        assert "larger than 4 MiB" in said
+
+
+class TestRouterReloadOfAHostileFile:
+    """A reload that meets a hostile file keeps the running config and says why."""
+
+    def watcher(self, path: Path) -> tuple[ConfigWatcher, list[RouterConfig]]:
+        path.write_text(GOOD_ROUTER)
+        got: list[RouterConfig] = []
+        return ConfigWatcher(path, on_config=got.append), got
+
+    def test_fifo_swapped_in_is_refused_without_blocking(self, tmp_path: Path) -> None:
+        """A FIFO put at the config's path is refused on the event loop, not read (a hang)."""
+        path = tmp_path / "r.yaml"
+        w, got = self.watcher(path)
+        path.unlink()
+        os.mkfifo(path)
+        assert w.tick() is False
+        assert got == []
+        assert w.last_error is not None
+        assert "not a regular file (a FIFO)" in w.last_error
+
+    def test_bytes_not_utf8_are_refused(self, tmp_path: Path) -> None:
+        """A file rewritten with bytes that are not UTF-8 is refused, not raised from tick()."""
+        path = tmp_path / "r.yaml"
+        w, got = self.watcher(path)
+        path.write_bytes(b"models: [\xff]\n" + GOOD_ROUTER.encode())
+        assert w.tick() is False
+        assert got == []
+        assert w.last_error is not None
+        assert "not UTF-8 text" in w.last_error
+
+    def test_symlink_to_dev_zero_is_refused(self, tmp_path: Path) -> None:
+        """A symlink to /dev/zero put at the path is refused, not read without end."""
+        path = tmp_path / "r.yaml"
+        w, got = self.watcher(path)
+        path.unlink()
+        path.symlink_to("/dev/zero")
+        w.request_reload()
+        assert w.tick() is False
+        assert got == []
+        assert w.last_error is not None
+        assert "not a regular file (a character device)" in w.last_error
