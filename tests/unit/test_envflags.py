@@ -240,7 +240,7 @@ class TestSecrets:
         ("text", "said"),
         [
             ("admin_token: x\nadmin_token_file: /f\n", "admin_token and admin_token_file"),
-            ("admin_token_file: /nonexistent/t\n", "admin_token_file: cannot read"),
+            ("admin_token_file: /nonexistent/t\n", "admin_token_file: /nonexistent/t: cannot read"),
         ],
     )
     def test_router_bad_token_file(self, text: str, said: str) -> None:

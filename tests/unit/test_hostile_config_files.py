@@ -17,12 +17,13 @@ import pytest
 from llmgw.agent.config import AgentConfigError, parse_config
 from llmgw.agent.gpus.base import GpuDiscoveryError
 from llmgw.agent.gpus.fake import load_file
-from llmgw.controller.config import parse_args
-from llmgw.ctl.config import read_config
+from llmgw.controller.config import parse_args, read_node_tokens
+from llmgw.ctl.config import read_config, read_token_file
 from llmgw.ctl.errors import CtlError
-from llmgw.router.config import RouterConfig, load
+from llmgw.router.config import RouterConfig, load, parse
 from llmgw.router.control.sources import ConfigWatcher
 from llmgw.router.errors import RouterConfigError
+from llmgw.runtime.secretfile import SecretError, read_secret_file
 from llmgw.up.fleet import FleetError, load_fleet
 
 GOOD_ROUTER = "endpoints: [{id: a, url: 'http://a', models: [m]}]\n"
@@ -180,3 +181,70 @@ class TestRouterReloadOfAHostileFile:
         assert got == []
         assert w.last_error is not None
         assert "not a regular file (a character device)" in w.last_error
+
+
+def secret_file(path: str) -> str:
+    with pytest.raises(SecretError) as info:
+        read_secret_file(path)
+    return str(info.value)
+
+
+def node_tokens(path: str) -> str:
+    with pytest.raises(SecretError) as info:
+        read_node_tokens(path)
+    return str(info.value)
+
+
+def ctl_token_file(path: str) -> str:
+    with pytest.raises(CtlError) as info:
+        read_token_file(Path(path))
+    return str(info.value)
+
+
+def router_token_file(path: str) -> str:
+    with pytest.raises(RouterConfigError) as info:
+        parse(GOOD_ROUTER + f"admin_token_file: {path}\n", env={})
+    return str(info.value)
+
+
+SECRET_READERS: dict[str, Callable[[str], str]] = {
+    "--token-file": secret_file,
+    "--node-tokens-file": node_tokens,
+    "ctl --token-file": ctl_token_file,
+    "router admin_token_file": router_token_file,
+}
+
+
+@pytest.fixture(params=sorted(SECRET_READERS))
+def secret_refusal(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    return SECRET_READERS[request.param]
+
+
+class TestSecretFiles:
+    """A secret's file that is no regular file, or too large, is refused at once, naming it."""
+
+    def test_fifo_without_writer_is_refused_not_waited_on(
+        self, tmp_path: Path, secret_refusal: Callable[[str], str]
+    ) -> None:
+        """A FIFO no one writes is refused as not a regular file, never read (it would block)."""
+        path = tmp_path / "token"
+        os.mkfifo(path)
+        said = secret_refusal(str(path))
+        assert str(path) in said
+        assert "not a regular file (a FIFO)" in said
+
+    def test_dev_zero_is_refused_not_read(self, secret_refusal: Callable[[str], str]) -> None:
+        """/dev/zero is refused, not read until memory runs out."""
+        said = secret_refusal("/dev/zero")
+        assert "/dev/zero" in said
+        assert "not a regular file (a character device)" in said
+
+    def test_large_file_is_no_secret(
+        self, tmp_path: Path, secret_refusal: Callable[[str], str]
+    ) -> None:
+        """A file past the secret bound (a model, a log) is refused before it is held."""
+        path = tmp_path / "token"
+        path.write_bytes(b"t" * (5 * 1024 * 1024))
+        said = secret_refusal(str(path))
+        assert str(path) in said
+        assert "larger than" in said

@@ -17,9 +17,8 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from llmgw.runtime import configfile, logs, secretfile
+from llmgw.runtime import configfile, logs, secretfile, textfile
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.tracing import TracingSettings
 from llmgw.runtime.version import add_version_argument
@@ -152,11 +151,10 @@ OTHER_ENV = (AGENT_TOKEN_ENV, ROUTER_TOKEN_ENV, DATABASE_PASSWORD_ENV)
 def read_node_tokens(path: str) -> dict[str, str]:
     """NODE=TOKEN per line ('#' comments and blank lines skipped); SecretError if bad."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise secretfile.SecretError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise secretfile.SecretError(f"{path} is not UTF-8 text") from None
+        # The config bound, not a secret's: one line per node.
+        text = textfile.read(path)
+    except textfile.TextFileError as exc:
+        raise secretfile.SecretError(f"{path}: {exc}") from None
     out: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), start=1):
         line = line.strip()

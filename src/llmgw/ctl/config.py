@@ -132,11 +132,12 @@ def _without_userinfo(url: str) -> str:
 
 def read_token_file(path: Path) -> str:
     """The token on the file's first line; CtlError when it cannot be read or is empty."""
+    from llmgw.runtime import textfile
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise CtlError(f"token file {path}: cannot read: {why}") from exc
+        text = textfile.read(path, max_bytes=textfile.SECRET_MAX_BYTES)
+    except textfile.TextFileError as exc:
+        raise CtlError(f"token file {path}: {exc}") from None
     lines = text.strip().splitlines()
     if not lines or not lines[0].strip():
         raise CtlError(f"token file {path} is empty")

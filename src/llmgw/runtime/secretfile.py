@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TextIO
+
+from llmgw.runtime import textfile
 
 
 class SecretError(ValueError):
@@ -22,11 +23,9 @@ class SecretError(ValueError):
 
 def read_secret_file(path: str) -> str:
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SecretError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise SecretError(f"{path} is not UTF-8 text") from None
+        text = textfile.read(path, max_bytes=textfile.SECRET_MAX_BYTES)
+    except textfile.TextFileError as exc:
+        raise SecretError(f"{path}: {exc}") from None
     lines = text.strip().splitlines()
     value = lines[0].strip() if lines else ""
     if not value:
