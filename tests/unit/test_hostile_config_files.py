@@ -248,3 +248,67 @@ class TestSecretFiles:
         said = secret_refusal(str(path))
         assert str(path) in said
         assert "larger than" in said
+
+
+def bomb(levels: int = 10) -> str:
+    """A flow list whose last item stands for 9**levels strings: 'billion laughs'."""
+    parts = ["&a0 [" + ", ".join(["lol"] * 9) + "]"]
+    parts += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "[" + ", ".join(parts) + "]"
+
+
+class TestYamlThatExpands:
+    """YAML whose aliases stand for more than a config holds is refused before it is walked."""
+
+    @pytest.mark.parametrize("key", ["host", "insecure", "allowed_host"])
+    def test_controller_alias_bomb(self, tmp_path: Path, key: str) -> None:
+        """A 'billion laughs' value is refused; str() of it grew memory without end."""
+        path = tmp_path / "c.yaml"
+        path.write_text(f"{key}: {bomb()}\n")
+        said = controller(str(path))
+        assert str(path) in said
+        assert "aliases repeat more than 1000000 nodes" in said
+
+    @pytest.mark.parametrize("key", ["http_server", "upstream_client", "admin_token_file"])
+    def test_router_alias_bomb(self, tmp_path: Path, key: str) -> None:
+        """A 'billion laughs' value is refused; repr() of it grew memory without end."""
+        path = tmp_path / "r.yaml"
+        path.write_text(GOOD_ROUTER + f"{key}: {bomb()}\n")
+        said = router(str(path))
+        assert str(path) in said
+        assert "aliases repeat more than 1000000 nodes" in said
+
+    def test_cycle_is_refused(self, tmp_path: Path) -> None:
+        """An alias inside its own anchor stands for an endless value, and is refused too."""
+        path = tmp_path / "r.yaml"
+        path.write_text(GOOD_ROUTER + "models: &a [x, *a]\n")
+        said = router(str(path))
+        assert str(path) in said
+        assert "an alias inside its own anchor" in said
+
+    @pytest.mark.parametrize("loader", [controller, router])
+    def test_deep_nesting(self, tmp_path: Path, loader: Callable[[str], str]) -> None:
+        """A document nested past the parser's stack is one line, not a RecursionError."""
+        path = tmp_path / "c.yaml"
+        path.write_text("host: " + "[" * 5000 + "]" * 5000 + "\n")
+        said = loader(str(path))
+        assert str(path) in said
+        assert "nested too deeply" in said
+
+    def test_merge_keys_and_shared_values_still_load(self, tmp_path: Path) -> None:
+        """Anchors, aliases and `<<` merges a config uses are loaded as before."""
+        path = tmp_path / "r.yaml"
+        path.write_text(
+            "x-defaults: &d {models: [m]}\n"
+            "endpoints:\n"
+            "  - {<<: *d, id: a, url: 'http://a'}\n"
+            "  - {<<: *d, id: b, url: 'http://b'}\n"
+        )
+        with pytest.raises(RouterConfigError, match="x-defaults"):
+            load(path)  # the router has no such key: merged, then refused by name
+        path.write_text(
+            "endpoints:\n"
+            "  - &a {id: a, url: 'http://a', models: &m [m]}\n"
+            "  - {id: b, url: 'http://b', models: *m}\n"
+        )
+        assert [e.models for e in load(path).endpoints] == [("m",), ("m",)]

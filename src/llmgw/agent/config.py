@@ -24,14 +24,13 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import msgspec
-import yaml
 
 from llmgw.agent.engineprocs import PRIVATE_ENV
 from llmgw.agent.errors import AgentError
 from llmgw.agent.ports import parse_range
 from llmgw.agent.secretrefs import is_private_env
 from llmgw.agent.templates import parse_engine_bins
-from llmgw.runtime import envflags, logs, secretfile, textfile
+from llmgw.runtime import envflags, logs, safeyaml, secretfile, textfile
 from llmgw.runtime.version import add_version_argument
 from llmgw.runtime.webpages import host_problem
 from llmgw.wire.agent import ENV_NAME_PATTERN
@@ -184,14 +183,9 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
 
 def _from_file(path: str) -> dict[str, Any]:
     try:
-        doc = yaml.safe_load(textfile.read(path))
-    except textfile.TextFileError as exc:
+        doc = safeyaml.load(textfile.read(path))
+    except (textfile.TextFileError, safeyaml.YamlError) as exc:
         raise AgentConfigError(f"config {path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        # One line: a YAML error's text puts the position and a caret on lines of their own.
-        raise AgentConfigError(f"cannot read config {path}: {' '.join(str(exc).split())}") from exc
-    except RecursionError:
-        raise AgentConfigError(f"cannot read config {path}: nested too deeply") from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):

@@ -61,15 +61,12 @@ def read_config(path: Path) -> dict[str, str]:
         return {}
     except textfile.TextFileError as exc:
         raise CtlError(f"{path}: {exc}") from None
-    import yaml  # only here: most runs never read the file
+    from llmgw.runtime import safeyaml  # only here: yaml is imported when a file is read
 
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        # One line: the parser's text puts the position and a caret on lines of their own.
-        raise CtlError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
-    except RecursionError:
-        raise CtlError(f"{path}: not valid YAML: nested too deeply") from None
+        data = safeyaml.load(text)
+    except safeyaml.YamlError as exc:
+        raise CtlError(f"{path}: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -36,11 +36,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
-import yaml
 
 from llmgw.router.errors import RouterConfigError
 from llmgw.router.replicas.enginemetrics import ENGINES
-from llmgw.runtime import secretfile, textfile
+from llmgw.runtime import safeyaml, secretfile, textfile
 from llmgw.runtime.logs import kv
 from llmgw.runtime.webpages import host_problem
 from llmgw.wire.endpoints import EndpointInfo
@@ -333,9 +332,9 @@ def parse(
 
     `env` (default os.environ) gives the secrets the file leaves out (SECRET_ENV)."""
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RouterConfigError(f"{source}: not valid YAML: {_one_line(str(exc))}") from exc
+        doc = safeyaml.load(text)
+    except safeyaml.YamlError as exc:
+        raise RouterConfigError(f"{source}: {exc}") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):

@@ -11,6 +11,7 @@ secretfile   secrets from a file or the environment, never only argv
 envflags     every flag also from LLMGW_<PROGRAM>_<FLAG>
 configfile   flags from a YAML file (the controller's --config)
 textfile     a config's or secret's file read with bounds: a regular file, its size, UTF-8
+safeyaml     a config's YAML without alias bombs or a RecursionError
 sdnotify     systemd's READY=1, STOPPING=1 and watchdog
 lockfile     one process per state folder
 netaddr      address helpers

@@ -21,9 +21,7 @@ import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-import yaml
-
-from llmgw.runtime import envflags, textfile
+from llmgw.runtime import envflags, safeyaml, textfile
 
 FLAG = "--config"
 
@@ -35,11 +33,9 @@ class ConfigFileError(ValueError):
 def load(path: str) -> dict[str, Any]:
     """The file's mapping (empty for an empty file)."""
     try:
-        doc = yaml.safe_load(textfile.read(path))
-    except textfile.TextFileError as exc:
+        doc = safeyaml.load(textfile.read(path))
+    except (textfile.TextFileError, safeyaml.YamlError) as exc:
         raise ConfigFileError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):

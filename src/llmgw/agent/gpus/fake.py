@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 
 from llmgw.agent.gpus.base import GpuDiscoveryError, Telemetry, UnknownGpu
 from llmgw.agent.gpus.classes import memory_mib_of_class
-from llmgw.runtime import textfile
+from llmgw.runtime import safeyaml, textfile
 from llmgw.wire.agent import GPU
 from llmgw.wire.names import label_problem
 
@@ -44,16 +43,9 @@ def parse_spec(text: str) -> list[dict[str, Any]]:
 def load_file(path: Path) -> list[dict[str, Any]]:
     """Groups from a YAML/JSON file (JSON is YAML), see the module docstring."""
     try:
-        doc = yaml.safe_load(textfile.read(path))
-    except textfile.TextFileError as exc:
+        doc = safeyaml.load(textfile.read(path))
+    except (textfile.TextFileError, safeyaml.YamlError) as exc:
         raise GpuDiscoveryError(f"GPU file {path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        # One line: a YAML error's text puts the position and a caret on lines of their own.
-        raise GpuDiscoveryError(
-            f"cannot read GPU file {path}: {' '.join(str(exc).split())}"
-        ) from exc
-    except RecursionError:
-        raise GpuDiscoveryError(f"cannot read GPU file {path}: nested too deeply") from None
     if isinstance(doc, str):
         return parse_spec(doc)
     if isinstance(doc, Mapping) and "gpus" in doc:

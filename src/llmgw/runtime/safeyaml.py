@@ -1,0 +1,86 @@
+"""YAML for config files: PyYAML's safe loader, less its two ways to exhaust a process.
+
+- Aliases. `&a [lol, …]`, `&b [*a, *a, …]`, nine levels deep, is a file of 500 bytes
+  whose value stands for billions of strings ("billion laughs"). PyYAML builds it small,
+  one object per anchor, but whatever walks it as a tree writes every copy: `str()` of
+  the controller's `host: *bomb` for its flag, `repr()` of the router's
+  `http_server: *bomb` in its error, each grew memory without end. So the document's
+  nodes are counted before anything is built, each alias as the copy a walk meets, and
+  one whose aliases repeat more than MAX_REPEATED_NODES, or that holds itself (an alias
+  inside its own anchor), is refused. Anchors and `<<` merges within that stay as they were.
+- Depth. PyYAML's composer recurses once per level, so a document nested some
+  thousand levels deep raised RecursionError, a traceback at start.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+# Far above what anchors save in a config (a defaults block merged into each of a
+# thousand endpoints repeats some tens of thousands), far below what hurts to walk.
+MAX_REPEATED_NODES = 1_000_000
+
+
+class YamlError(ValueError):
+    """The text is not YAML, or not YAML a config may be; the message says which, in one line."""
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _expanded(root: yaml.Node) -> tuple[int, int] | None:
+    """(nodes a walk of the values meets, distinct nodes), or None when one holds itself.
+
+    Without recursion: the document may be as deep as the composer's stack went."""
+    size: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            continue
+        if key in size:
+            continue
+        if key in open_:
+            # Met again before its own subtree is done: it is inside itself.
+            return None
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node))
+    return size[id(root)], len(size)
+
+
+def load(text: str) -> Any:
+    """The one document in `text` (None when empty), as `yaml.safe_load`, or YamlError."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        counted = _expanded(node)
+        if counted is None:
+            raise YamlError("not a config: an alias inside its own anchor (an endless value)")
+        walked, distinct = counted
+        if walked - distinct > MAX_REPEATED_NODES:
+            raise YamlError(
+                f"not a config: its aliases repeat more than {MAX_REPEATED_NODES} nodes "
+                f"({walked} in all)"
+            )
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        # One line: the parser's text puts the position and a caret on lines of their own.
+        raise YamlError(f"not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise YamlError("not valid YAML: nested too deeply") from None
+    finally:
+        loader.dispose()
