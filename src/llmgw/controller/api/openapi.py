@@ -32,7 +32,7 @@ from llmgw.wire.errors import ErrorBody
 from llmgw.wire.keys import KeyCreate, KeyCreated, KeyRevoked, KeyView
 from llmgw.wire.leases import LeaseAnswer
 from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
-from llmgw.wire.names import LABEL_PATTERN
+from llmgw.wire.names import LABEL_PATTERN, MODEL_NAME_PATTERN
 from llmgw.wire.usage import (
     DEFAULT_SINCE_S,
     MAX_COUNT,
@@ -154,6 +154,10 @@ def _edge_rules(components: dict[str, Any]) -> None:
     hb["fabrics"]["items"]["pattern"] = LABEL_PATTERN
     components["GPU"]["properties"]["gpu_class"]["pattern"] = LABEL_PATTERN
     components["ModelSpec"]["properties"]["gpu_classes"]["items"]["pattern"] = LABEL_PATTERN
+    spec = components["ModelSpec"]["properties"]
+    spec["name"]["pattern"] = spec["aliases"]["items"]["pattern"] = MODEL_NAME_PATTERN
+    adapter = components["AdapterSpec"]["properties"]
+    adapter["name"]["pattern"] = adapter["adapter_of"]["pattern"] = MODEL_NAME_PATTERN
     # KeyLimits.__post_init__: a model named twice is refused.
     for name in ("KeyCreate", "KeyCreated", "KeyView"):
         components[name]["properties"]["models"]["uniqueItems"] = True
