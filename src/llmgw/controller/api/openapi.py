@@ -142,8 +142,12 @@ def _edge_rules(components: dict[str, Any]) -> None:
     usage = components["UsageReport"]["properties"]
     for field in ("inflight", "demand"):
         usage[field]["additionalProperties"].update(minimum=0, maximum=MAX_COUNT)
-    for prop in components["ModelLoad"]["properties"].values():
+    load = components["ModelLoad"]["properties"]
+    for prop in load.values():
         prop["minimum"] = 0
+    # api/validate.py: the counts are bounded as a report's other counts.
+    for field in ("inflight", "held", "requests"):
+        load[field]["maximum"] = MAX_COUNT
     # fleet.commands.set_weight: a capacity weight and its measurement are positive.
     weight = components["WeightRequest"]["properties"]
     weight["weight"]["exclusiveMinimum"] = 0
