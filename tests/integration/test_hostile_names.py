@@ -99,6 +99,28 @@ class TestRefusedWhereTheyEnter:
         assert ctrl.get("/admin/models") == []
 
     @pytest.mark.parametrize(
+        ("path", "body", "param"),
+        [
+            ("/admin/models", spec("a/../b"), "name"),
+            ("/admin/models", [spec("ok"), spec("m", aliases=["x/./y"])], "[1].aliases[0]"),
+            ("/admin/models", {"name": "a//b", "adapter_of": "ok", "source": "/a"}, "name"),
+            ("/admin/models", {"name": "ad", "adapter_of": "ok/..", "source": "/a"}, "adapter_of"),
+            ("/admin/keys", {"name": "k", "team": "t", "models": ["ok", "a/"]}, "models[1]"),
+        ],
+    )
+    def test_names_a_url_would_resolve_refused(
+        self, ctrl: Controller, path: str, body: Any, param: str
+    ) -> None:
+        """A model, alias, adapter or key's model whose `/` segment is `.`, `..` or empty
+        (which curl and proxies resolve or collapse in /admin/models/<name>) is a 422
+        naming the field, and nothing is applied."""
+        ctrl.post("/admin/models", spec("ok"))
+        err = ctrl.error("POST", path, body)
+        assert (err.status, err.body["error"]["param"]) == (422, param)
+        assert [m["name"] for m in ctrl.get("/admin/models")] == ["ok"]
+        assert ctrl.get("/admin/keys") == []
+
+    @pytest.mark.parametrize(
         ("entry", "param"),
         [
             ({"args": ["--x", "1", "a\x00b"]}, "[1].args[2]"),

@@ -142,7 +142,8 @@ class TestLimitsType:
     @pytest.mark.parametrize(
         ("models", "at"),
         [(["a b"], "models[0]"), (["m", "[/]"], "models[1]"), (["m\x1b[2J"], "models[0]"),
-         (["m/scale"], "models[0]"), ([f"m{i}" for i in range(MAX_KEY_MODELS + 1)], "models")],
+         (["m/scale"], "models[0]"), (["a/../b"], "models[0]"), (["m", "a//b"], "models[1]"),
+         ([f"m{i}" for i in range(MAX_KEY_MODELS + 1)], "models")],
     )  # fmt: skip
     def test_models_must_be_served_names(self, models: list[str], at: str) -> None:
         """A model no model, alias or adapter can be called, or more than MAX_KEY_MODELS of
@@ -187,6 +188,7 @@ class TestCreateFlags:
         [
             (["--models", "m,a b"], f"--models: 'a b' is not a model's name: {MODEL_NAME_RULE}"),
             (["--models", "[/]"], f"--models: '[/]' is not a model's name: {MODEL_NAME_RULE}"),
+            (["--models", "a/./b"], f"--models: 'a/./b' is not a model's name: {MODEL_NAME_RULE}"),
             (
                 ["--models", ",".join(f"m{i}" for i in range(MAX_KEY_MODELS + 1))],
                 f"--models: Expected array of length <= {MAX_KEY_MODELS}",

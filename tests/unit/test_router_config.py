@@ -103,6 +103,10 @@ class TestValidation:
             ),
             ("endpoints: [{id: a, url: 'http://x', models: [m], tokenizer: gpt}]", "tokenizer"),
             ("[1, 2]", "mapping"),
+            # The controller's bound (wire.usage): past it every usage report is a 422.
+            ("router_id: " + "r" * 257, "router_id"),
+            ('router_id: "r\\x1b[2J"', "router_id"),
+            ('router_id: ""', "router_id"),
             ("endpoints: [", "YAML"),
         ],
     )
@@ -111,6 +115,10 @@ class TestValidation:
         with pytest.raises(RouterConfigError, match=needle) as info:
             parse(text)
         assert "\n" not in str(info.value)
+
+    def test_router_id_up_to_the_controllers_bound(self) -> None:
+        """A printable router_id of 256 characters, what the controller takes, is kept."""
+        assert parse("router_id: " + "é" * 256).router_id == "é" * 256
 
     def test_missing_file(self, tmp_path: Path) -> None:
         """A file that cannot be read is a RouterConfigError naming the path."""

@@ -233,6 +233,33 @@ class TestDelivery:
         assert ids[0] != ids[1]
         assert sink.team_tokens() == [(2, 0, 0)]
 
+    @given(st.integers(min_value=1, max_value=256))
+    @settings(max_examples=30)
+    def test_every_router_id_gives_a_counter_the_controller_takes(self, n: int) -> None:
+        """Whatever router_id the config takes, the report with token rows decodes as the
+        controller decodes it (its counter_id within bounds)."""
+        sink = _Sink()
+        ledger = TokenLedger(clock=ManualClock())
+        report = UsageReport(router_id="r" * n, sent_at=1.0)
+        sent, _ = asyncio.run(
+            deliver(sink, ledger, report, [row(requests=1, prompt=1, completion=1)])
+        )
+        kept = msgspec.json.decode(msgspec.json.encode(sent), type=UsageReport)
+        assert (kept.router_id, len(kept.tokens)) == ("r" * n, 1)
+
+    async def test_long_router_ids_keep_distinct_counters(self) -> None:
+        """Two long router_ids that share their first 200 characters count apart."""
+        ledger = TokenLedger(clock=ManualClock())
+        ids = []
+        for last in "ab":
+            report = UsageReport(router_id="r" * 200 + last, sent_at=1.0)
+            sent, _ = await deliver(
+                _Sink(), ledger, report, [row(requests=1, prompt=1, completion=1)]
+            )
+            ids.append(sent.counter_id)
+        assert ids[0] != ids[1]
+        assert all(i.startswith("r" * 64) for i in ids)
+
     async def test_once_acked_reports_carry_no_tokens(self) -> None:
         """With nothing new, a report carries no token rows."""
         counts = TokenCounts(clock=ManualClock())

@@ -4,6 +4,7 @@ at start refused in one line whatever they hold."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import msgspec
@@ -14,14 +15,24 @@ from hypothesis import strategies as st
 from llmgw.agent.config import AgentConfigError, parse_config
 from llmgw.agent.gpus.base import GpuDiscoveryError
 from llmgw.agent.gpus.fake import build_gpus, load_file
+from llmgw.controller.api.decode import decode_specs
 from llmgw.controller.api.validate import check_heartbeat, check_spec
 from llmgw.controller.config import read_node_tokens
 from llmgw.controller.errors import InvalidSpec
+from llmgw.ctl.errors import SpecError
+from llmgw.ctl.specs import validate
 from llmgw.runtime.secretfile import SecretError
 from llmgw.up.fleet import FleetError, load_fleet
 from llmgw.wire.agent import GPU, Heartbeat
 from llmgw.wire.models import ModelSpec
-from llmgw.wire.names import ADDRESS_RULE, LABEL_RULE, address_problem, label_problem
+from llmgw.wire.names import (
+    ADDRESS_RULE,
+    LABEL_RULE,
+    MODEL_NAME_RULE,
+    address_problem,
+    label_problem,
+    model_name_problem,
+)
 
 BAD = [
     "",
@@ -80,6 +91,72 @@ class TestAddress:
     def test_what_moves_a_url_is_refused(self, address: str) -> None:
         """Anything a URL parser would read as more than a host is refused with the rule."""
         assert address_problem(address) == f"{address!r} is not a valid address: {ADDRESS_RULE}"
+
+
+# A segment between slashes that is empty, `.` or `..`: curl, browsers and proxies resolve
+# or collapse it in /admin/models/<name>, so a command would reach another model.
+DOT_SEGMENTS = ["a/../b", "a/./b", "a/..", "a/.", "..", ".", "./x", "../x", "a//b", "a/", "/a"]
+MODEL_NAMES = ["meta-llama/Llama-3-8B", "qwen2:7b", "a/.hidden", "a/..b", "a../b", "a/b/c", "m"]
+
+
+class TestModelName:
+    """Model names, aliases and adapter names accepted and refused by the model name rule."""
+
+    @pytest.mark.parametrize("name", MODEL_NAMES)
+    def test_ordinary_names_pass(self, name: str) -> None:
+        """Hub ids, tags and dots inside a segment are valid."""
+        assert model_name_problem(name) is None
+
+    @pytest.mark.parametrize("name", DOT_SEGMENTS)
+    def test_dot_and_empty_segments_are_refused(self, name: str) -> None:
+        """A segment that is exactly `.`, `..` or empty is refused with the rule."""
+        assert f"{name!r} is not a valid name: {MODEL_NAME_RULE}" == model_name_problem(name)
+
+    @given(st.text(alphabet="ab./", max_size=12))
+    def test_a_valid_name_has_no_segment_a_url_resolves(self, name: str) -> None:
+        """Whatever passes splits on `/` into segments none of which is empty, `.` or `..`."""
+        if model_name_problem(name) is None:
+            assert not {"", ".", ".."} & set(name.split("/"))
+
+    @pytest.mark.parametrize(
+        ("fields", "field"),
+        [({"name": "a/../b"}, "name"), ({"aliases": ["x", "x//y"]}, "aliases[1]")],
+    )
+    def test_spec_served_names_refused(self, fields: dict[str, object], field: str) -> None:
+        """The controller refuses a spec whose name or alias has such a segment, naming it."""
+        spec = msgspec.convert(
+            {"name": "m", "engine": "sim", "gpu_classes": ["g"], **fields}, ModelSpec
+        )
+        got, problem = check_spec(spec) or ("", "")
+        assert (field, MODEL_NAME_RULE in problem) == (got, True)
+
+    @pytest.mark.parametrize(
+        ("fields", "param"), [({"name": "a/./b"}, "name"), ({"adapter_of": "b/"}, "adapter_of")]
+    )
+    def test_adapter_names_refused(self, fields: dict[str, str], param: str) -> None:
+        """An adapter named so, or naming its base so, is a 422 naming the field."""
+        entry = {"name": "ad", "adapter_of": "base", "source": "/a", **fields}
+        with pytest.raises(InvalidSpec) as info:
+            decode_specs(msgspec.json.encode(entry))
+        assert (param, MODEL_NAME_RULE in str(info.value)) == (info.value.param, True)
+
+    @pytest.mark.parametrize(
+        "entry",
+        [
+            {"name": "a/../b", "engine": "sim", "gpu_classes": ["g"]},
+            {"name": "m", "engine": "sim", "gpu_classes": ["g"], "aliases": ["a//b"]},
+            {"name": "a/.", "adapter_of": "m", "source": "/a"},
+        ],
+    )
+    def test_ctl_apply_refuses_before_sending(self, entry: dict[str, object]) -> None:
+        """`ctl apply` refuses the same names in the file, with the rule."""
+        with pytest.raises(SpecError, match=re.escape(MODEL_NAME_RULE)):
+            validate([entry], "f.yaml")
+
+    def test_stored_specs_with_such_names_stay_readable(self) -> None:
+        """A spec stored before the rule still decodes (and so can be listed and deleted)."""
+        stored = b'{"name": "a/../b", "engine": "sim", "gpu_classes": ["g"], "aliases": ["c//d"]}'
+        assert msgspec.json.decode(stored, type=ModelSpec).served_names == ("a/../b", "c//d")
 
 
 def _gpu(i: int, gpu_class: str = "H100-80G") -> GPU:

@@ -22,8 +22,8 @@ import yaml
 from llmgw.ctl.errors import SpecError
 from llmgw.ctl.shown import visible
 from llmgw.wire.adapters import AdapterSpec, is_adapter
+from llmgw.wire.adapters import names_problem as adapter_names_problem
 from llmgw.wire.models import (
-    NAME_PATTERN,
     NAME_RULE,
     ModelSpec,
     env_from_problem,
@@ -32,6 +32,7 @@ from llmgw.wire.models import (
     routing_problem,
     sleep_problem,
 )
+from llmgw.wire.names import STORED_MODEL_NAME_PATTERN
 
 # msgspec ends a located error with " - at `$.field[0]`".
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
@@ -94,7 +95,7 @@ def _in_words(problem: str, tp: object) -> str:
         allowed = _literals(tp)
         if allowed:
             return f"{problem}; allowed: {', '.join(allowed)}"
-    if NAME_PATTERN in problem:
+    if STORED_MODEL_NAME_PATTERN in problem:
         return (
             problem.split(" matching regex", 1)[0].replace("Expected `str`", "not a valid name")
             + f": {NAME_RULE}"
@@ -246,7 +247,7 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec | AdapterSpec]:
                 or launch_problem(spec)
             )
             if isinstance(spec, ModelSpec)
-            else None
+            else adapter_names_problem(spec)
         )
         if wrong is not None:
             problems.append(f"{source}: {where}: field {wrong[0]}: {wrong[1]}")

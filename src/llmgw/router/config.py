@@ -44,6 +44,7 @@ from llmgw.runtime.logs import kv
 from llmgw.runtime.webpages import host_problem
 from llmgw.wire.endpoints import EndpointInfo
 from llmgw.wire.keys import ClientKey
+from llmgw.wire.usage import RouterId
 
 Policy = Literal["ours", "round_robin", "least_inflight"]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
@@ -136,8 +137,10 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     models: tuple[str, ...] = ()
     controller: ControllerConfig | None = None
     # Stable id in usage reports; None: a fresh one per process (a restarted router
-    # is a new reporter, whose empty last_used the controller must not merge).
-    router_id: str | None = None
+    # is a new reporter, whose empty last_used the controller must not merge). Bounded
+    # as the controller bounds it (wire.usage.RouterId): 1 to 256 characters, no
+    # control character; past that every report was refused.
+    router_id: RouterId | None = None
     # Routing policy; the two baselines exist to be measured against (bench/routing.py).
     policy: Policy = "ours"
     # One log line per request (logger llmgw.router.access, INFO): request id, model,

@@ -141,6 +141,7 @@ class SimEngine:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=cfg.max_model_len,
             policy=cfg.scheduling_policy,
+            max_loras=cfg.lora.max_loras if cfg.lora.enabled else None,
         )
         self.engine = Engine(self.scheduler, cfg.timing)
         self.sleeper = Sleeper(cfg.sleep, tp=cfg.timing.tp, speed=cfg.timing.speed)
@@ -353,6 +354,7 @@ class SimEngine:
             min_tokens=job.min_tokens,
             params_max_tokens=job.params_max_tokens,
             priority=job.priority,
+            adapter=job.model if job.model in self.lora.names else None,
         )
         stall_after, error_after = self.faults.cut_after()
         stream = self.engine.submit(req)

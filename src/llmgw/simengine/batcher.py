@@ -20,6 +20,10 @@ One step:
    its longest cached prefix, then needs blocks for the rest. The head of the
    queue that does not fit blocks everyone behind it, as in vLLM; a request
    that arrived after the step began is not in the queue yet (waiting.py).
+   With LoRA on (`max_loras`), a request naming an adapter beyond the
+   `max_loras` distinct ones the batch already uses is passed over for this
+   step, not blocking those behind it, and keeps its place (vLLM's
+   `scheduled_loras` check); requests of the base model never count.
 3. After the step's time has passed (`finish_step`), every request whose known
    tokens are all computed samples one token.
 
@@ -71,6 +75,7 @@ class SimRequest:
     """One request's state inside the engine. Times are monotonic seconds."""
 
     __slots__ = (
+        "adapter",
         "arrival_s",
         "block_hashes",
         "eos_at",
@@ -105,9 +110,12 @@ class SimRequest:
         min_tokens: int = 0,
         params_max_tokens: int | None = None,
         priority: int = 0,
+        adapter: str | None = None,
     ) -> None:
         self.req_id = req_id
         self.priority = priority  # lower is served first under the priority policy
+        # The LoRA adapter it names (lora.py); None: the base model.
+        self.adapter = adapter
         self.token_ids = list(prompt_ids)  # prompt, then generated ids as they come
         self.num_prompt = len(prompt_ids)
         self.arrival_s = arrival_s
@@ -170,6 +178,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         policy: str = FCFS,
+        max_loras: int | None = None,
     ) -> None:
         if policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}")
@@ -179,6 +188,8 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self._by_priority = policy == PRIORITY
+        # Distinct adapters one batch may mix (`--max-loras`); None: LoRA off, no limit.
+        self.max_loras = max_loras
         self._waiting: WaitingQueue = PriorityQueue() if self._by_priority else FcfsQueue()
         self._running: list[SimRequest] = []
         # False while a sleep in "wait" mode lets the running requests finish: nothing
@@ -248,11 +259,17 @@ class Scheduler:
             return plan
         waiting = self._waiting
         bs = kv.block_size
+        loras = self._batch_adapters()
+        skipped: list[SimRequest] = []
         while self.admitting and budget > 0 and len(running) < self.max_num_seqs:
             head = waiting.head(now)
             if head is None:
                 break  # empty, or nothing there had arrived when this step began (waiting.py)
             req = head
+            if loras is not None and self._one_adapter_too_many(req, loras):
+                # Passed over for this step, not blocking those behind it.
+                skipped.append(waiting.pop_head())
+                continue
             hits = kv.lookup(req.block_hashes, req.num_tokens)
             num_hit = len(hits) * bs
             n = min(req.num_tokens - num_hit, budget)
@@ -262,6 +279,8 @@ class Scheduler:
                 break
             waiting.pop_head()
             running.append(req)
+            if loras is not None and req.adapter is not None:
+                loras.add(req.adapter)
             req.status = Status.RUNNING
             req.num_computed = num_hit
             if req.num_cached_tokens is None:
@@ -274,7 +293,25 @@ class Scheduler:
                 self.stats.observe("queue", now - req.arrival_s)
             self._add_to_plan(plan, req, n)
             budget -= n
+        for req in reversed(skipped):
+            waiting.prepend(req)  # at the front again, in their order
         return plan
+
+    def _one_adapter_too_many(self, req: SimRequest, loras: set[str]) -> bool:
+        """Whether `req` names an adapter beyond the `max_loras` the batch mixes."""
+        limit = self.max_loras
+        return (
+            req.adapter is not None
+            and req.adapter not in loras
+            and limit is not None
+            and len(loras) >= limit
+        )
+
+    def _batch_adapters(self) -> set[str] | None:
+        """The adapters the running batch uses (None: no `max_loras` limit)."""
+        if self.max_loras is None:
+            return None
+        return {r.adapter for r in self._running if r.adapter is not None}
 
     @staticmethod
     def _add_to_plan(plan: StepPlan, req: SimRequest, n: int) -> None:

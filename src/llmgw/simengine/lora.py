@@ -16,10 +16,11 @@ name as the `model`, and /v1/models lists it with the base as its `parent`.
 What it costs: the first request for an adapter that is not loaded waits while
 it is read in (`--lora-load-ms`, scaled by `--speed`, once however many requests
 arrive for it meanwhile); the `--max-cpu-loras` most recently used stay loaded,
-and one evicted is read in again at its next use. Not modelled: the per-batch
-limit of `--max-loras` (vLLM schedules requests of more adapters than that in
-later steps) and the adapter's own compute (vLLM's LoRA kernels add a little to
-every step of a batch that uses adapters). The adapter's files are not read.
+and one evicted is read in again at its next use. A batch mixes at most
+`--max-loras` adapters: a request of one more waits for a later step while the
+others go on (batcher.py, as vLLM's scheduler). Not modelled: the adapter's own
+compute (vLLM's LoRA kernels add a little to every step of a batch that uses
+adapters). The adapter's files are not read.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import msgspec
 
 from llmgw.wire.models import Name
+from llmgw.wire.names import model_name_problem
 from llmgw.wire.osstrings import control_at
 
 # Engines that serve LoRA adapters, and how (the agent renders it). Why not the others:
@@ -36,6 +37,16 @@ class AdapterSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def __post_init__(self) -> None:
         if self.name == self.adapter_of:
             raise ValueError("adapter_of must name another model than the adapter itself")
+
+
+def names_problem(spec: AdapterSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) with an adapter's name or its base's (wire.names); None
+    when nothing is. Checked where a spec comes in, as wire.models.names_problem."""
+    for field, name in (("name", spec.name), ("adapter_of", spec.adapter_of)):
+        problem = model_name_problem(name)
+        if problem is not None:
+            return field, problem
+    return None
 
 
 def is_adapter(raw: Any) -> bool:

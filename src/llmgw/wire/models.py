@@ -8,13 +8,21 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from llmgw.wire.agent import ENV_NAME_PATTERN, EngineKind, EnvName, SecretRef
-from llmgw.wire.names import MODEL_NAME_PATTERN, MODEL_NAME_RULE, label_problem
+from llmgw.wire.names import (
+    MODEL_NAME_PATTERN,
+    MODEL_NAME_RULE,
+    STORED_MODEL_NAME_PATTERN,
+    label_problem,
+    model_name_problem,
+)
 from llmgw.wire.osstrings import char_at, control_at, nul_at
 
-# The documented sets live in wire.names; these names stay for their importers.
+# The documented sets live in wire.names; these names stay for their importers. A spec
+# is decoded with the stored set (the stored fleet is read with this type) and its names
+# are held to the full rule where it comes in (names_problem).
 NAME_PATTERN = MODEL_NAME_PATTERN
 NAME_RULE = MODEL_NAME_RULE
-Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
+Name = Annotated[str, msgspec.Meta(pattern=STORED_MODEL_NAME_PATTERN)]
 
 # Engines whose KV-event publisher the agent starts (docs/routing.md, "Precise mode"):
 # vLLM's ZeroMQ publisher and the sim-engine's copy of it. Why not the others:
@@ -169,8 +177,14 @@ def env_from_problem(raw: Any) -> tuple[str, str] | None:
 
 
 def names_problem(spec: ModelSpec) -> tuple[str, str] | None:
-    """(field, what is wrong) with the GPU classes a spec asks for (wire.names); None
-    when nothing is. A class no agent can report would only make the spec unplaceable."""
+    """(field, what is wrong) with a spec's served names or the GPU classes it asks for
+    (wire.names); None when nothing is. A class no agent can report would only make the
+    spec unplaceable."""
+    named = [("name", spec.name)] + [(f"aliases[{i}]", a) for i, a in enumerate(spec.aliases)]
+    for field, name in named:
+        problem = model_name_problem(name)
+        if problem is not None:
+            return field, problem
     for i, cls in enumerate(spec.gpu_classes):
         problem = label_problem(cls)
         if problem is not None:

@@ -21,6 +21,11 @@ PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
 # Names in token usage (a key, a team, a model): a router file's key names are free
 # text, so only their length and their characters are bounded.
 UsageName = Annotated[str, msgspec.Meta(max_length=256, pattern=PRINTABLE)]
+# A router's id: bounded as the names in `tokens` are, and never empty. Its config
+# (router.config) takes the same type: an id the controller refuses made every report a 422.
+RouterId = Annotated[UsageName, msgspec.Meta(min_length=1)]
+# The longest `counter_id` (router.control.usagereports.counter_id keeps within it).
+MAX_COUNTER_ID = 128
 # Counts in token usage: never negative, and small enough that a sum stays exact.
 MAX_COUNT = 2**53
 Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
@@ -86,7 +91,7 @@ class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     # Stable for one router process; a restarted router gets a new one. Bounded as the
     # names in `tokens` are: it is their counter when `counter_id` is "" (a store
     # column, where PostgreSQL's text holds no NUL), and `ctl keys list` shows it.
-    router_id: Annotated[UsageName, msgspec.Meta(min_length=1)]
+    router_id: RouterId
     # Unix seconds when the router built this report.
     sent_at: float
     # Endpoint id → unix seconds of the last dispatch there. Endpoints never used
@@ -104,7 +109,7 @@ class UsageReport(msgspec.Struct, frozen=True, kw_only=True):
     # Who counted `tokens`: new each time a router process starts, even one with a
     # configured `router_id`, whose totals start again at zero (under an id already
     # seen, the controller, keeping the largest figures, would miss them). "": router_id.
-    counter_id: Annotated[str, msgspec.Meta(max_length=128, pattern=PRINTABLE)] = ""
+    counter_id: Annotated[str, msgspec.Meta(max_length=MAX_COUNTER_ID, pattern=PRINTABLE)] = ""
     # Limited client keys this router has seen or holds a share of: what it was asked
     # for and what it enforces; the answer leases it its shares (wire.leases).
     key_demand: list[KeyDemand] = []

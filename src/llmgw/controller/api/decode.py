@@ -19,6 +19,7 @@ from aiohttp import web
 from llmgw.controller.api.validate import check_spec
 from llmgw.controller.errors import InvalidRequest, InvalidSpec
 from llmgw.wire.adapters import AdapterSpec, is_adapter
+from llmgw.wire.adapters import names_problem as adapter_names_problem
 from llmgw.wire.admin import DrainRequest
 from llmgw.wire.models import ModelSpec, env_from_problem
 
@@ -151,7 +152,7 @@ def _label(where: str, name: object) -> str:
 
 def _decode_adapter(item: Any, label: str, i: int, *, single: bool) -> AdapterSpec:
     try:
-        return msgspec.convert(item, AdapterSpec)
+        spec = msgspec.convert(item, AdapterSpec)
     except msgspec.ValidationError as exc:
         msg = str(exc)
         if msg.startswith("adapter_of must"):
@@ -164,6 +165,14 @@ def _decode_adapter(item: Any, label: str, i: int, *, single: bool) -> AdapterSp
             field = validation_param(msg)
         param = field if single else (f"[{i}].{field}" if field else f"[{i}]")
         raise InvalidSpec(f"adapter spec {label}: {msg}; nothing was applied", param=param) from exc
+    wrong = adapter_names_problem(spec)
+    if wrong is not None:
+        field, why = wrong
+        raise InvalidSpec(
+            f"adapter spec {label}: {field}: {why}; nothing was applied",
+            param=field if single else f"[{i}].{field}",
+        )
+    return spec
 
 
 def decode_drain(body: bytes) -> DrainRequest:

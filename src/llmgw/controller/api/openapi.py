@@ -32,7 +32,7 @@ from llmgw.wire.errors import ErrorBody
 from llmgw.wire.keys import KeyCreate, KeyCreated, KeyRevoked, KeyView
 from llmgw.wire.leases import LeaseAnswer
 from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
-from llmgw.wire.names import LABEL_PATTERN
+from llmgw.wire.names import LABEL_PATTERN, MODEL_NAME_PATTERN
 from llmgw.wire.usage import (
     DEFAULT_SINCE_S,
     MAX_COUNT,
@@ -142,8 +142,12 @@ def _edge_rules(components: dict[str, Any]) -> None:
     usage = components["UsageReport"]["properties"]
     for field in ("inflight", "demand"):
         usage[field]["additionalProperties"].update(minimum=0, maximum=MAX_COUNT)
-    for prop in components["ModelLoad"]["properties"].values():
+    load = components["ModelLoad"]["properties"]
+    for prop in load.values():
         prop["minimum"] = 0
+    # api/validate.py: the counts are bounded as a report's other counts.
+    for field in ("inflight", "held", "requests"):
+        load[field]["maximum"] = MAX_COUNT
     # fleet.commands.set_weight: a capacity weight and its measurement are positive.
     weight = components["WeightRequest"]["properties"]
     weight["weight"]["exclusiveMinimum"] = 0
@@ -154,6 +158,10 @@ def _edge_rules(components: dict[str, Any]) -> None:
     hb["fabrics"]["items"]["pattern"] = LABEL_PATTERN
     components["GPU"]["properties"]["gpu_class"]["pattern"] = LABEL_PATTERN
     components["ModelSpec"]["properties"]["gpu_classes"]["items"]["pattern"] = LABEL_PATTERN
+    spec = components["ModelSpec"]["properties"]
+    spec["name"]["pattern"] = spec["aliases"]["items"]["pattern"] = MODEL_NAME_PATTERN
+    adapter = components["AdapterSpec"]["properties"]
+    adapter["name"]["pattern"] = adapter["adapter_of"]["pattern"] = MODEL_NAME_PATTERN
     # KeyLimits.__post_init__: a model named twice is refused.
     for name in ("KeyCreate", "KeyCreated", "KeyView"):
         components[name]["properties"]["models"]["uniqueItems"] = True

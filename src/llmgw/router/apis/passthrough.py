@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from llmgw.router.apis import anthropic
 from llmgw.router.apis.catalog import ROUTES, Api
-from llmgw.router.apis.forms import FormError, text_fields
+from llmgw.router.apis.forms import FormError, form_bool, text_fields
 from llmgw.router.http.answers import JSON, Whole
 from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import DISCONNECTED
@@ -184,7 +184,7 @@ def _form_doc(body: bytes, ctype: str) -> dict[str, Any] | Whole:
         fields = text_fields(body, ctype, _FORM_FIELDS)
     except FormError as exc:
         return bad_request(f"The request body is malformed: {exc}.")
-    return {"model": fields.get("model"), "stream": fields.get("stream") == "true"}
+    return {"model": fields.get("model"), "stream": form_bool(fields.get("stream")) is True}
 
 
 def _passed_on(api: Api, headers: Any) -> bytes:

@@ -18,6 +18,7 @@ report loses nothing of them: the next one carries them again.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol
@@ -29,7 +30,7 @@ from llmgw.router.errors import LeaseRefused, ReportRefused
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.leases import KeyDemand, LeaseAnswer
-from llmgw.wire.usage import FlowQueued, ModelLoad, TokenUsage, UsageReport
+from llmgw.wire.usage import MAX_COUNTER_ID, FlowQueued, ModelLoad, TokenUsage, UsageReport
 
 log: Final = logging.getLogger(__name__)
 
@@ -105,6 +106,23 @@ def build_report(
     )
 
 
+def counter_id(router_id: str, incarnation: str) -> str:
+    """The `counter_id` of this process's token rows: `router_id@incarnation`, within
+    MAX_COUNTER_ID for any router_id the controller takes.
+
+    A router_id too long for that is cut, and a hash of it whole put in place of the
+    rest, so two long ids that share their start still count apart. Joined whole, one
+    past about 110 characters made every report with token rows a 422, and the router
+    gave those rows up.
+    """
+    whole = f"{router_id}@{incarnation}"
+    if len(whole) <= MAX_COUNTER_ID:
+        return whole
+    digest = hashlib.sha256(router_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    keep = MAX_COUNTER_ID - len(digest) - len(incarnation) - 2
+    return f"{router_id[:keep]}~{digest}@{incarnation}"
+
+
 class ReportSink(Protocol):
     """Where reports go: the controller (`sources.ControllerClient`) or a test fake.
 
@@ -125,8 +143,8 @@ async def deliver(
     ledger.add(counted)
     rows = ledger.pending()
     if rows:
-        counter_id = f"{report.router_id}@{ledger.incarnation}"
-        report = msgspec.structs.replace(report, tokens=rows, counter_id=counter_id)
+        counter = counter_id(report.router_id, ledger.incarnation)
+        report = msgspec.structs.replace(report, tokens=rows, counter_id=counter)
     try:
         answer = await sink.post_usage(report)
     except LeaseRefused:
