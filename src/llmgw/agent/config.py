@@ -30,7 +30,8 @@ from llmgw.agent.errors import AgentError
 from llmgw.agent.ports import parse_range
 from llmgw.agent.secretrefs import is_private_env
 from llmgw.agent.templates import parse_engine_bins
-from llmgw.runtime import envflags, logs, safeyaml, secretfile, textfile
+from llmgw.runtime import envflags, finite, logs, safeyaml, secretfile, textfile
+from llmgw.runtime.finite import finite_float
 from llmgw.runtime.version import add_version_argument
 from llmgw.runtime.webpages import host_problem
 from llmgw.wire.agent import ENV_NAME_PATTERN
@@ -151,9 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
         "* for any): any other is 403, since a web page can point a name of its own at "
         "127.0.0.1 (DNS rebinding)",
     )
-    p.add_argument("--interval-s", type=float, help="heartbeat/supervision tick (default 2)")
+    p.add_argument("--interval-s", type=finite_float, help="heartbeat/supervision tick (default 2)")
     p.add_argument("--log-dir", help="engine logs (default <state-dir>/logs)")
-    p.add_argument("--stop-grace-s", type=float, help="SIGTERM→SIGKILL grace (default 10)")
+    p.add_argument("--stop-grace-s", type=finite_float, help="SIGTERM→SIGKILL grace (default 10)")
     p.add_argument("--engine-bin", action="append", help="ENGINE=COMMAND, e.g. vllm=/x/vllm serve")
     p.add_argument(
         "--stop-engines-on-exit",
@@ -207,6 +208,10 @@ def parse_config(argv: list[str]) -> AgentConfig:
     if "engine_bin" in ns:
         ns["engine_bin"] = _pairs(ns["engine_bin"], "engine-bin")
     merged.update(ns)
+    # The flags' type refuses NaN and inf already; the file's values only here.
+    bad = finite.nonfinite_path(merged)
+    if bad is not None:
+        raise AgentConfigError(f"{bad}: {finite.NOT_FINITE}")
     try:
         cfg = msgspec.convert(merged, AgentConfig)
     except msgspec.ValidationError as exc:

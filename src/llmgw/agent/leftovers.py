@@ -26,6 +26,7 @@ from typing import IO
 
 from llmgw.agent.engineprocs import KILL, TERM, PopenSpawner, ProcessHandle
 from llmgw.agent.statefile import STATE_FILE, StateDirBusy, StateStore, lock_state_dir
+from llmgw.runtime.finite import finite_float
 
 COMMAND = "stop-engines"
 
@@ -75,7 +76,7 @@ def main(argv: list[str]) -> int:
         prog=f"llmgw agent {COMMAND}", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
     p.add_argument("agents", nargs="+", type=_pair, metavar="NODE=STATE_DIR")
-    p.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM→SIGKILL grace")
+    p.add_argument("--grace-s", type=finite_float, default=10.0, help="SIGTERM→SIGKILL grace")
     args = p.parse_args(argv)
     if args.grace_s < 0:
         p.error("--grace-s must not be negative")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from llmgw.runtime import configfile, logs, secretfile, textfile
 from llmgw.runtime.cli import DefaultsFormatter
+from llmgw.runtime.finite import finite_float
 from llmgw.runtime.tracing import TracingSettings
 from llmgw.runtime.version import add_version_argument
 from llmgw.runtime.webpages import ANY_HOST, OwnNames, host_problem
@@ -277,10 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"(env {ROUTER_TOKEN_ENV})",
     )
     for flag, default in _floats(d).items():
-        p.add_argument(f"--{flag}", type=float, default=default, help=FLOAT_HELP[flag])
+        p.add_argument(f"--{flag}", type=finite_float, default=default, help=FLOAT_HELP[flag])
     p.add_argument(
         "--heartbeat-flush-s",
-        type=float,
+        type=finite_float,
         default=None,
         help="write heartbeat-only changes to the store at most this often "
         "(default: half of --heartbeat-timeout-s)",
@@ -308,19 +309,19 @@ def _tracing_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tracing-sample-ratio",
-        type=float,
+        type=finite_float,
         default=1.0,
         help="fraction of the actions' traces kept (0 to 1)",
     )
     p.add_argument(
         "--tracing-export-interval-s",
-        type=float,
+        type=finite_float,
         default=5.0,
         help="spans are batched and sent this often, off the event loop",
     )
     p.add_argument(
         "--tracing-export-timeout-s",
-        type=float,
+        type=finite_float,
         default=10.0,
         help="one export's time limit (a slow collector loses that batch)",
     )

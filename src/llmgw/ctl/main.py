@@ -27,6 +27,7 @@ from llmgw.ctl.context import Ctx
 from llmgw.ctl.durations import duration_arg, since_arg
 from llmgw.ctl.errors import CtlError, SpecError
 from llmgw.runtime.cli import DefaultsFormatter
+from llmgw.runtime.finite import finite_float
 from llmgw.runtime.version import add_version_argument
 
 # command → "module:function"; each function is (args, ctx) -> exit code.
@@ -104,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("status", "the fleet on one screen: capacity, what is broken, what is idle")
     p.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
-    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds (default 2)")
+    p.add_argument(
+        "--interval", type=finite_float, default=2.0, metavar="S", help="seconds (default 2)"
+    )
     command("nodes", "list nodes")
     command("models", "list models")
     p = command("replicas", "list replicas (IDLE is '-' when no router has reported it)")
@@ -131,9 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("drain", "move a node's replicas elsewhere and wait until it is empty")
     p.add_argument("node", help="the node's name")
     p.add_argument(
-        "--timeout", type=float, default=600.0, metavar="S", help="give up after S s (default 600)"
+        "--timeout",
+        type=finite_float,
+        default=600.0,
+        metavar="S",
+        help="give up after S s (default 600)",
     )
-    p.add_argument("--grace-s", type=float, metavar="S", help="in-flight grace per replica")
+    p.add_argument("--grace-s", type=finite_float, metavar="S", help="in-flight grace per replica")
     p.add_argument("--no-wait", action="store_true", help="start the drain and return")
     p.add_argument(
         "--force",
@@ -168,7 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("replica", help="the replica's id (ctl replicas)")
     p.add_argument("--max-concurrency", type=int, default=64, metavar="N", help="default 64")
     p.add_argument(
-        "--duration-s", type=float, default=5.0, metavar="S", help="seconds per concurrency level"
+        "--duration-s",
+        type=finite_float,
+        default=5.0,
+        metavar="S",
+        help="seconds per concurrency level",
     )
     p.add_argument("--max-tokens", type=int, default=64, metavar="N", help="tokens per request")
     p.add_argument("--no-record", action="store_true", help="measure only; keep the weight")

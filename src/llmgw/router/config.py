@@ -39,7 +39,7 @@ import msgspec
 
 from llmgw.router.errors import RouterConfigError
 from llmgw.router.replicas.enginemetrics import ENGINES
-from llmgw.runtime import safeyaml, secretfile, textfile
+from llmgw.runtime import finite, safeyaml, secretfile, textfile
 from llmgw.runtime.logs import kv
 from llmgw.runtime.webpages import host_problem
 from llmgw.wire.endpoints import EndpointInfo
@@ -351,6 +351,10 @@ def parse(
         retired_server(doc.pop("http_server"), f"{source}: http_server")
     if "upstream_client" in doc:
         retired_client(doc.pop("upstream_client"), f"{source}: upstream_client")
+    bad = finite.nonfinite_path(doc)
+    if bad is not None:
+        # Before the range checks: every comparison with NaN is False (runtime/finite.py).
+        raise RouterConfigError(f"{source}: {bad}: {finite.NOT_FINITE}")
     try:
         return msgspec.convert(doc, RouterConfig)
     except msgspec.ValidationError as exc:

@@ -91,7 +91,10 @@ def _one(action: argparse.Action, raw: Any, where: str) -> Any:
     text = str(raw)
     try:
         value = action.type(text) if callable(action.type) else text
-    except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+    except argparse.ArgumentTypeError as exc:
+        # The type's own reason, as argparse shows it for the flag (runtime.finite).
+        raise EnvFlagError(f"{where}={text!r}: {exc}") from None
+    except (ValueError, TypeError) as exc:
         kind = getattr(action.type, "__name__", "value")
         raise EnvFlagError(f"{where}={text!r}: not a valid {kind} ({exc})") from None
     if action.choices is not None and value not in action.choices:

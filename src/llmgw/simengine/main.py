@@ -15,6 +15,7 @@ import sys
 
 from llmgw.runtime import envflags, logs
 from llmgw.runtime.cli import DefaultsFormatter
+from llmgw.runtime.finite import finite_float
 from llmgw.runtime.version import add_version_argument
 from llmgw.simengine import auth, kvevents, lora, sleep, timing
 from llmgw.simengine.batcher import FCFS, SCHEDULING_POLICIES
@@ -59,22 +60,22 @@ def parser() -> argparse.ArgumentParser:
         help="as vLLM: fcfs serves arrivals in order and refuses a request priority "
         "other than 0; priority serves lower priority first, then by arrival",
     )
-    p.add_argument("--speed", type=float, default=1.0, help="10 = ten times faster")
+    p.add_argument("--speed", type=finite_float, default=1.0, help="10 = ten times faster")
     p.add_argument(
         "--prefill-ms-per-token",
-        type=float,
+        type=finite_float,
         default=timing.DEFAULT_PREFILL_MS_PER_TOKEN,
         help="prefill cost of one uncached prompt token, at speed 1",
     )
     p.add_argument(
         "--decode-base-ms",
-        type=float,
+        type=finite_float,
         default=timing.DEFAULT_DECODE_BASE_MS,
         help="fixed cost of one decode step, at speed 1",
     )
     p.add_argument(
         "--decode-ms-per-seq",
-        type=float,
+        type=finite_float,
         default=timing.DEFAULT_DECODE_MS_PER_SEQ,
         help="added cost per running sequence of one decode step, at speed 1",
     )
@@ -95,7 +96,7 @@ def parser() -> argparse.ArgumentParser:
         help="whose /metrics names to export",
     )
     p.add_argument(
-        "--fail-rate", type=float, default=0.0, help="fault: share of requests answered 500"
+        "--fail-rate", type=finite_float, default=0.0, help="fault: share of requests answered 500"
     )
     p.add_argument(
         "--stall-after-tokens", type=int, default=None, help="fault: streams stop sending after N"
@@ -132,7 +133,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--lora-load-ms",
-        type=float,
+        type=finite_float,
         default=lora.DEFAULT_LOAD_MS,
         help="reading in an adapter that is not loaded, at speed 1",
     )
@@ -143,25 +144,31 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--weights-gb",
-        type=float,
+        type=finite_float,
         default=sleep.DEFAULT_WEIGHTS_GB,
         help="the model's weights, split over the GPUs: sets the wake time",
     )
     p.add_argument(
-        "--wake-l1-s", type=float, default=None, help="wake time from level 1 (default: by size)"
+        "--wake-l1-s",
+        type=finite_float,
+        default=None,
+        help="wake time from level 1 (default: by size)",
     )
     p.add_argument(
-        "--wake-l2-s", type=float, default=None, help="wake time from level 2 (default: by size)"
+        "--wake-l2-s",
+        type=finite_float,
+        default=None,
+        help="wake time from level 2 (default: by size)",
     )
     p.add_argument(
         "--sleep-s",
-        type=float,
+        type=finite_float,
         default=0.0,
         help="how long a sleep at level 1 or 2 takes before it answers (default 0: at once)",
     )
     p.add_argument(
         "--cold-factor",
-        type=float,
+        type=finite_float,
         default=sleep.COLD_FACTOR,
         help="how much slower the first request after a wake runs without a warm-up",
     )
@@ -173,7 +180,9 @@ def parser() -> argparse.ArgumentParser:
         "prompt and cached tokens, and when it arrived, was scheduled, got its first token and "
         "ended, on the host's monotonic clock), to split a benchmark's TTFT; default: off",
     )
-    p.add_argument("--grace-s", type=float, default=10.0, help="graceful stop window on SIGTERM")
+    p.add_argument(
+        "--grace-s", type=finite_float, default=10.0, help="graceful stop window on SIGTERM"
+    )
     return p
 
 

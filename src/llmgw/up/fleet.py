@@ -19,6 +19,7 @@ file or llama-server binary is missing, and says how to make them.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ from typing import Annotated
 
 import msgspec
 
-from llmgw.runtime import textfile
+from llmgw.runtime import finite, textfile
 from llmgw.up.errors import UpError
 from llmgw.wire.models import ModelSpec
 
@@ -85,7 +86,14 @@ def load_fleet(path: Path | None) -> Fleet:
             raise FleetError(f"{path}: {exc}") from None
         where = str(path)
     try:
-        fleet = msgspec.yaml.decode(text, type=Fleet)
+        doc = msgspec.yaml.decode(text)
+        bad = finite.nonfinite_path(doc)
+        if bad is not None:
+            # Before msgspec's range checks, which pass +inf; a model's NaN would reach the
+            # controller as JSON null, and the router's keys reach its file as they are.
+            raise FleetError(f"{where}: {bad}: {finite.NOT_FINITE}")
+        # As msgspec.yaml.decode(text, type=Fleet) converts what it loads.
+        fleet = msgspec.convert(doc, Fleet, builtin_types=(datetime.datetime, datetime.date))
     except msgspec.ValidationError as exc:
         raise FleetError(f"{where}: {exc}") from exc
     except msgspec.DecodeError as exc:

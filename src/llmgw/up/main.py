@@ -30,6 +30,7 @@ from llmgw.adminclient.client import AdminClient
 from llmgw.adminclient.errors import AdminError, AdminUnreachable
 from llmgw.runtime import envflags
 from llmgw.runtime.cli import DefaultsFormatter
+from llmgw.runtime.finite import finite_float
 from llmgw.runtime.lockfile import open_nofollow
 from llmgw.runtime.sdnotify import Notifier
 from llmgw.runtime.serve import READY_PREFIX
@@ -61,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
         "visible in ps: prefer writing it into that file",
     )
     p.add_argument(
-        "--ready-timeout-s", type=float, default=180.0, help="how long to show start-up progress"
+        "--ready-timeout-s",
+        type=finite_float,
+        default=180.0,
+        help="how long to show start-up progress",
     )
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument(
