@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from llmgw.router.apis import anthropic, conversation, forms
 from llmgw.router.apis import usage as apiusage
@@ -249,31 +247,8 @@ class TestAnthropicErrorFrame:
         assert watch.endpoint_failure is False
 
 
-class TestFormBool:
-    """A form's `stream` read as vLLM reads it (pydantic's bool from text)."""
-
-    @pytest.mark.parametrize(
-        ("text", "expected"),
-        [
-            *[(t, True) for t in ("true", "True", "TRUE", "1", "on", "ON", "yes", "Yes", "t", "Y")],
-            *[(t, False) for t in ("false", "False", "0", "off", "f", "n", "no", "NO")],
-            *[(t, None) for t in ("", " true", "true ", "2", "yess", "ｔｒｕｅ", "\u0130")],
-        ],
-    )
-    def test_the_spellings_pydantic_takes(self, text: str, expected: bool | None) -> None:
-        """Each of pydantic's true and false spellings in any ASCII case is read; anything
-        else (spaces around it included) is no bool, which the engine refuses."""
-        assert expected == forms.form_bool(text)
-
-    @given(st.text(alphabet=st.sampled_from("trueTRUEyesnoffalsOF01 \u0130\u212a"), max_size=6))
-    def test_agrees_with_pydantic(self, text: str) -> None:
-        """Whatever the text, the router reads the bool pydantic's lax mode reads, or none."""
-        pydantic = pytest.importorskip("pydantic")
-        try:
-            engine: bool | None = pydantic.TypeAdapter(bool).validate_python(text)
-        except pydantic.ValidationError:
-            engine = None
-        assert engine == forms.form_bool(text)
+class TestFormStream:
+    """An upload's `stream` counted as vLLM reads it (wire/formbool.py, tested there)."""
 
     @pytest.mark.parametrize(("text", "streams"), [("True", True), ("1", True), ("no", False)])
     def test_an_upload_streams_as_the_engine_reads_it(self, text: str, streams: bool) -> None:

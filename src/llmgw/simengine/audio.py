@@ -3,7 +3,8 @@
 Stand-ins with the real shapes. A transcription's text is a deterministic run
 of the sim's output words, longer for a longer upload; `response_format`
 `json` (the default) answers `{"text", "usage": {"type": "duration",
-"seconds"}}`, `text` the bare text, and `stream=true` the chunks vLLM streams
+"seconds"}}`, `text` the bare text, and `stream=true` (or another spelling of
+true that vLLM's pydantic reads: wire/formbool.py) the chunks vLLM streams
 (`transcription.chunk`, then `[DONE]`). Speech answers a silent WAV (or raw
 PCM) whose length follows the input's; no other audio format is made.
 """
@@ -19,6 +20,7 @@ import msgspec
 
 from llmgw.simengine import api, tokenizer
 from llmgw.simengine.config import SimConfig
+from llmgw.wire.formbool import form_bool
 
 _enc = msgspec.json.Encoder()
 _RATE = 8000  # samples a second of the speech made
@@ -27,6 +29,22 @@ _RATE = 8000  # samples a second of the speech made
 def _form_model(fields: dict[str, Any], cfg: SimConfig) -> str:
     model = fields.get("model")
     return cfg.model_name if not isinstance(model, str) else api.check_model(model, cfg)
+
+
+def _stream(fields: dict[str, Any]) -> bool:
+    """`stream` as vLLM reads it (wire/formbool.py); an empty field is absent, as FastAPI
+    takes it."""
+    text = fields.get("stream")
+    if not text:
+        return False
+    read = form_bool(text)
+    if read is None:
+        raise api.SimApiError(
+            400,
+            f"stream {text!r}: expected a bool (true/false, 1/0, yes/no, on/off)",
+            param="stream",
+        )
+    return read
 
 
 def transcript(audio: bytes) -> str:
@@ -47,7 +65,7 @@ def transcription(
     text = transcript(audio)
     seconds = max(1, len(audio) // 16000)
     fmt = fields.get("response_format") or "json"
-    if fields.get("stream") == "true":
+    if _stream(fields):
         created = int(time.time())
         out = []
         for word in text.split(" "):

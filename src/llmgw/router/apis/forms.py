@@ -39,25 +39,6 @@ _PARAM: Final = re.compile(rb'\s*;\s*([^\s;="]*)\s*(?:=\s*("(?:[^"\\]|\\.)*"|[^\
 _IDENTITY: Final = frozenset({b"7bit", b"8bit", b"binary"})
 
 
-# How vLLM reads a form's bool (`stream`): its request models are pydantic's, which in lax
-# mode take these spellings in any ASCII case and refuse any other text (a 422), spaces
-# around it included. Read as `== "true"`, an upload with `stream=True` or `1` was streamed
-# by the engine and counted by the router as not streaming.
-_TRUE: Final = frozenset({"1", "on", "t", "true", "y", "yes"})
-_FALSE: Final = frozenset({"0", "off", "f", "false", "n", "no"})
-
-
-def form_bool(text: str | None) -> bool | None:
-    """A form field's text as vLLM reads a bool; None when absent or no bool (which the
-    engine refuses)."""
-    if text is None or not text.isascii():
-        return None
-    folded = text.lower()
-    if folded in _TRUE:
-        return True
-    return False if folded in _FALSE else None
-
-
 class FormError(ValueError):
     """The body is not the multipart form its Content-Type says; the message says why."""
 

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from llmgw.router.apis import anthropic
 from llmgw.router.apis.catalog import ROUTES, Api
-from llmgw.router.apis.forms import FormError, form_bool, text_fields
+from llmgw.router.apis.forms import FormError, text_fields
 from llmgw.router.http.answers import JSON, Whole
 from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import DISCONNECTED
@@ -42,6 +42,7 @@ from llmgw.router.request.proxy import Proxy
 from llmgw.router.request.refusals import bad_request, unauthorized
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.routing.affinity import NO_KEY, RouteKey
+from llmgw.wire.formbool import form_bool
 
 _FORM_FIELDS: Final = ("model", "stream")
 PREVIOUS_RESPONSE = (
