@@ -20,8 +20,6 @@ import argparse
 import math
 from collections.abc import Mapping
 
-import msgspec
-
 # What a refusal says after the setting's name.
 NOT_FINITE = "not a finite number (nan and inf are refused)"
 
@@ -43,10 +41,11 @@ def nonfinite_path(value: object, path: str = "") -> str | None:
     finite."""
     if isinstance(value, float):
         return None if math.isfinite(value) else path
-    if isinstance(value, msgspec.Struct):
-        items: list[tuple[str, object]] = [
-            (name, getattr(value, name)) for name in value.__struct_fields__
-        ]
+    # A msgspec Struct, known by its field names: importing msgspec here would load it
+    # into `llmgw ctl`'s start, which takes float flags and must stay light.
+    fields = getattr(type(value), "__struct_fields__", None)
+    if isinstance(fields, tuple):
+        items: list[tuple[str, object]] = [(name, getattr(value, name)) for name in fields]
     elif isinstance(value, Mapping):
         items = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, list | tuple):
