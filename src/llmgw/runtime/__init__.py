@@ -12,6 +12,7 @@ envflags     every flag also from LLMGW_<PROGRAM>_<FLAG>
 configfile   flags from a YAML file (the controller's --config)
 textfile     a config's or secret's file read with bounds: a regular file, its size, UTF-8
 safeyaml     a config's YAML without alias bombs or a RecursionError
+finite       float settings are finite: NaN and ±inf refused where settings are parsed
 sdnotify     systemd's READY=1, STOPPING=1 and watchdog
 lockfile     one process per state folder
 netaddr      address helpers
