@@ -8,39 +8,11 @@ help text, or whose default is not shown in `--help`, fails here.
 from __future__ import annotations
 
 import argparse
-import importlib
-from collections.abc import Iterator
 
 import pytest
 
 from llmgw.cli import COMMANDS
-
-
-def _parsers(command: str) -> list[argparse.ArgumentParser]:
-    seen: list[argparse.ArgumentParser] = []
-    original = argparse.ArgumentParser.parse_known_args
-
-    def record(self: argparse.ArgumentParser, *a: object, **kw: object) -> object:
-        seen.append(self)
-        raise SystemExit(0)
-
-    module = importlib.import_module(COMMANDS[command][0])
-    argparse.ArgumentParser.parse_known_args = record  # type: ignore[method-assign,assignment]
-    try:
-        with pytest.raises(SystemExit):
-            module.main(["--help"])
-    finally:
-        argparse.ArgumentParser.parse_known_args = original  # type: ignore[method-assign]
-    assert seen, f"llmgw {command} parsed no arguments"
-    return seen
-
-
-def _walk(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    yield parser.prog, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                yield from _walk(sub)
+from tests.unit.cli_parsers import built_parsers, walk
 
 
 def _shown_default(action: argparse.Action) -> bool:
@@ -62,8 +34,8 @@ class TestFlagHelp:
     def test_every_flag_has_help_and_shows_its_default(self, command: str) -> None:
         """Every flag has help and shows its default."""
         problems: list[str] = []
-        for parser in _parsers(command):
-            for prog, p in _walk(parser):
+        for parser in built_parsers(command):
+            for prog, p in walk(parser):
                 text = p.format_help()
                 for action in p._actions:
                     if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
@@ -85,5 +57,5 @@ class TestFlagHelp:
     @pytest.mark.parametrize("command", ["agent", "controller", "router", "sim-engine", "up"])
     def test_every_long_running_program_lists_log_format(self, command: str) -> None:
         """`--log-format` is taken before each program's own parser; `--help` still tells of it."""
-        texts = [p.format_help() for parser in _parsers(command) for _, p in _walk(parser)]
+        texts = [p.format_help() for parser in built_parsers(command) for _, p in walk(parser)]
         assert any("--log-format" in t and "json" in t for t in texts), command

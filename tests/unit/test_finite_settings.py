@@ -9,7 +9,6 @@ config Struct), so one added later is covered without touching this file.
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import math
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from llmgw.runtime import envflags, finite
 from llmgw.testing.configdoc import PROGRAMS, Program
 from llmgw.up.fleet import Fleet, FleetError, load_fleet
 from llmgw.wire.endpoints import EndpointInfo
+from tests.unit.cli_parsers import built_parsers, walk
 
 BAD = ("nan", "inf", "-inf")
 YAML_BAD = (".nan", ".inf", "-.inf")
@@ -44,31 +44,10 @@ HIDDEN = {"agent": [[leftovers.COMMAND, "--help"]]}
 
 
 def _parsers(command: str) -> list[argparse.ArgumentParser]:
-    """The parsers `llmgw <command> --help` builds (ctl's subcommands walked too)."""
-    seen: list[argparse.ArgumentParser] = []
-    original = argparse.ArgumentParser.parse_known_args
-
-    def record(self: argparse.ArgumentParser, *a: object, **kw: object) -> object:
-        seen.append(self)
-        raise SystemExit(0)
-
-    module = importlib.import_module(COMMANDS[command][0])
-    argparse.ArgumentParser.parse_known_args = record  # type: ignore[method-assign,assignment]
-    try:
-        for argv in [["--help"], *HIDDEN.get(command, [])]:
-            with pytest.raises(SystemExit):
-                module.main(argv)
-    finally:
-        argparse.ArgumentParser.parse_known_args = original  # type: ignore[method-assign]
-    out: list[argparse.ArgumentParser] = []
-    todo = list(seen)
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for action in p._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                todo.extend(action.choices.values())
-    return out
+    """The parsers `llmgw <command> --help` builds, and the hidden sub-commands' (ctl's
+    subcommands walked too)."""
+    argvs = [["--help"], *HIDDEN.get(command, [])]
+    return [p for parser in built_parsers(command, argvs) for _, p in walk(parser)]
 
 
 def _is_float_flag(action: argparse.Action) -> bool:
