@@ -21,6 +21,7 @@ import yaml
 
 from llmgw.ctl.errors import SpecError
 from llmgw.ctl.shown import visible
+from llmgw.runtime import textfile
 from llmgw.wire.adapters import AdapterSpec, is_adapter
 from llmgw.wire.adapters import names_problem as adapter_names_problem
 from llmgw.wire.models import (
@@ -268,15 +269,9 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 def read_text(stream: BinaryIO, source: str) -> str:
     """A spec file's text: UTF-8 and at most MAX_FILE_BYTES, or a SpecError saying which."""
     try:
-        raw = stream.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(f"{source}: cannot read: {exc.strerror or exc}") from exc
-    if len(raw) > MAX_FILE_BYTES:
-        raise SpecError(f"{source}: larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{source}: not UTF-8 text (byte {exc.start})") from None
+        return textfile.read_stream(stream, max_bytes=MAX_FILE_BYTES)
+    except textfile.TextFileError as exc:
+        raise SpecError(f"{source}: {exc}") from None
 
 
 def load_specs(path: Path) -> list[ModelSpec | AdapterSpec]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import BinaryIO
 
 # A config file larger than this is not one (a fleet's, a router's with thousands of
 # endpoints and keys, are kilobytes), and PyYAML takes seconds to parse each MiB.
@@ -61,10 +62,16 @@ def read(path: str | os.PathLike[str], *, max_bytes: int = CONFIG_MAX_BYTES) -> 
         kind = next((name for test, name in _KINDS if test(mode)), "not a file")
         raise TextFileError(f"not a regular file ({kind})")
     with os.fdopen(fd, "rb") as f:
-        try:
-            data = f.read(max_bytes + 1)
-        except OSError as exc:
-            raise TextFileError(f"cannot read: {exc.strerror or type(exc).__name__}") from None
+        return read_stream(f, max_bytes=max_bytes)
+
+
+def read_stream(stream: BinaryIO, *, max_bytes: int) -> str:
+    """An open stream's text, read to at most `max_bytes` (standard input, a pipe: what
+    the caller chose to read), or TextFileError: cannot read, too large, not UTF-8."""
+    try:
+        data = stream.read(max_bytes + 1)
+    except OSError as exc:
+        raise TextFileError(f"cannot read: {exc.strerror or type(exc).__name__}") from None
     if len(data) > max_bytes:
         raise TextFileError(f"larger than {_size(max_bytes)}")
     try:
