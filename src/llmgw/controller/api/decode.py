@@ -118,26 +118,34 @@ def decode_specs(body: bytes) -> list[ModelSpec | AdapterSpec]:
             ref_field, ref_why = refs
             raise InvalidSpec(
                 f"model spec {label}: {ref_field}: {ref_why}; nothing was applied",
-                param=ref_field if single else f"[{i}].{ref_field}",
+                param=_param(ref_field, i, single=single),
             )
         try:
             spec = msgspec.convert(item, ModelSpec)
         except msgspec.ValidationError as exc:
             msg = str(exc)
             field = validation_param(msg)
-            param = field if single else (f"[{i}].{field}" if field else f"[{i}]")
             raise InvalidSpec(
-                f"model spec {label}: {msg}; nothing was applied", param=param
+                f"model spec {label}: {msg}; nothing was applied",
+                param=_param(field, i, single=single),
             ) from exc
         wrong = check_spec(spec)
         if wrong is not None:
             field, why = wrong
             raise InvalidSpec(
                 f"model spec {label}: {field}: {why}; nothing was applied",
-                param=field if single else f"[{i}].{field}",
+                param=_param(field, i, single=single),
             )
         specs.append(spec)
     return specs
+
+
+def _param(field: str | None, i: int, *, single: bool) -> str | None:
+    """The `param` of a refusal of spec `i`'s `field` (None: the spec as a whole): the
+    field alone for a body of one spec, `[i].field` for a list."""
+    if single:
+        return field
+    return f"[{i}].{field}" if field else f"[{i}]"
 
 
 def _label(where: str, name: object) -> str:
@@ -163,14 +171,16 @@ def _decode_adapter(item: Any, label: str, i: int, *, single: bool) -> AdapterSp
             msg += " (an adapter takes only name, adapter_of and source: the rest is its base's)"
         else:
             field = validation_param(msg)
-        param = field if single else (f"[{i}].{field}" if field else f"[{i}]")
-        raise InvalidSpec(f"adapter spec {label}: {msg}; nothing was applied", param=param) from exc
+        raise InvalidSpec(
+            f"adapter spec {label}: {msg}; nothing was applied",
+            param=_param(field, i, single=single),
+        ) from exc
     wrong = adapter_names_problem(spec)
     if wrong is not None:
         field, why = wrong
         raise InvalidSpec(
             f"adapter spec {label}: {field}: {why}; nothing was applied",
-            param=field if single else f"[{i}].{field}",
+            param=_param(field, i, single=single),
         )
     return spec
 
