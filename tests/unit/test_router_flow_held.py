@@ -1,5 +1,5 @@
-"""Requests in flow control's queue whose model loses every replica while they wait: the
-real router, proxy and HTTP server in memory (router_world.py), time virtual."""
+"""Flow control when replicas leave the endpoint list: the real router, proxy and HTTP
+server in memory (router_world.py), time virtual."""
 
 from __future__ import annotations
 
@@ -71,3 +71,20 @@ class TestReplicasGone:
             return seen
 
         assert w.run(main) == (0, {}, {"m": 2})
+
+
+class TestHoldPointsOfGoneReplicas:
+    """A replica that leaves the list takes its hold point with it."""
+
+    def test_a_departed_replicas_low_point_no_longer_holds_the_proxy(self) -> None:
+        """r1 queued at 2 of 8, so every request was looked at from a quarter load; once
+        r1 has left for r2, only r2's point counts: the ceiling again."""
+        w = World(CONFIG)
+        for _ in range(10):
+            w.router.registry.observe("r1", Stats(running=2, waiting=3, kv_usage=0.5))
+            w.router.observed("r1")
+        assert w.router.flow.saturated_load < 0.5
+        w.router.apply_endpoints([R2])
+        w.router.registry.observe("r2", Stats(running=1, waiting=0, kv_usage=0.1))
+        w.router.observed("r2")
+        assert w.router.flow.saturated_load == 1.0

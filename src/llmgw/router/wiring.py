@@ -241,6 +241,7 @@ class Router:
         # would only make the index lie if the id ever came back.
         self.prefix.retain(self.registry.ids())
         self.sessions.retain(self.registry.ids())
+        self.flow.retain(frozenset(self.registry.ids()))
         for problem in self.kv_events.set_endpoints(infos):
             log.error(kv("kv events not followed, routing by guessing", problem=problem))
         self.metrics.forget(removed)

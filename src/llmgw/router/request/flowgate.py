@@ -224,6 +224,12 @@ class FlowGate:
         """A new scrape of `s`: its hold point learns from it (Router.observed)."""
         self._point(s)
 
+    def retain(self, ids: Collection[str]) -> None:
+        """The endpoint list is now `ids`: the hold points of replicas that left are
+        forgotten (holdpoint.py), and saturated_load follows."""
+        self._points.retain(ids)
+        self.saturated_load = 0.0 if self.reserve.kept else self._points.lowest
+
     def reserving(self, model: str) -> bool:
         """Whether `model`'s critical reserve is kept now, here or by another worker
         (reserve.py); `saturated_load` follows."""
