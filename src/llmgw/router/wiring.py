@@ -22,7 +22,7 @@ from llmgw.router.replicas.breaker import BreakerConfig
 from llmgw.router.replicas.registry import Registry
 from llmgw.router.request import lora
 from llmgw.router.request.auth import KeyRing
-from llmgw.router.request.flow import BandLimits
+from llmgw.router.request.flow import ANONYMOUS, BandLimits
 from llmgw.router.request.flowgate import FlowGate
 from llmgw.router.request.holding import Holding
 from llmgw.router.request.tenants import Tenants
@@ -215,6 +215,8 @@ class Router:
         keys = (*self.cfg.api_keys, *self._controller_keys)
         self.keys = KeyRing(keys, required=self._keys_required, clock=self.clock)
         self.tenants.retain(keys, leased=self._controller_keys)
+        # Queued as their team, else their own name (waits.py); "": no key.
+        self.metrics.retain_flow_teams({ANONYMOUS, *(k.team or k.name for k in keys)})
         # Not `leased - shares.keys()`: that is a set, and the compiled build checks the
         # frozenset its annotation promises (a TypeError that stopped every reload).
         shares = self.tenants.shares

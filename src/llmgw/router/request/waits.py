@@ -195,8 +195,10 @@ async def wait_turn(st: Router, call: Call, peeked: Decision, deadline: float) -
         running=sum(s.inflight for s in snaps),
         home=home_of(peeked, snaps),
     )
-    st.metrics.flow_waited(band, who, st.clock.monotonic() - since)
+    # A key revoked while it waited is refused, and a refusal's wait is not counted
+    # (nor does it bring back the series of a key that left: Router._set_keys).
     key_in_force(st, call.tenant)
+    st.metrics.flow_waited(band, who, st.clock.monotonic() - since)
     backlogged = st.flow.backlogged(model, band, who)
     call.engine_priority = enginepriority.granted(call.engine_priority, backlogged=backlogged)
     return band
