@@ -106,6 +106,37 @@ class TestModelPaths:
             assert got.json()["error"]["code"] == "unknown_url"
 
 
+class TestNearMissMessagesPaths:
+    """A path under /v1/messages the router does not serve is refused in Anthropic's shape."""
+
+    @pytest.mark.parametrize(
+        ("method", "path"),
+        [
+            ("POST", "/v1/messages/"),
+            ("POST", "/v1/messages/batches"),
+            ("GET", "/v1/messages/msg_1"),
+            ("POST", "/v1/messages/count_tokens/"),
+            ("DELETE", "/v1/messages/batches/b1"),
+        ],
+    )
+    def test_anthropic_404(self, method: str, path: str) -> None:
+        """404 `not_found_error` in `{"type": "error", "error": {...}}`, the client's id on it."""
+        got = ask(method, path, {"x-request-id": "rq-9"})
+        assert (got.status, got.headers["x-request-id"]) == (404, "rq-9")
+        doc = got.json()
+        assert doc["type"] == "error", doc
+        assert doc["error"] == {
+            "type": "not_found_error",
+            "message": f"Invalid URL ({method} {path}).",
+        }
+
+    @pytest.mark.parametrize("path", ["/v1/messagesx", "/v1/message", "/v1/chat/completions/"])
+    def test_other_paths_keep_openais_404(self, path: str) -> None:
+        """A path merely starting with the same letters is OpenAI's `unknown_url`."""
+        got = ask("POST", path)
+        assert (got.status, got.json()["error"]["code"]) == (404, "unknown_url")
+
+
 def ask_raw(data: bytes) -> Answered:
     """Raw bytes on one connection to the router's server as the program builds it
     (Anthropic's error shape on the Messages paths), read until it closes."""

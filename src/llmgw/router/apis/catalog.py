@@ -136,6 +136,18 @@ ROUTES: Final[dict[str, Api]] = {
     "/v1/audio/speech": SPEECH,
 }
 
+# Anthropic's clients call every path under this one (Messages, token counting,
+# batches ...): the router answers any of them it does not serve in Anthropic's error
+# shape (`anthropic_path`), as the ones it serves.
+MESSAGES_PATH: Final = "/v1/messages"
+
+
+def anthropic_path(path: str) -> bool:
+    """Whether `path` is /v1/messages or under it: Anthropic's errors there, even a
+    404 for a path the router does not serve (a trailing slash, batches)."""
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+
+
 # Path → the error body of what the router's server answers there before any handler
 # (a head it cannot take, 400; a late head, 408): Anthropic's on the Messages paths,
 # OpenAI's (the edge's own) elsewhere.

@@ -1,5 +1,6 @@
 """The router's own answers under /v1 that go to no engine: the model list, one
-model, and OpenAI's 404 or 405 for any other request there.
+model, and OpenAI's 404 or 405 for any other request there (Anthropic's under
+/v1/messages, `catalog.anthropic_path`).
 
 The model routes take the key as /v1/messages does (`anthropic.authorization`:
 `x-api-key`, else `Authorization`), and answer a request naming an
@@ -14,6 +15,7 @@ from urllib.parse import urlsplit
 
 from llmgw.router.apis import anthropic, anthropicmodels
 from llmgw.router.apis.catalog import ROUTES as API_ROUTES
+from llmgw.router.apis.catalog import anthropic_path
 from llmgw.router.http.answers import JSON, Whole, json_whole, whole
 from llmgw.router.http.connection import Request
 from llmgw.router.request.accounting import refused, tag
@@ -94,18 +96,22 @@ class Listing:
         return refused(st, resp, rid, request.path, st.clock.monotonic())
 
     async def no_route(self, request: Request) -> Whole:
-        """Any other /v1 request: OpenAI's 404 (or 405 on a served path; Anthropic's shape on
-        its Messages paths), not aiohttp's text."""
+        """Any other /v1 request: OpenAI's 404 (or 405 on a served path), not plain text;
+        Anthropic's 404 or 405 under /v1/messages, whose clients read only that shape."""
         path, method = request.path, request.method
         t0 = self.state.clock.monotonic()
         rid = request_id(request.headers.get("x-request-id"))
         post = path in POST_PATHS or path in API_ROUTES
         allowed = "POST" if post else "GET" if serves_get(path) else ""
-        api = API_ROUTES.get(path)
-        if api is not None and api.anthropic:
+        if anthropic_path(path):
             # Anthropic's clients read errors in their API's shape (anthropic.py).
-            msg = f"Method {method} is not allowed on {path}; use POST."
-            resp = whole(405, anthropic.error_body(405, msg), {"Allow": "POST"}, content_type=JSON)
+            if post:
+                msg = f"Method {method} is not allowed on {path}; use POST."
+                body = anthropic.error_body(405, msg)
+                resp = whole(405, body, {"Allow": "POST"}, content_type=JSON)
+            else:
+                body = anthropic.error_body(404, f"Invalid URL ({method} {path}).")
+                resp = whole(404, body, content_type=JSON)
         elif allowed:
             resp = error_response(
                 405,
