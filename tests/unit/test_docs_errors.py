@@ -39,8 +39,8 @@ def refusals(source: str) -> set[Refusal]:
         why = f"refusal {code.value!r} without a literal status: extend the test"
         assert isinstance(status, ast.Constant), why
         assert isinstance(status.value, int), why
-        literal = isinstance(kind, ast.Constant) and isinstance(kind.value, str)
-        out.add((status.value, code.value, kind.value if literal else None))
+        named = kind.value if isinstance(kind, ast.Constant) else None
+        out.add((status.value, code.value, named if isinstance(named, str) else None))
     return out
 
 
