@@ -398,11 +398,16 @@ def _headers(acc: _Account) -> dict[str, str]:
 
 
 def _duration(seconds: float) -> str:
-    """OpenAI's reset format: `250ms`, `12s`, `1m30s`."""
+    """OpenAI's reset format (Go's durations): `250ms`, `12s`, `1m30s`, `1h40m0s`.
+
+    Hours are named as OpenAI names them: a small leased share, or a bucket an answer
+    overdrew, is full again only hours later, which read `100m0s` before."""
     if seconds < 1.0:
         return f"{math.ceil(seconds * 1000)}ms"
-    whole = math.ceil(seconds)
-    minutes, secs = divmod(whole, 60)
+    minutes, secs = divmod(math.ceil(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
     return f"{minutes}m{secs}s" if minutes else f"{secs}s"
 
 
