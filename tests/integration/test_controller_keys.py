@@ -136,7 +136,7 @@ class TestKeysApi:
                 "budget.per",
             ),
             ({"name": "a", "team": "t", "priority": "urgent"}, 422, "priority"),
-            ({"name": "a", "team": "t", "models": ["m", "m"]}, 422, None),
+            ({"name": "a", "team": "t", "models": ["m", "m"]}, 422, "models"),
             ({"name": "a", "team": "t", "models": ["m", "a b"]}, 422, "models[1]"),
             ({"name": "a", "team": "t", "models": ["[/]"]}, 422, "models[0]"),
             ({"name": "a", "team": "t", "models": [f"m{i}" for i in range(1025)]}, 422, "models"),

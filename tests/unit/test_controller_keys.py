@@ -200,6 +200,7 @@ class TestCreateFlags:
             (["--models", "m,a b"], f"--models: 'a b' is not a model's name: {MODEL_NAME_RULE}"),
             (["--models", "[/]"], f"--models: '[/]' is not a model's name: {MODEL_NAME_RULE}"),
             (["--models", "a/./b"], f"--models: 'a/./b' is not a model's name: {MODEL_NAME_RULE}"),
+            (["--models", "a,b, a"], "--models: models must not repeat a name: 'a' is there twice"),
             (
                 ["--models", ",".join(f"m{i}" for i in range(MAX_KEY_MODELS + 1))],
                 f"--models: Expected array of length <= {MAX_KEY_MODELS}",

@@ -55,8 +55,11 @@ class KeyLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     priority: Priority = "standard"
 
     def __post_init__(self) -> None:
-        if len(set(self.models)) != len(self.models):
-            raise ValueError("models must not repeat a name")
+        seen: set[str] = set()
+        for m in self.models:
+            if m in seen:
+                raise ValueError(f"models must not repeat a name: {m!r} is there twice")
+            seen.add(m)
 
     @property
     def limited(self) -> bool:
