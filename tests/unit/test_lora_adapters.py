@@ -235,6 +235,16 @@ class TestAgentFlags:
         args = start_args(shard("vllm", {"b": "/p/b", "a": "/p/a"}), {})
         assert args == ["--enable-lora", "--max-loras", "2", "--lora-modules", "a=/p/a", "b=/p/b"]
 
+    @pytest.mark.parametrize("engine", ["vllm", "sim"])
+    def test_odd_paths_reach_the_engine_unchanged(self, engine: str) -> None:
+        """A source with '=', ',', ':' or spaces is read back by vLLM's --lora-modules rule
+        (the sim-engine's copy) as the same name and path: `name=path` split it apart."""
+        adapters = {"a": "/l/a=1", "b": "/l/b,c", "c": "/l/c d:e", "d": "/l/d"}
+        args = start_args(shard(engine, adapters), {})
+        items = args[args.index("--lora-modules") + 1 :]
+        assert dict(parse_modules(items)) == adapters
+        assert "d=/l/d" in items  # plain paths keep the readable form
+
     def test_vllm_runtime_starts_with_lora_on(self) -> None:
         """A vLLM base allowed to load at run time has LoRA on without adapters yet."""
         env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
@@ -266,6 +276,18 @@ class TestSimRegistry:
         assert parse_modules(["a=/x", '{"name": "b", "path": "/y"}']) == (("a", "/x"), ("b", "/y"))
         with pytest.raises(ValueError, match="name=path"):
             parse_modules(["nopath"])
+
+    @pytest.mark.parametrize("item", ["a=/l/x=y", "a=/l/x,y", "a=/l/x=y,z"])
+    def test_modules_split_as_vllm_splits_them(self, item: str) -> None:
+        """An item with a second '=' or a ',' is refused as vLLM refuses it (LoRAParserAction:
+        `name=path` only without ',', split on every '='; else JSON), not read leniently."""
+        with pytest.raises(ValueError, match="--lora-modules"):
+            parse_modules([item])
+
+    def test_json_items_carry_any_path(self) -> None:
+        """vLLM's JSON form carries a path with '=', ',', ':' and spaces unchanged."""
+        item = '{"name": "a", "path": "/l/x=1, y:2"}'
+        assert parse_modules([item]) == (("a", "/l/x=1, y:2"),)
 
     def test_first_use_reads_once_and_lru_evicts(self) -> None:
         """Concurrent first requests read an adapter in once; beyond the cache the least

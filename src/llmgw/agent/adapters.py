@@ -4,7 +4,8 @@ At start (`start_args`, added by templates.render) the shard's adapters as the
 controller listed them then:
 
 - vLLM and the sim-engine: `--enable-lora --max-loras N --lora-modules name=path ...`
-  (vLLM's flags; `--lora-modules` takes `name=path` items). `--max-loras` is how
+  (vLLM's flags; `--lora-modules` takes `name=path` items, or a JSON object for a
+  path with '=' or ',', which vLLM cannot split out of `name=path`). `--max-loras` is how
   many adapters one batch may mix; the sim-engine reads it too. A vLLM base that
   loads adapters at run time (wire.adapters.loads_at_run_time) starts with LoRA on
   even without adapters, so one applied later can be loaded (the sim-engine's
@@ -25,6 +26,7 @@ routers send an adapter's requests only to replicas that report it.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,8 +77,17 @@ def start_args(spec: ShardSpec, env: Mapping[str, str]) -> list[str]:
     if kept > slots:
         out += ["--max-cpu-loras", str(kept)]
     if names:
-        out += ["--lora-modules", *(f"{n}={spec.adapters[n]}" for n in names)]
+        out += ["--lora-modules", *(lora_module(n, spec.adapters[n]) for n in names)]
     return out
+
+
+def lora_module(name: str, path: str) -> str:
+    """One `--lora-modules` item: `name=path`, or vLLM's JSON form when the path has a
+    '=' or a ','. vLLM reads `name=path` only without a ',' and splits it on every '=':
+    an adapter at /lora/lr=1e-4 or /lora/a,b failed every start of its base."""
+    if "=" in path or "," in path:
+        return json.dumps({"name": name, "path": path})
+    return f"{name}={path}"
 
 
 def serves_at_start(spec: ShardSpec) -> tuple[str, ...]:
