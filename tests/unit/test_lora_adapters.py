@@ -262,7 +262,7 @@ class TestAgentFlags:
 
     def test_runtime_sync_backs_off_a_refused_load(self) -> None:
         """A load the engine refused is not retried before its backoff ends."""
-        st = AdapterState(served={"old"})
+        st = AdapterState(served={"old": "/o"})
         st.retry_at["bad"] = 100.0
         assert st.todo({"bad": "/x", "new": "/y"}, now=50.0) == (["new"], ["old"])
         assert st.todo({"bad": "/x"}, now=101.0) == (["bad"], ["old"])
@@ -389,6 +389,22 @@ class TestAgentRuntimeLoading:
         clock.advance(31)
         await sup.tick()
         assert client.calls[-1] == ("load", "c")
+
+    async def test_a_new_source_is_loaded_in_place_of_the_old(
+        self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]
+    ) -> None:
+        """An adapter applied again with another source is unloaded and loaded from the new
+        path, not left serving the old one because its name is already served."""
+        sup, probe, client, _ = rig
+        sup.apply([sup_spec(adapters={"a": "/old"})])
+        probe.ready_ports.add(21000)
+        await sup.tick()
+        sup.apply([sup_spec(adapters={"a": "/new"})])
+        await sup.tick()
+        assert client.calls == [("unload", "a"), ("load", "a")]
+        assert sup.statuses()[0].adapters == ("a",)
+        await sup.tick()
+        assert len(client.calls) == 2
 
     async def test_a_hung_load_holds_up_no_other_engine(
         self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]
