@@ -115,6 +115,19 @@ class TestApplyAdapters:
         with pytest.raises(Conflict):
             commands.apply_models(w.state, [spec("a")], now=w.now)
 
+    def test_an_alias_given_up_in_the_request_may_name_an_adapter(self) -> None:
+        """A request that drops a model's alias and applies an adapter by that name is
+        applied, as a request moving a name between models is; without the model's new
+        spec the alias stands, a conflict naming the model."""
+        w = world_with_base()
+        aliased = msgspec.structs.replace(spec("b", min_replicas=0), aliases=("b-alias",))
+        w.apply(commands.apply_models(w.state, [aliased], now=w.now).changes)
+        with pytest.raises(Conflict, match="alias of model 'b'"):
+            commands.apply_models(w.state, [lora("b-alias", base="b")], now=w.now)
+        plain = msgspec.structs.replace(aliased, aliases=())
+        batch = commands.apply_models(w.state, [plain, lora("b-alias", base="b")], now=w.now)
+        assert [a.name for a in batch.changes.adapters] == ["b-alias"]
+
     def test_static_base_rolls_over_runtime_base_does_not(self) -> None:
         """A llama.cpp base (adapters at start only) rolls over for a new adapter; a sim
         base loads it where it runs."""
