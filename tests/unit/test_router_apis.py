@@ -70,6 +70,19 @@ class TestConversationKey:
         assert r.session is not None
         assert m.session == r.session
 
+    @pytest.mark.parametrize("kind", [[], {}, ["text"], {"a": 1}])
+    def test_a_part_typed_by_a_container_is_kept_as_it_is(self, kind: object) -> None:
+        """A part whose `type` is an array or object (unhashable) is an opaque part of
+        the key, in content and in Anthropic's system blocks alike, never an exception."""
+        part = {"type": kind, "text": "x"}
+        items = [{"role": "user", "content": [part]}]
+        got = [
+            conversation.messages_key({"model": "m", "messages": items}, None),
+            conversation.messages_key({"model": "m", "system": [part], "messages": []}, None),
+            conversation.responses_key({"model": "m", "input": items}, None),
+        ]
+        assert all(k.hashes for k in got)
+
 
 class TestForms:
     """Fields found in multipart forms."""
