@@ -53,6 +53,7 @@ class Api:
 
     __slots__ = (
         "anthropic",
+        "error_also",
         "error_mark",
         "form",
         "key",
@@ -76,6 +77,7 @@ class Api:
         form: bool = False,
         is_anthropic: bool = False,
         priority: bool = False,
+        error_also: bytes | None = None,
     ) -> None:
         self.name = name
         self.key = key
@@ -91,8 +93,10 @@ class Api:
         # scheduling gets the key's band there (router/request/enginepriority.py).
         self.priority = priority
         self.pass_headers: tuple[str, ...] = anthropic.PASSED_ON if is_anthropic else ()
-        # What opens an engine's error frame in its streams (inband.py).
+        # What opens an engine's error frame in its streams (inband.py), and a second
+        # opening looked for too (the Responses API's own error event); None: none.
         self.error_mark = inband.ANTHROPIC_MARK if is_anthropic else inband.MARK
+        self.error_also = error_also
         self.stream_error: Callable[[str, int], bytes] = (
             anthropic.stream_error if is_anthropic else openai_stream_error
         )
@@ -104,6 +108,7 @@ RESPONSES: Final = Api(
     usage_of=apiusage.responses_usage,
     stream_usage=apiusage.ResponsesStreamUsage,
     priority=True,
+    error_also=inband.RESPONSES_MARK,
 )
 MESSAGES: Final = Api(
     "messages",

@@ -67,6 +67,7 @@ class Attempts:
     """
 
     __slots__ = (
+        "also",
         "data",
         "deadline",
         "failed",
@@ -81,10 +82,14 @@ class Attempts:
         "watch",
     )
 
-    def __init__(self, deadline: float, retries: int, mark: bytes = MARK) -> None:
+    def __init__(
+        self, deadline: float, retries: int, mark: bytes = MARK, also: bytes | None = None
+    ) -> None:
         self.deadline = deadline
-        # What opens an engine's error frame in this API's streams (inband.py).
+        # What opens an engine's error frame in this API's streams, and a second opening
+        # looked for too (None: none; inband.py).
         self.mark = mark
+        self.also = also
         self.retries_left = retries
         # Replicas not to choose again; a list only once there is one.
         self.tried: Sequence[str] = ()
@@ -199,7 +204,7 @@ async def attempt(
             # The head waits for the first bytes: until they come nothing has
             # reached the client, so an engine that dies in prefill is still
             # retried elsewhere.
-            watch = att.watch = ErrorFrameWatch(att.mark)
+            watch = att.watch = ErrorFrameWatch(att.mark, also=att.also)
             first = await up.chunk()
             watch.feed(first)
             if first and not watch.seen and role_opener_only(first):

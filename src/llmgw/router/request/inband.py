@@ -25,8 +25,14 @@ MARK: Final = b'{"error"'
 # Anthropic's error event (`event: error`, `data: {"type": "error", "error": {...}}`),
 # looked for instead in a Messages stream (apis.py); the same reasoning holds.
 ANTHROPIC_MARK: Final = b'{"type":"error"'
+# The Responses API's error event (`event: error`, `data: {"type": "error", "code",
+# "message", ...}`) opens as Anthropic's does. Its engine may also write OpenAI's frame
+# (MARK) there, so a Responses stream is watched for both (`also`).
+RESPONSES_MARK: Final = b'{"type":"error"'
 # Anthropic's error types that say the engine failed, as the status they stand for.
 _FAILURE_TYPES: Final = {"api_error": 500, "internal_error": 500, "overloaded_error": 529}
+# The same for the Responses API's error codes (a string, at the event's top level).
+_FAILURE_CODES: Final = {"server_error": 500}
 # Enough of the previous chunk to hold a marker cut short plus `\ndata: ` before it.
 TAIL_BYTES: Final = 32
 # An error frame longer than this is not one an engine writes; stop gathering.
@@ -38,11 +44,13 @@ _decode: Final = msgspec.json.Decoder().decode
 class ErrorFrameWatch:
     """Feed it every relayed chunk in order; `code` is the first error frame's code."""
 
-    __slots__ = ("_mark", "_pending", "_tail", "code", "message")
+    __slots__ = ("_also", "_mark", "_pending", "_tail", "code", "message")
 
-    def __init__(self, mark: bytes = MARK) -> None:
-        # What opens an error frame's JSON: MARK, or ANTHROPIC_MARK in a Messages stream.
+    def __init__(self, mark: bytes = MARK, *, also: bytes | None = None) -> None:
+        # What opens an error frame's JSON: MARK, or ANTHROPIC_MARK in a Messages stream;
+        # `also`, a second opening looked for too (a Responses stream's); None: none.
         self._mark = mark
+        self._also = also
         # The stream starts as if after a newline: a first line `data: {"error"` counts.
         self._tail = b"\n"
         self._pending: bytearray | None = None  # a frame's line, until its newline
@@ -67,17 +75,17 @@ class ErrorFrameWatch:
             self._gather(chunk)
             return
         data = self._tail + chunk
-        mark = self._mark
-        # Markers wholly inside the old tail were looked at with the last chunk.
-        start = max(0, len(self._tail) - len(mark) + 1)
+        kept = len(self._tail)
         self._tail = data[-TAIL_BYTES:]
-        i = data.find(mark, start)
-        while i >= 0:
-            if _opens_event(data, i):
-                self._pending = bytearray()
-                self._gather(data[i:])
-                return
-            i = data.find(mark, i + 1)
+        at = _frame_at(data, self._mark, kept)
+        also = self._also
+        if also is not None:
+            other = _frame_at(data, also, kept)
+            if other >= 0 and (at < 0 or other < at):
+                at = other
+        if at >= 0:
+            self._pending = bytearray()
+            self._gather(data[at:])
 
     def _gather(self, data: bytes) -> None:
         assert self._pending is not None
@@ -113,8 +121,27 @@ class ErrorFrameWatch:
                 self.code = _FAILURE_TYPES.get(kind)
         elif isinstance(err, str):
             self.message = err  # TGI: a string and no code
+        elif err is None and doc.get("type") == "error":
+            # The Responses API's error event: its code (a string) and message on top.
+            message = doc.get("message")
+            self.message = message if isinstance(message, str) else ""
+            code = doc.get("code")
+            self.code = _code(code)
+            if self.code is None and isinstance(code, str):
+                self.code = _FAILURE_CODES.get(code)
         else:
             self.message = ""
+
+
+def _frame_at(data: bytes, mark: bytes, kept: int) -> int:
+    """Where the first error frame opened by `mark` begins in `data`, or -1. The first
+    `kept` bytes are the last chunk's tail: a mark wholly inside them was looked at then."""
+    i = data.find(mark, max(0, kept - len(mark) + 1))
+    while i >= 0:
+        if _opens_event(data, i):
+            return i
+        i = data.find(mark, i + 1)
+    return -1
 
 
 def _opens_event(data: bytes, i: int) -> bool:
