@@ -59,6 +59,7 @@ class Api:
         "key",
         "model_optional",
         "name",
+        "openers",
         "pass_headers",
         "priority",
         "stream_error",
@@ -78,6 +79,7 @@ class Api:
         is_anthropic: bool = False,
         priority: bool = False,
         error_also: bytes | None = None,
+        openers: tuple[bytes, ...] = (),
     ) -> None:
         self.name = name
         self.key = key
@@ -97,6 +99,9 @@ class Api:
         # opening looked for too (the Responses API's own error event); None: none.
         self.error_mark = inband.ANTHROPIC_MARK if is_anthropic else inband.MARK
         self.error_also = error_also
+        # The event types its streams open with that carry no output (inband.py;
+        # empty: chat's role opener): an engine's error right after them is retried.
+        self.openers = openers
         self.stream_error: Callable[[str, int], bytes] = (
             anthropic.stream_error if is_anthropic else openai_stream_error
         )
@@ -109,6 +114,7 @@ RESPONSES: Final = Api(
     stream_usage=apiusage.ResponsesStreamUsage,
     priority=True,
     error_also=inband.RESPONSES_MARK,
+    openers=inband.RESPONSES_OPENERS,
 )
 MESSAGES: Final = Api(
     "messages",
@@ -116,6 +122,7 @@ MESSAGES: Final = Api(
     usage_of=apiusage.anthropic_usage,
     stream_usage=apiusage.AnthropicStreamUsage,
     is_anthropic=True,
+    openers=inband.MESSAGES_OPENERS,
 )
 COUNT_TOKENS: Final = Api("count_tokens", is_anthropic=True)
 TOKENIZE: Final = Api("tokenize", key=route_key, model_optional=True)

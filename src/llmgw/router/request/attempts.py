@@ -23,12 +23,16 @@ from llmgw.router.request.inband import (
     MARK,
     ErrorFrameWatch,
     nothing_before_error,
-    role_opener_only,
+    openers_only,
 )
 from llmgw.router.request.lora import Rename
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
 from llmgw.wire.errors import error_body
+
+# Reads past the first chunk while a stream has sent only events without output: a
+# Responses stream opens with four, each possibly a chunk of its own.
+MAX_OPENER_READS = 6
 
 
 class Failed:
@@ -205,16 +209,23 @@ async def attempt(
             # reached the client, so an engine that dies in prefill is still
             # retried elsewhere.
             watch = att.watch = ErrorFrameWatch(att.mark, also=att.also)
+            openers = () if call.api is None else call.api.openers
             first = await up.chunk()
             watch.feed(first)
-            if first and not watch.seen and role_opener_only(first):
-                # A chat stream's role opener carries no token; the first
-                # token, or the engine's error, is right behind.
+            reads = 0
+            while first and not watch.seen and openers_only(first, openers):
+                # Events that open the stream carry no output (a chat stream's role
+                # opener, a Messages or Responses stream's start): the first token,
+                # or the engine's error, is right behind. A bounded number of reads.
                 more = await up.chunk()
                 watch.feed(more)
                 first += more
+                reads += 1
+                if not more or reads == MAX_OPENER_READS:
+                    break
             att.first = first if att.rename is None else att.rename.feed(first)
-            if not (watch.endpoint_failure and nothing_before_error(first)):
+            marks = (att.mark,) if att.also is None else (att.mark, att.also)
+            if not (watch.endpoint_failure and nothing_before_error(first, marks, openers)):
                 return Step.STREAM
             # The engine's 5xx error event before any output, and the head not
             # sent: as safe to retry as a 5xx status. A held stream cannot be
