@@ -16,7 +16,8 @@ Everything the router raises on purpose derives from `RouterError`:
     ├── HoldQueueFull            `max_held` requests are already waiting
     ├── NoReplica                nothing could serve the request within its deadline
     ├── FlowRefused              flow control's queue was full, or the wait too long
-    └── KeyRevoked               the request's key was revoked (or expired) while it waited
+    ├── KeyRevoked               the request's key was revoked (or expired) while it waited
+    └── ModelRemoved             the request's model left the router's models while it waited
 
 The upstream clients raise only `UpstreamError`s: a transport's exception
 (asyncio's, the socket's, aiohttp's) becomes one in one function,
@@ -132,6 +133,16 @@ class KeyRevoked(RouterError):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name
+
+
+class ModelRemoved(RouterError):
+    """The request's model left the models the router knows (a reload, the controller's
+    list) while it was held for a replica: it is refused as a new request for it would
+    be (404), not held for a replica that no list will bring."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        self.model = model
 
 
 def stream_error_frame(message: str, *, code: int = 502) -> bytes:

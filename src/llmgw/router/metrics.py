@@ -18,7 +18,7 @@ import math
 import os
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, generate_latest
@@ -440,6 +440,15 @@ class RouterMetrics:
     def flow_waited(self, band: str, team: str, seconds: float) -> None:
         """A request of `band` and `team` was granted after `seconds` in flow control."""
         self._flow_wait.child((band, team)).observe(seconds)
+
+    def retain_flow_teams(self, teams: Collection[str]) -> None:
+        """Drop the flow-wait series of teams no key in force is queued as now (`teams`:
+        each key's team, else its name; "" for requests without a key): a key without a
+        team is its own label, and keys come and go (revoked, expired, minted per user),
+        so keeping the series of every key that ever waited grew /metrics without end."""
+        series = self._flow_wait.series
+        for labels in [k for k in series if k[1] not in teams]:
+            del series[labels]
 
     def retry(self, model: str, endpoint: str) -> None:
         self._retries.inc((model, endpoint))

@@ -22,7 +22,7 @@ from llmgw.router.replicas.breaker import BreakerConfig
 from llmgw.router.replicas.registry import Registry
 from llmgw.router.request import lora
 from llmgw.router.request.auth import KeyRing
-from llmgw.router.request.flow import BandLimits
+from llmgw.router.request.flow import ANONYMOUS, BandLimits
 from llmgw.router.request.flowgate import FlowGate
 from llmgw.router.request.holding import Holding
 from llmgw.router.request.tenants import Tenants
@@ -215,6 +215,8 @@ class Router:
         keys = (*self.cfg.api_keys, *self._controller_keys)
         self.keys = KeyRing(keys, required=self._keys_required, clock=self.clock)
         self.tenants.retain(keys, leased=self._controller_keys)
+        # Queued as their team, else their own name (waits.py); "": no key.
+        self.metrics.retain_flow_teams({ANONYMOUS, *(k.team or k.name for k in keys)})
         # Not `leased - shares.keys()`: that is a set, and the compiled build checks the
         # frozenset its annotation promises (a TypeError that stopped every reload).
         shares = self.tenants.shares
@@ -241,6 +243,7 @@ class Router:
         # would only make the index lie if the id ever came back.
         self.prefix.retain(self.registry.ids())
         self.sessions.retain(self.registry.ids())
+        self.flow.retain(frozenset(self.registry.ids()))
         for problem in self.kv_events.set_endpoints(infos):
             log.error(kv("kv events not followed, routing by guessing", problem=problem))
         self.metrics.forget(removed)

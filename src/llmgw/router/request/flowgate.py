@@ -12,6 +12,9 @@ request is granted its turn by:
   engine drains requests of another router, a replica is added). Only one,
   so a thousand waiters do not make a thousand timers a tick.
 
+A model whose every replica left the list lets all its waiters go (`_may_grant`):
+nothing frees up for them, and they are held for a replica (holding.py) instead.
+
 **The critical reserve** (reserve.py: when it is kept, and its size). Once a
 `critical` request has met a model's replicas with no more room than the reserve, that
 room is kept for the critical band: a `standard` or `batch` request is held (and
@@ -154,7 +157,11 @@ class FlowGate:
     ) -> bool:
         """Whether a request of `model` and `band` waits in its queue: others of the
         model already wait there (it must not pass them), or `saturated`. A critical
-        request that finds no room beyond the reserve keeps the reserve (module doc)."""
+        request that finds no room beyond the reserve keeps the reserve (module doc).
+        Never while `model` has no replica at all: nothing frees up to wait for, and
+        the request is held for one (holding.py) as the demand a start answers."""
+        if not snaps:
+            return False
         if band == BANDS[0] and self.reserve.floor > 0:
             self._critical_met(model, snaps)
         if self.queued(model):
@@ -217,6 +224,12 @@ class FlowGate:
         """A new scrape of `s`: its hold point learns from it (Router.observed)."""
         self._point(s)
 
+    def retain(self, ids: Collection[str]) -> None:
+        """The endpoint list is now `ids`: the hold points of replicas that left are
+        forgotten (holdpoint.py), and saturated_load follows."""
+        self._points.retain(ids)
+        self.saturated_load = 0.0 if self.reserve.kept else self._points.lowest
+
     def reserving(self, model: str) -> bool:
         """Whether `model`'s critical reserve is kept now, here or by another worker
         (reserve.py); `saturated_load` follows."""
@@ -246,10 +259,16 @@ class FlowGate:
     def _may_grant(self, m: _Model, snaps: Sequence[Snapshot], granted: int = 0) -> bool:
         """Whether the first in `m`'s line may go now: room for one beside the `granted`
         just let go (not yet sent, so not yet in `snaps`), and for a request below the
-        critical band room beyond the model's reserve while it is kept."""
+        critical band room beyond the model's reserve while it is kept. With no replica
+        left at all (every one left the list) all go: they are held for one as any
+        request of a model without a replica is (holding.py), counted as its demand and
+        woken when one comes, instead of waiting here for a release that cannot come
+        and being refused at their band's max_wait_s while the model starts."""
         head = m.queue.peek()
         if head is None:
             return False
+        if not snaps:
+            return True
         if head.band != BANDS[0] and self.reserving(m.name):
             return self._room(snaps, granted + 1 + self.reserve.size(m.name, snaps))
         return self._room(snaps, granted + 1)

@@ -21,11 +21,15 @@ one request at a time, as TCP learns a window:
 A scrape with the engine below its hold point and no queue says nothing about the
 point and leaves it. The point only matters while flow control is asked, at or above
 it: below saturation no request is held, whatever it is. A replica removed from the
-router keeps its point here; it can only make the proxy look at the replicas sooner.
+router takes its point with it (`retain`): the lowest point is what the proxy compares
+every request with, and a departed replica's low one kept it asking flow control about
+every request for good, while replica churn (a fresh id per start) grew the points
+without end.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Final
 
 from llmgw.router.replicas.breaker import BreakerState
@@ -87,6 +91,14 @@ class HoldPoints:
         capacity = max(s.running_capacity, self._cfg.default_capacity, 1)
         weight = s.weight if s.weight > 0 else 1.0
         return 1.0 / capacity / weight
+
+    def retain(self, ids: Collection[str]) -> None:
+        """Forget the points of replicas not in `ids` (the endpoint list now)."""
+        gone = [i for i in self._points if i not in ids]
+        for i in gone:
+            del self._points[i]
+        if gone:
+            self._lowest_again()
 
     def _lowest_again(self) -> None:
         self.lowest = min((p.load for p in self._points.values()), default=self.ceiling)

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Collection, Sequence
 from typing import Final
 
-from llmgw.router.errors import FlowRefused, KeyRevoked, NoReplica
+from llmgw.router.errors import FlowRefused, KeyRevoked, ModelRemoved, NoReplica
 from llmgw.router.http.answers import Whole, whole
 from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import DISCONNECTED, ENGINE_ERROR, OK, REJECTED, UNAVAILABLE
@@ -257,6 +257,8 @@ class Proxy:
             return self._flow_refused(call, exc)
         except KeyRevoked as exc:
             return self._revoked(call, exc)
+        except ModelRemoved:
+            return self._removed(call)
         except asyncio.CancelledError:
             self._disconnected(call, tally, decision, snaps)
             raise
@@ -493,6 +495,11 @@ class Proxy:
         call.result = REJECTED
         why = f"The API key {exc.name!r} was revoked, or expired, while the request waited."
         return tag(unauthorized(why), call.rid)
+
+    def _removed(self, call: Call) -> Whole:
+        call.status = 404
+        call.result = REJECTED
+        return _limited(call, tag(model_not_found(call.model), call.rid))
 
     def _out_headers(
         self, call: Call, att: Attempts, decision: Decision, *, debug: bool

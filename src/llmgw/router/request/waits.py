@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from llmgw.router.errors import HoldQueueFull, KeyRevoked, NoReplica
+from llmgw.router.errors import HoldQueueFull, KeyRevoked, ModelRemoved, NoReplica
 from llmgw.router.replicas.registry import Snapshot
 from llmgw.router.request import enginepriority
 from llmgw.router.request.call import Call
@@ -42,7 +42,7 @@ async def wait_for_replica(
 ) -> tuple[Decision, list[Snapshot]]:
     """Wait for a replica of `model` that the policy chooses for `hashes` (the request
     came in at `t0`, must be answered by `deadline`, from `peer`); NoReplica when none
-    comes in time, or none can."""
+    comes in time, or none can; ModelRemoved once the router no longer knows `model`."""
     clock = st.clock
     hold_deadline = min(deadline, t0 + st.cfg.hold_timeout_s)
     # A probe is waited for at most one first cooldown (holding.hold_until).
@@ -52,6 +52,10 @@ async def wait_for_replica(
     try:
         with st.holding.hold(model, peer):
             while True:
+                if model not in st.known_models:
+                    # Every change of the models wakes the wait (Router.apply_endpoints,
+                    # apply_config): a request sent now is answered 404, so is this one.
+                    raise ModelRemoved(model)
                 now = clock.monotonic()
                 look = st.outlook.get(model)
                 until = hold_until(
@@ -191,8 +195,10 @@ async def wait_turn(st: Router, call: Call, peeked: Decision, deadline: float) -
         running=sum(s.inflight for s in snaps),
         home=home_of(peeked, snaps),
     )
-    st.metrics.flow_waited(band, who, st.clock.monotonic() - since)
+    # A key revoked while it waited is refused, and a refusal's wait is not counted
+    # (nor does it bring back the series of a key that left: Router._set_keys).
     key_in_force(st, call.tenant)
+    st.metrics.flow_waited(band, who, st.clock.monotonic() - since)
     backlogged = st.flow.backlogged(model, band, who)
     call.engine_priority = enginepriority.granted(call.engine_priority, backlogged=backlogged)
     return band
