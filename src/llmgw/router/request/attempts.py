@@ -210,19 +210,7 @@ async def attempt(
             # retried elsewhere.
             watch = att.watch = ErrorFrameWatch(att.mark, also=att.also)
             openers = () if call.api is None else call.api.openers
-            first = await up.chunk()
-            watch.feed(first)
-            reads = 0
-            while first and not watch.seen and openers_only(first, openers):
-                # Events that open the stream carry no output (a chat stream's role
-                # opener, a Messages or Responses stream's start): the first token,
-                # or the engine's error, is right behind. A bounded number of reads.
-                more = await up.chunk()
-                watch.feed(more)
-                first += more
-                reads += 1
-                if not more or reads == MAX_OPENER_READS:
-                    break
+            first = await _head(up, watch, openers)
             att.first = first if att.rename is None else att.rename.feed(first)
             marks = (att.mark,) if att.also is None else (att.mark, att.also)
             if not (watch.endpoint_failure and nothing_before_error(first, marks, openers)):
@@ -245,6 +233,23 @@ async def attempt(
     if error is not None:
         raise NoReplica(call.model, f"last attempt failed ({error})") from error
     return fallback
+
+
+async def _head(up: UpstreamReply, watch: ErrorFrameWatch, openers: tuple[bytes, ...]) -> bytes:
+    """A stream's first bytes, read on while they hold only events without output (a
+    chat stream's role opener, a Messages or Responses stream's start: inband.py): the
+    first token, or the engine's error, is right behind. At most MAX_OPENER_READS more."""
+    first = await up.chunk()
+    watch.feed(first)
+    reads = 0
+    while first and not watch.seen and openers_only(first, openers):
+        more = await up.chunk()
+        watch.feed(more)
+        first += more
+        reads += 1
+        if not more or reads == MAX_OPENER_READS:
+            break
+    return first
 
 
 def _body_for(st: Router, call: Call, att: Attempts, eid: str) -> bytes:
