@@ -153,7 +153,7 @@ class Supervisor:
                 # one that loads at run time is asked again, and its "already
                 # loaded" counts as served.
                 started_adapters=(
-                    ()
+                    {}
                     if loads_at_run_time(rec.spec.engine, rec.spec.env)
                     else serves_at_start(rec.spec)
                 ),
@@ -338,7 +338,7 @@ class Supervisor:
 
     def _ready(self, sh: Shard) -> None:
         sh.state = "ready"
-        sh.adapters = AdapterState(served=set(sh.started_adapters))
+        sh.adapters = AdapterState(served=dict(sh.started_adapters))
         if sh.started_at is not None:
             self.events.ready(sh.spec.engine, self._clock.wall() - sh.started_at)
         log.info(kv("engine ready", replica=sh.spec.replica_id, rank=sh.spec.rank, port=sh.port))
