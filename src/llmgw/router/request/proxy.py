@@ -272,8 +272,11 @@ class Proxy:
         """The call's attempts, with its engine header lines made (`_engine_head`)."""
         cfg = self.state.cfg
         self._engine_head(call)
-        mark = MARK if call.api is None else call.api.error_mark
-        return Attempts(call.t0 + cfg.request_timeout_s, cfg.max_retries, mark)
+        api = call.api
+        if api is None:
+            return Attempts(call.t0 + cfg.request_timeout_s, cfg.max_retries, MARK)
+        deadline = call.t0 + cfg.request_timeout_s
+        return Attempts(deadline, cfg.max_retries, api.error_mark, api.error_also)
 
     async def _flow(
         self, call: Call, att: Attempts, turn: int, decision: Decision, snaps: list[Snapshot]
