@@ -232,11 +232,8 @@ class Proxy:
                     # Its half-open probe is taken or it just opened: another replica.
                     att.skip(eid)
                     continue
-                # Named only once it takes the request: `_finish` charges the key of a
-                # call with an endpoint, and a refused choice asked no engine anything.
-                call.eid = eid
-                # No await between acquire and this try: release runs exactly once.
-                att.begin()
+                call.eid = eid  # only now: `_finish` charges a call with an endpoint
+                att.begin()  # no await from acquire to this try: release runs once
                 try:
                     step = await attempt(st, call, att, eid, snaps)
                     # The first token is in, or the whole answer, or a failure.
