@@ -40,6 +40,8 @@ class Shard:
     adapters: AdapterState | None = None
     # Started with --scheduling-policy priority (templates.LaunchPlan).
     priority_scheduling: bool = False
+    # The agent's word on its last sleep or wake (ShardStatus.note); "": none.
+    note: str = ""
 
     @property
     def key(self) -> tuple[str, int]:

@@ -86,6 +86,7 @@ class Supervisor:
         adapter_client: AdapterClient | None = None,
         sleep_client: sleeping.SleepClient | None = None,
         call_wait_s: float = CALL_WAIT_S,
+        patience: sleeping.Patience | None = None,
     ) -> None:
         self._sleep_client: sleeping.SleepClient = (
             sleep_client if sleep_client is not None else sleeping.HttpSleepClient()
@@ -120,6 +121,8 @@ class Supervisor:
         # Sleeps, wakes and adapter loads in flight, one per engine (enginecalls.py).
         self._calls = EngineCalls()
         self._call_wait_s = call_wait_s
+        # The quiet wait before a sleep, the warm-up's tries after a wake (sleeping.py).
+        self._patience = patience if patience is not None else sleeping.Patience()
         # Rendezvous ports of the shards the controller last listed, including
         # those not started yet: no engine port may be one of them.
         self._rendezvous: frozenset[int] = frozenset()
@@ -284,14 +287,10 @@ class Supervisor:
         await self._calls.wait_started(started, timeout_s=self._call_wait_s)
 
     async def _sleep_call(self, sh: Shard, op: str) -> None:
-        state = await sleeping.step(
-            self._sleep_client, sh.spec, op, host=self._host, port=sh.port, api_key=sh.api_key
-        )
-        # Re-check: while the call ran, a heartbeat may have stopped it, or the
-        # controller changed its mind (the next tick does what it wants now).
-        if state is not None and sh.proc is not None and sh.stop_sent_at is None:
-            sh.state = "sleeping" if state == "sleeping" else "ready"
-        if state is not None:
+        now = self._clock.monotonic()
+        if await sleeping.drive(
+            self._sleep_client, self._patience, sh, op, host=self._host, now=now
+        ):
             self.events.slept(sh.spec.engine, op)
 
     def _card_taken(self, sh: Shard) -> bool:
@@ -399,6 +398,7 @@ class Supervisor:
                     else ()
                 ),
                 priority_scheduling=sh.priority_scheduling,
+                note=sh.note,
             )
             for _, sh in sorted(self._shards.items())
         )
