@@ -78,7 +78,7 @@ class Api:
         form: bool = False,
         is_anthropic: bool = False,
         priority: bool = False,
-        error_also: bytes | None = None,
+        error_also: tuple[bytes, ...] = (),
         openers: tuple[bytes, ...] = (),
     ) -> None:
         self.name = name
@@ -95,8 +95,8 @@ class Api:
         # scheduling gets the key's band there (router/request/enginepriority.py).
         self.priority = priority
         self.pass_headers: tuple[str, ...] = anthropic.PASSED_ON if is_anthropic else ()
-        # What opens an engine's error frame in its streams (inband.py), and a second
-        # opening looked for too (the Responses API's own error event); None: none.
+        # What opens an engine's error frame in its streams (inband.py), and other
+        # openings looked for too (the Responses API's own error event, either order).
         self.error_mark = inband.ANTHROPIC_MARK if is_anthropic else inband.MARK
         self.error_also = error_also
         # The event types its streams open with that carry no output (inband.py;
@@ -113,7 +113,7 @@ RESPONSES: Final = Api(
     usage_of=apiusage.responses_usage,
     stream_usage=apiusage.ResponsesStreamUsage,
     priority=True,
-    error_also=inband.RESPONSES_MARK,
+    error_also=(inband.RESPONSES_MARK, inband.RESPONSES_CODE_MARK),
     openers=inband.RESPONSES_OPENERS,
 )
 MESSAGES: Final = Api(
