@@ -169,6 +169,10 @@ class TestReadmeWalkthroughs:
             assert set(got) == set(want), (got, want)
             assert (got["model"], got["object"]) == (want["model"], want["object"])
             assert set(got["usage"]) == set(want["usage"])
+            # The choice and its message as printed, not only the top level.
+            choice, shown_choice = got["choices"][0], want["choices"][0]
+            assert set(choice) == set(shown_choice), (choice, shown_choice)
+            assert set(choice["message"]) == set(shown_choice["message"]), choice
             assert 0 < got["usage"]["completion_tokens"] <= want["usage"]["completion_tokens"]
             code = snippet.replace("http://127.0.0.1:8080", system.router_url)
             assert code != snippet, "the snippet no longer names the router's address"

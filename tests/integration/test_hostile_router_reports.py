@@ -148,8 +148,8 @@ class TestRouterId:
 
     @pytest.mark.parametrize(
         "router_id",
-        ["r\u0000x", "\u001b[31mred", "r" * 257],
-        ids=["nul", "esc", "long"],
+        ["r\u0000x", "\u001b[31mred", "r" * 257, "r1\n"],
+        ids=["nul", "esc", "long", "line-end"],
     )
     def test_a_router_id_no_store_or_table_takes_is_refused(
         self, store_c: Budgeted, router_id: str

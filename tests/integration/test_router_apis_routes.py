@@ -356,6 +356,30 @@ class TestMessagesErrorEvent:
         assert snap["breaker"] == "open"
 
 
+class TestResponsesErrorEvent:
+    """A Responses error event counts against the endpoint."""
+
+    async def test_counts_against_the_endpoint(self, tmp_path: Path) -> None:
+        """A Responses stream carrying the engine's `error` event (code server_error) is
+        relayed as is and counted as the endpoint's failure: enough of them open its
+        breaker, as for chat's and Messages' error events."""
+        with sim_engines(tmp_path, [50.0], extra=["--error-after-tokens", "2"]) as engines:
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                breaker={"failure_threshold": 2, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                body = {"model": MODEL, "max_output_tokens": 8, "input": "fail", "stream": True}
+                async with aiohttp.ClientSession() as s:
+                    replies = [await post(s, r.url, body, path="/v1/responses") for _ in "ab"]
+                snap = await asyncio.to_thread(snapshot, r.url, "e0")
+        for reply in replies:
+            assert reply.status == 200
+            assert b'"type":"error","code":"server_error"' in reply.body
+        assert snap["breaker"] == "open"
+
+
 class TestUploadModelIsTheEngines:
     """An upload is routed, admitted and served for one model, the form's only one."""
 

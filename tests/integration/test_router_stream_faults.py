@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from .router_fixtures import (
+    MODEL,
     base_config,
     chat_body,
     endpoint_entries,
@@ -119,6 +120,53 @@ class TestErrorEventBeforeOutput:
             assert events[-1] == "[DONE]"
             assert error_events(events) == []
             assert len(events) >= 3  # the role opener, tokens, [DONE]
+        assert snap["breaker"] == "open"
+
+    @pytest.mark.parametrize(
+        ("path", "body", "done"),
+        [
+            (
+                "/v1/messages",
+                {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+                '"type":"message_start"',
+            ),
+            ("/v1/responses", {"max_output_tokens": 8, "input": "hi"}, '"type":"response.created"'),
+        ],
+        ids=["messages", "responses"],
+    )
+    async def test_retried_after_the_opening_events(
+        self, tmp_path: Path, path: str, body: dict[str, object], done: str
+    ) -> None:
+        """A Messages or Responses stream whose engine fails right after the events that
+        open it (no output yet) is retried on the other replica, as chat's is after its
+        role opener: the client gets one clean stream, the failing engine is counted."""
+        with sim_engines(tmp_path, [20.0, 20.0]) as engines:
+            await set_faults(engines[0].url, error_after_tokens=0)
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                policy="round_robin",
+                breaker={"failure_threshold": 1, "cooldown_s": 30.0, "max_cooldown_s": 60.0},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0", "e1"])
+                async with aiohttp.ClientSession() as session:
+                    replies = [
+                        await post(
+                            session,
+                            r.url,
+                            {"model": MODEL, "stream": True, **body},
+                            path=path,
+                        )
+                        for _ in "ab"
+                    ]
+                snap = await asyncio.to_thread(snapshot, r.url, "e0")
+        for reply in replies:
+            assert reply.status == 200, reply.body
+            assert reply.endpoint == "e1"
+            text = reply.body.decode()
+            assert '"type":"error"' not in text
+            assert text.count(done) == 1, text
+            assert "delta" in text
         assert snap["breaker"] == "open"
 
     async def test_relayed_when_no_replica_is_left(self, tmp_path: Path) -> None:

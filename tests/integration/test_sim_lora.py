@@ -12,7 +12,9 @@ from typing import Any
 import openai
 import pytest
 
+from llmgw.agent.adapters import start_args
 from llmgw.testing import Program, start_program
+from llmgw.wire.agent import ShardSpec
 
 KEY = "sim-key"
 
@@ -131,3 +133,30 @@ class TestSimAdapters:
             engine, "/v1/load_lora_adapter", {"lora_name": "z", "lora_path": "/z"}, key=None
         )
         assert status == 401
+
+
+class TestAgentFlagsStartTheEngine:
+    """The agent's adapter flags, given to a real sim-engine that reads them as vLLM does."""
+
+    def test_sources_with_separators_are_served_at_their_paths(self) -> None:
+        """Sources with '=', ',', ':' and spaces start the engine and are listed with their
+        exact paths as root (as `name=path` items the engine refused to start)."""
+        adapters = {"ad-a": "/l/lr=1e-4", "ad-b": "/l/b,c", "ad-c": "/l/c d:e", "ad-d": "/l/d"}
+        spec = ShardSpec(
+            replica_id="r1",
+            rank=0,
+            model="base",
+            served_names=("base",),
+            engine="sim",
+            gpu_indices=(0,),
+            adapters=adapters,
+        )
+        flags = start_args(spec, {})
+        argv = ["sim-engine", "--port", "0", "--model", "base", "--api-key", KEY, *flags]
+        prog = start_program(argv)
+        try:
+            listed = models(prog)
+        finally:
+            prog.stop()
+        roots = {n: (m.model_extra or {})["root"] for n, m in listed.items() if n != "base"}
+        assert roots == adapters

@@ -154,11 +154,13 @@ class World:
         started_at: float = 0.0,
         kv_ports: dict[str, tuple[int, int]] | None = None,
         priority: frozenset[str] = frozenset(),
+        notes: dict[str, str] | None = None,
     ) -> tuple[ShardSpec, ...]:
         """Post a heartbeat for `node` reporting each (replica id → state) of its shards.
 
         `kv_ports`: replica id → (publish, replay) ports of its KV-event publisher;
-        `priority`: the replicas whose engine was started with priority scheduling.
+        `priority`: the replicas whose engine was started with priority scheduling;
+        `notes`: replica id → the agent's note on its shard.
         A stale one (HeartbeatOrder) is answered without being applied, as the fleet does.
         """
         n = self.state.nodes[node]
@@ -177,6 +179,7 @@ class World:
                     kv_events_replay_port=(kv_ports or {}).get(rid, (None, None))[1],
                     kv_events_topic=rid if rid in (kv_ports or {}) else "",
                     priority_scheduling=rid in priority,
+                    note=(notes or {}).get(rid, ""),
                 )
             )
         hb = Heartbeat(

@@ -12,11 +12,14 @@ import pytest
 from llmgw.agent.engineprocs import Exit
 from llmgw.agent.hostmem import host_memory_mib
 from llmgw.agent.ports import PortAllocator
+from llmgw.agent.quiet import Load
+from llmgw.agent.sleeping import Patience
 from llmgw.agent.statefile import StateStore
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.templates import render
 from llmgw.agent.vllmguard import GUARD_DIR, GUARD_MIDDLEWARE
 from llmgw.agent.vllmguard.llmgw_vllm_guard import Guard
+from llmgw.agent.waking import WarmUpRetry
 from llmgw.runtime.clock import ManualClock
 from llmgw.testing.wait import until
 from tests.unit.test_agent_supervisor import FakeProbe, FakeSpawner, spec
@@ -34,6 +37,11 @@ class FakeSleepClient:
         self.asleep: bool | None = False
         self.asked = 0  # GET /is_sleeping calls
         self.hold_asked: asyncio.Event | None = None
+        # What GET /metrics says: (running, waiting); None: it does not say.
+        self.load_is: tuple[int, int] | None = (0, 0)
+        self.loads = 0  # GET /metrics calls
+        # When set, the warm-up's own answer (the wake keeps `fail`'s).
+        self.warm_up_fails: str | None = None
 
     async def sleep(self, host: str, port: int, api_key: str, level: int) -> str | None:
         self.calls.append(("sleep", str(level), api_key))
@@ -49,7 +57,11 @@ class FakeSleepClient:
 
     async def warm_up(self, host: str, port: int, api_key: str, model: str) -> str | None:
         self.calls.append(("warm_up", model))
-        return self.fail
+        return self.warm_up_fails or self.fail
+
+    async def load(self, host: str, port: int, api_key: str) -> Load | None:
+        self.loads += 1
+        return Load(*self.load_is) if self.load_is is not None else None
 
     async def is_sleeping(self, host: str, port: int, api_key: str) -> bool | None:
         self.asked += 1
@@ -66,17 +78,19 @@ def rig(tmp_path: Path) -> dict[str, Any]:
     client = FakeSleepClient()
     probe = FakeProbe()
     spawner = FakeSpawner()
+    clock = ManualClock()
     sup = Supervisor(
         log_dir=tmp_path / "logs",
         store=StateStore(tmp_path / "state", node="n1"),
         ports=PortAllocator(21000, 21009, is_free=lambda p: True),
         spawner=spawner,
         probe=probe,
-        clock=ManualClock(),
+        clock=clock,
         sleep_client=client,
         call_wait_s=0.2,
+        patience=Patience(quiet_wait_s=5.0, warm_up=WarmUpRetry(tries=3, first_backoff_s=0.01)),
     )
-    return {"sup": sup, "client": client, "probe": probe, "spawner": spawner}
+    return {"sup": sup, "client": client, "probe": probe, "spawner": spawner, "clock": clock}
 
 
 async def ready(rig: dict[str, Any], **kw: Any) -> Any:
@@ -123,15 +137,56 @@ class TestDrivingSleep:
         assert rig["sup"].statuses()[0].state == "sleeping"
         assert [c[0] for c in rig["client"].calls] == ["sleep", "sleep"]
 
-    async def test_a_failed_warm_up_is_not_ready(self, rig: dict[str, Any]) -> None:
-        """Woken but not warmed up: still sleeping as far as anyone is told."""
+    async def test_a_refused_wake_stays_sleeping(self, rig: dict[str, Any]) -> None:
+        """A wake the engine refuses: still sleeping, no warm-up, tried again next tick."""
         s = await ready(rig)
         rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
         await rig["sup"].tick()
         rig["client"].fail = "HTTP 503"
         rig["sup"].apply([s])
         await rig["sup"].tick()
+        await rig["sup"].tick()
         assert rig["sup"].statuses()[0].state == "sleeping"
+        assert [c[0] for c in rig["client"].calls] == ["sleep", "wake", "wake"]
+
+    async def test_a_failing_warm_up_is_retried_alone_then_served_cold(
+        self, rig: dict[str, Any]
+    ) -> None:
+        """Woken once; the warm-up tried three times; then ready, the failure in its note."""
+        s = await ready(rig)
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        rig["client"].warm_up_fails = "HTTP 500: boom"
+        rig["sup"].apply([s])
+        await rig["sup"].tick()
+        (st,) = rig["sup"].statuses()
+        assert st.state == "ready"
+        assert st.note == "warm-up failed 3 times, last: HTTP 500: boom"
+        woken = [c[0] for c in rig["client"].calls if c[0] in ("wake", "warm_up")]
+        assert woken == ["wake", "warm_up", "warm_up", "warm_up"]
+
+    async def test_awake_and_warming_up_is_starting(self, rig: dict[str, Any]) -> None:
+        """Between a wake and its warm-up the engine is reported starting: awake on its
+        cards, not yet serving."""
+        s = await ready(rig)
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        gate = asyncio.Event()
+        client = rig["client"]
+
+        async def held_warm_up(host: str, port: int, api_key: str, model: str) -> str | None:
+            await gate.wait()
+            return None
+
+        client.warm_up = held_warm_up
+        rig["sup"].apply([s])
+        await rig["sup"].tick()
+        assert rig["sup"].statuses()[0].state == "starting"
+        await rig["sup"].tick()  # the probe leaves it alone: the call is in flight
+        assert rig["sup"].statuses()[0].state == "starting"
+        gate.set()
+        await until(lambda: rig["sup"].statuses()[0].state == "ready", what="ready")
+        assert rig["sup"].statuses()[0].note == ""
 
     async def test_a_starting_shard_sleeps_once_ready(self, rig: dict[str, Any]) -> None:
         """Nothing is called before the engine is ready."""
@@ -371,3 +426,42 @@ class TestHostMemory:
         assert host_memory_mib(None, meminfo=f) == 2048
         assert host_memory_mib(512, meminfo=f) == 512
         assert host_memory_mib(None, meminfo=tmp_path / "absent") is None
+
+
+class TestQuietBeforeSleep:
+    """A sleep waits, for a while, until its engine has no request running or waiting."""
+
+    async def test_postponed_while_requests_are_there(self, rig: dict[str, Any]) -> None:
+        """Two requests running: no /sleep, the shard stays ready and says why; once the
+        engine is idle, it sleeps."""
+        s = await ready(rig)
+        rig["client"].load_is = (2, 0)
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        (st,) = rig["sup"].statuses()
+        assert (st.state, st.note) == ("ready", "sleep postponed: 2 requests running, 0 waiting")
+        assert rig["client"].calls == []
+        rig["client"].load_is = (0, 0)
+        await rig["sup"].tick()
+        (st,) = rig["sup"].statuses()
+        assert (st.state, st.note) == ("sleeping", "")
+
+    async def test_sleeps_anyway_after_the_wait(self, rig: dict[str, Any]) -> None:
+        """Requests still arriving past the quiet wait: the engine sleeps all the same."""
+        s = await ready(rig)
+        rig["client"].load_is = (0, 1)
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        assert rig["sup"].statuses()[0].state == "ready"
+        rig["clock"].advance(5.0)
+        await rig["sup"].tick()
+        assert rig["sup"].statuses()[0].state == "sleeping"
+
+    async def test_an_engine_that_does_not_say_sleeps(self, rig: dict[str, Any]) -> None:
+        """No readable /metrics: the sleep goes ahead, as before the question."""
+        s = await ready(rig)
+        rig["client"].load_is = None
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        assert rig["sup"].statuses()[0].state == "sleeping"
+        assert rig["client"].loads == 1

@@ -151,6 +151,17 @@ class TestLimitsType:
         with pytest.raises(msgspec.ValidationError, match=re.escape(f"at `$.{at}`")):
             msgspec.convert({"name": "a", "team": "t", "models": models}, KeyCreate)
 
+    @pytest.mark.parametrize(
+        ("fields", "at"),
+        [({"name": "a\n"}, "name"), ({"team": "t\n"}, "team"), ({"models": ["m\n"]}, "models[0]")],
+    )
+    def test_a_trailing_line_end_is_refused(self, fields: dict[str, object], at: str) -> None:
+        """A name, team or model ending in a line end is refused (Python's `$` matches
+        before one): such a key could never be revoked, its name being no name."""
+        body = {"name": "a", "team": "t", **fields}
+        with pytest.raises(msgspec.ValidationError, match=re.escape(f"at `$.{at}`")):
+            msgspec.convert(body, KeyCreate)
+
     def test_stored_keys_keep_any_model(self) -> None:
         """A stored or router-file key with such a model still decodes: the rule is the
         create request's, and a rule that changes must not make a stored key unreadable."""
@@ -189,6 +200,7 @@ class TestCreateFlags:
             (["--models", "m,a b"], f"--models: 'a b' is not a model's name: {MODEL_NAME_RULE}"),
             (["--models", "[/]"], f"--models: '[/]' is not a model's name: {MODEL_NAME_RULE}"),
             (["--models", "a/./b"], f"--models: 'a/./b' is not a model's name: {MODEL_NAME_RULE}"),
+            (["--models", "a,b, a"], "--models: models must not repeat a name: 'a' is there twice"),
             (
                 ["--models", ",".join(f"m{i}" for i in range(MAX_KEY_MODELS + 1))],
                 f"--models: Expected array of length <= {MAX_KEY_MODELS}",

@@ -96,6 +96,20 @@ class TestSwap:
         assert w.state.replicas[a].state == "ready"
         assert len(w.replicas("a")) == 1
 
+    def test_woken_but_not_warmed_up_says_so(self) -> None:
+        """Awake and warming up (its shard starting) it stays waking; served without its
+        warm-up, it is ready with the agent's reason in its own."""
+        w = one_card(sleepy("a"), sleepy("b"))
+        a, b = b_took_the_card(w)
+        idle(w, b, demand={"a": 1})
+        w.tick()
+        w.heartbeat("a", {a: "starting", b: "sleeping"})
+        assert w.state.replicas[a].state == "waking"
+        note = "warm-up failed 3 times, last: HTTP 500: boom"
+        w.heartbeat("a", {a: "ready", b: "sleeping"}, notes={a: note})
+        r = w.state.replicas[a]
+        assert (r.state, r.reason) == ("ready", f"awake, not warmed up: {note}")
+
     def test_a_replica_just_woken_is_not_swapped_out_at_once(self) -> None:
         """Its last use from before it slept does not make a woken replica idle."""
         w = one_card(sleepy("a"), sleepy("b"))

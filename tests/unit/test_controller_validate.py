@@ -108,6 +108,18 @@ class TestUsageHour:
                 msgspec.json.decode(msgspec.json.encode(body), type=UsageReport)
 
 
+class TestUsageNames:
+    """A report's names hold no control character, a line end at their end included."""
+
+    @pytest.mark.parametrize("field", ["router_id", "counter_id"])
+    def test_a_trailing_line_end_is_refused(self, field: str) -> None:
+        """A router_id or counter_id ending in a line end is refused as any other control
+        character is (Python's `$` matches before one), not kept and shown in tables."""
+        body = {"router_id": "r", "sent_at": 1.0, field: "r1\n"}
+        with pytest.raises(msgspec.ValidationError, match=rf"at `\$\.{field}`"):
+            msgspec.json.decode(msgspec.json.encode(body), type=UsageReport)
+
+
 class TestHeartbeatMemory:
     """Memory figures in a heartbeat are bounded where the store can keep them."""
 

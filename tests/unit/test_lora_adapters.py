@@ -115,6 +115,19 @@ class TestApplyAdapters:
         with pytest.raises(Conflict):
             commands.apply_models(w.state, [spec("a")], now=w.now)
 
+    def test_an_alias_given_up_in_the_request_may_name_an_adapter(self) -> None:
+        """A request that drops a model's alias and applies an adapter by that name is
+        applied, as a request moving a name between models is; without the model's new
+        spec the alias stands, a conflict naming the model."""
+        w = world_with_base()
+        aliased = msgspec.structs.replace(spec("b", min_replicas=0), aliases=("b-alias",))
+        w.apply(commands.apply_models(w.state, [aliased], now=w.now).changes)
+        with pytest.raises(Conflict, match="alias of model 'b'"):
+            commands.apply_models(w.state, [lora("b-alias", base="b")], now=w.now)
+        plain = msgspec.structs.replace(aliased, aliases=())
+        batch = commands.apply_models(w.state, [plain, lora("b-alias", base="b")], now=w.now)
+        assert [a.name for a in batch.changes.adapters] == ["b-alias"]
+
     def test_static_base_rolls_over_runtime_base_does_not(self) -> None:
         """A llama.cpp base (adapters at start only) rolls over for a new adapter; a sim
         base loads it where it runs."""
@@ -235,6 +248,16 @@ class TestAgentFlags:
         args = start_args(shard("vllm", {"b": "/p/b", "a": "/p/a"}), {})
         assert args == ["--enable-lora", "--max-loras", "2", "--lora-modules", "a=/p/a", "b=/p/b"]
 
+    @pytest.mark.parametrize("engine", ["vllm", "sim"])
+    def test_odd_paths_reach_the_engine_unchanged(self, engine: str) -> None:
+        """A source with '=', ',', ':' or spaces is read back by vLLM's --lora-modules rule
+        (the sim-engine's copy) as the same name and path: `name=path` split it apart."""
+        adapters = {"a": "/l/a=1", "b": "/l/b,c", "c": "/l/c d:e", "d": "/l/d"}
+        args = start_args(shard(engine, adapters), {})
+        items = args[args.index("--lora-modules") + 1 :]
+        assert dict(parse_modules(items)) == adapters
+        assert "d=/l/d" in items  # plain paths keep the readable form
+
     def test_vllm_runtime_starts_with_lora_on(self) -> None:
         """A vLLM base allowed to load at run time has LoRA on without adapters yet."""
         env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
@@ -252,7 +275,7 @@ class TestAgentFlags:
 
     def test_runtime_sync_backs_off_a_refused_load(self) -> None:
         """A load the engine refused is not retried before its backoff ends."""
-        st = AdapterState(served={"old"})
+        st = AdapterState(served={"old": "/o"})
         st.retry_at["bad"] = 100.0
         assert st.todo({"bad": "/x", "new": "/y"}, now=50.0) == (["new"], ["old"])
         assert st.todo({"bad": "/x"}, now=101.0) == (["bad"], ["old"])
@@ -266,6 +289,18 @@ class TestSimRegistry:
         assert parse_modules(["a=/x", '{"name": "b", "path": "/y"}']) == (("a", "/x"), ("b", "/y"))
         with pytest.raises(ValueError, match="name=path"):
             parse_modules(["nopath"])
+
+    @pytest.mark.parametrize("item", ["a=/l/x=y", "a=/l/x,y", "a=/l/x=y,z"])
+    def test_modules_split_as_vllm_splits_them(self, item: str) -> None:
+        """An item with a second '=' or a ',' is refused as vLLM refuses it (LoRAParserAction:
+        `name=path` only without ',', split on every '='; else JSON), not read leniently."""
+        with pytest.raises(ValueError, match="--lora-modules"):
+            parse_modules([item])
+
+    def test_json_items_carry_any_path(self) -> None:
+        """vLLM's JSON form carries a path with '=', ',', ':' and spaces unchanged."""
+        item = '{"name": "a", "path": "/l/x=1, y:2"}'
+        assert parse_modules([item]) == (("a", "/l/x=1, y:2"),)
 
     def test_first_use_reads_once_and_lru_evicts(self) -> None:
         """Concurrent first requests read an adapter in once; beyond the cache the least
@@ -367,6 +402,22 @@ class TestAgentRuntimeLoading:
         clock.advance(31)
         await sup.tick()
         assert client.calls[-1] == ("load", "c")
+
+    async def test_a_new_source_is_loaded_in_place_of_the_old(
+        self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]
+    ) -> None:
+        """An adapter applied again with another source is unloaded and loaded from the new
+        path, not left serving the old one because its name is already served."""
+        sup, probe, client, _ = rig
+        sup.apply([sup_spec(adapters={"a": "/old"})])
+        probe.ready_ports.add(21000)
+        await sup.tick()
+        sup.apply([sup_spec(adapters={"a": "/new"})])
+        await sup.tick()
+        assert client.calls == [("unload", "a"), ("load", "a")]
+        assert sup.statuses()[0].adapters == ("a",)
+        await sup.tick()
+        assert len(client.calls) == 2
 
     async def test_a_hung_load_holds_up_no_other_engine(
         self, rig: tuple[Supervisor, FakeProbe, FakeAdapterClient, ManualClock]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from llmgw.router.apis import anthropic, conversation, forms
+from llmgw.router.apis import anthropic, catalog, conversation, forms
 from llmgw.router.apis import usage as apiusage
 from llmgw.router.apis.passthrough import _form_doc
 from llmgw.router.request import inband
@@ -69,6 +69,19 @@ class TestConversationKey:
         )
         assert r.session is not None
         assert m.session == r.session
+
+    @pytest.mark.parametrize("kind", [[], {}, ["text"], {"a": 1}])
+    def test_a_part_typed_by_a_container_is_kept_as_it_is(self, kind: object) -> None:
+        """A part whose `type` is an array or object (unhashable) is an opaque part of
+        the key, in content and in Anthropic's system blocks alike, never an exception."""
+        part = {"type": kind, "text": "x"}
+        items = [{"role": "user", "content": [part]}]
+        got = [
+            conversation.messages_key({"model": "m", "messages": items}, None),
+            conversation.messages_key({"model": "m", "system": [part], "messages": []}, None),
+            conversation.responses_key({"model": "m", "input": items}, None),
+        ]
+        assert all(k.hashes for k in got)
 
 
 class TestForms:
@@ -245,6 +258,76 @@ class TestAnthropicErrorFrame:
         watch.feed(b"event: error\n" + frame)
         assert watch.seen is True
         assert watch.endpoint_failure is False
+
+
+RESPONSES_TEXT = (
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+    b'"item_id":"msg_1","output_index":0,"content_index":0,"delta":"hi","sequence_number":5}\n\n'
+)
+RESPONSES_ERROR = (
+    b'event: error\ndata: {"type":"error","code":"server_error","message":"boom",'
+    b'"param":null,"sequence_number":6}\n\n'
+)
+
+
+def responses_watch(*chunks: bytes) -> inband.ErrorFrameWatch:
+    """The watch a Responses stream gets (the route's own marks), fed `chunks`."""
+    api = catalog.RESPONSES
+    watch = inband.ErrorFrameWatch(api.error_mark, also=api.error_also)
+    for chunk in chunks:
+        watch.feed(chunk)
+    return watch
+
+
+class TestResponsesErrorFrame:
+    """Engine failures seen in a Responses stream."""
+
+    def test_error_event_is_the_engines_failure(self) -> None:
+        """The Responses API's `error` event (code and message at its top level) with
+        code server_error is the endpoint's failure, as a 500."""
+        watch = responses_watch(RESPONSES_TEXT, RESPONSES_ERROR)
+        assert (watch.code, watch.message, watch.endpoint_failure) == (500, "boom", True)
+
+    def test_openai_error_frame_still_seen(self) -> None:
+        """An engine that writes OpenAI's `{"error": {...}}` frame in a Responses stream
+        is still seen failing."""
+        frame = b'data: {"error":{"message":"oom","type":"InternalServerError","code":500}}\n\n'
+        watch = responses_watch(RESPONSES_TEXT, frame)
+        assert (watch.code, watch.message, watch.endpoint_failure) == (500, "oom", True)
+
+    def test_client_code_is_seen_not_a_failure(self) -> None:
+        """An `error` event with a code that is not the engine's failure is seen only."""
+        frame = RESPONSES_ERROR.replace(b"server_error", b"invalid_prompt")
+        watch = responses_watch(RESPONSES_TEXT, frame)
+        assert (watch.seen, watch.endpoint_failure) == (True, False)
+
+    def test_every_split_point(self) -> None:
+        """Wherever one chunk ends and the next begins, the event is found."""
+        stream = RESPONSES_TEXT + RESPONSES_ERROR
+        for i in range(len(stream) + 1):
+            assert responses_watch(stream[:i], stream[i:]).endpoint_failure, i
+
+    def test_error_event_with_its_type_last(self) -> None:
+        """The event in the openai package's field order (code first, type last), as an
+        engine that serializes that type writes it, is the failure too, at any split."""
+        frame = (
+            b'event: error\ndata: {"code":"server_error","message":"boom","param":null,'
+            b'"sequence_number":6,"type":"error"}\n\n'
+        )
+        assert responses_watch(RESPONSES_TEXT, frame).code == 500
+        stream = RESPONSES_TEXT + frame
+        for i in range(len(stream) + 1):
+            assert responses_watch(stream[:i], stream[i:]).endpoint_failure, i
+
+    def test_chat_streams_are_not_watched_for_the_code_mark(self) -> None:
+        """A chat stream's watch keeps its one mark: an event opening with `code` there
+        is no error frame."""
+        watch = inband.ErrorFrameWatch(catalog.MESSAGES.error_mark)
+        watch.feed(b'data: {"code":"server_error","type":"error"}\n\n')
+        assert not watch.seen
+        chat = inband.ErrorFrameWatch()
+        chat.feed(b'data: {"code":"server_error","type":"error"}\n\n')
+        assert not chat.seen
 
 
 class TestFormStream:

@@ -8,9 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.router.request.inband import (
+    ANTHROPIC_MARK,
+    MARK,
     MAX_FRAME_BYTES,
+    MESSAGES_OPENERS,
+    RESPONSES_MARK,
+    RESPONSES_OPENERS,
     ErrorFrameWatch,
     nothing_before_error,
+    openers_only,
     role_opener_only,
 )
 
@@ -155,3 +161,81 @@ class TestRoleOpenerOnly:
         """A token event, alone or after the opener, is output."""
         assert not role_opener_only(TOKEN)
         assert not role_opener_only(ROLE + TOKEN)
+
+
+def sse(kind: str, data: str) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + data.encode() + b"\n\n"
+
+
+M_START = sse("message_start", '{"type":"message_start","message":{"type":"message"}}')
+M_BLOCK = sse(
+    "content_block_start",
+    '{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}',
+)
+M_PING = sse("ping", '{"type":"ping"}')
+M_DELTA = sse(
+    "content_block_delta",
+    '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ping"}}',
+)
+M_ERROR = sse("error", '{"type":"error","error":{"type":"api_error","message":"boom"}}')
+R_OPEN = b"".join(
+    sse(k, '{"type":"' + k + '","response":{"object":"response","output":[]}}')
+    for k in ("response.created", "response.in_progress")
+) + sse(
+    "response.output_item.added", '{"item":{"type":"message"},"type":"response.output_item.added"}'
+)
+R_DELTA = sse("response.output_text.delta", '{"type":"response.output_text.delta","delta":"hi"}')
+R_ERROR = sse("error", '{"type":"error","code":"server_error","message":"boom"}')
+
+
+class TestOpenersOnly:
+    """Telling a Messages or Responses stream's opening events from output."""
+
+    def test_messages_openers(self) -> None:
+        """message_start, content_block_start and ping carry no output; a delta does,
+        even one whose text is an opener's name."""
+        assert openers_only(M_START + M_BLOCK + M_PING, MESSAGES_OPENERS)
+        assert not openers_only(M_START + M_BLOCK + M_DELTA, MESSAGES_OPENERS)
+        assert not openers_only(M_DELTA, MESSAGES_OPENERS)
+
+    def test_responses_openers_whatever_the_key_order(self) -> None:
+        """Responses' opening events are known by their event line, or by their type
+        wherever it sits in the JSON; a text delta is output."""
+        assert openers_only(R_OPEN, RESPONSES_OPENERS)
+        no_line = b'data: {"response":{},"sequence_number":0,"type":"response.created"}\n\n'
+        assert openers_only(no_line, RESPONSES_OPENERS)
+        assert not openers_only(R_OPEN + R_DELTA, RESPONSES_OPENERS)
+
+    def test_an_event_cut_short_before_its_type_is_output(self) -> None:
+        """An event whose bytes end before they name its type is not known to be an
+        opener: the head is relayed, as it was before."""
+        cut = M_START + b'event: content_block_delta\ndata: {"type":"content_bl'
+        assert not openers_only(cut, MESSAGES_OPENERS)
+        assert openers_only(M_START + b"event: ping\n", MESSAGES_OPENERS)
+
+    def test_no_openers_is_chat(self) -> None:
+        """Without openers the rule is chat's role opener."""
+        assert openers_only(ROLE)
+        assert not openers_only(ROLE + TOKEN)
+
+
+class TestNothingBeforeErrorInOtherApis:
+    """An error event right after a Messages or Responses stream's openers follows no output."""
+
+    def test_messages(self) -> None:
+        """After message_start and content_block_start: no output; after a delta: output."""
+        marks = (ANTHROPIC_MARK,)
+        assert nothing_before_error(M_START + M_BLOCK + M_ERROR, marks, MESSAGES_OPENERS)
+        assert nothing_before_error(M_ERROR, marks, MESSAGES_OPENERS)
+        assert not nothing_before_error(M_START + M_DELTA + M_ERROR, marks, MESSAGES_OPENERS)
+
+    def test_responses_either_frame(self) -> None:
+        """A Responses stream's error is its own event or OpenAI's frame, after the openers."""
+        marks = (MARK, RESPONSES_MARK)
+        assert nothing_before_error(R_OPEN + R_ERROR, marks, RESPONSES_OPENERS)
+        assert nothing_before_error(R_OPEN + ERROR, marks, RESPONSES_OPENERS)
+        assert not nothing_before_error(R_OPEN + R_DELTA + R_ERROR, marks, RESPONSES_OPENERS)
+
+    def test_chat_mark_alone_misses_an_anthropic_error(self) -> None:
+        """Chat's mark does not find Anthropic's event: the marks passed decide."""
+        assert not nothing_before_error(M_START + M_ERROR)

@@ -101,6 +101,21 @@ class TestShares:
         tenants.leasing = False
         assert admitted(tenants, key(), 70) == 60
 
+    def test_a_key_counted_before_an_answer_without_leases_gets_its_whole_limit(self) -> None:
+        """A key asked of before the first answer (no share yet, refused) is enforced at its
+        whole limit once the controller answers without leases, refilling at its rate from
+        where its count stood: it kept the share of zero, which never refills, and was
+        refused for good."""
+        clock = ManualClock()
+        tenants, keeper = Tenants(clock=clock), LeaseKeeper(clock=clock)
+        tenants.retain([key()], leased=[key()])
+        assert admitted(tenants, key(), 1) == 0
+        shares = keeper.answer(None)
+        tenants.leasing = keeper.leasing
+        tenants.reshare(dict(shares))
+        clock.advance(60.0)
+        assert admitted(tenants, key(), 70) == 60
+
 
 def budgeted() -> ClientKey:
     return msgspec.convert(

@@ -103,6 +103,22 @@ class TestTpm:
         assert isinstance(tenants.admit(t, "m", 4000), Charge)
 
 
+class TestResetFormat:
+    """The x-ratelimit-reset-* headers in OpenAI's duration format."""
+
+    def test_a_reset_past_an_hour_names_its_hours(self) -> None:
+        """A bucket an answer overdrew by 99,000 tokens, at 1,000 a minute, is full again
+        in 6,000 s: `1h40m0s`, as OpenAI (Go's durations) writes it, not `100m0s`."""
+        t, tenants = tenant(tpm=1000), Tenants(clock=ManualClock())
+        charge = tenants.admit(t, "m", 400)  # estimated 100 tokens
+        assert isinstance(charge, Charge)
+        charge.settle(usage(100_000))
+        refused = tenants.admit(t, "m", 400)
+        assert isinstance(refused, Whole)
+        assert refused.header("x-ratelimit-reset-tokens") == "1h40m0s"
+        assert refused.header("Retry-After") == "5946"
+
+
 class TestRefund:
     """A charge given back: the request reached no engine."""
 

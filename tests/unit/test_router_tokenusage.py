@@ -15,7 +15,7 @@ from llmgw.router.control.usagereports import UsageReporter, deliver
 from llmgw.router.errors import ControllerCallFailed, ReportRefused
 from llmgw.testing import ManualClock
 from llmgw.wire.answerusage import Usage
-from llmgw.wire.usage import TokenUsage, UsageReport
+from llmgw.wire.usage import MAX_COUNT, TokenUsage, UsageReport
 
 H = 1_800_000_000  # ManualClock's start: the start of an hour
 
@@ -92,6 +92,25 @@ class TestTokenCounts:
         assert got.key.isprintable()
         assert len(got.key) <= 256
         assert msgspec.convert(msgspec.to_builtins(got), TokenUsage) == got
+
+
+class TestAbsurdCounts:
+    """An engine's usage past what a report may carry saturates instead of blocking reports."""
+
+    def test_counts_past_2_53_saturate_and_the_report_stays_valid(self) -> None:
+        """An answer claiming 2**64 - 1 tokens, counted twice and totalled over two
+        drains, is reported as 2**53 (the controller's bound): past it the controller
+        refused every report holding the row, and with it every other key's usage and
+        the router's leases, for the rest of the hour."""
+        counts = TokenCounts(clock=ManualClock())
+        ledger = TokenLedger(clock=ManualClock())
+        for _ in range(2):
+            counts.count("alice", "research", "m1", used(2**64 - 1, 2**60))
+            counts.count("alice", "research", "m1", used(2**64 - 1, 2**60))
+            ledger.add(counts.drain())
+        body = {"router_id": "r", "sent_at": 1.0, "tokens": ledger.pending()}
+        (got,) = msgspec.json.decode(msgspec.json.encode(body), type=UsageReport).tokens
+        assert (got.requests, got.prompt_tokens, got.completion_tokens) == (4, MAX_COUNT, MAX_COUNT)
 
 
 class TestTokenLedger:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from llmgw.simengine import api, tokenizer
+from llmgw.simengine import api, responses, tokenizer
 from llmgw.simengine.config import SimConfig
 
 CFG = SimConfig(model="org/m", served_model_names=("m", "alias"), num_gpu_blocks=1000)
@@ -175,3 +175,16 @@ class TestTokenIds:
         """Token ids within the vocabulary are used as given."""
         raw = json.dumps({"model": "m", "prompt": [0, tokenizer.VOCAB_SIZE - 1]}).encode()
         assert api.parse_completion(raw, CFG).prompt_ids == [0, tokenizer.VOCAB_SIZE - 1]
+
+
+class TestResponsesInput:
+    """A Responses request's input read as the chat prompt it stands for."""
+
+    @pytest.mark.parametrize("kind", [[], {}, ["input_text"]])
+    def test_a_part_typed_by_a_container_is_no_crash(self, kind: object) -> None:
+        """A content part whose `type` is an array or object (unhashable) is an opaque
+        part of the prompt, as the sim's chat and Messages routes read one, never a 500."""
+        part = {"type": kind, "text": "hi"}
+        raw = json.dumps({"model": "m", "input": [{"role": "user", "content": [part]}]})
+        got = responses.parse_responses(raw.encode(), CFG)
+        assert got.prompt_ids

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.simengine import audio
@@ -31,6 +31,9 @@ class TestFormBool:
         else (spaces around it included) is no bool, which the engine refuses."""
         assert expected == form_bool(text)
 
+    # No deadline: the first case imports pydantic, which took longer than one on a busy
+    # machine and failed the test as flaky.
+    @settings(deadline=None)
     @given(st.text(alphabet=st.sampled_from("trueTRUEyesnoffalsOF01 \u0130\u212a"), max_size=6))
     def test_agrees_with_pydantic(self, text: str) -> None:
         """Whatever the text, the bool read is the one pydantic's lax mode reads, or none."""

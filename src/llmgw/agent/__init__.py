@@ -13,6 +13,8 @@ Layout:
     adapters.py                  LoRA adapters: start flags, run-time loading
     sleeping.py, vllmguard/      sleep and wake on the controller's word; the key guard the
                                  agent loads into vLLM for its dev-mode routes
+    waking.py, quiet.py          a wake's warm-up tried again alone; a sleep postponed
+                                 while its engine still has requests
     policy.py, secretrefs.py     what a spec may make this node run; `env_from` secrets
     statefile.py, leftovers.py   the re-adoption state file; stopping engines whose agent
                                  is gone

@@ -4,7 +4,8 @@ At start (`start_args`, added by templates.render) the shard's adapters as the
 controller listed them then:
 
 - vLLM and the sim-engine: `--enable-lora --max-loras N --lora-modules name=path ...`
-  (vLLM's flags; `--lora-modules` takes `name=path` items). `--max-loras` is how
+  (vLLM's flags; `--lora-modules` takes `name=path` items, or a JSON object for a
+  path with '=' or ',', which vLLM cannot split out of `name=path`). `--max-loras` is how
   many adapters one batch may mix; the sim-engine reads it too. A vLLM base that
   loads adapters at run time (wire.adapters.loads_at_run_time) starts with LoRA on
   even without adapters, so one applied later can be loaded (the sim-engine's
@@ -25,6 +26,7 @@ routers send an adapter's requests only to replicas that report it.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,15 +77,25 @@ def start_args(spec: ShardSpec, env: Mapping[str, str]) -> list[str]:
     if kept > slots:
         out += ["--max-cpu-loras", str(kept)]
     if names:
-        out += ["--lora-modules", *(f"{n}={spec.adapters[n]}" for n in names)]
+        out += ["--lora-modules", *(lora_module(n, spec.adapters[n]) for n in names)]
     return out
 
 
-def serves_at_start(spec: ShardSpec) -> tuple[str, ...]:
-    """The adapters an engine started from `spec` serves once ready (its start flags)."""
+def lora_module(name: str, path: str) -> str:
+    """One `--lora-modules` item: `name=path`, or vLLM's JSON form when the path has a
+    '=' or a ','. vLLM reads `name=path` only without a ',' and splits it on every '=':
+    an adapter at /lora/lr=1e-4 or /lora/a,b failed every start of its base."""
+    if "=" in path or "," in path:
+        return json.dumps({"name": name, "path": path})
+    return f"{name}={path}"
+
+
+def serves_at_start(spec: ShardSpec) -> dict[str, str]:
+    """The adapters an engine started from `spec` serves once ready (its start flags),
+    each with the path it reads it from."""
     if spec.engine in ("vllm", "sim", "llamacpp"):
-        return tuple(sorted(spec.adapters))
-    return ()
+        return dict(spec.adapters)
+    return {}
 
 
 class AdapterClient(Protocol):
@@ -145,14 +157,19 @@ class HttpAdapterClient:
 class AdapterState:
     """What one ready engine serves, and when a refused load may be tried again."""
 
-    served: set[str] = field(default_factory=set)
+    # Adapter → the path the engine loaded it from: an adapter applied again with
+    # another source is reloaded (by name alone the engine kept serving the old one).
+    served: dict[str, str] = field(default_factory=dict)
     # Adapter → monotonic time before which it is not tried again.
     retry_at: dict[str, float] = field(default_factory=dict)
 
     def todo(self, want: Mapping[str, str], now: float) -> tuple[list[str], list[str]]:
-        """(to load, to unload), each sorted; loads still backing off are left out."""
-        load = sorted(n for n in want if n not in self.served and self.retry_at.get(n, 0) <= now)
-        unload = sorted(n for n in self.served if n not in want)
+        """(to load, to unload), each sorted; loads still backing off are left out. An
+        adapter whose source changed is in both: unloaded, then loaded from its new path."""
+        load = sorted(
+            n for n in want if self.served.get(n) != want[n] and self.retry_at.get(n, 0) <= now
+        )
+        unload = sorted(n for n, path in self.served.items() if want.get(n) != path)
         return load, unload
 
 
@@ -171,15 +188,17 @@ async def sync(
     for name in unload:
         why = await client.unload(host, port, api_key, name)
         if why is None:
-            st.served.discard(name)
+            del st.served[name]
             log.info(kv("adapter unloaded", replica=spec.replica_id, adapter=name))
         else:
             log.warning(kv("adapter not unloaded", replica=spec.replica_id, adapter=name, why=why))
     for name in load:
+        if name in st.served:
+            continue  # its old source is still loaded (the unload was refused): next pass
         path = spec.adapters[name]
         why = await client.load(host, port, api_key, name, path)
         if why is None:
-            st.served.add(name)
+            st.served[name] = path
             st.retry_at.pop(name, None)
             log.info(kv("adapter loaded", replica=spec.replica_id, adapter=name, path=path))
         else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.agent.adapters import AdapterState
@@ -34,12 +34,14 @@ class Shard:
     # Monotonic time SIGTERM went out; None while nobody asked it to stop.
     stop_sent_at: float | None = None
     kill_sent: bool = False
-    # LoRA adapters the engine was started with (its flags), and once it is ready
-    # what it serves (adapters.py); None before.
-    started_adapters: tuple[str, ...] = ()
+    # LoRA adapters the engine was started with (its flags), name → path, and once it
+    # is ready what it serves (adapters.py); None before.
+    started_adapters: dict[str, str] = field(default_factory=dict)
     adapters: AdapterState | None = None
     # Started with --scheduling-policy priority (templates.LaunchPlan).
     priority_scheduling: bool = False
+    # The agent's word on its last sleep or wake (ShardStatus.note); "": none.
+    note: str = ""
 
     @property
     def key(self) -> tuple[str, int]:

@@ -86,6 +86,7 @@ class Supervisor:
         adapter_client: AdapterClient | None = None,
         sleep_client: sleeping.SleepClient | None = None,
         call_wait_s: float = CALL_WAIT_S,
+        patience: sleeping.Patience | None = None,
     ) -> None:
         self._sleep_client: sleeping.SleepClient = (
             sleep_client if sleep_client is not None else sleeping.HttpSleepClient()
@@ -120,6 +121,8 @@ class Supervisor:
         # Sleeps, wakes and adapter loads in flight, one per engine (enginecalls.py).
         self._calls = EngineCalls()
         self._call_wait_s = call_wait_s
+        # The quiet wait before a sleep, the warm-up's tries after a wake (sleeping.py).
+        self._patience = patience if patience is not None else sleeping.Patience()
         # Rendezvous ports of the shards the controller last listed, including
         # those not started yet: no engine port may be one of them.
         self._rendezvous: frozenset[int] = frozenset()
@@ -150,7 +153,7 @@ class Supervisor:
                 # one that loads at run time is asked again, and its "already
                 # loaded" counts as served.
                 started_adapters=(
-                    ()
+                    {}
                     if loads_at_run_time(rec.spec.engine, rec.spec.env)
                     else serves_at_start(rec.spec)
                 ),
@@ -284,14 +287,10 @@ class Supervisor:
         await self._calls.wait_started(started, timeout_s=self._call_wait_s)
 
     async def _sleep_call(self, sh: Shard, op: str) -> None:
-        state = await sleeping.step(
-            self._sleep_client, sh.spec, op, host=self._host, port=sh.port, api_key=sh.api_key
-        )
-        # Re-check: while the call ran, a heartbeat may have stopped it, or the
-        # controller changed its mind (the next tick does what it wants now).
-        if state is not None and sh.proc is not None and sh.stop_sent_at is None:
-            sh.state = "sleeping" if state == "sleeping" else "ready"
-        if state is not None:
+        now = self._clock.monotonic()
+        if await sleeping.drive(
+            self._sleep_client, self._patience, sh, op, host=self._host, now=now
+        ):
             self.events.slept(sh.spec.engine, op)
 
     def _card_taken(self, sh: Shard) -> bool:
@@ -339,7 +338,7 @@ class Supervisor:
 
     def _ready(self, sh: Shard) -> None:
         sh.state = "ready"
-        sh.adapters = AdapterState(served=set(sh.started_adapters))
+        sh.adapters = AdapterState(served=dict(sh.started_adapters))
         if sh.started_at is not None:
             self.events.ready(sh.spec.engine, self._clock.wall() - sh.started_at)
         log.info(kv("engine ready", replica=sh.spec.replica_id, rank=sh.spec.rank, port=sh.port))
@@ -399,6 +398,7 @@ class Supervisor:
                     else ()
                 ),
                 priority_scheduling=sh.priority_scheduling,
+                note=sh.note,
             )
             for _, sh in sorted(self._shards.items())
         )

@@ -4,8 +4,9 @@
   and the recipe to compute a prompt's block hashes (kvcache.py), so an oracle
   can know each engine's cache exactly.
 - `GET /sim/state`: running and waiting requests, free and cached blocks,
-  steps, preemptions, evictions, timeline slips, current faults, and the W3C
-  trace context (`traceparent`, `tracestate`) of the last request that had one.
+  steps, preemptions, evictions, timeline slips, current faults, the W3C
+  trace context (`traceparent`, `tracestate`) of the last request that had one,
+  and the sleeps, wakes and `/wake_up` calls answered (sleep.py).
 - `POST /sim/faults`: change the faults at run time (faults.py).
 """
 
@@ -100,6 +101,9 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
                 "lag_resets": sim.engine.lag_resets,
                 "faults": msgspec.to_builtins(sim.faults.config),
                 "last_trace": sim.last_trace,
+                "sleeps": sim.sleeper.sleeps,
+                "wakes": sim.sleeper.wakes,
+                "wake_calls": sim.sleeper.wake_calls,
             }
         )
 

@@ -64,17 +64,29 @@ class LoraSettings:
 
 
 def parse_modules(items: list[str]) -> tuple[tuple[str, str], ...]:
-    """`--lora-modules` items: `name=path` or `{"name": ..., "path": ...}`; ValueError else."""
+    """`--lora-modules` items, read by vLLM's rule (LoRAParserAction): `name=path` when the
+    item has a '=' and no ',', split on every '='; else a JSON object with `name` and
+    `path`. ValueError for anything vLLM refuses: a path with '=' or ',' given as
+    `name=path` fails there, so it must fail here, where the agent's flags are tested."""
     out: list[tuple[str, str]] = []
     for item in items:
-        if item.lstrip().startswith("{"):
+        if not item:
+            continue  # vLLM skips empty items
+        name: object
+        path: object
+        if "=" in item and "," not in item:
+            parts = item.split("=")
+            if len(parts) != 2:
+                raise ValueError(f"--lora-modules: more than one '=' in {item!r} (vLLM fails)")
+            name, path = parts
+        else:
             try:
                 obj = json.loads(item)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"--lora-modules: not valid JSON: {item!r}") from exc
+                raise ValueError(f"--lora-modules: not name=path nor JSON: {item!r}") from exc
+            if not isinstance(obj, dict):
+                raise ValueError(f"--lora-modules: expected name=path, got {item!r}")
             name, path = obj.get("name"), obj.get("path")
-        else:
-            name, _, path = item.partition("=")
         if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
             raise ValueError(f"--lora-modules: expected name=path, got {item!r}")
         out.append((name, path))

@@ -37,9 +37,11 @@ class ResponsesBody(api.GenerationBody, frozen=True, kw_only=True):
 def _content(content: Any) -> Any:
     if not isinstance(content, list):
         return content
+    # `type` is looked up only when a string: an array or object one raises in a set
+    # lookup (unhashable), and such a part is opaque, as in chat's and Messages' prompts.
     return [
         {"type": "text", "text": p.get("text")}
-        if isinstance(p, dict) and p.get("type") in _TEXT
+        if isinstance(p, dict) and isinstance(p.get("type"), str) and p["type"] in _TEXT
         else p
         for p in content
     ]

@@ -120,7 +120,10 @@ class Sleeper:
     paused: bool = False
     asleep: set[str] = field(default_factory=set)
     sleeps: int = 0
+    # Wakes that woke something, and every /wake_up answered (one on an awake engine
+    # included: what a caller repeating its wake would show).
     wakes: int = 0
+    wake_calls: int = 0
 
     @property
     def sleeping(self) -> bool:
@@ -151,6 +154,7 @@ class Sleeper:
         for tag in tags or ():
             if tag not in (*TAGS, "scheduling"):
                 raise SleepRefused(400, f"unknown tag {tag!r}: expected weights, kv_cache")
+        self.wake_calls += 1
         waking = set(TAGS) if tags is None else set(tags) & set(TAGS)
         was = self.asleep & waking
         cost = 0.0

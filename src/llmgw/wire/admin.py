@@ -81,6 +81,9 @@ class ShardView(msgspec.Struct, frozen=True, kw_only=True):
     # routing.kv_events, rank 0); None otherwise.
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
+    # The agent's word on the engine's last sleep or wake (a warm-up that failed, a
+    # sleep postponed for requests still there); "": none.
+    note: str = ""
 
 
 class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):

@@ -68,6 +68,10 @@ class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
     # The engine was started ordering its queue by each request's `priority` field
     # (vLLM's --scheduling-policy priority). False: FCFS, or an agent that does not say.
     priority_scheduling: bool = False
+    # What the agent has to say about the engine's last sleep or wake, in words: a
+    # warm-up that failed (the engine serves without it), a sleep postponed for the
+    # requests still there. "": nothing, or an agent that does not say.
+    note: str = ""
 
     def __repr__(self) -> str:
         key = "'***'" if self.api_key else "''"
@@ -79,7 +83,7 @@ class ShardStatus(msgspec.Struct, frozen=True, kw_only=True):
             f"kv_events_port={self.kv_events_port!r}, "
             f"kv_events_replay_port={self.kv_events_replay_port!r}, "
             f"kv_events_topic={self.kv_events_topic!r}, adapters={self.adapters!r}, "
-            f"priority_scheduling={self.priority_scheduling!r})"
+            f"priority_scheduling={self.priority_scheduling!r}, note={self.note!r})"
         )
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from llmgw.wire.names import LABEL_PATTERN, MODEL_NAME_PATTERN
+from llmgw.wire.names import END, LABEL_PATTERN, MODEL_NAME_PATTERN
 
 # Strict priority bands, first served first (flow control; docs/tenants.md).
 Priority = Literal["critical", "standard", "batch"]
@@ -23,7 +23,7 @@ Priority = Literal["critical", "standard", "batch"]
 BudgetPeriod = Literal["day", "week", "month"]
 
 KeyName = Annotated[str, msgspec.Meta(pattern=LABEL_PATTERN)]
-Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-fA-F]{64}$")]
+Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-fA-F]{64}" + END)]
 # Limits: at least 1; below a few billion so a sum of them stays exact.
 Limit = Annotated[int, msgspec.Meta(ge=1, le=2**40)]
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
@@ -55,8 +55,11 @@ class KeyLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     priority: Priority = "standard"
 
     def __post_init__(self) -> None:
-        if len(set(self.models)) != len(self.models):
-            raise ValueError("models must not repeat a name")
+        seen: set[str] = set()
+        for m in self.models:
+            if m in seen:
+                raise ValueError(f"models must not repeat a name: {m!r} is there twice")
+            seen.add(m)
 
     @property
     def limited(self) -> bool:

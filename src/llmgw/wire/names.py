@@ -23,9 +23,15 @@ from __future__ import annotations
 import ipaddress
 import re
 
+# The end of a pattern that msgspec checks. msgspec matches with Python's `re.search`,
+# where `$` also matches before a final line end: with a bare `$`, a key named "a\n"
+# was created and could never be revoked (its DELETE's name is checked whole). The
+# lookahead keeps the end the end, and reads the same in a JSON Schema's ECMA regex.
+END = r"(?!\n)$"
+
 # Node names, fabrics and GPU classes: what a host name, an interface or
 # `H100-80G` needs, and nothing a terminal, shell, markup or URL reads.
-LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}" + END
 LABEL_RULE = "1 to 128 characters, starting with a letter or digit, then letters, digits and . _ -"
 
 # Model names, aliases and adapters: as a label, and also `:` and `/`
@@ -34,7 +40,8 @@ LABEL_RULE = "1 to 128 characters, starting with a letter or digit, then letters
 # most proxies resolve `/admin/models/a/../b` to `/admin/models/b` and collapse `//`, so
 # `curl -X DELETE` typed for one model deleted another (ctl percent-encodes; they do not).
 MODEL_NAME_PATTERN = (
-    r"^(?!.*/scale$)(?!(?:.*/)?\.{1,2}(?:/|$))(?!.*//)(?!.*/$)[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+    r"^(?!.*/scale$)(?!(?:.*/)?\.{1,2}(?:/|$))(?!.*//)(?!.*/$)[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}"
+    + END
 )
 MODEL_NAME_RULE = (
     "1 to 128 characters, starting with a letter or digit, then letters, digits and . _ : / -,"

@@ -12,12 +12,13 @@ from typing import Annotated, Literal
 import msgspec
 
 from llmgw.wire.leases import KeyDemand
+from llmgw.wire.names import END
 
 # Unix seconds at the start of a UTC hour: how token usage is bucketed.
 HOUR_S = 3600
 # No control character: these names are stored (PostgreSQL's text holds no NUL) and
 # shown in tables and logs. In the published schema too, so a client knows the rule.
-PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+PRINTABLE = r"^[^\x00-\x1f\x7f]*" + END
 # Names in token usage (a key, a team, a model): a router file's key names are free
 # text, so only their length and their characters are bounded.
 UsageName = Annotated[str, msgspec.Meta(max_length=256, pattern=PRINTABLE)]

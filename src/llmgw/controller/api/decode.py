@@ -25,11 +25,12 @@ from llmgw.wire.models import ModelSpec, env_from_problem
 
 T = TypeVar("T")
 
-# Known __post_init__ messages of ModelSpec → the field they are about.
+# Known __post_init__ messages of ModelSpec and KeyCreate → the field they are about.
 _POST_INIT_FIELDS = (
     ("max_replicas", "max_replicas"),
     ("aliases", "aliases"),
     ("env_from", "env_from"),
+    ("models", "models"),
 )
 
 

@@ -194,6 +194,7 @@ def replica_view(replica: Replica, idle_for: IdleFor) -> ReplicaView:
                 exit_code=s.exit_code,
                 kv_events_port=s.kv_events_port,
                 kv_events_replay_port=s.kv_events_replay_port,
+                note=s.note,
             )
             for s in replica.shards
         ),

@@ -36,7 +36,11 @@ def check_adapters(
     request by name (a base may come with its adapters); `seen` every served name of
     the request's models → its model, which the adapters' names are added to.
     """
-    aliases = {n: m.name for m in state.models.values() for n in m.spec.aliases}
+    # Stored aliases, but for the models this request applies again: theirs are the
+    # request's (in `seen`), so a name one of them gives up may go to an adapter.
+    aliases = {
+        n: m.name for m in state.models.values() if m.name not in models for n in m.spec.aliases
+    }
     request_adapters = {a.name for _, a in adapters}
     for i, a in adapters:
         label = f"models[{i}] ({a.name!r})"
@@ -52,8 +56,7 @@ def check_adapters(
             )
         if a.name in aliases:
             raise Conflict(
-                f"name {a.name!r} of adapter {a.name!r} is already an alias of model "
-                f"{aliases[a.name]!r}",
+                f"adapter name {a.name!r} is already an alias of model {aliases[a.name]!r}",
                 param="name",
             )
         base = a.adapter_of
@@ -67,9 +70,12 @@ def check_adapters(
         if spec is None and (m := state.models.get(base)) is not None:
             spec = m.spec
         if spec is None:
+            alias_of = aliases.get(base) or next(
+                (name for name, m in models.items() if base in m.aliases), None
+            )
             hint = (
-                f" ({base!r} is an alias of {aliases[base]!r}: name the model)"
-                if base in aliases
+                f" ({base!r} is an alias of {alias_of!r}: name the model)"
+                if alias_of is not None
                 else " (apply the base model first, or in the same request)"
             )
             raise InvalidSpec(

@@ -237,6 +237,7 @@ def _absorb_shard(shard: Shard, st: ShardStatus | None) -> Shard:
         kv_events_topic=st.kv_events_topic,
         adapters=tuple(st.adapters),
         priority_scheduling=st.priority_scheduling,
+        note=_no_nul(st.note),
     )
 
 
@@ -272,7 +273,9 @@ def _settle(batch: Batch, r: Replica, shards: tuple[Shard, ...], *, backoff: Bac
         address = node.address if node is not None else rank0.node
         url = f"http://{address}:{rank0.port}"
         if r.state == "waking":
-            batch.move(r, "ready", "awake and warmed up", shards=shards, endpoint_url=url)
+            # The agent serves a woken engine whose warm-up kept failing (agent/waking.py).
+            why = f"awake, not warmed up: {rank0.note}" if rank0.note else "awake and warmed up"
+            batch.move(r, "ready", why, shards=shards, endpoint_url=url)
         elif r.state != "ready":
             batch.move(r, "ready", "all shards ready", shards=shards, endpoint_url=url)
         else:

@@ -142,6 +142,8 @@ class Shard:
     adapters: tuple[str, ...] = ()
     # Its engine orders its queue by each request's `priority` (as its agent reported).
     priority_scheduling: bool = False
+    # Its agent's word on the engine's last sleep or wake (ShardStatus.note); "": none.
+    note: str = ""
 
 
 @dataclass(frozen=True, slots=True)

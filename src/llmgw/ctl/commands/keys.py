@@ -70,6 +70,9 @@ _FLAGS = {"budget": "--budget-tokens", "expires_in_s": "--expires-in", "name": "
 def _problem(exc: msgspec.ValidationError, fields: dict[str, object]) -> str:
     """A validation message in the flags the operator typed: `--rpm: Expected int >= 1`."""
     message = str(exc)
+    if message.startswith("models "):
+        # KeyLimits' own check (a repeated name): msgspec gives it no path.
+        return f"--models: {message}"
     m = re.fullmatch(r"(.*) - at `\$\.(\w+)(?:\[(\d+)\]|\.(\w+))?`", message)
     if m is None:
         return specs.describe(exc)

@@ -32,7 +32,10 @@ def _content(content: Any) -> Any:
         return content
     out: list[Any] = []
     for part in content:
-        if isinstance(part, dict) and part.get("type") in _TEXT_PARTS:
+        kind = part.get("type") if isinstance(part, dict) else None
+        # A set lookup of an array or object `type` raises (unhashable): such a part is
+        # the engine's to refuse, and here an opaque part like any other.
+        if isinstance(kind, str) and kind in _TEXT_PARTS:
             out.append({"type": "text", "text": part.get("text")})
         else:
             out.append(part)

@@ -29,7 +29,7 @@ from typing import Final
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.answerusage import Usage
-from llmgw.wire.usage import HOUR_S, TokenUsage
+from llmgw.wire.usage import HOUR_S, MAX_COUNT, TokenUsage
 
 log: Final = logging.getLogger(__name__)
 
@@ -60,8 +60,11 @@ class TokenCounts:
             figures = self._rows[row] = [0, 0, 0]
         figures[0] += 1
         if usage is not None:
-            figures[1] += usage.prompt
-            figures[2] += usage.completion
+            # Saturated at the report's bound: an engine's absurd count (2**64) made
+            # every report holding the row a 422, and the report's other rows and the
+            # router's leases went with it. The controller's sums saturate there too.
+            figures[1] = min(MAX_COUNT, figures[1] + usage.prompt)
+            figures[2] = min(MAX_COUNT, figures[2] + usage.completion)
 
     def drain(self) -> list[TokenUsage]:
         """The counts since the last drain, as rows (each a difference, not a total)."""
@@ -106,7 +109,11 @@ class TokenLedger:
         for d in deltas:
             k = (d.hour, d.key, d.team, d.model)
             r, p, c = self._totals.get(k, (0, 0, 0))
-            self._totals[k] = (r + d.requests, p + d.prompt_tokens, c + d.completion_tokens)
+            self._totals[k] = (
+                min(MAX_COUNT, r + d.requests),
+                min(MAX_COUNT, p + d.prompt_tokens),
+                min(MAX_COUNT, c + d.completion_tokens),
+            )
             self._dirty.add(k)
         if len(self._totals) > self.max_rows:
             self._drop_oldest()

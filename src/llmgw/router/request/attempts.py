@@ -23,12 +23,16 @@ from llmgw.router.request.inband import (
     MARK,
     ErrorFrameWatch,
     nothing_before_error,
-    role_opener_only,
+    openers_only,
 )
 from llmgw.router.request.lora import Rename
 from llmgw.router.upstream.base import HeaderLines, UpstreamReply, header_lines
 from llmgw.router.wiring import Router
 from llmgw.wire.errors import error_body
+
+# Reads past the first chunk while a stream has sent only events without output: a
+# Responses stream opens with four, each possibly a chunk of its own.
+MAX_OPENER_READS = 6
 
 
 class Failed:
@@ -67,6 +71,7 @@ class Attempts:
     """
 
     __slots__ = (
+        "also",
         "data",
         "deadline",
         "failed",
@@ -81,10 +86,14 @@ class Attempts:
         "watch",
     )
 
-    def __init__(self, deadline: float, retries: int, mark: bytes = MARK) -> None:
+    def __init__(
+        self, deadline: float, retries: int, mark: bytes = MARK, also: tuple[bytes, ...] = ()
+    ) -> None:
         self.deadline = deadline
-        # What opens an engine's error frame in this API's streams (inband.py).
+        # What opens an engine's error frame in this API's streams, and a second opening
+        # looked for too (None: none; inband.py).
         self.mark = mark
+        self.also = also
         self.retries_left = retries
         # Replicas not to choose again; a list only once there is one.
         self.tried: Sequence[str] = ()
@@ -199,17 +208,12 @@ async def attempt(
             # The head waits for the first bytes: until they come nothing has
             # reached the client, so an engine that dies in prefill is still
             # retried elsewhere.
-            watch = att.watch = ErrorFrameWatch(att.mark)
-            first = await up.chunk()
-            watch.feed(first)
-            if first and not watch.seen and role_opener_only(first):
-                # A chat stream's role opener carries no token; the first
-                # token, or the engine's error, is right behind.
-                more = await up.chunk()
-                watch.feed(more)
-                first += more
+            watch = att.watch = ErrorFrameWatch(att.mark, also=att.also)
+            openers = () if call.api is None else call.api.openers
+            first = await _head(up, watch, openers)
             att.first = first if att.rename is None else att.rename.feed(first)
-            if not (watch.endpoint_failure and nothing_before_error(first)):
+            marks = (att.mark, *att.also)
+            if not (watch.endpoint_failure and nothing_before_error(first, marks, openers)):
                 return Step.STREAM
             # The engine's 5xx error event before any output, and the head not
             # sent: as safe to retry as a 5xx status. A held stream cannot be
@@ -229,6 +233,23 @@ async def attempt(
     if error is not None:
         raise NoReplica(call.model, f"last attempt failed ({error})") from error
     return fallback
+
+
+async def _head(up: UpstreamReply, watch: ErrorFrameWatch, openers: tuple[bytes, ...]) -> bytes:
+    """A stream's first bytes, read on while they hold only events without output (a
+    chat stream's role opener, a Messages or Responses stream's start: inband.py): the
+    first token, or the engine's error, is right behind. At most MAX_OPENER_READS more."""
+    first = await up.chunk()
+    watch.feed(first)
+    reads = 0
+    while first and not watch.seen and openers_only(first, openers):
+        more = await up.chunk()
+        watch.feed(more)
+        first += more
+        reads += 1
+        if not more or reads == MAX_OPENER_READS:
+            break
+    return first
 
 
 def _body_for(st: Router, call: Call, att: Attempts, eid: str) -> bytes:

@@ -17,6 +17,7 @@ kept for the next, and a frame's line is gathered until its newline arrives.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 import msgspec
@@ -25,24 +26,48 @@ MARK: Final = b'{"error"'
 # Anthropic's error event (`event: error`, `data: {"type": "error", "error": {...}}`),
 # looked for instead in a Messages stream (apis.py); the same reasoning holds.
 ANTHROPIC_MARK: Final = b'{"type":"error"'
+# The Responses API's error event (`event: error`, `data: {"type": "error", "code",
+# "message", ...}`) opens as Anthropic's does, or, written in the field order of the
+# openai package's event type (code, message, param, sequence_number, type), with its
+# code: no other Responses event opens with `code`. Its engine may also write OpenAI's
+# frame (MARK) there, so a Responses stream is watched for all three (`also`).
+RESPONSES_MARK: Final = b'{"type":"error"'
+RESPONSES_CODE_MARK: Final = b'{"code"'
 # Anthropic's error types that say the engine failed, as the status they stand for.
 _FAILURE_TYPES: Final = {"api_error": 500, "internal_error": 500, "overloaded_error": 529}
+# The same for the Responses API's error codes (a string, at the event's top level).
+_FAILURE_CODES: Final = {"server_error": 500}
+# Events that open a stream and carry no output, by their type: a Messages stream's
+# and a Responses stream's (catalog.py). An error right after them comes before
+# anything a client would miss, as after a chat stream's role opener.
+MESSAGES_OPENERS: Final = (b"message_start", b"content_block_start", b"ping")
+RESPONSES_OPENERS: Final = (
+    b"response.created",
+    b"response.in_progress",
+    b"response.output_item.added",
+    b"response.content_part.added",
+)
 # Enough of the previous chunk to hold a marker cut short plus `\ndata: ` before it.
 TAIL_BYTES: Final = 32
 # An error frame longer than this is not one an engine writes; stop gathering.
 MAX_FRAME_BYTES: Final = 64 * 1024
 
 _decode: Final = msgspec.json.Decoder().decode
+# An SSE event's blocks (a blank line ends each), and the `event:` line naming its type.
+_BLOCKS: Final = re.compile(rb"\r?\n\r?\n")
+_EVENT_LINE: Final = re.compile(rb"^event: ?([^\r\n]*)\r?$", re.M)
 
 
 class ErrorFrameWatch:
     """Feed it every relayed chunk in order; `code` is the first error frame's code."""
 
-    __slots__ = ("_mark", "_pending", "_tail", "code", "message")
+    __slots__ = ("_also", "_mark", "_pending", "_tail", "code", "message")
 
-    def __init__(self, mark: bytes = MARK) -> None:
-        # What opens an error frame's JSON: MARK, or ANTHROPIC_MARK in a Messages stream.
+    def __init__(self, mark: bytes = MARK, *, also: tuple[bytes, ...] = ()) -> None:
+        # What opens an error frame's JSON: MARK, or ANTHROPIC_MARK in a Messages stream;
+        # `also`, other openings looked for too (a Responses stream's).
         self._mark = mark
+        self._also = also
         # The stream starts as if after a newline: a first line `data: {"error"` counts.
         self._tail = b"\n"
         self._pending: bytearray | None = None  # a frame's line, until its newline
@@ -67,17 +92,16 @@ class ErrorFrameWatch:
             self._gather(chunk)
             return
         data = self._tail + chunk
-        mark = self._mark
-        # Markers wholly inside the old tail were looked at with the last chunk.
-        start = max(0, len(self._tail) - len(mark) + 1)
+        kept = len(self._tail)
         self._tail = data[-TAIL_BYTES:]
-        i = data.find(mark, start)
-        while i >= 0:
-            if _opens_event(data, i):
-                self._pending = bytearray()
-                self._gather(data[i:])
-                return
-            i = data.find(mark, i + 1)
+        at = _frame_at(data, self._mark, kept)
+        for also in self._also:
+            other = _frame_at(data, also, kept)
+            if other >= 0 and (at < 0 or other < at):
+                at = other
+        if at >= 0:
+            self._pending = bytearray()
+            self._gather(data[at:])
 
     def _gather(self, data: bytes) -> None:
         assert self._pending is not None
@@ -113,8 +137,27 @@ class ErrorFrameWatch:
                 self.code = _FAILURE_TYPES.get(kind)
         elif isinstance(err, str):
             self.message = err  # TGI: a string and no code
+        elif err is None and doc.get("type") == "error":
+            # The Responses API's error event: its code (a string) and message on top.
+            message = doc.get("message")
+            self.message = message if isinstance(message, str) else ""
+            code = doc.get("code")
+            self.code = _code(code)
+            if self.code is None and isinstance(code, str):
+                self.code = _FAILURE_CODES.get(code)
         else:
             self.message = ""
+
+
+def _frame_at(data: bytes, mark: bytes, kept: int) -> int:
+    """Where the first error frame opened by `mark` begins in `data`, or -1. The first
+    `kept` bytes are the last chunk's tail: a mark wholly inside them was looked at then."""
+    i = data.find(mark, max(0, kept - len(mark) + 1))
+    while i >= 0:
+        if _opens_event(data, i):
+            return i
+        i = data.find(mark, i + 1)
+    return -1
 
 
 def _opens_event(data: bytes, i: int) -> bool:
@@ -131,18 +174,51 @@ def _code(value: object) -> int | None:
     return None
 
 
-def nothing_before_error(head: bytes) -> bool:
+def nothing_before_error(
+    head: bytes, marks: tuple[bytes, ...] = (MARK,), openers: tuple[bytes, ...] = ()
+) -> bool:
     """Whether the first error frame in `head` (a stream's opening bytes) follows no output.
 
-    Only a chat stream's role opener (`"delta": {"role": "assistant", "content": ""}`)
-    may come before it: it carries no token, so a replica that fails right after
-    it produced nothing the client would miss. Called only once an error frame
+    Only events that carry none may come before it (`openers_only`): a replica that
+    fails right after them produced nothing the client would miss. `marks`: what
+    opens the API's error frame (ErrorFrameWatch's). Called only once an error frame
     was seen in the bytes held back before the response's head.
     """
-    i = head.find(MARK)
-    if i < 0:
+    data = b"\n" + head  # as the watch reads a stream: from the start of a line
+    at = -1
+    for mark in marks:
+        i = _frame_at(data, mark, 0)
+        if i >= 0 and (at < 0 or i < at):
+            at = i
+    if at < 0:
         return False
-    return role_opener_only(head[: head.rfind(b"data:", 0, i)])
+    return openers_only(data[1 : data.rfind(b"data:", 0, at)], openers)
+
+
+def openers_only(head: bytes, openers: tuple[bytes, ...] = ()) -> bool:
+    """Whether `head` holds no event but ones that carry no output.
+
+    `openers` empty: a chat stream, whose one such event is the role opener. Else
+    the event types that open the API's streams (MESSAGES_OPENERS, RESPONSES_OPENERS):
+    every event of `head` must name one as its `type` or its `event:` line; a block
+    without data (the `event:` line of the frame that follows, a comment) carries
+    none either. An event cut short that does not name one yet counts as output:
+    the head is then sent, as it would have been.
+    """
+    if not openers:
+        return role_opener_only(head)
+    for block in _BLOCKS.split(head):
+        if b"data:" in block and not _names_one(block, openers):
+            return False
+    return True
+
+
+def _names_one(block: bytes, openers: tuple[bytes, ...]) -> bool:
+    """Whether the SSE event `block` is of one of the `openers` types."""
+    line = _EVENT_LINE.search(block)
+    if line is not None:
+        return line.group(1) in openers
+    return any(b'"type":"' + name + b'"' in block for name in openers)
 
 
 def role_opener_only(head: bytes) -> bool:

@@ -237,18 +237,23 @@ class Tenants:
 
     def share_of(self, key: ClientKey, digest: str) -> Share:
         """What this router enforces of `key` now: its share, or the whole limit."""
-        whole = (float(key.rpm or 0), float(key.tpm or 0))
+        return self._enforced(digest, key.rpm, key.tpm)
+
+    def _enforced(self, digest: str, rpm: int | None, tpm: int | None) -> Share:
         if digest not in self.leased or self.leasing is False:
-            return whole
+            return (float(rpm or 0), float(tpm or 0))
         return self.shares.get(digest, (0.0, 0.0))
 
     def reshare(self, shares: dict[str, Share]) -> None:
-        """New shares (a lease, or its fallback): the accounts' buckets follow."""
+        """New shares (a lease, or its fallback, or none from a controller that leases
+        nothing): the accounts' buckets follow. Each gets what `share_of` says, so a key
+        counted before such a controller's first answer (at a share of zero, which never
+        refills) is enforced at its whole limit from then on, not refused for good."""
         self.shares = shares
         now = self.clock.monotonic()
         for digest, acc in self._accounts.items():
             if digest in self.leased:
-                acc.reshare(self.shares.get(digest, (0.0, 0.0)), now)
+                acc.reshare(self._enforced(digest, acc.limits[0], acc.limits[1]), now)
 
     def reallow(self, allowances: dict[str, tuple[float, float]]) -> None:
         """New budget allowances, each counted from when the report was built."""
@@ -398,11 +403,16 @@ def _headers(acc: _Account) -> dict[str, str]:
 
 
 def _duration(seconds: float) -> str:
-    """OpenAI's reset format: `250ms`, `12s`, `1m30s`."""
+    """OpenAI's reset format (Go's durations): `250ms`, `12s`, `1m30s`, `1h40m0s`.
+
+    Hours are named as OpenAI names them: a small leased share, or a bucket an answer
+    overdrew, is full again only hours later, which read `100m0s` before."""
     if seconds < 1.0:
         return f"{math.ceil(seconds * 1000)}ms"
-    whole = math.ceil(seconds)
-    minutes, secs = divmod(whole, 60)
+    minutes, secs = divmod(math.ceil(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
     return f"{minutes}m{secs}s" if minutes else f"{secs}s"
 
 
