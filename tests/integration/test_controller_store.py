@@ -634,7 +634,7 @@ class TestSchema:
             engine.dispose()
         s = sql_backend.open()
         try:
-            assert s.schema_version() == SCHEMA_VERSION == 9
+            assert s.schema_version() == SCHEMA_VERSION
             state = s.load()
             n = state.nodes["d"]
             assert (
@@ -778,6 +778,7 @@ class TestPostgres:
                 assert [r[0] for r in rows] == [
                     "api_keys",
                     "events",
+                    "leader",
                     "meta",
                     "models",
                     "nodes",

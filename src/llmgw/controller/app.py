@@ -57,8 +57,8 @@ def build_app(
     fleet = Fleet(FencedStore(store, leadership), clock=clock, config=config)
     fleet.spans = spans
     usage = IdleTracker(clock=clock)
-    loop = ControlLoop(fleet, leadership, usage, clock=clock, config=config)
     services = Services(fleet, usage, config=config, clock=clock)
+    loop = ControlLoop(fleet, leadership, usage, clock=clock, config=config, link=services.link)
 
     app = web.Application(middlewares=routes.middlewares(), client_max_size=16 * 1024 * 1024)
     app[routes.SERVICES] = services
@@ -82,6 +82,7 @@ def build_app(
                 await loop.flush_heartbeats()
             except (StoreUnavailable, NotLeading) as exc:
                 log.warning("heartbeat flush on stop failed: %s", exc.message)
+            await services.link.close()
             await asyncio.to_thread(leadership.release)
             await asyncio.to_thread(store.close)
             if spans is not None:

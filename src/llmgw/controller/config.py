@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -97,6 +98,11 @@ class ControllerConfig:
     max_long_polls: int = 4096
     # Seconds in-flight HTTP requests get to finish on SIGTERM.
     shutdown_grace_s: float = 5.0
+    # The URL other controllers reach this one at, recorded in the store while it
+    # leads: a standby forwards the usage reports it receives there (leaderlink.py).
+    # None: derived from host and the bound port (derive_advertise_url); still None when
+    # host is every interface (0.0.0.0, ::), and standbys then answer reports alone.
+    advertise_url: str | None = None
     # OpenTelemetry spans of the controller's actions (fleet/spans.py, docs/tracing.md);
     # None (the default): off, and the SDK is never imported.
     tracing: TracingSettings | None = None
@@ -184,6 +190,32 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def derive_advertise_url(given: str | None, host: str, port: int) -> str | None:
+    """The URL this controller tells standbys to reach it at: `given` (--advertise-url),
+    else http://host:port when `host` is one address or name; None for every interface,
+    since no address of this host is known to be the one the others can reach."""
+    if given is not None:
+        return given
+    bare = host.strip("[]")
+    if bare in ("", "0.0.0.0", "::"):
+        return None
+    return f"http://[{bare}]:{port}" if ":" in bare else f"http://{bare}:{port}"
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be --advertise-url, or None: an http(s) URL with a host, no query."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError as exc:
+        return f"{url!r}: {exc}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r}: expected http://HOST:PORT or https://HOST:PORT"
+    if parts.query or parts.fragment:
+        return f"{url!r}: no query or fragment, only a base URL"
+    return None
+
+
 def with_password(database: str, password: str) -> str:
     """`database` (a PostgreSQL URL without one) with `password` in it; ValueError if not."""
     if not database.startswith(("postgresql:", "postgresql+", "postgres:")):
@@ -214,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_format_argument(p)
     add_version_argument(p, "controller")
     p.add_argument("--port", type=int, default=8081, help="listen port; 0 picks one")
+    p.add_argument(
+        "--advertise-url",
+        default=None,
+        help="URL the other controllers reach this one at (http://ctl-a:8081): while it "
+        "leads, standbys forward routers' usage reports there (default: from --host and "
+        "--port; none for 0.0.0.0 or ::, and standbys then answer reports alone)",
+    )
     p.add_argument(
         "--allowed-host",
         action="append",
@@ -457,6 +496,11 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Con
             f"route would be open to anyone who reaches it: give --token-file (or "
             f"{TOKEN_ENV}), or --insecure to serve it open anyway"
         )
+    advertise = None if a.advertise_url is None else a.advertise_url.rstrip("/")
+    if advertise is not None:
+        problem = url_problem(advertise)
+        if problem is not None:
+            p.error(f"--advertise-url {problem}")
     allowed_hosts = tuple(a.allowed_hosts or ())
     for name in allowed_hosts:
         problem = host_problem(name)
@@ -466,6 +510,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Con
         host=a.host,
         allowed_hosts=allowed_hosts,
         port=a.port,
+        advertise_url=advertise,
         database=database,
         schema=a.schema,
         token=token,

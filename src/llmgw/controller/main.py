@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 
-from llmgw.controller.config import ControllerConfig, parse_args
+from llmgw.controller.config import ControllerConfig, derive_advertise_url, parse_args
 from llmgw.runtime import logs, serve
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,18 @@ async def _serve(config: ControllerConfig) -> int:
     except StoreError as exc:
         sys.stderr.write(f"llmgw controller: {exc}\n")
         return 1
+    # Bound here rather than by serve_app: with --port 0 the URL standbys are told
+    # (--advertise-url's default) needs the port, and the app records it on leading.
+    sock = serve.listen(config.host, config.port, "controller")
+    port = int(sock.getsockname()[1])
+    url = derive_advertise_url(config.advertise_url, config.host, port)
+    config = dataclasses.replace(config, advertise_url=url)
     app = build_app(config, store, leadership, spans=spans)
     return await serve.serve_app(
-        app, host=config.host, port=config.port, name="controller", grace_s=config.shutdown_grace_s
+        app,
+        host=config.host,
+        port=port,
+        name="controller",
+        grace_s=config.shutdown_grace_s,
+        sock=sock,
     )

@@ -171,6 +171,8 @@ class ControllerMetrics:
         self.registry = CollectorRegistry()
         for c in services.fleet.decisions.collectors():
             self.registry.register(c)
+        for c in services.link.collectors():
+            self.registry.register(c)
         ProcessCollector(registry=self.registry)
         self.registry.register(_Fleet(services))
 

@@ -309,7 +309,9 @@ def document() -> bytes:
             "post": _op(
                 "router usage report (last_used, in flight, demand, load, token totals, "
                 "limited keys' demand); 200 with the router's shares of every limited key "
-                "once its token rows are kept, 503 when the database refused them",
+                "once its token rows are kept, 503 when the database refused them; a "
+                "standby relays it to the leader and passes the leader's answer on (503 "
+                "not_leader, rows kept, when the leader does not answer)",
                 _ok(_ref("LeaseAnswer"), "accepted: this router's leases"),
                 body=_ref("UsageReport"),
                 errors=(400, 401, 413, 422, 503),

@@ -19,6 +19,7 @@ from llmgw.controller.fleet.batch import Batch
 from llmgw.controller.fleet.live import Fleet
 from llmgw.controller.fleet.records import Event, FleetState, Model, Node, OperatorState, Replica
 from llmgw.controller.idle import IdleFor, IdleTracker
+from llmgw.controller.leaderlink import LeaderLink
 from llmgw.controller.leasebook import LeaseBook
 from llmgw.controller.store import StoreError
 from llmgw.runtime.clock import Clock
@@ -38,6 +39,8 @@ class Services:
         self.clock = clock
         # Each router's share of each limited key (leasebook.py), answered to its reports.
         self.leases = LeaseBook(clock=clock)
+        # A standby's relay of usage reports to the leader (leaderlink.py).
+        self.link = LeaderLink(fleet.store, own_url=config.advertise_url)
 
     # -- reads ---------------------------------------------------------------
 

@@ -7,6 +7,10 @@ are kept, and a 503 (the database refused) tells the router to send them again,
 which it does: it keeps every row until a report holding it was answered 2xx.
 The 200 carries the router's shares of every limited key (leasebook.py), from
 the demand the report brought.
+
+A standby relays the report to the leader and answers with the leader's answer,
+so the leader's leases and idle times count every router (leaderlink.py says
+when it does not, and why a failed relay is answered 503 with its rows kept).
 Errors leave through routes._errors like every other route's.
 """
 
@@ -20,8 +24,10 @@ from aiohttp import web
 
 from llmgw.controller.api.decode import decode, query
 from llmgw.controller.api.routes import SERVICES, json_response
+from llmgw.controller.api.services import Services
 from llmgw.controller.api.validate import check_usage
-from llmgw.controller.errors import InvalidRequest, StoreUnavailable
+from llmgw.controller.errors import InvalidRequest, NotLeading, StoreUnavailable
+from llmgw.controller.leaderlink import RELAYED_HEADER, Relayed
 from llmgw.controller.leases import period_end, period_start
 from llmgw.controller.store import Store, StoreError
 from llmgw.wire.keys import ClientKey
@@ -43,17 +49,27 @@ async def report(request: web.Request) -> web.Response:
     # Its token rows are written by whichever controller receives them
     # (Store.record_usage is not fenced: idempotent rows, not fleet state).
     s = request.app[SERVICES]
-    got = decode(await request.read(), UsageReport, what="usage report")
+    relayed = RELAYED_HEADER in request.headers
+    if relayed and not s.fleet.leading:
+        # A stale leader URL led here: the relaying standby keeps the report itself.
+        raise NotLeading("a relayed usage report reached a standby; not relayed again")
+    body = await request.read()
+    got = decode(body, UsageReport, what="usage report")
     check_usage(got)
     s.usage.ingest(got)
-    if got.tokens:
-        store = s.fleet.store
-        try:
-            # Kept per counter (a router process's totals start at zero with it).
-            counter = got.counter_id or got.router_id
-            await asyncio.to_thread(store.record_usage, counter, got.tokens)
-        except StoreError as exc:
-            raise StoreUnavailable(f"cannot keep the report's token usage: {exc}") from exc
+    if not s.fleet.leading and not relayed:
+        answer = await s.link.relay(body, request.headers.get("Authorization"))
+        if isinstance(answer, Relayed):
+            return web.Response(
+                body=answer.body, status=answer.status, content_type=_json(answer.content_type)
+            )
+        if answer == "failed":
+            await _keep_tokens(s, got)
+            raise NotLeading(
+                "the leader did not take this relayed report: its token usage is kept "
+                "here; shares come when the leader answers"
+            )
+    await _keep_tokens(s, got)
     keys = [k.key for k in s.fleet.state.keys.values() if k.live]
     spent: dict[str, int] = {}
     if any(k.budget is not None for k in keys):
@@ -62,6 +78,22 @@ async def report(request: web.Request) -> web.Response:
         except StoreError as exc:
             raise StoreUnavailable(f"cannot read the keys' budget spend: {exc}") from exc
     return json_response(s.leases.report(got.router_id, got.key_demand, keys, spent))
+
+
+async def _keep_tokens(s: Services, got: UsageReport) -> None:
+    if not got.tokens:
+        return
+    try:
+        # Kept per counter (a router process's totals start at zero with it).
+        counter = got.counter_id or got.router_id
+        await asyncio.to_thread(s.fleet.store.record_usage, counter, got.tokens)
+    except StoreError as exc:
+        raise StoreUnavailable(f"cannot keep the report's token usage: {exc}") from exc
+
+
+def _json(content_type: str | None) -> str:
+    """The relayed answer's media type without parameters (aiohttp adds the charset)."""
+    return (content_type or "application/json").split(";", 1)[0].strip()
 
 
 def budget_spent(store: Store, keys: list[ClientKey], wall: float) -> dict[str, int]:

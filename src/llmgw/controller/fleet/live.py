@@ -117,7 +117,14 @@ class Fleet:
         self._unflushed.clear()
         self._dirty = None
         after = endpoint_list(state, self.index, version=self.sink.version)
-        if after.endpoints != before.endpoints or after.models != before.models:
+        # Keys too: a standby's routers learn of a key created or revoked on the leader
+        # from the standby's list, and the same version would keep them on the old one.
+        if (
+            after.endpoints != before.endpoints
+            or after.models != before.models
+            or after.keys != before.keys
+            or after.keys_required != before.keys_required
+        ):
             self.sink.bump()
 
     def begin_term(self) -> None:

@@ -111,6 +111,17 @@ class Store(Protocol):
         none older is left). Not fenced, as record_usage."""
         ...
 
+    def set_leader_url(self, url: str | None) -> None:
+        """Record the URL this controller, the leader, is reachable at (None: it knows
+        none), replacing what an earlier leader recorded. Fenced like `apply`: a
+        deposed leader cannot point standbys back at itself."""
+        ...
+
+    def leader_url(self) -> str | None:
+        """The URL the leader recorded with `set_leader_url`; None when it recorded
+        none, or no leader has yet. It may name a leader that has since died."""
+        ...
+
     def schema_version(self) -> int:
         """The schema version the database is at (after the migrations run at open)."""
         ...

@@ -42,7 +42,7 @@ from llmgw.wire.models import ModelSpec
 
 # The schema version whose row shape this codec reads and writes (tables.py
 # holds the migrations that reach it).
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 # The value sets the database's CHECK constraints name; the memory store checks
 # the same ones so the fake refuses what the real store would.

@@ -59,6 +59,14 @@ class FencedStore:
         # Not fenced either: deleting rows past the retention twice deletes them once.
         return self.store.prune_usage(before=before, limit=limit)
 
+    def set_leader_url(self, url: str | None) -> None:
+        if not self.leadership.still_leader():
+            raise NotLeader("this controller does not hold leadership; the write was refused")
+        self.store.set_leader_url(url)
+
+    def leader_url(self) -> str | None:
+        return self.store.leader_url()
+
     def schema_version(self) -> int:
         return self.store.schema_version()
 

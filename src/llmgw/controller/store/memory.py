@@ -28,6 +28,7 @@ class MemoryStore:
         self._events: list[Event] = []
         self._next_event_id = 1
         self._usage: dict[usage.RowKey, usage.Figures] = {}
+        self._leader_url: str | None = None
         self._closed = False
         # Test hook: the next apply raises this and applies nothing (a database
         # that refused the transaction), then the hook clears itself.
@@ -149,6 +150,16 @@ class MemoryStore:
             for k in old:
                 del self._usage[k]
             return len(old)
+
+    def set_leader_url(self, url: str | None) -> None:
+        with self._lock:
+            self._check_open()
+            self._leader_url = url
+
+    def leader_url(self) -> str | None:
+        with self._lock:
+            self._check_open()
+            return self._leader_url
 
     def schema_version(self) -> int:
         return codec.SCHEMA_VERSION

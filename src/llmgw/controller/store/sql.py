@@ -216,6 +216,20 @@ class SqlStore:
         with self._translate("prune_usage"), self._write.begin() as conn:
             return sqlusage.prune(conn, before=before, limit=limit)
 
+    def set_leader_url(self, url: str | None) -> None:
+        t = tables.leader
+        with self._translate("set_leader_url"), self._write.begin() as conn:
+            if self.write_guard is not None:
+                self.write_guard(conn)
+            conn.execute(sa.delete(t))
+            conn.execute(sa.insert(t).values(id=1, url=url))
+
+    def leader_url(self) -> str | None:
+        t = tables.leader
+        with self._translate("leader_url"), self._read.begin() as conn:
+            url = conn.execute(sa.select(t.c.url).where(t.c.id == 1)).scalar()
+        return None if url is None else str(url)
+
     def schema_version(self) -> int:
         with self._translate("schema_version"), self._read.begin() as conn:
             return tables.read_version(conn)

@@ -30,6 +30,8 @@ History:
   8  api_keys.revoked_at (a revoked key's row stays: routers keep requiring keys)
   9  token_usage (each router process's running token totals per hour, key,
      team and model; docs/tenants.md#usage)
+ 10  leader (the URL the leading controller is reachable at: where a standby
+     forwards the usage reports it receives)
 """
 
 from __future__ import annotations
@@ -112,6 +114,20 @@ def _define_v9_tables(md: sa.MetaData) -> None:
         sa.Column("requests", sa.BigInteger, nullable=False),
         sa.Column("prompt_tokens", sa.BigInteger, nullable=False),
         sa.Column("completion_tokens", sa.BigInteger, nullable=False),
+    )
+
+
+def _define_v10_tables(md: sa.MetaData) -> None:
+    """The table schema version 10 added (its migration creates it from this)."""
+    sa.Table(
+        "leader",
+        md,
+        # One row at most: the current leader's, written when it takes the lock.
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        # NULL: the leader knows no URL it is reachable at (it listens on every
+        # interface and was given no --advertise-url).
+        sa.Column("url", sa.Text),
+        sa.CheckConstraint("id = 1", name="ck_leader_one_row"),
     )
 
 
@@ -230,6 +246,8 @@ def _define(md: sa.MetaData, *, version: int) -> None:
         _define_v7_tables(md, version=version)
     if version >= 9:
         _define_v9_tables(md)
+    if version >= 10:
+        _define_v10_tables(md)
 
 
 # The current schema, used for every query.
@@ -244,6 +262,7 @@ retired_models = METADATA.tables["retired_models"]
 reservations = METADATA.tables["reservations"]
 api_keys = METADATA.tables["api_keys"]
 token_usage = METADATA.tables["token_usage"]
+leader = METADATA.tables["leader"]
 
 
 def _to_v1(conn: sa.Connection) -> None:
@@ -344,6 +363,12 @@ def _to_v9(conn: sa.Connection) -> None:
     md.create_all(conn)
 
 
+def _to_v10(conn: sa.Connection) -> None:
+    md = sa.MetaData()
+    _define_v10_tables(md)
+    md.create_all(conn)
+
+
 MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
     (1, _to_v1),
     (2, _to_v2),
@@ -354,6 +379,7 @@ MIGRATIONS: tuple[tuple[int, Callable[[sa.Connection], None]], ...] = (
     (7, _to_v7),
     (8, _to_v8),
     (9, _to_v9),
+    (10, _to_v10),
 )
 assert MIGRATIONS[-1][0] == SCHEMA_VERSION, "add a migration when bumping SCHEMA_VERSION"
 

@@ -5,7 +5,8 @@ Once a tick:
   (becomes a standby) rather than write over a successor;
 - a standby tries to take the lock; when it wins it reloads everything from
   the store before acting, since the old leader may have written up to its
-  last moment; otherwise it reloads every `standby_reload_s` to serve reads;
+  last moment, and records the URL it is reachable at (leaderlink.py); otherwise
+  it reloads every `standby_reload_s` to serve reads, the leader's URL with it;
 - a leader then plans the tick (tick/plan.py, pure) and commits the plan in
   one transaction, together with the heartbeat timestamps due for flushing;
 - and deletes a batch of token usage past its retention when one is due
@@ -26,6 +27,7 @@ from llmgw.controller.fleet.batch import Batch
 from llmgw.controller.fleet.live import Fleet
 from llmgw.controller.fleet.records import Changes
 from llmgw.controller.idle import IdleTracker
+from llmgw.controller.leaderlink import LeaderLink
 from llmgw.controller.store import Leadership, StoreError
 from llmgw.controller.tick.plan import plan_tick
 from llmgw.controller.tick.retention import UsageRetention
@@ -44,8 +46,12 @@ class ControlLoop:
         *,
         clock: Clock,
         config: ControllerConfig,
+        link: LeaderLink,
     ) -> None:
         self.fleet = fleet
+        self.link = link
+        # Whether this term's leader URL is in the store (retried each tick until it is).
+        self._advertised = False
         self.leadership = leadership
         self.usage = usage
         self.clock = clock
@@ -58,6 +64,8 @@ class ControlLoop:
 
     async def tick(self) -> None:
         await self.check_leadership()
+        if self.fleet.leading and not self._advertised:
+            await self._advertise()
         if self.fleet.leading:
             await self.reconcile()
             # The leader alone, so standbys sharing the database do not repeat it.
@@ -101,9 +109,11 @@ class ControlLoop:
         if now - self._last_reload >= self.config.standby_reload_s:
             self._last_reload = now
             await fleet.load()
+            await self.link.reload()
 
     async def _take_over(self) -> None:
         fleet = self.fleet
+        self._advertised = False  # a new term records its URL again
         async with fleet.lock:
             try:
                 await fleet.load()
@@ -124,6 +134,16 @@ class ControlLoop:
             )
             await fleet.commit(batch.changes)
         log.info(kv("leading", nodes=len(fleet.state.nodes), models=len(fleet.state.models)))
+
+    async def _advertise(self) -> None:
+        try:
+            await self.link.advertise()
+        except StoreError as exc:
+            # Standbys answer reports alone meanwhile (or relay to a dead URL and
+            # then do): nothing is lost, so the tick goes on.
+            log.warning(kv("leader url not recorded; retrying next tick", error=exc))
+            return
+        self._advertised = True
 
     async def flush_heartbeats(self) -> None:
         """Store every heartbeat timestamp held only in memory (graceful stop): a controller
