@@ -322,6 +322,8 @@ class Conn(asyncio.Protocol):
         self.raw: list[tuple[bytes, bytes]] = []
         self.got_bytes = False
         self.eof_body = False  # no length given: the body ends when the engine closes
+        # An interim (1xx) answer is being parsed: its end is not the exchange's.
+        self.interim = False
         self.deadline = 0.0  # loop time
         self.idle_s: float | None = None
         self.last_data = 0.0
@@ -348,7 +350,9 @@ class Conn(asyncio.Protocol):
             self.last_data = self.loop.time()
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # HttpParserUpgrade (not an HttpParserError) follows a 101, which
+            # `on_headers_complete` has already failed.
             if self.resp is None:  # trailing garbage after a finished response
                 self.transport.abort()
             else:
@@ -379,12 +383,32 @@ class Conn(asyncio.Protocol):
         if resp is None:
             return
         raw = self.raw
+        status = self.parser.get_status_code()
+        if status < 200:
+            self._interim(resp, status)
+            return
         if not self.parser.should_keep_alive():
             # Neither a length nor chunks: the body runs to the connection's end.
             self.eof_body = not any(
                 k.lower() in (b"content-length", b"transfer-encoding") for k, _ in raw
             )
-        resp.on_head(self.parser.get_status_code(), raw)
+        resp.on_head(status, raw)
+
+    def _interim(self, resp: FastResponse, status: int) -> None:
+        """A 1xx head: 100 Continue, 103 Early Hints and the like say the answer is
+        coming on this connection (RFC 9110 15.2), so they are passed over, lines and
+        all; taken for the answer, they reached the client as a 1xx with nothing after
+        it, which waited for the rest until its own timeout. A 101 switches to a
+        protocol nobody asked for, and a 1xx with a body is no interim answer: the
+        engine's failure, both."""
+        raw = self.raw
+        self.raw = []
+        if status == 101:
+            self.fail(UpstreamBroken(resp.endpoint_id, "the engine switched protocols (101)"))
+        elif any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in raw):
+            self.fail(UpstreamBroken(resp.endpoint_id, f"an interim answer ({status}) with a body"))
+        else:
+            self.interim = True
 
     def on_body(self, body: bytes) -> None:
         resp = self.resp
@@ -395,6 +419,9 @@ class Conn(asyncio.Protocol):
         # `_end()` inlined: this runs once per response on the hot path.
         resp = self.resp
         if resp is None:
+            return
+        if self.interim:  # the end of a 1xx: the answer follows
+            self.interim = False
             return
         self.resp = None
         self.watch.busy.discard(self)
@@ -415,6 +442,7 @@ class Conn(asyncio.Protocol):
         self.raw = []
         self.got_bytes = False
         self.eof_body = False
+        self.interim = False
         self.deadline = deadline
         self.idle_s = idle_s
         # Looked at (`check`) when the first of the deadline and the idle bound may be
