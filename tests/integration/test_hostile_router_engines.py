@@ -132,3 +132,29 @@ class TestInterimAnswers:
             assert "interim answer (199) with a body" in rep.json()["error"]["message"]
             await settled(session, r.url)
             no_traceback(r.log_text())
+
+
+class TestOversizedHead:
+    """An engine's head has a bound."""
+
+    async def test_an_endless_header_line_is_cut(self, tmp_path: Path) -> None:
+        """A header line that keeps coming (16 MiB of it) is cut at the head's bound: the
+        client gets an error naming it, never the answer behind it, and the router serves
+        on with nothing left in flight."""
+        endless = [b"HTTP/1.1 200 OK\r\nX-Pad: "] + [b"a" * 65536] * 256
+        pieces = [*endless, b"\r\n" + json_answer(CHAT).partition(b"\r\n")[2]]
+        async with (
+            behind_router(
+                tmp_path, lambda n: Script(pieces if n == 0 else [json_answer(CHAT)])
+            ) as (engine, r),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            rep = await post(session, r.url, chat_body("pad"))
+            assert rep.status >= 500, (rep.status, rep.body[:200])
+            assert "response head over 64 KiB" in rep.json()["error"]["message"]
+            after = await post(session, r.url, chat_body("plain"))
+            assert after.status == 200
+            assert after.json() == CHAT
+            assert engine.posts == 2
+            await settled(session, r.url)
+            no_traceback(r.log_text())

@@ -17,6 +17,8 @@ Connection rules, each preventing a failure seen in proxies:
   tail of someone else's response.
 - Cancelling a wait (the client went away) or `close()` on an unfinished
   response aborts the connection: that is how the engine learns to stop.
+- Interim 1xx heads are passed over (`Conn._interim`), and a head past
+  `MAX_HEAD_BYTES` is the engine's failure.
 
 Errors leave as the router's own (`errors`): nothing before the head arrived →
 `UpstreamConnectError` (retryable), the deadline or the idle bound →
@@ -41,6 +43,10 @@ from llmgw.router.upstream.base import JSON, ReplyHead
 HIGH_WATER_BYTES: Final = 256 * 1024
 # Bodies up to this are appended to the head and sent in one write (one syscall).
 COALESCE_BYTES: Final = 64 * 1024
+# An engine's head (interim ones included) past this is the engine's failure. llhttp
+# sets no bound, and httptools joins a header value's pieces by concatenation: a head
+# of tens of MiB held the router's one core for seconds, and kept it all in memory.
+MAX_HEAD_BYTES: Final = 64 * 1024
 _NEVER: Final = float("inf")
 
 
@@ -321,6 +327,9 @@ class Conn(asyncio.Protocol):
         # The exchange in progress (set by `send`).
         self.raw: list[tuple[bytes, bytes]] = []
         self.got_bytes = False
+        # Bytes of the exchange's head (with any interim ones) so far, counted only
+        # while it is incomplete.
+        self.head_bytes = 0
         self.eof_body = False  # no length given: the body ends when the engine closes
         # An interim (1xx) answer is being parsed: its end is not the exchange's.
         self.interim = False
@@ -358,6 +367,13 @@ class Conn(asyncio.Protocol):
             else:
                 what = "response" if resp.status else "response head"
                 self.fail(UpstreamBroken(resp.endpoint_id, f"bad {what}: {exc}"))
+        else:
+            if not resp.status and resp.error is None:
+                # All of `data` was head: the head would have ended within it otherwise.
+                self.head_bytes += len(data)
+                if self.head_bytes > MAX_HEAD_BYTES:
+                    why = f"response head over {MAX_HEAD_BYTES // 1024} KiB"
+                    self.fail(UpstreamBroken(resp.endpoint_id, why))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -441,6 +457,7 @@ class Conn(asyncio.Protocol):
         self.resp = resp
         self.raw = []
         self.got_bytes = False
+        self.head_bytes = 0
         self.eof_body = False
         self.interim = False
         self.deadline = deadline
