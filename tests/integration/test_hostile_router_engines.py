@@ -158,3 +158,26 @@ class TestOversizedHead:
             assert engine.posts == 2
             await settled(session, r.url)
             no_traceback(r.log_text())
+
+
+class TestTrailers:
+    """An engine's trailer lines are not its head's."""
+
+    async def test_a_trailer_does_not_set_the_answers_content_type(self, tmp_path: Path) -> None:
+        """A chunked answer without Content-Type whose trailer says `text/html`: the client
+        gets the body as JSON (the default for an answer without one), not as HTML."""
+        body = json.dumps(CHAT).encode()
+        pieces = [
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            f"{len(body):x}\r\n".encode() + body + b"\r\n",
+            b"0\r\nContent-Type: text/html\r\n\r\n",
+        ]
+        async with (
+            behind_router(tmp_path, lambda n: Script(pieces)) as (_, r),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        ):
+            rep = await post(session, r.url, chat_body("trailer"))
+            assert rep.status == 200
+            assert rep.headers["content-type"] == "application/json"
+            assert rep.json() == CHAT
+            no_traceback(r.log_text())

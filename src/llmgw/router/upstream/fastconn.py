@@ -409,6 +409,9 @@ class Conn(asyncio.Protocol):
                 k.lower() in (b"content-length", b"transfer-encoding") for k, _ in raw
             )
         resp.on_head(status, raw)
+        # Lines from here on are a chunked body's trailers: the head is the answer's,
+        # and a trailer must not add to it (a `Content-Type` there became the answer's).
+        self.raw = []
 
     def _interim(self, resp: FastResponse, status: int) -> None:
         """A 1xx head: 100 Continue, 103 Early Hints and the like say the answer is
