@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from llmgw.router.request.tokens import StreamUsage, Usage, counted, usage_of
 from llmgw.wire.answerusage import Doc
+from llmgw.wire.usage import MAX_COUNT
 
 
 def event(obj: object) -> bytes:
@@ -40,6 +41,13 @@ class TestUsageOf:
         """Missing details count zero cached."""
         body = b'{"usage": {"prompt_tokens": 2, "completion_tokens": 1}}'
         assert usage_of(body) == Usage(prompt=2, completion=1, cached=0, cached_reported=None)
+
+    def test_counts_stop_at_the_reports_bound(self) -> None:
+        """A count past a float's range (10**400) is read as 2**53, never as itself."""
+        huge = "1" + "0" * 400
+        body = f'{{"usage": {{"prompt_tokens": {huge}, "completion_tokens": -4}}}}'.encode()
+        assert usage_of(body) == Usage(prompt=MAX_COUNT, completion=0, cached=0)
+        assert float(MAX_COUNT) == MAX_COUNT
 
 
 class TestStreamUsage:
