@@ -181,3 +181,32 @@ class TestTrailers:
             assert rep.headers["content-type"] == "application/json"
             assert rep.json() == CHAT
             no_traceback(r.log_text())
+
+
+class TestOddErrorEvents:
+    """An engine's error event the router cannot read a code from is relayed as it came."""
+
+    async def test_a_code_of_odd_digits_is_relayed(self, tmp_path: Path) -> None:
+        """A stream whose error event's code is `"²"` (a digit to Python, not to int()):
+        the client gets the stream as the engine sent it, to its [DONE], and the router
+        logs no traceback and keeps nothing in flight."""
+        events = [
+            b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
+            b'"delta":{"content":"hi"},"finish_reason":null}]}\n\n',
+            b'data: {"error":{"message":"odd","code":"\xc2\xb2"}}\n\n',
+            b"data: [DONE]\n\n",
+        ]
+        body = b"".join(f"{len(e):x}\r\n".encode() + e + b"\r\n" for e in events) + b"0\r\n\r\n"
+        head = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        async with (
+            behind_router(tmp_path, lambda n: Script([head + body])) as (_, r),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        ):
+            rep = await post(session, r.url, chat_body("odd", stream=True))
+            assert rep.status == 200
+            assert rep.body == b"".join(events)
+            await settled(session, r.url)
+            no_traceback(r.log_text())
