@@ -69,9 +69,10 @@ def stream_answer(usage: str) -> bytes:
 
 @contextlib.asynccontextmanager
 async def limited_router(
-    tmp_path: Path, answers: list[bytes]
+    tmp_path: Path, answers: list[bytes], *, tpm: int = TPM
 ) -> AsyncIterator[tuple[RawEngine, Program]]:
-    """A router with one limited key, whose one endpoint answers `answers` in turn."""
+    """A router with a key limited to `tpm` and a free one, whose one endpoint answers
+    `answers` in turn."""
     engine = RawEngine(lambda n: Script([answers[n]]))
     await engine.start()
     keys = [
@@ -80,7 +81,7 @@ async def limited_router(
             "team": "t",
             "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
             "rpm": 1000,
-            "tpm": TPM,
+            "tpm": tpm,
         },
         {"name": "free", "team": "t", "sha256": hashlib.sha256(b"sk-free").hexdigest()},
     ]
@@ -119,3 +120,30 @@ class TestAbsurdUsage:
             assert stream.events()[-1] == "[DONE]"
             assert await metric(session, r.url, "llmgw_router_requests_total") == 2.0
             no_traceback(r.log_text())
+
+
+class TestUsageWithoutCounts:
+    """A usage object that counts nothing is no usage: the estimate stands."""
+
+    async def test_a_usage_without_counts_costs_the_estimate(self, tmp_path: Path) -> None:
+        """Answers whose usage is `{}` or only `total_tokens` cost the key the request's
+        estimate, as one without usage does, not nothing: each next request's headers show
+        every earlier one charged."""
+        answers = [chat_answer("{}"), chat_answer('{"total_tokens": 9}'), chat_answer("null")]
+        # About 1,000 tokens estimated (4,000 bytes / 4) against 5,000 a minute: a request
+        # refunded would leave the next one's remaining 1,000 higher, far more than the
+        # bucket refills meanwhile (83 a second).
+        text = "x" * 4000
+        async with (
+            limited_router(tmp_path, answers, tpm=5000) as (_, r),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        ):
+            left = []
+            for _ in answers:
+                rep = await post(session, r.url, chat_body(text), headers=AUTH)
+                assert rep.status == 200, rep.body
+                left.append(int(rep.headers["x-ratelimit-remaining-tokens"]))
+            estimate = 5000 - left[0]
+            assert 900 < estimate < 1200, estimate
+            assert left[1] < 5000 - 2 * estimate + 300, (left, estimate)
+            assert left[2] < 5000 - 3 * estimate + 300, (left, estimate)

@@ -65,7 +65,10 @@ _responses = msgspec.json.Decoder(_ResponsesDoc).decode
 _anthropic = msgspec.json.Decoder(_AnthropicDoc).decode
 
 
-def _from_responses(u: _ResponsesUsage) -> Usage:
+def _from_responses(u: _ResponsesUsage) -> Usage | None:
+    """None without an input or an output count: no usage (tokens.counted says why)."""
+    if u.input_tokens is None and u.output_tokens is None:
+        return None
     cached = None if u.input_tokens_details is None else u.input_tokens_details.cached_tokens
     return Usage(
         prompt=count_of(u.input_tokens),
@@ -97,8 +100,12 @@ def _anthropic_doc(body: bytes) -> _AnthropicUsage | None:
     return None if doc.message is None else doc.message.usage
 
 
-def _from_anthropic(u: _AnthropicUsage) -> Usage:
+def _from_anthropic(u: _AnthropicUsage) -> Usage | None:
+    """None without any count: no usage (tokens.counted says why)."""
     read = u.cache_read_input_tokens
+    counts = (u.input_tokens, u.output_tokens, read, u.cache_creation_input_tokens)
+    if all(n is None for n in counts):
+        return None
     prompt = count_of(u.input_tokens) + count_of(read) + count_of(u.cache_creation_input_tokens)
     return Usage(
         prompt=count_of(prompt),

@@ -59,9 +59,13 @@ def count_of(n: int | None) -> int:
     return n if n < MAX_COUNT else MAX_COUNT
 
 
-def counted(u: UsageDoc) -> Usage:
+def counted(u: UsageDoc) -> Usage | None:
     """An engine's usage object as the router counts it (each count by `count_of`),
-    `cached_reported` None when the engine sent no cached count."""
+    `cached_reported` None when the engine sent no cached count; None when it has neither
+    a prompt nor a completion count (`{}`, or `total_tokens` alone): read as zeros, such
+    an answer cost its key nothing, where one without usage costs the estimate."""
+    if u.prompt_tokens is None and u.completion_tokens is None:
+        return None
     details = u.prompt_tokens_details
     cached = details.cached_tokens if details is not None else None
     return Usage(
