@@ -116,8 +116,11 @@ class Fleet:
         self._stored_heartbeat = {n.name: n.last_heartbeat_at for n in state.nodes.values()}
         self._unflushed.clear()
         self._dirty = None
-        after = endpoint_list(state, self.index, version=self.sink.version)
-        if after.endpoints != before.endpoints or after.models != before.models:
+        # The whole list, keys included: a standby reloads to serve routers that
+        # follow it, and comparing only endpoints and models kept a key revoked on
+        # the leader in the standby's cached list until some replica changed.
+        after = endpoint_list(state, self.index, version=self.sink.version, looks=self._outlook)
+        if after != before:
             self.sink.bump()
 
     def begin_term(self) -> None:
