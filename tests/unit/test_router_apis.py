@@ -325,6 +325,28 @@ class TestResponsesErrorFrame:
         for i in range(len(stream) + 1):
             assert responses_watch(stream[:i], stream[i:]).endpoint_failure, i
 
+    def test_error_event_with_its_type_last(self) -> None:
+        """The event in the openai package's field order (code first, type last), as an
+        engine that serializes that type writes it, is the failure too, at any split."""
+        frame = (
+            b'event: error\ndata: {"code":"server_error","message":"boom","param":null,'
+            b'"sequence_number":6,"type":"error"}\n\n'
+        )
+        assert responses_watch(RESPONSES_TEXT, frame).code == 500
+        stream = RESPONSES_TEXT + frame
+        for i in range(len(stream) + 1):
+            assert responses_watch(stream[:i], stream[i:]).endpoint_failure, i
+
+    def test_chat_streams_are_not_watched_for_the_code_mark(self) -> None:
+        """A chat stream's watch keeps its one mark: an event opening with `code` there
+        is no error frame."""
+        watch = inband.ErrorFrameWatch(catalog.MESSAGES.error_mark)
+        watch.feed(b'data: {"code":"server_error","type":"error"}\n\n')
+        assert not watch.seen
+        chat = inband.ErrorFrameWatch()
+        chat.feed(b'data: {"code":"server_error","type":"error"}\n\n')
+        assert not chat.seen
+
 
 class TestFormStream:
     """An upload's `stream` counted as vLLM reads it (wire/formbool.py, tested there)."""

@@ -357,6 +357,49 @@ class TestHoldRules:
         assert len(w.fake.tried()) == 3
 
 
+class TestTakenProbe:
+    """A request whose only replica's half-open probe is out waits for the probe's verdict."""
+
+    def _world(self, probe_s: float) -> World:
+        w = world(1, "breaker: {failure_threshold: 1, cooldown_s: 2}\nhold_timeout_s: 1\n")
+        w.fake.script("a", reply(500), reply(200, b'{"id":"probe"}', delay_s=probe_s), reply(200))
+        return w
+
+    def _behind_the_probe(self, w: World) -> tuple[Any, Any, float]:
+        async def main() -> tuple[Any, Any, float]:
+            await w.send()  # opens the breaker
+            await asyncio.sleep(2.5)  # the cooldown passed: the next request is the probe
+            probe = asyncio.create_task(w.send())
+            await asyncio.sleep(0.25)
+            start = w.clock.monotonic()
+            behind = await w.send()
+            waited = w.clock.monotonic() - start
+            return behind, await probe, waited
+
+        result: tuple[Any, Any, float] = w.run(main)
+        return result
+
+    @pytest.mark.timeout(10)
+    def test_held_to_its_deadline_while_the_probe_is_out(self) -> None:
+        """A probe slower than the hold: the request behind it is answered 503 at its hold
+        deadline, not spun on the busy replica forever."""
+        w = self._world(probe_s=5.0)
+        behind, probe, waited = self._behind_the_probe(w)
+        assert (behind.status, probe.status) == (503, 200)
+        assert waited == pytest.approx(1.0, abs=0.1)
+        assert w.fake.tried() == ["a", "a"]
+
+    @pytest.mark.timeout(10)
+    def test_served_once_the_probe_succeeds(self) -> None:
+        """A probe faster than the hold: its success closes the breaker and the request
+        behind it is served there."""
+        w = self._world(probe_s=0.5)
+        behind, probe, waited = self._behind_the_probe(w)
+        assert (behind.status, probe.status) == (200, 200)
+        assert waited < 1.0
+        assert w.fake.tried() == ["a", "a", "a"]
+
+
 class TestVirtualTime:
     """Virtual time reports a wait that nothing can end."""
 

@@ -163,6 +163,30 @@ class TestBreaker:
                 )
                 probes_out = 0
 
+    def test_admits_reads_no_while_the_probe_is_out(self) -> None:
+        """Half-open with its probe taken, it reads half-open but admits no one."""
+        clock = ManualClock()
+        b = opened(clock)
+        clock.advance(10)
+        assert (b.admits(), b.allow()) == (True, True)
+        assert (b.state(), b.admits(), b.allow()) == (BreakerState.HALF_OPEN, False, False)
+
+    @given(st.lists(st.sampled_from(["allow", "ok", "fail", "abandon", "tick"]), max_size=60))
+    def test_admits_foretells_allow(self, ops: list[str]) -> None:
+        """Whatever happened before, `admits()` says what the next `allow()` answers."""
+        clock = ManualClock()
+        b = Breaker(
+            BreakerConfig(failure_threshold=2, cooldown_s=1.0, max_cooldown_s=4.0), clock=clock
+        )
+        for op in ops:
+            if op == "tick":
+                clock.advance(1.5)
+            elif op == "allow":
+                assert b.admits() == b.allow()
+            else:
+                outcome = {"ok": Outcome.OK, "fail": Outcome.ENDPOINT_FAILURE}.get(op)
+                b.record(outcome or Outcome.ABANDONED, probe=True)
+
 
 class TestClassifyStatus:
     """Which answer statuses count as the endpoint's failure."""

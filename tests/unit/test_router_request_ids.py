@@ -1,12 +1,16 @@
 """The ids the router gives requests that bring none: 24 hex digits, unique, and a
-forked worker does not repeat its parent's."""
+forked worker does not repeat its parent's; and how it reads a client's own."""
 
 from __future__ import annotations
 
 import os
 import re
 
-from llmgw.router.request.call import new_request_id
+import pytest
+
+from llmgw.router.request.call import new_request_id, request_id
+from llmgw.testing.forwarder import reply
+from tests.unit.router_world import World
 
 
 class TestRequestIds:
@@ -34,3 +38,32 @@ class TestRequestIds:
         parent = [new_request_id() for _ in range(5)]
         assert len(child) == 5
         assert not set(child) & set(parent)
+
+
+class TestClientRequestIds:
+    """A client's x-request-id is taken as one line, without the blanks around it."""
+
+    @pytest.mark.parametrize(
+        ("given", "taken"),
+        [("rq-1", "rq-1"), ("rq-1  ", "rq-1"), ("\trq 1\t ", "rq 1"), ("a\tb", "a\tb")],
+    )
+    def test_blanks_around_it_are_trimmed(self, given: str, taken: str) -> None:
+        """Spaces and tabs at its ends are not the id's (HTTP's optional whitespace)."""
+        assert taken == request_id(given)
+
+    @pytest.mark.parametrize("given", [None, "", "   ", "\t", "a\nb", "a\r"])
+    def test_blank_or_several_lines_get_a_new_one(self, given: str | None) -> None:
+        """None, a blank one, or one of several lines: an id of the router's own."""
+        assert re.fullmatch(r"[0-9a-f]{24}", request_id(given))
+
+    def test_the_engine_and_the_answer_get_it_trimmed(self) -> None:
+        """Sent with trailing blanks, the id reaches the engine and comes back without them."""
+        w = World('endpoints: [{id: a, url: "http://10.0.0.1:8000", models: [m]}]\n')
+        w.fake.script("a", reply(200))
+
+        async def main() -> object:
+            return await w.send(headers={"x-request-id": "rq-1 \t "})
+
+        got = w.run(main)
+        assert (got.status, got.headers["x-request-id"]) == (200, "rq-1")
+        assert w.fake.calls[0].headers["x-request-id"] == "rq-1"

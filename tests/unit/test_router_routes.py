@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from llmgw.router.apis import catalog
 from llmgw.router.apis.passthrough import PassThrough
 from llmgw.router.http.routes import FastRoutes
 from llmgw.router.http.server import FastServer
+from llmgw.router.request.auth import hash_key
 from llmgw.runtime.httpserver import Edge, ServerLimits, openai_error
 from tests.unit.router_world import Answered, Pipe, World
 
 
-def ask(method: str, path: str) -> Answered:
+def ask(
+    method: str, path: str, headers: dict[str, str] | None = None, config: str = "models: [m]\n"
+) -> Answered:
     """One bodiless request through the router's server and its whole route table."""
-    w = World("models: [m]\n")
+    w = World(config)
+    lines = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     routes = FastRoutes(w.proxy, PassThrough(w.proxy))
     edge = Edge(ServerLimits(decompress=False), openai_error, name="router")
     server = FastServer(edge, routes, max_body_bytes=w.router.cfg.max_body_bytes)
@@ -23,13 +29,50 @@ def ask(method: str, path: str) -> Answered:
         conn = server.protocol()
         pipe = Pipe(conn)
         conn.connection_made(pipe)
-        head = f"{method} {path} HTTP/1.1\r\nHost: router\r\nConnection: close\r\n\r\n"
+        head = f"{method} {path} HTTP/1.1\r\nHost: router\r\nConnection: close\r\n{lines}\r\n"
         conn.data_received(head.encode())
         await pipe.closed
         return Answered(bytes(pipe.out))
 
     answered: Answered = w.run(main)
     return answered
+
+
+# Each answer the router makes itself under /v1, without an engine: (method, path, status).
+OWN_V1_ANSWERS = [
+    ("GET", "/v1/models", 200),
+    ("GET", "/v1/models/m", 200),
+    ("GET", "/v1/models/nope", 404),
+    ("POST", "/v1/models", 405),
+    ("GET", "/v1/chat/completions", 405),
+    ("GET", "/v1/nothing", 404),
+]
+
+
+class TestRequestIdsOnOwnAnswers:
+    """The router's own /v1 answers carry the request's id, as its proxied ones do."""
+
+    @pytest.mark.parametrize(("method", "path", "status"), OWN_V1_ANSWERS)
+    def test_the_clients_id_is_echoed(self, method: str, path: str, status: int) -> None:
+        """A client's x-request-id comes back on each of them."""
+        got = ask(method, path, {"x-request-id": "rq-7"})
+        assert (got.status, got.headers.get("x-request-id")) == (status, "rq-7")
+
+    @pytest.mark.parametrize(("method", "path", "status"), OWN_V1_ANSWERS)
+    def test_an_id_is_made_when_none_came(self, method: str, path: str, status: int) -> None:
+        """Without one, each carries an id of the router's own, never an empty one."""
+        got = ask(method, path)
+        assert got.status == status
+        assert re.fullmatch(r"[0-9a-f]{24}", got.headers.get("x-request-id", ""))
+
+    def test_a_keys_refusal_carries_it(self) -> None:
+        """A model refused to a key that may not use it, 404, in either API's shape."""
+        key = f"{{name: k, sha256: {hash_key('sk-k')}, models: [other]}}"
+        config = f"models: [m, other]\napi_keys: [{key}]\n"
+        for extra in ({}, {"anthropic-version": "2023-06-01"}):
+            hdrs = {"x-api-key": "sk-k", "x-request-id": "rq-8", **extra}
+            got = ask("GET", "/v1/models/m", hdrs, config)
+            assert (got.status, got.headers.get("x-request-id")) == (404, "rq-8")
 
 
 class TestModelPaths:
@@ -61,6 +104,37 @@ class TestModelPaths:
             )
         if status == 404 and path != "/v1/models/nope":
             assert got.json()["error"]["code"] == "unknown_url"
+
+
+class TestNearMissMessagesPaths:
+    """A path under /v1/messages the router does not serve is refused in Anthropic's shape."""
+
+    @pytest.mark.parametrize(
+        ("method", "path"),
+        [
+            ("POST", "/v1/messages/"),
+            ("POST", "/v1/messages/batches"),
+            ("GET", "/v1/messages/msg_1"),
+            ("POST", "/v1/messages/count_tokens/"),
+            ("DELETE", "/v1/messages/batches/b1"),
+        ],
+    )
+    def test_anthropic_404(self, method: str, path: str) -> None:
+        """404 `not_found_error` in `{"type": "error", "error": {...}}`, the client's id on it."""
+        got = ask(method, path, {"x-request-id": "rq-9"})
+        assert (got.status, got.headers["x-request-id"]) == (404, "rq-9")
+        doc = got.json()
+        assert doc["type"] == "error", doc
+        assert doc["error"] == {
+            "type": "not_found_error",
+            "message": f"Invalid URL ({method} {path}).",
+        }
+
+    @pytest.mark.parametrize("path", ["/v1/messagesx", "/v1/message", "/v1/chat/completions/"])
+    def test_other_paths_keep_openais_404(self, path: str) -> None:
+        """A path merely starting with the same letters is OpenAI's `unknown_url`."""
+        got = ask("POST", path)
+        assert (got.status, got.json()["error"]["code"]) == (404, "unknown_url")
 
 
 def ask_raw(data: bytes) -> Answered:

@@ -80,3 +80,30 @@ class TestRevokedWhileWaiting:
         assert (r.status, r.json()["error"]["code"]) == (401, "invalid_api_key")
         assert "revoked" in r.json()["error"]["message"]
         assert w.fake.tried() == []
+
+
+class TestSkippedProbeCostsNothing:
+    """A request whose only replica's half-open probe was taken, held to its end, is free."""
+
+    def test_a_request_held_after_a_taken_probe_gives_its_request_back(self) -> None:
+        """With 3 rpm: a failure, a slow probe, then a request that finds the probe taken
+        and is held to its 503 leaves one request of the minute: no engine saw it."""
+        w = World(
+            'endpoints: [{id: a, url: "http://10.0.0.1:8000", models: [m]}]\n'
+            "breaker: {failure_threshold: 1, cooldown_s: 2}\n"
+            f"hold_timeout_s: 1\napi_keys: [{{name: alice, sha256: {DIGEST}, rpm: 3}}]\n"
+        )
+        w.fake.script("a", reply(500), reply(200, b'{"id":"probe"}', delay_s=5))
+
+        async def main() -> tuple[Any, Any]:
+            await w.send(headers=AUTH)  # opens the breaker
+            await asyncio.sleep(2.5)  # the cooldown passed: the next request is the probe
+            probe = asyncio.create_task(w.send(headers=AUTH))
+            await asyncio.sleep(0.5)
+            skipped = await w.send(headers=AUTH)
+            return skipped, await probe
+
+        skipped, probe = w.run(main)
+        assert (skipped.status, probe.status) == (503, 200)
+        assert w.fake.tried() == ["a", "a"]
+        assert skipped.headers["x-ratelimit-remaining-requests"] == "1"

@@ -78,7 +78,7 @@ class Api:
         form: bool = False,
         is_anthropic: bool = False,
         priority: bool = False,
-        error_also: bytes | None = None,
+        error_also: tuple[bytes, ...] = (),
         openers: tuple[bytes, ...] = (),
     ) -> None:
         self.name = name
@@ -95,8 +95,8 @@ class Api:
         # scheduling gets the key's band there (router/request/enginepriority.py).
         self.priority = priority
         self.pass_headers: tuple[str, ...] = anthropic.PASSED_ON if is_anthropic else ()
-        # What opens an engine's error frame in its streams (inband.py), and a second
-        # opening looked for too (the Responses API's own error event); None: none.
+        # What opens an engine's error frame in its streams (inband.py), and other
+        # openings looked for too (the Responses API's own error event, either order).
         self.error_mark = inband.ANTHROPIC_MARK if is_anthropic else inband.MARK
         self.error_also = error_also
         # The event types its streams open with that carry no output (inband.py;
@@ -113,7 +113,7 @@ RESPONSES: Final = Api(
     usage_of=apiusage.responses_usage,
     stream_usage=apiusage.ResponsesStreamUsage,
     priority=True,
-    error_also=inband.RESPONSES_MARK,
+    error_also=(inband.RESPONSES_MARK, inband.RESPONSES_CODE_MARK),
     openers=inband.RESPONSES_OPENERS,
 )
 MESSAGES: Final = Api(
@@ -147,6 +147,18 @@ ROUTES: Final[dict[str, Api]] = {
     "/v1/audio/translations": TRANSCRIBE,
     "/v1/audio/speech": SPEECH,
 }
+
+# Anthropic's clients call every path under this one (Messages, token counting,
+# batches ...): the router answers any of them it does not serve in Anthropic's error
+# shape (`anthropic_path`), as the ones it serves.
+MESSAGES_PATH: Final = "/v1/messages"
+
+
+def anthropic_path(path: str) -> bool:
+    """Whether `path` is /v1/messages or under it: Anthropic's errors there, even a
+    404 for a path the router does not serve (a trailing slash, batches)."""
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+
 
 # Path → the error body of what the router's server answers there before any handler
 # (a head it cannot take, 400; a late head, 408): Anthropic's on the Messages paths,

@@ -129,6 +129,15 @@ class Breaker:
             return BreakerState.HALF_OPEN
         return self._state
 
+    def admits(self) -> bool:
+        """Whether `allow()` would say yes now, read without taking the probe: no while
+        half-open with its probe out, though `state()` reads half-open then too."""
+        if self._state is BreakerState.CLOSED:
+            return True
+        if self._state is BreakerState.OPEN:
+            return self._cooled_down()
+        return not self._probe_out
+
     def allow(self) -> bool:
         """Whether a request may go to this endpoint now; consumes the half-open probe."""
         if self._state is BreakerState.CLOSED:

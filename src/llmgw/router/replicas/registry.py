@@ -369,6 +369,12 @@ class Registry:
         now = self._clock.monotonic()
         return [self._snap(live, now) for live in lives]
 
+    def admits(self, id: str) -> bool:
+        """Whether `acquire(id)` would take a request now (its breaker's `admits`); False
+        for an unknown endpoint. Reads only: the half-open probe stays untaken."""
+        live = self._live.get(id)
+        return live is not None and live.breaker.admits()
+
     def snapshot(self, id: str) -> Snapshot | None:
         live = self._live.get(id)
         return None if live is None else self._snap(live, self._clock.monotonic())

@@ -87,7 +87,7 @@ class Attempts:
     )
 
     def __init__(
-        self, deadline: float, retries: int, mark: bytes = MARK, also: bytes | None = None
+        self, deadline: float, retries: int, mark: bytes = MARK, also: tuple[bytes, ...] = ()
     ) -> None:
         self.deadline = deadline
         # What opens an engine's error frame in this API's streams, and a second opening
@@ -212,7 +212,7 @@ async def attempt(
             openers = () if call.api is None else call.api.openers
             first = await _head(up, watch, openers)
             att.first = first if att.rename is None else att.rename.feed(first)
-            marks = (att.mark,) if att.also is None else (att.mark, att.also)
+            marks = (att.mark, *att.also)
             if not (watch.endpoint_failure and nothing_before_error(first, marks, openers)):
                 return Step.STREAM
             # The engine's 5xx error event before any output, and the head not

@@ -45,7 +45,12 @@ def new_request_id() -> str:
 
 def request_id(given: str | None) -> str:
     """The client's x-request-id when it is one line, else a new id: it is echoed in
-    header lines (ours, the engine's), so one line or none of it."""
+    header lines (ours, the engine's), so one line or none of it. Spaces and tabs at
+    its ends are HTTP's optional whitespace, not the id's (the parser drops only the
+    leading ones): kept, they went into the engine's request, the answer, the access
+    log and the trace, where a search for the id the client logged misses it."""
+    if given is not None:
+        given = given.strip(" \t")
     if not given or "\n" in given or "\r" in given:
         return new_request_id()
     return given

@@ -32,8 +32,11 @@ queues, where they would all wait alike (docs/tenants.md#flow-control). One
   are as before, and the prefix cache is hit instead of missed. A request is passed
   over at most `MAX_PASSED` times.
 
-Tickets are removed lazily (`remove` marks, `pop` skips), so a client that goes
-away costs O(1) however deep the queue.
+Tickets are removed lazily (`remove` marks; a queue drops the tickets at its front
+that no longer wait), so a client that goes away costs no walk of its tenant's queue.
+What a grant or an arrival asks of all the band's tenants at once (the first in the
+fair order, the one with most queued, the turns ahead) is kept indexed
+(flowtenants.py), so neither walks every tenant.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
+
+from llmgw.router.request.flowtenants import TenantIndex
 
 # Strict priority, first served first: the keys' `priority` (wire/keys.py).
 BANDS: Final = ("critical", "standard", "batch")
@@ -135,47 +140,49 @@ class Refusal:
 
 
 class _Band:
-    """One band's queues per tenant and its virtual time."""
+    """One band's queues per tenant, their index and its virtual time.
 
-    __slots__ = ("count", "counts", "last_finish", "limits", "queues", "vtime")
+    Each tenant's queue starts with a waiting ticket (those before it that no longer
+    wait are dropped as they come to the front), and a tenant with none waiting has no
+    queue; `index` knows each tenant's count and first finish tag (`settle`)."""
+
+    __slots__ = ("counts", "forget_above", "index", "last_finish", "limits", "queues", "vtime")
 
     def __init__(self, limits: BandLimits) -> None:
         self.limits = limits
         self.queues: dict[str, deque[Ticket]] = {}
-        # Tickets waiting (not removed), in all and per tenant.
-        self.count = 0
-        self.counts: dict[str, int] = {}
+        # Tickets waiting (not removed), in all and per tenant; who goes first.
+        self.index = TenantIndex()
+        # The index's counts per tenant (the same dict, read here often).
+        self.counts = self.index.counts
         # Each tenant's last finish tag; a tenant missing is at the band's virtual time.
         self.last_finish: dict[str, float] = {}
+        # last_finish is swept of tenants behind the virtual time only past this size
+        # (twice what the last sweep kept): tenants with nothing queued whose tags are
+        # still ahead of it (one request each, the virtual time standing still) would
+        # otherwise be walked at every grant and none forgotten.
+        self.forget_above = 0
         self.vtime = 0.0
 
     def head(self) -> Ticket | None:
         """The waiting ticket with the smallest finish tag (ties: the tenant with fewer
         queued, whose request a backlog must not delay, then the lower name)."""
-        best: Ticket | None = None
-        for tenant in list(self.queues):
-            q = self.queues[tenant]
+        tenant = self.index.first()
+        return None if tenant is None else self.queues[tenant][0]
+
+    def settle(self, tenant: str, delta: int) -> None:
+        """`tenant`'s waiting tickets changed by `delta`: its queue's front cleared of
+        tickets no longer waiting, and the index told its count and first tag."""
+        q = self.queues.get(tenant)
+        head: float | None = None
+        if q is not None:
             while q and q[0].state != WAITING:
                 q.popleft()
-            if not q:
+            if q:
+                head = q[0].finish
+            else:
                 del self.queues[tenant]
-                continue
-            t = q[0]
-            if best is None or (t.finish, self.counts[t.tenant], t.tenant) < (
-                best.finish,
-                self.counts[best.tenant],
-                best.tenant,
-            ):
-                best = t
-        return best
-
-    def forget(self, t: Ticket) -> None:
-        self.count -= 1
-        left = self.counts[t.tenant] - 1
-        if left:
-            self.counts[t.tenant] = left
-        else:
-            del self.counts[t.tenant]
+        self.index.changed(tenant, delta, head)
 
 
 class FlowQueue:
@@ -211,7 +218,7 @@ class FlowQueue:
         if wait_s is not None and wait_s > self.wait_bound_s(band, running, tenant):
             return Refusal(band=band, retry_after_s=self.retry_after_s(band), wait_s=wait_s)
         pushed: Ticket | None = None
-        if b.count >= b.limits.max_queued:
+        if b.index.count >= b.limits.max_queued:
             pushed = self._push_out(b, tenant)
             if pushed is None:
                 return Refusal(band=band, retry_after_s=self.retry_after_s(band))
@@ -223,18 +230,15 @@ class FlowQueue:
         if q is None:
             q = b.queues[tenant] = deque()
         q.append(t)
-        b.count += 1
-        b.counts[tenant] = b.counts.get(tenant, 0) + 1
+        b.index.changed(tenant, 1, q[0].finish)  # its front waits (_Band)
         self._count += 1
         return t, pushed
 
     def _push_out(self, b: _Band, tenant: str) -> Ticket | None:
         """The newest ticket of the tenant with the most queued, taken out, when that
         tenant has more queued than `tenant` would after its arrival; else None."""
-        if not b.counts:
-            return None
-        most = max(b.counts.items(), key=lambda kv: (kv[1], kv[0]))
-        if most[1] <= b.counts.get(tenant, 0) + 1:
+        most = b.index.most()
+        if most is None or most[1] <= b.counts.get(tenant, 0) + 1:
             return None
         q = b.queues[most[0]]
         for i in range(len(q) - 1, -1, -1):
@@ -242,7 +246,7 @@ class FlowQueue:
             if t.state == WAITING:
                 del q[i]
                 t.state = PUSHED_OUT
-                b.forget(t)
+                b.settle(t.tenant, -1)
                 self._count -= 1
                 # Its finish tag is given back: the tenant's next request takes its place.
                 b.last_finish[t.tenant] = t.start
@@ -255,19 +259,21 @@ class FlowQueue:
         with room now; module docstring). None when nothing waits."""
         for band in BANDS:
             b = self._bands[band]
-            if not b.count:
+            if not b.index.count:
                 continue
             t = b.head()
             assert t is not None  # count > 0: a waiting ticket is queued
             t = _take(b.queues[t.tenant], room)
             t.state = GRANTED
             b.vtime = max(b.vtime, t.start)
-            b.forget(t)
+            b.settle(t.tenant, -1)
             self._count -= 1
             self._granted(now)
-            if len(b.last_finish) > 2 * len(b.counts) + 64:
+            n = len(b.last_finish)
+            if n > 2 * len(b.counts) + 64 and n > b.forget_above:
                 # Tenants at or behind the virtual time lose nothing by being forgotten.
                 b.last_finish = {k: v for k, v in b.last_finish.items() if v > b.vtime}
+                b.forget_above = 2 * len(b.last_finish)
             return t
         return None
 
@@ -275,7 +281,7 @@ class FlowQueue:
         """The ticket `pop` would grant without a `room`, left queued."""
         for band in BANDS:
             b = self._bands[band]
-            if b.count:
+            if b.index.count:
                 return b.head()
         return None
 
@@ -289,7 +295,7 @@ class FlowQueue:
         whichever worker holds them); 0 when nothing waits."""
         for i, band in enumerate(BANDS):
             b = self._bands[band]
-            if b.count:
+            if b.index.count:
                 t = b.head()
                 assert t is not None  # count > 0: a waiting ticket is queued
                 n = b.counts.get(t.tenant, 1) if queued is None else queued(band, t.tenant)
@@ -303,7 +309,7 @@ class FlowQueue:
         if t.state != WAITING:
             return
         t.state = GONE
-        self._bands[t.band].forget(t)
+        self._bands[t.band].settle(t.tenant, -1)
         self._count -= 1
 
     def _granted(self, now: float) -> None:
@@ -328,13 +334,12 @@ class FlowQueue:
         for name in BANDS:
             if name == band:
                 break
-            ahead += self._bands[name].count
+            ahead += self._bands[name].index.count
         b = self._bands[band]
-        turns = b.counts.get(tenant, 0) + 1  # its own ahead of it, and itself
-        ahead += turns
-        for other, n in b.counts.items():
-            if other != tenant:
-                ahead += min(n, turns)
+        own = b.counts.get(tenant, 0)
+        # Itself, and min(queued, own + 1) of every tenant's: its own `own` ahead of it
+        # and one turn of each other tenant for each of those and for itself.
+        ahead += 1 + b.index.turns(own + 1)
         return ahead * interval
 
     def turnover_s(self, running: int) -> float | None:
@@ -372,7 +377,7 @@ class FlowQueue:
         granted, at the rate grants were made; RETRY_MIN_S..RETRY_MAX_S."""
         ahead = 0
         for b in BANDS:
-            ahead += self._bands[b].count
+            ahead += self._bands[b].index.count
             if b == band:
                 break
         interval = self._interval_s
@@ -389,7 +394,7 @@ class FlowQueue:
         return self._bands[band].counts.get(tenant, 0)
 
     def waiting_in(self, band: str) -> int:
-        return self._bands[band].count
+        return self._bands[band].index.count
 
 
 def _take(q: deque[Ticket], room: Collection[str]) -> Ticket:

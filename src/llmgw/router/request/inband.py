@@ -27,9 +27,12 @@ MARK: Final = b'{"error"'
 # looked for instead in a Messages stream (apis.py); the same reasoning holds.
 ANTHROPIC_MARK: Final = b'{"type":"error"'
 # The Responses API's error event (`event: error`, `data: {"type": "error", "code",
-# "message", ...}`) opens as Anthropic's does. Its engine may also write OpenAI's frame
-# (MARK) there, so a Responses stream is watched for both (`also`).
+# "message", ...}`) opens as Anthropic's does, or, written in the field order of the
+# openai package's event type (code, message, param, sequence_number, type), with its
+# code: no other Responses event opens with `code`. Its engine may also write OpenAI's
+# frame (MARK) there, so a Responses stream is watched for all three (`also`).
 RESPONSES_MARK: Final = b'{"type":"error"'
+RESPONSES_CODE_MARK: Final = b'{"code"'
 # Anthropic's error types that say the engine failed, as the status they stand for.
 _FAILURE_TYPES: Final = {"api_error": 500, "internal_error": 500, "overloaded_error": 529}
 # The same for the Responses API's error codes (a string, at the event's top level).
@@ -63,9 +66,9 @@ class ErrorFrameWatch:
 
     __slots__ = ("_also", "_mark", "_pending", "_tail", "code", "message")
 
-    def __init__(self, mark: bytes = MARK, *, also: bytes | None = None) -> None:
+    def __init__(self, mark: bytes = MARK, *, also: tuple[bytes, ...] = ()) -> None:
         # What opens an error frame's JSON: MARK, or ANTHROPIC_MARK in a Messages stream;
-        # `also`, a second opening looked for too (a Responses stream's); None: none.
+        # `also`, other openings looked for too (a Responses stream's).
         self._mark = mark
         self._also = also
         # The stream starts as if after a newline: a first line `data: {"error"` counts.
@@ -95,8 +98,7 @@ class ErrorFrameWatch:
         kept = len(self._tail)
         self._tail = data[-TAIL_BYTES:]
         at = _frame_at(data, self._mark, kept)
-        also = self._also
-        if also is not None:
+        for also in self._also:
             other = _frame_at(data, also, kept)
             if other >= 0 and (at < 0 or other < at):
                 at = other

@@ -1,5 +1,6 @@
 """The router's own answers under /v1 that go to no engine: the model list, one
-model, and OpenAI's 404 or 405 for any other request there.
+model, and OpenAI's 404 or 405 for any other request there (Anthropic's under
+/v1/messages, `catalog.anthropic_path`).
 
 The model routes take the key as /v1/messages does (`anthropic.authorization`:
 `x-api-key`, else `Authorization`), and answer a request naming an
@@ -14,9 +15,11 @@ from urllib.parse import urlsplit
 
 from llmgw.router.apis import anthropic, anthropicmodels
 from llmgw.router.apis.catalog import ROUTES as API_ROUTES
+from llmgw.router.apis.catalog import anthropic_path
 from llmgw.router.http.answers import JSON, Whole, json_whole, whole
 from llmgw.router.http.connection import Request
-from llmgw.router.request.accounting import refused
+from llmgw.router.request.accounting import refused, tag
+from llmgw.router.request.call import request_id
 from llmgw.router.request.proxy import POST_PATHS
 from llmgw.router.request.refusals import (
     bad_request,
@@ -46,61 +49,69 @@ class Listing:
         """GET /v1/models: every known model the key may use, in OpenAI's list shape, or
         one page of them in Anthropic's."""
         st = self.state
+        rid = request_id(request.headers.get("x-request-id"))
         shaped = anthropicmodels.asked(request.headers)
         names = st.known_models
         if st.keys.enabled:
             tenant = st.keys.check(anthropic.authorization(request.headers))
             if tenant is None:
-                return self._refused(request, unauthorized(), shaped=shaped)
+                return self._refused(request, rid, unauthorized(), shaped=shaped)
             if tenant.models is not None:
                 names = names & tenant.models
         if shaped:
             ask = anthropicmodels.read_ask(urlsplit(request.raw_path).query)
             if isinstance(ask, str):
-                return self._refused(request, bad_request(ask), shaped=shaped)
+                return self._refused(request, rid, bad_request(ask), shaped=shaped)
             body = anthropicmodels.encode(anthropicmodels.page(names, ask))
-            return whole(200, body, content_type=JSON)
+            return tag(whole(200, body, content_type=JSON), rid)
         data: list[dict[str, Any]] = [_model_object(m) for m in sorted(names)]
-        return json_whole({"object": "list", "data": data})
+        return tag(json_whole({"object": "list", "data": data}), rid)
 
     async def model(self, request: Request) -> Whole:
         """GET /v1/models/{model}: one known model (the openai and anthropic packages'
         models.retrieve), in the shape the request asks for, as the list."""
         st = self.state
+        rid = request_id(request.headers.get("x-request-id"))
         shaped = anthropicmodels.asked(request.headers)
         allowed: frozenset[str] | None = None
         if st.keys.enabled:
             tenant = st.keys.check(anthropic.authorization(request.headers))
             if tenant is None:
-                return self._refused(request, unauthorized(), shaped=shaped)
+                return self._refused(request, rid, unauthorized(), shaped=shaped)
             allowed = tenant.models
         model = request.match_info["model"]
         if model not in st.known_models or (allowed is not None and model not in allowed):
-            return self._refused(request, model_not_found(model), shaped=shaped)
+            return self._refused(request, rid, model_not_found(model), shaped=shaped)
         if shaped:
             body = anthropicmodels.encode(anthropicmodels.model_info(model))
-            return whole(200, body, content_type=JSON)
-        return json_whole(_model_object(model))
+            return tag(whole(200, body, content_type=JSON), rid)
+        return tag(json_whole(_model_object(model)), rid)
 
-    def _refused(self, request: Request, resp: Whole, *, shaped: bool) -> Whole:
-        """A model route's refusal, counted; in Anthropic's error shape when `shaped`."""
+    def _refused(self, request: Request, rid: str, resp: Whole, *, shaped: bool) -> Whole:
+        """A model route's refusal, counted, with the request's id `rid` on it; in
+        Anthropic's error shape when `shaped`."""
         if shaped:
             resp = resp.with_content_type(anthropic.reshape(resp.status, resp.body), JSON)
         st = self.state
-        return refused(st, resp, "", request.path, st.clock.monotonic())
+        return refused(st, resp, rid, request.path, st.clock.monotonic())
 
     async def no_route(self, request: Request) -> Whole:
-        """Any other /v1 request: OpenAI's 404 (or 405 on a served path; Anthropic's shape on
-        its Messages paths), not aiohttp's text."""
+        """Any other /v1 request: OpenAI's 404 (or 405 on a served path), not plain text;
+        Anthropic's 404 or 405 under /v1/messages, whose clients read only that shape."""
         path, method = request.path, request.method
         t0 = self.state.clock.monotonic()
+        rid = request_id(request.headers.get("x-request-id"))
         post = path in POST_PATHS or path in API_ROUTES
         allowed = "POST" if post else "GET" if serves_get(path) else ""
-        api = API_ROUTES.get(path)
-        if api is not None and api.anthropic:
+        if anthropic_path(path):
             # Anthropic's clients read errors in their API's shape (anthropic.py).
-            msg = f"Method {method} is not allowed on {path}; use POST."
-            resp = whole(405, anthropic.error_body(405, msg), {"Allow": "POST"}, content_type=JSON)
+            if post:
+                msg = f"Method {method} is not allowed on {path}; use POST."
+                body = anthropic.error_body(405, msg)
+                resp = whole(405, body, {"Allow": "POST"}, content_type=JSON)
+            else:
+                body = anthropic.error_body(404, f"Invalid URL ({method} {path}).")
+                resp = whole(404, body, content_type=JSON)
         elif allowed:
             resp = error_response(
                 405,
@@ -117,7 +128,7 @@ class Listing:
                 code="unknown_url",
             )
         # `path` is the caller's: logged, never a label.
-        return refused(self.state, resp, "", path, t0)
+        return refused(self.state, resp, rid, path, t0)
 
 
 def _model_object(model: str) -> dict[str, Any]:

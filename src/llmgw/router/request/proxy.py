@@ -225,15 +225,15 @@ class Proxy:
                     if att.failed is not None:
                         return self._relay_failed(call, att.failed)
                     decision, snaps = await self._hold(call, att)
-                eid = call.eid = decision.endpoint_id or ""
+                eid = decision.endpoint_id or ""
                 self._trace(call, att, decision)
                 release = st.registry.acquire(eid, pending=call.streams, max_tokens=call.max_tokens)
                 if release is None:
                     # Its half-open probe is taken or it just opened: another replica.
                     att.skip(eid)
                     continue
-                # No await between acquire and this try: release runs exactly once.
-                att.begin()
+                call.eid = eid  # only now: `_finish` charges a call with an endpoint
+                att.begin()  # no await from acquire to this try: release runs once
                 try:
                     step = await attempt(st, call, att, eid, snaps)
                     # The first token is in, or the whole answer, or a failure.
@@ -391,7 +391,8 @@ class Proxy:
             tracing_of(st).attempt(call.span, decision, tries, att.last_error)
         if log.isEnabledFor(logging.DEBUG):
             why = decision.header()
-            log.debug(kv("route", rid=call.rid, model=call.model, to=call.eid, why=why))
+            to = decision.endpoint_id
+            log.debug(kv("route", rid=call.rid, model=call.model, to=to, why=why))
 
     def _tally(self, call: Call, att: Attempts, release: Release) -> Tally:
         """The metrics' side of a stream about to be relayed (relay.py)."""

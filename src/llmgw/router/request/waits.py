@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from llmgw.router.errors import HoldQueueFull, KeyRevoked, ModelRemoved, NoReplica
+from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot
 from llmgw.router.request import enginepriority
 from llmgw.router.request.call import Call
@@ -73,7 +74,7 @@ async def wait_for_replica(
                     await st.holding.wait_changed(timeout_s=min(left, HOLD_POLL_S))
                 # Also once the wait is over: its end may be the moment a probe opens.
                 snaps = st.registry.snapshots(model)
-                decision = st.policy.choose(snaps, hashes, ())
+                decision = st.policy.choose(snaps, hashes, _probing(st, snaps))
                 if decision.endpoint_id is not None:
                     return decision, snaps
                 if left <= 0:
@@ -85,6 +86,14 @@ async def wait_for_replica(
             else "too many requests are already waiting"
         )
         raise NoReplica(model, why) from None
+
+
+def _probing(st: Router, snaps: Sequence[Snapshot]) -> tuple[str, ...]:
+    """The half-open replicas whose one probe is out: a choice of one would be refused
+    at `acquire`, and a request handed it back would come straight back to wait,
+    with no await between, for as long as the probe lasts past its hold deadline."""
+    half_open = BreakerState.HALF_OPEN
+    return tuple(s.id for s in snaps if s.breaker is half_open and not st.registry.admits(s.id))
 
 
 def _hopeless(
