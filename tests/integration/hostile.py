@@ -5,10 +5,12 @@ Everything here talks to 127.0.0.1 only, to processes the test started itself.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,3 +128,81 @@ def no_traceback(text: str) -> None:
     at = text.find("Traceback")
     # The lines before the first traceback and the traceback itself, not the log's tail.
     assert at < 0, text[max(0, at - 1500) : at + 4000]
+
+
+# What a `RawEngine` does after writing its answer: keep the connection for the next
+# request, close it, or reset it (RST).
+KEEP, CLOSE, RESET = "keep", "close", "reset"
+
+
+@dataclass
+class Script:
+    """One answer of a `RawEngine`: its bytes, written piece by piece, and what then."""
+
+    pieces: list[bytes]
+    then: str = KEEP
+
+
+class RawEngine:
+    """An engine on 127.0.0.1 that answers each POST with the bytes its script gives,
+    and anything else (the router's scrapes) with 404: raw asyncio, standing in for an
+    outside engine whose wire behaviour a test needs to choose byte by byte.
+
+    `script(n)` gives the answer to the n-th POST (from 0); `posts` counts them and
+    `connections` the connections they came on (the router's scrapes come on others).
+    """
+
+    def __init__(self, script: Callable[[int], Script]) -> None:
+        self.script = script
+        self.posts = 0
+        self.connections = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        server = self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        server = self._server
+        assert server is not None
+        server.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(server.wait_closed(), 2)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        carried = False
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                if not head.startswith(b"POST "):
+                    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
+                answer = self.script(self.posts)
+                self.posts += 1
+                if not carried:
+                    carried = True
+                    self.connections += 1
+                for piece in answer.pieces:
+                    writer.write(piece)
+                    await writer.drain()
+                if answer.then == RESET:
+                    writer.transport.abort()
+                    return
+                if answer.then == CLOSE:
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()

@@ -30,6 +30,8 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
+from llmgw.controller.store.postgres import lock_key
+
 PG_URL = os.environ.get("LLMGW_TEST_PG_URL", "postgresql://root@127.0.0.1:5432/test")
 
 
@@ -45,6 +47,20 @@ class PgSchema:
         """The URL with the schema as libpq's search_path option (for `--database`)."""
         sep = "&" if "?" in self.url else "?"
         return f"{self.url}{sep}options={quote(f'-csearch_path={self.schema}')}"
+
+    def terminate_leader(self) -> int:
+        """End the session holding this schema's leadership lock (a leader losing its
+        database session); the number ended. Only this schema's: the server is shared
+        with other test runs, whose leaders must not lose theirs."""
+        key = lock_key("leader", self.schema) & 0xFFFF_FFFF_FFFF_FFFF
+        with self.connect() as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND granted AND objsubid = 1 AND classid::bigint = %s"
+                " AND objid::bigint = %s AND pid <> pg_backend_pid()",
+                (key >> 32, key & 0xFFFF_FFFF),
+            ).fetchall()
+        return len(rows)
 
     def connect(self) -> psycopg.Connection[tuple[object, ...]]:
         """A plain autocommit connection with the schema on the search path."""

@@ -921,13 +921,7 @@ class TestLeaderDies:
                 assert a.try_acquire()
                 fenced = FencedStore(store, a)
                 fenced.apply(Changes(nodes=[node("n1")]))
-                with pg.connect() as conn:
-                    conn.execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                        " WHERE application_name = 'llmgw-controller leader'"
-                        " AND pid <> pg_backend_pid()"
-                        " AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory')"
-                    )
+                assert pg.terminate_leader() == 1
                 wait_until(b.try_acquire, every_s=0.1, what="the lock passed on")
                 # Straight to the store, as a write that passed FencedStore's check
                 # just before the lock went would.
@@ -948,13 +942,7 @@ class TestLeaderDies:
             try:
                 assert a.try_acquire()
                 assert not b.try_acquire()
-                with pg.connect() as conn:
-                    conn.execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                        " WHERE application_name = 'llmgw-controller leader'"
-                        " AND pid <> pg_backend_pid()"
-                        " AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory')"
-                    )
+                assert pg.terminate_leader() == 1
                 wait_until(lambda: not a.still_leader(), every_s=0.1, what="a losing leadership")
                 assert b.try_acquire()
             finally:

@@ -90,10 +90,15 @@ class TestDatabaseGoesBad:
                 err = c.error("POST", "/admin/models", spec(f"after-{i}"))
                 assert err.status == 503
                 assert err.body["error"]["type"] == "server_error"
-                assert "the store refused the change" in err.body["error"]["message"]
+                # The first failed write (a tick's, or this one) makes the next ones read
+                # the store again first, which fails as well.
+                message = err.body["error"]["message"]
+                assert "the store refused the change" in message or (
+                    "the store must be read again first" in message
+                )
             assert c.get("/healthz")["status"] == "ok"
             assert [m["name"] for m in c.get("/admin/models")] == ["before"]
             assert c.program.alive()
             log = c.program.log_text()
-        assert log.count("store write failed") >= 3
+        assert log.count("store write failed") + log.count("store reload failed") >= 3
         no_traceback(log)

@@ -238,6 +238,24 @@ class TestApiUsage:
         got = s.read(b'{"type":"message_delta","usage":{"output_tokens":9}}')
         assert got == Usage(prompt=7, completion=9, cached=2, cached_reported=2)
 
+    def test_a_usage_without_counts_is_none(self) -> None:
+        """A Responses or Messages usage that counts nothing is no usage, not zeros."""
+        assert apiusage.responses_usage(b'{"usage":{"total_tokens":9}}') is None
+        assert apiusage.responses_usage(b'{"response":{"usage":{}}}') is None
+        assert apiusage.anthropic_usage(b'{"usage":{}}') is None
+        assert apiusage.AnthropicStreamUsage().read(b'{"message":{"usage":{}}}') is None
+
+    def test_counts_stop_at_the_reports_bound(self) -> None:
+        """Counts past 2**53, alone or summed into a Messages prompt, are read as 2**53."""
+        huge = b"1" + b"0" * 400
+        top = Usage(prompt=2**53, completion=2**53, cached=0)
+        doc = b'{"usage":{"input_tokens":' + huge + b',"output_tokens":' + huge + b"}}"
+        assert apiusage.responses_usage(doc) == top
+        three = b'{"usage":{"input_tokens":%d,"cache_read_input_tokens":%d,' % (2**53, 2**53)
+        three += b'"cache_creation_input_tokens":%d,"output_tokens":1}}' % 2**53
+        got = apiusage.anthropic_usage(three)
+        assert got == Usage(prompt=2**53, completion=1, cached=2**53, cached_reported=2**53)
+
 
 class TestAnthropicErrorFrame:
     """Engine failures seen in an Anthropic messages stream."""

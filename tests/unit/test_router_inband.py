@@ -68,6 +68,14 @@ class TestErrorFrameWatch:
         """A code written as a numeric string is read as that number."""
         assert watch(b'data: {"error":{"message":"m","code":"502"}}\n\n').code == 502
 
+    def test_a_code_no_int_can_be_made_of_is_no_code(self) -> None:
+        """A code of digits `int()` refuses (a superscript two, 5,000 nines) is no code,
+        and the frame is still seen."""
+        for code in ("\u00b2", "9" * 5000):
+            frame = '{"error":{"message":"m","code":"' + code + '"}}'
+            w = watch(b"data: " + frame.encode() + b"\n\n")
+            assert (w.seen, w.code) == (True, None)
+
     def test_tgi_string_error_has_no_code(self) -> None:
         """TGI's `{"error": "...", "error_type": ...}` is seen, with no code, so not counted."""
         w = watch(b'data:{"error":"Request failed during generation","error_type":"generation"}\n')

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from llmgw.router.request.tokens import StreamUsage, Usage, counted, usage_of
 from llmgw.wire.answerusage import Doc
+from llmgw.wire.usage import MAX_COUNT
 
 
 def event(obj: object) -> bytes:
@@ -40,6 +41,25 @@ class TestUsageOf:
         """Missing details count zero cached."""
         body = b'{"usage": {"prompt_tokens": 2, "completion_tokens": 1}}'
         assert usage_of(body) == Usage(prompt=2, completion=1, cached=0, cached_reported=None)
+
+    @pytest.mark.parametrize(
+        "usage", [b"{}", b'{"total_tokens": 9}', b'{"prompt_tokens_details": {"cached_tokens": 2}}']
+    )
+    def test_a_usage_without_counts_is_none(self, usage: bytes) -> None:
+        """A usage with neither a prompt nor a completion count is no usage, not zeros."""
+        assert usage_of(b'{"usage": ' + usage + b"}") is None
+
+    def test_one_count_is_enough(self) -> None:
+        """An embeddings answer's usage, a prompt count and no completion, is a usage."""
+        body = b'{"usage": {"prompt_tokens": 4, "total_tokens": 4}}'
+        assert usage_of(body) == Usage(prompt=4, completion=0, cached=0)
+
+    def test_counts_stop_at_the_reports_bound(self) -> None:
+        """A count past a float's range (10**400) is read as 2**53, never as itself."""
+        huge = "1" + "0" * 400
+        body = f'{{"usage": {{"prompt_tokens": {huge}, "completion_tokens": -4}}}}'.encode()
+        assert usage_of(body) == Usage(prompt=MAX_COUNT, completion=0, cached=0)
+        assert float(MAX_COUNT) == MAX_COUNT
 
 
 class TestStreamUsage:

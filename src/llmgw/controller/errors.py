@@ -14,7 +14,7 @@ type in one table (api/http.py) and answers in the OpenAI error shape.
     ├── Conflict               valid alone, contradicts what exists (a name taken)
     ├── NotLeading             a write reached a standby; the caller retries elsewhere/later
     ├── Busy                   too many long-polls held; retry shortly
-    └── StoreUnavailable       the database refused the write; nothing was applied
+    └── StoreUnavailable       the database refused the write, or did not confirm it
 
 Anything else escaping a handler is a bug (the edge answers 500 and logs it).
 The names differ from other programs' (the admin client's AdminNotFound,
@@ -69,4 +69,6 @@ class Busy(ControllerRefusal):
 
 
 class StoreUnavailable(ControllerRefusal):
-    """The store refused the transaction: nothing was applied, in memory or on disk."""
+    """The store refused the transaction, or its answer was lost (the connection dropped
+    after the COMMIT went out, so it may be kept). Memory holds none of it; the leader
+    reads the store again before its next decision (Fleet.resync)."""

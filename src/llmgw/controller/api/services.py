@@ -99,6 +99,7 @@ class Services:
         fleet = self.fleet
         fleet.require_leader()
         async with fleet.lock:
+            await fleet.resync()
             batch = decide(fleet.state, self.clock.wall())
             await fleet.commit(batch.changes)
 
@@ -130,9 +131,11 @@ class Services:
 
     async def delete_model(self, name: str) -> None:
         grace = self.config.drain_grace_s
-        index = self.fleet.index
+        fleet = self.fleet
+        # The index as of the decision, not of the call: a resync under the lock
+        # replaces it together with the state.
         await self._run(
-            lambda s, now: commands.delete_model(s, index, name, now=now, grace_s=grace)
+            lambda s, now: commands.delete_model(s, fleet.index, name, now=now, grace_s=grace)
         )
 
     async def scale_model(self, name: str, req: ScaleRequest) -> Model:

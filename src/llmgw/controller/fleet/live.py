@@ -5,7 +5,10 @@ All I/O for the fleet state goes through here. Invariants:
   write leaves memory and database as they were (the caller gets a 503);
 - every read-decide-write runs under `lock`, so a command, a heartbeat and a
   tick never decide from the same state and then overwrite each other;
-- only a leader writes; a standby keeps a copy it reloads from the store.
+- only a leader writes; a standby keeps a copy it reloads from the store;
+- a write that failed may still have committed (the connection dropped after
+  the COMMIT went out): memory is then read again from the store before the
+  next decision (`resync`), never decided from as if the write had not happened.
 
 Heartbeat timestamps are the exception to write-through: a heartbeat that
 changes nothing else updates memory only, and the tick flushes each node's
@@ -90,6 +93,9 @@ class Fleet:
         # (node, address) → when a refused claim of that name was last recorded as an
         # event: one event per claimant per heartbeat timeout, not one per heartbeat.
         self._claims_noted: dict[tuple[str, str], float] = {}
+        # A write failed since the last load: it may be in the store all the same
+        # (its COMMIT's answer lost), so memory may lack it. resync() reads again.
+        self._unsure = False
 
     # -- leadership ----------------------------------------------------------
 
@@ -105,6 +111,7 @@ class Fleet:
             raise StoreUnavailable(f"cannot read the store: {exc}") from exc
         before = self.endpoints()
         self.state = state
+        self._unsure = False
         self.index = FleetIndex.build(state)
         self.starts.seed(state)
         # The loaded fleet is long-lived and acyclic (frozen values in dicts):
@@ -116,16 +123,45 @@ class Fleet:
         self._stored_heartbeat = {n.name: n.last_heartbeat_at for n in state.nodes.values()}
         self._unflushed.clear()
         self._dirty = None
-        after = endpoint_list(state, self.index, version=self.sink.version)
-        # Keys too: a standby's routers learn of a key created or revoked on the leader
-        # from the standby's list, and the same version would keep them on the old one.
-        if (
-            after.endpoints != before.endpoints
-            or after.models != before.models
-            or after.keys != before.keys
-            or after.keys_required != before.keys_required
-        ):
+        # The whole list, keys included: a standby reloads to serve routers that
+        # follow it, and comparing only endpoints and models kept a key revoked on
+        # the leader in the standby's cached list until some replica changed.
+        after = endpoint_list(state, self.index, version=self.sink.version, looks=self._outlook)
+        if after != before:
             self.sink.bump()
+
+    async def resync(self) -> None:
+        """Memory from the store again when a write's outcome is unknown (the caller
+        holds `lock` and decides next). StoreUnavailable: still unknown; no decision.
+
+        Without it a write whose answer was lost is in the database and not in memory:
+        the leader lists a key it would let be created again, or places a second
+        replica on the card its lost placement holds, which the next leader loads both
+        of. Heartbeat times held only in memory are kept: a node that heartbeated
+        through the outage must not look silent since its last flush.
+        """
+        if not self._unsure:
+            return
+        nodes = self.state.nodes
+        beats = {
+            name: at
+            for name in self._unflushed
+            if name in nodes and (at := nodes[name].last_heartbeat_at) is not None
+        }
+        try:
+            await self.load()
+        except StoreUnavailable as exc:
+            log.warning(kv("store reload failed", error=exc.message))
+            raise StoreUnavailable(
+                "nothing was applied: the store must be read again first (a write before "
+                f"this one was not confirmed) and cannot be: {exc.message}"
+            ) from exc
+        log.warning(kv("store reloaded after a write it did not confirm"))
+        for name, at in beats.items():
+            node = self.state.nodes.get(name)
+            if node is not None and (node.last_heartbeat_at or 0.0) < at:
+                self.state.nodes[name] = dataclasses.replace(node, last_heartbeat_at=at)
+                self._unflushed.add(name)
 
     def begin_term(self) -> None:
         self.leading = True
@@ -170,9 +206,12 @@ class Fleet:
             raise NotLeading(f"this controller no longer leads: {exc}") from exc
         except StoreError as exc:
             self.decisions.store_write.observe(time.perf_counter() - started)
+            self._unsure = True
             log.warning(kv("store write failed", error=exc))
             raise StoreUnavailable(
-                f"the store refused the change; nothing was applied: {exc}"
+                f"the store refused the change, or did not confirm it (the connection "
+                f"dropped; it may be kept): the controller reads the store again before "
+                f"deciding anything else: {exc}"
             ) from exc
         self.decisions.store_write.observe(time.perf_counter() - started)
         self._mirror(changes)
@@ -268,9 +307,12 @@ class Fleet:
                 shards = desired_shards(self.state, self.index, hb.node)
                 return HeartbeatReply(shards=shards, interval_s=self._interval_s(hb.node))
             now = self.clock.wall()
-            await self._refuse_claim(hb, now)
-            absorbed = absorb_heartbeat(self.state, self.index, hb, now=now, backoff=self.backoff)
             try:
+                await self.resync()
+                await self._refuse_claim(hb, now)
+                absorbed = absorb_heartbeat(
+                    self.state, self.index, hb, now=now, backoff=self.backoff
+                )
                 await self.commit(absorbed.batch.changes)
             except StoreUnavailable:
                 # Nothing of the report was applied, but the node is alive: its

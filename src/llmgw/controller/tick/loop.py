@@ -12,8 +12,9 @@ Once a tick:
 - and deletes a batch of token usage past its retention when one is due
   (tick/retention.py).
 
-A failed tick (database unreachable) is logged and retried next tick from the
-unchanged state: nothing of it was applied.
+A failed tick (database unreachable) is logged and retried next tick. Its write
+may have committed all the same (the connection dropped after the COMMIT went
+out), so the next tick first reads the store again (Fleet.resync).
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ class ControlLoop:
         if not fleet.leading:
             return
         async with fleet.lock:
+            await fleet.resync()
             nodes = fleet.heartbeats_to_flush(now=self.clock.wall(), all_=True)
             await fleet.commit(Changes(nodes=nodes))
             fleet.flushed(n.name for n in nodes)
@@ -159,6 +161,8 @@ class ControlLoop:
     async def reconcile(self) -> None:
         fleet = self.fleet
         async with fleet.lock:
+            # A write of unknown outcome since the last tick: plan from the store.
+            await fleet.resync()
             now = self.clock.wall()
             dirty = fleet.take_dirty()
             plan = plan_tick(

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import msgspec
 
-from llmgw.router.request.tokens import usage_of
+from llmgw.router.request.tokens import count_of, usage_of
 from llmgw.wire.answerusage import Usage
 
 openai_usage = usage_of
@@ -65,17 +65,16 @@ _responses = msgspec.json.Decoder(_ResponsesDoc).decode
 _anthropic = msgspec.json.Decoder(_AnthropicDoc).decode
 
 
-def _nonneg(n: int | None) -> int:
-    return 0 if n is None or n < 0 else n
-
-
-def _from_responses(u: _ResponsesUsage) -> Usage:
+def _from_responses(u: _ResponsesUsage) -> Usage | None:
+    """None without an input or an output count: no usage (tokens.counted says why)."""
+    if u.input_tokens is None and u.output_tokens is None:
+        return None
     cached = None if u.input_tokens_details is None else u.input_tokens_details.cached_tokens
     return Usage(
-        prompt=_nonneg(u.input_tokens),
-        completion=_nonneg(u.output_tokens),
-        cached=_nonneg(cached),
-        cached_reported=None if cached is None else _nonneg(cached),
+        prompt=count_of(u.input_tokens),
+        completion=count_of(u.output_tokens),
+        cached=count_of(cached),
+        cached_reported=None if cached is None else count_of(cached),
     )
 
 
@@ -101,14 +100,18 @@ def _anthropic_doc(body: bytes) -> _AnthropicUsage | None:
     return None if doc.message is None else doc.message.usage
 
 
-def _from_anthropic(u: _AnthropicUsage) -> Usage:
+def _from_anthropic(u: _AnthropicUsage) -> Usage | None:
+    """None without any count: no usage (tokens.counted says why)."""
     read = u.cache_read_input_tokens
-    prompt = _nonneg(u.input_tokens) + _nonneg(read) + _nonneg(u.cache_creation_input_tokens)
+    counts = (u.input_tokens, u.output_tokens, read, u.cache_creation_input_tokens)
+    if all(n is None for n in counts):
+        return None
+    prompt = count_of(u.input_tokens) + count_of(read) + count_of(u.cache_creation_input_tokens)
     return Usage(
-        prompt=prompt,
-        completion=_nonneg(u.output_tokens),
-        cached=_nonneg(read),
-        cached_reported=None if read is None else _nonneg(read),
+        prompt=count_of(prompt),
+        completion=count_of(u.output_tokens),
+        cached=count_of(read),
+        cached_reported=None if read is None else count_of(read),
     )
 
 

@@ -51,6 +51,9 @@ RESPONSES_OPENERS: Final = (
 TAIL_BYTES: Final = 32
 # An error frame longer than this is not one an engine writes; stop gathering.
 MAX_FRAME_BYTES: Final = 64 * 1024
+# A code written as a string longer than this is no HTTP status, nor any code an
+# engine writes.
+MAX_CODE_DIGITS: Final = 9
 
 _decode: Final = msgspec.json.Decoder().decode
 # An SSE event's blocks (a blank line ends each), and the `event:` line naming its type.
@@ -167,9 +170,17 @@ def _opens_event(data: bytes, i: int) -> bool:
 
 
 def _code(value: object) -> int | None:
+    """A frame's code as a number: an int, or a string of at most MAX_CODE_DIGITS ASCII
+    digits; None otherwise. `str.isdigit` alone let through digits `int()` refuses (`²`)
+    and strings past its 4,300-digit bound: the ValueError ended the answer as a 500."""
     if type(value) is int:
         return value
-    if isinstance(value, str) and value.isdigit():
+    if (
+        isinstance(value, str)
+        and len(value) <= MAX_CODE_DIGITS
+        and value.isascii()
+        and value.isdigit()
+    ):
         return int(value)
     return None
 

@@ -16,8 +16,9 @@ from typing import Final
 import msgspec
 
 from llmgw.wire.answerusage import Usage, UsageDoc, decode_doc
+from llmgw.wire.usage import MAX_COUNT
 
-__all__ = ["StreamUsage", "Usage", "counted", "usage_of"]
+__all__ = ["StreamUsage", "Usage", "count_of", "counted", "usage_of"]
 
 # An unfinished last line is carried to the next chunk up to this size; longer
 # ones (a huge event with no usage in reach) are dropped from scanning.
@@ -46,16 +47,32 @@ def usage_of(body: bytes) -> Usage | None:
     return None if u is None else counted(u)
 
 
-def counted(u: UsageDoc) -> Usage:
-    """An engine's usage object as the router counts it: no negative counts, and
-    `cached_reported` None when the engine sent no cached count."""
+def count_of(n: int | None) -> int:
+    """One of an engine's counts as the router counts it: 0 for none or a negative one,
+    and at most MAX_COUNT (2**53, the usage reports' bound).
+
+    JSON's integers have no bound, and one past a float's (10**400 tokens) made the
+    key's TPM bucket and the token metrics raise OverflowError after the answer was in:
+    the client got a 500 instead of it, or a stream cut at its end."""
+    if n is None or n < 0:
+        return 0
+    return n if n < MAX_COUNT else MAX_COUNT
+
+
+def counted(u: UsageDoc) -> Usage | None:
+    """An engine's usage object as the router counts it (each count by `count_of`),
+    `cached_reported` None when the engine sent no cached count; None when it has neither
+    a prompt nor a completion count (`{}`, or `total_tokens` alone): read as zeros, such
+    an answer cost its key nothing, where one without usage costs the estimate."""
+    if u.prompt_tokens is None and u.completion_tokens is None:
+        return None
     details = u.prompt_tokens_details
     cached = details.cached_tokens if details is not None else None
     return Usage(
-        prompt=max(0, u.prompt_tokens or 0),
-        completion=max(0, u.completion_tokens or 0),
-        cached=max(0, cached or 0),
-        cached_reported=None if cached is None else max(0, cached),
+        prompt=count_of(u.prompt_tokens),
+        completion=count_of(u.completion_tokens),
+        cached=count_of(cached),
+        cached_reported=None if cached is None else count_of(cached),
     )
 
 

@@ -17,6 +17,8 @@ Connection rules, each preventing a failure seen in proxies:
   tail of someone else's response.
 - Cancelling a wait (the client went away) or `close()` on an unfinished
   response aborts the connection: that is how the engine learns to stop.
+- Interim 1xx heads are passed over (`Conn._interim`), and a head past
+  `MAX_HEAD_BYTES` is the engine's failure.
 
 Errors leave as the router's own (`errors`): nothing before the head arrived →
 `UpstreamConnectError` (retryable), the deadline or the idle bound →
@@ -41,6 +43,10 @@ from llmgw.router.upstream.base import JSON, ReplyHead
 HIGH_WATER_BYTES: Final = 256 * 1024
 # Bodies up to this are appended to the head and sent in one write (one syscall).
 COALESCE_BYTES: Final = 64 * 1024
+# An engine's head (interim ones included) past this is the engine's failure. llhttp
+# sets no bound, and httptools joins a header value's pieces by concatenation: a head
+# of tens of MiB held the router's one core for seconds, and kept it all in memory.
+MAX_HEAD_BYTES: Final = 64 * 1024
 _NEVER: Final = float("inf")
 
 
@@ -321,7 +327,12 @@ class Conn(asyncio.Protocol):
         # The exchange in progress (set by `send`).
         self.raw: list[tuple[bytes, bytes]] = []
         self.got_bytes = False
+        # Bytes of the exchange's head (with any interim ones) so far, counted only
+        # while it is incomplete.
+        self.head_bytes = 0
         self.eof_body = False  # no length given: the body ends when the engine closes
+        # An interim (1xx) answer is being parsed: its end is not the exchange's.
+        self.interim = False
         self.deadline = 0.0  # loop time
         self.idle_s: float | None = None
         self.last_data = 0.0
@@ -348,12 +359,21 @@ class Conn(asyncio.Protocol):
             self.last_data = self.loop.time()
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # HttpParserUpgrade (not an HttpParserError) follows a 101, which
+            # `on_headers_complete` has already failed.
             if self.resp is None:  # trailing garbage after a finished response
                 self.transport.abort()
             else:
                 what = "response" if resp.status else "response head"
                 self.fail(UpstreamBroken(resp.endpoint_id, f"bad {what}: {exc}"))
+        else:
+            if not resp.status and resp.error is None:
+                # All of `data` was head: the head would have ended within it otherwise.
+                self.head_bytes += len(data)
+                if self.head_bytes > MAX_HEAD_BYTES:
+                    why = f"response head over {MAX_HEAD_BYTES // 1024} KiB"
+                    self.fail(UpstreamBroken(resp.endpoint_id, why))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -379,12 +399,35 @@ class Conn(asyncio.Protocol):
         if resp is None:
             return
         raw = self.raw
+        status = self.parser.get_status_code()
+        if status < 200:
+            self._interim(resp, status)
+            return
         if not self.parser.should_keep_alive():
             # Neither a length nor chunks: the body runs to the connection's end.
             self.eof_body = not any(
                 k.lower() in (b"content-length", b"transfer-encoding") for k, _ in raw
             )
-        resp.on_head(self.parser.get_status_code(), raw)
+        resp.on_head(status, raw)
+        # Lines from here on are a chunked body's trailers: the head is the answer's,
+        # and a trailer must not add to it (a `Content-Type` there became the answer's).
+        self.raw = []
+
+    def _interim(self, resp: FastResponse, status: int) -> None:
+        """A 1xx head: 100 Continue, 103 Early Hints and the like say the answer is
+        coming on this connection (RFC 9110 15.2), so they are passed over, lines and
+        all; taken for the answer, they reached the client as a 1xx with nothing after
+        it, which waited for the rest until its own timeout. A 101 switches to a
+        protocol nobody asked for, and a 1xx with a body is no interim answer: the
+        engine's failure, both."""
+        raw = self.raw
+        self.raw = []
+        if status == 101:
+            self.fail(UpstreamBroken(resp.endpoint_id, "the engine switched protocols (101)"))
+        elif any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in raw):
+            self.fail(UpstreamBroken(resp.endpoint_id, f"an interim answer ({status}) with a body"))
+        else:
+            self.interim = True
 
     def on_body(self, body: bytes) -> None:
         resp = self.resp
@@ -395,6 +438,9 @@ class Conn(asyncio.Protocol):
         # `_end()` inlined: this runs once per response on the hot path.
         resp = self.resp
         if resp is None:
+            return
+        if self.interim:  # the end of a 1xx: the answer follows
+            self.interim = False
             return
         self.resp = None
         self.watch.busy.discard(self)
@@ -414,7 +460,9 @@ class Conn(asyncio.Protocol):
         self.resp = resp
         self.raw = []
         self.got_bytes = False
+        self.head_bytes = 0
         self.eof_body = False
+        self.interim = False
         self.deadline = deadline
         self.idle_s = idle_s
         # Looked at (`check`) when the first of the deadline and the idle bound may be
