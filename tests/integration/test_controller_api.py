@@ -198,7 +198,11 @@ class TestReads:
     def test_events_explain_what_happened(self, c: Controller) -> None:
         """The log has the model's application, placement and readiness, oldest first."""
         kinds = [e.split()[0] for e in c.events(model="m")]
-        assert kinds[:3] == ["model.applied", "replica.placed", "replica.ready"]
+        assert kinds[0] == "model.applied"
+        # The model is applied before the node's first heartbeat: a tick in between
+        # finds nowhere to place it and says so (model.unplaceable), as it should.
+        told = [k for k in kinds if k in ("model.applied", "replica.placed", "replica.ready")]
+        assert told[:3] == ["model.applied", "replica.placed", "replica.ready"]
 
     def test_openapi_describes_every_route(self, c: Controller) -> None:
         """Every route of the app appears in /openapi.json with its method."""
