@@ -190,8 +190,10 @@ class AgentRig:
                 os.killpg(pid, signal.SIGKILL)
 
 
-@pytest.fixture
-async def controller() -> AsyncIterator[ScriptedController]:
+@contextlib.asynccontextmanager
+async def scripted_controller() -> AsyncIterator[ScriptedController]:
+    """A started ScriptedController, stopped at the end (the fixtures of every file
+    that drives one agent against it)."""
     c = ScriptedController()
     await c.start()
     try:
@@ -200,8 +202,11 @@ async def controller() -> AsyncIterator[ScriptedController]:
         await c.stop()
 
 
-@pytest.fixture
-def rig(tmp_path: Path, controller: ScriptedController) -> Iterator[AgentRig]:
+@contextlib.contextmanager
+def rig_for(tmp_path: Path, controller: ScriptedController) -> Iterator[AgentRig]:
+    """An AgentRig heartbeating to `controller`, which also learns the engines' pids from
+    the heartbeats (so cleanup ends engines the agent started after its first look)."""
+
     def beat_pids() -> Iterator[int]:
         for hb in controller.beats:
             yield from (s.pid for s in hb.shards if s.pid is not None)
@@ -211,6 +216,18 @@ def rig(tmp_path: Path, controller: ScriptedController) -> Iterator[AgentRig]:
         yield r
     finally:
         r.cleanup()
+
+
+@pytest.fixture
+async def controller() -> AsyncIterator[ScriptedController]:
+    async with scripted_controller() as c:
+        yield c
+
+
+@pytest.fixture
+def rig(tmp_path: Path, controller: ScriptedController) -> Iterator[AgentRig]:
+    with rig_for(tmp_path, controller) as r:
+        yield r
 
 
 async def get_status(agent: Program) -> dict[str, Any]:

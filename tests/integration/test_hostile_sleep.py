@@ -17,32 +17,28 @@ import pytest
 
 from llmgw.agent.sleeping import HttpSleepClient
 from llmgw.testing.wait import until
-from tests.integration.test_agent_supervision import AgentRig, ScriptedController, alive, sim_spec
+from tests.integration.test_agent_supervision import (
+    AgentRig,
+    ScriptedController,
+    alive,
+    rig_for,
+    scripted_controller,
+    sim_spec,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture
 async def scripted() -> AsyncIterator[ScriptedController]:
-    c = ScriptedController()
-    await c.start()
-    try:
+    async with scripted_controller() as c:
         yield c
-    finally:
-        await c.stop()
 
 
 @pytest.fixture
 def agent(tmp_path: Path, scripted: ScriptedController) -> Iterator[AgentRig]:
-    def beat_pids() -> Iterator[int]:
-        for hb in scripted.beats:
-            yield from (s.pid for s in hb.shards if s.pid is not None)
-
-    r = AgentRig(tmp_path, scripted.url, pid_source=beat_pids)
-    try:
+    with rig_for(tmp_path, scripted) as r:
         yield r
-    finally:
-        r.cleanup()
 
 
 class TestWedgedEngine:
