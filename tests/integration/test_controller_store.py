@@ -75,6 +75,18 @@ class Backend:
         Path(self.url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         return sa.create_engine(self.url)
 
+    def at_version(self, conn: sa.Connection, version: int) -> None:
+        """Make the database (through `conn`, of `engine()`) as llmgw's schema `version`
+        left it: its schema (PostgreSQL), the migrations up to it, and its version row."""
+        if self.pg is not None:
+            conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+        for v, step in store_tables.MIGRATIONS:
+            if v <= version:
+                step(conn)
+        conn.exec_driver_sql(
+            f"INSERT INTO meta (key, value) VALUES ('schema_version', '{version}')"
+        )
+
 
 @contextmanager
 def _backend(name: str, tmp_path: Path) -> Iterator[Backend]:
@@ -612,12 +624,7 @@ class TestSchema:
         engine = sql_backend.engine()
         try:
             with engine.begin() as conn:
-                if sql_backend.pg is not None:
-                    conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{sql_backend.schema}"')
-                for version, step in store_tables.MIGRATIONS:
-                    if version <= 3:
-                        step(conn)
-                conn.exec_driver_sql("INSERT INTO meta (key, value) VALUES ('schema_version', '3')")
+                sql_backend.at_version(conn, 3)
                 conn.exec_driver_sql(
                     "INSERT INTO nodes (name, address, fabrics, labels, gpus, operator_state,"
                     " last_heartbeat_at, agent_started_at, port_lo, port_hi)"
@@ -660,12 +667,7 @@ class TestSchema:
         engine = sql_backend.engine()
         try:
             with engine.begin() as conn:
-                if sql_backend.pg is not None:
-                    conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{sql_backend.schema}"')
-                for version, step in store_tables.MIGRATIONS:
-                    if version <= 5:
-                        step(conn)
-                conn.exec_driver_sql("INSERT INTO meta (key, value) VALUES ('schema_version', '5')")
+                sql_backend.at_version(conn, 5)
                 conn.exec_driver_sql(
                     "INSERT INTO replicas (id, model, state, shards, created_at, state_since,"
                     " updated_at, reason, endpoint_url, restarts, pool, weight, replaces,"

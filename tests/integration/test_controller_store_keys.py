@@ -8,7 +8,6 @@ import pytest
 
 from llmgw.controller.fleet.records import Changes, Event, TenantKey
 from llmgw.controller.store import Store, StoreError
-from llmgw.controller.store import tables as store_tables
 from llmgw.controller.store.codec import SCHEMA_VERSION
 from llmgw.wire.keys import Budget, ClientKey
 from tests.integration import test_controller_store as contract
@@ -85,12 +84,7 @@ class TestKeysSchema:
         engine = sql_backend.engine()
         try:
             with engine.begin() as conn:
-                if sql_backend.pg is not None:
-                    conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{sql_backend.schema}"')
-                for version, step in store_tables.MIGRATIONS:
-                    if version <= 6:
-                        step(conn)
-                conn.exec_driver_sql("INSERT INTO meta (key, value) VALUES ('schema_version', '6')")
+                sql_backend.at_version(conn, 6)
                 for i in (1, 2, 3):
                     conn.exec_driver_sql(
                         "INSERT INTO events (at, kind, subject, subject_id, model, message)"

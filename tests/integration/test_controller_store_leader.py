@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from llmgw.controller.store import FencedStore, NotLeader, Store
-from llmgw.controller.store import tables as store_tables
 from llmgw.controller.store.codec import SCHEMA_VERSION
 from tests.integration import test_controller_store as contract
 
@@ -71,12 +70,7 @@ class TestLeaderSchema:
         engine = sql_backend.engine()
         try:
             with engine.begin() as conn:
-                if sql_backend.pg is not None:
-                    conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{sql_backend.schema}"')
-                for version, step in store_tables.MIGRATIONS:
-                    if version <= 9:
-                        step(conn)
-                conn.exec_driver_sql("INSERT INTO meta (key, value) VALUES ('schema_version', '9')")
+                sql_backend.at_version(conn, 9)
                 conn.exec_driver_sql(
                     "INSERT INTO token_usage (hour, key, team, model, router_id, requests,"
                     " prompt_tokens, completion_tokens) VALUES (3600, 'k', 't', 'm', 'r', 1, 2, 3)"

@@ -6,7 +6,6 @@ import pytest
 
 from llmgw.controller.fleet.records import Changes
 from llmgw.controller.store import Store
-from llmgw.controller.store import tables as store_tables
 from llmgw.controller.store.codec import SCHEMA_VERSION
 from llmgw.wire.usage import TokenUsage, UsageRow
 from tests.integration import test_controller_store as contract
@@ -182,12 +181,7 @@ class TestUsageSchema:
         engine = sql_backend.engine()
         try:
             with engine.begin() as conn:
-                if sql_backend.pg is not None:
-                    conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{sql_backend.schema}"')
-                for version, step in store_tables.MIGRATIONS:
-                    if version <= 8:
-                        step(conn)
-                conn.exec_driver_sql("INSERT INTO meta (key, value) VALUES ('schema_version', '8')")
+                sql_backend.at_version(conn, 8)
         finally:
             engine.dispose()
         s = sql_backend.open()
