@@ -11,8 +11,8 @@ import threading
 class CutWire:
     """Relays 127.0.0.1:`port` to `target`; `cut()` ends every connection and refuses more."""
 
-    def __init__(self, target_port: int) -> None:
-        self._target = ("127.0.0.1", target_port)
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self._target = (target_host, target_port)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
@@ -44,19 +44,23 @@ class CutWire:
                 # a recv that timed out would cut the wire while it is meant to be whole.
                 upstream.settimeout(None)
                 self._open += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+            self._relay(client, upstream)
+
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Carry one accepted connection's bytes both ways (a subclass may do more)."""
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=_pump, args=(a, b), daemon=True).start()
 
     def cut(self) -> None:
         with self._lock:
             self.is_cut = True
             for s in self._open:
-                _close(s)
+                close_socket(s)
             self._open.clear()
 
     def close(self) -> None:
         self.cut()
-        _close(self._listener)
+        close_socket(self._listener)
         self._thread.join(timeout=5)
 
 
@@ -66,11 +70,13 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
             dst.sendall(data)
     except OSError:
         pass
-    _close(src)
-    _close(dst)
+    close_socket(src)
+    close_socket(dst)
 
 
-def _close(s: socket.socket) -> None:
+def close_socket(s: socket.socket) -> None:
+    """Shut `s` down both ways and close it, whatever state it is in."""
     with contextlib.suppress(OSError):
         s.shutdown(socket.SHUT_RDWR)
-    s.close()
+    with contextlib.suppress(OSError):
+        s.close()

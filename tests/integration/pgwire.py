@@ -12,33 +12,28 @@ The relay reads the protocol's plain bytes: give the controller `sslmode=disable
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
 
+from tests.integration.cutwire import CutWire, close_socket
+
 # The simple-query message psycopg sends for Connection.commit(): 'Q', length, text.
 _COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"
 
 
-class PgWire:
+class PgWire(CutWire):
     """Relays 127.0.0.1:`port` to the server of `url`; see the module docstring."""
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         self._url = parts
-        self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._lock = threading.Lock()
-        self._open: list[socket.socket] = []
         # Bytes that arm a connection; None: nothing to lose.
         self._trigger: bytes | None = None
         # Set once a COMMIT's answer was lost.
         self.lost = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
+        super().__init__(parts.port or 5432, parts.hostname or "127.0.0.1")
 
     @property
     def url(self) -> str:
@@ -55,26 +50,11 @@ class PgWire:
             self.lost.clear()
             self._trigger = trigger
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self._target, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            server.settimeout(None)
-            with self._lock:
-                self._open += [client, server]
-            # Set before a COMMIT goes up: nothing the server says after it comes back.
-            muted = threading.Event()
-            threading.Thread(
-                target=self._upstream, args=(client, server, muted), daemon=True
-            ).start()
-            threading.Thread(target=_pump, args=(server, client, muted), daemon=True).start()
+    def _relay(self, client: socket.socket, server: socket.socket) -> None:
+        # Set before a COMMIT goes up: nothing the server says after it comes back.
+        muted = threading.Event()
+        threading.Thread(target=self._upstream, args=(client, server, muted), daemon=True).start()
+        threading.Thread(target=_pump, args=(server, client, muted), daemon=True).start()
 
     def _upstream(
         self, client: socket.socket, server: socket.socket, muted: threading.Event
@@ -108,19 +88,11 @@ class PgWire:
                 # The server's answer is dropped by _pump (muted), which then closes both
                 # sockets; this is for a server slower than the answer's arrival.
                 time.sleep(0.3)
-                _close(client)
-                _close(server)
+                close_socket(client)
+                close_socket(server)
                 return
-        _close(client)
-        _close(server)
-
-    def close(self) -> None:
-        _close(self._listener)
-        with self._lock:
-            for s in self._open:
-                _close(s)
-            self._open.clear()
-        self._thread.join(timeout=5)
+        close_socket(client)
+        close_socket(server)
 
 
 def _pump(src: socket.socket, dst: socket.socket, muted: threading.Event) -> None:
@@ -135,12 +107,5 @@ def _pump(src: socket.socket, dst: socket.socket, muted: threading.Event) -> Non
             dst.sendall(data)
         except OSError:
             break
-    _close(src)
-    _close(dst)
-
-
-def _close(s: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        s.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        s.close()
+    close_socket(src)
+    close_socket(dst)
