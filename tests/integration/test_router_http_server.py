@@ -218,6 +218,21 @@ class TestRouterHttp:
         finally:
             c.close()
 
+    def test_an_http_1_0_request_s_100_continue_is_ignored(self, port: int) -> None:
+        """HTTP/1.0 has no 1xx answers: its `Expect: 100-continue` is ignored (RFC 9110
+        10.1.1), no 100 is sent, and the request is answered."""
+        body = chat("expecting on 1.0")
+        data = post(body, "Expect: 100-continue").replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+        c = Conn(port)
+        try:
+            c.send(data[: -len(body)])
+            time.sleep(0.2)
+            c.send(body)
+            status, _, out = c.answer()
+            assert status == 200, out[:200]
+        finally:
+            c.close()
+
     def test_an_unknown_expectation_is_417(self, port: int) -> None:
         """An unknown expectation is 417."""
         c = Conn(port)

@@ -347,8 +347,10 @@ class FastProtocol(Connection):
         Continue sent if the body is still to come), or it was refused (417, closing)."""
         expect = req.expect
         assert expect is not None
-        if req.version == "1.1" and expect.lower() == "100-continue":
-            if not req.complete:
+        if expect.lower() == "100-continue":
+            # HTTP/1.0 has no 1xx: its 100-continue is ignored (RFC 9110 10.1.1), not
+            # refused, and it gets no 100 it could not read.
+            if req.version == "1.1" and not req.complete:
                 self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             return True
         msg = f"Unknown Expect: {expect}"
