@@ -233,6 +233,23 @@ class TestRouterHttp:
         finally:
             c.close()
 
+    def test_a_chunked_http_1_0_request_is_refused_and_closed(self, port: int) -> None:
+        """HTTP/1.0 has no chunked framing: a 1.0 request with Transfer-Encoding is a 400
+        and the connection closes (RFC 9112 6.1), so what follows it is never read as a
+        request (a proxy in front framing it as 1.0 would see other requests)."""
+        smuggled = get("/v1/models")
+        data = chunked(chat()).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+        data = data.replace(b"Host: x\r\n", b"Host: x\r\nConnection: keep-alive\r\n", 1)
+        c = Conn(port)
+        try:
+            c.send(data + smuggled)
+            status, _, body = c.answer()
+            assert status == 400, body[:200]
+            assert c.closed()
+            assert b"HTTP/1.1" not in c.buf
+        finally:
+            c.close()
+
     def test_an_unknown_expectation_is_417(self, port: int) -> None:
         """An unknown expectation is 417."""
         c = Conn(port)
