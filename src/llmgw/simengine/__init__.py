@@ -6,6 +6,7 @@ Layout:
     auth.py, debug.py            the engine key on every route but /health, /metrics,
                                  /version; loopback-only debug routes
     api.py                       chat, completions and embeddings: validation and bodies
+    logprobs.py                  the `logprobs` of generated tokens, in vLLM's shapes
     responses.py, messages.py    OpenAI's Responses and Anthropic's Messages, as vLLM serves
     pooling.py, audio.py         tokenize, detokenize, rerank, score; the audio routes
     routes.py                    the routes beyond chat, completions and embeddings

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Protocol, TypeVar
 
 import msgspec
 
-from llmgw.simengine import tokenizer
+from llmgw.simengine import logprobs, tokenizer
 from llmgw.simengine.batcher import PRIORITY
 from llmgw.simengine.config import SimConfig
 from llmgw.wire.errors import error_body
@@ -89,10 +89,13 @@ class ChatBody(GenerationBody, frozen=True, kw_only=True):
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
 
 
 class CompletionBody(GenerationBody, frozen=True, kw_only=True):
     prompt: Any = None
+    logprobs: int | None = None
 
 
 class EmbeddingBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,6 +122,7 @@ class Job:
     ignore_eos: bool
     min_tokens: int
     priority: int = 0  # lower is served first; nonzero only under the priority policy
+    logprobs: int | None = None  # alternatives per token; None: no logprobs asked for
 
 
 T = TypeVar("T")
@@ -178,6 +182,7 @@ def job_of(
     *,
     model: str,
     chat: bool,
+    top_logprobs: int | None = None,
 ) -> Job:
     _check_params(body, max_tokens)
     n, limit = len(ids), cfg.max_model_len
@@ -208,7 +213,34 @@ def job_of(
         ignore_eos=bool(body.ignore_eos),
         min_tokens=body.min_tokens or 0,
         priority=body.priority,
+        logprobs=top_logprobs,
     )
+
+
+def _check_logprobs(n: int | None, param: str) -> None:
+    """vLLM's bounds on the alternatives asked for per token."""
+    if n is None:
+        return
+    if n < 0:
+        raise SimApiError(400, f"`{param}` must be a positive value.", param=param)
+    if n > logprobs.MAX_LOGPROBS:
+        raise SimApiError(
+            400,
+            f"Requested sample logprobs of {n}, which is greater than max allowed: "
+            f"{logprobs.MAX_LOGPROBS}",
+            param=param,
+        )
+
+
+def _chat_logprobs(body: ChatBody) -> int | None:
+    _check_logprobs(body.top_logprobs, "top_logprobs")
+    if body.top_logprobs and not body.logprobs:
+        raise SimApiError(
+            400,
+            "when using `top_logprobs`, `logprobs` must be set to true.",
+            param="top_logprobs",
+        )
+    return (body.top_logprobs or 0) if body.logprobs else None
 
 
 def too_long(n: int, cfg: SimConfig) -> SimApiError:
@@ -240,13 +272,15 @@ def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
+    top = _chat_logprobs(body)
     ids = chat_ids(body.messages, body.tools, cfg)
-    return job_of(body, cfg, ids, max_tokens, model=model, chat=True)
+    return job_of(body, cfg, ids, max_tokens, model=model, chat=True, top_logprobs=top)
 
 
 def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
     body = decode_as(raw, CompletionBody)
     model = check_model(body.model, cfg, adapters)
+    _check_logprobs(body.logprobs, "logprobs")
     try:
         ids = tokenizer.prompt_ids_for_body({"prompt": body.prompt}, limit=cfg.max_model_len - 1)
     except tokenizer.PromptTooLong as exc:
@@ -259,7 +293,7 @@ def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) 
         _check_vocab(ids, "prompt")
     # OpenAI's (and vLLM's) completions default is 16 tokens.
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
-    return job_of(body, cfg, ids, max_tokens, model=model, chat=False)
+    return job_of(body, cfg, ids, max_tokens, model=model, chat=False, top_logprobs=body.logprobs)
 
 
 # OpenAI's bound on an embeddings request's list of inputs: without one, a body of
@@ -378,6 +412,20 @@ class Encoder:
         self.rid = rid
         self.created = created
         self.object = "chat.completion.chunk" if job.chat else "text_completion"
+        self._sent_tokens = 0  # generated tokens already written (logprobs' positions)
+        self._sent_chars = 0  # characters of text already written (completions' offsets)
+
+    def _logprobs(self, text: str) -> dict[str, Any] | None:
+        """`choice.logprobs` of the next `text`; None when the request asked for none."""
+        top = self.job.logprobs
+        if top is None:
+            return None
+        start, offset = self._sent_tokens, self._sent_chars
+        self._sent_tokens += len(logprobs.pieces(text))
+        self._sent_chars += len(text)
+        if self.job.chat:
+            return logprobs.chat(text, top, start)
+        return logprobs.completion(text, top, start, offset)
 
     def _chunk(self, choices: list[dict[str, Any]], usage_: dict[str, Any] | None) -> bytes:
         obj: dict[str, Any] = {
@@ -401,10 +449,11 @@ class Encoder:
 
     def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
         choice: dict[str, Any]
+        lp = self._logprobs(text)
         if self.job.chat:
-            choice = {"index": 0, "delta": {"content": text}, "logprobs": None}
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": lp}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None}
+            choice = {"index": 0, "text": text, "logprobs": lp}
         choice["finish_reason"] = finish
         if finish is not None or not self.job.chat:
             choice["stop_reason"] = None
@@ -426,11 +475,12 @@ class Encoder:
         if self.job.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
             message["reasoning_content"] = None
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None}
+            choice: dict[str, Any] = {"index": 0, "message": message}
             obj_type = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None}
+            choice = {"index": 0, "text": text}
             obj_type = "text_completion"
+        choice["logprobs"] = self._logprobs(text)
         choice["finish_reason"] = finish
         choice["stop_reason"] = None
         return _enc.encode(
