@@ -99,3 +99,51 @@ class TestLogprobs:
             c.completions.create(model=MODEL, prompt="x", max_tokens=1, logprobs=21)
         with pytest.raises(openai.BadRequestError):
             c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, top_logprobs=2)
+
+
+class TestEcho:
+    """Completions' `echo` writes the prompt before the reply, as vLLM does."""
+
+    def test_echo_without_generation(self, url: str) -> None:
+        """echo with max_tokens 0 (how harnesses score a text) answers the prompt and its
+        logprobs, the first None."""
+        prompt = "The capital of France is Paris"
+        got = client(url).completions.create(
+            model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=1
+        )
+        choice = got.choices[0]
+        assert choice.text == prompt
+        lp = choice.logprobs
+        assert lp is not None
+        assert lp.tokens is not None
+        assert lp.token_logprobs is not None
+        assert "".join(lp.tokens) == prompt
+        assert lp.token_logprobs[0] is None
+        assert all(x is not None for x in lp.token_logprobs[1:])
+
+    def test_echo_then_reply(self, url: str) -> None:
+        """With tokens to generate, the text is the prompt followed by the reply."""
+        got = client(url).completions.create(
+            model=MODEL, prompt="count: ", max_tokens=3, echo=True, logprobs=0
+        )
+        text = got.choices[0].text
+        assert text.startswith("count: ")
+        assert len(text) == len("count: ") + 3 * 4
+        lp = got.choices[0].logprobs
+        assert lp is not None
+        assert lp.text_offset is not None
+        assert lp.text_offset[-1] == len(text) - 4
+
+    def test_echo_streamed(self, url: str) -> None:
+        """A stream's first text is the prompt."""
+        with client(url).completions.create(
+            model=MODEL, prompt="stream: ", max_tokens=2, echo=True, stream=True
+        ) as stream:
+            text = "".join(c.choices[0].text for c in stream if c.choices)
+        assert text.startswith("stream: ")
+        assert len(text) == len("stream: ") + 2 * 4
+
+    def test_max_tokens_zero_without_echo_is_400(self, url: str) -> None:
+        """Without echo, max_tokens 0 stays vLLM's 400."""
+        with pytest.raises(openai.BadRequestError):
+            client(url).completions.create(model=MODEL, prompt="x", max_tokens=0)

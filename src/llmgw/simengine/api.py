@@ -20,6 +20,7 @@ the prompt's length is checked, as vLLM's processor does. It is bounded to a
 from __future__ import annotations
 
 import base64
+import dataclasses
 import random
 import struct
 from collections.abc import Container, Iterable, Mapping, Sequence
@@ -96,6 +97,7 @@ class ChatBody(GenerationBody, frozen=True, kw_only=True):
 class CompletionBody(GenerationBody, frozen=True, kw_only=True):
     prompt: Any = None
     logprobs: int | None = None
+    echo: bool | None = False
 
 
 class EmbeddingBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,6 +125,8 @@ class Job:
     min_tokens: int
     priority: int = 0  # lower is served first; nonzero only under the priority policy
     logprobs: int | None = None  # alternatives per token; None: no logprobs asked for
+    echo: str | None = None  # the prompt's text, written before the reply; None: no echo
+    echo_only: bool = False  # echo with max_tokens 0: the one token generated is not written
 
 
 T = TypeVar("T")
@@ -293,7 +297,28 @@ def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) 
         _check_vocab(ids, "prompt")
     # OpenAI's (and vLLM's) completions default is 16 tokens.
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
-    return job_of(body, cfg, ids, max_tokens, model=model, chat=False, top_logprobs=body.logprobs)
+    # An echo without generation (how evaluation harnesses score a text): vLLM generates
+    # one token and writes only the prompt.
+    echo_only = bool(body.echo) and max_tokens == 0
+    job = job_of(
+        body,
+        cfg,
+        ids,
+        1 if echo_only else max_tokens,
+        model=model,
+        chat=False,
+        top_logprobs=body.logprobs,
+    )
+    if not body.echo:
+        return job
+    return dataclasses.replace(job, echo=_prompt_text(body.prompt, ids), echo_only=echo_only)
+
+
+def _prompt_text(prompt: object, ids: list[int]) -> str:
+    """The text of a completions prompt: as sent, or its token ids detokenized."""
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else tokenizer.output_text(ids)
 
 
 # OpenAI's bound on an embeddings request's list of inputs: without one, a body of
@@ -414,6 +439,7 @@ class Encoder:
         self.object = "chat.completion.chunk" if job.chat else "text_completion"
         self._sent_tokens = 0  # generated tokens already written (logprobs' positions)
         self._sent_chars = 0  # characters of text already written (completions' offsets)
+        self._echoed = False  # the prompt (echo) has been written
 
     def _logprobs(self, text: str) -> dict[str, Any] | None:
         """`choice.logprobs` of the next `text`; None when the request asked for none."""
@@ -426,6 +452,21 @@ class Encoder:
         if self.job.chat:
             return logprobs.chat(text, top, start)
         return logprobs.completion(text, top, start, offset)
+
+    def _text(self, text: str) -> tuple[str, dict[str, Any] | None]:
+        """The choice's next text and its logprobs; for an echo, the prompt comes first."""
+        job = self.job
+        if job.echo_only:
+            text = ""
+        if job.echo is None or self._echoed:
+            return text, self._logprobs(text)
+        self._echoed = True
+        prompt = job.echo
+        self._sent_chars = len(prompt)
+        lp = self._logprobs(text)
+        if lp is not None:
+            lp = logprobs.joined(logprobs.echoed(prompt, self.job.logprobs or 0), lp)
+        return prompt + text, lp
 
     def _chunk(self, choices: list[dict[str, Any]], usage_: dict[str, Any] | None) -> bytes:
         obj: dict[str, Any] = {
@@ -449,10 +490,10 @@ class Encoder:
 
     def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
         choice: dict[str, Any]
-        lp = self._logprobs(text)
         if self.job.chat:
-            choice = {"index": 0, "delta": {"content": text}, "logprobs": lp}
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": self._logprobs(text)}
         else:
+            text, lp = self._text(text)
             choice = {"index": 0, "text": text, "logprobs": lp}
         choice["finish_reason"] = finish
         if finish is not None or not self.job.chat:
@@ -476,11 +517,12 @@ class Encoder:
             message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
             message["reasoning_content"] = None
             choice: dict[str, Any] = {"index": 0, "message": message}
+            choice["logprobs"] = self._logprobs(text)
             obj_type = "chat.completion"
         else:
-            choice = {"index": 0, "text": text}
+            text, lp = self._text(text)
+            choice = {"index": 0, "text": text, "logprobs": lp}
             obj_type = "text_completion"
-        choice["logprobs"] = self._logprobs(text)
         choice["finish_reason"] = finish
         choice["stop_reason"] = None
         return _enc.encode(

@@ -73,3 +73,18 @@ def completion(text: str, top: int, start: int, offset: int) -> dict[str, Any]:
         out["tokens"].append(piece)
         out["top_logprobs"].append(dict(ranked))
     return out
+
+
+def echoed(prompt: str, top: int) -> dict[str, Any]:
+    """`choice.logprobs` of an echoed prompt: as `completion`'s, but the first token has
+    none (nothing comes before it), as with vLLM's prompt logprobs."""
+    out = completion(prompt, top, -len(pieces(prompt)), 0)
+    if out["tokens"]:
+        out["token_logprobs"][0] = None
+        out["top_logprobs"][0] = None
+    return out
+
+
+def joined(head: dict[str, Any], tail: dict[str, Any]) -> dict[str, Any]:
+    """Completion logprobs of `head`'s text followed by `tail`'s."""
+    return {k: [*head[k], *tail[k]] for k in head}
