@@ -147,3 +147,44 @@ class TestEcho:
         """Without echo, max_tokens 0 stays vLLM's 400."""
         with pytest.raises(openai.BadRequestError):
             client(url).completions.create(model=MODEL, prompt="x", max_tokens=0)
+
+
+class TestBatchPrompts:
+    """A completions `prompt` that is a batch answers one choice per prompt, as vLLM does."""
+
+    def test_list_of_strings(self, url: str) -> None:
+        """Three prompts give choices 0..2, usage summed over them."""
+        prompts = ["one", "two two", "three three three"]
+        got = client(url).completions.create(model=MODEL, prompt=prompts, max_tokens=3)
+        assert [c.index for c in got.choices] == [0, 1, 2]
+        assert all(len(c.text) == 3 * 4 for c in got.choices)
+        assert got.usage is not None
+        assert got.usage.completion_tokens == 9
+        singles = [
+            client(url).completions.create(model=MODEL, prompt=p, max_tokens=3) for p in prompts
+        ]
+        assert got.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles if s.usage)
+        assert [c.text for c in got.choices] == [s.choices[0].text for s in singles]
+
+    def test_list_of_token_id_lists_streamed(self, url: str) -> None:
+        """Token-id prompts stream each choice's text under its own index, then usage."""
+        with client(url).completions.create(
+            model=MODEL,
+            prompt=[[300, 301, 302], [400, 401]],
+            max_tokens=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        ) as stream:
+            chunks = list(stream)
+        texts: dict[int, str] = {}
+        finished: set[int] = set()
+        for chunk in chunks:
+            for c in chunk.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+                if c.finish_reason is not None:
+                    finished.add(c.index)
+        assert {i: len(t) for i, t in texts.items()} == {0: 8, 1: 8}
+        assert finished == {0, 1}
+        usage = chunks[-1].usage
+        assert usage is not None
+        assert (usage.prompt_tokens, usage.completion_tokens) == (5, 4)

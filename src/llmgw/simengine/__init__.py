@@ -7,6 +7,7 @@ Layout:
                                  /version; loopback-only debug routes
     api.py                       chat, completions and embeddings: validation and bodies
     logprobs.py                  the `logprobs` of generated tokens, in vLLM's shapes
+    batch.py, modelcards.py      a completions batch (one choice per prompt); /v1/models
     responses.py, messages.py    OpenAI's Responses and Anthropic's Messages, as vLLM serves
     pooling.py, audio.py         tokenize, detokenize, rerank, score; the audio routes
     routes.py                    the routes beyond chat, completions and embeddings

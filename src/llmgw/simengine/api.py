@@ -282,18 +282,46 @@ def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job
 
 
 def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
+    """The job of a completions request of one prompt (a batch's first)."""
+    return parse_completions(raw, cfg, adapters)[0]
+
+
+def parse_completions(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> list[Job]:
+    """One job per prompt: `prompt` may be a batch (strings or token-id lists), as vLLM's."""
     body = decode_as(raw, CompletionBody)
     model = check_model(body.model, cfg, adapters)
     _check_logprobs(body.logprobs, "logprobs")
+    prompts = _batch(body.prompt)
+    if len(prompts) > MAX_PROMPTS:
+        raise SimApiError(
+            400, f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS}", param="prompt"
+        )
+    return [_completion_job(body, p, cfg, model) for p in prompts]
+
+
+# A batch's bound: each prompt is a request in the engine, so a body of a million
+# one-character prompts would cost a million of them (vLLM sets none).
+MAX_PROMPTS = 2048
+
+
+def _batch(prompt: object) -> list[Any]:
+    """The prompts of a completions `prompt`: a list of strings or of token-id lists is a
+    batch (a list of one is one prompt); anything else is one prompt, checked later."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        return prompt
+    return [prompt]
+
+
+def _completion_job(body: CompletionBody, prompt: Any, cfg: SimConfig, model: str) -> Job:
     try:
-        ids = tokenizer.prompt_ids_for_body({"prompt": body.prompt}, limit=cfg.max_model_len - 1)
+        ids = tokenizer.prompt_ids_for_body({"prompt": prompt}, limit=cfg.max_model_len - 1)
     except tokenizer.PromptTooLong as exc:
         raise too_long(exc.tokens, cfg) from None
     except (ValueError, TypeError, AttributeError) as exc:
         raise SimApiError(
-            400, "prompt must be a string, a list of token ids, or a list of one of those"
+            400, "prompt must be a string, token ids, or a list of either", param="prompt"
         ) from exc
-    if not isinstance(body.prompt, str):
+    if not isinstance(prompt, str):
         _check_vocab(ids, "prompt")
     # OpenAI's (and vLLM's) completions default is 16 tokens.
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
@@ -311,7 +339,7 @@ def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) 
     )
     if not body.echo:
         return job
-    return dataclasses.replace(job, echo=_prompt_text(body.prompt, ids), echo_only=echo_only)
+    return dataclasses.replace(job, echo=_prompt_text(prompt, ids), echo_only=echo_only)
 
 
 def _prompt_text(prompt: object, ids: list[int]) -> str:
@@ -430,12 +458,14 @@ class AnyEncoder(Protocol):
 
 
 class Encoder:
-    """Response bodies of one request (chat or completion), streaming and not."""
+    """Response bodies of one request (chat or completion), streaming and not; of one
+    choice (`index`) when a completions batch has several."""
 
-    def __init__(self, job: Job, rid: str, created: int) -> None:
+    def __init__(self, job: Job, rid: str, created: int, index: int = 0) -> None:
         self.job = job
         self.rid = rid
         self.created = created
+        self.index = index
         self.object = "chat.completion.chunk" if job.chat else "text_completion"
         self._sent_tokens = 0  # generated tokens already written (logprobs' positions)
         self._sent_chars = 0  # characters of text already written (completions' offsets)
@@ -491,10 +521,11 @@ class Encoder:
     def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
         choice: dict[str, Any]
         if self.job.chat:
-            choice = {"index": 0, "delta": {"content": text}, "logprobs": self._logprobs(text)}
+            lp = self._logprobs(text)
+            choice = {"index": self.index, "delta": {"content": text}, "logprobs": lp}
         else:
             text, lp = self._text(text)
-            choice = {"index": 0, "text": text, "logprobs": lp}
+            choice = {"index": self.index, "text": text, "logprobs": lp}
         choice["finish_reason"] = finish
         if finish is not None or not self.job.chat:
             choice["stop_reason"] = None
@@ -513,73 +544,32 @@ class Encoder:
 
     def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
         """The non-streaming response."""
+        return self.body([self.full_choice(text, finish)], usage_)
+
+    def full_choice(self, text: str, finish: str) -> dict[str, Any]:
+        """This choice of the non-streaming response."""
+        choice: dict[str, Any]
         if self.job.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
             message["reasoning_content"] = None
-            choice: dict[str, Any] = {"index": 0, "message": message}
+            choice = {"index": self.index, "message": message}
             choice["logprobs"] = self._logprobs(text)
-            obj_type = "chat.completion"
         else:
             text, lp = self._text(text)
-            choice = {"index": 0, "text": text, "logprobs": lp}
-            obj_type = "text_completion"
+            choice = {"index": self.index, "text": text, "logprobs": lp}
         choice["finish_reason"] = finish
         choice["stop_reason"] = None
+        return choice
+
+    def body(self, choices: list[dict[str, Any]], usage_: dict[str, Any]) -> bytes:
+        """The non-streaming response of `choices`."""
         return _enc.encode(
             {
                 "id": self.rid,
-                "object": obj_type,
+                "object": "chat.completion" if self.job.chat else "text_completion",
                 "created": self.created,
                 "model": self.job.model,
-                "choices": [choice],
+                "choices": choices,
                 "usage": usage_,
             }
         )
-
-
-def models_body(cfg: SimConfig, created: int, adapters: Mapping[str, str] | None = None) -> bytes:
-    """GET /v1/models in vLLM's shape, one entry per served name, then one per LoRA
-    adapter (`adapters`: name → path), whose parent is the base's first name."""
-    owner = "sglang" if cfg.metrics_dialect == "sglang" else "vllm"
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": owner,
-            "root": cfg.model,
-            "parent": None,
-            "max_model_len": cfg.max_model_len,
-            "permission": [
-                {
-                    "id": f"modelperm-{i:032x}",
-                    "object": "model_permission",
-                    "created": created,
-                    "allow_create_engine": False,
-                    "allow_sampling": True,
-                    "allow_logprobs": True,
-                    "allow_search_indices": False,
-                    "allow_view": True,
-                    "allow_fine_tuning": False,
-                    "organization": "*",
-                    "group": None,
-                    "is_blocking": False,
-                }
-            ],
-        }
-        for i, name in enumerate(cfg.served_model_names)
-    ]
-    for name, path in sorted((adapters or {}).items()):
-        data.append(
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": owner,
-                "root": path,
-                "parent": cfg.model_name,
-                "max_model_len": cfg.max_model_len,
-                "permission": [],
-            }
-        )
-    return _enc.encode({"object": "list", "data": data})
