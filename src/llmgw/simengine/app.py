@@ -177,7 +177,7 @@ class SimEngine:
     async def lifespan(self, _app: web.Application) -> AsyncIterator[None]:
         tasks = [
             asyncio.create_task(self.run_engine(), name="sim-engine-loop"),
-            asyncio.create_task(self._sweepgone(), name="sim-engine-sweep"),
+            asyncio.create_task(self._sweep_gone(), name="sim-engine-sweep"),
         ]
         if self.kv_events is not None:
             tasks.append(asyncio.create_task(self.kv_events.serve_replay(), name="kv-replay"))
@@ -212,7 +212,7 @@ class SimEngine:
             await asyncio.sleep(DEAD_EXIT_DELAY_S)
             self._die()
 
-    async def _sweepgone(self) -> None:
+    async def _sweep_gone(self) -> None:
         """Abort streams whose client left while they had nothing to write.
 
         A stream notices a lost client only when it writes, and a request in the
