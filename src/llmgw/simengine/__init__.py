@@ -3,6 +3,7 @@
 Layout:
 
     main.py, config.py, app.py   the program: flags, validated settings, the HTTP app
+    conn.py                      what every handler shares: content types, a gone client
     auth.py, debug.py            the engine key on every route but /health, /metrics,
                                  /version; loopback-only debug routes
     api.py                       chat, completions and embeddings: validation and bodies
