@@ -188,3 +188,42 @@ class TestBatchPrompts:
         usage = chunks[-1].usage
         assert usage is not None
         assert (usage.prompt_tokens, usage.completion_tokens) == (5, 4)
+
+
+class TestStreamOptions:
+    """`stream_options` as vLLM reads it: only with a stream, usage included once given."""
+
+    def test_without_stream_is_400(self, url: str) -> None:
+        """stream_options on a request that does not stream is vLLM's 400."""
+        with pytest.raises(openai.BadRequestError) as exc:
+            client(url).chat.completions.create(
+                model=MODEL,
+                messages=HELLO,
+                max_tokens=2,
+                stream_options={"include_usage": True},
+            )
+        assert "Stream options" in exc.value.message
+
+    def test_given_empty_includes_usage(self, url: str) -> None:
+        """include_usage defaults to true once stream_options is given, as vLLM's does."""
+        with client(url).completions.create(
+            model=MODEL, prompt="x", max_tokens=3, stream=True, stream_options={}
+        ) as stream:
+            chunks = list(stream)
+        usage = chunks[-1].usage
+        assert usage is not None
+        assert usage.completion_tokens == 3
+
+    def test_continuous_usage_alone(self, url: str) -> None:
+        """continuous_usage_stats alone puts running usage on every chunk, then the total."""
+        with client(url).chat.completions.create(
+            model=MODEL,
+            messages=HELLO,
+            max_tokens=3,
+            stream=True,
+            stream_options={"continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+        ) as stream:
+            chunks = list(stream)
+        assert all(c.usage is not None for c in chunks[1:])
+        last = chunks[-1]
+        assert (last.choices, last.usage and last.usage.completion_tokens) == ([], 3)

@@ -68,7 +68,8 @@ Priority = Annotated[int, msgspec.Meta(ge=-MAX_PRIORITY, le=MAX_PRIORITY)]
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
-    include_usage: bool | None = False
+    # vLLM's defaults: once `stream_options` is given, usage is included unless refused.
+    include_usage: bool | None = True
     continuous_usage_stats: bool | None = False
 
 
@@ -78,7 +79,8 @@ class GenerationBody(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     max_tokens: int | None = None
     stream: bool | None = False
-    stream_options: StreamOptions | None = None
+    # As sent: vLLM tells `{}` (allowed without a stream) from a non-empty object.
+    stream_options: dict[str, Any] | None = None
     seed: int | None = None
     n: int | None = 1
     ignore_eos: bool | None = False
@@ -203,7 +205,7 @@ def job_of(
             param="max_tokens",
         )
     check_priority(body.priority, cfg)
-    opts = body.stream_options
+    include_usage, continuous_usage = _usage_options(body.stream_options)
     return Job(
         chat=chat,
         model=model,
@@ -211,14 +213,38 @@ def job_of(
         max_tokens=max_tokens if max_tokens is not None else limit - n,
         params_max_tokens=max_tokens,
         stream=bool(body.stream),
-        include_usage=bool(opts and opts.include_usage),
-        continuous_usage=bool(opts and opts.continuous_usage_stats),
+        include_usage=include_usage,
+        continuous_usage=continuous_usage,
         seed=body.seed,
         ignore_eos=bool(body.ignore_eos),
         min_tokens=body.min_tokens or 0,
         priority=body.priority,
         logprobs=top_logprobs,
     )
+
+
+def _usage_options(raw: dict[str, Any] | None) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage) of a stream, as vLLM's should_include_usage reads
+    `stream_options`: continuous usage only with the final usage."""
+    if raw is None:
+        return False, False
+    try:
+        opts = msgspec.convert(raw, StreamOptions)
+    except msgspec.ValidationError as exc:
+        raise SimApiError(400, f"Invalid request: {exc}", param="stream_options") from exc
+    include = bool(opts.include_usage)
+    return include, include and bool(opts.continuous_usage_stats)
+
+
+def check_stream_options(body: GenerationBody) -> None:
+    """vLLM's refusal of stream options on a request that does not stream (chat and
+    completions); an empty object passes, as in vLLM."""
+    if body.stream_options and not body.stream:
+        raise SimApiError(
+            400,
+            "Stream options can only be defined when `stream=True`.",
+            param="stream_options",
+        )
 
 
 def _check_logprobs(n: int | None, param: str) -> None:
@@ -272,6 +298,7 @@ def chat_ids(
 
 def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
     body = decode_as(raw, ChatBody)
+    check_stream_options(body)
     model = check_model(body.model, cfg, adapters)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -289,6 +316,7 @@ def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) 
 def parse_completions(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> list[Job]:
     """One job per prompt: `prompt` may be a batch (strings or token-id lists), as vLLM's."""
     body = decode_as(raw, CompletionBody)
+    check_stream_options(body)
     model = check_model(body.model, cfg, adapters)
     _check_logprobs(body.logprobs, "logprobs")
     prompts = _batch(body.prompt)
