@@ -7,6 +7,7 @@ Layout:
     auth.py, debug.py            the engine key on every route but /health, /metrics,
                                  /version; loopback-only debug routes
     api.py                       chat, completions and embeddings: validation and bodies
+    encoder.py                   the chat and completions answers, whole and streamed
     logprobs.py                  the `logprobs` of generated tokens, in vLLM's shapes
     batch.py, modelcards.py      a completions batch (one choice per prompt); /v1/models
     responses.py, messages.py    OpenAI's Responses and Anthropic's Messages, as vLLM serves

@@ -28,6 +28,7 @@ from llmgw.simengine import (
     auth,
     batch,
     debug,
+    encoder,
     metrics,
     modelcards,
     routes,
@@ -336,7 +337,7 @@ class SimEngine:
         request: web.Request,
         job: api.Job,
         kind: str,
-        make: Callable[[api.Job, str, int], api.AnyEncoder] = api.Encoder,
+        make: Callable[[api.Job, str, int], encoder.AnyEncoder] = encoder.Encoder,
     ) -> web.StreamResponse:
         refused = await self.admit(job)
         if refused is not None:
@@ -417,7 +418,7 @@ class SimEngine:
         self,
         request: web.Request,
         job: api.Job,
-        enc: api.AnyEncoder,
+        enc: encoder.AnyEncoder,
         stream: Stream,
         stall_after: int | None,
         error_after: int | None,
@@ -467,7 +468,7 @@ class SimEngine:
     async def _complete(
         self,
         request: web.Request,
-        enc: api.AnyEncoder,
+        enc: encoder.AnyEncoder,
         stream: Stream,
         stall_after: int | None,
         error_after: int | None,

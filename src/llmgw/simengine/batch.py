@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from llmgw.simengine import api, tokenizer
+from llmgw.simengine import api, encoder, tokenizer
 from llmgw.simengine.conn import DEAD, DISCONNECT_POLL_S, JSON, SSE_HEADERS, gone
 from llmgw.simengine.engine import Stream
 
@@ -58,7 +58,7 @@ async def generate(sim: SimEngine, request: web.Request, jobs: list[api.Job]) ->
     created = int(time.time())
     # vLLM's own ids of a batch's requests: the response's id, then "-" and the index.
     streams = [sim.engine.submit(sim.sim_request(f"{rid}-{i}", j)) for i, j in enumerate(jobs)]
-    encs = [api.Encoder(j, rid, created, i) for i, j in enumerate(jobs)]
+    encs = [encoder.Encoder(j, rid, created, i) for i, j in enumerate(jobs)]
     try:
         if jobs[0].stream:
             return await _stream(sim, request, encs, streams)
@@ -69,7 +69,7 @@ async def generate(sim: SimEngine, request: web.Request, jobs: list[api.Job]) ->
 
 
 async def _complete(
-    request: web.Request, encs: list[api.Encoder], streams: list[Stream]
+    request: web.Request, encs: list[encoder.Encoder], streams: list[Stream]
 ) -> web.StreamResponse:
     for s in streams:
         s.per_token = False  # wake at the end only
@@ -93,7 +93,7 @@ def _error(status: int, message: str) -> web.Response:
 
 
 async def _stream(
-    sim: SimEngine, request: web.Request, encs: list[api.Encoder], streams: list[Stream]
+    sim: SimEngine, request: web.Request, encs: list[encoder.Encoder], streams: list[Stream]
 ) -> web.StreamResponse:
     resp = web.StreamResponse(headers=SSE_HEADERS)
     for s in streams:
