@@ -27,11 +27,22 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         sim_engines(log_dir, [200.0]) as engines,
         router(log_dir, base_config(endpoints=endpoint_entries(engines))) as r,
     ):
-        yield r.url
+        try:
+            yield r.url
+        finally:
+            while _clients:
+                _clients.popitem()[1].close()
+
+
+# One client per router for the module: a client per call left its sockets to the
+# garbage collector, whose ResourceWarning failed whichever test it landed in.
+_clients: dict[str, openai.OpenAI] = {}
 
 
 def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    if url not in _clients:
+        _clients[url] = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    return _clients[url]
 
 
 class TestLogprobs:
@@ -227,3 +238,76 @@ class TestStreamOptions:
         assert all(c.usage is not None for c in chunks[1:])
         last = chunks[-1]
         assert (last.choices, last.usage and last.usage.completion_tokens) == ([], 3)
+
+
+class TestN:
+    """`n` > 1 answers n choices, the prompt counted once in usage, as vLLM does."""
+
+    def test_chat_choices(self, url: str) -> None:
+        """Three chat choices, indexed 0..2, their tokens summed; the prompt counted once."""
+        c = client(url)
+        one = c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, seed=7)
+        got = c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, seed=7, n=3)
+        assert [ch.index for ch in got.choices] == [0, 1, 2]
+        assert got.choices[0].message.content == one.choices[0].message.content
+        assert len({ch.message.content for ch in got.choices}) > 1
+        assert (got.usage and one.usage) is not None
+        assert got.usage.prompt_tokens == one.usage.prompt_tokens
+        assert got.usage.completion_tokens == 12
+
+    def test_chat_stream(self, url: str) -> None:
+        """Each streamed choice opens with its own role chunk and ends with its finish reason."""
+        with client(url).chat.completions.create(
+            model=MODEL,
+            messages=HELLO,
+            max_tokens=3,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        ) as stream:
+            chunks = list(stream)
+        roles = [c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.role]
+        assert sorted(roles) == [0, 1]
+        texts: dict[int, str] = {}
+        finished = set()
+        for chunk in chunks:
+            for ch in chunk.choices:
+                texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+                if ch.finish_reason:
+                    finished.add(ch.index)
+        assert ({i: len(t) for i, t in texts.items()}, finished) == ({0: 12, 1: 12}, {0, 1})
+        usage = chunks[-1].usage
+        assert usage is not None
+        assert usage.completion_tokens == 6
+
+    def test_completions_batch_times_n(self, url: str) -> None:
+        """Two prompts with n=2 give choices 0..3, each prompt's tokens counted once."""
+        c = client(url)
+        got = c.completions.create(model=MODEL, prompt=["a", "bbbb cccc"], max_tokens=2, n=2)
+        assert [ch.index for ch in got.choices] == [0, 1, 2, 3]
+        singles = [
+            c.completions.create(model=MODEL, prompt=p, max_tokens=2) for p in ["a", "bbbb cccc"]
+        ]
+        assert got.usage is not None
+        assert got.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles if s.usage)
+        assert got.usage.completion_tokens == 8
+
+    def test_completions_stream(self, url: str) -> None:
+        """A streamed completion with n=2 writes both choices' text under their indexes."""
+        with client(url).completions.create(
+            model=MODEL, prompt="go", max_tokens=2, n=2, stream=True
+        ) as stream:
+            texts: dict[int, str] = {}
+            for chunk in stream:
+                for ch in chunk.choices:
+                    texts[ch.index] = texts.get(ch.index, "") + ch.text
+        assert {i: len(t) for i, t in texts.items()} == {0: 8, 1: 8}
+
+    def test_bad_n_is_400(self, url: str) -> None:
+        """n below 1, or above 1 with greedy sampling, is vLLM's 400."""
+        c = client(url)
+        with pytest.raises(openai.BadRequestError):
+            c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, n=0)
+        with pytest.raises(openai.BadRequestError) as exc:
+            c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, n=2, temperature=0)
+        assert "greedy" in exc.value.message

@@ -9,7 +9,7 @@ Deviation, on purpose: a body without `model` is a 400 here (vLLM would use
 its only model), so tests of the router's "missing model" path have an
 engine that agrees with it (docs/router.md). `usage.prompt_tokens_details`
 (cached tokens) is always present, as with vLLM's
-`--enable-prompt-tokens-details`. Only `n = 1` is supported.
+`--enable-prompt-tokens-details`. `n` and the other sampling parameters: sampling.py.
 
 `priority` (an integer, default 0, lower served first) is vLLM's: under
 `--scheduling-policy fcfs` anything but 0 is refused with vLLM's message, after
@@ -29,37 +29,12 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from llmgw.simengine import logprobs, tokenizer
+from llmgw.simengine import logprobs, sampling, tokenizer
 from llmgw.simengine.batcher import PRIORITY
 from llmgw.simengine.config import SimConfig
+from llmgw.simengine.errors import ERROR_TYPES as ERROR_TYPES  # re-exported for handlers
+from llmgw.simengine.errors import SimApiError as SimApiError  # re-exported for handlers
 from llmgw.wire.errors import error_body
-
-ERROR_TYPES = {
-    400: "BadRequestError",
-    403: "ForbiddenError",
-    404: "NotFoundError",
-    413: "RequestTooLargeError",
-    500: "InternalServerError",
-}
-
-
-class SimApiError(Exception):
-    """A request the engine refuses; rendered as vLLM's error body with `status`."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-    def body(self) -> bytes:
-        return error_body(
-            self.message,
-            type=ERROR_TYPES.get(self.status, "InternalServerError"),
-            code=self.status,
-            param=self.param,
-        )
-
 
 # A request's priority: vLLM takes any integer; a 32-bit bound keeps a hostile
 # 10**30 a validation error.
@@ -83,6 +58,7 @@ class GenerationBody(msgspec.Struct, frozen=True, kw_only=True):
     stream_options: dict[str, Any] | None = None
     seed: int | None = None
     n: int | None = 1
+    temperature: float | None = None
     ignore_eos: bool | None = False
     min_tokens: int | None = 0
     priority: Priority = 0
@@ -129,6 +105,7 @@ class Job:
     logprobs: int | None = None  # alternatives per token; None: no logprobs asked for
     echo: str | None = None  # the prompt's text, written before the reply; None: no echo
     echo_only: bool = False  # echo with max_tokens 0: the one token generated is not written
+    n: int = 1  # choices (sequences in the engine) for this prompt
 
 
 T = TypeVar("T")
@@ -155,8 +132,6 @@ def check_model(model: str | None, cfg: SimConfig, adapters: Container[str] = ()
 
 
 def _check_params(body: GenerationBody, max_tokens: int | None) -> None:
-    if body.n is not None and body.n != 1:
-        raise SimApiError(400, "The sim-engine supports n = 1 only.", param="n")
     if max_tokens is not None and max_tokens < 1:
         raise SimApiError(
             400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens"
@@ -305,7 +280,8 @@ def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job
     )
     top = _chat_logprobs(body)
     ids = chat_ids(body.messages, body.tools, cfg)
-    return job_of(body, cfg, ids, max_tokens, model=model, chat=True, top_logprobs=top)
+    job = job_of(body, cfg, ids, max_tokens, model=model, chat=True, top_logprobs=top)
+    return dataclasses.replace(job, n=sampling.choices_n(body.n, body.temperature))
 
 
 def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
@@ -324,7 +300,8 @@ def parse_completions(raw: bytes, cfg: SimConfig, adapters: Container[str] = ())
         raise SimApiError(
             400, f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS}", param="prompt"
         )
-    return [_completion_job(body, p, cfg, model) for p in prompts]
+    n = sampling.choices_n(body.n, body.temperature, len(prompts))
+    return [dataclasses.replace(_completion_job(body, p, cfg, model), n=n) for p in prompts]
 
 
 # A batch's bound: each prompt is a request in the engine, so a body of a million

@@ -249,14 +249,16 @@ class SimEngine:
         job = await read_request(request, self._parse_chat, self.cfg)
         if isinstance(job, web.Response):
             return job
+        if job.n > 1:
+            return await batch.generate(self, request, [job], "chatcmpl")
         return await self._generate(request, job, "chatcmpl")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         jobs = await read_request(request, self._parse_completions, self.cfg)
         if isinstance(jobs, web.Response):
             return jobs
-        if len(jobs) > 1:
-            return await batch.generate(self, request, jobs)
+        if len(jobs) > 1 or jobs[0].n > 1:
+            return await batch.generate(self, request, jobs, "cmpl")
         return await self._generate(request, jobs[0], "cmpl")
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
@@ -371,19 +373,22 @@ class SimEngine:
     def new_id(self, kind: str) -> str:
         return f"{kind}-{self._id_prefix}{next(self._ids):024x}"
 
-    def sim_request(self, rid: str, job: api.Job) -> SimRequest:
+    def sim_request(self, rid: str, job: api.Job, choice: int = 0) -> SimRequest:
+        """The engine request of `job`'s choice `choice` (0 .. n-1), seeded `seed + choice`
+        as vLLM seeds a request's n children."""
         seed = job.seed if job.seed is not None else tokenizer.prompt_seed(job.prompt_ids)
         return SimRequest(
             rid,
             job.prompt_ids,
             arrival_s=self.engine.now(),
             max_tokens=job.max_tokens,
-            seed=mix_seed(seed, self.cfg.seed),
+            seed=mix_seed(seed + choice, self.cfg.seed),
             ignore_eos=job.ignore_eos,
             min_tokens=job.min_tokens,
             params_max_tokens=job.params_max_tokens,
             priority=job.priority,
             adapter=job.model if job.model in self.lora.names else None,
+            params_n=job.n if choice == 0 else None,
         )
 
     def done(self, request: web.Request, stream: Stream) -> None:

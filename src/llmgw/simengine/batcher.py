@@ -91,6 +91,7 @@ class SimRequest:
         "num_preemptions",
         "num_prompt",
         "params_max_tokens",
+        "params_n",
         "priority",
         "req_id",
         "rng",
@@ -111,6 +112,7 @@ class SimRequest:
         params_max_tokens: int | None = None,
         priority: int = 0,
         adapter: str | None = None,
+        params_n: int | None = 1,
     ) -> None:
         self.req_id = req_id
         self.priority = priority  # lower is served first under the priority policy
@@ -121,6 +123,8 @@ class SimRequest:
         self.arrival_s = arrival_s
         self.max_tokens = max_tokens
         self.params_max_tokens = params_max_tokens  # as the client sent it; None: not given
+        # The request's `n`, observed once per request: None for choices after the first.
+        self.params_n = params_n
         self.ignore_eos = ignore_eos
         self.rng = seed & _MASK
         span = MAX_NATURAL_TOKENS - MIN_NATURAL_TOKENS + 1
@@ -388,7 +392,8 @@ class Scheduler:
         s.observe("max_num_generation_tokens", req.max_tokens)
         if req.params_max_tokens is not None:
             s.observe("params_max_tokens", req.params_max_tokens)
-        s.observe("params_n", 1)
+        if req.params_n is not None:
+            s.observe("params_n", req.params_n)
         s.observe("num_preemptions", req.num_preemptions)
         if req.first_scheduled_s is not None:
             s.observe("inference", now - req.first_scheduled_s)

@@ -21,7 +21,7 @@ class AnyEncoder(Protocol):
 
 class Encoder:
     """Response bodies of one request (chat or completion), streaming and not; of one
-    choice (`index`) when a completions batch has several."""
+    choice (`index`) when the request has several (batch.py)."""
 
     def __init__(self, job: Job, rid: str, created: int, index: int = 0) -> None:
         self.job = job
@@ -77,7 +77,7 @@ class Encoder:
         if not self.job.chat:
             return b""
         delta = {"role": "assistant", "content": ""}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        choice = {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}
         return self._chunk([choice], None)
 
     def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
