@@ -311,3 +311,57 @@ class TestN:
         with pytest.raises(openai.BadRequestError) as exc:
             c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, n=2, temperature=0)
         assert "greedy" in exc.value.message
+
+
+class TestStop:
+    """Stop strings end the reply before them, streamed and not, as vLLM's do."""
+
+    def test_reply_ends_before_the_stop_string(self, url: str) -> None:
+        """A stop string the reply would contain cuts it there, finish_reason stop."""
+        c = client(url)
+        full = c.completions.create(model=MODEL, prompt="words", max_tokens=40, seed=3)
+        text = full.choices[0].text
+        word = text.split()[5]
+        at = text.index(word)
+        got = c.completions.create(
+            model=MODEL, prompt="words", max_tokens=40, seed=3, stop=["zzzz", word]
+        )
+        assert (got.choices[0].text, got.choices[0].finish_reason) == (text[:at], "stop")
+        assert got.usage is not None
+        assert got.usage.completion_tokens == len(text[: at + len(word)]) // 4 + 1
+
+    def test_include_stop_str_in_output(self, url: str) -> None:
+        """include_stop_str_in_output keeps the stop string and nothing after it."""
+        c = client(url)
+        full = c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40, seed=4)
+        text = full.choices[0].message.content or ""
+        stop = text.split()[3][:2]
+        at = text.index(stop)
+        got = c.chat.completions.create(
+            model=MODEL,
+            messages=HELLO,
+            max_tokens=40,
+            seed=4,
+            stop=stop,
+            extra_body={"include_stop_str_in_output": True},
+        )
+        assert got.choices[0].message.content == text[: at + len(stop)]
+
+    def test_stream_never_writes_the_stop_string(self, url: str) -> None:
+        """A stream holds back what may begin a stop string: no part of it is written."""
+        c = client(url)
+        full = c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40, seed=5)
+        text = full.choices[0].message.content or ""
+        stop = text[9:14]  # spans two words: its start comes a token before its end
+        with c.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=40, seed=5, stop=[stop], stream=True
+        ) as stream:
+            chunks = list(stream)
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert streamed == text[: text.index(stop)]
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+    def test_empty_stop_string_is_400(self, url: str) -> None:
+        """An empty stop string is vLLM's 400."""
+        with pytest.raises(openai.BadRequestError):
+            client(url).completions.create(model=MODEL, prompt="x", max_tokens=2, stop=[""])

@@ -8,7 +8,8 @@ Layout:
                                  /version; loopback-only debug routes
     errors.py                    the error every handler refuses with, in vLLM's body
     api.py                       chat, completions and embeddings: validation and bodies
-    sampling.py                  chat and completions sampling parameters: n
+    sampling.py, stops.py        chat and completions sampling parameters (n, stop);
+                                 where stop strings end a reply
     encoder.py                   the chat and completions answers, whole and streamed
     logprobs.py                  the `logprobs` of generated tokens, in vLLM's shapes
     batch.py, modelcards.py      a request of several choices (a batch, n > 1); /v1/models

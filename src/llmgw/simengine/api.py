@@ -66,6 +66,8 @@ class GenerationBody(msgspec.Struct, frozen=True, kw_only=True):
 
 class ChatBody(GenerationBody, frozen=True, kw_only=True):
     messages: list[dict[str, Any]]
+    stop: str | list[str] | None = None
+    include_stop_str_in_output: bool | None = False
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     logprobs: bool | None = False
@@ -74,6 +76,8 @@ class ChatBody(GenerationBody, frozen=True, kw_only=True):
 
 class CompletionBody(GenerationBody, frozen=True, kw_only=True):
     prompt: Any = None
+    stop: str | list[str] | None = None
+    include_stop_str_in_output: bool | None = False
     logprobs: int | None = None
     echo: bool | None = False
 
@@ -106,6 +110,8 @@ class Job:
     echo: str | None = None  # the prompt's text, written before the reply; None: no echo
     echo_only: bool = False  # echo with max_tokens 0: the one token generated is not written
     n: int = 1  # choices (sequences in the engine) for this prompt
+    stops: tuple[str, ...] = ()  # stop strings, in the request's order
+    include_stop: bool = False  # include_stop_str_in_output
 
 
 T = TypeVar("T")
@@ -281,7 +287,11 @@ def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job
     top = _chat_logprobs(body)
     ids = chat_ids(body.messages, body.tools, cfg)
     job = job_of(body, cfg, ids, max_tokens, model=model, chat=True, top_logprobs=top)
-    return dataclasses.replace(job, n=sampling.choices_n(body.n, body.temperature))
+    n = sampling.choices_n(body.n, body.temperature)
+    stops = sampling.stop_strings(body.stop)
+    return dataclasses.replace(
+        job, n=n, stops=stops, include_stop=bool(body.include_stop_str_in_output)
+    )
 
 
 def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
@@ -301,7 +311,14 @@ def parse_completions(raw: bytes, cfg: SimConfig, adapters: Container[str] = ())
             400, f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS}", param="prompt"
         )
     n = sampling.choices_n(body.n, body.temperature, len(prompts))
-    return [dataclasses.replace(_completion_job(body, p, cfg, model), n=n) for p in prompts]
+    stops = sampling.stop_strings(body.stop)
+    include = bool(body.include_stop_str_in_output)
+    return [
+        dataclasses.replace(
+            _completion_job(body, p, cfg, model), n=n, stops=stops, include_stop=include
+        )
+        for p in prompts
+    ]
 
 
 # A batch's bound: each prompt is a request in the engine, so a body of a million

@@ -48,6 +48,7 @@ from llmgw.simengine.metricsnames import histogram_buckets
 from llmgw.simengine.requestlog import RequestLog
 from llmgw.simengine.sleep import Sleeper
 from llmgw.simengine.stats import EngineStats
+from llmgw.simengine.stops import StopScan
 
 log = logging.getLogger(__name__)
 
@@ -389,6 +390,7 @@ class SimEngine:
             priority=job.priority,
             adapter=job.model if job.model in self.lora.names else None,
             params_n=job.n if choice == 0 else None,
+            stop=StopScan(job.stops, include=job.include_stop) if job.stops else None,
         )
 
     def done(self, request: web.Request, stream: Stream) -> None:
@@ -442,12 +444,12 @@ class SimEngine:
                     return resp
                 if req.finish_reason == "abort" and gone(request):
                     return resp  # aborted by _sweep_gone: nobody to write to
-                ids = stream.take(None if cut is None else cut - stream.sent)
+                taken, text = stream.take_text(None if cut is None else cut - stream.sent)
                 done = req.finish_reason is not None and stream.sent == req.num_output
-                if ids or done:
+                if taken or done:
                     usage = self._usage(req) if job.continuous_usage else None
                     finish = req.finish_reason if done else None
-                    pending += enc.delta(tokenizer.output_text(ids), finish, usage)
+                    pending += enc.delta(text, finish, usage)
                 if pending:
                     await resp.write(pending)
                     pending = b""
@@ -500,8 +502,7 @@ class SimEngine:
                     return web.Response(status=499)
             if stream.failed:
                 return error_response(api.SimApiError(500, DEAD))
-        text = tokenizer.output_text(req.output_ids())
-        resp = json_response(enc.full(text, req.finish_reason, self._usage(req)))
+        resp = json_response(enc.full(req.output_text(), req.finish_reason, self._usage(req)))
         resp.headers.update(_arrival(req))
         return resp
 

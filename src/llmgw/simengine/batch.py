@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from llmgw.simengine import api, encoder, tokenizer
+from llmgw.simengine import api, encoder
 from llmgw.simengine.conn import DEAD, DISCONNECT_POLL_S, JSON, SSE_HEADERS, gone
 from llmgw.simengine.engine import Stream
 
@@ -91,7 +91,7 @@ async def _complete(
     if any(s.failed for s in streams):
         return _error(500, DEAD)
     choices = [
-        enc.full_choice(tokenizer.output_text(s.req.output_ids()), s.req.finish_reason or "")
+        enc.full_choice(s.req.output_text(), s.req.finish_reason or "")
         for enc, s in zip(encs, streams, strict=True)
     ]
     return web.Response(body=encs[0].body(choices, _usage(streams, n)), content_type=JSON)
@@ -128,13 +128,13 @@ async def _stream(
                     return resp
                 if req.finish_reason == "abort" and gone(request):
                     return resp  # aborted by the sweep: nobody to write to
-                ids = s.take()
+                taken, text = s.take_text()
                 done = req.finish_reason is not None and s.sent == req.num_output
-                if ids or done:
+                if taken or done:
                     usage = api.usage(req.num_prompt, req.num_output, req.num_cached_tokens or 0)
                     cont = usage if enc.job.continuous_usage else None
                     finish = req.finish_reason if done else None
-                    out += enc.delta(tokenizer.output_text(ids), finish, cont)
+                    out += enc.delta(text, finish, cont)
                 if done:
                     open_.remove(i)
             if out:

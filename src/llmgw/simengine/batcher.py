@@ -33,7 +33,9 @@ Output tokens
     (`x = x * 6364136223846793005 + 1442695040888963407 mod 2**64`); token k is
     `OUTPUT_IDS[x_k >> 58]`. The reply ends with END (finish_reason "stop") after
     `32 + seed_mix % 481` tokens (32..512) unless `ignore_eos` is set, not before
-    `min_tokens`; it ends with "length" at `max_tokens` or at the context limit.
+    `min_tokens`; it ends with "length" at `max_tokens` or at the context limit, and
+    with "stop" at a token that completes one of its stop strings, once past
+    `min_tokens` (stops.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from enum import Enum
 from llmgw.simengine import tokenizer
 from llmgw.simengine.kvcache import KVCache, extend_block_hashes
 from llmgw.simengine.stats import EngineStats
+from llmgw.simengine.stops import StopScan
 from llmgw.simengine.waiting import FcfsQueue, PriorityQueue, WaitingQueue
 
 _MASK = (1 << 64) - 1
@@ -86,6 +89,7 @@ class SimRequest:
         "ignore_eos",
         "last_token_s",
         "max_tokens",
+        "min_tokens",
         "num_cached_tokens",
         "num_computed",
         "num_preemptions",
@@ -96,6 +100,9 @@ class SimRequest:
         "req_id",
         "rng",
         "status",
+        "stop_reason",
+        "stop_scan",
+        "text_end",
         "token_ids",
     )
 
@@ -113,6 +120,7 @@ class SimRequest:
         priority: int = 0,
         adapter: str | None = None,
         params_n: int | None = 1,
+        stop: StopScan | None = None,
     ) -> None:
         self.req_id = req_id
         self.priority = priority  # lower is served first under the priority policy
@@ -129,6 +137,10 @@ class SimRequest:
         self.rng = seed & _MASK
         span = MAX_NATURAL_TOKENS - MIN_NATURAL_TOKENS + 1
         self.eos_at = max(MIN_NATURAL_TOKENS + self.rng % span, min_tokens)
+        self.min_tokens = min_tokens
+        self.stop_scan = stop  # its stop strings; None: none
+        self.stop_reason: str | None = None  # the stop string that ended it
+        self.text_end: int | None = None  # characters of output text kept; None: all
         self.status = Status.WAITING
         self.num_computed = 0
         self.block_hashes: list[bytes] = []
@@ -150,6 +162,22 @@ class SimRequest:
 
     def output_ids(self, start: int = 0) -> list[int]:
         return self.token_ids[self.num_prompt + start :]
+
+    def output_text(self) -> str:
+        """The reply's text: cut where a stop string ended it."""
+        text = tokenizer.output_text(self.output_ids())
+        return text if self.text_end is None else text[: self.text_end]
+
+    def _hit_stop(self, token: int) -> bool:
+        """Whether `token`, just generated, completes a stop string."""
+        scan = self.stop_scan
+        if scan is None:
+            return False
+        found = scan.feed(tokenizer.output_text((token,)), check=self.num_output > self.min_tokens)
+        if found is None:
+            return False
+        self.stop_reason, self.text_end = found
+        return True
 
     def _next_id(self) -> int:
         self.rng = (self.rng * _LCG_A + _LCG_C) & _MASK
@@ -361,7 +389,8 @@ class Scheduler:
         stats = self.stats
         n_out = req.num_output + 1
         eos = not req.ignore_eos and n_out >= req.eos_at
-        req.token_ids.append(tokenizer.END if eos else req._next_id())
+        token = tokenizer.END if eos else req._next_id()
+        req.token_ids.append(token)
         stats.generation_tokens += 1
         if req.first_token_s is None:
             req.first_token_s = now
@@ -373,7 +402,7 @@ class Scheduler:
         elif req.last_token_s is not None:
             stats.observe("itl", now - req.last_token_s)
         req.last_token_s = now
-        if eos:
+        if eos or req._hit_stop(token):
             self._finish(req, "stop", now)
         elif n_out >= req.max_tokens or len(req.token_ids) >= self.max_model_len:
             self._finish(req, "length", now)
