@@ -7,6 +7,7 @@ echo, stop strings, batches of prompts, n) and reads the answer the way the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import openai
@@ -365,3 +366,110 @@ class TestStop:
         """An empty stop string is vLLM's 400."""
         with pytest.raises(openai.BadRequestError):
             client(url).completions.create(model=MODEL, prompt="x", max_tokens=2, stop=[""])
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+NOTE = {"type": "function", "function": {"name": "note", "parameters": {"type": "object"}}}
+
+
+class TestToolChoice:
+    """`tool_choice` "required" or named answers a tool call, as vLLM's structured output."""
+
+    def test_required(self, url: str) -> None:
+        """ "required" answers a call of a tool, its arguments a JSON object with the
+        required properties; finish_reason tool_calls."""
+        got = client(url).chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=200, tools=[WEATHER], tool_choice="required"
+        )
+        choice = got.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        (call,) = choice.message.tool_calls or []
+        assert call.type == "function"
+        assert call.function.name == "get_weather"
+        args = json.loads(call.function.arguments)
+        assert {"city", "unit"} <= set(args)
+        assert args["unit"] in ("c", "f")
+
+    def test_named_streamed(self, url: str) -> None:
+        """A named function is called (finish_reason stop, as vLLM's), its arguments
+        streamed after the call's id and name."""
+        with client(url).chat.completions.create(
+            model=MODEL,
+            messages=HELLO,
+            max_tokens=200,
+            tools=[WEATHER, NOTE],
+            tool_choice={"type": "function", "function": {"name": "note"}},
+            stream=True,
+        ) as stream:
+            chunks = list(stream)
+        calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+        assert calls[0].id
+        assert calls[0].function is not None
+        assert calls[0].function.name == "note"
+        args = "".join(tc.function.arguments or "" for tc in calls if tc.function)
+        assert json.loads(args) == {}
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+    def test_refusals(self, url: str) -> None:
+        """tool_choice without tools, or naming a tool not in them, is vLLM's 400."""
+        c = client(url)
+        with pytest.raises(openai.BadRequestError):
+            c.chat.completions.create(
+                model=MODEL, messages=HELLO, max_tokens=5, tool_choice="required"
+            )
+        with pytest.raises(openai.BadRequestError):
+            c.chat.completions.create(
+                model=MODEL,
+                messages=HELLO,
+                max_tokens=5,
+                tools=[WEATHER],
+                tool_choice={"type": "function", "function": {"name": "nope"}},
+            )
+
+
+class TestResponseFormat:
+    """`response_format` json_object and json_schema answer JSON, as vLLM's do."""
+
+    def test_json_object(self, url: str) -> None:
+        """json_object answers a JSON object."""
+        got = client(url).chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=100, response_format={"type": "json_object"}
+        )
+        assert got.choices[0].finish_reason == "stop"
+        assert isinstance(json.loads(got.choices[0].message.content or ""), dict)
+
+    def test_json_schema(self, url: str) -> None:
+        """json_schema answers an object with the schema's required properties."""
+        schema = {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "tags": {"type": "array"}},
+            "required": ["name", "tags"],
+        }
+        got = client(url).completions.create(
+            model=MODEL,
+            prompt="describe",
+            max_tokens=100,
+            extra_body={
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "thing", "schema": schema},
+                }
+            },
+        )
+        value = json.loads(got.choices[0].text)
+        assert isinstance(value["name"], str)
+        assert isinstance(value["tags"], list)

@@ -10,6 +10,7 @@ Layout:
     api.py                       chat, completions and embeddings: validation and bodies
     sampling.py, stops.py        chat and completions sampling parameters (n, stop);
                                  where stop strings end a reply
+    structured.py                tool_choice and response_format: JSON replies
     encoder.py                   the chat and completions answers, whole and streamed
     logprobs.py                  the `logprobs` of generated tokens, in vLLM's shapes
     batch.py, modelcards.py      a request of several choices (a batch, n > 1); /v1/models

@@ -29,7 +29,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from llmgw.simengine import logprobs, sampling, tokenizer
+from llmgw.simengine import logprobs, sampling, structured, tokenizer
 from llmgw.simengine.batcher import PRIORITY
 from llmgw.simengine.config import SimConfig
 from llmgw.simengine.errors import ERROR_TYPES as ERROR_TYPES  # re-exported for handlers
@@ -68,6 +68,8 @@ class ChatBody(GenerationBody, frozen=True, kw_only=True):
     messages: list[dict[str, Any]]
     stop: str | list[str] | None = None
     include_stop_str_in_output: bool | None = False
+    tool_choice: Any = None
+    response_format: Any = None
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     logprobs: bool | None = False
@@ -78,6 +80,7 @@ class CompletionBody(GenerationBody, frozen=True, kw_only=True):
     prompt: Any = None
     stop: str | list[str] | None = None
     include_stop_str_in_output: bool | None = False
+    response_format: Any = None
     logprobs: int | None = None
     echo: bool | None = False
 
@@ -112,6 +115,9 @@ class Job:
     n: int = 1  # choices (sequences in the engine) for this prompt
     stops: tuple[str, ...] = ()  # stop strings, in the request's order
     include_stop: bool = False  # include_stop_str_in_output
+    script: str | None = None  # the reply's text when fixed (structured output); None: words
+    tool: str | None = None  # the function the reply calls, `script` its arguments; None: none
+    tool_required: bool = False  # tool_choice "required" (finish_reason tool_calls), not named
 
 
 T = TypeVar("T")
@@ -280,6 +286,8 @@ def chat_ids(
 def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
     body = decode_as(raw, ChatBody)
     check_stream_options(body)
+    call = structured.tool_call(body.tools, body.tool_choice)
+    script = call[1] if call else structured.format_text(body.response_format)
     model = check_model(body.model, cfg, adapters)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -290,7 +298,13 @@ def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job
     n = sampling.choices_n(body.n, body.temperature)
     stops = sampling.stop_strings(body.stop)
     return dataclasses.replace(
-        job, n=n, stops=stops, include_stop=bool(body.include_stop_str_in_output)
+        job,
+        n=n,
+        stops=stops,
+        include_stop=bool(body.include_stop_str_in_output),
+        script=script,
+        tool=call[0] if call else None,
+        tool_required=bool(call and call[2]),
     )
 
 
@@ -303,6 +317,7 @@ def parse_completions(raw: bytes, cfg: SimConfig, adapters: Container[str] = ())
     """One job per prompt: `prompt` may be a batch (strings or token-id lists), as vLLM's."""
     body = decode_as(raw, CompletionBody)
     check_stream_options(body)
+    script = structured.format_text(body.response_format)
     model = check_model(body.model, cfg, adapters)
     _check_logprobs(body.logprobs, "logprobs")
     prompts = _batch(body.prompt)
@@ -315,7 +330,11 @@ def parse_completions(raw: bytes, cfg: SimConfig, adapters: Container[str] = ())
     include = bool(body.include_stop_str_in_output)
     return [
         dataclasses.replace(
-            _completion_job(body, p, cfg, model), n=n, stops=stops, include_stop=include
+            _completion_job(body, p, cfg, model),
+            n=n,
+            stops=stops,
+            include_stop=include,
+            script=script,
         )
         for p in prompts
     ]

@@ -391,6 +391,7 @@ class SimEngine:
             adapter=job.model if job.model in self.lora.names else None,
             params_n=job.n if choice == 0 else None,
             stop=StopScan(job.stops, include=job.include_stop) if job.stops else None,
+            script=job.script,
         )
 
     def done(self, request: web.Request, stream: Stream) -> None:

@@ -35,7 +35,8 @@ Output tokens
     `32 + seed_mix % 481` tokens (32..512) unless `ignore_eos` is set, not before
     `min_tokens`; it ends with "length" at `max_tokens` or at the context limit, and
     with "stop" at a token that completes one of its stop strings, once past
-    `min_tokens` (stops.py).
+    `min_tokens` (stops.py). A reply whose text is fixed (`script`, structured output)
+    is that text's tokens, then END; past it, with `ignore_eos`, the words again.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class SimRequest:
         "priority",
         "req_id",
         "rng",
+        "script",
         "status",
         "stop_reason",
         "stop_scan",
@@ -121,6 +123,7 @@ class SimRequest:
         adapter: str | None = None,
         params_n: int | None = 1,
         stop: StopScan | None = None,
+        script: str | None = None,
     ) -> None:
         self.req_id = req_id
         self.priority = priority  # lower is served first under the priority policy
@@ -137,6 +140,10 @@ class SimRequest:
         self.rng = seed & _MASK
         span = MAX_NATURAL_TOKENS - MIN_NATURAL_TOKENS + 1
         self.eos_at = max(MIN_NATURAL_TOKENS + self.rng % span, min_tokens)
+        # A reply whose text is fixed (structured output): its pieces, then END.
+        self.script = _pieces(script) if script is not None else None
+        if self.script is not None:
+            self.eos_at = max(len(self.script) + 1, min_tokens)
         self.min_tokens = min_tokens
         self.stop_scan = stop  # its stop strings; None: none
         self.stop_reason: str | None = None  # the stop string that ended it
@@ -163,9 +170,21 @@ class SimRequest:
     def output_ids(self, start: int = 0) -> list[int]:
         return self.token_ids[self.num_prompt + start :]
 
+    def text_of(self, start: int = 0, end: int | None = None) -> str:
+        """The text of output tokens `start` to `end` (to the last when None), uncut."""
+        out = self.token_ids[self.num_prompt :]
+        end = len(out) if end is None else end
+        script = self.script
+        if script is None:
+            return tokenizer.output_text(out[start:end])
+        return "".join(
+            script[j] if j < len(script) and out[j] != tokenizer.END else ""
+            for j in range(start, end)
+        )
+
     def output_text(self) -> str:
         """The reply's text: cut where a stop string ended it."""
-        text = tokenizer.output_text(self.output_ids())
+        text = self.text_of()
         return text if self.text_end is None else text[: self.text_end]
 
     def _hit_stop(self, token: int) -> bool:
@@ -173,7 +192,8 @@ class SimRequest:
         scan = self.stop_scan
         if scan is None:
             return False
-        found = scan.feed(tokenizer.output_text((token,)), check=self.num_output > self.min_tokens)
+        n = self.num_output
+        found = scan.feed(self.text_of(n - 1, n), check=n > self.min_tokens)
         if found is None:
             return False
         self.stop_reason, self.text_end = found
@@ -181,6 +201,9 @@ class SimRequest:
 
     def _next_id(self) -> int:
         self.rng = (self.rng * _LCG_A + _LCG_C) & _MASK
+        k, script = self.num_output, self.script
+        if script is not None and k < len(script):
+            return tokenizer.piece_id(script[k])
         return tokenizer.OUTPUT_IDS[self.rng >> 58]
 
 
@@ -438,6 +461,12 @@ class Scheduler:
 
     def running_snapshot(self) -> list[str]:
         return [r.req_id for r in self._running]
+
+
+def _pieces(text: str) -> tuple[str, ...]:
+    """The tokens of `text`, as the sim's tokenizer cuts it."""
+    n = tokenizer.PIECE_CHARS
+    return tuple(text[i : i + n] for i in range(0, len(text), n))
 
 
 def _rank(req: SimRequest) -> tuple[int, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Protocol
 
 from llmgw.simengine import logprobs
@@ -32,6 +33,8 @@ class Encoder:
         self._sent_tokens = 0  # generated tokens already written (logprobs' positions)
         self._sent_chars = 0  # characters of text already written (completions' offsets)
         self._echoed = False  # the prompt (echo) has been written
+        self._call_id = f"chatcmpl-tool-{uuid.uuid4().hex}"  # vLLM's form of a call's id
+        self._call_named = False  # a streamed tool call's id and name have been written
 
     def _logprobs(self, text: str) -> dict[str, Any] | None:
         """`choice.logprobs` of the next `text`; None when the request asked for none."""
@@ -82,7 +85,13 @@ class Encoder:
 
     def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
         choice: dict[str, Any]
-        if self.job.chat:
+        if self.job.tool is not None:
+            if not text and finish is None:
+                return b""  # vLLM writes no chunk until the call has text
+            lp = self._logprobs(text)
+            choice = {"index": self.index, "delta": self._call_delta(text), "logprobs": lp}
+            finish = self._finish(finish)
+        elif self.job.chat:
             lp = self._logprobs(text)
             choice = {"index": self.index, "delta": {"content": text}, "logprobs": lp}
         else:
@@ -113,6 +122,13 @@ class Encoder:
         choice: dict[str, Any]
         if self.job.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
+            if self.job.tool is not None:
+                call = {"name": self.job.tool, "arguments": text}
+                message["content"] = ""
+                message["tool_calls"] = [
+                    {"id": self._call_id, "type": "function", "function": call}
+                ]
+                finish = self._finish(finish) or finish
             message["reasoning_content"] = None
             choice = {"index": self.index, "message": message}
             choice["logprobs"] = self._logprobs(text)
@@ -122,6 +138,21 @@ class Encoder:
         choice["finish_reason"] = finish
         choice["stop_reason"] = None
         return choice
+
+    def _finish(self, finish: str | None) -> str | None:
+        """A tool call's finish reason: "tool_calls" for "required", the engine's for a named
+        function (vLLM's, after OpenAI's)."""
+        return "tool_calls" if finish == "stop" and self.job.tool_required else finish
+
+    def _call_delta(self, text: str) -> dict[str, Any]:
+        """A streamed tool call's next arguments; the first delta names the call."""
+        if self._call_named:
+            return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
+        self._call_named = True
+        call = {"name": self.job.tool, "arguments": text}
+        return {
+            "tool_calls": [{"id": self._call_id, "type": "function", "index": 0, "function": call}]
+        }
 
     def body(self, choices: list[dict[str, Any]], usage_: dict[str, Any]) -> bytes:
         """The non-streaming response of `choices`."""

@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from llmgw.simengine import tokenizer
 from llmgw.simengine.batcher import Scheduler, SimRequest, StepPlan
 from llmgw.simengine.timing import TimingModel
 
@@ -87,7 +86,7 @@ class Stream:
         the reply."""
         ids = self.take(limit)
         req = self.req
-        text = self._held + tokenizer.output_text(ids)
+        text = self._held + req.text_of(self.sent - len(ids), self.sent)
         done = req.finish_reason is not None and self.sent == req.num_output
         held = ""
         if done and req.text_end is not None:
