@@ -209,6 +209,13 @@ def render(
             f"shard {spec.replica_id}/{spec.rank}: a multi-node shard needs master_addr "
             "and master_port"
         )
+    if spec.model.startswith("-"):
+        # The controller refuses such a source at apply; one stored before it did would
+        # reach vLLM's positional as a flag (`--trust-remote-code`) past the policy.
+        raise ValueError(
+            f"shard {spec.replica_id}/{spec.rank}: model {spec.model[:100]!r} begins with "
+            "'-', which the engine would read as a flag"
+        )
     prefix = commands.get(spec.engine, DEFAULT_COMMANDS[spec.engine])
     if spec.engine == "vllm":
         body, health = _vllm(spec, port, host)
