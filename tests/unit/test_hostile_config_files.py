@@ -278,6 +278,16 @@ class TestYamlThatExpands:
         assert str(path) in said
         assert "aliases repeat more than 1000000 nodes" in said
 
+    @pytest.mark.parametrize("key", ["sim_args", "router"])
+    @pytest.mark.timeout(10)
+    def test_fleet_alias_bomb(self, tmp_path: Path, key: str) -> None:
+        """`llmgw up --fleet` refuses one as the other files do; it walked every copy."""
+        path = tmp_path / "f.yaml"
+        path.write_text(f"nodes: [{{prefix: a, gpus: 1xH100-80G}}]\n{key}: {bomb()}\n")
+        said = fleet(str(path))
+        assert str(path) in said
+        assert "aliases repeat more than 1000000 nodes" in said
+
     def test_cycle_is_refused(self, tmp_path: Path) -> None:
         """An alias inside its own anchor stands for an endless value, and is refused too."""
         path = tmp_path / "r.yaml"
