@@ -229,6 +229,23 @@ class TestInterrupt:
         assert engine not in procs_of(folder)
         assert procs_of(folder) == []
 
+    def test_hangup_stops_everything(self, folder: Path) -> None:
+        """SIGHUP (its terminal closed) stops `up` as Ctrl-C does: exit 0, engines included."""
+        with running_up(folder) as proc:
+            until_ready(proc)
+            state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
+            wait_until(
+                lambda: state.exists() and '"pid"' in state.read_text(),
+                timeout_s=60,
+                every_s=0.1,
+                what="the agent's state file with an engine pid",
+            )
+            proc.send_signal(signal.SIGHUP)
+            out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "llmgw up: stopped" in out
+        assert procs_of(folder) == []
+
 
 def until_ready(proc: subprocess.Popen[str]) -> str:
     """What `up` printed up to its ready line (asserted)."""

@@ -27,7 +27,7 @@ class StartFailed(UpError):
 
 
 class Interrupted(UpError):
-    """Ctrl-C (or SIGTERM) arrived while `up` was still starting its programs."""
+    """Ctrl-C (or SIGTERM, SIGHUP) arrived while `up` was still starting its programs."""
 
 
 @dataclass
