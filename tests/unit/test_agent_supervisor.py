@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -346,6 +347,45 @@ class TestAdoption:
         """A corrupt state file is an empty set, never a crash."""
         (tmp_path / "agent-state.json").write_text("{not json")
         assert StateStore(tmp_path, node="n1").load() == ()
+
+
+class FullStore(StateStore):
+    """A state store on a disk that is full while `full` is set."""
+
+    full = True
+
+    def save(self, records: tuple[ShardRecord, ...]) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().save(records)
+
+
+class TestStateFileUnwritable:
+    """A state file that cannot be written fails the start it would record, never the agent."""
+
+    async def test_unrecorded_engine_is_stopped_and_failed(self, tmp_path: Path) -> None:
+        """An engine the state file cannot record is killed and its shard failed with the
+        reason; apply and tick go on, and once the disk has room a new start is recorded."""
+        spawner, store = FakeSpawner(), FullStore(tmp_path / "state", node="n1")
+        sup = Supervisor(
+            log_dir=tmp_path / "logs",
+            store=store,
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=spawner,
+            probe=FakeProbe(),
+            clock=ManualClock(),
+        )
+        sup.apply([spec()])
+        proc = spawner.spawned[0][2]
+        assert proc.signals == [KILL]
+        await sup.tick()
+        (st,) = sup.statuses()
+        assert (st.state, st.pid) == ("failed", None)
+        assert "No space left on device" in st.log_tail[-1]
+        assert str(store.path) in st.log_tail[-1]
+        store.full = False
+        sup.apply([spec(), spec("r2")])
+        assert [r.replica_id for r in StateStore(tmp_path / "state", node="n1").load()] == ["r2"]
 
 
 class TestProcStat:

@@ -485,7 +485,16 @@ class Supervisor:
         )
         # Persist before anything else can happen: an agent killed right now
         # must still find this engine (state.py).
-        self._save()
+        unsaved = self._save()
+        if unsaved is not None:
+            # Missing from the state file, the engine would outlive an agent that dies
+            # now with nothing to adopt or stop it by; and an agent that crashed here
+            # would start one more at each of its restarts. Ended, the shard fails
+            # (the controller restarts it after its backoff).
+            sh.failure = f"llmgw agent: {unsaved}; the engine was stopped"
+            sh.proc.signal_group(KILL)
+            sh.stop_sent_at = self._clock.monotonic()
+            sh.kill_sent = True
 
     def _stop(self, sh: Shard) -> None:
         assert sh.proc is not None
@@ -499,10 +508,12 @@ class Supervisor:
         sh.proc.signal_group(KILL)
         sh.proc = None
         sh.exit_code = code
-        sh.state = "stopped" if sh.stop_sent_at is not None else "failed"
+        sh.state = "stopped" if sh.stop_sent_at is not None and not sh.failure else "failed"
         self.events.exited(sh.spec.engine, sh.state)
         if sh.state == "failed":
             sh.log_tail = logfiles.tail(sh.log_path, secrets=self._secrets(sh))
+            if sh.failure:
+                sh.log_tail = (*sh.log_tail, sh.failure)
             log.warning(
                 kv("engine exited", replica=sh.spec.replica_id, rank=sh.spec.rank, code=code)
             )
@@ -556,8 +567,9 @@ class Supervisor:
         if not self._ports.is_free(port):
             raise RendezvousPortTaken(port, "another process on this node listens there")
 
-    def _save(self) -> None:
-        self._store.save(
+    def _save(self) -> str | None:
+        """Write the state file; None once written, else why not (StateStore.try_save)."""
+        return self._store.try_save(
             tuple(
                 ShardRecord(
                     replica_id=sh.spec.replica_id,
