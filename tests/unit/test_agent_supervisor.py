@@ -261,6 +261,42 @@ class TestExitAndStop:
         await sup.tick()
         assert sup.statuses()[0].state == "stopped"
 
+    async def test_logs_of_dropped_shards_are_kept_newest_first(self, tmp_path: Path) -> None:
+        """A shard's log (rotated copies too) outlives it, but only the newest
+        `ended_logs_keep` of dropped shards stay: each restart is a new replica id, so a
+        crash loop used to leave a log file behind at every try, for good."""
+        spawner = FakeSpawner()
+        sup = Supervisor(
+            log_dir=tmp_path / "logs",
+            store=StateStore(tmp_path / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=spawner,
+            probe=FakeProbe(),
+            clock=ManualClock(),
+            ended_logs_keep=2,
+        )
+        (tmp_path / "logs").mkdir()
+        (tmp_path / "logs" / "agent-notes.txt").write_text("not an engine log\n")
+        sup.apply([spec("live")])
+        for i in range(4):
+            sup.apply([spec("live"), spec(f"try{i}")])
+            path = sup.log_paths()[(f"try{i}", 0)]
+            path.write_text("crashed\n")
+            path.with_name(path.name + ".1").write_text("older\n")
+            spawner.spawned[-1][2].exit = Exit(1)
+            await sup.tick()
+            sup.apply([spec("live")])  # the controller lists the failed shard no more
+        sup.log_paths()[("live", 0)].write_text("serving\n")
+        await sup.tick()
+        assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
+            "agent-notes.txt",
+            "live-rank0.log",
+            "try2-rank0.log",
+            "try2-rank0.log.1",
+            "try3-rank0.log",
+            "try3-rank0.log.1",
+        ]
+
     async def test_stop_all(self, parts: dict[str, Any]) -> None:
         """stop_all ends every engine."""
         sup = parts["sup"]

@@ -82,6 +82,7 @@ class Supervisor:
         stop_grace_s: float = 10.0,
         log_max_bytes: int = logfiles.DEFAULT_MAX_BYTES,
         log_keep: int = logfiles.DEFAULT_KEEP,
+        ended_logs_keep: int = logfiles.DEFAULT_ENDED_KEEP,
         clock: Clock = SYSTEM_CLOCK,
         adapter_client: AdapterClient | None = None,
         sleep_client: sleeping.SleepClient | None = None,
@@ -114,6 +115,7 @@ class Supervisor:
         self._stop_grace_s = stop_grace_s
         self._log_max_bytes = log_max_bytes
         self._log_keep = log_keep
+        self._ended_logs = logfiles.EndedLogs(keep=ended_logs_keep)
         self._clock = clock
         # Counted for /metrics (agent.metrics) as engines start, become ready and exit.
         self.events = EngineEvents()
@@ -192,6 +194,7 @@ class Supervisor:
                 continue
             if sh.proc is None:
                 del self._shards[key]
+                self._ended_logs.add(sh.log_path)
             elif sh.stop_sent_at is None:
                 self._stop(sh)
         for key in sorted(want):
@@ -222,8 +225,11 @@ class Supervisor:
         await self._sync_sleep()
         await self._sync_adapters()
         # Paths are read here, on the loop; the thread only touches files.
-        paths = [sh.log_path for sh in self._shards.values()]
-        await asyncio.to_thread(self._rotate_logs, paths)
+        paths = {sh.log_path for sh in self._shards.values()}
+        expired = self._ended_logs.take_expired()
+        await asyncio.to_thread(
+            logfiles.tidy, paths, expired, max_bytes=self._log_max_bytes, keep=self._log_keep
+        )
         self._save()
 
     async def _probe_starting(self) -> None:
@@ -342,11 +348,6 @@ class Supervisor:
         if sh.started_at is not None:
             self.events.ready(sh.spec.engine, self._clock.wall() - sh.started_at)
         log.info(kv("engine ready", replica=sh.spec.replica_id, rank=sh.spec.rank, port=sh.port))
-
-    def _rotate_logs(self, paths: list[Path]) -> None:
-        for path in paths:
-            if logfiles.needs_rotation(path, max_bytes=self._log_max_bytes):
-                logfiles.rotate(path, keep=self._log_keep)
 
     async def stop_all(self, *, grace_s: float | None = None, poll_s: float = 0.1) -> None:
         """SIGTERM every engine, SIGKILL after the grace (`--stop-engines-on-exit`)."""
