@@ -139,6 +139,18 @@ def _exchange(req: urllib.request.Request, url: str, timeout_s: float) -> Respon
             return Response(exc.code, exc.read(), exc.headers.get("Location"))
 
 
+def _decode(body: bytes, kind: type[T]) -> T:
+    """An answer as `kind`; its only failure is `msgspec.DecodeError`.
+
+    msgspec raises RecursionError, not DecodeError, for an answer nested past its
+    depth (a few kilobytes of `[`): uncaught, it ended ctl in a traceback.
+    """
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except RecursionError as exc:
+        raise msgspec.DecodeError("the answer is nested too deep") from exc
+
+
 def _quote(segment: str) -> str:
     # Model names may contain "/" (org/model); it must not split the path.
     return urllib.parse.quote(segment, safe="")
@@ -307,7 +319,7 @@ class AdminClient:
                 status=resp.status,
             )
         try:
-            return msgspec.json.decode(resp.body, type=kind)
+            return _decode(resp.body, kind)
         except msgspec.DecodeError as exc:
             raise AdminServerFailed(
                 f"{method} {path}: the controller's answer does not decode ({exc})"
@@ -323,7 +335,7 @@ class AdminClient:
             resp = self._transport.request(
                 "GET", self.base_url + "/healthz", body=None, headers={}, timeout_s=3.0
             )
-            health = msgspec.json.decode(resp.body) if resp.status == 200 else None
+            health = _decode(resp.body, object) if resp.status == 200 else None
         except (AdminError, msgspec.DecodeError):
             health = None
         if isinstance(health, dict) and "leader" in health:
@@ -345,7 +357,7 @@ class AdminClient:
         """The exception for an error status, carrying the controller's own message."""
         kind, message = "", ""
         try:
-            detail = msgspec.json.decode(resp.body, type=ErrorBody).error
+            detail = _decode(resp.body, ErrorBody).error
             kind, message = detail.type, detail.message
         except msgspec.DecodeError:
             message = resp.body[:200].decode("utf-8", "replace").strip()
