@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,3 +43,30 @@ class TestDeeplyNestedAnswers:
         assert run.code == 1
         assert run.err.count("\n") == 1, run.err
         assert run.err.startswith("llmgw ctl: ")
+
+
+def _usage(since: int, hours: list[int]) -> Response:
+    rows = [
+        {"hour": h, "key": "k", "team": "t", "requests": 1, "prompt_tokens": 2,
+         "completion_tokens": 3}
+        for h in hours
+    ]  # fmt: skip
+    return Response(200, json.dumps({"by": "key", "since": since, "rows": rows}).encode())
+
+
+class TestUsageHours:
+    """An hour no clock can show is `-` in `ctl usage`, not a traceback."""
+
+    @pytest.mark.parametrize("hour", [10**17, -(10**17), 2**63 - 1])
+    def test_a_row_of_an_impossible_hour(self, tmp_path: Path, hour: int) -> None:
+        """A row whose hour is past the platform's time_t shows `-`, its figures whole."""
+        run = run_ctl(
+            ["usage", "-o", "tsv"], Scripted({"/admin/usage": _usage(0, [hour])}), tmp_path
+        )
+        assert run.code == 0, run.err
+        assert run.out.splitlines()[1].split("\t") == ["-", "k", "t", "1", "2", "3", "5"]
+
+    def test_no_rows_since_an_impossible_hour(self, tmp_path: Path) -> None:
+        """No rows since an impossible hour says so with `-`."""
+        run = run_ctl(["usage"], Scripted({"/admin/usage": _usage(10**17, [])}), tmp_path)
+        assert (run.code, run.err) == (0, "no usage since - UTC\n")
