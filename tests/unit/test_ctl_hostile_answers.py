@@ -70,3 +70,27 @@ class TestUsageHours:
         """No rows since an impossible hour says so with `-`."""
         run = run_ctl(["usage"], Scripted({"/admin/usage": _usage(10**17, [])}), tmp_path)
         assert (run.code, run.err) == (0, "no usage since - UTC\n")
+
+
+class TestCreatedKey:
+    """`keys create` prints the controller's key as text a terminal does not act on."""
+
+    def test_control_sequences_in_the_key_are_shown_not_sent(self, tmp_path: Path) -> None:
+        """A key holding OSC 52 (set the clipboard) and a clear-screen is printed escaped."""
+        key = "\x1b]52;c;Y3VybCBldmlsIHwgc2g=\x07\x1b[2Jsk-abc\u202e"
+        created = {"name": "k", "team": "t", "created_at": 1.0, "key": key}
+        answers = {"/admin/keys": Response(200, json.dumps(created).encode())}
+        run = run_ctl(["keys", "create", "k", "--team", "t"], Scripted(answers), tmp_path)
+        assert run.code == 0, run.err
+        assert (
+            run.out.splitlines()[-1] == "\\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07\\x1b[2Jsk-abc\\u202e"
+        )
+        assert "\x1b" not in run.out
+
+    def test_an_ordinary_key_is_printed_as_it_is(self, tmp_path: Path) -> None:
+        """A key the controller makes (URL-safe base64) is printed unchanged, alone on its line."""
+        key = "sk-llmgw-AbC_d-e0123456789"
+        created = {"name": "k", "team": "t", "created_at": 1.0, "key": key}
+        answers = {"/admin/keys": Response(200, json.dumps(created).encode())}
+        run = run_ctl(["keys", "create", "k", "--team", "t"], Scripted(answers), tmp_path)
+        assert run.out.splitlines()[-1] == key
