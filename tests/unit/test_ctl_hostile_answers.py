@@ -6,10 +6,11 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from llmgw.adminclient.client import Response
-from tests.unit.test_ctl_commands import run_ctl
+from tests.unit.test_ctl_commands import replica_view, run_ctl
 
 # Past msgspec's nesting limit: a few kilobytes of brackets.
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -94,3 +95,27 @@ class TestCreatedKey:
         answers = {"/admin/keys": Response(200, json.dumps(created).encode())}
         run = run_ctl(["keys", "create", "k", "--team", "t"], Scripted(answers), tmp_path)
         assert run.out.splitlines()[-1] == key
+
+
+class TestCountsPastAFloat:
+    """An idle time too large for a float is `-`, as a NaN one is, not a traceback."""
+
+    def test_replicas_table(self, tmp_path: Path) -> None:
+        """A replica idle 10**400 s shows `-` in IDLE; -o json keeps the number whole."""
+        replica = msgspec.to_builtins(replica_view("r-1", idle=10**400))
+        answers = {"/admin/replicas": Response(200, json.dumps([replica]).encode())}
+        run = run_ctl(["replicas", "-o", "tsv"], Scripted(answers), tmp_path)
+        assert run.code == 0, run.err
+        assert run.out.splitlines()[1].split("\t")[5] == "-"
+        run = run_ctl(["replicas", "-o", "json"], Scripted(answers), tmp_path)
+        assert json.loads(run.out)[0]["idle_seconds"] == 10**400
+
+    def test_status_idle_list(self, tmp_path: Path) -> None:
+        """The status screen's idle list shows `-` for such a replica."""
+        idle = {"id": "r-1", "model": "m", "idle_seconds": 10**400, "gpus": 1}
+        answers = {"/admin/summary": Response(200, json.dumps({"idle_replicas": [idle]}).encode())}
+        run = run_ctl(["status", "-o", "wide"], Scripted(answers), tmp_path)
+        assert run.code == 0, run.err
+        assert [line.split() for line in run.out.splitlines() if "r-1" in line] == [
+            ["r-1", "m", "-", "1"]
+        ]
