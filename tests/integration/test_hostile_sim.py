@@ -3,6 +3,7 @@ line per refusal, no traceback, the process up. Real process on 127.0.0.1."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,21 @@ class TestSimEngineRefusals:
             text = sim.log_text()
             assert len(log_lines(text, "refused request")[n0:]) == len(cases) + 2
             no_traceback(text)
+
+
+class TestSimEngineRequestLog:
+    """--request-log under hostile request ids."""
+
+    def test_request_id_not_utf8(self, tmp_path: Path) -> None:
+        """An x-request-id that is not UTF-8 is written with its bytes escaped: it was a
+        500 and a traceback, and the request was left out of the log."""
+        log = tmp_path / "requests.jsonl"
+        with start_program(sim_args(extra=["--request-log", str(log)]), log_dir=tmp_path) as sim:
+            data = post("/v1/completions", b'{"model":"m","prompt":"hi","max_tokens":2}')
+            data = data.replace(b"Host: x\r\n", b"Host: x\r\nx-request-id: id-\xff\r\n")
+            ans = raw_request(sim.port, data)
+            assert ans.status == 200
+            sim.stop(grace_s=5)
+            no_traceback(sim.log_text())
+        got = [json.loads(line)["request_id"] for line in log.read_text().splitlines()]
+        assert got == ["id-\\xff"]

@@ -23,13 +23,16 @@ from pathlib import Path
 import pytest
 
 from llmgw.testing import Program
+from llmgw.testing.wait import wait_until
 from tests.integration.hostile import parse_answer
 from tests.integration.router_fixtures import (
     base_config,
     chat_body,
+    config_path,
     endpoint_entries,
     router,
     sim_engines,
+    write_config,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -57,6 +60,22 @@ def post(body: bytes, *extra: str, path: str = "/v1/chat/completions") -> bytes:
         f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n{lines}\r\n"
     ).encode() + body
+
+
+def padded(size: int) -> bytes:
+    """A chat request about `size` bytes long, padded where the engine does not read."""
+    return json.dumps({**chat_body("hi", max_tokens=4), "user": "x" * size}).encode()
+
+
+def chunked(body: bytes, path: str = "/v1/chat/completions") -> bytes:
+    return (
+        (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Transfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n"
+        ).encode()
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
 
 
 def get(path: str, *extra: str, method: str = "GET", version: str = "1.1") -> bytes:
@@ -196,6 +215,38 @@ class TestRouterHttp:
             c.send(body)
             status, _, out = c.answer()
             assert status == 200, out[:200]
+        finally:
+            c.close()
+
+    def test_an_http_1_0_request_s_100_continue_is_ignored(self, port: int) -> None:
+        """HTTP/1.0 has no 1xx answers: its `Expect: 100-continue` is ignored (RFC 9110
+        10.1.1), no 100 is sent, and the request is answered."""
+        body = chat("expecting on 1.0")
+        data = post(body, "Expect: 100-continue").replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+        c = Conn(port)
+        try:
+            c.send(data[: -len(body)])
+            time.sleep(0.2)
+            c.send(body)
+            status, _, out = c.answer()
+            assert status == 200, out[:200]
+        finally:
+            c.close()
+
+    def test_a_chunked_http_1_0_request_is_refused_and_closed(self, port: int) -> None:
+        """HTTP/1.0 has no chunked framing: a 1.0 request with Transfer-Encoding is a 400
+        and the connection closes (RFC 9112 6.1), so what follows it is never read as a
+        request (a proxy in front framing it as 1.0 would see other requests)."""
+        smuggled = get("/v1/models")
+        data = chunked(chat()).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+        data = data.replace(b"Host: x\r\n", b"Host: x\r\nConnection: keep-alive\r\n", 1)
+        c = Conn(port)
+        try:
+            c.send(data + smuggled)
+            status, _, body = c.answer()
+            assert status == 400, body[:200]
+            assert c.closed()
+            assert b"HTTP/1.1" not in c.buf
         finally:
             c.close()
 
@@ -390,3 +441,34 @@ class TestRouterHttp:
                 finally:
                     c.close()
                 assert r.proc.wait(timeout=20) == 0
+
+
+class TestBodyLimitOnReload:
+    """`max_body_bytes` is restart-only: a reload that changes it changes nothing before then."""
+
+    def test_the_limit_in_force_holds_for_declared_and_chunked_bodies(self, tmp_path: Path) -> None:
+        """Lowered by a reload, the limit in force still admits a body under it, declared or
+        chunked alike, and a body over it is refused naming the limit in force."""
+        with sim_engines(tmp_path, [50.0]) as engines:
+            conf = base_config(endpoints=endpoint_entries(engines), max_body_bytes=256 * 1024)
+            with router(tmp_path, conf) as r:
+                conf["max_body_bytes"] = 64 * 1024
+                write_config(config_path(tmp_path), conf)
+                wait_until(lambda: "config change needs a restart" in r.log_text())
+                got = []
+                for data in (post(padded(100_000)), chunked(padded(100_000))):
+                    c = Conn(r.port)
+                    try:
+                        c.send(data)
+                        got.append(c.answer()[0])
+                    finally:
+                        c.close()
+                assert got == [200, 200]
+                c = Conn(r.port)
+                try:
+                    c.send(post(padded(300_000)))
+                    status, _, body = c.answer()
+                finally:
+                    c.close()
+                assert status == 413
+                assert b"larger than 262144 bytes" in body, body

@@ -20,6 +20,7 @@ import pytest
 
 from llmgw.testing.procs import llmgw_argv
 
+from .hostile import no_traceback, raw_request
 from .router_fixtures import (
     base_config,
     chat_body,
@@ -120,6 +121,34 @@ class TestSpans:
         assert event["llmgw.reason"]
         assert root.parent_span_id == b""
         assert started["traceparent"].split("-")[2] == root.span_id.hex()
+
+    async def test_request_id_not_utf8(self, tmp_path: Path, receiver: tuple[Any, str]) -> None:
+        """A client's x-request-id that is not UTF-8 is replaced by the router's own id:
+        kept, the exporter could not encode it, left it off the span and logged a
+        traceback, once per such request."""
+        rec, endpoint = receiver
+        with sim_engines(tmp_path, [50.0]) as engines:
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                tracing={"endpoint": endpoint, "export_interval_s": 0.1},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                body = json.dumps(chat_body("trace me")).encode()
+                head = (
+                    f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                    f"traceparent: {TRACEPARENT}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n"
+                ).encode()
+                raw = head + b"x-request-id: id-\xff\r\n\r\n" + body
+                ans = await asyncio.to_thread(raw_request, r.port, raw)
+                assert ans.status == 200
+                span = await rec.wait_trace(TRACE_ID)
+                r.stop(grace_s=5)
+                no_traceback(r.log_text())
+        rid = attributes(span.attributes)["llmgw.request_id"]
+        assert len(rid) == 24
+        assert ans.headers["x-request-id"] == rid
 
 
 class TestTracingRefused:

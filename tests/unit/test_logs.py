@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from llmgw.runtime.logs import JsonFormatter, LogFormatError, kv, take_format
+from llmgw.runtime.logs import JsonFormatter, LogFormatError, TextFormatter, kv, take_format
 
 
 def record(msg: object, *args: object) -> logging.LogRecord:
@@ -21,6 +21,39 @@ class TestKv:
         """The text format writes the event and its fields as before."""
         assert kv("engine exited", replica="r-1", code=3) == "engine exited replica=r-1 code=3"
         assert kv("plain") == "plain"
+
+
+class TestTextFormat:
+    """The text format writes each record on one line, whatever its values hold."""
+
+    def test_line_feed_in_a_field_is_escaped(self) -> None:
+        """A line feed, carriage return or ESC in a kv field is written as its escape."""
+        fmt = TextFormatter("%(levelname)s %(message)s")
+        line = fmt.format(record(kv("request", path="/v1/x\r\nINFO forged\x1b[2J")))
+        assert line == "WARNING request path=/v1/x\\r\\nINFO forged\\x1b[2J"
+
+    def test_percent_style_argument_is_escaped(self) -> None:
+        """A %-style argument's line separators (Unicode's too) are escaped."""
+        fmt = TextFormatter("%(message)s")
+        line = fmt.format(record("refused path=%s", "/a\u2028b\x85c\td"))
+        assert line == "refused path=/a\\u2028b\\x85c\\td"
+
+    def test_printable_text_unchanged(self) -> None:
+        """Printable text, backslashes and non-ASCII letters included, is written as it is."""
+        fmt = TextFormatter("%(message)s")
+        assert fmt.format(record(kv("x", name="é\\n ok"))) == "x name=é\\n ok"
+
+    def test_traceback_keeps_its_lines(self) -> None:
+        """A traceback still follows the message on lines of its own."""
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            import sys
+
+            rec = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+        text = TextFormatter("%(message)s").format(rec)
+        assert text.splitlines()[0] == "failed"
+        assert text.splitlines()[-1] == "ValueError: boom"
 
 
 class TestJson:

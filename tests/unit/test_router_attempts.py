@@ -114,6 +114,22 @@ class TestRetryRules:
         assert w.fake.tried() == ["a", "b"]
         assert w.retries() == {"a": 1.0}
 
+    def test_retry_of_an_alias_counts_under_the_served_name(self) -> None:
+        """A request naming an alias is retried under the served name, as its answer is
+        counted (docs/metrics.md): it made a series of the alias's own."""
+        w = World(
+            "endpoints:\n"
+            '  - {id: a, url: "http://10.0.0.1:8000", models: [m, m-alias]}\n'
+            '  - {id: b, url: "http://10.0.0.2:8000", models: [m, m-alias]}\n'
+            "policy: round_robin\n"
+        )
+        w.fake.script("a", refuse())
+        w.fake.script("b", reply(200, b'{"id":"x"}'))
+        assert once(w, body={"model": "m-alias", "messages": []}).status == 200
+        text = w.router.metrics.render().decode()
+        retried = [x for x in text.splitlines() if x.startswith("llmgw_router_retries_total{")]
+        assert retried == ['llmgw_router_retries_total{endpoint="a",model="m"} 1.0']
+
     def test_5xx_everywhere_relays_the_last_answer_with_its_retry_after(self) -> None:
         """Each replica tried once; the last engine's own status, body and Retry-After reach
         the client."""

@@ -45,7 +45,13 @@ class TestClientRequestIds:
 
     @pytest.mark.parametrize(
         ("given", "taken"),
-        [("rq-1", "rq-1"), ("rq-1  ", "rq-1"), ("\trq 1\t ", "rq 1"), ("a\tb", "a\tb")],
+        [
+            ("rq-1", "rq-1"),
+            ("rq-1  ", "rq-1"),
+            ("\trq 1\t ", "rq 1"),
+            ("a\tb", "a\tb"),
+            ("é-1", "é-1"),
+        ],
     )
     def test_blanks_around_it_are_trimmed(self, given: str, taken: str) -> None:
         """Spaces and tabs at its ends are not the id's (HTTP's optional whitespace)."""
@@ -54,6 +60,12 @@ class TestClientRequestIds:
     @pytest.mark.parametrize("given", [None, "", "   ", "\t", "a\nb", "a\r"])
     def test_blank_or_several_lines_get_a_new_one(self, given: str | None) -> None:
         """None, a blank one, or one of several lines: an id of the router's own."""
+        assert re.fullmatch(r"[0-9a-f]{24}", request_id(given))
+
+    @pytest.mark.parametrize("given", ["id-\udcff", "a\x85b", "a\u2028b", "a\x7fb"])
+    def test_not_text_gets_a_new_one(self, given: str) -> None:
+        """Bytes that are not UTF-8 (surrogates), or a character that is not printable:
+        an id of the router's own (the trace exporter cannot encode the first)."""
         assert re.fullmatch(r"[0-9a-f]{24}", request_id(given))
 
     def test_the_engine_and_the_answer_get_it_trimmed(self) -> None:

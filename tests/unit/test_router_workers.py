@@ -211,6 +211,17 @@ class TestMetricsMerge:
         names = {f.name for f in text_string_to_metric_families(m.render().decode())}
         assert {"llmgw_router_requests", "llmgw_router_inflight"} <= names
 
+    def test_a_label_value_with_a_unicode_line_break_stays_one_sample(self) -> None:
+        """A label value holding a Unicode line break stays one sample."""
+        team = "a\x85b\u2028c\x1cd"
+        line = f'llmgw_router_flow_queued{{band="standard",team="{team}"}} 2.0'
+        page = f"# HELP llmgw_router_flow_queued q\n# TYPE llmgw_router_flow_queued gauge\n{line}\n"
+        m = Merger()
+        m.update(0, page.encode())
+        m.update(1, page.encode())
+        key = line.rpartition(" ")[0]
+        assert self._sample(m.render(), "llmgw_router_flow_queued", key) == 4.0
+
 
 class TestUsageMerge:
     """Workers' usage reports add up to one router's."""

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from llmgw.simengine import api, responses, tokenizer
+from llmgw.simengine import api, modelcards, responses, tokenizer
 from llmgw.simengine.config import SimConfig
 
 CFG = SimConfig(model="org/m", served_model_names=("m", "alias"), num_gpu_blocks=1000)
@@ -132,7 +132,7 @@ class TestModels:
 
     def test_every_served_name_listed(self) -> None:
         """/v1/models lists each served name with vLLM's fields, rooted at --model."""
-        data = json.loads(api.models_body(CFG, 7))["data"]
+        data = json.loads(modelcards.models_body(CFG, 7))["data"]
         assert [(m["id"], m["root"], m["owned_by"], m["max_model_len"]) for m in data] == [
             ("m", "org/m", "vllm", 8192),
             ("alias", "org/m", "vllm", 8192),

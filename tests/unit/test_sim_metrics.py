@@ -193,3 +193,28 @@ class TestSglang:
     def test_no_created_series(self) -> None:
         """SGLang runs prometheus in multiprocess mode: no _created series."""
         assert "_created" not in self.sglang_text()
+
+
+class TestLabelValues:
+    """A served name is a label value as prometheus_client writes it: escaped."""
+
+    NAME = 'org/m"x\\y\nz'
+
+    @pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+    def test_quote_backslash_and_line_feed_escaped(self, dialect: str) -> None:
+        """A name with a quote, a backslash and a line feed parses back as itself (a
+        bare quote ended the label value, and the page did not parse)."""
+        if dialect == "vllm":
+            body = render_vllm(
+                stats("vllm"), VIEW, model_name=self.NAME, cache_info=CACHE_INFO, created_wall=1.0
+            )
+        else:
+            body = render_sglang(stats("sglang"), VIEW, model_name=self.NAME)
+        assert '"org/m\\"x\\\\y\\nz"' in body.decode()
+        names = {
+            s.labels["model_name"]
+            for fam in text_string_to_metric_families(body.decode())
+            for s in fam.samples
+            if "model_name" in s.labels
+        }
+        assert names == {self.NAME}

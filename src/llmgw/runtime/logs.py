@@ -6,6 +6,11 @@ takes it; `LLMGW_LOG_FORMAT` is the default when the flag is absent):
 - text: `2026-12-01 21:58:08,123 INFO llmgw.router.request.proxy route rid=… model=…`
 - json: one object per line, `{"ts": …, "level": …, "logger": …, "event": …, …fields}`.
 
+Either way a record is one line (a traceback aside): a value a client sent (a path, a
+request id) may hold a line feed, which in the text format forged a log line of the
+client's own, or a terminal's escape sequence. The text format writes such characters
+as Python writes them in a string (`\n`, `\x1b`); JSON escapes them itself.
+
 `kv(event, **fields)` returns a `str` (so `%`-free call sites and tests keep
 working) that also carries the event and its fields, and the JSON formatter
 writes those as keys instead of parsing the text back.
@@ -68,6 +73,24 @@ def _plain(value: object) -> Any:
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     return str(value)
+
+
+def _escape(c: str) -> str:
+    return c if c.isprintable() else repr(c)[1:-1]
+
+
+def one_line(text: str) -> str:
+    """`text` with every character that is not printable (line ends, tabs, escape
+    sequences' ESC, Unicode line separators) as its Python escape."""
+    return text if text.isprintable() else "".join(map(_escape, text))
+
+
+class TextFormatter(logging.Formatter):
+    """`time level logger message`, the message on one line (`one_line`); a traceback
+    follows it on lines of its own, as logging writes it."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -142,7 +165,7 @@ def setup(level: str | None = None, fmt: LogFormat = "text") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=lvl, handlers=[handler])
     # aiohttp's access log is one line per request; the router's hot path cannot afford it.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -3,9 +3,12 @@
 Layout:
 
     main.py, config.py, app.py   the program: flags, validated settings, the HTTP app
+    conn.py                      what every handler shares: content types, a gone client
     auth.py, debug.py            the engine key on every route but /health, /metrics,
                                  /version; loopback-only debug routes
     api.py                       chat, completions and embeddings: validation and bodies
+    logprobs.py                  the `logprobs` of generated tokens, in vLLM's shapes
+    batch.py, modelcards.py      a completions batch (one choice per prompt); /v1/models
     responses.py, messages.py    OpenAI's Responses and Anthropic's Messages, as vLLM serves
     pooling.py, audio.py         tokenize, detokenize, rerank, score; the audio routes
     routes.py                    the routes beyond chat, completions and embeddings

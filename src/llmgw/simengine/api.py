@@ -20,6 +20,7 @@ the prompt's length is checked, as vLLM's processor does. It is bounded to a
 from __future__ import annotations
 
 import base64
+import dataclasses
 import random
 import struct
 from collections.abc import Container, Iterable, Mapping, Sequence
@@ -28,7 +29,7 @@ from typing import Annotated, Any, Protocol, TypeVar
 
 import msgspec
 
-from llmgw.simengine import tokenizer
+from llmgw.simengine import logprobs, tokenizer
 from llmgw.simengine.batcher import PRIORITY
 from llmgw.simengine.config import SimConfig
 from llmgw.wire.errors import error_body
@@ -89,10 +90,14 @@ class ChatBody(GenerationBody, frozen=True, kw_only=True):
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
 
 
 class CompletionBody(GenerationBody, frozen=True, kw_only=True):
     prompt: Any = None
+    logprobs: int | None = None
+    echo: bool | None = False
 
 
 class EmbeddingBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,6 +124,9 @@ class Job:
     ignore_eos: bool
     min_tokens: int
     priority: int = 0  # lower is served first; nonzero only under the priority policy
+    logprobs: int | None = None  # alternatives per token; None: no logprobs asked for
+    echo: str | None = None  # the prompt's text, written before the reply; None: no echo
+    echo_only: bool = False  # echo with max_tokens 0: the one token generated is not written
 
 
 T = TypeVar("T")
@@ -178,6 +186,7 @@ def job_of(
     *,
     model: str,
     chat: bool,
+    top_logprobs: int | None = None,
 ) -> Job:
     _check_params(body, max_tokens)
     n, limit = len(ids), cfg.max_model_len
@@ -208,7 +217,34 @@ def job_of(
         ignore_eos=bool(body.ignore_eos),
         min_tokens=body.min_tokens or 0,
         priority=body.priority,
+        logprobs=top_logprobs,
     )
+
+
+def _check_logprobs(n: int | None, param: str) -> None:
+    """vLLM's bounds on the alternatives asked for per token."""
+    if n is None:
+        return
+    if n < 0:
+        raise SimApiError(400, f"`{param}` must be a positive value.", param=param)
+    if n > logprobs.MAX_LOGPROBS:
+        raise SimApiError(
+            400,
+            f"Requested sample logprobs of {n}, which is greater than max allowed: "
+            f"{logprobs.MAX_LOGPROBS}",
+            param=param,
+        )
+
+
+def _chat_logprobs(body: ChatBody) -> int | None:
+    _check_logprobs(body.top_logprobs, "top_logprobs")
+    if body.top_logprobs and not body.logprobs:
+        raise SimApiError(
+            400,
+            "when using `top_logprobs`, `logprobs` must be set to true.",
+            param="top_logprobs",
+        )
+    return (body.top_logprobs or 0) if body.logprobs else None
 
 
 def too_long(n: int, cfg: SimConfig) -> SimApiError:
@@ -240,26 +276,77 @@ def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
+    top = _chat_logprobs(body)
     ids = chat_ids(body.messages, body.tools, cfg)
-    return job_of(body, cfg, ids, max_tokens, model=model, chat=True)
+    return job_of(body, cfg, ids, max_tokens, model=model, chat=True, top_logprobs=top)
 
 
 def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
+    """The job of a completions request of one prompt (a batch's first)."""
+    return parse_completions(raw, cfg, adapters)[0]
+
+
+def parse_completions(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> list[Job]:
+    """One job per prompt: `prompt` may be a batch (strings or token-id lists), as vLLM's."""
     body = decode_as(raw, CompletionBody)
     model = check_model(body.model, cfg, adapters)
+    _check_logprobs(body.logprobs, "logprobs")
+    prompts = _batch(body.prompt)
+    if len(prompts) > MAX_PROMPTS:
+        raise SimApiError(
+            400, f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS}", param="prompt"
+        )
+    return [_completion_job(body, p, cfg, model) for p in prompts]
+
+
+# A batch's bound: each prompt is a request in the engine, so a body of a million
+# one-character prompts would cost a million of them (vLLM sets none).
+MAX_PROMPTS = 2048
+
+
+def _batch(prompt: object) -> list[Any]:
+    """The prompts of a completions `prompt`: a list of strings or of token-id lists is a
+    batch (a list of one is one prompt); anything else is one prompt, checked later."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        return prompt
+    return [prompt]
+
+
+def _completion_job(body: CompletionBody, prompt: Any, cfg: SimConfig, model: str) -> Job:
     try:
-        ids = tokenizer.prompt_ids_for_body({"prompt": body.prompt}, limit=cfg.max_model_len - 1)
+        ids = tokenizer.prompt_ids_for_body({"prompt": prompt}, limit=cfg.max_model_len - 1)
     except tokenizer.PromptTooLong as exc:
         raise too_long(exc.tokens, cfg) from None
     except (ValueError, TypeError, AttributeError) as exc:
         raise SimApiError(
-            400, "prompt must be a string, a list of token ids, or a list of one of those"
+            400, "prompt must be a string, token ids, or a list of either", param="prompt"
         ) from exc
-    if not isinstance(body.prompt, str):
+    if not isinstance(prompt, str):
         _check_vocab(ids, "prompt")
     # OpenAI's (and vLLM's) completions default is 16 tokens.
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
-    return job_of(body, cfg, ids, max_tokens, model=model, chat=False)
+    # An echo without generation (how evaluation harnesses score a text): vLLM generates
+    # one token and writes only the prompt.
+    echo_only = bool(body.echo) and max_tokens == 0
+    job = job_of(
+        body,
+        cfg,
+        ids,
+        1 if echo_only else max_tokens,
+        model=model,
+        chat=False,
+        top_logprobs=body.logprobs,
+    )
+    if not body.echo:
+        return job
+    return dataclasses.replace(job, echo=_prompt_text(prompt, ids), echo_only=echo_only)
+
+
+def _prompt_text(prompt: object, ids: list[int]) -> str:
+    """The text of a completions prompt: as sent, or its token ids detokenized."""
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else tokenizer.output_text(ids)
 
 
 # OpenAI's bound on an embeddings request's list of inputs: without one, a body of
@@ -371,13 +458,45 @@ class AnyEncoder(Protocol):
 
 
 class Encoder:
-    """Response bodies of one request (chat or completion), streaming and not."""
+    """Response bodies of one request (chat or completion), streaming and not; of one
+    choice (`index`) when a completions batch has several."""
 
-    def __init__(self, job: Job, rid: str, created: int) -> None:
+    def __init__(self, job: Job, rid: str, created: int, index: int = 0) -> None:
         self.job = job
         self.rid = rid
         self.created = created
+        self.index = index
         self.object = "chat.completion.chunk" if job.chat else "text_completion"
+        self._sent_tokens = 0  # generated tokens already written (logprobs' positions)
+        self._sent_chars = 0  # characters of text already written (completions' offsets)
+        self._echoed = False  # the prompt (echo) has been written
+
+    def _logprobs(self, text: str) -> dict[str, Any] | None:
+        """`choice.logprobs` of the next `text`; None when the request asked for none."""
+        top = self.job.logprobs
+        if top is None:
+            return None
+        start, offset = self._sent_tokens, self._sent_chars
+        self._sent_tokens += len(logprobs.pieces(text))
+        self._sent_chars += len(text)
+        if self.job.chat:
+            return logprobs.chat(text, top, start)
+        return logprobs.completion(text, top, start, offset)
+
+    def _text(self, text: str) -> tuple[str, dict[str, Any] | None]:
+        """The choice's next text and its logprobs; for an echo, the prompt comes first."""
+        job = self.job
+        if job.echo_only:
+            text = ""
+        if job.echo is None or self._echoed:
+            return text, self._logprobs(text)
+        self._echoed = True
+        prompt = job.echo
+        self._sent_chars = len(prompt)
+        lp = self._logprobs(text)
+        if lp is not None:
+            lp = logprobs.joined(logprobs.echoed(prompt, self.job.logprobs or 0), lp)
+        return prompt + text, lp
 
     def _chunk(self, choices: list[dict[str, Any]], usage_: dict[str, Any] | None) -> bytes:
         obj: dict[str, Any] = {
@@ -402,9 +521,11 @@ class Encoder:
     def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
         choice: dict[str, Any]
         if self.job.chat:
-            choice = {"index": 0, "delta": {"content": text}, "logprobs": None}
+            lp = self._logprobs(text)
+            choice = {"index": self.index, "delta": {"content": text}, "logprobs": lp}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None}
+            text, lp = self._text(text)
+            choice = {"index": self.index, "text": text, "logprobs": lp}
         choice["finish_reason"] = finish
         if finish is not None or not self.job.chat:
             choice["stop_reason"] = None
@@ -423,71 +544,32 @@ class Encoder:
 
     def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
         """The non-streaming response."""
+        return self.body([self.full_choice(text, finish)], usage_)
+
+    def full_choice(self, text: str, finish: str) -> dict[str, Any]:
+        """This choice of the non-streaming response."""
+        choice: dict[str, Any]
         if self.job.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
             message["reasoning_content"] = None
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None}
-            obj_type = "chat.completion"
+            choice = {"index": self.index, "message": message}
+            choice["logprobs"] = self._logprobs(text)
         else:
-            choice = {"index": 0, "text": text, "logprobs": None}
-            obj_type = "text_completion"
+            text, lp = self._text(text)
+            choice = {"index": self.index, "text": text, "logprobs": lp}
         choice["finish_reason"] = finish
         choice["stop_reason"] = None
+        return choice
+
+    def body(self, choices: list[dict[str, Any]], usage_: dict[str, Any]) -> bytes:
+        """The non-streaming response of `choices`."""
         return _enc.encode(
             {
                 "id": self.rid,
-                "object": obj_type,
+                "object": "chat.completion" if self.job.chat else "text_completion",
                 "created": self.created,
                 "model": self.job.model,
-                "choices": [choice],
+                "choices": choices,
                 "usage": usage_,
             }
         )
-
-
-def models_body(cfg: SimConfig, created: int, adapters: Mapping[str, str] | None = None) -> bytes:
-    """GET /v1/models in vLLM's shape, one entry per served name, then one per LoRA
-    adapter (`adapters`: name → path), whose parent is the base's first name."""
-    owner = "sglang" if cfg.metrics_dialect == "sglang" else "vllm"
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": owner,
-            "root": cfg.model,
-            "parent": None,
-            "max_model_len": cfg.max_model_len,
-            "permission": [
-                {
-                    "id": f"modelperm-{i:032x}",
-                    "object": "model_permission",
-                    "created": created,
-                    "allow_create_engine": False,
-                    "allow_sampling": True,
-                    "allow_logprobs": True,
-                    "allow_search_indices": False,
-                    "allow_view": True,
-                    "allow_fine_tuning": False,
-                    "organization": "*",
-                    "group": None,
-                    "is_blocking": False,
-                }
-            ],
-        }
-        for i, name in enumerate(cfg.served_model_names)
-    ]
-    for name, path in sorted((adapters or {}).items()):
-        data.append(
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": owner,
-                "root": path,
-                "parent": cfg.model_name,
-                "max_model_len": cfg.max_model_len,
-                "permission": [],
-            }
-        )
-    return _enc.encode({"object": "list", "data": data})

@@ -23,9 +23,20 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from llmgw.runtime.logs import kv
-from llmgw.simengine import api, auth, debug, metrics, routes, sleepapi, tokenizer
+from llmgw.simengine import (
+    api,
+    auth,
+    batch,
+    debug,
+    metrics,
+    modelcards,
+    routes,
+    sleepapi,
+    tokenizer,
+)
 from llmgw.simengine.batcher import Scheduler, SimRequest, mix_seed
 from llmgw.simengine.config import SimConfig
+from llmgw.simengine.conn import DEAD, DISCONNECT_POLL_S, JSON, SSE_HEADERS, gone
 from llmgw.simengine.engine import Engine, Stream
 from llmgw.simengine.faults import CRASH_EXIT_CODE, Faults, Verdict
 from llmgw.simengine.kvcache import KVCache
@@ -39,12 +50,8 @@ from llmgw.simengine.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
-DEAD = "The engine loop failed; this engine is dead and will restart."
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 # Not a vLLM header: lets a benchmark on the same host replay exactly what the engine saw.
 ARRIVAL_HEADER = "x-llmgw-sim-arrival"
-DISCONNECT_POLL_S = 0.5  # how often a silent request checks that its client is still there
 # A dead engine exits non-zero (as vLLM does after EngineDeadError) so a supervisor
 # restarts it; this long after the loop died, so that requests get their 500s
 # written and a health probe can see the 503 first.
@@ -64,11 +71,6 @@ def _die() -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(ENGINE_DEAD_EXIT_CODE)
-
-
-def _gone(request: web.Request) -> bool:
-    t = request.transport
-    return t is None or t.is_closing()
 
 
 def _cut(stall_after: int | None, error_after: int | None) -> tuple[int | None, bool]:
@@ -163,7 +165,7 @@ class SimEngine:
         self._stopping = asyncio.Event()
         self.lora = LoraRegistry(cfg.lora, speed=cfg.timing.speed)
         self.lora.on_change = self._adapters_changed
-        self._models_body = api.models_body(cfg, int(self.created_wall), self.lora.names)
+        self._models_body = modelcards.models_body(cfg, int(self.created_wall), self.lora.names)
         self._cache_info = _cache_info(cfg)
         # Open streams and their requests, for `_sweep_gone`.
         self._streams: dict[Stream, web.Request] = {}
@@ -222,7 +224,7 @@ class SimEngine:
         """
         while True:
             await asyncio.sleep(DISCONNECT_POLL_S)
-            for stream in [s for s, r in self._streams.items() if _gone(r) and not s.failed]:
+            for stream in [s for s, r in self._streams.items() if gone(r) and not s.failed]:
                 self.engine.abort(stream)
 
     async def on_shutdown(self, _app: web.Application) -> None:
@@ -232,13 +234,15 @@ class SimEngine:
     # -- OpenAI surface ------------------------------------------------------------
 
     def _adapters_changed(self) -> None:
-        self._models_body = api.models_body(self.cfg, int(self.created_wall), self.lora.names)
+        self._models_body = modelcards.models_body(
+            self.cfg, int(self.created_wall), self.lora.names
+        )
 
     def _parse_chat(self, raw: bytes, cfg: SimConfig) -> api.Job:
         return api.parse_chat(raw, cfg, self.lora.names)
 
-    def _parse_completion(self, raw: bytes, cfg: SimConfig) -> api.Job:
-        return api.parse_completion(raw, cfg, self.lora.names)
+    def _parse_completions(self, raw: bytes, cfg: SimConfig) -> list[api.Job]:
+        return api.parse_completions(raw, cfg, self.lora.names)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         job = await read_request(request, self._parse_chat, self.cfg)
@@ -247,10 +251,12 @@ class SimEngine:
         return await self._generate(request, job, "chatcmpl")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        job = await read_request(request, self._parse_completion, self.cfg)
-        if isinstance(job, web.Response):
-            return job
-        return await self._generate(request, job, "cmpl")
+        jobs = await read_request(request, self._parse_completions, self.cfg)
+        if isinstance(jobs, web.Response):
+            return jobs
+        if len(jobs) > 1:
+            return await batch.generate(self, request, jobs)
+        return await self._generate(request, jobs[0], "cmpl")
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         job = await read_request(request, api.parse_embeddings, self.cfg)
@@ -332,6 +338,23 @@ class SimEngine:
         kind: str,
         make: Callable[[api.Job, str, int], api.AnyEncoder] = api.Encoder,
     ) -> web.StreamResponse:
+        refused = await self.admit(job)
+        if refused is not None:
+            return refused
+        rid = self.new_id(kind)
+        req = self.sim_request(rid, job)
+        stall_after, error_after = self.faults.cut_after()
+        stream = self.engine.submit(req)
+        enc = make(job, rid, int(time.time()))
+        try:
+            if job.stream:
+                return await self._stream(request, job, enc, stream, stall_after, error_after)
+            return await self._complete(request, enc, stream, stall_after, error_after)
+        finally:
+            self.done(request, stream)
+
+    async def admit(self, job: api.Job) -> web.Response | None:
+        """The answer to a request the engine does not run (dead, a fault); None: run it."""
         if self.dead:
             return error_response(api.SimApiError(500, DEAD))
         verdict = self.faults.admit()
@@ -342,9 +365,14 @@ class SimEngine:
         if job.model in self.lora.names:
             # Read in on first use (lora.py); its wait is part of time to first token.
             await self.lora.use(job.model)
-        rid = f"{kind}-{self._id_prefix}{next(self._ids):024x}"
+        return None
+
+    def new_id(self, kind: str) -> str:
+        return f"{kind}-{self._id_prefix}{next(self._ids):024x}"
+
+    def sim_request(self, rid: str, job: api.Job) -> SimRequest:
         seed = job.seed if job.seed is not None else tokenizer.prompt_seed(job.prompt_ids)
-        req = SimRequest(
+        return SimRequest(
             rid,
             job.prompt_ids,
             arrival_s=self.engine.now(),
@@ -356,22 +384,25 @@ class SimEngine:
             priority=job.priority,
             adapter=job.model if job.model in self.lora.names else None,
         )
-        stall_after, error_after = self.faults.cut_after()
-        stream = self.engine.submit(req)
-        enc = make(job, rid, int(time.time()))
-        try:
-            if job.stream:
-                return await self._stream(request, job, enc, stream, stall_after, error_after)
-            return await self._complete(request, enc, stream, stall_after, error_after)
-        finally:
-            if stream.failed:
-                pass  # the dead engine's scheduler is not to be touched again
-            elif req.finish_reason is None:
-                self.engine.abort(stream)  # client gone, or a fault cut it short
-            else:
-                self.engine.release(stream)
-            if self.request_log is not None:
-                self.request_log.write(req, request.headers.get("x-request-id"))
+
+    def done(self, request: web.Request, stream: Stream) -> None:
+        """A request's handler is over: out of the engine, and into the request log."""
+        req = stream.req
+        if stream.failed:
+            pass  # the dead engine's scheduler is not to be touched again
+        elif req.finish_reason is None:
+            self.engine.abort(stream)  # client gone, or a fault cut it short
+        else:
+            self.engine.release(stream)
+        if self.request_log is not None:
+            self.request_log.write(req, request.headers.get("x-request-id"))
+
+    def register_stream(self, stream: Stream, request: web.Request) -> None:
+        """An open stream, for `_sweep_gone`, until `unregister_stream`."""
+        self._streams[stream] = request
+
+    def unregister_stream(self, stream: Stream) -> None:
+        del self._streams[stream]
 
     def _fail_answer(self) -> web.Response:
         status, headers = self.faults.fail_answer()
@@ -403,7 +434,7 @@ class SimEngine:
                 if stream.failed:
                     await resp.write(enc.error(DEAD))
                     return resp
-                if req.finish_reason == "abort" and _gone(request):
+                if req.finish_reason == "abort" and gone(request):
                     return resp  # aborted by _sweep_gone: nobody to write to
                 ids = stream.take(None if cut is None else cut - stream.sent)
                 done = req.finish_reason is not None and stream.sent == req.num_output
@@ -459,7 +490,7 @@ class SimEngine:
             try:
                 await asyncio.wait_for(stream.wait_output(), DISCONNECT_POLL_S)
             except TimeoutError:
-                if _gone(request):
+                if gone(request):
                     return web.Response(status=499)
             if stream.failed:
                 return error_response(api.SimApiError(500, DEAD))
@@ -477,7 +508,7 @@ class SimEngine:
 
     async def _hold(self, request: web.Request) -> None:
         """Stay silent until the client leaves or the server stops (the stall fault)."""
-        while not self._stopping.is_set() and not _gone(request):
+        while not self._stopping.is_set() and not gone(request):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), DISCONNECT_POLL_S)
 

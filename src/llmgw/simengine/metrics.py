@@ -63,8 +63,16 @@ def go_float(v: float) -> str:
     return s
 
 
+def label_value(v: str) -> str:
+    """`v` escaped as the text format needs (and prometheus_client does): a bare quote in
+    a served name ended the value, and the whole page failed to parse."""
+    if "\\" in v or '"' in v or "\n" in v:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return v
+
+
 def label_str(labels: Mapping[str, str]) -> str:
-    return ",".join(f'{k}="{labels[k]}"' for k in sorted(labels))
+    return ",".join(f'{k}="{label_value(labels[k])}"' for k in sorted(labels))
 
 
 class _Out:

@@ -22,7 +22,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One line of the log; fields in the order written. Times are monotonic seconds,
     None where the request never got that far (aborted while waiting, say)."""
 
-    request_id: str | None  # the client's x-request-id; None: it sent none
+    request_id: str | None  # the client's x-request-id (bytes not UTF-8 escaped); None: none
     id: str  # the engine's own id, as in the response body
     priority: int
     prompt_tokens: int
@@ -35,9 +35,18 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: str | None  # stop, length, abort, error; None: the engine died under it
 
 
+def _text(request_id: str) -> str:
+    """The id as text: aiohttp keeps the bytes of a header that are not UTF-8 as
+    surrogates, which JSON cannot encode (the request was a 500, and left out of the
+    log); they are written as Python escapes them (`\\xff`)."""
+    if request_id.isascii():
+        return request_id
+    return request_id.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def record(req: SimRequest, request_id: str | None) -> RequestRecord:
     return RequestRecord(
-        request_id=request_id,
+        request_id=None if request_id is None else _text(request_id),
         id=req.req_id,
         priority=req.priority,
         prompt_tokens=req.num_prompt,

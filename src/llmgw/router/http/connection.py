@@ -128,6 +128,17 @@ class Request:
             timer.cancel()
             self._more = None
 
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest body the server takes, as it was started (a restart-only setting:
+        the limit of a reloaded file would refuse declared bodies the server admits)."""
+        return self._conn.server.max_body_bytes
+
+    @property
+    def header_timeout_s(self) -> float:
+        """The server's head timeout, as it was started (restart-only, like the limit)."""
+        return self._conn.edge.limits.header_timeout_s
+
     def ended(self) -> bool:
         """Whether the body is all in, over the limit, or broken: `read()` will not wait."""
         return self.complete or self.too_large or self._error is not None

@@ -13,8 +13,8 @@ same `Edge` (limits, the connection count and the canned answers):
 
 - a request the parser refuses (bad framing, a line over `max_line_bytes`, more
   than `max_headers` headers, smuggling attempts such as Content-Length with
-  Transfer-Encoding) is a 400 with the program's JSON error body, one log
-  line, and the connection closed;
+  Transfer-Encoding, or Transfer-Encoding on HTTP/1.0) is a 400 with the program's
+  JSON error body, one log line, and the connection closed;
 - a head must arrive within `header_timeout_s` of its first byte (else 408),
   a connection with no request for `idle_timeout_s` is closed, and past
   `max_connections` a new one is answered 503 at once;
@@ -193,6 +193,10 @@ class FastProtocol(Connection):
             keep_alive=p.should_keep_alive(),
             version=p.get_http_version(),
         )
+        if req.version != "1.1" and "Transfer-Encoding" in req.headers:
+            # Chunked framing is HTTP/1.1's: a proxy in front that frames this request
+            # as 1.0 reads its body as further requests (RFC 9112 6.1; nginx refuses it).
+            raise _HeadError("Transfer-Encoding needs HTTP/1.1")
         if upgrade and req.content_length:
             # httptools skips the body of an upgrade request (its bytes come after the
             # upgrade point): read it here, by its length.
@@ -347,8 +351,10 @@ class FastProtocol(Connection):
         Continue sent if the body is still to come), or it was refused (417, closing)."""
         expect = req.expect
         assert expect is not None
-        if req.version == "1.1" and expect.lower() == "100-continue":
-            if not req.complete:
+        if expect.lower() == "100-continue":
+            # HTTP/1.0 has no 1xx: its 100-continue is ignored (RFC 9110 10.1.1), not
+            # refused, and it gets no 100 it could not read.
+            if req.version == "1.1" and not req.complete:
                 self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             return True
         msg = f"Unknown Expect: {expect}"

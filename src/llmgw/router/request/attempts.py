@@ -228,7 +228,7 @@ async def attempt(
         att.last_error = str(exc)
         error = exc
     if att.retry(eid, clock.monotonic(), elsewhere=elsewhere):
-        st.metrics.retry(call.model, eid)
+        st.metrics.retry(st.served_name.get(call.model, call.model), eid)
         return Step.RETRY
     if error is not None:
         raise NoReplica(call.model, f"last attempt failed ({error})") from error

@@ -44,14 +44,17 @@ def new_request_id() -> str:
 
 
 def request_id(given: str | None) -> str:
-    """The client's x-request-id when it is one line, else a new id: it is echoed in
-    header lines (ours, the engine's), so one line or none of it. Spaces and tabs at
-    its ends are HTTP's optional whitespace, not the id's (the parser drops only the
-    leading ones): kept, they went into the engine's request, the answer, the access
-    log and the trace, where a search for the id the client logged misses it."""
+    """The client's x-request-id when it is one line of printable text (tabs too), else
+    a new id: it is echoed in header lines (ours, the engine's), so one line or none of
+    it. Bytes that are not UTF-8 (the parser keeps them as surrogates) are no text: the
+    trace exporter could not encode such an id, and logged a traceback for each request
+    that sent one. Spaces and tabs at its ends are HTTP's optional whitespace, not the
+    id's (the parser drops only the leading ones): kept, they went into the engine's
+    request, the answer, the access log and the trace, where a search for the id the
+    client logged misses it."""
     if given is not None:
         given = given.strip(" \t")
-    if not given or "\n" in given or "\r" in given:
+    if not given or not (given.isprintable() or given.replace("\t", " ").isprintable()):
         return new_request_id()
     return given
 

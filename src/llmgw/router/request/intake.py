@@ -173,7 +173,9 @@ async def _charged_body(
     request: Request, cfg: RouterConfig, budget: ByteBudget, rid: str
 ) -> bytes | Whole:
     """The whole body, its bytes charged to the budget, or the refusal (logged)."""
-    limit = cfg.max_body_bytes
+    # The server's, not the file's: a reload may have changed the file's, which
+    # takes effect only on a restart.
+    limit = request.max_body_bytes
     declared = request.content_length
     if declared is not None and declared > limit:
         return refused(_closing(too_large(limit)), rid, f"declared {declared} bytes", request)
@@ -236,7 +238,7 @@ async def _read_counted(
     start = loop.time()
     deadline = start + cfg.body_timeout_s
     rate = cfg.min_body_bytes_per_s
-    grace = cfg.header_timeout_s
+    grace = request.header_timeout_s
     taken = 0
     done = False
     try:

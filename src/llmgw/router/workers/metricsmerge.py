@@ -67,7 +67,9 @@ def parse(text: str) -> Page:
     page: Page = {}
     fam: _Family | None = None
     help_line = ""
-    for line in text.splitlines():
+    # Lines end at "\n" only: `splitlines` also splits at \x85, \x1c or U+2028, which a
+    # label value (a key's team) may hold, and would cut its sample in two.
+    for line in text.split("\n"):
         if not line:
             continue
         if line.startswith("# HELP "):
