@@ -1,0 +1,50 @@
+"""ctl against a newer controller: views with fields and values this version does not know.
+
+A rolling upgrade puts the controllers first (docs/operations.md), so an operator's ctl
+is older than the controller it reads for the length of the upgrade and after; what a
+view gains there must not stop ctl from showing what it knows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from llmgw.adminclient.client import Response
+from llmgw.wire.keys import Budget, KeyCreated, KeyView
+from tests.unit.test_ctl_commands import run_ctl
+from tests.unit.test_ctl_hostile_answers import Scripted
+
+
+def newer(value: object, **added: Any) -> bytes:
+    """`value` as this version encodes it, with `added` in each object at its top."""
+    doc = json.loads(msgspec.json.encode(value))
+    for item in doc if isinstance(doc, list) else [doc]:
+        item.update(added)
+    return json.dumps(doc).encode()
+
+
+KEY = KeyView(name="alice", team="t", rpm=10, budget=Budget(tokens=1000, per="day"), created_at=1.0)
+
+
+class TestKeysOfANewerController:
+    """`ctl keys` reads a key view that gained a field."""
+
+    def test_keys_list_shows_a_key_with_an_added_field(self, tmp_path: Path) -> None:
+        """A key field this ctl does not know is left out; the key's row is shown."""
+        answers = {"/admin/keys": Response(200, newer([KEY], max_parallel=4))}
+        run = run_ctl(["keys", "list", "-o", "tsv"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        row = run.out.splitlines()[1].split("\t")
+        assert row[:7] == ["alice", "t", "*", "10", "-", "1000/day", "standard"]
+
+    def test_keys_create_reads_an_answer_with_an_added_field(self, tmp_path: Path) -> None:
+        """The created key is printed even when its answer carries a field ctl does not know."""
+        created = KeyCreated(name="bob", team="t", created_at=1.0, key="sk-llmgw-abc")
+        answers = {"/admin/keys": Response(200, newer(created, max_parallel=4))}
+        run = run_ctl(["keys", "create", "bob", "--team", "t"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert run.out.splitlines()[-1] == "sk-llmgw-abc"
