@@ -14,7 +14,10 @@ from typing import Any
 import msgspec
 
 from llmgw.adminclient.client import Response
+from llmgw.wire.adapters import AdapterSpec
+from llmgw.wire.admin import ModelView
 from llmgw.wire.keys import Budget, KeyCreated, KeyView
+from llmgw.wire.models import ModelSpec
 from tests.unit.test_ctl_commands import run_ctl
 from tests.unit.test_ctl_hostile_answers import Scripted
 
@@ -48,3 +51,46 @@ class TestKeysOfANewerController:
         run = run_ctl(["keys", "create", "bob", "--team", "t"], Scripted(answers), tmp_path)
         assert (run.code, run.err) == (0, "")
         assert run.out.splitlines()[-1] == "sk-llmgw-abc"
+
+
+def newer_models(view: ModelView, **added: Any) -> bytes:
+    """[view] as this version encodes it, with `added` in its spec, routing and adapters."""
+    doc = json.loads(msgspec.json.encode([view]))
+    for item in doc:
+        item["spec"].update(added)
+        item["spec"]["routing"].update(added)
+        for adapter in item["adapters"]:
+            adapter.update(added)
+    return json.dumps(doc).encode()
+
+
+MODEL = ModelView(
+    spec=ModelSpec(name="m", engine="sim", gpu_classes=("H100-80G",)),
+    name="m",
+    ready=1,
+    total=1,
+    min=1,
+    max=1,
+    desired=1,
+    adapters=(AdapterSpec(name="m-lora", adapter_of="m", source="/a"),),
+)
+
+
+class TestModelsOfANewerController:
+    """`ctl models` and `ctl apply` read a model view whose spec gained a field."""
+
+    def test_models_shows_a_spec_with_an_added_field(self, tmp_path: Path) -> None:
+        """Spec, routing and adapter fields ctl does not know are left out; the row is shown."""
+        answers = {"/admin/models": Response(200, newer_models(MODEL, warm_pool=2))}
+        run = run_ctl(["models", "-o", "tsv"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert run.out.splitlines()[1].split("\t")[:2] == ["m", "sim"]
+
+    def test_apply_reports_what_was_applied(self, tmp_path: Path) -> None:
+        """An apply the controller made is reported applied, not as an answer ctl cannot read."""
+        spec_file = tmp_path / "m.yaml"
+        spec_file.write_text("name: m\nengine: sim\ngpu_classes: [H100-80G]\n")
+        answers = {"/admin/models": Response(200, newer_models(MODEL, warm_pool=2))}
+        run = run_ctl(["apply", "-f", str(spec_file)], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert "model m applied" in run.out
