@@ -18,7 +18,7 @@ from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import ModelView
 from llmgw.wire.keys import Budget, KeyCreated, KeyView
 from llmgw.wire.models import ModelSpec
-from tests.unit.test_ctl_commands import run_ctl
+from tests.unit.test_ctl_commands import node_view, replica_view, run_ctl
 from tests.unit.test_ctl_hostile_answers import Scripted
 
 
@@ -94,3 +94,25 @@ class TestModelsOfANewerController:
         run = run_ctl(["apply", "-f", str(spec_file)], Scripted(answers), tmp_path)
         assert (run.code, run.err) == (0, "")
         assert "model m applied" in run.out
+
+
+class TestStatesOfANewerController:
+    """`ctl replicas` and `ctl nodes` show a state this version does not know, as it is."""
+
+    def test_replicas_shows_a_new_state(self, tmp_path: Path) -> None:
+        """A replica in a state added later is listed with that state, beside the others."""
+        views = [replica_view("r-1"), replica_view("r-2")]
+        doc = json.loads(msgspec.json.encode(views))
+        doc[1]["state"] = "migrating"
+        answers = {"/admin/replicas": Response(200, json.dumps(doc).encode())}
+        run = run_ctl(["replicas", "-o", "tsv"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        states = [line.split("\t")[2] for line in run.out.splitlines()[1:]]
+        assert states == ["ready", "migrating"]
+
+    def test_nodes_shows_a_new_state(self, tmp_path: Path) -> None:
+        """A node in a state added later is listed with that state."""
+        answers = {"/admin/nodes": Response(200, newer([node_view("gpu-01")], state="repairing"))}
+        run = run_ctl(["nodes", "-o", "tsv"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert run.out.splitlines()[1].split("\t")[1] == "repairing"

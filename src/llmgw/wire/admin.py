@@ -45,7 +45,9 @@ class DrainWait(msgspec.Struct, frozen=True, kw_only=True):
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     address: str
-    state: NodeState
+    # A NodeState; a str, not the Literal, in views: ctl reads them from a controller
+    # that may be newer, and one new state refused the whole list (ReplicaView.state).
+    state: str
     fabrics: tuple[str, ...]
     labels: dict[str, str]
     gpus: tuple[GPU, ...]
@@ -89,7 +91,10 @@ class ShardView(msgspec.Struct, frozen=True, kw_only=True):
 class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     model: str
-    state: ReplicaState
+    # A ReplicaState; a str, not the Literal: ctl reads views from a controller that
+    # may be newer (controllers are upgraded first), and one replica in a state added
+    # since (as sleeping was) failed `ctl replicas` whole. ctl shows it as it is.
+    state: str
     reason: str | None
     shards: tuple[ShardView, ...]
     # Rank 0's address once it is known.
