@@ -565,12 +565,16 @@ class Supervisor:
         finally:
             self.stopping = True
             self.notifier.stopping()
+            # New connections are refused from here, as by a one-process router: each
+            # worker closes its copy of the socket as it stops, but this one kept it
+            # listening through the drain, so a client that came meanwhile was taken
+            # into the queue, left waiting and reset when the drain ended.
+            self.sock.close()
             tasks += self._restarting
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._stop_all(grace_s)
-            self.sock.close()
             await self.upstream.close()
         sys.stdout.flush()
         return 0
