@@ -274,3 +274,16 @@ class TestSeeTheFleet:
         assert [r.get_attribute("data-key") for r in rows] == ["b-1"]
         count = browser.find_element(By.CSS_SELECTOR, 'section[data-table="nodes"] .count').text
         assert count == "1 of 4"
+
+    def test_a_malformed_token_in_the_address_shows_the_login_form(
+        self, system: System, browser: Any
+    ) -> None:
+        """A malformed token in the address shows the login form, not a blank page."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as ec
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        browser.get(f"{system.controller_url}/status#token=%zz")
+        WebDriverWait(browser, 10).until(ec.visibility_of_element_located((By.ID, "login")))
+        assert browser.find_element(By.ID, "login-error").text == "the token was refused"
+        assert "token" not in browser.current_url

@@ -5,10 +5,13 @@ from __future__ import annotations
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from llmgw.adminclient.client import AdminClient, UrllibTransport
+from llmgw.adminclient.errors import AdminUnreachable
 from llmgw.testing.procs import llmgw_argv
 
 pytestmark = pytest.mark.timeout(60)
@@ -94,3 +97,119 @@ class TestBrokenAnswers:
         assert "Traceback" not in out.stderr
         assert out.stderr.count("\n") == 1, out.stderr
         assert f"127.0.0.1:{server.port}" in out.stderr
+
+
+class StreamServer:
+    """A TCP server on 127.0.0.1 that writes what `stream` yields to each connection
+    until the client goes away (a controller stand-in that never finishes its answer)."""
+
+    def __init__(self, stream: Callable[[], Iterator[bytes]]) -> None:
+        self.stream = stream
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = int(self.sock.getsockname()[1])
+        self.sock.settimeout(0.05)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        accept = threading.Thread(target=self._accept, daemon=True)
+        accept.start()
+        self._threads.append(accept)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            try:
+                conn.recv(65536)
+                for piece in self.stream():
+                    if self._stop.is_set():
+                        return
+                    conn.sendall(piece)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        self.sock.close()
+
+
+def _trickle_body() -> Iterator[bytes]:
+    """A 200 whose body comes a byte a quarter second: each read is quick, the whole never ends."""
+    yield b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n["
+    while True:
+        time.sleep(0.25)
+        yield b" "
+
+
+def _trickle_head() -> Iterator[bytes]:
+    """A status line, then header bytes a quarter second apart, never the blank line."""
+    yield b"HTTP/1.1 200 OK\r\nX-Slow: "
+    while True:
+        time.sleep(0.25)
+        yield b"a"
+
+
+def _endless_chunks() -> Iterator[bytes]:
+    """A chunked 200 that never ends, as fast as the client reads (an error page looping)."""
+    yield b"HTTP/1.1 502 Bad Gateway\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunk = b"x" * 65536
+    while True:
+        yield b"%x\r\n%s\r\n" % (len(chunk), chunk)
+
+
+@pytest.fixture
+def stream_server(request: pytest.FixtureRequest) -> Iterator[StreamServer]:
+    server = StreamServer(request.param)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+class TestAnswersThatNeverEnd:
+    """An answer that never ends is cut at a deadline or a size bound."""
+
+    @pytest.mark.parametrize(
+        "stream_server",
+        [
+            pytest.param(_trickle_body, id="trickled-body"),
+            pytest.param(_trickle_head, id="trickled-head"),
+        ],
+        indirect=True,
+    )
+    def test_a_trickle_ends_at_the_deadline(self, stream_server: StreamServer) -> None:
+        """A byte every quarter second keeps each read short; the answer ends at the deadline."""
+        transport = UrllibTransport(answer_within_s=2.0)
+        client = AdminClient(f"http://127.0.0.1:{stream_server.port}", transport=transport)
+        t0 = time.monotonic()
+        with pytest.raises(AdminUnreachable, match="did not finish its answer within 2s"):
+            client.nodes()
+        assert time.monotonic() - t0 < 10
+
+    @pytest.mark.parametrize("stream_server", [_endless_chunks], indirect=True)
+    def test_an_endless_answer_is_one_line_exit_1(self, stream_server: StreamServer) -> None:
+        """An endless error page stops at the size bound: one line, exit 1, memory bounded."""
+        out = subprocess.run(
+            llmgw_argv("ctl", "--controller", f"127.0.0.1:{stream_server.port}", "nodes"),
+            capture_output=True,
+            text=True,
+            timeout=45,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+        assert out.returncode == 1
+        assert "Traceback" not in out.stderr
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert "larger than 64 MiB" in out.stderr

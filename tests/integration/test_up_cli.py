@@ -162,8 +162,13 @@ class TestRefusals:
 
 
 @contextlib.contextmanager
-def running_up(folder: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
-    """`up` in `folder`, output piped; killed if still running, its pipe always closed."""
+def running_up(
+    folder: Path, env: dict[str, str] | None = None, *, own_group: bool = False
+) -> Iterator[subprocess.Popen[str]]:
+    """`up` in `folder`, output piped; killed if still running, its pipe always closed.
+
+    `own_group`: in a process group of its own, as a terminal's foreground job is, so a
+    test can send a signal to the group as the terminal's Ctrl-C does."""
     with subprocess.Popen(
         llmgw_argv("up", "--quiet", "--fleet", "fleet.yaml", *ports()),
         cwd=folder,
@@ -172,6 +177,7 @@ def running_up(folder: Path, env: dict[str, str] | None = None) -> Iterator[subp
         stdin=subprocess.DEVNULL,
         text=True,
         env=env,
+        start_new_session=own_group,
     ) as proc:
         try:
             yield proc
@@ -227,6 +233,59 @@ class TestInterrupt:
             out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
         assert engine not in procs_of(folder)
+        assert procs_of(folder) == []
+
+    def test_second_ctrl_c_while_stopping_a_dead_agents_engines(self, folder: Path) -> None:
+        """A second Ctrl-C at the terminal while `up` stops the engines of an agent that died
+        leaves that stop to finish: no traceback, nothing left running."""
+        with running_up(folder, own_group=True) as proc:
+            assert proc.stdout is not None
+            until_ready(proc)
+            state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
+            wait_until(
+                lambda: state.exists() and '"pid"' in state.read_text(),
+                timeout_s=60,
+                every_s=0.1,
+                what="the agent's state file with an engine pid",
+            )
+            manifest = json.loads((folder / ".llmgw" / "up.json").read_text())
+            os.kill(manifest["children"]["agent n-1"]["pid"], signal.SIGKILL)
+            for line in proc.stdout:
+                if line.startswith("llmgw up: agent n-1 exited"):
+                    break
+            # The terminal's Ctrl-C goes to its whole foreground process group.
+            os.killpg(proc.pid, signal.SIGINT)
+
+            def stopper() -> bool:
+                for pid in procs_of(folder):
+                    with contextlib.suppress(OSError):
+                        if b"stop-engines" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                            return True
+                return False
+
+            wait_until(stopper, timeout_s=60, every_s=0.01, what="up stopping leftover engines")
+            os.killpg(proc.pid, signal.SIGINT)
+            out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "Traceback" not in out
+        assert "stop-engines exited" not in out
+        assert procs_of(folder) == []
+
+    def test_hangup_stops_everything(self, folder: Path) -> None:
+        """SIGHUP (its terminal closed) stops `up` as Ctrl-C does: exit 0, engines included."""
+        with running_up(folder) as proc:
+            until_ready(proc)
+            state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
+            wait_until(
+                lambda: state.exists() and '"pid"' in state.read_text(),
+                timeout_s=60,
+                every_s=0.1,
+                what="the agent's state file with an engine pid",
+            )
+            proc.send_signal(signal.SIGHUP)
+            out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "llmgw up: stopped" in out
         assert procs_of(folder) == []
 
 

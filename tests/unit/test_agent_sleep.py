@@ -376,6 +376,23 @@ class TestTemplates:
         assert "--enable-sleep-mode" not in plan.argv
         assert "VLLM_SERVER_DEV_MODE" not in plan.env
 
+    @pytest.mark.parametrize("value", ["1", " 2", "true"])
+    def test_dev_mode_from_the_spec_gets_the_guard(self, value: str) -> None:
+        """A spec's own VLLM_SERVER_DEV_MODE (vLLM reads any non-zero integer) opens the
+        dev routes without sleep mode: the guard is loaded all the same."""
+        env = {"VLLM_SERVER_DEV_MODE": value, "PYTHONPATH": "/mine"}
+        plan = render(spec(engine="vllm", env=env), port=1, host="h", api_key="k")
+        argv = list(plan.argv)
+        assert argv[argv.index("--middleware") + 1] == GUARD_MIDDLEWARE
+        assert plan.env["PYTHONPATH"] == f"{GUARD_DIR}:/mine"
+        assert "--enable-sleep-mode" not in argv
+
+    @pytest.mark.parametrize("value", ["0", "", " 00 "])
+    def test_dev_mode_off_needs_no_guard(self, value: str) -> None:
+        """A dev-mode variable vLLM reads as off adds nothing."""
+        plan = render(spec(engine="vllm", env={"VLLM_SERVER_DEV_MODE": value}), port=1, host="h")
+        assert "--middleware" not in plan.argv
+
 
 async def call(guard: Guard, path: str, auth: bytes | None = None) -> int:
     sent: list[dict[str, Any]] = []

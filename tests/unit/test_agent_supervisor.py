@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -260,6 +261,42 @@ class TestExitAndStop:
         await sup.tick()
         assert sup.statuses()[0].state == "stopped"
 
+    async def test_logs_of_dropped_shards_are_kept_newest_first(self, tmp_path: Path) -> None:
+        """A shard's log (rotated copies too) outlives it, but only the newest
+        `ended_logs_keep` of dropped shards stay: each restart is a new replica id, so a
+        crash loop used to leave a log file behind at every try, for good."""
+        spawner = FakeSpawner()
+        sup = Supervisor(
+            log_dir=tmp_path / "logs",
+            store=StateStore(tmp_path / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=spawner,
+            probe=FakeProbe(),
+            clock=ManualClock(),
+            ended_logs_keep=2,
+        )
+        (tmp_path / "logs").mkdir()
+        (tmp_path / "logs" / "agent-notes.txt").write_text("not an engine log\n")
+        sup.apply([spec("live")])
+        for i in range(4):
+            sup.apply([spec("live"), spec(f"try{i}")])
+            path = sup.log_paths()[(f"try{i}", 0)]
+            path.write_text("crashed\n")
+            path.with_name(path.name + ".1").write_text("older\n")
+            spawner.spawned[-1][2].exit = Exit(1)
+            await sup.tick()
+            sup.apply([spec("live")])  # the controller lists the failed shard no more
+        sup.log_paths()[("live", 0)].write_text("serving\n")
+        await sup.tick()
+        assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
+            "agent-notes.txt",
+            "live-rank0.log",
+            "try2-rank0.log",
+            "try2-rank0.log.1",
+            "try3-rank0.log",
+            "try3-rank0.log.1",
+        ]
+
     async def test_stop_all(self, parts: dict[str, Any]) -> None:
         """stop_all ends every engine."""
         sup = parts["sup"]
@@ -346,6 +383,45 @@ class TestAdoption:
         """A corrupt state file is an empty set, never a crash."""
         (tmp_path / "agent-state.json").write_text("{not json")
         assert StateStore(tmp_path, node="n1").load() == ()
+
+
+class FullStore(StateStore):
+    """A state store on a disk that is full while `full` is set."""
+
+    full = True
+
+    def save(self, records: tuple[ShardRecord, ...]) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().save(records)
+
+
+class TestStateFileUnwritable:
+    """A state file that cannot be written fails the start it would record, never the agent."""
+
+    async def test_unrecorded_engine_is_stopped_and_failed(self, tmp_path: Path) -> None:
+        """An engine the state file cannot record is killed and its shard failed with the
+        reason; apply and tick go on, and once the disk has room a new start is recorded."""
+        spawner, store = FakeSpawner(), FullStore(tmp_path / "state", node="n1")
+        sup = Supervisor(
+            log_dir=tmp_path / "logs",
+            store=store,
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=spawner,
+            probe=FakeProbe(),
+            clock=ManualClock(),
+        )
+        sup.apply([spec()])
+        proc = spawner.spawned[0][2]
+        assert proc.signals == [KILL]
+        await sup.tick()
+        (st,) = sup.statuses()
+        assert (st.state, st.pid) == ("failed", None)
+        assert "No space left on device" in st.log_tail[-1]
+        assert str(store.path) in st.log_tail[-1]
+        store.full = False
+        sup.apply([spec(), spec("r2")])
+        assert [r.replica_id for r in StateStore(tmp_path / "state", node="n1").load()] == ["r2"]
 
 
 class TestProcStat:

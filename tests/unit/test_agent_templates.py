@@ -317,3 +317,14 @@ class TestEngineKey:
             "--port",
             "1",
         ]
+
+
+class TestModelIsNoFlag:
+    """A model beginning with '-' is never put on a command line."""
+
+    @pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp", "sim"])
+    def test_a_dash_model_is_refused(self, engine: str) -> None:
+        """A spec stored before the controller refused it fails the shard, never reaching
+        vLLM's positional as `--trust-remote-code`."""
+        with pytest.raises(ValueError, match="begins with '-'"):
+            render(shard(engine=engine, model="--trust-remote-code"), port=1, host="10.1.2.3")

@@ -329,10 +329,26 @@ class TestSpecFiles:
         assert said in run.err
 
     def test_too_deep_and_cyclic_documents(self) -> None:
-        """YAML deeper than the stack is refused; an anchor cycle is walked once."""
+        """YAML deeper than the stack is refused, and an anchor cycle (an endless value)."""
         with pytest.raises(SpecError, match="nested too deeply"):
             specs.parse_documents("[" * 100_000, "f")
-        assert len(specs.parse_documents("name: a\nargs: &x [*x]\n", "f")) == 1
+        with pytest.raises(SpecError, match="an alias inside its own anchor"):
+            specs.parse_documents("name: a\nargs: &x [*x]\n", "f")
+
+    @pytest.mark.timeout(10)
+    def test_aliases_of_a_long_string_are_refused(self, tmp_path: Path) -> None:
+        """A 1 MB string repeated by 100,000 aliases (a 1.4 MB file standing for 100 GB of
+        arguments) is refused before anything walks it: ctl scanned every copy for
+        minutes, then encoded them all to send."""
+        f = tmp_path / "specs.yaml"
+        aliases = ", ".join(["*s"] * 100_000)
+        f.write_text(
+            "name: m\nengine: sim\ngpu_classes: [H100-80G]\n"
+            f'env: {{A: &s "{"x" * 1_000_000}"}}\nargs: [{aliases}]\n'
+        )
+        run = run_ctl(["apply", "--dry-run", "-f", str(f)], FakeController(), tmp_path)
+        assert (run.code, run.err.count("\n")) == (1, 1), run.err
+        assert "aliases repeat more than 16777216 characters" in run.err
 
 
 class TestConfigFile:

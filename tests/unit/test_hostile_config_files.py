@@ -278,6 +278,31 @@ class TestYamlThatExpands:
         assert str(path) in said
         assert "aliases repeat more than 1000000 nodes" in said
 
+    @pytest.mark.parametrize("key", ["sim_args", "router"])
+    @pytest.mark.timeout(10)
+    def test_fleet_alias_bomb(self, tmp_path: Path, key: str) -> None:
+        """`llmgw up --fleet` refuses one as the other files do; it walked every copy."""
+        path = tmp_path / "f.yaml"
+        path.write_text(f"nodes: [{{prefix: a, gpus: 1xH100-80G}}]\n{key}: {bomb()}\n")
+        said = fleet(str(path))
+        assert str(path) in said
+        assert "aliases repeat more than 1000000 nodes" in said
+
+    @pytest.mark.timeout(10)
+    def test_aliases_of_a_long_string_are_refused(self, tmp_path: Path) -> None:
+        """Few nodes, many characters: a 1 MB string repeated by 100,000 aliases in a
+        model's args, which `llmgw up` sent the controller as 100 GB of JSON."""
+        path = tmp_path / "f.yaml"
+        aliases = ", ".join(["*s"] * 100_000)
+        path.write_text(
+            "nodes: [{prefix: a, gpus: 1xH100-80G}]\nmodels:\n"
+            "  - {name: m, engine: sim, gpu_classes: [H100-80G],\n"
+            f'     env: {{A: &s "{"x" * 1_000_000}"}}, args: [{aliases}]}}\n'
+        )
+        said = fleet(str(path))
+        assert str(path) in said
+        assert "aliases repeat more than 16777216 characters" in said
+
     def test_cycle_is_refused(self, tmp_path: Path) -> None:
         """An alias inside its own anchor stands for an endless value, and is refused too."""
         path = tmp_path / "r.yaml"

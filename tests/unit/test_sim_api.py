@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from llmgw.simengine import api, modelcards, responses, tokenizer
+from llmgw.simengine import api, encoder, modelcards, responses, tokenizer
 from llmgw.simengine.config import SimConfig
 
 CFG = SimConfig(model="org/m", served_model_names=("m", "alias"), num_gpu_blocks=1000)
@@ -39,7 +39,7 @@ class TestChatChunks:
 
     def test_first_chunk_opens_with_the_role(self) -> None:
         """The first event carries delta.role = assistant and empty content, like vLLM."""
-        e = event(api.Encoder(job(), "chatcmpl-1", 5).first())
+        e = event(encoder.Encoder(job(), "chatcmpl-1", 5).first())
         assert e == {
             "id": "chatcmpl-1",
             "object": "chat.completion.chunk",
@@ -57,7 +57,7 @@ class TestChatChunks:
 
     def test_content_chunks_have_no_usage_key(self) -> None:
         """vLLM leaves usage out of content chunks (exclude_unset)."""
-        e = event(api.Encoder(job(), "c", 5).delta("abc ", None, None))
+        e = event(encoder.Encoder(job(), "c", 5).delta("abc ", None, None))
         assert "usage" not in e
         assert e["choices"] == [
             {"index": 0, "delta": {"content": "abc "}, "logprobs": None, "finish_reason": None}
@@ -65,13 +65,13 @@ class TestChatChunks:
 
     def test_last_chunk_carries_finish_reason(self) -> None:
         """The chunk with the last token names the finish reason."""
-        e = event(api.Encoder(job(), "c", 5).delta("", "stop", None))
+        e = event(encoder.Encoder(job(), "c", 5).delta("", "stop", None))
         choice = e["choices"][0]
         assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", None)
 
     def test_usage_chunk_has_no_choices(self) -> None:
         """include_usage ends the stream with choices [] and the usage, cached tokens included."""
-        e = event(api.Encoder(job(), "c", 5).usage_chunk(api.usage(10, 4, 8)))
+        e = event(encoder.Encoder(job(), "c", 5).usage_chunk(api.usage(10, 4, 8)))
         assert (e["choices"], e["usage"]) == (
             [],
             {
@@ -88,7 +88,7 @@ class TestCompletionChunks:
 
     def test_text_completion_chunk(self) -> None:
         """Completions stream text_completion objects with text and stop_reason."""
-        e = event(api.Encoder(job(chat=False), "cmpl-1", 5).delta("abcd", None, None))
+        e = event(encoder.Encoder(job(chat=False), "cmpl-1", 5).delta("abcd", None, None))
         assert (e["object"], e["choices"]) == (
             "text_completion",
             [
@@ -104,7 +104,7 @@ class TestCompletionChunks:
 
     def test_no_role_chunk(self) -> None:
         """Completions have no role chunk."""
-        assert api.Encoder(job(chat=False), "c", 5).first() == b""
+        assert encoder.Encoder(job(chat=False), "c", 5).first() == b""
 
 
 class TestFraming:
@@ -120,7 +120,7 @@ class TestFraming:
 
     def test_full_chat_response(self) -> None:
         """A non-streaming chat response has the message, finish reason and usage."""
-        body = json.loads(api.Encoder(job(), "c", 5).full("hi", "length", api.usage(2, 1, 0)))
+        body = json.loads(encoder.Encoder(job(), "c", 5).full("hi", "length", api.usage(2, 1, 0)))
         assert body["object"] == "chat.completion"
         assert body["choices"][0]["message"]["content"] == "hi"
         assert body["choices"][0]["finish_reason"] == "length"

@@ -122,3 +122,32 @@ class TestCtlApply:
 
         with pytest.raises(SpecError, match=r"field args\[0\]: holds a NUL"):
             validate([_raw(args=["\x00"])], "f.yaml")
+
+
+class TestSourceIsNoFlag:
+    """A source beginning with '-' is refused: the engine would read it as a flag."""
+
+    @pytest.mark.parametrize("source", ["--trust-remote-code", "-x", "--api-key=k"])
+    def test_a_dash_source_is_refused_at_apply(self, source: str) -> None:
+        """vLLM takes the model as its first argument, so `--trust-remote-code` there
+        passed the flag policy that refuses it in `args`."""
+        problem = launch_problem(_spec(engine="vllm", source=source))
+        assert problem is not None
+        assert problem[0] == "source"
+        assert "flag" in problem[1]
+        with pytest.raises(InvalidSpec) as info:
+            decode_specs(json.dumps(_raw(engine="vllm", source=source)).encode())
+        assert info.value.param == "source"
+
+    def test_paths_and_repository_ids_pass(self) -> None:
+        """Absolute and relative paths and repository ids, a '-' inside them too."""
+        for source in ("/models/-m", "./-m", "org/m-1", "m-"):
+            assert launch_problem(_spec(engine="vllm", source=source)) is None, source
+
+    def test_ctl_refuses_it_before_sending(self) -> None:
+        """`ctl apply` names the field and sends nothing."""
+        from llmgw.ctl.errors import SpecError
+        from llmgw.ctl.specs import validate
+
+        with pytest.raises(SpecError, match=r"field source: begins with '-'"):
+            validate([_raw(engine="vllm", source="--trust-remote-code")], "f.yaml")

@@ -38,6 +38,8 @@ class TestFlags:
             ("--trust_remote_code", "--trust-remote-code"),
             ("--trust-remote-code=true", "--trust-remote-code"),
             ("--trust_remote-code=1", "--trust-remote-code"),
+            ("--kv-events-config.endpoint", "--kv-events-config"),
+            ("--kv_events_config.topics+=a,b", "--kv-events-config"),
             ("-x", None),
             ("--", None),
             ("value", None),
@@ -58,6 +60,9 @@ class TestFlags:
             (("--ho", "0.0.0.0"), "args[0]", "(read as --host)"),
             (("--api",), "args[0]", "(read as --api-key)"),
             (("--port=1",), "args[0]", "args[0] --port is"),
+            # vLLM reads `--json-arg.key value` as a key of the JSON flag `--json-arg`.
+            (("--kv-events-config.endpoint", "tcp://x"), "args[0]", "(read as --kv-events-config)"),
+            (("--kv-events.publisher=null",), "args[0]", "(read as --kv-events-config)"),
         ],
     )
     def test_every_spelling_and_abbreviation_is_refused(

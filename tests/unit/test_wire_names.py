@@ -247,7 +247,7 @@ class TestStartFiles:
         ("content", "said"),
         [
             (b"\xff\xfe", "not UTF-8 text"),
-            (b"[" * 5_000, "nesting depth"),
+            (b"[" * 5_000, "nested too deeply"),
             (b"nodes: [[[", "while parsing a flow node"),
         ],
     )

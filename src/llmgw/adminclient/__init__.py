@@ -6,6 +6,8 @@ instead of its own. docs/controller.md lists the routes.
 
 - `client.py`: `AdminClient` (one method per route) over a `Transport` (urllib, or a
   fake in tests);
+- `bounded.py`: the urllib transport's answer read whole within a deadline and a
+  size bound;
 - `errors.py`: `AdminError` and its subclasses, the only exceptions a call raises.
 
 Import from the submodules. This file imports nothing, so `llmgw ctl --help` can load

@@ -11,6 +11,7 @@ Two layers, so tests need no socket:
 from __future__ import annotations
 
 import http.client
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,6 +20,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 
+from llmgw.adminclient import bounded
 from llmgw.adminclient.errors import (
     AdminError,
     AdminNotAController,
@@ -78,8 +80,8 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def _opener(url: str) -> urllib.request.OpenerDirector:
-    """No redirects; and no proxy for a loopback controller.
+def _opener(url: str, *, deadline: float) -> urllib.request.OpenerDirector:
+    """No redirects; no proxy for a loopback controller; the answer whole by `deadline`.
 
     urllib sends every request through `http_proxy` unless `no_proxy` names the host,
     127.0.0.1 and localhost included: the token would leave this host for a proxy that
@@ -88,12 +90,22 @@ def _opener(url: str) -> urllib.request.OpenerDirector:
     """
     host = urllib.parse.urlsplit(url).hostname or ""
     if host == "localhost" or is_loopback(host):
-        return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects)
-    return urllib.request.build_opener(_NoRedirects)
+        return bounded.opener(urllib.request.ProxyHandler({}), _NoRedirects(), deadline=deadline)
+    return bounded.opener(_NoRedirects(), deadline=deadline)
 
 
 class UrllibTransport:
-    """The real transport: one short-lived connection per request, which is what a CLI makes."""
+    """The real transport: one short-lived connection per request, which is what a CLI makes.
+
+    `timeout_s` bounds each wait for a byte; the answer as a whole must also be in
+    within `answer_within_s` and `max_answer_bytes` (bounded.py says why).
+    """
+
+    def __init__(
+        self, *, answer_within_s: float = 60.0, max_answer_bytes: int = 64 * 1024 * 1024
+    ) -> None:
+        self._answer_within_s = answer_within_s
+        self._max_answer_bytes = max_answer_bytes
 
     def request(
         self,
@@ -105,8 +117,19 @@ class UrllibTransport:
         timeout_s: float,
     ) -> Response:
         req = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
+        deadline = time.monotonic() + self._answer_within_s
         try:
-            return _exchange(req, url, timeout_s)
+            return _exchange(req, url, timeout_s, deadline, self._max_answer_bytes)
+        except bounded.AnswerDeadline as exc:
+            raise AdminUnreachable(
+                f"the controller at {url} did not finish its answer within "
+                f"{self._answer_within_s:g}s (bytes kept coming, too slowly or without end)"
+            ) from exc
+        except bounded.AnswerTooLarge as exc:
+            raise AdminServerFailed(
+                f"the answer from {url} is larger than "
+                f"{self._max_answer_bytes / 1048576:g} MiB; not read further"
+            ) from exc
         except urllib.error.URLError as exc:
             raise AdminUnreachable(f"cannot reach the controller at {url}: {exc.reason}") from exc
         except TimeoutError as exc:
@@ -123,7 +146,9 @@ class UrllibTransport:
             ) from exc
 
 
-def _exchange(req: urllib.request.Request, url: str, timeout_s: float) -> Response:
+def _exchange(
+    req: urllib.request.Request, url: str, timeout_s: float, deadline: float, limit: int
+) -> Response:
     """One request and its whole answer; the caller translates what this raises.
 
     An error status's body is read here, not in the caller's `except HTTPError`: a
@@ -131,12 +156,26 @@ def _exchange(req: urllib.request.Request, url: str, timeout_s: float) -> Respon
     translations beside it, and ended ctl in a traceback.
     """
     try:
-        with _opener(url).open(req, timeout=timeout_s) as resp:
-            return Response(resp.status, resp.read())
+        with _opener(url, deadline=deadline).open(req, timeout=timeout_s) as resp:
+            return Response(resp.status, bounded.read_body(resp, limit=limit))
     except urllib.error.HTTPError as exc:
         # A status is an answer, whatever it says; the client decides what it means.
         with exc:
-            return Response(exc.code, exc.read(), exc.headers.get("Location"))
+            return Response(
+                exc.code, bounded.read_body(exc, limit=limit), exc.headers.get("Location")
+            )
+
+
+def _decode(body: bytes, kind: type[T]) -> T:
+    """An answer as `kind`; its only failure is `msgspec.DecodeError`.
+
+    msgspec raises RecursionError, not DecodeError, for an answer nested past its
+    depth (a few kilobytes of `[`): uncaught, it ended ctl in a traceback.
+    """
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except RecursionError as exc:
+        raise msgspec.DecodeError("the answer is nested too deep") from exc
 
 
 def _quote(segment: str) -> str:
@@ -307,7 +346,7 @@ class AdminClient:
                 status=resp.status,
             )
         try:
-            return msgspec.json.decode(resp.body, type=kind)
+            return _decode(resp.body, kind)
         except msgspec.DecodeError as exc:
             raise AdminServerFailed(
                 f"{method} {path}: the controller's answer does not decode ({exc})"
@@ -323,7 +362,7 @@ class AdminClient:
             resp = self._transport.request(
                 "GET", self.base_url + "/healthz", body=None, headers={}, timeout_s=3.0
             )
-            health = msgspec.json.decode(resp.body) if resp.status == 200 else None
+            health = _decode(resp.body, object) if resp.status == 200 else None
         except (AdminError, msgspec.DecodeError):
             health = None
         if isinstance(health, dict) and "leader" in health:
@@ -345,7 +384,7 @@ class AdminClient:
         """The exception for an error status, carrying the controller's own message."""
         kind, message = "", ""
         try:
-            detail = msgspec.json.decode(resp.body, type=ErrorBody).error
+            detail = _decode(resp.body, ErrorBody).error
             kind, message = detail.type, detail.message
         except msgspec.DecodeError:
             message = resp.body[:200].decode("utf-8", "replace").strip()

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import deque
 from collections.abc import Collection
 from pathlib import Path
 
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_KEEP = 3
+# Logs of ended shards kept (EndedLogs), each with its rotated copies.
+DEFAULT_ENDED_KEEP = 20
 
 
 # Engine logs are the agent user's alone: an engine may print what it was given.
@@ -67,6 +70,48 @@ def rotate(path: Path, *, keep: int = DEFAULT_KEEP) -> None:
         os.fchmod(copy.fileno(), MODE)
         shutil.copyfileobj(live, copy, 1024 * 1024)
     os.truncate(path, 0)
+
+
+def remove(path: Path, *, keep: int = DEFAULT_KEEP) -> None:
+    """Delete an engine log and its rotated copies (`.1` … `.keep`); missing ones are fine."""
+    for n in range(keep, 0, -1):
+        path.with_name(f"{path.name}.{n}").unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
+
+
+class EndedLogs:
+    """Logs of the shards this agent dropped, oldest first; past the newest `keep`, removed.
+
+    A replica id is never reused (a restart or replacement is a new replica), so without
+    this every crash-loop try, scale-down and eviction left its log file for good. Only
+    logs this agent saw end are removed, never files found in the folder: a log folder an
+    operator shares with anything else is never swept.
+    """
+
+    def __init__(self, *, keep: int = DEFAULT_ENDED_KEEP) -> None:
+        self._keep = keep
+        self._paths: deque[Path] = deque()
+
+    def add(self, path: Path) -> None:
+        self._paths.append(path)
+
+    def take_expired(self) -> list[Path]:
+        """The logs beyond the newest `keep`, oldest first, forgotten here."""
+        out = []
+        while len(self._paths) > self._keep:
+            out.append(self._paths.popleft())
+        return out
+
+
+def tidy(live: Collection[Path], expired: Collection[Path], *, max_bytes: int, keep: int) -> None:
+    """Rotate the live shards' logs past `max_bytes`; remove the expired ones (never a
+    live one: a shard listed again under its old identity writes to the same file)."""
+    for path in live:
+        if needs_rotation(path, max_bytes=max_bytes):
+            rotate(path, keep=keep)
+    for path in expired:
+        if path not in live:
+            remove(path, keep=keep)
 
 
 def redact(lines: tuple[str, ...], secrets: Collection[str]) -> tuple[str, ...]:

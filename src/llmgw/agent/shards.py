@@ -42,6 +42,9 @@ class Shard:
     priority_scheduling: bool = False
     # The agent's word on its last sleep or wake (ShardStatus.note); "": none.
     note: str = ""
+    # Why the agent itself ended this engine as it started (the last line of its log
+    # tail once it has exited, which then fails rather than stops); "": it did not.
+    failure: str = ""
 
     @property
     def key(self) -> tuple[str, int]:

@@ -102,6 +102,8 @@ class StateStore:
         self.path = state_dir / STATE_FILE
         self.node = node
         self._last: bytes | None = None
+        # Why the last write failed; None: it succeeded (or none was needed).
+        self._failing: str | None = None
 
     def load(self) -> tuple[ShardRecord, ...]:
         """Records of a previous run; a missing or unreadable file is an empty set (logged)."""
@@ -122,6 +124,25 @@ class StateStore:
             return ()
         self._last = raw
         return doc.shards
+
+    def try_save(self, records: tuple[ShardRecord, ...]) -> str | None:
+        """`save`, but a write the disk refuses is returned (why, in one line), not raised;
+        logged once as it starts failing. The next call tries again (the set still differs
+        from the last one written)."""
+        try:
+            self.save(records)
+        except OSError as exc:
+            # A full disk or a state dir made read-only must not end the agent: its
+            # engines still need watching, and its restart would meet the same disk.
+            why = f"cannot write the state file {self.path}: {exc.strerror or exc}"
+            if self._failing != why:
+                log.error(kv("state file not written", error=why))
+            self._failing = why
+            return why
+        if self._failing is not None:
+            log.info(kv("state file up to date again", path=self.path))
+            self._failing = None
+        return None
 
     def save(self, records: tuple[ShardRecord, ...]) -> None:
         """Write the set if it changed since the last write."""

@@ -82,6 +82,7 @@ class Supervisor:
         stop_grace_s: float = 10.0,
         log_max_bytes: int = logfiles.DEFAULT_MAX_BYTES,
         log_keep: int = logfiles.DEFAULT_KEEP,
+        ended_logs_keep: int = logfiles.DEFAULT_ENDED_KEEP,
         clock: Clock = SYSTEM_CLOCK,
         adapter_client: AdapterClient | None = None,
         sleep_client: sleeping.SleepClient | None = None,
@@ -114,6 +115,7 @@ class Supervisor:
         self._stop_grace_s = stop_grace_s
         self._log_max_bytes = log_max_bytes
         self._log_keep = log_keep
+        self._ended_logs = logfiles.EndedLogs(keep=ended_logs_keep)
         self._clock = clock
         # Counted for /metrics (agent.metrics) as engines start, become ready and exit.
         self.events = EngineEvents()
@@ -192,6 +194,7 @@ class Supervisor:
                 continue
             if sh.proc is None:
                 del self._shards[key]
+                self._ended_logs.add(sh.log_path)
             elif sh.stop_sent_at is None:
                 self._stop(sh)
         for key in sorted(want):
@@ -222,8 +225,11 @@ class Supervisor:
         await self._sync_sleep()
         await self._sync_adapters()
         # Paths are read here, on the loop; the thread only touches files.
-        paths = [sh.log_path for sh in self._shards.values()]
-        await asyncio.to_thread(self._rotate_logs, paths)
+        paths = {sh.log_path for sh in self._shards.values()}
+        expired = self._ended_logs.take_expired()
+        await asyncio.to_thread(
+            logfiles.tidy, paths, expired, max_bytes=self._log_max_bytes, keep=self._log_keep
+        )
         self._save()
 
     async def _probe_starting(self) -> None:
@@ -342,11 +348,6 @@ class Supervisor:
         if sh.started_at is not None:
             self.events.ready(sh.spec.engine, self._clock.wall() - sh.started_at)
         log.info(kv("engine ready", replica=sh.spec.replica_id, rank=sh.spec.rank, port=sh.port))
-
-    def _rotate_logs(self, paths: list[Path]) -> None:
-        for path in paths:
-            if logfiles.needs_rotation(path, max_bytes=self._log_max_bytes):
-                logfiles.rotate(path, keep=self._log_keep)
 
     async def stop_all(self, *, grace_s: float | None = None, poll_s: float = 0.1) -> None:
         """SIGTERM every engine, SIGKILL after the grace (`--stop-engines-on-exit`)."""
@@ -485,7 +486,16 @@ class Supervisor:
         )
         # Persist before anything else can happen: an agent killed right now
         # must still find this engine (state.py).
-        self._save()
+        unsaved = self._save()
+        if unsaved is not None:
+            # Missing from the state file, the engine would outlive an agent that dies
+            # now with nothing to adopt or stop it by; and an agent that crashed here
+            # would start one more at each of its restarts. Ended, the shard fails
+            # (the controller restarts it after its backoff).
+            sh.failure = f"llmgw agent: {unsaved}; the engine was stopped"
+            sh.proc.signal_group(KILL)
+            sh.stop_sent_at = self._clock.monotonic()
+            sh.kill_sent = True
 
     def _stop(self, sh: Shard) -> None:
         assert sh.proc is not None
@@ -499,10 +509,12 @@ class Supervisor:
         sh.proc.signal_group(KILL)
         sh.proc = None
         sh.exit_code = code
-        sh.state = "stopped" if sh.stop_sent_at is not None else "failed"
+        sh.state = "stopped" if sh.stop_sent_at is not None and not sh.failure else "failed"
         self.events.exited(sh.spec.engine, sh.state)
         if sh.state == "failed":
             sh.log_tail = logfiles.tail(sh.log_path, secrets=self._secrets(sh))
+            if sh.failure:
+                sh.log_tail = (*sh.log_tail, sh.failure)
             log.warning(
                 kv("engine exited", replica=sh.spec.replica_id, rank=sh.spec.rank, code=code)
             )
@@ -556,8 +568,9 @@ class Supervisor:
         if not self._ports.is_free(port):
             raise RendezvousPortTaken(port, "another process on this node listens there")
 
-    def _save(self) -> None:
-        self._store.save(
+    def _save(self) -> str | None:
+        """Write the state file; None once written, else why not (StateStore.try_save)."""
+        return self._store.try_save(
             tuple(
                 ShardRecord(
                     replica_id=sh.spec.replica_id,

@@ -178,6 +178,9 @@ class LaunchPlan:
     priority_scheduling: bool = False
 
 
+# vLLM's switch for its development routes (sleep mode's among them).
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+
 # The flag whose value the agent's logs and the engine log's header never show.
 SECRET_FLAGS = frozenset({"--api-key"})
 # The variable each engine reads its key from (llama-server: `--api-key`'s env).
@@ -209,6 +212,13 @@ def render(
             f"shard {spec.replica_id}/{spec.rank}: a multi-node shard needs master_addr "
             "and master_port"
         )
+    if spec.model.startswith("-"):
+        # The controller refuses such a source at apply; one stored before it did would
+        # reach vLLM's positional as a flag (`--trust-remote-code`) past the policy.
+        raise ValueError(
+            f"shard {spec.replica_id}/{spec.rank}: model {spec.model[:100]!r} begins with "
+            "'-', which the engine would read as a flag"
+        )
     prefix = commands.get(spec.engine, DEFAULT_COMMANDS[spec.engine])
     if spec.engine == "vllm":
         body, health = _vllm(spec, port, host)
@@ -237,6 +247,11 @@ def render(
     if spec.sleep_mode and spec.engine in ("vllm", "sim"):
         body += sleep_args(spec)
         out.update(sleep_env(spec, out))
+    elif spec.engine == "vllm" and dev_mode(out):
+        # The spec's own dev mode opens the same routes as sleep mode's: the same guard.
+        # Without it they answered anyone who reached the port, the key unasked.
+        body += ["--middleware", GUARD_MIDDLEWARE]
+        out["PYTHONPATH"] = _guard_path(out)
     if api_key and spec.engine != "sglang":
         out[KEY_ENV[spec.engine]] = api_key
     argv = (*prefix, *body, *spec.args)
@@ -274,11 +289,29 @@ def sleep_args(spec: ShardSpec) -> list[str]:
 def sleep_env(spec: ShardSpec, env: Mapping[str, str]) -> dict[str, str]:
     """Environment of a shard that may sleep: the development routes on, and for vLLM the
     guard's folder on PYTHONPATH (ahead of any the spec set)."""
-    out = {"VLLM_SERVER_DEV_MODE": "1"}
+    out = {DEV_MODE_ENV: "1"}
     if spec.engine == "vllm":
-        path = env.get("PYTHONPATH")
-        out["PYTHONPATH"] = f"{GUARD_DIR}:{path}" if path else str(GUARD_DIR)
+        out["PYTHONPATH"] = _guard_path(env)
     return out
+
+
+def dev_mode(env: Mapping[str, str]) -> bool:
+    """Whether vLLM started with `env` serves its development routes: it reads
+    VLLM_SERVER_DEV_MODE as `bool(int(value))`; a value that is no integer is taken as on
+    (vLLM then fails to start, guarded or not)."""
+    value = env.get(DEV_MODE_ENV, "").strip()
+    if not value:
+        return False
+    try:
+        return int(value) != 0
+    except ValueError:
+        return True
+
+
+def _guard_path(env: Mapping[str, str]) -> str:
+    """PYTHONPATH with the guard's folder ahead of any the spec set."""
+    path = env.get("PYTHONPATH")
+    return f"{GUARD_DIR}:{path}" if path else str(GUARD_DIR)
 
 
 def shown_argv(argv: tuple[str, ...] | list[str]) -> list[str]:

@@ -46,8 +46,12 @@ def fmt_duration(seconds: float) -> str:
     Rounded down so an idle time is never shown longer than it is: a replica
     idle 9m59s must not read as `10m` next to the 10-minute eviction threshold.
     """
-    if not math.isfinite(seconds):
-        return UNKNOWN  # a broken answer's NaN or infinity is not a duration
+    try:
+        finite = math.isfinite(seconds)
+    except OverflowError:
+        finite = False  # an integer past a float's range (JSON integers have no bound)
+    if not finite:
+        return UNKNOWN  # a broken answer's NaN, infinity or 10**400 is not a duration
     s = max(0, int(seconds))
     if s < 60:
         return f"{s}s"

@@ -21,7 +21,7 @@ import yaml
 
 from llmgw.ctl.errors import SpecError
 from llmgw.ctl.shown import visible
-from llmgw.runtime import textfile
+from llmgw.runtime import safeyaml, textfile
 from llmgw.wire.adapters import AdapterSpec, is_adapter
 from llmgw.wire.adapters import names_problem as adapter_names_problem
 from llmgw.wire.models import (
@@ -182,10 +182,29 @@ def unsendable(value: object) -> tuple[str, str] | None:
     return None
 
 
+def _load_all(text: str) -> list[Any]:
+    """`yaml.safe_load_all(text)`, each document held to safeyaml's bounds before it is
+    built: aliases of a long string stood for gigabytes of arguments to scan and send."""
+    loader = yaml.SafeLoader(text)
+    try:
+        documents = []
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:  # check_node said there is one: never None here
+                break
+            safeyaml.check(node)
+            documents.append(loader.construct_document(node))
+        return documents
+    finally:
+        loader.dispose()
+
+
 def parse_documents(text: str, source: str) -> list[Any]:
     """The file's specs, flattened from all documents, not yet validated."""
     try:
-        documents = list(yaml.safe_load_all(text))
+        documents = _load_all(text)
+    except safeyaml.YamlError as exc:
+        raise SpecError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

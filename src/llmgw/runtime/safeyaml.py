@@ -8,12 +8,16 @@
   nodes are counted before anything is built, each alias as the copy a walk meets, and
   one whose aliases repeat more than MAX_REPEATED_NODES, or that holds itself (an alias
   inside its own anchor), is refused. Anchors and `<<` merges within that stay as they were.
+  Characters are counted the same way: a 1 MB string and 100,000 aliases of it are few
+  nodes, but 100 GB once a spec file's `args` are encoded to be sent (`ctl apply`, `llmgw
+  up`'s models), and ctl scanned every copy first.
 - Depth. PyYAML's composer recurses once per level, so a document nested some
   thousand levels deep raised RecursionError, a traceback at start.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -21,6 +25,8 @@ import yaml
 # Far above what anchors save in a config (a defaults block merged into each of a
 # thousand endpoints repeats some tens of thousands), far below what hurts to walk.
 MAX_REPEATED_NODES = 1_000_000
+# As much again as the largest spec file (16 MiB): far above what a config repeats.
+MAX_REPEATED_CHARS = 16 * 1024 * 1024
 
 
 class YamlError(ValueError):
@@ -35,11 +41,21 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
-def _expanded(root: yaml.Node) -> tuple[int, int] | None:
-    """(nodes a walk of the values meets, distinct nodes), or None when one holds itself.
+@dataclass(frozen=True, slots=True)
+class _Size:
+    """What a walk of a node's value meets: nodes and scalar characters."""
+
+    nodes: int
+    chars: int
+
+
+def _expanded(root: yaml.Node) -> tuple[_Size, _Size] | None:
+    """(what a walk of the values meets, the distinct nodes' own), or None when one holds
+    itself.
 
     Without recursion: the document may be as deep as the composer's stack went."""
-    size: dict[int, int] = {}
+    size: dict[int, _Size] = {}
+    own_chars = 0
     open_: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
@@ -47,7 +63,12 @@ def _expanded(root: yaml.Node) -> tuple[int, int] | None:
         key = id(node)
         if done:
             open_.discard(key)
-            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            kids = [size[id(c)] for c in _children(node)]
+            chars = len(node.value) if isinstance(node, yaml.ScalarNode) else 0
+            own_chars += chars
+            size[key] = _Size(
+                nodes=1 + sum(k.nodes for k in kids), chars=chars + sum(k.chars for k in kids)
+            )
             continue
         if key in size:
             continue
@@ -57,7 +78,26 @@ def _expanded(root: yaml.Node) -> tuple[int, int] | None:
         open_.add(key)
         stack.append((node, True))
         stack.extend((c, False) for c in _children(node))
-    return size[id(root)], len(size)
+    return size[id(root)], _Size(nodes=len(size), chars=own_chars)
+
+
+def check(node: yaml.Node) -> None:
+    """Raise YamlError when a composed document's aliases stand for more than a config
+    holds (the module docstring), before anything is built from it."""
+    counted = _expanded(node)
+    if counted is None:
+        raise YamlError("not a config: an alias inside its own anchor (an endless value)")
+    walked, distinct = counted
+    if walked.nodes - distinct.nodes > MAX_REPEATED_NODES:
+        raise YamlError(
+            f"not a config: its aliases repeat more than {MAX_REPEATED_NODES} nodes "
+            f"({walked.nodes} in all)"
+        )
+    if walked.chars - distinct.chars > MAX_REPEATED_CHARS:
+        raise YamlError(
+            f"not a config: its aliases repeat more than {MAX_REPEATED_CHARS} characters "
+            f"({walked.chars} in all)"
+        )
 
 
 def load(text: str) -> Any:
@@ -67,15 +107,7 @@ def load(text: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        counted = _expanded(node)
-        if counted is None:
-            raise YamlError("not a config: an alias inside its own anchor (an endless value)")
-        walked, distinct = counted
-        if walked - distinct > MAX_REPEATED_NODES:
-            raise YamlError(
-                f"not a config: its aliases repeat more than {MAX_REPEATED_NODES} nodes "
-                f"({walked} in all)"
-            )
+        check(node)
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         # One line: the parser's text puts the position and a caret on lines of their own.

@@ -6,9 +6,14 @@ Layout:
     conn.py                      what every handler shares: content types, a gone client
     auth.py, debug.py            the engine key on every route but /health, /metrics,
                                  /version; loopback-only debug routes
+    errors.py                    the error every handler refuses with, in vLLM's body
     api.py                       chat, completions and embeddings: validation and bodies
+    sampling.py, stops.py        chat and completions sampling parameters (n, stop);
+                                 where stop strings end a reply
+    structured.py                tool_choice and response_format: JSON replies
+    encoder.py                   the chat and completions answers, whole and streamed
     logprobs.py                  the `logprobs` of generated tokens, in vLLM's shapes
-    batch.py, modelcards.py      a completions batch (one choice per prompt); /v1/models
+    batch.py, modelcards.py      a request of several choices (a batch, n > 1); /v1/models
     responses.py, messages.py    OpenAI's Responses and Anthropic's Messages, as vLLM serves
     pooling.py, audio.py         tokenize, detokenize, rerank, score; the audio routes
     routes.py                    the routes beyond chat, completions and embeddings

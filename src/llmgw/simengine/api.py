@@ -9,7 +9,7 @@ Deviation, on purpose: a body without `model` is a 400 here (vLLM would use
 its only model), so tests of the router's "missing model" path have an
 engine that agrees with it (docs/router.md). `usage.prompt_tokens_details`
 (cached tokens) is always present, as with vLLM's
-`--enable-prompt-tokens-details`. Only `n = 1` is supported.
+`--enable-prompt-tokens-details`. `n` and the other sampling parameters: sampling.py.
 
 `priority` (an integer, default 0, lower served first) is vLLM's: under
 `--scheduling-policy fcfs` anything but 0 is refused with vLLM's message, after
@@ -25,41 +25,16 @@ import random
 import struct
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from llmgw.simengine import logprobs, tokenizer
+from llmgw.simengine import logprobs, sampling, structured, tokenizer
 from llmgw.simengine.batcher import PRIORITY
 from llmgw.simengine.config import SimConfig
+from llmgw.simengine.errors import ERROR_TYPES as ERROR_TYPES  # re-exported for handlers
+from llmgw.simengine.errors import SimApiError as SimApiError  # re-exported for handlers
 from llmgw.wire.errors import error_body
-
-ERROR_TYPES = {
-    400: "BadRequestError",
-    403: "ForbiddenError",
-    404: "NotFoundError",
-    413: "RequestTooLargeError",
-    500: "InternalServerError",
-}
-
-
-class SimApiError(Exception):
-    """A request the engine refuses; rendered as vLLM's error body with `status`."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-    def body(self) -> bytes:
-        return error_body(
-            self.message,
-            type=ERROR_TYPES.get(self.status, "InternalServerError"),
-            code=self.status,
-            param=self.param,
-        )
-
 
 # A request's priority: vLLM takes any integer; a 32-bit bound keeps a hostile
 # 10**30 a validation error.
@@ -68,7 +43,8 @@ Priority = Annotated[int, msgspec.Meta(ge=-MAX_PRIORITY, le=MAX_PRIORITY)]
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
-    include_usage: bool | None = False
+    # vLLM's defaults: once `stream_options` is given, usage is included unless refused.
+    include_usage: bool | None = True
     continuous_usage_stats: bool | None = False
 
 
@@ -78,9 +54,11 @@ class GenerationBody(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     max_tokens: int | None = None
     stream: bool | None = False
-    stream_options: StreamOptions | None = None
+    # As sent: vLLM tells `{}` (allowed without a stream) from a non-empty object.
+    stream_options: dict[str, Any] | None = None
     seed: int | None = None
     n: int | None = 1
+    temperature: float | None = None
     ignore_eos: bool | None = False
     min_tokens: int | None = 0
     priority: Priority = 0
@@ -88,6 +66,10 @@ class GenerationBody(msgspec.Struct, frozen=True, kw_only=True):
 
 class ChatBody(GenerationBody, frozen=True, kw_only=True):
     messages: list[dict[str, Any]]
+    stop: str | list[str] | None = None
+    include_stop_str_in_output: bool | None = False
+    tool_choice: Any = None
+    response_format: Any = None
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     logprobs: bool | None = False
@@ -96,6 +78,9 @@ class ChatBody(GenerationBody, frozen=True, kw_only=True):
 
 class CompletionBody(GenerationBody, frozen=True, kw_only=True):
     prompt: Any = None
+    stop: str | list[str] | None = None
+    include_stop_str_in_output: bool | None = False
+    response_format: Any = None
     logprobs: int | None = None
     echo: bool | None = False
 
@@ -127,6 +112,12 @@ class Job:
     logprobs: int | None = None  # alternatives per token; None: no logprobs asked for
     echo: str | None = None  # the prompt's text, written before the reply; None: no echo
     echo_only: bool = False  # echo with max_tokens 0: the one token generated is not written
+    n: int = 1  # choices (sequences in the engine) for this prompt
+    stops: tuple[str, ...] = ()  # stop strings, in the request's order
+    include_stop: bool = False  # include_stop_str_in_output
+    script: str | None = None  # the reply's text when fixed (structured output); None: words
+    tool: str | None = None  # the function the reply calls, `script` its arguments; None: none
+    tool_required: bool = False  # tool_choice "required" (finish_reason tool_calls), not named
 
 
 T = TypeVar("T")
@@ -153,8 +144,6 @@ def check_model(model: str | None, cfg: SimConfig, adapters: Container[str] = ()
 
 
 def _check_params(body: GenerationBody, max_tokens: int | None) -> None:
-    if body.n is not None and body.n != 1:
-        raise SimApiError(400, "The sim-engine supports n = 1 only.", param="n")
     if max_tokens is not None and max_tokens < 1:
         raise SimApiError(
             400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens"
@@ -203,7 +192,7 @@ def job_of(
             param="max_tokens",
         )
     check_priority(body.priority, cfg)
-    opts = body.stream_options
+    include_usage, continuous_usage = _usage_options(body.stream_options)
     return Job(
         chat=chat,
         model=model,
@@ -211,14 +200,38 @@ def job_of(
         max_tokens=max_tokens if max_tokens is not None else limit - n,
         params_max_tokens=max_tokens,
         stream=bool(body.stream),
-        include_usage=bool(opts and opts.include_usage),
-        continuous_usage=bool(opts and opts.continuous_usage_stats),
+        include_usage=include_usage,
+        continuous_usage=continuous_usage,
         seed=body.seed,
         ignore_eos=bool(body.ignore_eos),
         min_tokens=body.min_tokens or 0,
         priority=body.priority,
         logprobs=top_logprobs,
     )
+
+
+def _usage_options(raw: dict[str, Any] | None) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage) of a stream, as vLLM's should_include_usage reads
+    `stream_options`: continuous usage only with the final usage."""
+    if raw is None:
+        return False, False
+    try:
+        opts = msgspec.convert(raw, StreamOptions)
+    except msgspec.ValidationError as exc:
+        raise SimApiError(400, f"Invalid request: {exc}", param="stream_options") from exc
+    include = bool(opts.include_usage)
+    return include, include and bool(opts.continuous_usage_stats)
+
+
+def check_stream_options(body: GenerationBody) -> None:
+    """vLLM's refusal of stream options on a request that does not stream (chat and
+    completions); an empty object passes, as in vLLM."""
+    if body.stream_options and not body.stream:
+        raise SimApiError(
+            400,
+            "Stream options can only be defined when `stream=True`.",
+            param="stream_options",
+        )
 
 
 def _check_logprobs(n: int | None, param: str) -> None:
@@ -272,13 +285,27 @@ def chat_ids(
 
 def parse_chat(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
     body = decode_as(raw, ChatBody)
+    check_stream_options(body)
+    call = structured.tool_call(body.tools, body.tool_choice)
+    script = call[1] if call else structured.format_text(body.response_format)
     model = check_model(body.model, cfg, adapters)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
     top = _chat_logprobs(body)
     ids = chat_ids(body.messages, body.tools, cfg)
-    return job_of(body, cfg, ids, max_tokens, model=model, chat=True, top_logprobs=top)
+    job = job_of(body, cfg, ids, max_tokens, model=model, chat=True, top_logprobs=top)
+    n = sampling.choices_n(body.n, body.temperature)
+    stops = sampling.stop_strings(body.stop)
+    return dataclasses.replace(
+        job,
+        n=n,
+        stops=stops,
+        include_stop=bool(body.include_stop_str_in_output),
+        script=script,
+        tool=call[0] if call else None,
+        tool_required=bool(call and call[2]),
+    )
 
 
 def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> Job:
@@ -289,6 +316,8 @@ def parse_completion(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) 
 def parse_completions(raw: bytes, cfg: SimConfig, adapters: Container[str] = ()) -> list[Job]:
     """One job per prompt: `prompt` may be a batch (strings or token-id lists), as vLLM's."""
     body = decode_as(raw, CompletionBody)
+    check_stream_options(body)
+    script = structured.format_text(body.response_format)
     model = check_model(body.model, cfg, adapters)
     _check_logprobs(body.logprobs, "logprobs")
     prompts = _batch(body.prompt)
@@ -296,7 +325,19 @@ def parse_completions(raw: bytes, cfg: SimConfig, adapters: Container[str] = ())
         raise SimApiError(
             400, f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS}", param="prompt"
         )
-    return [_completion_job(body, p, cfg, model) for p in prompts]
+    n = sampling.choices_n(body.n, body.temperature, len(prompts))
+    stops = sampling.stop_strings(body.stop)
+    include = bool(body.include_stop_str_in_output)
+    return [
+        dataclasses.replace(
+            _completion_job(body, p, cfg, model),
+            n=n,
+            stops=stops,
+            include_stop=include,
+            script=script,
+        )
+        for p in prompts
+    ]
 
 
 # A batch's bound: each prompt is a request in the engine, so a body of a million
@@ -434,6 +475,7 @@ def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
 
 
 _enc = msgspec.json.Encoder()
+encode = _enc.encode
 DONE = b"data: [DONE]\n\n"
 
 
@@ -444,132 +486,3 @@ def sse(obj: object) -> bytes:
 def error_frame(message: str) -> bytes:
     """vLLM's mid-stream error event; `data: [DONE]` follows it."""
     return b"data: " + error_body(message, type="InternalServerError", code=500) + b"\n\n"
-
-
-class AnyEncoder(Protocol):
-    """What the engine writes a generation's answer with: this module's Encoder
-    (chat, completions), responses.ResponsesEncoder, messages.MessagesEncoder."""
-
-    def first(self) -> bytes: ...
-    def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes: ...
-    def tail(self, usage_: dict[str, Any]) -> bytes: ...
-    def error(self, message: str) -> bytes: ...
-    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes: ...
-
-
-class Encoder:
-    """Response bodies of one request (chat or completion), streaming and not; of one
-    choice (`index`) when a completions batch has several."""
-
-    def __init__(self, job: Job, rid: str, created: int, index: int = 0) -> None:
-        self.job = job
-        self.rid = rid
-        self.created = created
-        self.index = index
-        self.object = "chat.completion.chunk" if job.chat else "text_completion"
-        self._sent_tokens = 0  # generated tokens already written (logprobs' positions)
-        self._sent_chars = 0  # characters of text already written (completions' offsets)
-        self._echoed = False  # the prompt (echo) has been written
-
-    def _logprobs(self, text: str) -> dict[str, Any] | None:
-        """`choice.logprobs` of the next `text`; None when the request asked for none."""
-        top = self.job.logprobs
-        if top is None:
-            return None
-        start, offset = self._sent_tokens, self._sent_chars
-        self._sent_tokens += len(logprobs.pieces(text))
-        self._sent_chars += len(text)
-        if self.job.chat:
-            return logprobs.chat(text, top, start)
-        return logprobs.completion(text, top, start, offset)
-
-    def _text(self, text: str) -> tuple[str, dict[str, Any] | None]:
-        """The choice's next text and its logprobs; for an echo, the prompt comes first."""
-        job = self.job
-        if job.echo_only:
-            text = ""
-        if job.echo is None or self._echoed:
-            return text, self._logprobs(text)
-        self._echoed = True
-        prompt = job.echo
-        self._sent_chars = len(prompt)
-        lp = self._logprobs(text)
-        if lp is not None:
-            lp = logprobs.joined(logprobs.echoed(prompt, self.job.logprobs or 0), lp)
-        return prompt + text, lp
-
-    def _chunk(self, choices: list[dict[str, Any]], usage_: dict[str, Any] | None) -> bytes:
-        obj: dict[str, Any] = {
-            "id": self.rid,
-            "object": self.object,
-            "created": self.created,
-            "model": self.job.model,
-            "choices": choices,
-        }
-        if usage_ is not None:
-            obj["usage"] = usage_
-        return sse(obj)
-
-    def first(self) -> bytes:
-        """The opening chunk: the assistant role (chat only)."""
-        if not self.job.chat:
-            return b""
-        delta = {"role": "assistant", "content": ""}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
-        return self._chunk([choice], None)
-
-    def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
-        choice: dict[str, Any]
-        if self.job.chat:
-            lp = self._logprobs(text)
-            choice = {"index": self.index, "delta": {"content": text}, "logprobs": lp}
-        else:
-            text, lp = self._text(text)
-            choice = {"index": self.index, "text": text, "logprobs": lp}
-        choice["finish_reason"] = finish
-        if finish is not None or not self.job.chat:
-            choice["stop_reason"] = None
-        return self._chunk([choice], usage_)
-
-    def usage_chunk(self, usage_: dict[str, Any]) -> bytes:
-        return self._chunk([], usage_)
-
-    def tail(self, usage_: dict[str, Any]) -> bytes:
-        """What follows the last token: the usage chunk when asked for, and [DONE]."""
-        return (self.usage_chunk(usage_) if self.job.include_usage else b"") + DONE
-
-    def error(self, message: str) -> bytes:
-        """The in-stream error that ends a stream, and [DONE]."""
-        return error_frame(message) + DONE
-
-    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
-        """The non-streaming response."""
-        return self.body([self.full_choice(text, finish)], usage_)
-
-    def full_choice(self, text: str, finish: str) -> dict[str, Any]:
-        """This choice of the non-streaming response."""
-        choice: dict[str, Any]
-        if self.job.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
-            message["reasoning_content"] = None
-            choice = {"index": self.index, "message": message}
-            choice["logprobs"] = self._logprobs(text)
-        else:
-            text, lp = self._text(text)
-            choice = {"index": self.index, "text": text, "logprobs": lp}
-        choice["finish_reason"] = finish
-        choice["stop_reason"] = None
-        return choice
-
-    def body(self, choices: list[dict[str, Any]], usage_: dict[str, Any]) -> bytes:
-        """The non-streaming response of `choices`."""
-        return _enc.encode(
-            {
-                "id": self.rid,
-                "object": "chat.completion" if self.job.chat else "text_completion",
-                "created": self.created,
-                "model": self.job.model,
-                "choices": choices,
-                "usage": usage_,
-            }
-        )

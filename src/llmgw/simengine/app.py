@@ -28,6 +28,7 @@ from llmgw.simengine import (
     auth,
     batch,
     debug,
+    encoder,
     metrics,
     modelcards,
     routes,
@@ -47,6 +48,7 @@ from llmgw.simengine.metricsnames import histogram_buckets
 from llmgw.simengine.requestlog import RequestLog
 from llmgw.simengine.sleep import Sleeper
 from llmgw.simengine.stats import EngineStats
+from llmgw.simengine.stops import StopScan
 
 log = logging.getLogger(__name__)
 
@@ -248,14 +250,16 @@ class SimEngine:
         job = await read_request(request, self._parse_chat, self.cfg)
         if isinstance(job, web.Response):
             return job
+        if job.n > 1:
+            return await batch.generate(self, request, [job], "chatcmpl")
         return await self._generate(request, job, "chatcmpl")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         jobs = await read_request(request, self._parse_completions, self.cfg)
         if isinstance(jobs, web.Response):
             return jobs
-        if len(jobs) > 1:
-            return await batch.generate(self, request, jobs)
+        if len(jobs) > 1 or jobs[0].n > 1:
+            return await batch.generate(self, request, jobs, "cmpl")
         return await self._generate(request, jobs[0], "cmpl")
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
@@ -336,7 +340,7 @@ class SimEngine:
         request: web.Request,
         job: api.Job,
         kind: str,
-        make: Callable[[api.Job, str, int], api.AnyEncoder] = api.Encoder,
+        make: Callable[[api.Job, str, int], encoder.AnyEncoder] = encoder.Encoder,
     ) -> web.StreamResponse:
         refused = await self.admit(job)
         if refused is not None:
@@ -370,19 +374,24 @@ class SimEngine:
     def new_id(self, kind: str) -> str:
         return f"{kind}-{self._id_prefix}{next(self._ids):024x}"
 
-    def sim_request(self, rid: str, job: api.Job) -> SimRequest:
+    def sim_request(self, rid: str, job: api.Job, choice: int = 0) -> SimRequest:
+        """The engine request of `job`'s choice `choice` (0 .. n-1), seeded `seed + choice`
+        as vLLM seeds a request's n children."""
         seed = job.seed if job.seed is not None else tokenizer.prompt_seed(job.prompt_ids)
         return SimRequest(
             rid,
             job.prompt_ids,
             arrival_s=self.engine.now(),
             max_tokens=job.max_tokens,
-            seed=mix_seed(seed, self.cfg.seed),
+            seed=mix_seed(seed + choice, self.cfg.seed),
             ignore_eos=job.ignore_eos,
             min_tokens=job.min_tokens,
             params_max_tokens=job.params_max_tokens,
             priority=job.priority,
             adapter=job.model if job.model in self.lora.names else None,
+            params_n=job.n if choice == 0 else None,
+            stop=StopScan(job.stops, include=job.include_stop) if job.stops else None,
+            script=job.script,
         )
 
     def done(self, request: web.Request, stream: Stream) -> None:
@@ -417,7 +426,7 @@ class SimEngine:
         self,
         request: web.Request,
         job: api.Job,
-        enc: api.AnyEncoder,
+        enc: encoder.AnyEncoder,
         stream: Stream,
         stall_after: int | None,
         error_after: int | None,
@@ -436,12 +445,12 @@ class SimEngine:
                     return resp
                 if req.finish_reason == "abort" and gone(request):
                     return resp  # aborted by _sweep_gone: nobody to write to
-                ids = stream.take(None if cut is None else cut - stream.sent)
+                taken, text = stream.take_text(None if cut is None else cut - stream.sent)
                 done = req.finish_reason is not None and stream.sent == req.num_output
-                if ids or done:
+                if taken or done:
                     usage = self._usage(req) if job.continuous_usage else None
                     finish = req.finish_reason if done else None
-                    pending += enc.delta(tokenizer.output_text(ids), finish, usage)
+                    pending += enc.delta(text, finish, usage)
                 if pending:
                     await resp.write(pending)
                     pending = b""
@@ -467,7 +476,7 @@ class SimEngine:
     async def _complete(
         self,
         request: web.Request,
-        enc: api.AnyEncoder,
+        enc: encoder.AnyEncoder,
         stream: Stream,
         stall_after: int | None,
         error_after: int | None,
@@ -494,8 +503,7 @@ class SimEngine:
                     return web.Response(status=499)
             if stream.failed:
                 return error_response(api.SimApiError(500, DEAD))
-        text = tokenizer.output_text(req.output_ids())
-        resp = json_response(enc.full(text, req.finish_reason, self._usage(req)))
+        resp = json_response(enc.full(req.output_text(), req.finish_reason, self._usage(req)))
         resp.headers.update(_arrival(req))
         return resp
 

@@ -1,10 +1,12 @@
-"""A completions request whose `prompt` is a batch: one engine request per prompt, one
-answer with a choice per prompt (`index` in the batch's order), as vLLM serves it.
+"""A request of several choices: a completions `prompt` that is a batch, `n` > 1 (chat or
+completions), or both. One engine request per choice, one answer, as vLLM serves it:
+prompt `p`'s choice `k` has index `p * n + k`.
 
-Usage is summed over the prompts. A stream writes each choice's tokens as they come,
-under its index, every choice's last chunk with its finish reason, then one usage chunk
-(when asked for) and `[DONE]`. The injected cut faults (stall, error after N tokens)
-apply to single prompts only.
+Usage counts each prompt once (its first choice's, cached tokens too) and sums every
+choice's generated tokens. A stream opens with each chat choice's role chunk, writes each
+choice's tokens as they come, under its index, every choice's last chunk with its finish
+reason, then one usage chunk (when asked for) and `[DONE]`. The injected cut faults
+(stall, error after N tokens) apply to single-choice requests only.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from llmgw.simengine import api, tokenizer
+from llmgw.simengine import api, encoder
 from llmgw.simengine.conn import DEAD, DISCONNECT_POLL_S, JSON, SSE_HEADERS, gone
 from llmgw.simengine.engine import Stream
 
@@ -26,12 +28,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _usage(streams: list[Stream]) -> dict[str, Any]:
-    reqs = [s.req for s in streams]
+def _usage(streams: list[Stream], n: int) -> dict[str, Any]:
+    """The request's usage: each prompt (every `n`-th stream's) once, every choice's output."""
+    firsts = [s.req for s in streams[::n]]
     return api.usage(
-        sum(r.num_prompt for r in reqs),
-        sum(r.num_output for r in reqs),
-        sum(r.num_cached_tokens or 0 for r in reqs),
+        sum(r.num_prompt for r in firsts),
+        sum(s.req.num_output for s in streams),
+        sum(r.num_cached_tokens or 0 for r in firsts),
     )
 
 
@@ -49,27 +52,35 @@ async def _wait_any(streams: list[Stream], timeout_s: float | None = None) -> No
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def generate(sim: SimEngine, request: web.Request, jobs: list[api.Job]) -> web.StreamResponse:
-    """Run every prompt of the batch `jobs` and answer them as one."""
+async def generate(
+    sim: SimEngine, request: web.Request, jobs: list[api.Job], kind: str
+) -> web.StreamResponse:
+    """Run every choice of `jobs` (one job per prompt, `n` choices each); answer them as one."""
     refused = await sim.admit(jobs[0])
     if refused is not None:
         return refused
-    rid = sim.new_id("cmpl")
+    rid = sim.new_id(kind)
     created = int(time.time())
-    # vLLM's own ids of a batch's requests: the response's id, then "-" and the index.
-    streams = [sim.engine.submit(sim.sim_request(f"{rid}-{i}", j)) for i, j in enumerate(jobs)]
-    encs = [api.Encoder(j, rid, created, i) for i, j in enumerate(jobs)]
+    n = jobs[0].n
+    streams: list[Stream] = []
+    encs: list[encoder.Encoder] = []
+    for p, job in enumerate(jobs):
+        for k in range(n):
+            i = p * n + k
+            # The engine's id of a choice: the response's id, then "-" and the index.
+            streams.append(sim.engine.submit(sim.sim_request(f"{rid}-{i}", job, k)))
+            encs.append(encoder.Encoder(job, rid, created, i))
     try:
         if jobs[0].stream:
-            return await _stream(sim, request, encs, streams)
-        return await _complete(request, encs, streams)
+            return await _stream(sim, request, encs, streams, n)
+        return await _complete(request, encs, streams, n)
     finally:
         for s in streams:
             sim.done(request, s)
 
 
 async def _complete(
-    request: web.Request, encs: list[api.Encoder], streams: list[Stream]
+    request: web.Request, encs: list[encoder.Encoder], streams: list[Stream], n: int
 ) -> web.StreamResponse:
     for s in streams:
         s.per_token = False  # wake at the end only
@@ -80,10 +91,10 @@ async def _complete(
     if any(s.failed for s in streams):
         return _error(500, DEAD)
     choices = [
-        enc.full_choice(tokenizer.output_text(s.req.output_ids()), s.req.finish_reason or "")
+        enc.full_choice(s.req.output_text(), s.req.finish_reason or "")
         for enc, s in zip(encs, streams, strict=True)
     ]
-    return web.Response(body=encs[0].body(choices, _usage(streams)), content_type=JSON)
+    return web.Response(body=encs[0].body(choices, _usage(streams, n)), content_type=JSON)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -93,13 +104,18 @@ def _error(status: int, message: str) -> web.Response:
 
 
 async def _stream(
-    sim: SimEngine, request: web.Request, encs: list[api.Encoder], streams: list[Stream]
+    sim: SimEngine,
+    request: web.Request,
+    encs: list[encoder.Encoder],
+    streams: list[Stream],
+    n: int,
 ) -> web.StreamResponse:
     resp = web.StreamResponse(headers=SSE_HEADERS)
     for s in streams:
         sim.register_stream(s, request)
     try:
         await resp.prepare(request)
+        await resp.write(b"".join(enc.first() for enc in encs))
         open_ = list(range(len(streams)))
         while open_:
             await _wait_any([streams[i] for i in open_])
@@ -112,18 +128,18 @@ async def _stream(
                     return resp
                 if req.finish_reason == "abort" and gone(request):
                     return resp  # aborted by the sweep: nobody to write to
-                ids = s.take()
+                taken, text = s.take_text()
                 done = req.finish_reason is not None and s.sent == req.num_output
-                if ids or done:
+                if taken or done:
                     usage = api.usage(req.num_prompt, req.num_output, req.num_cached_tokens or 0)
                     cont = usage if enc.job.continuous_usage else None
                     finish = req.finish_reason if done else None
-                    out += enc.delta(tokenizer.output_text(ids), finish, cont)
+                    out += enc.delta(text, finish, cont)
                 if done:
                     open_.remove(i)
             if out:
                 await resp.write(out)
-        await resp.write(encs[0].tail(_usage(streams)))
+        await resp.write(encs[0].tail(_usage(streams, n)))
         await resp.write_eof()
     except ConnectionResetError:
         log.debug("client gone rid=%s", encs[0].rid)

@@ -33,7 +33,10 @@ Output tokens
     (`x = x * 6364136223846793005 + 1442695040888963407 mod 2**64`); token k is
     `OUTPUT_IDS[x_k >> 58]`. The reply ends with END (finish_reason "stop") after
     `32 + seed_mix % 481` tokens (32..512) unless `ignore_eos` is set, not before
-    `min_tokens`; it ends with "length" at `max_tokens` or at the context limit.
+    `min_tokens`; it ends with "length" at `max_tokens` or at the context limit, and
+    with "stop" at a token that completes one of its stop strings, once past
+    `min_tokens` (stops.py). A reply whose text is fixed (`script`, structured output)
+    is that text's tokens, then END; past it, with `ignore_eos`, the words again.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from enum import Enum
 from llmgw.simengine import tokenizer
 from llmgw.simengine.kvcache import KVCache, extend_block_hashes
 from llmgw.simengine.stats import EngineStats
+from llmgw.simengine.stops import StopScan
 from llmgw.simengine.waiting import FcfsQueue, PriorityQueue, WaitingQueue
 
 _MASK = (1 << 64) - 1
@@ -86,15 +90,21 @@ class SimRequest:
         "ignore_eos",
         "last_token_s",
         "max_tokens",
+        "min_tokens",
         "num_cached_tokens",
         "num_computed",
         "num_preemptions",
         "num_prompt",
         "params_max_tokens",
+        "params_n",
         "priority",
         "req_id",
         "rng",
+        "script",
         "status",
+        "stop_reason",
+        "stop_scan",
+        "text_end",
         "token_ids",
     )
 
@@ -111,6 +121,9 @@ class SimRequest:
         params_max_tokens: int | None = None,
         priority: int = 0,
         adapter: str | None = None,
+        params_n: int | None = 1,
+        stop: StopScan | None = None,
+        script: str | None = None,
     ) -> None:
         self.req_id = req_id
         self.priority = priority  # lower is served first under the priority policy
@@ -121,10 +134,20 @@ class SimRequest:
         self.arrival_s = arrival_s
         self.max_tokens = max_tokens
         self.params_max_tokens = params_max_tokens  # as the client sent it; None: not given
+        # The request's `n`, observed once per request: None for choices after the first.
+        self.params_n = params_n
         self.ignore_eos = ignore_eos
         self.rng = seed & _MASK
         span = MAX_NATURAL_TOKENS - MIN_NATURAL_TOKENS + 1
         self.eos_at = max(MIN_NATURAL_TOKENS + self.rng % span, min_tokens)
+        # A reply whose text is fixed (structured output): its pieces, then END.
+        self.script = _pieces(script) if script is not None else None
+        if self.script is not None:
+            self.eos_at = max(len(self.script) + 1, min_tokens)
+        self.min_tokens = min_tokens
+        self.stop_scan = stop  # its stop strings; None: none
+        self.stop_reason: str | None = None  # the stop string that ended it
+        self.text_end: int | None = None  # characters of output text kept; None: all
         self.status = Status.WAITING
         self.num_computed = 0
         self.block_hashes: list[bytes] = []
@@ -147,8 +170,40 @@ class SimRequest:
     def output_ids(self, start: int = 0) -> list[int]:
         return self.token_ids[self.num_prompt + start :]
 
+    def text_of(self, start: int = 0, end: int | None = None) -> str:
+        """The text of output tokens `start` to `end` (to the last when None), uncut."""
+        out = self.token_ids[self.num_prompt :]
+        end = len(out) if end is None else end
+        script = self.script
+        if script is None:
+            return tokenizer.output_text(out[start:end])
+        return "".join(
+            script[j] if j < len(script) and out[j] != tokenizer.END else ""
+            for j in range(start, end)
+        )
+
+    def output_text(self) -> str:
+        """The reply's text: cut where a stop string ended it."""
+        text = self.text_of()
+        return text if self.text_end is None else text[: self.text_end]
+
+    def _hit_stop(self, token: int) -> bool:
+        """Whether `token`, just generated, completes a stop string."""
+        scan = self.stop_scan
+        if scan is None:
+            return False
+        n = self.num_output
+        found = scan.feed(self.text_of(n - 1, n), check=n > self.min_tokens)
+        if found is None:
+            return False
+        self.stop_reason, self.text_end = found
+        return True
+
     def _next_id(self) -> int:
         self.rng = (self.rng * _LCG_A + _LCG_C) & _MASK
+        k, script = self.num_output, self.script
+        if script is not None and k < len(script):
+            return tokenizer.piece_id(script[k])
         return tokenizer.OUTPUT_IDS[self.rng >> 58]
 
 
@@ -357,7 +412,8 @@ class Scheduler:
         stats = self.stats
         n_out = req.num_output + 1
         eos = not req.ignore_eos and n_out >= req.eos_at
-        req.token_ids.append(tokenizer.END if eos else req._next_id())
+        token = tokenizer.END if eos else req._next_id()
+        req.token_ids.append(token)
         stats.generation_tokens += 1
         if req.first_token_s is None:
             req.first_token_s = now
@@ -369,7 +425,7 @@ class Scheduler:
         elif req.last_token_s is not None:
             stats.observe("itl", now - req.last_token_s)
         req.last_token_s = now
-        if eos:
+        if eos or req._hit_stop(token):
             self._finish(req, "stop", now)
         elif n_out >= req.max_tokens or len(req.token_ids) >= self.max_model_len:
             self._finish(req, "length", now)
@@ -388,7 +444,8 @@ class Scheduler:
         s.observe("max_num_generation_tokens", req.max_tokens)
         if req.params_max_tokens is not None:
             s.observe("params_max_tokens", req.params_max_tokens)
-        s.observe("params_n", 1)
+        if req.params_n is not None:
+            s.observe("params_n", req.params_n)
         s.observe("num_preemptions", req.num_preemptions)
         if req.first_scheduled_s is not None:
             s.observe("inference", now - req.first_scheduled_s)
@@ -404,6 +461,12 @@ class Scheduler:
 
     def running_snapshot(self) -> list[str]:
         return [r.req_id for r in self._running]
+
+
+def _pieces(text: str) -> tuple[str, ...]:
+    """The tokens of `text`, as the sim's tokenizer cuts it."""
+    n = tokenizer.PIECE_CHARS
+    return tuple(text[i : i + n] for i in range(0, len(text), n))
 
 
 def _rank(req: SimRequest) -> tuple[int, float]:

@@ -37,7 +37,7 @@ class Stream:
     a thousand non-streaming requests do not wake a thousand tasks per step.
     """
 
-    __slots__ = ("_waiter", "failed", "per_token", "req", "sent", "wake_at")
+    __slots__ = ("_held", "_waiter", "failed", "per_token", "req", "sent", "sent_chars", "wake_at")
 
     def __init__(self, req: SimRequest) -> None:
         self.req = req
@@ -45,6 +45,8 @@ class Stream:
         self.per_token = True
         self.wake_at: int | None = None  # without per_token: wake at this many tokens
         self.failed = False  # the engine died under it: no more tokens will come
+        self.sent_chars = 0  # characters of the reply's text handed to the client
+        self._held = ""  # text of sent tokens held back: it may begin a stop string
         self._waiter: asyncio.Future[None] | None = None
 
     def ready(self) -> bool:
@@ -76,6 +78,25 @@ class Stream:
             ids = ids[: max(limit, 0)]
         self.sent += len(ids)
         return ids
+
+    def take_text(self, limit: int | None = None) -> tuple[int, str]:
+        """Up to `limit` output tokens not sent yet, marked sent: how many, and the text to
+        write for them. Text that may begin a stop string is held back until the next
+        tokens or the end (stops.py), and the end's text is cut where a stop string ended
+        the reply."""
+        ids = self.take(limit)
+        req = self.req
+        text = self._held + req.text_of(self.sent - len(ids), self.sent)
+        done = req.finish_reason is not None and self.sent == req.num_output
+        held = ""
+        if done and req.text_end is not None:
+            text = text[: max(req.text_end - self.sent_chars, 0)]
+        elif not done and req.stop_scan is not None and req.stop_scan.holdback:
+            cut = max(len(text) - req.stop_scan.holdback, 0)
+            text, held = text[:cut], text[cut:]
+        self._held = held
+        self.sent_chars += len(text)
+        return len(ids), text
 
 
 class Engine:

@@ -109,7 +109,7 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 
 
 class MessagesEncoder:
-    """One Messages request's answer, whole or as events (the interface of api.Encoder)."""
+    """One Messages request's answer, whole or as events (encoder.AnyEncoder)."""
 
     def __init__(self, job: api.Job, rid: str, created: int) -> None:
         self.job = job

@@ -95,7 +95,7 @@ _enc = msgspec.json.Encoder()
 
 
 class ResponsesEncoder:
-    """One Responses request's answer, whole or as events (the interface of api.Encoder)."""
+    """One Responses request's answer, whole or as events (encoder.AnyEncoder)."""
 
     def __init__(self, job: api.Job, rid: str, created: int) -> None:
         self.job = job

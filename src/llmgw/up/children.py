@@ -27,7 +27,7 @@ class StartFailed(UpError):
 
 
 class Interrupted(UpError):
-    """Ctrl-C (or SIGTERM) arrived while `up` was still starting its programs."""
+    """Ctrl-C (or SIGTERM, SIGHUP) arrived while `up` was still starting its programs."""
 
 
 @dataclass
@@ -143,8 +143,16 @@ def stop_leftover_engines(agents: list[tuple[str, Path]], *, grace_s: float) -> 
     argv = [sys.executable, "-m", "llmgw", "agent", "stop-engines", "--grace-s", str(grace_s)]
     argv += [f"{node}={state_dir}" for node, state_dir in agents]
     try:
+        # A session of its own, as every child: a second Ctrl-C at the terminal (sent to
+        # up's whole process group) would end it between its SIGTERM and its SIGKILL,
+        # leaving the engines it was stopping. `up` itself only notes such a signal.
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=grace_s + 30, check=False
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=grace_s + 30,
+            check=False,
+            start_new_session=True,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"llmgw up: could not stop leftover engines: {exc}", file=sys.stderr, flush=True)

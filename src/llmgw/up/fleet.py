@@ -29,7 +29,7 @@ from typing import Annotated
 
 import msgspec
 
-from llmgw.runtime import finite, textfile
+from llmgw.runtime import finite, safeyaml, textfile
 from llmgw.up.errors import UpError
 from llmgw.wire.models import ModelSpec
 
@@ -86,7 +86,8 @@ def load_fleet(path: Path | None) -> Fleet:
             raise FleetError(f"{path}: {exc}") from None
         where = str(path)
     try:
-        doc = msgspec.yaml.decode(text)
+        # safeyaml, as every other config file: an alias bomb was walked copy by copy.
+        doc = safeyaml.load(text)
         bad = finite.nonfinite_path(doc)
         if bad is not None:
             # Before msgspec's range checks, which pass +inf; a model's NaN would reach the
@@ -96,9 +97,8 @@ def load_fleet(path: Path | None) -> Fleet:
         fleet = msgspec.convert(doc, Fleet, builtin_types=(datetime.datetime, datetime.date))
     except msgspec.ValidationError as exc:
         raise FleetError(f"{where}: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        # One line: the parser's text puts the position on a line of its own.
-        raise FleetError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    except safeyaml.YamlError as exc:
+        raise FleetError(f"{where}: {exc}") from None
     except RecursionError:
         raise FleetError(f"{where}: not valid YAML: nested too deeply") from None
     names = [m.name for m in fleet.models]

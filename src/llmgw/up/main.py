@@ -304,8 +304,10 @@ def main(argv: list[str]) -> int:
     def on_signal(_sig: int, _frame: FrameType | None) -> None:
         up.stopping = True
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # SIGHUP too: a closed terminal must stop the fleet. Its programs run in sessions
+    # of their own (they never see the hangup), so `up` dying of it would orphan them.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     try:
         # Held until this process exits; checked before anything starts, so a
         # refusal leaves nothing behind.

@@ -194,6 +194,12 @@ def names_problem(spec: ModelSpec) -> tuple[str, str] | None:
 
 _NO_NUL = "no command line or environment can pass one"
 _NO_CONTROL = "a path has none"
+# The source is the engine's model argument, vLLM's first (positional) one: one beginning
+# with '-' was read as a flag there, so `source: --trust-remote-code` passed the policy
+# that refuses that flag in `args`.
+_FLAG_LIKE = (
+    "begins with '-', which an engine would read as a flag; write a relative path as ./-name"
+)
 
 
 def launch_problem(spec: ModelSpec) -> tuple[str, str] | None:
@@ -202,7 +208,8 @@ def launch_problem(spec: ModelSpec) -> tuple[str, str] | None:
 
     What the agent puts in the engine's command line and environment may hold no NUL,
     and a path no control character (wire.osstrings says why); a variable's name no `=`
-    either, which the OS reads as the end of the name. Routers open the path of
+    either, which the OS reads as the end of the name; the source does not begin with
+    '-' (an engine's flag). Routers open the path of
     `routing.tokenizer`; served names are already in the name set. Checked where a spec
     comes in, as `routing_problem`. The refusal says where the character is rather than
     repeating the string: an argument may be megabytes.
@@ -214,6 +221,8 @@ def launch_problem(spec: ModelSpec) -> tuple[str, str] | None:
         at = control_at(path)
         if at is not None:
             return field, f"holds a control character ({char_at(path, at)}); {_NO_CONTROL}"
+    if (spec.source or "").startswith("-"):
+        return "source", _FLAG_LIKE
     for i, arg in enumerate(spec.args):
         at = nul_at(arg)
         if at is not None:

@@ -7,8 +7,10 @@ so they cannot disagree on what a flag or a variable is.
 
 Flags are compared the way the engines' parsers read them: `--trust_remote_code` is
 `--trust-remote-code` (vLLM turns `_` into `-`), `--trust-remote-code=true` is the flag
-with a value, and argparse takes any unambiguous abbreviation (`--trust-remote`), so an
-argument that is a prefix of a denied flag is refused as that flag.
+with a value, argparse takes any unambiguous abbreviation (`--trust-remote`), so an
+argument that is a prefix of a denied flag is refused as that flag, and vLLM reads
+`--kv-events-config.endpoint X` as one key of the JSON flag `--kv-events-config`, so a
+flag is what comes before its first `.`.
 
 A spec's `env_from: {NAME: {env: VAR}}` reads VAR from the agent's own environment, so
 the agent names the variables specs may read (`secret_env`); any other is refused, so a
@@ -53,10 +55,11 @@ DENIED_FLAGS: tuple[str, ...] = (
 
 
 def normalize_flag(arg: str) -> str | None:
-    """`--trust_remote_code=true` → `--trust-remote-code`; None for what is not a long flag."""
+    """`--trust_remote_code=true` → `--trust-remote-code`, `--kv-events-config.endpoint` →
+    `--kv-events-config`; None for what is not a long flag."""
     if not arg.startswith("--") or len(arg) <= 2:
         return None
-    return "--" + arg[2:].partition("=")[0].replace("_", "-")
+    return "--" + arg[2:].partition("=")[0].partition(".")[0].replace("_", "-")
 
 
 class SpecPolicy(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,7 +12,14 @@ let timer = null;
 function token() {
   const m = /(?:^|&)token=([^&]*)/.exec(location.hash.slice(1));
   if (m) {
-    sessionStorage.setItem("llmgw-token", decodeURIComponent(m[1]));
+    let t = m[1];
+    try {
+      t = decodeURIComponent(t);
+    } catch (e) {
+      // Not percent-encoding (a hand-edited link): the token as written, which the
+      // server then refuses, so the login form shows instead of a blank page.
+    }
+    sessionStorage.setItem("llmgw-token", t);
     history.replaceState(null, "", location.pathname + location.search);
   }
   return sessionStorage.getItem("llmgw-token") || "";

@@ -98,7 +98,10 @@ def create(args: argparse.Namespace, ctx: Ctx) -> int:
     ctx.out.write(
         visible(f"key {created.name} of team {created.team} created; it is shown only once:") + "\n"
     )
-    ctx.out.write(created.key + "\n")
+    # Made visible too: the controller's key is data from the network, and one holding
+    # OSC 52 would set the operator's clipboard. A key the controller makes is URL-safe
+    # base64, which `visible` leaves as it is.
+    ctx.out.write(visible(created.key) + "\n")
     return 0
 
 

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from llmgw.ctl import output
 from llmgw.ctl.context import Ctx
+from llmgw.ctl.render import UNKNOWN
 from llmgw.ctl.shown import text
 from llmgw.wire.usage import UsageAnswer
 
@@ -23,8 +24,11 @@ _NAMES = {"key": ("KEY", "TEAM"), "team": ("TEAM",), "model": ("MODEL",)}
 
 
 def hour_cell(hour: int) -> str:
-    """The UTC hour a row counts: `2026-12-06 03:00`."""
-    return time.strftime("%Y-%m-%d %H:00", time.gmtime(hour))
+    """The UTC hour a row counts: `2026-12-06 03:00`; `-` for an hour no clock can show."""
+    try:
+        return time.strftime("%Y-%m-%d %H:00", time.gmtime(hour))
+    except (OverflowError, ValueError, OSError):
+        return UNKNOWN  # past the platform's time_t: a broken answer, not a crash
 
 
 def usage_table(answer: UsageAnswer) -> Table:
