@@ -26,6 +26,8 @@ class NewerController:
         # The answer to each usage report; None: answered without a body.
         self.lease = lease
         self.polls = 0
+        # The `after` of each poll: a router asks after a version once it has taken it.
+        self.afters: list[int] = []
         self.reports = 0
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -57,6 +59,8 @@ class NewerController:
         wait_s = min(float(query.get("timeout_s", ["1"])[0]), 2.0)
         with self._cond:
             self.polls += 1
+            if after is not None:
+                self.afters.append(after)
             if after is not None and after == self._list["version"]:
                 self._cond.wait(wait_s)
             if after is not None and after == self._list["version"]:

@@ -41,6 +41,8 @@ class KeyLease(msgspec.Struct, frozen=True, kw_only=True):
     Unknown fields are ignored: routers read this from a controller that may be newer
     (controllers are upgraded first), and refusing a field they did not know dropped
     every answer, so each router fell back to limit / routers for the whole upgrade.
+    A limit the router does not know is not lost here: the key carrying it is refused
+    in the endpoint list (router/control/listread.py).
     """
 
     sha256: Sha256
