@@ -116,3 +116,25 @@ class TestStatesOfANewerController:
         run = run_ctl(["nodes", "-o", "tsv"], Scripted(answers), tmp_path)
         assert (run.code, run.err) == (0, "")
         assert run.out.splitlines()[1].split("\t")[1] == "repairing"
+
+
+class TestKeyValuesOfANewerController:
+    """`ctl keys list` reads a key whose band or budget this version does not know."""
+
+    def test_keys_list_shows_a_band_added_since(self, tmp_path: Path) -> None:
+        """A key in a priority band added later is listed with that band."""
+        answers = {"/admin/keys": Response(200, newer([KEY], priority="realtime"))}
+        run = run_ctl(["keys", "list", "-o", "tsv"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert run.out.splitlines()[1].split("\t")[6] == "realtime"
+
+    def test_keys_list_shows_a_budget_with_an_added_field_or_period(self, tmp_path: Path) -> None:
+        """A budget carrying a field ctl does not know, or a period added later, is shown."""
+        doc = json.loads(msgspec.json.encode([KEY, KEY]))
+        doc[0]["budget"]["rollover"] = True
+        doc[1]["budget"]["per"] = "quarter"
+        answers = {"/admin/keys": Response(200, json.dumps(doc).encode())}
+        run = run_ctl(["keys", "list", "-o", "tsv"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        budgets = [line.split("\t")[5] for line in run.out.splitlines()[1:]]
+        assert budgets == ["1000/day", "1000/quarter"]
