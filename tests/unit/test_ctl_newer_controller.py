@@ -178,3 +178,31 @@ class TestSpecValuesOfANewerController:
         run = run_ctl(["apply", "-f", str(spec_file)], Scripted(answers), tmp_path)
         assert (run.code, run.err) == (0, "")
         assert "model m applied" in run.out
+
+
+class TestJsonOfANewerController:
+    """`-o json` prints the controller's answer, what ctl does not know included."""
+
+    def test_keys_list_json_keeps_an_added_field(self, tmp_path: Path) -> None:
+        """A key field ctl does not know is in `keys list -o json`, with its value."""
+        answer = newer([KEY], max_parallel=4)
+        answers = {"/admin/keys": Response(200, answer)}
+        run = run_ctl(["keys", "list", "-o", "json"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert json.loads(run.out) == json.loads(answer)
+
+    def test_models_json_keeps_an_added_spec_field(self, tmp_path: Path) -> None:
+        """A spec field ctl does not know is in `models --json`, where the controller put it."""
+        answer = newer_models(MODEL, warm_pool=2)
+        answers = {"/admin/models": Response(200, answer)}
+        run = run_ctl(["models", "--json"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert json.loads(run.out) == json.loads(answer)
+
+    def test_replicas_json_keeps_an_added_field(self, tmp_path: Path) -> None:
+        """A replica field ctl does not know is in `replicas --json`."""
+        answer = newer([replica_view("r-1")], migration="pending")
+        answers = {"/admin/replicas": Response(200, answer)}
+        run = run_ctl(["replicas", "--json"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert json.loads(run.out) == json.loads(answer)
