@@ -421,5 +421,26 @@ def restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:
     return [f for f in RESTART_ONLY if getattr(old, f) != getattr(new, f)]
 
 
+def in_force(running: RouterConfig, loaded: RouterConfig) -> RouterConfig:
+    """What a reload of `loaded` puts in force over `running`: `loaded`, but with the
+    restart-only settings `running` has, each one that differs logged as waiting for a
+    restart.
+
+    Handing on `loaded` whole half-applied them: whatever read them after start took
+    the file's (a hold's probe wait, /healthz's controller, a worker started again after
+    the reload), while the rest of the router kept the values it was built with."""
+    waiting = restart_only_changes(running, loaded)
+    if not waiting:
+        return loaded
+    for field in waiting:
+        log.warning(kv("config change needs a restart", field=field))
+    kept: dict[str, object] = {f: getattr(running, f) for f in waiting}
+    if "controller" in waiting:
+        # Which source gives the endpoints is fixed at start as well: the file's
+        # endpoints cannot stand beside a controller, and a file naming one has none.
+        kept["endpoints"] = running.endpoints
+    return msgspec.structs.replace(loaded, **kept)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())

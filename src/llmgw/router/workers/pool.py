@@ -48,7 +48,7 @@ from pathlib import Path
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 
-from llmgw.router.config import RouterConfig
+from llmgw.router.config import RouterConfig, in_force
 from llmgw.router.control.leases import add_demand
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.control.tokenusage import TokenLedger
@@ -273,13 +273,15 @@ class Supervisor:
         self.stats[eid] = stats
         self._broadcast(Observed(id=eid, stats=stats))
 
-    def _reloaded(self, cfg: RouterConfig) -> None:
-        self.cfg = cfg
+    def _reloaded(self, loaded: RouterConfig) -> None:
+        # What is sent is what is in force: a worker started again later is set up with
+        # it, and the workers log no restart-only change a second time.
+        cfg = self.cfg = in_force(self.cfg, loaded)
         self.scraper.interval_s = cfg.scrape_interval_s
         self.scraper.timeout_s = cfg.scrape_timeout_s
         self.scraper.concurrency = cfg.scrape_concurrency
         self.upstream.connect_timeout_s = cfg.connect_timeout_s
-        if not self.follows_controller and cfg.controller is None:
+        if not self.follows_controller:
             self._endpoints(cfg.endpoint_infos())
         self._broadcast(Reload(cfg=cfg, slots=self.slots))
 
