@@ -301,6 +301,7 @@ RESTART_ONLY = (
     "controller",
     "router_id",
     "stale_after_s",
+    "flow",
     "breaker",
     "max_body_bytes",
     "idle_timeout_s",
