@@ -58,6 +58,16 @@ class TestConfigWatcher:
         assert w.last_error is not None
         assert "url" in w.last_error
 
+    def test_reloaded_poll_interval_is_followed(self, tmp_path: Path) -> None:
+        """A reload that changes reload_poll_s polls at the new interval from then on."""
+        path = tmp_path / "r.yaml"
+        path.write_text(ONE)
+        w = ConfigWatcher(path, on_config=lambda _cfg: None, poll_s=1.0)
+        path.write_text(ONE + "reload_poll_s: 5\n")
+        bump_mtime(path)
+        assert w.tick() is True
+        assert w.poll_s == 5.0
+
     def test_forced_reload(self, tmp_path: Path) -> None:
         """request_reload() (SIGHUP) reloads an unchanged file."""
         path = tmp_path / "r.yaml"

@@ -91,6 +91,8 @@ class ConfigWatcher:
             return False
         self.last_error = None
         self.reloads += 1
+        # The file says how often to look at it: the next wait already takes it.
+        self.poll_s = cfg.reload_poll_s
         log.info(kv("config reloaded", path=self.path, endpoints=len(cfg.endpoints)))
         self._on_config(cfg)
         return True
