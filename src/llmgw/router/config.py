@@ -296,6 +296,14 @@ CONTROLLER_TOKEN_ENV = "LLMGW_ROUTER_CONTROLLER_TOKEN"
 # The router's variables that are no flag's (envflags warns about any other).
 OTHER_ENV = (UPSTREAM_ENV, SERVER_ENV, *SECRET_ENV.values(), CONTROLLER_TOKEN_ENV)
 
+# A reload refuses a file with nothing in it: that is what a file looks like between
+# its writer's truncation and its first write (an editor saving in place, `>`), and
+# applied it dropped every endpoint and every key, opening /v1 to anyone.
+EMPTY_ON_RELOAD = (
+    "the file is empty (still being written?); the running config is kept. "
+    "A router with no settings is `{}`"
+)
+
 # Settings read once at start; a reload that changes them logs that a restart is needed.
 RESTART_ONLY = (
     "controller",
@@ -330,16 +338,23 @@ def _secret(
 
 
 def parse(
-    text: str, *, source: str = "config", env: Mapping[str, str] | None = None
+    text: str,
+    *,
+    source: str = "config",
+    env: Mapping[str, str] | None = None,
+    empty_ok: bool = True,
 ) -> RouterConfig:
     """Validate YAML text into a RouterConfig, or raise RouterConfigError naming the field.
 
-    `env` (default os.environ) gives the secrets the file leaves out (SECRET_ENV)."""
+    `env` (default os.environ) gives the secrets the file leaves out (SECRET_ENV).
+    `empty_ok` False refuses a text with no YAML in it (a reload: `EMPTY_ON_RELOAD`)."""
     try:
         doc = safeyaml.load(text)
     except safeyaml.YamlError as exc:
         raise RouterConfigError(f"{source}: {exc}") from None
     if doc is None:
+        if not empty_ok:
+            raise RouterConfigError(f"{source}: {EMPTY_ON_RELOAD}")
         doc = {}
     if not isinstance(doc, dict):
         raise RouterConfigError(f"{source}: expected a mapping at the top level")
@@ -408,13 +423,13 @@ def check_retired_env(env: Mapping[str, str]) -> None:
         retired_client(value, UPSTREAM_ENV)
 
 
-def load(path: str | Path) -> RouterConfig:
-    """Read and validate the file at `path`."""
+def load(path: str | Path, *, empty_ok: bool = True) -> RouterConfig:
+    """Read and validate the file at `path` (`empty_ok`: as `parse`'s)."""
     try:
         text = textfile.read(path)
     except textfile.TextFileError as exc:
         raise RouterConfigError(f"{path}: {exc}") from None
-    return parse(text, source=str(path))
+    return parse(text, source=str(path), empty_ok=empty_ok)
 
 
 def restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:
