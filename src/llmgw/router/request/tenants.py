@@ -152,6 +152,28 @@ class _Account:
         if self.tokens is not None:
             self.tokens.reshare(share[1], now)
 
+    def relimit(self, key: ClientKey, share: Share, now: float) -> None:
+        """`key`'s limits changed (a reload, the controller's list): its buckets take the
+        new ones as a new share (what they hold is kept, never grown) and what it spent
+        stays spent. A fresh account gave the key a whole new budget, and requests in
+        flight settled into the old one."""
+        self.limits = (key.rpm, key.tpm, key.budget)
+        self.requests = _relimited(self.requests, key.rpm, share[0], now)
+        self.tokens = _relimited(self.tokens, key.tpm, share[1], now)
+
+
+def _relimited(
+    bucket: _Bucket | None, limit: int | None, share: float, now: float
+) -> _Bucket | None:
+    """`bucket` with the limit `limit` (None: none) at `share`; a new one when it had none."""
+    if limit is None:
+        return None
+    if bucket is None:
+        return _Bucket(limit, share, now)
+    bucket.limit = limit
+    bucket.reshare(share, now)
+    return bucket
+
 
 class Charge:
     """One admitted request of a limited key: its estimate, its headers, and its settling."""
@@ -289,8 +311,10 @@ class Tenants:
         now = self.clock.monotonic()
         digest = key.sha256.lower()
         acc = self._accounts.get(digest)
-        if acc is None or acc.limits != (key.rpm, key.tpm, key.budget):
+        if acc is None:
             acc = self._accounts[digest] = self._account(key, digest, now)
+        elif acc.limits != (key.rpm, key.tpm, key.budget):
+            acc.relimit(key, self.share_of(key, digest), now)
         estimate = max(1, body_bytes // BYTES_PER_TOKEN)
         acc.asked_requests += 1
         acc.asked_tokens += estimate
