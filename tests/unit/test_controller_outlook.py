@@ -121,6 +121,37 @@ class TestCannotPlace:
         assert look(w, "big").retry_after_s == CANNOT_PLACE_RETRY_S
 
 
+class TestScaledToZero:
+    """A model with max_replicas 0 is refused at once, not held for a replica never coming."""
+
+    def test_max_replicas_zero_cannot_be_placed_and_says_why(self) -> None:
+        """Asked for with room to spare, it is cannot_place, naming max_replicas."""
+        w = World()
+        w.node("a")
+        w.model(spec("off", min_replicas=0, max_replicas=0))
+        w.report(demand={"off": 1})
+        w.tick()
+        assert w.replicas("off") == []
+        o = look(w, "off")
+        assert (o.state, o.retry_after_s) == ("cannot_place", CANNOT_PLACE_RETRY_S)
+        assert o.reason == "its max_replicas is 0: no replica is ever started for it"
+
+    def test_a_replica_still_draining_is_not_ready(self) -> None:
+        """Scaled to 0 while serving: once its replica stops being ready, it is refused."""
+        w = World()
+        w.node("a")
+        w.model(spec("off", min_replicas=1, max_replicas=1))
+        w.tick()
+        w.ready_all()
+        assert [o.models for o in outlook(w.state, w.index, unplaceable={}, evicting={})] == []
+        w.model(spec("off", min_replicas=0, max_replicas=0), desired=1)
+        w.clock.advance(200.0)
+        w.touch("a")
+        w.tick()
+        assert w.only("off").state == "draining"
+        assert look(w, "off").state == "cannot_place"
+
+
 class TestStarting:
     """The start-time estimate for a model whose replica is starting."""
 

@@ -165,7 +165,8 @@ def outlook(
     of its recent starts, else of its engine kind; nothing when neither is
     known). A model that cannot be placed says when waiting would let an
     eviction make room (`idle_enough_at`: model → wall time, TickMemory), and
-    its retry_after_s is that wait; otherwise CANNOT_PLACE_RETRY_S.
+    its retry_after_s is that wait; otherwise CANNOT_PLACE_RETRY_S. A model whose
+    max_replicas is 0 cannot be placed either (SCALED_TO_ZERO).
     """
     ready_models = {state.replicas[rid].model for rid in index.in_state("ready")}
     starting: set[str] = set()
@@ -193,7 +194,18 @@ def outlook(
         # Its adapters wait (or are refused) with it.
         names = (*model.spec.served_names, *by_base.get(name, ()))
         res = evicting.get(name)
-        if name in waking:
+        if model.spec.max_replicas == 0:
+            # Nothing is ever placed for it: a router holding its requests would hold
+            # each one its whole hold timeout for a replica that never comes.
+            out.append(
+                ModelOutlook(
+                    models=names,
+                    state="cannot_place",
+                    reason=SCALED_TO_ZERO,
+                    retry_after_s=CANNOT_PLACE_RETRY_S,
+                )
+            )
+        elif name in waking:
             out.append(
                 _waking(names, model.spec, asleep.get(name, 1), "a sleeping replica is waking")
             )
@@ -241,6 +253,7 @@ def wake_estimate_s(spec: ModelSpec, level: int) -> float | None:
     return WAKE_L2_BASE_S + WAKE_L2_S_PER_GB * per_gpu
 
 
+SCALED_TO_ZERO = "its max_replicas is 0: no replica is ever started for it"
 _SWAPPING = "idle replicas on its sleeping replica's cards are making way; then it wakes"
 _SETTLING = "its replica is still falling asleep; it wakes as soon as it is asleep"
 
