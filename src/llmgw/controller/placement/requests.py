@@ -326,6 +326,7 @@ def _maybe_evict(
         heartbeat_timeout_s=cfg.heartbeat_timeout_s,
         # Already leaving this tick (surplus, other evictions): not room to count twice.
         exclude=batch.leaving(),
+        inflight=t.usage.inflight,
     )
     if plan is None or not plan.evict:
         return None
@@ -375,6 +376,7 @@ def _idle_eta(t: TickContext, model: Model, free: FreeMap) -> None:
         now=batch.now,
         heartbeat_timeout_s=t.config.heartbeat_timeout_s,
         exclude=batch.leaving(),
+        inflight=t.usage.inflight,
     )
     if wait is None:
         mem.idle_enough_at.pop(model.name, None)
