@@ -22,6 +22,7 @@ def look(w: World, name: str, starts: StartHistory | None = None) -> ModelOutloo
             w.index,
             unplaceable={n: u.reason for n, u in mem.unplaceable.items()},
             evicting=mem.evicting,
+            lasting={n for n, u in mem.unplaceable.items() if u.lasting},
             now=w.now,
             idle_enough_at=mem.idle_enough_at,
             starts=starts,
@@ -119,6 +120,32 @@ class TestCannotPlace:
         w.report(demand={"big": 1})
         w.tick()
         assert look(w, "big").retry_after_s == CANNOT_PLACE_RETRY_S
+
+
+class TestNeverFits:
+    """A model no node or fabric of the fleet could ever hold: no eviction, no wait."""
+
+    @pytest.mark.parametrize(
+        ("kw", "starts"),
+        [
+            ({"gpus_per_node": 16}, "needs 16 H100-80G GPUs on one node"),
+            ({"gpu_classes": ("L40S",)}, "no node has GPU class L40S"),
+        ],
+    )
+    def test_says_so_and_plans_no_eviction(self, kw: dict[str, object], starts: str) -> None:
+        """The reason says nothing frees room for it, and no eviction is planned."""
+        w, x = _full()
+        w.model(spec("huge", min_replicas=0, **kw))  # type: ignore[arg-type]
+        w.report(demand={"huge": 1})
+        w.tick()
+        o = look(w, "huge")
+        assert o.state == "cannot_place"
+        assert o.reason.startswith(starts)
+        assert o.reason.endswith("; no eviction or wait makes room for it on this fleet")
+        assert o.retry_after_s == CANNOT_PLACE_RETRY_S
+        assert "huge" not in w.memory.idle_eta_checked
+        assert "huge" not in w.memory.evicting
+        assert w.state.replicas[x].state == "ready"
 
 
 class TestScaledToZero:

@@ -115,7 +115,9 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
             _unplaceable(t, result)
             if q.replaces is not None:
                 _blocked_move(t, q, result, waiting, free, held)
-            else:
+            elif not result.lasting:
+                # (A lasting failure: no eviction could make room, so none is planned:
+                # each plan walks every replica, once per such model and tick.)
                 res = _maybe_evict(t, q.model, free)
                 if res is not None:
                     # The part of its room that is already free is held from now on.

@@ -46,6 +46,8 @@ __all__ = [
 
 # What stopped a placement, from the most structural to the most transient.
 Constraint = Literal["gpu_class", "gpus_per_node", "fabric_nodes", "free_gpus", "whole_nodes"]
+# The failures only a change of the fleet (or of the spec) fixes (_structural_failure).
+LASTING: frozenset[Constraint] = frozenset({"gpu_class", "gpus_per_node", "fabric_nodes"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,12 @@ class Unplaceable:
     reason: str
     # The figures behind the reason, for tests and machines.
     counts: Mapping[str, int]
+
+    @property
+    def lasting(self) -> bool:
+        """Whether the fleet as it is could never hold the model (its class, its width,
+        its nodes on one fabric): no eviction, uncordon or wait makes it fit."""
+        return self.constraint in LASTING
 
 
 def free_map(state: FleetState, *, now: float, heartbeat_timeout_s: float) -> FreeMap:
