@@ -7,6 +7,8 @@ merge; the processes themselves are tests/integration/test_router_workers.py.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -326,6 +328,24 @@ class TestWorkersFlag:
 
         assert main(["--config", "unused.yaml", "--workers", "0"]) == 2
         assert "--workers 0" in capsys.readouterr().err
+
+    @pytest.mark.parametrize("workers", ["9", str(10**20)])
+    def test_workers_far_past_the_cores_is_a_usage_error(
+        self,
+        workers: str,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """More than four workers per core is refused before any process or table is
+        made (a typo's million workers forked until the host ran out)."""
+        from llmgw.router import main as router_main
+
+        monkeypatch.setattr(router_main.os, "sched_getaffinity", lambda _pid: {0, 1})
+        path = tmp_path / "router.yaml"
+        path.write_text("endpoints: []\n")
+        assert router_main.main(["--config", str(path), "--workers", workers]) == 2
+        assert f"--workers {workers}: at most 8 (4 per core, 2 cores)" in capsys.readouterr().err
 
 
 class TestWorkerLink:

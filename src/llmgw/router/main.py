@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 8080
 
 
+# Each worker is one event loop on one core: past a few per core they only take turns
+# on the same CPUs. A typo (--workers 1000000) forked workers until the host ran out
+# of memory, and a larger one failed with a traceback sizing the shared table.
+MAX_WORKERS_PER_CORE = 4
+
 # Young-generation threshold of the collector while serving (CPython's default: 700).
 GC_GEN0 = 10_000
 
@@ -52,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="processes serving the one port (default: the cores this process may use); "
-        "1: a single process, no supervisor. With more, a supervisor scrapes, reloads and "
-        "follows the controller once for all of them (docs/router.md, Workers)",
+        "1: a single process, no supervisor; at most 4 per core. With more, a supervisor "
+        "scrapes, reloads and follows the controller once for all of them (docs/router.md, "
+        "Workers)",
     )
     # Internal: how the supervisor starts a worker (router/workers/worker.py).
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -99,6 +105,13 @@ def main(argv: list[str]) -> int:
     workers = default_workers() if args.workers is None else args.workers
     if workers < 1:
         sys.stderr.write(f"llmgw router: --workers {workers}: at least 1\n")
+        return 2
+    cores = default_workers()
+    if workers > MAX_WORKERS_PER_CORE * cores:
+        sys.stderr.write(
+            f"llmgw router: --workers {workers}: at most {MAX_WORKERS_PER_CORE * cores} "
+            f"({MAX_WORKERS_PER_CORE} per core, {cores} cores)\n"
+        )
         return 2
     try:
         cfg = load(args.config)
