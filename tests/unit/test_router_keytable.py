@@ -72,15 +72,22 @@ class TestKeyTable:
             10.0,
         )
 
-    def test_new_limits_start_the_row_again(self) -> None:
-        """A key whose limits changed starts full, as a one-process router starts it."""
+    def test_new_limits_keep_what_the_row_holds_and_spent(self) -> None:
+        """A key whose limits changed keeps its level (never grown) and its spend; a
+        bucket it gains starts full."""
         t = table(4)
-        row = t.find("k1", NOLIMITS, (6.0, 0.0), 0.0)
+        row = t.find("k1", (6.0, math.nan, 100.0, 0.0), (6.0, 0.0), 0.0)
         assert row is not None
-        row.cells[keytable.RPM_LEVEL] = 0.0
-        again = t.find("k1", (12.0, math.nan, math.nan, math.nan), (12.0, 0.0), 1.0)
+        row.cells[keytable.RPM_LEVEL] = 2.0
+        row.cells[keytable.SPENT] = 40.0
+        again = t.find("k1", (12.0, 50.0, 100.0, 0.0), (12.0, 50.0), 1.0)
         assert again is not None
-        assert again.cells[keytable.RPM_LEVEL] == 12.0
+        cells = again.cells
+        assert (cells[keytable.RPM_LEVEL], cells[keytable.SPENT]) == (2.0, 40.0)
+        assert (cells[keytable.TPM_LEVEL], cells[keytable.TPM_AT]) == (50.0, 1.0)
+        lower = t.find("k1", (1.0, 50.0, 100.0, 0.0), (1.0, 50.0), 2.0)
+        assert lower is not None
+        assert lower.cells[keytable.RPM_LEVEL] == 1.0
 
     def test_a_full_table_answers_none_and_a_freed_row_is_reused(self) -> None:
         """Past capacity a key has no row; a revoked key's row goes to the next key, and
@@ -114,6 +121,19 @@ class TestKeyTable:
 
 class TestSharedBuckets:
     """Two workers' Tenants spend one bucket per key."""
+
+    def test_a_limits_change_keeps_the_spend_in_both_workers(self) -> None:
+        """A reload that changes a shared key's limits keeps what it spent, as with one
+        process: a spent budget stays spent whichever worker sees the new limits."""
+        clock = ManualClock()
+        w0, w1 = two_workers(clock)
+        budget = {"tokens": 100, "per": "day"}
+        charge = w0.admit(Tenant(key(budget=budget)), "m", 10)
+        assert isinstance(charge, Charge)
+        charge.settle(Usage(prompt=100, completion=0, cached=0))
+        relimited = Tenant(key(budget=budget, rpm=10))
+        assert code(w1.admit(relimited, "m", 10)) == "insufficient_quota"
+        assert code(w0.admit(relimited, "m", 10)) == "insufficient_quota"
 
     def test_rpm_is_spent_once_for_both_workers(self) -> None:
         """rpm 4 alternating between workers: four admitted in all, then 429 in both."""

@@ -38,6 +38,7 @@ from llmgw.wire.admin import (
     EngineKey,
     EventView,
     ModelView,
+    ModelViewRead,
     NodeView,
     ReplicaView,
     Summary,
@@ -211,10 +212,11 @@ class AdminClient:
         return self._call("GET", f"/admin/nodes/{_quote(name)}", NodeView)
 
     def models(self) -> list[ModelView]:
-        return self._call("GET", "/admin/models", list[ModelView])
+        views: list[ModelView] = list(self._call("GET", "/admin/models", list[ModelViewRead]))
+        return views
 
     def model(self, name: str) -> ModelView:
-        return self._call("GET", f"/admin/models/{_quote(name)}", ModelView)
+        return self._call("GET", f"/admin/models/{_quote(name)}", ModelViewRead)
 
     def replicas(self, *, model: str | None = None, state: str | None = None) -> list[ReplicaView]:
         query = {"model": model, "state": state}
@@ -272,7 +274,10 @@ class AdminClient:
     def apply(self, specs: Sequence[ModelSpec | AdapterSpec]) -> list[ModelView]:
         """All specs in one call: the controller applies all or none. An adapter's entry
         answers with its base's view."""
-        return self._call("POST", "/admin/models", list[ModelView], body=list(specs))
+        views: list[ModelView] = list(
+            self._call("POST", "/admin/models", list[ModelViewRead], body=list(specs))
+        )
+        return views
 
     def delete(self, name: str) -> str:
         return self.delete_entry(name).get("deleted", name)
@@ -282,7 +287,8 @@ class AdminClient:
         return self._call("DELETE", f"/admin/models/{_quote(name)}", dict[str, str])
 
     def scale(self, name: str, request: ScaleRequest) -> ModelView:
-        return self._call("POST", f"/admin/models/{_quote(name)}/scale", ModelView, body=request)
+        path = f"/admin/models/{_quote(name)}/scale"
+        return self._call("POST", path, ModelViewRead, body=request)
 
     def set_weight(self, replica_id: str, request: WeightRequest) -> ReplicaView:
         path = f"/admin/replicas/{_quote(replica_id)}/weight"

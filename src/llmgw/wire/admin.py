@@ -13,7 +13,7 @@ import msgspec
 
 from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.agent import GPU
-from llmgw.wire.models import ModelSpec
+from llmgw.wire.models import ModelSpec, RoutingSpec
 from llmgw.wire.usage import FlowQueued
 
 NodeState = Literal["ready", "cordoned", "draining", "unreachable"]
@@ -45,7 +45,9 @@ class DrainWait(msgspec.Struct, frozen=True, kw_only=True):
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     address: str
-    state: NodeState
+    # A NodeState; a str, not the Literal, in views: ctl reads them from a controller
+    # that may be newer, and one new state refused the whole list (ReplicaView.state).
+    state: str
     fabrics: tuple[str, ...]
     labels: dict[str, str]
     gpus: tuple[GPU, ...]
@@ -89,7 +91,10 @@ class ShardView(msgspec.Struct, frozen=True, kw_only=True):
 class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     model: str
-    state: ReplicaState
+    # A ReplicaState; a str, not the Literal: ctl reads views from a controller that
+    # may be newer (controllers are upgraded first), and one replica in a state added
+    # since (as sleeping was) failed `ctl replicas` whole. ctl shows it as it is.
+    state: str
     reason: str | None
     shards: tuple[ShardView, ...]
     # Rank 0's address once it is known.
@@ -124,6 +129,34 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     unplaceable_reason: str | None = None
     # LoRA adapters served by this model's replicas, sorted by name.
     adapters: tuple[AdapterSpec, ...] = ()
+
+
+class _RoutingRead(RoutingSpec, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """A spec's routing as ModelViewRead reads it."""
+
+
+class _SpecRead(ModelSpec, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """A spec as ModelViewRead reads it."""
+
+    routing: _RoutingRead = _RoutingRead()
+
+
+class _AdapterRead(AdapterSpec, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """An adapter as ModelViewRead reads it."""
+
+
+class ModelViewRead(ModelView, frozen=True, kw_only=True):
+    """A ModelView as ctl decodes it: what its spec holds that this version does not
+    know is left out.
+
+    A spec an operator sends refuses unknown fields (a typo is an error); the same
+    spec in a view comes from a controller that may be newer (controllers are upgraded
+    first), which encodes every spec field: each field a version added failed `ctl
+    models`, and `ctl apply` after the specs were applied.
+    """
+
+    spec: _SpecRead
+    adapters: tuple[_AdapterRead, ...] = ()
 
 
 class EventView(msgspec.Struct, frozen=True, kw_only=True):

@@ -109,8 +109,13 @@ class KeyShare(msgspec.Struct, frozen=True, kw_only=True):
     budget: float | None = None
 
 
-class KeyView(KeyLimits, frozen=True, kw_only=True):
-    """A key as `GET /admin/keys` shows it: never the key, never its hash."""
+class KeyView(KeyLimits, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """A key as `GET /admin/keys` shows it: never the key, never its hash.
+
+    Unlike the limits it carries, unknown fields are ignored: ctl reads this from a
+    controller that may be newer (controllers are upgraded first), and refusing a
+    field it does not know failed `keys list`, and `keys create` after the key was made.
+    """
 
     name: str
     team: str

@@ -29,8 +29,8 @@ the lease; controller/leasebook.py decides it): the buckets' rates are the
 shares, so the check per request stays local, the same few float operations.
 Its budget is an allowance of tokens the controller leases from what the fleet
 has left, spent down here and replaced by each answer (counted from when the
-report was built). A key from the router's own file, or any key under a controller that leases
-nothing (one from before leases), is enforced at its whole limit.
+report was built). A file's key, or any under a controller that leases nothing, is
+enforced at its whole limit.
 """
 
 from __future__ import annotations
@@ -214,6 +214,26 @@ class _Account:
             if row is not None:
                 row.unlock()
 
+    def relimit(self, key: ClientKey, share: Share, now: float) -> None:
+        """`key`'s limits changed (a reload, the controller's list): its buckets keep what
+        they hold (never grown) and what it spent stays spent, as in keytable._relimit."""
+        self.limits = (key.rpm, key.tpm, key.budget)
+        self.requests = _relimited(self.requests, key.rpm, share[0], now)
+        self.tokens = _relimited(self.tokens, key.tpm, share[1], now)
+
+
+def _relimited(
+    bucket: _Bucket | None, limit: int | None, share: float, now: float
+) -> _Bucket | None:
+    """`bucket` with the limit `limit` (None: none) at `share`; a new one when it had none."""
+    if limit is None:
+        return None
+    if bucket is None:
+        return _Bucket(limit, share, now)
+    bucket.limit = limit
+    bucket.reshare(share, now)
+    return bucket
+
 
 class Charge:
     """One admitted request of a limited key: its estimate, its headers, and its settling."""
@@ -376,8 +396,14 @@ class Tenants:
         now = self.clock.monotonic()
         digest = key.sha256.lower()
         acc = self._accounts.get(digest)
-        if acc is None or acc.limits != (key.rpm, key.tpm, key.budget):
+        if acc is None:
             acc = self._accounts[digest] = self._account(key, digest, now)
+        elif acc.limits != (key.rpm, key.tpm, key.budget):
+            if acc.row is None:
+                acc.relimit(key, self.share_of(key, digest), now)
+            else:
+                # The shared row takes the new limits as `relimit` does (keytable.find).
+                acc = self._again(acc, key, digest, now)
         estimate = max(1, body_bytes // BYTES_PER_TOKEN)
         acc.asked_requests += 1
         acc.asked_tokens += estimate
@@ -387,9 +413,7 @@ class Tenants:
                 return got
             # Freed meanwhile by a worker that saw the key revoked first (this one has
             # not yet): the key's row is found again, and the request counted there.
-            fresh = self._accounts[digest] = self._account(key, digest, now)
-            fresh.asked_requests, fresh.asked_tokens = acc.asked_requests, acc.asked_tokens
-            acc = fresh
+            acc = self._again(acc, key, digest, now)
             got = self._locked(acc, tenant, digest, estimate, now)
             if got is not None:
                 return got
@@ -419,6 +443,12 @@ class Tenants:
             if refused is not None:
                 return refused
         return _take(acc, tenant, estimate, now)
+
+    def _again(self, acc: _Account, key: ClientKey, digest: str, now: float) -> _Account:
+        """`acc` found again in the shared table (`key` as now listed), its counts kept."""
+        fresh = self._accounts[digest] = self._account(key, digest, now)
+        fresh.asked_requests, fresh.asked_tokens = acc.asked_requests, acc.asked_tokens
+        return fresh
 
     def _account(self, key: ClientKey, digest: str, now: float) -> _Account:
         share = self.share_of(key, digest)

@@ -102,8 +102,8 @@ class KeyTable:
     def find(
         self, digest_hex: str, limits: Limits, share: tuple[float, float], now: float
     ) -> KeyRow | None:
-        """The key's row, claimed (and started full) if it had none, or started again
-        if its limits changed; None: the table is full."""
+        """The key's row, claimed (and started full) if it had none, or given its new
+        limits if they changed (`_relimit`); None: the table is full."""
         digest = hashlib.sha256(digest_hex.encode()).digest()
         self._lock_header(fcntl.LOCK_EX)
         try:
@@ -114,8 +114,10 @@ class KeyTable:
             row.lock()
             try:
                 cells = row.cells
-                if cells[STATE] != _USED or not _same(cells, limits):
+                if cells[STATE] != _USED:
                     _start(row, limits, share, now)
+                elif not _same(cells, limits):
+                    _relimit(row, limits, share, now)
             finally:
                 row.unlock()
             return row
@@ -190,3 +192,17 @@ def _start(row: KeyRow, limits: Limits, share: tuple[float, float], now: float) 
 
 def _floats(values: tuple[float, ...]) -> bytes:
     return struct.pack(f"={len(values)}d", *values)
+
+
+def _relimit(row: KeyRow, limits: Limits, share: tuple[float, float], now: float) -> None:
+    """New limits (a reload, the controller's list), as one process takes them: what a
+    bucket holds is kept, never grown past its new size; a bucket the key had none of
+    starts full; what it spent stays spent."""
+    cells = row.cells
+    had = (cells[RPM_LIMIT], cells[TPM_LIMIT])
+    cells[RPM_LIMIT : BUDGET_PER + 1] = memoryview(_floats(limits)).cast("d")
+    for i, (level, at) in enumerate(((RPM_LEVEL, RPM_AT), (TPM_LEVEL, TPM_AT))):
+        if math.isnan(had[i]):
+            cells[level], cells[at] = share[i], now
+        else:
+            cells[level] = min(cells[level], max(1.0, share[i]))
