@@ -92,10 +92,8 @@ class TestRestartAfterReload:
                 edited = {**cfg, "endpoints": [], "controller": {"url": "http://127.0.0.1:9"}}
                 write_config(config_path(tmp_path), edited)
                 await until(
-                    lambda: (
-                        r.log_text().count("config change needs a restart field=controller") >= 2
-                    ),
-                    what="both workers saw the reload",
+                    lambda: "config change needs a restart field=controller" in r.log_text(),
+                    what="the reload seen",
                 )
                 old = await until(lambda: _two(workers_of(r.pid)), what="two workers")
                 os.kill(old[1], signal.SIGKILL)

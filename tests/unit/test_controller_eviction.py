@@ -16,6 +16,7 @@ from llmgw.testing import ManualClock
 from llmgw.wire.models import ModelSpec
 from llmgw.wire.usage import UsageReport
 from tests.unit.controller_fleet import HB_TIMEOUT_S, NOW, fleet, node, replica, spec
+from tests.unit.controller_reconcile_world import World
 
 
 def plan(want: ModelSpec, state: FleetState, idle: Mapping[str, float]) -> EvictionPlan | None:
@@ -360,3 +361,32 @@ class TestIdleEnoughIn:
             replicas=one_node_full(("r1", "x"), ("r2", "x")),
         )
         assert self.eta(higher, {"r1": 500.0, "r2": 500.0}) is None
+
+
+class TestBusyReplicas:
+    """A replica with requests in flight is not idle, however long ago its last dispatch."""
+
+    def world(self) -> tuple[World, str]:
+        """Node a is full with x, last sent a request 700 s ago (timeout 600); big is asked for."""
+        w = World()
+        w.node("a")
+        w.model(spec("x", gpus_per_node=8, min_replicas=0), desired=1)
+        w.tick()
+        w.ready_all()
+        w.model(spec("big", gpus_per_node=8, min_replicas=0))
+        return w, w.only("x").id
+
+    def test_a_replica_still_serving_is_not_evicted(self) -> None:
+        """x's long request is still streaming: draining x would cut it off after the grace."""
+        w, x = self.world()
+        w.report(last_used={x: w.now - 700}, inflight={x: 1}, demand={"big": 1})
+        w.tick()
+        assert w.state.replicas[x].state == "ready"
+        assert not any(e.startswith("replica.evicted") for e in w.events)
+
+    def test_it_is_evicted_once_its_requests_are_done(self) -> None:
+        """The same replica with nothing in flight is taken."""
+        w, x = self.world()
+        w.report(last_used={x: w.now - 700}, inflight={x: 0}, demand={"big": 1})
+        w.tick()
+        assert w.state.replicas[x].state == "draining"

@@ -22,6 +22,7 @@ def look(w: World, name: str, starts: StartHistory | None = None) -> ModelOutloo
             w.index,
             unplaceable={n: u.reason for n, u in mem.unplaceable.items()},
             evicting=mem.evicting,
+            lasting={n for n, u in mem.unplaceable.items() if u.lasting},
             now=w.now,
             idle_enough_at=mem.idle_enough_at,
             starts=starts,
@@ -119,6 +120,63 @@ class TestCannotPlace:
         w.report(demand={"big": 1})
         w.tick()
         assert look(w, "big").retry_after_s == CANNOT_PLACE_RETRY_S
+
+
+class TestNeverFits:
+    """A model no node or fabric of the fleet could ever hold: no eviction, no wait."""
+
+    @pytest.mark.parametrize(
+        ("kw", "starts"),
+        [
+            ({"gpus_per_node": 16}, "needs 16 H100-80G GPUs on one node"),
+            ({"gpu_classes": ("L40S",)}, "no node has GPU class L40S"),
+        ],
+    )
+    def test_says_so_and_plans_no_eviction(self, kw: dict[str, object], starts: str) -> None:
+        """The reason says nothing frees room for it, and no eviction is planned."""
+        w, x = _full()
+        w.model(spec("huge", min_replicas=0, **kw))  # type: ignore[arg-type]
+        w.report(demand={"huge": 1})
+        w.tick()
+        o = look(w, "huge")
+        assert o.state == "cannot_place"
+        assert o.reason.startswith(starts)
+        assert o.reason.endswith("; no eviction or wait makes room for it on this fleet")
+        assert o.retry_after_s == CANNOT_PLACE_RETRY_S
+        assert "huge" not in w.memory.idle_eta_checked
+        assert "huge" not in w.memory.evicting
+        assert w.state.replicas[x].state == "ready"
+
+
+class TestScaledToZero:
+    """A model with max_replicas 0 is refused at once, not held for a replica never coming."""
+
+    def test_max_replicas_zero_cannot_be_placed_and_says_why(self) -> None:
+        """Asked for with room to spare, it is cannot_place, naming max_replicas."""
+        w = World()
+        w.node("a")
+        w.model(spec("off", min_replicas=0, max_replicas=0))
+        w.report(demand={"off": 1})
+        w.tick()
+        assert w.replicas("off") == []
+        o = look(w, "off")
+        assert (o.state, o.retry_after_s) == ("cannot_place", CANNOT_PLACE_RETRY_S)
+        assert o.reason == "its max_replicas is 0: no replica is ever started for it"
+
+    def test_a_replica_still_draining_is_not_ready(self) -> None:
+        """Scaled to 0 while serving: once its replica stops being ready, it is refused."""
+        w = World()
+        w.node("a")
+        w.model(spec("off", min_replicas=1, max_replicas=1))
+        w.tick()
+        w.ready_all()
+        assert [o.models for o in outlook(w.state, w.index, unplaceable={}, evicting={})] == []
+        w.model(spec("off", min_replicas=0, max_replicas=0), desired=1)
+        w.clock.advance(200.0)
+        w.touch("a")
+        w.tick()
+        assert w.only("off").state == "draining"
+        assert look(w, "off").state == "cannot_place"
 
 
 class TestStarting:

@@ -148,8 +148,11 @@ class TestMultiNode:
         """One whole node per fabric is not two whole nodes on one fabric."""
         state = fleet([node("a"), node("b", fabrics=("ib1",))])
         result = refused(place(spec(gpus_per_node=8, nodes=2), state.nodes, fmap(state)))
-        assert result.reason == "needs 2 whole H100-80G nodes on one fabric; ib0 has 1, ib1 has 1"
-        assert (result.constraint, result.counts["fabric:ib0"]) == ("whole_nodes", 1)
+        assert result.reason == (
+            "needs 2 H100-80G nodes with at least 8 GPUs on one fabric; "
+            "no fabric has that many: ib0 has 1, ib1 has 1"
+        )
+        assert (result.constraint, result.counts["fabric:ib0"]) == ("fabric_nodes", 1)
 
     def test_a_node_with_one_card_in_use_is_not_whole(self) -> None:
         """A node with a single card taken cannot hold a shard of a multi-node replica."""
@@ -229,11 +232,34 @@ class TestUnplaceableReasons:
 
     def test_blocked_fabrics_show_zero_whole_nodes(self) -> None:
         """A fabric whose nodes are all cordoned is listed with 0."""
-        state = fleet([node("a"), node("b", fabrics=("ib1",), operator_state="cordoned")])
+        state = fleet(
+            [
+                node("a"),
+                node("b", fabrics=("ib1",), operator_state="cordoned"),
+                node("c", fabrics=("ib1",), operator_state="cordoned"),
+            ]
+        )
         result = refused(place(spec(gpus_per_node=8, nodes=2), state.nodes, fmap(state)))
         assert result.reason == (
-            "needs 2 whole H100-80G nodes on one fabric; ib0 has 1, ib1 has 0 (1 node cordoned)"
+            "needs 2 whole H100-80G nodes on one fabric; ib0 has 1, ib1 has 0 (2 nodes cordoned)"
         )
+
+    def test_more_nodes_than_any_fabric_has_is_named(self) -> None:
+        """Two 8-card nodes on two fabrics never hold a 2-node replica, cordoned or not."""
+        state = fleet(
+            [
+                node("a"),
+                node("b", fabrics=("ib1",), operator_state="cordoned"),
+                node("small", 4),
+            ]
+        )
+        result = refused(place(spec(gpus_per_node=8, nodes=2), state.nodes, fmap(state)))
+        assert result.constraint == "fabric_nodes"
+        assert result.reason == (
+            "needs 2 H100-80G nodes with at least 8 GPUs on one fabric; "
+            "no fabric has that many: ib0 has 1, ib1 has 1"
+        )
+        assert result.counts == {"needed": 2, "fabric:ib0": 1, "fabric:ib1": 1}
 
     def test_nodes_without_fabric_cannot_host_multi_node(self) -> None:
         """Multi-node replicas need a fabric; the reason says none exists."""

@@ -100,16 +100,20 @@ class TestGpuClasses:
         (c,) = summary(fleet([node("a")], replicas=[*live, *gone])).gpus
         assert (c.used, c.free) == (4, 4)
 
-    def test_a_mixed_node_lists_its_classes_but_attributes_no_cards(self) -> None:
-        """Cards are attributed only when a node reports exactly one class."""
+    def test_a_mixed_node_counts_each_card_under_its_own_class(self) -> None:
+        """A node with two classes adds each card to its class's used, unhealthy and total."""
         mixed = (
             *gpus(2, "H100-80G"),
             GPU(index=2, uuid="x", name="A100", gpu_class="A100", memory_mib=1),
+            GPU(index=3, uuid="y", name="A100", gpu_class="A100", memory_mib=1, healthy=False),
         )
-        state = fleet([node("m", gpu_list=mixed), node("a", 4)])
-        assert [(c.gpu_class, c.total) for c in summary(state).gpus] == [
-            ("A100", 0),
-            ("H100-80G", 4),
+        state = fleet(
+            [node("m", gpu_list=mixed), node("a", 4)],
+            replicas=[replica("r", "m", [("m", (1, 2))])],
+        )
+        assert [(c.gpu_class, c.total, c.used, c.unhealthy) for c in summary(state).gpus] == [
+            ("A100", 2, 1, 1),
+            ("H100-80G", 6, 1, 0),
         ]
 
     def test_classes_are_counted_on_every_node_whatever_its_state(self) -> None:

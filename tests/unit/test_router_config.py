@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.router.config import load, parse, restart_only_changes
+from llmgw.router.config import RESTART_ONLY, load, parse, restart_only_changes
 from llmgw.router.errors import RouterConfigError
 
 GOOD = """
@@ -135,3 +135,19 @@ class TestReload:
         new = parse(GOOD.replace("scrape_interval_s: 1", "scrape_interval_s: 1\nrouter_id: r2"))
         assert restart_only_changes(old, new) == ["router_id"]
         assert restart_only_changes(old, parse(GOOD.replace("cold", "colder"))) == []
+
+    def test_flow_is_restart_only(self) -> None:
+        """Flow control's queues are built at start: a reload changing `flow` is named."""
+        old = parse(GOOD)
+        assert restart_only_changes(old, parse(GOOD + "flow: {enabled: false}\n")) == ["flow"]
+
+    def test_the_docs_mark_the_same_fields_restart_only(self) -> None:
+        """docs/router.md's top-level table marks restart-only (or read once at start)
+        exactly the fields a reload names as needing a restart."""
+        doc = (Path(__file__).parents[2] / "docs" / "router.md").read_text()
+        table = doc.split("<!-- fields: llmgw.router.config.RouterConfig -->")[1]
+        marked = set()
+        for line in table.split("\n\n")[0].splitlines():
+            if "restart-only" in line or "read once at start" in line:
+                marked.add(line.split("`")[1])
+        assert marked == set(RESTART_ONLY)

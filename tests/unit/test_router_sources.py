@@ -15,6 +15,7 @@ from llmgw.wire.endpoints import EndpointInfo, EndpointList
 
 ONE = "endpoints: [{id: a, url: 'http://a', models: [m]}]\n"
 TWO = ONE + "models: [cold]\n"
+KEYED = ONE + "api_keys: [{name: a, sha256: %s}]\n" % ("ab" * 32)
 
 
 def bump_mtime(path: Path) -> None:
@@ -42,7 +43,8 @@ class TestConfigWatcher:
         w = ConfigWatcher(path, on_config=got.append)
         path.write_text(TWO)
         bump_mtime(path)
-        assert w.tick() is True
+        # Read at the next look, once it has held still.
+        assert [w.tick(), w.tick()] == [False, True]
         assert got[0].models == ("cold",)
 
     def test_bad_file_keeps_running_config(self, tmp_path: Path) -> None:
@@ -53,10 +55,20 @@ class TestConfigWatcher:
         w = ConfigWatcher(path, on_config=got.append)
         path.write_text("endpoints: [{id: a}]\n")
         bump_mtime(path)
-        assert w.tick() is False
+        assert [w.tick(), w.tick()] == [False, False]
         assert got == []
         assert w.last_error is not None
         assert "url" in w.last_error
+
+    def test_reloaded_poll_interval_is_followed(self, tmp_path: Path) -> None:
+        """A reload that changes reload_poll_s polls at the new interval from then on."""
+        path = tmp_path / "r.yaml"
+        path.write_text(ONE)
+        w = ConfigWatcher(path, on_config=lambda _cfg: None, poll_s=1.0)
+        path.write_text(ONE + "reload_poll_s: 5\n")
+        bump_mtime(path)
+        assert [w.tick(), w.tick()] == [False, True]
+        assert w.poll_s == 5.0
 
     def test_forced_reload(self, tmp_path: Path) -> None:
         """request_reload() (SIGHUP) reloads an unchanged file."""
@@ -75,8 +87,43 @@ class TestConfigWatcher:
         got: list[RouterConfig] = []
         w = ConfigWatcher(path, on_config=got.append)
         path.unlink()
-        assert w.tick() is False
+        assert [w.tick(), w.tick()] == [False, False]
         assert got == []
+        assert w.last_error is not None
+
+
+class TestFileBeingWritten:
+    """A file caught while it is being rewritten is never put in force."""
+
+    def test_a_truncated_file_is_not_applied(self, tmp_path: Path) -> None:
+        """A file emptied by its writer (`open(path, "w")`, an editor saving in place) and
+        not yet written is refused with why: applied, it dropped every endpoint and key,
+        so /v1 answered without a key until the next look."""
+        path = tmp_path / "r.yaml"
+        path.write_text(KEYED)
+        got: list[RouterConfig] = []
+        w = ConfigWatcher(path, on_config=got.append)
+        path.write_text("")
+        bump_mtime(path)
+        assert [w.tick(), w.tick()] == [False, False]
+        assert got == []
+        assert w.last_error is not None
+        assert "empty" in w.last_error
+
+    def test_a_change_is_applied_once_the_file_holds_still(self, tmp_path: Path) -> None:
+        """A file seen changed is read at the next look if it has not changed again: a
+        half-written file (its endpoints, not yet its keys) is never applied."""
+        path = tmp_path / "r.yaml"
+        path.write_text(KEYED)
+        got: list[RouterConfig] = []
+        w = ConfigWatcher(path, on_config=got.append)
+        path.write_text(ONE)
+        bump_mtime(path)
+        assert w.tick() is False
+        path.write_text(KEYED + "models: [cold]\n")
+        bump_mtime(path)
+        assert [w.tick(), w.tick()] == [False, True]
+        assert [(c.models, len(c.api_keys)) for c in got] == [(("cold",), 1)]
 
 
 def lst(version: int, *ids: str) -> EndpointList:

@@ -180,3 +180,38 @@ class TestKeyRingAndCounts:
         assert isinstance(tenants.admit(Tenant(key), "m", 1), Whole)
         tenants.retain([])
         assert isinstance(tenants.admit(Tenant(key), "m", 1), Charge)
+
+
+class TestLimitsChanged:
+    """A key whose limits change (a reload, the controller's list) keeps what it spent."""
+
+    def test_a_lower_rpm_keeps_the_spent_budget(self) -> None:
+        """Lowering a key's RPM leaves its spent budget spent: its counts were started
+        afresh, so the stricter file gave the key a whole new budget."""
+        clock = ManualClock(start_wall=1_800_000_000.0)
+        tenants = Tenants(clock=clock)
+        charge = tenants.admit(tenant(rpm=10, budget={"tokens": 100, "per": "day"}), "m", 8)
+        assert isinstance(charge, Charge)
+        charge.settle(usage(100))
+        new = tenant(rpm=5, budget={"tokens": 100, "per": "day"})
+        got = error(tenants.admit(new, "m", 8))
+        assert got == (429, "insufficient_quota", "insufficient_quota")
+
+    def test_a_lower_rpm_keeps_the_minute_spent(self) -> None:
+        """A key that spent its minute and has its RPM lowered is still refused, not
+        handed a full bucket of the new size."""
+        tenants = Tenants(clock=ManualClock())
+        for _ in range(10):
+            assert isinstance(tenants.admit(tenant(rpm=10), "m", 8), Charge)
+        assert error(tenants.admit(tenant(rpm=5), "m", 8))[2] == "rate_limit_exceeded"
+
+    def test_a_request_in_flight_settles_into_the_changed_account(self) -> None:
+        """The tokens of a request admitted before the change count after it."""
+        clock = ManualClock(start_wall=1_800_000_000.0)
+        tenants = Tenants(clock=clock)
+        charge = tenants.admit(tenant(budget={"tokens": 100, "per": "day"}), "m", 8)
+        assert isinstance(charge, Charge)
+        new = tenant(rpm=60, budget={"tokens": 100, "per": "day"})
+        assert isinstance(tenants.admit(new, "m", 8), Charge)
+        charge.settle(usage(100))
+        assert error(tenants.admit(new, "m", 8))[1] == "insufficient_quota"

@@ -519,3 +519,27 @@ class TestChannelFrames:
         finally:
             a.close()
             b_sock.close()
+
+
+class TestSupervisorReload:
+    """A reload reaches the workers with the restart-only settings still in force."""
+
+    def test_a_worker_started_after_a_reload_gets_the_settings_in_force(
+        self, tmp_path: object
+    ) -> None:
+        """The config a worker restarted after a reload is set up with keeps the running
+        max_body_bytes: it took the file's, and answered 413 where the others did not."""
+        import socket
+        from pathlib import Path
+
+        from llmgw.router.workers.pool import Supervisor
+
+        assert isinstance(tmp_path, Path)
+        path = tmp_path / "router.yaml"
+        path.write_text("max_body_bytes: 262144\n")
+        with socket.socket() as listen:
+            sup = Supervisor(
+                parse_config(path.read_text()), config_path=path, workers=2, sock=listen
+            )
+            sup._reloaded(parse_config("max_body_bytes: 65536\nhold_timeout_s: 7\n"))
+        assert (sup.cfg.max_body_bytes, sup.cfg.hold_timeout_s) == (262144, 7.0)

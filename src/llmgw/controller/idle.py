@@ -26,6 +26,8 @@ from llmgw.wire.usage import FlowQueued, UsageReport
 
 # Replica id → seconds since a router last used it; None when no router has said.
 IdleFor = Callable[[str], float | None]
+# Replica id → requests in flight there over fresh routers; None when none reported it.
+InflightFor = Callable[[str], int | None]
 
 
 class IdleSource(Protocol):

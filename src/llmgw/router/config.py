@@ -296,11 +296,20 @@ CONTROLLER_TOKEN_ENV = "LLMGW_ROUTER_CONTROLLER_TOKEN"
 # The router's variables that are no flag's (envflags warns about any other).
 OTHER_ENV = (UPSTREAM_ENV, SERVER_ENV, *SECRET_ENV.values(), CONTROLLER_TOKEN_ENV)
 
+# A reload refuses a file with nothing in it: that is what a file looks like between
+# its writer's truncation and its first write (an editor saving in place, `>`), and
+# applied it dropped every endpoint and every key, opening /v1 to anyone.
+EMPTY_ON_RELOAD = (
+    "the file is empty (still being written?); the running config is kept. "
+    "A router with no settings is `{}`"
+)
+
 # Settings read once at start; a reload that changes them logs that a restart is needed.
 RESTART_ONLY = (
     "controller",
     "router_id",
     "stale_after_s",
+    "flow",
     "breaker",
     "max_body_bytes",
     "idle_timeout_s",
@@ -329,16 +338,23 @@ def _secret(
 
 
 def parse(
-    text: str, *, source: str = "config", env: Mapping[str, str] | None = None
+    text: str,
+    *,
+    source: str = "config",
+    env: Mapping[str, str] | None = None,
+    empty_ok: bool = True,
 ) -> RouterConfig:
     """Validate YAML text into a RouterConfig, or raise RouterConfigError naming the field.
 
-    `env` (default os.environ) gives the secrets the file leaves out (SECRET_ENV)."""
+    `env` (default os.environ) gives the secrets the file leaves out (SECRET_ENV).
+    `empty_ok` False refuses a text with no YAML in it (a reload: `EMPTY_ON_RELOAD`)."""
     try:
         doc = safeyaml.load(text)
     except safeyaml.YamlError as exc:
         raise RouterConfigError(f"{source}: {exc}") from None
     if doc is None:
+        if not empty_ok:
+            raise RouterConfigError(f"{source}: {EMPTY_ON_RELOAD}")
         doc = {}
     if not isinstance(doc, dict):
         raise RouterConfigError(f"{source}: expected a mapping at the top level")
@@ -407,18 +423,39 @@ def check_retired_env(env: Mapping[str, str]) -> None:
         retired_client(value, UPSTREAM_ENV)
 
 
-def load(path: str | Path) -> RouterConfig:
-    """Read and validate the file at `path`."""
+def load(path: str | Path, *, empty_ok: bool = True) -> RouterConfig:
+    """Read and validate the file at `path` (`empty_ok`: as `parse`'s)."""
     try:
         text = textfile.read(path)
     except textfile.TextFileError as exc:
         raise RouterConfigError(f"{path}: {exc}") from None
-    return parse(text, source=str(path))
+    return parse(text, source=str(path), empty_ok=empty_ok)
 
 
 def restart_only_changes(old: RouterConfig, new: RouterConfig) -> list[str]:
     """Fields that differ but only take effect after a restart."""
     return [f for f in RESTART_ONLY if getattr(old, f) != getattr(new, f)]
+
+
+def in_force(running: RouterConfig, loaded: RouterConfig) -> RouterConfig:
+    """What a reload of `loaded` puts in force over `running`: `loaded`, but with the
+    restart-only settings `running` has, each one that differs logged as waiting for a
+    restart.
+
+    Handing on `loaded` whole half-applied them: whatever read them after start took
+    the file's (a hold's probe wait, /healthz's controller, a worker started again after
+    the reload), while the rest of the router kept the values it was built with."""
+    waiting = restart_only_changes(running, loaded)
+    if not waiting:
+        return loaded
+    for field in waiting:
+        log.warning(kv("config change needs a restart", field=field))
+    kept: dict[str, object] = {f: getattr(running, f) for f in waiting}
+    if "controller" in waiting:
+        # Which source gives the endpoints is fixed at start as well: the file's
+        # endpoints cannot stand beside a controller, and a file naming one has none.
+        kept["endpoints"] = running.endpoints
+    return msgspec.structs.replace(loaded, **kept)
 
 
 def _one_line(text: str) -> str:

@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 
-from llmgw.router.config import RouterConfig, restart_only_changes
+from llmgw.router.config import RouterConfig, in_force
 from llmgw.router.control.leases import LeaseKeeper, ShareMetrics
 from llmgw.router.control.tokenusage import TokenCounts
 from llmgw.router.control.usagereports import LoadTracker, build_report
@@ -108,7 +108,9 @@ class Router:
         # it is unreachable, as the endpoints are); their counts (tenants.py).
         self._controller_keys: tuple[ClientKey, ...] = ()
         self._keys_required = False
-        self.tenants = Tenants(clock=clock)
+        # With workers, a key's buckets are one per router, in their shared memory.
+        table = shared.keys if shared is not None and shared.workers > 1 else None
+        self.tenants = Tenants(clock=clock, table=table)
         # This router's shares of the controller's limited keys (control/leases.py).
         self.leases = LeaseKeeper(clock=clock)
         # Asks for a usage report now (set by whoever reports): a key waits for its share.
@@ -172,12 +174,10 @@ class Router:
 
     # -- configuration ---------------------------------------------------------
 
-    def apply_config(self, cfg: RouterConfig) -> None:
+    def apply_config(self, loaded: RouterConfig) -> None:
         """A reloaded file: swap what can change live; requests in flight keep going."""
-        for field in restart_only_changes(self.cfg, cfg):
-            log.warning(kv("config change needs a restart", field=field))
         old = self.cfg
-        self.cfg = cfg
+        cfg = self.cfg = in_force(old, loaded)
         self._set_keys()
         self.holding.max_held = cfg.max_held
         self.upstream.connect_timeout_s = cfg.connect_timeout_s
@@ -185,11 +185,12 @@ class Router:
         if cfg.policy != old.policy:
             self.policy = self._make_policy(cfg.policy)
         self._file_models = cfg.known_models()
-        if not self._follows_controller and cfg.controller is None:
+        if not self._follows_controller:
+            # A file that now names a controller (which needs a restart) keeps the
+            # endpoints in force: `in_force` kept them with the running `controller`.
             self.apply_endpoints(cfg.endpoint_infos())
         else:
-            # Following a controller, or a file that now names one (which needs a
-            # restart): the endpoints in force stay until the running source changes them.
+            # Following a controller: its list stays in force until it changes it.
             self._refresh_models()
             self.holding.notify_changed()
         for hook in self.on_config:

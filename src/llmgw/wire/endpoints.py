@@ -11,7 +11,8 @@ from llmgw.wire.keys import ClientKey
 # What the controller is doing for a model that has no ready replica.
 #   starting     a replica is placed and its engine is starting: hold the request
 #   making_room  replicas of other models are being evicted for it: hold the request
-#   cannot_place no placement fits and nothing can be evicted for it: refuse at once
+#   cannot_place no placement fits and nothing can be evicted for it, or its
+#                max_replicas is 0: refuse at once
 #   waking       a sleeping replica of it is waking (or its cards are being freed
 #                for that): hold the request; retry_after_s is the expected wake
 OutlookState = Literal["starting", "making_room", "cannot_place", "waking"]

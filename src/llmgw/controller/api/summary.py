@@ -90,17 +90,18 @@ def summarize_views(
         else:
             # Anything else is a node we cannot act on as if it were there.
             s.nodes.unreachable += 1
-        for c in n.classes:
-            if c not in by_class:
-                by_class[c] = ClassUse(gpu_class=c)
-        # A node reports one class in practice; a mixed node's cards are not
-        # attributed (its classes are still listed).
-        if len(n.classes) == 1:
-            u = by_class[n.classes[0]]
-            u.total += n.gpu_total
-            u.unhealthy += len(n.unhealthy)
+        held = set(n.gpus_used)
+        # Card by card, so a node with two classes counts each under its own.
+        for g in n.gpus:
+            u = by_class.get(g.gpu_class)
+            if u is None:
+                u = by_class[g.gpu_class] = ClassUse(gpu_class=g.gpu_class)
+            u.total += 1
             # Unhealthy cards are neither used nor free.
-            u.used += n.gpu_total - n.gpu_free - len(n.unhealthy)
+            if not g.healthy:
+                u.unhealthy += 1
+            elif g.index in held:
+                u.used += 1
     s.gpus = sorted(by_class.values(), key=attrgetter("gpu_class"))
 
     by_fabric: dict[str, FabricUse] = {}

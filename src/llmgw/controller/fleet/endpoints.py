@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from urllib.parse import urlsplit
 
 import msgspec
@@ -147,6 +147,7 @@ def outlook(
     *,
     unplaceable: Mapping[str, str],
     evicting: Mapping[str, Reservation],
+    lasting: Collection[str] = (),
     now: float = 0.0,
     idle_enough_at: Mapping[str, float] | None = None,
     starts: StartHistory | None = None,
@@ -165,7 +166,9 @@ def outlook(
     of its recent starts, else of its engine kind; nothing when neither is
     known). A model that cannot be placed says when waiting would let an
     eviction make room (`idle_enough_at`: model → wall time, TickMemory), and
-    its retry_after_s is that wait; otherwise CANNOT_PLACE_RETRY_S.
+    its retry_after_s is that wait; otherwise CANNOT_PLACE_RETRY_S. A model in
+    `lasting` cannot fit the fleet as it is (its class, its width), which its reason
+    says. A model whose max_replicas is 0 cannot be placed either (SCALED_TO_ZERO).
     """
     ready_models = {state.replicas[rid].model for rid in index.in_state("ready")}
     starting: set[str] = set()
@@ -193,7 +196,18 @@ def outlook(
         # Its adapters wait (or are refused) with it.
         names = (*model.spec.served_names, *by_base.get(name, ()))
         res = evicting.get(name)
-        if name in waking:
+        if model.spec.max_replicas == 0:
+            # Nothing is ever placed for it: a router holding its requests would hold
+            # each one its whole hold timeout for a replica that never comes.
+            out.append(
+                ModelOutlook(
+                    models=names,
+                    state="cannot_place",
+                    reason=SCALED_TO_ZERO,
+                    retry_after_s=CANNOT_PLACE_RETRY_S,
+                )
+            )
+        elif name in waking:
             out.append(
                 _waking(names, model.spec, asleep.get(name, 1), "a sleeping replica is waking")
             )
@@ -209,7 +223,10 @@ def outlook(
             out.append(_starting(names, name, model.spec.engine, starts))
         elif name in unplaceable:
             at = eta.get(name)
-            if at is None:
+            if name in lasting:
+                reason = f"{unplaceable[name]}; no eviction or wait makes room for it on this fleet"
+                retry = CANNOT_PLACE_RETRY_S
+            elif at is None:
                 reason = f"{unplaceable[name]}; nothing can be evicted for it now"
                 retry = CANNOT_PLACE_RETRY_S
             else:
@@ -241,6 +258,7 @@ def wake_estimate_s(spec: ModelSpec, level: int) -> float | None:
     return WAKE_L2_BASE_S + WAKE_L2_S_PER_GB * per_gpu
 
 
+SCALED_TO_ZERO = "its max_replicas is 0: no replica is ever started for it"
 _SWAPPING = "idle replicas on its sleeping replica's cards are making way; then it wakes"
 _SETTLING = "its replica is still falling asleep; it wakes as soon as it is asleep"
 

@@ -403,6 +403,7 @@ class Fleet:
             self.index,
             unplaceable={name: u.reason for name, u in mem.unplaceable.items()},
             evicting=mem.evicting,
+            lasting={name for name, u in mem.unplaceable.items() if u.lasting},
             now=self.clock.wall(),
             idle_enough_at=mem.idle_enough_at,
             starts=self.starts,

@@ -103,7 +103,10 @@ class _Shared:
     states: dict[str, NodeState]
     unhealthy_ready: dict[str, Counter[str]]
     widest: dict[str, int]
+    # Every node's GPUs per class, placeable or not.
+    sizes_of: dict[str, dict[str, int]] = field(default_factory=dict)
     census_memo: dict[tuple[str, ...], Census] = field(default_factory=dict)
+    fabric_memo: dict[tuple[tuple[str, ...], int], dict[str, int]] = field(default_factory=dict)
 
 
 class _Bucket:
@@ -168,6 +171,7 @@ class FreeMap:
             for gpu in node.gpus:
                 by_class.setdefault(gpu.gpu_class, []).append(gpu.index)
             shared.classes_of[name] = tuple(by_class)
+            shared.sizes_of[name] = {c: len(i) for c, i in by_class.items()}
             shared.fabrics_of[name] = node.fabrics
             for gpu_class, indices in by_class.items():
                 shared.widest[gpu_class] = max(shared.widest.get(gpu_class, 0), len(indices))
@@ -263,6 +267,20 @@ class FreeMap:
         found = memo.get(gpu_classes)
         if found is None:
             found = memo[gpu_classes] = self._build_census(gpu_classes)
+        return found
+
+    def fabric_nodes(self, gpu_classes: tuple[str, ...], need: int) -> Mapping[str, int]:
+        """Fabric → nodes on it (any state) with at least `need` GPUs of one of the
+        classes: the most nodes a multi-node replica could ever span there."""
+        memo = self._shared.fabric_memo
+        found = memo.get((gpu_classes, need))
+        if found is None:
+            found = memo[(gpu_classes, need)] = {}
+            shared = self._shared
+            for name, sizes in shared.sizes_of.items():
+                if any(sizes.get(c, 0) >= need for c in gpu_classes):
+                    for fabric in shared.fabrics_of[name]:
+                        found[fabric] = found.get(fabric, 0) + 1
         return found
 
     # -- changing -------------------------------------------------------------

@@ -3,7 +3,9 @@
 Candidates are ready replicas *known* idle at least their own model's
 `idle_timeout_s`. Never one whose idleness is unknown (a restarted router knows
 nothing, and treating that as idle would empty the fleet), never one that
-would take its model below `min_replicas`, never one of a model with a higher
+would take its model below `min_replicas`, never one still serving a request (its
+last dispatch is old, but a long generation is still streaming: drained, it would
+be cut off at the end of the drain grace), never one of a model with a higher
 priority than the requester's. Equal priority is allowed: the victim is by
 definition unused past its own timeout, and a model someone is waiting for
 should not stay unplaceable behind it. Lower priority goes first, then the
@@ -22,7 +24,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from llmgw.controller.fleet.records import FleetState, Replica
-from llmgw.controller.idle import IdleFor, IdleSource, idle_fn
+from llmgw.controller.idle import IdleFor, IdleSource, InflightFor, idle_fn
 from llmgw.controller.placement.capacity import FreeMap
 from llmgw.controller.placement.rules import Placement, place
 from llmgw.wire.models import ModelSpec
@@ -57,12 +59,14 @@ def plan_eviction(
     now: float,
     heartbeat_timeout_s: float,
     exclude: Collection[str] = (),
+    inflight: InflightFor | None = None,
 ) -> EvictionPlan | None:
     """A minimal set of idle replicas whose cards make `spec` placeable, or None.
 
     `idle`: replica id → idle seconds (None when unknown), or an IdleTracker.
     `free` is not changed. `exclude`: replicas already chosen for eviction this
-    tick (they must not be counted twice).
+    tick (they must not be counted twice). `inflight`: replica id → requests in
+    flight there (None when no router reported any); None: none known.
     """
     direct = place(spec, state.nodes, free)
     if isinstance(direct, Placement):
@@ -70,7 +74,7 @@ def plan_eviction(
             model=spec.name, evict=(), placement=direct, why="fits without eviction"
         )
     candidates = idle_candidates(
-        spec, state, idle_fn(idle, now=now), now, heartbeat_timeout_s, exclude
+        spec, state, idle_fn(idle, now=now), now, heartbeat_timeout_s, exclude, inflight
     )
     found = _greedy(spec, state, free, candidates, exclude)
     if found is None:
@@ -94,6 +98,7 @@ def idle_candidates(
     now: float,
     heartbeat_timeout_s: float,
     exclude: Collection[str],
+    inflight: InflightFor | None = None,
 ) -> list[Candidate]:
     """Ready replicas of other models that eviction may take for `spec`, in the
     order it takes them (module docstring: the rules)."""
@@ -112,6 +117,9 @@ def idle_candidates(
             idle_s = min(idle_s, max(0.0, now - r.state_since))
         if idle_s is None or idle_s < model.spec.evictable_after_s:
             continue  # unknown is never idle
+        busy = inflight(r.id) if inflight is not None else None
+        if busy is not None and busy > 0:
+            continue
         # Cards on a node that is not ready are not capacity even once freed.
         if not any(_ready(state, s.node, now, heartbeat_timeout_s) for s in r.shards):
             continue
@@ -228,6 +236,7 @@ def idle_enough_in(
     now: float,
     heartbeat_timeout_s: float,
     exclude: Collection[str] = (),
+    inflight: InflightFor | None = None,
 ) -> float | None:
     """Seconds until enough replicas are idle long enough for an eviction to place `spec`,
     if none of them is used meanwhile; None when waiting would not help.
@@ -263,6 +272,7 @@ def idle_enough_in(
             now=now,
             heartbeat_timeout_s=heartbeat_timeout_s,
             exclude=exclude,
+            inflight=inflight,
         )
         if found is not None and found.evict:
             return wait

@@ -115,7 +115,9 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
             _unplaceable(t, result)
             if q.replaces is not None:
                 _blocked_move(t, q, result, waiting, free, held)
-            else:
+            elif not result.lasting:
+                # (A lasting failure: no eviction could make room, so none is planned:
+                # each plan walks every replica, once per such model and tick.)
                 res = _maybe_evict(t, q.model, free)
                 if res is not None:
                     # The part of its room that is already free is held from now on.
@@ -326,6 +328,7 @@ def _maybe_evict(
         heartbeat_timeout_s=cfg.heartbeat_timeout_s,
         # Already leaving this tick (surplus, other evictions): not room to count twice.
         exclude=batch.leaving(),
+        inflight=t.usage.inflight,
     )
     if plan is None or not plan.evict:
         return None
@@ -375,6 +378,7 @@ def _idle_eta(t: TickContext, model: Model, free: FreeMap) -> None:
         now=batch.now,
         heartbeat_timeout_s=t.config.heartbeat_timeout_s,
         exclude=batch.leaving(),
+        inflight=t.usage.inflight,
     )
     if wait is None:
         mem.idle_enough_at.pop(model.name, None)

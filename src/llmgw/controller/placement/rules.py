@@ -45,7 +45,9 @@ __all__ = [
 ]
 
 # What stopped a placement, from the most structural to the most transient.
-Constraint = Literal["gpu_class", "gpus_per_node", "free_gpus", "whole_nodes"]
+Constraint = Literal["gpu_class", "gpus_per_node", "fabric_nodes", "free_gpus", "whole_nodes"]
+# The failures only a change of the fleet (or of the spec) fixes (_structural_failure).
+LASTING: frozenset[Constraint] = frozenset({"gpu_class", "gpus_per_node", "fabric_nodes"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,12 @@ class Unplaceable:
     reason: str
     # The figures behind the reason, for tests and machines.
     counts: Mapping[str, int]
+
+    @property
+    def lasting(self) -> bool:
+        """Whether the fleet as it is could never hold the model (its class, its width,
+        its nodes on one fabric): no eviction, uncordon or wait makes it fit."""
+        return self.constraint in LASTING
 
 
 def free_map(state: FleetState, *, now: float, heartbeat_timeout_s: float) -> FreeMap:
@@ -174,7 +182,8 @@ def _place_multi(spec: ModelSpec, free: FreeMap) -> Placement | Unplaceable:
 
 
 def _structural_failure(spec: ModelSpec, free: FreeMap) -> Unplaceable | None:
-    """Failures no amount of waiting fixes: the class or the width does not exist."""
+    """Failures no amount of waiting fixes: the class, the width, or (multi-node) that
+    many wide enough nodes on one fabric does not exist in the fleet."""
     census = free.census(spec.gpu_classes)
     if census.nodes == 0:
         return Unplaceable(
@@ -193,7 +202,33 @@ def _structural_failure(spec: ModelSpec, free: FreeMap) -> Unplaceable | None:
             ),
             counts={"needed": spec.gpus_per_node, "largest_node_gpus": census.widest},
         )
+    if spec.nodes > 1:
+        return _too_few_on_a_fabric(spec, free)
     return None
+
+
+def _too_few_on_a_fabric(spec: ModelSpec, free: FreeMap) -> Unplaceable | None:
+    """No fabric has `nodes` nodes wide enough, in any state: freeing, uncordoning or
+    healing cards would never make the replica fit, so the reason must not suggest it."""
+    per_fabric = free.fabric_nodes(spec.gpu_classes, spec.gpus_per_node)
+    if max(per_fabric.values(), default=0) >= spec.nodes:
+        return None
+    classes = _classes(spec.gpu_classes)
+    if not free.census(spec.gpu_classes).fabrics:
+        reason = (
+            f"needs {spec.nodes} whole {classes} nodes on one fabric; "
+            f"no {classes} node is on a fabric"
+        )
+    else:
+        listed = ", ".join(f"{f} has {per_fabric[f]}" for f in sorted(per_fabric)) or (
+            f"no {classes} node that wide is on a fabric"
+        )
+        reason = (
+            f"needs {spec.nodes} {classes} nodes with at least {spec.gpus_per_node} GPUs "
+            f"on one fabric; no fabric has that many: {listed}"
+        )
+    counts = {"needed": spec.nodes, **{f"fabric:{f}": n for f, n in sorted(per_fabric.items())}}
+    return Unplaceable(model=spec.name, constraint="fabric_nodes", reason=reason, counts=counts)
 
 
 def _classes(gpu_classes: Collection[str]) -> str:

@@ -42,6 +42,9 @@ from llmgw.wire.usage import UsageReport
 log = logging.getLogger(__name__)
 
 FileStamp = tuple[int, int, int]  # (mtime_ns, size, inode)
+# A file seen changed is looked at again this soon (or at the next poll, if sooner)
+# and read once it has not changed in between.
+SETTLE_S = 0.25
 # Shortest time between two polls that brought no change.
 MIN_POLL_S = 1.0
 
@@ -62,6 +65,8 @@ class ConfigWatcher:
         self._stamp = self._read_stamp()
         self._wake = asyncio.Event()
         self._forced = False
+        # Seen changed at the last look: read at the next if it has not changed again.
+        self._settling = False
         self.reloads = 0
         self.last_error: str | None = None
 
@@ -78,28 +83,41 @@ class ConfigWatcher:
         self._wake.set()
 
     def tick(self) -> bool:
-        """Reload if due; True when a new configuration was applied."""
+        """Reload if due; True when a new configuration was applied.
+
+        A file is read only once it has held still from one look to the next: read as
+        soon as it changed, it could be half written (its endpoints but not yet its
+        keys), which is valid YAML and was put in force whole."""
         stamp = self._read_stamp()
-        if not self._forced and stamp == self._stamp:
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self._settling = True
             return False
-        self._forced = False
-        self._stamp = stamp
+        if not (self._forced or self._settling):
+            return False
+        self._forced = self._settling = False
         try:
-            cfg = load(self.path)
+            cfg = load(self.path, empty_ok=False)
         except RouterConfigError as exc:
             self.last_error = str(exc)
             log.error(kv("reload rejected, keeping the running config", error=exc))
             return False
+        if self._read_stamp() != stamp:
+            # Written while it was read: read again once it holds still.
+            return self.tick()
         self.last_error = None
         self.reloads += 1
+        # The file says how often to look at it: the next wait already takes it.
+        self.poll_s = cfg.reload_poll_s
         log.info(kv("config reloaded", path=self.path, endpoints=len(cfg.endpoints)))
         self._on_config(cfg)
         return True
 
     async def run(self) -> None:
         while True:
+            wait_s = min(self.poll_s, SETTLE_S) if self._settling else self.poll_s
             try:
-                async with asyncio.timeout(self.poll_s):
+                async with asyncio.timeout(wait_s):
                     await self._wake.wait()
             except TimeoutError:
                 pass

@@ -48,7 +48,7 @@ from pathlib import Path
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 
-from llmgw.router.config import RESTART_ONLY, RouterConfig
+from llmgw.router.config import RouterConfig, in_force
 from llmgw.router.control.leases import add_demand
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.control.tokenusage import TokenLedger
@@ -192,9 +192,6 @@ class Supervisor:
         worker_args: Sequence[str] = (),
     ) -> None:
         self.cfg = cfg
-        # Restart-only settings, and the file endpoints last applied (_in_force).
-        self._start_cfg = cfg
-        self._file_endpoints = cfg.endpoints
         self.config_path = str(config_path)
         self.n = workers
         self.sock = sock
@@ -276,23 +273,17 @@ class Supervisor:
         self.stats[eid] = stats
         self._broadcast(Observed(id=eid, stats=stats))
 
-    def _reloaded(self, cfg: RouterConfig) -> None:
-        self.cfg = cfg
+    def _reloaded(self, loaded: RouterConfig) -> None:
+        # What is sent is what is in force: a worker started again later is set up with
+        # it, and the workers log no restart-only change a second time.
+        cfg = self.cfg = in_force(self.cfg, loaded)
         self.scraper.interval_s = cfg.scrape_interval_s
         self.scraper.timeout_s = cfg.scrape_timeout_s
         self.scraper.concurrency = cfg.scrape_concurrency
         self.upstream.connect_timeout_s = cfg.connect_timeout_s
-        if not self.follows_controller and cfg.controller is None:
-            self._file_endpoints = cfg.endpoints
+        if not self.follows_controller:
             self._endpoints(cfg.endpoint_infos())
         self._broadcast(Reload(cfg=cfg, slots=self.slots))
-
-    def _in_force(self) -> RouterConfig:
-        """What a worker starts from: what its siblings started from, reloaded since. From
-        the file as it is, a restarted worker took restart-only changes its siblings wait
-        on (a new `controller` left it awaiting a list nobody sent, answering 503)."""
-        kept = {f: getattr(self._start_cfg, f) for f in RESTART_ONLY}
-        return msgspec.structs.replace(self.cfg, endpoints=self._file_endpoints, **kept)
 
     def _listed(self, lst: EndpointList) -> None:
         self.listed = lst
@@ -353,23 +344,21 @@ class Supervisor:
             child.close()
         channel = await Channel.open(parent)
         w = _Worker(index, proc, channel)
-        in_force = self._in_force()
         channel.send(
             Setup(
                 index=index,
                 workers=self.n,
                 capacity=self.table.capacity,
                 router_id=self.router_id,
-                cfg=in_force,
+                # In force, not the file as it is (`in_force`): restart-only changes
+                # its siblings wait on (a new `controller`: a list nobody sends) wait here too.
+                cfg=self.cfg,
                 listed=self.listed,
                 slots=self.slots,
                 stats=dict(self.stats),
                 lease=self.lease,
             )
         )
-        if in_force != self.cfg:
-            # Then the file as its siblings were sent it (it logs what waits, as they did).
-            channel.send(Reload(cfg=self.cfg, slots=self.slots))
         w.task = asyncio.create_task(self._serve(w))
         self.workers[index] = w
         log.info(kv("worker started", worker=index, pid=proc.pid))
