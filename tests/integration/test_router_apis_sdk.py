@@ -94,6 +94,19 @@ class TestResponsesSdk:
         assert kinds[-1] in ("response.completed", "response.incomplete")
         await client.close()
 
+    def test_stream_helper_final_response_of_a_cut_reply(self, url: str) -> None:
+        """A stream cut by max_output_tokens ends with response.completed, as vLLM's, so
+        the SDK's responses.stream() gives its final response, status "incomplete"."""
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        with client.responses.stream(model=MODEL, input="cut me", max_output_tokens=3) as s:
+            kinds = [e.type for e in s]
+            final = s.get_final_response()
+        assert kinds[-1] == "response.completed"
+        assert final.status == "incomplete"
+        assert final.incomplete_details is not None
+        assert final.incomplete_details.reason == "max_output_tokens"
+        assert final.output_text
+
     def test_previous_response_id_refused(self, url: str) -> None:
         """previous_response_id is refused with a 400 that names the parameter."""
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)

@@ -8,9 +8,10 @@ same tokens whichever API carries it. Streamed, the events are vLLM's:
 `response.created`, `response.in_progress`, `response.output_item.added`,
 `response.content_part.added`, `response.output_text.delta`…,
 `response.output_text.done`, `response.content_part.done`,
-`response.output_item.done`, then `response.completed` (or
-`response.incomplete` when `max_output_tokens` cut it), each with a
-`sequence_number`, and no `[DONE]`.
+`response.output_item.done`, then `response.completed`, each with a
+`sequence_number`, and no `[DONE]`. A reply `max_output_tokens` cut ends with
+`response.completed` too, its response's status "incomplete", as vLLM's does:
+the SDK's `responses.stream()` takes its final response from that event alone.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ class ResponsesEncoder:
                     "response.output_item.done",
                     {"output_index": 0, "item": self._item("completed")},
                 ),
-                self._event(f"response.{final['status']}", {"response": final}),
+                self._event("response.completed", {"response": final}),
             )
         )
 
