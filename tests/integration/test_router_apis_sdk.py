@@ -169,6 +169,26 @@ class TestMessagesSdk:
         assert kinds[-1] == "message_stop"
         await client.close()
 
+    def test_stop_sequences_end_the_reply(self, url: str) -> None:
+        """stop_sequences end the reply before the first one, whole and streamed, with
+        stop_reason end_turn (vLLM's for a stop string)."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        user: list[anthropic.types.MessageParam] = [{"role": "user", "content": "stop early"}]
+        msg = client.messages.create(
+            model=MODEL, max_tokens=40, messages=user, stop_sequences=["e"]
+        )
+        assert msg.content[0].type == "text"
+        assert "e" not in msg.content[0].text
+        assert msg.stop_reason == "end_turn"
+        assert msg.usage.output_tokens < 40
+        with client.messages.stream(
+            model=MODEL, max_tokens=40, messages=user, stop_sequences=["e"]
+        ) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert "e" not in text
+        assert final.stop_reason == "end_turn"
+
     def test_count_tokens(self, url: str) -> None:
         """messages.count_tokens reaches the engine's /v1/messages/count_tokens."""
         client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)

@@ -2,7 +2,9 @@
 
 `max_tokens` is required, as Anthropic's API has it; `system` (a string or
 text blocks) and the messages' text blocks are tokenized as the chat prompt
-with the same turns. Errors are Anthropic's shape, `{"type": "error",
+with the same turns. `stop_sequences` are chat's `stop` (vLLM passes them on
+so): the reply ends before the first, with stop_reason `end_turn`, as vLLM
+maps any "stop" finish, and `stop_sequence` null. Errors are Anthropic's shape, `{"type": "error",
 "error": {"type", "message"}}`. Usage follows Anthropic's meaning:
 `input_tokens` are the prompt tokens not read from the cache,
 `cache_read_input_tokens` those that were. Streamed: `message_start`,
@@ -13,11 +15,12 @@ with the same turns. Errors are Anthropic's shape, `{"type": "error",
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgspec
 
-from llmgw.simengine import api
+from llmgw.simengine import api, sampling
 from llmgw.simengine.config import SimConfig
 
 _ERROR_TYPES = {
@@ -37,6 +40,7 @@ class MessagesBody(api.GenerationBody, frozen=True, kw_only=True):
     messages: list[dict[str, Any]]
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
 
 
 def error_body(status: int, message: str) -> bytes:
@@ -73,8 +77,10 @@ def parse_messages(raw: bytes, cfg: SimConfig) -> api.Job:
         raise api.SimApiError(400, "max_tokens: Field required", param="max_tokens")
     if not body.messages:
         raise api.SimApiError(400, "messages: at least one message is required")
+    stops = sampling.stop_strings(body.stop_sequences)
     ids = api.chat_ids(chat_messages(body), body.tools, cfg)
-    return api.job_of(body, cfg, ids, body.max_tokens, model=model, chat=True)
+    job = api.job_of(body, cfg, ids, body.max_tokens, model=model, chat=True)
+    return dataclasses.replace(job, stops=stops)
 
 
 class CountBody(msgspec.Struct, frozen=True, kw_only=True):
