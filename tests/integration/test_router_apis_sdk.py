@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import anthropic
 import openai
@@ -217,6 +218,78 @@ class TestMessagesSdk:
         with pytest.raises(anthropic.BadRequestError) as br:
             client.messages.create(model=MODEL, max_tokens=0, messages=user)  # type: ignore[arg-type]
         assert br.value.body["type"] == "error"  # type: ignore[index]
+
+
+WEATHER: anthropic.types.ToolParam = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    },
+}
+ASK: list[anthropic.types.MessageParam] = [{"role": "user", "content": "weather in Oslo?"}]
+
+
+class TestMessagesToolUse:
+    """tools and tool_choice on the Messages API answer tool_use blocks, as vLLM's."""
+
+    def test_any_answers_a_tool_use(self, url: str) -> None:
+        """tool_choice "any" answers a tool_use block whose input has the required
+        properties; stop_reason tool_use."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        msg = client.messages.create(
+            model=MODEL, max_tokens=200, messages=ASK, tools=[WEATHER], tool_choice={"type": "any"}
+        )
+        (block,) = msg.content
+        assert block.type == "tool_use"
+        assert block.name == "get_weather"
+        assert isinstance(block.input, dict)
+        assert isinstance(block.input["city"], str)
+        assert block.id
+        assert msg.stop_reason == "tool_use"
+
+    def test_named_tool_streamed(self, url: str) -> None:
+        """A named tool is called in a stream: a tool_use block its input_json_delta
+        events fill, which the SDK's final message parses; stop_reason end_turn (vLLM's
+        for a named tool)."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        with client.messages.stream(
+            model=MODEL,
+            max_tokens=200,
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice={"type": "tool", "name": "get_weather"},
+        ) as stream:
+            final = stream.get_final_message()
+        (block,) = final.content
+        assert block.type == "tool_use"
+        assert block.name == "get_weather"
+        assert isinstance(block.input, dict)
+        assert "city" in block.input
+        assert final.stop_reason == "end_turn"
+
+    def test_auto_answers_words(self, url: str) -> None:
+        """tools without tool_choice (auto) answer text: the model chose not to call."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        msg = client.messages.create(model=MODEL, max_tokens=3, messages=ASK, tools=[WEATHER])
+        assert msg.content[0].type == "text"
+
+    def test_refusals(self, url: str) -> None:
+        """A tool_choice naming no tool, naming one not in tools, or without tools, and a
+        tool without an input_schema, is vLLM's 400, in Anthropic's shape."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        bad: list[dict[str, Any]] = [
+            {"tools": [WEATHER], "tool_choice": {"type": "tool"}},
+            {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
+            {"tool_choice": {"type": "any"}},
+            {"tools": [{"name": "get_weather"}], "tool_choice": {"type": "any"}},
+        ]
+        for extra in bad:
+            with pytest.raises(anthropic.BadRequestError) as info:
+                client.messages.create(model=MODEL, max_tokens=9, messages=ASK, **extra)
+            assert info.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
 
 
 class TestResponsesBrokenStream:
