@@ -8,12 +8,14 @@ each SDK raises them.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from pydantic import BaseModel
 
 from llmgw.router.request.auth import hash_key
 from llmgw.testing import Program
@@ -27,6 +29,11 @@ pytestmark = pytest.mark.timeout(120)
 
 KEY = "sk-apis-123"
 SYSTEM = "You are a terse assistant for the api tests."
+
+
+class City(BaseModel):
+    name: str
+    people: int
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +114,23 @@ class TestResponsesSdk:
         assert final.incomplete_details is not None
         assert final.incomplete_details.reason == "max_output_tokens"
         assert final.output_text
+
+    def test_json_schema_text_format(self, url: str) -> None:
+        """text.format json_schema answers JSON that fits the schema, as vLLM's structured
+        output: responses.parse reads it into the model, and a stream writes it too."""
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        got = client.responses.parse(model=MODEL, input="a city", text_format=City)
+        assert isinstance(got.output_parsed, City)
+        schema = {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "people": {"type": "integer"}},
+            "required": ["name", "people"],
+            "additionalProperties": False,
+        }
+        fmt: Any = {"format": {"type": "json_schema", "name": "city", "schema": schema}}
+        with client.responses.stream(model=MODEL, input="a city", text=fmt) as s:
+            final = s.get_final_response()
+        assert set(json.loads(final.output_text)) == {"name", "people"}
 
     def test_previous_response_id_refused(self, url: str) -> None:
         """previous_response_id is refused with a 400 that names the parameter."""

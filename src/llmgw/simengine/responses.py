@@ -4,7 +4,9 @@ Stateless only, as vLLM without its response store: `previous_response_id`
 and `background` are refused (400). The input (`instructions`, then `input`
 as a string or a list of messages with `input_text`/`output_text` parts) is
 tokenized as the chat prompt with the same turns, so a conversation costs the
-same tokens whichever API carries it. Streamed, the events are vLLM's:
+same tokens whichever API carries it. A `text.format` json_schema answers
+JSON that fits its `schema` (structured.py), as vLLM's structured output
+does; other formats answer words. Streamed, the events are vLLM's:
 `response.created`, `response.in_progress`, `response.output_item.added`,
 `response.content_part.added`, `response.output_text.delta`…,
 `response.output_text.done`, `response.content_part.done`,
@@ -16,11 +18,12 @@ the SDK's `responses.stream()` takes its final response from that event alone.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgspec
 
-from llmgw.simengine import api, tokenizer
+from llmgw.simengine import api, structured, tokenizer
 from llmgw.simengine.config import SimConfig
 
 _TEXT = frozenset({"input_text", "output_text", "text"})
@@ -33,6 +36,7 @@ class ResponsesBody(api.GenerationBody, frozen=True, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     previous_response_id: str | None = None
     background: bool | None = False
+    text: dict[str, Any] | None = None
 
 
 def _content(content: Any) -> Any:
@@ -77,8 +81,23 @@ def parse_responses(raw: bytes, cfg: SimConfig) -> api.Job:
         )
     if body.background:
         raise api.SimApiError(400, "background responses need the response store")
+    script = _format_text(body.text)
     ids = api.chat_ids(chat_messages(body), body.tools, cfg)
-    return api.job_of(body, cfg, ids, body.max_output_tokens, model=model, chat=True)
+    job = api.job_of(body, cfg, ids, body.max_output_tokens, model=model, chat=True)
+    return dataclasses.replace(job, script=script)
+
+
+def _format_text(text: dict[str, Any] | None) -> str | None:
+    """The JSON a `text.format` json_schema asks for (structured.py); None: words, as vLLM
+    answers any other format."""
+    fmt = None if text is None else text.get("format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return None
+    if not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), dict):
+        raise api.SimApiError(
+            400, "text.format json_schema needs a `name` and a `schema`", param="text"
+        )
+    return structured.json_text(fmt["schema"])
 
 
 def usage(u: dict[str, Any]) -> dict[str, Any]:
