@@ -132,6 +132,30 @@ class TestResponsesSdk:
             final = s.get_final_response()
         assert set(json.loads(final.output_text)) == {"name", "people"}
 
+    def test_request_fields_echoed(self, url: str) -> None:
+        """The response echoes the request's instructions, metadata, temperature, top_p and
+        tools, as vLLM's, whole and in a stream's response.created."""
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        tool: Any = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+        asked: Any = {
+            "model": MODEL,
+            "input": "echo",
+            "instructions": SYSTEM,
+            "metadata": {"job": "42"},
+            "temperature": 0.25,
+            "top_p": 0.5,
+            "tools": [tool],
+            "max_output_tokens": 2,
+        }
+        whole = client.responses.create(**asked)
+        with client.responses.stream(**asked) as s:
+            created = next(e for e in s if e.type == "response.created").response
+        for got in (whole, created):
+            assert got.instructions == SYSTEM
+            assert got.metadata == {"job": "42"}
+            assert (got.temperature, got.top_p) == (0.25, 0.5)
+            assert [t.name for t in got.tools if t.type == "function"] == ["f"]
+
     def test_previous_response_id_refused(self, url: str) -> None:
         """previous_response_id is refused with a 400 that names the parameter."""
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
