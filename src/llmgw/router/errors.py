@@ -8,6 +8,7 @@ Everything the router raises on purpose derives from `RouterError`:
     │   ├── UpstreamConnectError nothing reached the engine: always safe to retry
     │   ├── UpstreamTimeout      the deadline passed before the engine answered
     │   ├── UpstreamBroken       the response broke after it had started
+    │   ├── AnswerTooLarge       an answer read whole (a scrape) passed its bound
     │   └── ScrapeFailed         an engine's /metrics could not be read (scrape.py)
     ├── MetricsParseError        an engine's /metrics lacks a figure the router needs
     ├── ControllerCallFailed     the controller did not answer usefully
@@ -58,6 +59,10 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamBroken(UpstreamError):
     """The engine's response stopped before it was complete."""
+
+
+class AnswerTooLarge(UpstreamError):
+    """An answer read whole (an engine's /metrics) passed its bound; the rest is unread."""
 
 
 class RouterConfigError(RouterError):
