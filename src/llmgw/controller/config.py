@@ -209,9 +209,14 @@ def derive_advertise_url(given: str | None, host: str, port: int) -> str | None:
 
 
 def url_problem(url: str) -> str | None:
-    """Why `url` cannot be --advertise-url, or None: an http(s) URL with a host, no query."""
+    """Why `url` cannot be --advertise-url, or None: an http(s) URL with a host, no query,
+    no user name or password (one would be logged and stored as the leader's URL, and a
+    standby's relay cannot send it beside the router's Authorization: a 500 per report)."""
     try:
         parts = urllib.parse.urlsplit(url)
+        if "@" in parts.netloc:
+            # Said without the URL: the part before "@" may be a password.
+            return "a URL with a user name or password (give the host and port only)"
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number
     except ValueError as exc:
         return f"{url!r}: {exc}"
