@@ -68,6 +68,17 @@ class Tenant:
         self.guarded = self.models is not None or key.limited
 
 
+def model_not_allowed(name: str, model: str) -> Whole:
+    """The refusal of `model` to the key `name`, whose `models` do not hold it."""
+    return error_response(
+        403,
+        f"The API key {name!r} may not use the model {quoted_name(model)!r}.",
+        type="invalid_request_error",
+        code="model_not_allowed",
+        param="model",
+    )
+
+
 class _Bucket:
     """A token bucket: `share` per minute, refilled evenly, starting with `share` in it.
 
@@ -298,13 +309,7 @@ class Tenants:
     def admit(self, tenant: Tenant, model: str, body_bytes: int) -> Charge | Whole | None:
         """A refusal, or None (nothing to count), or the Charge to settle after the answer."""
         if tenant.models is not None and model not in tenant.models:
-            return error_response(
-                403,
-                f"The API key {tenant.name!r} may not use the model {quoted_name(model)!r}.",
-                type="invalid_request_error",
-                code="model_not_allowed",
-                param="model",
-            )
+            return model_not_allowed(tenant.name, model)
         key = tenant.key
         if not key.limited:
             return None
