@@ -25,6 +25,7 @@ from pathlib import Path
 import msgspec
 
 from llmgw.router.config import ControllerConfig, RouterConfig, load, restart_only_changes
+from llmgw.router.control.listread import ListReader
 from llmgw.router.control.reloadstatus import ReloadStatus, started
 from llmgw.router.errors import (
     ControllerCallFailed,
@@ -148,6 +149,7 @@ class ControllerClient:
         self._upstream = upstream
         self._base = cfg.url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
+        self._lists = ListReader()
 
     async def endpoints(self, *, after: int | None) -> EndpointList | None:
         """The list when it is newer than `after` (None: no change before the poll ended)."""
@@ -166,7 +168,7 @@ class ControllerClient:
         if status != 200:
             raise ControllerCallFailed(f"GET /v1/endpoints answered {status}")
         try:
-            return msgspec.json.decode(body, type=EndpointList)
+            return self._lists.read(body)
         except msgspec.DecodeError as exc:
             raise ControllerCallFailed(f"bad endpoint list: {exc}") from exc
 

@@ -79,7 +79,8 @@ class Listed(msgspec.Struct, tag=True, frozen=True, kw_only=True):
 class Leased(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     """After each usage report: the controller's lease answer, if it came.
 
-    Each worker enforces 1/workers of the router's shares (control/leases.py).
+    Each worker enforces the router's whole RPM and TPM shares on the buckets all
+    workers share, and spends 1/workers of its budget allowances (control/leases.py).
     """
 
     # False: the report failed; the workers only check whether their lease expired.
