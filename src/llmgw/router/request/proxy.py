@@ -49,12 +49,13 @@ from llmgw.router.request.intake import refused as logged_refusal
 from llmgw.router.request.refusals import (
     bad_request,
     flow_refused,
+    model_not_allowed,
     model_not_found,
     unauthorized,
     unavailable,
 )
 from llmgw.router.request.relay import Tally, relay
-from llmgw.router.request.tenants import Charge, Tenant, model_not_allowed
+from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.request.tokens import Usage, usage_of
 from llmgw.router.request.tracing import Tracing, passed_on
 from llmgw.router.request.waits import (

@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterable
 
 from llmgw.router.http.answers import Whole
-from llmgw.router.request.refusals import error_response, quoted_name
+from llmgw.router.request.refusals import error_response, model_not_allowed
 from llmgw.router.workers import keytable
 from llmgw.router.workers.keytable import KeyRow, KeyTable
 from llmgw.runtime.clock import Clock
@@ -75,17 +75,6 @@ class Tenant:
         self.expires_at = key.expires_at
         # Whether a request of this key needs `Tenants.admit` at all.
         self.guarded = self.models is not None or key.limited
-
-
-def model_not_allowed(name: str, model: str) -> Whole:
-    """The refusal of `model` to the key `name`, whose `models` do not hold it."""
-    return error_response(
-        403,
-        f"The API key {name!r} may not use the model {quoted_name(model)!r}.",
-        type="invalid_request_error",
-        code="model_not_allowed",
-        param="model",
-    )
 
 
 class _Bucket:
