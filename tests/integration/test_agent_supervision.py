@@ -40,6 +40,8 @@ class ScriptedController:
         self.beats: list[Heartbeat] = []
         # While True, answer 503 like a standby controller.
         self.down = False
+        # Changes the reply's JSON before it is sent (what a newer controller may add).
+        self.edit: Callable[[dict[str, Any]], None] | None = None
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -52,7 +54,12 @@ class ScriptedController:
         assert hb.node == request.match_info["node"]
         self.beats.append(hb)
         reply = HeartbeatReply(shards=self.desired, interval_s=INTERVAL_S)
-        return web.Response(body=msgspec.json.encode(reply), content_type="application/json")
+        body = msgspec.json.encode(reply)
+        if self.edit is not None:
+            doc = msgspec.json.decode(body)
+            self.edit(doc)
+            body = msgspec.json.encode(doc)
+        return web.Response(body=body, content_type="application/json")
 
     async def start(self) -> None:
         app = web.Application()

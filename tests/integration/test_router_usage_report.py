@@ -264,11 +264,11 @@ class TestStandaloneRouter:
 
 
 class TestWorkersLease:
-    """A router of two workers holds one share of a key's rpm, split between them."""
+    """A router of two workers holds one share of a key's rpm, one bucket for both."""
 
     def test_two_workers_admit_the_routers_share_not_each(self, fleet: Fleet) -> None:
-        """The workers' shares add up on /metrics to the router's; hammered, the router
-        admits about its share, not twice it."""
+        """Each worker shows the router's share, merged on /metrics as one; hammered, the
+        router admits about its share, not twice it."""
         r = ctl(fleet.c.url, "keys", "create", "limited", "--team", "lim", "--rpm", "60")
         assert r.code == 0, r.err
         key = r.out.splitlines()[-1]
@@ -294,5 +294,5 @@ class TestWorkersLease:
                 except openai.RateLimitError:
                     pass
             took_s = time.monotonic() - started
-        # Each worker's bucket holds its half (at least one request), refilled at its rate.
+        # The workers' one bucket holds the router's share, refilled at its rate.
         assert admitted <= two * (1 + took_s / 60) + 2, (admitted, two, took_s)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from llmgw.adminclient.client import Response
 from llmgw.wire.adapters import AdapterSpec
@@ -116,3 +117,92 @@ class TestStatesOfANewerController:
         run = run_ctl(["nodes", "-o", "tsv"], Scripted(answers), tmp_path)
         assert (run.code, run.err) == (0, "")
         assert run.out.splitlines()[1].split("\t")[1] == "repairing"
+
+
+class TestKeyValuesOfANewerController:
+    """`ctl keys list` reads a key whose band or budget this version does not know."""
+
+    def test_keys_list_shows_a_band_added_since(self, tmp_path: Path) -> None:
+        """A key in a priority band added later is listed with that band."""
+        answers = {"/admin/keys": Response(200, newer([KEY], priority="realtime"))}
+        run = run_ctl(["keys", "list", "-o", "tsv"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert run.out.splitlines()[1].split("\t")[6] == "realtime"
+
+    def test_keys_list_shows_a_budget_with_an_added_field_or_period(self, tmp_path: Path) -> None:
+        """A budget carrying a field ctl does not know, or a period added later, is shown."""
+        doc = json.loads(msgspec.json.encode([KEY, KEY]))
+        doc[0]["budget"]["rollover"] = True
+        doc[1]["budget"]["per"] = "quarter"
+        answers = {"/admin/keys": Response(200, json.dumps(doc).encode())}
+        run = run_ctl(["keys", "list", "-o", "tsv"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        budgets = [line.split("\t")[5] for line in run.out.splitlines()[1:]]
+        assert budgets == ["1000/day", "1000/quarter"]
+
+
+def newer_spec(view: ModelView, **over: Any) -> bytes:
+    """[view] as this version encodes it, with `over` set in its spec."""
+    doc = json.loads(msgspec.json.encode([view]))
+    doc[0]["spec"].update(over)
+    return json.dumps(doc).encode()
+
+
+NEWER_SPEC_VALUES = [
+    {"engine": "trtllm"},
+    {"env_from": {"HF_TOKEN": {"vault": "kv/hf"}}},
+    {"sleep_mode": True, "sleep_level": 3},
+    {"engine": "llamacpp", "nodes": 2},
+]
+
+
+class TestSpecValuesOfANewerController:
+    """`ctl models` and `ctl apply` read a spec holding a value this version does not know."""
+
+    @pytest.mark.parametrize(
+        "over", NEWER_SPEC_VALUES, ids=["engine", "secret-kind", "sleep-level", "rule"]
+    )
+    def test_models_shows_the_model(self, tmp_path: Path, over: dict[str, Any]) -> None:
+        """The model's row is shown, its engine as the controller says."""
+        answers = {"/admin/models": Response(200, newer_spec(MODEL, **over))}
+        run = run_ctl(["models", "-o", "tsv"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        engine = over.get("engine", "sim")
+        assert run.out.splitlines()[1].split("\t")[:2] == ["m", engine]
+
+    def test_apply_reports_a_model_of_an_engine_added_since(self, tmp_path: Path) -> None:
+        """An apply answered with a spec of an engine kind ctl does not know is reported."""
+        spec_file = tmp_path / "m.yaml"
+        spec_file.write_text("name: m\nengine: sim\ngpu_classes: [H100-80G]\n")
+        answers = {"/admin/models": Response(200, newer_spec(MODEL, engine="trtllm"))}
+        run = run_ctl(["apply", "-f", str(spec_file)], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert "model m applied" in run.out
+
+
+class TestJsonOfANewerController:
+    """`-o json` prints the controller's answer, what ctl does not know included."""
+
+    def test_keys_list_json_keeps_an_added_field(self, tmp_path: Path) -> None:
+        """A key field ctl does not know is in `keys list -o json`, with its value."""
+        answer = newer([KEY], max_parallel=4)
+        answers = {"/admin/keys": Response(200, answer)}
+        run = run_ctl(["keys", "list", "-o", "json"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert json.loads(run.out) == json.loads(answer)
+
+    def test_models_json_keeps_an_added_spec_field(self, tmp_path: Path) -> None:
+        """A spec field ctl does not know is in `models --json`, where the controller put it."""
+        answer = newer_models(MODEL, warm_pool=2)
+        answers = {"/admin/models": Response(200, answer)}
+        run = run_ctl(["models", "--json"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert json.loads(run.out) == json.loads(answer)
+
+    def test_replicas_json_keeps_an_added_field(self, tmp_path: Path) -> None:
+        """A replica field ctl does not know is in `replicas --json`."""
+        answer = newer([replica_view("r-1")], migration="pending")
+        answers = {"/admin/replicas": Response(200, answer)}
+        run = run_ctl(["replicas", "--json"], Scripted(answers), tmp_path)
+        assert (run.code, run.err) == (0, "")
+        assert json.loads(run.out) == json.loads(answer)

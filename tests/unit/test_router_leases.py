@@ -204,14 +204,20 @@ class TestKeeper:
         clock.advance(11.0)
         assert keeper.expire() == {SHA: (5.0, 0.0)}
 
-    def test_workers_split_the_share(self) -> None:
-        """With --workers 4 each worker enforces a quarter, and their demands add up."""
+    def test_workers_share_the_rate_and_split_the_budget(self) -> None:
+        """With --workers 4 each worker enforces the whole share on the bucket they share,
+        spends a quarter of the budget allowance, and their demands add up."""
         keeper = LeaseKeeper(clock=ManualClock())
         keeper.split = 4
-        assert keeper.answer(answer(40.0)) == {SHA: (10.0, 0.0)}
-        a = KeyDemand(sha256=SHA, requests=1.0, tokens=2.0, rpm_held=10.0)
-        b = KeyDemand(sha256=SHA, requests=3.0, tokens=4.0)
-        assert add_demand(a, b) == KeyDemand(sha256=SHA, requests=4.0, tokens=6.0, rpm_held=10.0)
+        assert keeper.answer(answer(40.0)) == {SHA: (40.0, 0.0)}
+        budget = KeyLease(sha256=SHA, rpm=40.0, rpm_limit=60, budget=800.0, budget_left=1000.0)
+        keeper.answer(LeaseAnswer(leases=[budget], lease_s=10.0, routers=3))
+        assert keeper.allowances() == {SHA: (200.0, 200.0)}
+        a = KeyDemand(sha256=SHA, requests=1.0, tokens=2.0, rpm_held=40.0, budget_held=5.0)
+        b = KeyDemand(sha256=SHA, requests=3.0, tokens=4.0, rpm_held=40.0, budget_held=7.0)
+        assert add_demand(a, b) == KeyDemand(
+            sha256=SHA, requests=4.0, tokens=6.0, rpm_held=40.0, budget_held=12.0
+        )
 
     def test_a_controller_without_leases_turns_leasing_off(self) -> None:
         """An answer without a body (a controller from before leases): no shares, no leasing."""

@@ -199,6 +199,9 @@ class AdminClient:
         self._token = token
         self._timeout_s = timeout_s
         self._transport = transport or UrllibTransport()
+        # The last answer as the controller sent it, parsed but not through the typed
+        # view (which leaves out what a newer controller added): `ctl -o json` prints it.
+        self.answer: object = None
 
     # -- reads ---------------------------------------------------------------
 
@@ -352,11 +355,14 @@ class AdminClient:
                 status=resp.status,
             )
         try:
-            return _decode(resp.body, kind)
+            decoded = _decode(resp.body, kind)
+            # Not nested deeper for ignoring the fields the view skipped: raised here too.
+            self.answer = _decode(resp.body, object)
         except msgspec.DecodeError as exc:
             raise AdminServerFailed(
                 f"{method} {path}: the controller's answer does not decode ({exc})"
             ) from exc
+        return decoded
 
     def _not_a_controller(self) -> str | None:
         """After a 404: None if a controller answers here, else a one-line hint.

@@ -5,7 +5,7 @@ Layout:
     main.py, config.py, app.py   the program: flags (over an optional YAML file), wiring,
                                  the loopback HTTP surface
     service.py                   GPUs, engines and heartbeats wired together, as two loops
-    heartbeat.py                 report what is, receive what should be
+    heartbeat.py, replyread.py   report what is, receive what should be (shard by shard)
     supervisor.py, shards.py     start what is desired, stop what is not, say how each does
     enginecalls.py               calls to running engines (sleep, wake, adapters), beside the tick
     engineprocs.py, probe.py     engine processes (started or adopted) and their readiness

@@ -28,6 +28,7 @@ import aiohttp
 import msgspec
 
 from llmgw.agent.errors import AgentError
+from llmgw.agent.replyread import read_reply
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
@@ -116,7 +117,7 @@ class ControllerClient:
             cls = HeartbeatRejected if 400 <= status < 500 else HeartbeatFailed
             raise cls(f"{url}: HTTP {status}: {text}")
         try:
-            return msgspec.json.decode(body, type=HeartbeatReply)
+            return read_reply(body)
         except msgspec.DecodeError as exc:
             raise HeartbeatFailed(f"{url}: bad reply: {exc}") from exc
 

@@ -20,6 +20,7 @@ from llmgw.agent.gpus.base import GpuInventory
 from llmgw.agent.heartbeat import Heartbeater, HeartbeatSender
 from llmgw.agent.hostmem import host_memory_mib
 from llmgw.agent.probe import HealthProbe
+from llmgw.agent.replyread import ReadReply, UnreadShard, failed_statuses
 from llmgw.agent.supervisor import Supervisor
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
@@ -75,6 +76,8 @@ class Agent:
         # Set when they stopped because the state folder was refused at run time (a
         # symlink planted at the state file's temp name): one line, exit 2, as at start.
         self.refusal: str | None = None
+        # Shards the last reply listed that this agent cannot read (replyread.py).
+        self._unread: tuple[UnreadShard, ...] = ()
         self.heartbeater = Heartbeater(
             client=client,
             build=self.heartbeat,
@@ -91,7 +94,7 @@ class Agent:
             gpus=self.inventory.gpus(),
             fabrics=self.config.fabric,
             labels=dict(self.config.label),
-            shards=self.supervisor.statuses(),
+            shards=self.statuses(),
             agent_started_at=self.started_at,
             seq=self.seq,
             port_range=self.config.ports,
@@ -100,7 +103,26 @@ class Agent:
         )
 
     def _on_reply(self, reply: HeartbeatReply) -> None:
-        self.supervisor.apply(reply.shards)
+        unread = reply.unread if isinstance(reply, ReadReply) else ()
+        before = {u.key for u in self._unread}
+        for u in unread:
+            if u.key not in before:
+                log.error(
+                    kv(
+                        "shard not started, cannot read it",
+                        replica=u.replica_id,
+                        rank=u.rank,
+                        error=u.reason,
+                    )
+                )
+        self._unread = unread
+        self.supervisor.apply(reply.shards, unread={u.key for u in unread})
+
+    def statuses(self) -> tuple[ShardStatus, ...]:
+        """The supervisor's shards and those listed that this agent cannot read, sorted."""
+        running = self.supervisor.statuses()
+        failed = failed_statuses(self._unread, {(s.replica_id, s.rank) for s in running})
+        return tuple(sorted((*running, *failed), key=lambda s: (s.replica_id, s.rank)))
 
     def status(self) -> AgentStatus:
         hb = self.heartbeater
@@ -111,9 +133,7 @@ class Agent:
             agent_started_at=self.started_at,
             gpus=self.inventory.gpus(),
             # The engines' keys go to the controller only, never to this page.
-            shards=tuple(
-                msgspec.structs.replace(st, api_key="") for st in self.supervisor.statuses()
-            ),
+            shards=tuple(msgspec.structs.replace(st, api_key="") for st in self.statuses()),
             controller=ControllerView(
                 url=self._client.url,
                 last_ok_at=hb.last_ok_at,

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import re
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -172,8 +172,12 @@ class Supervisor:
             self._shards[sh.key] = sh
         self._save()
 
-    def apply(self, desired: Sequence[ShardSpec]) -> None:
-        """Make the running set match `desired`, the controller's complete list for this node."""
+    def apply(
+        self, desired: Sequence[ShardSpec], *, unread: Collection[tuple[str, int]] = ()
+    ) -> None:
+        """Make the running set match `desired`, the controller's complete list for this node;
+        `unread`: shards it also lists that this agent cannot read (replyread.py), left as
+        they are."""
         want = {(s.replica_id, s.rank): s for s in desired}
         # Known before anything starts: the first shard of this list must not
         # take the port a later one's rank 0 is about to listen on.
@@ -191,6 +195,8 @@ class Supervisor:
                 # Nor is sleeping: the engine is put to sleep or woken in place (tick).
                 if want[key].sleep_level != sh.spec.sleep_level:
                     sh.spec = msgspec.structs.replace(sh.spec, sleep_level=want[key].sleep_level)
+                continue
+            if key in unread:
                 continue
             if sh.proc is None:
                 del self._shards[key]

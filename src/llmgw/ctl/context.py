@@ -58,6 +58,15 @@ class Ctx:
 
         return choose(self.output, json_flag=json_flag, is_terminal=self.is_terminal())
 
+    def print_answer(self, *, index: int | None = None) -> None:
+        """The controller's last answer (its item `index` of a list) as it sent it: docs/
+        ctl.md promises the controller's value exactly, and the typed view leaves out
+        what a newer controller added."""
+        answer = self.client().answer
+        if index is not None and isinstance(answer, list):
+            answer = answer[index]
+        self.print_json(answer)
+
     def print_json(self, value: object) -> None:
         """A wire value as indented JSON, field names exactly as the controller sends them."""
         import msgspec

@@ -20,7 +20,7 @@ Layout (each sub-package's docstring says more); a request goes down this list:
     upstream/            how the router talks to engines (keep-alive pools)
     control/             the controller link: endpoint lists and config, usage reports
     workers/             `--workers N`: the pool, each worker, their channel, the
-                         in-flight table they share, merged metrics
+                         in-flight and key tables they share, merged metrics
 
 Importing this package runs nothing: `main` loads the compiled build before it
 imports any of the hot modules (compiled.py).

@@ -18,6 +18,7 @@ Everything the router raises on purpose derives from `RouterError`:
     ├── NoReplica                nothing could serve the request within its deadline
     ├── FlowRefused              flow control's queue was full, or the wait too long
     ├── KeyRevoked               the request's key was revoked (or expired) while it waited
+    │   └── ModelNotAllowed      its key's `models` lost the request's model while it waited
     └── ModelRemoved             the request's model left the router's models while it waited
 
 The upstream clients raise only `UpstreamError`s: a transport's exception
@@ -138,6 +139,17 @@ class KeyRevoked(RouterError):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name
+
+
+class ModelNotAllowed(KeyRevoked):
+    """The request's key is still in force, but its `models` no longer hold the
+    request's model (narrowed while the request waited): refused as a new request with
+    the key would be (403), a `KeyRevoked` so that every wait that re-checks the key
+    refuses it the same way."""
+
+    def __init__(self, name: str, model: str) -> None:
+        super().__init__(name)
+        self.model = model
 
 
 class ModelRemoved(RouterError):

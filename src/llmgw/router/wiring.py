@@ -108,7 +108,9 @@ class Router:
         # it is unreachable, as the endpoints are); their counts (tenants.py).
         self._controller_keys: tuple[ClientKey, ...] = ()
         self._keys_required = False
-        self.tenants = Tenants(clock=clock)
+        # With workers, a key's buckets are one per router, in their shared memory.
+        table = shared.keys if shared is not None and shared.workers > 1 else None
+        self.tenants = Tenants(clock=clock, table=table)
         # This router's shares of the controller's limited keys (control/leases.py).
         self.leases = LeaseKeeper(clock=clock)
         # Asks for a usage report now (set by whoever reports): a key waits for its share.

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from llmgw.wire.adapters import AdapterSpec
-from llmgw.wire.agent import GPU
+from llmgw.wire.agent import GPU, SecretRef
 from llmgw.wire.models import ModelSpec, RoutingSpec
 from llmgw.wire.usage import FlowQueued
 
@@ -135,10 +135,31 @@ class _RoutingRead(RoutingSpec, frozen=True, kw_only=True, forbid_unknown_fields
     """A spec's routing as ModelViewRead reads it."""
 
 
-class _SpecRead(ModelSpec, frozen=True, kw_only=True, forbid_unknown_fields=False):
-    """A spec as ModelViewRead reads it."""
+class _SecretRefRead(SecretRef, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """A secret reference as ModelViewRead reads it: one of a kind added since has
+    neither `env` nor `file`."""
 
+    def __post_init__(self) -> None:
+        pass
+
+
+class _SpecRead(ModelSpec, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """A spec as ModelViewRead reads it: shown, never acted on.
+
+    Its engine, sleep level and secret references are read as they come, not as this
+    version's Literals, and this version's rules across fields are not applied: each
+    value or rule a newer controller added (an engine kind) failed `ctl models` whole.
+    The Literals are the operator's, checked where a spec comes in.
+    """
+
+    # The ignores widen ModelSpec's Literals for this view only (see the docstring).
+    engine: str  # type: ignore[assignment]
+    sleep_level: int | None = None  # type: ignore[assignment]
+    env_from: dict[str, _SecretRefRead] = msgspec.field(default_factory=dict)  # type: ignore[assignment]
     routing: _RoutingRead = _RoutingRead()
+
+    def __post_init__(self) -> None:
+        pass
 
 
 class _AdapterRead(AdapterSpec, frozen=True, kw_only=True, forbid_unknown_fields=False):

@@ -125,9 +125,9 @@ class SecretRef(
     A reference, never a value: the controller stores and shows the reference, the agent
     resolves it just before it starts the engine (docs/security.md, "Secrets in specs").
     Unknown fields are refused even on the agent's side: an agent that does not know a
-    kind of reference must not start the engine without its secret. It refuses the whole
-    heartbeat answer (logged; what runs keeps running), so a new kind of reference needs
-    agents upgraded before specs use it.
+    kind of reference must not start the engine without its secret. It fails that shard
+    (agent/replyread.py; the rest of the answer is acted on), so a new kind of reference
+    needs agents upgraded before specs use it.
     """
 
     # A variable of the agent's own environment.
@@ -184,6 +184,10 @@ class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HeartbeatReply(msgspec.Struct, frozen=True, kw_only=True):
+    """The controller's answer to a heartbeat. The agent reads it shard by shard
+    (agent/replyread.py): a shard it cannot read (an engine kind added since) fails
+    alone."""
+
     # The complete desired set for this node: start what is missing, stop what is
     # not listed.
     shards: tuple[ShardSpec, ...]

@@ -97,7 +97,12 @@ class EndpointInfo(
 
 
 class EndpointList(msgspec.Struct, frozen=True, kw_only=True):
-    """Answer of `GET /v1/endpoints?after=VERSION` (long-poll)."""
+    """Answer of `GET /v1/endpoints?after=VERSION` (long-poll).
+
+    Routers read it entry by entry (router/control/listread.py): what a newer
+    controller adds to an endpoint or an outlook is ignored or left out, and a key with
+    a field or value they do not know is refused, never served with fewer limits.
+    """
 
     # Strictly increasing while one controller's store lives; a router that sees a
     # smaller version than it holds takes the list anyway (the store was replaced).

@@ -34,7 +34,15 @@ MAX_KEY_MODELS = 1024
 MAX_EXPIRES_IN_S = 100 * 366 * 86400
 
 
-class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class BudgetView(msgspec.Struct, frozen=True, kw_only=True):
+    """A budget as a key view shows it (KeyView): what `Budget` holds, read leniently."""
+
+    tokens: int
+    # A BudgetPeriod; a str in views: ctl reads them from a controller that may be newer.
+    per: str
+
+
+class Budget(BudgetView, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Tokens (prompt + completion) a key may use per calendar period (UTC)."""
 
     tokens: Limit
@@ -109,14 +117,21 @@ class KeyShare(msgspec.Struct, frozen=True, kw_only=True):
     budget: float | None = None
 
 
-class KeyView(KeyLimits, frozen=True, kw_only=True, forbid_unknown_fields=False):
+class KeyView(msgspec.Struct, frozen=True, kw_only=True):
     """A key as `GET /admin/keys` shows it: never the key, never its hash.
 
-    Unlike the limits it carries, unknown fields are ignored: ctl reads this from a
-    controller that may be newer (controllers are upgraded first), and refusing a
-    field it does not know failed `keys list`, and `keys create` after the key was made.
+    KeyLimits' fields, read leniently: ctl reads this from a controller that may be
+    newer (controllers are upgraded first), and a field, a band or a budget period it
+    did not know failed `keys list`, and `keys create` after the key was made. Unknown
+    fields are ignored, and the band and period are strings.
     """
 
+    models: tuple[str, ...] = ()
+    rpm: int | None = None
+    tpm: int | None = None
+    budget: BudgetView | None = None
+    # A Priority ("standard" when the key names none).
+    priority: str = "standard"
     name: str
     team: str
     created_at: float

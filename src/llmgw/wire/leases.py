@@ -35,8 +35,15 @@ class KeyDemand(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     budget_held: Rate | None = None
 
 
-class KeyLease(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One router's share of one key's limits; None where the key has no such limit."""
+class KeyLease(msgspec.Struct, frozen=True, kw_only=True):
+    """One router's share of one key's limits; None where the key has no such limit.
+
+    Unknown fields are ignored: routers read this from a controller that may be newer
+    (controllers are upgraded first), and refusing a field they did not know dropped
+    every answer, so each router fell back to limit / routers for the whole upgrade.
+    A limit the router does not know is not lost here: the key carrying it is refused
+    in the endpoint list (router/control/listread.py).
+    """
 
     sha256: Sha256
     rpm: Rate | None = None

@@ -93,7 +93,7 @@ def _problem(exc: msgspec.ValidationError, fields: dict[str, object]) -> str:
 def create(args: argparse.Namespace, ctx: Ctx) -> int:
     created = ctx.client().create_key(_request(args))
     if ctx.format(json_flag=args.json) == "json":
-        ctx.print_json(created)
+        ctx.print_answer()
         return 0
     ctx.out.write(
         visible(f"key {created.name} of team {created.team} created; it is shown only once:") + "\n"
@@ -108,7 +108,7 @@ def create(args: argparse.Namespace, ctx: Ctx) -> int:
 def revoke(args: argparse.Namespace, ctx: Ctx) -> int:
     answer = ctx.client().revoke_key(args.name)
     if ctx.format(json_flag=args.json) == "json":
-        ctx.print_json(answer)
+        ctx.print_answer()
         return 0
     ctx.out.write(visible(f"key {answer.revoked} revoked; routers refuse it within seconds") + "\n")
     return 0
@@ -172,7 +172,7 @@ def list_keys(args: argparse.Namespace, ctx: Ctx) -> int:
     views = ctx.client().keys()
     fmt = ctx.format(json_flag=args.json)
     if fmt == "json":
-        ctx.print_json(views)
+        ctx.print_answer()
         return 0
     table = keys_table(views, now=ctx.clock.wall())
     if fmt in ("wide", "tsv"):

@@ -58,7 +58,8 @@ def status(args: argparse.Namespace, ctx: Ctx) -> int:
     if fmt == "json":
         if args.watch:
             raise CtlError("--watch and --json do not combine")
-        ctx.print_json(ctx.client().summary())
+        ctx.client().summary()
+        ctx.print_answer()
         return 0
     if not args.watch:
         console = ctx.console()
@@ -113,7 +114,7 @@ def nodes(args: argparse.Namespace, ctx: Ctx) -> int:
     views = ctx.client().nodes()
     fmt = ctx.format(json_flag=args.json)
     if fmt == "json":
-        ctx.print_json(views)
+        ctx.print_answer()
     else:
         table = tables.nodes_table(views, now=ctx.clock.wall())
         _print_table(ctx, fmt, table, len(views), "nodes")
@@ -124,7 +125,7 @@ def models(args: argparse.Namespace, ctx: Ctx) -> int:
     views = ctx.client().models()
     fmt = ctx.format(json_flag=args.json)
     if fmt == "json":
-        ctx.print_json(views)
+        ctx.print_answer()
     else:
         _print_table(ctx, fmt, tables.models_table(views), len(views), "models")
     return 0
@@ -134,7 +135,7 @@ def replicas(args: argparse.Namespace, ctx: Ctx) -> int:
     views = ctx.client().replicas(model=args.model, state=args.state)
     fmt = ctx.format(json_flag=args.json)
     if fmt == "json":
-        ctx.print_json(views)
+        ctx.print_answer()
     else:
         _print_table(ctx, fmt, tables.replicas_table(views), len(views), "replicas")
     return 0
@@ -148,13 +149,13 @@ def events(args: argparse.Namespace, ctx: Ctx) -> int:
     if args.detail is not None:
         event = client.event(args.detail)
         if fmt == "json":
-            ctx.print_json(event)
+            ctx.print_answer(index=0)
         else:
             ctx.out.write(tables.event_detail(event))
         return 0
     views = client.events(model=args.model, replica=args.replica, node=args.node, limit=args.limit)
     if fmt == "json":
-        ctx.print_json(views)
+        ctx.print_answer()
     else:
         _print_table(ctx, fmt, tables.events_table(views), len(views), "events")
     return 0

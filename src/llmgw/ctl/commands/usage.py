@@ -58,7 +58,7 @@ def usage(args: argparse.Namespace, ctx: Ctx) -> int:
     answer = ctx.client().usage(by=args.by, since_s=args.since)
     fmt = ctx.format(json_flag=args.json)
     if fmt == "json":
-        ctx.print_json(answer)
+        ctx.print_answer()
         return 0
     if not answer.rows and fmt != "tsv":
         ctx.err.write(f"no usage since {hour_cell(answer.since)} UTC\n")

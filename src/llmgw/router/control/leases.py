@@ -59,8 +59,10 @@ class LeaseKeeper:
         self._allowances: dict[str, tuple[float, float]] = {}
         # None: no answer yet; False: the controller leases nothing.
         self.leasing: bool | None = None
-        # Processes the router's shares are split over (--workers N): each enforces
-        # 1/split of them; their supervisor adds their demands up (add_demand).
+        # Processes the router's budget allowances are split over (--workers N): each
+        # spends 1/split of them; their supervisor adds their demands up (add_demand).
+        # RPM and TPM are not split: the workers spend one bucket per key, each enforcing
+        # the router's whole share on it (request/tenants.py).
         self.split = 1
 
     def demand(self, asked: dict[str, tuple[int, int, float | None]]) -> list[KeyDemand]:
@@ -108,12 +110,10 @@ class LeaseKeeper:
         self._routers = max(1, got.routers)
         n = self.split
         self._limits = {
-            ls.sha256.lower(): ((ls.rpm_limit or 0) / n, (ls.tpm_limit or 0) / n)
+            ls.sha256.lower(): (float(ls.rpm_limit or 0), float(ls.tpm_limit or 0))
             for ls in got.leases
         }
-        self._shares = {
-            ls.sha256.lower(): ((ls.rpm or 0.0) / n, (ls.tpm or 0.0) / n) for ls in got.leases
-        }
+        self._shares = {ls.sha256.lower(): (ls.rpm or 0.0, ls.tpm or 0.0) for ls in got.leases}
         self._allowances = {
             ls.sha256.lower(): (ls.budget / n, max(0.0, (ls.budget_left or 0.0) - ls.budget))
             for ls in got.leases
@@ -146,15 +146,23 @@ class LeaseKeeper:
 
 
 def add_demand(a: KeyDemand, b: KeyDemand) -> KeyDemand:
-    """Two workers' demand of one key as their router's: everything added up."""
+    """Two workers' demand of one key as their router's: asks and budgets added up; the
+    RPM and TPM held are the router's share, which each worker holds whole (the
+    larger: one worker may have its lease a moment before the other)."""
     return KeyDemand(
         sha256=a.sha256,
         requests=a.requests + b.requests,
         tokens=a.tokens + b.tokens,
-        rpm_held=_add(a.rpm_held, b.rpm_held),
-        tpm_held=_add(a.tpm_held, b.tpm_held),
+        rpm_held=_most(a.rpm_held, b.rpm_held),
+        tpm_held=_most(a.tpm_held, b.tpm_held),
         budget_held=_add(a.budget_held, b.budget_held),
     )
+
+
+def _most(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None:
+        return b if a is None else a
+    return max(a, b)
 
 
 def _add(a: float | None, b: float | None) -> float | None:
@@ -165,7 +173,8 @@ def _add(a: float | None, b: float | None) -> float | None:
 
 class ShareMetrics:
     """This router's shares on /metrics, summed per team, never per key (a fleet may
-    have thousands of keys; docs/metrics.md). Gauges: workers' pages add up."""
+    have thousands of keys; docs/metrics.md). Every worker shows the router's whole
+    shares: the workers' pages merge by the highest (workers/metricsmerge.py)."""
 
     def __init__(
         self,

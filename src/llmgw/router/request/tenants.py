@@ -19,28 +19,37 @@ place once the answer is in, so a key that under-estimated pays it back before
 its next request is admitted. Budgets count the engine's usage per calendar
 period (UTC).
 
-Counts live in this router's memory, and a restart forgets them. A key the
+Counts live in this router's memory, and a restart forgets them. With workers
+(`--workers N`), a key's buckets and its budget's spend are one per router, in the
+memory the workers share (workers/keytable.py): each admit, settle and refund of
+such a key holds its row's lock for those few float operations. A key the
 controller gave is enforced at this router's *share* of its RPM and TPM, leased
 by the controller with the answer to each usage report (control/leases.py keeps
 the lease; controller/leasebook.py decides it): the buckets' rates are the
 shares, so the check per request stays local, the same few float operations.
 Its budget is an allowance of tokens the controller leases from what the fleet
 has left, spent down here and replaced by each answer (counted from when the
-report was built). A key from the router's own file, or any key under a controller that leases
-nothing (one from before leases), is enforced at its whole limit.
+report was built). A file's key, or any under a controller that leases nothing, is
+enforced at its whole limit.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable
 
 from llmgw.router.http.answers import Whole
-from llmgw.router.request.refusals import error_response, quoted_name
+from llmgw.router.request.refusals import error_response, model_not_allowed
+from llmgw.router.workers import keytable
+from llmgw.router.workers.keytable import KeyRow, KeyTable
 from llmgw.runtime.clock import Clock
+from llmgw.runtime.logs import kv
 from llmgw.wire.answerusage import Usage
 from llmgw.wire.keys import BudgetPeriod, ClientKey
+
+log = logging.getLogger(__name__)
 
 # Bytes of a request body per token, for the TPM estimate before the engine counts.
 BYTES_PER_TOKEN = 4
@@ -111,6 +120,37 @@ class _Bucket:
         return self.wait_s(self.size)
 
 
+class _SharedBucket(_Bucket):
+    """A bucket whose level and stamp are cells of the key's row, shared by the
+    router's workers; read and written only under the row's lock."""
+
+    __slots__ = ("_cell", "_cells")
+
+    def __init__(self, limit: int, share: float, cells: memoryview[float], cell: int) -> None:
+        self.limit = limit
+        self.size = max(1.0, share)
+        self.rate = share / 60.0
+        self._cells = cells
+        # The level's cell; the stamp's is the next one (keytable.py).
+        self._cell = cell
+
+    @property
+    def level(self) -> float:
+        return float(self._cells[self._cell])
+
+    @level.setter
+    def level(self, value: float) -> None:
+        self._cells[self._cell] = value
+
+    @property
+    def at(self) -> float:
+        return float(self._cells[self._cell + 1])
+
+    @at.setter
+    def at(self, value: float) -> None:
+        self._cells[self._cell + 1] = value
+
+
 class _Account:
     """The counts of one key (by its hash), kept across endpoint-list updates."""
 
@@ -123,15 +163,27 @@ class _Account:
         "period",
         "report_spent",
         "requests",
+        "row",
         "spent",
         "tokens",
     )
 
-    def __init__(self, key: ClientKey, now: float, share: Share) -> None:
+    def __init__(self, key: ClientKey, now: float, share: Share, row: KeyRow | None) -> None:
         self.limits = (key.rpm, key.tpm, key.budget)
+        # The key's row in the workers' shared table; None: this process alone counts.
+        self.row = row
         rpm, tpm = share
-        self.requests = _Bucket(key.rpm, rpm, now) if key.rpm is not None else None
-        self.tokens = _Bucket(key.tpm, tpm, now) if key.tpm is not None else None
+        self.requests: _Bucket | None = None
+        self.tokens: _Bucket | None = None
+        if row is not None:
+            cells = row.cells
+            if key.rpm is not None:
+                self.requests = _SharedBucket(key.rpm, rpm, cells, keytable.RPM_LEVEL)
+            if key.tpm is not None:
+                self.tokens = _SharedBucket(key.tpm, tpm, cells, keytable.TPM_LEVEL)
+        else:
+            self.requests = _Bucket(key.rpm, rpm, now) if key.rpm is not None else None
+            self.tokens = _Bucket(key.tpm, tpm, now) if key.tpm is not None else None
         # The budget period the spend counts in ("" before the first request), and it.
         self.period = ""
         self.spent = 0
@@ -147,16 +199,24 @@ class _Account:
         self.report_spent = 0
 
     def reshare(self, share: Share, now: float) -> None:
-        if self.requests is not None:
-            self.requests.reshare(share[0], now)
-        if self.tokens is not None:
-            self.tokens.reshare(share[1], now)
+        row = self.row
+        if row is not None:
+            row.lock()
+        try:
+            # A row freed meanwhile (the key revoked) is another key's now: not written.
+            if row is not None and not row.mine():
+                return
+            if self.requests is not None:
+                self.requests.reshare(share[0], now)
+            if self.tokens is not None:
+                self.tokens.reshare(share[1], now)
+        finally:
+            if row is not None:
+                row.unlock()
 
     def relimit(self, key: ClientKey, share: Share, now: float) -> None:
-        """`key`'s limits changed (a reload, the controller's list): its buckets take the
-        new ones as a new share (what they hold is kept, never grown) and what it spent
-        stays spent. A fresh account gave the key a whole new budget, and requests in
-        flight settled into the old one."""
+        """`key`'s limits changed (a reload, the controller's list): its buckets keep what
+        they hold (never grown) and what it spent stays spent, as in keytable._relimit."""
         self.limits = (key.rpm, key.tpm, key.budget)
         self.requests = _relimited(self.requests, key.rpm, share[0], now)
         self.tokens = _relimited(self.tokens, key.tpm, share[1], now)
@@ -204,10 +264,22 @@ class Charge:
         self._settled = True
         used = self._estimate if usage is None else usage.prompt + usage.completion
         acc = self._account
-        if acc.tokens is not None:
-            acc.tokens.level -= used - self._estimate
+        row = acc.row
+        if row is not None:
+            row.lock()
+        try:
+            if row is None or row.mine():
+                if acc.tokens is not None:
+                    acc.tokens.level -= used - self._estimate
+                if self._budget_per is not None:
+                    if row is None:
+                        acc.spent += used
+                    else:
+                        row.cells[keytable.SPENT] += used
+        finally:
+            if row is not None:
+                row.unlock()
         if self._budget_per is not None:
-            acc.spent += used
             acc.report_spent += used
             if acc.allowance is not None:
                 acc.allowance -= used
@@ -222,12 +294,20 @@ class Charge:
             return
         self._settled = True
         acc = self._account
-        requests, tokens = acc.requests, acc.tokens
-        if requests is not None:
-            requests.level = min(requests.size, requests.level + 1.0)
-        if tokens is not None:
-            tokens.level = min(tokens.size, tokens.level + self._estimate)
-        self.headers = _headers(acc)
+        requests, tokens, row = acc.requests, acc.tokens, acc.row
+        if row is not None:
+            row.lock()
+        try:
+            if row is not None and not row.mine():
+                return
+            if requests is not None:
+                requests.level = min(requests.size, requests.level + 1.0)
+            if tokens is not None:
+                tokens.level = min(tokens.size, tokens.level + self._estimate)
+            self.headers = _headers(acc)
+        finally:
+            if row is not None:
+                row.unlock()
 
 
 class Tenants:
@@ -235,11 +315,15 @@ class Tenants:
 
     `shares`: sha256 → this router's (rpm, tpm) of a key the controller leases;
     `leased`: the keys that must have a share (the controller's, with an rpm or
-    tpm) while `leasing` is on. Both are set by control/leases.py.
+    tpm) while `leasing` is on. Both are set by control/leases.py. `table`: the
+    workers' shared key rows (None: one process, which counts alone).
     """
 
-    def __init__(self, *, clock: Clock) -> None:
+    def __init__(self, *, clock: Clock, table: KeyTable | None = None) -> None:
         self.clock = clock
+        self.table = table
+        # Whether a key found the shared table full (warned once).
+        self._table_full = False
         self._accounts: dict[str, _Account] = {}
         self.shares: dict[str, Share] = {}
         # sha256 → (this process's budget allowance, what the rest of the fleet holds).
@@ -254,7 +338,8 @@ class Tenants:
         controller's keys, enforced at the share it leases this router."""
         keep = {k.sha256.lower() for k in keys}
         for digest in [d for d in self._accounts if d not in keep]:
-            del self._accounts[digest]
+            if self._accounts.pop(digest).row is not None and self.table is not None:
+                self.table.free(digest)
         self.leased = frozenset(k.sha256.lower() for k in leased if k.limited)
 
     def share_of(self, key: ClientKey, digest: str) -> Share:
@@ -298,13 +383,7 @@ class Tenants:
     def admit(self, tenant: Tenant, model: str, body_bytes: int) -> Charge | Whole | None:
         """A refusal, or None (nothing to count), or the Charge to settle after the answer."""
         if tenant.models is not None and model not in tenant.models:
-            return error_response(
-                403,
-                f"The API key {tenant.name!r} may not use the model {quoted_name(model)!r}.",
-                type="invalid_request_error",
-                code="model_not_allowed",
-                param="model",
-            )
+            return model_not_allowed(tenant.name, model)
         key = tenant.key
         if not key.limited:
             return None
@@ -314,20 +393,66 @@ class Tenants:
         if acc is None:
             acc = self._accounts[digest] = self._account(key, digest, now)
         elif acc.limits != (key.rpm, key.tpm, key.budget):
-            acc.relimit(key, self.share_of(key, digest), now)
+            if acc.row is None:
+                acc.relimit(key, self.share_of(key, digest), now)
+            else:
+                # The shared row takes the new limits as `relimit` does (keytable.find).
+                acc = self._again(acc, key, digest, now)
         estimate = max(1, body_bytes // BYTES_PER_TOKEN)
         acc.asked_requests += 1
         acc.asked_tokens += estimate
-        budget = key.budget
-        if budget is not None:
+        if acc.row is not None:
+            got = self._locked(acc, tenant, digest, estimate, now)
+            if got is not None:
+                return got
+            # Freed meanwhile by a worker that saw the key revoked first (this one has
+            # not yet): the key's row is found again, and the request counted there.
+            acc = self._again(acc, key, digest, now)
+            got = self._locked(acc, tenant, digest, estimate, now)
+            if got is not None:
+                return got
+        return self._verdict(acc, tenant, digest, estimate, now)
+
+    def _locked(
+        self, acc: _Account, tenant: Tenant, digest: str, estimate: int, now: float
+    ) -> Charge | Whole | None:
+        """The verdict under the key's shared row lock; None: no row, or it is not the
+        key's any more."""
+        row = acc.row
+        if row is None:
+            return None
+        row.lock()
+        try:
+            return self._verdict(acc, tenant, digest, estimate, now) if row.mine() else None
+        finally:
+            row.unlock()
+
+    def _verdict(
+        self, acc: _Account, tenant: Tenant, digest: str, estimate: int, now: float
+    ) -> Charge | Whole:
+        """The budget's and the buckets' verdict (under the row's lock where shared)."""
+        if tenant.key.budget is not None:
             leased = self.leasing is not False and digest in self.leased
             refused = _leased_budget(acc, tenant) if leased else self._budget(acc, tenant)
             if refused is not None:
                 return refused
         return _take(acc, tenant, estimate, now)
 
+    def _again(self, acc: _Account, key: ClientKey, digest: str, now: float) -> _Account:
+        """`acc` found again in the shared table (`key` as now listed), its counts kept."""
+        fresh = self._accounts[digest] = self._account(key, digest, now)
+        fresh.asked_requests, fresh.asked_tokens = acc.asked_requests, acc.asked_tokens
+        return fresh
+
     def _account(self, key: ClientKey, digest: str, now: float) -> _Account:
-        acc = _Account(key, now, self.share_of(key, digest))
+        share = self.share_of(key, digest)
+        row = None
+        if self.table is not None:
+            row = self.table.find(digest, _limits(key), share, now)
+            if row is None and not self._table_full:
+                self._table_full = True
+                log.warning(kv("key counted per worker only", table_full=self.table.capacity))
+        acc = _Account(key, now, share, row)
         got = self.allowances.get(digest)
         if got is not None:
             acc.allowance, acc.elsewhere = got
@@ -338,9 +463,16 @@ class Tenants:
         budget = tenant.key.budget
         assert budget is not None
         period = period_of(budget.per, self.clock.wall())
-        if acc.period != period:
-            acc.period, acc.spent = period, 0
-        if acc.spent < budget.tokens:
+        row = acc.row
+        if row is None:
+            if acc.period != period:
+                acc.period, acc.spent = period, 0
+            spent = float(acc.spent)
+        else:
+            if row.period != period:
+                row.period, row.cells[keytable.SPENT] = period, 0.0
+            spent = row.cells[keytable.SPENT]
+        if spent < budget.tokens:
             return None
         return error_response(
             429,
@@ -349,6 +481,17 @@ class Tenants:
             type="insufficient_quota",
             code="insufficient_quota",
         )
+
+
+def _limits(key: ClientKey) -> keytable.Limits:
+    """A key's limits as its shared row records them (NaN: none)."""
+    budget = key.budget
+    return (
+        math.nan if key.rpm is None else float(key.rpm),
+        math.nan if key.tpm is None else float(key.tpm),
+        math.nan if budget is None else float(budget.tokens),
+        math.nan if budget is None else float(("day", "week", "month").index(budget.per)),
+    )
 
 
 def _leased_budget(acc: _Account, tenant: Tenant) -> Whole | None:

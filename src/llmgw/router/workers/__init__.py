@@ -5,5 +5,6 @@ pool.py           the parent: starts, watches and restarts the workers; scrapes,
 worker.py         one worker: its start and its link to the parent
 ipc.py            the messages between them
 shared.py         what the workers share in memory: in-flight counts
+keytable.py       ... and the limited keys' RPM, TPM and budget counts, one row a key
 metricsmerge.py   one /metrics page from the workers' pages
 """

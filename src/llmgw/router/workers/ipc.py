@@ -36,8 +36,9 @@ _LEN = struct.Struct(">I")
 MAX_FRAME = 256 * 1024 * 1024
 
 # What an Ask wants: this worker's metrics text, its usage report (and start a
-# new interval, or not), or — from a worker — the whole router's.
-AskWhat = Literal["metrics", "usage", "usage_peek"]
+# new interval, or not), or — from a worker — the whole router's, or what became of
+# the config file's last load (the supervisor's watcher's, as JSON).
+AskWhat = Literal["metrics", "usage", "usage_peek", "config"]
 # A worker's answer to "usage" and "usage_peek" (msgpack): its report, and its token
 # counts since the last "usage" (tokenusage.TokenCounts.drain; none for a peek).
 WorkerUsage = tuple[UsageReport, list[TokenUsage]]
@@ -78,7 +79,8 @@ class Listed(msgspec.Struct, tag=True, frozen=True, kw_only=True):
 class Leased(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     """After each usage report: the controller's lease answer, if it came.
 
-    Each worker enforces 1/workers of the router's shares (control/leases.py).
+    Each worker enforces the router's whole RPM and TPM shares on the buckets all
+    workers share, and spends 1/workers of its budget allowances (control/leases.py).
     """
 
     # False: the report failed; the workers only check whether their lease expired.

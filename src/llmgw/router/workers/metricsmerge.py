@@ -33,6 +33,9 @@ HOST_GAUGES = frozenset(
         "llmgw_router_kv_events_connected",
         "llmgw_router_kv_events_blocks",
         "process_max_fds",
+        # Each worker enforces the router's whole share of a key (one bucket for all).
+        "llmgw_router_team_rpm_share",
+        "llmgw_router_team_tpm_share",
     }
 )
 EARLIEST = frozenset({"process_start_time_seconds"})

@@ -1,5 +1,5 @@
 """What the workers of one router (`--workers N`) share in memory: in-flight counts,
-and flow control's claims and critical reserves.
+flow control's claims and critical reserves, and the limited keys' buckets.
 
 A table of int32 cells, one row per worker and one column (a *slot*) per
 endpoint, in a memory file the supervisor creates and every worker maps. A
@@ -22,6 +22,8 @@ every endpoint list, so all workers agree on which column is which endpoint.
 A freed slot is reused last (oldest freed first): a worker may still hold a
 departed endpoint's request when its slot is given to a new one, and that
 worker stops writing the slot at once (`Registry.replace`).
+
+After the table, from the next page on, the limited keys' rows (keytable.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import os
 import tempfile
 from collections import deque
 from collections.abc import Iterable
+
+from llmgw.router.workers.keytable import KeyTable, table_bytes
 
 # Endpoints one router can count across workers; beyond it an endpoint is
 # counted per worker only (a warning says so).
@@ -61,11 +65,13 @@ class SharedInflight:
         self.row = self._cells[index * self._width : (index + 1) * self._width]
         # Endpoint id → slot, as last sent by the supervisor.
         self.slots: dict[str, int] = {}
+        # The limited keys' buckets, every worker's (keytable.py).
+        self.keys = KeyTable(fd, offset=_keys_at(workers, capacity))
 
     @classmethod
     def create(cls, workers: int, capacity: int = DEFAULT_CAPACITY) -> SharedInflight:
         """The supervisor's table: a fresh zeroed memory file its workers inherit."""
-        size = _size(workers, capacity)
+        size = _keys_at(workers, capacity) + table_bytes()
         if hasattr(os, "memfd_create"):
             fd = os.memfd_create("llmgw-router-inflight", 0)
         else:  # pragma: no cover - not Linux
@@ -114,6 +120,12 @@ class SharedInflight:
 
 def _size(workers: int, capacity: int) -> int:
     return workers * (4 * capacity + TENANT_BUCKETS) * _CELL
+
+
+def _keys_at(workers: int, capacity: int) -> int:
+    """Where the key rows start: the table's end, rounded up to a page (mmap's offset)."""
+    page = mmap.ALLOCATIONGRANULARITY
+    return -(-_size(workers, capacity) // page) * page
 
 
 class SlotTable:
