@@ -269,6 +269,31 @@ class TestReloadStatus:
             restart_pending=("breaker", "max_body_bytes"),
         )
 
+    def test_a_config_that_fails_to_apply_is_a_refused_reload_and_watching_goes_on(
+        self, tmp_path: Path
+    ) -> None:
+        """A config the router fails to put in force (a defect of its own) is reported
+        as a refused reload, and the next change of the file is still read."""
+        path = tmp_path / "r.yaml"
+        path.write_text(ONE)
+        got: list[RouterConfig] = []
+
+        def apply(cfg: RouterConfig) -> None:
+            if cfg.models == ("cold",):
+                raise TypeError("boom")
+            got.append(cfg)
+
+        w = ConfigWatcher(path, on_config=apply)
+        path.write_text(TWO)
+        bump_mtime(path)
+        assert [w.tick(), w.tick()] == [False, False]
+        assert w.status.last_successful is False
+        assert "boom" in (w.status.last_error or "")
+        path.write_text(ONE + "models: [warm]\n")
+        bump_mtime(path)
+        assert [w.tick(), w.tick()] == [False, True]
+        assert got[0].models == ("warm",)
+
     def test_the_gauges_follow_the_status(self, tmp_path: Path) -> None:
         """/metrics shows 0 after a refused reload, the last success's time, and how many
         restart-only fields wait."""

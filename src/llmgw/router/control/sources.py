@@ -122,8 +122,16 @@ class ConfigWatcher:
         self.reloads += 1
         # The file says how often to look at it: the next wait already takes it.
         self.poll_s = cfg.reload_poll_s
+        try:
+            self._on_config(cfg)
+        except Exception as exc:
+            # A defect of the router's, not of the file: said as a refused reload (the
+            # gauge, /admin/config), and the watch goes on, for the next change.
+            self.last_error = f"the router failed to apply it: {exc!r}"
+            self.status = self.status.refused(self._clock.wall(), self.last_error)
+            log.exception(kv("reload failed while applied", path=self.path))
+            return False
         log.info(kv("config reloaded", path=self.path, endpoints=len(cfg.endpoints)))
-        self._on_config(cfg)
         # Restart-only settings in force are the start's for as long as the router runs.
         pending = () if self._running is None else restart_only_changes(self._running, cfg)
         self.status = self.status.applied(self._clock.wall(), tuple(pending))
