@@ -9,4 +9,5 @@ idle eviction when a model does not fit.
     swaps.py       a tick's sleeps and wakes, written into its batch
     clearing.py    idle replicas put to sleep ahead of the sleeper under them
     rendezvous.py  multi-node rendezvous ports
+    tickview.py    what a tick's placement reads for every model it cannot place, kept once
 """

@@ -15,13 +15,19 @@ Only a set that actually makes the placement feasible is chosen: candidates are
 freed one by one, in that order, on a copy of the free map until `place`
 succeeds; then members that did not contribute are dropped, so the plan evicts
 no more than it needs. Nothing is evicted when no set works.
+
+A tick asks this for every model it cannot place; it passes a `CandidatePool`
+(placement/tickview.py) that has worked out each replica's part of the rules once
+for the tick, so a request filters a list instead of walking every replica.
+Without one (tests, benchmarks) the rules are applied to the state as given.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from llmgw.controller.fleet.records import FleetState, Replica
 from llmgw.controller.idle import IdleFor, IdleSource, InflightFor, idle_fn
@@ -50,6 +56,32 @@ class Candidate:
     idle_s: float
 
 
+class CandidatePool(Protocol):
+    """One tick's replicas with the rules' per-replica parts worked out once
+    (placement/tickview.py): what `idle_candidates` and `_spare_per_model` would
+    give for the same state, idle times, in-flight counts and `exclude`."""
+
+    @property
+    def spare(self) -> Mapping[str, int]:
+        """Model → ready replicas above its min_replicas, those leaving not counted."""
+        ...
+
+    def candidates(
+        self, spec: ModelSpec, *, wait_s: float = 0.0, busy_ok: bool = False
+    ) -> list[Candidate]:
+        """`idle_candidates` for `spec` with every idle time `wait_s` longer (`busy_ok`:
+        without the in-flight rule, as wakes.py asks), less those no rule could take."""
+        ...
+
+    def waits(self, spec: ModelSpec, n: int) -> list[float]:
+        """The `n` shortest distinct waits `idle_enough_in` would try for `spec`."""
+        ...
+
+    def sleeping(self, model: str) -> Sequence[Replica]:
+        """The model's sleeping replicas, in the state's order."""
+        ...
+
+
 def plan_eviction(
     spec: ModelSpec,
     state: FleetState,
@@ -60,23 +92,32 @@ def plan_eviction(
     heartbeat_timeout_s: float,
     exclude: Collection[str] = (),
     inflight: InflightFor | None = None,
+    pool: CandidatePool | None = None,
+    wait_s: float = 0.0,
 ) -> EvictionPlan | None:
     """A minimal set of idle replicas whose cards make `spec` placeable, or None.
 
     `idle`: replica id → idle seconds (None when unknown), or an IdleTracker.
     `free` is not changed. `exclude`: replicas already chosen for eviction this
     tick (they must not be counted twice). `inflight`: replica id → requests in
-    flight there (None when no router reported any); None: none known.
+    flight there (None when no router reported any); None: none known. `pool`:
+    the same facts worked out for the tick (then `idle`, `exclude` and `inflight`
+    are its own), with every idle time `wait_s` longer.
     """
     direct = place(spec, state.nodes, free)
     if isinstance(direct, Placement):
         return EvictionPlan(
             model=spec.name, evict=(), placement=direct, why="fits without eviction"
         )
-    candidates = idle_candidates(
-        spec, state, idle_fn(idle, now=now), now, heartbeat_timeout_s, exclude, inflight
-    )
-    found = _greedy(spec, state, free, candidates, exclude)
+    if pool is None:
+        candidates = idle_candidates(
+            spec, state, idle_fn(idle, now=now), now, heartbeat_timeout_s, exclude, inflight
+        )
+        spare: Mapping[str, int] = _spare_per_model(state, exclude)
+    else:
+        candidates = pool.candidates(spec, wait_s=wait_s)
+        spare = pool.spare
+    found = _greedy(spec, state, free, candidates, spare)
     if found is None:
         return None
     chosen = _shrink(spec, state, free, *found)
@@ -121,14 +162,15 @@ def idle_candidates(
         if busy is not None and busy > 0:
             continue
         # Cards on a node that is not ready are not capacity even once freed.
-        if not any(_ready(state, s.node, now, heartbeat_timeout_s) for s in r.shards):
+        if not any(node_ready(state, s.node, now, heartbeat_timeout_s) for s in r.shards):
             continue
         out.append(Candidate(replica=r, priority=model.spec.priority, idle_s=idle_s))
     out.sort(key=lambda c: (c.priority, -c.idle_s, c.replica.id))
     return out
 
 
-def _ready(state: FleetState, node: str, now: float, heartbeat_timeout_s: float) -> bool:
+def node_ready(state: FleetState, node: str, now: float, heartbeat_timeout_s: float) -> bool:
+    """Whether `node` is shown ready: only its cards are capacity."""
     n = state.nodes.get(node)
     return n is not None and n.shown_state(now=now, heartbeat_timeout_s=heartbeat_timeout_s) == (
         "ready"
@@ -140,17 +182,25 @@ def _greedy(
     state: FleetState,
     free: FreeMap,
     candidates: Sequence[Candidate],
-    exclude: Collection[str],
+    spare: Mapping[str, int],
 ) -> tuple[list[Candidate], Placement] | None:
-    """Free candidates in order until the model fits; None if even all of them do not suffice."""
-    spare = _spare_per_model(state, exclude)
-    sim = free.copy()
+    """Free candidates in order until the model fits; None if even all of them do not suffice.
+
+    `spare`: model → how many may go (`_spare_per_model`); not changed.
+    """
+    taken: Counter[str] = Counter()
+    # Copied on the first candidate taken: most requests have none, and a copy
+    # costs a walk over every node.
+    sim: FreeMap | None = None
     chosen: list[Candidate] = []
     for c in candidates:
-        if spare[c.replica.model] <= 0:
+        model = c.replica.model
+        if spare.get(model, 0) - taken[model] <= 0:
             continue  # never below the model's min_replicas
-        spare[c.replica.model] -= 1
+        taken[model] += 1
         chosen.append(c)
+        if sim is None:
+            sim = free.copy()
         for shard in c.replica.shards:
             sim.release(shard.node, shard.gpus)
         result = place(spec, state.nodes, sim)
@@ -237,9 +287,11 @@ def idle_enough_in(
     heartbeat_timeout_s: float,
     exclude: Collection[str] = (),
     inflight: InflightFor | None = None,
+    pool: CandidatePool | None = None,
 ) -> float | None:
     """Seconds until enough replicas are idle long enough for an eviction to place `spec`,
-    if none of them is used meanwhile; None when waiting would not help.
+    if none of them is used meanwhile; None when waiting would not help. `pool`: as
+    for `plan_eviction`.
 
     Called when `plan_eviction` found nothing now. Only replicas whose idleness is
     known can become candidates (unknown stays unknown however long one waits), and
@@ -248,17 +300,22 @@ def idle_enough_in(
     an eviction plan with every known idle time moved on by that much.
     """
     idle_now = idle_fn(idle, now=now)
-    waits: set[float] = set()
-    for r in state.replicas.values():
-        if r.state != "ready" or r.model == spec.name or r.id in exclude:
-            continue
-        model = state.models.get(r.model)
-        idle_s = idle_now(r.id)
-        if model is None or model.spec.priority > spec.priority or idle_s is None:
-            continue
-        if idle_s < model.spec.evictable_after_s:
-            waits.add(model.spec.evictable_after_s - idle_s)
-    for wait in sorted(waits)[:_ETA_TRIES]:
+    if pool is not None:
+        for wait in pool.waits(spec, _ETA_TRIES):
+            found = plan_eviction(
+                spec,
+                state,
+                idle_now,
+                free,
+                now=now,
+                heartbeat_timeout_s=heartbeat_timeout_s,
+                pool=pool,
+                wait_s=wait,
+            )
+            if found is not None and found.evict:
+                return wait
+        return None
+    for wait in eta_waits(spec, state, idle_now, exclude, _ETA_TRIES):
 
         def later(rid: str, _w: float = wait) -> float | None:
             s = idle_now(rid)
@@ -277,3 +334,21 @@ def idle_enough_in(
         if found is not None and found.evict:
             return wait
     return None
+
+
+def eta_waits(
+    spec: ModelSpec, state: FleetState, idle: IdleFor, exclude: Collection[str], n: int
+) -> list[float]:
+    """The `n` shortest distinct waits after which one more ready replica of another
+    model, not above `spec`'s priority, is idle past its model's timeout."""
+    waits: set[float] = set()
+    for r in state.replicas.values():
+        if r.state != "ready" or r.model == spec.name or r.id in exclude:
+            continue
+        model = state.models.get(r.model)
+        idle_s = idle(r.id)
+        if model is None or model.spec.priority > spec.priority or idle_s is None:
+            continue
+        if idle_s < model.spec.evictable_after_s:
+            waits.add(model.spec.evictable_after_s - idle_s)
+    return sorted(waits)[:n]

@@ -327,8 +327,9 @@ def _maybe_evict(
         now=batch.now,
         heartbeat_timeout_s=cfg.heartbeat_timeout_s,
         # Already leaving this tick (surplus, other evictions): not room to count twice.
-        exclude=batch.leaving(),
+        exclude=t.view.leaving(),
         inflight=t.usage.inflight,
+        pool=t.view.pool(),
     )
     if plan is None or not plan.evict:
         return None
@@ -377,8 +378,9 @@ def _idle_eta(t: TickContext, model: Model, free: FreeMap) -> None:
         free,
         now=batch.now,
         heartbeat_timeout_s=t.config.heartbeat_timeout_s,
-        exclude=batch.leaving(),
+        exclude=t.view.leaving(),
         inflight=t.usage.inflight,
+        pool=t.view.pool(),
     )
     if wait is None:
         mem.idle_enough_at.pop(model.name, None)

@@ -16,7 +16,7 @@ from enum import Enum
 
 from llmgw.controller.fleet.records import Replica
 from llmgw.controller.placement.rules import FreeMap, Placement, ShardPlacement
-from llmgw.controller.placement.wakes import WakePlan, card_holders, plan_wake, sleep_room
+from llmgw.controller.placement.wakes import WakePlan, plan_wake, sleep_room
 from llmgw.controller.tick.context import TickContext
 from llmgw.wire.models import ModelSpec
 
@@ -68,11 +68,12 @@ def try_wake(t: TickContext, spec: ModelSpec, free: FreeMap) -> Woke:
         free,
         now=batch.now,
         heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-        exclude=batch.leaving(),
+        exclude=t.view.leaving(),
         # Who holds each card with this tick's changes: a card another model's sleeper
         # was woken onto earlier in this tick is held by it, not up for a second wake
         # (two engines waking on one card would each wait for the other forever).
-        holders=card_holders(current_replicas(t).values()),
+        holders=t.view.holders(),
+        pool=t.view.pool(),
     )
     if plan is None:
         return Woke.NONE

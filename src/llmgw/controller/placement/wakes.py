@@ -45,13 +45,13 @@ first tick after the sleep ends wakes it in place (its cards are then free).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from llmgw.controller.fleet.records import SHARD_RUNNING, FleetState, Node, Replica
 from llmgw.controller.idle import IdleFor, IdleSource, idle_fn
 from llmgw.controller.placement.capacity import FreeMap
-from llmgw.controller.placement.eviction import Candidate, idle_candidates
+from llmgw.controller.placement.eviction import Candidate, CandidatePool, idle_candidates
 from llmgw.wire.models import ModelSpec
 
 AWAKE_SHARE = 0.9
@@ -214,24 +214,30 @@ def plan_wake(
     heartbeat_timeout_s: float,
     exclude: Collection[str] = (),
     holders: Mapping[tuple[str, int], Iterable[Replica]] | None = None,
+    pool: CandidatePool | None = None,
 ) -> WakePlan | None:
     """The sleeper of `spec` to wake and what must make way; None when none can wake.
 
     `exclude`: replicas already leaving this tick (as eviction's). `holders`:
-    (node, GPU) → replicas holding that card, when the caller has it.
+    (node, GPU) → replicas holding that card, when the caller has it. `pool`: the
+    candidates worked out for the tick (eviction.CandidatePool), when it has them.
     """
-    mine = [r for r in state.replicas.values() if r.model == spec.name and r.state == _SLEEPING]
+    mine = _sleeping(state, spec.name, pool)
     if not mine:
         return None
     held = holders if holders is not None else card_holders(state.replicas.values())
-    cands = {
-        c.replica.id: c
-        for c in idle_candidates(
-            spec, state, idle_fn(idle, now=now), now, heartbeat_timeout_s, exclude
-        )
-    }
-    spare = _spare(state, exclude)
     idle_now = idle_fn(idle, now=now)
+
+    def candidates(of: ModelSpec) -> dict[str, Candidate]:
+        found = (
+            idle_candidates(of, state, idle_now, now, heartbeat_timeout_s, exclude)
+            if pool is None
+            else pool.candidates(of, busy_ok=True)
+        )
+        return {c.replica.id: c for c in found}
+
+    cands = candidates(spec)
+    spare = _spare(state, exclude) if pool is None else pool.spare
     their: dict[str, dict[str, Candidate]] = {}
 
     def move(h: Replica, away_from: set[tuple[str, int]]) -> WakePlan | None:
@@ -240,13 +246,8 @@ def plan_wake(
         if m is None or not m.spec.sleep_mode or m.spec.priority > spec.priority:
             return None
         if h.model not in their:
-            found = idle_candidates(m.spec, state, idle_now, now, heartbeat_timeout_s, exclude)
-            their[h.model] = {c.replica.id: c for c in found}
-        others = [
-            s
-            for s in state.replicas.values()
-            if s.model == h.model and s.state == _SLEEPING and not (_cards(s) & away_from)
-        ]
+            their[h.model] = candidates(m.spec)
+        others = [s for s in _sleeping(state, h.model, pool) if not (_cards(s) & away_from)]
         for s in sorted(others, key=lambda s: (-s.state_since, s.id)):
             p = _wake_one(s, free, held, their[h.model], spare, exclude, state, None)
             if p is not None and not (p.wait or p.hold or p.settling) and h.id not in p.evict:
@@ -266,6 +267,12 @@ def plan_wake(
     return None if best is None else best[1]
 
 
+def _sleeping(state: FleetState, model: str, pool: CandidatePool | None) -> Sequence[Replica]:
+    if pool is not None:
+        return pool.sleeping(model)
+    return [r for r in state.replicas.values() if r.model == model and r.state == _SLEEPING]
+
+
 def _cards(r: Replica) -> set[tuple[str, int]]:
     return {(s.node, g) for s in r.shards for g in s.gpus}
 
@@ -275,7 +282,7 @@ def _wake_one(
     free: FreeMap,
     held: Mapping[tuple[str, int], Iterable[Replica]],
     cands: Mapping[str, Candidate],
-    spare: Counter[str],
+    spare: Mapping[str, int],
     leaving: Collection[str],
     state: FleetState,
     move: Callable[[Replica, set[tuple[str, int]]], WakePlan | None] | None,
@@ -285,7 +292,9 @@ def _wake_one(
     moves: list[WakePlan] = []
     wait = False
     hold = False
-    budget = Counter(spare)
+    # Victims taken per model by this plan, against `spare` (which is shared and
+    # not changed: a copy per sleeper would walk every model).
+    gone: Counter[str] = Counter()
     settling = falling_asleep(r)
     for shard in r.shards:
         if shard.node not in free:
@@ -306,8 +315,8 @@ def _wake_one(
                     wait = True  # being given back already
                 elif h.state == "waking":
                     hold = True
-                elif h.state == "ready" and h.id in cands and budget[h.model] > 0:
-                    budget[h.model] -= 1
+                elif h.state == "ready" and h.id in cands and spare.get(h.model, 0) > gone[h.model]:
+                    gone[h.model] += 1
                     victims.append(h.id)
                 elif h.state == "ready" and move is not None:
                     there = move(h, _cards(r))

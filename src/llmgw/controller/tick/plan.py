@@ -28,6 +28,7 @@ from llmgw.controller.fleet.batch import RUNS, Batch, backoff_s, new_replica_id
 from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import SHARD_RUNNING, Changes, FleetState
 from llmgw.controller.idle import IdleTracker
+from llmgw.controller.placement.tickview import TickView
 from llmgw.controller.tick.carryover import TickMemory
 from llmgw.controller.tick.context import TickContext
 from llmgw.controller.tick.per_model import plan_models
@@ -56,7 +57,8 @@ def plan_tick(
     last tick (None: all of them); see per_model.plan_models."""
     mem = memory.copy()
     batch = Batch(state, now, new_id=new_id)
-    t = TickContext(batch=batch, index=index, usage=usage, memory=mem, config=config)
+    view = TickView(batch, usage, heartbeat_timeout_s=config.heartbeat_timeout_s)
+    t = TickContext(batch=batch, index=index, usage=usage, memory=mem, config=config, view=view)
     plan = Plan(changes=batch.changes, memory=mem)
     _nodes(t)
     _timers(t, plan.forgotten)
