@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmgw.router.apis import conversation
 from llmgw.router.routing.blockhash import MAX_ROUTED_ITEMS, request_block_hashes
 
 # Past the routed items, a tail of them (long enough to fill blocks) that must change nothing.
@@ -48,3 +49,29 @@ class TestManyTinyItems:
         b = request_block_hashes({"model": "m", "messages": changed})
         assert a[:-1] == b[:-1]
         assert a[-1] != b[-1]
+
+
+class TestConversationsOfManyItems:
+    """The Responses and Messages APIs' turns are rewritten only as far as routing reads."""
+
+    def test_responses_input_is_rewritten_up_to_the_routed_items(self) -> None:
+        """A Responses `input` of millions of tiny items gives at most MAX_ROUTED_ITEMS turns."""
+        doc = {"model": "m", "instructions": "be brief", "input": [0] * (4 * MAX_ROUTED_ITEMS)}
+        assert len(conversation.responses_messages(doc)) <= MAX_ROUTED_ITEMS + 1
+
+    def test_messages_are_rewritten_up_to_the_routed_items(self) -> None:
+        """Anthropic `messages` of millions of tiny items give at most MAX_ROUTED_ITEMS turns."""
+        doc = {"model": "m", "system": "be brief", "messages": [0] * (4 * MAX_ROUTED_ITEMS)}
+        assert len(conversation.messages_messages(doc)) <= MAX_ROUTED_ITEMS + 1
+
+    def test_content_parts_are_rewritten_up_to_the_routed_items(self) -> None:
+        """One turn of millions of tiny parts keeps at most MAX_ROUTED_ITEMS of them."""
+        turn = {"role": "user", "content": [0] * (4 * MAX_ROUTED_ITEMS)}
+        (got,) = conversation.messages_messages({"model": "m", "messages": [turn]})
+        assert len(got["content"]) <= MAX_ROUTED_ITEMS
+
+    def test_a_cut_conversation_keys_as_its_chat(self) -> None:
+        """Cut or not, a Responses request keys exactly as the chat request of its turns."""
+        items = [{"role": "user", "content": f"{i % 10}"} for i in range(MAX_ROUTED_ITEMS + TAIL)]
+        key = conversation.responses_key({"model": "m", "input": items}, None)
+        assert key.hashes == request_block_hashes({"model": "m", "messages": items})
