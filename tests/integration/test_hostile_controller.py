@@ -8,6 +8,8 @@ its own CLI, bounded by examples per operation and by time, with a fixed seed.
 from __future__ import annotations
 
 import json
+import shutil
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -17,8 +19,10 @@ from typing import Any
 
 import pytest
 
+from llmgw.runtime.httpserver import FD_RESERVE
+from llmgw.testing import start_program, wait_until
 from tests.integration.controller_harness import Db, controller, spec
-from tests.integration.hostile import log_lines, no_traceback, open_fds, rss_kib
+from tests.integration.hostile import log_lines, no_traceback, open_fds, parse_answer, rss_kib
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -215,6 +219,52 @@ class TestWebPages:
             # A program's write (no Origin) is taken as before.
             assert call(c.url, "POST", "/admin/models", body, token=None)[0] == 200
             no_traceback(c.program.log_text())
+
+
+class TestOneAddressFlood:
+    """One client address cannot take every connection of the controller."""
+
+    @pytest.mark.skipif(
+        shutil.which("prlimit") is None, reason="prlimit (util-linux) is not installed"
+    )
+    def test_idle_connections_from_one_address_leave_the_others_served(
+        self, tmp_path: Path
+    ) -> None:
+        """Idle connections from 127.0.0.2 get 503 past its share; 127.0.0.1 is served."""
+        nofile = 512
+        cap = nofile // 2 - FD_RESERVE
+        args = ["controller", "--port", "0", "--database", "memory://"]
+        with start_program(
+            args, log_dir=tmp_path, prefix=["prlimit", f"--nofile={nofile}:{nofile}", "--"]
+        ) as c:
+            idle: list[socket.socket] = []
+            try:
+                for _ in range(cap):
+                    s = socket.socket()
+                    idle.append(s)
+                    s.bind(("127.0.0.2", 0))
+                    s.connect(("127.0.0.1", c.port))
+                refused = []
+
+                def some_refused() -> bool:
+                    for s in idle:
+                        s.setblocking(False)
+                        try:
+                            data = s.recv(65536)
+                        except BlockingIOError:
+                            continue
+                        if data and s not in refused:
+                            refused.append(s)
+                            assert parse_answer(data)[0] == 503, data
+                    return len(refused) >= cap // 2
+
+                wait_until(some_refused, timeout_s=20, every_s=0.1, what="half refused")
+                # Before: every slot was 127.0.0.2's, and agents, routers and ctl got 503.
+                assert call(c.url, "GET", "/healthz", token=None)[0] == 200
+            finally:
+                for s in idle:
+                    s.close()
+            no_traceback(c.log_text())
 
 
 def urllib_get(url: str, token: str) -> tuple[int, dict[str, str], bytes]:

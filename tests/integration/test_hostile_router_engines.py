@@ -1,4 +1,5 @@
-"""What engines send the router, at the wire: interim answers, oversized heads, trailers.
+"""What engines send the router, at the wire: interim answers, oversized heads, trailers,
+an endless /metrics.
 
 Each test puts a `RawEngine` (raw asyncio on 127.0.0.1, standing in for an outside
 engine) behind a real router process and looks at what the client gets, whether the
@@ -7,6 +8,7 @@ router's log stays clean, and whether its in-flight gauge returns to zero.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
@@ -210,3 +212,55 @@ class TestOddErrorEvents:
             assert rep.body == b"".join(events)
             await settled(session, r.url)
             no_traceback(r.log_text())
+
+
+def peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+class EndlessMetrics:
+    """An engine whose /metrics answer never ends (a comment line of 1 MiB after another)."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.scrapes = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = b"# " + b"x" * (1 << 20) + b"\n"
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            self.scrapes += 1
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+            while True:
+                writer.write(line)
+                await writer.drain()
+        writer.close()
+
+
+class TestEndlessMetrics:
+    """An engine's /metrics answer has a bound."""
+
+    async def test_an_endless_metrics_answer_is_cut(self, tmp_path: Path) -> None:
+        """An endless /metrics is cut at the scrape's bound: a failed scrape saying so,
+        and the router's memory does not take in what the engine sends."""
+        engine = EndlessMetrics()
+        server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            conf = base_config(endpoints=[{"id": "e0", "url": url, "models": ["m"]}])
+            with router(tmp_path, conf) as r:
+                base = peak_rss_kib(r.pid)
+
+                def cut() -> bool:
+                    return "answer over 4 MiB" in r.log_text()
+
+                await until(cut, timeout_s=20, what="a scrape cut at its bound")
+                await until(lambda: engine.scrapes >= 4, timeout_s=20, what="more scrapes")
+                # Before: every scrape read all it could for its 1.5 s (hundreds of MiB).
+                assert peak_rss_kib(r.pid) - base < 64 * 1024
+                no_traceback(r.log_text())
+        finally:
+            server.close()

@@ -8,11 +8,14 @@ each SDK raises them.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
+from typing import Any
 
 import anthropic
 import openai
 import pytest
+from pydantic import BaseModel
 
 from llmgw.router.request.auth import hash_key
 from llmgw.testing import Program
@@ -26,6 +29,11 @@ pytestmark = pytest.mark.timeout(120)
 
 KEY = "sk-apis-123"
 SYSTEM = "You are a terse assistant for the api tests."
+
+
+class City(BaseModel):
+    name: str
+    people: int
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +102,60 @@ class TestResponsesSdk:
         assert kinds[-1] in ("response.completed", "response.incomplete")
         await client.close()
 
+    def test_stream_helper_final_response_of_a_cut_reply(self, url: str) -> None:
+        """A stream cut by max_output_tokens ends with response.completed, as vLLM's, so
+        the SDK's responses.stream() gives its final response, status "incomplete"."""
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        with client.responses.stream(model=MODEL, input="cut me", max_output_tokens=3) as s:
+            kinds = [e.type for e in s]
+            final = s.get_final_response()
+        assert kinds[-1] == "response.completed"
+        assert final.status == "incomplete"
+        assert final.incomplete_details is not None
+        assert final.incomplete_details.reason == "max_output_tokens"
+        assert final.output_text
+
+    def test_json_schema_text_format(self, url: str) -> None:
+        """text.format json_schema answers JSON that fits the schema, as vLLM's structured
+        output: responses.parse reads it into the model, and a stream writes it too."""
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        got = client.responses.parse(model=MODEL, input="a city", text_format=City)
+        assert isinstance(got.output_parsed, City)
+        schema = {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "people": {"type": "integer"}},
+            "required": ["name", "people"],
+            "additionalProperties": False,
+        }
+        fmt: Any = {"format": {"type": "json_schema", "name": "city", "schema": schema}}
+        with client.responses.stream(model=MODEL, input="a city", text=fmt) as s:
+            final = s.get_final_response()
+        assert set(json.loads(final.output_text)) == {"name", "people"}
+
+    def test_request_fields_echoed(self, url: str) -> None:
+        """The response echoes the request's instructions, metadata, temperature, top_p and
+        tools, as vLLM's, whole and in a stream's response.created."""
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        tool: Any = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+        asked: Any = {
+            "model": MODEL,
+            "input": "echo",
+            "instructions": SYSTEM,
+            "metadata": {"job": "42"},
+            "temperature": 0.25,
+            "top_p": 0.5,
+            "tools": [tool],
+            "max_output_tokens": 2,
+        }
+        whole = client.responses.create(**asked)
+        with client.responses.stream(**asked) as s:
+            created = next(e for e in s if e.type == "response.created").response
+        for got in (whole, created):
+            assert got.instructions == SYSTEM
+            assert got.metadata == {"job": "42"}
+            assert (got.temperature, got.top_p) == (0.25, 0.5)
+            assert [t.name for t in got.tools if t.type == "function"] == ["f"]
+
     def test_previous_response_id_refused(self, url: str) -> None:
         """previous_response_id is refused with a 400 that names the parameter."""
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
@@ -156,6 +218,26 @@ class TestMessagesSdk:
         assert kinds[-1] == "message_stop"
         await client.close()
 
+    def test_stop_sequences_end_the_reply(self, url: str) -> None:
+        """stop_sequences end the reply before the first one, whole and streamed, with
+        stop_reason end_turn (vLLM's for a stop string)."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        user: list[anthropic.types.MessageParam] = [{"role": "user", "content": "stop early"}]
+        msg = client.messages.create(
+            model=MODEL, max_tokens=40, messages=user, stop_sequences=["e"]
+        )
+        assert msg.content[0].type == "text"
+        assert "e" not in msg.content[0].text
+        assert msg.stop_reason == "end_turn"
+        assert msg.usage.output_tokens < 40
+        with client.messages.stream(
+            model=MODEL, max_tokens=40, messages=user, stop_sequences=["e"]
+        ) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert "e" not in text
+        assert final.stop_reason == "end_turn"
+
     def test_count_tokens(self, url: str) -> None:
         """messages.count_tokens reaches the engine's /v1/messages/count_tokens."""
         client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
@@ -184,6 +266,78 @@ class TestMessagesSdk:
         with pytest.raises(anthropic.BadRequestError) as br:
             client.messages.create(model=MODEL, max_tokens=0, messages=user)  # type: ignore[arg-type]
         assert br.value.body["type"] == "error"  # type: ignore[index]
+
+
+WEATHER: anthropic.types.ToolParam = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    },
+}
+ASK: list[anthropic.types.MessageParam] = [{"role": "user", "content": "weather in Oslo?"}]
+
+
+class TestMessagesToolUse:
+    """tools and tool_choice on the Messages API answer tool_use blocks, as vLLM's."""
+
+    def test_any_answers_a_tool_use(self, url: str) -> None:
+        """tool_choice "any" answers a tool_use block whose input has the required
+        properties; stop_reason tool_use."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        msg = client.messages.create(
+            model=MODEL, max_tokens=200, messages=ASK, tools=[WEATHER], tool_choice={"type": "any"}
+        )
+        (block,) = msg.content
+        assert block.type == "tool_use"
+        assert block.name == "get_weather"
+        assert isinstance(block.input, dict)
+        assert isinstance(block.input["city"], str)
+        assert block.id
+        assert msg.stop_reason == "tool_use"
+
+    def test_named_tool_streamed(self, url: str) -> None:
+        """A named tool is called in a stream: a tool_use block its input_json_delta
+        events fill, which the SDK's final message parses; stop_reason end_turn (vLLM's
+        for a named tool)."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        with client.messages.stream(
+            model=MODEL,
+            max_tokens=200,
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice={"type": "tool", "name": "get_weather"},
+        ) as stream:
+            final = stream.get_final_message()
+        (block,) = final.content
+        assert block.type == "tool_use"
+        assert block.name == "get_weather"
+        assert isinstance(block.input, dict)
+        assert "city" in block.input
+        assert final.stop_reason == "end_turn"
+
+    def test_auto_answers_words(self, url: str) -> None:
+        """tools without tool_choice (auto) answer text: the model chose not to call."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        msg = client.messages.create(model=MODEL, max_tokens=3, messages=ASK, tools=[WEATHER])
+        assert msg.content[0].type == "text"
+
+    def test_refusals(self, url: str) -> None:
+        """A tool_choice naming no tool, naming one not in tools, or without tools, and a
+        tool without an input_schema, is vLLM's 400, in Anthropic's shape."""
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        bad: list[dict[str, Any]] = [
+            {"tools": [WEATHER], "tool_choice": {"type": "tool"}},
+            {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
+            {"tool_choice": {"type": "any"}},
+            {"tools": [{"name": "get_weather"}], "tool_choice": {"type": "any"}},
+        ]
+        for extra in bad:
+            with pytest.raises(anthropic.BadRequestError) as info:
+                client.messages.create(model=MODEL, max_tokens=9, messages=ASK, **extra)
+            assert info.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
 
 
 class TestResponsesBrokenStream:

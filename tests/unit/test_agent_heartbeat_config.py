@@ -222,6 +222,14 @@ class TestConfig:
         with pytest.raises(AgentConfigError, match=message):
             parse_config(args)
 
+    def test_credentials_in_the_controller_url_are_refused_unechoed(self) -> None:
+        """A user or password in --controller is refused without repeating it: with a
+        token, aiohttp refused every heartbeat (ValueError) and the agent died."""
+        url = "http://u:pw-canary@127.0.0.1:8081"
+        with pytest.raises(AgentConfigError, match="user name or password") as caught:
+            parse_config(["--node", "n", "--state-dir", "/tmp/x", "--controller", url])
+        assert "pw-canary" not in str(caught.value)
+
     def test_unknown_file_key(self, tmp_path: Path) -> None:
         """A misspelt key in the file is an error, not silently ignored."""
         f = tmp_path / "agent.yaml"

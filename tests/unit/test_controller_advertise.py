@@ -60,3 +60,17 @@ class TestFlag:
             parse_args(["--advertise-url", url], {})
         assert info.value.code == 2
         assert "--advertise-url" in capsys.readouterr().err
+
+    @pytest.mark.parametrize("url", ["http://u:pw-canary@ctl-a:8081", "http://pw-canary@ctl-a"])
+    def test_a_user_or_password_exits_2_without_echoing_it(
+        self, url: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Credentials in the URL were logged when leading, stored in the database, and
+        made every relayed usage report a 500 (aiohttp will not send them beside the
+        router's Authorization): refused at start, and not repeated in the message."""
+        with pytest.raises(SystemExit) as info:
+            parse_args(["--advertise-url", url], {})
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--advertise-url" in err
+        assert "pw-canary" not in err

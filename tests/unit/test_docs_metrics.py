@@ -93,6 +93,14 @@ def _kv_events(cls: Any) -> CollectorRegistry:
     return registry
 
 
+def _reloads(cls: Any) -> CollectorRegistry:
+    from llmgw.router.control.reloadstatus import started
+
+    registry = CollectorRegistry()
+    registry.register(cls(lambda: started(1.8e9)))
+    return registry
+
+
 def _controller(cls: Any) -> CollectorRegistry:
     from llmgw.controller.api.services import Services
     from llmgw.controller.config import ControllerConfig
@@ -119,6 +127,7 @@ REGISTRIES: dict[str, Callable[[Any], CollectorRegistry]] = {
     "llmgw.router.routing.feedback.PredictionCheck": _prediction,
     "llmgw.router.routing.kvevents.KVEventIndex": _kv_events,
     "llmgw.router.control.leases.ShareMetrics": _shares,
+    "llmgw.router.control.reloadstatus.ReloadMetrics": _reloads,
     "llmgw.router.workers.pool.WorkerMetrics": _workers,
     "llmgw.agent.metrics.AgentMetrics": _agent,
     "llmgw.controller.api.metrics.ControllerMetrics": _controller,

@@ -116,6 +116,17 @@ class TestValidation:
             parse(text)
         assert "\n" not in str(info.value)
 
+    def test_controller_credentials_beside_a_token_are_refused_unechoed(self) -> None:
+        """A user or password in controller.url beside controller.token is refused without
+        repeating it: aiohttp refused every call (ValueError) and the loop that follows the
+        controller died, leaving the router with no endpoints."""
+        text = "controller: {url: 'http://u:pw-canary@c:8081', token: t}"
+        with pytest.raises(RouterConfigError, match=r"controller\.url") as info:
+            parse(text)
+        assert "pw-canary" not in str(info.value)
+        # Alone, they are what the router sends (basic auth to a proxy in front).
+        assert parse("controller: {url: 'http://u:pw@c:8081'}").controller is not None
+
     def test_router_id_up_to_the_controllers_bound(self) -> None:
         """A printable router_id of 256 characters, what the controller takes, is kept."""
         assert parse("router_id: " + "é" * 256).router_id == "é" * 256

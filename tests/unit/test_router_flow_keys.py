@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from typing import Any
 
 from llmgw.router.config import parse
 from llmgw.router.replicas.stats import Stats
@@ -58,3 +59,29 @@ class TestFlowSeriesOfKeysThatLeft:
         assert flow_wait_teams(w) == {"alice", "bob"}
         w.router.apply_config(parse(config("bob")))
         assert flow_wait_teams(w) == {"bob"}
+
+
+class TestNarrowedWhileQueued:
+    """A key whose model list loses the request's model while it is queued is refused."""
+
+    def test_a_queued_request_for_a_model_the_key_lost_is_refused(self) -> None:
+        """Queued at capacity, then narrowed by a reload to `n` (same hash): let go, the
+        request is answered 403 model_not_allowed and the engine never sees it."""
+        digest = hashlib.sha256(b"sk-alice").hexdigest()
+        alice = f"api_keys: [{{name: alice, sha256: {digest}, models: [m, n]}}]\n"
+        w = World(ENDPOINT + "models: [n]\n" + alice)
+        w.router.registry.observe("r1", Stats(running=8, waiting=2, kv_usage=0.5))
+        w.router.observed("r1")
+        w.fake.script("r1", reply(200, b"{}"))
+
+        async def main() -> Any:
+            sent = asyncio.create_task(w.send(headers={"Authorization": "Bearer sk-alice"}))
+            await asyncio.sleep(1)
+            assert w.router.flow.waiting == 1
+            w.router.apply_config(parse(ENDPOINT + "models: [n]\n" + alice.replace("m, n", "n")))
+            w.router.registry.observe("r1", Stats(running=0, waiting=0, kv_usage=0.1))
+            return await sent
+
+        r = w.run(main)
+        assert (r.status, r.json()["error"]["code"]) == (403, "model_not_allowed")
+        assert w.fake.tried() == []

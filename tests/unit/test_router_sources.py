@@ -7,10 +7,13 @@ import random
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from llmgw.router.config import RouterConfig
+from llmgw.router.config import RouterConfig, parse
+from llmgw.router.control.reloadstatus import ReloadMetrics, ReloadStatus
 from llmgw.router.control.sources import ConfigWatcher, ControllerSource
 from llmgw.router.errors import ControllerCallFailed
+from llmgw.runtime.clock import ManualClock
 from llmgw.wire.endpoints import EndpointInfo, EndpointList
 
 ONE = "endpoints: [{id: a, url: 'http://a', models: [m]}]\n"
@@ -211,3 +214,95 @@ class TestControllerSource:
         assert max(waits) <= 8.0
         assert min(waits) >= 0.25
         assert len(waits) > 10
+
+
+class TestReloadStatus:
+    """The watcher's status says whether the file's last load went in, and what waits."""
+
+    def watched(self, tmp_path: Path, text: str) -> tuple[Path, ConfigWatcher, ManualClock]:
+        path = tmp_path / "r.yaml"
+        path.write_text(ONE)
+        clock = ManualClock(start_wall=1.8e9)
+        w = ConfigWatcher(path, on_config=lambda _cfg: None, running=parse(ONE), clock=clock)
+        clock.advance(10.0)
+        path.write_text(text)
+        bump_mtime(path)
+        return path, w, clock
+
+    def test_a_refused_reload_says_why_and_keeps_the_last_success(self, tmp_path: Path) -> None:
+        """A file that does not validate leaves last_successful False with its error, and
+        the last success still the start's."""
+        _, w, _ = self.watched(tmp_path, "endpoints: [{id: a}]\n")
+        assert [w.tick(), w.tick()] == [False, False]
+        st = w.status
+        assert (
+            st.last_successful,
+            st.last_success_at,
+            st.last_attempt_at,
+        ) == (False, 1.8e9, 1.8e9 + 10.0)
+        assert st.last_error is not None
+        assert "url" in st.last_error
+
+    def test_an_empty_file_is_a_refused_reload(self, tmp_path: Path) -> None:
+        """A file caught empty is refused: the status says so, not only the log."""
+        _, w, _ = self.watched(tmp_path, "")
+        w.tick()
+        w.tick()
+        assert w.status.last_successful is False
+        assert "empty" in (w.status.last_error or "")
+
+    def test_an_applied_reload_clears_the_error_and_names_what_waits(self, tmp_path: Path) -> None:
+        """Fixed again with restart-only changes, the file is in force and the fields
+        that wait for a restart are listed, sorted."""
+        path, w, clock = self.watched(tmp_path, "endpoints: [{id: a}]\n")
+        w.tick()
+        w.tick()
+        clock.advance(5.0)
+        path.write_text(ONE + "max_body_bytes: 1000\nbreaker: {cooldown_s: 9}\n")
+        bump_mtime(path)
+        assert [w.tick(), w.tick()] == [False, True]
+        assert w.status == ReloadStatus(
+            last_successful=True,
+            last_success_at=1.8e9 + 15.0,
+            last_attempt_at=1.8e9 + 15.0,
+            last_error=None,
+            restart_pending=("breaker", "max_body_bytes"),
+        )
+
+    def test_a_config_that_fails_to_apply_is_a_refused_reload_and_watching_goes_on(
+        self, tmp_path: Path
+    ) -> None:
+        """A config the router fails to put in force (a defect of its own) is reported
+        as a refused reload, and the next change of the file is still read."""
+        path = tmp_path / "r.yaml"
+        path.write_text(ONE)
+        got: list[RouterConfig] = []
+
+        def apply(cfg: RouterConfig) -> None:
+            if cfg.models == ("cold",):
+                raise TypeError("boom")
+            got.append(cfg)
+
+        w = ConfigWatcher(path, on_config=apply)
+        path.write_text(TWO)
+        bump_mtime(path)
+        assert [w.tick(), w.tick()] == [False, False]
+        assert w.status.last_successful is False
+        assert "boom" in (w.status.last_error or "")
+        path.write_text(ONE + "models: [warm]\n")
+        bump_mtime(path)
+        assert [w.tick(), w.tick()] == [False, True]
+        assert got[0].models == ("warm",)
+
+    def test_the_gauges_follow_the_status(self, tmp_path: Path) -> None:
+        """/metrics shows 0 after a refused reload, the last success's time, and how many
+        restart-only fields wait."""
+        _, w, _ = self.watched(tmp_path, "endpoints: [{id: a}]\n")
+        w.tick()
+        w.tick()
+        registry = CollectorRegistry()
+        registry.register(ReloadMetrics(lambda: w.status))
+        get = registry.get_sample_value
+        assert get("llmgw_router_config_last_reload_successful") == 0.0
+        assert get("llmgw_router_config_last_reload_success_timestamp_seconds") == 1.8e9
+        assert get("llmgw_router_config_restart_pending") == 0.0

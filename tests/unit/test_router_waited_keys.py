@@ -107,3 +107,27 @@ class TestSkippedProbeCostsNothing:
         assert (skipped.status, probe.status) == (503, 200)
         assert w.fake.tried() == ["a", "a"]
         assert skipped.headers["x-ratelimit-remaining-requests"] == "1"
+
+
+class TestNarrowedWhileWaiting:
+    """A key whose model list loses the request's model while it is held is refused then."""
+
+    def test_a_held_request_for_a_model_the_key_lost_is_refused(self) -> None:
+        """Narrowed by a reload to `n` (same hash) while held, the request for `m` is
+        answered 403 model_not_allowed once a replica arrives, its request given back,
+        and the engine never sees it."""
+        alice = f"api_keys: [{{name: alice, sha256: {DIGEST}, rpm: 60, models: [m, n]}}]\n"
+        w = World(HELD.replace("[m]", "[m, n]").replace("2", "30") + alice)
+        w.fake.script("r1", reply(200, b'{"id":"served"}'))
+
+        async def main() -> Any:
+            task = asyncio.create_task(w.send(headers=AUTH))
+            await asyncio.sleep(1)
+            w.router.apply_config(parse(HELD + alice.replace("[m, n]", "[n]")))
+            w.router.apply_endpoints([REPLICA])
+            return await task
+
+        r = w.run(main)
+        assert (r.status, r.json()["error"]["code"]) == (403, "model_not_allowed")
+        assert r.headers["x-ratelimit-remaining-requests"] == "60"
+        assert w.fake.tried() == []

@@ -267,6 +267,14 @@ def _check(cfg: AgentConfig) -> None:
         if problem is not None:
             raise AgentConfigError(f"{flag} {problem}")
     for url in cfg.controller:
+        if _has_userinfo(url):
+            # Said without the URL (the part before "@" may be a password). The agent's
+            # credential is its token: with one, aiohttp refuses URL credentials beside
+            # it (ValueError), and the heartbeat loop died of it.
+            raise AgentConfigError(
+                "--controller: a URL with a user name or password; give http://HOST:PORT "
+                "and the token in --token-file"
+            )
         # Refused here: the heartbeat loop would only log its failure, forever.
         why = _url_problem(url)
         if why is not None:
@@ -289,6 +297,13 @@ def _check_secret_env(names: tuple[str, ...]) -> None:
                 f"secret_env {name}: not a secret but a variable that loads code or that the "
                 "agent sets (wire/policy.py); listed, no engine would inherit it"
             )
+
+
+def _has_userinfo(url: str) -> bool:
+    try:
+        return "@" in urlsplit(url).netloc
+    except ValueError:  # a bad URL: _url_problem says why
+        return False
 
 
 def _url_problem(url: str) -> str | None:

@@ -98,6 +98,10 @@ class ControllerConfig:
     max_long_polls: int = 4096
     # Seconds in-flight HTTP requests get to finish on SIGTERM.
     shutdown_grace_s: float = 5.0
+    # The part of the client connections one client address may hold (runtime/peers.py);
+    # past it that address gets 503 while agents and routers elsewhere are served. At
+    # 1.0 one client's idle connections refused every heartbeat. 1.0 behind a proxy.
+    client_share: float = 0.5
     # The URL other controllers reach this one at, recorded in the store while it
     # leads: a standby forwards the usage reports it receives there (leaderlink.py).
     # None: derived from host and the bound port (derive_advertise_url); still None when
@@ -138,6 +142,8 @@ FLOAT_HELP = {
     "stopped-retention-s": "stopped replicas stay listed this long",
     "usage-retention-days": "token usage older than this many days is deleted (0: kept forever)",
     "shutdown-grace-s": "on SIGTERM, in-flight API requests get this long",
+    "client-share": "the part of the client connections one client address may hold "
+    "(0 to 1; 1.0 behind a proxy, where every client has its address)",
 }
 
 
@@ -203,9 +209,14 @@ def derive_advertise_url(given: str | None, host: str, port: int) -> str | None:
 
 
 def url_problem(url: str) -> str | None:
-    """Why `url` cannot be --advertise-url, or None: an http(s) URL with a host, no query."""
+    """Why `url` cannot be --advertise-url, or None: an http(s) URL with a host, no query,
+    no user name or password (one would be logged and stored as the leader's URL, and a
+    standby's relay cannot send it beside the router's Authorization: a 500 per report)."""
     try:
         parts = urllib.parse.urlsplit(url)
+        if "@" in parts.netloc:
+            # Said without the URL: the part before "@" may be a password.
+            return "a URL with a user name or password (give the host and port only)"
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number
     except ValueError as exc:
         return f"{url!r}: {exc}"
@@ -403,6 +414,7 @@ def _floats(d: ControllerConfig) -> dict[str, float]:
         "stopped-retention-s": d.stopped_retention_s,
         "usage-retention-days": d.usage_retention_days,
         "shutdown-grace-s": d.shutdown_grace_s,
+        "client-share": d.client_share,
     }
 
 
@@ -414,6 +426,8 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Con
     a = configfile.parse(p, argv, "controller", environ=env, secrets=SECRET_FLAGS, known=OTHER_ENV)
     if a.tick_s <= 0 or a.heartbeat_timeout_s <= 0:
         p.error("--tick-s and --heartbeat-timeout-s must be positive")
+    if not 0 < a.client_share <= 1:
+        p.error(f"--client-share {a.client_share:g}: expected above 0, at most 1")
     days = a.usage_retention_days
     if not (days == 0 or MIN_USAGE_RETENTION_DAYS <= days <= MAX_USAGE_RETENTION_DAYS):
         p.error(

@@ -8,6 +8,7 @@ import sys
 
 from llmgw.controller.config import ControllerConfig, derive_advertise_url, parse_args
 from llmgw.runtime import logs, serve
+from llmgw.runtime.httpserver import ServerLimits
 
 log = logging.getLogger(__name__)
 
@@ -55,4 +56,5 @@ async def _serve(config: ControllerConfig) -> int:
         name="controller",
         grace_s=config.shutdown_grace_s,
         sock=sock,
+        limits=ServerLimits(client_share=config.client_share),
     )

@@ -22,6 +22,7 @@ from llmgw.router import compiled
 from llmgw.router.apis import catalog
 from llmgw.router.apis.passthrough import PassThrough
 from llmgw.router.config import RouterConfig
+from llmgw.router.control.reloadstatus import ReloadMetrics
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.control.usagereports import UsageReporter
 from llmgw.router.http.routes import FastRoutes
@@ -117,7 +118,8 @@ def build_app(
 
     With `link` it is one worker of several (worker.py): the supervisor at the
     other end scrapes, reloads, follows the controller and reports usage for the
-    host, and answers /metrics and /admin/usage for all the workers together.
+    host, and answers /metrics, /admin/usage and /admin/config for all the workers
+    together.
     `host`: the listen address, a name the admin routes answer without a token.
     """
     built = compiled.STATUS
@@ -133,13 +135,14 @@ def build_app(
     if cfg.tracing is not None:
         state.tracing = Tracing(cfg.tracing)
     proxy = Proxy(state)
-    routes = FastRoutes(proxy, PassThrough(proxy), link=link, host=host)
     # Every worker follows the engines' KV events itself: each keeps its own
     # prefix index, so each needs the exact block sets (docs/routing.md).
     follow = KVEventFollower(state.kv_events).run()
     if link is not None:
+        routes = FastRoutes(proxy, PassThrough(proxy), link=link, host=host)
         return RouterApp(state, routes, [link.run(), follow])
     loops, watcher, reporter = _host_loops(state, cfg, config_path)
+    routes = FastRoutes(proxy, PassThrough(proxy), watcher=watcher, host=host)
     return RouterApp(state, routes, [*loops, follow], watcher=watcher, reporter=reporter)
 
 
@@ -183,7 +186,14 @@ def _host_loops(
     loops: list[Loop] = [scraper.run(), reporter.run()]
     watcher = None
     if config_path is not None:
-        watcher = ConfigWatcher(config_path, on_config=state.apply_config, poll_s=cfg.reload_poll_s)
+        watcher = ConfigWatcher(
+            config_path,
+            on_config=state.apply_config,
+            poll_s=cfg.reload_poll_s,
+            running=cfg,
+            clock=state.clock,
+        )
+        state.metrics.registry.register(ReloadMetrics(lambda: watcher.status))
         loops.append(watcher.run())
     if controller is not None:
         loops.append(ControllerSource(controller, on_list=state.apply_list).run())

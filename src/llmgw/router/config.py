@@ -227,6 +227,15 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 raise ValueError(f"allowed_hosts {problem}")
         if self.controller is not None and self.endpoints:
             raise ValueError("endpoints must be empty when controller is set (it supplies them)")
+        ctl = self.controller
+        if ctl is not None and ctl.token and "@" in ctl.url.partition("//")[2].split("/")[0]:
+            # Said without the URL: the part before "@" may be a password. aiohttp sends
+            # URL credentials as an Authorization of their own and refuses them beside
+            # the token's (ValueError): the loop following the controller died of it.
+            raise ValueError(
+                "controller.url holds a user name or password beside controller.token: "
+                "only one Authorization can be sent; remove one"
+            )
         seen: set[str] = set()
         for i, ep in enumerate(self.endpoints):
             if ep.id in seen:

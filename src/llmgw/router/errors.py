@@ -8,6 +8,7 @@ Everything the router raises on purpose derives from `RouterError`:
     │   ├── UpstreamConnectError nothing reached the engine: always safe to retry
     │   ├── UpstreamTimeout      the deadline passed before the engine answered
     │   ├── UpstreamBroken       the response broke after it had started
+    │   ├── AnswerTooLarge       an answer read whole (a scrape) passed its bound
     │   └── ScrapeFailed         an engine's /metrics could not be read (scrape.py)
     ├── MetricsParseError        an engine's /metrics lacks a figure the router needs
     ├── ControllerCallFailed     the controller did not answer usefully
@@ -17,6 +18,7 @@ Everything the router raises on purpose derives from `RouterError`:
     ├── NoReplica                nothing could serve the request within its deadline
     ├── FlowRefused              flow control's queue was full, or the wait too long
     ├── KeyRevoked               the request's key was revoked (or expired) while it waited
+    │   └── ModelNotAllowed      its key's `models` lost the request's model while it waited
     └── ModelRemoved             the request's model left the router's models while it waited
 
 The upstream clients raise only `UpstreamError`s: a transport's exception
@@ -58,6 +60,10 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamBroken(UpstreamError):
     """The engine's response stopped before it was complete."""
+
+
+class AnswerTooLarge(UpstreamError):
+    """An answer read whole (an engine's /metrics) passed its bound; the rest is unread."""
 
 
 class RouterConfigError(RouterError):
@@ -133,6 +139,17 @@ class KeyRevoked(RouterError):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name
+
+
+class ModelNotAllowed(KeyRevoked):
+    """The request's key is still in force, but its `models` no longer hold the
+    request's model (narrowed while the request waited): refused as a new request with
+    the key would be (403), a `KeyRevoked` so that every wait that re-checks the key
+    refuses it the same way."""
+
+    def __init__(self, name: str, model: str) -> None:
+        super().__init__(name)
+        self.model = model
 
 
 class ModelRemoved(RouterError):

@@ -2,8 +2,15 @@
 
 `max_tokens` is required, as Anthropic's API has it; `system` (a string or
 text blocks) and the messages' text blocks are tokenized as the chat prompt
-with the same turns. Errors are Anthropic's shape, `{"type": "error",
-"error": {"type", "message"}}`. Usage follows Anthropic's meaning:
+with the same turns. `stop_sequences` are chat's `stop` (vLLM passes them on
+so): the reply ends before the first, with stop_reason `end_turn`, as vLLM
+maps any "stop" finish, and `stop_sequence` null. `tools` (`name`,
+`input_schema`) and `tool_choice` are chat's, as vLLM converts them: `any`
+("required") or a named `tool` answers one `tool_use` block, its `input` the
+JSON structured.py writes (streamed as `input_json_delta`), stop_reason
+`tool_use` for `any` and the engine's for a named tool, as vLLM maps chat's
+finish reasons; `auto` answers words. Errors are Anthropic's shape,
+`{"type": "error", "error": {"type", "message"}}`. Usage follows Anthropic's meaning:
 `input_tokens` are the prompt tokens not read from the cache,
 `cache_read_input_tokens` those that were. Streamed: `message_start`,
 `content_block_start`, `content_block_delta`…, `content_block_stop`,
@@ -13,11 +20,14 @@ with the same turns. Errors are Anthropic's shape, `{"type": "error",
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import uuid
 from typing import Any
 
 import msgspec
 
-from llmgw.simengine import api
+from llmgw.simengine import api, sampling, structured
 from llmgw.simengine.config import SimConfig
 
 _ERROR_TYPES = {
@@ -37,6 +47,8 @@ class MessagesBody(api.GenerationBody, frozen=True, kw_only=True):
     messages: list[dict[str, Any]]
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
+    tool_choice: dict[str, Any] | None = None
 
 
 def error_body(status: int, message: str) -> bytes:
@@ -73,8 +85,46 @@ def parse_messages(raw: bytes, cfg: SimConfig) -> api.Job:
         raise api.SimApiError(400, "max_tokens: Field required", param="max_tokens")
     if not body.messages:
         raise api.SimApiError(400, "messages: at least one message is required")
+    stops = sampling.stop_strings(body.stop_sequences)
+    call = structured.tool_call(_functions(body.tools), _choice(body.tool_choice))
     ids = api.chat_ids(chat_messages(body), body.tools, cfg)
-    return api.job_of(body, cfg, ids, body.max_tokens, model=model, chat=True)
+    job = api.job_of(body, cfg, ids, body.max_tokens, model=model, chat=True)
+    if call is None:
+        return dataclasses.replace(job, stops=stops)
+    name, arguments, required = call
+    return dataclasses.replace(
+        job, stops=stops, script=arguments, tool=name, tool_required=required
+    )
+
+
+def _functions(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Anthropic's tools as chat's functions (vLLM's conversion), or its 400."""
+    if tools is None:
+        return None
+    out = []
+    for t in tools:
+        name, schema = t.get("name"), t.get("input_schema")
+        if not isinstance(name, str) or not isinstance(schema, dict):
+            raise api.SimApiError(400, "tools: each tool needs a `name` and an `input_schema`")
+        out.append({"type": "function", "function": {"name": name, "parameters": schema}})
+    return out
+
+
+def _choice(choice: dict[str, Any] | None) -> object:
+    """Anthropic's tool_choice as chat's: `any` is "required", `tool` names a function."""
+    if choice is None:
+        return None
+    kind = choice.get("type")
+    if kind in ("auto", "none"):
+        return kind
+    if kind == "any":
+        return "required"
+    if kind != "tool":
+        raise api.SimApiError(400, "tool_choice.type must be 'auto', 'any', 'tool' or 'none'")
+    name = choice.get("name")
+    if not isinstance(name, str) or not name:
+        raise api.SimApiError(400, "tool_choice.name is required when type is 'tool'")
+    return {"type": "function", "function": {"name": name}}
 
 
 class CountBody(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,6 +165,30 @@ class MessagesEncoder:
         self.job = job
         self.id = "msg_" + rid.rpartition("-")[2]
         self.finish: str | None = None
+        self.call_id = f"chatcmpl-tool-{uuid.uuid4().hex}"  # vLLM's: its chat call's id
+
+    def _stop_reason(self, finish: str) -> str:
+        # vLLM's: a call chat ends with "tool_calls" (tool_choice any) is `tool_use`; a
+        # named tool's call ends as the engine ended it.
+        if finish == "stop" and self.job.tool_required:
+            return "tool_use"
+        return _STOP.get(finish, "end_turn")
+
+    def _block(self, text: str | None) -> dict[str, Any]:
+        """The reply's one content block: its text, or the tool call (`input` {} opening
+        a stream, or when max_tokens cut the arguments short)."""
+        if self.job.tool is None:
+            return {"type": "text", "text": text or ""}
+        args: object = {}
+        if text is not None:
+            with contextlib.suppress(msgspec.DecodeError):
+                args = msgspec.json.decode(text)
+        return {
+            "type": "tool_use",
+            "id": self.call_id,
+            "name": self.job.tool,
+            "input": args if isinstance(args, dict) else {},
+        }
 
     def _message(self, content: list[dict[str, Any]], u: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -123,14 +197,14 @@ class MessagesEncoder:
             "role": "assistant",
             "content": content,
             "model": self.job.model,
-            "stop_reason": None if self.finish is None else _STOP.get(self.finish, "end_turn"),
+            "stop_reason": None if self.finish is None else self._stop_reason(self.finish),
             "stop_sequence": None,
             "usage": u,
         }
 
     def first(self) -> bytes:
         u = {"input_tokens": len(self.job.prompt_ids), "output_tokens": 0}
-        block = {"type": "text", "text": ""}
+        block = self._block(None)
         return _event("message_start", {"message": self._message([], u)}) + _event(
             "content_block_start", {"index": 0, "content_block": block}
         )
@@ -139,12 +213,15 @@ class MessagesEncoder:
         self.finish = finish
         if not text:
             return b""
-        return _event(
-            "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}
+        delta = (
+            {"type": "text_delta", "text": text}
+            if self.job.tool is None
+            else {"type": "input_json_delta", "partial_json": text}
         )
+        return _event("content_block_delta", {"index": 0, "delta": delta})
 
     def tail(self, usage_: dict[str, Any]) -> bytes:
-        stop = _STOP.get(self.finish or "stop", "end_turn")
+        stop = self._stop_reason(self.finish or "stop")
         return b"".join(
             (
                 _event("content_block_stop", {"index": 0}),
@@ -161,4 +238,4 @@ class MessagesEncoder:
 
     def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
         self.finish = finish
-        return _enc.encode(self._message([{"type": "text", "text": text}], usage(usage_)))
+        return _enc.encode(self._message([self._block(text)], usage(usage_)))

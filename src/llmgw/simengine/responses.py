@@ -4,22 +4,28 @@ Stateless only, as vLLM without its response store: `previous_response_id`
 and `background` are refused (400). The input (`instructions`, then `input`
 as a string or a list of messages with `input_text`/`output_text` parts) is
 tokenized as the chat prompt with the same turns, so a conversation costs the
-same tokens whichever API carries it. Streamed, the events are vLLM's:
+same tokens whichever API carries it. A `text.format` json_schema answers
+JSON that fits its `schema` (structured.py), as vLLM's structured output
+does; other formats answer words. A response repeats the request's
+`instructions`, `metadata`, `temperature`, `top_p`, `tools`, `tool_choice`,
+`text`, `parallel_tool_calls` and `user`, as vLLM's does. Streamed, the events are vLLM's:
 `response.created`, `response.in_progress`, `response.output_item.added`,
 `response.content_part.added`, `response.output_text.delta`…,
 `response.output_text.done`, `response.content_part.done`,
-`response.output_item.done`, then `response.completed` (or
-`response.incomplete` when `max_output_tokens` cut it), each with a
-`sequence_number`, and no `[DONE]`.
+`response.output_item.done`, then `response.completed`, each with a
+`sequence_number`, and no `[DONE]`. A reply `max_output_tokens` cut ends with
+`response.completed` too, its response's status "incomplete", as vLLM's does:
+the SDK's `responses.stream()` takes its final response from that event alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgspec
 
-from llmgw.simengine import api, tokenizer
+from llmgw.simengine import api, structured, tokenizer
 from llmgw.simengine.config import SimConfig
 
 _TEXT = frozenset({"input_text", "output_text", "text"})
@@ -32,6 +38,34 @@ class ResponsesBody(api.GenerationBody, frozen=True, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     previous_response_id: str | None = None
     background: bool | None = False
+    text: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    top_p: float | None = None
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool | None = True
+    user: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResponsesJob(api.Job):
+    """A Responses request's job and what its answer echoes of the request."""
+
+    echoed: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _echoed(body: ResponsesBody) -> dict[str, Any]:
+    """The request's fields a response repeats, as vLLM's (defaults where not given)."""
+    return {
+        "instructions": body.instructions,
+        "metadata": body.metadata,
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "tool_choice": body.tool_choice,
+        "tools": body.tools or [],
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "text": body.text or {"format": {"type": "text"}},
+        "user": body.user,
+    }
 
 
 def _content(content: Any) -> Any:
@@ -76,8 +110,24 @@ def parse_responses(raw: bytes, cfg: SimConfig) -> api.Job:
         )
     if body.background:
         raise api.SimApiError(400, "background responses need the response store")
+    script = _format_text(body.text)
     ids = api.chat_ids(chat_messages(body), body.tools, cfg)
-    return api.job_of(body, cfg, ids, body.max_output_tokens, model=model, chat=True)
+    job = api.job_of(body, cfg, ids, body.max_output_tokens, model=model, chat=True)
+    fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
+    return ResponsesJob(**{**fields, "script": script}, echoed=_echoed(body))
+
+
+def _format_text(text: dict[str, Any] | None) -> str | None:
+    """The JSON a `text.format` json_schema asks for (structured.py); None: words, as vLLM
+    answers any other format."""
+    fmt = None if text is None else text.get("format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return None
+    if not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), dict):
+        raise api.SimApiError(
+            400, "text.format json_schema needs a `name` and a `schema`", param="text"
+        )
+    return structured.json_text(fmt["schema"])
 
 
 def usage(u: dict[str, Any]) -> dict[str, Any]:
@@ -92,6 +142,7 @@ def usage(u: dict[str, Any]) -> dict[str, Any]:
 
 
 _enc = msgspec.json.Encoder()
+_ECHO_DEFAULTS = _echoed(ResponsesBody())
 
 
 class ResponsesEncoder:
@@ -105,6 +156,7 @@ class ResponsesEncoder:
         self.seq = 0
         self.text: list[str] = []
         self.finish: str | None = None  # the last delta's finish reason
+        self.echoed = job.echoed if isinstance(job, ResponsesJob) else {}
 
     def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
         data = {"type": kind, **fields, "sequence_number": self.seq}
@@ -133,23 +185,16 @@ class ResponsesEncoder:
             "model": self.job.model,
             "status": "incomplete" if incomplete else status,
             "incomplete_details": incomplete,
-            "instructions": None,
-            "metadata": None,
+            **_ECHO_DEFAULTS,
+            **self.echoed,
             "output": [] if u is None else [self._item("completed")],
-            "parallel_tool_calls": True,
-            "temperature": 1.0,
-            "tool_choice": "auto",
-            "tools": [],
-            "top_p": 1.0,
             "background": False,
             "max_output_tokens": self.job.params_max_tokens,
             "previous_response_id": None,
             "reasoning": None,
             "service_tier": "auto",
-            "text": {"format": {"type": "text"}},
             "truncation": "disabled",
             "usage": None if u is None else usage(u),
-            "user": None,
         }
 
     def first(self) -> bytes:
@@ -201,7 +246,7 @@ class ResponsesEncoder:
                     "response.output_item.done",
                     {"output_index": 0, "item": self._item("completed")},
                 ),
-                self._event(f"response.{final['status']}", {"response": final}),
+                self._event("response.completed", {"response": final}),
             )
         )
 

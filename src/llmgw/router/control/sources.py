@@ -24,8 +24,9 @@ from pathlib import Path
 
 import msgspec
 
-from llmgw.router.config import ControllerConfig, RouterConfig, load
+from llmgw.router.config import ControllerConfig, RouterConfig, load, restart_only_changes
 from llmgw.router.control.listread import ListReader
+from llmgw.router.control.reloadstatus import ReloadStatus, started
 from llmgw.router.errors import (
     ControllerCallFailed,
     LeaseRefused,
@@ -34,6 +35,7 @@ from llmgw.router.errors import (
     UpstreamError,
 )
 from llmgw.router.upstream.aiohttp_client import Upstream
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.wire.endpoints import EndpointList
 from llmgw.wire.leases import LeaseAnswer
@@ -50,7 +52,11 @@ MIN_POLL_S = 1.0
 
 
 class ConfigWatcher:
-    """Reloads the configuration file when it changes or when asked (SIGHUP)."""
+    """Reloads the configuration file when it changes or when asked (SIGHUP).
+
+    `running`: the configuration the router started with, whose restart-only settings
+    stay in force until it restarts (config.in_force); `status` says which of them
+    the file sets otherwise (None: none are told apart)."""
 
     def __init__(
         self,
@@ -58,10 +64,16 @@ class ConfigWatcher:
         *,
         on_config: Callable[[RouterConfig], None],
         poll_s: float = 1.0,
+        running: RouterConfig | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.path = Path(path)
         self.poll_s = poll_s
         self._on_config = on_config
+        self._running = running
+        self._clock = clock
+        # The last load's outcome, replaced whole (/admin/config, /metrics).
+        self.status: ReloadStatus = started(clock.wall())
         self._stamp = self._read_stamp()
         self._wake = asyncio.Event()
         self._forced = False
@@ -100,6 +112,7 @@ class ConfigWatcher:
             cfg = load(self.path, empty_ok=False)
         except RouterConfigError as exc:
             self.last_error = str(exc)
+            self.status = self.status.refused(self._clock.wall(), self.last_error)
             log.error(kv("reload rejected, keeping the running config", error=exc))
             return False
         if self._read_stamp() != stamp:
@@ -109,8 +122,19 @@ class ConfigWatcher:
         self.reloads += 1
         # The file says how often to look at it: the next wait already takes it.
         self.poll_s = cfg.reload_poll_s
+        try:
+            self._on_config(cfg)
+        except Exception as exc:
+            # A defect of the router's, not of the file: said as a refused reload (the
+            # gauge, /admin/config), and the watch goes on, for the next change.
+            self.last_error = f"the router failed to apply it: {exc!r}"
+            self.status = self.status.refused(self._clock.wall(), self.last_error)
+            log.exception(kv("reload failed while applied", path=self.path))
+            return False
         log.info(kv("config reloaded", path=self.path, endpoints=len(cfg.endpoints)))
-        self._on_config(cfg)
+        # Restart-only settings in force are the start's for as long as the router runs.
+        pending = () if self._running is None else restart_only_changes(self._running, cfg)
+        self.status = self.status.applied(self._clock.wall(), tuple(pending))
         return True
 
     async def run(self) -> None:

@@ -15,6 +15,7 @@ import msgspec
 
 from llmgw.router.apis.catalog import ROUTES as API_ROUTES
 from llmgw.router.apis.passthrough import PassThrough
+from llmgw.router.control.sources import ConfigWatcher
 from llmgw.router.http.answers import JSON, Whole, json_whole, whole
 from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import CONTENT_TYPE
@@ -39,8 +40,9 @@ class FastRoutes:
     The proxied POST routes first, then GET (and HEAD) ones, then the
     OpenAI-shaped 404/405 for anything else (never a plain-text page). `link`:
     in a worker (--workers N), its link to the supervisor, which answers
-    /metrics and /admin/usage for all the workers together. `host`: the listen
-    address (--host), a name the admin routes answer without a token.
+    /metrics, /admin/usage and /admin/config for all the workers together.
+    `watcher`: the config file's, in a one-process router that watches one.
+    `host`: the listen address (--host), a name the admin routes answer without a token.
     """
 
     def __init__(
@@ -49,11 +51,12 @@ class FastRoutes:
         passthrough: PassThrough,
         *,
         link: WorkerLink | None = None,
+        watcher: ConfigWatcher | None = None,
         host: str | None = None,
     ) -> None:
         self.proxy = proxy
         self.passthrough = passthrough
-        own = _Own(proxy.state, link, host)
+        own = _Own(proxy.state, link, host, watcher)
         self.listing = Listing(proxy.state)
         self.gets = {
             "/v1/models": self.listing.models,
@@ -63,6 +66,7 @@ class FastRoutes:
             "/metrics": own.metrics,
             "/admin/endpoints": own.admin_endpoints,
             "/admin/usage": own.admin_usage,
+            "/admin/config": own.admin_config,
         }
 
     def __call__(self, request: Request) -> Awaitable[Answer]:
@@ -89,7 +93,15 @@ class FastRoutes:
 
 # The router's own GET routes outside /v1; any other method on them is a 405.
 GET_PATHS = frozenset(
-    {"/health", "/healthz", "/readyz", "/metrics", "/admin/endpoints", "/admin/usage"}
+    {
+        "/health",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/admin/endpoints",
+        "/admin/usage",
+        "/admin/config",
+    }
 )
 
 
@@ -137,10 +149,17 @@ def _without_userinfo(url: str) -> str:
 class _Own:
     """The router's own routes that read its state: health, readiness, metrics, admin."""
 
-    def __init__(self, state: Router, link: WorkerLink | None, host: str | None) -> None:
+    def __init__(
+        self,
+        state: Router,
+        link: WorkerLink | None,
+        host: str | None,
+        watcher: ConfigWatcher | None,
+    ) -> None:
         self.state = state
         self.link = link
         self.host = host
+        self.watcher = watcher
 
     async def healthz(self, request: Req) -> Whole:
         # `program` and `controller` let `ctl --controller <this router>` say where to go.
@@ -235,6 +254,21 @@ class _Own:
         try:
             # The report the supervisor would send for all the workers now.
             body = await self.link.ask("usage_peek")
+        except (ChannelClosed, TimeoutError):
+            return _supervisor_away()
+        return whole(200, body, content_type=JSON)
+
+    async def admin_config(self, request: Req) -> Whole:
+        """What became of the config file's last load: whether it is in force, when the
+        last one that was went in, the error of a refused one, the restart-only fields
+        that wait for a restart (control/reloadstatus.py); null when no file is watched."""
+        if (denied := self._admin_denied(request)) is not None:
+            return denied
+        if self.link is None:
+            return _json(None if self.watcher is None else self.watcher.status)
+        try:
+            # The supervisor watches the file for all the workers.
+            body = await self.link.ask("config")
         except (ChannelClosed, TimeoutError):
             return _supervisor_away()
         return whole(200, body, content_type=JSON)

@@ -28,6 +28,10 @@ from llmgw.wire.endpoints import EndpointInfo
 
 log = logging.getLogger(__name__)
 
+# The most of an engine's /metrics answer read (a vLLM scrape is tens of KiB, TGI's over
+# a hundred): past it the scrape fails, so an engine cannot fill the router's memory.
+MAX_METRICS_BYTES = 4 * 1024 * 1024
+
 
 class MetricsFetcher(Protocol):
     """Fetch one endpoint's metrics text; raise UpstreamError on any failure."""
@@ -119,7 +123,11 @@ class HttpMetricsFetcher:
         # vLLM leaves /metrics open; llama-server wants its key there too.
         auth = {"Authorization": f"Bearer {info.api_key}"} if info.api_key else None
         status, body = await self._upstream.get(
-            info.url + "/metrics", timeout_s=timeout_s, endpoint_id=info.id, headers=auth
+            info.url + "/metrics",
+            timeout_s=timeout_s,
+            endpoint_id=info.id,
+            headers=auth,
+            max_bytes=MAX_METRICS_BYTES,
         )
         if status != 200:
             raise ScrapeFailed(info.id, f"metrics answered {status}")

@@ -76,6 +76,13 @@ class KeyRing:
         expiry during its wait must not let it reach an engine."""
         return not self.enabled or self._current(tenant.key.sha256.lower()) is not None
 
+    def allows(self, tenant: Tenant, model: str) -> bool:
+        """Whether `tenant`'s key, as it is in force now, may use `model`: asked, after
+        `in_force`, of a request that waited, since a reload (or the controller's list)
+        may have narrowed the key's `models` (the same hash) during its wait."""
+        now = self._current(tenant.key.sha256.lower()) if self.enabled else None
+        return now is None or now.models is None or model in now.models
+
     def _current(self, digest: str) -> Tenant | None:
         """The key whose digest is `digest` when it is in force (known, not expired)."""
         tenant = self._by_digest.get(digest)

@@ -27,7 +27,13 @@ import logging
 from collections.abc import Collection, Sequence
 from typing import Final
 
-from llmgw.router.errors import FlowRefused, KeyRevoked, ModelRemoved, NoReplica
+from llmgw.router.errors import (
+    FlowRefused,
+    KeyRevoked,
+    ModelNotAllowed,
+    ModelRemoved,
+    NoReplica,
+)
 from llmgw.router.http.answers import Whole, whole
 from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import DISCONNECTED, ENGINE_ERROR, OK, REJECTED, UNAVAILABLE
@@ -43,6 +49,7 @@ from llmgw.router.request.intake import refused as logged_refusal
 from llmgw.router.request.refusals import (
     bad_request,
     flow_refused,
+    model_not_allowed,
     model_not_found,
     unauthorized,
     unavailable,
@@ -380,7 +387,7 @@ class Proxy:
         )
         if call.span is not None:
             tracing_of(st).held(call.span, st.clock.monotonic() - held_from)
-        key_in_force(st, call.tenant)
+        key_in_force(st, call.tenant, call.model)
         return got
 
     def _trace(self, call: Call, att: Attempts, decision: Decision) -> None:
@@ -492,8 +499,12 @@ class Proxy:
         return _limited(call, tag(flow_refused(exc), call.rid))
 
     def _revoked(self, call: Call, exc: KeyRevoked) -> Whole:
-        call.status = 401
         call.result = REJECTED
+        if isinstance(exc, ModelNotAllowed):
+            # The key stays: its request is given back, as any refusal before an engine.
+            call.status = 403
+            return _limited(call, tag(model_not_allowed(exc.name, exc.model), call.rid))
+        call.status = 401
         why = f"The API key {exc.name!r} was revoked, or expired, while the request waited."
         return tag(unauthorized(why), call.rid)
 

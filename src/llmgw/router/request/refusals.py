@@ -94,3 +94,14 @@ def flow_refused(exc: FlowRefused) -> Whole:
         code=exc.code,
         headers={"Retry-After": str(exc.retry_after_s)},
     )
+
+
+def model_not_allowed(name: str, model: str) -> Whole:
+    """The refusal of `model` to the key `name`, whose `models` do not hold it."""
+    return error_response(
+        403,
+        f"The API key {name!r} may not use the model {quoted_name(model)!r}.",
+        type="invalid_request_error",
+        code="model_not_allowed",
+        param="model",
+    )

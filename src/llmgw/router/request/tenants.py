@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterable
 
 from llmgw.router.http.answers import Whole
-from llmgw.router.request.refusals import error_response, quoted_name
+from llmgw.router.request.refusals import error_response, model_not_allowed
 from llmgw.router.workers import keytable
 from llmgw.router.workers.keytable import KeyRow, KeyTable
 from llmgw.runtime.clock import Clock
@@ -383,13 +383,7 @@ class Tenants:
     def admit(self, tenant: Tenant, model: str, body_bytes: int) -> Charge | Whole | None:
         """A refusal, or None (nothing to count), or the Charge to settle after the answer."""
         if tenant.models is not None and model not in tenant.models:
-            return error_response(
-                403,
-                f"The API key {tenant.name!r} may not use the model {quoted_name(model)!r}.",
-                type="invalid_request_error",
-                code="model_not_allowed",
-                param="model",
-            )
+            return model_not_allowed(tenant.name, model)
         key = tenant.key
         if not key.limited:
             return None

@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from llmgw.router.errors import HoldQueueFull, KeyRevoked, ModelRemoved, NoReplica
+from llmgw.router.errors import (
+    HoldQueueFull,
+    KeyRevoked,
+    ModelNotAllowed,
+    ModelRemoved,
+    NoReplica,
+)
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot
 from llmgw.router.request import enginepriority
@@ -134,12 +140,18 @@ def _out_of_time(
     return NoReplica(model, held_too_long(st.cfg.hold_timeout_s, look), retry_after_s=5)
 
 
-def key_in_force(st: Router, tenant: Tenant | None) -> None:
+def key_in_force(st: Router, tenant: Tenant | None, model: str) -> None:
     """KeyRevoked when the request's key left the keys in force while it waited: a wait
     may last minutes (a band's max_wait_s, a wake), and a revoke is refused within
-    seconds (docs/tenants.md)."""
-    if tenant is not None and not st.keys.in_force(tenant):
+    seconds (docs/tenants.md). ModelNotAllowed when the key stayed but its `models` no
+    longer hold `model`: checked only at admission, a narrowed key's waiting requests
+    went on to the engine."""
+    if tenant is None:
+        return
+    if not st.keys.in_force(tenant):
         raise KeyRevoked(tenant.name)
+    if not st.keys.allows(tenant, model):
+        raise ModelNotAllowed(tenant.name, model)
 
 
 def must_queue(
@@ -206,7 +218,7 @@ async def wait_turn(st: Router, call: Call, peeked: Decision, deadline: float) -
     )
     # A key revoked while it waited is refused, and a refusal's wait is not counted
     # (nor does it bring back the series of a key that left: Router._set_keys).
-    key_in_force(st, call.tenant)
+    key_in_force(st, call.tenant, model)
     st.metrics.flow_waited(band, who, st.clock.monotonic() - since)
     backlogged = st.flow.backlogged(model, band, who)
     call.engine_priority = enginepriority.granted(call.engine_priority, backlogged=backlogged)

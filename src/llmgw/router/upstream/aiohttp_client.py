@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 import aiohttp
 
+from llmgw.router.errors import AnswerTooLarge
 from llmgw.router.upstream.base import JSON, KEEPALIVE_S, translate
 
 # What aiohttp (and asyncio under it) raise; caught here, translated in `base`.
@@ -72,12 +73,19 @@ class Upstream:
         timeout_s: float,
         endpoint_id: str,
         headers: Mapping[str, str] | None = None,
+        max_bytes: int | None = None,
     ) -> tuple[int, bytes]:
-        """A small GET read whole (metrics, controller), errors translated like `post`."""
+        """A small GET read whole (metrics, controller), errors translated like `post`.
+
+        `max_bytes`: an answer longer is AnswerTooLarge, cut as soon as it passes the
+        bound (None: no bound). Unbounded, an engine's endless /metrics was taken into
+        memory for the scrape's whole timeout, hundreds of MiB a scrape."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.connect_timeout_s)
         try:
             async with self.session.get(url, headers=headers, timeout=timeout) as resp:
-                return resp.status, await resp.read()
+                if max_bytes is None:
+                    return resp.status, await resp.read()
+                return resp.status, await _read_at_most(resp, max_bytes, endpoint_id)
         except _ERRORS as exc:
             raise translate(exc, endpoint_id, started=False, timeout="timed out") from exc
 
@@ -98,3 +106,23 @@ class Upstream:
                 return resp.status, await resp.read()
         except _ERRORS as exc:
             raise translate(exc, endpoint_id, started=False, timeout="timed out") from exc
+
+
+async def _read_at_most(resp: aiohttp.ClientResponse, max_bytes: int, endpoint_id: str) -> bytes:
+    """The answer's body, or AnswerTooLarge once it passes `max_bytes` (the connection
+    is then closed, not drained: the rest could be endless)."""
+    too_large = AnswerTooLarge(endpoint_id, f"answer over {_size(max_bytes)}")
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        resp.close()
+        raise too_large
+    body = bytearray()
+    while chunk := await resp.content.read(64 * 1024):
+        body += chunk
+        if len(body) > max_bytes:
+            resp.close()
+            raise too_large
+    return bytes(body)
+
+
+def _size(n: int) -> str:
+    return f"{n // (1 << 20)} MiB" if n % (1 << 20) == 0 else f"{n} bytes"

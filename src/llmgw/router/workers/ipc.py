@@ -36,8 +36,9 @@ _LEN = struct.Struct(">I")
 MAX_FRAME = 256 * 1024 * 1024
 
 # What an Ask wants: this worker's metrics text, its usage report (and start a
-# new interval, or not), or — from a worker — the whole router's.
-AskWhat = Literal["metrics", "usage", "usage_peek"]
+# new interval, or not), or — from a worker — the whole router's, or what became of
+# the config file's last load (the supervisor's watcher's, as JSON).
+AskWhat = Literal["metrics", "usage", "usage_peek", "config"]
 # A worker's answer to "usage" and "usage_peek" (msgpack): its report, and its token
 # counts since the last "usage" (tokenusage.TokenCounts.drain; none for a peek).
 WorkerUsage = tuple[UsageReport, list[TokenUsage]]

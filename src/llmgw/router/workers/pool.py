@@ -50,6 +50,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 
 from llmgw.router.config import RouterConfig, in_force
 from llmgw.router.control.leases import add_demand
+from llmgw.router.control.reloadstatus import ReloadMetrics
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.control.tokenusage import TokenLedger
 from llmgw.router.control.usagereports import build_report, deliver
@@ -242,9 +243,11 @@ class Supervisor:
         self.controller = (
             None if cfg.controller is None else ControllerClient(cfg.controller, self.upstream)
         )
+        # The file is watched here alone: its reloads' figures are the host's.
         self.watcher = ConfigWatcher(
-            self.config_path, on_config=self._reloaded, poll_s=cfg.reload_poll_s
+            self.config_path, on_config=self._reloaded, poll_s=cfg.reload_poll_s, running=cfg
         )
+        self.host_metrics.register(ReloadMetrics(lambda: self.watcher.status))
         if not self.follows_controller:
             self._endpoints(cfg.endpoint_infos())
 
@@ -384,6 +387,8 @@ class Supervisor:
     async def _answer(self, w: _Worker, ask: Ask) -> None:
         if ask.what == "metrics":
             body = await self.metrics_page()
+        elif ask.what == "config":
+            body = msgspec.json.encode(self.watcher.status)
         else:
             report, _ = await self.usage(reset=False)
             body = msgspec.json.encode(report)
