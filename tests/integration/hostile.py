@@ -99,6 +99,14 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def peak_kib(pid: int) -> int:
+    """The process's peak resident memory so far (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
 def open_fds(pid: int) -> int:
     return len(list(Path(f"/proc/{pid}/fd").iterdir()))
 

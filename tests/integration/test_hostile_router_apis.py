@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from llmgw.testing import Program
-from tests.integration.hostile import Answer, no_traceback, raw_request
+from tests.integration.hostile import Answer, no_traceback, peak_kib, raw_request, rss_kib
 from tests.integration.router_fixtures import (
     MODEL,
     base_config,
@@ -85,4 +85,36 @@ class TestContentPartsOfOddTypes:
                     assert_api_error(path, ans)
                     assert "x-llmgw-endpoint" in ans.headers, (path, doc, ans.body)
             assert r.alive()
+            no_traceback(r.log_text())
+
+
+def tiny_items(opener: bytes, closer: bytes, size: int) -> bytes:
+    """A JSON body of `size` bytes: `opener`, then one-byte items `0,0,...`, then `closer`."""
+    n = (size - len(opener) - len(closer) + 1) // 2
+    return opener + b",".join([b"0"] * n) + closer
+
+
+class TestBodiesOfManyTinyItems:
+    """A conversation of millions of one-byte items costs the router no more than its bytes."""
+
+    def test_keying_them_stays_small(self, tmp_path: Path) -> None:
+        """An 8 MiB `input` or `messages` of `0,0,...` raises the router's peak memory by
+        less than 300 MiB (1.3 GB when every item was rewritten into a chat turn)."""
+        size = 8 * 1024 * 1024 - 64
+        cases = [
+            ("/v1/responses", tiny_items(b'{"model":"m","input":[', b"]}", size)),
+            ("/v1/messages", tiny_items(b'{"model":"m","max_tokens":1,"messages":[', b"]}", size)),
+        ]
+        with fleet(tmp_path) as r:
+            rss0 = rss_kib(r.pid)
+            for path, body in cases:
+                head = (
+                    f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n"
+                )
+                ans = raw_request(r.port, head.encode("ascii") + body, timeout_s=60)
+                assert ans.status < 500, (path, ans.status, ans.body[:300])
+            peak_mib = (peak_kib(r.pid) - rss0) // 1024
+            assert peak_mib < 300, peak_mib
             no_traceback(r.log_text())

@@ -13,7 +13,7 @@ from llmgw.router.replicas.pace import (
     drain_rate,
     prefill_cost,
 )
-from llmgw.router.replicas.registry import Registry, Snapshot, Stats
+from llmgw.router.replicas.registry import MAX_OWED, Registry, Snapshot, Stats
 from llmgw.router.routing.blockhash import block_end
 from llmgw.router.routing.policies import _shares
 from llmgw.router.routing.scheduler import SchedulerConfig, choose, wait_s
@@ -415,6 +415,18 @@ class TestOwed:
         r1.streamed(10)
         assert self.owed(reg) == (0, 0)
         assert reg.inflight("a") == 2
+
+    def test_a_max_tokens_past_a_float_still_weighs_a_queue(self) -> None:
+        """A body's `max_tokens` of 10**400 is owed as MAX_OWED: the queue it is in is weighed
+        in seconds, where its average overflowed a float and every choice there raised."""
+        reg = self.registry()
+        for _ in range(9):
+            assert reg.acquire("a", max_tokens=10**400) is not None
+        s = reg.snapshot("a")
+        assert s is not None
+        assert (s.owed_tokens, s.owed_full) == (MAX_OWED * 9, MAX_OWED * 9)
+        queued = snap("a", inflight=9, rate=20.0, owed=s.owed_tokens, full=s.owed_full, count=9)
+        assert wait_s(queued) is not None
 
 
 class TestSmallGainWithRoom:

@@ -11,6 +11,10 @@ chat's text parts, other parts and items (images, tool calls and their
 results) stay as they are, encoded — and keyed exactly as chat's. The body
 the engine gets is never touched.
 
+Only as many turns and parts are rewritten as routing reads (`MAX_ROUTED_ITEMS`):
+an `input` of millions of one-byte items made millions of dicts, a second and
+hundreds of MB per million, to key a request whose chain stops long before.
+
 Tool definitions are left out of the rewritten request: each API writes them
 differently, so keeping them would keep a conversation with tools apart from
 its chat turns anyway.
@@ -21,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmgw.router.routing.affinity import RouteKey, route_key
+from llmgw.router.routing.blockhash import MAX_ROUTED_ITEMS
 
 # Text parts of each API, as chat's.
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
@@ -31,7 +36,7 @@ def _content(content: Any) -> Any:
     if not isinstance(content, list):
         return content
     out: list[Any] = []
-    for part in content:
+    for part in content[:MAX_ROUTED_ITEMS]:
         kind = part.get("type") if isinstance(part, dict) else None
         # A set lookup of an array or object `type` raises (unhashable): such a part is
         # the engine's to refuse, and here an opaque part like any other.
@@ -59,7 +64,7 @@ def responses_messages(doc: dict[str, Any]) -> list[dict[str, Any]]:
     if isinstance(given, str):
         out.append({"role": "user", "content": given})
     elif isinstance(given, list):
-        out.extend(_message(item) for item in given)
+        out.extend(_message(item) for item in given[:MAX_ROUTED_ITEMS])
     return out
 
 
@@ -73,7 +78,7 @@ def messages_messages(doc: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"role": "system", "content": _content(system)})
     given = doc.get("messages")
     if isinstance(given, list):
-        out.extend(_message(item) for item in given)
+        out.extend(_message(item) for item in given[:MAX_ROUTED_ITEMS])
     return out
 
 

@@ -17,7 +17,7 @@ is wall-clock unix seconds because it leaves the process (the usage report).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 from llmgw.router.replicas.breaker import (
     DEFAULT_BREAKER_CONFIG,
@@ -33,7 +33,13 @@ from llmgw.router.workers.shared import SharedInflight
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.wire.endpoints import EndpointInfo
 
-__all__ = ["Registry", "Release", "Snapshot", "Stats"]
+__all__ = ["MAX_OWED", "Registry", "Release", "Snapshot", "Stats"]
+
+# The most tokens one request is counted as owing (a usage count's bound, 2**53). JSON's
+# integers have none, and the scheduler averages what is owed as a float: one request
+# with a `max_tokens` of 10**400 made every choice at its replica raise OverflowError
+# (the other clients' requests answered 500) until the engine refused it.
+MAX_OWED: Final = 2**53
 
 
 class Release(Protocol):
@@ -439,6 +445,8 @@ class Registry:
         live.last_used = self._clock.wall()
         if max_tokens is None or max_tokens <= 0:
             return _Release(live, probe, pending)
+        if max_tokens > MAX_OWED:
+            max_tokens = MAX_OWED
         live.owed, live.owed_full = live.owed + max_tokens, live.owed_full + max_tokens
         live.owed_count += 1
         return _Release(live, probe, pending, max_tokens)

@@ -59,6 +59,11 @@ _encode: Final = msgspec.json.Encoder().encode
 UNIT: Final = 64  # bytes: the smallest block, and the index's unit of weight
 GROWTH: Final = 16  # past 16 units, a block is about 1/GROWTH of its offset
 MAX_ROUTED_BYTES: Final = 4 << 20
+# Each message and each content part counts at least one UNIT towards MAX_ROUTED_BYTES,
+# so routing reads at most this many of them: a body of millions of one-byte items
+# (`[0,0,...]`) otherwise cost a Python step and an object per item, seconds of the
+# router's loop and hundreds of MB for one request, where its bytes cost nothing.
+MAX_ROUTED_ITEMS: Final = MAX_ROUTED_BYTES // UNIT
 
 
 def _layout(limit: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -106,22 +111,36 @@ def blocks_covering(nbytes: int) -> int:
     return bisect_right(_ENDS, nbytes)
 
 
-def _text(content: Any) -> bytes:
-    """Message content as bytes: strings as-is, text parts' text, other parts as JSON."""
+def _charge(n: int) -> int:
+    """What an item of `n` bytes counts towards the routed bytes (MAX_ROUTED_ITEMS)."""
+    return n if n > UNIT else UNIT
+
+
+def _text(content: Any, room: int) -> tuple[bytes, int]:
+    """Message content as bytes: strings as-is, text parts' text, other parts as JSON;
+    and what it counts towards the routed bytes. Parts are read until they count
+    `room`."""
     if isinstance(content, str):
-        return content.encode()
+        data = content.encode()
+        return data, len(data)
     if content is None:
-        return b""
+        return b"", 0
     if isinstance(content, list):
         out = []
+        charged = 0
         for part in content:
+            if charged >= room:
+                break
             if isinstance(part, dict) and part.get("type") == "text":
                 text = part.get("text")
-                out.append(text.encode() if isinstance(text, str) else _encode(text))
+                data = text.encode() if isinstance(text, str) else _encode(text)
             else:
-                out.append(_encode(part))  # images, audio, files: their URL or data
-        return _FIELD.join(out)
-    return _encode(content)
+                data = _encode(part)  # images, audio, files: their URL or data
+            out.append(data)
+            charged += _charge(len(data))
+        return _FIELD.join(out), charged
+    data = _encode(content)
+    return data, len(data)
 
 
 def _canonical(body: dict[str, Any], limit: int = MAX_ROUTED_BYTES) -> bytes:
@@ -158,6 +177,7 @@ def _canonical_and_head(body: dict[str, Any], limit: int) -> tuple[bytes, bytes]
                 # one format and one encode.
                 part = f"\x1e{role}\x1f\x1f{content}\x1f\x1f".encode()
             else:
+                text, charged = _text(m.get("content"), limit - size)
                 part = b"".join(
                     (
                         _MSG,
@@ -165,15 +185,16 @@ def _canonical_and_head(body: dict[str, Any], limit: int) -> tuple[bytes, bytes]
                         _FIELD,
                         str(m.get("name") or "").encode(),
                         _FIELD,
-                        _text(m.get("content")),
+                        text,
                         _FIELD,
                         _encode(m["tool_calls"]) if m.get("tool_calls") else b"",
                         _FIELD,
                         str(m.get("tool_call_id") or "").encode(),
                     )
                 )
+                size += charged - len(text)  # tiny parts count a UNIT each
             parts.append(part)
-            size += len(part)
+            size += _charge(len(part))
     prompt = body.get("prompt")
     if prompt is not None and size < limit:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
