@@ -27,7 +27,14 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from llmgw.runtime.acceptor import Acceptor
-from llmgw.runtime.httpserver import Edge, ErrorBody, ServerLimits, openai_error, protocol_factory
+from llmgw.runtime.httpserver import (
+    Edge,
+    ErrorBody,
+    ServerLimits,
+    openai_error,
+    protocol_factory,
+    raise_nofile_limit,
+)
 from llmgw.runtime.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
@@ -150,6 +157,10 @@ async def serve_app(
     (the router's: router/http/), instead of aiohttp's; it is started where an
     application's startup runs, and stopped where its cleanup runs.
     """
+    # The soft open-file limit up to the hard one, before the client connections are
+    # capped from it (httpserver.connection_cap): systemd's default soft limit (1,024)
+    # held a controller to 448 connections, fewer than a large fleet keeps open.
+    raise_nofile_limit()
     stop = stop_event or asyncio.Event()
     # Taken before the app starts anything: what it spawns must not inherit the socket.
     notifier = Notifier.take() if announce else Notifier(None)
