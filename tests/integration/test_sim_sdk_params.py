@@ -362,6 +362,34 @@ class TestStop:
         assert streamed == text[: text.index(stop)]
         assert chunks[-1].choices[0].finish_reason == "stop"
 
+    def test_stop_reason_names_the_stop_string(self, url: str) -> None:
+        """vLLM's `stop_reason` is the stop string that ended a choice, whole and streamed."""
+        c = client(url)
+        text = c.completions.create(model=MODEL, prompt="w", max_tokens=40, seed=6).choices[0].text
+        stop = text.split()[4]
+        got = c.completions.create(model=MODEL, prompt="w", max_tokens=40, seed=6, stop=stop)
+        assert got.choices[0].to_dict()["stop_reason"] == stop
+        reply = c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40, seed=6)
+        stop = (reply.choices[0].message.content or "").split()[4]
+        with c.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=40, seed=6, stop=["zz", stop], stream=True
+        ) as stream:
+            last = [ch.choices[0] for ch in stream if ch.choices][-1]
+        assert (last.finish_reason, last.to_dict()["stop_reason"]) == ("stop", stop)
+        both = c.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=40, seed=6, stop=stop, n=2
+        )
+        assert {ch.to_dict()["stop_reason"] for ch in both.choices} <= {stop, None}
+        assert stop in {ch.to_dict()["stop_reason"] for ch in both.choices}
+
+    def test_no_stop_string_no_stop_reason(self, url: str) -> None:
+        """A reply cut by max_tokens has stop_reason null."""
+        got = client(url).completions.create(model=MODEL, prompt="w", max_tokens=2, stop="qqqq")
+        assert (got.choices[0].finish_reason, got.choices[0].to_dict()["stop_reason"]) == (
+            "length",
+            None,
+        )
+
     def test_empty_stop_string_is_400(self, url: str) -> None:
         """An empty stop string is vLLM's 400."""
         with pytest.raises(openai.BadRequestError):

@@ -450,7 +450,7 @@ class SimEngine:
                 if taken or done:
                     usage = self._usage(req) if job.continuous_usage else None
                     finish = req.finish_reason if done else None
-                    pending += enc.delta(text, finish, usage)
+                    pending += enc.delta(text, finish, usage, req.stop_reason)
                 if pending:
                     await resp.write(pending)
                     pending = b""
@@ -503,7 +503,8 @@ class SimEngine:
                     return web.Response(status=499)
             if stream.failed:
                 return error_response(api.SimApiError(500, DEAD))
-        resp = json_response(enc.full(req.output_text(), req.finish_reason, self._usage(req)))
+        body = enc.full(req.output_text(), req.finish_reason, self._usage(req), req.stop_reason)
+        resp = json_response(body)
         resp.headers.update(_arrival(req))
         return resp
 

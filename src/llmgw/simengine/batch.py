@@ -91,7 +91,7 @@ async def _complete(
     if any(s.failed for s in streams):
         return _error(500, DEAD)
     choices = [
-        enc.full_choice(s.req.output_text(), s.req.finish_reason or "")
+        enc.full_choice(s.req.output_text(), s.req.finish_reason or "", s.req.stop_reason)
         for enc, s in zip(encs, streams, strict=True)
     ]
     return web.Response(body=encs[0].body(choices, _usage(streams, n)), content_type=JSON)
@@ -134,7 +134,7 @@ async def _stream(
                     usage = api.usage(req.num_prompt, req.num_output, req.num_cached_tokens or 0)
                     cont = usage if enc.job.continuous_usage else None
                     finish = req.finish_reason if done else None
-                    out += enc.delta(text, finish, cont)
+                    out += enc.delta(text, finish, cont, req.stop_reason)
                 if done:
                     open_.remove(i)
             if out:

@@ -14,10 +14,18 @@ class AnyEncoder(Protocol):
     (chat, completions), responses.ResponsesEncoder, messages.MessagesEncoder."""
 
     def first(self) -> bytes: ...
-    def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes: ...
+    def delta(
+        self,
+        text: str,
+        finish: str | None,
+        usage_: dict[str, Any] | None,
+        stop_reason: str | None = None,
+    ) -> bytes: ...
     def tail(self, usage_: dict[str, Any]) -> bytes: ...
     def error(self, message: str) -> bytes: ...
-    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes: ...
+    def full(
+        self, text: str, finish: str, usage_: dict[str, Any], stop_reason: str | None = None
+    ) -> bytes: ...
 
 
 class Encoder:
@@ -83,7 +91,15 @@ class Encoder:
         choice = {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}
         return self._chunk([choice], None)
 
-    def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
+    def delta(
+        self,
+        text: str,
+        finish: str | None,
+        usage_: dict[str, Any] | None,
+        stop_reason: str | None = None,
+    ) -> bytes:
+        """The chunk of the next `text`; the last (`finish` given) names vLLM's `stop_reason`,
+        the stop string that ended the choice (None: none did)."""
         choice: dict[str, Any]
         if self.job.tool is not None:
             if not text and finish is None:
@@ -99,7 +115,7 @@ class Encoder:
             choice = {"index": self.index, "text": text, "logprobs": lp}
         choice["finish_reason"] = finish
         if finish is not None or not self.job.chat:
-            choice["stop_reason"] = None
+            choice["stop_reason"] = stop_reason if finish is not None else None
         return self._chunk([choice], usage_)
 
     def usage_chunk(self, usage_: dict[str, Any]) -> bytes:
@@ -113,12 +129,14 @@ class Encoder:
         """The in-stream error that ends a stream, and [DONE]."""
         return error_frame(message) + DONE
 
-    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
+    def full(
+        self, text: str, finish: str, usage_: dict[str, Any], stop_reason: str | None = None
+    ) -> bytes:
         """The non-streaming response."""
-        return self.body([self.full_choice(text, finish)], usage_)
+        return self.body([self.full_choice(text, finish, stop_reason)], usage_)
 
-    def full_choice(self, text: str, finish: str) -> dict[str, Any]:
-        """This choice of the non-streaming response."""
+    def full_choice(self, text: str, finish: str, stop_reason: str | None = None) -> dict[str, Any]:
+        """This choice of the non-streaming response; `stop_reason` as for `delta`."""
         choice: dict[str, Any]
         if self.job.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
@@ -136,7 +154,7 @@ class Encoder:
             text, lp = self._text(text)
             choice = {"index": self.index, "text": text, "logprobs": lp}
         choice["finish_reason"] = finish
-        choice["stop_reason"] = None
+        choice["stop_reason"] = stop_reason
         return choice
 
     def _finish(self, finish: str | None) -> str | None:

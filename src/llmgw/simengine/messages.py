@@ -209,7 +209,13 @@ class MessagesEncoder:
             "content_block_start", {"index": 0, "content_block": block}
         )
 
-    def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
+    def delta(
+        self,
+        text: str,
+        finish: str | None,
+        usage_: dict[str, Any] | None,
+        stop_reason: str | None = None,  # chat's and completions' alone
+    ) -> bytes:
         self.finish = finish
         if not text:
             return b""
@@ -236,6 +242,8 @@ class MessagesEncoder:
     def error(self, message: str) -> bytes:
         return b"event: error\ndata: " + error_body(500, message) + b"\n\n"
 
-    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
+    def full(
+        self, text: str, finish: str, usage_: dict[str, Any], stop_reason: str | None = None
+    ) -> bytes:
         self.finish = finish
         return _enc.encode(self._message([self._block(text)], usage(usage_)))

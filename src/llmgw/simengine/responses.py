@@ -219,7 +219,13 @@ class ResponsesEncoder:
             )
         )
 
-    def delta(self, text: str, finish: str | None, usage_: dict[str, Any] | None) -> bytes:
+    def delta(
+        self,
+        text: str,
+        finish: str | None,
+        usage_: dict[str, Any] | None,
+        stop_reason: str | None = None,  # chat's and completions' alone
+    ) -> bytes:
         self.finish = finish
         if not text:
             return b""
@@ -254,6 +260,8 @@ class ResponsesEncoder:
         fields = {"code": "server_error", "message": message, "param": None}
         return self._event("error", fields)
 
-    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> bytes:
+    def full(
+        self, text: str, finish: str, usage_: dict[str, Any], stop_reason: str | None = None
+    ) -> bytes:
         self.text = [text]
         return _enc.encode(self._response("completed", finish, usage_))
