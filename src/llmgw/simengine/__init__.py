@@ -8,8 +8,8 @@ Layout:
                                  /version; loopback-only debug routes
     errors.py                    the error every handler refuses with, in vLLM's body
     api.py                       chat, completions and embeddings: validation and bodies
-    sampling.py, stops.py        chat and completions sampling parameters (n, stop);
-                                 where stop strings end a reply
+    sampling.py, stops.py        sampling parameters (n, stop; vLLM's bounds on every
+                                 API); where stop strings end a reply
     structured.py                tool_choice and response_format: JSON replies
     encoder.py                   the chat and completions answers, whole and streamed
     logprobs.py                  the `logprobs` of generated tokens, in vLLM's shapes

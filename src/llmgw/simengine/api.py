@@ -48,8 +48,8 @@ class StreamOptions(msgspec.Struct, frozen=True):
     continuous_usage_stats: bool | None = False
 
 
-# Unknown fields are accepted and ignored (clients send temperature, top_p, …);
-# the ones read here are type-checked.
+# Unknown fields are accepted and ignored (clients send logit_bias, user, …);
+# the ones read here are type-checked, the sampling ones against vLLM's bounds.
 class GenerationBody(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     max_tokens: int | None = None
@@ -59,12 +59,23 @@ class GenerationBody(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     n: int | None = 1
     temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     ignore_eos: bool | None = False
     min_tokens: int | None = 0
     priority: Priority = 0
 
 
-class ChatBody(GenerationBody, frozen=True, kw_only=True):
+class PenaltiesBody(GenerationBody, frozen=True, kw_only=True):
+    """Chat's and completions' sampling parameters beyond those every API reads."""
+
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+
+
+class ChatBody(PenaltiesBody, frozen=True, kw_only=True):
     messages: list[dict[str, Any]]
     stop: str | list[str] | None = None
     include_stop_str_in_output: bool | None = False
@@ -76,7 +87,7 @@ class ChatBody(GenerationBody, frozen=True, kw_only=True):
     top_logprobs: int | None = 0
 
 
-class CompletionBody(GenerationBody, frozen=True, kw_only=True):
+class CompletionBody(PenaltiesBody, frozen=True, kw_only=True):
     prompt: Any = None
     stop: str | list[str] | None = None
     include_stop_str_in_output: bool | None = False
@@ -144,6 +155,16 @@ def check_model(model: str | None, cfg: SimConfig, adapters: Container[str] = ()
 
 
 def _check_params(body: GenerationBody, max_tokens: int | None) -> None:
+    """vLLM's SamplingParams checks, in its order, of the parameters this API's body has."""
+    if isinstance(body, PenaltiesBody):
+        sampling.check_penalties(
+            presence=body.presence_penalty,
+            frequency=body.frequency_penalty,
+            repetition=body.repetition_penalty,
+        )
+    sampling.check_bounds(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
+    if isinstance(body, PenaltiesBody) and body.min_p is not None and not 0 <= body.min_p <= 1:
+        raise SimApiError(400, f"min_p must be in [0, 1], got {body.min_p}.")
     if max_tokens is not None and max_tokens < 1:
         raise SimApiError(
             400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens"

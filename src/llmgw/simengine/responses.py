@@ -40,7 +40,6 @@ class ResponsesBody(api.GenerationBody, frozen=True, kw_only=True):
     background: bool | None = False
     text: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
-    top_p: float | None = None
     tool_choice: Any = "auto"
     parallel_tool_calls: bool | None = True
     user: str | None = None

@@ -1,5 +1,6 @@
 """Chat and completions sampling parameters beyond the token counts, checked as vLLM's
-SamplingParams checks them: `n`, `stop`.
+SamplingParams checks them: `n`, `stop`, and the bounds of temperature, top_p, top_k
+and the penalties (the sim samples no differently for them, but refuses what vLLM does).
 
 `n` choices are n sequences in the engine, as in vLLM (which fans a request out into n
 child requests sharing the prompt): each costs its own decode steps and KV blocks, and
@@ -9,6 +10,8 @@ differ. `best_of` is not read: vLLM (0.12 on) has no such field and ignores it.
 """
 
 from __future__ import annotations
+
+import math
 
 from llmgw.simengine.errors import SimApiError
 
@@ -62,3 +65,34 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
             400, f"a stop string is longer than {MAX_STOP_CHARS} characters", param="stop"
         )
     return stops
+
+
+def check_penalties(
+    *, presence: float | None, frequency: float | None, repetition: float | None
+) -> None:
+    """vLLM's refusal of a penalty out of its bounds (None: not given, vLLM's default)."""
+    if presence is not None and not -2.0 <= presence <= 2.0:
+        raise SimApiError(400, f"presence_penalty must be in [-2, 2], got {presence}.")
+    if frequency is not None and not -2.0 <= frequency <= 2.0:
+        raise SimApiError(400, f"frequency_penalty must be in [-2, 2], got {frequency}.")
+    if repetition is not None and not math.isfinite(repetition):
+        raise SimApiError(400, f"repetition_penalty must be a finite number, got {repetition}.")
+    if repetition is not None and repetition <= 0.0:
+        raise SimApiError(400, f"repetition_penalty must be greater than zero, got {repetition}.")
+
+
+def check_bounds(*, temperature: float | None, top_p: float | None, top_k: int | None) -> None:
+    """vLLM's refusal of a temperature, top_p or top_k out of its bounds (None: not given);
+    top_k -1 is vLLM's old "disabled", still taken."""
+    if temperature is not None and not math.isfinite(temperature):
+        raise SimApiError(
+            400, f"temperature must be a finite number, got {temperature}.", param="temperature"
+        )
+    if temperature is not None and temperature < 0.0:
+        raise SimApiError(
+            400, f"temperature must be non-negative, got {temperature}.", param="temperature"
+        )
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise SimApiError(400, f"top_p must be in (0, 1], got {top_p}.", param="top_p")
+    if top_k is not None and top_k < -1:
+        raise SimApiError(400, f"top_k must be 0 (disable), or at least 1, got {top_k}.")
