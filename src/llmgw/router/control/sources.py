@@ -254,5 +254,7 @@ class ControllerSource:
             except ControllerCallFailed as exc:
                 self.failures += 1
                 if self.failures == 1:
-                    log.warning(kv("controller unreachable, keeping the last list", error=exc))
+                    log.warning(
+                        kv("no endpoint list from the controller, keeping the last one", error=exc)
+                    )
                 await asyncio.sleep(self.next_backoff_s())
