@@ -80,23 +80,30 @@ def server(request: pytest.FixtureRequest) -> Iterator[RawServer]:
         srv.close()
 
 
+def ctl_nodes_fails(port: int, *, timeout_s: float) -> str:
+    """`ctl nodes` against 127.0.0.1:`port`: asserts exit 1 with one line and no
+    traceback; that line."""
+    out = subprocess.run(
+        llmgw_argv("ctl", "--controller", f"127.0.0.1:{port}", "nodes"),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    return out.stderr
+
+
 class TestBrokenAnswers:
     """Broken answers give one line and exit 1."""
 
     def test_one_line_and_exit_1(self, server: RawServer) -> None:
         """A non-HTTP or truncated answer, error or not, is one line naming the URL, exit 1."""
-        out = subprocess.run(
-            llmgw_argv("ctl", "--controller", f"127.0.0.1:{server.port}", "nodes"),
-            capture_output=True,
-            text=True,
-            timeout=30,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-        assert out.returncode == 1
-        assert "Traceback" not in out.stderr
-        assert out.stderr.count("\n") == 1, out.stderr
-        assert f"127.0.0.1:{server.port}" in out.stderr
+        stderr = ctl_nodes_fails(server.port, timeout_s=30)
+        assert f"127.0.0.1:{server.port}" in stderr
 
 
 class StreamServer:
@@ -201,15 +208,4 @@ class TestAnswersThatNeverEnd:
     @pytest.mark.parametrize("stream_server", [_endless_chunks], indirect=True)
     def test_an_endless_answer_is_one_line_exit_1(self, stream_server: StreamServer) -> None:
         """An endless error page stops at the size bound: one line, exit 1, memory bounded."""
-        out = subprocess.run(
-            llmgw_argv("ctl", "--controller", f"127.0.0.1:{stream_server.port}", "nodes"),
-            capture_output=True,
-            text=True,
-            timeout=45,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-        assert out.returncode == 1
-        assert "Traceback" not in out.stderr
-        assert out.stderr.count("\n") == 1, out.stderr
-        assert "larger than 64 MiB" in out.stderr
+        assert "larger than 64 MiB" in ctl_nodes_fails(stream_server.port, timeout_s=45)
