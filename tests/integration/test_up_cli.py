@@ -214,13 +214,7 @@ class TestInterrupt:
                     break
             last = seen[-1] if seen else ""
             assert last.startswith("llmgw-ready"), "".join(seen)
-            state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
-            wait_until(
-                lambda: state.exists() and '"pid"' in state.read_text(),
-                timeout_s=60,
-                every_s=0.1,
-                what="the agent's state file with an engine pid",
-            )
+            state = until_engine_recorded(folder)
             engine = json.loads(state.read_text())["shards"][0]["pid"]
             manifest = json.loads((folder / ".llmgw" / "up.json").read_text())
             os.kill(manifest["children"]["agent n-1"]["pid"], signal.SIGKILL)
@@ -241,13 +235,7 @@ class TestInterrupt:
         with running_up(folder, own_group=True) as proc:
             assert proc.stdout is not None
             until_ready(proc)
-            state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
-            wait_until(
-                lambda: state.exists() and '"pid"' in state.read_text(),
-                timeout_s=60,
-                every_s=0.1,
-                what="the agent's state file with an engine pid",
-            )
+            until_engine_recorded(folder)
             manifest = json.loads((folder / ".llmgw" / "up.json").read_text())
             os.kill(manifest["children"]["agent n-1"]["pid"], signal.SIGKILL)
             for line in proc.stdout:
@@ -275,18 +263,24 @@ class TestInterrupt:
         """SIGHUP (its terminal closed) stops `up` as Ctrl-C does: exit 0, engines included."""
         with running_up(folder) as proc:
             until_ready(proc)
-            state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
-            wait_until(
-                lambda: state.exists() and '"pid"' in state.read_text(),
-                timeout_s=60,
-                every_s=0.1,
-                what="the agent's state file with an engine pid",
-            )
+            until_engine_recorded(folder)
             proc.send_signal(signal.SIGHUP)
             out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
         assert "llmgw up: stopped" in out
         assert procs_of(folder) == []
+
+
+def until_engine_recorded(folder: Path) -> Path:
+    """The agent n-1's state file, once it records an engine's pid."""
+    state = folder / ".llmgw" / "agents" / "n-1" / "agent-state.json"
+    wait_until(
+        lambda: state.exists() and '"pid"' in state.read_text(),
+        timeout_s=60,
+        every_s=0.1,
+        what="the agent's state file with an engine pid",
+    )
+    return state
 
 
 def until_ready(proc: subprocess.Popen[str]) -> str:
