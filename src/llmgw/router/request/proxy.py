@@ -531,6 +531,9 @@ class Proxy:
             "x-request-id": call.rid,
             "x-llmgw-endpoint": call.eid,
         }
+        api = call.api
+        if api is not None and api.anthropic:
+            out["request-id"] = call.rid  # where the anthropic package reads it
         if call.charge is not None:
             out.update(call.charge.headers)
         if debug:

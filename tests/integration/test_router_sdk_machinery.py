@@ -1,5 +1,5 @@
-"""The SDKs' own retries against the router's refusals: what they retry, and what a
-retried request costs its key.
+"""The SDKs' own machinery against the router: what their retries retry, what a
+retried request costs its key, and the request ids they read.
 
 Both the `openai` and the `anthropic` package retry 408, 409, 429 and 5xx answers on
 their own (twice by default) unless the answer says `x-should-retry: false`. A sim-engine
@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 SPENT = "sk-retries-spent"
 BUDGETED = "sk-retries-budgeted"
+OPEN = "sk-retries-open"
 # Each attempt's body is about this many tokens by the router's estimate (bytes / 4).
 ESTIMATE = 120
 WORDS = "word " * (ESTIMATE * 4 // 5)
@@ -43,9 +44,9 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """Two sim-engines behind a router with a key of a one-token budget and a key with
-    room for two requests' estimates."""
-    log_dir = tmp_path_factory.mktemp("router-sdk-retries")
+    """Two sim-engines behind a router with a key without limits, a key of a one-token
+    budget and a key with room for two requests' estimates."""
+    log_dir = tmp_path_factory.mktemp("router-sdk-machinery")
     with (
         sim_engines(log_dir, [200.0], model="m") as good,
         sim_engines(log_dir, [200.0], model="f") as faulty,
@@ -56,6 +57,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 {"id": "faulty", "url": faulty[0].url, "models": ["f"]},
             ],
             api_keys=[
+                {"name": "open", "sha256": hash_key(OPEN)},
                 {"name": "spent", "sha256": hash_key(SPENT), "budget": {"tokens": 1, "per": "day"}},
                 {
                     "name": "budgeted",
@@ -146,3 +148,22 @@ class TestEngineErrorsCostNothing:
         got = c.chat.completions.create(model="f", messages=msgs, max_tokens=2)
         assert got.usage is not None
         assert got.usage.completion_tokens == 2
+
+
+class TestAnthropicRequestId:
+    """The anthropic package reads the request id from `request-id`, as Anthropic sends it."""
+
+    def test_whole_stream_and_error_carry_it(self, fleet: Fleet) -> None:
+        """A whole answer's, a stream's and an error's `request_id` is the router's
+        x-request-id (the id of its access log line), not None."""
+        c = anthropic.Anthropic(base_url=fleet.router.url, api_key=OPEN, max_retries=0)
+        msgs: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hi"}]
+        raw = c.messages.with_raw_response.create(model="m", messages=msgs, max_tokens=2)
+        assert raw.request_id == raw.headers["x-request-id"]
+        with c.messages.with_streaming_response.create(
+            model="m", messages=msgs, max_tokens=2, stream=True
+        ) as streamed:
+            assert streamed.request_id == streamed.headers["x-request-id"]
+        with pytest.raises(anthropic.NotFoundError) as info:
+            c.messages.create(model="nobody", messages=msgs, max_tokens=2)
+        assert info.value.request_id == info.value.response.headers["x-request-id"]
