@@ -159,6 +159,35 @@ class TestInvalidInput:
         assert (err.status, err.body["error"]["param"]) == (422, "router_id")
 
 
+class TestUnknownQueryParameters:
+    """A query parameter the route does not take is refused, not ignored."""
+
+    @pytest.mark.parametrize(
+        ("path", "param"),
+        [
+            ("/admin/events?modle=m", "modle"),
+            ("/admin/events?since=1h", "since"),
+            ("/admin/replicas?limit=5", "limit"),
+            ("/admin/keys?limit=-1", "limit"),
+            ("/admin/models?name=m", "name"),
+            ("/admin/nodes?state=active", "state"),
+            ("/admin/usage?since=1h", "since"),
+            ("/v1/endpoints?after=1&timeout=5", "timeout"),
+        ],
+    )
+    def test_unknown_parameter_is_400(self, c: Controller, path: str, param: str) -> None:
+        """A misspelt filter is a 400 naming it, never the unfiltered answer."""
+        err = c.error("GET", path)
+        assert (err.status, err.body["error"]["type"]) == (400, "invalid_request_error")
+        assert err.body["error"]["param"] == param
+
+    def test_known_parameters_still_pass(self, c: Controller) -> None:
+        """Every parameter /openapi.json lists for a route is taken."""
+        assert c.get("/admin/events?model=m&limit=5&node=a&replica=x") == []
+        assert c.get("/admin/replicas?model=m&state=ready")
+        assert c.get("/v1/endpoints?after=-1&timeout_s=0")["endpoints"]
+
+
 class TestEngineKey:
     """The engine-key route's refusals."""
 

@@ -167,6 +167,17 @@ def _edge_rules(components: dict[str, Any]) -> None:
         components[name]["properties"]["models"]["uniqueItems"] = True
 
 
+@functools.cache
+def query_names(method: str, template: str) -> frozenset[str] | None:
+    """The query parameters this document lists for `method` on the route `template`
+    (`/admin/models/{name}`, as aiohttp's resource names it); None: no such operation."""
+    ops = msgspec.json.decode(document())["paths"].get(template)
+    op = None if ops is None else ops.get("get" if method == "HEAD" else method.lower())
+    if op is None:
+        return None
+    return frozenset(p["name"] for p in op.get("parameters", ()) if p["in"] == "query")
+
+
 def allowed_methods(path: str) -> str | None:
     """The methods this document lists for `path` (an `Allow` header), or None if none match.
 
@@ -512,6 +523,10 @@ def document() -> bytes:
             )
         },
     }
+    # routes._errors refuses a query parameter an API route does not list: 400 on every one.
+    for template, ops in paths.items():
+        for op in ops.values() if template.startswith(("/admin/", "/v1/")) else ():
+            op["responses"] = dict(sorted({**op["responses"], **_errors(400)}.items()))
     doc = {
         "openapi": "3.1.0",
         "info": {"title": "llmgw controller", "version": __version__},

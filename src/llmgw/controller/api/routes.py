@@ -25,6 +25,7 @@ from llmgw.controller.api.decode import (
     decode_drain,
     decode_specs,
     no_body,
+    only_known_query,
     query,
     query_int,
 )
@@ -76,6 +77,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             scoped=cfg,
             names=cfg.own_names,
         )
+        _check_query_names(request)
         return await handler(request)
     except ControllerRefusal as exc:
         status, kind = http_status(exc)
@@ -118,6 +120,18 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("handler crashed path=%s", request.path)
         body = error_body("internal error; see the controller's log", type="server_error")
         return web.Response(body=body, status=500, content_type="application/json")
+
+
+def _check_query_names(request: web.Request) -> None:
+    """The API's routes (/admin, /v1) take only the query parameters /openapi.json lists."""
+    resource = request.match_info.route.resource
+    if not request.query or resource is None or not request.path.startswith(("/admin/", "/v1/")):
+        return
+    from llmgw.controller.api.openapi import query_names
+
+    known = query_names(request.method, resource.canonical)
+    if known is not None:
+        only_known_query(request, known)
 
 
 def _svc(request: web.Request) -> Services:
