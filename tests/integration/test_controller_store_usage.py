@@ -193,3 +193,20 @@ class TestUsageSchema:
             assert s.usage(since=H, by="key")[0].key == "alice"
         finally:
             s.close()
+
+
+class TestUsageLimit:
+    """`usage(limit=N)`: the newest N rows, oldest hour first as ever."""
+
+    def test_the_newest_rows_are_kept(self, store: Store) -> None:
+        """Of three hours of three keys, a limit of 4 keeps the newest hour and one row more."""
+        store.record_usage(
+            "r1", [row(k, hour=H + i * 3600) for i in range(3) for k in ("a", "b", "c")]
+        )
+        got = [(r.hour, r.key) for r in store.usage(since=0, by="key", limit=4)]
+        assert got == [(H + 3600, "a"), (H + 7200, "a"), (H + 7200, "b"), (H + 7200, "c")]
+
+    def test_a_limit_above_the_rows_changes_nothing(self, store: Store) -> None:
+        """A limit the rows do not reach answers what no limit does."""
+        store.record_usage("r1", [row(k, hour=H + i * 3600) for i in range(2) for k in "ab"])
+        assert store.usage(since=0, by="team", limit=100) == store.usage(since=0, by="team")

@@ -35,8 +35,10 @@ from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
 from llmgw.wire.names import LABEL_PATTERN, MODEL_NAME_PATTERN
 from llmgw.wire.usage import (
     DEFAULT_SINCE_S,
+    DEFAULT_USAGE_LIMIT,
     MAX_COUNT,
     MAX_SINCE_S,
+    MAX_USAGE_LIMIT,
     UsageAnswer,
     UsageReport,
 )
@@ -496,6 +498,17 @@ def document() -> bytes:
                             "default": DEFAULT_SINCE_S,
                         },
                         "from the hour that holds the moment this many seconds ago",
+                    ),
+                    _query(
+                        "limit",
+                        {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_USAGE_LIMIT,
+                            "default": DEFAULT_USAGE_LIMIT,
+                        },
+                        "at most this many rows: the newest whole hours that fit "
+                        "(truncated says some were left out)",
                     ),
                 ),
             )

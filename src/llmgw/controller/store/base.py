@@ -100,9 +100,12 @@ class Store(Protocol):
         """
         ...
 
-    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
+    def usage(self, *, since: int, by: UsageBy, limit: int | None = None) -> list[UsageRow]:
         """Token usage of the hours from `since` (unix seconds) on, summed over routers
-        per hour and `by` (key, team or model), sorted by hour, then by name."""
+        per hour and `by` (key, team or model), sorted by hour, then by name.
+
+        `limit`: at most that many rows, the newest: whole hours from the newest back,
+        the oldest of them cut after its first names (None: every row)."""
         ...
 
     def prune_usage(self, *, before: int, limit: int) -> int:

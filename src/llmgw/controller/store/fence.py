@@ -52,8 +52,8 @@ class FencedStore:
         # Not fenced (Store.record_usage): idempotent rows, not fleet state.
         self.store.record_usage(router_id, rows)
 
-    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
-        return self.store.usage(since=since, by=by)
+    def usage(self, *, since: int, by: UsageBy, limit: int | None = None) -> list[UsageRow]:
+        return self.store.usage(since=since, by=by, limit=limit)
 
     def prune_usage(self, *, before: int, limit: int) -> int:
         # Not fenced either: deleting rows past the retention twice deletes them once.

@@ -138,10 +138,10 @@ class MemoryStore:
             self._check_open()
             usage.merge(self._usage, router_id, rows)
 
-    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
+    def usage(self, *, since: int, by: UsageBy, limit: int | None = None) -> list[UsageRow]:
         with self._lock:
             self._check_open()
-            return usage.totals(self._usage, since=since, by=by)
+            return usage.newest(usage.totals(self._usage, since=since, by=by), limit)
 
     def prune_usage(self, *, before: int, limit: int) -> int:
         with self._lock:

@@ -208,9 +208,9 @@ class SqlStore:
         with self._translate("record_usage"), self._write.begin() as conn:
             sqlusage.record(conn, router_id, rows)
 
-    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
+    def usage(self, *, since: int, by: UsageBy, limit: int | None = None) -> list[UsageRow]:
         with self._translate("usage"), self._read.begin() as conn:
-            return sqlusage.query(conn, since=since, by=by)
+            return sqlusage.query(conn, since=since, by=by, limit=limit)
 
     def prune_usage(self, *, before: int, limit: int) -> int:
         with self._translate("prune_usage"), self._write.begin() as conn:

@@ -46,8 +46,11 @@ def record(conn: sa.Connection, router_id: str, rows: Sequence[TokenUsage]) -> N
     conn.execute(stmt, values)
 
 
-def query(conn: sa.Connection, *, since: int, by: UsageBy) -> list[UsageRow]:
-    """Rows of hours from `since` on, summed over routers per hour and group."""
+def query(
+    conn: sa.Connection, *, since: int, by: UsageBy, limit: int | None = None
+) -> list[UsageRow]:
+    """Rows of hours from `since` on, summed over routers per hour and group; with
+    `limit`, the newest that many (store.base.Store.usage)."""
     t = tables.token_usage
     group = [t.c[n] for n in GROUPS[by]]
     # SQLite's sum() of integers fails the whole read past 2**63 ("integer overflow");
@@ -55,11 +58,16 @@ def query(conn: sa.Connection, *, since: int, by: UsageBy) -> list[UsageRow]:
     # caps it). PostgreSQL sums BIGINT into NUMERIC, which never overflows.
     add = sa.func.sum if conn.dialect.name == "postgresql" else sa.func.total
     q = (
-        sa.select(t.c.hour, *group, *(add(t.c[f]) for f in FIELDS))
+        sa.select(t.c.hour, *group, *(add(t.c[f]).label(f) for f in FIELDS))
         .where(t.c.hour >= since)
         .group_by(t.c.hour, *group)
         .order_by(t.c.hour, *group)
     )
+    if limit is not None:
+        # The newest groups are picked in SQL, so only `limit` rows are built in Python
+        # and sent, however many hours `since` reaches; then put back in answer order.
+        newest = q.order_by(None).order_by(t.c.hour.desc(), *group).limit(limit).subquery()
+        q = sa.select(newest).order_by(newest.c.hour, *(newest.c[c.name] for c in group))
     out: list[UsageRow] = []
     for row in conn.execute(q):
         n = len(group)

@@ -61,6 +61,25 @@ def totals(rows: Mapping[RowKey, Figures], *, since: int, by: UsageBy) -> list[U
     ]
 
 
+def newest(rows: Sequence[UsageRow], limit: int | None) -> list[UsageRow]:
+    """The newest `limit` of `rows` (sorted by hour, then name), sorted the same: whole
+    hours from the newest back, the oldest of them cut after its first names, as the SQL
+    store's `ORDER BY hour DESC, names LIMIT` picks them."""
+    if limit is None or len(rows) <= limit:
+        return list(rows)
+    hours: dict[int, list[UsageRow]] = {}
+    for r in rows:
+        hours.setdefault(r.hour, []).append(r)
+    kept: list[list[UsageRow]] = []
+    left = limit
+    for hour in sorted(hours, reverse=True):
+        kept.append(hours[hour][:left])
+        left -= len(kept[-1])
+        if left <= 0:
+            break
+    return [r for block in reversed(kept) for r in block]
+
+
 def usage_row(
     by: UsageBy, hour: int, group: Sequence[str], requests: int, prompt: int, completion: int
 ) -> UsageRow:
