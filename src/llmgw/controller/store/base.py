@@ -108,6 +108,12 @@ class Store(Protocol):
         the oldest of them cut after its first names (None: every row)."""
         ...
 
+    def spent(self, *, keys: Sequence[str], since: int, until: int) -> dict[str, int]:
+        """Tokens (prompt + completion) each of `keys` used in the hours from `since` up
+        to `until` (unix seconds), over every router, team and model: a budget's spend,
+        summed where the rows are. A key with no rows there is left out."""
+        ...
+
     def prune_usage(self, *, before: int, limit: int) -> int:
         """Delete at most `limit` token usage rows of hours before `before` (unix
         seconds), oldest first, in one transaction; the number deleted (below `limit`:

@@ -55,6 +55,9 @@ class FencedStore:
     def usage(self, *, since: int, by: UsageBy, limit: int | None = None) -> list[UsageRow]:
         return self.store.usage(since=since, by=by, limit=limit)
 
+    def spent(self, *, keys: Sequence[str], since: int, until: int) -> dict[str, int]:
+        return self.store.spent(keys=keys, since=since, until=until)
+
     def prune_usage(self, *, before: int, limit: int) -> int:
         # Not fenced either: deleting rows past the retention twice deletes them once.
         return self.store.prune_usage(before=before, limit=limit)

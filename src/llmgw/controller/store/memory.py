@@ -143,6 +143,11 @@ class MemoryStore:
             self._check_open()
             return usage.newest(usage.totals(self._usage, since=since, by=by), limit)
 
+    def spent(self, *, keys: Sequence[str], since: int, until: int) -> dict[str, int]:
+        with self._lock:
+            self._check_open()
+            return usage.spent(self._usage, keys=keys, since=since, until=until)
+
     def prune_usage(self, *, before: int, limit: int) -> int:
         with self._lock:
             self._check_open()

@@ -212,6 +212,12 @@ class SqlStore:
         with self._translate("usage"), self._read.begin() as conn:
             return sqlusage.query(conn, since=since, by=by, limit=limit)
 
+    def spent(self, *, keys: Sequence[str], since: int, until: int) -> dict[str, int]:
+        if not keys:
+            return {}
+        with self._translate("spent"), self._read.begin() as conn:
+            return sqlusage.spent(conn, keys=keys, since=since, until=until)
+
     def prune_usage(self, *, before: int, limit: int) -> int:
         with self._translate("prune_usage"), self._write.begin() as conn:
             return sqlusage.prune(conn, before=before, limit=limit)

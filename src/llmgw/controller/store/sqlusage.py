@@ -77,6 +77,30 @@ def query(
     return out
 
 
+# Keys per `key IN (…)`: well under SQLite's bound-parameter limit.
+_KEYS_CHUNK = 500
+
+
+def spent(conn: sa.Connection, *, keys: Sequence[str], since: int, until: int) -> dict[str, int]:
+    """Each key's prompt plus completion tokens in [since, until): summed in SQL over a
+    range of the primary key (hour first), so a usage report reads one number per
+    budgeted key rather than every key's row of every hour of the period."""
+    t = tables.token_usage
+    # total(): a float that cannot overflow, as in `query`; PostgreSQL sums into NUMERIC.
+    add = sa.func.sum if conn.dialect.name == "postgresql" else sa.func.total
+    out: dict[str, int] = {}
+    unique = sorted(set(keys))
+    for i in range(0, len(unique), _KEYS_CHUNK):
+        q = (
+            sa.select(t.c.key, add(t.c.prompt_tokens), add(t.c.completion_tokens))
+            .where(t.c.hour >= since, t.c.hour < until, t.c.key.in_(unique[i : i + _KEYS_CHUNK]))
+            .group_by(t.c.key)
+        )
+        for key, prompt, completion in conn.execute(q):
+            out[str(key)] = int(prompt) + int(completion)
+    return out
+
+
 def prune(conn: sa.Connection, *, before: int, limit: int) -> int:
     """Delete at most `limit` rows of hours before `before`, oldest first: one statement,
     whatever the dialect, picking its rows through the primary key (hour first, so

@@ -61,6 +61,18 @@ def totals(rows: Mapping[RowKey, Figures], *, since: int, by: UsageBy) -> list[U
     ]
 
 
+def spent(
+    rows: Mapping[RowKey, Figures], *, keys: Sequence[str], since: int, until: int
+) -> dict[str, int]:
+    """Tokens each of `keys` used in the hours from `since` up to `until` (Store.spent)."""
+    wanted = set(keys)
+    out: dict[str, int] = {}
+    for k, figures in rows.items():
+        if k[1] in wanted and since <= k[0] < until:
+            out[k[1]] = out.get(k[1], 0) + figures[1] + figures[2]
+    return out
+
+
 def newest(rows: Sequence[UsageRow], limit: int | None) -> list[UsageRow]:
     """The newest `limit` of `rows` (sorted by hour, then name), sorted the same: whole
     hours from the newest back, the oldest of them cut after its first names, as the SQL
