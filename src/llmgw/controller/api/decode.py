@@ -219,6 +219,16 @@ def query(request: web.Request, name: str) -> str | None:
     return values[0] if values else None
 
 
+def query_name(request: web.Request, name: str) -> str | None:
+    """A name to filter by (`?model=`); None when absent or empty. A NUL is refused: no
+    name holds one, and PostgreSQL refuses the whole query over it, which would read as
+    the database failing (503) rather than the request."""
+    value = query(request, name)
+    if value is not None and "\x00" in value:
+        raise InvalidRequest(f"query parameter {name} holds a NUL; no name does", param=name)
+    return value or None
+
+
 def only_known_query(request: web.Request, known: frozenset[str]) -> None:
     """Refuse a query parameter the route does not take: ignored, a misspelt filter
     (`?modle=`) would answer as if none were given, the whole unfiltered list."""

@@ -28,6 +28,7 @@ from llmgw.controller.api.decode import (
     only_known_query,
     query,
     query_int,
+    query_name,
 )
 from llmgw.controller.api.http import http_status, retry_after
 from llmgw.controller.api.services import Services
@@ -237,7 +238,7 @@ async def get_model(request: web.Request) -> web.Response:
 
 async def list_replicas(request: web.Request) -> web.Response:
     s = _svc(request)
-    model = query(request, "model") or None
+    model = query_name(request, "model")
     state = query(request, "state")
     if state is not None and state not in REPLICA_STATES:
         allowed = ", ".join(sorted(REPLICA_STATES))
@@ -263,9 +264,9 @@ async def events(request: web.Request) -> web.Response:
     s = _svc(request)
     limit = query_int(request, "limit", 200, 1, 10_000) or 200
     found = await s.events(
-        model=query(request, "model") or None,
-        replica=query(request, "replica") or None,
-        node=query(request, "node") or None,
+        model=query_name(request, "model"),
+        replica=query_name(request, "replica"),
+        node=query_name(request, "node"),
         limit=limit,
         event_id=query_int(request, "id", None, 1, 2**62),
     )
