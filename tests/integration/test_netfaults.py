@@ -7,9 +7,11 @@ engine processes inside each host's namespace while the links are down, so
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from .test_multihost import (
     call,
     chat,
     live,
+    node_of,
     ready_on,
     sim_model,
     start_agent,
@@ -205,6 +208,18 @@ def _slow_agent(host: Host, ctl_url: str, tmp: Path) -> Program:
     )  # fmt: skip
 
 
+def endpoint_of(router_url: str) -> str:
+    """The replica that answered one short request through the router."""
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    req = urllib.request.Request(
+        f"{router_url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return str(resp.headers["x-llmgw-endpoint"])
+
+
 def timed_chat(router_url: str, model: str, *, key: str = "unused") -> tuple[float, str]:
     """Seconds one request took through the router, and its answer or its error."""
     import openai
@@ -286,3 +301,33 @@ class TestSilentLinks:
         assert {r["id"] for r in live(ctl.url, "m")} == before
         assert engine_pids(net["gpu-a"]) == pids
         assert counter.most == 1
+
+    def test_engine_host_silent_from_router(self, net: Net, tmp_path: Path) -> None:
+        """An engine the router cannot hear: requests go elsewhere in bounded time."""
+        ctl = start_controller(net["ctl"], f"sqlite:///{tmp_path / 'c.db'}")
+        for name in ("gpu-a", "gpu-b"):
+            start_agent(net[name], [ctl.url], tmp_path)
+        router = start_router(net["router"], ctl.url, tmp_path)
+        call("POST", f"{ctl.url}/admin/models", sim_model("m", min_replicas=2, max_replicas=2))
+        wait_for(lambda: len([r for r in live(ctl.url, "m") if r["state"] == "ready"]) == 2,
+                 what="two ready replicas")  # fmt: skip
+        # Both replicas served through pooled connections first.
+        wait_for(lambda: len(call("GET", f"{ctl.url}/v1/endpoints")["endpoints"]) == 2,
+                 what="both listed")  # fmt: skip
+        # The same prompt goes back to the same replica (prefix affinity), on the
+        # connection its last answer left in the router's pool: that host goes silent.
+        served = {endpoint_of(router.url) for _ in range(5)}
+        assert len(served) == 1, served
+        (rid,) = served
+        node = next(node_of(r) for r in live(ctl.url, "m") if r["id"] == rid)
+        net.silence_between("router", node)
+        took = []
+        deadline = time.monotonic() + 20.0
+        while time.monotonic() < deadline:
+            t, text = timed_chat(router.url, "m")
+            took.append(t)
+            assert not text.startswith("error"), (took, text)
+        print(f"{len(took)} requests after {node} went silent; slowest {max(took):.1f}s, "
+              f"first {took[0]:.1f}s")  # fmt: skip
+        assert max(took) < 10.0, took
+        net.heal_between("router", node)
