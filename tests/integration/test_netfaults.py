@@ -329,5 +329,6 @@ class TestSilentLinks:
             assert not text.startswith("error"), (took, text)
         print(f"{len(took)} requests after {node} went silent; slowest {max(took):.1f}s, "
               f"first {took[0]:.1f}s")  # fmt: skip
-        assert max(took) < 10.0, took
+        # The connect timeout (3 s) once, not twice: no fresh try on the silent host.
+        assert max(took) < 5.5, took
         net.heal_between("router", node)

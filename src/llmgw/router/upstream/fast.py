@@ -21,7 +21,8 @@ would wait for `stream_idle_timeout_s` or the request's whole deadline, minutes
 by default, though another replica could answer. So each connection asks the
 kernel to give up on it (`tune`): bytes sent but not acknowledged within the
 connect timeout, or keepalive probes unanswered as long, end it. Only the peer's
-kernel has to answer, never the engine, so a long generation is not cut.
+kernel has to answer, never the engine, so a long generation is not cut. A
+pooled connection ended so is not the stale kind: the proxy moves on at once.
 """
 
 from __future__ import annotations
@@ -166,7 +167,12 @@ class FastUpstream(Forwarder):
             err = resp.error
             if err is None:
                 return resp
-            if not fresh and not conn.got_bytes and isinstance(err, UpstreamConnectError):
+            if (
+                not fresh
+                and not conn.got_bytes
+                and not conn.peer_silent
+                and isinstance(err, UpstreamConnectError)
+            ):
                 # A pooled connection the engine had closed as we wrote; nothing came
                 # back, so nothing was answered: once more on a new connection.
                 log.debug("stale pooled connection endpoint=%s: %s", endpoint_id, err.detail)
