@@ -12,7 +12,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -86,7 +86,12 @@ def start_controller(host: Host, database: str, *extra: str) -> Program:
 
 
 def start_agent(
-    host: Host, controllers: list[str], tmp: Path, *, gpus: str = "1xH100-80G"
+    host: Host,
+    controllers: list[str],
+    tmp: Path,
+    *,
+    gpus: str = "1xH100-80G",
+    extra: Sequence[str] = (),
 ) -> Program:
     args = ["agent", "--node", host.name, "--gpus", gpus, "--fabric", "ib0"]
     for url in controllers:
@@ -104,6 +109,7 @@ def start_agent(
         "2",
         "--port-range",
         "31000-31099",
+        *extra,
     ]
     return host.start(args)
 

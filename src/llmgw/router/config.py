@@ -165,6 +165,8 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # The whole request's deadline: retries, holding and the upstream response.
     request_timeout_s: Seconds = 600.0
     # Time to open a TCP connection to an engine; past it the attempt is retried.
+    # Also how long an engine's host may leave sent bytes or keepalive probes
+    # unacknowledged before its connection is dropped (a silent host: upstream/fast.py).
     connect_timeout_s: Seconds = 3.0
     # A stream whose engine sends nothing for this long is ended with an error
     # event and counted against the endpoint's breaker; without it a stalled

@@ -85,6 +85,8 @@ _MAX_LINES: Final = 256
 GO: Final = 0
 WAIT: Final = 1
 PLACE: Final = 2
+# What an error answer costs a key's tokens and budget: the engine counted none.
+NO_TOKENS: Final = Usage(prompt=0, completion=0, cached=0)
 
 
 class Proxy:
@@ -463,10 +465,14 @@ class Proxy:
             call.ttft, call.usage = tally.ttft, tally.usage.usage
         charge = call.charge
         if charge is not None:
-            if call.eid:
-                charge.settle(call.usage)
-            else:
+            if not call.eid:
                 charge.refund()  # no engine was asked: refused, or its client left
+            elif call.usage is None and call.status >= 400 and call.result != DISCONNECTED:
+                # Its engine answered an error, or none answered: no tokens to charge.
+                # The estimate would have been spent again by each retry of the SDKs.
+                charge.settle(NO_TOKENS)
+            else:
+                charge.settle(call.usage)
         count_call(st, call)
         if call.span is not None:
             retries = st.cfg.max_retries - att.retries_left
@@ -525,6 +531,9 @@ class Proxy:
             "x-request-id": call.rid,
             "x-llmgw-endpoint": call.eid,
         }
+        api = call.api
+        if api is not None and api.anthropic:
+            out["request-id"] = call.rid  # where the anthropic package reads it
         if call.charge is not None:
             out.update(call.charge.headers)
         if debug:

@@ -474,13 +474,7 @@ class Tenants:
             spent = row.cells[keytable.SPENT]
         if spent < budget.tokens:
             return None
-        return error_response(
-            429,
-            f"The API key {tenant.name!r} has used its budget of {budget.tokens} "
-            f"tokens this {budget.per} ({period}, UTC).",
-            type="insufficient_quota",
-            code="insufficient_quota",
-        )
+        return _spent(tenant, f" ({period}, UTC)")
 
 
 def _limits(key: ClientKey) -> keytable.Limits:
@@ -498,8 +492,6 @@ def _leased_budget(acc: _Account, tenant: Tenant) -> Whole | None:
     """The budget as the controller leases it: this router's allowance, fleet-wide."""
     if acc.allowance is not None and acc.allowance > 0:
         return None
-    budget = tenant.key.budget
-    assert budget is not None
     if acc.allowance is None or acc.elsewhere > 0:
         # Not spent fleet-wide: this router's part is, and the next lease may bring more.
         return error_response(
@@ -510,12 +502,24 @@ def _leased_budget(acc: _Account, tenant: Tenant) -> Whole | None:
             code="rate_limit_exceeded",
             headers={"Retry-After": str(math.ceil(NO_SHARE_RETRY_S))},
         )
+    return _spent(tenant, " (UTC)")
+
+
+def _spent(tenant: Tenant, when: str) -> Whole:
+    """429 insufficient_quota: the key's budget is spent until its period ends.
+
+    With `x-should-retry: false`, which the openai and anthropic packages obey: they
+    retry every other 429 on their own (twice by default), and a budget spent for the
+    day is spent for their retries a second later too."""
+    budget = tenant.key.budget
+    assert budget is not None
     return error_response(
         429,
         f"The API key {tenant.name!r} has used its budget of {budget.tokens} "
-        f"tokens this {budget.per} (UTC).",
+        f"tokens this {budget.per}{when}.",
         type="insufficient_quota",
         code="insufficient_quota",
+        headers={"x-should-retry": "false"},
     )
 
 
