@@ -23,6 +23,10 @@ kernel to give up on it (`tune`): bytes sent but not acknowledged within the
 connect timeout, or keepalive probes unanswered as long, end it. Only the peer's
 kernel has to answer, never the engine, so a long generation is not cut. A
 pooled connection ended so is not the stale kind: the proxy moves on at once.
+That bound is never below `SILENT_FLOOR_S`, whatever the connect timeout: a lost
+segment is sent again only after Linux's retransmission timeout (200 ms at
+least, doubling), so a bound of a few hundred milliseconds ended healthy
+connections on the first lost packet, where TCP would have recovered.
 """
 
 from __future__ import annotations
@@ -55,17 +59,23 @@ SWEEP_S: Final = 1.0
 # A connection with nothing in flight for this long is probed (TCP keepalive), so a
 # silent host is noticed during a long generation too, not only when we next write.
 PROBE_IDLE_S: Final = 5
+# The least time a peer may leave bytes or probes unacknowledged (TCP_USER_TIMEOUT):
+# room for three retransmissions at Linux's least timeout (0.2 + 0.4 + 0.8 s), so a
+# loss burst of about a second and a half costs a delay, not the connection.
+SILENT_FLOOR_S: Final = 2.0
 
 
 def tune(sock: socket.socket | None, *, silent_s: float) -> None:
-    """The kernel ends the connection once its peer has been silent `silent_s`.
+    """The kernel ends the connection once its peer has been silent `silent_s`
+    (never less than `SILENT_FLOOR_S`).
 
     TCP_USER_TIMEOUT bounds how long sent data (a request, a keepalive probe) may
     stay unacknowledged; without it Linux retransmits for about fifteen minutes.
     """
     if sock is None or not hasattr(socket, "TCP_USER_TIMEOUT"):
         return  # not Linux: the request's deadlines are the only bound
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, round(silent_s * 1000)))
+    user_timeout_ms = round(max(silent_s, SILENT_FLOOR_S) * 1000)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, user_timeout_ms)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, PROBE_IDLE_S)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)

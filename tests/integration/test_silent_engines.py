@@ -1,0 +1,133 @@
+"""Engine hosts that go silent under the router, across network namespaces.
+
+No controller here: a router with static endpoints on one host, sim-engines on
+another, so what is timed is the router's connection to the engine and nothing
+else. `Net.silence_between` drops every packet between the two without a reset,
+as a firewall DROP or a dead switch port does.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from llmgw.testing import Program
+
+from . import netns
+from .netns import Host, Net
+from .test_multihost import wait_for
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+
+ADMIN = "silent-admin"
+
+
+@pytest.fixture(autouse=True)
+def _need_netns() -> None:
+    why = netns.unavailable()
+    if why is not None:
+        pytest.skip(why)
+
+
+@pytest.fixture
+def net(tmp_path: Path) -> Iterator[Net]:
+    with netns.hosts(["router", "gpu-a"], log_dir=tmp_path / "logs") as n:
+        yield n
+
+
+def start_engine(host: Host, *extra: str) -> Program:
+    return host.start(["sim-engine", "--host", host.addr, "--port", "0", "--model", "m", *extra])
+
+
+def start_router(host: Host, engine: Program, tmp: Path, **over: Any) -> Program:
+    cfg: dict[str, Any] = {
+        "endpoints": [{"id": "e0", "url": engine.url, "models": ["m"]}],
+        "scrape_interval_s": 0.25,
+        "scrape_timeout_s": 0.2,
+        "stale_after_s": 60.0,
+        "request_timeout_s": 60.0,
+        "admin_token": ADMIN,
+        **over,
+    }
+    path = tmp / "router.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    argv = ["router", "--config", str(path), "--host", host.addr, "--port", "0", "--workers", "1"]
+    return host.start(argv)
+
+
+def body(*, max_tokens: int, stream: bool) -> bytes:
+    return json.dumps(
+        {
+            "model": "m",
+            "max_tokens": max_tokens,
+            "stream": stream,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    ).encode()
+
+
+def ask(router_url: str) -> tuple[int, str]:
+    """One short non-streamed request: its status and its body."""
+    req = urllib.request.Request(
+        f"{router_url}/v1/chat/completions",
+        data=body(max_tokens=4, stream=False),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def admin_e0(router_url: str) -> dict[str, Any]:
+    req = urllib.request.Request(
+        f"{router_url}/admin/endpoints", headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        snap: dict[str, Any] = json.loads(resp.read())["endpoints"][0]
+    return snap
+
+
+def inflight_gauges(router_url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{router_url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {
+        name: float(value)
+        for name, _, value in (line.rpartition(" ") for line in text.splitlines())
+        if name.startswith(("llmgw_router_inflight{", "llmgw_router_pending{"))
+    }
+
+
+class TestBriefLoss:
+    """A brief loss on a healthy connection does not drop it, however small connect_timeout_s."""
+
+    def test_half_second_loss_with_a_small_connect_timeout(self, net: Net, tmp_path: Path) -> None:
+        """connect_timeout_s 0.2, half a second of loss as a request is written: answered."""
+        engine = start_engine(net["gpu-a"], "--speed", "20")
+        router = start_router(net["router"], engine, tmp_path, connect_timeout_s=0.2)
+        wait_for(lambda: ask(router.url)[0] == 200, what="router serves m")
+        out: list[tuple[int, str]] = []
+        # On the connection the last answer left pooled: the request's bytes go
+        # unacknowledged until the heal, and TCP retransmits them.
+        net.silence_between("router", "gpu-a")
+        t0 = time.monotonic()
+        worker = threading.Thread(target=lambda: out.append(ask(router.url)))
+        worker.start()
+        time.sleep(0.5)
+        net.heal_between("router", "gpu-a")
+        worker.join(timeout=40)
+        took = time.monotonic() - t0
+        print(f"answered {out[0][0] if out else None} in {took:.2f}s after 0.5 s of loss")
+        assert out, "no answer"
+        assert out[0][0] == 200, out
+        assert took < 5.0
