@@ -8,6 +8,7 @@ as a firewall DROP or a dead switch port does.
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -131,3 +132,57 @@ class TestBriefLoss:
         assert out, "no answer"
         assert out[0][0] == 200, out
         assert took < 5.0
+
+
+class TestSilentMidStream:
+    """A stream whose engine host goes silent ends with an error event in bounded time."""
+
+    def test_stream_cut_by_a_silent_host(self, net: Net, tmp_path: Path) -> None:
+        """Error event and [DONE] within keepalive idle plus the user timeout; the
+        breaker counts it; in-flight back to 0."""
+        # 10 tokens a second: a 40 s stream, far from over when the host goes silent.
+        engine = start_engine(net["gpu-a"], "--decode-base-ms", "100")
+        router = start_router(
+            net["router"],
+            engine,
+            tmp_path,
+            breaker={"failure_threshold": 1, "cooldown_s": 60.0, "max_cooldown_s": 120.0},
+        )
+        wait_for(lambda: ask(router.url)[0] == 200, what="router serves m")
+        host, port = router.url.removeprefix("http://").rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=body(max_tokens=400, stream=True),
+            headers={"Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        assert resp.status == 200
+        events: list[str] = []
+        silent_at = done_at = None
+        while line := resp.readline():
+            if not line.startswith(b"data: "):
+                continue
+            events.append(line[6:].decode().strip())
+            if len(events) == 5:
+                net.silence_between("router", "gpu-a")
+                silent_at = time.monotonic()
+            if events[-1] == "[DONE]":
+                done_at = time.monotonic()
+                break
+        conn.close()
+        assert silent_at is not None
+        assert done_at is not None, events[-3:]
+        took = done_at - silent_at
+        errors = [json.loads(e)["error"] for e in events if e.startswith('{"error"')]
+        print(f"stream ended {took:.1f}s after the silence, {len(events)} events: {errors}")
+        assert len(errors) == 1, events[-3:]
+        assert errors[0]["code"] == 502
+        # PROBE_IDLE_S (5) + about the 3 s user timeout, plus a little for the loaded machine.
+        assert took < 12.0
+        snap = admin_e0(router.url)
+        assert snap["breaker"] == "open", snap
+        assert snap["inflight"] == 0, snap
+        assert not any(inflight_gauges(router.url).values())
+        net.heal_between("router", "gpu-a")
