@@ -15,6 +15,7 @@ Exceptions, translated once at this seam so callers never see a driver's::
 
     StoreError            the database refused or failed; the change was not applied
     ├── SchemaTooNew      the database was written by newer code; refuse to touch it
+    ├── UnreadableRow     a stored row this code cannot decode (store/readrows.py)
     └── NotLeader         a write was attempted by a controller that does not lead
 
 Anything else escaping `apply` (a value that cannot be encoded, say) is a bug in
@@ -48,6 +49,22 @@ class SchemaTooNew(StoreError):
         )
         self.found = found
         self.known = known
+
+
+class UnreadableRow(StoreError):
+    """A stored row this code cannot decode: written by a newer llmgw (a field it does
+    not know) or changed by hand. Raised by `load` for the tables the fleet cannot do
+    without (store/readrows.py); the message is one line naming the table and the row,
+    and what to do."""
+
+    def __init__(self, table: str, row: str, why: str, remedy: str) -> None:
+        super().__init__(
+            f"{table} row {row!r} cannot be read by this llmgw ({why}); it was written by a "
+            f"newer llmgw or changed by hand: upgrade llmgw to the version that wrote it, or "
+            f"{remedy}"
+        )
+        self.table = table
+        self.row = row
 
 
 class NotLeader(StoreError):
