@@ -8,7 +8,8 @@ URLs:
 
 Everything here blocks: the async controller calls it via `asyncio.to_thread`.
 See base.py for the protocols and the exception tree; readrows.py for a stored row
-this code cannot read. Typical leader setup:
+this code cannot read; sqlevents.py and sqlusage.py for the bounded deletes of the
+retention (tick/retention.py). Typical leader setup:
 
     store = open_store(url, schema=schema)          # migrates; SchemaTooNew if too new
     lead = open_leadership(url, schema=schema)

@@ -137,6 +137,21 @@ class Store(Protocol):
         none older is left). Not fenced, as record_usage."""
         ...
 
+    def prune_events(self, *, before: float | None, keep: int | None, limit: int) -> int:
+        """Delete at most `limit` events, oldest (lowest id) first, in one transaction:
+        those at before `before` (unix seconds; None: none for their age) and those
+        older than the newest `keep` ids (None: no cap). The number deleted (below
+        `limit`: none of the oldest `limit` was left to go). Not fenced, as record_usage.
+
+        Only the oldest `limit` events are looked at, so an event is judged by its id:
+        one stamped by a leader whose clock ran ahead waits for those after it."""
+        ...
+
+    def events_pruned_through(self) -> int:
+        """The highest event id `prune_events` has deleted (0: none yet): an id at or
+        below it that `events` no longer finds aged out."""
+        ...
+
     def set_leader_url(self, url: str | None) -> None:
         """Record the URL this controller, the leader, is reachable at (None: it knows
         none), replacing what an earlier leader recorded. Fenced like `apply`: a

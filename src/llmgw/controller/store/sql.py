@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from llmgw.controller.fleet.records import Adapter, Changes, Event, FleetState, Model
-from llmgw.controller.store import codec, sqlusage, tables
+from llmgw.controller.store import codec, sqlevents, sqlusage, tables
 from llmgw.controller.store.base import StoreError
 from llmgw.controller.store.readrows import RowReader
 from llmgw.wire.usage import TokenUsage, UsageBy, UsageRow
@@ -217,6 +217,14 @@ class SqlStore:
     def prune_usage(self, *, before: int, limit: int) -> int:
         with self._translate("prune_usage"), self._write.begin() as conn:
             return sqlusage.prune(conn, before=before, limit=limit)
+
+    def prune_events(self, *, before: float | None, keep: int | None, limit: int) -> int:
+        with self._translate("prune_events"), self._write.begin() as conn:
+            return sqlevents.prune(conn, before=before, keep=keep, limit=limit)
+
+    def events_pruned_through(self) -> int:
+        with self._translate("events_pruned_through"), self._read.begin() as conn:
+            return sqlevents.pruned_through(conn)
 
     def set_leader_url(self, url: str | None) -> None:
         t = tables.leader
