@@ -515,9 +515,10 @@ def document() -> bytes:
         },
         "/admin/events": {
             "get": _op(
-                "the event log, oldest first (the last `limit` matching)",
+                "the event log, oldest first (the last `limit` matching); with `id`, 404 "
+                "when no event has it, saying so when it aged out",
                 _ok(_array("EventView")),
-                errors=(400, 401, 503),
+                errors=(400, 401, 404, 503),
                 params=(
                     _query("model", {"type": "string"}, "events of this model"),
                     _query("replica", {"type": "string"}, "events about this replica"),

@@ -62,6 +62,13 @@ class FencedStore:
         # Not fenced either: deleting rows past the retention twice deletes them once.
         return self.store.prune_usage(before=before, limit=limit)
 
+    def prune_events(self, *, before: float | None, keep: int | None, limit: int) -> int:
+        # Not fenced, as prune_usage.
+        return self.store.prune_events(before=before, keep=keep, limit=limit)
+
+    def events_pruned_through(self) -> int:
+        return self.store.events_pruned_through()
+
     def set_leader_url(self, url: str | None) -> None:
         if not self.leadership.still_leader():
             raise NotLeader("this controller does not hold leadership; the write was refused")
