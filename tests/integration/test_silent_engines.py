@@ -112,10 +112,10 @@ def inflight_gauges(router_url: str) -> dict[str, float]:
 class TestBriefLoss:
     """A brief loss on a healthy connection does not drop it, however small connect_timeout_s."""
 
-    def test_half_second_loss_with_a_small_connect_timeout(self, net: Net, tmp_path: Path) -> None:
-        """connect_timeout_s 0.2, 0.3 s of loss as a request is written: answered. The
-        loss is kept short so that the heal comes before TCP's retransmission at 1.4 s
-        even when a busy machine is slow to run `ip`."""
+    def test_a_brief_loss_with_a_small_connect_timeout(self, net: Net, tmp_path: Path) -> None:
+        """connect_timeout_s 0.2, 0.3 s of loss as a request is written: answered."""
+        # The loss is short so that the heal comes before TCP's retransmission at 1.4 s
+        # even where a busy machine is slow to run `ip`.
         engine = start_engine(net["gpu-a"], "--speed", "20")
         router = start_router(net["router"], engine, tmp_path, connect_timeout_s=0.2)
         wait_for(lambda: ask(router.url)[0] == 200, what="router serves m")
