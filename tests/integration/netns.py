@@ -4,6 +4,10 @@
         c = net["ctl"].start(["controller", "--host", net["ctl"].addr, ...])
         net.cut("gpu-a")       # its link goes down: nobody reaches it, it reaches nobody
         net.restore("gpu-a")
+        net.silence("gpu-a")   # its link stays up but drops every packet: calls hang
+        net.restore("gpu-a")
+        net.silence_between("router", "ctl")   # only these two lose each other
+        net.heal_between("router", "ctl")
 
 Layout: a namespace of its own holds the bridge (the "switch"); every host is
 a namespace with one veth whose peer is a port of that bridge, and an address
@@ -38,6 +42,8 @@ from llmgw.testing import Program, start_program, wait_until
 
 SUBNET = "10.213.0"
 CLIENT_ADDR = f"{SUBNET}.254"
+# A locally administered MAC no port has (silence_between).
+NOWHERE_MAC = "02:00:5e:00:00:fe"
 
 
 def _pids_in(ns: str) -> list[int]:
@@ -49,6 +55,11 @@ def _pids_in(ns: str) -> list[int]:
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=10)
+
+
+def _pin(ns: str, addr: str, mac: str) -> None:
+    """A permanent neighbour entry: the kernel never asks ARP for `addr` again."""
+    _ip("-n", ns, "neigh", "replace", addr, "lladdr", mac, "dev", "eth0", "nud", "permanent")
 
 
 @functools.cache
@@ -187,8 +198,56 @@ class Net:
         """Take the host's switch port down: no packet to or from it."""
         _ip("-n", self.switch, "link", "set", self.hosts[name].port, "down")
 
+    def silence(self, name: str) -> None:
+        """Drop every packet to or from the host while every link stays up.
+
+        A cut port takes the host's carrier down, and a peer whose neighbour
+        entry expired is told "no route to host" within seconds; a firewall
+        DROP or a lossy path answers nothing at all, so a connection hangs.
+        That is what this makes: every neighbour entry to and from the host is
+        pinned (no ARP is ever needed), then its port leaves the bridge, so
+        frames still go out on an up link and nothing comes back.
+        """
+        host = self.hosts[name]
+        macs = {h.name: self._mac(h) for h in self.hosts.values()}
+        for other in self.hosts.values():
+            if other is host:
+                continue
+            _pin(other.ns, host.addr, macs[name])
+            _pin(host.ns, other.addr, macs[other.name])
+        _pin(host.ns, CLIENT_ADDR, self._client_mac())
+        _ip("neigh", "replace", host.addr, "lladdr", macs[name], "dev", self._client_if,
+            "nud", "permanent")  # fmt: skip
+        _ip("-n", self.switch, "link", "set", host.port, "nomaster")
+
+    def silence_between(self, a: str, b: str) -> None:
+        """Drop every packet between two hosts only; each still reaches the rest.
+
+        Each side's neighbour entry for the other is pinned to an address no
+        port has: the bridge floods such frames and every host ignores them.
+        """
+        ha, hb = self.hosts[a], self.hosts[b]
+        _pin(ha.ns, hb.addr, NOWHERE_MAC)
+        _pin(hb.ns, ha.addr, NOWHERE_MAC)
+
+    def heal_between(self, a: str, b: str) -> None:
+        """Undo `silence_between`: the neighbour entries are learned again by ARP."""
+        ha, hb = self.hosts[a], self.hosts[b]
+        _ip("-n", ha.ns, "neigh", "del", hb.addr, "dev", "eth0", check=False)
+        _ip("-n", hb.ns, "neigh", "del", ha.addr, "dev", "eth0", check=False)
+
     def restore(self, name: str) -> None:
-        _ip("-n", self.switch, "link", "set", self.hosts[name].port, "up")
+        """Undo `cut` or `silence`."""
+        port = self.hosts[name].port
+        _ip("-n", self.switch, "link", "set", port, "master", "br0")
+        _ip("-n", self.switch, "link", "set", port, "up")
+
+    @staticmethod
+    def _mac(host: Host) -> str:
+        return _ip("-n", host.ns, "-br", "link", "show", "eth0").stdout.split()[2]
+
+    def _client_mac(self) -> str:
+        return _ip("-br", "link", "show", self._client_if).stdout.split()[2]
 
     def _teardown(self) -> None:
         for host in self.hosts.values():

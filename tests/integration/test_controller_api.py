@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration import pg
 from tests.integration.controller_harness import (
     Controller,
     Db,
@@ -19,6 +20,8 @@ from tests.integration.controller_harness import (
 )
 
 TOKEN = "s3cret"
+# The fixture, seen by this module's tests as a global.
+pg_schema = pg.pg_schema
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +160,56 @@ class TestInvalidInput:
         """A usage report without router_id is refused naming it."""
         err = c.error("POST", "/v1/usage", {"sent_at": 1.0})
         assert (err.status, err.body["error"]["param"]) == (422, "router_id")
+
+
+class TestUnknownQueryParameters:
+    """A query parameter the route does not take is refused, not ignored."""
+
+    @pytest.mark.parametrize(
+        ("path", "param"),
+        [
+            ("/admin/events?modle=m", "modle"),
+            ("/admin/events?since=1h", "since"),
+            ("/admin/replicas?limit=5", "limit"),
+            ("/admin/keys?limit=-1", "limit"),
+            ("/admin/models?name=m", "name"),
+            ("/admin/nodes?state=active", "state"),
+            ("/admin/usage?since=1h", "since"),
+            ("/v1/endpoints?after=1&timeout=5", "timeout"),
+        ],
+    )
+    def test_unknown_parameter_is_400(self, c: Controller, path: str, param: str) -> None:
+        """A misspelt filter is a 400 naming it, never the unfiltered answer."""
+        err = c.error("GET", path)
+        assert (err.status, err.body["error"]["type"]) == (400, "invalid_request_error")
+        assert err.body["error"]["param"] == param
+
+    @pytest.mark.parametrize("param", ["model", "replica", "node"])
+    def test_a_nul_in_an_event_filter_is_400(self, c: Controller, param: str) -> None:
+        """No name holds a NUL: a filter with one is refused naming it (PostgreSQL would
+        refuse the query, and the controller answered 503 as if the database were down)."""
+        err = c.error("GET", f"/admin/events?{param}=m%00x")
+        assert (err.status, err.body["error"]["param"]) == (400, param)
+        err = c.error("GET", "/admin/replicas?model=m%00x")
+        assert (err.status, err.body["error"]["param"]) == (400, "model")
+
+    def test_known_parameters_still_pass(self, c: Controller) -> None:
+        """Every parameter /openapi.json lists for a route is taken."""
+        assert c.get("/admin/events?model=m&limit=5&node=a&replica=x") == []
+        assert c.get("/admin/replicas?model=m&state=ready")
+        assert c.get("/v1/endpoints?after=-1&timeout_s=0")["endpoints"]
+
+
+@pytest.mark.postgres
+class TestEventFiltersOnPostgres:
+    """Event filters PostgreSQL cannot compare are bad input, not a database failure."""
+
+    def test_a_nul_in_a_filter_is_400_not_503(self, pg_schema: pg.PgSchema) -> None:
+        """`?model=m%00x`: 400 naming the parameter; the log reads on."""
+        with controller(Db(pg_schema.url, pg_schema.schema), token=TOKEN) as ctl:
+            err = ctl.error("GET", "/admin/events?model=m%00x")
+            assert (err.status, err.body["error"]["param"]) == (400, "model")
+            assert ctl.get("/admin/events?limit=1")
 
 
 class TestEngineKey:

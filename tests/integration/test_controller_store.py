@@ -35,7 +35,7 @@ from llmgw.controller.store import (
 )
 from llmgw.controller.store import tables as store_tables
 from llmgw.controller.store.codec import SCHEMA_VERSION
-from llmgw.controller.store.postgres import pg_url
+from llmgw.controller.store.postgres import open_postgres_store, pg_url
 from llmgw.testing.wait import wait_until
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
@@ -802,6 +802,21 @@ class TestPostgres:
             s.close()
         with pg_schema.connect() as conn:
             assert conn.execute("SELECT count(*) FROM nodes").fetchone()[0] == 1  # type: ignore[index]
+
+    def test_sessions_bound_their_host_going_silent(self, pg_schema: PgSchema) -> None:
+        """The store's sessions carry short server-side keepalives, whatever
+        postgresql.conf says: a silent leader's write held the fence for hours."""
+        s = open_postgres_store(pg_schema.url, schema=pg_schema.schema)
+        try:
+            with s.engine.connect() as conn:
+                got = {
+                    name: conn.exec_driver_sql(f"SHOW {name}").scalar()
+                    for name in ("tcp_keepalives_idle", "tcp_keepalives_count", "tcp_user_timeout")
+                }
+        finally:
+            s.close()
+        assert got == {"tcp_keepalives_idle": "5", "tcp_keepalives_count": "3",
+                       "tcp_user_timeout": "5000"}  # fmt: skip
 
     def test_bad_schema_name_is_refused(self) -> None:
         """A schema name that is not a plain identifier is refused before any SQL runs."""

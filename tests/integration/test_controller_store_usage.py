@@ -193,3 +193,44 @@ class TestUsageSchema:
             assert s.usage(since=H, by="key")[0].key == "alice"
         finally:
             s.close()
+
+
+class TestUsageLimit:
+    """`usage(limit=N)`: the newest N rows, oldest hour first as ever."""
+
+    def test_the_newest_rows_are_kept(self, store: Store) -> None:
+        """Of three hours of three keys, a limit of 4 keeps the newest hour and one row more."""
+        store.record_usage(
+            "r1", [row(k, hour=H + i * 3600) for i in range(3) for k in ("a", "b", "c")]
+        )
+        got = [(r.hour, r.key) for r in store.usage(since=0, by="key", limit=4)]
+        assert got == [(H + 3600, "a"), (H + 7200, "a"), (H + 7200, "b"), (H + 7200, "c")]
+
+    def test_a_limit_above_the_rows_changes_nothing(self, store: Store) -> None:
+        """A limit the rows do not reach answers what no limit does."""
+        store.record_usage("r1", [row(k, hour=H + i * 3600) for i in range(2) for k in "ab"])
+        assert store.usage(since=0, by="team", limit=100) == store.usage(since=0, by="team")
+
+
+class TestSpent:
+    """`spent`: each key's tokens in a span of hours, summed in the store."""
+
+    def test_sums_routers_models_and_teams_within_the_span(self, store: Store) -> None:
+        """Prompt and completion of every router, model and team of the key, in the span only."""
+        store.record_usage(
+            "r1",
+            [
+                row("a", model="m1", prompt=10, completion=5),
+                row("a", team="other", model="m2", prompt=1, completion=2),
+                row("a", hour=H - 3600, prompt=100),
+                row("a", hour=H + 7200, prompt=1000),
+                row("b", prompt=7, completion=0),
+            ],
+        )
+        store.record_usage("r2", [row("a", prompt=20, completion=0)])
+        assert store.spent(keys=["a", "c"], since=H, until=H + 7200) == {"a": 38}
+
+    def test_no_keys_asks_nothing(self, store: Store) -> None:
+        """An empty list of keys: an empty answer."""
+        store.record_usage("r1", [row("a")])
+        assert store.spent(keys=[], since=0, until=H + 3600) == {}

@@ -12,7 +12,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -86,7 +86,12 @@ def start_controller(host: Host, database: str, *extra: str) -> Program:
 
 
 def start_agent(
-    host: Host, controllers: list[str], tmp: Path, *, gpus: str = "1xH100-80G"
+    host: Host,
+    controllers: list[str],
+    tmp: Path,
+    *,
+    gpus: str = "1xH100-80G",
+    extra: Sequence[str] = (),
 ) -> Program:
     args = ["agent", "--node", host.name, "--gpus", gpus, "--fabric", "ib0"]
     for url in controllers:
@@ -104,6 +109,7 @@ def start_agent(
         "2",
         "--port-range",
         "31000-31099",
+        *extra,
     ]
     return host.start(args)
 
@@ -187,10 +193,11 @@ class PrivatePostgres:
 
     The machine's own server is left alone. Server-side TCP keepalives are
     short so that a session whose host vanished (a cut link sends nothing) is
-    ended, and its advisory locks released, within seconds.
+    ended, and its advisory locks released, within seconds; `stock_keepalives`
+    leaves them at PostgreSQL's defaults (the operating system's: two hours).
     """
 
-    def __init__(self, host: Host, tmp: Path) -> None:
+    def __init__(self, host: Host, tmp: Path, *, stock_keepalives: bool = False) -> None:
         import shutil
         import subprocess
         import tempfile
@@ -223,8 +230,10 @@ class PrivatePostgres:
                 str(self.bin / "postgres"), "-D", str(self.data),
                 "-h", host.addr, "-p", "5432", "-k", str(self.dir),
                 "-c", "fsync=off", "-c", "synchronous_commit=off",
-                "-c", "tcp_keepalives_idle=1", "-c", "tcp_keepalives_interval=1",
-                "-c", "tcp_keepalives_count=2", "-c", "tcp_user_timeout=3000",
+                *([] if stock_keepalives else [
+                    "-c", "tcp_keepalives_idle=1", "-c", "tcp_keepalives_interval=1",
+                    "-c", "tcp_keepalives_count=2", "-c", "tcp_user_timeout=3000",
+                ]),
                 "-c", f"listen_addresses={host.addr}",
             ],
             stdout=log,

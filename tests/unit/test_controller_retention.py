@@ -1,13 +1,14 @@
-"""Token usage past its retention: deleted by the leader in bounded batches."""
+"""Token usage and events past their retention: deleted by the leader in bounded batches."""
 
 from __future__ import annotations
 
 import pytest
 
 from llmgw.controller.config import parse_args
+from llmgw.controller.fleet.records import Changes, Event
 from llmgw.controller.store import StoreError
 from llmgw.controller.store.memory import MemoryStore
-from llmgw.controller.tick.retention import DAY_S, UsageRetention
+from llmgw.controller.tick.retention import DAY_S, EventRetention, UsageRetention
 from llmgw.runtime.clock import ManualClock
 from llmgw.wire.usage import HOUR_S, TokenUsage
 
@@ -91,6 +92,99 @@ class TestUsageRetention:
         clock.advance(60.0)
         assert await r.tick() == 0
         assert "usage retention failed" in caplog.text
+
+
+def event(at: float) -> Event:
+    return Event(
+        id=0, at=at, kind="replica.ready", subject="replica", subject_id="r1", model="m",
+        message="ready",
+    )  # fmt: skip
+
+
+class BrokenEvents(MemoryStore):
+    def prune_events(self, *, before: float | None, keep: int | None, limit: int) -> int:
+        raise StoreError("database away")
+
+
+class TestEventRetention:
+    """Which events the control loop deletes, and how often."""
+
+    def store(self) -> MemoryStore:
+        """Ten events 31 days old, then two of the last minute."""
+        store = MemoryStore()
+        old = 1.8e9 - 31 * DAY_S
+        store.apply(Changes(events=[event(old + i) for i in range(10)]))
+        store.apply(Changes(events=[event(1.8e9 - 60), event(1.8e9 - 1)]))
+        return store
+
+    def ats(self, store: MemoryStore) -> list[float]:
+        return [e.at for e in store.events(limit=100)]
+
+    async def test_a_backlog_drains_a_batch_per_tick_then_waits(self) -> None:
+        """Ten old events, batches of four: three ticks in a row, then nothing until
+        every_s has passed; the recent events stay."""
+        clock, store = ManualClock(), self.store()
+        r = EventRetention(
+            store, retention_days=30, max_rows=0, clock=clock, batch_rows=4, every_s=600.0
+        )
+        assert [await r.tick() for _ in range(5)] == [4, 4, 2, 0, 0]
+        assert self.ats(store) == [1.8e9 - 60, 1.8e9 - 1]
+        clock.advance(30 * DAY_S)
+        assert await r.tick() == 2
+
+    async def test_the_row_cap_keeps_the_newest(self) -> None:
+        """A cap of five keeps the five newest events, however recent all are."""
+        store = self.store()
+        r = EventRetention(store, retention_days=0, max_rows=5, clock=ManualClock())
+        assert await r.tick() == 7
+        assert len(self.ats(store)) == 5
+        assert self.ats(store)[-1] == 1.8e9 - 1
+
+    async def test_zero_and_zero_keep_everything(self) -> None:
+        """No age limit and no cap: nothing is ever deleted."""
+        store = self.store()
+        r = EventRetention(store, retention_days=0, max_rows=0, clock=ManualClock())
+        assert await r.tick() == 0
+        assert len(self.ats(store)) == 12
+
+    async def test_a_failed_delete_is_tried_again_later(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The database refusing is logged, not raised, and retried after every_s."""
+        clock = ManualClock()
+        r = EventRetention(BrokenEvents(), retention_days=30, max_rows=0, clock=clock, every_s=60.0)
+        assert await r.tick() == 0
+        assert "event retention failed" in caplog.text
+        caplog.clear()
+        assert await r.tick() == 0
+        assert caplog.text == ""
+        clock.advance(60.0)
+        assert await r.tick() == 0
+        assert "event retention failed" in caplog.text
+
+
+class TestEventRetentionFlags:
+    """--event-retention-days and --event-retention-rows: 30 days and 1,000,000 rows."""
+
+    def test_defaults_and_zero(self) -> None:
+        """Thirty days and a million events unless told; 0 turns either rule off."""
+        c = parse_args([])
+        assert (c.event_retention_days, c.event_retention_rows) == (30.0, 1_000_000)
+        c = parse_args(["--event-retention-days", "0", "--event-retention-rows", "0"])
+        assert (c.event_retention_days, c.event_retention_rows) == (0.0, 0)
+
+    @pytest.mark.parametrize(
+        ("flag", "value"),
+        [("--event-retention-days", "-1"), ("--event-retention-rows", "-5")],
+    )
+    def test_negative_is_refused(
+        self, flag: str, value: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A negative retention is a typo: exit 2 naming the flag."""
+        with pytest.raises(SystemExit) as ex:
+            parse_args([flag, value])
+        assert ex.value.code == 2
+        assert flag in capsys.readouterr().err
 
 
 class TestRetentionFlag:

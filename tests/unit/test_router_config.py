@@ -127,6 +127,19 @@ class TestValidation:
         # Alone, they are what the router sends (basic auth to a proxy in front).
         assert parse("controller: {url: 'http://u:pw@c:8081'}").controller is not None
 
+    @pytest.mark.parametrize("value", ["0.05", "0.0999", "300.5", "3000000"])
+    def test_connect_timeout_out_of_bounds(self, value: str) -> None:
+        """A connect timeout under 0.1 s or over 300 s is refused, its bounds said: past
+        2^31 ms (about 25 days) the TCP user timeout could not be set, and every
+        connection to an engine failed."""
+        with pytest.raises(RouterConfigError, match=r"connect_timeout_s .* between 0\.1 and 300"):
+            parse(f"connect_timeout_s: {value}")
+
+    def test_connect_timeout_bounds_are_allowed(self) -> None:
+        """0.1 s and 300 s, the bounds themselves, are taken."""
+        assert parse("connect_timeout_s: 0.1").connect_timeout_s == 0.1
+        assert parse("connect_timeout_s: 300").connect_timeout_s == 300.0
+
     def test_router_id_up_to_the_controllers_bound(self) -> None:
         """A printable router_id of 256 characters, what the controller takes, is kept."""
         assert parse("router_id: " + "é" * 256).router_id == "é" * 256

@@ -88,3 +88,24 @@ class TestAnthropicShape:
         assert got["error"]["type"] == "not_found_error"
         assert "m" * 256 + "…" in got["error"]["message"]
         assert len(got["error"]["message"]) < 512
+
+
+class TestLongRetryAfter:
+    """A refusal that asks for minutes tells the SDKs not to sleep through them on their own."""
+
+    def test_a_wait_of_minutes_is_not_retried_by_the_sdks(self) -> None:
+        """The anthropic package sleeps whatever Retry-After says before each of its two
+        retries: 300 s of an unplaceable model would hold a call for ten minutes."""
+        resp = unavailable(NoReplica("m", "it cannot be placed", retry_after_s=300))
+        assert resp.header("Retry-After") == "300"
+        assert resp.header("x-should-retry") == "false"
+
+    def test_a_wait_of_seconds_is_left_to_the_sdks(self) -> None:
+        """Up to a minute, the SDKs' own retry after Retry-After is what the client wants."""
+        for seconds in (1, 5, 60):
+            resp = unavailable(NoReplica("m", "busy", retry_after_s=seconds))
+            assert resp.header("x-should-retry") is None
+        refused = flow_refused(
+            FlowRefused("m", "full", status=429, code="flow_queue_full", retry_after_s=60)
+        )
+        assert refused.header("x-should-retry") is None

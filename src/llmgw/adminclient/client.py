@@ -314,10 +314,16 @@ class AdminClient:
     def revoke_key(self, name: str) -> KeyRevoked:
         return self._call("DELETE", f"/admin/keys/{_quote(name)}", KeyRevoked)
 
-    def usage(self, *, by: UsageBy = "key", since_s: float | None = None) -> UsageAnswer:
+    def usage(
+        self, *, by: UsageBy = "key", since_s: float | None = None, limit: int | None = None
+    ) -> UsageAnswer:
         """Token usage by hour and `by`, from the hour `since_s` ago (the controller's
-        default, a day, when None)."""
-        query = {"by": by, "since_s": None if since_s is None else repr(float(since_s))}
+        default, a day, when None), at most `limit` rows (None: the controller's default)."""
+        query = {
+            "by": by,
+            "since_s": None if since_s is None else repr(float(since_s)),
+            "limit": None if limit is None else str(limit),
+        }
         return self._call("GET", "/admin/usage", UsageAnswer, query=query)
 
     # -- the seam ------------------------------------------------------------

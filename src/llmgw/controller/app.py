@@ -36,8 +36,18 @@ LOOP = web.AppKey("control_loop", ControlLoop)
 
 
 async def open_backends(config: ControllerConfig) -> tuple[Store, Leadership]:
-    """Open the store (creating and migrating it) and its leadership lock; both block."""
+    """Open the store (creating and migrating it) and its leadership lock; both block.
+
+    Raises StoreError, UnreadableRow among them: the store is read once here, so a row
+    this llmgw cannot read stops the start with its one-line message before anything
+    serves, whether this controller is to lead or stand by (store/readrows.py).
+    """
     store = await asyncio.to_thread(open_store, config.database, schema=config.schema)
+    try:
+        await asyncio.to_thread(store.load)
+    except BaseException:
+        await asyncio.to_thread(store.close)
+        raise
     leadership = open_leadership(config.database, schema=config.schema)
     return store, leadership
 

@@ -29,7 +29,7 @@ from llmgw.wire.names import label_problem
 
 DEFAULT_DATABASE = "sqlite:///./.llmgw/controller.db"
 # Token usage is kept at least a month and a day: a monthly budget's spend is read
-# from it (api/usage.py); at most a hundred years, so the cutoff stays a date.
+# from it (api/usage.py); at most a hundred years (events too), so the cutoff stays a date.
 MIN_USAGE_RETENTION_DAYS = 32
 MAX_USAGE_RETENTION_DAYS = 36_500
 # The spans' service.name when --tracing-service-name is not given.
@@ -94,6 +94,11 @@ class ControllerConfig:
     # 0: kept forever. Else at least MIN_USAGE_RETENTION_DAYS: a monthly budget counts
     # its period's spend from these rows.
     usage_retention_days: float = 90.0
+    # Events (GET /admin/events, `ctl events`) older than this many days, and those
+    # beyond the newest `event_retention_rows`, are deleted by the leader a bounded
+    # batch at a time (tick/retention.py). 0: no age limit; rows 0: no cap.
+    event_retention_days: float = 30.0
+    event_retention_rows: int = 1_000_000
     # Long-polls of /v1/endpoints held at once; more are refused with 503.
     max_long_polls: int = 4096
     # Seconds in-flight HTTP requests get to finish on SIGTERM.
@@ -141,6 +146,7 @@ FLOAT_HELP = {
     "standby-reload-s": "a standby controller reloads the store this often",
     "stopped-retention-s": "stopped replicas stay listed this long",
     "usage-retention-days": "token usage older than this many days is deleted (0: kept forever)",
+    "event-retention-days": "events older than this many days are deleted (0: no age limit)",
     "shutdown-grace-s": "on SIGTERM, in-flight API requests get this long",
     "client-share": "the part of the client connections one client address may hold "
     "(0 to 1; 1.0 behind a proxy, where every client has its address)",
@@ -338,6 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _tracing_flags(p)
     p.add_argument(
+        "--event-retention-rows",
+        type=int,
+        default=d.event_retention_rows,
+        help="only the newest this many events are kept (0: no cap)",
+    )
+    p.add_argument(
         "--max-long-polls",
         type=int,
         default=d.max_long_polls,
@@ -413,6 +425,7 @@ def _floats(d: ControllerConfig) -> dict[str, float]:
         "standby-reload-s": d.standby_reload_s,
         "stopped-retention-s": d.stopped_retention_s,
         "usage-retention-days": d.usage_retention_days,
+        "event-retention-days": d.event_retention_days,
         "shutdown-grace-s": d.shutdown_grace_s,
         "client-share": d.client_share,
     }
@@ -434,6 +447,13 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Con
             f"--usage-retention-days {days:g}: 0 (keep forever) or {MIN_USAGE_RETENTION_DAYS} "
             f"to {MAX_USAGE_RETENTION_DAYS} days (a monthly budget counts from the last 31)"
         )
+    if not 0 <= a.event_retention_days <= MAX_USAGE_RETENTION_DAYS:
+        p.error(
+            f"--event-retention-days {a.event_retention_days:g}: 0 (no age limit) to "
+            f"{MAX_USAGE_RETENTION_DAYS}"
+        )
+    if a.event_retention_rows < 0:
+        p.error(f"--event-retention-rows {a.event_retention_rows}: 0 (no cap) or more")
     try:
         token = secretfile.resolve(
             program="controller",
@@ -535,6 +555,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Con
         router_token=router_token,
         heartbeat_flush_s=a.heartbeat_flush_s,
         max_long_polls=a.max_long_polls,
+        event_retention_rows=a.event_retention_rows,
         tracing=_tracing(p, a),
         **{flag.replace("-", "_"): getattr(a, flag.replace("-", "_")) for flag in floats},
     )

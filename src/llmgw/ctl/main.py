@@ -193,11 +193,31 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="from the hour this long ago, e.g. 24h, 7d, 90m (default 24h)",
     )
+    p.add_argument(
+        "--limit",
+        type=_usage_limit,
+        default=None,
+        metavar="N",
+        help="at most N rows, the newest whole hours (default: the controller's, 10000)",
+    )
     p = command(
         "completion", 'print a shell completion script: eval "$(llmgw ctl completion bash)"'
     )
     p.add_argument("shell", choices=("bash", "zsh"), help="which shell")
     return parser
+
+
+def _usage_limit(text: str) -> int:
+    """`ctl usage --limit`: 1 to the controller's largest (wire.usage.MAX_USAGE_LIMIT)."""
+    from llmgw.wire.usage import MAX_USAGE_LIMIT
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_USAGE_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of rows, 1 to {MAX_USAGE_LIMIT}")
+    return value
 
 
 def _keys_parser(parent: argparse.ArgumentParser) -> None:

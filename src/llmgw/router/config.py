@@ -50,6 +50,11 @@ Policy = Literal["ours", "round_robin", "least_inflight"]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegSeconds = Annotated[float, msgspec.Meta(ge=0)]
 log = logging.getLogger(__name__)
+# connect_timeout_s's range. Below it, a router loop busy for one slice of work fails
+# connections that were fine. Above it, the kernel has long given up a connect by
+# itself (six SYN retries: about two minutes), and as the TCP user timeout the value
+# would leave a silent engine host holding requests for many minutes.
+CONNECT_TIMEOUT_BOUNDS_S = (0.1, 300.0)
 # ZeroMQ transports a KV-event publisher may be reached by (precise mode).
 KV_EVENT_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
@@ -165,6 +170,9 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # The whole request's deadline: retries, holding and the upstream response.
     request_timeout_s: Seconds = 600.0
     # Time to open a TCP connection to an engine; past it the attempt is retried.
+    # Also how long an engine's host may leave sent bytes or keepalive probes
+    # unacknowledged before its connection is dropped (a silent host: upstream/fast.py),
+    # never less than upstream.fast.SILENT_FLOOR_S. Within CONNECT_TIMEOUT_BOUNDS_S.
     connect_timeout_s: Seconds = 3.0
     # A stream whose engine sends nothing for this long is ended with an error
     # event and counted against the endpoint's breaker; without it a stalled
@@ -218,6 +226,13 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(
                 f"scrape_timeout_s ({self.scrape_timeout_s}) must be below "
                 f"scrape_interval_s ({self.scrape_interval_s})"
+            )
+        low, high = CONNECT_TIMEOUT_BOUNDS_S
+        if not low <= self.connect_timeout_s <= high:
+            raise ValueError(
+                f"connect_timeout_s ({self.connect_timeout_s:g}) must be between {low:g} and "
+                f"{high:g} seconds: it bounds each connection attempt to an engine and how "
+                "long an engine's host may stay silent"
             )
         if self.breaker.max_cooldown_s < self.breaker.cooldown_s:
             raise ValueError("breaker.max_cooldown_s must be at least breaker.cooldown_s")

@@ -39,6 +39,10 @@ UsageBy = Literal["key", "team", "model"]
 # years: a larger number is a typo).
 DEFAULT_SINCE_S = 86_400
 MAX_SINCE_S = 10 * 366 * 86_400
+# Its `limit` (rows) when absent, and the largest it takes: months of a thousand keys are
+# millions of rows, which one answer would hold in the controller's memory at once.
+DEFAULT_USAGE_LIMIT = 10_000
+MAX_USAGE_LIMIT = 100_000
 
 
 class ModelLoad(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,3 +146,7 @@ class UsageAnswer(msgspec.Struct, frozen=True, kw_only=True):
     # Unix seconds at the start of the first hour counted.
     since: int
     rows: list[UsageRow]
+    # True: the hours from the one asked for held more rows than `limit`; only the
+    # newest whole hours that fit are here, and `since` was moved to the first of them
+    # (or, when the newest hour alone holds more, it is here cut after its first names).
+    truncated: bool = False

@@ -219,6 +219,28 @@ def query(request: web.Request, name: str) -> str | None:
     return values[0] if values else None
 
 
+def query_name(request: web.Request, name: str) -> str | None:
+    """A name to filter by (`?model=`); None when absent or empty. A NUL is refused: no
+    name holds one, and PostgreSQL refuses the whole query over it, which would read as
+    the database failing (503) rather than the request."""
+    value = query(request, name)
+    if value is not None and "\x00" in value:
+        raise InvalidRequest(f"query parameter {name} holds a NUL; no name does", param=name)
+    return value or None
+
+
+def only_known_query(request: web.Request, known: frozenset[str]) -> None:
+    """Refuse a query parameter the route does not take: ignored, a misspelt filter
+    (`?modle=`) would answer as if none were given, the whole unfiltered list."""
+    for name in request.query:
+        if name not in known:
+            takes = ", ".join(sorted(known)) or "none"
+            raise InvalidRequest(
+                f"unknown query parameter {name[:64]!r} (this route takes: {takes})",
+                param=name[:64],
+            )
+
+
 def query_int(request: web.Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
     text = query(request, name)
     if text is None:

@@ -35,8 +35,10 @@ from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
 from llmgw.wire.names import LABEL_PATTERN, MODEL_NAME_PATTERN
 from llmgw.wire.usage import (
     DEFAULT_SINCE_S,
+    DEFAULT_USAGE_LIMIT,
     MAX_COUNT,
     MAX_SINCE_S,
+    MAX_USAGE_LIMIT,
     UsageAnswer,
     UsageReport,
 )
@@ -165,6 +167,17 @@ def _edge_rules(components: dict[str, Any]) -> None:
     # KeyLimits.__post_init__: a model named twice is refused.
     for name in ("KeyCreate", "KeyCreated", "KeyView"):
         components[name]["properties"]["models"]["uniqueItems"] = True
+
+
+@functools.cache
+def query_names(method: str, template: str) -> frozenset[str] | None:
+    """The query parameters this document lists for `method` on the route `template`
+    (`/admin/models/{name}`, as aiohttp's resource names it); None: no such operation."""
+    ops = msgspec.json.decode(document())["paths"].get(template)
+    op = None if ops is None else ops.get("get" if method == "HEAD" else method.lower())
+    if op is None:
+        return None
+    return frozenset(p["name"] for p in op.get("parameters", ()) if p["in"] == "query")
 
 
 def allowed_methods(path: str) -> str | None:
@@ -486,14 +499,26 @@ def document() -> bytes:
                         },
                         "from the hour that holds the moment this many seconds ago",
                     ),
+                    _query(
+                        "limit",
+                        {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_USAGE_LIMIT,
+                            "default": DEFAULT_USAGE_LIMIT,
+                        },
+                        "at most this many rows: the newest whole hours that fit "
+                        "(truncated says some were left out)",
+                    ),
                 ),
             )
         },
         "/admin/events": {
             "get": _op(
-                "the event log, oldest first (the last `limit` matching)",
+                "the event log, oldest first (the last `limit` matching); with `id`, 404 "
+                "when no event has it, saying so when it aged out",
                 _ok(_array("EventView")),
-                errors=(400, 401, 503),
+                errors=(400, 401, 404, 503),
                 params=(
                     _query("model", {"type": "string"}, "events of this model"),
                     _query("replica", {"type": "string"}, "events about this replica"),
@@ -512,6 +537,10 @@ def document() -> bytes:
             )
         },
     }
+    # routes._errors refuses a query parameter an API route does not list: 400 on every one.
+    for template, ops in paths.items():
+        for op in ops.values() if template.startswith(("/admin/", "/v1/")) else ():
+            op["responses"] = dict(sorted({**op["responses"], **_errors(400)}.items()))
     doc = {
         "openapi": "3.1.0",
         "info": {"title": "llmgw controller", "version": __version__},

@@ -25,8 +25,10 @@ from llmgw.controller.api.decode import (
     decode_drain,
     decode_specs,
     no_body,
+    only_known_query,
     query,
     query_int,
+    query_name,
 )
 from llmgw.controller.api.http import http_status, retry_after
 from llmgw.controller.api.services import Services
@@ -76,6 +78,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             scoped=cfg,
             names=cfg.own_names,
         )
+        _check_query_names(request)
         return await handler(request)
     except ControllerRefusal as exc:
         status, kind = http_status(exc)
@@ -118,6 +121,18 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("handler crashed path=%s", request.path)
         body = error_body("internal error; see the controller's log", type="server_error")
         return web.Response(body=body, status=500, content_type="application/json")
+
+
+def _check_query_names(request: web.Request) -> None:
+    """The API's routes (/admin, /v1) take only the query parameters /openapi.json lists."""
+    resource = request.match_info.route.resource
+    if not request.query or resource is None or not request.path.startswith(("/admin/", "/v1/")):
+        return
+    from llmgw.controller.api.openapi import query_names
+
+    known = query_names(request.method, resource.canonical)
+    if known is not None:
+        only_known_query(request, known)
 
 
 def _svc(request: web.Request) -> Services:
@@ -223,7 +238,7 @@ async def get_model(request: web.Request) -> web.Response:
 
 async def list_replicas(request: web.Request) -> web.Response:
     s = _svc(request)
-    model = query(request, "model") or None
+    model = query_name(request, "model")
     state = query(request, "state")
     if state is not None and state not in REPLICA_STATES:
         allowed = ", ".join(sorted(REPLICA_STATES))
@@ -249,9 +264,9 @@ async def events(request: web.Request) -> web.Response:
     s = _svc(request)
     limit = query_int(request, "limit", 200, 1, 10_000) or 200
     found = await s.events(
-        model=query(request, "model") or None,
-        replica=query(request, "replica") or None,
-        node=query(request, "node") or None,
+        model=query_name(request, "model"),
+        replica=query_name(request, "replica"),
+        node=query_name(request, "node"),
         limit=limit,
         event_id=query_int(request, "id", None, 1, 2**62),
     )

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from llmgw.controller.api.views import node_view
 from llmgw.controller.config import ControllerConfig
-from llmgw.controller.errors import StoreUnavailable
+from llmgw.controller.errors import DoesNotExist, StoreUnavailable
 from llmgw.controller.fleet import commands, keys
 from llmgw.controller.fleet.batch import Batch
 from llmgw.controller.fleet.live import Fleet
@@ -83,15 +83,36 @@ class Services:
         limit: int,
         event_id: int | None = None,
     ) -> list[Event]:
+        """The matching events; with `event_id`, DoesNotExist when none matches (saying
+        so when the retention deleted it)."""
         store = self.fleet.store
         try:
-            return await asyncio.to_thread(
+            found = await asyncio.to_thread(
                 lambda: store.events(
                     model=model, replica=replica, node=node, limit=limit, event_id=event_id
                 )
             )
+            if found or event_id is None:
+                return found
+            pruned = await asyncio.to_thread(store.events_pruned_through)
         except StoreError as exc:
             raise StoreUnavailable(f"cannot read events: {exc}") from exc
+        if event_id > pruned:
+            filtered = model is not None or replica is not None or node is not None
+            raise DoesNotExist(
+                f"no event {event_id}" + (" that matches the filters" if filtered else ""),
+                param="id",
+            )
+        raise DoesNotExist(f"event {event_id} is no longer kept: {self._kept()}", param="id")
+
+    def _kept(self) -> str:
+        """What the event retention keeps, in words with the flags that set it."""
+        days, rows = self.config.event_retention_days, self.config.event_retention_rows
+        rules = [f"{days:g} days (--event-retention-days {days:g})"] if days > 0 else []
+        rules += [f"the newest {rows} (--event-retention-rows {rows})"] if rows > 0 else []
+        if not rules:
+            return "the event retention deleted it (now off: --event-retention-days 0)"
+        return "events are kept " + " and at most ".join(rules)
 
     # -- commands ------------------------------------------------------------
 

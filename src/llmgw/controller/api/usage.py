@@ -22,7 +22,7 @@ from typing import get_args
 
 from aiohttp import web
 
-from llmgw.controller.api.decode import decode, query
+from llmgw.controller.api.decode import decode, query, query_int
 from llmgw.controller.api.routes import SERVICES, json_response
 from llmgw.controller.api.services import Services
 from llmgw.controller.api.validate import check_usage
@@ -33,11 +33,14 @@ from llmgw.controller.store import Store, StoreError
 from llmgw.wire.keys import ClientKey
 from llmgw.wire.usage import (
     DEFAULT_SINCE_S,
+    DEFAULT_USAGE_LIMIT,
     HOUR_S,
     MAX_SINCE_S,
+    MAX_USAGE_LIMIT,
     UsageAnswer,
     UsageBy,
     UsageReport,
+    UsageRow,
 )
 
 BY: tuple[UsageBy, ...] = get_args(UsageBy)
@@ -102,18 +105,15 @@ def budget_spent(store: Store, keys: list[ClientKey], wall: float) -> dict[str, 
     Only the period's hours: a router whose clock runs ahead reports hours of a later
     period, which count in that period when it comes, not in this one as well.
     """
-    spans: dict[str, tuple[int, int]] = {}
+    by_span: dict[tuple[int, int], list[str]] = {}
     for k in keys:
         if k.budget is not None:
             start = period_start(k.budget.per, wall)
-            spans[k.name] = (start, period_end(k.budget.per, start))
+            by_span.setdefault((start, period_end(k.budget.per, start)), []).append(k.name)
     out: dict[str, int] = {}
-    for row in store.usage(since=min(s for s, _ in spans.values()), by="key"):
-        span = spans.get(row.key or "")
-        if span is not None and span[0] <= row.hour < span[1]:
-            out[row.key or ""] = (
-                out.get(row.key or "", 0) + row.prompt_tokens + row.completion_tokens
-            )
+    # One sum per period in force (a day, a week, a month): a handful of reads per report.
+    for (since, until), names in by_span.items():
+        out.update(store.spent(keys=names, since=since, until=until))
     return out
 
 
@@ -140,13 +140,26 @@ async def usage(request: web.Request) -> web.Response:
     if by is None:
         raise InvalidRequest(f"by must be one of {', '.join(BY)}, got {given!r}", param="by")
     # The hour that holds the moment `since_s` ago: hours are counted whole.
-    since = int((s.clock.wall() - _since_s(request)) // HOUR_S) * HOUR_S
+    since = max(0, int((s.clock.wall() - _since_s(request)) // HOUR_S) * HOUR_S)
+    limit = query_int(request, "limit", None, 1, MAX_USAGE_LIMIT) or DEFAULT_USAGE_LIMIT
     store = s.fleet.store
     try:
-        rows = await asyncio.to_thread(lambda: store.usage(since=max(0, since), by=by))
+        # One row more than answered: it tells a full answer from a cut one.
+        rows = await asyncio.to_thread(store.usage, since=since, by=by, limit=limit + 1)
     except StoreError as exc:
         raise StoreUnavailable(f"cannot read usage: {exc}") from exc
-    return json_response(UsageAnswer(by=by, since=max(0, since), rows=rows))
+    return json_response(whole_hours(by, since, rows, limit))
+
+
+def whole_hours(by: UsageBy, since: int, rows: list[UsageRow], limit: int) -> UsageAnswer:
+    """The answer of the newest `limit + 1` rows: all of them when they fit; else the
+    whole hours that fit, the oldest dropped (it may miss names), `since` moved to the
+    first kept. An answer never holds part of an hour unless one hour alone is over."""
+    if len(rows) <= limit:
+        return UsageAnswer(by=by, since=since, rows=rows)
+    whole = [r for r in rows if r.hour > rows[0].hour]
+    kept = whole or rows[:limit]
+    return UsageAnswer(by=by, since=kept[0].hour, rows=kept, truncated=True)
 
 
 def routes() -> list[web.RouteDef]:

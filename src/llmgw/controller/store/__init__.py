@@ -7,7 +7,9 @@ URLs:
   memory://                         nothing survives the process (tests, demos)
 
 Everything here blocks: the async controller calls it via `asyncio.to_thread`.
-See base.py for the protocols and the exception tree. Typical leader setup:
+See base.py for the protocols and the exception tree; readrows.py for a stored row
+this code cannot read; sqlevents.py and sqlusage.py for the bounded deletes of the
+retention (tick/retention.py). Typical leader setup:
 
     store = open_store(url, schema=schema)          # migrates; SchemaTooNew if too new
     lead = open_leadership(url, schema=schema)
@@ -19,7 +21,14 @@ from __future__ import annotations
 
 import uuid
 
-from llmgw.controller.store.base import Leadership, NotLeader, SchemaTooNew, Store, StoreError
+from llmgw.controller.store.base import (
+    Leadership,
+    NotLeader,
+    SchemaTooNew,
+    Store,
+    StoreError,
+    UnreadableRow,
+)
 from llmgw.controller.store.fence import FencedStore
 from llmgw.controller.store.memory import MemoryLeadership, MemoryStore
 
@@ -32,6 +41,7 @@ __all__ = [
     "SchemaTooNew",
     "Store",
     "StoreError",
+    "UnreadableRow",
     "open_leadership",
     "open_store",
 ]

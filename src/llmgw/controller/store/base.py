@@ -15,6 +15,7 @@ Exceptions, translated once at this seam so callers never see a driver's::
 
     StoreError            the database refused or failed; the change was not applied
     ├── SchemaTooNew      the database was written by newer code; refuse to touch it
+    ├── UnreadableRow     a stored row this code cannot decode (store/readrows.py)
     └── NotLeader         a write was attempted by a controller that does not lead
 
 Anything else escaping `apply` (a value that cannot be encoded, say) is a bug in
@@ -48,6 +49,22 @@ class SchemaTooNew(StoreError):
         )
         self.found = found
         self.known = known
+
+
+class UnreadableRow(StoreError):
+    """A stored row this code cannot decode: written by a newer llmgw (a field it does
+    not know) or changed by hand. Raised by `load` for the tables the fleet cannot do
+    without (store/readrows.py); the message is one line naming the table and the row,
+    and what to do."""
+
+    def __init__(self, table: str, row: str, why: str, remedy: str) -> None:
+        super().__init__(
+            f"{table} row {row!r} cannot be read by this llmgw ({why}); it was written by a "
+            f"newer llmgw or changed by hand: upgrade llmgw to the version that wrote it, or "
+            f"{remedy}"
+        )
+        self.table = table
+        self.row = row
 
 
 class NotLeader(StoreError):
@@ -100,15 +117,39 @@ class Store(Protocol):
         """
         ...
 
-    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
+    def usage(self, *, since: int, by: UsageBy, limit: int | None = None) -> list[UsageRow]:
         """Token usage of the hours from `since` (unix seconds) on, summed over routers
-        per hour and `by` (key, team or model), sorted by hour, then by name."""
+        per hour and `by` (key, team or model), sorted by hour, then by name.
+
+        `limit`: at most that many rows, the newest: whole hours from the newest back,
+        the oldest of them cut after its first names (None: every row)."""
+        ...
+
+    def spent(self, *, keys: Sequence[str], since: int, until: int) -> dict[str, int]:
+        """Tokens (prompt + completion) each of `keys` used in the hours from `since` up
+        to `until` (unix seconds), over every router, team and model: a budget's spend,
+        summed where the rows are. A key with no rows there is left out."""
         ...
 
     def prune_usage(self, *, before: int, limit: int) -> int:
         """Delete at most `limit` token usage rows of hours before `before` (unix
         seconds), oldest first, in one transaction; the number deleted (below `limit`:
         none older is left). Not fenced, as record_usage."""
+        ...
+
+    def prune_events(self, *, before: float | None, keep: int | None, limit: int) -> int:
+        """Delete at most `limit` events, oldest (lowest id) first, in one transaction:
+        those at before `before` (unix seconds; None: none for their age) and those
+        older than the newest `keep` ids (None: no cap). The number deleted (below
+        `limit`: none of the oldest `limit` was left to go). Not fenced, as record_usage.
+
+        Only the oldest `limit` events are looked at, so an event is judged by its id:
+        one stamped by a leader whose clock ran ahead waits for those after it."""
+        ...
+
+    def events_pruned_through(self) -> int:
+        """The highest event id `prune_events` has deleted (0: none yet): an id at or
+        below it that `events` no longer finds aged out."""
         ...
 
     def set_leader_url(self, url: str | None) -> None:

@@ -52,12 +52,22 @@ class FencedStore:
         # Not fenced (Store.record_usage): idempotent rows, not fleet state.
         self.store.record_usage(router_id, rows)
 
-    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
-        return self.store.usage(since=since, by=by)
+    def usage(self, *, since: int, by: UsageBy, limit: int | None = None) -> list[UsageRow]:
+        return self.store.usage(since=since, by=by, limit=limit)
+
+    def spent(self, *, keys: Sequence[str], since: int, until: int) -> dict[str, int]:
+        return self.store.spent(keys=keys, since=since, until=until)
 
     def prune_usage(self, *, before: int, limit: int) -> int:
         # Not fenced either: deleting rows past the retention twice deletes them once.
         return self.store.prune_usage(before=before, limit=limit)
+
+    def prune_events(self, *, before: float | None, keep: int | None, limit: int) -> int:
+        # Not fenced, as prune_usage.
+        return self.store.prune_events(before=before, keep=keep, limit=limit)
+
+    def events_pruned_through(self) -> int:
+        return self.store.events_pruned_through()
 
     def set_leader_url(self, url: str | None) -> None:
         if not self.leadership.still_leader():

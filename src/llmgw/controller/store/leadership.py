@@ -19,7 +19,13 @@ import psycopg
 import sqlalchemy as sa
 
 from llmgw.controller.store.base import NotLeader, StoreError
-from llmgw.controller.store.postgres import APPLICATION_NAME, libpq_url, lock_key, schema_name
+from llmgw.controller.store.postgres import (
+    APPLICATION_NAME,
+    bound_silence,
+    libpq_url,
+    lock_key,
+    schema_name,
+)
 
 
 class FileLockLeadership:
@@ -95,7 +101,9 @@ class AdvisoryLockLeadership:
     The lock lives as long as the dedicated connection that took it; if the
     leader dies or its connection drops, the server releases it and a standby's
     next `try_acquire` wins. TCP keepalives and a user timeout make a silently
-    dead network count as a dropped connection within seconds, not hours.
+    dead network count as a dropped connection within seconds, not hours: on our
+    side (libpq's settings) and on the server's (`bound_silence`), for only the
+    server's ending the session frees the lock for a standby.
     """
 
     def __init__(self, url: str, *, schema: str | None = None, timeout_s: float = 5.0) -> None:
@@ -123,9 +131,15 @@ class AdvisoryLockLeadership:
         if self._schema is not None:
             kwargs["options"] = f"-csearch_path={self._schema}"
         try:
-            return psycopg.connect(self._url, **kwargs)  # type: ignore[arg-type]
+            conn = psycopg.connect(self._url, **kwargs)  # type: ignore[arg-type]
         except psycopg.Error as exc:
             raise StoreError(f"cannot reach PostgreSQL for leadership: {exc}") from exc
+        try:
+            bound_silence(conn)
+        except psycopg.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot set the leadership session's keepalives: {exc}") from exc
+        return conn
 
     def _lock_key(self, conn: psycopg.Connection[tuple[object, ...]]) -> int:
         if self._key is None:

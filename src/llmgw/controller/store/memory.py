@@ -27,6 +27,7 @@ class MemoryStore:
         self._state = FleetState()
         self._events: list[Event] = []
         self._next_event_id = 1
+        self._pruned_through = 0
         self._usage: dict[usage.RowKey, usage.Figures] = {}
         self._leader_url: str | None = None
         self._closed = False
@@ -138,10 +139,15 @@ class MemoryStore:
             self._check_open()
             usage.merge(self._usage, router_id, rows)
 
-    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
+    def usage(self, *, since: int, by: UsageBy, limit: int | None = None) -> list[UsageRow]:
         with self._lock:
             self._check_open()
-            return usage.totals(self._usage, since=since, by=by)
+            return usage.newest(usage.totals(self._usage, since=since, by=by), limit)
+
+    def spent(self, *, keys: Sequence[str], since: int, until: int) -> dict[str, int]:
+        with self._lock:
+            self._check_open()
+            return usage.spent(self._usage, keys=keys, since=since, until=until)
 
     def prune_usage(self, *, before: int, limit: int) -> int:
         with self._lock:
@@ -150,6 +156,29 @@ class MemoryStore:
             for k in old:
                 del self._usage[k]
             return len(old)
+
+    def prune_events(self, *, before: float | None, keep: int | None, limit: int) -> int:
+        with self._lock:
+            self._check_open()
+            if not self._events or limit <= 0 or (before is None and keep is None):
+                return 0
+            # As the SQL store: of the oldest `limit` events, those either rule dooms.
+            cap = self._events[-1].id - keep if keep is not None else None
+            batch = self._events[:limit]
+            doomed = {
+                e.id
+                for e in batch
+                if (cap is not None and e.id <= cap) or (before is not None and e.at < before)
+            }
+            if doomed:
+                self._events = [e for e in self._events if e.id not in doomed]
+                self._pruned_through = max(self._pruned_through, *doomed)
+            return len(doomed)
+
+    def events_pruned_through(self) -> int:
+        with self._lock:
+            self._check_open()
+            return self._pruned_through
 
     def set_leader_url(self, url: str | None) -> None:
         with self._lock:

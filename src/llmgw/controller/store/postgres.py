@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+from psycopg import sql
 
 from llmgw.controller.store.base import StoreError
 from llmgw.controller.store.sql import SqlStore
@@ -19,6 +22,30 @@ _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _SEARCH_PATH = re.compile(r"search_path\s*=\s*([A-Za-z_][A-Za-z0-9_]*)")
 
 APPLICATION_NAME = "llmgw-controller"
+
+# Server-side TCP settings for every session a controller opens; each is the
+# session's own (any role may SET them), so postgresql.conf need not change. A leader
+# whose host goes silent sends no FIN: PostgreSQL ends its session, freeing the
+# leadership lock and any fence a write of it held, only once TCP gives up on it,
+# after more than two hours with the stock settings (the operating system's). With
+# these, a keepalive probe goes out after 5 s without traffic, and the session ends
+# once data or a probe has gone unacknowledged for 5 s.
+SESSION_TCP = (
+    ("tcp_keepalives_idle", "5"),
+    ("tcp_keepalives_interval", "2"),
+    ("tcp_keepalives_count", "3"),
+    ("tcp_user_timeout", "5000"),  # milliseconds; PostgreSQL 12 and later
+)
+
+
+def bound_silence(conn: psycopg.Connection[Any]) -> None:
+    """SET `SESSION_TCP` on `conn`'s session (committed, if a transaction was opened)."""
+    for name, value in SESSION_TCP:
+        if name == "tcp_user_timeout" and conn.info.server_version < 120000:
+            continue
+        conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+    if not conn.autocommit:
+        conn.commit()
 
 
 def pg_url(url: str) -> sa.URL:
@@ -67,6 +94,9 @@ def open_postgres_store(url: str, *, schema: str | None = None) -> SqlStore:
         # check each before use rather than fail the tick that draws one.
         pool_pre_ping=True,
     )
+    # A write of a leader gone silent holds the fence until its session ends, and the
+    # successor waits for the fence (leadership.py): bounded like the lock's session.
+    sa.event.listen(engine, "connect", lambda dbapi_conn, _record: bound_silence(dbapi_conn))
     describe = f"postgresql {engine.url.render_as_string(hide_password=True)}" + (
         f" schema {schema}" if schema else ""
     )

@@ -16,9 +16,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from llmgw.controller.fleet.records import Changes, Event, FleetState
-from llmgw.controller.store import codec, sqlusage, tables
+from llmgw.controller.fleet.records import Adapter, Changes, Event, FleetState, Model
+from llmgw.controller.store import codec, sqlevents, sqlusage, tables
 from llmgw.controller.store.base import StoreError
+from llmgw.controller.store.readrows import RowReader
 from llmgw.wire.usage import TokenUsage, UsageBy, UsageRow
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class SqlStore:
         self.engine = engine
         self.describe = describe
         self._closed = False
+        # Decodes what load() reads; an unreadable row is refused or skipped by table.
+        self._rows = RowReader()
         # Run first in every write transaction (FencedStore sets it from the
         # leadership when that can fence inside the database): raises NotLeader
         # to roll the write back.
@@ -102,36 +105,29 @@ class SqlStore:
             return tables.migrate(conn)
 
     def load(self) -> FleetState:
-        t = tables
+        t, read = tables, self._rows.read
         with self._translate("load"), self._read.begin() as conn:
-            rows = list(conn.execute(sa.select(t.models)).mappings())
+            models = read("models", conn.execute(sa.select(t.models)).mappings(), _model_or_adapter)
             return FleetState(
-                nodes={
-                    r["name"]: codec.node_from(r)
-                    for r in conn.execute(sa.select(t.nodes)).mappings()
-                },
-                models={
-                    r["name"]: codec.model_from(r) for r in rows if not codec.is_adapter_row(r)
-                },
-                adapters={
-                    r["name"]: codec.adapter_from(r) for r in rows if codec.is_adapter_row(r)
-                },
-                replicas={
-                    r["id"]: codec.replica_from(r)
-                    for r in conn.execute(sa.select(t.replicas)).mappings()
-                },
-                retired={
-                    r["name"]: codec.retired_from(r)
-                    for r in conn.execute(sa.select(t.retired_models)).mappings()
-                },
-                reservations={
-                    r["model"]: codec.reservation_from(r)
-                    for r in conn.execute(sa.select(t.reservations)).mappings()
-                },
-                keys={
-                    r["name"]: codec.key_from(r)
-                    for r in conn.execute(sa.select(t.api_keys)).mappings()
-                },
+                nodes=read("nodes", conn.execute(sa.select(t.nodes)).mappings(), codec.node_from),
+                models={k: m for k, m in models.items() if isinstance(m, Model)},
+                adapters={k: a for k, a in models.items() if isinstance(a, Adapter)},
+                replicas=read(
+                    "replicas", conn.execute(sa.select(t.replicas)).mappings(), codec.replica_from
+                ),
+                retired=read(
+                    "retired_models",
+                    conn.execute(sa.select(t.retired_models)).mappings(),
+                    codec.retired_from,
+                ),
+                reservations=read(
+                    "reservations",
+                    conn.execute(sa.select(t.reservations)).mappings(),
+                    codec.reservation_from,
+                ),
+                keys=read(
+                    "api_keys", conn.execute(sa.select(t.api_keys)).mappings(), codec.key_from
+                ),
             )
 
     def apply(self, changes: Changes) -> list[Event]:
@@ -208,13 +204,27 @@ class SqlStore:
         with self._translate("record_usage"), self._write.begin() as conn:
             sqlusage.record(conn, router_id, rows)
 
-    def usage(self, *, since: int, by: UsageBy) -> list[UsageRow]:
+    def usage(self, *, since: int, by: UsageBy, limit: int | None = None) -> list[UsageRow]:
         with self._translate("usage"), self._read.begin() as conn:
-            return sqlusage.query(conn, since=since, by=by)
+            return sqlusage.query(conn, since=since, by=by, limit=limit)
+
+    def spent(self, *, keys: Sequence[str], since: int, until: int) -> dict[str, int]:
+        if not keys:
+            return {}
+        with self._translate("spent"), self._read.begin() as conn:
+            return sqlusage.spent(conn, keys=keys, since=since, until=until)
 
     def prune_usage(self, *, before: int, limit: int) -> int:
         with self._translate("prune_usage"), self._write.begin() as conn:
             return sqlusage.prune(conn, before=before, limit=limit)
+
+    def prune_events(self, *, before: float | None, keep: int | None, limit: int) -> int:
+        with self._translate("prune_events"), self._write.begin() as conn:
+            return sqlevents.prune(conn, before=before, keep=keep, limit=limit)
+
+    def events_pruned_through(self) -> int:
+        with self._translate("events_pruned_through"), self._read.begin() as conn:
+            return sqlevents.pruned_through(conn)
 
     def set_leader_url(self, url: str | None) -> None:
         t = tables.leader
@@ -237,6 +247,11 @@ class SqlStore:
     def close(self) -> None:
         self._closed = True
         self.engine.dispose()
+
+
+def _model_or_adapter(r: codec.Row) -> Model | Adapter:
+    # Adapters share the models table (codec module docstring).
+    return codec.adapter_from(r) if codec.is_adapter_row(r) else codec.model_from(r)
 
 
 def _delete(conn: sa.Connection, key: sa.Column[Any], values: Sequence[str]) -> None:

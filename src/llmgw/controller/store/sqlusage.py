@@ -46,8 +46,11 @@ def record(conn: sa.Connection, router_id: str, rows: Sequence[TokenUsage]) -> N
     conn.execute(stmt, values)
 
 
-def query(conn: sa.Connection, *, since: int, by: UsageBy) -> list[UsageRow]:
-    """Rows of hours from `since` on, summed over routers per hour and group."""
+def query(
+    conn: sa.Connection, *, since: int, by: UsageBy, limit: int | None = None
+) -> list[UsageRow]:
+    """Rows of hours from `since` on, summed over routers per hour and group; with
+    `limit`, the newest that many (store.base.Store.usage)."""
     t = tables.token_usage
     group = [t.c[n] for n in GROUPS[by]]
     # SQLite's sum() of integers fails the whole read past 2**63 ("integer overflow");
@@ -55,17 +58,46 @@ def query(conn: sa.Connection, *, since: int, by: UsageBy) -> list[UsageRow]:
     # caps it). PostgreSQL sums BIGINT into NUMERIC, which never overflows.
     add = sa.func.sum if conn.dialect.name == "postgresql" else sa.func.total
     q = (
-        sa.select(t.c.hour, *group, *(add(t.c[f]) for f in FIELDS))
+        sa.select(t.c.hour, *group, *(add(t.c[f]).label(f) for f in FIELDS))
         .where(t.c.hour >= since)
         .group_by(t.c.hour, *group)
         .order_by(t.c.hour, *group)
     )
+    if limit is not None:
+        # The newest groups are picked in SQL, so only `limit` rows are built in Python
+        # and sent, however many hours `since` reaches; then put back in answer order.
+        newest = q.order_by(None).order_by(t.c.hour.desc(), *group).limit(limit).subquery()
+        q = sa.select(newest).order_by(newest.c.hour, *(newest.c[c.name] for c in group))
     out: list[UsageRow] = []
     for row in conn.execute(q):
         n = len(group)
         # A Decimal (PostgreSQL) or a float (SQLite's total()): back to int.
         req, prompt, completion = (int(v) for v in row[1 + n :])
         out.append(usage_row(by, int(row[0]), tuple(row[1 : 1 + n]), req, prompt, completion))
+    return out
+
+
+# Keys per `key IN (…)`: well under SQLite's bound-parameter limit.
+_KEYS_CHUNK = 500
+
+
+def spent(conn: sa.Connection, *, keys: Sequence[str], since: int, until: int) -> dict[str, int]:
+    """Each key's prompt plus completion tokens in [since, until): summed in SQL over a
+    range of the primary key (hour first), so a usage report reads one number per
+    budgeted key rather than every key's row of every hour of the period."""
+    t = tables.token_usage
+    # total(): a float that cannot overflow, as in `query`; PostgreSQL sums into NUMERIC.
+    add = sa.func.sum if conn.dialect.name == "postgresql" else sa.func.total
+    out: dict[str, int] = {}
+    unique = sorted(set(keys))
+    for i in range(0, len(unique), _KEYS_CHUNK):
+        q = (
+            sa.select(t.c.key, add(t.c.prompt_tokens), add(t.c.completion_tokens))
+            .where(t.c.hour >= since, t.c.hour < until, t.c.key.in_(unique[i : i + _KEYS_CHUNK]))
+            .group_by(t.c.key)
+        )
+        for key, prompt, completion in conn.execute(q):
+            out[str(key)] = int(prompt) + int(completion)
     return out
 
 

@@ -61,6 +61,37 @@ def totals(rows: Mapping[RowKey, Figures], *, since: int, by: UsageBy) -> list[U
     ]
 
 
+def spent(
+    rows: Mapping[RowKey, Figures], *, keys: Sequence[str], since: int, until: int
+) -> dict[str, int]:
+    """Tokens each of `keys` used in the hours from `since` up to `until` (Store.spent)."""
+    wanted = set(keys)
+    out: dict[str, int] = {}
+    for k, figures in rows.items():
+        if k[1] in wanted and since <= k[0] < until:
+            out[k[1]] = out.get(k[1], 0) + figures[1] + figures[2]
+    return out
+
+
+def newest(rows: Sequence[UsageRow], limit: int | None) -> list[UsageRow]:
+    """The newest `limit` of `rows` (sorted by hour, then name), sorted the same: whole
+    hours from the newest back, the oldest of them cut after its first names, as the SQL
+    store's `ORDER BY hour DESC, names LIMIT` picks them."""
+    if limit is None or len(rows) <= limit:
+        return list(rows)
+    hours: dict[int, list[UsageRow]] = {}
+    for r in rows:
+        hours.setdefault(r.hour, []).append(r)
+    kept: list[list[UsageRow]] = []
+    left = limit
+    for hour in sorted(hours, reverse=True):
+        kept.append(hours[hour][:left])
+        left -= len(kept[-1])
+        if left <= 0:
+            break
+    return [r for block in reversed(kept) for r in block]
+
+
 def usage_row(
     by: UsageBy, hour: int, group: Sequence[str], requests: int, prompt: int, completion: int
 ) -> UsageRow:

@@ -1,3 +1,4 @@
 """The reconcile loop: leadership, then one tick that decides (purely) and commits (one
-transaction) what changes in the fleet.
+transaction) what changes in the fleet; on the leader, the retention that deletes token
+usage and events past their age (retention.py).
 """

@@ -9,8 +9,8 @@ Once a tick:
   it reloads every `standby_reload_s` to serve reads, the leader's URL with it;
 - a leader then plans the tick (tick/plan.py, pure) and commits the plan in
   one transaction, together with the heartbeat timestamps due for flushing;
-- and deletes a batch of token usage past its retention when one is due
-  (tick/retention.py).
+- and deletes a batch of token usage, and one of events, past their retention
+  when one is due (tick/retention.py).
 
 A failed tick (database unreachable) is logged and retried next tick. Its write
 may have committed all the same (the connection dropped after the COMMIT went
@@ -31,7 +31,7 @@ from llmgw.controller.idle import IdleTracker
 from llmgw.controller.leaderlink import LeaderLink
 from llmgw.controller.store import Leadership, StoreError
 from llmgw.controller.tick.plan import plan_tick
-from llmgw.controller.tick.retention import UsageRetention
+from llmgw.controller.tick.retention import EventRetention, UsageRetention
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
 
@@ -62,6 +62,12 @@ class ControlLoop:
         self.retention = UsageRetention(
             fleet.store, retention_days=config.usage_retention_days, clock=clock
         )
+        self.event_retention = EventRetention(
+            fleet.store,
+            retention_days=config.event_retention_days,
+            max_rows=config.event_retention_rows,
+            clock=clock,
+        )
 
     async def tick(self) -> None:
         await self.check_leadership()
@@ -71,6 +77,7 @@ class ControlLoop:
             await self.reconcile()
             # The leader alone, so standbys sharing the database do not repeat it.
             await self.retention.tick()
+            await self.event_retention.tick()
         self.ticks += 1
 
     async def run(self) -> None:

@@ -1,9 +1,9 @@
-"""`ctl usage [--by key|team|model] [--since DURATION]`: token usage by hour (docs/tenants.md).
+"""`ctl usage [--by key|team|model] [--since DURATION] [--limit N]`: token usage by hour.
 
 The controller sums what every router counted; this renders its rows as they
 come (by hour, then by name), one line each. `-o json` prints the controller's
 answer: `{"by", "since", "rows": [{"hour", "key"?, "team"?, "model"?, "requests",
-"prompt_tokens", "completion_tokens"}]}`.
+"prompt_tokens", "completion_tokens"}], "truncated"}` (docs/tenants.md).
 """
 
 from __future__ import annotations
@@ -55,11 +55,17 @@ def usage_table(answer: UsageAnswer) -> Table:
 
 
 def usage(args: argparse.Namespace, ctx: Ctx) -> int:
-    answer = ctx.client().usage(by=args.by, since_s=args.since)
+    answer = ctx.client().usage(by=args.by, since_s=args.since, limit=args.limit)
     fmt = ctx.format(json_flag=args.json)
     if fmt == "json":
         ctx.print_answer()
         return 0
+    if answer.truncated:
+        asked = "the controller's default limit" if args.limit is None else f"--limit {args.limit}"
+        ctx.err.write(
+            f"more rows than {asked}: showing the newest, from {hour_cell(answer.since)} UTC; "
+            "raise --limit or shorten --since for the rest\n"
+        )
     if not answer.rows and fmt != "tsv":
         ctx.err.write(f"no usage since {hour_cell(answer.since)} UTC\n")
         return 0

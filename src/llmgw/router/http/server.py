@@ -26,9 +26,10 @@ same `Edge` (limits, the connection count and the canned answers):
   its handler.
 
 What differs: a client that takes none of an answer for `idle_timeout_s` while
-more is to be sent is closed (aiohttp waits on it for ever); a request body the
-handler did not read closes the connection after the answer (aiohttp reads it
-off for up to two seconds); request bodies are never decompressed (the router
+more is to be sent is closed, whether the answer keeps the connection or closes
+it (aiohttp waits on it for ever); a request body the handler did not read
+closes the connection after the answer (aiohttp reads it off for up to two
+seconds); request bodies are never decompressed (the router
 does not want them to be); an `Upgrade` header is ignored (the request is served
 as HTTP/1.1), CONNECT refused (400).
 
@@ -421,7 +422,7 @@ class FastProtocol(Connection):
             self.refuse = None
             self.closing = True
             if req.complete:
-                transport.close()
+                self._close_answered(transport)
             else:
                 self._linger(transport)
             return False
@@ -437,3 +438,27 @@ class FastProtocol(Connection):
             # A head begun behind the answer is bounded by its own timer (408), not this.
             self._arm_idle()
         return True
+
+    def _close_answered(self, transport: asyncio.Transport) -> None:
+        """Close once the answer is out. `close()` waits until the write buffer is empty,
+        and a client that reads none of it would keep the connection (a slot of the cap,
+        a descriptor, the whole answer in memory) for as long as it stays: as a stream's
+        writes (`drain`), what is left must shrink within each `idle_timeout_s`."""
+        transport.close()
+        left = transport.get_write_buffer_size()
+        if left and self.linger_timer is None:
+            idle_s = self.edge.limits.idle_timeout_s
+            self.linger_timer = self.loop.call_later(idle_s, self._unsent_check, left)
+
+    def _unsent_check(self, before: int) -> None:
+        self.linger_timer = None
+        transport = self.transport
+        if transport is None:
+            return
+        left = transport.get_write_buffer_size()
+        if left and left < before:
+            # The client reads on, however slowly: another idle_timeout_s.
+            idle_s = self.edge.limits.idle_timeout_s
+            self.linger_timer = self.loop.call_later(idle_s, self._unsent_check, left)
+        elif left:
+            self._stalled()

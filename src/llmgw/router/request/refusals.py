@@ -19,6 +19,10 @@ from llmgw.wire.errors import error_body
 # How much of a client's name an error quotes: more than any model name (128), less
 # than a line a person reads.
 QUOTED_NAME_CHARS = 256
+# The longest Retry-After left to the SDKs' own retries (`retry_after`): a minute,
+# the longest a rate limit asks for. The openai package honours up to two minutes,
+# the anthropic one any wait at all.
+SDK_RETRY_MAX_S = 60
 
 
 def quoted_name(name: str) -> str:
@@ -76,13 +80,24 @@ def too_large(limit: int) -> Whole:
     )
 
 
+def retry_after(seconds: int) -> dict[str, str]:
+    """Retry-After, and past SDK_RETRY_MAX_S `x-should-retry: false`: the openai and
+    anthropic packages retry a 429 or 503 twice on their own, and the anthropic one
+    sleeps whatever Retry-After says first, so minutes there would hold a call for
+    minutes before the application hears of it."""
+    headers = {"Retry-After": str(seconds)}
+    if seconds > SDK_RETRY_MAX_S:
+        headers["x-should-retry"] = "false"
+    return headers
+
+
 def unavailable(exc: NoReplica) -> Whole:
     return error_response(
         503,
         f"No replica of `{quoted_name(exc.model)}` is available: {exc.why}.",
         type="service_unavailable",
         code=exc.code,
-        headers={"Retry-After": str(exc.retry_after_s)},
+        headers=retry_after(exc.retry_after_s),
     )
 
 
@@ -92,7 +107,7 @@ def flow_refused(exc: FlowRefused) -> Whole:
         f"Every replica of `{quoted_name(exc.model)}` is at capacity: {exc.why}.",
         type="rate_limit_exceeded" if exc.status == 429 else "service_unavailable",
         code=exc.code,
-        headers={"Retry-After": str(exc.retry_after_s)},
+        headers=retry_after(exc.retry_after_s),
     )
 
 

@@ -14,12 +14,26 @@ A pooled connection that dies before a single response byte came back was stale
 (the engine closed it as we wrote): the request is sent once more on a fresh
 connection. Only then: a fresh connection that fails is the engine's failure,
 and the proxy decides about other replicas.
+
+A host that goes silent (a firewall DROP, a dead switch port, a powered-off
+machine) sends no reset: without more, a request written on a pooled connection
+would wait for `stream_idle_timeout_s` or the request's whole deadline, minutes
+by default, though another replica could answer. So each connection asks the
+kernel to give up on it (`tune`): bytes sent but not acknowledged within the
+connect timeout, or keepalive probes unanswered as long, end it. Only the peer's
+kernel has to answer, never the engine, so a long generation is not cut. A
+pooled connection ended so is not the stale kind: the proxy moves on at once.
+That bound is never below `SILENT_FLOOR_S`, whatever the connect timeout: a lost
+segment is sent again only after Linux's retransmission timeout (200 ms at
+least, doubling), so a bound of a few hundred milliseconds ended healthy
+connections on the first lost packet, where TCP would have recovered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from collections.abc import Mapping
 from typing import Final
@@ -42,6 +56,29 @@ log: Final = logging.getLogger(__name__)
 # URL → target cache bound; endpoints come and go with the controller's list.
 MAX_TARGETS: Final = 4096
 SWEEP_S: Final = 1.0
+# A connection with nothing in flight for this long is probed (TCP keepalive), so a
+# silent host is noticed during a long generation too, not only when we next write.
+PROBE_IDLE_S: Final = 5
+# The least time a peer may leave bytes or probes unacknowledged (TCP_USER_TIMEOUT):
+# room for three retransmissions at Linux's least timeout (0.2 + 0.4 + 0.8 s), so a
+# loss burst of about a second and a half costs a delay, not the connection.
+SILENT_FLOOR_S: Final = 2.0
+
+
+def tune(sock: socket.socket | None, *, silent_s: float) -> None:
+    """The kernel ends the connection once its peer has been silent `silent_s`
+    (never less than `SILENT_FLOOR_S`).
+
+    TCP_USER_TIMEOUT bounds how long sent data (a request, a keepalive probe) may
+    stay unacknowledged; without it Linux retransmits for about fifteen minutes.
+    """
+    if sock is None or not hasattr(socket, "TCP_USER_TIMEOUT"):
+        return  # not Linux: the request's deadlines are the only bound
+    user_timeout_ms = round(max(silent_s, SILENT_FLOOR_S) * 1000)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, user_timeout_ms)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, PROBE_IDLE_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
 
 
 class _Target:
@@ -140,7 +177,12 @@ class FastUpstream(Forwarder):
             err = resp.error
             if err is None:
                 return resp
-            if not fresh and not conn.got_bytes and isinstance(err, UpstreamConnectError):
+            if (
+                not fresh
+                and not conn.got_bytes
+                and not conn.peer_silent
+                and isinstance(err, UpstreamConnectError)
+            ):
                 # A pooled connection the engine had closed as we wrote; nothing came
                 # back, so nothing was answered: once more on a new connection.
                 log.debug("stale pooled connection endpoint=%s: %s", endpoint_id, err.detail)
@@ -173,6 +215,7 @@ class FastUpstream(Forwarder):
             raise UpstreamConnectError(endpoint_id, f"connect timed out ({limit:g}s)") from exc
         except OSError as exc:
             raise translate(exc, endpoint_id, started=False, timeout="") from exc
+        tune(conn.transport.get_extra_info("socket"), silent_s=self.connect_timeout_s)
         return conn
 
     def _target(self, url: str) -> _Target:

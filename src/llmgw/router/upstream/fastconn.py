@@ -324,6 +324,9 @@ class Conn(asyncio.Protocol):
         self.resp: FastResponse | None = None
         self.idle_since = 0.0
         self.lost = False
+        # The kernel gave up on the peer (TCP user timeout: fast.tune): its host is
+        # silent, so a fresh connection to it would only wait out the connect timeout.
+        self.peer_silent = False
         # The exchange in progress (set by `send`).
         self.raw: list[tuple[bytes, bytes]] = []
         self.got_bytes = False
@@ -377,6 +380,7 @@ class Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self.peer_silent = isinstance(exc, TimeoutError)
         resp = self._end()
         if resp is None:
             self.pool.discard(self)
