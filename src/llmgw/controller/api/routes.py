@@ -391,7 +391,12 @@ async def status_static(request: web.Request) -> web.Response:
 async def admin_status(request: web.Request) -> web.Response:
     """The status page's data: summary, nodes, models, replicas, events (compact rows)."""
     doc = await status_data(_svc(request))
-    return web.Response(body=encode(doc), content_type="application/json")
+    resp = web.Response(body=encode(doc), content_type="application/json")
+    # Every open page fetches the whole fleet every few seconds: at 500 nodes and 3,000
+    # replicas ~300 KB of JSON with long runs of repeated names, which gzip cuts ~10×.
+    # Compressed off the event loop (aiohttp hands bodies over 4 KiB to an executor).
+    resp.enable_compression()
+    return resp
 
 
 def routes() -> list[web.RouteDef]:
