@@ -8,6 +8,7 @@ proxy.py        the proxied routes: parse, then route (choose, attempt, relay, c
 call.py         one routed request: what it asked for, what became of it; request ids
 attempts.py     one attempt at a replica, and the rule for trying another
 relay.py        an engine's event stream relayed as it arrives; its verdict
+unbuffered.py   a whole answer over max_answer_bytes, relayed as it arrives
 waits.py        waiting for a replica (held) or for a turn (flow control)
 accounting.py   each request counted once: metrics, token counts, the access log
 listing.py      /v1/models, one model (OpenAI's or Anthropic's shape), 404/405 for the rest

@@ -35,7 +35,7 @@ from llmgw.router.errors import (
     NoReplica,
 )
 from llmgw.router.http.answers import Whole, whole
-from llmgw.router.http.connection import Answer, Request
+from llmgw.router.http.connection import Answer, Request, Stream
 from llmgw.router.metrics import DISCONNECTED, ENGINE_ERROR, OK, REJECTED, UNAVAILABLE
 from llmgw.router.replicas.breaker import Outcome, classify_status
 from llmgw.router.replicas.registry import Release, Snapshot
@@ -58,6 +58,7 @@ from llmgw.router.request.relay import Tally, relay
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.request.tokens import Usage, usage_of
 from llmgw.router.request.tracing import Tracing, passed_on
+from llmgw.router.request.unbuffered import relay_rest
 from llmgw.router.request.waits import (
     CRITICAL,
     home_of,
@@ -245,16 +246,16 @@ class Proxy:
                 att.begin()  # no await from acquire to this try: release runs once
                 try:
                     step = await attempt(st, call, att, eid, snaps)
-                    # The first token is in, or the whole answer, or a failure.
-                    release.started()
+                    release.started()  # the first token, the whole answer or a failure is in
                     if step is Step.STREAM:
                         tally = self._tally(call, att, release)
                         out = self._out_headers(call, att, decision, debug=_debug(call))
                         resp = await relay(st.clock, call, att, tally, out)
                         self._streamed(call, att, tally, decision, snaps)
                         return resp
-                    # A retry falls through to the next turn of the loop (mypyc has no
-                    # `continue` inside try/finally).
+                    if step is Step.UNBUFFERED:
+                        return await self._unbuffered(call, att, decision, snaps)
+                    # A retry: the loop's next turn (mypyc has no `continue` in try/finally).
                     if step is not Step.RETRY:
                         return self._whole(call, att, step, decision, snaps)
                 finally:
@@ -443,6 +444,16 @@ class Proxy:
             call.usage = usage_of(att.data) if api is None else api.usage_of(att.data)
         else:
             call.result = ENGINE_ERROR
+        if att.outcome is Outcome.OK:
+            self._served(call, decision, snaps, call.usage)
+        return resp
+
+    async def _unbuffered(
+        self, call: Call, att: Attempts, decision: Decision, snaps: Sequence[Snapshot]
+    ) -> Stream:
+        """A whole answer over max_answer_bytes, relayed as it arrives (unbuffered.py)."""
+        out = self._out_headers(call, att, decision, debug=_debug(call))
+        resp = await relay_rest(self.state, call, att, out)
         if att.outcome is Outcome.OK:
             self._served(call, decision, snaps, call.usage)
         return resp
