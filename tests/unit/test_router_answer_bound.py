@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from llmgw.testing.forwarder import Scripted, reply
 from tests.unit.router_world import World
+from tests.unit.test_router_passthrough import send
 
 BOUND = 1000
 USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
@@ -92,6 +95,31 @@ class TestWholeAnswers:
         w.fake.script("a", reply(200, b'{"id":"x"}', headers={"Content-Length": "10000000000"}))
         r = once(w)
         assert (r.status, r.body, r.streamed) == (200, b'{"id":"x"}', True)
+
+
+class TestOtherApis:
+    """The usage of a Responses or Messages answer over the bound is read from its tail."""
+
+    @pytest.mark.parametrize(
+        ("path", "usage"),
+        [
+            ("/v1/responses", {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}),
+            ("/v1/messages", {"input_tokens": 5, "output_tokens": 2}),
+        ],
+    )
+    def test_its_usage_is_counted(self, path: str, usage: dict[str, int]) -> None:
+        """An answer of twice the bound, its usage last but one field: 5 prompt tokens."""
+        w = world(1)
+        doc = {"id": "x", "output": "y" * (2 * BOUND), "usage": usage, "user": None}
+        body = json.dumps(doc).encode()
+        w.fake.script("a", reply(200, body))
+
+        async def main() -> Any:
+            return await send(w, path, b'{"model": "m", "input": "hi", "max_tokens": 4}')
+
+        r = w.run(main)
+        assert (r.status, r.body, r.streamed) == (200, body, True)
+        assert series(w, 'llmgw_router_prompt_tokens_total{model="m"}') == 5
 
 
 class TestErrorAnswers:
