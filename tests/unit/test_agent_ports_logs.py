@@ -123,3 +123,39 @@ class TestLogFiles:
         got = tail(log, secrets=(secret,))
         assert got == ("last line",)
         assert not any(secret[10:20] in line for line in got)
+
+
+class TestRotationBound:
+    """A rotated copy holds at most `max_bytes`, however fast the engine wrote."""
+
+    def test_a_copy_keeps_at_most_max_bytes_from_a_line_start(self, tmp_path: Path) -> None:
+        """A log rotated far past its limit keeps only its newest `max_bytes`, from a line's
+        start, and says how much was left out; an engine at 50 MB/s used to leave copies of
+        a whole check interval (100 MB at the default 2 s for a 10 MiB limit)."""
+        log = tmp_path / "e.log"
+        log.write_bytes(b"".join(b"line %06d\n" % i for i in range(100_000)))  # 1.2 MB
+        rotate(log, keep=1, max_bytes=1000)
+        copy = (tmp_path / "e.log.1").read_bytes()
+        marker, _, kept = copy.partition(b"\n")
+        assert marker.startswith(b"--- llmgw agent: ")
+        assert b"bytes left out" in marker
+        assert len(kept) <= 1000
+        assert kept.startswith(b"line ")
+        assert kept.endswith(b"line 099999\n")
+        assert log.read_bytes() == b""
+
+    def test_a_copy_under_the_limit_is_whole(self, tmp_path: Path) -> None:
+        """Under its limit a log is copied whole, with no marker."""
+        log = tmp_path / "e.log"
+        log.write_bytes(b"a\nb\n")
+        rotate(log, keep=1, max_bytes=1000)
+        assert (tmp_path / "e.log.1").read_bytes() == b"a\nb\n"
+
+    def test_a_copy_of_one_endless_line_is_bounded(self, tmp_path: Path) -> None:
+        """A line longer than the limit is cut to it, not kept whole."""
+        log = tmp_path / "e.log"
+        log.write_bytes(b"x" * 50_000)
+        rotate(log, keep=1, max_bytes=1000)
+        marker, _, kept = (tmp_path / "e.log.1").read_bytes().partition(b"\n")
+        assert b"49000 bytes left out" in marker
+        assert kept == b"x" * 1000
