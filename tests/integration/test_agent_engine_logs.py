@@ -1,5 +1,6 @@
 """What engines write, against a real agent: a chatty engine's log stays within its bound
-on disk without slowing the engine or the agent.
+on disk without slowing the engine or the agent, and a crash inside an endless line still
+reports how it ended.
 
 The engine is tests/integration/spew_engine.py, run as the agent's `sim` engine
 (`--engine-bin`); the controller is the scripted one of test_agent_supervision.py.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.testing.wait import until
 from tests.integration.test_agent_supervision import (
     INTERVAL_S,
     AgentRig,
@@ -115,3 +117,21 @@ class TestChattyEngine:
         assert float(slowest_ms) < 1000
         assert max(gaps) < INTERVAL_S + 1.5
         assert rss_mib(rig.agent.pid) - rss_before < 50
+
+
+class TestEngineDyingMidLine:
+    """An engine whose last output is one huge line of garbage, with no line break."""
+
+    async def test_its_failure_says_how_it_ended(
+        self, rig: AgentRig, controller: ScriptedController, tmp_path: Path
+    ) -> None:
+        """A 1 MB line of escapes and invalid UTF-8 before the exit ends the tail with that
+        line's end, cut to 300 characters (the tail was empty)."""
+        start_spewing(rig, tmp_path, SPEW_RATE="1e6", SPEW_SECONDS="0.1", SPEW_EXIT="1000000")
+        controller.desired = (sim_spec("r1"),)
+        failed = await until(
+            lambda: (s := controller.shard("r1")) and s.state == "failed" and s, what="failed"
+        )
+        assert failed.exit_code == 3
+        assert failed.log_tail[-1].endswith("RuntimeError: boom")
+        assert all(len(line) <= 300 for line in failed.log_tail)

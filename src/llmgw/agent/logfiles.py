@@ -34,6 +34,8 @@ DEFAULT_ENDED_KEEP = 20
 # Seconds between two looks at the live logs' sizes (agent/service.py): the live file
 # passes max_bytes by at most what its engine writes in that time.
 CHECK_S = 0.25
+# The tail's read window: what a failed shard's tail is made of.
+TAIL_WINDOW_BYTES = 64 * 1024
 
 
 # Engine logs are the agent user's alone: an engine may print what it was given.
@@ -185,23 +187,53 @@ def redact(lines: tuple[str, ...], secrets: Collection[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _window(path: Path) -> tuple[bytes, bool]:
+    """The last TAIL_WINDOW_BYTES of the log, its newest copy's end before the live file's
+    when the live one holds less (just rotated: the engine may have died right after);
+    and whether the window starts inside the log rather than at its start."""
+    data = b""
+    for part in (path, path.with_name(f"{path.name}.1")):
+        try:
+            with part.open("rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                start = max(0, size - (TAIL_WINDOW_BYTES - len(data)))
+                f.seek(start)
+                data = f.read(size - start) + data
+        except FileNotFoundError:
+            if part == path:
+                return b"", False
+            return data, False
+        if start > 0 or len(data) >= TAIL_WINDOW_BYTES:
+            return data, start > 0
+    return data, False
+
+
 def tail(
     path: Path, *, lines: int = 20, max_line_chars: int = 300, secrets: Collection[str] = ()
 ) -> tuple[str, ...]:
-    """The last `lines` lines of `path` (reads at most 64 KiB), each cut to `max_line_chars`,
-    with the `secrets` values masked (before the cut, so no prefix of one survives)."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            start = max(0, size - 64 * 1024)
-            f.seek(start)
-            data = f.read()
-    except FileNotFoundError:
-        return ()
-    if start > 0:
+    """The last `lines` lines of `path` (reads at most TAIL_WINDOW_BYTES), each cut to
+    `max_line_chars`, with the `secrets` values masked (before the cut, so no prefix of
+    one survives). A line break is `\\n` or `\\r` (a progress bar redraws with `\\r`).
+
+    A last line longer than the window, which has no break at all, is kept by its end
+    (`…` and its last `max_line_chars`): where an engine died inside an endless line,
+    how it ended is at its end, and a tail without it would be empty."""
+    data, cut = _window(path)
+    endless = False
+    if cut:
         # The window starts inside a line: its head may end a secret cut in two, which
         # no mask matches any more (and half a line says little anyway).
-        data = data.partition(b"\n")[2]
+        breaks = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
+        if breaks:
+            data = data[min(breaks) + 1 :]
+        else:
+            # No break to drop up to: drop what may hold the end of a cut secret.
+            longest = max((len(s.encode()) for s in secrets if s), default=1)
+            data = data[longest - 1 :]
+            endless = True
     text = data.decode("utf-8", errors="replace")
+    if endless:
+        (last,) = redact((text,), secrets)
+        return ("…" + last[-(max_line_chars - 1) :],) if last.strip() else ()
     kept = redact(tuple(ln for ln in text.splitlines() if ln.strip())[-lines:], secrets)
     return tuple(ln[:max_line_chars] for ln in kept)
