@@ -22,7 +22,7 @@ import pytest
 
 from llmgw.testing.wait import wait_until
 from tests.e2e.conftest import HERE, System, kill_leftovers, start_up, wait_for
-from tests.integration.test_deploy_prometheus import dashboard_metric_names
+from tests.integration.test_deploy_prometheus import dashboard_metric_names, rule_metric_names
 from tests.promtool import check_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -168,7 +168,7 @@ class TestSeeTheFleet:
         self,
         system: System,
     ) -> None:
-        """Every program passes promtool and the dashboard finds its metrics."""
+        """Every program passes promtool; the dashboard and the alert rules find their metrics."""
         client = system.client()
         client.chat.completions.create(
             model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=4
@@ -208,6 +208,8 @@ class TestSeeTheFleet:
             seen |= declared(body)
         missing = sorted(dashboard_metric_names() - seen)
         assert missing == [], f"the dashboard queries metrics no program exports: {missing}"
+        missing = sorted(rule_metric_names() - seen)
+        assert missing == [], f"the alert rules query metrics no program exports: {missing}"
 
         router = bodies["router"].decode()
         assert re.search(r'llmgw_router_completion_tokens_total\{model="chat"\} (\d+)', router)

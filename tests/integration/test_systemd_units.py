@@ -105,3 +105,32 @@ class TestUnits:
         text = (ROOT / "deploy" / "systemd" / "llmgw-agent.service").read_text()
         assert "\nKillMode=process\n" in text
         assert "\nDeviceAllow=char-nvidia* rw\n" in text
+
+
+class TestSysusers:
+    """`systemd-sysusers` with llmgw.sysusers gives every user and group the units name."""
+
+    def test_unit_groups_exist_on_a_bare_system(self, tmp_path: Path) -> None:
+        """On a root with only systemd's own basic groups, llmgw.sysusers creates the
+        unit's user, and every supplementary group the units name exists after it (a
+        missing one fails the unit at start: 216/GROUP)."""
+        sysusers = shutil.which("systemd-sysusers")
+        basic = Path("/usr/lib/sysusers.d/basic.conf")
+        if sysusers is None or not basic.is_file():
+            pytest.skip("no systemd-sysusers or its basic.conf here")
+        (tmp_path / "etc").mkdir()
+        conf = ROOT / "deploy" / "systemd" / "llmgw.sysusers"
+        done = subprocess.run(
+            [sysusers, f"--root={tmp_path}", str(basic), str(conf)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        groups = {line.split(":")[0] for line in (tmp_path / "etc/group").read_text().split()}
+        users = {line.split(":")[0] for line in (tmp_path / "etc/passwd").read_text().splitlines()}
+        for unit in UNITS:
+            text = unit.read_text()
+            for user in re.findall(r"^User=(\S+)$", text, re.M):
+                assert user in users, (unit.name, user)
+            named = re.findall(r"^(?:Group|SupplementaryGroups)=(.+)$", text, re.M)
+            for group in " ".join(named).split():
+                assert group in groups, (unit.name, group)

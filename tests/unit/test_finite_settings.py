@@ -39,7 +39,7 @@ AGENT_BASE = ["--node", "n", "--gpus", "1xH100-80G", "--state-dir", "/tmp/s"]
 AGENT_BASE += ["--controller", "http://c:1", "--address", "127.0.0.1"]
 
 
-# Sub-commands a program dispatches to before its own parser: `llmgw agent leftovers`.
+# Sub-commands a program dispatches to before its own parser: `llmgw agent stop-engines`.
 HIDDEN = {"agent": [[leftovers.COMMAND, "--help"]]}
 
 

@@ -157,7 +157,7 @@ class StateStore:
             fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         except StateDirRefused as exc:
             # Without its state file the agent cannot re-adopt what it starts: it stops
-            # (engines keep running; `llmgw agent leftovers` finds them).
+            # (engines keep running; `llmgw agent stop-engines` stops those the file lists).
             raise StateDirBusy(f"--state-dir: {exc}") from None
         # 0600 from the first byte: the file holds the engines' keys.
         os.fchmod(fd, 0o600)

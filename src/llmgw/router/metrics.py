@@ -21,7 +21,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -29,6 +29,7 @@ from prometheus_client.utils import floatToGoString
 from llmgw.router import compiled
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot
+from llmgw.runtime.procmetrics import register_process_metrics
 from llmgw.wire.answerusage import Usage
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -362,7 +363,7 @@ class RouterMetrics:
         )
         for module in compiled.MODULES:
             modules.labels(module).set(1.0 if module in compiled.STATUS.modules else 0.0)
-        ProcessCollector(registry=r)
+        register_process_metrics(r)
         r.register(_LiveCollector(snapshots, held, queued))
         # (team, model) → its requests by outcome, its prompt and completion series.
         self._team_cells: dict[

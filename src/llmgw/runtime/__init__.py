@@ -14,6 +14,7 @@ textfile     a config's or secret's file read with bounds: a regular file, its s
 safeyaml     a config's YAML without alias bombs or a RecursionError
 finite       float settings are finite: NaN and ±inf refused where settings are parsed
 sdnotify     systemd's READY=1, STOPPING=1 and watchdog
+procmetrics  the process_* metrics, also under a unit's ProcSubset=pid
 lockfile     one process per state folder
 netaddr      address helpers
 webpages     what a web page may not ask of a server without a token (writes, rebound names)

@@ -134,7 +134,7 @@ def start_program(
     and `Program.port` are read back from its ready line. `prefix` runs it
     through a command that execs it in place (`ip netns exec NS`), so the PID
     is still the program's own. `python`: another interpreter's llmgw (an installed
-    wheel's, say) instead of this one's.
+    wheel's, say) instead of this one's, without this process's PYTHONPATH.
     """
     argv = [*prefix, *llmgw_argv(*args, python=python)]
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="llmgw-test-"))
@@ -142,6 +142,10 @@ def start_program(
     name = args[0] if args else "llmgw"
     fd, path = tempfile.mkstemp(prefix=f"{name}-", suffix=".log", dir=log_dir)
     child_env = dict(os.environ)
+    if python is not None:
+        # Another interpreter runs its own installed llmgw: a PYTHONPATH naming a source
+        # tree (how tests run a checkout's code) would run that tree's modules instead.
+        child_env.pop("PYTHONPATH", None)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     if env:
         child_env.update(env)

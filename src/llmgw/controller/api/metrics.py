@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmgw.controller.api.fleetview import fleet_view
 from llmgw.controller.api.services import Services
+from llmgw.runtime.procmetrics import register_process_metrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 NODE_STATES = ("ready", "cordoned", "draining", "unreachable")
@@ -173,7 +174,7 @@ class ControllerMetrics:
             self.registry.register(c)
         for c in services.link.collectors():
             self.registry.register(c)
-        ProcessCollector(registry=self.registry)
+        register_process_metrics(self.registry)
         self.registry.register(_Fleet(services))
 
     def render(self) -> bytes:

@@ -132,7 +132,7 @@ class PassThrough:
             return refused(st, resp, rid, path, t0)
         if model not in st.known_models:
             return self.proxy.unknown_model(model, rid, path, t0)
-        charge = self.proxy.admit(tenant, model, got, rid, t0=t0, path=path)
+        charge = self.proxy.admit(tenant, model, got, rid, t0=t0, path=path, metered=api.metered)
         if isinstance(charge, Whole):
             return charge
         hashes = self._key(request, doc, rid, api=api, charge=charge)

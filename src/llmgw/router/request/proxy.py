@@ -192,13 +192,22 @@ class Proxy:
         )
 
     def admit(
-        self, tenant: Tenant | None, model: str, got: Intake, rid: str, *, t0: float, path: str
+        self,
+        tenant: Tenant | None,
+        model: str,
+        got: Intake,
+        rid: str,
+        *,
+        t0: float,
+        path: str,
+        metered: bool = True,
     ) -> Charge | Whole | None:
         """What a guarded key is charged for the request, or the refusal of it by the
-        key's limits, counted; None for a key without limits (or no key)."""
+        key's limits, counted; None for a key without limits (or no key). Unmetered (a
+        count of tokens): one request, no tokens."""
         if tenant is None or not tenant.guarded:
             return None
-        admitted = self.state.tenants.admit(tenant, model, len(got.body))
+        admitted = self.state.tenants.admit(tenant, model, len(got.body) if metered else 0)
         if isinstance(admitted, Whole):
             return refused(self.state, admitted, rid, path, t0, tenant=tenant)
         return admitted

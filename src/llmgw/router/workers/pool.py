@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
-from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw.router.config import RouterConfig, in_force
 from llmgw.router.control.leases import add_demand
@@ -79,6 +79,7 @@ from llmgw.router.workers.shared import SharedInflight, SlotTable
 from llmgw.router.workers.worker import WorkerSpec
 from llmgw.runtime.clock import SYSTEM_CLOCK
 from llmgw.runtime.logs import kv
+from llmgw.runtime.procmetrics import register_process_metrics
 from llmgw.runtime.sdnotify import Notifier
 from llmgw.runtime.serve import READY_PREFIX, ListenError
 from llmgw.wire.endpoints import EndpointInfo, EndpointList
@@ -226,7 +227,7 @@ class Supervisor:
             ["endpoint"],
             registry=self.host_metrics,
         )
-        ProcessCollector(registry=self.host_metrics)
+        register_process_metrics(self.host_metrics)
         self.worker_metrics = WorkerMetrics(
             self.host_metrics,
             lambda: sum(1 for w in self.workers.values() if w.ready.is_set()),
