@@ -41,6 +41,7 @@ from llmgw.router.replicas.breaker import Outcome, classify_status
 from llmgw.router.replicas.registry import Release, Snapshot
 from llmgw.router.request import enginepriority
 from llmgw.router.request.accounting import count, count_call, refused, tag
+from llmgw.router.request.admission import admit, unknown_model
 from llmgw.router.request.attempts import Attempts, Failed, Step, attempt
 from llmgw.router.request.call import Call, request_id
 from llmgw.router.request.inband import MARK
@@ -157,8 +158,8 @@ class Proxy:
             msg = "You must provide a model parameter."
             return refused(st, bad_request(msg, param="model"), rid, path, t0)
         if model not in st.known_models:
-            return self.unknown_model(model, rid, path, t0)
-        charge = self.admit(tenant, model, got, rid, t0=t0, path=path)
+            return unknown_model(st, model, rid, path, t0)
+        charge = admit(st, tenant, model, got, rid, t0=t0, path=path)
         if isinstance(charge, Whole):
             return charge
         hashes = NO_KEY
@@ -190,38 +191,6 @@ class Proxy:
             max_tokens=limit if type(limit) is int else None,
             engine_priority=enginepriority.of(tenant, doc),
         )
-
-    def admit(
-        self,
-        tenant: Tenant | None,
-        model: str,
-        got: Intake,
-        rid: str,
-        *,
-        t0: float,
-        path: str,
-        metered: bool = True,
-    ) -> Charge | Whole | None:
-        """What a guarded key is charged for the request, or the refusal of it by the
-        key's limits, counted; None for a key without limits (or no key). Unmetered (a
-        count of tokens): one request, no tokens."""
-        if tenant is None or not tenant.guarded:
-            return None
-        admitted = self.state.tenants.admit(tenant, model, len(got.body) if metered else 0)
-        if isinstance(admitted, Whole):
-            return refused(self.state, admitted, rid, path, t0, tenant=tenant)
-        return admitted
-
-    def unknown_model(self, model: str, rid: str, path: str, t0: float) -> Whole:
-        """The refusal of a model the router does not know: 503 before its first
-        endpoint list, else 404."""
-        st = self.state
-        if st.awaiting_list:
-            why = "the router has not received its endpoint list from the controller yet"
-            resp = unavailable(NoReplica(model, why, retry_after_s=5))
-            return refused(st, resp, rid, path, t0, outcome=UNAVAILABLE)
-        # Not the asked-for name as a label: anyone could mint series with it.
-        return refused(st, model_not_found(model), rid, path, t0)
 
     async def route(self, call: Call) -> Answer:
         """Choose, attempt, and relay what the attempts decided; every exit is counted.
