@@ -38,6 +38,8 @@ class ScriptedController:
     def __init__(self) -> None:
         self.desired: tuple[ShardSpec, ...] = ()
         self.beats: list[Heartbeat] = []
+        # time.monotonic() at each heartbeat's arrival, beside `beats`.
+        self.beat_times: list[float] = []
         # While True, answer 503 like a standby controller.
         self.down = False
         # Changes the reply's JSON before it is sent (what a newer controller may add).
@@ -53,6 +55,7 @@ class ScriptedController:
         hb = msgspec.json.decode(await request.read(), type=Heartbeat)
         assert hb.node == request.match_info["node"]
         self.beats.append(hb)
+        self.beat_times.append(time.monotonic())
         reply = HeartbeatReply(shards=self.desired, interval_s=INTERVAL_S)
         body = msgspec.json.encode(reply)
         if self.edit is not None:
@@ -140,7 +143,11 @@ class AgentRig:
         self.engine_pids: set[int] = set()
 
     def start(
-        self, *flags: str, env: Mapping[str, str] | None = None, wait: bool = True
+        self,
+        *flags: str,
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        interval_s: float = INTERVAL_S,
     ) -> Program:
         extra: list[str] = list(flags)
         self.agent = start_program(
@@ -166,7 +173,7 @@ class AgentRig:
                 "--state-dir",
                 str(self.tmp / "state"),
                 "--interval-s",
-                str(INTERVAL_S),
+                str(interval_s),
                 "--stop-grace-s",
                 "3",
                 "--port",

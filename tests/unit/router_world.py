@@ -61,6 +61,11 @@ class Pipe(asyncio.Transport):
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return ("127.0.0.1", 40000) if name == "peername" else default
 
+    def get_write_buffer_size(self) -> int:
+        # Everything written is taken at once (`out`); without this, each answer that
+        # closed its connection left a "Task exception was never retrieved" behind.
+        return 0
+
     def pause_reading(self) -> None:
         pass
 
@@ -75,18 +80,23 @@ class Answered:
         self.status = 0
         self.headers: CIMultiDict[str] = CIMultiDict()
         body = bytearray()
+        self._done = False
         parser = httptools.HttpResponseParser(self)
         self._body = body
         parser.feed_data(raw)
         self.status = parser.get_status_code()
         self.body = bytes(body)
         self.streamed = self.headers.get("Transfer-Encoding") == "chunked"
+        self.complete = self._done  # the body came to its end (a chunked one: its last chunk)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.add(name.decode("latin-1"), value.decode("latin-1"))
 
     def on_body(self, body: bytes) -> None:
         self._body += body
+
+    def on_message_complete(self) -> None:
+        self._done = True
 
     def json(self) -> Any:
         return msgspec.json.decode(self.body)

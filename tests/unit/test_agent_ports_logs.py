@@ -123,3 +123,88 @@ class TestLogFiles:
         got = tail(log, secrets=(secret,))
         assert got == ("last line",)
         assert not any(secret[10:20] in line for line in got)
+
+
+class TestRotationBound:
+    """A rotated copy holds at most `max_bytes`, however fast the engine wrote."""
+
+    def test_a_copy_keeps_at_most_max_bytes_from_a_line_start(self, tmp_path: Path) -> None:
+        """A log rotated far past its limit keeps only its newest `max_bytes`, from a line's
+        start, and says how much was left out; an engine at 50 MB/s used to leave copies of
+        a whole check interval (100 MB at the default 2 s for a 10 MiB limit)."""
+        log = tmp_path / "e.log"
+        log.write_bytes(b"".join(b"line %06d\n" % i for i in range(100_000)))  # 1.2 MB
+        rotate(log, keep=1, max_bytes=1000)
+        copy = (tmp_path / "e.log.1").read_bytes()
+        marker, _, kept = copy.partition(b"\n")
+        assert marker.startswith(b"--- llmgw agent: ")
+        assert b"bytes left out" in marker
+        assert len(kept) <= 1000
+        assert kept.startswith(b"line ")
+        assert kept.endswith(b"line 099999\n")
+        assert log.read_bytes() == b""
+
+    def test_a_copy_under_the_limit_is_whole(self, tmp_path: Path) -> None:
+        """Under its limit a log is copied whole, with no marker."""
+        log = tmp_path / "e.log"
+        log.write_bytes(b"a\nb\n")
+        rotate(log, keep=1, max_bytes=1000)
+        assert (tmp_path / "e.log.1").read_bytes() == b"a\nb\n"
+
+    def test_a_copy_of_one_endless_line_is_bounded(self, tmp_path: Path) -> None:
+        """A line longer than the limit is cut to it, not kept whole."""
+        log = tmp_path / "e.log"
+        log.write_bytes(b"x" * 50_000)
+        rotate(log, keep=1, max_bytes=1000)
+        marker, _, kept = (tmp_path / "e.log.1").read_bytes().partition(b"\n")
+        assert b"49000 bytes left out" in marker
+        assert kept == b"x" * 1000
+
+
+class TestTailOfLongLines:
+    """A tail says something about an engine whose last output has no line break."""
+
+    def test_the_tail_of_an_endless_line_is_its_end(self, tmp_path: Path) -> None:
+        """An engine that died inside a line longer than the tail's window reports that
+        line's end, not an empty tail."""
+        log = tmp_path / "e.log"
+        log.write_bytes(b"starting\n" + b"x" * 200_000 + b"RuntimeError: boom")
+        got = tail(log, max_line_chars=40)
+        assert len(got) == 1
+        assert got[0].endswith("RuntimeError: boom")
+        assert len(got[0]) <= 40
+
+    def test_the_tail_after_a_progress_bar_is_its_last_state(self, tmp_path: Path) -> None:
+        """A progress bar redrawn with carriage returns past the window still yields its
+        last lines (the error after it), not an empty tail."""
+        log = tmp_path / "e.log"
+        log.write_bytes(b"loading\n" + b"\r 10%|#  |" * 10_000 + b"\rRuntimeError: boom\n")
+        assert tail(log)[-1] == "RuntimeError: boom"
+
+    def test_the_tail_of_an_endless_line_hides_a_cut_secret(self, tmp_path: Path) -> None:
+        """A secret straddling the start of the window, in a line with no end, leaks no
+        part of itself."""
+        secret = "s3cret-value-0123456789abcdef"
+        window = 64 * 1024
+        log = tmp_path / "e.log"
+        tail_part = secret[10:] + "y" * (window - len(secret) + 10)
+        log.write_text("x" * 100 + secret[:10] + tail_part)
+        assert log.stat().st_size - window == 110
+        got = tail(log, secrets=(secret,), max_line_chars=window)
+        assert got
+        assert not any(secret[10:20] in line for line in got)
+
+    def test_the_tail_of_garbage_is_text(self, tmp_path: Path) -> None:
+        """Binary output and invalid UTF-8 come back as text, with replacement characters."""
+        log = tmp_path / "e.log"
+        log.write_bytes(b"\xff\xfe\x00\x1b[2J\xc3\n")
+        (line,) = tail(log)
+        assert line == "\ufffd\ufffd\x00\x1b[2J\ufffd"
+
+    def test_the_tail_just_after_a_rotation_reads_the_copy(self, tmp_path: Path) -> None:
+        """An engine that died just after its log was rotated has its last lines in `.1`:
+        the tail reads them there, before the live file's few."""
+        log = tmp_path / "e.log"
+        (tmp_path / "e.log.1").write_text("older\nTraceback (most recent call last):\n")
+        log.write_text("RuntimeError: boom\n")
+        assert tail(log, lines=2) == ("Traceback (most recent call last):", "RuntimeError: boom")

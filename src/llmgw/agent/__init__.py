@@ -4,7 +4,7 @@ Layout:
 
     main.py, config.py, app.py   the program: flags (over an optional YAML file), wiring,
                                  the loopback HTTP surface
-    service.py                   GPUs, engines and heartbeats wired together, as two loops
+    service.py                   GPUs, engines and heartbeats wired together, as three loops
     heartbeat.py, replyread.py   report what is, receive what should be (shard by shard)
     supervisor.py, shards.py     start what is desired, stop what is not, say how each does
     enginecalls.py               calls to running engines (sleep, wake, adapters), beside the tick

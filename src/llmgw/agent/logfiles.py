@@ -10,20 +10,32 @@ Rotation: when the file passes `max_bytes`, the agent copies it to `.1`
 in place. O_APPEND makes the engine's next write land at the new end, so the
 file really shrinks. The cost: lines written between the copy and the
 truncate are lost, a window of one copy (milliseconds for 10 MiB).
+
+The agent only looks every `CHECK_S`, so an engine writing fast passes
+`max_bytes` by what it writes in between. The copy keeps the newest
+`max_bytes` of it (from a line's start) under one line saying how much was
+left out: copied whole, each copy held whatever the engine wrote in a check
+interval, and a chatty engine could fill the disk `keep` times over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-import shutil
 from collections import deque
 from collections.abc import Collection
 from pathlib import Path
+from typing import BinaryIO
 
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_KEEP = 3
 # Logs of ended shards kept (EndedLogs), each with its rotated copies.
 DEFAULT_ENDED_KEEP = 20
+# Seconds between two looks at the live logs' sizes (agent/service.py): the live file
+# passes max_bytes by at most what its engine writes in that time.
+CHECK_S = 0.25
+# The tail's read window: what a failed shard's tail is made of.
+TAIL_WINDOW_BYTES = 64 * 1024
 
 
 # Engine logs are the agent user's alone: an engine may print what it was given.
@@ -50,8 +62,9 @@ def needs_rotation(path: Path, *, max_bytes: int) -> bool:
         return False
 
 
-def rotate(path: Path, *, keep: int = DEFAULT_KEEP) -> None:
-    """Copy-truncate `path` into `path.1`, shifting older copies; keeps `keep` copies."""
+def rotate(path: Path, *, keep: int = DEFAULT_KEEP, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    """Copy-truncate `path` into `path.1`, shifting older copies; keeps `keep` copies, each
+    of at most `max_bytes` (the newest, module docstring) plus one line saying so."""
     if keep < 1:
         os.truncate(path, 0)
         return
@@ -68,8 +81,33 @@ def rotate(path: Path, *, keep: int = DEFAULT_KEEP) -> None:
     fd = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, MODE)
     with os.fdopen(fd, "wb") as copy, path.open("rb") as live:
         os.fchmod(copy.fileno(), MODE)
-        shutil.copyfileobj(live, copy, 1024 * 1024)
+        _copy_newest(live, copy, max_bytes=max_bytes)
     os.truncate(path, 0)
+
+
+def _copy_newest(live: BinaryIO, copy: BinaryIO, *, max_bytes: int) -> None:
+    """The last `max_bytes` of `live` as it is now, from the first line that starts in
+    them (unless none does), after a line saying how many bytes came before.
+
+    Only the size read at the start is copied: an engine writing faster than the copy
+    would otherwise keep it going, and growing, for as long as it writes."""
+    size = live.seek(0, os.SEEK_END)
+    start = max(0, size - max_bytes)
+    if start > 0:
+        live.seek(start - 1)
+        head = live.read(min(size - start + 1, 64 * 1024))
+        cut = head.find(b"\n")
+        if cut >= 0 and start + cut < size:
+            start += cut
+        copy.write(f"--- llmgw agent: {start} bytes left out (over log_max_bytes)\n".encode())
+    live.seek(start)
+    left = size - start
+    while left > 0:
+        chunk = live.read(min(left, 1024 * 1024))
+        if not chunk:
+            break
+        copy.write(chunk)
+        left -= len(chunk)
 
 
 def remove(path: Path, *, keep: int = DEFAULT_KEEP) -> None:
@@ -108,10 +146,32 @@ def tidy(live: Collection[Path], expired: Collection[Path], *, max_bytes: int, k
     live one: a shard listed again under its old identity writes to the same file)."""
     for path in live:
         if needs_rotation(path, max_bytes=max_bytes):
-            rotate(path, keep=keep)
+            rotate(path, keep=keep, max_bytes=max_bytes)
     for path in expired:
         if path not in live:
             remove(path, keep=keep)
+
+
+class LogKeeper:
+    """Rotation and expiry of the engine logs, one pass at a time: the supervisor's tick
+    and the agent's log watch (every CHECK_S, agent/service.py) both call `tidy`, and two
+    rotations of one file at once would shift its copies twice."""
+
+    def __init__(self, *, max_bytes: int, keep: int, ended_keep: int) -> None:
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self._ended = EndedLogs(keep=ended_keep)
+        self._lock = asyncio.Lock()
+
+    def ended(self, path: Path) -> None:
+        """A dropped shard's log: removed once `ended_keep` newer ones have ended."""
+        self._ended.add(path)
+
+    async def tidy(self, live: Collection[Path]) -> None:
+        """`tidy` in a thread (a copy of up to max_bytes must not hold the event loop)."""
+        async with self._lock:
+            expired = self._ended.take_expired()
+            await asyncio.to_thread(tidy, live, expired, max_bytes=self.max_bytes, keep=self.keep)
 
 
 def redact(lines: tuple[str, ...], secrets: Collection[str]) -> tuple[str, ...]:
@@ -127,23 +187,53 @@ def redact(lines: tuple[str, ...], secrets: Collection[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _window(path: Path) -> tuple[bytes, bool]:
+    """The last TAIL_WINDOW_BYTES of the log, its newest copy's end before the live file's
+    when the live one holds less (just rotated: the engine may have died right after);
+    and whether the window starts inside the log rather than at its start."""
+    data = b""
+    for part in (path, path.with_name(f"{path.name}.1")):
+        try:
+            with part.open("rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                start = max(0, size - (TAIL_WINDOW_BYTES - len(data)))
+                f.seek(start)
+                data = f.read(size - start) + data
+        except FileNotFoundError:
+            if part == path:
+                return b"", False
+            return data, False
+        if start > 0 or len(data) >= TAIL_WINDOW_BYTES:
+            return data, start > 0
+    return data, False
+
+
 def tail(
     path: Path, *, lines: int = 20, max_line_chars: int = 300, secrets: Collection[str] = ()
 ) -> tuple[str, ...]:
-    """The last `lines` lines of `path` (reads at most 64 KiB), each cut to `max_line_chars`,
-    with the `secrets` values masked (before the cut, so no prefix of one survives)."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            start = max(0, size - 64 * 1024)
-            f.seek(start)
-            data = f.read()
-    except FileNotFoundError:
-        return ()
-    if start > 0:
+    """The last `lines` lines of `path` (reads at most TAIL_WINDOW_BYTES), each cut to
+    `max_line_chars`, with the `secrets` values masked (before the cut, so no prefix of
+    one survives). A line break is `\\n` or `\\r` (a progress bar redraws with `\\r`).
+
+    A last line longer than the window, which has no break at all, is kept by its end
+    (`…` and its last `max_line_chars`): where an engine died inside an endless line,
+    how it ended is at its end, and a tail without it would be empty."""
+    data, cut = _window(path)
+    endless = False
+    if cut:
         # The window starts inside a line: its head may end a secret cut in two, which
         # no mask matches any more (and half a line says little anyway).
-        data = data.partition(b"\n")[2]
+        breaks = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
+        if breaks:
+            data = data[min(breaks) + 1 :]
+        else:
+            # No break to drop up to: drop what may hold the end of a cut secret.
+            longest = max((len(s.encode()) for s in secrets if s), default=1)
+            data = data[longest - 1 :]
+            endless = True
     text = data.decode("utf-8", errors="replace")
+    if endless:
+        (last,) = redact((text,), secrets)
+        return ("…" + last[-(max_line_chars - 1) :],) if last.strip() else ()
     kept = redact(tuple(ln for ln in text.splitlines() if ln.strip())[-lines:], secrets)
     return tuple(ln[:max_line_chars] for ln in kept)

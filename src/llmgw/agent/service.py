@@ -1,8 +1,10 @@
-"""The agent: GPUs, engines and heartbeats wired together, as two loops.
+"""The agent: GPUs, engines and heartbeats wired together, as three loops.
 
 - supervise: every `interval_s`, poll GPU health and tick the supervisor
   (reap exits, probe health, rotate logs, persist state);
-- heartbeat: report, and apply the answer's desired set.
+- heartbeat: report, and apply the answer's desired set;
+- log watch: every `logfiles.CHECK_S`, rotate the engine logs past their limit
+  (an engine writing fast would pass it by a whole tick's output, agent/logfiles.py).
 
 They run in one TaskGroup on one event loop, so the supervisor is only ever
 touched from the loop thread and needs no lock.
@@ -15,6 +17,7 @@ import logging
 
 import msgspec
 
+from llmgw.agent import logfiles
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.gpus.base import GpuInventory
 from llmgw.agent.heartbeat import Heartbeater, HeartbeatSender
@@ -158,11 +161,25 @@ class Agent:
             # wake follows its sleep without waiting out the interval.
             await self.supervisor.wait_call_finished(timeout_s=self.config.interval_s)
 
+    async def _watch_logs(self) -> None:
+        last_error: str | None = None
+        while True:
+            try:
+                await self.supervisor.tidy_logs()
+                last_error = None
+            except OSError as exc:
+                # A full disk fails every pass: said once, not four times a second.
+                if str(exc) != last_error:
+                    log.error(kv("engine log rotation failed", error=exc))
+                last_error = str(exc)
+            await asyncio.sleep(logfiles.CHECK_S)
+
     async def run(self) -> None:
-        """Both loops until cancelled."""
+        """The loops until cancelled."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._supervise())
             tg.create_task(self.heartbeater.run())
+            tg.create_task(self._watch_logs())
 
     async def close(self) -> None:
         """After run() ends: stop engines if configured to, then release resources."""

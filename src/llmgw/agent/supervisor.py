@@ -113,9 +113,9 @@ class Supervisor:
         # An adopted engine's environment by pid: the secret values it really holds.
         self._engine_environ = engine_environ
         self._stop_grace_s = stop_grace_s
-        self._log_max_bytes = log_max_bytes
-        self._log_keep = log_keep
-        self._ended_logs = logfiles.EndedLogs(keep=ended_logs_keep)
+        self._logs = logfiles.LogKeeper(
+            max_bytes=log_max_bytes, keep=log_keep, ended_keep=ended_logs_keep
+        )
         self._clock = clock
         # Counted for /metrics (agent.metrics) as engines start, become ready and exit.
         self.events = EngineEvents()
@@ -200,7 +200,7 @@ class Supervisor:
                 continue
             if sh.proc is None:
                 del self._shards[key]
-                self._ended_logs.add(sh.log_path)
+                self._logs.ended(sh.log_path)
             elif sh.stop_sent_at is None:
                 self._stop(sh)
         for key in sorted(want):
@@ -230,13 +230,13 @@ class Supervisor:
         await self._probe_starting()
         await self._sync_sleep()
         await self._sync_adapters()
-        # Paths are read here, on the loop; the thread only touches files.
-        paths = {sh.log_path for sh in self._shards.values()}
-        expired = self._ended_logs.take_expired()
-        await asyncio.to_thread(
-            logfiles.tidy, paths, expired, max_bytes=self._log_max_bytes, keep=self._log_keep
-        )
+        await self.tidy_logs()
         self._save()
+
+    async def tidy_logs(self) -> None:
+        """Rotate logs past their limit, remove expired ones (also every CHECK_S, service.py)."""
+        # Paths are read here, on the loop; the thread only touches files.
+        await self._logs.tidy({sh.log_path for sh in self._shards.values()})
 
     async def _probe_starting(self) -> None:
         probed: list[tuple[Shard, int, str]] = []

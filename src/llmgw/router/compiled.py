@@ -68,6 +68,7 @@ MODULES = (
     "llmgw.router.request.call",
     "llmgw.router.request.enginepriority",
     "llmgw.router.request.accounting",
+    "llmgw.router.request.admission",
     "llmgw.router.request.attempts",
     "llmgw.router.request.relay",
     "llmgw.router.request.waits",

@@ -179,6 +179,12 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # engine holds the client until request_timeout_s.
     stream_idle_timeout_s: Seconds = 120.0
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 8 * 1024 * 1024
+    # The most the router holds of one engine's whole (non-stream) answer, to read its
+    # usage and send it with a Content-Length. A larger one is relayed as it arrives,
+    # its usage read from its tail; an error answer (a retryable status) larger than
+    # this is a 502 (request/unbuffered.py). The default passes a full embeddings batch
+    # (docs/router.md gives its size).
+    max_answer_bytes: Annotated[int, msgspec.Meta(ge=1)] = 256 * 1024 * 1024
 
     # Client-side limits (docs/hardening.md). A keep-alive connection idle this
     # long is closed; a request head must arrive within header_timeout_s of its

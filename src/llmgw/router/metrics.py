@@ -304,6 +304,12 @@ class RouterMetrics:
             "Attempts retried on another replica, by the endpoint that failed.",
             ["model", "endpoint"],
         )
+        self._unbuffered = Counts(
+            "llmgw_router_unbuffered_answers",
+            "Whole answers over max_answer_bytes, relayed as they arrived (their usage "
+            "read from their last bytes only).",
+            ["model", "endpoint"],
+        )
         self._scrape_failures = Counts(
             "llmgw_router_scrape_failures",
             "Failed metric scrapes per endpoint.",
@@ -341,6 +347,7 @@ class RouterMetrics:
             self._completion,
             self._cached,
             self._retries,
+            self._unbuffered,
             self._scrape_failures,
             self._team_requests,
             self._team_prompt,
@@ -372,6 +379,7 @@ class RouterMetrics:
             self._latency: 1,
             self._ttft: 1,
             self._retries: 1,
+            self._unbuffered: 1,
             self._scrape_failures: 0,
         }
 
@@ -453,6 +461,9 @@ class RouterMetrics:
 
     def retry(self, model: str, endpoint: str) -> None:
         self._retries.inc((model, endpoint))
+
+    def unbuffered(self, model: str, endpoint: str) -> None:
+        self._unbuffered.inc((model, endpoint))
 
     def scrape_failed(self, endpoint: str) -> None:
         self._scrape_failures.inc((endpoint,))

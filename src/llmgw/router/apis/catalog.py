@@ -57,6 +57,7 @@ class Api:
         "error_mark",
         "form",
         "key",
+        "metered",
         "model_optional",
         "name",
         "openers",
@@ -80,6 +81,7 @@ class Api:
         priority: bool = False,
         error_also: tuple[bytes, ...] = (),
         openers: tuple[bytes, ...] = (),
+        metered: bool = True,
     ) -> None:
         self.name = name
         self.key = key
@@ -102,6 +104,9 @@ class Api:
         # The event types its streams open with that carry no output (inband.py;
         # empty: chat's role opener): an engine's error right after them is retried.
         self.openers = openers
+        # False: the engine only counts tokens (tokenize, count_tokens), so a request
+        # costs its key one request but none of its tokens per minute or its budget.
+        self.metered = metered
         self.stream_error: Callable[[str, int], bytes] = (
             anthropic.stream_error if is_anthropic else openai_stream_error
         )
@@ -124,9 +129,9 @@ MESSAGES: Final = Api(
     is_anthropic=True,
     openers=inband.MESSAGES_OPENERS,
 )
-COUNT_TOKENS: Final = Api("count_tokens", is_anthropic=True)
-TOKENIZE: Final = Api("tokenize", key=route_key, model_optional=True)
-DETOKENIZE: Final = Api("detokenize", model_optional=True)
+COUNT_TOKENS: Final = Api("count_tokens", is_anthropic=True, metered=False)
+TOKENIZE: Final = Api("tokenize", key=route_key, model_optional=True, metered=False)
+DETOKENIZE: Final = Api("detokenize", model_optional=True, metered=False)
 RERANK: Final = Api("rerank", key=_prompt_key("query"), model_optional=True)
 SCORE: Final = Api("score", key=_prompt_key("text_1"), model_optional=True)
 TRANSCRIBE: Final = Api("audio", form=True)

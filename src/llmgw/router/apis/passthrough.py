@@ -35,6 +35,7 @@ from llmgw.router.http.connection import Answer, Request
 from llmgw.router.metrics import DISCONNECTED
 from llmgw.router.request import enginepriority
 from llmgw.router.request.accounting import count, refused
+from llmgw.router.request.admission import admit, unknown_model
 from llmgw.router.request.call import Call, request_id
 from llmgw.router.request.intake import Intake, read_json
 from llmgw.router.request.intake import refused as logged_refusal
@@ -131,8 +132,8 @@ class PassThrough:
             resp = bad_request(PREVIOUS_RESPONSE, param="previous_response_id")
             return refused(st, resp, rid, path, t0)
         if model not in st.known_models:
-            return self.proxy.unknown_model(model, rid, path, t0)
-        charge = self.proxy.admit(tenant, model, got, rid, t0=t0, path=path)
+            return unknown_model(st, model, rid, path, t0)
+        charge = admit(st, tenant, model, got, rid, t0=t0, path=path, metered=api.metered)
         if isinstance(charge, Whole):
             return charge
         hashes = self._key(request, doc, rid, api=api, charge=charge)

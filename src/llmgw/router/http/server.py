@@ -59,6 +59,8 @@ from llmgw.runtime.httpserver import _one_line, _without_echo
 from llmgw.runtime.logs import kv
 
 log: Final = logging.getLogger(__name__)
+# An answer's body up to this is joined to its head and sent in one write (one syscall).
+_COALESCE_BYTES: Final = 64 * 1024
 
 __all__ = [
     "Answer",
@@ -405,8 +407,13 @@ class FastProtocol(Connection):
         self.started = True
         if req.method == "HEAD":
             self.send(head)
-        else:
+        elif len(body) <= _COALESCE_BYTES:
             self.send(head + body)
+        else:
+            # Joined, a large body (an engine's answer of up to max_answer_bytes) would be
+            # copied whole once more, and that copy held until the client had read it.
+            self.send(head)
+            self.send(body)
 
     def _finished(self, req: Request, keep: bool) -> bool:
         """`req` is answered; whether the connection goes on to another request."""

@@ -4,10 +4,12 @@ intake.py       the body: bounded, timed, decoded once
 auth.py         client keys and the admin token (headers in, verdicts out)
 tenants.py      what a key may do: models, rate limits, budgets
 refusals.py     the router's own error answers (OpenAI's shape): 400, 401, 404, 413, 503
+admission.py    whether a read request goes on: its model known, its key's limits
 proxy.py        the proxied routes: parse, then route (choose, attempt, relay, count)
 call.py         one routed request: what it asked for, what became of it; request ids
 attempts.py     one attempt at a replica, and the rule for trying another
 relay.py        an engine's event stream relayed as it arrives; its verdict
+unbuffered.py   a whole answer over max_answer_bytes, relayed as it arrives
 waits.py        waiting for a replica (held) or for a turn (flow control)
 accounting.py   each request counted once: metrics, token counts, the access log
 listing.py      /v1/models, one model (OpenAI's or Anthropic's shape), 404/405 for the rest

@@ -60,6 +60,8 @@ class Step(enum.Enum):
     RELAY = "relay"  # a whole answer (`Attempts.data`), whatever its status
     RELAY_FAILED = "relay failed"  # it failed and nothing is left: `Attempts.failed`
     STREAM = "stream"  # an event stream whose first bytes are in (`Attempts.first`)
+    # A whole answer over max_answer_bytes, `Attempts.data` read of it (unbuffered.py).
+    UNBUFFERED = "unbuffered"
 
 
 class Attempts:
@@ -134,15 +136,19 @@ class Attempts:
         self.up = None
         self.watch = None
 
-    def answered(self, eid: str, up: UpstreamReply, data: bytes) -> None:
-        """`eid` answered with a retryable status (`is_retryable`) and `data`: the
-        answer kept for relaying if no retry follows."""
+    def answered(self, eid: str, up: UpstreamReply, data: bytes | None) -> None:
+        """`eid` answered with a retryable status (`is_retryable`) and `data` (None: a
+        body over max_answer_bytes): the answer kept for relaying if no retry follows."""
         code = up.status
         self.outcome = classify_status(code)
         if code == 401 or code == 403:
             # The router's engine key, refused: the replica's failure, never
             # the client's, and the engine's body is not the client's to read.
             self.failed = engine_refused(code)
+        elif data is None:
+            self.failed = too_large(code)
+            self.last_error = f"{eid} answered {code} with a body over max_answer_bytes"
+            return
         else:
             self.failed = Failed(code, data, up.content_type, up.headers.get("Retry-After"))
         self.last_error = f"{eid} answered {code}"
@@ -165,6 +171,37 @@ def engine_refused(status: int) -> Failed:
         code="engine_refused_key",
     )
     return Failed(502, body, JSON)
+
+
+def too_large(status: int) -> Failed:
+    """What a client gets when the last replica tried answered an error whose body was
+    over max_answer_bytes (unbuffered.py says why it is not relayed): 502, the gateway's
+    failure, in OpenAI's shape."""
+    body = error_body(
+        f"A replica answered HTTP {status} with a body larger than the router's "
+        "max_answer_bytes; it was not relayed.",
+        type="upstream_error",
+        code="answer_too_large",
+    )
+    return Failed(502, body, JSON)
+
+
+async def read_within(up: UpstreamReply, limit: int) -> tuple[bytes, bool]:
+    """The body and True when it is at most `limit` bytes; else what was read of it and
+    False, the rest unread. A declared Content-Length over `limit` is taken at its word:
+    nothing is read."""
+    declared = up.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return b"", False
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await up.chunk()
+        if not chunk:
+            return parts[0] if len(parts) == 1 else b"".join(parts), True
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts), False
 
 
 def another(snaps: Sequence[Snapshot], tried: Sequence[str], eid: str) -> bool:
@@ -197,10 +234,14 @@ async def attempt(
             endpoint_id=eid,
             idle_timeout_s=st.cfg.stream_idle_timeout_s,
         )
+        limit = st.cfg.max_answer_bytes
         if is_retryable(up.status):
-            att.answered(eid, up, await up.read())
+            data, whole = await read_within(up, limit)
+            att.answered(eid, up, data if whole else None)
         elif not up.is_event_stream:
-            att.data = await up.read()
+            att.data, whole = await read_within(up, limit)
+            if not whole:
+                return Step.UNBUFFERED
             if att.rename is not None:
                 att.data = att.rename.feed(att.data) + att.rename.flush()
             return Step.RELAY

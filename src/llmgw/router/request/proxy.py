@@ -35,12 +35,13 @@ from llmgw.router.errors import (
     NoReplica,
 )
 from llmgw.router.http.answers import Whole, whole
-from llmgw.router.http.connection import Answer, Request
+from llmgw.router.http.connection import Answer, Request, Stream
 from llmgw.router.metrics import DISCONNECTED, ENGINE_ERROR, OK, REJECTED, UNAVAILABLE
 from llmgw.router.replicas.breaker import Outcome, classify_status
 from llmgw.router.replicas.registry import Release, Snapshot
 from llmgw.router.request import enginepriority
 from llmgw.router.request.accounting import count, count_call, refused, tag
+from llmgw.router.request.admission import admit, unknown_model
 from llmgw.router.request.attempts import Attempts, Failed, Step, attempt
 from llmgw.router.request.call import Call, request_id
 from llmgw.router.request.inband import MARK
@@ -58,6 +59,7 @@ from llmgw.router.request.relay import Tally, relay
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.request.tokens import Usage, usage_of
 from llmgw.router.request.tracing import Tracing, passed_on
+from llmgw.router.request.unbuffered import relay_rest
 from llmgw.router.request.waits import (
     CRITICAL,
     home_of,
@@ -156,8 +158,8 @@ class Proxy:
             msg = "You must provide a model parameter."
             return refused(st, bad_request(msg, param="model"), rid, path, t0)
         if model not in st.known_models:
-            return self.unknown_model(model, rid, path, t0)
-        charge = self.admit(tenant, model, got, rid, t0=t0, path=path)
+            return unknown_model(st, model, rid, path, t0)
+        charge = admit(st, tenant, model, got, rid, t0=t0, path=path)
         if isinstance(charge, Whole):
             return charge
         hashes = NO_KEY
@@ -189,29 +191,6 @@ class Proxy:
             max_tokens=limit if type(limit) is int else None,
             engine_priority=enginepriority.of(tenant, doc),
         )
-
-    def admit(
-        self, tenant: Tenant | None, model: str, got: Intake, rid: str, *, t0: float, path: str
-    ) -> Charge | Whole | None:
-        """What a guarded key is charged for the request, or the refusal of it by the
-        key's limits, counted; None for a key without limits (or no key)."""
-        if tenant is None or not tenant.guarded:
-            return None
-        admitted = self.state.tenants.admit(tenant, model, len(got.body))
-        if isinstance(admitted, Whole):
-            return refused(self.state, admitted, rid, path, t0, tenant=tenant)
-        return admitted
-
-    def unknown_model(self, model: str, rid: str, path: str, t0: float) -> Whole:
-        """The refusal of a model the router does not know: 503 before its first
-        endpoint list, else 404."""
-        st = self.state
-        if st.awaiting_list:
-            why = "the router has not received its endpoint list from the controller yet"
-            resp = unavailable(NoReplica(model, why, retry_after_s=5))
-            return refused(st, resp, rid, path, t0, outcome=UNAVAILABLE)
-        # Not the asked-for name as a label: anyone could mint series with it.
-        return refused(st, model_not_found(model), rid, path, t0)
 
     async def route(self, call: Call) -> Answer:
         """Choose, attempt, and relay what the attempts decided; every exit is counted.
@@ -245,16 +224,16 @@ class Proxy:
                 att.begin()  # no await from acquire to this try: release runs once
                 try:
                     step = await attempt(st, call, att, eid, snaps)
-                    # The first token is in, or the whole answer, or a failure.
-                    release.started()
+                    release.started()  # the first token, the whole answer or a failure is in
                     if step is Step.STREAM:
                         tally = self._tally(call, att, release)
                         out = self._out_headers(call, att, decision, debug=_debug(call))
                         resp = await relay(st.clock, call, att, tally, out)
                         self._streamed(call, att, tally, decision, snaps)
                         return resp
-                    # A retry falls through to the next turn of the loop (mypyc has no
-                    # `continue` inside try/finally).
+                    if step is Step.UNBUFFERED:
+                        return await self._unbuffered(call, att, decision, snaps)
+                    # A retry: the loop's next turn (mypyc has no `continue` in try/finally).
                     if step is not Step.RETRY:
                         return self._whole(call, att, step, decision, snaps)
                 finally:
@@ -443,6 +422,16 @@ class Proxy:
             call.usage = usage_of(att.data) if api is None else api.usage_of(att.data)
         else:
             call.result = ENGINE_ERROR
+        if att.outcome is Outcome.OK:
+            self._served(call, decision, snaps, call.usage)
+        return resp
+
+    async def _unbuffered(
+        self, call: Call, att: Attempts, decision: Decision, snaps: Sequence[Snapshot]
+    ) -> Stream:
+        """A whole answer over max_answer_bytes, relayed as it arrives (unbuffered.py)."""
+        out = self._out_headers(call, att, decision, debug=_debug(call))
+        resp = await relay_rest(self.state, call, att, out)
         if att.outcome is Outcome.OK:
             self._served(call, decision, snaps, call.usage)
         return resp

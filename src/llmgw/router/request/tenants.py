@@ -398,7 +398,8 @@ class Tenants:
             else:
                 # The shared row takes the new limits as `relimit` does (keytable.find).
                 acc = self._again(acc, key, digest, now)
-        estimate = max(1, body_bytes // BYTES_PER_TOKEN)
+        # No bytes to count: a request that only counts tokens (proxy.admit), no tokens.
+        estimate = max(1, body_bytes // BYTES_PER_TOKEN) if body_bytes else 0
         acc.asked_requests += 1
         acc.asked_tokens += estimate
         if acc.row is not None:

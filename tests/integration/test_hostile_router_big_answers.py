@@ -1,0 +1,273 @@
+"""Whole (non-stream) answers larger than the router holds: `max_answer_bytes`.
+
+Each test puts a `BigEngine` (raw asyncio on 127.0.0.1, standing in for a buggy or
+hostile engine) behind a real router process whose bound is 1 MiB, and looks at what
+the client gets, the router's peak memory, and what it leaves in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from llmgw.testing import Program
+from tests.integration.hostile import no_traceback, peak_kib
+from tests.integration.router_fixtures import base_config, chat_body, post, router
+from tests.integration.test_hostile_router_engines import settled
+
+pytestmark = pytest.mark.timeout(120)
+
+MIB = 1024 * 1024
+BOUND = MIB
+# What the engine sends at most of an answer it never ends: bounded, so that a router
+# that buffers it all still fails the test instead of the machine.
+CAP = 256 * MIB
+PIECE = 256 * 1024
+
+
+@dataclass
+class Plan:
+    """One answer: its status, its framing, its first bytes, then filler."""
+
+    status: int = 200
+    length: int | None = None  # the declared Content-Length; None: chunked
+    body: bytes = b""
+    filler: int = 0  # bytes of filler after `body`, as fast as the router takes them
+    end: bool = True  # a chunked answer's last chunk is sent (else it is held open)
+
+
+class BigEngine:
+    """An engine answering every POST by its `Plan`, 404 to anything else; `sent` counts
+    the body bytes it got written (the router's backpressure holds the rest back)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.sent = 0
+        self.posts = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._stopping = asyncio.Event()
+        self._handlers: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._stopping.set()
+        self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await self._exchanges(reader, writer)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            writer.transport.abort()
+            self._handlers.discard(task)
+
+    async def _exchanges(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                if not head.startswith(b"POST "):
+                    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
+                self.posts += 1
+                await self._answer(writer)
+
+    async def _answer(self, writer: asyncio.StreamWriter) -> None:
+        plan = self.plan
+        framing = (
+            b"Transfer-Encoding: chunked"
+            if plan.length is None
+            else b"Content-Length: %d" % plan.length
+        )
+        writer.write(
+            b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\n%s\r\n\r\n"
+            % (plan.status, framing)
+        )
+        await self._write(writer, plan.body)
+        left = plan.filler
+        while left > 0:
+            n = min(PIECE, left)
+            await self._write(writer, b" " * n)
+            left -= n
+        if plan.length is None and plan.end:
+            writer.write(b"0\r\n\r\n")
+        elif not plan.end:
+            # Held open: the router must end it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 60)
+        await writer.drain()
+
+    async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        if not data:
+            return
+        if self.plan.length is None:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        writer.write(data)
+        await writer.drain()
+        self.sent += len(data)
+
+
+@contextlib.asynccontextmanager
+async def behind_router(
+    tmp_path: Path, plan: Plan, **over: Any
+) -> AsyncIterator[tuple[BigEngine, Program]]:
+    """A router bound at `BOUND` whose one endpoint, e0, is a `BigEngine` playing `plan`."""
+    engine = BigEngine(plan)
+    await engine.start()
+    try:
+        entries = [{"id": "e0", "url": f"http://127.0.0.1:{engine.port}", "models": ["m"]}]
+        conf = base_config(endpoints=entries, max_answer_bytes=BOUND, **over)
+        with router(tmp_path, conf) as r:
+            yield engine, r
+    finally:
+        await engine.stop()
+
+
+def chat_answer(content: str) -> bytes:
+    doc = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }
+    return json.dumps(doc).encode()
+
+
+async def metric(session: aiohttp.ClientSession, url: str, prefix: str) -> float:
+    """The value of the first /metrics series that starts with `prefix` (0 without one)."""
+    async with session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[-1])
+    return 0.0
+
+
+class TestEndlessAnswers:
+    """An answer that never ends costs the router its bound, not the answer."""
+
+    @pytest.mark.parametrize("length", [None, 10 * 1024**3], ids=["chunked", "declared-10GB"])
+    async def test_a_slow_client_of_an_endless_answer(
+        self, tmp_path: Path, length: int | None
+    ) -> None:
+        """An endless answer (chunked, or declaring 10 GB) to a client that reads 16 MiB
+        and then stops reading: the router relays it as it comes, pauses the engine while
+        the client does not read, and its peak memory grows by far less than it relayed."""
+        plan = Plan(length=length, filler=CAP, end=False)
+        async with (
+            behind_router(tmp_path, plan, request_timeout_s=15) as (engine, r),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            before = peak_kib(r.pid)
+            async with session.post(r.url + "/v1/chat/completions", json=chat_body("big")) as resp:
+                assert resp.status == 200
+                assert resp.headers["x-llmgw-endpoint"] == "e0"
+                got = 0
+                while got < 16 * MIB:
+                    got += len(await resp.content.read(MIB))
+                await asyncio.sleep(1.5)  # the client reads nothing for a while
+                sent = engine.sent
+                grown_mib = (peak_kib(r.pid) - before) / 1024
+            assert sent < 64 * MIB, f"the engine got {sent / MIB:.0f} MiB written"
+            assert grown_mib < 48, f"peak memory grew {grown_mib:.0f} MiB"
+            await settled(session, r.url)
+            assert "answer over max_answer_bytes" in r.log_text()
+            no_traceback(r.log_text())
+
+
+class TestBigWholeAnswers:
+    """A whole answer over the bound still reaches its client, counted."""
+
+    async def test_an_answer_over_the_bound_is_relayed_with_its_usage(self, tmp_path: Path) -> None:
+        """A 3 MiB chat answer, over the 1 MiB bound: the client gets it byte for byte,
+        its usage (read from its tail) is counted, and the unbuffered answer is counted."""
+        body = chat_answer("x" * (3 * MIB))
+        async with (
+            behind_router(tmp_path, Plan(length=len(body), body=body)) as (_, r),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            rep = await post(session, r.url, chat_body("big"))
+            assert rep.status == 200
+            assert rep.body == body
+            assert await metric(session, r.url, 'llmgw_router_prompt_tokens_total{model="m"}') == 5
+            unbuffered = 'llmgw_router_unbuffered_answers_total{endpoint="e0",model="m"}'
+            assert await metric(session, r.url, unbuffered) == 1
+            await settled(session, r.url)
+            no_traceback(r.log_text())
+
+    async def test_an_answer_under_the_bound_is_whole(self, tmp_path: Path) -> None:
+        """A chunked 512 KiB answer under the bound: relayed whole, with a Content-Length,
+        its usage counted, none counted unbuffered."""
+        body = chat_answer("x" * (512 * 1024))
+        async with (
+            behind_router(tmp_path, Plan(body=body)) as (_, r),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            rep = await post(session, r.url, chat_body("big"))
+            assert rep.status == 200
+            assert rep.body == body
+            assert rep.headers["content-length"] == str(len(body))
+            assert await metric(session, r.url, 'llmgw_router_prompt_tokens_total{model="m"}') == 5
+            assert await metric(session, r.url, "llmgw_router_unbuffered_answers_total{") == 0
+            no_traceback(r.log_text())
+
+
+class TestBigErrorAnswers:
+    """An error answer over the bound is the engine's failure, not held."""
+
+    @pytest.mark.parametrize("length", [None, 10 * 1024**3], ids=["chunked", "declared-10GB"])
+    async def test_an_error_answer_over_the_bound_is_a_502(
+        self, tmp_path: Path, length: int | None
+    ) -> None:
+        """A 500 whose body never ends: the client gets a 502 in OpenAI's shape naming the
+        bound, the engine wrote little of it, nothing is left in flight."""
+        plan = Plan(status=500, length=length, filler=CAP, end=False)
+        async with (
+            behind_router(tmp_path, plan, request_timeout_s=15) as (engine, r),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            before = peak_kib(r.pid)
+            rep = await post(session, r.url, chat_body("err"))
+            assert rep.status == 502, (rep.status, rep.body[:200])
+            err = rep.json()["error"]
+            assert "max_answer_bytes" in err["message"]
+            assert err["type"] == "upstream_error"
+            assert engine.sent < 64 * MIB
+            assert (peak_kib(r.pid) - before) / 1024 < 48
+            await settled(session, r.url)
+            no_traceback(r.log_text())

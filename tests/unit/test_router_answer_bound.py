@@ -1,0 +1,148 @@
+"""max_answer_bytes in memory: the real Proxy, scripted engines, virtual time."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from llmgw.testing.forwarder import Scripted, reply
+from tests.unit.router_world import World
+from tests.unit.test_router_passthrough import send
+
+BOUND = 1000
+USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+
+
+def world(n: int = 2, extra: str = "") -> World:
+    lines = "".join(
+        f'  - {{id: {chr(97 + i)}, url: "http://10.0.0.{i + 1}:8000", models: [m]}}\n'
+        for i in range(n)
+    )
+    return World(f"endpoints:\n{lines}policy: round_robin\nmax_answer_bytes: {BOUND}\n{extra}")
+
+
+def once(w: World) -> Any:
+    async def main() -> Any:
+        return await w.send()
+
+    return w.run(main)
+
+
+def answer(size: int) -> bytes:
+    """A chat answer of exactly `size` bytes, its usage last."""
+    bare = {"id": "x", "choices": [{"message": {"content": ""}}], "usage": USAGE}
+    pad = size - len(json.dumps(bare).encode())
+    bare["choices"][0]["message"]["content"] = "x" * pad
+    body = json.dumps(bare).encode()
+    assert len(body) == size
+    return body
+
+
+def series(w: World, prefix: str) -> float:
+    for line in w.router.metrics.render().decode().splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[-1])
+    return 0.0
+
+
+class TestWholeAnswers:
+    """A whole answer within the bound is held; past it, relayed as it arrives."""
+
+    def test_an_answer_at_the_bound_is_held_whole(self) -> None:
+        """Exactly max_answer_bytes: one whole answer with its Content-Length, counted."""
+        w = world(1)
+        body = answer(BOUND)
+        w.fake.script("a", reply(200, body))
+        r = once(w)
+        assert (r.status, r.body, r.streamed) == (200, body, False)
+        assert series(w, 'llmgw_router_prompt_tokens_total{model="m"}') == 5
+        assert series(w, "llmgw_router_unbuffered_answers_total{") == 0
+
+    def test_an_answer_past_the_bound_is_relayed_with_its_usage(self) -> None:
+        """One byte more: the same bytes relayed chunked, its usage read from its tail,
+        counted as unbuffered; the endpoint served it (its breaker stays closed)."""
+        w = world(1, "breaker: {failure_threshold: 1}\n")
+        body = answer(BOUND + 1)
+        w.fake.script("a", reply(200, body))
+        r = once(w)
+        assert (r.status, r.body, r.streamed) == (200, body, True)
+        assert r.headers["x-llmgw-endpoint"] == "a"
+        assert series(w, 'llmgw_router_prompt_tokens_total{model="m"}') == 5
+        unbuffered = 'llmgw_router_unbuffered_answers_total{endpoint="a",model="m"}'
+        assert series(w, unbuffered) == 1
+        assert w.breaker("a") == "closed"
+
+    def test_an_engine_breaking_off_leaves_the_answer_cut(self) -> None:
+        """An engine that breaks off after the bound: the client's chunked answer has no
+        last chunk (never a clean end), counted stream_broken, the replica's failure."""
+        w = world(1, "breaker: {failure_threshold: 1}\n")
+        first = answer(BOUND + 1)
+        broken = Scripted(chunks=(first, b"more"), fail_after=1, is_stream=True)
+        w.fake.script("a", broken)
+        r = once(w)
+        assert (r.status, r.body, r.streamed, r.complete) == (200, first, True, False)
+        broke = (
+            'llmgw_router_requests_total{code="200",endpoint="a",model="m",outcome="stream_broken"}'
+        )
+        assert series(w, broke) == 1
+        assert w.breaker("a") == "open"
+
+    def test_a_declared_length_past_the_bound_is_not_read_first(self) -> None:
+        """A Content-Length over the bound is believed: relayed from its first byte."""
+        w = world(1)
+        w.fake.script("a", reply(200, b'{"id":"x"}', headers={"Content-Length": "10000000000"}))
+        r = once(w)
+        assert (r.status, r.body, r.streamed) == (200, b'{"id":"x"}', True)
+
+
+class TestOtherApis:
+    """The usage of a Responses or Messages answer over the bound is read from its tail."""
+
+    @pytest.mark.parametrize(
+        ("path", "usage"),
+        [
+            ("/v1/responses", {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}),
+            ("/v1/messages", {"input_tokens": 5, "output_tokens": 2}),
+        ],
+    )
+    def test_its_usage_is_counted(self, path: str, usage: dict[str, int]) -> None:
+        """An answer of twice the bound, its usage last but one field: 5 prompt tokens."""
+        w = world(1)
+        doc = {"id": "x", "output": "y" * (2 * BOUND), "usage": usage, "user": None}
+        body = json.dumps(doc).encode()
+        w.fake.script("a", reply(200, body))
+
+        async def main() -> Any:
+            return await send(w, path, b'{"model": "m", "input": "hi", "max_tokens": 4}')
+
+        r = w.run(main)
+        assert (r.status, r.body, r.streamed) == (200, body, True)
+        assert series(w, 'llmgw_router_prompt_tokens_total{model="m"}') == 5
+
+
+class TestErrorAnswers:
+    """An error answer past the bound is the replica's failure, never held."""
+
+    def test_another_replica_serves(self) -> None:
+        """A 500 over the bound on one replica: retried on the other, the first's breaker
+        counts the failure."""
+        w = world(2, "breaker: {failure_threshold: 1}\n")
+        w.fake.script("a", reply(500, b"e" * (BOUND + 1)))
+        w.fake.script("b", reply(200, b'{"id":"x"}'))
+        r = once(w)
+        assert (r.status, r.body, w.fake.tried()) == (200, b'{"id":"x"}', ["a", "b"])
+        assert w.breaker("a") == "open"
+
+    def test_with_none_left_the_client_gets_a_502_in_openais_shape(self) -> None:
+        """Every replica answers 503 over the bound: 502 naming max_answer_bytes."""
+        w = world(2)
+        for eid in "ab":
+            w.fake.script(eid, reply(503, b"e" * (BOUND + 1)))
+        r = once(w)
+        assert r.status == 502
+        err = r.json()["error"]
+        assert (err["type"], err["code"]) == ("upstream_error", "answer_too_large")
+        assert "HTTP 503" in err["message"]
+        assert "max_answer_bytes" in err["message"]
