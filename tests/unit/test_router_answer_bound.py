@@ -146,3 +146,31 @@ class TestErrorAnswers:
         assert (err["type"], err["code"]) == ("upstream_error", "answer_too_large")
         assert "HTTP 503" in err["message"]
         assert "max_answer_bytes" in err["message"]
+
+
+class TestMessagesErrors:
+    """A Messages error answer past the bound is Anthropic's 502, not the engine's bytes."""
+
+    def test_a_400_over_the_bound_is_an_api_error(self) -> None:
+        """A 400 whose body is over the bound, nothing sent yet: 502 in Anthropic's shape
+        (type api_error) naming max_answer_bytes, whole, with its request id."""
+        w = world(1)
+        w.fake.script("a", reply(400, b"e" * (BOUND + 1)))
+
+        async def main() -> Any:
+            return await send(w, "/v1/messages", b'{"model": "m", "max_tokens": 4}')
+
+        r = w.run(main)
+        assert (r.status, r.streamed) == (502, False)
+        doc = r.json()
+        assert (doc["type"], doc["error"]["type"]) == ("error", "api_error")
+        assert "max_answer_bytes" in doc["error"]["message"]
+        assert r.headers["request-id"] == r.headers["x-request-id"]
+
+    def test_a_chat_400_over_the_bound_is_still_relayed(self) -> None:
+        """The same on the chat route: the engine's answer relayed as it comes (its
+        shape is already the route's)."""
+        w = world(1)
+        w.fake.script("a", reply(400, b"e" * (BOUND + 1)))
+        r = once(w)
+        assert (r.status, r.body, r.streamed) == (400, b"e" * (BOUND + 1), True)

@@ -137,8 +137,9 @@ class Attempts:
         self.watch = None
 
     def answered(self, eid: str, up: UpstreamReply, data: bytes | None) -> None:
-        """`eid` answered with a retryable status (`is_retryable`) and `data` (None: a
-        body over max_answer_bytes): the answer kept for relaying if no retry follows."""
+        """`eid` answered an error (a retryable status, `is_retryable`, or a Messages
+        error) and `data` (None: a body over max_answer_bytes): the answer kept for
+        relaying if no retry follows."""
         code = up.status
         self.outcome = classify_status(code)
         if code == 401 or code == 403:
@@ -239,12 +240,7 @@ async def attempt(
             data, whole = await read_within(up, limit)
             att.answered(eid, up, data if whole else None)
         elif not up.is_event_stream:
-            att.data, whole = await read_within(up, limit)
-            if not whole:
-                return Step.UNBUFFERED
-            if att.rename is not None:
-                att.data = att.rename.feed(att.data) + att.rename.flush()
-            return Step.RELAY
+            return await _whole_answer(call, att, eid, up, limit)
         else:
             # The head waits for the first bytes: until they come nothing has
             # reached the client, so an engine that dies in prefill is still
@@ -274,6 +270,23 @@ async def attempt(
     if error is not None:
         raise NoReplica(call.model, f"last attempt failed ({error})") from error
     return fallback
+
+
+async def _whole_answer(call: Call, att: Attempts, eid: str, up: UpstreamReply, limit: int) -> Step:
+    """A whole answer that is not retried: RELAY once read within `limit`, else relayed
+    as it arrives (UNBUFFERED), but for a Messages error answer, whose client reads only
+    Anthropic's error shape: nothing of it has gone out, so it is the router's 502
+    (RELAY_FAILED, reshaped on the way out) rather than the engine's bytes unreshaped."""
+    att.data, whole = await read_within(up, limit)
+    if not whole:
+        if up.status >= 400 and call.api is not None and call.api.anthropic:
+            att.data = b""
+            att.answered(eid, up, None)
+            return Step.RELAY_FAILED
+        return Step.UNBUFFERED
+    if att.rename is not None:
+        att.data = att.rename.feed(att.data) + att.rename.flush()
+    return Step.RELAY
 
 
 async def _head(up: UpstreamReply, watch: ErrorFrameWatch, openers: tuple[bytes, ...]) -> bytes:

@@ -18,7 +18,9 @@ short (a chunked answer without its last chunk), never a clean end.
 
 An error answer over the bound is not relayed (attempts.py): it is kept to be
 relayed only if no retry follows, which is what holding it would cost; the
-client gets the router's 502 instead (attempts.too_large).
+client gets the router's 502 instead (attempts.too_large). So does a Messages client
+for any error answer over the bound: relayed as it comes, it could not be reshaped into
+Anthropic's error shape, the only one its client reads.
 """
 
 from __future__ import annotations
