@@ -144,7 +144,7 @@ async def behind_router(
     await engine.start()
     try:
         entries = [{"id": "e0", "url": f"http://127.0.0.1:{engine.port}", "models": ["m"]}]
-        conf = base_config(endpoints=entries, max_answer_bytes=BOUND, **over)
+        conf = base_config(endpoints=entries, **{"max_answer_bytes": BOUND, **over})
         with router(tmp_path, conf) as r:
             yield engine, r
     finally:
@@ -244,6 +244,46 @@ class TestBigWholeAnswers:
             assert rep.headers["content-length"] == str(len(body))
             assert await metric(session, r.url, 'llmgw_router_prompt_tokens_total{model="m"}') == 5
             assert await metric(session, r.url, "llmgw_router_unbuffered_answers_total{") == 0
+            no_traceback(r.log_text())
+
+
+class TestAnswersHeldTogether:
+    """Whole answers held at once stay within max_held_answer_bytes, none refused."""
+
+    async def test_an_unread_answer_stays_held_and_the_next_is_relayed(
+        self, tmp_path: Path
+    ) -> None:
+        """A 24 MiB answer (under a 32 MiB max_answer_bytes) whose client reads none of it
+        stays held, the gauge says how much; the same answer asked for meanwhile would pass
+        the 40 MiB bound, so it is relayed as it arrives, byte for byte; once the first
+        client has gone, nothing is held."""
+        body = chat_answer("x" * (24 * MIB))
+        plan = Plan(length=len(body), body=body)
+        over = {"max_answer_bytes": 32 * MIB, "max_held_answer_bytes": 40 * MIB}
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with (
+            behind_router(tmp_path, plan, **over) as (_, r),
+            aiohttp.ClientSession(timeout=timeout) as stalled,
+            aiohttp.ClientSession(timeout=timeout) as session,
+        ):
+            held = "llmgw_router_held_answer_bytes "
+            resp = await stalled.post(r.url + "/v1/chat/completions", json=chat_body("big"))
+            assert resp.headers["content-length"] == str(len(body))
+            await asyncio.sleep(1.0)  # the router writes what the sockets take
+            assert await metric(session, r.url, held) == len(body)
+            rep = await post(session, r.url, chat_body("again"))
+            assert (rep.status, rep.headers.get("transfer-encoding")) == (200, "chunked")
+            assert rep.body == body
+            unbuffered = 'llmgw_router_unbuffered_answers_total{endpoint="e0",model="m"}'
+            assert await metric(session, r.url, unbuffered) == 1
+            assert "answers over max_held_answer_bytes" in r.log_text()
+            resp.close()  # the first client goes
+            for _ in range(50):
+                if await metric(session, r.url, held) == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert await metric(session, r.url, held) == 0
+            await settled(session, r.url)
             no_traceback(r.log_text())
 
 

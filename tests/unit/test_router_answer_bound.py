@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
 
 from llmgw.testing.forwarder import Scripted, reply
-from tests.unit.router_world import World
+from tests.unit.router_world import Answered, Pipe, World
 from tests.unit.test_router_passthrough import send
 
 BOUND = 1000
@@ -174,3 +175,129 @@ class TestMessagesErrors:
         w.fake.script("a", reply(400, b"e" * (BOUND + 1)))
         r = once(w)
         assert (r.status, r.body, r.streamed) == (400, b"e" * (BOUND + 1), True)
+
+
+HELD = "llmgw_router_held_answer_bytes "
+
+
+def held(w: World) -> float:
+    """The held-answer-bytes gauge (it must be there)."""
+    text = w.router.metrics.render().decode()
+    assert HELD in text
+    return series(w, HELD)
+
+
+def slowly(body: bytes, at: int, gap_s: float) -> Scripted:
+    """A whole answer in two chunks, its first `at` bytes, the rest `gap_s` later."""
+    return Scripted(chunks=(body[:at], body[at:]), gap_s=gap_s, is_stream=True)
+
+
+class PausingPipe(Pipe):
+    """A client that reads nothing: a write over 64 KiB fills its transport's buffer."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        super().write(data)
+        if len(data) > 64 * 1024:
+            self.protocol.pause_writing()
+
+
+def opened(w: World, pipe_type: type[Pipe] = Pipe) -> Pipe:
+    """One keep-alive chat request written into the router's server; its pipe."""
+    raw = b'{"model": "m", "messages": []}'
+    head = f"Host: router\r\nContent-Type: application/json\r\nContent-Length: {len(raw)}\r\n"
+    conn = w._server().protocol()
+    pipe = pipe_type(conn)
+    conn.connection_made(pipe)
+    conn.data_received(f"POST /v1/chat/completions HTTP/1.1\r\n{head}\r\n".encode() + raw)
+    return pipe
+
+
+class TestHeldAnswers:
+    """Whole answers held at once stay within max_held_answer_bytes; past it, relayed."""
+
+    def test_an_answer_that_would_pass_the_budget_is_relayed(self) -> None:
+        """Two 950-byte answers read at once under a budget of 1,500: the first held whole,
+        the second (900 + 900 held) relayed as it arrives, its bytes the same, none
+        refused; the gauge shows the first's 900 while both are in, 0 after."""
+        w = world(1, "max_held_answer_bytes: 1500\n")
+        body = answer(950)
+        w.fake.script("a", slowly(body, 900, 2.0))
+
+        async def main() -> Any:
+            first = asyncio.create_task(w.send())
+            await asyncio.sleep(0.5)
+            second = asyncio.create_task(w.send())
+            await asyncio.sleep(0.5)
+            mid = held(w)
+            return await first, await second, mid
+
+        first, second, mid = w.run(main)
+        assert (first.status, first.body, first.streamed) == (200, body, False)
+        assert (second.status, second.body, second.streamed) == (200, body, True)
+        assert mid == 900
+        assert held(w) == 0
+
+    def test_an_engine_breaking_off_gives_its_bytes_back(self) -> None:
+        """A replica that breaks off after 900 bytes: retried on the other, whose 950
+        bytes are then held whole under a budget of 1,000 (900 not left charged)."""
+        w = world(2, "max_held_answer_bytes: 1000\n")
+        body = answer(950)
+        w.fake.script("a", Scripted(chunks=(body[:900], b"x"), fail_after=1, is_stream=True))
+        w.fake.script("b", reply(200, body))
+        r = once(w)
+        assert (r.status, r.body, r.streamed, w.fake.tried()) == (200, body, False, ["a", "b"])
+        assert held(w) == 0
+
+    def test_a_client_gone_gives_its_bytes_back(self) -> None:
+        """The client leaves while 900 bytes of its answer are held: 0 held after."""
+        w = world(1, "max_held_answer_bytes: 1000\n")
+        w.fake.script("a", slowly(answer(950), 900, 2.0))
+
+        async def main() -> tuple[float, float]:
+            pipe = opened(w)
+            await asyncio.sleep(0.5)
+            during = held(w)
+            pipe.close()
+            await asyncio.sleep(0.1)
+            return during, held(w)
+
+        assert w.run(main) == (900, 0)
+
+    def test_an_answer_unread_by_its_client_stays_held(self) -> None:
+        """A 150,000-byte answer its client does not read stays charged while the
+        transport holds it: a second one under a budget of 250,000 is relayed; the
+        bytes go back when the transport drains, and once only."""
+        w = world(1, "max_answer_bytes: 200000\nmax_held_answer_bytes: 250000\n")
+        body = answer(150_000)
+        w.fake.script("a", reply(200, body))
+
+        async def main() -> tuple[float, Answered, float, float]:
+            pipe = opened(w, PausingPipe)
+            await asyncio.sleep(0.1)
+            during = held(w)
+            second = await w.send()
+            pipe.protocol.resume_writing()
+            after = held(w)
+            pipe.close()
+            await asyncio.sleep(0.1)
+            return during, second, after, held(w)
+
+        during, second, after, closed = w.run(main)
+        assert during == 150_000
+        assert (second.status, second.body, second.streamed) == (200, body, True)
+        assert (after, closed) == (0, 0)
+
+    def test_a_connection_lost_with_its_answer_unread_gives_the_bytes_back(self) -> None:
+        """The client of an unread answer goes away: the transport's bytes go back."""
+        w = world(1, "max_answer_bytes: 200000\nmax_held_answer_bytes: 250000\n")
+        w.fake.script("a", reply(200, answer(150_000)))
+
+        async def main() -> tuple[float, float]:
+            pipe = opened(w, PausingPipe)
+            await asyncio.sleep(0.1)
+            during = held(w)
+            pipe.close()
+            await asyncio.sleep(0.1)
+            return during, held(w)
+
+        assert w.run(main) == (150_000, 0)

@@ -185,6 +185,12 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # this is a 502 (request/unbuffered.py). The default passes a full embeddings batch
     # (docs/router.md gives its size).
     max_answer_bytes: Annotated[int, msgspec.Meta(ge=1)] = 256 * 1024 * 1024
+    # The most the router holds of all engines' whole answers at once, each worker its
+    # share (this over --workers); an answer whose bytes would pass it is relayed as it
+    # arrives, as one over max_answer_bytes is, never refused. Fixed, not a fraction of
+    # the host's memory: in a container that is the host's, not the container's limit.
+    # Four answers at the default max_answer_bytes (http/answers.py HeldAnswers).
+    max_held_answer_bytes: Annotated[int, msgspec.Meta(ge=1)] = 1024 * 1024 * 1024
 
     # Client-side limits (docs/hardening.md). A keep-alive connection idle this
     # long is closed; a request head must arrive within header_timeout_s of its
@@ -346,6 +352,7 @@ RESTART_ONLY = (
     "header_timeout_s",
     "max_client_connections",
     "max_inflight_body_bytes",
+    "max_held_answer_bytes",
     "client_share",
     "tracing",
 )

@@ -365,6 +365,12 @@ class RouterMetrics:
             modules.labels(module).set(1.0 if module in compiled.STATUS.modules else 0.0)
         register_process_metrics(r)
         r.register(_LiveCollector(snapshots, held, queued))
+        self._held_answers = Gauge(
+            "llmgw_router_held_answer_bytes",
+            "Bytes of engines' whole answers the router holds now (read, or written and "
+            "not yet taken by the client's connection), against max_held_answer_bytes.",
+            registry=r,
+        )
         # (team, model) → its requests by outcome, its prompt and completion series.
         self._team_cells: dict[
             tuple[str, str], tuple[dict[str, list[float]], list[float], list[float]]
@@ -382,6 +388,10 @@ class RouterMetrics:
             self._unbuffered: 1,
             self._scrape_failures: 0,
         }
+
+    def held_answers(self, held_bytes: Callable[[], float]) -> None:
+        """Where the held answers' gauge reads its figure (at scrape time)."""
+        self._held_answers.set_function(held_bytes)
 
     def request_done(
         self,

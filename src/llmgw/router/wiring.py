@@ -17,6 +17,7 @@ from llmgw.router.config import RouterConfig, in_force
 from llmgw.router.control.leases import LeaseKeeper, ShareMetrics
 from llmgw.router.control.tokenusage import TokenCounts
 from llmgw.router.control.usagereports import LoadTracker, build_report
+from llmgw.router.http.answers import HeldAnswers
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.replicas.breaker import BreakerConfig
 from llmgw.router.replicas.registry import Registry
@@ -125,6 +126,10 @@ class Router:
         self.sessions = SessionAffinity()
         self.prediction = PredictionCheck(self.prefix)
         self.metrics.registry.register(self.prediction)
+        # Engines' whole answers held at once (http/answers.py): this worker's share.
+        workers = 1 if shared is None else max(1, shared.workers)
+        self.answers = HeldAnswers(max(1, cfg.max_held_answer_bytes // workers))
+        self.metrics.held_answers(lambda: self.answers.held_bytes)
         # Precise mode: the engines' own KV events, where they publish them
         # (kvevents.py; followed by kvfollow.py, started with the app).
         self.kv_events = KVEventIndex()

@@ -45,7 +45,7 @@ from typing import Final
 import httptools
 from multidict import CIMultiDict
 
-from llmgw.router.http.answers import JSON, Whole, whole
+from llmgw.router.http.answers import JSON, Hold, Whole, whole
 from llmgw.router.http.connection import (
     Answer,
     Connection,
@@ -86,6 +86,12 @@ class FastServer(Listener):
 
 class FastProtocol(Connection):
     """One client connection, parsed and answered."""
+
+    def __init__(self, server: Listener) -> None:
+        super().__init__(server)
+        # The charge of an answer written whose bytes the transport still holds
+        # (`hand_over`); None: none.
+        self.unsent: Hold | None = None
 
     # -- reading --------------------------------------------------------------
 
@@ -405,15 +411,45 @@ class FastProtocol(Connection):
             )
         )
         self.started = True
-        if req.method == "HEAD":
-            self.send(head)
-        elif len(body) <= _COALESCE_BYTES:
-            self.send(head + body)
+        try:
+            if req.method == "HEAD":
+                self.send(head)
+            elif len(body) <= _COALESCE_BYTES:
+                self.send(head + body)
+            else:
+                # Joined, a large body (an engine's answer of up to max_answer_bytes) would
+                # be copied whole once more, and that copy held until the client read it.
+                self.send(head)
+                self.send(body)
+        finally:
+            if resp.hold is not None:
+                self.hand_over(resp.hold)
+
+    def hand_over(self, hold: Hold) -> None:
+        """An answer written, its charge to the held answers' bound given back now if the
+        transport took its bytes (it is under its high-water mark), else once it drains
+        or the connection is lost: a client that does not read keeps them in memory."""
+        if not self.paused_writing or self.transport is None:
+            hold.release()
+        elif self.unsent is None:
+            self.unsent = hold
         else:
-            # Joined, a large body (an engine's answer of up to max_answer_bytes) would be
-            # copied whole once more, and that copy held until the client had read it.
-            self.send(head)
-            self.send(body)
+            # Not while the runner drains before the next answer (`_run`); were it so,
+            # the two charges go back together.
+            self.unsent.n_bytes += hold.n_bytes
+            hold.n_bytes = 0
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.unsent is not None:
+            self.unsent.release()
+            self.unsent = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        if self.unsent is not None:
+            self.unsent.release()
+            self.unsent = None
 
     def _finished(self, req: Request, keep: bool) -> bool:
         """`req` is answered; whether the connection goes on to another request."""

@@ -14,7 +14,7 @@ import enum
 from collections.abc import Sequence
 
 from llmgw.router.errors import NoReplica, UpstreamError
-from llmgw.router.http.answers import JSON
+from llmgw.router.http.answers import JSON, HeldAnswers
 from llmgw.router.replicas.breaker import BreakerState, Outcome, classify_status
 from llmgw.router.replicas.registry import Snapshot
 from llmgw.router.request import enginepriority, lora
@@ -78,6 +78,7 @@ class Attempts:
         "deadline",
         "failed",
         "first",
+        "held",
         "last_error",
         "mark",
         "outcome",
@@ -105,6 +106,9 @@ class Attempts:
         self.outcome = Outcome.ABANDONED
         self.up: UpstreamReply | None = None
         self.data = b""
+        # Bytes of the attempt's answer charged to the held answers' bound (`hold_within`),
+        # given back once (`let_go`), or handed to the server with a large answer.
+        self.held = 0
         self.first = b""
         self.watch: ErrorFrameWatch | None = None
         # A llama.cpp answer for a LoRA adapter: its name written back (router/request/lora.py).
@@ -135,6 +139,11 @@ class Attempts:
         self.outcome = Outcome.ABANDONED
         self.up = None
         self.watch = None
+
+    def let_go(self, answers: HeldAnswers) -> None:
+        """The attempt's answer held no more: its charge given back (once: it zeroes)."""
+        answers.held_bytes -= self.held
+        self.held = 0
 
     def answered(self, eid: str, up: UpstreamReply, data: bytes | None) -> None:
         """`eid` answered an error (a retryable status, `is_retryable`, or a Messages
@@ -205,6 +214,41 @@ async def read_within(up: UpstreamReply, limit: int) -> tuple[bytes, bool]:
     return b"".join(parts), False
 
 
+async def hold_within(up: UpstreamReply, limit: int, answers: HeldAnswers, att: Attempts) -> bool:
+    """Read the body into `att.data`, each chunk charged to `answers` as it comes in
+    (`att.held`): True when it is all in within `limit` and `answers`' bound; else
+    False, what was read of it in `att.data`, the rest unread. A declared Content-Length
+    that would pass either is taken at its word: nothing is read."""
+    declared = up.headers.get("Content-Length")
+    if declared is not None and declared.isdigit():
+        size = int(declared)
+        if size > limit or answers.held_bytes + size > answers.limit_bytes:
+            att.data = b""
+            return False
+    parts: list[bytes] = []
+    size = 0
+    try:
+        while True:
+            chunk = await up.chunk()
+            if not chunk:
+                break
+            parts.append(chunk)
+            n = len(chunk)
+            size += n
+            answers.held_bytes += n
+            if size > limit or answers.held_bytes > answers.limit_bytes:
+                att.held = size
+                att.data = b"".join(parts)
+                return False
+    except BaseException:
+        # The engine broke off, or the client left: what was read goes, and its charge.
+        answers.held_bytes -= size
+        raise
+    att.held = size
+    att.data = parts[0] if len(parts) == 1 else b"".join(parts)
+    return True
+
+
 def another(snaps: Sequence[Snapshot], tried: Sequence[str], eid: str) -> bool:
     """Whether a replica other than `eid` and those tried may still be chosen.
 
@@ -240,7 +284,7 @@ async def attempt(
             data, whole = await read_within(up, limit)
             att.answered(eid, up, data if whole else None)
         elif not up.is_event_stream:
-            return await _whole_answer(call, att, eid, up, limit)
+            return await _whole_answer(st, call, att, eid, up)
         else:
             # The head waits for the first bytes: until they come nothing has
             # reached the client, so an engine that dies in prefill is still
@@ -272,12 +316,18 @@ async def attempt(
     return fallback
 
 
-async def _whole_answer(call: Call, att: Attempts, eid: str, up: UpstreamReply, limit: int) -> Step:
-    """A whole answer that is not retried: RELAY once read within `limit`, else relayed
-    as it arrives (UNBUFFERED), but for a Messages error answer, whose client reads only
-    Anthropic's error shape: nothing of it has gone out, so it is the router's 502
-    (RELAY_FAILED, reshaped on the way out) rather than the engine's bytes unreshaped."""
-    att.data, whole = await read_within(up, limit)
+async def _whole_answer(st: Router, call: Call, att: Attempts, eid: str, up: UpstreamReply) -> Step:
+    """A whole answer that is not retried: RELAY once read within max_answer_bytes and
+    the held answers' bound, else relayed as it arrives (UNBUFFERED), but for a
+    Messages error answer, whose client reads only Anthropic's error shape: nothing of
+    it has gone out, so it is the router's 502 (RELAY_FAILED, reshaped on the way out)
+    rather than the engine's bytes unreshaped. An error answer is not charged to the
+    held answers' bound: a Messages one could not be relayed as it arrives."""
+    limit = st.cfg.max_answer_bytes
+    if up.status < 400:
+        whole = await hold_within(up, limit, st.answers, att)
+    else:
+        att.data, whole = await read_within(up, limit)
     if not whole:
         if up.status >= 400 and call.api is not None and call.api.anthropic:
             att.data = b""

@@ -34,7 +34,7 @@ from llmgw.router.errors import (
     ModelRemoved,
     NoReplica,
 )
-from llmgw.router.http.answers import Whole, whole
+from llmgw.router.http.answers import HAND_OVER_BYTES, Hold, Whole, whole
 from llmgw.router.http.connection import Answer, Request, Stream
 from llmgw.router.metrics import DISCONNECTED, ENGINE_ERROR, OK, REJECTED, UNAVAILABLE
 from llmgw.router.replicas.breaker import Outcome, classify_status
@@ -308,6 +308,8 @@ class Proxy:
         st = self.state
         if att.up is not None:
             att.up.close()
+        if att.held:
+            att.let_go(st.answers)
         flow = st.flow
         if flow.waiting or flow.reserved:
             flow.freed(call.model, st.registry.snapshots)
@@ -407,7 +409,7 @@ class Proxy:
         assert up is not None
         status = call.status = up.status
         att.outcome = classify_status(status)
-        resp: Answer
+        resp: Whole
         if not _debug(call):
             # The usual answer: its head's lines mostly made already.
             lines = self._lines_for(call.eid, up, call.rid_line)
@@ -416,6 +418,10 @@ class Proxy:
             resp = Whole(status, att.data, lines)
         else:
             resp = whole(status, att.data, self._out_headers(call, att, decision, debug=True))
+        if att.held > HAND_OVER_BYTES:
+            # The client's transport may keep it past the handler: so does its charge.
+            resp.hold = Hold(self.state.answers, att.held)
+            att.held = 0
         if status < 300:
             call.result = OK
             api = call.api

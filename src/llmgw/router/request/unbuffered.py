@@ -7,10 +7,12 @@ its chunked body made the router take in all of it, a copy or two over, for as
 long as the request's deadline allowed (or until the kernel killed it), and a
 slow client kept it all in memory until it had read the last byte.
 
-So one answer is held up to `RouterConfig.max_answer_bytes` (attempts.read_within).
-A larger one is relayed as it arrives (`relay_rest`), with the backpressure of
-a stream: what is held of it is bounded by the client's pace, not the answer's
-size. Its usage is read from its last bytes (engines write `usage` last), and
+So one answer is held up to `RouterConfig.max_answer_bytes`, and all held at
+once up to `max_held_answer_bytes` (attempts.hold_within, http/answers.py
+`HeldAnswers`). A larger one, or one that would pass the second bound, is
+relayed as it arrives (`relay_rest`), with the backpressure of a stream: what
+is held of it is bounded by the client's pace, not the answer's size. Its
+usage is read from its last bytes (engines write `usage` last), and
 lost only where they do not hold it: the answer is logged and counted either
 way (`llmgw_router_unbuffered_answers_total`). Once its head has gone out,
 nothing is retried, and an engine that breaks off leaves the client a body cut
@@ -61,13 +63,14 @@ async def relay_rest(st: Router, call: Call, att: Attempts, headers: dict[str, s
     call.status = up.status
     read, att.data = att.data, b""  # held no longer than it takes to write it
     tail = read[-TAIL_BYTES:]
-    _counted(st, call, up)
+    _counted(st, call, up, len(read))
     resp = call.request.stream(up.status, headers)
     try:
         view = memoryview(read)
         for at in range(0, len(read), PIECE_BYTES):
             await resp.write(_renamed(att, view[at : at + PIECE_BYTES].tobytes()))
         del view, read
+        att.let_go(st.answers)  # written out, as far as the client's transport's mark
         while chunk := await up.chunk():
             await resp.write(_renamed(att, chunk))
             tail = chunk[-TAIL_BYTES:] if len(chunk) >= TAIL_BYTES else (tail + chunk)[-TAIL_BYTES:]
@@ -113,17 +116,23 @@ def tail_usage(tail: bytes, call: Call) -> Usage | None:
     return usage_of(doc) if call.api is None else call.api.usage_of(doc)
 
 
-def _counted(st: Router, call: Call, up: UpstreamReply) -> None:
-    """The answer counted and logged as relayed unbuffered, before a byte of it goes out."""
+def _counted(st: Router, call: Call, up: UpstreamReply, read: int) -> None:
+    """The answer counted and logged as relayed unbuffered, before a byte of it goes out:
+    over max_answer_bytes, or else (held bytes and `read` of it) over the held bound."""
     model = st.served_name.get(call.model, call.model)
     st.metrics.unbuffered(model, up.endpoint_id)
+    limit = st.cfg.max_answer_bytes
+    declared = up.headers.get("Content-Length") or "-"
+    over = read > limit or (declared.isdigit() and int(declared) > limit)
+    event = "answer over max_answer_bytes" if over else "answers over max_held_answer_bytes"
     log.warning(
         kv(
-            "answer over max_answer_bytes",
+            event,
             rid=call.rid,
             endpoint=up.endpoint_id,
-            limit=st.cfg.max_answer_bytes,
-            declared=up.headers.get("Content-Length") or "-",
+            limit=limit if over else st.answers.limit_bytes,
+            held=st.answers.held_bytes,
+            declared=declared,
             relayed="as it arrives",
         )
     )
