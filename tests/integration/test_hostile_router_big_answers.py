@@ -230,6 +230,27 @@ class TestBigWholeAnswers:
             await settled(session, r.url)
             no_traceback(r.log_text())
 
+    @pytest.mark.parametrize("length", [True, False], ids=["declared", "chunked"])
+    async def test_an_answer_under_the_bound_is_held_once(
+        self, tmp_path: Path, length: bool
+    ) -> None:
+        """A 96 MiB answer under a 128 MiB bound, to a client that reads it at once: the
+        router's peak memory grows by about the answer, not twice it (its pieces joined
+        into a copy of their own)."""
+        body = chat_answer("x" * (96 * MIB))
+        plan = Plan(length=len(body) if length else None, body=body)
+        async with (
+            behind_router(tmp_path, plan, max_answer_bytes=128 * MIB) as (_, r),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
+        ):
+            before = peak_kib(r.pid)
+            rep = await post(session, r.url, chat_body("big"))
+            assert (rep.status, rep.headers["content-length"]) == (200, str(len(body)))
+            assert rep.body == body
+            grown_mib = (peak_kib(r.pid) - before) / 1024
+            assert grown_mib < 144, f"peak memory grew {grown_mib:.0f} MiB"
+            no_traceback(r.log_text())
+
     async def test_an_answer_under_the_bound_is_whole(self, tmp_path: Path) -> None:
         """A chunked 512 KiB answer under the bound: relayed whole, with a Content-Length,
         its usage counted, none counted unbuffered."""

@@ -90,6 +90,18 @@ class TestWholeAnswers:
         assert series(w, broke) == 1
         assert w.breaker("a") == "open"
 
+    def test_an_answer_shorter_than_it_declared_is_what_came(self) -> None:
+        """A body in two chunks that declared 40 bytes more than came: the client gets
+        the bytes that came, none of the room made for the rest."""
+        w = world(1)
+        body = answer(950)
+        declared = (("Content-Length", "990"),)
+        w.fake.script(
+            "a", Scripted(chunks=(body[:500], body[500:]), is_stream=True, headers=declared)
+        )
+        r = once(w)
+        assert (r.status, r.body, r.streamed) == (200, body, False)
+
     def test_a_declared_length_past_the_bound_is_not_read_first(self) -> None:
         """A Content-Length over the bound is believed: relayed from its first byte."""
         w = world(1)

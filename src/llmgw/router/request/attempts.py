@@ -11,6 +11,7 @@ retries and deadline remain. `attempt` makes one attempt and decides (a
 from __future__ import annotations
 
 import enum
+import io
 from collections.abc import Sequence
 
 from llmgw.router.errors import NoReplica, UpstreamError
@@ -218,35 +219,68 @@ async def hold_within(up: UpstreamReply, limit: int, answers: HeldAnswers, att: 
     """Read the body into `att.data`, each chunk charged to `answers` as it comes in
     (`att.held`): True when it is all in within `limit` and `answers`' bound; else
     False, what was read of it in `att.data`, the rest unread. A declared Content-Length
-    that would pass either is taken at its word: nothing is read."""
+    that would pass either is taken at its word: nothing is read.
+
+    A body of one chunk is that chunk; a longer one is written into one buffer as it
+    comes (`_joining`), not kept in pieces and joined: the pieces and their join were
+    the answer twice over."""
     declared = up.headers.get("Content-Length")
+    expected = 0
     if declared is not None and declared.isdigit():
-        size = int(declared)
-        if size > limit or answers.held_bytes + size > answers.limit_bytes:
+        expected = int(declared)
+        if expected > limit or answers.held_bytes + expected > answers.limit_bytes:
             att.data = b""
             return False
-    parts: list[bytes] = []
+    first = b""
+    buf: io.BytesIO | None = None
     size = 0
     try:
         while True:
             chunk = await up.chunk()
             if not chunk:
                 break
-            parts.append(chunk)
+            if buf is not None:
+                buf.write(chunk)
+            elif not first:
+                first = chunk
+            else:
+                buf = _joining(first, expected)
+                buf.write(chunk)
+                first = b""
             n = len(chunk)
             size += n
             answers.held_bytes += n
             if size > limit or answers.held_bytes > answers.limit_bytes:
                 att.held = size
-                att.data = b"".join(parts)
+                att.data = first if buf is None else _joined(buf)
                 return False
     except BaseException:
         # The engine broke off, or the client left: what was read goes, and its charge.
         answers.held_bytes -= size
         raise
     att.held = size
-    att.data = parts[0] if len(parts) == 1 else b"".join(parts)
+    att.data = first if buf is None else _joined(buf)
     return True
+
+
+def _joining(first: bytes, expected: int) -> io.BytesIO:
+    """The buffer of a body that came in more than one chunk, `first` in it: as large as
+    its declared length at once (`expected`; 0: none), else grown as it comes (CPython
+    grows it in place where it can, and a large block is moved by remapping its pages)."""
+    buf = io.BytesIO()
+    if expected > len(first):
+        buf.seek(expected - 1)
+        buf.write(b"\0")
+        buf.seek(0)
+    buf.write(first)
+    return buf
+
+
+def _joined(buf: io.BytesIO) -> bytes:
+    """What was written to `buf`, as bytes. CPython hands over the buffer's own bytes
+    object when nothing else shares it (elsewhere: one copy, as a join was)."""
+    buf.truncate()  # a body shorter than it declared leaves no zeroes behind
+    return buf.getvalue()
 
 
 def another(snaps: Sequence[Snapshot], tried: Sequence[str], eid: str) -> bool:
