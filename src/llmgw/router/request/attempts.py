@@ -225,10 +225,9 @@ async def hold_within(up: UpstreamReply, limit: int, answers: HeldAnswers, att: 
     comes (`_joining`), not kept in pieces and joined: the pieces and their join were
     the answer twice over."""
     declared = up.headers.get("Content-Length")
-    expected = 0
     if declared is not None and declared.isdigit():
-        expected = int(declared)
-        if expected > limit or answers.held_bytes + expected > answers.limit_bytes:
+        size = int(declared)
+        if size > limit or answers.held_bytes + size > answers.limit_bytes:
             att.data = b""
             return False
     first = b""
@@ -244,7 +243,7 @@ async def hold_within(up: UpstreamReply, limit: int, answers: HeldAnswers, att: 
             elif not first:
                 first = chunk
             else:
-                buf = _joining(first, expected)
+                buf = _joining(first)
                 buf.write(chunk)
                 first = b""
             n = len(chunk)
@@ -263,15 +262,12 @@ async def hold_within(up: UpstreamReply, limit: int, answers: HeldAnswers, att: 
     return True
 
 
-def _joining(first: bytes, expected: int) -> io.BytesIO:
-    """The buffer of a body that came in more than one chunk, `first` in it: as large as
-    its declared length at once (`expected`; 0: none), else grown as it comes (CPython
-    grows it in place where it can, and a large block is moved by remapping its pages)."""
+def _joining(first: bytes) -> io.BytesIO:
+    """The buffer of a body that came in more than one chunk, `first` in it, grown as
+    the rest comes (in place where it can: a large block's pages are remapped, not
+    copied). Not sized at once to a declared length: that would take (and write zeroes
+    over) memory its bound has not been charged with yet."""
     buf = io.BytesIO()
-    if expected > len(first):
-        buf.seek(expected - 1)
-        buf.write(b"\0")
-        buf.seek(0)
     buf.write(first)
     return buf
 
@@ -279,7 +275,6 @@ def _joining(first: bytes, expected: int) -> io.BytesIO:
 def _joined(buf: io.BytesIO) -> bytes:
     """What was written to `buf`, as bytes. CPython hands over the buffer's own bytes
     object when nothing else shares it (elsewhere: one copy, as a join was)."""
-    buf.truncate()  # a body shorter than it declared leaves no zeroes behind
     return buf.getvalue()
 
 
