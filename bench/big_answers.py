@@ -8,6 +8,7 @@ nothing for 4 s (its RSS 3 s in); ten 100 MiB answers at once. Memory from /proc
 VmRSS, and VmHWM (the process's peak).
 
     .venv/bin/python bench/big_answers.py [--src DIR] [--max-answer-bytes N]
+        [--max-held-answer-bytes N]
 
 `--src`: the llmgw sources the router runs (PYTHONPATH), to compare two commits.
 Prints a markdown table for bench/RESULTS.md ("big_answers.py").
@@ -93,7 +94,7 @@ async def ask(session: aiohttp.ClientSession, url: str, size: int, stall_s: floa
         return resp.status
 
 
-async def run(src: str | None, bound: int | None) -> list[tuple[str, str]]:
+async def run(src: str | None, bound: int | None, held: int | None) -> list[tuple[str, str]]:
     engine = Engine()
     server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -104,6 +105,8 @@ async def run(src: str | None, bound: int | None) -> list[tuple[str, str]]:
     }
     if bound is not None:
         cfg["max_answer_bytes"] = bound
+    if held is not None:
+        cfg["max_held_answer_bytes"] = held
     (d / "router.yaml").write_text(yaml.safe_dump(cfg))
     argv = ["router", "--config", str(d / "router.yaml"), "--port", "0", "--workers", "1"]
     prog = start_program(argv, env={"PYTHONPATH": src} if src else None, log_dir=d)
@@ -133,8 +136,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--src", help="the llmgw sources the router runs (PYTHONPATH)")
     ap.add_argument("--max-answer-bytes", type=int, help="the router's bound (default: its own)")
+    ap.add_argument(
+        "--max-held-answer-bytes", type=int, help="the router's bound on all answers held"
+    )
     args = ap.parse_args()
-    rows = asyncio.run(run(args.src, args.max_answer_bytes))
+    rows = asyncio.run(run(args.src, args.max_answer_bytes, args.max_held_answer_bytes))
     print("| router MiB | value |\n|---|---:|")
     for name, value in rows:
         print(f"| {name} | {value} |")
