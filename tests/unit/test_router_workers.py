@@ -543,3 +543,16 @@ class TestSupervisorReload:
             )
             sup._reloaded(parse_config("max_body_bytes: 65536\nhold_timeout_s: 7\n"))
         assert (sup.cfg.max_body_bytes, sup.cfg.hold_timeout_s) == (262144, 7.0)
+
+
+class TestHeldAnswersShare:
+    """Each worker holds its share of max_held_answer_bytes, not the whole of it."""
+
+    def test_four_workers_hold_a_quarter_each(self) -> None:
+        """With 4 workers and 1,000 bytes for the router, each worker's bound is 250."""
+        from llmgw.router.wiring import Router
+
+        cfg = parse_config("max_held_answer_bytes: 1000\n")
+        bounds = [Router(cfg, shared=v).answers.limit_bytes for v in _views(workers=4)]
+        assert bounds == [250] * 4
+        assert Router(cfg).answers.limit_bytes == 1000
