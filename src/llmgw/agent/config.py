@@ -77,7 +77,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # page can point a name of its own at 127.0.0.1 (runtime/webpages.py).
     allowed_hosts: tuple[str, ...] = ()
     interval_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
-    # Engine logs; default <state_dir>/logs.
+    # Engine logs; default <state_dir>/logs. This agent's alone: at start it removes
+    # engine logs there that none of its engines owns, past ended_logs_keep.
     log_dir: str | None = None
     stop_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     # Engine name → command prefix, e.g. {"vllm": "/opt/vllm/bin/vllm serve"}.
