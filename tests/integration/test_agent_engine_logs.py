@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -135,3 +136,35 @@ class TestEngineDyingMidLine:
         assert failed.exit_code == 3
         assert failed.log_tail[-1].endswith("RuntimeError: boom")
         assert all(len(line) <= 300 for line in failed.log_tail)
+
+
+class TestCrashLoopAcrossAgentRestarts:
+    """An engine crashing at start while its agent is restarted each time."""
+
+    async def test_the_logs_it_leaves_stay_bounded(
+        self, rig: AgentRig, controller: ScriptedController
+    ) -> None:
+        """Three agents (`--ended-logs-keep 1`), each killed after a new replica's engine
+        failed, left three logs no shard owns; the next agent keeps only the newest, the
+        adopted engine's log and a file not named like a log (every crashed log stayed,
+        since each agent's list of dropped shards died with it)."""
+        logs = rig.tmp / "state" / "logs"
+        logs.mkdir(parents=True)
+        (logs / "notes.txt").write_text("the operator's\n")
+        for i in range(3):
+            # Too small a KV cache: the sim engine exits 2 at start.
+            crash = sim_spec(f"crash{i}", args=("--num-gpu-blocks", "1"), gpus=(1,))
+            controller.desired = (sim_spec("live"), crash)
+            agent = rig.start("--ended-logs-keep", "1")
+            await until(
+                lambda i=i: (s := controller.shard(f"crash{i}")) and s.state == "failed",
+                what=f"crash{i} failed",
+            )
+            await until(lambda: (s := controller.shard("live")) and s.state == "ready", what="up")
+            rig.note_pids()
+            agent.signal(signal.SIGKILL)
+            agent.proc.wait(timeout=10)
+        controller.desired = (sim_spec("live"),)
+        rig.start("--ended-logs-keep", "1")
+        expected = ["crash2-rank0.log", "live-rank0.log", "notes.txt"]
+        await until(lambda: sorted(p.name for p in logs.iterdir()) == expected, what="swept")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ import pytest
 from llmgw.controller.fleet.records import Changes
 from llmgw.controller.store import StoreError, UnreadableRow
 from llmgw.testing.procs import llmgw_argv
+from tests.integration import pg
 from tests.integration import test_controller_store as contract
+from tests.integration.controller_harness import Controller, Db, controller, wait_for
 from tests.integration.test_controller_store_keys import key
 
 # The contract module's fixtures, seen here as globals (as pg.pg_schema is there).
@@ -150,3 +153,44 @@ class TestUnreadableAtStart:
         lines = got.stderr.strip().splitlines()
         assert len(lines) == 1, got.stderr
         assert lines[0].startswith("llmgw controller: api_keys row 'alice' cannot be read")
+
+
+def metrics(c: Controller) -> str:
+    with urllib.request.urlopen(c.url + "/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+@pytest.mark.postgres
+class TestUnreadableWhileRunning:
+    """A row that turns unreadable while two controllers run on PostgreSQL."""
+
+    def test_the_standby_says_why_once_and_shows_it(self, pg_schema: pg.PgSchema) -> None:
+        """A standby whose reloads meet an unreadable key logs the one-line reason once
+        (it logged `tick failed` at every reload) and shows the row on its /metrics; it
+        does not take over from a leader gone until the row reads again."""
+        db = Db(pg_schema.url, pg_schema.schema)
+        with controller(db) as a, controller(db) as b:
+            wait_for(a.leader, what="a leads")
+            a.post("/admin/keys", {"name": "alice", "team": "research"})
+            wait_for(lambda: b.get("/v1/endpoints?timeout_s=0")["keys"], what="b lists alice")
+            backend = contract.Backend("postgres", pg_schema.url, pg_schema.schema, pg_schema)
+            corrupt(backend, REFUSED[0][2])
+            gauge = 'llmgw_controller_store_unreadable{row="alice",table="api_keys"} 1.0'
+            wait_for(lambda: gauge in metrics(b), what="the standby shows the row")
+            # Twenty reloads (0.3 s apart) later, still said once.
+            b.wait_ticks(b.ticks() + 20)
+            log = b.program.log_text()
+            assert "Traceback" not in log
+            said = [ln for ln in log.splitlines() if "cannot be read" in ln]
+            assert len(said) == 1, said
+            assert "api_keys row 'alice' cannot be read" in said[0]
+            assert a.leader()
+            # The leader gone, the standby cannot take over: it would lead without the key.
+            a.program.stop(grace_s=5)
+            b.wait_ticks(b.ticks() + 10)
+            assert not b.leader()
+            assert len([ln for ln in b.program.log_text().splitlines() if "cannot be" in ln]) == 1
+            corrupt(backend, "UPDATE api_keys SET spec = replace(spec, '" + NEWER + "', '}')")
+            wait_for(b.leader, what="b leads once the row reads")
+            assert "llmgw_controller_store_unreadable{" not in metrics(b)
+            assert [k["name"] for k in b.get("/admin/keys")] == ["alice"]

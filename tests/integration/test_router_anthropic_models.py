@@ -186,6 +186,36 @@ class TestRetrieve:
         assert info.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
 
 
+class TestRequestId:
+    """Every answer on the Anthropic-shaped paths carries the request id where the
+    anthropic package reads it (`request-id`): the access log's id, never None."""
+
+    def test_list_and_retrieve(self, client: Make, keyed: str) -> None:
+        """A page of the list and one model: `request_id` is the router's x-request-id."""
+        c = client(keyed)
+        for raw in (
+            c.models.with_raw_response.list(limit=2),
+            c.models.with_raw_response.retrieve(MODEL),
+        ):
+            assert raw.request_id == raw.headers["x-request-id"]
+
+    def test_errors(self, client: Make, keyed: str) -> None:
+        """A wrong key, a bad limit, an unknown model and a path the router does not serve
+        under /v1/messages: each error's `request_id` is the router's x-request-id."""
+        c = client(keyed)
+        calls: list[Callable[[], object]] = [
+            lambda: client(keyed, "wrong").models.list(),
+            lambda: client(keyed, "wrong").models.retrieve(MODEL),
+            lambda: c.models.list(limit=0),
+            lambda: c.models.retrieve("nope"),
+            lambda: c.messages.batches.list(),
+        ]
+        for call in calls:
+            with pytest.raises(anthropic.APIStatusError) as info:
+                call()
+            assert info.value.request_id == info.value.response.headers["x-request-id"]
+
+
 class TestOpenAiUnchanged:
     """The openai package on the same routes still gets OpenAI's shapes."""
 

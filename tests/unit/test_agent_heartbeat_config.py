@@ -237,6 +237,14 @@ class TestConfig:
         with pytest.raises(AgentConfigError, match="nodee"):
             parse_config(["--config", str(f), *REQUIRED])
 
+    def test_ended_logs_keep(self) -> None:
+        """How many dropped shards keep their logs is a flag, 20 unless given; a negative
+        count is refused."""
+        assert parse_config(REQUIRED).ended_logs_keep == 20
+        assert parse_config([*REQUIRED, "--ended-logs-keep", "5"]).ended_logs_keep == 5
+        with pytest.raises(AgentConfigError, match="ended_logs_keep"):
+            parse_config([*REQUIRED, "--ended-logs-keep", "-1"])
+
     def test_print_inventory_needs_no_controller(self) -> None:
         """--print-inventory runs without controller, node or state dir."""
         assert parse_config(["--gpus", "1xH100-80G", "--print-inventory"]).print_inventory

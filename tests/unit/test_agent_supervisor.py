@@ -385,6 +385,54 @@ class TestAdoption:
         assert StateStore(tmp_path, node="n1").load() == ()
 
 
+class TestLogsLeftAtRestart:
+    """A restarted agent bounds the logs earlier agents left of dropped shards."""
+
+    async def test_leftovers_past_the_bound_are_removed_oldest_first(
+        self, parts: dict[str, Any], tmp_path: Path
+    ) -> None:
+        """Of the engine logs in the folder no adopted shard owns, only the newest
+        `ended_logs_keep` stay, each with every rotated copy; an adopted engine's log
+        (even the oldest file) and a file not named like an engine log are never touched,
+        and the bound goes on counting them as later shards drop."""
+        parts["sup"].apply([spec("live")])
+        old_proc = parts["spawner"].spawned[0][2]
+        logs = tmp_path / "logs"
+        logs.mkdir(exist_ok=True)
+        names = ["live-rank0.log", "live-rank0.log.1", "notes.txt", "x-rank0.log.bak"]
+        for i in range(4):
+            names += [f"try{i}-rank0.log", f"try{i}-rank0.log.1", f"try{i}-rank0.log.7"]
+        for age, name in enumerate(reversed(names)):
+            (logs / name).write_text("line\n")
+            os.utime(logs / name, (1_000_000 - age, 1_000_000 - age))
+        os.utime(logs / "live-rank0.log", (1, 1))
+        spawner = FakeSpawner()
+        spawner.alive[old_proc.pid] = old_proc
+        sup = Supervisor(
+            log_dir=logs,
+            store=StateStore(tmp_path / "state", node="n1"),
+            ports=PortAllocator(21000, 21009, is_free=lambda p: True),
+            spawner=spawner,
+            probe=FakeProbe(),
+            clock=parts["clock"],
+            ended_logs_keep=2,
+        )
+        sup.adopt(StateStore(tmp_path / "state", node="n1").load())
+        sup.apply([spec("live")])
+        await sup.tick()
+        kept = ["live-rank0.log", "live-rank0.log.1", "notes.txt", "x-rank0.log.bak"]
+        tries = [f"try{i}-rank0.log{end}" for i in (2, 3) for end in ("", ".1", ".7")]
+        assert sorted([*kept, *tries]) == sorted(p.name for p in logs.iterdir())
+        sup.apply([spec("live"), spec("new")])
+        sup.log_paths()[("new", 0)].write_text("crashed\n")
+        spawner.spawned[-1][2].exit = Exit(1)
+        await sup.tick()
+        sup.apply([spec("live")])
+        await sup.tick()
+        tries = [f"try3-rank0.log{end}" for end in ("", ".1", ".7")]
+        assert sorted([*kept, *tries, "new-rank0.log"]) == sorted(p.name for p in logs.iterdir())
+
+
 class FullStore(StateStore):
     """A state store on a disk that is full while `full` is set."""
 

@@ -12,6 +12,7 @@ import pytest
 
 from llmgw.router.apis import catalog
 from llmgw.router.apis.passthrough import PassThrough
+from llmgw.router.http.answers import Whole
 from llmgw.router.http.routes import FastRoutes
 from llmgw.router.http.server import FastServer
 from llmgw.router.routing.affinity import RouteKey
@@ -104,3 +105,39 @@ class TestUploadForAnAdapter:
         got = w.run(lambda: send(w, "/v1/audio/transcriptions", FORM, ctype))
         assert got.status == 404, got.body
         assert [c.body for c in w.fake.calls] == [FORM]
+
+
+class TestMessagesRequestId:
+    """A Messages answer carries its id as `request-id`, at no cost to the usual answer."""
+
+    def test_a_whole_answer_has_it_without_its_head_being_read_back(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The engine's 200 carries `request-id` equal to `x-request-id`, put there as its
+        head was made, not found by decoding the head's lines again per answer (the
+        lookup `Whole.header` is for readers off the request path)."""
+        w = world()
+        read_back: list[str] = []
+        real = Whole.header
+
+        def counted(self: Whole, name: str) -> str | None:
+            read_back.append(name)
+            return real(self, name)
+
+        monkeypatch.setattr(Whole, "header", counted)
+        got = w.run(lambda: send(w, "/v1/messages", msgspec.json.encode(MESSAGE)))
+        monkeypatch.undo()
+        assert (got.status, got.body) == (200, b'{"id":"served"}')
+        assert got.headers["request-id"] == got.headers["x-request-id"]
+        assert read_back == []
+
+    def test_an_error_has_it_too(self) -> None:
+        """An engine's error, reshaped to Anthropic's, and the router's own refusal."""
+        w = world()
+        w.fake.script("r1", reply(400, b'{"error":{"message":"bad"}}'))
+        got = w.run(lambda: send(w, "/v1/messages", msgspec.json.encode(MESSAGE)))
+        assert got.status == 400
+        assert got.headers["request-id"] == got.headers["x-request-id"]
+        got = w.run(lambda: send(w, "/v1/messages", b'{"model": "nope", "max_tokens": 1}'))
+        assert got.status == 404
+        assert got.headers["request-id"] == got.headers["x-request-id"]

@@ -97,6 +97,19 @@ class TestTpm:
         # 50 left, 100 needed at 1000/min: 3 s.
         assert refused.header("Retry-After") == "3"
 
+    def test_counting_tokens_passes_an_overdrawn_bucket(self) -> None:
+        """A request that costs no tokens (body 0: /tokenize, count_tokens) is not refused
+        on tokens per minute, even with the bucket overdrawn by a long answer; it still
+        takes its request (docs/tenants.md: "one request against RPM")."""
+        t, tenants = tenant(tpm=1000, rpm=60), Tenants(clock=ManualClock())
+        charge = tenants.admit(t, "m", 400)
+        assert isinstance(charge, Charge)
+        charge.settle(usage(3000))
+        assert error(tenants.admit(t, "m", 400)) == (429, "tokens", "rate_limit_exceeded")
+        free = tenants.admit(t, "m", 0)
+        assert isinstance(free, Charge), free
+        assert free.headers["x-ratelimit-remaining-requests"] == "58"
+
     def test_a_request_larger_than_the_bucket_waits_for_a_full_one(self) -> None:
         """A body estimated above the whole minute still passes on a full bucket."""
         t, tenants = tenant(tpm=10), Tenants(clock=ManualClock())

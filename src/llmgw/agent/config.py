@@ -4,7 +4,8 @@
                 (--gpus 8xH100-80G | --gpus nvml | --gpus-file F)
                 [--fabric ib0]... [--label k=v]... [--port-range 21000-21099]
                 --state-dir DIR [--address HOST] [--port P] [--interval-s 2]
-                [--log-dir DIR] [--stop-grace-s 10] [--engine-bin vllm=CMD]...
+                [--log-dir DIR] [--ended-logs-keep 20] [--stop-grace-s 10]
+                [--engine-bin vllm=CMD]...
                 [--stop-engines-on-exit] [--config FILE] [--print-inventory]
                 [--allow-env NAME]... [--allow-flag FLAG]... [--secret-env VAR]...
 
@@ -76,7 +77,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # page can point a name of its own at 127.0.0.1 (runtime/webpages.py).
     allowed_hosts: tuple[str, ...] = ()
     interval_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
-    # Engine logs; default <state_dir>/logs.
+    # Engine logs; default <state_dir>/logs. This agent's alone: at start it removes
+    # engine logs there that none of its engines owns, past ended_logs_keep.
     log_dir: str | None = None
     stop_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     # Engine name → command prefix, e.g. {"vllm": "/opt/vllm/bin/vllm serve"}.
@@ -86,6 +88,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     stop_engines_on_exit: bool = False
     log_max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
     log_keep: Annotated[int, msgspec.Meta(ge=0)] = 3
+    # Dropped shards whose logs are kept, newest first (agent/logfiles.py EndedLogs);
+    # 0: a dropped shard's log is removed at once.
+    ended_logs_keep: Annotated[int, msgspec.Meta(ge=0)] = 20
     print_inventory: bool = False
     # The node's host memory in MiB as heartbeats report it; None: /proc/meminfo's
     # MemTotal (a fake node says what it pretends to have, agent/hostmem.py).
@@ -154,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--interval-s", type=finite_float, help="heartbeat/supervision tick (default 2)")
     p.add_argument("--log-dir", help="engine logs (default <state-dir>/logs)")
+    p.add_argument(
+        "--ended-logs-keep",
+        type=int,
+        help="dropped shards whose logs are kept, newest first; older ones are removed, "
+        "also those earlier agents left (default 20)",
+    )
     p.add_argument("--stop-grace-s", type=finite_float, help="SIGTERM→SIGKILL grace (default 10)")
     p.add_argument("--engine-bin", action="append", help="ENGINE=COMMAND, e.g. vllm=/x/vllm serve")
     p.add_argument(

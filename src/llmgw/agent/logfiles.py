@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections import deque
 from collections.abc import Collection
 from pathlib import Path
@@ -111,19 +112,64 @@ def _copy_newest(live: BinaryIO, copy: BinaryIO, *, max_bytes: int) -> None:
 
 
 def remove(path: Path, *, keep: int = DEFAULT_KEEP) -> None:
-    """Delete an engine log and its rotated copies (`.1` … `.keep`); missing ones are fine."""
+    """Delete an engine log and its rotated copies (`.1` … `.keep`, and any higher one an
+    agent with a larger `log_keep` left); missing ones are fine."""
     for n in range(keep, 0, -1):
         path.with_name(f"{path.name}.{n}").unlink(missing_ok=True)
+    for copy in _copies(path.parent).get(path.name, ()):
+        copy.unlink(missing_ok=True)
     path.unlink(missing_ok=True)
+
+
+# An engine log as the supervisor names it (`<replica>-rank<N>.log`, the replica id made
+# safe), or one of its rotated copies (`.1`, `.2` …).
+_LOG_NAME = re.compile(r"([A-Za-z0-9._-]+-rank[0-9]+\.log)(?:\.[0-9]+)?")
+
+
+def _copies(log_dir: Path) -> dict[str, list[Path]]:
+    """The regular files of `log_dir` named like engine logs, by their live log's name."""
+    out: dict[str, list[Path]] = {}
+    try:
+        entries = list(os.scandir(log_dir))
+    except FileNotFoundError:
+        return out
+    for entry in entries:
+        m = _LOG_NAME.fullmatch(entry.name)
+        # Never followed: a link is not a file an engine of ours wrote.
+        if m is not None and entry.is_file(follow_symlinks=False):
+            out.setdefault(m.group(1), []).append(Path(entry.path))
+    return out
+
+
+def leftovers(log_dir: Path, known: Collection[Path]) -> list[Path]:
+    """Engine logs in `log_dir` of shards not in `known` (an earlier agent's dropped
+    shards), oldest first by the newest mtime among each one's files (rotated copies
+    included). Only files named like engine logs count: nothing else there is ours."""
+    dated = []
+    for name, files in _copies(log_dir).items():
+        path = log_dir / name
+        if path in known:
+            continue
+        mtimes = []
+        for f in files:
+            try:
+                mtimes.append(f.stat().st_mtime)
+            except FileNotFoundError:
+                continue
+        if mtimes:
+            dated.append((max(mtimes), name, path))
+    return [path for _, _, path in sorted(dated)]
 
 
 class EndedLogs:
     """Logs of the shards this agent dropped, oldest first; past the newest `keep`, removed.
 
     A replica id is never reused (a restart or replacement is a new replica), so without
-    this every crash-loop try, scale-down and eviction left its log file for good. Only
-    logs this agent saw end are removed, never files found in the folder: a log folder an
-    operator shares with anything else is never swept.
+    this every crash-loop try, scale-down and eviction left its log file for good. At
+    start, the logs earlier agents left of shards they dropped are counted in first,
+    oldest first (`leftovers`): the list is in memory only, and an agent restarted in a
+    loop would otherwise never remove any. Only files named like engine logs are
+    counted, so a log folder an operator shares with anything else keeps the rest.
     """
 
     def __init__(self, *, keep: int = DEFAULT_ENDED_KEEP) -> None:
@@ -166,6 +212,12 @@ class LogKeeper:
     def ended(self, path: Path) -> None:
         """A dropped shard's log: removed once `ended_keep` newer ones have ended."""
         self._ended.add(path)
+
+    def found(self, log_dir: Path, known: Collection[Path]) -> None:
+        """Count in the logs in `log_dir` of shards other than `known` (those adopted),
+        as ended before any this agent drops; call once, at start."""
+        for path in leftovers(log_dir, known):
+            self._ended.add(path)
 
     async def tidy(self, live: Collection[Path]) -> None:
         """`tidy` in a thread (a copy of up to max_bytes must not hold the event loop)."""

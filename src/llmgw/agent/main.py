@@ -125,6 +125,7 @@ def build_agent(cfg: AgentConfig, inventory: GpuInventory) -> Agent:
         stop_grace_s=cfg.stop_grace_s,
         log_max_bytes=cfg.log_max_bytes,
         log_keep=cfg.log_keep,
+        ended_logs_keep=cfg.ended_logs_keep,
     )
     # Before the first heartbeat: the first report already carries the survivors.
     supervisor.adopt(store.load())

@@ -170,6 +170,7 @@ class Supervisor:
             else:
                 log.info(kv("engine adopted", replica=rec.replica_id, rank=rec.rank, pid=rec.pid))
             self._shards[sh.key] = sh
+        self._logs.found(self._log_dir, {sh.log_path for sh in self._shards.values()})
         self._save()
 
     def apply(
@@ -490,8 +491,7 @@ class Supervisor:
                 gpus=",".join(map(str, spec.gpu_indices)),
             )
         )
-        # Persist before anything else can happen: an agent killed right now
-        # must still find this engine (state.py).
+        # Persist before anything else can happen: an agent killed now must find it.
         unsaved = self._save()
         if unsaved is not None:
             # Missing from the state file, the engine would outlive an agent that dies

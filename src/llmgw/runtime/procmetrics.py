@@ -18,7 +18,13 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 class _ProcessCollector(ProcessCollector):
     def _boot_time(self) -> float:
-        return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        boottime = getattr(time, "CLOCK_BOOTTIME", None)
+        if boottime is None:
+            # Not Linux: the stock reading, whose OSError where there is no /proc the
+            # collector takes as "no process_* series"; an AttributeError stopped the start.
+            # prometheus_client leaves this method unannotated.
+            return super()._boot_time()  # type: ignore[no-untyped-call,no-any-return]
+        return time.time() - time.clock_gettime(boottime)
 
 
 def register_process_metrics(registry: CollectorRegistry) -> None:

@@ -37,6 +37,16 @@ class _Fleet(Collector):
         )
         leader.add_metric([], 1.0 if v.leading else 0.0)
         yield leader
+        unreadable = GaugeMetricFamily(
+            "llmgw_controller_store_unreadable",
+            "1 for the stored row this controller's last read of the store stopped at "
+            "(written by a newer llmgw or by hand); absent once a read gets past it.",
+            labels=["table", "row"],
+        )
+        stuck = self._s.fleet.unreadable
+        if stuck is not None:
+            unreadable.add_metric([stuck.table, stuck.row], 1.0)
+        yield unreadable
 
         cards = ["gpu_class", "fabric"]
         total = GaugeMetricFamily(

@@ -45,7 +45,7 @@ from llmgw.controller.fleet.index import FleetIndex
 from llmgw.controller.fleet.records import Changes, Event, FleetState, Node, Replica
 from llmgw.controller.fleet.spans import ActionSpans
 from llmgw.controller.fleet.starts import StartHistory
-from llmgw.controller.store import NotLeader, Store, StoreError
+from llmgw.controller.store import NotLeader, Store, StoreError, UnreadableRow
 from llmgw.controller.tick.carryover import TickMemory
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
@@ -96,6 +96,10 @@ class Fleet:
         # A write failed since the last load: it may be in the store all the same
         # (its COMMIT's answer lost), so memory may lack it. resync() reads again.
         self._unsure = False
+        # The stored row the last load stopped at (store/readrows.py); None: it read
+        # them all. Shown on /metrics: a standby that cannot read the store serves what
+        # it read before, and a leader cannot take over.
+        self.unreadable: UnreadableRow | None = None
 
     # -- leadership ----------------------------------------------------------
 
@@ -107,8 +111,20 @@ class Fleet:
         """Replace memory with what the store holds (takeover, or a standby's refresh)."""
         try:
             state = await asyncio.to_thread(self.store.load)
+        except UnreadableRow as exc:
+            self.unreadable = exc
+            raise StoreUnavailable(f"cannot read the store: {exc}") from exc
         except StoreError as exc:
             raise StoreUnavailable(f"cannot read the store: {exc}") from exc
+        if self.unreadable is not None:
+            log.info(
+                kv(
+                    "store rows readable again",
+                    table=self.unreadable.table,
+                    row=self.unreadable.row,
+                )
+            )
+            self.unreadable = None
         before = self.endpoints()
         self.state = state
         self._unsure = False

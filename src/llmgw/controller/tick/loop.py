@@ -12,7 +12,8 @@ Once a tick:
 - and deletes a batch of token usage, and one of events, past their retention
   when one is due (tick/retention.py).
 
-A failed tick (database unreachable) is logged and retried next tick. Its write
+A failed tick (database unreachable) is logged (once, then every few minutes while
+the same failure repeats: tick/failures.py) and retried next tick. Its write
 may have committed all the same (the connection dropped after the COMMIT went
 out), so the next tick first reads the store again (Fleet.resync).
 """
@@ -30,6 +31,7 @@ from llmgw.controller.fleet.records import Changes
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.leaderlink import LeaderLink
 from llmgw.controller.store import Leadership, StoreError
+from llmgw.controller.tick.failures import FailureLog
 from llmgw.controller.tick.plan import plan_tick
 from llmgw.controller.tick.retention import EventRetention, UsageRetention
 from llmgw.runtime.clock import Clock
@@ -59,6 +61,7 @@ class ControlLoop:
         self.config = config
         self._last_reload = -float("inf")
         self.ticks = 0
+        self._failures = FailureLog()
         self.retention = UsageRetention(
             fleet.store, retention_days=config.usage_retention_days, clock=clock
         )
@@ -83,16 +86,22 @@ class ControlLoop:
     async def run(self) -> None:
         """Tick every `tick_s` until cancelled; a tick that fails is retried, never fatal."""
         while True:
-            started = self.clock.monotonic()
-            try:
-                await self.tick()
-            except (StoreUnavailable, NotLeading) as exc:
-                log.warning(kv("tick failed", error=exc.message))
-            except Exception:
-                log.exception("tick crashed")
-            elapsed = self.clock.monotonic() - started
-            self.fleet.decisions.tick.observe(elapsed)
+            elapsed = await self.step()
             await asyncio.sleep(max(0.0, self.config.tick_s - elapsed))
+
+    async def step(self) -> float:
+        """One tick, its failure logged (tick/failures.py) and its time observed; the
+        seconds it took."""
+        started = self.clock.monotonic()
+        try:
+            await self.tick()
+        except (StoreUnavailable, NotLeading) as exc:
+            self._failures.failed(exc.message, now=self.clock.monotonic())
+        except Exception:
+            log.exception("tick crashed")
+        elapsed = self.clock.monotonic() - started
+        self.fleet.decisions.tick.observe(elapsed)
+        return elapsed
 
     async def check_leadership(self) -> None:
         fleet = self.fleet

@@ -199,16 +199,17 @@ def _passed_on(api: Api, headers: Any) -> bytes:
 
 
 def _reshape(resp: Answer) -> Answer:
-    """A whole answer of the Messages route as the anthropic package reads it: its
-    request id also as `request-id` (a stream's has it from `Proxy._out_headers`), an
-    error in Anthropic's shape (anthropic.py)."""
+    """An error answer of the Messages route as the anthropic package reads it: its
+    request id also as `request-id`, in Anthropic's shape (anthropic.py). An engine's
+    answer has `request-id` from the proxy already (`Proxy._whole`, `_out_headers`):
+    read back here from the head's lines, it cost every answer a decode of them."""
     if not isinstance(resp, Whole):
         return resp
-    rid = resp.header("x-request-id")
-    if rid is not None and resp.header("request-id") is None:
-        # Else `request_id` of its answers and errors is None, not the access log's id.
-        resp = resp.with_header("request-id", rid)
     status = resp.status
     if status < 400:
         return resp
+    rid = resp.header("x-request-id")
+    if rid is not None and resp.header("request-id") is None:
+        # Else `request_id` of its errors is None, not the access log's id.
+        resp = resp.with_header("request-id", rid)
     return resp.with_content_type(anthropic.reshape(status, resp.body), JSON)

@@ -100,13 +100,17 @@ def refused(
     *,
     outcome: str = REJECTED,
     tenant: Tenant | None = None,
+    anthropic: bool = False,
 ) -> Whole:
     """The router's own answer before any routing (4xx, or 503 before the first list),
-    counted, with the request id on it."""
+    counted, with the request id on it (`tag`)."""
     count(st, rid, path, t0, status=resp.status, outcome=outcome, tenant=tenant)
-    return tag(resp, rid)
+    return tag(resp, rid, anthropic=anthropic)
 
 
-def tag(resp: Whole, rid: str) -> Whole:
-    """`resp` with the request's id on it."""
-    return resp.with_header("x-request-id", rid)
+def tag(resp: Whole, rid: str, *, anthropic: bool = False) -> Whole:
+    """`resp` with the request's id on it; an `anthropic` answer (Anthropic's shape) has
+    it also as `request-id`, where the anthropic package reads it: without it, the
+    `request_id` of the package's answers and errors is None, not the access log's id."""
+    resp = resp.with_header("x-request-id", rid)
+    return resp.with_header("request-id", rid) if anthropic else resp

@@ -201,6 +201,11 @@ async def read_within(up: UpstreamReply, limit: int) -> tuple[bytes, bool]:
     """The body and True when it is at most `limit` bytes; else what was read of it and
     False, the rest unread. A declared Content-Length over `limit` is taken at its word:
     nothing is read."""
+    data = up.body_in(limit)
+    if data is not None:
+        # The usual answer, in with its head: no header looked up (bench/RESULTS.md,
+        # "a `Headers` object and a generic `get`").
+        return data, True
     declared = up.headers.get("Content-Length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         return b"", False
@@ -224,6 +229,14 @@ async def hold_within(up: UpstreamReply, limit: int, answers: HeldAnswers, att: 
     A body of one chunk is that chunk; a longer one is written into one buffer as it
     comes (`_joining`), not kept in pieces and joined: the pieces and their join were
     the answer twice over."""
+    data = up.body_in(limit)
+    if data is not None:
+        # The usual answer, in with its head: no header looked up (read_within). It is
+        # in memory already, so it is held whatever the bound; the charge says so.
+        att.held = len(data)
+        answers.held_bytes += att.held
+        att.data = data
+        return True
     declared = up.headers.get("Content-Length")
     if declared is not None and declared.isdigit():
         size = int(declared)

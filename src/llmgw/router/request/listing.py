@@ -5,7 +5,8 @@ model, and OpenAI's 404 or 405 for any other request there (Anthropic's under
 The model routes take the key as /v1/messages does (`anthropic.authorization`:
 `x-api-key`, else `Authorization`), and answer a request naming an
 `anthropic-version` in Anthropic's Models API shape, its errors included
-(apis/anthropicmodels.py); any other in OpenAI's.
+(apis/anthropicmodels.py); any other in OpenAI's. Every answer in Anthropic's shape
+carries the request id also as `request-id` (accounting.tag), as /v1/messages does.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class Listing:
             if isinstance(ask, str):
                 return self._refused(request, rid, bad_request(ask), shaped=shaped)
             body = anthropicmodels.encode(anthropicmodels.page(names, ask))
-            return tag(whole(200, body, content_type=JSON), rid)
+            return tag(whole(200, body, content_type=JSON), rid, anthropic=True)
         data: list[dict[str, Any]] = [_model_object(m) for m in sorted(names)]
         return tag(json_whole({"object": "list", "data": data}), rid)
 
@@ -84,7 +85,7 @@ class Listing:
             return self._refused(request, rid, model_not_found(model), shaped=shaped)
         if shaped:
             body = anthropicmodels.encode(anthropicmodels.model_info(model))
-            return tag(whole(200, body, content_type=JSON), rid)
+            return tag(whole(200, body, content_type=JSON), rid, anthropic=True)
         return tag(json_whole(_model_object(model)), rid)
 
     def _refused(self, request: Request, rid: str, resp: Whole, *, shaped: bool) -> Whole:
@@ -93,7 +94,7 @@ class Listing:
         if shaped:
             resp = resp.with_content_type(anthropic.reshape(resp.status, resp.body), JSON)
         st = self.state
-        return refused(st, resp, rid, request.path, st.clock.monotonic())
+        return refused(st, resp, rid, request.path, st.clock.monotonic(), anthropic=shaped)
 
     async def no_route(self, request: Request) -> Whole:
         """Any other /v1 request: OpenAI's 404 (or 405 on a served path), not plain text;
@@ -128,7 +129,7 @@ class Listing:
                 code="unknown_url",
             )
         # `path` is the caller's: logged, never a label.
-        return refused(self.state, resp, rid, path, t0)
+        return refused(self.state, resp, rid, path, t0, anthropic=anthropic_path(path))
 
 
 def _model_object(model: str) -> dict[str, Any]:

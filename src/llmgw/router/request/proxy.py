@@ -410,9 +410,12 @@ class Proxy:
         status = call.status = up.status
         att.outcome = classify_status(status)
         resp: Whole
+        api = call.api
         if not _debug(call):
             # The usual answer: its head's lines mostly made already.
             lines = self._lines_for(call.eid, up, call.rid_line)
+            if api is not None and api.anthropic:
+                lines += _anthropic_rid_line(call.rid)
             if call.charge is not None:
                 lines += call.charge.header_lines()
             resp = Whole(status, att.data, lines)
@@ -424,7 +427,6 @@ class Proxy:
             att.held = 0
         if status < 300:
             call.result = OK
-            api = call.api
             call.usage = usage_of(att.data) if api is None else api.usage_of(att.data)
         else:
             call.result = ENGINE_ERROR
@@ -553,6 +555,11 @@ class Proxy:
             fields = {"Content-Type": ctype, "x-llmgw-endpoint": eid}
             fixed = by_type[ctype] = header_lines(fields)
         return fixed + rid_line
+
+
+def _anthropic_rid_line(rid: str) -> bytes:
+    """The request id where the anthropic package reads it (as `_out_headers` puts it)."""
+    return b"".join((b"request-id: ", rid.encode("utf-8", "surrogateescape"), b"\r\n"))
 
 
 def _limited(call: Call, resp: Whole) -> Whole:

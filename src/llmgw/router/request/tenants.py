@@ -540,7 +540,8 @@ def _take(acc: _Account, tenant: Tenant, estimate: int, now: float) -> Charge | 
         tokens.refill(now)
         # A request larger than the whole bucket waits for a full one, never forever.
         estimate = min(estimate, int(tokens.size))
-        if tokens.level < estimate and tokens.wait_s(estimate) > wait_s:
+        # No estimate (a count of tokens) takes none: an overdrawn bucket does not refuse it.
+        if estimate and tokens.level < estimate and tokens.wait_s(estimate) > wait_s:
             wait_s, what = tokens.wait_s(estimate), f"tokens per minute ({key.tpm})"
             kind = "tokens"
     if what:

@@ -152,6 +152,12 @@ class ReplyHead:
         """Whatever body bytes have arrived (waiting for at least one); b"" at the end."""
         raise NotImplementedError
 
+    def body_in(self, limit: int) -> bytes | None:
+        """The whole body, taken, when all of it has arrived already and it is at most
+        `limit` bytes; else None, nothing taken (read on with `chunk`). A client that
+        cannot tell answers None."""
+        return None
+
     def close(self) -> None:
         raise NotImplementedError
 

@@ -153,6 +153,12 @@ class FastResponse(ReplyHead):
             # Cancelled here (the client left): the proxy's `finally` calls close().
             await waiter
 
+    def body_in(self, limit: int) -> bytes | None:
+        # As `read`'s first line: the usual whole answer came in with its head.
+        if self._done and self.error is None and self._buffered <= limit:
+            return self._take()
+        return None
+
     def close(self) -> None:
         """Drop the connection if the exchange is unfinished; a no-op once it ended."""
         conn = self._conn
