@@ -77,7 +77,8 @@ class TestDatabaseGoesBad:
     def test_writes_are_503_and_the_controller_stays(self, tmp_path: Path, damage: str) -> None:
         """The database truncated or overwritten under a running controller: every write is
         a 503 in the API's shape, reads and health still answer, and the process keeps
-        running with one warning line per failure and no traceback."""
+        running; the failed write and the failed reads that follow it are each logged
+        once (the reads were logged at every request and tick), with no traceback."""
         db = tmp_path / "c.db"
         with controller(Db(f"sqlite:///{db}"), token=TOKEN, log_dir=tmp_path) as c:
             c.post("/admin/models", spec("before"))
@@ -100,5 +101,6 @@ class TestDatabaseGoesBad:
             assert [m["name"] for m in c.get("/admin/models")] == ["before"]
             assert c.program.alive()
             log = c.program.log_text()
-        assert log.count("store write failed") + log.count("store reload failed") >= 3
+        assert log.count("store write failed") == 1
+        assert log.count("store reload failed") == 1
         no_traceback(log)

@@ -13,9 +13,9 @@ from llmgw.controller.idle import IdleTracker
 from llmgw.controller.leaderlink import LeaderLink
 from llmgw.controller.store import UnreadableRow
 from llmgw.controller.store.memory import MemoryLeadership, MemoryStore
-from llmgw.controller.tick.failures import REPEAT_S
 from llmgw.controller.tick.loop import ControlLoop
 from llmgw.runtime.clock import ManualClock
+from llmgw.runtime.repeats import REPEAT_S
 
 
 class UnreadableStore(MemoryStore):

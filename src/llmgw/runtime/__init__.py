@@ -5,6 +5,7 @@ serve        uvloop, bind, ready line, graceful stop (with httpserver, acceptor)
 peers        what one client address holds of a server's shared budgets
 clock        the injected clock
 logs         logging setup, --log-format
+repeats      a failure that repeats every tick logged once, then every few minutes
 cli          help text every program's flags share
 version      --version on every program
 secretfile   secrets from a file or the environment, never only argv

@@ -49,6 +49,7 @@ from llmgw.controller.store import NotLeader, Store, StoreError, UnreadableRow
 from llmgw.controller.tick.carryover import TickMemory
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
+from llmgw.runtime.repeats import FailureLog
 from llmgw.wire.agent import Heartbeat, HeartbeatReply
 from llmgw.wire.endpoints import EndpointInfo, EndpointList, ModelOutlook
 from llmgw.wire.policy import SpecPolicy
@@ -96,6 +97,10 @@ class Fleet:
         # A write failed since the last load: it may be in the store all the same
         # (its COMMIT's answer lost), so memory may lack it. resync() reads again.
         self._unsure = False
+        # resync's failed reads: at every tick and heartbeat while the store is down.
+        self._reloads = FailureLog(
+            "store reload failed", cleared=None, count_as="reloads_failed", logger=log
+        )
         # The stored row the last load stopped at (store/readrows.py); None: it read
         # them all. Shown on /metrics: a standby that cannot read the store serves what
         # it read before, and a leader cannot take over.
@@ -167,12 +172,13 @@ class Fleet:
         try:
             await self.load()
         except StoreUnavailable as exc:
-            log.warning(kv("store reload failed", error=exc.message))
+            self._reloads.failed(exc.message, now=self.clock.monotonic())
             raise StoreUnavailable(
                 "nothing was applied: the store must be read again first (a write before "
                 f"this one was not confirmed) and cannot be: {exc.message}"
             ) from exc
-        log.warning(kv("store reloaded after a write it did not confirm"))
+        failed = self._reloads.worked()
+        log.warning(kv("store reloaded after a write it did not confirm", reloads_failed=failed))
         for name, at in beats.items():
             node = self.state.nodes.get(name)
             if node is not None and (node.last_heartbeat_at or 0.0) < at:

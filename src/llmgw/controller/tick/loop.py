@@ -13,7 +13,7 @@ Once a tick:
   when one is due (tick/retention.py).
 
 A failed tick (database unreachable) is logged (once, then every few minutes while
-the same failure repeats: tick/failures.py) and retried next tick. Its write
+the same failure repeats: runtime/repeats.py) and retried next tick. Its write
 may have committed all the same (the connection dropped after the COMMIT went
 out), so the next tick first reads the store again (Fleet.resync).
 """
@@ -31,11 +31,11 @@ from llmgw.controller.fleet.records import Changes
 from llmgw.controller.idle import IdleTracker
 from llmgw.controller.leaderlink import LeaderLink
 from llmgw.controller.store import Leadership, StoreError
-from llmgw.controller.tick.failures import FailureLog
 from llmgw.controller.tick.plan import plan_tick
 from llmgw.controller.tick.retention import EventRetention, UsageRetention
 from llmgw.runtime.clock import Clock
 from llmgw.runtime.logs import kv
+from llmgw.runtime.repeats import FailureLog
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,18 @@ class ControlLoop:
         self.config = config
         self._last_reload = -float("inf")
         self.ticks = 0
-        self._failures = FailureLog()
+        # No line when a tick works again: a standby's tick between two reloads works
+        # while the store is still down, and would say so at every reload.
+        self._failures = FailureLog(
+            "tick failed", cleared=None, count_as="ticks_failed", logger=log
+        )
+        # The database behind the lock down: the check fails at every tick.
+        self._checks = FailureLog(
+            "leadership check failed",
+            cleared="leadership check answers again",
+            count_as="checks_failed",
+            logger=log,
+        )
         self.retention = UsageRetention(
             fleet.store, retention_days=config.usage_retention_days, clock=clock
         )
@@ -90,7 +101,7 @@ class ControlLoop:
             await asyncio.sleep(max(0.0, self.config.tick_s - elapsed))
 
     async def step(self) -> float:
-        """One tick, its failure logged (tick/failures.py) and its time observed; the
+        """One tick, its failure logged (runtime/repeats.py) and its time observed; the
         seconds it took."""
         started = self.clock.monotonic()
         try:
@@ -108,7 +119,9 @@ class ControlLoop:
         if fleet.leading:
             try:
                 held = await asyncio.to_thread(self.leadership.still_leader)
-            except StoreError:
+                self._checks.worked()
+            except StoreError as exc:
+                self._checks.failed(str(exc), now=self.clock.monotonic())
                 held = False
             if not held:
                 fleet.end_term()
@@ -116,8 +129,9 @@ class ControlLoop:
             return
         try:
             won = await asyncio.to_thread(self.leadership.try_acquire)
+            self._checks.worked()
         except StoreError as exc:
-            log.warning(kv("leadership check failed", error=exc))
+            self._checks.failed(str(exc), now=self.clock.monotonic())
             won = False
         if won:
             await self._take_over()
