@@ -13,6 +13,7 @@ flags an operator would use, so every test takes seconds.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import threading
 import urllib.error
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from llmgw.ctl import main as ctl_main
+from llmgw.ctl.context import Ctx
 from llmgw.testing import Program, start_program
 from llmgw.testing.wait import wait_until
 
@@ -167,6 +170,19 @@ def controller(
         yield Controller(program, token)
     finally:
         program.stop(grace_s=5)
+
+
+def run_ctl(c: Controller, *argv: str) -> tuple[int, str, str]:
+    """One `llmgw ctl` command in-process against `c` (real transport): its exit code,
+    standard output and standard error."""
+    out, err = io.StringIO(), io.StringIO()
+    code = ctl_main.main(
+        list(argv),
+        env={"LLMGW_CONTROLLER": c.url},
+        home=Path("/nonexistent"),
+        base=Ctx(out=out, err=err, width=160),
+    )
+    return code, out.getvalue(), err.getvalue()
 
 
 def spec(name: str, **kw: Any) -> dict[str, Any]:

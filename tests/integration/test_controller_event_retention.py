@@ -3,15 +3,12 @@ an event that aged out answers."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pytest
 
-from llmgw.ctl import main as ctl_main
-from llmgw.ctl.context import Ctx
 from tests.integration import pg
-from tests.integration.controller_harness import Controller, Db, controller, wait_for
+from tests.integration.controller_harness import Db, controller, run_ctl, wait_for
 
 pg_schema = pg.pg_schema
 
@@ -22,17 +19,6 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Db:
         return Db(f"sqlite:///{tmp_path / 'controller.db'}")
     schema: pg.PgSchema = request.getfixturevalue("pg_schema")
     return Db(schema.url, schema.schema)
-
-
-def ctl(c: Controller, *argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = ctl_main.main(
-        list(argv),
-        env={"LLMGW_CONTROLLER": c.url},
-        home=Path("/nonexistent"),
-        base=Ctx(out=out, err=err, width=160),
-    )
-    return code, out.getvalue(), err.getvalue()
 
 
 class TestEventRetention:
@@ -66,9 +52,9 @@ class TestEventRetention:
             assert never.body["error"]["message"] == f"no event {newest['id'] + 1000}"
 
             assert c.get(f"/admin/events?id={newest['id']}") == [newest]
-            code, out, err = ctl(c, "events", "--detail", str(first))
+            code, out, err = run_ctl(c, "events", "--detail", str(first))
             assert code == 1
             assert f"event {first} is no longer kept" in err
-            code, out, err = ctl(c, "events")
+            code, out, err = run_ctl(c, "events")
             assert code == 0, err
             assert "controller.leader" in out

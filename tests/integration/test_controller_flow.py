@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 import time
@@ -12,14 +11,13 @@ from typing import Any
 
 import pytest
 
-from llmgw.ctl import main as ctl_main
-from llmgw.ctl.context import Ctx
 from tests.integration import pg
 from tests.integration.controller_harness import (
     Controller,
     Db,
     FakeAgents,
     controller,
+    run_ctl,
     spec,
     wait_for,
 )
@@ -43,18 +41,6 @@ def c(db: Db) -> Iterator[Controller]:
 
 def _node_of(r: dict[str, Any]) -> str:
     return str(r["shards"][0]["node"])
-
-
-def _ctl(c: Controller, *argv: str) -> tuple[int, str, str]:
-    """One `llmgw ctl` command in-process against `c` (real transport), output piped."""
-    out, err = io.StringIO(), io.StringIO()
-    code = ctl_main.main(
-        list(argv),
-        env={"LLMGW_CONTROLLER": c.url},
-        home=Path("/nonexistent"),
-        base=Ctx(out=out, err=err, width=160),
-    )
-    return code, out.getvalue(), err.getvalue()
 
 
 class TestPlacementFlow:
@@ -256,7 +242,7 @@ class TestNodeDrain:
                     "inflight": {victim["id"]: 0},
                 },
             )
-            code, out, err = _ctl(
+            code, out, err = run_ctl(
                 c, "drain", here, "--evict-idle", "--grace-s", "1", "--timeout", "60"
             )
             assert code == 0, err
@@ -294,7 +280,7 @@ class TestCtlEvents:
             agents.failing.add(rid)
 
             def failure() -> dict[str, Any] | None:
-                code, out, _ = _ctl(c, "events", "--replica", rid, "--json")
+                code, out, _ = run_ctl(c, "events", "--replica", rid, "--json")
                 assert code == 0
                 found = [e for e in json.loads(out) if e["kind"] == "replica.failed"]
                 return found[0] if found else None
@@ -302,7 +288,7 @@ class TestCtlEvents:
             event = wait_for(failure, what="the failure event")
         assert event["message"].endswith(" | ".join(line.strip() for line in tail))
 
-        code, out, err = _ctl(c, "events", "--replica", rid)
+        code, out, err = run_ctl(c, "events", "--replica", rid)
         assert code == 0, err
         (row,) = [ln for ln in out.splitlines() if ln.split()[:1] == [str(event["id"])]]
         assert "replica.failed" in row
@@ -312,7 +298,7 @@ class TestCtlEvents:
         # A header, then one line per event: none wraps onto a line of its own.
         assert all(ln.split()[0].isdigit() for ln in out.splitlines()[1:]), out
 
-        code, out, err = _ctl(c, "events", "--detail", str(event["id"]))
+        code, out, err = run_ctl(c, "events", "--detail", str(event["id"]))
         assert code == 0, err
         lines = out.splitlines()
         assert f"id       {event['id']}" in lines
@@ -321,10 +307,10 @@ class TestCtlEvents:
         assert "  Traceback (most recent call last):" in lines
         assert "  RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in lines
 
-        code, out, err = _ctl(c, "events", "--detail", str(event["id"]), "--json")
+        code, out, err = run_ctl(c, "events", "--detail", str(event["id"]), "--json")
         assert code == 0, err
         assert json.loads(out) == event
 
-        code, out, err = _ctl(c, "events", "--detail", "987654321")
+        code, out, err = run_ctl(c, "events", "--detail", "987654321")
         assert code == 1
         assert "no event 987654321" in err
