@@ -138,6 +138,23 @@ def no_traceback(text: str) -> None:
     assert at < 0, text[max(0, at - 1500) : at + 4000]
 
 
+async def read_post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Read one request off a raw engine's connection, its body skipped: True for a POST,
+    else (the router's scrapes) False, answered 404 already."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    if head.startswith(b"POST "):
+        return True
+    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+    await writer.drain()
+    return False
+
+
 # What a `RawEngine` does after writing its answer: keep the connection for the next
 # request, close it, or reset it (RST).
 KEEP, CLOSE, RESET = "keep", "close", "reset"
@@ -186,16 +203,7 @@ class RawEngine:
         carried = False
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                await reader.readexactly(length)
-                if not head.startswith(b"POST "):
-                    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
-                    await writer.drain()
+                if not await read_post(reader, writer):
                     continue
                 answer = self.script(self.posts)
                 self.posts += 1

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from llmgw.testing import Program
-from tests.integration.hostile import no_traceback, peak_kib
+from tests.integration.hostile import no_traceback, peak_kib, read_post
 from tests.integration.router_fixtures import base_config, chat_body, post, router
 from tests.integration.test_hostile_router_engines import settled
 
@@ -86,16 +86,7 @@ class BigEngine:
     async def _exchanges(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                await reader.readexactly(length)
-                if not head.startswith(b"POST "):
-                    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
-                    await writer.drain()
+                if not await read_post(reader, writer):
                     continue
                 self.posts += 1
                 await self._answer(writer)
