@@ -33,6 +33,15 @@ SHARED = Path(__file__).resolve().parents[1] / "shared"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Test files with a `slow` test run first, each file's tests in their own order.
+
+    scripts/test spreads the files over several processes (`--dist loadfile`, in this
+    order): a slow file started last would leave the others idle while it runs."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 @pytest.fixture
 def fixtures_dir() -> Path:
     return FIXTURES
