@@ -14,6 +14,7 @@ from typing import Any, get_args
 import msgspec
 
 from llmgw import __version__
+from llmgw.controller.api.pages import KEY_NAMES, MODEL_NAMES, NameSet
 from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import (
     DEFAULT_PAGE_LIMIT,
@@ -140,7 +141,7 @@ def _array(name: str) -> dict[str, Any]:
     return {"type": "array", "items": _ref(name)}
 
 
-def _paged(summary: str, item: str, names: str) -> dict[str, Any]:
+def _paged(summary: str, item: str, names: NameSet) -> dict[str, Any]:
     """A list answered in pages by name (api/pages.py): `after` and `limit` in, a Link
     to the next page out."""
     op = _op(
@@ -151,8 +152,9 @@ def _paged(summary: str, item: str, names: str) -> dict[str, Any]:
         params=(
             _query(
                 "after",
-                {"type": "string", "minLength": 1, "maxLength": 128},
-                f"only {names} after this one (the last of the page before); need not exist",
+                {"type": "string", "pattern": names.pattern.pattern},
+                f"only those after this {names.what} (the last of the page before); it "
+                "need not exist",
             ),
             _query(
                 "limit",
@@ -402,7 +404,7 @@ def document() -> bytes:
             )
         },
         "/admin/models": {
-            "get": _paged("models sorted by name", "ModelView", "models"),
+            "get": _paged("models sorted by name", "ModelView", MODEL_NAMES),
             "post": _op(
                 "apply one model spec or a list of them, all or nothing",
                 _ok(_array("ModelView")),
@@ -491,7 +493,7 @@ def document() -> bytes:
             "get": _paged(
                 "client keys sorted by name, with their limits; never a key or its hash",
                 "KeyView",
-                "keys",
+                KEY_NAMES,
             ),
             "post": _op(
                 "create a client key; the answer holds the key, shown this once "
