@@ -52,7 +52,7 @@ from llmgw.router.config import RouterConfig, in_force
 from llmgw.router.control.reloadstatus import ReloadMetrics
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.control.tokenusage import TokenLedger
-from llmgw.router.control.usagereports import deliver
+from llmgw.router.control.usagereports import deliver, report_failures
 from llmgw.router.replicas.registry import Registry, Stats
 from llmgw.router.replicas.scrape import HttpMetricsFetcher, Scraper
 from llmgw.router.upstream.aiohttp_client import Upstream
@@ -179,6 +179,7 @@ class Supervisor:
         self.notifier = Notifier(None)
         self.merger = Merger()
         self.ledger = TokenLedger(clock=SYSTEM_CLOCK)
+        self._report_failures = report_failures(log)
         self.host_metrics = CollectorRegistry()
         self._scrape_failures = Counter(
             "llmgw_router_scrape_failures",
@@ -399,9 +400,10 @@ class Supervisor:
             try:
                 _, answer = await deliver(self.controller, self.ledger, report, counted)
             except Exception as exc:  # noqa: BLE001 - the next report carries its token rows again
-                log.warning(kv("usage report failed", error=exc))
+                self._report_failures.failed(str(exc), now=time.monotonic())
                 self._broadcast(Leased(delivered=False))
             else:
+                self._report_failures.worked()
                 self.lease, self.lease_report = answer, self.reports
                 self._broadcast(Leased(delivered=True, answer=answer, report=self.reports))
 
