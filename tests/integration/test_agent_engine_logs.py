@@ -146,8 +146,8 @@ class TestCrashLoopAcrossAgentRestarts:
     ) -> None:
         """Three agents (`--ended-logs-keep 1`), each killed after a new replica's engine
         failed, left three logs no shard owns; the next agent keeps only the newest, the
-        adopted engine's log and a file not named like a log (every crashed log stayed,
-        since each agent's list of dropped shards died with it)."""
+        adopted engine's log, a file not named like a log and its own lock (every crashed
+        log stayed, since each agent's list of dropped shards died with it)."""
         logs = rig.tmp / "state" / "logs"
         logs.mkdir(parents=True)
         (logs / "notes.txt").write_text("the operator's\n")
@@ -166,5 +166,5 @@ class TestCrashLoopAcrossAgentRestarts:
             agent.proc.wait(timeout=10)
         controller.desired = (sim_spec("live"),)
         rig.start("--ended-logs-keep", "1")
-        expected = ["crash2-rank0.log", "live-rank0.log", "notes.txt"]
+        expected = ["agent-logs.lock", "crash2-rank0.log", "live-rank0.log", "notes.txt"]
         await until(lambda: sorted(p.name for p in logs.iterdir()) == expected, what="swept")

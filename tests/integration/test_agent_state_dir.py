@@ -1,4 +1,4 @@
-"""One agent per state dir, and `agent stop-engines`, checked with real processes."""
+"""One agent per state dir and per log dir, and `agent stop-engines`, with real processes."""
 
 from __future__ import annotations
 
@@ -38,6 +38,52 @@ class TestOneAgentPerStateDir:
         assert out.returncode == 2
         assert out.stderr.count("\n") == 1, out.stderr
         assert f"another agent (pid {first.pid})" in out.stderr
+
+
+def _agent_args(state_dir: Path, *extra: str) -> list[str]:
+    args = ["agent", "--controller", "http://127.0.0.1:9", "--node", "n", "--port", "0"]
+    return [*args, "--gpus", "1xH100-80G", "--state-dir", str(state_dir), *extra]
+
+
+class TestOneAgentPerLogDir:
+    """A second agent on a log dir another agent holds is refused, and touches nothing there."""
+
+    def test_second_agent_on_a_log_dir_is_refused_until_the_first_dies(
+        self, tmp_path: Path
+    ) -> None:
+        """A second agent with its own state dir but the first's --log-dir exits 2 in one
+        line naming the folder and the first's pid, leaving the first's engine logs; once
+        the first is SIGKILLed, a new agent starts on that log dir."""
+        logs = tmp_path / "logs"
+        first = start_program(_agent_args(tmp_path / "a", "--log-dir", str(logs)), log_dir=tmp_path)
+        with first:
+            # As the first agent's running engines would write them, after its start sweep.
+            logs.mkdir(exist_ok=True)
+            live = {logs / f"r-{i}-rank0.log": f"engine {i}\n" for i in range(3)}
+            for path, text in live.items():
+                path.write_text(text)
+            before = {p.name: p.read_bytes() for p in logs.iterdir()}
+            out = subprocess.run(
+                llmgw_argv(
+                    *_agent_args(tmp_path / "b", "--log-dir", str(logs), "--ended-logs-keep", "0")
+                ),
+                capture_output=True,
+                text=True,
+                timeout=20,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+            assert first.alive()
+            assert before == {p.name: p.read_bytes() for p in logs.iterdir()}
+            assert out.returncode == 2
+            assert out.stderr.count("\n") == 1, out.stderr
+            assert f"another agent (pid {first.pid})" in out.stderr
+            assert f"--log-dir {logs}" in out.stderr
+            first.kill()
+        with start_program(
+            _agent_args(tmp_path / "b", "--log-dir", str(logs)), log_dir=tmp_path
+        ) as second:
+            assert second.alive()
 
 
 def _record_sleeper(state_dir: Path, node: str) -> subprocess.Popen[bytes]:

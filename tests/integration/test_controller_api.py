@@ -171,7 +171,7 @@ class TestUnknownQueryParameters:
             ("/admin/events?modle=m", "modle"),
             ("/admin/events?since=1h", "since"),
             ("/admin/replicas?limit=5", "limit"),
-            ("/admin/keys?limit=-1", "limit"),
+            ("/admin/keys?offset=5", "offset"),
             ("/admin/models?name=m", "name"),
             ("/admin/nodes?state=active", "state"),
             ("/admin/usage?since=1h", "since"),
@@ -198,6 +198,8 @@ class TestUnknownQueryParameters:
         assert c.get("/admin/events?model=m&limit=5&node=a&replica=x") == []
         assert c.get("/admin/replicas?model=m&state=ready")
         assert c.get("/v1/endpoints?after=-1&timeout_s=0")["endpoints"]
+        assert c.get("/admin/keys?after=a&limit=5") == []
+        assert isinstance(c.get("/admin/models?after=a&limit=5"), list)
 
 
 @pytest.mark.postgres

@@ -323,3 +323,113 @@ class TestBigErrorAnswers:
             assert (peak_kib(r.pid) - before) / 1024 < 48
             await settled(session, r.url)
             no_traceback(r.log_text())
+
+
+class ScriptedEngine(BigEngine):
+    """A BigEngine that answers each POST with the next plan of `script`, a list it may
+    share with others (the first POST to any of them gets the first plan); the last
+    plan repeats."""
+
+    def __init__(self, script: list[Plan]) -> None:
+        super().__init__(script[0])
+        self.script = script
+
+    async def _answer(self, writer: asyncio.StreamWriter) -> None:
+        self.plan = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        await super()._answer(writer)
+
+
+@contextlib.asynccontextmanager
+async def two_behind_router(
+    tmp_path: Path, script: list[Plan], **over: Any
+) -> AsyncIterator[Program]:
+    """A router with two endpoints of model m, both `ScriptedEngine`s playing `script`."""
+    engines = [ScriptedEngine(script), ScriptedEngine(script)]
+    for e in engines:
+        await e.start()
+    try:
+        entries = [
+            {"id": f"e{i}", "url": f"http://127.0.0.1:{e.port}", "models": ["m"]}
+            for i, e in enumerate(engines)
+        ]
+        with router(tmp_path, base_config(endpoints=entries, **over)) as r:
+            yield r
+    finally:
+        for e in engines:
+            await e.stop()
+
+
+def error_answer(n_bytes: int) -> bytes:
+    doc = {"error": {"message": "x" * n_bytes, "type": "server_error", "code": 500}}
+    return json.dumps(doc).encode()
+
+
+async def until_metric(session: aiohttp.ClientSession, url: str, prefix: str, want: float) -> None:
+    for _ in range(100):
+        if await metric(session, url, prefix) == want:
+            return
+        await asyncio.sleep(0.05)
+    assert await metric(session, url, prefix) == want
+
+
+class TestErrorAnswersHeld:
+    """Error answers count against max_held_answer_bytes like any whole answer."""
+
+    async def test_an_error_kept_for_a_retry_is_counted_while_held(self, tmp_path: Path) -> None:
+        """A 500 of 8 MiB kept while the router retries on a replica that has not answered
+        yet shows in llmgw_router_held_answer_bytes, and once the request is over nothing
+        is held (it was not counted at all)."""
+        err = error_answer(8 * MIB)
+        script = [Plan(status=500, length=len(err), body=err), Plan(end=False)]
+        over = {
+            "max_answer_bytes": 32 * MIB,
+            "max_held_answer_bytes": 64 * MIB,
+            "request_timeout_s": 4,
+        }
+        held = "llmgw_router_held_answer_bytes "
+        async with (
+            two_behind_router(tmp_path, script, **over) as r,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            asked = asyncio.create_task(post(session, r.url, chat_body("err")))
+            await until_metric(session, r.url, held, len(err))
+            rep = await asked
+            assert rep.status >= 500
+            await until_metric(session, r.url, held, 0)
+            no_traceback(r.log_text())
+
+    async def test_an_error_past_the_held_bound_is_a_502(self, tmp_path: Path) -> None:
+        """A 500 of 8 MiB, under max_answer_bytes but past max_held_answer_bytes (4 MiB),
+        at every replica: not held for a retry, the client gets the router's 502 naming
+        the bound, and nothing stays held."""
+        err = error_answer(8 * MIB)
+        script = [Plan(status=500, body=err)]
+        over = {"max_answer_bytes": 32 * MIB, "max_held_answer_bytes": 4 * MIB}
+        async with (
+            two_behind_router(tmp_path, script, **over) as r,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            rep = await post(session, r.url, chat_body("err"))
+            assert rep.status == 502, (rep.status, rep.body[:200])
+            body = rep.json()["error"]
+            assert (body["type"], body["code"]) == ("upstream_error", "answer_too_large")
+            assert "max_held_answer_bytes" in body["message"]
+            await until_metric(session, r.url, "llmgw_router_held_answer_bytes ", 0)
+            no_traceback(r.log_text())
+
+    async def test_a_client_error_past_the_held_bound_is_relayed(self, tmp_path: Path) -> None:
+        """A 400 of 8 MiB (not retried) past max_held_answer_bytes is relayed as it
+        arrives, byte for byte, as a 2xx answer past it is, and logged."""
+        err = error_answer(8 * MIB)
+        script = [Plan(status=400, length=len(err), body=err)]
+        over = {"max_answer_bytes": 32 * MIB, "max_held_answer_bytes": 4 * MIB}
+        async with (
+            two_behind_router(tmp_path, script, **over) as r,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        ):
+            rep = await post(session, r.url, chat_body("err"))
+            assert (rep.status, rep.headers.get("transfer-encoding")) == (400, "chunked")
+            assert rep.body == err
+            assert "answers over max_held_answer_bytes" in r.log_text()
+            await until_metric(session, r.url, "llmgw_router_held_answer_bytes ", 0)
+            no_traceback(r.log_text())

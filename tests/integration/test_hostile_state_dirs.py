@@ -15,9 +15,9 @@ from llmgw.testing.procs import free_port, llmgw_argv
 pytestmark = pytest.mark.timeout(60)
 
 
-def agent(state_dir: Path) -> subprocess.CompletedProcess[str]:
+def agent(state_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     args = ["agent", "--controller", "http://127.0.0.1:9", "--node", "n", "--port", "0"]
-    args += ["--gpus", "1xH100-80G", "--state-dir", str(state_dir)]
+    args += ["--gpus", "1xH100-80G", "--state-dir", str(state_dir), *extra]
     return subprocess.run(
         llmgw_argv(*args),
         capture_output=True,
@@ -82,6 +82,21 @@ class TestAgentStateDir:
         assert out.returncode == 2
         assert "refusing to follow it" in one_line(out)
         assert victim.read_text() == "precious\n"
+
+
+class TestAgentLogDir:
+    """The agent refuses a log dir it would have to follow, as it does a state dir."""
+
+    def test_a_symlinked_log_dir_is_refused(self, tmp_path: Path) -> None:
+        """A symlinked --log-dir is refused as the log folder, nothing written behind it."""
+        real = tmp_path / "real"
+        real.mkdir()
+        link = tmp_path / "link"
+        link.symlink_to(real)
+        out = agent(tmp_path / "state", "--log-dir", str(link))
+        assert out.returncode == 2
+        assert f"--log-dir: the log folder {link} is a symbolic link" in one_line(out)
+        assert list(real.iterdir()) == []
 
 
 class TestUpStateFolder:

@@ -275,7 +275,8 @@ class TestCutOff:
         assert 0 < before < RPM
         fleet.wire.cut()
         wait_until(
-            lambda: rc.log_text().count("usage report failed") >= 3,
+            # Said once while they keep failing (runtime/repeats.py).
+            lambda: "usage report failed" in rc.log_text(),
             timeout_s=30,
             what="router c's reports fail",
         )

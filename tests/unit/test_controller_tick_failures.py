@@ -52,7 +52,7 @@ class TestRepeatedTickFailure:
             IdleTracker(clock=clock),
             clock=clock,
             config=config,
-            link=LeaderLink(store, own_url=None),
+            link=LeaderLink(store, own_url=None, clock=clock),
         )
         try:
             with caplog.at_level(logging.INFO):

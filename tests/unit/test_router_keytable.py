@@ -11,6 +11,8 @@ import math
 import os
 
 import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llmgw.router.http.answers import Whole
 from llmgw.router.request.tenants import Charge, Tenant, Tenants
@@ -38,7 +40,10 @@ def two_workers(clock: ManualClock, capacity: int = 4) -> tuple[Tenants, Tenants
     """Two workers' Tenants over one shared table (a small one, for collisions)."""
     first = table(capacity)
     second = keytable.KeyTable(first.fd, offset=0, capacity=capacity)
-    return Tenants(clock=clock, table=first), Tenants(clock=clock, table=second)
+    return (
+        Tenants(clock=clock, table=first, workers=2),
+        Tenants(clock=clock, table=second, workers=2),
+    )
 
 
 def status(resp: object) -> int:
@@ -209,3 +214,165 @@ class TestSharedBuckets:
         second = w1.admit(other, "m", 4)
         assert isinstance(second, Charge)
         assert second.headers["x-ratelimit-remaining-tokens"] == "98"
+
+
+BUDGETED = key("spender", "d" * 64, budget={"tokens": 10_000, "per": "day"})
+
+
+def leased_workers(capacity: int = 4) -> tuple[Tenants, Tenants]:
+    """Two workers following a controller that leases the BUDGETED key."""
+    w0, w1 = two_workers(ManualClock(), capacity)
+    for w in (w0, w1):
+        w.retain([BUDGETED], leased=[BUDGETED])
+        w.leasing = True
+    return w0, w1
+
+
+def spend(w: Tenants, tokens: int, k: ClientKey = BUDGETED) -> str:
+    """One request of `k` through worker `w` that uses `tokens`: "ok" or the refusal's code."""
+    got = w.admit(Tenant(k), "m", 40)
+    if not isinstance(got, Charge):
+        return code(got)
+    got.settle(Usage(prompt=tokens, completion=0, cached=0))
+    return "ok"
+
+
+def lease(workers: tuple[Tenants, ...], report: int, tokens: float, elsewhere: float = 0.0) -> None:
+    """Report `report` answered: each worker takes the answer (the supervisor's Leased)."""
+    for w in workers:
+        w.reallow({BUDGETED.sha256: (tokens, elsewhere)}, report)
+
+
+def held(w: Tenants, report: int) -> float | None:
+    """What worker `w` says it holds of the key in report `report`."""
+    return w.asked(report)[BUDGETED.sha256][2]
+
+
+class TestSharedAllowance:
+    """A leased budget's allowance is the router's, in the key's row: not 1/workers each."""
+
+    def test_one_worker_spends_the_whole_allowance(self) -> None:
+        """100 tokens leased to the router: one worker spends all of them, and then
+        both refuse (each spent half before)."""
+        w0, w1 = leased_workers()
+        lease((w0, w1), 1, 100.0)
+        assert [spend(w0, 60), spend(w0, 30)] == ["ok", "ok"]
+        assert spend(w0, 20) == "ok"  # 10 left: admitted, and overdrawn by its answer
+        assert spend(w0, 1) == "insufficient_quota"
+        assert spend(w1, 1) == "insufficient_quota"
+
+    def test_both_workers_spend_one_allowance(self) -> None:
+        """Spent through both workers, the allowance runs out once for the router."""
+        w0, w1 = leased_workers()
+        lease((w0, w1), 1, 100.0)
+        assert [spend(w0, 50), spend(w1, 50)] == ["ok", "ok"]
+        assert [spend(w0, 1), spend(w1, 1)] == ["insufficient_quota"] * 2
+
+    def test_held_is_said_once_per_report(self) -> None:
+        """The first worker asked says what the router holds; the others say nothing,
+        so the supervisor's sum of their reports counts it once."""
+        w0, w1 = leased_workers()
+        lease((w0, w1), 1, 100.0)
+        spend(w0, 30)
+        spend(w1, 1)
+        assert (held(w0, 2), held(w1, 2)) == (69.0, None)
+        assert (held(w1, 3), held(w0, 3)) == (69.0, None)
+
+    def test_the_answer_counts_from_the_first_cut(self) -> None:
+        """Spent after the first worker was asked, by either worker, comes off the
+        answer's allowance, whichever worker takes it first; the second takes nothing."""
+        w0, w1 = leased_workers()
+        lease((w0, w1), 1, 1000.0)
+        spend(w0, 1)
+        spend(w1, 1)
+        held(w0, 2)
+        spend(w1, 10)
+        held(w1, 2)
+        spend(w0, 20)
+        lease((w0,), 2, 100.0)
+        spend(w1, 5)
+        lease((w1,), 2, 100.0)
+        assert held(w0, 3) == 100.0 - 10 - 20 - 5
+
+    def test_an_answer_older_than_the_last_cut_is_not_taken(self) -> None:
+        """Answer 2 taken only after report 3 was cut leaves the row as it was: the
+        spend since the cut would count from too late."""
+        w0, w1 = leased_workers()
+        lease((w0, w1), 1, 100.0)
+        spend(w0, 1)
+        spend(w1, 1)
+        held(w1, 2)
+        held(w1, 3)
+        spend(w1, 10)
+        lease((w0,), 2, 500.0)
+        assert held(w0, 4) == 100.0 - 12
+
+    def test_a_row_made_after_the_answer_gets_it(self) -> None:
+        """A worker that took the answer before it saw the key gives its row the
+        allowance when it makes it: leased once, the other worker spends from it too."""
+        w0, w1 = leased_workers()
+        lease((w0, w1), 1, 100.0)
+        assert spend(w1, 40) == "ok"
+        assert spend(w0, 40) == "ok"
+        assert held(w0, 2) == 20.0
+
+    def test_a_key_without_a_row_spends_its_worker_part(self) -> None:
+        """The table full, a key is counted per worker: each spends 1/workers of the
+        allowance, so the workers together still spend no more than the router's."""
+        w0, w1 = leased_workers(capacity=1)
+        filler = key("filler", "e" * 64, rpm=10)
+        assert spend(w0, 1, filler) == "ok"
+        lease((w0, w1), 1, 100.0)
+        assert [spend(w0, 50), spend(w0, 1)] == ["ok", "insufficient_quota"]
+        assert [spend(w1, 50), spend(w1, 1)] == ["ok", "insufficient_quota"]
+
+
+# One report round: where each of the two workers spends (before, between or after the
+# asks and the takes: slot 0..4), how much, which worker is asked and takes first,
+# and the allowance answered.
+_ROUND = st.tuples(
+    st.lists(st.tuples(st.integers(0, 1), st.integers(0, 4), st.integers(0, 50)), max_size=6),
+    st.integers(0, 1),
+    st.integers(0, 1),
+    st.integers(0, 500),
+)
+
+
+class TestAllowanceRounds:
+    """The row's allowance over report rounds, whatever the workers' order."""
+
+    @given(st.lists(_ROUND, min_size=1, max_size=6))
+    def test_the_allowance_is_the_lease_less_the_spend_since_the_first_cut(
+        self, rounds: list[tuple[list[tuple[int, int, int]], int, int, int]]
+    ) -> None:
+        """After each answer the row holds exactly the lease less what both workers
+        spent since the first of them was asked, and one worker said what it held."""
+        t0 = table(4)
+        t1 = keytable.KeyTable(t0.fd, offset=0, capacity=4)
+        rows = [t.find("k", NOLIMITS, (6.0, 0.0), 0.0) for t in (t0, t1)]
+        assert rows[0] is not None
+        assert rows[1] is not None
+        for report, (spends, asked_first, took_first, lease) in enumerate(rounds, start=1):
+            since_cut = 0.0
+            said: list[float | None] = []
+            # The supervisor's order: both asked, then (the answer in) both take it.
+            steps = [
+                (True, rows[asked_first]),
+                (True, rows[1 - asked_first]),
+                (False, rows[took_first]),
+                (False, rows[1 - took_first]),
+            ]
+            for slot in range(5):
+                for who, at, tokens in spends:
+                    if at == slot:
+                        rows[who].spend(float(tokens))
+                        since_cut += tokens if slot > 0 else 0
+                if slot < 4:
+                    cuts, row = steps[slot]
+                    if cuts:
+                        said.append(row.cut(report))
+                    else:
+                        row.allow(report, float(lease))
+            assert rows[0].allowance() == rows[1].allowance() == lease - since_cut
+            assert said[1] is None
+            assert (said[0] is None) == (report == 1)

@@ -204,15 +204,14 @@ class TestKeeper:
         clock.advance(11.0)
         assert keeper.expire() == {SHA: (5.0, 0.0)}
 
-    def test_workers_share_the_rate_and_split_the_budget(self) -> None:
-        """With --workers 4 each worker enforces the whole share on the bucket they share,
-        spends a quarter of the budget allowance, and their demands add up."""
+    def test_workers_share_the_rate_and_the_budget(self) -> None:
+        """Each worker takes the router's whole share and allowance (spent from the row
+        they share, test_router_keytable.py), and their demands add up."""
         keeper = LeaseKeeper(clock=ManualClock())
-        keeper.split = 4
         assert keeper.answer(answer(40.0)) == {SHA: (40.0, 0.0)}
         budget = KeyLease(sha256=SHA, rpm=40.0, rpm_limit=60, budget=800.0, budget_left=1000.0)
         keeper.answer(LeaseAnswer(leases=[budget], lease_s=10.0, routers=3))
-        assert keeper.allowances() == {SHA: (200.0, 200.0)}
+        assert keeper.allowances() == {SHA: (800.0, 200.0)}
         a = KeyDemand(sha256=SHA, requests=1.0, tokens=2.0, rpm_held=40.0, budget_held=5.0)
         b = KeyDemand(sha256=SHA, requests=3.0, tokens=4.0, rpm_held=40.0, budget_held=7.0)
         assert add_demand(a, b) == KeyDemand(

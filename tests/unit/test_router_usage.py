@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from llmgw.router.control.usagereports import LoadTracker, UsageReporter, build_report
+from llmgw.runtime.repeats import REPEAT_S
 from llmgw.testing import ManualClock
 from llmgw.wire.usage import ModelLoad, UsageReport
 
@@ -108,3 +113,33 @@ class TestReporter:
         """Without a controller the report is still built (for /admin/usage)."""
         rep = UsageReporter(build=_report, sink=None, interval_s=1)
         assert await rep.tick() == rep.last
+
+    async def test_failures_said_once_then_every_few_minutes_then_cleared(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """'usage report failed' was logged at every report (every 2 s) while the
+        controller was away; now once, again after REPEAT_S with the count, and once
+        when a report is delivered again."""
+        clock = ManualClock()
+        sink = _Sink(fail=True)
+        rep = UsageReporter(build=_report, sink=sink, interval_s=2, clock=clock)
+        n = int(REPEAT_S / 2)
+        with caplog.at_level(logging.INFO):
+            for _ in range(n):
+                await rep.tick()
+                clock.advance(2.0)
+            assert len(_lines(caplog, "usage report failed")) == 1
+            await rep.tick()
+            again = _lines(caplog, "usage report failed")
+            assert len(again) == 2
+            assert f"reports_failed={n}" in again[1]
+            sink.fail = False
+            await rep.tick()
+            await rep.tick()
+        (back,) = _lines(caplog, "usage reports delivered again")
+        assert f"reports_failed={n + 1}" in back
+        assert rep.failures == 0
+
+
+def _lines(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]

@@ -19,7 +19,7 @@ from llmgw.router.replicas.breaker import Outcome
 from llmgw.router.replicas.registry import Registry, Stats
 from llmgw.router.workers.ipc import Message, Observed, Setup
 from llmgw.router.workers.metricsmerge import Merger, parse
-from llmgw.router.workers.pool import merge_reports
+from llmgw.router.workers.reportmerge import merge_reports
 from llmgw.router.workers.shared import SharedInflight, SlotTable
 from llmgw.router.workers.worker import WorkerSpec
 from llmgw.wire.endpoints import EndpointInfo

@@ -8,6 +8,8 @@ instead of its own. docs/controller.md lists the routes.
   fake in tests);
 - `bounded.py`: the urllib transport's answer read whole within a deadline and a
   size bound;
+- `pages.py`: the next page's cursor, read from a paged list's `Link` header
+  (`AdminClient.keys()` and `.models()` follow every page);
 - `errors.py`: `AdminError` and its subclasses, the only exceptions a call raises.
 
 Import from the submodules. This file imports nothing, so `llmgw ctl --help` can load

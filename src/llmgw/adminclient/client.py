@@ -31,6 +31,7 @@ from llmgw.adminclient.errors import (
     AdminUnauthorized,
     AdminUnreachable,
 )
+from llmgw.adminclient.pages import next_after
 from llmgw.runtime.netaddr import is_loopback
 from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import (
@@ -50,6 +51,7 @@ from llmgw.wire.models import ModelSpec, ScaleRequest
 from llmgw.wire.usage import UsageAnswer, UsageBy
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Response(NamedTuple):
@@ -57,6 +59,8 @@ class Response(NamedTuple):
     body: bytes
     # A redirect's Location (never followed: see UrllibTransport); None otherwise.
     location: str | None = None
+    # The Link header of a paged list's answer (pages.py); None: no header.
+    link: str | None = None
 
 
 class Transport(Protocol):
@@ -158,7 +162,8 @@ def _exchange(
     """
     try:
         with _opener(url, deadline=deadline).open(req, timeout=timeout_s) as resp:
-            return Response(resp.status, bounded.read_body(resp, limit=limit))
+            body = bounded.read_body(resp, limit=limit)
+            return Response(resp.status, body, link=resp.headers.get("Link"))
     except urllib.error.HTTPError as exc:
         # A status is an answer, whatever it says; the client decides what it means.
         with exc:
@@ -214,8 +219,11 @@ class AdminClient:
     def node(self, name: str) -> NodeView:
         return self._call("GET", f"/admin/nodes/{_quote(name)}", NodeView)
 
-    def models(self) -> list[ModelView]:
-        views: list[ModelView] = list(self._call("GET", "/admin/models", list[ModelViewRead]))
+    def models(self, *, page_size: int | None = None) -> list[ModelView]:
+        """Every model by name, page after page (`page_size` a page; None: the
+        controller's default)."""
+        read = self._pages("/admin/models", list[ModelViewRead], page_size=page_size)
+        views: list[ModelView] = list(read)
         return views
 
     def model(self, name: str) -> ModelView:
@@ -303,9 +311,10 @@ class AdminClient:
         path = f"/admin/replicas/{_quote(replica_id)}/engine-key"
         return self._call("POST", path, EngineKey)
 
-    def keys(self) -> list[KeyView]:
-        """Client keys by name, with their limits (never a key or its hash)."""
-        return self._call("GET", "/admin/keys", list[KeyView])
+    def keys(self, *, page_size: int | None = None) -> list[KeyView]:
+        """Every client key by name, with its limits (never a key or its hash), page after
+        page (`page_size` a page; None: the controller's default)."""
+        return self._pages("/admin/keys", list[KeyView], page_size=page_size)
 
     def create_key(self, request: KeyCreate) -> KeyCreated:
         """A new client key; the answer is the only time the key itself is shown."""
@@ -328,6 +337,36 @@ class AdminClient:
 
     # -- the seam ------------------------------------------------------------
 
+    def _pages(self, path: str, kind: type[list[R]], *, page_size: int | None) -> list[R]:
+        """Every row of a paged list: each page's cursor followed until a page has none.
+
+        Nothing is sent that a controller from before pages would refuse: the first
+        request has no `after` (nor `limit` unless asked), and such a controller's
+        answer, the whole list, has no Link. `answer` is every page's rows as one list.
+        """
+        rows: list[R] = []
+        raw: list[object] = []
+        query = {"limit": None if page_size is None else str(page_size), "after": None}
+        while True:
+            page, link = self._call_link("GET", path, kind, query=query)
+            rows.extend(page)
+            if isinstance(self.answer, list):
+                raw.extend(self.answer)
+            after = next_after(link)
+            if after is None:
+                break
+            # Each cursor past the one before: a controller that repeats or rewinds it
+            # (a broken proxy's cache, a squatter) would be followed forever.
+            before = query["after"]
+            if not after or (before is not None and after <= before):
+                raise AdminServerFailed(
+                    f"GET {path}: the next page's cursor {after[:64]!r} does not follow "
+                    f"{before!r}; the list is not read further"
+                )
+            query["after"] = after
+        self.answer = raw
+        return rows
+
     def _call(
         self,
         method: str,
@@ -337,6 +376,18 @@ class AdminClient:
         body: object = None,
         query: Mapping[str, str | None] | None = None,
     ) -> T:
+        return self._call_link(method, path, kind, body=body, query=query)[0]
+
+    def _call_link(
+        self,
+        method: str,
+        path: str,
+        kind: type[T],
+        *,
+        body: object = None,
+        query: Mapping[str, str | None] | None = None,
+    ) -> tuple[T, str | None]:
+        """The answer decoded as `kind`, and its Link header."""
         url = self.base_url + path
         params = {k: v for k, v in (query or {}).items() if v is not None}
         if params:
@@ -368,7 +419,7 @@ class AdminClient:
             raise AdminServerFailed(
                 f"{method} {path}: the controller's answer does not decode ({exc})"
             ) from exc
-        return decoded
+        return decoded, resp.link
 
     def _not_a_controller(self) -> str | None:
         """After a 404: None if a controller answers here, else a one-line hint.

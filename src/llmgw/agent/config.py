@@ -78,7 +78,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     allowed_hosts: tuple[str, ...] = ()
     interval_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
     # Engine logs; default <state_dir>/logs. This agent's alone: at start it removes
-    # engine logs there that none of its engines owns, past ended_logs_keep.
+    # engine logs there that none of its engines owns, past ended_logs_keep; it holds
+    # a lock there (logfiles.lock_log_dir), so a second agent naming it exits 2.
     log_dir: str | None = None
     stop_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     # Engine name → command prefix, e.g. {"vllm": "/opt/vllm/bin/vllm serve"}.
@@ -158,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         "127.0.0.1 (DNS rebinding)",
     )
     p.add_argument("--interval-s", type=finite_float, help="heartbeat/supervision tick (default 2)")
-    p.add_argument("--log-dir", help="engine logs (default <state-dir>/logs)")
+    p.add_argument("--log-dir", help="engine logs, one agent's alone (default <state-dir>/logs)")
     p.add_argument(
         "--ended-logs-keep",
         type=int,

@@ -4,6 +4,8 @@
     ├── AgentConfigError          config.py: a configuration a person must fix (exit 2)
     ├── StateDirBusy              statefile.py: the state folder is held or refused, at start
     │                             or at run time (exit 2, one line)
+    ├── LogDirBusy                logfiles.py: the log folder is held or refused, at start
+    │                             (exit 2, one line)
     ├── GpuError                  gpus/base.py: GPU discovery and fault injection
     │   ├── GpuDiscoveryError     no driver, no GPUs, bad fake spec (exit 2)
     │   ├── UnknownGpu            no GPU has that index (the faults route answers 404)

@@ -26,7 +26,10 @@ import re
 from collections import deque
 from collections.abc import Collection
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
+
+from llmgw.agent.errors import AgentError
+from llmgw.runtime.lockfile import LockHeld, StateDirRefused, hold_lock
 
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_KEEP = 3
@@ -37,6 +40,37 @@ DEFAULT_ENDED_KEEP = 20
 CHECK_S = 0.25
 # The tail's read window: what a failed shard's tail is made of.
 TAIL_WINDOW_BYTES = 64 * 1024
+# Held in the log dir for the agent's lifetime (lock_log_dir). Not named like an engine
+# log, so the start sweep never counts it; not the state dir's `agent.lock`, so an agent
+# given the same folder for both does not lock itself out.
+LOCK_FILE = "agent-logs.lock"
+
+
+class LogDirBusy(AgentError):
+    """The log dir cannot be ours: another live agent holds it (the message names the
+    folder and its pid), or it or its lock is a symlink or not what it should be. The
+    agent ends at start with this one line, exit 2."""
+
+
+def lock_log_dir(log_dir: Path) -> IO[str]:
+    """Hold the log dir for this process's lifetime: keep the returned file open.
+
+    At start an agent removes the oldest engine logs there that none of its adopted
+    engines owns (`LogKeeper.found`): a second agent on the folder would count the
+    first's live engines' logs as left over and remove them. Taken even when the folder
+    is the default under the state dir, whose lock does not keep out another agent
+    naming it as its --log-dir. flock: dropped however the agent dies.
+    """
+    try:
+        return hold_lock(log_dir / LOCK_FILE, what="log folder")
+    except StateDirRefused as exc:
+        raise LogDirBusy(f"--log-dir: {exc}") from None
+    except LockHeld as held:
+        who = f"pid {held.holder_pid}" if held.holder_pid else "another process"
+        raise LogDirBusy(
+            f"another agent ({who}) is running with --log-dir {log_dir}; one agent per "
+            "log folder (each removes old engine logs there that are not its own)"
+        ) from None
 
 
 # Engine logs are the agent user's alone: an engine may print what it was given.

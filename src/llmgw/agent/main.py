@@ -5,7 +5,7 @@ engines agents left behind (leftovers.py).
 
 Exit codes: 0 after SIGTERM/SIGINT, 1 if the agent's loops died or its own
 port cannot be bound, 2 for a configuration a person must fix (bad flag, no
-NVIDIA driver, a state dir another agent holds, an --address that is not this
+NVIDIA driver, a state or log dir another agent holds, an --address that is not this
 node's) — always one line on stderr,
 never a traceback.
 
@@ -31,6 +31,7 @@ from llmgw.agent.engineprocs import PopenSpawner
 from llmgw.agent.gpus import open_inventory
 from llmgw.agent.gpus.base import GpuDiscoveryError, GpuInventory
 from llmgw.agent.heartbeat import ControllerClient
+from llmgw.agent.logfiles import LogDirBusy, lock_log_dir
 from llmgw.agent.policy import policy_of
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.probe import HttpHealthProbe
@@ -77,14 +78,16 @@ def main(argv: list[str]) -> int:
             inventory.close()
         return 0
     try:
-        # Held until the process exits; taken before adoption reads the state file.
+        # Held until the process exits; taken before adoption reads the state file
+        # and sweeps the log dir.
         lock = lock_state_dir(Path(cfg.state_dir))
+        log_lock = lock_log_dir(cfg.engine_log_dir)
         agent = build_agent(cfg, inventory)
-    except (OSError, StateDirBusy) as exc:
+    except (OSError, StateDirBusy, LogDirBusy) as exc:
         inventory.close()
         sys.stderr.write(f"llmgw agent: {exc}\n")
         return 2
-    with lock:
+    with lock, log_lock:
         return run(lambda: _serve(agent))
 
 

@@ -27,6 +27,7 @@ from llmgw.agent.replyread import ReadReply, UnreadShard, failed_statuses
 from llmgw.agent.supervisor import Supervisor
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
+from llmgw.runtime.repeats import FailureLog
 from llmgw.wire.agent import GPU, Heartbeat, HeartbeatReply, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,22 @@ class Agent:
         self.refusal: str | None = None
         # Shards the last reply listed that this agent cannot read (replyread.py).
         self._unread: tuple[UnreadShard, ...] = ()
+        # A full disk fails every tick and every log pass: said once, then every few
+        # minutes with a count, and once when it clears (runtime/repeats.py).
+        self._tick_failures = FailureLog(
+            "supervise tick failed",
+            cleared="supervise tick works again",
+            count_as="ticks_failed",
+            logger=log,
+            level=logging.ERROR,
+        )
+        self._log_failures = FailureLog(
+            "engine log rotation failed",
+            cleared="engine log rotation works again",
+            count_as="passes_failed",
+            logger=log,
+            level=logging.ERROR,
+        )
         self.heartbeater = Heartbeater(
             client=client,
             build=self.heartbeat,
@@ -149,29 +166,36 @@ class Agent:
         await self.inventory.refresh()
         await self.supervisor.tick()
 
+    async def supervise_step(self) -> None:
+        """One supervise tick, its failure logged and retried next tick."""
+        try:
+            await self.supervise_tick()
+        except OSError as exc:
+            # A full disk or an unreadable /proc entry must not end supervision:
+            # the engines still need watching.
+            self._tick_failures.failed(str(exc), now=self._clock.monotonic())
+            return
+        self._tick_failures.worked()
+
     async def _supervise(self) -> None:
         while True:
-            try:
-                await self.supervise_tick()
-            except OSError as exc:
-                # A full disk or an unreadable /proc entry must not end supervision:
-                # the engines still need watching. Logged and retried next tick.
-                log.error(kv("supervise tick failed", error=exc))
+            await self.supervise_step()
             # An engine call that ends (a sleep, a wake) is acted on at once: a swap's
             # wake follows its sleep without waiting out the interval.
             await self.supervisor.wait_call_finished(timeout_s=self.config.interval_s)
 
+    async def tidy_step(self) -> None:
+        """One pass of log rotation, its failure logged and retried next pass."""
+        try:
+            await self.supervisor.tidy_logs()
+        except OSError as exc:
+            self._log_failures.failed(str(exc), now=self._clock.monotonic())
+            return
+        self._log_failures.worked()
+
     async def _watch_logs(self) -> None:
-        last_error: str | None = None
         while True:
-            try:
-                await self.supervisor.tidy_logs()
-                last_error = None
-            except OSError as exc:
-                # A full disk fails every pass: said once, not four times a second.
-                if str(exc) != last_error:
-                    log.error(kv("engine log rotation failed", error=exc))
-                last_error = str(exc)
+            await self.tidy_step()
             await asyncio.sleep(logfiles.CHECK_S)
 
     async def run(self) -> None:

@@ -36,7 +36,9 @@ import aiohttp
 from prometheus_client import Counter
 
 from llmgw.controller.store import Store, StoreError
+from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
+from llmgw.runtime.repeats import FailureLog
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +64,22 @@ class LeaderLink:
     """Where the leader is (from the store) and the relay of reports to it."""
 
     def __init__(
-        self, store: Store, *, own_url: str | None, timeout_s: float = RELAY_TIMEOUT_S
+        self,
+        store: Store,
+        *,
+        own_url: str | None,
+        timeout_s: float = RELAY_TIMEOUT_S,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store = store
+        self._clock = clock
+        # A store that refuses the read refuses it at every reload (runtime/repeats.py).
+        self._reads = FailureLog(
+            "leader url read failed",
+            cleared="leader url read again",
+            count_as="reads_failed",
+            logger=log,
+        )
         # What this controller records when it leads; None: it knows no URL of its own.
         self.own_url = own_url
         self.timeout_s = timeout_s
@@ -108,8 +123,9 @@ class LeaderLink:
         try:
             url = await asyncio.to_thread(self.store.leader_url)
         except StoreError as exc:
-            log.warning(kv("leader url read failed", error=exc))
+            self._reads.failed(str(exc), now=self._clock.monotonic())
             return
+        self._reads.worked()
         # Our own URL: recorded while this controller led, before it lost the lock.
         self.leader_url = None if url == self.own_url else url
 

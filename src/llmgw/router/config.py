@@ -187,8 +187,9 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_answer_bytes: Annotated[int, msgspec.Meta(ge=1)] = 256 * 1024 * 1024
     # The most the router holds of all engines' whole answers at once, each worker its
     # share (this over --workers); an answer whose bytes would pass it is relayed as it
-    # arrives, as one over max_answer_bytes is, never refused. Fixed, not a fraction of
-    # the host's memory: in a container that is the host's, not the container's limit.
+    # arrives, as one over max_answer_bytes is (a retryable error answer, counted while
+    # kept for a retry elsewhere: a 502), never refused. Fixed, not a fraction of the
+    # host's memory: in a container that is the host's, not the container's limit.
     # Four answers at the default max_answer_bytes (http/answers.py HeldAnswers).
     max_held_answer_bytes: Annotated[int, msgspec.Meta(ge=1)] = 1024 * 1024 * 1024
 

@@ -111,7 +111,8 @@ class Router:
         self._keys_required = False
         # With workers, a key's buckets are one per router, in their shared memory.
         table = shared.keys if shared is not None and shared.workers > 1 else None
-        self.tenants = Tenants(clock=clock, table=table)
+        workers = 1 if shared is None else shared.workers
+        self.tenants = Tenants(clock=clock, table=table, workers=workers)
         # This router's shares of the controller's limited keys (control/leases.py).
         self.leases = LeaseKeeper(clock=clock)
         # Asks for a usage report now (set by whoever reports): a key waits for its share.
@@ -229,12 +230,13 @@ class Router:
         if self.tenants.leasing is not False and any(k not in shares for k in self.tenants.leased):
             self.want_lease()
 
-    def leased(self, answer: LeaseAnswer | None) -> None:
-        """The controller's answer to a usage report: this router's new shares."""
+    def leased(self, answer: LeaseAnswer | None, report: int = 0) -> None:
+        """The controller's answer to a usage report (a worker's: the supervisor's
+        report number `report`): this router's new shares."""
         shares = self.leases.answer(answer)
         self.tenants.leasing = self.leases.leasing
         self.tenants.reshare(dict(shares))
-        self.tenants.reallow(dict(self.leases.allowances()))
+        self.tenants.reallow(dict(self.leases.allowances()), report)
 
     def lease_expire(self) -> None:
         """After every report: past the lease, fall back to limit / routers."""
@@ -289,7 +291,7 @@ class Router:
         snaps = self.registry.snapshots()
         return not snaps or any(s.stats is not None for s in snaps)
 
-    def usage_report(self, reset: bool = False) -> UsageReport:
+    def usage_report(self, reset: bool = False, report: int = 0) -> UsageReport:
         demand = self.holding.demand()
         return build_report(
             router_id=self.router_id,
@@ -302,7 +304,7 @@ class Router:
             },
             demand=demand,
             load=self.loads.load(demand, reset=reset),
-            key_demand=self.leases.demand(self.tenants.asked()) if reset else (),
+            key_demand=self.leases.demand(self.tenants.asked(report)) if reset else (),
             flow_queued=self.flow.depth(),
         )
 

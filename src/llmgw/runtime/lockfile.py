@@ -29,12 +29,13 @@ class StateDirRefused(RuntimeError):
     """The state folder (or its lock) is a symlink or not a folder; the message is one line."""
 
 
-def check_state_dir(path: Path) -> None:
+def check_state_dir(path: Path, *, what: str = "state folder") -> None:
     """Create the folder if missing; refuse a symlink or anything but a folder.
 
     A symlink would send the lock and the state files wherever it points (one
     planted by someone else overwrites its target); a file is refused by name
     instead of as `[Errno 17] File exists`. Folders above it may be symlinks.
+    `what` names the folder in the refusal ("log folder").
     """
     try:
         st = os.lstat(path)
@@ -44,17 +45,19 @@ def check_state_dir(path: Path) -> None:
         except FileExistsError:
             pass  # created meanwhile: looked at below
         except OSError as exc:
-            raise StateDirRefused(
-                f"cannot create the state folder {path}: {(exc.strerror or str(exc)).lower()}"
-            ) from None
+            raise StateDirRefused(f"cannot create the {what} {path}: {_why(exc)}") from None
         st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         raise StateDirRefused(
-            f"the state folder {path} is a symbolic link; give the folder it points to "
+            f"the {what} {path} is a symbolic link; give the folder it points to "
             f"({os.path.realpath(path)}) instead"
         )
     if not stat.S_ISDIR(st.st_mode):
-        raise StateDirRefused(f"the state folder {path} exists but is not a folder")
+        raise StateDirRefused(f"the {what} {path} exists but is not a folder")
+
+
+def _why(exc: OSError) -> str:
+    return (exc.strerror or str(exc)).lower()
 
 
 def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
@@ -69,15 +72,19 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
         raise
 
 
-def hold_lock(path: Path) -> IO[str]:
+def hold_lock(path: Path, *, what: str = "state folder") -> IO[str]:
     """Take `path`'s lock or raise LockHeld; keep the returned file open to keep it.
 
-    Its folder is checked first (check_state_dir), and a symlinked lock file is
-    refused (StateDirRefused), never followed.
+    Its folder is checked first (check_state_dir, `what` naming it), and a
+    symlinked lock file is refused (StateDirRefused), never followed; so is one
+    that cannot be opened (a read-only folder), by name rather than as an errno.
     """
-    check_state_dir(path.parent)
+    check_state_dir(path.parent, what=what)
     # Append mode: opening must not erase the holder's pid before we know we hold the lock.
-    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    try:
+        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    except OSError as exc:
+        raise StateDirRefused(f"cannot open the lock file {path}: {_why(exc)}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise StateDirRefused(f"{path} is not a regular file")

@@ -23,6 +23,13 @@ ReplicaState = Literal[
     "pending", "starting", "ready", "draining", "stopped", "failed", "sleeping", "waking"
 ]
 
+# `GET /admin/keys` and `GET /admin/models` answer in pages, by name (docs/controller.md,
+# "Pages"): `limit` rows when not given, at most MAX_PAGE_LIMIT when given. A page that
+# is not the last says so in a `Link: <…?after=NAME&limit=N>; rel="next"` header; the
+# body stays a plain list, so a client from before pages still reads it.
+DEFAULT_PAGE_LIMIT = 1_000
+MAX_PAGE_LIMIT = 10_000
+
 
 def idle_seconds_json(idle_s: float | None) -> int:
     """The one place unknown idleness becomes the JSON sentinel -1."""

@@ -6,6 +6,7 @@ Layout:
     auth.py       which token may call which route
     http.py       controller refusals → (status, error type)
     keys.py       the /admin/keys routes (client keys)
+    pages.py      lists in pages (/admin/keys, /admin/models): cursor in, next link out
     usage.py      routers' usage reports in (POST /v1/usage), token usage out
                   (GET /admin/usage)
     validate.py   rules a spec, heartbeat or usage report must keep

@@ -1,7 +1,8 @@
 """HTTP routes of client keys: `/admin/keys` (docs/tenants.md).
 
-The admin token creates and revokes; the read-only token lists (the list never
-holds a key or its hash, and shows each limited key's shares across routers).
+The admin token creates and revokes; the read-only token lists, in pages by name
+(pages.py; the list never holds a key or its hash, and shows each limited key's
+shares across routers).
 Routers read hashes and limits with the endpoint list, never here. Errors leave
 through routes._errors like every other route's.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from llmgw.controller.api import pages
 from llmgw.controller.api.decode import decode
 from llmgw.controller.api.routes import SERVICES, json_response
 from llmgw.controller.errors import InvalidRequest
@@ -19,18 +21,16 @@ from llmgw.wire.names import label_problem
 
 
 async def list_keys(request: web.Request) -> web.Response:
+    """A page of live keys by name (pages.py); a revoked key's tombstone is never shown."""
     s = request.app[SERVICES]
-    state = s.fleet.state
+    at = pages.cursor(request, pages.KEY_NAMES)
+    keys = s.fleet.state.keys
+    shown, more = pages.page(sorted(keys), at, keep=lambda n: keys[n].live)
     # Each limited key's shares as this controller last leased them (a standby, or a
     # controller just started, has leased none yet: the list shows none).
     leased = s.leases.by_key()
-    return json_response(
-        [
-            key_view(state.keys[n], leased.get(state.keys[n].key.sha256.lower()))
-            for n in sorted(state.keys)
-            if state.keys[n].live
-        ]
-    )
+    views = [key_view(keys[n], leased.get(keys[n].key.sha256.lower())) for n in shown]
+    return json_response(views, headers=pages.next_link(request, shown, at, more=more))
 
 
 async def create_key(request: web.Request) -> web.Response:

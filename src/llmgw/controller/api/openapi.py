@@ -14,8 +14,11 @@ from typing import Any, get_args
 import msgspec
 
 from llmgw import __version__
+from llmgw.controller.api.pages import KEY_NAMES, MODEL_NAMES, NameSet
 from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import (
+    DEFAULT_PAGE_LIMIT,
+    MAX_PAGE_LIMIT,
     DrainRequest,
     EngineKey,
     EventView,
@@ -136,6 +139,42 @@ def _query(name: str, schema: dict[str, Any], what: str) -> dict[str, Any]:
 
 def _array(name: str) -> dict[str, Any]:
     return {"type": "array", "items": _ref(name)}
+
+
+def _paged(summary: str, item: str, names: NameSet) -> dict[str, Any]:
+    """A list answered in pages by name (api/pages.py): `after` and `limit` in, a Link
+    to the next page out."""
+    op = _op(
+        f"{summary}; in pages by name: at most `limit` (default {DEFAULT_PAGE_LIMIT}), a "
+        'Link rel="next" header when more follow',
+        _ok(_array(item), "a page"),
+        errors=(400, 401),
+        params=(
+            _query(
+                "after",
+                {"type": "string", "pattern": names.pattern.pattern},
+                f"only those after this {names.what} (the last of the page before); it "
+                "need not exist",
+            ),
+            _query(
+                "limit",
+                {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_PAGE_LIMIT,
+                    "default": DEFAULT_PAGE_LIMIT,
+                },
+                "at most this many",
+            ),
+        ),
+    )
+    op["responses"]["200"]["headers"] = {
+        "Link": {
+            "description": 'present when more follow: `<PATH?after=NAME&limit=N>; rel="next"`',
+            "schema": {"type": "string"},
+        }
+    }
+    return op
 
 
 def _edge_rules(components: dict[str, Any]) -> None:
@@ -365,7 +404,7 @@ def document() -> bytes:
             )
         },
         "/admin/models": {
-            "get": _op("every model, sorted by name", _ok(_array("ModelView"))),
+            "get": _paged("models sorted by name", "ModelView", MODEL_NAMES),
             "post": _op(
                 "apply one model spec or a list of them, all or nothing",
                 _ok(_array("ModelView")),
@@ -451,10 +490,10 @@ def document() -> bytes:
             )
         },
         "/admin/keys": {
-            "get": _op(
+            "get": _paged(
                 "client keys sorted by name, with their limits; never a key or its hash",
-                _ok(_array("KeyView")),
-                errors=(401,),
+                "KeyView",
+                KEY_NAMES,
             ),
             "post": _op(
                 "create a client key; the answer holds the key, shown this once "

@@ -19,6 +19,7 @@ import msgspec
 from aiohttp import web
 
 from llmgw import __version__
+from llmgw.controller.api import pages
 from llmgw.controller.api.auth import authorize
 from llmgw.controller.api.decode import (
     decode,
@@ -61,8 +62,12 @@ REPLICA_STATES = frozenset(get_args(ReplicaState))
 _encoder = msgspec.json.Encoder()
 
 
-def json_response(value: object, *, status: int = 200) -> web.Response:
-    return web.Response(body=_encoder.encode(value), status=status, content_type="application/json")
+def json_response(
+    value: object, *, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=_encoder.encode(value), status=status, content_type="application/json", headers=headers
+    )
 
 
 @web.middleware
@@ -216,8 +221,13 @@ async def get_node(request: web.Request) -> web.Response:
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """A page of models by name (pages.py): views are built for its models alone."""
     s = _svc(request)
-    return json_response(model_views(s.fleet.state, s.unplaceable()))
+    at = pages.cursor(request, pages.MODEL_NAMES)
+    state = s.fleet.state
+    shown, more = pages.page(sorted(state.models), at)
+    views = model_views(state, s.unplaceable(), names=shown)
+    return json_response(views, headers=pages.next_link(request, shown, at, more=more))
 
 
 def _not_scale(request: web.Request) -> None:

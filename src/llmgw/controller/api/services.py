@@ -40,7 +40,7 @@ class Services:
         # Each router's share of each limited key (leasebook.py), answered to its reports.
         self.leases = LeaseBook(clock=clock)
         # A standby's relay of usage reports to the leader (leaderlink.py).
-        self.link = LeaderLink(fleet.store, own_url=config.advertise_url)
+        self.link = LeaderLink(fleet.store, own_url=config.advertise_url, clock=clock)
 
     # -- reads ---------------------------------------------------------------
 

@@ -8,7 +8,7 @@ use, replica counts per model) once instead of once per row.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from operator import attrgetter
 
 from llmgw.controller.fleet.records import FleetState, Model, Node, Replica, Reservation
@@ -264,12 +264,16 @@ def adapters_by_base(state: FleetState) -> dict[str, tuple[AdapterSpec, ...]]:
     return {base: tuple(specs) for base, specs in out.items()}
 
 
-def model_views(state: FleetState, unplaceable: Mapping[str, str]) -> list[ModelView]:
-    """Every model, sorted by name, with its reason when it cannot be placed."""
+def model_views(
+    state: FleetState, unplaceable: Mapping[str, str], *, names: Sequence[str] | None = None
+) -> list[ModelView]:
+    """Every model (or those `names` lists), sorted by name, with its reason when it
+    cannot be placed."""
     counts = replica_counts(state)
     by_base = adapters_by_base(state)
+    models = state.models.values() if names is None else [state.models[n] for n in names]
     out = [
         model_view(m, state, unplaceable.get(m.name), counts=counts, adapters=by_base)
-        for m in state.models.values()
+        for m in models
     ]
     return sorted(out, key=attrgetter("name"))

@@ -13,7 +13,8 @@ Once a tick:
   when one is due (tick/retention.py).
 
 A failed tick (database unreachable) is logged (once, then every few minutes while
-the same failure repeats: runtime/repeats.py) and retried next tick. Its write
+the same failure repeats: runtime/repeats.py) and retried next tick; so is one that
+crashes (its traceback with the first line only), and a leader URL not recorded. Its write
 may have committed all the same (the connection dropped after the COMMIT went
 out), so the next tick first reads the store again (Fleet.resync).
 """
@@ -55,6 +56,12 @@ class ControlLoop:
         self.link = link
         # Whether this term's leader URL is in the store (retried each tick until it is).
         self._advertised = False
+        self._advertising = FailureLog(
+            "leader url not recorded; retrying next tick",
+            cleared="leader url recorded",
+            count_as="tries_failed",
+            logger=log,
+        )
         self.leadership = leadership
         self.usage = usage
         self.clock = clock
@@ -73,6 +80,14 @@ class ControlLoop:
             count_as="checks_failed",
             logger=log,
         )
+        # A defect that every tick meets. Cleared only by a whole tick (a leader's, or
+        # a standby's that reloaded): a standby's tick between reloads does too little
+        # to say whether a crash in its reload is gone.
+        self._crashes = FailureLog(
+            "tick crashed", cleared="ticks run again", count_as="ticks_crashed", logger=log
+        )
+        # Whether the tick under way did everything a tick does (see _crashes).
+        self._whole = False
         self.retention = UsageRetention(
             fleet.store, retention_days=config.usage_retention_days, clock=clock
         )
@@ -84,6 +99,7 @@ class ControlLoop:
         )
 
     async def tick(self) -> None:
+        self._whole = False
         await self.check_leadership()
         if self.fleet.leading and not self._advertised:
             await self._advertise()
@@ -92,6 +108,7 @@ class ControlLoop:
             # The leader alone, so standbys sharing the database do not repeat it.
             await self.retention.tick()
             await self.event_retention.tick()
+            self._whole = True
         self.ticks += 1
 
     async def run(self) -> None:
@@ -108,8 +125,11 @@ class ControlLoop:
             await self.tick()
         except (StoreUnavailable, NotLeading) as exc:
             self._failures.failed(exc.message, now=self.clock.monotonic())
-        except Exception:
-            log.exception("tick crashed")
+        except Exception as exc:  # noqa: BLE001 - a defect must not end the loop; logged with its traceback
+            self._crashes.failed(repr(exc), now=self.clock.monotonic(), exc=exc)
+        else:
+            if self._whole:
+                self._crashes.worked()
         elapsed = self.clock.monotonic() - started
         self.fleet.decisions.tick.observe(elapsed)
         return elapsed
@@ -141,6 +161,7 @@ class ControlLoop:
             self._last_reload = now
             await fleet.load()
             await self.link.reload()
+            self._whole = True
 
     async def _take_over(self) -> None:
         fleet = self.fleet
@@ -172,8 +193,9 @@ class ControlLoop:
         except StoreError as exc:
             # Standbys answer reports alone meanwhile (or relay to a dead URL and
             # then do): nothing is lost, so the tick goes on.
-            log.warning(kv("leader url not recorded; retrying next tick", error=exc))
+            self._advertising.failed(str(exc), now=self.clock.monotonic())
             return
+        self._advertising.worked()
         self._advertised = True
 
     async def flush_heartbeats(self) -> None:

@@ -57,13 +57,11 @@ class LeaseKeeper:
         self._limits: dict[str, Share] = {}
         # sha256 → (budget tokens this process may spend, what the rest of the fleet holds).
         self._allowances: dict[str, tuple[float, float]] = {}
-        # None: no answer yet; False: the controller leases nothing.
+        # None: no answer yet; False: the controller leases nothing. With workers
+        # (--workers N) each keeps its own, and their supervisor adds their demands up
+        # (add_demand); they spend one bucket and one allowance per key, the router's
+        # whole share of each (request/tenants.py).
         self.leasing: bool | None = None
-        # Processes the router's budget allowances are split over (--workers N): each
-        # spends 1/split of them; their supervisor adds their demands up (add_demand).
-        # RPM and TPM are not split: the workers spend one bucket per key, each enforcing
-        # the router's whole share on it (request/tenants.py).
-        self.split = 1
 
     def demand(self, asked: dict[str, tuple[int, int, float | None]]) -> list[KeyDemand]:
         """What to report: each key asked of or leased to this router, sorted."""
@@ -108,14 +106,13 @@ class LeaseKeeper:
         self._fallen_back = False
         self._until = self._clock.monotonic() + got.lease_s
         self._routers = max(1, got.routers)
-        n = self.split
         self._limits = {
             ls.sha256.lower(): (float(ls.rpm_limit or 0), float(ls.tpm_limit or 0))
             for ls in got.leases
         }
         self._shares = {ls.sha256.lower(): (ls.rpm or 0.0, ls.tpm or 0.0) for ls in got.leases}
         self._allowances = {
-            ls.sha256.lower(): (ls.budget / n, max(0.0, (ls.budget_left or 0.0) - ls.budget))
+            ls.sha256.lower(): (ls.budget, max(0.0, (ls.budget_left or 0.0) - ls.budget))
             for ls in got.leases
             if ls.budget is not None
         }
@@ -146,9 +143,10 @@ class LeaseKeeper:
 
 
 def add_demand(a: KeyDemand, b: KeyDemand) -> KeyDemand:
-    """Two workers' demand of one key as their router's: asks and budgets added up; the
-    RPM and TPM held are the router's share, which each worker holds whole (the
-    larger: one worker may have its lease a moment before the other)."""
+    """Two workers' demand of one key as their router's: asks and budgets added up (a
+    key's shared allowance is said by one worker alone, keytable.KeyRow.cut); the RPM
+    and TPM held are the router's share, which each worker holds whole (the larger:
+    one worker may have its lease a moment before the other)."""
     return KeyDemand(
         sha256=a.sha256,
         requests=a.requests + b.requests,

@@ -29,6 +29,7 @@ from llmgw.router.control.tokenusage import TokenLedger
 from llmgw.router.errors import LeaseRefused, ReportRefused
 from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
+from llmgw.runtime.repeats import FailureLog
 from llmgw.wire.leases import KeyDemand, LeaseAnswer
 from llmgw.wire.usage import MAX_COUNTER_ID, FlowQueued, ModelLoad, TokenUsage, UsageReport
 
@@ -161,6 +162,18 @@ async def deliver(
     return report, answer
 
 
+def report_failures(logger: logging.Logger) -> FailureLog:
+    """The log of failed reports: a controller away fails every one (every
+    report_interval_s, 2 s by default), said once, then every few minutes, and once
+    when one is delivered again (runtime/repeats.py)."""
+    return FailureLog(
+        "usage report failed",
+        cleared="usage reports delivered again",
+        count_as="reports_failed",
+        logger=logger,
+    )
+
+
 class UsageReporter:
     """Builds a report every tick and sends it when a sink is configured.
 
@@ -192,6 +205,8 @@ class UsageReporter:
         self.ledger = TokenLedger(clock=clock)
         self.last: UsageReport | None = None
         self.failures = 0
+        self._clock = clock
+        self._failed = report_failures(log)
 
     async def tick(self) -> UsageReport:
         report = self._build(True)
@@ -202,10 +217,11 @@ class UsageReporter:
                 report, answer = await deliver(self._sink, self.ledger, report, counted)
             except Exception as exc:  # noqa: BLE001 - the next report carries its token rows again
                 self.failures += 1
-                log.warning(kv("usage report failed", error=exc))
+                self._failed.failed(str(exc), now=self._clock.monotonic())
             else:
                 self.last = report
                 self.failures = 0
+                self._failed.worked()
                 if self._leased is not None:
                     self._leased(answer)
             if self._expire is not None:

@@ -45,8 +45,9 @@ class HeldAnswers:
     transport's buffer. So all of them together stay within `limit_bytes`: an answer
     whose next bytes would pass it is relayed as it arrives instead, never refused.
     Bytes are charged as they are read and given back once, by whoever holds them
-    last: the attempt that read them (request/attempts.py), or the connection that
-    wrote them (`Hold`), once its transport has let them go.
+    last: the attempt that read them (request/attempts.py), the request that kept
+    them while it retried elsewhere (an error answer, `Attempts.kept`), or the
+    connection that wrote them (`Hold`), once its transport has let them go.
     """
 
     __slots__ = ("held_bytes", "limit_bytes")

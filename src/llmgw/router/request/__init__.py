@@ -3,6 +3,7 @@
 intake.py       the body: bounded, timed, decoded once
 auth.py         client keys and the admin token (headers in, verdicts out)
 tenants.py      what a key may do: models, rate limits, budgets
+buckets.py      ... its RPM and TPM token buckets (this process's, or its workers' row)
 refusals.py     the router's own error answers (OpenAI's shape): 400, 401, 404, 413, 503
 admission.py    whether a read request goes on: its model known, its key's limits
 proxy.py        the proxied routes: parse, then route (choose, attempt, relay, count)

@@ -80,6 +80,7 @@ class Attempts:
         "failed",
         "first",
         "held",
+        "kept",
         "last_error",
         "mark",
         "outcome",
@@ -110,6 +111,10 @@ class Attempts:
         # Bytes of the attempt's answer charged to the held answers' bound (`hold_within`),
         # given back once (`let_go`), or handed to the server with a large answer.
         self.held = 0
+        # Bytes of `failed`'s body charged to the held answers' bound: it is held while
+        # the request is retried elsewhere. Given back once (`drop_kept`), or handed to
+        # the server with the answer that relays it.
+        self.kept = 0
         self.first = b""
         self.watch: ErrorFrameWatch | None = None
         # A llama.cpp answer for a LoRA adapter: its name written back (router/request/lora.py).
@@ -146,22 +151,33 @@ class Attempts:
         answers.held_bytes -= self.held
         self.held = 0
 
-    def answered(self, eid: str, up: UpstreamReply, data: bytes | None) -> None:
+    def drop_kept(self, answers: HeldAnswers) -> None:
+        """`failed`'s body held no more: its charge given back (once: it zeroes)."""
+        answers.held_bytes -= self.kept
+        self.kept = 0
+
+    def answered(
+        self, eid: str, up: UpstreamReply, data: bytes | None, answers: HeldAnswers
+    ) -> None:
         """`eid` answered an error (a retryable status, `is_retryable`, or a Messages
-        error) and `data` (None: a body over max_answer_bytes): the answer kept for
-        relaying if no retry follows."""
+        error) and `data` (None: a body over max_answer_bytes or the held answers'
+        bound): the answer kept for relaying if no retry follows, with the attempt's
+        charge for it (`kept`); the one it replaces given back."""
         code = up.status
         self.outcome = classify_status(code)
+        self.drop_kept(answers)
+        self.data = b""
         if code == 401 or code == 403:
             # The router's engine key, refused: the replica's failure, never
             # the client's, and the engine's body is not the client's to read.
             self.failed = engine_refused(code)
         elif data is None:
             self.failed = too_large(code)
-            self.last_error = f"{eid} answered {code} with a body over max_answer_bytes"
+            self.last_error = f"{eid} answered {code} with a body over the router's bounds"
             return
         else:
             self.failed = Failed(code, data, up.content_type, up.headers.get("Retry-After"))
+            self.kept, self.held = self.held, 0
         self.last_error = f"{eid} answered {code}"
 
 
@@ -186,11 +202,12 @@ def engine_refused(status: int) -> Failed:
 
 def too_large(status: int) -> Failed:
     """What a client gets when the last replica tried answered an error whose body was
-    over max_answer_bytes (unbuffered.py says why it is not relayed): 502, the gateway's
-    failure, in OpenAI's shape."""
+    over max_answer_bytes, or would have passed max_held_answer_bytes (unbuffered.py
+    says why it is not relayed): 502, the gateway's failure, in OpenAI's shape."""
     body = error_body(
-        f"A replica answered HTTP {status} with a body larger than the router's "
-        "max_answer_bytes; it was not relayed.",
+        f"A replica answered HTTP {status} with a body larger than the router holds "
+        "(max_answer_bytes for one answer, max_held_answer_bytes for all held at once); "
+        "it was not relayed.",
         type="upstream_error",
         code="answer_too_large",
     )
@@ -323,8 +340,8 @@ async def attempt(
         )
         limit = st.cfg.max_answer_bytes
         if is_retryable(up.status):
-            data, whole = await read_within(up, limit)
-            att.answered(eid, up, data if whole else None)
+            whole = await hold_within(up, limit, st.answers, att)
+            att.answered(eid, up, att.data if whole else None, st.answers)
         elif not up.is_event_stream:
             return await _whole_answer(st, call, att, eid, up)
         else:
@@ -363,17 +380,11 @@ async def _whole_answer(st: Router, call: Call, att: Attempts, eid: str, up: Ups
     the held answers' bound, else relayed as it arrives (UNBUFFERED), but for a
     Messages error answer, whose client reads only Anthropic's error shape: nothing of
     it has gone out, so it is the router's 502 (RELAY_FAILED, reshaped on the way out)
-    rather than the engine's bytes unreshaped. An error answer is not charged to the
-    held answers' bound: a Messages one could not be relayed as it arrives."""
-    limit = st.cfg.max_answer_bytes
-    if up.status < 400:
-        whole = await hold_within(up, limit, st.answers, att)
-    else:
-        att.data, whole = await read_within(up, limit)
+    rather than the engine's bytes unreshaped."""
+    whole = await hold_within(up, st.cfg.max_answer_bytes, st.answers, att)
     if not whole:
         if up.status >= 400 and call.api is not None and call.api.anthropic:
-            att.data = b""
-            att.answered(eid, up, None)
+            att.answered(eid, up, None, st.answers)
             return Step.RELAY_FAILED
         return Step.UNBUFFERED
     if att.rename is not None:

@@ -42,7 +42,7 @@ from llmgw.router.replicas.registry import Release, Snapshot
 from llmgw.router.request import enginepriority
 from llmgw.router.request.accounting import count, count_call, refused, tag
 from llmgw.router.request.admission import admit, unknown_model
-from llmgw.router.request.attempts import Attempts, Failed, Step, attempt
+from llmgw.router.request.attempts import Attempts, Step, attempt
 from llmgw.router.request.call import Call, request_id
 from llmgw.router.request.inband import MARK
 from llmgw.router.request.intake import ByteBudget, Intake, peer_of, read_json
@@ -211,7 +211,7 @@ class Proxy:
                     decision, snaps = await self._flow(call, att, turn, decision, snaps)
                 if decision.endpoint_id is None:
                     if att.failed is not None:
-                        return self._relay_failed(call, att.failed)
+                        return self._relay_failed(call, att)
                     decision, snaps = await self._hold(call, att)
                 eid = decision.endpoint_id or ""
                 self._trace(call, att, decision)
@@ -403,8 +403,7 @@ class Proxy:
     ) -> Answer:
         """A whole answer: the engine's (RELAY), or the last failure kept (RELAY_FAILED)."""
         if step is Step.RELAY_FAILED:
-            assert att.failed is not None
-            return self._relay_failed(call, att.failed)
+            return self._relay_failed(call, att)
         up = att.up
         assert up is not None
         status = call.status = up.status
@@ -470,6 +469,9 @@ class Proxy:
                 charge.settle(NO_TOKENS)
             else:
                 charge.settle(call.usage)
+        if att.kept:
+            # A failure kept for relaying that was not relayed (a retry answered).
+            att.drop_kept(st.answers)
         count_call(st, call)
         if call.span is not None:
             retries = st.cfg.max_retries - att.retries_left
@@ -478,8 +480,11 @@ class Proxy:
                 call.span, endpoint=call.eid, status=code, outcome=call.result, retries=retries
             )
 
-    def _relay_failed(self, call: Call, failed: Failed) -> Whole:
-        """The last retryable failure, as the engine answered it (attempts.py)."""
+    def _relay_failed(self, call: Call, att: Attempts) -> Whole:
+        """The last retryable failure, as the engine answered it (attempts.py), with its
+        charge to the held answers' bound (`Attempts.kept`)."""
+        failed = att.failed
+        assert failed is not None
         call.status = failed.status
         call.result = ENGINE_ERROR
         headers = {
@@ -489,7 +494,11 @@ class Proxy:
         }
         if failed.retry_after is not None:
             headers["Retry-After"] = failed.retry_after
-        return whole(failed.status, failed.body, headers)
+        resp = whole(failed.status, failed.body, headers)
+        if att.kept:
+            resp.hold = Hold(self.state.answers, att.kept)
+            att.kept = 0
+        return resp
 
     def _unavailable(self, call: Call, exc: NoReplica) -> Whole:
         call.status = 503

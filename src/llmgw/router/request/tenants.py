@@ -20,17 +20,19 @@ its next request is admitted. Budgets count the engine's usage per calendar
 period (UTC).
 
 Counts live in this router's memory, and a restart forgets them. With workers
-(`--workers N`), a key's buckets and its budget's spend are one per router, in the
-memory the workers share (workers/keytable.py): each admit, settle and refund of
-such a key holds its row's lock for those few float operations. A key the
+(`--workers N`), a key's buckets, its budget's spend and its leased allowance are
+one per router, in the memory the workers share (workers/keytable.py): each admit,
+settle and refund of such a key holds its row's lock for those few float
+operations. (The buckets themselves: buckets.py.) A key the
 controller gave is enforced at this router's *share* of its RPM and TPM, leased
 by the controller with the answer to each usage report (control/leases.py keeps
 the lease; controller/leasebook.py decides it): the buckets' rates are the
 shares, so the check per request stays local, the same few float operations.
 Its budget is an allowance of tokens the controller leases from what the fleet
 has left, spent down here and replaced by each answer (counted from when the
-report was built). A file's key, or any under a controller that leases nothing, is
-enforced at its whole limit.
+report was built): with workers, the row's, which any worker may spend whole. A
+file's key, or any under a controller that leases nothing, is enforced at its
+whole limit.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ import time
 from collections.abc import Iterable
 
 from llmgw.router.http.answers import Whole
+from llmgw.router.request.buckets import (
+    NO_SHARE_RETRY_S,
+    Bucket,
+    SharedBucket,
+    duration,
+    relimited,
+)
 from llmgw.router.request.refusals import error_response, model_not_allowed
 from llmgw.router.workers import keytable
 from llmgw.router.workers.keytable import KeyRow, KeyTable
@@ -53,8 +62,6 @@ log = logging.getLogger(__name__)
 
 # Bytes of a request body per token, for the TPM estimate before the engine counts.
 BYTES_PER_TOKEN = 4
-# Retry-After of a key with no share on this router yet (its lease is a report away).
-NO_SHARE_RETRY_S = 2.0
 # This router's (rpm, tpm) per minute of one key; the whole limit where nothing is leased.
 Share = tuple[float, float]
 
@@ -75,80 +82,6 @@ class Tenant:
         self.expires_at = key.expires_at
         # Whether a request of this key needs `Tenants.admit` at all.
         self.guarded = self.models is not None or key.limited
-
-
-class _Bucket:
-    """A token bucket: `share` per minute, refilled evenly, starting with `share` in it.
-
-    It holds a minute's worth, and never less than one (a request, a token): a share
-    below one would otherwise never admit anything. `limit` is the key's whole limit,
-    shown in the x-ratelimit-limit-* header.
-    """
-
-    __slots__ = ("at", "level", "limit", "rate", "size")
-
-    def __init__(self, limit: int, share: float, now: float) -> None:
-        self.limit = limit
-        self.size = max(1.0, share)
-        self.rate = share / 60.0
-        self.level = share
-        self.at = now
-
-    def reshare(self, share: float, now: float) -> None:
-        """A new share: the rate changes, and a smaller bucket spills what it cannot
-        hold; a larger one fills only at its rate (a new share is never a burst)."""
-        self.refill(now)
-        self.size = max(1.0, share)
-        self.rate = share / 60.0
-        self.level = min(self.level, self.size)
-
-    def refill(self, now: float) -> None:
-        self.level = min(self.size, self.level + (now - self.at) * self.rate)
-        self.at = now
-
-    def wait_s(self, need: float) -> float:
-        """Seconds until `need` is in the bucket (0 when it is now).
-
-        A share of zero never refills: the answer is the next lease, a report away.
-        """
-        if self.rate <= 0.0:
-            return 0.0 if self.level >= need else NO_SHARE_RETRY_S
-        return max(0.0, (need - self.level) / self.rate)
-
-    def reset_s(self) -> float:
-        """Seconds until the bucket is full again."""
-        return self.wait_s(self.size)
-
-
-class _SharedBucket(_Bucket):
-    """A bucket whose level and stamp are cells of the key's row, shared by the
-    router's workers; read and written only under the row's lock."""
-
-    __slots__ = ("_cell", "_cells")
-
-    def __init__(self, limit: int, share: float, cells: memoryview[float], cell: int) -> None:
-        self.limit = limit
-        self.size = max(1.0, share)
-        self.rate = share / 60.0
-        self._cells = cells
-        # The level's cell; the stamp's is the next one (keytable.py).
-        self._cell = cell
-
-    @property
-    def level(self) -> float:
-        return float(self._cells[self._cell])
-
-    @level.setter
-    def level(self, value: float) -> None:
-        self._cells[self._cell] = value
-
-    @property
-    def at(self) -> float:
-        return float(self._cells[self._cell + 1])
-
-    @at.setter
-    def at(self, value: float) -> None:
-        self._cells[self._cell + 1] = value
 
 
 class _Account:
@@ -173,17 +106,17 @@ class _Account:
         # The key's row in the workers' shared table; None: this process alone counts.
         self.row = row
         rpm, tpm = share
-        self.requests: _Bucket | None = None
-        self.tokens: _Bucket | None = None
+        self.requests: Bucket | None = None
+        self.tokens: Bucket | None = None
         if row is not None:
             cells = row.cells
             if key.rpm is not None:
-                self.requests = _SharedBucket(key.rpm, rpm, cells, keytable.RPM_LEVEL)
+                self.requests = SharedBucket(key.rpm, rpm, cells, keytable.RPM_LEVEL)
             if key.tpm is not None:
-                self.tokens = _SharedBucket(key.tpm, tpm, cells, keytable.TPM_LEVEL)
+                self.tokens = SharedBucket(key.tpm, tpm, cells, keytable.TPM_LEVEL)
         else:
-            self.requests = _Bucket(key.rpm, rpm, now) if key.rpm is not None else None
-            self.tokens = _Bucket(key.tpm, tpm, now) if key.tpm is not None else None
+            self.requests = Bucket(key.rpm, rpm, now) if key.rpm is not None else None
+            self.tokens = Bucket(key.tpm, tpm, now) if key.tpm is not None else None
         # The budget period the spend counts in ("" before the first request), and it.
         self.period = ""
         self.spent = 0
@@ -191,9 +124,10 @@ class _Account:
         # the controller splits the limits by (control/leases.py).
         self.asked_requests = 0
         self.asked_tokens = 0
-        # A leased budget: tokens of this router's allowance not spent yet (None: none
-        # leased yet), what the rest of the fleet may still spend, and the tokens
-        # spent since the last report was built (the next allowance counts from it).
+        # A leased budget: tokens of this process's allowance not spent yet (None: none
+        # leased yet; with a row, the row's counts instead), what the rest of the fleet
+        # may still spend, and the tokens spent since the last report was built (the
+        # next allowance counts from it).
         self.allowance: float | None = None
         self.elsewhere = 0.0
         self.report_spent = 0
@@ -218,21 +152,8 @@ class _Account:
         """`key`'s limits changed (a reload, the controller's list): its buckets keep what
         they hold (never grown) and what it spent stays spent, as in keytable._relimit."""
         self.limits = (key.rpm, key.tpm, key.budget)
-        self.requests = _relimited(self.requests, key.rpm, share[0], now)
-        self.tokens = _relimited(self.tokens, key.tpm, share[1], now)
-
-
-def _relimited(
-    bucket: _Bucket | None, limit: int | None, share: float, now: float
-) -> _Bucket | None:
-    """`bucket` with the limit `limit` (None: none) at `share`; a new one when it had none."""
-    if limit is None:
-        return None
-    if bucket is None:
-        return _Bucket(limit, share, now)
-    bucket.limit = limit
-    bucket.reshare(share, now)
-    return bucket
+        self.requests = relimited(self.requests, key.rpm, share[0], now)
+        self.tokens = relimited(self.tokens, key.tpm, share[1], now)
 
 
 class Charge:
@@ -276,10 +197,11 @@ class Charge:
                         acc.spent += used
                     else:
                         row.cells[keytable.SPENT] += used
+                        row.spend(used)
         finally:
             if row is not None:
                 row.unlock()
-        if self._budget_per is not None:
+        if self._budget_per is not None and row is None:
             acc.report_spent += used
             if acc.allowance is not None:
                 acc.allowance -= used
@@ -316,18 +238,23 @@ class Tenants:
     `shares`: sha256 → this router's (rpm, tpm) of a key the controller leases;
     `leased`: the keys that must have a share (the controller's, with an rpm or
     tpm) while `leasing` is on. Both are set by control/leases.py. `table`: the
-    workers' shared key rows (None: one process, which counts alone).
+    workers' shared key rows (None: one process, which counts alone); `workers`:
+    how many processes a key without a row splits the budget allowances over (each
+    spends 1/workers: a key in the table spends the row's, all of it).
     """
 
-    def __init__(self, *, clock: Clock, table: KeyTable | None = None) -> None:
+    def __init__(self, *, clock: Clock, table: KeyTable | None = None, workers: int = 1) -> None:
         self.clock = clock
         self.table = table
+        self.workers = workers
         # Whether a key found the shared table full (warned once).
         self._table_full = False
         self._accounts: dict[str, _Account] = {}
         self.shares: dict[str, Share] = {}
-        # sha256 → (this process's budget allowance, what the rest of the fleet holds).
+        # sha256 → (this router's budget allowance, what the rest of the fleet holds),
+        # from the answer to the supervisor's report number `allowed` (0: one process).
         self.allowances: dict[str, tuple[float, float]] = {}
+        self.allowed = 0
         self.leased: frozenset[str] = frozenset()
         # Whether the controller leases shares: None until its first answer (no share
         # yet), False when it answers without any (a controller from before leases).
@@ -362,21 +289,30 @@ class Tenants:
             if digest in self.leased:
                 acc.reshare(self._enforced(digest, acc.limits[0], acc.limits[1]), now)
 
-    def reallow(self, allowances: dict[str, tuple[float, float]]) -> None:
-        """New budget allowances, each counted from when the report was built."""
-        self.allowances = allowances
+    def reallow(self, allowances: dict[str, tuple[float, float]], report: int = 0) -> None:
+        """New budget allowances, each counted from when report number `report` was
+        built (a worker's supervisor numbers them; 0: one process)."""
+        self.allowances, self.allowed = allowances, report
         for digest, acc in self._accounts.items():
             got = allowances.get(digest)
             if got is not None:
-                acc.allowance, acc.elsewhere = got[0] - acc.report_spent, got[1]
+                acc.elsewhere = got[1]
+                if acc.row is None:
+                    acc.allowance = got[0] / self.workers - acc.report_spent
+                else:
+                    _allow(acc.row, report, got[0])
 
-    def asked(self) -> dict[str, tuple[int, int, float | None]]:
+    def asked(self, report: int = 0) -> dict[str, tuple[int, int, float | None]]:
         """sha256 → (requests, tokens) asked since the last call, and the allowance
-        left, of leased keys; resets the counts (a report is being built)."""
+        left, of leased keys; resets the counts (report number `report` is being
+        built). A row's allowance is said by the first worker asked (`KeyRow.cut`)."""
         out: dict[str, tuple[int, int, float | None]] = {}
         for digest, acc in self._accounts.items():
             if digest in self.leased:
-                out[digest] = (acc.asked_requests, acc.asked_tokens, acc.allowance)
+                held = acc.allowance
+                if acc.row is not None and acc.limits[2] is not None:
+                    held = _cut(acc.row, report)
+                out[digest] = (acc.asked_requests, acc.asked_tokens, held)
             acc.asked_requests = acc.asked_tokens = acc.report_spent = 0
         return out
 
@@ -456,7 +392,12 @@ class Tenants:
         acc = _Account(key, now, share, row)
         got = self.allowances.get(digest)
         if got is not None:
-            acc.allowance, acc.elsewhere = got
+            acc.elsewhere = got[1]
+            if row is None:
+                acc.allowance = got[0] / self.workers
+            else:
+                # A fresh row has none yet; an old one may have missed the last answer.
+                _allow(row, self.allowed, got[0])
         return acc
 
     def _budget(self, acc: _Account, tenant: Tenant) -> Whole | None:
@@ -489,16 +430,37 @@ def _limits(key: ClientKey) -> keytable.Limits:
     )
 
 
+def _allow(row: KeyRow, report: int, tokens: float) -> None:
+    """`KeyRow.allow` under the row's lock, unless the row is another key's now."""
+    row.lock()
+    try:
+        if row.mine():
+            row.allow(report, tokens)
+    finally:
+        row.unlock()
+
+
+def _cut(row: KeyRow, report: int) -> float | None:
+    """`KeyRow.cut` under the row's lock; None also when the row is another key's now."""
+    row.lock()
+    try:
+        return row.cut(report) if row.mine() else None
+    finally:
+        row.unlock()
+
+
 def _leased_budget(acc: _Account, tenant: Tenant) -> Whole | None:
-    """The budget as the controller leases it: this router's allowance, fleet-wide."""
-    if acc.allowance is not None and acc.allowance > 0:
+    """The budget as the controller leases it: this router's allowance, fleet-wide
+    (under the row's lock where shared)."""
+    left = acc.allowance if acc.row is None else acc.row.allowance()
+    if left is not None and left > 0:
         return None
-    if acc.allowance is None or acc.elsewhere > 0:
+    if left is None or acc.elsewhere > 0:
         # Not spent fleet-wide: this router's part is, and the next lease may bring more.
         return error_response(
             429,
             f"Rate limit reached for the API key {tenant.name!r} on this router's share "
-            f"of its budget. Please try again in {_duration(NO_SHARE_RETRY_S)}.",
+            f"of its budget. Please try again in {duration(NO_SHARE_RETRY_S)}.",
             type="tokens",
             code="rate_limit_exceeded",
             headers={"Retry-After": str(math.ceil(NO_SHARE_RETRY_S))},
@@ -550,7 +512,7 @@ def _take(acc: _Account, tenant: Tenant, estimate: int, now: float) -> Charge | 
         return error_response(
             429,
             f"Rate limit reached for the API key {tenant.name!r} on {what}. "
-            f"Please try again in {_duration(wait_s)}.",
+            f"Please try again in {duration(wait_s)}.",
             type=kind,
             code="rate_limit_exceeded",
             headers=headers,
@@ -571,22 +533,8 @@ def _headers(acc: _Account) -> dict[str, str]:
             continue
         out[f"x-ratelimit-limit-{kind}"] = str(bucket.limit)
         out[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(bucket.level)))
-        out[f"x-ratelimit-reset-{kind}"] = _duration(bucket.reset_s())
+        out[f"x-ratelimit-reset-{kind}"] = duration(bucket.reset_s())
     return out
-
-
-def _duration(seconds: float) -> str:
-    """OpenAI's reset format (Go's durations): `250ms`, `12s`, `1m30s`, `1h40m0s`.
-
-    Hours are named as OpenAI names them: a small leased share, or a bucket an answer
-    overdrew, is full again only hours later, which read `100m0s` before."""
-    if seconds < 1.0:
-        return f"{math.ceil(seconds * 1000)}ms"
-    minutes, secs = divmod(math.ceil(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
 
 
 def period_of(per: BudgetPeriod, wall: float) -> str:

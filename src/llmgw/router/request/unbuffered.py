@@ -18,11 +18,13 @@ way (`llmgw_router_unbuffered_answers_total`). Once its head has gone out,
 nothing is retried, and an engine that breaks off leaves the client a body cut
 short (a chunked answer without its last chunk), never a clean end.
 
-An error answer over the bound is not relayed (attempts.py): it is kept to be
-relayed only if no retry follows, which is what holding it would cost; the
+A retryable error answer over either bound is not relayed (attempts.py): it is kept to
+be relayed only if no retry follows, which is what holding it would cost; the
 client gets the router's 502 instead (attempts.too_large). So does a Messages client
-for any error answer over the bound: relayed as it comes, it could not be reshaped into
-Anthropic's error shape, the only one its client reads.
+for any error answer over a bound: relayed as it comes, it could not be reshaped into
+Anthropic's error shape, the only one its client reads. An error answer within them is
+counted against the held bound like any other, a retryable one for as long as it is
+kept (`Attempts.kept`).
 """
 
 from __future__ import annotations

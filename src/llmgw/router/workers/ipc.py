@@ -58,8 +58,10 @@ class Setup(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     slots: dict[str, int]
     # The last scrape of each endpoint, so a restarted worker is not blind until the next.
     stats: dict[str, Stats]
-    # The controller's last lease answer, so a restarted worker has its share at once.
+    # The controller's last lease answer, so a restarted worker has its share at once,
+    # and the number of the report it answered (`Leased.report`).
     lease: LeaseAnswer | None = None
+    lease_report: int = 0
 
 
 class Reload(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -79,14 +81,16 @@ class Listed(msgspec.Struct, tag=True, frozen=True, kw_only=True):
 class Leased(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     """After each usage report: the controller's lease answer, if it came.
 
-    Each worker enforces the router's whole RPM and TPM shares on the buckets all
-    workers share, and spends 1/workers of its budget allowances (control/leases.py).
+    Each worker enforces the router's whole RPM and TPM shares and budget allowances
+    on the key rows all workers share (workers/keytable.py).
     """
 
     # False: the report failed; the workers only check whether their lease expired.
     delivered: bool
     # None when not delivered, or when the controller leases nothing.
     answer: LeaseAnswer | None = None
+    # The number of the report answered: its "usage" Ask's (an allowance counts from it).
+    report: int = 0
 
 
 class Observed(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -112,6 +116,8 @@ class Learned(msgspec.Struct, tag=True, frozen=True, kw_only=True):
 class Ask(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     seq: int
     what: AskWhat
+    # A "usage" ask's report number, counted by the supervisor from 1 (keytable.py).
+    report: int = 0
 
 
 class AskReply(msgspec.Struct, tag=True, frozen=True, kw_only=True):
@@ -179,7 +185,7 @@ class Channel:
             self._lost()
             raise ChannelClosed(str(exc) or type(exc).__name__) from exc
 
-    async def ask(self, what: AskWhat, *, timeout_s: float) -> bytes:
+    async def ask(self, what: AskWhat, *, timeout_s: float, report: int = 0) -> bytes:
         """Send an Ask and wait for its AskReply (delivered by whoever runs `serve`)."""
         if self.closed:
             raise ChannelClosed("closed")
@@ -187,7 +193,7 @@ class Channel:
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._waiting[seq] = fut
         try:
-            self.send(Ask(seq=seq, what=what))
+            self.send(Ask(seq=seq, what=what, report=report))
             async with asyncio.timeout(timeout_s):
                 return await fut
         finally:

@@ -1,5 +1,6 @@
 """What the workers of one router share of each limited client key: its RPM and TPM
-buckets and its budget's spend, one row per key (request/tenants.py reads them).
+buckets, its budget's spend and its leased budget allowance, one row per key
+(request/tenants.py reads them).
 
 Without it each worker kept its own buckets, so a key got N times its limits
 through a router of N workers (docs/tenants.md). The rows live in the memory
@@ -7,14 +8,15 @@ file of the in-flight table (shared.py), after it, so they are the router's: a
 worker that dies (even by SIGKILL) and is started again finds the counts as
 they were.
 
-A row is 16 float64 cells: the key (its sha256, 32 bytes), its budget period
+A row is 20 float64 cells: the key (its sha256, 32 bytes), its budget period
 (16 ASCII bytes), whether the row is empty, used or freed, the limits the row
-was started for, then each bucket's level and when it was last refilled, and the
-budget spent. A worker finds its key's row by open addressing from the key's
-hash, and claims an empty or freed one; no message from the supervisor, so a
-worker never holds a map older than the key lists it enforces. A key revoked is
-freed by the first worker that forgets it; a worker that still enforces it sees
-another key (or none) in the row and claims one again (`KeyRow.mine`).
+was started for, then each bucket's level and when it was last refilled, the
+budget spent, and the allowance of a budget the controller leases (`KeyRow.cut`).
+A worker finds its key's row by open addressing from the key's hash, and claims
+an empty or freed one; no message from the supervisor, so a worker never holds a
+map older than the key lists it enforces. A key revoked is freed by the first
+worker that forgets it; a worker that still enforces it sees another key (or
+none) in the row and claims one again (`KeyRow.mine`).
 
 Each bucket's read-refill-check-take spans several cells, so it runs under a
 byte-range `fcntl.lockf` on the row (the workers are exec'd processes: no lock
@@ -23,6 +25,20 @@ record lock, unlike a spinlock in the shared memory, is released by the kernel
 when its holder dies, so a worker killed inside a take cannot stall the others.
 Locks are per process: two views in one process (the unit tests) do not
 exclude each other.
+
+The allowance is the router's, not a worker's: when each worker spent 1/N of it,
+a client whose requests all reached one worker was refused at 1/N. It is leased
+in the answer to a usage report and counts from when that report was built, so
+the row keeps what is left, the tokens spent since the last report's cut, and
+two report numbers (the supervisor numbers its reports): the first worker asked
+for report k cuts the row (and alone says what is left, so the supervisor's sum
+counts it once), and the first to take its answer sets the allowance to the
+lease less the spend since the cut; the others find both done. A worker takes
+answer k before it is asked for report k+1 (one channel, in order), so a row is
+never cut for k+1 before answer k is in it; a row made later takes the last
+answer from the worker that makes it. A worker asked after the first counts its
+spend between the two asks twice (in its report's tokens and in the spend since
+the cut): the allowance errs low, never above what the controller leased.
 """
 
 from __future__ import annotations
@@ -36,13 +52,16 @@ import struct
 # Limited keys one router shares across its workers; beyond it a key is counted
 # per worker (a warning says so).
 DEFAULT_KEY_CAPACITY = 16384
-_ROW = 128  # bytes per row: 16 float64 cells
+_ROW = 160  # bytes per row: 20 float64 cells
 _CELLS = _ROW // 8
 # Byte offsets and cell indexes within a row.
 _DIGEST = slice(0, 32)
 _PERIOD = slice(32, 48)
 STATE, RPM_LIMIT, TPM_LIMIT, BUDGET_TOKENS, BUDGET_PER = 6, 7, 8, 9, 10
 RPM_LEVEL, RPM_AT, TPM_LEVEL, TPM_AT, SPENT = 11, 12, 13, 14, 15
+# The leased allowance left (NaN: none leased yet), the tokens spent since the last
+# cut, the number of the report that cut last, and of the one whose answer it is.
+LEFT, SINCE, CUT, LEASED = 16, 17, 18, 19
 _EMPTY, _USED, _FREED = 0.0, 1.0, 2.0
 # The row's limits: rpm, tpm, budget tokens, budget period (0 day, 1 week, 2 month);
 # NaN where the key has none.
@@ -87,6 +106,39 @@ class KeyRow:
     @period.setter
     def period(self, value: str) -> None:
         self._raw[_PERIOD] = value.encode("ascii")[:16].ljust(16, b"\0")
+
+    # The leased allowance, under `lock()`.
+
+    def cut(self, report: int) -> float | None:
+        """Report `report` is being built: its answer's allowance counts from now on.
+        What is left of the last one, from the first worker asked (None: another
+        worker said it, or none was leased)."""
+        cells = self.cells
+        if cells[CUT] >= report:
+            return None
+        cells[CUT], cells[SINCE] = float(report), 0.0
+        left = cells[LEFT]
+        return None if math.isnan(left) else left
+
+    def allow(self, report: int, tokens: float) -> None:
+        """`tokens` leased in the answer to report `report`, less what was spent since
+        its cut; taken once per report. An answer older than the last cut is not: the
+        spend since would be counted from too late, and the next answer comes."""
+        cells = self.cells
+        if cells[LEASED] >= report or cells[CUT] > report:
+            return
+        cells[LEASED] = float(report)
+        cells[LEFT] = tokens - cells[SINCE]
+
+    def spend(self, tokens: float) -> None:
+        cells = self.cells
+        cells[SINCE] += tokens
+        cells[LEFT] -= tokens  # NaN (none leased) stays NaN
+
+    def allowance(self) -> float | None:
+        """The leased allowance left; None: none leased yet."""
+        left = self.cells[LEFT]
+        return None if math.isnan(left) else left
 
 
 class KeyTable:
@@ -180,12 +232,14 @@ def _same(cells: memoryview[float], limits: Limits) -> bool:
 
 
 def _start(row: KeyRow, limits: Limits, share: tuple[float, float], now: float) -> None:
-    """A fresh row: both buckets full (as a one-process router starts a key), no spend."""
+    """A fresh row: both buckets full (as a one-process router starts a key), no spend,
+    no allowance (the worker that claims it gives it the last, `KeyRow.allow`)."""
     cells = row.cells
     cells[RPM_LIMIT : BUDGET_PER + 1] = memoryview(_floats(limits)).cast("d")
     cells[RPM_LEVEL], cells[RPM_AT] = share[0], now
     cells[TPM_LEVEL], cells[TPM_AT] = share[1], now
     cells[SPENT] = 0.0
+    cells[LEFT : LEASED + 1] = memoryview(_floats((math.nan, 0.0, 0.0, 0.0))).cast("d")
     row.period = ""
     cells[STATE] = _USED
 

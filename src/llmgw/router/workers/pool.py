@@ -49,11 +49,10 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw.router.config import RouterConfig, in_force
-from llmgw.router.control.leases import add_demand
 from llmgw.router.control.reloadstatus import ReloadMetrics
 from llmgw.router.control.sources import ConfigWatcher, ControllerClient, ControllerSource
 from llmgw.router.control.tokenusage import TokenLedger
-from llmgw.router.control.usagereports import build_report, deliver
+from llmgw.router.control.usagereports import deliver, report_failures
 from llmgw.router.replicas.registry import Registry, Stats
 from llmgw.router.replicas.scrape import HttpMetricsFetcher, Scraper
 from llmgw.router.upstream.aiohttp_client import Upstream
@@ -75,6 +74,7 @@ from llmgw.router.workers.ipc import (
     frame,
 )
 from llmgw.router.workers.metricsmerge import Merger, parse
+from llmgw.router.workers.reportmerge import merge_reports
 from llmgw.router.workers.shared import SharedInflight, SlotTable
 from llmgw.router.workers.worker import WorkerSpec
 from llmgw.runtime.clock import SYSTEM_CLOCK
@@ -83,8 +83,8 @@ from llmgw.runtime.procmetrics import register_process_metrics
 from llmgw.runtime.sdnotify import Notifier
 from llmgw.runtime.serve import READY_PREFIX, ListenError
 from llmgw.wire.endpoints import EndpointInfo, EndpointList
-from llmgw.wire.leases import KeyDemand, LeaseAnswer
-from llmgw.wire.usage import ModelLoad, TokenUsage, UsageReport
+from llmgw.wire.leases import LeaseAnswer
+from llmgw.wire.usage import TokenUsage, UsageReport
 
 log = logging.getLogger(__name__)
 
@@ -138,49 +138,6 @@ class WorkerMetrics:
         self.workers.set_function(lambda: float(serving()))
 
 
-def merge_reports(router_id: str, sent_at: float, reports: Sequence[UsageReport]) -> UsageReport:
-    """The workers' reports as one router's: counts added, last use the latest."""
-    last_used: dict[str, float] = {}
-    inflight: dict[str, int] = {}
-    demand: dict[str, int] = {}
-    load: dict[str, ModelLoad] = {}
-    keys: dict[str, KeyDemand] = {}
-    queued: dict[tuple[str, str], int] = {}
-    for r in reports:
-        for d in r.key_demand:
-            keys[d.sha256] = d if d.sha256 not in keys else add_demand(keys[d.sha256], d)
-        for q in r.flow_queued:
-            queued[q.band, q.team] = queued.get((q.band, q.team), 0) + q.requests
-        for k, t in r.last_used.items():
-            last_used[k] = max(t, last_used.get(k, t))
-        for k, n in r.inflight.items():
-            inflight[k] = inflight.get(k, 0) + n
-        for k, n in r.demand.items():
-            demand[k] = demand.get(k, 0) + n
-        for k, m in r.load.items():
-            have = load.get(k)
-            load[k] = (
-                m
-                if have is None
-                else ModelLoad(
-                    inflight=have.inflight + m.inflight,
-                    held=have.held + m.held,
-                    requests=have.requests + m.requests,
-                    interval_s=max(have.interval_s, m.interval_s),
-                )
-            )
-    return build_report(
-        router_id=router_id,
-        sent_at=sent_at,
-        last_used=last_used,
-        inflight=inflight,
-        demand=demand,
-        load=load,
-        key_demand=[keys[k] for k in sorted(keys)],
-        flow_queued=queued,
-    )
-
-
 class Supervisor:
     """Starts, feeds, restarts and stops the workers; does the host's chores once."""
 
@@ -206,8 +163,10 @@ class Supervisor:
         self.registry = Registry(stale_after_s=cfg.stale_after_s)
         self.follows_controller = cfg.controller is not None
         self.listed: EndpointList | None = None
-        # The controller's last lease answer, for a worker that starts later.
+        # The controller's last lease answer, for a worker that starts later, and the
+        # number of the report it answered; reports are numbered from 1 (keytable.py).
         self.lease: LeaseAnswer | None = None
+        self.lease_report = self.reports = 0
         self.stats: dict[str, Stats] = {}
         self.upstream = Upstream(connect_timeout_s=cfg.connect_timeout_s)
         self.workers: dict[int, _Worker] = {}
@@ -220,6 +179,7 @@ class Supervisor:
         self.notifier = Notifier(None)
         self.merger = Merger()
         self.ledger = TokenLedger(clock=SYSTEM_CLOCK)
+        self._report_failures = report_failures(log)
         self.host_metrics = CollectorRegistry()
         self._scrape_failures = Counter(
             "llmgw_router_scrape_failures",
@@ -361,6 +321,7 @@ class Supervisor:
                 slots=self.slots,
                 stats=dict(self.stats),
                 lease=self.lease,
+                lease_report=self.lease_report,
             )
         )
         w.task = asyncio.create_task(self._serve(w))
@@ -400,7 +361,8 @@ class Supervisor:
 
         async def one(w: _Worker) -> tuple[int, bytes | None]:
             try:
-                return w.index, await w.channel.ask(what, timeout_s=ASK_TIMEOUT_S)
+                body = await w.channel.ask(what, timeout_s=ASK_TIMEOUT_S, report=self.reports)
+                return w.index, body
             except (ChannelClosed, TimeoutError):
                 return w.index, None
 
@@ -431,17 +393,19 @@ class Supervisor:
     async def _report_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.report_interval_s)
+            self.reports += 1
             report, counted = await self.usage(reset=True)
             if self.controller is None:
                 continue
             try:
                 _, answer = await deliver(self.controller, self.ledger, report, counted)
             except Exception as exc:  # noqa: BLE001 - the next report carries its token rows again
-                log.warning(kv("usage report failed", error=exc))
+                self._report_failures.failed(str(exc), now=time.monotonic())
                 self._broadcast(Leased(delivered=False))
             else:
-                self.lease = answer
-                self._broadcast(Leased(delivered=True, answer=answer))
+                self._report_failures.worked()
+                self.lease, self.lease_report = answer, self.reports
+                self._broadcast(Leased(delivered=True, answer=answer, report=self.reports))
 
     async def _gather_metrics_loop(self) -> None:
         while True:

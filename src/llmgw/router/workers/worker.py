@@ -86,9 +86,8 @@ class WorkerLink:
         self.state = state
         s = self.setup
         state.worker_index = s.index
-        state.leases.split = s.workers
         if s.lease is not None:
-            state.leased(s.lease)
+            state.leased(s.lease, s.lease_report)
         if s.listed is not None:
             state.apply_list(s.listed)
         for eid, stats in s.stats.items():
@@ -148,7 +147,7 @@ class WorkerLink:
             st.apply_list(msg.listed)
         elif isinstance(msg, Leased):
             if msg.delivered:
-                st.leased(msg.answer)
+                st.leased(msg.answer, msg.report)
             st.lease_expire()
         elif isinstance(msg, Reload):
             self.shared.slots = msg.slots
@@ -156,17 +155,17 @@ class WorkerLink:
         elif isinstance(msg, Learned):
             st.prefix.replay(msg.records)
         elif isinstance(msg, Ask):
-            self.channel.send(AskReply(seq=msg.seq, body=self._answer(st, msg.what)))
+            self.channel.send(AskReply(seq=msg.seq, body=self._answer(st, msg)))
         else:
             log.warning(kv("unexpected message from the supervisor", kind=type(msg).__name__))
 
     @staticmethod
-    def _answer(st: Router, what: AskWhat) -> bytes:
-        if what == "metrics":
+    def _answer(st: Router, ask: Ask) -> bytes:
+        if ask.what == "metrics":
             return st.metrics.render()
-        reset = what == "usage"
+        reset = ask.what == "usage"
         answer: WorkerUsage = (
-            st.usage_report(reset=reset),
+            st.usage_report(reset=reset, report=ask.report),
             st.token_counts.drain() if reset else [],
         )
         return msgspec.msgpack.encode(answer)
