@@ -11,12 +11,16 @@
 
 Layout: a namespace of its own holds the bridge (the "switch"); every host is
 a namespace with one veth whose peer is a port of that bridge, and an address
-in SUBNET, which exists only inside these namespaces. The test process itself
-joins the switch as one more port (`CLIENT_ADDR`), so pytest and the real
-`openai` client can talk to the hosts; its route covers SUBNET only, nothing
-else is ever sent anywhere. Cutting a host takes its switch port down: the
-host keeps its address and loopback (its agent still sees its own engines)
-but no packet leaves or arrives.
+in the net's `subnet`, a /24 of 10.213.0.0/16 that exists only inside these
+namespaces. The test process itself joins the switch as one more port
+(`client_addr`, .254), so pytest and the real `openai` client can talk to the
+hosts; its route covers that /24 only, nothing else is ever sent anywhere.
+Each net claims its /24 for its lifetime (`claim_subnet`: a lock the kernel
+drops when the process dies), so nets made at once by tests running side by
+side (scripts/test runs several pytest processes) never share an address.
+
+Cutting a host takes its switch port down: the host keeps its address and
+loopback (its agent still sees its own engines) but no packet leaves or arrives.
 
 Everything is torn down on exit, even after a failure: the processes started
 here are stopped by PID, then anything still running inside a host's namespace
@@ -29,21 +33,40 @@ Needs root and `ip netns`; `unavailable()` says why not, for a skip.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
+import random
 import shutil
 import signal
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from llmgw.testing import Program, start_program, wait_until
 
-SUBNET = "10.213.0"
-CLIENT_ADDR = f"{SUBNET}.254"
+# Every net's /24 is one of 10.213.0.0/16's (claim_subnet).
+SUBNETS = "10.213"
 # A locally administered MAC no port has (silence_between).
 NOWHERE_MAC = "02:00:5e:00:00:fe"
+
+
+def claim_subnet() -> tuple[str, int]:
+    """A /24 no other net of this machine holds ("10.213.N"), and the descriptor whose
+    lock holds it: closing it, or the process ending, lets it go."""
+    folder = Path(tempfile.gettempdir()) / "llmgw-test-subnets"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for n in random.sample(range(256), 256):
+        fd = os.open(folder / f"{SUBNETS}.{n}", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return f"{SUBNETS}.{n}", fd
+    raise RuntimeError(f"every /24 of {SUBNETS}.0.0/16 is held by another test net")
 
 
 def _pids_in(ns: str) -> list[int]:
@@ -138,6 +161,9 @@ class Net:
         self.hosts: dict[str, Host] = {}
         self._names = list(names)
         self._client_if = f"lg{self.tag}c"
+        self.subnet = ""  # "10.213.N", claimed on entry
+        self.client_addr = ""  # the test process's address on the switch
+        self._claim: int | None = None
 
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]
@@ -154,6 +180,8 @@ class Net:
         self._teardown()
 
     def _build(self) -> None:
+        self.subnet, self._claim = claim_subnet()
+        self.client_addr = f"{self.subnet}.254"
         sw = self.switch
         _ip("netns", "add", sw)
         _ip("-n", sw, "link", "add", "br0", "type", "bridge")
@@ -161,7 +189,7 @@ class Net:
         for i, name in enumerate(self._names, start=1):
             ns = f"llmgw-{self.tag}-h{i}"
             port = f"p{i}"
-            addr = f"{SUBNET}.{i}"
+            addr = f"{self.subnet}.{i}"
             _ip("netns", "add", ns)
             self.hosts[name] = Host(self, name, ns, addr, port)
             # Made in the switch namespace, one end moved into the host and renamed.
@@ -174,11 +202,11 @@ class Net:
             _ip("-n", sw, "link", "set", port, "master", "br0")
             _ip("-n", sw, "link", "set", port, "up")
         # The test process's own port on the switch: root namespace side carries
-        # CLIENT_ADDR/24, so only SUBNET is routed through it.
+        # client_addr/24, so only the net's subnet is routed through it.
         _ip("link", "add", self._client_if, "type", "veth", "peer", "name", "pc", "netns", sw)
         _ip("-n", sw, "link", "set", "pc", "master", "br0")
         _ip("-n", sw, "link", "set", "pc", "up")
-        _ip("addr", "add", f"{CLIENT_ADDR}/24", "dev", self._client_if)
+        _ip("addr", "add", f"{self.client_addr}/24", "dev", self._client_if)
         _ip("link", "set", self._client_if, "up")
 
     @staticmethod
@@ -215,7 +243,7 @@ class Net:
                 continue
             _pin(other.ns, host.addr, macs[name])
             _pin(host.ns, other.addr, macs[other.name])
-        _pin(host.ns, CLIENT_ADDR, self._client_mac())
+        _pin(host.ns, self.client_addr, self._client_mac())
         _ip("neigh", "replace", host.addr, "lladdr", macs[name], "dev", self._client_if,
             "nud", "permanent")  # fmt: skip
         _ip("-n", self.switch, "link", "set", host.port, "nomaster")
@@ -266,6 +294,9 @@ class Net:
         for host in self.hosts.values():
             _ip("netns", "del", host.ns, check=False)
         _ip("netns", "del", self.switch, check=False)
+        if self._claim is not None:
+            os.close(self._claim)
+            self._claim = None
 
 
 @contextlib.contextmanager

@@ -221,7 +221,7 @@ class PrivatePostgres:
         )  # fmt: skip
         assert init.returncode == 0, init.stderr
         with (self.data / "pg_hba.conf").open("a") as hba:
-            hba.write(f"host all all {netns.SUBNET}.0/24 trust\n")
+            hba.write(f"host all all {host.net.subnet}.0/24 trust\n")
         self.log = self.dir / "pg.log"
         log = open(self.log, "wb")  # noqa: SIM115 - the child keeps its own copy
         self.proc = host.popen(
