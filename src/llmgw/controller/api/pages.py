@@ -45,12 +45,19 @@ class NameSet(NamedTuple):
     rule: str
 
 
-KEY_NAMES = NameSet("key name", re.compile(LABEL_PATTERN), LABEL_RULE)
+# A name stored before the name patterns refused a final line end (POST took "alice\n")
+# may be the last of a page, and its name the cursor: refused, the walk ended at it.
+_STORED_LINE_END = r"\n?" + END
+KEY_NAMES = NameSet(
+    "key name",
+    re.compile(LABEL_PATTERN.removesuffix(END) + _STORED_LINE_END),
+    LABEL_RULE,
+)
 # The set stored models are read with (wire.names), wider than what apply takes now: a
 # model stored under an older rule may be the last of a page, and its name the cursor.
 MODEL_NAMES = NameSet(
     "model name",
-    re.compile(STORED_MODEL_NAME_PATTERN.removesuffix("$") + END),
+    re.compile(STORED_MODEL_NAME_PATTERN.removesuffix("$") + _STORED_LINE_END),
     "1 to 128 characters, starting with a letter or digit, then letters, digits and . _ : / -",
 )
 
