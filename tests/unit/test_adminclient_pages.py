@@ -10,7 +10,7 @@ import pytest
 
 from llmgw.adminclient.client import AdminClient, Response
 from llmgw.adminclient.errors import AdminServerFailed
-from llmgw.adminclient.pages import next_after
+from llmgw.adminclient.pages import MAX_PAGES, next_after
 
 
 def _key(name: str) -> dict[str, object]:
@@ -102,6 +102,17 @@ class TestHostileCursors:
         with pytest.raises(AdminServerFailed, match="cursor"):
             AdminClient("http://c", transport=t).keys()
         assert t.pages <= 3
+
+
+class TestEndlessCursors:
+    """Cursors that always advance are followed for a bounded number of pages only."""
+
+    def test_a_list_that_never_ends_fails_after_max_pages(self) -> None:
+        """`a`, `aa`, `aaa`, …: AdminServerFailed after MAX_PAGES requests."""
+        t = Hostile(lambda n: f'</admin/keys?after={"a" * n}>; rel="next"')
+        with pytest.raises(AdminServerFailed, match="still more pages"):
+            AdminClient("http://c", transport=t).keys()
+        assert t.pages == MAX_PAGES
 
 
 class TestNextAfter:

@@ -31,7 +31,7 @@ from llmgw.adminclient.errors import (
     AdminUnauthorized,
     AdminUnreachable,
 )
-from llmgw.adminclient.pages import next_after
+from llmgw.adminclient.pages import MAX_PAGES, next_after
 from llmgw.runtime.netaddr import is_loopback
 from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import (
@@ -347,7 +347,7 @@ class AdminClient:
         rows: list[R] = []
         raw: list[object] = []
         query = {"limit": None if page_size is None else str(page_size), "after": None}
-        while True:
+        for _ in range(MAX_PAGES):
             page, link = self._call_link("GET", path, kind, query=query)
             rows.extend(page)
             if isinstance(self.answer, list):
@@ -364,6 +364,12 @@ class AdminClient:
                     f"{before!r}; the list is not read further"
                 )
             query["after"] = after
+        else:
+            # Cursors that advance forever ("a", "aa", …): a controller's pages hold a
+            # thousand rows by default, so this many pages is no real list.
+            raise AdminServerFailed(
+                f"GET {path}: still more pages after {MAX_PAGES:,}; the list is not read further"
+            )
         self.answer = raw
         return rows
 

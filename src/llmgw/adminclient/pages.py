@@ -12,6 +12,10 @@ from __future__ import annotations
 import re
 import urllib.parse
 
+# The most pages one list is read in: ten million rows at the controller's default page
+# size, and a bound on a controller whose cursors advance without end.
+MAX_PAGES = 10_000
+
 # One link-value of a Link header: `<target>` and its parameters up to the next comma
 # outside the brackets (targets here never hold a comma; names cannot).
 _LINK = re.compile(r"<([^>]*)>((?:\s*;\s*[^,;]*)*)")
