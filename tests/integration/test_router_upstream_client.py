@@ -18,7 +18,8 @@ import pytest
 import uvloop
 
 from llmgw.router.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
-from llmgw.router.request.attempts import read_within
+from llmgw.router.http.answers import HeldAnswers
+from llmgw.router.request.attempts import Attempts, hold_within
 from llmgw.router.upstream import fastconn
 from llmgw.router.upstream.base import HeaderLines
 from llmgw.router.upstream.fast import FastUpstream
@@ -411,7 +412,9 @@ class TestWholeAnswerInHand:
 
         resp = await post(client, peer, "/echo")
         monkeypatch.setattr(fastconn, "Headers", Counted)
-        assert await read_within(resp, 1000) == (b'{"q":1}', True)
+        answers, att = HeldAnswers(1 << 20), Attempts(0.0, 0)
+        assert await hold_within(resp, 1000, answers, att)
+        assert (att.data, att.held, answers.held_bytes) == (b'{"q":1}', 7, 7)
         assert built == []
 
     async def test_one_over_the_bound_is_not_held_whole(
@@ -420,7 +423,9 @@ class TestWholeAnswerInHand:
         """In hand but over the bound: not taken (its declared length says so), left to
         be relayed as it comes."""
         resp = await post(client, peer, "/echo")
-        assert await read_within(resp, 3) == (b"", False)
+        answers, att = HeldAnswers(1 << 20), Attempts(0.0, 0)
+        assert not await hold_within(resp, 3, answers, att)
+        assert (att.data, att.held, answers.held_bytes) == (b"", 0, 0)
         assert await resp.read() == b'{"q":1}'
 
 

@@ -214,29 +214,6 @@ def too_large(status: int) -> Failed:
     return Failed(502, body, JSON)
 
 
-async def read_within(up: UpstreamReply, limit: int) -> tuple[bytes, bool]:
-    """The body and True when it is at most `limit` bytes; else what was read of it and
-    False, the rest unread. A declared Content-Length over `limit` is taken at its word:
-    nothing is read."""
-    data = up.body_in(limit)
-    if data is not None:
-        # The usual answer, in with its head: no header looked up (bench/RESULTS.md,
-        # "a `Headers` object and a generic `get`").
-        return data, True
-    declared = up.headers.get("Content-Length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return b"", False
-    parts: list[bytes] = []
-    size = 0
-    while size <= limit:
-        chunk = await up.chunk()
-        if not chunk:
-            return parts[0] if len(parts) == 1 else b"".join(parts), True
-        parts.append(chunk)
-        size += len(chunk)
-    return b"".join(parts), False
-
-
 async def hold_within(up: UpstreamReply, limit: int, answers: HeldAnswers, att: Attempts) -> bool:
     """Read the body into `att.data`, each chunk charged to `answers` as it comes in
     (`att.held`): True when it is all in within `limit` and `answers`' bound; else
@@ -248,8 +225,9 @@ async def hold_within(up: UpstreamReply, limit: int, answers: HeldAnswers, att: 
     the answer twice over."""
     data = up.body_in(limit)
     if data is not None:
-        # The usual answer, in with its head: no header looked up (read_within). It is
-        # in memory already, so it is held whatever the bound; the charge says so.
+        # The usual answer, in with its head: no header looked up (bench/RESULTS.md,
+        # "a `Headers` object and a generic `get`"). It is in memory already, so it is
+        # held whatever the bound; the charge says so.
         att.held = len(data)
         answers.held_bytes += att.held
         att.data = data
