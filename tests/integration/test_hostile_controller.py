@@ -65,6 +65,7 @@ def schemathesis_cli() -> list[str]:
     return [sys.executable, str(Path(__file__).parent / "schemathesis" / "run.py")]
 
 
+@pytest.mark.slow  # schemathesis runs for up to 30 s: started early (tests/conftest.py)
 class TestSchemaIsTheTruth:
     """Schemathesis finds nothing against a real controller."""
 

@@ -26,7 +26,9 @@ from .router_fixtures import base_config, router, sim_args
 from .test_ctl_controller import ctl, json_list
 from .test_router_usage_report import metrics, series
 
-pytestmark = pytest.mark.slow
+# A controller, three routers and an engine for the module, then tests that hammer the
+# fleet for 12-30 s each: the default 60 s per test left no room on a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 TOKEN = "integration-token"
 RPM = 180
