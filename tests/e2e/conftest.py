@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from llmgw.testing import Program, free_port, start_program
+from llmgw.testing import Program, free_port, start_program, up_engine_ports
 from llmgw.testing.wait import wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -99,7 +99,7 @@ def start_up(tmp: Path, fleet: Path | None) -> System:
     port = free_port()
     cport = free_port()
     args = ["up", "--port", str(port), "--controller-port", str(cport), "--quiet"]
-    args += ["--state-dir", str(tmp / "state")]
+    args += ["--state-dir", str(tmp / "state"), *up_engine_ports()]
     if fleet is not None:
         args += ["--fleet", str(fleet)]
     prog = start_program(args, log_dir=tmp, ready_timeout_s=240, cwd=tmp)

@@ -122,7 +122,8 @@ class TestReadmeWalkthroughs:
                 outputs
             )
             events = system.ctl("events", "--json")
-            assert any("evicted for deepseek-coder-33b" in e["message"] for e in events), events
+            told = [f"{e['kind']} {e['subject_id']}: {e['message']}" for e in events]
+            assert any("evicted for deepseek-coder-33b" in e["message"] for e in events), told
         finally:
             system.stop()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.testing.procs import free_port, llmgw_argv
+from llmgw.testing.procs import free_port, llmgw_argv, up_engine_ports
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,7 +29,7 @@ def agent(state_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 def up(state_dir: Path) -> subprocess.CompletedProcess[str]:
-    args = ["up", "--state-dir", str(state_dir), "--port", str(free_port())]
+    args = ["up", "--state-dir", str(state_dir), "--port", str(free_port()), *up_engine_ports()]
     return subprocess.run(
         llmgw_argv(*args),
         capture_output=True,

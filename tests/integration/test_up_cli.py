@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.testing.procs import free_port, llmgw_argv
+from llmgw.testing.procs import free_port, llmgw_argv, up_engine_ports
 from llmgw.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,7 +61,7 @@ def folder(tmp_path: Path) -> Iterator[Path]:
 
 def ports() -> list[str]:
     """Both ports given: the controller's default (router port + 1) may be anyone's."""
-    return ["--port", str(free_port()), "--controller-port", str(free_port())]
+    return ["--port", str(free_port()), "--controller-port", str(free_port()), *up_engine_ports()]
 
 
 def up(folder: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -184,6 +184,53 @@ def running_up(
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+class TestEnginePorts:
+    """llmgw up's --engine-ports: where the engines listen, and the ranges it refuses."""
+
+    def test_engines_listen_from_the_first_port_given(self, folder: Path) -> None:
+        """The one node's engine listens inside FIRST..FIRST+49."""
+        first = int(up_engine_ports()[1])
+        with running_up(folder) as proc:
+            until_ready(proc)
+            url = json.loads((folder / ".llmgw" / "up.json").read_text())["controller_url"]
+            env = {**os.environ, "LLMGW_TOKEN_FILE": str(folder / ".llmgw" / "tokens" / "admin")}
+
+            def engine_ports() -> list[int]:
+                listed = subprocess.run(
+                    llmgw_argv("ctl", "--controller", url, "replicas", "--json"),
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    env=env,
+                    check=True,
+                )
+                found = [s["port"] for r in json.loads(listed.stdout) for s in r["shards"]]
+                return found if found and None not in found else []
+
+            ports = wait_until(engine_ports, timeout_s=60, what="the engine's port", every_s=0.5)
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=60)
+        assert all(first <= p < first + 50 for p in ports), (first, ports)
+
+    def test_a_range_past_65535(self, folder: Path) -> None:
+        """Engine ports that cannot all exist: exit 2, one line with the range, nothing started."""
+        out = up(folder, *ports()[:4], "--engine-ports", "65500")
+        assert out.returncode == 2
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert "--engine-ports 65500" in out.stderr
+        assert "65500-65549" in out.stderr
+        assert not (folder / ".llmgw").exists()
+
+    def test_the_routers_port_inside_the_range(self, folder: Path) -> None:
+        """A router port among the engines' ports is refused, naming both."""
+        port = free_port()
+        out = up(folder, "--port", str(port), "--engine-ports", str(port - 10))
+        assert out.returncode == 2
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert f"the router's port {port} is inside the engines' ports" in out.stderr
+        assert procs_of(folder) == []
 
 
 class TestInterrupt:

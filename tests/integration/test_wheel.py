@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.router.compiled import MODULES
-from llmgw.testing import free_port, start_program
+from llmgw.testing import free_port, start_program, up_engine_ports
 from llmgw.testing.wheel import WheelBuildFailed, build
 
 from .router_fixtures import base_config, write_config
@@ -114,6 +114,7 @@ class TestWheel:
         """`llmgw up` from the installed wheel starts the whole system and answers."""
         ports = ["--port", str(free_port()), "--controller-port", str(free_port())]
         args = ["up", *ports, "--state-dir", str(tmp_path / "state"), "--quiet"]
+        args += up_engine_ports()
         up = start_program(
             args, python=str(venv), log_dir=tmp_path, cwd=tmp_path, ready_timeout_s=240
         )

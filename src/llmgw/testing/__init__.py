@@ -14,7 +14,15 @@ the one way a test waits for a condition, instead of a fixed sleep.
 """
 
 from llmgw.runtime.clock import ManualClock
-from llmgw.testing.procs import Program, free_port, start_program
+from llmgw.testing.procs import Program, free_port, start_program, up_engine_ports
 from llmgw.testing.wait import until, wait_until
 
-__all__ = ["ManualClock", "Program", "free_port", "start_program", "until", "wait_until"]
+__all__ = [
+    "ManualClock",
+    "Program",
+    "free_port",
+    "start_program",
+    "until",
+    "up_engine_ports",
+    "wait_until",
+]

@@ -31,6 +31,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def up_engine_ports() -> list[str]:
+    """`llmgw up`'s engine ports for this test process: 1,000 of its own per pytest-xdist
+    worker, under the kernel's ephemeral ports and clear of up's default (21000), so ups
+    in parallel test processes never race each other for an engine's port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    n = int(worker) % 10 if worker.isdigit() else 0
+    return ["--engine-ports", str(22000 + 1000 * n)]
+
+
 class ProgramFailed(RuntimeError):
     """The program exited or never became ready; the message carries its log tail."""
 

@@ -54,6 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="router port (default 8080)")
     p.add_argument("--controller-port", type=int, default=None, help="default: router port + 1")
     p.add_argument("--fleet", type=Path, default=None, help="fleet file (default: built-in)")
+    p.add_argument(
+        "--engine-ports",
+        type=int,
+        default=ENGINE_PORT_BASE,
+        metavar="FIRST",
+        help=f"the engines' first port: node i's engines listen on FIRST+{ENGINE_PORTS_PER_NODE}i"
+        f" to FIRST+{ENGINE_PORTS_PER_NODE}i+{ENGINE_PORTS_PER_NODE - 1}; give a second up on"
+        " this machine another FIRST",
+    )
     p.add_argument("--state-dir", type=Path, default=Path(".llmgw"), help="default ./.llmgw")
     p.add_argument(
         "--token",
@@ -75,6 +84,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="log format of every program up starts (default: $LLMGW_LOG_FORMAT, else text)",
     )
     return p
+
+
+def check_engine_ports(args: argparse.Namespace, nodes: int) -> None:
+    """Refuse an engine port range that leaves 1-65535 or holds the router's or the
+    controller's port (the agents would skip that port, but it is surely a slip)."""
+    first = args.engine_ports
+    last = first + nodes * ENGINE_PORTS_PER_NODE - 1
+    if first < 1 or last > 65535:
+        raise Refused(
+            f"--engine-ports {first}: {nodes} nodes need ports {first}-{last}; ports are 1-65535"
+        )
+    programs = {"router": args.port, "controller": args.controller_port or args.port + 1}
+    for name, port in programs.items():
+        if first <= port <= last:
+            raise Refused(
+                f"the {name}'s port {port} is inside the engines' ports {first}-{last}; "
+                "pass another --engine-ports FIRST"
+            )
 
 
 class Up:
@@ -151,7 +178,7 @@ class Up:
     def agents(self) -> list[Child]:
         out = []
         for i, (name, group) in enumerate(self.fleet.node_names()):
-            lo = ENGINE_PORT_BASE + i * ENGINE_PORTS_PER_NODE
+            lo = self.args.engine_ports + i * ENGINE_PORTS_PER_NODE
             args = [
                 "agent",
                 "--controller",
@@ -297,6 +324,11 @@ def main(argv: list[str]) -> int:
         fleet = load_fleet(args.fleet)
         check_engines(fleet)
     except FleetError as exc:
+        print(f"llmgw up: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check_engine_ports(args, len(fleet.node_names()))
+    except Refused as exc:
         print(f"llmgw up: {exc}", file=sys.stderr)
         return 2
     up = Up(args, fleet)
