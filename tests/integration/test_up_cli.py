@@ -233,6 +233,36 @@ class TestEnginePorts:
         assert procs_of(folder) == []
 
 
+class TestStartOrder:
+    """llmgw up places the models on the whole fleet, not on the nodes that came first."""
+
+    def test_every_node_registers_before_a_model_is_applied(self, folder: Path) -> None:
+        """In the controller's events every node.registered comes before model.applied."""
+        (folder / "fleet.yaml").write_text(
+            FLEET.replace("count: 1, gpus: 1xH100-80G", "count: 6, gpus: 1xH100-80G")
+        )
+        with running_up(folder) as proc:
+            until_ready(proc)
+            url = json.loads((folder / ".llmgw" / "up.json").read_text())["controller_url"]
+            env = {**os.environ, "LLMGW_TOKEN_FILE": str(folder / ".llmgw" / "tokens" / "admin")}
+            listed = subprocess.run(
+                llmgw_argv("ctl", "--controller", url, "events", "--json"),
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env=env,
+                check=False,
+            )
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        kinds = [e["kind"] for e in json.loads(listed.stdout)]
+        registered = [i for i, k in enumerate(kinds) if k == "node.registered"]
+        assert len(registered) == 6, kinds
+        assert "model.applied" in kinds, kinds
+        assert max(registered) < kinds.index("model.applied"), kinds
+
+
 class TestInterrupt:
     """Ctrl-C during start-up leaves nothing running."""
 

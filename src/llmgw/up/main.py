@@ -15,6 +15,7 @@ kept in `./.llmgw/tokens/` (0600) and passed by file, never on a command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -42,6 +43,8 @@ from llmgw.up.tokens import TokenFolderError, Tokens, ensure_tokens
 
 ENGINE_PORT_BASE = 21000
 ENGINE_PORTS_PER_NODE = 50
+# How long `up` waits for every agent's node to register before applying the models.
+NODES_TIMEOUT_S = 30.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -253,9 +256,34 @@ class Up:
         for c in [router, *agents]:
             self._start_ready(c)
         self.write_manifest()
+        self.wait_for_nodes()
         if self.stopping:
             raise Interrupted("models")
         self.apply_models()
+
+    def wait_for_nodes(self, timeout_s: float = NODES_TIMEOUT_S) -> None:
+        """Until every node of the fleet has registered (an agent's first heartbeat may
+        come after its ready line), so the models are placed on the whole fleet at once:
+        placed on the nodes that came first, they can split the whole nodes a multi-node
+        model needs. After `timeout_s` the models go to the nodes there are."""
+        want = {name for name, _ in self.fleet.node_names()}
+        deadline = time.monotonic() + timeout_s
+        missing = want
+        while not self.stopping:
+            with contextlib.suppress(AdminError, AdminUnreachable):
+                missing = want - {n.name for n in self.client.nodes()}
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if missing and not self.stopping:
+            print(
+                f"llmgw up: {len(missing)} node(s) not registered after {timeout_s:.0f} s "
+                f"({', '.join(sorted(missing))}); placing the models on the others",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _start(self, c: Child) -> None:
         if self.stopping:
