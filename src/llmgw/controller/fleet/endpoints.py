@@ -189,6 +189,9 @@ def outlook(
     for a in sorted(state.adapters.values(), key=lambda a: a.name):
         by_base.setdefault(a.base, []).append(a.name)
     out: list[ModelOutlook] = []
+    # Replicas with a replacement: room made by moving them (compaction), not by
+    # evicting; worked out only when some model is making room.
+    moved: set[str | None] | None = None
     for name in sorted(state.models):
         if name in ready_models:
             continue
@@ -217,7 +220,12 @@ def outlook(
             out.append(_waking(names, model.spec, asleep[name], _SETTLING))
         elif res is not None:
             n = len(res.victims)
-            reason = f"evicting {n} idle replica{'s' if n != 1 else ''} of other models for it"
+            if moved is None:
+                moved = {r.replaces for r in state.replicas.values() if r.replaces}
+            if res.victims & moved:
+                reason = f"moving {n} replica{'s' if n != 1 else ''} of other models to make room"
+            else:
+                reason = f"evicting {n} idle replica{'s' if n != 1 else ''} of other models for it"
             out.append(ModelOutlook(models=names, state="making_room", reason=reason))
         elif name in starting:
             out.append(_starting(names, name, model.spec.engine, starts))

@@ -94,6 +94,7 @@ def plan_eviction(
     inflight: InflightFor | None = None,
     pool: CandidatePool | None = None,
     wait_s: float = 0.0,
+    keep: Collection[str] = (),
 ) -> EvictionPlan | None:
     """A minimal set of idle replicas whose cards make `spec` placeable, or None.
 
@@ -102,7 +103,9 @@ def plan_eviction(
     tick (they must not be counted twice). `inflight`: replica id → requests in
     flight there (None when no router reported any); None: none known. `pool`:
     the same facts worked out for the tick (then `idle`, `exclude` and `inflight`
-    are its own), with every idle time `wait_s` longer.
+    are its own), with every idle time `wait_s` longer. `keep`: replicas whose cards
+    are room held for another model (moving for it, placement/compaction.py): never
+    candidates, or two models would wait for the same cards.
     """
     direct = place(spec, state.nodes, free)
     if isinstance(direct, Placement):
@@ -117,6 +120,8 @@ def plan_eviction(
     else:
         candidates = pool.candidates(spec, wait_s=wait_s)
         spare = pool.spare
+    if keep:
+        candidates = [c for c in candidates if c.replica.id not in keep]
     found = _greedy(spec, state, free, candidates, spare)
     if found is None:
         return None

@@ -17,6 +17,14 @@ A node drained with `evict_idle` does the same for a serving replica whose
 replacement does not fit: known-idle replicas of other models are evicted,
 by the same rules, and the room is held for the replacement (a reservation
 under the replica's model). Eviction is tried before `force` drops capacity.
+
+When eviction finds nothing and the model's shortfall is fragmentation, the
+fewest ready replicas are moved instead (compaction.py chooses): each gets a
+replacement now, off the model's room (`Request(replaces=...)`, the same move a
+drain makes), and the room is held under the model as for an eviction, with the
+moved replicas as its victims, until they have drained. Room whose replica serves
+on with no replacement on its way (the replacement failed) is released
+(`_end_stalled`), so no card is held for nobody.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from llmgw.controller.fleet.batch import draining_nodes, node_drain_grace
+from llmgw.controller.fleet.batch import LIVE, draining_nodes, node_drain_grace
 from llmgw.controller.fleet.records import (
     HOLDS_GPUS,
     SHARD_RUNNING,
@@ -34,6 +42,8 @@ from llmgw.controller.fleet.records import (
     Reservation,
     Shard,
 )
+from llmgw.controller.placement.compaction import fragmented, plan_compaction
+from llmgw.controller.placement.compaction import why as compaction_why
 from llmgw.controller.placement.eviction import idle_enough_in, plan_eviction
 from llmgw.controller.placement.rendezvous import pick_master_port
 from llmgw.controller.placement.rules import (
@@ -47,6 +57,7 @@ from llmgw.controller.placement.rules import (
 from llmgw.controller.placement.swaps import Woke, lower_desired, sleep_or_drain, try_wake
 from llmgw.controller.tick.carryover import TickMemory
 from llmgw.controller.tick.context import TickContext
+from llmgw.controller.tick.moves import making_room
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +85,9 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
     wanted = {q.model.name for q in requests}
     for name in [n for n in mem.evicting if n not in wanted]:
         del mem.evicting[name]
+    _end_stalled(t)
+    # Replicas already moving this tick: compaction never moves them a second time.
+    moving = {q.replaces.id for q in requests if q.replaces is not None}
     if requests:
         requests.sort(
             key=lambda q: (
@@ -119,6 +133,8 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
                 # (A lasting failure: no eviction could make room, so none is planned:
                 # each plan walks every replica, once per such model and tick.)
                 res = _maybe_evict(t, q.model, free)
+                if res is None and name not in mem.evicting:
+                    res = _maybe_compact(t, q.model, result, free, ports, moving)
                 if res is not None:
                     # The part of its room that is already free is held from now on.
                     _hold(free, name, res, held)
@@ -330,6 +346,7 @@ def _maybe_evict(
         exclude=t.view.leaving(),
         inflight=t.usage.inflight,
         pool=t.view.pool(),
+        keep=_in_rooms(mem),
     )
     if plan is None or not plan.evict:
         return None
@@ -355,6 +372,96 @@ def _maybe_evict(
         msg += f"; the room is for {purpose}"
     batch.event("model.evicting", "model", model.name, msg, model=model.name)
     return res
+
+
+def _in_rooms(mem: TickMemory) -> set[str]:
+    """Replicas whose cards are room held for some model (moving or evicted for it)."""
+    out: set[str] = set()
+    for res in mem.evicting.values():
+        out |= res.victims
+    return out
+
+
+def _maybe_compact(
+    t: TickContext,
+    model: Model,
+    u: Unplaceable,
+    free: FreeMap,
+    ports: dict[str, set[int]],
+    moving: set[str],
+) -> Reservation | None:
+    """Move the fewest ready replicas so `model` fits (placement/compaction.py).
+
+    Each moved replica's replacement is placed now, off the model's room; the old
+    one serves until it is ready, then drains (per_model._settle_pairs), and the
+    room is held for the model meanwhile as for an eviction.
+    """
+    batch, mem = t.batch, t.memory
+    base = batch.base
+    if not fragmented(model.spec, base.nodes, free):
+        return None
+    taken = moving | _in_rooms(mem)
+    current = t.view.current()
+    taken.update(r.replaces for r in current.values() if r.replaces and r.state in LIVE)
+    leaving = t.view.leaving()
+
+    def movable(r: Replica) -> bool:
+        was = base.replicas.get(r.id)
+        return (
+            r.state == "ready"
+            and was is not None
+            and was.state == "ready"
+            and r.model != model.name
+            and r.model in base.models
+            and r.id not in taken
+            and r.id not in leaving
+            and all(s.node in free for s in r.shards)
+        )
+
+    specs = {name: m.spec for name, m in base.models.items()}
+    plan = plan_compaction(
+        model.spec, base.nodes, free, holders=t.view.holders(), movable=movable, specs=specs
+    )
+    if plan is None:
+        return None
+    move = making_room(model.name, u.reason)
+    for mv in plan.moves:
+        owner = base.models[mv.replica.model]
+        free.take(mv.placement)
+        _create(t, Request(model=owner, replaces=mv.replica, why=move.reason), mv.placement, ports)
+        moving.add(mv.replica.id)
+    ids = [mv.replica.id for mv in plan.moves]
+    res = mem.evicting[model.name] = Reservation(
+        model=model.name, victims=frozenset(ids), gpus=plan.room
+    )
+    msg = f"moving {', '.join(ids)} to make room: {compaction_why(model.spec, plan)}"
+    batch.event("model.compacting", "model", model.name, msg, model=model.name)
+    return res
+
+
+def _end_stalled(t: TickContext) -> None:
+    """Stop holding room that is not coming: one of its replicas is serving where it
+    is with no replacement on its way (a moved replica's replacement failed or was
+    stopped; an evicted one woke again). Its cards would be held for nobody until the
+    model was deleted; a later tick plans the model's room afresh."""
+    batch, mem = t.batch, t.memory
+    for name, res in sorted(mem.evicting.items()):
+        for rid in sorted(res.victims):
+            v = batch.replica(rid)
+            if v is None or v.state != "ready":
+                continue
+            reps = [
+                n
+                for nid in sorted(t.index.of_model(v.model))
+                if (n := batch.replica(nid)) is not None and n.replaces == rid
+            ]
+            if any(n.state in ("pending", "starting", "ready") for n in reps):
+                continue
+            del mem.evicting[name]
+            why = f"; its replacement {reps[-1].id} is {reps[-1].state}" if reps else ""
+            msg = f"stopped making room: {rid} ({v.model}) serves on where it is{why}"
+            batch.event("model.room_released", "model", name, msg, model=name)
+            break
 
 
 # How often the moment an eviction could make room is worked out again per

@@ -6,7 +6,10 @@ drains once it is ready) when, in this order of precedence:
 - one of its nodes is being drained by the operator, or
 - one of its GPUs is reported unhealthy: these move every such replica at once;
 - its model's spec changed since it was placed (`created_at < updated_at`):
-  these roll over one replica at a time per model.
+  these roll over one replica at a time per model;
+- placement moves it to make room for a model that fits nowhere else
+  (placement/compaction.py): that depends on the whole fleet, not on the
+  replica, so it is decided there; its reason is written here (`making_room`).
 
 The reason's text goes into the stop/drain event of the replica and the
 placement event of its replacement, so both say the same thing.
@@ -48,3 +51,8 @@ def move_reason(batch: Batch, m: Model, r: Replica) -> Move | None:
     if r.created_at < m.updated_at:
         return SPEC_CHANGED
     return None
+
+
+def making_room(model: str, why: str) -> Move:
+    """The move compaction makes: `model` is unplaceable for `why` until it has moved."""
+    return Move(f"to make room for {model}: {why}", at_once=True)
