@@ -127,8 +127,10 @@ class AgentRig:
         pid_source: Callable[[], Iterable[int]] = lambda: (),
         address: str = "127.0.0.1",
         name: str | None = None,
+        fabric: str = "ib0",
     ) -> None:
         self.node = node
+        self.fabric = fabric
         self.address = address
         self.gpus = gpus
         # The rig's own folder (state, logs): the node's name unless told otherwise
@@ -163,7 +165,7 @@ class AgentRig:
                 "--gpus",
                 self.gpus,
                 "--fabric",
-                "ib0",
+                self.fabric,
                 "--label",
                 "zone=a",
                 "--address",
