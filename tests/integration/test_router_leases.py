@@ -110,6 +110,25 @@ def follows(r: Program, key: str) -> bool:
     return True
 
 
+def held(f: Fleet) -> int:
+    """Requests the routers' shares hold now, fleet-wide: each router's
+    x-ratelimit-remaining-requests after one request of the key (0 where refused).
+
+    A router's share starts empty and fills at its rate, so how much a hammer can take
+    at once depends on how long the routers have run, not only on the rpm."""
+    total = 0
+    for r in f.routers.values():
+        with openai.OpenAI(base_url=r.url + "/v1", api_key=f.key, max_retries=0) as client:
+            try:
+                raw = client.chat.completions.with_raw_response.create(
+                    model="m1", messages=[{"role": "user", "content": "hi"}], max_tokens=1
+                )
+            except openai.RateLimitError:
+                continue
+            total += int(raw.headers["x-ratelimit-remaining-requests"])
+    return total
+
+
 class Counter:
     """Requests sent through each router and how many were admitted (200) or refused (429)."""
 
@@ -182,15 +201,19 @@ class TestFleetWideRpm:
             what="every router holds about a third of the rpm",
         )
         assert sum(got.values()) <= RPM + 1e-6
+        at_start = held(fleet)
         counter, took_s = hammer(fleet, {"a": [0.01] * 4, "b": [0.01] * 2, "c": [0.01]}, 12.0)
         admitted, refused = sum(counter.ok.values()), sum(counter.refused.values())
-        print(f"admitted {counter.ok} refused {counter.refused} in {took_s:.1f} s")
+        print(f"held {at_start}, admitted {counter.ok} refused {counter.refused} in {took_s:.1f} s")
         bound = RPM * (1 + took_s / 60) + 3
         assert admitted <= bound, (counter.ok, took_s)
-        # The test means something: far more was asked than the bound, and most of the
-        # key's minute was served.
+        # The test means something: far more was asked than the bound, and at least half
+        # of what the shares held at the start, and of what the rpm gave back meanwhile,
+        # was served. Not all of it: as the shares follow the skewed demand, a router's
+        # tokens above its smaller share are dropped, and a larger share fills at its rate.
         assert admitted + refused >= 2 * bound, (counter.ok, counter.refused)
-        assert admitted >= RPM * 0.8, (counter.ok, counter.refused)
+        floor = 0.5 * (at_start + RPM * took_s / 60)
+        assert admitted >= floor, (at_start, counter.ok, counter.refused)
         assert counter.refusals == {("rate_limit_exceeded", str(RPM))}
         assert sum(shares(fleet).values()) <= RPM + 1e-6
 

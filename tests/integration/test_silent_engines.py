@@ -87,7 +87,8 @@ def ask(router_url: str) -> tuple[int, str]:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+        with exc:
+            return exc.code, exc.read().decode()
 
 
 def admin_e0(router_url: str) -> dict[str, Any]:
