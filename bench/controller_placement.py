@@ -8,7 +8,10 @@ fleet is about 80 % full. Measured:
 - place_many() of 1,000 pending replicas, on an empty fleet and on the loaded one;
 - place() of one replica (p50 / p99);
 - summarize() of the loaded fleet (target ≤ 50 ms, issue 4);
-- plan_eviction() for a whole-node model on the fleet packed full, a third of it idle.
+- plan_eviction() for a whole-node model on the fleet packed full, a third of it idle;
+- plan_compaction() on that packed fleet with one card freed on every node (2,000
+  free cards, none two together): an 8-card model and a 2×8 model, every ready
+  replica movable.
 
 Usage: .venv/bin/python bench/controller_placement.py [--no-write]
 """
@@ -24,8 +27,10 @@ from pathlib import Path
 
 from llmgw.controller.api.summary import summarize
 from llmgw.controller.fleet.records import FleetState, Model, Node, Replica, Shard
+from llmgw.controller.placement.compaction import plan_compaction
 from llmgw.controller.placement.eviction import plan_eviction
 from llmgw.controller.placement.rules import Placement, free_map, place, place_many
+from llmgw.controller.placement.wakes import card_holders
 from llmgw.wire.agent import GPU
 from llmgw.wire.models import ModelSpec
 
@@ -209,11 +214,14 @@ def main(argv: list[str]) -> int:
         )
     )
 
+    rows += compaction_rows(packed)
+
     header = (
         f"Fleet: 2,000 nodes × 8 GPUs on 8 fabrics, {len(state.replicas):,} ready replicas of "
         f"{len(specs):,} models holding {held:,} of 16,000 GPUs; 1,000 pending mixed replicas "
         f"(TP 1/2/4/8, 2×8 multi-node). Eviction: the same fleet packed full with 1-GPU "
-        "replicas, every filler and every third other replica known idle. "
+        "replicas, every filler and every third other replica known idle. Compaction: "
+        "that packed fleet with one 1-GPU replica gone from every node. "
         f"Python {sys.version.split()[0]}, shared 2-core dev machine.\n"
     )
     table = ["| operation | p50 ms | p99 ms |", "|---|---:|---:|"]
@@ -227,6 +235,43 @@ def main(argv: list[str]) -> int:
     if "--no-write" not in argv:
         write_section(Path(__file__).with_name("RESULTS.md"), text)
     return 0
+
+
+def compaction_rows(packed: FleetState) -> list[tuple[str, str, str]]:
+    """plan_compaction() where every node has one free card and nothing fits whole."""
+    frag = FleetState(nodes=packed.nodes, models=packed.models, replicas=dict(packed.replicas))
+    freed: set[str] = set()
+    for rid in sorted(frag.replicas):
+        r = frag.replicas[rid]
+        node = r.shards[0].node
+        if rid.startswith("f-") and node not in freed:
+            freed.add(node)
+            del frag.replicas[rid]
+    free = free_map(frag, now=NOW, heartbeat_timeout_s=HB)
+    holders = card_holders(frag.replicas.values())
+    specs = {name: m.spec for name, m in frag.models.items()}
+    rows = []
+    for label, gpus, nodes in (("8-card model", 8, 1), ("2×8 model", 8, 2)):
+        spec = ModelSpec(
+            name="big", engine="sim", gpu_classes=("H100-80G",), gpus_per_node=gpus, nodes=nodes
+        )
+
+        def plan(spec: ModelSpec = spec) -> object:
+            return plan_compaction(
+                spec, frag.nodes, free, holders=holders, movable=lambda r: True, specs=specs
+            )
+
+        got = plan()
+        moves = len(got.moves) if got is not None else "none"
+        t = timed(plan, 5)
+        rows.append(
+            (
+                f"plan_compaction() {label}, one free card a node (moves {moves})",
+                f"{statistics.median(t):.1f}",
+                f"{p(t, 0.99):.1f}",
+            )
+        )
+    return rows
 
 
 def write_section(path: Path, body: str) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from llmgw.controller.fleet.records import FleetState, Replica
 from llmgw.controller.placement.compaction import CompactionPlan, plan_compaction
+from llmgw.controller.placement.requests import COMPACT_RETRY_S
 from llmgw.controller.placement.rules import free_map
 from llmgw.controller.placement.wakes import card_holders
 from llmgw.wire.models import ModelSpec
@@ -243,3 +244,25 @@ class TestCompactionTick:
         w.tick()
         assert not any(e.startswith("model.compacting") for e in w.events)
         assert {r.id: r.state for r in w.replicas() if r.id in before} == before
+
+
+class TestRetry:
+    """A model no set of moves can make room for is planned again only now and then."""
+
+    def test_a_failed_plan_waits_compact_retry_s(self) -> None:
+        """Ticks within COMPACT_RETRY_S of a plan that found nothing do not plan again."""
+        w = fragmented_world()
+        w.model(spec("z", gpus_per_node=8))
+        w.tick()
+        w.ready_all()
+        w.model(spec("half", gpus_per_node=4, nodes=2))
+        w.tick()
+        first = w.memory.compaction_failed["half"]
+        w.clock.advance(1.0)
+        w.touch(*w.state.nodes)
+        w.tick()
+        assert w.memory.compaction_failed["half"] == first
+        w.clock.advance(COMPACT_RETRY_S)
+        w.touch(*w.state.nodes)
+        w.tick()
+        assert w.memory.compaction_failed["half"] > first

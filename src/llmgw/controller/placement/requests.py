@@ -147,6 +147,9 @@ def place_requests(t: TickContext, requests: list[Request]) -> None:
         if name not in failed or name in mem.evicting:
             del mem.idle_eta_checked[name]
             mem.idle_enough_at.pop(name, None)
+    for name in list(mem.compaction_failed):
+        if name not in failed:
+            del mem.compaction_failed[name]
     for rid in list(mem.drain_waiting):
         if rid not in waiting:
             del mem.drain_waiting[rid]
@@ -398,6 +401,9 @@ def _maybe_compact(
     """
     batch, mem = t.batch, t.memory
     base = batch.base
+    last = mem.compaction_failed.get(model.name)
+    if last is not None and batch.now - last < COMPACT_RETRY_S:
+        return None
     if not fragmented(model.spec, base.nodes, free):
         return None
     taken = moving | _in_rooms(mem)
@@ -423,7 +429,9 @@ def _maybe_compact(
         model.spec, base.nodes, free, holders=t.view.holders(), movable=movable, specs=specs
     )
     if plan is None:
+        mem.compaction_failed[model.name] = batch.now
         return None
+    mem.compaction_failed.pop(model.name, None)
     move = making_room(model.name, u.reason)
     for mv in plan.moves:
         owner = base.models[mv.replica.model]
@@ -463,6 +471,11 @@ def _end_stalled(t: TickContext) -> None:
             batch.event("model.room_released", "model", name, msg, model=name)
             break
 
+
+# How often a model that no set of moves could make room for is planned again: a
+# plan costs about an eviction plan, and moves found a few seconds late cost little
+# next to the start of the replacements they wait for.
+COMPACT_RETRY_S = 5.0
 
 # How often the moment an eviction could make room is worked out again per
 # model: it costs a few eviction plans, and a moment a few seconds stale only

@@ -47,6 +47,10 @@ class TickMemory:
     # Model → when idle_enough_at was last worked out (it costs a few eviction
     # plans, so it is refreshed every ETA_REFRESH_S, not every tick).
     idle_eta_checked: dict[str, float] = field(default_factory=dict)
+    # Model → when a compaction plan last found no moves for it (it costs about what
+    # an eviction plan does, so it is tried again every COMPACT_RETRY_S, not every
+    # tick; restart: tried at once).
+    compaction_failed: dict[str, float] = field(default_factory=dict)
 
     def copy(self) -> TickMemory:
         return TickMemory(
@@ -59,4 +63,5 @@ class TickMemory:
             drained=set(self.drained),
             idle_enough_at=dict(self.idle_enough_at),
             idle_eta_checked=dict(self.idle_eta_checked),
+            compaction_failed=dict(self.compaction_failed),
         )
