@@ -16,6 +16,8 @@ The plan, in order:
   each fabric's cheapest nodes to empty entirely. A card held by anything that may
   not move (a starting, draining or sleeping replica, the room held for another
   model) rules its node out;
+- a replica whose model fits nowhere on the free cards now is never a mover (one
+  `place` per model);
 - targets are tried fewest moves first; one counts only when the model then fits
   (`place` on the free cards plus the movers' cards) and every mover's replacement
   fits *now* on free cards outside the model's room (for a multi-node model, outside
@@ -96,10 +98,24 @@ def plan_compaction(
     """
     if not fragmented(spec, nodes, free):
         return None
+    # A replica whose model fits nowhere on the free cards now cannot move: left out
+    # before targets are built, so the tries go to sets that may work (one place()
+    # per model, however many of its replicas are looked at).
+    fits: dict[str, bool] = {}
+
+    def may_move(r: Replica) -> bool:
+        if not movable(r):
+            return False
+        ok = fits.get(r.model)
+        if ok is None:
+            own = specs.get(r.model)
+            ok = fits[r.model] = own is not None and isinstance(place(own, nodes, free), Placement)
+        return ok
+
     targets = (
-        _multi_targets(spec, nodes, free, holders, movable)
+        _multi_targets(spec, nodes, free, holders, may_move)
         if spec.nodes > 1
-        else (_single_targets(spec, nodes, free, holders, movable))
+        else (_single_targets(spec, nodes, free, holders, may_move))
     )
     targets.sort(key=lambda t: (len(t[0]), sum(r.gpu_count for r in t[0]), t[1]))
     for movers, _key in targets[:_MAX_TRIES]:
