@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.adminclient.errors import AdminUnreachable
+from llmgw.adminclient.errors import AdminUnauthorized, AdminUnreachable
 from llmgw.up.fleet import load_fleet
 from llmgw.up.main import Up, build_parser
 
@@ -29,6 +29,8 @@ class Nodes:
         answer = self.answers[min(self.calls, len(self.answers)) - 1]
         if answer is None:
             raise AdminUnreachable("connection refused")
+        if answer == ["401"]:
+            raise AdminUnauthorized("missing or wrong bearer token", status=401)
         return [Named(n) for n in answer]
 
 
@@ -72,4 +74,13 @@ class TestWaitForNodes:
         up = up_with(tmp_path, Nodes([]))
         up.stopping = True
         up.wait_for_nodes(timeout_s=30)
+        assert capsys.readouterr().err == ""
+
+    def test_a_refusal_ends_the_wait_at_once(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A wrong token: no waiting and no warning (applying the models says it)."""
+        client = Nodes(["401"])
+        up_with(tmp_path, client).wait_for_nodes(timeout_s=30)
+        assert client.calls == 1
         assert capsys.readouterr().err == ""

@@ -15,7 +15,6 @@ kept in `./.llmgw/tokens/` (0600) and passed by file, never on a command line.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -270,8 +269,14 @@ class Up:
         deadline = time.monotonic() + timeout_s
         missing = want
         while not self.stopping:
-            with contextlib.suppress(AdminError, AdminUnreachable):
+            try:
                 missing = want - {n.name for n in self.client.nodes()}
+            except AdminUnreachable:
+                pass  # not answering yet: look again
+            except AdminError:
+                # Refused (a token the controller does not take): the models' apply
+                # meets the same refusal and says it in one line; waiting cannot help.
+                return
             if not missing:
                 return
             if time.monotonic() >= deadline:
