@@ -14,7 +14,7 @@ Layout (each sub-package's docstring says more):
                                  endpoint lists and operator commands decided purely
     tick/                        the reconcile loop: leadership, then plan and commit
     placement/                   free capacity, placement rules, the tick's placement
-                                 requests, idle eviction
+                                 requests, idle eviction, compaction
     api/                         the HTTP edge: routes, validation, admin views, summary,
                                  OpenAPI; the only place errors become HTTP statuses
     store/                       where the state lives (SQLite, PostgreSQL, memory)
