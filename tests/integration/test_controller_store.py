@@ -854,7 +854,9 @@ class TestLeadership:
         assert a.holder() is not None
         a.release()
         assert not a.still_leader()
-        assert b.try_acquire()
+        # PostgreSQL frees a closed session's lock once its backend has ended, a moment
+        # after release returns (SQLite's flock goes at once): b's next tries win.
+        wait_until(b.try_acquire, timeout_s=10, every_s=0.05, what="b leads after a released")
         assert not a.try_acquire()
 
     def test_acquire_is_idempotent_for_the_leader(self, two: tuple[Leadership, Leadership]) -> None:

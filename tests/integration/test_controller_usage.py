@@ -320,9 +320,12 @@ class TestBudgetSpendAtScale:
         try:
             took = min(timed(lambda: budget_spent(store, [key], time.time())) for _ in range(3))
             assert budget_spent(store, [key], time.time()) == {"k7": 20 * 7}
+            # What a spend read cost when it built every key's rows, timed beside it: a
+            # ratio holds on a loaded machine, where a fixed budget in seconds does not.
+            every = min(timed(lambda: store.usage(since=start, by="key")) for _ in range(3))
         finally:
             store.close()
-        assert took < 0.08, f"{took:.3f} s"
+        assert took < every / 5, f"one key {took:.3f} s, every key {every:.3f} s"
 
 
 def timed(f: Any) -> float:

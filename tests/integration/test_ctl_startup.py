@@ -5,23 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 # Imported by some command, never by `llmgw ctl --help`.
 HEAVY = ("aiohttp", "rich", "msgspec", "yaml", "sqlalchemy", "uvloop", "prometheus_client")
-
-# Over bare `python -c pass`, best of several runs. Generous for a loaded 2-core
-# machine; the real figure is about 20 ms.
-BUDGET_S = 0.150
-
-
-def _best_wall(argv: list[str], runs: int = 5) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(argv, check=True, capture_output=True, timeout=30)
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 class TestStartup:
@@ -38,11 +24,23 @@ class TestStartup:
         ).stdout
         assert json.loads(out) == []
 
-    def test_help_is_within_budget(self) -> None:
-        """`llmgw ctl --help` costs under 150 ms over a bare interpreter (best of 5)."""
-        bare = _best_wall([sys.executable, "-c", "pass"])
-        help_ = _best_wall([sys.executable, "-m", "llmgw", "ctl", "--help"])
-        assert help_ - bare < BUDGET_S, f"ctl --help took {help_:.3f}s vs bare {bare:.3f}s"
+    def test_help_imports_nothing_heavy(self) -> None:
+        """`llmgw ctl --help` loads none of them either (-X importtime lists every import):
+        what it costs is in its imports, and a timed budget fails on a loaded machine."""
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "llmgw", "ctl", "--help"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        names = {
+            line.rsplit("|", 1)[1].strip().split(".")[0]
+            for line in proc.stderr.splitlines()
+            if line.startswith("import time:") and line.count("|") == 2
+        }
+        assert "llmgw" in names, proc.stderr[-500:]
+        assert sorted(names & set(HEAVY)) == []
 
     def test_help_lists_the_commands(self) -> None:
         """--help names every command and exits 0."""
