@@ -11,6 +11,7 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -186,6 +187,22 @@ def running_up(
                 proc.kill()
 
 
+def ctl_json(folder: Path, command: str) -> Any:
+    """`llmgw ctl COMMAND --json` against the `up` running in `folder`, with its admin token."""
+    url = json.loads((folder / ".llmgw" / "up.json").read_text())["controller_url"]
+    env = {**os.environ, "LLMGW_TOKEN_FILE": str(folder / ".llmgw" / "tokens" / "admin")}
+    done = subprocess.run(
+        llmgw_argv("ctl", "--controller", url, command, "--json"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 class TestEnginePorts:
     """llmgw up's --engine-ports: where the engines listen, and the ranges it refuses."""
 
@@ -194,19 +211,10 @@ class TestEnginePorts:
         first = int(up_engine_ports()[1])
         with running_up(folder) as proc:
             until_ready(proc)
-            url = json.loads((folder / ".llmgw" / "up.json").read_text())["controller_url"]
-            env = {**os.environ, "LLMGW_TOKEN_FILE": str(folder / ".llmgw" / "tokens" / "admin")}
 
             def engine_ports() -> list[int]:
-                listed = subprocess.run(
-                    llmgw_argv("ctl", "--controller", url, "replicas", "--json"),
-                    capture_output=True,
-                    text=True,
-                    timeout=30,
-                    env=env,
-                    check=True,
-                )
-                found = [s["port"] for r in json.loads(listed.stdout) for s in r["shards"]]
+                listed = ctl_json(folder, "replicas")
+                found = [s["port"] for r in listed for s in r["shards"]]
                 return found if found and None not in found else []
 
             ports = wait_until(engine_ports, timeout_s=60, what="the engine's port", every_s=0.5)
@@ -243,20 +251,10 @@ class TestStartOrder:
         )
         with running_up(folder) as proc:
             until_ready(proc)
-            url = json.loads((folder / ".llmgw" / "up.json").read_text())["controller_url"]
-            env = {**os.environ, "LLMGW_TOKEN_FILE": str(folder / ".llmgw" / "tokens" / "admin")}
-            listed = subprocess.run(
-                llmgw_argv("ctl", "--controller", url, "events", "--json"),
-                capture_output=True,
-                text=True,
-                timeout=30,
-                env=env,
-                check=False,
-            )
+            events = ctl_json(folder, "events")
             proc.send_signal(signal.SIGINT)
             proc.communicate(timeout=60)
-        assert listed.returncode == 0, listed.stderr
-        kinds = [e["kind"] for e in json.loads(listed.stdout)]
+        kinds = [e["kind"] for e in events]
         registered = [i for i, k in enumerate(kinds) if k == "node.registered"]
         assert len(registered) == 6, kinds
         assert "model.applied" in kinds, kinds
