@@ -17,6 +17,7 @@ import pytest
 
 from llmgw.testing.procs import free_port, llmgw_argv, up_engine_ports
 from llmgw.testing.wait import wait_until
+from tests.integration.test_ctl_controller import ctl
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -190,17 +191,10 @@ def running_up(
 def ctl_json(folder: Path, command: str) -> Any:
     """`llmgw ctl COMMAND --json` against the `up` running in `folder`, with its admin token."""
     url = json.loads((folder / ".llmgw" / "up.json").read_text())["controller_url"]
-    env = {**os.environ, "LLMGW_TOKEN_FILE": str(folder / ".llmgw" / "tokens" / "admin")}
-    done = subprocess.run(
-        llmgw_argv("ctl", "--controller", url, command, "--json"),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    token = (folder / ".llmgw" / "tokens" / "admin").read_text().strip()
+    done = ctl(url, command, "--json", token=token)
+    assert done.code == 0, done.err
+    return done.json()
 
 
 class TestEnginePorts:
