@@ -313,6 +313,19 @@ class FreeMap:
             self._free[shard.node].difference_update(shard.gpus)
             self._index(shard.node)
 
+    def take_free(self, node: str, gpus: Iterable[int]) -> tuple[int, ...]:
+        """Take whichever of `gpus` are free on `node` now (room held for a model while
+        the rest of it is still being freed); returns those taken."""
+        free = self._free.get(node)
+        if free is None:
+            return ()
+        taken = tuple(g for g in gpus if g in free)
+        if taken:
+            self._unindex(node)
+            free.difference_update(taken)
+            self._index(node)
+        return taken
+
     def release(self, node: str, gpus: Iterable[int]) -> None:
         """Give GPUs back (a simulated eviction). Only healthy cards of placeable nodes count."""
         info = self._shared.info.get(node)

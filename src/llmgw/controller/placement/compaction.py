@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from llmgw.controller.fleet.records import Node, Replica
 from llmgw.controller.placement.capacity import FreeMap
-from llmgw.controller.placement.rules import Placement, ShardPlacement, place
+from llmgw.controller.placement.rules import Placement, place
 from llmgw.wire.models import ModelSpec
 
 Card = tuple[str, int]
@@ -248,7 +248,7 @@ def _check(
     room = _room(spec, nodes, landed)
     now = free.copy()
     for node, gpus in room:
-        _take(now, node, gpus)
+        now.take_free(node, gpus)  # the rest is the movers' for now
     moves: list[Relocation] = []
     # Largest first: they are the hardest to fit.
     for r in sorted(movers, key=lambda r: (-r.gpu_count, r.id)):
@@ -272,15 +272,6 @@ def _room(
     return tuple(
         (s.node, tuple(g.index for g in nodes[s.node].gpus if g.healthy)) for s in landed.shards
     )
-
-
-def _take(free: FreeMap, node: str, gpus: Iterable[int]) -> None:
-    """Take whichever of `gpus` are free on `node` (the rest are the movers' for now)."""
-    here = free.free_gpus(node)
-    now_free = tuple(g for g in gpus if g in here)
-    if now_free:
-        shard = ShardPlacement(node=node, rank=0, gpus=now_free)
-        free.take(Placement(model="", shards=(shard,), pool=""))
 
 
 def why(spec: ModelSpec, plan: CompactionPlan) -> str:

@@ -168,10 +168,8 @@ def _hold_reservations(free: FreeMap, mem: TickMemory) -> Held:
 
 def _hold(free: FreeMap, model: str, res: Reservation, held: Held) -> None:
     for node, gpus in res.gpus:
-        avail = free.free_gpus(node)
-        now_free = tuple(g for g in gpus if g in avail)
+        now_free = free.take_free(node, gpus)
         if now_free:
-            _take(free, model, node, now_free)
             held.setdefault(model, []).append((node, now_free))
 
 
