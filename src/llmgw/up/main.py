@@ -88,16 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_engine_ports(args: argparse.Namespace, nodes: int) -> None:
+def check_engine_ports(up: Up) -> None:
     """Refuse an engine port range that leaves 1-65535 or holds the router's or the
     controller's port (the agents would skip that port, but it is surely a slip)."""
-    first = args.engine_ports
+    nodes = len(up.fleet.node_names())
+    first = up.args.engine_ports
     last = first + nodes * ENGINE_PORTS_PER_NODE - 1
     if first < 1 or last > 65535:
         raise Refused(
             f"--engine-ports {first}: {nodes} nodes need ports {first}-{last}; ports are 1-65535"
         )
-    programs = {"router": args.port, "controller": args.controller_port or args.port + 1}
+    programs = {"router": up.router_port, "controller": up.controller_port}
     for name, port in programs.items():
         if first <= port <= last:
             raise Refused(
@@ -359,12 +360,12 @@ def main(argv: list[str]) -> int:
     except FleetError as exc:
         print(f"llmgw up: {exc}", file=sys.stderr)
         return 2
+    up = Up(args, fleet)
     try:
-        check_engine_ports(args, len(fleet.node_names()))
+        check_engine_ports(up)
     except Refused as exc:
         print(f"llmgw up: {exc}", file=sys.stderr)
         return 2
-    up = Up(args, fleet)
 
     def on_signal(_sig: int, _frame: FrameType | None) -> None:
         up.stopping = True
