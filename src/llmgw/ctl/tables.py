@@ -38,8 +38,15 @@ def _state(state: str) -> Text:
     return text(state, _STATE_STYLE.get(state, ""))
 
 
+def frameless() -> Table:
+    """The look of every ctl table: no rules or borders, bold headers, two spaces
+    between columns. One place, so a new table cannot come out boxed while the
+    others (and the docs' examples of them) are not."""
+    return Table(box=None, header_style="bold", pad_edge=False, padding=(0, 2, 0, 0))
+
+
 def _table(*headers: str) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 2, 0, 0))
+    table = frameless()
     for h in headers:
         table.add_column(h, no_wrap=True, overflow="ellipsis")
     return table
