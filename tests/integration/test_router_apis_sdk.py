@@ -176,7 +176,8 @@ class TestResponsesSdk:
 
 
 class TestResponsesSdkContract:
-    """Responses answers fit the openai package's own types, strictly validated."""
+    """Responses answers fit the openai package's own types, strictly validated, and its
+    fields the gateway cannot honour are refused."""
 
     def test_usage_validates_whole_and_streamed(self, url: str) -> None:
         """A whole response and a stream's response.completed pass the package's
@@ -200,6 +201,16 @@ class TestResponsesSdkContract:
                 model=MODEL, input="json please", text={"format": {"type": "json_object"}}
             )
         assert isinstance(json.loads(got.output_text), dict)
+
+    def test_conversation_refused(self, url: str) -> None:
+        """A `conversation` is refused with a 400 naming it, as previous_response_id is:
+        an engine would answer without the conversation's turns."""
+        with (
+            openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client,
+            pytest.raises(openai.BadRequestError) as info,
+        ):
+            client.responses.create(model=MODEL, input="more", conversation="conv_1")
+        assert info.value.param == "conversation"
 
 
 FUNCTION: Any = {
