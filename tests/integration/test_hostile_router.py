@@ -260,6 +260,118 @@ class TestUndecodableBodies:
             no_traceback(text)
 
 
+class TestHeadsTheParserTakes:
+    """Heads llhttp parses but the router must not serve are refused before any handler."""
+
+    CHUNKED_BODY = b"2\r\n{}\r\n0\r\n\r\n"
+    # (what, raw request, status): each refused before a handler, the connection closed.
+    CASES = (
+        (
+            "a coding before chunked",
+            head(
+                "POST",
+                "/v1/chat/completions",
+                "Transfer-Encoding: gzip, chunked",
+                body=CHUNKED_BODY,
+            ),
+            501,
+        ),
+        (
+            "a coding that is not chunked, on a route that reads no body",
+            head(
+                "GET",
+                "/healthz",
+                "Transfer-Encoding: xchunked",
+                body=b"GET /metrics HTTP/1.1\r\n\r\n",
+            ),
+            501,
+        ),
+        (
+            "identity",
+            head("POST", "/v1/completions", "Transfer-Encoding: identity", body=b"{}"),
+            501,
+        ),
+        ("no Host", b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n", 400),
+        ("two Hosts", head("GET", "/healthz", "Host: elsewhere", "Connection: close"), 400),
+        ("HTTP/2.0 in the request line", b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 400),
+    )
+
+    def test_each_is_refused_and_the_router_serves_on(self, tmp_path: Path) -> None:
+        """Each is a 400 or 501 in OpenAI's shape and one log line; a chat then works."""
+        with fleet(tmp_path) as (_, r):
+            lines0 = len(log_lines(r.log_text(), REFUSED))
+            for what, data, status in self.CASES:
+                ans = raw_request(r.port, data)
+                err = assert_openai_error(ans, status)
+                assert err["code"] == ("not_implemented" if status == 501 else "bad_http_request")
+                assert ans.closed, what
+            # HTTP/1.0 needs no Host.
+            ans = raw_request(r.port, b"GET /healthz HTTP/1.0\r\n\r\n")
+            assert ans.status == 200, ans.body
+            ok_request(r.port)
+            text = r.log_text()
+            assert len(log_lines(text, REFUSED)[lines0:]) == len(self.CASES)
+            no_traceback(text)
+
+    def test_expect_100_with_a_body_over_the_limit_gets_no_100(self, tmp_path: Path) -> None:
+        """A body declared over max_body_bytes gets its 413 with no 100 Continue before it."""
+        with fleet(tmp_path) as (_, r):
+            data = head(
+                "POST",
+                "/v1/chat/completions",
+                "Content-Type: application/json",
+                f"Content-Length: {9 * 1024 * 1024}",
+                "Expect: 100-continue",
+            )
+            # parse_answer reads the first status line: a 100 first would be seen here.
+            assert_openai_error(raw_request(r.port, data), 413)
+            ok_request(r.port)
+
+
+class TestBodiesNotJson:
+    """A JSON route's body sent as another media type is a 415, none at all is JSON."""
+
+    def test_form_text_and_multipart_are_415(self, tmp_path: Path) -> None:
+        """text/plain, a form and multipart (what a page posts without a preflight) are 415."""
+        payload = json.dumps(chat_body("hi")).encode()
+        with fleet(tmp_path) as (engine, r):
+            for path in ("/v1/chat/completions", "/v1/messages"):
+                for ctype in (
+                    "text/plain",
+                    "application/x-www-form-urlencoded",
+                    "multipart/form-data; boundary=x",
+                ):
+                    data = head(
+                        "POST",
+                        path,
+                        f"Content-Type: {ctype}",
+                        f"Content-Length: {len(payload)}",
+                        "Connection: close",
+                        body=payload,
+                    )
+                    ans = raw_request(r.port, data)
+                    assert ans.status == 415, (path, ctype, ans.body)
+                    assert "x-llmgw-endpoint" not in ans.headers
+                    if path == "/v1/chat/completions":
+                        assert_openai_error(ans, 415)
+            for ctype in ("application/json; charset=utf-8", "application/vnd.api+json"):
+                ans = raw_request(
+                    r.port, post_json(payload).replace(b"application/json", ctype.encode())
+                )
+                assert ans.status == 200, (ctype, ans.body)
+            # No Content-Type at all: read as JSON, as vLLM's FastAPI reads it.
+            bare = head(
+                "POST",
+                "/v1/chat/completions",
+                f"Content-Length: {len(payload)}",
+                "Connection: close",
+                body=payload,
+            )
+            assert raw_request(r.port, bare).status == 200
+            no_traceback(r.log_text())
+            assert engine.alive()
+
+
 class TestConnectionsAndSlowClients:
     """Connection and slow-client limits."""
 

@@ -14,7 +14,9 @@ from typing import Any
 
 import anthropic
 import openai
+import pydantic
 import pytest
+from openai.types.responses import Response, ResponseFunctionToolCall, ResponseStreamEvent
 from pydantic import BaseModel
 
 from llmgw.router.request.auth import hash_key
@@ -171,6 +173,111 @@ class TestResponsesSdk:
         bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             bad.responses.create(model=MODEL, input="x")
+
+
+class TestResponsesSdkContract:
+    """Responses answers fit the openai package's own types, strictly validated, and its
+    fields the gateway cannot honour are refused."""
+
+    def test_usage_validates_whole_and_streamed(self, url: str) -> None:
+        """A whole response and a stream's response.completed pass the package's
+        model_validate: usage has input_tokens_details.cache_write_tokens, a required int."""
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            raw = client.responses.with_raw_response.create(
+                model=MODEL, input="strict", max_output_tokens=3
+            )
+            whole = Response.model_validate(json.loads(raw.http_response.text))
+            with client.responses.stream(model=MODEL, input="strict", max_output_tokens=3) as s:
+                final = s.get_final_response()
+        streamed = Response.model_validate(final.model_dump(mode="json", exclude_unset=True))
+        for got in (whole, streamed):
+            assert got.usage is not None
+            assert got.usage.input_tokens_details.cache_write_tokens == 0
+
+    def test_json_object_text_format(self, url: str) -> None:
+        """text.format json_object answers a JSON object, as chat's response_format does."""
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            got = client.responses.create(
+                model=MODEL, input="json please", text={"format": {"type": "json_object"}}
+            )
+        assert isinstance(json.loads(got.output_text), dict)
+
+    def test_conversation_refused(self, url: str) -> None:
+        """A `conversation` is refused with a 400 naming it, as previous_response_id is:
+        an engine would answer without the conversation's turns."""
+        with (
+            openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client,
+            pytest.raises(openai.BadRequestError) as info,
+        ):
+            client.responses.create(model=MODEL, input="more", conversation="conv_1")
+        assert info.value.param == "conversation"
+
+
+FUNCTION: Any = {
+    "type": "function",
+    "name": "lookup",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+
+
+class TestResponsesFunctionCalls:
+    """Function tools on the Responses API answer function_call items, as OpenAI's do."""
+
+    def test_required_answers_a_function_call(self, url: str) -> None:
+        """tool_choice "required" answers one function_call whose arguments hold the
+        required properties, not a message."""
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            got = client.responses.create(
+                model=MODEL, input="weather", tools=[FUNCTION], tool_choice="required"
+            )
+        (call,) = got.output
+        assert isinstance(call, ResponseFunctionToolCall)
+        assert (call.name, call.status) == ("lookup", "completed")
+        assert call.call_id
+        assert set(json.loads(call.arguments)) == {"city", "days"}
+
+    def test_named_streamed_with_the_helper(self, url: str) -> None:
+        """A named function streams its arguments as function_call_arguments events, which
+        each validate as the package's event types; the helper parses the final call."""
+        events = pydantic.TypeAdapter(ResponseStreamEvent)
+        choice: Any = {"type": "function", "name": "lookup"}
+        with (
+            openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client,
+            client.responses.stream(
+                model=MODEL, input="weather", tools=[FUNCTION], tool_choice=choice
+            ) as s,
+        ):
+            seen = list(s)
+            final = s.get_final_response()
+        for e in seen:
+            events.validate_python(e.model_dump(mode="json", exclude_unset=True))
+        kinds = [e.type for e in seen]
+        assert kinds[2] == "response.output_item.added"
+        assert "response.function_call_arguments.delta" in kinds
+        assert "response.content_part.added" not in kinds
+        assert kinds[-3:] == [
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+        (call,) = final.output
+        assert call.type == "function_call"
+        assert call.parsed_arguments == json.loads(call.arguments)
+        assert set(json.loads(call.arguments)) == {"city", "days"}
+
+    def test_auto_answers_words(self, url: str) -> None:
+        """tools with the default tool_choice "auto" answer a message."""
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            got = client.responses.create(
+                model=MODEL, input="chat", tools=[FUNCTION], max_output_tokens=3
+            )
+        assert [o.type for o in got.output] == ["message"]
 
 
 class TestMessagesSdk:

@@ -3,16 +3,24 @@ events with --detail, completion scripts, and a hint when the URL is not a contr
 
 from __future__ import annotations
 
+import calendar
+import io
 from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
 import pytest
+from rich.console import Console
+from rich.table import Table
 
 from llmgw.adminclient.client import Response
 from llmgw.ctl import output, tables
+from llmgw.ctl.commands.keys import keys_table
+from llmgw.ctl.commands.usage import usage_table
 from llmgw.wire.admin import EventView
 from llmgw.wire.errors import error_body
+from llmgw.wire.keys import BudgetView, KeyShare, KeyView
+from llmgw.wire.usage import UsageAnswer, UsageRow
 
 from .test_ctl_commands import FakeController, replica_view, run_ctl
 
@@ -164,3 +172,92 @@ class TestCtlOutput:
         assert run.code == 0
         for command in ("status", "drain", "apply", "events", "completion", "--output"):
             assert command in run.out
+
+
+def _doc_output(page: str, command: str) -> list[str]:
+    """The lines a console block of docs/`page` shows under `$ command`, up to the next
+    `$ ` line or the block's end."""
+    lines = (Path(__file__).resolve().parents[2] / "docs" / page).read_text().splitlines()
+    start = lines.index(f"$ {command}") + 1
+    shown: list[str] = []
+    for line in lines[start:]:
+        if line.startswith(("$ ", "```")):
+            break
+        shown.append(line)
+    return shown
+
+
+def _rendered(table: Table) -> list[str]:
+    """A table as ctl prints it in a 120-column terminal, trailing spaces dropped."""
+    out = io.StringIO()
+    Console(file=out, width=120, highlight=False, color_system=None).print(table)
+    return [line.rstrip() for line in out.getvalue().splitlines()]
+
+
+class TestTenantsPageTables:
+    """docs/tenants.md's `keys list` and `usage` examples are what ctl prints."""
+
+    def test_keys_list_as_the_page_shows_it(self) -> None:
+        """A key like the page's alice renders the page's lines: frameless, as every ctl table."""
+        now = 1_000_000.0
+        alice = KeyView(
+            name="alice",
+            team="research",
+            models=("llama-8b", "qwen-7b"),
+            rpm=60,
+            tpm=20000,
+            budget=BudgetView(tokens=2_000_000, per="month"),
+            created_at=now,
+            expires_at=now + 89.5 * 86400,
+            shares=tuple(KeyShare(router=f"r{i}", rpm=v) for i, v in enumerate((31.2, 14.4, 14.4))),
+        )
+        shown = _doc_output("tenants.md", "llmgw ctl keys list")
+        assert _rendered(keys_table([alice], now=now)) == shown
+
+    def test_a_long_key_name_is_never_cut(self) -> None:
+        """In 60 columns a key's long name stays whole (`keys revoke` takes it back)."""
+        name = "ci-nightly-evaluation-pipeline-key"
+        key = KeyView(
+            name=name,
+            team="research",
+            models=tuple(f"model-{i}-instruct" for i in range(6)),
+            rpm=None,
+            tpm=None,
+            budget=None,
+            created_at=0.0,
+            expires_at=None,
+            shares=(),
+        )
+        out = io.StringIO()
+        Console(file=out, width=60, highlight=False, color_system=None).print(
+            keys_table([key], now=1.0)
+        )
+        lines = out.getvalue().splitlines()
+        assert any(line.startswith(name + " ") for line in lines), lines
+        assert "…" not in lines[1].split()[0]
+
+    def test_usage_by_team_as_the_page_shows_it(self) -> None:
+        """Two teams' hour renders the Usage section's lines: numbers right-aligned, no rules."""
+        hour = calendar.timegm((2026, 12, 6, 3, 0, 0))
+        answer = UsageAnswer(
+            by="team",
+            since=hour,
+            rows=[
+                UsageRow(
+                    hour=hour, team="infra", requests=12, prompt_tokens=4410, completion_tokens=960
+                ),
+                UsageRow(
+                    hour=hour,
+                    team="research",
+                    requests=40,
+                    prompt_tokens=18200,
+                    completion_tokens=5120,
+                ),
+            ],
+        )
+        # The Usage section's block (the quick start's shows research alone).
+        lines = (Path(__file__).resolve().parents[2] / "docs" / "tenants.md").read_text()
+        section = lines[lines.index("## Usage") :]
+        block = section.split("```console\n", 1)[1].split("```", 1)[0].splitlines()
+        assert block[0] == "$ llmgw ctl usage --by team --since 6h"
+        assert _rendered(usage_table(answer)) == block[1:]

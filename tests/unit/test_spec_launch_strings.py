@@ -57,6 +57,7 @@ class TestLaunchProblem:
             ({"env": {"A": "1", "B": "x\x00"}}, "env.B"),
             ({"env": {"A\x00B": "1"}}, "env"),
             ({"env": {"A=B": "1"}}, "env"),
+            ({"env": {"": "1"}}, "env"),
             ({"env_from": {"T": SecretRef(file="/run/\x00t")}}, "env_from.T.file"),
             ({"env_from": {"T": SecretRef(file="/run/t\r")}}, "env_from.T.file"),
             (
@@ -66,8 +67,8 @@ class TestLaunchProblem:
         ],
     )
     def test_refused_strings_name_their_field(self, kw: dict[str, Any], field: str) -> None:
-        """A NUL anywhere, a control character in a path, `=` in a variable's name: the
-        field is named, and check_spec refuses the spec with it."""
+        """A NUL anywhere, a control character in a path, `=` in a variable's name or an
+        empty one: the field is named, and check_spec refuses the spec with it."""
         problem = launch_problem(_spec(**kw))
         assert problem is not None
         assert field == problem[0]

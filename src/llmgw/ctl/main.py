@@ -6,14 +6,16 @@ imported only once it is chosen, so `llmgw ctl --help` answers at once.
 A test keeps it so (tests/integration/test_ctl_startup.py).
 
 Exit codes: 0 done; 1 the controller was unreachable, rejected the token
-(401), does not know the subject (404), refused the input, or a drain timed
-out — always with one line on stderr, never a traceback; 2 bad command line.
+(401), does not know the subject (404), refused the input, a drain timed
+out, or stdout could not be written — always with one line on stderr, never a
+traceback; 2 bad command line; 141 the reader of stdout went away (`| head`), silently.
 The `--json` shapes are documented in docs/ctl.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -25,7 +27,7 @@ from llmgw.adminclient.errors import AdminError, AdminUnauthorized
 from llmgw.ctl import config
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.durations import duration_arg, since_arg
-from llmgw.ctl.errors import CtlError, SpecError
+from llmgw.ctl.errors import CtlError, OutputFailed, ReaderGone, SpecError
 from llmgw.runtime.cli import DefaultsFormatter
 from llmgw.runtime.finite import finite_float
 from llmgw.runtime.version import add_version_argument
@@ -48,6 +50,10 @@ HANDLERS = {
     "usage": "llmgw.ctl.commands.usage:usage",
     "completion": "llmgw.ctl.completion:completion",
 }
+
+# The reader of ctl's output went away (`| head -1`): 128 + SIGPIPE, as a shell reports a
+# program the signal ended; nothing is said (errors.ReaderGone).
+EXIT_READER_GONE = 141
 
 # -o values (output.FORMATS; repeated here so --help imports nothing).
 OUTPUT_FORMATS = ("table", "wide", "tsv", "json")
@@ -252,13 +258,20 @@ def main(
     base: Ctx | None = None,
 ) -> int:
     """Run one ctl command. Tests pass `env`, `home` and a `base` Ctx (fake transport, clock)."""
-    base = base or Ctx(out=sys.stdout, err=sys.stderr)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.command:
-        parser.print_help(base.out)
-        return 2
+    if base is None:
+        if sys.stdout is None:
+            # Started with `>&-`: refused before anything is done, rather than a command
+            # that acts and then cannot say so.
+            _say(_standard_streams(), "standard output is closed; nothing was done")
+            return 1
+        base = _standard_streams()
     try:
+        if not args.command:
+            parser.print_help(base.out)
+            base.out.flush()
+            return 2
         target = config.resolve(
             flag_url=args.controller,
             flag_token=args.token,
@@ -274,7 +287,12 @@ def main(
         module_name, func = HANDLERS[args.command].split(":")
         handler = getattr(importlib.import_module(module_name), func)
         code: int = handler(args, ctx)
+        # Flushed here, not as the interpreter exits: a full disk or a reader gone is
+        # reported below rather than as Python's "Exception ignored".
+        base.out.flush()
         return code
+    except ReaderGone:
+        return EXIT_READER_GONE
     except CtlError as exc:
         _say(base, str(exc), several_lines=isinstance(exc, SpecError))
         return 1
@@ -287,8 +305,15 @@ def main(
         _say(base, f"{exc}{hint}")
         return 1
     except KeyboardInterrupt:
-        base.err.write("llmgw ctl: interrupted\n")
+        _say(base, "interrupted")
         return 130
+
+
+def _standard_streams() -> Ctx:
+    """The process's stdout and stderr, their write failures ctl's errors (ctl.streams)."""
+    from llmgw.ctl.streams import Output
+
+    return Ctx(out=Output(sys.stdout, name="stdout"), err=Output(sys.stderr, name="stderr"))
 
 
 def _say(ctx: Ctx, message: str, *, several_lines: bool = False) -> None:
@@ -300,4 +325,7 @@ def _say(ctx: Ctx, message: str, *, several_lines: bool = False) -> None:
     from llmgw.ctl.shown import lines, visible
 
     shown = lines(message) if several_lines else visible(message)
-    ctx.err.write(f"llmgw ctl: {shown}\n")
+    # stderr itself may be full or gone: the exit code is all that is left to say it.
+    with contextlib.suppress(OutputFailed):
+        ctx.err.write(f"llmgw ctl: {shown}\n")
+        ctx.err.flush()

@@ -56,7 +56,9 @@ _ECHO = re.compile(r"[\s:]*\bb['\"]")
 
 def openai_error(status: int, message: str) -> bytes:
     """The OpenAI error object for an answer the server gives before any handler."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
+    # 501 is the request's fault (a transfer coding no server here implements), not
+    # the server's: a client must not retry it as a server error.
+    kind = "invalid_request_error" if status < 500 or status == 501 else "server_error"
     return error_body(message, type=kind, code=_CODES.get(status))
 
 
@@ -65,6 +67,7 @@ _CODES = {
     408: "request_timeout",
     431: "headers_too_large",
     500: "internal_error",
+    501: "not_implemented",
     503: "too_many_connections",
     504: "timeout",
 }

@@ -16,6 +16,13 @@ does; other formats answer words. A response repeats the request's
 `sequence_number`, and no `[DONE]`. A reply `max_output_tokens` cut ends with
 `response.completed` too, its response's status "incomplete", as vLLM's does:
 the SDK's `responses.stream()` takes its final response from that event alone.
+
+Function tools are chat's (structured.py), flat as Responses writes them:
+`tool_choice` "required" or `{"type": "function", "name"}` answers one
+`function_call` item, its `arguments` JSON that fits the function's
+`parameters`, streamed as `response.output_item.added`,
+`response.function_call_arguments.delta`…, `…arguments.done` and
+`response.output_item.done` (no content parts); "auto" answers words.
 """
 
 from __future__ import annotations
@@ -109,18 +116,46 @@ def parse_responses(raw: bytes, cfg: SimConfig) -> api.Job:
         )
     if body.background:
         raise api.SimApiError(400, "background responses need the response store")
-    script = _format_text(body.text)
+    call = _tool_call(body.tools, body.tool_choice)
+    script = call[1] if call else _format_text(body.text)
     ids = api.chat_ids(chat_messages(body), body.tools, cfg)
     job = api.job_of(body, cfg, ids, body.max_output_tokens, model=model, chat=True)
     fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
-    return ResponsesJob(**{**fields, "script": script}, echoed=_echoed(body))
+    fields.update(
+        script=script, tool=call[0] if call else None, tool_required=bool(call and call[2])
+    )
+    return ResponsesJob(**fields, echoed=_echoed(body))
+
+
+def _tool_call(tools: list[dict[str, Any]] | None, choice: Any) -> tuple[str, str, bool] | None:
+    """The function a reply must call (structured.tool_call: name, arguments, required) for
+    tool_choice "required" or a named function; None: words. Responses' tools and choice are
+    flat (`{"type": "function", "name", "parameters"}`), chat's nest them in `function`."""
+    functions = [
+        {"type": "function", "function": t}
+        for t in tools or ()
+        if isinstance(t, dict) and t.get("type") == "function"
+    ]
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            return None  # a hosted tool's choice: the sim has none, and answers words
+        choice = {"function": {"name": choice.get("name")}}
+    if choice == "auto" and not functions:
+        return None  # the default, with or without tools: not chat's 400 for it
+    return structured.tool_call(functions or None, choice)
 
 
 def _format_text(text: dict[str, Any] | None) -> str | None:
-    """The JSON a `text.format` json_schema asks for (structured.py); None: words, as vLLM
-    answers any other format."""
+    """The JSON a `text.format` json_schema or json_object asks for (structured.py); None:
+    words, for "text"."""
     fmt = None if text is None else text.get("format")
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "json_object":
+        # A JSON object, as chat's json_object: words here would be what the openai
+        # package's users json.loads and fail on.
+        return structured.format_text(fmt)
+    if fmt.get("type") != "json_schema":
         return None
     if not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), dict):
         raise api.SimApiError(
@@ -133,7 +168,12 @@ def usage(u: dict[str, Any]) -> dict[str, Any]:
     """An engine usage dict (api.usage) in the Responses API's fields."""
     return {
         "input_tokens": u["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
+        # `cache_write_tokens` is required in the openai package's InputTokensDetails: a
+        # client that validates the usage (pydantic's model_validate) fails without it.
+        "input_tokens_details": {
+            "cached_tokens": u["prompt_tokens_details"]["cached_tokens"],
+            "cache_write_tokens": 0,
+        },
         "output_tokens": u["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": u["total_tokens"],
@@ -150,7 +190,10 @@ class ResponsesEncoder:
     def __init__(self, job: api.Job, rid: str, created: int) -> None:
         self.job = job
         self.id = "resp_" + rid.rpartition("-")[2]
-        self.item_id = "msg_" + rid.rpartition("-")[2]
+        # A reply that calls a function is one `function_call` item, not a message.
+        self.tool = job.tool
+        self.item_id = ("fc_" if self.tool else "msg_") + rid.rpartition("-")[2]
+        self.call_id = "call_" + rid.rpartition("-")[2]
         self.created = created
         self.seq = 0
         self.text: list[str] = []
@@ -164,6 +207,15 @@ class ResponsesEncoder:
 
     def _item(self, status: str) -> dict[str, Any]:
         text = "".join(self.text)
+        if self.tool is not None:
+            return {
+                "id": self.item_id,
+                "type": "function_call",
+                "call_id": self.call_id,
+                "name": self.tool,
+                "arguments": text if status == "completed" else "",
+                "status": status,
+            }
         content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
         return {
             "id": self.item_id,
@@ -198,7 +250,7 @@ class ResponsesEncoder:
 
     def first(self) -> bytes:
         opening = self._response("in_progress", None, None)
-        return b"".join(
+        head = b"".join(
             (
                 self._event("response.created", {"response": opening}),
                 self._event("response.in_progress", {"response": opening}),
@@ -206,16 +258,18 @@ class ResponsesEncoder:
                     "response.output_item.added",
                     {"output_index": 0, "item": self._item("in_progress")},
                 ),
-                self._event(
-                    "response.content_part.added",
-                    {
-                        "item_id": self.item_id,
-                        "output_index": 0,
-                        "content_index": 0,
-                        "part": {"type": "output_text", "text": "", "annotations": []},
-                    },
-                ),
             )
+        )
+        if self.tool is not None:
+            return head  # a function call has no content parts
+        return head + self._event(
+            "response.content_part.added",
+            {
+                "item_id": self.item_id,
+                "output_index": 0,
+                "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []},
+            },
         )
 
     def delta(
@@ -229,6 +283,9 @@ class ResponsesEncoder:
         if not text:
             return b""
         self.text.append(text)
+        if self.tool is not None:
+            at = {"item_id": self.item_id, "output_index": 0, "delta": text}
+            return self._event("response.function_call_arguments.delta", at)
         fields = {
             "item_id": self.item_id,
             "output_index": 0,
@@ -243,6 +300,18 @@ class ResponsesEncoder:
         at = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
         part = {"type": "output_text", "text": text, "annotations": []}
         final = self._response("completed", self.finish, usage_)
+        if self.tool is not None:
+            done = {"item_id": self.item_id, "output_index": 0, "arguments": text}
+            return b"".join(
+                (
+                    self._event("response.function_call_arguments.done", done),
+                    self._event(
+                        "response.output_item.done",
+                        {"output_index": 0, "item": self._item("completed")},
+                    ),
+                    self._event("response.completed", {"response": final}),
+                )
+            )
         return b"".join(
             (
                 self._event("response.output_text.done", {**at, "text": text, "logprobs": []}),

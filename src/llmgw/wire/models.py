@@ -208,10 +208,10 @@ def launch_problem(spec: ModelSpec) -> tuple[str, str] | None:
 
     What the agent puts in the engine's command line and environment may hold no NUL,
     and a path no control character (wire.osstrings says why); a variable's name no `=`
-    either, which the OS reads as the end of the name; the source does not begin with
-    '-' (an engine's flag). Routers open the path of
-    `routing.tokenizer`; served names are already in the name set. Checked where a spec
-    comes in, as `routing_problem`. The refusal says where the character is rather than
+    either, which the OS reads as the end of the name, and is not empty; the source does
+    not begin with '-' (an engine's flag). Routers open the path of `routing.tokenizer`;
+    served names are already in the name set. Checked where a spec comes in, as
+    `routing_problem`. The refusal says where the character is rather than
     repeating the string: an argument may be megabytes.
     """
     paths = [("source", spec.source or "")]
@@ -228,6 +228,9 @@ def launch_problem(spec: ModelSpec) -> tuple[str, str] | None:
         if at is not None:
             return f"args[{i}]", f"holds a NUL ({char_at(arg, at)}); {_NO_NUL}"
     for name, value in spec.env.items():
+        if not name:
+            # The engine would get `=value` in its environment: nothing can read it by name.
+            return "env", "a variable name must not be empty"
         if nul_at(name) is not None or "=" in name:
             return "env", f"variable name {name!r} holds a NUL or '='; {_NO_NUL}"
         at = nul_at(value)

@@ -19,6 +19,7 @@ from llmgw.ctl import capacity
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.errors import BenchFailed, CtlError
 from llmgw.ctl.shown import visible
+from llmgw.ctl.tables import frameless
 from llmgw.wire.admin import ReplicaView, WeightRequest
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ Callbacks = tuple[Callable[["LevelProgress"], None], Callable[[capacity.Level], 
 
 
 def levels_table(levels: list[capacity.Level]) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 2, 0, 0))
+    table = frameless()
     for h in ("CONCURRENCY", "REQ/S", "TOK/S", "P50", "P95", "OK", "FAILED"):
         table.add_column(h, justify="right")
     for lv in levels:

@@ -17,6 +17,7 @@ from llmgw.ctl import output
 from llmgw.ctl.context import Ctx
 from llmgw.ctl.render import UNKNOWN
 from llmgw.ctl.shown import text
+from llmgw.ctl.tables import frameless
 from llmgw.wire.usage import UsageAnswer
 
 # The name columns of each grouping, and the row fields they show.
@@ -32,7 +33,7 @@ def hour_cell(hour: int) -> str:
 
 
 def usage_table(answer: UsageAnswer) -> Table:
-    t = Table(show_edge=False, pad_edge=False)
+    t = frameless()
     names = _NAMES[answer.by]
     t.add_column("HOUR (UTC)")
     for col in names:

@@ -19,7 +19,9 @@ A Responses request naming `previous_response_id` is refused (400): the
 response it names is stored in one replica's memory (vLLM keeps it in process,
 and only with its store turned on), which a restart, a scale to zero or a
 move loses, and which another router, or another worker, could not find
-(docs/router.md, "The routes").
+(docs/router.md, "The routes"). One naming a `conversation` is refused too:
+no engine keeps conversations (the Conversations API), and vLLM would answer
+it without the conversation's turns.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ PREVIOUS_RESPONSE = (
     "previous_response_id is not supported by this gateway: a stored response lives in "
     "one replica's memory, which a restart or a move loses. Send the conversation's "
     "earlier turns in `input` instead."
+)
+
+CONVERSATION = (
+    "conversation is not supported by this gateway: no engine behind it keeps "
+    "conversations. Send the conversation's earlier turns in `input` instead."
 )
 
 
@@ -128,9 +135,10 @@ class PassThrough:
         if type(model) is not str or not model:
             msg = "You must provide a model parameter."
             return refused(st, bad_request(msg, param="model"), rid, path, t0)
-        if doc.get("previous_response_id") is not None and api.name == "responses":
-            resp = bad_request(PREVIOUS_RESPONSE, param="previous_response_id")
-            return refused(st, resp, rid, path, t0)
+        if api.name == "responses":
+            stored = _stored_state(doc)
+            if stored is not None:
+                return refused(st, stored, rid, path, t0)
         if model not in st.known_models:
             return unknown_model(st, model, rid, path, t0)
         charge = admit(st, tenant, model, got, rid, t0=t0, path=path, metered=api.metered)
@@ -177,6 +185,18 @@ class PassThrough:
                 charge.refund()
             why = "The JSON body of your request is nested too deeply."
             return logged_refusal(bad_request(why), rid, "json nested too deeply", request)
+
+
+def _stored_state(doc: dict[str, Any]) -> Whole | None:
+    """The refusal of a Responses request that names state stored by an earlier one
+    (the module docstring says why); None: it carries its whole conversation."""
+    if doc.get("previous_response_id") is not None:
+        return bad_request(PREVIOUS_RESPONSE, param="previous_response_id")
+    if doc.get("conversation") is not None:
+        # vLLM ignores the field it does not know: the reply would come without the
+        # conversation's earlier turns, and nothing would tell the client.
+        return bad_request(CONVERSATION, param="conversation")
+    return None
 
 
 def _form_doc(body: bytes, ctype: str) -> dict[str, Any] | Whole:

@@ -74,7 +74,41 @@ __all__ = [
 
 
 class _HeadError(Exception):
-    """A head the server refuses before parsing further (its message is the 400's)."""
+    """A head the server refuses before parsing further (its message is the answer's)."""
+
+    def __init__(self, why: str, status: int = 400) -> None:
+        super().__init__(why)
+        self.status = status
+
+
+def _check_head(req: Request) -> None:
+    """Refuse (`_HeadError`) a head llhttp parses but that this server must not serve."""
+    version = req.version
+    if version != "1.1" and version != "1.0":
+        # llhttp takes `HTTP/2.0` (and 0.9) in a request line; the answer would be
+        # HTTP/1.1 framing to a client that asked for something else.
+        raise _HeadError(f"HTTP/{version} is not supported")
+    headers = req.headers
+    hosts = headers.getall("Host", ())
+    if len(hosts) > 1 or (not hosts and version == "1.1"):
+        # RFC 9112 3.2 (a MUST, as nginx does): with two, the router and a proxy in
+        # front of it can each take another one for the request's name (the admin
+        # routes' guard against rebound names reads it).
+        raise _HeadError("an HTTP/1.1 request needs exactly one Host header")
+    if "Transfer-Encoding" not in headers:
+        return
+    if version != "1.1":
+        # Chunked framing is HTTP/1.1's: a proxy in front that frames this request
+        # as 1.0 reads its body as further requests (RFC 9112 6.1; nginx refuses it).
+        raise _HeadError("Transfer-Encoding needs HTTP/1.1")
+    given = ",".join(headers.getall("Transfer-Encoding"))
+    if [c.strip() for c in given.lower().split(",")] != ["chunked"]:
+        # llhttp frames any list that ends in chunked as chunked and leaves the coding
+        # before it on the body (`gzip, chunked` reached the JSON decoder as if plain),
+        # and fails one without chunked only once its body begins, after a handler has
+        # answered it. A coding the server does not implement: 501 (RFC 9112 6.1).
+        why = f"Transfer-Encoding {given[:100]!r} is not implemented; only chunked is"
+        raise _HeadError(why, 501)
 
 
 class FastServer(Listener):
@@ -202,10 +236,7 @@ class FastProtocol(Connection):
             keep_alive=p.should_keep_alive(),
             version=p.get_http_version(),
         )
-        if req.version != "1.1" and "Transfer-Encoding" in req.headers:
-            # Chunked framing is HTTP/1.1's: a proxy in front that frames this request
-            # as 1.0 reads its body as further requests (RFC 9112 6.1; nginx refuses it).
-            raise _HeadError("Transfer-Encoding needs HTTP/1.1")
+        _check_head(req)
         if upgrade and req.content_length:
             # httptools skips the body of an upgrade request (its bytes come after the
             # upgrade point): read it here, by its length.
@@ -252,6 +283,7 @@ class FastProtocol(Connection):
     def _parse_failed(self, exc: httptools.HttpParserError) -> None:
         cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
         why = str(cause) if isinstance(cause, _HeadError) else _without_echo(str(exc))
+        status = cause.status if isinstance(cause, _HeadError) else 400
         self.closing = True
         self._cancel_timers()
         cur = self.cur
@@ -259,10 +291,11 @@ class FastProtocol(Connection):
             # Broken framing in the body of the request being handled: its read() fails.
             cur._fail(exc)
             return
-        self._refuse_head(why)
+        self._refuse_head(why, status)
 
-    def _refuse_head(self, why: str) -> None:
-        """A 400 for a request that cannot be parsed, then close (after any answer in progress)."""
+    def _refuse_head(self, why: str, status: int = 400) -> None:
+        """A 400 (or `status`) for a request that cannot be parsed, then close (after any
+        answer in progress)."""
         self.closing = True
         self._cancel_timers()
         if self.cur is not None and self.queue and self.queue[-1] is self.cur:
@@ -270,12 +303,12 @@ class FastProtocol(Connection):
             self.queue.pop()
         self.cur = None
         log.warning(
-            kv("refused request", server=self.edge.name, status=400, peer=self.remote, why=why)
+            kv("refused request", server=self.edge.name, status=status, peer=self.remote, why=why)
         )
-        text = _one_line(f"Bad HTTP request: {why}")
-        body = self.head_error()(400, text)
+        text = _one_line(f"Bad HTTP request: {why}" if status == 400 else why)
+        body = self.head_error()(status, text)
         answer = head(
-            400,
+            status,
             None,
             {"Content-Type": "application/json"},
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode("ascii"),
@@ -363,7 +396,11 @@ class FastProtocol(Connection):
         if expect.lower() == "100-continue":
             # HTTP/1.0 has no 1xx: its 100-continue is ignored (RFC 9110 10.1.1), not
             # refused, and it gets no 100 it could not read.
-            if req.version == "1.1" and not req.complete:
+            # Nor one for a body declared over the limit: the handler refuses it (413)
+            # unread, and a 100 had the client send it all to be read and dropped.
+            declared = req.content_length
+            fits = declared is None or declared <= self.server.max_body_bytes
+            if req.version == "1.1" and not req.complete and fits:
                 self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             return True
         msg = f"Unknown Expect: {expect}"

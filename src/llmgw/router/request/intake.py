@@ -12,6 +12,7 @@ object, or an OpenAI-shaped refusal, logged in one line:
 - not complete within `body_timeout_s`, or slower than `min_body_bytes_per_s`
   once it has been arriving for `header_timeout_s` (a client trickling it) → 408;
 - broken framing (a bad chunked encoding, a short body) → 400;
+- a Content-Type given that is not JSON's (text/plain, a form) → 415, unread;
 - not JSON, not UTF-8, nested deeper than the decoder goes (msgspec raises
   RecursionError), or not an object → 400.
 
@@ -149,6 +150,14 @@ async def read_json(
 
     `decode` False: the body only (a multipart upload, forms.py), with an empty `doc`.
     """
+    if decode and not _json_type(request.headers.get("Content-Type")):
+        resp = error_response(
+            415,
+            "The request body must be JSON: send Content-Type: application/json.",
+            type="invalid_request_error",
+            code="unsupported_media_type",
+        )
+        return refused(_closing(resp), rid, "content type not json", request)
     body = await _charged_body(request, cfg, budget, rid)
     if isinstance(body, Whole):
         return body
@@ -205,6 +214,19 @@ async def _charged_body(
         why = "body bytes in flight" if got.status == 503 else "body too slow"
         return refused(_closing(got), rid, why, request)
     return got
+
+
+def _json_type(content_type: str | None) -> bool:
+    """Whether a body sent with `content_type` may be read as JSON: none given (as
+    FastAPI, which vLLM uses, reads it), or a JSON media type (`application/json`,
+    `*/*+json`). Not `text/plain`, a form or multipart: a web page can have any
+    browser POST those to a router without a key, no preflight asked (a JSON type
+    needs one), and burn its engines on requests it never sees answered."""
+    if content_type is None:
+        return True
+    media = content_type.partition(";")[0].strip().lower()
+    sub = media.partition("/")[2]
+    return sub == "json" or sub.endswith("+json")
 
 
 def _object_of(body: bytes, rid: str, request: Request) -> dict[str, Any] | Whole:

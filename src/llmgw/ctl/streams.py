@@ -1,0 +1,78 @@
+"""ctl's standard output and error as the process has them: a failed write is a ctl error.
+
+`llmgw ctl events | head -1` closes the pipe after one line, `>/dev/full` fails every
+write, and a terminal set to ASCII or Latin-1 cannot encode ctl's `·` or a name's `é`.
+Written to directly, each ended ctl in a Python traceback (BrokenPipeError, OSError,
+UnicodeEncodeError). Through `Output` they become errors.ReaderGone (main exits 141, as
+a shell reports a program SIGPIPE ended, and says nothing: the reader chose to stop) and
+errors.OutputFailed (one line, exit 1); characters the stream's encoding lacks are
+written as backslash escapes. A stream the process was started without (`2>&-`) takes
+every write and keeps nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Iterator
+from typing import TextIO
+
+from llmgw.ctl.errors import OutputFailed, ReaderGone
+
+
+class Output(io.TextIOBase, TextIO):
+    """One standard stream whose write failures are ctl's errors (module docstring)."""
+
+    def __init__(self, stream: TextIO | None, *, name: str) -> None:
+        self._stream = stream
+        self._name = name
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+    def write(self, s: str) -> int:
+        if self._stream is None:
+            return len(s)
+        with self._translated():
+            return self._stream.write(s)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            with self._translated():
+                self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise io.UnsupportedOperation(f"{self._name} is closed")
+        return self._stream.fileno()
+
+    # TextIOBase declares `encoding` an attribute; rich reads it to choose ASCII boxes.
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
+        except BrokenPipeError as exc:
+            self._discard_the_rest()
+            raise ReaderGone(f"the reader of {self._name} went away") from exc
+        except OSError as exc:
+            self._discard_the_rest()
+            why = exc.strerror or type(exc).__name__
+            raise OutputFailed(f"cannot write to {self._name}: {why}") from exc
+
+    def _discard_the_rest(self) -> None:
+        """Point the stream's descriptor at /dev/null: what is left in its buffer, flushed
+        when the interpreter exits, would fail again there and print Python's own
+        `Exception ignored … BrokenPipeError` after ctl has said what it had to."""
+        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+            fd = self.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
