@@ -92,7 +92,8 @@ class TestSleepAndWake:
     """Sleeping frees memory and waking takes its time."""
 
     async def test_sleep_frees_memory_and_holds_requests_until_woken(self, sleepy: Program) -> None:
-        """Asleep: metrics say offloaded with little GPU memory; a request waits for the wake."""
+        """Asleep: metrics say offloaded with little GPU memory; a request waits for the wake,
+        counted waiting."""
         url = sleepy.url
         async with aiohttp.ClientSession(headers=AUTH) as s:
             awake = await scrape(s, url)
@@ -111,6 +112,12 @@ class TestSleepAndWake:
             held = asyncio.create_task(chat_s(s, url, 2))
             done, _ = await asyncio.wait({held}, timeout=0.3)
             assert not done  # nothing runs while asleep
+            # Counted as waiting, as vLLM does: what the agent reads to undo a sleep.
+            held_now = await scrape(s, url)
+            assert (
+                held_now["vllm:num_requests_waiting"],
+                held_now["vllm:num_requests_running"],
+            ) == (1, 0)
             async with s.post(url + "/wake_up") as r:
                 assert await r.json() == {"status": "awake", "tags": None}
             await asyncio.wait_for(held, 10)

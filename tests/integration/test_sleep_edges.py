@@ -1,9 +1,10 @@
-"""Two edges of sleep and wake, end to end: a real controller, agent and sim-engine.
+"""Edges of sleep and wake, end to end: a real controller, agent and sim-engine.
 
 A wake whose warm-up fails must not loop on wake calls until the controller's deadline
 fails the replica; a request that reaches the engine as it is told to sleep (from a
 router that has not yet applied the new endpoint list, played here by a client that
-sends straight to the engine) must be served, not held by a sleeping engine.
+sends straight to the engine) must be served, not held by a sleeping engine, whether
+it arrives before the sleep (postponed) or during it (undone).
 """
 
 from __future__ import annotations
@@ -181,3 +182,49 @@ class TestRequestAsItSleeps:
         assert set(answered) == {200}, answered
         r = await wait_for(url, "sleeping", "sleeping", timeout_s=60)
         assert r["sleep_level"] == 1
+
+
+# The sim's sleep takes this long to answer: a window, opened at the sleep's start
+# (/is_sleeping turns true at once), in which the test's request surely lands.
+SLEEP_S = 3.0
+WAKE_S = 0.2  # sleepy()'s --wake-l1-s
+# The caught request is answered once the sleep ends, the engine is woken and warmed up:
+# SLEEP_S + WAKE_S and a few ticks, with room for a loaded two-core machine. Well short
+# of what the engine would hold it for without the agent's look after the sleep: until
+# the next wake, which no one asks for here.
+ANSWER_BOUND_S = SLEEP_S + WAKE_S + 12.0
+
+
+async def engine_asleep(s: aiohttp.ClientSession, base: str) -> bool:
+    async with s.get(f"{base}/is_sleeping") as resp:
+        return bool((await resp.json())["is_sleeping"])
+
+
+class TestRequestCaughtBySleep:
+    """A request that lands while the engine falls asleep is answered after a sleep and a wake."""
+
+    async def test_caught_request_is_answered_then_it_sleeps_again(
+        self, fleet: tuple[str, AgentRig]
+    ) -> None:
+        """Sent straight to a's engine during its 3 s sleep, after the agent's last look
+        at /metrics: answered within a sleep, a wake and a few ticks; then a sleeps again."""
+        url, _ = fleet
+        await admin("POST", f"{url}/admin/models", [sleepy("--sleep-s", str(SLEEP_S))])
+        r = await wait_for(url, "ready", "ready", timeout_s=40)
+        base = f"http://127.0.0.1:{r['shards'][0]['port']}"
+        headers = {"Authorization": f"Bearer {await engine_key(url, r)}"}
+        body = {"model": "a", "prompt": "hello", "max_tokens": 5}
+        async with aiohttp.ClientSession(headers=headers) as s:
+            await scale(url, 0)
+            await until(lambda: engine_asleep(s, base), timeout_s=20, what="a's sleep under way")
+            t0 = time.monotonic()
+            limit = aiohttp.ClientTimeout(total=ANSWER_BOUND_S)
+            async with s.post(f"{base}/v1/completions", json=body, timeout=limit) as resp:
+                assert resp.status == 200, await resp.text()
+                await resp.read()
+            took_s = time.monotonic() - t0
+        assert took_s < ANSWER_BOUND_S
+        # The controller still lists the sleep: once the request is done, a sleeps again.
+        r = await wait_for(url, "sleeping", "sleeping", timeout_s=30)
+        state = await sim_state(url, r)
+        assert (state["sleeps"], state["wakes"]) == (2, 1), state

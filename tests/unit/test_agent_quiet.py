@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.agent.quiet import Load, QuietWait, parse_load
+from llmgw.agent.quiet import Load, QuietWait, parse_load, undo_sleep
 from llmgw.agent.waking import WarmUpRetry
 
 VLLM = """\
@@ -63,6 +63,29 @@ class TestQuietWait:
         assert q.postpone(("r", 0), busy, 0.0)
         assert q.postpone(("r", 0), busy, 100.0)
         assert q.waited_s(("r", 0), 100.0) == 0.0
+
+
+class TestUndoSleep:
+    """A sleep is undone when it caught requests, unless it was forced past the quiet wait."""
+
+    def test_requests_caught_by_a_quiet_sleep_undo_it(self) -> None:
+        """Idle (or not said) before, a request running or waiting after: undone."""
+        idle = Load(running=0, waiting=0)
+        assert undo_sleep(idle, Load(running=0, waiting=1))
+        assert undo_sleep(idle, Load(running=1, waiting=0))
+        assert undo_sleep(None, Load(running=0, waiting=1))
+
+    def test_nothing_caught_keeps_it(self) -> None:
+        """Idle after, or an engine that does not say after: the sleep stays done."""
+        idle = Load(running=0, waiting=0)
+        assert not undo_sleep(idle, idle)
+        assert not undo_sleep(idle, None)
+        assert not undo_sleep(None, None)
+
+    def test_a_forced_sleep_is_kept(self) -> None:
+        """Busy before (the quiet wait ran out): kept, or force and undo would loop."""
+        busy = Load(running=0, waiting=3)
+        assert not undo_sleep(busy, busy)
 
 
 class TestWarmUpRetry:

@@ -42,18 +42,24 @@ class FakeSleepClient:
         self.loads = 0  # GET /metrics calls
         # When set, the warm-up's own answer (the wake keeps `fail`'s).
         self.warm_up_fails: str | None = None
+        # When set, what /metrics says once a sleep has answered (a request it caught).
+        self.sleep_leaves: tuple[int, int] | None = None
+        # When set, the wake's own answer (the sleep keeps `fail`'s).
+        self.wake_fails: str | None = None
 
     async def sleep(self, host: str, port: int, api_key: str, level: int) -> str | None:
         self.calls.append(("sleep", str(level), api_key))
         if self.hold is not None:
             await self.hold.wait()
+        if self.sleep_leaves is not None and self.fail is None:
+            self.load_is, self.sleep_leaves = self.sleep_leaves, None
         return self.fail
 
     async def wake(self, host: str, port: int, api_key: str) -> str | None:
         self.calls.append(("wake", api_key))
         if self.hold is not None:
             await self.hold.wait()
-        return self.fail
+        return self.wake_fails or self.fail
 
     async def warm_up(self, host: str, port: int, api_key: str, model: str) -> str | None:
         self.calls.append(("warm_up", model))
@@ -481,4 +487,51 @@ class TestQuietBeforeSleep:
         rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
         await rig["sup"].tick()
         assert rig["sup"].statuses()[0].state == "sleeping"
-        assert rig["client"].loads == 1
+        assert rig["client"].loads == 2  # before the sleep, and after it
+
+    async def test_a_forced_sleep_is_not_undone(self, rig: dict[str, Any]) -> None:
+        """Sleeping past the quiet wait with a request waiting: no wake follows."""
+        s = await ready(rig)
+        rig["client"].load_is = (0, 1)
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        rig["clock"].advance(5.0)
+        await rig["sup"].tick()
+        assert rig["sup"].statuses()[0].state == "sleeping"
+        assert [c[0] for c in rig["client"].calls] == ["sleep"]
+
+
+class TestRequestCaughtBySleep:
+    """A request that arrives as the engine falls asleep undoes the sleep."""
+
+    async def test_woken_at_once_then_slept_once_it_is_served(self, rig: dict[str, Any]) -> None:
+        """Idle before the sleep, one waiting after: woken and warmed up in the same call,
+        still ready with the reason; postponed while it runs, asleep once it is done."""
+        s = await ready(rig)
+        rig["client"].sleep_leaves = (0, 1)
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        (st,) = rig["sup"].statuses()
+        why = "sleep undone, requests arrived as it fell asleep: 0 requests running, 1 waiting"
+        assert (st.state, st.note) == ("ready", why)
+        assert [c[0] for c in rig["client"].calls] == ["sleep", "wake", "warm_up"]
+        rig["client"].load_is = (1, 0)
+        await rig["sup"].tick()
+        (st,) = rig["sup"].statuses()
+        assert (st.state, st.note) == ("ready", "sleep postponed: 1 requests running, 0 waiting")
+        rig["client"].load_is = (0, 0)
+        await rig["sup"].tick()
+        (st,) = rig["sup"].statuses()
+        assert (st.state, st.note) == ("sleeping", "")
+        assert [c[0] for c in rig["client"].calls] == ["sleep", "wake", "warm_up", "sleep"]
+
+    async def test_a_failed_wake_leaves_it_asleep_and_says_so(self, rig: dict[str, Any]) -> None:
+        """The wake after the sleep refused: reported sleeping (its cards free), with why."""
+        s = await ready(rig)
+        rig["client"].sleep_leaves = (0, 2)
+        rig["client"].wake_fails = "HTTP 500: boom"
+        rig["sup"].apply([msgspec.structs.replace(s, sleep_level=1)])
+        await rig["sup"].tick()
+        (st,) = rig["sup"].statuses()
+        assert st.state == "sleeping"
+        assert st.note == "asleep with 0 requests running, 2 waiting: the wake to serve them failed"

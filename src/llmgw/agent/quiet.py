@@ -19,8 +19,22 @@ is broken rather than late: the engine sleeps all the same ("wait" mode still
 finishes what runs) rather than hold a swap's cards for it. An engine whose
 `/metrics` does not say is put to sleep as before.
 
-What this cannot close: a request that arrives between the read and the `/sleep`.
-That window is one round trip on the node, where before it was the whole sleep.
+A request can still arrive between the read and the `/sleep`, or while the sleep
+runs (in "wait" mode it queues behind the running ones; a level-1 sleep copies the
+weights out for seconds). The engine holds it asleep, and nothing would wake the
+engine for it: its router has it in flight at this replica, not queued in the
+router, so it is no demand the controller sees. So once the sleep has answered the
+agent reads `/metrics` again (`undo_sleep`): a request there has been caught, and
+the engine is woken at once (with its warm-up) and reported `ready` again, the
+sleep undone, rather than `sleeping`. The controller still lists the sleep, and
+the next tick tries it again under the quiet wait above: postponed while the
+caught requests run, done once they are answered. A sleep forced past the wait is
+not undone (that would loop: force, undo, wait again), nor is one whose engine
+does not say.
+
+What this cannot close: a request sent after that second read, by a router whose
+endpoint list is older than the whole sleep. It waits for the engine's next wake,
+or for its router's deadline.
 """
 
 from __future__ import annotations
@@ -51,6 +65,15 @@ class Load:
 
     def __str__(self) -> str:
         return f"{self.running} requests running, {self.waiting} waiting"
+
+
+def undo_sleep(before: Load | None, after: Load | None) -> bool:
+    """Whether a sleep that has just answered is undone (the engine woken again): it
+    went ahead on a quiet engine (`before` idle, or not said), and `after` it the
+    engine holds requests that arrived meanwhile. A sleep forced past the quiet wait
+    (`before` not idle) stays done, or every forced sleep would be undone again."""
+    quiet_before = before is None or before.idle
+    return quiet_before and after is not None and not after.idle
 
 
 def parse_load(text: str) -> Load | None:

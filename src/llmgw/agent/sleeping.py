@@ -10,7 +10,8 @@ Every call carries the engine's key. A sleep or wake that fails is tried again
 next tick; the state reported stays what the engine is known to be. A warm-up
 that fails after a wake is tried again alone, and the engine served without it
 after a few tries (waking.py). A sleep waits while the engine still has requests
-running or waiting, for a little while (quiet.py).
+running or waiting, for a little while; one that caught a request as it fell asleep
+is undone at once: the engine woken, warmed up and reported `ready` again (quiet.py).
 
 An engine that becomes ready to the health probe is asked `GET /is_sleeping` when its
 model may sleep: an engine adopted after an agent restart may be asleep, and reporting it
@@ -35,7 +36,7 @@ import msgspec
 
 from llmgw.agent import waking
 from llmgw.agent.probe import netloc
-from llmgw.agent.quiet import QUIET_WAIT_S, Load, QuietWait, parse_load
+from llmgw.agent.quiet import QUIET_WAIT_S, Load, QuietWait, parse_load, undo_sleep
 from llmgw.agent.shards import Shard
 from llmgw.runtime.logs import kv
 from llmgw.wire.agent import ShardSpec
@@ -229,7 +230,48 @@ async def step(
         log.warning(kv("sleep failed", **who, error=err))
         return Stepped(state=None)
     log.info(kv("engine asleep", **who, level=spec.sleep_level))
+    # Read again: a request that arrived since the read above is held by the sleeping
+    # engine, and nothing else would ever wake it for that request (quiet.py).
+    caught = await client.load(host, port, api_key)
+    if undo_sleep(load, caught):
+        assert caught is not None
+        return await _undo(client, spec, patience, caught, host=host, port=port, api_key=api_key)
     return Stepped(state="sleeping")
+
+
+async def _undo(
+    client: SleepClient,
+    spec: ShardSpec,
+    patience: Patience,
+    caught: Load,
+    *,
+    host: str,
+    port: int,
+    api_key: str,
+) -> Stepped:
+    """Wake an engine whose sleep caught requests (quiet.undo_sleep). It stays `ready`
+    throughout, as it was while falling asleep: its cards stay taken (the controller
+    wakes no other engine onto them), and no router is sent to it meanwhile (the
+    controller still counts it falling asleep, out of the endpoint list)."""
+    who = {"replica": spec.replica_id, "rank": spec.rank}
+    why = "requests arrived as it fell asleep"
+    log.warning(kv("sleep undone", **who, why=why, load=str(caught)))
+    woken = await waking.wake(
+        client,
+        spec,
+        host=host,
+        port=port,
+        api_key=api_key,
+        awake=lambda: None,
+        retry=patience.warm_up,
+    )
+    if woken is None:
+        # Asleep after all: its requests wait for its next wake, or their deadline.
+        return Stepped(
+            state="sleeping", note=f"asleep with {caught}: the wake to serve them failed"
+        )
+    note = f"sleep undone, {why}: {caught}" + (f"; {woken.note}" if woken.note else "")
+    return Stepped(state="ready", note=note)
 
 
 async def drive(
