@@ -214,6 +214,28 @@ class TestTenantsPageTables:
         shown = _doc_output("tenants.md", "llmgw ctl keys list")
         assert _rendered(keys_table([alice], now=now)) == shown
 
+    def test_a_long_key_name_is_never_cut(self) -> None:
+        """In 60 columns a key's long name stays whole (`keys revoke` takes it back)."""
+        name = "ci-nightly-evaluation-pipeline-key"
+        key = KeyView(
+            name=name,
+            team="research",
+            models=tuple(f"model-{i}-instruct" for i in range(6)),
+            rpm=None,
+            tpm=None,
+            budget=None,
+            created_at=0.0,
+            expires_at=None,
+            shares=(),
+        )
+        out = io.StringIO()
+        Console(file=out, width=60, highlight=False, color_system=None).print(
+            keys_table([key], now=1.0)
+        )
+        lines = out.getvalue().splitlines()
+        assert any(line.startswith(name + " ") for line in lines), lines
+        assert "…" not in lines[1].split()[0]
+
     def test_usage_by_team_as_the_page_shows_it(self) -> None:
         """Two teams' hour renders the Usage section's lines: numbers right-aligned, no rules."""
         hour = calendar.timegm((2026, 12, 6, 3, 0, 0))

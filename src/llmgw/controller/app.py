@@ -88,6 +88,8 @@ def build_app(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            # A tick cancelled mid-write left its write running (Fleet.commit).
+            await fleet.writes_settled()
             try:
                 await loop.flush_heartbeats()
             except (StoreUnavailable, NotLeading) as exc:

@@ -52,7 +52,7 @@ def _table(*headers: str) -> Table:
     return table
 
 
-def _keep_whole(table: Table, column: int, values: Sequence[str]) -> None:
+def keep_whole(table: Table, column: int, values: Sequence[str]) -> None:
     """Never cut this column, header included: it holds the names operators pass
     back to ctl (`ctl bench REPLICA`, `ctl drain NODE`), and a cut name cannot be
     pasted; or a short figure that a narrow terminal would otherwise squeeze to
@@ -75,15 +75,15 @@ def nodes_table(nodes: Sequence[NodeView], *, now: float) -> Table:
         )
         for n in nodes
     ]
-    _keep_whole(table, 0, [visible(n.name) for n in nodes])
-    _keep_whole(table, 1, [visible(n.state) for n in nodes])
+    keep_whole(table, 0, [visible(n.name) for n in nodes])
+    keep_whole(table, 1, [visible(n.state) for n in nodes])
     # Classes and fabrics give way in a narrow terminal (see replicas_table).
     for column in (2, 6):
         table.columns[column].no_wrap = False
-    _keep_whole(table, 3, [used for _, used, _, _, _ in rows])
-    _keep_whole(table, 4, [free for _, _, free, _, _ in rows])
-    _keep_whole(table, 5, [unhealthy for _, _, _, unhealthy, _ in rows])
-    _keep_whole(table, 7, [heartbeat for _, _, _, _, heartbeat in rows])
+    keep_whole(table, 3, [used for _, used, _, _, _ in rows])
+    keep_whole(table, 4, [free for _, _, free, _, _ in rows])
+    keep_whole(table, 5, [unhealthy for _, _, _, unhealthy, _ in rows])
+    keep_whole(table, 7, [heartbeat for _, _, _, _, heartbeat in rows])
     # What a draining node's drain waits for (drainview.waits_cell); the column
     # is there only while some node drains.
     draining = any(n.state == "draining" for n in nodes)
@@ -120,7 +120,7 @@ def models_table(models: Sequence[ModelView]) -> Table:
     """One row per model: engine, GPUs per replica, ready/desired, bounds, status."""
     table = _table("MODEL", "ENGINE", "GPUS", "READY", "MIN..MAX", "PRIORITY", "STATUS")
     table.columns[-1].max_width = 70
-    _keep_whole(
+    keep_whole(
         table,
         0,
         [
@@ -180,11 +180,11 @@ def replicas_table(replicas: Sequence[ReplicaView]) -> Table:
     idle = [idle_cell(r.idle_seconds) for r in replicas]
     weight = [f"{r.weight:.2f}" for r in replicas]
     restarts = [fmt_count(r.restarts) for r in replicas]
-    _keep_whole(table, 0, [visible(r.id) for r in replicas])
-    _keep_whole(table, 2, [visible(r.state) for r in replicas])
-    _keep_whole(table, 5, idle)
-    _keep_whole(table, 6, weight)
-    _keep_whole(table, 7, restarts)
+    keep_whole(table, 0, [visible(r.id) for r in replicas])
+    keep_whole(table, 2, [visible(r.state) for r in replicas])
+    keep_whole(table, 5, idle)
+    keep_whole(table, 6, weight)
+    keep_whole(table, 7, restarts)
     for r, idle_, weight_, restarts_ in zip(replicas, idle, weight, restarts, strict=True):
         state = _state(r.state)
         if r.reason and r.state in ("failed", "draining"):
@@ -233,7 +233,7 @@ def event_summary(message: str) -> str:
 def events_table(events: Sequence[EventView]) -> Table:
     """Oldest first, as the controller sends them: one line per event, ids for --detail."""
     table = _table("ID", "TIME", "KIND", "SUBJECT", "MODEL", "MESSAGE")
-    _keep_whole(table, 0, [str(e.id) for e in events])
+    keep_whole(table, 0, [str(e.id) for e in events])
     for e in events:
         table.add_row(
             str(e.id),

@@ -330,10 +330,9 @@ async def delete_model(request: web.Request) -> web.Response:
     _not_scale(request)
     name = request.match_info["name"]
     await no_body(request, "delete request")
-    adapter = s.fleet.state.adapters.get(name)
-    await s.delete_model(name)
-    if adapter is not None:
-        return json_response({"deleted": name, "adapter_of": adapter.base})
+    base = await s.delete_model(name)
+    if base is not None:
+        return json_response({"deleted": name, "adapter_of": base})
     return json_response({"deleted": name})
 
 

@@ -150,14 +150,27 @@ class Services:
             for spec in specs
         ]
 
-    async def delete_model(self, name: str) -> None:
+    async def delete_model(self, name: str) -> str | None:
+        """Delete the model or LoRA adapter `name`; the adapter's base when it was one.
+
+        Whether it is an adapter is decided under the lock, with the deletion: read
+        before, a concurrent apply or delete could make the answer name a model where
+        an adapter was deleted, or the other way round.
+        """
         grace = self.config.drain_grace_s
         fleet = self.fleet
-        # The index as of the decision, not of the call: a resync under the lock
-        # replaces it together with the state.
-        await self._run(
-            lambda s, now: commands.delete_model(s, fleet.index, name, now=now, grace_s=grace)
-        )
+        base: str | None = None
+
+        def decide(s: FleetState, now: float) -> Batch:
+            nonlocal base
+            adapter = s.adapters.get(name)
+            base = adapter.base if adapter is not None else None
+            # The index as of the decision, not of the call: a resync under the lock
+            # replaces it together with the state.
+            return commands.delete_model(s, fleet.index, name, now=now, grace_s=grace)
+
+        await self._run(decide)
+        return base
 
     async def scale_model(self, name: str, req: ScaleRequest) -> Model:
         await self._run(lambda s, now: commands.scale_model(s, name, req, now=now))

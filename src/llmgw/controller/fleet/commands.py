@@ -274,19 +274,21 @@ def delete_model(
             param="name",
         )
     batch.changes.deleted_models.append(name)
-    n = 0
+    replicas = [state.replicas[rid] for rid in sorted(index.of_model(name))]
+    live = {r.id for r in replicas if r.state in LIVE or r.state == "sleeping"}
+    # The cause before its effects: read in id order, the events say the model was
+    # deleted and then what became of each replica, not the other way round.
+    msg = f"deleted; {len(live)} replica(s) drain"
+    batch.event("model.deleted", "model", name, msg, model=name)
     running = False
-    for rid in sorted(index.of_model(name)):
-        r = state.replicas[rid]
-        if r.state in LIVE or r.state == "sleeping":
+    for r in replicas:
+        if r.id in live:
             r = batch.drain(r, f"model {name} deleted", grace_s=grace_s)
-            n += 1
         running = running or r.state in RUNS
     if running:
         # Agents are told to run draining shards until they stop, which takes
         # the spec; stored so a restart in between does not cut them off.
         batch.changes.retired.append(model.spec)
-    batch.event("model.deleted", "model", name, f"deleted; {n} replica(s) drain", model=name)
     return batch
 
 

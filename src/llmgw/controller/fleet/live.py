@@ -84,6 +84,8 @@ class Fleet:
         self.backoff = Backoff(base_s=config.restart_backoff_s, cap_s=config.restart_backoff_max_s)
         # Each committed event logged once and counted; store write latency (/metrics).
         self.decisions = Decisions()
+        # Writes in flight (commit): a cancelled caller leaves its write running.
+        self._writes: set[asyncio.Task[list[Event]]] = set()
         # A span per committed action (spans.py); None: tracing is off, set by the app.
         self.spans: ActionSpans | None = None
         # Recent start durations: the estimate a "starting" outlook carries.
@@ -213,7 +215,17 @@ class Fleet:
         if not changes:
             return []
         task = asyncio.create_task(self._write(changes))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
         return await asyncio.shield(task)
+
+    async def writes_settled(self) -> None:
+        """Wait for writes whose callers were cancelled (a stop cancels the tick
+        mid-write) to end, committed or failed; their failures were logged by
+        `_write`. On stop, before the store is closed and the lock released: a write
+        still running then could land after a successor took the lead."""
+        while self._writes:
+            await asyncio.wait(set(self._writes))
 
     async def _write(self, changes: Changes) -> list[Event]:
         started = time.perf_counter()

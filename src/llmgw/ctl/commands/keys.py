@@ -19,7 +19,7 @@ from llmgw.ctl.durations import duration_problem, seconds_of
 from llmgw.ctl.errors import CtlError
 from llmgw.ctl.render import UNKNOWN, fmt_duration
 from llmgw.ctl.shown import text, visible
-from llmgw.ctl.tables import frameless
+from llmgw.ctl.tables import frameless, keep_whole
 from llmgw.wire.keys import MAX_EXPIRES_IN_S, KeyCreate, KeyView
 from llmgw.wire.names import LABEL_RULE, MODEL_NAME_RULE
 
@@ -146,6 +146,9 @@ def keys_table(views: list[KeyView], *, now: float) -> Table:
         "LEASES",
     ):
         t.add_column(col)
+    # NAME is what `keys revoke NAME` takes back: never cut (the other columns give way;
+    # `-o wide` or `-o json` shows them whole).
+    keep_whole(t, 0, [visible(v.name) for v in views])
     for v in views:
         budget = UNKNOWN if v.budget is None else f"{v.budget.tokens}/{v.budget.per}"
         if v.expires_at is None:
