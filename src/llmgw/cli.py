@@ -41,6 +41,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name = COMMANDS[name][0]
     try:
+        return _run(name, module_name, rest)
+    except KeyboardInterrupt:
+        # A Ctrl-C before the program set its own handlers (while importing, in the
+        # first second): nothing has started, yet it was a 20-line traceback.
+        return 130
+
+
+def _run(name: str, module_name: str, rest: list[str]) -> int:
+    try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and module_name.startswith(exc.name):

@@ -5,7 +5,11 @@ to an OTLP/HTTP receiver in the test that decodes the real protobuf (llmgw.testi
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +129,41 @@ class TestActionSpans:
         assert sleep["llmgw.node"] == wake["llmgw.node"] == "n1"
         assert wake["llmgw.replica.state"] == "waking"
         assert "surplus" in sleep["llmgw.reason"]
+
+
+class TestStopWithCollectorAway:
+    """A collector that never answers does not hold the controller's stop."""
+
+    async def test_stop_bounded(self, tmp_path: Path) -> None:
+        """With an action's span batched for a collector that accepts no connection,
+        SIGTERM stops the controller within seconds (it waited out the export timeout)."""
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        # A listening socket never accepted: connects succeed, no answer ever comes.
+        with socket.socket() as hole:
+            hole.bind(("127.0.0.1", 0))
+            hole.listen(16)
+            endpoint = f"http://127.0.0.1:{hole.getsockname()[1]}/v1/traces"
+            flags = ["--tracing-endpoint", endpoint, "--tracing-export-interval-s", "0.1"]
+            flags += ["--tracing-export-timeout-s", "30"]
+            with start_controller(tmp_path, port, *flags) as c:
+                # No agent: the model finds no room, an action with a span.
+                await admin("POST", f"{url}/admin/models", [sim_model("m")])
+
+                async def unplaceable() -> bool:
+                    events = await admin("GET", f"{url}/admin/events")
+                    return "model.unplaceable" in json.dumps(events)
+
+                await until(unplaceable, timeout_s=30, what="model.unplaceable")
+                t0 = time.monotonic()
+                c.signal(signal.SIGTERM)
+                await asyncio.to_thread(c.proc.wait, 20)
+                took_s = time.monotonic() - t0
+                text = c.log_text()
+        assert c.proc.returncode == 0
+        assert took_s < 9.0
+        assert "tracing stopped with spans unsent" in text
+        assert "Traceback" not in text
 
 
 class TestTracingRefused:

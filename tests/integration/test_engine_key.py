@@ -118,13 +118,14 @@ class TestEngineKey:
     def test_openai_client_with_and_without_the_key(self, keyed_engine: Program) -> None:
         """The official client: AuthenticationError without the key, an answer with it."""
         base = keyed_engine.url + "/v1"
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=base, api_key="nope", max_retries=0).chat.completions.create(
-                model="m", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
-            )
-        out = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0).chat.completions.create(
-            model="m", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
-        )
+        hi: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+        with (
+            openai.OpenAI(base_url=base, api_key="nope", max_retries=0) as bad,
+            pytest.raises(openai.AuthenticationError),
+        ):
+            bad.chat.completions.create(model="m", max_tokens=2, messages=hi)
+        with openai.OpenAI(base_url=base, api_key=KEY, max_retries=0) as good:
+            out = good.chat.completions.create(model="m", max_tokens=2, messages=hi)
         assert out.choices[0].message.content
 
     def test_no_key_is_open(self) -> None:

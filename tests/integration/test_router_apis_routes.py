@@ -230,18 +230,18 @@ class TestAudio:
     def test_transcription_translation_and_speech(self, url: str) -> None:
         """The openai package's audio calls work through the router: multipart uploads
         routed by their form's model, and speech's binary answer."""
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        audio = io.BytesIO(b"RIFF" + bytes(4000))
-        audio.name = "clip.wav"
-        text = client.audio.transcriptions.create(model=MODEL, file=audio)
-        assert text.text
-        speech = client.audio.speech.create(
-            model=MODEL,
-            input="hello",
-            voice="alloy",
-            response_format="wav",
-        )
-        assert speech.content.startswith(b"RIFF")
+        with openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0) as client:
+            audio = io.BytesIO(b"RIFF" + bytes(4000))
+            audio.name = "clip.wav"
+            text = client.audio.transcriptions.create(model=MODEL, file=audio)
+            assert text.text
+            speech = client.audio.speech.create(
+                model=MODEL,
+                input="hello",
+                voice="alloy",
+                response_format="wav",
+            )
+            assert speech.content.startswith(b"RIFF")
 
     async def test_translation_streamed(self, url: str, session: aiohttp.ClientSession) -> None:
         """A translation upload asking to stream is relayed as vLLM's chunks and [DONE]."""

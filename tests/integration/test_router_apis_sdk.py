@@ -69,28 +69,28 @@ class TestResponsesSdk:
 
     def test_sync_whole(self, url: str) -> None:
         """responses.create answers the text and Responses usage, counted by the router."""
-        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-        before = tokens(url, "prompt")
-        got = client.responses.create(
-            model=MODEL, instructions=SYSTEM, input="hello there", max_output_tokens=4
-        )
-        assert got.object == "response"
-        assert got.output_text
-        assert got.usage is not None
-        assert got.usage.output_tokens > 0
-        assert tokens(url, "prompt") - before == got.usage.input_tokens
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            before = tokens(url, "prompt")
+            got = client.responses.create(
+                model=MODEL, instructions=SYSTEM, input="hello there", max_output_tokens=4
+            )
+            assert got.object == "response"
+            assert got.output_text
+            assert got.usage is not None
+            assert got.usage.output_tokens > 0
+            assert tokens(url, "prompt") - before == got.usage.input_tokens
 
     def test_sync_stream(self, url: str) -> None:
         """A streamed Responses request yields deltas and ends with response.completed."""
-        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-        stream = client.responses.create(
-            model=MODEL, input="stream me", max_output_tokens=8, stream=True
-        )
-        events = list(stream)
-        kinds = [e.type for e in events]
-        assert kinds[0] == "response.created"
-        assert "response.output_text.delta" in kinds
-        assert kinds[-1] in ("response.completed", "response.incomplete")
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            stream = client.responses.create(
+                model=MODEL, input="stream me", max_output_tokens=8, stream=True
+            )
+            events = list(stream)
+            kinds = [e.type for e in events]
+            assert kinds[0] == "response.created"
+            assert "response.output_text.delta" in kinds
+            assert kinds[-1] in ("response.completed", "response.incomplete")
 
     async def test_async_whole_and_stream(self, url: str) -> None:
         """The async client gets the same, whole and streamed."""
@@ -107,72 +107,74 @@ class TestResponsesSdk:
     def test_stream_helper_final_response_of_a_cut_reply(self, url: str) -> None:
         """A stream cut by max_output_tokens ends with response.completed, as vLLM's, so
         the SDK's responses.stream() gives its final response, status "incomplete"."""
-        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-        with client.responses.stream(model=MODEL, input="cut me", max_output_tokens=3) as s:
-            kinds = [e.type for e in s]
-            final = s.get_final_response()
-        assert kinds[-1] == "response.completed"
-        assert final.status == "incomplete"
-        assert final.incomplete_details is not None
-        assert final.incomplete_details.reason == "max_output_tokens"
-        assert final.output_text
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            with client.responses.stream(model=MODEL, input="cut me", max_output_tokens=3) as s:
+                kinds = [e.type for e in s]
+                final = s.get_final_response()
+            assert kinds[-1] == "response.completed"
+            assert final.status == "incomplete"
+            assert final.incomplete_details is not None
+            assert final.incomplete_details.reason == "max_output_tokens"
+            assert final.output_text
 
     def test_json_schema_text_format(self, url: str) -> None:
         """text.format json_schema answers JSON that fits the schema, as vLLM's structured
         output: responses.parse reads it into the model, and a stream writes it too."""
-        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-        got = client.responses.parse(model=MODEL, input="a city", text_format=City)
-        assert isinstance(got.output_parsed, City)
-        schema = {
-            "type": "object",
-            "properties": {"name": {"type": "string"}, "people": {"type": "integer"}},
-            "required": ["name", "people"],
-            "additionalProperties": False,
-        }
-        fmt: Any = {"format": {"type": "json_schema", "name": "city", "schema": schema}}
-        with client.responses.stream(model=MODEL, input="a city", text=fmt) as s:
-            final = s.get_final_response()
-        assert set(json.loads(final.output_text)) == {"name", "people"}
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            got = client.responses.parse(model=MODEL, input="a city", text_format=City)
+            assert isinstance(got.output_parsed, City)
+            schema = {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "people": {"type": "integer"}},
+                "required": ["name", "people"],
+                "additionalProperties": False,
+            }
+            fmt: Any = {"format": {"type": "json_schema", "name": "city", "schema": schema}}
+            with client.responses.stream(model=MODEL, input="a city", text=fmt) as s:
+                final = s.get_final_response()
+            assert set(json.loads(final.output_text)) == {"name", "people"}
 
     def test_request_fields_echoed(self, url: str) -> None:
         """The response echoes the request's instructions, metadata, temperature, top_p and
         tools, as vLLM's, whole and in a stream's response.created."""
-        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-        tool: Any = {"type": "function", "name": "f", "parameters": {"type": "object"}}
-        asked: Any = {
-            "model": MODEL,
-            "input": "echo",
-            "instructions": SYSTEM,
-            "metadata": {"job": "42"},
-            "temperature": 0.25,
-            "top_p": 0.5,
-            "tools": [tool],
-            "max_output_tokens": 2,
-        }
-        whole = client.responses.create(**asked)
-        with client.responses.stream(**asked) as s:
-            created = next(e for e in s if e.type == "response.created").response
-        for got in (whole, created):
-            assert got.instructions == SYSTEM
-            assert got.metadata == {"job": "42"}
-            assert (got.temperature, got.top_p) == (0.25, 0.5)
-            assert [t.name for t in got.tools if t.type == "function"] == ["f"]
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            tool: Any = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+            asked: Any = {
+                "model": MODEL,
+                "input": "echo",
+                "instructions": SYSTEM,
+                "metadata": {"job": "42"},
+                "temperature": 0.25,
+                "top_p": 0.5,
+                "tools": [tool],
+                "max_output_tokens": 2,
+            }
+            whole = client.responses.create(**asked)
+            with client.responses.stream(**asked) as s:
+                created = next(e for e in s if e.type == "response.created").response
+            for got in (whole, created):
+                assert got.instructions == SYSTEM
+                assert got.metadata == {"job": "42"}
+                assert (got.temperature, got.top_p) == (0.25, 0.5)
+                assert [t.name for t in got.tools if t.type == "function"] == ["f"]
 
     def test_previous_response_id_refused(self, url: str) -> None:
         """previous_response_id is refused with a 400 that names the parameter."""
-        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-        with pytest.raises(openai.BadRequestError) as info:
-            client.responses.create(model=MODEL, input="more", previous_response_id="resp_1")
-        assert info.value.param == "previous_response_id"
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            with pytest.raises(openai.BadRequestError) as info:
+                client.responses.create(model=MODEL, input="more", previous_response_id="resp_1")
+            assert info.value.param == "previous_response_id"
 
     def test_unknown_model_and_bad_key(self, url: str) -> None:
         """An unknown model is OpenAI's 404, a wrong key its 401."""
-        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-        with pytest.raises(openai.NotFoundError):
-            client.responses.create(model="nope", input="x")
-        bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
-        with pytest.raises(openai.AuthenticationError):
-            bad.responses.create(model=MODEL, input="x")
+        with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client:
+            with pytest.raises(openai.NotFoundError):
+                client.responses.create(model="nope", input="x")
+            with (
+                openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0) as bad,
+                pytest.raises(openai.AuthenticationError),
+            ):
+                bad.responses.create(model=MODEL, input="x")
 
 
 class TestResponsesSdkContract:
@@ -285,30 +287,30 @@ class TestMessagesSdk:
 
     def test_sync_whole_with_x_api_key(self, url: str) -> None:
         """messages.create (the key in x-api-key) answers Anthropic's message and usage."""
-        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
-        before = tokens(url, "completion")
-        msg = client.messages.create(
-            model=MODEL,
-            max_tokens=5,
-            system=SYSTEM,
-            messages=[{"role": "user", "content": "hello"}],
-        )
-        assert msg.type == "message"
-        assert msg.content[0].type == "text"
-        assert msg.usage.output_tokens == 5
-        assert msg.stop_reason == "max_tokens"
-        assert tokens(url, "completion") - before == 5
+        with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as client:
+            before = tokens(url, "completion")
+            msg = client.messages.create(
+                model=MODEL,
+                max_tokens=5,
+                system=SYSTEM,
+                messages=[{"role": "user", "content": "hello"}],
+            )
+            assert msg.type == "message"
+            assert msg.content[0].type == "text"
+            assert msg.usage.output_tokens == 5
+            assert msg.stop_reason == "max_tokens"
+            assert tokens(url, "completion") - before == 5
 
     def test_sync_stream_with_bearer(self, url: str) -> None:
         """A stream (the key as a bearer token) relays message_start … message_stop."""
-        client = anthropic.Anthropic(base_url=url, auth_token=KEY, max_retries=0)
-        with client.messages.stream(
-            model=MODEL, max_tokens=6, messages=[{"role": "user", "content": "stream"}]
-        ) as stream:
-            text = "".join(stream.text_stream)
-            final = stream.get_final_message()
-        assert text
-        assert final.usage.output_tokens == 6
+        with anthropic.Anthropic(base_url=url, auth_token=KEY, max_retries=0) as client:
+            with client.messages.stream(
+                model=MODEL, max_tokens=6, messages=[{"role": "user", "content": "stream"}]
+            ) as stream:
+                text = "".join(stream.text_stream)
+                final = stream.get_final_message()
+            assert text
+            assert final.usage.output_tokens == 6
 
     async def test_async_whole_and_stream(self, url: str) -> None:
         """The async client gets the same, whole and as raw events."""
@@ -328,51 +330,53 @@ class TestMessagesSdk:
     def test_stop_sequences_end_the_reply(self, url: str) -> None:
         """stop_sequences end the reply before the first one, whole and streamed, with
         stop_reason end_turn (vLLM's for a stop string)."""
-        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
-        user: list[anthropic.types.MessageParam] = [{"role": "user", "content": "stop early"}]
-        msg = client.messages.create(
-            model=MODEL, max_tokens=40, messages=user, stop_sequences=["e"]
-        )
-        assert msg.content[0].type == "text"
-        assert "e" not in msg.content[0].text
-        assert msg.stop_reason == "end_turn"
-        assert msg.usage.output_tokens < 40
-        with client.messages.stream(
-            model=MODEL, max_tokens=40, messages=user, stop_sequences=["e"]
-        ) as stream:
-            text = "".join(stream.text_stream)
-            final = stream.get_final_message()
-        assert "e" not in text
-        assert final.stop_reason == "end_turn"
+        with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as client:
+            user: list[anthropic.types.MessageParam] = [{"role": "user", "content": "stop early"}]
+            msg = client.messages.create(
+                model=MODEL, max_tokens=40, messages=user, stop_sequences=["e"]
+            )
+            assert msg.content[0].type == "text"
+            assert "e" not in msg.content[0].text
+            assert msg.stop_reason == "end_turn"
+            assert msg.usage.output_tokens < 40
+            with client.messages.stream(
+                model=MODEL, max_tokens=40, messages=user, stop_sequences=["e"]
+            ) as stream:
+                text = "".join(stream.text_stream)
+                final = stream.get_final_message()
+            assert "e" not in text
+            assert final.stop_reason == "end_turn"
 
     def test_count_tokens(self, url: str) -> None:
         """messages.count_tokens reaches the engine's /v1/messages/count_tokens."""
-        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
-        got = client.messages.count_tokens(
-            model=MODEL, system=SYSTEM, messages=[{"role": "user", "content": "count me"}]
-        )
-        assert got.input_tokens > 0
-        with pytest.raises(anthropic.NotFoundError):
-            client.messages.count_tokens(model="nope", messages=[{"role": "user", "content": "x"}])
+        with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as client:
+            got = client.messages.count_tokens(
+                model=MODEL, system=SYSTEM, messages=[{"role": "user", "content": "count me"}]
+            )
+            assert got.input_tokens > 0
+            with pytest.raises(anthropic.NotFoundError):
+                client.messages.count_tokens(
+                    model="nope", messages=[{"role": "user", "content": "x"}]
+                )
 
     def test_errors_in_anthropic_shape(self, url: str) -> None:
         """The router's own refusals and the engine's reach the SDK as Anthropic's errors."""
-        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
-        user = [{"role": "user", "content": "x"}]
-        with pytest.raises(anthropic.NotFoundError) as nf:
-            client.messages.create(model="nope", max_tokens=2, messages=user)  # type: ignore[arg-type]
-        assert nf.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
-        bad = anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0)
-        with pytest.raises(anthropic.AuthenticationError) as au:
-            bad.messages.create(model=MODEL, max_tokens=2, messages=user)  # type: ignore[arg-type]
-        assert au.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
-        with pytest.raises(anthropic.InternalServerError) as cold:
-            client.messages.create(model="cold", max_tokens=2, messages=user)  # type: ignore[arg-type]
-        assert cold.value.status_code == 503
-        assert cold.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
-        with pytest.raises(anthropic.BadRequestError) as br:
-            client.messages.create(model=MODEL, max_tokens=0, messages=user)  # type: ignore[arg-type]
-        assert br.value.body["type"] == "error"  # type: ignore[index]
+        with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as client:
+            user = [{"role": "user", "content": "x"}]
+            with pytest.raises(anthropic.NotFoundError) as nf:
+                client.messages.create(model="nope", max_tokens=2, messages=user)  # type: ignore[arg-type]
+            assert nf.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+            with anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0) as bad:
+                with pytest.raises(anthropic.AuthenticationError) as au:
+                    bad.messages.create(model=MODEL, max_tokens=2, messages=user)  # type: ignore[arg-type]
+                assert au.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+                with pytest.raises(anthropic.InternalServerError) as cold:
+                    client.messages.create(model="cold", max_tokens=2, messages=user)  # type: ignore[arg-type]
+                assert cold.value.status_code == 503
+                assert cold.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+                with pytest.raises(anthropic.BadRequestError) as br:
+                    client.messages.create(model=MODEL, max_tokens=0, messages=user)  # type: ignore[arg-type]
+                assert br.value.body["type"] == "error"  # type: ignore[index]
 
 
 WEATHER: anthropic.types.ToolParam = {
@@ -393,58 +397,62 @@ class TestMessagesToolUse:
     def test_any_answers_a_tool_use(self, url: str) -> None:
         """tool_choice "any" answers a tool_use block whose input has the required
         properties; stop_reason tool_use."""
-        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
-        msg = client.messages.create(
-            model=MODEL, max_tokens=200, messages=ASK, tools=[WEATHER], tool_choice={"type": "any"}
-        )
-        (block,) = msg.content
-        assert block.type == "tool_use"
-        assert block.name == "get_weather"
-        assert isinstance(block.input, dict)
-        assert isinstance(block.input["city"], str)
-        assert block.id
-        assert msg.stop_reason == "tool_use"
+        with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as client:
+            msg = client.messages.create(
+                model=MODEL,
+                max_tokens=200,
+                messages=ASK,
+                tools=[WEATHER],
+                tool_choice={"type": "any"},
+            )
+            (block,) = msg.content
+            assert block.type == "tool_use"
+            assert block.name == "get_weather"
+            assert isinstance(block.input, dict)
+            assert isinstance(block.input["city"], str)
+            assert block.id
+            assert msg.stop_reason == "tool_use"
 
     def test_named_tool_streamed(self, url: str) -> None:
         """A named tool is called in a stream: a tool_use block its input_json_delta
         events fill, which the SDK's final message parses; stop_reason end_turn (vLLM's
         for a named tool)."""
-        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
-        with client.messages.stream(
-            model=MODEL,
-            max_tokens=200,
-            messages=ASK,
-            tools=[WEATHER],
-            tool_choice={"type": "tool", "name": "get_weather"},
-        ) as stream:
-            final = stream.get_final_message()
-        (block,) = final.content
-        assert block.type == "tool_use"
-        assert block.name == "get_weather"
-        assert isinstance(block.input, dict)
-        assert "city" in block.input
-        assert final.stop_reason == "end_turn"
+        with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as client:
+            with client.messages.stream(
+                model=MODEL,
+                max_tokens=200,
+                messages=ASK,
+                tools=[WEATHER],
+                tool_choice={"type": "tool", "name": "get_weather"},
+            ) as stream:
+                final = stream.get_final_message()
+            (block,) = final.content
+            assert block.type == "tool_use"
+            assert block.name == "get_weather"
+            assert isinstance(block.input, dict)
+            assert "city" in block.input
+            assert final.stop_reason == "end_turn"
 
     def test_auto_answers_words(self, url: str) -> None:
         """tools without tool_choice (auto) answer text: the model chose not to call."""
-        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
-        msg = client.messages.create(model=MODEL, max_tokens=3, messages=ASK, tools=[WEATHER])
-        assert msg.content[0].type == "text"
+        with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as client:
+            msg = client.messages.create(model=MODEL, max_tokens=3, messages=ASK, tools=[WEATHER])
+            assert msg.content[0].type == "text"
 
     def test_refusals(self, url: str) -> None:
         """A tool_choice naming no tool, naming one not in tools, or without tools, and a
         tool without an input_schema, is vLLM's 400, in Anthropic's shape."""
-        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
-        bad: list[dict[str, Any]] = [
-            {"tools": [WEATHER], "tool_choice": {"type": "tool"}},
-            {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
-            {"tool_choice": {"type": "any"}},
-            {"tools": [{"name": "get_weather"}], "tool_choice": {"type": "any"}},
-        ]
-        for extra in bad:
-            with pytest.raises(anthropic.BadRequestError) as info:
-                client.messages.create(model=MODEL, max_tokens=9, messages=ASK, **extra)
-            assert info.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+        with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as client:
+            bad: list[dict[str, Any]] = [
+                {"tools": [WEATHER], "tool_choice": {"type": "tool"}},
+                {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
+                {"tool_choice": {"type": "any"}},
+                {"tools": [{"name": "get_weather"}], "tool_choice": {"type": "any"}},
+            ]
+            for extra in bad:
+                with pytest.raises(anthropic.BadRequestError) as info:
+                    client.messages.create(model=MODEL, max_tokens=9, messages=ASK, **extra)
+                assert info.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
 
 
 class TestResponsesBrokenStream:

@@ -86,14 +86,14 @@ class TestLlamaServerThroughRouter:
 
     def test_messages_with_the_anthropic_sdk(self, fleet: Program) -> None:
         """The anthropic package's create, whole and streamed, reaches llama-server."""
-        client = anthropic.Anthropic(base_url=fleet.url, api_key="none", max_retries=0)
-        user = [{"role": "user", "content": "once upon a time"}]
-        msg = client.messages.create(model="tiny", max_tokens=4, messages=user)  # type: ignore[arg-type]
-        assert msg.type == "message"
-        assert msg.usage.output_tokens > 0
-        with client.messages.stream(model="tiny", max_tokens=4, messages=user) as stream:  # type: ignore[arg-type]
-            final = stream.get_final_message()
-        assert final.usage.output_tokens > 0
+        with anthropic.Anthropic(base_url=fleet.url, api_key="none", max_retries=0) as client:
+            user = [{"role": "user", "content": "once upon a time"}]
+            msg = client.messages.create(model="tiny", max_tokens=4, messages=user)  # type: ignore[arg-type]
+            assert msg.type == "message"
+            assert msg.usage.output_tokens > 0
+            with client.messages.stream(model="tiny", max_tokens=4, messages=user) as stream:  # type: ignore[arg-type]
+                final = stream.get_final_message()
+            assert final.usage.output_tokens > 0
 
     def test_tokenize_without_a_model(self, fleet: Program) -> None:
         """llama.cpp's /tokenize body has no model: the router routes it to its only one."""

@@ -97,35 +97,37 @@ class TestSpentBudget:
 
     def test_openai_does_not_retry_insufficient_quota(self, fleet: Fleet) -> None:
         """The openai package (max_retries=2) raises insufficient_quota after one attempt."""
-        c = openai.OpenAI(base_url=fleet.router.url + "/v1", api_key=SPENT, max_retries=2)
-        msgs: list[openai.types.chat.ChatCompletionMessageParam] = [
-            {"role": "user", "content": "hi"}
-        ]
-        before = len(settled(fleet.router, "spent", 0))
-        if before == 0:
-            # The first request spends the one-token budget.
-            assert c.chat.completions.create(model="m", messages=msgs, max_tokens=2).choices
-            before = 1
-        with pytest.raises(openai.RateLimitError) as info:
-            c.chat.completions.create(model="m", messages=msgs, max_tokens=2)
-        assert info.value.code == "insufficient_quota"
-        assert info.value.response.headers["x-should-retry"] == "false"
-        assert settled(fleet.router, "spent", before + 1)[before:] == [429]
+        with openai.OpenAI(base_url=fleet.router.url + "/v1", api_key=SPENT, max_retries=2) as c:
+            msgs: list[openai.types.chat.ChatCompletionMessageParam] = [
+                {"role": "user", "content": "hi"}
+            ]
+            before = len(settled(fleet.router, "spent", 0))
+            if before == 0:
+                # The first request spends the one-token budget.
+                assert c.chat.completions.create(model="m", messages=msgs, max_tokens=2).choices
+                before = 1
+            with pytest.raises(openai.RateLimitError) as info:
+                c.chat.completions.create(model="m", messages=msgs, max_tokens=2)
+            assert info.value.code == "insufficient_quota"
+            assert info.value.response.headers["x-should-retry"] == "false"
+            assert settled(fleet.router, "spent", before + 1)[before:] == [429]
 
     def test_anthropic_does_not_retry_a_spent_budget(self, fleet: Fleet) -> None:
         """The anthropic package (max_retries=2) raises rate_limit_error after one attempt."""
-        c = anthropic.Anthropic(base_url=fleet.router.url, api_key=SPENT, max_retries=2)
-        before = len(settled(fleet.router, "spent", 0))
-        if before == 0:
-            assert c.messages.create(
-                model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
-            ).content
-            before = 1
-        with pytest.raises(anthropic.RateLimitError) as info:
-            c.messages.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        assert info.value.type == "rate_limit_error"
-        assert info.value.response.headers["x-should-retry"] == "false"
-        assert settled(fleet.router, "spent", before + 1)[before:] == [429]
+        with anthropic.Anthropic(base_url=fleet.router.url, api_key=SPENT, max_retries=2) as c:
+            before = len(settled(fleet.router, "spent", 0))
+            if before == 0:
+                assert c.messages.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                ).content
+                before = 1
+            with pytest.raises(anthropic.RateLimitError) as info:
+                c.messages.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )
+            assert info.value.type == "rate_limit_error"
+            assert info.value.response.headers["x-should-retry"] == "false"
+            assert settled(fleet.router, "spent", before + 1)[before:] == [429]
 
 
 class TestEngineErrorsCostNothing:
@@ -135,19 +137,19 @@ class TestEngineErrorsCostNothing:
         """Three attempts answered 500 (the SDK's two retries) would each have spent their
         estimate, 120 tokens of a 300-token budget, and refused the key's next request."""
         asyncio.run(set_faults(fleet.faulty.url, fail_rate=1.0))
-        c = openai.OpenAI(base_url=fleet.router.url + "/v1", api_key=BUDGETED, max_retries=2)
-        msgs: list[openai.types.chat.ChatCompletionMessageParam] = [
-            {"role": "user", "content": WORDS}
-        ]
-        try:
-            with pytest.raises(openai.InternalServerError):
-                c.chat.completions.create(model="f", messages=msgs, max_tokens=2)
-            assert settled(fleet.router, "budgeted", 3) == [500, 500, 500]
-        finally:
-            asyncio.run(set_faults(fleet.faulty.url, fail_rate=0.0))
-        got = c.chat.completions.create(model="f", messages=msgs, max_tokens=2)
-        assert got.usage is not None
-        assert got.usage.completion_tokens == 2
+        with openai.OpenAI(base_url=fleet.router.url + "/v1", api_key=BUDGETED, max_retries=2) as c:
+            msgs: list[openai.types.chat.ChatCompletionMessageParam] = [
+                {"role": "user", "content": WORDS}
+            ]
+            try:
+                with pytest.raises(openai.InternalServerError):
+                    c.chat.completions.create(model="f", messages=msgs, max_tokens=2)
+                assert settled(fleet.router, "budgeted", 3) == [500, 500, 500]
+            finally:
+                asyncio.run(set_faults(fleet.faulty.url, fail_rate=0.0))
+            got = c.chat.completions.create(model="f", messages=msgs, max_tokens=2)
+            assert got.usage is not None
+            assert got.usage.completion_tokens == 2
 
 
 class TestAnthropicRequestId:
@@ -156,14 +158,14 @@ class TestAnthropicRequestId:
     def test_whole_stream_and_error_carry_it(self, fleet: Fleet) -> None:
         """A whole answer's, a stream's and an error's `request_id` is the router's
         x-request-id (the id of its access log line), not None."""
-        c = anthropic.Anthropic(base_url=fleet.router.url, api_key=OPEN, max_retries=0)
-        msgs: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hi"}]
-        raw = c.messages.with_raw_response.create(model="m", messages=msgs, max_tokens=2)
-        assert raw.request_id == raw.headers["x-request-id"]
-        with c.messages.with_streaming_response.create(
-            model="m", messages=msgs, max_tokens=2, stream=True
-        ) as streamed:
-            assert streamed.request_id == streamed.headers["x-request-id"]
-        with pytest.raises(anthropic.NotFoundError) as info:
-            c.messages.create(model="nobody", messages=msgs, max_tokens=2)
-        assert info.value.request_id == info.value.response.headers["x-request-id"]
+        with anthropic.Anthropic(base_url=fleet.router.url, api_key=OPEN, max_retries=0) as c:
+            msgs: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hi"}]
+            raw = c.messages.with_raw_response.create(model="m", messages=msgs, max_tokens=2)
+            assert raw.request_id == raw.headers["x-request-id"]
+            with c.messages.with_streaming_response.create(
+                model="m", messages=msgs, max_tokens=2, stream=True
+            ) as streamed:
+                assert streamed.request_id == streamed.headers["x-request-id"]
+            with pytest.raises(anthropic.NotFoundError) as info:
+                c.messages.create(model="nobody", messages=msgs, max_tokens=2)
+            assert info.value.request_id == info.value.response.headers["x-request-id"]

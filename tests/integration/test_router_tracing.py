@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -149,6 +152,77 @@ class TestSpans:
         rid = attributes(span.attributes)["llmgw.request_id"]
         assert len(rid) == 24
         assert ans.headers["x-request-id"] == rid
+
+
+class TestInvalidContext:
+    """A trace context W3C says to ignore starts a new trace that carries none of it."""
+
+    async def test_new_trace_without_client_tracestate(
+        self, tmp_path: Path, receiver: tuple[Any, str]
+    ) -> None:
+        """A traceparent of version ff, or sent twice, makes the router start a new trace:
+        the engine gets the router's own valid traceparent and not the client's
+        tracestate, which belongs to the trace it did not join."""
+        _, endpoint = receiver
+        other = f"00-{'1' * 32}-{CLIENT_SPAN}-01"
+        sent = {
+            "version ff": [("traceparent", "ff" + TRACEPARENT[2:])],
+            "twice": [("traceparent", TRACEPARENT), ("traceparent", other)],
+        }
+        seen: dict[str, dict[str, str]] = {}
+        with sim_engines(tmp_path, [50.0]) as engines:
+            cfg = base_config(
+                endpoints=endpoint_entries(engines),
+                tracing={"endpoint": endpoint, "export_interval_s": 0.1},
+            )
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                body = json.dumps(chat_body("trace me")).encode()
+                for name, lines in sent.items():
+                    head = "".join(f"{k}: {v}\r\n" for k, v in [*lines, ("tracestate", "k=v")])
+                    raw = (
+                        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}"
+                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                    ).encode()
+                    ans = await asyncio.to_thread(raw_request, r.port, raw + body)
+                    assert ans.status == 200
+                    seen[name] = await asyncio.to_thread(engine_trace, engines[0].url)
+        for name, got in seen.items():
+            assert list(got) == ["traceparent"], name
+            version, trace_id, _, _ = got["traceparent"].split("-")
+            assert version == "00", name
+            assert trace_id not in (TRACE_ID, "1" * 32, "0" * 32), name
+
+
+class TestStopWithCollectorAway:
+    """A collector that never answers does not hold the router's stop."""
+
+    async def test_stop_bounded(self, tmp_path: Path) -> None:
+        """With spans batched for a collector that accepts no connection, SIGTERM stops
+        the router within seconds (it took 10 to 30 s: the SDK waited out its export
+        timeouts), saying the spans were not sent."""
+        # A listening socket never accepted: connects succeed, no answer ever comes.
+        with socket.socket() as hole:
+            hole.bind(("127.0.0.1", 0))
+            hole.listen(16)
+            endpoint = f"http://127.0.0.1:{hole.getsockname()[1]}/v1/traces"
+            with sim_engines(tmp_path, [50.0]) as engines:
+                tracing = {"endpoint": endpoint, "export_interval_s": 0.1, "export_timeout_s": 30}
+                cfg = base_config(endpoints=endpoint_entries(engines), tracing=tracing)
+                with router(tmp_path, cfg) as r:
+                    await wait_until_scraped(r.url, ["e0"])
+                    async with aiohttp.ClientSession() as s:
+                        for i in range(3):
+                            assert (await post(s, r.url, chat_body(f"q{i}"))).status == 200
+                    t0 = time.monotonic()
+                    r.signal(signal.SIGTERM)
+                    await asyncio.to_thread(r.proc.wait, 20)
+                    took_s = time.monotonic() - t0
+                    text = r.log_text()
+        assert r.proc.returncode == 0
+        assert took_s < 9.0
+        assert "tracing stopped with spans unsent" in text
+        no_traceback(text)
 
 
 class TestTracingRefused:

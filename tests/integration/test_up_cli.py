@@ -96,10 +96,11 @@ class TestRefusals:
         assert procs_of(folder) == []
 
     def test_port_held_after_an_unclean_stop_points_at_the_old_run(self, folder: Path) -> None:
-        """A manifest left by an `up` that was killed explains who may hold the port."""
+        """A manifest up cannot read (so cannot stop what it lists) explains who may hold
+        the port."""
         state = folder / ".llmgw"
         state.mkdir()
-        (state / "up.json").write_text('{"pid": 4242, "children": {}}')
+        (state / "up.json").write_text('{"pid": 4242, "children": [')
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             s.listen()

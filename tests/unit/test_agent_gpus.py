@@ -97,6 +97,13 @@ class TestFakeInventory:
         with pytest.raises(GpuDiscoveryError):
             FakeInventory.from_spec(spec, uuid_prefix="n")
 
+    def test_a_huge_count_is_refused_before_any_gpu_is_built(self) -> None:
+        """`99999999999999999999xH100-80G` is refused at once, not built one GPU at a time."""
+        with pytest.raises(GpuDiscoveryError, match="more than 1024 GPUs"):
+            FakeInventory.from_spec("99999999999999999999xH100-80G", uuid_prefix="n")
+        with pytest.raises(GpuDiscoveryError, match="more than 1024 GPUs"):
+            FakeInventory.from_spec("1000xH100-80G,25xL40S-48G", uuid_prefix="n")
+
     def test_class_without_size_says_how_to_name_it(self) -> None:
         """`--gpus 2xA100`: the message shows the class spelled with its memory size."""
         with pytest.raises(GpuDiscoveryError, match=r"'A100' names no memory size.*A100-80G"):

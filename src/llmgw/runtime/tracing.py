@@ -9,8 +9,22 @@ sent over OTLP/HTTP (protobuf) by the SDK's own thread, never on the event loop.
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+from llmgw.runtime.logs import kv
+
+log = logging.getLogger(__name__)
+
+# How long stopping waits for the spans still batched to be sent. The SDK's own
+# shutdown waits up to 30 s for its export thread, which sits in an export for up to
+# `export_timeout_s` per batch (retrying a collector that is down, hung or answering
+# 429): a router or controller given SIGTERM took 10 to 30 s to exit, past a
+# supervisor's grace, because its collector was away. A collector that is up takes
+# well under this for a full queue; one that is not loses those spans, not the stop.
+SHUTDOWN_WAIT_S: Final = 3.0
 
 
 class TracingUnavailable(RuntimeError):
@@ -72,6 +86,16 @@ class SpanExport:
         # The SDK's Tracer: typed Any so callers need not import the SDK to type it.
         self.tracer: Any = self._provider.get_tracer(scope)
 
-    def shutdown(self) -> None:
-        """Export what is still batched, then stop (blocks: call it off the event loop)."""
-        self._provider.shutdown()
+    def shutdown(self, *, wait_s: float = SHUTDOWN_WAIT_S) -> None:
+        """Export what is still batched, waiting at most `wait_s`, then stop (blocks:
+        call it off the event loop)."""
+        # The SDK's shutdown takes no limit of its own, so it runs on a daemon thread
+        # that is left behind after `wait_s`: a daemon thread does not hold the
+        # process's exit, and its export thread is a daemon too.
+        stopping = threading.Thread(
+            target=self._provider.shutdown, name="llmgw-span-shutdown", daemon=True
+        )
+        stopping.start()
+        stopping.join(wait_s)
+        if stopping.is_alive():
+            log.warning(kv("tracing stopped with spans unsent", wait_s=wait_s))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import socket
+import stat
 from pathlib import Path
 from typing import IO
 
@@ -40,6 +42,32 @@ def lock_state_dir(state: Path) -> IO[str]:
             f"already running in {state}{who}; stop it first (Ctrl-C there), "
             "or pass --state-dir for a second system"
         ) from None
+
+
+# The state folder's entries `up` and its programs write, and whether each is a folder.
+STATE_ENTRIES = {
+    "logs": True,
+    "tokens": True,
+    "agents": True,
+    "controller.db": False,
+    "router.yaml": False,
+    "up.json": False,
+}
+
+
+def check_state_entries(state: Path) -> None:
+    """Refuse an entry of the state folder of the wrong kind (a folder for a file, or not a
+    folder), in one line before anything starts: each was an errno line after the
+    controller had started, an agent's exit, or (up.json) a traceback from the stop."""
+    for name, folder in STATE_ENTRIES.items():
+        try:
+            mode = os.lstat(state / name).st_mode
+        except FileNotFoundError:
+            continue
+        if folder and not stat.S_ISDIR(mode):
+            raise Refused(f"{state / name} is not a folder; move it away")
+        if not folder and stat.S_ISDIR(mode):
+            raise Refused(f"{state / name} is a folder, not a file; move it away")
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from llmgw.runtime.serve import READY_PREFIX
 from llmgw.up.errors import UpError
+from llmgw.up.say import say
 
 
 class StartFailed(UpError):
@@ -155,12 +156,12 @@ def stop_leftover_engines(agents: list[tuple[str, Path]], *, grace_s: float) -> 
             start_new_session=True,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        print(f"llmgw up: could not stop leftover engines: {exc}", file=sys.stderr, flush=True)
+        say(f"llmgw up: could not stop leftover engines: {exc}", err=True)
         return 0
     if done.stderr:
-        sys.stderr.write(done.stderr)
+        say(done.stderr.rstrip("\n"), err=True)
     lines = done.stdout.split()
     if done.returncode != 0 or len(lines) < 2 or not lines[1].isdigit():
-        print(f"llmgw up: agent stop-engines exited {done.returncode}", file=sys.stderr)
+        say(f"llmgw up: agent stop-engines exited {done.returncode}", err=True)
         return 0
     return int(lines[1])

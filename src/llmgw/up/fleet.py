@@ -31,7 +31,9 @@ import msgspec
 
 from llmgw.runtime import finite, safeyaml, textfile
 from llmgw.up.errors import UpError
+from llmgw.wire.agent import MAX_FAKE_GPUS
 from llmgw.wire.models import ModelSpec
+from llmgw.wire.names import label_problem
 
 GPUS_RE = re.compile(r"^\d+x[A-Za-z0-9][A-Za-z0-9._-]*(,\d+x[A-Za-z0-9][A-Za-z0-9._-]*)*$")
 
@@ -108,9 +110,34 @@ def load_fleet(path: Path | None) -> Fleet:
     nodes = [n for n, _ in fleet.node_names()]
     if len(set(nodes)) != len(nodes):
         raise FleetError(f"{where}: node prefixes overlap, node names would repeat")
+    for i, group in enumerate(fleet.nodes):
+        why = _group_problem(group)
+        if why is not None:
+            raise FleetError(f"{where}: nodes[{i}].{why}")
     if path is not None:
         fleet = _resolve_gguf_paths(fleet, path.parent)
     return fleet
+
+
+def _group_problem(g: NodeGroup) -> str | None:
+    """What the agent would refuse (or choke on) in `g`, said before anything starts.
+
+    Without it, each was found by the agent after the controller had started: `0xH100-80G`
+    and a fabric like `a b` each an agent's exit; `--help` as a fabric, the agent's usage;
+    `99999999999999999999xH100-80G`, an agent growing without end; a label key with `=`
+    split elsewhere by the agent's KEY=VALUE flag."""
+    counts = [int(part.split("x", 1)[0]) for part in g.gpus.split(",")]
+    if min(counts) < 1 or sum(counts) > MAX_FAKE_GPUS:
+        return f"gpus {g.gpus}: each count at least 1, at most {MAX_FAKE_GPUS} GPUs a node"
+    classes = [part.split("x", 1)[1] for part in g.gpus.split(",")]
+    for value, field in [(g.fabric, "fabric"), *((c, "gpus") for c in classes)]:
+        why = label_problem(value)
+        if why is not None:
+            return f"{field}: {why}"
+    for key in g.labels:
+        if not key or "=" in key:
+            return f"labels: key {key!r}: not empty and without '='"
+    return None
 
 
 def _resolve_gguf_paths(fleet: Fleet, base: Path) -> Fleet:

@@ -15,6 +15,7 @@ kept in `./.llmgw/tokens/` (0600) and passed by file, never on a command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -35,15 +36,24 @@ from llmgw.runtime.lockfile import open_nofollow
 from llmgw.runtime.sdnotify import Notifier
 from llmgw.runtime.serve import READY_PREFIX
 from llmgw.runtime.version import add_version_argument
-from llmgw.up.checks import Refused, check_ports, lock_state_dir
+from llmgw.up.checks import Refused, check_ports, check_state_entries, lock_state_dir
 from llmgw.up.children import Child, Interrupted, StartFailed, stop_all, stop_leftover_engines
 from llmgw.up.fleet import Fleet, FleetError, check_engines, load_fleet
-from llmgw.up.tokens import TokenFolderError, Tokens, ensure_tokens
+from llmgw.up.leftovers import stop_last_run
+from llmgw.up.say import say
+from llmgw.up.tokens import TokenFolderError, Tokens, ensure_tokens, token_problem
 
 ENGINE_PORT_BASE = 21000
 ENGINE_PORTS_PER_NODE = 50
 # How long `up` waits for every agent's node to register before applying the models.
 NODES_TIMEOUT_S = 30.0
+
+
+def _folder(text: str) -> Path:
+    """A folder argument; "" refused (Path("") is ".": the state would land in the cwd)."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty; give a folder (./.llmgw by default)")
+    return Path(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         f" to FIRST+{ENGINE_PORTS_PER_NODE}i+{ENGINE_PORTS_PER_NODE - 1}; give a second up on"
         " this machine another FIRST",
     )
-    p.add_argument("--state-dir", type=Path, default=Path(".llmgw"), help="default ./.llmgw")
+    p.add_argument("--state-dir", type=_folder, default=Path(".llmgw"), help="default ./.llmgw")
     p.add_argument(
         "--token",
         default=None,
@@ -115,7 +125,9 @@ class Up:
         self.state: Path = args.state_dir.absolute()
         self.logs = self.state / "logs"
         self.router_port: int = args.port
-        self.controller_port: int = args.controller_port or args.port + 1
+        # `is None`, not `or`: a given 0 is refused by check_ports, not taken as "default".
+        cport = args.controller_port
+        self.controller_port: int = args.port + 1 if cport is None else cport
         self.controller_url = f"http://127.0.0.1:{self.controller_port}"
         self.router_url = f"http://127.0.0.1:{self.router_port}"
         # Drawn (or read back) by prepare(), before any program starts.
@@ -296,6 +308,9 @@ class Up:
             raise Interrupted(c.name)
         c.start()
         self.children.append(c)
+        # At once, not when all are ready: an `up` killed while starting leaves the next
+        # one the pids to stop (leftovers.py).
+        self.write_manifest()
 
     def _start_ready(self, c: Child) -> None:
         c.wait_ready(60, stopping=lambda: self.stopping)
@@ -335,15 +350,21 @@ class Up:
             grace_s=10,
         )
         if left:
-            print(f"llmgw up: stopped {left} engine(s) whose agent was gone", flush=True)
+            say(f"llmgw up: stopped {left} engine(s) whose agent was gone")
         stop_all(rest, grace_s=10)
-        (self.state / "up.json").unlink(missing_ok=True)
+        # Suppressed: raised from main's `finally`, it was a traceback (a folder put there).
+        with contextlib.suppress(OSError):
+            (self.state / "up.json").unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> int:
     args = envflags.parse(build_parser(), argv, "up")
     # Taken before any program starts: they must not speak to a supervisor for `up`.
     notifier = Notifier.take()
+    why = None if args.token is None else token_problem(args.token)
+    if why is not None:
+        print(f"llmgw up: --token {why}", file=sys.stderr)
+        return 2
     if any(a == "--token" or a.startswith("--token=") for a in argv):
         print(
             "llmgw up: warning: --token on the command line is visible to every local user "
@@ -378,9 +399,18 @@ def main(argv: list[str]) -> int:
         # Held until this process exits; checked before anything starts, so a
         # refusal leaves nothing behind.
         lock = lock_state_dir(up.state)
+        check_state_entries(up.state)
     except (Refused, OSError) as exc:
         print(f"llmgw up: {exc}", file=sys.stderr)
         return 1
+    # A manifest a clean stop would have removed: the last `up` here was killed, and
+    # its programs (each in a session of its own) may still run and hold the ports.
+    stopped = stop_last_run(up.state, grace_s=10)
+    if stopped:
+        say(
+            f"llmgw up: the last llmgw up here was killed; stopped the {stopped} "
+            "program(s) it left running"
+        )
     try:
         check_ports(
             "127.0.0.1",
@@ -390,8 +420,8 @@ def main(argv: list[str]) -> int:
             },
         )
     except (Refused, OSError) as exc:
-        # A clean stop removes the manifest: one still here (and ours to read, we
-        # hold the lock) means the last `up` was killed and its programs may live on.
+        # A clean stop removes the manifest, and so does stop_last_run once it stopped
+        # every program listed: one still here is unreadable or lists one it could not.
         manifest = up.state / "up.json"
         hint = ""
         if manifest.exists():
@@ -420,15 +450,16 @@ def main(argv: list[str]) -> int:
     except Interrupted:
         pass
     except (StartFailed, TokenFolderError, OSError) as exc:
-        print(f"llmgw up: {exc}", file=sys.stderr)
+        say(f"llmgw up: {exc}", err=True)
         code = 1
     finally:
         notifier.stopping()
-        # Whatever happened, nothing this run started outlives it.
+        # Whatever happened, nothing this run started outlives it: say() never raises
+        # (a reader gone with the Ctrl-C must not skip the stop; say.py).
         if code == 0:
-            print("\nllmgw up: stopping…", flush=True)
+            say("\nllmgw up: stopping…")
         up.stop()
         lock.close()
     if code == 0:
-        print("llmgw up: stopped", flush=True)
+        say("llmgw up: stopped")
     return code

@@ -43,6 +43,20 @@ class Tokens:
         return self.folder / kind
 
 
+def token_problem(value: str) -> str | None:
+    """Why `value` cannot be a token (printable ASCII, nothing to strip); None when it can.
+
+    Refused before any program starts: the programs read the file's first line stripped
+    while up sent the value as given (a token with spaces at its ends was a 401 after
+    everything had started), and an Authorization header carries printable ASCII only
+    (a newline or a `€` was a traceback from deep inside http.client)."""
+    if not value:
+        return "is empty"
+    if value != value.strip() or not (value.isascii() and value.isprintable()):
+        return "must be printable ASCII without spaces at its ends"
+    return None
+
+
 def ensure_tokens(state: Path, *, admin: str | None = None) -> Tokens:
     """The state folder's tokens, drawn where missing; `admin` (up's --token) replaces that one.
 
@@ -79,6 +93,9 @@ def _ensure(path: Path, given: str | None) -> str:
             lines = f.read().strip().splitlines()
             value = lines[0].strip() if lines else ""
         if value:
+            why = token_problem(value)
+            if why is not None:
+                raise TokenFolderError(f"the token in {path} {why}; delete the file to draw one")
             return value
     value = given or secrets.token_urlsafe(32)
     tmp = path.with_name(f".{path.name}.tmp")

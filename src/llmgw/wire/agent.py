@@ -27,6 +27,12 @@ ShardState = Literal["starting", "ready", "failed", "stopped", "sleeping"]
 EngineKind = Literal["vllm", "sglang", "llamacpp", "sim"]
 
 
+# The most GPUs a fake inventory (agent --gpus, up's fleet file) may give one node: far
+# above any real node. `99999999999999999999xH100-80G` was built one GPU at a time,
+# the agent growing without end before it ever said a word.
+MAX_FAKE_GPUS = 1024
+
+
 class GPU(msgspec.Struct, frozen=True, kw_only=True):
     index: NonNegInt
     uuid: str

@@ -21,7 +21,7 @@ import msgspec
 from llmgw.agent.gpus.base import GpuDiscoveryError, Telemetry, UnknownGpu
 from llmgw.agent.gpus.classes import memory_mib_of_class
 from llmgw.runtime import safeyaml, textfile
-from llmgw.wire.agent import GPU
+from llmgw.wire.agent import GPU, MAX_FAKE_GPUS
 from llmgw.wire.names import label_problem
 
 _GROUP = re.compile(r"^(\d+)x([A-Za-z0-9][A-Za-z0-9._-]*)$")
@@ -77,6 +77,8 @@ def build_gpus(groups: list[dict[str, Any]], *, uuid_prefix: str) -> tuple[GPU, 
                 f"fake GPU class {cls!r} names no memory size: write it like {cls}-80G, "
                 "or give memory_mib in a --gpus-file group"
             )
+        if len(out) + count > MAX_FAKE_GPUS:
+            raise GpuDiscoveryError(f"the fake inventory has more than {MAX_FAKE_GPUS} GPUs")
         healthy = bool(g.get("healthy", True))
         reason = g.get("reason") if not healthy else None
         for _ in range(count):

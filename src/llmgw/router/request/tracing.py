@@ -5,11 +5,15 @@ client's `traceparent` and `tracestate` on to the engine as they came, so an
 engine that traces (vLLM with `--otlp-traces-endpoint`) joins the client's
 trace; nothing else is done, and nothing is imported.
 
+Either way the client's context is read as W3C Trace Context says (`context_of`): a
+`traceparent` sent twice is none at all, and several `tracestate` lines are one list.
+
 On, each routed request is a span, `llmgw.route`, exported with the
 OpenTelemetry SDK over OTLP/HTTP (protobuf) to `tracing.endpoint`: a child of
-the client's trace context when one came, else the root of a new trace. The
+the client's trace context when a valid one came, else the root of a new trace. The
 engine gets the span's own context as its `traceparent` (so the engine's spans
-hang under the router's) and the client's `tracestate` unchanged. The span
+hang under the router's) and the client's `tracestate` unchanged, only under the
+client's trace: a new trace carries none. The span
 carries the routing decision: the model, each attempt as an event (the
 replica, the policy's reason, the prefix blocks it was predicted to hold, and
 why the attempt before it failed), the seconds held waiting for a replica, and
@@ -23,8 +27,9 @@ turns tracing on without it installed is refused at start.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Final
+
+from multidict import MultiMapping
 
 from llmgw.router.config import TracingConfig
 from llmgw.router.routing.scheduler import Decision
@@ -33,6 +38,28 @@ from llmgw.runtime.tracing import SpanExport, TracingSettings
 # What a span's engine request carries: the W3C header names.
 TRACEPARENT: Final = "traceparent"
 TRACESTATE: Final = "tracestate"
+
+
+def context_of(headers: MultiMapping[str]) -> tuple[str | None, str | None]:
+    """A client's `traceparent` and `tracestate`, None where absent, as W3C Trace Context
+    reads them: a traceparent sent more than once is none (which one the client meant is
+    unknown; the first passed on as if it were the one made a trace of a guess), and
+    tracestate lines are one list, joined with commas (the first alone lost the rest)."""
+    parents = headers.getall(TRACEPARENT, ())
+    if len(parents) != 1:
+        return None, None
+    states = headers.getall(TRACESTATE, ())
+    return parents[0], ",".join(states) if states else None
+
+
+def as_came(headers: MultiMapping[str]) -> bytes:
+    """Tracing off: the client's trace context as the engine's header lines, b"" when none."""
+    # The membership test first keeps a request without a traceparent as cheap as
+    # before tracing existed: no list is made.
+    if TRACEPARENT not in headers:
+        return b""
+    tp, ts = context_of(headers)
+    return b"" if tp is None else passed_on(tp, ts)
 
 
 def passed_on(traceparent: str, tracestate: str | None) -> bytes:
@@ -71,14 +98,13 @@ class Tracing:
         self._server = SpanKind.SERVER
 
     def start(
-        self, headers: Mapping[str, str], path: str, model: str, rid: str
+        self, headers: MultiMapping[str], path: str, model: str, rid: str
     ) -> tuple[Any, bytes]:
         """A request's span, and the trace header lines its engine request carries."""
         carrier: dict[str, str] = {}
-        tp = headers.get(TRACEPARENT)
+        tp, ts = context_of(headers)
         if tp is not None:
             carrier[TRACEPARENT] = tp
-            ts = headers.get(TRACESTATE)
             if ts is not None:
                 carrier[TRACESTATE] = ts
         parent = self._propagator.extract(carrier) if carrier else None
@@ -88,13 +114,17 @@ class Tracing:
             kind=self._server,
             attributes={"http.route": path, "llmgw.model": model, "llmgw.request_id": rid},
         )
-        from opentelemetry.trace import set_span_in_context
+        from opentelemetry.trace import get_current_span, set_span_in_context
 
         out: dict[str, str] = {}
         self._propagator.inject(out, context=set_span_in_context(span, parent))
         lines = b""
         if TRACEPARENT in out:
-            lines = passed_on(out[TRACEPARENT], carrier.get(TRACESTATE))
+            # A traceparent the propagator refused (version ff, an all-zero id, …) left
+            # the span a new trace's root: the client's tracestate belongs to the trace
+            # it did not join, and W3C forbids reading it then.
+            joined = parent is not None and get_current_span(parent).get_span_context().is_valid
+            lines = passed_on(out[TRACEPARENT], ts if joined else None)
         return span, lines
 
     def attempt(self, span: Any, decision: Decision, number: int, last_error: str) -> None:
