@@ -7,6 +7,7 @@ folder), each logging in the default text format, as an operator's `journalctl` 
 
 from __future__ import annotations
 
+import shlex
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -47,7 +48,7 @@ class TestLogLines:
         assert forged_lines(text) == []
         access = log_lines(text, "llmgw.router.access")
         assert len(access) == 1
-        assert "path=/v1/x\\n2026-01-01 00:00:00,000 INFO" in access[0]
+        assert 'path="/v1/x\\n2026-01-01 00:00:00,000 INFO' in access[0]
 
     def test_controller_refusal(self, tmp_path: Path) -> None:
         """An unauthenticated request's path is logged on the refusal's one line."""
@@ -62,4 +63,29 @@ class TestLogLines:
         assert forged_lines(text) == []
         refused = log_lines(text, "refused request status=401")
         assert len(refused) == 1
-        assert "path=/admin/x\\n2026-01-01 00:00:00,000 INFO" in refused[0]
+        assert 'path="/admin/x\\n2026-01-01 00:00:00,000 INFO' in refused[0]
+
+
+class TestLogFields:
+    """A client's value with spaces stays one quoted field: it forges no field of its own."""
+
+    def test_request_id_with_fields_in_it(self, tmp_path: Path) -> None:
+        """An `x-request-id` of `rid status=200 key=alice` is one quoted `request_id`; the
+        line's only bare `status=` is the router's own."""
+        cfg = base_config(
+            endpoints=[{"id": "e0", "url": "http://127.0.0.1:9", "models": ["m"]}],
+            access_log=True,
+        )
+        with router(tmp_path, cfg) as r:
+            head = (
+                "POST /v1/nope HTTP/1.1\r\nHost: x\r\nx-request-id: rid status=200 key=alice\r\n"
+                "Content-Length: 0\r\n\r\n"
+            )
+            assert raw_request(r.port, head.encode()).status == 404
+            r.stop(grace_s=5)
+            access = log_lines(r.log_text(), "llmgw.router.access")
+        assert len(access) == 1
+        assert 'request_id="rid status=200 key=alice"' in access[0]
+        # Read as a logfmt reader reads it: quoted values are one field each.
+        fields = [f for f in shlex.split(access[0]) if f.startswith("status=")]
+        assert fields == ["status=404"], access[0]

@@ -72,5 +72,5 @@ class TestDecisionReasons:
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == 2
         assert "kind=replica.placed" in lines[0]
-        assert "reason=restart 1 of r-0 on a-1 [0]" in lines[0]
+        assert 'reason="restart 1 of r-0 on a-1 [0]"' in lines[0]
         assert "reason_class=deadline" in lines[1]

@@ -30,7 +30,7 @@ class TestTextFormat:
         """A line feed, carriage return or ESC in a kv field is written as its escape."""
         fmt = TextFormatter("%(levelname)s %(message)s")
         line = fmt.format(record(kv("request", path="/v1/x\r\nINFO forged\x1b[2J")))
-        assert line == "WARNING request path=/v1/x\\r\\nINFO forged\\x1b[2J"
+        assert line == 'WARNING request path="/v1/x\\r\\nINFO forged\\x1b[2J"'
 
     def test_percent_style_argument_is_escaped(self) -> None:
         """A %-style argument's line separators (Unicode's too) are escaped."""
@@ -39,9 +39,16 @@ class TestTextFormat:
         assert line == "refused path=/a\\u2028b\\x85c\\td"
 
     def test_printable_text_unchanged(self) -> None:
-        """Printable text, backslashes and non-ASCII letters included, is written as it is."""
+        """Printable text without spaces, backslashes and non-ASCII letters included, is
+        written as it is."""
         fmt = TextFormatter("%(message)s")
-        assert fmt.format(record(kv("x", name="é\\n ok"))) == "x name=é\\n ok"
+        assert fmt.format(record(kv("x", name="é\\n/ok"))) == "x name=é\\n/ok"
+
+    def test_a_value_that_would_forge_fields_is_quoted(self) -> None:
+        """A value holding a space, `=` or a quote is quoted (logfmt), its quotes and
+        backslashes escaped, so it cannot pass for fields of its own; an empty one too."""
+        line = kv("request", request_id='a status=200 k="v\\"', status=404, key="")
+        assert line == 'request request_id="a status=200 k=\\"v\\\\\\"" status=404 key=""'
 
     def test_traceback_keeps_its_lines(self) -> None:
         """A traceback still follows the message on lines of its own."""

@@ -63,7 +63,7 @@ async def loopback_only(request: web.Request, handler: Handler) -> web.StreamRes
     if why is None:
         why = request.app[NAMES_KEY].refusal(request.headers.get("Host"))
     if why is not None:
-        log.warning("refused request status=403 path=%s why=%s", request.path[:200], why[:160])
+        log.warning(kv("refused request", status=403, path=request.path[:200], why=why[:160]))
         return _error(403, f"{request.method} {request.path}: {why}")
     try:
         return await handler(request)
@@ -105,7 +105,7 @@ async def gpu_unhealthy(request: web.Request) -> web.Response:
     except (msgspec.DecodeError, RecursionError) as exc:
         # DecodeError covers ValidationError; RecursionError is JSON nested too deeply.
         why = str(exc) if isinstance(exc, msgspec.DecodeError) else "nested too deeply"
-        log.warning("refused request status=400 path=%s why=%s", request.path, why[:120])
+        log.warning(kv("refused request", status=400, path=request.path[:200], why=why[:120]))
         return _error(400, f"bad body: {why}")
     return _set_fault(request.app[AGENT_KEY], index, req.reason)
 

@@ -9,7 +9,9 @@ takes it; `LLMGW_LOG_FORMAT` is the default when the flag is absent):
 Either way a record is one line (a traceback aside): a value a client sent (a path, a
 request id) may hold a line feed, which in the text format forged a log line of the
 client's own, or a terminal's escape sequence. The text format writes such characters
-as Python writes them in a string (`\n`, `\x1b`); JSON escapes them itself.
+as Python writes them in a string (`\n`, `\x1b`); JSON escapes them itself. A value
+holding a space, `=` or `"` is quoted in the text format (logfmt: `why="no room"`), so
+a client's value cannot pass for fields of its own.
 
 `kv(event, **fields)` returns a `str` (so `%`-free call sites and tests keep
 working) that also carries the event and its fields, and the JSON formatter
@@ -46,7 +48,7 @@ class Event(str):
     def __new__(cls, event: str, fields: dict[str, object]) -> Event:
         text = event
         if fields:
-            text += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+            text += " " + " ".join(f"{k}={_value(v)}" for k, v in fields.items())
         self = super().__new__(cls, text)
         self.event = event
         self.fields = fields
@@ -56,6 +58,16 @@ class Event(str):
 def kv(event: str, **fields: object) -> str:
     """Render `event k=v k=v` for a log line (its fields become keys in JSON logs)."""
     return Event(event, fields)
+
+
+def _value(value: object) -> str:
+    """A field's value as the text format writes it: bare, or quoted (logfmt) when it
+    holds a space, `=` or `"`, or is empty. Bare, a client's request id of
+    `x status=200` read as a field of its own, forged beside the real one."""
+    text = str(value)
+    if text and not any(c.isspace() or c == "=" or c == '"' for c in text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 # LogRecord attributes that are not user fields (passed with `extra=`).

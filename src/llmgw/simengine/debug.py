@@ -19,6 +19,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from llmgw.runtime.logs import kv
 from llmgw.runtime.netaddr import is_loopback
 from llmgw.simengine import api
 from llmgw.simengine.faults import FaultPatch
@@ -109,7 +110,7 @@ def add_routes(app: web.Application, sim: SimEngine) -> None:
 
     def _refused(exc: api.SimApiError) -> web.Response:
         log.warning(
-            "refused request status=%d path=/sim/faults why=%s", exc.status, exc.message[:120]
+            kv("refused request", status=exc.status, path="/sim/faults", why=exc.message[:120])
         )
         return _error(exc)
 

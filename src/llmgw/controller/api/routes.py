@@ -46,6 +46,7 @@ from llmgw.controller.api.views import model_view, model_views, node_views, repl
 from llmgw.controller.errors import Conflict, ControllerRefusal, InvalidRequest
 from llmgw.controller.fleet import commands
 from llmgw.controller.fleet.records import OperatorState
+from llmgw.runtime.logs import kv
 from llmgw.wire.admin import DrainRequest, EngineKey, EventView, ReplicaState, WeightRequest
 from llmgw.wire.agent import Heartbeat
 from llmgw.wire.errors import error_body
@@ -90,11 +91,13 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if status < 500:
             # One line per refused request, whatever it sent (never a traceback).
             log.warning(
-                "refused request status=%d method=%s path=%s why=%s",
-                status,
-                request.method,
-                request.path[:200],
-                exc.message[:160],
+                kv(
+                    "refused request",
+                    status=status,
+                    method=request.method,
+                    path=request.path[:200],
+                    why=exc.message[:160],
+                )
             )
         body = error_body(exc.message, type=kind, param=exc.param)
         return web.Response(
@@ -123,7 +126,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except (asyncio.CancelledError, KeyboardInterrupt):
         raise
     except Exception:
-        log.exception("handler crashed path=%s", request.path)
+        log.exception(kv("handler crashed", path=request.path[:200]))
         body = error_body("internal error; see the controller's log", type="server_error")
         return web.Response(body=body, status=500, content_type="application/json")
 
