@@ -222,8 +222,8 @@ def _json_type(content_type: str | None) -> bool:
     `*/*+json`). Not `text/plain`, a form or multipart: a web page can have any
     browser POST those to a router without a key, no preflight asked (a JSON type
     needs one), and burn its engines on requests it never sees answered."""
-    if content_type is None:
-        return True
+    if content_type is None or content_type == "application/json":
+        return True  # what nearly every client sends: no parsing
     media = content_type.partition(";")[0].strip().lower()
     sub = media.partition("/")[2]
     return sub == "json" or sub.endswith("+json")

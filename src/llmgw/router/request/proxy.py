@@ -58,7 +58,7 @@ from llmgw.router.request.refusals import (
 from llmgw.router.request.relay import Tally, relay
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.request.tokens import Usage, usage_of
-from llmgw.router.request.tracing import Tracing, as_came
+from llmgw.router.request.tracing import TRACEPARENT, Tracing, as_came
 from llmgw.router.request.unbuffered import relay_rest
 from llmgw.router.request.waits import (
     CRITICAL,
@@ -344,7 +344,8 @@ class Proxy:
         headers = call.request.headers
         tracing = self.state.tracing
         if tracing is None:
-            head += as_came(headers)
+            if TRACEPARENT in headers:  # here, not in as_came: no call when none came
+                head += as_came(headers)
         else:
             call.span, lines = tracing.start(headers, call.path, call.model, call.rid)
             head += lines
