@@ -45,10 +45,11 @@ class TestTextFormat:
         assert fmt.format(record(kv("x", name="é\\n/ok"))) == "x name=é\\n/ok"
 
     def test_a_value_that_would_forge_fields_is_quoted(self) -> None:
-        """A value holding a space, `=` or a quote is quoted (logfmt), its quotes and
-        backslashes escaped, so it cannot pass for fields of its own; an empty one too."""
-        line = kv("request", request_id='a status=200 k="v\\"', status=404, key="")
-        assert line == 'request request_id="a status=200 k=\\"v\\\\\\"" status=404 key=""'
+        """A value holding a space or a quote is quoted (logfmt), its quotes and
+        backslashes escaped, so it cannot pass for fields of its own; `=` alone or an
+        empty value stays bare."""
+        line = kv("request", request_id='a status=200 k="v\\"', status=404, key="", r="A=0")
+        assert line == 'request request_id="a status=200 k=\\"v\\\\\\"" status=404 key= r=A=0'
 
     def test_traceback_keeps_its_lines(self) -> None:
         """A traceback still follows the message on lines of its own."""

@@ -10,7 +10,7 @@ Either way a record is one line (a traceback aside): a value a client sent (a pa
 request id) may hold a line feed, which in the text format forged a log line of the
 client's own, or a terminal's escape sequence. The text format writes such characters
 as Python writes them in a string (`\n`, `\x1b`); JSON escapes them itself. A value
-holding a space, `=` or `"` is quoted in the text format (logfmt: `why="no room"`), so
+holding white space or `"` is quoted in the text format (logfmt: `why="no room"`), so
 a client's value cannot pass for fields of its own.
 
 `kv(event, **fields)` returns a `str` (so `%`-free call sites and tests keep
@@ -62,10 +62,12 @@ def kv(event: str, **fields: object) -> str:
 
 def _value(value: object) -> str:
     """A field's value as the text format writes it: bare, or quoted (logfmt) when it
-    holds a space, `=` or `"`, or is empty. Bare, a client's request id of
-    `x status=200` read as a field of its own, forged beside the real one."""
+    holds white space or `"`. Bare, a client's request id of `x status=200` read as a
+    field of its own, forged beside the real one. An `=` alone forges nothing (a value
+    runs to the next space: `reason=LLMGW_ROUTER_COMPILED=0`), nor does an empty value
+    (`team=`)."""
     text = str(value)
-    if text and not any(c.isspace() or c == "=" or c == '"' for c in text):
+    if not any(c.isspace() or c == '"' for c in text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
