@@ -75,7 +75,9 @@ class TestNodeIdentity:
         """A second agent claiming a live node name is refused."""
         agent_rig.start()
         await admin("POST", f"{ctrl.url}/admin/models", sim_model("m1"))
-        (before,) = await wait_replicas(ctrl, "m1", ready=1)
+        # The ready one: a full run once listed another beside it (one that had failed
+        # or was replaced first), which is not what this test is about.
+        (before,) = [r for r in await wait_replicas(ctrl, "m1", ready=1) if r["state"] == "ready"]
         node_before = await admin("GET", f"{ctrl.url}/admin/nodes/n1")
 
         impostor = AgentRig(
@@ -102,7 +104,7 @@ class TestNodeIdentity:
             node_now = await admin("GET", f"{ctrl.url}/admin/nodes/n1")
             assert node_now["address"] == "127.0.0.1"
             assert node_now["gpus"] == node_before["gpus"]
-            (now,) = await wait_replicas(ctrl, "m1", ready=1)
+            (now,) = [r for r in await wait_replicas(ctrl, "m1", ready=1) if r["state"] == "ready"]
             assert now["id"] == before["id"]
             assert now["endpoint_url"] == before["endpoint_url"]
             assert now["shards"][0]["pid"] == before["shards"][0]["pid"]
