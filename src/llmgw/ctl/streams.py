@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 from collections.abc import Iterator
 from typing import TextIO
 
 from llmgw.ctl.errors import OutputFailed, ReaderGone
+from llmgw.runtime.readergone import discard_the_rest
 
 
 class Output(io.TextIOBase, TextIO):
@@ -60,19 +60,9 @@ class Output(io.TextIOBase, TextIO):
         try:
             yield
         except BrokenPipeError as exc:
-            self._discard_the_rest()
+            discard_the_rest(self)
             raise ReaderGone(f"the reader of {self._name} went away") from exc
         except OSError as exc:
-            self._discard_the_rest()
+            discard_the_rest(self)
             why = exc.strerror or type(exc).__name__
             raise OutputFailed(f"cannot write to {self._name}: {why}") from exc
-
-    def _discard_the_rest(self) -> None:
-        """Point the stream's descriptor at /dev/null: what is left in its buffer, flushed
-        when the interpreter exits, would fail again there and print Python's own
-        `Exception ignored … BrokenPipeError` after ctl has said what it had to."""
-        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
-            fd = self.fileno()
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, fd)
-            os.close(devnull)

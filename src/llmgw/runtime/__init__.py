@@ -7,6 +7,7 @@ clock        the injected clock
 logs         logging setup, --log-format
 repeats      a failure that repeats every tick logged once, then every few minutes
 cli          help text every program's flags share
+readergone   a standard stream whose reader went away pointed at /dev/null
 version      --version on every program
 secretfile   secrets from a file or the environment, never only argv
 envflags     every flag also from LLMGW_<PROGRAM>_<FLAG>

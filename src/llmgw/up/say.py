@@ -11,11 +11,9 @@ the interpreter's flush at exit (`Exception ignored … BrokenPipeError`) fails 
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import sys
-from typing import TextIO
+
+from llmgw.runtime.readergone import discard_the_rest
 
 
 def say(text: str, *, err: bool = False) -> bool:
@@ -24,15 +22,6 @@ def say(text: str, *, err: bool = False) -> bool:
     try:
         print(text, file=stream, flush=True)
     except (OSError, ValueError):  # EPIPE (reader gone), EIO (terminal gone), closed
-        _discard_the_rest(stream)
+        discard_the_rest(stream)
         return False
     return True
-
-
-def _discard_the_rest(stream: TextIO) -> None:
-    """Point the stream's descriptor at /dev/null (module docstring)."""
-    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
-        fd = stream.fileno()
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, fd)
-        os.close(devnull)
