@@ -8,6 +8,7 @@ wire format, not the SDK's in-memory spans; llmgw.testing.otlp).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -21,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmgw.testing.procs import llmgw_argv
+from llmgw.testing.procs import Program, llmgw_argv
 
 from .hostile import no_traceback, raw_request
 from .router_fixtures import (
@@ -48,6 +49,21 @@ TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 async def receiver() -> AsyncIterator[tuple[Any, str]]:
     async with otlp.otlp_receiver() as rec:
         yield rec, rec.url
+
+
+@contextlib.asynccontextmanager
+async def traced_fleet(
+    tmp_path: Path, endpoint: str
+) -> AsyncIterator[tuple[list[Program], Program]]:
+    """One sim-engine behind a router that exports spans to `endpoint`, once scraped."""
+    with sim_engines(tmp_path, [50.0]) as engines:
+        cfg = base_config(
+            endpoints=endpoint_entries(engines),
+            tracing={"endpoint": endpoint, "export_interval_s": 0.1},
+        )
+        with router(tmp_path, cfg) as r:
+            await wait_until_scraped(r.url, ["e0"])
+            yield engines, r
 
 
 def engine_trace(engine_url: str) -> dict[str, str]:
@@ -90,24 +106,20 @@ class TestSpans:
         """With tracing on, each request's llmgw.route span reaches the OTLP receiver: a
         child of the client's span carrying the decision, and the engine's parent."""
         rec, endpoint = receiver
-        with sim_engines(tmp_path, [50.0]) as engines:
-            cfg = base_config(
-                endpoints=endpoint_entries(engines),
-                tracing={"endpoint": endpoint, "export_interval_s": 0.1},
-            )
-            with router(tmp_path, cfg) as r:
-                await wait_until_scraped(r.url, ["e0"])
-                async with aiohttp.ClientSession() as s:
-                    headers = {"traceparent": TRACEPARENT, "tracestate": "k=v"}
-                    got = await post(s, r.url, chat_body("trace me"), headers=headers)
-                    assert got.status == 200
-                    seen = await asyncio.to_thread(engine_trace, engines[0].url)
-                    span = await rec.wait_trace(TRACE_ID)
-                    # No context from the client: the router starts a trace.
-                    fresh = await post(s, r.url, chat_body("no context"))
-                    assert fresh.status == 200
-                    started = await asyncio.to_thread(engine_trace, engines[0].url)
-                    root = await rec.wait_trace(started["traceparent"].split("-")[1])
+        async with (
+            traced_fleet(tmp_path, endpoint) as (engines, r),
+            aiohttp.ClientSession() as s,
+        ):
+            headers = {"traceparent": TRACEPARENT, "tracestate": "k=v"}
+            got = await post(s, r.url, chat_body("trace me"), headers=headers)
+            assert got.status == 200
+            seen = await asyncio.to_thread(engine_trace, engines[0].url)
+            span = await rec.wait_trace(TRACE_ID)
+            # No context from the client: the router starts a trace.
+            fresh = await post(s, r.url, chat_body("no context"))
+            assert fresh.status == 200
+            started = await asyncio.to_thread(engine_trace, engines[0].url)
+            root = await rec.wait_trace(started["traceparent"].split("-")[1])
         assert span.name == "llmgw.route"
         assert span.parent_span_id.hex() == CLIENT_SPAN
         assert seen["traceparent"] == f"00-{TRACE_ID}-{span.span_id.hex()}-01"
@@ -130,25 +142,19 @@ class TestSpans:
         kept, the exporter could not encode it, left it off the span and logged a
         traceback, once per such request."""
         rec, endpoint = receiver
-        with sim_engines(tmp_path, [50.0]) as engines:
-            cfg = base_config(
-                endpoints=endpoint_entries(engines),
-                tracing={"endpoint": endpoint, "export_interval_s": 0.1},
-            )
-            with router(tmp_path, cfg) as r:
-                await wait_until_scraped(r.url, ["e0"])
-                body = json.dumps(chat_body("trace me")).encode()
-                head = (
-                    f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                    f"traceparent: {TRACEPARENT}\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n"
-                ).encode()
-                raw = head + b"x-request-id: id-\xff\r\n\r\n" + body
-                ans = await asyncio.to_thread(raw_request, r.port, raw)
-                assert ans.status == 200
-                span = await rec.wait_trace(TRACE_ID)
-                r.stop(grace_s=5)
-                no_traceback(r.log_text())
+        async with traced_fleet(tmp_path, endpoint) as (_, r):
+            body = json.dumps(chat_body("trace me")).encode()
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                f"traceparent: {TRACEPARENT}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n"
+            ).encode()
+            raw = head + b"x-request-id: id-\xff\r\n\r\n" + body
+            ans = await asyncio.to_thread(raw_request, r.port, raw)
+            assert ans.status == 200
+            span = await rec.wait_trace(TRACE_ID)
+            r.stop(grace_s=5)
+            no_traceback(r.log_text())
         rid = attributes(span.attributes)["llmgw.request_id"]
         assert len(rid) == 24
         assert ans.headers["x-request-id"] == rid
@@ -170,23 +176,17 @@ class TestInvalidContext:
             "twice": [("traceparent", TRACEPARENT), ("traceparent", other)],
         }
         seen: dict[str, dict[str, str]] = {}
-        with sim_engines(tmp_path, [50.0]) as engines:
-            cfg = base_config(
-                endpoints=endpoint_entries(engines),
-                tracing={"endpoint": endpoint, "export_interval_s": 0.1},
-            )
-            with router(tmp_path, cfg) as r:
-                await wait_until_scraped(r.url, ["e0"])
-                body = json.dumps(chat_body("trace me")).encode()
-                for name, lines in sent.items():
-                    head = "".join(f"{k}: {v}\r\n" for k, v in [*lines, ("tracestate", "k=v")])
-                    raw = (
-                        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}"
-                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-                    ).encode()
-                    ans = await asyncio.to_thread(raw_request, r.port, raw + body)
-                    assert ans.status == 200
-                    seen[name] = await asyncio.to_thread(engine_trace, engines[0].url)
+        async with traced_fleet(tmp_path, endpoint) as (engines, r):
+            body = json.dumps(chat_body("trace me")).encode()
+            for name, lines in sent.items():
+                head = "".join(f"{k}: {v}\r\n" for k, v in [*lines, ("tracestate", "k=v")])
+                raw = (
+                    f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                ans = await asyncio.to_thread(raw_request, r.port, raw + body)
+                assert ans.status == 200
+                seen[name] = await asyncio.to_thread(engine_trace, engines[0].url)
         for name, got in seen.items():
             assert list(got) == ["traceparent"], name
             version, trace_id, _, _ = got["traceparent"].split("-")
