@@ -189,11 +189,12 @@ class ResponsesEncoder:
 
     def __init__(self, job: api.Job, rid: str, created: int) -> None:
         self.job = job
-        self.id = "resp_" + rid.rpartition("-")[2]
+        tail = rid.rpartition("-")[2]
+        self.id = "resp_" + tail
         # A reply that calls a function is one `function_call` item, not a message.
         self.tool = job.tool
-        self.item_id = ("fc_" if self.tool else "msg_") + rid.rpartition("-")[2]
-        self.call_id = "call_" + rid.rpartition("-")[2]
+        self.item_id = ("fc_" if self.tool else "msg_") + tail
+        self.call_id = "call_" + tail
         self.created = created
         self.seq = 0
         self.text: list[str] = []
