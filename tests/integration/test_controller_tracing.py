@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -139,11 +138,7 @@ class TestStopWithCollectorAway:
         SIGTERM stops the controller within seconds (it waited out the export timeout)."""
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        # A listening socket never accepted: connects succeed, no answer ever comes.
-        with socket.socket() as hole:
-            hole.bind(("127.0.0.1", 0))
-            hole.listen(16)
-            endpoint = f"http://127.0.0.1:{hole.getsockname()[1]}/v1/traces"
+        with otlp.unanswering_endpoint() as endpoint:
             flags = ["--tracing-endpoint", endpoint, "--tracing-export-interval-s", "0.1"]
             flags += ["--tracing-export-timeout-s", "30"]
             with start_controller(tmp_path, port, *flags) as c:

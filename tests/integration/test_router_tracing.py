@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -201,24 +200,22 @@ class TestStopWithCollectorAway:
         """With spans batched for a collector that accepts no connection, SIGTERM stops
         the router within seconds (it took 10 to 30 s: the SDK waited out its export
         timeouts), saying the spans were not sent."""
-        # A listening socket never accepted: connects succeed, no answer ever comes.
-        with socket.socket() as hole:
-            hole.bind(("127.0.0.1", 0))
-            hole.listen(16)
-            endpoint = f"http://127.0.0.1:{hole.getsockname()[1]}/v1/traces"
-            with sim_engines(tmp_path, [50.0]) as engines:
-                tracing = {"endpoint": endpoint, "export_interval_s": 0.1, "export_timeout_s": 30}
-                cfg = base_config(endpoints=endpoint_entries(engines), tracing=tracing)
-                with router(tmp_path, cfg) as r:
-                    await wait_until_scraped(r.url, ["e0"])
-                    async with aiohttp.ClientSession() as s:
-                        for i in range(3):
-                            assert (await post(s, r.url, chat_body(f"q{i}"))).status == 200
-                    t0 = time.monotonic()
-                    r.signal(signal.SIGTERM)
-                    await asyncio.to_thread(r.proc.wait, 20)
-                    took_s = time.monotonic() - t0
-                    text = r.log_text()
+        with (
+            otlp.unanswering_endpoint() as endpoint,
+            sim_engines(tmp_path, [50.0]) as engines,
+        ):
+            tracing = {"endpoint": endpoint, "export_interval_s": 0.1, "export_timeout_s": 30}
+            cfg = base_config(endpoints=endpoint_entries(engines), tracing=tracing)
+            with router(tmp_path, cfg) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                async with aiohttp.ClientSession() as s:
+                    for i in range(3):
+                        assert (await post(s, r.url, chat_body(f"q{i}"))).status == 200
+                t0 = time.monotonic()
+                r.signal(signal.SIGTERM)
+                await asyncio.to_thread(r.proc.wait, 20)
+                took_s = time.monotonic() - t0
+                text = r.log_text()
         assert r.proc.returncode == 0
         assert took_s < 9.0
         assert "tracing stopped with spans unsent" in text

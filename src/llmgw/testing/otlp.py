@@ -5,6 +5,8 @@
         span = await rec.wait_span(lambda s: s.name == "llmgw.placement")
         attributes(span.attributes)["llmgw.model"]
 
+    with unanswering_endpoint() as url:       # a collector that never answers
+
 It decodes the programs' exports with the protobuf classes of opentelemetry-proto
 (the real wire format, not the SDK's in-memory spans), so it needs the `tracing`
 extra: importing this module without it raises ImportError (tests importorskip it).
@@ -16,7 +18,8 @@ import asyncio
 import contextlib
 import gzip
 import os
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +84,16 @@ async def otlp_receiver() -> AsyncIterator[Receiver]:
         yield rec
     finally:
         await runner.cleanup()
+
+
+@contextlib.contextmanager
+def unanswering_endpoint() -> Iterator[str]:
+    """A traces URL whose collector never answers: a listening socket never accepted,
+    so connects succeed and no reply ever comes (an exporter waits out its timeout)."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(16)
+        yield f"http://127.0.0.1:{hole.getsockname()[1]}{TRACES_PATH}"
 
 
 def attributes(items: Any) -> dict[str, Any]:
