@@ -74,6 +74,8 @@ class RouterApp:
             self.routes,
             max_body_bytes=self.state.cfg.max_body_bytes,
             errors=catalog.EDGE_ERRORS,
+            upload_paths=catalog.UPLOAD_PATHS,
+            max_upload_bytes=self.state.cfg.upload_limit(),
         )
 
     async def start(self) -> None:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Final, cast
 from urllib.parse import unquote, urlsplit
 
@@ -134,6 +134,15 @@ class Request:
         the limit of a reloaded file would refuse declared bodies the server admits)."""
         return self._conn.server.max_body_bytes
 
+    def body_limit(self) -> int:
+        """The largest body this request's path takes: the server's `max_body_bytes`,
+        or its larger `max_upload_bytes` on an upload path. Asked only of a body past
+        `max_body_bytes`, so a request under it pays no lookup of its path."""
+        server = self._conn.server
+        if self.path in server.upload_paths:
+            return server.max_upload_bytes
+        return server.max_body_bytes
+
     @property
     def header_timeout_s(self) -> float:
         """The server's head timeout, as it was started (restart-only, like the limit)."""
@@ -158,7 +167,7 @@ class Request:
         if self._error is not None:
             raise BodyBroken(str(self._error))
         if self.too_large:
-            limit = self._conn.server.max_body_bytes
+            limit = self.body_limit()
             raise BodyTooLarge(f"{self.size} bytes and more; at most {limit}")
         chunks = self._chunks
         if len(chunks) == 1:
@@ -177,7 +186,7 @@ class Request:
         if self.too_large:
             return
         self.size += len(data)
-        if self.size > self._conn.server.max_body_bytes:
+        if self.size > self._conn.server.max_body_bytes and self.size > self.body_limit():
             self.too_large = True
             self._chunks.clear()
             self._wake()
@@ -255,10 +264,17 @@ class Listener:
         *,
         max_body_bytes: int,
         errors: Mapping[str, ErrorBody] | None = None,
+        upload_paths: Collection[str] = (),
+        max_upload_bytes: int | None = None,
     ) -> None:
         self.edge = edge
         self.dispatch = dispatch
         self.max_body_bytes = max_body_bytes
+        # Paths whose bodies (multipart uploads) may be larger, up to max_upload_bytes:
+        # an audio file is larger than any JSON body, and a JSON limit raised for it
+        # would let every JSON route take (and decode) bodies that large.
+        self.upload_paths = frozenset(upload_paths)
+        self.max_upload_bytes = max(max_body_bytes, max_upload_bytes or 0)
         self.conns: set[Connection] = set()
         # Path → the error body of the API served there, where it is not the edge's
         # (the router's: Anthropic's on the Messages paths). What the server answers

@@ -21,7 +21,8 @@ same `Edge` (limits, the connection count and the canned answers):
 - keep-alive and pipelining (requests answered in order, one at a time; reading
   stops at a pipelined head until its turn, and the next answer waits until the
   last has drained), chunked request bodies, `Expect: 100-continue`, HEAD;
-- a body larger than `max_body_bytes` makes `read()` raise `BodyTooLarge` and
+- a body larger than `max_body_bytes` (`max_upload_bytes` on an upload path)
+  makes `read()` raise `BodyTooLarge` and
   a broken one `BodyBroken` (connection.py); a client that disconnects cancels
   its handler.
 
@@ -399,7 +400,11 @@ class FastProtocol(Connection):
             # Nor one for a body declared over the limit: the handler refuses it (413)
             # unread, and a 100 had the client send it all to be read and dropped.
             declared = req.content_length
-            fits = declared is None or declared <= self.server.max_body_bytes
+            fits = (
+                declared is None
+                or declared <= self.server.max_body_bytes
+                or declared <= req.body_limit()
+            )
             if req.version == "1.1" and not req.complete and fits:
                 self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             return True

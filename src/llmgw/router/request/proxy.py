@@ -102,7 +102,7 @@ class Proxy:
         self.budget = ByteBudget(
             cfg.max_inflight_body_bytes,
             each=share_of(
-                cfg.max_inflight_body_bytes, cfg.client_share, at_least=cfg.max_body_bytes
+                cfg.max_inflight_body_bytes, cfg.client_share, at_least=cfg.upload_limit()
             ),
         )
         # Endpoint → content type → the answer's header lines but x-request-id
