@@ -310,6 +310,12 @@ class RouterMetrics:
             "read from their last bytes only).",
             ["model", "endpoint"],
         )
+        self._clipped = Counts(
+            "llmgw_router_usage_clipped_tokens",
+            "Tokens of engines' usage past what their requests could have used (docs/"
+            "tenants.md#usage), neither counted nor charged, by the endpoint that claimed them.",
+            ["model", "endpoint"],
+        )
         self._scrape_failures = Counts(
             "llmgw_router_scrape_failures",
             "Failed metric scrapes per endpoint.",
@@ -348,6 +354,7 @@ class RouterMetrics:
             self._cached,
             self._retries,
             self._unbuffered,
+            self._clipped,
             self._scrape_failures,
             self._team_requests,
             self._team_prompt,
@@ -386,6 +393,7 @@ class RouterMetrics:
             self._ttft: 1,
             self._retries: 1,
             self._unbuffered: 1,
+            self._clipped: 1,
             self._scrape_failures: 0,
         }
 
@@ -474,6 +482,9 @@ class RouterMetrics:
 
     def unbuffered(self, model: str, endpoint: str) -> None:
         self._unbuffered.inc((model, endpoint))
+
+    def usage_clipped(self, model: str, endpoint: str, tokens: int) -> None:
+        self._clipped.inc((model, endpoint), float(tokens))
 
     def scrape_failed(self, endpoint: str) -> None:
         self._scrape_failures.inc((endpoint,))
