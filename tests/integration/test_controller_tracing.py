@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from llmgw.testing import Program, free_port, start_program
 from llmgw.testing.procs import llmgw_argv
 from llmgw.testing.wait import until
-from tests.integration.test_agent_controller import TOKEN, admin, sim_model
+from tests.integration.test_agent_controller import AUTH, TOKEN, admin, sim_model
 from tests.integration.test_agent_supervision import AgentRig
 
 otlp = pytest.importorskip("llmgw.testing.otlp", reason="the tracing extra is not installed")
@@ -159,6 +160,48 @@ class TestStopWithCollectorAway:
         assert took_s < 9.0
         assert "tracing stopped with spans unsent" in text
         assert "Traceback" not in text
+
+
+async def spans_dropped(url: str) -> dict[str, float]:
+    """llmgw_controller_spans_dropped_total by reason, from the controller's /metrics."""
+    async with (
+        aiohttp.ClientSession(headers=AUTH) as s,
+        s.get(f"{url}/metrics") as resp,
+    ):
+        assert resp.status == 200
+        text = await resp.text()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("llmgw_controller_spans_dropped_total{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels.split('reason="', 1)[1].split('"', 1)[0]] = float(value)
+    return out
+
+
+class TestSpansLost:
+    """Spans a collector never receives are counted on the controller's /metrics."""
+
+    async def test_full_queue_and_failed_export_counted(self, tmp_path: Path) -> None:
+        """Three models found no room at once, a one-span queue and a collector that never
+        answers: spans past the queue are `queue_full`, the timed-out one `export_failed`."""
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with otlp.unanswering_endpoint() as endpoint:
+            flags = ["--tracing-endpoint", endpoint, "--tracing-export-interval-s", "0.05"]
+            flags += ["--tracing-export-timeout-s", "0.5", "--tracing-max-queued-spans", "1"]
+            with start_controller(tmp_path, port, *flags):
+                before = await spans_dropped(url)
+                # No agent: each model finds no room, an action with a span, in one tick.
+                await admin("POST", f"{url}/admin/models", [sim_model(m) for m in "abc"])
+
+                async def both_counted() -> dict[str, float]:
+                    got = await spans_dropped(url)
+                    return got if min(got.values()) >= 1 else {}
+
+                lost = await until(both_counted, timeout_s=30, what="spans counted lost")
+        assert before == {"queue_full": 0.0, "export_failed": 0.0}
+        assert lost.keys() == {"queue_full", "export_failed"}
+        assert sum(lost.values()) <= 3
 
 
 class TestTracingRefused:
