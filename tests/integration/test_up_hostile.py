@@ -52,6 +52,7 @@ class TestRefusedBeforeStart:
             (NODE.replace("1xH100", "99999999999999999999xH100"), (), 2, "at most 1024"),
             (NODE.replace("}]", ", fabric: '--help'}]"), (), 2, "fabric"),
             (NODE.replace("}]", ", labels: {'a=b': c}}]"), (), 2, "'a=b'"),
+            (NODE.replace("1xH100-80G", "1xFOO"), (), 2, "write it like FOO-80G"),
             (NODE, ("--token", "a\nb"), 2, "--token must be printable ASCII"),
             (NODE, ("--token", " abc"), 2, "--token must be printable ASCII"),
             (NODE, ("--controller-port", "0"), 1, "--controller-port 0"),
