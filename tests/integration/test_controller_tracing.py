@@ -162,20 +162,13 @@ class TestStopWithCollectorAway:
         assert "Traceback" not in text
 
 
-async def spans_dropped(url: str) -> dict[str, float]:
-    """llmgw_controller_spans_dropped_total by reason, from the controller's /metrics."""
+async def metrics_page(url: str) -> str:
     async with (
         aiohttp.ClientSession(headers=AUTH) as s,
         s.get(f"{url}/metrics") as resp,
     ):
         assert resp.status == 200
-        text = await resp.text()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("llmgw_controller_spans_dropped_total{"):
-            labels, value = line.rsplit(" ", 1)
-            out[labels.split('reason="', 1)[1].split('"', 1)[0]] = float(value)
-    return out
+        return await resp.text()
 
 
 class TestSpansLost:
@@ -190,15 +183,11 @@ class TestSpansLost:
             flags = ["--tracing-endpoint", endpoint, "--tracing-export-interval-s", "0.05"]
             flags += ["--tracing-export-timeout-s", "0.5", "--tracing-max-queued-spans", "1"]
             with start_controller(tmp_path, port, *flags):
-                before = await spans_dropped(url)
+                before = otlp.spans_dropped(await metrics_page(url), "controller")
                 # No agent: each model finds no room, an action with a span, in one tick.
                 await admin("POST", f"{url}/admin/models", [sim_model(m) for m in "abc"])
 
-                async def both_counted() -> dict[str, float]:
-                    got = await spans_dropped(url)
-                    return got if min(got.values()) >= 1 else {}
-
-                lost = await until(both_counted, timeout_s=30, what="spans counted lost")
+                lost = await otlp.wait_spans_lost(lambda: metrics_page(url), "controller")
         assert before == {"queue_full": 0.0, "export_failed": 0.0}
         assert lost.keys() == {"queue_full", "export_failed"}
         assert sum(lost.values()) <= 3

@@ -22,7 +22,6 @@ import aiohttp
 import pytest
 
 from llmgw.testing.procs import Program, llmgw_argv
-from llmgw.testing.wait import until
 
 from .hostile import no_traceback, raw_request
 from .router_fixtures import (
@@ -228,16 +227,6 @@ class TestStopWithCollectorAway:
         no_traceback(text)
 
 
-def spans_dropped(text: str) -> dict[str, float]:
-    """llmgw_router_spans_dropped_total by reason, from a /metrics page."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("llmgw_router_spans_dropped_total{"):
-            labels, value = line.rsplit(" ", 1)
-            out[labels.split('reason="', 1)[1].split('"', 1)[0]] = float(value)
-    return out
-
-
 class TestSpansLost:
     """Spans a collector never receives are counted on the router's /metrics."""
 
@@ -260,16 +249,14 @@ class TestSpansLost:
             cfg = base_config(endpoints=endpoint_entries(engines), tracing=tracing)
             with router(tmp_path, cfg, workers=workers) as r:
                 await wait_until_scraped(r.url, ["e0"])
-                before = spans_dropped(await asyncio.to_thread(metrics_page, r.url))
+                before = otlp.spans_dropped(await asyncio.to_thread(metrics_page, r.url), "router")
                 async with aiohttp.ClientSession() as s:
                     sent = [post(s, r.url, chat_body(f"q{i}")) for i in range(requests)]
                     assert {got.status for got in await asyncio.gather(*sent)} == {200}
 
-                async def both_counted() -> dict[str, float]:
-                    got = spans_dropped(await asyncio.to_thread(metrics_page, r.url))
-                    return got if min(got.values()) >= 1 else {}
-
-                lost = await until(both_counted, timeout_s=20, what="spans counted lost")
+                lost = await otlp.wait_spans_lost(
+                    lambda: asyncio.to_thread(metrics_page, r.url), "router"
+                )
         assert before == {"queue_full": 0.0, "export_failed": 0.0}
         assert lost.keys() == {"queue_full", "export_failed"}
         assert sum(lost.values()) <= requests
