@@ -30,6 +30,7 @@ from llmgw.router import compiled
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot
 from llmgw.runtime.procmetrics import register_process_metrics
+from llmgw.runtime.tracing import SpanLosses, SpansDropped
 from llmgw.wire.answerusage import Usage
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -372,6 +373,9 @@ class RouterMetrics:
             modules.labels(module).set(1.0 if module in compiled.STATUS.modules else 0.0)
         register_process_metrics(r)
         r.register(_LiveCollector(snapshots, held, queued))
+        # Spans export lost (runtime/tracing.py); None: tracing is off, set by the app.
+        self.span_losses: SpanLosses | None = None
+        r.register(SpansDropped("router", lambda: self.span_losses))
         self._held_answers = Gauge(
             "llmgw_router_held_answer_bytes",
             "Bytes of engines' whole answers the router holds now (read, or written and "
