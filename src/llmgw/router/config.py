@@ -99,6 +99,9 @@ class TracingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # Spans are batched and sent this often, off the event loop.
     export_interval_s: Seconds = 5.0
     export_timeout_s: Seconds = 10.0
+    # Spans waiting to be sent, at most (a collector away fills it); one more is dropped
+    # and counted in llmgw_router_spans_dropped_total.
+    max_queued_spans: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 2048
 
 
 class FlowBand(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

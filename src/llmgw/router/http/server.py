@@ -62,6 +62,9 @@ from llmgw.runtime.logs import kv
 log: Final = logging.getLogger(__name__)
 # An answer's body up to this is joined to its head and sent in one write (one syscall).
 _COALESCE_BYTES: Final = 64 * 1024
+# llhttp's reason for a Content-Length of digits only whose value passes 2**64-1 (one
+# with any other character is "Invalid character in Content-Length": a 400).
+_CL_OVERFLOW: Final = "Content-Length overflow"
 
 __all__ = [
     "Answer",
@@ -285,6 +288,10 @@ class FastProtocol(Connection):
         cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
         why = str(cause) if isinstance(cause, _HeadError) else _without_echo(str(exc))
         status = cause.status if isinstance(cause, _HeadError) else 400
+        if why == _CL_OVERFLOW:
+            # Digits only, past 2**64-1: a body larger than any limit, so the 413 any
+            # Content-Length over max_body_bytes gets, not a 400 for a malformed head.
+            why, status = f"Request body is larger than {self.server.max_body_bytes} bytes.", 413
         self.closing = True
         self._cancel_timers()
         cur = self.cur

@@ -32,7 +32,7 @@ import msgspec
 from llmgw.router.config import RouterConfig
 from llmgw.router.http.answers import Whole
 from llmgw.router.http.connection import BodyBroken, BodyTooLarge, Request
-from llmgw.router.request.refusals import bad_request, error_response, too_large
+from llmgw.router.request.refusals import bad_request, error_response, retry_after, too_large
 from llmgw.runtime.logs import kv
 from llmgw.runtime.peers import Peer
 
@@ -136,7 +136,7 @@ def _busy(budget: ByteBudget, peer: Peer | None) -> Whole:
     else:
         msg = "The router is reading too many request bodies at once; retry shortly."
     return error_response(
-        503, msg, type="service_unavailable", code="server_busy", headers={"Retry-After": "1"}
+        503, msg, type="service_unavailable", code="server_busy", headers=retry_after(1)
     )
 
 
