@@ -40,6 +40,10 @@ class Fleet:
         self.agent = AgentRig(tmp, self.url, token=TOKEN)
 
     def start(self) -> None:
+        self.start_controller()
+        self.start_agent()
+
+    def start_controller(self) -> None:
         self.controller = start_program(
             [
                 "controller",
@@ -65,6 +69,8 @@ class Fleet:
             ],
             log_dir=self.tmp / "controller-logs",
         )
+
+    def start_agent(self) -> None:
         cfg = self.tmp / "agent.yaml"
         # Small enough that the follow test passes it: a copy-truncate mid-follow.
         cfg.write_text("log_max_bytes: 4096\nlog_keep: 3\n")
@@ -200,6 +206,45 @@ class TestReplicaLogs:
             await until(unreachable, timeout_s=30, every_s=0.5, what="503 for an unreachable node")
         finally:
             fleet.agent.agent.signal(signal.SIGCONT)
+
+
+class TestAShardThatNeverStarted:
+    """A shard its agent refused has no log, and the 404 says so with the reason."""
+
+    async def test_a_stored_spec_the_agent_refuses(self, tmp_path: Path) -> None:
+        """A spec stored before the agent denied its flag (as an older llmgw stored it):
+        the replica fails naming the flag, and its logs' 404 says it never started, why."""
+        fleet = Fleet(tmp_path)
+        try:
+            fleet.start_controller()
+            # No node has reported a policy yet, so the controller stores it, as before.
+            bad = {**sim_model("old"), "args": ["--speed", "10", "--served-model-name", "x"]}
+            async with (
+                aiohttp.ClientSession(headers=AUTH) as s,
+                s.post(f"{fleet.url}/admin/models", json=bad) as resp,
+            ):
+                assert resp.status == 200, await resp.text()
+            fleet.start_agent()
+            why = "spec args[2] --served-model-name is not allowed on this node"
+
+            async def failed() -> str:
+                status, body = await get(f"{fleet.url}/admin/replicas?model=old")
+                assert status == 200, body
+                hit = [r for r in body if r["state"] == "failed" and why in (r["reason"] or "")]
+                assert hit, body
+                rid: str = hit[0]["id"]
+                return rid
+
+            rid = await until(
+                failed, timeout_s=30, every_s=0.2, ignore=(AssertionError,), what="failed"
+            )
+            status, body = await get(f"{fleet.url}/admin/replicas/{rid}/logs")
+            assert status == 404, body
+            message = body["error"]["message"]
+            assert "its engine never started there (rank 0 on n1 exited: " in message
+            assert why in message
+        finally:
+            fleet.stop()
 
 
 class TestFollow:

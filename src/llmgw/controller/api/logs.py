@@ -4,7 +4,8 @@ Asked of the replica's node through its heartbeats (controller/logasks.py): the 
 takes up to one heartbeat interval, then one more exchange. Errors leave through
 routes._errors like every other route's:
 
-    404  no such replica, no such rank, or the node holds no log of it (removed)
+    404  no such replica, no such rank, or the node holds no log of it (never started, or
+         removed)
     400  `tail` or `rank` not an integer in range
     409  the shard has no node yet (pending)
     503  a standby (ask the leader); the node unreachable; too many asks waiting
@@ -19,6 +20,7 @@ from llmgw.controller.api.decode import query_int
 from llmgw.controller.api.routes import SERVICES, json_response
 from llmgw.controller.errors import AgentSilent, Busy, Conflict, DoesNotExist
 from llmgw.controller.fleet.commands import require_replica
+from llmgw.controller.fleet.records import Replica
 from llmgw.controller.logasks import NoAnswer, TooManyAsks
 from llmgw.wire.logs import DEFAULT_TAIL_LINES, MAX_RANK, MAX_TAIL_LINES, ReplicaLogs
 
@@ -64,10 +66,7 @@ async def replica_logs(request: web.Request) -> web.Response:
             f"{exc} (an agent older than this controller sends no logs)", param="node"
         ) from None
     if answer.outcome == "missing":
-        raise DoesNotExist(
-            f"node {shard.node} holds no log of replica {r.id} rank {rank} (removed: an agent "
-            "keeps the logs of its newest ended shards only, --ended-logs-keep)"
-        )
+        raise DoesNotExist(_no_log(r, rank, shard.node))
     if answer.outcome == "unreadable":
         raise AgentSilent(f"node {shard.node} cannot read the log: {answer.error}")
     view = ReplicaLogs(
@@ -79,6 +78,18 @@ async def replica_logs(request: web.Request) -> web.Response:
         last_open=answer.last_open,
     )
     return json_response(view)
+
+
+def _no_log(r: Replica, rank: int, node: str) -> str:
+    """Why a node holds no log of a shard. A shard its agent refused to start (its policy,
+    a secret that did not resolve) never had one: saying only "removed" sent operators
+    looking for a log that never was, while the failure's reason says what to fix."""
+    failed = f" ({r.reason})" if r.state == "failed" and r.reason else ""
+    return (
+        f"node {node} holds no log of replica {r.id} rank {rank}: its engine never started "
+        f"there{failed}, or the log was removed (an agent keeps the logs of its newest ended "
+        "shards only, --ended-logs-keep)"
+    )
 
 
 def routes() -> list[web.RouteDef]:
