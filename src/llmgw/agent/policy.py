@@ -10,7 +10,8 @@ are refused unless this agent's config allows them by name (`allow_env`, `allow_
 - flags that run a model repository's own code (`--trust-remote-code`) or override what
   the agent renders (`--host`, `--port`, `--api-key`, `--api-key-file`,
   `--kv-events-config`: where the engine listens, its key, where it publishes KV
-  events), however spelled
+  events; `--served-model-name`, `--alias`/`-a`: the names it serves; `--lora-modules`,
+  `--lora`, `--lora-scaled`: its adapters), however spelled
   (`--trust_remote_code`, `--trust-remote-code=true`, `--trust-remote`: wire/policy.py
   normalises them as the engines' parsers do);
 - `env_from` references to the agent's own environment (`{env: VAR}`) unless VAR is in

@@ -314,7 +314,8 @@ class RouterMetrics:
         self._clipped = Counts(
             "llmgw_router_usage_clipped_tokens",
             "Tokens of engines' usage past what their requests could have used (docs/"
-            "tenants.md#usage), neither counted nor charged, by the endpoint that claimed them.",
+            "tenants.md#what-one-answer-may-count), neither counted nor charged, by the "
+            "endpoint that claimed them.",
             ["model", "endpoint"],
         )
         self._scrape_failures = Counts(
