@@ -74,7 +74,15 @@ def read_config(path: Path) -> dict[str, str]:
     unknown = sorted(str(k) for k in data if k not in ("controller", "token"))
     if unknown:
         raise CtlError(f"{path}: unknown setting {unknown[0]!r} (known: controller, token)")
-    return {str(k): str(v) for k, v in data.items() if v is not None}
+    for k, v in data.items():
+        if v is not None and not isinstance(v, str):
+            # str() of it was sent: a list as the token "['a', 'b']", `token: 0123` as
+            # "83" (YAML's octal), `token: yes` as "True". The value is not repeated: a
+            # token is a secret.
+            kinds = {bool: "true/false", int: "a number", float: "a number", list: "a list"}
+            kind = kinds.get(type(v), "a mapping" if isinstance(v, dict) else type(v).__name__)
+            raise CtlError(f'{path}: {k!r} must be text, not {kind}; quote it: {k}: "…"')
+    return {str(k): v for k, v in data.items() if isinstance(v, str)}
 
 
 def normalize_url(url: str) -> str:
@@ -106,6 +114,12 @@ def check_url(url: str) -> str | None:
         return f"the scheme must be http or https, not {parts.scheme!r}"
     if not parts.hostname:
         return "there is no host"
+    try:
+        # How the resolver is asked for the name: a part of it empty (`a..b`) or longer
+        # than 63 characters failed there, with a UnicodeError and a traceback.
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        return "the host name is not valid (each part between dots: 1 to 63 characters)"
     if "@" in parts.netloc:
         # urllib takes `user:pw@host` for a host name, fails to resolve it, and prints it.
         return "it holds a user name or password (user@host); give the token as a token"
