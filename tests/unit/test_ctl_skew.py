@@ -99,35 +99,48 @@ class TestWideCells:
 
 
 class TestConfigValues:
-    """A ctl.yaml setting that YAML reads as something other than text is refused."""
+    """A ctl.yaml setting is the text as written, and a list or a mapping is refused."""
 
     @pytest.mark.parametrize(
         ("line", "kind"),
-        [
-            ("token: [a, b]", "a list"),
-            ("token: 0123", "a number"),
-            ("token: yes", "true/false"),
-            ("controller: {host: x}", "a mapping"),
-            ("controller: 8081", "a number"),
-        ],
+        [("token: [a, b]", "a list"), ("controller: {host: x}", "a mapping")],
     )
     def test_refused_without_the_value(self, tmp_path: Path, line: str, kind: str) -> None:
-        """str() of it was sent: a list as the token "['a', 'b']", `0123` as "83"."""
+        """str() of it was sent: a list as the token "['a', 'b']"."""
         cfg = tmp_path / ".config" / "llmgw" / "ctl.yaml"
         cfg.parent.mkdir(parents=True)
         cfg.write_text(line + "\n")
         name = line.split(":")[0]
         with pytest.raises(CtlError, match=f"'{name}' must be text, not {kind}") as exc:
             config.resolve(flag_url=None, flag_token=None, env={}, home=tmp_path)
-        assert "0123" not in str(exc.value)
+        assert "[a, b]" not in str(exc.value)
 
-    def test_a_quoted_number_is_a_token(self, tmp_path: Path) -> None:
-        """Quoted, the same digits are the token as typed."""
+    @pytest.mark.parametrize(
+        ("line", "token"),
+        [
+            ("token: 0123", "0123"),
+            ('token: "0123"', "0123"),
+            ("token: yes", "yes"),
+            ("token: 1e3", "1e3"),
+            ("token: 12345", "12345"),
+        ],
+    )
+    def test_a_scalar_is_the_token_as_typed(self, tmp_path: Path, line: str, token: str) -> None:
+        """Unquoted, YAML read `0123` as octal 83 and `yes` as True: sent as "83", "True"."""
         cfg = tmp_path / ".config" / "llmgw" / "ctl.yaml"
         cfg.parent.mkdir(parents=True)
-        cfg.write_text('token: "0123"\n')
+        cfg.write_text(line + "\n")
         target = config.resolve(flag_url=None, flag_token=None, env={}, home=tmp_path)
-        assert target.token == "0123"
+        assert target.token == token
+
+    @pytest.mark.parametrize("value", ["", "~", "null"])
+    def test_null_leaves_the_token_unset(self, tmp_path: Path, value: str) -> None:
+        """YAML's spellings of null are no token, as when the file was read typed."""
+        cfg = tmp_path / ".config" / "llmgw" / "ctl.yaml"
+        cfg.parent.mkdir(parents=True)
+        cfg.write_text(f"token: {value}\n")
+        target = config.resolve(flag_url=None, flag_token=None, env={}, home=tmp_path)
+        assert target.token is None
 
     @pytest.mark.parametrize("host", ["a..b", "x" * 64 + ".example", ".ctl"])
     def test_a_host_name_no_resolver_takes_is_refused(self, tmp_path: Path, host: str) -> None:

@@ -35,6 +35,7 @@ ENV_TOKEN = "LLMGW_TOKEN"
 ENV_TOKEN_FILE = "LLMGW_TOKEN_FILE"
 # Where `llmgw up` (default state folder) keeps the admin token, from the current folder.
 UP_TOKEN_FILE = Path(".llmgw") / "tokens" / "admin"
+_NULLS = frozenset(("", "~", "null", "Null", "NULL"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +65,8 @@ def read_config(path: Path) -> dict[str, str]:
     from llmgw.runtime import safeyaml  # only here: yaml is imported when a file is read
 
     try:
-        data = safeyaml.load(text)
+        # Both settings are text: `token: 0123` is the token 0123, not YAML's octal 83.
+        data = safeyaml.load(text, as_typed=True)
     except safeyaml.YamlError as exc:
         raise CtlError(f"{path}: {exc}") from None
     if data is None:
@@ -75,14 +77,12 @@ def read_config(path: Path) -> dict[str, str]:
     if unknown:
         raise CtlError(f"{path}: unknown setting {unknown[0]!r} (known: controller, token)")
     for k, v in data.items():
-        if v is not None and not isinstance(v, str):
-            # str() of it was sent: a list as the token "['a', 'b']", `token: 0123` as
-            # "83" (YAML's octal), `token: yes` as "True". The value is not repeated: a
-            # token is a secret.
-            kinds = {bool: "true/false", int: "a number", float: "a number", list: "a list"}
-            kind = kinds.get(type(v), "a mapping" if isinstance(v, dict) else type(v).__name__)
-            raise CtlError(f'{path}: {k!r} must be text, not {kind}; quote it: {k}: "…"')
-    return {str(k): v for k, v in data.items() if isinstance(v, str)}
+        if not isinstance(v, str):
+            # Only a list or a mapping is left: every scalar is read as the text written.
+            kind = "a list" if isinstance(v, list) else "a mapping"
+            raise CtlError(f"{path}: {k!r} must be text, not {kind}")
+    # YAML's spellings of null leave a setting unset, as they did when read typed.
+    return {str(k): v for k, v in data.items() if v not in _NULLS}
 
 
 def normalize_url(url: str) -> str:
