@@ -78,6 +78,8 @@ def expected(who: str, method: str, template: str, path: str) -> str:
         return "allowed"
     if who == "read":
         readable = template in READ_PATHS or template.startswith(READ_PREFIXES)
+        # Engine logs are the admin token's alone, though under /admin/replicas.
+        readable = readable and template != "/admin/replicas/{id}/logs"
         return "allowed" if method == "GET" and readable else "403"
     if who == "metrics":
         return "allowed" if (method, template) == ("GET", "/metrics") else "403"

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from llmgw.testing import Program, free_port, start_program
 from llmgw.testing.procs import llmgw_argv
 from llmgw.testing.wait import until
-from tests.integration.test_agent_controller import TOKEN, admin, sim_model
+from tests.integration.test_agent_controller import AUTH, TOKEN, admin, sim_model
 from tests.integration.test_agent_supervision import AgentRig
 
 otlp = pytest.importorskip("llmgw.testing.otlp", reason="the tracing extra is not installed")
@@ -159,6 +160,37 @@ class TestStopWithCollectorAway:
         assert took_s < 9.0
         assert "tracing stopped with spans unsent" in text
         assert "Traceback" not in text
+
+
+async def metrics_page(url: str) -> str:
+    async with (
+        aiohttp.ClientSession(headers=AUTH) as s,
+        s.get(f"{url}/metrics") as resp,
+    ):
+        assert resp.status == 200
+        return await resp.text()
+
+
+class TestSpansLost:
+    """Spans a collector never receives are counted on the controller's /metrics."""
+
+    async def test_full_queue_and_failed_export_counted(self, tmp_path: Path) -> None:
+        """Three models found no room at once, a one-span queue and a collector that never
+        answers: spans past the queue are `queue_full`, the timed-out one `export_failed`."""
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with otlp.unanswering_endpoint() as endpoint:
+            flags = ["--tracing-endpoint", endpoint, "--tracing-export-interval-s", "0.05"]
+            flags += ["--tracing-export-timeout-s", "0.5", "--tracing-max-queued-spans", "1"]
+            with start_controller(tmp_path, port, *flags):
+                before = otlp.spans_dropped(await metrics_page(url), "controller")
+                # No agent: each model finds no room, an action with a span, in one tick.
+                await admin("POST", f"{url}/admin/models", [sim_model(m) for m in "abc"])
+
+                lost = await otlp.wait_spans_lost(lambda: metrics_page(url), "controller")
+        assert before == {"queue_full": 0.0, "export_failed": 0.0}
+        assert lost.keys() == {"queue_full", "export_failed"}
+        assert sum(lost.values()) <= 3
 
 
 class TestTracingRefused:

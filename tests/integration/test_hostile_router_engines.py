@@ -1,5 +1,6 @@
-"""What engines send the router, at the wire: interim answers, oversized heads, trailers,
-an endless /metrics.
+"""What engines send the router, at the wire: interim answers, invalid statuses, oversized
+heads, trailers, streams cut inside an event, an endless /metrics, /metrics values no
+float holds.
 
 Each test puts a `RawEngine` (raw asyncio on 127.0.0.1, standing in for an outside
 engine) behind a real router process and looks at what the client gets, whether the
@@ -20,8 +21,14 @@ import pytest
 
 from llmgw.testing import Program
 from llmgw.testing.wait import until
-from tests.integration.hostile import RawEngine, Script, no_traceback
-from tests.integration.router_fixtures import base_config, chat_body, post, router
+from tests.integration.hostile import CLOSE, RawEngine, Script, no_traceback
+from tests.integration.router_fixtures import (
+    base_config,
+    chat_body,
+    post,
+    router,
+    snapshot,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -136,6 +143,32 @@ class TestInterimAnswers:
             no_traceback(r.log_text())
 
 
+class TestInvalidStatus:
+    """A status outside 100 to 599 is the engine's failure."""
+
+    @pytest.mark.parametrize("status", [b"999 Odd", b"600", b"099 Odd"])
+    async def test_it_is_an_error_naming_it(self, tmp_path: Path, status: bytes) -> None:
+        """999 and 600 (relayed as they came, and retried as a 5xx) and 099 (passed over
+        as interim, the request then waiting out its deadline) are an error in OpenAI's
+        shape naming the status at once; the next request is served."""
+        bad = b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n\r\n{}"
+        async with (
+            behind_router(tmp_path, lambda n: Script([bad] if n == 0 else [json_answer(CHAT)])) as (
+                _,
+                r,
+            ),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        ):
+            rep = await post(session, r.url, chat_body("odd status"))
+            assert rep.status == 503, (rep.status, rep.body)
+            code = status[:3].decode()
+            assert f"invalid status {code}" in rep.json()["error"]["message"]
+            after = await post(session, r.url, chat_body("plain"))
+            assert (after.status, after.json()) == (200, CHAT)
+            await settled(session, r.url)
+            no_traceback(r.log_text())
+
+
 class TestOversizedHead:
     """An engine's head has a bound."""
 
@@ -214,6 +247,36 @@ class TestOddErrorEvents:
             no_traceback(r.log_text())
 
 
+class TestStreamCutInsideAnEvent:
+    """A stream cut inside an event still ends with a whole error event."""
+
+    @pytest.mark.parametrize("cut", [b'data: {"id":"c","object":"chat.compl', b"data: x\r"])
+    async def test_the_error_event_is_an_event_of_its_own(self, tmp_path: Path, cut: bytes) -> None:
+        """An engine that closes after half an event (or after a line's CR): the client's
+        last two events are the router's error event, whole JSON, and `[DONE]` (the error
+        was written onto the half event's line, one event of broken JSON)."""
+        head = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        first = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+        pieces = [head, b"%x\r\n%s\r\n" % (len(first), first), b"%x\r\n%s\r\n" % (len(cut), cut)]
+        async with (
+            behind_router(tmp_path, lambda n: Script(pieces, then=CLOSE)) as (_, r),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        ):
+            rep = await post(session, r.url, chat_body("cut", stream=True))
+            assert rep.status == 200
+            blocks = rep.body.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n")
+            assert blocks[-1] == b""
+            assert blocks[-2] == b"data: [DONE]"
+            error = json.loads(blocks[-3].removeprefix(b"data: "))["error"]
+            assert error["code"] == 502
+            assert "stream broke" in error["message"]
+            await settled(session, r.url)
+            no_traceback(r.log_text())
+
+
 def peak_rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -262,5 +325,84 @@ class TestEndlessMetrics:
                 # Before: every scrape read all it could for its 1.5 s (hundreds of MiB).
                 assert peak_rss_kib(r.pid) - base < 64 * 1024
                 no_traceback(r.log_text())
+        finally:
+            server.close()
+
+
+GOOD_METRICS = b"vllm:num_requests_running 3\nvllm:num_requests_waiting 0\n"
+
+
+class MetricsEngine:
+    """An engine whose /metrics answers `metrics` (changed by the test) and whose POSTs
+    answer CHAT."""
+
+    def __init__(self, metrics: bytes) -> None:
+        self.metrics = metrics
+        self.scrapes = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"POST "):
+                    for line in head.split(b"\r\n"):
+                        name, _, value = line.partition(b":")
+                        if name.strip().lower() == b"content-length":
+                            await reader.readexactly(int(value))
+                    writer.write(json_answer(CHAT))
+                else:
+                    self.scrapes += 1
+                    body = self.metrics
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+                    writer.write(body)
+                await writer.drain()
+        writer.close()
+
+
+class TestMetricsValuesNoFloatHolds:
+    """An engine's absurd /metrics values fail its scrape, never the scrape loop or a
+    request."""
+
+    async def test_the_router_scrapes_and_serves_on(self, tmp_path: Path) -> None:
+        """A block count of 300 digits (its capacity made every request 500), then +Inf
+        and -Inf in one series (they ended the scrape loop: no endpoint was scraped
+        again): requests are served, and a sound answer after them is read."""
+        big = b"9" * 300
+        engine = MetricsEngine(
+            GOOD_METRICS
+            + b'vllm:cache_config_info{block_size="'
+            + big
+            + b'",num_gpu_blocks="'
+            + big
+            + b'"} 1\n'
+        )
+        server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            conf = base_config(endpoints=[{"id": "e0", "url": url, "models": ["m"]}])
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+                with router(tmp_path, conf) as r:
+                    await until(
+                        lambda: snapshot(r.url, "e0")["stats"] is not None,
+                        timeout_s=10,
+                        blocking=True,
+                        what="e0 scraped",
+                    )
+                    rep = await post(session, r.url, chat_body("capacity"))
+                    assert (rep.status, rep.json()) == (200, CHAT)
+                    engine.metrics = (
+                        b'vllm:num_requests_running +Inf\nvllm:num_requests_running{a="1"} -Inf\n'
+                        b"vllm:num_requests_waiting 0\n"
+                    )
+                    seen = engine.scrapes
+                    await until(lambda: engine.scrapes > seen + 2, timeout_s=10, what="scrapes")
+                    engine.metrics = GOOD_METRICS.replace(b"running 3", b"running 5")
+
+                    def read_again() -> bool:
+                        stats = snapshot(r.url, "e0")["stats"]
+                        return stats is not None and stats["running"] == 5
+
+                    await until(read_again, timeout_s=10, blocking=True, what="e0 read again")
+                    no_traceback(r.log_text())
         finally:
             server.close()

@@ -147,3 +147,30 @@ class TestUsageWithoutCounts:
             assert 900 < estimate < 1200, estimate
             assert left[1] < 5000 - 2 * estimate + 300, (left, estimate)
             assert left[2] < 5000 - 3 * estimate + 300, (left, estimate)
+
+
+class TestUsageBound:
+    """An answer is charged at most what its request could have used (usagebound.py)."""
+
+    async def test_a_claim_of_10_to_the_15_costs_the_bound(self, tmp_path: Path) -> None:
+        """Usage of 10**15 prompt and completion tokens for a short request with
+        max_tokens 8 costs the key 128 Ki + 8 tokens of its 300,000 a minute: its next
+        request is admitted (it was a 429 asking to wait for years), and the clipped rest
+        is on /metrics and in the log."""
+        big = 10**15
+        usage = json.dumps({"prompt_tokens": big, "completion_tokens": big})
+        answers = [chat_answer(usage), chat_answer('{"prompt_tokens": 3, "completion_tokens": 2}')]
+        async with (
+            limited_router(tmp_path, answers, tpm=300_000) as (_, r),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        ):
+            first = await post(session, r.url, chat_body("hi", max_tokens=8), headers=AUTH)
+            assert first.status == 200, first.body[:300]
+            second = await post(session, r.url, chat_body("hi", max_tokens=8), headers=AUTH)
+            assert second.status == 200, second.body[:300]
+            left = int(second.headers["x-ratelimit-remaining-tokens"])
+            # Less the bound (131,080) and the second's estimate, plus a second's refill.
+            assert 300_000 - 131_080 - 100 < left < 300_000 - 131_080 + 5_100, left
+            clipped = await metric(session, r.url, "llmgw_router_usage_clipped_tokens_total")
+            assert clipped == 2 * big - 131_080
+            assert "usage clipped" in r.log_text()

@@ -88,3 +88,27 @@ class TestSimEngineRequestLog:
             no_traceback(sim.log_text())
         got = [json.loads(line)["request_id"] for line in log.read_text().splitlines()]
         assert got == ["id-\\xff"]
+
+
+class TestSimEngineTraceRecord:
+    """/sim/state after trace headers that are not UTF-8."""
+
+    def test_state_answers_json(self, tmp_path: Path) -> None:
+        """A traceparent and tracestate holding bytes that are not UTF-8 are recorded with
+        those bytes escaped, as the request log writes them: /sim/state answered 500 (JSON
+        cannot carry the surrogates aiohttp kept) after such a request, every time."""
+        with start_program(sim_args(), log_dir=tmp_path) as sim:
+            data = post("/v1/completions", b'{"model":"m","prompt":"hi","max_tokens":2}')
+            trace = b"traceparent: 00-\xff\xfe-01\r\ntracestate: k=\xe9t\xc3\xa9\r\n"
+            data = data.replace(b"Host: x\r\n", b"Host: x\r\n" + trace)
+            assert raw_request(sim.port, data).status == 200
+            state = raw_request(
+                sim.port, b"GET /sim/state HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            sim.stop(grace_s=5)
+            no_traceback(sim.log_text())
+        assert state.status == 200
+        assert state.json()["last_trace"] == {
+            "traceparent": "00-\\xff\\xfe-01",
+            "tracestate": "k=\\xe9t\u00e9",
+        }

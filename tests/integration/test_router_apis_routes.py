@@ -43,7 +43,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Program, l
     """Three fast sim-engines behind one router with a small body limit."""
     log_dir = tmp_path_factory.mktemp("router-apis-routes")
     with sim_engines(log_dir, [100.0, 100.0, 100.0]) as engines:
-        cfg = base_config(endpoints=endpoint_entries(engines), max_body_bytes=64 * 1024)
+        cfg = base_config(
+            endpoints=endpoint_entries(engines),
+            max_body_bytes=64 * 1024,
+            max_upload_bytes=64 * 1024,
+        )
         with router(log_dir, cfg) as r:
             yield r, engines
 

@@ -472,3 +472,75 @@ class TestBodyLimitOnReload:
                     c.close()
                 assert status == 413
                 assert b"larger than 262144 bytes" in body, body
+
+
+def declaring(length: str, body: bytes, path: str = "/v1/chat/completions") -> bytes:
+    """A POST whose Content-Length header is `length`, written as given, then `body`."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length:{length}\r\n\r\n"
+    ).encode() + body
+
+
+class TestDeclaredLength:
+    """Every spelling of Content-Length gets its answer at once: 413 past the limit, 400
+    when malformed, served when it is the body's length however it is written."""
+
+    @pytest.mark.parametrize(
+        "length",
+        [
+            " 65537",
+            " 18446744073709551615",  # 2**64 - 1, the most llhttp holds
+            " 18446744073709551616",  # 2**64: llhttp's overflow
+            " 99999999999999999999",  # 20 digits
+            " " + "9" * 40,
+            " " + "0" * 30 + "70000",  # leading zeros, over the limit
+        ],
+    )
+    def test_over_the_limit_is_413_at_once(self, port: int, length: str) -> None:
+        """Declared past max_body_bytes, whatever its size: 413 request_too_large before any
+        of the body is waited for (not the 408 of a slow body), and closed."""
+        c = Conn(port)
+        try:
+            start = time.monotonic()
+            c.send(declaring(length, b"{"))
+            status, _, body = c.answer()
+            assert (status, json.loads(body)["error"]["code"]) == (413, "request_too_large")
+            assert time.monotonic() - start < 2.0
+            assert c.closed()
+        finally:
+            c.close()
+
+    def test_overflow_on_the_messages_route_is_anthropic_s_413(self, port: int) -> None:
+        """On /v1/messages the same 413 comes in Anthropic's shape."""
+        c = Conn(port)
+        try:
+            c.send(declaring(" 99999999999999999999", b"{", path="/v1/messages"))
+            status, _, body = c.answer()
+            assert (status, json.loads(body)["error"]["type"]) == (413, "request_too_large")
+        finally:
+            c.close()
+
+    @pytest.mark.parametrize("length", [" -1", " +5", " 0x10", " 1 2", " 5,5", "", " 1e3"])
+    def test_a_malformed_length_is_400_at_once(self, port: int, length: str) -> None:
+        """A sign, hex, two numbers, a list, nothing, an exponent: 400 bad_http_request."""
+        c = Conn(port)
+        try:
+            c.send(declaring(length, b"{}"))
+            status, _, body = c.answer()
+            assert (status, json.loads(body)["error"]["code"]) == (400, "bad_http_request")
+            assert c.closed()
+        finally:
+            c.close()
+
+    @pytest.mark.parametrize("spelling", ["{:08d}", "  {}", "{}  ", "\t{}\t"])
+    def test_the_body_s_length_however_written_is_served(self, port: int, spelling: str) -> None:
+        """Leading zeros and spaces or tabs around the number (RFC 9110's optional white
+        space) declare the same length: the request is served."""
+        body = chat()
+        c = Conn(port)
+        try:
+            c.send(declaring(spelling.format(len(body)), body))
+            assert c.answer()[0] == 200
+        finally:
+            c.close()

@@ -65,6 +65,11 @@ async def traced_fleet(
             yield engines, r
 
 
+def metrics_page(router_url: str) -> str:
+    with urllib.request.urlopen(router_url + "/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
 def engine_trace(engine_url: str) -> dict[str, str]:
     with urllib.request.urlopen(engine_url + "/sim/state", timeout=10) as resp:
         got: dict[str, str] = json.loads(resp.read())["last_trace"]
@@ -220,6 +225,41 @@ class TestStopWithCollectorAway:
         assert took_s < 9.0
         assert "tracing stopped with spans unsent" in text
         no_traceback(text)
+
+
+class TestSpansLost:
+    """Spans a collector never receives are counted on the router's /metrics."""
+
+    @pytest.mark.parametrize("workers", [1, 2])
+    async def test_full_queue_and_failed_export_counted(self, tmp_path: Path, workers: int) -> None:
+        """A collector that never answers and a one-span queue: spans ending while one
+        waits are counted `queue_full`, those handed to the timed-out export
+        `export_failed`, summed over the workers; none more than were made."""
+        requests = 12
+        with (
+            otlp.unanswering_endpoint() as endpoint,
+            sim_engines(tmp_path, [50.0]) as engines,
+        ):
+            tracing = {
+                "endpoint": endpoint,
+                "export_interval_s": 0.05,
+                "export_timeout_s": 0.5,
+                "max_queued_spans": 1,
+            }
+            cfg = base_config(endpoints=endpoint_entries(engines), tracing=tracing)
+            with router(tmp_path, cfg, workers=workers) as r:
+                await wait_until_scraped(r.url, ["e0"])
+                before = otlp.spans_dropped(await asyncio.to_thread(metrics_page, r.url), "router")
+                async with aiohttp.ClientSession() as s:
+                    sent = [post(s, r.url, chat_body(f"q{i}")) for i in range(requests)]
+                    assert {got.status for got in await asyncio.gather(*sent)} == {200}
+
+                lost = await otlp.wait_spans_lost(
+                    lambda: asyncio.to_thread(metrics_page, r.url), "router"
+                )
+        assert before == {"queue_full": 0.0, "export_failed": 0.0}
+        assert lost.keys() == {"queue_full", "export_failed"}
+        assert sum(lost.values()) <= requests
 
 
 class TestTracingRefused:

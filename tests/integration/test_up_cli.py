@@ -50,17 +50,6 @@ def procs_of(folder: Path) -> list[int]:
     return out
 
 
-@pytest.fixture
-def folder(tmp_path: Path) -> Iterator[Path]:
-    """A working folder with a fleet file; any process left mentioning it is killed after."""
-    (tmp_path / "fleet.yaml").write_text(FLEET)
-    try:
-        yield tmp_path
-    finally:
-        for pid in procs_of(tmp_path):
-            os.kill(pid, signal.SIGKILL)
-
-
 def ports() -> list[str]:
     """Both ports given: the controller's default (router port + 1) may be anyone's."""
     return ["--port", str(free_port()), "--controller-port", str(free_port()), *up_engine_ports()]
@@ -81,31 +70,31 @@ def up(folder: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedP
 class TestRefusals:
     """llmgw up's start-up refusals, each in one line."""
 
-    def test_router_port_taken(self, folder: Path) -> None:
+    def test_router_port_taken(self, up_folder: Path) -> None:
         """A taken router port: one line naming it and --port, exit 1, nothing started."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             s.listen()
             port = s.getsockname()[1]
-            out = up(folder, "--port", str(port), "--controller-port", str(free_port()))
+            out = up(up_folder, "--port", str(port), "--controller-port", str(free_port()))
         assert out.returncode == 1
         assert out.stderr.count("\n") == 1, out.stderr
         assert f"127.0.0.1:{port}" in out.stderr
         assert "--port" in out.stderr
-        assert not (folder / ".llmgw" / "logs").exists()
-        assert procs_of(folder) == []
+        assert not (up_folder / ".llmgw" / "logs").exists()
+        assert procs_of(up_folder) == []
 
-    def test_port_held_after_an_unclean_stop_points_at_the_old_run(self, folder: Path) -> None:
+    def test_port_held_after_an_unclean_stop_points_at_the_old_run(self, up_folder: Path) -> None:
         """A manifest up cannot read (so cannot stop what it lists) explains who may hold
         the port."""
-        state = folder / ".llmgw"
+        state = up_folder / ".llmgw"
         state.mkdir()
         (state / "up.json").write_text('{"pid": 4242, "children": [')
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             s.listen()
             port = s.getsockname()[1]
-            out = up(folder, "--port", str(port), "--controller-port", str(free_port()))
+            out = up(up_folder, "--port", str(port), "--controller-port", str(free_port()))
         assert out.returncode == 1
         assert out.stderr.count("\n") == 1, out.stderr
         assert "did not stop cleanly" in out.stderr
@@ -113,27 +102,27 @@ class TestRefusals:
         # Still there for the operator to read.
         assert (state / "up.json").exists()
 
-    def test_controller_port_taken(self, folder: Path) -> None:
+    def test_controller_port_taken(self, up_folder: Path) -> None:
         """A taken controller port names --controller-port."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             s.listen()
             port = s.getsockname()[1]
-            out = up(folder, "--port", str(free_port()), "--controller-port", str(port))
+            out = up(up_folder, "--port", str(free_port()), "--controller-port", str(port))
         assert out.returncode == 1
         assert out.stderr.count("\n") == 1, out.stderr
         assert "--controller-port" in out.stderr
 
-    def test_second_up_in_the_same_folder(self, folder: Path) -> None:
+    def test_second_up_in_the_same_folder(self, up_folder: Path) -> None:
         """While an `up` holds the folder, another one there refuses and touches nothing."""
-        state = folder / ".llmgw"
+        state = up_folder / ".llmgw"
         state.mkdir()
         (state / "up.json").write_text("{}")
         with (state / "up.lock").open("a+") as held:
             fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             held.write("4242\n")
             held.flush()
-            out = up(folder, *ports())
+            out = up(up_folder, *ports())
         assert out.returncode == 1
         assert "already running" in out.stderr
         assert "pid 4242" in out.stderr
@@ -141,27 +130,27 @@ class TestRefusals:
         # The running one's manifest is its own: the refused one must not remove it.
         assert (state / "up.json").read_text() == "{}"
 
-    def test_controller_refusing_the_models_is_one_line(self, folder: Path) -> None:
+    def test_controller_refusing_the_models_is_one_line(self, up_folder: Path) -> None:
         """The controller's own refusal (here: a token `up` does not have) is shown, then exit 1."""
-        fleet = folder / "fleet.yaml"
+        fleet = up_folder / "fleet.yaml"
         # The fleet's controller_args come last: this token file wins over up's.
-        (folder / "other-token").write_text("not-given-to-up\n")
+        (up_folder / "other-token").write_text("not-given-to-up\n")
         fleet.write_text(FLEET + 'controller_args: ["--token-file", "other-token"]\n')
-        out = up(folder, *ports())
+        out = up(up_folder, *ports())
         assert out.returncode == 1
         assert out.stderr.count("\n") == 1, out.stderr
         assert "the controller refused the fleet's models (401)" in out.stderr
-        assert procs_of(folder) == []
+        assert procs_of(up_folder) == []
 
-    def test_bad_fleet_file(self, folder: Path) -> None:
+    def test_bad_fleet_file(self, up_folder: Path) -> None:
         """An invalid fleet file: exit 2, one line naming the file, nothing started."""
-        (folder / "fleet.yaml").write_text("nodes: [{prefix: n, gpus: eight}]\n")
-        out = up(folder)
+        (up_folder / "fleet.yaml").write_text("nodes: [{prefix: n, gpus: eight}]\n")
+        out = up(up_folder)
         assert out.returncode == 2
         assert out.stderr.count("\n") == 1, out.stderr
         assert "fleet.yaml" in out.stderr
         assert "gpus" in out.stderr
-        assert not (folder / ".llmgw").exists()
+        assert not (up_folder / ".llmgw").exists()
 
 
 @contextlib.contextmanager
@@ -201,14 +190,14 @@ def ctl_json(folder: Path, command: str) -> Any:
 class TestEnginePorts:
     """llmgw up's --engine-ports: where the engines listen, and the ranges it refuses."""
 
-    def test_engines_listen_from_the_first_port_given(self, folder: Path) -> None:
+    def test_engines_listen_from_the_first_port_given(self, up_folder: Path) -> None:
         """The one node's engine listens inside FIRST..FIRST+49."""
         first = int(up_engine_ports()[1])
-        with running_up(folder) as proc:
+        with running_up(up_folder) as proc:
             until_ready(proc)
 
             def engine_ports() -> list[int]:
-                listed = ctl_json(folder, "replicas")
+                listed = ctl_json(up_folder, "replicas")
                 found = [s["port"] for r in listed for s in r["shards"]]
                 return found if found and None not in found else []
 
@@ -217,36 +206,36 @@ class TestEnginePorts:
             proc.communicate(timeout=60)
         assert all(first <= p < first + 50 for p in ports), (first, ports)
 
-    def test_a_range_past_65535(self, folder: Path) -> None:
+    def test_a_range_past_65535(self, up_folder: Path) -> None:
         """Engine ports that cannot all exist: exit 2, one line with the range, nothing started."""
-        out = up(folder, *ports()[:4], "--engine-ports", "65500")
+        out = up(up_folder, *ports()[:4], "--engine-ports", "65500")
         assert out.returncode == 2
         assert out.stderr.count("\n") == 1, out.stderr
         assert "--engine-ports 65500" in out.stderr
         assert "65500-65549" in out.stderr
-        assert not (folder / ".llmgw").exists()
+        assert not (up_folder / ".llmgw").exists()
 
-    def test_the_routers_port_inside_the_range(self, folder: Path) -> None:
+    def test_the_routers_port_inside_the_range(self, up_folder: Path) -> None:
         """A router port among the engines' ports is refused, naming both."""
         port = free_port()
-        out = up(folder, "--port", str(port), "--engine-ports", str(port - 10))
+        out = up(up_folder, "--port", str(port), "--engine-ports", str(port - 10))
         assert out.returncode == 2
         assert out.stderr.count("\n") == 1, out.stderr
         assert f"the router's port {port} is inside the engines' ports" in out.stderr
-        assert procs_of(folder) == []
+        assert procs_of(up_folder) == []
 
 
 class TestStartOrder:
     """llmgw up places the models on the whole fleet, not on the nodes that came first."""
 
-    def test_every_node_registers_before_a_model_is_applied(self, folder: Path) -> None:
+    def test_every_node_registers_before_a_model_is_applied(self, up_folder: Path) -> None:
         """In the controller's events every node.registered comes before model.applied."""
-        (folder / "fleet.yaml").write_text(
+        (up_folder / "fleet.yaml").write_text(
             FLEET.replace("count: 1, gpus: 1xH100-80G", "count: 6, gpus: 1xH100-80G")
         )
-        with running_up(folder) as proc:
+        with running_up(up_folder) as proc:
             until_ready(proc)
-            events = ctl_json(folder, "events")
+            events = ctl_json(up_folder, "events")
             proc.send_signal(signal.SIGINT)
             proc.communicate(timeout=60)
         kinds = [e["kind"] for e in events]
@@ -259,11 +248,11 @@ class TestStartOrder:
 class TestInterrupt:
     """Ctrl-C during start-up leaves nothing running."""
 
-    def test_ctrl_c_during_start_up_leaves_nothing(self, folder: Path) -> None:
+    def test_ctrl_c_during_start_up_leaves_nothing(self, up_folder: Path) -> None:
         """SIGINT while programs are still starting: `up` stops at once, exits 0, no orphans."""
-        with running_up(folder) as proc:
+        with running_up(up_folder) as proc:
             # The controller is the first program: once its log exists, start-up is under way.
-            log = folder / ".llmgw" / "logs" / "controller.log"
+            log = up_folder / ".llmgw" / "logs" / "controller.log"
             wait_until(log.exists, timeout_s=60, what="the controller's log")
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate(timeout=60)
@@ -271,11 +260,11 @@ class TestInterrupt:
         assert "llmgw is up" not in out
         assert "llmgw-ready" not in out
         assert "stopped" in out
-        assert procs_of(folder) == []
+        assert procs_of(up_folder) == []
 
-    def test_ctrl_c_while_an_agent_is_down_stops_its_engines(self, folder: Path) -> None:
+    def test_ctrl_c_while_an_agent_is_down_stops_its_engines(self, up_folder: Path) -> None:
         """An engine whose agent died (and is not back yet) is still stopped by Ctrl-C."""
-        with running_up(folder) as proc:
+        with running_up(up_folder) as proc:
             assert proc.stdout is not None
             seen = []
             for line in proc.stdout:
@@ -284,9 +273,9 @@ class TestInterrupt:
                     break
             last = seen[-1] if seen else ""
             assert last.startswith("llmgw-ready"), "".join(seen)
-            state = until_engine_recorded(folder)
+            state = until_engine_recorded(up_folder)
             engine = json.loads(state.read_text())["shards"][0]["pid"]
-            manifest = json.loads((folder / ".llmgw" / "up.json").read_text())
+            manifest = json.loads((up_folder / ".llmgw" / "up.json").read_text())
             os.kill(manifest["children"]["agent n-1"]["pid"], signal.SIGKILL)
             # `up` says it saw the agent die; its restart waits a second: Ctrl-C now.
             for line in proc.stdout:
@@ -296,17 +285,17 @@ class TestInterrupt:
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
-        assert engine not in procs_of(folder)
-        assert procs_of(folder) == []
+        assert engine not in procs_of(up_folder)
+        assert procs_of(up_folder) == []
 
-    def test_second_ctrl_c_while_stopping_a_dead_agents_engines(self, folder: Path) -> None:
+    def test_second_ctrl_c_while_stopping_a_dead_agents_engines(self, up_folder: Path) -> None:
         """A second Ctrl-C at the terminal while `up` stops the engines of an agent that died
         leaves that stop to finish: no traceback, nothing left running."""
-        with running_up(folder, own_group=True) as proc:
+        with running_up(up_folder, own_group=True) as proc:
             assert proc.stdout is not None
             until_ready(proc)
-            until_engine_recorded(folder)
-            manifest = json.loads((folder / ".llmgw" / "up.json").read_text())
+            until_engine_recorded(up_folder)
+            manifest = json.loads((up_folder / ".llmgw" / "up.json").read_text())
             os.kill(manifest["children"]["agent n-1"]["pid"], signal.SIGKILL)
             for line in proc.stdout:
                 if line.startswith("llmgw up: agent n-1 exited"):
@@ -315,7 +304,7 @@ class TestInterrupt:
             os.killpg(proc.pid, signal.SIGINT)
 
             def stopper() -> bool:
-                for pid in procs_of(folder):
+                for pid in procs_of(up_folder):
                     with contextlib.suppress(OSError):
                         if b"stop-engines" in Path(f"/proc/{pid}/cmdline").read_bytes():
                             return True
@@ -327,18 +316,18 @@ class TestInterrupt:
         assert proc.returncode == 0, out
         assert "Traceback" not in out
         assert "stop-engines exited" not in out
-        assert procs_of(folder) == []
+        assert procs_of(up_folder) == []
 
-    def test_hangup_stops_everything(self, folder: Path) -> None:
+    def test_hangup_stops_everything(self, up_folder: Path) -> None:
         """SIGHUP (its terminal closed) stops `up` as Ctrl-C does: exit 0, engines included."""
-        with running_up(folder) as proc:
+        with running_up(up_folder) as proc:
             until_ready(proc)
-            until_engine_recorded(folder)
+            until_engine_recorded(up_folder)
             proc.send_signal(signal.SIGHUP)
             out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
         assert "llmgw up: stopped" in out
-        assert procs_of(folder) == []
+        assert procs_of(up_folder) == []
 
 
 def until_engine_recorded(folder: Path) -> Path:
@@ -376,24 +365,24 @@ class TestHints:
     """llmgw up's hints after a restart."""
 
     def test_curl_example_and_models_from_the_controller_after_a_restart(
-        self, folder: Path
+        self, up_folder: Path
     ) -> None:
         """The hints give curl always, openai only when importable, and the controller's
         models, with one added by `ctl apply` still there after `up` restarts."""
         # The controller keeps that model in its store; the fleet file does not name it.
-        with running_up(folder) as proc:
+        with running_up(up_folder) as proc:
             out = until_ready(proc)
             assert "curl -s http://127.0.0.1:" in out
             assert '"model": "m"' in out  # m has a ready replica
             assert "import openai" in out  # importable in the test's interpreter
             assert models_line(out) == ["m"]
-            url = json.loads((folder / ".llmgw" / "up.json").read_text())["controller_url"]
-            (folder / "extra.yaml").write_text(
+            url = json.loads((up_folder / ".llmgw" / "up.json").read_text())["controller_url"]
+            (up_folder / "extra.yaml").write_text(
                 "name: m-extra\nengine: sim\ngpu_classes: [H100-80G]\nmin_replicas: 0\n"
             )
             applied = subprocess.run(
                 llmgw_argv("ctl", "--controller", url, "apply", "-f", "extra.yaml"),
-                cwd=folder,
+                cwd=up_folder,
                 capture_output=True,
                 text=True,
                 timeout=30,
@@ -404,11 +393,11 @@ class TestHints:
             proc.communicate(timeout=60)
         assert proc.returncode == 0
         # An `openai` that cannot be imported: the snippet is left out, curl stays.
-        blocker = folder / "no-openai" / "openai"
+        blocker = up_folder / "no-openai" / "openai"
         blocker.mkdir(parents=True)
         (blocker / "__init__.py").write_text('raise ImportError("not installed here")\n')
-        env = {**os.environ, "PYTHONPATH": str(folder / "no-openai")}
-        with running_up(folder, env=env) as proc:
+        env = {**os.environ, "PYTHONPATH": str(up_folder / "no-openai")}
+        with running_up(up_folder, env=env) as proc:
             out = until_ready(proc)
             proc.send_signal(signal.SIGINT)
             proc.communicate(timeout=60)
@@ -420,7 +409,7 @@ class TestHints:
 class TestTokens:
     """Scoped tokens are in 0600 files, never on a command line."""
 
-    def test_scoped_tokens_in_0600_files_never_on_a_command_line(self, folder: Path) -> None:
+    def test_scoped_tokens_in_0600_files_never_on_a_command_line(self, up_folder: Path) -> None:
         """`up` draws admin, agent, router and read tokens into .llmgw/tokens (0600), gives
         them to its programs by file, and none is in any process's command line; ctl in the
         same folder finds the admin token by itself, and the controller wants one."""
@@ -428,9 +417,9 @@ class TestTokens:
         import urllib.error
         import urllib.request
 
-        with running_up(folder) as proc:
+        with running_up(up_folder) as proc:
             out = until_ready(proc)
-            state = folder / ".llmgw"
+            state = up_folder / ".llmgw"
             tokens_dir = state / "tokens"
             assert stat.S_IMODE(tokens_dir.stat().st_mode) == 0o700
             tokens = {}
@@ -460,7 +449,7 @@ class TestTokens:
             def engine_pids() -> list[int]:
                 listed = subprocess.run(
                     llmgw_argv("ctl", "--controller", url, "replicas", "--json"),
-                    cwd=folder,
+                    cwd=up_folder,
                     capture_output=True,
                     text=True,
                     timeout=30,

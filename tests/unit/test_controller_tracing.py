@@ -69,9 +69,12 @@ class TestSettings:
         path = tmp_path / "c.yaml"
         path.write_text(
             f"tracing:\n  endpoint: {URL}\n  service_name: ctl-a\n  sample_ratio: 0.25\n"
+            "  max_queued_spans: 16\n"
         )
         got = parse_args(["--config", str(path)], {})
-        assert got.tracing == TracingSettings(endpoint=URL, service_name="ctl-a", sample_ratio=0.25)
+        assert got.tracing == TracingSettings(
+            endpoint=URL, service_name="ctl-a", sample_ratio=0.25, max_queued_spans=16
+        )
 
     def test_config_file_unknown_key(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -91,6 +94,7 @@ class TestSettings:
             (["--tracing-endpoint", URL, "--tracing-sample-ratio", "1.5"], "expected 0 to 1"),
             (["--tracing-endpoint", URL, "--tracing-export-interval-s", "0"], "positive"),
             (["--tracing-endpoint", URL, "--tracing-service-name", ""], "empty"),
+            (["--tracing-endpoint", URL, "--tracing-max-queued-spans", "0"], "expected 1 to"),
         ],
     )
     def test_bad(self, flags: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:

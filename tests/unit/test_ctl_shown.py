@@ -305,6 +305,14 @@ class TestSpecFiles:
         assert run.err.count("\n") == 1
         assert [c for c in fake.calls if c[0] == "POST"] == []
 
+    def test_a_json_exponent_is_a_number(self) -> None:
+        """`1e3` (JSON's and YAML 1.2's float, a string to YAML 1.1) is read as a number, and
+        one beyond a float's range as infinity, refused naming the field."""
+        raws = specs.parse_documents('[{"name": "m", "idle_timeout_s": 1e3, "x": 5E-1}]', "f")
+        assert [raws[0]["idle_timeout_s"], raws[0]["x"]] == [1000.0, 0.5]
+        with pytest.raises(SpecError, match="field idle_timeout_s: not a finite number"):
+            specs.parse_documents('{"name": "m", "idle_timeout_s": 1e309}', "f")
+
     def test_surrogate_in_a_key_and_a_name(self) -> None:
         """A surrogate in a mapping key or in the name itself is found too."""
         with pytest.raises(SpecError, match=r"field env\.\\ud83d"):

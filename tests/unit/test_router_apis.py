@@ -149,13 +149,20 @@ class TestFormsAsTheEngineReadsThem:
             (part(MODEL, b"\xff\xfe") + CLOSE, "UTF-8"),
             (part(b'form-data; name="mo\\del"', b"a") + CLOSE, "backslash"),
             (part(MODEL, b"YQ==", b"Content-Transfer-Encoding: base64") + CLOSE, "encoded"),
+            (part(MODEL + b'; filename="m.txt"', b"a") + FILE + CLOSE, "`model` .* is a file"),
+            (
+                part(MODEL, b"a") + part(b'form-data; name="stream"; filename=""', b"true") + CLOSE,
+                "`stream` .* is a file",
+            ),
+            (part(MODEL + b"; filename*=UTF-8''m", b"a") + CLOSE, "`model` .* is a file"),
         ],
     )
     def test_ambiguous_forms_are_refused(self, body: bytes, why: str) -> None:
         """A field the router reads given twice (engines take the last, the router read the
         first), a part named twice, an extended name, two dispositions, an unclosed quote,
         a value not UTF-8 or transfer-encoded, a name with a backslash (engines unescape it
-        differently): FormError saying why, never a guess."""
+        differently), a read field sent as a file (a filename, even empty: the engine reads
+        a file, not the model): FormError saying why, never a guess."""
         with pytest.raises(forms.FormError, match=why):
             self.read(body)
 

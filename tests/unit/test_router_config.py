@@ -108,6 +108,9 @@ class TestValidation:
             ('router_id: "r\\x1b[2J"', "router_id"),
             ('router_id: ""', "router_id"),
             ("endpoints: [", "YAML"),
+            ("max_body_bytes: 2048\nmax_upload_bytes: 1024", "max_upload_bytes"),
+            ("max_inflight_body_bytes: 9000000\nmax_upload_bytes: 9000001", "max_upload_bytes"),
+            ("max_upload_bytes: 0", "max_upload_bytes"),
         ],
     )
     def test_bad_file_names_the_field(self, text: str, needle: str) -> None:
@@ -143,6 +146,22 @@ class TestValidation:
     def test_router_id_up_to_the_controllers_bound(self) -> None:
         """A printable router_id of 256 characters, what the controller takes, is kept."""
         assert parse("router_id: " + "é" * 256).router_id == "é" * 256
+
+    @pytest.mark.parametrize(
+        ("text", "limit"),
+        [
+            ("{}", 26 * 1024 * 1024),
+            ("max_body_bytes: 67108864", 64 * 1024 * 1024),
+            ("max_body_bytes: 1024\nmax_inflight_body_bytes: 4096", 2048),
+            ("max_inflight_body_bytes: 8388608\nclient_share: 1.0", 8 * 1024 * 1024),
+            ("max_upload_bytes: 16777216", 16 * 1024 * 1024),
+        ],
+    )
+    def test_upload_limit(self, text: str, limit: int) -> None:
+        """Uploads take 26 MiB unless set (an audio file OpenAI takes), or max_body_bytes
+        if larger, within one address's share of the in-flight budget a file sets; a set
+        one as it is."""
+        assert parse(text).upload_limit() == limit
 
     def test_missing_file(self, tmp_path: Path) -> None:
         """A file that cannot be read is a RouterConfigError naming the path."""

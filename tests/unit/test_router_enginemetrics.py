@@ -237,3 +237,48 @@ class TestRules:
         stats = parse(b"vllm:num_requests_running 1\nvllm:num_requests_waiting 2\n")
         assert stats == Stats(running=1, waiting=2, kv_usage=None)
         assert not math.isnan(stats.running)
+
+
+class TestHostileValues:
+    """Values no engine means are a failed scrape or an unknown figure, never a raise."""
+
+    OK = b"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            b'vllm:num_requests_running +Inf\nvllm:num_requests_running{a="1"} -Inf\n'
+            b"vllm:num_requests_waiting 0\n",
+            b'vllm:num_requests_running{a="1"} 1e308\nvllm:num_requests_running{a="2"} 1e308\n'
+            b"vllm:num_requests_waiting 0\n",
+            b"vllm:num_requests_running 1e300\nvllm:num_requests_waiting 0\n",
+            b"vllm:num_requests_running -5\nvllm:num_requests_waiting 0\n",
+            OK + b'vllm:prompt_tokens_total{a="1"} 1e308\nvllm:prompt_tokens_total{a="2"} 1e308\n',
+        ],
+        ids=["inf-minus-inf", "sum-past-a-float", "count-past-2-53", "negative", "counter-sum"],
+    )
+    def test_a_count_or_sum_no_float_holds_is_a_parse_error(self, body: bytes) -> None:
+        """Infinities that cancel, sums past a float's range and counts outside 0 to
+        2**53 are MetricsParseError (fsum's ValueError and OverflowError ended the loop)."""
+        with pytest.raises(MetricsParseError):
+            parse(body)
+
+    def test_an_infinite_counter_is_unknown(self) -> None:
+        """A counter of +Inf is left out, as NaN is: the counter is unknown."""
+        stats = parse(self.OK + b"vllm:prompt_tokens_total +Inf\n")
+        assert stats.prompt_tokens is None
+
+    @pytest.mark.parametrize("digits", [10, 300, 5000])
+    def test_a_label_number_of_many_digits_is_unknown(self, digits: int) -> None:
+        """A cache_config_info number past nine digits is no block count: the capacity is
+        unknown (5,000 digits made int() raise; 300, a capacity past any float)."""
+        big = b"9" * digits
+        body = self.OK + b'vllm:cache_config_info{block_size="16",num_gpu_blocks="' + big
+        stats = parse(body + b'"} 1\n')
+        assert (stats.num_gpu_blocks, stats.kv_capacity_tokens) == (None, None)
+
+    def test_a_capacity_past_2_53_is_unknown(self) -> None:
+        """SGLang's token capacity of 1e308 is unknown, not an int no float holds."""
+        body = b"sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\n"
+        stats = parse(body + b"sglang:max_total_num_tokens 1e308\n", "sglang")
+        assert stats.kv_capacity_tokens is None

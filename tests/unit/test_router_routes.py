@@ -93,11 +93,11 @@ class TestModelPaths:
         ],
     )
     def test_status(self, method: str, path: str, status: int) -> None:
-        """Each answer's status; a 405 offers GET, and never to a GET."""
+        """Each answer's status; a 405 offers GET and HEAD, and never to a GET."""
         got = ask(method, path)
         assert got.status == status, got.body
         if status == 405:
-            assert got.headers["Allow"] == "GET"
+            assert got.headers["Allow"] == "GET, HEAD"
             assert (
                 f"Method {method} is not allowed on {path}; use GET."
                 == (got.json()["error"]["message"])

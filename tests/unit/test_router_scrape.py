@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from llmgw.router.errors import UpstreamConnectError
 from llmgw.router.replicas.registry import Registry
 from llmgw.router.replicas.scrape import Scraper
@@ -108,3 +110,35 @@ class TestScraper:
         f.answers = {"a": vllm_text(running=1, success=3)}
         await s.tick()
         assert restarted == ["a"]
+
+
+class Raising:
+    """A fetcher whose answer makes the scrape raise what no reader expects."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def fetch_metrics(self, info: EndpointInfo, *, timeout_s: float) -> bytes:
+        self.calls += 1
+        if info.id == "bad":
+            raise RuntimeError("a bug reading this engine")
+        return vllm_text(running=1, success=1)
+
+
+class TestUnexpectedErrors:
+    """One engine's unexpected failure costs its own scrape, never the loop."""
+
+    async def test_the_loop_scrapes_on(self, caplog: pytest.LogCaptureFixture) -> None:
+        """An exception of no expected kind is a failed scrape of that endpoint, logged
+        with its traceback; the other endpoint is observed and the next tick runs."""
+        reg = registry("bad", "good")
+        f = Raising()
+        failed: list[str] = []
+        s = Scraper(registry=reg, fetcher=f, on_failure=failed.append)
+        await s.tick()
+        await s.tick()
+        assert failed == ["bad", "bad"]
+        good = reg.snapshot("good")
+        assert good is not None
+        assert good.stats is not None
+        assert "scrape failed unexpectedly" in caplog.text

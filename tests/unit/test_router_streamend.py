@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw.router.request.relay import event_end
 from llmgw.router.request.streamend import final_event_sent
 
 CHAT_END = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\ndata: [DONE]\n\n'
@@ -49,3 +50,33 @@ class TestFinalEventSent:
         """Generated text holding `[DONE]` or the event's type (escaped in JSON) is not the end."""
         text = b'data: {"delta":"data: [DONE] \\"type\\":\\"message_stop\\""}\n\n'
         assert final_event_sent(b"", text) is False
+
+
+class TestEventEnd:
+    """What ends the event a broken stream left open before the router's error event."""
+
+    @pytest.mark.parametrize(
+        ("before", "sent", "pad"),
+        [
+            (b"", b"", b""),
+            (b"", b"data: x\n\n", b""),
+            (b"data: x\r\n", b"\r\n", b""),
+            (b"data: x\n", b"\r", b""),
+            (b"", b'data: {"id":"c","obj', b"\n\n"),
+            (b"data: {", b"x", b"\n\n"),
+            (b"", b"data: x\n", b"\n"),
+            (b"data: x", b"\r\n", b"\n"),
+            (b"", b"data: x\r", b"\n\n"),
+        ],
+    )
+    def test_pad(self, before: bytes, sent: bytes, pad: bytes) -> None:
+        """An event ended already needs nothing, a line left open two LFs, a line ended
+        one; a CR last takes one LF more (it would join it as CRLF)."""
+        assert pad == event_end(before, sent)
+
+    def test_the_error_event_parses_after_a_cut(self) -> None:
+        """Cut inside an event, the padded error frame is an event of its own."""
+        cut = b'data: {"id":"c","object":"chat.compl'
+        frame = b'data: {"error":{"message":"broke","code":502}}\n\n'
+        events = (cut + event_end(b"", cut) + frame).split(b"\n\n")
+        assert events[1] == frame.removesuffix(b"\n\n")

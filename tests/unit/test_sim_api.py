@@ -177,6 +177,23 @@ class TestTokenIds:
         assert api.parse_completion(raw, CFG).prompt_ids == [0, tokenizer.VOCAB_SIZE - 1]
 
 
+class TestCompletionPrompts:
+    """A completions prompt is a string, token ids, or a list of either, as vLLM's."""
+
+    @pytest.mark.parametrize("prompt", [[[[1]]], [["a"]], [[1, [2]]], [["a", 1]]])
+    def test_deeper_lists_are_400(self, prompt: object) -> None:
+        """A list nested deeper than vLLM's types is its 400 on `prompt`, not unwrapped."""
+        raw = json.dumps({"model": "m", "prompt": prompt}).encode()
+        with pytest.raises(api.SimApiError) as exc:
+            api.parse_completions(raw, CFG)
+        assert (exc.value.status, exc.value.param) == (400, "prompt")
+
+    def test_batches_are_kept(self) -> None:
+        """Strings and token-id lists, mixed in one batch, are a job each."""
+        raw = json.dumps({"model": "m", "prompt": ["a", [1, 2], [3]]}).encode()
+        assert [j.prompt_ids[-2:] for j in api.parse_completions(raw, CFG)][1:] == [[1, 2], [3]]
+
+
 class TestResponsesInput:
     """A Responses request's input read as the chat prompt it stands for."""
 

@@ -92,6 +92,48 @@ class TestLaunchProblem:
         assert len(problem[1]) < 200, problem
 
 
+class TestSizesNamesAndDotDot:
+    """What execve refuses by size, what is no variable name, and a `..` in a source."""
+
+    @pytest.mark.parametrize(
+        ("kw", "field", "words"),
+        [
+            ({"args": ("a", "x" * 131_071)}, "args[1]", "is 131072 bytes"),
+            ({"args": ("\u00e9" * 65_536,)}, "args[0]", "is 131073 bytes"),
+            ({"env": {"A": "x" * 131_069}}, "env.A", "is 131072 bytes"),
+            ({"args": ("x" * 100_000,) * 11}, "args", "together"),
+            ({"env": {"A\nB": "1"}}, "env", "not a variable name"),
+            ({"env": {"1A": "1"}}, "env", "not a variable name"),
+            ({"source": "../m"}, "source", "'..' part"),
+            ({"source": "/models/../m"}, "source", "'..' part"),
+            ({"priority": -(10**9) - 1}, "priority", "within"),
+            ({"idle_timeout_s": 1.5e9}, "idle_timeout_s", "at most"),
+        ],
+    )
+    def test_refused_naming_the_field(self, kw: dict[str, Any], field: str, words: str) -> None:
+        """Each is refused by the rules both the controller and ctl apply."""
+        problem = check_spec(_spec(**kw))
+        assert problem is not None
+        assert field == problem[0]
+        assert words in problem[1]
+
+    def test_what_the_os_takes_passes(self) -> None:
+        """The largest single argument, lower-case names, `..` inside a part, and the bounds."""
+        spec = _spec(
+            args=("x" * 131_070,),
+            env={"http_proxy": "h", "_X1": ""},
+            source="/models/a..b/c",
+            priority=-(10**9),
+            idle_timeout_s=1e9,
+        )
+        assert check_spec(spec) is None
+
+    def test_an_adapter_source_with_dot_dot_is_refused(self) -> None:
+        """An adapter's source has the model source's `..` rule."""
+        assert "'..' part" in (source_problem("/l/../x") or "")
+        assert source_problem("/l/x..y") is None
+
+
 class TestDecodeSpecs:
     """The admin API's decoder refuses the whole request with the field's path."""
 

@@ -40,7 +40,9 @@ class TestFlags:
             ("--trust_remote-code=1", "--trust-remote-code"),
             ("--kv-events-config.endpoint", "--kv-events-config"),
             ("--kv_events_config.topics+=a,b", "--kv-events-config"),
-            ("-x", None),
+            ("-x", "-x"),
+            ("-xy", None),
+            ("-0.5", None),
             ("--", None),
             ("value", None),
         ],
@@ -89,6 +91,31 @@ class TestFlags:
         assert _refused(DEFAULT, *args[:4]) is None
         assert _refused(DEFAULT, "--speed=3", "some-value") is None
         assert _refused(DEFAULT, "--trust") is not None
+
+    @pytest.mark.parametrize(
+        ("args", "shown"),
+        [
+            (("--served-model-name", "x"), "args[0] --served-model-name is"),
+            (("--served_model_name=x",), "(read as --served-model-name)"),
+            (("--alias", "x"), "args[0] --alias is"),
+            (("-a", "x"), "args[0] -a is"),
+            (("--lora-modules", "a=/l"), "args[0] --lora-modules is"),
+            (("--lora-scaled", "/l:1"), "args[0] --lora-scaled is"),
+            (("--lora", "/l"), "args[0] --lora is"),
+        ],
+    )
+    def test_flags_the_agent_renders_for_names_and_adapters_are_refused(
+        self, args: tuple[str, ...], shown: str
+    ) -> None:
+        """Served names and adapter flags are the agent's: a spec's own would override them."""
+        out = DEFAULT.refusal(env=(), env_from=(), args=args)
+        assert out is not None
+        assert shown in out[1]
+
+    def test_a_short_flag_is_matched_whole(self) -> None:
+        """`-a` is refused as itself only: not `-ab`, a value, or a long flag's prefix."""
+        assert _refused(DEFAULT, "-ab", "-0.5", "--enable-lora", "--max-lora-rank", "64") is None
+        assert _refused(SpecPolicy(allow_flags=("-a",)), "-a", "x") is None
 
     def test_allowed_flag_allows_every_spelling(self) -> None:
         """Allowed flag allows every spelling."""

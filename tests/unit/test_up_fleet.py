@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.up.fleet import FleetError, load_fleet
+from llmgw.agent.gpus.classes import memory_mib_of_class
+from llmgw.up.fleet import CLASS_MEMORY_RE, FleetError, load_fleet
 from tests.unit.controller_reconcile_world import World, gpus
 
 
@@ -57,6 +58,7 @@ class TestFleet:
             ("nodes: [{prefix: n, gpus: 1xA}]\nmodels: [{name: m}]\n", "engine"),
             ("nodes: [{prefix: n, gpus: 1xA}, {prefix: n, gpus: 1xA}]\n", "overlap"),
             ("nodes: [\n", "YAML"),
+            ("nodes: [{prefix: n, gpus: '1xH100-80G,2xFOO'}]\n", "class 'FOO' names no memory"),
         ],
     )
     def test_bad_fleet_names_file_and_field(self, tmp_path: Path, text: str, needle: str) -> None:
@@ -66,6 +68,14 @@ class TestFleet:
         with pytest.raises(FleetError, match=needle) as info:
             load_fleet(f)
         assert str(f) in str(info.value)
+
+    @pytest.mark.parametrize(
+        "gpu_class", ["H100-80G", "CPU-16G", "A-1G", "FOO", "H100", "X-80", "-8G"]
+    )
+    def test_class_memory_as_the_agent_reads_it(self, gpu_class: str) -> None:
+        """up refuses exactly the classes whose memory the agent's fake inventory cannot know."""
+        agent_knows = memory_mib_of_class(gpu_class) is not None
+        assert agent_knows == (CLASS_MEMORY_RE.search(gpu_class) is not None)
 
     def test_missing_file_is_a_clear_error(self, tmp_path: Path) -> None:
         """A fleet path that does not exist says so."""

@@ -47,6 +47,7 @@ from llmgw.wire.admin import (
 )
 from llmgw.wire.errors import ErrorBody
 from llmgw.wire.keys import KeyCreate, KeyCreated, KeyRevoked, KeyView
+from llmgw.wire.logs import ReplicaLogs
 from llmgw.wire.models import ModelSpec, ScaleRequest
 from llmgw.wire.usage import UsageAnswer, UsageBy
 
@@ -255,6 +256,13 @@ class AdminClient:
 
     def replica(self, replica_id: str) -> ReplicaView:
         return self._call("GET", f"/admin/replicas/{_quote(replica_id)}", ReplicaView)
+
+    def replica_logs(self, replica_id: str, *, tail: int, rank: int = 0) -> ReplicaLogs:
+        """The last `tail` lines of a replica shard's engine log, asked of its node's agent
+        (admin token only). AdminNotFound also when the node keeps no log of it."""
+        path = f"/admin/replicas/{_quote(replica_id)}/logs"
+        query = {"tail": str(tail), "rank": str(rank)}
+        return self._call("GET", path, ReplicaLogs, query=query)
 
     def events(
         self,

@@ -19,6 +19,8 @@ Layout:
     statefile.py, leftovers.py   the re-adoption state file; stopping engines whose agent
                                  is gone
     logfiles.py, metrics.py      per-engine log files; the agent's Prometheus metrics
+    logtail.py, logasks.py       a log's last lines read from its end; the controller's
+                                 log asks answered with the next heartbeat
     hostmem.py, gpus/            host memory; GPU discovery (NVML, or a fake inventory)
     errors.py                    the agent's exception root
 """

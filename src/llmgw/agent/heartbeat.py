@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 from urllib.parse import quote
 
@@ -140,6 +140,8 @@ class Heartbeater:
         build: Callable[[], Heartbeat],
         on_reply: Callable[[HeartbeatReply], None],
         interval_s: float,
+        prepare: Callable[[], Awaitable[None]] | None = None,
+        hurry: Callable[[], bool] = lambda: False,
         backoff_base_s: float = 1.0,
         backoff_cap_s: float | None = None,  # None: BACKOFF_CAP_INTERVALS × interval_s
         rng: Callable[[], float] = random.random,
@@ -149,6 +151,10 @@ class Heartbeater:
         self._build = build
         self._on_reply = on_reply
         self._interval_s = interval_s
+        # Awaited before each build (the agent reads the logs the controller asked for).
+        self._prepare = prepare
+        # After a reply: True when the next beat should go at once (it carries answers).
+        self._hurry = hurry
         self._base_s = backoff_base_s
         self._cap_s = BACKOFF_CAP_INTERVALS * interval_s if backoff_cap_s is None else backoff_cap_s
         self._rng = rng
@@ -159,6 +165,8 @@ class Heartbeater:
         self.last_error: str | None = None
 
     async def beat(self) -> float:
+        if self._prepare is not None:
+            await self._prepare()
         try:
             reply = await self._client.heartbeat(self._build())
         except HeartbeatFailed as exc:
@@ -180,6 +188,8 @@ class Heartbeater:
         self.last_error = None
         self.last_ok_at = self._clock.wall()
         self._on_reply(reply)
+        if self._hurry():
+            return 0.0
         # Never slower than the controller expects, nor than we were told.
         return min(self._interval_s, reply.interval_s) if reply.interval_s > 0 else self._interval_s
 

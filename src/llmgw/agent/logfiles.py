@@ -155,6 +155,14 @@ def remove(path: Path, *, keep: int = DEFAULT_KEEP) -> None:
     path.unlink(missing_ok=True)
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def log_name(replica_id: str, rank: int) -> str:
+    """The file name of a shard's engine log: the replica id made safe for a path."""
+    return f"{_UNSAFE.sub('_', replica_id)}-rank{rank}.log"
+
+
 # An engine log as the supervisor names it (`<replica>-rank<N>.log`, the replica id made
 # safe), or one of its rotated copies (`.1`, `.2` …).
 _LOG_NAME = re.compile(r"([A-Za-z0-9._-]+-rank[0-9]+\.log)(?:\.[0-9]+)?")
@@ -209,15 +217,26 @@ class EndedLogs:
     def __init__(self, *, keep: int = DEFAULT_ENDED_KEEP) -> None:
         self._keep = keep
         self._paths: deque[Path] = deque()
+        # The values masked in what of each log leaves the node (its engine's key and
+        # secrets; none known for the logs earlier agents left).
+        self._secrets: dict[Path, tuple[str, ...]] = {}
 
-    def add(self, path: Path) -> None:
+    def add(self, path: Path, secrets: tuple[str, ...] = ()) -> None:
         self._paths.append(path)
+        self._secrets[path] = (*self._secrets.get(path, ()), *secrets)
+
+    def secrets_of(self, path: Path) -> tuple[str, ...] | None:
+        """The values to mask in an ended shard's log; None: not one kept here."""
+        return self._secrets.get(path)
 
     def take_expired(self) -> list[Path]:
         """The logs beyond the newest `keep`, oldest first, forgotten here."""
         out = []
         while len(self._paths) > self._keep:
-            out.append(self._paths.popleft())
+            path = self._paths.popleft()
+            if path not in self._paths:
+                self._secrets.pop(path, None)
+            out.append(path)
         return out
 
 
@@ -243,9 +262,16 @@ class LogKeeper:
         self._ended = EndedLogs(keep=ended_keep)
         self._lock = asyncio.Lock()
 
-    def ended(self, path: Path) -> None:
-        """A dropped shard's log: removed once `ended_keep` newer ones have ended."""
-        self._ended.add(path)
+    def ended(self, path: Path, secrets: tuple[str, ...] = ()) -> None:
+        """A dropped shard's log: removed once `ended_keep` newer ones have ended. Its
+        `secrets` are masked when it is read (logtail.py) until then."""
+        self._ended.add(path, secrets)
+
+    def kept(self, path: Path, *, also: tuple[str, ...]) -> tuple[Path, tuple[str, ...]] | None:
+        """An ended shard's log and the values to mask in it (its own, and `also`), while
+        it is kept; None: not one of the ended logs kept."""
+        secrets = self._ended.secrets_of(path)
+        return None if secrets is None else (path, secrets + also)
 
     def found(self, log_dir: Path, known: Collection[Path]) -> None:
         """Count in the logs in `log_dir` of shards other than `known` (those adopted),

@@ -14,12 +14,14 @@ apart from the others: the reply is refused whole, as before.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection
 from typing import Annotated
 
 import msgspec
 
 from llmgw.wire.agent import HeartbeatReply, ShardSpec, ShardStatus
+from llmgw.wire.logs import LogAsk
 
 
 class _Entries(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,6 +29,7 @@ class _Entries(msgspec.Struct, frozen=True, kw_only=True):
 
     shards: tuple[msgspec.Raw, ...]
     interval_s: float = 2.0
+    log_asks: tuple[msgspec.Raw, ...] = ()
 
 
 class _Identity(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,7 +67,18 @@ def read_reply(body: bytes) -> ReadReply:
         except msgspec.ValidationError as exc:
             who = msgspec.json.decode(raw, type=_Identity)
             unread.append(UnreadShard(replica_id=who.replica_id, rank=who.rank, reason=str(exc)))
-    return ReadReply(shards=tuple(shards), interval_s=got.interval_s, unread=tuple(unread))
+    asks: list[LogAsk] = []
+    for raw in got.log_asks:
+        # An ask it cannot read (a field a newer controller added as required) goes
+        # unanswered: the operator's request times out, the shards are acted on.
+        with contextlib.suppress(msgspec.ValidationError):
+            asks.append(msgspec.json.decode(raw, type=LogAsk))
+    return ReadReply(
+        shards=tuple(shards),
+        interval_s=got.interval_s,
+        unread=tuple(unread),
+        log_asks=tuple(asks),
+    )
 
 
 def failed_statuses(

@@ -2,7 +2,8 @@
 
 - supervise: every `interval_s`, poll GPU health and tick the supervisor
   (reap exits, probe health, rotate logs, persist state);
-- heartbeat: report, and apply the answer's desired set;
+- heartbeat: report, and apply the answer's desired set (and send the engine logs it
+  asks for, logasks.py, with the next beat, at once);
 - log watch: every `logfiles.CHECK_S`, rotate the engine logs past their limit
   (an engine writing fast would pass it by a whole tick's output, agent/logfiles.py).
 
@@ -17,7 +18,7 @@ import logging
 
 import msgspec
 
-from llmgw.agent import logfiles
+from llmgw.agent import logasks, logfiles
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.gpus.base import GpuInventory
 from llmgw.agent.heartbeat import Heartbeater, HeartbeatSender
@@ -29,6 +30,7 @@ from llmgw.runtime.clock import SYSTEM_CLOCK, Clock
 from llmgw.runtime.logs import kv
 from llmgw.runtime.repeats import FailureLog
 from llmgw.wire.agent import GPU, Heartbeat, HeartbeatReply, ShardStatus
+from llmgw.wire.logs import LogAnswer, LogAsk
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +100,17 @@ class Agent:
             logger=log,
             level=logging.ERROR,
         )
+        # The log asks of the last reply not yet answered (logasks.py), and the answers
+        # the next heartbeat carries; the heartbeater reads them just before building it.
+        self._asks: tuple[LogAsk, ...] = ()
+        self._answers: tuple[LogAnswer, ...] = ()
         self.heartbeater = Heartbeater(
             client=client,
             build=self.heartbeat,
             on_reply=self._on_reply,
             interval_s=config.interval_s,
+            prepare=self._answer_asks,
+            hurry=lambda: bool(self._asks),
             clock=clock,
         )
 
@@ -120,7 +128,11 @@ class Agent:
             port_range=self.config.ports,
             policy=self.supervisor.policy,
             host_memory_mib=host_memory_mib(self.config.host_memory_mib),
+            log_answers=self._answers,
         )
+
+    async def _answer_asks(self) -> None:
+        self._answers = await logasks.answer_all(self._asks, self.supervisor.log_source)
 
     def _on_reply(self, reply: HeartbeatReply) -> None:
         unread = reply.unread if isinstance(reply, ReadReply) else ()
@@ -137,6 +149,11 @@ class Agent:
                 )
         self._unread = unread
         self.supervisor.apply(reply.shards, unread={u.key for u in unread})
+        # Delivered: an ask the reply repeats before its request saw the answer is not
+        # read again (nor is the next beat hurried for it).
+        sent = {a.id for a in self._answers}
+        self._asks = tuple(a for a in reply.log_asks if a.id not in sent)
+        self._answers = ()
 
     def statuses(self) -> tuple[ShardStatus, ...]:
         """The supervisor's shards and those listed that this agent cannot read, sorted."""

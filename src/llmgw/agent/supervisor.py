@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -60,8 +59,6 @@ from llmgw.wire.adapters import loads_at_run_time
 from llmgw.wire.agent import EngineKind, ShardSpec, ShardStatus
 
 log = logging.getLogger(__name__)
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 class Supervisor:
@@ -201,7 +198,7 @@ class Supervisor:
                 continue
             if sh.proc is None:
                 del self._shards[key]
-                self._logs.ended(sh.log_path)
+                self._logs.ended(sh.log_path, self._secrets(sh))
             elif sh.stop_sent_at is None:
                 self._stop(sh)
         for key in sorted(want):
@@ -424,13 +421,18 @@ class Supervisor:
     def log_paths(self) -> dict[tuple[str, int], Path]:
         return {k: sh.log_path for k, sh in sorted(self._shards.items())}
 
+    def log_source(self, replica_id: str, rank: int) -> tuple[Path, tuple[str, ...]] | None:
+        """A shard's log and the values to mask in it; an ended one's while kept; or None."""
+        if (sh := self._shards.get((replica_id, rank))) is not None:
+            return sh.log_path, self._secrets(sh)
+        path = self._log_dir / logfiles.log_name(replica_id, rank)
+        return self._logs.kept(path, also=self._private_values)
+
     # -- internals --------------------------------------------------------------
 
     def _start(self, spec: ShardSpec) -> None:
-        name = f"{_UNSAFE.sub('_', spec.replica_id)}-rank{spec.rank}.log"
-        sh = Shard(
-            spec=spec, port=None, log_path=self._log_dir / name, health_path=None, state="starting"
-        )
+        path = self._log_dir / logfiles.log_name(spec.replica_id, spec.rank)
+        sh = Shard(spec=spec, port=None, log_path=path, health_path=None, state="starting")
         self._shards[sh.key] = sh
         self.events.started(spec.engine)
         try:
@@ -538,8 +540,7 @@ class Supervisor:
         return tuple(sorted(values))
 
     def _secrets(self, sh: Shard) -> tuple[str, ...]:
-        """Values a log tail leaving this node must not carry: the key, the env_from values,
-        the agent's token."""
+        """What no log leaving this node may carry: the key, env_from values, agent token."""
         return ((sh.api_key,) if sh.api_key else ()) + sh.secret_values + self._private_values
 
     def _ports_taken(self) -> set[int]:

@@ -7,6 +7,7 @@ Layout (each sub-package's docstring says more):
     idle.py                      what routers report: idle time, in-flight, demand, load
     leases.py, leasebook.py      each router's share of every limited key: the split
                                  (pure) and the book of what is leased to whom
+    logasks.py                   engine logs asked of agents, answered by heartbeats
     leaderlink.py                a standby's way to the leader: the URL the leader
                                  records, and routers' usage reports relayed there
     fleet/                       the fleet as values (records), the one way to change

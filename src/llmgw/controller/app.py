@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from llmgw.controller.api import keys, routes
+from llmgw.controller.api import keys, logs, routes
 from llmgw.controller.api import usage as usage_routes
 from llmgw.controller.api.services import Services
 from llmgw.controller.api.status import ControllerMetrics, StatusFiles
@@ -77,6 +77,7 @@ def build_app(
     app[LOOP] = loop
     app.add_routes(routes.routes())
     app.add_routes(keys.routes())
+    app.add_routes(logs.routes())
     app.add_routes(usage_routes.routes())
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

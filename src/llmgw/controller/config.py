@@ -387,6 +387,13 @@ def _tracing_flags(p: argparse.ArgumentParser) -> None:
         default=10.0,
         help="one export's time limit (a slow collector loses that batch)",
     )
+    p.add_argument(
+        "--tracing-max-queued-spans",
+        type=int,
+        default=2048,
+        help="spans waiting to be sent, at most; one more is dropped (and counted in "
+        "llmgw_controller_spans_dropped_total)",
+    )
 
 
 def _tracing(p: argparse.ArgumentParser, a: argparse.Namespace) -> TracingSettings | None:
@@ -401,12 +408,15 @@ def _tracing(p: argparse.ArgumentParser, a: argparse.Namespace) -> TracingSettin
         p.error("--tracing-export-interval-s and --tracing-export-timeout-s must be positive")
     if not a.tracing_service_name:
         p.error("--tracing-service-name: empty")
+    if not 1 <= a.tracing_max_queued_spans <= 1_000_000:
+        p.error(f"--tracing-max-queued-spans {a.tracing_max_queued_spans}: expected 1 to 1000000")
     return TracingSettings(
         endpoint=a.tracing_endpoint,
         service_name=a.tracing_service_name,
         sample_ratio=a.tracing_sample_ratio,
         export_interval_s=a.tracing_export_interval_s,
         export_timeout_s=a.tracing_export_timeout_s,
+        max_queued_spans=a.tracing_max_queued_spans,
     )
 
 

@@ -14,6 +14,7 @@ type in one table (api/http.py) and answers in the OpenAI error shape.
     ├── Conflict               valid alone, contradicts what exists (a name taken)
     ├── NotLeading             a write reached a standby; the caller retries elsewhere/later
     ├── Busy                   too many long-polls held; retry shortly
+    ├── AgentSilent            a node's agent did not answer what was asked of it
     └── StoreUnavailable       the database refused the write, or did not confirm it
 
 Anything else escaping a handler is a bug (the edge answers 500 and logs it).
@@ -66,6 +67,11 @@ class NotLeading(ControllerRefusal):
 
 class Busy(ControllerRefusal):
     pass
+
+
+class AgentSilent(ControllerRefusal):
+    """An ask left for a node's agent (a log tail, controller/logasks.py) got no
+    answer in time, or one saying it could not be done."""
 
 
 class StoreUnavailable(ControllerRefusal):

@@ -39,6 +39,7 @@ HANDLERS = {
     "models": "llmgw.ctl.commands.read:models",
     "replicas": "llmgw.ctl.commands.read:replicas",
     "events": "llmgw.ctl.commands.read:events",
+    "logs": "llmgw.ctl.commands.logs:logs",
     "cordon": "llmgw.ctl.commands.nodes:cordon",
     "uncordon": "llmgw.ctl.commands.nodes:uncordon",
     "drain": "llmgw.ctl.commands.nodes:drain",
@@ -130,6 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="one event whole: its full message (command line, log tail)",
     )
+    p = command("logs", "the last lines of a replica's engine log, from its node's agent")
+    p.add_argument("replica", help="the replica's id (ctl replicas)")
+    p.add_argument(
+        "--tail", type=_tail_lines, default=100, metavar="N", help="last N lines (1 to 10000)"
+    )
+    p.add_argument(
+        "--rank", type=int, default=0, metavar="R", help="which node of a multi-node replica"
+    )
+    p.add_argument(
+        "--follow", "-f", action="store_true", help="print new lines as they come, until Ctrl-C"
+    )
+    p.add_argument(
+        "--interval", type=finite_float, default=2.0, metavar="S", help="--follow polls this often"
+    )
 
     command("cordon", "stop placing new replicas on a node").add_argument(
         "node", help="the node's name"
@@ -211,6 +226,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("shell", choices=("bash", "zsh"), help="which shell")
     return parser
+
+
+def _tail_lines(text: str) -> int:
+    """`ctl logs --tail`: 1 to the controller's largest (wire.logs.MAX_TAIL_LINES)."""
+    from llmgw.wire.logs import MAX_TAIL_LINES
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= MAX_TAIL_LINES:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_TAIL_LINES}, got {value}")
+    return value
 
 
 def _usage_limit(text: str) -> int:

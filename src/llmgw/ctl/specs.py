@@ -22,18 +22,9 @@ import yaml
 from llmgw.ctl.errors import SpecError
 from llmgw.ctl.shown import visible
 from llmgw.runtime import safeyaml, textfile
-from llmgw.wire.adapters import AdapterSpec, is_adapter
-from llmgw.wire.adapters import names_problem as adapter_names_problem
-from llmgw.wire.models import (
-    NAME_RULE,
-    ModelSpec,
-    env_from_problem,
-    launch_problem,
-    names_problem,
-    routing_problem,
-    sleep_problem,
-)
-from llmgw.wire.names import STORED_MODEL_NAME_PATTERN
+from llmgw.wire.adapters import AdapterSpec, adapter_problem, is_adapter
+from llmgw.wire.models import NAME_RULE, ModelSpec, env_from_problem, spec_problem
+from llmgw.wire.names import STORED_MODEL_NAME_PATTERN, shown_name
 
 # msgspec ends a located error with " - at `$.field[0]`".
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
@@ -44,7 +35,7 @@ _NAMED = re.compile(r"^Object (?:missing required|contains unknown) field `(?P<f
 def _where(index: int, raw: object) -> str:
     name = raw.get("name") if isinstance(raw, dict) else None
     if isinstance(name, str) and name:
-        return f"model {name!r} (#{index + 1})"
+        return f"model {shown_name(name)} (#{index + 1})"
     return f"model #{index + 1}"
 
 
@@ -185,7 +176,7 @@ def unsendable(value: object) -> tuple[str, str] | None:
 def _load_all(text: str) -> list[Any]:
     """`yaml.safe_load_all(text)`, each document held to safeyaml's bounds before it is
     built: aliases of a long string stood for gigabytes of arguments to scan and send."""
-    loader = yaml.SafeLoader(text)
+    loader = safeyaml.Loader(text)
     try:
         documents = []
         while loader.check_node():
@@ -259,16 +250,7 @@ def validate(raws: list[Any], source: str) -> list[ModelSpec | AdapterSpec]:
         except msgspec.ValidationError as exc:
             problems.append(f"{source}: {where}: {describe(exc)}")
             continue
-        wrong = (
-            (
-                names_problem(spec)
-                or sleep_problem(spec)
-                or routing_problem(spec)
-                or launch_problem(spec)
-            )
-            if isinstance(spec, ModelSpec)
-            else adapter_names_problem(spec)
-        )
+        wrong = spec_problem(spec) if isinstance(spec, ModelSpec) else adapter_problem(spec)
         if wrong is not None:
             problems.append(f"{source}: {where}: field {wrong[0]}: {wrong[1]}")
             continue

@@ -74,6 +74,8 @@ class RouterApp:
             self.routes,
             max_body_bytes=self.state.cfg.max_body_bytes,
             errors=catalog.EDGE_ERRORS,
+            upload_paths=catalog.UPLOAD_PATHS,
+            max_upload_bytes=self.state.cfg.upload_limit(),
         )
 
     async def start(self) -> None:
@@ -134,6 +136,7 @@ def build_app(
         state = Router(cfg)
     if cfg.tracing is not None:
         state.tracing = Tracing(cfg.tracing)
+        state.metrics.span_losses = state.tracing.losses
     proxy = Proxy(state)
     # Every worker follows the engines' KV events itself: each keeps its own
     # prefix index, so each needs the exact block sets (docs/routing.md).

@@ -41,6 +41,7 @@ from llmgw.router.errors import RouterConfigError
 from llmgw.router.replicas.enginemetrics import ENGINES
 from llmgw.runtime import finite, safeyaml, secretfile, textfile
 from llmgw.runtime.logs import kv
+from llmgw.runtime.peers import share_of
 from llmgw.runtime.webpages import host_problem
 from llmgw.wire.endpoints import EndpointInfo
 from llmgw.wire.keys import ClientKey
@@ -57,6 +58,9 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_BOUNDS_S = (0.1, 300.0)
 # ZeroMQ transports a KV-event publisher may be reached by (precise mode).
 KV_EVENT_SCHEMES = ("tcp://", "ipc://", "inproc://")
+# max_upload_bytes unset: room for the 25 MB audio file OpenAI and vLLM (its
+# VLLM_MAX_AUDIO_CLIP_FILESIZE_MB) accept, and the form around it.
+DEFAULT_UPLOAD_BYTES = 26 * 1024 * 1024
 
 
 class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -95,6 +99,9 @@ class TracingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # Spans are batched and sent this often, off the event loop.
     export_interval_s: Seconds = 5.0
     export_timeout_s: Seconds = 10.0
+    # Spans waiting to be sent, at most (a collector away fills it); one more is dropped
+    # and counted in llmgw_router_spans_dropped_total.
+    max_queued_spans: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 2048
 
 
 class FlowBand(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -179,6 +186,11 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # engine holds the client until request_timeout_s.
     stream_idle_timeout_s: Seconds = 120.0
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = 8 * 1024 * 1024
+    # The largest body of a multipart upload (the audio routes), whose files are larger
+    # than any JSON body; at least max_body_bytes. Unset: 26 MiB (OpenAI's and vLLM's
+    # 25 MB audio file and its form), or max_body_bytes if larger, at most one client
+    # address's share of max_inflight_body_bytes (`upload_limit`).
+    max_upload_bytes: Annotated[int, msgspec.Meta(ge=1)] | msgspec.UnsetType = msgspec.UNSET
     # The most the router holds of one engine's whole (non-stream) answer, to read its
     # usage and send it with a Content-Length. A larger one is relayed as it arrives,
     # its usage read from its tail; an error answer (a retryable status) larger than
@@ -300,9 +312,38 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 f"max_inflight_body_bytes ({self.max_inflight_body_bytes}) must be at least "
                 f"max_body_bytes ({self.max_body_bytes})"
             )
+        self._check_upload_limit()
         names = [k.name for k in self.api_keys]
         if len(set(names)) != len(names):
             raise ValueError("api_keys names must be unique")
+
+    def _check_upload_limit(self) -> None:
+        given = self.max_upload_bytes
+        if isinstance(given, msgspec.UnsetType):
+            return
+        if given < self.max_body_bytes:
+            raise ValueError(
+                f"max_upload_bytes ({given}) must be at least max_body_bytes "
+                f"({self.max_body_bytes})"
+            )
+        if given > self.max_inflight_body_bytes:
+            raise ValueError(
+                f"max_inflight_body_bytes ({self.max_inflight_body_bytes}) must be at least "
+                f"max_upload_bytes ({given})"
+            )
+
+    def upload_limit(self) -> int:
+        """The largest multipart upload taken: `max_upload_bytes`, or unset its default
+        (DEFAULT_UPLOAD_BYTES, or max_body_bytes if larger, at most one address's share
+        of the in-flight budget: a file that sets a small budget keeps its share, and
+        needs no new setting)."""
+        if not isinstance(self.max_upload_bytes, msgspec.UnsetType):
+            return self.max_upload_bytes
+        wanted = max(DEFAULT_UPLOAD_BYTES, self.max_body_bytes)
+        each = share_of(
+            self.max_inflight_body_bytes, self.client_share, at_least=self.max_body_bytes
+        )
+        return min(wanted, each)
 
     def known_models(self) -> frozenset[str]:
         """Models this file names: configured ones and every endpoint's."""
@@ -349,6 +390,7 @@ RESTART_ONLY = (
     "flow",
     "breaker",
     "max_body_bytes",
+    "max_upload_bytes",
     "idle_timeout_s",
     "header_timeout_s",
     "max_client_connections",

@@ -102,15 +102,26 @@ class HoldQueueFull(RouterError):
 
 
 class NoReplica(RouterError):
-    """No replica could take the request within its deadline (or the hold queue is full)."""
+    """No replica could take the request within its deadline (or the hold queue is full).
+
+    `again`: whether a client's retry after `retry_after_s` may fare better; False
+    when the router already waited for a replica on the client's behalf (to the hold's
+    deadline, through a breaker's probe) or retried the request on other replicas."""
 
     def __init__(
-        self, model: str, why: str, *, retry_after_s: int = 1, code: str = "no_replica"
+        self,
+        model: str,
+        why: str,
+        *,
+        retry_after_s: int = 1,
+        code: str = "no_replica",
+        again: bool = True,
     ) -> None:
         super().__init__(f"{model}: {why}")
         self.model = model
         self.why = why
         self.retry_after_s = retry_after_s
+        self.again = again
         # The error code clients see: no_replica, or model_unplaceable when the
         # controller says no replica can be placed (answered at once, not held).
         self.code = code

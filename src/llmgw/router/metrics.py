@@ -30,6 +30,7 @@ from llmgw.router import compiled
 from llmgw.router.replicas.breaker import BreakerState
 from llmgw.router.replicas.registry import Snapshot
 from llmgw.runtime.procmetrics import register_process_metrics
+from llmgw.runtime.tracing import SpanLosses, SpansDropped
 from llmgw.wire.answerusage import Usage
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -310,6 +311,12 @@ class RouterMetrics:
             "read from their last bytes only).",
             ["model", "endpoint"],
         )
+        self._clipped = Counts(
+            "llmgw_router_usage_clipped_tokens",
+            "Tokens of engines' usage past what their requests could have used (docs/"
+            "tenants.md#usage), neither counted nor charged, by the endpoint that claimed them.",
+            ["model", "endpoint"],
+        )
         self._scrape_failures = Counts(
             "llmgw_router_scrape_failures",
             "Failed metric scrapes per endpoint.",
@@ -348,6 +355,7 @@ class RouterMetrics:
             self._cached,
             self._retries,
             self._unbuffered,
+            self._clipped,
             self._scrape_failures,
             self._team_requests,
             self._team_prompt,
@@ -365,6 +373,9 @@ class RouterMetrics:
             modules.labels(module).set(1.0 if module in compiled.STATUS.modules else 0.0)
         register_process_metrics(r)
         r.register(_LiveCollector(snapshots, held, queued))
+        # Spans export lost (runtime/tracing.py); None: tracing is off, set by the app.
+        self.span_losses: SpanLosses | None = None
+        r.register(SpansDropped("router", lambda: self.span_losses))
         self._held_answers = Gauge(
             "llmgw_router_held_answer_bytes",
             "Bytes of engines' whole answers the router holds now (read, or written and "
@@ -386,6 +397,7 @@ class RouterMetrics:
             self._ttft: 1,
             self._retries: 1,
             self._unbuffered: 1,
+            self._clipped: 1,
             self._scrape_failures: 0,
         }
 
@@ -474,6 +486,9 @@ class RouterMetrics:
 
     def unbuffered(self, model: str, endpoint: str) -> None:
         self._unbuffered.inc((model, endpoint))
+
+    def usage_clipped(self, model: str, endpoint: str, tokens: int) -> None:
+        self._clipped.inc((model, endpoint), float(tokens))
 
     def scrape_failed(self, endpoint: str) -> None:
         self._scrape_failures.inc((endpoint,))

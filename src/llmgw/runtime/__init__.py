@@ -20,5 +20,7 @@ procmetrics  the process_* metrics, also under a unit's ProcSubset=pid
 lockfile     one process per state folder
 netaddr      address helpers
 webpages     what a web page may not ask of a server without a token (writes, rebound names)
-tracing      OpenTelemetry span export (router and controller), the SDK loaded only when on
+tracing      OpenTelemetry span export (router and controller), the SDK loaded only when on;
+             the spans it loses counted for /metrics
+spanqueue    the SDK's batch processor, bounded and counted (imported only when tracing is on)
 """

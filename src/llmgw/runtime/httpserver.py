@@ -65,6 +65,7 @@ def openai_error(status: int, message: str) -> bytes:
 _CODES = {
     400: "bad_http_request",
     408: "request_timeout",
+    413: "request_too_large",
     431: "headers_too_large",
     500: "internal_error",
     501: "not_implemented",

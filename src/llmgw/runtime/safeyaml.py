@@ -13,10 +13,15 @@
   up`'s models), and ctl scanned every copy first.
 - Depth. PyYAML's composer recurses once per level, so a document nested some
   thousand levels deep raised RecursionError, a traceback at start.
+
+One reading is YAML 1.2's rather than PyYAML's 1.1: a number with an exponent and no
+dot (`1e3`, JSON's `1e+308`) is a float (`Loader`). YAML 1.1 reads it as a string, so a
+JSON spec file's `"idle_timeout_s": 1e3` was refused as "expected float, got str".
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +32,17 @@ import yaml
 MAX_REPEATED_NODES = 1_000_000
 # As much again as the largest spec file (16 MiB): far above what a config repeats.
 MAX_REPEATED_CHARS = 16 * 1024 * 1024
+
+
+class Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, with YAML 1.2's floats that have an exponent but no dot."""
+
+
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 class YamlError(ValueError):
@@ -106,7 +122,7 @@ def load(text: str, *, as_typed: bool = False) -> Any:
     `as_typed`: every scalar is the text as written (`0123`, `yes` and `1e3` stay text;
     YAML's BaseLoader), for files whose settings are all text."""
     loader: yaml.SafeLoader | yaml.BaseLoader = (
-        yaml.BaseLoader(text) if as_typed else yaml.SafeLoader(text)
+        yaml.BaseLoader(text) if as_typed else Loader(text)
     )
     try:
         node = loader.get_single_node()

@@ -5,16 +5,29 @@ what they share is here: the settings, the SDK loaded only when tracing is on (s
 program without `tracing` configured never imports it), the refusal to start when it
 is configured and the SDK is missing, and the export itself: spans are batched and
 sent over OTLP/HTTP (protobuf) by the SDK's own thread, never on the event loop.
+
+What export loses is counted (`SpanLosses`) and put on each program's /metrics
+(`SpansDropped`): the SDK only logs a full queue and a failed export, its repeats
+filtered, so a collector away for hours read on a dashboard as a quiet hour. The
+SDK-facing half, a batch processor that counts, is spanqueue.py, imported only when
+tracing is on.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from llmgw.runtime.logs import kv
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +72,83 @@ class TracingSettings:
     export_interval_s: float = 5.0
     # One export's limit; a collector slower than this loses that batch, not the program.
     export_timeout_s: float = 10.0
+    # Spans ended and not yet handed to the exporter, at most; one more is dropped (and
+    # counted). The SDK's default; a collector away for long holds this many at most.
+    max_queued_spans: int = 2048
+
+
+# The `reason` label of llmgw_<program>_spans_dropped_total: a closed set.
+QUEUE_FULL: Final = "queue_full"  # ended while max_queued_spans were waiting: never sent
+EXPORT_FAILED: Final = "export_failed"  # handed to the exporter, which gave up on them
+REASONS: Final = (QUEUE_FULL, EXPORT_FAILED)
+
+
+class SpanLosses:
+    """The spans export lost, by reason, and the queue bound that decides a drop.
+
+    Thread-safe: spans end on the event loop, exports finish on the SDK's thread.
+    `waiting` counts spans admitted and not yet handed to the exporter, which is at
+    least what the SDK's own queue holds (it pops a batch just before the hand-over),
+    so a queue sized `max_queued` never drops on its own: every loss is one counted here.
+    """
+
+    def __init__(self, *, max_queued: int) -> None:
+        self._max_queued = max_queued
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._lost = dict.fromkeys(REASONS, 0)
+
+    @property
+    def max_queued(self) -> int:
+        """Spans that may wait for the exporter at once."""
+        return self._max_queued
+
+    def admit(self) -> bool:
+        """Whether an ended span may join the queue; False: it is dropped, and counted."""
+        with self._lock:
+            if self._waiting >= self._max_queued:
+                self._lost[QUEUE_FULL] += 1
+                return False
+            self._waiting += 1
+            return True
+
+    def handed(self, count: int) -> None:
+        """`count` spans left the queue for the exporter."""
+        with self._lock:
+            self._waiting = max(0, self._waiting - count)
+
+    def failed(self, count: int) -> None:
+        """The exporter gave up on `count` spans (after its own retries)."""
+        with self._lock:
+            self._lost[EXPORT_FAILED] += count
+
+    def lost(self) -> dict[str, int]:
+        """Spans lost so far, by reason (every reason, zeros included)."""
+        with self._lock:
+            return dict(self._lost)
+
+
+class SpansDropped(Collector):
+    """`llmgw_<program>_spans_dropped_total` on a program's /metrics: a series per reason
+    while tracing is on (zeros from the start, so a rate has a base), none while it is
+    off. `losses` is read when scraped: tracing is set up after the registry."""
+
+    def __init__(self, program: str, losses: Callable[[], SpanLosses | None]) -> None:
+        self._name = f"llmgw_{program}_spans_dropped"
+        self._losses = losses
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            self._name,
+            "Spans never received by the collector: dropped with the export queue full, "
+            "or given up on by a failed export.",
+            labels=["reason"],
+        )
+        losses = self._losses()
+        if losses is not None:
+            for reason, count in losses.lost().items():
+                family.add_metric([reason], float(count))
+        yield family
 
 
 class SpanExport:
@@ -67,21 +157,31 @@ class SpanExport:
     TracingUnavailable when the SDK is not installed (`pip install 'llmgw[tracing]'`).
     """
 
-    def __init__(self, settings: TracingSettings, *, scope: str) -> None:
+    def __init__(
+        self, settings: TracingSettings, *, scope: str, exporter: SpanExporter | None = None
+    ) -> None:
+        """`exporter`: where batches go (tests give an in-memory one); None: OTLP/HTTP to
+        `settings.endpoint`."""
         require_sdk()
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+        from llmgw.runtime.spanqueue import CountingBatch
 
         self._provider = TracerProvider(
             resource=Resource.create({"service.name": settings.service_name}),
             sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)),
         )
-        exporter = OTLPSpanExporter(endpoint=settings.endpoint, timeout=settings.export_timeout_s)
+        if exporter is None:
+            exporter = OTLPSpanExporter(
+                endpoint=settings.endpoint, timeout=settings.export_timeout_s
+            )
+        # Lost spans, counted for /metrics (SpansDropped).
+        self.losses = SpanLosses(max_queued=settings.max_queued_spans)
         self._provider.add_span_processor(
-            BatchSpanProcessor(exporter, schedule_delay_millis=settings.export_interval_s * 1000)
+            CountingBatch(exporter, self.losses, export_interval_s=settings.export_interval_s)
         )
         # The SDK's Tracer: typed Any so callers need not import the SDK to type it.
         self.tracer: Any = self._provider.get_tracer(scope)

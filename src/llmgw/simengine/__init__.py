@@ -3,7 +3,8 @@
 Layout:
 
     main.py, config.py, app.py   the program: flags, validated settings, the HTTP app
-    conn.py                      what every handler shares: content types, a gone client
+    conn.py                      what every handler shares: content types, a gone client,
+                                 a header's value as text JSON can carry
     auth.py, debug.py            the engine key on every route but /health, /metrics,
                                  /version; loopback-only debug routes
     errors.py                    the error every handler refuses with, in vLLM's body

@@ -366,10 +366,17 @@ def parse_completions(raw: bytes, cfg: SimConfig, adapters: Container[str] = ())
 MAX_PROMPTS = 2048
 
 
+_PROMPT_TYPES = "prompt must be a string, token ids, or a list of either"
+
+
 def _batch(prompt: object) -> list[Any]:
     """The prompts of a completions `prompt`: a list of strings or of token-id lists is a
     batch (a list of one is one prompt); anything else is one prompt, checked later."""
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        # vLLM's prompt is a string, token ids, or a list of either: a list nested
+        # deeper (`[[[1]]]`, `[["a"]]`) is its 400, not a prompt unwrapped to fit.
+        if any(isinstance(p, list) and not all(isinstance(t, int) for t in p) for p in prompt):
+            raise SimApiError(400, _PROMPT_TYPES, param="prompt")
         return prompt
     return [prompt]
 
@@ -380,9 +387,7 @@ def _completion_job(body: CompletionBody, prompt: Any, cfg: SimConfig, model: st
     except tokenizer.PromptTooLong as exc:
         raise too_long(exc.tokens, cfg) from None
     except (ValueError, TypeError, AttributeError) as exc:
-        raise SimApiError(
-            400, "prompt must be a string, token ids, or a list of either", param="prompt"
-        ) from exc
+        raise SimApiError(400, _PROMPT_TYPES, param="prompt") from exc
     if not isinstance(prompt, str):
         _check_vocab(ids, "prompt")
     # OpenAI's (and vLLM's) completions default is 16 tokens.

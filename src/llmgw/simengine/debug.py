@@ -5,7 +5,8 @@
   can know each engine's cache exactly.
 - `GET /sim/state`: running and waiting requests, free and cached blocks,
   steps, preemptions, evictions, timeline slips, current faults, the W3C
-  trace context (`traceparent`, `tracestate`) of the last request that had one,
+  trace context (`traceparent`, `tracestate`) of the last request that had one
+  (bytes that are not UTF-8 escaped as `\\xff`),
   and the sleeps, wakes and `/wake_up` calls answered (sleep.py).
 - `POST /sim/faults`: change the faults at run time (faults.py).
 """
@@ -22,6 +23,7 @@ from aiohttp.typedefs import Handler, Middleware
 from llmgw.runtime.logs import kv
 from llmgw.runtime.netaddr import is_loopback
 from llmgw.simengine import api
+from llmgw.simengine.conn import header_text
 from llmgw.simengine.faults import FaultPatch
 from llmgw.simengine.kvcache import HASH_RECIPE, NONE_HASH
 
@@ -52,16 +54,17 @@ async def loopback_only(request: web.Request, handler: Handler) -> web.StreamRes
 
 def trace_recorder(sim: SimEngine) -> Middleware:
     """Keeps the trace context of the last request that carried one (`last_trace`), so a
-    test sees what reached the engine."""
+    test sees what reached the engine; bytes that are not UTF-8 escaped (header_text),
+    so /sim/state can always answer it."""
 
     @web.middleware
     async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
         tp = request.headers.get("traceparent")
         if tp is not None:
-            sim.last_trace = {"traceparent": tp}
+            sim.last_trace = {"traceparent": header_text(tp)}
             ts = request.headers.get("tracestate")
             if ts is not None:
-                sim.last_trace["tracestate"] = ts
+                sim.last_trace["tracestate"] = header_text(ts)
         return await handler(request)
 
     return record

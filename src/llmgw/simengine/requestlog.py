@@ -16,6 +16,7 @@ from __future__ import annotations
 import msgspec
 
 from llmgw.simengine.batcher import SimRequest
+from llmgw.simengine.conn import header_text
 
 
 class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,18 +36,9 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: str | None  # stop, length, abort, error; None: the engine died under it
 
 
-def _text(request_id: str) -> str:
-    """The id as text: aiohttp keeps the bytes of a header that are not UTF-8 as
-    surrogates, which JSON cannot encode (the request was a 500, and left out of the
-    log); they are written as Python escapes them (`\\xff`)."""
-    if request_id.isascii():
-        return request_id
-    return request_id.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
 def record(req: SimRequest, request_id: str | None) -> RequestRecord:
     return RequestRecord(
-        request_id=None if request_id is None else _text(request_id),
+        request_id=None if request_id is None else header_text(request_id),
         id=req.req_id,
         priority=req.priority,
         prompt_tokens=req.num_prompt,

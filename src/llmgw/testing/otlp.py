@@ -7,6 +7,8 @@
 
     with unanswering_endpoint() as url:       # a collector that never answers
 
+    lost = await wait_spans_lost(read_metrics, "router")   # both reasons counted, by reason
+
 It decodes the programs' exports with the protobuf classes of opentelemetry-proto
 (the real wire format, not the SDK's in-memory spans), so it needs the `tracing`
 extra: importing this module without it raises ImportError (tests importorskip it).
@@ -19,12 +21,14 @@ import contextlib
 import gzip
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from llmgw.testing.wait import until
 
 # Where the SDK's OTLP/HTTP exporter posts spans.
 TRACES_PATH = "/v1/traces"
@@ -94,6 +98,31 @@ def unanswering_endpoint() -> Iterator[str]:
         hole.bind(("127.0.0.1", 0))
         hole.listen(16)
         yield f"http://127.0.0.1:{hole.getsockname()[1]}{TRACES_PATH}"
+
+
+def spans_dropped(metrics_text: str, program: str) -> dict[str, float]:
+    """`llmgw_<program>_spans_dropped_total` by reason, from a /metrics page."""
+    series = f"llmgw_{program}_spans_dropped_total{{"
+    out = {}
+    for line in metrics_text.splitlines():
+        if line.startswith(series):
+            labels, value = line.rsplit(" ", 1)
+            out[labels.split('reason="', 1)[1].split('"', 1)[0]] = float(value)
+    return out
+
+
+async def wait_spans_lost(
+    read_metrics: Callable[[], Awaitable[str]], program: str, *, timeout_s: float = 20.0
+) -> dict[str, float]:
+    """`spans_dropped` once every reason has counted a span (AssertionError after
+    `timeout_s`); `read_metrics` gets the program's /metrics page."""
+
+    async def each_reason() -> dict[str, float]:
+        got = spans_dropped(await read_metrics(), program)
+        return got if got and min(got.values()) >= 1 else {}
+
+    lost: dict[str, float] = await until(each_reason, timeout_s=timeout_s, what="spans lost")
+    return lost
 
 
 def attributes(items: Any) -> dict[str, Any]:

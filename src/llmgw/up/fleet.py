@@ -36,6 +36,12 @@ from llmgw.wire.models import ModelSpec
 from llmgw.wire.names import label_problem
 
 GPUS_RE = re.compile(r"^\d+x[A-Za-z0-9][A-Za-z0-9._-]*(,\d+x[A-Za-z0-9][A-Za-z0-9._-]*)*$")
+# A fake class says its memory, in GiB, at its end, as real ones do (the agent's
+# gpus/classes.memory_mib_of_class; tests/unit/test_up_fleet.py holds the two alike).
+CLASS_MEMORY_RE = re.compile(r"-\d+G$")
+# Named in the refusal of a class without its memory: the classes the default fleet and
+# docs/agent.md use.
+CLASS_EXAMPLES = "H100-80G, L40S-48G, CPU-16G"
 
 
 class NodeGroup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -125,7 +131,8 @@ def _group_problem(g: NodeGroup) -> str | None:
     Without it, each was found by the agent after the controller had started: `0xH100-80G`
     and a fabric like `a b` each an agent's exit; `--help` as a fabric, the agent's usage;
     `99999999999999999999xH100-80G`, an agent growing without end; a label key with `=`
-    split elsewhere by the agent's KEY=VALUE flag."""
+    split elsewhere by the agent's KEY=VALUE flag; `1xFOO`, a class whose memory the
+    agent cannot know, its refusal after every other program had started."""
     counts = [int(part.split("x", 1)[0]) for part in g.gpus.split(",")]
     if min(counts) < 1 or sum(counts) > MAX_FAKE_GPUS:
         return f"gpus {g.gpus}: each count at least 1, at most {MAX_FAKE_GPUS} GPUs a node"
@@ -134,6 +141,12 @@ def _group_problem(g: NodeGroup) -> str | None:
         why = label_problem(value)
         if why is not None:
             return f"{field}: {why}"
+    for c in classes:
+        if CLASS_MEMORY_RE.search(c) is None:
+            return (
+                f"gpus {g.gpus}: class {c!r} names no memory size: write it like {c}-80G, "
+                f"its memory in GiB at the end ({CLASS_EXAMPLES})"
+            )
     for key in g.labels:
         if not key or "=" in key:
             return f"labels: key {key!r}: not empty and without '='"

@@ -14,7 +14,7 @@ import msgspec
 
 from llmgw.wire.models import Name
 from llmgw.wire.names import model_name_problem
-from llmgw.wire.osstrings import control_at
+from llmgw.wire.osstrings import char_at, control_at
 
 # Engines that serve LoRA adapters, and how (the agent renders it). Why not the others:
 ADAPTER_ENGINES: tuple[str, ...] = ("vllm", "llamacpp", "sim")
@@ -87,11 +87,27 @@ def source_problem(path: str) -> str | None:
     """Why no engine can be given `path` as an adapter's source; None when one can.
 
     The path rule of wire.osstrings: with a NUL every new replica of the base failed to
-    start.
+    start. No `..` part, as a model's source (wire.models.launch_problem says why).
     """
-    if control_at(path) is not None:
-        return f"source {path!r} holds a control character; a path has none"
+    at = control_at(path)
+    if at is not None:
+        return f"holds a control character ({char_at(path, at)}); a path has none"
+    if ".." in path.split("/"):
+        return (
+            "has a '..' part; give an absolute path on the nodes that run the base "
+            "(or, for vLLM, a repository id)"
+        )
     return None
+
+
+def adapter_problem(spec: AdapterSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) with an adapter spec by the rules that need no base (the
+    controller's apply and `ctl apply` call this one); None when none is."""
+    wrong = names_problem(spec)
+    if wrong is not None:
+        return wrong
+    bad = source_problem(spec.source)
+    return None if bad is None else ("source", bad)
 
 
 def llamacpp_path_problem(path: str) -> str | None:

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from llmgw.wire.logs import LogAnswer, LogAsk
 from llmgw.wire.policy import SpecPolicy
 
 # Constraints the published schema carries (the controller's /openapi.json); the
@@ -116,6 +117,8 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     # --host-memory-mib on a fake node): what level-1 sleeps may fill with weights.
     # None: an agent that does not say (no level-1 sleep is planned there).
     host_memory_mib: MiB | None = None
+    # Answers to the log asks of the controller's last reply (wire/logs.py).
+    log_answers: tuple[LogAnswer, ...] = ()
 
 
 # An environment variable's name, as a shell and execve take it.
@@ -199,3 +202,6 @@ class HeartbeatReply(msgspec.Struct, frozen=True, kw_only=True):
     shards: tuple[ShardSpec, ...]
     # Seconds until the controller expects the next heartbeat.
     interval_s: float = 2.0
+    # Engine logs an operator asked for (wire/logs.py): answered by the next heartbeat,
+    # sent at once. Repeated in every reply until answered or given up.
+    log_asks: tuple[LogAsk, ...] = ()

@@ -15,7 +15,14 @@ from llmgw.wire.names import (
     label_problem,
     model_name_problem,
 )
-from llmgw.wire.osstrings import char_at, control_at, nul_at
+from llmgw.wire.osstrings import (
+    MAX_LAUNCH_BYTES,
+    MAX_STRING_BYTES,
+    char_at,
+    control_at,
+    nul_at,
+    os_bytes,
+)
 
 # The documented sets live in wire.names; these names stay for their importers. A spec
 # is decoded with the stored set (the stored fleet is read with this type) and its names
@@ -200,6 +207,10 @@ _NO_CONTROL = "a path has none"
 _FLAG_LIKE = (
     "begins with '-', which an engine would read as a flag; write a relative path as ./-name"
 )
+# A `..` part is never in a hub repository id (the hub refuses one), and an absolute path
+# says where without it: one was a path relative to wherever the agent was started.
+_DOT_DOT = "has a '..' part; give a repository id (org/name) or an absolute path on the nodes"
+_ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
 
 def launch_problem(spec: ModelSpec) -> tuple[str, str] | None:
@@ -207,11 +218,13 @@ def launch_problem(spec: ModelSpec) -> tuple[str, str] | None:
     when nothing is.
 
     What the agent puts in the engine's command line and environment may hold no NUL,
-    and a path no control character (wire.osstrings says why); a variable's name no `=`
-    either, which the OS reads as the end of the name, and is not empty; the source does
-    not begin with '-' (an engine's flag). Routers open the path of `routing.tokenizer`;
-    served names are already in the name set. Checked where a spec comes in, as
-    `routing_problem`. The refusal says where the character is rather than
+    and a path no control character (wire.osstrings says why); a variable's name is a
+    variable name (`env_from`'s rule: the OS reads `=` as the end of the name, and a
+    line end in one forged lines wherever names are listed); the source does not begin
+    with '-' (an engine's flag) nor has a `..` part; and no string, nor all of them
+    together, is larger than `execve` takes. Routers open the path of
+    `routing.tokenizer`; served names are already in the name set. Checked where a spec
+    comes in, as `routing_problem`. The refusal says where the character is rather than
     repeating the string: an argument may be megabytes.
     """
     paths = [("source", spec.source or "")]
@@ -223,20 +236,91 @@ def launch_problem(spec: ModelSpec) -> tuple[str, str] | None:
             return field, f"holds a control character ({char_at(path, at)}); {_NO_CONTROL}"
     if (spec.source or "").startswith("-"):
         return "source", _FLAG_LIKE
+    if ".." in (spec.source or "").split("/"):
+        return "source", _DOT_DOT
     for i, arg in enumerate(spec.args):
         at = nul_at(arg)
         if at is not None:
             return f"args[{i}]", f"holds a NUL ({char_at(arg, at)}); {_NO_NUL}"
-    for name, value in spec.env.items():
+    return _env_problem(spec.env) or _size_problem(spec)
+
+
+def _env_problem(env: dict[str, str]) -> tuple[str, str] | None:
+    for name, value in env.items():
         if not name:
             # The engine would get `=value` in its environment: nothing can read it by name.
             return "env", "a variable name must not be empty"
-        if nul_at(name) is not None or "=" in name:
-            return "env", f"variable name {name!r} holds a NUL or '='; {_NO_NUL}"
+        if not _ENV_NAME.fullmatch(name):
+            shown = repr(name[:64]) + ("..." if len(name) > 64 else "")
+            return "env", (
+                f"{shown} is not a variable name (letters, digits and _, not starting "
+                f"with a digit; a NUL, '=' or a line end cannot be in one)"
+            )
         at = nul_at(value)
         if at is not None:
             return f"env.{name}", f"holds a NUL ({char_at(value, at)}); {_NO_NUL}"
     return None
+
+
+def _size_problem(spec: ModelSpec) -> tuple[str, str] | None:
+    """The first argument or variable larger than `execve` takes, or all of them together
+    (wire.osstrings' sizes)."""
+    total = 0
+    sized = [(f"args[{i}]", os_bytes(a)) for i, a in enumerate(spec.args)]
+    sized += [(f"env.{n}", os_bytes(f"{n}={v}")) for n, v in spec.env.items()]
+    for field, size in sized:
+        if size > MAX_STRING_BYTES:
+            return field, (
+                f"is {size} bytes; the OS takes at most {MAX_STRING_BYTES} in one "
+                "argument or variable (read a large value from a file instead)"
+            )
+        total += size
+    if total > MAX_LAUNCH_BYTES:
+        return "args", (
+            f"args and env take {total} bytes together; at most {MAX_LAUNCH_BYTES} are "
+            "left to a spec of what the OS takes for a command line and its environment"
+        )
+    return None
+
+
+# Bounds beyond the type's, checked where a spec comes in (as `routing_problem`), so a
+# stored spec from before them stays readable. A priority is compared, not counted: a
+# billion either way orders any fleet, and beyond it a number only misleads (2**64 in
+# the endpoint list's JSON, which not every reader's integer holds). Seconds past about
+# 31 years and weights past a petabyte are mistakes (a unit, an exponent): in sums and
+# products with other figures they reached infinity, and a wait of 10**300 s was shown.
+PRIORITY_LIMIT = 1_000_000_000
+MAX_SECONDS = 1e9
+MAX_WEIGHTS_GB = 1e6
+
+
+def bounds_problem(spec: ModelSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) with a number beyond its bound; None when none is."""
+    if not -PRIORITY_LIMIT <= spec.priority <= PRIORITY_LIMIT:
+        digits = len(str(abs(spec.priority)))
+        shown = spec.priority if digits <= 20 else f"a number of {digits} digits"
+        return "priority", f"must be within -{PRIORITY_LIMIT}..{PRIORITY_LIMIT}, got {shown}"
+    for field, value in (
+        ("idle_timeout_s", spec.idle_timeout_s),
+        ("sleep_after_s", spec.sleep_after_s),
+    ):
+        if value is not None and value > MAX_SECONDS:
+            return field, f"must be at most {MAX_SECONDS:g} s (about 31 years), got {value:g}"
+    if spec.weights_gb is not None and spec.weights_gb > MAX_WEIGHTS_GB:
+        return "weights_gb", f"must be at most {MAX_WEIGHTS_GB:g}, got {spec.weights_gb:g}"
+    return None
+
+
+def spec_problem(spec: ModelSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) with a decoded spec, by every rule checked where a spec
+    comes in (the controller's apply and `ctl apply` call this one); None when none is."""
+    return (
+        names_problem(spec)
+        or bounds_problem(spec)
+        or sleep_problem(spec)
+        or routing_problem(spec)
+        or launch_problem(spec)
+    )
 
 
 def sleep_problem(spec: ModelSpec) -> tuple[str, str] | None:

@@ -60,6 +60,15 @@ _LABEL = re.compile(LABEL_PATTERN)
 _MODEL_NAME = re.compile(MODEL_NAME_PATTERN)
 
 
+def shown_name(value: object) -> str:
+    """`value` for a refusal: its repr, cut past 200 characters (a name holds 128 at
+    most). A 10 KB name was repeated whole in the answer and in the log line of every
+    refusal."""
+    if isinstance(value, str) and len(value) > 200:
+        return repr(value[:128])[:-1] + f"...' ({len(value)} characters)"
+    return repr(value)
+
+
 def address_problem(value: str) -> str | None:
     """Why `value` is not a node address routers can put in a URL; None when it is."""
     try:
@@ -71,18 +80,18 @@ def address_problem(value: str) -> str | None:
         return None
     if _HOST.fullmatch(value):
         return None
-    return f"{value!r} is not a valid address: {ADDRESS_RULE}"
+    return f"{shown_name(value)} is not a valid address: {ADDRESS_RULE}"
 
 
 def label_problem(value: object) -> str | None:
     """Why `value` is not a valid node name, fabric or GPU class; None when it is."""
     if isinstance(value, str) and _LABEL.fullmatch(value):
         return None
-    return f"{value!r} is not a valid name: {LABEL_RULE}"
+    return f"{shown_name(value)} is not a valid name: {LABEL_RULE}"
 
 
 def model_name_problem(value: object) -> str | None:
     """Why `value` is not a valid model name, alias or adapter name; None when it is."""
     if isinstance(value, str) and _MODEL_NAME.fullmatch(value):
         return None
-    return f"{value!r} is not a valid name: {MODEL_NAME_RULE}"
+    return f"{shown_name(value)} is not a valid name: {MODEL_NAME_RULE}"

@@ -43,20 +43,36 @@ DENIED_ENV: tuple[str, ...] = (
     "VLLM_API_KEY",
 )
 # Flags that run a model repository's own code, or override what the agent renders
-# (llama-server's --api-key-file adds keys beside the agent's).
+# (llama-server's --api-key-file adds keys beside the agent's). The served names
+# (`--served-model-name`, llama-server's `--alias` and its `-a`): the router sends each
+# request's model as the controller named it, and an engine serving other names
+# answered every one 404. The adapters' flags: vLLM keeps the last `--lora-modules`, so
+# a spec's own dropped every adapter applied with `adapter_of`, which the agent still
+# reported as served; llama-server's `--lora`/`--lora-scaled` files were added after the
+# agent's, with no name a request could select them by.
 DENIED_FLAGS: tuple[str, ...] = (
+    "--alias",
     "--api-key",
     "--api-key-file",
     "--host",
     "--kv-events-config",
+    "--lora",
+    "--lora-modules",
+    "--lora-scaled",
     "--port",
+    "--served-model-name",
     "--trust-remote-code",
+    "-a",
 )
 
 
 def normalize_flag(arg: str) -> str | None:
     """`--trust_remote_code=true` → `--trust-remote-code`, `--kv-events-config.endpoint` →
-    `--kv-events-config`; None for what is not a long flag."""
+    `--kv-events-config`; a short flag (`-a`) as it is; None for what is no flag."""
+    if len(arg) == 2 and arg[0] == "-" and arg[1] != "-":
+        # Only as a whole argument: `-aX` is one flag with its value to argparse, but
+        # a value (`-0.5`) or another flag to llama-server; none of ours is argparse's.
+        return arg
     if not arg.startswith("--") or len(arg) <= 2:
         return None
     return "--" + arg[2:].partition("=")[0].partition(".")[0].replace("_", "-")
@@ -88,7 +104,10 @@ class SpecPolicy(msgspec.Struct, frozen=True, kw_only=True):
             return None
         allowed = {normalize_flag(f) for f in self.allow_flags}
         for denied in self.denied_flags:
-            if denied.startswith(flag) and normalize_flag(denied) not in allowed:
+            # A short flag is no long one's abbreviation: `-a` is not `--alias`'s.
+            short = not flag.startswith("--") or not denied.startswith("--")
+            matches = denied == flag if short else denied.startswith(flag)
+            if matches and normalize_flag(denied) not in allowed:
                 return denied
         return None
 

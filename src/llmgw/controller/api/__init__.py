@@ -6,6 +6,7 @@ Layout:
     auth.py       which token may call which route
     http.py       controller refusals → (status, error type)
     keys.py       the /admin/keys routes (client keys)
+    logs.py       a replica's engine log, asked of its node's agent (../logasks.py)
     pages.py      lists in pages (/admin/keys, /admin/models): cursor in, next link out
     usage.py      routers' usage reports in (POST /v1/usage), token usage out
                   (GET /admin/usage)
@@ -16,5 +17,6 @@ Layout:
     status.py     the status page: its files and its one data route
     metrics.py    the controller's Prometheus metrics (GET /metrics)
     fleetview.py  one consistent picture of the fleet for /metrics and the status page
-    openapi.py    the OpenAPI document (/openapi.json)
+    openapi.py    the OpenAPI document (/openapi.json); schemarules.py, the edge's
+                  bounds written into its generated schemas
 """

@@ -1,11 +1,11 @@
 """Who may call what: the admin, read-only, metrics and scoped tokens.
 
 The admin token may do anything; the read-only token may GET what READ_PATHS
-and READ_PREFIXES name; the metrics token may GET /metrics; an agent's token
-may only heartbeat (a node's token only as that node) and the router's token
-may only read endpoints and post usage. A valid token in the wrong place is 403
-(Forbidden), a missing or wrong one 401 (TokenRejected). Tokens are compared in
-constant time. A write from a web page (a browser's `Origin` or `Sec-Fetch-Site`) is
+and READ_PREFIXES name but engine logs (admin_only_get); the metrics token may GET
+/metrics; an agent's token may only heartbeat (a node's token only as that node)
+and the router's token may only read endpoints and post usage. A valid token in the
+wrong place is 403 (Forbidden), a missing or wrong one 401 (TokenRejected). Tokens
+are compared in constant time. A write from a web page (a browser's `Origin` or `Sec-Fetch-Site`) is
 403 whatever its token (`refuse_web_writes`); without a token, so is a request whose
 `Host` is not one of the controller's names (`refuse_foreign_host`: DNS rebinding).
 """
@@ -36,6 +36,19 @@ READ_PATHS = frozenset(
     }
 )
 READ_PREFIXES = ("/admin/nodes", "/admin/models", "/admin/replicas")
+# What the read token may not GET all the same: engine logs may hold prompts and what an
+# engine was given (api/logs.py); admin token only.
+ADMIN_ONLY_GETS = ("logs",)
+
+
+def admin_only_get(path: str) -> bool:
+    """True for a GET under a READ_PREFIXES the read token may not make
+    (`/admin/replicas/{id}/logs`)."""
+    parts = path.split("/")
+    # "", "admin", "replicas", ID, "logs"
+    return len(parts) == 5 and parts[1:3] == ["admin", "replicas"] and parts[4] in ADMIN_ONLY_GETS
+
+
 # What the router token may call (method, path).
 ROUTER_ROUTES = frozenset({("GET", "/v1/endpoints"), ("POST", "/v1/usage")})
 
@@ -134,7 +147,7 @@ def authorize(
         raise Forbidden(f"the metrics token may only GET /metrics, not {request.method} {path}")
     if read_token is not None and hmac.compare_digest(given, f"Bearer {read_token}".encode()):
         readable = path in READ_PATHS or path.startswith(READ_PREFIXES)
-        if request.method in ("GET", "HEAD") and readable:
+        if request.method in ("GET", "HEAD") and readable and not admin_only_get(path):
             return
         raise Forbidden(f"the read-only token may not {request.method} {path}")
     if scoped is not None and scoped_token_allows(request, given, scoped):

@@ -18,10 +18,10 @@ from aiohttp import web
 
 from llmgw.controller.api.validate import check_spec
 from llmgw.controller.errors import InvalidRequest, InvalidSpec
-from llmgw.wire.adapters import AdapterSpec, is_adapter
-from llmgw.wire.adapters import names_problem as adapter_names_problem
+from llmgw.wire.adapters import AdapterSpec, adapter_problem, is_adapter
 from llmgw.wire.admin import DrainRequest
 from llmgw.wire.models import ModelSpec, env_from_problem
+from llmgw.wire.names import MODEL_NAME_RULE, STORED_MODEL_NAME_PATTERN, shown_name
 
 T = TypeVar("T")
 
@@ -124,7 +124,7 @@ def decode_specs(body: bytes) -> list[ModelSpec | AdapterSpec]:
         try:
             spec = msgspec.convert(item, ModelSpec)
         except msgspec.ValidationError as exc:
-            msg = str(exc)
+            msg = _in_words(str(exc))
             field = validation_param(msg)
             raise InvalidSpec(
                 f"model spec {label}: {msg}; nothing was applied",
@@ -153,17 +153,27 @@ def _label(where: str, name: object) -> str:
     """How a refusal names a spec: its place in a list and its name, `models[1] ('m')`.
     A name that is not a string is left out (the refusal says what is wrong with it):
     `None` or `['m']` would read as the spec's name."""
-    shown = repr(name) if isinstance(name, str) else ""
+    shown = shown_name(name) if isinstance(name, str) else ""
     if where:
         return f"{where} ({shown})" if shown else where
     return shown or "(no name)"
+
+
+_NAME_REGEX = f"Expected `str` matching regex {STORED_MODEL_NAME_PATTERN!r}"
+
+
+def _in_words(message: str) -> str:
+    """msgspec's refusal of a name, with the rule in words rather than its regex (as
+    `ctl apply` says it): `Expected `str` matching regex '^(?!.*/scale$)…'` told an
+    operator who typed a Cyrillic `о` nothing."""
+    return message.replace(_NAME_REGEX, f"not a valid name: {MODEL_NAME_RULE}")
 
 
 def _decode_adapter(item: Any, label: str, i: int, *, single: bool) -> AdapterSpec:
     try:
         spec = msgspec.convert(item, AdapterSpec)
     except msgspec.ValidationError as exc:
-        msg = str(exc)
+        msg = _in_words(str(exc))
         if msg.startswith("adapter_of must"):
             field: str | None = "adapter_of"
         elif "Object contains unknown field" in msg:
@@ -176,7 +186,7 @@ def _decode_adapter(item: Any, label: str, i: int, *, single: bool) -> AdapterSp
             f"adapter spec {label}: {msg}; nothing was applied",
             param=_param(field, i, single=single),
         ) from exc
-    wrong = adapter_names_problem(spec)
+    wrong = adapter_problem(spec)
     if wrong is not None:
         field, why = wrong
         raise InvalidSpec(

@@ -9,6 +9,7 @@ database) is expected to pass, and the caller should come back.
 from __future__ import annotations
 
 from llmgw.controller.errors import (
+    AgentSilent,
     Busy,
     Conflict,
     ControllerRefusal,
@@ -31,6 +32,7 @@ STATUS: dict[type[ControllerRefusal], tuple[int, str]] = {
     Conflict: (409, "conflict_error"),
     NotLeading: (503, "not_leader"),
     Busy: (503, "server_error"),
+    AgentSilent: (504, "server_error"),
     StoreUnavailable: (503, "server_error"),
 }
 

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from llmgw.controller.api.fleetview import fleet_view
 from llmgw.controller.api.services import Services
 from llmgw.runtime.procmetrics import register_process_metrics
+from llmgw.runtime.tracing import SpanLosses, SpansDropped
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 NODE_STATES = ("ready", "cordoned", "draining", "unreachable")
@@ -186,6 +187,12 @@ class ControllerMetrics:
             self.registry.register(c)
         register_process_metrics(self.registry)
         self.registry.register(_Fleet(services))
+
+        def losses() -> SpanLosses | None:
+            spans = services.fleet.spans
+            return None if spans is None else spans.losses
+
+        self.registry.register(SpansDropped("controller", losses))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,6 +15,7 @@ import msgspec
 
 from llmgw import __version__
 from llmgw.controller.api.pages import KEY_NAMES, MODEL_NAMES, NameSet
+from llmgw.controller.api.schemarules import edge_rules
 from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.admin import (
     DEFAULT_PAGE_LIMIT,
@@ -34,12 +35,12 @@ from llmgw.wire.endpoints import EndpointList
 from llmgw.wire.errors import ErrorBody
 from llmgw.wire.keys import KeyCreate, KeyCreated, KeyRevoked, KeyView
 from llmgw.wire.leases import LeaseAnswer
+from llmgw.wire.logs import DEFAULT_TAIL_LINES, MAX_RANK, MAX_TAIL_LINES, ReplicaLogs
 from llmgw.wire.models import NAME_PATTERN, ModelSpec, ScaleRequest
-from llmgw.wire.names import LABEL_PATTERN, MODEL_NAME_PATTERN
+from llmgw.wire.names import LABEL_PATTERN
 from llmgw.wire.usage import (
     DEFAULT_SINCE_S,
     DEFAULT_USAGE_LIMIT,
-    MAX_COUNT,
     MAX_SINCE_S,
     MAX_USAGE_LIMIT,
     UsageAnswer,
@@ -62,6 +63,7 @@ _TYPES: tuple[Any, ...] = (
     DrainRequest,
     WeightRequest,
     EngineKey,
+    ReplicaLogs,
     KeyCreate,
     KeyCreated,
     KeyView,
@@ -99,6 +101,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         413: "the body is over the 16 MiB limit",
         422: "the body breaks a rule of its type (param is the field path)",
         503: "not_leader (a standby), the store refused the write, or too many long-polls",
+        504: "the node's agent did not answer in time (logs)",
     }
     return {str(c): {"description": words[c], **_json(_ref("ErrorBody"))} for c in codes}
 
@@ -177,37 +180,6 @@ def _paged(summary: str, item: str, names: NameSet) -> dict[str, Any]:
     return op
 
 
-def _edge_rules(components: dict[str, Any]) -> None:
-    """Bounds api/validate.py checks (with a field path naming the key) that the wire
-    types leave out, written into their schemas so the document says what is refused."""
-    usage = components["UsageReport"]["properties"]
-    for field in ("inflight", "demand"):
-        usage[field]["additionalProperties"].update(minimum=0, maximum=MAX_COUNT)
-    load = components["ModelLoad"]["properties"]
-    for prop in load.values():
-        prop["minimum"] = 0
-    # api/validate.py: the counts are bounded as a report's other counts.
-    for field in ("inflight", "held", "requests"):
-        load[field]["maximum"] = MAX_COUNT
-    # fleet.commands.set_weight: a capacity weight and its measurement are positive.
-    weight = components["WeightRequest"]["properties"]
-    weight["weight"]["exclusiveMinimum"] = 0
-    weight["capacity_tok_s"]["anyOf"][0]["exclusiveMinimum"] = 0
-    # The name sets (wire.names), checked at the edge rather than by the stored types.
-    hb = components["Heartbeat"]["properties"]
-    hb["node"]["pattern"] = LABEL_PATTERN
-    hb["fabrics"]["items"]["pattern"] = LABEL_PATTERN
-    components["GPU"]["properties"]["gpu_class"]["pattern"] = LABEL_PATTERN
-    components["ModelSpec"]["properties"]["gpu_classes"]["items"]["pattern"] = LABEL_PATTERN
-    spec = components["ModelSpec"]["properties"]
-    spec["name"]["pattern"] = spec["aliases"]["items"]["pattern"] = MODEL_NAME_PATTERN
-    adapter = components["AdapterSpec"]["properties"]
-    adapter["name"]["pattern"] = adapter["adapter_of"]["pattern"] = MODEL_NAME_PATTERN
-    # KeyLimits.__post_init__: a model named twice is refused.
-    for name in ("KeyCreate", "KeyCreated", "KeyView"):
-        components[name]["properties"]["models"]["uniqueItems"] = True
-
-
 @functools.cache
 def query_names(method: str, template: str) -> frozenset[str] | None:
     """The query parameters this document lists for `method` on the route `template`
@@ -254,7 +226,7 @@ def _templates() -> tuple[tuple[re.Pattern[str], str], ...]:
 @functools.cache
 def document() -> bytes:
     (_, components) = msgspec.json.schema_components(_TYPES, ref_template=_REF)
-    _edge_rules(components)
+    edge_rules(components)
     node = _path("name", "node name")
     model = {
         **_path("name", "model name (may contain '/', never ends in '/scale')"),
@@ -487,6 +459,34 @@ def document() -> bytes:
                 _ok(_ref("EngineKey")),
                 errors=(400, 401, 403, 404, 409, 413, 422),
                 params=(rid,),
+            )
+        },
+        "/admin/replicas/{id}/logs": {
+            "get": _op(
+                "the last lines of a replica shard's engine log, asked of its node's agent "
+                "(docs/controller.md#replica-logs); admin token only, never the read-only "
+                "one; 404 also when the node no longer keeps the log, 503 when the node "
+                "is unreachable, 504 when its agent does not answer",
+                _ok(_ref("ReplicaLogs")),
+                errors=(400, 401, 403, 404, 409, 503, 504),
+                params=(
+                    rid,
+                    _query(
+                        "tail",
+                        {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_TAIL_LINES,
+                            "default": DEFAULT_TAIL_LINES,
+                        },
+                        "how many lines, the newest",
+                    ),
+                    _query(
+                        "rank",
+                        {"type": "integer", "minimum": 0, "maximum": MAX_RANK, "default": 0},
+                        "which shard of a multi-node replica",
+                    ),
+                ),
             )
         },
         "/admin/keys": {

@@ -164,7 +164,11 @@ async def heartbeat(request: web.Request) -> web.Response:
         raise InvalidRequest(
             f"heartbeat for {hb.node!r} posted to the URL of {node!r}", param="node"
         )
-    return json_response(await s.fleet.heartbeat(hb))
+    reply = await s.fleet.heartbeat(hb)
+    # Only once the heartbeat is accepted: a claimant of another's name answers nothing.
+    s.log_asks.answered(node, hb.log_answers)
+    asks = s.log_asks.pending(node)
+    return json_response(msgspec.structs.replace(reply, log_asks=asks) if asks else reply)
 
 
 async def endpoints(request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ from llmgw.controller.fleet.records import Event, FleetState, Model, Node, Opera
 from llmgw.controller.idle import IdleFor, IdleTracker
 from llmgw.controller.leaderlink import LeaderLink
 from llmgw.controller.leasebook import LeaseBook
+from llmgw.controller.logasks import LogAsks
 from llmgw.controller.store import StoreError
 from llmgw.runtime.clock import Clock
 from llmgw.wire.adapters import AdapterSpec
@@ -39,6 +40,8 @@ class Services:
         self.clock = clock
         # Each router's share of each limited key (leasebook.py), answered to its reports.
         self.leases = LeaseBook(clock=clock)
+        # Engine logs asked of agents, answered through their heartbeats (logasks.py).
+        self.log_asks = LogAsks()
         # A standby's relay of usage reports to the leader (leaderlink.py).
         self.link = LeaderLink(fleet.store, own_url=config.advertise_url, clock=clock)
 

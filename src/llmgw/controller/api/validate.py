@@ -21,13 +21,7 @@ from collections.abc import Mapping
 
 from llmgw.controller.errors import InvalidSpec
 from llmgw.wire.agent import Heartbeat
-from llmgw.wire.models import (
-    ModelSpec,
-    launch_problem,
-    names_problem,
-    routing_problem,
-    sleep_problem,
-)
+from llmgw.wire.models import ModelSpec, spec_problem
 from llmgw.wire.names import address_problem, label_problem
 from llmgw.wire.osstrings import control_at
 from llmgw.wire.usage import MAX_COUNT, UsageReport
@@ -167,6 +161,4 @@ def check_spec(spec: ModelSpec) -> tuple[str, str] | None:
     for cls in spec.gpu_classes:
         if not cls.strip():
             return "gpu_classes", "a GPU class must not be empty"
-    return (
-        names_problem(spec) or sleep_problem(spec) or routing_problem(spec) or launch_problem(spec)
-    )
+    return spec_problem(spec)

@@ -88,7 +88,8 @@ def check_adapters(
                 f"{label}: adapter_of: {base!r}: {why}; nothing was applied",
                 param=f"[{i}].adapter_of",
             )
-        bad_path = source_problem(a.source) or (
+        bad_source = source_problem(a.source)
+        bad_path = (f"source {bad_source}" if bad_source else None) or (
             llamacpp_path_problem(a.source) if spec.engine == "llamacpp" else None
         )
         if bad_path is not None:

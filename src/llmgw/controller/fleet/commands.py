@@ -18,6 +18,7 @@ from llmgw.controller.errors import Conflict, DoesNotExist, InvalidRequest, Inva
 from llmgw.controller.fleet.adapters import check_adapters, delete_adapter, put_adapters
 from llmgw.controller.fleet.batch import LIVE, RUNS, Batch
 from llmgw.controller.fleet.index import FleetIndex
+from llmgw.controller.fleet.namecase import check_case
 from llmgw.controller.fleet.records import FleetState, Model, Node, OperatorState, Replica
 from llmgw.wire.adapters import AdapterSpec
 from llmgw.wire.agent import env_sources
@@ -217,6 +218,7 @@ def apply_models(
                     param="aliases" if n != seen[n] else "name",
                 )
     check_adapters(state, adapters, {s.name: s for s in specs}, seen)
+    check_case(state, entries)
     batch = Batch(state, now)
     for spec in specs:
         if spec.name in state.retired:

@@ -94,6 +94,8 @@ class ActionSpans:
 
     def __init__(self, settings: TracingSettings) -> None:
         self._export = SpanExport(settings, scope="llmgw.controller")
+        # What export lost, for /metrics (api/metrics.py).
+        self.losses = self._export.losses
         # Only reached with the SDK installed (SpanExport checked).
         from opentelemetry.trace import SpanKind
 

@@ -146,6 +146,8 @@ ROUTES: Final[dict[str, Api]] = {
     "/detokenize": DETOKENIZE,
     "/v1/rerank": RERANK,
     "/rerank": RERANK,
+    # vLLM's Cohere-compatible path (the cohere package's v2 client calls it).
+    "/v2/rerank": RERANK,
     "/v1/score": SCORE,
     "/score": SCORE,
     "/v1/audio/transcriptions": TRANSCRIBE,
@@ -164,6 +166,10 @@ def anthropic_path(path: str) -> bool:
     404 for a path the router does not serve (a trailing slash, batches)."""
     return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
 
+
+# The multipart upload routes: their bodies may be up to max_upload_bytes, not
+# max_body_bytes (the server's `upload_paths`).
+UPLOAD_PATHS: Final = frozenset(path for path, api in ROUTES.items() if api.form)
 
 # Path → the error body of what the router's server answers there before any handler
 # (a head it cannot take, 400; a late head, 408): Anthropic's on the Messages paths,

@@ -24,7 +24,8 @@ behind the sim-engine) and where they could differ it is refused (FormError,
   first would route by one and serve the other), a part with two
   Content-Dispositions or two names, an extended `name*`, a name with a
   backslash (unescaped differently by each parser), and a read field's value
-  that is not UTF-8 or is transfer-encoded, are refused.
+  that is not UTF-8, is transfer-encoded or is sent as a file (a `filename`,
+  even an empty one, which the parsers do not all read alike), are refused.
 """
 
 from __future__ import annotations
@@ -80,13 +81,16 @@ def _params(value: bytes, what: str) -> list[tuple[bytes, bytes]]:
 
 class _Part:
     """What the router reads of one part's headers: its name, and whether its value is
-    sent transfer-encoded."""
+    sent transfer-encoded or as a file."""
 
-    __slots__ = ("encoded", "name")
+    __slots__ = ("encoded", "file", "name")
 
     def __init__(self, head: bytes) -> None:
         self.name: str | None = None
         self.encoded = False
+        # A filename (even an empty one): python-multipart and Starlette read the part
+        # as a file, aiohttp as a file only when the name is not empty.
+        self.file = False
         dispositions = 0
         for line in head.split(b"\r\n"):
             key, _, value = line.partition(b":")
@@ -97,11 +101,12 @@ class _Part:
                 dispositions += 1
                 if dispositions > 1:
                     raise FormError("a part of the multipart form has two Content-Dispositions")
-                self.name = _name(value)
+                params = _params(value, "a part's Content-Disposition")
+                self.name = _name(params)
+                self.file = any(k in (b"filename", b"filename*") for k, _ in params)
 
 
-def _name(disposition: bytes) -> str | None:
-    params = _params(disposition, "a part's Content-Disposition")
+def _name(params: list[tuple[bytes, bytes]]) -> str | None:
     names = [v for k, v in params if k == b"name"]
     if any(k == b"name*" for k, _ in params):
         raise FormError("a part of the multipart form is named by name*, which is not supported")
@@ -154,6 +159,10 @@ def text_fields(body: bytes, content_type: str, names: Collection[str]) -> dict[
         if name is not None and name in names:
             if name in out:
                 raise FormError(f"the multipart form has more than one `{name}` field")
+            if part.file:
+                # The engine reads a file, not this text: routed by one model and
+                # served another (its default), or refused there after admission.
+                raise FormError(f"the `{name}` field of the multipart form is a file")
             if part.encoded:
                 raise FormError(f"the `{name}` field of the multipart form is encoded")
             try:

@@ -44,6 +44,7 @@ from llmgw.router.request.intake import refused as logged_refusal
 from llmgw.router.request.proxy import Proxy
 from llmgw.router.request.refusals import bad_request, unauthorized
 from llmgw.router.request.tenants import Charge, Tenant
+from llmgw.router.request.usagebound import completion_bound_of
 from llmgw.router.routing.affinity import NO_KEY, RouteKey
 from llmgw.wire.formbool import form_bool
 
@@ -161,6 +162,7 @@ class PassThrough:
             charge=charge,
             tenant=tenant,
             engine_priority=enginepriority.of(tenant, doc) if api.priority else None,
+            completion_most=completion_bound_of(doc),
         )
 
     def _key(

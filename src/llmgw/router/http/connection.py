@@ -15,7 +15,7 @@ import contextlib
 import logging
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Final, cast
 from urllib.parse import unquote, urlsplit
 
@@ -37,7 +37,7 @@ def _settle(fut: asyncio.Future[None]) -> None:
 
 
 class BodyTooLarge(Exception):
-    """The request body is larger than the server's `max_body_bytes`."""
+    """The request body is larger than its path takes (`Request.body_limit`)."""
 
 
 class BodyBroken(Exception):
@@ -45,11 +45,7 @@ class BodyBroken(Exception):
 
 
 class Request:
-    """What a handler sees of one request: method, path, headers, the body.
-
-    `headers` is a case-insensitive multidict (multidict's); `read()` waits for
-    the whole body.
-    """
+    """One request as a handler sees it: method, path, headers (case-insensitive), body."""
 
     __slots__ = (
         "_chunks",
@@ -112,11 +108,8 @@ class Request:
         self._more: asyncio.Future[None] | None = None
 
     async def wait_more(self, *, timeout_s: float) -> None:
-        """Wait for more of the body (or its end, or a failure), at most `timeout_s`.
-
-        For a reader that counts a body as it arrives (the router's intake: a budget
-        charged by bytes in, a minimum rate) instead of waiting for all of it.
-        """
+        """Wait for more of the body (or its end, or a failure), at most `timeout_s`: for
+        a reader that counts a body as it arrives (the intake's budget and minimum rate)."""
         if self.complete or self.too_large or self._error is not None:
             return
         self._conn.resume_for(self)
@@ -133,6 +126,13 @@ class Request:
         """The largest body the server takes, as it was started (a restart-only setting:
         the limit of a reloaded file would refuse declared bodies the server admits)."""
         return self._conn.server.max_body_bytes
+
+    def body_limit(self) -> int:
+        """`max_body_bytes`, or `max_upload_bytes` on an upload path (asked past the first)."""
+        server = self._conn.server
+        if self.path in server.upload_paths:
+            return server.max_upload_bytes
+        return server.max_body_bytes
 
     @property
     def header_timeout_s(self) -> float:
@@ -158,7 +158,7 @@ class Request:
         if self._error is not None:
             raise BodyBroken(str(self._error))
         if self.too_large:
-            limit = self._conn.server.max_body_bytes
+            limit = self.body_limit()
             raise BodyTooLarge(f"{self.size} bytes and more; at most {limit}")
         chunks = self._chunks
         if len(chunks) == 1:
@@ -177,7 +177,7 @@ class Request:
         if self.too_large:
             return
         self.size += len(data)
-        if self.size > self._conn.server.max_body_bytes:
+        if self.size > self._conn.server.max_body_bytes and self.size > self.body_limit():
             self.too_large = True
             self._chunks.clear()
             self._wake()
@@ -255,15 +255,19 @@ class Listener:
         *,
         max_body_bytes: int,
         errors: Mapping[str, ErrorBody] | None = None,
+        upload_paths: Collection[str] = (),
+        max_upload_bytes: int | None = None,
     ) -> None:
         self.edge = edge
         self.dispatch = dispatch
         self.max_body_bytes = max_body_bytes
+        # Upload paths take up to max_upload_bytes: a JSON limit raised for audio files
+        # would let every JSON route take (and decode) bodies that large.
+        self.upload_paths = frozenset(upload_paths)
+        self.max_upload_bytes = max(max_body_bytes, max_upload_bytes or 0)
         self.conns: set[Connection] = set()
-        # Path → the error body of the API served there, where it is not the edge's
-        # (the router's: Anthropic's on the Messages paths). What the server answers
-        # itself on such a path (a head it cannot take, a late head, a handler that
-        # failed) is in that shape too: a client reads its API's errors only.
+        # Path → its API's error body where not the edge's (Anthropic's on the Messages
+        # paths), also for what the server answers itself there (a bad or late head).
         self.errors: dict[str, ErrorBody] = dict(errors or {})
 
     def error_for(self, path: str) -> ErrorBody:
@@ -560,11 +564,9 @@ class Connection(asyncio.Protocol):
     def _linger(self, transport: asyncio.Transport) -> None:
         """Close after an answer given before the body was all in (413, 503, 401...).
 
-        Closing with unread bytes makes the kernel reset the connection, and a
-        reset can destroy the answer before the client reads it (a client still
-        sending its body reads nothing at all). So: end our side, read and drop
-        what still comes for a while (aiohttp's lingering time), then close.
-        """
+        Closing with unread bytes makes the kernel reset the connection, which can
+        destroy the answer before the client reads it. So: end our side, read and drop
+        what still comes for a while (aiohttp's lingering time), then close."""
         if self.paused_reading:
             self.paused_reading = False
             transport.resume_reading()
@@ -594,5 +596,4 @@ class Connection(asyncio.Protocol):
         transport.close()
 
     def eof_received(self) -> bool:
-        # The client is done sending; a lingering close need not wait any longer.
-        return False
+        return False  # the client is done sending: a lingering close need not wait longer

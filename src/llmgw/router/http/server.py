@@ -21,7 +21,8 @@ same `Edge` (limits, the connection count and the canned answers):
 - keep-alive and pipelining (requests answered in order, one at a time; reading
   stops at a pipelined head until its turn, and the next answer waits until the
   last has drained), chunked request bodies, `Expect: 100-continue`, HEAD;
-- a body larger than `max_body_bytes` makes `read()` raise `BodyTooLarge` and
+- a body larger than `max_body_bytes` (`max_upload_bytes` on an upload path)
+  makes `read()` raise `BodyTooLarge` and
   a broken one `BodyBroken` (connection.py); a client that disconnects cancels
   its handler.
 
@@ -61,6 +62,9 @@ from llmgw.runtime.logs import kv
 log: Final = logging.getLogger(__name__)
 # An answer's body up to this is joined to its head and sent in one write (one syscall).
 _COALESCE_BYTES: Final = 64 * 1024
+# llhttp's reason for a Content-Length of digits only whose value passes 2**64-1 (one
+# with any other character is "Invalid character in Content-Length": a 400).
+_CL_OVERFLOW: Final = "Content-Length overflow"
 
 __all__ = [
     "Answer",
@@ -284,6 +288,10 @@ class FastProtocol(Connection):
         cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
         why = str(cause) if isinstance(cause, _HeadError) else _without_echo(str(exc))
         status = cause.status if isinstance(cause, _HeadError) else 400
+        if why == _CL_OVERFLOW:
+            # Digits only, past 2**64-1: a body larger than any limit, so the 413 any
+            # Content-Length over max_body_bytes gets, not a 400 for a malformed head.
+            why, status = f"Request body is larger than {self.server.max_body_bytes} bytes.", 413
         self.closing = True
         self._cancel_timers()
         cur = self.cur
@@ -399,7 +407,11 @@ class FastProtocol(Connection):
             # Nor one for a body declared over the limit: the handler refuses it (413)
             # unread, and a 100 had the client send it all to be read and dropped.
             declared = req.content_length
-            fits = declared is None or declared <= self.server.max_body_bytes
+            fits = (
+                declared is None
+                or declared <= self.server.max_body_bytes
+                or declared <= req.body_limit()
+            )
             if req.version == "1.1" and not req.complete and fits:
                 self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             return True

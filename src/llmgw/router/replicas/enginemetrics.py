@@ -29,6 +29,11 @@ from llmgw.router.replicas.stats import Stats
 
 # Every `engine` value an EndpointInfo may carry ("" means vLLM's names).
 ENGINES = frozenset({"", "vllm", "sglang", "llamacpp", "llama.cpp", "tgi"})
+# The largest request count or token capacity taken from a scrape (2**53, the largest
+# whole number a float holds exactly): past it (or below 0) a count fails the scrape and
+# a capacity is unknown. A count of 10**308 requests scraped whole made the load sums
+# overflow: an int too large for a float raised OverflowError in the router's scoring.
+MAX_FIGURE = 2**53
 
 # After the name: an optional label set (quotes may hold `}`, `,` or blanks),
 # blanks, the value; an optional timestamp after it is ignored. The quantifiers
@@ -82,9 +87,18 @@ def _values(found: _Found, name: bytes) -> list[float]:
 
 
 def _sum(found: _Found, name: bytes) -> float | None:
-    """Sum over every label set; None when the series is absent."""
-    vals = [v for v in _values(found, name) if not math.isnan(v)]
-    return math.fsum(vals) if vals else None
+    """Sum of the finite values over every label set; None when there is none.
+
+    `+Inf` and `-Inf` in one series, or two values near a float's bound, made
+    `math.fsum` raise ValueError or OverflowError out of the scrape loop, which then
+    scraped no endpoint again for the router's life."""
+    vals = [v for v in _values(found, name) if math.isfinite(v)]
+    if not vals:
+        return None
+    try:
+        return math.fsum(vals)
+    except OverflowError:
+        raise MetricsParseError(f"{name.decode()}: the sum is past a float's range") from None
 
 
 def _max_fraction(found: _Found, name: bytes) -> float | None:
@@ -96,13 +110,16 @@ def _max_fraction(found: _Found, name: bytes) -> float | None:
 def _count(found: _Found, name: bytes) -> int:
     """A mandatory gauge summed over label sets, as a whole number of requests."""
     total = _sum(found, name)
-    if total is None or not math.isfinite(total):
+    if total is None:
         raise MetricsParseError(f"mandatory metric {name.decode()} is missing")
+    if not 0 <= total <= MAX_FIGURE:
+        raise MetricsParseError(f"{name.decode()}: not a count of requests: {total:g}")
     return round(total)
 
 
 def _as_int(v: float | None) -> int | None:
-    return None if v is None or not math.isfinite(v) else round(v)
+    """A whole figure (a capacity in tokens); None when absent or out of range."""
+    return None if v is None or not 0 <= v <= MAX_FIGURE else round(v)
 
 
 def samples(text: bytes | str, name: str) -> list[tuple[dict[str, str], float]]:
@@ -166,8 +183,11 @@ def _vllm(found: _Found) -> Stats:
     )
 
 
+# At most nine digits: a label of thousands of digits made int() raise out of the scrape
+# loop (Python's 4,300-digit bound), and hundreds of them a capacity past any float.
 _INT_LABEL = {
-    key: re.compile(rb"[{,]" + key + rb'="([0-9]+)"') for key in (b"num_gpu_blocks", b"block_size")
+    key: re.compile(rb"[{,]" + key + rb'="([0-9]{1,9})"')
+    for key in (b"num_gpu_blocks", b"block_size")
 }
 _ENGINE_LABEL = re.compile(rb'[{,]engine="([^"]*)"')
 

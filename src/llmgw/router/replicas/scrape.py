@@ -89,6 +89,13 @@ class Scraper:
             except (UpstreamError, TimeoutError, MetricsParseError) as exc:
                 self._failed(info.id, exc)
                 return
+            except Exception as exc:
+                # A bug in reading one engine's answer: that scrape fails, with the
+                # traceback. Raised on, it ended the loop, and no endpoint was scraped
+                # again for the router's life (all of them stale).
+                log.exception(kv("scrape failed unexpectedly", endpoint=info.id))
+                self._failed(info.id, exc)
+                return
         if self._failing.pop(info.id, None) is not None:
             log.info(kv("scrape recovered", endpoint=info.id))
         if self.registry.observe(info.id, stats):

@@ -25,5 +25,6 @@ lora.py         a request for a LoRA adapter and its answer's name
 inband.py       an engine's error event inside a 200 stream
 streamend.py    whether a stream's final event has gone out
 tokens.py       token counts from the engines' usage (types: wire/answerusage.py)
+usagebound.py   what one answer's usage may count: held to what its request allows
 tracing.py      W3C trace context passed on, spans of the router's decisions
 """

@@ -14,6 +14,7 @@ from llmgw.router.metrics import DISCONNECTED, REJECTED
 from llmgw.router.request.call import Call
 from llmgw.router.request.tenants import Tenant
 from llmgw.router.request.tokens import Usage
+from llmgw.router.request.usagebound import PROMPT_FLOOR_TOKENS, bounded
 from llmgw.router.wiring import Router
 from llmgw.runtime.logs import kv
 
@@ -21,6 +22,7 @@ from llmgw.runtime.logs import kv
 # the process's log level (the setting is what turns it on and off).
 access_log: Final = logging.getLogger("llmgw.router.access")
 access_log.setLevel(logging.INFO)
+log: Final = logging.getLogger(__name__)
 
 
 def count(
@@ -72,6 +74,34 @@ def count(
                 team=None if tenant is None else tenant.team,
             )
         )
+
+
+def bound_usage(st: Router, call: Call) -> None:
+    """The call's usage held to what its request could have used (usagebound.py); what
+    was cut off counted in llmgw_router_usage_clipped_tokens_total and logged."""
+    usage = call.usage
+    if usage is None or (
+        usage.prompt <= PROMPT_FLOOR_TOKENS and usage.completion <= call.completion_most
+    ):
+        return  # the usual answer: two comparisons
+    got, cut = bounded(usage, body_bytes=len(call.body), completion_most=call.completion_most)
+    if not cut:
+        return
+    call.usage = got
+    model = st.served_name.get(call.model, call.model)
+    st.metrics.usage_clipped(model, call.eid, cut)
+    log.warning(
+        kv(
+            "usage clipped",
+            request_id=call.rid,
+            model=model,
+            endpoint=call.eid,
+            prompt=usage.prompt,
+            completion=usage.completion,
+            counted_prompt=got.prompt,
+            counted_completion=got.completion,
+        )
+    )
 
 
 def count_call(st: Router, call: Call) -> None:

@@ -43,15 +43,33 @@ class Failed:
     it) should wait as long as the engine asked, not retry blindly.
     """
 
-    __slots__ = ("body", "content_type", "retry_after", "status")
+    __slots__ = ("body", "content_type", "final", "retry_after", "status")
 
     def __init__(
-        self, status: int, body: bytes, content_type: str, retry_after: str | None = None
+        self,
+        status: int,
+        body: bytes,
+        content_type: str,
+        retry_after: str | None = None,
+        *,
+        final: bool = False,
     ) -> None:
         self.status = status
         self.body = body
         self.content_type = content_type
         self.retry_after = retry_after
+        # No client's retry can help (`x-should-retry: false`): the router's own fault.
+        self.final = final
+
+    def headers(self, rid: str, eid: str, *, final: bool) -> dict[str, str]:
+        """The relayed failure's headers, from `eid` to the request `rid`; `final`
+        (`Attempts.final`): with `x-should-retry: false`."""
+        out = {"Content-Type": self.content_type, "x-request-id": rid, "x-llmgw-endpoint": eid}
+        if self.retry_after is not None:
+            out["Retry-After"] = self.retry_after
+        if final:
+            out["x-should-retry"] = "false"
+        return out
 
 
 class Step(enum.Enum):
@@ -82,6 +100,7 @@ class Attempts:
         "held",
         "kept",
         "last_error",
+        "made",
         "mark",
         "outcome",
         "rename",
@@ -100,6 +119,8 @@ class Attempts:
         self.mark = mark
         self.also = also
         self.retries_left = retries
+        # Attempts begun (`begin`): more than one, and the router retried for the client.
+        self.made = 0
         # Replicas not to choose again; a list only once there is one.
         self.tried: Sequence[str] = ()
         self.failed: Failed | None = None
@@ -140,8 +161,22 @@ class Attempts:
             return True
         return False
 
+    def final(self) -> bool:
+        """Whether the failure kept for relaying is no client's to retry
+        (`x-should-retry: false`): the router's own fault, or the router made more than
+        one attempt already, each of the SDKs' retries (two by default) a round more."""
+        failed = self.failed
+        return (failed is not None and failed.final) or self.made > 1
+
+    def exhausted(self, model: str) -> NoReplica:
+        """The refusal once every replica of `model` was tried (`last_error` the last
+        failure): a client's retry may fare better only after a single attempt."""
+        why = f"every replica was tried ({self.last_error})"
+        return NoReplica(model, why, again=self.made < 2)
+
     def begin(self) -> None:
         """A new attempt: nothing read, no verdict yet."""
+        self.made += 1
         self.outcome = Outcome.ABANDONED
         self.up = None
         self.watch = None
@@ -197,7 +232,7 @@ def engine_refused(status: int) -> Failed:
         type="upstream_error",
         code="engine_refused_key",
     )
-    return Failed(502, body, JSON)
+    return Failed(502, body, JSON, final=True)
 
 
 def too_large(status: int) -> Failed:
@@ -349,7 +384,8 @@ async def attempt(
         st.metrics.retry(st.served_name.get(call.model, call.model), eid)
         return Step.RETRY
     if error is not None:
-        raise NoReplica(call.model, f"last attempt failed ({error})") from error
+        why = f"last attempt failed ({error})"
+        raise NoReplica(call.model, why, again=att.made < 2) from error
     return fallback
 
 

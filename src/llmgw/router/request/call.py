@@ -22,6 +22,7 @@ from llmgw.router.http.connection import Request
 from llmgw.router.metrics import UNAVAILABLE
 from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.request.tokens import Usage
+from llmgw.router.request.usagebound import DEFAULT_COMPLETION_TOKENS
 from llmgw.router.routing.affinity import NO_KEY, RouteKey
 from llmgw.router.upstream.base import HeaderLines
 
@@ -71,7 +72,8 @@ class Call:
     `tenant` (the request's key, for the access log), `max_tokens` (the request's,
     owed at its endpoint until streamed: scheduler.py; None when it set none),
     `engine_priority` (the `priority` an endpoint with priority scheduling gets,
-    enginepriority.py; None: the body as sent).
+    enginepriority.py; None: the body as sent), `completion_most` (the most
+    completion tokens its answer may count, usagebound.py).
 
     Learned: `eid` (the endpoint answering; "" before one is chosen), `status`
     (the client's; 503 until something else is known), `result` (the outcome for
@@ -85,6 +87,7 @@ class Call:
         "api",
         "body",
         "charge",
+        "completion_most",
         "eid",
         "engine_priority",
         "fwd",
@@ -124,6 +127,7 @@ class Call:
         tenant: Tenant | None = None,
         max_tokens: int | None = None,
         engine_priority: int | None = None,
+        completion_most: int = DEFAULT_COMPLETION_TOKENS,
     ) -> None:
         self.request = request
         self.rid = rid
@@ -139,6 +143,7 @@ class Call:
         self.tenant = tenant
         self.max_tokens = max_tokens
         self.engine_priority = engine_priority
+        self.completion_most = completion_most
         self.eid = ""
         self.status = 503
         self.result = UNAVAILABLE

@@ -3,7 +3,8 @@
 `read_json` turns whatever a client sends into either the body and its JSON
 object, or an OpenAI-shaped refusal, logged in one line:
 
-- larger than `max_body_bytes` (declared or as read) → 413;
+- larger than `max_body_bytes` (declared or as read; `max_upload_bytes` on the
+  multipart upload routes) → 413;
 - no room under `max_inflight_body_bytes` (every client's body bytes in, or held
   by their requests), or under its client address's share of it (`client_share`)
   → 503 with Retry-After: before a byte of it is read when its declared length
@@ -31,7 +32,7 @@ import msgspec
 from llmgw.router.config import RouterConfig
 from llmgw.router.http.answers import Whole
 from llmgw.router.http.connection import BodyBroken, BodyTooLarge, Request
-from llmgw.router.request.refusals import bad_request, error_response, too_large
+from llmgw.router.request.refusals import bad_request, error_response, retry_after, too_large
 from llmgw.runtime.logs import kv
 from llmgw.runtime.peers import Peer
 
@@ -135,7 +136,7 @@ def _busy(budget: ByteBudget, peer: Peer | None) -> Whole:
     else:
         msg = "The router is reading too many request bodies at once; retry shortly."
     return error_response(
-        503, msg, type="service_unavailable", code="server_busy", headers={"Retry-After": "1"}
+        503, msg, type="service_unavailable", code="server_busy", headers=retry_after(1)
     )
 
 
@@ -186,8 +187,9 @@ async def _charged_body(
     # takes effect only on a restart.
     limit = request.max_body_bytes
     declared = request.content_length
-    if declared is not None and declared > limit:
-        return refused(_closing(too_large(limit)), rid, f"declared {declared} bytes", request)
+    if declared is not None and declared > limit and declared > request.body_limit():
+        resp = too_large(request.body_limit())
+        return refused(_closing(resp), rid, f"declared {declared} bytes", request)
     peer = request.peer
     try:
         if request.complete:
@@ -206,7 +208,8 @@ async def _charged_body(
         resp = _slow(cfg, f"The request body did not arrive within {cfg.body_timeout_s:g}s.")
         return refused(_closing(resp), rid, "body too slow", request)
     except BodyTooLarge:
-        return refused(_closing(too_large(limit)), rid, "body too large", request)
+        resp = too_large(request.body_limit())
+        return refused(_closing(resp), rid, "body too large", request)
     except BodyBroken as exc:
         resp = bad_request(f"The request body is malformed: {exc}.")
         return refused(_closing(resp), rid, "bad body framing", request)

@@ -26,11 +26,14 @@ from llmgw.router.request.refusals import (
     bad_request,
     error_response,
     model_not_found,
+    quoted_name,
     unauthorized,
 )
 from llmgw.router.wiring import Router
 
 MODEL_PREFIX = "/v1/models/"
+# A stored response's routes (retrieve, delete, cancel, input_items): never routed.
+RESPONSES_PREFIX = "/v1/responses/"
 
 
 def serves_get(path: str) -> bool:
@@ -103,7 +106,8 @@ class Listing:
         t0 = self.state.clock.monotonic()
         rid = request_id(request.headers.get("x-request-id"))
         post = path in POST_PATHS or path in API_ROUTES
-        allowed = "POST" if post else "GET" if serves_get(path) else ""
+        # HEAD as well as GET: the server answers HEAD on every GET route.
+        allowed = "POST" if post else "GET, HEAD" if serves_get(path) else ""
         if anthropic_path(path):
             # Anthropic's clients read errors in their API's shape (anthropic.py).
             if post:
@@ -113,10 +117,12 @@ class Listing:
             else:
                 body = anthropic.error_body(404, f"Invalid URL ({method} {path}).")
                 resp = whole(404, body, content_type=JSON)
+        elif stored := _stored_id(path):
+            resp = _not_stored(stored)
         elif allowed:
             resp = error_response(
                 405,
-                f"Method {method} is not allowed on {path}; use {allowed}.",
+                f"Method {method} is not allowed on {path}; use {allowed.partition(',')[0]}.",
                 type="invalid_request_error",
                 code="method_not_allowed",
                 headers={"Allow": allowed},
@@ -134,3 +140,27 @@ class Listing:
 
 def _model_object(model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": 0, "owned_by": "llmgw"}
+
+
+def _stored_id(path: str) -> str:
+    """The response id a stored response's route names (`/v1/responses/{id}`, and its
+    `/cancel`, `/input_items`), or "" when `path` is none of them."""
+    if not path.startswith(RESPONSES_PREFIX):
+        return ""
+    return path[len(RESPONSES_PREFIX) :].partition("/")[0]
+
+
+def _not_stored(response_id: str) -> Whole:
+    """The 404 of a stored response's route (retrieve, delete, cancel, its input
+    items): the router keeps none and routes none there, since a stored response lives
+    in one replica's memory (apis/passthrough.py). It says so, rather than "Invalid
+    URL", which sends a client looking for a wrong base URL."""
+    return error_response(
+        404,
+        f"Response with id {quoted_name(response_id)!r} not found: this gateway keeps no "
+        "stored responses (each would live in one replica's memory, which a restart or a "
+        "move loses), so none can be retrieved, deleted or cancelled. Send a "
+        "conversation's earlier turns in `input` instead.",
+        type="invalid_request_error",
+        code="response_not_found",
+    )

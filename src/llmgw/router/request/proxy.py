@@ -40,7 +40,7 @@ from llmgw.router.metrics import DISCONNECTED, ENGINE_ERROR, OK, REJECTED, UNAVA
 from llmgw.router.replicas.breaker import Outcome, classify_status
 from llmgw.router.replicas.registry import Release, Snapshot
 from llmgw.router.request import enginepriority
-from llmgw.router.request.accounting import count, count_call, refused, tag
+from llmgw.router.request.accounting import bound_usage, count, count_call, refused, tag
 from llmgw.router.request.admission import admit, unknown_model
 from llmgw.router.request.attempts import Attempts, Step, attempt
 from llmgw.router.request.call import Call, request_id
@@ -60,6 +60,7 @@ from llmgw.router.request.tenants import Charge, Tenant
 from llmgw.router.request.tokens import Usage, usage_of
 from llmgw.router.request.tracing import TRACEPARENT, Tracing, as_came
 from llmgw.router.request.unbuffered import relay_rest
+from llmgw.router.request.usagebound import completion_bound
 from llmgw.router.request.waits import (
     CRITICAL,
     home_of,
@@ -102,7 +103,7 @@ class Proxy:
         self.budget = ByteBudget(
             cfg.max_inflight_body_bytes,
             each=share_of(
-                cfg.max_inflight_body_bytes, cfg.client_share, at_least=cfg.max_body_bytes
+                cfg.max_inflight_body_bytes, cfg.client_share, at_least=cfg.upload_limit()
             ),
         )
         # Endpoint → content type → the answer's header lines but x-request-id
@@ -189,6 +190,7 @@ class Proxy:
             charge=charge,
             tenant=tenant,
             max_tokens=limit if type(limit) is int else None,
+            completion_most=completion_bound(limit, doc.get("n")),
             engine_priority=enginepriority.of(tenant, doc),
         )
 
@@ -357,7 +359,7 @@ class Proxy:
         request holds the half-open probe)."""
         st = self.state
         if att.last_error:
-            raise NoReplica(call.model, f"every replica was tried ({att.last_error})")
+            raise att.exhausted(call.model)
         held_from = st.clock.monotonic()
         got = await wait_for_replica(
             st,
@@ -458,6 +460,7 @@ class Proxy:
         if tally is not None:
             # A stream cut by a disconnect still had its first token and its usage.
             call.ttft, call.usage = tally.ttft, tally.usage.usage
+        bound_usage(st, call)  # before it is charged or counted
         charge = call.charge
         if charge is not None:
             if not call.eid:
@@ -486,14 +489,8 @@ class Proxy:
         assert failed is not None
         call.status = failed.status
         call.result = ENGINE_ERROR
-        headers = {
-            "Content-Type": failed.content_type,
-            "x-request-id": call.rid,
-            "x-llmgw-endpoint": call.eid,
-        }
-        if failed.retry_after is not None:
-            headers["Retry-After"] = failed.retry_after
-        resp = whole(failed.status, failed.body, headers)
+        head = failed.headers(call.rid, call.eid, final=att.final())
+        resp = whole(failed.status, failed.body, head)
         if att.kept:
             resp.hold = Hold(self.state.answers, att.kept)
             att.kept = 0

@@ -80,15 +80,18 @@ def too_large(limit: int) -> Whole:
     )
 
 
-def retry_after(seconds: int) -> dict[str, str]:
-    """Retry-After, and past SDK_RETRY_MAX_S `x-should-retry: false`: the openai and
-    anthropic packages retry a 429 or 503 twice on their own, and the anthropic one
-    sleeps whatever Retry-After says first, so minutes there would hold a call for
-    minutes before the application hears of it."""
-    headers = {"Retry-After": str(seconds)}
-    if seconds > SDK_RETRY_MAX_S:
-        headers["x-should-retry"] = "false"
-    return headers
+def retry_after(seconds: int, *, again: bool = True) -> dict[str, str]:
+    """Retry-After, and `x-should-retry`, which the openai and anthropic packages obey
+    over their own rule (they retry every 408, 409, 429 and 5xx twice by default).
+
+    `again`: whether a client's retry after the wait can help (a rate limit, a full
+    queue, a moment's congestion). "false" where it cannot, the router having waited
+    or retried for the client already (docs/router.md#retries-the-routers-and-the-sdks),
+    and past SDK_RETRY_MAX_S: the anthropic package sleeps whatever Retry-After says
+    first, so minutes there would hold a call for minutes before the application hears
+    of it."""
+    retry = "true" if again and seconds <= SDK_RETRY_MAX_S else "false"
+    return {"Retry-After": str(seconds), "x-should-retry": retry}
 
 
 def unavailable(exc: NoReplica) -> Whole:
@@ -97,7 +100,7 @@ def unavailable(exc: NoReplica) -> Whole:
         f"No replica of `{quoted_name(exc.model)}` is available: {exc.why}.",
         type="service_unavailable",
         code=exc.code,
-        headers=retry_after(exc.retry_after_s),
+        headers=retry_after(exc.retry_after_s, again=exc.again),
     )
 
 
@@ -107,7 +110,9 @@ def flow_refused(exc: FlowRefused) -> Whole:
         f"Every replica of `{quoted_name(exc.model)}` is at capacity: {exc.why}.",
         type="rate_limit_exceeded" if exc.status == 429 else "service_unavailable",
         code=exc.code,
-        headers=retry_after(exc.retry_after_s),
+        # A full queue (429) frees as requests finish; a wait to the band's bound (503)
+        # would be waited again.
+        headers=retry_after(exc.retry_after_s, again=exc.status == 429),
     )
 
 

@@ -108,8 +108,7 @@ async def relay(
         await resp.write_eof()
     except UpstreamError as exc:
         late = isinstance(exc, UpstreamTimeout) and now() >= att.deadline - _DEADLINE_SLACK_S
-        ended = final_event_sent(before, sent)
-        att.outcome = await _broken(resp, up, tally, exc, ended=ended, late=late)
+        att.outcome = await _broken(resp, up, tally, exc, before=before, sent=sent, late=late)
         return resp
     except ConnectionError:
         # The client went away; closing `up` (the caller's finally) aborts the engine's work.
@@ -129,14 +128,16 @@ async def _broken(
     tally: Tally,
     exc: UpstreamError,
     *,
-    ended: bool,
+    before: bytes,
+    sent: bytes,
     late: bool,
 ) -> Outcome:
-    """End a stream whose engine side broke (`exc`): complete if its final event had
-    gone out (`ended`), cut by the request's deadline (`late`: no verdict on the
-    engine), else the endpoint's failure; the client gets an error event but in the
-    first case."""
-    if ended:
+    """End a stream whose engine side broke (`exc`) after the client got `before` then
+    `sent` last: complete if its final event had gone out, cut by the request's
+    deadline (`late`: no verdict on the engine), else the endpoint's failure; the
+    client gets an error event but in the first case, after what ends an event the
+    engine left unfinished (`event_end`)."""
+    if final_event_sent(before, sent):
         # The engine dropped the connection after its last event: complete.
         tally.result = OK
         await _end_quietly(resp)
@@ -151,12 +152,40 @@ async def _broken(
     log.warning(kv("stream ended early", endpoint=up.endpoint_id, error=exc))
     api = tally.api
     frame = stream_error_frame(why, code=code) if api is None else api.stream_error(why, code)
+    frame = event_end(before, sent) + frame
     try:
         await resp.write(frame)
         await resp.write_eof()
     except ConnectionError:
         pass
     return verdict
+
+
+def event_end(before: bytes, sent: bytes) -> bytes:
+    """What ends the event the client's last bytes (`before` then `sent`) leave open,
+    so that what is written next is an event of its own: nothing, LF, or two LFs.
+
+    An engine that broke off inside an event (`data: {"id":"c","obj`) left its line
+    open: the error event written straight after it joined that line, and the client
+    read one event of broken JSON, never the error. Ended, the cut event still reaches
+    the client broken, but the error event after it is whole. SSE ends a line with
+    CRLF, LF or CR, and an event with an empty line; a CR last would take the LF
+    written next as its own (CRLF), so one more LF is written then."""
+    tail = (before[-4:] + sent[-4:])[-4:]
+    if not tail:
+        return b""
+    ends = 0  # line ends at the tail's end, CRLF counting once
+    i = len(tail)
+    while ends < 2 and i > 0:
+        if i >= 2 and tail[i - 2 : i] == b"\r\n":
+            i -= 2
+        elif tail[i - 1] in b"\r\n":
+            i -= 1
+        else:
+            break
+        ends += 1
+    pad = b"\n" * (2 - ends)
+    return b"\n" + pad if pad and tail.endswith(b"\r") else pad
 
 
 def _ended(up: UpstreamReply, watch: ErrorFrameWatch, tally: Tally) -> Outcome:

@@ -50,7 +50,7 @@ from llmgw.router.request.buckets import (
     duration,
     relimited,
 )
-from llmgw.router.request.refusals import error_response, model_not_allowed
+from llmgw.router.request.refusals import error_response, model_not_allowed, retry_after
 from llmgw.router.workers import keytable
 from llmgw.router.workers.keytable import KeyRow, KeyTable
 from llmgw.runtime.clock import Clock
@@ -463,7 +463,7 @@ def _leased_budget(acc: _Account, tenant: Tenant) -> Whole | None:
             f"of its budget. Please try again in {duration(NO_SHARE_RETRY_S)}.",
             type="tokens",
             code="rate_limit_exceeded",
-            headers={"Retry-After": str(math.ceil(NO_SHARE_RETRY_S))},
+            headers=retry_after(math.ceil(NO_SHARE_RETRY_S)),
         )
     return _spent(tenant, " (UTC)")
 
@@ -508,7 +508,9 @@ def _take(acc: _Account, tenant: Tenant, estimate: int, now: float) -> Charge | 
             kind = "tokens"
     if what:
         headers = _headers(acc)
-        headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
+        # A wait past a minute (a bucket overdrawn by a long answer) is the
+        # application's to make: retry_after says so to the SDKs.
+        headers.update(retry_after(max(1, math.ceil(wait_s))))
         return error_response(
             429,
             f"Rate limit reached for the API key {tenant.name!r} on {what}. "

@@ -86,9 +86,12 @@ class Tracing:
                 sample_ratio=cfg.sample_ratio,
                 export_interval_s=cfg.export_interval_s,
                 export_timeout_s=cfg.export_timeout_s,
+                max_queued_spans=cfg.max_queued_spans,
             ),
             scope="llmgw.router",
         )
+        # What export lost, for /metrics (metrics.py).
+        self.losses = self._export.losses
         # Only reached with the SDK installed (SpanExport checked).
         from opentelemetry.trace import SpanKind
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator

@@ -115,8 +115,12 @@ def _hopeless(
             retry_after_s=unplaceable_retry_after_s(look),
             code="model_unplaceable",
         )
+    # Its replicas failed again just now: the client's retry would meet them as it did.
     return NoReplica(
-        model, "the probe of its open breaker failed", retry_after_s=retry_after_s(snaps)
+        model,
+        "the probe of its open breaker failed",
+        retry_after_s=retry_after_s(snaps),
+        again=False,
     )
 
 
@@ -129,15 +133,19 @@ def _out_of_time(
     hold_deadline: float,
 ) -> NoReplica:
     """Why holding ended with no replica chosen once its wait was over: every breaker
-    open before the hold's deadline, else held too long."""
+    open before the hold's deadline, else held too long. Either way the request waited
+    as long as the router lets one wait: a client's retry would wait it again (not
+    `again`), each SDK retry adding a hold to the call and one to the held queue."""
     if st.clock.monotonic() < hold_deadline:
         after = retry_after_s(snaps)
         return NoReplica(
             model,
             f"every replica's breaker is open (next probe in about {after}s)",
             retry_after_s=after,
+            again=False,
         )
-    return NoReplica(model, held_too_long(st.cfg.hold_timeout_s, look), retry_after_s=5)
+    why = held_too_long(st.cfg.hold_timeout_s, look)
+    return NoReplica(model, why, retry_after_s=5, again=False)
 
 
 def key_in_force(st: Router, tenant: Tenant | None, model: str) -> None:

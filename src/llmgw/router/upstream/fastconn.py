@@ -17,8 +17,8 @@ Connection rules, each preventing a failure seen in proxies:
   tail of someone else's response.
 - Cancelling a wait (the client went away) or `close()` on an unfinished
   response aborts the connection: that is how the engine learns to stop.
-- Interim 1xx heads are passed over (`Conn._interim`), and a head past
-  `MAX_HEAD_BYTES` is the engine's failure.
+- Interim 1xx heads are passed over (`Conn._interim`); a status outside 100 to
+  599 and a head past `MAX_HEAD_BYTES` are the engine's failure.
 
 Errors leave as the router's own (`errors`): nothing before the head arrived →
 `UpstreamConnectError` (retryable), the deadline or the idle bound →
@@ -410,7 +410,7 @@ class Conn(asyncio.Protocol):
             return
         raw = self.raw
         status = self.parser.get_status_code()
-        if status < 200:
+        if status < 200 or status > 599:
             self._interim(resp, status)
             return
         if not self.parser.should_keep_alive():
@@ -429,10 +429,15 @@ class Conn(asyncio.Protocol):
         all; taken for the answer, they reached the client as a 1xx with nothing after
         it, which waited for the rest until its own timeout. A 101 switches to a
         protocol nobody asked for, and a 1xx with a body is no interim answer: the
-        engine's failure, both."""
+        engine's failure, both. So is a status outside 100 to 599 (llhttp takes any
+        three digits; RFC 9110 15 calls the others invalid): the client got
+        `HTTP/1.1 999` over the engine's body, and a `099` was passed over as interim,
+        the request then waiting out its whole deadline for an answer."""
         raw = self.raw
         self.raw = []
-        if status == 101:
+        if status < 100 or status > 599:
+            self.fail(UpstreamBroken(resp.endpoint_id, f"invalid status {status:03d}"))
+        elif status == 101:
             self.fail(UpstreamBroken(resp.endpoint_id, "the engine switched protocols (101)"))
         elif any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in raw):
             self.fail(UpstreamBroken(resp.endpoint_id, f"an interim answer ({status}) with a body"))
