@@ -121,9 +121,7 @@ def load(text: str, *, as_typed: bool = False) -> Any:
 
     `as_typed`: every scalar is the text as written (`0123`, `yes` and `1e3` stay text;
     YAML's BaseLoader), for files whose settings are all text."""
-    loader: yaml.SafeLoader | yaml.BaseLoader = (
-        yaml.BaseLoader(text) if as_typed else Loader(text)
-    )
+    loader: yaml.SafeLoader | yaml.BaseLoader = yaml.BaseLoader(text) if as_typed else Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
