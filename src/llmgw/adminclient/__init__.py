@@ -10,6 +10,8 @@ instead of its own. docs/controller.md lists the routes.
   size bound;
 - `pages.py`: the next page's cursor, read from a paged list's `Link` header
   (`AdminClient.keys()` and `.models()` follow every page);
+- `foreign.py`: answers that are not the controller's JSON (a proxy's page, a
+  compressed body) undone or described in one line;
 - `errors.py`: `AdminError` and its subclasses, the only exceptions a call raises.
 
 Import from the submodules. This file imports nothing, so `llmgw ctl --help` can load

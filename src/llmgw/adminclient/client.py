@@ -20,7 +20,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 
-from llmgw.adminclient import bounded
+from llmgw.adminclient import bounded, foreign
 from llmgw.adminclient.errors import (
     AdminError,
     AdminNotAController,
@@ -62,6 +62,8 @@ class Response(NamedTuple):
     location: str | None = None
     # The Link header of a paged list's answer (pages.py); None: no header.
     link: str | None = None
+    # The Content-Type header; None: none given (a fake transport's answer).
+    content_type: str | None = None
 
 
 class Transport(Protocol):
@@ -131,10 +133,14 @@ class UrllibTransport:
                 f"the controller at {url} did not finish its answer within "
                 f"{self._answer_within_s:g}s (bytes kept coming, too slowly or without end)"
             ) from exc
-        except bounded.AnswerTooLarge as exc:
+        except (bounded.AnswerTooLarge, foreign.DecodedTooLarge) as exc:
             raise AdminServerFailed(
                 f"the answer from {url} is larger than "
                 f"{self._max_answer_bytes / 1048576:g} MiB; not read further"
+            ) from exc
+        except foreign.UnreadableEncoding as exc:
+            raise AdminServerFailed(
+                f"the answer from {url} has {exc} (a proxy in front of the controller?)"
             ) from exc
         except urllib.error.URLError as exc:
             raise AdminUnreachable(f"cannot reach the controller at {url}: {exc.reason}") from exc
@@ -144,6 +150,11 @@ class UrllibTransport:
             ) from exc
         except (ConnectionError, OSError) as exc:
             raise AdminUnreachable(f"cannot reach the controller at {url}: {exc}") from exc
+        except UnicodeError as exc:
+            # The resolver's encoding of a host name it cannot look up (`a..b`).
+            raise AdminUnreachable(
+                f"cannot reach the controller at {url}: its host name is not valid ({exc})"
+            ) from exc
         except http.client.HTTPException as exc:
             # Not OSErrors: something else listens there, or the answer was cut short.
             raise AdminServerFailed(
@@ -164,12 +175,21 @@ def _exchange(
     try:
         with _opener(url, deadline=deadline).open(req, timeout=timeout_s) as resp:
             body = bounded.read_body(resp, limit=limit)
-            return Response(resp.status, body, link=resp.headers.get("Link"))
+            return Response(
+                resp.status,
+                foreign.content(body, resp.headers.get("Content-Encoding"), limit=limit),
+                link=resp.headers.get("Link"),
+                content_type=resp.headers.get("Content-Type"),
+            )
     except urllib.error.HTTPError as exc:
         # A status is an answer, whatever it says; the client decides what it means.
         with exc:
+            body = bounded.read_body(exc, limit=limit)
             return Response(
-                exc.code, bounded.read_body(exc, limit=limit), exc.headers.get("Location")
+                exc.code,
+                foreign.content(body, exc.headers.get("Content-Encoding"), limit=limit),
+                exc.headers.get("Location"),
+                content_type=exc.headers.get("Content-Type"),
             )
 
 
@@ -302,8 +322,14 @@ class AdminClient:
         return self.delete_entry(name).get("deleted", name)
 
     def delete_entry(self, name: str) -> dict[str, str]:
-        """The controller's answer: `deleted`, and `adapter_of` when it was an adapter."""
-        return self._call("DELETE", f"/admin/models/{_quote(name)}", dict[str, str])
+        """The controller's answer: `deleted`, and `adapter_of` when it was an adapter.
+
+        Its string fields only: read as `dict[str, str]`, a field of another type that a
+        newer controller added (a count of draining replicas) failed `ctl delete` after
+        the model was deleted.
+        """
+        answer = self._call("DELETE", f"/admin/models/{_quote(name)}", dict[str, object])
+        return {k: v for k, v in answer.items() if isinstance(v, str)}
 
     def scale(self, name: str, request: ScaleRequest) -> ModelView:
         path = f"/admin/models/{_quote(name)}/scale"
@@ -430,6 +456,13 @@ class AdminClient:
             # Not nested deeper for ignoring the fields the view skipped: raised here too.
             self.answer = _decode(resp.body, object)
         except msgspec.DecodeError as exc:
+            if foreign.is_json(resp.content_type) is False:
+                raise AdminServerFailed(
+                    f"{method} {path}: {self.base_url} answered {resp.status} with "
+                    f"{resp.content_type!r:.60}, not the controller's JSON: "
+                    f"{foreign.page_text(resp.body, resp.content_type)!r} "
+                    "(a proxy or login page in front of the controller?)"
+                ) from exc
             raise AdminServerFailed(
                 f"{method} {path}: the controller's answer does not decode ({exc})"
             ) from exc
@@ -470,9 +503,17 @@ class AdminClient:
             detail = _decode(resp.body, ErrorBody).error
             kind, message = detail.type, detail.message
         except msgspec.DecodeError:
-            message = resp.body[:200].decode("utf-8", "replace").strip()
+            message = foreign.page_text(resp.body, resp.content_type)
         message = message or f"{method} {path} answered {resp.status}"
         status = resp.status
+        if not kind and foreign.is_json(resp.content_type) is False:
+            # Not the controller's error, which is always JSON: a proxy's page.
+            message = (
+                f"{message} (a {resp.content_type.split(';')[0]:.40} answer, not the "
+                "controller's: a proxy in front of it?)"
+                if resp.content_type
+                else message
+            )
         if status == 401:
             return AdminUnauthorized(
                 f"the controller at {self.base_url} rejected the token (401): {message}",

@@ -35,6 +35,7 @@ ENV_TOKEN = "LLMGW_TOKEN"
 ENV_TOKEN_FILE = "LLMGW_TOKEN_FILE"
 # Where `llmgw up` (default state folder) keeps the admin token, from the current folder.
 UP_TOKEN_FILE = Path(".llmgw") / "tokens" / "admin"
+_NULLS = frozenset(("", "~", "null", "Null", "NULL"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +65,8 @@ def read_config(path: Path) -> dict[str, str]:
     from llmgw.runtime import safeyaml  # only here: yaml is imported when a file is read
 
     try:
-        data = safeyaml.load(text)
+        # Both settings are text: `token: 0123` is the token 0123, not YAML's octal 83.
+        data = safeyaml.load(text, as_typed=True)
     except safeyaml.YamlError as exc:
         raise CtlError(f"{path}: {exc}") from None
     if data is None:
@@ -74,7 +76,13 @@ def read_config(path: Path) -> dict[str, str]:
     unknown = sorted(str(k) for k in data if k not in ("controller", "token"))
     if unknown:
         raise CtlError(f"{path}: unknown setting {unknown[0]!r} (known: controller, token)")
-    return {str(k): str(v) for k, v in data.items() if v is not None}
+    for k, v in data.items():
+        if not isinstance(v, str):
+            # Only a list or a mapping is left: every scalar is read as the text written.
+            kind = "a list" if isinstance(v, list) else "a mapping"
+            raise CtlError(f"{path}: {k!r} must be text, not {kind}")
+    # YAML's spellings of null leave a setting unset, as they did when read typed.
+    return {str(k): v for k, v in data.items() if v not in _NULLS}
 
 
 def normalize_url(url: str) -> str:
@@ -106,6 +114,12 @@ def check_url(url: str) -> str | None:
         return f"the scheme must be http or https, not {parts.scheme!r}"
     if not parts.hostname:
         return "there is no host"
+    try:
+        # How the resolver is asked for the name: a part of it empty (`a..b`) or longer
+        # than 63 characters failed there, with a UnicodeError and a traceback.
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        return "the host name is not valid (each part between dots: 1 to 63 characters)"
     if "@" in parts.netloc:
         # urllib takes `user:pw@host` for a host name, fails to resolve it, and prints it.
         return "it holds a user name or password (user@host); give the token as a token"

@@ -116,9 +116,12 @@ def check(node: yaml.Node) -> None:
         )
 
 
-def load(text: str) -> Any:
-    """The one document in `text` (None when empty), as `yaml.safe_load`, or YamlError."""
-    loader = Loader(text)
+def load(text: str, *, as_typed: bool = False) -> Any:
+    """The one document in `text` (None when empty), as `yaml.safe_load`, or YamlError.
+
+    `as_typed`: every scalar is the text as written (`0123`, `yes` and `1e3` stay text;
+    YAML's BaseLoader), for files whose settings are all text."""
+    loader: yaml.SafeLoader | yaml.BaseLoader = yaml.BaseLoader(text) if as_typed else Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:

@@ -157,15 +157,16 @@ def keys_table(views: list[KeyView], *, now: float) -> Table:
             expires = "expired"
         else:
             expires = "in " + fmt_duration(v.expires_at - now)
-        # Text cells: a str cell is rich markup, and a key's models are not checked names.
+        # Text cells: a str cell is rich markup, and a key's models are not checked names;
+        # nor are the band and budget period of a newer controller (read as strings).
         t.add_row(
             text(v.name),
             text(v.team),
             text(",".join(v.models)) if v.models else "*",
             UNKNOWN if v.rpm is None else str(v.rpm),
             UNKNOWN if v.tpm is None else str(v.tpm),
-            budget,
-            v.priority,
+            text(budget),
+            text(v.priority),
             expires,
             leases_cell(v),
         )
@@ -179,6 +180,7 @@ def list_keys(args: argparse.Namespace, ctx: Ctx) -> int:
         ctx.print_answer()
         return 0
     table = keys_table(views, now=ctx.clock.wall())
+    fmt = output.fit(fmt, table, ctx.err)
     if fmt in ("wide", "tsv"):
         if views or fmt == "tsv":
             output.write_table(ctx.out, table, fmt)

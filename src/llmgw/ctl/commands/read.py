@@ -95,6 +95,7 @@ def watch(ctx: Ctx, *, interval_s: float) -> int:
 
 def _print_table(ctx: Ctx, fmt: str, table: Table, rows: int, what: str) -> None:
     """A table in the chosen format; "no X" goes to stderr when piped (stdout stays data)."""
+    fmt = output.fit(fmt, table, ctx.err)
     if fmt in ("wide", "tsv"):
         if rows:
             output.write_table(ctx.out, table, fmt)

@@ -71,6 +71,7 @@ def usage(args: argparse.Namespace, ctx: Ctx) -> int:
         ctx.err.write(f"no usage since {hour_cell(answer.since)} UTC\n")
         return 0
     table = usage_table(answer)
+    fmt = output.fit(fmt, table, ctx.err)
     if fmt in ("wide", "tsv"):
         output.write_table(ctx.out, table, fmt)
         return 0
