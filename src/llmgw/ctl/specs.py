@@ -197,6 +197,8 @@ def parse_documents(text: str, source: str) -> list[Any]:
     except safeyaml.YamlError as exc:
         raise SpecError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
+        if safeyaml.too_deep(exc):
+            raise SpecError(f"{source}: not valid YAML: nested too deeply") from None
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         # One line: a reader error's text has the position on a second one.
