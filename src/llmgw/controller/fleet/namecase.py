@@ -45,21 +45,32 @@ def check_case(state: FleetState, entries: Sequence[ModelSpec | AdapterSpec]) ->
         if owner not in applied:
             for n in sorted(names):
                 others.setdefault(n.casefold(), (n, owner))
-    ours: dict[str, tuple[str, str]] = {}
+    # Folded name → (name as written, its owner, whether newly taken), for this request.
+    ours: dict[str, list[tuple[str, str, bool]]] = {}
     for i, entry in enumerate(entries):
         before = stored.get(entry.name, set())
         for field, n in _served(entry):
             key = n.casefold()
-            mine = ours.get(key)
-            if mine is not None and mine[1] != entry.name and mine[0] != n:
+            new = n not in before
+            # Two names both kept from before may clash (stored before this rule): a
+            # request applying both unchanged again passes, as each alone does.
+            clash = next(
+                (
+                    m
+                    for m in ours.get(key, ())
+                    if m[1] != entry.name and m[0] != n and (new or m[2])
+                ),
+                None,
+            )
+            if clash is not None:
                 raise InvalidSpec(
                     f"models[{i}] ({entry.name!r}): {field}: {n!r} differs only in case from "
-                    f"{mine[0]!r} of {mine[1]!r} in the same request; nothing was applied",
+                    f"{clash[0]!r} of {clash[1]!r} in the same request; nothing was applied",
                     param=f"[{i}].{field}",
                 )
-            ours.setdefault(key, (n, entry.name))
+            ours.setdefault(key, []).append((n, entry.name, new))
             theirs = others.get(key)
-            if n in before or theirs is None or theirs[1] == entry.name or theirs[0] == n:
+            if not new or theirs is None or theirs[1] == entry.name or theirs[0] == n:
                 continue
             raise Conflict(
                 f"models[{i}] ({entry.name!r}): {field}: {n!r} differs only in case from "
