@@ -79,3 +79,36 @@ class TestProxyCountsTheBound:
         assert got["llmgw_router_completion_tokens_total"] == 16
         cut = 2 * 10**15 - PROMPT_FLOOR_TOKENS - 16
         assert got["llmgw_router_usage_clipped_tokens_total"] == cut
+
+
+class TestBatchedPrompts:
+    """A legacy completion's list of prompts is answered prompt by prompt, each counted."""
+
+    def test_each_prompt_of_a_batch_has_its_limit(self) -> None:
+        """Four prompts, max_tokens 100, n 2: 800 tokens; a token-id list is one prompt."""
+        assert (
+            completion_bound_of({"prompt": ["a", "b", "c", "d"], "max_tokens": 100, "n": 2}) == 800
+        )
+        assert completion_bound_of({"prompt": [[1, 2], [3]], "max_tokens": 100}) == 200
+        assert completion_bound_of({"prompt": [1, 2, 3], "max_tokens": 100}) == 100
+        assert completion_bound_of({"prompt": "a", "max_tokens": 100}) == 100
+
+    def test_an_honest_batch_is_counted_whole(self) -> None:
+        """Four prompts of max_tokens 16 answered with 64 tokens: 64 counted, none clipped."""
+        w = World('endpoints:\n  - {id: a, url: "http://10.0.0.1:8000", models: [m]}\n')
+        usage = {"prompt_tokens": 8, "completion_tokens": 64}
+        w.fake.script("a", reply(200, msgspec.json.encode({"usage": usage})))
+        body = {"model": "m", "prompt": ["a", "b", "c", "d"], "max_tokens": 16}
+
+        async def main() -> Any:
+            return await w.send(body, path="/v1/completions")
+
+        assert w.run(main).status == 200
+        text = w.router.metrics.render().decode()
+        got = {
+            line.split("{", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if "{" in line
+        }
+        assert got["llmgw_router_completion_tokens_total"] == 64
+        assert "llmgw_router_usage_clipped_tokens_total{" not in text

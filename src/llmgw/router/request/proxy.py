@@ -190,7 +190,7 @@ class Proxy:
             charge=charge,
             tenant=tenant,
             max_tokens=limit if type(limit) is int else None,
-            completion_most=completion_bound(limit, doc.get("n")),
+            completion_most=completion_bound(limit, doc.get("n"), doc.get("prompt")),
             engine_priority=enginepriority.of(tenant, doc),
         )
 

@@ -12,7 +12,8 @@ count is held to what the request could have used.
   chat template adds its own.
 - Completion: the request's `max_completion_tokens`, `max_tokens` or
   `max_output_tokens` (at most LIMIT_CEILING_TOKENS), else DEFAULT_COMPLETION_TOKENS;
-  times its `n` choices (at most MAX_CHOICES).
+  times its `n` choices (at most MAX_CHOICES), and times its prompts (a legacy
+  completion's `prompt` may be a list of them, each answered).
 
 The router does not know a model's context length (engines refuse a request
 asking for more than theirs: LIMIT_CEILING_TOKENS stands in for the longest).
@@ -37,14 +38,20 @@ LIMIT_CEILING_TOKENS: Final = 1_048_576
 MAX_CHOICES: Final = 128
 
 
-def completion_bound(limit: object, n: object) -> int:
+def completion_bound(limit: object, n: object, prompt: object = None) -> int:
     """The most completion tokens an answer may count, from the request's limit (its
     `max_completion_tokens`, `max_tokens` or `max_output_tokens`; anything but a
-    positive int: none given) and `n` (anything but an int from 1: one choice)."""
+    positive int: none given), `n` (anything but an int from 1: one choice) and, for
+    the legacy completions, its `prompt` (a list of prompts: `n` choices each)."""
     if type(limit) is int and limit > 0:
         each = min(limit, LIMIT_CEILING_TOKENS)
     else:
         each = DEFAULT_COMPLETION_TOKENS
+    if type(prompt) is list and len(prompt) > 1 and type(prompt[0]) in (str, list):
+        # A batch (strings, or lists of token ids): the engine answers each prompt, its
+        # usage the sum. Held to one prompt's bound, an honest batch was cut and
+        # under-charged (a key's TPM and budget dodged by batching).
+        each *= len(prompt)
     if type(n) is int and n > 1:
         return each * min(n, MAX_CHOICES)
     return each
@@ -57,7 +64,7 @@ def completion_bound_of(doc: dict[str, Any]) -> int:
         limit = doc.get("max_tokens")
     if type(limit) is not int:
         limit = doc.get("max_output_tokens")
-    return completion_bound(limit, doc.get("n"))
+    return completion_bound(limit, doc.get("n"), doc.get("prompt"))
 
 
 def prompt_bound(body_bytes: int) -> int:
