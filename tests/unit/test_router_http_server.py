@@ -10,6 +10,11 @@ from multidict import CIMultiDict
 from llmgw.router.config import check_retired_env, parse
 from llmgw.router.errors import RouterConfigError
 from llmgw.router.http.heads import head, status_line
+from llmgw.router.http.server import FastServer
+from llmgw.runtime.clock import ManualClock
+from llmgw.runtime.httpserver import Edge, ServerLimits, openai_error
+from llmgw.testing import vtime
+from tests.unit.router_world import Answered, Pipe
 
 
 class TestRetiredServerSetting:
@@ -95,3 +100,36 @@ class TestAnswerHeads:
         value = raw.decode("utf-8", "surrogateescape")
         got = head(200, None, {"x-request-id": value}, b"\r\n")
         assert b"x-request-id: " + raw + b"\r\n" in got
+
+
+class TestOverflowOnAnUploadPath:
+    """A Content-Length past 2**64-1 on an upload path names that path's own limit."""
+
+    def test_the_413_names_max_upload_bytes(self) -> None:
+        """The transcription route takes 1 MiB: its overflow 413 says 1 MiB, not the
+        JSON routes' 1 KiB (a client would shrink its file for nothing)."""
+
+        async def handler(request: object) -> object:
+            raise AssertionError("no handler for a head refused")
+
+        async def main() -> Answered:
+            server = FastServer(
+                Edge(ServerLimits(decompress=False), openai_error, name="router"),
+                handler,  # type: ignore[arg-type]
+                max_body_bytes=1024,
+                upload_paths={"/v1/audio/transcriptions"},
+                max_upload_bytes=1024 * 1024,
+            )
+            conn = server.protocol()
+            pipe = Pipe(conn)
+            conn.connection_made(pipe)
+            conn.data_received(
+                b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Length: 99999999999999999999\r\n\r\n"
+            )
+            await pipe.closed
+            return Answered(bytes(pipe.out))
+
+        got = vtime.run(main(), ManualClock())
+        assert got.status == 413
+        assert f"larger than {1024 * 1024} bytes" in got.json()["error"]["message"]

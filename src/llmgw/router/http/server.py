@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Final
+from urllib.parse import unquote
 
 import httptools
 from multidict import CIMultiDict
@@ -291,7 +292,7 @@ class FastProtocol(Connection):
         if why == _CL_OVERFLOW:
             # Digits only, past 2**64-1: a body larger than any limit, so the 413 any
             # Content-Length over max_body_bytes gets, not a 400 for a malformed head.
-            why, status = f"Request body is larger than {self.server.max_body_bytes} bytes.", 413
+            why, status = f"Request body is larger than {self._limit_of_url()} bytes.", 413
         self.closing = True
         self._cancel_timers()
         cur = self.cur
@@ -300,6 +301,16 @@ class FastProtocol(Connection):
             cur._fail(exc)
             return
         self._refuse_head(why, status)
+
+    def _limit_of_url(self) -> int:
+        """The body limit of the path of the head being read: `max_upload_bytes` on an
+        upload path (Request.body_limit), else `max_body_bytes`. Named in the 413 of a
+        Content-Length past 2**64-1, which comes before there is a Request."""
+        server = self.server
+        path = self.url.partition(b"?")[0].decode("latin-1")
+        if "%" in path:
+            path = unquote(path)
+        return server.max_upload_bytes if path in server.upload_paths else server.max_body_bytes
 
     def _refuse_head(self, why: str, status: int = 400) -> None:
         """A 400 (or `status`) for a request that cannot be parsed, then close (after any
