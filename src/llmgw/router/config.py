@@ -41,7 +41,6 @@ from llmgw.router.errors import RouterConfigError
 from llmgw.router.replicas.enginemetrics import ENGINES
 from llmgw.runtime import finite, safeyaml, secretfile, textfile
 from llmgw.runtime.logs import kv
-from llmgw.runtime.peers import share_of
 from llmgw.runtime.webpages import host_problem
 from llmgw.wire.endpoints import EndpointInfo
 from llmgw.wire.keys import ClientKey
@@ -339,6 +338,10 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         needs no new setting)."""
         if not isinstance(self.max_upload_bytes, msgspec.UnsetType):
             return self.max_upload_bytes
+        # Imported here: runtime.peers is a compiled hot module, loaded only after the
+        # program has chosen between the compiled and the Python build (compiled.py).
+        from llmgw.runtime.peers import share_of
+
         wanted = max(DEFAULT_UPLOAD_BYTES, self.max_body_bytes)
         each = share_of(
             self.max_inflight_body_bytes, self.client_share, at_least=self.max_body_bytes
