@@ -111,6 +111,24 @@ class TestHeartbeater:
         assert applied == [()]
         assert (hb.failures, hb.last_ok_at) == (0, clock.wall())
 
+    async def test_a_failed_preparation_still_beats(self) -> None:
+        """A beat's preparation (the log asks) that raises is logged and the beat goes."""
+
+        async def broken() -> None:
+            raise ValueError("a bug")
+
+        applied: list[tuple[ShardSpec, ...]] = []
+        hb = Heartbeater(
+            client=ScriptedClient([HeartbeatReply(shards=(), interval_s=5)]),
+            build=beat_of,
+            on_reply=lambda r: applied.append(r.shards),
+            interval_s=2.0,
+            prepare=broken,
+            clock=ManualClock(),
+        )
+        assert await hb.beat() == 2.0
+        assert applied == [()]
+
 
 class _NoProbe:
     async def check(self, host: str, port: int, path: str) -> bool:

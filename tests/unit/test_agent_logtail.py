@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.agent import logtail
+from llmgw.agent import logasks, logtail
 from llmgw.agent.logasks import answer
 from llmgw.agent.logfiles import LogKeeper, rotate
 from llmgw.agent.logtail import read_tail
@@ -162,6 +162,22 @@ class TestAnswer:
         got = asyncio.run(answer(ask, lambda rid, rank: (tmp_path / "d-rank0.log", ())))
         assert got.outcome == "unreadable"
         assert "d-rank0.log" in got.error
+
+    def test_an_unexpected_failure_is_an_answer(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A reader that fails some other way answers unreadable and logs the failure,
+        instead of raising into the heartbeat that asked."""
+
+        def broken(*_a: object, **_k: object) -> None:
+            raise ValueError("a bug")
+
+        monkeypatch.setattr(logasks, "read_tail", broken)
+        path = _log(tmp_path, b"hello\n")
+        ask = LogAsk(id="a5", replica_id="r1", rank=0, tail=5)
+        got = asyncio.run(answer(ask, lambda rid, rank: (path, ())))
+        assert (got.outcome, got.error) == ("unreadable", f"{path.name}: ValueError")
+        assert "log ask failed" in caplog.text
 
 
 class TestEndedLogsKept:

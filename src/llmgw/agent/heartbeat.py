@@ -166,7 +166,12 @@ class Heartbeater:
 
     async def beat(self) -> float:
         if self._prepare is not None:
-            await self._prepare()
+            try:
+                await self._prepare()
+            except Exception:
+                # What prepares a beat (log asks) is extra: its failure must not end the
+                # loop, or the node would read unreachable while its engines run on.
+                log.exception("heartbeat preparation failed; beating without it")
         try:
             reply = await self._client.heartbeat(self._build())
         except HeartbeatFailed as exc:

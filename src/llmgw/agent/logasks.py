@@ -9,14 +9,18 @@ mode 0600 (an engine may print what it was given).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from llmgw.agent.logtail import read_tail
+from llmgw.runtime.logs import kv
 from llmgw.wire.logs import MAX_TAIL_BYTES, LogAnswer, LogAsk
 
 # A shard's log and the values masked in it; None: this node holds no log of it
 # (Supervisor.log_source).
+log = logging.getLogger(__name__)
+
 Source = Callable[[str, int], tuple[Path, tuple[str, ...]] | None]
 
 
@@ -35,6 +39,12 @@ async def answer(ask: LogAsk, source: Source) -> LogAnswer:
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
         return LogAnswer(id=ask.id, outcome="unreadable", error=f"{path.name}: {why}")
+    except Exception as exc:
+        # Not expected: answered all the same, so the caller hears why, and logged whole.
+        log.exception(kv("log ask failed", replica=ask.replica_id, rank=ask.rank))
+        return LogAnswer(
+            id=ask.id, outcome="unreadable", error=f"{path.name}: {type(exc).__name__}"
+        )
     return LogAnswer(
         id=ask.id, outcome="found", lines=tail.lines, cut=tail.cut, last_open=tail.last_open
     )
