@@ -25,6 +25,7 @@ from llmgw.wire.admin import (
 )
 from llmgw.wire.errors import error_body
 from llmgw.wire.keys import KeyView
+from llmgw.wire.models import ModelSpec
 from llmgw.wire.usage import UsageAnswer, UsageRow
 
 from .test_ctl_commands import FakeController, model_view, node_view, replica_view, run_ctl
@@ -302,6 +303,27 @@ class TestSpecFiles:
         assert f"llmgw ctl: {f}: model 'ok' (#1): field {field}: not a finite number" in run.err
         assert run.err.count("\n") == 1
         assert [c for c in fake.calls if c[0] == "POST"] == []
+
+    def test_unquoted_numbers_in_args_and_env_are_text_as_written(self) -> None:
+        """`args: [--max-model-len, 8192]` is the argument "8192" (and `1e-5` stays
+        "1e-5", `true` "true"): refused before as "expected str, got int"."""
+        raws = specs.parse_documents(
+            "name: m\nengine: vllm\nsource: /m\ngpu_classes: [H100-80G]\n"
+            "args: [--max-model-len, 8192, --x, 1e-5, --y, 0.90]\nenv: {A: true, B: 7}\n"
+            "idle_timeout_s: 30\n",
+            "f",
+        )
+        (spec,) = specs.validate(raws, "f")
+        assert isinstance(spec, ModelSpec)
+        assert spec.args == ("--max-model-len", "8192", "--x", "1e-5", "--y", "0.90")
+        assert spec.env == {"A": "true", "B": "7"}
+        assert spec.idle_timeout_s == 30
+
+    def test_a_null_in_env_is_still_refused(self) -> None:
+        """Only numbers and true/false become text: a null value names its field."""
+        raws = specs.parse_documents("name: m\nengine: sim\nenv: {A: null}\n", "f")
+        with pytest.raises(SpecError, match="env"):
+            specs.validate(raws, "f")
 
     def test_a_json_exponent_is_a_number(self) -> None:
         """`1e3` (JSON's and YAML 1.2's float, a string to YAML 1.1) is read as a number, and

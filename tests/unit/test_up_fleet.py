@@ -36,6 +36,24 @@ class TestFleet:
         f.write_text("nodes: [{prefix: n, count: 3, gpus: 2xH100-80G}]\n")
         assert [n for n, _ in load_fleet(f).node_names()] == ["n-1", "n-2", "n-3"]
 
+    def test_unquoted_numbers_in_args_and_env_are_text(self, tmp_path: Path) -> None:
+        """`sim_args: [--speed, 4]` and a model's `args`/`env` numbers are their text as
+        written; YAML typed them and the fleet was refused ("expected str, got int")."""
+        f = tmp_path / "f.yaml"
+        f.write_text(
+            "nodes: [{prefix: n, gpus: 1xH100-80G}]\nsim_args: [--speed, 4]\n"
+            "controller_args: [--heartbeat-timeout-s, 3]\nmodels:\n"
+            "  - {name: m, engine: sim, gpu_classes: [H100-80G], args: [--x, 1e-5],\n"
+            "     env: {A: 8192, B: true}}\n"
+        )
+        fleet = load_fleet(f)
+        assert (fleet.sim_args, fleet.controller_args) == (
+            ("--speed", "4"),
+            ("--heartbeat-timeout-s", "3"),
+        )
+        (m,) = fleet.models
+        assert (m.args, m.env) == (("--x", "1e-5"), {"A": "8192", "B": "true"})
+
     def test_sim_args_are_appended_to_sim_models_only(self, tmp_path: Path) -> None:
         """sim_args reach sim models and leave vllm models alone."""
         f = tmp_path / "f.yaml"

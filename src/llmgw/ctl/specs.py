@@ -184,6 +184,7 @@ def _load_all(text: str) -> list[Any]:
             if node is None:  # check_node said there is one: never None here
                 break
             safeyaml.check(node)
+            safeyaml.as_text_under(node, safeyaml.SPEC_TEXT)
             documents.append(loader.construct_document(node))
         return documents
     finally:

@@ -124,23 +124,59 @@ def check(node: yaml.Node) -> None:
         )
 
 
+_TYPED = frozenset(("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool"))
+_STR = "tag:yaml.org,2002:str"
+# A model spec's fields whose values an engine takes as text (ctl's and up's spec files).
+SPEC_TEXT = frozenset(("args", "env"))
+
+
+def as_text_under(root: yaml.Node, keys: frozenset[str]) -> None:
+    """Make the unquoted numbers and true/false under any of `keys` (a list's items, a
+    mapping's values) their text as written: `args: [--max-model-len, 8192]` is the
+    argument "8192", `env: {V: 1e-5}` the value "1e-5" (not "1e-05"). Nulls stay null.
+
+    An engine's arguments and environment are text; YAML typed them, and a spec then
+    failed with "expected str, got int" over the way nearly everyone writes them. Walked
+    without recursion, each node once (aliases share nodes)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value in keys:
+                    items = v.value if isinstance(v, yaml.SequenceNode) else []
+                    if isinstance(v, yaml.MappingNode):
+                        items = [val for _, val in v.value]
+                    for item in items:
+                        if isinstance(item, yaml.ScalarNode) and item.tag in _TYPED:
+                            item.tag = _STR
+        stack.extend(_children(node))
+
+
 def too_deep(exc: yaml.YAMLError) -> bool:
     """Whether libyaml refused the document for its nesting (the Python parser's
     RecursionError): both are said the same way."""
     return "maximum nesting depth" in str(exc)
 
 
-def load(text: str, *, as_typed: bool = False) -> Any:
+def load(text: str, *, as_typed: bool = False, text_under: frozenset[str] = frozenset()) -> Any:
     """The one document in `text` (None when empty), as `yaml.safe_load`, or YamlError.
 
     `as_typed`: every scalar is the text as written (`0123`, `yes` and `1e3` stay text;
-    YAML's BaseLoader), for files whose settings are all text."""
+    YAML's BaseLoader), for files whose settings are all text. `text_under`: keys whose
+    values' numbers and true/false are read as written (`as_text_under`)."""
     loader: yaml.SafeLoader | yaml.BaseLoader = yaml.BaseLoader(text) if as_typed else Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             return None
         check(node)
+        if text_under:
+            as_text_under(node, text_under)
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         if too_deep(exc):

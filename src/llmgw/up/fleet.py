@@ -43,6 +43,9 @@ CLASS_MEMORY_RE = re.compile(r"-\d+G$")
 # docs/agent.md use.
 CLASS_EXAMPLES = "H100-80G, L40S-48G, CPU-16G"
 
+# Lists of a command's arguments, and a model's env: their unquoted numbers are text.
+_TEXT_LISTS = safeyaml.SPEC_TEXT | {"sim_args", "controller_args", "agent_args"}
+
 
 class NodeGroup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # Node names are "<prefix>-<n>" with n from 1.
@@ -95,7 +98,7 @@ def load_fleet(path: Path | None) -> Fleet:
         where = str(path)
     try:
         # safeyaml, as every other config file: an alias bomb was walked copy by copy.
-        doc = safeyaml.load(text)
+        doc = safeyaml.load(text, text_under=_TEXT_LISTS)
         bad = finite.nonfinite_path(doc)
         if bad is not None:
             # Before msgspec's range checks, which pass +inf; a model's NaN would reach the
