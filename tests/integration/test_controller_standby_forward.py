@@ -169,12 +169,13 @@ class TestStandbyForwardsReports:
         path = f"/admin/replicas/{rep['id']}"
         assert fleet.leader.get(path)["idle_seconds"] == -1  # nobody has used it yet
         with client(fleet.routers["r2"], fleet.free) as c:
-            # Until r2 has the new key from the standby's endpoint list.
+            # Until r2 has the standby's endpoint list (503 before the first one) and the
+            # new key in it (401 before).
             wait_until(
                 lambda: ask(c, "m2"),
                 timeout_s=30,
                 what="r2 serves m2",
-                ignore=(openai.AuthenticationError,),
+                ignore=(openai.AuthenticationError, openai.InternalServerError),
             )
 
         def used() -> Any:
