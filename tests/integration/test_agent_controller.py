@@ -60,6 +60,15 @@ class ControllerRig:
             self.proc.stop(grace_s=5)
             self.proc = None
 
+    async def node_registered(self, s: aiohttp.ClientSession, node: str = "n1") -> None:
+        """Wait until `node` is in the controller's node list (its agent's first beat)."""
+
+        async def registered() -> bool:
+            async with s.get(f"{self.url}/admin/nodes", headers=AUTH) as resp:
+                return any(n["name"] == node for n in await resp.json())
+
+        await until(registered, timeout_s=30, every_s=0.2, what=f"node {node} registered")
+
 
 @pytest.fixture
 def ctrl(tmp_path: Path) -> Iterator[ControllerRig]:

@@ -15,7 +15,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from llmgw.testing.wait import until
 from tests.integration.controller_harness import Db, controller, run_ctl, spec
 from tests.integration.hostile import no_traceback
 from tests.integration.test_agent_controller import AUTH, ControllerRig, agent_rig, ctrl, sim_model
@@ -139,12 +138,7 @@ class TestAgentPolicyRefusesRenderedFlags:
         """--served-model-name, --lora-modules, llama-server's -a: 422 naming the argument."""
         agent_rig.start()
         async with aiohttp.ClientSession(headers=AUTH) as s:
-
-            async def registered() -> bool:
-                async with s.get(f"{ctrl.url}/admin/nodes") as resp:
-                    return any(n["name"] == "n1" for n in await resp.json())
-
-            await until(registered, timeout_s=30, every_s=0.2, what="node n1 registered")
+            await ctrl.node_registered(s)
             for args, shown in (
                 (["--served-model-name", "other"], "--served-model-name is not allowed"),
                 (["--served_model_name=other"], "(read as --served-model-name)"),

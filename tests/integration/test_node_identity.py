@@ -122,12 +122,7 @@ class TestNodeIdentity:
         """A spec no agent accepts is refused at apply."""
         agent_rig.start()
         async with aiohttp.ClientSession(headers=AUTH) as s:
-
-            async def registered() -> bool:
-                async with s.get(f"{ctrl.url}/admin/nodes") as resp:
-                    return any(n["name"] == "n1" for n in await resp.json())
-
-            await until(registered, timeout_s=30, every_s=0.2, what="node n1 registered")
+            await ctrl.node_registered(s)
             bad = {**sim_model("remote"), "args": ["--speed", "10", "--trust_remote"]}
             async with s.post(f"{ctrl.url}/admin/models", json=bad) as resp:
                 body = await resp.json()
